@@ -1,0 +1,621 @@
+//! The fleet: pools of nodes, each node with its GPUs, host CPU/memory and NVLink topology.
+//!
+//! A fleet is described by a TOML file (format documented in `fleets/seed.toml`, which is also
+//! the built-in `seed` preset), generated synthetically for benchmarks, or loaded from the openb
+//! trace's node list (see [`crate::fleet::Fleet::from_openb_nodes`]). Errors name the file, the
+//! line and the field.
+
+use std::fmt;
+use std::ops::Range;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::catalogue::{Catalogue, ModelId, NvLink};
+
+/// The `seed` preset's fleet file.
+pub const SEED_TOML: &str = include_str!("../../../fleets/seed.toml");
+
+/// How the GPUs of a pool are shared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharing {
+    /// Whole GPUs only.
+    Whole,
+    /// MIG instances created on demand.
+    Mig,
+    /// Time-sliced fractions (milli-GPU) and whole GPUs.
+    Shared,
+}
+
+impl fmt::Display for Sharing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Sharing::Whole => "whole",
+            Sharing::Mig => "mig",
+            Sharing::Shared => "shared",
+        })
+    }
+}
+
+/// GPU interconnect inside a node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Topology {
+    /// All GPUs on one NVSwitch fabric: one NVLink domain.
+    #[serde(rename = "nvswitch")]
+    NvSwitch,
+    /// NVLink bridges join GPUs (0,1), (2,3), …: domains of two.
+    Pairs,
+    /// PCIe only: no NVLink domain; multi-GPU gangs need only share the node.
+    #[default]
+    None,
+}
+
+impl Topology {
+    /// The NVLink domains of a node with `gpus` GPUs, as GPU bit masks; `None` topology yields
+    /// one PCIe domain covering the node (gangs still need a single node).
+    pub fn domains(self, gpus: u8) -> Vec<u16> {
+        let all = if gpus == 0 {
+            0
+        } else {
+            ((1u32 << gpus) - 1) as u16
+        };
+        match self {
+            Topology::NvSwitch | Topology::None => vec![all],
+            Topology::Pairs => (0..gpus)
+                .step_by(2)
+                .map(|i| if i + 1 < gpus { 0b11 << i } else { 1 << i })
+                .collect(),
+        }
+    }
+}
+
+/// Index of a pool in a fleet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PoolId(pub u16);
+
+/// Index of a node in a fleet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u32);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    pub name: String,
+    pub sharing: Sharing,
+    /// Shared pools: whether fractions of different tenants may share one GPU.
+    pub allow_tenant_mixing: bool,
+    /// The pool's nodes are the contiguous range `nodes` of [`Fleet::nodes`].
+    pub nodes: Range<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub name: String,
+    pub pool: PoolId,
+    pub model: ModelId,
+    pub gpus: u8,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub topology: Topology,
+}
+
+/// A complete fleet description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fleet {
+    pub catalogue: Catalogue,
+    pub pools: Vec<Pool>,
+    pub nodes: Vec<Node>,
+}
+
+/// A malformed fleet or trace file: one line naming the file, line and field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {field}: {message}")]
+pub struct FleetError {
+    pub file: String,
+    /// 1-based line; 0 when the error concerns the file as a whole.
+    pub line: usize,
+    pub field: String,
+    pub message: String,
+}
+
+impl FleetError {
+    pub fn new(file: &str, line: usize, field: &str, message: impl Into<String>) -> Self {
+        FleetError {
+            file: file.to_string(),
+            line,
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetSpec {
+    #[serde(default)]
+    model: Vec<ModelSpec>,
+    #[serde(default)]
+    pool: Vec<Spanned<PoolSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelSpec {
+    name: Spanned<String>,
+    #[serde(default)]
+    memory_gib: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolSpec {
+    name: Spanned<String>,
+    sharing: Sharing,
+    #[serde(default)]
+    allow_tenant_mixing: Option<Spanned<bool>>,
+    #[serde(default)]
+    nodes: Vec<NodeSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeSpec {
+    name: Spanned<String>,
+    #[serde(default)]
+    count: Option<Spanned<u32>>,
+    gpu_model: Spanned<String>,
+    gpus: Spanned<u32>,
+    cpus: Spanned<u32>,
+    memory_gib: Spanned<u64>,
+    #[serde(default)]
+    nvlink: Option<Spanned<Topology>>,
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())]
+        .bytes()
+        .filter(|&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// The most GPUs a node may declare (GPU masks are 16 bits wide).
+pub const MAX_GPUS_PER_NODE: u8 = 16;
+
+impl Fleet {
+    /// The built-in `seed` fleet: 480 GPUs in pools `training`, `serving` and `development`.
+    pub fn seed() -> Fleet {
+        Fleet::from_toml(SEED_TOML, "seed").expect("the seed fleet is valid")
+    }
+
+    /// A preset by name: `seed`, or `synthetic:NODES`.
+    pub fn preset(name: &str) -> Option<Fleet> {
+        if name == "seed" {
+            return Some(Fleet::seed());
+        }
+        let n = name.strip_prefix("synthetic:")?.parse().ok()?;
+        Some(Fleet::synthetic(n))
+    }
+
+    /// A fleet of `nodes` 8-GPU servers in the seed's proportions (16 : 28 : 16 nodes of
+    /// H100 whole / A100 MIG / L40S shared), for benchmarks at scale.
+    pub fn synthetic(nodes: u32) -> Fleet {
+        let training = nodes * 16 / 60;
+        let serving = nodes * 28 / 60;
+        let development = nodes - training - serving;
+        let text = format!(
+            "[[pool]]\nname = \"training\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"h100\"\ncount = {training}\ngpu_model = \"H100-80GB-SXM\"\ngpus = 8\ncpus = 112\nmemory_gib = 2048\nnvlink = \"nvswitch\"\n\
+             [[pool]]\nname = \"serving\"\nsharing = \"mig\"\n[[pool.nodes]]\nname = \"a100\"\ncount = {serving}\ngpu_model = \"A100-80GB\"\ngpus = 8\ncpus = 128\nmemory_gib = 1024\nnvlink = \"nvswitch\"\n\
+             [[pool]]\nname = \"development\"\nsharing = \"shared\"\n[[pool.nodes]]\nname = \"l40s\"\ncount = {development}\ngpu_model = \"L40S\"\ngpus = 8\ncpus = 64\nmemory_gib = 512\n"
+        );
+        Fleet::from_toml(&text, "synthetic").expect("synthetic fleet is valid")
+    }
+
+    /// Parses a TOML fleet file. `file` names it in errors.
+    pub fn from_toml(text: &str, file: &str) -> Result<Fleet, FleetError> {
+        let spec: FleetSpec = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
+            let msg = e.message().trim().replace('\n', " ");
+            // toml names the offending key in its message (e.g. "missing field `gpus`").
+            let field = e
+                .span()
+                .and_then(|s| text.get(s.clone()))
+                .and_then(|t| t.split('=').next())
+                .map(|k| {
+                    k.trim()
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_string()
+                })
+                .filter(|k| !k.is_empty() && k.len() < 40 && !k.contains('\n'))
+                .unwrap_or_else(|| "fleet".to_string());
+            FleetError::new(file, line, &field, msg)
+        })?;
+        let err = |span: Range<usize>, field: &str, msg: String| {
+            FleetError::new(file, line_of(text, span.start), field, msg)
+        };
+        let mut catalogue = Catalogue::builtin();
+        for m in &spec.model {
+            if catalogue.find(m.name.get_ref()).is_some() {
+                return Err(err(
+                    m.name.span(),
+                    "model.name",
+                    format!("model `{}` is already in the catalogue", m.name.get_ref()),
+                ));
+            }
+            catalogue.add_opaque(m.name.get_ref(), m.memory_gib * 1024);
+        }
+        let mut fleet = Fleet {
+            catalogue,
+            pools: Vec::new(),
+            nodes: Vec::new(),
+        };
+        let mut names = std::collections::HashSet::new();
+        for pool in &spec.pool {
+            let pool_span = pool.span();
+            let pool = pool.get_ref();
+            let pname = pool.name.get_ref().trim();
+            if pname.is_empty()
+                || !pname
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(err(
+                    pool.name.span(),
+                    "pool.name",
+                    format!("`{pname}` is not a valid pool name (letters, digits, '-' and '_')"),
+                ));
+            }
+            if fleet.pools.iter().any(|p| p.name == pname) {
+                return Err(err(
+                    pool.name.span(),
+                    "pool.name",
+                    format!("pool `{pname}` is declared twice"),
+                ));
+            }
+            if let Some(mix) = &pool.allow_tenant_mixing
+                && *mix.get_ref()
+                && pool.sharing != Sharing::Shared
+            {
+                return Err(err(
+                    mix.span(),
+                    "pool.allow_tenant_mixing",
+                    "only shared pools can mix tenants on one GPU".into(),
+                ));
+            }
+            if pool.nodes.is_empty() {
+                return Err(err(
+                    pool_span,
+                    "pool.nodes",
+                    format!("pool `{pname}` has no nodes"),
+                ));
+            }
+            let pool_id = PoolId(fleet.pools.len() as u16);
+            let first = fleet.nodes.len() as u32;
+            for n in &pool.nodes {
+                let model_name = n.gpu_model.get_ref();
+                let model = fleet.catalogue.find(model_name).ok_or_else(|| {
+                    err(n.gpu_model.span(), "gpu_model", format!("unknown GPU model `{model_name}` (declare it in a [[model]] table, or use a catalogue name such as H100-80GB-SXM, A100-80GB, L40S)"))
+                })?;
+                let m = fleet.catalogue.get(model);
+                let gpus = *n.gpus.get_ref();
+                if gpus > MAX_GPUS_PER_NODE as u32 {
+                    return Err(err(
+                        n.gpus.span(),
+                        "gpus",
+                        format!("{gpus} GPUs per node; at most {MAX_GPUS_PER_NODE} are supported"),
+                    ));
+                }
+                if pool.sharing == Sharing::Mig && m.mig.is_none() {
+                    return Err(err(
+                        n.gpu_model.span(),
+                        "gpu_model",
+                        format!(
+                            "pool `{pname}` shares by MIG but {} is not MIG-capable",
+                            m.name
+                        ),
+                    ));
+                }
+                if *n.cpus.get_ref() == 0 {
+                    return Err(err(
+                        n.cpus.span(),
+                        "cpus",
+                        "a node needs at least one CPU".into(),
+                    ));
+                }
+                if *n.memory_gib.get_ref() == 0 {
+                    return Err(err(
+                        n.memory_gib.span(),
+                        "memory_gib",
+                        "a node needs host memory".into(),
+                    ));
+                }
+                let topology = n.nvlink.as_ref().map(|t| *t.get_ref()).unwrap_or_default();
+                if let Some(t) = &n.nvlink
+                    && *t.get_ref() != Topology::None
+                    && m.nvlink == NvLink::None
+                {
+                    return Err(err(t.span(), "nvlink", format!("{} has no NVLink", m.name)));
+                }
+                let count = n.count.as_ref().map(|c| *c.get_ref());
+                let base = n.name.get_ref().trim();
+                if base.is_empty() {
+                    return Err(err(n.name.span(), "name", "a node needs a name".into()));
+                }
+                let instances: Vec<String> = match count {
+                    None => vec![base.to_string()],
+                    Some(c) => {
+                        let width = c.saturating_sub(1).to_string().len().max(2);
+                        (0..c).map(|i| format!("{base}-{i:0width$}")).collect()
+                    }
+                };
+                for name in instances {
+                    if !names.insert(name.clone()) {
+                        return Err(err(
+                            n.name.span(),
+                            "name",
+                            format!("node `{name}` is declared twice"),
+                        ));
+                    }
+                    fleet.nodes.push(Node {
+                        name,
+                        pool: pool_id,
+                        model,
+                        gpus: gpus as u8,
+                        cpu_milli: *n.cpus.get_ref() as u64 * 1000,
+                        memory_mib: *n.memory_gib.get_ref() * 1024,
+                        topology,
+                    });
+                }
+            }
+            fleet.pools.push(Pool {
+                name: pname.to_string(),
+                sharing: pool.sharing,
+                allow_tenant_mixing: pool
+                    .allow_tenant_mixing
+                    .as_ref()
+                    .map(|m| *m.get_ref())
+                    .unwrap_or(false),
+                nodes: first..fleet.nodes.len() as u32,
+            });
+        }
+        if fleet.pools.is_empty() {
+            return Err(FleetError::new(
+                file,
+                0,
+                "pool",
+                "the fleet declares no [[pool]]",
+            ));
+        }
+        Ok(fleet)
+    }
+
+    /// Loads the openb trace node list (`sn,cpu_milli,memory_mib,gpu,model`) as one `shared`
+    /// pool named `openb` whose GPUs may mix tenants (the trace has none). Unknown model names
+    /// (G1–G3) become opaque catalogue models.
+    pub fn from_openb_nodes(text: &str, file: &str) -> Result<Fleet, FleetError> {
+        let mut catalogue = Catalogue::builtin();
+        let mut nodes = Vec::new();
+        let mut lines = text.lines().enumerate();
+        let header = lines.next().map(|(_, h)| h.trim()).unwrap_or("");
+        const HEADER: [&str; 5] = ["sn", "cpu_milli", "memory_mib", "gpu", "model"];
+        let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+        if cols.len() < 5 || cols[..5] != HEADER {
+            return Err(FleetError::new(
+                file,
+                1,
+                "header",
+                format!("expected columns `{}`, found `{header}`", HEADER.join(",")),
+            ));
+        }
+        for (i, line) in lines {
+            let lineno = i + 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let f: Vec<&str> = line.split(',').map(str::trim).collect();
+            if f.len() < 5 {
+                return Err(FleetError::new(
+                    file,
+                    lineno,
+                    "row",
+                    format!("expected 5 fields, found {}", f.len()),
+                ));
+            }
+            let num = |idx: usize| -> Result<u64, FleetError> {
+                f[idx].parse::<u64>().map_err(|_| {
+                    FleetError::new(
+                        file,
+                        lineno,
+                        HEADER[idx],
+                        format!("`{}` is not a non-negative integer", f[idx]),
+                    )
+                })
+            };
+            let (cpu, mem, gpus) = (num(1)?, num(2)?, num(3)?);
+            if gpus > MAX_GPUS_PER_NODE as u64 {
+                return Err(FleetError::new(
+                    file,
+                    lineno,
+                    "gpu",
+                    format!("{gpus} GPUs; at most {MAX_GPUS_PER_NODE} per node"),
+                ));
+            }
+            if f[0].is_empty() {
+                return Err(FleetError::new(file, lineno, "sn", "empty node name"));
+            }
+            let model_name = if f[4].is_empty() { "NONE" } else { f[4] };
+            if gpus > 0 && f[4].is_empty() {
+                return Err(FleetError::new(
+                    file,
+                    lineno,
+                    "model",
+                    "a node with GPUs needs a model",
+                ));
+            }
+            let model = match catalogue.find(model_name) {
+                Some(m) => m,
+                None => catalogue.add_opaque(model_name, 0),
+            };
+            nodes.push(Node {
+                name: f[0].to_string(),
+                pool: PoolId(0),
+                model,
+                gpus: gpus as u8,
+                cpu_milli: cpu,
+                memory_mib: mem,
+                topology: Topology::None,
+            });
+        }
+        if nodes.is_empty() {
+            return Err(FleetError::new(file, 0, "rows", "the node list is empty"));
+        }
+        let pool = Pool {
+            name: "openb".into(),
+            sharing: Sharing::Shared,
+            allow_tenant_mixing: true,
+            nodes: 0..nodes.len() as u32,
+        };
+        Ok(Fleet {
+            catalogue,
+            pools: vec![pool],
+            nodes,
+        })
+    }
+
+    pub fn pool(&self, id: PoolId) -> &Pool {
+        &self.pools[id.0 as usize]
+    }
+
+    pub fn pool_by_name(&self, name: &str) -> Option<PoolId> {
+        self.pools
+            .iter()
+            .position(|p| p.name == name)
+            .map(|i| PoolId(i as u16))
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0 as usize]
+    }
+
+    pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
+        self.nodes
+            .iter()
+            .position(|n| n.name == name)
+            .map(|i| NodeId(i as u32))
+    }
+
+    /// Total GPUs in the fleet.
+    pub fn gpu_count(&self) -> u64 {
+        self.nodes.iter().map(|n| n.gpus as u64).sum()
+    }
+
+    /// The largest GPU count of any node in `pool` (or the fleet).
+    pub fn max_gpus_per_node(&self, pool: Option<PoolId>) -> u8 {
+        self.nodes
+            .iter()
+            .filter(|n| pool.is_none_or(|p| n.pool == p))
+            .map(|n| n.gpus)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_has_480_gpus_in_three_pools() {
+        let f = Fleet::seed();
+        assert_eq!(f.gpu_count(), 480);
+        assert_eq!(f.nodes.len(), 60);
+        let names: Vec<_> = f
+            .pools
+            .iter()
+            .map(|p| (p.name.as_str(), p.sharing, p.nodes.len()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("training", Sharing::Whole, 16),
+                ("serving", Sharing::Mig, 28),
+                ("development", Sharing::Shared, 16)
+            ]
+        );
+        assert_eq!(f.nodes[0].name, "h100-00");
+        assert_eq!(f.nodes[0].topology, Topology::NvSwitch);
+        assert_eq!(f.catalogue.get(f.nodes[20].model).name, "A100-80GB");
+    }
+
+    #[test]
+    fn synthetic_scales() {
+        let f = Fleet::synthetic(10_000);
+        assert_eq!(f.nodes.len(), 10_000);
+        assert_eq!(f.gpu_count(), 80_000);
+        assert_eq!(Fleet::preset("synthetic:60").unwrap().gpu_count(), 480);
+    }
+
+    #[test]
+    fn topology_domains() {
+        assert_eq!(Topology::NvSwitch.domains(8), vec![0xff]);
+        assert_eq!(Topology::Pairs.domains(4), vec![0b11, 0b1100]);
+        assert_eq!(Topology::Pairs.domains(3), vec![0b11, 0b100]);
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let bad_model = "[[pool]]\nname = \"p\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"n\"\ngpu_model = \"H900\"\ngpus = 8\ncpus = 8\nmemory_gib = 8\n";
+        let e = Fleet::from_toml(bad_model, "f.toml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (6, "gpu_model"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("f.toml:6: gpu_model: unknown GPU model `H900`"),
+            "{e}"
+        );
+
+        let bad_sharing = bad_model
+            .replace("\"whole\"", "\"sliced\"")
+            .replace("H900", "L40S");
+        let e = Fleet::from_toml(&bad_sharing, "f.toml").unwrap_err();
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.message.contains("unknown variant `sliced`"), "{e}");
+
+        let missing = bad_model.replace("gpus = 8\n", "").replace("H900", "L40S");
+        let e = Fleet::from_toml(&missing, "f.toml").unwrap_err();
+        assert!(e.message.contains("missing field `gpus`"), "{e}");
+        assert!(e.line >= 4, "{e}");
+
+        let not_mig = bad_model
+            .replace("\"whole\"", "\"mig\"")
+            .replace("H900", "L40S");
+        let e = Fleet::from_toml(&not_mig, "f.toml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (6, "gpu_model"), "{e}");
+
+        let typo = bad_model.replace("cpus", "cpu").replace("H900", "L40S");
+        let e = Fleet::from_toml(&typo, "f.toml").unwrap_err();
+        assert!(e.message.contains("unknown field `cpu`"), "{e}");
+        assert_eq!(e.line, 8, "{e}");
+    }
+
+    #[test]
+    fn openb_nodes() {
+        let csv = "sn,cpu_milli,memory_mib,gpu,model\nn0,96000,393216,8,G2\nn1,64000,262144,2,P100\nn2,32000,65536,0,\n";
+        let f = Fleet::from_openb_nodes(csv, "nodes.csv").unwrap();
+        assert_eq!(f.gpu_count(), 10);
+        assert!(f.catalogue.get(f.nodes[0].model).opaque);
+        assert_eq!(f.catalogue.get(f.nodes[1].model).name, "P100");
+        let e = Fleet::from_openb_nodes(
+            "sn,cpu_milli,memory_mib,gpu,model\nn0,9x,1,1,T4\n",
+            "nodes.csv",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "nodes.csv:2: cpu_milli: `9x` is not a non-negative integer"
+        );
+        let e = Fleet::from_openb_nodes("name,cpu\n", "nodes.csv").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (1, "header"));
+    }
+}

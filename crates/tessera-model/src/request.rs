@@ -1,0 +1,286 @@
+//! What a workload asks for.
+//!
+//! A request asks for exactly one GPU shape — N whole GPUs (a gang: one node, and one NVLink
+//! domain when N > 1 on NVLink nodes), one MIG profile, or a fraction of a shared GPU — plus
+//! host CPU and memory, and optionally a pool, a model whitelist and a tenant.
+
+use std::fmt;
+
+use crate::catalogue::{Catalogue, ModelId};
+use crate::fleet::{MAX_GPUS_PER_NODE, PoolId};
+use crate::units::GpuUnits;
+
+/// A tenant, as the core sees it: an opaque number. Names live in the control plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TenantId(pub u32);
+
+/// A MIG profile request resolved against the catalogue: the profile's display name and, for
+/// every model that offers a profile of that name, the profile's index in the model's geometry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigChoice {
+    pub name: String,
+    pub options: Vec<(ModelId, u8)>,
+}
+
+impl MigChoice {
+    /// Resolves `spec` (`3g.40gb`, or `MODEL:ID` such as `A100-80GB:9`) against `catalogue`.
+    pub fn resolve(catalogue: &Catalogue, spec: &str) -> Result<MigChoice, RequestError> {
+        let spec = spec.trim();
+        if let Some((model, id)) = spec.split_once(':') {
+            let m = catalogue.find(model).ok_or_else(|| {
+                RequestError::field("mig", format!("unknown GPU model `{model}`"))
+            })?;
+            let gm = catalogue.get(m);
+            let geom = gm.mig.ok_or_else(|| {
+                RequestError::field("mig", format!("{} is not MIG-capable", gm.name))
+            })?;
+            let idx = id
+                .parse::<u32>()
+                .ok()
+                .and_then(|id| geom.profile_index(id))
+                .ok_or_else(|| {
+                    RequestError::field("mig", format!("{} has no MIG profile ID `{id}`", gm.name))
+                })?;
+            return Ok(MigChoice {
+                name: gm.profile_name(&geom.profiles[idx]),
+                options: vec![(m, idx as u8)],
+            });
+        }
+        let lower = spec.to_ascii_lowercase();
+        let mut options = Vec::new();
+        for (id, m) in catalogue.models() {
+            if let Some(geom) = m.mig {
+                for (i, p) in geom.profiles.iter().enumerate() {
+                    if m.profile_name(p) == lower {
+                        options.push((id, i as u8));
+                    }
+                }
+            }
+        }
+        if options.is_empty() {
+            return Err(RequestError::field(
+                "mig",
+                format!(
+                    "no GPU model offers MIG profile `{spec}` (examples: 1g.10gb, 3g.40gb, 7g.80gb on A100-80GB)"
+                ),
+            ));
+        }
+        Ok(MigChoice {
+            name: lower,
+            options,
+        })
+    }
+}
+
+/// The GPU shape of a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// `gpus` whole GPUs on one node (one NVLink domain when the node has NVLink).
+    Whole { gpus: u8 },
+    /// One MIG instance.
+    Mig(MigChoice),
+    /// A fraction of one time-sliced GPU, in milli-GPU (1..=999), optionally with GPU memory.
+    Fraction { milli: u16, memory_mib: Option<u32> },
+    /// No GPU: host CPU and memory only (the trace has such pods).
+    CpuOnly,
+}
+
+/// A placement request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub shape: Shape,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    /// Restrict to one pool.
+    pub pool: Option<PoolId>,
+    /// Allowed GPU models; empty = any.
+    pub models: Vec<ModelId>,
+    pub tenant: Option<TenantId>,
+}
+
+/// A request that can never be valid, naming the offending field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct RequestError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl RequestError {
+    pub fn field(field: &'static str, message: impl Into<String>) -> Self {
+        RequestError {
+            field,
+            message: message.into(),
+        }
+    }
+}
+
+impl Request {
+    pub fn new(shape: Shape) -> Self {
+        Request {
+            shape,
+            cpu_milli: 0,
+            memory_mib: 0,
+            pool: None,
+            models: Vec::new(),
+            tenant: None,
+        }
+    }
+
+    pub fn whole(gpus: u8) -> Self {
+        Self::new(Shape::Whole { gpus })
+    }
+
+    pub fn fraction(milli: u16) -> Self {
+        Self::new(Shape::Fraction {
+            milli,
+            memory_mib: None,
+        })
+    }
+
+    pub fn mig(catalogue: &Catalogue, profile: &str) -> Result<Self, RequestError> {
+        Ok(Self::new(Shape::Mig(MigChoice::resolve(
+            catalogue, profile,
+        )?)))
+    }
+
+    pub fn with_host(mut self, cpu_milli: u64, memory_mib: u64) -> Self {
+        self.cpu_milli = cpu_milli;
+        self.memory_mib = memory_mib;
+        self
+    }
+
+    pub fn with_tenant(mut self, tenant: TenantId) -> Self {
+        self.tenant = Some(tenant);
+        self
+    }
+
+    pub fn with_pool(mut self, pool: PoolId) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    pub fn with_models(mut self, models: Vec<ModelId>) -> Self {
+        self.models = models;
+        self
+    }
+
+    /// Checks the shape's own bounds (not whether the fleet can ever hold it).
+    pub fn check(&self) -> Result<(), RequestError> {
+        match &self.shape {
+            Shape::Whole { gpus } => {
+                if *gpus == 0 || *gpus > MAX_GPUS_PER_NODE {
+                    return Err(RequestError::field(
+                        "gpus",
+                        format!("{gpus} whole GPUs: must be between 1 and {MAX_GPUS_PER_NODE}"),
+                    ));
+                }
+            }
+            Shape::Fraction { milli, .. } => {
+                if *milli == 0 || *milli >= 1000 {
+                    return Err(RequestError::field(
+                        "fraction",
+                        format!(
+                            "{milli} milli-GPU: a fraction must be between 1 and 999 (ask for whole GPUs for 1000)"
+                        ),
+                    ));
+                }
+            }
+            Shape::Mig(c) => {
+                if c.options.is_empty() {
+                    return Err(RequestError::field(
+                        "mig",
+                        format!("no model offers `{}`", c.name),
+                    ));
+                }
+            }
+            Shape::CpuOnly => {}
+        }
+        Ok(())
+    }
+
+    /// The GPU units this request will hold once placed. For MIG the units depend only on the
+    /// profile's memory-slice share, identical on every model that offers the same name.
+    pub fn units(&self, catalogue: &Catalogue) -> GpuUnits {
+        match &self.shape {
+            Shape::Whole { gpus } => GpuUnits::whole(*gpus as u64),
+            Shape::Fraction { milli, .. } => GpuUnits::milli(*milli as u64),
+            Shape::Mig(c) => c
+                .options
+                .first()
+                .map(|&(m, i)| {
+                    let gm = catalogue.get(m);
+                    gm.profile_units(
+                        &gm.mig.expect("MIG option on a MIG model").profiles[i as usize],
+                    )
+                })
+                .unwrap_or_default(),
+            Shape::CpuOnly => GpuUnits::ZERO,
+        }
+    }
+
+    /// Whether `model` passes the request's whitelist.
+    pub fn allows_model(&self, model: ModelId) -> bool {
+        self.models.is_empty() || self.models.contains(&model)
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Shape::Whole { gpus } => {
+                write!(f, "{gpus} whole GPU{}", if *gpus == 1 { "" } else { "s" })
+            }
+            Shape::Mig(c) => write!(f, "MIG {}", c.name),
+            Shape::Fraction { milli, .. } => write!(f, "{milli} milli-GPU"),
+            Shape::CpuOnly => write!(f, "CPU only"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mig_names_resolve_across_models() {
+        let c = Catalogue::builtin();
+        let r = MigChoice::resolve(&c, "3g.40gb").unwrap();
+        // A100-80GB, H100 SXM and H100 PCIe all call their 3g profile 3g.40gb.
+        assert_eq!(r.options.len(), 3);
+        // `1g.10gb` is the 1g on 80 GB boards (1/8 of memory) and the double-memory 1g on an
+        // A100-40GB (2/8): the name is not a key, so both are options with their own units.
+        let r = MigChoice::resolve(&c, "1g.10gb").unwrap();
+        let units: Vec<_> = r
+            .options
+            .iter()
+            .map(|&(m, i)| {
+                c.get(m)
+                    .profile_units(&c.get(m).mig.unwrap().profiles[i as usize])
+            })
+            .collect();
+        assert!(units.contains(&GpuUnits::milli(125)) && units.contains(&GpuUnits::milli(250)));
+        assert!(MigChoice::resolve(&c, "3g.99gb").is_err());
+        let pinned = MigChoice::resolve(&c, "A30:0").unwrap();
+        assert_eq!(pinned.name, "4g.24gb");
+        assert!(
+            MigChoice::resolve(&c, "L40S:0")
+                .unwrap_err()
+                .message
+                .contains("not MIG-capable")
+        );
+    }
+
+    #[test]
+    fn bounds() {
+        assert!(Request::fraction(0).check().is_err());
+        assert!(Request::fraction(1000).check().is_err());
+        assert!(Request::fraction(999).check().is_ok());
+        assert!(Request::whole(0).check().is_err());
+        assert!(Request::whole(17).check().is_err());
+        assert_eq!(
+            Request::fraction(250).units(&Catalogue::builtin()),
+            GpuUnits::milli(250)
+        );
+    }
+}

@@ -1,0 +1,1136 @@
+//! The placement engine: given the fleet state and a request, a placement or a structured
+//! reason why not; committing and releasing allocations exactly.
+//!
+//! One engine serves every caller (the trace replay, the benchmarks, the server). Each pool's
+//! sharing mode has its own placer:
+//!
+//! * **whole** pools: gangs of whole GPUs on one node and one NVLink domain. Nodes are indexed by
+//!   their number of free GPUs and a request takes the node with the fewest free GPUs that can
+//!   hold it (best fit), so whole nodes stay free for 8-GPU jobs.
+//! * **mig** pools: GPUs are partitioned on demand. GPUs are indexed by occupancy and the
+//!   precomputed [`MigTable`] gives, per occupancy, the start that costs the least future
+//!   flexibility; the request takes the cheapest (GPU, start) over the pool. Running instances
+//!   are never moved.
+//! * **shared** pools: fractions and whole GPUs on time-sliced GPUs, scored by a pluggable
+//!   [`SharedPolicy`]; one tenant per GPU unless the pool allows mixing.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_model::request::MigChoice;
+use tessera_model::{Fleet, GpuUnits, NodeId, PoolId, Request, Shape, Sharing, Topology};
+
+use crate::mig::{MigTable, state_key};
+use crate::policy::{Choice, Demand, NodeView, Score, SharedPolicy};
+use crate::state::{AllocId, Allocation, ClusterState, Grant, Placement};
+
+/// Why a request cannot be placed now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Not enough free capacity of the kind asked for.
+    NoCapacity,
+    /// Enough free capacity in total, but not in one place that can hold the request.
+    Fragmentation,
+    /// No node in scope could ever hold it (too big, wrong model, wrong pool kind).
+    Constraint,
+    /// It would fit only on GPUs shared with another tenant.
+    Isolation,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reason::NoCapacity => "no-capacity",
+            Reason::Fragmentation => "fragmentation",
+            Reason::Constraint => "constraint",
+            Reason::Isolation => "isolation",
+        })
+    }
+}
+
+/// A structured refusal: the reason class and a sentence a person can act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unplaceable {
+    pub reason: Reason,
+    pub message: String,
+}
+
+impl fmt::Display for Unplaceable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.reason, self.message)
+    }
+}
+
+impl std::error::Error for Unplaceable {}
+
+/// A commit that does not fit the current state (a stale or foreign placement).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitError(pub String);
+
+impl fmt::Display for CommitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CommitError {}
+
+/// Per (demand type, node) cache of a shared policy's best choice on that node.
+#[derive(Default)]
+struct ScoreCache {
+    types: HashMap<Demand, u32>,
+    /// `entries[type][node] = (node epoch, policy epoch, best)`.
+    entries: Vec<Vec<(u64, u64, Option<(Choice, Score)>)>>,
+}
+
+const MAX_CACHED_TYPES: usize = 2048;
+
+/// The placement engine over one fleet.
+pub struct Engine {
+    fleet: Arc<Fleet>,
+    state: ClusterState,
+    policy: Box<dyn SharedPolicy>,
+    rng: ChaCha8Rng,
+    /// MIG table per model (None for non-MIG models).
+    mig_tables: Vec<Option<Arc<MigTable>>>,
+    /// Whole pools: `by_free[pool][k]` = nodes with exactly `k` free GPUs.
+    by_free: Vec<Vec<BTreeSet<u32>>>,
+    /// MIG pools: per (pool, model), GPUs `(node, gpu)` bucketed by occupancy key.
+    mig_index: HashMap<(u16, u16), Vec<BTreeSet<(u32, u8)>>>,
+    cache: ScoreCache,
+    next_epoch: u64,
+    scratch: Vec<Choice>,
+}
+
+impl Engine {
+    pub fn new(fleet: Arc<Fleet>, policy: Box<dyn SharedPolicy>, seed: u64) -> Self {
+        let state = ClusterState::empty(&fleet);
+        let mut tables: HashMap<&'static str, Arc<MigTable>> = HashMap::new();
+        let mig_tables = fleet
+            .catalogue
+            .models()
+            .map(|(_, m)| {
+                m.mig.map(|g| {
+                    tables
+                        .entry(g.name)
+                        .or_insert_with(|| Arc::new(MigTable::new(g)))
+                        .clone()
+                })
+            })
+            .collect();
+        let mut e = Engine {
+            state,
+            policy,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            mig_tables,
+            by_free: Vec::new(),
+            mig_index: HashMap::new(),
+            cache: ScoreCache::default(),
+            next_epoch: 1,
+            scratch: Vec::new(),
+            fleet,
+        };
+        let slots = e.fleet.max_gpus_per_node(None) as usize + 1;
+        e.by_free = e
+            .fleet
+            .pools
+            .iter()
+            .map(|p| {
+                if p.sharing == Sharing::Whole {
+                    vec![BTreeSet::new(); slots]
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        for n in 0..e.fleet.nodes.len() as u32 {
+            e.index(n, u16::MAX);
+        }
+        e
+    }
+
+    pub fn fleet(&self) -> &Arc<Fleet> {
+        &self.fleet
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    pub fn allocation(&self, id: AllocId) -> Option<&Allocation> {
+        self.state.allocations.get(&id)
+    }
+
+    /// Lets the policy learn from a request without placing it.
+    pub fn observe(&mut self, req: &Request) {
+        if let Some(d) = demand_of(req) {
+            self.policy.observe(&d);
+        }
+    }
+
+    /// Decides where `req` would go, without changing the state.
+    pub fn plan(&mut self, req: &Request) -> Result<Placement, Unplaceable> {
+        if let Err(e) = req.check() {
+            return Err(Unplaceable {
+                reason: Reason::Constraint,
+                message: e.to_string(),
+            });
+        }
+        let scope = self.scope(req)?;
+        for &pool in &scope {
+            if let Some(p) = self.choose_in_pool(pool, req) {
+                return Ok(p);
+            }
+        }
+        Err(self.diagnose(req, &scope))
+    }
+
+    /// Decides and commits in one step (observing the request first), or says why not.
+    pub fn place(&mut self, id: AllocId, req: &Request) -> Result<&Allocation, Unplaceable> {
+        self.observe(req);
+        let p = self.plan(req)?;
+        Ok(self
+            .commit(id, req, p)
+            .expect("a fresh plan always commits"))
+    }
+
+    /// Like [`Engine::place`] but without the diagnosis on failure (for replays).
+    pub fn try_place(&mut self, id: AllocId, req: &Request) -> bool {
+        self.observe(req);
+        let Ok(scope) = self.scope(req) else {
+            return false;
+        };
+        for &pool in &scope {
+            if let Some(p) = self.choose_in_pool(pool, req) {
+                self.commit(id, req, p)
+                    .expect("a fresh plan always commits");
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Commits a placement (from [`Engine::plan`], or restored from a store). Fails, changing
+    /// nothing, if the id is taken or the placement does not fit the current state.
+    pub fn commit(
+        &mut self,
+        id: AllocId,
+        req: &Request,
+        p: Placement,
+    ) -> Result<&Allocation, CommitError> {
+        let alloc = Allocation {
+            id,
+            node: p.node,
+            grant: p.grant,
+            cpu_milli: req.cpu_milli,
+            memory_mib: req.memory_mib,
+            tenant: req.tenant,
+            units: p.units,
+        };
+        self.restore(alloc)
+    }
+
+    /// Re-applies a known allocation (e.g. from the store at start-up), checking it fits.
+    pub fn restore(&mut self, alloc: Allocation) -> Result<&Allocation, CommitError> {
+        if self.state.allocations.contains_key(&alloc.id) {
+            return Err(CommitError(format!(
+                "allocation {} already exists",
+                alloc.id
+            )));
+        }
+        self.check_fits(&alloc)?;
+        let id = alloc.id;
+        self.apply(&alloc, true);
+        self.state.allocations.insert(id, alloc);
+        Ok(&self.state.allocations[&id])
+    }
+
+    /// Returns an allocation's capacity exactly.
+    pub fn release(&mut self, id: AllocId) -> Option<Allocation> {
+        let alloc = self.state.allocations.remove(&id)?;
+        self.apply(&alloc, false);
+        Some(alloc)
+    }
+
+    // ----- scope and diagnosis -------------------------------------------------------------
+
+    fn scope(&self, req: &Request) -> Result<Vec<PoolId>, Unplaceable> {
+        let fits = |s: Sharing| match req.shape {
+            Shape::Whole { .. } => matches!(s, Sharing::Whole | Sharing::Shared),
+            Shape::Mig(_) => s == Sharing::Mig,
+            Shape::Fraction { .. } => s == Sharing::Shared,
+            Shape::CpuOnly => true,
+        };
+        if let Some(pool) = req.pool {
+            let p = self.fleet.pool(pool);
+            if !fits(p.sharing) {
+                let hint = match p.sharing {
+                    Sharing::Mig => "it partitions GPUs with MIG: ask for a MIG profile",
+                    Sharing::Whole => "it hands out whole GPUs only",
+                    Sharing::Shared => "it time-slices GPUs: ask for whole GPUs or a fraction",
+                };
+                return Err(Unplaceable {
+                    reason: Reason::Constraint,
+                    message: format!("pool `{}` cannot serve {}: {hint}", p.name, req.shape),
+                });
+            }
+            return Ok(vec![pool]);
+        }
+        // Whole GPUs: dedicated pools first, then shared ones.
+        let mut pools: Vec<PoolId> = (0..self.fleet.pools.len() as u16)
+            .map(PoolId)
+            .filter(|&p| fits(self.fleet.pool(p).sharing))
+            .collect();
+        pools.sort_by_key(|&p| match self.fleet.pool(p).sharing {
+            Sharing::Whole => 0,
+            Sharing::Mig => 1,
+            Sharing::Shared => 2,
+        });
+        if pools.is_empty() {
+            return Err(Unplaceable {
+                reason: Reason::Constraint,
+                message: format!("no pool in this fleet serves {}", req.shape),
+            });
+        }
+        Ok(pools)
+    }
+
+    fn diagnose(&self, req: &Request, scope: &[PoolId]) -> Unplaceable {
+        let fleet = &*self.fleet;
+        let pools = scope
+            .iter()
+            .map(|&p| format!("`{}`", fleet.pool(p).name))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let eligible: Vec<u32> = scope
+            .iter()
+            .flat_map(|&p| fleet.pool(p).nodes.clone())
+            .filter(|&n| {
+                let node = &fleet.nodes[n as usize];
+                req.allows_model(node.model)
+                    && match &req.shape {
+                        Shape::Mig(c) => c.options.iter().any(|o| o.0 == node.model),
+                        _ => true,
+                    }
+            })
+            .collect();
+        if eligible.is_empty() {
+            let what = match &req.shape {
+                Shape::Mig(c) => format!("offers MIG profile {}", c.name),
+                _ => "has an allowed GPU model".to_string(),
+            };
+            return Unplaceable {
+                reason: Reason::Constraint,
+                message: format!("no node in pool {pools} {what}"),
+            };
+        }
+        let could_ever = |n: u32| -> bool {
+            let node = &fleet.nodes[n as usize];
+            if req.cpu_milli > node.cpu_milli || req.memory_mib > node.memory_mib {
+                return false;
+            }
+            match &req.shape {
+                Shape::Whole { gpus } => {
+                    let domain = node
+                        .topology
+                        .domains(node.gpus)
+                        .iter()
+                        .map(|d| d.count_ones())
+                        .max()
+                        .unwrap_or(0);
+                    *gpus as u32
+                        <= if node.topology == Topology::None {
+                            node.gpus as u32
+                        } else {
+                            domain
+                        }
+                }
+                Shape::Fraction { memory_mib, .. } => {
+                    let m = fleet.catalogue.get(node.model).memory_mib;
+                    node.gpus > 0 && (m == 0 || memory_mib.unwrap_or(0) <= m)
+                }
+                Shape::Mig(_) | Shape::CpuOnly => true,
+            }
+        };
+        if !eligible.iter().any(|&n| could_ever(n)) {
+            let max_cpu = eligible
+                .iter()
+                .map(|&n| fleet.nodes[n as usize].cpu_milli)
+                .max()
+                .unwrap_or(0);
+            let max_mem = eligible
+                .iter()
+                .map(|&n| fleet.nodes[n as usize].memory_mib)
+                .max()
+                .unwrap_or(0);
+            let message = if req.cpu_milli > max_cpu {
+                format!(
+                    "{} CPUs requested; the largest node in pool {pools} has {}",
+                    milli_str(req.cpu_milli),
+                    milli_str(max_cpu)
+                )
+            } else if req.memory_mib > max_mem {
+                format!(
+                    "{} MiB of host memory requested; the largest node in pool {pools} has {max_mem}",
+                    req.memory_mib
+                )
+            } else if let Shape::Whole { gpus } = req.shape {
+                let max = eligible
+                    .iter()
+                    .map(|&n| {
+                        let node = &fleet.nodes[n as usize];
+                        if node.topology == Topology::None {
+                            node.gpus as u32
+                        } else {
+                            node.topology
+                                .domains(node.gpus)
+                                .iter()
+                                .map(|d| d.count_ones())
+                                .max()
+                                .unwrap_or(0)
+                        }
+                    })
+                    .max()
+                    .unwrap_or(0);
+                format!(
+                    "{gpus} whole GPUs in one gang; the largest node (NVLink domain) in pool {pools} has {max}"
+                )
+            } else {
+                format!("{} does not fit any node in pool {pools}", req.shape)
+            };
+            return Unplaceable {
+                reason: Reason::Constraint,
+                message,
+            };
+        }
+        // Would it fit if tenants could mix?
+        if let (Some(d), Shape::Fraction { .. }) = (demand_of(req), &req.shape) {
+            let mut buf = Vec::new();
+            let blocked = eligible.iter().any(|&n| {
+                let st = &self.state.nodes[n as usize];
+                buf.clear();
+                if st.cpu_free >= d.cpu_milli && st.mem_free >= d.memory_mib {
+                    fraction_choices(fleet, n, st, &d, true, &mut buf);
+                }
+                !buf.is_empty()
+            });
+            if blocked {
+                return Unplaceable {
+                    reason: Reason::Isolation,
+                    message: format!(
+                        "{} would fit only on GPUs time-shared with another tenant; pool {pools} keeps tenants apart",
+                        req.shape
+                    ),
+                };
+            }
+        }
+        let need = req.units(&fleet.catalogue);
+        let free: GpuUnits = eligible
+            .iter()
+            .map(|&n| {
+                self.state.nodes[n as usize]
+                    .gpus
+                    .iter()
+                    .map(|g| GpuUnits::milli(g.free_milli() as u64))
+                    .sum::<GpuUnits>()
+            })
+            .sum();
+        if free >= need && need > GpuUnits::ZERO {
+            Unplaceable {
+                reason: Reason::Fragmentation,
+                message: format!(
+                    "{free} GPU units are free in pool {pools}, but no single node can hold {} ({} units) with its host resources",
+                    req.shape, need
+                ),
+            }
+        } else {
+            Unplaceable {
+                reason: Reason::NoCapacity,
+                message: format!(
+                    "{} needs {need} GPU units; pool {pools} has {free} free where this request may go",
+                    req.shape
+                ),
+            }
+        }
+    }
+
+    // ----- choosing --------------------------------------------------------------------------
+
+    fn choose_in_pool(&mut self, pool: PoolId, req: &Request) -> Option<Placement> {
+        match (self.fleet.pool(pool).sharing, &req.shape) {
+            (Sharing::Whole, Shape::Whole { gpus }) => self.choose_whole(pool, req, *gpus),
+            (Sharing::Mig, Shape::Mig(c)) => self.choose_mig(pool, req, c),
+            (Sharing::Whole | Sharing::Mig, Shape::CpuOnly) => self.choose_host(pool, req),
+            (Sharing::Shared, _) => self.choose_shared(pool, req),
+            _ => None,
+        }
+    }
+
+    fn host_fits(&self, n: u32, req: &Request) -> bool {
+        let st = &self.state.nodes[n as usize];
+        st.cpu_free >= req.cpu_milli
+            && st.mem_free >= req.memory_mib
+            && req.allows_model(self.fleet.nodes[n as usize].model)
+    }
+
+    fn choose_host(&mut self, pool: PoolId, req: &Request) -> Option<Placement> {
+        self.fleet
+            .pool(pool)
+            .nodes
+            .clone()
+            .find(|&n| self.host_fits(n, req))
+            .map(|n| Placement {
+                node: NodeId(n),
+                grant: Grant::CpuOnly,
+                units: GpuUnits::ZERO,
+            })
+    }
+
+    fn choose_whole(&mut self, pool: PoolId, req: &Request, gpus: u8) -> Option<Placement> {
+        let buckets = &self.by_free[pool.0 as usize];
+        for bucket in buckets.iter().skip(gpus as usize) {
+            for &n in bucket {
+                if !self.host_fits(n, req) {
+                    continue;
+                }
+                let node = &self.fleet.nodes[n as usize];
+                if let Some(mask) = whole_choice(
+                    node.topology,
+                    node.gpus,
+                    self.state.nodes[n as usize].free_mask,
+                    gpus,
+                ) {
+                    return Some(Placement {
+                        node: NodeId(n),
+                        grant: Grant::Whole { gpus: mask },
+                        units: GpuUnits::whole(gpus as u64),
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    fn choose_mig(&mut self, pool: PoolId, req: &Request, choice: &MigChoice) -> Option<Placement> {
+        // (cost, model, profile index, occupancy key, start)
+        let mut cands: Vec<(u32, u16, u8, usize, u8)> = Vec::new();
+        for &(model, pi) in &choice.options {
+            if !req.allows_model(model) {
+                continue;
+            }
+            let Some(index) = self.mig_index.get(&(pool.0, model.0)) else {
+                continue;
+            };
+            let table = self.mig_tables[model.0 as usize]
+                .as_ref()
+                .expect("MIG model has a table");
+            for (key, bucket) in index.iter().enumerate() {
+                if bucket.is_empty() {
+                    continue;
+                }
+                if let Some((start, cost)) = table.best(key, pi as usize) {
+                    cands.push((cost, model.0, pi, key, start));
+                }
+            }
+        }
+        cands.sort_unstable();
+        for (_, model, pi, key, start) in cands {
+            let bucket = &self.mig_index[&(pool.0, model)][key];
+            for &(n, g) in bucket {
+                if !self.host_fits(n, req) {
+                    continue;
+                }
+                let gm = self.fleet.catalogue.get(tessera_model::ModelId(model));
+                let p = &gm.mig.expect("MIG model").profiles[pi as usize];
+                return Some(Placement {
+                    node: NodeId(n),
+                    grant: Grant::Mig {
+                        gpu: g,
+                        profile: pi,
+                        profile_id: p.id,
+                        start,
+                        size: p.mem_slices,
+                    },
+                    units: gm.profile_units(p),
+                });
+            }
+        }
+        None
+    }
+
+    fn choose_shared(&mut self, pool: PoolId, req: &Request) -> Option<Placement> {
+        let d = demand_of(req)?;
+        let fleet = self.fleet.clone();
+        let pool_def = fleet.pool(pool);
+        let mix = pool_def.allow_tenant_mixing;
+        let policy_epoch = self.policy.epoch();
+        let type_id = match self.cache.types.get(&d) {
+            Some(&t) => Some(t as usize),
+            None if self.cache.types.len() < MAX_CACHED_TYPES => {
+                let t = self.cache.types.len();
+                self.cache.types.insert(d, t as u32);
+                self.cache
+                    .entries
+                    .push(vec![(u64::MAX, 0, None); fleet.nodes.len()]);
+                Some(t)
+            }
+            None => None,
+        };
+        let mut best: Option<(u32, Choice, f64)> = None;
+        let mut ties = 0u32;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        for n in pool_def.nodes.clone() {
+            let node = &fleet.nodes[n as usize];
+            let st = &self.state.nodes[n as usize];
+            if st.cpu_free < d.cpu_milli
+                || st.mem_free < d.memory_mib
+                || !req.allows_model(node.model)
+            {
+                continue;
+            }
+            let cached = type_id.and_then(|t| {
+                let e = &self.cache.entries[t][n as usize];
+                (e.0 == st.epoch && e.1 == policy_epoch).then_some(e.2)
+            });
+            let node_best = match cached {
+                Some(b) => b,
+                None => {
+                    scratch.clear();
+                    choices(&fleet, n, st, &d, mix, &mut scratch);
+                    let view = NodeView { node, state: st };
+                    let mut nb: Option<(Choice, Score)> = None;
+                    for &c in &scratch {
+                        let s = self.policy.score(&view, &d, c);
+                        if nb.is_none_or(|(_, b)| s.0 < b.0 || (s.0 == b.0 && s.1 < b.1)) {
+                            nb = Some((c, s));
+                        }
+                    }
+                    if let Some(t) = type_id {
+                        self.cache.entries[t][n as usize] = (st.epoch, policy_epoch, nb);
+                    }
+                    nb
+                }
+            };
+            let Some((c, s)) = node_best else { continue };
+            match best {
+                Some((_, _, b)) if s.0 > b => {}
+                Some((_, _, b)) if s.0 == b => {
+                    ties += 1;
+                    if self.rng.random_range(0..ties) == 0 {
+                        best = Some((n, c, s.0));
+                    }
+                }
+                _ => {
+                    best = Some((n, c, s.0));
+                    ties = 1;
+                }
+            }
+        }
+        self.scratch = scratch;
+        let (n, c, _) = best?;
+        let grant = match c {
+            Choice::Gpu(g) => Grant::Fraction {
+                gpu: g,
+                milli: d.milli,
+                memory_mib: d.gpu_mem_mib,
+            },
+            Choice::Gpus(mask) => Grant::Whole { gpus: mask },
+            Choice::Host => Grant::CpuOnly,
+        };
+        Some(Placement {
+            node: NodeId(n),
+            grant,
+            units: GpuUnits::milli(d.total_milli()),
+        })
+    }
+
+    // ----- applying --------------------------------------------------------------------------
+
+    fn check_fits(&self, a: &Allocation) -> Result<(), CommitError> {
+        let fleet = &*self.fleet;
+        let n = a.node.0 as usize;
+        let (Some(node), Some(st)) = (fleet.nodes.get(n), self.state.nodes.get(n)) else {
+            return Err(CommitError(format!("node #{n} does not exist")));
+        };
+        let bad = |m: &str| {
+            Err(CommitError(format!(
+                "allocation {} on {}: {m}",
+                a.id, node.name
+            )))
+        };
+        if st.cpu_free < a.cpu_milli || st.mem_free < a.memory_mib {
+            return bad("not enough host CPU or memory");
+        }
+        let sharing = fleet.pool(node.pool).sharing;
+        match a.grant {
+            Grant::Whole { gpus } => {
+                if sharing == Sharing::Mig || gpus == 0 || gpus & !st.free_mask != 0 {
+                    return bad("GPUs are not free");
+                }
+            }
+            Grant::Mig {
+                gpu,
+                profile,
+                start,
+                ..
+            } => {
+                let Some(geom) = fleet
+                    .catalogue
+                    .get(node.model)
+                    .mig
+                    .filter(|_| sharing == Sharing::Mig)
+                else {
+                    return bad("not a MIG pool");
+                };
+                let Some(g) = st.gpus.get(gpu as usize) else {
+                    return bad("no such GPU");
+                };
+                let Some(p) = geom.profiles.get(profile as usize) else {
+                    return bad("no such profile");
+                };
+                if !p.starts.contains(&start)
+                    || p.mask_at(start) & g.mig_mask != 0
+                    || (p.media_extensions && g.mig_me)
+                {
+                    return bad("MIG placement overlaps or is illegal");
+                }
+            }
+            Grant::Fraction {
+                gpu,
+                milli,
+                memory_mib,
+            } => {
+                let Some(g) = st.gpus.get(gpu as usize) else {
+                    return bad("no such GPU");
+                };
+                let mem = fleet.catalogue.get(node.model).memory_mib;
+                let mix = fleet.pool(node.pool).allow_tenant_mixing;
+                if sharing != Sharing::Shared
+                    || g.used_milli + milli > 1000
+                    || (mem > 0 && g.mem_used_mib + memory_mib > mem)
+                    || (!mix && !g.holders.is_empty() && g.tenant != a.tenant)
+                {
+                    return bad("fraction does not fit the GPU");
+                }
+            }
+            Grant::CpuOnly => {}
+        }
+        Ok(())
+    }
+
+    /// Adds (`add`) or removes an allocation's holdings, keeping the indexes in step.
+    fn apply(&mut self, a: &Allocation, add: bool) {
+        let n = a.node.0;
+        let touched = a.grant.gpu_mask();
+        self.unindex(n, touched);
+        let fleet = self.fleet.clone();
+        let node = &fleet.nodes[n as usize];
+        let st = &mut self.state.nodes[n as usize];
+        if add {
+            st.cpu_free -= a.cpu_milli;
+            st.mem_free -= a.memory_mib;
+        } else {
+            st.cpu_free += a.cpu_milli;
+            st.mem_free += a.memory_mib;
+        }
+        let hold = |g: &mut crate::state::GpuState| {
+            if add {
+                g.holders.push(a.id);
+            } else if let Some(i) = g.holders.iter().rposition(|&h| h == a.id) {
+                g.holders.remove(i);
+            }
+        };
+        match a.grant {
+            Grant::Whole { gpus } => {
+                for i in 0..node.gpus {
+                    if gpus >> i & 1 == 1 {
+                        let g = &mut st.gpus[i as usize];
+                        g.used_milli = if add { 1000 } else { 0 };
+                        g.tenant = if add { a.tenant } else { None };
+                        hold(g);
+                    }
+                }
+            }
+            Grant::Mig {
+                gpu,
+                profile,
+                start,
+                ..
+            } => {
+                let p =
+                    &fleet.catalogue.get(node.model).mig.expect("MIG").profiles[profile as usize];
+                let g = &mut st.gpus[gpu as usize];
+                let units = a.units.as_milli() as u16;
+                if add {
+                    g.mig_mask |= p.mask_at(start);
+                    g.used_milli += units;
+                } else {
+                    g.mig_mask &= !p.mask_at(start);
+                    g.used_milli -= units;
+                }
+                if p.media_extensions {
+                    g.mig_me = add;
+                }
+                hold(g);
+            }
+            Grant::Fraction {
+                gpu,
+                milli,
+                memory_mib,
+            } => {
+                let g = &mut st.gpus[gpu as usize];
+                if add {
+                    g.used_milli += milli;
+                    g.mem_used_mib += memory_mib;
+                    g.tenant = a.tenant;
+                } else {
+                    g.used_milli -= milli;
+                    g.mem_used_mib -= memory_mib;
+                }
+                hold(g);
+                if g.holders.is_empty() {
+                    g.tenant = None;
+                }
+            }
+            Grant::CpuOnly => {}
+        }
+        for i in 0..node.gpus {
+            if touched >> i & 1 == 1 {
+                if st.gpus[i as usize].holders.is_empty() {
+                    st.free_mask |= 1 << i;
+                } else {
+                    st.free_mask &= !(1 << i);
+                }
+            }
+        }
+        st.epoch = self.next_epoch;
+        self.next_epoch += 1;
+        self.index(n, touched);
+    }
+
+    fn unindex(&mut self, n: u32, gpus: u16) {
+        self.reindex(n, gpus, false);
+    }
+
+    fn index(&mut self, n: u32, gpus: u16) {
+        self.reindex(n, gpus, true);
+    }
+
+    fn reindex(&mut self, n: u32, gpus: u16, insert: bool) {
+        let node = &self.fleet.nodes[n as usize];
+        let st = &self.state.nodes[n as usize];
+        match self.fleet.pool(node.pool).sharing {
+            Sharing::Whole => {
+                let b = &mut self.by_free[node.pool.0 as usize][st.free_gpus() as usize];
+                if insert {
+                    b.insert(n);
+                } else {
+                    b.remove(&n);
+                }
+            }
+            Sharing::Mig => {
+                let Some(table) = self.mig_tables[node.model.0 as usize].as_ref() else {
+                    return;
+                };
+                let states = table.states();
+                let index = self
+                    .mig_index
+                    .entry((node.pool.0, node.model.0))
+                    .or_insert_with(|| vec![BTreeSet::new(); states]);
+                for (i, g) in st.gpus.iter().enumerate() {
+                    if gpus >> i & 1 == 1 {
+                        let key = state_key(table.geom, g.mig_mask, g.mig_me);
+                        if insert {
+                            index[key].insert((n, i as u8));
+                        } else {
+                            index[key].remove(&(n, i as u8));
+                        }
+                    }
+                }
+            }
+            Sharing::Shared => {}
+        }
+    }
+}
+
+fn milli_str(m: u64) -> String {
+    GpuUnits::milli(m).to_string()
+}
+
+/// The shared-pool demand of a request.
+pub fn demand_of(req: &Request) -> Option<Demand> {
+    let (gpus, milli, gpu_mem) = match req.shape {
+        Shape::Whole { gpus } => (gpus, 1000, 0),
+        Shape::Fraction { milli, memory_mib } => (1, milli, memory_mib.unwrap_or(0)),
+        Shape::CpuOnly => (0, 0, 0),
+        Shape::Mig(_) => return None,
+    };
+    Some(Demand {
+        cpu_milli: req.cpu_milli,
+        memory_mib: req.memory_mib,
+        gpus,
+        milli,
+        gpu_mem_mib: gpu_mem,
+        tenant: req.tenant,
+    })
+}
+
+/// Which whole GPUs a gang of `k` takes on a node with free mask `free`, or `None`.
+/// NVSwitch and PCIe-only nodes: the lowest free GPUs. NVLink pairs: `k <= 2` inside one pair;
+/// a single GPU prefers a pair whose partner is busy, keeping intact pairs for 2-GPU gangs.
+pub fn whole_choice(topology: Topology, gpus: u8, free: u16, k: u8) -> Option<u16> {
+    if free.count_ones() < k as u32 || k == 0 {
+        return None;
+    }
+    match topology {
+        Topology::NvSwitch | Topology::None => {
+            let mut mask = 0u16;
+            let mut left = k;
+            for i in 0..gpus {
+                if left > 0 && free >> i & 1 == 1 {
+                    mask |= 1 << i;
+                    left -= 1;
+                }
+            }
+            Some(mask)
+        }
+        Topology::Pairs => {
+            let domains = topology.domains(gpus);
+            if k == 1 {
+                let broken = domains.iter().find(|&&d| d & free != 0 && d & free != d);
+                let d = broken.or_else(|| domains.iter().find(|&&d| d & free != 0))?;
+                let f = d & free;
+                return Some(f & f.wrapping_neg());
+            }
+            domains
+                .iter()
+                .find(|&&d| d & free == d && d.count_ones() == k as u32)
+                .copied()
+        }
+    }
+}
+
+/// Fraction candidates on a node: one per distinct (used milli, GPU memory used) level, the
+/// first GPU of each level (GPUs at the same level are interchangeable).
+fn fraction_choices(
+    fleet: &Fleet,
+    n: u32,
+    st: &crate::state::NodeState,
+    d: &Demand,
+    mix: bool,
+    out: &mut Vec<Choice>,
+) {
+    let node = &fleet.nodes[n as usize];
+    let mem = fleet.catalogue.get(node.model).memory_mib;
+    let mut seen: [(u16, u32); 16] = [(u16::MAX, 0); 16];
+    let mut k = 0;
+    for (i, g) in st.gpus.iter().enumerate() {
+        if g.used_milli + d.milli > 1000 {
+            continue;
+        }
+        if mem > 0 && d.gpu_mem_mib > 0 && g.mem_used_mib + d.gpu_mem_mib > mem {
+            continue;
+        }
+        if !mix && !g.holders.is_empty() && g.tenant != d.tenant {
+            continue;
+        }
+        let level = (g.used_milli, g.mem_used_mib);
+        if seen[..k].contains(&level) {
+            continue;
+        }
+        seen[k] = level;
+        k += 1;
+        out.push(Choice::Gpu(i as u8));
+    }
+}
+
+/// Every feasible choice for `d` on node `n` (host resources already checked).
+fn choices(
+    fleet: &Fleet,
+    n: u32,
+    st: &crate::state::NodeState,
+    d: &Demand,
+    mix: bool,
+    out: &mut Vec<Choice>,
+) {
+    if d.gpus == 0 {
+        out.push(Choice::Host);
+    } else if d.is_fraction() {
+        fraction_choices(fleet, n, st, d, mix, out);
+    } else {
+        let node = &fleet.nodes[n as usize];
+        if let Some(mask) = whole_choice(node.topology, node.gpus, st.free_mask, d.gpus) {
+            out.push(Choice::Gpus(mask));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::BestFit;
+    use tessera_model::{Request, TenantId};
+
+    fn seed_engine() -> Engine {
+        Engine::new(Arc::new(Fleet::seed()), Box::new(BestFit), 1)
+    }
+
+    #[test]
+    fn whole_gangs_best_fit_and_keep_full_nodes() {
+        let mut e = seed_engine();
+        let a = e.place(1, &Request::whole(1)).unwrap().clone();
+        let b = e.place(2, &Request::whole(2)).unwrap().clone();
+        assert_eq!(a.node, b.node, "the 2-GPU gang joins the partly used node");
+        assert_eq!(a.grant, Grant::Whole { gpus: 0b1 });
+        assert_eq!(b.grant, Grant::Whole { gpus: 0b110 });
+        let c = e.place(3, &Request::whole(8)).unwrap().clone();
+        assert_ne!(c.node, a.node);
+        assert_eq!(c.units, GpuUnits::whole(8));
+    }
+
+    #[test]
+    fn refusals_are_structured() {
+        let mut e = seed_engine();
+        let r = e.plan(&Request::whole(9)).unwrap_err();
+        assert_eq!(r.reason, Reason::Constraint);
+        assert!(r.message.contains("has 8"), "{r}");
+        let f = e.fleet().clone();
+        let r = e
+            .plan(&Request::fraction(250).with_pool(f.pool_by_name("training").unwrap()))
+            .unwrap_err();
+        assert_eq!(r.reason, Reason::Constraint);
+        // Fill the training pool: 16 × 8 GPUs.
+        for i in 0..16 {
+            e.place(100 + i, &Request::whole(8).with_pool(PoolId(0)))
+                .unwrap();
+        }
+        let r = e.plan(&Request::whole(8).with_pool(PoolId(0))).unwrap_err();
+        assert_eq!(r.reason, Reason::NoCapacity, "{r}");
+    }
+
+    #[test]
+    fn mig_partitions_on_demand() {
+        let mut e = seed_engine();
+        let cat = e.fleet().catalogue.clone();
+        let a = e
+            .place(1, &Request::mig(&cat, "3g.40gb").unwrap())
+            .unwrap()
+            .clone();
+        assert_eq!(a.units, GpuUnits::milli(500));
+        let Grant::Mig {
+            gpu, start, size, ..
+        } = a.grant
+        else {
+            panic!()
+        };
+        assert_eq!((start, size), (4, 4));
+        let b = e
+            .place(2, &Request::mig(&cat, "4g.40gb").unwrap())
+            .unwrap()
+            .clone();
+        assert_eq!(
+            b.grant,
+            Grant::Mig {
+                gpu,
+                profile: 5,
+                profile_id: 5,
+                start: 0,
+                size: 4
+            },
+            "4g fills the same GPU"
+        );
+        let c = e
+            .place(3, &Request::mig(&cat, "1g.10gb").unwrap())
+            .unwrap()
+            .clone();
+        assert_ne!(
+            c.grant.gpu_mask(),
+            a.grant.gpu_mask(),
+            "full GPU is skipped"
+        );
+        assert_eq!(c.units, GpuUnits::milli(125));
+    }
+
+    #[test]
+    fn shared_gpus_hold_one_tenant() {
+        let mut e = seed_engine();
+        let dev = e.fleet().pool_by_name("development").unwrap();
+        let a = e
+            .place(
+                1,
+                &Request::fraction(500)
+                    .with_tenant(TenantId(1))
+                    .with_pool(dev),
+            )
+            .unwrap()
+            .clone();
+        let b = e
+            .place(
+                2,
+                &Request::fraction(500)
+                    .with_tenant(TenantId(2))
+                    .with_pool(dev),
+            )
+            .unwrap()
+            .clone();
+        assert!(a.node != b.node || a.grant.gpu_mask() != b.grant.gpu_mask());
+        let c = e
+            .place(
+                3,
+                &Request::fraction(500)
+                    .with_tenant(TenantId(1))
+                    .with_pool(dev),
+            )
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (c.node, c.grant.gpu_mask()),
+            (a.node, a.grant.gpu_mask()),
+            "same tenant packs"
+        );
+    }
+
+    #[test]
+    fn release_restores_exactly() {
+        let mut e = seed_engine();
+        let before = e.state().clone();
+        let cat = e.fleet().catalogue.clone();
+        e.place(1, &Request::whole(4)).unwrap();
+        e.place(2, &Request::mig(&cat, "2g.20gb").unwrap()).unwrap();
+        e.place(3, &Request::fraction(300)).unwrap();
+        for id in [2, 3, 1] {
+            e.release(id).unwrap();
+        }
+        assert!(e.state().same_holdings(&before));
+        assert!(e.release(1).is_none());
+    }
+
+    #[test]
+    fn restore_rejects_double_booking() {
+        let mut e = seed_engine();
+        let a = e.place(1, &Request::whole(8)).unwrap().clone();
+        let mut dup = a.clone();
+        dup.id = 2;
+        assert!(e.restore(dup).is_err());
+        assert!(e.restore(a).is_err(), "same id twice");
+    }
+
+    #[test]
+    fn pairs_topology() {
+        assert_eq!(
+            whole_choice(Topology::Pairs, 4, 0b1110, 1),
+            Some(0b0010),
+            "breaks the broken pair"
+        );
+        assert_eq!(whole_choice(Topology::Pairs, 4, 0b1110, 2), Some(0b1100));
+        assert_eq!(whole_choice(Topology::Pairs, 4, 0b1111, 4), None);
+        assert_eq!(whole_choice(Topology::None, 4, 0b1010, 2), Some(0b1010));
+    }
+}

@@ -1,0 +1,23 @@
+//! # tessera-sched
+//!
+//! Tessera's placement engine, pure and deterministic (seeded randomness only):
+//!
+//! * [`engine::Engine`]: places requests on a fleet snapshot (whole-GPU gangs, on-demand MIG,
+//!   time-sliced fractions), explains refusals, releases capacity exactly.
+//! * [`mig`]: precomputed MIG flexibility tables that drive on-demand partitioning.
+//! * [`policy`]: pluggable scoring for shared pools (random, bestfit, FGD) and
+//!   [`tessera`]: Tessera's own fragmentation-aware policy.
+//! * [`replay`]: the openb (Alibaba GPU trace) replay protocol.
+//!
+//! The same engine serves the trace replay, the benchmarks and the server.
+
+pub mod engine;
+pub mod mig;
+pub mod policy;
+pub mod replay;
+pub mod state;
+pub mod tessera;
+
+pub use engine::{Engine, Reason, Unplaceable};
+pub use policy::SharedPolicy;
+pub use state::{AllocId, Allocation, ClusterState, Grant, Placement};
