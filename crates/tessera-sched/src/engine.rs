@@ -879,7 +879,21 @@ pub fn demand_of(req: &Request) -> Option<Demand> {
         milli,
         gpu_mem_mib: gpu_mem,
         tenant: req.tenant,
+        models: models_mask(&req.models),
     })
+}
+
+/// A model whitelist as a bit mask (0 = any). A whitelist naming only models beyond the mask's
+/// reach (or unknown ones) keeps a non-zero mask so it never reads as "any".
+fn models_mask(models: &[tessera_model::ModelId]) -> u64 {
+    let m = models
+        .iter()
+        .fold(0u64, |m, id| if id.0 < 64 { m | 1 << id.0 } else { m });
+    if m == 0 && !models.is_empty() {
+        1 << 63
+    } else {
+        m
+    }
 }
 
 /// Which whole GPUs a gang of `k` takes on a node with free mask `free`, or `None`.

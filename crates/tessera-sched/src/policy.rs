@@ -26,9 +26,16 @@ pub struct Demand {
     pub milli: u16,
     pub gpu_mem_mib: u32,
     pub tenant: Option<TenantId>,
+    /// Allowed GPU models as a bit mask of model ids (bit `i` = `ModelId(i)`); 0 = any model.
+    pub models: u64,
 }
 
 impl Demand {
+    /// Whether the demand may run on `model`.
+    pub fn allows(&self, model: ModelId) -> bool {
+        self.models == 0 || (model.0 < 64 && self.models >> model.0 & 1 == 1)
+    }
+
     pub fn is_fraction(&self) -> bool {
         self.gpus == 1 && self.milli < 1000
     }
@@ -131,7 +138,7 @@ impl SharedPolicy for BestFit {
 /// prior (the trace's pod list, as the FGD paper does).
 #[derive(Clone, Debug, Default)]
 pub struct WorkloadModel {
-    counts: std::collections::HashMap<(u8, u16, u64, u64), f64>,
+    counts: std::collections::HashMap<(u8, u16, u64, u64, u64), f64>,
     observed: u64,
     next_rebuild: u64,
     epoch: u64,
@@ -144,6 +151,8 @@ pub struct WorkloadModel {
 pub struct DemandClass {
     pub gpus: u8,
     pub milli: u16,
+    /// Allowed models mask, as [`Demand::models`].
+    pub models: u64,
     /// Total weight of the class (weights of all classes sum to 1).
     pub weight: f64,
     /// Members `(cpu_milli, memory_mib, weight)`, sorted by CPU.
@@ -166,7 +175,7 @@ impl WorkloadModel {
         }
         *self
             .counts
-            .entry((d.gpus, d.milli, d.cpu_milli, d.memory_mib))
+            .entry((d.gpus, d.milli, d.models, d.cpu_milli, d.memory_mib))
             .or_default() += 1.0;
         self.observed += 1;
     }
@@ -187,11 +196,11 @@ impl WorkloadModel {
         let mut classes: Vec<DemandClass> = Vec::new();
         let mut keys: Vec<_> = self.counts.iter().collect();
         keys.sort_by(|a, b| a.0.cmp(b.0));
-        for (&(gpus, milli, cpu, mem), &w) in keys {
+        for (&(gpus, milli, models, cpu, mem), &w) in keys {
             let w = w / total;
             match classes
                 .iter_mut()
-                .find(|c| c.gpus == gpus && c.milli == milli)
+                .find(|c| c.gpus == gpus && c.milli == milli && c.models == models)
             {
                 Some(c) => {
                     c.weight += w;
@@ -200,6 +209,7 @@ impl WorkloadModel {
                 None => classes.push(DemandClass {
                     gpus,
                     milli,
+                    models,
                     weight: w,
                     hosts: vec![(cpu, mem, w)],
                 }),
@@ -219,6 +229,7 @@ impl WorkloadModel {
 /// A hypothetical node: free host resources and per-GPU free milli.
 #[derive(Clone, Copy, Debug)]
 pub struct Hypo {
+    pub model: ModelId,
     pub cpu_free: u64,
     pub mem_free: u64,
     pub free: [u16; 16],
@@ -232,6 +243,7 @@ impl Hypo {
             free[i] = g.free_milli();
         }
         Hypo {
+            model: view.node.model,
             cpu_free: view.state.cpu_free,
             mem_free: view.state.mem_free,
             free,
@@ -273,7 +285,13 @@ pub fn fgd_fragmentation(model: &WorkloadModel, h: &Hypo) -> f64 {
     }
     let full = gpus.iter().filter(|&&f| f == 1000).count() as u8;
     let mut frag = 0.0;
+    let t = total as f64;
     for c in &model.classes {
+        if c.models != 0 && (h.model.0 >= 64 || c.models >> h.model.0 & 1 == 0) {
+            // The class may not run on this model: all free GPU is out of its reach.
+            frag += c.weight * t;
+            continue;
+        }
         let fit_w: f64 = c
             .hosts
             .iter()
@@ -293,7 +311,6 @@ pub fn fgd_fragmentation(model: &WorkloadModel, h: &Hypo) -> f64 {
             let un: u64 = gpus.iter().filter(|&&f| f < 1000).map(|&f| f as u64).sum();
             (full >= c.gpus, un)
         };
-        let t = total as f64;
         frag += (c.weight - fit_w) * t + fit_w * if gpu_fits { unusable as f64 } else { t };
     }
     frag

@@ -1,1 +1,390 @@
+//! The openb trace replay (Alibaba cluster-trace-gpu-v2023, "Beware of Fragmentation", ATC'23),
+//! following the protocol in `shared/traces/openb/README.md`:
+//!
+//! 1. the cluster is the trace's node list, as one shared pool;
+//! 2. per seed, the pod list is topped up by uniform draws (with a generator seeded by the seed)
+//!    until the next draw would take the total GPU request past 1.3 × capacity, then shuffled;
+//!    pods arrive one at a time, never leave, and a pod that fits nowhere fails for good;
+//! 3. after each pod, arrived % = requested ÷ capacity and allocation % = allocated ÷ capacity;
+//!    the allocation at arrived = X % is the mean over the pods after which round(arrived %) = X;
+//!    unallocated % = 100 − allocation %.
+//!
+//! Every pod goes through the same [`Engine`] the server uses.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use tessera_model::{Catalogue, Fleet, FleetError, ModelId, Request, Shape};
+
+use crate::engine::{Engine, demand_of};
+use crate::policy::{BestFit, Demand, Fgd, Random, SharedPolicy, WorkloadModel};
+use crate::tessera::TesseraPolicy;
+
+/// One pod of the trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pod {
+    pub name: String,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub num_gpu: u8,
+    pub gpu_milli: u16,
+    /// Allowed models (`gpu_spec`); empty = any.
+    pub models: Vec<ModelId>,
+}
+
+impl Pod {
+    /// GPU demand in milli-GPU: `num_gpu × gpu_milli`.
+    pub fn gpu_demand(&self) -> u64 {
+        self.num_gpu as u64 * self.gpu_milli as u64
+    }
+
+    /// The engine request for this pod.
+    pub fn request(&self) -> Request {
+        let shape = match (self.num_gpu, self.gpu_milli) {
+            (0, _) => Shape::CpuOnly,
+            (1, m) if m < 1000 => Shape::Fraction {
+                milli: m,
+                memory_mib: None,
+            },
+            (n, _) => Shape::Whole { gpus: n },
+        };
+        Request::new(shape)
+            .with_host(self.cpu_milli, self.memory_mib)
+            .with_models(self.models.clone())
+    }
+}
+
+/// Parses an openb pod list. Columns are found by header name: `name, cpu_milli, memory_mib,
+/// num_gpu, gpu_milli` are required, `gpu_spec` is optional (the multigpu files lack it).
+pub fn parse_pods(text: &str, file: &str, catalogue: &Catalogue) -> Result<Vec<Pod>, FleetError> {
+    let mut lines = text.lines().enumerate();
+    let header: Vec<&str> = lines
+        .next()
+        .map(|(_, h)| h.trim().split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let required = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"];
+    let mut idx = [0usize; 5];
+    for (i, r) in required.iter().enumerate() {
+        idx[i] = col(r)
+            .ok_or_else(|| FleetError::new(file, 1, "header", format!("missing column `{r}`")))?;
+    }
+    let spec_col = col("gpu_spec");
+    let mut pods = Vec::new();
+    for (i, line) in lines {
+        let lineno = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if f.len() < header.len() {
+            return Err(FleetError::new(
+                file,
+                lineno,
+                "row",
+                format!("expected {} fields, found {}", header.len(), f.len()),
+            ));
+        }
+        let num = |k: usize| -> Result<u64, FleetError> {
+            f[idx[k]].parse::<u64>().map_err(|_| {
+                FleetError::new(
+                    file,
+                    lineno,
+                    required[k],
+                    format!("`{}` is not a non-negative integer", f[idx[k]]),
+                )
+            })
+        };
+        let (cpu, mem, num_gpu, gpu_milli) = (num(1)?, num(2)?, num(3)?, num(4)?);
+        if num_gpu > 16 {
+            return Err(FleetError::new(
+                file,
+                lineno,
+                "num_gpu",
+                format!("{num_gpu} GPUs; at most 16"),
+            ));
+        }
+        if num_gpu > 0 && (gpu_milli == 0 || gpu_milli > 1000) {
+            return Err(FleetError::new(
+                file,
+                lineno,
+                "gpu_milli",
+                format!("{gpu_milli}: must be 1..=1000"),
+            ));
+        }
+        if num_gpu > 1 && gpu_milli != 1000 {
+            return Err(FleetError::new(
+                file,
+                lineno,
+                "gpu_milli",
+                "multi-GPU pods must ask for whole GPUs (1000)",
+            ));
+        }
+        let models = match spec_col.map(|c| f[c]) {
+            Some(spec) if !spec.is_empty() => spec
+                .split('|')
+                .map(|m| catalogue.find(m.trim()).unwrap_or(ModelId(u16::MAX)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        pods.push(Pod {
+            name: f[idx[0]].to_string(),
+            cpu_milli: cpu,
+            memory_mib: mem,
+            num_gpu: num_gpu as u8,
+            gpu_milli: if num_gpu == 0 { 0 } else { gpu_milli as u16 },
+            models,
+        });
+    }
+    if pods.is_empty() {
+        return Err(FleetError::new(file, 0, "rows", "the pod list is empty"));
+    }
+    Ok(pods)
+}
+
+/// The policies the replay (and the server's shared pools) can use.
+pub const POLICIES: [&str; 4] = ["tessera", "fgd", "bestfit", "random"];
+
+/// Builds a shared-pool policy by name. `prior` is the workload the policy may learn from up
+/// front (FGD's "target workload"); both FGD and Tessera also keep learning online.
+pub fn make_policy(name: &str, prior: &[Demand]) -> Result<Box<dyn SharedPolicy>, String> {
+    Ok(match name {
+        "random" => Box::new(Random),
+        "bestfit" => Box::new(BestFit),
+        "fgd" => Box::new(Fgd::new(WorkloadModel::with_prior(prior))),
+        "tessera" => Box::new(TesseraPolicy::new(WorkloadModel::with_prior(prior))),
+        other => {
+            return Err(format!(
+                "unknown policy `{other}` (one of: {})",
+                POLICIES.join(", ")
+            ));
+        }
+    })
+}
+
+/// The workload of one seed: indexes into `pods`, topped up and shuffled.
+pub fn workload(pods: &[Pod], capacity_milli: u64, seed: u64) -> Vec<usize> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let limit = capacity_milli * 13 / 10;
+    let mut list: Vec<usize> = (0..pods.len()).collect();
+    let mut total: u64 = pods.iter().map(Pod::gpu_demand).sum();
+    loop {
+        let i = rng.random_range(0..pods.len());
+        if total + pods[i].gpu_demand() > limit {
+            break;
+        }
+        total += pods[i].gpu_demand();
+        list.push(i);
+    }
+    list.shuffle(&mut rng);
+    list
+}
+
+/// The protocol's allocation % at arrived = `x` %: the mean allocation over the pods after which
+/// round(arrived %) = x. On a cluster too small for every percent to be hit, the allocation
+/// after the last pod below `x` (the curve is a step function).
+pub fn allocation_at(curve: &[(f64, f64)], x: f64) -> f64 {
+    let hits: Vec<f64> = curve
+        .iter()
+        .filter(|(a, _)| a.round() == x)
+        .map(|&(_, p)| p)
+        .collect();
+    if !hits.is_empty() {
+        return hits.iter().sum::<f64>() / hits.len() as f64;
+    }
+    curve
+        .iter()
+        .take_while(|(a, _)| *a < x)
+        .last()
+        .map(|&(_, p)| p)
+        .unwrap_or(0.0)
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SeedResult {
+    pub seed: u64,
+    /// Unallocated GPU % at arrived 100 % and 130 %.
+    pub unallocated_100: f64,
+    pub unallocated_130: f64,
+    pub failed_pods: u64,
+}
+
+/// Replays one seed.
+pub fn replay_seed(
+    fleet: &Arc<Fleet>,
+    pods: &[Pod],
+    policy: &str,
+    seed: u64,
+) -> Result<SeedResult, String> {
+    let capacity = fleet.gpu_count() * 1000;
+    let prior: Vec<Demand> = pods
+        .iter()
+        .filter_map(|p| demand_of(&p.request()))
+        .collect();
+    let mut engine = Engine::new(fleet.clone(), make_policy(policy, &prior)?, seed);
+    let order = workload(pods, capacity, seed);
+    let requests: Vec<Request> = pods.iter().map(Pod::request).collect();
+    let (mut arrived, mut allocated, mut failed) = (0u64, 0u64, 0u64);
+    // (arrived %, allocation %) after each pod.
+    let mut curve = Vec::with_capacity(order.len());
+    for (k, &i) in order.iter().enumerate() {
+        let d = pods[i].gpu_demand();
+        arrived += d;
+        if engine.try_place(k as u64, &requests[i]) {
+            allocated += d;
+        } else {
+            failed += 1;
+        }
+        curve.push((
+            arrived as f64 * 100.0 / capacity as f64,
+            allocated as f64 * 100.0 / capacity as f64,
+        ));
+    }
+    let at = |x: f64| 100.0 - allocation_at(&curve, x);
+    Ok(SeedResult {
+        seed,
+        unallocated_100: at(100.0),
+        unallocated_130: at(130.0),
+        failed_pods: failed,
+    })
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplayResult {
+    pub policy: String,
+    pub capacity_milli: u64,
+    pub per_seed: Vec<SeedResult>,
+}
+
+impl ReplayResult {
+    pub fn mean_100(&self) -> f64 {
+        self.per_seed.iter().map(|s| s.unallocated_100).sum::<f64>() / self.per_seed.len() as f64
+    }
+
+    pub fn mean_130(&self) -> f64 {
+        self.per_seed.iter().map(|s| s.unallocated_130).sum::<f64>() / self.per_seed.len() as f64
+    }
+}
+
+/// Replays every seed on `threads` threads; `progress` is called as each seed finishes.
+pub fn replay(
+    fleet: &Arc<Fleet>,
+    pods: &[Pod],
+    policy: &str,
+    seeds: &[u64],
+    threads: usize,
+    progress: &(dyn Fn() + Sync),
+) -> Result<ReplayResult, String> {
+    make_policy(policy, &[])?;
+    let next = AtomicUsize::new(0);
+    let mut results: Vec<Option<Result<SeedResult, String>>> = vec![None; seeds.len()];
+    let slots: Vec<std::sync::Mutex<&mut Option<Result<SeedResult, String>>>> =
+        results.iter_mut().map(std::sync::Mutex::new).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1).min(seeds.len()) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= seeds.len() {
+                        break;
+                    }
+                    let r = replay_seed(fleet, pods, policy, seeds[i]);
+                    **slots[i].lock().expect("no panics while holding") = Some(r);
+                    progress();
+                }
+            });
+        }
+    });
+    drop(slots);
+    let per_seed = results
+        .into_iter()
+        .map(|r| r.expect("every seed ran"))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ReplayResult {
+        policy: policy.to_string(),
+        capacity_milli: fleet.gpu_count() * 1000,
+        per_seed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,4,T4\nn1,32000,65536,4,T4\nn2,16000,65536,2,G2\n";
+    const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+        p0,4000,8192,1,500,,LS,Running,0,1,0\n\
+        p1,4000,8192,1,1000,,LS,Running,0,1,0\n\
+        p2,8000,8192,2,1000,T4,LS,Running,0,1,0\n\
+        p3,2000,4096,0,0,,BE,Running,0,1,0\n\
+        p4,1000,1024,1,250,G2,LS,Running,0,1,0\n";
+
+    fn small() -> (Arc<Fleet>, Vec<Pod>) {
+        let fleet = Fleet::from_openb_nodes(NODES, "nodes.csv").unwrap();
+        let pods = parse_pods(PODS, "pods.csv", &fleet.catalogue).unwrap();
+        (Arc::new(fleet), pods)
+    }
+
+    #[test]
+    fn parses_pods_and_maps_shapes() {
+        let (fleet, pods) = small();
+        assert_eq!(pods.len(), 5);
+        assert_eq!(pods[2].models, vec![fleet.catalogue.find("T4").unwrap()]);
+        assert!(matches!(
+            pods[0].request().shape,
+            Shape::Fraction { milli: 500, .. }
+        ));
+        assert!(matches!(pods[2].request().shape, Shape::Whole { gpus: 2 }));
+        assert!(matches!(pods[3].request().shape, Shape::CpuOnly));
+        let e = parse_pods(
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,2,500\n",
+            "x.csv",
+            &fleet.catalogue,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "x.csv:2: gpu_milli: multi-GPU pods must ask for whole GPUs (1000)"
+        );
+        let e = parse_pods(
+            "name,cpu_milli,memory_mib,num_gpu\n",
+            "x.csv",
+            &fleet.catalogue,
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "x.csv:1: header: missing column `gpu_milli`");
+    }
+
+    #[test]
+    fn workload_tops_up_to_130_percent_and_is_deterministic() {
+        let (fleet, pods) = small();
+        let cap = fleet.gpu_count() * 1000;
+        let w = workload(&pods, cap, 42);
+        let total: u64 = w.iter().map(|&i| pods[i].gpu_demand()).sum();
+        assert!(total <= cap * 13 / 10);
+        assert!(
+            total + 2000 > cap * 13 / 10,
+            "stops at the first draw that would pass 130 %"
+        );
+        assert_eq!(w, workload(&pods, cap, 42));
+        assert_ne!(w, workload(&pods, cap, 43));
+    }
+
+    #[test]
+    fn replay_is_deterministic_and_bounded() {
+        let (fleet, pods) = small();
+        for p in POLICIES {
+            let a = replay(&fleet, &pods, p, &[1, 2, 3], 2, &|| {}).unwrap();
+            let b = replay(&fleet, &pods, p, &[1, 2, 3], 1, &|| {}).unwrap();
+            assert_eq!(a, b, "{p}");
+            for s in &a.per_seed {
+                assert!((0.0..=100.0).contains(&s.unallocated_100), "{p}: {s:?}");
+            }
+        }
+        assert!(replay(&fleet, &pods, "nope", &[1], 1, &|| {}).is_err());
+    }
+}

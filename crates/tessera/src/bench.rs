@@ -1,0 +1,259 @@
+//! `tessera bench placement`: placement throughput and decision latency of the engine at
+//! steady state.
+//!
+//! A seeded stream of mixed requests — whole 1/2/4/8 GPUs, every MIG profile of the fleet's MIG
+//! models, fractions of shared GPUs from 8 tenants — is placed while the fleet is kept at a
+//! target load: whenever the allocated GPU units exceed the target share of the fleet, a random
+//! live allocation is released first. Every `place` call (decision + commit, successful or
+//! not) is timed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::Subcommand;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use tessera_model::{Fleet, GpuUnits, Request, Sharing, TenantId};
+use tessera_sched::Engine;
+use tessera_sched::replay::make_policy;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Placements per second and decision latency at steady state.
+    Placement(PlacementArgs),
+}
+
+#[derive(clap::Args)]
+pub struct PlacementArgs {
+    /// `seed`, `synthetic:NODES`, or a fleet file.
+    #[arg(long, default_value = "seed")]
+    fleet: String,
+    /// Measured place calls (after a warm-up of the same number).
+    #[arg(long, default_value_t = 200_000)]
+    ops: usize,
+    /// Target share of the fleet's GPU units kept allocated.
+    #[arg(long, default_value_t = 0.8)]
+    load: f64,
+    /// Shared-pool policy.
+    #[arg(long, default_value = "tessera")]
+    policy: String,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Placement(a) => placement(a),
+    }
+}
+
+pub fn load_fleet(spec: &str) -> Result<Fleet> {
+    if let Some(f) = Fleet::preset(spec) {
+        return Ok(f);
+    }
+    if spec.starts_with("synthetic:") {
+        bail!("--fleet: `{spec}`: expected synthetic:NODES with NODES a positive number");
+    }
+    let text = std::fs::read_to_string(spec)
+        .map_err(|e| anyhow::anyhow!("--fleet: cannot read {spec}: {e}"))?;
+    Ok(Fleet::from_toml(&text, spec)?)
+}
+
+/// The request mix for a fleet.
+fn mix(fleet: &Fleet) -> Vec<Request> {
+    let mut out = Vec::new();
+    let has = |s: Sharing| fleet.pools.iter().any(|p| p.sharing == s);
+    if has(Sharing::Whole) {
+        for g in [1u8, 1, 1, 2, 2, 4, 8] {
+            out.push(Request::whole(g).with_host(g as u64 * 8000, g as u64 * 64 * 1024));
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for node in &fleet.nodes {
+        if fleet.pool(node.pool).sharing != Sharing::Mig {
+            continue;
+        }
+        let m = fleet.catalogue.get(node.model);
+        for p in m.mig.map(|g| g.profiles).unwrap_or(&[]) {
+            let name = m.profile_name(p);
+            if seen.insert(name.clone()) {
+                let r = Request::mig(&fleet.catalogue, &name).expect("catalogue name");
+                out.push(r.with_host(2000 * p.sm_slices as u64, 16 * 1024));
+            }
+        }
+    }
+    if has(Sharing::Shared) {
+        for milli in [100u16, 250, 250, 500, 500, 750] {
+            out.push(Request::fraction(milli).with_host(2000, 8 * 1024));
+        }
+    }
+    out
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+fn placement(a: PlacementArgs) -> Result<()> {
+    if !(0.05..=1.0).contains(&a.load) {
+        bail!("--load: {} must be between 0.05 and 1", a.load);
+    }
+    let fleet = Arc::new(load_fleet(&a.fleet)?);
+    let policy = make_policy(&a.policy, &[]).map_err(anyhow::Error::msg)?;
+    let mut engine = Engine::new(fleet.clone(), policy, a.seed);
+    let requests = mix(&fleet);
+    if requests.is_empty() {
+        bail!("--fleet: the fleet has no pools to place into");
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(a.seed);
+    let target = GpuUnits((fleet.gpu_count() as f64 * 1000.0 * a.load) as u64);
+    let mut live: Vec<(u64, GpuUnits)> = Vec::new();
+    let mut held = GpuUnits::ZERO;
+    let mut next_id = 0u64;
+    let mut lat = Vec::with_capacity(a.ops);
+    let (mut placed, mut refused) = (0u64, 0u64);
+    let mut measured_wall = 0.0;
+    let mut release_ns = 0u64;
+    for phase in 0..2 {
+        lat.clear();
+        release_ns = 0;
+        placed = 0;
+        refused = 0;
+        let start = Instant::now();
+        for _ in 0..a.ops {
+            while held > target && !live.is_empty() {
+                let i = rng.random_range(0..live.len());
+                let (id, u) = live.swap_remove(i);
+                let t = Instant::now();
+                engine.release(id).expect("live allocation");
+                release_ns += t.elapsed().as_nanos() as u64;
+                held -= u;
+            }
+            let mut req = requests[rng.random_range(0..requests.len())].clone();
+            if matches!(req.shape, tessera_model::Shape::Fraction { .. }) {
+                req.tenant = Some(TenantId(rng.random_range(0..8)));
+            }
+            next_id += 1;
+            let t = Instant::now();
+            let ok = engine.place(next_id, &req).map(|a| a.units);
+            lat.push(t.elapsed().as_nanos() as u64);
+            match ok {
+                Ok(u) => {
+                    placed += 1;
+                    held += u;
+                    live.push((next_id, u));
+                }
+                Err(_) => {
+                    refused += 1;
+                    // At steady state a refusal frees room: release one to keep churning.
+                    if let Some((id, u)) = (!live.is_empty())
+                        .then(|| live.swap_remove(rng.random_range(0..live.len())))
+                    {
+                        let t = Instant::now();
+                        engine.release(id).expect("live allocation");
+                        release_ns += t.elapsed().as_nanos() as u64;
+                        held -= u;
+                    }
+                }
+            }
+        }
+        if phase == 1 {
+            measured_wall = start.elapsed().as_secs_f64();
+        }
+    }
+    lat.sort_unstable();
+    let calls = lat.len() as f64;
+    let decision_time: f64 = lat.iter().sum::<u64>() as f64 / 1e9;
+    // Engine time: every place call plus every release that kept the fleet at steady state.
+    let engine_time = decision_time + release_ns as f64 / 1e9;
+    let per_sec = placed as f64 / engine_time;
+    let out = json!({
+        "fleet": a.fleet,
+        "gpus": fleet.gpu_count(),
+        "policy": a.policy,
+        "ops": a.ops,
+        "placed": placed,
+        "refused": refused,
+        "placements_per_sec": per_sec.round(),
+        "decisions_per_sec": (calls / decision_time).round(),
+        "loop_ops_per_sec": (calls / measured_wall).round(),
+        "p50_us": percentile(&lat, 0.50),
+        "p99_us": percentile(&lat, 0.99),
+        "max_us": percentile(&lat, 1.0),
+        "load": a.load,
+        "held_units": held.to_string(),
+    });
+    if a.json {
+        println!("{out}");
+    } else {
+        println!(
+            "placement benchmark on {} ({} GPUs), policy {}",
+            a.fleet,
+            fleet.gpu_count(),
+            a.policy
+        );
+        println!(
+            "  place calls          {} ({placed} placed, {refused} refused)",
+            a.ops
+        );
+        println!("  placements/s         {:.0}", per_sec);
+        println!("  decisions/s          {:.0}", calls / decision_time);
+        println!(
+            "  latency p50 / p99    {:.1} µs / {:.1} µs (max {:.1} µs)",
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            percentile(&lat, 1.0)
+        );
+        println!(
+            "  fleet held           {held} of {} GPU units (target load {:.0} %)",
+            fleet.gpu_count(),
+            a.load * 100.0
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mix_covers_every_shape_on_seed() {
+        let f = Fleet::seed();
+        let m = mix(&f);
+        assert_eq!(
+            m.iter()
+                .filter(|r| matches!(r.shape, tessera_model::Shape::Mig(_)))
+                .count(),
+            7
+        );
+        assert!(
+            m.iter()
+                .any(|r| matches!(r.shape, tessera_model::Shape::Whole { gpus: 8 }))
+        );
+        assert!(
+            m.iter()
+                .any(|r| matches!(r.shape, tessera_model::Shape::Fraction { .. }))
+        );
+    }
+
+    #[test]
+    fn fleet_specs() {
+        assert_eq!(load_fleet("synthetic:120").unwrap().gpu_count(), 960);
+        assert!(
+            load_fleet("synthetic:x")
+                .unwrap_err()
+                .to_string()
+                .contains("synthetic:NODES")
+        );
+        assert!(load_fleet("/nonexistent.toml").is_err());
+    }
+}

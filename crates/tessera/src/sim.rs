@@ -1,0 +1,221 @@
+//! `tessera sim openb`: the openb trace replay.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Subcommand;
+use serde_json::json;
+use tessera_model::Fleet;
+use tessera_sched::replay::{self, POLICIES};
+
+#[derive(Subcommand)]
+pub enum SimCommand {
+    /// Replay the Alibaba GPU cluster trace (cluster-trace-gpu-v2023, "openb") with the
+    /// protocol of the FGD paper and report unallocated GPU % at arrived 100 % and 130 %.
+    Openb(OpenbArgs),
+}
+
+#[derive(clap::Args)]
+pub struct OpenbArgs {
+    /// Folder holding the trace's csv files.
+    #[arg(
+        long,
+        default_value = "../shared/traces/openb",
+        env = "TESSERA_OPENB_DIR"
+    )]
+    trace_dir: PathBuf,
+    /// Node list [default: <trace-dir>/openb_node_list_gpu_node.csv].
+    #[arg(long)]
+    nodes: Option<PathBuf>,
+    /// Pod list [default: <trace-dir>/openb_pod_list_default.csv].
+    #[arg(long)]
+    pods: Option<PathBuf>,
+    /// Seeds: `42-51`, `42,43` or `42`.
+    #[arg(long, default_value = "42-51")]
+    seeds: String,
+    /// Placement policy: tessera, fgd, bestfit or random.
+    #[arg(long, default_value = "tessera")]
+    policy: String,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub fn run(cmd: SimCommand) -> Result<()> {
+    match cmd {
+        SimCommand::Openb(a) => openb(a),
+    }
+}
+
+pub fn parse_seeds(s: &str) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if let Some((a, b)) = part.split_once('-') {
+            let (a, b): (u64, u64) = (
+                a.trim()
+                    .parse()
+                    .with_context(|| format!("--seeds: `{a}` is not a number"))?,
+                b.trim()
+                    .parse()
+                    .with_context(|| format!("--seeds: `{b}` is not a number"))?,
+            );
+            if a > b {
+                bail!("--seeds: range `{part}` is empty");
+            }
+            out.extend(a..=b);
+        } else {
+            out.push(
+                part.parse()
+                    .with_context(|| format!("--seeds: `{part}` is not a number"))?,
+            );
+        }
+    }
+    if out.is_empty() {
+        bail!("--seeds: no seed given");
+    }
+    Ok(out)
+}
+
+fn read(path: &Path, what: &str) -> Result<String> {
+    if !path.exists() {
+        bail!(
+            "{what} {} not found: the openb trace (cluster-trace-gpu-v2023, CC BY 4.0) is the `csv` folder of the public alibaba/clusterdata repository; pass its location with --trace-dir",
+            path.display()
+        );
+    }
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn openb(a: OpenbArgs) -> Result<()> {
+    if !POLICIES.contains(&a.policy.as_str()) {
+        bail!(
+            "--policy: unknown policy `{}` (one of: {})",
+            a.policy,
+            POLICIES.join(", ")
+        );
+    }
+    let seeds = parse_seeds(&a.seeds)?;
+    let nodes_path = a
+        .nodes
+        .unwrap_or_else(|| a.trace_dir.join("openb_node_list_gpu_node.csv"));
+    let pods_path = a
+        .pods
+        .unwrap_or_else(|| a.trace_dir.join("openb_pod_list_default.csv"));
+    let fleet = Fleet::from_openb_nodes(
+        &read(&nodes_path, "node list")?,
+        &nodes_path.display().to_string(),
+    )?;
+    let pods = replay::parse_pods(
+        &read(&pods_path, "pod list")?,
+        &pods_path.display().to_string(),
+        &fleet.catalogue,
+    )?;
+    let fleet = Arc::new(fleet);
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+
+    let bar = if std::io::stderr().is_terminal() {
+        let b = indicatif::ProgressBar::new(seeds.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{prefix} [{bar:30}] {pos}/{len} seeds {elapsed}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        b.set_prefix(format!("replaying with {}", a.policy));
+        Some(b)
+    } else {
+        None
+    };
+    let started = Instant::now();
+    let result = replay::replay(&fleet, &pods, &a.policy, &seeds, threads, &|| {
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
+    })
+    .map_err(anyhow::Error::msg)?;
+    let wall = started.elapsed().as_secs_f64();
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+
+    if a.json {
+        let per_seed: Vec<_> = result
+            .per_seed
+            .iter()
+            .map(|s| {
+                json!({
+                    "seed": s.seed,
+                    "unallocated_pct": {"100": round3(s.unallocated_100), "130": round3(s.unallocated_130)},
+                    "failed_pods": s.failed_pods,
+                })
+            })
+            .collect();
+        let out = json!({
+            "policy": a.policy,
+            "seeds": seeds,
+            "capacity_milli": result.capacity_milli,
+            "unallocated_pct": {"100": round3(result.mean_100()), "130": round3(result.mean_130())},
+            "per_seed": per_seed,
+            "wall_seconds": round3(wall),
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "openb replay: {} nodes, {} GPUs, {} pods in {}; policy {}",
+            fleet.nodes.len(),
+            fleet.gpu_count(),
+            pods.len(),
+            pods_path
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            a.policy
+        );
+        println!(
+            "{:>6}  {:>16}  {:>16}  {:>11}",
+            "seed", "unalloc@100% (%)", "unalloc@130% (%)", "failed pods"
+        );
+        for s in &result.per_seed {
+            println!(
+                "{:>6}  {:>16.2}  {:>16.2}  {:>11}",
+                s.seed, s.unallocated_100, s.unallocated_130, s.failed_pods
+            );
+        }
+        println!(
+            "{:>6}  {:>16.2}  {:>16.2}",
+            "mean",
+            result.mean_100(),
+            result.mean_130()
+        );
+        println!("wall time {wall:.2} s");
+    }
+    Ok(())
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_seeds;
+
+    #[test]
+    fn seeds() {
+        assert_eq!(parse_seeds("42-45").unwrap(), vec![42, 43, 44, 45]);
+        assert_eq!(parse_seeds("1,3-4").unwrap(), vec![1, 3, 4]);
+        assert!(parse_seeds("5-3").is_err());
+        assert!(parse_seeds("x").is_err());
+    }
+}
