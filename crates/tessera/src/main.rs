@@ -4,11 +4,16 @@
 //! This crate holds only argument parsing, file I/O and output formatting; the fleet model and
 //! the placement engine live in `tessera-model` and `tessera-sched`.
 //!
-//! Commands today: `sim openb` (trace replay), `bench placement` (engine benchmark) and
-//! `fleet` (show or validate a fleet description).
+//! `serve` runs the control plane; `run`, `ls`, `describe`, `cancel`, `pools`, `nodes`,
+//! `gpus`, `tenants`, `projects` and `token` talk to it; `sim openb` replays the Alibaba trace,
+//! `bench` measures the engine and the API, `fleet` shows a fleet description and `openapi`
+//! prints the API document.
 
 mod bench;
+mod cli;
+mod client;
 mod fleetcmd;
+mod serve;
 mod sim;
 
 use std::process::ExitCode;
@@ -24,10 +29,36 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    common: cli::Common,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the control plane (SQLite + simulated fleet by default).
+    Serve(serve::ServeArgs),
+    /// Request GPUs: --gpus N, --mig PROFILE or --fraction MILLI.
+    Run(cli::RunArgs),
+    /// List workloads.
+    Ls(cli::LsArgs),
+    /// Show a workload and its timeline with step durations.
+    Describe { id: u64 },
+    /// Cancel a workload; its capacity returns to the fleet.
+    Cancel { id: u64 },
+    /// Pools and their use.
+    Pools,
+    /// Nodes and their free resources.
+    Nodes(cli::FleetFilterArgs),
+    /// A compact map of every GPU: slices and holders.
+    Gpus(cli::FleetFilterArgs),
+    /// List, create or delete tenants.
+    Tenants(cli::TenantsArgs),
+    /// List, create or delete projects of a tenant.
+    Projects(cli::ProjectsArgs),
+    /// Create an API token (shown once).
+    Token(cli::TokenArgs),
+    /// Print the OpenAPI 3.1 document of the REST API.
+    Openapi,
     /// Simulations: replay public cluster traces through the placement engine.
     Sim {
         #[command(subcommand)]
@@ -43,8 +74,38 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Behave like other command-line tools when the reader of our output goes away
+    // (`tessera gpus | head`): end quietly instead of panicking on a broken pipe.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
+    let c = &cli.common;
+    let client =
+        |f: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + '_>>| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(f))
+        };
     let result = match cli.command {
+        Command::Serve(a) => serve::run(a),
+        Command::Run(a) => client(Box::pin(cli::run(c, a))),
+        Command::Ls(a) => client(Box::pin(cli::ls(c, a))),
+        Command::Describe { id } => client(Box::pin(cli::describe(c, id))),
+        Command::Cancel { id } => client(Box::pin(cli::cancel(c, id))),
+        Command::Pools => client(Box::pin(cli::pools(c))),
+        Command::Nodes(f) => client(Box::pin(cli::nodes(c, f))),
+        Command::Gpus(f) => client(Box::pin(cli::gpus(c, f))),
+        Command::Tenants(a) => client(Box::pin(cli::tenants(c, a))),
+        Command::Projects(a) => client(Box::pin(cli::projects(c, a))),
+        Command::Token(a) => client(Box::pin(cli::token(c, a))),
+        Command::Openapi => serde_json::to_string_pretty(&tessera_server::openapi())
+            .map(|s| println!("{s}"))
+            .map_err(Into::into),
         Command::Sim { what } => sim::run(what),
         Command::Bench { what } => bench::run(what),
         Command::Fleet(args) => fleetcmd::run(args),

@@ -1,0 +1,695 @@
+//! The REST API under `/api/v1`. Every route is registered through `utoipa-axum`'s
+//! `OpenApiRouter`, so the OpenAPI document (`/api/v1/openapi.json`) lists exactly the routes
+//! the router serves.
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use tessera_api::*;
+use tessera_model::GpuUnits;
+use tokio::sync::oneshot;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{IntoParams, Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::{Identity, Role, new_secret};
+use crate::controller::{Cmd, NewWorkload, PRIORITY_CLASSES, shape_request};
+use crate::problem::{ApiError, ApiResult};
+use crate::{AppState, now_ms, views};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Tessera API", description = "GPU-as-a-service for on-premises NVIDIA fleets: request whole GPUs, MIG slices or fractions of shared GPUs, and follow each request from placement to release."),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    tags(
+        (name = "fleet", description = "Pools, nodes and GPUs (read-only)"),
+        (name = "tenancy", description = "Tenants, projects and API tokens"),
+        (name = "workloads", description = "GPU requests and their lifecycle"),
+        (name = "system", description = "Health and the API description"),
+    )
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The API router and its OpenAPI document.
+pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(health))
+        .routes(routes!(list_pools))
+        .routes(routes!(list_nodes))
+        .routes(routes!(list_gpus))
+        .routes(routes!(list_tenants, create_tenant))
+        .routes(routes!(get_tenant, delete_tenant))
+        .routes(routes!(list_projects, create_project))
+        .routes(routes!(get_project, delete_project))
+        .routes(routes!(create_token))
+        .routes(routes!(list_workloads, create_workload))
+        .routes(routes!(get_workload))
+        .routes(routes!(cancel_workload))
+        .routes(routes!(workload_events))
+        .split_for_parts()
+}
+
+/// JSON body extractor whose rejections are problem documents naming what is wrong.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(JsonRejection::JsonDataError(e)) => {
+                let text = e.body_text();
+                // "Failed to deserialize the JSON body into the target type: shape.gpus: invalid type …"
+                let detail = text
+                    .split_once("target type: ")
+                    .map(|(_, d)| d.to_string())
+                    .unwrap_or(text);
+                let field = detail
+                    .split_once(": ")
+                    .map(|(f, _)| f.to_string())
+                    .filter(|f| !f.contains(' '));
+                let field = field.or_else(|| {
+                    detail
+                        .split('`')
+                        .nth(1)
+                        .filter(|_| detail.contains("field"))
+                        .map(str::to_string)
+                });
+                Err(ApiError::invalid(
+                    field.unwrap_or_else(|| "body".into()),
+                    detail,
+                ))
+            }
+            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::bad_request(format!(
+                "the body is not valid JSON: {}",
+                e.body_text().rsplit(": ").next().unwrap_or_default()
+            ))),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::unsupported_media(
+                "send the body as JSON with `Content-Type: application/json`",
+            )),
+            Err(JsonRejection::BytesRejection(e))
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE =>
+            {
+                Err(ApiError::too_large(format!(
+                    "the body is larger than the {} KiB limit",
+                    crate::BODY_LIMIT / 1024
+                )))
+            }
+            Err(e) => Err(ApiError::bad_request(e.body_text())),
+        }
+    }
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct PageParams {
+    /// Items per page, 1–500 (default 100).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+fn limit(p: Option<u32>) -> ApiResult<u32> {
+    match p {
+        None => Ok(100),
+        Some(l) if (1..=500).contains(&l) => Ok(l),
+        Some(l) => Err(ApiError::invalid(
+            "limit",
+            format!("limit {l}: must be between 1 and 500"),
+        )),
+    }
+}
+
+fn page<T, F: Fn(&T) -> String>(mut items: Vec<T>, limit: u32, cursor_of: F) -> Page<T> {
+    let next_cursor = (items.len() > limit as usize).then(|| {
+        items.truncate(limit as usize);
+        items.last().map(&cursor_of).unwrap_or_default()
+    });
+    Page { items, next_cursor }
+}
+
+fn paginate_vec<T: Clone, F: Fn(&T) -> String>(
+    all: Vec<T>,
+    p: &PageParams,
+    key: F,
+) -> ApiResult<Page<T>> {
+    let l = limit(p.limit)?;
+    let start = match &p.cursor {
+        Some(c) => all
+            .iter()
+            .position(|x| key(x) == *c)
+            .map(|i| i + 1)
+            .unwrap_or(all.len()),
+        None => 0,
+    };
+    let items: Vec<T> = all.into_iter().skip(start).take(l as usize + 1).collect();
+    Ok(page(items, l, key))
+}
+
+/// Liveness and readiness.
+#[utoipa::path(get, path = "/api/v1/health", tag = "system", security(()), responses((status = 200, description = "Serving", body = serde_json::Value)))]
+async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
+    Json(
+        serde_json::json!({"status": "ok", "backend": s.backend_name, "version": env!("CARGO_PKG_VERSION")}),
+    )
+}
+
+/// Pools with their sharing mode and GPU units in use.
+#[utoipa::path(get, path = "/api/v1/pools", tag = "fleet", params(PageParams), responses((status = 200, body = Page<PoolView>), (status = 401, body = Problem)))]
+async fn list_pools(
+    State(s): State<AppState>,
+    id: Identity,
+    Query(p): Query<PageParams>,
+) -> ApiResult<Json<Page<PoolView>>> {
+    let all = s.controller.view(move |ctx| views::pools(ctx, &id)).await?;
+    Ok(Json(paginate_vec(all, &p, |x| x.name.clone())?))
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct FleetFilter {
+    /// Only this pool.
+    pub pool: Option<String>,
+    /// Only this node.
+    pub node: Option<String>,
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+}
+
+impl FleetFilter {
+    fn page(&self) -> PageParams {
+        PageParams {
+            limit: self.limit,
+            cursor: self.cursor.clone(),
+        }
+    }
+}
+
+/// Nodes with free host resources and GPUs.
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "fleet", params(FleetFilter), responses((status = 200, body = Page<NodeView>), (status = 401, body = Problem)))]
+async fn list_nodes(
+    State(s): State<AppState>,
+    id: Identity,
+    Query(f): Query<FleetFilter>,
+) -> ApiResult<Json<Page<NodeView>>> {
+    let (pool, node) = (f.pool.clone(), f.node.clone());
+    let all = s
+        .controller
+        .view(move |ctx| views::nodes(ctx, &id, pool.as_deref(), node.as_deref()))
+        .await?;
+    Ok(Json(paginate_vec(all, &f.page(), |x| x.name.clone())?))
+}
+
+/// GPUs with their MIG layout or shares, and who holds each slice.
+#[utoipa::path(get, path = "/api/v1/gpus", tag = "fleet", params(FleetFilter), responses((status = 200, body = Page<GpuView>), (status = 401, body = Problem)))]
+async fn list_gpus(
+    State(s): State<AppState>,
+    id: Identity,
+    Query(f): Query<FleetFilter>,
+) -> ApiResult<Json<Page<GpuView>>> {
+    let (pool, node) = (f.pool.clone(), f.node.clone());
+    let all = s
+        .controller
+        .view(move |ctx| views::gpus(ctx, &id, pool.as_deref(), node.as_deref()))
+        .await?;
+    Ok(Json(paginate_vec(all, &f.page(), |x| {
+        format!("{}/{}", x.node, x.index)
+    })?))
+}
+
+fn check_slug(field: &str, v: &str) -> ApiResult<()> {
+    let ok = !v.is_empty()
+        && v.len() <= 40
+        && v.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !v.starts_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            field,
+            format!("`{v}` is not a valid {field}: use 1–40 lower-case letters, digits and `-`"),
+        ))
+    }
+}
+
+/// Tenants (platform-admin: all; others: their own).
+#[utoipa::path(get, path = "/api/v1/tenants", tag = "tenancy", params(PageParams), responses((status = 200, body = Page<Tenant>), (status = 401, body = Problem)))]
+async fn list_tenants(
+    State(s): State<AppState>,
+    id: Identity,
+    Query(p): Query<PageParams>,
+) -> ApiResult<Json<Page<Tenant>>> {
+    let l = limit(p.limit)?;
+    if !id.is_admin() {
+        let own = match &id.tenant {
+            Some(t) => s.store.get_tenant(t).await?.into_iter().collect(),
+            None => vec![],
+        };
+        return Ok(Json(Page {
+            items: own,
+            next_cursor: None,
+        }));
+    }
+    let items = s.store.list_tenants(p.cursor.as_deref(), l + 1).await?;
+    Ok(Json(page(items, l, |t| t.name.clone())))
+}
+
+/// Creates a tenant (platform-admin).
+#[utoipa::path(post, path = "/api/v1/tenants", tag = "tenancy", request_body = CreateTenant,
+    responses((status = 201, body = Tenant), (status = 409, body = Problem), (status = 422, body = Problem)))]
+async fn create_tenant(
+    State(s): State<AppState>,
+    id: Identity,
+    ApiJson(b): ApiJson<CreateTenant>,
+) -> ApiResult<(StatusCode, Json<Tenant>)> {
+    id.require_admin()?;
+    check_slug("name", &b.name)?;
+    let display = b.display_name.clone().unwrap_or_else(|| b.name.clone());
+    let t = s.store.create_tenant(&b.name, &display, now_ms()).await?;
+    tracing::info!(tenant = %t.name, actor = %id.actor, "tenant created");
+    Ok((StatusCode::CREATED, Json(t)))
+}
+
+async fn tenant_visible(s: &AppState, id: &Identity, tenant: &str) -> ApiResult<Tenant> {
+    if !id.can_read(tenant) {
+        return Err(ApiError::not_found(format!("no tenant `{tenant}`")));
+    }
+    s.store
+        .get_tenant(tenant)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no tenant `{tenant}`")))
+}
+
+#[utoipa::path(get, path = "/api/v1/tenants/{tenant}", tag = "tenancy", params(("tenant" = String, Path)),
+    responses((status = 200, body = Tenant), (status = 404, body = Problem)))]
+async fn get_tenant(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(tenant): Path<String>,
+) -> ApiResult<Json<Tenant>> {
+    Ok(Json(tenant_visible(&s, &id, &tenant).await?))
+}
+
+/// Deletes a tenant that has no projects, tokens or workloads (platform-admin).
+#[utoipa::path(delete, path = "/api/v1/tenants/{tenant}", tag = "tenancy", params(("tenant" = String, Path)),
+    responses((status = 204), (status = 404, body = Problem), (status = 409, body = Problem)))]
+async fn delete_tenant(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(tenant): Path<String>,
+) -> ApiResult<StatusCode> {
+    id.require_admin()?;
+    tenant_visible(&s, &id, &tenant).await?;
+    if !s.store.delete_tenant(&tenant).await? {
+        return Err(ApiError::conflict(format!(
+            "tenant `{tenant}` still has projects, tokens or workloads; delete those first"
+        )));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/api/v1/tenants/{tenant}/projects", tag = "tenancy", params(("tenant" = String, Path), PageParams),
+    responses((status = 200, body = Page<Project>), (status = 404, body = Problem)))]
+async fn list_projects(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(tenant): Path<String>,
+    Query(p): Query<PageParams>,
+) -> ApiResult<Json<Page<Project>>> {
+    tenant_visible(&s, &id, &tenant).await?;
+    let l = limit(p.limit)?;
+    let items = s
+        .store
+        .list_projects(&tenant, p.cursor.as_deref(), l + 1)
+        .await?;
+    Ok(Json(page(items, l, |p| p.name.clone())))
+}
+
+/// Creates a project in a tenant (platform-admin or the tenant's admin).
+#[utoipa::path(post, path = "/api/v1/tenants/{tenant}/projects", tag = "tenancy", params(("tenant" = String, Path)), request_body = CreateProject,
+    responses((status = 201, body = Project), (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem)))]
+async fn create_project(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(tenant): Path<String>,
+    ApiJson(b): ApiJson<CreateProject>,
+) -> ApiResult<(StatusCode, Json<Project>)> {
+    tenant_visible(&s, &id, &tenant).await?;
+    if !(id.is_admin() || id.role == Role::TenantAdmin) {
+        return Err(ApiError::forbidden(
+            "creating projects needs a platform-admin or tenant-admin token",
+        ));
+    }
+    check_slug("name", &b.name)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(s.store.create_project(&tenant, &b.name, now_ms()).await?),
+    ))
+}
+
+#[utoipa::path(get, path = "/api/v1/tenants/{tenant}/projects/{project}", tag = "tenancy", params(("tenant" = String, Path), ("project" = String, Path)),
+    responses((status = 200, body = Project), (status = 404, body = Problem)))]
+async fn get_project(
+    State(s): State<AppState>,
+    id: Identity,
+    Path((tenant, project)): Path<(String, String)>,
+) -> ApiResult<Json<Project>> {
+    tenant_visible(&s, &id, &tenant).await?;
+    let p = s.store.get_project(&tenant, &project).await?;
+    Ok(Json(p.ok_or_else(|| {
+        ApiError::not_found(format!("no project `{project}` in tenant `{tenant}`"))
+    })?))
+}
+
+#[utoipa::path(delete, path = "/api/v1/tenants/{tenant}/projects/{project}", tag = "tenancy", params(("tenant" = String, Path), ("project" = String, Path)),
+    responses((status = 204), (status = 404, body = Problem), (status = 409, body = Problem)))]
+async fn delete_project(
+    State(s): State<AppState>,
+    id: Identity,
+    Path((tenant, project)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    tenant_visible(&s, &id, &tenant).await?;
+    if !(id.is_admin() || id.role == Role::TenantAdmin) {
+        return Err(ApiError::forbidden(
+            "deleting projects needs a platform-admin or tenant-admin token",
+        ));
+    }
+    if s.store.get_project(&tenant, &project).await?.is_none() {
+        return Err(ApiError::not_found(format!(
+            "no project `{project}` in tenant `{tenant}`"
+        )));
+    }
+    if !s.store.delete_project(&tenant, &project).await? {
+        return Err(ApiError::conflict(format!(
+            "project `{project}` has workloads on record"
+        )));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Creates an API token; the secret is in the response only (platform-admin).
+#[utoipa::path(post, path = "/api/v1/tokens", tag = "tenancy", request_body = CreateToken,
+    responses((status = 201, body = CreatedToken), (status = 403, body = Problem), (status = 422, body = Problem)))]
+async fn create_token(
+    State(s): State<AppState>,
+    id: Identity,
+    ApiJson(b): ApiJson<CreateToken>,
+) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
+    id.require_admin()?;
+    let role = Role::parse(&b.role).ok_or_else(|| {
+        ApiError::invalid(
+            "role",
+            format!(
+                "unknown role `{}` (platform-admin, tenant-admin, member, viewer)",
+                b.role
+            ),
+        )
+    })?;
+    match (&b.tenant, role) {
+        (None, r) if r != Role::PlatformAdmin => {
+            return Err(ApiError::invalid("tenant", "tenant roles need a `tenant`"));
+        }
+        (Some(_), Role::PlatformAdmin) => {
+            return Err(ApiError::invalid(
+                "tenant",
+                "platform-admin tokens are not tied to a tenant",
+            ));
+        }
+        (Some(t), _) if s.store.get_tenant(t).await?.is_none() => {
+            return Err(ApiError::invalid("tenant", format!("no tenant `{t}`")));
+        }
+        _ => {}
+    }
+    let secret = new_secret();
+    let tid = format!("tok-{}", &crate::auth::hash(&secret)[..12]);
+    s.store
+        .create_token(
+            &tid,
+            &crate::auth::hash(&secret),
+            b.tenant.as_deref(),
+            role.as_str(),
+            b.name.as_deref().unwrap_or(""),
+            now_ms(),
+        )
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedToken {
+            id: tid,
+            token: secret,
+            tenant: b.tenant,
+            role: role.as_str().into(),
+        }),
+    ))
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct WorkloadFilterParams {
+    pub tenant: Option<String>,
+    pub project: Option<String>,
+    /// `pending`, `queued`, `placed`, `running`, `stopping`, `succeeded`, `failed`, `cancelled`, `preempted`.
+    pub state: Option<String>,
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+}
+
+/// Workloads, newest first.
+#[utoipa::path(get, path = "/api/v1/workloads", tag = "workloads", params(WorkloadFilterParams),
+    responses((status = 200, body = Page<Workload>), (status = 422, body = Problem)))]
+async fn list_workloads(
+    State(s): State<AppState>,
+    id: Identity,
+    Query(q): Query<WorkloadFilterParams>,
+) -> ApiResult<Json<Page<Workload>>> {
+    let l = limit(q.limit)?;
+    let state = match &q.state {
+        Some(st) => Some(
+            WorkloadState::parse(st)
+                .ok_or_else(|| ApiError::invalid("state", format!("unknown state `{st}`")))?,
+        ),
+        None => None,
+    };
+    let tenant = match (&id.tenant, &q.tenant) {
+        (_, Some(t)) if !id.can_read(t) => {
+            return Ok(Json(Page {
+                items: vec![],
+                next_cursor: None,
+            }));
+        }
+        (Some(own), None) if !id.is_admin() => Some(own.clone()),
+        (_, t) => t.clone(),
+    };
+    let before = match &q.cursor {
+        Some(c) => Some(
+            c.parse::<u64>()
+                .map_err(|_| ApiError::invalid("cursor", "not a cursor from this API"))?,
+        ),
+        None => None,
+    };
+    let filter = tessera_store::WorkloadFilter {
+        tenant,
+        project: q.project.clone(),
+        state,
+        before,
+        limit: l + 1,
+    };
+    let items = s.store.list_workloads(&filter).await?;
+    Ok(Json(page(items, l, |w| w.id.to_string())))
+}
+
+/// Requests GPUs. Accepts an `Idempotency-Key` header: repeating a request with the same key
+/// and body returns the workload created the first time (200) instead of a new one.
+#[utoipa::path(post, path = "/api/v1/workloads", tag = "workloads", request_body = CreateWorkload,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe")),
+    responses((status = 201, body = Workload), (status = 200, description = "Replay of an idempotent request", body = Workload),
+        (status = 400, body = Problem), (status = 413, body = Problem), (status = 422, body = Problem)))]
+async fn create_workload(
+    State(s): State<AppState>,
+    id: Identity,
+    headers: HeaderMap,
+    ApiJson(b): ApiJson<CreateWorkload>,
+) -> ApiResult<Response> {
+    let received_at = now_ms();
+    if !id.can_write(&b.tenant) {
+        if id.can_read(&b.tenant) {
+            return Err(ApiError::forbidden("viewer tokens cannot create workloads"));
+        }
+        return Err(ApiError::invalid(
+            "tenant",
+            format!("no tenant `{}`", b.tenant),
+        ));
+    }
+    if s.store.get_tenant(&b.tenant).await?.is_none() {
+        return Err(ApiError::invalid(
+            "tenant",
+            format!("no tenant `{}`", b.tenant),
+        ));
+    }
+    if s.store.get_project(&b.tenant, &b.project).await?.is_none() {
+        return Err(ApiError::invalid(
+            "project",
+            format!("no project `{}` in tenant `{}`", b.project, b.tenant),
+        ));
+    }
+    if b.name.is_empty() || b.name.len() > 63 || b.name.chars().any(|c| c.is_control()) {
+        return Err(ApiError::invalid(
+            "name",
+            "a name has 1–63 printable characters",
+        ));
+    }
+    if let Some(d) = b.duration_s
+        && d <= 0
+    {
+        return Err(ApiError::invalid(
+            "duration_s",
+            format!("{d} s: a duration must be positive (omit it to run until cancelled)"),
+        ));
+    }
+    if let Some(p) = &b.priority
+        && !PRIORITY_CLASSES.contains(&p.as_str())
+    {
+        return Err(ApiError::invalid(
+            "priority",
+            format!(
+                "unknown priority class `{p}` ({})",
+                PRIORITY_CLASSES.join(", ")
+            ),
+        ));
+    }
+    let probe = shape_request(&s.fleet, &b.shape, 0, 0)?;
+    let units = probe.units(&s.fleet.catalogue);
+    let per_unit = |per_gpu: u64, min: u64| (per_gpu * units.as_milli() / 1000).max(min);
+    let cpu = b.cpu_milli.unwrap_or_else(|| per_unit(4000, 500));
+    let mem = b.memory_mib.unwrap_or_else(|| per_unit(16 * 1024, 1024));
+    let request = shape_request(&s.fleet, &b.shape, cpu, mem)?;
+    let idempotency = match headers.get("idempotency-key") {
+        Some(k) => {
+            let k = k
+                .to_str()
+                .map_err(|_| ApiError::invalid("Idempotency-Key", "must be printable ASCII"))?
+                .to_string();
+            if k.is_empty() || k.len() > 200 {
+                return Err(ApiError::invalid(
+                    "Idempotency-Key",
+                    "must be 1–200 characters",
+                ));
+            }
+            let body = serde_json::to_vec(&b).unwrap_or_default();
+            let h: String = Sha256::digest(&body)
+                .iter()
+                .map(|x| format!("{x:02x}"))
+                .collect();
+            Some((k, h))
+        }
+        None => None,
+    };
+    let (tx, rx) = oneshot::channel();
+    let nw = NewWorkload {
+        spec: b,
+        request,
+        units: GpuUnits(units.as_milli()),
+        actor: id.actor.clone(),
+        role: id.role.as_str().into(),
+        idempotency,
+        received_at,
+    };
+    s.controller.send(Cmd::Create(Box::new(nw), tx)).await?;
+    let (wl, created) = rx
+        .await
+        .map_err(|_| ApiError::unavailable("the lifecycle loop has stopped"))??;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(wl)).into_response())
+}
+
+async fn find_workload(s: &AppState, id: &Identity, wid: u64) -> ApiResult<Workload> {
+    let cached = s.controller.cache.read().expect("lock").get(wid);
+    let wl = match cached {
+        Some(w) => (*w).clone(),
+        None => s
+            .store
+            .get_workload(wid)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("no workload {wid}")))?,
+    };
+    if !id.can_read(&wl.tenant) {
+        return Err(ApiError::not_found(format!("no workload {wid}")));
+    }
+    Ok(wl)
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}", tag = "workloads", params(("id" = u64, Path)),
+    responses((status = 200, body = Workload), (status = 404, body = Problem)))]
+async fn get_workload(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(wid): Path<u64>,
+) -> ApiResult<Json<Workload>> {
+    Ok(Json(find_workload(&s, &id, wid).await?))
+}
+
+/// Cancels a workload: a waiting one at once; a placed or running one is stopped (grace
+/// period, then forced) and its capacity returned.
+#[utoipa::path(post, path = "/api/v1/workloads/{id}/cancel", tag = "workloads", params(("id" = u64, Path)),
+    responses((status = 200, body = Workload), (status = 404, body = Problem), (status = 409, body = Problem)))]
+async fn cancel_workload(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(wid): Path<u64>,
+) -> ApiResult<Json<Workload>> {
+    let wl = find_workload(&s, &id, wid).await?;
+    if !id.can_write(&wl.tenant) {
+        return Err(ApiError::forbidden("viewer tokens cannot cancel workloads"));
+    }
+    if wl.state.is_terminal() {
+        return Err(ApiError::conflict(format!(
+            "workload {wid} has already ended ({})",
+            wl.state.as_str()
+        )));
+    }
+    let (tx, rx) = oneshot::channel();
+    s.controller
+        .send(Cmd::Cancel {
+            id: wid,
+            actor: id.actor.clone(),
+            reply: tx,
+        })
+        .await?;
+    Ok(Json(rx.await.map_err(|_| {
+        ApiError::unavailable("the lifecycle loop has stopped")
+    })??))
+}
+
+/// The workload's timeline: one event per lifecycle step.
+#[utoipa::path(get, path = "/api/v1/workloads/{id}/events", tag = "workloads", params(("id" = u64, Path)),
+    responses((status = 200, body = Vec<Event>), (status = 404, body = Problem)))]
+async fn workload_events(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(wid): Path<u64>,
+) -> ApiResult<Json<Vec<Event>>> {
+    find_workload(&s, &id, wid).await?;
+    Ok(Json(s.store.events(wid).await?))
+}

@@ -1,0 +1,198 @@
+//! Identities: every request carries an API token (`Authorization: Bearer <token>`). Tokens are
+//! random 32-byte secrets; only their SHA-256 is stored. A token is platform-wide
+//! (`platform-admin`) or scoped to one tenant with a role.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use tessera_store::Store;
+
+use crate::problem::ApiError;
+
+/// What a caller may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    PlatformAdmin,
+    TenantAdmin,
+    Member,
+    Viewer,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Role> {
+        Some(match s {
+            "platform-admin" => Role::PlatformAdmin,
+            "tenant-admin" => Role::TenantAdmin,
+            "member" => Role::Member,
+            "viewer" => Role::Viewer,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::PlatformAdmin => "platform-admin",
+            Role::TenantAdmin => "tenant-admin",
+            Role::Member => "member",
+            Role::Viewer => "viewer",
+        }
+    }
+}
+
+/// The authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// Token id (never the secret).
+    pub actor: String,
+    pub role: Role,
+    /// `None` for platform-wide tokens.
+    pub tenant: Option<String>,
+}
+
+impl Identity {
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::PlatformAdmin
+    }
+
+    /// Whether the caller may read objects of `tenant`.
+    pub fn can_read(&self, tenant: &str) -> bool {
+        self.is_admin() || self.tenant.as_deref() == Some(tenant)
+    }
+
+    /// Whether the caller may create or cancel workloads of `tenant`.
+    pub fn can_write(&self, tenant: &str) -> bool {
+        self.is_admin() || (self.tenant.as_deref() == Some(tenant) && self.role != Role::Viewer)
+    }
+
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "this needs a platform-admin token; yours is {} of tenant {}",
+                self.role.as_str(),
+                self.tenant.as_deref().unwrap_or("-")
+            )))
+        }
+    }
+}
+
+/// A new random token secret: `tsr_` + 64 hex digits.
+pub fn new_secret() -> String {
+    let mut b = [0u8; 32];
+    rand::rng().fill_bytes(&mut b);
+    let mut s = String::from("tsr_");
+    for x in b {
+        s.push_str(&format!("{x:02x}"));
+    }
+    s
+}
+
+pub fn hash(secret: &str) -> String {
+    let d = Sha256::digest(secret.as_bytes());
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Resolves bearer tokens, caching successful look-ups.
+pub struct Authenticator {
+    store: Store,
+    cache: RwLock<HashMap<String, Identity>>,
+}
+
+impl Authenticator {
+    pub fn new(store: Store) -> Self {
+        Authenticator {
+            store,
+            cache: RwLock::default(),
+        }
+    }
+
+    pub async fn identify(&self, authorization: Option<&str>) -> Result<Identity, ApiError> {
+        let Some(h) = authorization else {
+            return Err(ApiError::unauthorized(
+                "missing `Authorization: Bearer <token>` header",
+            ));
+        };
+        let Some(secret) = h
+            .strip_prefix("Bearer ")
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        else {
+            return Err(ApiError::unauthorized(
+                "the Authorization header must be `Bearer <token>`",
+            ));
+        };
+        let key = hash(secret);
+        if let Some(id) = self.cache.read().expect("lock").get(&key) {
+            return Ok(id.clone());
+        }
+        let rec = self.store.find_token(&key).await?;
+        let now = crate::now_ms();
+        let Some(rec) = rec.filter(|r| !r.revoked && r.expires_at.is_none_or(|e| e > now)) else {
+            return Err(ApiError::unauthorized("unknown, expired or revoked token"));
+        };
+        let role = Role::parse(&rec.role)
+            .ok_or_else(|| ApiError::unauthorized("token has an unknown role"))?;
+        let id = Identity {
+            actor: rec.id,
+            role,
+            tenant: rec.tenant,
+        };
+        if rec.expires_at.is_none() {
+            self.cache.write().expect("lock").insert(key, id.clone());
+        }
+        Ok(id)
+    }
+}
+
+impl FromRequestParts<crate::AppState> for Identity {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &crate::AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let h = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        state.auth.identify(h).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_random_and_hashed() {
+        let a = new_secret();
+        assert!(a.starts_with("tsr_") && a.len() == 68);
+        assert_ne!(a, new_secret());
+        assert_eq!(hash("x").len(), 64);
+        assert_eq!(
+            hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn tenant_scopes() {
+        let m = Identity {
+            actor: "t1".into(),
+            role: Role::Member,
+            tenant: Some("vision".into()),
+        };
+        assert!(m.can_write("vision") && !m.can_write("nlp") && !m.can_read("nlp"));
+        let v = Identity {
+            role: Role::Viewer,
+            ..m.clone()
+        };
+        assert!(v.can_read("vision") && !v.can_write("vision"));
+        assert!(m.require_admin().is_err());
+    }
+}

@@ -1,0 +1,227 @@
+//! # tessera-server
+//!
+//! Tessera's control plane: the REST API under `/api/v1` (OpenAPI 3.1 at
+//! `/api/v1/openapi.json`, RFC 7807 problems), API-token identities, the web console, and the
+//! lifecycle loop that drives every request from `requested` to `released` through the
+//! placement engine (`tessera-sched`), the store (`tessera-store`) and a backend
+//! (`tessera-backend`).
+
+pub mod api;
+pub mod auth;
+pub mod controller;
+pub mod problem;
+pub mod views;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+use tessera_backend::{Backend, SimBackend, SimConfig};
+use tessera_model::Fleet;
+use tessera_sched::Engine;
+use tessera_store::Store;
+use tokio::net::TcpListener;
+
+use crate::auth::Authenticator;
+use crate::controller::{Actor, Controller};
+use crate::problem::ApiError;
+
+/// Largest accepted request body.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub fleet: Arc<Fleet>,
+    pub controller: Controller,
+    pub auth: Arc<Authenticator>,
+    pub backend_name: &'static str,
+}
+
+/// How to run the server.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    pub fleet: Fleet,
+    pub listen: SocketAddr,
+    /// Shared-pool placement policy.
+    pub policy: String,
+    pub sim: SimConfig,
+    /// Grace period for stopping workloads.
+    pub grace: Duration,
+}
+
+/// A started server.
+pub struct Running {
+    pub addr: SocketAddr,
+    /// The admin token, when this start created it.
+    pub admin_token: Option<String>,
+    pub sim: Arc<SimBackend>,
+    pub task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// The full HTTP application: API, OpenAPI document, console.
+pub fn app(state: AppState) -> axum::Router {
+    let (api, doc) = api::router();
+    let doc_json = serde_json::to_string(&doc).expect("the OpenAPI document serialises");
+    axum::Router::new()
+        .route("/", get(console))
+        .route(
+            "/api/v1/openapi.json",
+            get(move || {
+                let d = doc_json.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], d) }
+            }),
+        )
+        .merge(api)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+/// The OpenAPI document, without starting a server.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut doc) = api::router();
+    doc.info.version = env!("CARGO_PKG_VERSION").into();
+    doc
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::not_found(format!(
+        "no route {}; the API lives under /api/v1 (see /api/v1/openapi.json)",
+        uri.path()
+    ))
+}
+
+async fn console() -> impl IntoResponse {
+    (StatusCode::OK, Html(include_str!("console.html")))
+}
+
+/// Opens the store, creates the admin token on first start, rebuilds state, and serves.
+pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
+    let store = Store::open_dir(&cfg.data_dir).await.map_err(|e| {
+        anyhow_like::msg(format!(
+            "opening the store in {}: {e}",
+            cfg.data_dir.display()
+        ))
+    })?;
+    let admin_token = if store
+        .token_count()
+        .await
+        .map_err(|e| anyhow_like::msg(e.to_string()))?
+        == 0
+    {
+        let secret = auth::new_secret();
+        store
+            .create_token(
+                "tok-admin",
+                &auth::hash(&secret),
+                None,
+                "platform-admin",
+                "admin (created at first start)",
+                now_ms(),
+            )
+            .await
+            .map_err(|e| anyhow_like::msg(e.to_string()))?;
+        write_secret(&cfg.data_dir.join("admin-token"), &secret)?;
+        Some(secret)
+    } else {
+        None
+    };
+    let fleet = Arc::new(cfg.fleet);
+    let policy = tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(anyhow_like::msg)?;
+    let engine = Engine::new(fleet.clone(), policy, 1);
+    let sim = Arc::new(SimBackend::new(cfg.sim));
+    let backend: Arc<dyn Backend> = sim.clone();
+    let started = std::time::Instant::now();
+    let controller = Actor::start(
+        fleet.clone(),
+        engine,
+        store.clone(),
+        backend.clone(),
+        cfg.grace,
+    )
+    .await
+    .map_err(|e| anyhow_like::msg(e.detail))?;
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "state rebuilt"
+    );
+    let state = AppState {
+        store: store.clone(),
+        fleet,
+        controller,
+        auth: Arc::new(Authenticator::new(store)),
+        backend_name: backend.name(),
+    };
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| anyhow_like::msg(format!("cannot listen on {}: {e}", cfg.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| anyhow_like::msg(e.to_string()))?;
+    let app = app(state);
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+    });
+    Ok(Running {
+        addr,
+        admin_token,
+        sim,
+        task,
+    })
+}
+
+fn write_secret(path: &std::path::Path, secret: &str) -> anyhow_like::Result<()> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts
+        .open(path)
+        .map_err(|e| anyhow_like::msg(format!("cannot write {}: {e}", path.display())))?;
+    writeln!(f, "{secret}").map_err(|e| anyhow_like::msg(e.to_string()))?;
+    Ok(())
+}
+
+/// A minimal error type for start-up failures (one readable line).
+pub mod anyhow_like {
+    #[derive(Debug)]
+    pub struct Error(pub String);
+
+    impl std::fmt::Display for Error {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    impl std::error::Error for Error {}
+
+    pub type Result<T> = std::result::Result<T, Error>;
+
+    pub fn msg(s: impl Into<String>) -> Error {
+        Error(s.into())
+    }
+}

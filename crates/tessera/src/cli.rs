@@ -1,0 +1,744 @@
+//! The client verbs: `run`, `ls`, `describe`, `cancel`, `pools`, `nodes`, `gpus`, `tenants`,
+//! `projects`, `token`. Tables by default, `-o json` for scripts.
+
+use anyhow::{Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use reqwest::Method;
+use serde::Serialize;
+use tessera_api::*;
+
+use crate::client::{Client, Connection};
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum Output {
+    #[default]
+    Table,
+    Json,
+}
+
+#[derive(Args)]
+pub struct Common {
+    #[command(flatten)]
+    pub conn: Connection,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table, global = true)]
+    pub output: Output,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[arg(long)]
+    pub tenant: String,
+    #[arg(long)]
+    pub project: String,
+    #[arg(long, default_value = "job")]
+    pub name: String,
+    /// Whole GPUs on one node.
+    #[arg(long, group = "shape")]
+    pub gpus: Option<u8>,
+    /// A MIG profile, e.g. 3g.40gb.
+    #[arg(long, group = "shape")]
+    pub mig: Option<String>,
+    /// A fraction of a shared GPU in milli-GPU (1-999).
+    #[arg(long, group = "shape")]
+    pub fraction: Option<u16>,
+    /// With --fraction: GPU memory to reserve, MiB.
+    #[arg(long)]
+    pub gpu_memory: Option<u32>,
+    /// Allowed GPU model or family (repeatable), e.g. h100.
+    #[arg(long = "model")]
+    pub models: Vec<String>,
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Run time or lease: 90s, 30m, 2h, 1h30m.
+    #[arg(long, allow_hyphen_values = true)]
+    pub duration: Option<String>,
+    /// batch, service or interactive.
+    #[arg(long, default_value = "batch")]
+    pub kind: String,
+    /// Priority class: critical, high, standard, opportunistic.
+    #[arg(long)]
+    pub priority: Option<String>,
+    /// Host CPUs (cores, may be fractional).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Host memory in GiB.
+    #[arg(long)]
+    pub memory_gib: Option<f64>,
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Makes retries safe: the same key and request return the first workload.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// The command to run, after `--`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct LsArgs {
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[arg(long)]
+    pub project: Option<String>,
+    #[arg(long)]
+    pub state: Option<String>,
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+}
+
+#[derive(Args)]
+pub struct FleetFilterArgs {
+    #[arg(long)]
+    pub pool: Option<String>,
+    #[arg(long)]
+    pub node: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum TenantCmd {
+    /// Create a tenant.
+    Create {
+        name: String,
+        #[arg(long)]
+        display_name: Option<String>,
+    },
+    /// Delete a tenant without projects, tokens or workloads.
+    Delete { name: String },
+}
+
+#[derive(Args)]
+pub struct TenantsArgs {
+    #[command(subcommand)]
+    pub cmd: Option<TenantCmd>,
+}
+
+#[derive(Subcommand)]
+pub enum ProjectCmd {
+    /// Create a project in --tenant.
+    Create { name: String },
+    /// Delete a project without workloads.
+    Delete { name: String },
+}
+
+#[derive(Args)]
+pub struct ProjectsArgs {
+    #[arg(long, global = true)]
+    pub tenant: Option<String>,
+    #[command(subcommand)]
+    pub cmd: Option<ProjectCmd>,
+}
+
+#[derive(Args)]
+pub struct TokenArgs {
+    /// Tenant the token acts for (omit for a platform-admin token).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// platform-admin, tenant-admin, member or viewer.
+    #[arg(long, default_value = "member")]
+    pub role: String,
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// Parses `90s`, `30m`, `2h`, `1h30m`, `1d`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<i64> {
+    let t = s.trim();
+    if t.starts_with('-') {
+        bail!("--duration: `{s}` is negative; give a positive duration such as 30m or 2h");
+    }
+    if let Ok(n) = t.parse::<i64>() {
+        return Ok(n);
+    }
+    let (mut total, mut num) = (0i64, String::new());
+    for c in t.chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let mult = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86_400,
+            _ => bail!("--duration: `{s}` is not a duration (examples: 90s, 30m, 2h, 1h30m)"),
+        };
+        let n: i64 = num.parse().map_err(|_| {
+            anyhow::anyhow!("--duration: `{s}` is not a duration (examples: 90s, 30m, 2h)")
+        })?;
+        total += n * mult;
+        num.clear();
+    }
+    if !num.is_empty() || total == 0 {
+        bail!("--duration: `{s}` is not a duration (examples: 90s, 30m, 2h, 1h30m)");
+    }
+    Ok(total)
+}
+
+fn print_json<T: Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// A plain text table with aligned columns.
+pub fn table(head: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i + 1 == cells.len() {
+                    c.clone()
+                } else {
+                    format!("{c:<width$}", width = w[i])
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut out = line(head.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        out.push('\n');
+        out.push_str(&line(r.clone()));
+    }
+    out
+}
+
+fn shape_str(s: &GpuShape) -> String {
+    let mut out = if let Some(g) = s.gpus {
+        format!("{g}×GPU")
+    } else if let Some(m) = &s.mig {
+        format!("mig {m}")
+    } else if let Some(f) = s.fraction {
+        format!("{f}m")
+    } else {
+        "cpu".into()
+    };
+    if !s.models.is_empty() {
+        out.push_str(&format!(" [{}]", s.models.join(",")));
+    }
+    out
+}
+
+fn where_str(w: &Workload) -> String {
+    match &w.allocation {
+        None => String::new(),
+        Some(a) => match a.kind.as_str() {
+            "mig" => format!(
+                "{}/gpu{} slices {}-{}",
+                a.node,
+                a.gpus[0],
+                a.mig_start.unwrap_or(0),
+                a.mig_start.unwrap_or(0) + a.mig_size.unwrap_or(1) - 1
+            ),
+            "fraction" => format!("{}/gpu{}", a.node, a.gpus[0]),
+            "cpu" => a.node.clone(),
+            _ => format!("{}/gpu{}", a.node, compact(&a.gpus)),
+        },
+    }
+}
+
+/// `[0,1,2,3]` → `0-3`, `[0,2]` → `0,2`.
+fn compact(g: &[u8]) -> String {
+    if g.len() > 1 && g.windows(2).all(|w| w[1] == w[0] + 1) {
+        format!("{}-{}", g[0], g[g.len() - 1])
+    } else {
+        g.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+fn workload_rows(items: &[Workload]) -> Vec<Vec<String>> {
+    items
+        .iter()
+        .map(|w| {
+            vec![
+                w.id.to_string(),
+                format!("{}/{}", w.tenant, w.project),
+                w.name.clone(),
+                shape_str(&w.shape),
+                w.state.as_str().to_string(),
+                where_str(w),
+                w.request_to_running_ms
+                    .map(|m| format!("{m} ms"))
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect()
+}
+
+const WORKLOAD_HEAD: [&str; 7] = [
+    "ID",
+    "TENANT/PROJECT",
+    "NAME",
+    "SHAPE",
+    "STATE",
+    "WHERE",
+    "TO RUNNING",
+];
+
+pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let kind = match a.kind.as_str() {
+        "batch" => WorkloadKind::Batch,
+        "service" => WorkloadKind::Service,
+        "interactive" => WorkloadKind::Interactive,
+        k => bail!("--kind: `{k}` is not one of batch, service, interactive"),
+    };
+    if a.gpus.is_none() && a.mig.is_none() && a.fraction.is_none() {
+        bail!("give one of --gpus N, --mig PROFILE or --fraction MILLI");
+    }
+    let body = CreateWorkload {
+        tenant: a.tenant,
+        project: a.project,
+        name: a.name,
+        kind,
+        shape: GpuShape {
+            gpus: a.gpus,
+            mig: a.mig,
+            fraction: a.fraction,
+            gpu_memory_mib: a.gpu_memory,
+            models: a.models,
+            pool: a.pool,
+        },
+        cpu_milli: a.cpus.map(|c| (c * 1000.0).round() as u64),
+        memory_mib: a.memory_gib.map(|m| (m * 1024.0).round() as u64),
+        duration_s: a.duration.as_deref().map(parse_duration).transpose()?,
+        command: (!a.command.is_empty()).then_some(a.command),
+        image: a.image,
+        priority: a.priority,
+    };
+    let extra: Vec<(&str, String)> = a
+        .idempotency_key
+        .map(|k| vec![("Idempotency-Key", k)])
+        .unwrap_or_default();
+    let (_, w): (_, Workload) = client
+        .call(Method::POST, "/api/v1/workloads", Some(&body), &extra)
+        .await?;
+    match c.output {
+        Output::Json => print_json(&w),
+        Output::Table => {
+            println!(
+                "{}",
+                table(&WORKLOAD_HEAD, &workload_rows(std::slice::from_ref(&w)))
+            );
+            if let Some(r) = &w.reason {
+                println!("reason: {r}");
+            }
+            Ok(())
+        }
+    }
+}
+
+pub async fn ls(c: &Common, a: LsArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let mut q = vec![format!("limit={}", a.limit)];
+    for (k, v) in [
+        ("tenant", &a.tenant),
+        ("project", &a.project),
+        ("state", &a.state),
+    ] {
+        if let Some(v) = v {
+            q.push(format!("{k}={v}"));
+        }
+    }
+    let page: Page<Workload> = client
+        .get(&format!("/api/v1/workloads?{}", q.join("&")))
+        .await?;
+    match c.output {
+        Output::Json => print_json(&page.items),
+        Output::Table => {
+            println!("{}", table(&WORKLOAD_HEAD, &workload_rows(&page.items)));
+            Ok(())
+        }
+    }
+}
+
+fn ms_gap(a: i64, b: i64) -> String {
+    let d = (b - a).max(0);
+    if d < 1000 {
+        format!("+{d} ms")
+    } else {
+        format!("+{:.1} s", d as f64 / 1000.0)
+    }
+}
+
+pub async fn describe(c: &Common, id: u64) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let w: Workload = client.get(&format!("/api/v1/workloads/{id}")).await?;
+    let events: Vec<Event> = client
+        .get(&format!("/api/v1/workloads/{id}/events"))
+        .await?;
+    if let Output::Json = c.output {
+        return print_json(&serde_json::json!({"workload": w, "events": events}));
+    }
+    println!("Workload {}  {}/{}  {}", w.id, w.tenant, w.project, w.name);
+    println!("  kind        {}  priority {}", w.kind.as_str(), w.priority);
+    println!(
+        "  shape       {}  ({} GPU units)  host {} CPUs, {} GiB",
+        shape_str(&w.shape),
+        w.units,
+        w.cpu_milli as f64 / 1000.0,
+        w.memory_mib as f64 / 1024.0
+    );
+    println!(
+        "  state       {}{}",
+        w.state.as_str(),
+        w.reason
+            .as_ref()
+            .map(|r| format!(" — {r}"))
+            .unwrap_or_default()
+    );
+    if let Some(a) = &w.allocation {
+        println!(
+            "  placed on   {} in pool {} ({}): {}",
+            a.node,
+            a.pool,
+            a.model,
+            where_str(&w)
+        );
+    }
+    if let Some(d) = w.duration_s {
+        println!("  duration    {d} s");
+    }
+    if let Some(r) = w.request_to_running_ms {
+        println!("  request → running  {r} ms");
+    }
+    println!("\nTimeline:");
+    let mut prev = events.first().map(|e| e.at_ms).unwrap_or(0);
+    let rows: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| {
+            let gap = ms_gap(prev, e.at_ms);
+            prev = e.at_ms;
+            vec![e.at.clone(), gap, e.step.clone(), e.detail.clone()]
+        })
+        .collect();
+    println!("{}", table(&["AT", "STEP TIME", "STEP", "DETAIL"], &rows));
+    Ok(())
+}
+
+pub async fn cancel(c: &Common, id: u64) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let w: Workload = client
+        .post(
+            &format!("/api/v1/workloads/{id}/cancel"),
+            &serde_json::json!({}),
+        )
+        .await?;
+    match c.output {
+        Output::Json => print_json(&w),
+        Output::Table => {
+            println!("workload {} is {}", w.id, w.state.as_str());
+            Ok(())
+        }
+    }
+}
+
+pub async fn pools(c: &Common) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let p: Page<PoolView> = client.get("/api/v1/pools").await?;
+    match c.output {
+        Output::Json => print_json(&p.items),
+        Output::Table => {
+            let rows: Vec<Vec<String>> = p
+                .items
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.name.clone(),
+                        p.sharing.clone(),
+                        p.nodes.to_string(),
+                        p.gpus.to_string(),
+                        format!("{} / {}", p.units_used, p.units_total),
+                        p.models.join(", "),
+                    ]
+                })
+                .collect();
+            println!(
+                "{}",
+                table(
+                    &["POOL", "SHARING", "NODES", "GPUS", "UNITS USED", "MODELS"],
+                    &rows
+                )
+            );
+            Ok(())
+        }
+    }
+}
+
+fn filter_query(f: &FleetFilterArgs) -> String {
+    let mut q = vec!["limit=500".to_string()];
+    if let Some(p) = &f.pool {
+        q.push(format!("pool={p}"));
+    }
+    if let Some(n) = &f.node {
+        q.push(format!("node={n}"));
+    }
+    q.join("&")
+}
+
+async fn all_pages<T: serde::de::DeserializeOwned>(client: &Client, path: &str) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let url = match &cursor {
+            Some(c) => format!("{path}&cursor={c}"),
+            None => path.to_string(),
+        };
+        let p: Page<T> = client.get(&url).await?;
+        out.extend(p.items);
+        match p.next_cursor {
+            Some(c) => cursor = Some(c.replace('/', "%2F")),
+            None => return Ok(out),
+        }
+    }
+}
+
+pub async fn nodes(c: &Common, f: FleetFilterArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let items: Vec<NodeView> =
+        all_pages(&client, &format!("/api/v1/nodes?{}", filter_query(&f))).await?;
+    match c.output {
+        Output::Json => print_json(&items),
+        Output::Table => {
+            let rows: Vec<Vec<String>> = items
+                .iter()
+                .map(|n| {
+                    vec![
+                        n.name.clone(),
+                        n.pool.clone(),
+                        n.model.clone(),
+                        format!("{}/{}", n.gpus_free, n.gpus),
+                        n.units_used.clone(),
+                        format!("{}/{}", n.cpus_free, n.cpus),
+                        format!("{}/{}", n.memory_gib_free, n.memory_gib),
+                        n.nvlink.clone(),
+                    ]
+                })
+                .collect();
+            println!(
+                "{}",
+                table(
+                    &[
+                        "NODE",
+                        "POOL",
+                        "MODEL",
+                        "GPUS FREE",
+                        "UNITS USED",
+                        "CPUS FREE",
+                        "MEM GIB FREE",
+                        "NVLINK"
+                    ],
+                    &rows
+                )
+            );
+            Ok(())
+        }
+    }
+}
+
+/// One GPU as a compact cell: `[####....] 3g.40gb:vision 4g.40gb:nlp`.
+fn gpu_cell(g: &GpuView) -> String {
+    let holders: Vec<String> = g
+        .slices
+        .iter()
+        .map(|s| {
+            if s.tenant.is_empty() {
+                s.what.clone()
+            } else {
+                format!("{}:{}", s.what, s.tenant)
+            }
+        })
+        .collect();
+    let bar = match &g.mig_slices {
+        Some(m) => format!("[{m}]"),
+        None => {
+            let used: f64 = g.units_used.parse().unwrap_or(0.0);
+            let filled = (used * 8.0).round() as usize;
+            format!("[{}{}]", "#".repeat(filled), ".".repeat(8 - filled.min(8)))
+        }
+    };
+    if holders.is_empty() {
+        bar
+    } else {
+        format!("{bar} {}", holders.join(" "))
+    }
+}
+
+pub async fn gpus(c: &Common, f: FleetFilterArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let items: Vec<GpuView> =
+        all_pages(&client, &format!("/api/v1/gpus?{}", filter_query(&f))).await?;
+    if let Output::Json = c.output {
+        return print_json(&items);
+    }
+    let mut node = String::new();
+    for g in &items {
+        if g.node != node {
+            node = g.node.clone();
+            println!("{} ({}, {}, {})", g.node, g.pool, g.model, g.sharing);
+        }
+        println!("  gpu{:<2} {:>5}  {}", g.index, g.units_used, gpu_cell(g));
+    }
+    Ok(())
+}
+
+pub async fn tenants(c: &Common, a: TenantsArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    match a.cmd {
+        Some(TenantCmd::Create { name, display_name }) => {
+            let t: Tenant = client
+                .post("/api/v1/tenants", &CreateTenant { name, display_name })
+                .await?;
+            match c.output {
+                Output::Json => print_json(&t),
+                Output::Table => {
+                    println!("tenant {} created", t.name);
+                    Ok(())
+                }
+            }
+        }
+        Some(TenantCmd::Delete { name }) => {
+            client
+                .call::<(), serde_json::Value>(
+                    Method::DELETE,
+                    &format!("/api/v1/tenants/{name}"),
+                    None,
+                    &[],
+                )
+                .await?;
+            println!("tenant {name} deleted");
+            Ok(())
+        }
+        None => {
+            let items: Vec<Tenant> = all_pages(&client, "/api/v1/tenants?limit=500").await?;
+            match c.output {
+                Output::Json => print_json(&items),
+                Output::Table => {
+                    let rows: Vec<Vec<String>> = items
+                        .iter()
+                        .map(|t| vec![t.name.clone(), t.display_name.clone(), t.created_at.clone()])
+                        .collect();
+                    println!("{}", table(&["TENANT", "DISPLAY NAME", "CREATED"], &rows));
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+pub async fn projects(c: &Common, a: ProjectsArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let Some(tenant) = a.tenant else {
+        bail!("--tenant is required")
+    };
+    match a.cmd {
+        Some(ProjectCmd::Create { name }) => {
+            let p: Project = client
+                .post(
+                    &format!("/api/v1/tenants/{tenant}/projects"),
+                    &CreateProject { name },
+                )
+                .await?;
+            match c.output {
+                Output::Json => print_json(&p),
+                Output::Table => {
+                    println!("project {}/{} created", p.tenant, p.name);
+                    Ok(())
+                }
+            }
+        }
+        Some(ProjectCmd::Delete { name }) => {
+            client
+                .call::<(), serde_json::Value>(
+                    Method::DELETE,
+                    &format!("/api/v1/tenants/{tenant}/projects/{name}"),
+                    None,
+                    &[],
+                )
+                .await?;
+            println!("project {tenant}/{name} deleted");
+            Ok(())
+        }
+        None => {
+            let items: Vec<Project> = all_pages(
+                &client,
+                &format!("/api/v1/tenants/{tenant}/projects?limit=500"),
+            )
+            .await?;
+            match c.output {
+                Output::Json => print_json(&items),
+                Output::Table => {
+                    let rows: Vec<Vec<String>> = items
+                        .iter()
+                        .map(|p| vec![p.tenant.clone(), p.name.clone(), p.created_at.clone()])
+                        .collect();
+                    println!("{}", table(&["TENANT", "PROJECT", "CREATED"], &rows));
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+pub async fn token(c: &Common, a: TokenArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let t: CreatedToken = client
+        .post(
+            "/api/v1/tokens",
+            &CreateToken {
+                tenant: a.tenant,
+                role: a.role,
+                name: a.name,
+            },
+        )
+        .await?;
+    match c.output {
+        Output::Json => print_json(&t),
+        Output::Table => {
+            println!(
+                "token {} ({}{}): {}",
+                t.id,
+                t.role,
+                t.tenant.map(|t| format!(" of {t}")).unwrap_or_default(),
+                t.token
+            );
+            println!("the secret is shown only now; store it safely");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("2h").unwrap(), 7200);
+        assert_eq!(parse_duration("1h30m").unwrap(), 5400);
+        assert_eq!(parse_duration("90").unwrap(), 90);
+        assert!(parse_duration("-5m").is_err());
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("h").is_err());
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(&["A", "BB"], &[vec!["xxx".into(), "y".into()]]);
+        assert_eq!(t, "A    BB\nxxx  y");
+        assert_eq!(compact(&[0, 1, 2, 3]), "0-3");
+        assert_eq!(compact(&[0, 2]), "0,2");
+    }
+}

@@ -1,0 +1,109 @@
+//! The HTTP client the CLI verbs use. Server errors (problem JSON) become one readable line.
+
+use anyhow::{Result, anyhow};
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tessera_api::Problem;
+
+/// Where the server is and who we are.
+#[derive(Clone, clap::Args)]
+pub struct Connection {
+    /// Server URL.
+    #[arg(
+        long,
+        env = "TESSERA_SERVER",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    pub server: String,
+    /// API token [default: the contents of ./tessera-data/admin-token when present].
+    #[arg(long, env = "TESSERA_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    pub fn new(c: &Connection) -> Result<Client> {
+        let token = match &c.token {
+            Some(t) => t.trim().to_string(),
+            None => std::fs::read_to_string("tessera-data/admin-token").map(|t| t.trim().to_string()).map_err(|_| {
+                anyhow!("no API token: pass --token or set TESSERA_TOKEN (the server printed the admin token at first start and wrote it to <data-dir>/admin-token)")
+            })?,
+        };
+        Ok(Client {
+            http: reqwest::Client::new(),
+            base: c.server.trim_end_matches('/').to_string(),
+            token,
+        })
+    }
+
+    pub async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        extra: &[(&str, String)],
+    ) -> Result<(StatusCode, T)> {
+        let url = format!("{}{path}", self.base);
+        let mut rb = self.http.request(method, &url).bearer_auth(&self.token);
+        for (k, v) in extra {
+            rb = rb.header(*k, v);
+        }
+        if let Some(b) = body {
+            rb = rb.json(b);
+        }
+        let resp = rb.send().await.map_err(|e| {
+            anyhow!(
+                "cannot reach the Tessera server at {}: {}",
+                self.base,
+                root_cause(&e)
+            )
+        })?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| anyhow!("reading the response from {url}: {e}"))?;
+        if !status.is_success() {
+            if let Ok(p) = serde_json::from_slice::<Problem>(&bytes) {
+                let field = p
+                    .field
+                    .map(|f| format!(" (field `{f}`)"))
+                    .unwrap_or_default();
+                return Err(anyhow!("{} {}: {}{field}", p.status, p.title, p.detail));
+            }
+            return Err(anyhow!("{status} from {url}"));
+        }
+        let v = if bytes.is_empty() {
+            serde_json::from_slice(b"null")
+        } else {
+            serde_json::from_slice(&bytes)
+        };
+        Ok((
+            status,
+            v.map_err(|e| anyhow!("unexpected response from {url}: {e}"))?,
+        ))
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        Ok(self.call::<(), T>(Method::GET, path, None, &[]).await?.1)
+    }
+
+    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
+        Ok(self.call(Method::POST, path, Some(body), &[]).await?.1)
+    }
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(s) = cur.source() {
+        cur = s;
+    }
+    cur.to_string()
+}

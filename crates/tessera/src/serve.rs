@@ -1,0 +1,79 @@
+//! `tessera serve`: the control plane on the embedded defaults (SQLite in `./tessera-data`,
+//! the simulated `seed` fleet, API and console on 127.0.0.1:8080).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use tessera_server::{ServerConfig, start};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Where the SQLite database and the admin token live.
+    #[arg(long, default_value = "./tessera-data", env = "TESSERA_DATA_DIR")]
+    data_dir: PathBuf,
+    /// `seed`, `synthetic:NODES`, or a TOML fleet file (see fleets/seed.toml).
+    #[arg(long, default_value = "seed")]
+    fleet: String,
+    /// Address of the API and the console.
+    #[arg(long, default_value = "127.0.0.1:8080", env = "TESSERA_LISTEN")]
+    listen: SocketAddr,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Shared-pool placement policy: tessera, fgd, bestfit, random.
+    #[arg(long, default_value = "tessera")]
+    policy: String,
+    /// Simulated time to create a MIG instance, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    sim_mig_partition_ms: u64,
+    /// Grace period given to a workload being stopped, in seconds.
+    #[arg(long, default_value_t = 30)]
+    grace_s: u64,
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,sqlx=warn".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match a.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+    let fleet = crate::bench::load_fleet(&a.fleet)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async move {
+        let gpus = fleet.gpu_count();
+        let cfg = ServerConfig {
+            data_dir: a.data_dir.clone(),
+            fleet,
+            listen: a.listen,
+            policy: a.policy,
+            sim: tessera_backend::SimConfig { mig_partition_time: Duration::from_millis(a.sim_mig_partition_ms), ..Default::default() },
+            grace: Duration::from_secs(a.grace_s),
+        };
+        let running = start(cfg).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        if let Some(t) = &running.admin_token {
+            println!("Admin token: {t}");
+            println!("(written to {}; it is shown only once)", a.data_dir.join("admin-token").display());
+        }
+        println!("Tessera is serving the simulated fleet ({gpus} GPUs): console http://{0}/  API http://{0}/api/v1", running.addr);
+        tracing::info!(addr = %running.addr, "serving");
+        running.task.await.context("server task")?.context("server")?;
+        Ok(())
+    })
+}
