@@ -78,12 +78,18 @@ impl fmt::Display for CommitError {
 
 impl std::error::Error for CommitError {}
 
+/// A cached best choice on one node: `(node epoch, policy epoch, best)`.
+type CacheEntry = (u64, u64, Option<(Choice, Score)>);
+
+/// GPUs `(node, gpu)` of one (pool, model), bucketed by MIG occupancy key.
+type MigBuckets = Vec<BTreeSet<(u32, u8)>>;
+
 /// Per (demand type, node) cache of a shared policy's best choice on that node.
 #[derive(Default)]
 struct ScoreCache {
     types: HashMap<Demand, u32>,
-    /// `entries[type][node] = (node epoch, policy epoch, best)`.
-    entries: Vec<Vec<(u64, u64, Option<(Choice, Score)>)>>,
+    /// `entries[type][node]`.
+    entries: Vec<Vec<CacheEntry>>,
 }
 
 const MAX_CACHED_TYPES: usize = 2048;
@@ -99,7 +105,7 @@ pub struct Engine {
     /// Whole pools: `by_free[pool][k]` = nodes with exactly `k` free GPUs.
     by_free: Vec<Vec<BTreeSet<u32>>>,
     /// MIG pools: per (pool, model), GPUs `(node, gpu)` bucketed by occupancy key.
-    mig_index: HashMap<(u16, u16), Vec<BTreeSet<(u32, u8)>>>,
+    mig_index: HashMap<(u16, u16), MigBuckets>,
     cache: ScoreCache,
     next_epoch: u64,
     scratch: Vec<Choice>,

@@ -73,7 +73,7 @@ fn request(fleet: &Fleet, k: u8, size: u16, t: u8, cpu: u8) -> Request {
         },
         (None, _) => Shape::Fraction {
             milli: size,
-            memory_mib: (size % 3 == 0).then_some(size as u32 * 8),
+            memory_mib: size.is_multiple_of(3).then_some(size as u32 * 8),
         },
     };
     Request::new(shape)

@@ -567,8 +567,8 @@ impl Actor {
     }
 
     fn touch(&mut self, id: u64, batch: &mut Batch) {
-        if !batch.before.contains_key(&id) {
-            batch.before.insert(id, self.live.get(&id).cloned());
+        if let std::collections::hash_map::Entry::Vacant(e) = batch.before.entry(id) {
+            e.insert(self.live.get(&id).cloned());
             batch.touched.push(id);
         }
     }
@@ -673,10 +673,9 @@ impl Actor {
             ));
             batch.undo.push(Undo::Released(a));
             self.dirty = true;
-            if let Some(spec) = live.wl.allocation.as_ref().map(|_| self.run_spec(live)) {
-                if live.wl.state != WorkloadState::Stopping {
-                    batch.spawns.push(Spawn::Unpartition(spec));
-                }
+            // A stopping workload was unpartitioned by its stop task already.
+            if live.wl.allocation.is_some() && live.wl.state != WorkloadState::Stopping {
+                batch.spawns.push(Spawn::Unpartition(self.run_spec(live)));
             }
         }
         if live.usage_open {
@@ -914,10 +913,12 @@ impl Actor {
                 if let Some(l) = self.live.get(&id) {
                     return Ok(Some((l.wl.clone(), false)));
                 }
-                let wl = match self.cache.read().expect("lock").get(id) {
-                    Some(w) => Some((*w).clone()),
-                    None => None,
-                };
+                let wl = self
+                    .cache
+                    .read()
+                    .expect("lock")
+                    .get(id)
+                    .map(|w| (*w).clone());
                 let wl = match wl {
                     Some(w) => w,
                     None => self
@@ -1084,33 +1085,33 @@ impl Actor {
 
 fn observe(backend: &dyn Backend, spec: &RunSpec) -> String {
     let samples = backend.telemetry();
-    for s in samples
+    let Some(s) = samples
         .iter()
-        .filter(|s| s.node == spec.node && spec.gpus.contains(&s.gpu))
-    {
-        if let Some(i) = s.instances.iter().find(|i| i.workload == spec.id) {
-            return format!(
-                "{} GPU {}: engine {:.0} % active, {} MiB framebuffer used{}",
-                s.node,
-                s.gpu,
-                i.gr_engine_active * 100.0,
-                i.fb_used_mib,
-                if i.profile.is_empty() {
-                    String::new()
-                } else {
-                    format!(" in MIG instance {}", i.profile)
-                }
-            );
-        }
+        .find(|s| s.node == spec.node && spec.gpus.contains(&s.gpu))
+    else {
         return format!(
+            "host resources on {}: no GPU telemetry for a CPU-only workload",
+            spec.node
+        );
+    };
+    match s.instances.iter().find(|i| i.workload == spec.id) {
+        Some(i) => format!(
+            "{} GPU {}: engine {:.0} % active, {} MiB framebuffer used{}",
+            s.node,
+            s.gpu,
+            i.gr_engine_active * 100.0,
+            i.fb_used_mib,
+            if i.profile.is_empty() {
+                String::new()
+            } else {
+                format!(" in MIG instance {}", i.profile)
+            }
+        ),
+        None => format!(
             "{} GPU {}: {:.0} % utilisation, {} MiB framebuffer used, {:.0} °C",
             s.node, s.gpu, s.util_pct, s.fb_used_mib, s.temp_c
-        );
+        ),
     }
-    format!(
-        "host resources on {}: no GPU telemetry for a CPU-only workload",
-        spec.node
-    )
 }
 
 /// Which request field a constraint refusal is about.

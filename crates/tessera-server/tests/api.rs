@@ -1,0 +1,545 @@
+//! End-to-end tests through HTTP against a server started on a free port, on the seed fleet
+//! with the simulated backend and a fresh SQLite database.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tessera_model::Fleet;
+use tessera_server::{ServerConfig, start};
+
+struct Srv {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+    _dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "tessera-test-{tag}-{}-{}",
+            std::process::id(),
+            tessera_server::now_ms()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn server(tag: &str) -> Srv {
+    let dir = TempDir::new(tag);
+    let cfg = ServerConfig {
+        data_dir: dir.0.clone(),
+        fleet: Fleet::seed(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        policy: "tessera".into(),
+        sim: Default::default(),
+        grace: Duration::from_secs(5),
+    };
+    let r = start(cfg).await.unwrap();
+    let token = r
+        .admin_token
+        .clone()
+        .expect("first start creates the admin token");
+    let on_disk = std::fs::read_to_string(dir.0.join("admin-token")).unwrap();
+    assert_eq!(on_disk.trim(), token);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(dir.0.join("admin-token"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o600
+        );
+    }
+    Srv {
+        base: format!("http://{}", r.addr),
+        token,
+        http: reqwest::Client::new(),
+        _dir: dir,
+    }
+}
+
+impl Srv {
+    async fn req(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Value) {
+        let mut rb = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token);
+        for (k, v) in headers {
+            rb = rb.header(*k, *v);
+        }
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let r = rb.send().await.unwrap();
+        let status = r.status();
+        let ct = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let text = r.text().await.unwrap();
+        if !status.is_success() {
+            assert_eq!(
+                ct, "application/problem+json",
+                "errors are problem JSON: {status} {text}"
+            );
+        }
+        (
+            status,
+            if text.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(&text).unwrap()
+            },
+        )
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let (s, v) = self.req(reqwest::Method::GET, path, None, &[]).await;
+        assert_eq!(s, StatusCode::OK, "{path}: {v}");
+        v
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.req(reqwest::Method::POST, path, Some(body), &[]).await
+    }
+
+    async fn setup_tenant(&self) {
+        assert_eq!(
+            self.post("/api/v1/tenants", json!({"name": "vision"}))
+                .await
+                .0,
+            StatusCode::CREATED
+        );
+        assert_eq!(
+            self.post("/api/v1/tenants/vision/projects", json!({"name": "train"}))
+                .await
+                .0,
+            StatusCode::CREATED
+        );
+    }
+
+    async fn wait_state(&self, id: u64, state: &str) -> Value {
+        for _ in 0..200 {
+            let w = self.get(&format!("/api/v1/workloads/{id}")).await;
+            if w["state"] == state {
+                return w;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("workload {id} never reached {state}");
+    }
+
+    async fn units_used(&self, pool: &str) -> String {
+        let p = self.get("/api/v1/pools").await;
+        p["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == pool)
+            .unwrap()["units_used"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    async fn workload_count(&self) -> usize {
+        self.get("/api/v1/workloads?limit=500").await["items"]
+            .as_array()
+            .unwrap()
+            .len()
+    }
+}
+
+fn wl(shape: Value) -> Value {
+    json!({"tenant": "vision", "project": "train", "name": "job", "shape": shape})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_run_cancel_release() {
+    let s = server("lifecycle").await;
+    s.setup_tenant().await;
+    let (st, w) = s
+        .post("/api/v1/workloads", wl(json!({"mig": "3g.40gb"})))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+    let id = w["id"].as_u64().unwrap();
+    let running = s.wait_state(id, "running").await;
+    assert_eq!(running["allocation"]["kind"], "mig");
+    assert_eq!(running["allocation"]["mig_profile_id"], 9);
+    assert_eq!(running["units"], "0.5");
+    assert!(running["request_to_running_ms"].as_u64().unwrap() < 1000);
+    assert_eq!(s.units_used("serving").await, "0.5");
+
+    // 8 whole H100s.
+    let (st, big) = s
+        .post(
+            "/api/v1/workloads",
+            wl(json!({"gpus": 8, "models": ["h100"]})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{big}");
+    let big_id = big["id"].as_u64().unwrap();
+    let big = s.wait_state(big_id, "running").await;
+    assert_eq!(big["allocation"]["gpus"], json!([0, 1, 2, 3, 4, 5, 6, 7]));
+    assert_eq!(s.units_used("training").await, "8");
+
+    // list and get agree
+    let list = s.get("/api/v1/workloads?tenant=vision").await;
+    let from_list = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == id)
+        .unwrap()
+        .clone();
+    assert_eq!(from_list, s.get(&format!("/api/v1/workloads/{id}")).await);
+
+    // GPU view shows the holder
+    let gpus = s.get("/api/v1/gpus?pool=serving&node=a100-00").await;
+    let g0 = &gpus["items"][0];
+    assert_eq!(g0["mig_slices"], "....####");
+    assert_eq!(g0["slices"][0]["workload"], id);
+    assert_eq!(g0["slices"][0]["tenant"], "vision");
+
+    // cancel → released, capacity back
+    let (st, c) = s
+        .post(&format!("/api/v1/workloads/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{c}");
+    s.wait_state(id, "cancelled").await;
+    assert_eq!(s.units_used("serving").await, "0");
+    let (st, _) = s
+        .post(&format!("/api/v1/workloads/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "cancelling an ended workload");
+
+    let events = s.get(&format!("/api/v1/workloads/{id}/events")).await;
+    let steps: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "requested",
+            "authorised",
+            "placed",
+            "partitioned",
+            "running",
+            "observed",
+            "metered",
+            "cancelled",
+            "released"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_workloads_complete_and_queue_drains() {
+    let s = server("queue").await;
+    s.setup_tenant().await;
+    // Fill the training pool (16 nodes × 8) with short jobs, then one more waits.
+    let mut ids = Vec::new();
+    for _ in 0..16 {
+        let (st, w) = s.post("/api/v1/workloads", json!({"tenant": "vision", "project": "train", "name": "fill", "shape": {"gpus": 8, "pool": "training"}, "duration_s": 1})).await;
+        assert_eq!(st, StatusCode::CREATED);
+        ids.push(w["id"].as_u64().unwrap());
+    }
+    let (_, w) = s.post("/api/v1/workloads", json!({"tenant": "vision", "project": "train", "name": "wait", "shape": {"gpus": 8, "pool": "training"}, "duration_s": 1})).await;
+    assert_eq!(w["state"], "queued", "{w}");
+    assert!(
+        w["reason"].as_str().unwrap().starts_with("no-capacity"),
+        "{w}"
+    );
+    let wid = w["id"].as_u64().unwrap();
+    s.wait_state(ids[0], "succeeded").await;
+    s.wait_state(wid, "running").await;
+    s.wait_state(wid, "succeeded").await;
+    assert_eq!(s.units_used("training").await, "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_create() {
+    let s = server("idem").await;
+    s.setup_tenant().await;
+    let body = wl(json!({"fraction": 250}));
+    let (a_st, a) = s
+        .req(
+            reqwest::Method::POST,
+            "/api/v1/workloads",
+            Some(body.clone()),
+            &[("Idempotency-Key", "k-1")],
+        )
+        .await;
+    let (b_st, b) = s
+        .req(
+            reqwest::Method::POST,
+            "/api/v1/workloads",
+            Some(body.clone()),
+            &[("Idempotency-Key", "k-1")],
+        )
+        .await;
+    assert_eq!((a_st, b_st), (StatusCode::CREATED, StatusCode::OK));
+    assert_eq!(a["id"], b["id"]);
+    assert_eq!(s.workload_count().await, 1);
+    let (c_st, c) = s
+        .req(
+            reqwest::Method::POST,
+            "/api/v1/workloads",
+            Some(wl(json!({"fraction": 300}))),
+            &[("Idempotency-Key", "k-1")],
+        )
+        .await;
+    assert_eq!(c_st, StatusCode::UNPROCESSABLE_ENTITY, "{c}");
+    assert_eq!(c["field"], "Idempotency-Key");
+    assert_eq!(s.workload_count().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_the_field_and_nothing_is_stored() {
+    let s = server("bad").await;
+    s.setup_tenant().await;
+    let cases: Vec<(Value, StatusCode, &str)> = vec![
+        (
+            wl(json!({"gpus": 1, "models": ["h900"]})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "shape.models",
+        ),
+        (
+            wl(json!({"mig": "5g.50gb"})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "shape.mig",
+        ),
+        (
+            wl(json!({"mig": "3g.71gb", "models": ["a100-80gb"]})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "shape.mig",
+        ),
+        (
+            wl(json!({"gpus": 9})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "shape.gpus",
+        ),
+        (
+            wl(json!({"fraction": 0})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "shape.fraction",
+        ),
+        (
+            wl(json!({"fraction": 1000})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "shape.fraction",
+        ),
+        (
+            wl(json!({"gpus": 1, "mig": "1g.10gb"})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "shape",
+        ),
+        (
+            json!({"tenant": "vision", "project": "train", "name": "j", "shape": {"gpus": 1}, "duration_s": -5}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "duration_s",
+        ),
+        (
+            json!({"tenant": "nobody", "project": "train", "name": "j", "shape": {"gpus": 1}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "tenant",
+        ),
+        (
+            json!({"tenant": "vision", "project": "nope", "name": "j", "shape": {"gpus": 1}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "project",
+        ),
+        (
+            json!({"tenant": "vision", "project": "train", "name": "j", "shape": {"gpus": "two"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "shape.gpus",
+        ),
+        (
+            json!({"tenant": "vision", "project": "train", "name": "j", "shape": {"gpus": 1}, "priority": "urgent"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "priority",
+        ),
+        (
+            json!({"tenant": "vision", "project": "train", "name": "j", "shape": {"gpus": 1}, "cpu_milli": 999999999}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cpu_milli",
+        ),
+        (
+            json!({"tenant": "vision", "project": "train", "shape": {"gpus": 1}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "name",
+        ),
+    ];
+    for (body, status, field) in cases {
+        let (st, p) = s.post("/api/v1/workloads", body.clone()).await;
+        assert_eq!(st, status, "{body} → {p}");
+        assert_eq!(p["field"], field, "{body} → {p}");
+        assert_eq!(p["status"], status.as_u16());
+        assert!(!p["detail"].as_str().unwrap().is_empty());
+    }
+    // malformed JSON
+    let r = s
+        .http
+        .post(format!("{}/api/v1/workloads", s.base))
+        .bearer_auth(&s.token)
+        .header("content-type", "application/json")
+        .body("{\"tenant\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    // oversized body
+    let big = json!({"tenant": "vision", "project": "train", "name": "j", "shape": {"gpus": 1}, "command": vec!["x".repeat(1000); 100]});
+    let (st, p) = s.post("/api/v1/workloads", big).await;
+    assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{p}");
+    // no token
+    let r = s
+        .http
+        .get(format!("{}/api/v1/pools", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(s.workload_count().await, 0, "nothing stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_tokens_see_only_their_tenant() {
+    let s = server("scope").await;
+    s.setup_tenant().await;
+    assert_eq!(
+        s.post("/api/v1/tenants", json!({"name": "nlp"})).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        s.post("/api/v1/tenants/nlp/projects", json!({"name": "p"}))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    let (_, other) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "nlp", "project": "p", "name": "x", "shape": {"fraction": 100}}),
+        )
+        .await;
+    let (st, t) = s
+        .post(
+            "/api/v1/tokens",
+            json!({"tenant": "vision", "role": "member"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED);
+    let member = Srv {
+        base: s.base.clone(),
+        token: t["token"].as_str().unwrap().into(),
+        http: s.http.clone(),
+        _dir: TempDir::new("unused"),
+    };
+    let (st, _) = member
+        .req(
+            reqwest::Method::GET,
+            &format!("/api/v1/workloads/{}", other["id"]),
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "no existence leak");
+    let (st, _) = member
+        .post("/api/v1/tenants", json!({"name": "evil"}))
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    let (st, w) = member
+        .post("/api/v1/workloads", wl(json!({"fraction": 100})))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+    let mine = member.get("/api/v1/workloads").await;
+    assert_eq!(mine["items"].as_array().unwrap().len(), 1);
+    let (st, _) = member
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "nlp", "project": "p", "name": "x", "shape": {"fraction": 100}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY);
+    // The GPU view hides the other tenant's name.
+    let gpus = member.get("/api/v1/gpus?pool=development").await;
+    let names: Vec<String> = gpus["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| {
+            g["slices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x["tenant"].as_str().unwrap().to_string())
+        })
+        .collect();
+    assert!(names.contains(&"vision".to_string()));
+    assert!(!names.contains(&"nlp".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_route_is_served() {
+    let s = server("openapi").await;
+    let r = s
+        .http
+        .get(format!("{}/api/v1/openapi.json", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let doc: Value = r.json().await.unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 11, "{:?}", paths.keys());
+    for (path, ops) in paths {
+        let concrete = path
+            .replace("{tenant}", "nobody")
+            .replace("{project}", "nothing")
+            .replace("{id}", "999999");
+        for method in ops.as_object().unwrap().keys() {
+            let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let body = (m == reqwest::Method::POST).then(|| json!({}));
+            let (st, v) = s.req(m.clone(), &concrete, body, &[]).await;
+            let fallback = st == StatusCode::NOT_FOUND
+                && v["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.starts_with("no route"));
+            assert!(
+                !fallback && st != StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path} is documented but not routed ({st})"
+            );
+        }
+    }
+    // And an undocumented path gets the fallback problem.
+    let (st, v) = s.req(reqwest::Method::GET, "/api/v1/nope", None, &[]).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    assert!(v["detail"].as_str().unwrap().starts_with("no route"));
+}
