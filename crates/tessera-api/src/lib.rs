@@ -201,6 +201,13 @@ pub struct CreateWorkload {
     /// Priority class name (default `standard`).
     #[serde(default)]
     pub priority: Option<String>,
+    /// Beyond the tenant's limit: be refused at once instead of waiting.
+    #[serde(default)]
+    pub no_wait: bool,
+    /// If preempted, end as `preempted` instead of being requeued (batch work is requeued by
+    /// default; services and interactive sessions are not).
+    #[serde(default)]
+    pub no_requeue: bool,
 }
 
 /// Lifecycle state of a workload.
@@ -256,10 +263,7 @@ impl WorkloadState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            WorkloadState::Succeeded
-                | WorkloadState::Failed
-                | WorkloadState::Cancelled
-                | WorkloadState::Preempted
+            WorkloadState::Succeeded | WorkloadState::Failed | WorkloadState::Cancelled | WorkloadState::Preempted
         )
     }
 
@@ -316,6 +320,9 @@ pub struct Workload {
     pub image: Option<String>,
     pub priority: String,
     pub state: WorkloadState,
+    /// Admitted above the tenant's guaranteed share: may be preempted to reclaim it.
+    #[serde(default)]
+    pub borrowing: bool,
     /// Why the workload waits, failed or was refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -372,6 +379,50 @@ pub struct CreateToken {
     pub name: Option<String>,
 }
 
+/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
+pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Milliseconds since the epoch of the first instant of the UTC calendar month holding `ms`.
+pub fn month_start_ms(ms: i64) -> i64 {
+    let s = rfc3339_ms(ms);
+    let y: i64 = s[0..4].parse().unwrap_or(1970);
+    let m: i64 = s[5..7].parse().unwrap_or(1);
+    days_from_civil(y, m, 1) * 86_400_000
+}
+
+/// Parses `YYYY-MM-DD` or an RFC 3339 UTC time (`…Z`) into milliseconds since the epoch.
+pub fn parse_time_ms(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let date = s.get(0..10)?;
+    let mut p = date.split('-');
+    let (y, m, d): (i64, i64, i64) = (
+        p.next()?.parse().ok()?,
+        p.next()?.parse().ok()?,
+        p.next()?.parse().ok()?,
+    );
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let mut ms = days_from_civil(y, m, d) * 86_400_000;
+    if s.len() > 10 {
+        let t = s.get(11..)?.trim_end_matches('Z');
+        let mut hms = t.split(':');
+        let h: i64 = hms.next()?.parse().ok()?;
+        let mi: i64 = hms.next().unwrap_or("0").parse().ok()?;
+        let sec: f64 = hms.next().unwrap_or("0").parse().ok()?;
+        ms += h * 3_600_000 + mi * 60_000 + (sec * 1000.0) as i64;
+    }
+    Some(ms)
+}
+
 /// Formats milliseconds since the Unix epoch as RFC 3339 UTC with milliseconds.
 pub fn rfc3339_ms(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
@@ -408,6 +459,19 @@ mod tests {
     }
 
     #[test]
+    fn months_and_parsing() {
+        let t = parse_time_ms("2026-11-29T10:40:00.123Z").unwrap();
+        assert_eq!(t, 1_795_948_800_123);
+        assert_eq!(rfc3339_ms(month_start_ms(t)), "2026-11-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339_ms(parse_time_ms("2024-02-29").unwrap()),
+            "2024-02-29T00:00:00.000Z"
+        );
+        assert!(parse_time_ms("2024-13-01").is_none());
+        assert!(parse_time_ms("yesterday").is_none());
+    }
+
+    #[test]
     fn states_round_trip() {
         for s in [
             "pending",
@@ -425,4 +489,74 @@ mod tests {
         assert!(WorkloadState::Cancelled.is_terminal());
         assert!(WorkloadState::Running.holds_capacity());
     }
+}
+
+/// A tenant's share of one resource class (a pool, or `pool/MODEL`), in GPU units.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct QuotaView {
+    pub class: String,
+    /// Always available to the tenant, reclaimable from borrowers.
+    pub guaranteed: f64,
+    /// The most it may hold, borrowing included; absent = no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<f64>,
+    /// Units held now.
+    pub used: f64,
+    /// Units held above the guarantee.
+    pub borrowed: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct BudgetView {
+    pub monthly_unit_hours: f64,
+    /// GPU-unit-hours used this calendar month (UTC), running work included.
+    pub spent_unit_hours: f64,
+    pub remaining_unit_hours: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct TenantQuotas {
+    pub tenant: String,
+    pub quotas: Vec<QuotaView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetView>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SetQuota {
+    pub guaranteed: f64,
+    #[serde(default)]
+    pub limit: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SetBudget {
+    /// GPU-unit-hours per calendar month; `null` removes the budget.
+    pub monthly_unit_hours: Option<f64>,
+}
+
+/// One line of a usage report.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct UsageRow {
+    /// The day (`2026-11-29`), class (`serving/A100-80GB`), `tenant/project`, or tenant.
+    pub key: String,
+    /// GPU-unit-hours allocated.
+    pub allocated_unit_hours: f64,
+    /// GPU-unit-hours actually used: allocated × measured utilisation, where telemetry exists.
+    pub measured_unit_hours: f64,
+    pub cost_allocated: f64,
+    pub cost_measured: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct UsageReport {
+    pub from: String,
+    pub to: String,
+    /// `day`, `class`, `project` or `tenant`.
+    pub by: String,
+    pub currency: String,
+    pub rows: Vec<UsageRow>,
+    pub total: UsageRow,
 }

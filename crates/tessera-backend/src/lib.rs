@@ -67,11 +67,7 @@ pub enum Status {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendEvent {
     /// The workload ended on its own.
-    Exited {
-        id: u64,
-        success: bool,
-        detail: String,
-    },
+    Exited { id: u64, success: bool, detail: String },
 }
 
 /// One GPU's telemetry, with DCGM exporter field names in mind.
@@ -185,10 +181,7 @@ impl SimBackend {
 
     /// Injects an XID error on a GPU (tests and demos of GPU-health alerting).
     pub fn inject_xid(&self, node: &str, gpu: u8, xid: u32) {
-        self.faults
-            .lock()
-            .expect("lock")
-            .insert((node.to_string(), gpu), xid);
+        self.faults.lock().expect("lock").insert((node.to_string(), gpu), xid);
     }
 
     fn run(&self, spec: RunSpec, remaining: Option<Duration>) {
@@ -314,9 +307,7 @@ impl Backend for SimBackend {
             .unwrap_or(0);
         let mut out = Vec::new();
         for spec in running {
-            let elapsed = Duration::from_millis(
-                (now_ms - spec.running_since_ms.unwrap_or(now_ms)).max(0) as u64,
-            );
+            let elapsed = Duration::from_millis((now_ms - spec.running_since_ms.unwrap_or(now_ms)).max(0) as u64);
             match spec.duration {
                 Some(d) if d <= elapsed => out.push((spec.id, Status::Succeeded)),
                 d => {
@@ -338,31 +329,27 @@ impl Backend for SimBackend {
             let age = run.started.elapsed().as_secs() / 10 + tick;
             for &g in &s.gpus {
                 let mem = s.model_memory_mib as u64;
-                let sample = gpus
-                    .entry((s.node.clone(), g))
-                    .or_insert_with(|| GpuSample {
-                        node: s.node.clone(),
-                        gpu: g,
-                        uuid: format!(
-                            "GPU-sim-{:08x}-{g}",
-                            noise(s.node.len() as u64, g as u64).to_bits() as u32
-                        ),
-                        model: s.model.clone(),
-                        util_pct: 0.0,
-                        fb_used_mib: 0,
-                        fb_free_mib: mem,
-                        temp_c: 34.0,
-                        power_w: 60.0,
-                        xid: faults.get(&(s.node.clone(), g)).copied().unwrap_or(0),
-                        instances: Vec::new(),
-                    });
+                let sample = gpus.entry((s.node.clone(), g)).or_insert_with(|| GpuSample {
+                    node: s.node.clone(),
+                    gpu: g,
+                    uuid: format!(
+                        "GPU-sim-{:08x}-{g}",
+                        noise(s.node.len() as u64, g as u64).to_bits() as u32
+                    ),
+                    model: s.model.clone(),
+                    util_pct: 0.0,
+                    fb_used_mib: 0,
+                    fb_free_mib: mem,
+                    temp_c: 34.0,
+                    power_w: 60.0,
+                    xid: faults.get(&(s.node.clone(), g)).copied().unwrap_or(0),
+                    instances: Vec::new(),
+                });
                 let busy = 0.35 + 0.6 * noise(s.id, age);
                 let (share, profile) = match &s.slice {
                     Slice::Whole => (1.0, String::new()),
                     Slice::Mig {
-                        profile,
-                        units_milli,
-                        ..
+                        profile, units_milli, ..
                     } => (*units_milli as f64 / 1000.0, profile.clone()),
                     Slice::Fraction { milli, .. } => (*milli as f64 / 1000.0, String::new()),
                     Slice::CpuOnly => (0.0, String::new()),
@@ -429,12 +416,7 @@ mod tests {
         let mut ev = b.take_events().unwrap();
         assert!(b.take_events().is_none());
         let s = spec(1, Some(Duration::from_millis(50)));
-        assert!(
-            b.partition(&s)
-                .await
-                .unwrap()
-                .contains("memory slices 4..7")
-        );
+        assert!(b.partition(&s).await.unwrap().contains("memory slices 4..7"));
         b.start(&s).await.unwrap();
         assert_eq!(b.status(1).await, Status::Running);
         let t = b.telemetry();
@@ -460,9 +442,7 @@ mod tests {
     async fn stop_cancels_the_timer_and_reconcile_adopts() {
         let b = SimBackend::new(SimConfig::default());
         let mut ev = b.take_events().unwrap();
-        b.start(&spec(2, Some(Duration::from_millis(30))))
-            .await
-            .unwrap();
+        b.start(&spec(2, Some(Duration::from_millis(30)))).await.unwrap();
         b.stop(2, Duration::from_secs(1)).await.unwrap();
         assert!(
             tokio::time::timeout(Duration::from_millis(100), ev.recv())

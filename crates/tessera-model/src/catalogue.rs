@@ -169,8 +169,7 @@ impl GpuModel {
     }
 
     fn matches_name(&self, name: &str) -> bool {
-        self.name.eq_ignore_ascii_case(name)
-            || self.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
+        self.name.eq_ignore_ascii_case(name) || self.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
     }
 }
 
@@ -242,10 +241,7 @@ impl Catalogue {
     }
 
     pub fn models(&self) -> impl Iterator<Item = (ModelId, &GpuModel)> {
-        self.models
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (ModelId(i as u16), m))
+        self.models.iter().enumerate().map(|(i, m)| (ModelId(i as u16), m))
     }
 
     pub fn get(&self, id: ModelId) -> &GpuModel {
@@ -315,12 +311,7 @@ mod tests {
 
     fn names(c: &Catalogue, model: &str) -> Vec<String> {
         let m = c.get(c.find(model).unwrap());
-        m.mig
-            .unwrap()
-            .profiles
-            .iter()
-            .map(|p| m.profile_name(p))
-            .collect()
+        m.mig.unwrap().profiles.iter().map(|p| m.profile_name(p)).collect()
     }
 
     #[test]

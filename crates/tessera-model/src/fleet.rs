@@ -56,11 +56,7 @@ impl Topology {
     /// The NVLink domains of a node with `gpus` GPUs, as GPU bit masks; `None` topology yields
     /// one PCIe domain covering the node (gangs still need a single node).
     pub fn domains(self, gpus: u8) -> Vec<u16> {
-        let all = if gpus == 0 {
-            0
-        } else {
-            ((1u32 << gpus) - 1) as u16
-        };
+        let all = if gpus == 0 { 0 } else { ((1u32 << gpus) - 1) as u16 };
         match self {
             Topology::NvSwitch | Topology::None => vec![all],
             Topology::Pairs => (0..gpus)
@@ -173,11 +169,7 @@ struct NodeSpec {
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())]
-        .bytes()
-        .filter(|&b| b == b'\n')
-        .count()
-        + 1
+    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
 }
 
 /// The most GPUs a node may declare (GPU masks are 16 bits wide).
@@ -222,19 +214,13 @@ impl Fleet {
                 .span()
                 .and_then(|s| text.get(s.clone()))
                 .and_then(|t| t.split('=').next())
-                .map(|k| {
-                    k.trim()
-                        .trim_start_matches('[')
-                        .trim_end_matches(']')
-                        .to_string()
-                })
+                .map(|k| k.trim().trim_start_matches('[').trim_end_matches(']').to_string())
                 .filter(|k| !k.is_empty() && k.len() < 40 && !k.contains('\n'))
                 .unwrap_or_else(|| "fleet".to_string());
             FleetError::new(file, line, &field, msg)
         })?;
-        let err = |span: Range<usize>, field: &str, msg: String| {
-            FleetError::new(file, line_of(text, span.start), field, msg)
-        };
+        let err =
+            |span: Range<usize>, field: &str, msg: String| FleetError::new(file, line_of(text, span.start), field, msg);
         let mut catalogue = Catalogue::builtin();
         for m in &spec.model {
             if catalogue.find(m.name.get_ref()).is_some() {
@@ -256,11 +242,7 @@ impl Fleet {
             let pool_span = pool.span();
             let pool = pool.get_ref();
             let pname = pool.name.get_ref().trim();
-            if pname.is_empty()
-                || !pname
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
+            if pname.is_empty() || !pname.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
                 return Err(err(
                     pool.name.span(),
                     "pool.name",
@@ -285,11 +267,7 @@ impl Fleet {
                 ));
             }
             if pool.nodes.is_empty() {
-                return Err(err(
-                    pool_span,
-                    "pool.nodes",
-                    format!("pool `{pname}` has no nodes"),
-                ));
+                return Err(err(pool_span, "pool.nodes", format!("pool `{pname}` has no nodes")));
             }
             let pool_id = PoolId(fleet.pools.len() as u16);
             let first = fleet.nodes.len() as u32;
@@ -311,18 +289,11 @@ impl Fleet {
                     return Err(err(
                         n.gpu_model.span(),
                         "gpu_model",
-                        format!(
-                            "pool `{pname}` shares by MIG but {} is not MIG-capable",
-                            m.name
-                        ),
+                        format!("pool `{pname}` shares by MIG but {} is not MIG-capable", m.name),
                     ));
                 }
                 if *n.cpus.get_ref() == 0 {
-                    return Err(err(
-                        n.cpus.span(),
-                        "cpus",
-                        "a node needs at least one CPU".into(),
-                    ));
+                    return Err(err(n.cpus.span(), "cpus", "a node needs at least one CPU".into()));
                 }
                 if *n.memory_gib.get_ref() == 0 {
                     return Err(err(
@@ -352,11 +323,7 @@ impl Fleet {
                 };
                 for name in instances {
                     if !names.insert(name.clone()) {
-                        return Err(err(
-                            n.name.span(),
-                            "name",
-                            format!("node `{name}` is declared twice"),
-                        ));
+                        return Err(err(n.name.span(), "name", format!("node `{name}` is declared twice")));
                     }
                     fleet.nodes.push(Node {
                         name,
@@ -372,21 +339,12 @@ impl Fleet {
             fleet.pools.push(Pool {
                 name: pname.to_string(),
                 sharing: pool.sharing,
-                allow_tenant_mixing: pool
-                    .allow_tenant_mixing
-                    .as_ref()
-                    .map(|m| *m.get_ref())
-                    .unwrap_or(false),
+                allow_tenant_mixing: pool.allow_tenant_mixing.as_ref().map(|m| *m.get_ref()).unwrap_or(false),
                 nodes: first..fleet.nodes.len() as u32,
             });
         }
         if fleet.pools.is_empty() {
-            return Err(FleetError::new(
-                file,
-                0,
-                "pool",
-                "the fleet declares no [[pool]]",
-            ));
+            return Err(FleetError::new(file, 0, "pool", "the fleet declares no [[pool]]"));
         }
         Ok(fleet)
     }
@@ -447,12 +405,7 @@ impl Fleet {
             }
             let model_name = if f[4].is_empty() { "NONE" } else { f[4] };
             if gpus > 0 && f[4].is_empty() {
-                return Err(FleetError::new(
-                    file,
-                    lineno,
-                    "model",
-                    "a node with GPUs needs a model",
-                ));
+                return Err(FleetError::new(file, lineno, "model", "a node with GPUs needs a model"));
             }
             let model = match catalogue.find(model_name) {
                 Some(m) => m,
@@ -489,10 +442,7 @@ impl Fleet {
     }
 
     pub fn pool_by_name(&self, name: &str) -> Option<PoolId> {
-        self.pools
-            .iter()
-            .position(|p| p.name == name)
-            .map(|i| PoolId(i as u16))
+        self.pools.iter().position(|p| p.name == name).map(|i| PoolId(i as u16))
     }
 
     pub fn node(&self, id: NodeId) -> &Node {
@@ -500,10 +450,7 @@ impl Fleet {
     }
 
     pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
-        self.nodes
-            .iter()
-            .position(|n| n.name == name)
-            .map(|i| NodeId(i as u32))
+        self.nodes.iter().position(|n| n.name == name).map(|i| NodeId(i as u32))
     }
 
     /// Total GPUs in the fleet.
@@ -575,9 +522,7 @@ mod tests {
             "{e}"
         );
 
-        let bad_sharing = bad_model
-            .replace("\"whole\"", "\"sliced\"")
-            .replace("H900", "L40S");
+        let bad_sharing = bad_model.replace("\"whole\"", "\"sliced\"").replace("H900", "L40S");
         let e = Fleet::from_toml(&bad_sharing, "f.toml").unwrap_err();
         assert_eq!(e.line, 3, "{e}");
         assert!(e.message.contains("unknown variant `sliced`"), "{e}");
@@ -587,9 +532,7 @@ mod tests {
         assert!(e.message.contains("missing field `gpus`"), "{e}");
         assert!(e.line >= 4, "{e}");
 
-        let not_mig = bad_model
-            .replace("\"whole\"", "\"mig\"")
-            .replace("H900", "L40S");
+        let not_mig = bad_model.replace("\"whole\"", "\"mig\"").replace("H900", "L40S");
         let e = Fleet::from_toml(&not_mig, "f.toml").unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (6, "gpu_model"), "{e}");
 
@@ -601,16 +544,13 @@ mod tests {
 
     #[test]
     fn openb_nodes() {
-        let csv = "sn,cpu_milli,memory_mib,gpu,model\nn0,96000,393216,8,G2\nn1,64000,262144,2,P100\nn2,32000,65536,0,\n";
+        let csv =
+            "sn,cpu_milli,memory_mib,gpu,model\nn0,96000,393216,8,G2\nn1,64000,262144,2,P100\nn2,32000,65536,0,\n";
         let f = Fleet::from_openb_nodes(csv, "nodes.csv").unwrap();
         assert_eq!(f.gpu_count(), 10);
         assert!(f.catalogue.get(f.nodes[0].model).opaque);
         assert_eq!(f.catalogue.get(f.nodes[1].model).name, "P100");
-        let e = Fleet::from_openb_nodes(
-            "sn,cpu_milli,memory_mib,gpu,model\nn0,9x,1,1,T4\n",
-            "nodes.csv",
-        )
-        .unwrap_err();
+        let e = Fleet::from_openb_nodes("sn,cpu_milli,memory_mib,gpu,model\nn0,9x,1,1,T4\n", "nodes.csv").unwrap_err();
         assert_eq!(
             e.to_string(),
             "nodes.csv:2: cpu_milli: `9x` is not a non-negative integer"

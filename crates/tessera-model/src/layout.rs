@@ -34,10 +34,7 @@ impl fmt::Display for LayoutError {
         match self {
             LayoutError::UnknownProfile(i) => write!(f, "unknown profile index {i}"),
             LayoutError::IllegalStart { profile_id, start } => {
-                write!(
-                    f,
-                    "profile {profile_id} cannot be placed at memory slice {start}"
-                )
+                write!(f, "profile {profile_id} cannot be placed at memory slice {start}")
             }
             LayoutError::Overlap { slice } => write!(f, "two instances share memory slice {slice}"),
             LayoutError::TooMany { profile_id, max } => {
@@ -97,13 +94,7 @@ pub fn enumerate_layouts(geom: &MigGeometry) -> Vec<Vec<Placed>> {
         .collect();
     let mut out = Vec::new();
     let mut cur = Vec::new();
-    fn rec(
-        geom: &MigGeometry,
-        options: &[Placed],
-        from: usize,
-        cur: &mut Vec<Placed>,
-        out: &mut Vec<Vec<Placed>>,
-    ) {
+    fn rec(geom: &MigGeometry, options: &[Placed], from: usize, cur: &mut Vec<Placed>, out: &mut Vec<Vec<Placed>>) {
         out.push(cur.clone());
         for i in from..options.len() {
             cur.push(options[i]);
@@ -185,10 +176,7 @@ mod tests {
         // +me is limited to one instance.
         assert!(matches!(
             validate(g, &[at(g, 20, 0), at(g, 20, 1)]),
-            Err(LayoutError::TooMany {
-                profile_id: 20,
-                max: 1
-            })
+            Err(LayoutError::TooMany { profile_id: 20, max: 1 })
         ));
         // overlap
         assert!(matches!(
@@ -201,11 +189,7 @@ mod tests {
     fn eight_slice_counts_match_the_reference() {
         let g = &MIG_8_SLICE;
         let layouts = enumerate_layouts(g);
-        assert_eq!(
-            layouts.len(),
-            2319,
-            "distinct placed layouts, empty included"
-        );
+        assert_eq!(layouts.len(), 2319, "distinct placed layouts, empty included");
         let all: Vec<usize> = (0..g.profiles.len()).collect();
         assert_eq!(realisable_multisets(g, &all).len(), 128);
         assert_eq!(maximal_multisets(g, &all).len(), 44);
@@ -217,10 +201,7 @@ mod tests {
         assert_eq!(maximal_multisets(g, &base).len(), 12);
         // never more than 7 compute slices
         for l in &layouts {
-            let sm: u8 = l
-                .iter()
-                .map(|p| g.profiles[p.profile as usize].sm_slices)
-                .sum();
+            let sm: u8 = l.iter().map(|p| g.profiles[p.profile as usize].sm_slices).sum();
             assert!(sm <= 7);
         }
     }
@@ -233,10 +214,7 @@ mod tests {
         assert_eq!(realisable_multisets(g, &all).len(), 22);
         assert_eq!(maximal_multisets(g, &all).len(), 9);
         for l in enumerate_layouts(g) {
-            let sm: u8 = l
-                .iter()
-                .map(|p| g.profiles[p.profile as usize].sm_slices)
-                .sum();
+            let sm: u8 = l.iter().map(|p| g.profiles[p.profile as usize].sm_slices).sum();
             assert!(sm <= 4);
         }
     }

@@ -27,20 +27,18 @@ impl MigChoice {
     pub fn resolve(catalogue: &Catalogue, spec: &str) -> Result<MigChoice, RequestError> {
         let spec = spec.trim();
         if let Some((model, id)) = spec.split_once(':') {
-            let m = catalogue.find(model).ok_or_else(|| {
-                RequestError::field("mig", format!("unknown GPU model `{model}`"))
-            })?;
+            let m = catalogue
+                .find(model)
+                .ok_or_else(|| RequestError::field("mig", format!("unknown GPU model `{model}`")))?;
             let gm = catalogue.get(m);
-            let geom = gm.mig.ok_or_else(|| {
-                RequestError::field("mig", format!("{} is not MIG-capable", gm.name))
-            })?;
+            let geom = gm
+                .mig
+                .ok_or_else(|| RequestError::field("mig", format!("{} is not MIG-capable", gm.name)))?;
             let idx = id
                 .parse::<u32>()
                 .ok()
                 .and_then(|id| geom.profile_index(id))
-                .ok_or_else(|| {
-                    RequestError::field("mig", format!("{} has no MIG profile ID `{id}`", gm.name))
-                })?;
+                .ok_or_else(|| RequestError::field("mig", format!("{} has no MIG profile ID `{id}`", gm.name)))?;
             return Ok(MigChoice {
                 name: gm.profile_name(&geom.profiles[idx]),
                 options: vec![(m, idx as u8)],
@@ -60,15 +58,10 @@ impl MigChoice {
         if options.is_empty() {
             return Err(RequestError::field(
                 "mig",
-                format!(
-                    "no GPU model offers MIG profile `{spec}` (examples: 1g.10gb, 3g.40gb, 7g.80gb on A100-80GB)"
-                ),
+                format!("no GPU model offers MIG profile `{spec}` (examples: 1g.10gb, 3g.40gb, 7g.80gb on A100-80GB)"),
             ));
         }
-        Ok(MigChoice {
-            name: lower,
-            options,
-        })
+        Ok(MigChoice { name: lower, options })
     }
 }
 
@@ -139,9 +132,7 @@ impl Request {
     }
 
     pub fn mig(catalogue: &Catalogue, profile: &str) -> Result<Self, RequestError> {
-        Ok(Self::new(Shape::Mig(MigChoice::resolve(
-            catalogue, profile,
-        )?)))
+        Ok(Self::new(Shape::Mig(MigChoice::resolve(catalogue, profile)?)))
     }
 
     pub fn with_host(mut self, cpu_milli: u64, memory_mib: u64) -> Self {
@@ -188,10 +179,7 @@ impl Request {
             }
             Shape::Mig(c) => {
                 if c.options.is_empty() {
-                    return Err(RequestError::field(
-                        "mig",
-                        format!("no model offers `{}`", c.name),
-                    ));
+                    return Err(RequestError::field("mig", format!("no model offers `{}`", c.name)));
                 }
             }
             Shape::CpuOnly => {}
@@ -210,9 +198,7 @@ impl Request {
                 .first()
                 .map(|&(m, i)| {
                     let gm = catalogue.get(m);
-                    gm.profile_units(
-                        &gm.mig.expect("MIG option on a MIG model").profiles[i as usize],
-                    )
+                    gm.profile_units(&gm.mig.expect("MIG option on a MIG model").profiles[i as usize])
                 })
                 .unwrap_or_default(),
             Shape::CpuOnly => GpuUnits::ZERO,
@@ -254,10 +240,7 @@ mod tests {
         let units: Vec<_> = r
             .options
             .iter()
-            .map(|&(m, i)| {
-                c.get(m)
-                    .profile_units(&c.get(m).mig.unwrap().profiles[i as usize])
-            })
+            .map(|&(m, i)| c.get(m).profile_units(&c.get(m).mig.unwrap().profiles[i as usize]))
             .collect();
         assert!(units.contains(&GpuUnits::milli(125)) && units.contains(&GpuUnits::milli(250)));
         assert!(MigChoice::resolve(&c, "3g.99gb").is_err());

@@ -13,9 +13,7 @@ use std::ops::{Add, AddAssign, Sub, SubAssign};
 use serde::{Deserialize, Serialize};
 
 /// An amount of GPU, in thousandths of one whole GPU.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct GpuUnits(pub u64);
 
@@ -107,9 +105,6 @@ mod tests {
         assert_eq!(GpuUnits::mig(8, 8), GpuUnits::ONE_GPU);
         assert_eq!(GpuUnits::whole(8).to_string(), "8");
         assert_eq!(GpuUnits::milli(250).to_string(), "0.25");
-        assert_eq!(
-            (GpuUnits::whole(22) + GpuUnits::milli(500)).to_string(),
-            "22.5"
-        );
+        assert_eq!((GpuUnits::whole(22) + GpuUnits::milli(500)).to_string(), "22.5");
     }
 }

@@ -202,9 +202,7 @@ impl Engine {
     pub fn place(&mut self, id: AllocId, req: &Request) -> Result<&Allocation, Unplaceable> {
         self.observe(req);
         let p = self.plan(req)?;
-        Ok(self
-            .commit(id, req, p)
-            .expect("a fresh plan always commits"))
+        Ok(self.commit(id, req, p).expect("a fresh plan always commits"))
     }
 
     /// Like [`Engine::place`] but without the diagnosis on failure (for replays).
@@ -215,8 +213,7 @@ impl Engine {
         };
         for &pool in &scope {
             if let Some(p) = self.choose_in_pool(pool, req) {
-                self.commit(id, req, p)
-                    .expect("a fresh plan always commits");
+                self.commit(id, req, p).expect("a fresh plan always commits");
                 return true;
             }
         }
@@ -225,12 +222,7 @@ impl Engine {
 
     /// Commits a placement (from [`Engine::plan`], or restored from a store). Fails, changing
     /// nothing, if the id is taken or the placement does not fit the current state.
-    pub fn commit(
-        &mut self,
-        id: AllocId,
-        req: &Request,
-        p: Placement,
-    ) -> Result<&Allocation, CommitError> {
+    pub fn commit(&mut self, id: AllocId, req: &Request, p: Placement) -> Result<&Allocation, CommitError> {
         let alloc = Allocation {
             id,
             node: p.node,
@@ -246,10 +238,7 @@ impl Engine {
     /// Re-applies a known allocation (e.g. from the store at start-up), checking it fits.
     pub fn restore(&mut self, alloc: Allocation) -> Result<&Allocation, CommitError> {
         if self.state.allocations.contains_key(&alloc.id) {
-            return Err(CommitError(format!(
-                "allocation {} already exists",
-                alloc.id
-            )));
+            return Err(CommitError(format!("allocation {} already exists", alloc.id)));
         }
         self.check_fits(&alloc)?;
         let id = alloc.id;
@@ -267,7 +256,9 @@ impl Engine {
 
     // ----- scope and diagnosis -------------------------------------------------------------
 
-    fn scope(&self, req: &Request) -> Result<Vec<PoolId>, Unplaceable> {
+    /// The pools a request may go to, in the order they are tried (a request naming a pool
+    /// gets just that one), or why none can serve its shape.
+    pub fn scope(&self, req: &Request) -> Result<Vec<PoolId>, Unplaceable> {
         let fits = |s: Sharing| match req.shape {
             Shape::Whole { .. } => matches!(s, Sharing::Whole | Sharing::Shared),
             Shape::Mig(_) => s == Sharing::Mig,
@@ -405,9 +396,7 @@ impl Engine {
                     })
                     .max()
                     .unwrap_or(0);
-                format!(
-                    "{gpus} whole GPUs in one gang; the largest node (NVLink domain) in pool {pools} has {max}"
-                )
+                format!("{gpus} whole GPUs in one gang; the largest node (NVLink domain) in pool {pools} has {max}")
             } else {
                 format!("{} does not fit any node in pool {pools}", req.shape)
             };
@@ -507,12 +496,8 @@ impl Engine {
                     continue;
                 }
                 let node = &self.fleet.nodes[n as usize];
-                if let Some(mask) = whole_choice(
-                    node.topology,
-                    node.gpus,
-                    self.state.nodes[n as usize].free_mask,
-                    gpus,
-                ) {
+                if let Some(mask) = whole_choice(node.topology, node.gpus, self.state.nodes[n as usize].free_mask, gpus)
+                {
                     return Some(Placement {
                         node: NodeId(n),
                         grant: Grant::Whole { gpus: mask },
@@ -582,9 +567,7 @@ impl Engine {
             None if self.cache.types.len() < MAX_CACHED_TYPES => {
                 let t = self.cache.types.len();
                 self.cache.types.insert(d, t as u32);
-                self.cache
-                    .entries
-                    .push(vec![(u64::MAX, 0, None); fleet.nodes.len()]);
+                self.cache.entries.push(vec![(u64::MAX, 0, None); fleet.nodes.len()]);
                 Some(t)
             }
             None => None,
@@ -595,10 +578,7 @@ impl Engine {
         for n in pool_def.nodes.clone() {
             let node = &fleet.nodes[n as usize];
             let st = &self.state.nodes[n as usize];
-            if st.cpu_free < d.cpu_milli
-                || st.mem_free < d.memory_mib
-                || !req.allows_model(node.model)
-            {
+            if st.cpu_free < d.cpu_milli || st.mem_free < d.memory_mib || !req.allows_model(node.model) {
                 continue;
             }
             let cached = type_id.and_then(|t| {
@@ -665,12 +645,7 @@ impl Engine {
         let (Some(node), Some(st)) = (fleet.nodes.get(n), self.state.nodes.get(n)) else {
             return Err(CommitError(format!("node #{n} does not exist")));
         };
-        let bad = |m: &str| {
-            Err(CommitError(format!(
-                "allocation {} on {}: {m}",
-                a.id, node.name
-            )))
-        };
+        let bad = |m: &str| Err(CommitError(format!("allocation {} on {}: {m}", a.id, node.name)));
         if st.cpu_free < a.cpu_milli || st.mem_free < a.memory_mib {
             return bad("not enough host CPU or memory");
         }
@@ -682,17 +657,9 @@ impl Engine {
                 }
             }
             Grant::Mig {
-                gpu,
-                profile,
-                start,
-                ..
+                gpu, profile, start, ..
             } => {
-                let Some(geom) = fleet
-                    .catalogue
-                    .get(node.model)
-                    .mig
-                    .filter(|_| sharing == Sharing::Mig)
-                else {
+                let Some(geom) = fleet.catalogue.get(node.model).mig.filter(|_| sharing == Sharing::Mig) else {
                     return bad("not a MIG pool");
                 };
                 let Some(g) = st.gpus.get(gpu as usize) else {
@@ -701,18 +668,12 @@ impl Engine {
                 let Some(p) = geom.profiles.get(profile as usize) else {
                     return bad("no such profile");
                 };
-                if !p.starts.contains(&start)
-                    || p.mask_at(start) & g.mig_mask != 0
-                    || (p.media_extensions && g.mig_me)
+                if !p.starts.contains(&start) || p.mask_at(start) & g.mig_mask != 0 || (p.media_extensions && g.mig_me)
                 {
                     return bad("MIG placement overlaps or is illegal");
                 }
             }
-            Grant::Fraction {
-                gpu,
-                milli,
-                memory_mib,
-            } => {
+            Grant::Fraction { gpu, milli, memory_mib } => {
                 let Some(g) = st.gpus.get(gpu as usize) else {
                     return bad("no such GPU");
                 };
@@ -765,13 +726,9 @@ impl Engine {
                 }
             }
             Grant::Mig {
-                gpu,
-                profile,
-                start,
-                ..
+                gpu, profile, start, ..
             } => {
-                let p =
-                    &fleet.catalogue.get(node.model).mig.expect("MIG").profiles[profile as usize];
+                let p = &fleet.catalogue.get(node.model).mig.expect("MIG").profiles[profile as usize];
                 let g = &mut st.gpus[gpu as usize];
                 let units = a.units.as_milli() as u16;
                 if add {
@@ -786,11 +743,7 @@ impl Engine {
                 }
                 hold(g);
             }
-            Grant::Fraction {
-                gpu,
-                milli,
-                memory_mib,
-            } => {
+            Grant::Fraction { gpu, milli, memory_mib } => {
                 let g = &mut st.gpus[gpu as usize];
                 if add {
                     g.used_milli += milli;
@@ -895,11 +848,7 @@ fn models_mask(models: &[tessera_model::ModelId]) -> u64 {
     let m = models
         .iter()
         .fold(0u64, |m, id| if id.0 < 64 { m | 1 << id.0 } else { m });
-    if m == 0 && !models.is_empty() {
-        1 << 63
-    } else {
-        m
-    }
+    if m == 0 && !models.is_empty() { 1 << 63 } else { m }
 }
 
 /// Which whole GPUs a gang of `k` takes on a node with free mask `free`, or `None`.
@@ -939,14 +888,7 @@ pub fn whole_choice(topology: Topology, gpus: u8, free: u16, k: u8) -> Option<u1
 
 /// Fraction candidates on a node: one per distinct (used milli, GPU memory used) level, the
 /// first GPU of each level (GPUs at the same level are interchangeable).
-fn fraction_choices(
-    fleet: &Fleet,
-    n: u32,
-    st: &crate::state::NodeState,
-    d: &Demand,
-    mix: bool,
-    out: &mut Vec<Choice>,
-) {
+fn fraction_choices(fleet: &Fleet, n: u32, st: &crate::state::NodeState, d: &Demand, mix: bool, out: &mut Vec<Choice>) {
     let node = &fleet.nodes[n as usize];
     let mem = fleet.catalogue.get(node.model).memory_mib;
     let mut seen: [(u16, u32); 16] = [(u16::MAX, 0); 16];
@@ -972,14 +914,7 @@ fn fraction_choices(
 }
 
 /// Every feasible choice for `d` on node `n` (host resources already checked).
-fn choices(
-    fleet: &Fleet,
-    n: u32,
-    st: &crate::state::NodeState,
-    d: &Demand,
-    mix: bool,
-    out: &mut Vec<Choice>,
-) {
+fn choices(fleet: &Fleet, n: u32, st: &crate::state::NodeState, d: &Demand, mix: bool, out: &mut Vec<Choice>) {
     if d.gpus == 0 {
         out.push(Choice::Host);
     } else if d.is_fraction() {
@@ -1028,8 +963,7 @@ mod tests {
         assert_eq!(r.reason, Reason::Constraint);
         // Fill the training pool: 16 × 8 GPUs.
         for i in 0..16 {
-            e.place(100 + i, &Request::whole(8).with_pool(PoolId(0)))
-                .unwrap();
+            e.place(100 + i, &Request::whole(8).with_pool(PoolId(0))).unwrap();
         }
         let r = e.plan(&Request::whole(8).with_pool(PoolId(0))).unwrap_err();
         assert_eq!(r.reason, Reason::NoCapacity, "{r}");
@@ -1039,22 +973,13 @@ mod tests {
     fn mig_partitions_on_demand() {
         let mut e = seed_engine();
         let cat = e.fleet().catalogue.clone();
-        let a = e
-            .place(1, &Request::mig(&cat, "3g.40gb").unwrap())
-            .unwrap()
-            .clone();
+        let a = e.place(1, &Request::mig(&cat, "3g.40gb").unwrap()).unwrap().clone();
         assert_eq!(a.units, GpuUnits::milli(500));
-        let Grant::Mig {
-            gpu, start, size, ..
-        } = a.grant
-        else {
+        let Grant::Mig { gpu, start, size, .. } = a.grant else {
             panic!()
         };
         assert_eq!((start, size), (4, 4));
-        let b = e
-            .place(2, &Request::mig(&cat, "4g.40gb").unwrap())
-            .unwrap()
-            .clone();
+        let b = e.place(2, &Request::mig(&cat, "4g.40gb").unwrap()).unwrap().clone();
         assert_eq!(
             b.grant,
             Grant::Mig {
@@ -1066,15 +991,8 @@ mod tests {
             },
             "4g fills the same GPU"
         );
-        let c = e
-            .place(3, &Request::mig(&cat, "1g.10gb").unwrap())
-            .unwrap()
-            .clone();
-        assert_ne!(
-            c.grant.gpu_mask(),
-            a.grant.gpu_mask(),
-            "full GPU is skipped"
-        );
+        let c = e.place(3, &Request::mig(&cat, "1g.10gb").unwrap()).unwrap().clone();
+        assert_ne!(c.grant.gpu_mask(), a.grant.gpu_mask(), "full GPU is skipped");
         assert_eq!(c.units, GpuUnits::milli(125));
     }
 
@@ -1083,31 +1001,16 @@ mod tests {
         let mut e = seed_engine();
         let dev = e.fleet().pool_by_name("development").unwrap();
         let a = e
-            .place(
-                1,
-                &Request::fraction(500)
-                    .with_tenant(TenantId(1))
-                    .with_pool(dev),
-            )
+            .place(1, &Request::fraction(500).with_tenant(TenantId(1)).with_pool(dev))
             .unwrap()
             .clone();
         let b = e
-            .place(
-                2,
-                &Request::fraction(500)
-                    .with_tenant(TenantId(2))
-                    .with_pool(dev),
-            )
+            .place(2, &Request::fraction(500).with_tenant(TenantId(2)).with_pool(dev))
             .unwrap()
             .clone();
         assert!(a.node != b.node || a.grant.gpu_mask() != b.grant.gpu_mask());
         let c = e
-            .place(
-                3,
-                &Request::fraction(500)
-                    .with_tenant(TenantId(1))
-                    .with_pool(dev),
-            )
+            .place(3, &Request::fraction(500).with_tenant(TenantId(1)).with_pool(dev))
             .unwrap()
             .clone();
         assert_eq!(

@@ -4,6 +4,8 @@
 //!
 //! * [`engine::Engine`]: places requests on a fleet snapshot (whole-GPU gangs, on-demand MIG,
 //!   time-sliced fractions), explains refusals, releases capacity exactly.
+//! * [`govern`]: the scheduler cycle — quotas, budgets, priority classes, fair-share queue
+//!   with bounded backfill, reclaim and preemption.
 //! * [`mig`]: precomputed MIG flexibility tables that drive on-demand partitioning.
 //! * [`policy`]: pluggable scoring for shared pools (random, bestfit, FGD) and
 //!   [`tessera`]: Tessera's own fragmentation-aware policy.
@@ -12,6 +14,7 @@
 //! The same engine serves the trace replay, the benchmarks and the server.
 
 pub mod engine;
+pub mod govern;
 pub mod mig;
 pub mod policy;
 pub mod replay;

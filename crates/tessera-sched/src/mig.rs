@@ -39,12 +39,10 @@ impl MigTable {
         let layouts: Vec<(u16, bool)> = enumerate_layouts(geom)
             .iter()
             .map(|l| {
-                let mask = l.iter().fold(0u16, |m, p| {
-                    m | geom.profiles[p.profile as usize].mask_at(p.start)
-                });
-                let me = l
+                let mask = l
                     .iter()
-                    .any(|p| geom.profiles[p.profile as usize].media_extensions);
+                    .fold(0u16, |m, p| m | geom.profiles[p.profile as usize].mask_at(p.start));
+                let me = l.iter().any(|p| geom.profiles[p.profile as usize].media_extensions);
                 (mask, me)
             })
             .collect();
@@ -54,10 +52,7 @@ impl MigTable {
         for (key, flex) in flexibility.iter_mut().enumerate() {
             let mask = key as u16 & full;
             let me = key >> geom.mem_slices & 1 == 1;
-            *flex = layouts
-                .iter()
-                .filter(|(m, lme)| m & mask == 0 && !(me && *lme))
-                .count() as u32;
+            *flex = layouts.iter().filter(|(m, lme)| m & mask == 0 && !(me && *lme)).count() as u32;
         }
         let np = geom.profiles.len();
         let mut best = vec![None; states * np];
@@ -124,11 +119,7 @@ mod tests {
         let k = state_key(g, g.profiles[p1g].mask_at(start), false);
         let p3 = g.profile_index(9).unwrap();
         let (s3, _) = t.best(k, p3).expect("a 3g still fits");
-        let k2 = state_key(
-            g,
-            g.profiles[p1g].mask_at(start) | g.profiles[p3].mask_at(s3),
-            false,
-        );
+        let k2 = state_key(g, g.profiles[p1g].mask_at(start) | g.profiles[p3].mask_at(s3), false);
         assert!(
             t.best(k2, g.profile_index(14).unwrap()).is_some(),
             "and a 2g beside them"

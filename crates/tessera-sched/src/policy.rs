@@ -301,11 +301,7 @@ pub fn fgd_fragmentation(model: &WorkloadModel, h: &Hypo) -> f64 {
             .sum();
         let (gpu_fits, unusable) = if c.gpus == 1 && c.milli < 1000 {
             let fits = gpus.iter().any(|&f| f >= c.milli);
-            let un: u64 = gpus
-                .iter()
-                .filter(|&&f| f < c.milli)
-                .map(|&f| f as u64)
-                .sum();
+            let un: u64 = gpus.iter().filter(|&&f| f < c.milli).map(|&f| f as u64).sum();
             (fits, un)
         } else {
             let un: u64 = gpus.iter().filter(|&&f| f < 1000).map(|&f| f as u64).sum();

@@ -70,8 +70,7 @@ pub fn parse_pods(text: &str, file: &str, catalogue: &Catalogue) -> Result<Vec<P
     let required = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"];
     let mut idx = [0usize; 5];
     for (i, r) in required.iter().enumerate() {
-        idx[i] = col(r)
-            .ok_or_else(|| FleetError::new(file, 1, "header", format!("missing column `{r}`")))?;
+        idx[i] = col(r).ok_or_else(|| FleetError::new(file, 1, "header", format!("missing column `{r}`")))?;
     }
     let spec_col = col("gpu_spec");
     let mut pods = Vec::new();
@@ -158,10 +157,7 @@ pub fn make_policy(name: &str, prior: &[Demand]) -> Result<Box<dyn SharedPolicy>
         "fgd" => Box::new(Fgd::new(WorkloadModel::with_prior(prior))),
         "tessera" => Box::new(TesseraPolicy::new(WorkloadModel::with_prior(prior))),
         other => {
-            return Err(format!(
-                "unknown policy `{other}` (one of: {})",
-                POLICIES.join(", ")
-            ));
+            return Err(format!("unknown policy `{other}` (one of: {})", POLICIES.join(", ")));
         }
     })
 }
@@ -188,11 +184,7 @@ pub fn workload(pods: &[Pod], capacity_milli: u64, seed: u64) -> Vec<usize> {
 /// round(arrived %) = x. On a cluster too small for every percent to be hit, the allocation
 /// after the last pod below `x` (the curve is a step function).
 pub fn allocation_at(curve: &[(f64, f64)], x: f64) -> f64 {
-    let hits: Vec<f64> = curve
-        .iter()
-        .filter(|(a, _)| a.round() == x)
-        .map(|&(_, p)| p)
-        .collect();
+    let hits: Vec<f64> = curve.iter().filter(|(a, _)| a.round() == x).map(|&(_, p)| p).collect();
     if !hits.is_empty() {
         return hits.iter().sum::<f64>() / hits.len() as f64;
     }
@@ -214,17 +206,9 @@ pub struct SeedResult {
 }
 
 /// Replays one seed.
-pub fn replay_seed(
-    fleet: &Arc<Fleet>,
-    pods: &[Pod],
-    policy: &str,
-    seed: u64,
-) -> Result<SeedResult, String> {
+pub fn replay_seed(fleet: &Arc<Fleet>, pods: &[Pod], policy: &str, seed: u64) -> Result<SeedResult, String> {
     let capacity = fleet.gpu_count() * 1000;
-    let prior: Vec<Demand> = pods
-        .iter()
-        .filter_map(|p| demand_of(&p.request()))
-        .collect();
+    let prior: Vec<Demand> = pods.iter().filter_map(|p| demand_of(&p.request())).collect();
     let mut engine = Engine::new(fleet.clone(), make_policy(policy, &prior)?, seed);
     let order = workload(pods, capacity, seed);
     let requests: Vec<Request> = pods.iter().map(Pod::request).collect();
@@ -315,7 +299,8 @@ pub fn replay(
 mod tests {
     use super::*;
 
-    const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,4,T4\nn1,32000,65536,4,T4\nn2,16000,65536,2,G2\n";
+    const NODES: &str =
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,4,T4\nn1,32000,65536,4,T4\nn2,16000,65536,2,G2\n";
     const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
         p0,4000,8192,1,500,,LS,Running,0,1,0\n\
         p1,4000,8192,1,1000,,LS,Running,0,1,0\n\
@@ -334,10 +319,7 @@ mod tests {
         let (fleet, pods) = small();
         assert_eq!(pods.len(), 5);
         assert_eq!(pods[2].models, vec![fleet.catalogue.find("T4").unwrap()]);
-        assert!(matches!(
-            pods[0].request().shape,
-            Shape::Fraction { milli: 500, .. }
-        ));
+        assert!(matches!(pods[0].request().shape, Shape::Fraction { milli: 500, .. }));
         assert!(matches!(pods[2].request().shape, Shape::Whole { gpus: 2 }));
         assert!(matches!(pods[3].request().shape, Shape::CpuOnly));
         let e = parse_pods(
@@ -350,12 +332,7 @@ mod tests {
             e.to_string(),
             "x.csv:2: gpu_milli: multi-GPU pods must ask for whole GPUs (1000)"
         );
-        let e = parse_pods(
-            "name,cpu_milli,memory_mib,num_gpu\n",
-            "x.csv",
-            &fleet.catalogue,
-        )
-        .unwrap_err();
+        let e = parse_pods("name,cpu_milli,memory_mib,num_gpu\n", "x.csv", &fleet.catalogue).unwrap_err();
         assert_eq!(e.to_string(), "x.csv:1: header: missing column `gpu_milli`");
     }
 

@@ -26,11 +26,7 @@ pub enum Grant {
         size: u8,
     },
     /// A time-sliced share of one GPU.
-    Fraction {
-        gpu: u8,
-        milli: u16,
-        memory_mib: u32,
-    },
+    Fraction { gpu: u8, milli: u16, memory_mib: u32 },
     /// Host CPU and memory only.
     CpuOnly,
 }
@@ -128,11 +124,7 @@ impl ClusterState {
                 cpu_free: n.cpu_milli,
                 mem_free: n.memory_mib,
                 gpus: vec![GpuState::default(); n.gpus as usize],
-                free_mask: if n.gpus == 0 {
-                    0
-                } else {
-                    ((1u32 << n.gpus) - 1) as u16
-                },
+                free_mask: if n.gpus == 0 { 0 } else { ((1u32 << n.gpus) - 1) as u16 },
                 epoch: 0,
             })
             .collect();
@@ -147,10 +139,7 @@ impl ClusterState {
         self.allocations == other.allocations
             && self.nodes.len() == other.nodes.len()
             && self.nodes.iter().zip(&other.nodes).all(|(a, b)| {
-                a.cpu_free == b.cpu_free
-                    && a.mem_free == b.mem_free
-                    && a.gpus == b.gpus
-                    && a.free_mask == b.free_mask
+                a.cpu_free == b.cpu_free && a.mem_free == b.mem_free && a.gpus == b.gpus && a.free_mask == b.free_mask
             })
     }
 }

@@ -90,11 +90,7 @@ impl TesseraPolicy {
                 if w > 0.0 { cpu / w / milli } else { 0.0 }
             })
             .collect();
-        self.pool_cpu_per_milli = if pool_gpu > 0.0 {
-            pool_cpu / pool_gpu
-        } else {
-            0.0
-        };
+        self.pool_cpu_per_milli = if pool_gpu > 0.0 { pool_cpu / pool_gpu } else { 0.0 };
     }
 
     /// Expected waste of a node: terms 1, 2 and 4 of the module doc.
@@ -126,15 +122,8 @@ impl TesseraPolicy {
                 .sum();
             // (a task fits by GPU shape, free GPU it cannot use, GPU it can use in whole tasks)
             let (gpu_fits, unusable, usable) = if c.gpus == 1 && c.milli < 1000 {
-                let unusable: u64 = gpus
-                    .iter()
-                    .filter(|&&f| f < c.milli)
-                    .map(|&f| f as u64)
-                    .sum();
-                let usable: u64 = gpus
-                    .iter()
-                    .map(|&f| (f / c.milli) as u64 * c.milli as u64)
-                    .sum();
+                let unusable: u64 = gpus.iter().filter(|&&f| f < c.milli).map(|&f| f as u64).sum();
+                let usable: u64 = gpus.iter().map(|&f| (f / c.milli) as u64 * c.milli as u64).sum();
                 (usable > 0, unusable, usable)
             } else {
                 let unusable: u64 = gpus.iter().filter(|&&f| f < 1000).map(|&f| f as u64).sum();
@@ -205,13 +194,7 @@ mod tests {
         }
     }
 
-    fn scores(
-        fleet: &Fleet,
-        state: &ClusterState,
-        policy: &dyn SharedPolicy,
-        d: &Demand,
-        choice: Choice,
-    ) -> Vec<f64> {
+    fn scores(fleet: &Fleet, state: &ClusterState, policy: &dyn SharedPolicy, d: &Demand, choice: Choice) -> Vec<f64> {
         (0..fleet.nodes.len())
             .map(|n| {
                 let view = NodeView {

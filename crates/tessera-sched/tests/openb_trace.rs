@@ -31,10 +31,7 @@ fn run(policy: &str) -> ReplayResult {
     };
     let fleet = Fleet::from_openb_nodes(&read(&nodes), "nodes").unwrap();
     let pods = parse_pods(&read(&pods), "pods", &fleet.catalogue).unwrap();
-    assert_eq!(
-        (fleet.nodes.len(), fleet.gpu_count(), pods.len()),
-        (1213, 6212, 8152)
-    );
+    assert_eq!((fleet.nodes.len(), fleet.gpu_count(), pods.len()), (1213, 6212, 8152));
     let seeds: Vec<u64> = (42..=51).collect();
     replay(&Arc::new(fleet), &pods, policy, &seeds, 2, &|| {}).unwrap()
 }
@@ -44,20 +41,14 @@ fn bestfit_replay_matches_the_published_protocol() {
     let r = run("bestfit");
     let m = r.mean_100();
     // The README of the trace: a faithful BestFit replay lands at about 7.1–7.2 % (published 7.14).
-    assert!(
-        (7.0..=7.3).contains(&m),
-        "BestFit unallocated at 100 %: {m:.2}"
-    );
+    assert!((7.0..=7.3).contains(&m), "BestFit unallocated at 100 %: {m:.2}");
 }
 
 #[test]
 fn tessera_beats_published_fgd_on_the_default_workload() {
     let r = run("tessera");
     let m = r.mean_100();
-    assert!(
-        m < 4.77,
-        "Tessera unallocated at 100 %: {m:.2} (FGD published 4.77)"
-    );
+    assert!(m < 4.77, "Tessera unallocated at 100 %: {m:.2} (FGD published 4.77)");
     assert!(
         r.mean_130() < 4.61,
         "at 130 %: {:.2} (FGD published 4.61)",

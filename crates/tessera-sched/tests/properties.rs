@@ -61,11 +61,8 @@ fn request(fleet: &Fleet, k: u8, size: u16, t: u8, cpu: u8) -> Request {
         (Some(geom), _) => {
             let p = &geom.profiles[size as usize % geom.profiles.len()];
             Shape::Mig(
-                tessera_model::request::MigChoice::resolve(
-                    &fleet.catalogue,
-                    &format!("{}:{}", model.name, p.id),
-                )
-                .unwrap(),
+                tessera_model::request::MigChoice::resolve(&fleet.catalogue, &format!("{}:{}", model.name, p.id))
+                    .unwrap(),
             )
         }
         (None, 0) => Shape::Whole {
@@ -86,11 +83,7 @@ fn check_invariants(e: &Engine) {
     let st = e.state();
     for (n, node) in fleet.nodes.iter().enumerate() {
         let ns = &st.nodes[n];
-        let allocs: Vec<_> = st
-            .allocations
-            .values()
-            .filter(|a| a.node.0 as usize == n)
-            .collect();
+        let allocs: Vec<_> = st.allocations.values().filter(|a| a.node.0 as usize == n).collect();
         assert_eq!(
             ns.cpu_free + allocs.iter().map(|a| a.cpu_milli).sum::<u64>(),
             node.cpu_milli
@@ -106,10 +99,7 @@ fn check_invariants(e: &Engine) {
             if model.memory_mib > 0 {
                 assert!(gs.mem_used_mib <= model.memory_mib);
             }
-            let on_gpu: Vec<_> = allocs
-                .iter()
-                .filter(|a| a.grant.gpu_mask() >> g & 1 == 1)
-                .collect();
+            let on_gpu: Vec<_> = allocs.iter().filter(|a| a.grant.gpu_mask() >> g & 1 == 1).collect();
             let mut holders: Vec<u64> = on_gpu.iter().map(|a| a.id).collect();
             let mut recorded = gs.holders.clone();
             holders.sort_unstable();
@@ -132,8 +122,7 @@ fn check_invariants(e: &Engine) {
                         ref other => panic!("non-MIG grant {other:?} in a MIG pool"),
                     })
                     .collect();
-                let mask = validate(geom, &layout)
-                    .expect("every MIG layout is valid per the reference tables");
+                let mask = validate(geom, &layout).expect("every MIG layout is valid per the reference tables");
                 assert_eq!(mask, gs.mig_mask);
             }
             if pool.sharing == Sharing::Shared && !pool.allow_tenant_mixing {
@@ -154,13 +143,7 @@ fn run(model: &str, ops: Vec<Op>, policy: &str) {
     let mut units: HashMap<u64, u64> = HashMap::new();
     for op in ops {
         match op {
-            Op::Place {
-                k,
-                size,
-                t,
-                cpu,
-                probe,
-            } => {
+            Op::Place { k, size, t, cpu, probe } => {
                 let req = request(&fleet, k, size, t, cpu);
                 let before = e.state().clone();
                 next += 1;
@@ -176,10 +159,7 @@ fn run(model: &str, ops: Vec<Op>, policy: &str) {
                         live.push(next);
                     }
                 } else {
-                    assert!(
-                        e.state().same_holdings(&before),
-                        "a refusal changes nothing"
-                    );
+                    assert!(e.state().same_holdings(&before), "a refusal changes nothing");
                 }
             }
             Op::Release(i) => {
@@ -235,10 +215,6 @@ proptest! {
 fn every_catalogue_model_is_covered() {
     let c = Catalogue::builtin();
     for (_, m) in c.models() {
-        assert!(
-            MODELS.contains(&m.name.as_str()),
-            "{} has no property test",
-            m.name
-        );
+        assert!(MODELS.contains(&m.name.as_str()), "{} has no property test", m.name);
     }
 }

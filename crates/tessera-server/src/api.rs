@@ -32,6 +32,7 @@ use crate::{AppState, now_ms, views};
         (name = "fleet", description = "Pools, nodes and GPUs (read-only)"),
         (name = "tenancy", description = "Tenants, projects and API tokens"),
         (name = "workloads", description = "GPU requests and their lifecycle"),
+        (name = "governance", description = "Quotas, budgets and usage"),
         (name = "system", description = "Health and the API description"),
     )
 )]
@@ -65,6 +66,10 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(get_workload))
         .routes(routes!(cancel_workload))
         .routes(routes!(workload_events))
+        .routes(routes!(get_quotas))
+        .routes(routes!(set_quota, delete_quota))
+        .routes(routes!(set_budget))
+        .routes(routes!(usage_report))
         .split_for_parts()
 }
 
@@ -95,10 +100,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
                         .filter(|_| detail.contains("field"))
                         .map(str::to_string)
                 });
-                Err(ApiError::invalid(
-                    field.unwrap_or_else(|| "body".into()),
-                    detail,
-                ))
+                Err(ApiError::invalid(field.unwrap_or_else(|| "body".into()), detail))
             }
             Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::bad_request(format!(
                 "the body is not valid JSON: {}",
@@ -107,9 +109,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
             Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::unsupported_media(
                 "send the body as JSON with `Content-Type: application/json`",
             )),
-            Err(JsonRejection::BytesRejection(e))
-                if e.status() == StatusCode::PAYLOAD_TOO_LARGE =>
-            {
+            Err(JsonRejection::BytesRejection(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Err(ApiError::too_large(format!(
                     "the body is larger than the {} KiB limit",
                     crate::BODY_LIMIT / 1024
@@ -147,11 +147,7 @@ fn page<T, F: Fn(&T) -> String>(mut items: Vec<T>, limit: u32, cursor_of: F) -> 
     Page { items, next_cursor }
 }
 
-fn paginate_vec<T: Clone, F: Fn(&T) -> String>(
-    all: Vec<T>,
-    p: &PageParams,
-    key: F,
-) -> ApiResult<Page<T>> {
+fn paginate_vec<T: Clone, F: Fn(&T) -> String>(all: Vec<T>, p: &PageParams, key: F) -> ApiResult<Page<T>> {
     let l = limit(p.limit)?;
     let start = match &p.cursor {
         Some(c) => all
@@ -168,9 +164,7 @@ fn paginate_vec<T: Clone, F: Fn(&T) -> String>(
 /// Liveness and readiness.
 #[utoipa::path(get, path = "/api/v1/health", tag = "system", security(()), responses((status = 200, description = "Serving", body = serde_json::Value)))]
 async fn health(State(s): State<AppState>) -> Json<serde_json::Value> {
-    Json(
-        serde_json::json!({"status": "ok", "backend": s.backend_name, "version": env!("CARGO_PKG_VERSION")}),
-    )
+    Json(serde_json::json!({"status": "ok", "backend": s.backend_name, "version": env!("CARGO_PKG_VERSION")}))
 }
 
 /// Pools with their sharing mode and GPU units in use.
@@ -301,22 +295,14 @@ async fn tenant_visible(s: &AppState, id: &Identity, tenant: &str) -> ApiResult<
 
 #[utoipa::path(get, path = "/api/v1/tenants/{tenant}", tag = "tenancy", params(("tenant" = String, Path)),
     responses((status = 200, body = Tenant), (status = 404, body = Problem)))]
-async fn get_tenant(
-    State(s): State<AppState>,
-    id: Identity,
-    Path(tenant): Path<String>,
-) -> ApiResult<Json<Tenant>> {
+async fn get_tenant(State(s): State<AppState>, id: Identity, Path(tenant): Path<String>) -> ApiResult<Json<Tenant>> {
     Ok(Json(tenant_visible(&s, &id, &tenant).await?))
 }
 
 /// Deletes a tenant that has no projects, tokens or workloads (platform-admin).
 #[utoipa::path(delete, path = "/api/v1/tenants/{tenant}", tag = "tenancy", params(("tenant" = String, Path)),
     responses((status = 204), (status = 404, body = Problem), (status = 409, body = Problem)))]
-async fn delete_tenant(
-    State(s): State<AppState>,
-    id: Identity,
-    Path(tenant): Path<String>,
-) -> ApiResult<StatusCode> {
+async fn delete_tenant(State(s): State<AppState>, id: Identity, Path(tenant): Path<String>) -> ApiResult<StatusCode> {
     id.require_admin()?;
     tenant_visible(&s, &id, &tenant).await?;
     if !s.store.delete_tenant(&tenant).await? {
@@ -337,10 +323,7 @@ async fn list_projects(
 ) -> ApiResult<Json<Page<Project>>> {
     tenant_visible(&s, &id, &tenant).await?;
     let l = limit(p.limit)?;
-    let items = s
-        .store
-        .list_projects(&tenant, p.cursor.as_deref(), l + 1)
-        .await?;
+    let items = s.store.list_projects(&tenant, p.cursor.as_deref(), l + 1).await?;
     Ok(Json(page(items, l, |p| p.name.clone())))
 }
 
@@ -482,10 +465,9 @@ async fn list_workloads(
 ) -> ApiResult<Json<Page<Workload>>> {
     let l = limit(q.limit)?;
     let state = match &q.state {
-        Some(st) => Some(
-            WorkloadState::parse(st)
-                .ok_or_else(|| ApiError::invalid("state", format!("unknown state `{st}`")))?,
-        ),
+        Some(st) => {
+            Some(WorkloadState::parse(st).ok_or_else(|| ApiError::invalid("state", format!("unknown state `{st}`")))?)
+        }
         None => None,
     };
     let tenant = match (&id.tenant, &q.tenant) {
@@ -533,16 +515,10 @@ async fn create_workload(
         if id.can_read(&b.tenant) {
             return Err(ApiError::forbidden("viewer tokens cannot create workloads"));
         }
-        return Err(ApiError::invalid(
-            "tenant",
-            format!("no tenant `{}`", b.tenant),
-        ));
+        return Err(ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)));
     }
     if s.store.get_tenant(&b.tenant).await?.is_none() {
-        return Err(ApiError::invalid(
-            "tenant",
-            format!("no tenant `{}`", b.tenant),
-        ));
+        return Err(ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)));
     }
     if s.store.get_project(&b.tenant, &b.project).await?.is_none() {
         return Err(ApiError::invalid(
@@ -551,10 +527,7 @@ async fn create_workload(
         ));
     }
     if b.name.is_empty() || b.name.len() > 63 || b.name.chars().any(|c| c.is_control()) {
-        return Err(ApiError::invalid(
-            "name",
-            "a name has 1–63 printable characters",
-        ));
+        return Err(ApiError::invalid("name", "a name has 1–63 printable characters"));
     }
     if let Some(d) = b.duration_s
         && d <= 0
@@ -569,10 +542,7 @@ async fn create_workload(
     {
         return Err(ApiError::invalid(
             "priority",
-            format!(
-                "unknown priority class `{p}` ({})",
-                PRIORITY_CLASSES.join(", ")
-            ),
+            format!("unknown priority class `{p}` ({})", PRIORITY_CLASSES.join(", ")),
         ));
     }
     let probe = shape_request(&s.fleet, &b.shape, 0, 0)?;
@@ -588,16 +558,10 @@ async fn create_workload(
                 .map_err(|_| ApiError::invalid("Idempotency-Key", "must be printable ASCII"))?
                 .to_string();
             if k.is_empty() || k.len() > 200 {
-                return Err(ApiError::invalid(
-                    "Idempotency-Key",
-                    "must be 1–200 characters",
-                ));
+                return Err(ApiError::invalid("Idempotency-Key", "must be 1–200 characters"));
             }
             let body = serde_json::to_vec(&b).unwrap_or_default();
-            let h: String = Sha256::digest(&body)
-                .iter()
-                .map(|x| format!("{x:02x}"))
-                .collect();
+            let h: String = Sha256::digest(&body).iter().map(|x| format!("{x:02x}")).collect();
             Some((k, h))
         }
         None => None,
@@ -616,11 +580,7 @@ async fn create_workload(
     let (wl, created) = rx
         .await
         .map_err(|_| ApiError::unavailable("the lifecycle loop has stopped"))??;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(wl)).into_response())
 }
 
@@ -642,11 +602,7 @@ async fn find_workload(s: &AppState, id: &Identity, wid: u64) -> ApiResult<Workl
 
 #[utoipa::path(get, path = "/api/v1/workloads/{id}", tag = "workloads", params(("id" = u64, Path)),
     responses((status = 200, body = Workload), (status = 404, body = Problem)))]
-async fn get_workload(
-    State(s): State<AppState>,
-    id: Identity,
-    Path(wid): Path<u64>,
-) -> ApiResult<Json<Workload>> {
+async fn get_workload(State(s): State<AppState>, id: Identity, Path(wid): Path<u64>) -> ApiResult<Json<Workload>> {
     Ok(Json(find_workload(&s, &id, wid).await?))
 }
 
@@ -654,11 +610,7 @@ async fn get_workload(
 /// period, then forced) and its capacity returned.
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/cancel", tag = "workloads", params(("id" = u64, Path)),
     responses((status = 200, body = Workload), (status = 404, body = Problem), (status = 409, body = Problem)))]
-async fn cancel_workload(
-    State(s): State<AppState>,
-    id: Identity,
-    Path(wid): Path<u64>,
-) -> ApiResult<Json<Workload>> {
+async fn cancel_workload(State(s): State<AppState>, id: Identity, Path(wid): Path<u64>) -> ApiResult<Json<Workload>> {
     let wl = find_workload(&s, &id, wid).await?;
     if !id.can_write(&wl.tenant) {
         return Err(ApiError::forbidden("viewer tokens cannot cancel workloads"));
@@ -685,11 +637,280 @@ async fn cancel_workload(
 /// The workload's timeline: one event per lifecycle step.
 #[utoipa::path(get, path = "/api/v1/workloads/{id}/events", tag = "workloads", params(("id" = u64, Path)),
     responses((status = 200, body = Vec<Event>), (status = 404, body = Problem)))]
-async fn workload_events(
-    State(s): State<AppState>,
-    id: Identity,
-    Path(wid): Path<u64>,
-) -> ApiResult<Json<Vec<Event>>> {
+async fn workload_events(State(s): State<AppState>, id: Identity, Path(wid): Path<u64>) -> ApiResult<Json<Vec<Event>>> {
     find_workload(&s, &id, wid).await?;
     Ok(Json(s.store.events(wid).await?))
+}
+
+/// Checks a resource class name: a pool, or `pool/MODEL` with that model in the pool.
+fn check_class(s: &AppState, class: &str) -> ApiResult<()> {
+    let (pool, model) = match class.split_once('/') {
+        Some((p, m)) => (p, Some(m)),
+        None => (class, None),
+    };
+    let Some(pid) = s.fleet.pool_by_name(pool) else {
+        let names: Vec<&str> = s.fleet.pools.iter().map(|p| p.name.as_str()).collect();
+        return Err(ApiError::invalid(
+            "class",
+            format!("unknown pool `{pool}` (pools: {})", names.join(", ")),
+        ));
+    };
+    if let Some(m) = model {
+        let p = s.fleet.pool(pid);
+        let has = s.fleet.nodes[p.nodes.start as usize..p.nodes.end as usize]
+            .iter()
+            .any(|n| s.fleet.catalogue.get(n.model).name == m);
+        if !has {
+            return Err(ApiError::invalid("class", format!("pool `{pool}` has no {m} GPUs")));
+        }
+    }
+    Ok(())
+}
+
+fn units_milli(field: &str, v: f64) -> ApiResult<u64> {
+    if !v.is_finite() || v < 0.0 || v > 10_000_000.0 {
+        return Err(ApiError::invalid(
+            field,
+            format!("{v}: GPU units must be a non-negative number"),
+        ));
+    }
+    let m = (v * 1000.0).round();
+    if (m - v * 1000.0).abs() > 1e-6 {
+        return Err(ApiError::invalid(
+            field,
+            format!("{v}: GPU units have at most three decimals"),
+        ));
+    }
+    Ok(m as u64)
+}
+
+/// A tenant's quotas (with use and borrowing) and budget.
+#[utoipa::path(get, path = "/api/v1/tenants/{tenant}/quotas", tag = "governance", params(("tenant" = String, Path)),
+    responses((status = 200, body = TenantQuotas), (status = 404, body = Problem)))]
+async fn get_quotas(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(tenant): Path<String>,
+) -> ApiResult<Json<TenantQuotas>> {
+    tenant_visible(&s, &id, &tenant).await?;
+    let t = tenant.clone();
+    let v = s
+        .controller
+        .view(move |ctx| {
+            let quotas = ctx
+                .sched
+                .quotas_of(&t)
+                .into_iter()
+                .map(|(class, q)| {
+                    let used = ctx.sched.held(&t, &class);
+                    let borrowed = if used > q.guaranteed {
+                        used - q.guaranteed
+                    } else {
+                        GpuUnits::ZERO
+                    };
+                    QuotaView {
+                        class,
+                        guaranteed: q.guaranteed.as_f64(),
+                        limit: q.limit.map(|l| l.as_f64()),
+                        used: used.as_f64(),
+                        borrowed: borrowed.as_f64(),
+                    }
+                })
+                .collect();
+            let budget = ctx.sched.budget(&t).map(|b| {
+                let spent = ctx.sched.spent(&t);
+                BudgetView {
+                    monthly_unit_hours: b,
+                    spent_unit_hours: spent,
+                    remaining_unit_hours: (b - spent).max(0.0),
+                }
+            });
+            TenantQuotas {
+                tenant: t,
+                quotas,
+                budget,
+            }
+        })
+        .await?;
+    Ok(Json(v))
+}
+
+/// Sets a tenant's quota for a resource class (platform-admin).
+#[utoipa::path(put, path = "/api/v1/tenants/{tenant}/quotas/{class}", tag = "governance",
+    params(("tenant" = String, Path), ("class" = String, Path, description = "A pool, or pool/MODEL (URL-encode the slash)")),
+    request_body = SetQuota, responses((status = 200, body = QuotaView), (status = 403, body = Problem), (status = 422, body = Problem)))]
+async fn set_quota(
+    State(s): State<AppState>,
+    id: Identity,
+    Path((tenant, class)): Path<(String, String)>,
+    ApiJson(b): ApiJson<SetQuota>,
+) -> ApiResult<Json<QuotaView>> {
+    id.require_admin()?;
+    tenant_visible(&s, &id, &tenant).await?;
+    check_class(&s, &class)?;
+    let g = units_milli("guaranteed", b.guaranteed)?;
+    let l = b.limit.map(|l| units_milli("limit", l)).transpose()?;
+    if l.is_some_and(|l| l < g) {
+        return Err(ApiError::invalid(
+            "limit",
+            format!(
+                "limit {} is below the guarantee {}",
+                b.limit.unwrap_or(0.0),
+                b.guaranteed
+            ),
+        ));
+    }
+    s.store
+        .set_quota(
+            &tessera_store::QuotaRecord {
+                tenant: tenant.clone(),
+                class: class.clone(),
+                guaranteed_milli: g,
+                limit_milli: l,
+            },
+            now_ms(),
+        )
+        .await?;
+    let quota = tessera_sched::govern::Quota {
+        guaranteed: GpuUnits(g),
+        limit: l.map(GpuUnits),
+    };
+    s.controller
+        .govern(crate::controller::Governance::Quota {
+            tenant: tenant.clone(),
+            class: class.clone(),
+            quota: Some(quota),
+        })
+        .await?;
+    tracing::info!(%tenant, %class, guaranteed = b.guaranteed, limit = ?b.limit, actor = %id.actor, "quota set");
+    Ok(Json(QuotaView {
+        class,
+        guaranteed: GpuUnits(g).as_f64(),
+        limit: l.map(|l| GpuUnits(l).as_f64()),
+        used: 0.0,
+        borrowed: 0.0,
+    }))
+}
+
+/// Removes a tenant's quota for a class (platform-admin).
+#[utoipa::path(delete, path = "/api/v1/tenants/{tenant}/quotas/{class}", tag = "governance", params(("tenant" = String, Path), ("class" = String, Path)),
+    responses((status = 204), (status = 404, body = Problem)))]
+async fn delete_quota(
+    State(s): State<AppState>,
+    id: Identity,
+    Path((tenant, class)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    id.require_admin()?;
+    tenant_visible(&s, &id, &tenant).await?;
+    if !s.store.delete_quota(&tenant, &class).await? {
+        return Err(ApiError::not_found(format!(
+            "tenant `{tenant}` has no quota for `{class}`"
+        )));
+    }
+    s.controller
+        .govern(crate::controller::Governance::Quota {
+            tenant,
+            class,
+            quota: None,
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Sets or removes a tenant's monthly GPU-unit-hour budget (platform-admin).
+#[utoipa::path(put, path = "/api/v1/tenants/{tenant}/budget", tag = "governance", params(("tenant" = String, Path)),
+    request_body = SetBudget, responses((status = 204), (status = 403, body = Problem), (status = 422, body = Problem)))]
+async fn set_budget(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(tenant): Path<String>,
+    ApiJson(b): ApiJson<SetBudget>,
+) -> ApiResult<StatusCode> {
+    id.require_admin()?;
+    tenant_visible(&s, &id, &tenant).await?;
+    if let Some(v) = b.monthly_unit_hours
+        && (!v.is_finite() || v < 0.0)
+    {
+        return Err(ApiError::invalid(
+            "monthly_unit_hours",
+            format!("{v}: a budget is a non-negative number of GPU-unit-hours"),
+        ));
+    }
+    s.store.set_budget(&tenant, b.monthly_unit_hours, now_ms()).await?;
+    s.controller
+        .govern(crate::controller::Governance::Budget {
+            tenant,
+            unit_hours: b.monthly_unit_hours,
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct UsageParams {
+    /// Only this tenant (required for tenant tokens: their own).
+    pub tenant: Option<String>,
+    /// Start, `YYYY-MM-DD` or RFC 3339 (default: the first of this month, UTC).
+    pub from: Option<String>,
+    /// End, exclusive (default: now).
+    pub to: Option<String>,
+    /// `day`, `class`, `project` or `tenant` (default `day`).
+    pub by: Option<String>,
+    /// `json` (default) or `csv`.
+    pub format: Option<String>,
+}
+
+/// GPU-unit-hours and cost, allocated and measured, from the usage ledger.
+#[utoipa::path(get, path = "/api/v1/usage", tag = "governance", params(UsageParams),
+    responses((status = 200, body = UsageReport), (status = 422, body = Problem)))]
+async fn usage_report(State(s): State<AppState>, id: Identity, Query(q): Query<UsageParams>) -> ApiResult<Response> {
+    let now = now_ms();
+    let tenant = match (&q.tenant, &id.tenant) {
+        (Some(t), _) if !id.can_read(t) => return Err(ApiError::not_found(format!("no tenant `{t}`"))),
+        (None, Some(own)) if !id.is_admin() => Some(own.clone()),
+        (t, _) => t.clone(),
+    };
+    let parse = |field: &str, v: &Option<String>, default: i64| -> ApiResult<i64> {
+        match v {
+            None => Ok(default),
+            Some(x) => parse_time_ms(x)
+                .ok_or_else(|| ApiError::invalid(field, format!("`{x}` is not a date (YYYY-MM-DD) or RFC 3339 time"))),
+        }
+    };
+    let from = parse("from", &q.from, month_start_ms(now))?;
+    let to = parse("to", &q.to, now)?;
+    if to <= from {
+        return Err(ApiError::invalid("to", "`to` must be after `from`"));
+    }
+    let by_s = q.by.clone().unwrap_or_else(|| "day".into());
+    let by = crate::usage::By::parse(&by_s)
+        .ok_or_else(|| ApiError::invalid("by", format!("`{by_s}`: group by day, class, project or tenant")))?;
+    let intervals = s.store.usage_between(tenant.as_deref(), from, to).await?;
+    let live_util = s
+        .controller
+        .view(|ctx| {
+            ctx.workloads
+                .iter()
+                .filter_map(|(id, l)| l.utilisation().map(|u| (*id, u)))
+                .collect::<std::collections::HashMap<u64, f64>>()
+        })
+        .await?;
+    let (rows, total) = crate::usage::report(&intervals, from, to, now, by, &s.prices, &live_util);
+    match q.format.as_deref().unwrap_or("json") {
+        "json" => Ok(Json(UsageReport {
+            from: rfc3339_ms(from),
+            to: rfc3339_ms(to),
+            by: by_s,
+            currency: s.prices.currency.clone(),
+            rows,
+            total,
+        })
+        .into_response()),
+        "csv" => Ok((
+            [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
+            crate::usage::csv(by, &s.prices.currency, &rows, &total),
+        )
+            .into_response()),
+        f => Err(ApiError::invalid("format", format!("`{f}`: json or csv"))),
+    }
 }

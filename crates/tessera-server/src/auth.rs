@@ -113,15 +113,9 @@ impl Authenticator {
 
     pub async fn identify(&self, authorization: Option<&str>) -> Result<Identity, ApiError> {
         let Some(h) = authorization else {
-            return Err(ApiError::unauthorized(
-                "missing `Authorization: Bearer <token>` header",
-            ));
+            return Err(ApiError::unauthorized("missing `Authorization: Bearer <token>` header"));
         };
-        let Some(secret) = h
-            .strip_prefix("Bearer ")
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-        else {
+        let Some(secret) = h.strip_prefix("Bearer ").map(str::trim).filter(|s| !s.is_empty()) else {
             return Err(ApiError::unauthorized(
                 "the Authorization header must be `Bearer <token>`",
             ));
@@ -135,8 +129,7 @@ impl Authenticator {
         let Some(rec) = rec.filter(|r| !r.revoked && r.expires_at.is_none_or(|e| e > now)) else {
             return Err(ApiError::unauthorized("unknown, expired or revoked token"));
         };
-        let role = Role::parse(&rec.role)
-            .ok_or_else(|| ApiError::unauthorized("token has an unknown role"))?;
+        let role = Role::parse(&rec.role).ok_or_else(|| ApiError::unauthorized("token has an unknown role"))?;
         let id = Identity {
             actor: rec.id,
             role,
@@ -152,10 +145,7 @@ impl Authenticator {
 impl FromRequestParts<crate::AppState> for Identity {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &crate::AppState,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &crate::AppState) -> Result<Self, Self::Rejection> {
         let h = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)

@@ -1,36 +1,35 @@
-//! The lifecycle loop: one task owns the placement engine and every live workload, and walks
-//! each request through its steps — requested → authorised → placed → partitioned → running →
-//! observed → metered → released — recording every step.
+//! The lifecycle loop: one task owns the scheduler (quotas, queue, preemption and the placement
+//! engine) and every live workload, and walks each request through its steps — requested →
+//! authorised → placed → partitioned → running → observed → metered → released — recording
+//! every step.
 //!
-//! Commands (API calls, backend news) arrive on a channel and are handled in batches: the
-//! batch's state changes, with their events and usage intervals, are committed in one store
-//! transaction, and only then are callers answered and backend work started (group commit). If
-//! the commit fails, the in-memory changes of the batch are undone, so memory never runs ahead
-//! of the store. At start-up the state is rebuilt from the store: allocations are re-applied
-//! (double booking is refused), running workloads are reconciled with the backend, and placed
-//! or stopping ones are driven on.
+//! Commands (API calls, backend news, a one-second tick) arrive on a channel and are handled in
+//! batches: the batch's state changes, with their events and usage intervals, are committed in
+//! one store transaction, and only then are callers answered and backend work started (group
+//! commit). If a commit fails, the loop's memory is rebuilt from the store, so memory never
+//! runs ahead of what is durable. At start-up the state is rebuilt the same way: allocations are
+//! re-applied (double booking is refused), running workloads are reconciled with the backend,
+//! and placed or stopping ones are driven on.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use tessera_api::{AllocationView, CreateWorkload, GpuShape, Workload, WorkloadState, rfc3339_ms};
+use tessera_api::{
+    AllocationView, CreateWorkload, GpuShape, Workload, WorkloadKind, WorkloadState, month_start_ms, rfc3339_ms,
+};
 use tessera_backend::{Backend, BackendEvent, RunSpec, Slice, Status};
 use tessera_model::{Fleet, GpuUnits, NodeId, Request, Sharing, TenantId};
-use tessera_sched::engine::Reason;
-use tessera_sched::{Allocation, Engine, Grant};
+use tessera_sched::govern::{Action, Job, Quota, Scheduler};
+use tessera_sched::{Allocation, Grant};
 use tessera_store::{Change, NewEvent, Store, UsageInterval};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::now_ms;
 use crate::problem::{ApiError, ApiResult};
 
-/// Priority classes, most important first.
+/// Priority classes, most important first (`critical` is never preempted).
 pub const PRIORITY_CLASSES: [&str; 4] = ["critical", "high", "standard", "opportunistic"];
-
-fn priority_rank(p: &str) -> u8 {
-    PRIORITY_CLASSES.iter().position(|c| *c == p).unwrap_or(2) as u8
-}
 
 /// Workloads readers may see without asking the loop: every live one and the most recently
 /// ended ones.
@@ -58,6 +57,11 @@ impl WorkloadCache {
         }
         self.map.insert(w.id, Arc::new(w.clone()));
     }
+
+    fn clear(&mut self) {
+        self.map.clear();
+        self.ended.clear();
+    }
 }
 
 /// A validated creation request.
@@ -71,17 +75,28 @@ pub struct NewWorkload {
     pub received_at: i64,
 }
 
+/// A change to a tenant's quota or budget.
+pub enum Governance {
+    Quota {
+        tenant: String,
+        class: String,
+        quota: Option<Quota>,
+    },
+    Budget {
+        tenant: String,
+        unit_hours: Option<f64>,
+    },
+}
+
 /// What the loop can be asked.
 pub enum Cmd {
-    Create(
-        Box<NewWorkload>,
-        oneshot::Sender<ApiResult<(Workload, bool)>>,
-    ),
+    Create(Box<NewWorkload>, oneshot::Sender<ApiResult<(Workload, bool)>>),
     Cancel {
         id: u64,
         actor: String,
         reply: oneshot::Sender<ApiResult<Workload>>,
     },
+    Govern(Governance, oneshot::Sender<()>),
     Launched {
         id: u64,
         partitioned_at: i64,
@@ -107,11 +122,12 @@ pub enum Cmd {
     View(Box<dyn FnOnce(&ViewCtx) + Send>),
 }
 
-/// Read-only access to the loop's state for fleet views.
+/// Read-only access to the loop's state for views.
 pub struct ViewCtx<'a> {
     pub fleet: &'a Fleet,
-    pub engine: &'a Engine,
+    pub sched: &'a Scheduler,
     pub workloads: &'a HashMap<u64, Live>,
+    pub now: i64,
 }
 
 /// A live (non-terminal) workload.
@@ -122,6 +138,19 @@ pub struct Live {
     next_seq: u32,
     usage_seq: u32,
     usage_open: bool,
+    /// Set while being stopped for a preemption: by whom and why.
+    preempted_by: Option<String>,
+    requeue: bool,
+    no_wait: bool,
+    /// Measured utilisation: Σ util × ms and the ms sampled, since the interval opened.
+    util: (f64, f64),
+}
+
+impl Live {
+    /// Average measured utilisation since the usage interval opened, if sampled.
+    pub fn utilisation(&self) -> Option<f64> {
+        (self.util.1 > 0.0).then(|| self.util.0 / self.util.1)
+    }
 }
 
 /// The handle API handlers use.
@@ -139,10 +168,7 @@ impl Controller {
             .map_err(|_| ApiError::unavailable("the lifecycle loop has stopped"))
     }
 
-    pub async fn view<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&ViewCtx) -> T + Send + 'static,
-    ) -> ApiResult<T> {
+    pub async fn view<T: Send + 'static>(&self, f: impl FnOnce(&ViewCtx) -> T + Send + 'static) -> ApiResult<T> {
         let (tx, rx) = oneshot::channel();
         self.send(Cmd::View(Box::new(move |ctx| {
             let _ = tx.send(f(ctx));
@@ -151,11 +177,13 @@ impl Controller {
         rx.await
             .map_err(|_| ApiError::unavailable("the lifecycle loop has stopped"))
     }
-}
 
-enum Undo {
-    Released(Allocation),
-    Placed(u64),
+    pub async fn govern(&self, g: Governance) -> ApiResult<()> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Cmd::Govern(g, tx)).await?;
+        rx.await
+            .map_err(|_| ApiError::unavailable("the lifecycle loop has stopped"))
+    }
 }
 
 enum Spawn {
@@ -177,30 +205,30 @@ struct Batch {
     changes: Vec<Change>,
     replies: Vec<Reply>,
     spawns: Vec<Spawn>,
-    undo: Vec<Undo>,
-    /// First-touch snapshots of live workloads (`None` = did not exist).
-    before: HashMap<u64, Option<Live>>,
-    touched: Vec<u64>,
     idempotency: HashMap<(String, String), (String, u64)>,
-    next_id_before: u64,
 }
+
+/// Builds a fresh scheduler (at start-up and after a failed commit).
+pub type SchedFactory = Arc<dyn Fn() -> Scheduler + Send + Sync>;
 
 pub struct Actor {
     fleet: Arc<Fleet>,
-    engine: Engine,
+    sched: Scheduler,
+    factory: SchedFactory,
     store: Store,
     backend: Arc<dyn Backend>,
     live: HashMap<u64, Live>,
-    queue: BTreeSet<(u8, u64)>,
     cache: Arc<RwLock<WorkloadCache>>,
     tenants: HashMap<String, u32>,
     next_id: u64,
     tx: mpsc::Sender<Cmd>,
     grace: Duration,
-    dirty: bool,
+    /// GPU-unit-hours of closed intervals this month, per tenant, and the month they are for.
+    month_closed: HashMap<String, f64>,
+    month_start: i64,
+    last_sample: i64,
 }
 
-/// The engine request shape of a workload's API shape (validated by the API layer).
 pub fn units_label(u: GpuUnits) -> String {
     u.to_string()
 }
@@ -209,7 +237,7 @@ impl Actor {
     /// Rebuilds the loop's state from the store and starts it. Returns the handle.
     pub async fn start(
         fleet: Arc<Fleet>,
-        engine: Engine,
+        factory: SchedFactory,
         store: Store,
         backend: Arc<dyn Backend>,
         grace: Duration,
@@ -218,28 +246,25 @@ impl Actor {
         let cache = Arc::new(RwLock::new(WorkloadCache::default()));
         let mut actor = Actor {
             fleet,
-            engine,
+            sched: factory(),
+            factory,
             backend: backend.clone(),
             live: HashMap::new(),
-            queue: BTreeSet::new(),
             cache: cache.clone(),
             tenants: HashMap::new(),
-            next_id: store.max_workload_id().await? + 1,
+            next_id: 1,
             tx: tx.clone(),
             grace,
-            dirty: true,
+            month_closed: HashMap::new(),
+            month_start: 0,
+            last_sample: now_ms(),
             store,
         };
         actor.recover().await?;
         if let Some(mut events) = backend.take_events() {
             let tx = tx.clone();
             tokio::spawn(async move {
-                while let Some(BackendEvent::Exited {
-                    id,
-                    success,
-                    detail,
-                }) = events.recv().await
-                {
+                while let Some(BackendEvent::Exited { id, success, detail }) = events.recv().await {
                     if tx
                         .send(Cmd::Exited {
                             id,
@@ -264,82 +289,98 @@ impl Actor {
         TenantId(*self.tenants.entry(name.to_string()).or_insert(n))
     }
 
+    fn job_of(&self, live: &Live) -> Job {
+        Job {
+            id: live.wl.id,
+            tenant: live.wl.tenant.clone(),
+            project: live.wl.project.clone(),
+            request: live.request.clone(),
+            priority: live.wl.priority.clone(),
+            submitted_ms: live.wl.created_at_ms,
+            wait_if_over_limit: !live.no_wait,
+        }
+    }
+
+    /// (Re)builds every piece of in-memory state from the store.
     async fn recover(&mut self) -> Result<(), ApiError> {
+        self.sched = (self.factory)();
+        self.live.clear();
+        self.cache.write().expect("lock").clear();
+        self.next_id = self.store.max_workload_id().await? + 1;
+        for q in self.store.quotas().await? {
+            let quota = Quota {
+                guaranteed: GpuUnits(q.guaranteed_milli),
+                limit: q.limit_milli.map(GpuUnits),
+            };
+            self.sched.set_quota(&q.tenant, &q.class, Some(quota));
+        }
+        for (t, b) in self.store.budgets().await? {
+            self.sched.set_budget(&t, Some(b));
+        }
+        self.refresh_month(now_ms()).await?;
         let active = self.store.active_workloads().await?;
         let seqs = self.store.sequences().await?;
-        let mut batch = Batch {
-            next_id_before: self.next_id,
-            ..Default::default()
-        };
+        let mut batch = Batch::default();
         let mut to_reconcile = Vec::new();
         for wl in active {
             let (next_seq, usage_seq) = seqs.get(&wl.id).copied().unwrap_or((0, 0));
             let tenant = self.tenant_id(&wl.tenant);
-            let request = match shape_request(&self.fleet, &wl.shape, wl.cpu_milli, wl.memory_mib) {
-                Ok(r) => r.with_tenant(tenant),
-                Err(e) => {
-                    tracing::error!(id = wl.id, error = %e.detail, "stored workload no longer fits the fleet description");
-                    let mut live = Live {
-                        request: Request::new(tessera_model::Shape::CpuOnly),
-                        wl,
-                        next_seq,
-                        usage_seq,
-                        usage_open: false,
-                    };
-                    self.finish(
-                        &mut live,
-                        WorkloadState::Failed,
-                        now_ms(),
-                        Some(format!("no longer valid on this fleet: {}", e.detail)),
-                        &mut batch,
-                    );
-                    continue;
-                }
-            };
-            let usage_open = wl.running_at_ms.is_some()
-                && matches!(wl.state, WorkloadState::Running | WorkloadState::Stopping);
+            let usage_open =
+                wl.running_at_ms.is_some() && matches!(wl.state, WorkloadState::Running | WorkloadState::Stopping);
             // The open interval is the last one recorded.
             let usage_seq = if usage_open {
                 usage_seq.saturating_sub(1)
             } else {
                 usage_seq
             };
+            let request =
+                shape_request(&self.fleet, &wl.shape, wl.cpu_milli, wl.memory_mib).map(|r| r.with_tenant(tenant));
             let mut live = Live {
+                request: request
+                    .clone()
+                    .unwrap_or_else(|_| Request::new(tessera_model::Shape::CpuOnly)),
+                requeue: wl.kind == WorkloadKind::Batch,
                 wl,
-                request,
                 next_seq,
                 usage_seq,
                 usage_open,
+                preempted_by: None,
+                no_wait: false,
+                util: (0.0, 0.0),
             };
+            if let Err(e) = request {
+                tracing::error!(id = live.wl.id, error = %e.detail, "stored workload no longer fits the fleet description");
+                live.wl.allocation = None;
+                let reason = format!("no longer valid on this fleet: {}", e.detail);
+                self.finish(&mut live, WorkloadState::Failed, now_ms(), Some(reason), &mut batch);
+                continue;
+            }
             let state = live.wl.state;
             if state.holds_capacity() {
+                let job = self.job_of(&live);
                 let restored = live
                     .wl
                     .allocation
                     .as_ref()
                     .ok_or_else(|| "no allocation recorded".to_string())
+                    .and_then(|a| allocation_from_view(&self.fleet, live.wl.id, a, &live.wl, tenant))
                     .and_then(|a| {
-                        allocation_from_view(&self.fleet, live.wl.id, a, &live.wl, tenant)
-                    })
-                    .and_then(|a| self.engine.restore(a).map(|_| ()).map_err(|e| e.0));
+                        let since = live.wl.running_at_ms.unwrap_or(live.wl.created_at_ms);
+                        self.sched.restore(&job, a, live.wl.borrowing, since)
+                    });
                 if let Err(e) = restored {
                     tracing::error!(id = live.wl.id, error = %e, "cannot re-apply allocation");
                     live.wl.allocation = None;
-                    self.finish(
-                        &mut live,
-                        WorkloadState::Failed,
-                        now_ms(),
-                        Some(format!("allocation could not be restored: {e}")),
-                        &mut batch,
-                    );
+                    let reason = format!("allocation could not be restored: {e}");
+                    self.finish(&mut live, WorkloadState::Failed, now_ms(), Some(reason), &mut batch);
                     continue;
+                }
+                if state == WorkloadState::Stopping {
+                    self.sched.stopping(live.wl.id);
                 }
             }
             match state {
-                WorkloadState::Pending | WorkloadState::Queued => {
-                    self.queue
-                        .insert((priority_rank(&live.wl.priority), live.wl.id));
-                }
+                WorkloadState::Pending | WorkloadState::Queued => self.sched.enqueue(self.job_of(&live)),
                 WorkloadState::Placed => batch.spawns.push(Spawn::Launch(self.run_spec(&live))),
                 WorkloadState::Stopping => batch.spawns.push(Spawn::Stop(self.run_spec(&live))),
                 WorkloadState::Running => to_reconcile.push(self.run_spec(&live)),
@@ -360,13 +401,13 @@ impl Actor {
                         continue;
                     }
                     Status::Succeeded => self.finish(&mut live, WorkloadState::Succeeded, now, None, &mut batch),
-                    Status::Failed | Status::Unknown => self.finish(
-                        &mut live,
-                        WorkloadState::Failed,
-                        now,
-                        Some(format!("the {} backend no longer knows this workload after a control-plane restart", self.backend.name())),
-                        &mut batch,
-                    ),
+                    Status::Failed | Status::Unknown => {
+                        let reason = format!(
+                            "the {} backend no longer knows this workload after a control-plane restart",
+                            self.backend.name()
+                        );
+                        self.finish(&mut live, WorkloadState::Failed, now, Some(reason), &mut batch)
+                    }
                 }
             }
         }
@@ -385,24 +426,54 @@ impl Actor {
         self.spawn_all(batch.spawns);
         tracing::info!(
             live = self.live.len(),
-            queued = self.queue.len(),
+            queued = self.sched.queued(),
             "lifecycle state rebuilt from the store"
         );
         Ok(())
+    }
+
+    /// Loads this month's closed usage per tenant when the month changes.
+    async fn refresh_month(&mut self, now: i64) -> Result<(), ApiError> {
+        let start = month_start_ms(now);
+        if start == self.month_start {
+            return Ok(());
+        }
+        self.month_start = start;
+        self.month_closed.clear();
+        for u in self.store.usage_between(None, start, now + 1).await? {
+            if let Some(end) = u.ended_at {
+                let ms = (end.min(now) - u.started_at.max(start)).max(0) as f64;
+                *self.month_closed.entry(u.tenant.clone()).or_default() +=
+                    u.units_milli as f64 / 1000.0 * ms / 3_600_000.0;
+            }
+        }
+        Ok(())
+    }
+
+    /// GPU-unit-hours a tenant has used this month: closed intervals plus running work so far.
+    fn month_spent(&self, tenant: &str, now: i64) -> f64 {
+        let running: f64 = self
+            .live
+            .values()
+            .filter(|l| l.wl.tenant == tenant && l.usage_open)
+            .map(|l| {
+                let since = l.wl.running_at_ms.unwrap_or(now).max(self.month_start);
+                let units = l.wl.allocation.as_ref().map(|a| a.units_milli).unwrap_or(0) as f64 / 1000.0;
+                units * (now - since).max(0) as f64 / 3_600_000.0
+            })
+            .sum();
+        self.month_closed.get(tenant).copied().unwrap_or(0.0) + running
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let first = tokio::select! {
-                c = rx.recv() => match c { Some(c) => Some(c), None => break },
-                _ = tick.tick() => None,
+            let (first, ticked) = tokio::select! {
+                c = rx.recv() => match c { Some(c) => (Some(c), false), None => break },
+                _ = tick.tick() => (None, true),
             };
-            let mut batch = Batch {
-                next_id_before: self.next_id,
-                ..Default::default()
-            };
+            let mut batch = Batch::default();
             let mut views = Vec::new();
             let mut n = 0;
             let mut next = first;
@@ -422,17 +493,69 @@ impl Actor {
                     Err(_) => break,
                 }
             }
-            if self.dirty {
-                self.schedule(&mut batch);
+            let now = now_ms();
+            if ticked {
+                if let Err(e) = self.refresh_month(now).await {
+                    tracing::warn!(error = %e.detail, "cannot refresh the month's usage");
+                }
+                self.sample_utilisation(now);
+                self.update_budgets(now);
             }
+            let actions = self.sched.cycle(now);
+            self.apply(actions, now, &mut batch);
             self.commit(batch).await;
             let ctx = ViewCtx {
                 fleet: &self.fleet,
-                engine: &self.engine,
+                sched: &self.sched,
                 workloads: &self.live,
+                now,
             };
             for f in views {
                 f(&ctx);
+            }
+        }
+    }
+
+    fn update_budgets(&mut self, now: i64) {
+        let tenants: Vec<String> = self
+            .sched
+            .queue()
+            .iter()
+            .map(|j| j.tenant.clone())
+            .filter(|t| self.sched.budget(t).is_some())
+            .collect();
+        for t in tenants {
+            let spent = self.month_spent(&t, now);
+            self.sched.set_spent(&t, spent);
+        }
+    }
+
+    /// Accumulates measured utilisation of running workloads from backend telemetry.
+    fn sample_utilisation(&mut self, now: i64) {
+        let dt = (now - self.last_sample).clamp(0, 10_000) as f64;
+        self.last_sample = now;
+        if dt == 0.0 {
+            return;
+        }
+        let st = self.sched.engine.state();
+        for s in self.backend.telemetry() {
+            let Some(n) = self.fleet.node_by_name(&s.node) else {
+                continue;
+            };
+            let Some(g) = st.nodes.get(n.0 as usize).and_then(|ns| ns.gpus.get(s.gpu as usize)) else {
+                continue;
+            };
+            for h in &g.holders {
+                let util = match s.instances.iter().find(|i| i.workload == *h) {
+                    Some(i) => i.gr_engine_active,
+                    None => s.util_pct / 100.0,
+                };
+                if let Some(l) = self.live.get_mut(h)
+                    && l.usage_open
+                {
+                    l.util.0 += util * dt;
+                    l.util.1 += dt;
+                }
             }
         }
     }
@@ -444,9 +567,7 @@ impl Actor {
                     let mut c = self.cache.write().expect("lock");
                     for ch in &batch.changes {
                         match ch {
-                            Change::Insert { workload, .. } | Change::Update { workload, .. } => {
-                                c.put(workload)
-                            }
+                            Change::Insert { workload, .. } | Change::Update { workload, .. } => c.put(workload),
                             _ => {}
                         }
                     }
@@ -464,34 +585,7 @@ impl Actor {
                 self.spawn_all(std::mem::take(&mut batch.spawns));
             }
             Err(e) => {
-                tracing::error!(error = %e, changes = batch.changes.len(), "commit failed; undoing the batch");
-                for u in batch.undo.into_iter().rev() {
-                    match u {
-                        Undo::Placed(id) => {
-                            self.engine.release(id);
-                        }
-                        Undo::Released(a) => {
-                            let _ = self.engine.restore(a);
-                        }
-                    }
-                }
-                for id in batch.touched {
-                    self.queue.retain(|&(_, q)| q != id);
-                    match batch.before.remove(&id).flatten() {
-                        Some(l) => {
-                            if matches!(l.wl.state, WorkloadState::Pending | WorkloadState::Queued)
-                            {
-                                self.queue.insert((priority_rank(&l.wl.priority), id));
-                            }
-                            self.live.insert(id, l);
-                        }
-                        None => {
-                            self.live.remove(&id);
-                        }
-                    }
-                }
-                self.next_id = batch.next_id_before;
-                self.dirty = true;
+                tracing::error!(error = %e, changes = batch.changes.len(), "commit failed; rebuilding state from the store");
                 for r in batch.replies {
                     let err = ApiError::unavailable(
                         "the store could not record the change; nothing was changed, retry shortly",
@@ -504,6 +598,13 @@ impl Actor {
                             let _ = tx.send(Err(err));
                         }
                     }
+                }
+                // Memory must not run ahead of the store: rebuild it from what is durable.
+                let mut delay = Duration::from_millis(100);
+                while let Err(e) = self.recover().await {
+                    tracing::error!(error = %e.detail, "cannot rebuild state from the store; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
                 }
             }
         }
@@ -566,13 +667,6 @@ impl Actor {
         }
     }
 
-    fn touch(&mut self, id: u64, batch: &mut Batch) {
-        if let std::collections::hash_map::Entry::Vacant(e) = batch.before.entry(id) {
-            e.insert(self.live.get(&id).cloned());
-            batch.touched.push(id);
-        }
-    }
-
     fn event(live: &mut Live, step: &'static str, at: i64, detail: String) -> NewEvent {
         let e = NewEvent {
             seq: live.next_seq,
@@ -590,11 +684,7 @@ impl Actor {
             .allocation
             .as_ref()
             .expect("a placed workload has an allocation");
-        let model = self
-            .fleet
-            .catalogue
-            .find(&a.model)
-            .map(|m| self.fleet.catalogue.get(m));
+        let model = self.fleet.catalogue.find(&a.model).map(|m| self.fleet.catalogue.get(m));
         let slice = match a.kind.as_str() {
             "mig" => Slice::Mig {
                 profile: a.mig_profile.clone().unwrap_or_default(),
@@ -617,47 +707,17 @@ impl Actor {
             model_memory_mib: model.map(|m| m.memory_mib).unwrap_or(0),
             gpus: a.gpus.clone(),
             slice,
-            duration: live
-                .wl
-                .duration_s
-                .map(|s| Duration::from_secs(s.max(0) as u64)),
+            duration: live.wl.duration_s.map(|s| Duration::from_secs(s.max(0) as u64)),
             running_since_ms: live.wl.running_at_ms,
             command: live.wl.command.clone(),
             image: live.wl.image.clone(),
         }
     }
 
-    /// Moves a live workload to a terminal state: releases its capacity (if held), closes its
-    /// usage interval, records the events, and drops it from the live set.
-    fn finish(
-        &mut self,
-        live: &mut Live,
-        state: WorkloadState,
-        at: i64,
-        reason: Option<String>,
-        batch: &mut Batch,
-    ) {
-        let mut events = Vec::new();
-        match state {
-            WorkloadState::Failed => events.push(Self::event(
-                live,
-                "failed",
-                at,
-                reason.clone().unwrap_or_default(),
-            )),
-            WorkloadState::Cancelled
-                if !live.wl.state.holds_capacity() && live.wl.state != WorkloadState::Stopping =>
-            {
-                events.push(Self::event(
-                    live,
-                    "cancelled",
-                    at,
-                    reason.clone().unwrap_or_default(),
-                ))
-            }
-            _ => {}
-        }
-        if let Some(a) = self.engine.release(live.wl.id) {
+    /// Returns a live workload's capacity (if held) and closes its usage interval; pushes the
+    /// `released` event. Does not change its state.
+    fn release(&mut self, live: &mut Live, at: i64, events: &mut Vec<NewEvent>, batch: &mut Batch) {
+        if let Some(a) = self.sched.release(live.wl.id, at) {
             let held_ms = live.wl.running_at_ms.map(|r| (at - r).max(0)).unwrap_or(0);
             let unit_hours = a.units.as_f64() * held_ms as f64 / 3_600_000.0;
             events.push(Self::event(
@@ -671,26 +731,46 @@ impl Actor {
                     held_ms as f64 / 1000.0
                 ),
             ));
-            batch.undo.push(Undo::Released(a));
-            self.dirty = true;
-            // A stopping workload was unpartitioned by its stop task already.
+            // A stopped workload was unpartitioned by its stop task already.
             if live.wl.allocation.is_some() && live.wl.state != WorkloadState::Stopping {
                 batch.spawns.push(Spawn::Unpartition(self.run_spec(live)));
             }
         }
         if live.usage_open {
+            let util_avg = (live.util.1 > 0.0).then(|| live.util.0 / live.util.1);
             batch.changes.push(Change::CloseUsage {
                 workload_id: live.wl.id,
                 seq: live.usage_seq,
                 ended_at: at,
+                util_avg,
             });
+            if let (Some(a), Some(r)) = (&live.wl.allocation, live.wl.running_at_ms) {
+                let ms = (at - r.max(self.month_start)).max(0) as f64;
+                *self.month_closed.entry(live.wl.tenant.clone()).or_default() +=
+                    a.units_milli as f64 / 1000.0 * ms / 3_600_000.0;
+            }
             live.usage_seq += 1;
             live.usage_open = false;
+            live.util = (0.0, 0.0);
         }
+    }
+
+    /// Moves a live workload to a terminal state: releases its capacity, closes its usage
+    /// interval, records the events, and drops it from the live set.
+    fn finish(&mut self, live: &mut Live, state: WorkloadState, at: i64, reason: Option<String>, batch: &mut Batch) {
+        let mut events = Vec::new();
+        match state {
+            WorkloadState::Failed => events.push(Self::event(live, "failed", at, reason.clone().unwrap_or_default())),
+            WorkloadState::Cancelled if !live.wl.state.holds_capacity() => {
+                events.push(Self::event(live, "cancelled", at, reason.clone().unwrap_or_default()))
+            }
+            _ => {}
+        }
+        self.release(live, at, &mut events, batch);
+        self.sched.dequeue(live.wl.id);
         live.wl.state = state;
         live.wl.reason = reason;
         live.wl.ended_at = Some(rfc3339_ms(at));
-        self.queue.retain(|&(_, q)| q != live.wl.id);
         self.live.remove(&live.wl.id);
         batch.changes.push(Change::Update {
             workload: Box::new(live.wl.clone()),
@@ -698,77 +778,137 @@ impl Actor {
         });
     }
 
-    /// Tries to place a queued or new workload. Returns the refusal when it cannot be placed.
-    fn try_place(
-        &mut self,
-        live: &mut Live,
-        at: i64,
-        batch: &mut Batch,
-    ) -> Result<NewEvent, tessera_sched::Unplaceable> {
-        let placement = self.engine.plan(&live.request)?;
-        let alloc = self
-            .engine
-            .commit(live.wl.id, &live.request, placement)
-            .expect("a fresh plan commits")
-            .clone();
-        batch.undo.push(Undo::Placed(live.wl.id));
-        let view = allocation_view(&self.fleet, &alloc);
-        let detail = format!(
-            "{} on {} ({}), {} GPU units",
-            describe_alloc(&view),
-            view.node,
-            view.pool,
-            alloc.units
-        );
-        live.wl.allocation = Some(view);
-        live.wl.state = WorkloadState::Placed;
-        live.wl.reason = None;
-        batch.spawns.push(Spawn::Launch(self.run_spec(live)));
-        Ok(Self::event(live, "placed", at, detail))
-    }
-
-    async fn handle(&mut self, cmd: Cmd, batch: &mut Batch) {
-        match cmd {
-            Cmd::Create(nw, reply) => {
-                let r = self.create(*nw, batch).await;
-                match r {
-                    Ok(Some(v)) => batch.replies.push(Reply::Created(reply, Ok(v))),
-                    Ok(None) => {}
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
+    /// Turns the scheduler's decisions into state changes, events and backend work.
+    fn apply(&mut self, actions: Vec<Action>, now: i64, batch: &mut Batch) {
+        for a in actions {
+            match a {
+                Action::Placed { id, alloc, borrowing } => {
+                    let Some(mut live) = self.live.get(&id).cloned() else {
+                        tracing::error!(id, "placed a workload the loop does not know; releasing");
+                        self.sched.release(id, now);
+                        continue;
+                    };
+                    let view = allocation_view(&self.fleet, &alloc);
+                    let mut detail = format!(
+                        "{} on {} ({}), {} GPU units",
+                        describe_alloc(&view),
+                        view.node,
+                        view.pool,
+                        alloc.units
+                    );
+                    if borrowing {
+                        detail.push_str("; borrowing idle capacity above the tenant's guaranteed share (preemptible)");
+                    }
+                    live.wl.allocation = Some(view);
+                    live.wl.state = WorkloadState::Placed;
+                    live.wl.reason = None;
+                    live.wl.borrowing = borrowing;
+                    let e = Self::event(&mut live, "placed", now, detail);
+                    batch.spawns.push(Spawn::Launch(self.run_spec(&live)));
+                    batch.changes.push(Change::Update {
+                        workload: Box::new(live.wl.clone()),
+                        events: vec![e],
+                    });
+                    self.live.insert(id, live);
+                }
+                Action::Waiting { id, reason } => {
+                    let Some(mut live) = self.live.get(&id).cloned() else {
+                        continue;
+                    };
+                    let e = Self::event(&mut live, "queued", now, reason.clone());
+                    live.wl.state = WorkloadState::Queued;
+                    live.wl.reason = Some(reason);
+                    batch.changes.push(Change::Update {
+                        workload: Box::new(live.wl.clone()),
+                        events: vec![e],
+                    });
+                    self.live.insert(id, live);
+                }
+                Action::Refused { id, reason } => {
+                    let Some(mut live) = self.live.get(&id).cloned() else {
+                        continue;
+                    };
+                    self.finish(
+                        &mut live,
+                        WorkloadState::Failed,
+                        now,
+                        Some(format!("refused: {reason}")),
+                        batch,
+                    );
+                }
+                Action::Preempt { victim, by, reason } => {
+                    let Some(mut live) = self.live.get(&victim).cloned() else {
+                        continue;
+                    };
+                    if !matches!(live.wl.state, WorkloadState::Placed | WorkloadState::Running) {
+                        continue;
+                    }
+                    let e = Self::event(
+                        &mut live,
+                        "preempted",
+                        now,
+                        format!(
+                            "preempted by workload {by}: {reason}; stopping within {} s",
+                            self.grace.as_secs()
+                        ),
+                    );
+                    live.preempted_by = Some(format!("preempted by workload {by}: {reason}"));
+                    live.wl.state = WorkloadState::Stopping;
+                    batch.spawns.push(Spawn::Stop(self.run_spec(&live)));
+                    batch.changes.push(Change::Update {
+                        workload: Box::new(live.wl.clone()),
+                        events: vec![e],
+                    });
+                    self.live.insert(victim, live);
+                    if let Some(mut p) = self.live.get(&by).cloned() {
+                        let e = Self::event(&mut p, "queued", now, format!("preempting workload {victim}: {reason}"));
+                        batch.changes.push(Change::Update {
+                            workload: Box::new(p.wl.clone()),
+                            events: vec![e],
+                        });
+                        self.live.insert(by, p);
                     }
                 }
             }
+        }
+    }
+
+    async fn handle(&mut self, cmd: Cmd, batch: &mut Batch) {
+        let now = now_ms();
+        match cmd {
+            Cmd::Create(nw, reply) => match self.create(*nw, now, batch).await {
+                Ok(Some(v)) => batch.replies.push(Reply::Created(reply, Ok(v))),
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Cmd::Govern(g, reply) => {
+                match g {
+                    Governance::Quota { tenant, class, quota } => self.sched.set_quota(&tenant, &class, quota),
+                    Governance::Budget { tenant, unit_hours } => {
+                        self.sched.set_budget(&tenant, unit_hours);
+                        let spent = self.month_spent(&tenant, now);
+                        self.sched.set_spent(&tenant, spent);
+                    }
+                }
+                let _ = reply.send(());
+            }
             Cmd::Cancel { id, actor, reply } => {
                 let Some(mut live) = self.live.get(&id).cloned() else {
-                    let _ = reply.send(Err(ApiError::conflict(format!(
-                        "workload {id} has already ended"
-                    ))));
+                    let _ = reply.send(Err(ApiError::conflict(format!("workload {id} has already ended"))));
                     return;
                 };
-                self.touch(id, batch);
-                let at = now_ms();
                 match live.wl.state {
                     WorkloadState::Pending | WorkloadState::Queued => {
-                        self.finish(
-                            &mut live,
-                            WorkloadState::Cancelled,
-                            at,
-                            Some(format!("cancelled by {actor} before it was placed")),
-                            batch,
-                        );
+                        let reason = format!("cancelled by {actor} before it was placed");
+                        self.finish(&mut live, WorkloadState::Cancelled, now, Some(reason), batch);
                     }
                     WorkloadState::Placed | WorkloadState::Running => {
-                        let e = Self::event(
-                            &mut live,
-                            "cancelled",
-                            at,
-                            format!(
-                                "cancelled by {actor}; stopping within {} s",
-                                self.grace.as_secs()
-                            ),
-                        );
+                        let detail = format!("cancelled by {actor}; stopping within {} s", self.grace.as_secs());
+                        let e = Self::event(&mut live, "cancelled", now, detail);
                         batch.spawns.push(Spawn::Stop(self.run_spec(&live)));
+                        self.sched.stopping(id);
                         live.wl.state = WorkloadState::Stopping;
                         batch.changes.push(Change::Update {
                             workload: Box::new(live.wl.clone()),
@@ -793,12 +933,7 @@ impl Actor {
                 if live.wl.state != WorkloadState::Placed {
                     return;
                 }
-                self.touch(id, batch);
-                let a = live
-                    .wl
-                    .allocation
-                    .clone()
-                    .expect("placed workloads have an allocation");
+                let a = live.wl.allocation.clone().expect("placed workloads have an allocation");
                 let mut events = vec![
                     Self::event(&mut live, "partitioned", partitioned_at, partition),
                     Self::event(
@@ -820,6 +955,7 @@ impl Actor {
                     units_milli: a.units_milli,
                     started_at: running_at,
                     ended_at: None,
+                    util_avg: None,
                 };
                 events.push(Self::event(
                     &mut live,
@@ -836,8 +972,7 @@ impl Actor {
                 live.wl.state = WorkloadState::Running;
                 live.wl.running_at = Some(rfc3339_ms(running_at));
                 live.wl.running_at_ms = Some(running_at);
-                live.wl.request_to_running_ms =
-                    Some((running_at - live.wl.created_at_ms).max(0) as u64);
+                live.wl.request_to_running_ms = Some((running_at - live.wl.created_at_ms).max(0) as u64);
                 batch.changes.push(Change::Update {
                     workload: Box::new(live.wl.clone()),
                     events,
@@ -849,11 +984,9 @@ impl Actor {
                 let Some(mut live) = self.live.get(&id).cloned() else {
                     return;
                 };
-                if live.wl.state != WorkloadState::Placed {
-                    return;
+                if live.wl.state == WorkloadState::Placed {
+                    self.finish(&mut live, WorkloadState::Failed, at, Some(detail), batch);
                 }
-                self.touch(id, batch);
-                self.finish(&mut live, WorkloadState::Failed, at, Some(detail), batch);
             }
             Cmd::Stopped { id, at } => {
                 let Some(mut live) = self.live.get(&id).cloned() else {
@@ -862,9 +995,36 @@ impl Actor {
                 if live.wl.state != WorkloadState::Stopping {
                     return;
                 }
-                self.touch(id, batch);
-                let reason = live.wl.reason.clone();
-                self.finish(&mut live, WorkloadState::Cancelled, at, reason, batch);
+                match live.preempted_by.take() {
+                    Some(why) if live.requeue => {
+                        // Preempted batch work goes back to the queue, keeping its place in time.
+                        let mut events = Vec::new();
+                        self.release(&mut live, at, &mut events, batch);
+                        events.push(Self::event(
+                            &mut live,
+                            "queued",
+                            at,
+                            format!("requeued after being {why}"),
+                        ));
+                        live.wl.state = WorkloadState::Queued;
+                        live.wl.reason = Some(format!("requeued after being {why}"));
+                        live.wl.allocation = None;
+                        live.wl.running_at = None;
+                        live.wl.running_at_ms = None;
+                        live.wl.borrowing = false;
+                        batch.changes.push(Change::Update {
+                            workload: Box::new(live.wl.clone()),
+                            events,
+                        });
+                        self.sched.enqueue(self.job_of(&live));
+                        self.live.insert(id, live);
+                    }
+                    Some(why) => self.finish(&mut live, WorkloadState::Preempted, at, Some(why), batch),
+                    None => {
+                        let reason = live.wl.reason.clone();
+                        self.finish(&mut live, WorkloadState::Cancelled, at, reason, batch)
+                    }
+                }
             }
             Cmd::Exited {
                 id,
@@ -878,7 +1038,6 @@ impl Actor {
                 if live.wl.state != WorkloadState::Running {
                     return;
                 }
-                self.touch(id, batch);
                 let (state, reason) = if success {
                     (WorkloadState::Succeeded, None)
                 } else {
@@ -890,11 +1049,7 @@ impl Actor {
         }
     }
 
-    async fn create(
-        &mut self,
-        nw: NewWorkload,
-        batch: &mut Batch,
-    ) -> ApiResult<Option<(Workload, bool)>> {
+    async fn create(&mut self, nw: NewWorkload, now: i64, batch: &mut Batch) -> ApiResult<Option<(Workload, bool)>> {
         if let Some((key, hash)) = &nw.idempotency {
             let k = (nw.actor.clone(), key.clone());
             let prior = match batch.idempotency.get(&k) {
@@ -905,21 +1060,14 @@ impl Actor {
                 if &h != hash {
                     return Err(ApiError::invalid(
                         "Idempotency-Key",
-                        format!(
-                            "Idempotency-Key `{key}` was already used with a different request body"
-                        ),
+                        format!("Idempotency-Key `{key}` was already used with a different request body"),
                     ));
                 }
                 if let Some(l) = self.live.get(&id) {
                     return Ok(Some((l.wl.clone(), false)));
                 }
-                let wl = self
-                    .cache
-                    .read()
-                    .expect("lock")
-                    .get(id)
-                    .map(|w| (*w).clone());
-                let wl = match wl {
+                let cached = self.cache.read().expect("lock").get(id).map(|w| (*w).clone());
+                let wl = match cached {
                     Some(w) => w,
                     None => self
                         .store
@@ -932,17 +1080,7 @@ impl Actor {
         }
         let tenant = self.tenant_id(&nw.spec.tenant);
         let request = nw.request.clone().with_tenant(tenant);
-        // A request that no node could ever hold is refused at once, and nothing is stored.
-        if let Err(u) = self.engine.plan(&request)
-            && u.reason == Reason::Constraint
-        {
-            return Err(ApiError::invalid(
-                constraint_field(&nw.spec.shape, &u.message),
-                u.message,
-            ));
-        }
         let id = self.next_id;
-        self.next_id += 1;
         let at = nw.received_at;
         let spec = nw.spec;
         let wl = Workload {
@@ -959,6 +1097,7 @@ impl Actor {
             image: spec.image.clone(),
             priority: spec.priority.clone().unwrap_or_else(|| "standard".into()),
             state: WorkloadState::Pending,
+            borrowing: false,
             reason: None,
             units: units_label(nw.units),
             allocation: None,
@@ -975,9 +1114,37 @@ impl Actor {
             next_seq: 0,
             usage_seq: 0,
             usage_open: false,
+            preempted_by: None,
+            requeue: spec.kind == WorkloadKind::Batch && !spec.no_requeue,
+            no_wait: spec.no_wait,
+            util: (0.0, 0.0),
         };
-        self.touch(id, batch);
-        let mut events = vec![
+        let job = self.job_of(&live);
+        if self.sched.budget(&job.tenant).is_some() {
+            let spent = self.month_spent(&job.tenant, now);
+            self.sched.set_spent(&job.tenant, spent);
+        }
+        self.live.insert(id, live.clone());
+        let actions = self.sched.submit(job, now);
+        // A refusal of the new request (it can never fit, or it is over its limit or budget and
+        // may not wait) is answered at once, and nothing is stored.
+        if let Some(reason) = actions.iter().find_map(|a| match a {
+            Action::Refused { id: r, reason } if *r == id => Some(reason.clone()),
+            _ => None,
+        }) {
+            self.live.remove(&id);
+            let others: Vec<Action> = actions
+                .into_iter()
+                .filter(|a| !matches!(a, Action::Refused { id: r, .. } if *r == id))
+                .collect();
+            self.apply(others, now, batch);
+            return Err(match reason.strip_prefix("constraint: ") {
+                Some(msg) => ApiError::invalid(constraint_field(&spec.shape, msg), msg.to_string()),
+                None => ApiError::quota(reason),
+            });
+        }
+        self.next_id += 1;
+        let events = vec![
             Self::event(
                 &mut live,
                 "requested",
@@ -993,43 +1160,15 @@ impl Actor {
             Self::event(
                 &mut live,
                 "authorised",
-                now_ms(),
+                now,
                 format!(
-                    "{} token {} may create workloads in tenant {}",
+                    "{} token {} may create workloads in tenant {}; quota and budget checked",
                     nw.role, nw.actor, spec.tenant
                 ),
             ),
         ];
-        let now = now_ms();
-        // Older queued work of the same or higher priority goes first: a new request is placed
-        // at once only when nothing that outranks it is waiting.
-        let rank = priority_rank(&live.wl.priority);
-        let outranked = self.queue.iter().next().is_some_and(|&(r, _)| r <= rank);
-        let placed = if outranked {
-            Err(None)
-        } else {
-            self.try_place(&mut live, now, batch).map_err(Some)
-        };
-        match placed {
-            Ok(e) => events.push(e),
-            Err(refusal) => {
-                let reason = match refusal {
-                    Some(u) => format!("{}: {}", u.reason, u.message),
-                    None => {
-                        "waiting behind earlier requests of equal or higher priority".to_string()
-                    }
-                };
-                events.push(Self::event(&mut live, "queued", now, reason.clone()));
-                live.wl.state = WorkloadState::Queued;
-                live.wl.reason = Some(reason);
-                self.queue.insert((rank, id));
-                self.dirty = true;
-            }
-        }
         let idem = nw.idempotency.map(|(k, h)| {
-            batch
-                .idempotency
-                .insert((nw.actor.clone(), k.clone()), (h.clone(), id));
+            batch.idempotency.insert((nw.actor.clone(), k.clone()), (h.clone(), id));
             (nw.actor.clone(), k, h)
         });
         batch.changes.push(Change::Insert {
@@ -1037,49 +1176,10 @@ impl Actor {
             events,
             idempotency: idem,
         });
-        let wl = live.wl.clone();
         self.live.insert(id, live);
+        self.apply(actions, now, batch);
+        let wl = self.live.get(&id).map(|l| l.wl.clone()).expect("just inserted");
         Ok(Some((wl, true)))
-    }
-
-    /// Places queued workloads in priority then arrival order, while capacity allows.
-    fn schedule(&mut self, batch: &mut Batch) {
-        self.dirty = false;
-        let queue: Vec<(u8, u64)> = self.queue.iter().copied().collect();
-        for (rank, id) in queue {
-            let Some(mut live) = self.live.get(&id).cloned() else {
-                self.queue.remove(&(rank, id));
-                continue;
-            };
-            let at = now_ms();
-            match self.try_place(&mut live, at, batch) {
-                Ok(e) => {
-                    self.touch(id, batch);
-                    self.queue.remove(&(rank, id));
-                    batch.changes.push(Change::Update {
-                        workload: Box::new(live.wl.clone()),
-                        events: vec![e],
-                    });
-                    self.live.insert(id, live);
-                }
-                Err(u) => {
-                    let reason = format!("{}: {}", u.reason, u.message);
-                    if live.wl.reason.as_deref() != Some(reason.as_str())
-                        || live.wl.state == WorkloadState::Pending
-                    {
-                        self.touch(id, batch);
-                        let e = Self::event(&mut live, "queued", at, reason.clone());
-                        live.wl.state = WorkloadState::Queued;
-                        live.wl.reason = Some(reason);
-                        batch.changes.push(Change::Update {
-                            workload: Box::new(live.wl.clone()),
-                            events: vec![e],
-                        });
-                        self.live.insert(id, live);
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -1120,8 +1220,7 @@ fn constraint_field(shape: &GpuShape, message: &str) -> String {
         "cpu_milli".into()
     } else if message.contains("host memory") {
         "memory_mib".into()
-    } else if message.contains("pool `") && shape.pool.is_some() && message.contains("cannot serve")
-    {
+    } else if message.contains("pool `") && shape.pool.is_some() && message.contains("cannot serve") {
         "shape.pool".into()
     } else if shape.gpus.is_some() {
         "shape.gpus".into()
@@ -1173,12 +1272,7 @@ fn describe_alloc(a: &AllocationView) -> String {
 }
 
 /// The engine request for an API shape. Errors name the field.
-pub fn shape_request(
-    fleet: &Fleet,
-    s: &GpuShape,
-    cpu_milli: u64,
-    memory_mib: u64,
-) -> Result<Request, ApiError> {
+pub fn shape_request(fleet: &Fleet, s: &GpuShape, cpu_milli: u64, memory_mib: u64) -> Result<Request, ApiError> {
     use tessera_model::Shape;
     let set = [s.gpus.is_some(), s.mig.is_some(), s.fraction.is_some()]
         .iter()
@@ -1247,9 +1341,7 @@ pub fn shape_request(
         if f == 0 || f >= 1000 {
             return Err(ApiError::invalid(
                 "shape.fraction",
-                format!(
-                    "{f} milli-GPU: a fraction must be between 1 and 999; ask for `gpus` for whole GPUs"
-                ),
+                format!("{f} milli-GPU: a fraction must be between 1 and 999; ask for `gpus` for whole GPUs"),
             ));
         }
         Shape::Fraction {
@@ -1263,9 +1355,7 @@ pub fn shape_request(
             "gpu_memory_mib goes with `fraction` only (whole GPUs and MIG instances come with their memory)",
         ));
     }
-    let mut r = Request::new(shape)
-        .with_host(cpu_milli, memory_mib)
-        .with_models(models);
+    let mut r = Request::new(shape).with_host(cpu_milli, memory_mib).with_models(models);
     r.pool = pool;
     Ok(r)
 }
@@ -1278,9 +1368,7 @@ pub fn allocation_view(fleet: &Fleet, a: &Allocation) -> AllocationView {
         pool: fleet.pool(node.pool).name.clone(),
         node: node.name.clone(),
         model: model.name.clone(),
-        gpus: (0..node.gpus)
-            .filter(|g| a.grant.gpu_mask() >> g & 1 == 1)
-            .collect(),
+        gpus: (0..node.gpus).filter(|g| a.grant.gpu_mask() >> g & 1 == 1).collect(),
         kind: String::new(),
         mig_profile: None,
         mig_profile_id: None,
@@ -1300,16 +1388,12 @@ pub fn allocation_view(fleet: &Fleet, a: &Allocation) -> AllocationView {
             ..
         } => {
             v.kind = "mig".into();
-            v.mig_profile = model
-                .mig
-                .map(|g| model.profile_name(&g.profiles[profile as usize]));
+            v.mig_profile = model.mig.map(|g| model.profile_name(&g.profiles[profile as usize]));
             v.mig_profile_id = Some(profile_id);
             v.mig_start = Some(start);
             v.mig_size = Some(size);
         }
-        Grant::Fraction {
-            milli, memory_mib, ..
-        } => {
+        Grant::Fraction { milli, memory_mib, .. } => {
             v.kind = "fraction".into();
             v.milli = Some(milli);
             v.gpu_memory_mib = (memory_mib > 0).then_some(memory_mib);
@@ -1342,9 +1426,7 @@ fn allocation_from_view(
                 .mig
                 .filter(|_| fleet.pool(n.pool).sharing == Sharing::Mig)
                 .ok_or("node is not in a MIG pool")?;
-            let pid = v
-                .mig_profile_id
-                .ok_or("MIG allocation without a profile ID")?;
+            let pid = v.mig_profile_id.ok_or("MIG allocation without a profile ID")?;
             let profile = geom
                 .profile_index(pid)
                 .ok_or_else(|| format!("{} has no MIG profile {pid}", model.name))?;

@@ -10,6 +10,7 @@ pub mod api;
 pub mod auth;
 pub mod controller;
 pub mod problem;
+pub mod usage;
 pub mod views;
 
 use std::net::SocketAddr;
@@ -24,6 +25,7 @@ use axum::routing::get;
 use tessera_backend::{Backend, SimBackend, SimConfig};
 use tessera_model::Fleet;
 use tessera_sched::Engine;
+use tessera_sched::govern::{GovernConfig, Scheduler};
 use tessera_store::Store;
 use tokio::net::TcpListener;
 
@@ -50,6 +52,7 @@ pub struct AppState {
     pub controller: Controller,
     pub auth: Arc<Authenticator>,
     pub backend_name: &'static str,
+    pub prices: Arc<usage::Prices>,
 }
 
 /// How to run the server.
@@ -63,6 +66,10 @@ pub struct ServerConfig {
     pub sim: SimConfig,
     /// Grace period for stopping workloads.
     pub grace: Duration,
+    /// Priority classes, minimum runtime, fair-share half-life, backfill window.
+    pub govern: GovernConfig,
+    /// Price per GPU-unit-hour by resource class, for usage reports.
+    pub prices: usage::Prices,
 }
 
 /// A started server.
@@ -113,18 +120,10 @@ async fn console() -> impl IntoResponse {
 
 /// Opens the store, creates the admin token on first start, rebuilds state, and serves.
 pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
-    let store = Store::open_dir(&cfg.data_dir).await.map_err(|e| {
-        anyhow_like::msg(format!(
-            "opening the store in {}: {e}",
-            cfg.data_dir.display()
-        ))
-    })?;
-    let admin_token = if store
-        .token_count()
+    let store = Store::open_dir(&cfg.data_dir)
         .await
-        .map_err(|e| anyhow_like::msg(e.to_string()))?
-        == 0
-    {
+        .map_err(|e| anyhow_like::msg(format!("opening the store in {}: {e}", cfg.data_dir.display())))?;
+    let admin_token = if store.token_count().await.map_err(|e| anyhow_like::msg(e.to_string()))? == 0 {
         let secret = auth::new_secret();
         store
             .create_token(
@@ -143,37 +142,33 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         None
     };
     let fleet = Arc::new(cfg.fleet);
-    let policy = tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(anyhow_like::msg)?;
-    let engine = Engine::new(fleet.clone(), policy, 1);
+    tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(anyhow_like::msg)?;
+    let factory: controller::SchedFactory = {
+        let (fleet, policy, govern) = (fleet.clone(), cfg.policy.clone(), cfg.govern.clone());
+        Arc::new(move || {
+            let p = tessera_sched::replay::make_policy(&policy, &[]).expect("policy name checked at start");
+            Scheduler::new(Engine::new(fleet.clone(), p, 1), govern.clone())
+        })
+    };
     let sim = Arc::new(SimBackend::new(cfg.sim));
     let backend: Arc<dyn Backend> = sim.clone();
     let started = std::time::Instant::now();
-    let controller = Actor::start(
-        fleet.clone(),
-        engine,
-        store.clone(),
-        backend.clone(),
-        cfg.grace,
-    )
-    .await
-    .map_err(|e| anyhow_like::msg(e.detail))?;
-    tracing::info!(
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "state rebuilt"
-    );
+    let controller = Actor::start(fleet.clone(), factory, store.clone(), backend.clone(), cfg.grace)
+        .await
+        .map_err(|e| anyhow_like::msg(e.detail))?;
+    tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "state rebuilt");
     let state = AppState {
         store: store.clone(),
         fleet,
         controller,
         auth: Arc::new(Authenticator::new(store)),
         backend_name: backend.name(),
+        prices: Arc::new(cfg.prices),
     };
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| anyhow_like::msg(format!("cannot listen on {}: {e}", cfg.listen)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| anyhow_like::msg(e.to_string()))?;
+    let addr = listener.local_addr().map_err(|e| anyhow_like::msg(e.to_string()))?;
     let app = app(state);
     let task = tokio::spawn(async move {
         axum::serve(listener, app)

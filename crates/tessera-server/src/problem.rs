@@ -15,12 +15,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(
-        status: StatusCode,
-        kind: &'static str,
-        title: &'static str,
-        detail: impl Into<String>,
-    ) -> Self {
+    fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
         ApiError {
             status,
             kind,
@@ -43,12 +38,7 @@ impl ApiError {
     }
 
     pub fn bad_request(detail: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "malformed",
-            "Malformed request",
-            detail,
-        )
+        Self::new(StatusCode::BAD_REQUEST, "malformed", "Malformed request", detail)
     }
 
     pub fn not_found(detail: impl Into<String>) -> Self {
@@ -59,13 +49,13 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "conflict", "Conflict", detail)
     }
 
+    /// 403: refused by a quota, limit or budget.
+    pub fn quota(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "quota", "Refused by quota", detail)
+    }
+
     pub fn unauthorized(detail: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "Unauthorized",
-            detail,
-        )
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized", detail)
     }
 
     pub fn forbidden(detail: impl Into<String>) -> Self {
@@ -100,12 +90,7 @@ impl ApiError {
     }
 
     pub fn internal(detail: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "Internal error",
-            detail,
-        )
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", detail)
     }
 
     pub fn to_problem(&self, instance: Option<String>) -> Problem {
@@ -123,9 +108,7 @@ impl ApiError {
 impl From<tessera_store::StoreError> for ApiError {
     fn from(e: tessera_store::StoreError) -> Self {
         match e {
-            tessera_store::StoreError::Conflict(what) => {
-                ApiError::conflict(format!("{what} already exists"))
-            }
+            tessera_store::StoreError::Conflict(what) => ApiError::conflict(format!("{what} already exists")),
             other => {
                 tracing::error!(error = %other, "store error");
                 ApiError::unavailable("the store is unavailable; retry shortly")

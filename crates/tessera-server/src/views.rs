@@ -14,17 +14,14 @@ pub fn pools(ctx: &ViewCtx, _id: &Identity) -> Vec<PoolView> {
         .iter()
         .map(|p| {
             let nodes = &f.nodes[p.nodes.start as usize..p.nodes.end as usize];
-            let states = &ctx.engine.state().nodes[p.nodes.start as usize..p.nodes.end as usize];
+            let states = &ctx.sched.engine.state().nodes[p.nodes.start as usize..p.nodes.end as usize];
             let used: u64 = states
                 .iter()
                 .flat_map(|s| s.gpus.iter())
                 .map(|g| g.used_milli as u64)
                 .sum();
             let gpus: u64 = nodes.iter().map(|n| n.gpus as u64).sum();
-            let mut models: Vec<String> = nodes
-                .iter()
-                .map(|n| f.catalogue.get(n.model).name.clone())
-                .collect();
+            let mut models: Vec<String> = nodes.iter().map(|n| f.catalogue.get(n.model).name.clone()).collect();
             models.sort();
             models.dedup();
             PoolView {
@@ -41,19 +38,12 @@ pub fn pools(ctx: &ViewCtx, _id: &Identity) -> Vec<PoolView> {
         .collect()
 }
 
-pub fn nodes(
-    ctx: &ViewCtx,
-    _id: &Identity,
-    pool: Option<&str>,
-    node: Option<&str>,
-) -> Vec<NodeView> {
+pub fn nodes(ctx: &ViewCtx, _id: &Identity, pool: Option<&str>, node: Option<&str>) -> Vec<NodeView> {
     let f = ctx.fleet;
     f.nodes
         .iter()
-        .zip(&ctx.engine.state().nodes)
-        .filter(|(n, _)| {
-            pool.is_none_or(|p| f.pool(n.pool).name == p) && node.is_none_or(|x| n.name == x)
-        })
+        .zip(&ctx.sched.engine.state().nodes)
+        .filter(|(n, _)| pool.is_none_or(|p| f.pool(n.pool).name == p) && node.is_none_or(|x| n.name == x))
         .map(|(n, s)| NodeView {
             name: n.name.clone(),
             pool: f.pool(n.pool).name.clone(),
@@ -77,7 +67,7 @@ pub fn nodes(
 
 pub fn gpus(ctx: &ViewCtx, id: &Identity, pool: Option<&str>, node: Option<&str>) -> Vec<GpuView> {
     let f = ctx.fleet;
-    let st = ctx.engine.state();
+    let st = ctx.sched.engine.state();
     let mut out = Vec::new();
     for (ni, n) in f.nodes.iter().enumerate() {
         let p = f.pool(n.pool);
@@ -92,9 +82,7 @@ pub fn gpus(ctx: &ViewCtx, id: &Identity, pool: Option<&str>, node: Option<&str>
                     continue;
                 };
                 let (tenant, project, workload) = match ctx.workloads.get(h) {
-                    Some(l) if id.can_read(&l.wl.tenant) => {
-                        (l.wl.tenant.clone(), l.wl.project.clone(), *h)
-                    }
+                    Some(l) if id.can_read(&l.wl.tenant) => (l.wl.tenant.clone(), l.wl.project.clone(), *h),
                     Some(_) => ("(another tenant)".to_string(), String::new(), 0),
                     None => (String::new(), String::new(), *h),
                 };

@@ -44,12 +44,14 @@ async fn server(tag: &str) -> Srv {
         policy: "tessera".into(),
         sim: Default::default(),
         grace: Duration::from_secs(5),
+        govern: tessera_sched::govern::GovernConfig {
+            min_runtime_ms: 0,
+            ..Default::default()
+        },
+        prices: Default::default(),
     };
     let r = start(cfg).await.unwrap();
-    let token = r
-        .admin_token
-        .clone()
-        .expect("first start creates the admin token");
+    let token = r.admin_token.clone().expect("first start creates the admin token");
     let on_disk = std::fs::read_to_string(dir.0.join("admin-token")).unwrap();
     assert_eq!(on_disk.trim(), token);
     #[cfg(unix)]
@@ -126,9 +128,7 @@ impl Srv {
 
     async fn setup_tenant(&self) {
         assert_eq!(
-            self.post("/api/v1/tenants", json!({"name": "vision"}))
-                .await
-                .0,
+            self.post("/api/v1/tenants", json!({"name": "vision"})).await.0,
             StatusCode::CREATED
         );
         assert_eq!(
@@ -179,9 +179,7 @@ fn wl(shape: Value) -> Value {
 async fn create_run_cancel_release() {
     let s = server("lifecycle").await;
     s.setup_tenant().await;
-    let (st, w) = s
-        .post("/api/v1/workloads", wl(json!({"mig": "3g.40gb"})))
-        .await;
+    let (st, w) = s.post("/api/v1/workloads", wl(json!({"mig": "3g.40gb"}))).await;
     assert_eq!(st, StatusCode::CREATED, "{w}");
     let id = w["id"].as_u64().unwrap();
     let running = s.wait_state(id, "running").await;
@@ -193,10 +191,7 @@ async fn create_run_cancel_release() {
 
     // 8 whole H100s.
     let (st, big) = s
-        .post(
-            "/api/v1/workloads",
-            wl(json!({"gpus": 8, "models": ["h100"]})),
-        )
+        .post("/api/v1/workloads", wl(json!({"gpus": 8, "models": ["h100"]})))
         .await;
     assert_eq!(st, StatusCode::CREATED, "{big}");
     let big_id = big["id"].as_u64().unwrap();
@@ -223,15 +218,11 @@ async fn create_run_cancel_release() {
     assert_eq!(g0["slices"][0]["tenant"], "vision");
 
     // cancel → released, capacity back
-    let (st, c) = s
-        .post(&format!("/api/v1/workloads/{id}/cancel"), json!({}))
-        .await;
+    let (st, c) = s.post(&format!("/api/v1/workloads/{id}/cancel"), json!({})).await;
     assert_eq!(st, StatusCode::OK, "{c}");
     s.wait_state(id, "cancelled").await;
     assert_eq!(s.units_used("serving").await, "0");
-    let (st, _) = s
-        .post(&format!("/api/v1/workloads/{id}/cancel"), json!({}))
-        .await;
+    let (st, _) = s.post(&format!("/api/v1/workloads/{id}/cancel"), json!({})).await;
     assert_eq!(st, StatusCode::CONFLICT, "cancelling an ended workload");
 
     let events = s.get(&format!("/api/v1/workloads/{id}/events")).await;
@@ -270,10 +261,7 @@ async fn batch_workloads_complete_and_queue_drains() {
     }
     let (_, w) = s.post("/api/v1/workloads", json!({"tenant": "vision", "project": "train", "name": "wait", "shape": {"gpus": 8, "pool": "training"}, "duration_s": 1})).await;
     assert_eq!(w["state"], "queued", "{w}");
-    assert!(
-        w["reason"].as_str().unwrap().starts_with("no-capacity"),
-        "{w}"
-    );
+    assert!(w["reason"].as_str().unwrap().starts_with("no-capacity"), "{w}");
     let wid = w["id"].as_u64().unwrap();
     s.wait_state(ids[0], "succeeded").await;
     s.wait_state(wid, "running").await;
@@ -338,11 +326,7 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored() {
             StatusCode::UNPROCESSABLE_ENTITY,
             "shape.mig",
         ),
-        (
-            wl(json!({"gpus": 9})),
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "shape.gpus",
-        ),
+        (wl(json!({"gpus": 9})), StatusCode::UNPROCESSABLE_ENTITY, "shape.gpus"),
         (
             wl(json!({"fraction": 0})),
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -418,12 +402,7 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored() {
     let (st, p) = s.post("/api/v1/workloads", big).await;
     assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{p}");
     // no token
-    let r = s
-        .http
-        .get(format!("{}/api/v1/pools", s.base))
-        .send()
-        .await
-        .unwrap();
+    let r = s.http.get(format!("{}/api/v1/pools", s.base)).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(s.workload_count().await, 0, "nothing stored");
 }
@@ -437,9 +416,7 @@ async fn tenant_tokens_see_only_their_tenant() {
         StatusCode::CREATED
     );
     assert_eq!(
-        s.post("/api/v1/tenants/nlp/projects", json!({"name": "p"}))
-            .await
-            .0,
+        s.post("/api/v1/tenants/nlp/projects", json!({"name": "p"})).await.0,
         StatusCode::CREATED
     );
     let (_, other) = s
@@ -449,10 +426,7 @@ async fn tenant_tokens_see_only_their_tenant() {
         )
         .await;
     let (st, t) = s
-        .post(
-            "/api/v1/tokens",
-            json!({"tenant": "vision", "role": "member"}),
-        )
+        .post("/api/v1/tokens", json!({"tenant": "vision", "role": "member"}))
         .await;
     assert_eq!(st, StatusCode::CREATED);
     let member = Srv {
@@ -470,13 +444,9 @@ async fn tenant_tokens_see_only_their_tenant() {
         )
         .await;
     assert_eq!(st, StatusCode::NOT_FOUND, "no existence leak");
-    let (st, _) = member
-        .post("/api/v1/tenants", json!({"name": "evil"}))
-        .await;
+    let (st, _) = member.post("/api/v1/tenants", json!({"name": "evil"})).await;
     assert_eq!(st, StatusCode::FORBIDDEN);
-    let (st, w) = member
-        .post("/api/v1/workloads", wl(json!({"fraction": 100})))
-        .await;
+    let (st, w) = member.post("/api/v1/workloads", wl(json!({"fraction": 100}))).await;
     assert_eq!(st, StatusCode::CREATED, "{w}");
     let mine = member.get("/api/v1/workloads").await;
     assert_eq!(mine["items"].as_array().unwrap().len(), 1);
@@ -528,10 +498,8 @@ async fn every_documented_route_is_served() {
             let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
             let body = (m == reqwest::Method::POST).then(|| json!({}));
             let (st, v) = s.req(m.clone(), &concrete, body, &[]).await;
-            let fallback = st == StatusCode::NOT_FOUND
-                && v["detail"]
-                    .as_str()
-                    .is_some_and(|d| d.starts_with("no route"));
+            let fallback =
+                st == StatusCode::NOT_FOUND && v["detail"].as_str().is_some_and(|d| d.starts_with("no route"));
             assert!(
                 !fallback && st != StatusCode::METHOD_NOT_ALLOWED,
                 "{method} {path} is documented but not routed ({st})"
@@ -542,4 +510,195 @@ async fn every_documented_route_is_served() {
     let (st, v) = s.req(reqwest::Method::GET, "/api/v1/nope", None, &[]).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
     assert!(v["detail"].as_str().unwrap().starts_with("no route"));
+}
+
+async fn put(s: &Srv, path: &str, body: Value) -> (StatusCode, Value) {
+    s.req(reqwest::Method::PUT, path, Some(body), &[]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_borrowing_limits_budgets_and_usage() {
+    let s = server("quota").await;
+    s.setup_tenant().await;
+    let (st, q) = put(
+        &s,
+        "/api/v1/tenants/vision/quotas/training",
+        json!({"guaranteed": 8, "limit": 16}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{q}");
+    let (st, p) = put(&s, "/api/v1/tenants/vision/quotas/nowhere", json!({"guaranteed": 8})).await;
+    assert_eq!(
+        (st, p["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("class"))
+    );
+    let (st, p) = put(
+        &s,
+        "/api/v1/tenants/vision/quotas/training",
+        json!({"guaranteed": 8, "limit": 4}),
+    )
+    .await;
+    assert_eq!(
+        (st, p["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("limit"))
+    );
+    let gang = |no_wait: bool| json!({"tenant": "vision", "project": "train", "name": "g", "shape": {"gpus": 8, "pool": "training"}, "no_wait": no_wait});
+    let (_, a) = s.post("/api/v1/workloads", gang(false)).await;
+    let (_, b) = s.post("/api/v1/workloads", gang(false)).await;
+    assert_eq!(a["borrowing"], false);
+    assert_eq!(b["borrowing"], true, "above the guarantee, within the limit: borrowing");
+    let (st, p) = s.post("/api/v1/workloads", gang(true)).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert_eq!(
+        p["detail"],
+        "tenant vision holds 16 of its 8 guaranteed training units (limit 16); this request needs 8"
+    );
+    let (st, w) = s.post("/api/v1/workloads", gang(false)).await;
+    assert_eq!(st, StatusCode::CREATED);
+    assert_eq!(w["state"], "queued");
+    assert_eq!(
+        w["reason"],
+        "tenant vision holds 16 of its 8 guaranteed training units (limit 16); this request needs 8"
+    );
+    let quotas = s.get("/api/v1/tenants/vision/quotas").await;
+    assert_eq!(
+        quotas["quotas"][0],
+        json!({"class": "training", "guaranteed": 8.0, "limit": 16.0, "used": 16.0, "borrowed": 8.0})
+    );
+
+    // A budget already spent refuses new work with the figure.
+    s.wait_state(a["id"].as_u64().unwrap(), "running").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        put(
+            &s,
+            "/api/v1/tenants/vision/budget",
+            json!({"monthly_unit_hours": 0.001})
+        )
+        .await
+        .0,
+        StatusCode::NO_CONTENT
+    );
+    let (st, p) = s
+        .post(
+            "/api/v1/workloads",
+            wl(json!({"fraction": 100}))
+                .as_object()
+                .unwrap()
+                .clone()
+                .into_iter()
+                .chain([("no_wait".to_string(), json!(true))])
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+        )
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("GPU-unit-hour budget for this month"),
+        "{p}"
+    );
+    let quotas = s.get("/api/v1/tenants/vision/quotas").await;
+    assert!(quotas["budget"]["spent_unit_hours"].as_f64().unwrap() > 0.001);
+
+    // Usage: the ledger has the two running gangs.
+    let u = s.get("/api/v1/usage?by=class").await;
+    assert_eq!(u["rows"][0]["key"], "training/H100-80GB-SXM");
+    assert!(u["total"]["allocated_unit_hours"].as_f64().unwrap() > 0.0);
+    let r = s
+        .http
+        .get(format!("{}/api/v1/usage?by=project&format=csv", s.base))
+        .bearer_auth(&s.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-type"], "text/csv; charset=utf-8");
+    let csv = r.text().await.unwrap();
+    assert!(
+        csv.starts_with(
+            "project,allocated_unit_hours,measured_unit_hours,cost_allocated_EUR,cost_measured_EUR\nvision/train,"
+        ),
+        "{csv}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_reclaims_its_guarantee_from_a_borrower() {
+    let s = server("reclaim").await;
+    s.setup_tenant().await;
+    assert_eq!(
+        s.post("/api/v1/tenants", json!({"name": "nlp"})).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        s.post("/api/v1/tenants/nlp/projects", json!({"name": "p"})).await.0,
+        StatusCode::CREATED
+    );
+    put(&s, "/api/v1/tenants/nlp/quotas/training", json!({"guaranteed": 64})).await;
+    // vision (no quota: guarantee 0) borrows the whole training pool.
+    let mut borrowers = Vec::new();
+    for _ in 0..16 {
+        let (_, w) = s
+            .post(
+                "/api/v1/workloads",
+                json!({"tenant": "vision", "project": "train", "name": "b", "shape": {"gpus": 8, "pool": "training"}}),
+            )
+            .await;
+        assert_eq!(w["borrowing"], true);
+        borrowers.push(w["id"].as_u64().unwrap());
+    }
+    for id in &borrowers {
+        s.wait_state(*id, "running").await;
+    }
+    let (_, own) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "nlp", "project": "p", "name": "mine", "shape": {"gpus": 8, "pool": "training"}}),
+        )
+        .await;
+    let own_id = own["id"].as_u64().unwrap();
+    let running = s.wait_state(own_id, "running").await;
+    assert_eq!(running["borrowing"], false);
+    let events = s.get(&format!("/api/v1/workloads/{own_id}/events")).await;
+    let preempting = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["detail"].as_str().unwrap().starts_with("preempting workload"))
+        .expect("who it preempted is recorded");
+    let victim: u64 = preempting["detail"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("preempting workload ")
+        .split(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(borrowers.contains(&victim));
+    s.wait_state(victim, "queued").await;
+    let vev = s.get(&format!("/api/v1/workloads/{victim}/events")).await;
+    let ev = vev.as_array().unwrap();
+    let steps: Vec<&str> = ev.iter().map(|e| e["step"].as_str().unwrap()).collect();
+    let at = steps
+        .iter()
+        .position(|s| *s == "preempted")
+        .expect("the victim records its preemption");
+    assert_eq!(&steps[at..at + 3], ["preempted", "released", "queued"], "{steps:?}");
+    assert!(
+        ev[at]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("preempted by workload {own_id}")),
+        "{vev}"
+    );
+    assert!(
+        ev[at + 2]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("requeued after being preempted"),
+        "{vev}"
+    );
 }

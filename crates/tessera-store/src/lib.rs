@@ -15,9 +15,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::Row;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use tessera_api::{Event, Project, Tenant, Workload, WorkloadState, rfc3339_ms};
 
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +53,7 @@ pub struct NewEvent {
 }
 
 /// One usage interval of the ledger.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct UsageInterval {
     pub workload_id: u64,
     pub seq: u32,
@@ -67,6 +65,17 @@ pub struct UsageInterval {
     pub units_milli: u64,
     pub started_at: i64,
     pub ended_at: Option<i64>,
+    /// Measured average utilisation (0..1) over the interval.
+    pub util_avg: Option<f64>,
+}
+
+/// A stored quota.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuotaRecord {
+    pub tenant: String,
+    pub class: String,
+    pub guaranteed_milli: u64,
+    pub limit_milli: Option<u64>,
 }
 
 /// One change of a write batch.
@@ -88,6 +97,7 @@ pub enum Change {
         workload_id: u64,
         seq: u32,
         ended_at: i64,
+        util_avg: Option<f64>,
     },
 }
 
@@ -157,25 +167,25 @@ impl Store {
         name: &str,
         now: i64,
     ) -> Result<()> {
-        sqlx::query("INSERT INTO api_tokens (id, hash, tenant, role, name, created_at) VALUES ($1, $2, $3, $4, $5, $6)")
-            .bind(id)
-            .bind(hash)
-            .bind(tenant)
-            .bind(role)
-            .bind(name)
-            .bind(now)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "INSERT INTO api_tokens (id, hash, tenant, role, name, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(id)
+        .bind(hash)
+        .bind(tenant)
+        .bind(role)
+        .bind(name)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
     pub async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        let row = sqlx::query(
-            "SELECT id, tenant, role, name, expires_at, revoked_at FROM api_tokens WHERE hash = $1",
-        )
-        .bind(hash)
-        .fetch_optional(&self.pool)
-        .await?;
+        let row = sqlx::query("SELECT id, tenant, role, name, expires_at, revoked_at FROM api_tokens WHERE hash = $1")
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(row.map(|r| TokenRecord {
             id: r.get(0),
             tenant: r.get(1),
@@ -189,13 +199,12 @@ impl Store {
     // ----- tenants and projects -----------------------------------------------------------------
 
     pub async fn create_tenant(&self, name: &str, display: &str, now: i64) -> Result<Tenant> {
-        let r =
-            sqlx::query("INSERT INTO tenants (name, display_name, created_at) VALUES ($1, $2, $3)")
-                .bind(name)
-                .bind(display)
-                .bind(now)
-                .execute(&self.pool)
-                .await;
+        let r = sqlx::query("INSERT INTO tenants (name, display_name, created_at) VALUES ($1, $2, $3)")
+            .bind(name)
+            .bind(display)
+            .bind(now)
+            .execute(&self.pool)
+            .await;
         match r {
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                 Err(StoreError::Conflict(format!("tenant `{name}`")))
@@ -223,11 +232,12 @@ impl Store {
 
     /// Tenants ordered by name, after `after`.
     pub async fn list_tenants(&self, after: Option<&str>, limit: u32) -> Result<Vec<Tenant>> {
-        let rows = sqlx::query("SELECT name, display_name, created_at FROM tenants WHERE name > $1 ORDER BY name LIMIT $2")
-            .bind(after.unwrap_or(""))
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows =
+            sqlx::query("SELECT name, display_name, created_at FROM tenants WHERE name > $1 ORDER BY name LIMIT $2")
+                .bind(after.unwrap_or(""))
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await?;
         Ok(rows
             .into_iter()
             .map(|r| Tenant {
@@ -267,9 +277,9 @@ impl Store {
             .execute(&self.pool)
             .await;
         match r {
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict(
-                format!("project `{name}` in tenant `{tenant}`"),
-            )),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                Err(StoreError::Conflict(format!("project `{name}` in tenant `{tenant}`")))
+            }
             Err(e) => Err(e.into()),
             Ok(_) => Ok(Project {
                 tenant: tenant.into(),
@@ -280,13 +290,11 @@ impl Store {
     }
 
     pub async fn get_project(&self, tenant: &str, name: &str) -> Result<Option<Project>> {
-        let row = sqlx::query(
-            "SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND name = $2",
-        )
-        .bind(tenant)
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await?;
+        let row = sqlx::query("SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND name = $2")
+            .bind(tenant)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(row.map(|r| Project {
             tenant: r.get(0),
             name: r.get(1),
@@ -294,12 +302,7 @@ impl Store {
         }))
     }
 
-    pub async fn list_projects(
-        &self,
-        tenant: &str,
-        after: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Project>> {
+    pub async fn list_projects(&self, tenant: &str, after: Option<&str>, limit: u32) -> Result<Vec<Project>> {
         let rows = sqlx::query(
             "SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND name > $2 ORDER BY name LIMIT $3",
         )
@@ -321,13 +324,12 @@ impl Store {
     /// Deletes a project without workloads; `false` if it has some.
     pub async fn delete_project(&self, tenant: &str, name: &str) -> Result<bool> {
         let mut tx = self.pool.begin().await?;
-        let used: i64 =
-            sqlx::query("SELECT COUNT(*) FROM workloads WHERE tenant = $1 AND project = $2")
-                .bind(tenant)
-                .bind(name)
-                .fetch_one(&mut *tx)
-                .await?
-                .get(0);
+        let used: i64 = sqlx::query("SELECT COUNT(*) FROM workloads WHERE tenant = $1 AND project = $2")
+            .bind(tenant)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?
+            .get(0);
         if used > 0 {
             return Ok(false);
         }
@@ -389,12 +391,10 @@ impl Store {
     }
 
     pub async fn events(&self, id: u64) -> Result<Vec<Event>> {
-        let rows = sqlx::query(
-            "SELECT seq, step, at, detail FROM workload_events WHERE workload_id = $1 ORDER BY seq",
-        )
-        .bind(id as i64)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query("SELECT seq, step, at, detail FROM workload_events WHERE workload_id = $1 ORDER BY seq")
+            .bind(id as i64)
+            .fetch_all(&self.pool)
+            .await?;
         Ok(rows
             .into_iter()
             .map(|r| {
@@ -437,39 +437,110 @@ impl Store {
 
     /// The workload created earlier by `actor` with idempotency `key`, with the request hash.
     pub async fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, u64)>> {
-        let row = sqlx::query(
-            "SELECT request_hash, workload_id FROM idempotency_keys WHERE actor = $1 AND key = $2",
-        )
-        .bind(actor)
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await?;
+        let row = sqlx::query("SELECT request_hash, workload_id FROM idempotency_keys WHERE actor = $1 AND key = $2")
+            .bind(actor)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(row.map(|r| (r.get(0), r.get::<i64, _>(1) as u64)))
     }
 
     pub async fn usage(&self, workload_id: u64) -> Result<Vec<UsageInterval>> {
         let rows = sqlx::query(
-            "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at \
+            "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg \
              FROM usage_intervals WHERE workload_id = $1 ORDER BY seq",
         )
         .bind(workload_id as i64)
         .fetch_all(&self.pool)
         .await?;
+        Ok(rows.into_iter().map(usage_row).collect())
+    }
+
+    /// Usage intervals that overlap `[from, to)`, optionally of one tenant, oldest first.
+    pub async fn usage_between(&self, tenant: Option<&str>, from: i64, to: i64) -> Result<Vec<UsageInterval>> {
+        let rows = sqlx::query(
+            "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg \
+             FROM usage_intervals WHERE ($1 IS NULL OR tenant = $1) AND started_at < $3 AND (ended_at IS NULL OR ended_at > $2) \
+             ORDER BY started_at, workload_id, seq",
+        )
+        .bind(tenant)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(usage_row).collect())
+    }
+
+    // ----- quotas and budgets -------------------------------------------------------------------
+
+    pub async fn set_quota(&self, q: &QuotaRecord, now: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO quotas (tenant, class, guaranteed_milli, limit_milli, updated_at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (tenant, class) DO UPDATE SET guaranteed_milli = $3, limit_milli = $4, updated_at = $5",
+        )
+        .bind(&q.tenant)
+        .bind(&q.class)
+        .bind(q.guaranteed_milli as i64)
+        .bind(q.limit_milli.map(|l| l as i64))
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn delete_quota(&self, tenant: &str, class: &str) -> Result<bool> {
+        let r = sqlx::query("DELETE FROM quotas WHERE tenant = $1 AND class = $2")
+            .bind(tenant)
+            .bind(class)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    pub async fn quotas(&self) -> Result<Vec<QuotaRecord>> {
+        let rows =
+            sqlx::query("SELECT tenant, class, guaranteed_milli, limit_milli FROM quotas ORDER BY tenant, class")
+                .fetch_all(&self.pool)
+                .await?;
         Ok(rows
             .into_iter()
-            .map(|r| UsageInterval {
-                workload_id: r.get::<i64, _>(0) as u64,
-                seq: r.get::<i64, _>(1) as u32,
-                tenant: r.get(2),
-                project: r.get(3),
-                pool: r.get(4),
-                model: r.get(5),
-                shape: r.get(6),
-                units_milli: r.get::<i64, _>(7) as u64,
-                started_at: r.get(8),
-                ended_at: r.get(9),
+            .map(|r| QuotaRecord {
+                tenant: r.get(0),
+                class: r.get(1),
+                guaranteed_milli: r.get::<i64, _>(2) as u64,
+                limit_milli: r.get::<Option<i64>, _>(3).map(|l| l as u64),
             })
             .collect())
+    }
+
+    pub async fn set_budget(&self, tenant: &str, unit_hours: Option<f64>, now: i64) -> Result<()> {
+        match unit_hours {
+            Some(b) => {
+                sqlx::query(
+                    "INSERT INTO budgets (tenant, monthly_unit_hours, updated_at) VALUES ($1, $2, $3) \
+                     ON CONFLICT (tenant) DO UPDATE SET monthly_unit_hours = $2, updated_at = $3",
+                )
+                .bind(tenant)
+                .bind(b)
+                .bind(now)
+                .execute(&self.pool)
+                .await?;
+            }
+            None => {
+                sqlx::query("DELETE FROM budgets WHERE tenant = $1")
+                    .bind(tenant)
+                    .execute(&self.pool)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn budgets(&self) -> Result<Vec<(String, f64)>> {
+        let rows = sqlx::query("SELECT tenant, monthly_unit_hours FROM budgets ORDER BY tenant")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
     /// Commits a batch of changes in one transaction.
@@ -485,8 +556,7 @@ impl Store {
                     events,
                     idempotency,
                 } => {
-                    let doc = serde_json::to_string(&**workload)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    let doc = serde_json::to_string(&**workload).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                     let now = events.first().map(|e| e.at).unwrap_or(0);
                     sqlx::query(
                         "INSERT INTO workloads (id, tenant, project, state, created_at, updated_at, doc) VALUES ($1, $2, $3, $4, $5, $5, $6)",
@@ -514,18 +584,15 @@ impl Store {
                     insert_events(&mut tx, workload.id, events).await?;
                 }
                 Change::Update { workload, events } => {
-                    let doc = serde_json::to_string(&**workload)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    let doc = serde_json::to_string(&**workload).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                     let now = events.last().map(|e| e.at).unwrap_or(0);
-                    sqlx::query(
-                        "UPDATE workloads SET state = $1, updated_at = $2, doc = $3 WHERE id = $4",
-                    )
-                    .bind(workload.state.as_str())
-                    .bind(now)
-                    .bind(doc)
-                    .bind(workload.id as i64)
-                    .execute(&mut *tx)
-                    .await?;
+                    sqlx::query("UPDATE workloads SET state = $1, updated_at = $2, doc = $3 WHERE id = $4")
+                        .bind(workload.state.as_str())
+                        .bind(now)
+                        .bind(doc)
+                        .bind(workload.id as i64)
+                        .execute(&mut *tx)
+                        .await?;
                     insert_events(&mut tx, workload.id, events).await?;
                 }
                 Change::OpenUsage(u) => {
@@ -549,13 +616,17 @@ impl Store {
                     workload_id,
                     seq,
                     ended_at,
+                    util_avg,
                 } => {
-                    sqlx::query("UPDATE usage_intervals SET ended_at = $1 WHERE workload_id = $2 AND seq = $3 AND ended_at IS NULL")
-                        .bind(ended_at)
-                        .bind(*workload_id as i64)
-                        .bind(*seq as i64)
-                        .execute(&mut *tx)
-                        .await?;
+                    sqlx::query(
+                        "UPDATE usage_intervals SET ended_at = $1, util_avg = $4 WHERE workload_id = $2 AND seq = $3 AND ended_at IS NULL",
+                    )
+                    .bind(ended_at)
+                    .bind(*workload_id as i64)
+                    .bind(*seq as i64)
+                    .bind(util_avg)
+                    .execute(&mut *tx)
+                    .await?;
                 }
             }
         }
@@ -564,11 +635,23 @@ impl Store {
     }
 }
 
-async fn insert_events(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    id: u64,
-    events: &[NewEvent],
-) -> Result<()> {
+fn usage_row(r: sqlx::sqlite::SqliteRow) -> UsageInterval {
+    UsageInterval {
+        workload_id: r.get::<i64, _>(0) as u64,
+        seq: r.get::<i64, _>(1) as u32,
+        tenant: r.get(2),
+        project: r.get(3),
+        pool: r.get(4),
+        model: r.get(5),
+        shape: r.get(6),
+        units_milli: r.get::<i64, _>(7) as u64,
+        started_at: r.get(8),
+        ended_at: r.get(9),
+        util_avg: r.get(10),
+    }
+}
+
+async fn insert_events(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: u64, events: &[NewEvent]) -> Result<()> {
     for e in events {
         sqlx::query("INSERT INTO workload_events (workload_id, seq, step, at, detail) VALUES ($1, $2, $3, $4, $5)")
             .bind(id as i64)
@@ -657,20 +740,11 @@ mod tests {
             ])
             .await;
         assert!(r.is_err());
-        assert_eq!(
-            s.get_workload(1).await.unwrap().unwrap().state,
-            WorkloadState::Pending
-        );
+        assert_eq!(s.get_workload(1).await.unwrap().unwrap().state, WorkloadState::Pending);
         assert_eq!(s.events(1).await.unwrap().len(), 1);
-        assert_eq!(
-            s.idempotent("admin", "k").await.unwrap(),
-            Some(("h".into(), 1))
-        );
+        assert_eq!(s.idempotent("admin", "k").await.unwrap(), Some(("h".into(), 1)));
         assert_eq!(s.active_workloads().await.unwrap().len(), 1);
-        assert!(
-            !s.delete_tenant("vision").await.unwrap(),
-            "tenant with workloads stays"
-        );
+        assert!(!s.delete_tenant("vision").await.unwrap(), "tenant with workloads stays");
         let page = s
             .list_workloads(&WorkloadFilter {
                 tenant: Some("vision".into()),

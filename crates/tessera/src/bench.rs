@@ -1,5 +1,5 @@
 //! `tessera bench placement`: placement throughput and decision latency of the engine at
-//! steady state.
+//! steady state. (`tessera bench api`, the running server under load, is in `benchapi.rs`.)
 //!
 //! A seeded stream of mixed requests — whole 1/2/4/8 GPUs, every MIG profile of the fleet's MIG
 //! models, fractions of shared GPUs from 8 tenants — is placed while the fleet is kept at a
@@ -23,6 +23,8 @@ use tessera_sched::replay::make_policy;
 pub enum BenchCommand {
     /// Placements per second and decision latency at steady state.
     Placement(PlacementArgs),
+    /// The running server's API under load: creations, reads and request-to-running.
+    Api(crate::benchapi::ApiArgs),
 }
 
 #[derive(clap::Args)]
@@ -45,9 +47,10 @@ pub struct PlacementArgs {
     json: bool,
 }
 
-pub fn run(cmd: BenchCommand) -> Result<()> {
+pub fn run(cmd: BenchCommand, conn: &crate::client::Connection) -> Result<()> {
     match cmd {
         BenchCommand::Placement(a) => placement(a),
+        BenchCommand::Api(a) => crate::benchapi::run(conn, a),
     }
 }
 
@@ -58,8 +61,7 @@ pub fn load_fleet(spec: &str) -> Result<Fleet> {
     if spec.starts_with("synthetic:") {
         bail!("--fleet: `{spec}`: expected synthetic:NODES with NODES a positive number");
     }
-    let text = std::fs::read_to_string(spec)
-        .map_err(|e| anyhow::anyhow!("--fleet: cannot read {spec}: {e}"))?;
+    let text = std::fs::read_to_string(spec).map_err(|e| anyhow::anyhow!("--fleet: cannot read {spec}: {e}"))?;
     Ok(Fleet::from_toml(&text, spec)?)
 }
 
@@ -154,8 +156,7 @@ fn placement(a: PlacementArgs) -> Result<()> {
                 Err(_) => {
                     refused += 1;
                     // At steady state a refusal frees room: release one to keep churning.
-                    if let Some((id, u)) = (!live.is_empty())
-                        .then(|| live.swap_remove(rng.random_range(0..live.len())))
+                    if let Some((id, u)) = (!live.is_empty()).then(|| live.swap_remove(rng.random_range(0..live.len())))
                     {
                         let t = Instant::now();
                         engine.release(id).expect("live allocation");
@@ -200,10 +201,7 @@ fn placement(a: PlacementArgs) -> Result<()> {
             fleet.gpu_count(),
             a.policy
         );
-        println!(
-            "  place calls          {} ({placed} placed, {refused} refused)",
-            a.ops
-        );
+        println!("  place calls          {} ({placed} placed, {refused} refused)", a.ops);
         println!("  placements/s         {:.0}", per_sec);
         println!("  decisions/s          {:.0}", calls / decision_time);
         println!(

@@ -9,11 +9,13 @@ use tessera_api::*;
 
 use crate::client::{Client, Connection};
 
-#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     #[default]
     Table,
     Json,
+    /// CSV (usage reports).
+    Csv,
 }
 
 #[derive(Args)]
@@ -70,6 +72,12 @@ pub struct RunArgs {
     /// Makes retries safe: the same key and request return the first workload.
     #[arg(long)]
     pub idempotency_key: Option<String>,
+    /// Beyond the tenant's limit or budget: be refused at once instead of waiting.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// If preempted, end instead of going back to the queue.
+    #[arg(long)]
+    pub no_requeue: bool,
     /// The command to run, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -163,9 +171,9 @@ pub fn parse_duration(s: &str) -> Result<i64> {
             'd' => 86_400,
             _ => bail!("--duration: `{s}` is not a duration (examples: 90s, 30m, 2h, 1h30m)"),
         };
-        let n: i64 = num.parse().map_err(|_| {
-            anyhow::anyhow!("--duration: `{s}` is not a duration (examples: 90s, 30m, 2h)")
-        })?;
+        let n: i64 = num
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--duration: `{s}` is not a duration (examples: 90s, 30m, 2h)"))?;
         total += n * mult;
         num.clear();
     }
@@ -251,10 +259,7 @@ fn compact(g: &[u8]) -> String {
     if g.len() > 1 && g.windows(2).all(|w| w[1] == w[0] + 1) {
         format!("{}-{}", g[0], g[g.len() - 1])
     } else {
-        g.iter()
-            .map(|x| x.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
+        g.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
     }
 }
 
@@ -269,23 +274,13 @@ fn workload_rows(items: &[Workload]) -> Vec<Vec<String>> {
                 shape_str(&w.shape),
                 w.state.as_str().to_string(),
                 where_str(w),
-                w.request_to_running_ms
-                    .map(|m| format!("{m} ms"))
-                    .unwrap_or_default(),
+                w.request_to_running_ms.map(|m| format!("{m} ms")).unwrap_or_default(),
             ]
         })
         .collect()
 }
 
-const WORKLOAD_HEAD: [&str; 7] = [
-    "ID",
-    "TENANT/PROJECT",
-    "NAME",
-    "SHAPE",
-    "STATE",
-    "WHERE",
-    "TO RUNNING",
-];
+const WORKLOAD_HEAD: [&str; 7] = ["ID", "TENANT/PROJECT", "NAME", "SHAPE", "STATE", "WHERE", "TO RUNNING"];
 
 pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
     let client = Client::new(&c.conn)?;
@@ -317,6 +312,8 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
         command: (!a.command.is_empty()).then_some(a.command),
         image: a.image,
         priority: a.priority,
+        no_wait: a.no_wait,
+        no_requeue: a.no_requeue,
     };
     let extra: Vec<(&str, String)> = a
         .idempotency_key
@@ -326,12 +323,9 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
         .call(Method::POST, "/api/v1/workloads", Some(&body), &extra)
         .await?;
     match c.output {
-        Output::Json => print_json(&w),
+        Output::Json | Output::Csv => print_json(&w),
         Output::Table => {
-            println!(
-                "{}",
-                table(&WORKLOAD_HEAD, &workload_rows(std::slice::from_ref(&w)))
-            );
+            println!("{}", table(&WORKLOAD_HEAD, &workload_rows(std::slice::from_ref(&w))));
             if let Some(r) = &w.reason {
                 println!("reason: {r}");
             }
@@ -343,20 +337,14 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
 pub async fn ls(c: &Common, a: LsArgs) -> Result<()> {
     let client = Client::new(&c.conn)?;
     let mut q = vec![format!("limit={}", a.limit)];
-    for (k, v) in [
-        ("tenant", &a.tenant),
-        ("project", &a.project),
-        ("state", &a.state),
-    ] {
+    for (k, v) in [("tenant", &a.tenant), ("project", &a.project), ("state", &a.state)] {
         if let Some(v) = v {
             q.push(format!("{k}={v}"));
         }
     }
-    let page: Page<Workload> = client
-        .get(&format!("/api/v1/workloads?{}", q.join("&")))
-        .await?;
+    let page: Page<Workload> = client.get(&format!("/api/v1/workloads?{}", q.join("&"))).await?;
     match c.output {
-        Output::Json => print_json(&page.items),
+        Output::Json | Output::Csv => print_json(&page.items),
         Output::Table => {
             println!("{}", table(&WORKLOAD_HEAD, &workload_rows(&page.items)));
             Ok(())
@@ -376,9 +364,7 @@ fn ms_gap(a: i64, b: i64) -> String {
 pub async fn describe(c: &Common, id: u64) -> Result<()> {
     let client = Client::new(&c.conn)?;
     let w: Workload = client.get(&format!("/api/v1/workloads/{id}")).await?;
-    let events: Vec<Event> = client
-        .get(&format!("/api/v1/workloads/{id}/events"))
-        .await?;
+    let events: Vec<Event> = client.get(&format!("/api/v1/workloads/{id}/events")).await?;
     if let Output::Json = c.output {
         return print_json(&serde_json::json!({"workload": w, "events": events}));
     }
@@ -394,10 +380,7 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
     println!(
         "  state       {}{}",
         w.state.as_str(),
-        w.reason
-            .as_ref()
-            .map(|r| format!(" — {r}"))
-            .unwrap_or_default()
+        w.reason.as_ref().map(|r| format!(" — {r}")).unwrap_or_default()
     );
     if let Some(a) = &w.allocation {
         println!(
@@ -431,13 +414,10 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
 pub async fn cancel(c: &Common, id: u64) -> Result<()> {
     let client = Client::new(&c.conn)?;
     let w: Workload = client
-        .post(
-            &format!("/api/v1/workloads/{id}/cancel"),
-            &serde_json::json!({}),
-        )
+        .post(&format!("/api/v1/workloads/{id}/cancel"), &serde_json::json!({}))
         .await?;
     match c.output {
-        Output::Json => print_json(&w),
+        Output::Json | Output::Csv => print_json(&w),
         Output::Table => {
             println!("workload {} is {}", w.id, w.state.as_str());
             Ok(())
@@ -449,7 +429,7 @@ pub async fn pools(c: &Common) -> Result<()> {
     let client = Client::new(&c.conn)?;
     let p: Page<PoolView> = client.get("/api/v1/pools").await?;
     match c.output {
-        Output::Json => print_json(&p.items),
+        Output::Json | Output::Csv => print_json(&p.items),
         Output::Table => {
             let rows: Vec<Vec<String>> = p
                 .items
@@ -467,10 +447,7 @@ pub async fn pools(c: &Common) -> Result<()> {
                 .collect();
             println!(
                 "{}",
-                table(
-                    &["POOL", "SHARING", "NODES", "GPUS", "UNITS USED", "MODELS"],
-                    &rows
-                )
+                table(&["POOL", "SHARING", "NODES", "GPUS", "UNITS USED", "MODELS"], &rows)
             );
             Ok(())
         }
@@ -507,10 +484,9 @@ async fn all_pages<T: serde::de::DeserializeOwned>(client: &Client, path: &str) 
 
 pub async fn nodes(c: &Common, f: FleetFilterArgs) -> Result<()> {
     let client = Client::new(&c.conn)?;
-    let items: Vec<NodeView> =
-        all_pages(&client, &format!("/api/v1/nodes?{}", filter_query(&f))).await?;
+    let items: Vec<NodeView> = all_pages(&client, &format!("/api/v1/nodes?{}", filter_query(&f))).await?;
     match c.output {
-        Output::Json => print_json(&items),
+        Output::Json | Output::Csv => print_json(&items),
         Output::Table => {
             let rows: Vec<Vec<String>> = items
                 .iter()
@@ -578,8 +554,7 @@ fn gpu_cell(g: &GpuView) -> String {
 
 pub async fn gpus(c: &Common, f: FleetFilterArgs) -> Result<()> {
     let client = Client::new(&c.conn)?;
-    let items: Vec<GpuView> =
-        all_pages(&client, &format!("/api/v1/gpus?{}", filter_query(&f))).await?;
+    let items: Vec<GpuView> = all_pages(&client, &format!("/api/v1/gpus?{}", filter_query(&f))).await?;
     if let Output::Json = c.output {
         return print_json(&items);
     }
@@ -602,7 +577,7 @@ pub async fn tenants(c: &Common, a: TenantsArgs) -> Result<()> {
                 .post("/api/v1/tenants", &CreateTenant { name, display_name })
                 .await?;
             match c.output {
-                Output::Json => print_json(&t),
+                Output::Json | Output::Csv => print_json(&t),
                 Output::Table => {
                     println!("tenant {} created", t.name);
                     Ok(())
@@ -611,12 +586,7 @@ pub async fn tenants(c: &Common, a: TenantsArgs) -> Result<()> {
         }
         Some(TenantCmd::Delete { name }) => {
             client
-                .call::<(), serde_json::Value>(
-                    Method::DELETE,
-                    &format!("/api/v1/tenants/{name}"),
-                    None,
-                    &[],
-                )
+                .call::<(), serde_json::Value>(Method::DELETE, &format!("/api/v1/tenants/{name}"), None, &[])
                 .await?;
             println!("tenant {name} deleted");
             Ok(())
@@ -624,7 +594,7 @@ pub async fn tenants(c: &Common, a: TenantsArgs) -> Result<()> {
         None => {
             let items: Vec<Tenant> = all_pages(&client, "/api/v1/tenants?limit=500").await?;
             match c.output {
-                Output::Json => print_json(&items),
+                Output::Json | Output::Csv => print_json(&items),
                 Output::Table => {
                     let rows: Vec<Vec<String>> = items
                         .iter()
@@ -646,13 +616,10 @@ pub async fn projects(c: &Common, a: ProjectsArgs) -> Result<()> {
     match a.cmd {
         Some(ProjectCmd::Create { name }) => {
             let p: Project = client
-                .post(
-                    &format!("/api/v1/tenants/{tenant}/projects"),
-                    &CreateProject { name },
-                )
+                .post(&format!("/api/v1/tenants/{tenant}/projects"), &CreateProject { name })
                 .await?;
             match c.output {
-                Output::Json => print_json(&p),
+                Output::Json | Output::Csv => print_json(&p),
                 Output::Table => {
                     println!("project {}/{} created", p.tenant, p.name);
                     Ok(())
@@ -672,13 +639,10 @@ pub async fn projects(c: &Common, a: ProjectsArgs) -> Result<()> {
             Ok(())
         }
         None => {
-            let items: Vec<Project> = all_pages(
-                &client,
-                &format!("/api/v1/tenants/{tenant}/projects?limit=500"),
-            )
-            .await?;
+            let items: Vec<Project> =
+                all_pages(&client, &format!("/api/v1/tenants/{tenant}/projects?limit=500")).await?;
             match c.output {
-                Output::Json => print_json(&items),
+                Output::Json | Output::Csv => print_json(&items),
                 Output::Table => {
                     let rows: Vec<Vec<String>> = items
                         .iter()
@@ -705,7 +669,7 @@ pub async fn token(c: &Common, a: TokenArgs) -> Result<()> {
         )
         .await?;
     match c.output {
-        Output::Json => print_json(&t),
+        Output::Json | Output::Csv => print_json(&t),
         Output::Table => {
             println!(
                 "token {} ({}{}): {}",

@@ -10,16 +10,28 @@ use tessera_api::Problem;
 #[derive(Clone, clap::Args)]
 pub struct Connection {
     /// Server URL.
-    #[arg(
-        long,
-        env = "TESSERA_SERVER",
-        default_value = "http://127.0.0.1:8080",
-        global = true
-    )]
+    #[arg(long, env = "TESSERA_SERVER", default_value = "http://127.0.0.1:8080", global = true)]
     pub server: String,
     /// API token [default: the contents of ./tessera-data/admin-token when present].
     #[arg(long, env = "TESSERA_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
+}
+
+impl Connection {
+    /// The server URL without a trailing `/`.
+    pub fn base_url(&self) -> String {
+        self.server.trim_end_matches('/').to_string()
+    }
+
+    /// `--token` / `TESSERA_TOKEN`, else the contents of `./tessera-data/admin-token`.
+    pub fn resolve_token(&self) -> Result<String> {
+        match &self.token {
+            Some(t) => Ok(t.trim().to_string()),
+            None => std::fs::read_to_string("tessera-data/admin-token").map(|t| t.trim().to_string()).map_err(|_| {
+                anyhow!("no API token: pass --token or set TESSERA_TOKEN (the server printed the admin token at first start and wrote it to <data-dir>/admin-token)")
+            }),
+        }
+    }
 }
 
 pub struct Client {
@@ -30,16 +42,10 @@ pub struct Client {
 
 impl Client {
     pub fn new(c: &Connection) -> Result<Client> {
-        let token = match &c.token {
-            Some(t) => t.trim().to_string(),
-            None => std::fs::read_to_string("tessera-data/admin-token").map(|t| t.trim().to_string()).map_err(|_| {
-                anyhow!("no API token: pass --token or set TESSERA_TOKEN (the server printed the admin token at first start and wrote it to <data-dir>/admin-token)")
-            })?,
-        };
         Ok(Client {
             http: reqwest::Client::new(),
-            base: c.server.trim_end_matches('/').to_string(),
-            token,
+            base: c.base_url(),
+            token: c.resolve_token()?,
         })
     }
 
@@ -58,13 +64,10 @@ impl Client {
         if let Some(b) = body {
             rb = rb.json(b);
         }
-        let resp = rb.send().await.map_err(|e| {
-            anyhow!(
-                "cannot reach the Tessera server at {}: {}",
-                self.base,
-                root_cause(&e)
-            )
-        })?;
+        let resp = rb
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the Tessera server at {}: {}", self.base, root_cause(&e)))?;
         let status = resp.status();
         let bytes = resp
             .bytes()
@@ -72,10 +75,7 @@ impl Client {
             .map_err(|e| anyhow!("reading the response from {url}: {e}"))?;
         if !status.is_success() {
             if let Ok(p) = serde_json::from_slice::<Problem>(&bytes) {
-                let field = p
-                    .field
-                    .map(|f| format!(" (field `{f}`)"))
-                    .unwrap_or_default();
+                let field = p.field.map(|f| format!(" (field `{f}`)")).unwrap_or_default();
                 return Err(anyhow!("{} {}: {}{field}", p.status, p.title, p.detail));
             }
             return Err(anyhow!("{status} from {url}"));
@@ -85,10 +85,31 @@ impl Client {
         } else {
             serde_json::from_slice(&bytes)
         };
-        Ok((
-            status,
-            v.map_err(|e| anyhow!("unexpected response from {url}: {e}"))?,
-        ))
+        Ok((status, v.map_err(|e| anyhow!("unexpected response from {url}: {e}"))?))
+    }
+
+    /// GET returning the body as text (CSV reports).
+    pub async fn text(&self, path: &str) -> Result<String> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the Tessera server at {}: {}", self.base, root_cause(&e)))?;
+        let status = resp.status();
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| anyhow!("reading the response from {url}: {e}"))?;
+        if !status.is_success() {
+            if let Ok(p) = serde_json::from_str::<Problem>(&body) {
+                return Err(anyhow!("{} {}: {}", p.status, p.title, p.detail));
+            }
+            return Err(anyhow!("{status} from {url}"));
+        }
+        Ok(body)
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {

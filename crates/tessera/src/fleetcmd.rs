@@ -39,10 +39,7 @@ pub fn run(a: FleetArgs) -> Result<()> {
         );
         return Ok(());
     }
-    println!(
-        "{:<14} {:<7} {:>6} {:>6}  models",
-        "POOL", "SHARING", "NODES", "GPUS"
-    );
+    println!("{:<14} {:<7} {:>6} {:>6}  models", "POOL", "SHARING", "NODES", "GPUS");
     for p in &fleet.pools {
         let nodes = &fleet.nodes[p.nodes.start as usize..p.nodes.end as usize];
         let mut models: Vec<&str> = nodes
@@ -60,11 +57,7 @@ pub fn run(a: FleetArgs) -> Result<()> {
             models.join(", ")
         );
     }
-    println!(
-        "total: {} nodes, {} GPUs",
-        fleet.nodes.len(),
-        fleet.gpu_count()
-    );
+    println!("total: {} nodes, {} GPUs", fleet.nodes.len(), fleet.gpu_count());
     if a.profiles {
         let mut seen = Vec::new();
         for n in &fleet.nodes {

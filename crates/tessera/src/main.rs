@@ -10,9 +10,11 @@
 //! prints the API document.
 
 mod bench;
+mod benchapi;
 mod cli;
 mod client;
 mod fleetcmd;
+mod govcli;
 mod serve;
 mod sim;
 
@@ -59,12 +61,23 @@ enum Command {
     Token(cli::TokenArgs),
     /// Print the OpenAPI 3.1 document of the REST API.
     Openapi,
+    /// Tenant quotas per resource class (a pool, or pool/MODEL), in GPU units.
+    Quota {
+        #[command(subcommand)]
+        cmd: govcli::QuotaCmd,
+    },
+    /// Set or remove a tenant's monthly GPU-unit-hour budget.
+    Budget(govcli::BudgetArgs),
+    /// Usage report: GPU-unit-hours and cost, allocated and measured (-o csv for CSV).
+    Usage(govcli::UsageArgs),
+    /// Create or update tenants, projects, quotas and budgets from a YAML file (idempotent).
+    Apply(govcli::ApplyArgs),
     /// Simulations: replay public cluster traces through the placement engine.
     Sim {
         #[command(subcommand)]
         what: sim::SimCommand,
     },
-    /// Benchmarks of the core.
+    /// Benchmarks: the placement engine, and the running server's API.
     Bench {
         #[command(subcommand)]
         what: bench::BenchCommand,
@@ -83,14 +96,13 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let c = &cli.common;
-    let client =
-        |f: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + '_>>| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::from)
-                .and_then(|rt| rt.block_on(f))
-        };
+    let client = |f: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + '_>>| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(f))
+    };
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Run(a) => client(Box::pin(cli::run(c, a))),
@@ -103,11 +115,15 @@ fn main() -> ExitCode {
         Command::Tenants(a) => client(Box::pin(cli::tenants(c, a))),
         Command::Projects(a) => client(Box::pin(cli::projects(c, a))),
         Command::Token(a) => client(Box::pin(cli::token(c, a))),
+        Command::Quota { cmd } => client(Box::pin(govcli::quota(c, cmd))),
+        Command::Budget(a) => client(Box::pin(govcli::budget(c, a))),
+        Command::Usage(a) => client(Box::pin(govcli::usage(c, a))),
+        Command::Apply(a) => client(Box::pin(govcli::apply(c, a))),
         Command::Openapi => serde_json::to_string_pretty(&tessera_server::openapi())
             .map(|s| println!("{s}"))
             .map_err(Into::into),
         Command::Sim { what } => sim::run(what),
-        Command::Bench { what } => bench::run(what),
+        Command::Bench { what } => bench::run(what, &c.conn),
         Command::Fleet(args) => fleetcmd::run(args),
     };
     match result {

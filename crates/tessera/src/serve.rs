@@ -38,11 +38,17 @@ pub struct ServeArgs {
     /// Grace period given to a workload being stopped, in seconds.
     #[arg(long, default_value_t = 30)]
     grace_s: u64,
+    /// Price table for usage reports (TOML: `currency = "EUR"` and a `[per_unit_hour]` table
+    /// keyed by pool or pool/MODEL).
+    #[arg(long)]
+    prices: Option<PathBuf>,
+    /// Minimum runtime before a workload may be preempted, in seconds.
+    #[arg(long, default_value_t = 60)]
+    min_runtime_s: u64,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,sqlx=warn".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -52,6 +58,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         LogFormat::Text => builder.init(),
     }
     let fleet = crate::bench::load_fleet(&a.fleet)?;
+    let prices = match &a.prices {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("--prices: cannot read {}", p.display()))?;
+            toml::from_str::<tessera_server::usage::Prices>(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {}", p.display(), e.message().replace('\n', " ")))?
+        }
+        None => Default::default(),
+    };
+    let govern = tessera_sched::govern::GovernConfig {
+        min_runtime_ms: a.min_runtime_s as i64 * 1000,
+        ..Default::default()
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -63,15 +81,26 @@ pub fn run(a: ServeArgs) -> Result<()> {
             fleet,
             listen: a.listen,
             policy: a.policy,
-            sim: tessera_backend::SimConfig { mig_partition_time: Duration::from_millis(a.sim_mig_partition_ms), ..Default::default() },
+            sim: tessera_backend::SimConfig {
+                mig_partition_time: Duration::from_millis(a.sim_mig_partition_ms),
+                ..Default::default()
+            },
             grace: Duration::from_secs(a.grace_s),
+            govern,
+            prices,
         };
         let running = start(cfg).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         if let Some(t) = &running.admin_token {
             println!("Admin token: {t}");
-            println!("(written to {}; it is shown only once)", a.data_dir.join("admin-token").display());
+            println!(
+                "(written to {}; it is shown only once)",
+                a.data_dir.join("admin-token").display()
+            );
         }
-        println!("Tessera is serving the simulated fleet ({gpus} GPUs): console http://{0}/  API http://{0}/api/v1", running.addr);
+        println!(
+            "Tessera is serving the simulated fleet ({gpus} GPUs): console http://{0}/  API http://{0}/api/v1",
+            running.addr
+        );
         tracing::info!(addr = %running.addr, "serving");
         running.task.await.context("server task")?.context("server")?;
         Ok(())

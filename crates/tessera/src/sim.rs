@@ -21,11 +21,7 @@ pub enum SimCommand {
 #[derive(clap::Args)]
 pub struct OpenbArgs {
     /// Folder holding the trace's csv files.
-    #[arg(
-        long,
-        default_value = "../shared/traces/openb",
-        env = "TESSERA_OPENB_DIR"
-    )]
+    #[arg(long, default_value = "../shared/traces/openb", env = "TESSERA_OPENB_DIR")]
     trace_dir: PathBuf,
     /// Node list [default: <trace-dir>/openb_node_list_gpu_node.csv].
     #[arg(long)]
@@ -104,33 +100,24 @@ fn openb(a: OpenbArgs) -> Result<()> {
     let nodes_path = a
         .nodes
         .unwrap_or_else(|| a.trace_dir.join("openb_node_list_gpu_node.csv"));
-    let pods_path = a
-        .pods
-        .unwrap_or_else(|| a.trace_dir.join("openb_pod_list_default.csv"));
-    let fleet = Fleet::from_openb_nodes(
-        &read(&nodes_path, "node list")?,
-        &nodes_path.display().to_string(),
-    )?;
+    let pods_path = a.pods.unwrap_or_else(|| a.trace_dir.join("openb_pod_list_default.csv"));
+    let fleet = Fleet::from_openb_nodes(&read(&nodes_path, "node list")?, &nodes_path.display().to_string())?;
     let pods = replay::parse_pods(
         &read(&pods_path, "pod list")?,
         &pods_path.display().to_string(),
         &fleet.catalogue,
     )?;
     let fleet = Arc::new(fleet);
-    let threads = a.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
 
     let bar = if std::io::stderr().is_terminal() {
         let b = indicatif::ProgressBar::new(seeds.len() as u64);
         b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{prefix} [{bar:30}] {pos}/{len} seeds {elapsed}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} seeds {elapsed}")
+                .expect("valid template")
+                .progress_chars("=> "),
         );
         b.set_prefix(format!("replaying with {}", a.policy));
         Some(b)

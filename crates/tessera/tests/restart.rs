@@ -55,9 +55,7 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut rb = http
-        .request(m, format!("{}{path}", s.base))
-        .bearer_auth(token);
+    let mut rb = http.request(m, format!("{}{path}", s.base)).bearer_auth(token);
     if let Some(b) = body {
         rb = rb.json(&b);
     }
@@ -74,11 +72,7 @@ async fn call(
     )
 }
 
-async fn snapshot(
-    http: &reqwest::Client,
-    s: &Server,
-    token: &str,
-) -> (BTreeMap<u64, (String, Value)>, Value, Value) {
+async fn snapshot(http: &reqwest::Client, s: &Server, token: &str) -> (BTreeMap<u64, (String, Value)>, Value, Value) {
     let mut all = BTreeMap::new();
     let mut cursor = String::new();
     loop {
@@ -94,10 +88,7 @@ async fn snapshot(
         for w in page["items"].as_array().unwrap() {
             all.insert(
                 w["id"].as_u64().unwrap(),
-                (
-                    w["state"].as_str().unwrap().to_string(),
-                    w["allocation"].clone(),
-                ),
+                (w["state"].as_str().unwrap().to_string(), w["allocation"].clone()),
             );
         }
         match page["next_cursor"].as_str() {
@@ -106,15 +97,7 @@ async fn snapshot(
         }
     }
     let (_, pools) = call(http, s, token, reqwest::Method::GET, "/api/v1/pools", None).await;
-    let (_, gpus) = call(
-        http,
-        s,
-        token,
-        reqwest::Method::GET,
-        "/api/v1/gpus?limit=500",
-        None,
-    )
-    .await;
+    let (_, gpus) = call(http, s, token, reqwest::Method::GET, "/api/v1/gpus?limit=500", None).await;
     (all, pools, gpus)
 }
 
@@ -138,10 +121,7 @@ async fn kill_9_and_restart_keeps_every_acknowledged_workload() {
             (r.status().as_u16(), r.json::<Value>().await.unwrap())
         }
     };
-    assert_eq!(
-        post("/api/v1/tenants", json!({"name": "vision"})).await.0,
-        201
-    );
+    assert_eq!(post("/api/v1/tenants", json!({"name": "vision"})).await.0, 201);
     assert_eq!(
         post("/api/v1/tenants/vision/projects", json!({"name": "train"}))
             .await
@@ -180,10 +160,7 @@ async fn kill_9_and_restart_keeps_every_acknowledged_workload() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (before, pools_before, _) = snapshot(&http, &s, &token).await;
-    assert!(
-        before.values().any(|(st, _)| st == "queued"),
-        "some work waits"
-    );
+    assert!(before.values().any(|(st, _)| st == "queued"), "some work waits");
     assert!(before.values().any(|(st, _)| st == "running"));
     s.child.kill().unwrap(); // SIGKILL
     s.child.wait().unwrap();
@@ -192,10 +169,7 @@ async fn kill_9_and_restart_keeps_every_acknowledged_workload() {
     assert!(s2.token.is_none(), "the admin token is created only once");
     let (after, pools_after, gpus) = snapshot(&http, &s2, &token).await;
     for id in &acked {
-        assert!(
-            after.contains_key(id),
-            "acknowledged workload {id} survived"
-        );
+        assert!(after.contains_key(id), "acknowledged workload {id} survived");
     }
     assert_eq!(before, after, "same workloads, states and allocations");
     assert_eq!(pools_before, pools_after, "same capacity in use");
@@ -251,9 +225,7 @@ async fn kill_9_and_restart_keeps_every_acknowledged_workload() {
 }
 
 /// Awaits every future concurrently.
-async fn futures_join<F: std::future::Future<Output = T> + Send + 'static, T: Send + 'static>(
-    fs: Vec<F>,
-) -> Vec<T> {
+async fn futures_join<F: std::future::Future<Output = T> + Send + 'static, T: Send + 'static>(fs: Vec<F>) -> Vec<T> {
     let handles: Vec<_> = fs.into_iter().map(tokio::spawn).collect();
     let mut out = Vec::new();
     for h in handles {

@@ -1,0 +1,1008 @@
+//! Capacity governance: quotas, budgets, priority classes, queueing with fair share and
+//! backfill, and preemption — the scheduler cycle on top of the placement engine.
+//!
+//! The [`Scheduler`] runs ordered actions over its snapshot of the fleet, KAI-Scheduler style:
+//! **admit** (constraint, budget and quota checks), **allocate** (queue order: priority class,
+//! then fair share, then arrival; smaller requests may backfill past a blocked head), **reclaim**
+//! (a tenant within its guaranteed share takes capacity back from borrowers) and **preempt** (a
+//! higher priority class displaces lower ones). Policies are small pieces: the priority classes
+//! and quota table are data, the queue order is [`Scheduler::order_key`], victim cost is
+//! [`victim_cost`]. Pure and deterministic: time is passed in by the caller.
+//!
+//! All amounts are GPU units (whole = 1, MIG = memory-slice share, fraction = milli/1000) per
+//! resource class: a pool name, or `pool/MODEL` for a GPU model within a pool.
+//!
+//! **Starvation bound of backfill.** A request that cannot be placed lets smaller ones go ahead
+//! only while it has waited less than `backfill_max_wait_ms`; after that it *reserves* its
+//! pools: nothing behind it in the queue is placed there until it is, so capacity freed by
+//! finishing work accumulates for it. It therefore waits at most `backfill_max_wait_ms` plus
+//! the time the work running in its pools needs to finish (their durations or leases), plus any
+//! time taken by requests of higher priority.
+//!
+//! **Preemption bound (anti-thrash).** Reclaim only takes from *borrowers* (workloads admitted
+//! above their tenant's guaranteed share) of other tenants, and only for a request that stays
+//! within its own guaranteed share; a reclaimed borrower is requeued and can only come back by
+//! borrowing again, which a within-guarantee request can reclaim only after the minimum
+//! runtime. Priority preemption only goes downwards in rank, and `critical` is never
+//! preempted. So two tenants pushing against each other's guarantees cause at most one
+//! preemption per borrower admission, and a workload is preempted at most once per
+//! `min_runtime_ms` of running.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+
+use tessera_model::{Fleet, GpuUnits, PoolId, Request};
+
+use crate::engine::{Engine, Reason};
+use crate::state::Allocation;
+
+/// A priority class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PriorityClass {
+    pub name: String,
+    /// 0 is the most important.
+    pub rank: u8,
+    /// Whether workloads of this class may ever be preempted.
+    pub preemptible: bool,
+}
+
+/// A tenant's share of one resource class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// Always available to the tenant, reclaimable from borrowers.
+    pub guaranteed: GpuUnits,
+    /// The most it may hold, borrowing included; `None` = no limit.
+    pub limit: Option<GpuUnits>,
+}
+
+/// The scheduler's settings.
+#[derive(Clone, Debug)]
+pub struct GovernConfig {
+    pub classes: Vec<PriorityClass>,
+    /// A workload runs at least this long before it can be preempted.
+    pub min_runtime_ms: i64,
+    /// Half-life of the usage history used for fair share.
+    pub half_life_ms: i64,
+    /// How long a blocked head lets smaller requests backfill before it reserves its pools.
+    pub backfill_max_wait_ms: i64,
+    /// At most this many preemption searches per cycle.
+    pub max_preemption_searches: usize,
+}
+
+impl Default for GovernConfig {
+    fn default() -> Self {
+        GovernConfig {
+            classes: vec![
+                PriorityClass {
+                    name: "critical".into(),
+                    rank: 0,
+                    preemptible: false,
+                },
+                PriorityClass {
+                    name: "high".into(),
+                    rank: 1,
+                    preemptible: true,
+                },
+                PriorityClass {
+                    name: "standard".into(),
+                    rank: 2,
+                    preemptible: true,
+                },
+                PriorityClass {
+                    name: "opportunistic".into(),
+                    rank: 3,
+                    preemptible: true,
+                },
+            ],
+            min_runtime_ms: 60_000,
+            half_life_ms: 3_600_000,
+            backfill_max_wait_ms: 300_000,
+            max_preemption_searches: 8,
+        }
+    }
+}
+
+/// A request as the scheduler sees it.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub id: u64,
+    pub tenant: String,
+    pub project: String,
+    pub request: Request,
+    pub priority: String,
+    pub submitted_ms: i64,
+    /// Beyond the tenant's limit or budget: wait (true) or be refused (false).
+    pub wait_if_over_limit: bool,
+}
+
+/// What the scheduler decided for a job or a running workload.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// The job got an allocation. `borrowing`: admitted above the tenant's guaranteed share
+    /// (preemptible by reclaim).
+    Placed {
+        id: u64,
+        alloc: Allocation,
+        borrowing: bool,
+    },
+    /// The job waits; the reason changed.
+    Waiting { id: u64, reason: String },
+    /// The job is refused for good.
+    Refused { id: u64, reason: String },
+    /// Stop `victim` (grace period, then force) so that `by` can run.
+    Preempt { victim: u64, by: u64, reason: String },
+}
+
+/// Why a victim was chosen, cheapest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct VictimCost {
+    /// Admitted within its guarantee (borrowers go first).
+    pub within_guarantee: bool,
+    /// Higher is more important: `u8::MAX - rank`.
+    pub importance: u8,
+    /// Milliseconds of work lost.
+    pub work_lost_ms: i64,
+}
+
+/// The cost of preempting a running workload: over-quota first, lowest priority, least work lost.
+pub fn victim_cost(r: &Running, now: i64) -> VictimCost {
+    VictimCost {
+        within_guarantee: !r.borrowing,
+        importance: u8::MAX - r.rank,
+        work_lost_ms: now - r.running_since_ms,
+    }
+}
+
+/// A workload holding capacity.
+#[derive(Clone, Debug)]
+pub struct Running {
+    pub id: u64,
+    pub tenant: String,
+    pub rank: u8,
+    pub preemptible: bool,
+    pub borrowing: bool,
+    pub running_since_ms: i64,
+    pub units: GpuUnits,
+    pub keys: Vec<String>,
+    /// Being stopped (for a preemption or a cancel): not a candidate again.
+    pub stopping: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct TenantBook {
+    held: HashMap<String, GpuUnits>,
+    /// Decayed usage in unit-milliseconds, and when it was last brought up to date.
+    usage: f64,
+    usage_at: i64,
+    held_total: GpuUnits,
+}
+
+/// The scheduler: queue, quotas, running set and the engine.
+pub struct Scheduler {
+    pub engine: Engine,
+    pub cfg: GovernConfig,
+    quotas: HashMap<(String, String), Quota>,
+    /// Monthly GPU-unit-hour budgets and what has been spent this month.
+    budgets: HashMap<String, f64>,
+    spent: HashMap<String, f64>,
+    books: HashMap<String, TenantBook>,
+    queue: Vec<Job>,
+    running: HashMap<u64, Running>,
+    /// Preemptors waiting for their victims to stop: job → victims.
+    nominated: BTreeMap<u64, HashSet<u64>>,
+    reasons: HashMap<u64, String>,
+    /// Capacity or quotas changed since the last full pass over the queue.
+    dirty: bool,
+}
+
+impl fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("queued", &self.queue.len())
+            .field("running", &self.running.len())
+            .finish()
+    }
+}
+
+/// The resource-class keys of an allocation: its pool and `pool/MODEL`.
+pub fn class_keys(fleet: &Fleet, a: &Allocation) -> Vec<String> {
+    let node = fleet.node(a.node);
+    let pool = &fleet.pool(node.pool).name;
+    vec![pool.clone(), format!("{pool}/{}", fleet.catalogue.get(node.model).name)]
+}
+
+impl Scheduler {
+    pub fn new(engine: Engine, cfg: GovernConfig) -> Self {
+        Scheduler {
+            engine,
+            cfg,
+            quotas: HashMap::new(),
+            budgets: HashMap::new(),
+            spent: HashMap::new(),
+            books: HashMap::new(),
+            queue: Vec::new(),
+            running: HashMap::new(),
+            nominated: BTreeMap::new(),
+            reasons: HashMap::new(),
+            dirty: true,
+        }
+    }
+
+    pub fn class(&self, name: &str) -> Option<&PriorityClass> {
+        self.cfg.classes.iter().find(|c| c.name == name)
+    }
+
+    fn rank(&self, name: &str) -> u8 {
+        self.class(name).map(|c| c.rank).unwrap_or(u8::MAX / 2)
+    }
+
+    /// Sets (or with `None` removes) a tenant's quota for a resource class.
+    pub fn set_quota(&mut self, tenant: &str, class: &str, q: Option<Quota>) {
+        match q {
+            Some(q) => self.quotas.insert((tenant.to_string(), class.to_string()), q),
+            None => self.quotas.remove(&(tenant.to_string(), class.to_string())),
+        };
+        self.dirty = true;
+    }
+
+    pub fn quota(&self, tenant: &str, class: &str) -> Option<Quota> {
+        self.quotas.get(&(tenant.to_string(), class.to_string())).copied()
+    }
+
+    /// Every quota of a tenant.
+    pub fn quotas_of(&self, tenant: &str) -> Vec<(String, Quota)> {
+        let mut v: Vec<_> = self
+            .quotas
+            .iter()
+            .filter(|((t, _), _)| t == tenant)
+            .map(|((_, c), q)| (c.clone(), *q))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Sets a tenant's monthly budget in GPU-unit-hours (`None` = unlimited).
+    pub fn set_budget(&mut self, tenant: &str, unit_hours: Option<f64>) {
+        match unit_hours {
+            Some(b) => self.budgets.insert(tenant.to_string(), b),
+            None => self.budgets.remove(tenant),
+        };
+        self.dirty = true;
+    }
+
+    pub fn budget(&self, tenant: &str) -> Option<f64> {
+        self.budgets.get(tenant).copied()
+    }
+
+    /// What the tenant has spent this month (GPU-unit-hours), as the ledger says.
+    pub fn set_spent(&mut self, tenant: &str, unit_hours: f64) {
+        self.spent.insert(tenant.to_string(), unit_hours);
+    }
+
+    pub fn spent(&self, tenant: &str) -> f64 {
+        self.spent.get(tenant).copied().unwrap_or(0.0)
+    }
+
+    /// Units a tenant holds in a class.
+    pub fn held(&self, tenant: &str, class: &str) -> GpuUnits {
+        self.books
+            .get(tenant)
+            .and_then(|b| b.held.get(class))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn queue(&self) -> &[Job] {
+        &self.queue
+    }
+
+    pub fn running(&self) -> impl Iterator<Item = &Running> {
+        self.running.values()
+    }
+
+    pub fn is_borrowing(&self, id: u64) -> Option<bool> {
+        self.running.get(&id).map(|r| r.borrowing)
+    }
+
+    fn book(&mut self, tenant: &str, now: i64) -> &mut TenantBook {
+        let half = self.cfg.half_life_ms.max(1) as f64;
+        let b = self.books.entry(tenant.to_string()).or_default();
+        if now > b.usage_at {
+            let dt = (now - b.usage_at) as f64;
+            b.usage = b.usage * (0.5f64).powf(dt / half) + b.held_total.as_f64() * dt;
+            b.usage_at = now;
+        }
+        b
+    }
+
+    fn guaranteed_total(&self, tenant: &str) -> f64 {
+        self.quotas
+            .iter()
+            .filter(|((t, c), _)| t == tenant && !c.contains('/'))
+            .map(|(_, q)| q.guaranteed.as_f64())
+            .sum()
+    }
+
+    /// Fair-share key: decayed usage relative to the guaranteed share (lower goes first).
+    pub fn fair_share(&self, tenant: &str) -> f64 {
+        let usage = self.books.get(tenant).map(|b| b.usage).unwrap_or(0.0);
+        usage / self.guaranteed_total(tenant).max(1.0)
+    }
+
+    /// Queue order: priority class, then fair share, then arrival.
+    pub fn order_key(&self, j: &Job) -> (u8, u64, i64, u64) {
+        (
+            self.rank(&j.priority),
+            (self.fair_share(&j.tenant) * 1000.0) as u64,
+            j.submitted_ms,
+            j.id,
+        )
+    }
+
+    fn account(&mut self, tenant: &str, keys: &[String], units: GpuUnits, add: bool, now: i64) {
+        let b = self.book(tenant, now);
+        for k in keys {
+            let h = b.held.entry(k.clone()).or_default();
+            if add {
+                *h += units;
+            } else {
+                *h -= units;
+            }
+        }
+        if add {
+            b.held_total += units;
+        } else {
+            b.held_total -= units;
+        }
+    }
+
+    /// Checks the tenant's quotas for `units` more in `keys`: `Ok(borrowing)` or the reason it
+    /// exceeds a limit.
+    fn check_quota(&self, tenant: &str, keys: &[String], units: GpuUnits) -> Result<bool, String> {
+        let mut borrowing = true;
+        let mut any = false;
+        for k in keys {
+            let Some(q) = self.quota(tenant, k) else { continue };
+            any = true;
+            let held = self.held(tenant, k);
+            if let Some(limit) = q.limit
+                && held + units > limit
+            {
+                return Err(format!(
+                    "tenant {tenant} holds {held} of its {} guaranteed {k} units (limit {limit}); this request needs {units}",
+                    q.guaranteed
+                ));
+            }
+            borrowing = held + units > q.guaranteed;
+        }
+        Ok(!any || borrowing)
+    }
+
+    /// The pools a request may go to, in the engine's order.
+    fn pools_for(&self, req: &Request) -> Vec<PoolId> {
+        self.engine.scope(req).unwrap_or_default()
+    }
+
+    /// Keys of a placement in `pool` on any model (for quota checks before placement).
+    fn keys_for_pool(&self, pool: PoolId) -> Vec<String> {
+        vec![self.engine.fleet().pool(pool).name.clone()]
+    }
+
+    /// Tries to place `job` now within quota. `Err(Some(reason))`: over a limit or budget
+    /// (wait or refuse); `Err(None)`: no capacity.
+    fn try_admit(&mut self, job: &Job, now: i64) -> Result<Action, Option<String>> {
+        if let Some(b) = self.budget(&job.tenant) {
+            let spent = self.spent(&job.tenant);
+            if spent >= b {
+                return Err(Some(format!(
+                    "tenant {} has spent {spent:.1} of its {b:.1} GPU-unit-hour budget for this month",
+                    job.tenant
+                )));
+            }
+        }
+        let units = job.request.units(&self.engine.fleet().catalogue);
+        let mut over: Option<String> = None;
+        for pool in self.pools_for(&job.request) {
+            // Pool-level quota first (the model-level one is checked on the placement).
+            if let Err(r) = self.check_quota(&job.tenant, &self.keys_for_pool(pool), units) {
+                over.get_or_insert(r);
+                continue;
+            }
+            let mut req = job.request.clone();
+            req.pool = Some(pool);
+            let Ok(p) = self.engine.plan(&req) else { continue };
+            let node = self.engine.fleet().node(p.node);
+            let keys = vec![
+                self.engine.fleet().pool(node.pool).name.clone(),
+                format!(
+                    "{}/{}",
+                    self.engine.fleet().pool(node.pool).name,
+                    self.engine.fleet().catalogue.get(node.model).name
+                ),
+            ];
+            let borrowing = match self.check_quota(&job.tenant, &keys, p.units) {
+                Ok(b) => b,
+                Err(r) => {
+                    over.get_or_insert(r);
+                    continue;
+                }
+            };
+            let alloc = self
+                .engine
+                .commit(job.id, &req, p)
+                .expect("a fresh plan commits")
+                .clone();
+            self.account(&job.tenant, &keys, alloc.units, true, now);
+            let rank = self.rank(&job.priority);
+            let preemptible = self.class(&job.priority).is_none_or(|c| c.preemptible);
+            self.running.insert(
+                job.id,
+                Running {
+                    id: job.id,
+                    tenant: job.tenant.clone(),
+                    rank,
+                    preemptible,
+                    borrowing,
+                    running_since_ms: now,
+                    units: alloc.units,
+                    keys,
+                    stopping: false,
+                },
+            );
+            return Ok(Action::Placed {
+                id: job.id,
+                alloc,
+                borrowing,
+            });
+        }
+        Err(over)
+    }
+
+    /// Checks a new job: refused at once if no node could ever hold it.
+    pub fn submit(&mut self, job: Job, now: i64) -> Vec<Action> {
+        if let Err(u) = self.engine.plan(&job.request)
+            && u.reason == Reason::Constraint
+        {
+            return vec![Action::Refused {
+                id: job.id,
+                reason: u.to_string(),
+            }];
+        }
+        self.engine.observe(&job.request);
+        let id = job.id;
+        self.queue.push(job);
+        // Unchanged capacity: only the newcomer can be placed now.
+        let only = if self.dirty { None } else { Some(id) };
+        self.cycle_inner(now, only)
+    }
+
+    /// Restores a workload that already holds an allocation (start-up).
+    pub fn restore(
+        &mut self,
+        job: &Job,
+        alloc: Allocation,
+        borrowing: bool,
+        running_since_ms: i64,
+    ) -> Result<(), String> {
+        let fleet = self.engine.fleet().clone();
+        let keys = class_keys(&fleet, &alloc);
+        let units = alloc.units;
+        self.engine.restore(alloc).map_err(|e| e.0)?;
+        self.account(&job.tenant, &keys, units, true, running_since_ms);
+        let rank = self.rank(&job.priority);
+        let preemptible = self.class(&job.priority).is_none_or(|c| c.preemptible);
+        self.running.insert(
+            job.id,
+            Running {
+                id: job.id,
+                tenant: job.tenant.clone(),
+                rank,
+                preemptible,
+                borrowing,
+                running_since_ms,
+                units,
+                keys,
+                stopping: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Puts a job back in the queue (start-up, or a preempted batch job being requeued).
+    pub fn enqueue(&mut self, job: Job) {
+        self.queue.push(job);
+        self.dirty = true;
+    }
+
+    /// Marks a running workload as being stopped (cancel or preemption in progress).
+    pub fn stopping(&mut self, id: u64) {
+        if let Some(r) = self.running.get_mut(&id) {
+            r.stopping = true;
+        }
+    }
+
+    /// Removes a queued job (cancelled before placement).
+    pub fn dequeue(&mut self, id: u64) -> bool {
+        let before = self.queue.len();
+        self.queue.retain(|j| j.id != id);
+        self.reasons.remove(&id);
+        self.nominated.remove(&id);
+        before != self.queue.len()
+    }
+
+    /// Returns a workload's capacity.
+    pub fn release(&mut self, id: u64, now: i64) -> Option<Allocation> {
+        let a = self.engine.release(id)?;
+        if let Some(r) = self.running.remove(&id) {
+            self.account(&r.tenant, &r.keys, r.units, false, now);
+        }
+        for victims in self.nominated.values_mut() {
+            victims.remove(&id);
+        }
+        self.dirty = true;
+        Some(a)
+    }
+
+    /// One scheduling cycle over the whole queue.
+    pub fn cycle(&mut self, now: i64) -> Vec<Action> {
+        self.cycle_inner(now, None)
+    }
+
+    fn cycle_inner(&mut self, now: i64, only: Option<u64>) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if only.is_none() {
+            self.dirty = false;
+        }
+        let tenants: Vec<String> = self.queue.iter().map(|j| j.tenant.clone()).collect();
+        for t in tenants {
+            self.book(&t, now);
+        }
+        // Nominated preemptors whose victims are gone go first.
+        let mut order: Vec<(bool, (u8, u64, i64, u64), usize)> = self
+            .queue
+            .iter()
+            .enumerate()
+            .map(|(i, j)| {
+                (
+                    !self.nominated.get(&j.id).is_some_and(|v| v.is_empty()),
+                    self.order_key(j),
+                    i,
+                )
+            })
+            .collect();
+        order.sort_unstable();
+        let mut reserved: HashSet<PoolId> = HashSet::new();
+        let mut placed: HashSet<u64> = HashSet::new();
+        let mut refused: HashSet<u64> = HashSet::new();
+        let mut searches = 0;
+        let jobs: Vec<Job> = order.iter().map(|&(_, _, i)| self.queue[i].clone()).collect();
+        for job in jobs {
+            if only.is_some_and(|o| o != job.id) {
+                continue;
+            }
+            let pools = self.pools_for(&job.request);
+            let nominated_ready = self.nominated.get(&job.id).is_some_and(|v| v.is_empty());
+            if !nominated_ready && pools.iter().any(|p| reserved.contains(p)) {
+                self.set_reason(
+                    &job,
+                    "waiting: an earlier request that has waited past the backfill window reserves this pool".into(),
+                    &mut actions,
+                );
+                continue;
+            }
+            match self.try_admit(&job, now) {
+                Ok(a) => {
+                    self.nominated.remove(&job.id);
+                    self.reasons.remove(&job.id);
+                    placed.insert(job.id);
+                    actions.push(a);
+                }
+                Err(Some(over)) => {
+                    if job.wait_if_over_limit {
+                        self.set_reason(&job, over, &mut actions);
+                    } else {
+                        refused.insert(job.id);
+                        actions.push(Action::Refused {
+                            id: job.id,
+                            reason: over,
+                        });
+                    }
+                }
+                Err(None) => {
+                    let waited = now - job.submitted_ms;
+                    if waited > self.cfg.backfill_max_wait_ms {
+                        reserved.extend(pools.iter().copied());
+                    }
+                    if !self.nominated.contains_key(&job.id) && searches < self.cfg.max_preemption_searches {
+                        searches += 1;
+                        if let Some((victims, why)) = self.find_victims(&job, now) {
+                            for v in &victims {
+                                self.stopping(*v);
+                                actions.push(Action::Preempt {
+                                    victim: *v,
+                                    by: job.id,
+                                    reason: why.clone(),
+                                });
+                            }
+                            self.set_reason(
+                                &job,
+                                format!("waiting for {} preempted workload(s) to stop: {why}", victims.len()),
+                                &mut actions,
+                            );
+                            self.nominated.insert(job.id, victims.into_iter().collect());
+                            continue;
+                        }
+                    }
+                    let reason = match self.engine.plan(&job.request) {
+                        Err(u) => u.to_string(),
+                        Ok(_) => "waiting for capacity within its quota".into(),
+                    };
+                    self.set_reason(&job, reason, &mut actions);
+                }
+            }
+        }
+        if !placed.is_empty() || !refused.is_empty() {
+            self.queue
+                .retain(|j| !placed.contains(&j.id) && !refused.contains(&j.id));
+        }
+        actions
+    }
+
+    fn set_reason(&mut self, job: &Job, reason: String, actions: &mut Vec<Action>) {
+        if self.reasons.get(&job.id) != Some(&reason) {
+            self.reasons.insert(job.id, reason.clone());
+            actions.push(Action::Waiting { id: job.id, reason });
+        }
+    }
+
+    /// Whether `job` is within its guaranteed share in the pools it may use.
+    fn within_guarantee(&self, job: &Job, units: GpuUnits) -> bool {
+        self.pools_for(&job.request).iter().any(|&p| {
+            let k = &self.engine.fleet().pool(p).name;
+            self.quota(&job.tenant, k)
+                .is_some_and(|q| self.held(&job.tenant, k) + units <= q.guaranteed)
+        })
+    }
+
+    /// The fewest, cheapest victims whose capacity lets `job` be placed, or `None`.
+    fn find_victims(&mut self, job: &Job, now: i64) -> Option<(Vec<u64>, String)> {
+        let units = job.request.units(&self.engine.fleet().catalogue);
+        let rank = self.rank(&job.priority);
+        let reclaim = self.within_guarantee(job, units);
+        let min_rt = self.cfg.min_runtime_ms;
+        // Candidates grouped by node.
+        let mut by_node: HashMap<u32, Vec<(VictimCost, u64, bool)>> = HashMap::new();
+        for r in self.running.values() {
+            if r.stopping
+                || !r.preemptible
+                || now - r.running_since_ms < min_rt
+                || r.tenant == job.tenant && r.rank <= rank
+            {
+                continue;
+            }
+            let by_priority = r.rank > rank;
+            let by_reclaim = reclaim && r.borrowing && r.tenant != job.tenant;
+            if !(by_priority || by_reclaim) {
+                continue;
+            }
+            let Some(a) = self.engine.allocation(r.id) else {
+                continue;
+            };
+            by_node
+                .entry(a.node.0)
+                .or_default()
+                .push((victim_cost(r, now), r.id, by_priority));
+        }
+        let mut best: Option<(usize, Vec<VictimCost>, Vec<u64>, bool)> = None;
+        let mut nodes: Vec<u32> = by_node.keys().copied().collect();
+        nodes.sort_unstable();
+        for n in nodes {
+            let mut cands = by_node.remove(&n).expect("key");
+            cands.sort();
+            let mut released = Vec::new();
+            let mut ok = false;
+            for (cost, id, prio) in &cands {
+                if best.as_ref().is_some_and(|b| released.len() + 1 > b.0) {
+                    break;
+                }
+                let a = self.engine.release(*id).expect("running has an allocation");
+                released.push((a, *cost, *id, *prio));
+                if self.engine.plan(&job.request).is_ok() {
+                    ok = true;
+                    break;
+                }
+            }
+            let set: Vec<u64> = released.iter().map(|r| r.2).collect();
+            let costs: Vec<VictimCost> = released.iter().map(|r| r.1).collect();
+            let by_prio = released.iter().any(|r| r.3);
+            for (a, _, _, _) in released.into_iter().rev() {
+                self.engine.restore(a).expect("restoring a just-released allocation");
+            }
+            if ok {
+                let better = match &best {
+                    None => true,
+                    Some((n0, c0, _, _)) => set.len() < *n0 || (set.len() == *n0 && costs < *c0),
+                };
+                if better {
+                    best = Some((set.len(), costs, set, by_prio));
+                }
+            }
+        }
+        let (_, _, victims, by_prio) = best?;
+        let why = if by_prio {
+            format!(
+                "priority {} (job {}) preempts lower-priority work",
+                job.priority, job.id
+            )
+        } else {
+            format!(
+                "tenant {} reclaims its guaranteed share from borrowers (job {})",
+                job.tenant, job.id
+            )
+        };
+        Some((victims, why))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::policy::BestFit;
+    use tessera_model::Request;
+
+    fn sched() -> Scheduler {
+        let fleet = Arc::new(Fleet::seed());
+        Scheduler::new(
+            Engine::new(fleet, Box::new(BestFit), 1),
+            GovernConfig {
+                min_runtime_ms: 1000,
+                ..Default::default()
+            },
+        )
+    }
+
+    fn job(id: u64, tenant: &str, gpus: u8, prio: &str, now: i64) -> Job {
+        Job {
+            id,
+            tenant: tenant.into(),
+            project: "p".into(),
+            request: Request::whole(gpus).with_pool(PoolId(0)),
+            priority: prio.into(),
+            submitted_ms: now,
+            wait_if_over_limit: true,
+        }
+    }
+
+    fn placed(a: &[Action]) -> Vec<u64> {
+        a.iter()
+            .filter_map(|x| {
+                if let Action::Placed { id, .. } = x {
+                    Some(*id)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    fn preempted(a: &[Action]) -> Vec<u64> {
+        a.iter()
+            .filter_map(|x| {
+                if let Action::Preempt { victim, .. } = x {
+                    Some(*victim)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn borrow_then_reclaim() {
+        let mut s = sched();
+        // training: 128 GPUs; each tenant is guaranteed 64.
+        for t in ["a", "b"] {
+            s.set_quota(
+                t,
+                "training",
+                Some(Quota {
+                    guaranteed: GpuUnits::whole(64),
+                    limit: Some(GpuUnits::whole(128)),
+                }),
+            );
+        }
+        // a borrows the whole pool.
+        for i in 0..16 {
+            let acts = s.submit(job(i, "a", 8, "standard", 0), 0);
+            assert_eq!(placed(&acts), vec![i]);
+        }
+        assert_eq!(s.is_borrowing(15), Some(true));
+        assert_eq!(s.is_borrowing(0), Some(false));
+        // b asks within its guarantee: waits, and after the minimum runtime reclaims.
+        let acts = s.submit(job(100, "b", 8, "standard", 10), 10);
+        assert!(preempted(&acts).is_empty(), "minimum runtime honoured: {acts:?}");
+        let acts = s.cycle(2000);
+        let v = preempted(&acts);
+        assert_eq!(v.len(), 1, "{acts:?}");
+        assert!(s.is_borrowing(v[0]).unwrap(), "only borrowers are reclaimed");
+        // the victim stops; the owner is admitted.
+        s.release(v[0], 2100);
+        let acts = s.cycle(2100);
+        assert_eq!(placed(&acts), vec![100]);
+        assert_eq!(s.is_borrowing(100), Some(false));
+    }
+
+    #[test]
+    fn priority_preemption_picks_the_minimal_victim_set_and_spares_critical() {
+        let mut s = sched();
+        // Fill 15 nodes with one 8-GPU opportunistic job each, and one node with 8 single GPUs.
+        for i in 0..15 {
+            s.submit(job(i, "a", 8, if i == 0 { "critical" } else { "opportunistic" }, 0), 0);
+        }
+        for i in 0..8 {
+            s.submit(job(100 + i, "a", 1, "opportunistic", 0), 0);
+        }
+        let acts = s.submit(job(500, "b", 8, "high", 5000), 5000);
+        let v = preempted(&acts);
+        assert_eq!(v.len(), 1, "one 8-GPU victim beats eight 1-GPU ones: {acts:?}");
+        assert_ne!(v[0], 0, "critical is never preempted");
+        assert!(v[0] < 15);
+    }
+
+    #[test]
+    fn limits_make_requests_wait_or_be_refused_with_the_figures() {
+        let mut s = sched();
+        s.set_quota(
+            "a",
+            "training",
+            Some(Quota {
+                guaranteed: GpuUnits::whole(8),
+                limit: Some(GpuUnits::whole(10)),
+            }),
+        );
+        assert_eq!(placed(&s.submit(job(1, "a", 8, "standard", 0), 0)), vec![1]);
+        let acts = s.submit(job(2, "a", 4, "standard", 0), 0);
+        let Action::Waiting { reason, .. } = &acts[0] else {
+            panic!("{acts:?}")
+        };
+        assert_eq!(
+            reason,
+            "tenant a holds 8 of its 8 guaranteed training units (limit 10); this request needs 4"
+        );
+        let mut j = job(3, "a", 4, "standard", 0);
+        j.wait_if_over_limit = false;
+        let acts = s.submit(j, 0);
+        assert!(matches!(&acts[0], Action::Refused { id: 3, .. }), "{acts:?}");
+        // 2 more fit under the limit, and borrow.
+        let acts = s.submit(job(4, "a", 2, "standard", 0), 0);
+        assert_eq!(placed(&acts), vec![4]);
+        assert_eq!(s.is_borrowing(4), Some(true));
+    }
+
+    #[test]
+    fn budgets_refuse_with_the_figure() {
+        let mut s = sched();
+        s.set_budget("a", Some(100.0));
+        s.set_spent("a", 100.5);
+        let mut j = job(1, "a", 1, "standard", 0);
+        j.wait_if_over_limit = false;
+        let acts = s.submit(j, 0);
+        let Action::Refused { reason, .. } = &acts[0] else {
+            panic!("{acts:?}")
+        };
+        assert_eq!(
+            reason,
+            "tenant a has spent 100.5 of its 100.0 GPU-unit-hour budget for this month"
+        );
+    }
+
+    #[test]
+    fn backfill_does_not_starve_the_head() {
+        let mut s = sched();
+        // Every node has 7 of 8 GPUs busy: the 8-GPU head cannot fit, 1-GPU jobs can.
+        for n in 0..16 {
+            s.submit(job(n, "a", 7, "standard", 0), 0);
+        }
+        s.submit(job(100, "b", 8, "standard", 1), 1);
+        let acts = s.submit(job(101, "c", 1, "standard", 2), 2);
+        assert_eq!(placed(&acts), vec![101], "backfill while the head is young");
+        s.release(101, 3);
+        // Past the backfill window the head reserves the pool: small jobs wait.
+        let late = 1 + s.cfg.backfill_max_wait_ms + 1;
+        let acts = s.submit(job(102, "c", 1, "standard", late), late);
+        assert!(placed(&acts).is_empty(), "{acts:?}");
+        // Free one node's 7 GPUs: the head gets it, not the small job.
+        s.release(0, late + 1);
+        let acts = s.cycle(late + 1);
+        assert_eq!(placed(&acts)[0], 100, "{acts:?}");
+    }
+
+    #[test]
+    fn fair_share_orders_equal_priorities() {
+        let mut s = sched();
+        for t in ["a", "b"] {
+            s.set_quota(
+                t,
+                "training",
+                Some(Quota {
+                    guaranteed: GpuUnits::whole(64),
+                    limit: None,
+                }),
+            );
+        }
+        for i in 0..16 {
+            s.submit(job(i, "a", 8, "standard", 0), 0);
+        }
+        // Both wait; a has used a lot, b nothing: b goes first when a node frees.
+        s.submit(job(50, "a", 8, "standard", 10), 10);
+        s.submit(job(51, "b", 8, "standard", 20), 20);
+        s.release(3, 3_600_000);
+        let acts = s.cycle(3_600_000);
+        assert_eq!(placed(&acts), vec![51]);
+    }
+
+    #[test]
+    fn thrash_is_bounded() {
+        let mut s = sched();
+        for t in ["a", "b"] {
+            s.set_quota(
+                t,
+                "training",
+                Some(Quota {
+                    guaranteed: GpuUnits::whole(64),
+                    limit: None,
+                }),
+            );
+        }
+        let mut now = 0;
+        let mut id = 0;
+        let mut preemptions = 0;
+        let mut admissions = 0;
+        let mut running: Vec<u64> = Vec::new();
+        // Both tenants keep 12 requests of 8 GPUs outstanding against a 16-node pool.
+        for _round in 0..50 {
+            for t in ["a", "b"] {
+                let mine = s.queue().iter().filter(|j| j.tenant == t).count();
+                for _ in mine..12 {
+                    id += 1;
+                    let acts = s.submit(job(id, t, 8, "standard", now), now);
+                    admissions += placed(&acts).len();
+                    for v in preempted(&acts) {
+                        preemptions += 1;
+                        s.release(v, now);
+                    }
+                    running.extend(placed(&acts));
+                }
+            }
+            now += 1000;
+            let acts = s.cycle(now);
+            admissions += placed(&acts).len();
+            for v in preempted(&acts) {
+                preemptions += 1;
+                s.release(v, now);
+            }
+        }
+        let borrowed: usize = s.running().filter(|r| r.borrowing).count();
+        // Bound: each preemption removes a borrower, and a borrower exists only by admission.
+        assert!(
+            preemptions <= admissions,
+            "{preemptions} preemptions for {admissions} admissions"
+        );
+        // Stable state: each tenant holds its guarantee, nobody borrows, nothing more moves.
+        assert_eq!(s.held("a", "training"), GpuUnits::whole(64));
+        assert_eq!(s.held("b", "training"), GpuUnits::whole(64));
+        assert_eq!(borrowed, 0);
+        let before = preemptions;
+        let acts = s.cycle(now + 100_000);
+        assert!(
+            preempted(&acts).is_empty() && placed(&acts).is_empty(),
+            "stable: {acts:?} after {before}"
+        );
+    }
+}

@@ -1,0 +1,411 @@
+//! Governance verbs: `quota get/set/unset`, `budget`, `usage`, and the declarative
+//! `apply -f tenants.yaml` (idempotent; `--dry-run` shows the diff).
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use reqwest::Method;
+use serde::Deserialize;
+use tessera_api::*;
+
+use crate::cli::{Common, Output, table};
+use crate::client::Client;
+
+#[derive(Subcommand)]
+pub enum QuotaCmd {
+    /// Show a tenant's quotas, use, borrowing and budget.
+    Get {
+        #[arg(long)]
+        tenant: String,
+    },
+    /// Set a tenant's quota for a class (a pool, or pool/MODEL), in GPU units.
+    Set {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        class: String,
+        #[arg(long)]
+        guaranteed: f64,
+        /// The most the tenant may hold, borrowing included (default: no limit).
+        #[arg(long)]
+        limit: Option<f64>,
+    },
+    /// Remove a tenant's quota for a class.
+    Unset {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        class: String,
+    },
+}
+
+#[derive(Args)]
+pub struct BudgetArgs {
+    #[arg(long)]
+    pub tenant: String,
+    /// GPU-unit-hours per calendar month.
+    #[arg(long, conflicts_with = "none")]
+    pub gpu_hours: Option<f64>,
+    /// Remove the budget.
+    #[arg(long)]
+    pub none: bool,
+}
+
+#[derive(Args)]
+pub struct UsageArgs {
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Start: YYYY-MM-DD or RFC 3339 (default: the first of this month).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// End, exclusive (default: now).
+    #[arg(long)]
+    pub to: Option<String>,
+    /// day, class, project or tenant.
+    #[arg(long, default_value = "day")]
+    pub by: String,
+}
+
+#[derive(Args)]
+pub struct ApplyArgs {
+    /// The declaration: tenants, their projects, quotas and budgets.
+    #[arg(short = 'f', long = "file")]
+    pub file: std::path::PathBuf,
+    /// Show what would change without changing it.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+fn enc(s: &str) -> String {
+    s.replace('/', "%2F")
+}
+
+pub async fn quota(c: &Common, cmd: QuotaCmd) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    match cmd {
+        QuotaCmd::Get { tenant } => {
+            let q: TenantQuotas = client.get(&format!("/api/v1/tenants/{tenant}/quotas")).await?;
+            if c.output != Output::Table {
+                println!("{}", serde_json::to_string_pretty(&q)?);
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = q
+                .quotas
+                .iter()
+                .map(|x| {
+                    vec![
+                        x.class.clone(),
+                        x.guaranteed.to_string(),
+                        x.limit.map(|l| l.to_string()).unwrap_or_else(|| "-".into()),
+                        x.used.to_string(),
+                        x.borrowed.to_string(),
+                    ]
+                })
+                .collect();
+            println!(
+                "{}",
+                table(&["CLASS", "GUARANTEED", "LIMIT", "USED", "BORROWED"], &rows)
+            );
+            match q.budget {
+                Some(b) => println!(
+                    "budget: {:.1} GPU-unit-hours this month, {:.2} spent, {:.2} left",
+                    b.monthly_unit_hours, b.spent_unit_hours, b.remaining_unit_hours
+                ),
+                None => println!("budget: none"),
+            }
+            Ok(())
+        }
+        QuotaCmd::Set {
+            tenant,
+            class,
+            guaranteed,
+            limit,
+        } => {
+            let (_, q): (_, QuotaView) = client
+                .call(
+                    Method::PUT,
+                    &format!("/api/v1/tenants/{tenant}/quotas/{}", enc(&class)),
+                    Some(&SetQuota { guaranteed, limit }),
+                    &[],
+                )
+                .await?;
+            println!(
+                "quota of {tenant} for {}: guaranteed {}, limit {}",
+                q.class,
+                q.guaranteed,
+                q.limit.map(|l| l.to_string()).unwrap_or("none".into())
+            );
+            Ok(())
+        }
+        QuotaCmd::Unset { tenant, class } => {
+            client
+                .call::<(), serde_json::Value>(
+                    Method::DELETE,
+                    &format!("/api/v1/tenants/{tenant}/quotas/{}", enc(&class)),
+                    None,
+                    &[],
+                )
+                .await?;
+            println!("quota of {tenant} for {class} removed");
+            Ok(())
+        }
+    }
+}
+
+pub async fn budget(c: &Common, a: BudgetArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    if a.gpu_hours.is_none() && !a.none {
+        bail!("give --gpu-hours N or --none");
+    }
+    let body = SetBudget {
+        monthly_unit_hours: a.gpu_hours,
+    };
+    client
+        .call::<_, serde_json::Value>(
+            Method::PUT,
+            &format!("/api/v1/tenants/{}/budget", a.tenant),
+            Some(&body),
+            &[],
+        )
+        .await?;
+    match a.gpu_hours {
+        Some(h) => println!("budget of {}: {h} GPU-unit-hours per month", a.tenant),
+        None => println!("budget of {} removed", a.tenant),
+    }
+    Ok(())
+}
+
+pub async fn usage(c: &Common, a: UsageArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let mut q = vec![format!("by={}", a.by)];
+    for (k, v) in [("tenant", &a.tenant), ("from", &a.from), ("to", &a.to)] {
+        if let Some(v) = v {
+            q.push(format!("{k}={v}"));
+        }
+    }
+    if c.output == Output::Csv {
+        q.push("format=csv".into());
+        let csv = client.text(&format!("/api/v1/usage?{}", q.join("&"))).await?;
+        print!("{csv}");
+        return Ok(());
+    }
+    let r: UsageReport = client.get(&format!("/api/v1/usage?{}", q.join("&"))).await?;
+    if c.output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!("usage from {} to {} by {} ({})", r.from, r.to, r.by, r.currency);
+    let row = |u: &UsageRow| {
+        vec![
+            u.key.clone(),
+            format!("{:.3}", u.allocated_unit_hours),
+            format!("{:.3}", u.measured_unit_hours),
+            format!("{:.2}", u.cost_allocated),
+            format!("{:.2}", u.cost_measured),
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = r.rows.iter().map(row).collect();
+    rows.push(row(&r.total));
+    println!(
+        "{}",
+        table(
+            &[
+                &r.by.to_uppercase(),
+                "ALLOCATED UNIT-H",
+                "MEASURED UNIT-H",
+                "COST ALLOCATED",
+                "COST MEASURED"
+            ],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+/// The declarative file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Declaration {
+    tenants: Vec<DeclTenant>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeclTenant {
+    name: String,
+    #[serde(default)]
+    display_name: Option<String>,
+    #[serde(default)]
+    projects: Vec<String>,
+    /// class → quota
+    #[serde(default)]
+    quotas: BTreeMap<String, DeclQuota>,
+    /// GPU-unit-hours per calendar month.
+    #[serde(default)]
+    monthly_gpu_hours: Option<f64>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct DeclQuota {
+    guaranteed: f64,
+    #[serde(default)]
+    limit: Option<f64>,
+}
+
+/// Creates or updates tenants, projects, quotas and budgets so that the server matches the
+/// file. Quotas of a declared tenant that the file does not list are removed.
+pub async fn apply(c: &Common, a: ApplyArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
+    let decl: Declaration = serde_yaml::from_str(&text).map_err(|e| {
+        let loc = e.location().map(|l| format!(":{}", l.line())).unwrap_or_default();
+        anyhow::anyhow!("{}{loc}: {}", a.file.display(), e.to_string().replace('\n', " "))
+    })?;
+    let client = Client::new(&c.conn)?;
+    let mut changes: Vec<String> = Vec::new();
+    for t in &decl.tenants {
+        let exists = client
+            .call::<(), Tenant>(Method::GET, &format!("/api/v1/tenants/{}", t.name), None, &[])
+            .await
+            .is_ok();
+        if !exists {
+            changes.push(format!("+ tenant {}", t.name));
+            if !a.dry_run {
+                let _: Tenant = client
+                    .post(
+                        "/api/v1/tenants",
+                        &CreateTenant {
+                            name: t.name.clone(),
+                            display_name: t.display_name.clone(),
+                        },
+                    )
+                    .await?;
+            }
+        }
+        let have: Vec<String> = if exists {
+            let p: Page<Project> = client
+                .get(&format!("/api/v1/tenants/{}/projects?limit=500", t.name))
+                .await?;
+            p.items.into_iter().map(|p| p.name).collect()
+        } else {
+            Vec::new()
+        };
+        for p in &t.projects {
+            if !have.contains(p) {
+                changes.push(format!("+ project {}/{p}", t.name));
+                if !a.dry_run {
+                    let _: Project = client
+                        .post(
+                            &format!("/api/v1/tenants/{}/projects", t.name),
+                            &CreateProject { name: p.clone() },
+                        )
+                        .await?;
+                }
+            }
+        }
+        let current: TenantQuotas = if exists {
+            client.get(&format!("/api/v1/tenants/{}/quotas", t.name)).await?
+        } else {
+            TenantQuotas {
+                tenant: t.name.clone(),
+                quotas: vec![],
+                budget: None,
+            }
+        };
+        for (class, q) in &t.quotas {
+            let now = current.quotas.iter().find(|x| &x.class == class);
+            let same = now.is_some_and(|n| n.guaranteed == q.guaranteed && n.limit == q.limit);
+            if same {
+                continue;
+            }
+            let lim = |l: Option<f64>| l.map(|v| v.to_string()).unwrap_or_else(|| "none".into());
+            changes.push(match now {
+                Some(n) => format!(
+                    "~ quota {}/{class}: guaranteed {} → {}, limit {} → {}",
+                    t.name,
+                    n.guaranteed,
+                    q.guaranteed,
+                    lim(n.limit),
+                    lim(q.limit)
+                ),
+                None => format!(
+                    "+ quota {}/{class}: guaranteed {}, limit {}",
+                    t.name,
+                    q.guaranteed,
+                    lim(q.limit)
+                ),
+            });
+            if !a.dry_run {
+                client
+                    .call::<_, QuotaView>(
+                        Method::PUT,
+                        &format!("/api/v1/tenants/{}/quotas/{}", t.name, enc(class)),
+                        Some(&SetQuota {
+                            guaranteed: q.guaranteed,
+                            limit: q.limit,
+                        }),
+                        &[],
+                    )
+                    .await?;
+            }
+        }
+        for q in &current.quotas {
+            if !t.quotas.contains_key(&q.class) {
+                changes.push(format!("- quota {}/{}", t.name, q.class));
+                if !a.dry_run {
+                    client
+                        .call::<(), serde_json::Value>(
+                            Method::DELETE,
+                            &format!("/api/v1/tenants/{}/quotas/{}", t.name, enc(&q.class)),
+                            None,
+                            &[],
+                        )
+                        .await?;
+                }
+            }
+        }
+        let have_budget = current.budget.as_ref().map(|b| b.monthly_unit_hours);
+        if have_budget != t.monthly_gpu_hours {
+            changes.push(format!(
+                "~ budget {}: {} → {}",
+                t.name,
+                have_budget
+                    .map(|b| format!("{b} GPU-unit-hours"))
+                    .unwrap_or("none".into()),
+                t.monthly_gpu_hours
+                    .map(|b| format!("{b} GPU-unit-hours"))
+                    .unwrap_or("none".into())
+            ));
+            if !a.dry_run {
+                client
+                    .call::<_, serde_json::Value>(
+                        Method::PUT,
+                        &format!("/api/v1/tenants/{}/budget", t.name),
+                        Some(&SetBudget {
+                            monthly_unit_hours: t.monthly_gpu_hours,
+                        }),
+                        &[],
+                    )
+                    .await?;
+            }
+        }
+    }
+    if changes.is_empty() {
+        println!("no changes: the server matches {}", a.file.display());
+    } else {
+        for ch in &changes {
+            println!("{ch}");
+        }
+        println!(
+            "{} change(s) {}",
+            changes.len(),
+            if a.dry_run {
+                "would be made (dry run)"
+            } else {
+                "applied"
+            }
+        );
+    }
+    Ok(())
+}
