@@ -10,6 +10,7 @@
 //! * [`policy`]: pluggable scoring for shared pools (random, bestfit, FGD) and
 //!   [`tessera`]: Tessera's own fragmentation-aware policy.
 //! * [`replay`]: the openb (Alibaba GPU trace) replay protocol.
+//! * [`scenario`]: a multi-tenant scenario in simulated time through the scheduler.
 //!
 //! The same engine serves the trace replay, the benchmarks and the server.
 
@@ -18,6 +19,7 @@ pub mod govern;
 pub mod mig;
 pub mod policy;
 pub mod replay;
+pub mod scenario;
 pub mod state;
 pub mod tessera;
 

@@ -40,6 +40,14 @@ pub struct ApiArgs {
     /// Longest run time of a created workload, seconds.
     #[arg(long, default_value_t = 5)]
     max_duration_s: i64,
+    /// Shapes to mix, comma-separated: `fraction` (100–900 milli-GPU), `mig` (1g.10gb,
+    /// 2g.20gb, 3g.40gb), `gpus` (1, 2 or 8 whole GPUs).
+    #[arg(long, default_value = "fraction,mig,gpus", value_delimiter = ',')]
+    shapes: Vec<String>,
+    /// Pace phase 1 at this many creations per second (0: as fast as the clients go). A paced
+    /// run whose demand fits the fleet measures request-to-running without capacity waits.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
     /// A phase ends after this many seconds even if its count is not reached.
     #[arg(long, default_value_t = 300)]
     phase_timeout_s: u64,
@@ -103,19 +111,42 @@ impl Http {
     }
 }
 
-/// A creation body of the mix: a third fractions, a third MIG slices, a third whole GPUs.
-fn shape(rng: &mut ChaCha8Rng) -> serde_json::Value {
-    match rng.random_range(0..3) {
-        0 => json!({"fraction": rng.random_range(1..=9u16) * 100}),
-        1 => {
+/// A creation body of the mix: each kind of `kinds` equally often.
+fn shape(rng: &mut ChaCha8Rng, kinds: &[Kind]) -> serde_json::Value {
+    match kinds[rng.random_range(0..kinds.len())] {
+        Kind::Fraction => json!({"fraction": rng.random_range(1..=9u16) * 100}),
+        Kind::Mig => {
             let p = ["1g.10gb", "2g.20gb", "3g.40gb"][rng.random_range(0..3)];
             json!({ "mig": p })
         }
-        _ => {
+        Kind::Gpus => {
             let g = [1u8, 2, 8][rng.random_range(0..3)];
             json!({ "gpus": g })
         }
     }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Fraction,
+    Mig,
+    Gpus,
+}
+
+fn kinds(names: &[String]) -> Result<Vec<Kind>> {
+    let mut out = Vec::new();
+    for n in names {
+        out.push(match n.trim() {
+            "fraction" => Kind::Fraction,
+            "mig" => Kind::Mig,
+            "gpus" => Kind::Gpus,
+            other => bail!("--shapes: `{other}` is not one of fraction, mig, gpus"),
+        });
+    }
+    if out.is_empty() {
+        bail!("--shapes: give at least one of fraction, mig, gpus");
+    }
+    Ok(out)
 }
 
 fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
@@ -142,6 +173,10 @@ pub fn run(conn: &Connection, a: ApiArgs) -> Result<()> {
     if a.min_duration_s < 1 || a.max_duration_s < a.min_duration_s {
         bail!("--min-duration-s / --max-duration-s: need 1 <= min <= max");
     }
+    if !(a.rate >= 0.0 && a.rate.is_finite()) {
+        bail!("--rate: give a number of creations per second, or 0 for no pacing");
+    }
+    kinds(&a.shapes)?;
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if a.threads > 0 {
         rt.worker_threads(a.threads);
@@ -151,8 +186,9 @@ pub fn run(conn: &Connection, a: ApiArgs) -> Result<()> {
 }
 
 /// Runs `clients` tasks that each call `step(i)` for the next unclaimed index `i < count`, until
-/// the count is reached or the deadline passes. Returns the wall time.
-async fn drive<F, Fut>(clients: usize, count: usize, deadline: Instant, step: F) -> f64
+/// the count is reached or the deadline passes; with `rate > 0`, step `i` starts no earlier than
+/// `i / rate` seconds after the start. Returns the wall time.
+async fn drive<F, Fut>(clients: usize, count: usize, deadline: Instant, rate: f64, step: F) -> f64
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
@@ -168,6 +204,13 @@ where
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= count || Instant::now() >= deadline {
                     break;
+                }
+                if rate > 0.0 {
+                    let at = start + Duration::from_secs_f64(i as f64 / rate);
+                    if at >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep_until(at.into()).await;
                 }
                 step(i).await;
             }
@@ -225,6 +268,7 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
 
     // Phase 1: creations.
     let mut rng = ChaCha8Rng::seed_from_u64(a.seed);
+    let mix = kinds(&a.shapes)?;
     let bodies: Arc<Vec<serde_json::Value>> = Arc::new(
         (0..a.creates)
             .map(|i| {
@@ -232,7 +276,7 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
                     "tenant": TENANT,
                     "project": PROJECT,
                     "name": format!("load-{i}"),
-                    "shape": shape(&mut rng),
+                    "shape": shape(&mut rng, &mix),
                     "duration_s": rng.random_range(a.min_duration_s..=a.max_duration_s),
                 })
             })
@@ -243,7 +287,7 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
     let timeout = Duration::from_secs(a.phase_timeout_s);
     let create_wall = {
         let (http, bodies, created, tally) = (http.clone(), bodies.clone(), created.clone(), tally.clone());
-        drive(a.clients, a.creates, Instant::now() + timeout, move |i| {
+        drive(a.clients, a.creates, Instant::now() + timeout, a.rate, move |i| {
             let (http, bodies, created, tally) = (http.clone(), bodies.clone(), created.clone(), tally.clone());
             async move {
                 let t = Instant::now();
@@ -284,7 +328,7 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
     let picks: Arc<Vec<u64>> = Arc::new((0..a.reads).map(|_| ids[rng.random_range(0..ids.len())]).collect());
     let read_wall = {
         let (http, picks, tally) = (http.clone(), picks.clone(), tally.clone());
-        drive(a.clients, a.reads, Instant::now() + timeout, move |i| {
+        drive(a.clients, a.reads, Instant::now() + timeout, 0.0, move |i| {
             let (http, picks, tally) = (http.clone(), picks.clone(), tally.clone());
             async move {
                 let t = Instant::now();
@@ -315,7 +359,7 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
         let batch = Arc::new(todo.clone());
         {
             let (http, batch, results) = (http.clone(), batch.clone(), results.clone());
-            drive(a.clients, batch.len(), settle_deadline, move |i| {
+            drive(a.clients, batch.len(), settle_deadline, 0.0, move |i| {
                 let (http, batch, results) = (http.clone(), batch.clone(), results.clone());
                 async move {
                     let (id, queued) = batch[i];
@@ -367,6 +411,9 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
     let reads_per_sec = (read.lat_us.len() as f64 / read_wall).round();
     let out = json!({
         "clients": a.clients,
+        "shapes": a.shapes.join(","),
+        "rate": a.rate,
+        "duration_s": [a.min_duration_s, a.max_duration_s],
         "created": created.len(),
         "create_errors": create.errors,
         "creates_per_sec": creates_per_sec,
@@ -392,7 +439,19 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
         println!("{out}");
         return Ok(());
     }
-    println!("API benchmark against {} with {} clients", http.base, a.clients);
+    println!(
+        "API benchmark against {} with {} clients; shapes {}, runs of {}-{} s{}",
+        http.base,
+        a.clients,
+        a.shapes.join(","),
+        a.min_duration_s,
+        a.max_duration_s,
+        if a.rate > 0.0 {
+            format!(", creations paced at {}/s", a.rate)
+        } else {
+            String::new()
+        }
+    );
     println!(
         "  creations     {} in {create_wall:.2} s: {creates_per_sec:.0}/s   latency p50 {} ms  p99 {} ms{}",
         created.len(),
@@ -459,7 +518,8 @@ mod tests {
     #[test]
     fn mix_has_every_kind() {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let shapes: Vec<_> = (0..300).map(|_| shape(&mut rng)).collect();
+        let all = kinds(&["fraction".into(), "mig".into(), "gpus".into()]).unwrap();
+        let shapes: Vec<_> = (0..300).map(|_| shape(&mut rng, &all)).collect();
         for k in ["fraction", "mig", "gpus"] {
             assert!(shapes.iter().any(|s| s.get(k).is_some()), "{k}");
         }
