@@ -16,7 +16,7 @@ pub struct TenantId(pub u32);
 
 /// A MIG profile request resolved against the catalogue: the profile's display name and, for
 /// every model that offers a profile of that name, the profile's index in the model's geometry.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MigChoice {
     pub name: String,
     pub options: Vec<(ModelId, u8)>,
@@ -66,7 +66,7 @@ impl MigChoice {
 }
 
 /// The GPU shape of a request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Shape {
     /// `gpus` whole GPUs on one node (one NVLink domain when the node has NVLink).
     Whole { gpus: u8 },
@@ -79,7 +79,7 @@ pub enum Shape {
 }
 
 /// A placement request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Request {
     pub shape: Shape,
     pub cpu_milli: u64,

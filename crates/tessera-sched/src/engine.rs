@@ -94,6 +94,10 @@ struct ScoreCache {
 
 const MAX_CACHED_TYPES: usize = 2048;
 
+/// Added to the score of opening an empty GPU for a fraction in a pool that keeps tenants
+/// apart: larger than any policy score, so own partly used GPUs always come first.
+const OPEN_GPU_PENALTY: f64 = 1e12;
+
 /// The placement engine over one fleet.
 pub struct Engine {
     fleet: Arc<Fleet>,
@@ -107,6 +111,8 @@ pub struct Engine {
     /// MIG pools: per (pool, model), GPUs `(node, gpu)` bucketed by occupancy key.
     mig_index: HashMap<(u16, u16), MigBuckets>,
     cache: ScoreCache,
+    /// Nodes held back for a reservation: no placement goes there while set.
+    blocked: std::collections::HashSet<u32>,
     next_epoch: u64,
     scratch: Vec<Choice>,
 }
@@ -135,6 +141,7 @@ impl Engine {
             by_free: Vec::new(),
             mig_index: HashMap::new(),
             cache: ScoreCache::default(),
+            blocked: Default::default(),
             next_epoch: 1,
             scratch: Vec::new(),
             fleet,
@@ -468,7 +475,15 @@ impl Engine {
         }
     }
 
+    /// Holds nodes back from every placement until changed (backfill reservations).
+    pub fn set_blocked(&mut self, nodes: std::collections::HashSet<u32>) {
+        self.blocked = nodes;
+    }
+
     fn host_fits(&self, n: u32, req: &Request) -> bool {
+        if self.blocked.contains(&n) {
+            return false;
+        }
         let st = &self.state.nodes[n as usize];
         st.cpu_free >= req.cpu_milli
             && st.mem_free >= req.memory_mib
@@ -576,6 +591,9 @@ impl Engine {
         let mut ties = 0u32;
         let mut scratch = std::mem::take(&mut self.scratch);
         for n in pool_def.nodes.clone() {
+            if self.blocked.contains(&n) {
+                continue;
+            }
             let node = &fleet.nodes[n as usize];
             let st = &self.state.nodes[n as usize];
             if st.cpu_free < d.cpu_milli || st.mem_free < d.memory_mib || !req.allows_model(node.model) {
@@ -593,7 +611,16 @@ impl Engine {
                     let view = NodeView { node, state: st };
                     let mut nb: Option<(Choice, Score)> = None;
                     for &c in &scratch {
-                        let s = self.policy.score(&view, &d, c);
+                        let mut s = self.policy.score(&view, &d, c);
+                        // Where tenants may not share a GPU, a tenant's fractions fill the GPUs
+                        // it already holds before opening new ones: space left on its own GPUs
+                        // is unusable by anyone else.
+                        if !mix
+                            && let Choice::Gpu(g) = c
+                            && st.gpus[g as usize].holders.is_empty()
+                        {
+                            s.0 += OPEN_GPU_PENALTY;
+                        }
                         if nb.is_none_or(|(_, b)| s.0 < b.0 || (s.0 == b.0 && s.1 < b.1)) {
                             nb = Some((c, s));
                         }

@@ -13,11 +13,13 @@
 //! resource class: a pool name, or `pool/MODEL` for a GPU model within a pool.
 //!
 //! **Starvation bound of backfill.** A request that cannot be placed lets smaller ones go ahead
-//! only while it has waited less than `backfill_max_wait_ms`; after that it *reserves* its
-//! pools: nothing behind it in the queue is placed there until it is, so capacity freed by
-//! finishing work accumulates for it. It therefore waits at most `backfill_max_wait_ms` plus
-//! the time the work running in its pools needs to finish (their durations or leases), plus any
-//! time taken by requests of higher priority.
+//! only while it has waited less than `backfill_max_wait_ms`; after that the first such request
+//! of a pool *reserves* one node there (the one with the most free units): nothing else is
+//! placed on that node until the reserving request is, so capacity freed there by finishing
+//! work accumulates for it, while smaller requests keep backfilling on every other node. It
+//! therefore waits at most `backfill_max_wait_ms`, plus the time the work running on the
+//! reserved node needs to finish (their durations or leases), plus any time taken by requests of
+//! higher priority (one reservation per pool, taken in queue order).
 //!
 //! **Preemption bound (anti-thrash).** Reclaim only takes from *borrowers* (workloads admitted
 //! above their tenant's guaranteed share) of other tenants, and only for a request that stays
@@ -30,6 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 
 use tessera_model::{Fleet, GpuUnits, PoolId, Request};
 
@@ -67,6 +70,9 @@ pub struct GovernConfig {
     pub backfill_max_wait_ms: i64,
     /// At most this many preemption searches per cycle.
     pub max_preemption_searches: usize,
+    /// A request within its guarantee reclaims from borrowers only after waiting this long
+    /// (capacity often frees by itself sooner; reclaiming at once would churn).
+    pub reclaim_after_ms: i64,
 }
 
 impl Default for GovernConfig {
@@ -98,6 +104,7 @@ impl Default for GovernConfig {
             half_life_ms: 3_600_000,
             backfill_max_wait_ms: 300_000,
             max_preemption_searches: 8,
+            reclaim_after_ms: 300_000,
         }
     }
 }
@@ -140,17 +147,31 @@ pub struct VictimCost {
     pub within_guarantee: bool,
     /// Higher is more important: `u8::MAX - rank`.
     pub importance: u8,
+    /// Tenants furthest above their fair share give first: `u64::MAX - fair share`.
+    pub share_room: u64,
     /// Milliseconds of work lost.
     pub work_lost_ms: i64,
 }
 
-/// The cost of preempting a running workload: over-quota first, lowest priority, least work lost.
-pub fn victim_cost(r: &Running, now: i64) -> VictimCost {
+/// The cost of preempting a running workload: over-quota first, lowest priority, the tenant
+/// most above its fair share, least work lost.
+pub fn victim_cost(r: &Running, fair_share: f64, now: i64) -> VictimCost {
     VictimCost {
         within_guarantee: !r.borrowing,
         importance: u8::MAX - r.rank,
+        share_room: u64::MAX - (fair_share * 1000.0) as u64,
         work_lost_ms: now - r.running_since_ms,
     }
+}
+
+/// Why a job could not be admitted now.
+enum Blocked {
+    /// Over a limit or budget: wait or be refused, per the request.
+    Over(String),
+    /// Recently preempted: may not borrow yet (always waits).
+    Backoff(String),
+    /// No capacity.
+    NoCapacity,
 }
 
 /// A workload holding capacity.
@@ -186,11 +207,15 @@ pub struct Scheduler {
     budgets: HashMap<String, f64>,
     spent: HashMap<String, f64>,
     books: HashMap<String, TenantBook>,
-    queue: Vec<Job>,
+    queue: Vec<Arc<Queued>>,
     running: HashMap<u64, Running>,
     /// Preemptors waiting for their victims to stop: job → victims.
     nominated: BTreeMap<u64, HashSet<u64>>,
     reasons: HashMap<u64, String>,
+    /// Per pool, the head that waited past the backfill window and the node held for it.
+    reservations: HashMap<PoolId, (u64, u32)>,
+    /// Workloads preempted so far: how often and when last.
+    preempted: HashMap<u64, (u32, i64)>,
     /// Capacity or quotas changed since the last full pass over the queue.
     dirty: bool,
 }
@@ -202,6 +227,32 @@ impl fmt::Debug for Scheduler {
             .field("running", &self.running.len())
             .finish()
     }
+}
+
+/// Queue position: (priority rank, fair share × 1000, submitted at, id); lower goes first.
+pub type OrderKey = (u8, u64, i64, u64);
+
+/// A waiting job and its capacity key (computed once).
+struct Queued {
+    job: Job,
+    key: Request,
+}
+
+impl Queued {
+    fn new(job: Job) -> Self {
+        let key = capacity_key(&job.request);
+        Queued { job, key }
+    }
+}
+
+/// What decides whether a request finds capacity: everything but the tenant, which matters
+/// only for fractions (time-shared GPUs keep tenants apart).
+fn capacity_key(r: &Request) -> Request {
+    let mut k = r.clone();
+    if !matches!(k.shape, tessera_model::Shape::Fraction { .. }) {
+        k.tenant = None;
+    }
+    k
 }
 
 /// The resource-class keys of an allocation: its pool and `pool/MODEL`.
@@ -224,6 +275,8 @@ impl Scheduler {
             running: HashMap::new(),
             nominated: BTreeMap::new(),
             reasons: HashMap::new(),
+            preempted: HashMap::new(),
+            reservations: HashMap::new(),
             dirty: true,
         }
     }
@@ -296,8 +349,9 @@ impl Scheduler {
         self.queue.len()
     }
 
-    pub fn queue(&self) -> &[Job] {
-        &self.queue
+    /// The waiting jobs, in arrival order.
+    pub fn queue(&self) -> impl Iterator<Item = &Job> {
+        self.queue.iter().map(|q| &q.job)
     }
 
     pub fn running(&self) -> impl Iterator<Item = &Running> {
@@ -334,7 +388,7 @@ impl Scheduler {
     }
 
     /// Queue order: priority class, then fair share, then arrival.
-    pub fn order_key(&self, j: &Job) -> (u8, u64, i64, u64) {
+    pub fn order_key(&self, j: &Job) -> OrderKey {
         (
             self.rank(&j.priority),
             (self.fair_share(&j.tenant) * 1000.0) as u64,
@@ -394,11 +448,11 @@ impl Scheduler {
 
     /// Tries to place `job` now within quota. `Err(Some(reason))`: over a limit or budget
     /// (wait or refuse); `Err(None)`: no capacity.
-    fn try_admit(&mut self, job: &Job, now: i64) -> Result<Action, Option<String>> {
+    fn try_admit(&mut self, job: &Job, now: i64) -> Result<Action, Blocked> {
         if let Some(b) = self.budget(&job.tenant) {
             let spent = self.spent(&job.tenant);
             if spent >= b {
-                return Err(Some(format!(
+                return Err(Blocked::Over(format!(
                     "tenant {} has spent {spent:.1} of its {b:.1} GPU-unit-hour budget for this month",
                     job.tenant
                 )));
@@ -406,6 +460,7 @@ impl Scheduler {
         }
         let units = job.request.units(&self.engine.fleet().catalogue);
         let mut over: Option<String> = None;
+        let mut backoff: Option<String> = None;
         for pool in self.pools_for(&job.request) {
             // Pool-level quota first (the model-level one is checked on the placement).
             if let Err(r) = self.check_quota(&job.tenant, &self.keys_for_pool(pool), units) {
@@ -431,6 +486,18 @@ impl Scheduler {
                     continue;
                 }
             };
+            // A workload preempted for a reclaim or a higher priority may not borrow again at
+            // once: it would be preempted again after the minimum runtime, losing work each time.
+            if borrowing && let Some(&(times, at)) = self.preempted.get(&job.id) {
+                let until = at + self.cfg.min_runtime_ms * (1i64 << times.min(4));
+                if now < until {
+                    backoff.get_or_insert(format!(
+                        "preempted {times} time(s); may borrow idle capacity again in {} s, or run at once within its guaranteed share",
+                        (until - now + 999) / 1000
+                    ));
+                    continue;
+                }
+            }
             let alloc = self
                 .engine
                 .commit(job.id, &req, p)
@@ -459,7 +526,11 @@ impl Scheduler {
                 borrowing,
             });
         }
-        Err(over)
+        match (over, backoff) {
+            (Some(o), _) => Err(Blocked::Over(o)),
+            (None, Some(b)) => Err(Blocked::Backoff(b)),
+            (None, None) => Err(Blocked::NoCapacity),
+        }
     }
 
     /// Checks a new job: refused at once if no node could ever hold it.
@@ -474,7 +545,7 @@ impl Scheduler {
         }
         self.engine.observe(&job.request);
         let id = job.id;
-        self.queue.push(job);
+        self.queue.push(Arc::new(Queued::new(job)));
         // Unchanged capacity: only the newcomer can be placed now.
         let only = if self.dirty { None } else { Some(id) };
         self.cycle_inner(now, only)
@@ -514,7 +585,7 @@ impl Scheduler {
 
     /// Puts a job back in the queue (start-up, or a preempted batch job being requeued).
     pub fn enqueue(&mut self, job: Job) {
-        self.queue.push(job);
+        self.queue.push(Arc::new(Queued::new(job)));
         self.dirty = true;
     }
 
@@ -528,9 +599,10 @@ impl Scheduler {
     /// Removes a queued job (cancelled before placement).
     pub fn dequeue(&mut self, id: u64) -> bool {
         let before = self.queue.len();
-        self.queue.retain(|j| j.id != id);
+        self.queue.retain(|q| q.job.id != id);
         self.reasons.remove(&id);
         self.nominated.remove(&id);
+        self.preempted.remove(&id);
         before != self.queue.len()
     }
 
@@ -557,53 +629,77 @@ impl Scheduler {
         if only.is_none() {
             self.dirty = false;
         }
-        let tenants: Vec<String> = self.queue.iter().map(|j| j.tenant.clone()).collect();
+        let mut tenants: Vec<String> = self.queue.iter().map(|q| q.job.tenant.clone()).collect();
+        tenants.sort_unstable();
+        tenants.dedup();
+        let mut share: HashMap<String, u64> = HashMap::new();
         for t in tenants {
             self.book(&t, now);
+            share.insert(t.clone(), (self.fair_share(&t) * 1000.0) as u64);
         }
-        // Nominated preemptors whose victims are gone go first.
-        let mut order: Vec<(bool, (u8, u64, i64, u64), usize)> = self
+        // Nominated preemptors whose victims are gone go first; then priority class, fair share,
+        // arrival.
+        let mut order: Vec<(bool, OrderKey, usize)> = self
             .queue
             .iter()
             .enumerate()
-            .map(|(i, j)| {
-                (
-                    !self.nominated.get(&j.id).is_some_and(|v| v.is_empty()),
-                    self.order_key(j),
-                    i,
-                )
+            .map(|(i, q)| {
+                let j = &q.job;
+                let key = (self.rank(&j.priority), share[&j.tenant], j.submitted_ms, j.id);
+                (!self.nominated.get(&j.id).is_some_and(|v| v.is_empty()), key, i)
             })
             .collect();
         order.sort_unstable();
-        let mut reserved: HashSet<PoolId> = HashSet::new();
+        // Reservations of jobs no longer waiting lapse.
+        let queued: HashSet<u64> = self.queue.iter().map(|q| q.job.id).collect();
+        self.reservations.retain(|_, (j, _)| queued.contains(j));
         let mut placed: HashSet<u64> = HashSet::new();
         let mut refused: HashSet<u64> = HashSet::new();
         let mut searches = 0;
-        let jobs: Vec<Job> = order.iter().map(|&(_, _, i)| self.queue[i].clone()).collect();
-        for job in jobs {
+        // Requests that found no capacity this cycle, with the reason: capacity only shrinks
+        // during a cycle, so the same request fails again (shape, host needs and, on shared
+        // pools, the tenant are all in the key).
+        let mut no_capacity: HashMap<Request, String> = HashMap::new();
+        let jobs: Vec<Arc<Queued>> = order.iter().map(|&(_, _, i)| self.queue[i].clone()).collect();
+        for queued in jobs {
+            let job = &queued.job;
             if only.is_some_and(|o| o != job.id) {
                 continue;
             }
-            let pools = self.pools_for(&job.request);
-            let nominated_ready = self.nominated.get(&job.id).is_some_and(|v| v.is_empty());
-            if !nominated_ready && pools.iter().any(|p| reserved.contains(p)) {
-                self.set_reason(
-                    &job,
-                    "waiting: an earlier request that has waited past the backfill window reserves this pool".into(),
-                    &mut actions,
-                );
+            let nominated = self.nominated.contains_key(&job.id);
+            if !nominated && let Some(reason) = no_capacity.get(&queued.key) {
+                let reason = reason.clone();
+                self.set_reason(job, reason, &mut actions);
                 continue;
             }
-            match self.try_admit(&job, now) {
+            let pools = self.pools_for(&job.request);
+            // Nodes held for other jobs' reservations are out of reach.
+            let blocked: HashSet<u32> = self
+                .reservations
+                .values()
+                .filter(|(j, _)| *j != job.id)
+                .map(|(_, n)| *n)
+                .collect();
+            let any_blocked = !blocked.is_empty();
+            if any_blocked {
+                self.engine.set_blocked(blocked);
+            }
+            let admitted = self.try_admit(job, now);
+            if any_blocked {
+                self.engine.set_blocked(HashSet::new());
+            }
+            match admitted {
                 Ok(a) => {
+                    self.reservations.retain(|_, (j, _)| *j != job.id);
                     self.nominated.remove(&job.id);
                     self.reasons.remove(&job.id);
                     placed.insert(job.id);
                     actions.push(a);
                 }
-                Err(Some(over)) => {
+                Err(Blocked::Backoff(reason)) => self.set_reason(job, reason, &mut actions),
+                Err(Blocked::Over(over)) => {
                     if job.wait_if_over_limit {
-                        self.set_reason(&job, over, &mut actions);
+                        self.set_reason(job, over, &mut actions);
                     } else {
                         refused.insert(job.id);
                         actions.push(Action::Refused {
@@ -612,16 +708,18 @@ impl Scheduler {
                         });
                     }
                 }
-                Err(None) => {
+                Err(Blocked::NoCapacity) => {
                     let waited = now - job.submitted_ms;
                     if waited > self.cfg.backfill_max_wait_ms {
-                        reserved.extend(pools.iter().copied());
+                        self.reserve(job, &pools);
                     }
                     if !self.nominated.contains_key(&job.id) && searches < self.cfg.max_preemption_searches {
                         searches += 1;
-                        if let Some((victims, why)) = self.find_victims(&job, now) {
+                        if let Some((victims, why)) = self.find_victims(job, now) {
                             for v in &victims {
                                 self.stopping(*v);
+                                let e = self.preempted.entry(*v).or_insert((0, now));
+                                *e = (e.0 + 1, now);
                                 actions.push(Action::Preempt {
                                     victim: *v,
                                     by: job.id,
@@ -629,7 +727,7 @@ impl Scheduler {
                                 });
                             }
                             self.set_reason(
-                                &job,
+                                job,
                                 format!("waiting for {} preempted workload(s) to stop: {why}", victims.len()),
                                 &mut actions,
                             );
@@ -641,15 +739,52 @@ impl Scheduler {
                         Err(u) => u.to_string(),
                         Ok(_) => "waiting for capacity within its quota".into(),
                     };
-                    self.set_reason(&job, reason, &mut actions);
+                    no_capacity.insert(queued.key.clone(), reason.clone());
+                    self.set_reason(job, reason, &mut actions);
                 }
             }
         }
         if !placed.is_empty() || !refused.is_empty() {
             self.queue
-                .retain(|j| !placed.contains(&j.id) && !refused.contains(&j.id));
+                .retain(|q| !placed.contains(&q.job.id) && !refused.contains(&q.job.id));
         }
         actions
+    }
+
+    /// Holds one node for a head that has waited past the backfill window, if its pool has no
+    /// reservation yet: the node of an allowed model with the most free units, where the head
+    /// will fit soonest. Smaller requests keep backfilling everywhere else.
+    fn reserve(&mut self, job: &Job, pools: &[PoolId]) {
+        let Some(&pool) = pools.iter().find(|p| !self.reservations.contains_key(p)) else {
+            return;
+        };
+        if pools
+            .iter()
+            .any(|p| self.reservations.get(p).is_some_and(|(j, _)| *j == job.id))
+        {
+            return;
+        }
+        let fleet = self.engine.fleet().clone();
+        let st = self.engine.state();
+        let best = fleet
+            .pool(pool)
+            .nodes
+            .clone()
+            .filter(|&n| job.request.allows_model(fleet.nodes[n as usize].model))
+            .filter(|n| !self.reservations.values().any(|(_, r)| r == n))
+            .max_by_key(|&n| {
+                (
+                    st.nodes[n as usize]
+                        .gpus
+                        .iter()
+                        .map(|g| g.free_milli() as u64)
+                        .sum::<u64>(),
+                    std::cmp::Reverse(n),
+                )
+            });
+        if let Some(n) = best {
+            self.reservations.insert(pool, (job.id, n));
+        }
     }
 
     fn set_reason(&mut self, job: &Job, reason: String, actions: &mut Vec<Action>) {
@@ -672,9 +807,11 @@ impl Scheduler {
     fn find_victims(&mut self, job: &Job, now: i64) -> Option<(Vec<u64>, String)> {
         let units = job.request.units(&self.engine.fleet().catalogue);
         let rank = self.rank(&job.priority);
-        let reclaim = self.within_guarantee(job, units);
+        let reclaim = now - job.submitted_ms >= self.cfg.reclaim_after_ms && self.within_guarantee(job, units);
         let min_rt = self.cfg.min_runtime_ms;
-        // Candidates grouped by node.
+        let fleet = self.engine.fleet().clone();
+        let pools = self.pools_for(&job.request);
+        // Candidates grouped by node; only nodes where the request could run at all.
         let mut by_node: HashMap<u32, Vec<(VictimCost, u64, bool)>> = HashMap::new();
         for r in self.running.values() {
             if r.stopping
@@ -692,15 +829,38 @@ impl Scheduler {
             let Some(a) = self.engine.allocation(r.id) else {
                 continue;
             };
-            by_node
-                .entry(a.node.0)
-                .or_default()
-                .push((victim_cost(r, now), r.id, by_priority));
+            let node = fleet.node(a.node);
+            if !pools.contains(&node.pool) || !job.request.allows_model(node.model) {
+                continue;
+            }
+            by_node.entry(a.node.0).or_default().push((
+                victim_cost(r, self.fair_share(&r.tenant), now),
+                r.id,
+                by_priority,
+            ));
         }
         let mut best: Option<(usize, Vec<VictimCost>, Vec<u64>, bool)> = None;
-        let mut nodes: Vec<u32> = by_node.keys().copied().collect();
+        // Nodes whose free units plus their candidates' units could hold the request; the nodes
+        // that need the fewest victims are tried first, and a one-victim answer ends the search.
+        let st = self.engine.state();
+        let mut nodes: Vec<(usize, u32)> = by_node
+            .iter()
+            .filter(|(n, c)| {
+                let free: u64 = st.nodes[**n as usize].gpus.iter().map(|g| g.free_milli() as u64).sum();
+                let releasable: u64 = c
+                    .iter()
+                    .filter_map(|(_, id, _)| self.running.get(id))
+                    .map(|r| r.units.as_milli())
+                    .sum();
+                free + releasable >= units.as_milli()
+            })
+            .map(|(n, c)| (c.len(), *n))
+            .collect();
         nodes.sort_unstable();
-        for n in nodes {
+        for (_, n) in nodes {
+            if best.as_ref().is_some_and(|b| b.0 == 1) {
+                break;
+            }
             let mut cands = by_node.remove(&n).expect("key");
             cands.sort();
             let mut released = Vec::new();
@@ -750,7 +910,6 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use super::*;
     use crate::policy::BestFit;
@@ -762,6 +921,7 @@ mod tests {
             Engine::new(fleet, Box::new(BestFit), 1),
             GovernConfig {
                 min_runtime_ms: 1000,
+                reclaim_after_ms: 0,
                 ..Default::default()
             },
         )
@@ -913,13 +1073,26 @@ mod tests {
         let acts = s.submit(job(101, "c", 1, "standard", 2), 2);
         assert_eq!(placed(&acts), vec![101], "backfill while the head is young");
         s.release(101, 3);
-        // Past the backfill window the head reserves the pool: small jobs wait.
+        // Past the backfill window the head reserves one node; small jobs still backfill on
+        // the others, never on the reserved one.
         let late = 1 + s.cfg.backfill_max_wait_ms + 1;
-        let acts = s.submit(job(102, "c", 1, "standard", late), late);
-        assert!(placed(&acts).is_empty(), "{acts:?}");
-        // Free one node's 7 GPUs: the head gets it, not the small job.
-        s.release(0, late + 1);
-        let acts = s.cycle(late + 1);
+        s.cycle(late);
+        let (head, reserved) = s.reservations.values().copied().next().expect("the head holds a node");
+        assert_eq!(head, 100);
+        for i in 0..15 {
+            let acts = s.submit(job(200 + i, "c", 1, "standard", late), late);
+            let Some(Action::Placed { alloc, .. }) = acts.iter().find(|a| matches!(a, Action::Placed { .. })) else {
+                panic!("small job {i} should backfill: {acts:?}")
+            };
+            assert_ne!(alloc.node.0, reserved, "the reserved node stays free for the head");
+        }
+        // The work on the reserved node ends: the head gets the node, not the small job waiting.
+        let on_reserved = (0..16)
+            .find(|id| s.engine.allocation(*id).is_some_and(|a| a.node.0 == reserved))
+            .unwrap();
+        s.submit(job(300, "c", 1, "standard", late + 1), late + 1);
+        s.release(on_reserved, late + 2);
+        let acts = s.cycle(late + 2);
         assert_eq!(placed(&acts)[0], 100, "{acts:?}");
     }
 
@@ -968,7 +1141,7 @@ mod tests {
         // Both tenants keep 12 requests of 8 GPUs outstanding against a 16-node pool.
         for _round in 0..50 {
             for t in ["a", "b"] {
-                let mine = s.queue().iter().filter(|j| j.tenant == t).count();
+                let mine = s.queue().filter(|j| j.tenant == t).count();
                 for _ in mine..12 {
                     id += 1;
                     let acts = s.submit(job(id, t, 8, "standard", now), now);

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -50,6 +51,8 @@ impl Default for ScenarioConfig {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Delay {
     pub placed: u64,
+    /// Times this group's running work was preempted.
+    pub preempted: u64,
     pub mean_wait_s: f64,
     pub p50_wait_s: f64,
     pub p95_wait_s: f64,
@@ -118,6 +121,7 @@ fn delay(mut waits: Vec<f64>) -> Delay {
     let n = waits.len();
     Delay {
         placed: n as u64,
+        preempted: 0,
         mean_wait_s: waits.iter().sum::<f64>() / n as f64,
         p50_wait_s: waits[n / 2],
         p95_wait_s: waits[(n * 95 / 100).min(n - 1)],
@@ -221,6 +225,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
     let mut waits_prio: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut waits_tenant: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut max_queued = 0;
+    let mut victims: BTreeMap<String, u64> = BTreeMap::new();
     // Time integrals after warm-up: allocated, fragmentation-idle, blocked-idle per pool.
     let mut integ = vec![(0.0f64, 0.0f64, 0.0f64); pools.len()];
     let mut last_sample = warm_ms;
@@ -234,7 +239,8 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
                   placed: &mut u64,
                   preemptions: &mut u64,
                   waits_prio: &mut BTreeMap<String, Vec<f64>>,
-                  waits_tenant: &mut BTreeMap<String, Vec<f64>>| {
+                  waits_tenant: &mut BTreeMap<String, Vec<f64>>,
+                  victims: &mut BTreeMap<String, u64>| {
         for a in acts {
             match a {
                 Action::Placed { id, .. } => {
@@ -252,6 +258,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
                 Action::Preempt { victim, .. } => {
                     *preemptions += 1;
                     let m = meta.get_mut(&victim).expect("known job");
+                    *victims.entry(format!("team-{:02}", m.tenant)).or_default() += 1;
                     m.generation += 1;
                     events.push(Reverse((now + grace_ms, Ev::Stopped(victim), m.generation)));
                 }
@@ -271,7 +278,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
         // Integrate the state over [last_sample, t).
         if t > last_sample {
             let dt = (t - last_sample) as f64;
-            let queue = s.queue();
+            let queue: Vec<&Job> = s.queue().collect();
             let st = s.engine.state();
             for (i, &(pid, units)) in pools.iter().enumerate() {
                 let p = fleet.pool(pid);
@@ -283,7 +290,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
                     .sum();
                 let free = units - used;
                 integ[i].0 += used / units * dt;
-                let waiting: Vec<&Job> = queue.iter().filter(|j| j.request.pool == Some(pid)).collect();
+                let waiting: Vec<&Job> = queue.iter().copied().filter(|j| j.request.pool == Some(pid)).collect();
                 if free > 0.0 && !waiting.is_empty() {
                     let fits_total = waiting
                         .iter()
@@ -329,7 +336,10 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
             }
             Ev::Tick => {
                 // Top up every tenant's outstanding requests (saturating, closed-loop demand).
-                for ti in 0..cfg.tenants {
+                // Tenants arrive in a different order every minute.
+                let mut order: Vec<usize> = (0..cfg.tenants).collect();
+                order.shuffle(&mut rng);
+                for ti in order {
                     for kind in 0..3 {
                         while outstanding[ti][kind] < cfg.outstanding {
                             let (mut request, duration_ms, priority) = draw(&fleet, kind, &mut rng);
@@ -372,6 +382,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
                                 &mut preemptions,
                                 &mut waits_prio,
                                 &mut waits_tenant,
+                                &mut victims,
                             );
                         }
                     }
@@ -393,6 +404,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
             &mut preemptions,
             &mut waits_prio,
             &mut waits_tenant,
+            &mut victims,
         );
     }
     let span = (end_ms.min(now.max(warm_ms)) - warm_ms).max(1) as f64;
@@ -430,7 +442,19 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
         allocated_pct,
         pools: pool_reports,
         by_priority: waits_prio.into_iter().map(|(k, v)| (k, delay(v))).collect(),
-        by_tenant: waits_tenant.into_iter().map(|(k, v)| (k, delay(v))).collect(),
+        by_tenant: waits_tenant
+            .into_iter()
+            .map(|(k, v)| {
+                let p = victims.get(&k).copied().unwrap_or(0);
+                (
+                    k,
+                    Delay {
+                        preempted: p,
+                        ..delay(v)
+                    },
+                )
+            })
+            .collect(),
         decision_p50_us: pct(0.5),
         decision_p99_us: pct(0.99),
         max_queued,

@@ -668,7 +668,7 @@ fn check_class(s: &AppState, class: &str) -> ApiResult<()> {
 }
 
 fn units_milli(field: &str, v: f64) -> ApiResult<u64> {
-    if !v.is_finite() || v < 0.0 || v > 10_000_000.0 {
+    if !v.is_finite() || !(0.0..=10_000_000.0).contains(&v) {
         return Err(ApiError::invalid(
             field,
             format!("{v}: GPU units must be a non-negative number"),

@@ -520,7 +520,6 @@ impl Actor {
         let tenants: Vec<String> = self
             .sched
             .queue()
-            .iter()
             .map(|j| j.tenant.clone())
             .filter(|t| self.sched.budget(t).is_some())
             .collect();

@@ -46,6 +46,7 @@ async fn server(tag: &str) -> Srv {
         grace: Duration::from_secs(5),
         govern: tessera_sched::govern::GovernConfig {
             min_runtime_ms: 0,
+            reclaim_after_ms: 0,
             ..Default::default()
         },
         prices: Default::default(),

@@ -688,6 +688,7 @@ mod tests {
             image: None,
             priority: "standard".into(),
             state,
+            borrowing: false,
             reason: None,
             units: "1".into(),
             allocation: None,

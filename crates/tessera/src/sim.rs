@@ -218,19 +218,6 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_seeds;
-
-    #[test]
-    fn seeds() {
-        assert_eq!(parse_seeds("42-45").unwrap(), vec![42, 43, 44, 45]);
-        assert_eq!(parse_seeds("1,3-4").unwrap(), vec![1, 3, 4]);
-        assert!(parse_seeds("5-3").is_err());
-        assert!(parse_seeds("x").is_err());
-    }
-}
-
 fn scenario(a: ScenarioArgs) -> Result<()> {
     use tessera_sched::scenario::{ScenarioConfig, check_fleet, run};
     let fleet = crate::bench::load_fleet(&a.fleet)?;
@@ -238,7 +225,13 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
     if a.tenants == 0 || a.hours <= 1.0 {
         bail!("--tenants must be positive and --hours above 1");
     }
-    let cfg = ScenarioConfig { tenants: a.tenants, hours: a.hours, outstanding: a.outstanding, seed: a.seed, warmup_hours: (a.hours / 8.0).min(6.0) };
+    let cfg = ScenarioConfig {
+        tenants: a.tenants,
+        hours: a.hours,
+        outstanding: a.outstanding,
+        seed: a.seed,
+        warmup_hours: (a.hours / 8.0).min(6.0),
+    };
     let started = Instant::now();
     let r = run(Arc::new(fleet), &cfg);
     let wall = started.elapsed().as_secs_f64();
@@ -250,21 +243,52 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
         "scenario: {} tenants, {} GPUs, {} simulated hours (first {:.0} h excluded), wall {wall:.1} s",
         r.tenants, r.gpus, r.hours, cfg.warmup_hours
     );
-    println!("requests {} submitted, {} placed, {} completed, {} preemptions, queue up to {}", r.submitted, r.placed, r.completed, r.preemptions, r.max_queued);
+    println!(
+        "requests {} submitted, {} placed, {} completed, {} preemptions, queue up to {}",
+        r.submitted, r.placed, r.completed, r.preemptions, r.max_queued
+    );
     println!("GPU units allocated (time-weighted): {:.1} %", r.allocated_pct);
-    println!("{:<12} {:<7} {:>6} {:>10} {:>14} {:>10}", "POOL", "SHARING", "UNITS", "ALLOCATED", "IDLE:FRAGMENT", "IDLE:BLOCK");
+    println!(
+        "{:<12} {:<7} {:>6} {:>10} {:>14} {:>10}",
+        "POOL", "SHARING", "UNITS", "ALLOCATED", "IDLE:FRAGMENT", "IDLE:BLOCK"
+    );
     for p in &r.pools {
-        println!("{:<12} {:<7} {:>6} {:>9.1}% {:>13.1}% {:>9.1}%", p.pool, p.sharing, p.units, p.allocated_pct, p.idle_fragmentation_pct, p.idle_blocked_pct);
+        println!(
+            "{:<12} {:<7} {:>6} {:>9.1}% {:>13.1}% {:>9.1}%",
+            p.pool, p.sharing, p.units, p.allocated_pct, p.idle_fragmentation_pct, p.idle_blocked_pct
+        );
     }
     println!("queueing delay by priority class:");
     for (k, d) in &r.by_priority {
-        println!("  {k:<14} {:>6} placed  mean {:>8.0} s  p50 {:>8.0} s  p95 {:>8.0} s", d.placed, d.mean_wait_s, d.p50_wait_s, d.p95_wait_s);
+        println!(
+            "  {k:<14} {:>6} placed  mean {:>8.0} s  p50 {:>8.0} s  p95 {:>8.0} s",
+            d.placed, d.mean_wait_s, d.p50_wait_s, d.p95_wait_s
+        );
     }
     let mut t: Vec<_> = r.by_tenant.iter().collect();
     t.sort_by(|a, b| a.1.mean_wait_s.total_cmp(&b.1.mean_wait_s));
     if let (Some(best), Some(worst)) = (t.first(), t.last()) {
-        println!("queueing delay by tenant: mean from {:.0} s ({}) to {:.0} s ({}); -o json for all", best.1.mean_wait_s, best.0, worst.1.mean_wait_s, worst.0);
+        println!(
+            "queueing delay by tenant: mean from {:.0} s ({}) to {:.0} s ({}); -o json for all",
+            best.1.mean_wait_s, best.0, worst.1.mean_wait_s, worst.0
+        );
     }
-    println!("scheduler decisions: p50 {:.1} µs, p99 {:.1} µs", r.decision_p50_us, r.decision_p99_us);
+    println!(
+        "scheduler decisions: p50 {:.1} µs, p99 {:.1} µs",
+        r.decision_p50_us, r.decision_p99_us
+    );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_seeds;
+
+    #[test]
+    fn seeds() {
+        assert_eq!(parse_seeds("42-45").unwrap(), vec![42, 43, 44, 45]);
+        assert_eq!(parse_seeds("1,3-4").unwrap(), vec![1, 3, 4]);
+        assert!(parse_seeds("5-3").is_err());
+        assert!(parse_seeds("x").is_err());
+    }
 }
