@@ -233,3 +233,165 @@ async fn futures_join<F: std::future::Future<Output = T> + Send + 'static, T: Se
     }
     out
 }
+
+/// The usage ledger equals the integral of allocated units over time, per tenant, to the
+/// millisecond, across a `kill -9` and restart in the middle of a random workload stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_matches_allocations_across_kill_9() {
+    let dir = std::env::temp_dir().join(format!("tessera-ledger-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut s = start(&dir);
+    let token = s.token.clone().expect("admin token");
+    let http = reqwest::Client::new();
+    for t in ["a", "b"] {
+        call(
+            &http,
+            &s,
+            &token,
+            reqwest::Method::POST,
+            "/api/v1/tenants",
+            Some(json!({"name": t})),
+        )
+        .await;
+        call(
+            &http,
+            &s,
+            &token,
+            reqwest::Method::POST,
+            &format!("/api/v1/tenants/{t}/projects"),
+            Some(json!({"name": "p"})),
+        )
+        .await;
+    }
+    let shapes = [
+        json!({"fraction": 250}),
+        json!({"mig": "2g.20gb"}),
+        json!({"gpus": 2, "pool": "training"}),
+        json!({"mig": "7g.80gb"}),
+    ];
+    // A deterministic pseudo-random stream.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut ids = Vec::new();
+    for round in 0..2 {
+        for i in 0..30 {
+            let r = next();
+            let body = json!({
+                "tenant": if r % 2 == 0 { "a" } else { "b" },
+                "project": "p",
+                "name": format!("r{round}-{i}"),
+                "shape": shapes[(r >> 8) as usize % shapes.len()],
+                "duration_s": 1 + (r >> 16) % 3,
+            });
+            let (st, w) = call(
+                &http,
+                &s,
+                &token,
+                reqwest::Method::POST,
+                "/api/v1/workloads",
+                Some(body),
+            )
+            .await;
+            assert_eq!(st, 201, "{w}");
+            ids.push(w["id"].as_u64().unwrap());
+            tokio::time::sleep(Duration::from_millis((r >> 24) % 60)).await;
+        }
+        if round == 0 {
+            // Crash in the middle of the stream, with work running.
+            s.child.kill().unwrap();
+            s.child.wait().unwrap();
+            s = start(&dir);
+        }
+    }
+    // Wait for everything to end.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, page) = call(
+            &http,
+            &s,
+            &token,
+            reqwest::Method::GET,
+            "/api/v1/workloads?limit=500",
+            None,
+        )
+        .await;
+        let items = page["items"].as_array().unwrap();
+        if items.len() == ids.len()
+            && items
+                .iter()
+                .all(|w| ["succeeded", "failed", "cancelled"].contains(&w["state"].as_str().unwrap()))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "workloads did not finish");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Integral of allocated units over time from the timelines (running → released events).
+    let mut expected: BTreeMap<String, f64> = BTreeMap::new();
+    for id in &ids {
+        let (_, w) = call(
+            &http,
+            &s,
+            &token,
+            reqwest::Method::GET,
+            &format!("/api/v1/workloads/{id}"),
+            None,
+        )
+        .await;
+        let (_, ev) = call(
+            &http,
+            &s,
+            &token,
+            reqwest::Method::GET,
+            &format!("/api/v1/workloads/{id}/events"),
+            None,
+        )
+        .await;
+        let ev = ev.as_array().unwrap();
+        let at = |step: &str| {
+            ev.iter()
+                .filter(|e| e["step"] == step)
+                .map(|e| e["at_ms"].as_i64().unwrap())
+                .collect::<Vec<_>>()
+        };
+        let (running, released) = (at("running"), at("released"));
+        assert_eq!(
+            running.len(),
+            released.len(),
+            "every run is released exactly once: {ev:?}"
+        );
+        let units = w["allocation"]["units_milli"].as_u64().unwrap_or(0) as f64 / 1000.0;
+        let ms: i64 = running.iter().zip(&released).map(|(r, e)| e - r).sum();
+        *expected.entry(w["tenant"].as_str().unwrap().to_string()).or_default() += units * ms as f64 / 3_600_000.0;
+    }
+    let (st, report) = call(
+        &http,
+        &s,
+        &token,
+        reqwest::Method::GET,
+        "/api/v1/usage?by=tenant&from=2000-01-01",
+        None,
+    )
+    .await;
+    assert_eq!(st, 200, "{report}");
+    for row in report["rows"].as_array().unwrap() {
+        let t = row["key"].as_str().unwrap();
+        let ledger = row["allocated_unit_hours"].as_f64().unwrap();
+        let want = expected[t];
+        assert!(want > 0.0);
+        // Equal to the millisecond (1 ms of one GPU unit = 2.8e-7 unit-hours).
+        assert!(
+            (ledger - want).abs() < 1e-9,
+            "tenant {t}: ledger {ledger} vs allocations {want}"
+        );
+    }
+    assert_eq!(report["rows"].as_array().unwrap().len(), expected.len());
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
