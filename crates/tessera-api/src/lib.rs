@@ -377,6 +377,39 @@ pub struct CreateToken {
     pub role: String,
     #[serde(default)]
     pub name: Option<String>,
+    /// Lifetime in seconds; absent = until revoked.
+    #[serde(default)]
+    pub expires_in_s: Option<i64>,
+}
+
+/// An API token as listed (never the secret).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct TokenView {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    pub role: String,
+    pub name: String,
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<String>,
+}
+
+/// One audit record.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct AuditEntry {
+    pub seq: u64,
+    pub at: String,
+    pub request_id: String,
+    pub actor: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    pub action: String,
+    pub target: String,
+    /// HTTP status of the outcome.
+    pub outcome: u16,
 }
 
 /// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).

@@ -61,7 +61,9 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(get_tenant, delete_tenant))
         .routes(routes!(list_projects, create_project))
         .routes(routes!(get_project, delete_project))
-        .routes(routes!(create_token))
+        .routes(routes!(list_tokens, create_token))
+        .routes(routes!(revoke_token))
+        .routes(routes!(audit_log))
         .routes(routes!(list_workloads, create_workload))
         .routes(routes!(get_workload))
         .routes(routes!(cancel_workload))
@@ -389,7 +391,8 @@ async fn delete_project(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Creates an API token; the secret is in the response only (platform-admin).
+/// Creates an API token; the secret is in the response only. Platform-admins create any token;
+/// tenant-admins create tokens of their own tenant.
 #[utoipa::path(post, path = "/api/v1/tokens", tag = "tenancy", request_body = CreateToken,
     responses((status = 201, body = CreatedToken), (status = 403, body = Problem), (status = 422, body = Problem)))]
 async fn create_token(
@@ -397,7 +400,6 @@ async fn create_token(
     id: Identity,
     ApiJson(b): ApiJson<CreateToken>,
 ) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
-    id.require_admin()?;
     let role = Role::parse(&b.role).ok_or_else(|| {
         ApiError::invalid(
             "role",
@@ -407,6 +409,15 @@ async fn create_token(
             ),
         )
     })?;
+    if !id.is_admin() {
+        let own =
+            id.role == Role::TenantAdmin && b.tenant.is_some() && b.tenant == id.tenant && role != Role::PlatformAdmin;
+        if !own {
+            return Err(ApiError::forbidden(
+                "only platform-admins, or tenant-admins for their own tenant, can create tokens",
+            ));
+        }
+    }
     match (&b.tenant, role) {
         (None, r) if r != Role::PlatformAdmin => {
             return Err(ApiError::invalid("tenant", "tenant roles need a `tenant`"));
@@ -422,16 +433,22 @@ async fn create_token(
         }
         _ => {}
     }
+    let expires_at = match b.expires_in_s {
+        Some(e) if e <= 0 => return Err(ApiError::invalid("expires_in_s", "a lifetime must be positive")),
+        Some(e) => Some(now_ms() + e * 1000),
+        None => None,
+    };
     let secret = new_secret();
     let tid = format!("tok-{}", &crate::auth::hash(&secret)[..12]);
     s.store
-        .create_token(
+        .create_token_expiring(
             &tid,
             &crate::auth::hash(&secret),
             b.tenant.as_deref(),
             role.as_str(),
             b.name.as_deref().unwrap_or(""),
             now_ms(),
+            expires_at,
         )
         .await?;
     Ok((
@@ -443,6 +460,114 @@ async fn create_token(
             role: role.as_str().into(),
         }),
     ))
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct TokenParams {
+    /// Only tokens of this tenant.
+    pub tenant: Option<String>,
+}
+
+/// API tokens (platform-admin: all; tenant-admin: its tenant's).
+#[utoipa::path(get, path = "/api/v1/tokens", tag = "tenancy", params(TokenParams),
+    responses((status = 200, body = Vec<TokenView>), (status = 403, body = Problem)))]
+async fn list_tokens(
+    State(s): State<AppState>,
+    id: Identity,
+    Query(q): Query<TokenParams>,
+) -> ApiResult<Json<Vec<TokenView>>> {
+    let tenant = if id.is_admin() {
+        q.tenant.clone()
+    } else if id.role == Role::TenantAdmin {
+        id.tenant.clone()
+    } else {
+        return Err(ApiError::forbidden(
+            "listing tokens needs a platform-admin or tenant-admin token",
+        ));
+    };
+    let list = s.store.list_tokens(tenant.as_deref()).await?;
+    Ok(Json(
+        list.into_iter()
+            .filter(|t| id.is_admin() || t.tenant.is_some())
+            .map(|t| TokenView {
+                id: t.id,
+                tenant: t.tenant,
+                role: t.role,
+                name: t.name,
+                created_at: rfc3339_ms(t.created_at),
+                expires_at: t.expires_at.map(rfc3339_ms),
+                revoked_at: t.revoked_at.map(rfc3339_ms),
+            })
+            .collect(),
+    ))
+}
+
+/// Revokes a token: it fails from the next request on.
+#[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = "tenancy", params(("id" = String, Path)),
+    responses((status = 204), (status = 403, body = Problem), (status = 404, body = Problem)))]
+async fn revoke_token(State(s): State<AppState>, id: Identity, Path(tid): Path<String>) -> ApiResult<StatusCode> {
+    let all = s.store.list_tokens(None).await?;
+    let Some(t) = all.into_iter().find(|t| t.id == tid) else {
+        return Err(ApiError::not_found(format!("no token `{tid}`")));
+    };
+    let allowed = id.is_admin() || (id.role == Role::TenantAdmin && t.tenant.is_some() && t.tenant == id.tenant);
+    if !allowed {
+        return Err(ApiError::not_found(format!("no token `{tid}`")));
+    }
+    if !s.store.revoke_token(&tid, now_ms()).await? {
+        return Err(ApiError::conflict(format!("token `{tid}` is already revoked")));
+    }
+    s.auth.invalidate();
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct AuditParams {
+    pub tenant: Option<String>,
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+}
+
+/// The audit log, newest first (platform-admin: all; tenant-admin: its tenant).
+#[utoipa::path(get, path = "/api/v1/audit", tag = "tenancy", params(AuditParams),
+    responses((status = 200, body = Page<AuditEntry>), (status = 403, body = Problem)))]
+async fn audit_log(
+    State(s): State<AppState>,
+    id: Identity,
+    Query(q): Query<AuditParams>,
+) -> ApiResult<Json<Page<AuditEntry>>> {
+    let tenant = if id.is_admin() {
+        q.tenant.clone()
+    } else if id.role == Role::TenantAdmin {
+        id.tenant.clone()
+    } else {
+        return Err(ApiError::forbidden(
+            "the audit log needs a platform-admin or tenant-admin token",
+        ));
+    };
+    let l = limit(q.limit)?;
+    let before = match &q.cursor {
+        Some(c) => Some(
+            c.parse::<u64>()
+                .map_err(|_| ApiError::invalid("cursor", "not a cursor from this API"))?,
+        ),
+        None => None,
+    };
+    let rows = s.store.audit(tenant.as_deref(), before, l + 1).await?;
+    let items: Vec<AuditEntry> = rows
+        .into_iter()
+        .map(|r| AuditEntry {
+            seq: r.seq,
+            at: rfc3339_ms(r.at),
+            request_id: r.request_id,
+            actor: r.actor,
+            tenant: r.tenant,
+            action: r.action,
+            target: r.target,
+            outcome: r.outcome,
+        })
+        .collect();
+    Ok(Json(page(items, l, |a| a.seq.to_string())))
 }
 
 #[derive(Deserialize, IntoParams)]

@@ -111,6 +111,11 @@ impl Authenticator {
         }
     }
 
+    /// Forgets every cached identity (after a revocation: revoked tokens fail at once).
+    pub fn invalidate(&self) {
+        self.cache.write().expect("lock").clear();
+    }
+
     pub async fn identify(&self, authorization: Option<&str>) -> Result<Identity, ApiError> {
         let Some(h) = authorization else {
             return Err(ApiError::unauthorized("missing `Authorization: Bearer <token>` header"));

@@ -7,6 +7,7 @@
 //! (`tessera-backend`).
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod controller;
 pub mod problem;
@@ -53,6 +54,8 @@ pub struct AppState {
     pub auth: Arc<Authenticator>,
     pub backend_name: &'static str,
     pub prices: Arc<usage::Prices>,
+    pub audit: audit::AuditLog,
+    pub limiter: Arc<audit::RateLimiter>,
 }
 
 /// How to run the server.
@@ -70,6 +73,8 @@ pub struct ServerConfig {
     pub govern: GovernConfig,
     /// Price per GPU-unit-hour by resource class, for usage reports.
     pub prices: usage::Prices,
+    /// Requests per second allowed per API token (bursts of twice that); 0 = no limit.
+    pub rate_limit: f64,
 }
 
 /// A started server.
@@ -96,6 +101,7 @@ pub fn app(state: AppState) -> axum::Router {
         )
         .merge(api)
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), audit::middleware))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
@@ -157,13 +163,18 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         .await
         .map_err(|e| anyhow_like::msg(e.detail))?;
     tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "state rebuilt");
+    let audit = audit::AuditLog::start(store.clone())
+        .await
+        .map_err(|e| anyhow_like::msg(e.to_string()))?;
     let state = AppState {
         store: store.clone(),
         fleet,
         controller,
         auth: Arc::new(Authenticator::new(store)),
+        audit,
         backend_name: backend.name(),
         prices: Arc::new(cfg.prices),
+        limiter: Arc::new(audit::RateLimiter::new(cfg.rate_limit, cfg.rate_limit * 2.0)),
     };
     let listener = TcpListener::bind(cfg.listen)
         .await

@@ -80,6 +80,16 @@ impl ApiError {
         )
     }
 
+    /// 429: a rate limit.
+    pub fn too_many(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate-limited",
+            "Too many requests",
+            detail,
+        )
+    }
+
     pub fn unavailable(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

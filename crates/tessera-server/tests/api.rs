@@ -50,6 +50,7 @@ async fn server(tag: &str) -> Srv {
             ..Default::default()
         },
         prices: Default::default(),
+        rate_limit: 0.0,
     };
     let r = start(cfg).await.unwrap();
     let token = r.admin_token.clone().expect("first start creates the admin token");

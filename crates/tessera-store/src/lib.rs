@@ -69,6 +69,35 @@ pub struct UsageInterval {
     pub util_avg: Option<f64>,
 }
 
+/// One audit record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditRecord {
+    pub seq: u64,
+    pub at: i64,
+    pub request_id: String,
+    /// Token id, OIDC subject, or `anonymous`.
+    pub actor: String,
+    pub tenant: Option<String>,
+    /// E.g. `POST /api/v1/workloads`, `auth.failure`, `login`.
+    pub action: String,
+    pub target: String,
+    /// HTTP status of the outcome.
+    pub outcome: u16,
+    pub detail: String,
+}
+
+/// A stored token (never the secret).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenInfo {
+    pub id: String,
+    pub tenant: Option<String>,
+    pub role: String,
+    pub name: String,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+}
+
 /// A stored quota.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuotaRecord {
@@ -179,6 +208,127 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// Creates a token with an optional expiry.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_token_expiring(
+        &self,
+        id: &str,
+        hash: &str,
+        tenant: Option<&str>,
+        role: &str,
+        name: &str,
+        now: i64,
+        expires_at: Option<i64>,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO api_tokens (id, hash, tenant, role, name, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(id)
+        .bind(hash)
+        .bind(tenant)
+        .bind(role)
+        .bind(name)
+        .bind(now)
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Tokens, optionally of one tenant, newest first.
+    pub async fn list_tokens(&self, tenant: Option<&str>) -> Result<Vec<TokenInfo>> {
+        let rows = sqlx::query(
+            "SELECT id, tenant, role, name, created_at, expires_at, revoked_at FROM api_tokens \
+             WHERE ($1 IS NULL OR tenant = $1) ORDER BY created_at DESC, id",
+        )
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| TokenInfo {
+                id: r.get(0),
+                tenant: r.get(1),
+                role: r.get(2),
+                name: r.get(3),
+                created_at: r.get(4),
+                expires_at: r.get(5),
+                revoked_at: r.get(6),
+            })
+            .collect())
+    }
+
+    /// Revokes a token; `false` if there is no such active token.
+    pub async fn revoke_token(&self, id: &str, now: i64) -> Result<bool> {
+        let r = sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
+            .bind(now)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    // ----- audit ---------------------------------------------------------------------------------
+
+    pub async fn max_audit_seq(&self) -> Result<u64> {
+        let v: Option<i64> = sqlx::query("SELECT MAX(seq) FROM audit_log")
+            .fetch_one(&self.pool)
+            .await?
+            .get(0);
+        Ok(v.unwrap_or(0) as u64)
+    }
+
+    /// Appends audit records in one transaction.
+    pub async fn append_audit(&self, records: &[AuditRecord]) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        for a in records {
+            sqlx::query(
+                "INSERT INTO audit_log (seq, at, request_id, actor, tenant, action, target, outcome, detail) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(a.seq as i64)
+            .bind(a.at)
+            .bind(&a.request_id)
+            .bind(&a.actor)
+            .bind(&a.tenant)
+            .bind(&a.action)
+            .bind(&a.target)
+            .bind(a.outcome as i64)
+            .bind(&a.detail)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Audit records, newest first, optionally of one tenant, below `before`.
+    pub async fn audit(&self, tenant: Option<&str>, before: Option<u64>, limit: u32) -> Result<Vec<AuditRecord>> {
+        let rows = sqlx::query(
+            "SELECT seq, at, request_id, actor, tenant, action, target, outcome, detail FROM audit_log \
+             WHERE ($1 IS NULL OR tenant = $1) AND seq < $2 ORDER BY seq DESC LIMIT $3",
+        )
+        .bind(tenant)
+        .bind(before.map(|b| b as i64).unwrap_or(i64::MAX))
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| AuditRecord {
+                seq: r.get::<i64, _>(0) as u64,
+                at: r.get(1),
+                request_id: r.get(2),
+                actor: r.get(3),
+                tenant: r.get(4),
+                action: r.get(5),
+                target: r.get(6),
+                outcome: r.get::<i64, _>(7) as u16,
+                detail: r.get(8),
+            })
+            .collect())
     }
 
     pub async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {

@@ -137,16 +137,37 @@ pub struct ProjectsArgs {
     pub cmd: Option<ProjectCmd>,
 }
 
+#[derive(Subcommand)]
+pub enum TokenCmd {
+    /// Create a token (the secret is shown once).
+    Create {
+        /// Tenant the token acts for (omit for a platform-admin token).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// platform-admin, tenant-admin, member or viewer.
+        #[arg(long, default_value = "member")]
+        role: String,
+        #[arg(long)]
+        name: Option<String>,
+        /// Lifetime: 90s, 30m, 12h, 30d (default: until revoked).
+        #[arg(long)]
+        expires_in: Option<String>,
+    },
+    /// List tokens (never their secrets).
+    Ls {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Revoke a token: it fails from the next request on.
+    Revoke { id: String },
+}
+
 #[derive(Args)]
-pub struct TokenArgs {
-    /// Tenant the token acts for (omit for a platform-admin token).
+pub struct AuditArgs {
     #[arg(long)]
     pub tenant: Option<String>,
-    /// platform-admin, tenant-admin, member or viewer.
-    #[arg(long, default_value = "member")]
-    pub role: String,
-    #[arg(long)]
-    pub name: Option<String>,
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
 }
 
 /// Parses `90s`, `30m`, `2h`, `1h30m`, `1d`, or plain seconds.
@@ -656,32 +677,112 @@ pub async fn projects(c: &Common, a: ProjectsArgs) -> Result<()> {
     }
 }
 
-pub async fn token(c: &Common, a: TokenArgs) -> Result<()> {
+pub async fn token(c: &Common, cmd: TokenCmd) -> Result<()> {
     let client = Client::new(&c.conn)?;
-    let t: CreatedToken = client
-        .post(
-            "/api/v1/tokens",
-            &CreateToken {
-                tenant: a.tenant,
-                role: a.role,
-                name: a.name,
-            },
-        )
-        .await?;
-    match c.output {
-        Output::Json | Output::Csv => print_json(&t),
-        Output::Table => {
+    match cmd {
+        TokenCmd::Create {
+            tenant,
+            role,
+            name,
+            expires_in,
+        } => {
+            let expires_in_s = expires_in.as_deref().map(parse_duration).transpose()?;
+            let t: CreatedToken = client
+                .post(
+                    "/api/v1/tokens",
+                    &CreateToken {
+                        tenant,
+                        role,
+                        name,
+                        expires_in_s,
+                    },
+                )
+                .await?;
+            match c.output {
+                Output::Json | Output::Csv => print_json(&t),
+                Output::Table => {
+                    let of = t.tenant.map(|t| format!(" of {t}")).unwrap_or_default();
+                    println!("token {} ({}{of}): {}", t.id, t.role, t.token);
+                    println!("the secret is shown only now; store it safely");
+                    Ok(())
+                }
+            }
+        }
+        TokenCmd::Ls { tenant } => {
+            let path = match tenant {
+                Some(t) => format!("/api/v1/tokens?tenant={t}"),
+                None => "/api/v1/tokens".into(),
+            };
+            let list: Vec<TokenView> = client.get(&path).await?;
+            if c.output != Output::Table {
+                return print_json(&list);
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|t| {
+                    let state = if t.revoked_at.is_some() {
+                        "revoked".to_string()
+                    } else {
+                        t.expires_at
+                            .clone()
+                            .map(|e| format!("expires {e}"))
+                            .unwrap_or("active".into())
+                    };
+                    vec![
+                        t.id.clone(),
+                        t.tenant.clone().unwrap_or("-".into()),
+                        t.role.clone(),
+                        t.name.clone(),
+                        t.created_at.clone(),
+                        state,
+                    ]
+                })
+                .collect();
             println!(
-                "token {} ({}{}): {}",
-                t.id,
-                t.role,
-                t.tenant.map(|t| format!(" of {t}")).unwrap_or_default(),
-                t.token
+                "{}",
+                table(&["ID", "TENANT", "ROLE", "NAME", "CREATED", "STATE"], &rows)
             );
-            println!("the secret is shown only now; store it safely");
+            Ok(())
+        }
+        TokenCmd::Revoke { id } => {
+            client
+                .call::<(), serde_json::Value>(Method::DELETE, &format!("/api/v1/tokens/{id}"), None, &[])
+                .await?;
+            println!("token {id} revoked");
             Ok(())
         }
     }
+}
+
+pub async fn audit(c: &Common, a: AuditArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let mut path = format!("/api/v1/audit?limit={}", a.limit);
+    if let Some(t) = &a.tenant {
+        path.push_str(&format!("&tenant={t}"));
+    }
+    let page: Page<AuditEntry> = client.get(&path).await?;
+    if c.output != Output::Table {
+        return print_json(&page.items);
+    }
+    let rows: Vec<Vec<String>> = page
+        .items
+        .iter()
+        .map(|e| {
+            vec![
+                e.at.clone(),
+                e.actor.clone(),
+                e.tenant.clone().unwrap_or("-".into()),
+                e.action.clone(),
+                e.outcome.to_string(),
+                e.request_id.clone(),
+            ]
+        })
+        .collect();
+    println!(
+        "{}",
+        table(&["AT", "ACTOR", "TENANT", "ACTION", "OUTCOME", "REQUEST"], &rows)
+    );
+    Ok(())
 }
 
 #[cfg(test)]

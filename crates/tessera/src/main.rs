@@ -57,8 +57,13 @@ enum Command {
     Tenants(cli::TenantsArgs),
     /// List, create or delete projects of a tenant.
     Projects(cli::ProjectsArgs),
-    /// Create an API token (shown once).
-    Token(cli::TokenArgs),
+    /// API tokens: create (shown once), list, revoke.
+    Token {
+        #[command(subcommand)]
+        cmd: cli::TokenCmd,
+    },
+    /// The audit log (platform-admin: all; tenant-admin: its tenant).
+    Audit(cli::AuditArgs),
     /// Print the OpenAPI 3.1 document of the REST API.
     Openapi,
     /// Tenant quotas per resource class (a pool, or pool/MODEL), in GPU units.
@@ -114,7 +119,8 @@ fn main() -> ExitCode {
         Command::Gpus(f) => client(Box::pin(cli::gpus(c, f))),
         Command::Tenants(a) => client(Box::pin(cli::tenants(c, a))),
         Command::Projects(a) => client(Box::pin(cli::projects(c, a))),
-        Command::Token(a) => client(Box::pin(cli::token(c, a))),
+        Command::Token { cmd } => client(Box::pin(cli::token(c, cmd))),
+        Command::Audit(a) => client(Box::pin(cli::audit(c, a))),
         Command::Quota { cmd } => client(Box::pin(govcli::quota(c, cmd))),
         Command::Budget(a) => client(Box::pin(govcli::budget(c, a))),
         Command::Usage(a) => client(Box::pin(govcli::usage(c, a))),

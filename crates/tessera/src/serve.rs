@@ -42,6 +42,9 @@ pub struct ServeArgs {
     /// keyed by pool or pool/MODEL).
     #[arg(long)]
     prices: Option<PathBuf>,
+    /// Requests per second allowed per API token (bursts of twice that); 0 = no limit.
+    #[arg(long, default_value_t = 500.0)]
+    rate_limit: f64,
     /// Minimum runtime before a workload may be preempted, in seconds.
     #[arg(long, default_value_t = 60)]
     min_runtime_s: u64,
@@ -88,6 +91,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             grace: Duration::from_secs(a.grace_s),
             govern,
             prices,
+            rate_limit: a.rate_limit,
         };
         let running = start(cfg).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         if let Some(t) = &running.admin_token {

@@ -1,0 +1,471 @@
+//! The isolation matrix: every API route × every role × an object of the caller's own tenant
+//! or of another tenant, with the exact expected status of each cell. The test fails when a
+//! route is added to the OpenAPI document without an entry here.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tessera_model::Fleet;
+use tessera_server::{ServerConfig, start};
+
+struct Ctx {
+    base: String,
+    http: reqwest::Client,
+    admin: String,
+    /// Tokens by role: the platform admin, then tenant `vision`'s tenant-admin, member and viewer, then none.
+    tokens: Vec<(&'static str, Option<String>)>,
+}
+
+impl Ctx {
+    async fn call(&self, token: Option<&str>, m: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut rb = self.http.request(m, format!("{}{path}", self.base));
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let r = rb.send().await.unwrap();
+        let st = r.status();
+        let text = r.text().await.unwrap();
+        (st, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn admin_call(&self, m: Method, path: &str, body: Option<Value>) -> Value {
+        let (st, v) = self.call(Some(&self.admin), m, path, body).await;
+        assert!(st.is_success(), "setup {path}: {st} {v}");
+        v
+    }
+
+    async fn workload(&self, tenant: &str) -> u64 {
+        let project = if tenant == "vision" { "train" } else { "p" };
+        let w = self
+            .admin_call(
+                Method::POST,
+                "/api/v1/workloads",
+                Some(json!({"tenant": tenant, "project": project, "name": "w", "shape": {"fraction": 100}})),
+            )
+            .await;
+        w["id"].as_u64().unwrap()
+    }
+
+    async fn token_of(&self, tenant: &str) -> String {
+        let t = self
+            .admin_call(
+                Method::POST,
+                "/api/v1/tokens",
+                Some(json!({"tenant": tenant, "role": "viewer"})),
+            )
+            .await;
+        t["id"].as_str().unwrap().to_string()
+    }
+}
+
+/// Expected statuses for [platform-admin, tenant-admin, member, viewer, anonymous].
+type Row = [u16; 5];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolation_matrix() {
+    let dir = std::env::temp_dir().join(format!("tessera-rbac-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = ServerConfig {
+        data_dir: dir.clone(),
+        fleet: Fleet::seed(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        policy: "tessera".into(),
+        sim: Default::default(),
+        grace: Duration::from_secs(1),
+        govern: Default::default(),
+        prices: Default::default(),
+        rate_limit: 0.0,
+    };
+    let r = start(cfg).await.unwrap();
+    let mut ctx = Ctx {
+        base: format!("http://{}", r.addr),
+        http: reqwest::Client::new(),
+        admin: r.admin_token.unwrap(),
+        tokens: vec![],
+    };
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        ctx.admin_call(Method::POST, "/api/v1/tenants", Some(json!({"name": t})))
+            .await;
+        ctx.admin_call(
+            Method::POST,
+            &format!("/api/v1/tenants/{t}/projects"),
+            Some(json!({"name": p})),
+        )
+        .await;
+    }
+    ctx.tokens.push(("platform-admin", Some(ctx.admin.clone())));
+    for role in ["tenant-admin", "member", "viewer"] {
+        let t = ctx
+            .admin_call(
+                Method::POST,
+                "/api/v1/tokens",
+                Some(json!({"tenant": "vision", "role": role})),
+            )
+            .await;
+        ctx.tokens.push((role, Some(t["token"].as_str().unwrap().to_string())));
+    }
+    ctx.tokens.push(("anonymous", None));
+    let own_wl = ctx.workload("vision").await;
+    let other_wl = ctx.workload("nlp").await;
+
+    // (method, path template, [own row, other row]).
+    let matrix: Vec<(&str, &str, Row, Row)> = vec![
+        (
+            "GET",
+            "/api/v1/health",
+            [200, 200, 200, 200, 200],
+            [200, 200, 200, 200, 200],
+        ),
+        (
+            "GET",
+            "/api/v1/pools",
+            [200, 200, 200, 200, 401],
+            [200, 200, 200, 200, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/nodes",
+            [200, 200, 200, 200, 401],
+            [200, 200, 200, 200, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/gpus",
+            [200, 200, 200, 200, 401],
+            [200, 200, 200, 200, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/tenants",
+            [200, 200, 200, 200, 401],
+            [200, 200, 200, 200, 401],
+        ),
+        (
+            "POST",
+            "/api/v1/tenants",
+            [201, 403, 403, 403, 401],
+            [201, 403, 403, 403, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/tenants/{tenant}",
+            [200, 200, 200, 200, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
+            "DELETE",
+            "/api/v1/tenants/{tenant}",
+            [409, 403, 403, 403, 401],
+            [409, 403, 403, 403, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/tenants/{tenant}/projects",
+            [200, 200, 200, 200, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
+            "POST",
+            "/api/v1/tenants/{tenant}/projects",
+            [201, 201, 403, 403, 401],
+            [201, 404, 404, 404, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/tenants/{tenant}/projects/{project}",
+            [200, 200, 200, 200, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
+            "DELETE",
+            "/api/v1/tenants/{tenant}/projects/{project}",
+            [409, 409, 403, 403, 401],
+            [409, 404, 404, 404, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/tenants/{tenant}/quotas",
+            [200, 200, 200, 200, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
+            "PUT",
+            "/api/v1/tenants/{tenant}/quotas/{class}",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
+        (
+            "DELETE",
+            "/api/v1/tenants/{tenant}/quotas/{class}",
+            [204, 403, 403, 403, 401],
+            [204, 403, 403, 403, 401],
+        ),
+        (
+            "PUT",
+            "/api/v1/tenants/{tenant}/budget",
+            [204, 403, 403, 403, 401],
+            [204, 403, 403, 403, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/tokens",
+            [200, 200, 403, 403, 401],
+            [200, 200, 403, 403, 401],
+        ),
+        (
+            "POST",
+            "/api/v1/tokens",
+            [201, 201, 403, 403, 401],
+            [201, 403, 403, 403, 401],
+        ),
+        (
+            "DELETE",
+            "/api/v1/tokens/{id}",
+            [204, 204, 404, 404, 401],
+            [204, 404, 404, 404, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/audit",
+            [200, 200, 403, 403, 401],
+            [200, 200, 403, 403, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/workloads",
+            [200, 200, 200, 200, 401],
+            [200, 200, 200, 200, 401],
+        ),
+        (
+            "POST",
+            "/api/v1/workloads",
+            [201, 201, 201, 403, 401],
+            [201, 422, 422, 422, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/workloads/{id}",
+            [200, 200, 200, 200, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
+            "POST",
+            "/api/v1/workloads/{id}/cancel",
+            [200, 200, 200, 403, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/workloads/{id}/events",
+            [200, 200, 200, 200, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/usage",
+            [200, 200, 200, 200, 401],
+            [200, 404, 404, 404, 401],
+        ),
+    ];
+
+    // Every documented route has a row, and every row is documented.
+    let (_, doc) = ctx.call(None, Method::GET, "/api/v1/openapi.json", None).await;
+    let documented: BTreeSet<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(p, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.to_uppercase(), p.clone()))
+        })
+        .collect();
+    let covered: BTreeSet<(String, String)> = matrix
+        .iter()
+        .map(|(m, p, _, _)| (m.to_string(), p.to_string()))
+        .collect();
+    assert_eq!(
+        documented, covered,
+        "the isolation matrix must list every route of the API"
+    );
+
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for (method, template, own_row, other_row) in &matrix {
+        for (scope, row) in [("own", own_row), ("other", other_row)] {
+            let (tenant, project) = if scope == "own" {
+                ("vision", "train")
+            } else {
+                ("nlp", "p")
+            };
+            for (ri, (role, token)) in ctx.tokens.iter().enumerate() {
+                n += 1;
+                // Fresh objects for cells that consume them.
+                let mut path = template
+                    .replace("{tenant}", tenant)
+                    .replace("{project}", project)
+                    .replace("{class}", "training");
+                if template.contains("/tokens/{id}") {
+                    path = path.replace("{id}", &ctx.token_of(tenant).await);
+                } else if template.ends_with("/cancel") {
+                    let id = ctx.workload(tenant).await;
+                    path = path.replace("{id}", &id.to_string());
+                } else {
+                    path = path.replace("{id}", &(if scope == "own" { own_wl } else { other_wl }).to_string());
+                }
+                if *method == "DELETE" && template.contains("/quotas/") {
+                    ctx.admin_call(Method::PUT, &path, Some(json!({"guaranteed": 1}))).await;
+                }
+                if *template == "/api/v1/usage" && scope == "other" {
+                    path.push_str("?tenant=nlp");
+                }
+                let body = match (*method, *template) {
+                    ("POST", "/api/v1/tenants") => Some(json!({"name": format!("t{n}")})),
+                    ("POST", "/api/v1/tenants/{tenant}/projects") => Some(json!({"name": format!("p{n}")})),
+                    ("POST", "/api/v1/tokens") => Some(json!({"tenant": tenant, "role": "member"})),
+                    ("POST", "/api/v1/workloads") => {
+                        Some(json!({"tenant": tenant, "project": project, "name": "m", "shape": {"fraction": 100}}))
+                    }
+                    ("PUT", _) if template.ends_with("budget") => Some(json!({"monthly_unit_hours": 1000})),
+                    ("PUT", _) => Some(json!({"guaranteed": 1})),
+                    ("POST", _) => Some(json!({})),
+                    _ => None,
+                };
+                let m = Method::from_bytes(method.as_bytes()).unwrap();
+                let (st, v) = ctx.call(token.as_deref(), m, &path, body).await;
+                if st.as_u16() != row[ri] {
+                    failures.push(format!(
+                        "{method} {path} as {role} ({scope}): expected {}, got {} {v}",
+                        row[ri],
+                        st.as_u16()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {n} cells differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+
+    // Denials and authentication failures are on the audit log.
+    let (_, audit) = ctx
+        .call(Some(&ctx.admin), Method::GET, "/api/v1/audit?limit=500", None)
+        .await;
+    let actions: Vec<&str> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert!(actions.contains(&"auth.failure"));
+    assert!(actions.iter().any(|a| a.starts_with("denied ")));
+    assert!(actions.iter().any(|a| a.starts_with("POST /api/v1/workloads")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429() {
+    let dir = std::env::temp_dir().join(format!("tessera-tokens-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = ServerConfig {
+        data_dir: dir.clone(),
+        fleet: Fleet::seed(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        policy: "tessera".into(),
+        sim: Default::default(),
+        grace: Duration::from_secs(1),
+        govern: Default::default(),
+        prices: Default::default(),
+        rate_limit: 5.0,
+    };
+    let r = start(cfg).await.unwrap();
+    let ctx = Ctx {
+        base: format!("http://{}", r.addr),
+        http: reqwest::Client::new(),
+        admin: r.admin_token.unwrap(),
+        tokens: vec![],
+    };
+    ctx.admin_call(Method::POST, "/api/v1/tenants", Some(json!({"name": "vision"})))
+        .await;
+    let t = ctx
+        .admin_call(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"tenant": "vision", "role": "member"})),
+        )
+        .await;
+    let secret = t["token"].as_str().unwrap().to_string();
+    assert_eq!(
+        ctx.call(Some(&secret), Method::GET, "/api/v1/tenants/vision", None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let (st, _) = ctx
+        .call(
+            Some(&ctx.admin),
+            Method::DELETE,
+            &format!("/api/v1/tokens/{}", t["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    assert_eq!(
+        ctx.call(Some(&secret), Method::GET, "/api/v1/tenants/vision", None)
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED,
+        "revoked at once"
+    );
+    let e = ctx
+        .admin_call(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"tenant": "vision", "role": "viewer", "expires_in_s": 1})),
+        )
+        .await;
+    let exp = e["token"].as_str().unwrap().to_string();
+    assert_eq!(
+        ctx.call(Some(&exp), Method::GET, "/api/v1/tenants/vision", None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        ctx.call(Some(&exp), Method::GET, "/api/v1/tenants/vision", None)
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED,
+        "expired"
+    );
+    // 5 requests/s, bursts of 10: the 11th immediate request is refused with Retry-After.
+    let mut limited = None;
+    for _ in 0..30 {
+        let r = ctx
+            .http
+            .get(format!("{}/api/v1/pools", ctx.base))
+            .bearer_auth(&ctx.admin)
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            limited = Some(r);
+            break;
+        }
+    }
+    let r = limited.expect("the rate limit answers 429");
+    assert!(r.headers().get("retry-after").is_some());
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    let _ = std::fs::remove_dir_all(&dir);
+}
