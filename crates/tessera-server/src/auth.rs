@@ -101,13 +101,15 @@ pub fn hash(secret: &str) -> String {
 pub struct Authenticator {
     store: Store,
     cache: RwLock<HashMap<String, Identity>>,
+    oidc: Option<crate::oidc::OidcVerifier>,
 }
 
 impl Authenticator {
-    pub fn new(store: Store) -> Self {
+    pub fn new(store: Store, oidc: Option<crate::oidc::OidcVerifier>) -> Self {
         Authenticator {
             store,
             cache: RwLock::default(),
+            oidc,
         }
     }
 
@@ -125,6 +127,11 @@ impl Authenticator {
                 "the Authorization header must be `Bearer <token>`",
             ));
         };
+        if let Some(oidc) = &self.oidc
+            && crate::oidc::OidcVerifier::looks_like_jwt(secret)
+        {
+            return oidc.verify(secret).await;
+        }
         let key = hash(secret);
         if let Some(id) = self.cache.read().expect("lock").get(&key) {
             return Ok(id.clone());

@@ -10,7 +10,10 @@ pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod controller;
+pub mod metrics;
+pub mod oidc;
 pub mod problem;
+pub mod simfaults;
 pub mod usage;
 pub mod views;
 
@@ -56,6 +59,8 @@ pub struct AppState {
     pub prices: Arc<usage::Prices>,
     pub audit: audit::AuditLog,
     pub limiter: Arc<audit::RateLimiter>,
+    /// Metrics, the backend's telemetry and (simulated backend) fault injection.
+    pub obs: Arc<metrics::Observability>,
 }
 
 /// How to run the server.
@@ -75,6 +80,8 @@ pub struct ServerConfig {
     pub prices: usage::Prices,
     /// Requests per second allowed per API token (bursts of twice that); 0 = no limit.
     pub rate_limit: f64,
+    /// Single sign-on: accept the provider's JWT access tokens.
+    pub oidc: Option<oidc::OidcConfig>,
 }
 
 /// A started server.
@@ -84,6 +91,28 @@ pub struct Running {
     pub admin_token: Option<String>,
     pub sim: Arc<SimBackend>,
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// A router serving only `/metrics`, for [`serve_metrics`] on a port of its own.
+    pub metrics_app: axum::Router,
+}
+
+/// Serves `/metrics` alone on `addr` (`tessera serve --metrics-listen`); returns the bound
+/// address and the server task.
+pub async fn serve_metrics(
+    app: axum::Router,
+    addr: SocketAddr,
+) -> anyhow_like::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow_like::msg(format!("cannot listen on {addr} for metrics: {e}")))?;
+    let bound = listener.local_addr().map_err(|e| anyhow_like::msg(e.to_string()))?;
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+    });
+    Ok((bound, task))
 }
 
 /// The full HTTP application: API, OpenAPI document, console.
@@ -99,9 +128,11 @@ pub fn app(state: AppState) -> axum::Router {
                 async move { ([(header::CONTENT_TYPE, "application/json")], d) }
             }),
         )
+        .route("/metrics", get(metrics::scrape))
         .merge(api)
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(state.clone(), audit::middleware))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
@@ -156,13 +187,25 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
             Scheduler::new(Engine::new(fleet.clone(), p, 1), govern.clone())
         })
     };
-    let sim = Arc::new(SimBackend::new(cfg.sim));
+    let sim = Arc::new(SimBackend::with_gpus(cfg.sim, sim_gpus(&fleet)));
     let backend: Arc<dyn Backend> = sim.clone();
+    let metrics = Arc::new(metrics::Metrics::new());
     let started = std::time::Instant::now();
-    let controller = Actor::start(fleet.clone(), factory, store.clone(), backend.clone(), cfg.grace)
-        .await
-        .map_err(|e| anyhow_like::msg(e.detail))?;
+    let controller = Actor::start(
+        fleet.clone(),
+        factory,
+        store.clone(),
+        backend.clone(),
+        cfg.grace,
+        metrics.clone(),
+    )
+    .await
+    .map_err(|e| anyhow_like::msg(e.detail))?;
     tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "state rebuilt");
+    let oidc = match cfg.oidc {
+        Some(o) => Some(oidc::OidcVerifier::discover(o).await.map_err(anyhow_like::msg)?),
+        None => None,
+    };
     let audit = audit::AuditLog::start(store.clone())
         .await
         .map_err(|e| anyhow_like::msg(e.to_string()))?;
@@ -170,12 +213,19 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         store: store.clone(),
         fleet,
         controller,
-        auth: Arc::new(Authenticator::new(store)),
+        auth: Arc::new(Authenticator::new(store, oidc)),
         audit,
         backend_name: backend.name(),
         prices: Arc::new(cfg.prices),
         limiter: Arc::new(audit::RateLimiter::new(cfg.rate_limit, cfg.rate_limit * 2.0)),
+        obs: Arc::new(metrics::Observability {
+            metrics,
+            backend: backend.clone(),
+            sim: Some(sim.clone()),
+            version: env!("CARGO_PKG_VERSION"),
+        }),
     };
+    let metrics_app = metrics::router(state.clone());
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| anyhow_like::msg(format!("cannot listen on {}: {e}", cfg.listen)))?;
@@ -193,7 +243,25 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         admin_token,
         sim,
         task,
+        metrics_app,
     })
+}
+
+/// Every GPU of the fleet, for the simulated backend's telemetry.
+fn sim_gpus(fleet: &Fleet) -> Vec<tessera_backend::SimGpu> {
+    fleet
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            let model = fleet.catalogue.get(n.model);
+            (0..n.gpus).map(move |i| tessera_backend::SimGpu {
+                node: n.name.clone(),
+                index: i,
+                model: model.name.clone(),
+                memory_mib: model.memory_mib,
+            })
+        })
+        .collect()
 }
 
 fn write_secret(path: &std::path::Path, secret: &str) -> anyhow_like::Result<()> {

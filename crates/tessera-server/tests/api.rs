@@ -51,6 +51,7 @@ async fn server(tag: &str) -> Srv {
         },
         prices: Default::default(),
         rate_limit: 0.0,
+        oidc: None,
     };
     let r = start(cfg).await.unwrap();
     let token = r.admin_token.clone().expect("first start creates the admin token");

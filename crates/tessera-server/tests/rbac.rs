@@ -80,6 +80,7 @@ async fn isolation_matrix() {
         govern: Default::default(),
         prices: Default::default(),
         rate_limit: 0.0,
+        oidc: None,
     };
     let r = start(cfg).await.unwrap();
     let mut ctx = Ctx {
@@ -386,6 +387,7 @@ async fn revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429() {
         govern: Default::default(),
         prices: Default::default(),
         rate_limit: 5.0,
+        oidc: None,
     };
     let r = start(cfg).await.unwrap();
     let ctx = Ctx {

@@ -45,9 +45,16 @@ pub struct ServeArgs {
     /// Requests per second allowed per API token (bursts of twice that); 0 = no limit.
     #[arg(long, default_value_t = 500.0)]
     rate_limit: f64,
+    /// Single sign-on settings (TOML: issuer, audience, algorithms, leeway_s, [[mapping]]).
+    #[arg(long)]
+    oidc: Option<PathBuf>,
     /// Minimum runtime before a workload may be preempted, in seconds.
     #[arg(long, default_value_t = 60)]
     min_runtime_s: u64,
+    /// Also serve Prometheus metrics (`/metrics`) on this address; they are always on the API
+    /// address too.
+    #[arg(long, env = "TESSERA_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -68,6 +75,16 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("{}: {}", p.display(), e.message().replace('\n', " ")))?
         }
         None => Default::default(),
+    };
+    let oidc = match &a.oidc {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("--oidc: cannot read {}", p.display()))?;
+            Some(
+                toml::from_str::<tessera_server::oidc::OidcConfig>(&text)
+                    .map_err(|e| anyhow::anyhow!("{}: {}", p.display(), e.message().replace('\n', " ")))?,
+            )
+        }
+        None => None,
     };
     let govern = tessera_sched::govern::GovernConfig {
         min_runtime_ms: a.min_runtime_s as i64 * 1000,
@@ -92,6 +109,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             govern,
             prices,
             rate_limit: a.rate_limit,
+            oidc,
         };
         let running = start(cfg).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         if let Some(t) = &running.admin_token {
@@ -101,12 +119,25 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 a.data_dir.join("admin-token").display()
             );
         }
+        let metrics_task = match a.metrics_listen {
+            Some(addr) => {
+                let (bound, task) = tessera_server::serve_metrics(running.metrics_app.clone(), addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("--metrics-listen: {e}"))?;
+                println!("Prometheus metrics: http://{bound}/metrics");
+                Some(task)
+            }
+            None => None,
+        };
         println!(
             "Tessera is serving the simulated fleet ({gpus} GPUs): console http://{0}/  API http://{0}/api/v1",
             running.addr
         );
         tracing::info!(addr = %running.addr, "serving");
         running.task.await.context("server task")?.context("server")?;
+        if let Some(t) = metrics_task {
+            t.await.context("metrics server task")?.context("metrics server")?;
+        }
         Ok(())
     })
 }

@@ -1,0 +1,253 @@
+//! Single sign-on against a real OpenID Connect provider (panva/oidc-provider, started on
+//! loopback from `tests/oidc/provider.mjs`; `scripts/test.sh` installs it with npm): discovery,
+//! JWKS, JWT access tokens mapped to tenant roles by their `groups` claim, and the token attacks,
+//! each answered 401.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tessera_model::Fleet;
+use tessera_server::oidc::{ClaimRule, OidcConfig};
+use tessera_server::{ServerConfig, now_ms, start};
+
+struct Provider {
+    child: Child,
+    issuer: String,
+    private_pem: Vec<u8>,
+    public_pem: Vec<u8>,
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn provider() -> Provider {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oidc");
+    assert!(
+        dir.join("node_modules/oidc-provider").exists(),
+        "the OIDC provider is not installed: run scripts/test.sh, or `npm install --prefix {}`",
+        dir.display()
+    );
+    let port = free_port();
+    let tmp = std::env::temp_dir().join(format!("tessera-oidc-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut child = Command::new("node")
+        .arg(dir.join("provider.mjs"))
+        .env("PORT", port.to_string())
+        .env("KEY_OUT", tmp.join("key.pem"))
+        .env("PUB_OUT", tmp.join("pub.pem"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("node runs the OIDC provider");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "the OIDC provider did not start");
+        let line = lines.next().expect("provider output").unwrap();
+        if let Some(issuer) = line.strip_prefix("ready ") {
+            std::thread::spawn(move || for _ in lines {});
+            return Provider {
+                child,
+                issuer: issuer.to_string(),
+                private_pem: std::fs::read(tmp.join("key.pem")).unwrap(),
+                public_pem: std::fs::read(tmp.join("pub.pem")).unwrap(),
+            };
+        }
+    }
+}
+
+fn b64(v: &Value) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sso_tokens_and_attacks() {
+    let p = provider();
+    let dir = std::env::temp_dir().join(format!("tessera-sso-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let oidc = OidcConfig {
+        issuer: p.issuer.clone(),
+        audience: "tessera".into(),
+        algorithms: vec!["RS256".into()],
+        leeway_s: 5,
+        mapping: vec![
+            ClaimRule {
+                claim: "groups".into(),
+                value: "platform-ops".into(),
+                tenant: None,
+                role: "platform-admin".into(),
+            },
+            ClaimRule {
+                claim: "groups".into(),
+                value: "vision-admins".into(),
+                tenant: Some("vision".into()),
+                role: "tenant-admin".into(),
+            },
+        ],
+    };
+    let cfg = ServerConfig {
+        data_dir: dir.clone(),
+        fleet: Fleet::seed(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        policy: "tessera".into(),
+        sim: Default::default(),
+        grace: Duration::from_secs(1),
+        govern: Default::default(),
+        prices: Default::default(),
+        rate_limit: 0.0,
+        oidc: Some(oidc),
+    };
+    let r = start(cfg).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let http = reqwest::Client::new();
+    let get = |token: String, path: &str| {
+        let (http, url) = (http.clone(), format!("{base}{path}"));
+        async move { http.get(url).bearer_auth(token).send().await.unwrap().status() }
+    };
+    let st = http
+        .post(format!("{base}/api/v1/tenants"))
+        .bearer_auth(&admin)
+        .json(&json!({"name": "vision"}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(st, StatusCode::CREATED);
+
+    // A real access token from the provider (client credentials, resource indicator).
+    let tok: Value = http
+        .post(format!("{}/token", p.issuer))
+        .basic_auth("tessera-ci", Some("ci-secret"))
+        .form(&[
+            ("grant_type", "client_credentials"),
+            ("scope", "api"),
+            ("resource", "https://tessera.test/api"),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let real = tok["access_token"].as_str().expect("an access token").to_string();
+    assert_eq!(
+        get(real.clone(), "/api/v1/tenants/vision").await,
+        StatusCode::OK,
+        "mapped to vision's tenant-admin"
+    );
+    let st = http
+        .post(format!("{base}/api/v1/tenants"))
+        .bearer_auth(&real)
+        .json(&json!({"name": "evil"}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(st, StatusCode::FORBIDDEN, "a tenant-admin cannot create tenants");
+
+    // Forged tokens: all claims right, signed by the provider's key → accepted (the control);
+    // then one defect at a time → 401.
+    let now = now_ms() / 1000;
+    let claims = json!({"sub": "mallory", "iss": p.issuer, "aud": "tessera", "exp": now + 600, "iat": now, "groups": ["vision-admins"]});
+    let key = EncodingKey::from_rsa_pem(&p.private_pem).unwrap();
+    let sign = |h: Header, c: &Value| encode(&h, c, &key).unwrap();
+    let rs = |kid: &str| {
+        let mut h = Header::new(Algorithm::RS256);
+        h.kid = Some(kid.into());
+        h
+    };
+    let control = sign(rs("k1"), &claims);
+    assert_eq!(
+        get(control, "/api/v1/tenants/vision").await,
+        StatusCode::OK,
+        "a correctly signed token is accepted"
+    );
+
+    let with = |k: &str, v: Value| {
+        let mut c = claims.clone();
+        c[k] = v;
+        c
+    };
+    let mut attacks: Vec<(&str, String)> = vec![
+        (
+            "alg none",
+            format!(
+                "{}.{}.",
+                b64(&json!({"alg": "none", "typ": "JWT", "kid": "k1"})),
+                b64(&claims)
+            ),
+        ),
+        (
+            "wrong iss",
+            sign(rs("k1"), &with("iss", json!("http://127.0.0.1:1/evil"))),
+        ),
+        ("wrong aud", sign(rs("k1"), &with("aud", json!("someone-else")))),
+        ("expired", sign(rs("k1"), &with("exp", json!(now - 3600)))),
+        ("not yet valid", sign(rs("k1"), &with("nbf", json!(now + 3600)))),
+        ("unknown kid", sign(rs("k2"), &claims)),
+    ];
+    // HS256 with the provider's public key as the HMAC secret.
+    let mut hs = Header::new(Algorithm::HS256);
+    hs.kid = Some("k1".into());
+    attacks.push((
+        "HS256 with the public key",
+        encode(&hs, &claims, &EncodingKey::from_secret(&p.public_pem).unwrap()).unwrap(),
+    ));
+    // Tampered payload: the real token with its groups changed to platform-ops.
+    let parts: Vec<&str> = real.split('.').collect();
+    let mut payload: Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(parts[1])
+            .unwrap(),
+    )
+    .unwrap();
+    payload["groups"] = json!(["platform-ops"]);
+    attacks.push((
+        "tampered payload",
+        format!("{}.{}.{}", parts[0], b64(&payload), parts[2]),
+    ));
+    for (name, token) in attacks {
+        assert_eq!(
+            get(token, "/api/v1/tenants/vision").await,
+            StatusCode::UNAUTHORIZED,
+            "{name} must be refused"
+        );
+    }
+    // Failures are on the audit log.
+    let audit: Value = http
+        .get(format!("{base}/api/v1/audit?limit=100"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let failures = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "auth.failure")
+        .count();
+    assert!(failures >= 8, "{audit}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
