@@ -23,12 +23,16 @@ impl Connection {
         self.server.trim_end_matches('/').to_string()
     }
 
-    /// `--token` / `TESSERA_TOKEN`, else the contents of `./tessera-data/admin-token`.
+    /// `--token` / `TESSERA_TOKEN`, else the credential stored by `tessera login` for this
+    /// server, else the contents of `./tessera-data/admin-token`.
     pub fn resolve_token(&self) -> Result<String> {
+        if let Some(t) = crate::login::stored_token(&self.base_url()).filter(|_| self.token.is_none()) {
+            return Ok(t);
+        }
         match &self.token {
             Some(t) => Ok(t.trim().to_string()),
             None => std::fs::read_to_string("tessera-data/admin-token").map(|t| t.trim().to_string()).map_err(|_| {
-                anyhow!("no API token: pass --token or set TESSERA_TOKEN (the server printed the admin token at first start and wrote it to <data-dir>/admin-token)")
+                anyhow!("no API token: run `tessera login`, pass --token or set TESSERA_TOKEN (the server printed the admin token at first start and wrote it to <data-dir>/admin-token)")
             }),
         }
     }

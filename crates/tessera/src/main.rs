@@ -15,6 +15,7 @@ mod cli;
 mod client;
 mod fleetcmd;
 mod govcli;
+mod login;
 mod serve;
 mod sim;
 
@@ -37,6 +38,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Store a credential for --server (an API token or an identity provider's access token,
+    /// pasted on standard input), in a file readable by you only.
+    Login,
+    /// Forget the stored credential for --server.
+    Logout,
     /// Run the control plane (SQLite + simulated fleet by default).
     Serve(serve::ServeArgs),
     /// Request GPUs: --gpus N, --mig PROFILE or --fraction MILLI.
@@ -110,6 +116,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
+        Command::Login => client(Box::pin(login::login(&c.conn))),
+        Command::Logout => login::logout(&c.conn),
         Command::Run(a) => client(Box::pin(cli::run(c, a))),
         Command::Ls(a) => client(Box::pin(cli::ls(c, a))),
         Command::Describe { id } => client(Box::pin(cli::describe(c, id))),

@@ -1,0 +1,143 @@
+//! The CLI as a user runs it, against a real `tessera serve`: `login` stores a 0600 credential,
+//! verbs print tables, and server errors become one readable line with a non-zero exit code.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn tessera(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("TESSERA_TOKEN");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn login_verbs_and_errors() {
+    let dir = std::env::temp_dir().join(format!("tessera-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let (mut token, mut addr) = (String::new(), String::new());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while addr.is_empty() {
+        assert!(Instant::now() < deadline);
+        let l = lines.next().unwrap().unwrap();
+        if let Some(t) = l.strip_prefix("Admin token: ") {
+            token = t.to_string();
+        }
+        if let Some(rest) = l.split("console http://").nth(1) {
+            addr = format!("http://{}", rest.split('/').next().unwrap());
+        }
+    }
+    let config = dir.join("config");
+    let env = [
+        ("TESSERA_SERVER", addr.as_str()),
+        ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+    ];
+
+    let (code, _, err) = tessera(&["login"], &env, Some("tsr_wrong\n"));
+    assert_ne!(code, 0);
+    assert!(
+        err.starts_with("error: the server at") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    let (code, out, err) = tessera(&["login"], &env, Some(&format!("{token}\n")));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("mode 0600"));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(config.join("tessera/credentials.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    // Verbs use the stored credential.
+    assert_eq!(tessera(&["tenants", "create", "vision"], &env, None).0, 0);
+    assert_eq!(
+        tessera(&["projects", "--tenant", "vision", "create", "train"], &env, None).0,
+        0
+    );
+    let (code, out, _) = tessera(
+        &[
+            "run",
+            "--tenant",
+            "vision",
+            "--project",
+            "train",
+            "--mig",
+            "3g.40gb",
+            "--duration",
+            "1h",
+        ],
+        &env,
+        None,
+    );
+    assert_eq!(code, 0);
+    assert!(out.starts_with("ID  TENANT/PROJECT"), "{out}");
+    let (code, out, _) = tessera(&["pools"], &env, None);
+    assert_eq!(code, 0);
+    assert!(out.contains("serving      mig") && out.contains("0.5 / 224"), "{out}");
+    // A server-side refusal is one readable line and a non-zero exit.
+    let (code, out, err) = tessera(
+        &["run", "--tenant", "vision", "--project", "train", "--gpus", "9"],
+        &env,
+        None,
+    );
+    assert_ne!(code, 0);
+    assert!(out.is_empty());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: 422 Invalid request: 9 whole GPUs in one gang; the largest node"),
+        "{err}"
+    );
+    let (code, _, err) = tessera(
+        &[
+            "run",
+            "--tenant",
+            "vision",
+            "--project",
+            "train",
+            "--fraction",
+            "100",
+            "--duration",
+            "-5m",
+        ],
+        &env,
+        None,
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("negative"), "{err}");
+    assert_eq!(tessera(&["logout"], &env, None).0, 0);
+    let (code, _, err) = tessera(&["pools"], &env, None);
+    assert_ne!(code, 0, "no credential after logout");
+    assert!(err.contains("tessera login"), "{err}");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
