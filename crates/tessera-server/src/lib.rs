@@ -82,6 +82,8 @@ pub struct ServerConfig {
     pub rate_limit: f64,
     /// Single sign-on: accept the provider's JWT access tokens.
     pub oidc: Option<oidc::OidcConfig>,
+    /// Serve HTTPS with this certificate chain and private key (PEM files).
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// A started server.
@@ -231,13 +233,19 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         .map_err(|e| anyhow_like::msg(format!("cannot listen on {}: {e}", cfg.listen)))?;
     let addr = listener.local_addr().map_err(|e| anyhow_like::msg(e.to_string()))?;
     let app = app(state);
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-    });
+    let task = match &cfg.tls {
+        None => tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = tokio::signal::ctrl_c().await;
+                })
+                .await
+        }),
+        Some((cert, key)) => {
+            let acceptor = tls_acceptor(cert, key)?;
+            tokio::spawn(serve_tls(listener, app, acceptor))
+        }
+    };
     Ok(Running {
         addr,
         admin_token,
@@ -262,6 +270,63 @@ fn sim_gpus(fleet: &Fleet) -> Vec<tessera_backend::SimGpu> {
             })
         })
         .collect()
+}
+
+/// Loads a PEM certificate chain and key into a TLS acceptor (TLS 1.2 and 1.3, HTTP/2 and 1.1).
+fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> anyhow_like::Result<tokio_rustls::TlsAcceptor> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| anyhow_like::msg(format!("--tls-cert {}: {e}", cert.display())))?;
+    if certs.is_empty() {
+        return Err(anyhow_like::msg(format!(
+            "--tls-cert {}: no certificate in the file",
+            cert.display()
+        )));
+    }
+    let key =
+        PrivateKeyDer::from_pem_file(key).map_err(|e| anyhow_like::msg(format!("--tls-key {}: {e}", key.display())))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| anyhow_like::msg(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| anyhow_like::msg(format!("TLS certificate and key do not fit together: {e}")))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Serves `app` over TLS until Ctrl-C.
+async fn serve_tls(
+    listener: TcpListener,
+    app: axum::Router,
+    acceptor: tokio_rustls::TlsAcceptor,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::service::TowerToHyperService;
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => r?,
+            _ = &mut stop => return Ok(()),
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        tokio::spawn(async move {
+            match acceptor.accept(tcp).await {
+                Ok(tls) => {
+                    let svc = TowerToHyperService::new(app);
+                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc).await {
+                        tracing::debug!(%peer, error = %e, "TLS connection ended with an error");
+                    }
+                }
+                Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+            }
+        });
+    }
 }
 
 fn write_secret(path: &std::path::Path, secret: &str) -> anyhow_like::Result<()> {

@@ -52,6 +52,7 @@ async fn server(tag: &str) -> Srv {
         prices: Default::default(),
         rate_limit: 0.0,
         oidc: None,
+        tls: None,
     };
     let r = start(cfg).await.unwrap();
     let token = r.admin_token.clone().expect("first start creates the admin token");

@@ -114,6 +114,7 @@ async fn sso_tokens_and_attacks() {
         prices: Default::default(),
         rate_limit: 0.0,
         oidc: Some(oidc),
+        tls: None,
     };
     let r = start(cfg).await.unwrap();
     let base = format!("http://{}", r.addr);

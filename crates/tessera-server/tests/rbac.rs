@@ -81,6 +81,7 @@ async fn isolation_matrix() {
         prices: Default::default(),
         rate_limit: 0.0,
         oidc: None,
+        tls: None,
     };
     let r = start(cfg).await.unwrap();
     let mut ctx = Ctx {
@@ -388,6 +389,7 @@ async fn revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429() {
         prices: Default::default(),
         rate_limit: 5.0,
         oidc: None,
+        tls: None,
     };
     let r = start(cfg).await.unwrap();
     let ctx = Ctx {

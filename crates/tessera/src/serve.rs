@@ -45,6 +45,12 @@ pub struct ServeArgs {
     /// Requests per second allowed per API token (bursts of twice that); 0 = no limit.
     #[arg(long, default_value_t = 500.0)]
     rate_limit: f64,
+    /// Serve HTTPS: certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Serve HTTPS: private key (PEM); needs --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Single sign-on settings (TOML: issuer, audience, algorithms, leeway_s, [[mapping]]).
     #[arg(long)]
     oidc: Option<PathBuf>,
@@ -110,6 +116,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             prices,
             rate_limit: a.rate_limit,
             oidc,
+            tls: a.tls_cert.clone().zip(a.tls_key.clone()),
         };
         let running = start(cfg).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         if let Some(t) = &running.admin_token {
