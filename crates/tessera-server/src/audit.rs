@@ -145,6 +145,10 @@ pub async fn middleware(State(s): State<AppState>, req: Request, next: Next) -> 
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let mut cookie_headers = axum::http::HeaderMap::new();
+    for v in req.headers().get_all(header::COOKIE) {
+        cookie_headers.append(header::COOKIE, v.clone());
+    }
     let bucket = auth.as_deref().map(crate::auth::hash);
     let mut response = match bucket.as_deref().map(|b| s.limiter.take(b)) {
         Some(Err(wait)) => {
@@ -167,7 +171,7 @@ pub async fn middleware(State(s): State<AppState>, req: Request, next: Next) -> 
     if path.starts_with("/api/") && (mutating || denied) {
         let identity = match auth.as_deref() {
             Some(h) => s.auth.identify(Some(h)).await.ok(),
-            None => None,
+            None => s.sessions.from_headers(&cookie_headers).map(|x| x.identity),
         };
         let action = match status {
             StatusCode::UNAUTHORIZED => "auth.failure".to_string(),

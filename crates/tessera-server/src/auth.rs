@@ -113,6 +113,11 @@ impl Authenticator {
         }
     }
 
+    /// The OIDC verifier, when single sign-on is configured.
+    pub fn oidc(&self) -> Option<&crate::oidc::OidcVerifier> {
+        self.oidc.as_ref()
+    }
+
     /// Forgets every cached identity (after a revocation: revoked tokens fail at once).
     pub fn invalidate(&self) {
         self.cache.write().expect("lock").clear();
@@ -162,6 +167,15 @@ impl FromRequestParts<crate::AppState> for Identity {
             .headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
+        if h.is_none()
+            && let Some(sess) = state.sessions.from_headers(&parts.headers)
+        {
+            // The console's session cookie: changes need the session's CSRF token.
+            if !matches!(parts.method, axum::http::Method::GET | axum::http::Method::HEAD) {
+                crate::session::check_csrf(&parts.headers, &sess)?;
+            }
+            return Ok(sess.identity);
+        }
         state.auth.identify(h).await
     }
 }

@@ -13,6 +13,7 @@ pub mod controller;
 pub mod metrics;
 pub mod oidc;
 pub mod problem;
+pub mod session;
 pub mod simfaults;
 pub mod usage;
 pub mod views;
@@ -59,6 +60,7 @@ pub struct AppState {
     pub prices: Arc<usage::Prices>,
     pub audit: audit::AuditLog,
     pub limiter: Arc<audit::RateLimiter>,
+    pub sessions: Arc<session::Sessions>,
     /// Metrics, the backend's telemetry and (simulated backend) fault injection.
     pub obs: Arc<metrics::Observability>,
 }
@@ -123,6 +125,10 @@ pub fn app(state: AppState) -> axum::Router {
     let doc_json = serde_json::to_string(&doc).expect("the OpenAPI document serialises");
     axum::Router::new()
         .route("/", get(console))
+        .route("/auth/login", get(session::login))
+        .route("/auth/callback", get(session::callback))
+        .route("/auth/session", get(session::whoami))
+        .route("/auth/logout", axum::routing::post(session::logout))
         .route(
             "/api/v1/openapi.json",
             get(move || {
@@ -220,6 +226,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         backend_name: backend.name(),
         prices: Arc::new(cfg.prices),
         limiter: Arc::new(audit::RateLimiter::new(cfg.rate_limit, cfg.rate_limit * 2.0)),
+        sessions: Arc::new(session::Sessions::new(cfg.tls.is_some())),
         obs: Arc::new(metrics::Observability {
             metrics,
             backend: backend.clone(),

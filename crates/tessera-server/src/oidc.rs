@@ -37,6 +37,14 @@ pub struct OidcConfig {
     /// Claim → tenant and role rules; the first match wins.
     #[serde(default)]
     pub mapping: Vec<ClaimRule>,
+    /// Console sign-in (Authorization Code + PKCE): the client registered for Tessera.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    #[serde(default)]
+    pub client_secret: Option<String>,
+    /// Where the provider sends the browser back: `https://tessera.example/auth/callback`.
+    #[serde(default)]
+    pub redirect_url: Option<String>,
 }
 
 fn default_algorithms() -> Vec<String> {
@@ -66,9 +74,12 @@ struct Keys {
 
 /// Verifies OIDC access tokens.
 pub struct OidcVerifier {
-    cfg: OidcConfig,
+    pub cfg: OidcConfig,
     algorithms: Vec<Algorithm>,
     jwks_uri: String,
+    /// From discovery: where the console sends browsers to sign in, and redeems codes.
+    pub authorization_endpoint: Option<String>,
+    pub token_endpoint: Option<String>,
     http: reqwest::Client,
     keys: RwLock<Keys>,
 }
@@ -77,6 +88,10 @@ pub struct OidcVerifier {
 struct Discovery {
     issuer: String,
     jwks_uri: String,
+    #[serde(default)]
+    authorization_endpoint: Option<String>,
+    #[serde(default)]
+    token_endpoint: Option<String>,
 }
 
 fn parse_alg(s: &str) -> Result<Algorithm, String> {
@@ -124,6 +139,8 @@ impl OidcVerifier {
             cfg,
             algorithms,
             jwks_uri: d.jwks_uri,
+            authorization_endpoint: d.authorization_endpoint,
+            token_endpoint: d.token_endpoint,
             http,
             keys: RwLock::new(Keys {
                 keys: HashMap::new(),
@@ -168,8 +185,51 @@ impl OidcVerifier {
         token.split('.').count() == 3
     }
 
-    /// Validates a JWT and maps it to an identity.
+    /// Validates a JWT access token (audience: Tessera's) and maps it to an identity.
     pub async fn verify(&self, token: &str) -> Result<Identity, ApiError> {
+        self.verify_for(token, &self.cfg.audience.clone(), None).await
+    }
+
+    /// Validates an ID token from the console sign-in (audience: the client; nonce checked).
+    pub async fn verify_id_token(&self, token: &str, nonce: &str) -> Result<Identity, ApiError> {
+        let aud = self.cfg.client_id.clone().unwrap_or_default();
+        self.verify_for(token, &aud, Some(nonce)).await
+    }
+
+    /// Redeems an authorization code (with the PKCE verifier) for tokens; returns the ID token.
+    pub async fn redeem(&self, code: &str, verifier: &str) -> Result<String, String> {
+        let endpoint = self
+            .token_endpoint
+            .as_deref()
+            .ok_or("the provider has no token endpoint")?;
+        let (Some(id), Some(redirect)) = (&self.cfg.client_id, &self.cfg.redirect_url) else {
+            return Err("console sign-in is not configured (client_id, redirect_url)".into());
+        };
+        let mut rb = self.http.post(endpoint).form(&[
+            ("grant_type", "authorization_code"),
+            ("code", code),
+            ("redirect_uri", redirect.as_str()),
+            ("code_verifier", verifier),
+            ("client_id", id.as_str()),
+        ]);
+        if let Some(secret) = &self.cfg.client_secret {
+            rb = rb.basic_auth(id, Some(secret));
+        }
+        let v: serde_json::Value = rb
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .map_err(|e| format!("the provider refused the code: {e}"))?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        v.get("id_token")
+            .and_then(|t| t.as_str())
+            .map(str::to_string)
+            .ok_or_else(|| "no id_token in the answer".into())
+    }
+
+    async fn verify_for(&self, token: &str, audience: &str, nonce: Option<&str>) -> Result<Identity, ApiError> {
         let bad = |why: String| ApiError::unauthorized(format!("invalid token: {why}"));
         let header = decode_header(token).map_err(|e| bad(format!("malformed header ({e})")))?;
         if !self.algorithms.contains(&header.alg) {
@@ -200,12 +260,17 @@ impl OidcVerifier {
             self.cfg.issuer.trim_end_matches('/'),
             &format!("{}/", self.cfg.issuer.trim_end_matches('/')),
         ]);
-        v.set_audience(&[&self.cfg.audience]);
+        v.set_audience(&[audience]);
         v.leeway = self.cfg.leeway_s;
         v.validate_nbf = true;
         v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         let data = decode::<serde_json::Value>(token, key, &v).map_err(|e| bad(e.to_string()))?;
         drop(keys);
+        if let Some(n) = nonce
+            && data.claims.get("nonce").and_then(|x| x.as_str()) != Some(n)
+        {
+            return Err(bad("the nonce does not match the sign-in".into()));
+        }
         self.map(&data.claims)
     }
 

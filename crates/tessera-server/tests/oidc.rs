@@ -39,6 +39,10 @@ fn free_port() -> u16 {
 }
 
 fn provider() -> Provider {
+    provider_with(None)
+}
+
+fn provider_with(redirect: Option<&str>) -> Provider {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oidc");
     assert!(
         dir.join("node_modules/oidc-provider").exists(),
@@ -53,6 +57,7 @@ fn provider() -> Provider {
         .env("PORT", port.to_string())
         .env("KEY_OUT", tmp.join("key.pem"))
         .env("PUB_OUT", tmp.join("pub.pem"))
+        .env("REDIRECT_URI", redirect.unwrap_or("http://127.0.0.1:1/auth/callback"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -88,6 +93,9 @@ async fn sso_tokens_and_attacks() {
         audience: "tessera".into(),
         algorithms: vec!["RS256".into()],
         leeway_s: 5,
+        client_id: None,
+        client_secret: None,
+        redirect_url: None,
         mapping: vec![
             ClaimRule {
                 claim: "groups".into(),
@@ -250,5 +258,208 @@ async fn sso_tokens_and_attacks() {
         .filter(|e| e["action"] == "auth.failure")
         .count();
     assert!(failures >= 8, "{audit}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Takes the `action` of the first form in an HTML page.
+fn form_action(html: &str) -> String {
+    let i = html.find("action=\"").expect("a form") + 8;
+    html[i..i + html[i..].find('"').unwrap()]
+        .replace("&#x2F;", "/")
+        .replace("&amp;", "&")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_sign_in_with_pkce_session_cookie_csrf_and_logout() {
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let p = provider_with(Some(&format!("{base}/auth/callback")));
+    let dir = std::env::temp_dir().join(format!("tessera-console-sso-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let oidc = OidcConfig {
+        issuer: p.issuer.clone(),
+        audience: "tessera".into(),
+        algorithms: vec!["RS256".into()],
+        leeway_s: 5,
+        client_id: Some("tessera-console".into()),
+        client_secret: Some("console-secret".into()),
+        redirect_url: Some(format!("{base}/auth/callback")),
+        mapping: vec![ClaimRule {
+            claim: "groups".into(),
+            value: "vision-admins".into(),
+            tenant: Some("vision".into()),
+            role: "tenant-admin".into(),
+        }],
+    };
+    let cfg = ServerConfig {
+        data_dir: dir.clone(),
+        fleet: Fleet::seed(),
+        listen: format!("127.0.0.1:{port}").parse().unwrap(),
+        policy: "tessera".into(),
+        sim: Default::default(),
+        grace: Duration::from_secs(1),
+        govern: Default::default(),
+        prices: Default::default(),
+        rate_limit: 0.0,
+        oidc: Some(oidc),
+        tls: None,
+    };
+    let r = start(cfg).await.unwrap();
+    let admin = r.admin_token.unwrap();
+    let api = reqwest::Client::new();
+    api.post(format!("{base}/api/v1/tenants"))
+        .bearer_auth(&admin)
+        .json(&json!({"name": "vision"}))
+        .send()
+        .await
+        .unwrap();
+    api.post(format!("{base}/api/v1/tenants/vision/projects"))
+        .bearer_auth(&admin)
+        .json(&json!({"name": "train"}))
+        .send()
+        .await
+        .unwrap();
+
+    // A browser: keeps cookies, and we follow redirects by hand to see each step.
+    let browser = reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let location = |r: &reqwest::Response| r.headers()["location"].to_str().unwrap().to_string();
+    let r1 = browser.get(format!("{base}/auth/login")).send().await.unwrap();
+    assert_eq!(r1.status(), StatusCode::SEE_OTHER);
+    let to_provider = location(&r1);
+    assert!(
+        to_provider.starts_with(&p.issuer)
+            && to_provider.contains("code_challenge_method=S256")
+            && to_provider.contains("nonce="),
+        "{to_provider}"
+    );
+    let absolute = |l: String| {
+        if l.starts_with("http") {
+            l
+        } else {
+            format!("{}{l}", p.issuer)
+        }
+    };
+    // Provider: authorize → login page → (login) → consent page → (confirm) → back to Tessera.
+    let mut url = to_provider;
+    let mut callback = None;
+    for _ in 0..12 {
+        let resp = browser.get(&url).send().await.unwrap();
+        if resp.status().is_redirection() {
+            let l = absolute(location(&resp));
+            if l.starts_with(&format!("{base}/auth/callback")) {
+                callback = Some(l);
+                break;
+            }
+            url = l;
+            continue;
+        }
+        let html = resp.text().await.unwrap();
+        let action = absolute(form_action(&html));
+        let form: Vec<(&str, &str)> = if html.contains("name=\"login\"") {
+            vec![("prompt", "login"), ("login", "alice"), ("password", "any")]
+        } else {
+            vec![("prompt", "consent")]
+        };
+        let posted = browser.post(&action).form(&form).send().await.unwrap();
+        assert!(
+            posted.status().is_redirection(),
+            "{} {}",
+            posted.status(),
+            posted.text().await.unwrap()
+        );
+        url = absolute(location(&posted));
+    }
+    let callback = callback.expect("the provider sends the browser back to Tessera with a code");
+    // A forged state is refused.
+    let forged = callback.replace("state=", "state=x");
+    assert_eq!(
+        browser.get(&forged).send().await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let done = browser.get(&callback).send().await.unwrap();
+    assert_eq!(done.status(), StatusCode::SEE_OTHER, "{}", done.text().await.unwrap());
+    let set_cookie = done.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Lax"),
+        "{set_cookie}"
+    );
+    // The session: who we are, and the CSRF token.
+    let who: Value = browser
+        .get(format!("{base}/auth/session"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(who["actor"], "oidc:alice");
+    assert_eq!(who["role"], "tenant-admin");
+    let csrf = who["csrf_token"].as_str().unwrap().to_string();
+    // Reads work with the cookie; changes need the CSRF token.
+    assert_eq!(
+        browser
+            .get(format!("{base}/api/v1/tenants/vision"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    let wl = json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"fraction": 250}});
+    let no_csrf = browser
+        .post(format!("{base}/api/v1/workloads"))
+        .json(&wl)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_csrf.status(), StatusCode::FORBIDDEN);
+    let ok = browser
+        .post(format!("{base}/api/v1/workloads"))
+        .header("x-csrf-token", &csrf)
+        .json(&wl)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::CREATED);
+    // Logout clears the session.
+    let out = browser
+        .post(format!("{base}/auth/logout"))
+        .header("x-csrf-token", &csrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), StatusCode::NO_CONTENT);
+    assert!(out.headers()["set-cookie"].to_str().unwrap().contains("Max-Age=0"));
+    assert_eq!(
+        browser
+            .get(format!("{base}/api/v1/tenants/vision"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+    // The sign-in is on the audit log.
+    let audit: Value = api
+        .get(format!("{base}/api/v1/audit?limit=100"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        audit["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "login" && e["actor"] == "oidc:alice"),
+        "{audit}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

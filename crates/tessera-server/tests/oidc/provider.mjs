@@ -1,5 +1,6 @@
 // A real OpenID Connect provider for Tessera's SSO tests: panva/oidc-provider on loopback, with
-// discovery, a JWKS (RS256), a confidential client allowed the client_credentials grant, and
+// discovery, a JWKS (RS256), a console client (Authorization Code + PKCE, with the provider's
+// built-in login and consent pages), a confidential client allowed the client_credentials grant, and
 // resource indicators so access tokens are JWTs for the audience "tessera". Access tokens carry
 // a `groups` claim for the claim-to-role mapping. The private key is written to $KEY_OUT (PEM)
 // so that the test can forge tokens signed by the right key but with wrong claims, and the
@@ -19,6 +20,13 @@ const provider = new Provider(issuer, {
   jwks: { keys: [jwk] },
   scopes: ['openid', 'api'],
   clients: [{
+    // The console: Authorization Code + PKCE.
+    client_id: 'tessera-console',
+    client_secret: 'console-secret',
+    grant_types: ['authorization_code'],
+    response_types: ['code'],
+    redirect_uris: [process.env.REDIRECT_URI || 'http://127.0.0.1:8080/auth/callback'],
+  }, {
     client_id: 'tessera-ci',
     client_secret: 'ci-secret',
     grant_types: ['client_credentials'],
@@ -26,8 +34,16 @@ const provider = new Provider(issuer, {
     response_types: [],
     scope: 'api',
   }],
+  // Every account signing in on the dev login page belongs to the groups in $GROUPS.
+  findAccount: async (ctx, id) => ({
+    accountId: id,
+    claims: async () => ({ sub: id, groups: (process.env.GROUPS || 'vision-admins').split(',') }),
+  }),
+  claims: { openid: ['sub', 'groups'] },
+  conformIdTokenClaims: false,
+  pkce: { required: () => true },
   features: {
-    devInteractions: { enabled: false },
+    devInteractions: { enabled: true },
     clientCredentials: { enabled: true },
     resourceIndicators: {
       enabled: true,
