@@ -82,7 +82,12 @@ pub struct OidcVerifier {
     pub token_endpoint: Option<String>,
     http: reqwest::Client,
     keys: RwLock<Keys>,
+    /// Access tokens already verified: SHA-256 of the token → identity and expiry (seconds).
+    verified: RwLock<HashMap<[u8; 32], (Identity, i64)>>,
 }
+
+/// Most verified tokens remembered; beyond it, expired ones are dropped (or all, if none).
+const VERIFIED_MAX: usize = 10_000;
 
 #[derive(Deserialize)]
 struct Discovery {
@@ -146,6 +151,7 @@ impl OidcVerifier {
                 keys: HashMap::new(),
                 fetched: Instant::now() - REFRESH_EVERY * 2,
             }),
+            verified: RwLock::default(),
         };
         v.refresh().await?;
         Ok(v)
@@ -186,14 +192,34 @@ impl OidcVerifier {
     }
 
     /// Validates a JWT access token (audience: Tessera's) and maps it to an identity.
+    ///
+    /// A token that verified once is remembered until its `exp` (a JWT cannot change), so a
+    /// client reusing its access token pays for the signature check once.
     pub async fn verify(&self, token: &str) -> Result<Identity, ApiError> {
-        self.verify_for(token, &self.cfg.audience.clone(), None).await
+        use sha2::Digest;
+        let key: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        let now = crate::now_ms() / 1000;
+        if let Some((id, exp)) = self.verified.read().expect("lock").get(&key)
+            && *exp + self.cfg.leeway_s as i64 > now
+        {
+            return Ok(id.clone());
+        }
+        let (id, exp) = self.verify_claims(token, &self.cfg.audience.clone(), None).await?;
+        let mut v = self.verified.write().expect("lock");
+        if v.len() >= VERIFIED_MAX {
+            v.retain(|_, (_, e)| *e > now);
+            if v.len() >= VERIFIED_MAX {
+                v.clear();
+            }
+        }
+        v.insert(key, (id.clone(), exp));
+        Ok(id)
     }
 
     /// Validates an ID token from the console sign-in (audience: the client; nonce checked).
     pub async fn verify_id_token(&self, token: &str, nonce: &str) -> Result<Identity, ApiError> {
         let aud = self.cfg.client_id.clone().unwrap_or_default();
-        self.verify_for(token, &aud, Some(nonce)).await
+        Ok(self.verify_claims(token, &aud, Some(nonce)).await?.0)
     }
 
     /// Redeems an authorization code (with the PKCE verifier) for tokens; returns the ID token.
@@ -229,7 +255,13 @@ impl OidcVerifier {
             .ok_or_else(|| "no id_token in the answer".into())
     }
 
-    async fn verify_for(&self, token: &str, audience: &str, nonce: Option<&str>) -> Result<Identity, ApiError> {
+    /// Verifies signature and claims; returns the identity and the token's `exp`.
+    async fn verify_claims(
+        &self,
+        token: &str,
+        audience: &str,
+        nonce: Option<&str>,
+    ) -> Result<(Identity, i64), ApiError> {
         let bad = |why: String| ApiError::unauthorized(format!("invalid token: {why}"));
         let header = decode_header(token).map_err(|e| bad(format!("malformed header ({e})")))?;
         if !self.algorithms.contains(&header.alg) {
@@ -271,7 +303,8 @@ impl OidcVerifier {
         {
             return Err(bad("the nonce does not match the sign-in".into()));
         }
-        self.map(&data.claims)
+        let exp = data.claims.get("exp").and_then(|e| e.as_i64()).unwrap_or(0);
+        Ok((self.map(&data.claims)?, exp))
     }
 
     fn map(&self, claims: &serde_json::Value) -> Result<Identity, ApiError> {

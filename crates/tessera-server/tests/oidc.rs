@@ -241,6 +241,43 @@ async fn sso_tokens_and_attacks() {
             "{name} must be refused"
         );
     }
+    // Validation cost with a cached JWKS (printed; see the README for the figure).
+    let verifier = tessera_server::oidc::OidcVerifier::discover(OidcConfig {
+        issuer: p.issuer.clone(),
+        audience: "tessera".into(),
+        algorithms: vec!["RS256".into()],
+        leeway_s: 5,
+        client_id: None,
+        client_secret: None,
+        redirect_url: None,
+        mapping: vec![ClaimRule {
+            claim: "groups".into(),
+            value: "vision-admins".into(),
+            tenant: Some("vision".into()),
+            role: "member".into(),
+        }],
+    })
+    .await
+    .unwrap();
+    let mut ns = Vec::new();
+    let t = Instant::now();
+    verifier.verify(&real).await.unwrap();
+    println!(
+        "JWT first validation (signature checked): {:.1} µs",
+        t.elapsed().as_nanos() as f64 / 1000.0
+    );
+    for _ in 0..3000 {
+        let t = Instant::now();
+        verifier.verify(&real).await.unwrap();
+        ns.push(t.elapsed().as_nanos() as u64);
+    }
+    ns.sort_unstable();
+    println!(
+        "JWT validation (RS256, cached JWKS), {} runs: p50 {:.1} µs, p99 {:.1} µs",
+        ns.len(),
+        ns[ns.len() / 2] as f64 / 1000.0,
+        ns[ns.len() * 99 / 100] as f64 / 1000.0
+    );
     // Failures are on the audit log.
     let audit: Value = http
         .get(format!("{base}/api/v1/audit?limit=100"))
