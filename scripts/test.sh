@@ -17,5 +17,68 @@ cargo fmt --all -- --check
 echo "== lint"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
+# ---- observability: Prometheus and promtool --------------------------------------------------
+# Installs Debian's `prometheus` package (promtool and /usr/bin/prometheus), which the alert-rule
+# checks below and the Rust tests crates/tessera/tests/{metrics,prometheus}.rs need; so it runs
+# before `cargo test`. The package may start a system service: the tests run their own
+# Prometheus with their own config, loopback port and data directory.
+echo "== observability: prometheus rules"
+if ! command -v promtool >/dev/null 2>&1 || [ ! -x /usr/bin/prometheus ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "promtool/prometheus are missing: run this script as root to install Debian's prometheus package" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+promtool --version 2>&1 | sed -n 1p || true
+promtool check config deploy/prometheus/prometheus.yml
+promtool check rules deploy/prometheus/alerts.yaml
+promtool test rules deploy/prometheus/alerts_test.yaml
+# ---- end observability ---------------------------------------------------------------------------
+
+# ---- single sign-on: a real OpenID Connect provider, and openssl for the TLS test -------------
+# crates/tessera-server/tests/oidc.rs starts panva/oidc-provider (npm) on loopback; the TLS test
+# makes a test CA and certificate with openssl. Node.js, npm and openssl come from Debian if
+# missing; the provider's packages come from the npm registry (locked in package-lock.json).
+echo "== single sign-on: OIDC provider"
+need=()
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing ${need[*]}: run this script as root to install them from Debian" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+(cd crates/tessera-server/tests/oidc && npm ci --no-audit --no-fund --silent)
+# ---- end single sign-on --------------------------------------------------------------------------
+
 echo "== tests"
 cargo test --workspace
+
+# ---- OpenAPI 3.1 validation ----------------------------------------------------------------------
+# Validates the document `tessera openapi` prints against the OpenAPI 3.1 schema with PyPI's
+# openapi-spec-validator, installed into a virtual environment under target/ (Debian's system
+# Python refuses plain `pip install`); python3 and its venv module come from Debian if missing.
+echo "== OpenAPI 3.1 document"
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "python3 with venv is missing: run this script as root to install Debian's python3-venv" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
+fi
+venv=target/openapi-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check openapi-spec-validator
+openapi_doc=$(mktemp --suffix=.json)
+trap 'rm -f "$openapi_doc"' EXIT
+# The test profile: the binary `cargo test` built above, so nothing is compiled again.
+cargo run --quiet --profile test -p tessera -- openapi >"$openapi_doc"
+"$venv/bin/python" -m openapi_spec_validator --schema 3.1 --validation-errors all "$openapi_doc"
+# ---- end OpenAPI ---------------------------------------------------------------------------------

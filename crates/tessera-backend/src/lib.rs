@@ -100,6 +100,20 @@ pub struct InstanceSample {
     /// `DCGM_FI_PROF_GR_ENGINE_ACTIVE`, 0..1.
     pub gr_engine_active: f64,
     pub fb_used_mib: u64,
+    /// Framebuffer of the instance (or share) not in use, MiB.
+    #[serde(default)]
+    pub fb_free_mib: u64,
+}
+
+/// One GPU of the fleet, as the simulated backend is told at construction: every GPU listed
+/// is reported by [`Backend::telemetry`], idle ones with zero utilisation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimGpu {
+    pub node: String,
+    pub index: u8,
+    pub model: String,
+    /// Board memory in MiB (0 = unknown).
+    pub memory_mib: u32,
 }
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -124,7 +138,9 @@ pub trait Backend: Send + Sync {
     /// After a control-plane restart: `running` are the workloads the store says run here.
     /// Returns each one's status as the backend sees it (adopting those still alive).
     async fn reconcile(&self, running: &[RunSpec]) -> Vec<(u64, Status)>;
-    /// Current telemetry of every GPU that holds a workload.
+    /// Current telemetry of every GPU the backend knows: at least every GPU that holds a
+    /// workload; the simulated backend built with [`SimBackend::with_gpus`] reports every GPU of
+    /// the fleet.
     fn telemetry(&self) -> Vec<GpuSample>;
     /// The stream of [`BackendEvent`]s; can be taken once.
     fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>>;
@@ -164,10 +180,18 @@ pub struct SimBackend {
     next_gen: Mutex<u64>,
     /// Injected faults: (node, gpu) → XID.
     faults: Mutex<HashMap<(String, u8), u32>>,
+    /// The fleet's GPUs, all reported by telemetry (empty: only GPUs holding a workload).
+    gpus: Vec<SimGpu>,
 }
 
 impl SimBackend {
+    /// A simulated backend that reports telemetry only for GPUs holding a workload.
     pub fn new(cfg: SimConfig) -> Self {
+        Self::with_gpus(cfg, Vec::new())
+    }
+
+    /// A simulated backend for a fleet: telemetry reports every GPU in `gpus`, idle or not.
+    pub fn with_gpus(cfg: SimConfig, gpus: Vec<SimGpu>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         SimBackend {
             cfg,
@@ -176,12 +200,24 @@ impl SimBackend {
             rx: Mutex::new(Some(rx)),
             next_gen: Mutex::new(0),
             faults: Mutex::default(),
+            gpus,
         }
     }
 
-    /// Injects an XID error on a GPU (tests and demos of GPU-health alerting).
+    /// The GPUs this backend was built with.
+    pub fn gpus(&self) -> &[SimGpu] {
+        &self.gpus
+    }
+
+    /// Injects an XID error on a GPU (tests and demos of GPU-health alerting); XID 0 clears
+    /// the fault.
     pub fn inject_xid(&self, node: &str, gpu: u8, xid: u32) {
-        self.faults.lock().expect("lock").insert((node.to_string(), gpu), xid);
+        let mut f = self.faults.lock().expect("lock");
+        if xid == 0 {
+            f.remove(&(node.to_string(), gpu));
+        } else {
+            f.insert((node.to_string(), gpu), xid);
+        }
     }
 
     fn run(&self, spec: RunSpec, remaining: Option<Duration>) {
@@ -221,6 +257,33 @@ impl SimBackend {
             });
         }
     }
+}
+
+/// A stable UUID in the form NVML reports (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) for GPU
+/// `gpu` of a simulated node.
+pub fn sim_uuid(node: &str, gpu: u8) -> String {
+    // FNV-1a of the node name and index, then two SplitMix64 draws for 128 bits.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in node.bytes().chain([0xff, gpu]) {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let (a, b) = (mix(h ^ 1), mix(h ^ 2));
+    format!(
+        "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xffff,
+        b >> 48,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// A stable pseudo-random number in [0, 1) from `a` and `b` (SplitMix64).
@@ -322,29 +385,36 @@ impl Backend for SimBackend {
     fn telemetry(&self) -> Vec<GpuSample> {
         let runs = self.runs.lock().expect("lock");
         let faults = self.faults.lock().expect("lock");
-        let mut gpus: HashMap<(String, u8), GpuSample> = HashMap::new();
+        let idle = |node: &str, g: u8, model: &str, mem: u64| GpuSample {
+            node: node.to_string(),
+            gpu: g,
+            uuid: sim_uuid(node, g),
+            model: model.to_string(),
+            util_pct: 0.0,
+            fb_used_mib: 0,
+            fb_free_mib: mem,
+            temp_c: 34.0,
+            power_w: 60.0,
+            xid: faults.get(&(node.to_string(), g)).copied().unwrap_or(0),
+            instances: Vec::new(),
+        };
+        let mut gpus: HashMap<(String, u8), GpuSample> = self
+            .gpus
+            .iter()
+            .map(|g| {
+                let sample = idle(&g.node, g.index, &g.model, g.memory_mib as u64);
+                ((g.node.clone(), g.index), sample)
+            })
+            .collect();
         let tick = Instant::now().elapsed().as_secs() / 10;
         for run in runs.values() {
             let s = &run.spec;
             let age = run.started.elapsed().as_secs() / 10 + tick;
             for &g in &s.gpus {
                 let mem = s.model_memory_mib as u64;
-                let sample = gpus.entry((s.node.clone(), g)).or_insert_with(|| GpuSample {
-                    node: s.node.clone(),
-                    gpu: g,
-                    uuid: format!(
-                        "GPU-sim-{:08x}-{g}",
-                        noise(s.node.len() as u64, g as u64).to_bits() as u32
-                    ),
-                    model: s.model.clone(),
-                    util_pct: 0.0,
-                    fb_used_mib: 0,
-                    fb_free_mib: mem,
-                    temp_c: 34.0,
-                    power_w: 60.0,
-                    xid: faults.get(&(s.node.clone(), g)).copied().unwrap_or(0),
-                    instances: Vec::new(),
-                });
+                let sample = gpus
+                    .entry((s.node.clone(), g))
+                    .or_insert_with(|| idle(&s.node, g, &s.model, mem));
                 let busy = 0.35 + 0.6 * noise(s.id, age);
                 let (share, profile) = match &s.slice {
                     Slice::Whole => (1.0, String::new()),
@@ -361,9 +431,10 @@ impl Backend for SimBackend {
                 sample.temp_c = 34.0 + sample.util_pct * 0.45;
                 sample.power_w = 60.0 + sample.util_pct * 5.5;
                 if !matches!(s.slice, Slice::Whole) {
-                    let instance_id = match &s.slice {
-                        Slice::Mig { start, .. } => *start as u32 + 1,
-                        _ => 0,
+                    let (instance_id, size) = match &s.slice {
+                        Slice::Mig { start, .. } => (*start as u32 + 1, (mem as f64 * share) as u64),
+                        Slice::Fraction { memory_mib, .. } if *memory_mib > 0 => (0, *memory_mib as u64),
+                        _ => (0, (mem as f64 * share) as u64),
                     };
                     sample.instances.push(InstanceSample {
                         workload: s.id,
@@ -371,11 +442,15 @@ impl Backend for SimBackend {
                         instance_id,
                         gr_engine_active: busy,
                         fb_used_mib: used,
+                        fb_free_mib: size.saturating_sub(used),
                     });
                 }
             }
         }
         let mut out: Vec<GpuSample> = gpus.into_values().collect();
+        for s in &mut out {
+            s.instances.sort_by_key(|i| (i.instance_id, i.workload));
+        }
         out.sort_by(|a, b| (&a.node, a.gpu).cmp(&(&b.node, b.gpu)));
         out
     }
@@ -457,5 +532,43 @@ mod tests {
         let r = b.reconcile(&[s, t]).await;
         assert_eq!(r, vec![(3, Status::Succeeded), (4, Status::Running)]);
         assert_eq!(b.status(4).await, Status::Running);
+    }
+
+    #[tokio::test]
+    async fn with_gpus_reports_every_gpu_and_injected_xids() {
+        let gpus: Vec<SimGpu> = ["a100-00", "h100-00"]
+            .iter()
+            .flat_map(|n| {
+                (0..8).map(move |i| SimGpu {
+                    node: n.to_string(),
+                    index: i,
+                    model: "A100-80GB".into(),
+                    memory_mib: 81920,
+                })
+            })
+            .collect();
+        let b = SimBackend::with_gpus(SimConfig::default(), gpus);
+        let t = b.telemetry();
+        assert_eq!(t.len(), 16, "idle GPUs are reported too");
+        assert!(
+            t.iter()
+                .all(|g| g.util_pct == 0.0 && g.fb_used_mib == 0 && g.fb_free_mib == 81920 && g.xid == 0)
+        );
+        let uuids: std::collections::HashSet<&str> = t.iter().map(|g| g.uuid.as_str()).collect();
+        assert_eq!(uuids.len(), 16, "UUIDs are unique across nodes");
+        assert!(t[0].uuid.starts_with("GPU-") && t[0].uuid.len() == 40, "{}", t[0].uuid);
+        b.start(&spec(9, None)).await.unwrap();
+        b.inject_xid("h100-00", 5, 79);
+        let t = b.telemetry();
+        assert_eq!(t.len(), 16);
+        let busy = t.iter().find(|g| g.node == "a100-00" && g.gpu == 3).unwrap();
+        assert!(busy.util_pct > 0.0 && busy.instances.len() == 1);
+        let i = &busy.instances[0];
+        assert_eq!((i.instance_id, i.profile.as_str()), (5, "3g.40gb"));
+        assert_eq!(i.fb_used_mib + i.fb_free_mib, 40960);
+        let bad = t.iter().find(|g| g.node == "h100-00" && g.gpu == 5).unwrap();
+        assert_eq!(bad.xid, 79);
+        b.inject_xid("h100-00", 5, 0);
+        assert!(b.telemetry().iter().all(|g| g.xid == 0), "XID 0 clears the fault");
     }
 }

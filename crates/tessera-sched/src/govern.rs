@@ -629,30 +629,44 @@ impl Scheduler {
         if only.is_none() {
             self.dirty = false;
         }
-        let mut tenants: Vec<String> = self.queue.iter().map(|q| q.job.tenant.clone()).collect();
-        tenants.sort_unstable();
-        tenants.dedup();
-        let mut share: HashMap<String, u64> = HashMap::new();
-        for t in tenants {
-            self.book(&t, now);
-            share.insert(t.clone(), (self.fair_share(&t) * 1000.0) as u64);
-        }
-        // Nominated preemptors whose victims are gone go first; then priority class, fair share,
-        // arrival.
-        let mut order: Vec<(bool, OrderKey, usize)> = self
-            .queue
-            .iter()
-            .enumerate()
-            .map(|(i, q)| {
-                let j = &q.job;
-                let key = (self.rank(&j.priority), share[&j.tenant], j.submitted_ms, j.id);
-                (!self.nominated.get(&j.id).is_some_and(|v| v.is_empty()), key, i)
-            })
-            .collect();
-        order.sort_unstable();
-        // Reservations of jobs no longer waiting lapse.
-        let queued: HashSet<u64> = self.queue.iter().map(|q| q.job.id).collect();
-        self.reservations.retain(|_, (j, _)| queued.contains(j));
+        let jobs: Vec<Arc<Queued>> = match only {
+            // Unchanged capacity: only the newcomer is tried, no need to order the queue.
+            Some(id) => self
+                .queue
+                .iter()
+                .rev()
+                .find(|q| q.job.id == id)
+                .cloned()
+                .into_iter()
+                .collect(),
+            None => {
+                let mut tenants: Vec<String> = self.queue.iter().map(|q| q.job.tenant.clone()).collect();
+                tenants.sort_unstable();
+                tenants.dedup();
+                let mut share: HashMap<String, u64> = HashMap::new();
+                for t in tenants {
+                    self.book(&t, now);
+                    share.insert(t.clone(), (self.fair_share(&t) * 1000.0) as u64);
+                }
+                // Nominated preemptors whose victims are gone go first; then priority class,
+                // fair share, arrival.
+                let mut order: Vec<(bool, OrderKey, usize)> = self
+                    .queue
+                    .iter()
+                    .enumerate()
+                    .map(|(i, q)| {
+                        let j = &q.job;
+                        let key = (self.rank(&j.priority), share[&j.tenant], j.submitted_ms, j.id);
+                        (!self.nominated.get(&j.id).is_some_and(|v| v.is_empty()), key, i)
+                    })
+                    .collect();
+                order.sort_unstable();
+                // Reservations of jobs no longer waiting lapse.
+                let queued: HashSet<u64> = self.queue.iter().map(|q| q.job.id).collect();
+                self.reservations.retain(|_, (j, _)| queued.contains(j));
+                order.iter().map(|&(_, _, i)| self.queue[i].clone()).collect()
+            }
+        };
         let mut placed: HashSet<u64> = HashSet::new();
         let mut refused: HashSet<u64> = HashSet::new();
         let mut searches = 0;
@@ -660,7 +674,6 @@ impl Scheduler {
         // during a cycle, so the same request fails again (shape, host needs and, on shared
         // pools, the tenant are all in the key).
         let mut no_capacity: HashMap<Request, String> = HashMap::new();
-        let jobs: Vec<Arc<Queued>> = order.iter().map(|&(_, _, i)| self.queue[i].clone()).collect();
         for queued in jobs {
             let job = &queued.job;
             if only.is_some_and(|o| o != job.id) {
@@ -787,11 +800,24 @@ impl Scheduler {
         }
     }
 
+    /// Records why a job waits. A `Waiting` action (a stored event) is emitted only when the
+    /// kind of reason changes — the reason with its figures removed — not every time a free-unit
+    /// count in it moves.
     fn set_reason(&mut self, job: &Job, reason: String, actions: &mut Vec<Action>) {
-        if self.reasons.get(&job.id) != Some(&reason) {
+        let kind = |r: &str| {
+            r.chars()
+                .filter(|c| !c.is_ascii_digit() && *c != '.')
+                .collect::<String>()
+        };
+        if self.reasons.get(&job.id).is_none_or(|old| kind(old) != kind(&reason)) {
             self.reasons.insert(job.id, reason.clone());
             actions.push(Action::Waiting { id: job.id, reason });
         }
+    }
+
+    /// Whether something changed since the last full pass (capacity, quotas, the queue).
+    pub fn needs_cycle(&self) -> bool {
+        self.dirty
     }
 
     /// Whether `job` is within its guaranteed share in the pools it may use.

@@ -52,7 +52,7 @@ impl Modify for BearerAuth {
 
 /// The API router and its OpenAPI document.
 pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(health))
         .routes(routes!(list_pools))
         .routes(routes!(list_nodes))
@@ -72,7 +72,42 @@ pub fn router() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(set_quota, delete_quota))
         .routes(routes!(set_budget))
         .routes(routes!(usage_report))
-        .split_for_parts()
+        .routes(routes!(crate::simfaults::inject_fault))
+        .split_for_parts();
+    describe_responses(&mut doc);
+    (router, doc)
+}
+
+/// OpenAPI 3.1 requires a `description` on every response: give those declared without one
+/// the status code's reason phrase.
+fn describe_responses(doc: &mut utoipa::openapi::OpenApi) {
+    for item in doc.paths.paths.values_mut() {
+        let ops = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.options,
+            &mut item.head,
+            &mut item.patch,
+            &mut item.trace,
+        ];
+        for op in ops.into_iter().flatten() {
+            for (code, r) in op.responses.responses.iter_mut() {
+                if let utoipa::openapi::RefOr::T(r) = r
+                    && r.description.is_empty()
+                {
+                    r.description = code
+                        .parse::<u16>()
+                        .ok()
+                        .and_then(|c| StatusCode::from_u16(c).ok())
+                        .and_then(|c| c.canonical_reason())
+                        .unwrap_or("Response")
+                        .to_string();
+                }
+            }
+        }
+    }
 }
 
 /// JSON body extractor whose rejections are problem documents naming what is wrong.
@@ -123,6 +158,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PageParams {
     /// Items per page, 1–500 (default 100).
     pub limit: Option<u32>,
@@ -181,6 +217,7 @@ async fn list_pools(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct FleetFilter {
     /// Only this pool.
     pub pool: Option<String>,
@@ -383,6 +420,7 @@ async fn delete_project(
             "no project `{project}` in tenant `{tenant}`"
         )));
     }
+    s.projects.write().expect("lock").remove(&format!("{tenant}/{project}"));
     if !s.store.delete_project(&tenant, &project).await? {
         return Err(ApiError::conflict(format!(
             "project `{project}` has workloads on record"
@@ -463,6 +501,7 @@ async fn create_token(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct TokenParams {
     /// Only tokens of this tenant.
     pub tenant: Option<String>,
@@ -522,6 +561,7 @@ async fn revoke_token(State(s): State<AppState>, id: Identity, Path(tid): Path<S
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AuditParams {
     pub tenant: Option<String>,
     pub limit: Option<u32>,
@@ -571,6 +611,7 @@ async fn audit_log(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct WorkloadFilterParams {
     pub tenant: Option<String>,
     pub project: Option<String>,
@@ -642,14 +683,21 @@ async fn create_workload(
         }
         return Err(ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)));
     }
-    if s.store.get_tenant(&b.tenant).await?.is_none() {
-        return Err(ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)));
-    }
-    if s.store.get_project(&b.tenant, &b.project).await?.is_none() {
-        return Err(ApiError::invalid(
-            "project",
-            format!("no project `{}` in tenant `{}`", b.project, b.tenant),
-        ));
+    // Known tenant/project pairs are remembered (a project is only forgotten when deleted),
+    // sparing two store reads per request.
+    let key = format!("{}/{}", b.tenant, b.project);
+    let known = s.projects.read().expect("lock").contains(&key);
+    if !known {
+        if s.store.get_tenant(&b.tenant).await?.is_none() {
+            return Err(ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)));
+        }
+        if s.store.get_project(&b.tenant, &b.project).await?.is_none() {
+            return Err(ApiError::invalid(
+                "project",
+                format!("no project `{}` in tenant `{}`", b.project, b.tenant),
+            ));
+        }
+        s.projects.write().expect("lock").insert(key);
     }
     if b.name.is_empty() || b.name.len() > 63 || b.name.chars().any(|c| c.is_control()) {
         return Err(ApiError::invalid("name", "a name has 1–63 printable characters"));
@@ -972,6 +1020,7 @@ async fn set_budget(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct UsageParams {
     /// Only this tenant (required for tenant tokens: their own).
     pub tenant: Option<String>,

@@ -41,6 +41,9 @@ pub struct WorkloadCache {
 
 const ENDED_KEPT: usize = 20_000;
 
+/// Shortest interval between two full scheduling passes triggered by changes.
+const CYCLE_EVERY: Duration = Duration::from_millis(50);
+
 impl WorkloadCache {
     pub fn get(&self, id: u64) -> Option<Arc<Workload>> {
         self.map.get(&id).cloned()
@@ -227,6 +230,8 @@ pub struct Actor {
     month_closed: HashMap<String, f64>,
     month_start: i64,
     last_sample: i64,
+    /// Counters and histograms updated where things happen (see `metrics.rs`).
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 pub fn units_label(u: GpuUnits) -> String {
@@ -241,6 +246,7 @@ impl Actor {
         store: Store,
         backend: Arc<dyn Backend>,
         grace: Duration,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<Controller, ApiError> {
         let (tx, rx) = mpsc::channel(8192);
         let cache = Arc::new(RwLock::new(WorkloadCache::default()));
@@ -259,6 +265,7 @@ impl Actor {
             month_start: 0,
             last_sample: now_ms(),
             store,
+            metrics,
         };
         actor.recover().await?;
         if let Some(mut events) = backend.take_events() {
@@ -467,11 +474,15 @@ impl Actor {
 
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut last_cycle = std::time::Instant::now() - CYCLE_EVERY;
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let pending_cycle = self.sched.needs_cycle();
+            let wait = CYCLE_EVERY.saturating_sub(last_cycle.elapsed());
             let (first, ticked) = tokio::select! {
                 c = rx.recv() => match c { Some(c) => (Some(c), false), None => break },
                 _ = tick.tick() => (None, true),
+                _ = tokio::time::sleep(wait), if pending_cycle => (None, false),
             };
             let mut batch = Batch::default();
             let mut views = Vec::new();
@@ -501,8 +512,17 @@ impl Actor {
                 self.sample_utilisation(now);
                 self.update_budgets(now);
             }
-            let actions = self.sched.cycle(now);
-            self.apply(actions, now, &mut batch);
+            // A full pass over the queue when something changed, and on the tick (backfill
+            // windows, minimum runtimes and reclaim delays move with time).
+            // Full passes are at most every CYCLE_EVERY under load, so that a stream of
+            // completions cannot keep the loop busy re-sorting a long queue.
+            if ticked || (self.sched.needs_cycle() && last_cycle.elapsed() >= CYCLE_EVERY) {
+                last_cycle = std::time::Instant::now();
+                let t0 = std::time::Instant::now();
+                let actions = self.sched.cycle(now);
+                self.metrics.scheduler_cycle(t0.elapsed()); // metrics
+                self.apply(actions, now, &mut batch);
+            }
             self.commit(batch).await;
             let ctx = ViewCtx {
                 fleet: &self.fleet,
@@ -517,12 +537,14 @@ impl Actor {
     }
 
     fn update_budgets(&mut self, now: i64) {
-        let tenants: Vec<String> = self
-            .sched
-            .queue()
-            .map(|j| j.tenant.clone())
+        let mut tenants: Vec<String> = self
+            .live
+            .values()
+            .map(|l| l.wl.tenant.clone())
             .filter(|t| self.sched.budget(t).is_some())
             .collect();
+        tenants.sort_unstable();
+        tenants.dedup();
         for t in tenants {
             let spent = self.month_spent(&t, now);
             self.sched.set_spent(&t, spent);
@@ -554,13 +576,19 @@ impl Actor {
                 {
                     l.util.0 += util * dt;
                     l.util.1 += dt;
+                    self.metrics.meter(&l.wl, util, dt); // metrics
                 }
             }
         }
     }
 
     async fn commit(&mut self, mut batch: Batch) {
-        match self.store.apply(&batch.changes).await {
+        let t0 = std::time::Instant::now();
+        let applied = self.store.apply(&batch.changes).await;
+        if !batch.changes.is_empty() {
+            self.metrics.store_commit(t0.elapsed(), applied.is_ok()); // metrics
+        }
+        match applied {
             Ok(()) => {
                 {
                     let mut c = self.cache.write().expect("lock");
@@ -614,9 +642,13 @@ impl Actor {
             let backend = self.backend.clone();
             let tx = self.tx.clone();
             let grace = self.grace;
+            let metrics = self.metrics.clone();
             tokio::spawn(async move {
+                let t0 = std::time::Instant::now();
                 let cmd = match s {
-                    Spawn::Launch(spec) => match backend.partition(&spec).await {
+                    Spawn::Launch(spec) => match backend.partition(&spec).await.inspect_err(|e| {
+                        metrics.backend_error("partition", e); // metrics
+                    }) {
                         Err(e) => Cmd::LaunchFailed {
                             id: spec.id,
                             at: now_ms(),
@@ -624,7 +656,11 @@ impl Actor {
                         },
                         Ok(partition) => {
                             let partitioned_at = now_ms();
-                            match backend.start(&spec).await {
+                            metrics.step_elapsed("partition", t0.elapsed()); // metrics
+                            let t1 = std::time::Instant::now();
+                            match backend.start(&spec).await.inspect_err(|e| {
+                                metrics.backend_error("start", e); // metrics
+                            }) {
                                 Err(e) => Cmd::LaunchFailed {
                                     id: spec.id,
                                     at: now_ms(),
@@ -632,6 +668,7 @@ impl Actor {
                                 },
                                 Ok(()) => {
                                     let running_at = now_ms();
+                                    metrics.step_elapsed("start", t1.elapsed()); // metrics
                                     let observed = observe(&*backend, &spec);
                                     Cmd::Launched {
                                         id: spec.id,
@@ -646,8 +683,10 @@ impl Actor {
                     },
                     Spawn::Stop(spec) => {
                         if let Err(e) = backend.stop(spec.id, grace).await {
+                            metrics.backend_error("stop", &e); // metrics
                             tracing::warn!(id = spec.id, error = %e, "stop failed; treating as stopped");
                         }
+                        metrics.step_elapsed("stop", t0.elapsed()); // metrics
                         let _ = backend.unpartition(&spec).await;
                         Cmd::Stopped {
                             id: spec.id,
@@ -656,6 +695,7 @@ impl Actor {
                     }
                     Spawn::Unpartition(spec) => {
                         if let Err(e) = backend.unpartition(&spec).await {
+                            metrics.backend_error("unpartition", &e); // metrics
                             tracing::warn!(id = spec.id, error = %e, "unpartition failed");
                         }
                         return;
@@ -767,6 +807,7 @@ impl Actor {
         }
         self.release(live, at, &mut events, batch);
         self.sched.dequeue(live.wl.id);
+        self.metrics.ended(state); // metrics
         live.wl.state = state;
         live.wl.reason = reason;
         live.wl.ended_at = Some(rfc3339_ms(at));
@@ -798,6 +839,7 @@ impl Actor {
                     if borrowing {
                         detail.push_str("; borrowing idle capacity above the tenant's guaranteed share (preemptible)");
                     }
+                    self.metrics.step("place", now - live.wl.created_at_ms); // metrics
                     live.wl.allocation = Some(view);
                     live.wl.state = WorkloadState::Placed;
                     live.wl.reason = None;
@@ -827,6 +869,7 @@ impl Actor {
                     let Some(mut live) = self.live.get(&id).cloned() else {
                         continue;
                     };
+                    self.metrics.refused(&reason); // metrics
                     self.finish(
                         &mut live,
                         WorkloadState::Failed,
@@ -842,6 +885,7 @@ impl Actor {
                     if !matches!(live.wl.state, WorkloadState::Placed | WorkloadState::Running) {
                         continue;
                     }
+                    self.metrics.preempted(&reason); // metrics
                     let e = Self::event(
                         &mut live,
                         "preempted",
@@ -972,6 +1016,7 @@ impl Actor {
                 live.wl.running_at = Some(rfc3339_ms(running_at));
                 live.wl.running_at_ms = Some(running_at);
                 live.wl.request_to_running_ms = Some((running_at - live.wl.created_at_ms).max(0) as u64);
+                self.metrics.running(&a.pool, running_at - live.wl.created_at_ms); // metrics
                 batch.changes.push(Change::Update {
                     workload: Box::new(live.wl.clone()),
                     events,
@@ -1132,6 +1177,7 @@ impl Actor {
             _ => None,
         }) {
             self.live.remove(&id);
+            self.metrics.refused(&reason); // metrics
             let others: Vec<Action> = actions
                 .into_iter()
                 .filter(|a| !matches!(a, Action::Refused { id: r, .. } if *r == id))
@@ -1176,6 +1222,7 @@ impl Actor {
             idempotency: idem,
         });
         self.live.insert(id, live);
+        self.metrics.step("authorise", now - at); // metrics
         self.apply(actions, now, batch);
         let wl = self.live.get(&id).map(|l| l.wl.clone()).expect("just inserted");
         Ok(Some((wl, true)))

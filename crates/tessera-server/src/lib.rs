@@ -61,6 +61,8 @@ pub struct AppState {
     pub audit: audit::AuditLog,
     pub limiter: Arc<audit::RateLimiter>,
     pub sessions: Arc<session::Sessions>,
+    /// `tenant/project` pairs known to exist (workload creation checks them).
+    pub projects: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
     /// Metrics, the backend's telemetry and (simulated backend) fault injection.
     pub obs: Arc<metrics::Observability>,
 }
@@ -227,6 +229,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         prices: Arc::new(cfg.prices),
         limiter: Arc::new(audit::RateLimiter::new(cfg.rate_limit, cfg.rate_limit * 2.0)),
         sessions: Arc::new(session::Sessions::new(cfg.tls.is_some())),
+        projects: Arc::default(),
         obs: Arc::new(metrics::Observability {
             metrics,
             backend: backend.clone(),

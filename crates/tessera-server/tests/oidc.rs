@@ -42,6 +42,8 @@ fn provider() -> Provider {
     provider_with(None)
 }
 
+// The child is kept in `Provider`, whose drop kills and waits for it.
+#[allow(clippy::zombie_processes)]
 fn provider_with(redirect: Option<&str>) -> Provider {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oidc");
     assert!(

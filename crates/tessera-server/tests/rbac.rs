@@ -273,6 +273,12 @@ async fn isolation_matrix() {
             [200, 200, 200, 200, 401],
             [200, 404, 404, 404, 401],
         ),
+        (
+            "POST",
+            "/api/v1/sim/faults",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
     ];
 
     // Every documented route has a row, and every row is documented.
@@ -334,6 +340,7 @@ async fn isolation_matrix() {
                     ("POST", "/api/v1/workloads") => {
                         Some(json!({"tenant": tenant, "project": project, "name": "m", "shape": {"fraction": 100}}))
                     }
+                    ("POST", "/api/v1/sim/faults") => Some(json!({"node": "h100-00", "gpu": 0, "xid": 0})),
                     ("PUT", _) if template.ends_with("budget") => Some(json!({"monthly_unit_hours": 1000})),
                     ("PUT", _) => Some(json!({"guaranteed": 1})),
                     ("POST", _) => Some(json!({})),

@@ -7,6 +7,10 @@
 //! polls every created workload until none is pending, queued or placed any more (or
 //! `--settle-s` has passed) and collects its `request_to_running_ms`.
 //!
+//! Each client acts with its own `member` token of tenant `bench` (created at the start, revoked
+//! at the end), as separate clients would, so per-token rate limits apply per client;
+//! `--tokens 0` sends everything with the given token instead.
+//!
 //! Every loop is bounded: by its count, and by `--phase-timeout-s` (phases 1 and 2) or
 //! `--settle-s` (the final pass).
 
@@ -54,6 +58,10 @@ pub struct ApiArgs {
     /// How long to wait for created workloads to leave pending/queued/placed.
     #[arg(long, default_value_t = 30)]
     settle_s: u64,
+    /// Member tokens to create and spread the requests over (default: one per client); 0: use
+    /// the given token for every request.
+    #[arg(long)]
+    tokens: Option<usize>,
     /// Worker threads of the load generator (0: one per core).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -83,31 +91,35 @@ fn waiting(state: &str) -> bool {
 struct Http {
     client: reqwest::Client,
     base: String,
-    auth: String,
+    /// The given token's `Authorization` value.
+    admin: String,
+    /// Those requests are spread over (request `i` uses `auths[i % len]`).
+    auths: Vec<String>,
 }
 
 impl Http {
-    async fn post(&self, path: &str, body: &serde_json::Value) -> Result<(StatusCode, Vec<u8>)> {
-        let r = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .header(reqwest::header::AUTHORIZATION, &self.auth)
-            .json(body)
-            .send()
-            .await?;
+    fn auth(&self, i: usize) -> &str {
+        &self.auths[i % self.auths.len()]
+    }
+
+    async fn send(&self, rb: reqwest::RequestBuilder, auth: &str) -> Result<(StatusCode, Vec<u8>)> {
+        let r = rb.header(reqwest::header::AUTHORIZATION, auth).send().await?;
         let s = r.status();
         Ok((s, r.bytes().await?.to_vec()))
     }
 
-    async fn get(&self, path: &str) -> Result<(StatusCode, Vec<u8>)> {
-        let r = self
-            .client
-            .get(format!("{}{path}", self.base))
-            .header(reqwest::header::AUTHORIZATION, &self.auth)
-            .send()
-            .await?;
-        let s = r.status();
-        Ok((s, r.bytes().await?.to_vec()))
+    async fn post(&self, auth: &str, path: &str, body: &serde_json::Value) -> Result<(StatusCode, Vec<u8>)> {
+        self.send(self.client.post(format!("{}{path}", self.base)).json(body), auth)
+            .await
+    }
+
+    async fn get(&self, auth: &str, path: &str) -> Result<(StatusCode, Vec<u8>)> {
+        self.send(self.client.get(format!("{}{path}", self.base)), auth).await
+    }
+
+    async fn delete(&self, auth: &str, path: &str) -> Result<(StatusCode, Vec<u8>)> {
+        self.send(self.client.delete(format!("{}{path}", self.base)), auth)
+            .await
     }
 }
 
@@ -242,15 +254,17 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
         .pool_max_idle_per_host(a.clients)
         .timeout(Duration::from_secs(30))
         .build()?;
-    let http = Arc::new(Http {
+    let admin = format!("Bearer {token}");
+    let mut http = Http {
         client,
         base: conn.base_url(),
-        auth: format!("Bearer {token}"),
-    });
+        admin: admin.clone(),
+        auths: vec![admin],
+    };
 
     // Tenant and project (409: they exist already).
     let (s, b) = http
-        .get("/api/v1/health")
+        .get(&http.admin, "/api/v1/health")
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the Tessera server at {}: {e}", http.base))?;
     if !s.is_success() {
@@ -260,11 +274,35 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
         ("/api/v1/tenants".to_string(), json!({"name": TENANT})),
         (format!("/api/v1/tenants/{TENANT}/projects"), json!({"name": PROJECT})),
     ] {
-        let (s, b) = http.post(&path, &body).await?;
+        let (s, b) = http.post(&http.admin, &path, &body).await?;
         if !s.is_success() && s != StatusCode::CONFLICT {
             bail!("POST {path}: {}", problem_line(s, &b));
         }
     }
+    // One member token per client (they expire after an hour if the revocation below is missed).
+    let mut token_ids = Vec::new();
+    let n_tokens = a.tokens.unwrap_or(a.clients);
+    if n_tokens > 0 {
+        let mut auths = Vec::with_capacity(n_tokens);
+        for i in 0..n_tokens {
+            let body =
+                json!({"tenant": TENANT, "role": "member", "name": format!("bench-api-{i}"), "expires_in_s": 3600});
+            let (s, b) = http.post(&http.admin, "/api/v1/tokens", &body).await?;
+            if !s.is_success() {
+                bail!("POST /api/v1/tokens: {}", problem_line(s, &b));
+            }
+            #[derive(Deserialize)]
+            struct Created {
+                id: String,
+                token: String,
+            }
+            let c: Created = serde_json::from_slice(&b).context("reading a created token")?;
+            token_ids.push(c.id);
+            auths.push(format!("Bearer {}", c.token));
+        }
+        http.auths = auths;
+    }
+    let http = Arc::new(http);
 
     // Phase 1: creations.
     let mut rng = ChaCha8Rng::seed_from_u64(a.seed);
@@ -291,7 +329,7 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
             let (http, bodies, created, tally) = (http.clone(), bodies.clone(), created.clone(), tally.clone());
             async move {
                 let t = Instant::now();
-                let r = http.post("/api/v1/workloads", &bodies[i]).await;
+                let r = http.post(http.auth(i), "/api/v1/workloads", &bodies[i]).await;
                 let us = t.elapsed().as_micros() as u64;
                 match r {
                     Ok((s, b)) if s == StatusCode::CREATED => match serde_json::from_slice::<Brief>(&b) {
@@ -332,7 +370,7 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
             let (http, picks, tally) = (http.clone(), picks.clone(), tally.clone());
             async move {
                 let t = Instant::now();
-                let r = http.get(&format!("/api/v1/workloads/{}", picks[i])).await;
+                let r = http.get(http.auth(i), &format!("/api/v1/workloads/{}", picks[i])).await;
                 let us = t.elapsed().as_micros() as u64;
                 match r {
                     Ok((s, _)) if s.is_success() => tally.lock().expect("lock").lat_us.push(us),
@@ -363,7 +401,7 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
                 let (http, batch, results) = (http.clone(), batch.clone(), results.clone());
                 async move {
                     let (id, queued) = batch[i];
-                    let r = http.get(&format!("/api/v1/workloads/{id}")).await;
+                    let r = http.get(http.auth(i), &format!("/api/v1/workloads/{id}")).await;
                     let w = match r {
                         Ok((s, b)) if s.is_success() => serde_json::from_slice::<Brief>(&b).ok(),
                         _ => None,
@@ -403,6 +441,9 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let never_ran = never_ran_ended + todo.len() as u64;
+    for id in &token_ids {
+        let _ = http.delete(&http.admin, &format!("/api/v1/tokens/{id}")).await;
+    }
     for v in [&mut r2r_all, &mut r2r_direct, &mut r2r_queued] {
         v.sort_unstable();
     }
