@@ -255,6 +255,11 @@ fn capacity_key(r: &Request) -> Request {
     k
 }
 
+/// The quota key of a project's sub-quota within its tenant (across all pools).
+pub fn project_key(project: &str) -> String {
+    format!("project:{project}")
+}
+
 /// The resource-class keys of an allocation: its pool and `pool/MODEL`.
 pub fn class_keys(fleet: &Fleet, a: &Allocation) -> Vec<String> {
     let node = fleet.node(a.node);
@@ -426,12 +431,21 @@ impl Scheduler {
             if let Some(limit) = q.limit
                 && held + units > limit
             {
+                if let Some(project) = k.strip_prefix("project:") {
+                    return Err(format!(
+                        "project {project} of tenant {tenant} holds {held} GPU units of its limit {limit}; this request needs {units}"
+                    ));
+                }
                 return Err(format!(
                     "tenant {tenant} holds {held} of its {} guaranteed {k} units (limit {limit}); this request needs {units}",
                     q.guaranteed
                 ));
             }
-            borrowing = held + units > q.guaranteed;
+            // Project sub-quotas cap a project; the tenant's pool and model guarantees decide
+            // whether it borrows.
+            if !k.starts_with("project:") {
+                borrowing = held + units > q.guaranteed;
+            }
         }
         Ok(!any || borrowing)
     }
@@ -463,7 +477,9 @@ impl Scheduler {
         let mut backoff: Option<String> = None;
         for pool in self.pools_for(&job.request) {
             // Pool-level quota first (the model-level one is checked on the placement).
-            if let Err(r) = self.check_quota(&job.tenant, &self.keys_for_pool(pool), units) {
+            let mut pool_keys = self.keys_for_pool(pool);
+            pool_keys.push(project_key(&job.project));
+            if let Err(r) = self.check_quota(&job.tenant, &pool_keys, units) {
                 over.get_or_insert(r);
                 continue;
             }
@@ -478,6 +494,7 @@ impl Scheduler {
                     self.engine.fleet().pool(node.pool).name,
                     self.engine.fleet().catalogue.get(node.model).name
                 ),
+                project_key(&job.project),
             ];
             let borrowing = match self.check_quota(&job.tenant, &keys, p.units) {
                 Ok(b) => b,
@@ -560,7 +577,8 @@ impl Scheduler {
         running_since_ms: i64,
     ) -> Result<(), String> {
         let fleet = self.engine.fleet().clone();
-        let keys = class_keys(&fleet, &alloc);
+        let mut keys = class_keys(&fleet, &alloc);
+        keys.push(project_key(&job.project));
         let units = alloc.units;
         self.engine.restore(alloc).map_err(|e| e.0)?;
         self.account(&job.tenant, &keys, units, true, running_since_ms);
@@ -1069,6 +1087,48 @@ mod tests {
         let acts = s.submit(job(4, "a", 2, "standard", 0), 0);
         assert_eq!(placed(&acts), vec![4]);
         assert_eq!(s.is_borrowing(4), Some(true));
+    }
+
+    #[test]
+    fn project_sub_quotas_cap_a_project() {
+        let mut s = sched();
+        s.set_quota(
+            "a",
+            "training",
+            Some(Quota {
+                guaranteed: GpuUnits::whole(32),
+                limit: None,
+            }),
+        );
+        s.set_quota(
+            "a",
+            &project_key("p"),
+            Some(Quota {
+                guaranteed: GpuUnits::ZERO,
+                limit: Some(GpuUnits::whole(8)),
+            }),
+        );
+        assert_eq!(placed(&s.submit(job(1, "a", 8, "standard", 0), 0)), vec![1]);
+        assert_eq!(
+            s.is_borrowing(1),
+            Some(false),
+            "the tenant's guarantee decides borrowing"
+        );
+        let acts = s.submit(job(2, "a", 1, "standard", 0), 0);
+        let Action::Waiting { reason, .. } = &acts[0] else {
+            panic!("{acts:?}")
+        };
+        assert_eq!(
+            reason,
+            "project p of tenant a holds 8 GPU units of its limit 8; this request needs 1"
+        );
+        let mut other = job(3, "a", 1, "standard", 0);
+        other.project = "q".into();
+        assert_eq!(
+            placed(&s.submit(other, 0)),
+            vec![3],
+            "another project of the tenant is not capped"
+        );
     }
 
     #[test]

@@ -815,8 +815,13 @@ async fn workload_events(State(s): State<AppState>, id: Identity, Path(wid): Pat
     Ok(Json(s.store.events(wid).await?))
 }
 
-/// Checks a resource class name: a pool, or `pool/MODEL` with that model in the pool.
+/// Checks a resource class name: a pool, `pool/MODEL` with that model in the pool, or
+/// `project:NAME` (a sub-quota of one project across pools).
 fn check_class(s: &AppState, class: &str) -> ApiResult<()> {
+    if class.starts_with("project:") {
+        // Checked against the tenant's projects by the caller.
+        return Ok(());
+    }
     let (pool, model) = match class.split_once('/') {
         Some((p, m)) => (p, Some(m)),
         None => (class, None),
@@ -921,6 +926,14 @@ async fn set_quota(
     id.require_admin()?;
     tenant_visible(&s, &id, &tenant).await?;
     check_class(&s, &class)?;
+    if let Some(project) = class.strip_prefix("project:")
+        && s.store.get_project(&tenant, project).await?.is_none()
+    {
+        return Err(ApiError::invalid(
+            "class",
+            format!("tenant `{tenant}` has no project `{project}`"),
+        ));
+    }
     let g = units_milli("guaranteed", b.guaranteed)?;
     let l = b.limit.map(|l| units_milli("limit", l)).transpose()?;
     if l.is_some_and(|l| l < g) {
