@@ -822,12 +822,11 @@ impl Scheduler {
     /// kind of reason changes — the reason with its figures removed — not every time a free-unit
     /// count in it moves.
     fn set_reason(&mut self, job: &Job, reason: String, actions: &mut Vec<Action>) {
-        let kind = |r: &str| {
-            r.chars()
-                .filter(|c| !c.is_ascii_digit() && *c != '.')
-                .collect::<String>()
+        let same_kind = |a: &str, b: &str| {
+            let skip = |c: &char| !c.is_ascii_digit() && *c != '.';
+            a == b || a.chars().filter(skip).eq(b.chars().filter(skip))
         };
-        if self.reasons.get(&job.id).is_none_or(|old| kind(old) != kind(&reason)) {
+        if self.reasons.get(&job.id).is_none_or(|old| !same_kind(old, &reason)) {
             self.reasons.insert(job.id, reason.clone());
             actions.push(Action::Waiting { id: job.id, reason });
         }
