@@ -90,6 +90,26 @@ pub struct ServerConfig {
     pub tls: Option<(PathBuf, PathBuf)>,
 }
 
+impl ServerConfig {
+    /// The embedded defaults on `data_dir`: the seed fleet, any free loopback port, the
+    /// `tessera` policy, the simulated backend, no rate limit, no single sign-on, no TLS.
+    pub fn local(data_dir: PathBuf) -> Self {
+        ServerConfig {
+            data_dir,
+            fleet: Fleet::seed(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            policy: "tessera".into(),
+            sim: SimConfig::default(),
+            grace: Duration::from_secs(1),
+            govern: GovernConfig::default(),
+            prices: usage::Prices::default(),
+            rate_limit: 0.0,
+            oidc: None,
+            tls: None,
+        }
+    }
+}
+
 /// A started server.
 pub struct Running {
     pub addr: SocketAddr,

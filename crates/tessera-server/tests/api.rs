@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tessera_model::Fleet;
 use tessera_server::{ServerConfig, start};
 
 struct Srv {
@@ -38,21 +37,13 @@ impl Drop for TempDir {
 async fn server(tag: &str) -> Srv {
     let dir = TempDir::new(tag);
     let cfg = ServerConfig {
-        data_dir: dir.0.clone(),
-        fleet: Fleet::seed(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        policy: "tessera".into(),
-        sim: Default::default(),
         grace: Duration::from_secs(5),
         govern: tessera_sched::govern::GovernConfig {
             min_runtime_ms: 0,
             reclaim_after_ms: 0,
             ..Default::default()
         },
-        prices: Default::default(),
-        rate_limit: 0.0,
-        oidc: None,
-        tls: None,
+        ..ServerConfig::local(dir.0.clone())
     };
     let r = start(cfg).await.unwrap();
     let token = r.admin_token.clone().expect("first start creates the admin token");

@@ -12,7 +12,6 @@ use base64::Engine as _;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tessera_model::Fleet;
 use tessera_server::oidc::{ClaimRule, OidcConfig};
 use tessera_server::{ServerConfig, now_ms, start};
 
@@ -114,17 +113,8 @@ async fn sso_tokens_and_attacks() {
         ],
     };
     let cfg = ServerConfig {
-        data_dir: dir.clone(),
-        fleet: Fleet::seed(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        policy: "tessera".into(),
-        sim: Default::default(),
-        grace: Duration::from_secs(1),
-        govern: Default::default(),
-        prices: Default::default(),
-        rate_limit: 0.0,
         oidc: Some(oidc),
-        tls: None,
+        ..ServerConfig::local(dir.clone())
     };
     let r = start(cfg).await.unwrap();
     let base = format!("http://{}", r.addr);
@@ -331,17 +321,9 @@ async fn console_sign_in_with_pkce_session_cookie_csrf_and_logout() {
         }],
     };
     let cfg = ServerConfig {
-        data_dir: dir.clone(),
-        fleet: Fleet::seed(),
         listen: format!("127.0.0.1:{port}").parse().unwrap(),
-        policy: "tessera".into(),
-        sim: Default::default(),
-        grace: Duration::from_secs(1),
-        govern: Default::default(),
-        prices: Default::default(),
-        rate_limit: 0.0,
         oidc: Some(oidc),
-        tls: None,
+        ..ServerConfig::local(dir.clone())
     };
     let r = start(cfg).await.unwrap();
     let admin = r.admin_token.unwrap();

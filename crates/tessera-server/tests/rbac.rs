@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use tessera_model::Fleet;
 use tessera_server::{ServerConfig, start};
 
 struct Ctx {
@@ -70,19 +69,7 @@ type Row = [u16; 5];
 async fn isolation_matrix() {
     let dir = std::env::temp_dir().join(format!("tessera-rbac-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = ServerConfig {
-        data_dir: dir.clone(),
-        fleet: Fleet::seed(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        policy: "tessera".into(),
-        sim: Default::default(),
-        grace: Duration::from_secs(1),
-        govern: Default::default(),
-        prices: Default::default(),
-        rate_limit: 0.0,
-        oidc: None,
-        tls: None,
-    };
+    let cfg = ServerConfig::local(dir.clone());
     let r = start(cfg).await.unwrap();
     let mut ctx = Ctx {
         base: format!("http://{}", r.addr),
@@ -386,17 +373,8 @@ async fn revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429() {
     let dir = std::env::temp_dir().join(format!("tessera-tokens-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let cfg = ServerConfig {
-        data_dir: dir.clone(),
-        fleet: Fleet::seed(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        policy: "tessera".into(),
-        sim: Default::default(),
-        grace: Duration::from_secs(1),
-        govern: Default::default(),
-        prices: Default::default(),
         rate_limit: 5.0,
-        oidc: None,
-        tls: None,
+        ..ServerConfig::local(dir.clone())
     };
     let r = start(cfg).await.unwrap();
     let ctx = Ctx {

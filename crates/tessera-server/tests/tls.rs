@@ -2,9 +2,7 @@
 //! client; plain HTTP on the same port is refused.
 
 use std::process::Command;
-use std::time::Duration;
 
-use tessera_model::Fleet;
 use tessera_server::{ServerConfig, start};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -29,17 +27,8 @@ async fn serves_https() {
         .expect("bash and openssl (Debian package openssl)");
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     let cfg = ServerConfig {
-        data_dir: dir.join("data"),
-        fleet: Fleet::seed(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        policy: "tessera".into(),
-        sim: Default::default(),
-        grace: Duration::from_secs(1),
-        govern: Default::default(),
-        prices: Default::default(),
-        rate_limit: 0.0,
-        oidc: None,
         tls: Some((cert.clone(), key.clone())),
+        ..ServerConfig::local(dir.join("data"))
     };
     let r = start(cfg).await.unwrap();
     let ca = reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap();
@@ -57,17 +46,8 @@ async fn serves_https() {
     );
     // A key that does not fit is refused at start with a clear line.
     let bad = ServerConfig {
-        data_dir: dir.join("data2"),
-        fleet: Fleet::seed(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        policy: "tessera".into(),
-        sim: Default::default(),
-        grace: Duration::from_secs(1),
-        govern: Default::default(),
-        prices: Default::default(),
-        rate_limit: 0.0,
-        oidc: None,
         tls: Some((key.clone(), cert.clone())),
+        ..ServerConfig::local(dir.join("data2"))
     };
     let e = start(bad).await.err().expect("swapped files are refused").to_string();
     assert!(e.contains("--tls-"), "{e}");
