@@ -654,6 +654,7 @@ async fn list_workloads(
         None => None,
     };
     let filter = tessera_store::WorkloadFilter {
+        scope: id.scope().map(str::to_string),
         tenant,
         project: q.project.clone(),
         state,
@@ -763,7 +764,7 @@ async fn find_workload(s: &AppState, id: &Identity, wid: u64) -> ApiResult<Workl
         Some(w) => (*w).clone(),
         None => s
             .store
-            .get_workload(wid)
+            .get_workload_in(wid, id.scope())
             .await?
             .ok_or_else(|| ApiError::not_found(format!("no workload {wid}")))?,
     };
@@ -812,7 +813,7 @@ async fn cancel_workload(State(s): State<AppState>, id: Identity, Path(wid): Pat
     responses((status = 200, body = Vec<Event>), (status = 404, body = Problem)))]
 async fn workload_events(State(s): State<AppState>, id: Identity, Path(wid): Path<u64>) -> ApiResult<Json<Vec<Event>>> {
     find_workload(&s, &id, wid).await?;
-    Ok(Json(s.store.events(wid).await?))
+    Ok(Json(s.store.events_in(wid, id.scope()).await?))
 }
 
 /// Checks a resource class name: a pool, `pool/MODEL` with that model in the pool, or

@@ -58,6 +58,16 @@ impl Identity {
         self.role == Role::PlatformAdmin
     }
 
+    /// The tenant scope store queries are limited to: `None` for platform-admins; a tenant-less
+    /// non-admin gets a scope that matches nothing.
+    pub fn scope(&self) -> Option<&str> {
+        if self.is_admin() {
+            None
+        } else {
+            Some(self.tenant.as_deref().unwrap_or(""))
+        }
+    }
+
     /// Whether the caller may read objects of `tenant`.
     pub fn can_read(&self, tenant: &str) -> bool {
         self.is_admin() || self.tenant.as_deref() == Some(tenant)

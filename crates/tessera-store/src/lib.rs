@@ -133,6 +133,9 @@ pub enum Change {
 /// Filter for listing workloads.
 #[derive(Clone, Debug, Default)]
 pub struct WorkloadFilter {
+    /// The caller's tenant scope: `None` for platform-wide callers. Always applied, whatever
+    /// the other filters say (isolation is enforced here, not only in the handlers).
+    pub scope: Option<String>,
     pub tenant: Option<String>,
     pub project: Option<String>,
     pub state: Option<WorkloadState>,
@@ -528,16 +531,52 @@ impl Store {
     pub async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>> {
         let rows = sqlx::query(
             "SELECT doc FROM workloads WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR project = $2) \
-             AND ($3 IS NULL OR state = $3) AND id < $4 ORDER BY id DESC LIMIT $5",
+             AND ($3 IS NULL OR state = $3) AND id < $4 AND ($6 IS NULL OR tenant = $6) ORDER BY id DESC LIMIT $5",
         )
         .bind(f.tenant.as_deref())
         .bind(f.project.as_deref())
         .bind(f.state.map(|s| s.as_str()))
         .bind(f.before.map(|b| b as i64).unwrap_or(i64::MAX))
         .bind(f.limit as i64)
+        .bind(f.scope.as_deref())
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(|r| Self::decode(r.get(0))).collect()
+    }
+
+    /// A workload, if it exists within the caller's tenant scope (`None` = platform-wide).
+    pub async fn get_workload_in(&self, id: u64, scope: Option<&str>) -> Result<Option<Workload>> {
+        let row = sqlx::query("SELECT doc FROM workloads WHERE id = $1 AND ($2 IS NULL OR tenant = $2)")
+            .bind(id as i64)
+            .bind(scope)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Self::decode(r.get(0))).transpose()
+    }
+
+    /// A workload's events, within the caller's tenant scope.
+    pub async fn events_in(&self, id: u64, scope: Option<&str>) -> Result<Vec<Event>> {
+        let rows = sqlx::query(
+            "SELECT e.seq, e.step, e.at, e.detail FROM workload_events e JOIN workloads w ON w.id = e.workload_id \
+             WHERE e.workload_id = $1 AND ($2 IS NULL OR w.tenant = $2) ORDER BY e.seq",
+        )
+        .bind(id as i64)
+        .bind(scope)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let at: i64 = r.get(2);
+                Event {
+                    seq: r.get::<i64, _>(0) as u32,
+                    step: r.get(1),
+                    at: rfc3339_ms(at),
+                    at_ms: at,
+                    detail: r.get(3),
+                }
+            })
+            .collect())
     }
 
     pub async fn events(&self, id: u64) -> Result<Vec<Event>> {
@@ -905,5 +944,20 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(page.len(), 1);
+        // The caller's scope is enforced by the query itself.
+        let other = s
+            .list_workloads(&WorkloadFilter {
+                scope: Some("nlp".into()),
+                tenant: Some("vision".into()),
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(other.is_empty());
+        assert!(s.get_workload_in(1, Some("nlp")).await.unwrap().is_none());
+        assert!(s.get_workload_in(1, Some("vision")).await.unwrap().is_some());
+        assert!(s.events_in(1, Some("nlp")).await.unwrap().is_empty());
+        assert_eq!(s.events_in(1, None).await.unwrap().len(), 1);
     }
 }
