@@ -520,23 +520,7 @@ impl Scheduler {
                 .commit(job.id, &req, p)
                 .expect("a fresh plan commits")
                 .clone();
-            self.account(&job.tenant, &keys, alloc.units, true, now);
-            let rank = self.rank(&job.priority);
-            let preemptible = self.class(&job.priority).is_none_or(|c| c.preemptible);
-            self.running.insert(
-                job.id,
-                Running {
-                    id: job.id,
-                    tenant: job.tenant.clone(),
-                    rank,
-                    preemptible,
-                    borrowing,
-                    running_since_ms: now,
-                    units: alloc.units,
-                    keys,
-                    stopping: false,
-                },
-            );
+            self.hold(job, keys, alloc.units, borrowing, now);
             return Ok(Action::Placed {
                 id: job.id,
                 alloc,
@@ -548,6 +532,25 @@ impl Scheduler {
             (None, Some(b)) => Err(Blocked::Backoff(b)),
             (None, None) => Err(Blocked::NoCapacity),
         }
+    }
+
+    /// Books a job's new allocation against its tenant and records it as running.
+    fn hold(&mut self, job: &Job, keys: Vec<String>, units: GpuUnits, borrowing: bool, since: i64) {
+        self.account(&job.tenant, &keys, units, true, since);
+        let rank = self.rank(&job.priority);
+        let preemptible = self.class(&job.priority).is_none_or(|c| c.preemptible);
+        let running = Running {
+            id: job.id,
+            tenant: job.tenant.clone(),
+            rank,
+            preemptible,
+            borrowing,
+            running_since_ms: since,
+            units,
+            keys,
+            stopping: false,
+        };
+        self.running.insert(job.id, running);
     }
 
     /// Checks a new job: refused at once if no node could ever hold it.
@@ -581,23 +584,7 @@ impl Scheduler {
         keys.push(project_key(&job.project));
         let units = alloc.units;
         self.engine.restore(alloc).map_err(|e| e.0)?;
-        self.account(&job.tenant, &keys, units, true, running_since_ms);
-        let rank = self.rank(&job.priority);
-        let preemptible = self.class(&job.priority).is_none_or(|c| c.preemptible);
-        self.running.insert(
-            job.id,
-            Running {
-                id: job.id,
-                tenant: job.tenant.clone(),
-                rank,
-                preemptible,
-                borrowing,
-                running_since_ms,
-                units,
-                keys,
-                stopping: false,
-            },
-        );
+        self.hold(job, keys, units, borrowing, running_since_ms);
         Ok(())
     }
 

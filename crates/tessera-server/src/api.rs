@@ -500,6 +500,20 @@ async fn create_token(
     ))
 }
 
+/// The tenant an administrative listing covers: the requested one (or all) for platform-admins,
+/// its own for tenant-admins; other roles are refused.
+fn admin_scope(id: &Identity, requested: &Option<String>, what: &str) -> ApiResult<Option<String>> {
+    if id.is_admin() {
+        Ok(requested.clone())
+    } else if id.role == Role::TenantAdmin {
+        Ok(id.tenant.clone())
+    } else {
+        Err(ApiError::forbidden(format!(
+            "{what} needs a platform-admin or tenant-admin token"
+        )))
+    }
+}
+
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct TokenParams {
@@ -515,15 +529,7 @@ async fn list_tokens(
     id: Identity,
     Query(q): Query<TokenParams>,
 ) -> ApiResult<Json<Vec<TokenView>>> {
-    let tenant = if id.is_admin() {
-        q.tenant.clone()
-    } else if id.role == Role::TenantAdmin {
-        id.tenant.clone()
-    } else {
-        return Err(ApiError::forbidden(
-            "listing tokens needs a platform-admin or tenant-admin token",
-        ));
-    };
+    let tenant = admin_scope(&id, &q.tenant, "listing tokens")?;
     let list = s.store.list_tokens(tenant.as_deref()).await?;
     Ok(Json(
         list.into_iter()
@@ -576,15 +582,7 @@ async fn audit_log(
     id: Identity,
     Query(q): Query<AuditParams>,
 ) -> ApiResult<Json<Page<AuditEntry>>> {
-    let tenant = if id.is_admin() {
-        q.tenant.clone()
-    } else if id.role == Role::TenantAdmin {
-        id.tenant.clone()
-    } else {
-        return Err(ApiError::forbidden(
-            "the audit log needs a platform-admin or tenant-admin token",
-        ));
-    };
+    let tenant = admin_scope(&id, &q.tenant, "the audit log")?;
     let l = limit(q.limit)?;
     let before = match &q.cursor {
         Some(c) => Some(
