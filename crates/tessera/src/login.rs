@@ -2,7 +2,9 @@
 //! `$XDG_CONFIG_HOME/tessera/credentials.json` (or `~/.config/...`), readable by the user only.
 //!
 //! `tessera login` takes a token pasted on standard input (an API token, or an access token
-//! from the organisation's identity provider), checks it against the server, and stores it.
+//! from the organisation's identity provider); `tessera login --sso ISSUER` signs in through the
+//! provider with the OAuth device authorization grant. Either way the token is checked against
+//! the server before it is stored.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
@@ -54,11 +56,94 @@ fn save(all: &BTreeMap<String, String>) -> Result<PathBuf> {
     Ok(path)
 }
 
-pub async fn login(conn: &Connection) -> Result<()> {
+/// Single sign-on from the terminal: the OAuth 2.0 device authorization grant (RFC 8628).
+#[derive(clap::Args, Default)]
+pub struct LoginArgs {
+    /// Sign in through the identity provider at this issuer URL instead of pasting a token.
+    #[arg(long)]
+    pub sso: Option<String>,
+    /// The public client registered for the CLI at the provider.
+    #[arg(long, default_value = "tessera-cli")]
+    pub client_id: String,
+    /// Resource indicator asking the provider for a token for Tessera's audience.
+    #[arg(long)]
+    pub resource: Option<String>,
+}
+
+async fn device_login(issuer: &str, a: &LoginArgs) -> Result<String> {
+    let http = reqwest::Client::new();
+    let disc: serde_json::Value = http
+        .get(format!(
+            "{}/.well-known/openid-configuration",
+            issuer.trim_end_matches('/')
+        ))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .map_err(|e| anyhow!("OIDC discovery at {issuer} failed: {e}"))?
+        .json()
+        .await?;
+    let (Some(device), Some(token)) = (
+        disc["device_authorization_endpoint"].as_str(),
+        disc["token_endpoint"].as_str(),
+    ) else {
+        bail!(
+            "the provider at {issuer} does not offer the device authorization grant; paste a token instead (`tessera login`)"
+        );
+    };
+    let mut form = vec![("client_id", a.client_id.clone()), ("scope", "openid".to_string())];
+    if let Some(r) = &a.resource {
+        form.push(("resource", r.clone()));
+    }
+    let start: serde_json::Value = http.post(device).form(&form).send().await?.json().await?;
+    let device_code = start["device_code"]
+        .as_str()
+        .ok_or_else(|| anyhow!("the provider refused the sign-in: {start}"))?
+        .to_string();
+    let url = start["verification_uri_complete"]
+        .as_str()
+        .or(start["verification_uri"].as_str())
+        .unwrap_or_default();
+    eprintln!(
+        "To sign in, open {url} and confirm the code {}",
+        start["user_code"].as_str().unwrap_or_default()
+    );
+    let mut interval = std::time::Duration::from_secs(start["interval"].as_u64().unwrap_or(5).max(1));
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_secs(start["expires_in"].as_u64().unwrap_or(600));
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(interval).await;
+        let mut poll = vec![
+            ("grant_type", "urn:ietf:params:oauth:grant-type:device_code".to_string()),
+            ("device_code", device_code.clone()),
+            ("client_id", a.client_id.clone()),
+        ];
+        if let Some(r) = &a.resource {
+            poll.push(("resource", r.clone()));
+        }
+        let v: serde_json::Value = http.post(token).form(&poll).send().await?.json().await?;
+        if let Some(t) = v["access_token"].as_str() {
+            return Ok(t.to_string());
+        }
+        match v["error"].as_str() {
+            Some("authorization_pending") => {}
+            Some("slow_down") => interval += std::time::Duration::from_secs(5),
+            Some(e) => bail!(
+                "sign-in failed: {e} {}",
+                v["error_description"].as_str().unwrap_or_default()
+            ),
+            None => bail!("unexpected answer from the provider: {v}"),
+        }
+    }
+    bail!("the sign-in was not confirmed in time")
+}
+
+pub async fn login(conn: &Connection, a: &LoginArgs) -> Result<()> {
     let server = conn.base_url();
-    let token = match &conn.token {
-        Some(t) => t.trim().to_string(),
-        None => {
+    let token = match (&conn.token, &a.sso) {
+        (_, Some(issuer)) => device_login(issuer, a).await?,
+        (Some(t), None) => t.trim().to_string(),
+        (None, None) => {
             if std::io::stdin().is_terminal() {
                 eprint!("Paste an API token or an access token for {server}: ");
                 std::io::stderr().flush().ok();

@@ -38,9 +38,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Store a credential for --server (an API token or an identity provider's access token,
-    /// pasted on standard input), in a file readable by you only.
-    Login,
+    /// Store a credential for --server, in a file readable by you only: a token pasted on
+    /// standard input, or with --sso ISSUER a sign-in through the identity provider.
+    Login(login::LoginArgs),
     /// Forget the stored credential for --server.
     Logout,
     /// Run the control plane (SQLite + simulated fleet by default).
@@ -116,7 +116,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
-        Command::Login => client(Box::pin(login::login(&c.conn))),
+        Command::Login(a) => client(Box::pin(async move { login::login(&c.conn, &a).await })),
         Command::Logout => login::logout(&c.conn),
         Command::Run(a) => client(Box::pin(cli::run(c, a))),
         Command::Ls(a) => client(Box::pin(cli::ls(c, a))),

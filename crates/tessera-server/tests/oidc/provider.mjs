@@ -27,6 +27,13 @@ const provider = new Provider(issuer, {
     response_types: ['code'],
     redirect_uris: [process.env.REDIRECT_URI || 'http://127.0.0.1:8080/auth/callback'],
   }, {
+    // The CLI: a public client using the device authorization grant.
+    client_id: 'tessera-cli',
+    token_endpoint_auth_method: 'none',
+    grant_types: ['urn:ietf:params:oauth:grant-type:device_code'],
+    redirect_uris: [],
+    response_types: [],
+  }, {
     client_id: 'tessera-ci',
     client_secret: 'ci-secret',
     grant_types: ['client_credentials'],
@@ -45,6 +52,7 @@ const provider = new Provider(issuer, {
   features: {
     devInteractions: { enabled: true },
     clientCredentials: { enabled: true },
+    deviceFlow: { enabled: true },
     resourceIndicators: {
       enabled: true,
       defaultResource: () => 'https://tessera.test/api',
