@@ -33,7 +33,7 @@ pub struct Demand {
 impl Demand {
     /// Whether the demand may run on `model`.
     pub fn allows(&self, model: ModelId) -> bool {
-        self.models == 0 || (model.0 < 64 && self.models >> model.0 & 1 == 1)
+        mask_allows(self.models, model)
     }
 
     pub fn is_fraction(&self) -> bool {
@@ -44,6 +44,11 @@ impl Demand {
     pub fn total_milli(&self) -> u64 {
         self.gpus as u64 * self.milli as u64
     }
+}
+
+/// Whether a model whitelist mask (0 = any model) admits `model`.
+fn mask_allows(mask: u64, model: ModelId) -> bool {
+    mask == 0 || (model.0 < 64 && mask >> model.0 & 1 == 1)
 }
 
 /// Where on a node a demand would go.
@@ -157,6 +162,23 @@ pub struct DemandClass {
     pub weight: f64,
     /// Members `(cpu_milli, memory_mib, weight)`, sorted by CPU.
     pub hosts: Vec<(u64, u64, f64)>,
+}
+
+impl DemandClass {
+    /// Whether tasks of this class may run on `model`.
+    pub fn allows(&self, model: ModelId) -> bool {
+        mask_allows(self.models, model)
+    }
+
+    /// The weight of this class's tasks whose host CPU and memory fit the given free amounts.
+    pub fn host_fit_weight(&self, cpu_free: u64, mem_free: u64) -> f64 {
+        self.hosts
+            .iter()
+            .take_while(|h| h.0 <= cpu_free)
+            .filter(|h| h.1 <= mem_free)
+            .map(|h| h.2)
+            .sum()
+    }
 }
 
 impl WorkloadModel {
@@ -287,18 +309,12 @@ pub fn fgd_fragmentation(model: &WorkloadModel, h: &Hypo) -> f64 {
     let mut frag = 0.0;
     let t = total as f64;
     for c in &model.classes {
-        if c.models != 0 && (h.model.0 >= 64 || c.models >> h.model.0 & 1 == 0) {
+        if !c.allows(h.model) {
             // The class may not run on this model: all free GPU is out of its reach.
             frag += c.weight * t;
             continue;
         }
-        let fit_w: f64 = c
-            .hosts
-            .iter()
-            .take_while(|h2| h2.0 <= h.cpu_free)
-            .filter(|h2| h2.1 <= h.mem_free)
-            .map(|h2| h2.2)
-            .sum();
+        let fit_w = c.host_fit_weight(h.cpu_free, h.mem_free);
         let (gpu_fits, unusable) = if c.gpus == 1 && c.milli < 1000 {
             let fits = gpus.iter().any(|&f| f >= c.milli);
             let un: u64 = gpus.iter().filter(|&&f| f < c.milli).map(|&f| f as u64).sum();

@@ -104,7 +104,7 @@ impl TesseraPolicy {
         let t = total as f64;
         let mut waste = 0.0;
         for (c, &ratio) in self.model.classes.iter().zip(&self.cpu_per_milli) {
-            if c.models != 0 && (h.model.0 >= 64 || c.models >> h.model.0 & 1 == 0) {
+            if !c.allows(h.model) {
                 // The class may not run on this model: all free GPU is out of its reach.
                 waste += c.weight * t;
                 continue;
@@ -113,13 +113,7 @@ impl TesseraPolicy {
                 // A constrained class may use these GPUs: keep them for it.
                 waste -= RESERVE_WEIGHT * c.weight * t;
             }
-            let fit_w: f64 = c
-                .hosts
-                .iter()
-                .take_while(|h2| h2.0 <= h.cpu_free)
-                .filter(|h2| h2.1 <= h.mem_free)
-                .map(|h2| h2.2)
-                .sum();
+            let fit_w = c.host_fit_weight(h.cpu_free, h.mem_free);
             // (a task fits by GPU shape, free GPU it cannot use, GPU it can use in whole tasks)
             let (gpu_fits, unusable, usable) = if c.gpus == 1 && c.milli < 1000 {
                 let unusable: u64 = gpus.iter().filter(|&&f| f < c.milli).map(|&f| f as u64).sum();

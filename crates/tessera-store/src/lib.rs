@@ -510,11 +510,7 @@ impl Store {
     }
 
     pub async fn get_workload(&self, id: u64) -> Result<Option<Workload>> {
-        let row = sqlx::query("SELECT doc FROM workloads WHERE id = $1")
-            .bind(id as i64)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| Self::decode(r.get(0))).transpose()
+        self.get_workload_in(id, None).await
     }
 
     /// Workloads that are not in a terminal state, oldest first.
@@ -579,24 +575,9 @@ impl Store {
             .collect())
     }
 
+    /// A workload's events, platform-wide.
     pub async fn events(&self, id: u64) -> Result<Vec<Event>> {
-        let rows = sqlx::query("SELECT seq, step, at, detail FROM workload_events WHERE workload_id = $1 ORDER BY seq")
-            .bind(id as i64)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                let at: i64 = r.get(2);
-                Event {
-                    seq: r.get::<i64, _>(0) as u32,
-                    step: r.get(1),
-                    at: rfc3339_ms(at),
-                    at_ms: at,
-                    detail: r.get(3),
-                }
-            })
-            .collect())
+        self.events_in(id, None).await
     }
 
     /// The highest event and usage sequence numbers of every workload that has any, in two
