@@ -18,6 +18,7 @@ pub mod engine;
 pub mod govern;
 pub mod mig;
 pub mod policy;
+pub mod reason;
 pub mod replay;
 pub mod scenario;
 pub mod state;

@@ -1,0 +1,578 @@
+//! Why a request cannot be placed, waits or is refused, and why running work is preempted:
+//! typed values from the engine and the scheduler cycle all the way to the API, the CLI, the
+//! metrics and the timelines.
+//!
+//! Each value renders the sentence a person reads (`Display`) and gives a stable machine code
+//! ([`Unplaceable::code`], [`Wait::code`], [`Refusal::code`], [`PreemptCause::code`]) that the
+//! API's problem `type`, metric labels and event codes are derived from. Code never parses a
+//! sentence back.
+
+use std::fmt;
+
+use tessera_model::{GpuUnits, Sharing};
+
+/// The class of a placement refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// Not enough free capacity of the kind asked for.
+    NoCapacity,
+    /// Enough free capacity in total, but not in one place that can hold the request.
+    Fragmentation,
+    /// No node in scope could ever hold it (too big, wrong model, wrong pool kind).
+    Constraint,
+    /// It would fit only on GPUs shared with another tenant.
+    Isolation,
+}
+
+impl Class {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::NoCapacity => "no-capacity",
+            Class::Fragmentation => "fragmentation",
+            Class::Constraint => "constraint",
+            Class::Isolation => "isolation",
+        }
+    }
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The kind of GPU shape a request asks for (decides which request field a constraint names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ShapeKind {
+    Whole,
+    Mig,
+    Fraction,
+    CpuOnly,
+}
+
+impl ShapeKind {
+    /// The request field that carries this shape.
+    pub fn field(self) -> Field {
+        match self {
+            ShapeKind::Whole => Field::Gpus,
+            ShapeKind::Mig => Field::Mig,
+            ShapeKind::Fraction => Field::Fraction,
+            ShapeKind::CpuOnly => Field::Shape,
+        }
+    }
+}
+
+/// A request shape as reasons show it: its kind and its label (`8 whole GPUs`, `MIG 3g.40gb`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ShapeLabel {
+    pub kind: ShapeKind,
+    pub text: String,
+}
+
+impl fmt::Display for ShapeLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// The request field a constraint refusal is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Field {
+    Shape,
+    Gpus,
+    Mig,
+    Fraction,
+    Pool,
+    Models,
+    CpuMilli,
+    MemoryMib,
+}
+
+impl Field {
+    /// The field's path in the API's request body.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Field::Shape => "shape",
+            Field::Gpus => "shape.gpus",
+            Field::Mig => "shape.mig",
+            Field::Fraction => "shape.fraction",
+            Field::Pool => "shape.pool",
+            Field::Models => "shape.models",
+            Field::CpuMilli => "cpu_milli",
+            Field::MemoryMib => "memory_mib",
+        }
+    }
+}
+
+/// What no node of the pools in scope offers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Missing {
+    /// A MIG profile of this name.
+    MigProfile(String),
+    /// Any of the allowed GPU models.
+    AllowedModel,
+}
+
+/// Pool names as a reason shows them: "`training`, `development`".
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Pools(pub Vec<String>);
+
+impl fmt::Display for Pools {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "`{p}`")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why the engine cannot place a request: never (the constraint variants) or not now.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Unplaceable {
+    /// The shape breaks its own bounds (0 GPUs, a fraction of 1000 …).
+    Invalid { field: Field, message: String },
+    /// The named pool shares its GPUs in a way that cannot serve the shape.
+    PoolCannotServe {
+        pool: String,
+        sharing: Sharing,
+        shape: ShapeLabel,
+    },
+    /// No pool of the fleet serves the shape.
+    NoPoolServes { shape: ShapeLabel },
+    /// No node in the pools offers the profile or an allowed model.
+    NoEligibleNode {
+        pools: Pools,
+        missing: Missing,
+        shape: ShapeLabel,
+    },
+    /// More CPU than any eligible node has.
+    CpuBeyondNodes {
+        pools: Pools,
+        requested_milli: u64,
+        largest_milli: u64,
+    },
+    /// More host memory than any eligible node has.
+    MemoryBeyondNodes {
+        pools: Pools,
+        requested_mib: u64,
+        largest_mib: u64,
+    },
+    /// A gang larger than any node's NVLink domain.
+    GangBeyondDomain { pools: Pools, gpus: u8, largest: u32 },
+    /// The shape fits no eligible node (e.g. GPU memory beyond the board).
+    ShapeBeyondNodes { pools: Pools, shape: ShapeLabel },
+    /// It would fit only on GPUs time-shared with another tenant.
+    Isolation { pools: Pools, shape: ShapeLabel },
+    /// Enough free units in total, but not in one place.
+    Fragmentation {
+        pools: Pools,
+        shape: ShapeLabel,
+        free: GpuUnits,
+        need: GpuUnits,
+    },
+    /// Not enough free units where the request may go.
+    NoCapacity {
+        pools: Pools,
+        shape: ShapeLabel,
+        free: GpuUnits,
+        need: GpuUnits,
+    },
+}
+
+impl Unplaceable {
+    pub fn class(&self) -> Class {
+        match self {
+            Unplaceable::Isolation { .. } => Class::Isolation,
+            Unplaceable::Fragmentation { .. } => Class::Fragmentation,
+            Unplaceable::NoCapacity { .. } => Class::NoCapacity,
+            _ => Class::Constraint,
+        }
+    }
+
+    /// The stable code: the class (`constraint`, `no-capacity`, `fragmentation`, `isolation`).
+    pub fn code(&self) -> &'static str {
+        self.class().as_str()
+    }
+
+    /// Whether the request can never be placed on this fleet.
+    pub fn is_constraint(&self) -> bool {
+        self.class() == Class::Constraint
+    }
+
+    /// The request field a constraint is about.
+    pub fn field(&self) -> Field {
+        match self {
+            Unplaceable::Invalid { field, .. } => *field,
+            Unplaceable::PoolCannotServe { .. } => Field::Pool,
+            Unplaceable::CpuBeyondNodes { .. } => Field::CpuMilli,
+            Unplaceable::MemoryBeyondNodes { .. } => Field::MemoryMib,
+            Unplaceable::GangBeyondDomain { .. } => Field::Gpus,
+            Unplaceable::NoPoolServes { shape }
+            | Unplaceable::NoEligibleNode { shape, .. }
+            | Unplaceable::ShapeBeyondNodes { shape, .. }
+            | Unplaceable::Isolation { shape, .. }
+            | Unplaceable::Fragmentation { shape, .. }
+            | Unplaceable::NoCapacity { shape, .. } => shape.kind.field(),
+        }
+    }
+
+    /// The sentence without the class prefix.
+    pub fn message(&self) -> String {
+        match self {
+            Unplaceable::Invalid { message, .. } => message.clone(),
+            Unplaceable::PoolCannotServe { pool, sharing, shape } => {
+                let hint = match sharing {
+                    Sharing::Mig => "it partitions GPUs with MIG: ask for a MIG profile",
+                    Sharing::Whole => "it hands out whole GPUs only",
+                    Sharing::Shared => "it time-slices GPUs: ask for whole GPUs or a fraction",
+                };
+                format!("pool `{pool}` cannot serve {shape}: {hint}")
+            }
+            Unplaceable::NoPoolServes { shape } => format!("no pool in this fleet serves {shape}"),
+            Unplaceable::NoEligibleNode { pools, missing, .. } => match missing {
+                Missing::MigProfile(p) => format!("no node in pool {pools} offers MIG profile {p}"),
+                Missing::AllowedModel => format!("no node in pool {pools} has an allowed GPU model"),
+            },
+            Unplaceable::CpuBeyondNodes {
+                pools,
+                requested_milli,
+                largest_milli,
+            } => format!(
+                "{} CPUs requested; the largest node in pool {pools} has {}",
+                milli_str(*requested_milli),
+                milli_str(*largest_milli)
+            ),
+            Unplaceable::MemoryBeyondNodes {
+                pools,
+                requested_mib,
+                largest_mib,
+            } => format!(
+                "{requested_mib} MiB of host memory requested; the largest node in pool {pools} has {largest_mib}"
+            ),
+            Unplaceable::GangBeyondDomain { pools, gpus, largest } => {
+                format!("{gpus} whole GPUs in one gang; the largest node (NVLink domain) in pool {pools} has {largest}")
+            }
+            Unplaceable::ShapeBeyondNodes { pools, shape } => {
+                format!("{shape} does not fit any node in pool {pools}")
+            }
+            Unplaceable::Isolation { pools, shape } => format!(
+                "{shape} would fit only on GPUs time-shared with another tenant; pool {pools} keeps tenants apart"
+            ),
+            Unplaceable::Fragmentation {
+                pools,
+                shape,
+                free,
+                need,
+            } => format!(
+                "{free} GPU units are free in pool {pools}, but no single node can hold {shape} ({need} units) with its host resources"
+            ),
+            Unplaceable::NoCapacity {
+                pools,
+                shape,
+                free,
+                need,
+            } => format!("{shape} needs {need} GPU units; pool {pools} has {free} free where this request may go"),
+        }
+    }
+
+    /// Same kind of obstacle, figures aside (free units move all the time).
+    pub fn same_kind(&self, other: &Unplaceable) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && match (self, other) {
+                (Unplaceable::Fragmentation { pools: a, .. }, Unplaceable::Fragmentation { pools: b, .. })
+                | (Unplaceable::NoCapacity { pools: a, .. }, Unplaceable::NoCapacity { pools: b, .. })
+                | (Unplaceable::Isolation { pools: a, .. }, Unplaceable::Isolation { pools: b, .. }) => a == b,
+                (a, b) => a == b,
+            }
+    }
+}
+
+impl fmt::Display for Unplaceable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.class(), self.message())
+    }
+}
+
+impl std::error::Error for Unplaceable {}
+
+/// Milli-CPU as a decimal count of CPUs: `2`, `0.5`.
+pub fn milli_str(m: u64) -> String {
+    GpuUnits(m).to_string()
+}
+
+/// What a quota limit applies to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LimitScope {
+    /// A tenant's resource class (`training`, `serving/A100-80GB`).
+    Class { class: String, guaranteed: GpuUnits },
+    /// A project's sub-quota within its tenant.
+    Project { project: String },
+}
+
+/// A request that would take its tenant (or project) over a quota limit.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LimitExceeded {
+    pub tenant: String,
+    pub scope: LimitScope,
+    pub held: GpuUnits,
+    pub limit: GpuUnits,
+    pub needs: GpuUnits,
+}
+
+impl fmt::Display for LimitExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let LimitExceeded {
+            tenant,
+            held,
+            limit,
+            needs,
+            ..
+        } = self;
+        match &self.scope {
+            LimitScope::Class { class, guaranteed } => write!(
+                f,
+                "tenant {tenant} holds {held} of its {guaranteed} guaranteed {class} units (limit {limit}); this request needs {needs}"
+            ),
+            LimitScope::Project { project } => write!(
+                f,
+                "project {project} of tenant {tenant} holds {held} GPU units of its limit {limit}; this request needs {needs}"
+            ),
+        }
+    }
+}
+
+/// A tenant that has spent its monthly budget.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BudgetExceeded {
+    pub tenant: String,
+    /// GPU-unit-hours spent this month.
+    pub spent: f64,
+    /// The monthly budget, GPU-unit-hours.
+    pub budget: f64,
+}
+
+impl fmt::Display for BudgetExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "tenant {} has spent {:.1} of its {:.1} GPU-unit-hour budget for this month",
+            self.tenant, self.spent, self.budget
+        )
+    }
+}
+
+/// Why running work is preempted.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PreemptCause {
+    /// A request of a higher priority class needs the capacity.
+    Priority { by: u64, class: String },
+    /// A tenant within its guaranteed share takes it back from borrowers.
+    Reclaim { by: u64, tenant: String },
+}
+
+impl PreemptCause {
+    /// `priority` or `reclaim`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            PreemptCause::Priority { .. } => "priority",
+            PreemptCause::Reclaim { .. } => "reclaim",
+        }
+    }
+
+    /// The workload the capacity goes to.
+    pub fn by(&self) -> u64 {
+        match self {
+            PreemptCause::Priority { by, .. } | PreemptCause::Reclaim { by, .. } => *by,
+        }
+    }
+}
+
+impl fmt::Display for PreemptCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PreemptCause::Priority { by, class } => {
+                write!(f, "priority {class} (job {by}) preempts lower-priority work")
+            }
+            PreemptCause::Reclaim { by, tenant } => {
+                write!(
+                    f,
+                    "tenant {tenant} reclaims its guaranteed share from borrowers (job {by})"
+                )
+            }
+        }
+    }
+}
+
+/// A request refused for good.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refusal {
+    /// No node could ever hold it.
+    Constraint(Unplaceable),
+    /// Over a quota limit, and it asked not to wait.
+    Limit(LimitExceeded),
+    /// Over the monthly budget, and it asked not to wait.
+    Budget(BudgetExceeded),
+}
+
+impl Refusal {
+    /// `constraint`, `quota` or `budget`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::Constraint(_) => "constraint",
+            Refusal::Limit(_) => "quota",
+            Refusal::Budget(_) => "budget",
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Constraint(u) => u.fmt(f),
+            Refusal::Limit(l) => l.fmt(f),
+            Refusal::Budget(b) => b.fmt(f),
+        }
+    }
+}
+
+/// Why a queued request waits.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Wait {
+    /// The engine has no room for it now.
+    Unplaceable(Unplaceable),
+    /// It fits, but only where capacity is held back (a reservation for a long-waiting request).
+    Held,
+    /// Over a quota limit.
+    Limit(LimitExceeded),
+    /// Over the monthly budget.
+    Budget(BudgetExceeded),
+    /// Preempted recently: may not borrow idle capacity again yet.
+    Backoff { times: u32, retry_in_s: i64 },
+    /// Victims were chosen for it and are being stopped.
+    Preempting { victims: usize, cause: PreemptCause },
+}
+
+impl Wait {
+    /// The stable code: `no-capacity`, `fragmentation`, `isolation`, `held`, `quota`, `budget`,
+    /// `backoff` or `preemption`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Wait::Unplaceable(u) => u.code(),
+            Wait::Held => "held",
+            Wait::Limit(_) => "quota",
+            Wait::Budget(_) => "budget",
+            Wait::Backoff { .. } => "backoff",
+            Wait::Preempting { .. } => "preemption",
+        }
+    }
+
+    /// Same kind of obstacle, figures aside: a new `queued` event is worth recording only when
+    /// this changes.
+    pub fn same_kind(&self, other: &Wait) -> bool {
+        match (self, other) {
+            (Wait::Unplaceable(a), Wait::Unplaceable(b)) => a.same_kind(b),
+            (Wait::Held, Wait::Held) => true,
+            (Wait::Limit(a), Wait::Limit(b)) => a.tenant == b.tenant && a.scope == b.scope,
+            (Wait::Budget(a), Wait::Budget(b)) => a.tenant == b.tenant,
+            (Wait::Backoff { .. }, Wait::Backoff { .. }) => true,
+            (Wait::Preempting { cause: a, .. }, Wait::Preempting { cause: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Wait::Unplaceable(u) => u.fmt(f),
+            Wait::Held => f.write_str("waiting for capacity within its quota"),
+            Wait::Limit(l) => l.fmt(f),
+            Wait::Budget(b) => b.fmt(f),
+            Wait::Backoff { times, retry_in_s } => write!(
+                f,
+                "preempted {times} time(s); may borrow idle capacity again in {retry_in_s} s, or run at once within its guaranteed share"
+            ),
+            Wait::Preempting { victims, cause } => {
+                write!(f, "waiting for {victims} preempted workload(s) to stop: {cause}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> ShapeLabel {
+        ShapeLabel {
+            kind: ShapeKind::Whole,
+            text: "8 whole GPUs".into(),
+        }
+    }
+
+    #[test]
+    fn constraints_name_their_field() {
+        let p = Pools(vec!["training".into()]);
+        let cpu = Unplaceable::CpuBeyondNodes {
+            pools: p.clone(),
+            requested_milli: 500_000,
+            largest_milli: 224_000,
+        };
+        assert_eq!(cpu.field().as_str(), "cpu_milli");
+        assert_eq!(
+            cpu.to_string(),
+            "constraint: 500 CPUs requested; the largest node in pool `training` has 224"
+        );
+        let gang = Unplaceable::GangBeyondDomain {
+            pools: p.clone(),
+            gpus: 9,
+            largest: 8,
+        };
+        assert_eq!(gang.field(), Field::Gpus);
+        assert!(gang.is_constraint());
+        let frag = Unplaceable::Fragmentation {
+            pools: p,
+            shape: shape(),
+            free: GpuUnits::whole(12),
+            need: GpuUnits::whole(8),
+        };
+        assert!(!frag.is_constraint());
+        assert_eq!(frag.code(), "fragmentation");
+    }
+
+    #[test]
+    fn same_kind_ignores_figures_only() {
+        let nc = |free: u64, pool: &str| {
+            Wait::Unplaceable(Unplaceable::NoCapacity {
+                pools: Pools(vec![pool.into()]),
+                shape: shape(),
+                free: GpuUnits::whole(free),
+                need: GpuUnits::whole(8),
+            })
+        };
+        assert!(nc(3, "a").same_kind(&nc(5, "a")));
+        assert!(!nc(3, "a").same_kind(&nc(3, "b")));
+        assert!(!nc(3, "a").same_kind(&Wait::Held));
+        let limit = |held: u64| {
+            Wait::Limit(LimitExceeded {
+                tenant: "a".into(),
+                scope: LimitScope::Class {
+                    class: "training".into(),
+                    guaranteed: GpuUnits::whole(8),
+                },
+                held: GpuUnits::whole(held),
+                limit: GpuUnits::whole(10),
+                needs: GpuUnits::whole(4),
+            })
+        };
+        assert!(limit(8).same_kind(&limit(9)));
+        assert_eq!(
+            limit(8).to_string(),
+            "tenant a holds 8 of its 8 guaranteed training units (limit 10); this request needs 4"
+        );
+        assert_eq!(limit(8).code(), "quota");
+    }
+}
