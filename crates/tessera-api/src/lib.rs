@@ -1,9 +1,11 @@
 //! # tessera-api
 //!
 //! The types of Tessera's REST API (`/api/v1`): what clients send and receive. The server
-//! generates its OpenAPI document from them, the store persists workload specs in this shape,
-//! and the CLI deserialises responses with them. Plain data, no behaviour beyond validation
-//! helpers and time formatting.
+//! generates its OpenAPI document from them and converts its domain records to them at the
+//! edge; the CLI deserialises responses with them. Plain data, no behaviour beyond time
+//! formatting.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -184,10 +186,10 @@ pub struct CreateWorkload {
     #[serde(default)]
     pub kind: WorkloadKind,
     pub shape: GpuShape,
-    /// Host CPU in milli-cores (default 1000 per GPU unit, at least 500).
+    /// Host CPU in milli-cores (default 4000 per GPU unit, at least 500).
     #[serde(default)]
     pub cpu_milli: Option<u64>,
-    /// Host memory in MiB (default 8 GiB per GPU unit, at least 1 GiB).
+    /// Host memory in MiB (default 16 GiB per GPU unit, at least 1 GiB).
     #[serde(default)]
     pub memory_mib: Option<u64>,
     /// Run time in seconds for batch work; a lease for services and interactive sessions.
@@ -198,6 +200,9 @@ pub struct CreateWorkload {
     pub command: Option<Vec<String>>,
     #[serde(default)]
     pub image: Option<String>,
+    /// Environment variables given to the workload.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
     /// Priority class name (default `standard`).
     #[serde(default)]
     pub priority: Option<String>,
@@ -318,14 +323,22 @@ pub struct Workload {
     pub command: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
     pub priority: String,
     pub state: WorkloadState,
     /// Admitted above the tenant's guaranteed share: may be preempted to reclaim it.
     #[serde(default)]
     pub borrowing: bool,
-    /// Why the workload waits, failed or was refused.
+    /// Why the workload waits, failed, was refused or stopped, in a sentence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The reason's stable code: `no-capacity`, `fragmentation`, `isolation`, `held`, `quota`,
+    /// `budget`, `backoff`, `preemption`, `requeued`, `constraint`, `cancelled`,
+    /// `preempted-priority`, `preempted-reclaim`, `partition-failed`, `start-failed`,
+    /// `exit-failure`, `lost`, `invalid` or `unknown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_code: Option<String>,
     /// GPU units the shape asks for (decimal string).
     pub units: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -357,6 +370,9 @@ pub struct Event {
     /// Milliseconds since the epoch (for step durations).
     pub at_ms: i64,
     pub detail: String,
+    /// The reason code of queued, failed, cancelled and preempted steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 /// A newly created API token (the secret is shown once).

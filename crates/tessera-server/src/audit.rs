@@ -7,7 +7,7 @@
 //! missing from the log. The log is append-only.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -29,9 +29,8 @@ pub struct AuditLog {
 }
 
 impl AuditLog {
-    /// Starts the writer task; sequence numbers continue from the store.
-    pub async fn start(store: Store) -> Result<AuditLog, tessera_store::StoreError> {
-        let mut seq = store.max_audit_seq().await?;
+    /// Starts the writer task; the store assigns sequence numbers.
+    pub fn start(store: Arc<dyn Store>) -> AuditLog {
         let (tx, mut rx) = mpsc::channel::<Pending>(8192);
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
@@ -42,22 +41,17 @@ impl AuditLog {
                         break;
                     }
                 }
-                for (r, _) in batch.iter_mut() {
-                    seq += 1;
-                    r.seq = seq;
-                }
                 let records: Vec<AuditRecord> = batch.iter().map(|(r, _)| r.clone()).collect();
                 let ok = store.append_audit(&records).await;
                 if let Err(e) = &ok {
                     tracing::error!(error = %e, "cannot append to the audit log");
-                    seq -= batch.len() as u64;
                 }
                 for (_, ack) in batch {
                     let _ = ack.send(ok.is_ok());
                 }
             }
         });
-        Ok(AuditLog { tx })
+        AuditLog { tx }
     }
 
     /// Appends a record and waits until it is durable.

@@ -9,6 +9,8 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
+
 use tessera_store::Store;
 
 use crate::problem::ApiError;
@@ -109,13 +111,13 @@ pub fn hash(secret: &str) -> String {
 
 /// Resolves bearer tokens, caching successful look-ups.
 pub struct Authenticator {
-    store: Store,
+    store: Arc<dyn Store>,
     cache: RwLock<HashMap<String, Identity>>,
     oidc: Option<crate::oidc::OidcVerifier>,
 }
 
 impl Authenticator {
-    pub fn new(store: Store, oidc: Option<crate::oidc::OidcVerifier>) -> Self {
+    pub fn new(store: Arc<dyn Store>, oidc: Option<crate::oidc::OidcVerifier>) -> Self {
         Authenticator {
             store,
             cache: RwLock::default(),
@@ -153,7 +155,7 @@ impl Authenticator {
         }
         let rec = self.store.find_token(&key).await?;
         let now = crate::now_ms();
-        let Some(rec) = rec.filter(|r| !r.revoked && r.expires_at.is_none_or(|e| e > now)) else {
+        let Some(rec) = rec.filter(|r| r.revoked_at.is_none() && r.expires_at.is_none_or(|e| e > now)) else {
             return Err(ApiError::unauthorized("unknown, expired or revoked token"));
         };
         let role = Role::parse(&rec.role).ok_or_else(|| ApiError::unauthorized("token has an unknown role"))?;

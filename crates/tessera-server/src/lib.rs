@@ -1,22 +1,27 @@
 //! # tessera-server
 //!
-//! Tessera's control plane: the REST API under `/api/v1` (OpenAPI 3.1 at
-//! `/api/v1/openapi.json`, RFC 7807 problems), API-token identities, the web console, and the
-//! lifecycle loop that drives every request from `requested` to `released` through the
-//! placement engine (`tessera-sched`), the store (`tessera-store`) and a backend
-//! (`tessera-backend`).
+//! Tessera's control plane:
+//!
+//! * [`lifecycle`]: the loop that drives every request from `requested` to `released` — the
+//!   scheduler (`tessera-sched`) decides, the pure lifecycle (`tessera-domain`) says what that
+//!   means for the workload, the store (`tessera-store`) makes it durable in one transaction
+//!   per batch, the backend (`tessera-backend`) carries it out — and publishes what readers see;
+//! * [`http`]: the REST API under `/api/v1` (OpenAPI 3.1 at `/api/v1/openapi.json`, RFC 7807
+//!   problems), reading from the published snapshot and the store;
+//! * identities ([`auth`]: API tokens, [`oidc`]: single sign-on, [`session`]: the console's
+//!   sign-in), the request middleware ([`audit`]: request IDs, rate limits, security headers,
+//!   the audit log), [`metrics`] and [`usage`] reports;
+//! * the web console (one page, `console.html`).
 
-pub mod api;
 pub mod audit;
 pub mod auth;
-pub mod controller;
+pub mod http;
+pub mod lifecycle;
 pub mod metrics;
 pub mod oidc;
 pub mod problem;
 pub mod session;
-pub mod simfaults;
 pub mod usage;
-pub mod views;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,15 +32,18 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
-use tessera_backend::{Backend, SimBackend, SimConfig};
+use tessera_backend::Backend;
+use tessera_backend_sim::{SimBackend, SimConfig};
 use tessera_model::Fleet;
 use tessera_sched::Engine;
 use tessera_sched::govern::{GovernConfig, Scheduler};
 use tessera_store::Store;
+use tessera_store_sqlite::SqliteStore;
 use tokio::net::TcpListener;
 
 use crate::auth::Authenticator;
-use crate::controller::{Actor, Controller};
+use crate::lifecycle::Lifecycle;
+use crate::lifecycle::placement::NodeIndex;
 use crate::problem::ApiError;
 
 /// Largest accepted request body.
@@ -52,9 +60,13 @@ pub fn now_ms() -> i64 {
 /// Shared state of the handlers.
 #[derive(Clone)]
 pub struct AppState {
-    pub store: Store,
+    pub store: Arc<dyn Store>,
     pub fleet: Arc<Fleet>,
-    pub controller: Controller,
+    /// Node names to indexes.
+    pub nodes: Arc<NodeIndex>,
+    pub lifecycle: Lifecycle,
+    /// The priority classes requests may name.
+    pub priorities: Arc<Vec<String>>,
     pub auth: Arc<Authenticator>,
     pub backend_name: &'static str,
     pub prices: Arc<usage::Prices>,
@@ -63,7 +75,7 @@ pub struct AppState {
     pub sessions: Arc<session::Sessions>,
     /// `tenant/project` pairs known to exist (workload creation checks them).
     pub projects: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
-    /// Metrics, the backend's telemetry and (simulated backend) fault injection.
+    /// Metrics and (simulated backend) fault injection.
     pub obs: Arc<metrics::Observability>,
 }
 
@@ -75,9 +87,13 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Shared-pool placement policy.
     pub policy: String,
+    /// The simulated backend: its mode (`exact`, or `operator` as on a GPU Operator cluster),
+    /// partition and stop times, telemetry interval.
     pub sim: SimConfig,
     /// Grace period for stopping workloads.
     pub grace: Duration,
+    /// How often the backend is reconciled with what Tessera expects.
+    pub reconcile_every: Duration,
     /// Priority classes, minimum runtime, fair-share half-life, backfill window.
     pub govern: GovernConfig,
     /// Price per GPU-unit-hour by resource class, for usage reports.
@@ -101,6 +117,7 @@ impl ServerConfig {
             policy: "tessera".into(),
             sim: SimConfig::default(),
             grace: Duration::from_secs(1),
+            reconcile_every: Duration::from_secs(30),
             govern: GovernConfig::default(),
             prices: usage::Prices::default(),
             rate_limit: 0.0,
@@ -115,6 +132,7 @@ pub struct Running {
     pub addr: SocketAddr,
     /// The admin token, when this start created it.
     pub admin_token: Option<String>,
+    /// The simulated backend (fault injection in tests and demos).
     pub sim: Arc<SimBackend>,
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
     /// A router serving only `/metrics`, for [`serve_metrics`] on a port of its own.
@@ -143,7 +161,7 @@ pub async fn serve_metrics(
 
 /// The full HTTP application: API, OpenAPI document, console.
 pub fn app(state: AppState) -> axum::Router {
-    let (api, doc) = api::router();
+    let (api, doc) = http::router(state.obs.sim.is_some());
     let doc_json = serde_json::to_string(&doc).expect("the OpenAPI document serialises");
     axum::Router::new()
         .route("/", get(console))
@@ -167,9 +185,10 @@ pub fn app(state: AppState) -> axum::Router {
         .with_state(state)
 }
 
-/// The OpenAPI document, without starting a server.
+/// The OpenAPI document of a server on the embedded default (the simulated backend), without
+/// starting one.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    let (_, mut doc) = api::router();
+    let (_, mut doc) = http::router(true);
     doc.info.version = env!("CARGO_PKG_VERSION").into();
     doc
 }
@@ -187,20 +206,24 @@ async fn console() -> impl IntoResponse {
 
 /// Opens the store, creates the admin token on first start, rebuilds state, and serves.
 pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
-    let store = Store::open_dir(&cfg.data_dir)
-        .await
-        .map_err(|e| anyhow_like::msg(format!("opening the store in {}: {e}", cfg.data_dir.display())))?;
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open_dir(&cfg.data_dir)
+            .await
+            .map_err(|e| anyhow_like::msg(format!("opening the store in {}: {e}", cfg.data_dir.display())))?,
+    );
     let admin_token = if store.token_count().await.map_err(|e| anyhow_like::msg(e.to_string()))? == 0 {
         let secret = auth::new_secret();
         store
-            .create_token(
-                "tok-admin",
-                &auth::hash(&secret),
-                None,
-                "platform-admin",
-                "admin (created at first start)",
-                now_ms(),
-            )
+            .create_token(&tessera_store::TokenRecord {
+                id: "tok-admin".into(),
+                hash: auth::hash(&secret),
+                tenant: None,
+                role: "platform-admin".into(),
+                name: "admin (created at first start)".into(),
+                created_at: now_ms(),
+                expires_at: None,
+                revoked_at: None,
+            })
             .await
             .map_err(|e| anyhow_like::msg(e.to_string()))?;
         write_secret(&cfg.data_dir.join("admin-token"), &secret)?;
@@ -210,41 +233,43 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
     };
     let fleet = Arc::new(cfg.fleet);
     tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(anyhow_like::msg)?;
-    let factory: controller::SchedFactory = {
+    let factory: lifecycle::SchedFactory = {
         let (fleet, policy, govern) = (fleet.clone(), cfg.policy.clone(), cfg.govern.clone());
         Arc::new(move || {
             let p = tessera_sched::replay::make_policy(&policy, &[]).expect("policy name checked at start");
             Scheduler::new(Engine::new(fleet.clone(), p, 1), govern.clone())
         })
     };
-    let sim = Arc::new(SimBackend::with_gpus(cfg.sim, sim_gpus(&fleet)));
+    let sim = Arc::new(SimBackend::new(cfg.sim, sim_gpus(&fleet)));
     let backend: Arc<dyn Backend> = sim.clone();
     let metrics = Arc::new(metrics::Metrics::new());
     let started = std::time::Instant::now();
-    let controller = Actor::start(
+    let lifecycle = lifecycle::start(
         fleet.clone(),
         factory,
         store.clone(),
         backend.clone(),
-        cfg.grace,
+        lifecycle::Settings {
+            grace: cfg.grace,
+            reconcile_every: cfg.reconcile_every,
+        },
         metrics.clone(),
     )
     .await
-    .map_err(|e| anyhow_like::msg(e.detail))?;
+    .map_err(anyhow_like::msg)?;
     tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "state rebuilt");
     let oidc = match cfg.oidc {
         Some(o) => Some(oidc::OidcVerifier::discover(o).await.map_err(anyhow_like::msg)?),
         None => None,
     };
-    let audit = audit::AuditLog::start(store.clone())
-        .await
-        .map_err(|e| anyhow_like::msg(e.to_string()))?;
     let state = AppState {
         store: store.clone(),
+        nodes: Arc::new(NodeIndex::new(&fleet)),
         fleet,
-        controller,
-        auth: Arc::new(Authenticator::new(store, oidc)),
-        audit,
+        lifecycle,
+        priorities: Arc::new(cfg.govern.classes.iter().map(|c| c.name.clone()).collect()),
+        auth: Arc::new(Authenticator::new(store.clone(), oidc)),
+        audit: audit::AuditLog::start(store),
         backend_name: backend.name(),
         prices: Arc::new(cfg.prices),
         limiter: Arc::new(audit::RateLimiter::new(cfg.rate_limit, cfg.rate_limit * 2.0)),
@@ -252,7 +277,6 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         projects: Arc::default(),
         obs: Arc::new(metrics::Observability {
             metrics,
-            backend: backend.clone(),
             sim: Some(sim.clone()),
             version: env!("CARGO_PKG_VERSION"),
         }),
@@ -286,13 +310,13 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
 }
 
 /// Every GPU of the fleet, for the simulated backend's telemetry.
-fn sim_gpus(fleet: &Fleet) -> Vec<tessera_backend::SimGpu> {
+fn sim_gpus(fleet: &Fleet) -> Vec<tessera_backend_sim::SimGpu> {
     fleet
         .nodes
         .iter()
         .flat_map(|n| {
             let model = fleet.catalogue.get(n.model);
-            (0..n.gpus).map(move |i| tessera_backend::SimGpu {
+            (0..n.gpus).map(move |i| tessera_backend_sim::SimGpu {
                 node: n.name.clone(),
                 index: i,
                 model: model.name.clone(),

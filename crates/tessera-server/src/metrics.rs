@@ -6,16 +6,20 @@
 //!
 //! * **events** — counters and histograms updated where things happen: API requests (by
 //!   matched route template, method and status), store batch commits, scheduler cycles,
-//!   lifecycle steps, refusals, preemptions, ended workloads, metered GPU-unit-seconds. They live
-//!   in [`Metrics`], shared by the HTTP layer and the lifecycle loop.
-//! * **state** — gauges computed at scrape time from the lifecycle loop's state (through
-//!   [`crate::controller::Controller::view`]), the quota and budget records, and the backend's
-//!   telemetry: the fleet by pool, model and health, allocations, MIG instances, the queue,
-//!   quotas and budgets, and per-GPU telemetry under the DCGM exporter's metric and label names.
+//!   lifecycle steps, refusals, preemptions, ended workloads, metered GPU-unit-seconds, backend
+//!   errors, ghosts found by reconcile. They live in [`Metrics`], shared by the HTTP layer and
+//!   the lifecycle loop.
+//! * **state** — gauges computed at scrape time from the lifecycle's published
+//!   [`Snapshot`](crate::lifecycle::Snapshot) (never from inside the loop) and the backend's
+//!   latest telemetry: the fleet by pool, model and health, allocations, MIG instances, the
+//!   queue, quotas and budgets, and telemetry. Per-GPU telemetry is exported under the DCGM
+//!   exporter's metric and label names for fleets up to [`PER_GPU_SERIES_MAX`] GPUs; larger
+//!   fleets get per-pool aggregates instead (per-GPU series belong to the DCGM exporters on the
+//!   nodes there), so a scrape stays small at 80,000 GPUs.
 //!
 //! Label values are bounded: pools, models, MIG profiles, tenants, projects, resource classes,
-//! priority classes, states and reason categories, GPUs of the fleet. No workload ID ever
-//! becomes a label value.
+//! priority classes, phases and reason codes, GPUs of small fleets. No workload ID ever becomes
+//! a label value.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -32,19 +36,23 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tessera_api::{Workload, WorkloadState};
-use tessera_backend::{Backend, BackendError, GpuSample, SimBackend};
-use tessera_model::{Fleet, Sharing};
+use tessera_backend::{BackendError, GpuSample};
+use tessera_domain::{Phase, ReasonCode, Workload};
+use tessera_model::Sharing;
 use tessera_sched::Grant;
 
 use crate::AppState;
-use crate::controller::ViewCtx;
+use crate::lifecycle::{Snapshot, Telemetry};
 
 /// A label set: (name, value) pairs in a fixed order.
 pub type Labels = Vec<(&'static str, String)>;
 type Hist = Family<Labels, Histogram, fn() -> Histogram>;
 type FCounter = Family<Labels, Counter<f64, AtomicU64>>;
 type FGauge = Family<Labels, Gauge<f64, AtomicU64>>;
+
+/// Fleets with at most this many GPUs get per-GPU DCGM-named series; larger ones get
+/// per-pool and per-model aggregates.
+pub const PER_GPU_SERIES_MAX: u64 = 4096;
 
 const API_BUCKETS: [f64; 11] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 const STEP_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 3600.0];
@@ -69,6 +77,9 @@ fn r2r_hist() -> Histogram {
 /// Every route the API serves is a template; requests no route matched share one label value.
 pub const UNMATCHED_ROUTE: &str = "(unmatched)";
 
+/// The reason codes of refusals (`tessera_refusals_total{reason}`).
+pub const REFUSAL_REASONS: [ReasonCode; 3] = [ReasonCode::Constraint, ReasonCode::Quota, ReasonCode::Budget];
+
 /// The event-driven series (counters and histograms).
 pub struct Metrics {
     api: Hist,
@@ -81,6 +92,8 @@ pub struct Metrics {
     preemptions: Family<Labels, Counter>,
     ended: Family<Labels, Counter>,
     backend_errors: Family<Labels, Counter>,
+    ghosts: Counter,
+    orphans: Gauge,
     allocated: FCounter,
     measured: FCounter,
     started: Instant,
@@ -105,19 +118,21 @@ impl Metrics {
             preemptions: Family::default(),
             ended: Family::default(),
             backend_errors: Family::default(),
+            ghosts: Counter::default(),
+            orphans: Gauge::default(),
             allocated: Family::default(),
             measured: Family::default(),
             started: Instant::now(),
         };
         // Series that alerts and dashboards expect exist from the start, at zero.
         for r in REFUSAL_REASONS {
-            let _ = m.refusals.get_or_create(&vec![("reason", r.to_string())]);
+            let _ = m.refusals.get_or_create(&vec![("reason", r.as_str().to_string())]);
         }
         for r in ["priority", "reclaim"] {
             let _ = m.preemptions.get_or_create(&vec![("reason", r.to_string())]);
         }
-        for s in ["succeeded", "failed", "cancelled", "preempted"] {
-            let _ = m.ended.get_or_create(&vec![("state", s.to_string())]);
+        for p in Phase::ALL.into_iter().filter(|p| p.is_terminal()) {
+            let _ = m.ended.get_or_create(&vec![("state", p.as_str().to_string())]);
         }
         for op in ["partition", "start", "stop", "unpartition"] {
             for kind in ["unreachable", "rejected"] {
@@ -158,14 +173,14 @@ impl Metrics {
     }
 
     /// A lifecycle step took `ms` milliseconds: `authorise`, `place` (request to placement,
-    /// queueing included), `partition`, `start`, `stop`.
+    /// queueing included).
     pub fn step(&self, step: &'static str, ms: i64) {
         self.steps
             .get_or_create(&vec![("step", step.to_string())])
             .observe(ms.max(0) as f64 / 1000.0);
     }
 
-    /// The same, timed by the caller.
+    /// A backend operation took `elapsed`: `partition`, `start`, `stop`, `unpartition`.
     pub fn step_elapsed(&self, step: &'static str, elapsed: Duration) {
         self.steps
             .get_or_create(&vec![("step", step.to_string())])
@@ -180,26 +195,23 @@ impl Metrics {
     }
 
     /// A request was refused for good (at submission or later in the queue).
-    pub fn refused(&self, reason: &str) {
+    pub fn refused(&self, code: ReasonCode) {
         self.refusals
-            .get_or_create(&vec![("reason", refusal_reason(reason).to_string())])
+            .get_or_create(&vec![("reason", code.as_str().to_string())])
             .inc();
     }
 
-    /// A running workload is being preempted.
-    pub fn preempted(&self, reason: &str) {
-        let r = if reason.contains("reclaim") {
-            "reclaim"
-        } else {
-            "priority"
-        };
-        self.preemptions.get_or_create(&vec![("reason", r.to_string())]).inc();
+    /// A running workload is being preempted: `priority` or `reclaim`.
+    pub fn preempted(&self, code: &'static str) {
+        self.preemptions
+            .get_or_create(&vec![("reason", code.to_string())])
+            .inc();
     }
 
-    /// A workload reached a terminal state.
-    pub fn ended(&self, state: WorkloadState) {
+    /// A workload reached a terminal phase.
+    pub fn ended(&self, phase: Phase) {
         self.ended
-            .get_or_create(&vec![("state", state.as_str().to_string())])
+            .get_or_create(&vec![("state", phase.as_str().to_string())])
             .inc();
     }
 
@@ -214,18 +226,28 @@ impl Metrics {
             .inc();
     }
 
-    /// Metering, called for each telemetry sample of a GPU a running workload holds, every
+    /// Reconcile found a workload Tessera thought running that the backend does not know.
+    pub fn ghost(&self) {
+        self.ghosts.inc();
+    }
+
+    /// Reconcile found `n` workloads the backend runs that Tessera does not know.
+    pub fn orphans(&self, n: usize) {
+        self.orphans.set(n as i64);
+    }
+
+    /// Metering, for each telemetry sample of a GPU a running workload holds, standing for
     /// `dt_ms`: the workload's share of the GPU × time (allocated), and × the measured
     /// utilisation (measured), in GPU-unit-seconds by tenant and resource class `pool/MODEL`.
-    pub fn meter(&self, wl: &Workload, util: f64, dt_ms: f64) {
-        let Some(a) = &wl.allocation else { return };
-        if a.units_milli == 0 || a.gpus.is_empty() {
+    pub fn meter(&self, w: &Workload, util: f64, dt_ms: f64) {
+        let Some(p) = &w.placement else { return };
+        if p.units.as_milli() == 0 || p.gpus.is_empty() {
             return;
         }
-        let units = a.units_milli as f64 / 1000.0 / a.gpus.len() as f64;
+        let units = p.units.as_f64() / p.gpus.len() as f64;
         let labels = vec![
-            ("tenant", wl.tenant.clone()),
-            ("class", format!("{}/{}", a.pool, a.model)),
+            ("tenant", w.spec.tenant.clone()),
+            ("class", format!("{}/{}", p.pool, p.model)),
         ];
         let secs = dt_ms / 1000.0;
         self.allocated.get_or_create(&labels).inc_by(units * secs);
@@ -257,7 +279,7 @@ impl Metrics {
         );
         reg.register(
             "tessera_lifecycle_step_duration_seconds",
-            "Duration of lifecycle steps: authorise, place (request to placement, queueing included), partition, start, stop",
+            "Duration of lifecycle steps: authorise, place (request to placement, queueing included), and the backend's partition, start, stop and unpartition",
             self.steps.clone(),
         );
         reg.register(
@@ -267,7 +289,7 @@ impl Metrics {
         );
         reg.register(
             "tessera_refusals",
-            "Requests refused for good, by reason",
+            "Requests refused for good, by reason code (constraint, quota, budget)",
             self.refusals.clone(),
         );
         reg.register(
@@ -286,6 +308,16 @@ impl Metrics {
             self.backend_errors.clone(),
         );
         reg.register(
+            "tessera_reconcile_ghosts",
+            "Workloads Tessera thought running that the backend no longer knew (found by reconcile)",
+            self.ghosts.clone(),
+        );
+        reg.register(
+            "tessera_reconcile_orphans",
+            "Workloads the backend runs that Tessera does not know, at the last reconcile",
+            self.orphans.clone(),
+        );
+        reg.register(
             "tessera_gpu_unit_seconds_allocated",
             "Metered GPU-unit-seconds allocated to running workloads, by tenant and resource class",
             self.allocated.clone(),
@@ -298,76 +330,37 @@ impl Metrics {
     }
 }
 
-/// The reason categories of refusals.
-pub const REFUSAL_REASONS: [&str; 7] = [
-    "constraint",
-    "quota",
-    "budget",
-    "fragmentation",
-    "no-capacity",
-    "isolation",
-    "other",
-];
-
-/// The bounded category of a refusal reason.
-pub fn refusal_reason(reason: &str) -> &'static str {
-    let r = reason.strip_prefix("refused: ").unwrap_or(reason);
-    for k in ["constraint", "fragmentation", "no-capacity", "isolation"] {
-        if r.starts_with(k) {
-            return REFUSAL_REASONS.iter().find(|x| **x == k).copied().unwrap_or("other");
-        }
-    }
-    if r.contains("budget") {
-        "budget"
-    } else if r.contains("(limit") || r.contains("quota") {
-        "quota"
-    } else {
-        "other"
+/// The `tessera_queue_blocked{reason}` label of a waiting workload's reason code: the kinds
+/// alerts and dashboards group by. `held` (it fits only where capacity is reserved) counts as
+/// `no-capacity`; `requeued` (back after a preemption) as `backoff`.
+pub fn wait_label(code: Option<ReasonCode>) -> &'static str {
+    match code {
+        None => "pending",
+        Some(ReasonCode::Fragmentation) => "fragmentation",
+        Some(ReasonCode::NoCapacity | ReasonCode::Held) => "no-capacity",
+        Some(ReasonCode::Isolation) => "isolation",
+        Some(ReasonCode::Budget) => "budget",
+        Some(ReasonCode::Quota) => "quota",
+        Some(ReasonCode::Preemption) => "preemption",
+        Some(ReasonCode::Backoff | ReasonCode::Requeued) => "backoff",
+        Some(_) => "other",
     }
 }
 
-/// The bounded category of why a queued workload waits.
-pub fn wait_reason(reason: Option<&str>) -> &'static str {
-    let Some(r) = reason else { return "pending" };
-    if r.starts_with("fragmentation") {
-        "fragmentation"
-    } else if r.starts_with("no-capacity") || r.starts_with("waiting for capacity") {
-        "no-capacity"
-    } else if r.starts_with("isolation") {
-        "isolation"
-    } else if r.contains("budget") {
-        "budget"
-    } else if r.contains("(limit") {
-        "quota"
-    } else if r.starts_with("waiting for") && r.contains("preempted") {
-        "preemption"
-    } else if r.starts_with("preempted") || r.starts_with("requeued") {
-        "backoff"
-    } else {
-        "other"
-    }
-}
-
-#[cfg(test)]
-const WAIT_REASONS: [&str; 9] = [
-    "pending",
-    "fragmentation",
-    "no-capacity",
-    "isolation",
-    "budget",
-    "quota",
-    "preemption",
-    "backoff",
-    "other",
-];
-
-/// What the `/metrics` handler needs besides the lifecycle loop.
+/// What the `/metrics` handler needs besides the snapshot.
 pub struct Observability {
     pub metrics: Arc<Metrics>,
-    pub backend: Arc<dyn Backend>,
     /// The simulated backend, when that is the backend (fault injection).
-    pub sim: Option<Arc<SimBackend>>,
+    pub sim: Option<Arc<tessera_backend_sim::SimBackend>>,
     pub version: &'static str,
+}
+
+fn l(pairs: &[(&'static str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+fn gauge(reg: &mut Registry, name: &str, help: &str, fam: FGauge) {
+    reg.register(name, help, fam);
 }
 
 /// Per (pool, model).
@@ -381,195 +374,14 @@ struct PoolModel {
     fractions: u64,
 }
 
-/// A quota and its use, GPU units.
-struct QuotaUse {
-    guaranteed: f64,
-    limit: Option<f64>,
-    used: f64,
-    borrowed: f64,
-}
-
-/// The state gauges, computed inside the lifecycle loop.
-#[derive(Default)]
-pub struct Snapshot {
-    pool_models: BTreeMap<(String, String), PoolModel>,
-    /// pool → (free milli in "whole" form: free nodes for whole pools, free GPUs otherwise; all free milli).
-    frag: BTreeMap<String, (u64, u64)>,
-    mig: BTreeMap<(String, String, String), u64>,
-    tenant_alloc: BTreeMap<(String, String, String), u64>,
-    /// (tenant, class, priority) → (depth, oldest submission ms).
-    queue: BTreeMap<(String, String, String), (u64, i64)>,
-    blocked: BTreeMap<(String, String), u64>,
-    states: BTreeMap<&'static str, u64>,
-    /// (tenant, class) → quota and use.
-    quotas: BTreeMap<(String, String), QuotaUse>,
-    /// tenant → (budget, spent), GPU-unit-hours.
-    budgets: BTreeMap<String, (f64, f64)>,
-    /// (node, gpu) → (tenant, project) of the GPU's holders ("" when none or mixed).
-    gpu_owner: HashMap<(String, u8), (String, String)>,
-    /// workload → (tenant, project), for workloads holding GPUs.
-    owner: HashMap<u64, (String, String)>,
-    now: i64,
-}
-
-impl Snapshot {
-    /// Reads the loop's state. `tenants`: tenants with quota or budget records.
-    pub fn take(ctx: &ViewCtx, tenants: &[String]) -> Snapshot {
-        let f = ctx.fleet;
-        let st = ctx.sched.engine.state();
-        let mut s = Snapshot {
-            now: ctx.now,
-            ..Default::default()
-        };
-        let owner_of = |id: &u64| {
-            ctx.workloads
-                .get(id)
-                .map(|l| (l.wl.tenant.clone(), l.wl.project.clone()))
-        };
-        for p in &f.pools {
-            let (mut whole_free, mut all_free) = (0u64, 0u64);
-            for ni in p.nodes.start as usize..p.nodes.end as usize {
-                let n = &f.nodes[ni];
-                let model = f.catalogue.get(n.model);
-                let ns = &st.nodes[ni];
-                let pm = s.pool_models.entry((p.name.clone(), model.name.clone())).or_default();
-                let node_free: u64 = ns.gpus.iter().map(|g| g.free_milli() as u64).sum();
-                all_free += node_free;
-                if p.sharing == Sharing::Whole {
-                    if ns.gpus.iter().all(|g| g.is_free()) {
-                        whole_free += node_free;
-                    }
-                } else {
-                    whole_free += ns.gpus.iter().filter(|g| g.is_free()).count() as u64 * 1000;
-                }
-                if let Some(geom) = model.mig.filter(|_| p.sharing == Sharing::Mig) {
-                    for prof in geom.profiles {
-                        s.mig
-                            .entry((p.name.clone(), model.name.clone(), model.profile_name(prof)))
-                            .or_insert(0);
-                    }
-                }
-                for (gi, g) in ns.gpus.iter().enumerate() {
-                    pm.gpus += 1;
-                    pm.used_milli += g.used_milli as u64;
-                    match g.used_milli {
-                        0 if g.holders.is_empty() => pm.idle += 1,
-                        1000.. => pm.full += 1,
-                        _ => pm.partial += 1,
-                    }
-                    let mut tenant: Option<String> = None;
-                    let mut project: Option<String> = None;
-                    let mut mixed = (false, false);
-                    for h in &g.holders {
-                        let Some(a) = st.allocations.get(h) else { continue };
-                        match a.grant {
-                            Grant::Mig { profile, .. } => {
-                                if let Some(geom) = model.mig {
-                                    let name = model.profile_name(&geom.profiles[profile as usize]);
-                                    *s.mig.entry((p.name.clone(), model.name.clone(), name)).or_insert(0) += 1;
-                                }
-                            }
-                            Grant::Fraction { .. } => pm.fractions += 1,
-                            _ => {}
-                        }
-                        if let Some((t, pr)) = owner_of(h) {
-                            if tenant.as_ref().is_some_and(|x| *x != t) {
-                                mixed.0 = true;
-                            }
-                            if project.as_ref().is_some_and(|x| *x != pr) {
-                                mixed.1 = true;
-                            }
-                            tenant = Some(t.clone());
-                            project = Some(pr.clone());
-                            s.owner.insert(*h, (t, pr));
-                        }
-                    }
-                    if let Some(t) = tenant {
-                        let t = if mixed.0 { String::new() } else { t };
-                        let pr = if mixed.0 || mixed.1 {
-                            String::new()
-                        } else {
-                            project.unwrap_or_default()
-                        };
-                        s.gpu_owner.insert((n.name.clone(), gi as u8), (t, pr));
-                    }
-                }
-            }
-            s.frag.insert(p.name.clone(), (whole_free, all_free));
-        }
-        for a in st.allocations.values() {
-            let Some((tenant, _)) = owner_of(&a.id) else { continue };
-            let n = f.node(a.node);
-            let key = (
-                tenant,
-                f.pool(n.pool).name.clone(),
-                f.catalogue.get(n.model).name.clone(),
-            );
-            *s.tenant_alloc.entry(key).or_insert(0) += a.units.as_milli();
-        }
-        for j in ctx.sched.queue() {
-            let class = queue_class(f, ctx, &j.request);
-            let e = s
-                .queue
-                .entry((j.tenant.clone(), class.clone(), j.priority.clone()))
-                .or_insert((0, j.submitted_ms));
-            e.0 += 1;
-            e.1 = e.1.min(j.submitted_ms);
-            let reason = ctx.workloads.get(&j.id).and_then(|l| l.wl.reason.as_deref());
-            *s.blocked.entry((class, wait_reason(reason).to_string())).or_insert(0) += 1;
-        }
-        for l in ctx.workloads.values() {
-            *s.states.entry(l.wl.state.as_str()).or_insert(0) += 1;
-        }
-        for t in tenants {
-            for (class, q) in ctx.sched.quotas_of(t) {
-                let used = ctx.sched.held(t, &class);
-                let borrowed = used.as_f64() - q.guaranteed.as_f64();
-                s.quotas.insert(
-                    (t.clone(), class),
-                    QuotaUse {
-                        guaranteed: q.guaranteed.as_f64(),
-                        limit: q.limit.map(|l| l.as_f64()),
-                        used: used.as_f64(),
-                        borrowed: borrowed.max(0.0),
-                    },
-                );
-            }
-            if let Some(b) = ctx.sched.budget(t) {
-                s.budgets.insert(t.clone(), (b, ctx.sched.spent(t)));
-            }
-        }
-        s
-    }
-}
-
-/// The resource class a queued request waits for: its pool when only one pool can serve it,
-/// else `any`.
-fn queue_class(f: &Fleet, ctx: &ViewCtx, r: &tessera_model::Request) -> String {
-    if let Some(p) = r.pool {
-        return f.pool(p).name.clone();
-    }
-    match ctx.sched.engine.scope(r) {
-        Ok(pools) if pools.len() == 1 => f.pool(pools[0]).name.clone(),
-        _ => "any".into(),
-    }
-}
-
-fn l(pairs: &[(&'static str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
-}
-
-fn gauge(reg: &mut Registry, name: &str, help: &str, fam: FGauge) {
-    reg.register(name, help, fam);
-}
-
 /// Renders the whole exposition.
-pub fn render(obs: &Observability, fleet: &Fleet, snap: Option<&Snapshot>, telemetry: &[GpuSample]) -> String {
+pub fn render(obs: &Observability, backend: &str, snap: &Snapshot, telemetry: &Telemetry) -> String {
     let mut reg = Registry::default();
     obs.metrics.register(&mut reg);
+    let f = &snap.fleet;
 
     let info = FGauge::default();
-    info.get_or_create(&l(&[("version", obs.version), ("backend", obs.backend.name())]))
+    info.get_or_create(&l(&[("version", obs.version), ("backend", backend)]))
         .set(1.0);
     gauge(
         &mut reg,
@@ -589,20 +401,22 @@ pub fn render(obs: &Observability, fleet: &Fleet, snap: Option<&Snapshot>, telem
     );
 
     // GPU health from telemetry, by pool and model.
-    let by_gpu: HashMap<(&str, u8), &GpuSample> = telemetry.iter().map(|s| ((s.node.as_str(), s.gpu), s)).collect();
-    let gpus = FGauge::default();
-    let lost = FGauge::default();
+    let by_gpu: HashMap<(&str, u8), &GpuSample> = telemetry
+        .gpus
+        .iter()
+        .map(|s| ((s.node.as_str(), s.gpu), s))
+        .collect();
+    let (gpus, lost) = (FGauge::default(), FGauge::default());
     let mut health: BTreeMap<(String, String), (u64, u64, u64)> = BTreeMap::new();
-    for n in &fleet.nodes {
-        let key = (
-            fleet.pool(n.pool).name.clone(),
-            fleet.catalogue.get(n.model).name.clone(),
-        );
+    for n in &f.nodes {
+        let key = (f.pool(n.pool).name.clone(), f.catalogue.get(n.model).name.clone());
         let e = health.entry(key).or_default();
         for g in 0..n.gpus {
             match by_gpu.get(&(n.name.as_str(), g)) {
                 Some(s) if s.xid == 0 => e.0 += 1,
                 Some(_) => e.1 += 1,
+                // No telemetry yet at all: not counted as lost.
+                None if telemetry.at == 0 => e.0 += 1,
                 None => {
                     e.1 += 1;
                     e.2 += 1;
@@ -631,17 +445,110 @@ pub fn render(obs: &Observability, fleet: &Fleet, snap: Option<&Snapshot>, telem
         lost,
     );
 
-    if let Some(s) = snap {
-        render_state(&mut reg, s);
+    let owners = render_fleet(&mut reg, snap);
+    render_queue_and_quotas(&mut reg, snap);
+    if f.gpu_count() <= PER_GPU_SERIES_MAX {
+        render_dcgm(&mut reg, &telemetry.gpus, &owners);
+    } else {
+        render_telemetry_aggregates(&mut reg, snap, &telemetry.gpus);
     }
-    render_dcgm(&mut reg, telemetry, snap);
 
-    let mut out = String::with_capacity(1 << 20);
+    let mut out = String::with_capacity(1 << 16);
     prometheus_text::encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
 }
 
-fn render_state(reg: &mut Registry, s: &Snapshot) {
+/// Who holds each GPU and each workload, for the DCGM series' `tenant` and `project` labels.
+#[derive(Default)]
+struct Owners {
+    /// (node, gpu) → (tenant, project) of its holders ("" when mixed).
+    gpu: HashMap<(String, u8), (String, String)>,
+    /// workload → (tenant, project).
+    workload: HashMap<u64, (String, String)>,
+}
+
+fn render_fleet(reg: &mut Registry, s: &Snapshot) -> Owners {
+    let f = &s.fleet;
+    let small = f.gpu_count() <= PER_GPU_SERIES_MAX;
+    let mut owners = Owners::default();
+    let mut pool_models: BTreeMap<(String, String), PoolModel> = BTreeMap::new();
+    let mut frag: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut mig: BTreeMap<(String, String, String), u64> = BTreeMap::new();
+    let mut tenant_alloc: BTreeMap<(String, String, String), u64> = BTreeMap::new();
+    for p in &f.pools {
+        let (mut whole_free, mut all_free) = (0u64, 0u64);
+        for ni in p.nodes.start as usize..p.nodes.end as usize {
+            let n = &f.nodes[ni];
+            let model = f.catalogue.get(n.model);
+            let ns = &s.nodes[ni];
+            let pm = pool_models.entry((p.name.clone(), model.name.clone())).or_default();
+            let node_free: u64 = ns.gpus.iter().map(|g| 1000 - g.used_milli.min(1000) as u64).sum();
+            all_free += node_free;
+            if p.sharing == Sharing::Whole {
+                if ns.gpus.iter().all(|g| g.holders.is_empty()) {
+                    whole_free += node_free;
+                }
+            } else {
+                whole_free += ns.gpus.iter().filter(|g| g.holders.is_empty()).count() as u64 * 1000;
+            }
+            if let Some(geom) = model.mig.filter(|_| p.sharing == Sharing::Mig) {
+                for prof in geom.profiles {
+                    mig.entry((p.name.clone(), model.name.clone(), model.profile_name(prof)))
+                        .or_insert(0);
+                }
+            }
+            for (gi, g) in ns.gpus.iter().enumerate() {
+                pm.gpus += 1;
+                pm.used_milli += g.used_milli as u64;
+                match g.used_milli {
+                    0 if g.holders.is_empty() => pm.idle += 1,
+                    1000.. => pm.full += 1,
+                    _ => pm.partial += 1,
+                }
+                let mut owner: Option<(String, String)> = None;
+                let mut mixed = (false, false);
+                for h in &g.holders {
+                    match h.grant {
+                        Grant::Mig { profile, .. } => {
+                            if let Some(geom) = model.mig {
+                                let name = model.profile_name(&geom.profiles[profile as usize]);
+                                *mig.entry((p.name.clone(), model.name.clone(), name)).or_insert(0) += 1;
+                            }
+                        }
+                        Grant::Fraction { .. } => pm.fractions += 1,
+                        _ => {}
+                    }
+                    if h.tenant.is_empty() {
+                        continue;
+                    }
+                    if let Some((t, pr)) = &owner {
+                        mixed.0 |= *t != h.tenant;
+                        mixed.1 |= *pr != h.project;
+                    }
+                    owner = Some((h.tenant.clone(), h.project.clone()));
+                    if small {
+                        owners
+                            .workload
+                            .insert(h.workload, (h.tenant.clone(), h.project.clone()));
+                    }
+                }
+                // A gang holds several GPUs: count it once, at its first.
+                for h in g.holders.iter().filter(|h| !h.tenant.is_empty()) {
+                    if h.grant.gpu_mask().trailing_zeros() == gi as u32 {
+                        *tenant_alloc
+                            .entry((h.tenant.clone(), p.name.clone(), model.name.clone()))
+                            .or_insert(0) += h.units.as_milli();
+                    }
+                }
+                if let (Some((t, pr)), true) = (owner, small) {
+                    let t = if mixed.0 { String::new() } else { t };
+                    let pr = if mixed.0 || mixed.1 { String::new() } else { pr };
+                    owners.gpu.insert((n.name.clone(), gi as u8), (t, pr));
+                }
+            }
+        }
+        frag.insert(p.name.clone(), (whole_free, all_free));
+    }
     let (alloc, free, cap, occ, by_occ, fractions) = (
         FGauge::default(),
         FGauge::default(),
@@ -650,7 +557,7 @@ fn render_state(reg: &mut Registry, s: &Snapshot) {
         FGauge::default(),
         FGauge::default(),
     );
-    for ((pool, model), pm) in &s.pool_models {
+    for ((pool, model), pm) in &pool_models {
         let lb = l(&[("pool", pool), ("model", model)]);
         let capacity = pm.gpus as f64;
         let used = pm.used_milli as f64 / 1000.0;
@@ -697,53 +604,47 @@ fn render_state(reg: &mut Registry, s: &Snapshot) {
         "Time-sliced fractions placed, by pool and model",
         fractions,
     );
-
-    let frag = FGauge::default();
-    for (pool, (whole_free, all_free)) in &s.frag {
+    let fr = FGauge::default();
+    for (pool, (whole_free, all_free)) in &frag {
         let r = if *all_free == 0 {
             0.0
         } else {
             1.0 - *whole_free as f64 / *all_free as f64
         };
-        frag.get_or_create(&l(&[("pool", pool)])).set(r);
+        fr.get_or_create(&l(&[("pool", pool)])).set(r);
     }
     gauge(
         reg,
         "tessera_pool_fragmentation_ratio",
         "Share of a pool's free GPU units that are not in whole free units: free GPUs on partly used nodes (whole pools), free slices on partly used GPUs (MIG and shared pools)",
-        frag,
+        fr,
     );
-
-    let mig = FGauge::default();
-    for ((pool, model, profile), n) in &s.mig {
-        mig.get_or_create(&l(&[("pool", pool), ("model", model), ("profile", profile)]))
+    let m = FGauge::default();
+    for ((pool, model, profile), n) in &mig {
+        m.get_or_create(&l(&[("pool", pool), ("model", model), ("profile", profile)]))
             .set(*n as f64);
     }
-    gauge(
-        reg,
-        "tessera_mig_instances",
-        "MIG instances by pool, model and profile",
-        mig,
-    );
-
-    let tenant_alloc = FGauge::default();
-    for ((tenant, pool, model), m) in &s.tenant_alloc {
-        tenant_alloc
-            .get_or_create(&l(&[("tenant", tenant), ("pool", pool), ("model", model)]))
-            .set(*m as f64 / 1000.0);
+    gauge(reg, "tessera_mig_instances", "MIG instances by pool, model and profile", m);
+    let ta = FGauge::default();
+    for ((tenant, pool, model), milli) in &tenant_alloc {
+        ta.get_or_create(&l(&[("tenant", tenant), ("pool", pool), ("model", model)]))
+            .set(*milli as f64 / 1000.0);
     }
     gauge(
         reg,
         "tessera_tenant_gpu_units_allocated",
         "GPU units allocated, by tenant, pool and model",
-        tenant_alloc,
+        ta,
     );
+    owners
+}
 
+fn render_queue_and_quotas(reg: &mut Registry, s: &Snapshot) {
     let (depth, oldest) = (FGauge::default(), FGauge::default());
-    for ((tenant, class, priority), (n, since)) in &s.queue {
+    for ((tenant, class, priority), (n, since)) in &s.queue.depth {
         let lb = l(&[("tenant", tenant), ("class", class), ("priority", priority)]);
         depth.get_or_create(&lb).set(*n as f64);
-        oldest.get_or_create(&lb).set((s.now - since).max(0) as f64 / 1000.0);
+        oldest.get_or_create(&lb).set((s.at - since).max(0) as f64 / 1000.0);
     }
     gauge(
         reg,
@@ -758,15 +659,19 @@ fn render_state(reg: &mut Registry, s: &Snapshot) {
         oldest,
     );
     let blocked = FGauge::default();
-    for ((class, reason), n) in &s.blocked {
+    let mut by_label: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
+    for ((class, code), n) in &s.queue.blocked {
+        *by_label.entry((class.clone(), wait_label(*code))).or_insert(0) += n;
+    }
+    for ((class, reason), n) in &by_label {
         blocked
             .get_or_create(&l(&[("pool", class), ("reason", reason)]))
             .set(*n as f64);
     }
     // Stable series for the reasons alerts look at.
-    for p in s.frag.keys() {
+    for p in &s.fleet.pools {
         for r in ["fragmentation", "no-capacity"] {
-            let _ = blocked.get_or_create(&l(&[("pool", p), ("reason", r)]));
+            let _ = blocked.get_or_create(&l(&[("pool", &p.name), ("reason", r)]));
         }
     }
     gauge(
@@ -775,11 +680,17 @@ fn render_state(reg: &mut Registry, s: &Snapshot) {
         "Requests waiting, by the pool they wait for (`any` when several can serve them) and why",
         blocked,
     );
-
     let states = FGauge::default();
-    for st in ["pending", "queued", "placed", "running", "stopping"] {
-        let n = s.states.get(st).copied().unwrap_or(0);
-        states.get_or_create(&l(&[("state", st)])).set(n as f64);
+    for p in Phase::ALL.into_iter().filter(|p| !p.is_terminal()) {
+        // `partitioned` is part of `placed` in the API's states.
+        if p == Phase::Partitioned {
+            continue;
+        }
+        let mut n = s.phases.get(&p).copied().unwrap_or(0);
+        if p == Phase::Placed {
+            n += s.phases.get(&Phase::Partitioned).copied().unwrap_or(0);
+        }
+        states.get_or_create(&l(&[("state", p.as_str())])).set(n as f64);
     }
     gauge(
         reg,
@@ -787,21 +698,31 @@ fn render_state(reg: &mut Registry, s: &Snapshot) {
         "Live workloads by state (ended ones: tessera_workloads_ended_total)",
         states,
     );
-
     let (qg, ql, qu, qb) = (
         FGauge::default(),
         FGauge::default(),
         FGauge::default(),
         FGauge::default(),
     );
-    for ((tenant, class), q) in &s.quotas {
-        let lb = l(&[("tenant", tenant), ("class", class)]);
-        qg.get_or_create(&lb).set(q.guaranteed);
-        if let Some(x) = q.limit {
-            ql.get_or_create(&lb).set(x);
+    let (bb, bs, br) = (FGauge::default(), FGauge::default(), FGauge::default());
+    for (tenant, t) in s.tenants.iter() {
+        for (class, q, used) in &t.quotas {
+            let lb = l(&[("tenant", tenant), ("class", class)]);
+            qg.get_or_create(&lb).set(q.guaranteed.as_f64());
+            if let Some(x) = q.limit {
+                ql.get_or_create(&lb).set(x.as_f64());
+            }
+            qu.get_or_create(&lb).set(used.as_f64());
+            qb.get_or_create(&lb)
+                .set((used.as_f64() - q.guaranteed.as_f64()).max(0.0));
         }
-        qu.get_or_create(&lb).set(q.used);
-        qb.get_or_create(&lb).set(q.borrowed);
+        // Budgets are set in GPU-unit-hours; exported in the base unit, seconds, like metering.
+        if let Some((b, spent)) = t.budget {
+            let lb = l(&[("tenant", tenant)]);
+            bb.get_or_create(&lb).set(b * 3600.0);
+            bs.get_or_create(&lb).set(spent * 3600.0);
+            br.get_or_create(&lb).set((b - spent).max(0.0) * 3600.0);
+        }
     }
     gauge(
         reg,
@@ -827,14 +748,6 @@ fn render_state(reg: &mut Registry, s: &Snapshot) {
         "GPU units a tenant holds above its guarantee (preemptible by reclaim)",
         qb,
     );
-    let (bb, bs, br) = (FGauge::default(), FGauge::default(), FGauge::default());
-    // Budgets are set in GPU-unit-hours; exported in the base unit, seconds, like metering.
-    for (tenant, (b, spent)) in &s.budgets {
-        let lb = l(&[("tenant", tenant)]);
-        bb.get_or_create(&lb).set(b * 3600.0);
-        bs.get_or_create(&lb).set(spent * 3600.0);
-        br.get_or_create(&lb).set((b - spent).max(0.0) * 3600.0);
-    }
     gauge(
         reg,
         "tessera_budget_gpu_unit_seconds",
@@ -856,8 +769,8 @@ fn render_state(reg: &mut Registry, s: &Snapshot) {
 }
 
 /// Per-GPU and per-MIG-instance telemetry under the DCGM exporter's names and labels, plus
-/// `tenant` and `project` of the holders.
-fn render_dcgm(reg: &mut Registry, telemetry: &[GpuSample], snap: Option<&Snapshot>) {
+/// `tenant` and `project` of the holders (fleets up to [`PER_GPU_SERIES_MAX`] GPUs).
+fn render_dcgm(reg: &mut Registry, telemetry: &[GpuSample], owners: &Owners) {
     let names = [
         ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)"),
         ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)"),
@@ -873,9 +786,7 @@ fn render_dcgm(reg: &mut Registry, telemetry: &[GpuSample], snap: Option<&Snapsh
     let fams: Vec<FGauge> = names.iter().map(|_| FGauge::default()).collect();
     let empty = (String::new(), String::new());
     for s in telemetry {
-        let (tenant, project) = snap
-            .and_then(|x| x.gpu_owner.get(&(s.node.clone(), s.gpu)))
-            .unwrap_or(&empty);
+        let (tenant, project) = owners.gpu.get(&(s.node.clone(), s.gpu)).unwrap_or(&empty);
         let base = |extra: &[(&'static str, String)], tenant: &str, project: &str| -> Labels {
             let mut v: Labels = vec![
                 ("gpu", s.gpu.to_string()),
@@ -904,7 +815,7 @@ fn render_dcgm(reg: &mut Registry, telemetry: &[GpuSample], snap: Option<&Snapsh
         }
         // MIG instances: GPU_UTIL is not defined per instance; engine activity and framebuffer are.
         for i in s.instances.iter().filter(|i| !i.profile.is_empty()) {
-            let (t, p) = snap.and_then(|x| x.owner.get(&i.workload)).cloned().unwrap_or_default();
+            let (t, p) = owners.workload.get(&i.workload).cloned().unwrap_or_default();
             let lb = base(
                 &[
                     ("GPU_I_PROFILE", i.profile.clone()),
@@ -923,30 +834,71 @@ fn render_dcgm(reg: &mut Registry, telemetry: &[GpuSample], snap: Option<&Snapsh
     }
 }
 
+/// Telemetry of a large fleet, aggregated per pool and model.
+fn render_telemetry_aggregates(reg: &mut Registry, snap: &Snapshot, telemetry: &[GpuSample]) {
+    let f = &snap.fleet;
+    let pool_of: HashMap<&str, &str> = f
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), f.pool(n.pool).name.as_str()))
+        .collect();
+    // (pool, model) → (GPUs sampled, Σ util %, Σ FB used MiB, GPUs with an XID, max temperature).
+    let mut agg: BTreeMap<(&str, &str), (u64, f64, f64, u64, f64)> = BTreeMap::new();
+    for s in telemetry {
+        let Some(pool) = pool_of.get(s.node.as_str()) else { continue };
+        let e = agg.entry((pool, s.model.as_str())).or_default();
+        e.0 += 1;
+        e.1 += s.util_pct;
+        e.2 += s.fb_used_mib as f64;
+        e.3 += (s.xid != 0) as u64;
+        e.4 = e.4.max(s.temp_c);
+    }
+    let (util, fb, xid, temp) = (
+        FGauge::default(),
+        FGauge::default(),
+        FGauge::default(),
+        FGauge::default(),
+    );
+    for ((pool, model), (n, u, m, x, t)) in &agg {
+        let lb = l(&[("pool", pool), ("model", model)]);
+        util.get_or_create(&lb).set(if *n > 0 { u / *n as f64 } else { 0.0 });
+        fb.get_or_create(&lb).set(*m);
+        xid.get_or_create(&lb).set(*x as f64);
+        temp.get_or_create(&lb).set(*t);
+    }
+    gauge(
+        reg,
+        "tessera_gpu_utilization_percent",
+        "Mean GPU utilisation by pool and model (fleets too large for per-GPU series)",
+        util,
+    );
+    gauge(
+        reg,
+        "tessera_gpu_fb_used_mib",
+        "Framebuffer in use by pool and model, MiB (fleets too large for per-GPU series)",
+        fb,
+    );
+    gauge(
+        reg,
+        "tessera_gpus_with_xid",
+        "GPUs whose last telemetry reported an XID error, by pool and model",
+        xid,
+    );
+    gauge(
+        reg,
+        "tessera_gpu_temperature_max_celsius",
+        "Hottest GPU by pool and model, °C",
+        temp,
+    );
+}
+
 /// `GET /metrics`.
 pub async fn scrape(State(s): State<AppState>) -> Response {
     let obs = s.obs.clone();
-    let mut tenants: Vec<String> = Vec::new();
-    match s.store.quotas().await {
-        Ok(q) => tenants.extend(q.into_iter().map(|q| q.tenant)),
-        Err(e) => tracing::warn!(error = %e, "metrics: cannot read quotas"),
-    }
-    match s.store.budgets().await {
-        Ok(b) => tenants.extend(b.into_iter().map(|(t, _)| t)),
-        Err(e) => tracing::warn!(error = %e, "metrics: cannot read budgets"),
-    }
-    tenants.sort();
-    tenants.dedup();
-    let snap = match s.controller.view(move |ctx| Snapshot::take(ctx, &tenants)).await {
-        Ok(x) => x,
-        Err(e) => return e.into_response(),
-    };
-    let fleet = s.fleet.clone();
-    let body = tokio::task::spawn_blocking(move || {
-        let telemetry = obs.backend.telemetry();
-        render(&obs, &fleet, Some(&snap), &telemetry)
-    })
-    .await;
+    let snap = s.lifecycle.snapshot();
+    let telemetry = s.lifecycle.published().telemetry();
+    let backend = s.backend_name;
+    let body = tokio::task::spawn_blocking(move || render(&obs, backend, &snap, &telemetry)).await;
     match body {
         Ok(b) => (
             StatusCode::OK,
@@ -986,32 +938,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reasons_are_bounded() {
-        assert_eq!(refusal_reason("constraint: 9 GPUs on one node"), "constraint");
-        assert_eq!(
-            refusal_reason(
-                "refused: tenant a holds 1 of its 1 guaranteed training units (limit 2); this request needs 8"
-            ),
-            "quota"
-        );
-        assert_eq!(
-            refusal_reason("tenant a has spent 10.0 of its 10.0 GPU-unit-hour budget for this month"),
-            "budget"
-        );
-        assert_eq!(refusal_reason("something new"), "other");
-        assert_eq!(wait_reason(None), "pending");
-        assert_eq!(wait_reason(Some("fragmentation: 3 free GPUs but")), "fragmentation");
-        assert_eq!(
-            wait_reason(Some("waiting for 2 preempted workload(s) to stop: x")),
-            "preemption"
-        );
-        assert_eq!(
-            wait_reason(Some("waiting for capacity within its quota")),
-            "no-capacity"
-        );
-        for r in [None, Some("x")] {
-            assert!(WAIT_REASONS.contains(&wait_reason(r)));
+    fn wait_labels_are_bounded() {
+        let labels = [
+            "pending",
+            "fragmentation",
+            "no-capacity",
+            "isolation",
+            "budget",
+            "quota",
+            "preemption",
+            "backoff",
+            "other",
+        ];
+        assert!(labels.contains(&wait_label(None)));
+        for c in ReasonCode::ALL {
+            assert!(labels.contains(&wait_label(Some(c))), "{c}");
         }
+        assert_eq!(wait_label(Some(ReasonCode::Held)), "no-capacity");
     }
 
     #[test]
@@ -1019,7 +962,7 @@ mod tests {
         let m = Metrics::new();
         m.api_request("GET", "/api/v1/workloads/{id}", 200, Duration::from_millis(3));
         m.api_request("BREW", "/x", 418, Duration::from_millis(3));
-        m.refused("constraint: too big");
+        m.refused(ReasonCode::Constraint);
         let mut reg = Registry::default();
         m.register(&mut reg);
         let mut out = String::new();

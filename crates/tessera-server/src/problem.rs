@@ -49,9 +49,16 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "conflict", "Conflict", detail)
     }
 
-    /// 403: refused by a quota, limit or budget.
-    pub fn quota(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "quota", "Refused by quota", detail)
+    /// 403: refused by a quota limit (`quota`) or a budget (`budget`); `kind` is the reason's
+    /// code.
+    pub fn refused(kind: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, kind, "Refused by quota or budget", detail)
+    }
+
+    /// The same problem with another type (a reason code).
+    pub fn with_kind(mut self, kind: &'static str) -> Self {
+        self.kind = kind;
+        self
     }
 
     pub fn unauthorized(detail: impl Into<String>) -> Self {

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use tessera_api::{UsageRow, days_from_civil, rfc3339_ms};
+use tessera_domain::WorkloadId;
 use tessera_store::UsageInterval;
 
 /// Price per GPU-unit-hour by resource class (`pool/MODEL` first, then `pool`).
@@ -73,7 +74,7 @@ pub fn report(
     now: i64,
     by: By,
     prices: &Prices,
-    live_util: &HashMap<u64, f64>,
+    live_util: &HashMap<WorkloadId, f64>,
 ) -> (Vec<UsageRow>, UsageRow) {
     let mut rows: BTreeMap<String, UsageRow> = BTreeMap::new();
     let mut total = UsageRow {
@@ -89,9 +90,9 @@ pub fn report(
         if end <= start {
             continue;
         }
-        let util = u.util_avg.or_else(|| live_util.get(&u.workload_id).copied());
+        let util = u.util_avg.or_else(|| live_util.get(&u.workload).copied());
         let price = prices.price(&u.pool, &u.model);
-        let units = u.units_milli as f64 / 1000.0;
+        let units = u.units.as_f64();
         // Split by day when grouping by day; otherwise one piece.
         let mut pieces = Vec::new();
         if by == By::Day {
@@ -167,14 +168,14 @@ mod tests {
 
     fn iv(id: u64, project: &str, units: u64, s: i64, e: Option<i64>, util: Option<f64>) -> UsageInterval {
         UsageInterval {
-            workload_id: id,
+            workload: WorkloadId(id),
             seq: 0,
             tenant: "vision".into(),
             project: project.into(),
             pool: "serving".into(),
             model: "A100-80GB".into(),
             shape: "x".into(),
-            units_milli: units,
+            units: tessera_model::GpuUnits(units),
             started_at: s,
             ended_at: e,
             util_avg: util,
@@ -201,7 +202,7 @@ mod tests {
             d + 26 * h,
             By::Day,
             &prices,
-            &HashMap::from([(2, 0.25)]),
+            &HashMap::from([(WorkloadId(2), 0.25)]),
         );
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].key, "2026-11-28");

@@ -256,7 +256,7 @@ async fn batch_workloads_complete_and_queue_drains() {
     }
     let (_, w) = s.post("/api/v1/workloads", json!({"tenant": "vision", "project": "train", "name": "wait", "shape": {"gpus": 8, "pool": "training"}, "duration_s": 1})).await;
     assert_eq!(w["state"], "queued", "{w}");
-    assert!(w["reason"].as_str().unwrap().starts_with("no-capacity"), "{w}");
+    assert_eq!(w["reason_code"], "no-capacity", "{w}");
     let wid = w["id"].as_u64().unwrap();
     s.wait_state(ids[0], "succeeded").await;
     s.wait_state(wid, "running").await;
@@ -544,6 +544,7 @@ async fn quotas_borrowing_limits_budgets_and_usage() {
     assert_eq!(b["borrowing"], true, "above the guarantee, within the limit: borrowing");
     let (st, p) = s.post("/api/v1/workloads", gang(true)).await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert_eq!(p["type"], "https://tessera.dev/problems/quota", "{p}");
     assert_eq!(
         p["detail"],
         "tenant vision holds 16 of its 8 guaranteed training units (limit 16); this request needs 8"
@@ -551,6 +552,7 @@ async fn quotas_borrowing_limits_budgets_and_usage() {
     let (st, w) = s.post("/api/v1/workloads", gang(false)).await;
     assert_eq!(st, StatusCode::CREATED);
     assert_eq!(w["state"], "queued");
+    assert_eq!(w["reason_code"], "quota");
     assert_eq!(
         w["reason"],
         "tenant vision holds 16 of its 8 guaranteed training units (limit 16); this request needs 8"
@@ -588,13 +590,7 @@ async fn quotas_borrowing_limits_budgets_and_usage() {
         )
         .await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
-    assert!(
-        p["detail"]
-            .as_str()
-            .unwrap()
-            .contains("GPU-unit-hour budget for this month"),
-        "{p}"
-    );
+    assert_eq!(p["type"], "https://tessera.dev/problems/budget", "{p}");
     let quotas = s.get("/api/v1/tenants/vision/quotas").await;
     assert!(quotas["budget"]["spent_unit_hours"].as_f64().unwrap() > 0.001);
 

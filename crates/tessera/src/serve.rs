@@ -15,6 +15,12 @@ pub enum LogFormat {
     Json,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum SimModeArg {
+    Exact,
+    Operator,
+}
+
 #[derive(Args)]
 pub struct ServeArgs {
     /// Where the SQLite database and the admin token live.
@@ -32,9 +38,22 @@ pub struct ServeArgs {
     /// Shared-pool placement policy: tessera, fgd, bestfit, random.
     #[arg(long, default_value = "tessera")]
     policy: String,
-    /// Simulated time to create a MIG instance, in milliseconds.
-    #[arg(long, default_value_t = 0)]
-    sim_mig_partition_ms: u64,
+    /// How the simulated backend behaves: `exact` (creates MIG instances at the engine's
+    /// slices and runs workloads on exactly the devices named, as NVML does) or `operator`
+    /// (re-lays out a whole GPU at once and only while idle, and picks devices itself from a
+    /// per-node count, as on a Kubernetes cluster with the NVIDIA GPU Operator).
+    #[arg(long, value_enum, default_value_t = SimModeArg::Exact)]
+    sim_mode: SimModeArg,
+    /// Simulated time to partition a GPU, in milliseconds (default: 0 in `exact` mode, 2000 in
+    /// `operator` mode).
+    #[arg(long)]
+    sim_mig_partition_ms: Option<u64>,
+    /// How often the simulated backend reports telemetry, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    sim_telemetry_ms: u64,
+    /// How often the backend is reconciled with what Tessera expects, in seconds.
+    #[arg(long, default_value_t = 30)]
+    reconcile_s: u64,
     /// Grace period given to a workload being stopped, in seconds.
     #[arg(long, default_value_t = 30)]
     grace_s: u64,
@@ -107,11 +126,24 @@ pub fn run(a: ServeArgs) -> Result<()> {
             fleet,
             listen: a.listen,
             policy: a.policy,
-            sim: tessera_backend::SimConfig {
-                mig_partition_time: Duration::from_millis(a.sim_mig_partition_ms),
-                ..Default::default()
+            sim: {
+                let mode = match a.sim_mode {
+                    SimModeArg::Exact => tessera_backend_sim::SimMode::Exact,
+                    SimModeArg::Operator => tessera_backend_sim::SimMode::Operator,
+                };
+                let partition_ms = a.sim_mig_partition_ms.unwrap_or(match a.sim_mode {
+                    SimModeArg::Exact => 0,
+                    SimModeArg::Operator => 2000,
+                });
+                tessera_backend_sim::SimConfig {
+                    mode,
+                    mig_partition_time: Duration::from_millis(partition_ms),
+                    telemetry_interval: Duration::from_millis(a.sim_telemetry_ms.max(100)),
+                    ..Default::default()
+                }
             },
             grace: Duration::from_secs(a.grace_s),
+            reconcile_every: Duration::from_secs(a.reconcile_s.max(1)),
             govern,
             prices,
             rate_limit: a.rate_limit,
@@ -137,7 +169,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
             None => None,
         };
         println!(
-            "Tessera is serving the simulated fleet ({gpus} GPUs): console http://{0}/  API http://{0}/api/v1",
+            "Tessera is serving the simulated fleet ({gpus} GPUs, {} mode): console http://{1}/  API http://{1}/api/v1",
+            match a.sim_mode {
+                SimModeArg::Exact => "exact",
+                SimModeArg::Operator => "operator",
+            },
             running.addr
         );
         tracing::info!(addr = %running.addr, "serving");

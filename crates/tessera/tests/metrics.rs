@@ -378,7 +378,13 @@ async fn simulated_faults_show_in_dcgm_xid_errors() {
     assert_eq!(st, 200, "{b}");
     let uuid = b["uuid"].as_str().unwrap().to_string();
 
-    let e = parse_exposition(&s.scrape().await).unwrap();
+    // Telemetry arrives every interval: the XID shows in the next sample.
+    let e = eventually(Duration::from_secs(10), Duration::from_millis(100), || async {
+        let e = parse_exposition(&s.scrape().await).unwrap();
+        e.find("DCGM_FI_DEV_XID_ERRORS").any(|x| x.value != 0.0).then_some(e)
+    })
+    .await
+    .expect("the XID is reported within a telemetry interval");
     let xid: Vec<_> = e.find("DCGM_FI_DEV_XID_ERRORS").filter(|x| x.value != 0.0).collect();
     assert_eq!(xid.len(), 1, "{xid:?}");
     let l = &xid[0].labels;
@@ -438,8 +444,12 @@ async fn simulated_faults_show_in_dcgm_xid_errors() {
         .post("/api/v1/sim/faults", json!({"node": "a100-03", "gpu": 6, "xid": 0}))
         .await;
     assert_eq!(st, 200);
-    let e = parse_exposition(&s.scrape().await).unwrap();
-    assert!(e.find("DCGM_FI_DEV_XID_ERRORS").all(|x| x.value == 0.0));
+    let cleared = eventually(Duration::from_secs(10), Duration::from_millis(100), || async {
+        let e = parse_exposition(&s.scrape().await).unwrap();
+        e.find("DCGM_FI_DEV_XID_ERRORS").all(|x| x.value == 0.0).then_some(())
+    })
+    .await;
+    assert!(cleared.is_some(), "XID 0 clears the fault in the next sample");
 
     // Documented in the OpenAPI document like every route.
     let (_, doc) = s.get("/api/v1/openapi.json").await;

@@ -75,6 +75,8 @@ impl Server {
             "0",
             "--min-runtime-s",
             "0",
+            "--sim-telemetry-ms",
+            "250",
         ])
         .arg("--data-dir")
         .arg(dir.0.join("data"));

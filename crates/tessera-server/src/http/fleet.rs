@@ -1,0 +1,128 @@
+//! Fleet views: pools, nodes and GPUs, read from the lifecycle's published snapshot. Pages
+//! are cut before views are built, so a page costs the same on 480 GPUs and on 80,000.
+
+use std::ops::Range;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use serde::Deserialize;
+use tessera_api::{GpuView, NodeView, Page, PoolView, Problem};
+use utoipa::IntoParams;
+
+use super::{PageParams, limit, views};
+use crate::AppState;
+use crate::auth::Identity;
+use crate::problem::{ApiError, ApiResult};
+
+/// Pools with their sharing mode and GPU units in use.
+#[utoipa::path(get, path = "/api/v1/pools", tag = "fleet", params(PageParams), responses((status = 200, body = Page<PoolView>), (status = 401, body = Problem)))]
+pub async fn list_pools(
+    State(s): State<AppState>,
+    _id: Identity,
+    Query(p): Query<PageParams>,
+) -> ApiResult<Json<Page<PoolView>>> {
+    let l = limit(p.limit)? as usize;
+    let all = views::pools(&s.lifecycle.snapshot());
+    let start = match &p.cursor {
+        Some(c) => all.iter().position(|x| x.name == *c).map(|i| i + 1).unwrap_or(all.len()),
+        None => 0,
+    };
+    let items: Vec<PoolView> = all.into_iter().skip(start).take(l + 1).collect();
+    Ok(Json(super::page(items, l as u32, |x| x.name.clone())))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct FleetFilter {
+    /// Only this pool.
+    pub pool: Option<String>,
+    /// Only this node.
+    pub node: Option<String>,
+    /// Items per page, 1–500 (default 100).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// The node indexes a filter covers.
+fn node_range(s: &AppState, f: &FleetFilter) -> ApiResult<Range<usize>> {
+    let fleet = &s.fleet;
+    let mut r = 0..fleet.nodes.len();
+    if let Some(p) = &f.pool {
+        let Some(pid) = fleet.pool_by_name(p) else {
+            return Ok(0..0);
+        };
+        let n = &fleet.pool(pid).nodes;
+        r = n.start as usize..n.end as usize;
+    }
+    if let Some(name) = &f.node {
+        r = match s.nodes.get(name) {
+            Some(i) if r.contains(&(i.0 as usize)) => i.0 as usize..i.0 as usize + 1,
+            _ => 0..0,
+        };
+    }
+    Ok(r)
+}
+
+/// Nodes with free host resources and GPUs.
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "fleet", params(FleetFilter), responses((status = 200, body = Page<NodeView>), (status = 401, body = Problem)))]
+pub async fn list_nodes(
+    State(s): State<AppState>,
+    _id: Identity,
+    Query(f): Query<FleetFilter>,
+) -> ApiResult<Json<Page<NodeView>>> {
+    let l = limit(f.limit)? as usize;
+    let mut range = node_range(&s, &f)?;
+    if let Some(c) = &f.cursor {
+        let after = s
+            .nodes
+            .get(c)
+            .ok_or_else(|| ApiError::invalid("cursor", "not a cursor from this API"))?;
+        range.start = range.start.max(after.0 as usize + 1);
+    }
+    let snap = s.lifecycle.snapshot();
+    let items: Vec<NodeView> = range
+        .take(l + 1)
+        .map(|i| views::node(&snap.fleet, i, &snap.nodes[i]))
+        .collect();
+    Ok(Json(super::page(items, l as u32, |x| x.name.clone())))
+}
+
+/// GPUs with their MIG layout or shares, and who holds each slice.
+#[utoipa::path(get, path = "/api/v1/gpus", tag = "fleet", params(FleetFilter), responses((status = 200, body = Page<GpuView>), (status = 401, body = Problem)))]
+pub async fn list_gpus(
+    State(s): State<AppState>,
+    id: Identity,
+    Query(f): Query<FleetFilter>,
+) -> ApiResult<Json<Page<GpuView>>> {
+    let l = limit(f.limit)? as usize;
+    let mut range = node_range(&s, &f)?;
+    // The cursor is the last GPU of the previous page: `node/index`.
+    let mut skip_in_first = 0;
+    if let Some(c) = &f.cursor {
+        let bad = || ApiError::invalid("cursor", "not a cursor from this API");
+        let (node, gpu) = c.rsplit_once('/').ok_or_else(bad)?;
+        let n = s.nodes.get(node).ok_or_else(bad)?.0 as usize;
+        let gpu: usize = gpu.parse().map_err(|_| bad())?;
+        if n >= range.start {
+            range.start = n;
+            skip_in_first = gpu + 1;
+        }
+    }
+    let snap = s.lifecycle.snapshot();
+    let mut items = Vec::with_capacity(l + 1);
+    for i in range {
+        let before = items.len();
+        views::gpus_of(&snap.fleet, i, &snap.nodes[i], &id, &mut items);
+        if skip_in_first > 0 {
+            let drop = skip_in_first.min(items.len() - before);
+            items.drain(before..before + drop);
+            skip_in_first = 0;
+        }
+        if items.len() > l {
+            break;
+        }
+    }
+    items.truncate(l + 1);
+    Ok(Json(super::page(items, l as u32, |x| format!("{}/{}", x.node, x.index))))
+}

@@ -1,0 +1,224 @@
+//! Quotas and budgets: stored here, then handed to the lifecycle loop's scheduler. Reads come
+//! from the published snapshot.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use tessera_api::{BudgetView, Problem, QuotaView, SetBudget, SetQuota, TenantQuotas};
+use tessera_model::GpuUnits;
+use tessera_sched::govern::Quota;
+
+use super::ApiJson;
+use super::tenancy::tenant_visible;
+use super::workloads::lifecycle_error;
+use crate::auth::Identity;
+use crate::lifecycle::Governance;
+use crate::problem::{ApiError, ApiResult};
+use crate::{AppState, now_ms};
+
+/// Checks a resource class name: a pool, `pool/MODEL` with that model in the pool, or
+/// `project:NAME` (a sub-quota of one project across pools).
+fn check_class(s: &AppState, class: &str) -> ApiResult<()> {
+    if class.starts_with("project:") {
+        // Checked against the tenant's projects by the caller.
+        return Ok(());
+    }
+    let (pool, model) = match class.split_once('/') {
+        Some((p, m)) => (p, Some(m)),
+        None => (class, None),
+    };
+    let Some(pid) = s.fleet.pool_by_name(pool) else {
+        let names: Vec<&str> = s.fleet.pools.iter().map(|p| p.name.as_str()).collect();
+        return Err(ApiError::invalid(
+            "class",
+            format!("unknown pool `{pool}` (pools: {})", names.join(", ")),
+        ));
+    };
+    if let Some(m) = model {
+        let p = s.fleet.pool(pid);
+        let has = s.fleet.nodes[p.nodes.start as usize..p.nodes.end as usize]
+            .iter()
+            .any(|n| s.fleet.catalogue.get(n.model).name == m);
+        if !has {
+            return Err(ApiError::invalid("class", format!("pool `{pool}` has no {m} GPUs")));
+        }
+    }
+    Ok(())
+}
+
+fn units_milli(field: &str, v: f64) -> ApiResult<u64> {
+    if !v.is_finite() || !(0.0..=10_000_000.0).contains(&v) {
+        return Err(ApiError::invalid(
+            field,
+            format!("{v}: GPU units must be a non-negative number"),
+        ));
+    }
+    let m = (v * 1000.0).round();
+    if (m - v * 1000.0).abs() > 1e-6 {
+        return Err(ApiError::invalid(
+            field,
+            format!("{v}: GPU units have at most three decimals"),
+        ));
+    }
+    Ok(m as u64)
+}
+
+/// A tenant's quotas (with use and borrowing) and budget.
+#[utoipa::path(get, path = "/api/v1/tenants/{tenant}/quotas", tag = "governance", params(("tenant" = String, Path)),
+    responses((status = 200, body = TenantQuotas), (status = 404, body = Problem)))]
+pub async fn get_quotas(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(tenant): Path<String>,
+) -> ApiResult<Json<TenantQuotas>> {
+    tenant_visible(&s, &id, &tenant).await?;
+    let snap = s.lifecycle.snapshot();
+    let t = snap.tenants.get(&tenant).cloned().unwrap_or_default();
+    let mut quotas: Vec<QuotaView> = t
+        .quotas
+        .iter()
+        .map(|(class, q, used)| {
+            let borrowed = if *used > q.guaranteed {
+                *used - q.guaranteed
+            } else {
+                GpuUnits::ZERO
+            };
+            QuotaView {
+                class: class.clone(),
+                guaranteed: q.guaranteed.as_f64(),
+                limit: q.limit.map(|l| l.as_f64()),
+                used: used.as_f64(),
+                borrowed: borrowed.as_f64(),
+            }
+        })
+        .collect();
+    quotas.sort_by(|a, b| a.class.cmp(&b.class));
+    let budget = t.budget.map(|(b, spent)| BudgetView {
+        monthly_unit_hours: b,
+        spent_unit_hours: spent,
+        remaining_unit_hours: (b - spent).max(0.0),
+    });
+    Ok(Json(TenantQuotas { tenant, quotas, budget }))
+}
+
+/// Sets a tenant's quota for a resource class (platform-admin).
+#[utoipa::path(put, path = "/api/v1/tenants/{tenant}/quotas/{class}", tag = "governance",
+    params(("tenant" = String, Path), ("class" = String, Path, description = "A pool, or pool/MODEL (URL-encode the slash)")),
+    request_body = SetQuota, responses((status = 200, body = QuotaView), (status = 403, body = Problem), (status = 422, body = Problem)))]
+pub async fn set_quota(
+    State(s): State<AppState>,
+    id: Identity,
+    Path((tenant, class)): Path<(String, String)>,
+    ApiJson(b): ApiJson<SetQuota>,
+) -> ApiResult<Json<QuotaView>> {
+    id.require_admin()?;
+    tenant_visible(&s, &id, &tenant).await?;
+    check_class(&s, &class)?;
+    if let Some(project) = class.strip_prefix("project:")
+        && s.store.get_project(&tenant, project).await?.is_none()
+    {
+        return Err(ApiError::invalid(
+            "class",
+            format!("tenant `{tenant}` has no project `{project}`"),
+        ));
+    }
+    let g = units_milli("guaranteed", b.guaranteed)?;
+    let l = b.limit.map(|l| units_milli("limit", l)).transpose()?;
+    if l.is_some_and(|l| l < g) {
+        return Err(ApiError::invalid(
+            "limit",
+            format!(
+                "limit {} is below the guarantee {}",
+                b.limit.unwrap_or(0.0),
+                b.guaranteed
+            ),
+        ));
+    }
+    s.store
+        .set_quota(
+            &tessera_store::QuotaRecord {
+                tenant: tenant.clone(),
+                class: class.clone(),
+                guaranteed_milli: g,
+                limit_milli: l,
+            },
+            now_ms(),
+        )
+        .await?;
+    let quota = Quota {
+        guaranteed: GpuUnits(g),
+        limit: l.map(GpuUnits),
+    };
+    s.lifecycle
+        .govern(Governance::Quota {
+            tenant: tenant.clone(),
+            class: class.clone(),
+            quota: Some(quota),
+        })
+        .await
+        .map_err(lifecycle_error)?;
+    tracing::info!(%tenant, %class, guaranteed = b.guaranteed, limit = ?b.limit, actor = %id.actor, "quota set");
+    Ok(Json(QuotaView {
+        class,
+        guaranteed: GpuUnits(g).as_f64(),
+        limit: l.map(|l| GpuUnits(l).as_f64()),
+        used: 0.0,
+        borrowed: 0.0,
+    }))
+}
+
+/// Removes a tenant's quota for a class (platform-admin).
+#[utoipa::path(delete, path = "/api/v1/tenants/{tenant}/quotas/{class}", tag = "governance", params(("tenant" = String, Path), ("class" = String, Path)),
+    responses((status = 204), (status = 404, body = Problem)))]
+pub async fn delete_quota(
+    State(s): State<AppState>,
+    id: Identity,
+    Path((tenant, class)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    id.require_admin()?;
+    tenant_visible(&s, &id, &tenant).await?;
+    if !s.store.delete_quota(&tenant, &class).await? {
+        return Err(ApiError::not_found(format!(
+            "tenant `{tenant}` has no quota for `{class}`"
+        )));
+    }
+    s.lifecycle
+        .govern(Governance::Quota {
+            tenant,
+            class,
+            quota: None,
+        })
+        .await
+        .map_err(lifecycle_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Sets or removes a tenant's monthly GPU-unit-hour budget (platform-admin).
+#[utoipa::path(put, path = "/api/v1/tenants/{tenant}/budget", tag = "governance", params(("tenant" = String, Path)),
+    request_body = SetBudget, responses((status = 204), (status = 403, body = Problem), (status = 422, body = Problem)))]
+pub async fn set_budget(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(tenant): Path<String>,
+    ApiJson(b): ApiJson<SetBudget>,
+) -> ApiResult<StatusCode> {
+    id.require_admin()?;
+    tenant_visible(&s, &id, &tenant).await?;
+    if let Some(v) = b.monthly_unit_hours
+        && (!v.is_finite() || v < 0.0)
+    {
+        return Err(ApiError::invalid(
+            "monthly_unit_hours",
+            format!("{v}: a budget is a non-negative number of GPU-unit-hours"),
+        ));
+    }
+    s.store.set_budget(&tenant, b.monthly_unit_hours, now_ms()).await?;
+    s.lifecycle
+        .govern(Governance::Budget {
+            tenant,
+            unit_hours: b.monthly_unit_hours,
+        })
+        .await
+        .map_err(lifecycle_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}

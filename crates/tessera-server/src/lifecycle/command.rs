@@ -1,0 +1,145 @@
+//! How the rest of the control plane talks to the lifecycle loop: the [`Lifecycle`] handle,
+//! the commands it sends, and the typed answers. Writes go through the loop; reads come from
+//! what it publishes ([`Published`]).
+
+use std::sync::Arc;
+
+use tessera_backend::{BackendEvent, ReconcileReport};
+use tessera_domain::{Reason, Workload, WorkloadId, WorkloadSpec};
+use tessera_model::Request;
+use tessera_sched::govern::Quota;
+use tokio::sync::{mpsc, oneshot};
+
+use super::effects::OpResult;
+use super::snapshot::{Published, Snapshot};
+
+/// A validated creation request.
+pub struct NewWorkload {
+    pub spec: WorkloadSpec,
+    /// The engine request, resolved against the fleet.
+    pub request: Request,
+    /// Token id or OIDC subject of the caller.
+    pub actor: String,
+    /// The caller's role, for the `authorised` step.
+    pub role: String,
+    /// Idempotency key and request hash.
+    pub idempotency: Option<(String, String)>,
+    /// When the API received it, ms since the epoch.
+    pub received_at: i64,
+}
+
+/// A change to a tenant's quota or budget (already stored by the caller).
+pub enum Governance {
+    Quota {
+        tenant: String,
+        class: String,
+        quota: Option<Quota>,
+    },
+    Budget {
+        tenant: String,
+        unit_hours: Option<f64>,
+    },
+}
+
+/// Why the loop did not do what it was asked.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LifecycleError {
+    /// The request can never be placed, or is over a limit or budget and asked not to wait.
+    Refused {
+        reason: Reason,
+        /// For constraints: the request field at fault.
+        field: Option<&'static str>,
+        /// The sentence to show next to that field (the reason without its class).
+        message: String,
+    },
+    /// The idempotency key was used with another request.
+    IdempotencyMismatch { key: String },
+    /// The workload has already ended.
+    Ended { id: WorkloadId },
+    /// No such workload.
+    NotFound { id: WorkloadId },
+    /// The store or the loop cannot take changes now; nothing was changed.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for LifecycleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LifecycleError::Refused { reason, .. } => reason.fmt(f),
+            LifecycleError::IdempotencyMismatch { key } => {
+                write!(f, "Idempotency-Key `{key}` was already used with a different request body")
+            }
+            LifecycleError::Ended { id } => write!(f, "workload {id} has already ended"),
+            LifecycleError::NotFound { id } => write!(f, "no workload {id}"),
+            LifecycleError::Unavailable(why) => f.write_str(why),
+        }
+    }
+}
+
+pub type Reply<T> = oneshot::Sender<Result<T, LifecycleError>>;
+
+/// What the loop can be told.
+pub enum Cmd {
+    Create(Box<NewWorkload>, Reply<(Arc<Workload>, bool)>),
+    Cancel {
+        id: WorkloadId,
+        actor: String,
+        reply: Reply<Arc<Workload>>,
+    },
+    Govern(Governance, Reply<()>),
+    /// News from the backend.
+    Backend(BackendEvent),
+    /// A backend operation the loop started has finished.
+    Done(WorkloadId, OpResult),
+    /// A periodic reconcile came back.
+    Reconciled(Result<ReconcileReport, String>, Vec<(WorkloadId, tessera_domain::Phase)>),
+}
+
+/// The handle HTTP handlers use.
+#[derive(Clone)]
+pub struct Lifecycle {
+    pub(crate) tx: mpsc::Sender<Cmd>,
+    pub(crate) published: Arc<Published>,
+}
+
+fn stopped() -> LifecycleError {
+    LifecycleError::Unavailable("the lifecycle loop has stopped".into())
+}
+
+impl Lifecycle {
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, LifecycleError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Submits a workload: the answer comes once it is durable (`true`: created now; `false`:
+    /// the workload an idempotent retry refers to).
+    pub async fn create(&self, nw: NewWorkload) -> Result<(Arc<Workload>, bool), LifecycleError> {
+        self.ask(|r| Cmd::Create(Box::new(nw), r)).await
+    }
+
+    /// Cancels a workload: at once when it waits, by stopping it when it holds capacity.
+    pub async fn cancel(&self, id: WorkloadId, actor: String) -> Result<Arc<Workload>, LifecycleError> {
+        self.ask(|reply| Cmd::Cancel { id, actor, reply }).await
+    }
+
+    /// Applies a quota or budget change the caller has stored.
+    pub async fn govern(&self, g: Governance) -> Result<(), LifecycleError> {
+        self.ask(|r| Cmd::Govern(g, r)).await
+    }
+
+    /// The latest published snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.published.snapshot()
+    }
+
+    /// A live or recently ended workload, as last committed.
+    pub fn workload(&self, id: WorkloadId) -> Option<Arc<Workload>> {
+        self.published.workload(id)
+    }
+
+    pub fn published(&self) -> &Arc<Published> {
+        &self.published
+    }
+}

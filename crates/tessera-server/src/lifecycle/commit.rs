@@ -1,0 +1,225 @@
+//! Group commit. A batch collects what the handling of many commands decided — workload
+//! records with their new events (several changes of one workload in one batch become one
+//! write), usage intervals, answers and backend work — and [`Core::commit`] stores it in one
+//! transaction. Only after that are callers answered, records and the snapshot published, and
+//! backend work started; if the store refuses the batch, every caller is told nothing changed
+//! and memory is rebuilt from the store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_domain::{Event, Workload, WorkloadId};
+use tessera_store::{Change, IdempotencyKey};
+
+use super::command::{LifecycleError, Reply};
+use super::effects::Op;
+use super::Core;
+
+/// Whom to answer after the commit, and with what.
+pub(super) enum ReplyTo {
+    /// A creation: the workload, and whether it was created now (`false`: an idempotent retry).
+    Created(Reply<(Arc<Workload>, bool)>, WorkloadId, bool),
+    /// The workload's record after the batch.
+    Workload(Reply<Arc<Workload>>, WorkloadId),
+    Done(Reply<()>),
+}
+
+struct Pending {
+    insert: bool,
+    idempotency: Option<IdempotencyKey>,
+    workload: Workload,
+    events: Vec<Event>,
+}
+
+/// What a batch of commands decided.
+#[derive(Default)]
+pub(super) struct Batch {
+    order: Vec<WorkloadId>,
+    records: HashMap<WorkloadId, Pending>,
+    usage: Vec<Change>,
+    ops: Vec<(WorkloadId, Op)>,
+    replies: Vec<ReplyTo>,
+    /// Idempotency keys used in this batch: (actor, key) → (request hash, workload).
+    idempotency: HashMap<(String, String), (String, WorkloadId)>,
+    /// Recompute the queue and phase counts of the snapshot too.
+    pub full_publish: bool,
+}
+
+impl Batch {
+    /// A new workload with its first events.
+    pub fn insert(&mut self, workload: Workload, events: Vec<Event>, idempotency: Option<IdempotencyKey>) {
+        if let Some(k) = &idempotency {
+            self.idempotency
+                .insert((k.actor.clone(), k.key.clone()), (k.request_hash.clone(), workload.id));
+        }
+        self.order.push(workload.id);
+        self.records.insert(
+            workload.id,
+            Pending {
+                insert: true,
+                idempotency,
+                workload,
+                events,
+            },
+        );
+    }
+
+    /// A workload's new record and the events explaining the change.
+    pub fn update(&mut self, workload: Workload, events: Vec<Event>) {
+        match self.records.get_mut(&workload.id) {
+            Some(p) => {
+                p.workload = workload;
+                p.events.extend(events);
+            }
+            None => {
+                self.order.push(workload.id);
+                self.records.insert(
+                    workload.id,
+                    Pending {
+                        insert: false,
+                        idempotency: None,
+                        workload,
+                        events,
+                    },
+                );
+            }
+        }
+    }
+
+    /// A usage interval opened or closed.
+    pub fn usage(&mut self, c: Change) {
+        self.usage.push(c);
+    }
+
+    /// Backend work to start after the commit.
+    pub fn op(&mut self, id: WorkloadId, op: Op) {
+        self.ops.push((id, op));
+    }
+
+    pub fn reply(&mut self, r: ReplyTo) {
+        self.replies.push(r);
+    }
+
+    /// The batch's changes in commit order (workload records, then usage intervals), the
+    /// records to publish, and the backend work.
+    pub fn into_parts(mut self) -> (Vec<Change>, Vec<Arc<Workload>>, Vec<(WorkloadId, Op)>) {
+        let (changes, records) = self.take_changes();
+        (changes, records.into_values().collect(), self.ops)
+    }
+
+    fn take_changes(&mut self) -> (Vec<Change>, HashMap<WorkloadId, Arc<Workload>>) {
+        let mut changes = Vec::with_capacity(self.order.len() + self.usage.len());
+        let mut records = HashMap::with_capacity(self.order.len());
+        for id in std::mem::take(&mut self.order) {
+            let p = self.records.remove(&id).expect("ordered ids have records");
+            records.insert(id, Arc::new(p.workload.clone()));
+            changes.push(if p.insert {
+                Change::Insert {
+                    workload: p.workload,
+                    events: p.events,
+                    idempotency: p.idempotency,
+                }
+            } else {
+                Change::Update {
+                    workload: p.workload,
+                    events: p.events,
+                }
+            });
+        }
+        changes.append(&mut self.usage);
+        (changes, records)
+    }
+
+    /// The earlier use of an idempotency key in this batch.
+    pub fn idempotent(&self, actor: &str, key: &str) -> Option<(String, WorkloadId)> {
+        self.idempotency.get(&(actor.to_string(), key.to_string())).cloned()
+    }
+}
+
+impl Core {
+    /// Stores the batch in one transaction, then publishes, answers and starts backend work.
+    pub(super) async fn commit(&mut self, mut batch: Batch, now: i64) {
+        let (changes, records) = batch.take_changes();
+        if !changes.is_empty() {
+            let t0 = Instant::now();
+            let stored = self.store.commit(&changes).await;
+            self.metrics.store_commit(t0.elapsed(), stored.is_ok());
+            if let Err(e) = stored {
+                tracing::error!(error = %e, changes = changes.len(), "commit failed; rebuilding state from the store");
+                let err = || {
+                    LifecycleError::Unavailable(
+                        "the store could not record the change; nothing was changed, retry shortly".into(),
+                    )
+                };
+                for r in batch.replies {
+                    match r {
+                        ReplyTo::Created(tx, _, _) => {
+                            let _ = tx.send(Err(err()));
+                        }
+                        ReplyTo::Workload(tx, _) => {
+                            let _ = tx.send(Err(err()));
+                        }
+                        ReplyTo::Done(tx) => {
+                            let _ = tx.send(Err(err()));
+                        }
+                    }
+                }
+                // Memory must not run ahead of the store: rebuild it from what is durable.
+                let mut delay = Duration::from_millis(100);
+                while let Err(e) = self.recover().await {
+                    tracing::error!(error = %e, "cannot rebuild state from the store; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+                return;
+            }
+        }
+        self.published.put_workloads(records.values().cloned());
+        let full = batch.full_publish || self.last_full_publish.elapsed() >= Duration::from_secs(1);
+        if !changes.is_empty() || full {
+            if full {
+                self.last_full_publish = Instant::now();
+            }
+            let snap = self.builder.build(&self.fleet, &self.sched, &self.live, now, full);
+            self.published.set_snapshot(snap);
+        }
+        for r in batch.replies {
+            match r {
+                ReplyTo::Created(tx, id, created) => {
+                    let w = self.record(id, &records).await;
+                    let _ = tx.send(w.map(|w| (w, created)));
+                }
+                ReplyTo::Workload(tx, id) => {
+                    let w = self.record(id, &records).await;
+                    let _ = tx.send(w);
+                }
+                ReplyTo::Done(tx) => {
+                    let _ = tx.send(Ok(()));
+                }
+            }
+        }
+        for (id, op) in batch.ops {
+            self.runner.submit(id, op);
+        }
+    }
+
+    /// A workload's committed record: from this batch, the published cache, or the store.
+    async fn record(
+        &self,
+        id: WorkloadId,
+        records: &HashMap<WorkloadId, Arc<Workload>>,
+    ) -> Result<Arc<Workload>, LifecycleError> {
+        if let Some(w) = records.get(&id) {
+            return Ok(w.clone());
+        }
+        if let Some(w) = self.published.workload(id) {
+            return Ok(w);
+        }
+        match self.store.get_workload(id, None).await {
+            Ok(Some(w)) => Ok(Arc::new(w)),
+            Ok(None) => Err(LifecycleError::NotFound { id }),
+            Err(e) => Err(LifecycleError::Unavailable(format!("the store is unavailable: {e}"))),
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Metering the loop keeps besides the ledger: GPU-unit-hours spent this calendar month per
+//! tenant (what budgets are checked against), and the measured utilisation of running
+//! workloads, accumulated from the backend's telemetry until their usage interval closes.
+
+use std::collections::HashMap;
+
+use tessera_backend::GpuSample;
+use tessera_domain::{Workload, WorkloadId};
+use tessera_model::GpuUnits;
+use tessera_sched::ClusterState;
+use tessera_store::{Store, StoreError};
+
+use super::Live;
+use super::placement::NodeIndex;
+
+const HOUR_MS: f64 = 3_600_000.0;
+
+/// GPU-unit-hours of closed usage intervals this month, per tenant.
+#[derive(Default)]
+pub struct MonthBook {
+    start: i64,
+    closed: HashMap<String, f64>,
+}
+
+impl MonthBook {
+    /// Reloads the month's closed usage from the ledger when the month changed.
+    pub async fn refresh(&mut self, store: &dyn Store, now: i64) -> Result<(), StoreError> {
+        let start = tessera_api::month_start_ms(now);
+        if start == self.start {
+            return Ok(());
+        }
+        let mut closed: HashMap<String, f64> = HashMap::new();
+        for u in store.usage_between(None, start, now + 1).await? {
+            if let Some(end) = u.ended_at {
+                let ms = (end.min(now) - u.started_at.max(start)).max(0) as f64;
+                *closed.entry(u.tenant).or_default() += u.units.as_f64() * ms / HOUR_MS;
+            }
+        }
+        self.start = start;
+        self.closed = closed;
+        Ok(())
+    }
+
+    /// Adds an interval that closes now.
+    pub fn close(&mut self, tenant: &str, units: GpuUnits, running_at: i64, at: i64) {
+        let ms = (at - running_at.max(self.start)).max(0) as f64;
+        *self.closed.entry(tenant.to_string()).or_default() += units.as_f64() * ms / HOUR_MS;
+    }
+
+    /// What `tenant` has spent this month: closed intervals plus its running work so far.
+    pub fn spent<'a>(&self, tenant: &str, running: impl Iterator<Item = &'a Workload>, now: i64) -> f64 {
+        let open: f64 = running
+            .filter(|w| w.spec.tenant == tenant && w.usage.open)
+            .map(|w| {
+                let since = w.running_at.unwrap_or(now).max(self.start);
+                let units = w.placement.as_ref().map(|p| p.units).unwrap_or_default();
+                units.as_f64() * (now - since).max(0) as f64 / HOUR_MS
+            })
+            .sum();
+        self.closed.get(tenant).copied().unwrap_or(0.0) + open
+    }
+}
+
+/// Adds one telemetry sample, standing for `dt_ms`, to the utilisation of every metered
+/// workload on the sampled GPUs; calls `meter` with each (workload, utilisation) for the
+/// metering counters.
+pub fn sample_utilisation(
+    live: &mut HashMap<WorkloadId, Live>,
+    state: &ClusterState,
+    nodes: &NodeIndex,
+    samples: &[GpuSample],
+    dt_ms: f64,
+    mut meter: impl FnMut(&Workload, f64),
+) {
+    if dt_ms <= 0.0 {
+        return;
+    }
+    for s in samples {
+        let Some(n) = nodes.get(&s.node) else { continue };
+        let Some(g) = state.nodes.get(n.0 as usize).and_then(|ns| ns.gpus.get(s.gpu as usize)) else {
+            continue;
+        };
+        for h in &g.holders {
+            let util = match s.instances.iter().find(|i| i.workload == *h) {
+                Some(i) => i.gr_engine_active,
+                None => s.util_pct / 100.0,
+            };
+            if let Some(l) = live.get_mut(&WorkloadId(*h))
+                && l.w.usage.open
+            {
+                l.util.0 += util * dt_ms;
+                l.util.1 += dt_ms;
+                meter(&l.w, util);
+            }
+        }
+    }
+}

@@ -1,0 +1,874 @@
+//! The lifecycle loop: one task owns the scheduler (queue, quotas, preemption, the placement
+//! engine) and every live workload, and walks each request through its steps — requested →
+//! authorised → placed → partitioned → running → observed → metered → released.
+//!
+//! What happens to a workload is decided by the pure [`tessera_domain::transition`]; this
+//! loop only batches, commits, answers and executes:
+//!
+//! * commands (API calls, backend events and the results of backend operations) arrive on a
+//!   channel and are handled in batches; scheduler actions and backend news become lifecycle
+//!   inputs ([`apply`](Core::apply));
+//! * the batch's records, events and usage intervals are committed in one store transaction
+//!   ([`commit`]), and only then are callers answered, what readers see published
+//!   ([`snapshot`]) and backend work started ([`effects`]). If a commit fails, memory is rebuilt
+//!   from the store ([`recover`]), so memory never runs ahead of what is durable;
+//! * at start-up the same rebuild re-applies allocations (double booking is refused) and asks
+//!   the backend what it runs; a periodic, level-triggered reconcile finds workloads the
+//!   backend lost (ghosts) and work it runs that Tessera does not know (orphans).
+
+mod command;
+mod commit;
+pub mod effects;
+mod metering;
+pub mod placement;
+mod recover;
+pub mod snapshot;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_backend::{Backend, BackendEvent, Capabilities, Exit, GpuSample, MigInstance, PartitionPlan};
+use tessera_domain::{Input, Observed, Phase, Reason, Step, Workload, WorkloadId, transition};
+use tessera_model::{Fleet, NodeId, Request, TenantId};
+use tessera_sched::Grant;
+use tessera_sched::govern::{Action, Job, Scheduler};
+use tessera_sched::reason::Refusal;
+use tessera_store::{Change, Store, UsageInterval};
+use tokio::sync::mpsc;
+
+pub use command::{Cmd, Governance, Lifecycle, LifecycleError, NewWorkload};
+use commit::{Batch, ReplyTo};
+use effects::{Op, OpResult, Runner};
+use metering::MonthBook;
+use placement::NodeIndex;
+pub use snapshot::{GpuSnap, HolderSnap, NodeSnap, Published, Snapshot, Telemetry, TenantSnap};
+use snapshot::SnapshotBuilder;
+
+use crate::metrics::Metrics;
+
+/// Builds a fresh scheduler (at start-up and after a failed commit).
+pub type SchedFactory = Arc<dyn Fn() -> Scheduler + Send + Sync>;
+
+/// How the loop runs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Grace period of a stop before the backend forces it.
+    pub grace: Duration,
+    /// How often the backend is reconciled with what Tessera expects.
+    pub reconcile_every: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            grace: Duration::from_secs(30),
+            reconcile_every: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Shortest interval between two full scheduling passes triggered by changes.
+const CYCLE_EVERY: Duration = Duration::from_millis(50);
+/// Workload ids reserved from the store at a time.
+const ID_BLOCK: u32 = 1024;
+/// At most this many commands per batch.
+const BATCH_MAX: usize = 1024;
+
+/// A live (non-terminal) workload and what the loop keeps beside its record.
+pub(crate) struct Live {
+    pub w: Workload,
+    /// Its request, resolved against the fleet.
+    pub request: Request,
+    /// The resource class it waits for: its pool when only one can serve it, else `any`.
+    pub class: String,
+    /// Measured utilisation since its usage interval opened: Σ util × ms, and the ms sampled.
+    pub util: (f64, f64),
+}
+
+impl Live {
+    pub fn utilisation(&self) -> Option<f64> {
+        (self.util.1 > 0.0).then(|| self.util.0 / self.util.1)
+    }
+
+    fn job(&self) -> Job {
+        Job {
+            id: self.w.id.0,
+            tenant: self.w.spec.tenant.clone(),
+            project: self.w.spec.project.clone(),
+            request: self.request.clone(),
+            priority: self.w.spec.priority.clone(),
+            submitted_ms: self.w.created_at,
+            wait_if_over_limit: !self.w.spec.no_wait,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> i64 {
+    crate::now_ms()
+}
+
+/// The loop's state.
+pub(crate) struct Core {
+    fleet: Arc<Fleet>,
+    nodes: Arc<NodeIndex>,
+    sched: Scheduler,
+    factory: SchedFactory,
+    store: Arc<dyn Store>,
+    backend: Arc<dyn Backend>,
+    caps: Capabilities,
+    live: HashMap<WorkloadId, Live>,
+    /// The engine's numbers for tenant names.
+    tenants: HashMap<String, TenantId>,
+    /// Workload ids reserved from the store and not yet used.
+    ids: Range<u64>,
+    settings: Settings,
+    month: MonthBook,
+    runner: Runner,
+    published: Arc<Published>,
+    builder: SnapshotBuilder,
+    metrics: Arc<Metrics>,
+    /// When telemetry was last sampled into the utilisation of running work.
+    last_sample: i64,
+    /// A periodic reconcile is in flight.
+    reconciling: bool,
+    /// When queue and phase counts were last published.
+    last_full_publish: Instant,
+}
+
+/// Rebuilds the loop's state from the store, reconciles with the backend and starts the loop.
+pub async fn start(
+    fleet: Arc<Fleet>,
+    factory: SchedFactory,
+    store: Arc<dyn Store>,
+    backend: Arc<dyn Backend>,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+) -> Result<Lifecycle, String> {
+    let (tx, rx) = mpsc::channel(8192);
+    let published = Arc::new(Published::new(fleet.clone()));
+    let mut core = Core {
+        nodes: Arc::new(NodeIndex::new(&fleet)),
+        builder: SnapshotBuilder::new(&fleet),
+        sched: factory(),
+        factory,
+        caps: backend.capabilities(),
+        runner: Runner::new(backend.clone(), tx.clone(), metrics.clone()),
+        fleet,
+        store,
+        backend: backend.clone(),
+        live: HashMap::new(),
+        tenants: HashMap::new(),
+        ids: 0..0,
+        settings,
+        month: MonthBook::default(),
+        published: published.clone(),
+        metrics,
+        last_sample: now_ms(),
+        reconciling: false,
+        last_full_publish: Instant::now(),
+    };
+    core.recover().await.map_err(|e| format!("rebuilding state from the store: {e}"))?;
+    if let Some(mut events) = backend.take_events() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(e) = events.recv().await {
+                if tx.send(Cmd::Backend(e)).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let reconcile_every = core.settings.reconcile_every;
+    tokio::spawn(core.run(rx, tx.clone(), reconcile_every));
+    Ok(Lifecycle { tx, published })
+}
+
+impl Core {
+    fn tenant_id(&mut self, name: &str) -> TenantId {
+        let n = self.tenants.len() as u32;
+        TenantId(*self.tenants.entry(name.to_string()).or_insert(n))
+    }
+
+    /// The resource class a request waits for: its pool when only one pool can serve it.
+    fn class_of(&self, r: &Request) -> String {
+        if let Some(p) = r.pool {
+            return self.fleet.pool(p).name.clone();
+        }
+        match self.sched.engine.scope(r) {
+            Ok(pools) if pools.len() == 1 => self.fleet.pool(pools[0]).name.clone(),
+            _ => "any".into(),
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<Cmd>, tx: mpsc::Sender<Cmd>, reconcile_every: Duration) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reconcile = tokio::time::interval_at(tokio::time::Instant::now() + reconcile_every, reconcile_every);
+        reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_cycle = Instant::now() - CYCLE_EVERY;
+        loop {
+            let pending_cycle = self.sched.needs_cycle();
+            let wait = CYCLE_EVERY.saturating_sub(last_cycle.elapsed());
+            let (first, ticked) = tokio::select! {
+                c = rx.recv() => match c { Some(c) => (Some(c), false), None => break },
+                _ = tick.tick() => (None, true),
+                _ = reconcile.tick() => {
+                    self.start_reconcile(tx.clone());
+                    continue;
+                }
+                _ = tokio::time::sleep(wait), if pending_cycle => (None, false),
+            };
+            let now = now_ms();
+            let mut batch = Batch::default();
+            let mut next = first;
+            let mut n = 0;
+            while let Some(cmd) = next.take() {
+                self.handle(cmd, &mut batch, now).await;
+                n += 1;
+                if n >= BATCH_MAX {
+                    break;
+                }
+                next = rx.try_recv().ok();
+            }
+            if ticked {
+                if let Err(e) = self.month.refresh(&*self.store, now).await {
+                    tracing::warn!(error = %e, "cannot refresh this month's usage");
+                }
+                self.update_budgets(now);
+                batch.full_publish = true;
+            }
+            // A full pass over the queue when something changed (at most every CYCLE_EVERY, so
+            // that a stream of completions cannot keep the loop re-sorting a long queue), and on
+            // the tick: backfill windows, minimum runtimes and reclaim delays move with time.
+            if ticked || (self.sched.needs_cycle() && last_cycle.elapsed() >= CYCLE_EVERY) {
+                last_cycle = Instant::now();
+                let actions = self.sched.cycle(now);
+                self.metrics.scheduler_cycle(last_cycle.elapsed());
+                for a in actions {
+                    self.on_action(a, now, &mut batch);
+                }
+            }
+            self.commit(batch, now).await;
+        }
+    }
+
+    fn update_budgets(&mut self, now: i64) {
+        let mut tenants: Vec<String> = self
+            .live
+            .values()
+            .filter(|l| l.w.usage.open)
+            .map(|l| l.w.spec.tenant.clone())
+            .filter(|t| self.sched.budget(t).is_some())
+            .collect();
+        tenants.sort_unstable();
+        tenants.dedup();
+        for t in tenants {
+            let spent = self.month.spent(&t, self.live.values().map(|l| &l.w), now);
+            self.sched.set_spent(&t, spent);
+        }
+    }
+
+    async fn handle(&mut self, cmd: Cmd, batch: &mut Batch, now: i64) {
+        match cmd {
+            Cmd::Create(nw, reply) => match self.create(*nw, batch, now).await {
+                Ok((id, created)) => batch.reply(ReplyTo::Created(reply, id, created)),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Cmd::Cancel { id, actor, reply } => {
+                if !self.live.contains_key(&id) {
+                    let err = match self.published.workload(id) {
+                        Some(_) => LifecycleError::Ended { id },
+                        None => LifecycleError::NotFound { id },
+                    };
+                    let _ = reply.send(Err(err));
+                    return;
+                }
+                let grace_s = self.settings.grace.as_secs();
+                self.apply(id, Input::Cancel { at: now, by: actor, grace_s }, batch, now);
+                batch.reply(ReplyTo::Workload(reply, id));
+            }
+            Cmd::Govern(g, reply) => {
+                match g {
+                    Governance::Quota { tenant, class, quota } => self.sched.set_quota(&tenant, &class, quota),
+                    Governance::Budget { tenant, unit_hours } => {
+                        self.sched.set_budget(&tenant, unit_hours);
+                        let spent = self.month.spent(&tenant, self.live.values().map(|l| &l.w), now);
+                        self.sched.set_spent(&tenant, spent);
+                    }
+                }
+                batch.full_publish = true;
+                batch.reply(ReplyTo::Done(reply));
+            }
+            Cmd::Backend(e) => self.on_backend(e, batch, now),
+            Cmd::Done(id, result) => {
+                self.runner.done(id);
+                self.on_done(id, result, batch, now);
+            }
+            Cmd::Reconciled(report, expected) => {
+                self.reconciling = false;
+                self.on_reconciled(report, expected, batch, now);
+            }
+        }
+    }
+
+    /// Accepts a new workload: records it with its `requested` and `authorised` steps and hands
+    /// it to the scheduler. A request refused at once is answered with the refusal and nothing
+    /// is stored.
+    async fn create(
+        &mut self,
+        nw: NewWorkload,
+        batch: &mut Batch,
+        now: i64,
+    ) -> Result<(WorkloadId, bool), LifecycleError> {
+        if let Some((key, hash)) = &nw.idempotency {
+            let prior = match batch.idempotent(&nw.actor, key) {
+                Some(p) => Some(p),
+                None => self
+                    .store
+                    .idempotent(&nw.actor, key)
+                    .await
+                    .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?,
+            };
+            if let Some((h, id)) = prior {
+                if &h != hash {
+                    return Err(LifecycleError::IdempotencyMismatch { key: key.clone() });
+                }
+                return Ok((id, false));
+            }
+        }
+        if self.ids.is_empty() {
+            self.ids = self
+                .store
+                .reserve_workload_ids(ID_BLOCK)
+                .await
+                .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
+        }
+        let id = WorkloadId(self.ids.start);
+        self.ids.start += 1;
+        let tenant = self.tenant_id(&nw.spec.tenant);
+        let request = nw.request.with_tenant(tenant);
+        let units = request.units(&self.fleet.catalogue);
+        let mut w = Workload::new(id, nw.spec, units, nw.received_at);
+        let events = vec![
+            tessera_domain::Event {
+                seq: 0,
+                step: Step::Requested,
+                at: nw.received_at,
+                detail: format!(
+                    "{} for {}/{} ({units} GPU units)",
+                    w.spec.shape.gpu, w.spec.tenant, w.spec.project
+                ),
+                code: None,
+            },
+            tessera_domain::Event {
+                seq: 1,
+                step: Step::Authorised,
+                at: now,
+                detail: format!(
+                    "{} token {} may create workloads in tenant {}; quota and budget checked",
+                    nw.role, nw.actor, w.spec.tenant
+                ),
+                code: None,
+            },
+        ];
+        w.next_seq = 2;
+        if self.sched.budget(&w.spec.tenant).is_some() {
+            let spent = self.month.spent(&w.spec.tenant, self.live.values().map(|l| &l.w), now);
+            self.sched.set_spent(&w.spec.tenant, spent);
+        }
+        let live = Live {
+            class: self.class_of(&request),
+            request,
+            w,
+            util: (0.0, 0.0),
+        };
+        let job = live.job();
+        self.live.insert(id, live);
+        let actions = self.sched.submit(job, now);
+        let refusal = actions.iter().find_map(|a| match a {
+            Action::Refused { id: r, reason } if *r == id.0 => Some(reason.clone()),
+            _ => None,
+        });
+        if let Some(refusal) = refusal {
+            self.live.remove(&id);
+            // The id was never used: the next request takes it.
+            self.ids.start -= 1;
+            let reason = Reason::refused(&refusal);
+            self.metrics.refused(reason.code);
+            for a in actions {
+                if !matches!(&a, Action::Refused { id: r, .. } if *r == id.0) {
+                    self.on_action(a, now, batch);
+                }
+            }
+            let (field, message) = match &refusal {
+                Refusal::Constraint(u) => (Some(u.field().as_str()), u.message()),
+                _ => (None, reason.detail.clone()),
+            };
+            return Err(LifecycleError::Refused { reason, field, message });
+        }
+        let l = &self.live[&id];
+        self.metrics.step("authorise", now - l.w.created_at);
+        batch.insert(
+            l.w.clone(),
+            events,
+            nw.idempotency.map(|(key, request_hash)| tessera_store::IdempotencyKey {
+                actor: nw.actor,
+                key,
+                request_hash,
+            }),
+        );
+        for a in actions {
+            self.on_action(a, now, batch);
+        }
+        Ok((id, true))
+    }
+
+    /// Turns a scheduler decision into a lifecycle input.
+    fn on_action(&mut self, a: Action, now: i64, batch: &mut Batch) {
+        match a {
+            Action::Placed { id, alloc, borrowing } => {
+                let wid = WorkloadId(id);
+                let Some(l) = self.live.get(&wid) else {
+                    tracing::error!(id, "placed a workload the loop does not know; releasing");
+                    self.sched.release(id, now);
+                    return;
+                };
+                self.metrics.step("place", now - l.w.created_at);
+                let placement = placement::placement_of(&self.fleet, &alloc);
+                self.apply(
+                    wid,
+                    Input::Placed {
+                        at: now,
+                        placement,
+                        borrowing,
+                    },
+                    batch,
+                    now,
+                );
+            }
+            Action::Waiting { id, reason } => {
+                let reason = Reason::waiting(&reason);
+                self.apply(WorkloadId(id), Input::Waiting { at: now, reason }, batch, now);
+            }
+            Action::Refused { id, reason } => {
+                let reason = Reason::refused(&reason);
+                self.metrics.refused(reason.code);
+                self.apply(WorkloadId(id), Input::Refused { at: now, reason }, batch, now);
+            }
+            Action::Preempt { victim, by, cause } => {
+                self.metrics.preempted(cause.code());
+                let code = match cause {
+                    tessera_sched::reason::PreemptCause::Priority { .. } => tessera_domain::PreemptCode::Priority,
+                    tessera_sched::reason::PreemptCause::Reclaim { .. } => tessera_domain::PreemptCode::Reclaim,
+                };
+                let input = Input::Preempt {
+                    at: now,
+                    by: WorkloadId(by),
+                    code,
+                    detail: cause.to_string(),
+                    grace_s: self.settings.grace.as_secs(),
+                };
+                self.apply(WorkloadId(victim), input, batch, now);
+            }
+        }
+    }
+
+    /// Backend news becomes lifecycle input.
+    fn on_backend(&mut self, e: BackendEvent, batch: &mut Batch, now: i64) {
+        match e {
+            BackendEvent::Started { id, bound } => {
+                let id = WorkloadId(id);
+                if let (Some(bound), Some(l)) = (bound, self.live.get(&id))
+                    && let Some(p) = l.w.placement.clone()
+                {
+                    match self.rebind(id, &p, &bound) {
+                        Ok(placement) => self.apply(id, Input::Bound { placement }, batch, now),
+                        Err(why) => {
+                            tracing::error!(%id, error = %why, "the backend bound devices the engine cannot account for");
+                        }
+                    }
+                }
+            }
+            BackendEvent::Running { id, at_ms, sample } => {
+                let id = WorkloadId(id);
+                let Some(l) = self.live.get(&id) else { return };
+                let observed = observe(&sample, &l.w);
+                let created = l.w.created_at;
+                let pool = l.w.placement.as_ref().map(|p| p.pool.clone()).unwrap_or_default();
+                let input = Input::Running {
+                    at: at_ms,
+                    detail: format!("started by the {} backend", self.backend.name()),
+                    observed,
+                };
+                if l.w.phase == Phase::Partitioned {
+                    self.metrics.running(&pool, at_ms - created);
+                }
+                self.apply(id, input, batch, now);
+            }
+            BackendEvent::Exited { id, at_ms, exit } => {
+                let (success, detail) = match exit {
+                    Exit::Succeeded => (true, String::new()),
+                    Exit::Failed { exit_code, detail } => (
+                        false,
+                        match exit_code {
+                            Some(c) => format!("exited with code {c}: {detail}"),
+                            None => detail,
+                        },
+                    ),
+                };
+                self.apply(
+                    WorkloadId(id),
+                    Input::Exited {
+                        at: at_ms,
+                        success,
+                        detail,
+                    },
+                    batch,
+                    now,
+                );
+            }
+            BackendEvent::Lost { id, at_ms, detail } => {
+                self.apply(WorkloadId(id), Input::Lost { at: at_ms, detail }, batch, now);
+            }
+            BackendEvent::Telemetry { at_ms, gpus } => {
+                let dt = (at_ms - self.last_sample).clamp(0, 60_000) as f64;
+                self.last_sample = at_ms;
+                let metrics = self.metrics.clone();
+                metering::sample_utilisation(
+                    &mut self.live,
+                    self.sched.engine.state(),
+                    &self.nodes,
+                    &gpus,
+                    dt,
+                    |w, util| metrics.meter(w, util, dt),
+                );
+                self.published.set_telemetry(Telemetry {
+                    at: at_ms,
+                    gpus: Arc::new(gpus),
+                });
+            }
+            BackendEvent::GpuHealth {
+                node,
+                gpu,
+                healthy,
+                xid,
+                detail,
+            } => {
+                if healthy {
+                    tracing::info!(%node, gpu, "GPU healthy again");
+                } else {
+                    tracing::warn!(%node, gpu, ?xid, %detail, "GPU unhealthy");
+                }
+            }
+            BackendEvent::NodeChanged { node, change } => {
+                tracing::info!(%node, ?change, "node changed");
+            }
+            BackendEvent::PartitionChanged { node, gpu, instances } => {
+                tracing::debug!(%node, gpu, instances = instances.len(), "MIG layout applied");
+            }
+        }
+    }
+
+    /// A backend operation finished.
+    fn on_done(&mut self, id: WorkloadId, r: OpResult, batch: &mut Batch, now: i64) {
+        let input = match r {
+            OpResult::Partitioned(Ok(rep)) => Input::Partitioned {
+                at: now,
+                detail: rep.detail,
+            },
+            OpResult::Partitioned(Err(e)) => Input::PartitionFailed {
+                at: now,
+                detail: format!("partitioning failed: {e}"),
+            },
+            OpResult::Started(Ok(())) => return,
+            OpResult::Started(Err(e)) => Input::StartFailed {
+                at: now,
+                detail: format!("start failed: {e}"),
+            },
+            OpResult::Stopped(r) => {
+                if let Err(e) = r {
+                    tracing::warn!(%id, error = %e, "stop failed; treating the workload as stopped");
+                }
+                Input::Stopped { at: now }
+            }
+            OpResult::Unpartitioned(r) => {
+                if let Err(e) = r {
+                    tracing::warn!(%id, error = %e, "unpartition failed");
+                }
+                return;
+            }
+        };
+        self.apply(id, input, batch, now);
+    }
+
+    /// Runs `input` through the lifecycle of workload `id` and carries out the effects that
+    /// touch the scheduler and the ledger; backend work and the record wait for the commit.
+    fn apply(&mut self, id: WorkloadId, input: Input, batch: &mut Batch, now: i64) {
+        let Some(mut live) = self.live.remove(&id) else {
+            return;
+        };
+        // The placement and running time before the transition: a requeue clears them, and the
+        // unpartition and the month's spend still need them.
+        let before = live.w.placement.clone();
+        let ran_since = live.w.running_at;
+        let t = transition(live.w, input);
+        live.w = t.workload;
+        for e in &t.effects {
+            match e {
+                tessera_domain::Effect::Release => {
+                    self.sched.release(id.0, now);
+                }
+                tessera_domain::Effect::Requeue => self.sched.enqueue(live.job()),
+                tessera_domain::Effect::Dequeue => {
+                    self.sched.dequeue(id.0);
+                }
+                tessera_domain::Effect::OpenUsage { seq, at } => {
+                    let p = live.w.placement.as_ref().expect("a running workload has a placement");
+                    live.util = (0.0, 0.0);
+                    batch.usage(Change::OpenUsage(UsageInterval {
+                        workload: id,
+                        seq: *seq,
+                        tenant: live.w.spec.tenant.clone(),
+                        project: live.w.spec.project.clone(),
+                        pool: p.pool.clone(),
+                        model: p.model.clone(),
+                        shape: p.to_string(),
+                        units: p.units,
+                        started_at: *at,
+                        ended_at: None,
+                        util_avg: None,
+                    }));
+                }
+                tessera_domain::Effect::CloseUsage { seq, at } => {
+                    let util_avg = live.utilisation();
+                    live.util = (0.0, 0.0);
+                    if let (Some(p), Some(r)) = (before.as_ref(), ran_since) {
+                        self.month.close(&live.w.spec.tenant, p.units, r, *at);
+                    }
+                    batch.usage(Change::CloseUsage {
+                        workload: id,
+                        seq: *seq,
+                        ended_at: *at,
+                        util_avg,
+                    });
+                }
+                tessera_domain::Effect::Partition => {
+                    let p = live.w.placement.as_ref().expect("a placed workload has a placement");
+                    let plan = placement::partition_plan(p, &self.caps, || self.layout(p));
+                    batch.op(id, Op::Partition(plan));
+                }
+                tessera_domain::Effect::Start => {
+                    let spec = placement::run_spec(&self.fleet, &self.nodes, &live.w, &self.caps);
+                    batch.op(id, Op::Start(Box::new(spec)));
+                }
+                tessera_domain::Effect::Stop { grace_s } => {
+                    self.sched.stopping(id.0);
+                    batch.op(
+                        id,
+                        Op::Stop {
+                            grace: Duration::from_secs(*grace_s),
+                        },
+                    );
+                }
+                tessera_domain::Effect::Unpartition => {
+                    if let Some(p) = before.as_ref().or(live.w.placement.as_ref()) {
+                        let plan = placement::partition_plan(p, &self.caps, Vec::new);
+                        if !matches!(plan, PartitionPlan::Nothing { .. } | PartitionPlan::Layout { .. }) {
+                            batch.op(id, Op::Unpartition(plan));
+                        }
+                    }
+                }
+            }
+        }
+        if live.w.phase.is_terminal() {
+            self.metrics.ended(live.w.phase);
+        }
+        if t.changed {
+            batch.update(live.w.clone(), t.events);
+        }
+        if !live.w.phase.is_terminal() {
+            self.live.insert(id, live);
+        }
+    }
+
+    /// The MIG layout of the GPU a placement is on, as the engine holds it: every instance in
+    /// use there, this one included.
+    fn layout(&self, p: &tessera_domain::Placement) -> Vec<MigInstance> {
+        let Some(n) = self.nodes.get(&p.node) else {
+            return Vec::new();
+        };
+        let gpu = p.gpus.first().copied().unwrap_or(0);
+        layout_of(&self.fleet, &self.sched, n, gpu)
+    }
+
+    /// Moves a workload's booking to the devices a per-node-count backend chose.
+    fn rebind(
+        &mut self,
+        id: WorkloadId,
+        p: &tessera_domain::Placement,
+        bound: &tessera_backend::Bound,
+    ) -> Result<tessera_domain::Placement, String> {
+        let mut q = p.clone();
+        q.gpus = bound.gpus.clone();
+        if let (tessera_domain::Slice::Mig { start, .. }, Some(m)) = (&mut q.slice, &bound.mig) {
+            *start = m.start;
+        }
+        if q == *p {
+            return Ok(q);
+        }
+        let Some(l) = self.live.get(&id) else {
+            return Err("not live".into());
+        };
+        let tenant = self.tenants.get(&l.w.spec.tenant).copied().unwrap_or(TenantId(0));
+        let alloc = placement::allocation_of(
+            &self.fleet,
+            &self.nodes,
+            id.0,
+            &q,
+            (l.w.spec.cpu_milli, l.w.spec.memory_mib),
+            tenant,
+        )?;
+        self.sched.engine.rebind(id.0, alloc.grant).map_err(|e| e.to_string())?;
+        Ok(q)
+    }
+
+    fn start_reconcile(&mut self, tx: mpsc::Sender<Cmd>) {
+        if self.reconciling {
+            return;
+        }
+        let mut expected = Vec::new();
+        let mut phases = Vec::new();
+        for l in self.live.values() {
+            if matches!(l.w.phase, Phase::Partitioned | Phase::Running | Phase::Stopping) && !self.runner.busy(l.w.id) {
+                expected.push(placement::run_spec(&self.fleet, &self.nodes, &l.w, &self.caps));
+                phases.push((l.w.id, l.w.phase));
+            }
+        }
+        self.reconciling = true;
+        let backend = self.backend.clone();
+        tokio::spawn(async move {
+            let r = backend.reconcile(&expected).await.map_err(|e| e.to_string());
+            let _ = tx.send(Cmd::Reconciled(r, phases)).await;
+        });
+    }
+
+    /// A periodic reconcile came back: what changed behind Tessera's back becomes input, for
+    /// workloads whose phase did not move meanwhile and that have no backend work in flight.
+    fn on_reconciled(
+        &mut self,
+        report: Result<tessera_backend::ReconcileReport, String>,
+        expected: Vec<(WorkloadId, Phase)>,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "reconcile with the backend failed; retrying at the next interval");
+                return;
+            }
+        };
+        let phases: HashMap<WorkloadId, Phase> = expected.into_iter().collect();
+        for (id, observation) in report.workloads {
+            let id = WorkloadId(id);
+            let unchanged = self
+                .live
+                .get(&id)
+                .is_some_and(|l| phases.get(&id) == Some(&l.w.phase) && !self.runner.busy(id));
+            if !unchanged {
+                continue;
+            }
+            let observed = self.observed(observation, "found by the periodic reconcile");
+            if matches!(observed, Observed::Unknown { .. }) {
+                self.metrics.ghost();
+            }
+            let grace_s = self.settings.grace.as_secs();
+            self.apply(id, Input::Recovered { at: now, observed, grace_s }, batch, now);
+        }
+        self.metrics.orphans(report.orphans.len());
+        for o in &report.orphans {
+            tracing::warn!(node = %o.node, id = ?o.id, detail = %o.detail, "the backend runs work Tessera does not know (orphan)");
+        }
+    }
+
+    /// A backend observation as lifecycle input.
+    fn observed(&self, o: tessera_backend::Observation, when: &str) -> Observed {
+        match o {
+            tessera_backend::Observation::Running { since_ms } => Observed::Running { since: since_ms },
+            tessera_backend::Observation::Starting => Observed::Starting,
+            tessera_backend::Observation::Succeeded => Observed::Succeeded,
+            tessera_backend::Observation::Failed { detail } => Observed::Failed { detail },
+            tessera_backend::Observation::Unknown => Observed::Unknown {
+                detail: format!("the {} backend no longer knows this workload ({when})", self.backend.name()),
+            },
+        }
+    }
+}
+
+/// Every MIG instance in use on one GPU.
+fn layout_of(fleet: &Fleet, sched: &Scheduler, node: NodeId, gpu: u8) -> Vec<MigInstance> {
+    let st = sched.engine.state();
+    let n = fleet.node(node);
+    let model = fleet.catalogue.get(n.model);
+    let Some(g) = st.nodes.get(node.0 as usize).and_then(|ns| ns.gpus.get(gpu as usize)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<MigInstance> = g
+        .holders
+        .iter()
+        .filter_map(|h| st.allocations.get(h))
+        .filter_map(|a| match a.grant {
+            Grant::Mig {
+                profile,
+                profile_id,
+                start,
+                size,
+                ..
+            } => Some(MigInstance {
+                profile: model
+                    .mig
+                    .map(|geom| model.profile_name(&geom.profiles[profile as usize]))
+                    .unwrap_or_default(),
+                profile_id,
+                start,
+                size,
+            }),
+            _ => None,
+        })
+        .collect();
+    out.sort_by_key(|m| m.start);
+    out
+}
+
+/// The `observed` step of a workload that just started, from the backend's first sample.
+fn observe(samples: &[GpuSample], w: &Workload) -> String {
+    let Some(p) = &w.placement else {
+        return "no placement".into();
+    };
+    let Some(s) = samples.iter().find(|s| s.node == p.node && p.gpus.contains(&s.gpu)) else {
+        return format!("host resources on {}: no GPU telemetry for this workload", p.node);
+    };
+    match s.instances.iter().find(|i| i.workload == w.id.0) {
+        Some(i) => format!(
+            "{} GPU {}: engine {:.0} % active, {} MiB framebuffer used{}",
+            s.node,
+            s.gpu,
+            i.gr_engine_active * 100.0,
+            i.fb_used_mib,
+            if i.profile.is_empty() {
+                String::new()
+            } else {
+                format!(" in MIG instance {}", i.profile)
+            }
+        ),
+        None => format!(
+            "{} GPU {}: {:.0} % utilisation, {} MiB framebuffer used, {:.0} °C",
+            s.node, s.gpu, s.util_pct, s.fb_used_mib, s.temp_c
+        ),
+    }
+}

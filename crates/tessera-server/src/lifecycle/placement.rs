@@ -1,0 +1,407 @@
+//! Conversions at the lifecycle's boundaries: a workload's request to the engine's
+//! [`Request`], the engine's [`Allocation`] to the domain's [`Placement`] record (and back, when
+//! state is rebuilt from the store), and a placement to what the backend is asked to do — a
+//! [`PartitionPlan`] and a [`RunSpec`] shaped by the backend's declared capabilities.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tessera_backend::{
+    Capabilities, DeviceAssignment, Devices, MigInstance, PartitionPlan, Partitioning, Resource, RunSpec, SliceSpec,
+};
+use tessera_domain::{GpuSpec, Placement, ShapeSpec, Slice, Workload};
+use tessera_model::request::MigChoice;
+use tessera_model::{Fleet, GpuUnits, NodeId, Request, Shape, Sharing, TenantId};
+use tessera_sched::{Allocation, Grant};
+
+/// A request field that no fleet could accept, named as in the API's request body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl FieldError {
+    fn new(field: &'static str, message: impl Into<String>) -> Self {
+        FieldError {
+            field,
+            message: message.into(),
+        }
+    }
+}
+
+/// Node names to node ids (the fleet's own lookup is linear).
+pub struct NodeIndex(HashMap<String, NodeId>);
+
+impl NodeIndex {
+    pub fn new(fleet: &Fleet) -> Self {
+        NodeIndex(
+            fleet
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.name.clone(), NodeId(i as u32)))
+                .collect(),
+        )
+    }
+
+    pub fn get(&self, name: &str) -> Option<NodeId> {
+        self.0.get(name).copied()
+    }
+}
+
+/// Host resources given to a request that names none: per GPU unit, with a floor.
+pub const CPU_MILLI_PER_UNIT: u64 = 4000;
+pub const MEMORY_MIB_PER_UNIT: u64 = 16 * 1024;
+pub const MIN_CPU_MILLI: u64 = 500;
+pub const MIN_MEMORY_MIB: u64 = 1024;
+
+/// The default host CPU (milli-cores) and memory (MiB) of a request for `units`.
+pub fn default_host(units: GpuUnits) -> (u64, u64) {
+    let per = |per_unit: u64, min: u64| (per_unit * units.as_milli() / 1000).max(min);
+    (
+        per(CPU_MILLI_PER_UNIT, MIN_CPU_MILLI),
+        per(MEMORY_MIB_PER_UNIT, MIN_MEMORY_MIB),
+    )
+}
+
+/// The engine request for a shape, with host resources. Names are resolved against the fleet;
+/// errors name the offending field.
+pub fn engine_request(fleet: &Fleet, s: &ShapeSpec, cpu_milli: u64, memory_mib: u64) -> Result<Request, FieldError> {
+    let cat = &fleet.catalogue;
+    let mut models = Vec::new();
+    for m in &s.models {
+        let found = match cat.find(m) {
+            Some(id) => vec![id],
+            None => cat.find_family(m),
+        };
+        if found.is_empty() {
+            let known: Vec<&str> = cat.models().map(|(_, m)| m.name.as_str()).collect();
+            return Err(FieldError::new(
+                "shape.models",
+                format!("unknown GPU model `{m}` (known: {})", known.join(", ")),
+            ));
+        }
+        models.extend(found);
+    }
+    let pool = match &s.pool {
+        Some(p) => Some(fleet.pool_by_name(p).ok_or_else(|| {
+            let names: Vec<&str> = fleet.pools.iter().map(|p| p.name.as_str()).collect();
+            FieldError::new(
+                "shape.pool",
+                format!("unknown pool `{p}` (pools: {})", names.join(", ")),
+            )
+        })?),
+        None => None,
+    };
+    let shape = match &s.gpu {
+        GpuSpec::Whole { gpus } => {
+            if *gpus == 0 || *gpus > 16 {
+                return Err(FieldError::new(
+                    "shape.gpus",
+                    format!("{gpus} whole GPUs: must be between 1 and 16"),
+                ));
+            }
+            Shape::Whole { gpus: *gpus }
+        }
+        GpuSpec::Mig { profile } => {
+            let mut choice = MigChoice::resolve(cat, profile).map_err(|e| FieldError::new("shape.mig", e.message))?;
+            if !models.is_empty() {
+                choice.options.retain(|(m, _)| models.contains(m));
+                if choice.options.is_empty() {
+                    let names: Vec<String> = models.iter().map(|&m| cat.get(m).name.clone()).collect();
+                    return Err(FieldError::new(
+                        "shape.mig",
+                        format!(
+                            "{} {} no MIG profile `{profile}`",
+                            names.join(", "),
+                            if names.len() == 1 { "has" } else { "have" }
+                        ),
+                    ));
+                }
+            }
+            Shape::Mig(choice)
+        }
+        GpuSpec::Fraction { milli, memory_mib } => {
+            if *milli == 0 || *milli >= 1000 {
+                return Err(FieldError::new(
+                    "shape.fraction",
+                    format!("{milli} milli-GPU: a fraction must be between 1 and 999; ask for `gpus` for whole GPUs"),
+                ));
+            }
+            Shape::Fraction {
+                milli: *milli,
+                memory_mib: *memory_mib,
+            }
+        }
+    };
+    let mut r = Request::new(shape).with_host(cpu_milli, memory_mib).with_models(models);
+    r.pool = pool;
+    Ok(r)
+}
+
+/// The placement record of an engine allocation.
+pub fn placement_of(fleet: &Fleet, a: &Allocation) -> Placement {
+    let node = fleet.node(a.node);
+    let model = fleet.catalogue.get(node.model);
+    let slice = match a.grant {
+        Grant::Whole { .. } => Slice::Whole,
+        Grant::Mig {
+            profile,
+            profile_id,
+            start,
+            size,
+            ..
+        } => Slice::Mig {
+            profile: model
+                .mig
+                .map(|g| model.profile_name(&g.profiles[profile as usize]))
+                .unwrap_or_default(),
+            profile_id,
+            start,
+            size,
+        },
+        Grant::Fraction { milli, memory_mib, .. } => Slice::Fraction {
+            milli,
+            gpu_memory_mib: (memory_mib > 0).then_some(memory_mib),
+        },
+        Grant::CpuOnly => Slice::CpuOnly,
+    };
+    Placement {
+        pool: fleet.pool(node.pool).name.clone(),
+        node: node.name.clone(),
+        model: model.name.clone(),
+        gpus: (0..node.gpus).filter(|g| a.grant.gpu_mask() >> g & 1 == 1).collect(),
+        slice,
+        units: a.units,
+    }
+}
+
+/// Rebuilds the engine allocation of a stored placement (start-up, failover), or says why the
+/// fleet can no longer hold it.
+pub fn allocation_of(
+    fleet: &Fleet,
+    nodes: &NodeIndex,
+    id: u64,
+    p: &Placement,
+    host: (u64, u64),
+    tenant: TenantId,
+) -> Result<Allocation, String> {
+    let node = nodes
+        .get(&p.node)
+        .ok_or_else(|| format!("node {} is not in the fleet", p.node))?;
+    let n = fleet.node(node);
+    let model = fleet.catalogue.get(n.model);
+    if model.name != p.model {
+        return Err(format!("node {} now has {} GPUs, not {}", p.node, model.name, p.model));
+    }
+    if let Some(g) = p.gpus.iter().find(|g| **g >= n.gpus) {
+        return Err(format!("node {} has no GPU {g}", p.node));
+    }
+    let gpu = p.gpus.first().copied().unwrap_or(0);
+    let grant = match &p.slice {
+        Slice::Whole => Grant::Whole {
+            gpus: p.gpus.iter().fold(0u16, |m, g| m | 1 << g),
+        },
+        Slice::Mig { profile_id, start, .. } => {
+            let geom = model
+                .mig
+                .filter(|_| fleet.pool(n.pool).sharing == Sharing::Mig)
+                .ok_or("the node is not in a MIG pool")?;
+            let profile = geom
+                .profile_index(*profile_id)
+                .ok_or_else(|| format!("{} has no MIG profile {profile_id}", model.name))?;
+            Grant::Mig {
+                gpu,
+                profile: profile as u8,
+                profile_id: *profile_id,
+                start: *start,
+                size: geom.profiles[profile].mem_slices,
+            }
+        }
+        Slice::Fraction { milli, gpu_memory_mib } => Grant::Fraction {
+            gpu,
+            milli: *milli,
+            memory_mib: gpu_memory_mib.unwrap_or(0),
+        },
+        Slice::CpuOnly => Grant::CpuOnly,
+    };
+    Ok(Allocation {
+        id,
+        node: node,
+        grant,
+        cpu_milli: host.0,
+        memory_mib: host.1,
+        tenant: Some(tenant),
+        units: p.units,
+    })
+}
+
+/// The MIG instance of a placement, as backends name it.
+fn mig_instance(p: &Placement) -> Option<MigInstance> {
+    match &p.slice {
+        Slice::Mig {
+            profile,
+            profile_id,
+            start,
+            size,
+        } => Some(MigInstance {
+            profile: profile.clone(),
+            profile_id: *profile_id,
+            start: *start,
+            size: *size,
+        }),
+        _ => None,
+    }
+}
+
+/// What the backend must partition for `p`. `layout` is the GPU's complete MIG layout after
+/// this placement, which backends that re-lay out whole GPUs need.
+pub fn partition_plan(p: &Placement, caps: &Capabilities, layout: impl FnOnce() -> Vec<MigInstance>) -> PartitionPlan {
+    let gpu = p.gpus.first().copied().unwrap_or(0);
+    match &p.slice {
+        Slice::Mig { .. } => match caps.partitioning {
+            Partitioning::WholeGpu => PartitionPlan::Layout {
+                node: p.node.clone(),
+                gpu,
+                instances: layout(),
+            },
+            _ => PartitionPlan::Instance {
+                node: p.node.clone(),
+                gpu,
+                instance: mig_instance(p).expect("a MIG slice"),
+            },
+        },
+        Slice::Fraction { milli, gpu_memory_mib } => PartitionPlan::Share {
+            node: p.node.clone(),
+            gpu,
+            milli: *milli,
+            memory_mib: *gpu_memory_mib,
+        },
+        Slice::Whole | Slice::CpuOnly => PartitionPlan::Nothing { node: p.node.clone() },
+    }
+}
+
+/// What the backend runs for a placed workload.
+pub fn run_spec(fleet: &Fleet, nodes: &NodeIndex, w: &Workload, caps: &Capabilities) -> RunSpec {
+    let p = w.placement.as_ref().expect("a placed workload has a placement");
+    let memory = nodes
+        .get(&p.node)
+        .map(|n| fleet.catalogue.get(fleet.node(n).model).memory_mib)
+        .unwrap_or(0);
+    let devices = match caps.devices {
+        DeviceAssignment::Exact => Devices::Exact {
+            gpus: p.gpus.clone(),
+            slice: match &p.slice {
+                Slice::Whole => SliceSpec::Whole,
+                Slice::Mig { .. } => SliceSpec::Mig(mig_instance(p).expect("a MIG slice")),
+                Slice::Fraction { milli, gpu_memory_mib } => SliceSpec::Fraction {
+                    milli: *milli,
+                    memory_mib: *gpu_memory_mib,
+                },
+                Slice::CpuOnly => SliceSpec::HostOnly,
+            },
+        },
+        DeviceAssignment::PerNodeCount => match &p.slice {
+            Slice::Whole => Devices::Count {
+                resource: Resource::Gpu,
+                count: p.gpus.len() as u8,
+            },
+            Slice::Mig { profile, .. } => Devices::Count {
+                resource: Resource::Mig {
+                    profile: profile.clone(),
+                },
+                count: 1,
+            },
+            Slice::Fraction { milli, .. } => Devices::Count {
+                resource: Resource::SharedGpu { milli: *milli },
+                count: 1,
+            },
+            Slice::CpuOnly => Devices::Count {
+                resource: Resource::Gpu,
+                count: 0,
+            },
+        },
+    };
+    RunSpec {
+        id: w.id.0,
+        tenant: w.spec.tenant.clone(),
+        project: w.spec.project.clone(),
+        name: w.spec.name.clone(),
+        kind: w.spec.kind.as_str().to_string(),
+        node: p.node.clone(),
+        model: p.model.clone(),
+        model_memory_mib: memory,
+        devices,
+        cpu_milli: w.spec.cpu_milli,
+        memory_mib: w.spec.memory_mib,
+        env: w.spec.env.clone(),
+        command: w.spec.command.clone(),
+        image: w.spec.image.clone(),
+        duration: w.spec.duration_s.map(Duration::from_secs),
+        running_since_ms: w.running_at,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_sched::Engine;
+    use tessera_sched::policy::BestFit;
+
+    fn shape(gpu: GpuSpec) -> ShapeSpec {
+        ShapeSpec {
+            gpu,
+            models: vec![],
+            pool: None,
+        }
+    }
+
+    #[test]
+    fn placements_round_trip_through_the_engine() {
+        let fleet = std::sync::Arc::new(Fleet::seed());
+        let nodes = NodeIndex::new(&fleet);
+        let mut e = Engine::new(fleet.clone(), Box::new(BestFit), 1);
+        for (id, gpu) in [
+            (1, GpuSpec::Whole { gpus: 8 }),
+            (
+                2,
+                GpuSpec::Mig {
+                    profile: "3g.40gb".into(),
+                },
+            ),
+            (
+                3,
+                GpuSpec::Fraction {
+                    milli: 250,
+                    memory_mib: Some(4096),
+                },
+            ),
+        ] {
+            let req = engine_request(&fleet, &shape(gpu), 1000, 1024)
+                .unwrap()
+                .with_tenant(TenantId(4));
+            let a = e.place(id, &req).unwrap().clone();
+            let p = placement_of(&fleet, &a);
+            let back = allocation_of(&fleet, &nodes, id, &p, (1000, 1024), TenantId(4)).unwrap();
+            assert_eq!(back, a, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn bad_shapes_name_their_field() {
+        let fleet = Fleet::seed();
+        let e = engine_request(&fleet, &shape(GpuSpec::Whole { gpus: 0 }), 0, 0).unwrap_err();
+        assert_eq!(e.field, "shape.gpus");
+        let mut s = shape(GpuSpec::Mig {
+            profile: "3g.40gb".into(),
+        });
+        s.models = vec!["L40S".into()];
+        assert_eq!(engine_request(&fleet, &s, 0, 0).unwrap_err().field, "shape.mig");
+        s.pool = Some("nope".into());
+        s.models.clear();
+        assert_eq!(engine_request(&fleet, &s, 0, 0).unwrap_err().field, "shape.pool");
+        assert_eq!(default_host(GpuUnits::milli(125)), (500, 2048));
+        assert_eq!(default_host(GpuUnits::whole(2)), (8000, 32768));
+    }
+}

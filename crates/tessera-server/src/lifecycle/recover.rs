@@ -1,0 +1,155 @@
+//! Rebuilding the loop's state from the store — at start-up, at failover, and after a failed
+//! commit — and reconciling it with what the backend runs.
+//!
+//! Every workload that has not ended is read back: waiting ones return to the queue, those
+//! holding capacity get their allocation re-applied to a fresh engine (double booking is
+//! refused, and a workload whose stored request or placement no longer fits the fleet fails
+//! with the reason). The backend is then asked about every workload that may run there, and
+//! each workload's lifecycle decides what its answer means: a placed workload's partition is
+//! requested again (idempotent: the partition was recorded before start, so a partition that
+//! exists is not made twice), a partitioned one is started if the backend does not know it, a
+//! running one the backend lost fails, a stopping one is stopped again.
+
+use std::collections::HashMap;
+
+use tessera_domain::{Input, Observed, Phase, WorkloadId};
+use tessera_store::StoreError;
+
+use super::commit::Batch;
+use super::{Core, Live, now_ms, placement};
+use tessera_model::GpuUnits;
+use tessera_sched::govern::Quota;
+
+impl Core {
+    pub(super) async fn recover(&mut self) -> Result<(), StoreError> {
+        self.sched = (self.factory)();
+        self.live.clear();
+        self.runner.clear();
+        self.published.clear_workloads();
+        self.builder.reset();
+        self.ids = 0..0;
+        for q in self.store.quotas().await? {
+            let quota = Quota {
+                guaranteed: GpuUnits(q.guaranteed_milli),
+                limit: q.limit_milli.map(GpuUnits),
+            };
+            self.sched.set_quota(&q.tenant, &q.class, Some(quota));
+        }
+        for (t, b) in self.store.budgets().await? {
+            self.sched.set_budget(&t, Some(b));
+        }
+        let now = now_ms();
+        self.month.refresh(&*self.store, now).await?;
+        let active = self.store.active_workloads().await?;
+        let mut invalid = Vec::new();
+        for w in active {
+            let id = w.id;
+            let tenant = self.tenant_id(&w.spec.tenant);
+            let request = match placement::engine_request(&self.fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib)
+            {
+                Ok(r) => r.with_tenant(tenant),
+                Err(e) => {
+                    invalid.push((id, format!("{}: {}", e.field, e.message)));
+                    self.live.insert(
+                        id,
+                        Live {
+                            request: tessera_model::Request::new(tessera_model::Shape::CpuOnly),
+                            class: String::new(),
+                            w,
+                            util: (0.0, 0.0),
+                        },
+                    );
+                    continue;
+                }
+            };
+            let live = Live {
+                class: self.class_of(&request),
+                request,
+                w,
+                util: (0.0, 0.0),
+            };
+            if live.w.phase.holds_capacity() {
+                let restored = live
+                    .w
+                    .placement
+                    .as_ref()
+                    .ok_or_else(|| "no placement recorded".to_string())
+                    .and_then(|p| {
+                        placement::allocation_of(
+                            &self.fleet,
+                            &self.nodes,
+                            id.0,
+                            p,
+                            (live.w.spec.cpu_milli, live.w.spec.memory_mib),
+                            tenant,
+                        )
+                    })
+                    .and_then(|a| {
+                        let since = live.w.running_at.unwrap_or(live.w.created_at);
+                        self.sched.restore(&live.job(), a, live.w.borrowing, since)
+                    });
+                if let Err(e) = restored {
+                    tracing::error!(%id, error = %e, "cannot re-apply the allocation");
+                    invalid.push((id, format!("its allocation could not be restored: {e}")));
+                } else if live.w.phase == Phase::Stopping {
+                    self.sched.stopping(id.0);
+                }
+            }
+            self.live.insert(id, live);
+        }
+        let mut batch = Batch::default();
+        for (id, detail) in &invalid {
+            self.apply(*id, Input::Invalid { at: now, detail: detail.clone() }, &mut batch, now);
+        }
+        // Ask the backend about everything that may run there.
+        let expected: Vec<_> = self
+            .live
+            .values()
+            .filter(|l| matches!(l.w.phase, Phase::Partitioned | Phase::Running | Phase::Stopping))
+            .map(|l| placement::run_spec(&self.fleet, &self.nodes, &l.w, &self.caps))
+            .collect();
+        let mut observed: HashMap<WorkloadId, Observed> = HashMap::new();
+        match self.backend.reconcile(&expected).await {
+            Ok(report) => {
+                for (id, o) in report.workloads {
+                    observed.insert(WorkloadId(id), self.observed(o, "after a control-plane restart"));
+                }
+                self.metrics.orphans(report.orphans.len());
+                for o in &report.orphans {
+                    tracing::warn!(node = %o.node, id = ?o.id, detail = %o.detail, "the backend runs work Tessera does not know (orphan)");
+                }
+            }
+            Err(e) => {
+                // Treat everything as still starting: the periodic reconcile asks again.
+                tracing::warn!(error = %e, "the backend cannot be reconciled now; will retry");
+            }
+        }
+        let mut ids: Vec<WorkloadId> = self.live.keys().copied().collect();
+        ids.sort_unstable();
+        let grace_s = self.settings.grace.as_secs();
+        for id in ids {
+            let o = observed.remove(&id).unwrap_or(Observed::Starting);
+            self.apply(id, Input::Recovered { at: now, observed: o, grace_s }, &mut batch, now);
+        }
+        let queued = self.sched.queued();
+        let live = self.live.len();
+        self.commit_recovery(batch, now).await?;
+        tracing::info!(live, queued, "lifecycle state rebuilt from the store");
+        Ok(())
+    }
+
+    /// Stores what recovery decided (it must not recurse into another recovery on failure).
+    async fn commit_recovery(&mut self, batch: Batch, now: i64) -> Result<(), StoreError> {
+        let (changes, records, ops) = batch.into_parts();
+        self.store.commit(&changes).await?;
+        self.published.put_workloads(records);
+        self.published
+            .put_workloads(self.live.values().map(|l| std::sync::Arc::new(l.w.clone())));
+        let snap = self.builder.build(&self.fleet, &self.sched, &self.live, now, true);
+        self.published.set_snapshot(snap);
+        for (id, op) in ops {
+            self.runner.submit(id, op);
+        }
+        Ok(())
+    }
+}

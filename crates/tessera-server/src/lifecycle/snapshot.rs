@@ -1,0 +1,336 @@
+//! What readers see. After each commit the lifecycle loop publishes an immutable [`Snapshot`]
+//! of the fleet (per node, copy-on-write: only nodes whose state changed are rebuilt), the
+//! tenants' quotas and holdings, and — at most once a second — the queue and phase counts; it
+//! also publishes the records of the workloads the commit changed. GETs, fleet views, usage
+//! reports and `/metrics` read these, never the loop itself, so a read costs the loop nothing
+//! and a busy loop never slows a read.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, RwLock};
+
+use tessera_backend::GpuSample;
+use tessera_domain::{Phase, ReasonCode, Workload, WorkloadId};
+use tessera_model::{Fleet, GpuUnits};
+use tessera_sched::Grant;
+use tessera_sched::govern::{Quota, Scheduler};
+
+use super::Live;
+
+/// One holder of (part of) a GPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HolderSnap {
+    pub workload: u64,
+    pub tenant: String,
+    pub project: String,
+    pub grant: Grant,
+    pub units: GpuUnits,
+}
+
+/// One GPU.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuSnap {
+    /// GPU units in use, in milli-GPU.
+    pub used_milli: u16,
+    /// MIG: occupied memory slices.
+    pub mig_mask: u16,
+    pub holders: Vec<HolderSnap>,
+}
+
+/// One node: free host resources and its GPUs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeSnap {
+    pub cpu_free: u64,
+    pub mem_free: u64,
+    pub gpus: Vec<GpuSnap>,
+}
+
+impl NodeSnap {
+    pub fn free_gpus(&self) -> usize {
+        self.gpus.iter().filter(|g| g.holders.is_empty()).count()
+    }
+
+    pub fn used_milli(&self) -> u64 {
+        self.gpus.iter().map(|g| g.used_milli as u64).sum()
+    }
+}
+
+/// A tenant's quotas with what it holds, and its budget.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TenantSnap {
+    /// (resource class, quota, units held in that class).
+    pub quotas: Vec<(String, Quota, GpuUnits)>,
+    /// Monthly budget and spent, GPU-unit-hours.
+    pub budget: Option<(f64, f64)>,
+}
+
+/// The queue, aggregated for metrics and views.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QueueSnap {
+    /// (tenant, resource class, priority) → (depth, oldest submission ms).
+    pub depth: BTreeMap<(String, String, String), (u64, i64)>,
+    /// (resource class, reason code; `None` before the scheduler said) → waiting requests.
+    pub blocked: BTreeMap<(String, Option<ReasonCode>), u64>,
+}
+
+/// An immutable view of the loop's state after a commit.
+pub struct Snapshot {
+    /// Increases with every publication.
+    pub version: u64,
+    /// When it was taken, ms since the epoch.
+    pub at: i64,
+    pub fleet: Arc<Fleet>,
+    pub nodes: Vec<Arc<NodeSnap>>,
+    pub tenants: Arc<BTreeMap<String, TenantSnap>>,
+    pub queue: Arc<QueueSnap>,
+    /// Live workloads by phase.
+    pub phases: Arc<BTreeMap<Phase, u64>>,
+    /// Measured utilisation so far of running workloads (0..1), for usage reports.
+    pub utilisation: Arc<HashMap<WorkloadId, f64>>,
+}
+
+impl Snapshot {
+    /// The empty state of a fleet (before recovery publishes).
+    pub fn empty(fleet: Arc<Fleet>) -> Snapshot {
+        let nodes = fleet
+            .nodes
+            .iter()
+            .map(|n| {
+                Arc::new(NodeSnap {
+                    cpu_free: n.cpu_milli,
+                    mem_free: n.memory_mib,
+                    gpus: vec![GpuSnap::default(); n.gpus as usize],
+                })
+            })
+            .collect();
+        Snapshot {
+            version: 0,
+            at: 0,
+            fleet,
+            nodes,
+            tenants: Arc::default(),
+            queue: Arc::default(),
+            phases: Arc::default(),
+            utilisation: Arc::default(),
+        }
+    }
+}
+
+/// The latest telemetry of the backend.
+#[derive(Clone, Debug, Default)]
+pub struct Telemetry {
+    /// When it was sampled, ms since the epoch (0: none yet).
+    pub at: i64,
+    pub gpus: Arc<Vec<GpuSample>>,
+}
+
+/// Workload records readers may see without the store: every live one and the most recently
+/// ended ones.
+#[derive(Default)]
+pub struct WorkloadCache {
+    map: HashMap<WorkloadId, Arc<Workload>>,
+    ended: VecDeque<WorkloadId>,
+}
+
+/// How many ended workloads stay readable from memory.
+const ENDED_KEPT: usize = 20_000;
+
+impl WorkloadCache {
+    pub fn get(&self, id: WorkloadId) -> Option<Arc<Workload>> {
+        self.map.get(&id).cloned()
+    }
+
+    fn put(&mut self, w: Arc<Workload>) {
+        if w.phase.is_terminal() && !self.map.get(&w.id).is_some_and(|o| o.phase.is_terminal()) {
+            self.ended.push_back(w.id);
+            while self.ended.len() > ENDED_KEPT {
+                if let Some(old) = self.ended.pop_front() {
+                    self.map.remove(&old);
+                }
+            }
+        }
+        self.map.insert(w.id, w);
+    }
+}
+
+/// Where the loop publishes and readers read.
+pub struct Published {
+    snapshot: RwLock<Arc<Snapshot>>,
+    workloads: RwLock<WorkloadCache>,
+    telemetry: RwLock<Telemetry>,
+}
+
+impl Published {
+    pub fn new(fleet: Arc<Fleet>) -> Self {
+        Published {
+            snapshot: RwLock::new(Arc::new(Snapshot::empty(fleet))),
+            workloads: RwLock::default(),
+            telemetry: RwLock::default(),
+        }
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.read().expect("lock").clone()
+    }
+
+    pub fn workload(&self, id: WorkloadId) -> Option<Arc<Workload>> {
+        self.workloads.read().expect("lock").get(id)
+    }
+
+    pub fn telemetry(&self) -> Telemetry {
+        self.telemetry.read().expect("lock").clone()
+    }
+
+    pub(crate) fn set_snapshot(&self, s: Snapshot) {
+        *self.snapshot.write().expect("lock") = Arc::new(s);
+    }
+
+    pub(crate) fn put_workloads(&self, ws: impl IntoIterator<Item = Arc<Workload>>) {
+        let mut c = self.workloads.write().expect("lock");
+        for w in ws {
+            c.put(w);
+        }
+    }
+
+    pub(crate) fn clear_workloads(&self) {
+        *self.workloads.write().expect("lock") = WorkloadCache::default();
+    }
+
+    pub(crate) fn set_telemetry(&self, t: Telemetry) {
+        *self.telemetry.write().expect("lock") = t;
+    }
+}
+
+/// Builds snapshots, reusing the nodes that did not change since the last one.
+pub struct SnapshotBuilder {
+    version: u64,
+    epochs: Vec<u64>,
+    nodes: Vec<Arc<NodeSnap>>,
+    queue: Arc<QueueSnap>,
+    phases: Arc<BTreeMap<Phase, u64>>,
+    utilisation: Arc<HashMap<WorkloadId, f64>>,
+}
+
+impl SnapshotBuilder {
+    pub fn new(fleet: &Fleet) -> Self {
+        let empty = Snapshot::empty(Arc::new(Fleet {
+            catalogue: fleet.catalogue.clone(),
+            pools: Vec::new(),
+            nodes: Vec::new(),
+        }));
+        SnapshotBuilder {
+            version: 0,
+            // u64::MAX never equals an engine epoch: every node is built the first time.
+            epochs: vec![u64::MAX; fleet.nodes.len()],
+            nodes: Vec::new(),
+            queue: empty.queue,
+            phases: empty.phases,
+            utilisation: empty.utilisation,
+        }
+    }
+
+    /// Forgets every node (after the scheduler was rebuilt: epochs start again).
+    pub fn reset(&mut self) {
+        self.epochs.iter_mut().for_each(|e| *e = u64::MAX);
+    }
+
+    /// A snapshot of `sched` and the live workloads. `full` also recomputes the queue, phase
+    /// counts and utilisation (they are copied from the last snapshot otherwise).
+    pub fn build(
+        &mut self,
+        fleet: &Arc<Fleet>,
+        sched: &Scheduler,
+        live: &HashMap<WorkloadId, Live>,
+        at: i64,
+        full: bool,
+    ) -> Snapshot {
+        let st = sched.engine.state();
+        if self.nodes.len() != st.nodes.len() {
+            self.nodes = vec![Arc::new(NodeSnap::default()); st.nodes.len()];
+            self.epochs = vec![u64::MAX; st.nodes.len()];
+        }
+        for (i, ns) in st.nodes.iter().enumerate() {
+            if self.epochs[i] == ns.epoch {
+                continue;
+            }
+            self.epochs[i] = ns.epoch;
+            let gpus = ns
+                .gpus
+                .iter()
+                .map(|g| GpuSnap {
+                    used_milli: g.used_milli,
+                    mig_mask: g.mig_mask,
+                    holders: g
+                        .holders
+                        .iter()
+                        .filter_map(|h| {
+                            let a = st.allocations.get(h)?;
+                            let (tenant, project) = live
+                                .get(&WorkloadId(*h))
+                                .map(|l| (l.w.spec.tenant.clone(), l.w.spec.project.clone()))
+                                .unwrap_or_default();
+                            Some(HolderSnap {
+                                workload: *h,
+                                tenant,
+                                project,
+                                grant: a.grant.clone(),
+                                units: a.units,
+                            })
+                        })
+                        .collect(),
+                })
+                .collect();
+            self.nodes[i] = Arc::new(NodeSnap {
+                cpu_free: ns.cpu_free,
+                mem_free: ns.mem_free,
+                gpus,
+            });
+        }
+        let mut tenants: BTreeMap<String, TenantSnap> = BTreeMap::new();
+        for (tenant, class, q) in sched.all_quotas() {
+            tenants
+                .entry(tenant.clone())
+                .or_default()
+                .quotas
+                .push((class.clone(), q, sched.held(tenant, class)));
+        }
+        for (tenant, budget) in sched.all_budgets() {
+            tenants.entry(tenant.clone()).or_default().budget = Some((budget, sched.spent(tenant)));
+        }
+        if full {
+            let mut queue = QueueSnap::default();
+            let mut phases: BTreeMap<Phase, u64> = BTreeMap::new();
+            let mut utilisation = HashMap::new();
+            for l in live.values() {
+                let w = &l.w;
+                *phases.entry(w.phase).or_default() += 1;
+                if let Some(u) = l.utilisation() {
+                    utilisation.insert(w.id, u);
+                }
+                if w.phase.is_waiting() {
+                    let e = queue
+                        .depth
+                        .entry((w.spec.tenant.clone(), l.class.to_string(), w.spec.priority.clone()))
+                        .or_insert((0, w.created_at));
+                    e.0 += 1;
+                    e.1 = e.1.min(w.created_at);
+                    let code = w.reason.as_ref().map(|r| r.code);
+                    *queue.blocked.entry((l.class.clone(), code)).or_default() += 1;
+                }
+            }
+            self.queue = Arc::new(queue);
+            self.phases = Arc::new(phases);
+            self.utilisation = Arc::new(utilisation);
+        }
+        self.version += 1;
+        Snapshot {
+            version: self.version,
+            at,
+            fleet: fleet.clone(),
+            nodes: self.nodes.clone(),
+            tenants: Arc::new(tenants),
+            queue: self.queue.clone(),
+            phases: self.phases.clone(),
+            utilisation: self.utilisation.clone(),
+        }
+    }
+}

@@ -1,0 +1,470 @@
+//! The lifecycle suite, run against both modes of the simulated backend: `exact` (a MIG instance
+//! is created at the engine's slices and devices are named exactly, as NVML does) and `operator`
+//! (a GPU's whole MIG layout is applied at once and only while idle, devices are counted per
+//! node and bound by the backend, partitions take a while — as on a GPU Operator cluster). The
+//! same tests must pass on both: that is what the backend trait's capabilities promise.
+//!
+//! Each test drives the lifecycle loop directly (no HTTP) on the seed fleet with a SQLite store
+//! in a temporary directory. Crashes are real: the runtime the loop runs on is shut down
+//! mid-flight, and a new loop is started on the same store and the same (surviving) backend.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tessera_backend::{
+    Backend, BackendError, BackendEvent, Capabilities, PartitionPlan, PartitionReport, ReconcileReport, RunSpec,
+};
+use tessera_backend_sim::{SimBackend, SimConfig, SimGpu, SimMode};
+use tessera_domain::{GpuSpec, Kind, Phase, ReasonCode, ShapeSpec, Step, Workload, WorkloadId, WorkloadSpec};
+use tessera_model::Fleet;
+use tessera_sched::Engine;
+use tessera_sched::govern::{GovernConfig, Scheduler};
+use tessera_server::lifecycle::{self, Lifecycle, NewWorkload, Settings, placement};
+use tessera_server::metrics::Metrics;
+use tessera_store::{Store, WorkloadStore};
+use tessera_store_sqlite::SqliteStore;
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
+
+/// A temporary directory, removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!("tessera-lc-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The simulated backend, with switches that hold an operation back (to crash in the middle
+/// of it) and count what reached the backend.
+struct Gate {
+    sim: Arc<SimBackend>,
+    /// `start` never returns while set (the control plane "crashes" before it happens).
+    hold_start: AtomicBool,
+    /// `partition` does its work, then never returns while set (a crash right after it).
+    hold_after_partition: AtomicBool,
+    starts: AtomicU32,
+}
+
+#[async_trait]
+impl Backend for Gate {
+    fn name(&self) -> &'static str {
+        self.sim.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.sim.capabilities()
+    }
+    async fn partition(&self, plan: &PartitionPlan) -> Result<PartitionReport, BackendError> {
+        let r = self.sim.partition(plan).await;
+        if self.hold_after_partition.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        r
+    }
+    async fn unpartition(&self, plan: &PartitionPlan) -> Result<(), BackendError> {
+        self.sim.unpartition(plan).await
+    }
+    async fn start(&self, spec: &RunSpec) -> Result<(), BackendError> {
+        if self.hold_start.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.starts.fetch_add(1, Ordering::SeqCst);
+        self.sim.start(spec).await
+    }
+    async fn stop(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
+        self.sim.stop(id, grace).await
+    }
+    async fn reconcile(&self, expected: &[RunSpec]) -> Result<ReconcileReport, BackendError> {
+        self.sim.reconcile(expected).await
+    }
+    fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>> {
+        self.sim.take_events()
+    }
+}
+
+fn sim_gpus(fleet: &Fleet) -> Vec<SimGpu> {
+    fleet
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            let model = fleet.catalogue.get(n.model);
+            (0..n.gpus).map(move |i| SimGpu {
+                node: n.name.clone(),
+                index: i,
+                model: model.name.clone(),
+                memory_mib: model.memory_mib,
+            })
+        })
+        .collect()
+}
+
+/// One control plane on a store and a backend that outlive it.
+struct World {
+    mode: SimMode,
+    fleet: Arc<Fleet>,
+    dir: TempDir,
+    gate: Arc<Gate>,
+}
+
+impl World {
+    fn new(tag: &str, mode: SimMode) -> World {
+        let fleet = Arc::new(Fleet::seed());
+        let cfg = SimConfig {
+            mode,
+            mig_partition_time: match mode {
+                SimMode::Exact => Duration::ZERO,
+                SimMode::Operator => Duration::from_millis(150),
+            },
+            telemetry_interval: Duration::from_millis(200),
+            // A restart of the control plane is not a restart of the backend: what the backend
+            // does not know is a ghost, not something to adopt.
+            adopt_unknown: false,
+            ..SimConfig::default()
+        };
+        let sim = Arc::new(SimBackend::new(cfg, sim_gpus(&fleet)));
+        World {
+            mode,
+            fleet,
+            dir: TempDir::new(&format!("{tag}-{mode:?}")),
+            gate: Arc::new(Gate {
+                sim,
+                hold_start: AtomicBool::new(false),
+                hold_after_partition: AtomicBool::new(false),
+                starts: AtomicU32::new(0),
+            }),
+        }
+    }
+
+    /// Starts a control plane on its own runtime (dropping the runtime is a crash).
+    fn boot(&self) -> (Runtime, Lifecycle, Arc<dyn Store>) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let fleet = self.fleet.clone();
+        let dir = self.dir.0.clone();
+        let backend: Arc<dyn Backend> = self.gate.clone();
+        let (lc, store) = rt.block_on(async move {
+            let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(&dir).await.unwrap());
+            let govern = GovernConfig {
+                min_runtime_ms: 0,
+                reclaim_after_ms: 0,
+                ..Default::default()
+            };
+            let f = fleet.clone();
+            let factory: lifecycle::SchedFactory = Arc::new(move || {
+                let p = tessera_sched::replay::make_policy("tessera", &[]).unwrap();
+                Scheduler::new(Engine::new(f.clone(), p, 1), govern.clone())
+            });
+            let lc = lifecycle::start(
+                fleet,
+                factory,
+                store.clone(),
+                backend,
+                Settings {
+                    grace: Duration::from_secs(1),
+                    reconcile_every: Duration::from_millis(500),
+                },
+                Arc::new(Metrics::new()),
+            )
+            .await
+            .unwrap();
+            (lc, store)
+        });
+        (rt, lc, store)
+    }
+}
+
+fn spec(gpu: GpuSpec, pool: Option<&str>, duration_s: Option<u64>, priority: &str) -> WorkloadSpec {
+    WorkloadSpec {
+        tenant: "vision".into(),
+        project: "train".into(),
+        name: "w".into(),
+        kind: Kind::Batch,
+        shape: ShapeSpec {
+            gpu,
+            models: vec![],
+            pool: pool.map(str::to_string),
+        },
+        cpu_milli: 1000,
+        memory_mib: 1024,
+        duration_s,
+        command: None,
+        image: None,
+        env: Default::default(),
+        priority: priority.into(),
+        no_wait: false,
+        no_requeue: false,
+    }
+}
+
+async fn submit(lc: &Lifecycle, fleet: &Fleet, spec: WorkloadSpec) -> Arc<Workload> {
+    let request = placement::engine_request(fleet, &spec.shape, spec.cpu_milli, spec.memory_mib).unwrap();
+    let (w, created) = lc
+        .create(NewWorkload {
+            spec,
+            request,
+            actor: "tok-test".into(),
+            role: "platform-admin".into(),
+            idempotency: None,
+            received_at: tessera_server::now_ms(),
+        })
+        .await
+        .unwrap();
+    assert!(created);
+    w
+}
+
+async fn wait_phase(lc: &Lifecycle, id: WorkloadId, phase: Phase) -> Arc<Workload> {
+    for _ in 0..400 {
+        if let Some(w) = lc.workload(id)
+            && w.phase == phase
+        {
+            return w;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("workload {id} never reached {phase}: {:?}", lc.workload(id));
+}
+
+fn units_used(lc: &Lifecycle, pool: &str) -> u64 {
+    let s = lc.snapshot();
+    let p = &s.fleet.pools[s.fleet.pool_by_name(pool).unwrap().0 as usize];
+    s.nodes[p.nodes.start as usize..p.nodes.end as usize]
+        .iter()
+        .map(|n| n.used_milli())
+        .sum()
+}
+
+async fn steps(store: &Arc<dyn Store>, id: WorkloadId) -> Vec<Step> {
+    store.events(id, None).await.unwrap().iter().map(|e| e.step).collect()
+}
+
+fn every_shape_runs_and_cancel_returns_the_capacity(mode: SimMode) {
+    let w = World::new("shapes", mode);
+    let (rt, lc, store) = w.boot();
+    rt.block_on(async {
+        let mig = submit(&lc, &w.fleet, spec(GpuSpec::Mig { profile: "3g.40gb".into() }, None, None, "standard")).await;
+        let gang = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "standard")).await;
+        let frac = submit(
+            &lc,
+            &w.fleet,
+            spec(GpuSpec::Fraction { milli: 250, memory_mib: None }, None, None, "standard"),
+        )
+        .await;
+        for x in [&mig, &gang, &frac] {
+            let r = wait_phase(&lc, x.id, Phase::Running).await;
+            assert!(r.usage.open, "a running workload is metered");
+            assert!(r.placement.is_some());
+        }
+        assert_eq!(units_used(&lc, "serving"), 500);
+        assert_eq!(units_used(&lc, "training"), 8000);
+        assert_eq!(units_used(&lc, "development"), 250);
+        for x in [&mig, &gang, &frac] {
+            let c = lc.cancel(x.id, "tok-test".into()).await.unwrap();
+            assert_eq!(c.phase, Phase::Stopping);
+            let done = wait_phase(&lc, x.id, Phase::Cancelled).await;
+            assert_eq!(done.reason.as_ref().unwrap().code, ReasonCode::Cancelled);
+        }
+        for pool in ["serving", "training", "development"] {
+            assert_eq!(units_used(&lc, pool), 0, "{pool} got its capacity back");
+        }
+        assert_eq!(
+            steps(&store, mig.id).await,
+            [
+                Step::Requested,
+                Step::Authorised,
+                Step::Placed,
+                Step::Partitioned,
+                Step::Running,
+                Step::Observed,
+                Step::Metered,
+                Step::Cancelled,
+                Step::Released
+            ]
+        );
+        let usage = store.usage_of(mig.id).await.unwrap();
+        assert_eq!(usage.len(), 1);
+        assert!(usage[0].ended_at.is_some(), "the interval closed with the release");
+    });
+}
+
+fn batch_work_completes_and_the_queue_drains(mode: SimMode) {
+    let w = World::new("drain", mode);
+    let (rt, lc, _store) = w.boot();
+    rt.block_on(async {
+        let mut ids = Vec::new();
+        for _ in 0..16 {
+            let x = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 8 }, Some("training"), Some(1), "standard")).await;
+            ids.push(x.id);
+        }
+        let late = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 8 }, Some("training"), Some(1), "standard")).await;
+        assert_eq!(late.phase, Phase::Queued);
+        assert_eq!(late.reason.as_ref().unwrap().code, ReasonCode::NoCapacity);
+        for id in ids {
+            wait_phase(&lc, id, Phase::Succeeded).await;
+        }
+        wait_phase(&lc, late.id, Phase::Succeeded).await;
+        assert_eq!(units_used(&lc, "training"), 0);
+    });
+}
+
+fn preempted_batch_work_is_requeued(mode: SimMode) {
+    let w = World::new("preempt", mode);
+    let (rt, lc, store) = w.boot();
+    rt.block_on(async {
+        let mut low = Vec::new();
+        for _ in 0..16 {
+            let x = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "opportunistic")).await;
+            low.push(x.id);
+        }
+        for id in &low {
+            wait_phase(&lc, *id, Phase::Running).await;
+        }
+        let high = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "high")).await;
+        wait_phase(&lc, high.id, Phase::Running).await;
+        let requeued: Vec<_> = low
+            .iter()
+            .filter_map(|id| lc.workload(*id))
+            .filter(|x| x.phase == Phase::Queued)
+            .collect();
+        assert_eq!(requeued.len(), 1, "exactly one victim");
+        let v = &requeued[0];
+        assert_eq!(v.reason.as_ref().unwrap().code, ReasonCode::Requeued);
+        assert!(steps(&store, v.id).await.contains(&Step::Preempted));
+        assert_eq!(units_used(&lc, "training"), 16_000);
+    });
+}
+
+/// Crash after the partition is recorded, before the start reaches the backend: the new
+/// control plane starts the workload without partitioning again.
+fn a_crash_between_partition_and_start_does_not_partition_twice(mode: SimMode) {
+    let w = World::new("crash-start", mode);
+    w.gate.hold_start.store(true, Ordering::SeqCst);
+    let (rt, lc, store) = w.boot();
+    let id = rt.block_on(async {
+        let x = submit(&lc, &w.fleet, spec(GpuSpec::Mig { profile: "3g.40gb".into() }, None, None, "standard")).await;
+        wait_phase(&lc, x.id, Phase::Partitioned).await;
+        // The record is durable.
+        let stored = store.get_workload(x.id, None).await.unwrap().unwrap();
+        assert_eq!(stored.phase, Phase::Partitioned);
+        x.id
+    });
+    rt.shutdown_background();
+    assert_eq!(w.gate.sim.partitions_created(), 1);
+    assert_eq!(w.gate.starts.load(Ordering::SeqCst), 0, "the start never reached the backend");
+    w.gate.hold_start.store(false, Ordering::SeqCst);
+    let (rt, lc, _store) = w.boot();
+    rt.block_on(async {
+        wait_phase(&lc, id, Phase::Running).await;
+    });
+    assert_eq!(w.gate.sim.partitions_created(), 1, "recovery did not partition again ({:?})", w.mode);
+    assert_eq!(w.gate.starts.load(Ordering::SeqCst), 1);
+}
+
+/// Crash after the backend made the partition but before the loop recorded it: recovery asks
+/// again, and the backend (idempotent) says it exists.
+fn a_crash_during_partition_is_repaired_without_a_second_partition(mode: SimMode) {
+    let w = World::new("crash-partition", mode);
+    w.gate.hold_after_partition.store(true, Ordering::SeqCst);
+    let (rt, lc, store) = w.boot();
+    let id = rt.block_on(async {
+        let x = submit(&lc, &w.fleet, spec(GpuSpec::Mig { profile: "3g.40gb".into() }, None, None, "standard")).await;
+        wait_phase(&lc, x.id, Phase::Placed).await;
+        for _ in 0..200 {
+            if w.gate.sim.partitions_created() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(store.get_workload(x.id, None).await.unwrap().unwrap().phase, Phase::Placed);
+        x.id
+    });
+    rt.shutdown_background();
+    assert_eq!(w.gate.sim.partitions_created(), 1);
+    w.gate.hold_after_partition.store(false, Ordering::SeqCst);
+    let (rt, lc, _store) = w.boot();
+    rt.block_on(async {
+        wait_phase(&lc, id, Phase::Running).await;
+    });
+    assert_eq!(w.gate.sim.partitions_created(), 1, "the existing partition was reused");
+}
+
+/// A restart adopts what the backend still runs; what it lost is reported as lost.
+fn a_restart_keeps_running_work_and_finds_lost_work(mode: SimMode) {
+    let w = World::new("restart", mode);
+    let (rt, lc, _store) = w.boot();
+    let (kept, lost) = rt.block_on(async {
+        let a = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 2 }, Some("training"), None, "standard")).await;
+        let b = submit(&lc, &w.fleet, spec(GpuSpec::Mig { profile: "1g.10gb".into() }, None, None, "standard")).await;
+        wait_phase(&lc, a.id, Phase::Running).await;
+        wait_phase(&lc, b.id, Phase::Running).await;
+        (a.id, b.id)
+    });
+    rt.shutdown_background();
+    // Lost while no control plane was listening: only a reconcile can tell.
+    w.gate.sim.forget(lost.0);
+    let (rt, lc, _store) = w.boot();
+    rt.block_on(async {
+        let k = wait_phase(&lc, kept, Phase::Running).await;
+        assert!(k.usage.open);
+        let l = wait_phase(&lc, lost, Phase::Failed).await;
+        assert_eq!(l.reason.as_ref().unwrap().code, ReasonCode::Lost);
+        assert_eq!(units_used(&lc, "training"), 2000);
+        assert_eq!(units_used(&lc, "serving"), 0);
+        // The kept one can still be cancelled.
+        lc.cancel(kept, "tok-test".into()).await.unwrap();
+        wait_phase(&lc, kept, Phase::Cancelled).await;
+    });
+}
+
+/// The periodic reconcile finds a workload the backend lost while Tessera ran.
+fn reconcile_finds_ghosts(mode: SimMode) {
+    let w = World::new("ghost", mode);
+    let (rt, lc, _store) = w.boot();
+    rt.block_on(async {
+        let a = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 1 }, Some("training"), None, "standard")).await;
+        wait_phase(&lc, a.id, Phase::Running).await;
+        // Gone without a word (a missed event): the periodic reconcile finds it.
+        w.gate.sim.forget(a.id.0);
+        let f = wait_phase(&lc, a.id, Phase::Failed).await;
+        assert_eq!(f.reason.as_ref().unwrap().code, ReasonCode::Lost);
+        assert_eq!(units_used(&lc, "training"), 0);
+    });
+}
+
+macro_rules! on_both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod exact {
+            $(#[test] fn $name() { super::$name(tessera_backend_sim::SimMode::Exact) })*
+        }
+        mod operator {
+            $(#[test] fn $name() { super::$name(tessera_backend_sim::SimMode::Operator) })*
+        }
+    };
+}
+
+on_both_modes!(
+    every_shape_runs_and_cancel_returns_the_capacity,
+    batch_work_completes_and_the_queue_drains,
+    preempted_batch_work_is_requeued,
+    a_crash_between_partition_and_start_does_not_partition_twice,
+    a_crash_during_partition_is_repaired_without_a_second_partition,
+    a_restart_keeps_running_work_and_finds_lost_work,
+    reconcile_finds_ghosts,
+);
