@@ -15,7 +15,22 @@
 //!
 //! Its state lives in the control plane's process, so it forgets everything on a restart; with
 //! [`SimConfig::adopt_unknown`] (the default) `reconcile` adopts the workloads Tessera recorded
-//! as running, as hardware that outlived the control plane would still run them.
+//! as running (`running_since_ms` set), as hardware that outlived the control plane would still
+//! run them. Layouts are not remembered: an adopted operator-mode MIG workload gets its device
+//! once a layout offering its profile is applied on its node again.
+//!
+//! Behaviour a caller relies on:
+//!
+//! * `start` sends `Started` before it returns; `Running` follows as soon as the runtime runs
+//!   the workload's task, and `Exited` after its `duration` from then.
+//! * Time-slice shares and `Nothing` plans have nothing to create: `partition` checks them and
+//!   reports `created: false`. MIG instances (exact) and layouts (operator) count in
+//!   [`SimBackend::partitions_created`].
+//! * A workload stopped or lost in this process is reported `Unknown` by `reconcile` and never
+//!   adopted again while Tessera still expects it.
+//! * [`Backend::take_events`](tessera_backend::Backend::take_events) also starts the periodic
+//!   `Telemetry` events (first one at once); [`SimBackend::sample`] gives the same sample on
+//!   demand.
 
 mod backend;
 mod bind;
