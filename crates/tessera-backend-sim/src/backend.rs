@@ -1,0 +1,597 @@
+//! [`SimBackend`]: the `Backend` implementation, its timers and telemetry task, fault injection
+//! and the counters tests read.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tessera_backend::{
+    Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, GpuSample, MigInstance,
+    Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec, SliceSpec,
+};
+use tokio::sync::mpsc;
+
+use crate::bind::bind;
+use crate::partition::{check_instance, check_layout, check_share, destroy_instance, layout_text, sorted};
+use crate::state::{Ended, Phase, Run, State};
+use crate::telemetry::{sample_all, sample_run};
+use crate::{SimConfig, SimGpu, SimMode};
+
+/// The simulated backend. Built with every GPU of the fleet; see the crate doc for its modes.
+pub struct SimBackend {
+    cfg: SimConfig,
+    shared: Arc<Shared>,
+    rx: Mutex<Option<mpsc::UnboundedReceiver<BackendEvent>>>,
+}
+
+/// What the backend shares with its timer and telemetry tasks.
+struct Shared {
+    state: Mutex<State>,
+    tx: mpsc::UnboundedSender<BackendEvent>,
+    clock: Clock,
+}
+
+/// Wall-clock milliseconds that advance with Tokio's clock, so that timestamps, run times and
+/// adoption agree with each other when a test pauses time.
+struct Clock {
+    base_ms: i64,
+    base: tokio::time::Instant,
+}
+
+impl Clock {
+    fn new() -> Self {
+        let base_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        Clock {
+            base_ms,
+            base: tokio::time::Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.base_ms + self.base.elapsed().as_millis() as i64
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("sim state lock")
+    }
+
+    /// Sent while the caller holds the state lock, so that a workload's events leave in the
+    /// order of its state changes. Nobody listening (not taken, or dropped) is fine.
+    fn send(&self, event: BackendEvent) {
+        let _ = self.tx.send(event);
+    }
+}
+
+impl SimBackend {
+    /// A simulated fleet of `gpus` (every GPU of the fleet: telemetry covers them all).
+    pub fn new(cfg: SimConfig, gpus: Vec<SimGpu>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        SimBackend {
+            cfg,
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::new(gpus)),
+                tx,
+                clock: Clock::new(),
+            }),
+            rx: Mutex::new(Some(rx)),
+        }
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    /// A telemetry sample of every GPU now, the same as a `Telemetry` event carries.
+    pub fn sample(&self) -> Vec<GpuSample> {
+        let st = self.shared.lock();
+        sample_all(&st, self.shared.clock.now_ms())
+    }
+
+    /// Injects an XID error on a GPU (it shows in telemetry, and a `GpuHealth` event reports
+    /// the GPU unhealthy); XID 0 clears it and reports the GPU healthy again.
+    pub fn inject_xid(&self, node: &str, gpu: u8, xid: u32) -> Result<(), BackendError> {
+        let mut st = self.shared.lock();
+        let g = st.gpu(node, gpu)?;
+        st.gpus[g].xid = xid;
+        let detail = match xid {
+            0 => "XID error cleared (injected)".to_string(),
+            x => match xid_meaning(x) {
+                Some(m) => format!("XID {x}: {m} (injected)"),
+                None => format!("XID {x} (injected)"),
+            },
+        };
+        self.shared.send(BackendEvent::GpuHealth {
+            node: node.to_string(),
+            gpu,
+            healthy: xid == 0,
+            xid: (xid != 0).then_some(xid),
+            detail,
+        });
+        Ok(())
+    }
+
+    /// Makes a workload vanish as if deleted behind Tessera's back: its devices are freed and a
+    /// `Lost` event follows (none when it is being stopped). False when it was not running.
+    pub fn lose(&self, id: u64) -> bool {
+        let mut st = self.shared.lock();
+        let Some(run) = st.remove_run(id, Ended::Lost) else {
+            return false;
+        };
+        if !run.stopping {
+            self.shared.send(BackendEvent::Lost {
+                id,
+                at_ms: self.shared.clock.now_ms(),
+                detail: format!("workload {id} vanished from {} (injected)", run.spec.node),
+            });
+        }
+        true
+    }
+
+    /// The next `partition` call, whatever its plan, is `Rejected` with this detail.
+    pub fn fail_next_partition(&self, detail: impl Into<String>) {
+        self.shared.lock().fail_next_partition = Some(detail.into());
+    }
+
+    /// How many `partition` calls changed something (created an instance, applied a layout).
+    pub fn partitions_created(&self) -> u64 {
+        self.shared.lock().partitions_created
+    }
+
+    /// How many `start` calls started a workload (repeated starts and adoptions do not count).
+    pub fn starts(&self) -> u64 {
+        self.shared.lock().starts
+    }
+
+    /// Runs a workload's life on a timer: `Running` (unless it was adopted running), then after
+    /// `remaining` the `Exited` event, unless it was stopped or lost meanwhile.
+    fn spawn_run(&self, id: u64, generation: u64, remaining: Option<Duration>, announce: bool) {
+        let weak: Weak<Shared> = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            let current = |r: &Run| r.generation == generation && !r.stopping;
+            if announce {
+                let Some(shared) = weak.upgrade() else {
+                    return;
+                };
+                let mut st = shared.lock();
+                let now = shared.clock.now_ms();
+                let Some(run) = st.runs.get_mut(&id).filter(|r| current(r)) else {
+                    return;
+                };
+                run.phase = Phase::Running;
+                run.since_ms = Some(now);
+                let sample = sample_run(&st, id, now);
+                shared.send(BackendEvent::Running { id, at_ms: now, sample });
+            }
+            let Some(d) = remaining else {
+                return;
+            };
+            tokio::time::sleep(d).await;
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            let mut st = shared.lock();
+            if !st.runs.get(&id).is_some_and(current) {
+                return;
+            }
+            st.remove_run(id, Ended::Succeeded);
+            shared.send(BackendEvent::Exited {
+                id,
+                at_ms: shared.clock.now_ms(),
+                exit: Exit::Succeeded,
+            });
+        });
+    }
+
+    fn spawn_telemetry(&self) {
+        let interval = self.cfg.telemetry_interval;
+        if interval.is_zero() {
+            return;
+        }
+        let weak: Weak<Shared> = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(shared) = weak.upgrade() else {
+                    return;
+                };
+                if shared.tx.is_closed() {
+                    return;
+                }
+                let st = shared.lock();
+                let at_ms = shared.clock.now_ms();
+                let gpus = sample_all(&st, at_ms);
+                shared.send(BackendEvent::Telemetry { at_ms, gpus });
+            }
+        });
+    }
+
+    async fn create_instance(
+        &self,
+        node: &str,
+        gpu: u8,
+        instance: &MigInstance,
+    ) -> Result<PartitionReport, BackendError> {
+        let exists = || PartitionReport {
+            detail: format!("MIG GPU instance {instance} on {node} GPU {gpu} exists already"),
+            created: false,
+        };
+        {
+            let st = self.shared.lock();
+            let g = st.gpu(node, gpu)?;
+            if !check_instance(&st, g, instance)? {
+                return Ok(exists());
+            }
+        }
+        if !self.cfg.mig_partition_time.is_zero() {
+            tokio::time::sleep(self.cfg.mig_partition_time).await;
+        }
+        // Checked again: an identical plan may have been realised while this one waited.
+        let mut st = self.shared.lock();
+        let g = st.gpu(node, gpu)?;
+        if !check_instance(&st, g, instance)? {
+            return Ok(exists());
+        }
+        let instances = &mut st.gpus[g].instances;
+        instances.push(instance.clone());
+        *instances = sorted(instances);
+        st.partitions_created += 1;
+        Ok(PartitionReport {
+            detail: format!("created MIG GPU instance {instance} on {node} GPU {gpu}"),
+            created: true,
+        })
+    }
+
+    async fn apply_layout(
+        &self,
+        node: &str,
+        gpu: u8,
+        instances: &[MigInstance],
+    ) -> Result<PartitionReport, BackendError> {
+        let current = || PartitionReport {
+            detail: format!(
+                "MIG layout of {node} GPU {gpu} is already {}",
+                layout_text(&sorted(instances))
+            ),
+            created: false,
+        };
+        {
+            let st = self.shared.lock();
+            let g = st.gpu(node, gpu)?;
+            if !check_layout(&st, g, instances)? {
+                return Ok(current());
+            }
+        }
+        if !self.cfg.mig_partition_time.is_zero() {
+            tokio::time::sleep(self.cfg.mig_partition_time).await;
+        }
+        // Checked again: a workload may have been bound on this GPU while the layout was applied.
+        let mut st = self.shared.lock();
+        let g = st.gpu(node, gpu)?;
+        if !check_layout(&st, g, instances)? {
+            return Ok(current());
+        }
+        let layout = sorted(instances);
+        st.gpus[g].instances = layout.clone();
+        st.partitions_created += 1;
+        self.shared.send(BackendEvent::PartitionChanged {
+            node: node.to_string(),
+            gpu,
+            instances: layout.clone(),
+        });
+        rebind_adopted(&mut st, node);
+        Ok(PartitionReport {
+            detail: format!("applied MIG layout {} to {node} GPU {gpu}", layout_text(&layout)),
+            created: true,
+        })
+    }
+
+    /// The refusal of a plan of the other mode's kind.
+    fn wrong_plan(&self) -> BackendError {
+        BackendError::Rejected(match self.cfg.mode {
+            SimMode::Exact => {
+                "the sim backend in exact mode creates single MIG instances; it does not apply whole-GPU layouts".into()
+            }
+            SimMode::Operator => "the sim backend in operator mode lays out whole GPUs, as the GPU Operator's MIG \
+                                  manager does; it cannot create a single instance"
+                .into(),
+        })
+    }
+
+    /// Takes over an expected workload this process does not know, for the rest of its run
+    /// time. Returns its generation for the timer.
+    fn adopt(&self, st: &mut State, spec: &RunSpec, since_ms: i64) -> Result<u64, BackendError> {
+        let binding = match (&spec.devices, self.cfg.mode) {
+            (
+                Devices::Exact {
+                    gpus,
+                    slice: SliceSpec::Mig(instance),
+                },
+                SimMode::Exact,
+            ) => {
+                // The instance outlived the control plane with its workload.
+                if let [g] = gpus[..] {
+                    let g = st.gpu(&spec.node, g)?;
+                    if check_instance(st, g, instance)? {
+                        st.gpus[g].instances.push(instance.clone());
+                        st.gpus[g].instances = sorted(&st.gpus[g].instances);
+                    }
+                }
+                Some(bind(st, self.cfg.mode, spec)?)
+            }
+            (_, SimMode::Exact) => Some(bind(st, self.cfg.mode, spec)?),
+            // Layouts do not survive this process: a MIG workload waits for its layout to come
+            // back (`rebind_adopted`) instead of failing work that real hardware still runs.
+            (Devices::Count { .. }, SimMode::Operator) => bind(st, self.cfg.mode, spec).ok(),
+            (Devices::Exact { .. }, SimMode::Operator) => Some(bind(st, self.cfg.mode, spec)?),
+        };
+        let generation = st.next_generation();
+        let (gpus, slice) = match binding {
+            Some(b) => (b.gpus, b.slice),
+            None => (Vec::new(), SliceSpec::HostOnly),
+        };
+        st.insert_run(Run {
+            spec: spec.clone(),
+            gpus,
+            slice,
+            phase: Phase::Running,
+            since_ms: Some(since_ms),
+            stopping: false,
+            generation,
+        });
+        Ok(generation)
+    }
+}
+
+/// Binds adopted operator-mode workloads of `node` that are still waiting for a device.
+fn rebind_adopted(st: &mut State, node: &str) {
+    let mut waiting: Vec<u64> = st
+        .runs
+        .values()
+        .filter(|r| r.spec.node == node && r.gpus.is_empty() && matches!(r.spec.devices, Devices::Count { .. }))
+        .map(|r| r.spec.id)
+        .collect();
+    waiting.sort_unstable();
+    for id in waiting {
+        let spec = st.runs[&id].spec.clone();
+        if let Ok(b) = bind(st, SimMode::Operator, &spec) {
+            st.bind_run(id, b.gpus, b.slice);
+        }
+    }
+}
+
+/// What an XID usually means, for the `GpuHealth` detail (NVIDIA's XID catalogue).
+fn xid_meaning(xid: u32) -> Option<&'static str> {
+    Some(match xid {
+        13 => "graphics engine exception",
+        31 => "GPU memory page fault",
+        43 => "GPU stopped processing",
+        48 => "double-bit ECC error",
+        74 => "NVLink error",
+        79 => "GPU has fallen off the bus",
+        94 => "contained ECC error",
+        95 => "uncontained ECC error",
+        _ => return None,
+    })
+}
+
+#[async_trait]
+impl Backend for SimBackend {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        match self.cfg.mode {
+            SimMode::Exact => Capabilities {
+                partitioning: Partitioning::Instance,
+                devices: DeviceAssignment::Exact,
+                logs: false,
+            },
+            SimMode::Operator => Capabilities {
+                partitioning: Partitioning::WholeGpu,
+                devices: DeviceAssignment::PerNodeCount,
+                logs: false,
+            },
+        }
+    }
+
+    async fn partition(&self, plan: &PartitionPlan) -> Result<PartitionReport, BackendError> {
+        if let Some(detail) = self.shared.lock().fail_next_partition.take() {
+            return Err(BackendError::Rejected(detail));
+        }
+        match (self.cfg.mode, plan) {
+            (SimMode::Exact, PartitionPlan::Instance { node, gpu, instance }) => {
+                self.create_instance(node, *gpu, instance).await
+            }
+            (SimMode::Operator, PartitionPlan::Layout { node, gpu, instances }) => {
+                self.apply_layout(node, *gpu, instances).await
+            }
+            (SimMode::Exact, PartitionPlan::Layout { .. }) | (SimMode::Operator, PartitionPlan::Instance { .. }) => {
+                Err(self.wrong_plan())
+            }
+            (
+                _,
+                PartitionPlan::Share {
+                    node,
+                    gpu,
+                    milli,
+                    memory_mib,
+                },
+            ) => {
+                let st = self.shared.lock();
+                let g = st.gpu(node, *gpu)?;
+                check_share(&st, g, *milli)?;
+                let memory = memory_mib.map(|m| format!(", {m} MiB")).unwrap_or_default();
+                // A share is a property of how the workload is started; nothing to create first.
+                Ok(PartitionReport {
+                    detail: format!("time-slice share of {milli} milli-GPU{memory} on {node} GPU {gpu}"),
+                    created: false,
+                })
+            }
+            (_, PartitionPlan::Nothing { node }) => {
+                self.shared.lock().node_gpus(node)?;
+                Ok(PartitionReport {
+                    detail: format!("nothing to partition on {node}"),
+                    created: false,
+                })
+            }
+        }
+    }
+
+    async fn unpartition(&self, plan: &PartitionPlan) -> Result<(), BackendError> {
+        let mut st = self.shared.lock();
+        match (self.cfg.mode, plan) {
+            (SimMode::Exact, PartitionPlan::Instance { node, gpu, instance }) => {
+                let g = st.gpu(node, *gpu)?;
+                destroy_instance(&mut st, g, instance)
+            }
+            (SimMode::Exact, PartitionPlan::Layout { .. }) | (SimMode::Operator, PartitionPlan::Instance { .. }) => {
+                Err(self.wrong_plan())
+            }
+            (_, PartitionPlan::Layout { node, gpu, .. } | PartitionPlan::Share { node, gpu, .. }) => {
+                st.gpu(node, *gpu).map(drop)
+            }
+            (_, PartitionPlan::Nothing { node }) => st.node_gpus(node).map(drop),
+        }
+    }
+
+    async fn start(&self, spec: &RunSpec) -> Result<(), BackendError> {
+        let generation = {
+            let mut st = self.shared.lock();
+            if st.runs.contains_key(&spec.id) {
+                return Ok(());
+            }
+            let binding = bind(&st, self.cfg.mode, spec)?;
+            let generation = st.next_generation();
+            st.insert_run(Run {
+                spec: spec.clone(),
+                gpus: binding.gpus,
+                slice: binding.slice,
+                phase: Phase::Starting,
+                since_ms: None,
+                stopping: false,
+                generation,
+            });
+            st.starts += 1;
+            self.shared.send(BackendEvent::Started {
+                id: spec.id,
+                bound: binding.bound,
+            });
+            generation
+        };
+        self.spawn_run(spec.id, generation, spec.duration, true);
+        Ok(())
+    }
+
+    async fn stop(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
+        let generation = {
+            let mut st = self.shared.lock();
+            let Some(run) = st.runs.get_mut(&id) else {
+                return Ok(());
+            };
+            run.stopping = true;
+            run.generation
+        };
+        let wait = self.cfg.stop_time.min(grace);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        let mut st = self.shared.lock();
+        if st.runs.get(&id).is_some_and(|r| r.generation == generation) {
+            st.remove_run(id, Ended::Stopped);
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&self, expected: &[RunSpec]) -> Result<ReconcileReport, BackendError> {
+        let mut adopted = Vec::new();
+        let report = {
+            let mut st = self.shared.lock();
+            let now = self.shared.clock.now_ms();
+            let mut workloads = Vec::with_capacity(expected.len());
+            for spec in expected {
+                let seen = match (st.runs.get(&spec.id), st.ended.get(&spec.id)) {
+                    (Some(run), _) => Some(match run.phase {
+                        Phase::Starting => Observation::Starting,
+                        Phase::Running => Observation::Running { since_ms: run.since_ms },
+                    }),
+                    (None, Some(Ended::Succeeded)) => Some(Observation::Succeeded),
+                    (None, Some(Ended::Stopped | Ended::Lost)) => Some(Observation::Unknown),
+                    (None, None) => None,
+                };
+                let observation = match (seen, spec.running_since_ms) {
+                    (Some(o), _) => o,
+                    // Adopt only what Tessera saw running: nothing says an unknown workload
+                    // without a start time was ever started.
+                    (None, Some(since)) if self.cfg.adopt_unknown => {
+                        let elapsed = Duration::from_millis((now - since).max(0) as u64);
+                        match spec.duration {
+                            Some(d) if d <= elapsed => Observation::Succeeded,
+                            d => match self.adopt(&mut st, spec, since) {
+                                Ok(generation) => {
+                                    adopted.push((spec.id, generation, d.map(|d| d - elapsed)));
+                                    Observation::Running { since_ms: Some(since) }
+                                }
+                                Err(e) => Observation::Failed {
+                                    detail: format!("cannot adopt it after a control-plane restart: {e}"),
+                                },
+                            },
+                        }
+                    }
+                    (None, _) => Observation::Unknown,
+                };
+                workloads.push((spec.id, observation));
+            }
+            let ids: HashSet<u64> = expected.iter().map(|s| s.id).collect();
+            let mut orphans: Vec<Orphan> = st
+                .runs
+                .values()
+                .filter(|r| !ids.contains(&r.spec.id))
+                .map(|r| Orphan {
+                    id: Some(r.spec.id),
+                    node: r.spec.node.clone(),
+                    detail: format!(
+                        "{} workload {} `{}` of {}/{} runs on {} but is not expected",
+                        r.spec.kind, r.spec.id, r.spec.name, r.spec.tenant, r.spec.project, r.spec.node
+                    ),
+                })
+                .collect();
+            orphans.sort_by_key(|o| o.id);
+            // Tessera no longer expects these, so it will not ask about them again.
+            st.ended.retain(|id, _| ids.contains(id));
+            let layouts = match self.cfg.mode {
+                SimMode::Exact => Vec::new(),
+                SimMode::Operator => st
+                    .gpus
+                    .iter()
+                    .filter(|g| g.gpu.mig_slices > 0)
+                    .map(|g| (g.gpu.node.clone(), g.gpu.index, g.instances.clone()))
+                    .collect(),
+            };
+            ReconcileReport {
+                workloads,
+                orphans,
+                layouts,
+            }
+        };
+        for (id, generation, remaining) in adopted {
+            self.spawn_run(id, generation, remaining, false);
+        }
+        Ok(report)
+    }
+
+    /// Also starts the periodic `Telemetry` events, so it must be called inside a Tokio runtime.
+    fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>> {
+        let rx = self.rx.lock().expect("events lock").take()?;
+        self.spawn_telemetry();
+        Some(rx)
+    }
+}

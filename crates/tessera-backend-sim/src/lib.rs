@@ -1,0 +1,157 @@
+//! # tessera-backend-sim
+//!
+//! The simulated backend: an in-process fleet that implements the `tessera-backend` contract,
+//! for the embedded default server, demos and tests. Workloads run for their declared duration
+//! (or until stopped), GPUs report plausible telemetry under DCGM names, and faults can be
+//! injected. It touches no hardware.
+//!
+//! Two modes model the two kinds of real fleet Tessera targets:
+//!
+//! * [`SimMode::Exact`] (the default), like one GPU server driven through NVML: MIG instances
+//!   are created one at a time at exact placements and workloads are given exact GPUs.
+//! * [`SimMode::Operator`], like a Kubernetes cluster with NVIDIA's GPU Operator: a GPU's MIG
+//!   layout is replaced as a whole and only while the GPU is idle, and workloads ask for a count
+//!   of a device-plugin resource; the simulated kubelet picks the devices.
+//!
+//! Its state lives in the control plane's process, so it forgets everything on a restart; with
+//! [`SimConfig::adopt_unknown`] (the default) `reconcile` adopts the workloads Tessera recorded
+//! as running (`running_since_ms` set), as hardware that outlived the control plane would still
+//! run them. Layouts are not remembered: an adopted operator-mode MIG workload gets its device
+//! once a layout offering its profile is applied on its node again.
+//!
+//! Behaviour a caller relies on:
+//!
+//! * `start` sends `Started` before it returns; `Running` follows as soon as the runtime runs
+//!   the workload's task, and `Exited` after its `duration` from then.
+//! * Time-slice shares and `Nothing` plans have nothing to create: `partition` checks them and
+//!   reports `created: false`. MIG instances (exact) and layouts (operator) count in
+//!   [`SimBackend::partitions_created`].
+//! * A workload stopped or lost in this process is reported `Unknown` by `reconcile` and never
+//!   adopted again while Tessera still expects it.
+//! * [`Backend::take_events`](tessera_backend::Backend::take_events) also starts the periodic
+//!   `Telemetry` events (first one at once); [`SimBackend::sample`] gives the same sample on
+//!   demand.
+
+mod backend;
+mod bind;
+mod partition;
+mod state;
+mod telemetry;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use backend::SimBackend;
+pub use telemetry::sim_uuid;
+
+/// Which kind of fleet the simulated backend behaves like.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SimMode {
+    /// NVML-like: `Instance` partitioning, `Exact` devices.
+    #[default]
+    Exact,
+    /// GPU Operator-like: `WholeGpu` partitioning, `PerNodeCount` devices.
+    Operator,
+}
+
+impl fmt::Display for SimMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SimMode::Exact => "exact",
+            SimMode::Operator => "operator",
+        })
+    }
+}
+
+impl FromStr for SimMode {
+    type Err = String;
+
+    /// Parses `exact` or `operator` (the values of `--sim-mode`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "exact" => Ok(SimMode::Exact),
+            "operator" => Ok(SimMode::Operator),
+            _ => Err(format!("unknown simulation mode `{s}`: expected `exact` or `operator`")),
+        }
+    }
+}
+
+/// Settings of the simulated backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimConfig {
+    pub mode: SimMode,
+    /// Time to create a MIG instance (exact mode) or apply a GPU's layout (operator mode).
+    pub mig_partition_time: Duration,
+    /// Time a workload takes to stop after being asked (capped by the grace period).
+    pub stop_time: Duration,
+    /// Period of `Telemetry` events; zero turns them off.
+    pub telemetry_interval: Duration,
+    /// Whether `reconcile` adopts expected workloads it does not know (see the crate doc).
+    pub adopt_unknown: bool,
+}
+
+impl SimConfig {
+    /// The defaults of a mode: instance creation is instantaneous in exact mode (tests and
+    /// demos want no wait), while a layout takes 2 s in operator mode, as the MIG manager's
+    /// reconfiguration is slow on real clusters.
+    pub fn for_mode(mode: SimMode) -> Self {
+        SimConfig {
+            mode,
+            mig_partition_time: match mode {
+                SimMode::Exact => Duration::ZERO,
+                SimMode::Operator => Duration::from_secs(2),
+            },
+            stop_time: Duration::ZERO,
+            telemetry_interval: Duration::from_secs(5),
+            adopt_unknown: true,
+        }
+    }
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig::for_mode(SimMode::Exact)
+    }
+}
+
+/// One GPU of the simulated fleet. Every GPU given at construction is reported by telemetry,
+/// idle or not, and only these GPUs can be partitioned or bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimGpu {
+    pub node: String,
+    pub index: u8,
+    pub model: String,
+    /// Board memory in MiB (0 = unknown).
+    pub memory_mib: u32,
+    /// Memory slices in MIG mode (8, or 4 on an A30); 0 when the model has no MIG.
+    pub mig_slices: u8,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_from_their_flag_values() {
+        assert_eq!("operator".parse::<SimMode>(), Ok(SimMode::Operator));
+        assert_eq!("exact".parse::<SimMode>(), Ok(SimMode::Exact));
+        assert!(
+            "kubernetes"
+                .parse::<SimMode>()
+                .unwrap_err()
+                .contains("`exact` or `operator`")
+        );
+        assert_eq!(SimMode::Operator.to_string(), "operator");
+    }
+
+    #[test]
+    fn operator_mode_partitions_slowly_by_default() {
+        assert_eq!(SimConfig::default().mode, SimMode::Exact);
+        assert_eq!(SimConfig::default().mig_partition_time, Duration::ZERO);
+        let op = SimConfig::for_mode(SimMode::Operator);
+        assert_eq!(op.mig_partition_time, Duration::from_secs(2));
+        assert_eq!(op.telemetry_interval, Duration::from_secs(5));
+        assert!(op.adopt_unknown);
+    }
+}

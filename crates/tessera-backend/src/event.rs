@@ -1,0 +1,176 @@
+//! Events: the asynchronous news a backend sends, and the telemetry samples they carry
+//! (named after the DCGM exporter's fields).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::MigInstance;
+
+/// The devices a `PerNodeCount` backend chose.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Bound {
+    /// GPU indices on the workload's node.
+    pub gpus: Vec<u8>,
+    /// The MIG instance, when the resource was a MIG device.
+    pub mig: Option<MigInstance>,
+}
+
+/// How a workload ended on its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Succeeded,
+    Failed { exit_code: Option<i32>, detail: String },
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exit::Succeeded => f.write_str("succeeded"),
+            Exit::Failed {
+                exit_code: Some(c),
+                detail,
+            } => write!(f, "failed with exit code {c}: {detail}"),
+            Exit::Failed {
+                exit_code: None,
+                detail,
+            } => write!(f, "failed: {detail}"),
+        }
+    }
+}
+
+/// Asynchronous news from a backend, in order per workload: Started, Running, then one of
+/// Exited / Lost (see the crate doc for the exact guarantees).
+#[derive(Clone, Debug, PartialEq)]
+pub enum BackendEvent {
+    /// Accepted and being started; `bound` from `PerNodeCount` backends.
+    Started { id: u64, bound: Option<Bound> },
+    /// Running; `sample`: a first telemetry sample of its GPUs.
+    Running {
+        id: u64,
+        at_ms: i64,
+        sample: Vec<GpuSample>,
+    },
+    /// Ended on its own.
+    Exited { id: u64, at_ms: i64, exit: Exit },
+    /// Gone without ending: node removed, evicted, deleted behind Tessera's back.
+    Lost { id: u64, at_ms: i64, detail: String },
+    /// A GPU became unhealthy (an XID, fell off the bus) or healthy again.
+    GpuHealth {
+        node: String,
+        gpu: u8,
+        healthy: bool,
+        xid: Option<u32>,
+        detail: String,
+    },
+    /// A node appeared, disappeared, was cordoned, became (not) ready, or changed capacity.
+    NodeChanged { node: String, change: NodeChange },
+    /// A GPU's MIG layout changed (`WholeGpu` backends after applying a layout, or found at
+    /// reconcile).
+    PartitionChanged {
+        node: String,
+        gpu: u8,
+        instances: Vec<MigInstance>,
+    },
+    /// A periodic telemetry sample.
+    Telemetry { at_ms: i64, gpus: Vec<GpuSample> },
+}
+
+impl BackendEvent {
+    /// The workload the event is about, for the events that are about one.
+    pub fn workload(&self) -> Option<u64> {
+        match self {
+            BackendEvent::Started { id, .. }
+            | BackendEvent::Running { id, .. }
+            | BackendEvent::Exited { id, .. }
+            | BackendEvent::Lost { id, .. } => Some(*id),
+            _ => None,
+        }
+    }
+}
+
+/// What changed about a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeChange {
+    Added,
+    Removed,
+    Cordoned(bool),
+    Ready(bool),
+    Capacity,
+}
+
+/// One GPU's telemetry, with DCGM exporter field names in mind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub node: String,
+    pub gpu: u8,
+    pub uuid: String,
+    pub model: String,
+    /// `DCGM_FI_DEV_GPU_UTIL` (not defined per MIG instance).
+    pub util_pct: f64,
+    /// `DCGM_FI_DEV_FB_USED` / `_FREE`, MiB.
+    pub fb_used_mib: u64,
+    pub fb_free_mib: u64,
+    pub temp_c: f64,
+    pub power_w: f64,
+    /// Last XID error (`DCGM_FI_DEV_XID_ERRORS`), 0 = none.
+    pub xid: u32,
+    pub instances: Vec<InstanceSample>,
+}
+
+/// One MIG instance (or time-slice share) on a GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstanceSample {
+    pub workload: u64,
+    /// `GPU_I_PROFILE` (MIG) or empty for shares.
+    pub profile: String,
+    /// `GPU_I_ID`.
+    pub instance_id: u32,
+    /// `DCGM_FI_PROF_GR_ENGINE_ACTIVE`, 0..1.
+    pub gr_engine_active: f64,
+    pub fb_used_mib: u64,
+    /// Framebuffer of the instance (or share) not in use, MiB.
+    #[serde(default)]
+    pub fb_free_mib: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_workload_events_name_a_workload() {
+        let started = BackendEvent::Started { id: 7, bound: None };
+        let lost = BackendEvent::Lost {
+            id: 8,
+            at_ms: 0,
+            detail: "evicted".into(),
+        };
+        let tel = BackendEvent::Telemetry {
+            at_ms: 0,
+            gpus: Vec::new(),
+        };
+        assert_eq!(started.workload(), Some(7));
+        assert_eq!(lost.workload(), Some(8));
+        assert_eq!(tel.workload(), None);
+    }
+
+    #[test]
+    fn exits_read_as_sentences() {
+        let failed = Exit::Failed {
+            exit_code: Some(137),
+            detail: "out of memory".into(),
+        };
+        assert_eq!(failed.to_string(), "failed with exit code 137: out of memory");
+        assert_eq!(Exit::Succeeded.to_string(), "succeeded");
+    }
+
+    #[test]
+    fn instance_samples_without_free_framebuffer_still_parse() {
+        let s: InstanceSample = serde_json::from_str(
+            r#"{"workload":1,"profile":"3g.40gb","instance_id":5,"gr_engine_active":0.5,"fb_used_mib":100}"#,
+        )
+        .unwrap();
+        assert_eq!((s.fb_used_mib, s.fb_free_mib), (100, 0));
+    }
+}

@@ -1,0 +1,94 @@
+//! Run specs: what to run, where, for whom, and the devices it gets.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use crate::plan::MigInstance;
+
+/// The devices a workload gets.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Devices {
+    /// `Exact` backends: these GPUs of the node, and the share of them.
+    Exact { gpus: Vec<u8>, slice: SliceSpec },
+    /// `PerNodeCount` backends: `count` devices of `resource` on the node.
+    Count { resource: Resource, count: u8 },
+}
+
+/// The share of the named GPUs a workload gets.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SliceSpec {
+    Whole,
+    Mig(MigInstance),
+    Fraction {
+        milli: u16,
+        memory_mib: Option<u32>,
+    },
+    /// CPU and memory of the node only.
+    HostOnly,
+}
+
+/// A device-plugin resource: `nvidia.com/gpu`, `nvidia.com/mig-3g.40gb`, a time-sliced replica.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Resource {
+    Gpu,
+    Mig { profile: String },
+    SharedGpu { milli: u16 },
+}
+
+impl fmt::Display for Resource {
+    /// The device plugin's resource name (mixed MIG strategy; time-slicing with
+    /// `renameByDefault`, which advertises `<name>.shared`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Resource::Gpu => f.write_str("nvidia.com/gpu"),
+            // The device plugin cannot put `+` in a resource name: `1g.10gb+me` → `1g.10gb.me`.
+            Resource::Mig { profile } => write!(f, "nvidia.com/mig-{}", profile.replace('+', ".")),
+            Resource::SharedGpu { .. } => f.write_str("nvidia.com/gpu.shared"),
+        }
+    }
+}
+
+/// What to run, where, for whom.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunSpec {
+    pub id: u64,
+    pub tenant: String,
+    pub project: String,
+    pub name: String,
+    /// `batch`, `service` or `interactive`.
+    pub kind: String,
+    pub node: String,
+    pub model: String,
+    /// Board memory in MiB (0 = unknown).
+    pub model_memory_mib: u32,
+    pub devices: Devices,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub env: BTreeMap<String, String>,
+    pub command: Option<Vec<String>>,
+    pub image: Option<String>,
+    /// Batch run time / lease; `None` runs until stopped.
+    pub duration: Option<Duration>,
+    /// When it started running (ms since the epoch), for workloads already running (reconcile).
+    pub running_since_ms: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_carry_the_device_plugin_names() {
+        assert_eq!(Resource::Gpu.to_string(), "nvidia.com/gpu");
+        let mig = Resource::Mig {
+            profile: "3g.40gb".into(),
+        };
+        assert_eq!(mig.to_string(), "nvidia.com/mig-3g.40gb");
+        let me = Resource::Mig {
+            profile: "1g.10gb+me".into(),
+        };
+        assert_eq!(me.to_string(), "nvidia.com/mig-1g.10gb.me");
+        assert_eq!(Resource::SharedGpu { milli: 250 }.to_string(), "nvidia.com/gpu.shared");
+    }
+}
