@@ -22,13 +22,13 @@ use crate::{SimConfig, SimGpu, SimMode};
 pub struct SimBackend {
     cfg: SimConfig,
     shared: Arc<Shared>,
-    rx: Mutex<Option<mpsc::UnboundedReceiver<BackendEvent>>>,
 }
 
 /// What the backend shares with its timer and telemetry tasks.
 struct Shared {
     state: Mutex<State>,
-    tx: mpsc::UnboundedSender<BackendEvent>,
+    /// The latest subscriber's channel (see `take_events`).
+    tx: Mutex<mpsc::UnboundedSender<BackendEvent>>,
     clock: Clock,
 }
 
@@ -64,22 +64,22 @@ impl Shared {
     /// Sent while the caller holds the state lock, so that a workload's events leave in the
     /// order of its state changes. Nobody listening (not taken, or dropped) is fine.
     fn send(&self, event: BackendEvent) {
-        let _ = self.tx.send(event);
+        let _ = self.tx.lock().expect("events lock").send(event);
     }
 }
 
 impl SimBackend {
     /// A simulated fleet of `gpus` (every GPU of the fleet: telemetry covers them all).
     pub fn new(cfg: SimConfig, gpus: Vec<SimGpu>) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
+        // Nobody listens until `take_events`: events sent before are dropped.
+        let (tx, _) = mpsc::unbounded_channel();
         SimBackend {
             cfg,
             shared: Arc::new(Shared {
                 state: Mutex::new(State::new(gpus)),
-                tx,
+                tx: Mutex::new(tx),
                 clock: Clock::new(),
             }),
-            rx: Mutex::new(Some(rx)),
         }
     }
 
@@ -131,6 +131,11 @@ impl SimBackend {
             });
         }
         true
+    }
+
+    /// A workload vanishes without a word (a missed event): only a reconcile can tell.
+    pub fn forget(&self, id: u64) -> bool {
+        self.shared.lock().remove_run(id, Ended::Lost).is_some()
     }
 
     /// The next `partition` call, whatever its plan, is `Rejected` with this detail.
@@ -188,7 +193,8 @@ impl SimBackend {
         });
     }
 
-    fn spawn_telemetry(&self) {
+    /// Sends a `Telemetry` event to the subscriber `tx` every interval, until it goes away.
+    fn spawn_telemetry(&self, tx: mpsc::UnboundedSender<BackendEvent>) {
         let interval = self.cfg.telemetry_interval;
         if interval.is_zero() {
             return;
@@ -202,13 +208,13 @@ impl SimBackend {
                 let Some(shared) = weak.upgrade() else {
                     return;
                 };
-                if shared.tx.is_closed() {
+                if tx.is_closed() {
                     return;
                 }
                 let st = shared.lock();
                 let at_ms = shared.clock.now_ms();
                 let gpus = sample_all(&st, at_ms);
-                shared.send(BackendEvent::Telemetry { at_ms, gpus });
+                let _ = tx.send(BackendEvent::Telemetry { at_ms, gpus });
             }
         });
     }
@@ -588,10 +594,14 @@ impl Backend for SimBackend {
         Ok(report)
     }
 
-    /// Also starts the periodic `Telemetry` events, so it must be called inside a Tokio runtime.
+    /// Each call subscribes anew and the latest subscriber gets the events — the simulated
+    /// fleet outlives a control plane restarted in the same process, as hardware outlives a
+    /// crashed one. Also starts the subscriber's periodic `Telemetry` events, so it must be
+    /// called inside a Tokio runtime.
     fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>> {
-        let rx = self.rx.lock().expect("events lock").take()?;
-        self.spawn_telemetry();
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self.shared.tx.lock().expect("events lock") = tx.clone();
+        self.spawn_telemetry(tx);
         Some(rx)
     }
 }

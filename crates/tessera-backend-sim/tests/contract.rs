@@ -78,7 +78,38 @@ async fn each_mode_declares_its_capabilities() {
     );
     assert_eq!(operator.name(), "sim");
     assert!(operator.take_events().is_some());
-    assert!(operator.take_events().is_none(), "the stream can be taken once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_latest_subscriber_gets_the_events_and_forgotten_work_goes_silently() {
+    let b = SimBackend::new(SimConfig::default(), fleet());
+    let mut old = b.take_events().unwrap();
+    let mut new = b.take_events().unwrap();
+    let s = mig_workload(&b, 1, None).await;
+    b.start(&s).await.unwrap();
+    let started = tokio::time::timeout(Duration::from_secs(1), async {
+        loop {
+            if let Some(BackendEvent::Started { id, .. }) = new.recv().await {
+                return id;
+            }
+        }
+    })
+    .await
+    .expect("the new subscriber hears the start");
+    assert_eq!(started, 1);
+    while let Ok(e) = old.try_recv() {
+        assert!(
+            !matches!(e, BackendEvent::Started { .. }),
+            "the replaced subscriber hears nothing more: {e:?}"
+        );
+    }
+    assert!(b.forget(1));
+    let r = b.reconcile(std::slice::from_ref(&s)).await.unwrap();
+    assert_eq!(r.workloads, vec![(1, Observation::Unknown)], "a ghost");
+    assert!(
+        !std::iter::from_fn(|| new.try_recv().ok()).any(|e| matches!(e, BackendEvent::Lost { .. })),
+        "forget sends nothing"
+    );
 }
 
 #[tokio::test(start_paused = true)]

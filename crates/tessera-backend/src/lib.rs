@@ -123,6 +123,7 @@ pub trait Backend: Send + Sync {
     /// Level-triggered: `expected` is every workload Tessera believes is partitioned, starting,
     /// running or stopping there. Called at start-up and periodically (default every 30 s).
     async fn reconcile(&self, expected: &[RunSpec]) -> Result<ReconcileReport, BackendError>;
-    /// The event stream; can be taken once.
+    /// The event stream. A backend hands it out once (`None` afterwards) or, like the
+    /// simulated backend, to each new subscriber in turn (the latest one gets the events).
     fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>>;
 }

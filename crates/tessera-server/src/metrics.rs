@@ -401,11 +401,8 @@ pub fn render(obs: &Observability, backend: &str, snap: &Snapshot, telemetry: &T
     );
 
     // GPU health from telemetry, by pool and model.
-    let by_gpu: HashMap<(&str, u8), &GpuSample> = telemetry
-        .gpus
-        .iter()
-        .map(|s| ((s.node.as_str(), s.gpu), s))
-        .collect();
+    let by_gpu: HashMap<(&str, u8), &GpuSample> =
+        telemetry.gpus.iter().map(|s| ((s.node.as_str(), s.gpu), s)).collect();
     let (gpus, lost) = (FGauge::default(), FGauge::default());
     let mut health: BTreeMap<(String, String), (u64, u64, u64)> = BTreeMap::new();
     for n in &f.nodes {
@@ -624,7 +621,12 @@ fn render_fleet(reg: &mut Registry, s: &Snapshot) -> Owners {
         m.get_or_create(&l(&[("pool", pool), ("model", model), ("profile", profile)]))
             .set(*n as f64);
     }
-    gauge(reg, "tessera_mig_instances", "MIG instances by pool, model and profile", m);
+    gauge(
+        reg,
+        "tessera_mig_instances",
+        "MIG instances by pool, model and profile",
+        m,
+    );
     let ta = FGauge::default();
     for ((tenant, pool, model), milli) in &tenant_alloc {
         ta.get_or_create(&l(&[("tenant", tenant), ("pool", pool), ("model", model)]))
@@ -845,7 +847,9 @@ fn render_telemetry_aggregates(reg: &mut Registry, snap: &Snapshot, telemetry: &
     // (pool, model) → (GPUs sampled, Σ util %, Σ FB used MiB, GPUs with an XID, max temperature).
     let mut agg: BTreeMap<(&str, &str), (u64, f64, f64, u64, f64)> = BTreeMap::new();
     for s in telemetry {
-        let Some(pool) = pool_of.get(s.node.as_str()) else { continue };
+        let Some(pool) = pool_of.get(s.node.as_str()) else {
+            continue;
+        };
         let e = agg.entry((pool, s.model.as_str())).or_default();
         e.0 += 1;
         e.1 += s.util_pct;

@@ -259,12 +259,37 @@ fn every_shape_runs_and_cancel_returns_the_capacity(mode: SimMode) {
     let w = World::new("shapes", mode);
     let (rt, lc, store) = w.boot();
     rt.block_on(async {
-        let mig = submit(&lc, &w.fleet, spec(GpuSpec::Mig { profile: "3g.40gb".into() }, None, None, "standard")).await;
-        let gang = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "standard")).await;
+        let mig = submit(
+            &lc,
+            &w.fleet,
+            spec(
+                GpuSpec::Mig {
+                    profile: "3g.40gb".into(),
+                },
+                None,
+                None,
+                "standard",
+            ),
+        )
+        .await;
+        let gang = submit(
+            &lc,
+            &w.fleet,
+            spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "standard"),
+        )
+        .await;
         let frac = submit(
             &lc,
             &w.fleet,
-            spec(GpuSpec::Fraction { milli: 250, memory_mib: None }, None, None, "standard"),
+            spec(
+                GpuSpec::Fraction {
+                    milli: 250,
+                    memory_mib: None,
+                },
+                None,
+                None,
+                "standard",
+            ),
         )
         .await;
         for x in [&mig, &gang, &frac] {
@@ -310,10 +335,20 @@ fn batch_work_completes_and_the_queue_drains(mode: SimMode) {
     rt.block_on(async {
         let mut ids = Vec::new();
         for _ in 0..16 {
-            let x = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 8 }, Some("training"), Some(1), "standard")).await;
+            let x = submit(
+                &lc,
+                &w.fleet,
+                spec(GpuSpec::Whole { gpus: 8 }, Some("training"), Some(1), "standard"),
+            )
+            .await;
             ids.push(x.id);
         }
-        let late = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 8 }, Some("training"), Some(1), "standard")).await;
+        let late = submit(
+            &lc,
+            &w.fleet,
+            spec(GpuSpec::Whole { gpus: 8 }, Some("training"), Some(1), "standard"),
+        )
+        .await;
         assert_eq!(late.phase, Phase::Queued);
         assert_eq!(late.reason.as_ref().unwrap().code, ReasonCode::NoCapacity);
         for id in ids {
@@ -330,13 +365,23 @@ fn preempted_batch_work_is_requeued(mode: SimMode) {
     rt.block_on(async {
         let mut low = Vec::new();
         for _ in 0..16 {
-            let x = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "opportunistic")).await;
+            let x = submit(
+                &lc,
+                &w.fleet,
+                spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "opportunistic"),
+            )
+            .await;
             low.push(x.id);
         }
         for id in &low {
             wait_phase(&lc, *id, Phase::Running).await;
         }
-        let high = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "high")).await;
+        let high = submit(
+            &lc,
+            &w.fleet,
+            spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "high"),
+        )
+        .await;
         wait_phase(&lc, high.id, Phase::Running).await;
         let requeued: Vec<_> = low
             .iter()
@@ -358,7 +403,19 @@ fn a_crash_between_partition_and_start_does_not_partition_twice(mode: SimMode) {
     w.gate.hold_start.store(true, Ordering::SeqCst);
     let (rt, lc, store) = w.boot();
     let id = rt.block_on(async {
-        let x = submit(&lc, &w.fleet, spec(GpuSpec::Mig { profile: "3g.40gb".into() }, None, None, "standard")).await;
+        let x = submit(
+            &lc,
+            &w.fleet,
+            spec(
+                GpuSpec::Mig {
+                    profile: "3g.40gb".into(),
+                },
+                None,
+                None,
+                "standard",
+            ),
+        )
+        .await;
         wait_phase(&lc, x.id, Phase::Partitioned).await;
         // The record is durable.
         let stored = store.get_workload(x.id, None).await.unwrap().unwrap();
@@ -367,13 +424,22 @@ fn a_crash_between_partition_and_start_does_not_partition_twice(mode: SimMode) {
     });
     rt.shutdown_background();
     assert_eq!(w.gate.sim.partitions_created(), 1);
-    assert_eq!(w.gate.starts.load(Ordering::SeqCst), 0, "the start never reached the backend");
+    assert_eq!(
+        w.gate.starts.load(Ordering::SeqCst),
+        0,
+        "the start never reached the backend"
+    );
     w.gate.hold_start.store(false, Ordering::SeqCst);
     let (rt, lc, _store) = w.boot();
     rt.block_on(async {
         wait_phase(&lc, id, Phase::Running).await;
     });
-    assert_eq!(w.gate.sim.partitions_created(), 1, "recovery did not partition again ({:?})", w.mode);
+    assert_eq!(
+        w.gate.sim.partitions_created(),
+        1,
+        "recovery did not partition again ({:?})",
+        w.mode
+    );
     assert_eq!(w.gate.starts.load(Ordering::SeqCst), 1);
 }
 
@@ -384,7 +450,19 @@ fn a_crash_during_partition_is_repaired_without_a_second_partition(mode: SimMode
     w.gate.hold_after_partition.store(true, Ordering::SeqCst);
     let (rt, lc, store) = w.boot();
     let id = rt.block_on(async {
-        let x = submit(&lc, &w.fleet, spec(GpuSpec::Mig { profile: "3g.40gb".into() }, None, None, "standard")).await;
+        let x = submit(
+            &lc,
+            &w.fleet,
+            spec(
+                GpuSpec::Mig {
+                    profile: "3g.40gb".into(),
+                },
+                None,
+                None,
+                "standard",
+            ),
+        )
+        .await;
         wait_phase(&lc, x.id, Phase::Placed).await;
         for _ in 0..200 {
             if w.gate.sim.partitions_created() == 1 {
@@ -392,7 +470,10 @@ fn a_crash_during_partition_is_repaired_without_a_second_partition(mode: SimMode
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_eq!(store.get_workload(x.id, None).await.unwrap().unwrap().phase, Phase::Placed);
+        assert_eq!(
+            store.get_workload(x.id, None).await.unwrap().unwrap().phase,
+            Phase::Placed
+        );
         x.id
     });
     rt.shutdown_background();
@@ -410,8 +491,25 @@ fn a_restart_keeps_running_work_and_finds_lost_work(mode: SimMode) {
     let w = World::new("restart", mode);
     let (rt, lc, _store) = w.boot();
     let (kept, lost) = rt.block_on(async {
-        let a = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 2 }, Some("training"), None, "standard")).await;
-        let b = submit(&lc, &w.fleet, spec(GpuSpec::Mig { profile: "1g.10gb".into() }, None, None, "standard")).await;
+        let a = submit(
+            &lc,
+            &w.fleet,
+            spec(GpuSpec::Whole { gpus: 2 }, Some("training"), None, "standard"),
+        )
+        .await;
+        let b = submit(
+            &lc,
+            &w.fleet,
+            spec(
+                GpuSpec::Mig {
+                    profile: "1g.10gb".into(),
+                },
+                None,
+                None,
+                "standard",
+            ),
+        )
+        .await;
         wait_phase(&lc, a.id, Phase::Running).await;
         wait_phase(&lc, b.id, Phase::Running).await;
         (a.id, b.id)
@@ -438,7 +536,12 @@ fn reconcile_finds_ghosts(mode: SimMode) {
     let w = World::new("ghost", mode);
     let (rt, lc, _store) = w.boot();
     rt.block_on(async {
-        let a = submit(&lc, &w.fleet, spec(GpuSpec::Whole { gpus: 1 }, Some("training"), None, "standard")).await;
+        let a = submit(
+            &lc,
+            &w.fleet,
+            spec(GpuSpec::Whole { gpus: 1 }, Some("training"), None, "standard"),
+        )
+        .await;
         wait_phase(&lc, a.id, Phase::Running).await;
         // Gone without a word (a missed event): the periodic reconcile finds it.
         w.gate.sim.forget(a.id.0);

@@ -24,7 +24,11 @@ pub async fn list_pools(
     let l = limit(p.limit)? as usize;
     let all = views::pools(&s.lifecycle.snapshot());
     let start = match &p.cursor {
-        Some(c) => all.iter().position(|x| x.name == *c).map(|i| i + 1).unwrap_or(all.len()),
+        Some(c) => all
+            .iter()
+            .position(|x| x.name == *c)
+            .map(|i| i + 1)
+            .unwrap_or(all.len()),
         None => 0,
     };
     let items: Vec<PoolView> = all.into_iter().skip(start).take(l + 1).collect();
@@ -124,5 +128,7 @@ pub async fn list_gpus(
         }
     }
     items.truncate(l + 1);
-    Ok(Json(super::page(items, l as u32, |x| format!("{}/{}", x.node, x.index))))
+    Ok(Json(super::page(items, l as u32, |x| {
+        format!("{}/{}", x.node, x.index)
+    })))
 }

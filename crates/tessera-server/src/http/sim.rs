@@ -10,8 +10,8 @@ use tessera_backend_sim::SimBackend;
 use tessera_model::Fleet;
 use utoipa::ToSchema;
 
-use crate::AppState;
 use super::ApiJson;
+use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::{ApiError, ApiResult};
 

@@ -46,11 +46,9 @@ pub async fn list_tenants(
         }));
     }
     let items = s.store.list_tenants(p.cursor.as_deref(), l + 1).await?;
-    Ok(Json(page(
-        items.into_iter().map(tenant_view).collect(),
-        l,
-        |t| t.name.clone(),
-    )))
+    Ok(Json(page(items.into_iter().map(tenant_view).collect(), l, |t| {
+        t.name.clone()
+    })))
 }
 
 /// Creates a tenant (platform-admin).
@@ -123,11 +121,9 @@ pub async fn list_projects(
     tenant_visible(&s, &id, &tenant).await?;
     let l = limit(p.limit)?;
     let items = s.store.list_projects(&tenant, p.cursor.as_deref(), l + 1).await?;
-    Ok(Json(page(
-        items.into_iter().map(project_view).collect(),
-        l,
-        |p| p.name.clone(),
-    )))
+    Ok(Json(page(items.into_iter().map(project_view).collect(), l, |p| {
+        p.name.clone()
+    })))
 }
 
 /// Creates a project in a tenant (platform-admin or the tenant's admin).

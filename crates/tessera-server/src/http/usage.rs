@@ -30,7 +30,11 @@ pub struct UsageParams {
 /// GPU-unit-hours and cost, allocated and measured, from the usage ledger.
 #[utoipa::path(get, path = "/api/v1/usage", tag = "governance", params(UsageParams),
     responses((status = 200, body = UsageReport), (status = 422, body = Problem)))]
-pub async fn usage_report(State(s): State<AppState>, id: Identity, Query(q): Query<UsageParams>) -> ApiResult<Response> {
+pub async fn usage_report(
+    State(s): State<AppState>,
+    id: Identity,
+    Query(q): Query<UsageParams>,
+) -> ApiResult<Response> {
     let now = now_ms();
     let tenant = match (&q.tenant, &id.tenant) {
         (Some(t), _) if !id.can_read(t) => return Err(ApiError::not_found(format!("no tenant `{t}`"))),

@@ -256,14 +256,11 @@ pub fn gpus_of(f: &Fleet, i: usize, s: &NodeSnap, id: &Identity, out: &mut Vec<G
             }
             slices.push(v);
         }
-        let mig_slices = (p.sharing == Sharing::Mig)
-            .then_some(model.mig)
-            .flatten()
-            .map(|geom| {
-                (0..geom.mem_slices)
-                    .map(|i| if g.mig_mask >> i & 1 == 1 { '#' } else { '.' })
-                    .collect()
-            });
+        let mig_slices = (p.sharing == Sharing::Mig).then_some(model.mig).flatten().map(|geom| {
+            (0..geom.mem_slices)
+                .map(|i| if g.mig_mask >> i & 1 == 1 { '#' } else { '.' })
+                .collect()
+        });
         out.push(GpuView {
             node: n.name.clone(),
             index: gi as u8,

@@ -72,10 +72,11 @@ pub async fn list_workloads(
         (_, t) => t.clone(),
     };
     let before = match &q.cursor {
-        Some(c) => Some(WorkloadId(
-            c.parse::<u64>()
-                .map_err(|_| ApiError::invalid("cursor", "not a cursor from this API"))?,
-        )),
+        Some(c) => {
+            Some(WorkloadId(c.parse::<u64>().map_err(|_| {
+                ApiError::invalid("cursor", "not a cursor from this API")
+            })?))
+        }
         None => None,
     };
     let filter = tessera_store::WorkloadFilter {

@@ -67,7 +67,10 @@ impl std::fmt::Display for LifecycleError {
         match self {
             LifecycleError::Refused { reason, .. } => reason.fmt(f),
             LifecycleError::IdempotencyMismatch { key } => {
-                write!(f, "Idempotency-Key `{key}` was already used with a different request body")
+                write!(
+                    f,
+                    "Idempotency-Key `{key}` was already used with a different request body"
+                )
             }
             LifecycleError::Ended { id } => write!(f, "workload {id} has already ended"),
             LifecycleError::NotFound { id } => write!(f, "no workload {id}"),
@@ -92,7 +95,10 @@ pub enum Cmd {
     /// A backend operation the loop started has finished.
     Done(WorkloadId, OpResult),
     /// A periodic reconcile came back.
-    Reconciled(Result<ReconcileReport, String>, Vec<(WorkloadId, tessera_domain::Phase)>),
+    Reconciled(
+        Result<ReconcileReport, String>,
+        Vec<(WorkloadId, tessera_domain::Phase)>,
+    ),
 }
 
 /// The handle HTTP handlers use.

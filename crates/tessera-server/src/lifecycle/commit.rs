@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{Change, IdempotencyKey};
 
+use super::Core;
 use super::command::{LifecycleError, Reply};
 use super::effects::Op;
-use super::Core;
 
 /// Whom to answer after the commit, and with what.
 pub(super) enum ReplyTo {

@@ -43,8 +43,8 @@ use commit::{Batch, ReplyTo};
 use effects::{Op, OpResult, Runner};
 use metering::MonthBook;
 use placement::NodeIndex;
-pub use snapshot::{GpuSnap, HolderSnap, NodeSnap, Published, Snapshot, Telemetry, TenantSnap};
 use snapshot::SnapshotBuilder;
+pub use snapshot::{GpuSnap, HolderSnap, NodeSnap, Published, Snapshot, Telemetry, TenantSnap};
 
 use crate::metrics::Metrics;
 
@@ -170,7 +170,9 @@ pub async fn start(
         reconciling: false,
         last_full_publish: Instant::now(),
     };
-    core.recover().await.map_err(|e| format!("rebuilding state from the store: {e}"))?;
+    core.recover()
+        .await
+        .map_err(|e| format!("rebuilding state from the store: {e}"))?;
     if let Some(mut events) = backend.take_events() {
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -289,7 +291,16 @@ impl Core {
                     return;
                 }
                 let grace_s = self.settings.grace.as_secs();
-                self.apply(id, Input::Cancel { at: now, by: actor, grace_s }, batch, now);
+                self.apply(
+                    id,
+                    Input::Cancel {
+                        at: now,
+                        by: actor,
+                        grace_s,
+                    },
+                    batch,
+                    now,
+                );
                 batch.reply(ReplyTo::Workload(reply, id));
             }
             Cmd::Govern(g, reply) => {
@@ -788,7 +799,16 @@ impl Core {
                 self.metrics.ghost();
             }
             let grace_s = self.settings.grace.as_secs();
-            self.apply(id, Input::Recovered { at: now, observed, grace_s }, batch, now);
+            self.apply(
+                id,
+                Input::Recovered {
+                    at: now,
+                    observed,
+                    grace_s,
+                },
+                batch,
+                now,
+            );
         }
         self.metrics.orphans(report.orphans.len());
         for o in &report.orphans {
@@ -804,7 +824,10 @@ impl Core {
             tessera_backend::Observation::Succeeded => Observed::Succeeded,
             tessera_backend::Observation::Failed { detail } => Observed::Failed { detail },
             tessera_backend::Observation::Unknown => Observed::Unknown {
-                detail: format!("the {} backend no longer knows this workload ({when})", self.backend.name()),
+                detail: format!(
+                    "the {} backend no longer knows this workload ({when})",
+                    self.backend.name()
+                ),
             },
         }
     }

@@ -45,23 +45,23 @@ impl Core {
         for w in active {
             let id = w.id;
             let tenant = self.tenant_id(&w.spec.tenant);
-            let request = match placement::engine_request(&self.fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib)
-            {
-                Ok(r) => r.with_tenant(tenant),
-                Err(e) => {
-                    invalid.push((id, format!("{}: {}", e.field, e.message)));
-                    self.live.insert(
-                        id,
-                        Live {
-                            request: tessera_model::Request::new(tessera_model::Shape::CpuOnly),
-                            class: String::new(),
-                            w,
-                            util: (0.0, 0.0),
-                        },
-                    );
-                    continue;
-                }
-            };
+            let request =
+                match placement::engine_request(&self.fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib) {
+                    Ok(r) => r.with_tenant(tenant),
+                    Err(e) => {
+                        invalid.push((id, format!("{}: {}", e.field, e.message)));
+                        self.live.insert(
+                            id,
+                            Live {
+                                request: tessera_model::Request::new(tessera_model::Shape::CpuOnly),
+                                class: String::new(),
+                                w,
+                                util: (0.0, 0.0),
+                            },
+                        );
+                        continue;
+                    }
+                };
             let live = Live {
                 class: self.class_of(&request),
                 request,
@@ -99,7 +99,15 @@ impl Core {
         }
         let mut batch = Batch::default();
         for (id, detail) in &invalid {
-            self.apply(*id, Input::Invalid { at: now, detail: detail.clone() }, &mut batch, now);
+            self.apply(
+                *id,
+                Input::Invalid {
+                    at: now,
+                    detail: detail.clone(),
+                },
+                &mut batch,
+                now,
+            );
         }
         // Ask the backend about everything that may run there.
         let expected: Vec<_> = self
@@ -129,7 +137,16 @@ impl Core {
         let grace_s = self.settings.grace.as_secs();
         for id in ids {
             let o = observed.remove(&id).unwrap_or(Observed::Starting);
-            self.apply(id, Input::Recovered { at: now, observed: o, grace_s }, &mut batch, now);
+            self.apply(
+                id,
+                Input::Recovered {
+                    at: now,
+                    observed: o,
+                    grace_s,
+                },
+                &mut batch,
+                now,
+            );
         }
         let queued = self.sched.queued();
         let live = self.live.len();
