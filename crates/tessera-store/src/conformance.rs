@@ -1,7 +1,7 @@
 //! The conformance suite: what every [`Store`] implementation must do, one async check per
 //! behaviour, each taking a fresh, empty store and panicking when the store misbehaves.
 //!
-//! An implementation crate runs the whole suite with [`store_conformance_tests!`], which
+//! An implementation crate runs the whole suite with [`store_conformance_tests!`](crate::store_conformance_tests), which
 //! expands to one `#[tokio::test]` per check (the calling crate needs `tokio` with the `macros`
 //! and `rt` features as a dev-dependency):
 //!
@@ -11,7 +11,7 @@
 //! }
 //! ```
 //!
-//! Workload ids always come from [`WorkloadStore::reserve_workload_ids`], as in the server.
+//! Workload ids always come from [`WorkloadStore::reserve_workload_ids`](crate::WorkloadStore::reserve_workload_ids), as in the server.
 
 use std::collections::{BTreeMap, BTreeSet};
 

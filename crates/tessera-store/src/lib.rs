@@ -194,7 +194,7 @@ pub trait TenancyStore: Send + Sync {
 /// API tokens.
 #[async_trait]
 pub trait TokenStore: Send + Sync {
-    /// Stores a token; `Conflict` if its id or hash exists.
+    /// Stores a token (its tenant, if any, must exist); `Conflict` if its id or hash exists.
     async fn create_token(&self, t: &TokenRecord) -> Result<()>;
     /// The token whose secret hashes to `hash` (revoked or expired ones included).
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>>;
