@@ -92,18 +92,23 @@ impl LedgerStore for SqliteStore {
     }
 
     async fn usage_between(&self, tenant: Option<&str>, from: i64, to: i64) -> Result<Vec<UsageInterval>> {
-        let rows = sqlx::query(
-            "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg \
-             FROM usage_intervals \
-             WHERE ($1 IS NULL OR tenant = $1) AND started_at < $3 AND (ended_at IS NULL OR ended_at > $2) \
-             ORDER BY started_at, workload_id, seq",
-        )
-        .bind(tenant)
-        .bind(from)
-        .bind(to)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
+        // A statement per case, so that a tenant's report walks the `(tenant, started_at)` index.
+        let q = match tenant {
+            Some(tenant) => sqlx::query(
+                "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, \
+                 util_avg FROM usage_intervals \
+                 WHERE tenant = $1 AND started_at < $3 AND (ended_at IS NULL OR ended_at > $2) \
+                 ORDER BY started_at, workload_id, seq",
+            )
+            .bind(tenant),
+            None => sqlx::query(
+                "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, \
+                 util_avg FROM usage_intervals \
+                 WHERE started_at < $2 AND (ended_at IS NULL OR ended_at > $1) \
+                 ORDER BY started_at, workload_id, seq",
+            ),
+        };
+        let rows = q.bind(from).bind(to).fetch_all(&self.pool).await.map_err(db)?;
         rows.iter().map(usage_row).collect()
     }
 }
