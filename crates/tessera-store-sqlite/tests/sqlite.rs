@@ -1,12 +1,14 @@
-//! What only a file database shows: durability settings, and sequences shared by every store
-//! (process) that opens the same file and surviving restarts.
+//! What the conformance suite does not show: the durability settings of a file database,
+//! sequences shared by every store (process) that opens the same file and surviving restarts,
+//! and the store held the way the server holds it, as an `Arc<dyn Store>` shared by tasks.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-use tessera_store::{AuditRecord, AuditStore, WorkloadStore};
+use tessera_store::{AuditRecord, AuditStore, Store, TenantRecord, WorkloadStore};
 use tessera_store_sqlite::SqliteStore;
 
 fn fresh_dir(name: &str) -> PathBuf {
@@ -93,4 +95,25 @@ async fn stores_sharing_a_file_never_hand_out_an_id_or_audit_number_twice_also_a
     assert!(next.start > *ids.last().unwrap(), "{next:?} after {:?}", ids.last());
     let seq = reopened.append_audit(&[audit_record(99)]).await.unwrap();
     assert!(seq[0] > *seqs.last().unwrap());
+}
+
+#[tokio::test]
+async fn the_server_can_share_it_as_an_arc_dyn_store_across_tasks() {
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_memory().await.unwrap());
+    let task = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let tenant = TenantRecord {
+                name: "acme".into(),
+                display_name: "Acme".into(),
+                created_at: 1,
+            };
+            store.create_tenant(&tenant).await.unwrap();
+        })
+    };
+    task.await.unwrap();
+    assert_eq!(
+        store.get_tenant("acme").await.unwrap().map(|t| t.display_name),
+        Some("Acme".into())
+    );
 }
