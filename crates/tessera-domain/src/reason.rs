@@ -48,10 +48,12 @@ pub enum ReasonCode {
     Lost,
     /// The stored request or allocation no longer fits the fleet description.
     Invalid,
+    /// A reason recorded before reasons had codes.
+    Unknown,
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 18] = [
+    pub const ALL: [ReasonCode; 19] = [
         ReasonCode::NoCapacity,
         ReasonCode::Fragmentation,
         ReasonCode::Isolation,
@@ -70,6 +72,7 @@ impl ReasonCode {
         ReasonCode::ExitFailure,
         ReasonCode::Lost,
         ReasonCode::Invalid,
+        ReasonCode::Unknown,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -92,6 +95,7 @@ impl ReasonCode {
             ReasonCode::ExitFailure => "exit-failure",
             ReasonCode::Lost => "lost",
             ReasonCode::Invalid => "invalid",
+            ReasonCode::Unknown => "unknown",
         }
     }
 

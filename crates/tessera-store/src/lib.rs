@@ -1,78 +1,93 @@
 //! # tessera-store
 //!
-//! Tessera's durable state: tenants, projects, API tokens (hashed), workloads, their event
-//! timelines, idempotency keys and usage intervals. SQLite (WAL, `synchronous=FULL`) is the
-//! embedded default; the migration set in `migrations/` is portable SQL so that a PostgreSQL
-//! implementation reuses it unchanged.
+//! The contract of Tessera's durable store, without an implementation: the records it keeps,
+//! the lifecycle batch ([`Change`]), the workload filter, one async trait per aggregate
+//! (tenancy, tokens, workloads, the usage ledger, governance, the audit log), the [`Store`]
+//! supertrait the control plane holds as `Arc<dyn Store>`, and [`StoreError`].
 //!
-//! Writes go through [`Store::apply`]: a batch of [`Change`]s committed in **one transaction**,
-//! so a state change and its events (and its usage interval) land together or not at all. The
-//! control plane batches concurrent requests into one commit (group commit) and acknowledges
-//! them only after it.
+//! Implementations live in their own crates (`tessera-store-sqlite` today, PostgreSQL later) so
+//! that a database driver is only built where it is used. Every implementation must pass the
+//! [`conformance`] suite; [`store_conformance_tests!`] runs it as one test per behaviour.
+//!
+//! Writes of the lifecycle loop go through [`WorkloadStore::commit`]: a batch of [`Change`]s
+//! committed in **one transaction**, so a state change, its events and its usage interval land
+//! together or not at all. Identifiers (workload ids, audit sequence numbers) come from the
+//! database, never from the application, so that processes sharing a database never collide.
 
-use std::path::Path;
-use std::str::FromStr;
-use std::time::Duration;
+pub mod conformance;
 
-use sqlx::Row;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use tessera_api::{Event, Project, Tenant, Workload, WorkloadState, rfc3339_ms};
+use std::ops::Range;
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database error: {0}")]
-    Db(#[from] sqlx::Error),
-    #[error("migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("stored document is corrupt: {0}")]
-    Corrupt(String),
-    #[error("{0} already exists")]
-    Conflict(String),
-}
+use async_trait::async_trait;
+use tessera_domain::{Event, Phase, Workload, WorkloadId};
+use tessera_model::GpuUnits;
 
+/// The result of a store operation.
 pub type Result<T> = std::result::Result<T, StoreError>;
 
-/// A token record.
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A unique key exists already (tenant, project, token id/hash, workload id, idempotency key).
+    #[error("{0} already exists")]
+    Conflict(String),
+    /// The database cannot be reached or refused the operation for a transient reason.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
+    /// Stored data cannot be decoded (unknown phase, malformed list …).
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// A tenant: the unit of isolation, quota and billing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantRecord {
+    pub name: String,
+    pub display_name: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+}
+
+/// A project of a tenant: groups its workloads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProjectRecord {
+    pub tenant: String,
+    pub name: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+}
+
+/// An API token; only the hash of its secret is stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenRecord {
     pub id: String,
+    /// SHA-256 of the secret, hex.
+    pub hash: String,
+    /// The tenant it acts for; `None` for platform-wide tokens.
     pub tenant: Option<String>,
     pub role: String,
     pub name: String,
+    pub created_at: i64,
     pub expires_at: Option<i64>,
-    pub revoked: bool,
+    pub revoked_at: Option<i64>,
 }
 
-/// An event to append to a workload's timeline.
+/// A tenant's quota on one resource class (a pool, or `pool/MODEL`), in thousandths of a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NewEvent {
-    pub seq: u32,
-    pub step: &'static str,
-    pub at: i64,
-    pub detail: String,
-}
-
-/// One usage interval of the ledger.
-#[derive(Clone, Debug, PartialEq)]
-pub struct UsageInterval {
-    pub workload_id: u64,
-    pub seq: u32,
+pub struct QuotaRecord {
     pub tenant: String,
-    pub project: String,
-    pub pool: String,
-    pub model: String,
-    pub shape: String,
-    pub units_milli: u64,
-    pub started_at: i64,
-    pub ended_at: Option<i64>,
-    /// Measured average utilisation (0..1) over the interval.
-    pub util_avg: Option<f64>,
+    pub class: String,
+    pub guaranteed_milli: u64,
+    /// `None`: may borrow without limit.
+    pub limit_milli: Option<u64>,
 }
 
-/// One audit record.
+/// One entry of the append-only audit log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuditRecord {
+    /// Assigned by the store on append (ignored when appending).
     pub seq: u64,
+    /// Milliseconds since the Unix epoch.
     pub at: i64,
     pub request_id: String,
     /// Token id, OIDC subject, or `anonymous`.
@@ -86,859 +101,170 @@ pub struct AuditRecord {
     pub detail: String,
 }
 
-/// A stored token (never the secret).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenInfo {
-    pub id: String,
-    pub tenant: Option<String>,
-    pub role: String,
-    pub name: String,
-    pub created_at: i64,
-    pub expires_at: Option<i64>,
-    pub revoked_at: Option<i64>,
-}
-
-/// A stored quota.
+/// One interval of the usage ledger: opened when a workload starts running, closed when it
+/// releases its capacity, in the same transactions as those changes.
 #[derive(Clone, Debug, PartialEq)]
-pub struct QuotaRecord {
+pub struct UsageInterval {
+    pub workload: WorkloadId,
+    /// Position among the workload's intervals, from 0.
+    pub seq: u32,
     pub tenant: String,
-    pub class: String,
-    pub guaranteed_milli: u64,
-    pub limit_milli: Option<u64>,
+    pub project: String,
+    pub pool: String,
+    pub model: String,
+    pub shape: String,
+    pub units: GpuUnits,
+    /// Milliseconds since the Unix epoch.
+    pub started_at: i64,
+    /// `None` while the workload is metered.
+    pub ended_at: Option<i64>,
+    /// Measured average utilisation (0..1) over the interval, where telemetry exists.
+    pub util_avg: Option<f64>,
 }
 
-/// One change of a write batch.
-#[derive(Clone, Debug)]
+/// The `Idempotency-Key` of a workload creation, per actor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    pub actor: String,
+    pub key: String,
+    /// Hash of the request body, to tell a retry from a different request with the same key.
+    pub request_hash: String,
+}
+
+/// One change of a lifecycle batch; a batch commits in one transaction, all or nothing.
+#[derive(Clone, Debug, PartialEq)]
 pub enum Change {
-    /// A new workload with its first events (and its idempotency key).
+    /// A new workload with its first events and, optionally, its idempotency key.
     Insert {
-        workload: Box<Workload>,
-        events: Vec<NewEvent>,
-        idempotency: Option<(String, String, String)>,
+        workload: Workload,
+        events: Vec<Event>,
+        idempotency: Option<IdempotencyKey>,
     },
-    /// A workload's new document and the events that explain the change.
-    Update {
-        workload: Box<Workload>,
-        events: Vec<NewEvent>,
-    },
+    /// A workload's new record and the events that explain the change. The spec is immutable
+    /// once inserted: an update writes the lifecycle, the placement and the bookkeeping. The
+    /// workload must be stored (else the batch fails with `Corrupt`: the caller's view of the
+    /// store is wrong).
+    Update { workload: Workload, events: Vec<Event> },
+    /// Opens a usage interval.
     OpenUsage(UsageInterval),
+    /// Closes an open usage interval (else the batch fails with `Corrupt`, as for `Update`).
     CloseUsage {
-        workload_id: u64,
+        workload: WorkloadId,
         seq: u32,
         ended_at: i64,
         util_avg: Option<f64>,
     },
 }
 
-/// Filter for listing workloads.
-#[derive(Clone, Debug, Default)]
+/// What [`WorkloadStore::list_workloads`] returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WorkloadFilter {
-    /// The caller's tenant scope: `None` for platform-wide callers. Always applied, whatever
-    /// the other filters say (isolation is enforced here, not only in the handlers).
+    /// The caller's tenant scope: `None` for platform-wide callers. Always applied, whatever the
+    /// other filters say (isolation is enforced in the query, not only in handlers).
     pub scope: Option<String>,
     pub tenant: Option<String>,
     pub project: Option<String>,
-    pub state: Option<WorkloadState>,
+    /// Any of these phases; empty = any phase.
+    pub phases: Vec<Phase>,
     /// Only ids below this (pages go from newest to oldest).
-    pub before: Option<u64>,
+    pub before: Option<WorkloadId>,
     pub limit: u32,
 }
 
-/// The store.
-#[derive(Clone)]
-pub struct Store {
-    pool: SqlitePool,
-}
-
-impl Store {
-    /// Opens (creating if needed) `<dir>/tessera.db` and applies the migrations.
-    pub async fn open_dir(dir: &Path) -> Result<Store> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| StoreError::Corrupt(format!("cannot create {}: {e}", dir.display())))?;
-        let opts = SqliteConnectOptions::new()
-            .filename(dir.join("tessera.db"))
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10));
-        Self::connect(opts, 8).await
-    }
-
-    /// An in-memory database (tests).
-    pub async fn open_memory() -> Result<Store> {
-        let opts = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
-        Self::connect(opts, 1).await
-    }
-
-    async fn connect(opts: SqliteConnectOptions, max: u32) -> Result<Store> {
-        let pool = SqlitePoolOptions::new()
-            .max_connections(max)
-            .min_connections(1)
-            .connect_with(opts)
-            .await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Store { pool })
-    }
-
-    // ----- tokens ---------------------------------------------------------------------------
-
-    pub async fn token_count(&self) -> Result<i64> {
-        Ok(sqlx::query("SELECT COUNT(*) FROM api_tokens")
-            .fetch_one(&self.pool)
-            .await?
-            .get(0))
-    }
-
-    pub async fn create_token(
-        &self,
-        id: &str,
-        hash: &str,
-        tenant: Option<&str>,
-        role: &str,
-        name: &str,
-        now: i64,
-    ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO api_tokens (id, hash, tenant, role, name, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(id)
-        .bind(hash)
-        .bind(tenant)
-        .bind(role)
-        .bind(name)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// Creates a token with an optional expiry.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn create_token_expiring(
-        &self,
-        id: &str,
-        hash: &str,
-        tenant: Option<&str>,
-        role: &str,
-        name: &str,
-        now: i64,
-        expires_at: Option<i64>,
-    ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO api_tokens (id, hash, tenant, role, name, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(id)
-        .bind(hash)
-        .bind(tenant)
-        .bind(role)
-        .bind(name)
-        .bind(now)
-        .bind(expires_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// Tokens, optionally of one tenant, newest first.
-    pub async fn list_tokens(&self, tenant: Option<&str>) -> Result<Vec<TokenInfo>> {
-        let rows = sqlx::query(
-            "SELECT id, tenant, role, name, created_at, expires_at, revoked_at FROM api_tokens \
-             WHERE ($1 IS NULL OR tenant = $1) ORDER BY created_at DESC, id",
-        )
-        .bind(tenant)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| TokenInfo {
-                id: r.get(0),
-                tenant: r.get(1),
-                role: r.get(2),
-                name: r.get(3),
-                created_at: r.get(4),
-                expires_at: r.get(5),
-                revoked_at: r.get(6),
-            })
-            .collect())
-    }
-
-    /// Revokes a token; `false` if there is no such active token.
-    pub async fn revoke_token(&self, id: &str, now: i64) -> Result<bool> {
-        let r = sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
-            .bind(now)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(r.rows_affected() > 0)
-    }
-
-    // ----- audit ---------------------------------------------------------------------------------
-
-    pub async fn max_audit_seq(&self) -> Result<u64> {
-        let v: Option<i64> = sqlx::query("SELECT MAX(seq) FROM audit_log")
-            .fetch_one(&self.pool)
-            .await?
-            .get(0);
-        Ok(v.unwrap_or(0) as u64)
-    }
-
-    /// Appends audit records in one transaction.
-    pub async fn append_audit(&self, records: &[AuditRecord]) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
-        for a in records {
-            sqlx::query(
-                "INSERT INTO audit_log (seq, at, request_id, actor, tenant, action, target, outcome, detail) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            )
-            .bind(a.seq as i64)
-            .bind(a.at)
-            .bind(&a.request_id)
-            .bind(&a.actor)
-            .bind(&a.tenant)
-            .bind(&a.action)
-            .bind(&a.target)
-            .bind(a.outcome as i64)
-            .bind(&a.detail)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Audit records, newest first, optionally of one tenant, below `before`.
-    pub async fn audit(&self, tenant: Option<&str>, before: Option<u64>, limit: u32) -> Result<Vec<AuditRecord>> {
-        let rows = sqlx::query(
-            "SELECT seq, at, request_id, actor, tenant, action, target, outcome, detail FROM audit_log \
-             WHERE ($1 IS NULL OR tenant = $1) AND seq < $2 ORDER BY seq DESC LIMIT $3",
-        )
-        .bind(tenant)
-        .bind(before.map(|b| b as i64).unwrap_or(i64::MAX))
-        .bind(limit as i64)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| AuditRecord {
-                seq: r.get::<i64, _>(0) as u64,
-                at: r.get(1),
-                request_id: r.get(2),
-                actor: r.get(3),
-                tenant: r.get(4),
-                action: r.get(5),
-                target: r.get(6),
-                outcome: r.get::<i64, _>(7) as u16,
-                detail: r.get(8),
-            })
-            .collect())
-    }
-
-    pub async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        let row = sqlx::query("SELECT id, tenant, role, name, expires_at, revoked_at FROM api_tokens WHERE hash = $1")
-            .bind(hash)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| TokenRecord {
-            id: r.get(0),
-            tenant: r.get(1),
-            role: r.get(2),
-            name: r.get(3),
-            expires_at: r.get(4),
-            revoked: r.get::<Option<i64>, _>(5).is_some(),
-        }))
-    }
-
-    // ----- tenants and projects -----------------------------------------------------------------
-
-    pub async fn create_tenant(&self, name: &str, display: &str, now: i64) -> Result<Tenant> {
-        let r = sqlx::query("INSERT INTO tenants (name, display_name, created_at) VALUES ($1, $2, $3)")
-            .bind(name)
-            .bind(display)
-            .bind(now)
-            .execute(&self.pool)
-            .await;
-        match r {
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                Err(StoreError::Conflict(format!("tenant `{name}`")))
-            }
-            Err(e) => Err(e.into()),
-            Ok(_) => Ok(Tenant {
-                name: name.into(),
-                display_name: display.into(),
-                created_at: rfc3339_ms(now),
-            }),
-        }
-    }
-
-    pub async fn get_tenant(&self, name: &str) -> Result<Option<Tenant>> {
-        let row = sqlx::query("SELECT name, display_name, created_at FROM tenants WHERE name = $1")
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| Tenant {
-            name: r.get(0),
-            display_name: r.get(1),
-            created_at: rfc3339_ms(r.get(2)),
-        }))
-    }
-
+/// Tenants and their projects.
+#[async_trait]
+pub trait TenancyStore: Send + Sync {
+    /// Creates a tenant; `Conflict` if one of that name exists.
+    async fn create_tenant(&self, t: &TenantRecord) -> Result<()>;
+    async fn get_tenant(&self, name: &str) -> Result<Option<TenantRecord>>;
     /// Tenants ordered by name, after `after`.
-    pub async fn list_tenants(&self, after: Option<&str>, limit: u32) -> Result<Vec<Tenant>> {
-        let rows =
-            sqlx::query("SELECT name, display_name, created_at FROM tenants WHERE name > $1 ORDER BY name LIMIT $2")
-                .bind(after.unwrap_or(""))
-                .bind(limit as i64)
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| Tenant {
-                name: r.get(0),
-                display_name: r.get(1),
-                created_at: rfc3339_ms(r.get(2)),
-            })
-            .collect())
-    }
+    async fn list_tenants(&self, after: Option<&str>, limit: u32) -> Result<Vec<TenantRecord>>;
+    /// Deletes a tenant without projects, tokens or workloads; `false` if it still has some (or
+    /// does not exist). Its quotas and budget go with it.
+    async fn delete_tenant(&self, name: &str) -> Result<bool>;
+    /// Creates a project of an existing tenant; `Conflict` if the tenant has one of that name.
+    async fn create_project(&self, p: &ProjectRecord) -> Result<()>;
+    async fn get_project(&self, tenant: &str, name: &str) -> Result<Option<ProjectRecord>>;
+    /// A tenant's projects ordered by name, after `after`.
+    async fn list_projects(&self, tenant: &str, after: Option<&str>, limit: u32) -> Result<Vec<ProjectRecord>>;
+    /// Deletes a project without workloads; `false` if it has some (or does not exist).
+    async fn delete_project(&self, tenant: &str, name: &str) -> Result<bool>;
+}
 
-    /// Deletes a tenant that has no projects, tokens or workloads left; `false` if it had.
-    pub async fn delete_tenant(&self, name: &str) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
-        let used: i64 = sqlx::query(
-            "SELECT (SELECT COUNT(*) FROM projects WHERE tenant = $1) + (SELECT COUNT(*) FROM workloads WHERE tenant = $1) + (SELECT COUNT(*) FROM api_tokens WHERE tenant = $1)",
-        )
-        .bind(name)
-        .fetch_one(&mut *tx)
-        .await?
-        .get(0);
-        if used > 0 {
-            return Ok(false);
-        }
-        sqlx::query("DELETE FROM tenants WHERE name = $1")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(true)
-    }
+/// API tokens.
+#[async_trait]
+pub trait TokenStore: Send + Sync {
+    /// Stores a token (its tenant, if any, must exist); `Conflict` if its id or hash exists.
+    async fn create_token(&self, t: &TokenRecord) -> Result<()>;
+    /// The token whose secret hashes to `hash` (revoked or expired ones included).
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>>;
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRecord>>;
+    /// Tokens, optionally of one tenant, newest first.
+    async fn list_tokens(&self, tenant: Option<&str>) -> Result<Vec<TokenRecord>>;
+    /// Revokes an active token; `false` if there is no such active token.
+    async fn revoke_token(&self, id: &str, at: i64) -> Result<bool>;
+    /// Every stored token, revoked ones included (zero means the platform is not bootstrapped).
+    async fn token_count(&self) -> Result<u64>;
+}
 
-    pub async fn create_project(&self, tenant: &str, name: &str, now: i64) -> Result<Project> {
-        let r = sqlx::query("INSERT INTO projects (tenant, name, created_at) VALUES ($1, $2, $3)")
-            .bind(tenant)
-            .bind(name)
-            .bind(now)
-            .execute(&self.pool)
-            .await;
-        match r {
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                Err(StoreError::Conflict(format!("project `{name}` in tenant `{tenant}`")))
-            }
-            Err(e) => Err(e.into()),
-            Ok(_) => Ok(Project {
-                tenant: tenant.into(),
-                name: name.into(),
-                created_at: rfc3339_ms(now),
-            }),
-        }
-    }
-
-    pub async fn get_project(&self, tenant: &str, name: &str) -> Result<Option<Project>> {
-        let row = sqlx::query("SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND name = $2")
-            .bind(tenant)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| Project {
-            tenant: r.get(0),
-            name: r.get(1),
-            created_at: rfc3339_ms(r.get(2)),
-        }))
-    }
-
-    pub async fn list_projects(&self, tenant: &str, after: Option<&str>, limit: u32) -> Result<Vec<Project>> {
-        let rows = sqlx::query(
-            "SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND name > $2 ORDER BY name LIMIT $3",
-        )
-        .bind(tenant)
-        .bind(after.unwrap_or(""))
-        .bind(limit as i64)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| Project {
-                tenant: r.get(0),
-                name: r.get(1),
-                created_at: rfc3339_ms(r.get(2)),
-            })
-            .collect())
-    }
-
-    /// Deletes a project without workloads; `false` if it has some.
-    pub async fn delete_project(&self, tenant: &str, name: &str) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
-        let used: i64 = sqlx::query("SELECT COUNT(*) FROM workloads WHERE tenant = $1 AND project = $2")
-            .bind(tenant)
-            .bind(name)
-            .fetch_one(&mut *tx)
-            .await?
-            .get(0);
-        if used > 0 {
-            return Ok(false);
-        }
-        sqlx::query("DELETE FROM projects WHERE tenant = $1 AND name = $2")
-            .bind(tenant)
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(true)
-    }
-
-    // ----- workloads ------------------------------------------------------------------------
-
-    pub async fn max_workload_id(&self) -> Result<u64> {
-        let v: Option<i64> = sqlx::query("SELECT MAX(id) FROM workloads")
-            .fetch_one(&self.pool)
-            .await?
-            .get(0);
-        Ok(v.unwrap_or(0) as u64)
-    }
-
-    fn decode(doc: &str) -> Result<Workload> {
-        serde_json::from_str(doc).map_err(|e| StoreError::Corrupt(e.to_string()))
-    }
-
-    pub async fn get_workload(&self, id: u64) -> Result<Option<Workload>> {
-        self.get_workload_in(id, None).await
-    }
-
-    /// Workloads that are not in a terminal state, oldest first.
-    pub async fn active_workloads(&self) -> Result<Vec<Workload>> {
-        let rows = sqlx::query(
-            "SELECT doc FROM workloads WHERE state NOT IN ('succeeded', 'failed', 'cancelled', 'preempted') ORDER BY id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(|r| Self::decode(r.get(0))).collect()
-    }
-
+/// Workloads, their timelines and idempotency keys.
+#[async_trait]
+pub trait WorkloadStore: Send + Sync {
+    /// Reserves `n` consecutive workload ids from the database's own sequence: never handed out
+    /// twice, also across processes sharing the database and across restarts.
+    async fn reserve_workload_ids(&self, n: u32) -> Result<Range<u64>>;
+    /// Commits a lifecycle batch in one transaction: all or nothing.
+    async fn commit(&self, batch: &[Change]) -> Result<()>;
+    /// A workload within the caller's tenant scope (`None` = platform-wide).
+    async fn get_workload(&self, id: WorkloadId, scope: Option<&str>) -> Result<Option<Workload>>;
     /// Newest first.
-    pub async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>> {
-        let rows = sqlx::query(
-            "SELECT doc FROM workloads WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR project = $2) \
-             AND ($3 IS NULL OR state = $3) AND id < $4 AND ($6 IS NULL OR tenant = $6) ORDER BY id DESC LIMIT $5",
-        )
-        .bind(f.tenant.as_deref())
-        .bind(f.project.as_deref())
-        .bind(f.state.map(|s| s.as_str()))
-        .bind(f.before.map(|b| b as i64).unwrap_or(i64::MAX))
-        .bind(f.limit as i64)
-        .bind(f.scope.as_deref())
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(|r| Self::decode(r.get(0))).collect()
-    }
-
-    /// A workload, if it exists within the caller's tenant scope (`None` = platform-wide).
-    pub async fn get_workload_in(&self, id: u64, scope: Option<&str>) -> Result<Option<Workload>> {
-        let row = sqlx::query("SELECT doc FROM workloads WHERE id = $1 AND ($2 IS NULL OR tenant = $2)")
-            .bind(id as i64)
-            .bind(scope)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| Self::decode(r.get(0))).transpose()
-    }
-
-    /// A workload's events, within the caller's tenant scope.
-    pub async fn events_in(&self, id: u64, scope: Option<&str>) -> Result<Vec<Event>> {
-        let rows = sqlx::query(
-            "SELECT e.seq, e.step, e.at, e.detail FROM workload_events e JOIN workloads w ON w.id = e.workload_id \
-             WHERE e.workload_id = $1 AND ($2 IS NULL OR w.tenant = $2) ORDER BY e.seq",
-        )
-        .bind(id as i64)
-        .bind(scope)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                let at: i64 = r.get(2);
-                Event {
-                    seq: r.get::<i64, _>(0) as u32,
-                    step: r.get(1),
-                    at: rfc3339_ms(at),
-                    at_ms: at,
-                    detail: r.get(3),
-                }
-            })
-            .collect())
-    }
-
-    /// A workload's events, platform-wide.
-    pub async fn events(&self, id: u64) -> Result<Vec<Event>> {
-        self.events_in(id, None).await
-    }
-
-    /// The highest event and usage sequence numbers of every workload that has any, in two
-    /// queries (used at start-up to continue timelines).
-    pub async fn sequences(&self) -> Result<std::collections::HashMap<u64, (u32, u32)>> {
-        let mut out: std::collections::HashMap<u64, (u32, u32)> = std::collections::HashMap::new();
-        let ev = sqlx::query(
-            "SELECT e.workload_id, MAX(e.seq) FROM workload_events e JOIN workloads w ON w.id = e.workload_id \
-             WHERE w.state NOT IN ('succeeded', 'failed', 'cancelled', 'preempted') GROUP BY e.workload_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        for r in ev {
-            out.entry(r.get::<i64, _>(0) as u64).or_default().0 = r.get::<i64, _>(1) as u32 + 1;
-        }
-        let us = sqlx::query(
-            "SELECT u.workload_id, MAX(u.seq) FROM usage_intervals u JOIN workloads w ON w.id = u.workload_id \
-             WHERE w.state NOT IN ('succeeded', 'failed', 'cancelled', 'preempted') GROUP BY u.workload_id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        for r in us {
-            out.entry(r.get::<i64, _>(0) as u64).or_default().1 = r.get::<i64, _>(1) as u32 + 1;
-        }
-        Ok(out)
-    }
-
-    /// The workload created earlier by `actor` with idempotency `key`, with the request hash.
-    pub async fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, u64)>> {
-        let row = sqlx::query("SELECT request_hash, workload_id FROM idempotency_keys WHERE actor = $1 AND key = $2")
-            .bind(actor)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| (r.get(0), r.get::<i64, _>(1) as u64)))
-    }
-
-    pub async fn usage(&self, workload_id: u64) -> Result<Vec<UsageInterval>> {
-        let rows = sqlx::query(
-            "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg \
-             FROM usage_intervals WHERE workload_id = $1 ORDER BY seq",
-        )
-        .bind(workload_id as i64)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(usage_row).collect())
-    }
-
-    /// Usage intervals that overlap `[from, to)`, optionally of one tenant, oldest first.
-    pub async fn usage_between(&self, tenant: Option<&str>, from: i64, to: i64) -> Result<Vec<UsageInterval>> {
-        let rows = sqlx::query(
-            "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg \
-             FROM usage_intervals WHERE ($1 IS NULL OR tenant = $1) AND started_at < $3 AND (ended_at IS NULL OR ended_at > $2) \
-             ORDER BY started_at, workload_id, seq",
-        )
-        .bind(tenant)
-        .bind(from)
-        .bind(to)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(usage_row).collect())
-    }
-
-    // ----- quotas and budgets -------------------------------------------------------------------
-
-    pub async fn set_quota(&self, q: &QuotaRecord, now: i64) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO quotas (tenant, class, guaranteed_milli, limit_milli, updated_at) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (tenant, class) DO UPDATE SET guaranteed_milli = $3, limit_milli = $4, updated_at = $5",
-        )
-        .bind(&q.tenant)
-        .bind(&q.class)
-        .bind(q.guaranteed_milli as i64)
-        .bind(q.limit_milli.map(|l| l as i64))
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    pub async fn delete_quota(&self, tenant: &str, class: &str) -> Result<bool> {
-        let r = sqlx::query("DELETE FROM quotas WHERE tenant = $1 AND class = $2")
-            .bind(tenant)
-            .bind(class)
-            .execute(&self.pool)
-            .await?;
-        Ok(r.rows_affected() > 0)
-    }
-
-    pub async fn quotas(&self) -> Result<Vec<QuotaRecord>> {
-        let rows =
-            sqlx::query("SELECT tenant, class, guaranteed_milli, limit_milli FROM quotas ORDER BY tenant, class")
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| QuotaRecord {
-                tenant: r.get(0),
-                class: r.get(1),
-                guaranteed_milli: r.get::<i64, _>(2) as u64,
-                limit_milli: r.get::<Option<i64>, _>(3).map(|l| l as u64),
-            })
-            .collect())
-    }
-
-    pub async fn set_budget(&self, tenant: &str, unit_hours: Option<f64>, now: i64) -> Result<()> {
-        match unit_hours {
-            Some(b) => {
-                sqlx::query(
-                    "INSERT INTO budgets (tenant, monthly_unit_hours, updated_at) VALUES ($1, $2, $3) \
-                     ON CONFLICT (tenant) DO UPDATE SET monthly_unit_hours = $2, updated_at = $3",
-                )
-                .bind(tenant)
-                .bind(b)
-                .bind(now)
-                .execute(&self.pool)
-                .await?;
-            }
-            None => {
-                sqlx::query("DELETE FROM budgets WHERE tenant = $1")
-                    .bind(tenant)
-                    .execute(&self.pool)
-                    .await?;
-            }
-        }
-        Ok(())
-    }
-
-    pub async fn budgets(&self) -> Result<Vec<(String, f64)>> {
-        let rows = sqlx::query("SELECT tenant, monthly_unit_hours FROM budgets ORDER BY tenant")
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
-    }
-
-    /// Commits a batch of changes in one transaction.
-    pub async fn apply(&self, batch: &[Change]) -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let mut tx = self.pool.begin().await?;
-        for c in batch {
-            match c {
-                Change::Insert {
-                    workload,
-                    events,
-                    idempotency,
-                } => {
-                    let doc = serde_json::to_string(&**workload).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                    let now = events.first().map(|e| e.at).unwrap_or(0);
-                    sqlx::query(
-                        "INSERT INTO workloads (id, tenant, project, state, created_at, updated_at, doc) VALUES ($1, $2, $3, $4, $5, $5, $6)",
-                    )
-                    .bind(workload.id as i64)
-                    .bind(&workload.tenant)
-                    .bind(&workload.project)
-                    .bind(workload.state.as_str())
-                    .bind(now)
-                    .bind(doc)
-                    .execute(&mut *tx)
-                    .await?;
-                    if let Some((actor, key, hash)) = idempotency {
-                        sqlx::query(
-                            "INSERT INTO idempotency_keys (actor, key, request_hash, workload_id, created_at) VALUES ($1, $2, $3, $4, $5)",
-                        )
-                        .bind(actor)
-                        .bind(key)
-                        .bind(hash)
-                        .bind(workload.id as i64)
-                        .bind(now)
-                        .execute(&mut *tx)
-                        .await?;
-                    }
-                    insert_events(&mut tx, workload.id, events).await?;
-                }
-                Change::Update { workload, events } => {
-                    let doc = serde_json::to_string(&**workload).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                    let now = events.last().map(|e| e.at).unwrap_or(0);
-                    sqlx::query("UPDATE workloads SET state = $1, updated_at = $2, doc = $3 WHERE id = $4")
-                        .bind(workload.state.as_str())
-                        .bind(now)
-                        .bind(doc)
-                        .bind(workload.id as i64)
-                        .execute(&mut *tx)
-                        .await?;
-                    insert_events(&mut tx, workload.id, events).await?;
-                }
-                Change::OpenUsage(u) => {
-                    sqlx::query(
-                        "INSERT INTO usage_intervals (workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                    )
-                    .bind(u.workload_id as i64)
-                    .bind(u.seq as i64)
-                    .bind(&u.tenant)
-                    .bind(&u.project)
-                    .bind(&u.pool)
-                    .bind(&u.model)
-                    .bind(&u.shape)
-                    .bind(u.units_milli as i64)
-                    .bind(u.started_at)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                Change::CloseUsage {
-                    workload_id,
-                    seq,
-                    ended_at,
-                    util_avg,
-                } => {
-                    sqlx::query(
-                        "UPDATE usage_intervals SET ended_at = $1, util_avg = $4 WHERE workload_id = $2 AND seq = $3 AND ended_at IS NULL",
-                    )
-                    .bind(ended_at)
-                    .bind(*workload_id as i64)
-                    .bind(*seq as i64)
-                    .bind(util_avg)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
-        }
-        tx.commit().await?;
-        Ok(())
-    }
+    async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>>;
+    /// A workload's timeline within the caller's scope, in order.
+    async fn events(&self, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>>;
+    /// Every workload not in a terminal phase, oldest first (start-up and failover).
+    async fn active_workloads(&self) -> Result<Vec<Workload>>;
+    /// The request hash and workload of an idempotency key of `actor`.
+    async fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, WorkloadId)>>;
 }
 
-fn usage_row(r: sqlx::sqlite::SqliteRow) -> UsageInterval {
-    UsageInterval {
-        workload_id: r.get::<i64, _>(0) as u64,
-        seq: r.get::<i64, _>(1) as u32,
-        tenant: r.get(2),
-        project: r.get(3),
-        pool: r.get(4),
-        model: r.get(5),
-        shape: r.get(6),
-        units_milli: r.get::<i64, _>(7) as u64,
-        started_at: r.get(8),
-        ended_at: r.get(9),
-        util_avg: r.get(10),
-    }
+/// The usage ledger.
+#[async_trait]
+pub trait LedgerStore: Send + Sync {
+    /// A workload's intervals in order.
+    async fn usage_of(&self, id: WorkloadId) -> Result<Vec<UsageInterval>>;
+    /// Intervals overlapping `[from, to)`, optionally of one tenant, oldest first.
+    async fn usage_between(&self, tenant: Option<&str>, from: i64, to: i64) -> Result<Vec<UsageInterval>>;
 }
 
-async fn insert_events(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: u64, events: &[NewEvent]) -> Result<()> {
-    for e in events {
-        sqlx::query("INSERT INTO workload_events (workload_id, seq, step, at, detail) VALUES ($1, $2, $3, $4, $5)")
-            .bind(id as i64)
-            .bind(e.seq as i64)
-            .bind(e.step)
-            .bind(e.at)
-            .bind(&e.detail)
-            .execute(&mut **tx)
-            .await?;
-    }
-    Ok(())
+/// Quotas and budgets.
+#[async_trait]
+pub trait GovernanceStore: Send + Sync {
+    /// Creates or replaces the quota of an existing tenant on one class.
+    async fn set_quota(&self, q: &QuotaRecord, at: i64) -> Result<()>;
+    /// `false` if there was no such quota.
+    async fn delete_quota(&self, tenant: &str, class: &str) -> Result<bool>;
+    /// Every quota, by tenant then class.
+    async fn quotas(&self) -> Result<Vec<QuotaRecord>>;
+    /// Sets (`Some`) or removes (`None`) a tenant's monthly GPU-unit-hour budget.
+    async fn set_budget(&self, tenant: &str, unit_hours: Option<f64>, at: i64) -> Result<()>;
+    /// Every budget, by tenant.
+    async fn budgets(&self) -> Result<Vec<(String, f64)>>;
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tessera_api::{GpuShape, WorkloadKind};
-
-    fn wl(id: u64, state: WorkloadState) -> Workload {
-        Workload {
-            id,
-            tenant: "vision".into(),
-            project: "p".into(),
-            name: format!("w{id}"),
-            kind: WorkloadKind::Batch,
-            shape: GpuShape {
-                gpus: Some(1),
-                ..Default::default()
-            },
-            cpu_milli: 1000,
-            memory_mib: 1024,
-            duration_s: None,
-            command: None,
-            image: None,
-            priority: "standard".into(),
-            state,
-            borrowing: false,
-            reason: None,
-            units: "1".into(),
-            allocation: None,
-            created_at: rfc3339_ms(0),
-            created_at_ms: 0,
-            running_at: None,
-            running_at_ms: None,
-            ended_at: None,
-            request_to_running_ms: None,
-        }
-    }
-
-    fn ev(seq: u32, step: &'static str) -> NewEvent {
-        NewEvent {
-            seq,
-            step,
-            at: 1000 + seq as i64,
-            detail: String::new(),
-        }
-    }
-
-    #[tokio::test]
-    async fn batches_are_atomic() {
-        let s = Store::open_memory().await.unwrap();
-        s.create_tenant("vision", "Vision", 1).await.unwrap();
-        assert!(matches!(
-            s.create_tenant("vision", "V", 1).await,
-            Err(StoreError::Conflict(_))
-        ));
-        s.create_project("vision", "p", 1).await.unwrap();
-        s.apply(&[Change::Insert {
-            workload: Box::new(wl(1, WorkloadState::Pending)),
-            events: vec![ev(0, "requested")],
-            idempotency: Some(("admin".into(), "k".into(), "h".into())),
-        }])
-        .await
-        .unwrap();
-        // A batch whose second change fails (duplicate id) leaves nothing behind.
-        let r = s
-            .apply(&[
-                Change::Update {
-                    workload: Box::new(wl(1, WorkloadState::Running)),
-                    events: vec![ev(1, "running")],
-                },
-                Change::Insert {
-                    workload: Box::new(wl(1, WorkloadState::Pending)),
-                    events: vec![],
-                    idempotency: None,
-                },
-            ])
-            .await;
-        assert!(r.is_err());
-        assert_eq!(s.get_workload(1).await.unwrap().unwrap().state, WorkloadState::Pending);
-        assert_eq!(s.events(1).await.unwrap().len(), 1);
-        assert_eq!(s.idempotent("admin", "k").await.unwrap(), Some(("h".into(), 1)));
-        assert_eq!(s.active_workloads().await.unwrap().len(), 1);
-        assert!(!s.delete_tenant("vision").await.unwrap(), "tenant with workloads stays");
-        let page = s
-            .list_workloads(&WorkloadFilter {
-                tenant: Some("vision".into()),
-                limit: 10,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        assert_eq!(page.len(), 1);
-        // The caller's scope is enforced by the query itself.
-        let other = s
-            .list_workloads(&WorkloadFilter {
-                scope: Some("nlp".into()),
-                tenant: Some("vision".into()),
-                limit: 10,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        assert!(other.is_empty());
-        assert!(s.get_workload_in(1, Some("nlp")).await.unwrap().is_none());
-        assert!(s.get_workload_in(1, Some("vision")).await.unwrap().is_some());
-        assert!(s.events_in(1, Some("nlp")).await.unwrap().is_empty());
-        assert_eq!(s.events_in(1, None).await.unwrap().len(), 1);
-    }
+/// The audit log.
+#[async_trait]
+pub trait AuditStore: Send + Sync {
+    /// Appends records in one transaction; the database assigns their sequence numbers, returned
+    /// in order. Append-only: nothing updates or deletes audit rows.
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<Vec<u64>>;
+    /// Newest first, optionally of one tenant, below `before`.
+    async fn audit(&self, tenant: Option<&str>, before: Option<u64>, limit: u32) -> Result<Vec<AuditRecord>>;
 }
+
+/// Everything the control plane needs from its database.
+pub trait Store:
+    TenancyStore + TokenStore + WorkloadStore + LedgerStore + GovernanceStore + AuditStore + 'static
+{
+}
+
+impl<T: TenancyStore + TokenStore + WorkloadStore + LedgerStore + GovernanceStore + AuditStore + 'static> Store for T {}

@@ -1,0 +1,158 @@
+//! # tessera-store-sqlite
+//!
+//! Tessera's embedded store: [`SqliteStore`] implements every trait of the `tessera-store`
+//! contract on SQLite with sqlx, and passes its conformance suite.
+//!
+//! The database runs in WAL mode with `synchronous=FULL` (a commit is on disk before it is
+//! acknowledged), foreign keys on and a busy timeout, so several processes may share one file.
+//! Workloads are stored in typed columns; workload ids and audit sequence numbers come from the
+//! database's `sequences` table, never from the application.
+//!
+//! The migrations in `migrations/` are portable SQL (`$1` placeholders, `BIGINT`, `TEXT`, no
+//! `AUTOINCREMENT`) so that a PostgreSQL implementation can reuse them; statements that only
+//! SQLite understands say so where they are written. On opening, the store applies the
+//! migrations and then converts workloads stored by schema version 1 (a JSON document per row)
+//! into typed rows.
+
+mod audit;
+mod governance;
+mod ledger;
+mod legacy;
+mod tenancy;
+mod tokens;
+mod workloads;
+
+use std::path::Path;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+use tessera_store::{Result, StoreError};
+
+/// The migrations of the store's schema, applied on opening.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The contract of `tessera-store` on a SQLite database.
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) `<dir>/tessera.db`, applies the migrations and converts the
+    /// workloads of schema version 1.
+    pub async fn open_dir(dir: &Path) -> Result<SqliteStore> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::Unavailable(format!("cannot create {}: {e}", dir.display())))?;
+        let opts = SqliteConnectOptions::new()
+            .filename(dir.join("tessera.db"))
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .min_connections(1)
+            .connect_with(opts)
+            .await
+            .map_err(db)?;
+        Self::prepare(pool).await
+    }
+
+    /// A private in-memory database (tests, simulations).
+    pub async fn open_memory() -> Result<SqliteStore> {
+        let opts = SqliteConnectOptions::new().in_memory(true).foreign_keys(true);
+        // An in-memory database lives and dies with its one connection: the pool must hold
+        // exactly one and never retire it.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(opts)
+            .await
+            .map_err(db)?;
+        Self::prepare(pool).await
+    }
+
+    async fn prepare(pool: SqlitePool) -> Result<SqliteStore> {
+        MIGRATOR.run(&pool).await.map_err(|e| match e {
+            sqlx::migrate::MigrateError::Execute(e) => db(e),
+            other => StoreError::Corrupt(format!("schema migrations: {other}")),
+        })?;
+        let store = SqliteStore { pool };
+        legacy::convert(&store).await?;
+        Ok(store)
+    }
+
+    /// Begins a transaction that writes.
+    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
+        // SQLite-specific: `BEGIN IMMEDIATE` takes the write lock up front (waiting up to the
+        // busy timeout), so a transaction that reads before it writes never fails half-way
+        // because another connection wrote in between. PostgreSQL's plain `BEGIN` is the
+        // equivalent there (row locks do the rest).
+        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)
+    }
+}
+
+/// A database error, classified for the contract. Unique-key violations say what exists.
+fn db_error(e: sqlx::Error, what: impl FnOnce() -> String) -> StoreError {
+    match &e {
+        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict(what()),
+        sqlx::Error::Database(d) => {
+            // SQLite-specific result codes: SQLITE_CORRUPT (11) and SQLITE_NOTADB (26), in the
+            // low byte of extended codes.
+            let primary = d.code().and_then(|c| c.parse::<i32>().ok()).map(|c| c & 0xff);
+            if matches!(primary, Some(11 | 26)) {
+                StoreError::Corrupt(e.to_string())
+            } else {
+                StoreError::Unavailable(e.to_string())
+            }
+        }
+        sqlx::Error::RowNotFound
+        | sqlx::Error::TypeNotFound { .. }
+        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_) => StoreError::Corrupt(e.to_string()),
+        _ => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+/// A database error of an operation that violates no unique key of its own.
+fn db(e: sqlx::Error) -> StoreError {
+    db_error(e, || "a row".into())
+}
+
+/// A column of `row`, or `Corrupt` naming it.
+fn col<'r, T>(row: &'r SqliteRow, name: &str) -> Result<T>
+where
+    T: sqlx::Decode<'r, Sqlite> + sqlx::Type<Sqlite>,
+{
+    row.try_get(name)
+        .map_err(|e| StoreError::Corrupt(format!("column `{name}`: {e}")))
+}
+
+/// An integer column narrowed to the type the record uses, or `Corrupt` naming it.
+fn narrow<T: TryFrom<i64>>(value: i64, name: &str) -> Result<T> {
+    T::try_from(value).map_err(|_| StoreError::Corrupt(format!("column `{name}`: {value} is out of range")))
+}
+
+/// An integer column narrowed, when present.
+fn narrow_opt<T: TryFrom<i64>>(value: Option<i64>, name: &str) -> Result<Option<T>> {
+    value.map(|v| narrow(v, name)).transpose()
+}
+
+// Unsigned 64-bit values (ids, milli-units, MiB) are stored in signed BIGINT columns. Every value
+// Tessera produces is far below 2^63; the casts keep the bits, so even one that is not would
+// round-trip unchanged.
+fn i64_of(v: u64) -> i64 {
+    v as i64
+}
+
+fn u64_of(v: i64) -> u64 {
+    v as u64
+}

@@ -1,0 +1,119 @@
+//! What the conformance suite does not show: the durability settings of a file database,
+//! sequences shared by every store (process) that opens the same file and surviving restarts,
+//! and the store held the way the server holds it, as an `Arc<dyn Store>` shared by tasks.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sqlx::Row;
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use tessera_store::{AuditRecord, AuditStore, Store, TenantRecord, WorkloadStore};
+use tessera_store_sqlite::SqliteStore;
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("store-sqlite")
+        .join(name);
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("cannot clear {}: {e}", dir.display()),
+    }
+    dir
+}
+
+fn audit_record(i: u32) -> AuditRecord {
+    AuditRecord {
+        seq: 0,
+        at: i64::from(i),
+        request_id: format!("req-{i}"),
+        actor: "tok".into(),
+        tenant: None,
+        action: "login".into(),
+        target: String::new(),
+        outcome: 200,
+        detail: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn the_database_file_is_in_wal_mode() {
+    let dir = fresh_dir("wal");
+    let _store = SqliteStore::open_dir(&dir).await.unwrap();
+    let opts = SqliteConnectOptions::new().filename(dir.join("tessera.db"));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts)
+        .await
+        .unwrap();
+    let mode: String = sqlx::query("PRAGMA journal_mode")
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mode, "wal");
+}
+
+#[tokio::test]
+async fn stores_sharing_a_file_never_hand_out_an_id_or_audit_number_twice_also_after_a_restart() {
+    let dir = fresh_dir("shared");
+    let a = SqliteStore::open_dir(&dir).await.unwrap();
+    let b = SqliteStore::open_dir(&dir).await.unwrap();
+
+    let reserve = |s: SqliteStore| async move {
+        let mut ids = Vec::new();
+        for n in 0..60u32 {
+            ids.extend(s.reserve_workload_ids(n % 4 + 1).await.unwrap());
+        }
+        ids
+    };
+    let append = |s: SqliteStore| async move {
+        let mut seqs = Vec::new();
+        for i in 0..30 {
+            seqs.extend(s.append_audit(&[audit_record(i), audit_record(i)]).await.unwrap());
+        }
+        seqs
+    };
+    // Separate tasks on a multi-threaded runtime would be closer to two processes, but two
+    // pools already mean two sets of connections contending for SQLite's write lock.
+    let (ids_a, ids_b, seqs_a, seqs_b) = tokio::join!(
+        reserve(a.clone()),
+        reserve(b.clone()),
+        append(a.clone()),
+        append(b.clone())
+    );
+    let ids: BTreeSet<u64> = ids_a.iter().chain(&ids_b).copied().collect();
+    assert_eq!(ids.len(), ids_a.len() + ids_b.len(), "an id was handed out twice");
+    let seqs: BTreeSet<u64> = seqs_a.iter().chain(&seqs_b).copied().collect();
+    assert_eq!(seqs.len(), 120, "an audit number was handed out twice");
+    assert_eq!(a.audit(None, None, 1000).await.unwrap().len(), 120);
+
+    drop((a, b));
+    let reopened = SqliteStore::open_dir(&dir).await.unwrap();
+    let next = reopened.reserve_workload_ids(1).await.unwrap();
+    assert!(next.start > *ids.last().unwrap(), "{next:?} after {:?}", ids.last());
+    let seq = reopened.append_audit(&[audit_record(99)]).await.unwrap();
+    assert!(seq[0] > *seqs.last().unwrap());
+}
+
+#[tokio::test]
+async fn the_server_can_share_it_as_an_arc_dyn_store_across_tasks() {
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_memory().await.unwrap());
+    let task = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let tenant = TenantRecord {
+                name: "acme".into(),
+                display_name: "Acme".into(),
+                created_at: 1,
+            };
+            store.create_tenant(&tenant).await.unwrap();
+        })
+    };
+    task.await.unwrap();
+    assert_eq!(
+        store.get_tenant("acme").await.unwrap().map(|t| t.display_name),
+        Some("Acme".into())
+    );
+}

@@ -1,0 +1,1047 @@
+//! The conformance suite: what every [`Store`] implementation must do, one async check per
+//! behaviour, each taking a fresh, empty store and panicking when the store misbehaves.
+//!
+//! An implementation crate runs the whole suite with [`store_conformance_tests!`](crate::store_conformance_tests), which
+//! expands to one `#[tokio::test]` per check (the calling crate needs `tokio` with the `macros`
+//! and `rt` features as a dev-dependency):
+//!
+//! ```ignore
+//! mod in_memory {
+//!     tessera_store::store_conformance_tests!(make = async { MyStore::open_memory().await.unwrap() });
+//! }
+//! ```
+//!
+//! Workload ids always come from [`WorkloadStore::reserve_workload_ids`](crate::WorkloadStore::reserve_workload_ids), as in the server.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tessera_domain::{
+    Event, GpuSpec, Kind, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step, StopCause,
+    UsageCursor, Workload, WorkloadId, WorkloadSpec,
+};
+use tessera_model::GpuUnits;
+
+use crate::{
+    AuditRecord, Change, IdempotencyKey, ProjectRecord, QuotaRecord, Store, StoreError, TenantRecord, TokenRecord,
+    UsageInterval, WorkloadFilter,
+};
+
+/// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
+/// expression whose value is a future of a fresh, empty store) yields. Invoke it once per
+/// module; wrap several invocations (in-memory, file, …) in modules of their own.
+#[macro_export]
+macro_rules! store_conformance_tests {
+    (make = $make:expr) => {
+        $crate::store_conformance_tests!(@each $make;
+            batches_are_atomic,
+            workloads_round_trip_every_field,
+            events_round_trip_in_order_with_codes,
+            list_workloads_filters,
+            active_workloads_exclude_terminal_phases,
+            reserved_ids_are_never_handed_out_twice,
+            idempotency_keys_are_unique_per_actor,
+            usage_intervals_open_close_and_overlap,
+            tenants_and_projects,
+            tokens,
+            quotas_and_budgets,
+            audit_sequence_numbers_come_from_the_store,
+            reads_are_scoped,
+        );
+    };
+    (@each $make:expr; $($check:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let store = $make.await;
+                $crate::conformance::$check(&store).await;
+            }
+        )+
+    };
+}
+
+// ----- fixtures ------------------------------------------------------------------------------
+
+fn spec(tenant: &str, project: &str, name: &str) -> WorkloadSpec {
+    WorkloadSpec {
+        tenant: tenant.into(),
+        project: project.into(),
+        name: name.into(),
+        kind: Kind::Batch,
+        shape: ShapeSpec {
+            gpu: GpuSpec::Whole { gpus: 1 },
+            models: Vec::new(),
+            pool: None,
+        },
+        cpu_milli: 1000,
+        memory_mib: 1024,
+        duration_s: None,
+        command: None,
+        image: None,
+        env: BTreeMap::new(),
+        priority: "standard".into(),
+        no_wait: false,
+        no_requeue: false,
+    }
+}
+
+fn workload(id: u64, tenant: &str, project: &str, phase: Phase) -> Workload {
+    let mut w = Workload::new(
+        WorkloadId(id),
+        spec(tenant, project, &format!("w{id}")),
+        GpuUnits::ONE_GPU,
+        1_700_000_000_000 + id as i64,
+    );
+    w.phase = phase;
+    w.next_seq = 1;
+    w
+}
+
+fn event(seq: u32, step: Step, code: Option<ReasonCode>) -> Event {
+    Event {
+        seq,
+        step,
+        at: 1_700_000_000_000 + i64::from(seq),
+        detail: format!("{step} #{seq}"),
+        code,
+    }
+}
+
+/// Inserting `w` with its `requested` event.
+fn insert(w: &Workload) -> Change {
+    Change::Insert {
+        workload: w.clone(),
+        events: vec![event(0, Step::Requested, None)],
+        idempotency: None,
+    }
+}
+
+fn usage(w: &Workload, seq: u32, started_at: i64, ended_at: Option<i64>) -> UsageInterval {
+    UsageInterval {
+        workload: w.id,
+        seq,
+        tenant: w.spec.tenant.clone(),
+        project: w.spec.project.clone(),
+        pool: "shared".into(),
+        model: "H100-80GB-SXM".into(),
+        shape: "1 whole GPU".into(),
+        units: GpuUnits::ONE_GPU,
+        started_at,
+        ended_at,
+        util_avg: None,
+    }
+}
+
+async fn new_ids(s: &dyn Store, n: u32) -> Vec<u64> {
+    let r = s.reserve_workload_ids(n).await.expect("reserve workload ids");
+    assert_eq!(r.end - r.start, u64::from(n), "reserved {r:?} for {n} ids");
+    r.collect()
+}
+
+async fn commit(s: &dyn Store, batch: &[Change]) {
+    s.commit(batch).await.expect("commit");
+}
+
+fn ids_of(ws: &[Workload]) -> Vec<u64> {
+    ws.iter().map(|w| w.id.0).collect()
+}
+
+fn placements() -> [Option<Placement>; 6] {
+    let on = |gpus: Vec<u8>, slice: Slice, units: u64| {
+        Some(Placement {
+            pool: "train".into(),
+            node: "node-07".into(),
+            model: "A100-80GB".into(),
+            gpus,
+            slice,
+            units: GpuUnits(units),
+        })
+    };
+    [
+        None,
+        on((0..8).collect(), Slice::Whole, 8000),
+        on(
+            vec![3],
+            Slice::Mig {
+                profile: "3g.40gb".into(),
+                profile_id: 9,
+                start: 4,
+                size: 4,
+            },
+            500,
+        ),
+        on(
+            vec![15],
+            Slice::Fraction {
+                milli: 250,
+                gpu_memory_mib: Some(10_240),
+            },
+            250,
+        ),
+        on(
+            vec![0],
+            Slice::Fraction {
+                milli: 500,
+                gpu_memory_mib: None,
+            },
+            500,
+        ),
+        on(Vec::new(), Slice::CpuOnly, 0),
+    ]
+}
+
+fn stops() -> [Option<StopCause>; 4] {
+    [
+        None,
+        Some(StopCause::Cancelled { by: "tok_alice".into() }),
+        Some(StopCause::Preempted {
+            by: WorkloadId(77),
+            code: PreemptCode::Priority,
+            detail: "critical work needed the GPUs".into(),
+        }),
+        Some(StopCause::Preempted {
+            by: WorkloadId(78),
+            code: PreemptCode::Reclaim,
+            detail: "tenant `acme` reclaims its guarantee".into(),
+        }),
+    ]
+}
+
+/// Twenty workloads that between them use every phase, slice, stop cause, reason code, GPU
+/// shape and kind, and both states of every optional or boolean field.
+fn variety(ids: &[u64]) -> Vec<Workload> {
+    let gpu_specs = [
+        GpuSpec::Whole { gpus: 2 },
+        GpuSpec::Mig {
+            profile: "A100-80GB:9".into(),
+        },
+        GpuSpec::Fraction {
+            milli: 250,
+            memory_mib: Some(8192),
+        },
+        GpuSpec::Fraction {
+            milli: 100,
+            memory_mib: None,
+        },
+    ];
+    let kinds = [Kind::Batch, Kind::Service, Kind::Interactive];
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            let odd = i % 2 == 1;
+            let mut w = workload(id, if odd { "acme" } else { "globex" }, "research", Phase::ALL[i % 10]);
+            w.spec.name = format!("variety-{i} «ü»");
+            w.spec.kind = kinds[i % 3];
+            w.spec.shape = ShapeSpec {
+                gpu: gpu_specs[i % 4].clone(),
+                models: if odd {
+                    vec!["h100".into(), "A100-80GB".into()]
+                } else {
+                    Vec::new()
+                },
+                pool: (i % 3 != 0).then(|| "shared".into()),
+            };
+            w.spec.cpu_milli = 1_500 + i as u64;
+            w.spec.memory_mib = 2_000_000 + i as u64;
+            w.spec.duration_s = (i % 3 == 1).then_some(86_400 * 365);
+            w.spec.command = odd.then(|| {
+                vec![
+                    "python".into(),
+                    "train.py".into(),
+                    "--name=\"quoted\"".into(),
+                    String::new(),
+                ]
+            });
+            w.spec.image = (i % 4 == 2).then(|| "registry.local/train:1.2".into());
+            if odd {
+                w.spec.env = BTreeMap::from([("A".into(), "1".into()), ("B".into(), "x=y, {\"z\"}".into())]);
+            }
+            w.spec.priority = ["standard", "high", "critical"][i % 3].into();
+            w.spec.no_wait = odd;
+            w.spec.no_requeue = i % 3 == 0;
+            w.units = GpuUnits(125 * i as u64);
+            w.reason =
+                (i > 0).then(|| Reason::new(ReasonCode::ALL[(i - 1) % ReasonCode::ALL.len()], format!("why {i}")));
+            w.placement = placements()[i % 6].clone();
+            w.borrowing = odd;
+            w.running_at = odd.then_some(w.created_at + 1_234);
+            w.ended_at = (i % 3 == 2).then_some(w.created_at + 9_999);
+            w.stop = stops()[i % 4].clone();
+            w.next_seq = 1 + i as u32;
+            w.usage = UsageCursor {
+                seq: i as u32,
+                open: odd,
+            };
+            w
+        })
+        .collect()
+}
+
+/// `w` later in its life: every mutable field changed, the spec untouched.
+fn advanced(w: &Workload, i: usize) -> Workload {
+    let mut u = w.clone();
+    u.phase = Phase::ALL[(i + 3) % 10];
+    u.reason = i
+        .is_multiple_of(2)
+        .then(|| Reason::new(ReasonCode::ALL[i % ReasonCode::ALL.len()], format!("later {i}")));
+    u.placement = placements()[(i + 1) % 6].clone();
+    u.borrowing = !w.borrowing;
+    u.running_at = w.running_at.map_or(Some(w.created_at + 5), |_| None);
+    u.ended_at = w.ended_at.map_or(Some(w.created_at + 50), |_| None);
+    u.stop = stops()[(i + 1) % 4].clone();
+    u.next_seq = w.next_seq + 1;
+    u.usage = UsageCursor {
+        seq: w.usage.seq + 1,
+        open: !w.usage.open,
+    };
+    u
+}
+
+// ----- checks --------------------------------------------------------------------------------
+
+/// A batch whose later change fails leaves nothing of its earlier changes.
+pub async fn batches_are_atomic(s: &dyn Store) {
+    let ids = new_ids(s, 2).await;
+    let w1 = workload(ids[0], "acme", "p", Phase::Pending);
+    let key = IdempotencyKey {
+        actor: "tok_a".into(),
+        key: "k1".into(),
+        request_hash: "h1".into(),
+    };
+    commit(
+        s,
+        &[Change::Insert {
+            workload: w1.clone(),
+            events: vec![event(0, Step::Requested, None)],
+            idempotency: Some(key.clone()),
+        }],
+    )
+    .await;
+    s.commit(&[]).await.expect("an empty batch commits");
+
+    let mut running = w1.clone();
+    running.phase = Phase::Running;
+    running.next_seq = 2;
+    let w2 = workload(ids[1], "acme", "p", Phase::Pending);
+    let failing = [
+        Change::Update {
+            workload: running,
+            events: vec![event(1, Step::Running, None)],
+        },
+        Change::OpenUsage(usage(&w1, 0, 10, None)),
+        insert(&w2),
+        // The same id again: this change fails, so the whole batch must.
+        insert(&w1),
+    ];
+    let r = s.commit(&failing).await;
+    assert!(
+        matches!(r, Err(StoreError::Conflict(_))),
+        "duplicate workload id: {r:?}"
+    );
+
+    assert_eq!(s.get_workload(w1.id, None).await.unwrap(), Some(w1.clone()));
+    assert_eq!(s.events(w1.id, None).await.unwrap().len(), 1);
+    assert!(s.usage_of(w1.id).await.unwrap().is_empty());
+    assert_eq!(s.get_workload(w2.id, None).await.unwrap(), None);
+    assert_eq!(s.active_workloads().await.unwrap(), vec![w1.clone()]);
+
+    // A reused idempotency key fails its batch too.
+    let r = s
+        .commit(&[
+            insert(&w2),
+            Change::Insert {
+                workload: workload(ids[1] + 1_000_000, "acme", "p", Phase::Pending),
+                events: Vec::new(),
+                idempotency: Some(key.clone()),
+            },
+        ])
+        .await;
+    assert!(
+        matches!(r, Err(StoreError::Conflict(_))),
+        "duplicate idempotency key: {r:?}"
+    );
+    assert_eq!(s.get_workload(w2.id, None).await.unwrap(), None);
+    assert_eq!(s.idempotent("tok_a", "k1").await.unwrap(), Some(("h1".into(), w1.id)));
+
+    // Updating a workload the store does not hold, or closing an interval that is not open,
+    // means the caller's view is wrong: the batch fails and its other changes are undone.
+    let r = s
+        .commit(&[
+            insert(&w2),
+            Change::Update {
+                workload: workload(ids[1] + 2_000_000, "acme", "p", Phase::Queued),
+                events: Vec::new(),
+            },
+        ])
+        .await;
+    assert!(
+        matches!(r, Err(StoreError::Corrupt(_))),
+        "update of an unknown workload: {r:?}"
+    );
+    let r = s
+        .commit(&[
+            insert(&w2),
+            Change::CloseUsage {
+                workload: w1.id,
+                seq: 0,
+                ended_at: 20,
+                util_avg: None,
+            },
+        ])
+        .await;
+    assert!(
+        matches!(r, Err(StoreError::Corrupt(_))),
+        "close of an interval never opened: {r:?}"
+    );
+    assert_eq!(s.get_workload(w2.id, None).await.unwrap(), None);
+    assert_eq!(s.active_workloads().await.unwrap(), vec![w1]);
+}
+
+/// Every field of a workload survives an insert, and every mutable field an update.
+pub async fn workloads_round_trip_every_field(s: &dyn Store) {
+    let ids = new_ids(s, 20).await;
+    let ws = variety(&ids);
+    let batch: Vec<Change> = ws.iter().map(insert).collect();
+    commit(s, &batch).await;
+    for w in &ws {
+        assert_eq!(s.get_workload(w.id, None).await.unwrap().as_ref(), Some(w), "inserted");
+    }
+    let listed = s
+        .list_workloads(&WorkloadFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let newest_first: Vec<Workload> = ws.iter().rev().cloned().collect();
+    assert_eq!(listed, newest_first);
+    let active: Vec<Workload> = ws.iter().filter(|w| !w.phase.is_terminal()).cloned().collect();
+    assert_eq!(s.active_workloads().await.unwrap(), active);
+
+    let updated: Vec<Workload> = ws.iter().enumerate().map(|(i, w)| advanced(w, i)).collect();
+    let batch: Vec<Change> = updated
+        .iter()
+        .map(|w| Change::Update {
+            workload: w.clone(),
+            events: vec![event(1, Step::Queued, Some(ReasonCode::NoCapacity))],
+        })
+        .collect();
+    commit(s, &batch).await;
+    for w in &updated {
+        assert_eq!(s.get_workload(w.id, None).await.unwrap().as_ref(), Some(w), "updated");
+    }
+}
+
+/// Events come back in order with their steps, times, details and codes.
+pub async fn events_round_trip_in_order_with_codes(s: &dyn Store) {
+    let ids = new_ids(s, 2).await;
+    let w = workload(ids[0], "acme", "p", Phase::Pending);
+    let other = workload(ids[1], "acme", "p", Phase::Pending);
+    let first = vec![
+        event(0, Step::Requested, None),
+        Event {
+            detail: "line one\nline two, «ü» and \"quotes\"".into(),
+            ..event(1, Step::Authorised, None)
+        },
+    ];
+    commit(
+        s,
+        &[
+            Change::Insert {
+                workload: w.clone(),
+                events: first.clone(),
+                idempotency: None,
+            },
+            insert(&other),
+        ],
+    )
+    .await;
+    // Every step, then every code.
+    let mut later = Vec::new();
+    for step in Step::ALL {
+        later.push(event(2 + later.len() as u32, step, None));
+    }
+    for code in ReasonCode::ALL {
+        later.push(event(2 + later.len() as u32, Step::Queued, Some(code)));
+    }
+    let (a, b) = later.split_at(7);
+    for events in [a, b] {
+        commit(
+            s,
+            &[Change::Update {
+                workload: w.clone(),
+                events: events.to_vec(),
+            }],
+        )
+        .await;
+    }
+    let want: Vec<Event> = first.into_iter().chain(later).collect();
+    assert_eq!(s.events(w.id, None).await.unwrap(), want);
+    assert_eq!(
+        s.events(other.id, None).await.unwrap(),
+        vec![event(0, Step::Requested, None)]
+    );
+    assert!(s.events(WorkloadId(ids[1] + 1_000), None).await.unwrap().is_empty());
+}
+
+/// Scope, tenant, project, phases, `before` and `limit`, newest first.
+pub async fn list_workloads_filters(s: &dyn Store) {
+    let ids = new_ids(s, 12).await;
+    let phases = [Phase::Queued, Phase::Running, Phase::Failed, Phase::Succeeded];
+    let ws: Vec<Workload> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            let tenant = if i % 2 == 0 { "acme" } else { "globex" };
+            let project = if i % 3 == 0 { "q" } else { "p" };
+            workload(id, tenant, project, phases[i % 4])
+        })
+        .collect();
+    commit(s, &ws.iter().map(insert).collect::<Vec<_>>()).await;
+
+    let some = |x: &str| Some(x.to_string());
+    let f =
+        |scope: Option<String>, tenant: Option<String>, project: Option<String>, phases: Vec<Phase>| WorkloadFilter {
+            scope,
+            tenant,
+            project,
+            phases,
+            before: None,
+            limit: 100,
+        };
+    let cases = vec![
+        f(None, None, None, vec![]),
+        f(some("acme"), None, None, vec![]),
+        f(some("acme"), some("acme"), None, vec![]),
+        f(some("acme"), some("globex"), None, vec![]),
+        f(some("globex"), None, some("q"), vec![]),
+        f(None, some("globex"), None, vec![]),
+        f(None, None, some("q"), vec![]),
+        f(None, some("acme"), some("p"), vec![]),
+        f(None, None, None, vec![Phase::Queued]),
+        f(None, None, None, vec![Phase::Running, Phase::Failed]),
+        f(
+            some("acme"),
+            None,
+            some("p"),
+            vec![Phase::Queued, Phase::Failed, Phase::Pending],
+        ),
+        WorkloadFilter {
+            before: Some(WorkloadId(ids[7])),
+            ..f(None, None, None, vec![])
+        },
+        WorkloadFilter {
+            before: Some(WorkloadId(ids[9])),
+            limit: 2,
+            ..f(some("globex"), None, None, vec![Phase::Running, Phase::Succeeded])
+        },
+        WorkloadFilter {
+            limit: 3,
+            ..f(None, None, None, vec![])
+        },
+    ];
+    for filter in &cases {
+        let want: Vec<u64> = ws
+            .iter()
+            .rev()
+            .filter(|w| filter.scope.as_ref().is_none_or(|t| *t == w.spec.tenant))
+            .filter(|w| filter.tenant.as_ref().is_none_or(|t| *t == w.spec.tenant))
+            .filter(|w| filter.project.as_ref().is_none_or(|p| *p == w.spec.project))
+            .filter(|w| filter.phases.is_empty() || filter.phases.contains(&w.phase))
+            .filter(|w| filter.before.is_none_or(|b| w.id < b))
+            .take(filter.limit as usize)
+            .map(|w| w.id.0)
+            .collect();
+        let got = s.list_workloads(filter).await.unwrap();
+        assert_eq!(ids_of(&got), want, "{filter:?}");
+    }
+    // Spelled out: another tenant's scope hides everything, whatever the tenant filter says.
+    assert!(s.list_workloads(&cases[3]).await.unwrap().is_empty());
+
+    // Paging with `before` visits every workload once, newest first.
+    let mut seen = Vec::new();
+    let mut before = None;
+    loop {
+        let page = s
+            .list_workloads(&WorkloadFilter {
+                before,
+                limit: 5,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        before = Some(last.id);
+        seen.extend(ids_of(&page));
+    }
+    assert_eq!(seen, ids.iter().rev().copied().collect::<Vec<_>>());
+}
+
+/// `active_workloads` is every workload not in a terminal phase, oldest first.
+pub async fn active_workloads_exclude_terminal_phases(s: &dyn Store) {
+    let ids = new_ids(s, 20).await;
+    let ws: Vec<Workload> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| workload(id, "acme", "p", Phase::ALL[(i * 7) % 10]))
+        .collect();
+    commit(s, &ws.iter().map(insert).collect::<Vec<_>>()).await;
+    let want: Vec<Workload> = ws.iter().filter(|w| !w.phase.is_terminal()).cloned().collect();
+    assert_eq!(want.len(), 12);
+    assert_eq!(s.active_workloads().await.unwrap(), want);
+
+    // A workload that ends leaves the active set.
+    let mut ended = want[0].clone();
+    ended.phase = Phase::Succeeded;
+    commit(
+        s,
+        &[Change::Update {
+            workload: ended,
+            events: Vec::new(),
+        }],
+    )
+    .await;
+    assert_eq!(s.active_workloads().await.unwrap(), want[1..].to_vec());
+}
+
+/// Reserved ids are never handed out twice, also to reservers racing each other.
+pub async fn reserved_ids_are_never_handed_out_twice(s: &dyn Store) {
+    let a = s.reserve_workload_ids(5).await.unwrap();
+    let b = s.reserve_workload_ids(1).await.unwrap();
+    let none = s.reserve_workload_ids(0).await.unwrap();
+    assert_eq!((a.end - a.start, b.end - b.start), (5, 1));
+    assert!(a.start >= 1, "ids start at 1: {a:?}");
+    assert!(b.start >= a.end, "{a:?} then {b:?}");
+    assert!(none.is_empty());
+
+    let reserver = || async {
+        let mut got = Vec::new();
+        for n in 1..=40u32 {
+            got.extend(s.reserve_workload_ids(n % 3 + 1).await.unwrap());
+        }
+        got
+    };
+    let (x, y) = tokio::join!(reserver(), reserver());
+    let mut all: BTreeSet<u64> = a.chain(b).collect();
+    for id in x.iter().chain(&y) {
+        assert!(all.insert(*id), "id {id} handed out twice");
+    }
+    assert_eq!(all.len(), 6 + x.len() + y.len());
+}
+
+/// An idempotency key is unique per actor and finds its workload and request hash.
+pub async fn idempotency_keys_are_unique_per_actor(s: &dyn Store) {
+    let ids = new_ids(s, 3).await;
+    let key = |actor: &str, hash: &str| IdempotencyKey {
+        actor: actor.into(),
+        key: "create-1".into(),
+        request_hash: hash.into(),
+    };
+    let with_key = |id: u64, k: IdempotencyKey| Change::Insert {
+        workload: workload(id, "acme", "p", Phase::Pending),
+        events: vec![event(0, Step::Requested, None)],
+        idempotency: Some(k),
+    };
+    assert_eq!(s.idempotent("tok_a", "create-1").await.unwrap(), None);
+    commit(s, &[with_key(ids[0], key("tok_a", "h-a"))]).await;
+    assert_eq!(
+        s.idempotent("tok_a", "create-1").await.unwrap(),
+        Some(("h-a".into(), WorkloadId(ids[0])))
+    );
+    assert_eq!(s.idempotent("tok_b", "create-1").await.unwrap(), None);
+    assert_eq!(s.idempotent("tok_a", "create-2").await.unwrap(), None);
+
+    let r = s.commit(&[with_key(ids[1], key("tok_a", "h-other"))]).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "same actor and key: {r:?}");
+    assert_eq!(s.get_workload(WorkloadId(ids[1]), None).await.unwrap(), None);
+    assert_eq!(
+        s.idempotent("tok_a", "create-1").await.unwrap(),
+        Some(("h-a".into(), WorkloadId(ids[0])))
+    );
+
+    commit(s, &[with_key(ids[2], key("tok_b", "h-b"))]).await;
+    assert_eq!(
+        s.idempotent("tok_b", "create-1").await.unwrap(),
+        Some(("h-b".into(), WorkloadId(ids[2])))
+    );
+}
+
+/// Intervals open and close; `usage_between` returns those overlapping `[from, to)`.
+pub async fn usage_intervals_open_close_and_overlap(s: &dyn Store) {
+    let ids = new_ids(s, 3).await;
+    let w1 = workload(ids[0], "acme", "p", Phase::Running);
+    let w2 = workload(ids[1], "acme", "q", Phase::Running);
+    let w3 = workload(ids[2], "globex", "p", Phase::Running);
+    commit(s, &[insert(&w1), insert(&w2), insert(&w3)]).await;
+
+    let mut a0 = usage(&w1, 0, 10, None);
+    a0.units = GpuUnits(125);
+    a0.shape = "MIG 1g.10gb".into();
+    commit(s, &[Change::OpenUsage(a0.clone())]).await;
+    assert_eq!(s.usage_of(w1.id).await.unwrap(), vec![a0.clone()]);
+    commit(
+        s,
+        &[
+            Change::CloseUsage {
+                workload: w1.id,
+                seq: 0,
+                ended_at: 20,
+                util_avg: Some(0.625),
+            },
+            Change::OpenUsage(usage(&w1, 1, 20, None)),
+        ],
+    )
+    .await;
+    commit(
+        s,
+        &[Change::CloseUsage {
+            workload: w1.id,
+            seq: 1,
+            ended_at: 30,
+            util_avg: None,
+        }],
+    )
+    .await;
+    let b0 = usage(&w2, 0, 25, None);
+    let c0 = usage(&w3, 0, 15, None);
+    commit(s, &[Change::OpenUsage(b0.clone()), Change::OpenUsage(c0.clone())]).await;
+    commit(
+        s,
+        &[Change::CloseUsage {
+            workload: w3.id,
+            seq: 0,
+            ended_at: 40,
+            util_avg: Some(1.0),
+        }],
+    )
+    .await;
+
+    let a0 = UsageInterval {
+        ended_at: Some(20),
+        util_avg: Some(0.625),
+        ..a0
+    };
+    let a1 = usage(&w1, 1, 20, Some(30));
+    let c0 = UsageInterval {
+        ended_at: Some(40),
+        util_avg: Some(1.0),
+        ..c0
+    };
+    assert_eq!(s.usage_of(w1.id).await.unwrap(), vec![a0.clone(), a1.clone()]);
+    assert_eq!(s.usage_of(w2.id).await.unwrap(), vec![b0.clone()]);
+
+    // a0 [10, 20), a1 [20, 30), b0 [25, open), c0 [15, 40): an interval overlaps [from, to)
+    // when it starts before `to` and has not ended by `from`.
+    let between =
+        |tenant: Option<&'static str>, from, to| async move { s.usage_between(tenant, from, to).await.unwrap() };
+    assert_eq!(
+        between(None, 0, 100).await,
+        vec![a0.clone(), c0.clone(), a1.clone(), b0.clone()]
+    );
+    assert_eq!(between(None, 20, 25).await, vec![c0.clone(), a1.clone()]);
+    assert_eq!(between(None, 19, 20).await, vec![a0.clone(), c0.clone()]);
+    assert_eq!(between(None, 1_000, 2_000).await, vec![b0.clone()]);
+    assert_eq!(between(None, 0, 10).await, Vec::<UsageInterval>::new());
+    assert_eq!(between(Some("acme"), 0, 100).await, vec![a0, a1, b0]);
+    assert_eq!(between(Some("globex"), 30, 41).await, vec![c0]);
+    assert!(between(Some("initech"), 0, 100).await.is_empty());
+}
+
+/// Tenants and projects: create, conflicts, get, ordered pages, and delete refusals.
+pub async fn tenants_and_projects(s: &dyn Store) {
+    let tenant = |name: &str, at: i64| TenantRecord {
+        name: name.into(),
+        display_name: format!("{name} Ltd «ü»"),
+        created_at: at,
+    };
+    let project = |tenant: &str, name: &str| ProjectRecord {
+        tenant: tenant.into(),
+        name: name.into(),
+        created_at: 5,
+    };
+    for (i, name) in ["globex", "acme", "initech", "hooli"].iter().enumerate() {
+        s.create_tenant(&tenant(name, i as i64)).await.unwrap();
+    }
+    let r = s.create_tenant(&tenant("acme", 99)).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "tenant twice: {r:?}");
+    assert_eq!(s.get_tenant("acme").await.unwrap(), Some(tenant("acme", 1)));
+    assert_eq!(s.get_tenant("nobody").await.unwrap(), None);
+    let names = |ts: Vec<TenantRecord>| ts.into_iter().map(|t| t.name).collect::<Vec<_>>();
+    assert_eq!(
+        names(s.list_tenants(None, 10).await.unwrap()),
+        ["acme", "globex", "hooli", "initech"]
+    );
+    assert_eq!(names(s.list_tenants(None, 2).await.unwrap()), ["acme", "globex"]);
+    assert_eq!(
+        names(s.list_tenants(Some("globex"), 10).await.unwrap()),
+        ["hooli", "initech"]
+    );
+
+    for name in ["train", "eval", "serve"] {
+        s.create_project(&project("acme", name)).await.unwrap();
+    }
+    s.create_project(&project("globex", "train")).await.unwrap();
+    let r = s.create_project(&project("acme", "train")).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "project twice: {r:?}");
+    assert_eq!(
+        s.get_project("acme", "eval").await.unwrap(),
+        Some(project("acme", "eval"))
+    );
+    assert_eq!(s.get_project("globex", "eval").await.unwrap(), None);
+    let pnames = |ps: Vec<ProjectRecord>| ps.into_iter().map(|p| p.name).collect::<Vec<_>>();
+    assert_eq!(
+        pnames(s.list_projects("acme", None, 10).await.unwrap()),
+        ["eval", "serve", "train"]
+    );
+    assert_eq!(
+        pnames(s.list_projects("acme", Some("eval"), 1).await.unwrap()),
+        ["serve"]
+    );
+    assert_eq!(pnames(s.list_projects("globex", None, 10).await.unwrap()), ["train"]);
+
+    // A project with workloads stays; one without goes.
+    let id = new_ids(s, 1).await[0];
+    commit(s, &[insert(&workload(id, "acme", "train", Phase::Queued))]).await;
+    assert!(!s.delete_project("acme", "train").await.unwrap());
+    assert!(s.delete_project("acme", "eval").await.unwrap());
+    assert!(!s.delete_project("acme", "eval").await.unwrap(), "already gone");
+    assert_eq!(s.get_project("acme", "eval").await.unwrap(), None);
+
+    // A tenant with projects, workloads or tokens stays.
+    assert!(!s.delete_tenant("acme").await.unwrap());
+    assert!(!s.delete_tenant("globex").await.unwrap());
+    assert!(s.delete_project("globex", "train").await.unwrap());
+    s.create_token(&TokenRecord {
+        id: "tok_h".into(),
+        hash: "hash-h".into(),
+        tenant: Some("hooli".into()),
+        role: "member".into(),
+        name: "ci".into(),
+        created_at: 1,
+        expires_at: None,
+        revoked_at: None,
+    })
+    .await
+    .unwrap();
+    assert!(!s.delete_tenant("hooli").await.unwrap());
+    let id = new_ids(s, 1).await[0];
+    commit(s, &[insert(&workload(id, "initech", "gone", Phase::Succeeded))]).await;
+    assert!(!s.delete_tenant("initech").await.unwrap());
+
+    assert!(s.delete_tenant("globex").await.unwrap());
+    assert!(!s.delete_tenant("globex").await.unwrap(), "already gone");
+    assert_eq!(s.get_tenant("globex").await.unwrap(), None);
+    assert_eq!(
+        names(s.list_tenants(None, 10).await.unwrap()),
+        ["acme", "hooli", "initech"]
+    );
+}
+
+/// Tokens: create, conflicts on id and hash, lookups, listing, revocation and count.
+pub async fn tokens(s: &dyn Store) {
+    for t in ["acme", "globex"] {
+        s.create_tenant(&TenantRecord {
+            name: t.into(),
+            display_name: t.into(),
+            created_at: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let token = |id: &str, tenant: Option<&str>, created_at: i64| TokenRecord {
+        id: id.into(),
+        hash: format!("sha256-of-{id}"),
+        tenant: tenant.map(Into::into),
+        role: if tenant.is_some() {
+            "tenant-admin"
+        } else {
+            "platform-admin"
+        }
+        .into(),
+        name: format!("token {id}"),
+        created_at,
+        expires_at: (created_at % 2 == 0).then_some(created_at + 3_600_000),
+        revoked_at: None,
+    };
+    assert_eq!(s.token_count().await.unwrap(), 0);
+    let root = token("tok_root", None, 1);
+    let a1 = token("tok_a1", Some("acme"), 2);
+    let a2 = token("tok_a2", Some("acme"), 3);
+    let g1 = token("tok_g1", Some("globex"), 4);
+    for t in [&root, &a1, &a2, &g1] {
+        s.create_token(t).await.unwrap();
+    }
+    let r = s.create_token(&token("tok_a1", Some("globex"), 9)).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "same id: {r:?}");
+    let r = s
+        .create_token(&TokenRecord {
+            id: "tok_new".into(),
+            ..a2.clone()
+        })
+        .await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "same hash: {r:?}");
+    assert_eq!(s.token_count().await.unwrap(), 4);
+
+    assert_eq!(s.find_token("sha256-of-tok_a2").await.unwrap(), Some(a2.clone()));
+    assert_eq!(s.find_token("unknown").await.unwrap(), None);
+    assert_eq!(s.get_token("tok_root").await.unwrap(), Some(root.clone()));
+    assert_eq!(s.get_token("tok_nope").await.unwrap(), None);
+    assert_eq!(
+        s.list_tokens(None).await.unwrap(),
+        vec![g1.clone(), a2.clone(), a1.clone(), root.clone()]
+    );
+    assert_eq!(s.list_tokens(Some("acme")).await.unwrap(), vec![a2.clone(), a1.clone()]);
+    assert!(s.list_tokens(Some("initech")).await.unwrap().is_empty());
+
+    assert!(s.revoke_token("tok_a1", 50).await.unwrap());
+    assert!(!s.revoke_token("tok_a1", 60).await.unwrap(), "already revoked");
+    assert!(!s.revoke_token("tok_nope", 60).await.unwrap());
+    let revoked = TokenRecord {
+        revoked_at: Some(50),
+        ..a1
+    };
+    assert_eq!(s.get_token("tok_a1").await.unwrap(), Some(revoked.clone()));
+    assert_eq!(s.find_token(&revoked.hash).await.unwrap(), Some(revoked));
+    assert_eq!(s.token_count().await.unwrap(), 4, "revoked tokens still count");
+}
+
+/// Quotas and budgets: upsert, delete, ordering; they go with their tenant.
+pub async fn quotas_and_budgets(s: &dyn Store) {
+    for t in ["globex", "acme"] {
+        s.create_tenant(&TenantRecord {
+            name: t.into(),
+            display_name: t.into(),
+            created_at: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let quota = |tenant: &str, class: &str, guaranteed: u64, limit: Option<u64>| QuotaRecord {
+        tenant: tenant.into(),
+        class: class.into(),
+        guaranteed_milli: guaranteed,
+        limit_milli: limit,
+    };
+    s.set_quota(&quota("globex", "train", 4000, None), 1).await.unwrap();
+    s.set_quota(&quota("acme", "train/H100-80GB-SXM", 8000, Some(16_000)), 1)
+        .await
+        .unwrap();
+    s.set_quota(&quota("acme", "shared", 500, Some(2000)), 1).await.unwrap();
+    assert_eq!(
+        s.quotas().await.unwrap(),
+        vec![
+            quota("acme", "shared", 500, Some(2000)),
+            quota("acme", "train/H100-80GB-SXM", 8000, Some(16_000)),
+            quota("globex", "train", 4000, None),
+        ]
+    );
+    s.set_quota(&quota("acme", "shared", 1000, None), 2).await.unwrap();
+    s.set_quota(&quota("globex", "train", 0, Some(1000)), 2).await.unwrap();
+    assert!(s.delete_quota("acme", "train/H100-80GB-SXM").await.unwrap());
+    assert!(!s.delete_quota("acme", "train/H100-80GB-SXM").await.unwrap());
+    assert!(!s.delete_quota("globex", "shared").await.unwrap());
+    assert_eq!(
+        s.quotas().await.unwrap(),
+        vec![
+            quota("acme", "shared", 1000, None),
+            quota("globex", "train", 0, Some(1000))
+        ]
+    );
+
+    s.set_budget("globex", Some(120.5), 1).await.unwrap();
+    s.set_budget("acme", Some(1_000.0), 1).await.unwrap();
+    assert_eq!(
+        s.budgets().await.unwrap(),
+        vec![("acme".into(), 1_000.0), ("globex".into(), 120.5)]
+    );
+    s.set_budget("acme", Some(0.25), 2).await.unwrap();
+    s.set_budget("globex", None, 2).await.unwrap();
+    s.set_budget("globex", None, 3).await.unwrap();
+    assert_eq!(s.budgets().await.unwrap(), vec![("acme".into(), 0.25)]);
+
+    // Deleting a tenant takes its quotas and budget with it.
+    assert!(s.delete_tenant("acme").await.unwrap());
+    assert_eq!(s.quotas().await.unwrap(), vec![quota("globex", "train", 0, Some(1000))]);
+    assert!(s.budgets().await.unwrap().is_empty());
+}
+
+/// The store assigns audit sequence numbers, strictly increasing, also to racing appends.
+pub async fn audit_sequence_numbers_come_from_the_store(s: &dyn Store) {
+    let record = |i: usize, tenant: Option<&str>| AuditRecord {
+        // Ignored: the store assigns sequence numbers.
+        seq: 999_999,
+        at: 1_000 + i as i64,
+        request_id: format!("req-{i}"),
+        actor: "tok_a".into(),
+        tenant: tenant.map(Into::into),
+        action: "POST /api/v1/workloads".into(),
+        target: format!("workloads/{i}"),
+        outcome: if i.is_multiple_of(2) { 201 } else { 403 },
+        detail: "«ü»".into(),
+    };
+    assert!(s.append_audit(&[]).await.unwrap().is_empty());
+    let first: Vec<AuditRecord> = (0..3).map(|i| record(i, Some("acme"))).collect();
+    let a = s.append_audit(&first).await.unwrap();
+    let b = s.append_audit(&[record(3, None)]).await.unwrap();
+    assert_eq!(a.len(), 3);
+    assert!(a.windows(2).all(|p| p[0] < p[1]), "{a:?}");
+    assert!(b.len() == 1 && b[0] > a[2], "{a:?} then {b:?}");
+
+    let racing = |tenant: &'static str| {
+        let records: Vec<AuditRecord> = (10..30).map(|i| record(i, Some(tenant))).collect();
+        async move { s.append_audit(&records).await.unwrap() }
+    };
+    let (x, y) = tokio::join!(racing("acme"), racing("globex"));
+    for seqs in [&x, &y] {
+        assert_eq!(seqs.len(), 20);
+        assert!(seqs.windows(2).all(|p| p[0] < p[1]), "{seqs:?}");
+    }
+    let all: BTreeSet<u64> = a.iter().chain(&b).chain(&x).chain(&y).copied().collect();
+    assert_eq!(all.len(), 44, "every sequence number handed out once");
+
+    let log = s.audit(None, None, 100).await.unwrap();
+    let seqs: Vec<u64> = log.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, all.iter().rev().copied().collect::<Vec<_>>(), "newest first");
+    let stored = |seq: u64| log.iter().find(|r| r.seq == seq).unwrap().clone();
+    assert_eq!(
+        stored(a[1]),
+        AuditRecord {
+            seq: a[1],
+            ..first[1].clone()
+        }
+    );
+    assert_eq!(
+        stored(b[0]),
+        AuditRecord {
+            seq: b[0],
+            ..record(3, None)
+        }
+    );
+
+    let acme = s.audit(Some("acme"), None, 100).await.unwrap();
+    assert_eq!(acme.len(), 23);
+    assert!(acme.iter().all(|r| r.tenant.as_deref() == Some("acme")));
+    let page = s.audit(None, Some(b[0]), 2).await.unwrap();
+    assert_eq!(page.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![a[2], a[1]]);
+    assert!(s.audit(Some("acme"), Some(a[0]), 10).await.unwrap().is_empty());
+}
+
+/// Single workloads and timelines are only visible within the caller's tenant scope.
+pub async fn reads_are_scoped(s: &dyn Store) {
+    let ids = new_ids(s, 1).await;
+    let w = workload(ids[0], "acme", "p", Phase::Queued);
+    commit(
+        s,
+        &[Change::Insert {
+            workload: w.clone(),
+            events: vec![event(0, Step::Requested, None), event(1, Step::Authorised, None)],
+            idempotency: None,
+        }],
+    )
+    .await;
+    assert_eq!(s.get_workload(w.id, Some("acme")).await.unwrap(), Some(w.clone()));
+    assert_eq!(s.get_workload(w.id, None).await.unwrap(), Some(w.clone()));
+    assert_eq!(s.get_workload(w.id, Some("globex")).await.unwrap(), None);
+    assert_eq!(s.events(w.id, Some("acme")).await.unwrap().len(), 2);
+    assert_eq!(s.events(w.id, None).await.unwrap().len(), 2);
+    assert!(s.events(w.id, Some("globex")).await.unwrap().is_empty());
+}
