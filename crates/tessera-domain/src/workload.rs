@@ -189,7 +189,7 @@ impl fmt::Display for Placement {
 }
 
 /// Where a workload is in its lifecycle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Phase {
     /// Accepted, not yet seen by the scheduler (never outlives the batch that created it).
     Pending,

@@ -316,11 +316,13 @@ fn sim_gpus(fleet: &Fleet) -> Vec<tessera_backend_sim::SimGpu> {
         .iter()
         .flat_map(|n| {
             let model = fleet.catalogue.get(n.model);
+            let mig_slices = model.mig.map(|g| g.mem_slices).unwrap_or(0);
             (0..n.gpus).map(move |i| tessera_backend_sim::SimGpu {
                 node: n.name.clone(),
                 index: i,
                 model: model.name.clone(),
                 memory_mib: model.memory_mib,
+                mig_slices,
             })
         })
         .collect()

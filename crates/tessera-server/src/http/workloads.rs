@@ -264,7 +264,8 @@ async fn find_workload(s: &AppState, id: &Identity, wid: u64) -> ApiResult<std::
 #[utoipa::path(get, path = "/api/v1/workloads/{id}", tag = "workloads", params(("id" = u64, Path)),
     responses((status = 200, body = Workload), (status = 404, body = Problem)))]
 pub async fn get_workload(State(s): State<AppState>, id: Identity, Path(wid): Path<u64>) -> ApiResult<Json<Workload>> {
-    Ok(Json(views::workload(&find_workload(&s, &id, wid).await?)))
+    let w = find_workload(&s, &id, wid).await?;
+    Ok(Json(views::workload(&w)))
 }
 
 /// Cancels a workload: a waiting one at once; a placed or running one is stopped (grace

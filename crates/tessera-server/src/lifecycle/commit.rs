@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_domain::{Event, Workload, WorkloadId};
-use tessera_store::{Change, IdempotencyKey};
+use tessera_store::{Change, IdempotencyKey, Store};
 
 use super::Core;
 use super::command::{LifecycleError, Reply};
 use super::effects::Op;
+use super::snapshot::Published;
 
 /// Whom to answer after the commit, and with what.
 pub(super) enum ReplyTo {
@@ -187,11 +188,11 @@ impl Core {
         for r in batch.replies {
             match r {
                 ReplyTo::Created(tx, id, created) => {
-                    let w = self.record(id, &records).await;
+                    let w = record(&*self.store, &self.published, id, &records).await;
                     let _ = tx.send(w.map(|w| (w, created)));
                 }
                 ReplyTo::Workload(tx, id) => {
-                    let w = self.record(id, &records).await;
+                    let w = record(&*self.store, &self.published, id, &records).await;
                     let _ = tx.send(w);
                 }
                 ReplyTo::Done(tx) => {
@@ -204,22 +205,24 @@ impl Core {
         }
     }
 
-    /// A workload's committed record: from this batch, the published cache, or the store.
-    async fn record(
-        &self,
-        id: WorkloadId,
-        records: &HashMap<WorkloadId, Arc<Workload>>,
-    ) -> Result<Arc<Workload>, LifecycleError> {
-        if let Some(w) = records.get(&id) {
-            return Ok(w.clone());
-        }
-        if let Some(w) = self.published.workload(id) {
-            return Ok(w);
-        }
-        match self.store.get_workload(id, None).await {
-            Ok(Some(w)) => Ok(Arc::new(w)),
-            Ok(None) => Err(LifecycleError::NotFound { id }),
-            Err(e) => Err(LifecycleError::Unavailable(format!("the store is unavailable: {e}"))),
-        }
+}
+
+/// A workload's committed record: from this batch, the published cache, or the store.
+async fn record(
+    store: &dyn Store,
+    published: &Published,
+    id: WorkloadId,
+    records: &HashMap<WorkloadId, Arc<Workload>>,
+) -> Result<Arc<Workload>, LifecycleError> {
+    if let Some(w) = records.get(&id) {
+        return Ok(w.clone());
+    }
+    if let Some(w) = published.workload(id) {
+        return Ok(w);
+    }
+    match store.get_workload(id, None).await {
+        Ok(Some(w)) => Ok(Arc::new(w)),
+        Ok(None) => Err(LifecycleError::NotFound { id }),
+        Err(e) => Err(LifecycleError::Unavailable(format!("the store is unavailable: {e}"))),
     }
 }

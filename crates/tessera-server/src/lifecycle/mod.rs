@@ -191,7 +191,7 @@ pub async fn start(
 impl Core {
     fn tenant_id(&mut self, name: &str) -> TenantId {
         let n = self.tenants.len() as u32;
-        TenantId(*self.tenants.entry(name.to_string()).or_insert(n))
+        *self.tenants.entry(name.to_string()).or_insert(TenantId(n))
     }
 
     /// The resource class a request waits for: its pool when only one pool can serve it.
