@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use tessera_model::{Fleet, GpuUnits, PoolId, Request};
 
-use crate::engine::{Engine, Reason};
+use crate::engine::Engine;
 use crate::state::Allocation;
 
 /// A priority class.
@@ -556,7 +556,7 @@ impl Scheduler {
     /// Checks a new job: refused at once if no node could ever hold it.
     pub fn submit(&mut self, job: Job, now: i64) -> Vec<Action> {
         if let Err(u) = self.engine.plan(&job.request)
-            && u.reason == Reason::Constraint
+            && u.is_constraint()
         {
             return vec![Action::Refused {
                 id: job.id,
