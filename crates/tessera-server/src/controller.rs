@@ -21,6 +21,7 @@ use tessera_api::{
 use tessera_backend::{Backend, BackendEvent, RunSpec, Slice, Status};
 use tessera_model::{Fleet, GpuUnits, NodeId, Request, Sharing, TenantId};
 use tessera_sched::govern::{Action, Job, Quota, Scheduler};
+use tessera_sched::reason::Refusal;
 use tessera_sched::{Allocation, Grant};
 use tessera_store::{Change, NewEvent, Store, UsageInterval};
 use tokio::sync::{mpsc, oneshot};
@@ -137,6 +138,8 @@ pub struct ViewCtx<'a> {
 #[derive(Clone)]
 pub struct Live {
     pub wl: Workload,
+    /// The stable code of `wl.reason` while it waits (`Wait::code`, or `requeued`), for metrics.
+    pub reason_code: Option<&'static str>,
     pub request: Request,
     next_seq: u32,
     usage_seq: u32,
@@ -348,6 +351,7 @@ impl Actor {
                     .unwrap_or_else(|_| Request::new(tessera_model::Shape::CpuOnly)),
                 requeue: wl.kind == WorkloadKind::Batch,
                 wl,
+                reason_code: None,
                 next_seq,
                 usage_seq,
                 usage_open,
@@ -843,6 +847,7 @@ impl Actor {
                     live.wl.allocation = Some(view);
                     live.wl.state = WorkloadState::Placed;
                     live.wl.reason = None;
+                    live.reason_code = None;
                     live.wl.borrowing = borrowing;
                     let e = Self::event(&mut live, "placed", now, detail);
                     batch.spawns.push(Spawn::Launch(self.run_spec(&live)));
@@ -856,9 +861,10 @@ impl Actor {
                     let Some(mut live) = self.live.get(&id).cloned() else {
                         continue;
                     };
-                    let e = Self::event(&mut live, "queued", now, reason.clone());
+                    let e = Self::event(&mut live, "queued", now, reason.to_string());
                     live.wl.state = WorkloadState::Queued;
-                    live.wl.reason = Some(reason);
+                    live.wl.reason = Some(reason.to_string());
+                    live.reason_code = Some(reason.code());
                     batch.changes.push(Change::Update {
                         workload: Box::new(live.wl.clone()),
                         events: vec![e],
@@ -878,24 +884,24 @@ impl Actor {
                         batch,
                     );
                 }
-                Action::Preempt { victim, by, reason } => {
+                Action::Preempt { victim, by, cause } => {
                     let Some(mut live) = self.live.get(&victim).cloned() else {
                         continue;
                     };
                     if !matches!(live.wl.state, WorkloadState::Placed | WorkloadState::Running) {
                         continue;
                     }
-                    self.metrics.preempted(&reason); // metrics
+                    self.metrics.preempted(&cause); // metrics
                     let e = Self::event(
                         &mut live,
                         "preempted",
                         now,
                         format!(
-                            "preempted by workload {by}: {reason}; stopping within {} s",
+                            "preempted by workload {by}: {cause}; stopping within {} s",
                             self.grace.as_secs()
                         ),
                     );
-                    live.preempted_by = Some(format!("preempted by workload {by}: {reason}"));
+                    live.preempted_by = Some(format!("preempted by workload {by}: {cause}"));
                     live.wl.state = WorkloadState::Stopping;
                     batch.spawns.push(Spawn::Stop(self.run_spec(&live)));
                     batch.changes.push(Change::Update {
@@ -904,7 +910,7 @@ impl Actor {
                     });
                     self.live.insert(victim, live);
                     if let Some(mut p) = self.live.get(&by).cloned() {
-                        let e = Self::event(&mut p, "queued", now, format!("preempting workload {victim}: {reason}"));
+                        let e = Self::event(&mut p, "queued", now, format!("preempting workload {victim}: {cause}"));
                         batch.changes.push(Change::Update {
                             workload: Box::new(p.wl.clone()),
                             events: vec![e],
@@ -1052,6 +1058,7 @@ impl Actor {
                         ));
                         live.wl.state = WorkloadState::Queued;
                         live.wl.reason = Some(format!("requeued after being {why}"));
+                        live.reason_code = Some("requeued");
                         live.wl.allocation = None;
                         live.wl.running_at = None;
                         live.wl.running_at_ms = None;
@@ -1154,6 +1161,7 @@ impl Actor {
         };
         let mut live = Live {
             wl,
+            reason_code: None,
             request,
             next_seq: 0,
             usage_seq: 0,
@@ -1183,9 +1191,9 @@ impl Actor {
                 .filter(|a| !matches!(a, Action::Refused { id: r, .. } if *r == id))
                 .collect();
             self.apply(others, now, batch);
-            return Err(match reason.strip_prefix("constraint: ") {
-                Some(msg) => ApiError::invalid(constraint_field(&spec.shape, msg), msg.to_string()),
-                None => ApiError::quota(reason),
+            return Err(match reason {
+                Refusal::Constraint(u) => ApiError::invalid(u.field().as_str(), u.message()),
+                Refusal::Limit(_) | Refusal::Budget(_) => ApiError::quota(reason.to_string()),
             });
         }
         self.next_id += 1;
@@ -1257,25 +1265,6 @@ fn observe(backend: &dyn Backend, spec: &RunSpec) -> String {
             "{} GPU {}: {:.0} % utilisation, {} MiB framebuffer used, {:.0} °C",
             s.node, s.gpu, s.util_pct, s.fb_used_mib, s.temp_c
         ),
-    }
-}
-
-/// Which request field a constraint refusal is about.
-fn constraint_field(shape: &GpuShape, message: &str) -> String {
-    if message.contains("CPUs requested") {
-        "cpu_milli".into()
-    } else if message.contains("host memory") {
-        "memory_mib".into()
-    } else if message.contains("pool `") && shape.pool.is_some() && message.contains("cannot serve") {
-        "shape.pool".into()
-    } else if shape.gpus.is_some() {
-        "shape.gpus".into()
-    } else if shape.mig.is_some() {
-        "shape.mig".into()
-    } else if shape.fraction.is_some() {
-        "shape.fraction".into()
-    } else {
-        "shape".into()
     }
 }
 

@@ -36,6 +36,7 @@ use tessera_api::{Workload, WorkloadState};
 use tessera_backend::{Backend, BackendError, GpuSample, SimBackend};
 use tessera_model::{Fleet, Sharing};
 use tessera_sched::Grant;
+use tessera_sched::reason::{PreemptCause, Refusal};
 
 use crate::AppState;
 use crate::controller::ViewCtx;
@@ -180,20 +181,17 @@ impl Metrics {
     }
 
     /// A request was refused for good (at submission or later in the queue).
-    pub fn refused(&self, reason: &str) {
-        self.refusals
-            .get_or_create(&vec![("reason", refusal_reason(reason).to_string())])
-            .inc();
+    pub fn refused(&self, reason: &Refusal) {
+        let code = reason.code();
+        let label = REFUSAL_REASONS.iter().find(|r| **r == code).copied().unwrap_or("other");
+        self.refusals.get_or_create(&vec![("reason", label.to_string())]).inc();
     }
 
-    /// A running workload is being preempted.
-    pub fn preempted(&self, reason: &str) {
-        let r = if reason.contains("reclaim") {
-            "reclaim"
-        } else {
-            "priority"
-        };
-        self.preemptions.get_or_create(&vec![("reason", r.to_string())]).inc();
+    /// A running workload is being preempted (`priority` or `reclaim`).
+    pub fn preempted(&self, cause: &PreemptCause) {
+        self.preemptions
+            .get_or_create(&vec![("reason", cause.code().to_string())])
+            .inc();
     }
 
     /// A workload reached a terminal state.
@@ -309,46 +307,21 @@ pub const REFUSAL_REASONS: [&str; 7] = [
     "other",
 ];
 
-/// The bounded category of a refusal reason.
-pub fn refusal_reason(reason: &str) -> &'static str {
-    let r = reason.strip_prefix("refused: ").unwrap_or(reason);
-    for k in ["constraint", "fragmentation", "no-capacity", "isolation"] {
-        if r.starts_with(k) {
-            return REFUSAL_REASONS.iter().find(|x| **x == k).copied().unwrap_or("other");
-        }
-    }
-    if r.contains("budget") {
-        "budget"
-    } else if r.contains("(limit") || r.contains("quota") {
-        "quota"
-    } else {
-        "other"
+/// The `tessera_queue_blocked` label of a waiting workload, from its reason code
+/// (`Wait::code`, `requeued`, or none yet).
+pub fn blocked_label(code: Option<&str>) -> &'static str {
+    match code {
+        None => "pending",
+        // `held` (it fits only where a reservation holds capacity for a long-waiting request)
+        // is a capacity problem to an operator, and the alerts and dashboards read it so.
+        Some("held") => "no-capacity",
+        // Preempted work back in the queue waits out its backoff first.
+        Some("requeued") => "backoff",
+        Some(c) => WAIT_REASONS.iter().find(|r| **r == c).copied().unwrap_or("other"),
     }
 }
 
-/// The bounded category of why a queued workload waits.
-pub fn wait_reason(reason: Option<&str>) -> &'static str {
-    let Some(r) = reason else { return "pending" };
-    if r.starts_with("fragmentation") {
-        "fragmentation"
-    } else if r.starts_with("no-capacity") || r.starts_with("waiting for capacity") {
-        "no-capacity"
-    } else if r.starts_with("isolation") {
-        "isolation"
-    } else if r.contains("budget") {
-        "budget"
-    } else if r.contains("(limit") {
-        "quota"
-    } else if r.starts_with("waiting for") && r.contains("preempted") {
-        "preemption"
-    } else if r.starts_with("preempted") || r.starts_with("requeued") {
-        "backoff"
-    } else {
-        "other"
-    }
-}
-
-#[cfg(test)]
+/// The reason categories of waiting requests.
 const WAIT_REASONS: [&str; 9] = [
     "pending",
     "fragmentation",
@@ -515,8 +488,8 @@ impl Snapshot {
                 .or_insert((0, j.submitted_ms));
             e.0 += 1;
             e.1 = e.1.min(j.submitted_ms);
-            let reason = ctx.workloads.get(&j.id).and_then(|l| l.wl.reason.as_deref());
-            *s.blocked.entry((class, wait_reason(reason).to_string())).or_insert(0) += 1;
+            let code = ctx.workloads.get(&j.id).and_then(|l| l.reason_code);
+            *s.blocked.entry((class, blocked_label(code).to_string())).or_insert(0) += 1;
         }
         for l in ctx.workloads.values() {
             *s.states.entry(l.wl.state.as_str()).or_insert(0) += 1;
@@ -984,34 +957,86 @@ pub fn router(state: AppState) -> axum::Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_model::GpuUnits;
+    use tessera_sched::reason::{
+        BudgetExceeded, LimitExceeded, LimitScope, Pools, ShapeKind, ShapeLabel, Unplaceable, Wait,
+    };
+
+    fn pools() -> Pools {
+        Pools(vec!["training".into()])
+    }
+
+    fn shape() -> ShapeLabel {
+        ShapeLabel {
+            kind: ShapeKind::Whole,
+            text: "8 whole GPUs".into(),
+        }
+    }
+
+    fn limit() -> LimitExceeded {
+        LimitExceeded {
+            tenant: "a".into(),
+            scope: LimitScope::Class {
+                class: "training".into(),
+                guaranteed: GpuUnits::whole(1),
+            },
+            held: GpuUnits::whole(1),
+            limit: GpuUnits::whole(2),
+            needs: GpuUnits::whole(8),
+        }
+    }
 
     #[test]
-    fn reasons_are_bounded() {
-        assert_eq!(refusal_reason("constraint: 9 GPUs on one node"), "constraint");
-        assert_eq!(
-            refusal_reason(
-                "refused: tenant a holds 1 of its 1 guaranteed training units (limit 2); this request needs 8"
-            ),
-            "quota"
-        );
-        assert_eq!(
-            refusal_reason("tenant a has spent 10.0 of its 10.0 GPU-unit-hour budget for this month"),
-            "budget"
-        );
-        assert_eq!(refusal_reason("something new"), "other");
-        assert_eq!(wait_reason(None), "pending");
-        assert_eq!(wait_reason(Some("fragmentation: 3 free GPUs but")), "fragmentation");
-        assert_eq!(
-            wait_reason(Some("waiting for 2 preempted workload(s) to stop: x")),
-            "preemption"
-        );
-        assert_eq!(
-            wait_reason(Some("waiting for capacity within its quota")),
-            "no-capacity"
-        );
-        for r in [None, Some("x")] {
-            assert!(WAIT_REASONS.contains(&wait_reason(r)));
+    fn every_wait_code_has_a_bounded_label() {
+        let budget = BudgetExceeded {
+            tenant: "a".into(),
+            spent: 10.0,
+            budget: 10.0,
+        };
+        let figures = (GpuUnits::whole(3), GpuUnits::whole(8));
+        let waits = [
+            Wait::Unplaceable(Unplaceable::NoCapacity {
+                pools: pools(),
+                shape: shape(),
+                free: figures.0,
+                need: figures.1,
+            }),
+            Wait::Unplaceable(Unplaceable::Fragmentation {
+                pools: pools(),
+                shape: shape(),
+                free: figures.1,
+                need: figures.1,
+            }),
+            Wait::Unplaceable(Unplaceable::Isolation {
+                pools: pools(),
+                shape: shape(),
+            }),
+            Wait::Held,
+            Wait::Limit(limit()),
+            Wait::Budget(budget),
+            Wait::Backoff {
+                times: 1,
+                retry_in_s: 60,
+            },
+            Wait::Preempting {
+                victims: 2,
+                cause: PreemptCause::Priority {
+                    by: 7,
+                    class: "high".into(),
+                },
+            },
+        ];
+        for w in &waits {
+            let label = blocked_label(Some(w.code()));
+            assert!(WAIT_REASONS.contains(&label), "{w:?}");
+            assert_ne!(label, "other", "{w:?}");
         }
+        assert_eq!(blocked_label(Some(Wait::Held.code())), "no-capacity");
+        assert_eq!(blocked_label(Some(waits[4].code())), "quota");
+        assert_eq!(blocked_label(Some(waits[7].code())), "preemption");
+        assert_eq!(blocked_label(Some("requeued")), "backoff");
+        assert_eq!(blocked_label(None), "pending");
+        assert_eq!(blocked_label(Some("something-new")), "other");
     }
 
     #[test]
@@ -1019,13 +1044,29 @@ mod tests {
         let m = Metrics::new();
         m.api_request("GET", "/api/v1/workloads/{id}", 200, Duration::from_millis(3));
         m.api_request("BREW", "/x", 418, Duration::from_millis(3));
-        m.refused("constraint: too big");
+        m.refused(&Refusal::Constraint(Unplaceable::GangBeyondDomain {
+            pools: pools(),
+            gpus: 9,
+            largest: 8,
+        }));
+        m.refused(&Refusal::Limit(limit()));
+        m.preempted(&PreemptCause::Reclaim {
+            by: 3,
+            tenant: "b".into(),
+        });
         let mut reg = Registry::default();
         m.register(&mut reg);
         let mut out = String::new();
         prometheus_text::encode(&mut out, &reg).unwrap();
         assert!(out.contains("# TYPE tessera_refusals_total counter"), "{out}");
         assert!(out.contains("tessera_refusals_total{reason=\"constraint\"} 1"), "{out}");
+        assert!(out.contains("tessera_refusals_total{reason=\"quota\"} 1"), "{out}");
+        assert!(out.contains("tessera_refusals_total{reason=\"budget\"} 0"), "{out}");
+        assert!(out.contains("tessera_preemptions_total{reason=\"reclaim\"} 1"), "{out}");
+        assert!(
+            out.contains("tessera_preemptions_total{reason=\"priority\"} 0"),
+            "{out}"
+        );
         assert!(out.contains(
             "tessera_api_request_duration_seconds_count{method=\"GET\",route=\"/api/v1/workloads/{id}\",status=\"200\"} 1"
         ));
