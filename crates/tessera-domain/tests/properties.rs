@@ -190,7 +190,7 @@ proptest! {
                         if ws[k].phase.is_terminal() {
                             continue;
                         }
-                        let input = if op == 15 && (v as usize + k) % 7 == 0 {
+                        let input = if op == 15 && (v as usize + k).is_multiple_of(7) {
                             world.held.remove(&k);
                             Input::Invalid { at, detail: "node gone".into() }
                         } else {

@@ -25,46 +25,8 @@ use tessera_model::{Fleet, GpuUnits, NodeId, PoolId, Request, Shape, Sharing, To
 
 use crate::mig::{MigTable, state_key};
 use crate::policy::{Choice, Demand, NodeView, Score, SharedPolicy};
+use crate::reason::{Field, Missing, Pools, ShapeKind, ShapeLabel, Unplaceable};
 use crate::state::{AllocId, Allocation, ClusterState, Grant, Placement};
-
-/// Why a request cannot be placed now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// Not enough free capacity of the kind asked for.
-    NoCapacity,
-    /// Enough free capacity in total, but not in one place that can hold the request.
-    Fragmentation,
-    /// No node in scope could ever hold it (too big, wrong model, wrong pool kind).
-    Constraint,
-    /// It would fit only on GPUs shared with another tenant.
-    Isolation,
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Reason::NoCapacity => "no-capacity",
-            Reason::Fragmentation => "fragmentation",
-            Reason::Constraint => "constraint",
-            Reason::Isolation => "isolation",
-        })
-    }
-}
-
-/// A structured refusal: the reason class and a sentence a person can act on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unplaceable {
-    pub reason: Reason,
-    pub message: String,
-}
-
-impl fmt::Display for Unplaceable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.reason, self.message)
-    }
-}
-
-impl std::error::Error for Unplaceable {}
 
 /// A commit that does not fit the current state (a stale or foreign placement).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -191,8 +153,14 @@ impl Engine {
     /// Decides where `req` would go, without changing the state.
     pub fn plan(&mut self, req: &Request) -> Result<Placement, Unplaceable> {
         if let Err(e) = req.check() {
-            return Err(Unplaceable {
-                reason: Reason::Constraint,
+            let field = match e.field {
+                "gpus" => Field::Gpus,
+                "fraction" => Field::Fraction,
+                "mig" => Field::Mig,
+                _ => Field::Shape,
+            };
+            return Err(Unplaceable::Invalid {
+                field,
                 message: e.to_string(),
             });
         }
@@ -275,14 +243,10 @@ impl Engine {
         if let Some(pool) = req.pool {
             let p = self.fleet.pool(pool);
             if !fits(p.sharing) {
-                let hint = match p.sharing {
-                    Sharing::Mig => "it partitions GPUs with MIG: ask for a MIG profile",
-                    Sharing::Whole => "it hands out whole GPUs only",
-                    Sharing::Shared => "it time-slices GPUs: ask for whole GPUs or a fraction",
-                };
-                return Err(Unplaceable {
-                    reason: Reason::Constraint,
-                    message: format!("pool `{}` cannot serve {}: {hint}", p.name, req.shape),
+                return Err(Unplaceable::PoolCannotServe {
+                    pool: p.name.clone(),
+                    sharing: p.sharing,
+                    shape: shape_label(&req.shape),
                 });
             }
             return Ok(vec![pool]);
@@ -298,9 +262,8 @@ impl Engine {
             Sharing::Shared => 2,
         });
         if pools.is_empty() {
-            return Err(Unplaceable {
-                reason: Reason::Constraint,
-                message: format!("no pool in this fleet serves {}", req.shape),
+            return Err(Unplaceable::NoPoolServes {
+                shape: shape_label(&req.shape),
             });
         }
         Ok(pools)
@@ -308,11 +271,8 @@ impl Engine {
 
     fn diagnose(&self, req: &Request, scope: &[PoolId]) -> Unplaceable {
         let fleet = &*self.fleet;
-        let pools = scope
-            .iter()
-            .map(|&p| format!("`{}`", fleet.pool(p).name))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let pools = Pools(scope.iter().map(|&p| fleet.pool(p).name.clone()).collect());
+        let shape = shape_label(&req.shape);
         let eligible: Vec<u32> = scope
             .iter()
             .flat_map(|&p| fleet.pool(p).nodes.clone())
@@ -326,14 +286,11 @@ impl Engine {
             })
             .collect();
         if eligible.is_empty() {
-            let what = match &req.shape {
-                Shape::Mig(c) => format!("offers MIG profile {}", c.name),
-                _ => "has an allowed GPU model".to_string(),
+            let missing = match &req.shape {
+                Shape::Mig(c) => Missing::MigProfile(c.name.clone()),
+                _ => Missing::AllowedModel,
             };
-            return Unplaceable {
-                reason: Reason::Constraint,
-                message: format!("no node in pool {pools} {what}"),
-            };
+            return Unplaceable::NoEligibleNode { pools, missing, shape };
         }
         let could_ever = |n: u32| -> bool {
             let node = &fleet.nodes[n as usize];
@@ -374,19 +331,20 @@ impl Engine {
                 .map(|&n| fleet.nodes[n as usize].memory_mib)
                 .max()
                 .unwrap_or(0);
-            let message = if req.cpu_milli > max_cpu {
-                format!(
-                    "{} CPUs requested; the largest node in pool {pools} has {}",
-                    milli_str(req.cpu_milli),
-                    milli_str(max_cpu)
-                )
+            return if req.cpu_milli > max_cpu {
+                Unplaceable::CpuBeyondNodes {
+                    pools,
+                    requested_milli: req.cpu_milli,
+                    largest_milli: max_cpu,
+                }
             } else if req.memory_mib > max_mem {
-                format!(
-                    "{} MiB of host memory requested; the largest node in pool {pools} has {max_mem}",
-                    req.memory_mib
-                )
+                Unplaceable::MemoryBeyondNodes {
+                    pools,
+                    requested_mib: req.memory_mib,
+                    largest_mib: max_mem,
+                }
             } else if let Shape::Whole { gpus } = req.shape {
-                let max = eligible
+                let largest = eligible
                     .iter()
                     .map(|&n| {
                         let node = &fleet.nodes[n as usize];
@@ -403,13 +361,9 @@ impl Engine {
                     })
                     .max()
                     .unwrap_or(0);
-                format!("{gpus} whole GPUs in one gang; the largest node (NVLink domain) in pool {pools} has {max}")
+                Unplaceable::GangBeyondDomain { pools, gpus, largest }
             } else {
-                format!("{} does not fit any node in pool {pools}", req.shape)
-            };
-            return Unplaceable {
-                reason: Reason::Constraint,
-                message,
+                Unplaceable::ShapeBeyondNodes { pools, shape }
             };
         }
         // Would it fit if tenants could mix?
@@ -424,13 +378,7 @@ impl Engine {
                 !buf.is_empty()
             });
             if blocked {
-                return Unplaceable {
-                    reason: Reason::Isolation,
-                    message: format!(
-                        "{} would fit only on GPUs time-shared with another tenant; pool {pools} keeps tenants apart",
-                        req.shape
-                    ),
-                };
+                return Unplaceable::Isolation { pools, shape };
             }
         }
         let need = req.units(&fleet.catalogue);
@@ -445,20 +393,18 @@ impl Engine {
             })
             .sum();
         if free >= need && need > GpuUnits::ZERO {
-            Unplaceable {
-                reason: Reason::Fragmentation,
-                message: format!(
-                    "{free} GPU units are free in pool {pools}, but no single node can hold {} ({} units) with its host resources",
-                    req.shape, need
-                ),
+            Unplaceable::Fragmentation {
+                pools,
+                shape,
+                free,
+                need,
             }
         } else {
-            Unplaceable {
-                reason: Reason::NoCapacity,
-                message: format!(
-                    "{} needs {need} GPU units; pool {pools} has {free} free where this request may go",
-                    req.shape
-                ),
+            Unplaceable::NoCapacity {
+                pools,
+                shape,
+                free,
+                need,
             }
         }
     }
@@ -846,8 +792,18 @@ impl Engine {
     }
 }
 
-fn milli_str(m: u64) -> String {
-    GpuUnits::milli(m).to_string()
+/// A request's shape as reasons name it.
+pub fn shape_label(shape: &Shape) -> ShapeLabel {
+    let kind = match shape {
+        Shape::Whole { .. } => ShapeKind::Whole,
+        Shape::Mig(_) => ShapeKind::Mig,
+        Shape::Fraction { .. } => ShapeKind::Fraction,
+        Shape::CpuOnly => ShapeKind::CpuOnly,
+    };
+    ShapeLabel {
+        kind,
+        text: shape.to_string(),
+    }
 }
 
 /// The shared-pool demand of a request.
@@ -981,19 +937,41 @@ mod tests {
     fn refusals_are_structured() {
         let mut e = seed_engine();
         let r = e.plan(&Request::whole(9)).unwrap_err();
-        assert_eq!(r.reason, Reason::Constraint);
-        assert!(r.message.contains("has 8"), "{r}");
+        assert!(r.is_constraint());
+        assert_eq!(r.field(), Field::Gpus);
+        assert!(
+            matches!(
+                r,
+                Unplaceable::GangBeyondDomain {
+                    gpus: 9,
+                    largest: 8,
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+        assert!(r.to_string().ends_with("has 8"), "{r}");
+        let r = e.plan(&Request::whole(0)).unwrap_err();
+        assert_eq!(r.field(), Field::Gpus);
+        assert_eq!(
+            r.to_string(),
+            "constraint: gpus: 0 whole GPUs: must be between 1 and 16"
+        );
         let f = e.fleet().clone();
         let r = e
             .plan(&Request::fraction(250).with_pool(f.pool_by_name("training").unwrap()))
             .unwrap_err();
-        assert_eq!(r.reason, Reason::Constraint);
+        assert_eq!(r.field(), Field::Pool);
+        assert_eq!(
+            r.to_string(),
+            "constraint: pool `training` cannot serve 250 milli-GPU: it hands out whole GPUs only"
+        );
         // Fill the training pool: 16 × 8 GPUs.
         for i in 0..16 {
             e.place(100 + i, &Request::whole(8).with_pool(PoolId(0))).unwrap();
         }
         let r = e.plan(&Request::whole(8).with_pool(PoolId(0))).unwrap_err();
-        assert_eq!(r.reason, Reason::NoCapacity, "{r}");
+        assert_eq!(r.code(), "no-capacity", "{r}");
     }
 
     #[test]

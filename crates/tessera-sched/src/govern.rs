@@ -36,7 +36,8 @@ use std::sync::Arc;
 
 use tessera_model::{Fleet, GpuUnits, PoolId, Request};
 
-use crate::engine::{Engine, Reason};
+use crate::engine::Engine;
+use crate::reason::{BudgetExceeded, LimitExceeded, LimitScope, PreemptCause, Refusal, Wait};
 use crate::state::Allocation;
 
 /// A priority class.
@@ -132,12 +133,12 @@ pub enum Action {
         alloc: Allocation,
         borrowing: bool,
     },
-    /// The job waits; the reason changed.
-    Waiting { id: u64, reason: String },
+    /// The job waits; the kind of reason changed ([`Wait::same_kind`]).
+    Waiting { id: u64, reason: Wait },
     /// The job is refused for good.
-    Refused { id: u64, reason: String },
+    Refused { id: u64, reason: Refusal },
     /// Stop `victim` (grace period, then force) so that `by` can run.
-    Preempt { victim: u64, by: u64, reason: String },
+    Preempt { victim: u64, by: u64, cause: PreemptCause },
 }
 
 /// Why a victim was chosen, cheapest first.
@@ -164,12 +165,34 @@ pub fn victim_cost(r: &Running, fair_share: f64, now: i64) -> VictimCost {
     }
 }
 
+/// A limit or budget a job would exceed.
+enum Exceeded {
+    Limit(LimitExceeded),
+    Budget(BudgetExceeded),
+}
+
+impl Exceeded {
+    fn wait(self) -> Wait {
+        match self {
+            Exceeded::Limit(l) => Wait::Limit(l),
+            Exceeded::Budget(b) => Wait::Budget(b),
+        }
+    }
+
+    fn refusal(self) -> Refusal {
+        match self {
+            Exceeded::Limit(l) => Refusal::Limit(l),
+            Exceeded::Budget(b) => Refusal::Budget(b),
+        }
+    }
+}
+
 /// Why a job could not be admitted now.
 enum Blocked {
     /// Over a limit or budget: wait or be refused, per the request.
-    Over(String),
+    Over(Exceeded),
     /// Recently preempted: may not borrow yet (always waits).
-    Backoff(String),
+    Backoff(Wait),
     /// No capacity.
     NoCapacity,
 }
@@ -211,7 +234,7 @@ pub struct Scheduler {
     running: HashMap<u64, Running>,
     /// Preemptors waiting for their victims to stop: job → victims.
     nominated: BTreeMap<u64, HashSet<u64>>,
-    reasons: HashMap<u64, String>,
+    reasons: HashMap<u64, Wait>,
     /// Per pool, the head that waited past the backfill window and the node held for it.
     reservations: HashMap<PoolId, (u64, u32)>,
     /// Workloads preempted so far: how often and when last.
@@ -421,7 +444,7 @@ impl Scheduler {
 
     /// Checks the tenant's quotas for `units` more in `keys`: `Ok(borrowing)` or the reason it
     /// exceeds a limit.
-    fn check_quota(&self, tenant: &str, keys: &[String], units: GpuUnits) -> Result<bool, String> {
+    fn check_quota(&self, tenant: &str, keys: &[String], units: GpuUnits) -> Result<bool, LimitExceeded> {
         let mut borrowing = true;
         let mut any = false;
         for k in keys {
@@ -431,15 +454,22 @@ impl Scheduler {
             if let Some(limit) = q.limit
                 && held + units > limit
             {
-                if let Some(project) = k.strip_prefix("project:") {
-                    return Err(format!(
-                        "project {project} of tenant {tenant} holds {held} GPU units of its limit {limit}; this request needs {units}"
-                    ));
-                }
-                return Err(format!(
-                    "tenant {tenant} holds {held} of its {} guaranteed {k} units (limit {limit}); this request needs {units}",
-                    q.guaranteed
-                ));
+                let scope = match k.strip_prefix("project:") {
+                    Some(project) => LimitScope::Project {
+                        project: project.to_string(),
+                    },
+                    None => LimitScope::Class {
+                        class: k.clone(),
+                        guaranteed: q.guaranteed,
+                    },
+                };
+                return Err(LimitExceeded {
+                    tenant: tenant.to_string(),
+                    scope,
+                    held,
+                    limit,
+                    needs: units,
+                });
             }
             // Project sub-quotas cap a project; the tenant's pool and model guarantees decide
             // whether it borrows.
@@ -466,15 +496,16 @@ impl Scheduler {
         if let Some(b) = self.budget(&job.tenant) {
             let spent = self.spent(&job.tenant);
             if spent >= b {
-                return Err(Blocked::Over(format!(
-                    "tenant {} has spent {spent:.1} of its {b:.1} GPU-unit-hour budget for this month",
-                    job.tenant
-                )));
+                return Err(Blocked::Over(Exceeded::Budget(BudgetExceeded {
+                    tenant: job.tenant.clone(),
+                    spent,
+                    budget: b,
+                })));
             }
         }
         let units = job.request.units(&self.engine.fleet().catalogue);
-        let mut over: Option<String> = None;
-        let mut backoff: Option<String> = None;
+        let mut over: Option<LimitExceeded> = None;
+        let mut backoff: Option<Wait> = None;
         for pool in self.pools_for(&job.request) {
             // Pool-level quota first (the model-level one is checked on the placement).
             let mut pool_keys = self.keys_for_pool(pool);
@@ -508,10 +539,10 @@ impl Scheduler {
             if borrowing && let Some(&(times, at)) = self.preempted.get(&job.id) {
                 let until = at + self.cfg.min_runtime_ms * (1i64 << times.min(4));
                 if now < until {
-                    backoff.get_or_insert(format!(
-                        "preempted {times} time(s); may borrow idle capacity again in {} s, or run at once within its guaranteed share",
-                        (until - now + 999) / 1000
-                    ));
+                    backoff.get_or_insert(Wait::Backoff {
+                        times,
+                        retry_in_s: (until - now + 999) / 1000,
+                    });
                     continue;
                 }
             }
@@ -528,7 +559,7 @@ impl Scheduler {
             });
         }
         match (over, backoff) {
-            (Some(o), _) => Err(Blocked::Over(o)),
+            (Some(o), _) => Err(Blocked::Over(Exceeded::Limit(o))),
             (None, Some(b)) => Err(Blocked::Backoff(b)),
             (None, None) => Err(Blocked::NoCapacity),
         }
@@ -556,11 +587,11 @@ impl Scheduler {
     /// Checks a new job: refused at once if no node could ever hold it.
     pub fn submit(&mut self, job: Job, now: i64) -> Vec<Action> {
         if let Err(u) = self.engine.plan(&job.request)
-            && u.reason == Reason::Constraint
+            && u.is_constraint()
         {
             return vec![Action::Refused {
                 id: job.id,
-                reason: u.to_string(),
+                reason: Refusal::Constraint(u),
             }];
         }
         self.engine.observe(&job.request);
@@ -678,7 +709,7 @@ impl Scheduler {
         // Requests that found no capacity this cycle, with the reason: capacity only shrinks
         // during a cycle, so the same request fails again (shape, host needs and, on shared
         // pools, the tenant are all in the key).
-        let mut no_capacity: HashMap<Request, String> = HashMap::new();
+        let mut no_capacity: HashMap<Request, Wait> = HashMap::new();
         for queued in jobs {
             let job = &queued.job;
             if only.is_some_and(|o| o != job.id) {
@@ -717,12 +748,12 @@ impl Scheduler {
                 Err(Blocked::Backoff(reason)) => self.set_reason(job, reason, &mut actions),
                 Err(Blocked::Over(over)) => {
                     if job.wait_if_over_limit {
-                        self.set_reason(job, over, &mut actions);
+                        self.set_reason(job, over.wait(), &mut actions);
                     } else {
                         refused.insert(job.id);
                         actions.push(Action::Refused {
                             id: job.id,
-                            reason: over,
+                            reason: over.refusal(),
                         });
                     }
                 }
@@ -733,7 +764,7 @@ impl Scheduler {
                     }
                     if !self.nominated.contains_key(&job.id) && searches < self.cfg.max_preemption_searches {
                         searches += 1;
-                        if let Some((victims, why)) = self.find_victims(job, now) {
+                        if let Some((victims, cause)) = self.find_victims(job, now) {
                             for v in &victims {
                                 self.stopping(*v);
                                 let e = self.preempted.entry(*v).or_insert((0, now));
@@ -741,21 +772,21 @@ impl Scheduler {
                                 actions.push(Action::Preempt {
                                     victim: *v,
                                     by: job.id,
-                                    reason: why.clone(),
+                                    cause: cause.clone(),
                                 });
                             }
-                            self.set_reason(
-                                job,
-                                format!("waiting for {} preempted workload(s) to stop: {why}", victims.len()),
-                                &mut actions,
-                            );
+                            let reason = Wait::Preempting {
+                                victims: victims.len(),
+                                cause,
+                            };
+                            self.set_reason(job, reason, &mut actions);
                             self.nominated.insert(job.id, victims.into_iter().collect());
                             continue;
                         }
                     }
                     let reason = match self.engine.plan(&job.request) {
-                        Err(u) => u.to_string(),
-                        Ok(_) => "waiting for capacity within its quota".into(),
+                        Err(u) => Wait::Unplaceable(u),
+                        Ok(_) => Wait::Held,
                     };
                     no_capacity.insert(queued.key.clone(), reason.clone());
                     self.set_reason(job, reason, &mut actions);
@@ -806,14 +837,10 @@ impl Scheduler {
     }
 
     /// Records why a job waits. A `Waiting` action (a stored event) is emitted only when the
-    /// kind of reason changes — the reason with its figures removed — not every time a free-unit
-    /// count in it moves.
-    fn set_reason(&mut self, job: &Job, reason: String, actions: &mut Vec<Action>) {
-        let same_kind = |a: &str, b: &str| {
-            let skip = |c: &char| !c.is_ascii_digit() && *c != '.';
-            a == b || a.chars().filter(skip).eq(b.chars().filter(skip))
-        };
-        if self.reasons.get(&job.id).is_none_or(|old| !same_kind(old, &reason)) {
+    /// kind of reason changes ([`Wait::same_kind`]), not every time a free-unit count in it
+    /// moves.
+    fn set_reason(&mut self, job: &Job, reason: Wait, actions: &mut Vec<Action>) {
+        if self.reasons.get(&job.id).is_none_or(|old| !old.same_kind(&reason)) {
             self.reasons.insert(job.id, reason.clone());
             actions.push(Action::Waiting { id: job.id, reason });
         }
@@ -834,7 +861,7 @@ impl Scheduler {
     }
 
     /// The fewest, cheapest victims whose capacity lets `job` be placed, or `None`.
-    fn find_victims(&mut self, job: &Job, now: i64) -> Option<(Vec<u64>, String)> {
+    fn find_victims(&mut self, job: &Job, now: i64) -> Option<(Vec<u64>, PreemptCause)> {
         let units = job.request.units(&self.engine.fleet().catalogue);
         let rank = self.rank(&job.priority);
         let reclaim = now - job.submitted_ms >= self.cfg.reclaim_after_ms && self.within_guarantee(job, units);
@@ -923,18 +950,18 @@ impl Scheduler {
             }
         }
         let (_, _, victims, by_prio) = best?;
-        let why = if by_prio {
-            format!(
-                "priority {} (job {}) preempts lower-priority work",
-                job.priority, job.id
-            )
+        let cause = if by_prio {
+            PreemptCause::Priority {
+                by: job.id,
+                class: job.priority.clone(),
+            }
         } else {
-            format!(
-                "tenant {} reclaims its guaranteed share from borrowers (job {})",
-                job.tenant, job.id
-            )
+            PreemptCause::Reclaim {
+                by: job.id,
+                tenant: job.tenant.clone(),
+            }
         };
-        Some((victims, why))
+        Some((victims, cause))
     }
 }
 
@@ -1061,14 +1088,18 @@ mod tests {
         let Action::Waiting { reason, .. } = &acts[0] else {
             panic!("{acts:?}")
         };
+        assert_eq!(reason.code(), "quota");
         assert_eq!(
-            reason,
+            reason.to_string(),
             "tenant a holds 8 of its 8 guaranteed training units (limit 10); this request needs 4"
         );
         let mut j = job(3, "a", 4, "standard", 0);
         j.wait_if_over_limit = false;
         let acts = s.submit(j, 0);
-        assert!(matches!(&acts[0], Action::Refused { id: 3, .. }), "{acts:?}");
+        assert!(
+            matches!(&acts[0], Action::Refused { id: 3, reason: Refusal::Limit(l) } if l.needs == GpuUnits::whole(4)),
+            "{acts:?}"
+        );
         // 2 more fit under the limit, and borrow.
         let acts = s.submit(job(4, "a", 2, "standard", 0), 0);
         assert_eq!(placed(&acts), vec![4]);
@@ -1104,8 +1135,10 @@ mod tests {
         let Action::Waiting { reason, .. } = &acts[0] else {
             panic!("{acts:?}")
         };
+        let Wait::Limit(l) = reason else { panic!("{reason:?}") };
+        assert_eq!(l.scope, LimitScope::Project { project: "p".into() });
         assert_eq!(
-            reason,
+            reason.to_string(),
             "project p of tenant a holds 8 GPU units of its limit 8; this request needs 1"
         );
         let mut other = job(3, "a", 1, "standard", 0);
@@ -1128,8 +1161,9 @@ mod tests {
         let Action::Refused { reason, .. } = &acts[0] else {
             panic!("{acts:?}")
         };
+        assert_eq!(reason.code(), "budget");
         assert_eq!(
-            reason,
+            reason.to_string(),
             "tenant a has spent 100.5 of its 100.0 GPU-unit-hour budget for this month"
         );
     }
@@ -1166,6 +1200,38 @@ mod tests {
         s.release(on_reserved, late + 2);
         let acts = s.cycle(late + 2);
         assert_eq!(placed(&acts)[0], 100, "{acts:?}");
+    }
+
+    #[test]
+    fn a_waiting_job_is_reported_again_only_when_its_kind_of_reason_changes() {
+        let mut s = sched();
+        let waits = |acts: &[Action]| -> Vec<Wait> {
+            acts.iter()
+                .filter_map(|a| match a {
+                    Action::Waiting { id: 100, reason } => Some(reason.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        // Every node has 7 of 8 GPUs busy: 16 units free, none on one node.
+        for n in 0..16 {
+            s.submit(job(n, "a", 7, "standard", 0), 0);
+        }
+        let w = waits(&s.submit(job(100, "b", 8, "standard", 1), 1));
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].code(), "fragmentation");
+        // Fewer free units, same obstacle: nothing new to record.
+        for i in 0..4 {
+            s.submit(job(200 + i, "c", 1, "standard", 2), 2);
+        }
+        assert!(waits(&s.cycle(3)).is_empty());
+        // Too few free units in total: now it is a capacity problem.
+        for i in 4..9 {
+            s.submit(job(200 + i, "c", 1, "standard", 4), 4);
+        }
+        let w = waits(&s.cycle(5));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].code(), "no-capacity");
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod scenario;
 pub mod state;
 pub mod tessera;
 
-pub use engine::{Engine, Reason, Unplaceable};
+pub use engine::Engine;
 pub use policy::SharedPolicy;
+pub use reason::Unplaceable;
 pub use state::{AllocId, Allocation, ClusterState, Grant, Placement};
