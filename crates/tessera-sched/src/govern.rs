@@ -342,6 +342,16 @@ impl Scheduler {
         v
     }
 
+    /// Every quota: (tenant, resource class, quota), in no particular order.
+    pub fn all_quotas(&self) -> impl Iterator<Item = (&String, &String, Quota)> {
+        self.quotas.iter().map(|((t, c), q)| (t, c, *q))
+    }
+
+    /// Every budget: (tenant, GPU-unit-hours per month), in no particular order.
+    pub fn all_budgets(&self) -> impl Iterator<Item = (&String, f64)> {
+        self.budgets.iter().map(|(t, b)| (t, *b))
+    }
+
     /// Sets a tenant's monthly budget in GPU-unit-hours (`None` = unlimited).
     pub fn set_budget(&mut self, tenant: &str, unit_hours: Option<f64>) {
         match unit_hours {

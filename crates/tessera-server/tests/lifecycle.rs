@@ -23,7 +23,7 @@ use tessera_sched::Engine;
 use tessera_sched::govern::{GovernConfig, Scheduler};
 use tessera_server::lifecycle::{self, Lifecycle, NewWorkload, Settings, placement};
 use tessera_server::metrics::Metrics;
-use tessera_store::{Store, WorkloadStore};
+use tessera_store::Store;
 use tessera_store_sqlite::SqliteStore;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
@@ -102,11 +102,13 @@ fn sim_gpus(fleet: &Fleet) -> Vec<SimGpu> {
         .iter()
         .flat_map(|n| {
             let model = fleet.catalogue.get(n.model);
+            let mig_slices = model.mig.map(|g| g.mem_slices).unwrap_or(0);
             (0..n.gpus).map(move |i| SimGpu {
                 node: n.name.clone(),
                 index: i,
                 model: model.name.clone(),
                 memory_mib: model.memory_mib,
+                mig_slices,
             })
         })
         .collect()
@@ -390,9 +392,17 @@ fn preempted_batch_work_is_requeued(mode: SimMode) {
             .collect();
         assert_eq!(requeued.len(), 1, "exactly one victim");
         let v = &requeued[0];
-        assert_eq!(v.reason.as_ref().unwrap().code, ReasonCode::Requeued);
-        assert!(steps(&store, v.id).await.contains(&Step::Preempted));
-        assert_eq!(units_used(&lc, "training"), 16_000);
+        assert!(v.placement.is_none() && v.running_at.is_none());
+        let events = store.events(v.id, None).await.unwrap();
+        let preempted = events.iter().position(|e| e.step == Step::Preempted).expect("preempted");
+        let requeue = events
+            .iter()
+            .position(|e| e.code == Some(ReasonCode::Requeued))
+            .expect("requeued");
+        assert_eq!(events[preempted].code, Some(ReasonCode::PreemptedPriority));
+        assert!(preempted < requeue);
+        assert_eq!(events[requeue - 1].step, Step::Released, "released before requeued");
+        assert_eq!(units_used(&lc, "training"), 128_000, "the pool stays full");
     });
 }
 

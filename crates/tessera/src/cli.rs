@@ -69,6 +69,9 @@ pub struct RunArgs {
     pub memory_gib: Option<f64>,
     #[arg(long)]
     pub image: Option<String>,
+    /// An environment variable for the workload, `NAME=VALUE` (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
     /// Makes retries safe: the same key and request return the first workload.
     #[arg(long)]
     pub idempotency_key: Option<String>,
@@ -314,6 +317,13 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
     if a.gpus.is_none() && a.mig.is_none() && a.fraction.is_none() {
         bail!("give one of --gpus N, --mig PROFILE or --fraction MILLI");
     }
+    let mut env = std::collections::BTreeMap::new();
+    for kv in &a.env {
+        let Some((k, v)) = kv.split_once('=').filter(|(k, _)| !k.is_empty()) else {
+            bail!("--env: `{kv}` is not NAME=VALUE");
+        };
+        env.insert(k.to_string(), v.to_string());
+    }
     let body = CreateWorkload {
         tenant: a.tenant,
         project: a.project,
@@ -332,6 +342,7 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
         duration_s: a.duration.as_deref().map(parse_duration).transpose()?,
         command: (!a.command.is_empty()).then_some(a.command),
         image: a.image,
+        env,
         priority: a.priority,
         no_wait: a.no_wait,
         no_requeue: a.no_requeue,

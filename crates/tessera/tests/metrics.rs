@@ -381,7 +381,8 @@ async fn simulated_faults_show_in_dcgm_xid_errors() {
     // Telemetry arrives every interval: the XID shows in the next sample.
     let e = eventually(Duration::from_secs(10), Duration::from_millis(100), || async {
         let e = parse_exposition(&s.scrape().await).unwrap();
-        e.find("DCGM_FI_DEV_XID_ERRORS").any(|x| x.value != 0.0).then_some(e)
+        let found = e.find("DCGM_FI_DEV_XID_ERRORS").any(|x| x.value != 0.0);
+        found.then_some(e)
     })
     .await
     .expect("the XID is reported within a telemetry interval");

@@ -79,7 +79,8 @@ pub fn inject(sim: Option<&SimBackend>, backend: &str, fleet: &Fleet, f: &SimFau
             f.gpu
         )));
     }
-    sim.inject_xid(&f.node, f.gpu, f.xid);
+    sim.inject_xid(&f.node, f.gpu, f.xid)
+        .map_err(|e| ApiError::not_found(e.to_string()))?;
     Ok(SimFaultView {
         node: f.node.clone(),
         gpu: f.gpu,

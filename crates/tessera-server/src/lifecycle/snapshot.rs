@@ -201,7 +201,7 @@ impl Published {
 }
 
 /// Builds snapshots, reusing the nodes that did not change since the last one.
-pub struct SnapshotBuilder {
+pub(crate) struct SnapshotBuilder {
     version: u64,
     epochs: Vec<u64>,
     nodes: Vec<Arc<NodeSnap>>,
