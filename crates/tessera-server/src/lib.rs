@@ -310,7 +310,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
 }
 
 /// Every GPU of the fleet, for the simulated backend's telemetry.
-fn sim_gpus(fleet: &Fleet) -> Vec<tessera_backend_sim::SimGpu> {
+pub fn sim_gpus(fleet: &Fleet) -> Vec<tessera_backend_sim::SimGpu> {
     fleet
         .nodes
         .iter()

@@ -844,18 +844,26 @@ fn render_telemetry_aggregates(reg: &mut Registry, snap: &Snapshot, telemetry: &
         .iter()
         .map(|n| (n.name.as_str(), f.pool(n.pool).name.as_str()))
         .collect();
-    // (pool, model) → (GPUs sampled, Σ util %, Σ FB used MiB, GPUs with an XID, max temperature).
-    let mut agg: BTreeMap<(&str, &str), (u64, f64, f64, u64, f64)> = BTreeMap::new();
+    /// Per pool and model.
+    #[derive(Default)]
+    struct Agg {
+        sampled: u64,
+        util_pct: f64,
+        fb_used_mib: f64,
+        with_xid: u64,
+        max_temp_c: f64,
+    }
+    let mut agg: BTreeMap<(&str, &str), Agg> = BTreeMap::new();
     for s in telemetry {
         let Some(pool) = pool_of.get(s.node.as_str()) else {
             continue;
         };
         let e = agg.entry((pool, s.model.as_str())).or_default();
-        e.0 += 1;
-        e.1 += s.util_pct;
-        e.2 += s.fb_used_mib as f64;
-        e.3 += (s.xid != 0) as u64;
-        e.4 = e.4.max(s.temp_c);
+        e.sampled += 1;
+        e.util_pct += s.util_pct;
+        e.fb_used_mib += s.fb_used_mib as f64;
+        e.with_xid += (s.xid != 0) as u64;
+        e.max_temp_c = e.max_temp_c.max(s.temp_c);
     }
     let (util, fb, xid, temp) = (
         FGauge::default(),
@@ -863,12 +871,16 @@ fn render_telemetry_aggregates(reg: &mut Registry, snap: &Snapshot, telemetry: &
         FGauge::default(),
         FGauge::default(),
     );
-    for ((pool, model), (n, u, m, x, t)) in &agg {
+    for ((pool, model), a) in &agg {
         let lb = l(&[("pool", pool), ("model", model)]);
-        util.get_or_create(&lb).set(if *n > 0 { u / *n as f64 } else { 0.0 });
-        fb.get_or_create(&lb).set(*m);
-        xid.get_or_create(&lb).set(*x as f64);
-        temp.get_or_create(&lb).set(*t);
+        util.get_or_create(&lb).set(if a.sampled > 0 {
+            a.util_pct / a.sampled as f64
+        } else {
+            0.0
+        });
+        fb.get_or_create(&lb).set(a.fb_used_mib);
+        xid.get_or_create(&lb).set(a.with_xid as f64);
+        temp.get_or_create(&lb).set(a.max_temp_c);
     }
     gauge(
         reg,

@@ -653,22 +653,29 @@ async fn owner_reclaims_its_guarantee_from_a_borrower() {
     let running = s.wait_state(own_id, "running").await;
     assert_eq!(running["borrowing"], false);
     let events = s.get(&format!("/api/v1/workloads/{own_id}/events")).await;
-    let preempting = events
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["detail"].as_str().unwrap().starts_with("preempting workload"))
-        .expect("who it preempted is recorded");
-    let victim: u64 = preempting["detail"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("preempting workload ")
-        .split(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(borrowers.contains(&victim));
+    assert!(
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["step"] == "queued" && e["code"] == "preemption"),
+        "the owner waited for its victim to stop: {events}"
+    );
+    // The victim: the one borrower whose timeline has a reclaim preemption.
+    let mut victims = Vec::new();
+    for id in &borrowers {
+        let ev = s.get(&format!("/api/v1/workloads/{id}/events")).await;
+        if ev
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["step"] == "preempted" && e["code"] == "preempted-reclaim")
+        {
+            victims.push(*id);
+        }
+    }
+    assert_eq!(victims.len(), 1, "one borrower gives the owner its guarantee back");
+    let victim = victims[0];
     s.wait_state(victim, "queued").await;
     let vev = s.get(&format!("/api/v1/workloads/{victim}/events")).await;
     let ev = vev.as_array().unwrap();

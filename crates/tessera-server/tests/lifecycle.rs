@@ -394,7 +394,10 @@ fn preempted_batch_work_is_requeued(mode: SimMode) {
         let v = &requeued[0];
         assert!(v.placement.is_none() && v.running_at.is_none());
         let events = store.events(v.id, None).await.unwrap();
-        let preempted = events.iter().position(|e| e.step == Step::Preempted).expect("preempted");
+        let preempted = events
+            .iter()
+            .position(|e| e.step == Step::Preempted)
+            .expect("preempted");
         let requeue = events
             .iter()
             .position(|e| e.code == Some(ReasonCode::Requeued))

@@ -284,6 +284,8 @@ async fn dashboards_and_alerts_use_only_exported_metrics() {
     let (st, _) = s.get(&format!("/api/v1/workloads/{}", ids[0])).await;
     assert_eq!(st, 200);
 
+    // A scrape is timed like any request: it shows in the next one.
+    s.scrape().await;
     let e = eventually(Duration::from_secs(30), Duration::from_millis(300), || async {
         let e = parse_exposition(&s.scrape().await).unwrap();
         let metered = e

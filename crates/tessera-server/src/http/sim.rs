@@ -109,7 +109,7 @@ mod tests {
             inject(None, "local", &fleet, &f).unwrap_err().status,
             StatusCode::CONFLICT
         );
-        let sim = SimBackend::new(SimConfig::default(), Vec::new());
+        let sim = SimBackend::new(SimConfig::default(), crate::sim_gpus(&fleet));
         let e = inject(
             Some(&sim),
             "sim",
@@ -126,5 +126,12 @@ mod tests {
         assert!(e.detail.contains("has 8 GPUs"), "{}", e.detail);
         let v = inject(Some(&sim), "sim", &fleet, &f).unwrap();
         assert_eq!((v.pool.as_str(), v.xid), ("training", 79));
+        let xid = sim
+            .sample()
+            .into_iter()
+            .find(|g| g.node == "h100-00" && g.gpu == 3)
+            .unwrap()
+            .xid;
+        assert_eq!(xid, 79, "the next telemetry sample carries it");
     }
 }

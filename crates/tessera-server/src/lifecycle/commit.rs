@@ -33,6 +33,13 @@ struct Pending {
     events: Vec<Event>,
 }
 
+/// A batch taken apart: what to store, what to publish, what to run.
+pub(super) struct Parts {
+    pub changes: Vec<Change>,
+    pub records: Vec<Arc<Workload>>,
+    pub ops: Vec<(WorkloadId, Op)>,
+}
+
 /// What a batch of commands decided.
 #[derive(Default)]
 pub(super) struct Batch {
@@ -104,9 +111,13 @@ impl Batch {
 
     /// The batch's changes in commit order (workload records, then usage intervals), the
     /// records to publish, and the backend work.
-    pub fn into_parts(mut self) -> (Vec<Change>, Vec<Arc<Workload>>, Vec<(WorkloadId, Op)>) {
+    pub fn into_parts(mut self) -> Parts {
         let (changes, records) = self.take_changes();
-        (changes, records.into_values().collect(), self.ops)
+        Parts {
+            changes,
+            records: records.into_values().collect(),
+            ops: self.ops,
+        }
     }
 
     fn take_changes(&mut self) -> (Vec<Change>, HashMap<WorkloadId, Arc<Workload>>) {
@@ -177,10 +188,14 @@ impl Core {
             }
         }
         self.published.put_workloads(records.values().cloned());
-        let full = batch.full_publish || self.last_full_publish.elapsed() >= Duration::from_secs(1);
+        let since = self.last_full_publish.elapsed();
+        let full = batch.full_publish
+            || since >= Duration::from_secs(1)
+            || (self.queue_dirty && since >= super::QUEUE_PUBLISH_EVERY);
         if !changes.is_empty() || full {
             if full {
                 self.last_full_publish = Instant::now();
+                self.queue_dirty = false;
             }
             let snap = self.builder.build(&self.fleet, &self.sched, &self.live, now, full);
             self.published.set_snapshot(snap);
@@ -204,7 +219,6 @@ impl Core {
             self.runner.submit(id, op);
         }
     }
-
 }
 
 /// A workload's committed record: from this batch, the published cache, or the store.

@@ -71,6 +71,9 @@ impl Default for Settings {
 
 /// Shortest interval between two full scheduling passes triggered by changes.
 const CYCLE_EVERY: Duration = Duration::from_millis(50);
+/// Shortest interval between two publications of the queue and phase counts while they
+/// change (they are published every second regardless).
+const QUEUE_PUBLISH_EVERY: Duration = Duration::from_millis(50);
 /// Workload ids reserved from the store at a time.
 const ID_BLOCK: u32 = 1024;
 /// At most this many commands per batch.
@@ -136,6 +139,8 @@ pub(crate) struct Core {
     reconciling: bool,
     /// When queue and phase counts were last published.
     last_full_publish: Instant,
+    /// The queue or the phases changed since they were last published.
+    queue_dirty: bool,
 }
 
 /// Rebuilds the loop's state from the store, reconciles with the backend and starts the loop.
@@ -169,6 +174,7 @@ pub async fn start(
         last_sample: now_ms(),
         reconciling: false,
         last_full_publish: Instant::now(),
+        queue_dirty: false,
     };
     core.recover()
         .await
@@ -213,7 +219,11 @@ impl Core {
         let mut last_cycle = Instant::now() - CYCLE_EVERY;
         loop {
             let pending_cycle = self.sched.needs_cycle();
-            let wait = CYCLE_EVERY.saturating_sub(last_cycle.elapsed());
+            let wait = if pending_cycle {
+                CYCLE_EVERY.saturating_sub(last_cycle.elapsed())
+            } else {
+                QUEUE_PUBLISH_EVERY.saturating_sub(self.last_full_publish.elapsed())
+            };
             let (first, ticked) = tokio::select! {
                 c = rx.recv() => match c { Some(c) => (Some(c), false), None => break },
                 _ = tick.tick() => (None, true),
@@ -221,7 +231,7 @@ impl Core {
                     self.start_reconcile(tx.clone());
                     continue;
                 }
-                _ = tokio::time::sleep(wait), if pending_cycle => (None, false),
+                _ = tokio::time::sleep(wait), if pending_cycle || self.queue_dirty => (None, false),
             };
             let now = now_ms();
             let mut batch = Batch::default();
@@ -400,6 +410,7 @@ impl Core {
         };
         let job = live.job();
         self.live.insert(id, live);
+        self.queue_dirty = true;
         let actions = self.sched.submit(job, now);
         let refusal = actions.iter().find_map(|a| match a {
             Action::Refused { id: r, reason } if *r == id.0 => Some(reason.clone()),
@@ -627,6 +638,7 @@ impl Core {
         // unpartition and the month's spend still need them.
         let before = live.w.placement.clone();
         let ran_since = live.w.running_at;
+        let before_phase = live.w.phase;
         let t = transition(live.w, input);
         live.w = t.workload;
         for e in &t.effects {
@@ -698,6 +710,9 @@ impl Core {
         }
         if live.w.phase.is_terminal() {
             self.metrics.ended(live.w.phase);
+        }
+        if t.changed && (before_phase != live.w.phase || live.w.phase.is_waiting()) {
+            self.queue_dirty = true;
         }
         if t.changed {
             batch.update(live.w.clone(), t.events);

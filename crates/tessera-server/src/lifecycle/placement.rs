@@ -228,7 +228,7 @@ pub fn allocation_of(
     };
     Ok(Allocation {
         id,
-        node: node,
+        node,
         grant,
         cpu_milli: host.0,
         memory_mib: host.1,

@@ -157,14 +157,14 @@ impl Core {
 
     /// Stores what recovery decided (it must not recurse into another recovery on failure).
     async fn commit_recovery(&mut self, batch: Batch, now: i64) -> Result<(), StoreError> {
-        let (changes, records, ops) = batch.into_parts();
-        self.store.commit(&changes).await?;
-        self.published.put_workloads(records);
+        let parts = batch.into_parts();
+        self.store.commit(&parts.changes).await?;
+        self.published.put_workloads(parts.records);
         self.published
             .put_workloads(self.live.values().map(|l| std::sync::Arc::new(l.w.clone())));
         let snap = self.builder.build(&self.fleet, &self.sched, &self.live, now, true);
         self.published.set_snapshot(snap);
-        for (id, op) in ops {
+        for (id, op) in parts.ops {
             self.runner.submit(id, op);
         }
         Ok(())

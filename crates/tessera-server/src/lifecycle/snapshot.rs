@@ -245,7 +245,7 @@ impl SnapshotBuilder {
     ) -> Snapshot {
         let st = sched.engine.state();
         if self.nodes.len() != st.nodes.len() {
-            self.nodes = vec![Arc::new(NodeSnap::default()); st.nodes.len()];
+            self.nodes = (0..st.nodes.len()).map(|_| Arc::new(NodeSnap::default())).collect();
             self.epochs = vec![u64::MAX; st.nodes.len()];
         }
         for (i, ns) in st.nodes.iter().enumerate() {
