@@ -25,6 +25,12 @@
 //! * **shared** pools: fractions and whole GPUs on time-sliced GPUs, scored by a pluggable
 //!   [`SharedPolicy`]; one tenant per GPU unless the pool allows mixing.
 //!
+//! Bookings name exact devices. Where the backend picks the devices itself and reports them
+//! afterwards (the stock device plugin: "N devices on node X"), [`DeviceBinding::PerNodeCount`]
+//! makes a commit provisional until [`Engine::bind`] or [`Engine::rebind`] (which moves it to
+//! the devices the backend chose, swapping with other provisional bookings of the same shape)
+//! makes it bound; accounting per node, GPU and tenant stays exact throughout.
+//!
 //! [`MigMode`]: crate::mig::MigMode
 
 use std::collections::{BTreeSet, HashMap};
@@ -91,7 +97,10 @@ impl fmt::Display for CommitError {
 
 impl std::error::Error for CommitError {}
 
+mod rebind;
 mod whole_gpu;
+
+pub use rebind::DeviceBinding;
 
 /// How an allocation comes to be booked; what must hold differs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +110,8 @@ enum Booking {
     /// An allocation that exists on the backend already (read from the store, or put back
     /// after a trial release).
     Restore,
+    /// An allocation moved to the devices the backend chose.
+    Rebind,
 }
 
 /// A cached best choice on one node: `(node epoch, policy epoch, best)`.
@@ -139,6 +150,11 @@ pub struct Engine {
     mig_mode: crate::mig::MigMode,
     /// MIG pools in `WholeGpu` mode: per (pool, model), free configured instances and idle GPUs.
     layout_index: HashMap<(u16, u16), whole_gpu::LayoutIndex>,
+    binding: DeviceBinding,
+    /// Provisional allocations released since the last commit. The scheduler tries a plan by
+    /// releasing allocations and restoring them; such a restore must leave them provisional,
+    /// whereas an allocation restored from the store is bound.
+    released_unbound: Vec<AllocId>,
     cache: ScoreCache,
     /// Nodes held back for a reservation: no placement goes there while set.
     blocked: std::collections::HashSet<u32>,
@@ -171,6 +187,8 @@ impl Engine {
             mig_index: HashMap::new(),
             mig_mode: crate::mig::MigMode::Instance,
             layout_index: HashMap::new(),
+            binding: DeviceBinding::Exact,
+            released_unbound: Vec::new(),
             cache: ScoreCache::default(),
             blocked: Default::default(),
             next_epoch: 1,
@@ -274,7 +292,8 @@ impl Engine {
         self.book(alloc, how)
     }
 
-    /// Re-applies a known allocation (e.g. from the store at start-up), checking it fits. In
+    /// Re-applies a known allocation (e.g. from the store at start-up), checking it fits. A
+    /// restored allocation is bound (its devices are the ones the backend runs it on), and in
     /// `WholeGpu` mode its MIG instance joins the GPU's layout.
     pub fn restore(&mut self, alloc: Allocation) -> Result<&Allocation, CommitError> {
         self.book(alloc, Booking::Restore)
@@ -288,6 +307,21 @@ impl Engine {
         let id = alloc.id;
         self.apply(&alloc, true);
         self.state.allocations.insert(id, alloc);
+        match how {
+            Booking::Commit { .. } => {
+                self.released_unbound.clear();
+                if self.binding == DeviceBinding::PerNodeCount {
+                    self.state.unbound.insert(id);
+                }
+            }
+            Booking::Rebind => {}
+            Booking::Restore => {
+                if let Some(i) = self.released_unbound.iter().position(|&r| r == id) {
+                    self.released_unbound.swap_remove(i);
+                    self.state.unbound.insert(id);
+                }
+            }
+        }
         Ok(&self.state.allocations[&id])
     }
 
@@ -296,6 +330,9 @@ impl Engine {
     pub fn release(&mut self, id: AllocId) -> Option<Allocation> {
         let alloc = self.state.allocations.remove(&id)?;
         self.apply(&alloc, false);
+        if !self.state.unbound.is_empty() && self.state.unbound.remove(&id) {
+            self.released_unbound.push(id);
+        }
         Some(alloc)
     }
 
@@ -759,6 +796,9 @@ impl Engine {
                     }
                     Booking::Commit { .. } if whole_gpu && !configured && !g.holders.is_empty() => {
                         return bad("the GPU has instances in use, so its layout cannot change");
+                    }
+                    Booking::Rebind if whole_gpu && !configured => {
+                        return bad("not a configured instance of the GPU's layout");
                     }
                     _ => {}
                 }

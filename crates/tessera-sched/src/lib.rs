@@ -5,7 +5,8 @@
 //! * [`engine::Engine`]: places requests on a fleet snapshot (whole-GPU gangs, on-demand MIG,
 //!   time-sliced fractions), explains refusals, releases capacity exactly. It follows the
 //!   backend: MIG instances created one at a time or whole GPUs laid out at once
-//!   ([`mig::MigMode`]).
+//!   ([`mig::MigMode`]), devices named exactly or picked by the backend and rebound
+//!   ([`engine::DeviceBinding`]).
 //! * [`govern`]: the scheduler cycle — quotas, budgets, priority classes, fair-share queue
 //!   with bounded backfill, reclaim and preemption.
 //! * [`mig`]: precomputed MIG flexibility tables that drive on-demand partitioning, and the

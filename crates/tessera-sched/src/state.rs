@@ -1,11 +1,11 @@
 //! The mutable fleet state the engine places into: per node, free host resources and per GPU
 //! what is held on it (and, for GPUs laid out as a whole, their configured MIG layout); plus the
-//! allocations themselves.
+//! allocations themselves and which of them the backend has not bound yet.
 //!
 //! Everything derives `PartialEq` so that property tests can check that releasing an allocation
 //! restores the exact state before it was placed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tessera_model::layout::Placed;
 use tessera_model::{GpuUnits, NodeId, TenantId};
@@ -134,6 +134,9 @@ impl NodeState {
 pub struct ClusterState {
     pub nodes: Vec<NodeState>,
     pub allocations: HashMap<AllocId, Allocation>,
+    /// Allocations whose devices are booked provisionally: the backend picks the devices itself
+    /// and has not reported them yet (see [`crate::engine::DeviceBinding`]).
+    pub unbound: HashSet<AllocId>,
 }
 
 impl ClusterState {
@@ -153,12 +156,14 @@ impl ClusterState {
         ClusterState {
             nodes,
             allocations: HashMap::new(),
+            unbound: HashSet::new(),
         }
     }
 
     /// Equality that ignores the per-node epochs (which only ever grow).
     pub fn same_holdings(&self, other: &ClusterState) -> bool {
         self.allocations == other.allocations
+            && self.unbound == other.unbound
             && self.nodes.len() == other.nodes.len()
             && self.nodes.iter().zip(&other.nodes).all(|(a, b)| {
                 a.cpu_free == b.cpu_free && a.mem_free == b.mem_free && a.gpus == b.gpus && a.free_mask == b.free_mask
@@ -178,6 +183,7 @@ impl ClusterState {
                 && a.holders == b.holders
         };
         self.allocations == other.allocations
+            && self.unbound == other.unbound
             && self.nodes.len() == other.nodes.len()
             && self.nodes.iter().zip(&other.nodes).all(|(a, b)| {
                 a.cpu_free == b.cpu_free

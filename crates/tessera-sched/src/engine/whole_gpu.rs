@@ -540,6 +540,7 @@ mod tests {
         };
         e.restore(a).unwrap();
         assert_eq!(e.mig_layout(NodeId(0), 0), vec![slot(9, 0), slot(19, 5)]);
+        assert_eq!(e.is_bound(7), Some(true));
     }
 
     #[test]
