@@ -781,26 +781,12 @@ impl Engine {
                 {
                     return bad("MIG placement overlaps or is illegal");
                 }
-                let whole_gpu = self.mig_mode == crate::mig::MigMode::WholeGpu;
-                let configured = g.mig_layout.contains(&tessera_model::layout::Placed { profile, start });
-                match how {
-                    Booking::Commit { relayout } if relayout && !whole_gpu => {
-                        return bad("the placement lays out the GPU anew, but instances are created one at a time");
+                if self.mig_mode == crate::mig::MigMode::WholeGpu {
+                    if let Err(m) = whole_gpu::check_layout(g, profile, start, how) {
+                        return bad(m);
                     }
-                    Booking::Commit { relayout } if whole_gpu && relayout == configured => {
-                        return bad(if relayout {
-                            "stale placement: the instance is configured already"
-                        } else {
-                            "stale placement: the instance is no longer configured"
-                        });
-                    }
-                    Booking::Commit { .. } if whole_gpu && !configured && !g.holders.is_empty() => {
-                        return bad("the GPU has instances in use, so its layout cannot change");
-                    }
-                    Booking::Rebind if whole_gpu && !configured => {
-                        return bad("not a configured instance of the GPU's layout");
-                    }
-                    _ => {}
+                } else if how == (Booking::Commit { relayout: true }) {
+                    return bad("the placement lays out the GPU anew, but instances are created one at a time");
                 }
             }
             Grant::Fraction { gpu, milli, memory_mib } => {
@@ -831,7 +817,6 @@ impl Engine {
         self.unindex(n, touched);
         let fleet = self.fleet.clone();
         let node = &fleet.nodes[n as usize];
-        let whole_gpu = self.mig_mode == crate::mig::MigMode::WholeGpu;
         let st = &mut self.state.nodes[n as usize];
         if add {
             st.cpu_free -= a.cpu_milli;
@@ -865,9 +850,8 @@ impl Engine {
                 let p = &geom.profiles[profile as usize];
                 let g = &mut st.gpus[gpu as usize];
                 let units = a.units.as_milli() as u16;
-                let placed = tessera_model::layout::Placed { profile, start };
-                if add && whole_gpu && !g.mig_layout.contains(&placed) {
-                    g.mig_layout = tessera_model::layout::with_instance(geom, &g.mig_layout, placed);
+                if add && self.mig_mode == crate::mig::MigMode::WholeGpu {
+                    whole_gpu::configure(geom, g, profile, start);
                 }
                 if add {
                     g.mig_mask |= p.mask_at(start);

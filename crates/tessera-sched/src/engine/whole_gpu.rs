@@ -21,13 +21,13 @@
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
-use tessera_model::layout::{Placed, media_instances, validate};
+use tessera_model::layout::{Placed, media_instances, validate, with_instance};
 use tessera_model::request::MigChoice;
 use tessera_model::{MigGeometry, ModelId, NodeId, PoolId, Request, Sharing};
 
-use super::{CommitError, Engine};
+use super::{Booking, CommitError, Engine};
 use crate::mig::{MigMode, layout_key};
-use crate::state::{Grant, MigSlot, Placement};
+use crate::state::{GpuState, Grant, MigSlot, Placement};
 
 /// Free configured instances and idle GPUs of one (pool, model).
 pub(super) struct LayoutIndex {
@@ -264,6 +264,8 @@ impl Engine {
     }
 
     /// Adds or removes the `WholeGpu` index entries of the GPUs in `gpus` on node `n`.
+    // Out of line: `reindex` runs twice per placement in `Instance` mode too.
+    #[inline(never)]
     pub(super) fn reindex_layouts(&mut self, n: u32, gpus: u16, insert: bool) {
         let node = &self.fleet.nodes[n as usize];
         let Some(geom) = self.fleet.catalogue.get(node.model).mig else {
@@ -298,6 +300,38 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// What a `WholeGpu` booking of the instance `(profile, start)` on GPU `g` requires of its
+/// layout: a commit lays the GPU out anew exactly when the instance is not configured, and only
+/// while the GPU has no holder; a rebind targets a configured instance; a restore may add its
+/// instance to the layout (it exists on the backend).
+// Out of line, like `configure`: the commit path of `Instance` mode stays as small as it was.
+#[inline(never)]
+pub(super) fn check_layout(g: &GpuState, profile: u8, start: u8, how: Booking) -> Result<(), &'static str> {
+    let configured = g.mig_layout.contains(&Placed { profile, start });
+    match how {
+        Booking::Commit { relayout } if relayout == configured => Err(if relayout {
+            "stale placement: the instance is configured already"
+        } else {
+            "stale placement: the instance is no longer configured"
+        }),
+        Booking::Commit { .. } if !configured && !g.holders.is_empty() => {
+            Err("the GPU has instances in use, so its layout cannot change")
+        }
+        Booking::Rebind if !configured => Err("not a configured instance of the GPU's layout"),
+        _ => Ok(()),
+    }
+}
+
+/// Makes sure the instance being booked is part of `g`'s layout (`check_layout` has made sure
+/// the layout may change if it is not).
+#[inline(never)]
+pub(super) fn configure(geom: &MigGeometry, g: &mut GpuState, profile: u8, start: u8) {
+    let placed = Placed { profile, start };
+    if !g.mig_layout.contains(&placed) {
+        g.mig_layout = with_instance(geom, &g.mig_layout, placed);
     }
 }
 
