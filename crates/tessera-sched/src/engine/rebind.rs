@@ -96,7 +96,7 @@ impl Engine {
     fn rebind_candidates(&self, a: &Allocation, grant: &Grant) -> Result<Vec<Vec<(AllocId, Grant)>>, String> {
         let node_gpus = self.fleet.nodes[a.node.0 as usize].gpus;
         let beyond = match *grant {
-            Grant::Whole { gpus } => gpus >> node_gpus != 0,
+            Grant::Whole { gpus } => (gpus as u32) >> node_gpus != 0,
             Grant::Mig { gpu, .. } | Grant::Fraction { gpu, .. } => gpu >= node_gpus,
             Grant::CpuOnly => false,
         };
@@ -363,6 +363,16 @@ mod tests {
         assert_eq!(node.free_mask & 0b1111, 0b0111);
         assert_eq!(totals(&e), before);
         assert_eq!(e.rebind(1, Grant::Whole { gpus: 0b1000 }), Ok(vec![]), "idempotent");
+    }
+
+    #[test]
+    fn rebind_reaches_the_last_gpu_of_a_sixteen_gpu_node() {
+        let text = "[[pool]]\nname = \"whole\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"big\"\ncount = 1\ngpu_model = \"H100-80GB-PCIE\"\ngpus = 16\ncpus = 64\nmemory_gib = 256\n";
+        let mut e = Engine::new(Arc::new(Fleet::from_toml(text, "test").unwrap()), Box::new(BestFit), 1);
+        e.set_device_binding(DeviceBinding::PerNodeCount);
+        e.place(1, &Request::whole(1)).unwrap();
+        assert_eq!(e.rebind(1, Grant::Whole { gpus: 1 << 15 }), Ok(vec![1]));
+        assert_eq!(gpus(&e, 1), 1 << 15);
     }
 
     #[test]
