@@ -1,4 +1,5 @@
-//! MIG layouts on one GPU: validity and exhaustive enumeration.
+//! MIG layouts on one GPU: validity, exhaustive enumeration, and adding an instance to a layout
+//! that is applied as a whole.
 //!
 //! The validity rule (reference §1.2), for the GPU instances on one GPU:
 //! 1. each instance uses a `(profile, start)` pair from that profile's legal placements;
@@ -108,6 +109,40 @@ pub fn enumerate_layouts(geom: &MigGeometry) -> Vec<Vec<Placed>> {
     out
 }
 
+/// How many instances of `layout` own media extensions (`+me`). A GPU has one set of media
+/// engines to give (on A30 both `1g.6gb+me` and `2g.12gb+me` take its only JPEG decoder and
+/// OFA), so a layout the scheduler builds or adopts has at most one.
+pub fn media_instances(geom: &MigGeometry, layout: &[Placed]) -> usize {
+    layout
+        .iter()
+        .filter(|p| {
+            geom.profiles
+                .get(p.profile as usize)
+                .is_some_and(|q| q.media_extensions)
+        })
+        .count()
+}
+
+/// `layout` (valid, at most one `+me`) with `new` added: `new` first, then each instance of
+/// `layout` in start order that keeps the result valid with at most one `+me` (the ones
+/// overlapping `new`, or another `+me`, are dropped). The result is sorted by start.
+///
+/// This is how a GPU that is laid out as a whole (the GPU Operator's MIG manager) takes a new
+/// instance: keeping the instances that can stay means fewer changes, and demand for the same
+/// profiles finds them configured again.
+pub fn with_instance(geom: &MigGeometry, layout: &[Placed], new: Placed) -> Vec<Placed> {
+    let mut out = Vec::with_capacity(layout.len() + 1);
+    out.push(new);
+    for &p in layout {
+        out.push(p);
+        if validate(geom, &out).is_err() || media_instances(geom, &out) > 1 {
+            out.pop();
+        }
+    }
+    out.sort_unstable_by_key(|p| p.start);
+    out
+}
+
 /// A multiset of profiles: instance count per profile index.
 pub type ProfileMultiset = Vec<u8>;
 
@@ -204,6 +239,32 @@ mod tests {
             let sm: u8 = l.iter().map(|p| g.profiles[p.profile as usize].sm_slices).sum();
             assert!(sm <= 7);
         }
+    }
+
+    #[test]
+    fn with_instance_keeps_what_does_not_overlap() {
+        let g = &MIG_8_SLICE;
+        // Two 3g; a 1g at slice 6 replaces the 3g at 4 and keeps the one at 0.
+        let l = with_instance(g, &[at(g, 9, 0), at(g, 9, 4)], at(g, 19, 6));
+        assert_eq!(l, vec![at(g, 9, 0), at(g, 19, 6)]);
+        assert!(validate(g, &l).is_ok());
+        // Sorted by start whatever the order of the input.
+        let l = with_instance(g, &[at(g, 19, 5), at(g, 19, 1)], at(g, 14, 2));
+        assert_eq!(l, vec![at(g, 19, 1), at(g, 14, 2), at(g, 19, 5)]);
+        // A second +me is never kept, even where the slices are free.
+        let l = with_instance(g, &[at(g, 20, 0), at(g, 19, 1)], at(g, 20, 6));
+        assert_eq!(l, vec![at(g, 19, 1), at(g, 20, 6)]);
+        // An empty layout gets just the new instance.
+        assert_eq!(with_instance(g, &[], at(g, 0, 0)), vec![at(g, 0, 0)]);
+        // On A30 the two +me profiles differ, but the media engines still go to one instance.
+        let a30 = &MIG_A30;
+        let l = with_instance(a30, &[at(a30, 21, 0), at(a30, 14, 1)], at(a30, 6, 2));
+        assert_eq!(l, vec![at(a30, 14, 1), at(a30, 6, 2)]);
+        assert_eq!(media_instances(a30, &l), 1);
+        assert!(
+            validate(a30, &[at(a30, 21, 0), at(a30, 6, 2)]).is_ok(),
+            "per-profile limits alone would allow both"
+        );
     }
 
     #[test]

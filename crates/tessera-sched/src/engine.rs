@@ -7,12 +7,31 @@
 //! * **whole** pools: gangs of whole GPUs on one node and one NVLink domain. Nodes are indexed by
 //!   their number of free GPUs and a request takes the node with the fewest free GPUs that can
 //!   hold it (best fit), so whole nodes stay free for 8-GPU jobs.
-//! * **mig** pools: GPUs are partitioned on demand. GPUs are indexed by occupancy and the
-//!   precomputed [`MigTable`] gives, per occupancy, the start that costs the least future
-//!   flexibility; the request takes the cheapest (GPU, start) over the pool. Running instances
-//!   are never moved.
+//! * **mig** pools: GPUs are partitioned on demand, in one of two [`MigMode`]s chosen for the
+//!   backend with [`Engine::set_mig_mode`] before anything is placed:
+//!   * `Instance` (the default; NVML creates one instance at a chosen placement while the others
+//!     run): GPUs are indexed by occupancy and the precomputed [`MigTable`] gives, per occupancy,
+//!     the start that costs the least future flexibility; the request takes the cheapest
+//!     (GPU, start) over the pool. An instance exists while it is in use.
+//!   * `WholeGpu` (the GPU Operator's MIG manager lays out a whole GPU, only while none of its
+//!     instances is in use): each GPU has a configured layout besides its occupancy. A request
+//!     takes a free configured instance on a GPU that already has work, else one on an idle GPU,
+//!     else an idle GPU is laid out again: the new instance at the table's best start for an
+//!     empty GPU plus the configured instances that can stay ([`Placement::relayout`]). Released
+//!     instances stay configured. [`Engine::mig_layout`] and [`Engine::adopt_layout`] read and
+//!     set layouts.
+//!
+//!   Running instances are never moved in either mode.
 //! * **shared** pools: fractions and whole GPUs on time-sliced GPUs, scored by a pluggable
 //!   [`SharedPolicy`]; one tenant per GPU unless the pool allows mixing.
+//!
+//! Bookings name exact devices. Where the backend picks the devices itself and reports them
+//! afterwards (the stock device plugin: "N devices on node X"), [`DeviceBinding::PerNodeCount`]
+//! makes a commit provisional until [`Engine::bind`] or [`Engine::rebind`] (which moves it to
+//! the devices the backend chose, swapping with other provisional bookings of the same shape)
+//! makes it bound; accounting per node, GPU and tenant stays exact throughout.
+//!
+//! [`MigMode`]: crate::mig::MigMode
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -39,6 +58,23 @@ impl fmt::Display for CommitError {
 }
 
 impl std::error::Error for CommitError {}
+
+mod rebind;
+mod whole_gpu;
+
+pub use rebind::DeviceBinding;
+
+/// How an allocation comes to be booked; what must hold differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Booking {
+    /// A placement from [`Engine::plan`], which says whether it lays out its GPU anew.
+    Commit { relayout: bool },
+    /// An allocation that exists on the backend already (read from the store, or put back
+    /// after a trial release).
+    Restore,
+    /// An allocation moved to the devices the backend chose.
+    Rebind,
+}
 
 /// A cached best choice on one node: `(node epoch, policy epoch, best)`.
 type CacheEntry = (u64, u64, Option<(Choice, Score)>);
@@ -70,8 +106,17 @@ pub struct Engine {
     mig_tables: Vec<Option<Arc<MigTable>>>,
     /// Whole pools: `by_free[pool][k]` = nodes with exactly `k` free GPUs.
     by_free: Vec<Vec<BTreeSet<u32>>>,
-    /// MIG pools: per (pool, model), GPUs `(node, gpu)` bucketed by occupancy key.
+    /// MIG pools: per (pool, model), GPUs `(node, gpu)` bucketed by occupancy key
+    /// (`Instance` mode).
     mig_index: HashMap<(u16, u16), MigBuckets>,
+    mig_mode: crate::mig::MigMode,
+    /// MIG pools in `WholeGpu` mode: per (pool, model), free configured instances and idle GPUs.
+    layout_index: HashMap<(u16, u16), whole_gpu::LayoutIndex>,
+    binding: DeviceBinding,
+    /// Provisional allocations released since the last commit. The scheduler tries a plan by
+    /// releasing allocations and restoring them; such a restore must leave them provisional,
+    /// whereas an allocation restored from the store is bound.
+    released_unbound: Vec<AllocId>,
     cache: ScoreCache,
     /// Nodes held back for a reservation: no placement goes there while set.
     blocked: std::collections::HashSet<u32>,
@@ -102,6 +147,10 @@ impl Engine {
             mig_tables,
             by_free: Vec::new(),
             mig_index: HashMap::new(),
+            mig_mode: crate::mig::MigMode::Instance,
+            layout_index: HashMap::new(),
+            binding: DeviceBinding::Exact,
+            released_unbound: Vec::new(),
             cache: ScoreCache::default(),
             blocked: Default::default(),
             next_epoch: 1,
@@ -198,6 +247,7 @@ impl Engine {
     /// Commits a placement (from [`Engine::plan`], or restored from a store). Fails, changing
     /// nothing, if the id is taken or the placement does not fit the current state.
     pub fn commit(&mut self, id: AllocId, req: &Request, p: Placement) -> Result<&Allocation, CommitError> {
+        let how = Booking::Commit { relayout: p.relayout };
         let alloc = Allocation {
             id,
             node: p.node,
@@ -207,25 +257,50 @@ impl Engine {
             tenant: req.tenant,
             units: p.units,
         };
-        self.restore(alloc)
+        self.book(alloc, how)
     }
 
-    /// Re-applies a known allocation (e.g. from the store at start-up), checking it fits.
+    /// Re-applies a known allocation (e.g. from the store at start-up), checking it fits. A
+    /// restored allocation is bound (its devices are the ones the backend runs it on), and in
+    /// `WholeGpu` mode its MIG instance joins the GPU's layout.
     pub fn restore(&mut self, alloc: Allocation) -> Result<&Allocation, CommitError> {
+        self.book(alloc, Booking::Restore)
+    }
+
+    fn book(&mut self, alloc: Allocation, how: Booking) -> Result<&Allocation, CommitError> {
         if self.state.allocations.contains_key(&alloc.id) {
             return Err(CommitError(format!("allocation {} already exists", alloc.id)));
         }
-        self.check_fits(&alloc)?;
+        self.check_fits(&alloc, how)?;
         let id = alloc.id;
         self.apply(&alloc, true);
         self.state.allocations.insert(id, alloc);
+        match how {
+            Booking::Commit { .. } => {
+                self.released_unbound.clear();
+                if self.binding == DeviceBinding::PerNodeCount {
+                    self.state.unbound.insert(id);
+                }
+            }
+            Booking::Rebind => {}
+            Booking::Restore => {
+                if let Some(i) = self.released_unbound.iter().position(|&r| r == id) {
+                    self.released_unbound.swap_remove(i);
+                    self.state.unbound.insert(id);
+                }
+            }
+        }
         Ok(&self.state.allocations[&id])
     }
 
-    /// Returns an allocation's capacity exactly.
+    /// Returns an allocation's capacity exactly. In `WholeGpu` mode its MIG instance stays
+    /// configured, free for the next request of its profile.
     pub fn release(&mut self, id: AllocId) -> Option<Allocation> {
         let alloc = self.state.allocations.remove(&id)?;
         self.apply(&alloc, false);
+        if !self.state.unbound.is_empty() && self.state.unbound.remove(&id) {
+            self.released_unbound.push(id);
+        }
         Some(alloc)
     }
 
@@ -446,6 +521,7 @@ impl Engine {
                 node: NodeId(n),
                 grant: Grant::CpuOnly,
                 units: GpuUnits::ZERO,
+                relayout: false,
             })
     }
 
@@ -463,6 +539,7 @@ impl Engine {
                         node: NodeId(n),
                         grant: Grant::Whole { gpus: mask },
                         units: GpuUnits::whole(gpus as u64),
+                        relayout: false,
                     });
                 }
             }
@@ -471,6 +548,9 @@ impl Engine {
     }
 
     fn choose_mig(&mut self, pool: PoolId, req: &Request, choice: &MigChoice) -> Option<Placement> {
+        if self.mig_mode == crate::mig::MigMode::WholeGpu {
+            return self.choose_mig_whole_gpu(pool, req, choice);
+        }
         // (cost, model, profile index, occupancy key, start)
         let mut cands: Vec<(u32, u16, u8, usize, u8)> = Vec::new();
         for &(model, pi) in &choice.options {
@@ -511,6 +591,7 @@ impl Engine {
                         size: p.mem_slices,
                     },
                     units: gm.profile_units(p),
+                    relayout: false,
                 });
             }
         }
@@ -607,12 +688,13 @@ impl Engine {
             node: NodeId(n),
             grant,
             units: GpuUnits::milli(d.total_milli()),
+            relayout: false,
         })
     }
 
     // ----- applying --------------------------------------------------------------------------
 
-    fn check_fits(&self, a: &Allocation) -> Result<(), CommitError> {
+    fn check_fits(&self, a: &Allocation, how: Booking) -> Result<(), CommitError> {
         let fleet = &*self.fleet;
         let n = a.node.0 as usize;
         let (Some(node), Some(st)) = (fleet.nodes.get(n), self.state.nodes.get(n)) else {
@@ -645,6 +727,13 @@ impl Engine {
                 {
                     return bad("MIG placement overlaps or is illegal");
                 }
+                if self.mig_mode == crate::mig::MigMode::WholeGpu {
+                    if let Err(m) = whole_gpu::check_layout(g, profile, start, how) {
+                        return bad(m);
+                    }
+                } else if how == (Booking::Commit { relayout: true }) {
+                    return bad("the placement lays out the GPU anew, but instances are created one at a time");
+                }
             }
             Grant::Fraction { gpu, milli, memory_mib } => {
                 let Some(g) = st.gpus.get(gpu as usize) else {
@@ -665,7 +754,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Adds (`add`) or removes an allocation's holdings, keeping the indexes in step.
+    /// Adds (`add`) or removes an allocation's holdings, keeping the indexes in step. In
+    /// `WholeGpu` mode an added MIG instance that is not configured yet joins the GPU's layout
+    /// (`check_fits` has made sure that only happens where the layout may change).
     fn apply(&mut self, a: &Allocation, add: bool) {
         let n = a.node.0;
         let touched = a.grant.gpu_mask();
@@ -701,9 +792,13 @@ impl Engine {
             Grant::Mig {
                 gpu, profile, start, ..
             } => {
-                let p = &fleet.catalogue.get(node.model).mig.expect("MIG").profiles[profile as usize];
+                let geom = fleet.catalogue.get(node.model).mig.expect("MIG");
+                let p = &geom.profiles[profile as usize];
                 let g = &mut st.gpus[gpu as usize];
                 let units = a.units.as_milli() as u16;
+                if add && self.mig_mode == crate::mig::MigMode::WholeGpu {
+                    whole_gpu::configure(geom, g, profile, start);
+                }
                 if add {
                     g.mig_mask |= p.mask_at(start);
                     g.used_milli += units;
@@ -767,6 +862,7 @@ impl Engine {
                     b.remove(&n);
                 }
             }
+            Sharing::Mig if self.mig_mode == crate::mig::MigMode::WholeGpu => self.reindex_layouts(n, gpus, insert),
             Sharing::Mig => {
                 let Some(table) = self.mig_tables[node.model.0 as usize].as_ref() else {
                     return;

@@ -3,10 +3,14 @@
 //! Tessera's placement engine, pure and deterministic (seeded randomness only):
 //!
 //! * [`engine::Engine`]: places requests on a fleet snapshot (whole-GPU gangs, on-demand MIG,
-//!   time-sliced fractions), explains refusals, releases capacity exactly.
+//!   time-sliced fractions), explains refusals, releases capacity exactly. It follows the
+//!   backend: MIG instances created one at a time or whole GPUs laid out at once
+//!   ([`mig::MigMode`]), devices named exactly or picked by the backend and rebound
+//!   ([`engine::DeviceBinding`]).
 //! * [`govern`]: the scheduler cycle — quotas, budgets, priority classes, fair-share queue
 //!   with bounded backfill, reclaim and preemption.
-//! * [`mig`]: precomputed MIG flexibility tables that drive on-demand partitioning.
+//! * [`mig`]: precomputed MIG flexibility tables that drive on-demand partitioning, and the
+//!   MIG modes.
 //! * [`policy`]: pluggable scoring for shared pools (random, bestfit, FGD) and
 //!   [`tessera`]: Tessera's own fragmentation-aware policy.
 //! * [`replay`]: the openb (Alibaba GPU trace) replay protocol.

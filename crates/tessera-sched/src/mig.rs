@@ -14,13 +14,41 @@
 //!
 //! All of it is precomputed per geometry (≤ 512 occupancies × 7 profiles), so a decision is a
 //! table lookup per occupied state, independent of the fleet's size.
+//!
+//! How instances come to exist depends on the backend, hence [`MigMode`]: created one at a time
+//! where the request lands (NVML), or as part of a layout applied to a whole idle GPU (the GPU
+//! Operator's MIG manager). The same table serves both: in the second mode it picks the start of
+//! a new instance on a GPU being laid out afresh.
 
 use tessera_model::MigGeometry;
-use tessera_model::layout::enumerate_layouts;
+use tessera_model::layout::{Placed, enumerate_layouts};
+
+/// How the backend partitions MIG GPUs, and therefore where the engine may put an instance.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MigMode {
+    /// Instances are created one at a time at a chosen placement while the others keep running
+    /// (NVML's `CreateGpuInstanceWithPlacement`); an instance exists only while in use.
+    #[default]
+    Instance,
+    /// A GPU's layout is applied as a whole and only while none of its instances is in use
+    /// (the GPU Operator's MIG manager). Instances stay configured after release; a request
+    /// takes a free configured instance, or an idle GPU is laid out again around it.
+    WholeGpu,
+}
 
 /// Occupancy key of a GPU: mask of occupied memory slices, plus one bit for `+me`.
 pub fn state_key(geom: &MigGeometry, mask: u16, me: bool) -> usize {
     mask as usize | ((me as usize) << geom.mem_slices)
+}
+
+/// The same key for a configured layout: the slices it covers and whether it has the `+me`
+/// instance.
+pub fn layout_key(geom: &MigGeometry, layout: &[Placed]) -> usize {
+    let (mask, me) = layout.iter().fold((0u16, false), |(m, me), p| {
+        let prof = &geom.profiles[p.profile as usize];
+        (m | prof.mask_at(p.start), me || prof.media_extensions)
+    });
+    state_key(geom, mask, me)
 }
 
 /// Precomputed flexibility and best moves for one MIG geometry.

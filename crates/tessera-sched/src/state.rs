@@ -1,11 +1,13 @@
 //! The mutable fleet state the engine places into: per node, free host resources and per GPU
-//! what is held on it; plus the allocations themselves.
+//! what is held on it (and, for GPUs laid out as a whole, their configured MIG layout); plus the
+//! allocations themselves and which of them the backend has not bound yet.
 //!
 //! Everything derives `PartialEq` so that property tests can check that releasing an allocation
 //! restores the exact state before it was placed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use tessera_model::layout::Placed;
 use tessera_model::{GpuUnits, NodeId, TenantId};
 
 /// Identifies an allocation; chosen by the caller (the control plane uses workload IDs).
@@ -48,6 +50,23 @@ pub struct Placement {
     pub node: NodeId,
     pub grant: Grant,
     pub units: GpuUnits,
+    /// The MIG GPU gets a new layout for this instance ([`crate::mig::MigMode::WholeGpu`] only):
+    /// the control plane must have the backend apply it before the workload can start.
+    pub relayout: bool,
+}
+
+/// One configured MIG instance of a GPU, as [`crate::Engine::mig_layout`] reports it and
+/// [`crate::Engine::adopt_layout`] takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MigSlot {
+    /// Index of the profile in the model's MIG geometry.
+    pub profile: u8,
+    /// NVML profile ID (`nvidia-smi mig -lgip`).
+    pub profile_id: u32,
+    /// First memory slice, as NVML's `nvmlGpuInstancePlacement_t`.
+    pub start: u8,
+    /// Memory slices occupied.
+    pub size: u8,
 }
 
 /// A committed placement.
@@ -77,6 +96,9 @@ pub struct GpuState {
     pub tenant: Option<TenantId>,
     /// Allocations holding part or all of this GPU, in placement order.
     pub holders: Vec<AllocId>,
+    /// MIG GPUs laid out as a whole: the configured instances, in use or free, sorted by start.
+    /// Empty when instances are created one at a time (they exist only while in use).
+    pub mig_layout: Vec<Placed>,
 }
 
 impl GpuState {
@@ -112,6 +134,9 @@ impl NodeState {
 pub struct ClusterState {
     pub nodes: Vec<NodeState>,
     pub allocations: HashMap<AllocId, Allocation>,
+    /// Allocations whose devices are booked provisionally: the backend picks the devices itself
+    /// and has not reported them yet (see [`crate::engine::DeviceBinding`]).
+    pub unbound: HashSet<AllocId>,
 }
 
 impl ClusterState {
@@ -131,15 +156,41 @@ impl ClusterState {
         ClusterState {
             nodes,
             allocations: HashMap::new(),
+            unbound: HashSet::new(),
         }
     }
 
     /// Equality that ignores the per-node epochs (which only ever grow).
     pub fn same_holdings(&self, other: &ClusterState) -> bool {
         self.allocations == other.allocations
+            && self.unbound == other.unbound
             && self.nodes.len() == other.nodes.len()
             && self.nodes.iter().zip(&other.nodes).all(|(a, b)| {
                 a.cpu_free == b.cpu_free && a.mem_free == b.mem_free && a.gpus == b.gpus && a.free_mask == b.free_mask
+            })
+    }
+
+    /// Like [`ClusterState::same_holdings`] but also ignoring configured MIG layouts: GPUs laid
+    /// out as a whole keep their instances configured after a release, so only the occupancy
+    /// returns to what it was.
+    pub fn same_occupancy(&self, other: &ClusterState) -> bool {
+        let same_gpu = |a: &GpuState, b: &GpuState| {
+            a.used_milli == b.used_milli
+                && a.mig_mask == b.mig_mask
+                && a.mig_me == b.mig_me
+                && a.mem_used_mib == b.mem_used_mib
+                && a.tenant == b.tenant
+                && a.holders == b.holders
+        };
+        self.allocations == other.allocations
+            && self.unbound == other.unbound
+            && self.nodes.len() == other.nodes.len()
+            && self.nodes.iter().zip(&other.nodes).all(|(a, b)| {
+                a.cpu_free == b.cpu_free
+                    && a.mem_free == b.mem_free
+                    && a.free_mask == b.free_mask
+                    && a.gpus.len() == b.gpus.len()
+                    && a.gpus.iter().zip(&b.gpus).all(|(x, y)| same_gpu(x, y))
             })
     }
 }

@@ -6,14 +6,24 @@
 //! intervals, per-profile counts within the maximum), the bookkeeping matches the allocations,
 //! time-shared GPUs hold one tenant's fractions only, and place-then-release restores the exact
 //! prior state.
+//!
+//! The MIG-capable models also run place/release/rebind/bind streams in both MIG modes with
+//! provisional bookings: every configured layout stays valid; in `WholeGpu` mode no instance in
+//! use is ever missing from its GPU's layout and a layout changes only while its GPU has no
+//! holder; place-then-release restores the exact state in `Instance` mode and the occupancy in
+//! `WholeGpu` mode; a rebind conserves capacity per node and tenant, changes exactly the grants
+//! it reports, and a refused one changes nothing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use tessera_model::layout::{Placed, validate};
-use tessera_model::{Catalogue, Fleet, Request, Shape, Sharing, TenantId};
+use tessera_model::layout::{Placed, enumerate_layouts, media_instances, validate};
+use tessera_model::{Catalogue, Fleet, NodeId, Request, Shape, Sharing, TenantId};
+use tessera_sched::engine::DeviceBinding;
+use tessera_sched::mig::MigMode;
 use tessera_sched::replay::make_policy;
+use tessera_sched::state::MigSlot;
 use tessera_sched::{Engine, Grant};
 
 /// A fleet with one pool for `model`: MIG if it can, else one whole and one shared pool.
@@ -216,5 +226,360 @@ fn every_catalogue_model_is_covered() {
     let c = Catalogue::builtin();
     for (_, m) in c.models() {
         assert!(MODELS.contains(&m.name.as_str()), "{} has no property test", m.name);
+    }
+}
+
+// ----- MIG modes, provisional bookings and rebinds --------------------------------------------
+
+#[derive(Clone, Debug)]
+enum MigOp {
+    /// Place a request for profile `profile` (modulo the geometry's), for tenant `t`; with
+    /// `probe`, release it at once.
+    Place {
+        profile: usize,
+        t: u8,
+        cpu: u8,
+        probe: bool,
+    },
+    /// Release the `i`-th live allocation (modulo).
+    Release(usize),
+    /// Rebind the `i`-th live allocation to a target picked by `how` and `pick` (see `target`).
+    Rebind { i: usize, how: u8, pick: usize },
+    /// Bind the `i`-th live allocation.
+    Bind(usize),
+}
+
+fn mig_op() -> impl Strategy<Value = MigOp> {
+    prop_oneof![
+        4 => (0usize..16, 0u8..3, 0u8..12, any::<bool>())
+            .prop_map(|(profile, t, cpu, probe)| MigOp::Place { profile, t, cpu, probe }),
+        2 => any::<usize>().prop_map(MigOp::Release),
+        3 => (any::<usize>(), 0u8..3, any::<usize>()).prop_map(|(i, how, pick)| MigOp::Rebind { i, how, pick }),
+        1 => any::<usize>().prop_map(MigOp::Bind),
+    ]
+}
+
+/// A target of the same profile on the allocation's node: another live allocation's instance
+/// (`how = 0`: a swap when it is provisional), a configured instance (`how = 1`), or any legal
+/// placement on any GPU of the node (`how = 2`, mostly refused in `WholeGpu` mode).
+fn target(e: &Engine, id: u64, how: u8, pick: usize) -> Grant {
+    let a = e.allocation(id).unwrap();
+    let Grant::Mig {
+        profile,
+        profile_id,
+        size,
+        ..
+    } = a.grant
+    else {
+        panic!("MIG pools hold MIG grants")
+    };
+    let node = &e.fleet().nodes[a.node.0 as usize];
+    let geom = e.fleet().catalogue.get(node.model).mig.unwrap();
+    let mig = |gpu: u8, start: u8| Grant::Mig {
+        gpu,
+        profile,
+        profile_id,
+        start,
+        size,
+    };
+    // Sorted, so that the pick does not depend on the map's iteration order.
+    let mut others: Vec<(u8, u8)> = e
+        .state()
+        .allocations
+        .values()
+        .filter(|b| b.id != id && b.node == a.node)
+        .filter_map(|b| match b.grant {
+            Grant::Mig {
+                gpu, profile: p, start, ..
+            } if p == profile => Some((gpu, start)),
+            _ => None,
+        })
+        .collect();
+    others.sort_unstable();
+    let configured: Vec<Grant> = (0..node.gpus)
+        .flat_map(|g| {
+            e.mig_layout(a.node, g)
+                .into_iter()
+                .filter(|s| s.profile == profile)
+                .map(move |s| mig(g, s.start))
+        })
+        .collect();
+    match how {
+        0 if !others.is_empty() => {
+            let (gpu, start) = others[pick % others.len()];
+            mig(gpu, start)
+        }
+        1 if !configured.is_empty() => configured[pick % configured.len()].clone(),
+        _ => {
+            let starts = geom.profiles[profile as usize].starts;
+            mig((pick % node.gpus as usize) as u8, starts[pick / 16 % starts.len()])
+        }
+    }
+}
+
+/// Layout invariants of every MIG GPU.
+fn check_layouts(e: &Engine, mode: MigMode) {
+    let fleet = e.fleet();
+    for (n, node) in fleet.nodes.iter().enumerate() {
+        let geom = fleet.catalogue.get(node.model).mig.unwrap();
+        for (g, gs) in e.state().nodes[n].gpus.iter().enumerate() {
+            let layout: Vec<Placed> = e
+                .mig_layout(NodeId(n as u32), g as u8)
+                .iter()
+                .map(|s| Placed {
+                    profile: s.profile,
+                    start: s.start,
+                })
+                .collect();
+            let mask = validate(geom, &layout).expect("every configured layout is valid");
+            assert!(media_instances(geom, &layout) <= 1, "one +me instance at most");
+            assert!(layout.windows(2).all(|w| w[0].start < w[1].start), "ordered by start");
+            assert_eq!(mask & gs.mig_mask, gs.mig_mask, "the occupied slices are configured");
+            for h in &gs.holders {
+                let Grant::Mig { profile, start, .. } = e.allocation(*h).unwrap().grant else {
+                    unreachable!()
+                };
+                assert!(
+                    layout.contains(&Placed { profile, start }),
+                    "an instance in use is part of its GPU's layout"
+                );
+            }
+            if mode == MigMode::Instance {
+                assert_eq!(mask, gs.mig_mask, "in Instance mode only instances in use exist");
+                assert!(gs.mig_layout.is_empty());
+            }
+        }
+    }
+    for id in &e.state().unbound {
+        assert!(e.allocation(*id).is_some(), "only live allocations are provisional");
+    }
+}
+
+/// Every GPU's layout, to see which ones a step changed.
+fn layouts(e: &Engine) -> Vec<Vec<Vec<MigSlot>>> {
+    let fleet = e.fleet();
+    (0..fleet.nodes.len())
+        .map(|n| {
+            (0..fleet.nodes[n].gpus)
+                .map(|g| e.mig_layout(NodeId(n as u32), g))
+                .collect()
+        })
+        .collect()
+}
+
+/// Per node: free CPU, free memory, GPU units in use; per tenant: GPU units held.
+type Held = (Vec<(u64, u64, u64)>, Vec<(Option<TenantId>, u64)>);
+
+fn held(e: &Engine) -> Held {
+    let nodes = e
+        .state()
+        .nodes
+        .iter()
+        .map(|n| (n.cpu_free, n.mem_free, n.gpus.iter().map(|g| g.used_milli as u64).sum()))
+        .collect();
+    let mut tenants: HashMap<Option<TenantId>, u64> = HashMap::new();
+    for a in e.state().allocations.values() {
+        *tenants.entry(a.tenant).or_default() += a.units.as_milli();
+    }
+    let mut tenants: Vec<_> = tenants.into_iter().collect();
+    tenants.sort();
+    (nodes, tenants)
+}
+
+fn run_mig(model: &str, mode: MigMode, initial: Vec<usize>, ops: Vec<MigOp>) {
+    let fleet = Arc::new(fleet_for(model));
+    let mut e = Engine::new(fleet.clone(), make_policy("tessera", &[]).unwrap(), 3);
+    e.set_mig_mode(mode).unwrap();
+    e.set_device_binding(DeviceBinding::PerNodeCount);
+    let geom = fleet.catalogue.get(fleet.nodes[0].model).mig.unwrap();
+    if mode == MigMode::WholeGpu {
+        // Layouts as a backend would report them at start-up: some GPUs configured, some not.
+        let all: Vec<Vec<Placed>> = enumerate_layouts(geom)
+            .into_iter()
+            .filter(|l| media_instances(geom, l) <= 1)
+            .collect();
+        for (k, pick) in initial.into_iter().enumerate() {
+            let (n, g) = (k / 4, (k % 4) as u8);
+            let slots: Vec<MigSlot> = all[pick % all.len()]
+                .iter()
+                .map(|p| {
+                    let prof = &geom.profiles[p.profile as usize];
+                    MigSlot {
+                        profile: p.profile,
+                        profile_id: prof.id,
+                        start: p.start,
+                        size: prof.mem_slices,
+                    }
+                })
+                .collect();
+            e.adopt_layout(NodeId(n as u32), g, &slots).unwrap();
+        }
+    }
+    let empty = e.state().clone();
+    let mut live: Vec<u64> = Vec::new();
+    let mut next = 0u64;
+    for op in ops {
+        let before = e.state().clone();
+        let layouts_before = layouts(&e);
+        match op {
+            MigOp::Place { profile, t, cpu, probe } => {
+                let p = &geom.profiles[profile % geom.profiles.len()];
+                let choice = tessera_model::request::MigChoice::resolve(
+                    &fleet.catalogue,
+                    &format!("{}:{}", fleet.catalogue.get(fleet.nodes[0].model).name, p.id),
+                )
+                .unwrap();
+                let req = Request::new(Shape::Mig(choice))
+                    .with_host(cpu as u64 * 1000, cpu as u64 * 2048)
+                    .with_tenant(TenantId(t as u32));
+                next += 1;
+                match e.plan(&req) {
+                    Ok(placement) => {
+                        let relayout = placement.relayout;
+                        let a = e.commit(next, &req, placement).unwrap().clone();
+                        let Grant::Mig { gpu, .. } = a.grant else {
+                            unreachable!()
+                        };
+                        let gpu_before = &before.nodes[a.node.0 as usize].gpus[gpu as usize];
+                        if mode == MigMode::Instance {
+                            assert!(!relayout);
+                        } else {
+                            assert_eq!(
+                                relayout,
+                                layouts(&e)[a.node.0 as usize][gpu as usize]
+                                    != layouts_before[a.node.0 as usize][gpu as usize],
+                                "the placement says whether the layout changes"
+                            );
+                            if relayout {
+                                assert!(gpu_before.holders.is_empty(), "only an idle GPU is laid out again");
+                            }
+                        }
+                        assert_eq!(e.is_bound(next), Some(false), "a commit is provisional");
+                        if probe {
+                            e.release(next).unwrap();
+                            if mode == MigMode::Instance {
+                                assert!(
+                                    e.state().same_holdings(&before),
+                                    "place-then-release restores the exact state"
+                                );
+                            } else {
+                                assert!(
+                                    e.state().same_occupancy(&before),
+                                    "place-then-release restores the occupancy"
+                                );
+                            }
+                        } else {
+                            live.push(next);
+                        }
+                    }
+                    Err(_) => assert!(e.state().same_holdings(&before), "a refusal changes nothing"),
+                }
+            }
+            MigOp::Release(i) => {
+                if !live.is_empty() {
+                    let id = live.swap_remove(i % live.len());
+                    assert!(e.release(id).is_some());
+                    if mode == MigMode::WholeGpu {
+                        assert_eq!(layouts(&e), layouts_before, "a release leaves the layout");
+                    }
+                }
+            }
+            MigOp::Bind(i) => {
+                if !live.is_empty() {
+                    let id = live[i % live.len()];
+                    e.bind(id).unwrap();
+                    assert_eq!(e.is_bound(id), Some(true));
+                    assert_eq!(e.state().allocations, before.allocations, "binding moves nothing");
+                }
+            }
+            MigOp::Rebind { i, how, pick } => {
+                if !live.is_empty() {
+                    let id = live[i % live.len()];
+                    let grant = target(&e, id, how, pick);
+                    let held_before = held(&e);
+                    match e.rebind(id, grant.clone()) {
+                        Ok(changed) => {
+                            assert_eq!(e.allocation(id).unwrap().grant, grant);
+                            assert_eq!(e.is_bound(id), Some(true), "a rebound allocation is bound");
+                            assert_eq!(held(&e), held_before, "rebinds conserve capacity");
+                            let moved: BTreeSet<u64> = before
+                                .allocations
+                                .iter()
+                                .filter(|(k, a)| e.allocation(**k).unwrap().grant != a.grant)
+                                .map(|(k, _)| *k)
+                                .collect();
+                            assert_eq!(changed.iter().copied().collect::<BTreeSet<_>>(), moved);
+                            for k in &changed {
+                                let (a, b) = (&before.allocations[k], e.allocation(*k).unwrap());
+                                assert_eq!((a.node, a.units, a.tenant), (b.node, b.units, b.tenant));
+                                if *k != id {
+                                    assert!(before.unbound.contains(k), "only provisional bookings are swapped");
+                                    assert_eq!(e.is_bound(*k), Some(false));
+                                }
+                            }
+                            if mode == MigMode::WholeGpu {
+                                assert_eq!(layouts(&e), layouts_before, "a rebind never changes a layout");
+                            }
+                        }
+                        Err(_) => assert!(e.state().same_holdings(&before), "a refused rebind changes nothing"),
+                    }
+                }
+            }
+        }
+        check_invariants(&e);
+        check_layouts(&e, mode);
+        if mode == MigMode::WholeGpu {
+            let after = layouts(&e);
+            for (n, gpus) in after.iter().enumerate() {
+                for (g, l) in gpus.iter().enumerate() {
+                    if *l != layouts_before[n][g] {
+                        assert!(
+                            before.nodes[n].gpus[g].holders.is_empty(),
+                            "a GPU's layout changes only while it has no holder"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    for id in live {
+        e.release(id).unwrap();
+    }
+    if mode == MigMode::Instance {
+        assert!(
+            e.state().same_holdings(&empty),
+            "releasing everything returns every unit"
+        );
+    } else {
+        assert!(
+            e.state().same_occupancy(&empty),
+            "releasing everything returns every unit"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mig_modes_keep_their_invariants_through_rebinds(
+        m in 0usize..8,
+        whole_gpu in any::<bool>(),
+        initial in prop::collection::vec(prop_oneof![1 => Just(0usize), 2 => any::<usize>()], 12),
+        ops in prop::collection::vec(mig_op(), 1..120),
+    ) {
+        let mode = if whole_gpu { MigMode::WholeGpu } else { MigMode::Instance };
+        run_mig(MODELS[m], mode, initial, ops);
+    }
+}
+
+#[test]
+fn the_mig_property_test_covers_every_mig_model() {
+    let c = Catalogue::builtin();
+    for name in &MODELS[..8] {
+        assert!(c.get(c.find(name).unwrap()).mig.is_some(), "{name}");
+    }
+    for name in &MODELS[8..] {
+        assert!(c.get(c.find(name).unwrap()).mig.is_none(), "{name}");
     }
 }
