@@ -564,6 +564,117 @@ fn reconcile_finds_ghosts(mode: SimMode) {
     });
 }
 
+/// Every running workload's placement record says where the engine holds it and where the
+/// backend runs it: after a per-node-count backend picked the devices itself, the engine's
+/// booking and the record followed.
+fn assert_records_match_the_engine(lc: &Lifecycle, sim: &SimBackend, ids: &[WorkloadId]) {
+    let snap = lc.snapshot();
+    let sample = sim.sample();
+    for id in ids {
+        let w = lc.workload(*id).unwrap();
+        let p = w.placement.as_ref().unwrap();
+        let n = snap.fleet.nodes.iter().position(|n| n.name == p.node).unwrap();
+        let held: Vec<u8> = snap.nodes[n]
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.holders.iter().any(|h| h.workload == id.0))
+            .map(|(i, _)| i as u8)
+            .collect();
+        assert_eq!(held, p.gpus, "workload {id}: record and engine agree");
+        // MIG instances and shares show in the backend's telemetry with their workload.
+        if !matches!(p.slice, tessera_domain::Slice::Whole) {
+            let on = sample
+                .iter()
+                .find(|g| g.instances.iter().any(|i| i.workload == id.0))
+                .map(|g| (g.node.clone(), g.gpu));
+            assert_eq!(
+                on,
+                Some((p.node.clone(), p.gpus[0])),
+                "workload {id}: record and backend agree"
+            );
+        }
+        if let tessera_domain::Slice::Mig { start, .. } = p.slice {
+            let g = &snap.nodes[n].gpus[p.gpus[0] as usize];
+            let h = g.holders.iter().find(|h| h.workload == id.0).unwrap();
+            assert!(
+                matches!(h.grant, tessera_sched::Grant::Mig { start: s, .. } if s == start),
+                "workload {id}: MIG start agrees"
+            );
+        }
+    }
+}
+
+/// MIG layouts change only on idle GPUs (a `whole-gpu` backend refuses anything else, and a
+/// refusal would fail the partition), and bound devices are on record.
+fn mig_layouts_and_bindings_hold(mode: SimMode) {
+    let w = World::new("layouts", mode);
+    let (rt, lc, _store) = w.boot();
+    rt.block_on(async {
+        let mut ids = Vec::new();
+        for p in ["3g.40gb", "1g.10gb", "2g.20gb", "3g.40gb", "1g.10gb", "4g.40gb"] {
+            let x = submit(
+                &lc,
+                &w.fleet,
+                spec(GpuSpec::Mig { profile: p.into() }, None, None, "standard"),
+            )
+            .await;
+            ids.push(x.id);
+        }
+        for f in [250, 500, 300] {
+            let x = submit(
+                &lc,
+                &w.fleet,
+                spec(
+                    GpuSpec::Fraction {
+                        milli: f,
+                        memory_mib: None,
+                    },
+                    None,
+                    None,
+                    "standard",
+                ),
+            )
+            .await;
+            ids.push(x.id);
+        }
+        for g in [1, 2, 1] {
+            let x = submit(
+                &lc,
+                &w.fleet,
+                spec(GpuSpec::Whole { gpus: g }, Some("training"), None, "standard"),
+            )
+            .await;
+            ids.push(x.id);
+        }
+        for id in &ids {
+            let r = wait_phase(&lc, *id, Phase::Running).await;
+            assert!(r.reason.is_none(), "{r:?}");
+        }
+        assert_records_match_the_engine(&lc, &w.gate.sim, &ids);
+        // Cancel half, place more: released instances are reused or idle GPUs re-laid out.
+        for id in ids.iter().step_by(2) {
+            lc.cancel(*id, "tok-test".into()).await.unwrap();
+            wait_phase(&lc, *id, Phase::Cancelled).await;
+        }
+        let mut more = Vec::new();
+        for p in ["1g.10gb", "3g.40gb", "2g.20gb"] {
+            let x = submit(
+                &lc,
+                &w.fleet,
+                spec(GpuSpec::Mig { profile: p.into() }, None, None, "standard"),
+            )
+            .await;
+            more.push(x.id);
+        }
+        for id in &more {
+            wait_phase(&lc, *id, Phase::Running).await;
+        }
+        let live: Vec<WorkloadId> = ids.iter().skip(1).step_by(2).chain(more.iter()).copied().collect();
+        assert_records_match_the_engine(&lc, &w.gate.sim, &live);
+    });
+}
+
 macro_rules! on_both_modes {
     ($($name:ident),* $(,)?) => {
         mod exact {
@@ -577,6 +688,7 @@ macro_rules! on_both_modes {
 
 on_both_modes!(
     every_shape_runs_and_cancel_returns_the_capacity,
+    mig_layouts_and_bindings_hold,
     batch_work_completes_and_the_queue_drains,
     preempted_batch_work_is_requeued,
     a_crash_between_partition_and_start_does_not_partition_twice,

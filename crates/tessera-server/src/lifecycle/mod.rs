@@ -29,11 +29,14 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_backend::{Backend, BackendEvent, Capabilities, Exit, GpuSample, MigInstance, PartitionPlan};
+use tessera_backend::{
+    Backend, BackendEvent, Capabilities, DeviceAssignment, Exit, GpuSample, MigInstance, PartitionPlan, Partitioning,
+};
 use tessera_domain::{Input, Observed, Phase, Reason, Step, Workload, WorkloadId, transition};
-use tessera_model::{Fleet, NodeId, Request, TenantId};
-use tessera_sched::Grant;
+use tessera_model::{Fleet, Request, TenantId};
+use tessera_sched::engine::DeviceBinding;
 use tessera_sched::govern::{Action, Job, Scheduler};
+use tessera_sched::mig::MigMode;
 use tessera_sched::reason::Refusal;
 use tessera_store::{Change, Store, UsageInterval};
 use tokio::sync::mpsc;
@@ -141,6 +144,8 @@ pub(crate) struct Core {
     last_full_publish: Instant,
     /// The queue or the phases changed since they were last published.
     queue_dirty: bool,
+    /// Reconcile at the next opportunity rather than at the next interval.
+    reconcile_soon: bool,
 }
 
 /// Rebuilds the loop's state from the store, reconciles with the backend and starts the loop.
@@ -175,6 +180,7 @@ pub async fn start(
         reconciling: false,
         last_full_publish: Instant::now(),
         queue_dirty: false,
+        reconcile_soon: false,
     };
     core.recover()
         .await
@@ -195,6 +201,21 @@ pub async fn start(
 }
 
 impl Core {
+    /// A new scheduler whose engine honours the backend's capabilities.
+    fn fresh_scheduler(&self) -> Scheduler {
+        let mut s = (self.factory)();
+        let mig = match self.caps.partitioning {
+            Partitioning::WholeGpu => MigMode::WholeGpu,
+            Partitioning::Instance | Partitioning::None => MigMode::Instance,
+        };
+        s.engine.set_mig_mode(mig).expect("a new engine has no allocations");
+        s.engine.set_device_binding(match self.caps.devices {
+            DeviceAssignment::Exact => DeviceBinding::Exact,
+            DeviceAssignment::PerNodeCount => DeviceBinding::PerNodeCount,
+        });
+        s
+    }
+
     fn tenant_id(&mut self, name: &str) -> TenantId {
         let n = self.tenants.len() as u32;
         *self.tenants.entry(name.to_string()).or_insert(TenantId(n))
@@ -264,6 +285,9 @@ impl Core {
                 }
             }
             self.commit(batch, now).await;
+            if std::mem::take(&mut self.reconcile_soon) {
+                self.start_reconcile(tx.clone());
+            }
         }
     }
 
@@ -509,7 +533,11 @@ impl Core {
                     && let Some(p) = l.w.placement.clone()
                 {
                     match self.rebind(id, &p, &bound) {
-                        Ok(placement) => self.apply(id, Input::Bound { placement }, batch, now),
+                        Ok(moved) => {
+                            for (m, placement) in moved {
+                                self.apply(m, Input::Bound { placement }, batch, now);
+                            }
+                        }
                         Err(why) => {
                             tracing::error!(%id, error = %why, "the backend bound devices the engine cannot account for");
                         }
@@ -592,6 +620,7 @@ impl Core {
             }
             BackendEvent::PartitionChanged { node, gpu, instances } => {
                 tracing::debug!(%node, gpu, instances = instances.len(), "MIG layout applied");
+                self.adopt_layouts(&[(node, gpu, instances)]);
             }
         }
     }
@@ -603,10 +632,15 @@ impl Core {
                 at: now,
                 detail: rep.detail,
             },
-            OpResult::Partitioned(Err(e)) => Input::PartitionFailed {
-                at: now,
-                detail: format!("partitioning failed: {e}"),
-            },
+            OpResult::Partitioned(Err(e)) => {
+                // A whole-GPU layout that failed leaves the engine's configured layout wrong:
+                // learn the real one from the backend.
+                self.reconcile_soon = self.caps.partitioning == Partitioning::WholeGpu;
+                Input::PartitionFailed {
+                    at: now,
+                    detail: format!("partitioning failed: {e}"),
+                }
+            }
             OpResult::Started(Ok(())) => return,
             OpResult::Started(Err(e)) => Input::StartFailed {
                 at: now,
@@ -722,34 +756,59 @@ impl Core {
         }
     }
 
-    /// The MIG layout of the GPU a placement is on, as the engine holds it: every instance in
-    /// use there, this one included.
+    /// The MIG layout of the GPU a placement is on, as the engine holds it (`whole-gpu`
+    /// backends: the configured layout, this instance included).
     fn layout(&self, p: &tessera_domain::Placement) -> Vec<MigInstance> {
         let Some(n) = self.nodes.get(&p.node) else {
             return Vec::new();
         };
         let gpu = p.gpus.first().copied().unwrap_or(0);
-        layout_of(&self.fleet, &self.sched, n, gpu)
+        self.sched
+            .engine
+            .mig_layout(n, gpu)
+            .iter()
+            .map(|slot| placement::mig_instance_of(&self.fleet, n, slot))
+            .collect()
     }
 
-    /// Moves a workload's booking to the devices a per-node-count backend chose.
+    /// Adopts MIG layouts a `whole-gpu` backend reports (start-up, reconcile, a layout applied).
+    fn adopt_layouts(&mut self, layouts: &[(String, u8, Vec<MigInstance>)]) {
+        if self.caps.partitioning != Partitioning::WholeGpu {
+            return;
+        }
+        for (node, gpu, instances) in layouts {
+            let Some(n) = self.nodes.get(node) else {
+                tracing::warn!(%node, "the backend reports a MIG layout on a node the fleet does not have");
+                continue;
+            };
+            let Some(slots) = placement::mig_slots(&self.fleet, n, instances) else {
+                tracing::warn!(%node, gpu, "the backend reports MIG profiles this GPU model does not have");
+                continue;
+            };
+            if let Err(e) = self.sched.engine.adopt_layout(n, *gpu, &slots) {
+                tracing::warn!(%node, gpu, error = %e, "cannot adopt the MIG layout the backend reports");
+            }
+        }
+    }
+
+    /// Moves a workload's booking to the devices a per-node-count backend chose; returns the
+    /// new placements of every workload whose booking changed (a swap moves two).
     fn rebind(
         &mut self,
         id: WorkloadId,
         p: &tessera_domain::Placement,
         bound: &tessera_backend::Bound,
-    ) -> Result<tessera_domain::Placement, String> {
+    ) -> Result<Vec<(WorkloadId, tessera_domain::Placement)>, String> {
         let mut q = p.clone();
         q.gpus = bound.gpus.clone();
         if let (tessera_domain::Slice::Mig { start, .. }, Some(m)) = (&mut q.slice, &bound.mig) {
             *start = m.start;
         }
         if q == *p {
-            return Ok(q);
+            self.sched.engine.bind(id.0).map_err(|e| e.to_string())?;
+            return Ok(Vec::new());
         }
-        let Some(l) = self.live.get(&id) else {
-            return Err("not live".into());
-        };
+        let l = self.live.get(&id).ok_or("not live")?;
         let tenant = self.tenants.get(&l.w.spec.tenant).copied().unwrap_or(TenantId(0));
         let alloc = placement::allocation_of(
             &self.fleet,
@@ -759,8 +818,14 @@ impl Core {
             (l.w.spec.cpu_milli, l.w.spec.memory_mib),
             tenant,
         )?;
-        let _ = alloc;
-        Err("rebinding waits for the engine's per-node accounting".into())
+        let moved = self.sched.engine.rebind(id.0, alloc.grant).map_err(|e| e.to_string())?;
+        Ok(moved
+            .into_iter()
+            .filter_map(|m| {
+                let a = self.sched.engine.allocation(m)?;
+                Some((WorkloadId(m), placement::placement_of(&self.fleet, a)))
+            })
+            .collect())
     }
 
     fn start_reconcile(&mut self, tx: mpsc::Sender<Cmd>) {
@@ -799,6 +864,7 @@ impl Core {
                 return;
             }
         };
+        self.adopt_layouts(&report.layouts);
         let phases: HashMap<WorkloadId, Phase> = expected.into_iter().collect();
         for (id, observation) in report.workloads {
             let id = WorkloadId(id);
@@ -846,41 +912,6 @@ impl Core {
             },
         }
     }
-}
-
-/// Every MIG instance in use on one GPU.
-fn layout_of(fleet: &Fleet, sched: &Scheduler, node: NodeId, gpu: u8) -> Vec<MigInstance> {
-    let st = sched.engine.state();
-    let n = fleet.node(node);
-    let model = fleet.catalogue.get(n.model);
-    let Some(g) = st.nodes.get(node.0 as usize).and_then(|ns| ns.gpus.get(gpu as usize)) else {
-        return Vec::new();
-    };
-    let mut out: Vec<MigInstance> = g
-        .holders
-        .iter()
-        .filter_map(|h| st.allocations.get(h))
-        .filter_map(|a| match a.grant {
-            Grant::Mig {
-                profile,
-                profile_id,
-                start,
-                size,
-                ..
-            } => Some(MigInstance {
-                profile: model
-                    .mig
-                    .map(|geom| model.profile_name(&geom.profiles[profile as usize]))
-                    .unwrap_or_default(),
-                profile_id,
-                start,
-                size,
-            }),
-            _ => None,
-        })
-        .collect();
-    out.sort_by_key(|m| m.start);
-    out
 }
 
 /// The `observed` step of a workload that just started, from the backend's first sample.

@@ -237,6 +237,37 @@ pub fn allocation_of(
     })
 }
 
+/// A configured MIG slot of the engine as backends name it.
+pub fn mig_instance_of(fleet: &Fleet, node: NodeId, slot: &tessera_sched::state::MigSlot) -> MigInstance {
+    let model = fleet.catalogue.get(fleet.node(node).model);
+    MigInstance {
+        profile: model
+            .mig
+            .map(|g| model.profile_name(&g.profiles[slot.profile as usize]))
+            .unwrap_or_default(),
+        profile_id: slot.profile_id,
+        start: slot.start,
+        size: slot.size,
+    }
+}
+
+/// A backend's MIG instances as the engine's slots; `None` if the node's model does not have
+/// one of the profiles.
+pub fn mig_slots(fleet: &Fleet, node: NodeId, instances: &[MigInstance]) -> Option<Vec<tessera_sched::state::MigSlot>> {
+    let geom = fleet.catalogue.get(fleet.node(node).model).mig?;
+    instances
+        .iter()
+        .map(|i| {
+            geom.profile_index(i.profile_id).map(|p| tessera_sched::state::MigSlot {
+                profile: p as u8,
+                profile_id: i.profile_id,
+                start: i.start,
+                size: geom.profiles[p].mem_slices,
+            })
+        })
+        .collect()
+}
+
 /// The MIG instance of a placement, as backends name it.
 fn mig_instance(p: &Placement) -> Option<MigInstance> {
     match &p.slice {

@@ -22,7 +22,7 @@ use tessera_sched::govern::Quota;
 
 impl Core {
     pub(super) async fn recover(&mut self) -> Result<(), StoreError> {
-        self.sched = (self.factory)();
+        self.sched = self.fresh_scheduler();
         self.live.clear();
         self.runner.clear();
         self.published.clear_workloads();
@@ -41,6 +41,31 @@ impl Core {
         let now = now_ms();
         self.month.refresh(&*self.store, now).await?;
         let active = self.store.active_workloads().await?;
+        // Ask the backend first: a whole-GPU backend's MIG layouts must be known before the
+        // allocations are restored into them.
+        let expected: Vec<_> = active
+            .iter()
+            .filter(|w| matches!(w.phase, Phase::Partitioned | Phase::Running | Phase::Stopping))
+            .filter(|w| w.placement.is_some())
+            .map(|w| placement::run_spec(&self.fleet, &self.nodes, w, &self.caps))
+            .collect();
+        let mut observed: HashMap<WorkloadId, Observed> = HashMap::new();
+        match self.backend.reconcile(&expected).await {
+            Ok(report) => {
+                for (id, o) in report.workloads {
+                    observed.insert(WorkloadId(id), self.observed(o, "after a control-plane restart"));
+                }
+                self.adopt_layouts(&report.layouts);
+                self.metrics.orphans(report.orphans.len());
+                for o in &report.orphans {
+                    tracing::warn!(node = %o.node, id = ?o.id, detail = %o.detail, "the backend runs work Tessera does not know (orphan)");
+                }
+            }
+            Err(e) => {
+                // Treat everything as still starting: the periodic reconcile asks again.
+                tracing::warn!(error = %e, "the backend cannot be reconciled now; will retry");
+            }
+        }
         let mut invalid = Vec::new();
         for w in active {
             let id = w.id;
@@ -108,29 +133,6 @@ impl Core {
                 &mut batch,
                 now,
             );
-        }
-        // Ask the backend about everything that may run there.
-        let expected: Vec<_> = self
-            .live
-            .values()
-            .filter(|l| matches!(l.w.phase, Phase::Partitioned | Phase::Running | Phase::Stopping))
-            .map(|l| placement::run_spec(&self.fleet, &self.nodes, &l.w, &self.caps))
-            .collect();
-        let mut observed: HashMap<WorkloadId, Observed> = HashMap::new();
-        match self.backend.reconcile(&expected).await {
-            Ok(report) => {
-                for (id, o) in report.workloads {
-                    observed.insert(WorkloadId(id), self.observed(o, "after a control-plane restart"));
-                }
-                self.metrics.orphans(report.orphans.len());
-                for o in &report.orphans {
-                    tracing::warn!(node = %o.node, id = ?o.id, detail = %o.detail, "the backend runs work Tessera does not know (orphan)");
-                }
-            }
-            Err(e) => {
-                // Treat everything as still starting: the periodic reconcile asks again.
-                tracing::warn!(error = %e, "the backend cannot be reconciled now; will retry");
-            }
         }
         let mut ids: Vec<WorkloadId> = self.live.keys().copied().collect();
         ids.sort_unstable();
