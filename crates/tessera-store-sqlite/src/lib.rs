@@ -18,6 +18,7 @@ mod audit;
 mod governance;
 mod ledger;
 mod legacy;
+mod rows;
 mod tenancy;
 mod tokens;
 mod workloads;
