@@ -1,5 +1,7 @@
-//! The append-only audit log ([`AuditStore`]); sequence numbers come from the `audit` row of
-//! the `sequences` table, taken inside the appending transaction.
+//! The append-only audit log ([`AuditStore`]), and the append that both
+//! [`AuditStore::append_audit`] and a lifecycle batch's `Change::Audit` records use: sequence
+//! numbers come from the `audit` row of the `sequences` table, taken inside the appending
+//! transaction.
 
 use std::sync::LazyLock;
 
@@ -40,8 +42,9 @@ pub(crate) async fn append(conn: &mut SqliteConnection, records: &[&AuditRecord]
         return Ok(Vec::new());
     }
     let n = records.len() as i64;
-    // The row lock taken by this update holds every other appender until the caller commits,
-    // so the numbers of one append are consecutive and later appends get higher ones.
+    // The row lock taken by this update holds every other appender (an `append_audit` or a
+    // batch) until the caller commits, so the numbers of one append are consecutive and later
+    // appends get higher ones.
     let last: i64 = sqlx::query("UPDATE sequences SET value = value + $1 WHERE name = 'audit' RETURNING value")
         .bind(n)
         .fetch_one(&mut *conn)

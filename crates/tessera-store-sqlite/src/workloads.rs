@@ -15,7 +15,7 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
 
-use crate::{SqliteStore, col, db, db_error, i64_of, ledger, narrow, narrow_opt, u64_of};
+use crate::{SqliteStore, audit, col, db, db_error, i64_of, ledger, narrow, narrow_opt, u64_of};
 
 /// Every column of `workloads`, in the order the insert binds them: first those written only
 /// on insert, then those an update writes too (from `phase` on, see [`bind_lifecycle`]).
@@ -456,6 +456,9 @@ impl WorkloadStore for SqliteStore {
                     ended_at,
                     util_avg,
                 } => ledger::close(&mut tx, *workload, *seq, *ended_at, *util_avg).await?,
+                Change::Audit(a) => {
+                    audit::append(&mut tx, &[a]).await?;
+                }
             }
         }
         tx.commit().await.map_err(db)

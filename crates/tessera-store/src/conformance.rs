@@ -45,6 +45,7 @@ macro_rules! store_conformance_tests {
             tokens,
             quotas_and_budgets,
             audit_sequence_numbers_come_from_the_store,
+            audit_records_commit_with_their_batch,
             reads_are_scoped,
         );
     };
@@ -1023,6 +1024,99 @@ pub async fn audit_sequence_numbers_come_from_the_store(s: &dyn Store) {
     let page = s.audit(None, Some(b[0]), 2).await.unwrap();
     assert_eq!(page.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![a[2], a[1]]);
     assert!(s.audit(Some("acme"), Some(a[0]), 10).await.unwrap().is_empty());
+}
+
+/// An audit record in a batch lands with the batch or not at all, numbered from the same
+/// sequence as `append_audit`'s, also when the two race.
+pub async fn audit_records_commit_with_their_batch(s: &dyn Store) {
+    let record = |request: &str| AuditRecord {
+        // Ignored: the store assigns sequence numbers.
+        seq: 999_999,
+        at: 2_000,
+        request_id: request.into(),
+        actor: "tok_a".into(),
+        tenant: Some("acme".into()),
+        action: "POST /api/v1/workloads".into(),
+        target: format!("workloads/{request}"),
+        outcome: 201,
+        detail: "«ü»".into(),
+    };
+    let ids = new_ids(s, 2).await;
+    let w = workload(ids[0], "acme", "p", Phase::Pending);
+
+    let a = s.append_audit(&[record("a0"), record("a1")]).await.unwrap();
+    commit(
+        s,
+        &[insert(&w), Change::Audit(record("b0")), Change::Audit(record("b1"))],
+    )
+    .await;
+    let c = s.append_audit(&[record("c0")]).await.unwrap();
+    commit(s, &[Change::Audit(record("d0"))]).await;
+
+    // A failing batch leaves no record, whether it conflicts or finds nothing to update.
+    let r = s.commit(&[Change::Audit(record("x0")), insert(&w)]).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "taken id: {r:?}");
+    let r = s
+        .commit(&[
+            Change::Audit(record("x1")),
+            Change::Update {
+                workload: workload(ids[1], "acme", "p", Phase::Queued),
+                events: Vec::new(),
+            },
+        ])
+        .await;
+    assert!(matches!(r, Err(StoreError::Corrupt(_))), "unknown workload: {r:?}");
+
+    let log = s.audit(None, None, 100).await.unwrap();
+    let requests: Vec<&str> = log.iter().map(|r| r.request_id.as_str()).collect();
+    assert_eq!(
+        requests,
+        ["d0", "c0", "b1", "b0", "a1", "a0"],
+        "newest first, no failed record"
+    );
+    let seqs: Vec<u64> = log.iter().rev().map(|r| r.seq).collect();
+    assert!(
+        seqs.windows(2).all(|p| p[0] < p[1]),
+        "increasing in commit order: {seqs:?}"
+    );
+    assert_eq!(
+        (&seqs[..2], seqs[4]),
+        (&a[..], c[0]),
+        "append_audit's numbers are the stored ones"
+    );
+    assert_eq!(
+        log[3],
+        AuditRecord {
+            seq: seqs[2],
+            ..record("b0")
+        }
+    );
+
+    // Racing: an appender and a committer, each one record at a time.
+    let appender = || async {
+        for i in 0..20 {
+            s.append_audit(&[record(&format!("r-append-{i}"))]).await.unwrap();
+        }
+    };
+    let committer = || async {
+        for i in 0..20 {
+            commit(s, &[Change::Audit(record(&format!("r-commit-{i}")))]).await;
+        }
+    };
+    tokio::join!(appender(), committer());
+    let log = s.audit(None, None, 100).await.unwrap();
+    assert_eq!(log.len(), 46);
+    let all: BTreeSet<u64> = log.iter().map(|r| r.seq).collect();
+    assert_eq!(all.len(), 46, "every sequence number handed out once");
+    for path in ["r-append-", "r-commit-"] {
+        let mut mine: Vec<(usize, u64)> = log
+            .iter()
+            .filter_map(|r| Some((r.request_id.strip_prefix(path)?.parse().ok()?, r.seq)))
+            .collect();
+        mine.sort();
+        assert_eq!(mine.len(), 20, "{path}");
+        assert!(mine.windows(2).all(|p| p[0].1 < p[1].1), "{path} in order: {mine:?}");
+    }
 }
 
 /// Single workloads and timelines are only visible within the caller's tenant scope.
