@@ -123,6 +123,20 @@ pub(crate) async fn prepares(store: &crate::SqliteStore, sql: &'static str) -> b
     (&store.pool).prepare(sql.into_sql_str()).await.is_ok()
 }
 
+/// The query plan of `sql` (its `detail` lines), for tests that check a statement finds its
+/// rows by key instead of scanning a table.
+#[cfg(test)]
+pub(crate) async fn plan(store: &crate::SqliteStore, sql: &str) -> Vec<String> {
+    use sqlx::Row;
+    sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+        .fetch_all(&store.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<String, _>("detail"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
