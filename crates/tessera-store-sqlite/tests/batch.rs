@@ -5,7 +5,8 @@
 //! * the lifecycle's steady state: per workload an insert with 3 events, then (one batch later
 //!   each) an update with 1 event, an update with 3 events that opens a usage interval and an
 //!   update with 1 event that closes it, so that a batch holds four cohorts at different steps;
-//!   once with 20 and once with 200 workloads per cohort.
+//!   with 20 and with 200 workloads per cohort, and with 20 whose creations carry their audit
+//!   records in the batch.
 //!
 //! Each test checks that everything landed and prints the statements one batch runs (counted
 //! from sqlx's statement log on a batch that is not timed) and how long the commits took:
@@ -28,7 +29,9 @@ use tessera_domain::{
     WorkloadId, WorkloadSpec,
 };
 use tessera_model::GpuUnits;
-use tessera_store::{Change, IdempotencyKey, LedgerStore, UsageInterval, WorkloadFilter, WorkloadStore};
+use tessera_store::{
+    AuditRecord, AuditStore, Change, IdempotencyKey, LedgerStore, UsageInterval, WorkloadFilter, WorkloadStore,
+};
 use tessera_store_sqlite::SqliteStore;
 
 const PER_KIND: u32 = 500;
@@ -233,7 +236,9 @@ async fn a_batch_of_500_creations_and_500_updates_commits_at_once() {
     assert_eq!(placed_count, (ROUNDS + 1) * PER_KIND as usize);
     let sample = &all[all.len() - 1];
     assert_eq!(store.events(sample.id, None).await.unwrap().len(), 3);
-    assert!(statements > 0, "the statement counter saw nothing");
+    // 3,000 rows: 500 workloads, their keys and 1,000 events, 500 updates and their events.
+    // Written one statement per row, they took 3,000 statements; grouped, a few per kind.
+    assert!((1..=300).contains(&statements), "{statements} statements");
 
     timings.sort();
     eprintln!(
@@ -255,6 +260,7 @@ fn step(
     cohort: &[Workload],
     step: usize,
     at: i64,
+    audit: bool,
     records: &mut Vec<Change>,
     usage: &mut Vec<Change>,
 ) -> Vec<Workload> {
@@ -277,6 +283,19 @@ fn step(
                         events,
                         idempotency: None,
                     });
+                    if audit {
+                        records.push(Change::Audit(AuditRecord {
+                            seq: 0,
+                            at,
+                            request_id: format!("req-{}", w.id),
+                            actor: "tok_ci".into(),
+                            tenant: Some(w.spec.tenant.clone()),
+                            action: "POST /api/v1/workloads".into(),
+                            target: format!("workloads/{}", w.id),
+                            outcome: 201,
+                            detail: String::new(),
+                        }));
+                    }
                     return next;
                 }
                 1 => {
@@ -330,9 +349,10 @@ fn step(
         .collect()
 }
 
-/// Runs batches of `per_cohort` creations plus the next step of the three cohorts before them,
-/// times `timed` full batches, checks what they stored and prints the measurement.
-async fn lifecycle_batches(name: &str, per_cohort: u32, timed: usize) {
+/// Runs batches of `per_cohort` creations (each with its audit record, if `audit`) plus the
+/// next step of the three cohorts before them, times `timed` full batches, checks what they
+/// stored and prints the measurement.
+async fn lifecycle_batches(name: &str, per_cohort: u32, timed: usize, audit: bool) {
     let _turn = SERIAL.lock().await;
     let store = fresh_store(name).await;
     // The pipeline is full from batch 3 on; batch 3 counts statements, the later ones are timed.
@@ -349,7 +369,7 @@ async fn lifecycle_batches(name: &str, per_cohort: u32, timed: usize) {
         // Cohort i was created in batch i, so it takes step b - i now: the oldest of the last
         // four goes first (step 3), the newest is created (step 0).
         for (i, cohort) in cohorts.iter_mut().enumerate().skip((b + 1).saturating_sub(4)) {
-            *cohort = step(cohort, b - i, at, &mut records, &mut usage);
+            *cohort = step(cohort, b - i, at, audit, &mut records, &mut usage);
         }
         records.append(&mut usage);
         let batch = records;
@@ -392,15 +412,24 @@ async fn lifecycle_batches(name: &str, per_cohort: u32, timed: usize) {
     }
     let succeeded = all.iter().filter(|w| w.phase == Phase::Succeeded).count();
     assert_eq!(succeeded, (batches - 3) * n);
-    assert!(statements > 0, "the statement counter saw nothing");
+    let audited = store.audit(None, None, 100_000).await.unwrap().len();
+    assert_eq!(audited, if audit { batches * n } else { 0 });
+    // Rows per workload: an insert with 3 events, 3 updates with 5 events between them, an
+    // interval opened and closed (and an audit record). Once a statement each.
+    let rows = per_cohort as u64 * if audit { 15 } else { 14 };
+    assert!(
+        (1..=rows / 10).contains(&statements),
+        "{statements} statements for {rows} rows"
+    );
 
     timings.sort();
     let median = timings[timed / 2];
     eprintln!(
         "lifecycle batch of {per_cohort} workloads per step ({changes_per_batch} changes: {per_cohort} inserts with \
-         3 events, 3 × {per_cohort} updates with 1, 3 and 1 events, {per_cohort} usage opens and closes), file \
+         3 events{}, 3 × {per_cohort} updates with 1, 3 and 1 events, {per_cohort} usage opens and closes), file \
          database: {statements} statements (+ BEGIN, COMMIT); {timed} batches: min {:.2} ms, median {:.2} ms, \
          p90 {:.2} ms, max {:.2} ms; median {:.1} µs per workload step",
+        if audit { " and an audit record" } else { "" },
         ms(timings[0]),
         ms(median),
         ms(timings[timed * 9 / 10]),
@@ -411,10 +440,15 @@ async fn lifecycle_batches(name: &str, per_cohort: u32, timed: usize) {
 
 #[tokio::test]
 async fn lifecycle_batches_of_20_workloads_per_step() {
-    lifecycle_batches("store-batch-lifecycle-20", 20, 60).await;
+    lifecycle_batches("store-batch-lifecycle-20", 20, 60, false).await;
 }
 
 #[tokio::test]
 async fn lifecycle_batches_of_200_workloads_per_step() {
-    lifecycle_batches("store-batch-lifecycle-200", 200, 15).await;
+    lifecycle_batches("store-batch-lifecycle-200", 200, 15, false).await;
+}
+
+#[tokio::test]
+async fn lifecycle_batches_of_20_workloads_per_step_with_their_audit_records() {
+    lifecycle_batches("store-batch-lifecycle-20-audit", 20, 60, true).await;
 }
