@@ -1,12 +1,25 @@
-//! The append-only audit log ([`AuditStore`]); sequence numbers come from the `audit` row of
-//! the `sequences` table, taken inside the appending transaction.
+//! The append-only audit log ([`AuditStore`]), and the append that both
+//! [`AuditStore::append_audit`] and a lifecycle batch's `Change::Audit` records use: sequence
+//! numbers come from the `audit` row of the `sequences` table, taken inside the appending
+//! transaction.
+
+use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use tessera_store::{AuditRecord, AuditStore, Result};
 
+use crate::rows::{self, MultiRow};
 use crate::{SqliteStore, col, db, i64_of, narrow, u64_of};
+
+static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
+    MultiRow::new(
+        "INSERT INTO audit_log (seq, at, request_id, actor, tenant, action, target, outcome, detail) VALUES ",
+        9,
+        "",
+    )
+});
 
 fn audit_row(r: &SqliteRow) -> Result<AuditRecord> {
     Ok(AuditRecord {
@@ -22,45 +35,54 @@ fn audit_row(r: &SqliteRow) -> Result<AuditRecord> {
     })
 }
 
+/// Appends `records` (inside the caller's transaction) and returns their sequence numbers, in
+/// order.
+pub(crate) async fn append(conn: &mut SqliteConnection, records: &[&AuditRecord]) -> Result<Vec<u64>> {
+    if records.is_empty() {
+        return Ok(Vec::new());
+    }
+    let n = records.len() as i64;
+    // The row lock taken by this update holds every other appender (an `append_audit` or a
+    // batch) until the caller commits, so the numbers of one append are consecutive and later
+    // appends get higher ones.
+    let last: i64 = sqlx::query("UPDATE sequences SET value = value + $1 WHERE name = 'audit' RETURNING value")
+        .bind(n)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?
+        .try_get(0)
+        .map_err(db)?;
+    let first = last - n + 1;
+    let numbered: Vec<(i64, &AuditRecord)> = (first..).zip(records.iter().copied()).collect();
+    rows::execute(
+        conn,
+        &INSERT,
+        &numbered,
+        |q, (seq, a)| {
+            Ok(q.bind(*seq)
+                .bind(a.at)
+                .bind(a.request_id.as_str())
+                .bind(a.actor.as_str())
+                .bind(a.tenant.as_deref())
+                .bind(a.action.as_str())
+                .bind(a.target.as_str())
+                .bind(i64::from(a.outcome))
+                .bind(a.detail.as_str()))
+        },
+        |e, _| db(e),
+    )
+    .await?;
+    Ok(numbered.into_iter().map(|(seq, _)| u64_of(seq)).collect())
+}
+
 #[async_trait]
 impl AuditStore for SqliteStore {
     async fn append_audit(&self, records: &[AuditRecord]) -> Result<Vec<u64>> {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let n = records.len() as i64;
         let mut tx = self.begin_write().await?;
-        // The row lock taken by this update holds every other appender until we commit, so the
-        // numbers of one append are consecutive and later appends get higher ones.
-        let last: i64 = sqlx::query("UPDATE sequences SET value = value + $1 WHERE name = 'audit' RETURNING value")
-            .bind(n)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db)?
-            .try_get(0)
-            .map_err(db)?;
-        let first = last - n + 1;
-        let mut seqs = Vec::with_capacity(records.len());
-        for (i, a) in records.iter().enumerate() {
-            let seq = first + i as i64;
-            sqlx::query(
-                "INSERT INTO audit_log (seq, at, request_id, actor, tenant, action, target, outcome, detail) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            )
-            .bind(seq)
-            .bind(a.at)
-            .bind(&a.request_id)
-            .bind(&a.actor)
-            .bind(&a.tenant)
-            .bind(&a.action)
-            .bind(&a.target)
-            .bind(i64::from(a.outcome))
-            .bind(&a.detail)
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-            seqs.push(u64_of(seq));
-        }
+        let seqs = append(&mut tx, &records.iter().collect::<Vec<_>>()).await?;
         tx.commit().await.map_err(db)?;
         Ok(seqs)
     }
@@ -86,5 +108,19 @@ impl AuditStore for SqliteStore {
             .await
             .map_err(db)?;
         rows.iter().map(audit_row).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rows;
+
+    #[tokio::test]
+    async fn the_multi_row_insert_prepares() {
+        let store = SqliteStore::open_memory().await.unwrap();
+        for rows in rows::CHUNKS {
+            assert!(rows::prepares(&store, INSERT.text(rows)).await);
+        }
     }
 }

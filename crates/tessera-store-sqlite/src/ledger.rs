@@ -1,5 +1,7 @@
-//! The usage ledger ([`LedgerStore`]) and the statements that open and close its intervals
-//! inside a lifecycle batch.
+//! The usage ledger ([`LedgerStore`]) and the multi-row statements that open and close its
+//! intervals inside a lifecycle batch (see [`crate::batch`]).
+
+use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
@@ -7,7 +9,38 @@ use tessera_domain::WorkloadId;
 use tessera_model::GpuUnits;
 use tessera_store::{LedgerStore, Result, StoreError, UsageInterval};
 
+use crate::rows::{self, MultiRow};
 use crate::{SqliteStore, col, db, db_error, i64_of, narrow, u64_of};
+
+static OPEN: LazyLock<MultiRow> = LazyLock::new(|| {
+    MultiRow::new(
+        "INSERT INTO usage_intervals \
+         (workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg) VALUES ",
+        11,
+        "",
+    )
+});
+
+// Rows through a common table expression, as for workload updates (see `workloads::UPDATE`):
+// SQLite >= 3.33 and PostgreSQL (with typed placeholders) both run it.
+static CLOSE: LazyLock<MultiRow> = LazyLock::new(|| {
+    MultiRow::new(
+        "WITH v (workload_id, seq, ended_at, util_avg) AS (VALUES ",
+        4,
+        ") UPDATE usage_intervals SET ended_at = v.ended_at, util_avg = v.util_avg FROM v \
+         WHERE usage_intervals.workload_id = v.workload_id AND usage_intervals.seq = v.seq \
+         AND usage_intervals.ended_at IS NULL",
+    )
+});
+
+/// The close of an open interval.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Close {
+    pub workload: WorkloadId,
+    pub seq: u32,
+    pub ended_at: i64,
+    pub util_avg: Option<f64>,
+}
 
 fn usage_row(r: &SqliteRow) -> Result<UsageInterval> {
     Ok(UsageInterval {
@@ -25,54 +58,66 @@ fn usage_row(r: &SqliteRow) -> Result<UsageInterval> {
     })
 }
 
-/// Opens `u` (the batch's transaction).
-pub(crate) async fn open(conn: &mut SqliteConnection, u: &UsageInterval) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO usage_intervals \
-         (workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+/// Opens intervals (inside the caller's transaction).
+pub(crate) async fn open(conn: &mut SqliteConnection, rows: &[&UsageInterval]) -> Result<()> {
+    rows::execute(
+        conn,
+        &OPEN,
+        rows,
+        |q, u| {
+            Ok(q.bind(i64_of(u.workload.0))
+                .bind(i64::from(u.seq))
+                .bind(u.tenant.as_str())
+                .bind(u.project.as_str())
+                .bind(u.pool.as_str())
+                .bind(u.model.as_str())
+                .bind(u.shape.as_str())
+                .bind(i64_of(u.units.as_milli()))
+                .bind(u.started_at)
+                .bind(u.ended_at)
+                .bind(u.util_avg))
+        },
+        |e, chunk| {
+            db_error(e, || match chunk {
+                [u] => format!("usage interval {} of workload {}", u.seq, u.workload),
+                _ => format!(
+                    "a usage interval of the workloads {} … {}",
+                    chunk[0].workload,
+                    chunk[chunk.len() - 1].workload
+                ),
+            })
+        },
     )
-    .bind(i64_of(u.workload.0))
-    .bind(i64::from(u.seq))
-    .bind(&u.tenant)
-    .bind(&u.project)
-    .bind(&u.pool)
-    .bind(&u.model)
-    .bind(&u.shape)
-    .bind(i64_of(u.units.as_milli()))
-    .bind(u.started_at)
-    .bind(u.ended_at)
-    .bind(u.util_avg)
-    .execute(conn)
-    .await
-    .map_err(|e| db_error(e, || format!("usage interval {} of workload {}", u.seq, u.workload)))?;
+    .await?;
     Ok(())
 }
 
-/// Closes an open interval (the batch's transaction); `Corrupt` if it is not open.
-pub(crate) async fn close(
-    conn: &mut SqliteConnection,
-    workload: WorkloadId,
-    seq: u32,
-    ended_at: i64,
-    util_avg: Option<f64>,
-) -> Result<()> {
-    let closed = sqlx::query(
-        "UPDATE usage_intervals SET ended_at = $1, util_avg = $2 \
-         WHERE workload_id = $3 AND seq = $4 AND ended_at IS NULL",
+/// Closes open intervals (inside the caller's transaction); `Corrupt` if one is not open.
+pub(crate) async fn close(conn: &mut SqliteConnection, rows: &[Close]) -> Result<()> {
+    let closed = rows::execute(
+        conn,
+        &CLOSE,
+        rows,
+        |q, c| {
+            Ok(q.bind(i64_of(c.workload.0))
+                .bind(i64::from(c.seq))
+                .bind(c.ended_at)
+                .bind(c.util_avg))
+        },
+        |e, _| db(e),
     )
-    .bind(ended_at)
-    .bind(util_avg)
-    .bind(i64_of(workload.0))
-    .bind(i64::from(seq))
-    .execute(conn)
-    .await
-    .map_err(db)?
-    .rows_affected();
-    if closed == 0 {
-        return Err(StoreError::Corrupt(format!(
-            "usage interval {seq} of workload {workload} is not open"
-        )));
+    .await?;
+    // An interval changes at most once however many closes name it (a later statement finds
+    // it closed), so fewer changes than closes means some were not open, or closed twice.
+    if closed != rows.len() as u64 {
+        return Err(StoreError::Corrupt(match rows {
+            [c] => format!("usage interval {} of workload {} is not open", c.seq, c.workload),
+            _ => format!(
+                "{} of the {} usage intervals closed are not open",
+                rows.len() as u64 - closed,
+                rows.len()
+            ),
+        }));
     }
     Ok(())
 }
@@ -110,5 +155,27 @@ impl LedgerStore for SqliteStore {
         };
         let rows = q.bind(from).bind(to).fetch_all(&self.pool).await.map_err(db)?;
         rows.iter().map(usage_row).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rows;
+
+    /// Both statements prepare, and a close finds each interval by its key, never by a scan.
+    #[tokio::test]
+    async fn multi_row_statements_prepare_and_closes_search_by_key() {
+        let store = SqliteStore::open_memory().await.unwrap();
+        for rows in rows::CHUNKS {
+            assert!(rows::prepares(&store, OPEN.text(rows)).await);
+            let plan = rows::plan(&store, CLOSE.text(rows)).await;
+            assert!(
+                plan.iter()
+                    .any(|p| p.starts_with("SEARCH usage_intervals USING") && p.ends_with("(workload_id=? AND seq=?)")),
+                "{plan:?}"
+            );
+            assert!(!plan.iter().any(|p| p.starts_with("SCAN usage_intervals")), "{plan:?}");
+        }
     }
 }

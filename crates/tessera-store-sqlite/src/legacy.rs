@@ -240,7 +240,7 @@ pub(crate) async fn convert(store: &SqliteStore) -> Result<usize> {
             usage,
         };
         let workload = old.into_workload(id, books)?;
-        workloads::insert_workload(&mut tx, &workload, updated_at).await?;
+        workloads::insert_workloads(&mut tx, &[(&workload, updated_at)]).await?;
         sqlx::query("DELETE FROM workloads_v1 WHERE id = $1")
             .bind(raw_id)
             .execute(&mut *tx)

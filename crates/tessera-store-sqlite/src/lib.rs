@@ -8,6 +8,9 @@
 //! Workloads are stored in typed columns; workload ids and audit sequence numbers come from the
 //! database's `sequences` table, never from the application.
 //!
+//! A lifecycle batch is written group by group with multi-row statements (`batch` and `rows`),
+//! so that its cost follows the kinds of rows it holds rather than their number.
+//!
 //! The migrations in `migrations/` are portable SQL (`$1` placeholders, `BIGINT`, `TEXT`, no
 //! `AUTOINCREMENT`) so that a PostgreSQL implementation can reuse them; statements that only
 //! SQLite understands say so where they are written. On opening, the store applies the
@@ -15,9 +18,11 @@
 //! into typed rows.
 
 mod audit;
+mod batch;
 mod governance;
 mod ledger;
 mod legacy;
+mod rows;
 mod tenancy;
 mod tokens;
 mod workloads;

@@ -1,13 +1,14 @@
-//! Workloads in typed columns, their timelines and idempotency keys ([`WorkloadStore`]), and the
-//! lifecycle batch that writes them ([`WorkloadStore::commit`]).
+//! Workloads in typed columns, their timelines and idempotency keys ([`WorkloadStore`]), and
+//! the multi-row statements with which a lifecycle batch writes them (see [`crate::batch`]).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
-use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
-use sqlx::{Row, Sqlite};
+use sqlx::Row;
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use tessera_domain::{
     Event, GpuSpec, Kind, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step, StopCause,
     UsageCursor, Workload, WorkloadId, WorkloadSpec,
@@ -15,20 +16,80 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
 
-use crate::{SqliteStore, col, db, db_error, i64_of, ledger, narrow, narrow_opt, u64_of};
+use crate::rows::{self, MultiRow, Query};
+use crate::{SqliteStore, batch, col, db, db_error, i64_of, narrow, narrow_opt, u64_of};
 
-/// Every column of `workloads`, in the order the insert binds them: first those written only
-/// on insert, then those an update writes too (from `phase` on, see [`bind_lifecycle`]).
-macro_rules! columns {
+/// The columns of `workloads` written only on insert, in the order [`bind_spec`] binds them.
+macro_rules! spec_columns {
     () => {
         "id, tenant, project, name, kind, gpus, mig_profile, fraction_milli, fraction_memory_mib, shape_models, \
          shape_pool, cpu_milli, memory_mib, duration_s, command, image, env, priority, no_wait, no_requeue, \
-         units_milli, created_at, \
-         phase, reason_code, reason_detail, borrowing, running_at, ended_at, updated_at, stop_kind, stop_by, \
+         units_milli, created_at"
+    };
+}
+
+/// The columns of `workloads` an update writes too, in the order [`bind_lifecycle`] binds them.
+macro_rules! lifecycle_columns {
+    () => {
+        "phase, reason_code, reason_detail, borrowing, running_at, ended_at, updated_at, stop_kind, stop_by, \
          stop_detail, next_event_seq, usage_seq, usage_open, p_pool, p_node, p_model, p_gpus, p_slice, \
          p_mig_profile, p_mig_profile_id, p_mig_start, p_mig_size, p_fraction_milli, p_gpu_memory_mib, p_units_milli"
     };
 }
+
+/// Every column of `workloads`, in the order an insert binds them.
+macro_rules! columns {
+    () => {
+        concat!(spec_columns!(), ", ", lifecycle_columns!())
+    };
+}
+
+/// The names in a column list.
+fn names(list: &'static str) -> impl Iterator<Item = &'static str> {
+    list.split(',').map(str::trim)
+}
+
+/// Inserts workloads: every column.
+static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
+    MultiRow::new(
+        concat!("INSERT INTO workloads (", columns!(), ") VALUES "),
+        names(columns!()).count(),
+        "",
+    )
+});
+
+/// Updates workloads: the id, then the lifecycle columns, of each row in `v`.
+// SQLite names the columns of a bare `VALUES` list `column1, column2 …` and has no `AS v(…)`
+// column list, so the rows go through a common table expression, which both SQLite (>= 3.33
+// for `UPDATE … FROM`) and PostgreSQL accept. PostgreSQL would need the placeholders typed
+// (`$1::BIGINT`) for `workloads.id = v.id` to compare integers.
+static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
+    let set: Vec<String> = names(lifecycle_columns!()).map(|c| format!("{c} = v.{c}")).collect();
+    MultiRow::new(
+        concat!("WITH v (id, ", lifecycle_columns!(), ") AS (VALUES "),
+        1 + names(lifecycle_columns!()).count(),
+        &format!(
+            ") UPDATE workloads SET {} FROM v WHERE workloads.id = v.id",
+            set.join(", ")
+        ),
+    )
+});
+
+static INSERT_EVENTS: LazyLock<MultiRow> = LazyLock::new(|| {
+    MultiRow::new(
+        "INSERT INTO workload_events (workload_id, seq, step, at, detail, code) VALUES ",
+        6,
+        "",
+    )
+});
+
+static INSERT_KEYS: LazyLock<MultiRow> = LazyLock::new(|| {
+    MultiRow::new(
+        "INSERT INTO idempotency_keys (actor, key, request_hash, workload_id, created_at) VALUES ",
+        5,
+        "",
+    )
+});
 
 /// `SELECT` of every workload column, then `$rest`.
 macro_rules! select {
@@ -36,20 +97,6 @@ macro_rules! select {
         concat!("SELECT ", columns!(), " FROM workloads ", $rest)
     };
 }
-
-const INSERT: &str = concat!(
-    "INSERT INTO workloads (",
-    columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, \
-     $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41, $42, \
-     $43, $44, $45, $46, $47)"
-);
-
-const UPDATE: &str = "UPDATE workloads SET phase = $2, reason_code = $3, reason_detail = $4, borrowing = $5, \
-     running_at = $6, ended_at = $7, updated_at = $8, stop_kind = $9, stop_by = $10, stop_detail = $11, \
-     next_event_seq = $12, usage_seq = $13, usage_open = $14, p_pool = $15, p_node = $16, p_model = $17, \
-     p_gpus = $18, p_slice = $19, p_mig_profile = $20, p_mig_profile_id = $21, p_mig_start = $22, p_mig_size = $23, \
-     p_fraction_milli = $24, p_gpu_memory_mib = $25, p_units_milli = $26 WHERE id = $1";
 
 // The three shapes of a listing take the same parameters: $1 tenant, $2 project, $3 before,
 // $4 the number of phases asked for (0 = any), $5..$14 the phases (unused ones NULL, which
@@ -77,8 +124,6 @@ const PHASE_SLOTS: usize = 10;
 /// `(phase, id)` index serves, where `NOT IN` would scan every row).
 const ACTIVE: &str =
     select!("WHERE phase IN ('pending', 'queued', 'placed', 'partitioned', 'running', 'stopping') ORDER BY id");
-
-type Query<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
 
 fn corrupt(id: WorkloadId, what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("workload {id}: {what}"))
@@ -110,7 +155,7 @@ fn gpus_of(mask: i64) -> Vec<u8> {
 }
 
 /// The latest time the record knows, for `updated_at` (bookkeeping only; nothing reads it).
-fn updated_at(w: &Workload, events: &[Event]) -> i64 {
+pub(crate) fn updated_at(w: &Workload, events: &[Event]) -> i64 {
     let known = [Some(w.created_at), w.running_at, w.ended_at]
         .into_iter()
         .flatten()
@@ -353,62 +398,108 @@ fn event_row(id: WorkloadId, r: &SqliteRow) -> Result<Event> {
     })
 }
 
-/// Inserts a new workload row (inside the caller's transaction).
-pub(crate) async fn insert_workload(conn: &mut SqliteConnection, w: &Workload, updated_at: i64) -> Result<()> {
-    bind_lifecycle(bind_spec(sqlx::query(INSERT), w), w, updated_at)?
-        .execute(conn)
-        .await
-        .map_err(|e| db_error(e, || format!("workload {}", w.id)))?;
-    Ok(())
-}
-
-async fn update_workload(conn: &mut SqliteConnection, w: &Workload, updated_at: i64) -> Result<()> {
-    let updated = bind_lifecycle(sqlx::query(UPDATE).bind(i64_of(w.id.0)), w, updated_at)?
-        .execute(conn)
-        .await
-        .map_err(db)?
-        .rows_affected();
-    if updated == 0 {
-        return Err(corrupt(w.id, "cannot be updated: it is not stored"));
-    }
-    Ok(())
-}
-
-async fn insert_events(conn: &mut SqliteConnection, id: WorkloadId, events: &[Event]) -> Result<()> {
-    for e in events {
-        sqlx::query(
-            "INSERT INTO workload_events (workload_id, seq, step, at, detail, code) VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(i64_of(id.0))
-        .bind(i64::from(e.seq))
-        .bind(e.step.as_str())
-        .bind(e.at)
-        .bind(&e.detail)
-        .bind(e.code.map(ReasonCode::as_str))
-        .execute(&mut *conn)
-        .await
-        .map_err(|err| db_error(err, || format!("event {} of workload {id}", e.seq)))?;
-    }
-    Ok(())
-}
-
-async fn insert_idempotency_key(
-    conn: &mut SqliteConnection,
-    k: &IdempotencyKey,
-    id: WorkloadId,
-    at: i64,
-) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO idempotency_keys (actor, key, request_hash, workload_id, created_at) VALUES ($1, $2, $3, $4, $5)",
+/// Inserts new workloads with the `updated_at` each gets (inside the caller's transaction).
+pub(crate) async fn insert_workloads(conn: &mut SqliteConnection, rows: &[(&Workload, i64)]) -> Result<()> {
+    rows::execute(
+        conn,
+        &INSERT,
+        rows,
+        |q, (w, updated_at)| bind_lifecycle(bind_spec(q, w), w, *updated_at),
+        |e, chunk| {
+            db_error(e, || match chunk {
+                [(w, _)] => format!("workload {}", w.id),
+                _ => format!(
+                    "one of the workloads {} … {}",
+                    chunk[0].0.id,
+                    chunk[chunk.len() - 1].0.id
+                ),
+            })
+        },
     )
-    .bind(&k.actor)
-    .bind(&k.key)
-    .bind(&k.request_hash)
-    .bind(i64_of(id.0))
-    .bind(at)
-    .execute(conn)
-    .await
-    .map_err(|e| db_error(e, || format!("idempotency key `{}` of `{}`", k.key, k.actor)))?;
+    .await?;
+    Ok(())
+}
+
+/// Writes the lifecycle of stored workloads, at most one row per workload; `Corrupt` if one is
+/// not stored.
+pub(crate) async fn update_workloads(conn: &mut SqliteConnection, rows: &[(&Workload, i64)]) -> Result<()> {
+    let updated = rows::execute(
+        conn,
+        &UPDATE,
+        rows,
+        |q, (w, updated_at)| bind_lifecycle(q.bind(i64_of(w.id.0)), w, *updated_at),
+        |e, _| db(e),
+    )
+    .await?;
+    // Each row matches at most one stored workload (ids are the primary key and distinct in
+    // `rows`), so fewer changes than rows means some are not stored.
+    if updated != rows.len() as u64 {
+        let missing = rows.len() as u64 - updated;
+        let (first, last) = (rows[0].0.id, rows[rows.len() - 1].0.id);
+        return Err(match rows {
+            [(w, _)] => corrupt(w.id, "cannot be updated: it is not stored"),
+            _ => StoreError::Corrupt(format!(
+                "{missing} of the {} workloads updated ({first} … {last}) are not stored",
+                rows.len()
+            )),
+        });
+    }
+    Ok(())
+}
+
+/// Appends timeline events of workloads.
+pub(crate) async fn insert_events(conn: &mut SqliteConnection, rows: &[(WorkloadId, &Event)]) -> Result<()> {
+    rows::execute(
+        conn,
+        &INSERT_EVENTS,
+        rows,
+        |q, (id, e)| {
+            Ok(q.bind(i64_of(id.0))
+                .bind(i64::from(e.seq))
+                .bind(e.step.as_str())
+                .bind(e.at)
+                .bind(e.detail.as_str())
+                .bind(e.code.map(ReasonCode::as_str)))
+        },
+        |err, chunk| {
+            db_error(err, || match chunk {
+                [(id, e)] => format!("event {} of workload {id}", e.seq),
+                _ => format!(
+                    "an event of the workloads {} … {}",
+                    chunk[0].0,
+                    chunk[chunk.len() - 1].0
+                ),
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Stores the idempotency keys of new workloads, each with its workload and creation time.
+pub(crate) async fn insert_idempotency_keys(
+    conn: &mut SqliteConnection,
+    rows: &[(&IdempotencyKey, WorkloadId, i64)],
+) -> Result<()> {
+    rows::execute(
+        conn,
+        &INSERT_KEYS,
+        rows,
+        |q, (k, id, at)| {
+            Ok(q.bind(k.actor.as_str())
+                .bind(k.key.as_str())
+                .bind(k.request_hash.as_str())
+                .bind(i64_of(id.0))
+                .bind(*at))
+        },
+        |e, chunk| {
+            db_error(e, || match chunk {
+                [(k, _, _)] => format!("idempotency key `{}` of `{}`", k.key, k.actor),
+                _ => format!("one of {} idempotency keys", chunk.len()),
+            })
+        },
+    )
+    .await?;
     Ok(())
 }
 
@@ -428,37 +519,7 @@ impl WorkloadStore for SqliteStore {
     }
 
     async fn commit(&self, batch: &[Change]) -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let mut tx = self.begin_write().await?;
-        for change in batch {
-            match change {
-                Change::Insert {
-                    workload,
-                    events,
-                    idempotency,
-                } => {
-                    insert_workload(&mut tx, workload, updated_at(workload, events)).await?;
-                    if let Some(k) = idempotency {
-                        insert_idempotency_key(&mut tx, k, workload.id, workload.created_at).await?;
-                    }
-                    insert_events(&mut tx, workload.id, events).await?;
-                }
-                Change::Update { workload, events } => {
-                    update_workload(&mut tx, workload, updated_at(workload, events)).await?;
-                    insert_events(&mut tx, workload.id, events).await?;
-                }
-                Change::OpenUsage(u) => ledger::open(&mut tx, u).await?,
-                Change::CloseUsage {
-                    workload,
-                    seq,
-                    ended_at,
-                    util_avg,
-                } => ledger::close(&mut tx, *workload, *seq, *ended_at, *util_avg).await?,
-            }
-        }
-        tx.commit().await.map_err(db)
+        batch::commit(self, batch).await
     }
 
     async fn get_workload(&self, id: WorkloadId, scope: Option<&str>) -> Result<Option<Workload>> {
@@ -552,6 +613,31 @@ mod tests {
     #[test]
     fn every_phase_fits_a_listing() {
         assert_eq!(Phase::ALL.len(), PHASE_SLOTS);
+    }
+
+    /// Every multi-row statement of workloads prepares (so its text is valid SQL within the
+    /// parameter limit), and the update finds each workload by its key, never by a scan.
+    #[tokio::test]
+    async fn multi_row_statements_prepare_and_updates_search_by_id() {
+        let store = SqliteStore::open_memory().await.unwrap();
+        for statement in [&INSERT, &UPDATE, &INSERT_EVENTS, &INSERT_KEYS] {
+            for rows in rows::CHUNKS {
+                assert!(
+                    rows::prepares(&store, statement.text(rows)).await,
+                    "{}",
+                    statement.text(rows)
+                );
+            }
+        }
+        for rows in rows::CHUNKS {
+            let plan = rows::plan(&store, UPDATE.text(rows)).await;
+            assert!(
+                plan.iter()
+                    .any(|p| p.starts_with("SEARCH workloads USING") && p.ends_with("(id=?)")),
+                "{plan:?}"
+            );
+            assert!(!plan.iter().any(|p| p.starts_with("SCAN workloads")), "{plan:?}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What the conformance suite does not show: the durability settings of a file database,
 //! sequences shared by every store (process) that opens the same file and surviving restarts,
-//! and the store held the way the server holds it, as an `Arc<dyn Store>` shared by tasks.
+//! the store held the way the server holds it, as an `Arc<dyn Store>` shared by tasks, and the
+//! failing change a failed batch names although its rows are written many to a statement.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -8,7 +9,9 @@ use std::sync::Arc;
 
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-use tessera_store::{AuditRecord, AuditStore, Store, TenantRecord, WorkloadStore};
+use tessera_domain::{Event, GpuSpec, Kind, Phase, ShapeSpec, Step, Workload, WorkloadId, WorkloadSpec};
+use tessera_model::GpuUnits;
+use tessera_store::{AuditRecord, AuditStore, Change, IdempotencyKey, Store, StoreError, TenantRecord, WorkloadStore};
 use tessera_store_sqlite::SqliteStore;
 
 fn fresh_dir(name: &str) -> PathBuf {
@@ -116,4 +119,125 @@ async fn the_server_can_share_it_as_an_arc_dyn_store_across_tasks() {
         store.get_tenant("acme").await.unwrap().map(|t| t.display_name),
         Some("Acme".into())
     );
+}
+
+fn workload(id: u64) -> Workload {
+    let spec = WorkloadSpec {
+        tenant: "acme".into(),
+        project: "train".into(),
+        name: format!("job-{id}"),
+        kind: Kind::Batch,
+        shape: ShapeSpec {
+            gpu: GpuSpec::Whole { gpus: 1 },
+            models: Vec::new(),
+            pool: None,
+        },
+        cpu_milli: 1000,
+        memory_mib: 1024,
+        duration_s: None,
+        command: None,
+        image: None,
+        env: Default::default(),
+        priority: "standard".into(),
+        no_wait: false,
+        no_requeue: false,
+    };
+    Workload::new(WorkloadId(id), spec, GpuUnits::ONE_GPU, 1_000)
+}
+
+fn created(w: &Workload, key: &str) -> Change {
+    Change::Insert {
+        workload: w.clone(),
+        events: vec![Event {
+            seq: 0,
+            step: Step::Requested,
+            at: 1_000,
+            detail: String::new(),
+            code: None,
+        }],
+        idempotency: Some(IdempotencyKey {
+            actor: "tok_ci".into(),
+            key: key.into(),
+            request_hash: "h".into(),
+        }),
+    }
+}
+
+fn queued(w: &Workload) -> Change {
+    Change::Update {
+        workload: Workload {
+            phase: Phase::Queued,
+            ..w.clone()
+        },
+        events: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_failed_batch_names_its_first_failing_change() {
+    let store = SqliteStore::open_memory().await.unwrap();
+    let ids: Vec<u64> = store.reserve_workload_ids(200).await.unwrap().collect();
+    let ws: Vec<Workload> = ids.iter().map(|&id| workload(id)).collect();
+    let key = |i: usize| format!("k-{i}");
+    // Workloads 100 to 179 are stored, the others not.
+    let stored: Vec<Change> = (100..180).map(|i| created(&ws[i], &key(i))).collect();
+    store.commit(&stored).await.unwrap();
+    let expect = |r: tessera_store::Result<()>, want: String| match r {
+        Err(e @ (StoreError::Conflict(_) | StoreError::Corrupt(_))) => assert_eq!(e.to_string(), want),
+        other => panic!("expected {want:?}, got {other:?}"),
+    };
+    let creations = || (0..100).map(|i| created(&ws[i], &key(i))).collect::<Vec<_>>();
+
+    // 100 new workloads, the 71st of which is stored already.
+    let mut batch = creations();
+    batch[70] = created(&ws[150], "k-other");
+    expect(
+        store.commit(&batch).await,
+        format!("workload {} already exists", ws[150].id),
+    );
+    // The same with the key of a stored workload, from the 91st on.
+    let mut batch = creations();
+    for (i, change) in batch.iter_mut().enumerate().skip(90) {
+        *change = created(&ws[i], &key(i + 60));
+    }
+    expect(
+        store.commit(&batch).await,
+        "idempotency key `k-150` of `tok_ci` already exists".into(),
+    );
+    // 80 updates, from the 71st on of workloads that are not stored.
+    let batch: Vec<Change> = ws[110..180].iter().chain(&ws[..10]).map(queued).collect();
+    expect(
+        store.commit(&batch).await,
+        format!(
+            "stored data is corrupt: workload {}: cannot be updated: it is not stored",
+            ws[0].id
+        ),
+    );
+    // Closes of intervals never opened.
+    let close = |w: &Workload| Change::CloseUsage {
+        workload: w.id,
+        seq: 3,
+        ended_at: 2_000,
+        util_avg: None,
+    };
+    let batch: Vec<Change> = ws[100..180]
+        .iter()
+        .map(queued)
+        .chain(ws[120..140].iter().map(close))
+        .collect();
+    expect(
+        store.commit(&batch).await,
+        format!(
+            "stored data is corrupt: usage interval 3 of workload {} is not open",
+            ws[120].id
+        ),
+    );
+
+    for i in [0, 70, 99] {
+        assert_eq!(store.get_workload(ws[i].id, None).await.unwrap(), None);
+        assert_eq!(store.idempotent("tok_ci", &key(i)).await.unwrap(), None);
+    }
+    for i in [100, 150, 179] {
+        assert_eq!(store.get_workload(ws[i].id, None).await.unwrap(), Some(ws[i].clone()));
+    }
 }

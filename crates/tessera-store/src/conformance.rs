@@ -34,6 +34,8 @@ macro_rules! store_conformance_tests {
     (make = $make:expr) => {
         $crate::store_conformance_tests!(@each $make;
             batches_are_atomic,
+            changes_take_effect_in_batch_order,
+            large_batches_commit_whole,
             workloads_round_trip_every_field,
             events_round_trip_in_order_with_codes,
             list_workloads_filters,
@@ -45,6 +47,7 @@ macro_rules! store_conformance_tests {
             tokens,
             quotas_and_budgets,
             audit_sequence_numbers_come_from_the_store,
+            audit_records_commit_with_their_batch,
             reads_are_scoped,
         );
     };
@@ -394,6 +397,258 @@ pub async fn batches_are_atomic(s: &dyn Store) {
     );
     assert_eq!(s.get_workload(w2.id, None).await.unwrap(), None);
     assert_eq!(s.active_workloads().await.unwrap(), vec![w1]);
+}
+
+/// Changes take effect in batch order: an update may follow the insert of its workload, a close
+/// the open of its interval, and a later update of a workload wins. The reverse orders fail,
+/// as they would change by change, and of several failing changes the first decides the error.
+pub async fn changes_take_effect_in_batch_order(s: &dyn Store) {
+    let ids = new_ids(s, 3).await;
+    let w = workload(ids[0], "acme", "p", Phase::Pending);
+    let mut running = w.clone();
+    running.phase = Phase::Running;
+    running.next_seq = 2;
+    running.usage = UsageCursor { seq: 0, open: true };
+    let mut done = running.clone();
+    done.phase = Phase::Succeeded;
+    done.next_seq = 3;
+    done.usage = UsageCursor { seq: 1, open: true };
+    commit(
+        s,
+        &[
+            insert(&w),
+            Change::Update {
+                workload: running,
+                events: vec![event(1, Step::Running, None)],
+            },
+            Change::OpenUsage(usage(&w, 0, 10, None)),
+            Change::CloseUsage {
+                workload: w.id,
+                seq: 0,
+                ended_at: 20,
+                util_avg: Some(0.5),
+            },
+            Change::OpenUsage(usage(&w, 1, 20, None)),
+            Change::Update {
+                workload: done.clone(),
+                events: vec![event(2, Step::Released, None)],
+            },
+        ],
+    )
+    .await;
+    assert_eq!(s.get_workload(w.id, None).await.unwrap(), Some(done.clone()));
+    assert_eq!(
+        s.events(w.id, None).await.unwrap(),
+        vec![
+            event(0, Step::Requested, None),
+            event(1, Step::Running, None),
+            event(2, Step::Released, None)
+        ]
+    );
+    let intervals = vec![
+        UsageInterval {
+            util_avg: Some(0.5),
+            ..usage(&w, 0, 10, Some(20))
+        },
+        usage(&w, 1, 20, None),
+    ];
+    assert_eq!(s.usage_of(w.id).await.unwrap(), intervals);
+
+    // What must not change: `w`, its timeline and intervals, and the workload never stored.
+    let unknown = workload(ids[1], "acme", "p", Phase::Queued);
+    let unchanged = || async {
+        assert_eq!(s.get_workload(w.id, None).await.unwrap(), Some(done.clone()));
+        assert_eq!(s.events(w.id, None).await.unwrap().len(), 3);
+        assert_eq!(s.usage_of(w.id).await.unwrap(), intervals);
+        assert_eq!(s.get_workload(unknown.id, None).await.unwrap(), None);
+    };
+    let fails = |batch: Vec<Change>| async move { s.commit(&batch).await };
+    let later = |w: &Workload| Change::Update {
+        workload: Workload {
+            phase: Phase::Failed,
+            ..w.clone()
+        },
+        events: vec![event(w.next_seq, Step::Failed, None)],
+    };
+
+    // An update before the insert of its workload finds nothing to update …
+    let r = fails(vec![later(&unknown), insert(&unknown)]).await;
+    assert!(matches!(r, Err(StoreError::Corrupt(_))), "update before insert: {r:?}");
+    unchanged().await;
+    // … or, when the workload is stored, the insert finds its id taken.
+    let r = fails(vec![later(&w), insert(&w)]).await;
+    assert!(
+        matches!(r, Err(StoreError::Conflict(_))),
+        "update, then insert again: {r:?}"
+    );
+    unchanged().await;
+    // A close before the open of its interval finds nothing open.
+    let r = fails(vec![
+        Change::CloseUsage {
+            workload: w.id,
+            seq: 2,
+            ended_at: 30,
+            util_avg: None,
+        },
+        Change::OpenUsage(usage(&w, 2, 25, None)),
+    ])
+    .await;
+    assert!(matches!(r, Err(StoreError::Corrupt(_))), "close before open: {r:?}");
+    unchanged().await;
+    // An interval closes once.
+    let close = Change::CloseUsage {
+        workload: w.id,
+        seq: 1,
+        ended_at: 30,
+        util_avg: None,
+    };
+    let r = fails(vec![close.clone(), close]).await;
+    assert!(matches!(r, Err(StoreError::Corrupt(_))), "closed twice: {r:?}");
+    unchanged().await;
+    // Of two failing changes, the first decides.
+    let r = fails(vec![later(&unknown), insert(&w)]).await;
+    assert!(
+        matches!(r, Err(StoreError::Corrupt(_))),
+        "unknown update, then a taken id: {r:?}"
+    );
+    let r = fails(vec![insert(&w), later(&unknown)]).await;
+    assert!(
+        matches!(r, Err(StoreError::Conflict(_))),
+        "a taken id, then an unknown update: {r:?}"
+    );
+    unchanged().await;
+}
+
+/// A batch of any size commits whole, every field intact, or fails whole: 150 workloads with
+/// keys, events, intervals and audit records.
+pub async fn large_batches_commit_whole(s: &dyn Store) {
+    const N: usize = 150;
+    let ids = new_ids(s, N as u32).await;
+    let ws = variety(&ids);
+    let key = |w: &Workload| IdempotencyKey {
+        actor: format!("tok_{}", w.spec.tenant),
+        key: format!("create-{}", w.id),
+        request_hash: format!("hash-{}", w.id),
+    };
+    let note = |w: &Workload, action: &str| {
+        Change::Audit(AuditRecord {
+            seq: 0,
+            at: w.created_at,
+            request_id: format!("req-{action}-{}", w.id),
+            actor: key(w).actor,
+            tenant: Some(w.spec.tenant.clone()),
+            action: action.into(),
+            target: format!("workloads/{}", w.id),
+            outcome: 201,
+            detail: String::new(),
+        })
+    };
+    let batch: Vec<Change> = ws
+        .iter()
+        .flat_map(|w| {
+            [
+                Change::Insert {
+                    workload: w.clone(),
+                    events: vec![event(0, Step::Requested, None), event(1, Step::Authorised, None)],
+                    idempotency: Some(key(w)),
+                },
+                note(w, "create"),
+            ]
+        })
+        .collect();
+    commit(s, &batch).await;
+    for w in &ws {
+        assert_eq!(s.get_workload(w.id, None).await.unwrap().as_ref(), Some(w), "inserted");
+        assert_eq!(
+            s.idempotent(&key(w).actor, &key(w).key).await.unwrap(),
+            Some((key(w).request_hash, w.id))
+        );
+    }
+
+    // Every workload advances and opens an interval; one update of a workload that is not
+    // stored, the batch's last change, undoes all of it.
+    let updated: Vec<Workload> = ws.iter().enumerate().map(|(i, w)| advanced(w, i)).collect();
+    let mut batch: Vec<Change> = updated
+        .iter()
+        .flat_map(|w| {
+            [
+                Change::Update {
+                    workload: w.clone(),
+                    events: vec![event(2, Step::Running, None), event(3, Step::Metered, None)],
+                },
+                Change::OpenUsage(usage(w, 0, 100, None)),
+                note(w, "run"),
+            ]
+        })
+        .collect();
+    batch.push(Change::Update {
+        workload: workload(ids[N - 1] + 1_000_000, "acme", "p", Phase::Running),
+        events: Vec::new(),
+    });
+    let r = s.commit(&batch).await;
+    assert!(matches!(r, Err(StoreError::Corrupt(_))), "unknown workload: {r:?}");
+    for w in [&ws[0], &ws[64], &ws[N - 1]] {
+        assert_eq!(s.get_workload(w.id, None).await.unwrap().as_ref(), Some(w), "undone");
+        assert_eq!(s.events(w.id, None).await.unwrap().len(), 2);
+        assert!(s.usage_of(w.id).await.unwrap().is_empty());
+    }
+    assert_eq!(s.audit(None, None, 1_000).await.unwrap().len(), N);
+
+    batch.pop();
+    commit(s, &batch).await;
+    // Then every interval closes, one of them twice: the batch fails; without it, it commits.
+    let closes: Vec<Change> = updated
+        .iter()
+        .map(|w| Change::CloseUsage {
+            workload: w.id,
+            seq: 0,
+            ended_at: 200,
+            util_avg: Some(0.25),
+        })
+        .collect();
+    let twice: Vec<Change> = closes.iter().chain(&closes[70..71]).cloned().collect();
+    let r = s.commit(&twice).await;
+    assert!(
+        matches!(r, Err(StoreError::Corrupt(_))),
+        "an interval closed twice: {r:?}"
+    );
+    assert_eq!(
+        s.usage_of(updated[0].id).await.unwrap(),
+        vec![usage(&updated[0], 0, 100, None)]
+    );
+    commit(s, &closes).await;
+
+    for (i, w) in updated.iter().enumerate() {
+        assert_eq!(
+            s.get_workload(w.id, None).await.unwrap().as_ref(),
+            Some(w),
+            "updated {i}"
+        );
+        assert_eq!(
+            s.events(w.id, None).await.unwrap(),
+            vec![
+                event(0, Step::Requested, None),
+                event(1, Step::Authorised, None),
+                event(2, Step::Running, None),
+                event(3, Step::Metered, None)
+            ]
+        );
+        assert_eq!(
+            s.usage_of(w.id).await.unwrap(),
+            vec![UsageInterval {
+                util_avg: Some(0.25),
+                ..usage(w, 0, 100, Some(200))
+            }]
+        );
+    }
+    let log = s.audit(None, None, 1_000).await.unwrap();
+    assert_eq!(log.len(), 2 * N);
+    // Newest first: the batch's records in reverse batch order.
+    let want: Vec<String> = ["run", "create"]
+        .iter()
+        .flat_map(|action| ws.iter().rev().map(move |w| format!("req-{action}-{}", w.id)))
+        .collect();
+    assert_eq!(log.iter().map(|r| r.request_id.clone()).collect::<Vec<_>>(), want);
 }
 
 /// Every field of a workload survives an insert, and every mutable field an update.
@@ -1023,6 +1278,99 @@ pub async fn audit_sequence_numbers_come_from_the_store(s: &dyn Store) {
     let page = s.audit(None, Some(b[0]), 2).await.unwrap();
     assert_eq!(page.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![a[2], a[1]]);
     assert!(s.audit(Some("acme"), Some(a[0]), 10).await.unwrap().is_empty());
+}
+
+/// An audit record in a batch lands with the batch or not at all, numbered from the same
+/// sequence as `append_audit`'s, also when the two race.
+pub async fn audit_records_commit_with_their_batch(s: &dyn Store) {
+    let record = |request: &str| AuditRecord {
+        // Ignored: the store assigns sequence numbers.
+        seq: 999_999,
+        at: 2_000,
+        request_id: request.into(),
+        actor: "tok_a".into(),
+        tenant: Some("acme".into()),
+        action: "POST /api/v1/workloads".into(),
+        target: format!("workloads/{request}"),
+        outcome: 201,
+        detail: "«ü»".into(),
+    };
+    let ids = new_ids(s, 2).await;
+    let w = workload(ids[0], "acme", "p", Phase::Pending);
+
+    let a = s.append_audit(&[record("a0"), record("a1")]).await.unwrap();
+    commit(
+        s,
+        &[insert(&w), Change::Audit(record("b0")), Change::Audit(record("b1"))],
+    )
+    .await;
+    let c = s.append_audit(&[record("c0")]).await.unwrap();
+    commit(s, &[Change::Audit(record("d0"))]).await;
+
+    // A failing batch leaves no record, whether it conflicts or finds nothing to update.
+    let r = s.commit(&[Change::Audit(record("x0")), insert(&w)]).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "taken id: {r:?}");
+    let r = s
+        .commit(&[
+            Change::Audit(record("x1")),
+            Change::Update {
+                workload: workload(ids[1], "acme", "p", Phase::Queued),
+                events: Vec::new(),
+            },
+        ])
+        .await;
+    assert!(matches!(r, Err(StoreError::Corrupt(_))), "unknown workload: {r:?}");
+
+    let log = s.audit(None, None, 100).await.unwrap();
+    let requests: Vec<&str> = log.iter().map(|r| r.request_id.as_str()).collect();
+    assert_eq!(
+        requests,
+        ["d0", "c0", "b1", "b0", "a1", "a0"],
+        "newest first, no failed record"
+    );
+    let seqs: Vec<u64> = log.iter().rev().map(|r| r.seq).collect();
+    assert!(
+        seqs.windows(2).all(|p| p[0] < p[1]),
+        "increasing in commit order: {seqs:?}"
+    );
+    assert_eq!(
+        (&seqs[..2], seqs[4]),
+        (&a[..], c[0]),
+        "append_audit's numbers are the stored ones"
+    );
+    assert_eq!(
+        log[3],
+        AuditRecord {
+            seq: seqs[2],
+            ..record("b0")
+        }
+    );
+
+    // Racing: an appender and a committer, each one record at a time.
+    let appender = || async {
+        for i in 0..20 {
+            s.append_audit(&[record(&format!("r-append-{i}"))]).await.unwrap();
+        }
+    };
+    let committer = || async {
+        for i in 0..20 {
+            commit(s, &[Change::Audit(record(&format!("r-commit-{i}")))]).await;
+        }
+    };
+    tokio::join!(appender(), committer());
+    let log = s.audit(None, None, 100).await.unwrap();
+    assert_eq!(log.len(), 46);
+    let all: BTreeSet<u64> = log.iter().map(|r| r.seq).collect();
+    assert_eq!(all.len(), 46, "every sequence number handed out once");
+    for path in ["r-append-", "r-commit-"] {
+        let mut mine: Vec<(usize, u64)> = log
+            .iter()
+            .filter_map(|r| Some((r.request_id.strip_prefix(path)?.parse().ok()?, r.seq)))
+            .collect();
+        mine.sort();
+        assert_eq!(mine.len(), 20, "{path}");
+        assert!(mine.windows(2).all(|p| p[0].1 < p[1].1), "{path} in order: {mine:?}");
+    }
 }
 
 /// Single workloads and timelines are only visible within the caller's tenant scope.

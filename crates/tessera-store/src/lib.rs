@@ -10,8 +10,8 @@
 //! [`conformance`] suite; [`store_conformance_tests!`] runs it as one test per behaviour.
 //!
 //! Writes of the lifecycle loop go through [`WorkloadStore::commit`]: a batch of [`Change`]s
-//! committed in **one transaction**, so a state change, its events and its usage interval land
-//! together or not at all. Identifiers (workload ids, audit sequence numbers) come from the
+//! committed in **one transaction**, so a state change, its events, its usage interval and its
+//! audit record land together or not at all. Identifiers (workload ids, audit sequence numbers) come from the
 //! database, never from the application, so that processes sharing a database never collide.
 
 pub mod conformance;
@@ -154,6 +154,11 @@ pub enum Change {
         ended_at: i64,
         util_avg: Option<f64>,
     },
+    /// Appends a record to the audit log with the batch, so that an action and its audit
+    /// record land together or not at all. Its sequence number comes from the same counter as
+    /// [`AuditStore::append_audit`]'s (the record's `seq` is ignored): numbers stay unique and
+    /// increasing across both paths, and the records of one batch get them in batch order.
+    Audit(AuditRecord),
 }
 
 /// What [`WorkloadStore::list_workloads`] returns.
@@ -213,7 +218,10 @@ pub trait WorkloadStore: Send + Sync {
     /// Reserves `n` consecutive workload ids from the database's own sequence: never handed out
     /// twice, also across processes sharing the database and across restarts.
     async fn reserve_workload_ids(&self, n: u32) -> Result<Range<u64>>;
-    /// Commits a lifecycle batch in one transaction: all or nothing.
+    /// Commits a lifecycle batch in one transaction: all or nothing. The changes take effect in
+    /// batch order (an `Update` may follow the `Insert` of its workload, a `CloseUsage` the
+    /// `OpenUsage` of its interval); when the batch fails, the error is the one its first failing
+    /// change causes.
     async fn commit(&self, batch: &[Change]) -> Result<()>;
     /// A workload within the caller's tenant scope (`None` = platform-wide).
     async fn get_workload(&self, id: WorkloadId, scope: Option<&str>) -> Result<Option<Workload>>;
