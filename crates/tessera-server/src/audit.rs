@@ -124,9 +124,19 @@ fn tenant_in_path(path: &str) -> Option<String> {
     None
 }
 
+/// The request's ID, for handlers (in the request's extensions).
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+/// Set on a response whose audit record the handler had committed with the change itself (in
+/// the same transaction): the middleware does not write it again.
+#[derive(Clone, Copy, Debug)]
+pub struct Audited;
+
 /// The middleware around every route.
-pub async fn middleware(State(s): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
     let rid = request_id(&req);
+    req.extensions_mut().insert(RequestId(rid.clone()));
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let route = req
@@ -162,7 +172,8 @@ pub async fn middleware(State(s): State<AppState>, req: Request, next: Next) -> 
         status,
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
     );
-    if path.starts_with("/api/") && (mutating || denied) {
+    let audited = response.extensions().get::<Audited>().is_some();
+    if path.starts_with("/api/") && (mutating || denied) && !audited {
         let identity = match auth.as_deref() {
             Some(h) => s.auth.identify(Some(h)).await.ok(),
             None => s.sessions.from_headers(&cookie_headers).map(|x| x.identity),

@@ -225,6 +225,7 @@ async fn submit(lc: &Lifecycle, fleet: &Fleet, spec: WorkloadSpec) -> Arc<Worklo
             role: "platform-admin".into(),
             idempotency: None,
             received_at: tessera_server::now_ms(),
+            audit: None,
         })
         .await
         .unwrap();

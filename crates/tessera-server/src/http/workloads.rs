@@ -4,6 +4,7 @@
 //! the lifecycle loop answers once the workload is durable. Reads of single workloads come from
 //! what the loop published, lists and timelines from the store.
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -12,9 +13,11 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tessera_api::{CreateWorkload, Event, GpuShape, Page, Problem, Workload, WorkloadKind, WorkloadState};
 use tessera_domain::{GpuSpec, Kind, ShapeSpec, WorkloadId, WorkloadSpec};
+use tessera_store::AuditRecord;
 use utoipa::IntoParams;
 
 use super::{ApiJson, limit, page, views};
+use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::lifecycle::placement::{default_host, engine_request};
 use crate::lifecycle::{LifecycleError, NewWorkload};
@@ -142,6 +145,7 @@ fn shape_spec(s: &GpuShape) -> ApiResult<ShapeSpec> {
 pub async fn create_workload(
     State(s): State<AppState>,
     id: Identity,
+    rid: Option<Extension<RequestId>>,
     headers: HeaderMap,
     ApiJson(b): ApiJson<CreateWorkload>,
 ) -> ApiResult<Response> {
@@ -188,13 +192,12 @@ pub async fn create_workload(
     }
     let shape = shape_spec(&b.shape)?;
     let to_api = |e: crate::lifecycle::placement::FieldError| ApiError::invalid(e.field, e.message);
-    let units = engine_request(&s.fleet, &shape, 0, 0)
-        .map_err(to_api)?
-        .units(&s.fleet.catalogue);
-    let (cpu_default, mem_default) = default_host(units);
+    let mut request = engine_request(&s.fleet, &shape, 0, 0).map_err(to_api)?;
+    let (cpu_default, mem_default) = default_host(request.units(&s.fleet.catalogue));
     let cpu = b.cpu_milli.unwrap_or(cpu_default);
     let mem = b.memory_mib.unwrap_or(mem_default);
-    let request = engine_request(&s.fleet, &shape, cpu, mem).map_err(to_api)?;
+    request.cpu_milli = cpu;
+    request.memory_mib = mem;
     let idempotency = match headers.get("idempotency-key") {
         Some(k) => {
             let k = k
@@ -230,6 +233,18 @@ pub async fn create_workload(
         no_wait: b.no_wait,
         no_requeue: b.no_requeue,
     };
+    // The audit record goes into the transaction that creates the workload.
+    let audit = AuditRecord {
+        seq: 0,
+        at: received_at,
+        request_id: rid.map(|Extension(r)| r.0).unwrap_or_default(),
+        actor: id.actor.clone(),
+        tenant: Some(spec.tenant.clone()),
+        action: "POST /api/v1/workloads".into(),
+        target: "/api/v1/workloads".into(),
+        outcome: 0,
+        detail: String::new(),
+    };
     let nw = NewWorkload {
         spec,
         request,
@@ -237,10 +252,13 @@ pub async fn create_workload(
         role: id.role.as_str().into(),
         idempotency,
         received_at,
+        audit: Some(audit),
     };
     let (w, created) = s.lifecycle.create(nw).await.map_err(lifecycle_error)?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(views::workload(&w))).into_response())
+    let mut r = (status, Json(views::workload(&w))).into_response();
+    r.extensions_mut().insert(Audited);
+    Ok(r)
 }
 
 /// A workload the caller may see (others answer 404, so existence does not leak).

@@ -26,6 +26,9 @@ pub struct NewWorkload {
     pub idempotency: Option<(String, String)>,
     /// When the API received it, ms since the epoch.
     pub received_at: i64,
+    /// The audit record of the request, committed with the workload (its outcome is set to
+    /// 201, or 200 for an idempotent replay).
+    pub audit: Option<tessera_store::AuditRecord>,
 }
 
 /// A change to a tenant's quota or budget (already stored by the caller).

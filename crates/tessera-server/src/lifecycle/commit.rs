@@ -46,6 +46,7 @@ pub(super) struct Batch {
     order: Vec<WorkloadId>,
     records: HashMap<WorkloadId, Pending>,
     usage: Vec<Change>,
+    audit: Vec<Change>,
     ops: Vec<(WorkloadId, Op)>,
     replies: Vec<ReplyTo>,
     /// Idempotency keys used in this batch: (actor, key) → (request hash, workload).
@@ -100,6 +101,11 @@ impl Batch {
         self.usage.push(c);
     }
 
+    /// An audit record committed with the batch.
+    pub fn audit(&mut self, r: tessera_store::AuditRecord) {
+        self.audit.push(Change::Audit(r));
+    }
+
     /// Backend work to start after the commit.
     pub fn op(&mut self, id: WorkloadId, op: Op) {
         self.ops.push((id, op));
@@ -140,6 +146,7 @@ impl Batch {
             });
         }
         changes.append(&mut self.usage);
+        changes.append(&mut self.audit);
         (changes, records)
     }
 

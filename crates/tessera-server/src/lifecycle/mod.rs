@@ -366,6 +366,23 @@ impl Core {
     /// is stored.
     async fn create(
         &mut self,
+        mut nw: NewWorkload,
+        batch: &mut Batch,
+        now: i64,
+    ) -> Result<(WorkloadId, bool), LifecycleError> {
+        let audit = nw.audit.take();
+        let (id, created) = self.accept(nw, batch, now).await?;
+        if let Some(mut r) = audit {
+            r.outcome = if created { 201 } else { 200 };
+            r.target = format!("{} (workload {id})", r.target);
+            batch.audit(r);
+        }
+        Ok((id, created))
+    }
+
+    /// [`create`](Self::create) without the audit record.
+    async fn accept(
+        &mut self,
         nw: NewWorkload,
         batch: &mut Batch,
         now: i64,
