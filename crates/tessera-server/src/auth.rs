@@ -109,10 +109,11 @@ pub fn hash(secret: &str) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Resolves bearer tokens, caching successful look-ups.
+/// Resolves bearer tokens, caching successful look-ups (with the token's expiry, checked on
+/// every use; a revocation clears the cache).
 pub struct Authenticator {
     store: Arc<dyn Store>,
-    cache: RwLock<HashMap<String, Identity>>,
+    cache: RwLock<HashMap<String, (Identity, Option<i64>)>>,
     oidc: Option<crate::oidc::OidcVerifier>,
 }
 
@@ -150,11 +151,13 @@ impl Authenticator {
             return oidc.verify(secret).await;
         }
         let key = hash(secret);
-        if let Some(id) = self.cache.read().expect("lock").get(&key) {
+        let now = crate::now_ms();
+        if let Some((id, expires_at)) = self.cache.read().expect("lock").get(&key)
+            && expires_at.is_none_or(|e| e > now)
+        {
             return Ok(id.clone());
         }
         let rec = self.store.find_token(&key).await?;
-        let now = crate::now_ms();
         let Some(rec) = rec.filter(|r| r.revoked_at.is_none() && r.expires_at.is_none_or(|e| e > now)) else {
             return Err(ApiError::unauthorized("unknown, expired or revoked token"));
         };
@@ -164,9 +167,12 @@ impl Authenticator {
             role,
             tenant: rec.tenant,
         };
-        if rec.expires_at.is_none() {
-            self.cache.write().expect("lock").insert(key, id.clone());
+        let mut cache = self.cache.write().expect("lock");
+        // Bounded: an attacker cycling through valid tokens cannot grow it without limit.
+        if cache.len() >= 100_000 {
+            cache.clear();
         }
+        cache.insert(key, (id.clone(), rec.expires_at));
         Ok(id)
     }
 }
