@@ -4,8 +4,9 @@
 //!
 //! * [`engine::Engine`]: places requests on a fleet snapshot (whole-GPU gangs, on-demand MIG,
 //!   time-sliced fractions), explains refusals, releases capacity exactly.
-//! * [`govern`]: the scheduler cycle — quotas, budgets, priority classes, fair-share queue
-//!   with bounded backfill, reclaim and preemption.
+//! * [`cycle`]: the scheduler cycle — quotas, budgets, priority classes, fair-share queue
+//!   with bounded backfill, reclaim and preemption, as ordered actions over a session.
+//! * [`reason`]: typed reasons (why a request cannot be placed, waits, is refused or preempts).
 //! * [`mig`]: precomputed MIG flexibility tables that drive on-demand partitioning.
 //! * [`policy`]: pluggable scoring for shared pools (random, bestfit, FGD) and
 //!   [`tessera`]: Tessera's own fragmentation-aware policy.
@@ -14,8 +15,8 @@
 //!
 //! The same engine serves the trace replay, the benchmarks and the server.
 
+pub mod cycle;
 pub mod engine;
-pub mod govern;
 pub mod mig;
 pub mod policy;
 pub mod reason;
@@ -24,6 +25,7 @@ pub mod scenario;
 pub mod state;
 pub mod tessera;
 
+pub use cycle::{Decision, GovernConfig, Job, Quota, Scheduler};
 pub use engine::Engine;
 pub use policy::SharedPolicy;
 pub use reason::Unplaceable;

@@ -21,8 +21,8 @@ use serde::Serialize;
 use tessera_model::request::MigChoice;
 use tessera_model::{Fleet, GpuUnits, PoolId, Request, Sharing, TenantId};
 
+use crate::cycle::{Decision, GovernConfig, Job, Quota, Scheduler};
 use crate::engine::Engine;
-use crate::govern::{Action, GovernConfig, Job, Quota, Scheduler};
 use crate::replay::make_policy;
 
 /// Scenario settings.
@@ -234,7 +234,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
     let mut last_sample = warm_ms;
     events.push(Reverse((0, Ev::Tick, 0)));
 
-    let handle = |acts: Vec<Action>,
+    let handle = |acts: Vec<Decision>,
                   now: i64,
                   meta: &mut HashMap<u64, Meta>,
                   events: &mut BinaryHeap<Reverse<(i64, Ev, u32)>>,
@@ -246,7 +246,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                   victims: &mut BTreeMap<String, u64>| {
         for a in acts {
             match a {
-                Action::Placed { id, .. } => {
+                Decision::Placed { id, .. } => {
                     let m = meta.get_mut(&id).expect("known job");
                     *placed += 1;
                     outstanding[m.tenant][m.kind] = outstanding[m.tenant][m.kind].saturating_sub(1);
@@ -258,18 +258,18 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                     m.generation += 1;
                     events.push(Reverse((now + m.duration_ms, Ev::Finish(id), m.generation)));
                 }
-                Action::Preempt { victim, .. } => {
+                Decision::Preempt { victim, .. } => {
                     *preemptions += 1;
                     let m = meta.get_mut(&victim).expect("known job");
                     *victims.entry(format!("team-{:02}", m.tenant)).or_default() += 1;
                     m.generation += 1;
                     events.push(Reverse((now + grace_ms, Ev::Stopped(victim), m.generation)));
                 }
-                Action::Refused { id, .. } => {
+                Decision::Refused { id, .. } => {
                     let m = meta.get(&id).expect("known job");
                     outstanding[m.tenant][m.kind] = outstanding[m.tenant][m.kind].saturating_sub(1);
                 }
-                Action::Waiting { .. } => {}
+                Decision::Waiting { .. } => {}
             }
         }
     };

@@ -956,7 +956,7 @@ async fn set_quota(
             now_ms(),
         )
         .await?;
-    let quota = tessera_sched::govern::Quota {
+    let quota = tessera_sched::cycle::Quota {
         guaranteed: GpuUnits(g),
         limit: l.map(GpuUnits),
     };

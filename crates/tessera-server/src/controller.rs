@@ -20,7 +20,7 @@ use tessera_api::{
 };
 use tessera_backend::{Backend, BackendEvent, RunSpec, Slice, Status};
 use tessera_model::{Fleet, GpuUnits, NodeId, Request, Sharing, TenantId};
-use tessera_sched::govern::{Action, Job, Quota, Scheduler};
+use tessera_sched::cycle::{Decision, Job, Quota, Scheduler};
 use tessera_sched::reason::Refusal;
 use tessera_sched::{Allocation, Grant};
 use tessera_store::{Change, NewEvent, Store, UsageInterval};
@@ -823,10 +823,10 @@ impl Actor {
     }
 
     /// Turns the scheduler's decisions into state changes, events and backend work.
-    fn apply(&mut self, actions: Vec<Action>, now: i64, batch: &mut Batch) {
+    fn apply(&mut self, actions: Vec<Decision>, now: i64, batch: &mut Batch) {
         for a in actions {
             match a {
-                Action::Placed { id, alloc, borrowing } => {
+                Decision::Placed { id, alloc, borrowing } => {
                     let Some(mut live) = self.live.get(&id).cloned() else {
                         tracing::error!(id, "placed a workload the loop does not know; releasing");
                         self.sched.release(id, now);
@@ -857,7 +857,7 @@ impl Actor {
                     });
                     self.live.insert(id, live);
                 }
-                Action::Waiting { id, reason } => {
+                Decision::Waiting { id, reason } => {
                     let Some(mut live) = self.live.get(&id).cloned() else {
                         continue;
                     };
@@ -871,7 +871,7 @@ impl Actor {
                     });
                     self.live.insert(id, live);
                 }
-                Action::Refused { id, reason } => {
+                Decision::Refused { id, reason } => {
                     let Some(mut live) = self.live.get(&id).cloned() else {
                         continue;
                     };
@@ -884,7 +884,7 @@ impl Actor {
                         batch,
                     );
                 }
-                Action::Preempt { victim, by, cause } => {
+                Decision::Preempt { victim, by, cause } => {
                     let Some(mut live) = self.live.get(&victim).cloned() else {
                         continue;
                     };
@@ -1181,14 +1181,14 @@ impl Actor {
         // A refusal of the new request (it can never fit, or it is over its limit or budget and
         // may not wait) is answered at once, and nothing is stored.
         if let Some(reason) = actions.iter().find_map(|a| match a {
-            Action::Refused { id: r, reason } if *r == id => Some(reason.clone()),
+            Decision::Refused { id: r, reason } if *r == id => Some(reason.clone()),
             _ => None,
         }) {
             self.live.remove(&id);
             self.metrics.refused(&reason); // metrics
-            let others: Vec<Action> = actions
+            let others: Vec<Decision> = actions
                 .into_iter()
-                .filter(|a| !matches!(a, Action::Refused { id: r, .. } if *r == id))
+                .filter(|a| !matches!(a, Decision::Refused { id: r, .. } if *r == id))
                 .collect();
             self.apply(others, now, batch);
             return Err(match reason {

@@ -30,7 +30,7 @@ use axum::routing::get;
 use tessera_backend::{Backend, SimBackend, SimConfig};
 use tessera_model::Fleet;
 use tessera_sched::Engine;
-use tessera_sched::govern::{GovernConfig, Scheduler};
+use tessera_sched::cycle::{GovernConfig, Scheduler};
 use tessera_store::Store;
 use tokio::net::TcpListener;
 
