@@ -35,7 +35,8 @@ impl Action for Allocate {
         let now = s.now;
         // Requests that found no capacity this cycle, with the reason and whether victims may be
         // searched for them: capacity only shrinks during a cycle, so the same request fails
-        // again (shape, host needs and, on shared pools, the tenant are all in the key).
+        // again (shape, host needs and, on shared pools, the tenant are all in the key) — unless
+        // it holds a reservation, which others may not use.
         let mut no_capacity: HashMap<Request, (Wait, bool)> = HashMap::new();
         for q in s.jobs.clone() {
             let job = &q.job;
@@ -44,7 +45,11 @@ impl Action for Allocate {
             };
             let sched = &mut *s.sched;
             let nominated = sched.nominated.contains_key(&job.id);
-            if !nominated && let Some((reason, searchable)) = no_capacity.get(&q.key) {
+            let reserving = sched.reservations.values().any(|(j, _)| *j == job.id);
+            if !nominated
+                && !reserving
+                && let Some((reason, searchable)) = no_capacity.get(&q.key)
+            {
                 let starved = Status::Starved {
                     reason: reason.clone(),
                     searchable: *searchable,
@@ -321,5 +326,32 @@ mod tests {
         s.release(3, 3_600_000);
         let acts = s.cycle(3_600_000);
         assert_eq!(placed(&acts), vec![51]);
+    }
+
+    #[test]
+    fn a_reservation_holder_gets_its_node_even_behind_a_request_of_the_same_shape() {
+        let mut s = sched();
+        // Every node has 7 of 8 GPUs busy.
+        for n in 0..16 {
+            s.submit(job(n, "a", 7, "standard", 0), 0);
+        }
+        s.submit(job(100, "b", 8, "standard", 1), 1);
+        let late = 1 + s.cfg.backfill_max_wait_ms + 1;
+        s.cycle(late);
+        let (head, reserved) = s.reservations.values().copied().next().expect("the head holds a node");
+        assert_eq!(head, 100);
+        // A more important request of the same shape arrives; then the reserved node frees.
+        s.submit(job(200, "c", 8, "high", late), late);
+        let on_reserved = (0..16)
+            .find(|id| s.engine.allocation(*id).is_some_and(|a| a.node.0 == reserved))
+            .unwrap();
+        s.release(on_reserved, late + 1);
+        let d = s.cycle(late + 1);
+        let Some(Decision::Placed { alloc, .. }) = d.iter().find(|d| matches!(d, Decision::Placed { id: 100, .. }))
+        else {
+            panic!("the head is placed on its node although the same shape failed before it: {d:?}")
+        };
+        assert_eq!(alloc.node.0, reserved);
+        assert!(s.reservations.is_empty(), "the reservation ends with the placement");
     }
 }
