@@ -152,14 +152,8 @@ fn place(
         let mut req = job.request.clone();
         req.pool = Some(*pool);
         let Ok(p) = s.engine.plan(&req) else { continue };
-        let fleet = s.engine.fleet();
-        let node = fleet.node(p.node);
-        let pool_name = &fleet.pool(node.pool).name;
-        let keys = vec![
-            pool_name.clone(),
-            format!("{pool_name}/{}", fleet.catalogue.get(node.model).name),
-            q.project_key.clone(),
-        ];
+        let mut keys = super::class_keys(s.engine.fleet(), p.node);
+        keys.push(q.project_key.clone());
         let borrowing = match s.books.check(&job.tenant, &keys, p.units) {
             Ok(a) => a.borrowing(),
             Err(l) => {

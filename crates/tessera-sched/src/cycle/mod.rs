@@ -55,7 +55,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use tessera_model::{Fleet, GpuUnits, PoolId, Request};
+use tessera_model::{Fleet, GpuUnits, NodeId, PoolId, Request};
 
 pub use books::{Admission, Quota, project_key};
 pub use plugins::{OrderKey, Plugins, VictimCost};
@@ -221,9 +221,9 @@ fn capacity_key(r: &Request) -> Request {
     k
 }
 
-/// The resource-class keys of an allocation: its pool and `pool/MODEL`.
-pub fn class_keys(fleet: &Fleet, a: &Allocation) -> Vec<String> {
-    let node = fleet.node(a.node);
+/// The resource-class keys of capacity on `node`: its pool and `pool/MODEL`.
+pub fn class_keys(fleet: &Fleet, node: NodeId) -> Vec<String> {
+    let node = fleet.node(node);
     let pool = &fleet.pool(node.pool).name;
     vec![pool.clone(), format!("{pool}/{}", fleet.catalogue.get(node.model).name)]
 }
@@ -385,8 +385,7 @@ impl Scheduler {
         borrowing: bool,
         running_since_ms: i64,
     ) -> Result<(), String> {
-        let fleet = self.engine.fleet().clone();
-        let mut keys = class_keys(&fleet, &alloc);
+        let mut keys = class_keys(self.engine.fleet(), alloc.node);
         keys.push(project_key(&job.project));
         let units = alloc.units;
         self.engine.restore(alloc).map_err(|e| e.0)?;

@@ -55,7 +55,7 @@ mod tests {
     use tessera_model::GpuUnits;
 
     #[test]
-    fn borrow_then_reclaim() {
+    fn a_tenant_within_its_guarantee_reclaims_from_borrowers_after_the_minimum_runtime() {
         let mut s = sched();
         // training: 128 GPUs; each tenant is guaranteed 64.
         for t in ["a", "b"] {
@@ -90,7 +90,7 @@ mod tests {
     }
 
     #[test]
-    fn thrash_is_bounded() {
+    fn two_tenants_pushing_against_their_guarantees_settle_without_thrash() {
         let mut s = sched();
         for t in ["a", "b"] {
             s.set_quota(
