@@ -182,13 +182,18 @@ impl Books {
 
     /// Checks the tenant's quotas for `units` more in every class of `keys`.
     pub fn check<K: AsRef<str>>(&self, tenant: &str, keys: &[K], units: GpuUnits) -> Result<Admission, LimitExceeded> {
+        // Every queued job is checked every cycle: look the tenant up once.
+        let Some(quotas) = self.quotas.get(tenant) else {
+            return Ok(Admission::Borrowing);
+        };
+        let book = self.tenants.get(tenant);
         let mut borrowing = true;
         let mut any = false;
         for k in keys {
             let k = k.as_ref();
-            let Some(q) = self.quota(tenant, k) else { continue };
+            let Some(q) = quotas.get(k) else { continue };
             any = true;
-            let held = self.held(tenant, k);
+            let held = book.and_then(|b| b.held.get(k)).copied().unwrap_or_default();
             if let Some(limit) = q.limit
                 && held + units > limit
             {
