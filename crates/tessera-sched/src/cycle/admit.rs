@@ -42,10 +42,11 @@ impl Action for Admit {
     }
 
     fn execute(&self, s: &mut Session<'_>) {
-        for q in s.jobs.clone() {
-            match check(s.sched, &q) {
-                Ok(pools) => s.set(q.job.id, Status::Admitted(pools)),
-                Err(over) => s.exceeded(&q.job, over),
+        let jobs = s.jobs.clone();
+        for (i, q) in jobs.iter().enumerate() {
+            match check(s.sched, q) {
+                Ok(pools) => s.set(i, Status::Admitted(pools)),
+                Err(over) => s.exceeded(i, over),
             }
         }
     }
@@ -62,7 +63,7 @@ fn check(s: &Scheduler, q: &Queued) -> Result<Vec<(PoolId, Option<LimitExceeded>
     if let Some(b) = s.books.budget_exceeded(&q.job.tenant) {
         return Err(Exceeded::Budget(b));
     }
-    let units = q.job.request.units(&s.engine.fleet().catalogue);
+    let units = q.units;
     let pools: Vec<(PoolId, Option<LimitExceeded>)> =
         q.scope.iter().map(|&p| (p, pool_limit(s, q, p, units).err())).collect();
     if !pools.is_empty() && pools.iter().all(|(_, over)| over.is_some()) {

@@ -5,6 +5,7 @@
 //! starved, with the engine's diagnosis as its reason, for reclaim and preempt to look at.
 
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use tessera_model::{PoolId, Request};
@@ -37,10 +38,11 @@ impl Action for Allocate {
         // searched for them: capacity only shrinks during a cycle, so the same request fails
         // again (shape, host needs and, on shared pools, the tenant are all in the key) — unless
         // it holds a reservation, which others may not use.
-        let mut no_capacity: HashMap<Request, (Wait, bool)> = HashMap::new();
-        for q in s.jobs.clone() {
+        let mut no_capacity: HashMap<Request, (Rc<Wait>, bool)> = HashMap::new();
+        let jobs = s.jobs.clone();
+        for (i, q) in jobs.iter().enumerate() {
             let job = &q.job;
-            let Some(pools) = s.take_admitted(job.id) else {
+            let Some(pools) = s.take_admitted(i) else {
                 continue;
             };
             let sched = &mut *s.sched;
@@ -54,7 +56,7 @@ impl Action for Allocate {
                     reason: reason.clone(),
                     searchable: *searchable,
                 };
-                s.set(job.id, starved);
+                s.set(i, starved);
                 continue;
             }
             let blocked: HashSet<u32> = sched
@@ -67,7 +69,7 @@ impl Action for Allocate {
             if any_blocked {
                 sched.engine.set_blocked(blocked);
             }
-            let placed = place(sched, &q, &pools, now);
+            let placed = place(sched, q, &pools, now);
             if any_blocked {
                 sched.engine.set_blocked(HashSet::new());
             }
@@ -76,26 +78,26 @@ impl Action for Allocate {
                     sched.reservations.retain(|_, (j, _)| *j != job.id);
                     sched.nominated.remove(&job.id);
                     sched.reasons.remove(&job.id);
-                    s.set(job.id, Status::Placed);
+                    s.set(i, Status::Placed);
                     s.decide(d);
                 }
-                Err(Blocked::Over(over)) => s.exceeded(job, Exceeded::Limit(over)),
-                Err(Blocked::Backoff(reason)) => s.set(job.id, Status::Waiting(reason)),
+                Err(Blocked::Over(over)) => s.exceeded(i, Exceeded::Limit(over)),
+                Err(Blocked::Backoff(reason)) => s.set(i, Status::Waiting(reason)),
                 Err(Blocked::NoCapacity) => {
                     if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
                         let scope: Vec<PoolId> = pools.iter().map(|(p, _)| *p).collect();
                         reserve(sched, job, &scope);
                     }
                     // Without the reservations in the way, would it fit?
-                    let reason = match sched.engine.plan(&job.request) {
+                    let reason = Rc::new(match sched.engine.plan(&job.request) {
                         Err(u) => Wait::Unplaceable(u),
                         Ok(_) => Wait::Held,
-                    };
+                    });
                     // A preemptor still waiting for its victims does not search again, nor do
                     // the requests like it behind it.
                     let searchable = !nominated;
                     no_capacity.insert(q.key.clone(), (reason.clone(), searchable));
-                    s.set(job.id, Status::Starved { reason, searchable });
+                    s.set(i, Status::Starved { reason, searchable });
                 }
             }
         }
@@ -136,7 +138,7 @@ fn place(
     now: i64,
 ) -> Result<Decision, Blocked> {
     let job = &q.job;
-    let units = job.request.units(&s.engine.fleet().catalogue);
+    let units = q.units;
     let mut over: Option<LimitExceeded> = None;
     let mut backoff: Option<Wait> = None;
     for (pool, at_admission) in pools {

@@ -198,6 +198,8 @@ struct Queued {
     scope: Vec<PoolId>,
     /// The quota key of its project.
     project_key: String,
+    /// The GPU units it asks for.
+    units: GpuUnits,
 }
 
 impl Queued {
@@ -206,6 +208,7 @@ impl Queued {
             key: capacity_key(&job.request),
             scope: engine.scope(&job.request).unwrap_or_default(),
             project_key: project_key(&job.project),
+            units: job.request.units(&engine.fleet().catalogue),
             job,
         }
     }

@@ -35,9 +35,10 @@ pub(super) trait VictimRule {
 pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
     let now = s.now;
     let mut fruitless: HashSet<Request> = HashSet::new();
-    for q in s.jobs.clone() {
+    let jobs = s.jobs.clone();
+    for (i, q) in jobs.iter().enumerate() {
         let job = &q.job;
-        if !matches!(s.status(job.id), Some(Status::Starved { searchable: true, .. }))
+        if !matches!(s.status(i), Status::Starved { searchable: true, .. })
             || s.sched.nominated.contains_key(&job.id)
             || fruitless.contains(&q.key)
         {
@@ -45,17 +46,14 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
         }
         // The budget goes to the head of the queue whichever pass runs first: a job takes its
         // slot even where this pass's rule does not apply to it.
-        if !s.searched.contains(&job.id) {
-            if s.searched.len() >= s.sched.cfg.max_preemption_searches {
-                continue;
-            }
-            s.searched.insert(job.id);
+        if !s.search_slot(i) {
+            continue;
         }
         if !rule.applies(s.sched, job, now) {
             continue;
         }
         match search(s.sched, job, now, rule) {
-            Some(victims) => s.nominate(job, victims, rule.cause(job)),
+            Some(victims) => s.nominate(i, victims, rule.cause(job)),
             None => {
                 fruitless.insert(q.key.clone());
             }
