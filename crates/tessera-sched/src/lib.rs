@@ -7,8 +7,9 @@
 //!   backend: MIG instances created one at a time or whole GPUs laid out at once
 //!   ([`mig::MigMode`]), devices named exactly or picked by the backend and rebound
 //!   ([`engine::DeviceBinding`]).
-//! * [`govern`]: the scheduler cycle — quotas, budgets, priority classes, fair-share queue
-//!   with bounded backfill, reclaim and preemption.
+//! * [`cycle`]: the scheduler cycle — quotas, budgets, priority classes, fair-share queue
+//!   with bounded backfill, reclaim and preemption, as ordered actions over a session.
+//! * [`reason`]: typed reasons (why a request cannot be placed, waits, is refused or preempts).
 //! * [`mig`]: precomputed MIG flexibility tables that drive on-demand partitioning, and the
 //!   MIG modes.
 //! * [`policy`]: pluggable scoring for shared pools (random, bestfit, FGD) and
@@ -18,8 +19,8 @@
 //!
 //! The same engine serves the trace replay, the benchmarks and the server.
 
+pub mod cycle;
 pub mod engine;
-pub mod govern;
 pub mod mig;
 pub mod policy;
 pub mod reason;
@@ -28,6 +29,7 @@ pub mod scenario;
 pub mod state;
 pub mod tessera;
 
+pub use cycle::{Decision, GovernConfig, Job, Quota, Scheduler};
 pub use engine::Engine;
 pub use policy::SharedPolicy;
 pub use reason::Unplaceable;

@@ -9,10 +9,11 @@
 //!    the allocation at arrived = X % is the mean over the pods after which round(arrived %) = X;
 //!    unallocated % = 100 − allocation %.
 //!
-//! Every pod goes through the same [`Engine`] the server uses.
+//! Every pod goes through the same [`Engine`] the server uses. A seed is replayed by
+//! [`replay_seed`], single-threaded and pure; running seeds in parallel is the caller's business
+//! (`tessera sim openb`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -237,6 +238,7 @@ pub fn replay_seed(fleet: &Arc<Fleet>, pods: &[Pod], policy: &str, seed: u64) ->
     })
 }
 
+/// The replay of several seeds with one policy.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ReplayResult {
     pub policy: String,
@@ -252,47 +254,6 @@ impl ReplayResult {
     pub fn mean_130(&self) -> f64 {
         self.per_seed.iter().map(|s| s.unallocated_130).sum::<f64>() / self.per_seed.len() as f64
     }
-}
-
-/// Replays every seed on `threads` threads; `progress` is called as each seed finishes.
-pub fn replay(
-    fleet: &Arc<Fleet>,
-    pods: &[Pod],
-    policy: &str,
-    seeds: &[u64],
-    threads: usize,
-    progress: &(dyn Fn() + Sync),
-) -> Result<ReplayResult, String> {
-    make_policy(policy, &[])?;
-    let next = AtomicUsize::new(0);
-    let mut results: Vec<Option<Result<SeedResult, String>>> = vec![None; seeds.len()];
-    let slots: Vec<std::sync::Mutex<&mut Option<Result<SeedResult, String>>>> =
-        results.iter_mut().map(std::sync::Mutex::new).collect();
-    std::thread::scope(|s| {
-        for _ in 0..threads.max(1).min(seeds.len()) {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= seeds.len() {
-                        break;
-                    }
-                    let r = replay_seed(fleet, pods, policy, seeds[i]);
-                    **slots[i].lock().expect("no panics while holding") = Some(r);
-                    progress();
-                }
-            });
-        }
-    });
-    drop(slots);
-    let per_seed = results
-        .into_iter()
-        .map(|r| r.expect("every seed ran"))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(ReplayResult {
-        policy: policy.to_string(),
-        capacity_milli: fleet.gpu_count() * 1000,
-        per_seed,
-    })
 }
 
 #[cfg(test)]
@@ -355,13 +316,15 @@ mod tests {
     fn replay_is_deterministic_and_bounded() {
         let (fleet, pods) = small();
         for p in POLICIES {
-            let a = replay(&fleet, &pods, p, &[1, 2, 3], 2, &|| {}).unwrap();
-            let b = replay(&fleet, &pods, p, &[1, 2, 3], 1, &|| {}).unwrap();
-            assert_eq!(a, b, "{p}");
-            for s in &a.per_seed {
-                assert!((0.0..=100.0).contains(&s.unallocated_100), "{p}: {s:?}");
+            for seed in [1, 2, 3] {
+                let a = replay_seed(&fleet, &pods, p, seed).unwrap();
+                let b = replay_seed(&fleet, &pods, p, seed).unwrap();
+                assert_eq!(a, b, "{p}");
+                assert_eq!(a.seed, seed);
+                assert!((0.0..=100.0).contains(&a.unallocated_100), "{p}: {a:?}");
+                assert!((0.0..=100.0).contains(&a.unallocated_130), "{p}: {a:?}");
             }
         }
-        assert!(replay(&fleet, &pods, "nope", &[1], 1, &|| {}).is_err());
+        assert!(replay_seed(&fleet, &pods, "nope", 1).is_err());
     }
 }

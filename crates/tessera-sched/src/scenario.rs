@@ -7,11 +7,12 @@
 //! Demand is closed-loop and saturating: every tenant keeps `outstanding` requests waiting at
 //! all times (as a busy team does), so the queue is never empty and every idle GPU unit has a
 //! reason.
+//!
+//! The crate reads no clock: decision latency is measured with the clock the caller passes.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -20,8 +21,8 @@ use serde::Serialize;
 use tessera_model::request::MigChoice;
 use tessera_model::{Fleet, GpuUnits, PoolId, Request, Sharing, TenantId};
 
+use crate::cycle::{Decision, GovernConfig, Job, Quota, Scheduler};
 use crate::engine::Engine;
-use crate::govern::{Action, GovernConfig, Job, Quota, Scheduler};
 use crate::replay::make_policy;
 
 /// Scenario settings.
@@ -166,8 +167,10 @@ fn draw(fleet: &Fleet, kind: usize, rng: &mut ChaCha8Rng) -> (Request, i64, &'st
     (req, dur, priority)
 }
 
-/// Runs the scenario on `fleet` (the `seed` fleet's pool names are used for the mix).
-pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
+/// Runs the scenario on `fleet` (the `seed` fleet's pool names are used for the mix). `clock`
+/// reads a monotonic clock in nanoseconds; it times the scheduler's decisions and nothing else,
+/// so the simulation itself does not depend on it.
+pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u64) -> ScenarioReport {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let policy = make_policy("tessera", &[]).expect("built-in policy");
     let gov = GovernConfig {
@@ -231,7 +234,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
     let mut last_sample = warm_ms;
     events.push(Reverse((0, Ev::Tick, 0)));
 
-    let handle = |acts: Vec<Action>,
+    let handle = |acts: Vec<Decision>,
                   now: i64,
                   meta: &mut HashMap<u64, Meta>,
                   events: &mut BinaryHeap<Reverse<(i64, Ev, u32)>>,
@@ -243,7 +246,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
                   victims: &mut BTreeMap<String, u64>| {
         for a in acts {
             match a {
-                Action::Placed { id, .. } => {
+                Decision::Placed { id, .. } => {
                     let m = meta.get_mut(&id).expect("known job");
                     *placed += 1;
                     outstanding[m.tenant][m.kind] = outstanding[m.tenant][m.kind].saturating_sub(1);
@@ -255,18 +258,18 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
                     m.generation += 1;
                     events.push(Reverse((now + m.duration_ms, Ev::Finish(id), m.generation)));
                 }
-                Action::Preempt { victim, .. } => {
+                Decision::Preempt { victim, .. } => {
                     *preemptions += 1;
                     let m = meta.get_mut(&victim).expect("known job");
                     *victims.entry(format!("team-{:02}", m.tenant)).or_default() += 1;
                     m.generation += 1;
                     events.push(Reverse((now + grace_ms, Ev::Stopped(victim), m.generation)));
                 }
-                Action::Refused { id, .. } => {
+                Decision::Refused { id, .. } => {
                     let m = meta.get(&id).expect("known job");
                     outstanding[m.tenant][m.kind] = outstanding[m.tenant][m.kind].saturating_sub(1);
                 }
-                Action::Waiting { .. } => {}
+                Decision::Waiting { .. } => {}
             }
         }
     };
@@ -312,7 +315,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
                 if m.generation != generation {
                     continue;
                 }
-                let timer = Instant::now();
+                let timer = clock();
                 s.release(id, now);
                 if matches!(ev, Ev::Stopped(_)) {
                     // Preempted work is requeued, keeping its submission time.
@@ -332,7 +335,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
                     meta.remove(&id);
                 }
                 acts.extend(s.cycle(now));
-                decision_ns.push(timer.elapsed().as_nanos() as u64);
+                decision_ns.push(clock().saturating_sub(timer));
             }
             Ev::Tick => {
                 // Top up every tenant's outstanding requests (saturating, closed-loop demand).
@@ -369,9 +372,9 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
                                 submitted_ms: now,
                                 wait_if_over_limit: true,
                             };
-                            let timer = Instant::now();
+                            let timer = clock();
                             let a = s.submit(job, now);
-                            decision_ns.push(timer.elapsed().as_nanos() as u64);
+                            decision_ns.push(clock().saturating_sub(timer));
                             handle(
                                 a,
                                 now,
@@ -387,9 +390,9 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig) -> ScenarioReport {
                         }
                     }
                 }
-                let timer = Instant::now();
+                let timer = clock();
                 acts.extend(s.cycle(now));
-                decision_ns.push(timer.elapsed().as_nanos() as u64);
+                decision_ns.push(clock().saturating_sub(timer));
                 events.push(Reverse((now + tick_ms, Ev::Tick, 0)));
             }
         }
@@ -494,10 +497,24 @@ mod tests {
             seed: 3,
             warmup_hours: 2.0,
         };
-        let a = run(fleet.clone(), &cfg);
-        let b = run(fleet, &cfg);
+        // A clock that advances 3 µs per reading: every decision reads it twice.
+        let ticks = || {
+            let mut t = 0u64;
+            move || {
+                t += 3_000;
+                t
+            }
+        };
+        let a = run(fleet.clone(), &cfg, &mut ticks());
+        let b = run(fleet, &cfg, &mut ticks());
         assert_eq!(a.placed, b.placed);
         assert_eq!(a.preemptions, b.preemptions);
+        assert_eq!(a.by_priority.len(), b.by_priority.len());
+        assert_eq!(
+            (a.decision_p50_us, a.decision_p99_us),
+            (3.0, 3.0),
+            "latency comes from the clock passed in"
+        );
         assert!(
             a.allocated_pct > 70.0,
             "saturating demand keeps the fleet busy: {:.1} %",

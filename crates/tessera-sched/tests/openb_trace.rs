@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tessera_model::Fleet;
-use tessera_sched::replay::{ReplayResult, parse_pods, replay};
+use tessera_sched::replay::{ReplayResult, parse_pods, replay_seed};
 
 fn trace_dir() -> PathBuf {
     if let Ok(d) = std::env::var("TESSERA_OPENB_DIR") {
@@ -32,8 +32,15 @@ fn run(policy: &str) -> ReplayResult {
     let fleet = Fleet::from_openb_nodes(&read(&nodes), "nodes").unwrap();
     let pods = parse_pods(&read(&pods), "pods", &fleet.catalogue).unwrap();
     assert_eq!((fleet.nodes.len(), fleet.gpu_count(), pods.len()), (1213, 6212, 8152));
-    let seeds: Vec<u64> = (42..=51).collect();
-    replay(&Arc::new(fleet), &pods, policy, &seeds, 2, &|| {}).unwrap()
+    let fleet = Arc::new(fleet);
+    let per_seed = (42..=51)
+        .map(|seed| replay_seed(&fleet, &pods, policy, seed).unwrap())
+        .collect();
+    ReplayResult {
+        policy: policy.to_string(),
+        capacity_milli: fleet.gpu_count() * 1000,
+        per_seed,
+    }
 }
 
 #[test]

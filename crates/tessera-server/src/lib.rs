@@ -36,7 +36,7 @@ use tessera_backend::Backend;
 use tessera_backend_sim::{SimBackend, SimConfig};
 use tessera_model::Fleet;
 use tessera_sched::Engine;
-use tessera_sched::govern::{GovernConfig, Scheduler};
+use tessera_sched::cycle::{GovernConfig, Scheduler};
 use tessera_store::Store;
 use tessera_store_sqlite::SqliteStore;
 use tokio::net::TcpListener;

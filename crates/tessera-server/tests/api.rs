@@ -38,7 +38,7 @@ async fn server(tag: &str) -> Srv {
     let dir = TempDir::new(tag);
     let cfg = ServerConfig {
         grace: Duration::from_secs(5),
-        govern: tessera_sched::govern::GovernConfig {
+        govern: tessera_sched::cycle::GovernConfig {
             min_runtime_ms: 0,
             reclaim_after_ms: 0,
             ..Default::default()

@@ -20,7 +20,7 @@ use tessera_backend_sim::{SimBackend, SimConfig, SimGpu, SimMode};
 use tessera_domain::{GpuSpec, Kind, Phase, ReasonCode, ShapeSpec, Step, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::Fleet;
 use tessera_sched::Engine;
-use tessera_sched::govern::{GovernConfig, Scheduler};
+use tessera_sched::cycle::{GovernConfig, Scheduler};
 use tessera_server::lifecycle::{self, Lifecycle, NewWorkload, Settings, placement};
 use tessera_server::metrics::Metrics;
 use tessera_store::Store;

@@ -111,7 +111,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let govern = tessera_sched::govern::GovernConfig {
+    let govern = tessera_sched::cycle::GovernConfig {
         min_runtime_ms: a.min_runtime_s as i64 * 1000,
         ..Default::default()
     };

@@ -2,14 +2,15 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use serde_json::json;
 use tessera_model::Fleet;
-use tessera_sched::replay::{self, POLICIES};
+use tessera_sched::replay::{self, POLICIES, Pod, ReplayResult, SeedResult};
 
 #[derive(Subcommand)]
 pub enum SimCommand {
@@ -149,7 +150,7 @@ fn openb(a: OpenbArgs) -> Result<()> {
         None
     };
     let started = Instant::now();
-    let result = replay::replay(&fleet, &pods, &a.policy, &seeds, threads, &|| {
+    let result = replay_seeds(&fleet, &pods, &a.policy, &seeds, threads, &|| {
         if let Some(b) = &bar {
             b.inc(1);
         }
@@ -214,6 +215,48 @@ fn openb(a: OpenbArgs) -> Result<()> {
     Ok(())
 }
 
+/// Replays every seed on `threads` threads (the replay itself is single-threaded and pure);
+/// `progress` is called as each seed finishes.
+fn replay_seeds(
+    fleet: &Arc<Fleet>,
+    pods: &[Pod],
+    policy: &str,
+    seeds: &[u64],
+    threads: usize,
+    progress: &(dyn Fn() + Sync),
+) -> Result<ReplayResult, String> {
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<Result<SeedResult, String>>>> = seeds.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1).min(seeds.len()) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= seeds.len() {
+                        break;
+                    }
+                    let r = replay::replay_seed(fleet, pods, policy, seeds[i]);
+                    *results[i].lock().expect("no panics while holding") = Some(r);
+                    progress();
+                }
+            });
+        }
+    });
+    let per_seed = results
+        .into_iter()
+        .map(|r| {
+            r.into_inner()
+                .expect("no panics while holding")
+                .expect("every seed ran")
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ReplayResult {
+        policy: policy.to_string(),
+        capacity_milli: fleet.gpu_count() * 1000,
+        per_seed,
+    })
+}
+
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -233,7 +276,7 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
         warmup_hours: (a.hours / 8.0).min(6.0),
     };
     let started = Instant::now();
-    let r = run(Arc::new(fleet), &cfg);
+    let r = run(Arc::new(fleet), &cfg, &mut || started.elapsed().as_nanos() as u64);
     let wall = started.elapsed().as_secs_f64();
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
@@ -282,7 +325,31 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_seeds;
+    use super::*;
+
+    const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,4,T4\nn1,16000,65536,2,G2\n";
+    const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n\
+        p0,4000,8192,1,500\n\
+        p1,4000,8192,1,1000\n\
+        p2,8000,8192,2,1000\n\
+        p3,2000,4096,0,0\n";
+
+    #[test]
+    fn parallel_replay_keeps_the_seed_order_and_matches_one_thread() {
+        let fleet = Arc::new(Fleet::from_openb_nodes(NODES, "nodes.csv").unwrap());
+        let pods = replay::parse_pods(PODS, "pods.csv", &fleet.catalogue).unwrap();
+        let seeds = [3, 1, 2, 9];
+        let done = AtomicUsize::new(0);
+        let progress = || {
+            done.fetch_add(1, Ordering::Relaxed);
+        };
+        let a = replay_seeds(&fleet, &pods, "tessera", &seeds, 3, &progress).unwrap();
+        let b = replay_seeds(&fleet, &pods, "tessera", &seeds, 1, &|| {}).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.per_seed.iter().map(|s| s.seed).collect::<Vec<_>>(), seeds);
+        assert_eq!(done.load(Ordering::Relaxed), seeds.len());
+        assert!(replay_seeds(&fleet, &pods, "nope", &seeds, 2, &|| {}).is_err());
+    }
 
     #[test]
     fn seeds() {

@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use tessera_api::{BudgetView, Problem, QuotaView, SetBudget, SetQuota, TenantQuotas};
 use tessera_model::GpuUnits;
-use tessera_sched::govern::Quota;
+use tessera_sched::cycle::Quota;
 
 use super::ApiJson;
 use super::tenancy::tenant_visible;

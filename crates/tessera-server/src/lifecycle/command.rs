@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tessera_backend::{BackendEvent, ReconcileReport};
 use tessera_domain::{Reason, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::Request;
-use tessera_sched::govern::Quota;
+use tessera_sched::cycle::Quota;
 use tokio::sync::{mpsc, oneshot};
 
 use super::effects::OpResult;

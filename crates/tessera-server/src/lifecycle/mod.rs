@@ -34,8 +34,8 @@ use tessera_backend::{
 };
 use tessera_domain::{Input, Observed, Phase, Reason, Step, Workload, WorkloadId, transition};
 use tessera_model::{Fleet, Request, TenantId};
+use tessera_sched::cycle::{Decision, Job, Scheduler};
 use tessera_sched::engine::DeviceBinding;
-use tessera_sched::govern::{Action, Job, Scheduler};
 use tessera_sched::mig::MigMode;
 use tessera_sched::reason::Refusal;
 use tessera_store::{Change, Store, UsageInterval};
@@ -281,7 +281,7 @@ impl Core {
                 let actions = self.sched.cycle(now);
                 self.metrics.scheduler_cycle(last_cycle.elapsed());
                 for a in actions {
-                    self.on_action(a, now, &mut batch);
+                    self.on_decision(a, now, &mut batch);
                 }
             }
             self.commit(batch, now).await;
@@ -454,7 +454,7 @@ impl Core {
         self.queue_dirty = true;
         let actions = self.sched.submit(job, now);
         let refusal = actions.iter().find_map(|a| match a {
-            Action::Refused { id: r, reason } if *r == id.0 => Some(reason.clone()),
+            Decision::Refused { id: r, reason } if *r == id.0 => Some(reason.clone()),
             _ => None,
         });
         if let Some(refusal) = refusal {
@@ -464,8 +464,8 @@ impl Core {
             let reason = Reason::refused(&refusal);
             self.metrics.refused(reason.code);
             for a in actions {
-                if !matches!(&a, Action::Refused { id: r, .. } if *r == id.0) {
-                    self.on_action(a, now, batch);
+                if !matches!(&a, Decision::Refused { id: r, .. } if *r == id.0) {
+                    self.on_decision(a, now, batch);
                 }
             }
             let (field, message) = match &refusal {
@@ -486,15 +486,15 @@ impl Core {
             }),
         );
         for a in actions {
-            self.on_action(a, now, batch);
+            self.on_decision(a, now, batch);
         }
         Ok((id, true))
     }
 
     /// Turns a scheduler decision into a lifecycle input.
-    fn on_action(&mut self, a: Action, now: i64, batch: &mut Batch) {
+    fn on_decision(&mut self, a: Decision, now: i64, batch: &mut Batch) {
         match a {
-            Action::Placed { id, alloc, borrowing } => {
+            Decision::Placed { id, alloc, borrowing } => {
                 let wid = WorkloadId(id);
                 let Some(l) = self.live.get(&wid) else {
                     tracing::error!(id, "placed a workload the loop does not know; releasing");
@@ -514,16 +514,16 @@ impl Core {
                     now,
                 );
             }
-            Action::Waiting { id, reason } => {
+            Decision::Waiting { id, reason } => {
                 let reason = Reason::waiting(&reason);
                 self.apply(WorkloadId(id), Input::Waiting { at: now, reason }, batch, now);
             }
-            Action::Refused { id, reason } => {
+            Decision::Refused { id, reason } => {
                 let reason = Reason::refused(&reason);
                 self.metrics.refused(reason.code);
                 self.apply(WorkloadId(id), Input::Refused { at: now, reason }, batch, now);
             }
-            Action::Preempt { victim, by, cause } => {
+            Decision::Preempt { victim, by, cause } => {
                 self.metrics.preempted(cause.code());
                 let code = match cause {
                     tessera_sched::reason::PreemptCause::Priority { .. } => tessera_domain::PreemptCode::Priority,

@@ -18,7 +18,7 @@ use tessera_store::StoreError;
 use super::commit::Batch;
 use super::{Core, Live, now_ms, placement};
 use tessera_model::GpuUnits;
-use tessera_sched::govern::Quota;
+use tessera_sched::cycle::Quota;
 
 impl Core {
     pub(super) async fn recover(&mut self) -> Result<(), StoreError> {

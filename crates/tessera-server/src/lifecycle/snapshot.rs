@@ -12,7 +12,7 @@ use tessera_backend::GpuSample;
 use tessera_domain::{Phase, ReasonCode, Workload, WorkloadId};
 use tessera_model::{Fleet, GpuUnits};
 use tessera_sched::Grant;
-use tessera_sched::govern::{Quota, Scheduler};
+use tessera_sched::cycle::{Quota, Scheduler};
 
 use super::Live;
 

@@ -1,0 +1,353 @@
+//! The allocate action: the queue in order, each admitted job placed where the engine says and
+//! its quotas allow, with bounded backfill. A head that has waited past the backfill window
+//! reserves a node in its pool (see the starvation bound in the [cycle](super) doc); nodes held
+//! for other jobs are out of every placement's reach. A job that finds no capacity is left
+//! starved, with the engine's diagnosis as its reason, for reclaim and preempt to look at.
+
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use tessera_model::{PoolId, Request};
+
+use super::admit::{self, Exceeded};
+use super::session::{Session, Status};
+use super::{Action, Decision, Job, Queued, Scheduler};
+use crate::reason::{LimitExceeded, Wait};
+
+pub(super) struct Allocate;
+
+/// Why a job was not placed.
+enum Blocked {
+    /// Over a limit: wait or be refused, per the request.
+    Over(LimitExceeded),
+    /// Recently preempted: may not borrow yet (always waits).
+    Backoff(Wait),
+    /// No capacity.
+    NoCapacity,
+}
+
+impl Action for Allocate {
+    fn name(&self) -> &'static str {
+        "allocate"
+    }
+
+    fn execute(&self, s: &mut Session<'_>) {
+        let now = s.now;
+        // Requests that found no capacity this cycle, with the reason and whether victims may be
+        // searched for them: capacity only shrinks during a cycle, so the same request fails
+        // again (shape, host needs and, on shared pools, the tenant are all in the key) — unless
+        // it holds a reservation, which others may not use.
+        let mut no_capacity: HashMap<Request, (Rc<Wait>, bool)> = HashMap::new();
+        let jobs = s.jobs.clone();
+        for (i, q) in jobs.iter().enumerate() {
+            let job = &q.job;
+            let Some(pools) = s.take_admitted(i) else {
+                continue;
+            };
+            let sched = &mut *s.sched;
+            let nominated = sched.nominated.contains_key(&job.id);
+            let reserving = sched.reservations.values().any(|(j, _)| *j == job.id);
+            if !nominated
+                && !reserving
+                && let Some((reason, searchable)) = no_capacity.get(&q.key)
+            {
+                let starved = Status::Starved {
+                    reason: reason.clone(),
+                    searchable: *searchable,
+                };
+                s.set(i, starved);
+                continue;
+            }
+            let blocked: HashSet<u32> = sched
+                .reservations
+                .values()
+                .filter(|(j, _)| *j != job.id)
+                .map(|(_, n)| *n)
+                .collect();
+            let any_blocked = !blocked.is_empty();
+            if any_blocked {
+                sched.engine.set_blocked(blocked);
+            }
+            let placed = place(sched, q, &pools, now);
+            if any_blocked {
+                sched.engine.set_blocked(HashSet::new());
+            }
+            match placed {
+                Ok(d) => {
+                    sched.reservations.retain(|_, (j, _)| *j != job.id);
+                    sched.nominated.remove(&job.id);
+                    sched.reasons.remove(&job.id);
+                    s.set(i, Status::Placed);
+                    s.decide(d);
+                }
+                Err(Blocked::Over(over)) => s.exceeded(i, Exceeded::Limit(over)),
+                Err(Blocked::Backoff(reason)) => s.set(i, Status::Waiting(reason)),
+                Err(Blocked::NoCapacity) => {
+                    if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
+                        let scope: Vec<PoolId> = pools.iter().map(|(p, _)| *p).collect();
+                        reserve(sched, job, &scope);
+                    }
+                    // Without the reservations in the way, would it fit?
+                    let reason = Rc::new(match sched.engine.plan(&job.request) {
+                        Err(u) => Wait::Unplaceable(u),
+                        Ok(_) => Wait::Held,
+                    });
+                    // A preemptor still waiting for its victims does not search again, nor do
+                    // the requests like it behind it.
+                    let searchable = !nominated;
+                    no_capacity.insert(q.key.clone(), (reason.clone(), searchable));
+                    s.set(i, Status::Starved { reason, searchable });
+                }
+            }
+        }
+    }
+}
+
+/// The queue in the order this cycle serves it: nominated preemptors whose victims are gone
+/// first, then as the queue-order plugin says. Reservations of jobs no longer waiting lapse.
+pub(super) fn queue_order(s: &mut Scheduler, now: i64) -> Vec<Arc<Queued>> {
+    let mut share: HashMap<String, f64> = HashMap::new();
+    for q in &s.queue {
+        if !share.contains_key(&q.job.tenant) {
+            s.books.decay(&q.job.tenant, now, s.cfg.half_life_ms);
+            share.insert(q.job.tenant.clone(), s.books.fair_share(&q.job.tenant));
+        }
+    }
+    let mut order: Vec<(bool, super::OrderKey, usize)> = s
+        .queue
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let j = &q.job;
+            let key = s.plugins.queue_order.key(j, s.rank(&j.priority), share[&j.tenant]);
+            (!s.nominated.get(&j.id).is_some_and(|v| v.is_empty()), key, i)
+        })
+        .collect();
+    order.sort_unstable();
+    let queued: HashSet<u64> = s.queue.iter().map(|q| q.job.id).collect();
+    s.reservations.retain(|_, (j, _)| queued.contains(j));
+    order.iter().map(|&(_, _, i)| s.queue[i].clone()).collect()
+}
+
+/// Places `job` in the first pool of `pools` where it fits and its quotas allow, booking it.
+fn place(
+    s: &mut Scheduler,
+    q: &Queued,
+    pools: &[(PoolId, Option<LimitExceeded>)],
+    now: i64,
+) -> Result<Decision, Blocked> {
+    let job = &q.job;
+    let units = q.units;
+    let mut over: Option<LimitExceeded> = None;
+    let mut backoff: Option<Wait> = None;
+    for (pool, at_admission) in pools {
+        // Earlier jobs of this cycle may have taken the room admission saw.
+        let pool_level = match at_admission {
+            Some(l) => Err(l.clone()),
+            None => admit::pool_limit(s, q, *pool, units),
+        };
+        if let Err(l) = pool_level {
+            over.get_or_insert(l);
+            continue;
+        }
+        let mut req = job.request.clone();
+        req.pool = Some(*pool);
+        let Ok(p) = s.engine.plan(&req) else { continue };
+        let mut keys = super::class_keys(s.engine.fleet(), p.node);
+        keys.push(q.project_key.clone());
+        let borrowing = match s.books.check(&job.tenant, &keys, p.units) {
+            Ok(a) => a.borrowing(),
+            Err(l) => {
+                over.get_or_insert(l);
+                continue;
+            }
+        };
+        // A workload preempted for a reclaim or a higher priority may not borrow again at
+        // once: it would be preempted again after the minimum runtime, losing work each time.
+        if borrowing && let Some(&(times, at)) = s.preempted.get(&job.id) {
+            let until = at + s.cfg.min_runtime_ms * (1i64 << times.min(4));
+            if now < until {
+                backoff.get_or_insert(Wait::Backoff {
+                    times,
+                    retry_in_s: (until - now + 999) / 1000,
+                });
+                continue;
+            }
+        }
+        let alloc = s.engine.commit(job.id, &req, p).expect("a fresh plan commits").clone();
+        s.hold(job, keys, alloc.units, borrowing, now);
+        return Ok(Decision::Placed {
+            id: job.id,
+            alloc,
+            borrowing,
+        });
+    }
+    Err(match (over, backoff) {
+        (Some(o), _) => Blocked::Over(o),
+        (None, Some(b)) => Blocked::Backoff(b),
+        (None, None) => Blocked::NoCapacity,
+    })
+}
+
+/// Holds one node for a head that has waited past the backfill window, if its pool has no
+/// reservation yet: the node of an allowed model with the most free units, where the head
+/// will fit soonest. Smaller requests keep backfilling everywhere else.
+fn reserve(s: &mut Scheduler, job: &Job, pools: &[PoolId]) {
+    let Some(&pool) = pools.iter().find(|p| !s.reservations.contains_key(p)) else {
+        return;
+    };
+    if pools
+        .iter()
+        .any(|p| s.reservations.get(p).is_some_and(|(j, _)| *j == job.id))
+    {
+        return;
+    }
+    let fleet = s.engine.fleet().clone();
+    let st = s.engine.state();
+    let best = fleet
+        .pool(pool)
+        .nodes
+        .clone()
+        .filter(|&n| job.request.allows_model(fleet.nodes[n as usize].model))
+        .filter(|n| !s.reservations.values().any(|(_, r)| r == n))
+        .max_by_key(|&n| {
+            (
+                st.nodes[n as usize]
+                    .gpus
+                    .iter()
+                    .map(|g| g.free_milli() as u64)
+                    .sum::<u64>(),
+                std::cmp::Reverse(n),
+            )
+        });
+    if let Some(n) = best {
+        s.reservations.insert(pool, (job.id, n));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{job, placed, sched};
+    use super::super::{Decision, Quota};
+    use super::*;
+    use tessera_model::GpuUnits;
+
+    #[test]
+    fn backfill_does_not_starve_the_head() {
+        let mut s = sched();
+        // Every node has 7 of 8 GPUs busy: the 8-GPU head cannot fit, 1-GPU jobs can.
+        for n in 0..16 {
+            s.submit(job(n, "a", 7, "standard", 0), 0);
+        }
+        s.submit(job(100, "b", 8, "standard", 1), 1);
+        let acts = s.submit(job(101, "c", 1, "standard", 2), 2);
+        assert_eq!(placed(&acts), vec![101], "backfill while the head is young");
+        s.release(101, 3);
+        // Past the backfill window the head reserves one node; small jobs still backfill on
+        // the others, never on the reserved one.
+        let late = 1 + s.cfg.backfill_max_wait_ms + 1;
+        s.cycle(late);
+        let (head, reserved) = s.reservations.values().copied().next().expect("the head holds a node");
+        assert_eq!(head, 100);
+        for i in 0..15 {
+            let acts = s.submit(job(200 + i, "c", 1, "standard", late), late);
+            let Some(Decision::Placed { alloc, .. }) = acts.iter().find(|a| matches!(a, Decision::Placed { .. }))
+            else {
+                panic!("small job {i} should backfill: {acts:?}")
+            };
+            assert_ne!(alloc.node.0, reserved, "the reserved node stays free for the head");
+        }
+        // The work on the reserved node ends: the head gets the node, not the small job waiting.
+        let on_reserved = (0..16)
+            .find(|id| s.engine.allocation(*id).is_some_and(|a| a.node.0 == reserved))
+            .unwrap();
+        s.submit(job(300, "c", 1, "standard", late + 1), late + 1);
+        s.release(on_reserved, late + 2);
+        let acts = s.cycle(late + 2);
+        assert_eq!(placed(&acts)[0], 100, "{acts:?}");
+    }
+
+    #[test]
+    fn a_waiting_job_is_reported_again_only_when_its_kind_of_reason_changes() {
+        let mut s = sched();
+        let waits = |acts: &[Decision]| -> Vec<Wait> {
+            acts.iter()
+                .filter_map(|a| match a {
+                    Decision::Waiting { id: 100, reason } => Some(reason.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        // Every node has 7 of 8 GPUs busy: 16 units free, none on one node.
+        for n in 0..16 {
+            s.submit(job(n, "a", 7, "standard", 0), 0);
+        }
+        let w = waits(&s.submit(job(100, "b", 8, "standard", 1), 1));
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].code(), "fragmentation");
+        // Fewer free units, same obstacle: nothing new to record.
+        for i in 0..4 {
+            s.submit(job(200 + i, "c", 1, "standard", 2), 2);
+        }
+        assert!(waits(&s.cycle(3)).is_empty());
+        // Too few free units in total: now it is a capacity problem.
+        for i in 4..9 {
+            s.submit(job(200 + i, "c", 1, "standard", 4), 4);
+        }
+        let w = waits(&s.cycle(5));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].code(), "no-capacity");
+    }
+
+    #[test]
+    fn fair_share_orders_equal_priorities() {
+        let mut s = sched();
+        for t in ["a", "b"] {
+            s.set_quota(
+                t,
+                "training",
+                Some(Quota {
+                    guaranteed: GpuUnits::whole(64),
+                    limit: None,
+                }),
+            );
+        }
+        for i in 0..16 {
+            s.submit(job(i, "a", 8, "standard", 0), 0);
+        }
+        // Both wait; a has used a lot, b nothing: b goes first when a node frees.
+        s.submit(job(50, "a", 8, "standard", 10), 10);
+        s.submit(job(51, "b", 8, "standard", 20), 20);
+        s.release(3, 3_600_000);
+        let acts = s.cycle(3_600_000);
+        assert_eq!(placed(&acts), vec![51]);
+    }
+
+    #[test]
+    fn a_reservation_holder_gets_its_node_even_behind_a_request_of_the_same_shape() {
+        let mut s = sched();
+        // Every node has 7 of 8 GPUs busy.
+        for n in 0..16 {
+            s.submit(job(n, "a", 7, "standard", 0), 0);
+        }
+        s.submit(job(100, "b", 8, "standard", 1), 1);
+        let late = 1 + s.cfg.backfill_max_wait_ms + 1;
+        s.cycle(late);
+        let (head, reserved) = s.reservations.values().copied().next().expect("the head holds a node");
+        assert_eq!(head, 100);
+        // A more important request of the same shape arrives; then the reserved node frees.
+        s.submit(job(200, "c", 8, "high", late), late);
+        let on_reserved = (0..16)
+            .find(|id| s.engine.allocation(*id).is_some_and(|a| a.node.0 == reserved))
+            .unwrap();
+        s.release(on_reserved, late + 1);
+        let d = s.cycle(late + 1);
+        let Some(Decision::Placed { alloc, .. }) = d.iter().find(|d| matches!(d, Decision::Placed { id: 100, .. }))
+        else {
+            panic!("the head is placed on its node although the same shape failed before it: {d:?}")
+        };
+        assert_eq!(alloc.node.0, reserved);
+        assert!(s.reservations.is_empty(), "the reservation ends with the placement");
+    }
+}

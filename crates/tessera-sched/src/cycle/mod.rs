@@ -1,0 +1,544 @@
+//! The scheduler cycle: capacity governance — quotas, budgets, priority classes, queueing with
+//! fair share and backfill, reclaim and preemption — on top of the placement engine.
+//!
+//! The [`Scheduler`] keeps the queue, the running set and the [books](books) (quotas, budgets,
+//! holdings, fair share). Each cycle opens a [session](session) over them and runs an ordered
+//! list of actions, KAI-Scheduler style, each a small unit with a name and one `execute`:
+//!
+//! 1. [**admit**](admit) — budget and quota checks: a job over its budget, or over a limit in
+//!    every pool it may use, waits or is refused (constraints are checked once, at submission);
+//! 2. [**allocate**](allocate) — the queue in order (priority class, fair share, arrival, as
+//!    the [queue-order plugin](plugins) says), placement, bounded backfill with node reservations;
+//! 3. [**reclaim**](reclaim) — a job within its tenant's guarantee takes capacity back from
+//!    other tenants' borrowers;
+//! 4. [**preempt**](preempt) — a job of a higher priority class displaces lower ones.
+//!
+//! Reclaim and preempt try victim sets through a [statement](statement) over the engine and rank
+//! victims with the [victim-order plugin](plugins). Policies are data (priority classes, quotas)
+//! or plugins; the cycle does not change when they do. Decisions come back as [`Decision`]s with
+//! typed reasons. Pure and deterministic: time is passed in by the caller.
+//!
+//! All amounts are GPU units (whole = 1, MIG = memory-slice share, fraction = milli/1000) per
+//! resource class: a pool name, or `pool/MODEL` for a GPU model within a pool.
+//!
+//! **Starvation bound of backfill.** A request that cannot be placed lets smaller ones go ahead
+//! only while it has waited less than `backfill_max_wait_ms`; after that the first such request
+//! of a pool *reserves* one node there (the one with the most free units): nothing else is
+//! placed on that node until the reserving request is, so capacity freed there by finishing
+//! work accumulates for it, while smaller requests keep backfilling on every other node. It
+//! therefore waits at most `backfill_max_wait_ms`, plus the time the work running on the
+//! reserved node needs to finish (their durations or leases), plus any time taken by requests of
+//! higher priority (one reservation per pool, taken in queue order).
+//!
+//! **Preemption bound (anti-thrash).** Reclaim only takes from *borrowers* (workloads admitted
+//! above their tenant's guaranteed share) of other tenants, and only for a request that stays
+//! within its own guaranteed share; a reclaimed borrower is requeued and can only come back by
+//! borrowing again, which a within-guarantee request can reclaim only after the minimum
+//! runtime. Priority preemption only goes downwards in rank, and `critical` is never
+//! preempted. So two tenants pushing against each other's guarantees cause at most one
+//! preemption per borrower admission, and a workload is preempted at most once per
+//! `min_runtime_ms` of running.
+
+mod admit;
+mod allocate;
+mod books;
+pub mod plugins;
+mod preempt;
+mod reclaim;
+mod session;
+mod statement;
+#[cfg(test)]
+mod testing;
+mod victims;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use tessera_model::{Fleet, GpuUnits, NodeId, PoolId, Request};
+
+pub use books::{Admission, Quota, project_key};
+pub use plugins::{OrderKey, Plugins, VictimCost};
+
+use crate::engine::Engine;
+use crate::reason::{PreemptCause, Refusal, Wait};
+use crate::state::Allocation;
+use books::Books;
+use session::Session;
+
+/// A priority class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PriorityClass {
+    pub name: String,
+    /// 0 is the most important.
+    pub rank: u8,
+    /// Whether workloads of this class may ever be preempted.
+    pub preemptible: bool,
+}
+
+/// The scheduler's settings.
+#[derive(Clone, Debug)]
+pub struct GovernConfig {
+    pub classes: Vec<PriorityClass>,
+    /// A workload runs at least this long before it can be preempted.
+    pub min_runtime_ms: i64,
+    /// Half-life of the usage history used for fair share.
+    pub half_life_ms: i64,
+    /// How long a blocked head lets smaller requests backfill before it reserves its pools.
+    pub backfill_max_wait_ms: i64,
+    /// At most this many jobs search for victims per cycle (reclaim and preemption together).
+    pub max_preemption_searches: usize,
+    /// A request within its guarantee reclaims from borrowers only after waiting this long
+    /// (capacity often frees by itself sooner; reclaiming at once would churn).
+    pub reclaim_after_ms: i64,
+}
+
+impl Default for GovernConfig {
+    fn default() -> Self {
+        GovernConfig {
+            classes: vec![
+                PriorityClass {
+                    name: "critical".into(),
+                    rank: 0,
+                    preemptible: false,
+                },
+                PriorityClass {
+                    name: "high".into(),
+                    rank: 1,
+                    preemptible: true,
+                },
+                PriorityClass {
+                    name: "standard".into(),
+                    rank: 2,
+                    preemptible: true,
+                },
+                PriorityClass {
+                    name: "opportunistic".into(),
+                    rank: 3,
+                    preemptible: true,
+                },
+            ],
+            min_runtime_ms: 60_000,
+            half_life_ms: 3_600_000,
+            backfill_max_wait_ms: 300_000,
+            max_preemption_searches: 8,
+            reclaim_after_ms: 300_000,
+        }
+    }
+}
+
+/// A request as the scheduler sees it.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub id: u64,
+    pub tenant: String,
+    pub project: String,
+    pub request: Request,
+    pub priority: String,
+    pub submitted_ms: i64,
+    /// Beyond the tenant's limit or budget: wait (true) or be refused (false).
+    pub wait_if_over_limit: bool,
+}
+
+/// What the scheduler decided for a job or a running workload.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// The job got an allocation. `borrowing`: admitted above the tenant's guaranteed share
+    /// (preemptible by reclaim).
+    Placed {
+        id: u64,
+        alloc: Allocation,
+        borrowing: bool,
+    },
+    /// The job waits; the kind of reason changed ([`Wait::same_kind`]).
+    Waiting { id: u64, reason: Wait },
+    /// The job is refused for good.
+    Refused { id: u64, reason: Refusal },
+    /// Stop `victim` (grace period, then force) so that `by` can run.
+    Preempt { victim: u64, by: u64, cause: PreemptCause },
+}
+
+/// A workload holding capacity.
+#[derive(Clone, Debug)]
+pub struct Running {
+    pub id: u64,
+    pub tenant: String,
+    pub rank: u8,
+    pub preemptible: bool,
+    pub borrowing: bool,
+    pub running_since_ms: i64,
+    pub units: GpuUnits,
+    pub keys: Vec<String>,
+    /// Being stopped (for a preemption or a cancel): not a candidate again.
+    pub stopping: bool,
+}
+
+/// One step of a cycle: a name and one pass over the session.
+trait Action: Send {
+    fn name(&self) -> &'static str;
+    fn execute(&self, session: &mut Session<'_>);
+}
+
+/// The actions a cycle runs, in order.
+fn default_actions() -> Vec<Box<dyn Action>> {
+    vec![
+        Box::new(admit::Admit),
+        Box::new(allocate::Allocate),
+        Box::new(reclaim::Reclaim),
+        Box::new(preempt::Preempt),
+    ]
+}
+
+/// A waiting job and what every cycle needs to know about it, computed once.
+struct Queued {
+    job: Job,
+    /// What decides whether it finds capacity ([`capacity_key`]).
+    key: Request,
+    /// The pools it may go to, in the engine's order (an engine's fleet never changes).
+    scope: Vec<PoolId>,
+    /// The quota key of its project.
+    project_key: String,
+    /// The GPU units it asks for.
+    units: GpuUnits,
+}
+
+impl Queued {
+    fn new(job: Job, engine: &Engine) -> Self {
+        Queued {
+            key: capacity_key(&job.request),
+            scope: engine.scope(&job.request).unwrap_or_default(),
+            project_key: project_key(&job.project),
+            units: job.request.units(&engine.fleet().catalogue),
+            job,
+        }
+    }
+}
+
+/// What decides whether a request finds capacity: everything but the tenant, which matters
+/// only for fractions (time-shared GPUs keep tenants apart).
+fn capacity_key(r: &Request) -> Request {
+    let mut k = r.clone();
+    if !matches!(k.shape, tessera_model::Shape::Fraction { .. }) {
+        k.tenant = None;
+    }
+    k
+}
+
+/// The resource-class keys of capacity on `node`: its pool and `pool/MODEL`.
+pub fn class_keys(fleet: &Fleet, node: NodeId) -> Vec<String> {
+    let node = fleet.node(node);
+    let pool = &fleet.pool(node.pool).name;
+    vec![pool.clone(), format!("{pool}/{}", fleet.catalogue.get(node.model).name)]
+}
+
+/// The scheduler: queue, books, running set and the engine.
+pub struct Scheduler {
+    pub engine: Engine,
+    pub cfg: GovernConfig,
+    books: Books,
+    plugins: Plugins,
+    actions: Vec<Box<dyn Action>>,
+    queue: Vec<Arc<Queued>>,
+    running: HashMap<u64, Running>,
+    /// Preemptors waiting for their victims to stop: job → victims.
+    nominated: BTreeMap<u64, HashSet<u64>>,
+    /// Why each waiting job waits, as last recorded.
+    reasons: HashMap<u64, Wait>,
+    /// Per pool, the head that waited past the backfill window and the node held for it.
+    reservations: HashMap<PoolId, (u64, u32)>,
+    /// Workloads preempted so far: how often and when last.
+    preempted: HashMap<u64, (u32, i64)>,
+    /// Capacity or quotas changed since the last full pass over the queue.
+    dirty: bool,
+}
+
+impl fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("actions", &self.actions.iter().map(|a| a.name()).collect::<Vec<_>>())
+            .field("queued", &self.queue.len())
+            .field("running", &self.running.len())
+            .finish()
+    }
+}
+
+impl Scheduler {
+    pub fn new(engine: Engine, cfg: GovernConfig) -> Self {
+        Scheduler {
+            engine,
+            cfg,
+            books: Books::default(),
+            plugins: Plugins::default(),
+            actions: default_actions(),
+            queue: Vec::new(),
+            running: HashMap::new(),
+            nominated: BTreeMap::new(),
+            reasons: HashMap::new(),
+            reservations: HashMap::new(),
+            preempted: HashMap::new(),
+            dirty: true,
+        }
+    }
+
+    /// The same scheduler with other queue-order or victim-order policies.
+    pub fn with_plugins(mut self, plugins: Plugins) -> Self {
+        self.plugins = plugins;
+        self.dirty = true;
+        self
+    }
+
+    pub fn class(&self, name: &str) -> Option<&PriorityClass> {
+        self.cfg.classes.iter().find(|c| c.name == name)
+    }
+
+    fn rank(&self, name: &str) -> u8 {
+        self.class(name).map(|c| c.rank).unwrap_or(u8::MAX / 2)
+    }
+
+    /// Sets (or with `None` removes) a tenant's quota for a resource class.
+    pub fn set_quota(&mut self, tenant: &str, class: &str, q: Option<Quota>) {
+        self.books.set_quota(tenant, class, q);
+        self.dirty = true;
+    }
+
+    pub fn quota(&self, tenant: &str, class: &str) -> Option<Quota> {
+        self.books.quota(tenant, class)
+    }
+
+    /// Every quota of a tenant.
+    pub fn quotas_of(&self, tenant: &str) -> Vec<(String, Quota)> {
+        self.books.quotas_of(tenant)
+    }
+
+    /// Every quota: (tenant, resource class, quota), in no particular order.
+    pub fn all_quotas(&self) -> impl Iterator<Item = (&String, &String, Quota)> {
+        self.books.all_quotas()
+    }
+
+    /// Every budget: (tenant, GPU-unit-hours per month), in no particular order.
+    pub fn all_budgets(&self) -> impl Iterator<Item = (&String, f64)> {
+        self.books.all_budgets()
+    }
+
+    /// Sets a tenant's monthly budget in GPU-unit-hours (`None` = unlimited).
+    pub fn set_budget(&mut self, tenant: &str, unit_hours: Option<f64>) {
+        self.books.set_budget(tenant, unit_hours);
+        self.dirty = true;
+    }
+
+    pub fn budget(&self, tenant: &str) -> Option<f64> {
+        self.books.budget(tenant)
+    }
+
+    /// What the tenant has spent this month (GPU-unit-hours), as the ledger says.
+    pub fn set_spent(&mut self, tenant: &str, unit_hours: f64) {
+        self.books.set_spent(tenant, unit_hours);
+    }
+
+    pub fn spent(&self, tenant: &str) -> f64 {
+        self.books.spent(tenant)
+    }
+
+    /// Units a tenant holds in a class.
+    pub fn held(&self, tenant: &str, class: &str) -> GpuUnits {
+        self.books.held(tenant, class)
+    }
+
+    /// Fair-share key: decayed usage relative to the guaranteed share (lower goes first).
+    pub fn fair_share(&self, tenant: &str) -> f64 {
+        self.books.fair_share(tenant)
+    }
+
+    /// A job's queue position (lower goes first), as the queue-order plugin computes it.
+    pub fn order_key(&self, j: &Job) -> OrderKey {
+        self.plugins
+            .queue_order
+            .key(j, self.rank(&j.priority), self.fair_share(&j.tenant))
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// The waiting jobs, in arrival order.
+    pub fn queue(&self) -> impl Iterator<Item = &Job> {
+        self.queue.iter().map(|q| &q.job)
+    }
+
+    pub fn running(&self) -> impl Iterator<Item = &Running> {
+        self.running.values()
+    }
+
+    pub fn is_borrowing(&self, id: u64) -> Option<bool> {
+        self.running.get(&id).map(|r| r.borrowing)
+    }
+
+    /// Checks a new job: refused at once if no node could ever hold it, otherwise queued and,
+    /// if capacity has not changed since the last cycle, tried on its own.
+    pub fn submit(&mut self, job: Job, now: i64) -> Vec<Decision> {
+        if let Some(u) = admit::constraint(&mut self.engine, &job.request) {
+            return vec![Decision::Refused {
+                id: job.id,
+                reason: Refusal::Constraint(u),
+            }];
+        }
+        self.engine.observe(&job.request);
+        let id = job.id;
+        self.queue.push(Arc::new(Queued::new(job, &self.engine)));
+        // Unchanged capacity: only the newcomer can be placed now.
+        let only = if self.dirty { None } else { Some(id) };
+        self.run(now, only)
+    }
+
+    /// Restores a workload that already holds an allocation (start-up).
+    pub fn restore(
+        &mut self,
+        job: &Job,
+        alloc: Allocation,
+        borrowing: bool,
+        running_since_ms: i64,
+    ) -> Result<(), String> {
+        let mut keys = class_keys(self.engine.fleet(), alloc.node);
+        keys.push(project_key(&job.project));
+        let units = alloc.units;
+        self.engine.restore(alloc).map_err(|e| e.0)?;
+        self.hold(job, keys, units, borrowing, running_since_ms);
+        Ok(())
+    }
+
+    /// Puts a job back in the queue (start-up, or a preempted batch job being requeued).
+    pub fn enqueue(&mut self, job: Job) {
+        self.queue.push(Arc::new(Queued::new(job, &self.engine)));
+        self.dirty = true;
+    }
+
+    /// Marks a running workload as being stopped (cancel or preemption in progress).
+    pub fn stopping(&mut self, id: u64) {
+        if let Some(r) = self.running.get_mut(&id) {
+            r.stopping = true;
+        }
+    }
+
+    /// Removes a queued job (cancelled before placement).
+    pub fn dequeue(&mut self, id: u64) -> bool {
+        let before = self.queue.len();
+        self.queue.retain(|q| q.job.id != id);
+        self.reasons.remove(&id);
+        self.nominated.remove(&id);
+        self.preempted.remove(&id);
+        before != self.queue.len()
+    }
+
+    /// Returns a workload's capacity.
+    pub fn release(&mut self, id: u64, now: i64) -> Option<Allocation> {
+        let a = self.engine.release(id)?;
+        if let Some(r) = self.running.remove(&id) {
+            self.books
+                .account(&r.tenant, &r.keys, r.units, false, now, self.cfg.half_life_ms);
+        }
+        for victims in self.nominated.values_mut() {
+            victims.remove(&id);
+        }
+        self.dirty = true;
+        Some(a)
+    }
+
+    /// One scheduling cycle over the whole queue.
+    pub fn cycle(&mut self, now: i64) -> Vec<Decision> {
+        self.run(now, None)
+    }
+
+    /// Whether something changed since the last full pass (capacity, quotas, the queue).
+    pub fn needs_cycle(&self) -> bool {
+        self.dirty
+    }
+
+    /// Runs the actions over a session of the whole queue, or of the one job `only`.
+    fn run(&mut self, now: i64, only: Option<u64>) -> Vec<Decision> {
+        let jobs: Vec<Arc<Queued>> = match only {
+            // Unchanged capacity: only the newcomer is tried, no need to order the queue.
+            Some(id) => self
+                .queue
+                .iter()
+                .rev()
+                .find(|q| q.job.id == id)
+                .cloned()
+                .into_iter()
+                .collect(),
+            None => {
+                self.dirty = false;
+                allocate::queue_order(self, now)
+            }
+        };
+        let actions = std::mem::take(&mut self.actions);
+        let mut session = Session::new(self, now, jobs);
+        for a in &actions {
+            a.execute(&mut session);
+        }
+        let decisions = session.close();
+        self.actions = actions;
+        decisions
+    }
+
+    /// Books a job's new allocation against its tenant and records it as running.
+    fn hold(&mut self, job: &Job, keys: Vec<String>, units: GpuUnits, borrowing: bool, since: i64) {
+        self.books
+            .account(&job.tenant, &keys, units, true, since, self.cfg.half_life_ms);
+        let running = Running {
+            id: job.id,
+            tenant: job.tenant.clone(),
+            rank: self.rank(&job.priority),
+            preemptible: self.class(&job.priority).is_none_or(|c| c.preemptible),
+            borrowing,
+            running_since_ms: since,
+            units,
+            keys,
+            stopping: false,
+        };
+        self.running.insert(job.id, running);
+    }
+
+    /// The pools a request may go to, in the engine's order.
+    fn pools_for(&self, req: &Request) -> Vec<PoolId> {
+        self.engine.scope(req).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{job, placed, sched};
+    use super::*;
+
+    #[test]
+    fn the_cycle_runs_admit_allocate_reclaim_preempt_in_that_order() {
+        let s = sched();
+        let names: Vec<&str> = s.actions.iter().map(|a| a.name()).collect();
+        assert_eq!(names, ["admit", "allocate", "reclaim", "preempt"]);
+    }
+
+    #[test]
+    fn a_request_no_node_could_ever_hold_is_refused_at_submission() {
+        let mut s = sched();
+        let d = s.submit(job(1, "a", 9, "standard", 0), 0);
+        let [Decision::Refused { id: 1, reason }] = d.as_slice() else {
+            panic!("{d:?}")
+        };
+        assert_eq!(reason.code(), "constraint");
+        assert_eq!(s.queued(), 0, "nothing is queued");
+    }
+
+    #[test]
+    fn released_capacity_goes_to_the_queue_on_the_next_cycle() {
+        let mut s = sched();
+        for i in 0..16 {
+            assert_eq!(placed(&s.submit(job(i, "a", 8, "standard", 0), 0)), vec![i]);
+        }
+        assert!(placed(&s.submit(job(99, "b", 8, "standard", 1), 1)).is_empty());
+        assert!(!s.needs_cycle());
+        s.release(4, 2);
+        assert!(s.needs_cycle());
+        assert_eq!(placed(&s.cycle(2)), vec![99]);
+        assert_eq!(s.held("b", "training"), GpuUnits::whole(8));
+        assert_eq!(s.queued(), 0);
+    }
+}

@@ -1,0 +1,95 @@
+//! The preempt action: a job of a higher priority class displaces lower-ranked work, only ever
+//! downwards in rank, never a class that is not preemptible (`critical`), and never work younger
+//! than `min_runtime_ms`.
+
+use super::session::Session;
+use super::victims::{self, VictimRule};
+use super::{Action, Job, Running, Scheduler};
+use crate::reason::PreemptCause;
+
+pub(super) struct Preempt;
+
+impl Action for Preempt {
+    fn name(&self) -> &'static str {
+        "preempt"
+    }
+
+    fn execute(&self, s: &mut Session<'_>) {
+        victims::pass(s, self);
+    }
+}
+
+impl VictimRule for Preempt {
+    fn applies(&self, _: &Scheduler, _: &Job, _: i64) -> bool {
+        true
+    }
+
+    fn may_take(&self, _: &Job, rank: u8, victim: &Running) -> bool {
+        victim.rank > rank
+    }
+
+    fn cause(&self, job: &Job) -> PreemptCause {
+        PreemptCause::Priority {
+            by: job.id,
+            class: job.priority.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Decision;
+    use super::super::testing::{job, preempted, sched};
+    use crate::reason::{PreemptCause, Wait};
+
+    #[test]
+    fn priority_preemption_picks_the_minimal_victim_set_and_spares_critical() {
+        let mut s = sched();
+        // Fill 15 nodes with one 8-GPU opportunistic job each, and one node with 8 single GPUs.
+        for i in 0..15 {
+            s.submit(job(i, "a", 8, if i == 0 { "critical" } else { "opportunistic" }, 0), 0);
+        }
+        for i in 0..8 {
+            s.submit(job(100 + i, "a", 1, "opportunistic", 0), 0);
+        }
+        let acts = s.submit(job(500, "b", 8, "high", 5000), 5000);
+        let v = preempted(&acts);
+        assert_eq!(v.len(), 1, "one 8-GPU victim beats eight 1-GPU ones: {acts:?}");
+        assert_ne!(v[0], 0, "critical is never preempted");
+        assert!(v[0] < 15);
+    }
+
+    #[test]
+    fn priority_preemption_never_goes_sideways_or_up_and_waits_for_the_minimum_runtime() {
+        let mut s = sched();
+        for i in 0..16 {
+            s.submit(job(i, "a", 8, if i < 8 { "high" } else { "standard" }, 0), 0);
+        }
+        assert!(
+            preempted(&s.submit(job(100, "b", 8, "standard", 10), 10)).is_empty(),
+            "same rank: no preemption"
+        );
+        assert!(
+            preempted(&s.submit(job(101, "b", 8, "high", 500), 500)).is_empty(),
+            "lower ranks are younger than the minimum runtime"
+        );
+        let d = s.cycle(2000);
+        let v = preempted(&d);
+        assert_eq!(v.len(), 1, "{d:?}");
+        assert!(v[0] >= 8, "only the standard work is taken: {v:?}");
+        let reason = d.iter().find_map(|d| match d {
+            Decision::Waiting { id: 101, reason } => Some(reason.clone()),
+            _ => None,
+        });
+        assert!(
+            matches!(
+                reason,
+                Some(Wait::Preempting {
+                    victims: 1,
+                    cause: PreemptCause::Priority { by: 101, .. }
+                })
+            ),
+            "{reason:?}"
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! The reclaim action: a job within its tenant's guaranteed share, having waited
+//! `reclaim_after_ms` (capacity often frees by itself sooner; reclaiming at once would churn),
+//! takes capacity back from other tenants' borrowers — workloads admitted above their own
+//! tenant's guarantee. Never from a workload within its guarantee, never within a tenant (see
+//! the preemption bound in the [cycle](super) doc).
+
+use super::session::Session;
+use super::victims::{self, VictimRule};
+use super::{Action, Job, Running, Scheduler};
+use crate::reason::PreemptCause;
+
+pub(super) struct Reclaim;
+
+impl Action for Reclaim {
+    fn name(&self) -> &'static str {
+        "reclaim"
+    }
+
+    fn execute(&self, s: &mut Session<'_>) {
+        victims::pass(s, self);
+    }
+}
+
+impl VictimRule for Reclaim {
+    fn applies(&self, s: &Scheduler, job: &Job, now: i64) -> bool {
+        now - job.submitted_ms >= s.cfg.reclaim_after_ms && within_guarantee(s, job)
+    }
+
+    fn may_take(&self, job: &Job, _: u8, victim: &Running) -> bool {
+        victim.borrowing && victim.tenant != job.tenant
+    }
+
+    fn cause(&self, job: &Job) -> PreemptCause {
+        PreemptCause::Reclaim {
+            by: job.id,
+            tenant: job.tenant.clone(),
+        }
+    }
+}
+
+/// Whether `job` stays within its tenant's guaranteed share in some pool it may use.
+fn within_guarantee(s: &Scheduler, job: &Job) -> bool {
+    let units = job.request.units(&s.engine.fleet().catalogue);
+    s.pools_for(&job.request).iter().any(|&p| {
+        let k = &s.engine.fleet().pool(p).name;
+        s.quota(&job.tenant, k)
+            .is_some_and(|q| s.held(&job.tenant, k) + units <= q.guaranteed)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Quota;
+    use super::super::testing::{job, placed, preempted, sched};
+    use tessera_model::GpuUnits;
+
+    #[test]
+    fn a_tenant_within_its_guarantee_reclaims_from_borrowers_after_the_minimum_runtime() {
+        let mut s = sched();
+        // training: 128 GPUs; each tenant is guaranteed 64.
+        for t in ["a", "b"] {
+            s.set_quota(
+                t,
+                "training",
+                Some(Quota {
+                    guaranteed: GpuUnits::whole(64),
+                    limit: Some(GpuUnits::whole(128)),
+                }),
+            );
+        }
+        // a borrows the whole pool.
+        for i in 0..16 {
+            let acts = s.submit(job(i, "a", 8, "standard", 0), 0);
+            assert_eq!(placed(&acts), vec![i]);
+        }
+        assert_eq!(s.is_borrowing(15), Some(true));
+        assert_eq!(s.is_borrowing(0), Some(false));
+        // b asks within its guarantee: waits, and after the minimum runtime reclaims.
+        let acts = s.submit(job(100, "b", 8, "standard", 10), 10);
+        assert!(preempted(&acts).is_empty(), "minimum runtime honoured: {acts:?}");
+        let acts = s.cycle(2000);
+        let v = preempted(&acts);
+        assert_eq!(v.len(), 1, "{acts:?}");
+        assert!(s.is_borrowing(v[0]).unwrap(), "only borrowers are reclaimed");
+        // the victim stops; the owner is admitted.
+        s.release(v[0], 2100);
+        let acts = s.cycle(2100);
+        assert_eq!(placed(&acts), vec![100]);
+        assert_eq!(s.is_borrowing(100), Some(false));
+    }
+
+    #[test]
+    fn two_tenants_pushing_against_their_guarantees_settle_without_thrash() {
+        let mut s = sched();
+        for t in ["a", "b"] {
+            s.set_quota(
+                t,
+                "training",
+                Some(Quota {
+                    guaranteed: GpuUnits::whole(64),
+                    limit: None,
+                }),
+            );
+        }
+        let mut now = 0;
+        let mut id = 0;
+        let mut preemptions = 0;
+        let mut admissions = 0;
+        let mut running: Vec<u64> = Vec::new();
+        // Both tenants keep 12 requests of 8 GPUs outstanding against a 16-node pool.
+        for _round in 0..50 {
+            for t in ["a", "b"] {
+                let mine = s.queue().filter(|j| j.tenant == t).count();
+                for _ in mine..12 {
+                    id += 1;
+                    let acts = s.submit(job(id, t, 8, "standard", now), now);
+                    admissions += placed(&acts).len();
+                    for v in preempted(&acts) {
+                        preemptions += 1;
+                        s.release(v, now);
+                    }
+                    running.extend(placed(&acts));
+                }
+            }
+            now += 1000;
+            let acts = s.cycle(now);
+            admissions += placed(&acts).len();
+            for v in preempted(&acts) {
+                preemptions += 1;
+                s.release(v, now);
+            }
+        }
+        let borrowed: usize = s.running().filter(|r| r.borrowing).count();
+        // Bound: each preemption removes a borrower, and a borrower exists only by admission.
+        assert!(
+            preemptions <= admissions,
+            "{preemptions} preemptions for {admissions} admissions"
+        );
+        // Stable state: each tenant holds its guarantee, nobody borrows, nothing more moves.
+        assert_eq!(s.held("a", "training"), GpuUnits::whole(64));
+        assert_eq!(s.held("b", "training"), GpuUnits::whole(64));
+        assert_eq!(borrowed, 0);
+        let before = preemptions;
+        let acts = s.cycle(now + 100_000);
+        assert!(
+            preempted(&acts).is_empty() && placed(&acts).is_empty(),
+            "stable: {acts:?} after {before}"
+        );
+    }
+}

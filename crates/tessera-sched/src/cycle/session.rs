@@ -1,0 +1,177 @@
+//! A cycle's session: the jobs the cycle considers, in queue order, what has become of each so
+//! far, and the decisions taken. Actions read and advance it one after the other; closing it
+//! records why the jobs left waiting wait and drops the placed and refused ones from the queue.
+//!
+//! A job is known by its position in the session's order: every action walks the whole queue,
+//! every cycle, so the per-job state is a vector, not a map.
+
+use std::collections::HashSet;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use tessera_model::PoolId;
+
+use super::admit::Exceeded;
+use super::{Decision, Queued, Scheduler};
+use crate::reason::{LimitExceeded, PreemptCause, Refusal, Wait};
+
+/// What has become of a job so far this cycle.
+#[derive(Debug)]
+pub(super) enum Status {
+    /// Not looked at yet (or by no action that decides anything for it).
+    Pending,
+    /// Passed admission: the pools it may go to, in the engine's order, each with the limit it
+    /// exceeded at admission, if any.
+    Admitted(Vec<(PoolId, Option<LimitExceeded>)>),
+    Placed,
+    Refused,
+    /// Waits for a reason no later action looks at (a limit, a budget, a backoff, victims).
+    Waiting(Wait),
+    /// Found no capacity. `searchable`: reclaim and preempt may look for victims for it. The
+    /// reason is shared by the requests of the same shape that fail after it.
+    Starved {
+        reason: Rc<Wait>,
+        searchable: bool,
+    },
+}
+
+pub(super) struct Session<'a> {
+    pub sched: &'a mut Scheduler,
+    pub now: i64,
+    /// The jobs this cycle considers, in queue order.
+    pub jobs: Rc<[Arc<Queued>]>,
+    status: Vec<Status>,
+    /// Which jobs have had a victim search this cycle (reclaim and preempt share the budget),
+    /// and how many.
+    searched: Vec<bool>,
+    searches: usize,
+    decisions: Vec<Decision>,
+}
+
+impl<'a> Session<'a> {
+    pub fn new(sched: &'a mut Scheduler, now: i64, jobs: Vec<Arc<Queued>>) -> Self {
+        let n = jobs.len();
+        Session {
+            sched,
+            now,
+            jobs: jobs.into(),
+            status: (0..n).map(|_| Status::Pending).collect(),
+            searched: vec![false; n],
+            searches: 0,
+            decisions: Vec::new(),
+        }
+    }
+
+    /// The status of the job at position `i`.
+    pub fn status(&self, i: usize) -> &Status {
+        &self.status[i]
+    }
+
+    pub fn set(&mut self, i: usize, status: Status) {
+        self.status[i] = status;
+    }
+
+    /// The pools of an admitted job, taken out of its status: whoever takes them sets the
+    /// job's next status.
+    pub fn take_admitted(&mut self, i: usize) -> Option<Vec<(PoolId, Option<LimitExceeded>)>> {
+        match &mut self.status[i] {
+            Status::Admitted(pools) => Some(std::mem::take(pools)),
+            _ => None,
+        }
+    }
+
+    /// Gives the job at `i` a victim search, if it has one already or the budget
+    /// (`max_preemption_searches`) allows another.
+    pub fn search_slot(&mut self, i: usize) -> bool {
+        if self.searched[i] {
+            return true;
+        }
+        if self.searches >= self.sched.cfg.max_preemption_searches {
+            return false;
+        }
+        self.searched[i] = true;
+        self.searches += 1;
+        true
+    }
+
+    pub fn decide(&mut self, d: Decision) {
+        self.decisions.push(d);
+    }
+
+    /// The job at `i`, over a limit or budget, waits, or is refused if it asked not to wait.
+    pub fn exceeded(&mut self, i: usize, over: Exceeded) {
+        if self.jobs[i].job.wait_if_over_limit {
+            self.set(i, Status::Waiting(over.wait()));
+        } else {
+            self.refuse(i, over.refusal());
+        }
+    }
+
+    pub fn refuse(&mut self, i: usize, reason: Refusal) {
+        let id = self.jobs[i].job.id;
+        self.decide(Decision::Refused { id, reason });
+        self.set(i, Status::Refused);
+    }
+
+    /// The job at `i` waits for `victims` to stop: they are marked stopping and told to stop,
+    /// and the job goes first once they have.
+    pub fn nominate(&mut self, i: usize, victims: Vec<u64>, cause: PreemptCause) {
+        let now = self.now;
+        let by = self.jobs[i].job.id;
+        for &v in &victims {
+            self.sched.stopping(v);
+            let e = self.sched.preempted.entry(v).or_insert((0, now));
+            *e = (e.0 + 1, now);
+            self.decide(Decision::Preempt {
+                victim: v,
+                by,
+                cause: cause.clone(),
+            });
+        }
+        let reason = Wait::Preempting {
+            victims: victims.len(),
+            cause,
+        };
+        self.set(i, Status::Waiting(reason));
+        self.sched.nominated.insert(by, victims.into_iter().collect());
+    }
+
+    /// Ends the cycle: a `Waiting` decision for each job whose kind of reason changed
+    /// ([`Wait::same_kind`]; a free-unit count moving is not worth a stored event), in queue
+    /// order, and the placed and refused jobs leave the queue.
+    pub fn close(self) -> Vec<Decision> {
+        let Session {
+            sched,
+            jobs,
+            status,
+            mut decisions,
+            ..
+        } = self;
+        let mut done: HashSet<u64> = HashSet::new();
+        for (q, st) in jobs.iter().zip(status) {
+            let id = q.job.id;
+            let changed = |sched: &Scheduler, r: &Wait| sched.reasons.get(&id).is_none_or(|old| !old.same_kind(r));
+            let reason = match st {
+                Status::Placed => {
+                    done.insert(id);
+                    continue;
+                }
+                Status::Refused => {
+                    sched.reasons.remove(&id);
+                    sched.nominated.remove(&id);
+                    done.insert(id);
+                    continue;
+                }
+                Status::Waiting(reason) if changed(sched, &reason) => reason,
+                Status::Starved { reason, .. } if changed(sched, &reason) => Rc::unwrap_or_clone(reason),
+                Status::Pending | Status::Admitted(_) | Status::Waiting(_) | Status::Starved { .. } => continue,
+            };
+            sched.reasons.insert(id, reason.clone());
+            decisions.push(Decision::Waiting { id, reason });
+        }
+        if !done.is_empty() {
+            sched.queue.retain(|q| !done.contains(&q.job.id));
+        }
+        decisions
+    }
+}

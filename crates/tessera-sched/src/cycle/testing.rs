@@ -1,0 +1,57 @@
+//! What the cycle's tests share: a scheduler on the seed fleet and small helpers.
+
+use std::sync::Arc;
+
+use tessera_model::{Fleet, PoolId, Request};
+
+use super::{Decision, GovernConfig, Job, Scheduler};
+use crate::engine::Engine;
+use crate::policy::BestFit;
+
+/// Short minimum runtime, immediate reclaim: the tests move time by hand.
+pub fn config() -> GovernConfig {
+    GovernConfig {
+        min_runtime_ms: 1000,
+        reclaim_after_ms: 0,
+        ..Default::default()
+    }
+}
+
+pub fn engine() -> Engine {
+    Engine::new(Arc::new(Fleet::seed()), Box::new(BestFit), 1)
+}
+
+pub fn sched() -> Scheduler {
+    Scheduler::new(engine(), config())
+}
+
+/// `gpus` whole GPUs in the training pool.
+pub fn job(id: u64, tenant: &str, gpus: u8, prio: &str, now: i64) -> Job {
+    Job {
+        id,
+        tenant: tenant.into(),
+        project: "p".into(),
+        request: Request::whole(gpus).with_pool(PoolId(0)),
+        priority: prio.into(),
+        submitted_ms: now,
+        wait_if_over_limit: true,
+    }
+}
+
+pub fn placed(d: &[Decision]) -> Vec<u64> {
+    d.iter()
+        .filter_map(|x| match x {
+            Decision::Placed { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn preempted(d: &[Decision]) -> Vec<u64> {
+    d.iter()
+        .filter_map(|x| match x {
+            Decision::Preempt { victim, .. } => Some(*victim),
+            _ => None,
+        })
+        .collect()
+}
