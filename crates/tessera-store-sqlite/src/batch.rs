@@ -23,29 +23,44 @@
 //! in order: that run fails at the first wrong change, with its name, exactly as a batch always
 //! did. (Should another process have changed the database in between so that the batch now
 //! fits, that run commits it, which is as correct.) `Unavailable` is returned as it is.
+//!
+//! A batch's fences ([`Change::Fence`]) are checked first in either run, inside the
+//! transaction: `BEGIN IMMEDIATE` holds the database's write lock, so the lease cannot change
+//! hands before the batch commits.
 
 use std::collections::{HashMap, HashSet};
 
 use tessera_domain::{Event, Workload, WorkloadId};
-use tessera_store::{AuditRecord, Change, IdempotencyKey, Result, StoreError, UsageInterval};
+use tessera_store::{AuditRecord, Change, Fence, IdempotencyKey, Result, StoreError, UsageInterval};
 
 use crate::ledger::{self, Close};
-use crate::{SqliteStore, audit, db, workloads};
+use crate::{SqliteStore, audit, db, lease, workloads};
 
 /// Commits `batch` in one transaction.
 pub(crate) async fn commit(store: &SqliteStore, batch: &[Change]) -> Result<()> {
     if batch.is_empty() {
         return Ok(());
     }
+    let fences: Vec<&Fence> = batch
+        .iter()
+        .filter_map(|c| match c {
+            Change::Fence(f) => Some(f),
+            _ => None,
+        })
+        .collect();
     if let Some(plan) = Plan::grouped(batch) {
         let mut tx = store.begin_write().await?;
+        lease::check_fences(&mut tx, &fences).await?;
         match plan.write(&mut tx).await {
             Ok(()) => return tx.commit().await.map_err(db),
-            Err(e @ StoreError::Unavailable(_)) => return Err(e),
+            Err(e @ (StoreError::Unavailable(_) | StoreError::Fenced(_) | StoreError::Incompatible(_))) => {
+                return Err(e);
+            }
             Err(StoreError::Conflict(_) | StoreError::Corrupt(_)) => tx.rollback().await.map_err(db)?,
         }
     }
     let mut tx = store.begin_write().await?;
+    lease::check_fences(&mut tx, &fences).await?;
     for change in batch {
         Plan::new(std::slice::from_ref(change)).write(&mut tx).await?;
     }
@@ -130,6 +145,8 @@ impl<'b> Plan<'b> {
                     util_avg: *util_avg,
                 }),
                 Change::Audit(a) => plan.audit.push(a),
+                // Checked before the plan is written (see `commit`).
+                Change::Fence(_) => {}
             }
         }
         plan

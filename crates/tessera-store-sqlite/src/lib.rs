@@ -11,15 +11,22 @@
 //! A lifecycle batch is written group by group with multi-row statements (`batch` and `rows`),
 //! so that its cost follows the kinds of rows it holds rather than their number.
 //!
-//! The migrations in `migrations/` are portable SQL (`$1` placeholders, `BIGINT`, `TEXT`, no
-//! `AUTOINCREMENT`) so that a PostgreSQL implementation can reuse them; statements that only
-//! SQLite understands say so where they are written. On opening, the store applies the
-//! migrations and then converts workloads stored by schema version 1 (a JSON document per row)
-//! into typed rows.
+//! The migrations in `migrations/` are written in SQL both databases understand (`$1`
+//! placeholders, `BIGINT`, `TEXT`, no `AUTOINCREMENT`); `tessera-store-postgres` keeps its own
+//! set with the same tables and numbering where PostgreSQL's stricter types differ.
+//! Statements that only SQLite understands say so where they are written. On opening, the
+//! store refuses a database whose schema a newer Tessera wrote ([`StoreError::Incompatible`]),
+//! applies the migrations and then converts workloads stored by schema version 1 (a JSON
+//! document per row) into typed rows.
+//!
+//! The leader lease ([`tessera_store::LeaseStore`]) is implemented too, timed by SQLite's
+//! clock, so that the contract holds whole; the server runs one process on SQLite and does not
+//! elect.
 
 mod audit;
 mod batch;
 mod governance;
+mod lease;
 mod ledger;
 mod legacy;
 mod rows;
@@ -84,6 +91,7 @@ impl SqliteStore {
     }
 
     async fn prepare(pool: SqlitePool) -> Result<SqliteStore> {
+        check_schema(&pool).await?;
         MIGRATOR.run(&pool).await.map_err(|e| match e {
             sqlx::migrate::MigrateError::Execute(e) => db(e),
             other => StoreError::Corrupt(format!("schema migrations: {other}")),
@@ -101,6 +109,44 @@ impl SqliteStore {
         // equivalent there (row locks do the rest).
         self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)
     }
+}
+
+/// Refuses a database whose applied migrations include versions this binary does not know: a
+/// newer Tessera upgraded it, and this one would misread what it wrote.
+async fn check_schema(pool: &SqlitePool) -> Result<()> {
+    let exists: i64 =
+        sqlx::query("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
+            .fetch_one(pool)
+            .await
+            .map_err(db)?
+            .try_get(0)
+            .map_err(db)?;
+    if exists == 0 {
+        return Ok(());
+    }
+    let applied: Vec<i64> = sqlx::query("SELECT version FROM _sqlx_migrations ORDER BY version")
+        .fetch_all(pool)
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| r.try_get(0).map_err(db))
+        .collect::<Result<_>>()?;
+    unknown_versions(&MIGRATOR, &applied)
+}
+
+/// `Incompatible` naming the applied versions `migrator` does not know, if any.
+fn unknown_versions(migrator: &sqlx::migrate::Migrator, applied: &[i64]) -> Result<()> {
+    let known: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+    let unknown: Vec<i64> = applied.iter().copied().filter(|v| !known.contains(v)).collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::Incompatible(format!(
+        "the database's schema has version {} applied, which this Tessera ({}) does not know (it knows up          to {}): a newer Tessera upgraded it; run that version or a newer one",
+        unknown.iter().map(i64::to_string).collect::<Vec<_>>().join(", "),
+        env!("CARGO_PKG_VERSION"),
+        known.iter().max().copied().unwrap_or(0)
+    )))
 }
 
 /// A database error, classified for the contract. Unique-key violations say what exists.

@@ -241,3 +241,28 @@ async fn a_failed_batch_names_its_first_failing_change() {
         assert_eq!(store.get_workload(ws[i].id, None).await.unwrap(), Some(ws[i].clone()));
     }
 }
+
+#[tokio::test]
+async fn a_schema_written_by_a_newer_tessera_is_refused() {
+    let dir = fresh_dir("newer");
+    let store = SqliteStore::open_dir(&dir).await.unwrap();
+    drop(store);
+    SqliteStore::open_dir(&dir).await.expect("its own version opens");
+    let opts = SqliteConnectOptions::new().filename(dir.join("tessera.db"));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', TRUE, x'00', 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let err = SqliteStore::open_dir(&dir).await.unwrap_err();
+    assert!(matches!(err, StoreError::Incompatible(_)), "{err:?}");
+    assert!(err.to_string().contains("version 9999"), "{err}");
+}

@@ -22,8 +22,8 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 
 use crate::{
-    AuditRecord, Change, IdempotencyKey, ProjectRecord, QuotaRecord, Store, StoreError, TenantRecord, TokenRecord,
-    UsageInterval, WorkloadFilter,
+    AuditRecord, Change, Fence, IdempotencyKey, ProjectRecord, QuotaRecord, ReplicaRecord, Store, StoreError,
+    TenantRecord, TokenRecord, UsageInterval, WorkloadFilter,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
@@ -49,6 +49,9 @@ macro_rules! store_conformance_tests {
             audit_sequence_numbers_come_from_the_store,
             audit_records_commit_with_their_batch,
             reads_are_scoped,
+            the_lease_has_one_holder_at_a_time,
+            fenced_batches_commit_only_for_the_lease_holder,
+            replicas_record_heartbeats,
         );
     };
     (@each $make:expr; $($check:ident),+ $(,)?) => {
@@ -1392,4 +1395,184 @@ pub async fn reads_are_scoped(s: &dyn Store) {
     assert_eq!(s.events(w.id, Some("acme")).await.unwrap().len(), 2);
     assert_eq!(s.events(w.id, None).await.unwrap().len(), 2);
     assert!(s.events(w.id, Some("globex")).await.unwrap().is_empty());
+}
+
+/// The leader lease: one holder at a time, epochs that grow with every acquisition, renewals
+/// only by the holder of the current epoch, expiry by the database's clock, and racing
+/// acquisitions of which exactly one wins.
+pub async fn the_lease_has_one_holder_at_a_time(s: &dyn Store) {
+    const LONG: u64 = 60_000;
+    assert_eq!(s.lease().await.unwrap(), None, "never acquired");
+    assert!(!s.renew_lease("a", 1, LONG).await.unwrap(), "nothing to renew");
+
+    let e1 = s
+        .acquire_lease("a", "http://a:8080", LONG)
+        .await
+        .unwrap()
+        .expect("a free lease");
+    let lease = s.lease().await.unwrap().expect("acquired");
+    assert_eq!(
+        (lease.holder.as_str(), lease.url.as_str(), lease.epoch),
+        ("a", "http://a:8080", e1)
+    );
+    assert!(lease.valid() && lease.remaining_ms <= LONG as i64, "{lease:?}");
+    assert!(lease.expires_at - lease.acquired_at == LONG as i64, "{lease:?}");
+    assert_eq!(s.acquire_lease("b", "http://b", LONG).await.unwrap(), None, "held by a");
+    assert_eq!(
+        s.acquire_lease("a", "http://a", LONG).await.unwrap(),
+        None,
+        "a renews instead"
+    );
+    assert!(s.renew_lease("a", e1, LONG).await.unwrap());
+    assert!(!s.renew_lease("b", e1, LONG).await.unwrap(), "not b's");
+    assert!(!s.renew_lease("a", e1 + 1, LONG).await.unwrap(), "not that epoch");
+
+    // Released: the next acquisition, by anyone, has the next epoch.
+    s.release_lease("b", e1).await.unwrap();
+    assert!(s.lease().await.unwrap().unwrap().valid(), "only the holder releases");
+    s.release_lease("a", e1).await.unwrap();
+    assert!(!s.lease().await.unwrap().unwrap().valid());
+    assert!(
+        !s.renew_lease("a", e1, LONG).await.unwrap(),
+        "a released lease is not renewed"
+    );
+
+    // Expiry, by the database's clock: a short lease not renewed in time is taken over, and
+    // its holder can no longer renew it.
+    let e2 = s.acquire_lease("b", "http://b", 300).await.unwrap().expect("released");
+    assert!(e2 > e1, "{e1} then {e2}");
+    assert_eq!(s.acquire_lease("a", "http://a", LONG).await.unwrap(), None);
+    tokio::time::sleep(std::time::Duration::from_millis(450)).await;
+    let lease = s.lease().await.unwrap().unwrap();
+    assert!(!lease.valid(), "expired: {lease:?}");
+    assert!(!s.renew_lease("b", e2, LONG).await.unwrap(), "too late to renew");
+    let e3 = s.acquire_lease("a", "http://a", LONG).await.unwrap().expect("expired");
+    assert!(e3 > e2, "{e2} then {e3}");
+    assert!(!s.renew_lease("b", e2, LONG).await.unwrap());
+    assert_eq!(s.lease().await.unwrap().unwrap().holder, "a");
+
+    // Racing acquisitions of a free lease: exactly one wins.
+    s.release_lease("a", e3).await.unwrap();
+    let race = |h: &'static str| async move { s.acquire_lease(h, h, LONG).await.unwrap() };
+    let (x, y, z) = tokio::join!(race("x"), race("y"), race("z"));
+    let won: Vec<u64> = [x, y, z].into_iter().flatten().collect();
+    assert_eq!(won.len(), 1, "{x:?} {y:?} {z:?}");
+    assert!(won[0] > e3);
+    let holder = s.lease().await.unwrap().unwrap().holder;
+    assert!(["x", "y", "z"].contains(&holder.as_str()));
+}
+
+/// A fenced batch commits only while its holder holds the lease with its epoch: a stale
+/// epoch, another holder, an expired lease or a lease never acquired refuse it whole.
+pub async fn fenced_batches_commit_only_for_the_lease_holder(s: &dyn Store) {
+    const LONG: u64 = 60_000;
+    let ids = new_ids(s, 4).await;
+    let ws: Vec<Workload> = ids
+        .iter()
+        .map(|&id| workload(id, "acme", "p", Phase::Pending))
+        .collect();
+    let fence = |holder: &str, epoch: u64| {
+        Change::Fence(Fence {
+            holder: holder.into(),
+            epoch,
+        })
+    };
+    let note = |i: usize| {
+        Change::Audit(AuditRecord {
+            seq: 0,
+            at: 1,
+            request_id: format!("fenced-{i}"),
+            actor: "tok".into(),
+            tenant: None,
+            action: "POST /api/v1/workloads".into(),
+            target: String::new(),
+            outcome: 201,
+            detail: String::new(),
+        })
+    };
+    let refused = |r: crate::Result<()>, why: &str| {
+        assert!(matches!(r, Err(StoreError::Fenced(_))), "{why}: {r:?}");
+    };
+
+    refused(s.commit(&[fence("a", 1), insert(&ws[0])]).await, "never acquired");
+    let e1 = s.acquire_lease("a", "http://a", LONG).await.unwrap().unwrap();
+    commit(s, &[fence("a", e1), insert(&ws[0]), note(0)]).await;
+    // The fence is checked first wherever it stands.
+    commit(s, &[insert(&ws[1]), fence("a", e1)]).await;
+    refused(s.commit(&[insert(&ws[2]), fence("b", e1)]).await, "another holder");
+    refused(s.commit(&[insert(&ws[2]), fence("a", e1 + 1)]).await, "another epoch");
+
+    // Taken over after expiry: the old holder's batches are refused, the new one's commit.
+    s.release_lease("a", e1).await.unwrap();
+    refused(s.commit(&[fence("a", e1), insert(&ws[2]), note(2)]).await, "released");
+    let e2 = s.acquire_lease("b", "http://b", 300).await.unwrap().unwrap();
+    refused(
+        s.commit(&[fence("a", e1), insert(&ws[2]), note(2)]).await,
+        "stale epoch",
+    );
+    let mut running = ws[0].clone();
+    running.phase = Phase::Running;
+    refused(
+        s.commit(&[
+            fence("a", e1),
+            Change::Update {
+                workload: running.clone(),
+                events: vec![event(1, Step::Running, None)],
+            },
+        ])
+        .await,
+        "stale update",
+    );
+    commit(s, &[fence("b", e2), insert(&ws[3])]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(450)).await;
+    refused(
+        s.commit(&[fence("b", e2), insert(&ws[2])]).await,
+        "expired, not taken over",
+    );
+
+    // Nothing of the refused batches landed.
+    assert_eq!(s.get_workload(ws[0].id, None).await.unwrap(), Some(ws[0].clone()));
+    assert_eq!(s.events(ws[0].id, None).await.unwrap().len(), 1);
+    assert_eq!(s.get_workload(ws[1].id, None).await.unwrap(), Some(ws[1].clone()));
+    assert_eq!(s.get_workload(ws[2].id, None).await.unwrap(), None);
+    assert_eq!(s.get_workload(ws[3].id, None).await.unwrap(), Some(ws[3].clone()));
+    let log = s.audit(None, None, 10).await.unwrap();
+    assert_eq!(
+        log.iter().map(|r| r.request_id.as_str()).collect::<Vec<_>>(),
+        ["fenced-0"]
+    );
+}
+
+/// Heartbeats: one row per replica, its last heartbeat by the database's clock, pruning.
+pub async fn replicas_record_heartbeats(s: &dyn Store) {
+    let replica = |id: &str, url: &str| ReplicaRecord {
+        id: id.into(),
+        url: url.into(),
+        version: "0.1.0".into(),
+        started_at: 1_700_000_000_000,
+        // Set by the store.
+        last_seen: -1,
+        age_ms: -1,
+    };
+    assert!(s.replicas().await.unwrap().is_empty());
+    s.heartbeat(&replica("r2", "http://r2")).await.unwrap();
+    s.heartbeat(&replica("r1", "http://r1")).await.unwrap();
+    let first = s.replicas().await.unwrap();
+    assert_eq!(first.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r1", "r2"]);
+    for r in &first {
+        assert!(r.last_seen > 1_600_000_000_000, "{r:?}");
+        assert!((0..5_000).contains(&r.age_ms), "{r:?}");
+        assert_eq!(r.started_at, 1_700_000_000_000);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    s.heartbeat(&replica("r1", "http://r1.new")).await.unwrap();
+    let second = s.replicas().await.unwrap();
+    assert_eq!(second.len(), 2, "one row per replica");
+    assert_eq!(second[0].url, "http://r1.new");
+    assert!(second[0].last_seen > first[0].last_seen, "{first:?} {second:?}");
+    assert!(second[1].age_ms >= 300, "r2 fell silent: {second:?}");
+    assert_eq!(s.prune_replicas(300).await.unwrap(), 1);
+    let left = s.replicas().await.unwrap();
+    assert_eq!(left.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r1"]);
+    assert_eq!(s.prune_replicas(60_000).await.unwrap(), 0);
 }

@@ -5,14 +5,20 @@
 //! (tenancy, tokens, workloads, the usage ledger, governance, the audit log), the [`Store`]
 //! supertrait the control plane holds as `Arc<dyn Store>`, and [`StoreError`].
 //!
-//! Implementations live in their own crates (`tessera-store-sqlite` today, PostgreSQL later) so
-//! that a database driver is only built where it is used. Every implementation must pass the
+//! Implementations live in their own crates (`tessera-store-sqlite`, the embedded default, and
+//! `tessera-store-postgres`, for replicas sharing one database) so that a database driver is
+//! only built where it is used. Every implementation must pass the
 //! [`conformance`] suite; [`store_conformance_tests!`] runs it as one test per behaviour.
 //!
 //! Writes of the lifecycle loop go through [`WorkloadStore::commit`]: a batch of [`Change`]s
 //! committed in **one transaction**, so a state change, its events, its usage interval and its
 //! audit record land together or not at all. Identifiers (workload ids, audit sequence numbers) come from the
 //! database, never from the application, so that processes sharing a database never collide.
+//!
+//! Replicas sharing a database elect one leader through the [`LeaseStore`]: a single lease row
+//! with an epoch that grows on every change of holder, timed by the database's clock. The
+//! leader's lifecycle batches carry a [`Change::Fence`] with its epoch, so that a leader that
+//! lost the lease (paused, partitioned, slow) can never commit: the database refuses the batch.
 
 pub mod conformance;
 
@@ -37,6 +43,12 @@ pub enum StoreError {
     /// Stored data cannot be decoded (unknown phase, malformed list …).
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// A fenced batch was refused: its holder no longer holds the lease with its epoch.
+    #[error("fenced: {0}")]
+    Fenced(String),
+    /// The database's schema was written by a newer version of Tessera than this one.
+    #[error("incompatible database: {0}")]
+    Incompatible(String),
 }
 
 /// A tenant: the unit of isolation, quota and billing.
@@ -154,11 +166,65 @@ pub enum Change {
         ended_at: i64,
         util_avg: Option<f64>,
     },
+    /// Commits the batch only if [`Fence::holder`] holds the leader lease with
+    /// [`Fence::epoch`] and the lease has not expired by the database's clock; otherwise the
+    /// batch fails with [`StoreError::Fenced`] and changes nothing. Checked before any other
+    /// change wherever it stands in the batch; the check holds the lease until the batch
+    /// commits or rolls back, so the lease cannot change hands in between.
+    Fence(Fence),
     /// Appends a record to the audit log with the batch, so that an action and its audit
     /// record land together or not at all. Its sequence number comes from the same counter as
     /// [`AuditStore::append_audit`]'s (the record's `seq` is ignored): numbers stay unique and
     /// increasing across both paths, and the records of one batch get them in batch order.
     Audit(AuditRecord),
+}
+
+/// The leader's credentials in a fenced batch ([`Change::Fence`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    /// The replica that acquired the lease.
+    pub holder: String,
+    /// The epoch [`LeaseStore::acquire_lease`] returned.
+    pub epoch: u64,
+}
+
+/// The leader lease as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The replica that holds (or last held) it.
+    pub holder: String,
+    /// The URL the holder advertises: followers forward writes there.
+    pub url: String,
+    /// Grows by one whenever the lease is acquired.
+    pub epoch: u64,
+    /// When it was acquired and when it expires, ms since the epoch by the database's clock.
+    pub acquired_at: i64,
+    pub expires_at: i64,
+    /// `expires_at` minus the database's clock when read: positive while the lease is valid.
+    pub remaining_ms: i64,
+}
+
+impl LeaseRecord {
+    /// Whether the lease had not expired when it was read.
+    pub fn valid(&self) -> bool {
+        self.remaining_ms > 0
+    }
+}
+
+/// A replica of the control plane, as its heartbeats record it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaRecord {
+    pub id: String,
+    /// The URL it advertises.
+    pub url: String,
+    /// Its version of Tessera.
+    pub version: String,
+    /// When it started, ms since the epoch (its own clock).
+    pub started_at: i64,
+    /// Its last heartbeat by the database's clock (set by the store).
+    pub last_seen: i64,
+    /// Milliseconds since that heartbeat by the database's clock when read (set by the store).
+    pub age_ms: i64,
 }
 
 /// What [`WorkloadStore::list_workloads`] returns.
@@ -269,10 +335,41 @@ pub trait AuditStore: Send + Sync {
     async fn audit(&self, tenant: Option<&str>, before: Option<u64>, limit: u32) -> Result<Vec<AuditRecord>>;
 }
 
+/// Leader election among replicas sharing the database, and their heartbeats.
+///
+/// One row holds the lease: its holder, the URL it advertises, an epoch that grows on every
+/// acquisition, and its expiry. Every time is the database's clock, so replicas' clocks need
+/// not agree. A holder keeps the lease by renewing it before it expires; a lease that expired
+/// (its holder died, paused or lost the database) may be acquired by any replica, with the
+/// next epoch. Batches fenced with an older epoch are refused ([`Change::Fence`]).
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// Acquires the lease for `holder` (advertising `url`) for `ttl_ms`, if nobody holds it or
+    /// it has expired: returns the new epoch, or `None` when another holder's lease is valid
+    /// (or `holder`'s own: it renews instead). Of replicas racing, exactly one wins.
+    async fn acquire_lease(&self, holder: &str, url: &str, ttl_ms: u64) -> Result<Option<u64>>;
+    /// Extends the lease `holder` holds with `epoch` to `ttl_ms` from now; `false` (and
+    /// nothing changes) if it has expired or another replica acquired it since.
+    async fn renew_lease(&self, holder: &str, epoch: u64, ttl_ms: u64) -> Result<bool>;
+    /// Gives the lease up (it expires now) if `holder` holds it with `epoch`.
+    async fn release_lease(&self, holder: &str, epoch: u64) -> Result<()>;
+    /// The lease, valid or not; `None` if it was never acquired.
+    async fn lease(&self) -> Result<Option<LeaseRecord>>;
+    /// Records a heartbeat of a replica (its `last_seen` and `age_ms` are ignored).
+    async fn heartbeat(&self, r: &ReplicaRecord) -> Result<()>;
+    /// Every replica that sent a heartbeat and was not pruned, by id.
+    async fn replicas(&self) -> Result<Vec<ReplicaRecord>>;
+    /// Forgets replicas silent for more than `idle_ms`; returns how many.
+    async fn prune_replicas(&self, idle_ms: u64) -> Result<u64>;
+}
+
 /// Everything the control plane needs from its database.
 pub trait Store:
-    TenancyStore + TokenStore + WorkloadStore + LedgerStore + GovernanceStore + AuditStore + 'static
+    TenancyStore + TokenStore + WorkloadStore + LedgerStore + GovernanceStore + AuditStore + LeaseStore + 'static
 {
 }
 
-impl<T: TenancyStore + TokenStore + WorkloadStore + LedgerStore + GovernanceStore + AuditStore + 'static> Store for T {}
+impl<T: TenancyStore + TokenStore + WorkloadStore + LedgerStore + GovernanceStore + AuditStore + LeaseStore + 'static>
+    Store for T
+{
+}
