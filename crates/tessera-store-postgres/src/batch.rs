@@ -1,0 +1,169 @@
+//! The lifecycle batch ([`WorkloadStore::commit`](tessera_store::WorkloadStore::commit)) in
+//! few statements.
+//!
+//! A batch of the lifecycle loop holds, per workload, an insert or an update with a few events,
+//! sometimes a usage interval opened or closed and an audit record; what a commit costs is set
+//! by how many statements it runs, not by how much data it writes. So the batch is grouped by
+//! kind of row — new workloads, idempotency keys, workload updates, events, intervals opened,
+//! intervals closed, audit records — and each group is written with multi-row statements
+//! ([`crate::rows`]), in one transaction.
+//!
+//! Grouping reorders the changes, which is only sound where order cannot matter. Within one
+//! group it does not (rows of a group are independent; several updates of one workload
+//! coalesce into the last, which is what applying them in turn leaves). Across groups, inserts
+//! go before updates and opens before closes, so an update may follow the insert of its
+//! workload and a close the open of its interval. The reverse orders — an update before the
+//! insert of its workload, a close before the open of its interval — cannot succeed in order
+//! (either the first change finds nothing, or the second finds its key taken), and grouped
+//! they could; such batches are applied one change at a time instead.
+//!
+//! A multi-row statement cannot say which of its rows failed, and when several changes of a
+//! batch are wrong the contract reports the first. So a grouped batch that fails because of
+//! its contents (`Conflict`, `Corrupt`) is rolled back and applied again one change at a time,
+//! in order: that run fails at the first wrong change, with its name, exactly as a batch always
+//! did. (Should another process have changed the database in between so that the batch now
+//! fits, that run commits it, which is as correct.) `Unavailable` is returned as it is.
+//!
+//! A batch's fences ([`Change::Fence`]) are checked first in either run, inside the
+//! transaction: the check locks the lease row (`FOR SHARE`) until the transaction ends, so the
+//! lease cannot change hands before the batch commits.
+//!
+//! A failed statement aborts a PostgreSQL transaction; the one-change-at-a-time run starts a
+//! new one after the rollback, as in SQLite.
+
+use std::collections::{HashMap, HashSet};
+
+use tessera_domain::{Event, Workload, WorkloadId};
+use tessera_store::{AuditRecord, Change, Fence, IdempotencyKey, Result, StoreError, UsageInterval};
+
+use crate::ledger::{self, Close};
+use crate::{PgStore, audit, db, lease, workloads};
+
+/// Commits `batch` in one transaction.
+pub(crate) async fn commit(store: &PgStore, batch: &[Change]) -> Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let fences: Vec<&Fence> = batch
+        .iter()
+        .filter_map(|c| match c {
+            Change::Fence(f) => Some(f),
+            _ => None,
+        })
+        .collect();
+    if let Some(plan) = Plan::grouped(batch) {
+        let mut tx = store.begin_write().await?;
+        lease::check_fences(&mut tx, &fences).await?;
+        match plan.write(&mut tx).await {
+            Ok(()) => return tx.commit().await.map_err(db),
+            Err(e @ (StoreError::Unavailable(_) | StoreError::Fenced(_) | StoreError::Incompatible(_))) => {
+                return Err(e);
+            }
+            Err(StoreError::Conflict(_) | StoreError::Corrupt(_)) => tx.rollback().await.map_err(db)?,
+        }
+    }
+    let mut tx = store.begin_write().await?;
+    lease::check_fences(&mut tx, &fences).await?;
+    for change in batch {
+        Plan::new(std::slice::from_ref(change)).write(&mut tx).await?;
+    }
+    tx.commit().await.map_err(db)
+}
+
+/// The rows a batch writes, grouped by kind, each group in batch order.
+#[derive(Debug, Default)]
+struct Plan<'b> {
+    /// New workloads and their `updated_at`.
+    inserts: Vec<(&'b Workload, i64)>,
+    keys: Vec<(&'b IdempotencyKey, WorkloadId, i64)>,
+    /// Updated workloads and their `updated_at`, one per workload: its last update.
+    updates: Vec<(&'b Workload, i64)>,
+    events: Vec<(WorkloadId, &'b Event)>,
+    opens: Vec<&'b UsageInterval>,
+    closes: Vec<Close>,
+    audit: Vec<&'b AuditRecord>,
+}
+
+impl<'b> Plan<'b> {
+    /// The plan of `batch`, or `None` when grouping would change what it does: an update before
+    /// the insert of its workload, or a close before the open of its interval.
+    fn grouped(batch: &'b [Change]) -> Option<Plan<'b>> {
+        let mut updated = HashSet::new();
+        let mut closed = HashSet::new();
+        for change in batch {
+            match change {
+                Change::Insert { workload, .. } if updated.contains(&workload.id) => return None,
+                Change::Update { workload, .. } => {
+                    updated.insert(workload.id);
+                }
+                Change::OpenUsage(u) if closed.contains(&(u.workload, u.seq)) => return None,
+                Change::CloseUsage { workload, seq, .. } => {
+                    closed.insert((*workload, *seq));
+                }
+                _ => {}
+            }
+        }
+        Some(Plan::new(batch))
+    }
+
+    /// The plan of `batch`, whatever its order.
+    fn new(batch: &'b [Change]) -> Plan<'b> {
+        let mut plan = Plan::default();
+        // Where each workload's update is in `plan.updates`, so that a later one replaces it.
+        let mut update_of: HashMap<WorkloadId, usize> = HashMap::new();
+        for change in batch {
+            match change {
+                Change::Insert {
+                    workload,
+                    events,
+                    idempotency,
+                } => {
+                    plan.inserts.push((workload, workloads::updated_at(workload, events)));
+                    if let Some(k) = idempotency {
+                        plan.keys.push((k, workload.id, workload.created_at));
+                    }
+                    plan.events.extend(events.iter().map(|e| (workload.id, e)));
+                }
+                Change::Update { workload, events } => {
+                    let row = (workload, workloads::updated_at(workload, events));
+                    match update_of.get(&workload.id) {
+                        Some(&i) => plan.updates[i] = row,
+                        None => {
+                            update_of.insert(workload.id, plan.updates.len());
+                            plan.updates.push(row);
+                        }
+                    }
+                    plan.events.extend(events.iter().map(|e| (workload.id, e)));
+                }
+                Change::OpenUsage(u) => plan.opens.push(u),
+                Change::CloseUsage {
+                    workload,
+                    seq,
+                    ended_at,
+                    util_avg,
+                } => plan.closes.push(Close {
+                    workload: *workload,
+                    seq: *seq,
+                    ended_at: *ended_at,
+                    util_avg: *util_avg,
+                }),
+                Change::Audit(a) => plan.audit.push(a),
+                // Checked before the plan is written (see `commit`).
+                Change::Fence(_) => {}
+            }
+        }
+        plan
+    }
+
+    /// Writes the plan inside the caller's transaction (an empty group runs no statement).
+    async fn write(&self, conn: &mut sqlx::PgConnection) -> Result<()> {
+        workloads::insert_workloads(conn, &self.inserts).await?;
+        workloads::insert_idempotency_keys(conn, &self.keys).await?;
+        workloads::update_workloads(conn, &self.updates).await?;
+        workloads::insert_events(conn, &self.events).await?;
+        ledger::open(conn, &self.opens).await?;
+        ledger::close(conn, &self.closes).await?;
+        audit::append(conn, &self.audit).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,258 @@
+//! # tessera-store-postgres
+//!
+//! Tessera's shared store: [`PgStore`] implements every trait of the `tessera-store` contract
+//! on PostgreSQL with sqlx, and passes its conformance suite. It is what several `tessera serve`
+//! replicas point at (`--database postgres://…`); they elect their leader through the lease
+//! row ([`tessera_store::LeaseStore`]) and the leader fences its lifecycle batches with its
+//! epoch.
+//!
+//! The connection pool ([`PgOptions`]) bounds how long a caller waits for a connection, and
+//! every session runs with a `statement_timeout` and an `idle_in_transaction_session_timeout`
+//! (set as startup options, so no statement runs without them): a database that stops
+//! answering yields [`StoreError::Unavailable`] within seconds instead of a request that hangs,
+//! and a client paused inside a transaction cannot hold its locks (the leader lease among
+//! them) for ever. [`PgStore::connect`] says plainly when the database cannot be reached and
+//! refuses a database whose schema a newer Tessera wrote ([`StoreError::Incompatible`]).
+//!
+//! ## Its own migration set
+//!
+//! `migrations/` has the same tables, columns, keys and numbering (0001–0005) as the SQLite
+//! store's, and differs where PostgreSQL must:
+//!
+//! * **types** — SQLite's `INTEGER` is 64 bits, PostgreSQL's is 32, and sqlx decodes a
+//!   PostgreSQL column only into a Rust type of its exact width; every integer column is
+//!   `BIGINT` here so that both stores read and bind `i64` alike. Keys and names that the store
+//!   orders and pages by are `COLLATE "C"`: byte order, as SQLite compares, whatever locale the
+//!   database was created with.
+//! * **upserts and clocks** — `ON CONFLICT … DO UPDATE` is the same in both, but what "now" is
+//!   differs (`clock_timestamp()` here, `julianday('now')` there), so the lease's statements
+//!   live in each store's code rather than in shared SQL.
+//!
+//! Schema version 1 kept each workload as a JSON document; PostgreSQL support arrived after
+//! version 4, so no PostgreSQL database holds such rows and this store has no conversion of
+//! them (migration 0004 keeps the empty `workloads_v1` table only so that both schemas have the
+//! same shape).
+//!
+//! Statements are those of the SQLite store with numbered placeholders; a lifecycle batch is
+//! written group by group in multi-row statements ([`rows`]) in one transaction.
+
+mod audit;
+mod batch;
+mod governance;
+mod lease;
+mod ledger;
+mod rows;
+mod tenancy;
+mod tokens;
+mod workloads;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{ConnectOptions, Connection, Postgres, Row, Transaction};
+use tessera_store::{Result, StoreError};
+
+/// The migrations of the store's schema, applied on connecting.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// How the store uses the database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgOptions {
+    /// Connections in the pool.
+    pub max_connections: u32,
+    /// How long an operation waits for a connection before failing with `Unavailable`.
+    pub acquire_timeout: Duration,
+    /// The server cancels a statement running longer than this.
+    pub statement_timeout: Duration,
+    /// The server ends a session idle inside a transaction for longer than this.
+    pub idle_in_transaction_timeout: Duration,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(3),
+            statement_timeout: Duration::from_secs(5),
+            idle_in_transaction_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The contract of `tessera-store` on a PostgreSQL database.
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: PgPool,
+    /// `host:port/database`, for messages (never the password).
+    target: String,
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user:password@host:port/database?…`) with the default
+    /// [`PgOptions`] and applies the migrations.
+    pub async fn connect(url: &str) -> Result<PgStore> {
+        Self::connect_with(url, &PgOptions::default()).await
+    }
+
+    /// Connects to `url` with `options` and applies the migrations.
+    pub async fn connect_with(url: &str, options: &PgOptions) -> Result<PgStore> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(StoreError::Unavailable(
+                "the database URL is not a PostgreSQL URL: it must start with postgres:// or postgresql://".into(),
+            ));
+        }
+        let opts = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Unavailable(format!("the database URL is not a PostgreSQL URL: {e}")))?;
+        let target = format!(
+            "{}:{}/{}",
+            opts.get_host(),
+            opts.get_port(),
+            opts.get_database().unwrap_or("")
+        );
+        let opts = opts
+            .application_name("tessera")
+            .options([
+                ("statement_timeout", options.statement_timeout.as_millis().to_string()),
+                (
+                    "idle_in_transaction_session_timeout",
+                    options.idle_in_transaction_timeout.as_millis().to_string(),
+                ),
+            ])
+            .log_statements(tracing::log::LevelFilter::Trace);
+        // One connection first, to report why the database cannot be reached (the pool would
+        // only say that it timed out).
+        let unreachable = |e: &dyn std::fmt::Display| {
+            StoreError::Unavailable(format!("cannot connect to PostgreSQL at {target}: {e}"))
+        };
+        match tokio_timeout(options.acquire_timeout, opts.connect()).await {
+            Some(Ok(c)) => {
+                let _ = c.close().await;
+            }
+            Some(Err(e)) => return Err(unreachable(&e)),
+            None => return Err(unreachable(&format!("no answer within {:?}", options.acquire_timeout))),
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .min_connections(1)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(opts)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        check_schema(&pool).await?;
+        MIGRATOR.run(&pool).await.map_err(|e| match e {
+            sqlx::migrate::MigrateError::Execute(e) => db(e),
+            other => StoreError::Corrupt(format!("schema migrations: {other}")),
+        })?;
+        Ok(PgStore { pool, target })
+    }
+
+    /// `host:port/database` of the database (no credentials).
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Closes the pool's connections.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Begins a transaction that writes. PostgreSQL's row locks do what SQLite's `BEGIN
+    /// IMMEDIATE` does there: the `sequences` rows serialise the appenders of audit records, a
+    /// fence's `FOR SHARE` keeps the lease, `FOR UPDATE` keeps a tenant from changing.
+    async fn begin_write(&self) -> Result<Transaction<'static, Postgres>> {
+        self.pool.begin().await.map_err(db)
+    }
+}
+
+/// `fut`, or `None` when it takes longer than `limit`.
+async fn tokio_timeout<F: std::future::Future>(limit: Duration, fut: F) -> Option<F::Output> {
+    tokio::time::timeout(limit, fut).await.ok()
+}
+
+/// Refuses a database whose applied migrations include versions this binary does not know: a
+/// newer Tessera upgraded it, and this one would misread what it wrote.
+async fn check_schema(pool: &PgPool) -> Result<()> {
+    let exists: bool = sqlx::query("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await
+        .map_err(db)?
+        .try_get(0)
+        .map_err(db)?;
+    if !exists {
+        return Ok(());
+    }
+    let applied: Vec<i64> = sqlx::query("SELECT version FROM _sqlx_migrations ORDER BY version")
+        .fetch_all(pool)
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| r.try_get(0).map_err(db))
+        .collect::<Result<_>>()?;
+    let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+    let unknown: Vec<i64> = applied.iter().copied().filter(|v| !known.contains(v)).collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::Incompatible(format!(
+        "the database's schema has version {} applied, which this Tessera ({}) does not know (it knows up \
+         to {}): a newer Tessera upgraded it; run that version or a newer one",
+        unknown.iter().map(i64::to_string).collect::<Vec<_>>().join(", "),
+        env!("CARGO_PKG_VERSION"),
+        known.iter().max().copied().unwrap_or(0)
+    )))
+}
+
+/// A database error, classified for the contract. Unique-key violations say what exists.
+fn db_error(e: sqlx::Error, what: impl FnOnce() -> String) -> StoreError {
+    match &e {
+        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict(what()),
+        // SQLSTATE class XX: data_corrupted, index_corrupted.
+        sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("XX0")) => {
+            StoreError::Corrupt(e.to_string())
+        }
+        sqlx::Error::RowNotFound
+        | sqlx::Error::TypeNotFound { .. }
+        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_) => StoreError::Corrupt(e.to_string()),
+        // Timeouts (57014), connections lost (08…), the server shutting down (57P…),
+        // serialisation failures and deadlocks (40…): the operation may succeed if retried.
+        _ => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+/// A database error of an operation that violates no unique key of its own.
+fn db(e: sqlx::Error) -> StoreError {
+    db_error(e, || "a row".into())
+}
+
+/// A column of `row`, or `Corrupt` naming it.
+fn col<'r, T>(row: &'r PgRow, name: &str) -> Result<T>
+where
+    T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    row.try_get(name)
+        .map_err(|e| StoreError::Corrupt(format!("column `{name}`: {e}")))
+}
+
+/// An integer column narrowed to the type the record uses, or `Corrupt` naming it.
+fn narrow<T: TryFrom<i64>>(value: i64, name: &str) -> Result<T> {
+    T::try_from(value).map_err(|_| StoreError::Corrupt(format!("column `{name}`: {value} is out of range")))
+}
+
+/// An integer column narrowed, when present.
+fn narrow_opt<T: TryFrom<i64>>(value: Option<i64>, name: &str) -> Result<Option<T>> {
+    value.map(|v| narrow(v, name)).transpose()
+}
+
+// Unsigned 64-bit values (ids, milli-units, MiB) are stored in signed BIGINT columns, as in the
+// SQLite store.
+fn i64_of(v: u64) -> i64 {
+    v as i64
+}
+
+fn u64_of(v: i64) -> u64 {
+    v as u64
+}

@@ -1,0 +1,169 @@
+//! Tenants and projects ([`TenancyStore`]).
+
+use async_trait::async_trait;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+use tessera_store::{ProjectRecord, Result, TenancyStore, TenantRecord};
+
+use crate::{PgStore, col, db, db_error};
+
+fn tenant_row(r: &PgRow) -> Result<TenantRecord> {
+    Ok(TenantRecord {
+        name: col(r, "name")?,
+        display_name: col(r, "display_name")?,
+        created_at: col(r, "created_at")?,
+    })
+}
+
+fn project_row(r: &PgRow) -> Result<ProjectRecord> {
+    Ok(ProjectRecord {
+        tenant: col(r, "tenant")?,
+        name: col(r, "name")?,
+        created_at: col(r, "created_at")?,
+    })
+}
+
+#[async_trait]
+impl TenancyStore for PgStore {
+    async fn create_tenant(&self, t: &TenantRecord) -> Result<()> {
+        sqlx::query("INSERT INTO tenants (name, display_name, created_at) VALUES ($1, $2, $3)")
+            .bind(&t.name)
+            .bind(&t.display_name)
+            .bind(t.created_at)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_error(e, || format!("tenant `{}`", t.name)))?;
+        Ok(())
+    }
+
+    async fn get_tenant(&self, name: &str) -> Result<Option<TenantRecord>> {
+        let row = sqlx::query("SELECT name, display_name, created_at FROM tenants WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.as_ref().map(tenant_row).transpose()
+    }
+
+    async fn list_tenants(&self, after: Option<&str>, limit: u32) -> Result<Vec<TenantRecord>> {
+        let rows = sqlx::query(
+            "SELECT name, display_name, created_at FROM tenants WHERE ($1 IS NULL OR name > $1) ORDER BY name LIMIT $2",
+        )
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter().map(tenant_row).collect()
+    }
+
+    async fn delete_tenant(&self, name: &str) -> Result<bool> {
+        let mut tx = self.begin_write().await?;
+        // The row lock keeps projects and tokens from being added meanwhile (their foreign keys
+        // wait for it).
+        let exists = sqlx::query("SELECT name FROM tenants WHERE name = $1 FOR UPDATE")
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?;
+        if exists.is_none() {
+            tx.rollback().await.map_err(db)?;
+            return Ok(false);
+        }
+        let in_use: i64 = sqlx::query(
+            "SELECT (SELECT COUNT(*) FROM projects WHERE tenant = $1) \
+             + (SELECT COUNT(*) FROM workloads WHERE tenant = $1) \
+             + (SELECT COUNT(*) FROM api_tokens WHERE tenant = $1)",
+        )
+        .bind(name)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?
+        .try_get(0)
+        .map_err(db)?;
+        if in_use > 0 {
+            tx.rollback().await.map_err(db)?;
+            return Ok(false);
+        }
+        // Quotas and the budget are the tenant's configuration, not its data: they go with it
+        // (their foreign keys would refuse the delete otherwise).
+        sqlx::query("DELETE FROM quotas WHERE tenant = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        sqlx::query("DELETE FROM budgets WHERE tenant = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        let deleted = sqlx::query("DELETE FROM tenants WHERE name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?
+            .rows_affected();
+        tx.commit().await.map_err(db)?;
+        Ok(deleted > 0)
+    }
+
+    async fn create_project(&self, p: &ProjectRecord) -> Result<()> {
+        sqlx::query("INSERT INTO projects (tenant, name, created_at) VALUES ($1, $2, $3)")
+            .bind(&p.tenant)
+            .bind(&p.name)
+            .bind(p.created_at)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_error(e, || format!("project `{}` of tenant `{}`", p.name, p.tenant)))?;
+        Ok(())
+    }
+
+    async fn get_project(&self, tenant: &str, name: &str) -> Result<Option<ProjectRecord>> {
+        let row = sqlx::query("SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND name = $2")
+            .bind(tenant)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.as_ref().map(project_row).transpose()
+    }
+
+    async fn list_projects(&self, tenant: &str, after: Option<&str>, limit: u32) -> Result<Vec<ProjectRecord>> {
+        let rows = sqlx::query(
+            "SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND ($2 IS NULL OR name > $2) \
+             ORDER BY name LIMIT $3",
+        )
+        .bind(tenant)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter().map(project_row).collect()
+    }
+
+    async fn delete_project(&self, tenant: &str, name: &str) -> Result<bool> {
+        let mut tx = self.begin_write().await?;
+        let in_use: i64 = sqlx::query("SELECT COUNT(*) FROM workloads WHERE tenant = $1 AND project = $2")
+            .bind(tenant)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db)?
+            .try_get(0)
+            .map_err(db)?;
+        if in_use > 0 {
+            tx.rollback().await.map_err(db)?;
+            return Ok(false);
+        }
+        let deleted = sqlx::query("DELETE FROM projects WHERE tenant = $1 AND name = $2")
+            .bind(tenant)
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?
+            .rows_affected();
+        tx.commit().await.map_err(db)?;
+        Ok(deleted > 0)
+    }
+}

@@ -1,0 +1,625 @@
+//! Workloads in typed columns, their timelines and idempotency keys ([`WorkloadStore`]), and
+//! the multi-row statements with which a lifecycle batch writes them (see [`crate::batch`]).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::LazyLock;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use sqlx::Row;
+use sqlx::postgres::{PgConnection, PgRow};
+use tessera_domain::{
+    Event, GpuSpec, Kind, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step, StopCause,
+    UsageCursor, Workload, WorkloadId, WorkloadSpec,
+};
+use tessera_model::GpuUnits;
+use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
+
+use crate::rows::{self, MultiRow, Query};
+use crate::{PgStore, batch, col, db, db_error, i64_of, narrow, narrow_opt, u64_of};
+
+/// The columns of `workloads` written only on insert, in the order [`bind_spec`] binds them.
+macro_rules! spec_columns {
+    () => {
+        "id, tenant, project, name, kind, gpus, mig_profile, fraction_milli, fraction_memory_mib, shape_models, \
+         shape_pool, cpu_milli, memory_mib, duration_s, command, image, env, priority, no_wait, no_requeue, \
+         units_milli, created_at"
+    };
+}
+
+/// The columns of `workloads` an update writes too, in the order [`bind_lifecycle`] binds them.
+macro_rules! lifecycle_columns {
+    () => {
+        "phase, reason_code, reason_detail, borrowing, running_at, ended_at, updated_at, stop_kind, stop_by, \
+         stop_detail, next_event_seq, usage_seq, usage_open, p_pool, p_node, p_model, p_gpus, p_slice, \
+         p_mig_profile, p_mig_profile_id, p_mig_start, p_mig_size, p_fraction_milli, p_gpu_memory_mib, p_units_milli"
+    };
+}
+
+/// Every column of `workloads`, in the order an insert binds them.
+macro_rules! columns {
+    () => {
+        concat!(spec_columns!(), ", ", lifecycle_columns!())
+    };
+}
+
+/// The names in a column list.
+fn names(list: &'static str) -> impl Iterator<Item = &'static str> {
+    list.split(',').map(str::trim)
+}
+
+/// Inserts workloads: every column.
+static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
+    MultiRow::new(
+        concat!("INSERT INTO workloads (", columns!(), ") VALUES "),
+        names(columns!()).count(),
+        "",
+    )
+});
+
+/// Updates workloads: the id, then the lifecycle columns, of each row in `v`.
+// The rows go through a common table expression, as in the SQLite store; the columns of `v`
+// take the types sqlx declares for the bound values (see `crate::rows`), so `workloads.id =
+// v.id` compares integers without casts.
+static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
+    let set: Vec<String> = names(lifecycle_columns!()).map(|c| format!("{c} = v.{c}")).collect();
+    MultiRow::new(
+        concat!("WITH v (id, ", lifecycle_columns!(), ") AS (VALUES "),
+        1 + names(lifecycle_columns!()).count(),
+        &format!(
+            ") UPDATE workloads SET {} FROM v WHERE workloads.id = v.id",
+            set.join(", ")
+        ),
+    )
+});
+
+static INSERT_EVENTS: LazyLock<MultiRow> = LazyLock::new(|| {
+    MultiRow::new(
+        "INSERT INTO workload_events (workload_id, seq, step, at, detail, code) VALUES ",
+        6,
+        "",
+    )
+});
+
+static INSERT_KEYS: LazyLock<MultiRow> = LazyLock::new(|| {
+    MultiRow::new(
+        "INSERT INTO idempotency_keys (actor, key, request_hash, workload_id, created_at) VALUES ",
+        5,
+        "",
+    )
+});
+
+/// `SELECT` of every workload column, then `$rest`.
+macro_rules! select {
+    ($rest:literal) => {
+        concat!("SELECT ", columns!(), " FROM workloads ", $rest)
+    };
+}
+
+// The three shapes of a listing take the same parameters: $1 tenant, $2 project, $3 before,
+// $4 the number of phases asked for (0 = any), $5..$14 the phases (unused ones NULL, which
+// matches nothing), $15 the limit. The shapes with a known tenant (and project) let the planner
+// walk the `(tenant, id)` and `(tenant, project, id)` indexes newest first instead of every row.
+macro_rules! list_tail {
+    () => {
+        "AND id < $3 AND ($4 = 0 OR phase IN ($5, $6, $7, $8, $9, $10, $11, $12, $13, $14)) \
+         ORDER BY id DESC LIMIT $15"
+    };
+}
+const LIST_ANY_TENANT: &str = concat!(
+    select!("WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR project = $2) "),
+    list_tail!()
+);
+const LIST_TENANT: &str = concat!(
+    select!("WHERE tenant = $1 AND ($2 IS NULL OR project = $2) "),
+    list_tail!()
+);
+const LIST_PROJECT: &str = concat!(select!("WHERE tenant = $1 AND project = $2 "), list_tail!());
+/// As many phases as a listing can ask for.
+const PHASE_SLOTS: usize = 10;
+
+/// The phases that are not terminal, as `active_workloads` selects them (an `IN` list the
+/// `(phase, id)` index serves, where `NOT IN` would scan every row).
+const ACTIVE: &str =
+    select!("WHERE phase IN ('pending', 'queued', 'placed', 'partitioned', 'running', 'stopping') ORDER BY id");
+
+fn corrupt(id: WorkloadId, what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("workload {id}: {what}"))
+}
+
+/// Serialises strings, lists and maps of strings (which cannot fail).
+fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("lists and maps of strings always serialise")
+}
+
+fn from_json<T: DeserializeOwned>(id: WorkloadId, column: &str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| corrupt(id, format_args!("column `{column}`: {e}")))
+}
+
+/// GPU indexes as a bit mask (bit i: GPU i).
+fn gpu_mask(id: WorkloadId, gpus: &[u8]) -> Result<i64> {
+    let mut mask = 0u64;
+    for &g in gpus {
+        if g >= 64 {
+            return Err(corrupt(id, format_args!("GPU index {g} cannot be stored (0 to 63)")));
+        }
+        mask |= 1 << g;
+    }
+    Ok(mask as i64)
+}
+
+fn gpus_of(mask: i64) -> Vec<u8> {
+    (0..64u8).filter(|&g| (mask as u64) >> g & 1 == 1).collect()
+}
+
+/// The latest time the record knows, for `updated_at` (bookkeeping only; nothing reads it).
+pub(crate) fn updated_at(w: &Workload, events: &[Event]) -> i64 {
+    let known = [Some(w.created_at), w.running_at, w.ended_at]
+        .into_iter()
+        .flatten()
+        .max();
+    events.iter().map(|e| e.at).chain(known).max().unwrap_or(w.created_at)
+}
+
+/// Binds the insert-only columns (`id` to `created_at`).
+fn bind_spec<'q>(q: Query<'q>, w: &Workload) -> Query<'q> {
+    let s = &w.spec;
+    let (gpus, mig_profile, fraction_milli, fraction_memory_mib) = match &s.shape.gpu {
+        GpuSpec::Whole { gpus } => (Some(i64::from(*gpus)), None, None, None),
+        GpuSpec::Mig { profile } => (None, Some(profile.as_str()), None, None),
+        GpuSpec::Fraction { milli, memory_mib } => (None, None, Some(i64::from(*milli)), memory_mib.map(i64::from)),
+    };
+    q.bind(i64_of(w.id.0))
+        .bind(&s.tenant)
+        .bind(&s.project)
+        .bind(&s.name)
+        .bind(s.kind.as_str())
+        .bind(gpus)
+        .bind(mig_profile)
+        .bind(fraction_milli)
+        .bind(fraction_memory_mib)
+        .bind(json(&s.shape.models))
+        .bind(&s.shape.pool)
+        .bind(i64_of(s.cpu_milli))
+        .bind(i64_of(s.memory_mib))
+        .bind(s.duration_s.map(i64_of))
+        .bind(s.command.as_ref().map(json))
+        .bind(&s.image)
+        .bind(json(&s.env))
+        .bind(&s.priority)
+        .bind(s.no_wait)
+        .bind(s.no_requeue)
+        .bind(i64_of(w.units.as_milli()))
+        .bind(w.created_at)
+}
+
+/// Binds the columns an update writes (`phase` to `p_units_milli`).
+fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Query<'q>> {
+    let (stop_kind, stop_by, stop_detail) = match &w.stop {
+        None => (None, None, None),
+        Some(StopCause::Cancelled { by }) => (Some("cancel"), Some(by.clone()), None),
+        Some(StopCause::Preempted { by, code, detail }) => {
+            (Some(code.as_str()), Some(by.to_string()), Some(detail.as_str()))
+        }
+    };
+    let p = w.placement.as_ref();
+    let gpus = p.map(|p| gpu_mask(w.id, &p.gpus)).transpose()?;
+    let (mig_profile, mig_profile_id, mig_start, mig_size) = match p.map(|p| &p.slice) {
+        Some(Slice::Mig {
+            profile,
+            profile_id,
+            start,
+            size,
+        }) => (
+            Some(profile.as_str()),
+            Some(i64::from(*profile_id)),
+            Some(i64::from(*start)),
+            Some(i64::from(*size)),
+        ),
+        _ => (None, None, None, None),
+    };
+    let (fraction_milli, gpu_memory_mib) = match p.map(|p| &p.slice) {
+        Some(Slice::Fraction { milli, gpu_memory_mib }) => (Some(i64::from(*milli)), gpu_memory_mib.map(i64::from)),
+        _ => (None, None),
+    };
+    Ok(q.bind(w.phase.as_str())
+        .bind(w.reason.as_ref().map(|r| r.code.as_str()))
+        .bind(w.reason.as_ref().map(|r| r.detail.as_str()))
+        .bind(w.borrowing)
+        .bind(w.running_at)
+        .bind(w.ended_at)
+        .bind(updated_at)
+        .bind(stop_kind)
+        .bind(stop_by)
+        .bind(stop_detail)
+        .bind(i64::from(w.next_seq))
+        .bind(i64::from(w.usage.seq))
+        .bind(w.usage.open)
+        .bind(p.map(|p| p.pool.as_str()))
+        .bind(p.map(|p| p.node.as_str()))
+        .bind(p.map(|p| p.model.as_str()))
+        .bind(gpus)
+        .bind(p.map(|p| p.slice.kind()))
+        .bind(mig_profile)
+        .bind(mig_profile_id)
+        .bind(mig_start)
+        .bind(mig_size)
+        .bind(fraction_milli)
+        .bind(gpu_memory_mib)
+        .bind(p.map(|p| i64_of(p.units.as_milli()))))
+}
+
+/// A workload from its row.
+fn workload_row(r: &PgRow) -> Result<Workload> {
+    let id = WorkloadId(u64_of(col(r, "id")?));
+    let gpu = match (
+        col::<Option<i64>>(r, "gpus")?,
+        col::<Option<String>>(r, "mig_profile")?,
+        col::<Option<i64>>(r, "fraction_milli")?,
+    ) {
+        (Some(gpus), None, None) => GpuSpec::Whole {
+            gpus: narrow(gpus, "gpus")?,
+        },
+        (None, Some(profile), None) => GpuSpec::Mig { profile },
+        (None, None, Some(milli)) => GpuSpec::Fraction {
+            milli: narrow(milli, "fraction_milli")?,
+            memory_mib: narrow_opt(col(r, "fraction_memory_mib")?, "fraction_memory_mib")?,
+        },
+        _ => {
+            return Err(corrupt(
+                id,
+                "exactly one of gpus, mig_profile and fraction_milli must be set",
+            ));
+        }
+    };
+    let kind: String = col(r, "kind")?;
+    let command: Option<String> = col(r, "command")?;
+    let spec = WorkloadSpec {
+        tenant: col(r, "tenant")?,
+        project: col(r, "project")?,
+        name: col(r, "name")?,
+        kind: Kind::parse(&kind).ok_or_else(|| corrupt(id, format_args!("unknown kind `{kind}`")))?,
+        shape: ShapeSpec {
+            gpu,
+            models: from_json(id, "shape_models", &col::<String>(r, "shape_models")?)?,
+            pool: col(r, "shape_pool")?,
+        },
+        cpu_milli: u64_of(col(r, "cpu_milli")?),
+        memory_mib: u64_of(col(r, "memory_mib")?),
+        duration_s: col::<Option<i64>>(r, "duration_s")?.map(u64_of),
+        command: command.map(|c| from_json(id, "command", &c)).transpose()?,
+        image: col(r, "image")?,
+        env: from_json::<BTreeMap<String, String>>(id, "env", &col::<String>(r, "env")?)?,
+        priority: col(r, "priority")?,
+        no_wait: col(r, "no_wait")?,
+        no_requeue: col(r, "no_requeue")?,
+    };
+    let phase: String = col(r, "phase")?;
+    let reason = match (
+        col::<Option<String>>(r, "reason_code")?,
+        col::<Option<String>>(r, "reason_detail")?,
+    ) {
+        (None, None) => None,
+        (Some(code), Some(detail)) => Some(Reason::new(
+            ReasonCode::parse(&code).ok_or_else(|| corrupt(id, format_args!("unknown reason code `{code}`")))?,
+            detail,
+        )),
+        _ => return Err(corrupt(id, "a reason needs both its code and its detail")),
+    };
+    let stop = match col::<Option<String>>(r, "stop_kind")?.as_deref() {
+        None => None,
+        Some("cancel") => Some(StopCause::Cancelled {
+            by: col::<Option<String>>(r, "stop_by")?.ok_or_else(|| corrupt(id, "a cancellation without `stop_by`"))?,
+        }),
+        Some(kind) => {
+            let code =
+                PreemptCode::parse(kind).ok_or_else(|| corrupt(id, format_args!("unknown stop kind `{kind}`")))?;
+            let by: Option<String> = col(r, "stop_by")?;
+            let by = by
+                .and_then(|b| b.parse().ok())
+                .ok_or_else(|| corrupt(id, "a preemption needs the preempting workload's id in `stop_by`"))?;
+            Some(StopCause::Preempted {
+                by: WorkloadId(by),
+                code,
+                detail: col::<Option<String>>(r, "stop_detail")?
+                    .ok_or_else(|| corrupt(id, "a preemption without `stop_detail`"))?,
+            })
+        }
+    };
+    Ok(Workload {
+        id,
+        spec,
+        units: GpuUnits(u64_of(col(r, "units_milli")?)),
+        phase: Phase::parse(&phase).ok_or_else(|| corrupt(id, format_args!("unknown phase `{phase}`")))?,
+        reason,
+        placement: placement_row(id, r)?,
+        borrowing: col(r, "borrowing")?,
+        created_at: col(r, "created_at")?,
+        running_at: col(r, "running_at")?,
+        ended_at: col(r, "ended_at")?,
+        stop,
+        next_seq: narrow(col(r, "next_event_seq")?, "next_event_seq")?,
+        usage: UsageCursor {
+            seq: narrow(col(r, "usage_seq")?, "usage_seq")?,
+            open: col(r, "usage_open")?,
+        },
+    })
+}
+
+fn placement_row(id: WorkloadId, r: &PgRow) -> Result<Option<Placement>> {
+    let Some(kind) = col::<Option<String>>(r, "p_slice")? else {
+        return Ok(None);
+    };
+    let required = |column: &str| -> Result<i64> {
+        col::<Option<i64>>(r, column)?.ok_or_else(|| corrupt(id, format_args!("a {kind} placement without `{column}`")))
+    };
+    let slice = match kind.as_str() {
+        "whole" => Slice::Whole,
+        "mig" => Slice::Mig {
+            profile: col::<Option<String>>(r, "p_mig_profile")?
+                .ok_or_else(|| corrupt(id, "a MIG placement without `p_mig_profile`"))?,
+            profile_id: narrow(required("p_mig_profile_id")?, "p_mig_profile_id")?,
+            start: narrow(required("p_mig_start")?, "p_mig_start")?,
+            size: narrow(required("p_mig_size")?, "p_mig_size")?,
+        },
+        "fraction" => Slice::Fraction {
+            milli: narrow(required("p_fraction_milli")?, "p_fraction_milli")?,
+            gpu_memory_mib: narrow_opt(col(r, "p_gpu_memory_mib")?, "p_gpu_memory_mib")?,
+        },
+        "cpu" => Slice::CpuOnly,
+        other => return Err(corrupt(id, format_args!("unknown placement slice `{other}`"))),
+    };
+    let text = |column: &str| -> Result<String> {
+        col::<Option<String>>(r, column)?.ok_or_else(|| corrupt(id, format_args!("a placement without `{column}`")))
+    };
+    Ok(Some(Placement {
+        pool: text("p_pool")?,
+        node: text("p_node")?,
+        model: text("p_model")?,
+        gpus: gpus_of(required("p_gpus")?),
+        slice,
+        units: GpuUnits(u64_of(required("p_units_milli")?)),
+    }))
+}
+
+fn event_row(id: WorkloadId, r: &PgRow) -> Result<Event> {
+    let step: String = col(r, "step")?;
+    let code: Option<String> = col(r, "code")?;
+    Ok(Event {
+        seq: narrow(col(r, "seq")?, "seq")?,
+        step: Step::parse(&step).ok_or_else(|| corrupt(id, format_args!("unknown step `{step}`")))?,
+        at: col(r, "at")?,
+        detail: col(r, "detail")?,
+        code: code
+            .map(|c| ReasonCode::parse(&c).ok_or_else(|| corrupt(id, format_args!("unknown event code `{c}`"))))
+            .transpose()?,
+    })
+}
+
+/// Inserts new workloads with the `updated_at` each gets (inside the caller's transaction).
+pub(crate) async fn insert_workloads(conn: &mut PgConnection, rows: &[(&Workload, i64)]) -> Result<()> {
+    rows::execute(
+        conn,
+        &INSERT,
+        rows,
+        |q, (w, updated_at)| bind_lifecycle(bind_spec(q, w), w, *updated_at),
+        |e, chunk| {
+            db_error(e, || match chunk {
+                [(w, _)] => format!("workload {}", w.id),
+                _ => format!(
+                    "one of the workloads {} … {}",
+                    chunk[0].0.id,
+                    chunk[chunk.len() - 1].0.id
+                ),
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Writes the lifecycle of stored workloads, at most one row per workload; `Corrupt` if one is
+/// not stored.
+pub(crate) async fn update_workloads(conn: &mut PgConnection, rows: &[(&Workload, i64)]) -> Result<()> {
+    let updated = rows::execute(
+        conn,
+        &UPDATE,
+        rows,
+        |q, (w, updated_at)| bind_lifecycle(q.bind(i64_of(w.id.0)), w, *updated_at),
+        |e, _| db(e),
+    )
+    .await?;
+    // Each row matches at most one stored workload (ids are the primary key and distinct in
+    // `rows`), so fewer changes than rows means some are not stored.
+    if updated != rows.len() as u64 {
+        let missing = rows.len() as u64 - updated;
+        let (first, last) = (rows[0].0.id, rows[rows.len() - 1].0.id);
+        return Err(match rows {
+            [(w, _)] => corrupt(w.id, "cannot be updated: it is not stored"),
+            _ => StoreError::Corrupt(format!(
+                "{missing} of the {} workloads updated ({first} … {last}) are not stored",
+                rows.len()
+            )),
+        });
+    }
+    Ok(())
+}
+
+/// Appends timeline events of workloads.
+pub(crate) async fn insert_events(conn: &mut PgConnection, rows: &[(WorkloadId, &Event)]) -> Result<()> {
+    rows::execute(
+        conn,
+        &INSERT_EVENTS,
+        rows,
+        |q, (id, e)| {
+            Ok(q.bind(i64_of(id.0))
+                .bind(i64::from(e.seq))
+                .bind(e.step.as_str())
+                .bind(e.at)
+                .bind(e.detail.as_str())
+                .bind(e.code.map(ReasonCode::as_str)))
+        },
+        |err, chunk| {
+            db_error(err, || match chunk {
+                [(id, e)] => format!("event {} of workload {id}", e.seq),
+                _ => format!(
+                    "an event of the workloads {} … {}",
+                    chunk[0].0,
+                    chunk[chunk.len() - 1].0
+                ),
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Stores the idempotency keys of new workloads, each with its workload and creation time.
+pub(crate) async fn insert_idempotency_keys(
+    conn: &mut PgConnection,
+    rows: &[(&IdempotencyKey, WorkloadId, i64)],
+) -> Result<()> {
+    rows::execute(
+        conn,
+        &INSERT_KEYS,
+        rows,
+        |q, (k, id, at)| {
+            Ok(q.bind(k.actor.as_str())
+                .bind(k.key.as_str())
+                .bind(k.request_hash.as_str())
+                .bind(i64_of(id.0))
+                .bind(*at))
+        },
+        |e, chunk| {
+            db_error(e, || match chunk {
+                [(k, _, _)] => format!("idempotency key `{}` of `{}`", k.key, k.actor),
+                _ => format!("one of {} idempotency keys", chunk.len()),
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl WorkloadStore for PgStore {
+    async fn reserve_workload_ids(&self, n: u32) -> Result<Range<u64>> {
+        // One statement: the increment and the read are atomic, also across processes.
+        let last: i64 = sqlx::query("UPDATE sequences SET value = value + $1 WHERE name = 'workload' RETURNING value")
+            .bind(i64::from(n))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db)?
+            .try_get(0)
+            .map_err(db)?;
+        let end = u64_of(last) + 1;
+        Ok(end - u64::from(n)..end)
+    }
+
+    async fn commit(&self, batch: &[Change]) -> Result<()> {
+        batch::commit(self, batch).await
+    }
+
+    async fn get_workload(&self, id: WorkloadId, scope: Option<&str>) -> Result<Option<Workload>> {
+        let row = sqlx::query(select!("WHERE id = $1 AND ($2 IS NULL OR tenant = $2)"))
+            .bind(i64_of(id.0))
+            .bind(scope)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.as_ref().map(workload_row).transpose()
+    }
+
+    async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>> {
+        let tenant = match (&f.scope, &f.tenant) {
+            (Some(scope), Some(tenant)) if scope != tenant => return Ok(Vec::new()),
+            (scope, tenant) => scope.as_ref().or(tenant.as_ref()),
+        };
+        let mut phases: Vec<&'static str> = Vec::with_capacity(PHASE_SLOTS);
+        for p in &f.phases {
+            if !phases.contains(&p.as_str()) {
+                phases.push(p.as_str());
+            }
+        }
+        let sql = match (tenant, &f.project) {
+            (None, _) => LIST_ANY_TENANT,
+            (Some(_), None) => LIST_TENANT,
+            (Some(_), Some(_)) => LIST_PROJECT,
+        };
+        let mut q = sqlx::query(sql)
+            .bind(tenant)
+            .bind(&f.project)
+            .bind(f.before.map_or(i64::MAX, |b| i64_of(b.0)))
+            .bind(phases.len() as i64);
+        for slot in 0..PHASE_SLOTS {
+            q = q.bind(phases.get(slot).copied());
+        }
+        let rows = q.bind(i64::from(f.limit)).fetch_all(&self.pool).await.map_err(db)?;
+        rows.iter().map(workload_row).collect()
+    }
+
+    async fn events(&self, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>> {
+        let rows = sqlx::query(
+            "SELECT e.seq, e.step, e.at, e.detail, e.code FROM workload_events e \
+             JOIN workloads w ON w.id = e.workload_id \
+             WHERE e.workload_id = $1 AND ($2 IS NULL OR w.tenant = $2) ORDER BY e.seq",
+        )
+        .bind(i64_of(id.0))
+        .bind(scope)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter().map(|r| event_row(id, r)).collect()
+    }
+
+    async fn active_workloads(&self) -> Result<Vec<Workload>> {
+        let rows = sqlx::query(ACTIVE).fetch_all(&self.pool).await.map_err(db)?;
+        rows.iter().map(workload_row).collect()
+    }
+
+    async fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, WorkloadId)>> {
+        let row = sqlx::query("SELECT request_hash, workload_id FROM idempotency_keys WHERE actor = $1 AND key = $2")
+            .bind(actor)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.map(|r| Ok((col(&r, "request_hash")?, WorkloadId(u64_of(col(&r, "workload_id")?)))))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_active_list_is_every_phase_that_is_not_terminal() {
+        let listed: Vec<&str> = ACTIVE
+            .split_once("phase IN (")
+            .and_then(|(_, rest)| rest.split_once(')'))
+            .map(|(list, _)| list.split(", ").map(|p| p.trim_matches('\'')).collect())
+            .unwrap();
+        let active: Vec<&str> = Phase::ALL
+            .into_iter()
+            .filter(|p| !p.is_terminal())
+            .map(Phase::as_str)
+            .collect();
+        assert_eq!(listed, active);
+    }
+
+    #[test]
+    fn every_phase_fits_a_listing() {
+        assert_eq!(Phase::ALL.len(), PHASE_SLOTS);
+    }
+
+    #[test]
+    fn gpu_masks_round_trip_up_to_index_63() {
+        let id = WorkloadId(1);
+        for gpus in [vec![], vec![0], vec![1, 5, 7], (0..16).collect(), vec![62, 63]] {
+            assert_eq!(gpus_of(gpu_mask(id, &gpus).unwrap()), gpus);
+        }
+        assert!(matches!(gpu_mask(id, &[64]), Err(StoreError::Corrupt(_))));
+    }
+}

@@ -1,0 +1,182 @@
+//! What the conformance suite does not show on PostgreSQL: clear errors when the database
+//! cannot be reached or was upgraded by a newer Tessera, statements that give up instead of
+//! hanging, a store that recovers by itself when the database returns, and ids and audit
+//! numbers that stay unique across stores (processes) sharing the database.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use sqlx::Connection;
+use tessera_store::{AuditRecord, AuditStore, StoreError, TenancyStore, TenantRecord, WorkloadStore};
+use tessera_store_postgres::{PgOptions, PgStore};
+use tessera_testdb::{Cluster, database_url};
+
+fn audit_record(i: u32) -> AuditRecord {
+    AuditRecord {
+        seq: 0,
+        at: i64::from(i),
+        request_id: format!("req-{i}"),
+        actor: "tok".into(),
+        tenant: None,
+        action: "login".into(),
+        target: String::new(),
+        outcome: 200,
+        detail: String::new(),
+    }
+}
+
+fn quick() -> PgOptions {
+    PgOptions {
+        acquire_timeout: Duration::from_millis(800),
+        statement_timeout: Duration::from_millis(300),
+        ..PgOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_named_in_the_error() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t0 = Instant::now();
+    let r = PgStore::connect_with(&format!("postgres://tessera:secret@127.0.0.1:{port}/tessera"), &quick()).await;
+    let err = r.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("cannot connect to PostgreSQL at 127.0.0.1:{port}/tessera")),
+        "{text}"
+    );
+    assert!(!text.contains("secret"), "no password in messages: {text}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+
+    let r = PgStore::connect("mysql://localhost/x").await;
+    assert!(
+        matches!(&r, Err(StoreError::Unavailable(m)) if m.contains("not a PostgreSQL URL")),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_schema_written_by_a_newer_tessera_is_refused() {
+    let url = database_url();
+    let store = PgStore::connect(&url).await.unwrap();
+    store.close().await;
+    // Reconnecting to a database at the binary's own version is fine.
+    PgStore::connect(&url).await.unwrap().close().await;
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', TRUE, '\\x00', 0)",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let err = PgStore::connect(&url).await.unwrap_err();
+    assert!(matches!(err, StoreError::Incompatible(_)), "{err:?}");
+    assert!(err.to_string().contains("version 9999"), "{err}");
+    assert!(err.to_string().contains("newer Tessera"), "{err}");
+}
+
+#[tokio::test]
+async fn a_statement_stuck_behind_a_lock_gives_up_at_the_statement_timeout() {
+    let url = database_url();
+    let store = PgStore::connect_with(&url, &quick()).await.unwrap();
+    // Another session holds the audit counter's row lock and does not let go.
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("SELECT value FROM sequences WHERE name = 'audit' FOR UPDATE")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let r = store.append_audit(&[audit_record(1)]).await;
+    assert!(
+        matches!(&r, Err(StoreError::Unavailable(m)) if m.contains("statement timeout")),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    tx.rollback().await.unwrap();
+    assert_eq!(store.append_audit(&[audit_record(2)]).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_stopped_database_answers_unavailable_quickly_and_the_store_recovers_when_it_returns() {
+    let cluster = Cluster::start();
+    let store = PgStore::connect_with(&cluster.create_database(), &quick())
+        .await
+        .unwrap();
+    let tenant = |name: &str| TenantRecord {
+        name: name.into(),
+        display_name: name.into(),
+        created_at: 1,
+    };
+    store.create_tenant(&tenant("before")).await.unwrap();
+    cluster.stop();
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let r = store.get_tenant("before").await;
+        assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    }
+    cluster.resume();
+    // The pool replaces the connections the restart broke; a caller may see one more failure.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.create_tenant(&tenant("after")).await {
+            Ok(()) => break,
+            Err(StoreError::Unavailable(e)) if Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let names: Vec<String> = store
+        .list_tenants(None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["after", "before"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_sharing_a_database_never_hand_out_an_id_or_audit_number_twice() {
+    let url = database_url();
+    let a = PgStore::connect(&url).await.unwrap();
+    let b = PgStore::connect(&url).await.unwrap();
+    let reserve = |s: PgStore| {
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for n in 0..60u32 {
+                ids.extend(s.reserve_workload_ids(n % 4 + 1).await.unwrap());
+            }
+            ids
+        })
+    };
+    let append = |s: PgStore| {
+        tokio::spawn(async move {
+            let mut seqs = Vec::new();
+            for i in 0..30 {
+                seqs.extend(s.append_audit(&[audit_record(i), audit_record(i)]).await.unwrap());
+            }
+            seqs
+        })
+    };
+    let (ids_a, ids_b, seqs_a, seqs_b) = (reserve(a.clone()), reserve(b.clone()), append(a.clone()), append(b));
+    let (ids_a, ids_b) = (ids_a.await.unwrap(), ids_b.await.unwrap());
+    let (seqs_a, seqs_b) = (seqs_a.await.unwrap(), seqs_b.await.unwrap());
+    let ids: BTreeSet<u64> = ids_a.iter().chain(&ids_b).copied().collect();
+    assert_eq!(ids.len(), ids_a.len() + ids_b.len(), "an id was handed out twice");
+    let seqs: BTreeSet<u64> = seqs_a.iter().chain(&seqs_b).copied().collect();
+    assert_eq!(seqs.len(), 120, "an audit number was handed out twice");
+    for s in [&seqs_a, &seqs_b] {
+        assert!(s.windows(2).all(|p| p[0] < p[1]), "each appender's numbers increase");
+    }
+    assert_eq!(a.audit(None, None, 1000).await.unwrap().len(), 120);
+}
