@@ -38,6 +38,7 @@ use tessera_model::Fleet;
 use tessera_sched::Engine;
 use tessera_sched::cycle::{GovernConfig, Scheduler};
 use tessera_store::Store;
+use tessera_store_postgres::PgStore;
 use tessera_store_sqlite::SqliteStore;
 use tokio::net::TcpListener;
 
@@ -82,7 +83,11 @@ pub struct AppState {
 /// How to run the server.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
+    /// Where the admin token is written, and the SQLite database lives when `database` is
+    /// `None`.
     pub data_dir: PathBuf,
+    /// A PostgreSQL URL (`postgres://…`) to keep state in instead of SQLite in `data_dir`.
+    pub database: Option<String>,
     pub fleet: Fleet,
     pub listen: SocketAddr,
     /// Shared-pool placement policy.
@@ -112,6 +117,7 @@ impl ServerConfig {
     pub fn local(data_dir: PathBuf) -> Self {
         ServerConfig {
             data_dir,
+            database: None,
             fleet: Fleet::seed(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             policy: "tessera".into(),
@@ -204,33 +210,61 @@ async fn console() -> impl IntoResponse {
     (StatusCode::OK, Html(include_str!("console.html")))
 }
 
+/// Opens the store the configuration names: PostgreSQL at `database`, or SQLite in
+/// `data_dir`. The server holds it as an `Arc<dyn Store>`; nothing else depends on which.
+pub async fn open_store(cfg: &ServerConfig) -> anyhow_like::Result<Arc<dyn Store>> {
+    match &cfg.database {
+        Some(url) => {
+            let store = PgStore::connect(url)
+                .await
+                .map_err(|e| anyhow_like::msg(format!("opening the PostgreSQL store: {e}")))?;
+            tracing::info!(database = %store.target(), "state in PostgreSQL");
+            Ok(Arc::new(store))
+        }
+        None => {
+            let store = SqliteStore::open_dir(&cfg.data_dir)
+                .await
+                .map_err(|e| anyhow_like::msg(format!("opening the store in {}: {e}", cfg.data_dir.display())))?;
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+/// Creates the admin token when the store has no token at all; returns its secret (also
+/// written to `<data_dir>/admin-token`), or `None` when tokens exist (or another replica
+/// sharing the database created it at the same moment).
+async fn bootstrap_admin(store: &dyn Store, data_dir: &std::path::Path) -> anyhow_like::Result<Option<String>> {
+    if store.token_count().await.map_err(|e| anyhow_like::msg(e.to_string()))? != 0 {
+        return Ok(None);
+    }
+    let secret = auth::new_secret();
+    let created = store
+        .create_token(&tessera_store::TokenRecord {
+            id: "tok-admin".into(),
+            hash: auth::hash(&secret),
+            tenant: None,
+            role: "platform-admin".into(),
+            name: "admin (created at first start)".into(),
+            created_at: now_ms(),
+            expires_at: None,
+            revoked_at: None,
+        })
+        .await;
+    match created {
+        Ok(()) => {}
+        Err(tessera_store::StoreError::Conflict(_)) => return Ok(None),
+        Err(e) => return Err(anyhow_like::msg(e.to_string())),
+    }
+    std::fs::create_dir_all(data_dir)
+        .map_err(|e| anyhow_like::msg(format!("cannot create {}: {e}", data_dir.display())))?;
+    write_secret(&data_dir.join("admin-token"), &secret)?;
+    Ok(Some(secret))
+}
+
 /// Opens the store, creates the admin token on first start, rebuilds state, and serves.
 pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open_dir(&cfg.data_dir)
-            .await
-            .map_err(|e| anyhow_like::msg(format!("opening the store in {}: {e}", cfg.data_dir.display())))?,
-    );
-    let admin_token = if store.token_count().await.map_err(|e| anyhow_like::msg(e.to_string()))? == 0 {
-        let secret = auth::new_secret();
-        store
-            .create_token(&tessera_store::TokenRecord {
-                id: "tok-admin".into(),
-                hash: auth::hash(&secret),
-                tenant: None,
-                role: "platform-admin".into(),
-                name: "admin (created at first start)".into(),
-                created_at: now_ms(),
-                expires_at: None,
-                revoked_at: None,
-            })
-            .await
-            .map_err(|e| anyhow_like::msg(e.to_string()))?;
-        write_secret(&cfg.data_dir.join("admin-token"), &secret)?;
-        Some(secret)
-    } else {
-        None
-    };
+    let store = open_store(&cfg).await?;
+    let admin_token = bootstrap_admin(&*store, &cfg.data_dir).await?;
     let fleet = Arc::new(cfg.fleet);
     tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(anyhow_like::msg)?;
     let factory: lifecycle::SchedFactory = {

@@ -1,11 +1,13 @@
 //! End-to-end tests through HTTP against a server started on a free port, on the seed fleet
-//! with the simulated backend and a fresh SQLite database.
+//! with the simulated backend, each once on a fresh SQLite database and once on a fresh
+//! PostgreSQL database.
 
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tessera_server::{ServerConfig, start};
+use tessera_testdb::Db;
 
 struct Srv {
     base: String,
@@ -34,8 +36,8 @@ impl Drop for TempDir {
     }
 }
 
-async fn server(tag: &str) -> Srv {
-    let dir = TempDir::new(tag);
+async fn server(db: Db, tag: &str) -> Srv {
+    let dir = TempDir::new(&format!("{tag}-{db:?}"));
     let cfg = ServerConfig {
         grace: Duration::from_secs(5),
         govern: tessera_sched::cycle::GovernConfig {
@@ -43,6 +45,7 @@ async fn server(tag: &str) -> Srv {
             reclaim_after_ms: 0,
             ..Default::default()
         },
+        database: db.url(),
         ..ServerConfig::local(dir.0.clone())
     };
     let r = start(cfg).await.unwrap();
@@ -170,9 +173,8 @@ fn wl(shape: Value) -> Value {
     json!({"tenant": "vision", "project": "train", "name": "job", "shape": shape})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn create_run_cancel_release() {
-    let s = server("lifecycle").await;
+async fn create_run_cancel_release(db: Db) {
+    let s = server(db, "lifecycle").await;
     s.setup_tenant().await;
     let (st, w) = s.post("/api/v1/workloads", wl(json!({"mig": "3g.40gb"}))).await;
     assert_eq!(st, StatusCode::CREATED, "{w}");
@@ -243,9 +245,8 @@ async fn create_run_cancel_release() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batch_workloads_complete_and_queue_drains() {
-    let s = server("queue").await;
+async fn batch_workloads_complete_and_queue_drains(db: Db) {
+    let s = server(db, "queue").await;
     s.setup_tenant().await;
     // Fill the training pool (16 nodes × 8) with short jobs, then one more waits.
     let mut ids = Vec::new();
@@ -264,9 +265,8 @@ async fn batch_workloads_complete_and_queue_drains() {
     assert_eq!(s.units_used("training").await, "0");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idempotent_create() {
-    let s = server("idem").await;
+async fn idempotent_create(db: Db) {
+    let s = server(db, "idem").await;
     s.setup_tenant().await;
     let body = wl(json!({"fraction": 250}));
     let (a_st, a) = s
@@ -301,9 +301,8 @@ async fn idempotent_create() {
     assert_eq!(s.workload_count().await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_is_refused_with_the_field_and_nothing_is_stored() {
-    let s = server("bad").await;
+async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(db: Db) {
+    let s = server(db, "bad").await;
     s.setup_tenant().await;
     let cases: Vec<(Value, StatusCode, &str)> = vec![
         (
@@ -402,9 +401,8 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored() {
     assert_eq!(s.workload_count().await, 0, "nothing stored");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenant_tokens_see_only_their_tenant() {
-    let s = server("scope").await;
+async fn tenant_tokens_see_only_their_tenant(db: Db) {
+    let s = server(db, "scope").await;
     s.setup_tenant().await;
     assert_eq!(
         s.post("/api/v1/tenants", json!({"name": "nlp"})).await.0,
@@ -470,9 +468,8 @@ async fn tenant_tokens_see_only_their_tenant() {
     assert!(!names.contains(&"nlp".to_string()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_documented_route_is_served() {
-    let s = server("openapi").await;
+async fn every_documented_route_is_served(db: Db) {
+    let s = server(db, "openapi").await;
     let r = s
         .http
         .get(format!("{}/api/v1/openapi.json", s.base))
@@ -511,9 +508,8 @@ async fn put(s: &Srv, path: &str, body: Value) -> (StatusCode, Value) {
     s.req(reqwest::Method::PUT, path, Some(body), &[]).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quotas_borrowing_limits_budgets_and_usage() {
-    let s = server("quota").await;
+async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
+    let s = server(db, "quota").await;
     s.setup_tenant().await;
     let (st, q) = put(
         &s,
@@ -615,9 +611,8 @@ async fn quotas_borrowing_limits_budgets_and_usage() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn owner_reclaims_its_guarantee_from_a_borrower() {
-    let s = server("reclaim").await;
+async fn owner_reclaims_its_guarantee_from_a_borrower(db: Db) {
+    let s = server(db, "reclaim").await;
     s.setup_tenant().await;
     assert_eq!(
         s.post("/api/v1/tenants", json!({"name": "nlp"})).await.0,
@@ -700,3 +695,15 @@ async fn owner_reclaims_its_guarantee_from_a_borrower() {
         "{vev}"
     );
 }
+
+tessera_testdb::each_database!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async create_run_cancel_release,
+    batch_workloads_complete_and_queue_drains,
+    idempotent_create,
+    bad_input_is_refused_with_the_field_and_nothing_is_stored,
+    tenant_tokens_see_only_their_tenant,
+    every_documented_route_is_served,
+    quotas_borrowing_limits_budgets_and_usage,
+    owner_reclaims_its_guarantee_from_a_borrower,
+);

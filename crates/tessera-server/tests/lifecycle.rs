@@ -4,8 +4,8 @@
 //! node and bound by the backend, partitions take a while — as on a GPU Operator cluster). The
 //! same tests must pass on both: that is what the backend trait's capabilities promise.
 //!
-//! Each test drives the lifecycle loop directly (no HTTP) on the seed fleet with a SQLite store
-//! in a temporary directory. Crashes are real: the runtime the loop runs on is shut down
+//! Each test drives the lifecycle loop directly (no HTTP) on the seed fleet, once with a SQLite
+//! store in a temporary directory and once with a fresh PostgreSQL database. Crashes are real: the runtime the loop runs on is shut down
 //! mid-flight, and a new loop is started on the same store and the same (surviving) backend.
 
 use std::sync::Arc;
@@ -24,7 +24,9 @@ use tessera_sched::cycle::{GovernConfig, Scheduler};
 use tessera_server::lifecycle::{self, Lifecycle, NewWorkload, Settings, placement};
 use tessera_server::metrics::Metrics;
 use tessera_store::Store;
+use tessera_store_postgres::PgStore;
 use tessera_store_sqlite::SqliteStore;
+use tessera_testdb::Db;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
@@ -119,11 +121,13 @@ struct World {
     mode: SimMode,
     fleet: Arc<Fleet>,
     dir: TempDir,
+    /// The PostgreSQL database, or `None` for SQLite in `dir`.
+    database: Option<String>,
     gate: Arc<Gate>,
 }
 
 impl World {
-    fn new(tag: &str, mode: SimMode) -> World {
+    fn new(tag: &str, mode: SimMode, db: Db) -> World {
         let fleet = Arc::new(Fleet::seed());
         let cfg = SimConfig {
             mode,
@@ -141,7 +145,8 @@ impl World {
         World {
             mode,
             fleet,
-            dir: TempDir::new(&format!("{tag}-{mode:?}")),
+            dir: TempDir::new(&format!("{tag}-{mode:?}-{db:?}")),
+            database: db.url(),
             gate: Arc::new(Gate {
                 sim,
                 hold_start: AtomicBool::new(false),
@@ -160,9 +165,13 @@ impl World {
             .unwrap();
         let fleet = self.fleet.clone();
         let dir = self.dir.0.clone();
+        let database = self.database.clone();
         let backend: Arc<dyn Backend> = self.gate.clone();
         let (lc, store) = rt.block_on(async move {
-            let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(&dir).await.unwrap());
+            let store: Arc<dyn Store> = match database {
+                Some(url) => Arc::new(PgStore::connect(&url).await.unwrap()),
+                None => Arc::new(SqliteStore::open_dir(&dir).await.unwrap()),
+            };
             let govern = GovernConfig {
                 min_runtime_ms: 0,
                 reclaim_after_ms: 0,
@@ -258,8 +267,8 @@ async fn steps(store: &Arc<dyn Store>, id: WorkloadId) -> Vec<Step> {
     store.events(id, None).await.unwrap().iter().map(|e| e.step).collect()
 }
 
-fn every_shape_runs_and_cancel_returns_the_capacity(mode: SimMode) {
-    let w = World::new("shapes", mode);
+fn every_shape_runs_and_cancel_returns_the_capacity(mode: SimMode, db: Db) {
+    let w = World::new("shapes", mode, db);
     let (rt, lc, store) = w.boot();
     rt.block_on(async {
         let mig = submit(
@@ -332,8 +341,8 @@ fn every_shape_runs_and_cancel_returns_the_capacity(mode: SimMode) {
     });
 }
 
-fn batch_work_completes_and_the_queue_drains(mode: SimMode) {
-    let w = World::new("drain", mode);
+fn batch_work_completes_and_the_queue_drains(mode: SimMode, db: Db) {
+    let w = World::new("drain", mode, db);
     let (rt, lc, _store) = w.boot();
     rt.block_on(async {
         let mut ids = Vec::new();
@@ -362,8 +371,8 @@ fn batch_work_completes_and_the_queue_drains(mode: SimMode) {
     });
 }
 
-fn preempted_batch_work_is_requeued(mode: SimMode) {
-    let w = World::new("preempt", mode);
+fn preempted_batch_work_is_requeued(mode: SimMode, db: Db) {
+    let w = World::new("preempt", mode, db);
     let (rt, lc, store) = w.boot();
     rt.block_on(async {
         let mut low = Vec::new();
@@ -412,8 +421,8 @@ fn preempted_batch_work_is_requeued(mode: SimMode) {
 
 /// Crash after the partition is recorded, before the start reaches the backend: the new
 /// control plane starts the workload without partitioning again.
-fn a_crash_between_partition_and_start_does_not_partition_twice(mode: SimMode) {
-    let w = World::new("crash-start", mode);
+fn a_crash_between_partition_and_start_does_not_partition_twice(mode: SimMode, db: Db) {
+    let w = World::new("crash-start", mode, db);
     w.gate.hold_start.store(true, Ordering::SeqCst);
     let (rt, lc, store) = w.boot();
     let id = rt.block_on(async {
@@ -459,8 +468,8 @@ fn a_crash_between_partition_and_start_does_not_partition_twice(mode: SimMode) {
 
 /// Crash after the backend made the partition but before the loop recorded it: recovery asks
 /// again, and the backend (idempotent) says it exists.
-fn a_crash_during_partition_is_repaired_without_a_second_partition(mode: SimMode) {
-    let w = World::new("crash-partition", mode);
+fn a_crash_during_partition_is_repaired_without_a_second_partition(mode: SimMode, db: Db) {
+    let w = World::new("crash-partition", mode, db);
     w.gate.hold_after_partition.store(true, Ordering::SeqCst);
     let (rt, lc, store) = w.boot();
     let id = rt.block_on(async {
@@ -501,8 +510,8 @@ fn a_crash_during_partition_is_repaired_without_a_second_partition(mode: SimMode
 }
 
 /// A restart adopts what the backend still runs; what it lost is reported as lost.
-fn a_restart_keeps_running_work_and_finds_lost_work(mode: SimMode) {
-    let w = World::new("restart", mode);
+fn a_restart_keeps_running_work_and_finds_lost_work(mode: SimMode, db: Db) {
+    let w = World::new("restart", mode, db);
     let (rt, lc, _store) = w.boot();
     let (kept, lost) = rt.block_on(async {
         let a = submit(
@@ -546,8 +555,8 @@ fn a_restart_keeps_running_work_and_finds_lost_work(mode: SimMode) {
 }
 
 /// The periodic reconcile finds a workload the backend lost while Tessera ran.
-fn reconcile_finds_ghosts(mode: SimMode) {
-    let w = World::new("ghost", mode);
+fn reconcile_finds_ghosts(mode: SimMode, db: Db) {
+    let w = World::new("ghost", mode, db);
     let (rt, lc, _store) = w.boot();
     rt.block_on(async {
         let a = submit(
@@ -608,8 +617,8 @@ fn assert_records_match_the_engine(lc: &Lifecycle, sim: &SimBackend, ids: &[Work
 
 /// MIG layouts change only on idle GPUs (a `whole-gpu` backend refuses anything else, and a
 /// refusal would fail the partition), and bound devices are on record.
-fn mig_layouts_and_bindings_hold(mode: SimMode) {
-    let w = World::new("layouts", mode);
+fn mig_layouts_and_bindings_hold(mode: SimMode, db: Db) {
+    let w = World::new("layouts", mode, db);
     let (rt, lc, _store) = w.boot();
     rt.block_on(async {
         let mut ids = Vec::new();
@@ -676,13 +685,24 @@ fn mig_layouts_and_bindings_hold(mode: SimMode) {
     });
 }
 
+/// Each test on both modes of the simulated backend and both databases.
 macro_rules! on_both_modes {
     ($($name:ident),* $(,)?) => {
         mod exact {
-            $(#[test] fn $name() { super::$name(tessera_backend_sim::SimMode::Exact) })*
+            mod sqlite {
+                $(#[test] fn $name() { super::super::$name(tessera_backend_sim::SimMode::Exact, tessera_testdb::Db::Sqlite) })*
+            }
+            mod postgres {
+                $(#[test] fn $name() { super::super::$name(tessera_backend_sim::SimMode::Exact, tessera_testdb::Db::Postgres) })*
+            }
         }
         mod operator {
-            $(#[test] fn $name() { super::$name(tessera_backend_sim::SimMode::Operator) })*
+            mod sqlite {
+                $(#[test] fn $name() { super::super::$name(tessera_backend_sim::SimMode::Operator, tessera_testdb::Db::Sqlite) })*
+            }
+            mod postgres {
+                $(#[test] fn $name() { super::super::$name(tessera_backend_sim::SimMode::Operator, tessera_testdb::Db::Postgres) })*
+            }
         }
     };
 }

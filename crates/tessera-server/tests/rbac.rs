@@ -1,5 +1,5 @@
 //! The isolation matrix: every API route × every role × an object of the caller's own tenant
-//! or of another tenant, with the exact expected status of each cell. The test fails when a
+//! or of another tenant, with the exact expected status of each cell, on both databases. The test fails when a
 //! route is added to the OpenAPI document without an entry here.
 
 use std::collections::BTreeSet;
@@ -8,6 +8,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tessera_server::{ServerConfig, start};
+use tessera_testdb::Db;
 
 struct Ctx {
     base: String,
@@ -65,11 +66,13 @@ impl Ctx {
 /// Expected statuses for [platform-admin, tenant-admin, member, viewer, anonymous].
 type Row = [u16; 5];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn isolation_matrix() {
-    let dir = std::env::temp_dir().join(format!("tessera-rbac-{}", std::process::id()));
+async fn isolation_matrix(db: Db) {
+    let dir = std::env::temp_dir().join(format!("tessera-rbac-{db:?}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = ServerConfig::local(dir.clone());
+    let cfg = ServerConfig {
+        database: db.url(),
+        ..ServerConfig::local(dir.clone())
+    };
     let r = start(cfg).await.unwrap();
     let mut ctx = Ctx {
         base: format!("http://{}", r.addr),
@@ -368,12 +371,12 @@ async fn isolation_matrix() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429() {
-    let dir = std::env::temp_dir().join(format!("tessera-tokens-{}", std::process::id()));
+async fn revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429(db: Db) {
+    let dir = std::env::temp_dir().join(format!("tessera-tokens-{db:?}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let cfg = ServerConfig {
         rate_limit: 5.0,
+        database: db.url(),
         ..ServerConfig::local(dir.clone())
     };
     let r = start(cfg).await.unwrap();
@@ -458,3 +461,9 @@ async fn revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429() {
     assert_eq!(r.headers()["x-content-type-options"], "nosniff");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+tessera_testdb::each_database!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async isolation_matrix,
+    revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429,
+);

@@ -30,6 +30,55 @@ use std::time::{Duration, Instant};
 /// How long a cluster may take to accept connections.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
+/// The database a parametrised test runs on (see [`each_database!`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Db {
+    /// The embedded default: SQLite in the server's data directory.
+    Sqlite,
+    /// A fresh database on this test binary's PostgreSQL cluster.
+    Postgres,
+}
+
+impl Db {
+    /// What `tessera serve --database` (and `ServerConfig::database`) takes: `None` for SQLite,
+    /// the URL of a fresh database for PostgreSQL.
+    pub fn url(self) -> Option<String> {
+        match self {
+            Db::Sqlite => None,
+            Db::Postgres => Some(database_url()),
+        }
+    }
+}
+
+/// Expands test functions that take a [`Db`] into one test per database, in modules `sqlite`
+/// and `postgres`, each with the given test attribute:
+///
+/// ```ignore
+/// async fn creates_and_cancels(db: Db) { … }
+/// tessera_testdb::each_database!(#[tokio::test] async creates_and_cancels);
+/// fn restarts(db: Db) { … }
+/// tessera_testdb::each_database!(#[test] restarts);
+/// ```
+#[macro_export]
+macro_rules! each_database {
+    (#[$attr:meta] async $($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(#[$attr] async fn $name() { super::$name($crate::Db::Sqlite).await })+
+        }
+        mod postgres {
+            $(#[$attr] async fn $name() { super::$name($crate::Db::Postgres).await })+
+        }
+    };
+    (#[$attr:meta] $($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(#[$attr] fn $name() { super::$name($crate::Db::Sqlite) })+
+        }
+        mod postgres {
+            $(#[$attr] fn $name() { super::$name($crate::Db::Postgres) })+
+        }
+    };
+}
+
 /// A URL of a fresh, empty database on this test binary's cluster (started on first use).
 pub fn database_url() -> String {
     static SHARED: OnceLock<Cluster> = OnceLock::new();

@@ -1,5 +1,6 @@
 //! `tessera serve`: the control plane on the embedded defaults (SQLite in `./tessera-data`,
-//! the simulated `seed` fleet, API and console on 127.0.0.1:8080).
+//! the simulated `seed` fleet, API and console on 127.0.0.1:8080), or on PostgreSQL with
+//! `--database postgres://…`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,9 +24,13 @@ pub enum SimModeArg {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Where the SQLite database and the admin token live.
+    /// Where the admin token lives, and the SQLite database when `--database` is not given.
     #[arg(long, default_value = "./tessera-data", env = "TESSERA_DATA_DIR")]
     data_dir: PathBuf,
+    /// Keep state in PostgreSQL (`postgres://user:password@host:port/database`) instead of
+    /// SQLite in `--data-dir`; replicas pointing at one database elect a leader.
+    #[arg(long, env = "TESSERA_DATABASE", hide_env_values = true)]
+    database: Option<String>,
     /// `seed`, `synthetic:NODES`, or a TOML fleet file (see fleets/seed.toml).
     #[arg(long, default_value = "seed")]
     fleet: String,
@@ -123,6 +128,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let gpus = fleet.gpu_count();
         let cfg = ServerConfig {
             data_dir: a.data_dir.clone(),
+            database: a.database.clone(),
             fleet,
             listen: a.listen,
             policy: a.policy,

@@ -1,5 +1,5 @@
-//! Restart test: start `tessera serve`, create workloads, `kill -9` it, start it again on the
-//! same data directory: the same workloads, states and allocations; no capacity leaked or
+//! Restart test, on SQLite and on PostgreSQL: start `tessera serve`, create workloads, `kill
+//! -9` it, start it again on the same data directory (or database): the same workloads, states and allocations; no capacity leaked or
 //! double-booked; every acknowledged request survives.
 
 use std::collections::BTreeMap;
@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tessera_testdb::Db;
 
 struct Server {
     child: Child,
@@ -17,9 +18,14 @@ struct Server {
 
 // The child is returned inside `Server`; every test kills and waits for it.
 #[allow(clippy::zombie_processes)]
-fn start(dir: &std::path::Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+fn start(dir: &std::path::Path, database: &Option<String>) -> Server {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.arg("serve");
+    if let Some(url) = database {
+        cmd.args(["--database", url]);
+    }
+    let mut child = cmd
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -101,11 +107,11 @@ async fn snapshot(http: &reqwest::Client, s: &Server, token: &str) -> (BTreeMap<
     (all, pools, gpus)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_and_restart_keeps_every_acknowledged_workload() {
-    let dir = std::env::temp_dir().join(format!("tessera-restart-{}", std::process::id()));
+async fn kill_9_and_restart_keeps_every_acknowledged_workload(db: Db) {
+    let dir = std::env::temp_dir().join(format!("tessera-restart-{db:?}-{}", std::process::id()));
+    let database = db.url();
     let _ = std::fs::remove_dir_all(&dir);
-    let mut s = start(&dir);
+    let mut s = start(&dir, &database);
     let token = s.token.clone().expect("first start prints the admin token");
     let http = reqwest::Client::new();
     let post = |path: &'static str, body: Value| {
@@ -165,7 +171,7 @@ async fn kill_9_and_restart_keeps_every_acknowledged_workload() {
     s.child.kill().unwrap(); // SIGKILL
     s.child.wait().unwrap();
 
-    let mut s2 = start(&dir);
+    let mut s2 = start(&dir, &database);
     assert!(s2.token.is_none(), "the admin token is created only once");
     let (after, pools_after, gpus) = snapshot(&http, &s2, &token).await;
     for id in &acked {
@@ -236,11 +242,11 @@ async fn futures_join<F: std::future::Future<Output = T> + Send + 'static, T: Se
 
 /// The usage ledger equals the integral of allocated units over time, per tenant, to the
 /// millisecond, across a `kill -9` and restart in the middle of a random workload stream.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ledger_matches_allocations_across_kill_9() {
-    let dir = std::env::temp_dir().join(format!("tessera-ledger-{}", std::process::id()));
+async fn ledger_matches_allocations_across_kill_9(db: Db) {
+    let dir = std::env::temp_dir().join(format!("tessera-ledger-{db:?}-{}", std::process::id()));
+    let database = db.url();
     let _ = std::fs::remove_dir_all(&dir);
-    let mut s = start(&dir);
+    let mut s = start(&dir, &database);
     let token = s.token.clone().expect("admin token");
     let http = reqwest::Client::new();
     for t in ["a", "b"] {
@@ -305,7 +311,7 @@ async fn ledger_matches_allocations_across_kill_9() {
             // Crash in the middle of the stream, with work running.
             s.child.kill().unwrap();
             s.child.wait().unwrap();
-            s = start(&dir);
+            s = start(&dir, &database);
         }
     }
     // Wait for everything to end.
@@ -395,3 +401,9 @@ async fn ledger_matches_allocations_across_kill_9() {
     s.child.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+tessera_testdb::each_database!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async kill_9_and_restart_keeps_every_acknowledged_workload,
+    ledger_matches_allocations_across_kill_9,
+);
