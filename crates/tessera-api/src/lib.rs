@@ -609,3 +609,44 @@ pub struct UsageReport {
     pub rows: Vec<UsageRow>,
     pub total: UsageRow,
 }
+
+/// The leader among the replicas of the control plane.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct LeaderView {
+    /// The replica id of the lease holder.
+    pub id: String,
+    /// The URL it advertises (followers forward writes there).
+    pub url: String,
+    /// Grows by one at every change of leader.
+    pub epoch: u64,
+    /// Milliseconds until its lease expires unless renewed (by the database's clock).
+    pub expires_in_ms: i64,
+}
+
+/// One replica of the control plane, as its heartbeats record it.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ReplicaView {
+    pub id: String,
+    /// The URL it advertises.
+    pub url: String,
+    pub version: String,
+    /// `leader`, `follower`, or `gone` (no heartbeat for 10 s).
+    pub role: String,
+    /// RFC 3339.
+    pub started_at: String,
+    /// Milliseconds since its last heartbeat (by the database's clock).
+    pub last_seen_ms_ago: i64,
+}
+
+/// The replicas of the control plane and which one leads (`GET /api/v1/replicas`).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ReplicasView {
+    /// `postgres` (replicas elect a leader) or `sqlite` (one process, always the leader).
+    pub database: String,
+    /// The replica that answered.
+    pub this: String,
+    /// Absent while no replica holds a valid lease.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader: Option<LeaderView>,
+    pub replicas: Vec<ReplicaView>,
+}

@@ -11,16 +11,22 @@
 //! * identities ([`auth`]: API tokens, [`oidc`]: single sign-on, [`session`]: the console's
 //!   sign-in), the request middleware ([`audit`]: request IDs, rate limits, security headers,
 //!   the audit log), [`metrics`] and [`usage`] reports;
+//! * replicas ([`replica`]): on PostgreSQL any number of servers share the database, elect a
+//!   leader that alone runs the loop, and followers forward writes to it ([`forward`]);
+//!   `/healthz` and `/readyz` for probes; [`timed`] times every store operation;
 //! * the web console (one page, `console.html`).
 
 pub mod audit;
 pub mod auth;
+pub mod forward;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;
 pub mod oidc;
 pub mod problem;
+pub mod replica;
 pub mod session;
+pub mod timed;
 pub mod usage;
 
 use std::net::SocketAddr;
@@ -78,6 +84,10 @@ pub struct AppState {
     pub projects: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
     /// Metrics and (simulated backend) fault injection.
     pub obs: Arc<metrics::Observability>,
+    /// This replica: its role, and where the leader is.
+    pub replica: Arc<replica::Replica>,
+    /// The client a follower forwards writes to the leader with.
+    pub forward: reqwest::Client,
 }
 
 /// How to run the server.
@@ -109,6 +119,12 @@ pub struct ServerConfig {
     pub oidc: Option<oidc::OidcConfig>,
     /// Serve HTTPS with this certificate chain and private key (PEM files).
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// The URL other replicas reach this one at (default: the scheme and the bound address).
+    pub advertise_url: Option<String>,
+    /// This replica's id (default: the host name and a random suffix).
+    pub replica_id: Option<String>,
+    /// Leader election timing (PostgreSQL).
+    pub ha: replica::HaSettings,
 }
 
 impl ServerConfig {
@@ -129,6 +145,9 @@ impl ServerConfig {
             rate_limit: 0.0,
             oidc: None,
             tls: None,
+            advertise_url: None,
+            replica_id: None,
+            ha: replica::HaSettings::default(),
         }
     }
 }
@@ -143,6 +162,10 @@ pub struct Running {
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
     /// A router serving only `/metrics`, for [`serve_metrics`] on a port of its own.
     pub metrics_app: axum::Router,
+    /// This replica.
+    pub replica: Arc<replica::Replica>,
+    /// Its supervisor: ends after Ctrl-C, once it has stepped down and released the lease.
+    pub replica_task: tokio::task::JoinHandle<()>,
 }
 
 /// Serves `/metrics` alone on `addr` (`tessera serve --metrics-listen`); returns the bound
@@ -183,10 +206,14 @@ pub fn app(state: AppState) -> axum::Router {
             }),
         )
         .route("/metrics", get(metrics::scrape))
+        .route("/healthz", get(http::system::healthz))
+        .route("/readyz", get(http::system::readyz))
         .merge(api)
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(state.clone(), audit::middleware))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        // Outermost: a follower's writes go to the leader before anything else looks at them.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), forward::middleware))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
@@ -261,9 +288,12 @@ async fn bootstrap_admin(store: &dyn Store, data_dir: &std::path::Path) -> anyho
     Ok(Some(secret))
 }
 
-/// Opens the store, creates the admin token on first start, rebuilds state, and serves.
+/// Opens the store, creates the admin token on first start, rebuilds state (or, on a shared
+/// database, joins the election), and serves.
 pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
-    let store = open_store(&cfg).await?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let shared = cfg.database.is_some();
+    let store: Arc<dyn Store> = Arc::new(timed::TimedStore::new(open_store(&cfg).await?, metrics.clone()));
     let admin_token = bootstrap_admin(&*store, &cfg.data_dir).await?;
     let fleet = Arc::new(cfg.fleet);
     tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(anyhow_like::msg)?;
@@ -276,22 +306,79 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
     };
     let sim = Arc::new(SimBackend::new(cfg.sim, sim_gpus(&fleet)));
     let backend: Arc<dyn Backend> = sim.clone();
-    let metrics = Arc::new(metrics::Metrics::new());
-    let started = std::time::Instant::now();
-    let lifecycle = lifecycle::start(
-        fleet.clone(),
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| anyhow_like::msg(format!("cannot listen on {}: {e}", cfg.listen)))?;
+    let addr = listener.local_addr().map_err(|e| anyhow_like::msg(e.to_string()))?;
+    let url = match cfg.advertise_url.clone() {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => {
+            let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+            if shared && addr.ip().is_unspecified() {
+                tracing::warn!(%addr, "listening on every address: set --advertise-url so that other replicas can forward writes here");
+            }
+            let host = if addr.ip().is_unspecified() {
+                SocketAddr::from(([127, 0, 0, 1], addr.port()))
+            } else {
+                addr
+            };
+            format!("{scheme}://{host}")
+        }
+    };
+    let replica = Arc::new(replica::Replica::new(
+        cfg.replica_id.clone().unwrap_or_else(replica::new_id),
+        url,
+        shared,
+    ));
+    let lifecycle = lifecycle::Lifecycle::new(fleet.clone());
+    if let Some(events) = backend.take_events() {
+        lifecycle.forward_backend_events(events);
+    }
+    let loop_cfg = lifecycle::LoopConfig {
+        fleet: fleet.clone(),
         factory,
-        store.clone(),
-        backend.clone(),
-        lifecycle::Settings {
+        store: store.clone(),
+        backend: backend.clone(),
+        settings: lifecycle::Settings {
             grace: cfg.grace,
             reconcile_every: cfg.reconcile_every,
         },
-        metrics.clone(),
-    )
-    .await
-    .map_err(anyhow_like::msg)?;
-    tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "state rebuilt");
+        metrics: metrics.clone(),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = stop_tx.send(true);
+        }
+        // Keep the sender: a closed channel would read as a change to the supervisor.
+        std::future::pending::<()>().await;
+    });
+    let supervisor = replica::Supervisor {
+        replica: replica.clone(),
+        lifecycle: lifecycle.clone(),
+        cfg: loop_cfg.clone(),
+        settings: cfg.ha.clone(),
+        metrics: metrics.clone(),
+        shutdown: stop_rx,
+    };
+    let started = std::time::Instant::now();
+    let replica_task = if shared {
+        let task = tokio::spawn(supervisor.run());
+        // Serve once the first round is done: leading (state rebuilt), or following.
+        replica.settled(Duration::from_secs(60)).await;
+        task
+    } else {
+        let leading = lifecycle.lead(&loop_cfg, None).await.map_err(anyhow_like::msg)?;
+        tokio::spawn(supervisor.run_alone(leading))
+    };
+    let st = replica.state();
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        replica = %replica.id,
+        role = st.role,
+        leader = ?st.leader_url,
+        "state rebuilt"
+    );
     let oidc = match cfg.oidc {
         Some(o) => Some(oidc::OidcVerifier::discover(o).await.map_err(anyhow_like::msg)?),
         None => None,
@@ -314,12 +401,10 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
             sim: Some(sim.clone()),
             version: env!("CARGO_PKG_VERSION"),
         }),
+        replica: replica.clone(),
+        forward: forward::client(),
     };
     let metrics_app = metrics::router(state.clone());
-    let listener = TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| anyhow_like::msg(format!("cannot listen on {}: {e}", cfg.listen)))?;
-    let addr = listener.local_addr().map_err(|e| anyhow_like::msg(e.to_string()))?;
     let app = app(state);
     let task = match &cfg.tls {
         None => tokio::spawn(async move {
@@ -340,6 +425,8 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         sim,
         task,
         metrics_app,
+        replica,
+        replica_task,
     })
 }
 

@@ -64,6 +64,9 @@ const CYCLE_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
+fn db_hist() -> Histogram {
+    Histogram::new(STORE_BUCKETS)
+}
 fn api_hist() -> Histogram {
     Histogram::new(API_BUCKETS)
 }
@@ -96,6 +99,9 @@ pub struct Metrics {
     orphans: Gauge,
     allocated: FCounter,
     measured: FCounter,
+    database: Hist,
+    leadership: Family<Labels, Counter>,
+    leader: Gauge,
     started: Instant,
 }
 
@@ -122,8 +128,14 @@ impl Metrics {
             orphans: Gauge::default(),
             allocated: Family::default(),
             measured: Family::default(),
+            database: Family::new_with_constructor(db_hist),
+            leadership: Family::default(),
+            leader: Gauge::default(),
             started: Instant::now(),
         };
+        for change in ["acquired", "lost"] {
+            let _ = m.leadership.get_or_create(&vec![("change", change.to_string())]);
+        }
         // Series that alerts and dashboards expect exist from the start, at zero.
         for r in REFUSAL_REASONS {
             let _ = m.refusals.get_or_create(&vec![("reason", r.as_str().to_string())]);
@@ -165,6 +177,28 @@ impl Metrics {
         if !ok {
             self.store_failures.inc();
         }
+    }
+
+    /// One store operation (`op`: the contract's method) and whether it succeeded.
+    pub fn database(&self, op: &'static str, ok: bool, elapsed: Duration) {
+        self.database
+            .get_or_create(&vec![
+                ("op", op.to_string()),
+                ("outcome", if ok { "ok" } else { "error" }.to_string()),
+            ])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// This replica acquired (`acquired`) or lost (`lost`) the leadership.
+    pub fn leadership(&self, change: &'static str) {
+        self.leadership
+            .get_or_create(&vec![("change", change.to_string())])
+            .inc();
+    }
+
+    /// Whether this replica leads (its lifecycle loop runs).
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     /// One scheduler cycle over the queue.
@@ -321,6 +355,21 @@ impl Metrics {
             "tessera_gpu_unit_seconds_allocated",
             "Metered GPU-unit-seconds allocated to running workloads, by tenant and resource class",
             self.allocated.clone(),
+        );
+        reg.register(
+            "tessera_database_duration_seconds",
+            "Latency of store operations by operation (the store contract's method) and outcome (ok, error)",
+            self.database.clone(),
+        );
+        reg.register(
+            "tessera_leadership_changes",
+            "Times this replica acquired or lost the leadership (change: acquired, lost)",
+            self.leadership.clone(),
+        );
+        reg.register(
+            "tessera_leader",
+            "1 while this replica leads (runs the lifecycle loop), else 0",
+            self.leader.clone(),
         );
         reg.register(
             "tessera_gpu_unit_seconds_measured",

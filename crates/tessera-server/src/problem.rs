@@ -126,6 +126,9 @@ impl From<tessera_store::StoreError> for ApiError {
     fn from(e: tessera_store::StoreError) -> Self {
         match e {
             tessera_store::StoreError::Conflict(what) => ApiError::conflict(format!("{what} already exists")),
+            tessera_store::StoreError::Fenced(_) => {
+                ApiError::unavailable("this replica lost the leadership; retry shortly")
+            }
             other => {
                 tracing::error!(error = %other, "store error");
                 ApiError::unavailable("the store is unavailable; retry shortly")
@@ -142,6 +145,11 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        // Unavailable is temporary (the database, an election): say when to come back.
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         r
     }
 }

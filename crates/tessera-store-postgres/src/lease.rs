@@ -67,7 +67,7 @@ impl LeaseStore for PgStore {
             "WITH t (now) AS (SELECT ",
             now_ms!(),
             ") UPDATE leader SET holder = $1, url = $2, epoch = epoch + 1, acquired_at = t.now, \
-             expires_at = t.now + $3 FROM t WHERE id = 1 AND (holder IS NULL OR expires_at <= t.now) \
+             expires_at = t.now + $3 FROM t WHERE id = 1 AND (holder IS NULL OR holder = $1 OR expires_at <= t.now) \
              RETURNING epoch"
         ))
         .bind(holder)

@@ -58,7 +58,7 @@ impl LeaseStore for SqliteStore {
             now_ms!(),
             ", expires_at = ",
             now_ms!(),
-            " + $3 WHERE id = 1 AND (holder IS NULL OR expires_at <= ",
+            " + $3 WHERE id = 1 AND (holder IS NULL OR holder = $1 OR expires_at <= ",
             now_ms!(),
             ") RETURNING epoch"
         ))

@@ -1418,14 +1418,24 @@ pub async fn the_lease_has_one_holder_at_a_time(s: &dyn Store) {
     assert!(lease.valid() && lease.remaining_ms <= LONG as i64, "{lease:?}");
     assert!(lease.expires_at - lease.acquired_at == LONG as i64, "{lease:?}");
     assert_eq!(s.acquire_lease("b", "http://b", LONG).await.unwrap(), None, "held by a");
-    assert_eq!(
-        s.acquire_lease("a", "http://a", LONG).await.unwrap(),
-        None,
-        "a renews instead"
-    );
     assert!(s.renew_lease("a", e1, LONG).await.unwrap());
     assert!(!s.renew_lease("b", e1, LONG).await.unwrap(), "not b's");
     assert!(!s.renew_lease("a", e1 + 1, LONG).await.unwrap(), "not that epoch");
+    // `a` again (restarted with the same id): a new epoch at once, the old one is over.
+    let e1 = {
+        let again = s
+            .acquire_lease("a", "http://a:9090", LONG)
+            .await
+            .unwrap()
+            .expect("its own lease");
+        assert!(again > e1, "{e1} then {again}");
+        assert!(
+            !s.renew_lease("a", e1, LONG).await.unwrap(),
+            "the previous incarnation's epoch"
+        );
+        assert_eq!(s.lease().await.unwrap().unwrap().url, "http://a:9090");
+        again
+    };
 
     // Released: the next acquisition, by anyone, has the next epoch.
     s.release_lease("b", e1).await.unwrap();

@@ -344,9 +344,10 @@ pub trait AuditStore: Send + Sync {
 /// next epoch. Batches fenced with an older epoch are refused ([`Change::Fence`]).
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
-    /// Acquires the lease for `holder` (advertising `url`) for `ttl_ms`, if nobody holds it or
-    /// it has expired: returns the new epoch, or `None` when another holder's lease is valid
-    /// (or `holder`'s own: it renews instead). Of replicas racing, exactly one wins.
+    /// Acquires the lease for `holder` (advertising `url`) for `ttl_ms`, if nobody holds it,
+    /// it has expired, or `holder` holds it already (a replica restarted with the same id takes
+    /// over at once; its previous incarnation's epoch is fenced): returns the new epoch, or
+    /// `None` when another holder's lease is valid. Of replicas racing, exactly one wins.
     async fn acquire_lease(&self, holder: &str, url: &str, ttl_ms: u64) -> Result<Option<u64>>;
     /// Extends the lease `holder` holds with `epoch` to `ttl_ms` from now; `false` (and
     /// nothing changes) if it has expired or another replica acquired it since.

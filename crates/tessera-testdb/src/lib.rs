@@ -6,7 +6,9 @@
 //! parallel without seeing each other's rows.
 //!
 //! [`database_url`] uses one cluster per test binary, started on first use. Tests that stop and
-//! start PostgreSQL (an outage) start a [`Cluster`] of their own.
+//! start PostgreSQL (an outage) start a [`Cluster`] of their own. `initdb` runs once per
+//! machine: clusters are copies of an initialised template. Clusters live in `/dev/shm` when
+//! it has room (or `$TESSERA_PG_DIR`), else in the temporary directory.
 //!
 //! PostgreSQL refuses to run as root. Run as an ordinary user, the cluster runs as that user;
 //! run as root (as CI does), `initdb` and `postgres` run as the `postgres` system user that
@@ -53,7 +55,7 @@ impl Db {
 /// Expands test functions that take a [`Db`] into one test per database, in modules `sqlite`
 /// and `postgres`, each with the given test attribute:
 ///
-/// ```ignore
+/// ```text
 /// async fn creates_and_cancels(db: Db) { … }
 /// tessera_testdb::each_database!(#[tokio::test] async creates_and_cancels);
 /// fn restarts(db: Db) { … }
@@ -102,10 +104,12 @@ impl Cluster {
     /// Panics (with what to do) when PostgreSQL is not installed or does not start.
     pub fn start() -> Cluster {
         static CLUSTERS: AtomicU32 = AtomicU32::new(0);
-        remove_stale_dirs();
+        let base = base_dir();
+        remove_stale_dirs(&base);
         let bin = bin_dir();
         let run_as = run_as();
-        let dir = std::env::temp_dir().join(format!(
+        let template = template(&base, &bin, run_as);
+        let dir = base.join(format!(
             "tessera-pg-{}-{}",
             std::process::id(),
             CLUSTERS.fetch_add(1, Ordering::Relaxed)
@@ -115,26 +119,16 @@ impl Cluster {
         if let Some((uid, gid)) = run_as {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("give the cluster's directory to postgres");
         }
-        let out = as_user(Command::new(bin.join("initdb")), run_as)
-            .current_dir(&dir)
-            .args([
-                "-D",
-                "data",
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-            ])
+        // A copy of an initialised cluster: `initdb` once per machine, not once per test binary.
+        let out = Command::new("cp")
+            .arg("-a")
+            .arg(template.join("data"))
+            .arg(dir.join("data"))
             .output()
-            .expect("run initdb");
+            .expect("run cp");
         assert!(
             out.status.success(),
-            "initdb failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
+            "copying the template cluster: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let port = free_port();
@@ -368,12 +362,83 @@ fn spawn_with_parent_death_signal(mut cmd: Command) -> Child {
     rx.recv().expect("the spawner thread answers").expect("start postgres")
 }
 
+/// Where clusters live: `$TESSERA_PG_DIR`, else `/dev/shm` when it has room (a cluster in
+/// memory starts and creates databases several times faster than on a busy disk), else the
+/// temporary directory.
+fn base_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TESSERA_PG_DIR") {
+        return PathBuf::from(dir);
+    }
+    let shm = PathBuf::from("/dev/shm");
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let path = c"/dev/shm";
+    // SAFETY: statvfs writes into the struct it is given; the path is NUL-terminated.
+    let ok = unsafe { libc::statvfs(path.as_ptr(), &mut st) } == 0;
+    let free = st.f_bavail as u64 * st.f_frsize as u64;
+    if ok && free >= 2 << 30 {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// An initialised cluster to copy (made once, by whichever test process comes first).
+fn template(base: &std::path::Path, bin: &std::path::Path, run_as: Option<(u32, u32)>) -> PathBuf {
+    let version = bin
+        .parent()
+        .and_then(|p| p.file_name())
+        .and_then(|v| v.to_str())
+        .unwrap_or("pg")
+        .to_string();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let template = base.join(format!("tessera-pg-template-{version}-{uid}"));
+    // One maker per process; other processes race through the rename below.
+    static MAKING: Mutex<()> = Mutex::new(());
+    let _making = MAKING.lock().unwrap();
+    if template.join("data").join("PG_VERSION").exists() {
+        return template;
+    }
+    let scratch = base.join(format!("tessera-pg-{}-template", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).expect("create the template's directory");
+    if let Some((uid, gid)) = run_as {
+        std::os::unix::fs::chown(&scratch, Some(uid), Some(gid)).expect("give the template's directory to postgres");
+    }
+    let out = as_user(Command::new(bin.join("initdb")), run_as)
+        .current_dir(&scratch)
+        .args([
+            "-D",
+            "data",
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        ])
+        .output()
+        .expect("run initdb");
+    assert!(
+        out.status.success(),
+        "initdb failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Another process may have made one meanwhile: either is fine.
+    if std::fs::rename(&scratch, &template).is_err() {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    template
+}
+
 /// Removes the directories of clusters whose test process has exited.
-fn remove_stale_dirs() {
+fn remove_stale_dirs(base: &std::path::Path) {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
-        let tmp = std::env::temp_dir();
-        for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+        for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
             let name = entry.file_name();
             let Some(pid) = name
                 .to_str()

@@ -486,6 +486,47 @@ pub async fn pools(c: &Common) -> Result<()> {
     }
 }
 
+/// `tessera status`: the replicas of the control plane and which one leads.
+pub async fn status(c: &Common) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let r: ReplicasView = client.get("/api/v1/replicas").await?;
+    match c.output {
+        Output::Json | Output::Csv => print_json(&r),
+        Output::Table => {
+            match &r.leader {
+                Some(l) => println!(
+                    "Leader: {} at {} (epoch {}, lease valid for another {} ms)",
+                    l.id, l.url, l.epoch, l.expires_in_ms
+                ),
+                None => println!("Leader: none (an election is under way, or the database is unavailable)"),
+            }
+            println!("Database: {}; answered by {}", r.database, r.this);
+            let rows: Vec<Vec<String>> = r
+                .replicas
+                .iter()
+                .map(|x| {
+                    vec![
+                        x.id.clone(),
+                        x.role.clone(),
+                        x.url.clone(),
+                        x.version.clone(),
+                        x.started_at.clone(),
+                        format!("{:.1} s ago", x.last_seen_ms_ago as f64 / 1000.0),
+                    ]
+                })
+                .collect();
+            println!(
+                "{}",
+                table(
+                    &["REPLICA", "ROLE", "URL", "VERSION", "STARTED", "LAST HEARTBEAT"],
+                    &rows
+                )
+            );
+            Ok(())
+        }
+    }
+}
+
 fn filter_query(f: &FleetFilterArgs) -> String {
     let mut q = vec!["limit=500".to_string()];
     if let Some(p) = &f.pool {

@@ -53,6 +53,8 @@ enum Command {
     Describe { id: u64 },
     /// Cancel a workload; its capacity returns to the fleet.
     Cancel { id: u64 },
+    /// The replicas of the control plane and which one leads.
+    Status,
     /// Pools and their use.
     Pools,
     /// Nodes and their free resources.
@@ -122,6 +124,7 @@ fn main() -> ExitCode {
         Command::Ls(a) => client(Box::pin(cli::ls(c, a))),
         Command::Describe { id } => client(Box::pin(cli::describe(c, id))),
         Command::Cancel { id } => client(Box::pin(cli::cancel(c, id))),
+        Command::Status => client(Box::pin(cli::status(c))),
         Command::Pools => client(Box::pin(cli::pools(c))),
         Command::Nodes(f) => client(Box::pin(cli::nodes(c, f))),
         Command::Gpus(f) => client(Box::pin(cli::gpus(c, f))),

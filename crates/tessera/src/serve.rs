@@ -31,6 +31,19 @@ pub struct ServeArgs {
     /// SQLite in `--data-dir`; replicas pointing at one database elect a leader.
     #[arg(long, env = "TESSERA_DATABASE", hide_env_values = true)]
     database: Option<String>,
+    /// The URL other replicas reach this one at, to forward writes when it leads (default:
+    /// the scheme and the address it listens on).
+    #[arg(long, env = "TESSERA_ADVERTISE_URL")]
+    advertise_url: Option<String>,
+    /// This replica's id in the lease and `tessera status` (default: the host name and a
+    /// random suffix).
+    #[arg(long, env = "TESSERA_REPLICA_ID")]
+    replica_id: Option<String>,
+    /// How long the leader's lease lasts after each renewal, in milliseconds; it is renewed
+    /// every third of that, and a follower takes over within about this long after the
+    /// leader dies.
+    #[arg(long, default_value_t = 3000)]
+    lease_ms: u64,
     /// `seed`, `synthetic:NODES`, or a TOML fleet file (see fleets/seed.toml).
     #[arg(long, default_value = "seed")]
     fleet: String,
@@ -155,6 +168,16 @@ pub fn run(a: ServeArgs) -> Result<()> {
             rate_limit: a.rate_limit,
             oidc,
             tls: a.tls_cert.clone().zip(a.tls_key.clone()),
+            advertise_url: a.advertise_url.clone(),
+            replica_id: a.replica_id.clone(),
+            ha: {
+                let lease = Duration::from_millis(a.lease_ms.max(500));
+                tessera_server::replica::HaSettings {
+                    lease,
+                    renew_every: lease / 3,
+                    ..Default::default()
+                }
+            },
         };
         let running = start(cfg).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         if let Some(t) = &running.admin_token {
@@ -182,11 +205,50 @@ pub fn run(a: ServeArgs) -> Result<()> {
             },
             running.addr
         );
+        if let Some(url) = &a.database {
+            let st = running.replica.state();
+            println!(
+                "Replica {} on PostgreSQL ({}): {}",
+                running.replica.id,
+                redact(url),
+                match (st.role, &st.leader_url) {
+                    ("leader", _) => "leading".to_string(),
+                    (_, Some(l)) => format!("following the leader at {l}"),
+                    (_, None) => "no leader yet".to_string(),
+                }
+            );
+        }
         tracing::info!(addr = %running.addr, "serving");
         running.task.await.context("server task")?.context("server")?;
+        // Step down and release the lease, so that another replica takes over at once.
+        let _ = tokio::time::timeout(Duration::from_secs(5), running.replica_task).await;
         if let Some(t) = metrics_task {
             t.await.context("metrics server task")?.context("metrics server")?;
         }
         Ok(())
     })
+}
+
+/// A database URL without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn database_urls_lose_their_password() {
+        assert_eq!(
+            super::redact("postgres://tessera:s3cret@db:5432/tessera"),
+            "postgres://tessera@db:5432/tessera"
+        );
+        assert_eq!(super::redact("postgres://db/tessera"), "postgres://db/tessera");
+    }
 }

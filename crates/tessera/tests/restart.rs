@@ -22,7 +22,9 @@ fn start(dir: &std::path::Path, database: &Option<String>) -> Server {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
     cmd.arg("serve");
     if let Some(url) = database {
-        cmd.args(["--database", url]);
+        // The same id after the restart: the new process takes over its predecessor's lease at
+        // once instead of waiting for it to expire.
+        cmd.args(["--database", url, "--replica-id", "restarted"]);
     }
     let mut child = cmd
         .args(["--listen", "127.0.0.1:0", "--data-dir"])

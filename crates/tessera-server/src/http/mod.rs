@@ -43,7 +43,7 @@ use crate::problem::{ApiError, ApiResult};
         (name = "tenancy", description = "Tenants, projects and API tokens"),
         (name = "workloads", description = "GPU requests and their lifecycle"),
         (name = "governance", description = "Quotas, budgets and usage"),
-        (name = "system", description = "Health and the API description"),
+        (name = "system", description = "Health, the replicas of the control plane and the API description"),
     )
 )]
 pub struct ApiDoc;
@@ -65,6 +65,7 @@ impl Modify for BearerAuth {
 pub fn router(with_sim: bool) -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
     let mut r = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(system::health))
+        .routes(routes!(system::replicas))
         .routes(routes!(fleet::list_pools))
         .routes(routes!(fleet::list_nodes))
         .routes(routes!(fleet::list_gpus))

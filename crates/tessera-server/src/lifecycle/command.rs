@@ -2,7 +2,7 @@
 //! the commands it sends, and the typed answers. Writes go through the loop; reads come from
 //! what it publishes ([`Published`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use tessera_backend::{BackendEvent, ReconcileReport};
 use tessera_domain::{Reason, Workload, WorkloadId, WorkloadSpec};
@@ -104,21 +104,44 @@ pub enum Cmd {
     ),
 }
 
-/// The handle HTTP handlers use.
+/// The handle HTTP handlers use. It outlives loops: a replica that becomes the leader starts
+/// one ([`Lifecycle::lead`](super::Lifecycle::lead)) and loses it when it steps down; readers
+/// read what was last published either way.
 #[derive(Clone)]
 pub struct Lifecycle {
-    pub(crate) tx: mpsc::Sender<Cmd>,
+    /// The running loop's commands; `None` while this replica does not lead.
+    pub(crate) tx: Arc<RwLock<Option<mpsc::Sender<Cmd>>>>,
     pub(crate) published: Arc<Published>,
 }
 
 fn stopped() -> LifecycleError {
-    LifecycleError::Unavailable("the lifecycle loop has stopped".into())
+    LifecycleError::Unavailable("this replica is not leading (the lifecycle loop has stopped); retry shortly".into())
 }
 
 impl Lifecycle {
+    /// A handle without a loop: it publishes an empty snapshot of `fleet` until a loop or a
+    /// follower's refresh publishes another.
+    pub fn new(fleet: Arc<tessera_model::Fleet>) -> Lifecycle {
+        Lifecycle {
+            tx: Arc::default(),
+            published: Arc::new(Published::new(fleet)),
+        }
+    }
+
+    /// The running loop's sender, if any.
+    pub(crate) fn sender(&self) -> Option<mpsc::Sender<Cmd>> {
+        self.tx.read().expect("lock").clone()
+    }
+
+    /// Whether a loop runs behind this handle (this replica leads).
+    pub fn is_leading(&self) -> bool {
+        self.tx.read().expect("lock").is_some()
+    }
+
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, LifecycleError> {
+        let sender = self.sender().ok_or_else(stopped)?;
         let (tx, rx) = oneshot::channel();
-        self.tx.send(make(tx)).await.map_err(|_| stopped())?;
+        sender.send(make(tx)).await.map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
     }
 
@@ -143,8 +166,12 @@ impl Lifecycle {
         self.published.snapshot()
     }
 
-    /// A live or recently ended workload, as last committed.
+    /// A live or recently ended workload, as last committed by this replica's loop; `None`
+    /// when this replica does not lead (its memory may be behind: read the store).
     pub fn workload(&self, id: WorkloadId) -> Option<Arc<Workload>> {
+        if !self.is_leading() {
+            return None;
+        }
         self.published.workload(id)
     }
 

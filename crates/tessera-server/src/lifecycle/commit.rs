@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_domain::{Event, Workload, WorkloadId};
-use tessera_store::{Change, IdempotencyKey, Store};
+use tessera_store::{Change, IdempotencyKey, Store, StoreError};
 
 use super::Core;
 use super::command::{LifecycleError, Reply};
@@ -159,12 +159,16 @@ impl Batch {
 impl Core {
     /// Stores the batch in one transaction, then publishes, answers and starts backend work.
     pub(super) async fn commit(&mut self, mut batch: Batch, now: i64) {
-        let (changes, records) = batch.take_changes();
+        let (mut changes, records) = batch.take_changes();
         if !changes.is_empty() {
+            if let Some(f) = &self.fence {
+                changes.insert(0, Change::Fence(f.clone()));
+            }
             let t0 = Instant::now();
             let stored = self.store.commit(&changes).await;
             self.metrics.store_commit(t0.elapsed(), stored.is_ok());
             if let Err(e) = stored {
+                let fenced = matches!(e, StoreError::Fenced(_));
                 tracing::error!(error = %e, changes = changes.len(), "commit failed; rebuilding state from the store");
                 let err = || {
                     LifecycleError::Unavailable(
@@ -184,12 +188,26 @@ impl Core {
                         }
                     }
                 }
+                if fenced {
+                    // Another replica leads: nothing to rebuild, this loop stops.
+                    self.fenced = true;
+                    return;
+                }
                 // Memory must not run ahead of the store: rebuild it from what is durable.
                 let mut delay = Duration::from_millis(100);
-                while let Err(e) = self.recover().await {
-                    tracing::error!(error = %e, "cannot rebuild state from the store; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(10));
+                loop {
+                    match self.recover().await {
+                        Ok(()) => break,
+                        Err(StoreError::Fenced(_)) => {
+                            self.fenced = true;
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot rebuild state from the store; retrying");
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(Duration::from_secs(10));
+                        }
+                    }
                 }
                 return;
             }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tessera_backend::{Backend, BackendError, PartitionPlan, PartitionReport, RunSpec};
 use tessera_domain::WorkloadId;
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 use super::command::Cmd;
 use crate::metrics::Metrics;
@@ -43,13 +44,17 @@ pub enum OpResult {
     Unpartitioned(Result<(), BackendError>),
 }
 
-/// Runs operations, one at a time per workload.
+/// Runs operations, one at a time per workload. Its tasks end with it: when the loop stops
+/// (its leader stepped down), operations still in flight are aborted, so a replica that no
+/// longer leads stops acting on the backend.
 pub struct Runner {
     backend: Arc<dyn Backend>,
     tx: mpsc::Sender<Cmd>,
     metrics: Arc<Metrics>,
     /// Workloads with an operation in flight, and what waits behind it.
     queues: HashMap<WorkloadId, VecDeque<Op>>,
+    /// The operations' tasks (and the loop's other backend calls); aborted on drop.
+    tasks: JoinSet<()>,
 }
 
 impl Runner {
@@ -59,7 +64,15 @@ impl Runner {
             tx,
             metrics,
             queues: HashMap::new(),
+            tasks: JoinSet::new(),
         }
+    }
+
+    /// Runs `task` (backend work of the loop) until it ends or the runner is dropped.
+    pub fn spawn(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        // Forget the tasks that ended.
+        while self.tasks.try_join_next().is_some() {}
+        self.tasks.spawn(task);
     }
 
     /// Queues `op` for `id`; runs it now if nothing is in flight for that workload.
@@ -105,7 +118,7 @@ impl Runner {
         let backend = self.backend.clone();
         let tx = self.tx.clone();
         let metrics = self.metrics.clone();
-        tokio::spawn(async move {
+        self.spawn(async move {
             let t0 = Instant::now();
             let name = op.name();
             let result = match op {

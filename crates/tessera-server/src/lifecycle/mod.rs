@@ -19,6 +19,7 @@
 mod command;
 mod commit;
 pub mod effects;
+mod follower;
 mod metering;
 pub mod placement;
 mod recover;
@@ -38,7 +39,7 @@ use tessera_sched::cycle::{Decision, Job, Scheduler};
 use tessera_sched::engine::DeviceBinding;
 use tessera_sched::mig::MigMode;
 use tessera_sched::reason::Refusal;
-use tessera_store::{Change, Store, UsageInterval};
+use tessera_store::{Change, Fence, Store, UsageInterval};
 use tokio::sync::mpsc;
 
 pub use command::{Cmd, Governance, Lifecycle, LifecycleError, NewWorkload};
@@ -149,9 +150,25 @@ pub(crate) struct Core {
     /// Creations answered after the next cycle decides them (they were submitted while
     /// capacity was changing).
     deferred: Vec<ReplyTo>,
+    /// The leader's fence, carried by every batch (`None`: the only process on its store).
+    fence: Option<Fence>,
+    /// A batch was fenced: another replica leads, this loop must stop.
+    fenced: bool,
 }
 
-/// Rebuilds the loop's state from the store, reconciles with the backend and starts the loop.
+/// What a loop needs; a replica keeps one and starts a loop from it each time it leads.
+#[derive(Clone)]
+pub struct LoopConfig {
+    pub fleet: Arc<Fleet>,
+    pub factory: SchedFactory,
+    pub store: Arc<dyn Store>,
+    pub backend: Arc<dyn Backend>,
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Rebuilds the loop's state from the store, reconciles with the backend and starts the loop,
+/// unfenced, for the life of the runtime (one process on its own store).
 pub async fn start(
     fleet: Arc<Fleet>,
     factory: SchedFactory,
@@ -160,64 +177,116 @@ pub async fn start(
     settings: Settings,
     metrics: Arc<Metrics>,
 ) -> Result<Lifecycle, String> {
-    let (tx, rx) = mpsc::channel(8192);
-    let published = Arc::new(Published::new(fleet.clone()));
-    let mut core = Core {
-        nodes: Arc::new(NodeIndex::new(&fleet)),
-        builder: SnapshotBuilder::new(&fleet),
-        sched: factory(),
-        factory,
-        caps: backend.capabilities(),
-        runner: Runner::new(backend.clone(), tx.clone(), metrics.clone()),
+    let cfg = LoopConfig {
         fleet,
+        factory,
         store,
-        backend: backend.clone(),
-        live: HashMap::new(),
-        tenants: HashMap::new(),
-        ids: 0..0,
+        backend,
         settings,
-        month: MonthBook::default(),
-        published: published.clone(),
         metrics,
-        last_sample: now_ms(),
-        reconciling: false,
-        last_full_publish: Instant::now(),
-        queue_dirty: false,
-        reconcile_soon: false,
-        deferred: Vec::new(),
     };
-    core.recover()
-        .await
-        .map_err(|e| format!("rebuilding state from the store: {e}"))?;
-    if let Some(mut events) = backend.take_events() {
-        let tx = tx.clone();
+    let lc = Lifecycle::new(cfg.fleet.clone());
+    if let Some(events) = cfg.backend.take_events() {
+        lc.forward_backend_events(events);
+    }
+    lc.lead(&cfg, None).await?.detach();
+    Ok(lc)
+}
+
+/// A loop this replica runs as the leader. Dropping it stops the loop at once: its task and
+/// the backend operations it has in flight are aborted, and the [`Lifecycle`] refuses changes
+/// until another loop starts.
+pub struct Leading {
+    task: Option<tokio::task::JoinHandle<()>>,
+    slot: Arc<std::sync::RwLock<Option<mpsc::Sender<Cmd>>>>,
+}
+
+impl Leading {
+    /// Whether the loop has stopped by itself (its batch was fenced: another replica leads).
+    pub fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Lets the loop run on without this handle (it then runs as long as the runtime).
+    pub fn detach(mut self) {
+        self.task = None;
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        *self.slot.write().expect("lock") = None;
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+impl Lifecycle {
+    /// Sends the backend's events to whichever loop runs (none are kept while none does: a
+    /// loop that starts reconciles with the backend first).
+    pub fn forward_backend_events(&self, mut events: tokio::sync::mpsc::UnboundedReceiver<BackendEvent>) {
+        let slot = self.tx.clone();
         tokio::spawn(async move {
             while let Some(e) = events.recv().await {
-                if tx.send(Cmd::Backend(e)).await.is_err() {
-                    break;
+                let tx = slot.read().expect("lock").clone();
+                if let Some(tx) = tx {
+                    let _ = tx.send(Cmd::Backend(e)).await;
                 }
             }
         });
     }
-    let reconcile_every = core.settings.reconcile_every;
-    tokio::spawn(core.run(rx, tx.clone(), reconcile_every));
-    Ok(Lifecycle { tx, published })
+
+    /// Rebuilds the state from the store, reconciles with the backend and starts a loop behind
+    /// this handle. With a `fence`, every batch the loop commits carries it: once another
+    /// replica holds the lease, the store refuses the batch and the loop stops.
+    pub async fn lead(&self, cfg: &LoopConfig, fence: Option<Fence>) -> Result<Leading, String> {
+        let (tx, rx) = mpsc::channel(8192);
+        let fleet = cfg.fleet.clone();
+        let mut core = Core {
+            nodes: Arc::new(NodeIndex::new(&fleet)),
+            builder: SnapshotBuilder::new(&fleet),
+            sched: (cfg.factory)(),
+            factory: cfg.factory.clone(),
+            caps: cfg.backend.capabilities(),
+            runner: Runner::new(cfg.backend.clone(), tx.clone(), cfg.metrics.clone()),
+            fleet,
+            store: cfg.store.clone(),
+            backend: cfg.backend.clone(),
+            live: HashMap::new(),
+            tenants: HashMap::new(),
+            ids: 0..0,
+            settings: cfg.settings.clone(),
+            month: MonthBook::default(),
+            published: self.published.clone(),
+            metrics: cfg.metrics.clone(),
+            last_sample: now_ms(),
+            reconciling: false,
+            last_full_publish: Instant::now(),
+            queue_dirty: false,
+            reconcile_soon: false,
+            deferred: Vec::new(),
+            fence,
+            fenced: false,
+        };
+        core.recover()
+            .await
+            .map_err(|e| format!("rebuilding state from the store: {e}"))?;
+        let reconcile_every = core.settings.reconcile_every;
+        *self.tx.write().expect("lock") = Some(tx.clone());
+        let task = tokio::spawn(core.run(rx, tx, reconcile_every));
+        Ok(Leading {
+            task: Some(task),
+            slot: self.tx.clone(),
+        })
+    }
 }
 
 impl Core {
     /// A new scheduler whose engine honours the backend's capabilities.
     fn fresh_scheduler(&self) -> Scheduler {
-        let mut s = (self.factory)();
-        let mig = match self.caps.partitioning {
-            Partitioning::WholeGpu => MigMode::WholeGpu,
-            Partitioning::Instance | Partitioning::None => MigMode::Instance,
-        };
-        s.engine.set_mig_mode(mig).expect("a new engine has no allocations");
-        s.engine.set_device_binding(match self.caps.devices {
-            DeviceAssignment::Exact => DeviceBinding::Exact,
-            DeviceAssignment::PerNodeCount => DeviceBinding::PerNodeCount,
-        });
-        s
+        fresh_scheduler(&self.factory, &self.caps)
     }
 
     fn tenant_id(&mut self, name: &str) -> TenantId {
@@ -227,13 +296,7 @@ impl Core {
 
     /// The resource class a request waits for: its pool when only one pool can serve it.
     fn class_of(&self, r: &Request) -> String {
-        if let Some(p) = r.pool {
-            return self.fleet.pool(p).name.clone();
-        }
-        match self.sched.engine.scope(r) {
-            Ok(pools) if pools.len() == 1 => self.fleet.pool(pools[0]).name.clone(),
-            _ => "any".into(),
-        }
+        class_of(&self.fleet, &self.sched, r)
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>, tx: mpsc::Sender<Cmd>, reconcile_every: Duration) {
@@ -292,6 +355,10 @@ impl Core {
                 }
             }
             self.commit(batch, now).await;
+            if self.fenced {
+                tracing::warn!("a batch was fenced: another replica leads; this loop stops");
+                break;
+            }
             if std::mem::take(&mut self.reconcile_soon) {
                 self.start_reconcile(tx.clone());
             }
@@ -893,7 +960,7 @@ impl Core {
         }
         self.reconciling = true;
         let backend = self.backend.clone();
-        tokio::spawn(async move {
+        self.runner.spawn(async move {
             let r = backend.reconcile(&expected).await.map_err(|e| e.to_string());
             let _ = tx.send(Cmd::Reconciled(r, phases)).await;
         });
@@ -962,6 +1029,32 @@ impl Core {
                 ),
             },
         }
+    }
+}
+
+/// A new scheduler whose engine honours the backend's capabilities.
+fn fresh_scheduler(factory: &SchedFactory, caps: &Capabilities) -> Scheduler {
+    let mut s = factory();
+    let mig = match caps.partitioning {
+        Partitioning::WholeGpu => MigMode::WholeGpu,
+        Partitioning::Instance | Partitioning::None => MigMode::Instance,
+    };
+    s.engine.set_mig_mode(mig).expect("a new engine has no allocations");
+    s.engine.set_device_binding(match caps.devices {
+        DeviceAssignment::Exact => DeviceBinding::Exact,
+        DeviceAssignment::PerNodeCount => DeviceBinding::PerNodeCount,
+    });
+    s
+}
+
+/// The resource class a request waits for: its pool when only one pool can serve it.
+fn class_of(fleet: &Fleet, sched: &Scheduler, r: &Request) -> String {
+    if let Some(p) = r.pool {
+        return fleet.pool(p).name.clone();
+    }
+    match sched.engine.scope(r) {
+        Ok(pools) if pools.len() == 1 => fleet.pool(pools[0]).name.clone(),
+        _ => "any".into(),
     }
 }
 

@@ -159,7 +159,10 @@ impl Core {
 
     /// Stores what recovery decided (it must not recurse into another recovery on failure).
     async fn commit_recovery(&mut self, batch: Batch, now: i64) -> Result<(), StoreError> {
-        let parts = batch.into_parts();
+        let mut parts = batch.into_parts();
+        if let (Some(f), false) = (&self.fence, parts.changes.is_empty()) {
+            parts.changes.insert(0, tessera_store::Change::Fence(f.clone()));
+        }
         self.store.commit(&parts.changes).await?;
         self.published.put_workloads(parts.records);
         self.published

@@ -1,0 +1,91 @@
+//! What a follower shows: a replica that does not lead runs no loop, so what readers see of
+//! the fleet, the queue, quotas and budgets is rebuilt from the store (periodically, by the
+//! replica's supervisor) in a scheduler of its own that only holds allocations, the way
+//! [`recover`](super::recover) rebuilds a leader's — without asking the backend anything and
+//! without writing. Single workloads, lists and timelines are read from the store directly
+//! ([`Lifecycle::workload`] answers `None` on a follower).
+
+use std::collections::HashMap;
+
+use tessera_domain::WorkloadId;
+use tessera_model::TenantId;
+use tessera_store::StoreError;
+
+use super::metering::MonthBook;
+use super::snapshot::SnapshotBuilder;
+use super::{Lifecycle, Live, LoopConfig, class_of, fresh_scheduler, now_ms, placement};
+use tessera_model::GpuUnits;
+use tessera_sched::cycle::Quota;
+
+impl Lifecycle {
+    /// Publishes a view of the store's state (a follower's); does nothing while a loop runs
+    /// behind this handle, which publishes its own.
+    pub async fn refresh_view(&self, cfg: &LoopConfig) -> Result<(), StoreError> {
+        if self.is_leading() {
+            return Ok(());
+        }
+        let store = &*cfg.store;
+        let mut sched = fresh_scheduler(&cfg.factory, &cfg.backend.capabilities());
+        for q in store.quotas().await? {
+            let quota = Quota {
+                guaranteed: GpuUnits(q.guaranteed_milli),
+                limit: q.limit_milli.map(GpuUnits),
+            };
+            sched.set_quota(&q.tenant, &q.class, Some(quota));
+        }
+        let budgets = store.budgets().await?;
+        for (t, b) in &budgets {
+            sched.set_budget(t, Some(*b));
+        }
+        let now = now_ms();
+        let mut month = MonthBook::default();
+        month.refresh(store, now).await?;
+        let nodes = placement::NodeIndex::new(&cfg.fleet);
+        let mut tenants: HashMap<String, TenantId> = HashMap::new();
+        let mut live: HashMap<WorkloadId, Live> = HashMap::new();
+        for w in store.active_workloads().await? {
+            let n = tenants.len() as u32;
+            let tenant = *tenants.entry(w.spec.tenant.clone()).or_insert(TenantId(n));
+            let Ok(request) = placement::engine_request(&cfg.fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib)
+            else {
+                continue;
+            };
+            let request = request.with_tenant(tenant);
+            let l = Live {
+                class: class_of(&cfg.fleet, &sched, &request),
+                request,
+                w,
+                util: (0.0, 0.0),
+            };
+            if l.w.phase.holds_capacity()
+                && let Some(p) = &l.w.placement
+            {
+                let since = l.w.running_at.unwrap_or(l.w.created_at);
+                let restored = placement::allocation_of(
+                    &cfg.fleet,
+                    &nodes,
+                    l.w.id.0,
+                    p,
+                    (l.w.spec.cpu_milli, l.w.spec.memory_mib),
+                    tenant,
+                )
+                .and_then(|a| sched.restore(&l.job(), a, l.w.borrowing, since));
+                if let Err(e) = restored {
+                    // The leader's engine decides; a follower's view may lack what it cannot
+                    // rebuild (a whole-GPU layout it never learnt from the backend).
+                    tracing::debug!(id = %l.w.id, error = %e, "follower view: allocation not shown");
+                }
+            }
+            live.insert(l.w.id, l);
+        }
+        for (t, _) in &budgets {
+            let spent = month.spent(t, live.values().map(|l| &l.w), now);
+            sched.set_spent(t, spent);
+        }
+        let snap = SnapshotBuilder::new(&cfg.fleet).build(&cfg.fleet, &sched, &live, now, true);
+        if !self.is_leading() {
+            self.published.set_snapshot(snap);
+        }
+        Ok(())
+    }
+}

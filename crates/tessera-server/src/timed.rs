@@ -1,0 +1,184 @@
+//! [`TimedStore`]: the store the server holds, timing every operation into
+//! `tessera_database_duration_seconds{op, outcome}` — the database latency as the control plane
+//! sees it, whichever database it is.
+
+use std::future::Future;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use tessera_domain::{Event, Workload, WorkloadId};
+use tessera_store::{
+    AuditRecord, AuditStore, Change, GovernanceStore, LeaseRecord, LeaseStore, LedgerStore, ProjectRecord, QuotaRecord,
+    ReplicaRecord, Result, Store, TenancyStore, TenantRecord, TokenRecord, TokenStore, UsageInterval, WorkloadFilter,
+    WorkloadStore,
+};
+
+use crate::metrics::Metrics;
+
+/// A store whose every operation is timed.
+pub struct TimedStore {
+    inner: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+}
+
+impl TimedStore {
+    pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>) -> TimedStore {
+        TimedStore { inner, metrics }
+    }
+
+    async fn timed<T>(&self, op: &'static str, f: impl Future<Output = Result<T>>) -> Result<T> {
+        let t0 = Instant::now();
+        let r = f.await;
+        self.metrics.database(op, r.is_ok(), t0.elapsed());
+        r
+    }
+}
+
+#[async_trait]
+impl TenancyStore for TimedStore {
+    async fn create_tenant(&self, t: &TenantRecord) -> Result<()> {
+        self.timed("create_tenant", self.inner.create_tenant(t)).await
+    }
+    async fn get_tenant(&self, name: &str) -> Result<Option<TenantRecord>> {
+        self.timed("get_tenant", self.inner.get_tenant(name)).await
+    }
+    async fn list_tenants(&self, after: Option<&str>, limit: u32) -> Result<Vec<TenantRecord>> {
+        self.timed("list_tenants", self.inner.list_tenants(after, limit)).await
+    }
+    async fn delete_tenant(&self, name: &str) -> Result<bool> {
+        self.timed("delete_tenant", self.inner.delete_tenant(name)).await
+    }
+    async fn create_project(&self, p: &ProjectRecord) -> Result<()> {
+        self.timed("create_project", self.inner.create_project(p)).await
+    }
+    async fn get_project(&self, tenant: &str, name: &str) -> Result<Option<ProjectRecord>> {
+        self.timed("get_project", self.inner.get_project(tenant, name)).await
+    }
+    async fn list_projects(&self, tenant: &str, after: Option<&str>, limit: u32) -> Result<Vec<ProjectRecord>> {
+        self.timed("list_projects", self.inner.list_projects(tenant, after, limit))
+            .await
+    }
+    async fn delete_project(&self, tenant: &str, name: &str) -> Result<bool> {
+        self.timed("delete_project", self.inner.delete_project(tenant, name))
+            .await
+    }
+}
+
+#[async_trait]
+impl TokenStore for TimedStore {
+    async fn create_token(&self, t: &TokenRecord) -> Result<()> {
+        self.timed("create_token", self.inner.create_token(t)).await
+    }
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        self.timed("find_token", self.inner.find_token(hash)).await
+    }
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRecord>> {
+        self.timed("get_token", self.inner.get_token(id)).await
+    }
+    async fn list_tokens(&self, tenant: Option<&str>) -> Result<Vec<TokenRecord>> {
+        self.timed("list_tokens", self.inner.list_tokens(tenant)).await
+    }
+    async fn revoke_token(&self, id: &str, at: i64) -> Result<bool> {
+        self.timed("revoke_token", self.inner.revoke_token(id, at)).await
+    }
+    async fn token_count(&self) -> Result<u64> {
+        self.timed("token_count", self.inner.token_count()).await
+    }
+}
+
+#[async_trait]
+impl WorkloadStore for TimedStore {
+    async fn reserve_workload_ids(&self, n: u32) -> Result<Range<u64>> {
+        self.timed("reserve_workload_ids", self.inner.reserve_workload_ids(n))
+            .await
+    }
+    async fn commit(&self, batch: &[Change]) -> Result<()> {
+        self.timed("commit", self.inner.commit(batch)).await
+    }
+    async fn get_workload(&self, id: WorkloadId, scope: Option<&str>) -> Result<Option<Workload>> {
+        self.timed("get_workload", self.inner.get_workload(id, scope)).await
+    }
+    async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>> {
+        self.timed("list_workloads", self.inner.list_workloads(f)).await
+    }
+    async fn events(&self, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>> {
+        self.timed("events", self.inner.events(id, scope)).await
+    }
+    async fn active_workloads(&self) -> Result<Vec<Workload>> {
+        self.timed("active_workloads", self.inner.active_workloads()).await
+    }
+    async fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, WorkloadId)>> {
+        self.timed("idempotent", self.inner.idempotent(actor, key)).await
+    }
+}
+
+#[async_trait]
+impl LedgerStore for TimedStore {
+    async fn usage_of(&self, id: WorkloadId) -> Result<Vec<UsageInterval>> {
+        self.timed("usage_of", self.inner.usage_of(id)).await
+    }
+    async fn usage_between(&self, tenant: Option<&str>, from: i64, to: i64) -> Result<Vec<UsageInterval>> {
+        self.timed("usage_between", self.inner.usage_between(tenant, from, to))
+            .await
+    }
+}
+
+#[async_trait]
+impl GovernanceStore for TimedStore {
+    async fn set_quota(&self, q: &QuotaRecord, at: i64) -> Result<()> {
+        self.timed("set_quota", self.inner.set_quota(q, at)).await
+    }
+    async fn delete_quota(&self, tenant: &str, class: &str) -> Result<bool> {
+        self.timed("delete_quota", self.inner.delete_quota(tenant, class)).await
+    }
+    async fn quotas(&self) -> Result<Vec<QuotaRecord>> {
+        self.timed("quotas", self.inner.quotas()).await
+    }
+    async fn set_budget(&self, tenant: &str, unit_hours: Option<f64>, at: i64) -> Result<()> {
+        self.timed("set_budget", self.inner.set_budget(tenant, unit_hours, at))
+            .await
+    }
+    async fn budgets(&self) -> Result<Vec<(String, f64)>> {
+        self.timed("budgets", self.inner.budgets()).await
+    }
+}
+
+#[async_trait]
+impl AuditStore for TimedStore {
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<Vec<u64>> {
+        self.timed("append_audit", self.inner.append_audit(records)).await
+    }
+    async fn audit(&self, tenant: Option<&str>, before: Option<u64>, limit: u32) -> Result<Vec<AuditRecord>> {
+        self.timed("audit", self.inner.audit(tenant, before, limit)).await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for TimedStore {
+    async fn acquire_lease(&self, holder: &str, url: &str, ttl_ms: u64) -> Result<Option<u64>> {
+        self.timed("acquire_lease", self.inner.acquire_lease(holder, url, ttl_ms))
+            .await
+    }
+    async fn renew_lease(&self, holder: &str, epoch: u64, ttl_ms: u64) -> Result<bool> {
+        self.timed("renew_lease", self.inner.renew_lease(holder, epoch, ttl_ms))
+            .await
+    }
+    async fn release_lease(&self, holder: &str, epoch: u64) -> Result<()> {
+        self.timed("release_lease", self.inner.release_lease(holder, epoch))
+            .await
+    }
+    async fn lease(&self) -> Result<Option<LeaseRecord>> {
+        self.timed("lease", self.inner.lease()).await
+    }
+    async fn heartbeat(&self, r: &ReplicaRecord) -> Result<()> {
+        self.timed("heartbeat", self.inner.heartbeat(r)).await
+    }
+    async fn replicas(&self) -> Result<Vec<ReplicaRecord>> {
+        self.timed("replicas", self.inner.replicas()).await
+    }
+    async fn prune_replicas(&self, idle_ms: u64) -> Result<u64> {
+        self.timed("prune_replicas", self.inner.prune_replicas(idle_ms)).await
+    }
+}
