@@ -104,7 +104,7 @@ impl AuditStore for PgStore {
         let rows = q
             .bind(before.map_or(i64::MAX, i64_of))
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         rows.iter().map(audit_row).collect()

@@ -18,7 +18,7 @@ impl GovernanceStore for PgStore {
         .bind(i64_of(q.guaranteed_milli))
         .bind(q.limit_milli.map(i64_of))
         .bind(at)
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         Ok(())
@@ -28,7 +28,7 @@ impl GovernanceStore for PgStore {
         let r = sqlx::query("DELETE FROM quotas WHERE tenant = $1 AND class = $2")
             .bind(tenant)
             .bind(class)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         Ok(r.rows_affected() > 0)
@@ -37,7 +37,7 @@ impl GovernanceStore for PgStore {
     async fn quotas(&self) -> Result<Vec<QuotaRecord>> {
         let rows =
             sqlx::query("SELECT tenant, class, guaranteed_milli, limit_milli FROM quotas ORDER BY tenant, class")
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *self.conn().await?)
                 .await
                 .map_err(db)?;
         rows.iter()
@@ -63,7 +63,7 @@ impl GovernanceStore for PgStore {
             .bind(at),
             None => sqlx::query("DELETE FROM budgets WHERE tenant = $1").bind(tenant),
         }
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         Ok(())
@@ -71,7 +71,7 @@ impl GovernanceStore for PgStore {
 
     async fn budgets(&self) -> Result<Vec<(String, f64)>> {
         let rows = sqlx::query("SELECT tenant, monthly_unit_hours FROM budgets ORDER BY tenant")
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         rows.iter()

@@ -73,7 +73,7 @@ impl LeaseStore for PgStore {
         .bind(holder)
         .bind(url)
         .bind(i64_of(ttl_ms))
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         row.map(|r| r.try_get::<i64, _>(0).map(u64_of).map_err(db)).transpose()
@@ -89,7 +89,7 @@ impl LeaseStore for PgStore {
         .bind(holder)
         .bind(i64_of(epoch))
         .bind(i64_of(ttl_ms))
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         Ok(r.rows_affected() == 1)
@@ -104,7 +104,7 @@ impl LeaseStore for PgStore {
         ))
         .bind(holder)
         .bind(i64_of(epoch))
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         Ok(())
@@ -116,7 +116,7 @@ impl LeaseStore for PgStore {
             now_ms!(),
             " AS remaining_ms FROM leader WHERE id = 1 AND holder IS NOT NULL"
         ))
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         row.map(|r| {
@@ -143,7 +143,7 @@ impl LeaseStore for PgStore {
         .bind(&r.url)
         .bind(&r.version)
         .bind(r.started_at)
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         Ok(())
@@ -155,7 +155,7 @@ impl LeaseStore for PgStore {
             now_ms!(),
             " - last_seen AS age_ms FROM replicas ORDER BY id"
         ))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         rows.iter().map(replica_row).collect()
@@ -164,7 +164,7 @@ impl LeaseStore for PgStore {
     async fn prune_replicas(&self, idle_ms: u64) -> Result<u64> {
         let r = sqlx::query(concat!("DELETE FROM replicas WHERE last_seen < ", now_ms!(), " - $1"))
             .bind(i64_of(idle_ms))
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         Ok(r.rows_affected())

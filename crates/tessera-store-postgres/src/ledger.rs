@@ -129,7 +129,7 @@ impl LedgerStore for PgStore {
              FROM usage_intervals WHERE workload_id = $1 ORDER BY seq",
         )
         .bind(i64_of(id.0))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         rows.iter().map(usage_row).collect()
@@ -152,7 +152,12 @@ impl LedgerStore for PgStore {
                  ORDER BY started_at, workload_id, seq",
             ),
         };
-        let rows = q.bind(from).bind(to).fetch_all(&self.pool).await.map_err(db)?;
+        let rows = q
+            .bind(from)
+            .bind(to)
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db)?;
         rows.iter().map(usage_row).collect()
     }
 }

@@ -47,8 +47,11 @@ mod tokens;
 mod workloads;
 
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, Postgres, Row, Transaction};
 use tessera_store::{Result, StoreError};
@@ -73,7 +76,7 @@ impl Default for PgOptions {
     fn default() -> Self {
         PgOptions {
             max_connections: 16,
-            acquire_timeout: Duration::from_secs(3),
+            acquire_timeout: Duration::from_secs(2),
             statement_timeout: Duration::from_secs(5),
             idle_in_transaction_timeout: Duration::from_secs(5),
         }
@@ -86,7 +89,14 @@ pub struct PgStore {
     pool: PgPool,
     /// `host:port/database`, for messages (never the password).
     target: String,
+    /// Until when (ms since the epoch, this process's clock) operations fail at once: the
+    /// pool could not get a connection moments ago.
+    down_until: Arc<AtomicI64>,
 }
+
+/// How long operations fail at once after the pool could not get a connection: a request
+/// that needs several round trips answers 503 after one connection attempt, not one per trip.
+const FAIL_FAST: Duration = Duration::from_millis(1_000);
 
 impl PgStore {
     /// Connects to `url` (`postgres://user:password@host:port/database?…`) with the default
@@ -144,7 +154,39 @@ impl PgStore {
             sqlx::migrate::MigrateError::Execute(e) => db(e),
             other => StoreError::Corrupt(format!("schema migrations: {other}")),
         })?;
-        Ok(PgStore { pool, target })
+        Ok(PgStore {
+            pool,
+            target,
+            down_until: Arc::default(),
+        })
+    }
+
+    /// A connection from the pool, or `Unavailable` naming the database — at once while the
+    /// database was found unreachable less than [`FAIL_FAST`] ago.
+    async fn conn(&self) -> Result<PoolConnection<Postgres>> {
+        self.check_up()?;
+        self.pool.acquire().await.map_err(|e| match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => self.unreachable(e),
+            other => db(other),
+        })
+    }
+
+    /// `Unavailable` while the database was found unreachable moments ago.
+    fn check_up(&self) -> Result<()> {
+        if now_ms() < self.down_until.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable(format!(
+                "PostgreSQL at {} was unreachable moments ago",
+                self.target
+            )));
+        }
+        Ok(())
+    }
+
+    /// The error of a failed attempt to get a connection; starts the fail-fast window.
+    fn unreachable(&self, e: sqlx::Error) -> StoreError {
+        self.down_until
+            .store(now_ms() + FAIL_FAST.as_millis() as i64, Ordering::Relaxed);
+        StoreError::Unavailable(format!("cannot reach PostgreSQL at {}: {e}", self.target))
     }
 
     /// `host:port/database` of the database (no credentials).
@@ -161,8 +203,19 @@ impl PgStore {
     /// IMMEDIATE` does there: the `sequences` rows serialise the appenders of audit records, a
     /// fence's `FOR SHARE` keeps the lease, `FOR UPDATE` keeps a tenant from changing.
     async fn begin_write(&self) -> Result<Transaction<'static, Postgres>> {
-        self.pool.begin().await.map_err(db)
+        self.check_up()?;
+        self.pool.begin().await.map_err(|e| match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => self.unreachable(e),
+            other => db(other),
+        })
     }
+}
+
+/// Milliseconds since the Unix epoch (this process's clock).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// `fut`, or `None` when it takes longer than `limit`.

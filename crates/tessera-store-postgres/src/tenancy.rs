@@ -30,7 +30,7 @@ impl TenancyStore for PgStore {
             .bind(&t.name)
             .bind(&t.display_name)
             .bind(t.created_at)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(|e| db_error(e, || format!("tenant `{}`", t.name)))?;
         Ok(())
@@ -39,7 +39,7 @@ impl TenancyStore for PgStore {
     async fn get_tenant(&self, name: &str) -> Result<Option<TenantRecord>> {
         let row = sqlx::query("SELECT name, display_name, created_at FROM tenants WHERE name = $1")
             .bind(name)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         row.as_ref().map(tenant_row).transpose()
@@ -51,7 +51,7 @@ impl TenancyStore for PgStore {
         )
         .bind(after)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         rows.iter().map(tenant_row).collect()
@@ -112,7 +112,7 @@ impl TenancyStore for PgStore {
             .bind(&p.tenant)
             .bind(&p.name)
             .bind(p.created_at)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(|e| db_error(e, || format!("project `{}` of tenant `{}`", p.name, p.tenant)))?;
         Ok(())
@@ -122,7 +122,7 @@ impl TenancyStore for PgStore {
         let row = sqlx::query("SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND name = $2")
             .bind(tenant)
             .bind(name)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         row.as_ref().map(project_row).transpose()
@@ -136,7 +136,7 @@ impl TenancyStore for PgStore {
         .bind(tenant)
         .bind(after)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         rows.iter().map(project_row).collect()

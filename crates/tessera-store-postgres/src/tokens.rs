@@ -35,7 +35,7 @@ impl TokenStore for PgStore {
         .bind(t.created_at)
         .bind(t.expires_at)
         .bind(t.revoked_at)
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(|e| db_error(e, || format!("token `{}` (or one with the same secret)", t.id)))?;
         Ok(())
@@ -46,7 +46,7 @@ impl TokenStore for PgStore {
             "SELECT id, hash, tenant, role, name, created_at, expires_at, revoked_at FROM api_tokens WHERE hash = $1",
         )
         .bind(hash)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         row.as_ref().map(token_row).transpose()
@@ -57,7 +57,7 @@ impl TokenStore for PgStore {
             "SELECT id, hash, tenant, role, name, created_at, expires_at, revoked_at FROM api_tokens WHERE id = $1",
         )
         .bind(id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         row.as_ref().map(token_row).transpose()
@@ -69,7 +69,7 @@ impl TokenStore for PgStore {
              WHERE ($1 IS NULL OR tenant = $1) ORDER BY created_at DESC, id",
         )
         .bind(tenant)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         rows.iter().map(token_row).collect()
@@ -79,7 +79,7 @@ impl TokenStore for PgStore {
         let r = sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
             .bind(at)
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         Ok(r.rows_affected() > 0)
@@ -87,7 +87,7 @@ impl TokenStore for PgStore {
 
     async fn token_count(&self) -> Result<u64> {
         let n: i64 = sqlx::query("SELECT COUNT(*) FROM api_tokens")
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *self.conn().await?)
             .await
             .map_err(db)?
             .try_get(0)

@@ -508,7 +508,7 @@ impl WorkloadStore for PgStore {
         // One statement: the increment and the read are atomic, also across processes.
         let last: i64 = sqlx::query("UPDATE sequences SET value = value + $1 WHERE name = 'workload' RETURNING value")
             .bind(i64::from(n))
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *self.conn().await?)
             .await
             .map_err(db)?
             .try_get(0)
@@ -525,7 +525,7 @@ impl WorkloadStore for PgStore {
         let row = sqlx::query(select!("WHERE id = $1 AND ($2 IS NULL OR tenant = $2)"))
             .bind(i64_of(id.0))
             .bind(scope)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         row.as_ref().map(workload_row).transpose()
@@ -555,7 +555,11 @@ impl WorkloadStore for PgStore {
         for slot in 0..PHASE_SLOTS {
             q = q.bind(phases.get(slot).copied());
         }
-        let rows = q.bind(i64::from(f.limit)).fetch_all(&self.pool).await.map_err(db)?;
+        let rows = q
+            .bind(i64::from(f.limit))
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db)?;
         rows.iter().map(workload_row).collect()
     }
 
@@ -567,14 +571,17 @@ impl WorkloadStore for PgStore {
         )
         .bind(i64_of(id.0))
         .bind(scope)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         rows.iter().map(|r| event_row(id, r)).collect()
     }
 
     async fn active_workloads(&self) -> Result<Vec<Workload>> {
-        let rows = sqlx::query(ACTIVE).fetch_all(&self.pool).await.map_err(db)?;
+        let rows = sqlx::query(ACTIVE)
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db)?;
         rows.iter().map(workload_row).collect()
     }
 
@@ -582,7 +589,7 @@ impl WorkloadStore for PgStore {
         let row = sqlx::query("SELECT request_hash, workload_id FROM idempotency_keys WHERE actor = $1 AND key = $2")
             .bind(actor)
             .bind(key)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         row.map(|r| Ok((col(&r, "request_hash")?, WorkloadId(u64_of(col(&r, "workload_id")?)))))

@@ -116,11 +116,22 @@ async fn a_stopped_database_answers_unavailable_quickly_and_the_store_recovers_w
     };
     store.create_tenant(&tenant("before")).await.unwrap();
     cluster.stop();
+    let t0 = Instant::now();
+    let r = store.get_tenant("before").await;
+    assert!(
+        matches!(&r, Err(StoreError::Unavailable(m)) if m.contains("cannot reach PostgreSQL at 127.0.0.1")),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    // Right after, operations fail at once instead of each waiting for a connection.
     for _ in 0..3 {
         let t0 = Instant::now();
-        let r = store.get_tenant("before").await;
-        assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
-        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        let r = store.create_tenant(&tenant("lost")).await;
+        assert!(
+            matches!(&r, Err(StoreError::Unavailable(m)) if m.contains("moments ago")),
+            "{r:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_millis(100), "{:?}", t0.elapsed());
     }
     cluster.resume();
     // The pool replaces the connections the restart broke; a caller may see one more failure.
