@@ -57,6 +57,23 @@ fi
 (cd crates/tessera-server/tests/oidc && npm ci --no-audit --no-fund --silent)
 # ---- end single sign-on --------------------------------------------------------------------------
 
+# ---- PostgreSQL: the store conformance suite, the API suites on both databases, HA tests -----
+# The tests start their own private cluster (initdb/postgres from /usr/lib/postgresql/*/bin, run
+# as the `postgres` user when this script runs as root) on a free loopback port; they need only
+# Debian's server binaries. The package may start a system cluster on 5432: the tests do not
+# use it.
+echo "== PostgreSQL"
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "PostgreSQL is missing: run this script as root to install Debian's postgresql package" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+fi
+ls -d /usr/lib/postgresql/*/bin | tail -n 1
+# ---- end PostgreSQL ------------------------------------------------------------------------------
+
 echo "== tests"
 cargo test --workspace
 
