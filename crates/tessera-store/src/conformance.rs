@@ -22,7 +22,8 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 
 use crate::{
-    AuditRecord, Change, IdempotencyKey, ProjectRecord, QuotaRecord, Store, StoreError, TenantRecord, TokenRecord,
+    AuditRecord, Change, IdempotencyKey, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, Revocation, Store, StoreError, TenantRecord,
+    TokenRecord,
     UsageInterval, WorkloadFilter,
 };
 
@@ -45,6 +46,7 @@ macro_rules! store_conformance_tests {
             usage_intervals_open_close_and_overlap,
             tenants_and_projects,
             tokens,
+            last_platform_admin_token_stays,
             quotas_and_budgets,
             audit_sequence_numbers_come_from_the_store,
             audit_records_commit_with_their_batch,
@@ -1147,9 +1149,13 @@ pub async fn tokens(s: &dyn Store) {
     assert_eq!(s.list_tokens(Some("acme")).await.unwrap(), vec![a2.clone(), a1.clone()]);
     assert!(s.list_tokens(Some("initech")).await.unwrap().is_empty());
 
-    assert!(s.revoke_token("tok_a1", 50).await.unwrap());
-    assert!(!s.revoke_token("tok_a1", 60).await.unwrap(), "already revoked");
-    assert!(!s.revoke_token("tok_nope", 60).await.unwrap());
+    assert_eq!(s.revoke_token("tok_a1", 50).await.unwrap(), Revocation::Revoked);
+    assert_eq!(
+        s.revoke_token("tok_a1", 60).await.unwrap(),
+        Revocation::NotActive,
+        "already revoked"
+    );
+    assert_eq!(s.revoke_token("tok_nope", 60).await.unwrap(), Revocation::NotActive);
     let revoked = TokenRecord {
         revoked_at: Some(50),
         ..a1
@@ -1157,6 +1163,38 @@ pub async fn tokens(s: &dyn Store) {
     assert_eq!(s.get_token("tok_a1").await.unwrap(), Some(revoked.clone()));
     assert_eq!(s.find_token(&revoked.hash).await.unwrap(), Some(revoked));
     assert_eq!(s.token_count().await.unwrap(), 4, "revoked tokens still count");
+}
+
+/// The last platform-admin token without an expiry cannot be revoked; others can, and the
+/// guard counts neither revoked nor expiring admin tokens.
+pub async fn last_platform_admin_token_stays(s: &dyn Store) {
+    let admin = |id: &str, expires_at: Option<i64>| TokenRecord {
+        id: id.into(),
+        hash: format!("sha256-of-{id}"),
+        tenant: None,
+        role: PLATFORM_ADMIN.into(),
+        name: id.into(),
+        created_at: 1,
+        expires_at,
+        revoked_at: None,
+    };
+    s.create_token(&admin("tok_root", None)).await.unwrap();
+    s.create_token(&admin("tok_expiring", Some(9_999_999_999_999))).await.unwrap();
+    assert_eq!(
+        s.revoke_token("tok_root", 10).await.unwrap(),
+        Revocation::LastPlatformAdmin,
+        "an admin token that expires is no way back in"
+    );
+    assert_eq!(s.get_token("tok_root").await.unwrap().unwrap().revoked_at, None);
+    assert_eq!(s.revoke_token("tok_expiring", 10).await.unwrap(), Revocation::Revoked);
+    s.create_token(&admin("tok_second", None)).await.unwrap();
+    assert_eq!(s.revoke_token("tok_root", 20).await.unwrap(), Revocation::Revoked);
+    assert_eq!(
+        s.revoke_token("tok_second", 30).await.unwrap(),
+        Revocation::LastPlatformAdmin,
+        "tok_root is revoked now: tok_second is the last"
+    );
+    assert_eq!(s.revoke_token("tok_root", 40).await.unwrap(), Revocation::NotActive);
 }
 
 /// Quotas and budgets: upsert, delete, ordering; they go with their tenant.

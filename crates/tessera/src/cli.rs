@@ -147,9 +147,10 @@ pub enum TokenCmd {
         /// Tenant the token acts for (omit for a platform-admin token).
         #[arg(long)]
         tenant: Option<String>,
-        /// platform-admin, tenant-admin, member or viewer.
-        #[arg(long, default_value = "member")]
-        role: String,
+        /// platform-admin, tenant-admin, member, viewer, or metrics (reads /metrics only: for
+        /// Prometheus).
+        #[arg(long, default_value = "member", value_parser = parse_role)]
+        role: tessera_api::TokenRole,
         #[arg(long)]
         name: Option<String>,
         /// Lifetime: 90s, 30m, 12h, 30d (default: until revoked).
@@ -686,6 +687,11 @@ pub async fn projects(c: &Common, a: ProjectsArgs) -> Result<()> {
             }
         }
     }
+}
+
+fn parse_role(s: &str) -> std::result::Result<tessera_api::TokenRole, String> {
+    tessera_api::TokenRole::parse(s)
+        .ok_or_else(|| format!("`{s}`: platform-admin, tenant-admin, member, viewer or metrics"))
 }
 
 pub async fn token(c: &Common, cmd: TokenCmd) -> Result<()> {

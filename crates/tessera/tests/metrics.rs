@@ -466,8 +466,8 @@ async fn simulated_faults_show_in_dcgm_xid_errors() {
 #[test]
 fn alert_rules_have_severity_summary_description_and_runbook() {
     let root = repo_root();
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(root.join("deploy/prometheus/alerts.yaml")).unwrap()).unwrap();
+    let doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(root.join("deploy/prometheus/alerts.yaml")).unwrap()).unwrap();
     let groups = doc["groups"].as_sequence().unwrap();
     let names: Vec<&str> = groups.iter().map(|g| g["name"].as_str().unwrap()).collect();
     assert_eq!(

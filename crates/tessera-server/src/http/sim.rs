@@ -11,6 +11,7 @@ use tessera_model::Fleet;
 use utoipa::ToSchema;
 
 use super::ApiJson;
+use tessera_api::rules::{Validate, Violation};
 use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::{ApiError, ApiResult};
@@ -25,6 +26,13 @@ pub struct SimFault {
     pub gpu: u8,
     /// XID error code to report (e.g. 79: fallen off the bus, 48: double-bit ECC); 0 clears it.
     pub xid: u32,
+}
+
+impl Validate for SimFault {
+    fn validate(&self) -> Result<(), Violation> {
+        // Any node name, GPU index and XID is well formed; unknown GPUs answer 404.
+        Ok(())
+    }
 }
 
 /// The injected fault and the GPU it hit.

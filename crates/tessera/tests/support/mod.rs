@@ -559,7 +559,7 @@ pub fn promql_metric_names(expr: &str) -> BTreeSet<String> {
 
 /// Every `expr` of an alerts file and every query of a Grafana dashboard: (where, expression).
 pub fn alert_exprs(path: &Path) -> Vec<(String, String)> {
-    let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let mut out = Vec::new();
     for g in doc["groups"].as_sequence().unwrap() {
         for r in g["rules"].as_sequence().unwrap() {
