@@ -390,6 +390,20 @@ impl Scheduler {
         self.run(now, only)
     }
 
+    /// Checks a new job like [`Self::submit`] but leaves the decision to the next cycle: a
+    /// refusal if no node could ever hold it, otherwise it is queued. Callers that run cycles
+    /// themselves use it while capacity is changing ([`Self::needs_cycle`]), so that a burst of
+    /// submissions costs one pass over the queue, not one pass each.
+    pub fn submit_for_next_cycle(&mut self, job: Job) -> Option<Refusal> {
+        if let Some(u) = admit::constraint(&mut self.engine, &job.request) {
+            return Some(Refusal::Constraint(u));
+        }
+        self.engine.observe(&job.request);
+        self.queue.push(Arc::new(Queued::new(job, &self.engine)));
+        self.dirty = true;
+        None
+    }
+
     /// Restores a workload that already holds an allocation (start-up).
     pub fn restore(
         &mut self,
@@ -525,6 +539,27 @@ mod tests {
         };
         assert_eq!(reason.code(), "constraint");
         assert_eq!(s.queued(), 0, "nothing is queued");
+    }
+
+    #[test]
+    fn a_job_submitted_for_the_next_cycle_is_decided_there_in_queue_order() {
+        let mut s = sched();
+        for i in 0..16 {
+            assert_eq!(placed(&s.submit(job(i, "a", 8, "standard", 0), 0)), vec![i]);
+        }
+        assert!(placed(&s.submit(job(50, "b", 8, "standard", 1), 1)).is_empty());
+        s.release(3, 2);
+        // Capacity changed: the newcomer waits for the cycle, and the older job gets the node.
+        assert!(s.submit_for_next_cycle(job(51, "c", 8, "standard", 2)).is_none());
+        assert_eq!(s.queued(), 2);
+        assert_eq!(placed(&s.cycle(3)), vec![50]);
+        let r = s.submit_for_next_cycle(job(52, "c", 9, "standard", 3));
+        assert_eq!(
+            r.map(|r| r.code()),
+            Some("constraint"),
+            "constraints are refused at once"
+        );
+        assert_eq!(s.queued(), 1);
     }
 
     #[test]

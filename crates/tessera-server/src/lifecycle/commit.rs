@@ -211,6 +211,12 @@ impl Core {
             match r {
                 ReplyTo::Created(tx, id, created) => {
                     let w = record(&*self.store, &self.published, id, &records).await;
+                    // Not decided yet (submitted while capacity was changing): answer after the
+                    // next cycle.
+                    if matches!(&w, Ok(w) if w.phase == tessera_domain::Phase::Pending) && self.sched.needs_cycle() {
+                        self.deferred.push(ReplyTo::Created(tx, id, created));
+                        continue;
+                    }
                     let _ = tx.send(w.map(|w| (w, created)));
                 }
                 ReplyTo::Workload(tx, id) => {

@@ -146,6 +146,9 @@ pub(crate) struct Core {
     queue_dirty: bool,
     /// Reconcile at the next opportunity rather than at the next interval.
     reconcile_soon: bool,
+    /// Creations answered after the next cycle decides them (they were submitted while
+    /// capacity was changing).
+    deferred: Vec<ReplyTo>,
 }
 
 /// Rebuilds the loop's state from the store, reconciles with the backend and starts the loop.
@@ -181,6 +184,7 @@ pub async fn start(
         last_full_publish: Instant::now(),
         queue_dirty: false,
         reconcile_soon: false,
+        deferred: Vec::new(),
     };
     core.recover()
         .await
@@ -282,6 +286,9 @@ impl Core {
                 self.metrics.scheduler_cycle(last_cycle.elapsed());
                 for a in actions {
                     self.on_decision(a, now, &mut batch);
+                }
+                for r in std::mem::take(&mut self.deferred) {
+                    batch.reply(r);
                 }
             }
             self.commit(batch, now).await;
@@ -452,7 +459,18 @@ impl Core {
         let job = live.job();
         self.live.insert(id, live);
         self.queue_dirty = true;
-        let actions = self.sched.submit(job, now);
+        // While capacity is changing, the next cycle (at most CYCLE_EVERY away) decides: a burst
+        // of submissions then costs one pass over the queue, and freed capacity goes to the
+        // queue in order. The caller's answer waits for that cycle.
+        let actions = if self.sched.needs_cycle() {
+            self.sched
+                .submit_for_next_cycle(job)
+                .map(|reason| Decision::Refused { id: id.0, reason })
+                .into_iter()
+                .collect()
+        } else {
+            self.sched.submit(job, now)
+        };
         let refusal = actions.iter().find_map(|a| match a {
             Decision::Refused { id: r, reason } if *r == id.0 => Some(reason.clone()),
             _ => None,
@@ -690,6 +708,7 @@ impl Core {
         let before = live.w.placement.clone();
         let ran_since = live.w.running_at;
         let before_phase = live.w.phase;
+        let mut follow = Vec::new();
         let t = transition(live.w, input);
         live.w = t.workload;
         for e in &t.effects {
@@ -733,8 +752,20 @@ impl Core {
                 }
                 tessera_domain::Effect::Partition => {
                     let p = live.w.placement.as_ref().expect("a placed workload has a placement");
-                    let plan = placement::partition_plan(p, &self.caps, || self.layout(p));
-                    batch.op(id, Op::Partition(plan));
+                    match placement::partition_plan(p, &self.caps, || self.layout(p)) {
+                        // Whole GPUs and host resources: nothing to create, so nothing a crash
+                        // could make twice; the step is recorded at once and the start follows.
+                        PartitionPlan::Nothing { node } => follow.push(Input::Partitioned {
+                            at: now,
+                            detail: match p.slice {
+                                tessera_domain::Slice::Whole => {
+                                    format!("whole GPUs {:?} on {node}: nothing to partition", p.gpus)
+                                }
+                                _ => format!("host resources on {node}: nothing to partition"),
+                            },
+                        }),
+                        plan => batch.op(id, Op::Partition(plan)),
+                    }
                 }
                 tessera_domain::Effect::Start => {
                     let spec = placement::run_spec(&self.fleet, &self.nodes, &live.w, &self.caps);
@@ -770,6 +801,9 @@ impl Core {
         }
         if !live.w.phase.is_terminal() {
             self.live.insert(id, live);
+        }
+        for input in follow {
+            self.apply(id, input, batch, now);
         }
     }
 
