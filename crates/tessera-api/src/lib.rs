@@ -596,7 +596,11 @@ fn timestamp(ms: i64) -> jiff::Timestamp {
 /// Milliseconds since the epoch of the first instant of the UTC calendar month holding `ms`.
 pub fn month_start_ms(ms: i64) -> i64 {
     let utc = jiff::tz::Offset::UTC;
-    let first = utc.to_datetime(timestamp(ms)).date().first_of_month().to_datetime(jiff::civil::Time::midnight());
+    let first = utc
+        .to_datetime(timestamp(ms))
+        .date()
+        .first_of_month()
+        .to_datetime(jiff::civil::Time::midnight());
     utc.to_timestamp(first).map(|t| t.as_millisecond()).unwrap_or(ms)
 }
 
@@ -648,7 +652,11 @@ mod tests {
         assert!(parse_time_ms("2023-02-29").is_none(), "not a leap year");
         assert!(parse_time_ms("yesterday").is_none());
         assert!(parse_time_ms("").is_none());
-        assert_eq!(parse_time_ms("2026-11-29T11:40:00.123+01:00"), Some(t), "offsets are honoured");
+        assert_eq!(
+            parse_time_ms("2026-11-29T11:40:00.123+01:00"),
+            Some(t),
+            "offsets are honoured"
+        );
         assert_eq!(parse_time_ms("1970-01-01T00:00:00.000000001Z"), Some(0));
         assert_eq!(day_start_ms(t), parse_time_ms("2026-11-29").unwrap());
         assert_eq!(rfc3339_ms(month_start_ms(-1)), "1969-12-01T00:00:00.000Z");

@@ -39,7 +39,8 @@ pub trait Validate {
 /// Characters refused in names: C0 and C1 controls, DEL, and the bidirectional formatting
 /// characters (Arabic letter mark, LRM/RLM, embeddings and overrides, isolates).
 pub fn is_forbidden_in_names(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// The same set as a regular-expression character class (ECMA 262 and Python agree on it).
@@ -110,7 +111,8 @@ const SLUG_PATTERN: &str = "^[a-z0-9][a-z0-9-]*$";
 pub fn check_slug(field: &str, v: &str) -> Result<(), Violation> {
     let ok = !v.is_empty()
         && v.len() <= SLUG_MAX
-        && v.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && v.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
         && !v.starts_with('-');
     if ok {
         Ok(())
@@ -184,6 +186,18 @@ pub const GPU_MEMORY_MIB: IntRule = IntRule {
     max: 1024 * 1024,
     unit: "MiB",
 };
+/// A GPU's index on its node.
+pub const GPU_INDEX: IntRule = IntRule {
+    min: 0,
+    max: GPUS.max - 1,
+    unit: "",
+};
+/// An XID error code (NVIDIA's codes are small; 0 means none).
+pub const XID: IntRule = IntRule {
+    min: 0,
+    max: u32::MAX as i64,
+    unit: "",
+};
 /// Items per page.
 pub const PAGE_LIMIT: IntRule = IntRule {
     min: 1,
@@ -205,9 +219,12 @@ impl IntRule {
         } else {
             Err(Violation::new(
                 field,
-                format!("{v}: {field} must be between {} and {} {}", self.min, self.max, self.unit)
-                    .trim_end()
-                    .to_string(),
+                format!(
+                    "{v}: {field} must be between {} and {} {}",
+                    self.min, self.max, self.unit
+                )
+                .trim_end()
+                .to_string(),
             ))
         }
     }
@@ -350,6 +367,12 @@ pub mod schema {
     }
     pub fn gpu_memory_mib_opt() -> Object {
         GPU_MEMORY_MIB.schema(true)
+    }
+    pub fn gpu_index() -> Object {
+        GPU_INDEX.schema(false)
+    }
+    pub fn xid() -> Object {
+        XID.schema(false)
     }
     pub fn page_limit_opt() -> Object {
         PAGE_LIMIT.schema(true)

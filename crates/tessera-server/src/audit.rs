@@ -77,7 +77,8 @@ pub struct RateLimiter {
 impl RateLimiter {
     pub fn new(rate: f64, burst: f64) -> Self {
         let limiter = (rate > 0.0 && rate.is_finite()).then(|| {
-            let burst = std::num::NonZeroU32::new(burst.max(1.0).min(u32::MAX as f64) as u32).unwrap_or(NonZeroU32::MIN);
+            let burst =
+                std::num::NonZeroU32::new(burst.max(1.0).min(u32::MAX as f64) as u32).unwrap_or(NonZeroU32::MIN);
             let period = std::time::Duration::from_secs_f64(1.0 / rate).max(std::time::Duration::from_nanos(1));
             let quota = governor::Quota::with_period(period)
                 .expect("a positive period")
@@ -123,7 +124,9 @@ pub struct MakeId;
 impl tower_http::request_id::MakeRequestId for MakeId {
     fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<tower_http::request_id::RequestId> {
         let id = format!("req-{}", &crate::auth::new_secret()[4..20]);
-        HeaderValue::from_str(&id).ok().map(tower_http::request_id::RequestId::new)
+        HeaderValue::from_str(&id)
+            .ok()
+            .map(tower_http::request_id::RequestId::new)
     }
 }
 
@@ -241,7 +244,11 @@ mod tests {
         let r = RateLimiter::new(10.0, 2.0);
         assert!(r.take("a").is_ok());
         assert!(r.take("a").is_ok());
-        assert_eq!(r.take("a"), Err(1), "a burst of 2, then wait (at least 1 s in Retry-After)");
+        assert_eq!(
+            r.take("a"),
+            Err(1),
+            "a burst of 2, then wait (at least 1 s in Retry-After)"
+        );
         assert!(r.take("b").is_ok(), "allowances are per token");
         std::thread::sleep(std::time::Duration::from_millis(150));
         assert!(r.take("a").is_ok());

@@ -132,9 +132,10 @@ impl ApiError {
             StatusCode::METHOD_NOT_ALLOWED => {
                 Self::method_not_allowed("this path does not take that method; see the `Allow` header")
             }
-            StatusCode::PAYLOAD_TOO_LARGE => {
-                Self::too_large(format!("the body is larger than the {} KiB limit", crate::BODY_LIMIT / 1024))
-            }
+            StatusCode::PAYLOAD_TOO_LARGE => Self::too_large(format!(
+                "the body is larger than the {} KiB limit",
+                crate::BODY_LIMIT / 1024
+            )),
             StatusCode::NOT_FOUND => Self::not_found("no such resource"),
             StatusCode::UNSUPPORTED_MEDIA_TYPE => {
                 Self::unsupported_media("send the body as JSON with `Content-Type: application/json`")

@@ -22,9 +22,8 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 
 use crate::{
-    AuditRecord, Change, IdempotencyKey, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, Revocation, Store, StoreError, TenantRecord,
-    TokenRecord,
-    UsageInterval, WorkloadFilter,
+    AuditRecord, Change, IdempotencyKey, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, Revocation, Store, StoreError,
+    TenantRecord, TokenRecord, UsageInterval, WorkloadFilter,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
@@ -1179,7 +1178,9 @@ pub async fn last_platform_admin_token_stays(s: &dyn Store) {
         revoked_at: None,
     };
     s.create_token(&admin("tok_root", None)).await.unwrap();
-    s.create_token(&admin("tok_expiring", Some(9_999_999_999_999))).await.unwrap();
+    s.create_token(&admin("tok_expiring", Some(9_999_999_999_999)))
+        .await
+        .unwrap();
     assert_eq!(
         s.revoke_token("tok_root", 10).await.unwrap(),
         Revocation::LastPlatformAdmin,

@@ -8,9 +8,9 @@ use tessera_api::{BudgetView, Problem, QuotaView, SetBudget, SetQuota, TenantQuo
 use tessera_model::GpuUnits;
 use tessera_sched::cycle::Quota;
 
-use super::{ApiJson, ApiPath};
 use super::tenancy::tenant_visible;
 use super::workloads::lifecycle_error;
+use super::{ApiJson, ApiPath};
 use crate::auth::Identity;
 use crate::lifecycle::Governance;
 use crate::problem::{ApiError, ApiResult};

@@ -119,7 +119,7 @@ fn complete(doc: &mut serde_json::Value, priorities: &[String]) {
                     .is_some_and(|ps| ps.iter().any(|p| p["in"] == place))
             };
             let (path, query, header) = (takes("path"), takes("query"), takes("header"));
-            if let Some(ps) = op["parameters"].as_array_mut() {
+            if let Some(ps) = op.get_mut("parameters").and_then(serde_json::Value::as_array_mut) {
                 // A path parameter is always required (schema_with leaves it unmarked).
                 for p in ps.iter_mut().filter(|p| p["in"] == "path") {
                     p["required"] = json!(true);
@@ -129,7 +129,10 @@ fn complete(doc: &mut serde_json::Value, priorities: &[String]) {
             let open = op["security"] == json!([{}]);
             let mut extra: Vec<(&str, &str)> = Vec::new();
             if path || body {
-                extra.push(("400", "Malformed: a path parameter of the wrong type, or a body that is not JSON"));
+                extra.push((
+                    "400",
+                    "Malformed: a path parameter of the wrong type, or a body that is not JSON",
+                ));
             }
             if !open {
                 extra.push(("401", "No credential, or an unknown, expired or revoked one"));
@@ -217,14 +220,12 @@ impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for ApiJson<
                 ApiError::bad_request(format!("the body could not be read: {}", e.body_text()))
             }
         })?;
-        let mut de = serde_json::Deserializer::from_slice(&bytes);
-        let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let mut raw: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+        integral_numbers_as_integers(&mut raw);
+        let value: T = serde_path_to_error::deserialize(raw).map_err(|e| {
             let field = e.path().to_string();
-            let inner = e.into_inner();
-            if inner.classify() != serde_json::error::Category::Data {
-                return ApiError::bad_request(format!("the body is not valid JSON: {inner}"));
-            }
-            let message = inner.to_string();
+            let message = e.into_inner().to_string();
             // At the top level the field is in the message (`missing field `name``).
             let field = if field == "." {
                 message.split('`').nth(1).unwrap_or("body").to_string()
@@ -233,10 +234,31 @@ impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for ApiJson<
             };
             ApiError::invalid(field, message)
         })?;
-        de.end()
-            .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
         value.validate()?;
         Ok(ApiJson(value))
+    }
+}
+
+/// JSON has one number type: `33.0` is the integer 33 to JSON Schema (and so to the OpenAPI
+/// document), while serde refuses it for an integer field. Whole numbers written with a
+/// fraction become integers before the body is read into its type.
+fn integral_numbers_as_integers(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0) {
+                // Within ±2^63 (and up to 2^64 for unsigned): beyond, it stays a float and is
+                // out of every documented range anyway.
+                if f >= -(2f64.powi(63)) && f < 2f64.powi(63) {
+                    *n = (f as i64).into();
+                } else if f >= 0.0 && f < 2f64.powi(64) {
+                    *n = (f as u64).into();
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_numbers_as_integers),
+        Value::Object(fields) => fields.values_mut().for_each(integral_numbers_as_integers),
+        Value::String(_) | Value::Bool(_) | Value::Null => {}
     }
 }
 

@@ -10,8 +10,9 @@ use tessera_backend_sim::SimBackend;
 use tessera_model::Fleet;
 use utoipa::ToSchema;
 
+use tessera_api::rules::{self, Validate, Violation};
+
 use super::ApiJson;
-use tessera_api::rules::{Validate, Violation};
 use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::{ApiError, ApiResult};
@@ -23,15 +24,18 @@ pub struct SimFault {
     /// Node name, e.g. `h100-03`.
     pub node: String,
     /// GPU index on the node.
+    #[schema(schema_with = rules::schema::gpu_index)]
     pub gpu: u8,
     /// XID error code to report (e.g. 79: fallen off the bus, 48: double-bit ECC); 0 clears it.
+    #[schema(schema_with = rules::schema::xid)]
     pub xid: u32,
 }
 
 impl Validate for SimFault {
     fn validate(&self) -> Result<(), Violation> {
-        // Any node name, GPU index and XID is well formed; unknown GPUs answer 404.
-        Ok(())
+        // Any node name is well formed (unknown ones answer 404).
+        rules::GPU_INDEX.check("gpu", self.gpu.into())?;
+        rules::XID.check("xid", self.xid.into())
     }
 }
 
