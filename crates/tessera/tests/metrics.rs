@@ -307,8 +307,12 @@ async fn dashboards_and_alerts_use_only_exported_metrics() {
     let id = ids[0].to_string();
     assert!(!routes.iter().any(|r| r.split('/').any(|seg| seg == id)), "{routes:?}");
 
-    // The separate metrics port serves the same families.
-    let other = parse_exposition(&scrape(&s.http, s.metrics_base.as_ref().unwrap()).await).unwrap();
+    // On the API address `/metrics` needs the metrics credential; the separate metrics port
+    // (for a private network) serves the same families without one.
+    let anonymous = s.http.get(format!("{}/metrics", s.base)).send().await.unwrap();
+    assert_eq!(anonymous.status().as_u16(), 401);
+    assert_eq!(anonymous.headers()["content-type"], "application/problem+json");
+    let other = parse_exposition(&scrape(&s.http, s.metrics_base.as_ref().unwrap(), None).await).unwrap();
     assert_eq!(
         other.types.keys().collect::<Vec<_>>(),
         e.types.keys().collect::<Vec<_>>(),
