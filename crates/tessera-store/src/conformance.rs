@@ -1196,6 +1196,55 @@ pub async fn last_platform_admin_token_stays(s: &dyn Store) {
         "tok_root is revoked now: tok_second is the last"
     );
     assert_eq!(s.revoke_token("tok_root", 40).await.unwrap(), Revocation::NotActive);
+
+    // Two revocations racing for the last two lasting admin tokens: exactly one wins, so one
+    // way in always remains.
+    let mut survivor = "tok_second".to_string();
+    for round in 0..10 {
+        let other = format!("tok_round{round}");
+        s.create_token(&admin(&other, None)).await.unwrap();
+        let (a, b) = tokio::join!(
+            s.revoke_token(&survivor, 50 + round),
+            s.revoke_token(&other, 50 + round)
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let outcomes = [a, b];
+        assert!(
+            outcomes.contains(&Revocation::Revoked) && outcomes.contains(&Revocation::LastPlatformAdmin),
+            "round {round}: {outcomes:?}"
+        );
+        if a == Revocation::Revoked {
+            survivor = other;
+        }
+        let active: Vec<String> = s
+            .list_tokens(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|t| t.role == PLATFORM_ADMIN && t.revoked_at.is_none() && t.expires_at.is_none())
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(active, [survivor.clone()], "round {round}");
+    }
+    // Other roles are revoked as before.
+    s.create_tenant(&TenantRecord {
+        name: "acme".into(),
+        display_name: "acme".into(),
+        created_at: 0,
+    })
+    .await
+    .unwrap();
+    s.create_token(&TokenRecord {
+        tenant: Some("acme".into()),
+        role: "tenant-admin".into(),
+        ..admin("tok_tenant_admin", None)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        s.revoke_token("tok_tenant_admin", 60).await.unwrap(),
+        Revocation::Revoked
+    );
 }
 
 /// Quotas and budgets: upsert, delete, ordering; they go with their tenant.

@@ -222,7 +222,9 @@ pub trait TokenStore: Send + Sync {
     async fn list_tokens(&self, tenant: Option<&str>) -> Result<Vec<TokenRecord>>;
     /// Revokes a token unless that would leave no way in: a `platform-admin` token is revoked
     /// only while another unrevoked `platform-admin` token without an expiry remains. The check
-    /// and the revocation are one atomic step, so two concurrent revocations cannot both pass.
+    /// and the revocation must be one atomic step, so that two concurrent revocations of the
+    /// last two cannot both pass (SQLite serialises writers; a PostgreSQL implementation would
+    /// lock the admin rows, `SELECT … FOR UPDATE`, in the revoking transaction).
     async fn revoke_token(&self, id: &str, at: i64) -> Result<Revocation>;
     /// Every stored token, revoked ones included (zero means the platform is not bootstrapped).
     async fn token_count(&self) -> Result<u64>;
