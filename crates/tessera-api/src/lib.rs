@@ -717,11 +717,11 @@ pub struct TenantQuotas {
 #[serde(deny_unknown_fields)]
 pub struct SetQuota {
     /// GPU units always available to the tenant (thousandths at most).
-    #[schema(schema_with = rules::schema::units)]
+    #[schema(schema_with = rules::schema::guaranteed)]
     pub guaranteed: f64,
     /// The most it may hold, borrowing included (at least `guaranteed`); absent = no limit.
     #[serde(default)]
-    #[schema(schema_with = rules::schema::units_opt)]
+    #[schema(schema_with = rules::schema::quota_limit_opt)]
     pub limit: Option<f64>,
 }
 
@@ -745,7 +745,7 @@ impl Validate for SetQuota {
 #[serde(deny_unknown_fields)]
 pub struct SetBudget {
     /// GPU-unit-hours per calendar month; `null` removes the budget.
-    #[schema(schema_with = rules::schema::units_opt)]
+    #[schema(schema_with = rules::schema::budget_opt)]
     pub monthly_unit_hours: Option<f64>,
 }
 

@@ -305,6 +305,19 @@ pub fn check_idempotency_key(v: &[u8]) -> Result<&str, Violation> {
 
 const IDEMPOTENCY_KEY_MAX: usize = 200;
 
+/// [`check_idempotency_key`] as a schema.
+fn idempotency_key_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(IDEMPOTENCY_KEY_MAX))
+        .pattern(Some("^[!-~]+$"))
+        .description(Some(format!(
+            "1–{IDEMPOTENCY_KEY_MAX} visible ASCII characters, no spaces"
+        )))
+        .build()
+}
+
 fn string_type(nullable: bool) -> SchemaType {
     if nullable {
         SchemaType::from_iter([Type::String, Type::Null])
@@ -326,11 +339,25 @@ pub fn date_or_time_schema() -> Object {
         .build()
 }
 
-/// `schema_with` functions: one per (rule, nullability) that a field uses.
+/// Host CPU a workload gets per GPU unit when it does not say (at least [`CPU_MILLI`]'s minimum).
+pub const CPU_MILLI_PER_GPU_UNIT: u64 = 4000;
+/// Host memory a workload gets per GPU unit when it does not say (at least [`MEMORY_MIB`]'s
+/// minimum).
+pub const MEMORY_MIB_PER_GPU_UNIT: u64 = 16 * 1024;
+/// Items per page when a list request does not say.
+pub const PAGE_DEFAULT: u32 = 100;
+
+/// `schema_with` functions: the rule of each field (nullable where the field is optional in a
+/// body), with the field's description, which `schema_with` would otherwise drop.
 pub mod schema {
     use utoipa::openapi::schema::Object;
 
     use super::*;
+
+    fn described(mut o: Object, d: impl Into<String>) -> Object {
+        o.description = Some(d.into());
+        o
+    }
 
     pub fn name() -> Object {
         NAME.schema(false)
@@ -339,7 +366,9 @@ pub mod schema {
         NAME.schema(true)
     }
     pub fn display_name_opt() -> Object {
-        DISPLAY_NAME.schema(true)
+        let o = DISPLAY_NAME.schema(true);
+        let rule = o.description.clone().unwrap_or_default();
+        described(o, format!("Shown to people (default: the name). {rule}"))
     }
     pub fn slug() -> Object {
         slug_schema(false)
@@ -348,48 +377,116 @@ pub mod schema {
         slug_schema(true)
     }
     pub fn cpu_milli_opt() -> Object {
-        CPU_MILLI.schema(true)
+        described(
+            CPU_MILLI.schema(true),
+            format!(
+                "Host CPU in milli-cores, {}–{} (default {CPU_MILLI_PER_GPU_UNIT} per GPU unit, at least {})",
+                CPU_MILLI.min, CPU_MILLI.max, CPU_MILLI.min
+            ),
+        )
     }
     pub fn memory_mib_opt() -> Object {
-        MEMORY_MIB.schema(true)
+        described(
+            MEMORY_MIB.schema(true),
+            format!(
+                "Host memory in MiB, {}–{} (default {MEMORY_MIB_PER_GPU_UNIT} per GPU unit, at least {})",
+                MEMORY_MIB.min, MEMORY_MIB.max, MEMORY_MIB.min
+            ),
+        )
     }
     pub fn duration_s_opt() -> Object {
-        DURATION_S.schema(true)
+        described(
+            DURATION_S.schema(true),
+            format!(
+                "Run time in seconds for batch work, a lease for services and interactive sessions: {}–{} (366 days). Absent: runs until cancelled.",
+                DURATION_S.min, DURATION_S.max
+            ),
+        )
     }
     pub fn expires_in_s_opt() -> Object {
-        EXPIRES_IN_S.schema(true)
+        described(
+            EXPIRES_IN_S.schema(true),
+            format!(
+                "Lifetime in seconds, {}–{} (two years); absent: until revoked",
+                EXPIRES_IN_S.min, EXPIRES_IN_S.max
+            ),
+        )
     }
     pub fn gpus_opt() -> Object {
-        GPUS.schema(true)
+        described(
+            GPUS.schema(true),
+            format!(
+                "Whole GPUs on one node (and one NVLink domain), {}–{}",
+                GPUS.min, GPUS.max
+            ),
+        )
     }
     pub fn fraction_opt() -> Object {
-        FRACTION.schema(true)
+        described(
+            FRACTION.schema(true),
+            format!(
+                "A fraction of a time-shared GPU in milli-GPU, {}–{}",
+                FRACTION.min, FRACTION.max
+            ),
+        )
     }
     pub fn gpu_memory_mib_opt() -> Object {
-        GPU_MEMORY_MIB.schema(true)
+        described(
+            GPU_MEMORY_MIB.schema(true),
+            format!(
+                "With `fraction` only: GPU memory to reserve, MiB, {}–{}",
+                GPU_MEMORY_MIB.min, GPU_MEMORY_MIB.max
+            ),
+        )
     }
     pub fn gpu_index() -> Object {
-        GPU_INDEX.schema(false)
+        described(GPU_INDEX.schema(false), "GPU index on the node")
     }
     pub fn xid() -> Object {
-        XID.schema(false)
+        described(
+            XID.schema(false),
+            "XID error code to report (e.g. 79: fallen off the bus, 48: double-bit ECC); 0 clears it",
+        )
     }
-    pub fn page_limit_opt() -> Object {
-        PAGE_LIMIT.schema(true)
+    /// A query parameter (absent rather than null when not given).
+    pub fn page_limit() -> Object {
+        described(
+            PAGE_LIMIT.schema(false),
+            format!(
+                "Items per page, {}–{} (default {PAGE_DEFAULT})",
+                PAGE_LIMIT.min, PAGE_LIMIT.max
+            ),
+        )
     }
     pub fn id() -> Object {
-        ID.schema(false)
+        described(ID.schema(false), "The workload's id")
     }
-    pub fn id_opt() -> Object {
-        ID.schema(true)
+    /// A query parameter: the `next_cursor` of the previous page, a number.
+    pub fn cursor_id() -> Object {
+        described(ID.schema(false), "The `next_cursor` of the previous page")
     }
-    pub fn units() -> Object {
-        UNITS.schema(false)
+    pub fn guaranteed() -> Object {
+        described(
+            UNITS.schema(false),
+            "GPU units always available to the tenant, reclaimable from borrowers (thousandths at most)",
+        )
     }
-    pub fn units_opt() -> Object {
-        UNITS.schema(true)
+    pub fn quota_limit_opt() -> Object {
+        described(
+            UNITS.schema(true),
+            "The most the tenant may hold, borrowing included (at least `guaranteed`); absent: no limit",
+        )
     }
-    pub fn date_or_time_opt() -> Object {
+    pub fn budget_opt() -> Object {
+        described(
+            UNITS.schema(true),
+            "GPU-unit-hours per calendar month; `null` removes the budget",
+        )
+    }
+    pub fn idempotency_key() -> Object {
+        idempotency_key_schema()
+    }
+    pub fn date_or_time() -> Object {
         date_or_time_schema()
     }
 }
@@ -446,6 +543,15 @@ mod tests {
         assert!(DURATION_S.check("duration_s", i64::MAX).is_err());
         assert!(ID.check_u64("id", u64::MAX).is_err());
         assert!(ID.check_u64("id", i64::MAX as u64).is_ok());
+    }
+
+    #[test]
+    fn the_idempotency_key_pattern_is_the_check() {
+        // `^[!-~]+$`: every byte from 0x21 to 0x7E, nothing else.
+        for b in 0u8..=255 {
+            let in_pattern = (b'!'..=b'~').contains(&b);
+            assert_eq!(check_idempotency_key(&[b]).is_ok(), in_pattern, "byte {b:#04x}");
+        }
     }
 
     #[test]

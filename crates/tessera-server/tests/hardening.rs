@@ -648,7 +648,27 @@ async fn every_documented_input_rule_is_enforced_with_the_field_named() {
         .await;
     assert_eq!(
         (w["cpu_milli"].as_u64(), w["memory_mib"].as_u64()),
-        (Some(8000), Some(32768))
+        (
+            Some(2 * rules::CPU_MILLI_PER_GPU_UNIT),
+            Some(2 * rules::MEMORY_MIB_PER_GPU_UNIT)
+        )
+    );
+    assert_eq!(
+        (rules::CPU_MILLI_PER_GPU_UNIT, rules::MEMORY_MIB_PER_GPU_UNIT),
+        (4000, 16 * 1024),
+        "the defaults the README states"
+    );
+    // A small fraction gets the floor: the documented minimum.
+    let w = s
+        .ok(
+            Method::POST,
+            "/api/v1/workloads",
+            Some(workload(json!({"shape": {"fraction": 50}}))),
+        )
+        .await;
+    assert_eq!(
+        (w["cpu_milli"].as_i64(), w["memory_mib"].as_i64()),
+        (Some(rules::CPU_MILLI.min), Some(rules::MEMORY_MIB.min))
     );
 }
 
@@ -1097,6 +1117,17 @@ async fn the_openapi_document_states_every_status_and_rule() {
     assert_eq!(w["memory_mib"]["minimum"].as_f64(), Some(rules::MEMORY_MIB.min as f64));
     assert_eq!(w["duration_s"]["maximum"].as_f64(), Some(rules::DURATION_S.max as f64));
     assert_eq!(w["tenant"]["maxLength"], json!(rules::SLUG_MAX));
+    // The defaults the server applies are the ones documented.
+    let cpu = w["cpu_milli"]["description"].as_str().unwrap();
+    assert!(
+        cpu.contains(&format!("default {} per GPU unit", rules::CPU_MILLI_PER_GPU_UNIT)),
+        "{cpu}"
+    );
+    let mem = w["memory_mib"]["description"].as_str().unwrap();
+    assert!(
+        mem.contains(&format!("default {} per GPU unit", rules::MEMORY_MIB_PER_GPU_UNIT)),
+        "{mem}"
+    );
     assert_eq!(
         w["priority"]["enum"],
         json!(["critical", "high", "standard", "opportunistic", null])

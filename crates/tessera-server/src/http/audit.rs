@@ -18,10 +18,10 @@ use crate::problem::ApiResult;
 pub struct AuditParams {
     pub tenant: Option<String>,
     /// Records per page (default 100).
-    #[param(schema_with = rules::schema::page_limit_opt)]
+    #[param(schema_with = rules::schema::page_limit)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page (a sequence number).
-    #[param(schema_with = rules::schema::id_opt)]
+    #[param(schema_with = rules::schema::cursor_id)]
     pub cursor: Option<u64>,
 }
 

@@ -45,7 +45,7 @@ pub struct FleetFilter {
     /// Only this node.
     pub node: Option<String>,
     /// Items per page (default 100).
-    #[param(schema_with = rules::schema::page_limit_opt)]
+    #[param(schema_with = rules::schema::page_limit)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page; one that names nothing ends the listing.
     pub cursor: Option<String>,

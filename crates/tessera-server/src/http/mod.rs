@@ -339,7 +339,7 @@ impl<S: Send + Sync> FromRequestParts<S> for WorkloadPath {
 #[into_params(parameter_in = Query)]
 pub struct PageParams {
     /// Items per page (default 100).
-    #[param(schema_with = rules::schema::page_limit_opt)]
+    #[param(schema_with = rules::schema::page_limit)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -358,7 +358,7 @@ impl PageParams {
 }
 
 /// Items per page when a list request does not say.
-pub const DEFAULT_LIMIT: u32 = 100;
+pub const DEFAULT_LIMIT: u32 = rules::PAGE_DEFAULT;
 
 /// The page size rule of every list.
 pub fn check_limit(limit: Option<u32>) -> Result<(), Violation> {

@@ -29,10 +29,10 @@ pub struct UsageParams {
     /// Only this tenant (required for tenant tokens: their own).
     pub tenant: Option<String>,
     /// Start (default: the first of this month, UTC).
-    #[param(schema_with = rules::schema::date_or_time_opt)]
+    #[param(schema_with = rules::schema::date_or_time)]
     pub from: Option<String>,
     /// End, exclusive, after `from` (default: now).
-    #[param(schema_with = rules::schema::date_or_time_opt)]
+    #[param(schema_with = rules::schema::date_or_time)]
     pub to: Option<String>,
     /// How rows are grouped (default `day`).
     #[param(inline)]

@@ -33,10 +33,10 @@ pub struct WorkloadFilterParams {
     #[param(inline)]
     pub state: Option<WorkloadState>,
     /// Workloads per page (default 100).
-    #[param(schema_with = rules::schema::page_limit_opt)]
+    #[param(schema_with = rules::schema::page_limit)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page (a workload id).
-    #[param(schema_with = rules::schema::id_opt)]
+    #[param(schema_with = rules::schema::cursor_id)]
     pub cursor: Option<u64>,
 }
 
@@ -48,6 +48,18 @@ impl Validate for WorkloadFilterParams {
         }
         Ok(())
     }
+}
+
+/// The document's side of the `Idempotency-Key` header (checked by
+/// [`rules::check_idempotency_key`]).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // only its schema is used
+pub struct IdempotencyParams {
+    /// Makes retries safe: a repeated request with the same key and body returns the workload
+    /// created the first time.
+    #[param(rename = "Idempotency-Key", schema_with = rules::schema::idempotency_key)]
+    idempotency_key: Option<String>,
 }
 
 /// A lifecycle refusal as a problem document: the problem type is the reason's code.
@@ -126,8 +138,7 @@ fn shape_spec(s: &GpuShape) -> ShapeSpec {
 /// Requests GPUs. Accepts an `Idempotency-Key` header: repeating a request with the same key
 /// and body returns the workload created the first time (200) instead of a new one.
 #[utoipa::path(post, path = "/api/v1/workloads", tag = "workloads", request_body = CreateWorkload,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: 1–200 visible ASCII characters, no spaces",
-        min_length = 1, max_length = 200, pattern = "^[!-~]+$")),
+    params(IdempotencyParams),
     responses((status = 201, body = Workload), (status = 200, description = "Replay of an idempotent request", body = Workload),
         (status = 403, description = "Refused by a quota limit or budget, or a viewer token", body = Problem),
         (status = 422, description = "A value breaks a rule, names an unknown tenant, project or priority class, or asks for a shape no node can ever hold (`type` …/constraint)", body = Problem)))]
