@@ -312,12 +312,23 @@ async fn dashboards_and_alerts_use_only_exported_metrics() {
     let anonymous = s.http.get(format!("{}/metrics", s.base)).send().await.unwrap();
     assert_eq!(anonymous.status().as_u16(), 401);
     assert_eq!(anonymous.headers()["content-type"], "application/problem+json");
-    let other = parse_exposition(&scrape(&s.http, s.metrics_base.as_ref().unwrap(), None).await).unwrap();
-    assert_eq!(
-        other.types.keys().collect::<Vec<_>>(),
-        e.types.keys().collect::<Vec<_>>(),
-        "--metrics-listen serves the same metrics"
-    );
+    // (Families such as the queue's exist only while something waits: compare two scrapes
+    // taken back to back, again if the queue changed between them.)
+    let families = |e: &Exposition| e.types.keys().cloned().collect::<Vec<_>>();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let api = families(&parse_exposition(&s.scrape().await).unwrap());
+        let other =
+            families(&parse_exposition(&scrape(&s.http, s.metrics_base.as_ref().unwrap(), None).await).unwrap());
+        if api == other {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "--metrics-listen serves the same metrics: {api:?} vs {other:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let exported = e.names();
     let dcgm: BTreeSet<&str> = DCGM_METRICS.iter().copied().collect();
