@@ -45,6 +45,9 @@ pub struct SqliteStore {
     pool: SqlitePool,
 }
 
+/// The database file in a data directory.
+pub const DB_FILE: &str = "tessera.db";
+
 impl SqliteStore {
     /// Opens (creating if needed) `<dir>/tessera.db`, applies the migrations and converts the
     /// workloads of schema version 1.
@@ -52,7 +55,7 @@ impl SqliteStore {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Unavailable(format!("cannot create {}: {e}", dir.display())))?;
         let opts = SqliteConnectOptions::new()
-            .filename(dir.join("tessera.db"))
+            .filename(dir.join(DB_FILE))
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)

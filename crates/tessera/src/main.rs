@@ -5,9 +5,10 @@
 //! the placement engine live in `tessera-model` and `tessera-sched`.
 //!
 //! `serve` runs the control plane; `run`, `ls`, `describe`, `cancel`, `pools`, `nodes`,
-//! `gpus`, `tenants`, `projects` and `token` talk to it; `sim openb` replays the Alibaba trace,
-//! `bench` measures the engine and the API, `fleet` shows a fleet description and `openapi`
-//! prints the API document.
+//! `gpus`, `tenants`, `projects` and `token` talk to it; `admin recover` issues an admin token
+//! through the data directory; `sim openb` replays the Alibaba trace, `bench` measures the
+//! engine and the API, `fleet` shows a fleet description and `openapi` prints the API
+//! document.
 
 mod bench;
 mod benchapi;
@@ -95,6 +96,23 @@ enum Command {
     },
     /// Inspect or validate a fleet description.
     Fleet(fleetcmd::FleetArgs),
+    /// Local administration through the data directory (no server or token needed).
+    Admin {
+        #[command(subcommand)]
+        cmd: AdminCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminCmd {
+    /// Issue a fresh platform-admin token for an operator who has lost theirs: writes it to
+    /// DIR/admin-token (mode 0600), prints it, and records the recovery in the audit log.
+    /// Needs write access to the data directory; works while the server runs.
+    Recover {
+        /// The server's data directory.
+        #[arg(long, default_value = "./tessera-data", env = "TESSERA_DATA_DIR")]
+        data_dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -151,6 +169,18 @@ fn main() -> ExitCode {
         Command::Sim { what } => sim::run(what),
         Command::Bench { what } => bench::run(what, &c.conn),
         Command::Fleet(args) => fleetcmd::run(args),
+        Command::Admin {
+            cmd: AdminCmd::Recover { data_dir },
+        } => client(Box::pin(async move {
+            let r = tessera_server::admin::recover(&data_dir).await?;
+            println!("Admin token: {}", r.secret);
+            println!(
+                "(platform-admin token {} written to {}; it is shown only once)",
+                r.id,
+                r.file.display()
+            );
+            Ok(())
+        })),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
