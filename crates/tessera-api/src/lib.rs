@@ -2,13 +2,18 @@
 //!
 //! The types of Tessera's REST API (`/api/v1`): what clients send and receive. The server
 //! generates its OpenAPI document from them and converts its domain records to them at the
-//! edge; the CLI deserialises responses with them. Plain data, no behaviour beyond time
-//! formatting.
+//! edge; the CLI deserialises responses with them. Plain data and the rules request values
+//! follow ([`rules`]), which both the server's checks and the document's schemas come from;
+//! time formatting.
+
+pub mod rules;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+
+use crate::rules::{Validate, Violation};
 
 /// RFC 7807 problem details, returned with every error (`application/problem+json`).
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
@@ -113,11 +118,24 @@ pub struct Tenant {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CreateTenant {
-    /// Lower-case slug: letters, digits and `-`, 1–40 characters.
+    #[schema(schema_with = rules::schema::slug)]
     pub name: String,
+    /// Shown to people (default: the name).
     #[serde(default)]
+    #[schema(schema_with = rules::schema::display_name_opt)]
     pub display_name: Option<String>,
+}
+
+impl Validate for CreateTenant {
+    fn validate(&self) -> Result<(), Violation> {
+        rules::check_slug("name", &self.name)?;
+        if let Some(d) = &self.display_name {
+            rules::DISPLAY_NAME.check("display_name", d)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
@@ -128,8 +146,16 @@ pub struct Project {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CreateProject {
+    #[schema(schema_with = rules::schema::slug)]
     pub name: String,
+}
+
+impl Validate for CreateProject {
+    fn validate(&self) -> Result<(), Violation> {
+        rules::check_slug("name", &self.name)
+    }
 }
 
 /// The GPU shape of a workload: exactly one of `gpus`, `mig`, `fraction`.
@@ -138,22 +164,60 @@ pub struct CreateProject {
 pub struct GpuShape {
     /// Whole GPUs on one node (and one NVLink domain).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::schema::gpus_opt)]
     pub gpus: Option<u8>,
     /// A MIG profile: a name such as `3g.40gb`, or `MODEL:PROFILE_ID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<String>,
-    /// A fraction of a time-shared GPU in milli-GPU, 1–999.
+    /// A fraction of a time-shared GPU in milli-GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::schema::fraction_opt)]
     pub fraction: Option<u16>,
     /// With `fraction`: GPU memory to reserve, MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::schema::gpu_memory_mib_opt)]
     pub gpu_memory_mib: Option<u32>,
     /// Allowed GPU models or families (`h100`, `A100-80GB`); empty = any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<String>,
     /// Restrict to one pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::schema::slug_opt)]
     pub pool: Option<String>,
+}
+
+impl Validate for GpuShape {
+    fn validate(&self) -> Result<(), Violation> {
+        let set = [self.gpus.is_some(), self.mig.is_some(), self.fraction.is_some()]
+            .iter()
+            .filter(|x| **x)
+            .count();
+        if set != 1 {
+            return Err(Violation::new(
+                "shape",
+                "give exactly one of `gpus` (whole GPUs), `mig` (a MIG profile) or `fraction` (milli-GPU)",
+            ));
+        }
+        if let Some(g) = self.gpus {
+            rules::GPUS.check("shape.gpus", g.into())?;
+        }
+        if let Some(f) = self.fraction {
+            rules::FRACTION.check("shape.fraction", f.into())?;
+        }
+        if let Some(m) = self.gpu_memory_mib {
+            if self.fraction.is_none() {
+                return Err(Violation::new(
+                    "shape.gpu_memory_mib",
+                    "gpu_memory_mib goes with `fraction` only (whole GPUs and MIG instances come with their memory)",
+                ));
+            }
+            rules::GPU_MEMORY_MIB.check("shape.gpu_memory_mib", m.into())?;
+        }
+        if let Some(p) = &self.pool {
+            rules::check_slug("shape.pool", p)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq, Eq, Hash)]
@@ -179,22 +243,27 @@ impl WorkloadKind {
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWorkload {
+    #[schema(schema_with = rules::schema::slug)]
     pub tenant: String,
+    #[schema(schema_with = rules::schema::slug)]
     pub project: String,
-    /// 1–63 characters.
+    #[schema(schema_with = rules::schema::name)]
     pub name: String,
     #[serde(default)]
     pub kind: WorkloadKind,
     pub shape: GpuShape,
     /// Host CPU in milli-cores (default 4000 per GPU unit, at least 500).
     #[serde(default)]
+    #[schema(schema_with = rules::schema::cpu_milli_opt)]
     pub cpu_milli: Option<u64>,
     /// Host memory in MiB (default 16 GiB per GPU unit, at least 1 GiB).
     #[serde(default)]
+    #[schema(schema_with = rules::schema::memory_mib_opt)]
     pub memory_mib: Option<u64>,
     /// Run time in seconds for batch work; a lease for services and interactive sessions.
     /// Absent: runs until cancelled.
     #[serde(default)]
+    #[schema(schema_with = rules::schema::duration_s_opt)]
     pub duration_s: Option<i64>,
     #[serde(default)]
     pub command: Option<Vec<String>>,
@@ -213,6 +282,25 @@ pub struct CreateWorkload {
     /// default; services and interactive sessions are not).
     #[serde(default)]
     pub no_requeue: bool,
+}
+
+impl Validate for CreateWorkload {
+    fn validate(&self) -> Result<(), Violation> {
+        rules::check_slug("tenant", &self.tenant)?;
+        rules::check_slug("project", &self.project)?;
+        rules::NAME.check("name", &self.name)?;
+        self.shape.validate()?;
+        if let Some(c) = self.cpu_milli {
+            rules::CPU_MILLI.check_u64("cpu_milli", c)?;
+        }
+        if let Some(m) = self.memory_mib {
+            rules::MEMORY_MIB.check_u64("memory_mib", m)?;
+        }
+        if let Some(d) = self.duration_s {
+            rules::DURATION_S.check("duration_s", d)?;
+        }
+        Ok(())
+    }
 }
 
 /// Lifecycle state of a workload.
@@ -384,18 +472,86 @@ pub struct CreatedToken {
     pub role: String,
 }
 
+/// What a token may do. `platform-admin`: everything; `tenant-admin`, `member`, `viewer`: in
+/// one tenant; `metrics`: read `/metrics` only (for Prometheus), nothing else.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum TokenRole {
+    PlatformAdmin,
+    TenantAdmin,
+    Member,
+    Viewer,
+    Metrics,
+}
+
+impl TokenRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenRole::PlatformAdmin => "platform-admin",
+            TokenRole::TenantAdmin => "tenant-admin",
+            TokenRole::Member => "member",
+            TokenRole::Viewer => "viewer",
+            TokenRole::Metrics => "metrics",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            TokenRole::PlatformAdmin,
+            TokenRole::TenantAdmin,
+            TokenRole::Member,
+            TokenRole::Viewer,
+            TokenRole::Metrics,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+    }
+
+    /// Whether tokens of this role act for one tenant (and must name it).
+    pub fn is_tenant_role(self) -> bool {
+        matches!(self, TokenRole::TenantAdmin | TokenRole::Member | TokenRole::Viewer)
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CreateToken {
-    /// The tenant the token acts for; absent = platform-wide (platform-admin only).
+    /// The tenant the token acts for: required for `tenant-admin`, `member` and `viewer`,
+    /// absent for `platform-admin` and `metrics`.
     #[serde(default)]
+    #[schema(schema_with = rules::schema::slug_opt)]
     pub tenant: Option<String>,
-    /// `platform-admin`, `tenant-admin`, `member` or `viewer`.
-    pub role: String,
+    pub role: TokenRole,
     #[serde(default)]
+    #[schema(schema_with = rules::schema::name_opt)]
     pub name: Option<String>,
     /// Lifetime in seconds; absent = until revoked.
     #[serde(default)]
+    #[schema(schema_with = rules::schema::expires_in_s_opt)]
     pub expires_in_s: Option<i64>,
+}
+
+impl Validate for CreateToken {
+    fn validate(&self) -> Result<(), Violation> {
+        match (&self.tenant, self.role.is_tenant_role()) {
+            (None, true) => return Err(Violation::new("tenant", "tenant roles need a `tenant`")),
+            (Some(_), false) => {
+                return Err(Violation::new(
+                    "tenant",
+                    format!("{} tokens are not tied to a tenant", self.role.as_str()),
+                ));
+            }
+            (Some(t), true) => rules::check_slug("tenant", t)?,
+            (None, false) => {}
+        }
+        if let Some(n) = &self.name {
+            rules::NAME.check("name", n)?;
+        }
+        if let Some(e) = self.expires_in_s {
+            rules::EXPIRES_IN_S.check("expires_in_s", e)?;
+        }
+        Ok(())
+    }
 }
 
 /// An API token as listed (never the secret).
@@ -428,72 +584,48 @@ pub struct AuditEntry {
     pub outcome: u16,
 }
 
-/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
-pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+/// The timestamp of `ms` milliseconds since the epoch, clamped to what jiff represents.
+fn timestamp(ms: i64) -> jiff::Timestamp {
+    jiff::Timestamp::from_millisecond(ms).unwrap_or(if ms < 0 {
+        jiff::Timestamp::MIN
+    } else {
+        jiff::Timestamp::MAX
+    })
 }
 
 /// Milliseconds since the epoch of the first instant of the UTC calendar month holding `ms`.
 pub fn month_start_ms(ms: i64) -> i64 {
-    let s = rfc3339_ms(ms);
-    let y: i64 = s[0..4].parse().unwrap_or(1970);
-    let m: i64 = s[5..7].parse().unwrap_or(1);
-    days_from_civil(y, m, 1) * 86_400_000
+    let utc = jiff::tz::Offset::UTC;
+    let first = utc
+        .to_datetime(timestamp(ms))
+        .date()
+        .first_of_month()
+        .to_datetime(jiff::civil::Time::midnight());
+    utc.to_timestamp(first).map(|t| t.as_millisecond()).unwrap_or(ms)
 }
 
-/// Parses `YYYY-MM-DD` or an RFC 3339 UTC time (`…Z`) into milliseconds since the epoch.
+/// Milliseconds since the epoch of the UTC midnight that starts the day holding `ms`.
+pub fn day_start_ms(ms: i64) -> i64 {
+    ms - ms.rem_euclid(86_400_000)
+}
+
+/// Parses `YYYY-MM-DD` (UTC midnight) or an RFC 3339 time into milliseconds since the epoch
+/// (the syntax is [`rules::DATE_OR_TIME_PATTERN`]).
 pub fn parse_time_ms(s: &str) -> Option<i64> {
-    let s = s.trim();
-    let date = s.get(0..10)?;
-    let mut p = date.split('-');
-    let (y, m, d): (i64, i64, i64) = (
-        p.next()?.parse().ok()?,
-        p.next()?.parse().ok()?,
-        p.next()?.parse().ok()?,
-    );
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
-        return None;
-    }
-    let mut ms = days_from_civil(y, m, d) * 86_400_000;
-    if s.len() > 10 {
-        let t = s.get(11..)?.trim_end_matches('Z');
-        let mut hms = t.split(':');
-        let h: i64 = hms.next()?.parse().ok()?;
-        let mi: i64 = hms.next().unwrap_or("0").parse().ok()?;
-        let sec: f64 = hms.next().unwrap_or("0").parse().ok()?;
-        ms += h * 3_600_000 + mi * 60_000 + (sec * 1000.0) as i64;
-    }
-    Some(ms)
+    let t = if s.len() == 10 {
+        let d: jiff::civil::Date = s.parse().ok()?;
+        jiff::tz::Offset::UTC
+            .to_timestamp(d.to_datetime(jiff::civil::Time::midnight()))
+            .ok()?
+    } else {
+        s.parse::<jiff::Timestamp>().ok()?
+    };
+    Some(t.as_millisecond())
 }
 
 /// Formats milliseconds since the Unix epoch as RFC 3339 UTC with milliseconds.
 pub fn rfc3339_ms(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let milli = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{milli:03}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+    timestamp(ms).strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
 
 #[cfg(test)]
@@ -517,7 +649,17 @@ mod tests {
             "2024-02-29T00:00:00.000Z"
         );
         assert!(parse_time_ms("2024-13-01").is_none());
+        assert!(parse_time_ms("2023-02-29").is_none(), "not a leap year");
         assert!(parse_time_ms("yesterday").is_none());
+        assert!(parse_time_ms("").is_none());
+        assert_eq!(
+            parse_time_ms("2026-11-29T11:40:00.123+01:00"),
+            Some(t),
+            "offsets are honoured"
+        );
+        assert_eq!(parse_time_ms("1970-01-01T00:00:00.000000001Z"), Some(0));
+        assert_eq!(day_start_ms(t), parse_time_ms("2026-11-29").unwrap());
+        assert_eq!(rfc3339_ms(month_start_ms(-1)), "1969-12-01T00:00:00.000Z");
     }
 
     #[test]
@@ -574,16 +716,46 @@ pub struct TenantQuotas {
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SetQuota {
+    /// GPU units always available to the tenant (thousandths at most).
+    #[schema(schema_with = rules::schema::guaranteed)]
     pub guaranteed: f64,
+    /// The most it may hold, borrowing included (at least `guaranteed`); absent = no limit.
     #[serde(default)]
+    #[schema(schema_with = rules::schema::quota_limit_opt)]
     pub limit: Option<f64>,
+}
+
+impl Validate for SetQuota {
+    fn validate(&self) -> Result<(), Violation> {
+        rules::UNITS.check("guaranteed", self.guaranteed)?;
+        if let Some(l) = self.limit {
+            rules::UNITS.check("limit", l)?;
+            if l < self.guaranteed {
+                return Err(Violation::new(
+                    "limit",
+                    format!("limit {l} is below the guarantee {}", self.guaranteed),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SetBudget {
     /// GPU-unit-hours per calendar month; `null` removes the budget.
+    #[schema(schema_with = rules::schema::budget_opt)]
     pub monthly_unit_hours: Option<f64>,
+}
+
+impl Validate for SetBudget {
+    fn validate(&self) -> Result<(), Violation> {
+        match self.monthly_unit_hours {
+            Some(v) => rules::UNITS.check("monthly_unit_hours", v),
+            None => Ok(()),
+        }
+    }
 }
 
 /// One line of a usage report.

@@ -1,4 +1,6 @@
-//! Request middleware: request IDs, per-token rate limits, security headers, and the audit log.
+//! Request middleware: the caller resolved before the action, per-token rate limits
+//! (`governor`), the audit log, and the pieces of the `tower-http` stack that are ours (which
+//! request IDs to keep and how to make new ones).
 //!
 //! Every mutating request, every authentication failure, permission denial and rate-limit
 //! refusal is appended to the audit log (actor, tenant, action, target, time, outcome, request
@@ -6,9 +8,8 @@
 //! request whose record cannot be written is answered 503 instead, so nothing acknowledged is
 //! missing from the log. The log is append-only.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
@@ -17,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use tessera_store::{AuditRecord, Store};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::auth::Resolved;
 use crate::problem::ApiError;
 use crate::{AppState, now_ms};
 
@@ -64,55 +66,72 @@ impl AuditLog {
     }
 }
 
-/// Per-token token buckets.
+/// Per-token rate limits (GCRA, `governor`): `rate` requests per second sustained, bursts of
+/// `burst`; a rate of 0 disables them.
 pub struct RateLimiter {
-    /// Sustained requests per second per token; 0 disables limiting.
+    /// Sustained requests per second per token.
     pub rate: f64,
-    pub burst: f64,
-    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    limiter: Option<governor::DefaultKeyedRateLimiter<String>>,
 }
 
 impl RateLimiter {
     pub fn new(rate: f64, burst: f64) -> Self {
-        RateLimiter {
-            rate,
-            burst: burst.max(1.0),
-            buckets: Mutex::default(),
-        }
+        let limiter = (rate > 0.0 && rate.is_finite()).then(|| {
+            let burst =
+                std::num::NonZeroU32::new(burst.max(1.0).min(u32::MAX as f64) as u32).unwrap_or(NonZeroU32::MIN);
+            let period = std::time::Duration::from_secs_f64(1.0 / rate).max(std::time::Duration::from_nanos(1));
+            let quota = governor::Quota::with_period(period)
+                .expect("a positive period")
+                .allow_burst(burst);
+            governor::RateLimiter::keyed(quota)
+        });
+        RateLimiter { rate, limiter }
     }
 
-    /// Takes one request from `key`'s bucket; `Err(seconds)` to wait when it is empty.
+    /// Takes one request from `key`'s allowance; `Err(seconds)` to wait when it is used up.
     pub fn take(&self, key: &str) -> Result<(), u64> {
-        if self.rate <= 0.0 {
+        let Some(l) = &self.limiter else {
             return Ok(());
+        };
+        // Keys of idle tokens are dropped now and then, so the map stays bounded.
+        if l.len() > 100_000 {
+            l.retain_recent();
         }
-        let now = Instant::now();
-        let mut b = self.buckets.lock().expect("lock");
-        if b.len() > 100_000 {
-            b.retain(|_, (_, at)| now.duration_since(*at).as_secs() < 60);
-        }
-        let (tokens, at) = b.entry(key.to_string()).or_insert((self.burst, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.rate).min(self.burst);
-        *at = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(((1.0 - *tokens) / self.rate).ceil().max(1.0) as u64)
-        }
+        l.check_key(&key.to_string()).map_err(|not_until| {
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+            wait.as_secs_f64().ceil().max(1.0) as u64
+        })
     }
 }
 
-fn request_id(req: &Request) -> String {
-    req.headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| {
-            !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        })
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("req-{}", &crate::auth::new_secret()[4..20]))
+/// An incoming `X-Request-Id` is kept only if it is short and plain (letters, digits, `-`,
+/// `_`), since it is echoed and written to the audit log; others are replaced.
+pub async fn drop_unsafe_request_id(mut req: Request) -> Request {
+    let ok = req.headers().get(X_REQUEST_ID).is_none_or(|v| {
+        let b = v.as_bytes();
+        !b.is_empty() && b.len() <= 64 && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_')
+    });
+    if !ok {
+        req.headers_mut().remove(X_REQUEST_ID);
+    }
+    req
 }
+
+/// Request IDs for requests that come without one: `req-` and 16 random hex digits.
+#[derive(Clone, Copy, Default)]
+pub struct MakeId;
+
+impl tower_http::request_id::MakeRequestId for MakeId {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<tower_http::request_id::RequestId> {
+        let id = format!("req-{}", &crate::auth::new_secret()[4..20]);
+        HeaderValue::from_str(&id)
+            .ok()
+            .map(tower_http::request_id::RequestId::new)
+    }
+}
+
+/// The header request IDs travel in.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 fn tenant_in_path(path: &str) -> Option<String> {
     let mut parts = path.split('/');
@@ -133,9 +152,16 @@ pub struct RequestId(pub String);
 #[derive(Clone, Copy, Debug)]
 pub struct Audited;
 
-/// The middleware around every route.
+/// Around every route: resolves the caller (once, before the action), applies its rate
+/// limit, and appends the audit record of mutating requests and refusals before the response
+/// leaves.
 pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
-    let rid = request_id(&req);
+    let rid = req
+        .extensions()
+        .get::<tower_http::request_id::RequestId>()
+        .and_then(|r| r.header_value().to_str().ok())
+        .unwrap_or_default()
+        .to_string();
     req.extensions_mut().insert(RequestId(rid.clone()));
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -144,16 +170,12 @@ pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next)
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string())
         .unwrap_or_else(|| path.clone());
-    let auth = req
+    let bucket = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let mut cookie_headers = axum::http::HeaderMap::new();
-    for v in req.headers().get_all(header::COOKIE) {
-        cookie_headers.append(header::COOKIE, v.clone());
-    }
-    let bucket = auth.as_deref().map(crate::auth::hash);
+        .map(|v| crate::auth::hash(&String::from_utf8_lossy(v.as_bytes())));
+    let guarded = path.starts_with("/api/") || path == "/metrics";
+    let mut identity = None;
     let mut response = match bucket.as_deref().map(|b| s.limiter.take(b)) {
         Some(Err(wait)) => {
             let mut r = ApiError::too_many(format!(
@@ -164,7 +186,14 @@ pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next)
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(wait));
             r
         }
-        _ => next.run(req).await,
+        _ => {
+            if guarded {
+                let id = crate::auth::resolve(req.headers(), &method, &s).await;
+                identity = id.as_ref().ok().cloned();
+                req.extensions_mut().insert(Resolved(id));
+            }
+            next.run(req).await
+        }
     };
     let status = response.status();
     let mutating = !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS);
@@ -173,11 +202,7 @@ pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next)
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
     );
     let audited = response.extensions().get::<Audited>().is_some();
-    if path.starts_with("/api/") && (mutating || denied) && !audited {
-        let identity = match auth.as_deref() {
-            Some(h) => s.auth.identify(Some(h)).await.ok(),
-            None => s.sessions.from_headers(&cookie_headers).map(|x| x.identity),
-        };
+    if guarded && (mutating || denied) && !audited {
         let action = match status {
             StatusCode::UNAUTHORIZED => "auth.failure".to_string(),
             StatusCode::FORBIDDEN => format!("denied {method} {route}"),
@@ -207,21 +232,6 @@ pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next)
             .into_response();
         }
     }
-    let h = response.headers_mut();
-    h.insert(
-        HeaderName::from_static("x-request-id"),
-        HeaderValue::from_str(&rid).unwrap_or(HeaderValue::from_static("invalid")),
-    );
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
-        h.insert(
-            header::CONTENT_SECURITY_POLICY,
-            HeaderValue::from_static("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"),
-        );
-    }
     response
 }
 
@@ -230,15 +240,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buckets_refill() {
+    fn allowances_refill() {
         let r = RateLimiter::new(10.0, 2.0);
         assert!(r.take("a").is_ok());
         assert!(r.take("a").is_ok());
-        assert_eq!(r.take("a"), Err(1));
-        assert!(r.take("b").is_ok(), "buckets are per token");
+        assert_eq!(
+            r.take("a"),
+            Err(1),
+            "a burst of 2, then wait (at least 1 s in Retry-After)"
+        );
+        assert!(r.take("b").is_ok(), "allowances are per token");
         std::thread::sleep(std::time::Duration::from_millis(150));
         assert!(r.take("a").is_ok());
         assert!(RateLimiter::new(0.0, 1.0).take("x").is_ok(), "0 disables");
+        let slow = RateLimiter::new(0.1, 1.0);
+        assert!(slow.take("k").is_ok());
+        assert_eq!(slow.take("k"), Err(10), "one request per 10 s");
     }
 
     #[test]

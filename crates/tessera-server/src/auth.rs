@@ -1,12 +1,18 @@
-//! Identities: every request carries an API token (`Authorization: Bearer <token>`). Tokens are
-//! random 32-byte secrets; only their SHA-256 is stored. A token is platform-wide
-//! (`platform-admin`) or scoped to one tenant with a role.
+//! Identities: every request carries an API token (`Authorization: Bearer <token>`), an OIDC
+//! access token, or the console's session cookie. Tokens are random 32-byte secrets; only
+//! their SHA-256 is stored. A token is platform-wide (`platform-admin`, or `metrics`, which may
+//! only read `/metrics`) or scoped to one tenant with a role.
+//!
+//! The caller is resolved once per request, by the request middleware before the handler runs
+//! ([`resolve`], kept in the request as [`Resolved`]): the audit record names the caller as it
+//! was before the action, even when the action revokes the caller's own token.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -15,35 +21,8 @@ use tessera_store::Store;
 
 use crate::problem::ApiError;
 
-/// What a caller may do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    PlatformAdmin,
-    TenantAdmin,
-    Member,
-    Viewer,
-}
-
-impl Role {
-    pub fn parse(s: &str) -> Option<Role> {
-        Some(match s {
-            "platform-admin" => Role::PlatformAdmin,
-            "tenant-admin" => Role::TenantAdmin,
-            "member" => Role::Member,
-            "viewer" => Role::Viewer,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::PlatformAdmin => "platform-admin",
-            Role::TenantAdmin => "tenant-admin",
-            Role::Member => "member",
-            Role::Viewer => "viewer",
-        }
-    }
-}
+/// What a caller may do: the API's token roles (`metrics` tokens read `/metrics` only).
+pub use tessera_api::TokenRole as Role;
 
 /// The authenticated caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,8 +92,11 @@ pub fn hash(secret: &str) -> String {
 /// every use; a revocation clears the cache).
 pub struct Authenticator {
     store: Arc<dyn Store>,
-    cache: RwLock<HashMap<String, (Identity, Option<i64>)>>,
+    /// By token hash: the identity, the token's expiry, and when it was looked up.
+    cache: RwLock<HashMap<String, (Identity, Option<i64>, i64)>>,
     oidc: Option<crate::oidc::OidcVerifier>,
+    /// How long a look-up is trusted (ms); `None`: until a revocation in this process.
+    cache_ttl_ms: Option<i64>,
 }
 
 impl Authenticator {
@@ -123,7 +105,15 @@ impl Authenticator {
             store,
             cache: RwLock::default(),
             oidc,
+            cache_ttl_ms: None,
         }
+    }
+
+    /// Trusts a cached look-up for at most `ttl`: replicas sharing a database do not see each
+    /// other's revocations, so a token revoked through another replica fails here within `ttl`.
+    pub fn with_cache_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.cache_ttl_ms = Some(ttl.as_millis() as i64);
+        self
     }
 
     /// The OIDC verifier, when single sign-on is configured.
@@ -132,6 +122,8 @@ impl Authenticator {
     }
 
     /// Forgets every cached identity (after a revocation: revoked tokens fail at once).
+    /// A token created outside this process (`tessera admin recover`) needs no invalidation:
+    /// unknown hashes are always looked up in the store.
     pub fn invalidate(&self) {
         self.cache.write().expect("lock").clear();
     }
@@ -152,8 +144,9 @@ impl Authenticator {
         }
         let key = hash(secret);
         let now = crate::now_ms();
-        if let Some((id, expires_at)) = self.cache.read().expect("lock").get(&key)
+        if let Some((id, expires_at, cached_at)) = self.cache.read().expect("lock").get(&key)
             && expires_at.is_none_or(|e| e > now)
+            && self.cache_ttl_ms.is_none_or(|ttl| now - cached_at < ttl)
         {
             return Ok(id.clone());
         }
@@ -172,8 +165,36 @@ impl Authenticator {
         if cache.len() >= 100_000 {
             cache.clear();
         }
-        cache.insert(key, (id.clone(), rec.expires_at));
+        cache.insert(key, (id.clone(), rec.expires_at, now));
         Ok(id)
+    }
+}
+
+/// The caller of a request as resolved before its handler ran.
+#[derive(Clone, Debug)]
+pub struct Resolved(pub Result<Identity, ApiError>);
+
+/// Who makes a request: its bearer token, or else the console's session cookie (whose changes
+/// need the session's CSRF token).
+pub async fn resolve(headers: &HeaderMap, method: &Method, state: &crate::AppState) -> Result<Identity, ApiError> {
+    let h = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if h.is_none()
+        && let Some(sess) = state.sessions.from_headers(headers)
+    {
+        if !matches!(*method, Method::GET | Method::HEAD) {
+            crate::session::check_csrf(headers, &sess)?;
+        }
+        return Ok(sess.identity);
+    }
+    state.auth.identify(h).await
+}
+
+async fn resolved(parts: &Parts, state: &crate::AppState) -> Result<Identity, ApiError> {
+    match parts.extensions.get::<Resolved>() {
+        Some(Resolved(r)) => r.clone(),
+        None => resolve(&parts.headers, &parts.method, state).await,
     }
 }
 
@@ -181,20 +202,34 @@ impl FromRequestParts<crate::AppState> for Identity {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &crate::AppState) -> Result<Self, Self::Rejection> {
-        let h = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        if h.is_none()
-            && let Some(sess) = state.sessions.from_headers(&parts.headers)
-        {
-            // The console's session cookie: changes need the session's CSRF token.
-            if !matches!(parts.method, axum::http::Method::GET | axum::http::Method::HEAD) {
-                crate::session::check_csrf(&parts.headers, &sess)?;
-            }
-            return Ok(sess.identity);
+        let id = resolved(parts, state).await?;
+        if id.role == Role::Metrics {
+            return Err(ApiError::forbidden(
+                "a metrics token may only read /metrics; use a tenant or platform-admin token for the API",
+            ));
         }
-        state.auth.identify(h).await
+        Ok(id)
+    }
+}
+
+/// A caller allowed to read `/metrics` on the API address: a `metrics` or `platform-admin`
+/// token (the metrics show every tenant's names and use).
+pub struct MetricsReader(pub Identity);
+
+impl FromRequestParts<crate::AppState> for MetricsReader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &crate::AppState) -> Result<Self, Self::Rejection> {
+        let id = resolved(parts, state).await?;
+        if matches!(id.role, Role::Metrics | Role::PlatformAdmin) {
+            Ok(MetricsReader(id))
+        } else {
+            Err(ApiError::forbidden(format!(
+                "/metrics needs a metrics or platform-admin token; yours is {} of tenant {}",
+                id.role.as_str(),
+                id.tenant.as_deref().unwrap_or("-")
+            )))
+        }
     }
 }
 

@@ -9,13 +9,15 @@
 //! * [`http`]: the REST API under `/api/v1` (OpenAPI 3.1 at `/api/v1/openapi.json`, RFC 7807
 //!   problems), reading from the published snapshot and the store;
 //! * identities ([`auth`]: API tokens, [`oidc`]: single sign-on, [`session`]: the console's
-//!   sign-in), the request middleware ([`audit`]: request IDs, rate limits, security headers,
-//!   the audit log), [`metrics`] and [`usage`] reports;
+//!   sign-in; [`admin`]: the first admin token and local recovery), the request middleware
+//!   (`tower-http` for request IDs, CORS, security headers and the body limit; [`audit`]: the
+//!   caller, rate limits and the audit log), [`metrics`] and [`usage`] reports;
 //! * replicas ([`replica`]): on PostgreSQL any number of servers share the database, elect a
 //!   leader that alone runs the loop, and followers forward writes to it ([`forward`]);
 //!   `/healthz` and `/readyz` for probes; [`timed`] times every store operation;
 //! * the web console (one page, `console.html`).
 
+pub mod admin;
 pub mod audit;
 pub mod auth;
 pub mod forward;
@@ -34,8 +36,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::{Context, anyhow};
 use axum::extract::DefaultBodyLimit;
-use axum::http::{StatusCode, Uri, header};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use tessera_backend::Backend;
@@ -52,6 +55,10 @@ use crate::auth::Authenticator;
 use crate::lifecycle::Lifecycle;
 use crate::lifecycle::placement::NodeIndex;
 use crate::problem::ApiError;
+
+/// How long a replica sharing its database trusts a token it looked up: a revocation through
+/// another replica takes effect here within this.
+pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(2);
 
 /// Largest accepted request body.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -119,6 +126,9 @@ pub struct ServerConfig {
     pub oidc: Option<oidc::OidcConfig>,
     /// Serve HTTPS with this certificate chain and private key (PEM files).
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Origins (`https://portal.example.com`) whose pages may call the API from a browser
+    /// (CORS); empty: the same-origin console only.
+    pub cors_origins: Vec<String>,
     /// The URL other replicas reach this one at (default: the scheme and the bound address).
     pub advertise_url: Option<String>,
     /// This replica's id (default: the host name and a random suffix).
@@ -145,6 +155,7 @@ impl ServerConfig {
             rate_limit: 0.0,
             oidc: None,
             tls: None,
+            cors_origins: Vec::new(),
             advertise_url: None,
             replica_id: None,
             ha: replica::HaSettings::default(),
@@ -173,11 +184,11 @@ pub struct Running {
 pub async fn serve_metrics(
     app: axum::Router,
     addr: SocketAddr,
-) -> anyhow_like::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
     let listener = TcpListener::bind(addr)
         .await
-        .map_err(|e| anyhow_like::msg(format!("cannot listen on {addr} for metrics: {e}")))?;
-    let bound = listener.local_addr().map_err(|e| anyhow_like::msg(e.to_string()))?;
+        .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+    let bound = listener.local_addr()?;
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
@@ -188,10 +199,36 @@ pub async fn serve_metrics(
     Ok((bound, task))
 }
 
-/// The full HTTP application: API, OpenAPI document, console.
-pub fn app(state: AppState) -> axum::Router {
-    let (api, doc) = http::router(state.obs.sim.is_some());
-    let doc_json = serde_json::to_string(&doc).expect("the OpenAPI document serialises");
+/// The full HTTP application: API, OpenAPI document, console, `/metrics` (for metrics
+/// tokens). Around every route, outermost first: CORS (answers preflights), request IDs (an
+/// incoming one kept if plain, else a new one; echoed), security headers, errors made problem
+/// documents, API metrics, the audit middleware (caller, rate limit, audit record), the body
+/// limit.
+pub fn app(state: AppState, cors_origins: &[HeaderValue]) -> axum::Router {
+    use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
+    use tower_http::set_header::SetResponseHeaderLayer as Set;
+    let (api, doc) = http::router(state.obs.sim.is_some(), &state.priorities);
+    let doc_json = doc.to_string();
+    let stack = tower::ServiceBuilder::new()
+        .layer(cors(cors_origins))
+        .layer(axum::middleware::map_request(audit::drop_unsafe_request_id))
+        .layer(SetRequestIdLayer::new(audit::X_REQUEST_ID, audit::MakeId))
+        .layer(PropagateRequestIdLayer::new(audit::X_REQUEST_ID))
+        .layer(Set::overriding(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")))
+        .layer(Set::overriding(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")))
+        .layer(Set::overriding(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")))
+        .layer(Set::overriding(header::CACHE_CONTROL, HeaderValue::from_static("no-store")))
+        .layer(Set::if_not_present(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(
+                "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+            ),
+        ))
+        .layer(axum::middleware::map_response(problem::ensure_problem))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), audit::middleware))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(BODY_LIMIT))
+        .layer(DefaultBodyLimit::disable());
     axum::Router::new()
         .route("/", get(console))
         .route("/auth/login", get(session::login))
@@ -205,24 +242,61 @@ pub fn app(state: AppState) -> axum::Router {
                 async move { ([(header::CONTENT_TYPE, "application/json")], d) }
             }),
         )
-        .route("/metrics", get(metrics::scrape))
+        .route("/metrics", get(metrics::scrape_authorised))
         .route("/healthz", get(http::system::healthz))
         .route("/readyz", get(http::system::readyz))
         .merge(api)
         .fallback(not_found)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), audit::middleware))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .layer(stack)
         // Outermost: a follower's writes go to the leader before anything else looks at them.
         .layer(axum::middleware::from_fn_with_state(state.clone(), forward::middleware))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
 
-/// The OpenAPI document of a server on the embedded default (the simulated backend), without
-/// starting one.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    let (_, mut doc) = http::router(true);
-    doc.info.version = env!("CARGO_PKG_VERSION").into();
+/// The CORS policy: browsers may call the API from the listed origins only (bearer tokens, no
+/// cookies); with none listed, only the console, which is same-origin, can. Preflight requests
+/// are answered here, with or without permission.
+fn cors(origins: &[HeaderValue]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins.iter().cloned()))
+        .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            HeaderName::from_static("idempotency-key"),
+            audit::X_REQUEST_ID,
+        ])
+        .expose_headers([audit::X_REQUEST_ID, header::RETRY_AFTER])
+        .max_age(Duration::from_secs(600))
+}
+
+/// Checks `--cors-origin` values: `scheme://host[:port]`, no path, no wildcard.
+pub fn parse_cors_origins(origins: &[String]) -> anyhow::Result<Vec<HeaderValue>> {
+    origins
+        .iter()
+        .map(|o| {
+            let uri: Uri = o.parse().with_context(|| format!("--cors-origin {o}: not a URL"))?;
+            let plain = matches!(uri.scheme_str(), Some("http" | "https"))
+                && uri.host().is_some()
+                && uri.path_and_query().is_none_or(|p| p.as_str() == "/" || p.as_str().is_empty())
+                && !o.ends_with('/');
+            if !plain {
+                return Err(anyhow!(
+                    "--cors-origin {o}: give an origin such as https://portal.example.com (scheme, host, optional port; no path)"
+                ));
+            }
+            HeaderValue::from_str(o).with_context(|| format!("--cors-origin {o}"))
+        })
+        .collect()
+}
+
+/// The OpenAPI document of a server on the embedded default (the simulated backend, the
+/// default priority classes), without starting one.
+pub fn openapi() -> serde_json::Value {
+    let classes: Vec<String> = GovernConfig::default().classes.iter().map(|c| c.name.clone()).collect();
+    let (_, mut doc) = http::router(true, &classes);
+    doc["info"]["version"] = env!("CARGO_PKG_VERSION").into();
     doc
 }
 
@@ -239,64 +313,35 @@ async fn console() -> impl IntoResponse {
 
 /// Opens the store the configuration names: PostgreSQL at `database`, or SQLite in
 /// `data_dir`. The server holds it as an `Arc<dyn Store>`; nothing else depends on which.
-pub async fn open_store(cfg: &ServerConfig) -> anyhow_like::Result<Arc<dyn Store>> {
+pub async fn open_store(cfg: &ServerConfig) -> anyhow::Result<Arc<dyn Store>> {
     match &cfg.database {
         Some(url) => {
-            let store = PgStore::connect(url)
-                .await
-                .map_err(|e| anyhow_like::msg(format!("opening the PostgreSQL store: {e}")))?;
+            let store = PgStore::connect(url).await.context("opening the PostgreSQL store")?;
             tracing::info!(database = %store.target(), "state in PostgreSQL");
+            // The admin token is still written there.
+            std::fs::create_dir_all(&cfg.data_dir)
+                .with_context(|| format!("cannot create {}", cfg.data_dir.display()))?;
             Ok(Arc::new(store))
         }
         None => {
             let store = SqliteStore::open_dir(&cfg.data_dir)
                 .await
-                .map_err(|e| anyhow_like::msg(format!("opening the store in {}: {e}", cfg.data_dir.display())))?;
+                .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
             Ok(Arc::new(store))
         }
     }
 }
 
-/// Creates the admin token when the store has no token at all; returns its secret (also
-/// written to `<data_dir>/admin-token`), or `None` when tokens exist (or another replica
-/// sharing the database created it at the same moment).
-async fn bootstrap_admin(store: &dyn Store, data_dir: &std::path::Path) -> anyhow_like::Result<Option<String>> {
-    if store.token_count().await.map_err(|e| anyhow_like::msg(e.to_string()))? != 0 {
-        return Ok(None);
-    }
-    let secret = auth::new_secret();
-    let created = store
-        .create_token(&tessera_store::TokenRecord {
-            id: "tok-admin".into(),
-            hash: auth::hash(&secret),
-            tenant: None,
-            role: "platform-admin".into(),
-            name: "admin (created at first start)".into(),
-            created_at: now_ms(),
-            expires_at: None,
-            revoked_at: None,
-        })
-        .await;
-    match created {
-        Ok(()) => {}
-        Err(tessera_store::StoreError::Conflict(_)) => return Ok(None),
-        Err(e) => return Err(anyhow_like::msg(e.to_string())),
-    }
-    std::fs::create_dir_all(data_dir)
-        .map_err(|e| anyhow_like::msg(format!("cannot create {}: {e}", data_dir.display())))?;
-    write_secret(&data_dir.join("admin-token"), &secret)?;
-    Ok(Some(secret))
-}
-
 /// Opens the store, creates the admin token on first start, rebuilds state (or, on a shared
 /// database, joins the election), and serves.
-pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
+pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
+    let cors_origins = parse_cors_origins(&cfg.cors_origins)?;
     let metrics = Arc::new(metrics::Metrics::new());
     let shared = cfg.database.is_some();
     let store: Arc<dyn Store> = Arc::new(timed::TimedStore::new(open_store(&cfg).await?, metrics.clone()));
-    let admin_token = bootstrap_admin(&*store, &cfg.data_dir).await?;
+    let admin_token = admin::bootstrap(store.as_ref(), &cfg.data_dir).await?;
     let fleet = Arc::new(cfg.fleet);
-    tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(anyhow_like::msg)?;
+    tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(|e| anyhow!(e))?;
     let factory: lifecycle::SchedFactory = {
         let (fleet, policy, govern) = (fleet.clone(), cfg.policy.clone(), cfg.govern.clone());
         Arc::new(move || {
@@ -308,8 +353,8 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
     let backend: Arc<dyn Backend> = sim.clone();
     let listener = TcpListener::bind(cfg.listen)
         .await
-        .map_err(|e| anyhow_like::msg(format!("cannot listen on {}: {e}", cfg.listen)))?;
-    let addr = listener.local_addr().map_err(|e| anyhow_like::msg(e.to_string()))?;
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
     let url = match cfg.advertise_url.clone() {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => {
@@ -368,7 +413,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         replica.settled(Duration::from_secs(60)).await;
         task
     } else {
-        let leading = lifecycle.lead(&loop_cfg, None).await.map_err(anyhow_like::msg)?;
+        let leading = lifecycle.lead(&loop_cfg, None).await.map_err(|e| anyhow!(e))?;
         tokio::spawn(supervisor.run_alone(leading))
     };
     let st = replica.state();
@@ -380,7 +425,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         "state rebuilt"
     );
     let oidc = match cfg.oidc {
-        Some(o) => Some(oidc::OidcVerifier::discover(o).await.map_err(anyhow_like::msg)?),
+        Some(o) => Some(oidc::OidcVerifier::discover(o).await.map_err(|e| anyhow!(e))?),
         None => None,
     };
     let state = AppState {
@@ -389,7 +434,11 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         fleet,
         lifecycle,
         priorities: Arc::new(cfg.govern.classes.iter().map(|c| c.name.clone()).collect()),
-        auth: Arc::new(Authenticator::new(store.clone(), oidc)),
+        auth: Arc::new(if shared {
+            Authenticator::new(store.clone(), oidc).with_cache_ttl(AUTH_CACHE_TTL)
+        } else {
+            Authenticator::new(store.clone(), oidc)
+        }),
         audit: audit::AuditLog::start(store),
         backend_name: backend.name(),
         prices: Arc::new(cfg.prices),
@@ -405,7 +454,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow_like::Result<Running> {
         forward: forward::client(),
     };
     let metrics_app = metrics::router(state.clone());
-    let app = app(state);
+    let app = app(state, &cors_origins);
     let task = match &cfg.tls {
         None => tokio::spawn(async move {
             axum::serve(listener, app)
@@ -450,27 +499,22 @@ pub fn sim_gpus(fleet: &Fleet) -> Vec<tessera_backend_sim::SimGpu> {
 }
 
 /// Loads a PEM certificate chain and key into a TLS acceptor (TLS 1.2 and 1.3, HTTP/2 and 1.1).
-fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> anyhow_like::Result<tokio_rustls::TlsAcceptor> {
+fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
     use tokio_rustls::rustls;
     use tokio_rustls::rustls::pki_types::pem::PemObject;
     use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| anyhow_like::msg(format!("--tls-cert {}: {e}", cert.display())))?;
+        .with_context(|| format!("--tls-cert {}", cert.display()))?;
     if certs.is_empty() {
-        return Err(anyhow_like::msg(format!(
-            "--tls-cert {}: no certificate in the file",
-            cert.display()
-        )));
+        return Err(anyhow!("--tls-cert {}: no certificate in the file", cert.display()));
     }
-    let key =
-        PrivateKeyDer::from_pem_file(key).map_err(|e| anyhow_like::msg(format!("--tls-key {}: {e}", key.display())))?;
+    let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("--tls-key {}", key.display()))?;
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| anyhow_like::msg(e.to_string()))?
+        .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| anyhow_like::msg(format!("TLS certificate and key do not fit together: {e}")))?;
+        .context("TLS certificate and key do not fit together")?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
@@ -503,41 +547,5 @@ async fn serve_tls(
                 Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
             }
         });
-    }
-}
-
-fn write_secret(path: &std::path::Path, secret: &str) -> anyhow_like::Result<()> {
-    use std::io::Write;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts
-        .open(path)
-        .map_err(|e| anyhow_like::msg(format!("cannot write {}: {e}", path.display())))?;
-    writeln!(f, "{secret}").map_err(|e| anyhow_like::msg(e.to_string()))?;
-    Ok(())
-}
-
-/// A minimal error type for start-up failures (one readable line).
-pub mod anyhow_like {
-    #[derive(Debug)]
-    pub struct Error(pub String);
-
-    impl std::fmt::Display for Error {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(&self.0)
-        }
-    }
-
-    impl std::error::Error for Error {}
-
-    pub type Result<T> = std::result::Result<T, Error>;
-
-    pub fn msg(s: impl Into<String>) -> Error {
-        Error(s.into())
     }
 }

@@ -1,6 +1,7 @@
-//! Prometheus metrics: `/metrics` in the Prometheus text format (version 0.0.4), on the API port
-//! without authentication like any exporter, and optionally on a port of its own
-//! (`tessera serve --metrics-listen`).
+//! Prometheus metrics: `/metrics` in the Prometheus text format (version 0.0.4). On the API
+//! address it needs a `metrics` (or `platform-admin`) token, since it names every tenant and
+//! project with their use; on a port of its own (`tessera serve --metrics-listen`, for a
+//! private network) it is open like any exporter.
 //!
 //! Two kinds of series:
 //!
@@ -973,6 +974,11 @@ pub async fn scrape(State(s): State<AppState>) -> Response {
             .into_response(),
         Err(e) => crate::problem::ApiError::internal(format!("rendering metrics: {e}")).into_response(),
     }
+}
+
+/// `/metrics` on the API address: for `metrics` and `platform-admin` tokens.
+pub async fn scrape_authorised(_: crate::auth::MetricsReader, s: State<AppState>) -> Response {
+    scrape(s).await
 }
 
 /// Times every HTTP request by its matched route template (not the raw path).

@@ -1,8 +1,13 @@
-//! RFC 7807 problem responses.
+//! RFC 7807 problem responses: every error the server sends is one, with the content type
+//! `application/problem+json` (the OpenAPI document says so for every operation).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tessera_api::Problem;
+use tessera_api::rules::Violation;
+
+/// The content type of every error response.
+pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An API error, rendered as `application/problem+json`.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,6 +115,41 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", detail)
     }
 
+    /// 405: the path exists, the method does not (the `Allow` header lists those that do).
+    pub fn method_not_allowed(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "Method not allowed",
+            detail,
+        )
+    }
+
+    /// The problem for an error answered by a layer below the handlers (routing, body limit,
+    /// CORS), which knows only the status.
+    pub fn from_status(status: StatusCode) -> Self {
+        match status {
+            StatusCode::METHOD_NOT_ALLOWED => {
+                Self::method_not_allowed("this path does not take that method; see the `Allow` header")
+            }
+            StatusCode::PAYLOAD_TOO_LARGE => Self::too_large(format!(
+                "the body is larger than the {} KiB limit",
+                crate::BODY_LIMIT / 1024
+            )),
+            StatusCode::NOT_FOUND => Self::not_found("no such resource"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+                Self::unsupported_media("send the body as JSON with `Content-Type: application/json`")
+            }
+            s if s.is_server_error() => Self::new(s, "unavailable", "Service unavailable", "retry shortly"),
+            s => Self::new(
+                s,
+                "malformed",
+                "Malformed request",
+                s.canonical_reason().unwrap_or("the request was refused"),
+            ),
+        }
+    }
+
     pub fn to_problem(&self, instance: Option<String>) -> Problem {
         Problem {
             kind: format!("https://tessera.dev/problems/{}", self.kind),
@@ -120,6 +160,33 @@ impl ApiError {
             field: self.field.clone(),
         }
     }
+}
+
+impl From<Violation> for ApiError {
+    fn from(v: Violation) -> Self {
+        ApiError::invalid(v.field, v.message)
+    }
+}
+
+/// Makes any error response that is not a problem document yet (axum's 405, the body limit's
+/// 413) into one, keeping its status and headers (`Allow`, `Retry-After`).
+pub async fn ensure_problem(response: Response) -> Response {
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == PROBLEM_JSON.as_bytes());
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return response;
+    }
+    let (mut parts, _) = response.into_parts();
+    let mut fresh = ApiError::from_status(status).into_response();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    for (name, value) in fresh.headers() {
+        parts.headers.insert(name.clone(), value.clone());
+    }
+    std::mem::swap(fresh.headers_mut(), &mut parts.headers);
+    fresh
 }
 
 impl From<tessera_store::StoreError> for ApiError {
@@ -141,10 +208,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self.to_problem(None)).unwrap_or_default();
         let mut r = (self.status, body).into_response();
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         // Unavailable is temporary (the database, an election): say when to come back.
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             r.headers_mut()

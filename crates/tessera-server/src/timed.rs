@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{
     AuditRecord, AuditStore, Change, GovernanceStore, LeaseRecord, LeaseStore, LedgerStore, ProjectRecord, QuotaRecord,
-    ReplicaRecord, Result, Store, TenancyStore, TenantRecord, TokenRecord, TokenStore, UsageInterval, WorkloadFilter,
-    WorkloadStore,
+    ReplicaRecord, Result, Revocation, Store, TenancyStore, TenantRecord, TokenRecord, TokenStore, UsageInterval,
+    WorkloadFilter, WorkloadStore,
 };
 
 use crate::metrics::Metrics;
@@ -80,7 +80,7 @@ impl TokenStore for TimedStore {
     async fn list_tokens(&self, tenant: Option<&str>) -> Result<Vec<TokenRecord>> {
         self.timed("list_tokens", self.inner.list_tokens(tenant)).await
     }
-    async fn revoke_token(&self, id: &str, at: i64) -> Result<bool> {
+    async fn revoke_token(&self, id: &str, at: i64) -> Result<Revocation> {
         self.timed("revoke_token", self.inner.revoke_token(id, at)).await
     }
     async fn token_count(&self) -> Result<u64> {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use tessera_api::{UsageRow, days_from_civil, rfc3339_ms};
+use tessera_api::{UsageRow, rfc3339_ms};
 use tessera_domain::WorkloadId;
 use tessera_store::UsageInterval;
 
@@ -42,7 +42,8 @@ impl Prices {
 }
 
 /// How to group a report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum By {
     Day,
     Class,
@@ -51,14 +52,13 @@ pub enum By {
 }
 
 impl By {
-    pub fn parse(s: &str) -> Option<By> {
-        Some(match s {
-            "day" => By::Day,
-            "class" => By::Class,
-            "project" => By::Project,
-            "tenant" => By::Tenant,
-            _ => return None,
-        })
+    pub fn as_str(self) -> &'static str {
+        match self {
+            By::Day => "day",
+            By::Class => "class",
+            By::Project => "project",
+            By::Tenant => "tenant",
+        }
     }
 }
 
@@ -135,12 +135,7 @@ pub fn report(
 
 /// The report as CSV (header, one line per row, then the total).
 pub fn csv(by: By, currency: &str, rows: &[UsageRow], total: &UsageRow) -> String {
-    let key = match by {
-        By::Day => "day",
-        By::Class => "class",
-        By::Project => "project",
-        By::Tenant => "tenant",
-    };
+    let key = by.as_str();
     let mut out =
         format!("{key},allocated_unit_hours,measured_unit_hours,cost_allocated_{currency},cost_measured_{currency}\n");
     for r in rows.iter().chain(std::iter::once(total)) {
@@ -158,8 +153,11 @@ pub fn csv(by: By, currency: &str, rows: &[UsageRow], total: &UsageRow) -> Strin
 }
 
 /// Midnight UTC of a `YYYY-MM-DD` (tests).
-pub fn day(y: i64, m: i64, d: i64) -> i64 {
-    days_from_civil(y, m, d) * DAY
+pub fn day(y: i16, m: i8, d: i8) -> i64 {
+    jiff::tz::Offset::UTC
+        .to_timestamp(jiff::civil::date(y, m, d).to_datetime(jiff::civil::Time::midnight()))
+        .expect("a date of the tests")
+        .as_millisecond()
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
-use tessera_store::{Result, TokenRecord, TokenStore};
+use tessera_store::{PLATFORM_ADMIN, Result, Revocation, TokenRecord, TokenStore};
 
 use crate::{PgStore, col, db, db_error, u64_of};
 
@@ -75,14 +75,45 @@ impl TokenStore for PgStore {
         rows.iter().map(token_row).collect()
     }
 
-    async fn revoke_token(&self, id: &str, at: i64) -> Result<bool> {
-        let r = sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
-            .bind(at)
-            .bind(id)
-            .execute(&mut *self.conn().await?)
-            .await
-            .map_err(db)?;
-        Ok(r.rows_affected() > 0)
+    async fn revoke_token(&self, id: &str, at: i64) -> Result<Revocation> {
+        // The token and every lasting platform-admin token are locked first, in id order (so
+        // that two revocations never wait for each other in a cycle); a revocation racing this
+        // one waits, then sees what this one left.
+        let mut tx = self.begin_write().await?;
+        let rows = sqlx::query(
+            "SELECT id, role, revoked_at FROM api_tokens WHERE id = $1 \
+             OR (role = $2 AND revoked_at IS NULL AND expires_at IS NULL) ORDER BY id FOR UPDATE",
+        )
+        .bind(id)
+        .bind(PLATFORM_ADMIN)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db)?;
+        let mut target = None;
+        let mut other_admins = 0;
+        for r in &rows {
+            let rid: String = col(r, "id")?;
+            if rid == id {
+                target = Some((col::<String>(r, "role")?, col::<Option<i64>>(r, "revoked_at")?));
+            } else {
+                other_admins += 1;
+            }
+        }
+        let outcome = match target {
+            None | Some((_, Some(_))) => Revocation::NotActive,
+            Some((role, None)) if role == PLATFORM_ADMIN && other_admins == 0 => Revocation::LastPlatformAdmin,
+            Some(_) => {
+                sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE id = $2")
+                    .bind(at)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                Revocation::Revoked
+            }
+        };
+        tx.commit().await.map_err(db)?;
+        Ok(outcome)
     }
 
     async fn token_count(&self) -> Result<u64> {

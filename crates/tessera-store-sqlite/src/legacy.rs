@@ -282,23 +282,7 @@ fn parse_rfc3339_ms(s: &str) -> Option<i64> {
     if b.len() != 24 || separators.iter().any(|&(i, c)| b[i] != c) {
         return None;
     }
-    let field = |from: usize, to: usize| -> Option<i64> {
-        let t = &s[from..to];
-        t.bytes().all(|c| c.is_ascii_digit()).then(|| t.parse().ok())?
-    };
-    let (y, m, d) = (field(0, 4)?, field(5, 7)?, field(8, 10)?);
-    let (hh, mm, ss, ms) = (field(11, 13)?, field(14, 16)?, field(17, 19)?, field(20, 23)?);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 59 {
-        return None;
-    }
-    // Days from civil (Howard Hinnant's algorithm), the inverse of what version 1 used to print.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((((days * 24 + hh) * 60 + mm) * 60 + ss) * 1000 + ms)
+    s.parse::<jiff::Timestamp>().ok().map(|t| t.as_millisecond())
 }
 
 #[cfg(test)]

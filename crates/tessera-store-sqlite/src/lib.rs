@@ -52,6 +52,9 @@ pub struct SqliteStore {
     pool: SqlitePool,
 }
 
+/// The database file in a data directory.
+pub const DB_FILE: &str = "tessera.db";
+
 impl SqliteStore {
     /// Opens (creating if needed) `<dir>/tessera.db`, applies the migrations and converts the
     /// workloads of schema version 1.
@@ -59,12 +62,15 @@ impl SqliteStore {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Unavailable(format!("cannot create {}: {e}", dir.display())))?;
         let opts = SqliteConnectOptions::new()
-            .filename(dir.join("tessera.db"))
+            .filename(dir.join(DB_FILE))
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(Duration::from_secs(10))
+            // 1 MiB of page cache per connection (SQLite's default is 2 MiB): the pool's
+            // connections cache the same hot pages, and the OS page cache holds the file.
+            .pragma("cache_size", "-1024");
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .min_connections(1)

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
-use tessera_store::{Result, TokenRecord, TokenStore};
+use tessera_store::{PLATFORM_ADMIN, Result, Revocation, TokenRecord, TokenStore};
 
 use crate::{SqliteStore, col, db, db_error, u64_of};
 
@@ -75,14 +75,32 @@ impl TokenStore for SqliteStore {
         rows.iter().map(token_row).collect()
     }
 
-    async fn revoke_token(&self, id: &str, at: i64) -> Result<bool> {
-        let r = sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
-            .bind(at)
+    async fn revoke_token(&self, id: &str, at: i64) -> Result<Revocation> {
+        // One statement: the guard and the update cannot be interleaved with another revocation.
+        let r = sqlx::query(
+            "UPDATE api_tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL \
+             AND (role <> $3 OR EXISTS (SELECT 1 FROM api_tokens o WHERE o.id <> $2 AND o.role = $3 \
+                  AND o.revoked_at IS NULL AND o.expires_at IS NULL))",
+        )
+        .bind(at)
+        .bind(id)
+        .bind(PLATFORM_ADMIN)
+        .execute(&self.pool)
+        .await
+        .map_err(db)?;
+        if r.rows_affected() > 0 {
+            return Ok(Revocation::Revoked);
+        }
+        let active = sqlx::query("SELECT 1 FROM api_tokens WHERE id = $1 AND revoked_at IS NULL")
             .bind(id)
-            .execute(&self.pool)
+            .fetch_optional(&self.pool)
             .await
             .map_err(db)?;
-        Ok(r.rows_affected() > 0)
+        Ok(if active.is_some() {
+            Revocation::LastPlatformAdmin
+        } else {
+            Revocation::NotActive
+        })
     }
 
     async fn token_count(&self) -> Result<u64> {

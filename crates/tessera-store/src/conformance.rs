@@ -22,8 +22,8 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 
 use crate::{
-    AuditRecord, Change, Fence, IdempotencyKey, ProjectRecord, QuotaRecord, ReplicaRecord, Store, StoreError,
-    TenantRecord, TokenRecord, UsageInterval, WorkloadFilter,
+    AuditRecord, Change, Fence, IdempotencyKey, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation,
+    Store, StoreError, TenantRecord, TokenRecord, UsageInterval, WorkloadFilter,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
@@ -45,6 +45,7 @@ macro_rules! store_conformance_tests {
             usage_intervals_open_close_and_overlap,
             tenants_and_projects,
             tokens,
+            last_platform_admin_token_stays,
             quotas_and_budgets,
             audit_sequence_numbers_come_from_the_store,
             audit_records_commit_with_their_batch,
@@ -1150,9 +1151,13 @@ pub async fn tokens(s: &dyn Store) {
     assert_eq!(s.list_tokens(Some("acme")).await.unwrap(), vec![a2.clone(), a1.clone()]);
     assert!(s.list_tokens(Some("initech")).await.unwrap().is_empty());
 
-    assert!(s.revoke_token("tok_a1", 50).await.unwrap());
-    assert!(!s.revoke_token("tok_a1", 60).await.unwrap(), "already revoked");
-    assert!(!s.revoke_token("tok_nope", 60).await.unwrap());
+    assert_eq!(s.revoke_token("tok_a1", 50).await.unwrap(), Revocation::Revoked);
+    assert_eq!(
+        s.revoke_token("tok_a1", 60).await.unwrap(),
+        Revocation::NotActive,
+        "already revoked"
+    );
+    assert_eq!(s.revoke_token("tok_nope", 60).await.unwrap(), Revocation::NotActive);
     let revoked = TokenRecord {
         revoked_at: Some(50),
         ..a1
@@ -1160,6 +1165,89 @@ pub async fn tokens(s: &dyn Store) {
     assert_eq!(s.get_token("tok_a1").await.unwrap(), Some(revoked.clone()));
     assert_eq!(s.find_token(&revoked.hash).await.unwrap(), Some(revoked));
     assert_eq!(s.token_count().await.unwrap(), 4, "revoked tokens still count");
+}
+
+/// The last platform-admin token without an expiry cannot be revoked; others can, and the
+/// guard counts neither revoked nor expiring admin tokens.
+pub async fn last_platform_admin_token_stays(s: &dyn Store) {
+    let admin = |id: &str, expires_at: Option<i64>| TokenRecord {
+        id: id.into(),
+        hash: format!("sha256-of-{id}"),
+        tenant: None,
+        role: PLATFORM_ADMIN.into(),
+        name: id.into(),
+        created_at: 1,
+        expires_at,
+        revoked_at: None,
+    };
+    s.create_token(&admin("tok_root", None)).await.unwrap();
+    s.create_token(&admin("tok_expiring", Some(9_999_999_999_999)))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.revoke_token("tok_root", 10).await.unwrap(),
+        Revocation::LastPlatformAdmin,
+        "an admin token that expires is no way back in"
+    );
+    assert_eq!(s.get_token("tok_root").await.unwrap().unwrap().revoked_at, None);
+    assert_eq!(s.revoke_token("tok_expiring", 10).await.unwrap(), Revocation::Revoked);
+    s.create_token(&admin("tok_second", None)).await.unwrap();
+    assert_eq!(s.revoke_token("tok_root", 20).await.unwrap(), Revocation::Revoked);
+    assert_eq!(
+        s.revoke_token("tok_second", 30).await.unwrap(),
+        Revocation::LastPlatformAdmin,
+        "tok_root is revoked now: tok_second is the last"
+    );
+    assert_eq!(s.revoke_token("tok_root", 40).await.unwrap(), Revocation::NotActive);
+
+    // Two revocations racing for the last two lasting admin tokens: exactly one wins, so one
+    // way in always remains.
+    let mut survivor = "tok_second".to_string();
+    for round in 0..10 {
+        let other = format!("tok_round{round}");
+        s.create_token(&admin(&other, None)).await.unwrap();
+        let (a, b) = tokio::join!(
+            s.revoke_token(&survivor, 50 + round),
+            s.revoke_token(&other, 50 + round)
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let outcomes = [a, b];
+        assert!(
+            outcomes.contains(&Revocation::Revoked) && outcomes.contains(&Revocation::LastPlatformAdmin),
+            "round {round}: {outcomes:?}"
+        );
+        if a == Revocation::Revoked {
+            survivor = other;
+        }
+        let active: Vec<String> = s
+            .list_tokens(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|t| t.role == PLATFORM_ADMIN && t.revoked_at.is_none() && t.expires_at.is_none())
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(active, [survivor.clone()], "round {round}");
+    }
+    // Other roles are revoked as before.
+    s.create_tenant(&TenantRecord {
+        name: "acme".into(),
+        display_name: "acme".into(),
+        created_at: 0,
+    })
+    .await
+    .unwrap();
+    s.create_token(&TokenRecord {
+        tenant: Some("acme".into()),
+        role: "tenant-admin".into(),
+        ..admin("tok_tenant_admin", None)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        s.revoke_token("tok_tenant_admin", 60).await.unwrap(),
+        Revocation::Revoked
+    );
 }
 
 /// Quotas and budgets: upsert, delete, ordering; they go with their tenant.

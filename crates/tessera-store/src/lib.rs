@@ -84,6 +84,20 @@ pub struct TokenRecord {
     pub revoked_at: Option<i64>,
 }
 
+/// The role of platform-wide administrator tokens, which the store keeps at least one of.
+pub const PLATFORM_ADMIN: &str = "platform-admin";
+
+/// What [`TokenStore::revoke_token`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revocation {
+    Revoked,
+    /// No such token, or it is revoked already.
+    NotActive,
+    /// The token is the last unrevoked `platform-admin` token without an expiry: revoking it
+    /// would lock every administrator out.
+    LastPlatformAdmin,
+}
+
 /// A tenant's quota on one resource class (a pool, or `pool/MODEL`), in thousandths of a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QuotaRecord {
@@ -272,8 +286,12 @@ pub trait TokenStore: Send + Sync {
     async fn get_token(&self, id: &str) -> Result<Option<TokenRecord>>;
     /// Tokens, optionally of one tenant, newest first.
     async fn list_tokens(&self, tenant: Option<&str>) -> Result<Vec<TokenRecord>>;
-    /// Revokes an active token; `false` if there is no such active token.
-    async fn revoke_token(&self, id: &str, at: i64) -> Result<bool>;
+    /// Revokes a token unless that would leave no way in: a `platform-admin` token is revoked
+    /// only while another unrevoked `platform-admin` token without an expiry remains. The check
+    /// and the revocation must be one atomic step, so that two concurrent revocations of the
+    /// last two cannot both pass (SQLite serialises writers; a PostgreSQL implementation would
+    /// lock the admin rows, `SELECT … FOR UPDATE`, in the revoking transaction).
+    async fn revoke_token(&self, id: &str, at: i64) -> Result<Revocation>;
     /// Every stored token, revoked ones included (zero means the platform is not bootstrapped).
     async fn token_count(&self) -> Result<u64>;
 }

@@ -147,9 +147,10 @@ pub enum TokenCmd {
         /// Tenant the token acts for (omit for a platform-admin token).
         #[arg(long)]
         tenant: Option<String>,
-        /// platform-admin, tenant-admin, member or viewer.
-        #[arg(long, default_value = "member")]
-        role: String,
+        /// platform-admin, tenant-admin, member, viewer, or metrics (reads /metrics only: for
+        /// Prometheus).
+        #[arg(long, default_value = "member", value_parser = parse_role)]
+        role: tessera_api::TokenRole,
         #[arg(long)]
         name: Option<String>,
         /// Lifetime: 90s, 30m, 12h, 30d (default: until revoked).
@@ -173,7 +174,8 @@ pub struct AuditArgs {
     pub limit: u32,
 }
 
-/// Parses `90s`, `30m`, `2h`, `1h30m`, `1d`, or plain seconds.
+/// Parses a duration in whole seconds: plain seconds (`90`), or jiff's friendly format (`90s`,
+/// `30m`, `2h`, `1h30m`, `1d` = 24 hours, `2 hours 30 minutes`).
 pub fn parse_duration(s: &str) -> Result<i64> {
     let t = s.trim();
     if t.starts_with('-') {
@@ -182,29 +184,15 @@ pub fn parse_duration(s: &str) -> Result<i64> {
     if let Ok(n) = t.parse::<i64>() {
         return Ok(n);
     }
-    let (mut total, mut num) = (0i64, String::new());
-    for c in t.chars() {
-        if c.is_ascii_digit() {
-            num.push(c);
-            continue;
-        }
-        let mult = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            'd' => 86_400,
-            _ => bail!("--duration: `{s}` is not a duration (examples: 90s, 30m, 2h, 1h30m)"),
-        };
-        let n: i64 = num
-            .parse()
-            .map_err(|_| anyhow::anyhow!("--duration: `{s}` is not a duration (examples: 90s, 30m, 2h)"))?;
-        total += n * mult;
-        num.clear();
+    let not_one = || anyhow::anyhow!("--duration: `{s}` is not a duration (examples: 90s, 30m, 2h, 1h30m, 1d)");
+    let span: jiff::Span = t.parse().map_err(|_| not_one())?;
+    let d = span
+        .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
+        .map_err(|_| not_one())?;
+    if d.is_negative() || d.is_zero() || d.subsec_nanos() != 0 {
+        return Err(not_one());
     }
-    if !num.is_empty() || total == 0 {
-        bail!("--duration: `{s}` is not a duration (examples: 90s, 30m, 2h, 1h30m)");
-    }
-    Ok(total)
+    Ok(d.as_secs())
 }
 
 fn print_json<T: Serialize>(v: &T) -> Result<()> {
@@ -729,6 +717,11 @@ pub async fn projects(c: &Common, a: ProjectsArgs) -> Result<()> {
     }
 }
 
+fn parse_role(s: &str) -> std::result::Result<tessera_api::TokenRole, String> {
+    tessera_api::TokenRole::parse(s)
+        .ok_or_else(|| format!("`{s}`: platform-admin, tenant-admin, member, viewer or metrics"))
+}
+
 pub async fn token(c: &Common, cmd: TokenCmd) -> Result<()> {
     let client = Client::new(&c.conn)?;
     match cmd {
@@ -849,6 +842,11 @@ mod tests {
         assert!(parse_duration("-5m").is_err());
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("h").is_err());
+        assert_eq!(parse_duration("1d").unwrap(), 86_400);
+        assert_eq!(parse_duration("2 hours 30 minutes").unwrap(), 9000);
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("1.5s").is_err(), "whole seconds");
+        assert!(parse_duration("99999999999999999999d").is_err(), "no overflow");
     }
 
     #[test]

@@ -258,7 +258,7 @@ struct DeclQuota {
 /// file. Quotas of a declared tenant that the file does not list are removed.
 pub async fn apply(c: &Common, a: ApplyArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
-    let decl: Declaration = serde_yaml::from_str(&text).map_err(|e| {
+    let decl: Declaration = serde_yaml_ng::from_str(&text).map_err(|e| {
         let loc = e.location().map(|l| format!(":{}", l.line())).unwrap_or_default();
         anyhow::anyhow!("{}{loc}: {}", a.file.display(), e.to_string().replace('\n', " "))
     })?;

@@ -5,9 +5,10 @@
 //! the placement engine live in `tessera-model` and `tessera-sched`.
 //!
 //! `serve` runs the control plane; `run`, `ls`, `describe`, `cancel`, `pools`, `nodes`,
-//! `gpus`, `tenants`, `projects` and `token` talk to it; `sim openb` replays the Alibaba trace,
-//! `bench` measures the engine and the API, `fleet` shows a fleet description and `openapi`
-//! prints the API document.
+//! `gpus`, `tenants`, `projects` and `token` talk to it; `admin recover` issues an admin token
+//! through the data directory; `sim openb` replays the Alibaba trace, `bench` measures the
+//! engine and the API, `fleet` shows a fleet description and `openapi` prints the API
+//! document.
 
 mod bench;
 mod benchapi;
@@ -97,6 +98,26 @@ enum Command {
     },
     /// Inspect or validate a fleet description.
     Fleet(fleetcmd::FleetArgs),
+    /// Local administration through the data directory (no server or token needed).
+    Admin {
+        #[command(subcommand)]
+        cmd: AdminCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminCmd {
+    /// Issue a fresh platform-admin token for an operator who has lost theirs: writes it to
+    /// DIR/admin-token (mode 0600), prints it, and records the recovery in the audit log.
+    /// Needs write access to the data directory; works while the server runs.
+    Recover {
+        /// The server's data directory (where the token is written).
+        #[arg(long, default_value = "./tessera-data", env = "TESSERA_DATA_DIR")]
+        data_dir: std::path::PathBuf,
+        /// The replicas' PostgreSQL database, when they run on one (`tessera serve --database`).
+        #[arg(long, env = "TESSERA_DATABASE", hide_env_values = true)]
+        database: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -106,6 +127,18 @@ fn main() -> ExitCode {
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    // glibc gives every thread that allocates its own heap arena (up to 8 per core); a server
+    // whose tokio workers, blocking pool and SQLite threads all allocate ends up with a dozen
+    // half-empty arenas, which doubled the resident size for the same live heap. Two arenas
+    // keep allocation contention low on the few threads Tessera runs. MALLOC_ARENA_MAX, when
+    // set, still wins (glibc reads it at the first allocation, before this runs).
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only changes allocator tuning; called before any thread starts.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
     }
     let cli = Cli::parse();
     let c = &cli.common;
@@ -142,6 +175,18 @@ fn main() -> ExitCode {
         Command::Sim { what } => sim::run(what),
         Command::Bench { what } => bench::run(what, &c.conn),
         Command::Fleet(args) => fleetcmd::run(args),
+        Command::Admin {
+            cmd: AdminCmd::Recover { data_dir, database },
+        } => client(Box::pin(async move {
+            let r = tessera_server::admin::recover_on(&data_dir, database.as_deref()).await?;
+            println!("Admin token: {}", r.secret);
+            println!(
+                "(platform-admin token {} written to {}; it is shown only once)",
+                r.id,
+                r.file.display()
+            );
+            Ok(())
+        })),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -94,10 +94,14 @@ pub struct ServeArgs {
     /// Minimum runtime before a workload may be preempted, in seconds.
     #[arg(long, default_value_t = 60)]
     min_runtime_s: u64,
-    /// Also serve Prometheus metrics (`/metrics`) on this address; they are always on the API
-    /// address too.
+    /// Also serve Prometheus metrics (`/metrics`) on this address, without a credential: keep it
+    /// on a private network. On the API address `/metrics` needs a `metrics` token.
     #[arg(long, env = "TESSERA_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// An origin whose web pages may call the API from a browser (CORS), such as
+    /// https://portal.example.com; repeat for more. Default: none (the console is same-origin).
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origins: Vec<String>,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -168,6 +172,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             rate_limit: a.rate_limit,
             oidc,
             tls: a.tls_cert.clone().zip(a.tls_key.clone()),
+            cors_origins: a.cors_origins,
             advertise_url: a.advertise_url.clone(),
             replica_id: a.replica_id.clone(),
             ha: {
@@ -179,7 +184,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 }
             },
         };
-        let running = start(cfg).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let running = start(cfg).await?;
         if let Some(t) = &running.admin_token {
             println!("Admin token: {t}");
             println!(

@@ -141,3 +141,105 @@ fn login_verbs_and_errors() {
     server.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The last platform-admin token cannot be revoked; an operator who has lost it gets a new one
+/// with `tessera admin recover --data-dir DIR` (file-system access, no token), while the server
+/// runs; after a restart the recovered token still works and no other is made.
+#[test]
+fn the_last_admin_token_stays_and_admin_recover_issues_a_new_one() {
+    let dir = std::env::temp_dir().join(format!("tessera-cli-recover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("data");
+    let start = || {
+        let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+        let (mut token, mut addr) = (None, String::new());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while addr.is_empty() {
+            assert!(Instant::now() < deadline);
+            let l = lines.next().unwrap().unwrap();
+            if let Some(t) = l.strip_prefix("Admin token: ") {
+                token = Some(t.to_string());
+            }
+            if let Some(rest) = l.split("console http://").nth(1) {
+                addr = format!("http://{}", rest.split('/').next().unwrap());
+            }
+        }
+        (server, token, addr)
+    };
+    let (mut server, token, addr) = start();
+    let first = token.expect("the first start makes an admin token");
+    let config = dir.join("config");
+    let env = [
+        ("TESSERA_SERVER", addr.as_str()),
+        ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+    ];
+
+    let (code, out, err) = tessera(&["--token", &first, "token", "revoke", "tok-admin"], &env, None);
+    assert_ne!(code, 0, "{out}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: 409") && err.contains("last platform-admin token"),
+        "{err}"
+    );
+
+    let data_dir = data.to_str().unwrap();
+    let (code, out, err) = tessera(&["admin", "recover", "--data-dir", data_dir], &env, None);
+    assert_eq!(code, 0, "{err}");
+    let recovered = out
+        .lines()
+        .find_map(|l| l.strip_prefix("Admin token: "))
+        .expect("the new token is printed")
+        .to_string();
+    assert!(recovered.starts_with("tsr_") && recovered != first);
+    assert_eq!(
+        std::fs::read_to_string(data.join("admin-token")).unwrap().trim(),
+        recovered
+    );
+    // Two lasting admin tokens now: the first may go.
+    let (code, _, err) = tessera(&["--token", &recovered, "token", "revoke", "tok-admin"], &env, None);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, _) = tessera(&["--token", &first, "pools"], &env, None);
+    assert_ne!(code, 0, "the revoked token fails");
+
+    // A restart makes no other admin token, and the recovered one works.
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let (mut server, token, addr) = start();
+    assert_eq!(token, None, "no new admin token at restart");
+    let env = [
+        ("TESSERA_SERVER", addr.as_str()),
+        ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+    ];
+    let (code, out, err) = tessera(&["--token", &recovered, "-o", "json", "token", "ls"], &env, None);
+    assert_eq!(code, 0, "{err}");
+    let tokens: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let active: Vec<&str> = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["revoked_at"].is_null())
+        .map(|t| t["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(active, ["platform-admin"]);
+
+    // A directory that holds no store is refused.
+    let (code, _, err) = tessera(
+        &["admin", "recover", "--data-dir", dir.join("nothing").to_str().unwrap()],
+        &env,
+        None,
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("holds no Tessera store"), "{err}");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

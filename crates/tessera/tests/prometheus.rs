@@ -2,7 +2,9 @@
 //! a Prometheus server of this test's own (own config, port on 127.0.0.1 and data directory;
 //! scrape and rule evaluation every second; `deploy/prometheus/alerts.yaml` loaded) scraping it;
 //! an XID injected through the API must turn the GPU-health alert `firing` in Prometheus'
-//! `/api/v1/alerts` within a bounded time.
+//! `/api/v1/alerts` within a bounded time. Prometheus runs the bundled
+//! `deploy/prometheus/prometheus.yml` (target and intervals changed), so it reads `/metrics` on
+//! the API address with a `metrics` token, as operators are told to.
 //!
 //! Needs `/usr/bin/prometheus` (Debian's `prometheus` package): `scripts/test.sh` installs it.
 
@@ -39,23 +41,31 @@ async fn xid_injected_through_the_api_fires_the_gpu_health_alert_in_prometheus()
     let s = Server::start("prometheus-e2e", false);
     let target = s.base.trim_start_matches("http://").to_string();
     let dir = TempDir::new("prometheus-e2e-tsdb");
-    let rules = repo_root().join("deploy/prometheus/alerts.yaml");
-    let config = dir.0.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-             rule_files:\n  - {}\n\
-             scrape_configs:\n  - job_name: tessera\n    metrics_path: /metrics\n    static_configs:\n      - targets: ['{target}']\n",
-            rules.display()
-        ),
-    )
-    .unwrap();
+    // The bundled configuration, pointed at this server and scraping every second; its
+    // `authorization` reads the metrics token from `tessera-metrics-token` next to it.
+    let bundled = repo_root().join("deploy/prometheus");
+    let mut config: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(bundled.join("prometheus.yml")).unwrap()).unwrap();
+    for key in ["scrape_interval", "evaluation_interval"] {
+        config["global"][key] = "1s".into();
+    }
+    config["global"]["scrape_timeout"] = "1s".into();
+    config["rule_files"] = serde_yaml_ng::to_value([bundled.join("alerts.yaml")]).unwrap();
+    let job = &mut config["scrape_configs"][0];
+    assert_eq!(job["job_name"], "tessera");
+    assert_eq!(
+        job["authorization"]["credentials_file"], "tessera-metrics-token",
+        "the bundled job presents a metrics token"
+    );
+    job["static_configs"][0]["targets"] = serde_yaml_ng::to_value([target.as_str()]).unwrap();
+    std::fs::write(dir.0.join("tessera-metrics-token"), &s.metrics_token).unwrap();
+    let config_file = dir.0.join("prometheus.yml");
+    std::fs::write(&config_file, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
     let port = free_port();
     let prom_base = format!("http://127.0.0.1:{port}");
     let _prometheus = ChildGuard(
         Command::new(PROMETHEUS)
-            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--config.file={}", config_file.display()))
             .arg(format!("--storage.tsdb.path={}", dir.0.join("data").display()))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg("--log.level=warn")

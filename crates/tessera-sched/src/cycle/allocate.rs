@@ -228,10 +228,9 @@ fn reserve(s: &mut Scheduler, job: &Job, pools: &[PoolId]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{job, placed, sched};
-    use super::super::{Decision, Quota};
+    use super::super::Decision;
+    use super::super::testing::{guarantee_half_each, job, placed, sched};
     use super::*;
-    use tessera_model::GpuUnits;
 
     #[test]
     fn backfill_does_not_starve_the_head() {
@@ -303,16 +302,7 @@ mod tests {
     #[test]
     fn fair_share_orders_equal_priorities() {
         let mut s = sched();
-        for t in ["a", "b"] {
-            s.set_quota(
-                t,
-                "training",
-                Some(Quota {
-                    guaranteed: GpuUnits::whole(64),
-                    limit: None,
-                }),
-            );
-        }
+        guarantee_half_each(&mut s, None);
         for i in 0..16 {
             s.submit(job(i, "a", 8, "standard", 0), 0);
         }

@@ -81,9 +81,8 @@ impl Default for Plugins {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cycle::testing::{config, engine, job, placed, preempted, sched};
-    use crate::cycle::{Quota, Scheduler};
-    use tessera_model::GpuUnits;
+    use crate::cycle::Scheduler;
+    use crate::cycle::testing::{config, engine, guarantee_half_each, job, placed, preempted, sched};
 
     /// Arrival order only.
     struct Fifo;
@@ -112,16 +111,7 @@ mod tests {
 
     /// Tenant `a` has used the whole training pool, `b` nothing; both wait for the next node.
     fn two_tenants_wait(s: &mut Scheduler) -> Vec<u64> {
-        for t in ["a", "b"] {
-            s.set_quota(
-                t,
-                "training",
-                Some(Quota {
-                    guaranteed: GpuUnits::whole(64),
-                    limit: None,
-                }),
-            );
-        }
+        guarantee_half_each(s, None);
         for i in 0..16 {
             s.submit(job(i, "a", 8, "standard", 0), 0);
         }

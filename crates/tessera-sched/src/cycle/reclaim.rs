@@ -50,24 +50,14 @@ fn within_guarantee(s: &Scheduler, job: &Job) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Quota;
-    use super::super::testing::{job, placed, preempted, sched};
+    use super::super::testing::{guarantee_half_each, job, placed, preempted, sched};
     use tessera_model::GpuUnits;
 
     #[test]
     fn a_tenant_within_its_guarantee_reclaims_from_borrowers_after_the_minimum_runtime() {
         let mut s = sched();
         // training: 128 GPUs; each tenant is guaranteed 64.
-        for t in ["a", "b"] {
-            s.set_quota(
-                t,
-                "training",
-                Some(Quota {
-                    guaranteed: GpuUnits::whole(64),
-                    limit: Some(GpuUnits::whole(128)),
-                }),
-            );
-        }
+        guarantee_half_each(&mut s, Some(128));
         // a borrows the whole pool.
         for i in 0..16 {
             let acts = s.submit(job(i, "a", 8, "standard", 0), 0);
@@ -92,16 +82,7 @@ mod tests {
     #[test]
     fn two_tenants_pushing_against_their_guarantees_settle_without_thrash() {
         let mut s = sched();
-        for t in ["a", "b"] {
-            s.set_quota(
-                t,
-                "training",
-                Some(Quota {
-                    guaranteed: GpuUnits::whole(64),
-                    limit: None,
-                }),
-            );
-        }
+        guarantee_half_each(&mut s, None);
         let mut now = 0;
         let mut id = 0;
         let mut preemptions = 0;

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use tessera_model::{Fleet, PoolId, Request};
+use tessera_model::{Fleet, GpuUnits, PoolId, Request};
 
-use super::{Decision, GovernConfig, Job, Scheduler};
+use super::{Decision, GovernConfig, Job, Quota, Scheduler};
 use crate::engine::Engine;
 use crate::policy::BestFit;
 
@@ -23,6 +23,21 @@ pub fn engine() -> Engine {
 
 pub fn sched() -> Scheduler {
     Scheduler::new(engine(), config())
+}
+
+/// Tenants `a` and `b` are each guaranteed 64 GPUs of the training pool (its half), with an
+/// optional limit in whole GPUs.
+pub fn guarantee_half_each(s: &mut Scheduler, limit: Option<u64>) {
+    for t in ["a", "b"] {
+        s.set_quota(
+            t,
+            "training",
+            Some(Quota {
+                guaranteed: GpuUnits::whole(64),
+                limit: limit.map(GpuUnits::whole),
+            }),
+        );
+    }
 }
 
 /// `gpus` whole GPUs in the training pool.

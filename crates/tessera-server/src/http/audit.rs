@@ -1,43 +1,51 @@
 //! Reading the audit log (the middleware in `crate::audit` writes it).
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use serde::Deserialize;
-use tessera_api::{AuditEntry, Page, Problem, rfc3339_ms};
+use tessera_api::rules::{self, Validate, Violation};
+use tessera_api::{AuditEntry, Page, rfc3339_ms};
 use utoipa::IntoParams;
 
 use super::tokens::admin_scope;
-use super::{limit, page};
+use super::{ApiQuery, DEFAULT_LIMIT, check_limit, page};
 use crate::AppState;
 use crate::auth::Identity;
-use crate::problem::{ApiError, ApiResult};
+use crate::problem::ApiResult;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct AuditParams {
     pub tenant: Option<String>,
+    /// Records per page (default 100).
+    #[param(schema_with = rules::schema::page_limit)]
     pub limit: Option<u32>,
-    pub cursor: Option<String>,
+    /// The `next_cursor` of the previous page (a sequence number).
+    #[param(schema_with = rules::schema::cursor_id)]
+    pub cursor: Option<u64>,
+}
+
+impl Validate for AuditParams {
+    fn validate(&self) -> Result<(), Violation> {
+        check_limit(self.limit)?;
+        if let Some(c) = self.cursor {
+            rules::ID.check_u64("cursor", c)?;
+        }
+        Ok(())
+    }
 }
 
 /// The audit log, newest first (platform-admin: all; tenant-admin: its tenant).
 #[utoipa::path(get, path = "/api/v1/audit", tag = "tenancy", params(AuditParams),
-    responses((status = 200, body = Page<AuditEntry>), (status = 403, body = Problem)))]
+    responses((status = 200, body = Page<AuditEntry>)))]
 pub async fn audit_log(
     State(s): State<AppState>,
     id: Identity,
-    Query(q): Query<AuditParams>,
+    ApiQuery(q): ApiQuery<AuditParams>,
 ) -> ApiResult<Json<Page<AuditEntry>>> {
     let tenant = admin_scope(&id, &q.tenant, "the audit log")?;
-    let l = limit(q.limit)?;
-    let before = match &q.cursor {
-        Some(c) => Some(
-            c.parse::<u64>()
-                .map_err(|_| ApiError::invalid("cursor", "not a cursor from this API"))?,
-        ),
-        None => None,
-    };
-    let rows = s.store.audit(tenant.as_deref(), before, l + 1).await?;
+    let l = q.limit.unwrap_or(DEFAULT_LIMIT);
+    let rows = s.store.audit(tenant.as_deref(), q.cursor, l + 1).await?;
     let items: Vec<AuditEntry> = rows
         .into_iter()
         .map(|r| AuditEntry {

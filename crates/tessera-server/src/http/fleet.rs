@@ -4,24 +4,26 @@
 use std::ops::Range;
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use serde::Deserialize;
-use tessera_api::{GpuView, NodeView, Page, PoolView, Problem};
+use tessera_api::rules::{self, Validate, Violation};
+use tessera_api::{GpuView, NodeView, Page, PoolView};
 use utoipa::IntoParams;
 
-use super::{PageParams, limit, views};
+use super::{ApiQuery, DEFAULT_LIMIT, PageParams, check_limit, views};
 use crate::AppState;
 use crate::auth::Identity;
-use crate::problem::{ApiError, ApiResult};
+use crate::problem::ApiResult;
 
 /// Pools with their sharing mode and GPU units in use.
-#[utoipa::path(get, path = "/api/v1/pools", tag = "fleet", params(PageParams), responses((status = 200, body = Page<PoolView>), (status = 401, body = Problem)))]
+/// A cursor that names no pool ends the listing.
+#[utoipa::path(get, path = "/api/v1/pools", tag = "fleet", params(PageParams), responses((status = 200, body = Page<PoolView>)))]
 pub async fn list_pools(
     State(s): State<AppState>,
     _id: Identity,
-    Query(p): Query<PageParams>,
+    ApiQuery(p): ApiQuery<PageParams>,
 ) -> ApiResult<Json<Page<PoolView>>> {
-    let l = limit(p.limit)? as usize;
+    let l = p.limit() as usize;
     let all = views::pools(&s.lifecycle.snapshot());
     let start = match &p.cursor {
         Some(c) => all
@@ -42,19 +44,26 @@ pub struct FleetFilter {
     pub pool: Option<String>,
     /// Only this node.
     pub node: Option<String>,
-    /// Items per page, 1–500 (default 100).
+    /// Items per page (default 100).
+    #[param(schema_with = rules::schema::page_limit)]
     pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
+    /// The `next_cursor` of the previous page; one that names nothing ends the listing.
     pub cursor: Option<String>,
 }
 
+impl Validate for FleetFilter {
+    fn validate(&self) -> Result<(), Violation> {
+        check_limit(self.limit)
+    }
+}
+
 /// The node indexes a filter covers.
-fn node_range(s: &AppState, f: &FleetFilter) -> ApiResult<Range<usize>> {
+fn node_range(s: &AppState, f: &FleetFilter) -> Range<usize> {
     let fleet = &s.fleet;
     let mut r = 0..fleet.nodes.len();
     if let Some(p) = &f.pool {
         let Some(pid) = fleet.pool_by_name(p) else {
-            return Ok(0..0);
+            return 0..0;
         };
         let n = &fleet.pool(pid).nodes;
         r = n.start as usize..n.end as usize;
@@ -65,24 +74,23 @@ fn node_range(s: &AppState, f: &FleetFilter) -> ApiResult<Range<usize>> {
             _ => 0..0,
         };
     }
-    Ok(r)
+    r
 }
 
 /// Nodes with free host resources and GPUs.
-#[utoipa::path(get, path = "/api/v1/nodes", tag = "fleet", params(FleetFilter), responses((status = 200, body = Page<NodeView>), (status = 401, body = Problem)))]
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "fleet", params(FleetFilter), responses((status = 200, body = Page<NodeView>)))]
 pub async fn list_nodes(
     State(s): State<AppState>,
     _id: Identity,
-    Query(f): Query<FleetFilter>,
+    ApiQuery(f): ApiQuery<FleetFilter>,
 ) -> ApiResult<Json<Page<NodeView>>> {
-    let l = limit(f.limit)? as usize;
-    let mut range = node_range(&s, &f)?;
+    let l = f.limit.unwrap_or(DEFAULT_LIMIT) as usize;
+    let mut range = node_range(&s, &f);
     if let Some(c) = &f.cursor {
-        let after = s
-            .nodes
-            .get(c)
-            .ok_or_else(|| ApiError::invalid("cursor", "not a cursor from this API"))?;
-        range.start = range.start.max(after.0 as usize + 1);
+        range.start = match s.nodes.get(c) {
+            Some(after) => range.start.max(after.0 as usize + 1),
+            None => range.end,
+        };
     }
     let snap = s.lifecycle.snapshot();
     let items: Vec<NodeView> = range
@@ -93,24 +101,27 @@ pub async fn list_nodes(
 }
 
 /// GPUs with their MIG layout or shares, and who holds each slice.
-#[utoipa::path(get, path = "/api/v1/gpus", tag = "fleet", params(FleetFilter), responses((status = 200, body = Page<GpuView>), (status = 401, body = Problem)))]
+#[utoipa::path(get, path = "/api/v1/gpus", tag = "fleet", params(FleetFilter), responses((status = 200, body = Page<GpuView>)))]
 pub async fn list_gpus(
     State(s): State<AppState>,
     id: Identity,
-    Query(f): Query<FleetFilter>,
+    ApiQuery(f): ApiQuery<FleetFilter>,
 ) -> ApiResult<Json<Page<GpuView>>> {
-    let l = limit(f.limit)? as usize;
-    let mut range = node_range(&s, &f)?;
+    let l = f.limit.unwrap_or(DEFAULT_LIMIT) as usize;
+    let mut range = node_range(&s, &f);
     // The cursor is the last GPU of the previous page: `node/index`.
     let mut skip_in_first = 0;
     if let Some(c) = &f.cursor {
-        let bad = || ApiError::invalid("cursor", "not a cursor from this API");
-        let (node, gpu) = c.rsplit_once('/').ok_or_else(bad)?;
-        let n = s.nodes.get(node).ok_or_else(bad)?.0 as usize;
-        let gpu: usize = gpu.parse().map_err(|_| bad())?;
-        if n >= range.start {
-            range.start = n;
-            skip_in_first = gpu + 1;
+        let at = c
+            .rsplit_once('/')
+            .and_then(|(node, gpu)| Some((s.nodes.get(node)?.0 as usize, gpu.parse::<usize>().ok()?)));
+        match at {
+            Some((n, gpu)) if n >= range.start => {
+                range.start = n;
+                skip_in_first = gpu.saturating_add(1);
+            }
+            Some(_) => {}
+            None => range.start = range.end,
         }
     }
     let snap = s.lifecycle.snapshot();

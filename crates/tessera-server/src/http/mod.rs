@@ -5,7 +5,11 @@
 //! become REST views in one place, [`views`].
 //!
 //! Every route is registered through `utoipa-axum`'s `OpenApiRouter`, so the OpenAPI document
-//! (`/api/v1/openapi.json`) lists exactly the routes the router serves.
+//! (`/api/v1/openapi.json`) lists exactly the routes the router serves. Requests are read by
+//! this module's extractors ([`ApiJson`], [`ApiQuery`], [`ApiPath`]), which check each value
+//! against the rules of `tessera_api::rules` — the same rules the document's schemas are made
+//! from — and answer every refusal with a problem document; [`complete`] adds to each operation
+//! the statuses those extractors and the middleware produce.
 
 pub mod audit;
 pub mod fleet;
@@ -18,20 +22,22 @@ pub mod usage;
 pub mod views;
 pub mod workloads;
 
-use axum::Json;
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tessera_api::Page;
+use tessera_api::rules::{self, Validate, Violation};
+use tessera_domain::WorkloadId;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::AppState;
-use crate::problem::{ApiError, ApiResult};
+use crate::problem::{ApiError, PROBLEM_JSON};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -61,8 +67,8 @@ impl Modify for BearerAuth {
 }
 
 /// The API router and its OpenAPI document. `with_sim`: the simulated backend runs, so its
-/// fault-injection route exists.
-pub fn router(with_sim: bool) -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
+/// fault-injection route exists; `priorities`: the priority classes requests may name.
+pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>, serde_json::Value) {
     let mut r = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(system::health))
         .routes(routes!(system::replicas))
@@ -87,108 +93,279 @@ pub fn router(with_sim: bool) -> (axum::Router<AppState>, utoipa::openapi::OpenA
     if with_sim {
         r = r.routes(routes!(sim::inject_fault));
     }
-    let (router, mut doc) = r.split_for_parts();
-    describe_responses(&mut doc);
+    let (router, doc) = r.split_for_parts();
+    let mut doc = serde_json::to_value(&doc).expect("the OpenAPI document serialises");
+    complete(&mut doc, priorities);
     (router, doc)
 }
 
-/// OpenAPI 3.1 requires a `description` on every response: give those declared without one
-/// the status code's reason phrase.
-fn describe_responses(doc: &mut utoipa::openapi::OpenApi) {
-    for item in doc.paths.paths.values_mut() {
-        let ops = [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.options,
-            &mut item.head,
-            &mut item.patch,
-            &mut item.trace,
-        ];
-        for op in ops.into_iter().flatten() {
-            for (code, r) in op.responses.responses.iter_mut() {
-                if let utoipa::openapi::RefOr::T(r) = r
-                    && r.description.is_empty()
+/// What every operation can answer besides its own results, by what it takes: the statuses
+/// the extractors, the middleware and the store produce (handlers declare the rest: 403, 404
+/// and 409 of their own), each a problem document.
+fn complete(doc: &mut serde_json::Value, priorities: &[String]) {
+    use serde_json::{Value, json};
+    let problem = |why: &str| {
+        json!({
+            "description": why,
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+        })
+    };
+    let paths = doc["paths"].as_object_mut().expect("paths");
+    for item in paths.values_mut() {
+        let item = item.as_object_mut().expect("path item");
+        for op in item.values_mut().filter(|op| op.get("responses").is_some()) {
+            let takes = |place: &str| {
+                op["parameters"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["in"] == place))
+            };
+            let (path, query, header) = (takes("path"), takes("query"), takes("header"));
+            if let Some(ps) = op.get_mut("parameters").and_then(serde_json::Value::as_array_mut) {
+                // A path parameter is always required (schema_with leaves it unmarked).
+                for p in ps.iter_mut().filter(|p| p["in"] == "path") {
+                    p["required"] = json!(true);
+                }
+            }
+            let body = op.get("requestBody").is_some();
+            let open = op["security"] == json!([{}]);
+            let mut extra: Vec<(&str, &str)> = Vec::new();
+            if path || body {
+                extra.push((
+                    "400",
+                    "Malformed: a path parameter of the wrong type, or a body that is not JSON",
+                ));
+            }
+            if !open {
+                extra.push(("401", "No credential, or an unknown, expired or revoked one"));
+                extra.push(("403", "The credential may not do this"));
+            }
+            if path {
+                extra.push(("404", "No such resource, or one the caller may not see"));
+            }
+            if body {
+                extra.push(("413", "The body is larger than 64 KiB"));
+                extra.push(("415", "The body is not sent as `application/json`"));
+            }
+            if body || query || header {
+                extra.push(("422", "A value breaks a documented rule; `field` names it"));
+            }
+            extra.push(("429", "Rate limit of the credential exceeded; see `Retry-After`"));
+            if !open {
+                extra.push(("503", "The store or the audit log is unavailable; retry shortly"));
+            }
+            let responses = op["responses"].as_object_mut().expect("responses");
+            for (code, why) in extra {
+                responses.entry(code).or_insert_with(|| problem(why));
+            }
+            responses["429"]["headers"] = json!({
+                "Retry-After": {"description": "Seconds to wait", "schema": {"type": "integer", "minimum": 1}}
+            });
+            for (code, r) in responses.iter_mut() {
+                // Errors are sent as problem documents: say so where a handler declared `body = Problem`.
+                if let Some(content) = r.get_mut("content").and_then(Value::as_object_mut)
+                    && let Some(json) = content.get("application/json").cloned()
+                    && json["schema"]["$ref"] == "#/components/schemas/Problem"
                 {
-                    r.description = code
-                        .parse::<u16>()
-                        .ok()
-                        .and_then(|c| StatusCode::from_u16(c).ok())
-                        .and_then(|c| c.canonical_reason())
-                        .unwrap_or("Response")
-                        .to_string();
+                    content.remove("application/json");
+                    content.insert(PROBLEM_JSON.into(), json);
+                }
+                // OpenAPI 3.1 requires a description on every response.
+                if r.get("description").is_none_or(|d| d == "") {
+                    r["description"] = json!(
+                        code.parse::<u16>()
+                            .ok()
+                            .and_then(|c| StatusCode::from_u16(c).ok())
+                            .and_then(|c| c.canonical_reason())
+                            .unwrap_or("Response")
+                    );
                 }
             }
         }
     }
+    if let Some(p) = doc.pointer_mut("/components/schemas/CreateWorkload/properties/priority") {
+        let mut names: Vec<Value> = priorities.iter().map(|p| json!(p)).collect();
+        names.push(Value::Null);
+        *p = json!({
+            "type": ["string", "null"],
+            "enum": names,
+            "description": "Priority class name (default `standard`)"
+        });
+    }
 }
 
-/// JSON body extractor whose rejections are problem documents naming what is wrong.
+/// JSON body extractor: the body must be `application/json`, within the size limit, of the
+/// type's shape, and follow the type's rules ([`Validate`]); every refusal is a problem
+/// document naming what is wrong (and the field, for data that breaks a rule).
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(ApiJson(v)),
-            Err(JsonRejection::JsonDataError(e)) => {
-                let text = e.body_text();
-                // "Failed to deserialize the JSON body into the target type: shape.gpus: invalid type …"
-                let detail = text
-                    .split_once("target type: ")
-                    .map(|(_, d)| d.to_string())
-                    .unwrap_or(text);
-                let field = detail
-                    .split_once(": ")
-                    .map(|(f, _)| f.to_string())
-                    .filter(|f| !f.contains(' '));
-                let field = field.or_else(|| {
-                    detail
-                        .split('`')
-                        .nth(1)
-                        .filter(|_| detail.contains("field"))
-                        .map(str::to_string)
-                });
-                Err(ApiError::invalid(field.unwrap_or_else(|| "body".into()), detail))
-            }
-            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::bad_request(format!(
-                "the body is not valid JSON: {}",
-                e.body_text().rsplit(": ").next().unwrap_or_default()
-            ))),
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::unsupported_media(
+        let json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(|m| m.trim().to_ascii_lowercase())
+            .is_some_and(|m| m == "application/json" || (m.starts_with("application/") && m.ends_with("+json")));
+        if !json {
+            return Err(ApiError::unsupported_media(
                 "send the body as JSON with `Content-Type: application/json`",
-            )),
-            Err(JsonRejection::BytesRejection(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Err(ApiError::too_large(format!(
-                    "the body is larger than the {} KiB limit",
-                    crate::BODY_LIMIT / 1024
-                )))
+            ));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE)
+            } else {
+                ApiError::bad_request(format!("the body could not be read: {}", e.body_text()))
             }
+        })?;
+        let mut raw: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+        integral_numbers_as_integers(&mut raw);
+        let value: T = serde_path_to_error::deserialize(raw).map_err(|e| {
+            let field = e.path().to_string();
+            let message = e.into_inner().to_string();
+            // At the top level the field is in the message (`missing field `name``).
+            let field = if field == "." {
+                message.split('`').nth(1).unwrap_or("body").to_string()
+            } else {
+                field
+            };
+            ApiError::invalid(field, message)
+        })?;
+        value.validate()?;
+        Ok(ApiJson(value))
+    }
+}
+
+/// JSON has one number type: `33.0` is the integer 33 to JSON Schema (and so to the OpenAPI
+/// document), while serde refuses it for an integer field. Whole numbers written with a
+/// fraction become integers before the body is read into its type.
+fn integral_numbers_as_integers(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0) {
+                // Within ±2^63 (and up to 2^64 for unsigned): beyond, it stays a float and is
+                // out of every documented range anyway.
+                if f >= -(2f64.powi(63)) && f < 2f64.powi(63) {
+                    *n = (f as i64).into();
+                } else if f >= 0.0 && f < 2f64.powi(64) {
+                    *n = (f as u64).into();
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_numbers_as_integers),
+        Value::Object(fields) => fields.values_mut().for_each(integral_numbers_as_integers),
+        Value::String(_) | Value::Bool(_) | Value::Null => {}
+    }
+}
+
+/// Query-string extractor: parameters of the type's shape that follow its rules; a refusal is
+/// a 422 problem naming the parameter.
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let q = parts.uri.query().unwrap_or_default();
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(q.as_bytes()));
+        let value: T = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            let message = e.into_inner().to_string();
+            let field = if field == "." {
+                message.split('`').nth(1).unwrap_or("query").to_string()
+            } else {
+                field
+            };
+            ApiError::invalid(field, message)
+        })?;
+        value.validate()?;
+        Ok(ApiQuery(value))
+    }
+}
+
+/// Path-parameter extractor whose refusals (a parameter of the wrong type) are 400 problems.
+pub struct ApiPath<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(ApiPath(v)),
             Err(e) => Err(ApiError::bad_request(e.body_text())),
         }
+    }
+}
+
+/// A workload id in the path: a whole number the store can hold (0 to 2^63 − 1).
+pub struct WorkloadPath(pub WorkloadId);
+
+/// The document's side of [`WorkloadPath`].
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // only its schema is used
+pub struct WorkloadIdParams {
+    /// The workload's id.
+    #[param(schema_with = rules::schema::id)]
+    id: u64,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for WorkloadPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let ApiPath(raw) = ApiPath::<String>::from_request_parts(parts, state).await?;
+        let id = raw
+            .parse::<u64>()
+            .ok()
+            .filter(|v| rules::ID.check_u64("id", *v).is_ok())
+            .ok_or_else(|| {
+                let mut e = ApiError::bad_request(format!(
+                    "`{raw}` is not a workload id (a whole number from 0 to {})",
+                    i64::MAX
+                ));
+                e.field = Some("id".into());
+                e
+            })?;
+        Ok(WorkloadPath(WorkloadId(id)))
     }
 }
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct PageParams {
-    /// Items per page, 1–500 (default 100).
+    /// Items per page (default 100).
+    #[param(schema_with = rules::schema::page_limit)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
 }
 
-/// The page size asked for, checked.
-pub fn limit(p: Option<u32>) -> ApiResult<u32> {
-    match p {
-        None => Ok(100),
-        Some(l) if (1..=500).contains(&l) => Ok(l),
-        Some(l) => Err(ApiError::invalid(
-            "limit",
-            format!("limit {l}: must be between 1 and 500"),
-        )),
+impl Validate for PageParams {
+    fn validate(&self) -> Result<(), Violation> {
+        check_limit(self.limit)
+    }
+}
+
+impl PageParams {
+    pub fn limit(&self) -> u32 {
+        self.limit.unwrap_or(DEFAULT_LIMIT)
+    }
+}
+
+/// Items per page when a list request does not say.
+pub const DEFAULT_LIMIT: u32 = rules::PAGE_DEFAULT;
+
+/// The page size rule of every list.
+pub fn check_limit(limit: Option<u32>) -> Result<(), Violation> {
+    match limit {
+        Some(l) => rules::PAGE_LIMIT.check("limit", l.into()),
+        None => Ok(()),
     }
 }
 
@@ -199,21 +376,4 @@ pub fn page<T, F: Fn(&T) -> String>(mut items: Vec<T>, limit: u32, cursor_of: F)
         items.last().map(&cursor_of).unwrap_or_default()
     });
     Page { items, next_cursor }
-}
-
-/// Checks a name: a lower-case slug.
-pub fn check_slug(field: &str, v: &str) -> ApiResult<()> {
-    let ok = !v.is_empty()
-        && v.len() <= 40
-        && v.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !v.starts_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
-            field,
-            format!("`{v}` is not a valid {field}: use 1–40 lower-case letters, digits and `-`"),
-        ))
-    }
 }

@@ -10,6 +10,8 @@ use tessera_backend_sim::SimBackend;
 use tessera_model::Fleet;
 use utoipa::ToSchema;
 
+use tessera_api::rules::{self, Validate, Violation};
+
 use super::ApiJson;
 use crate::AppState;
 use crate::auth::Identity;
@@ -22,9 +24,19 @@ pub struct SimFault {
     /// Node name, e.g. `h100-03`.
     pub node: String,
     /// GPU index on the node.
+    #[schema(schema_with = rules::schema::gpu_index)]
     pub gpu: u8,
     /// XID error code to report (e.g. 79: fallen off the bus, 48: double-bit ECC); 0 clears it.
+    #[schema(schema_with = rules::schema::xid)]
     pub xid: u32,
+}
+
+impl Validate for SimFault {
+    fn validate(&self) -> Result<(), Violation> {
+        // Any node name is well formed (unknown ones answer 404).
+        rules::GPU_INDEX.check("gpu", self.gpu.into())?;
+        rules::XID.check("xid", self.xid.into())
+    }
 }
 
 /// The injected fault and the GPU it hit.

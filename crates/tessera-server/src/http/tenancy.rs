@@ -1,12 +1,12 @@
 //! Tenants and their projects.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use tessera_api::{CreateProject, CreateTenant, Page, Problem, Project, Tenant, rfc3339_ms};
 use tessera_store::{ProjectRecord, TenantRecord};
 
-use super::{ApiJson, PageParams, check_slug, limit, page};
+use super::{ApiJson, ApiPath, ApiQuery, PageParams, page};
 use crate::auth::{Identity, Role};
 use crate::problem::{ApiError, ApiResult};
 use crate::{AppState, now_ms};
@@ -28,13 +28,13 @@ fn project_view(p: ProjectRecord) -> Project {
 }
 
 /// Tenants (platform-admin: all; others: their own).
-#[utoipa::path(get, path = "/api/v1/tenants", tag = "tenancy", params(PageParams), responses((status = 200, body = Page<Tenant>), (status = 401, body = Problem)))]
+#[utoipa::path(get, path = "/api/v1/tenants", tag = "tenancy", params(PageParams), responses((status = 200, body = Page<Tenant>)))]
 pub async fn list_tenants(
     State(s): State<AppState>,
     id: Identity,
-    Query(p): Query<PageParams>,
+    ApiQuery(p): ApiQuery<PageParams>,
 ) -> ApiResult<Json<Page<Tenant>>> {
-    let l = limit(p.limit)?;
+    let l = p.limit();
     if !id.is_admin() {
         let own = match &id.tenant {
             Some(t) => s.store.get_tenant(t).await?.into_iter().map(tenant_view).collect(),
@@ -60,7 +60,6 @@ pub async fn create_tenant(
     ApiJson(b): ApiJson<CreateTenant>,
 ) -> ApiResult<(StatusCode, Json<Tenant>)> {
     id.require_admin()?;
-    check_slug("name", &b.name)?;
     let t = TenantRecord {
         display_name: b.display_name.clone().unwrap_or_else(|| b.name.clone()),
         name: b.name,
@@ -87,7 +86,7 @@ pub async fn tenant_visible(s: &AppState, id: &Identity, tenant: &str) -> ApiRes
 pub async fn get_tenant(
     State(s): State<AppState>,
     id: Identity,
-    Path(tenant): Path<String>,
+    ApiPath(tenant): ApiPath<String>,
 ) -> ApiResult<Json<Tenant>> {
     Ok(Json(tenant_view(tenant_visible(&s, &id, &tenant).await?)))
 }
@@ -98,7 +97,7 @@ pub async fn get_tenant(
 pub async fn delete_tenant(
     State(s): State<AppState>,
     id: Identity,
-    Path(tenant): Path<String>,
+    ApiPath(tenant): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     id.require_admin()?;
     tenant_visible(&s, &id, &tenant).await?;
@@ -115,11 +114,11 @@ pub async fn delete_tenant(
 pub async fn list_projects(
     State(s): State<AppState>,
     id: Identity,
-    Path(tenant): Path<String>,
-    Query(p): Query<PageParams>,
+    ApiPath(tenant): ApiPath<String>,
+    ApiQuery(p): ApiQuery<PageParams>,
 ) -> ApiResult<Json<Page<Project>>> {
     tenant_visible(&s, &id, &tenant).await?;
-    let l = limit(p.limit)?;
+    let l = p.limit();
     let items = s.store.list_projects(&tenant, p.cursor.as_deref(), l + 1).await?;
     Ok(Json(page(items.into_iter().map(project_view).collect(), l, |p| {
         p.name.clone()
@@ -132,7 +131,7 @@ pub async fn list_projects(
 pub async fn create_project(
     State(s): State<AppState>,
     id: Identity,
-    Path(tenant): Path<String>,
+    ApiPath(tenant): ApiPath<String>,
     ApiJson(b): ApiJson<CreateProject>,
 ) -> ApiResult<(StatusCode, Json<Project>)> {
     tenant_visible(&s, &id, &tenant).await?;
@@ -141,7 +140,6 @@ pub async fn create_project(
             "creating projects needs a platform-admin or tenant-admin token",
         ));
     }
-    check_slug("name", &b.name)?;
     let p = ProjectRecord {
         tenant,
         name: b.name,
@@ -156,7 +154,7 @@ pub async fn create_project(
 pub async fn get_project(
     State(s): State<AppState>,
     id: Identity,
-    Path((tenant, project)): Path<(String, String)>,
+    ApiPath((tenant, project)): ApiPath<(String, String)>,
 ) -> ApiResult<Json<Project>> {
     tenant_visible(&s, &id, &tenant).await?;
     let p = s.store.get_project(&tenant, &project).await?;
@@ -170,7 +168,7 @@ pub async fn get_project(
 pub async fn delete_project(
     State(s): State<AppState>,
     id: Identity,
-    Path((tenant, project)): Path<(String, String)>,
+    ApiPath((tenant, project)): ApiPath<(String, String)>,
 ) -> ApiResult<StatusCode> {
     tenant_visible(&s, &id, &tenant).await?;
     if !(id.is_admin() || id.role == Role::TenantAdmin) {

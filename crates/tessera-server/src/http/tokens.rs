@@ -1,66 +1,47 @@
-//! API tokens: created (the secret shown once), listed, revoked.
+//! API tokens: created (the secret shown once), listed, revoked. The last platform-admin token
+//! stays: the store refuses to revoke it, so no administrator can lock everyone out.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
+use tessera_api::rules::{Validate, Violation};
 use tessera_api::{CreateToken, CreatedToken, Problem, TokenView, rfc3339_ms};
-use tessera_store::TokenRecord;
+use tessera_store::{Revocation, TokenRecord};
 use utoipa::IntoParams;
 
-use super::ApiJson;
+use super::{ApiJson, ApiPath, ApiQuery};
 use crate::auth::{Identity, Role, new_secret};
 use crate::problem::{ApiError, ApiResult};
 use crate::{AppState, now_ms};
 
-/// Creates an API token; the secret is in the response only. Platform-admins create any token;
-/// tenant-admins create tokens of their own tenant.
+/// Creates an API token; the secret is in the response only. Platform-admins create any token
+/// (`metrics` tokens for Prometheus among them); tenant-admins create tokens of their own
+/// tenant.
 #[utoipa::path(post, path = "/api/v1/tokens", tag = "tenancy", request_body = CreateToken,
-    responses((status = 201, body = CreatedToken), (status = 403, body = Problem), (status = 422, body = Problem)))]
+    responses((status = 201, body = CreatedToken)))]
 pub async fn create_token(
     State(s): State<AppState>,
     id: Identity,
     ApiJson(b): ApiJson<CreateToken>,
 ) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
-    let role = Role::parse(&b.role).ok_or_else(|| {
-        ApiError::invalid(
-            "role",
-            format!(
-                "unknown role `{}` (platform-admin, tenant-admin, member, viewer)",
-                b.role
-            ),
-        )
-    })?;
+    let role = b.role;
     if !id.is_admin() {
-        let own =
-            id.role == Role::TenantAdmin && b.tenant.is_some() && b.tenant == id.tenant && role != Role::PlatformAdmin;
+        let own = id.role == Role::TenantAdmin && b.tenant.is_some() && b.tenant == id.tenant && role.is_tenant_role();
         if !own {
             return Err(ApiError::forbidden(
                 "only platform-admins, or tenant-admins for their own tenant, can create tokens",
             ));
         }
     }
-    match (&b.tenant, role) {
-        (None, r) if r != Role::PlatformAdmin => {
-            return Err(ApiError::invalid("tenant", "tenant roles need a `tenant`"));
-        }
-        (Some(_), Role::PlatformAdmin) => {
-            return Err(ApiError::invalid(
-                "tenant",
-                "platform-admin tokens are not tied to a tenant",
-            ));
-        }
-        (Some(t), _) if s.store.get_tenant(t).await?.is_none() => {
-            return Err(ApiError::invalid("tenant", format!("no tenant `{t}`")));
-        }
-        _ => {}
+    if let Some(t) = &b.tenant
+        && s.store.get_tenant(t).await?.is_none()
+    {
+        return Err(ApiError::invalid("tenant", format!("no tenant `{t}`")));
     }
     let now = now_ms();
-    let expires_at = match b.expires_in_s {
-        Some(e) if e <= 0 => return Err(ApiError::invalid("expires_in_s", "a lifetime must be positive")),
-        Some(e) => Some(now + e * 1000),
-        None => None,
-    };
+    // Bounded by the rule (two years), so this cannot overflow.
+    let expires_at = b.expires_in_s.map(|e| now + e * 1000);
     let secret = new_secret();
     let hash = crate::auth::hash(&secret);
     let tid = format!("tok-{}", &hash[..12]);
@@ -108,13 +89,19 @@ pub struct TokenParams {
     pub tenant: Option<String>,
 }
 
+impl Validate for TokenParams {
+    fn validate(&self) -> Result<(), Violation> {
+        Ok(())
+    }
+}
+
 /// API tokens (platform-admin: all; tenant-admin: its tenant's).
 #[utoipa::path(get, path = "/api/v1/tokens", tag = "tenancy", params(TokenParams),
-    responses((status = 200, body = Vec<TokenView>), (status = 403, body = Problem)))]
+    responses((status = 200, body = Vec<TokenView>)))]
 pub async fn list_tokens(
     State(s): State<AppState>,
     id: Identity,
-    Query(q): Query<TokenParams>,
+    ApiQuery(q): ApiQuery<TokenParams>,
 ) -> ApiResult<Json<Vec<TokenView>>> {
     let tenant = admin_scope(&id, &q.tenant, "listing tokens")?;
     let list = s.store.list_tokens(tenant.as_deref()).await?;
@@ -134,10 +121,17 @@ pub async fn list_tokens(
     ))
 }
 
-/// Revokes a token: it fails from the next request on.
+/// Revokes a token: it fails from the next request on. The last platform-admin token without
+/// an expiry cannot be revoked (409): create another one first, or recover locally with
+/// `tessera admin recover`.
 #[utoipa::path(delete, path = "/api/v1/tokens/{id}", tag = "tenancy", params(("id" = String, Path)),
-    responses((status = 204), (status = 403, body = Problem), (status = 404, body = Problem)))]
-pub async fn revoke_token(State(s): State<AppState>, id: Identity, Path(tid): Path<String>) -> ApiResult<StatusCode> {
+    responses((status = 204, description = "Revoked"),
+        (status = 409, description = "Already revoked, or the last platform-admin token", body = Problem)))]
+pub async fn revoke_token(
+    State(s): State<AppState>,
+    id: Identity,
+    ApiPath(tid): ApiPath<String>,
+) -> ApiResult<StatusCode> {
     let Some(t) = s.store.get_token(&tid).await? else {
         return Err(ApiError::not_found(format!("no token `{tid}`")));
     };
@@ -145,8 +139,16 @@ pub async fn revoke_token(State(s): State<AppState>, id: Identity, Path(tid): Pa
     if !allowed {
         return Err(ApiError::not_found(format!("no token `{tid}`")));
     }
-    if !s.store.revoke_token(&tid, now_ms()).await? {
-        return Err(ApiError::conflict(format!("token `{tid}` is already revoked")));
+    match s.store.revoke_token(&tid, now_ms()).await? {
+        Revocation::Revoked => {}
+        Revocation::NotActive => return Err(ApiError::conflict(format!("token `{tid}` is already revoked"))),
+        Revocation::LastPlatformAdmin => {
+            return Err(ApiError::conflict(format!(
+                "token `{tid}` is the last platform-admin token without an expiry: revoking it would lock \
+                 every administrator out; create another platform-admin token first"
+            ))
+            .with_kind("last-admin"));
+        }
     }
     s.auth.invalidate();
     Ok(StatusCode::NO_CONTENT)

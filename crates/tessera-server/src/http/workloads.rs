@@ -6,17 +6,18 @@
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+use tessera_api::rules::{self, Validate, Violation};
 use tessera_api::{CreateWorkload, Event, GpuShape, Page, Problem, Workload, WorkloadKind, WorkloadState};
 use tessera_domain::{GpuSpec, Kind, ShapeSpec, WorkloadId, WorkloadSpec};
 use tessera_store::AuditRecord;
 use utoipa::IntoParams;
 
-use super::{ApiJson, limit, page, views};
+use super::{ApiJson, ApiQuery, DEFAULT_LIMIT, WorkloadPath, check_limit, page, views};
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::lifecycle::placement::{default_host, engine_request};
@@ -29,10 +30,36 @@ use crate::{AppState, now_ms};
 pub struct WorkloadFilterParams {
     pub tenant: Option<String>,
     pub project: Option<String>,
-    /// `pending`, `queued`, `placed`, `running`, `stopping`, `succeeded`, `failed`, `cancelled`, `preempted`.
-    pub state: Option<String>,
+    #[param(inline)]
+    pub state: Option<WorkloadState>,
+    /// Workloads per page (default 100).
+    #[param(schema_with = rules::schema::page_limit)]
     pub limit: Option<u32>,
-    pub cursor: Option<String>,
+    /// The `next_cursor` of the previous page (a workload id).
+    #[param(schema_with = rules::schema::cursor_id)]
+    pub cursor: Option<u64>,
+}
+
+impl Validate for WorkloadFilterParams {
+    fn validate(&self) -> Result<(), Violation> {
+        check_limit(self.limit)?;
+        if let Some(c) = self.cursor {
+            rules::ID.check_u64("cursor", c)?;
+        }
+        Ok(())
+    }
+}
+
+/// The document's side of the `Idempotency-Key` header (checked by
+/// [`rules::check_idempotency_key`]).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // only its schema is used
+pub struct IdempotencyParams {
+    /// Makes retries safe: a repeated request with the same key and body returns the workload
+    /// created the first time.
+    #[param(rename = "Idempotency-Key", schema_with = rules::schema::idempotency_key)]
+    idempotency_key: Option<String>,
 }
 
 /// A lifecycle refusal as a problem document: the problem type is the reason's code.
@@ -51,19 +78,14 @@ pub fn lifecycle_error(e: LifecycleError) -> ApiError {
 
 /// Workloads, newest first.
 #[utoipa::path(get, path = "/api/v1/workloads", tag = "workloads", params(WorkloadFilterParams),
-    responses((status = 200, body = Page<Workload>), (status = 422, body = Problem)))]
+    responses((status = 200, body = Page<Workload>)))]
 pub async fn list_workloads(
     State(s): State<AppState>,
     id: Identity,
-    Query(q): Query<WorkloadFilterParams>,
+    ApiQuery(q): ApiQuery<WorkloadFilterParams>,
 ) -> ApiResult<Json<Page<Workload>>> {
-    let l = limit(q.limit)?;
-    let phases = match &q.state {
-        Some(st) => views::phases(
-            WorkloadState::parse(st).ok_or_else(|| ApiError::invalid("state", format!("unknown state `{st}`")))?,
-        ),
-        None => Vec::new(),
-    };
+    let l = q.limit.unwrap_or(DEFAULT_LIMIT);
+    let phases = q.state.map(views::phases).unwrap_or_default();
     let tenant = match (&id.tenant, &q.tenant) {
         (_, Some(t)) if !id.can_read(t) => {
             return Ok(Json(Page {
@@ -74,14 +96,7 @@ pub async fn list_workloads(
         (Some(own), None) if !id.is_admin() => Some(own.clone()),
         (_, t) => t.clone(),
     };
-    let before = match &q.cursor {
-        Some(c) => {
-            Some(WorkloadId(c.parse::<u64>().map_err(|_| {
-                ApiError::invalid("cursor", "not a cursor from this API")
-            })?))
-        }
-        None => None,
-    };
+    let before = q.cursor.map(WorkloadId);
     let filter = tessera_store::WorkloadFilter {
         scope: id.scope().map(str::to_string),
         tenant,
@@ -100,24 +115,9 @@ pub async fn list_workloads(
     Ok(Json(page(items, l, |w| w.id.to_string())))
 }
 
-/// The domain shape of an API shape: exactly one of whole GPUs, a MIG profile or a fraction.
-fn shape_spec(s: &GpuShape) -> ApiResult<ShapeSpec> {
-    let set = [s.gpus.is_some(), s.mig.is_some(), s.fraction.is_some()]
-        .iter()
-        .filter(|x| **x)
-        .count();
-    if set != 1 {
-        return Err(ApiError::invalid(
-            "shape",
-            "give exactly one of `gpus` (whole GPUs), `mig` (a MIG profile) or `fraction` (milli-GPU)",
-        ));
-    }
-    if s.gpu_memory_mib.is_some() && s.fraction.is_none() {
-        return Err(ApiError::invalid(
-            "shape.gpu_memory_mib",
-            "gpu_memory_mib goes with `fraction` only (whole GPUs and MIG instances come with their memory)",
-        ));
-    }
+/// The domain shape of an API shape (checked: exactly one of whole GPUs, a MIG profile or a
+/// fraction).
+fn shape_spec(s: &GpuShape) -> ShapeSpec {
     let gpu = if let Some(g) = s.gpus {
         GpuSpec::Whole { gpus: g }
     } else if let Some(m) = &s.mig {
@@ -128,20 +128,20 @@ fn shape_spec(s: &GpuShape) -> ApiResult<ShapeSpec> {
             memory_mib: s.gpu_memory_mib,
         }
     };
-    Ok(ShapeSpec {
+    ShapeSpec {
         gpu,
         models: s.models.clone(),
         pool: s.pool.clone(),
-    })
+    }
 }
 
 /// Requests GPUs. Accepts an `Idempotency-Key` header: repeating a request with the same key
 /// and body returns the workload created the first time (200) instead of a new one.
 #[utoipa::path(post, path = "/api/v1/workloads", tag = "workloads", request_body = CreateWorkload,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe")),
+    params(IdempotencyParams),
     responses((status = 201, body = Workload), (status = 200, description = "Replay of an idempotent request", body = Workload),
-        (status = 400, body = Problem), (status = 403, description = "Refused by a quota limit or budget", body = Problem),
-        (status = 413, body = Problem), (status = 422, body = Problem)))]
+        (status = 403, description = "Refused by a quota limit or budget, or a viewer token", body = Problem),
+        (status = 422, description = "A value breaks a rule, names an unknown tenant, project or priority class, or asks for a shape no node can ever hold (`type` …/constraint)", body = Problem)))]
 pub async fn create_workload(
     State(s): State<AppState>,
     id: Identity,
@@ -172,17 +172,6 @@ pub async fn create_workload(
         }
         s.projects.write().expect("lock").insert(key);
     }
-    if b.name.is_empty() || b.name.len() > 63 || b.name.chars().any(|c| c.is_control()) {
-        return Err(ApiError::invalid("name", "a name has 1–63 printable characters"));
-    }
-    if let Some(d) = b.duration_s
-        && d <= 0
-    {
-        return Err(ApiError::invalid(
-            "duration_s",
-            format!("{d} s: a duration must be positive (omit it to run until cancelled)"),
-        ));
-    }
     let priority = b.priority.clone().unwrap_or_else(|| "standard".into());
     if !s.priorities.contains(&priority) {
         return Err(ApiError::invalid(
@@ -190,7 +179,7 @@ pub async fn create_workload(
             format!("unknown priority class `{priority}` ({})", s.priorities.join(", ")),
         ));
     }
-    let shape = shape_spec(&b.shape)?;
+    let shape = shape_spec(&b.shape);
     let to_api = |e: crate::lifecycle::placement::FieldError| ApiError::invalid(e.field, e.message);
     let mut request = engine_request(&s.fleet, &shape, 0, 0).map_err(to_api)?;
     let (cpu_default, mem_default) = default_host(request.units(&s.fleet.catalogue));
@@ -200,13 +189,7 @@ pub async fn create_workload(
     request.memory_mib = mem;
     let idempotency = match headers.get("idempotency-key") {
         Some(k) => {
-            let k = k
-                .to_str()
-                .map_err(|_| ApiError::invalid("Idempotency-Key", "must be printable ASCII"))?
-                .to_string();
-            if k.is_empty() || k.len() > 200 {
-                return Err(ApiError::invalid("Idempotency-Key", "must be 1–200 characters"));
-            }
+            let k = rules::check_idempotency_key(k.as_bytes())?.to_string();
             let body = serde_json::to_vec(&b).unwrap_or_default();
             let h: String = Sha256::digest(&body).iter().map(|x| format!("{x:02x}")).collect();
             Some((k, h))
@@ -262,8 +245,11 @@ pub async fn create_workload(
 }
 
 /// A workload the caller may see (others answer 404, so existence does not leak).
-async fn find_workload(s: &AppState, id: &Identity, wid: u64) -> ApiResult<std::sync::Arc<tessera_domain::Workload>> {
-    let wid = WorkloadId(wid);
+async fn find_workload(
+    s: &AppState,
+    id: &Identity,
+    wid: WorkloadId,
+) -> ApiResult<std::sync::Arc<tessera_domain::Workload>> {
     let w = match s.lifecycle.workload(wid) {
         Some(w) => w,
         None => std::sync::Arc::new(
@@ -279,21 +265,25 @@ async fn find_workload(s: &AppState, id: &Identity, wid: u64) -> ApiResult<std::
     Ok(w)
 }
 
-#[utoipa::path(get, path = "/api/v1/workloads/{id}", tag = "workloads", params(("id" = u64, Path)),
-    responses((status = 200, body = Workload), (status = 404, body = Problem)))]
-pub async fn get_workload(State(s): State<AppState>, id: Identity, Path(wid): Path<u64>) -> ApiResult<Json<Workload>> {
+#[utoipa::path(get, path = "/api/v1/workloads/{id}", tag = "workloads", params(super::WorkloadIdParams),
+    responses((status = 200, body = Workload)))]
+pub async fn get_workload(
+    State(s): State<AppState>,
+    id: Identity,
+    WorkloadPath(wid): WorkloadPath,
+) -> ApiResult<Json<Workload>> {
     let w = find_workload(&s, &id, wid).await?;
     Ok(Json(views::workload(&w)))
 }
 
 /// Cancels a workload: a waiting one at once; a placed or running one is stopped (grace
 /// period, then forced) and its capacity returned.
-#[utoipa::path(post, path = "/api/v1/workloads/{id}/cancel", tag = "workloads", params(("id" = u64, Path)),
-    responses((status = 200, body = Workload), (status = 404, body = Problem), (status = 409, body = Problem)))]
+#[utoipa::path(post, path = "/api/v1/workloads/{id}/cancel", tag = "workloads", params(super::WorkloadIdParams),
+    responses((status = 200, body = Workload), (status = 409, description = "The workload has ended", body = Problem)))]
 pub async fn cancel_workload(
     State(s): State<AppState>,
     id: Identity,
-    Path(wid): Path<u64>,
+    WorkloadPath(wid): WorkloadPath,
 ) -> ApiResult<Json<Workload>> {
     let w = find_workload(&s, &id, wid).await?;
     if !id.can_write(&w.spec.tenant) {
@@ -307,21 +297,21 @@ pub async fn cancel_workload(
     }
     let w = s
         .lifecycle
-        .cancel(WorkloadId(wid), id.actor.clone())
+        .cancel(wid, id.actor.clone())
         .await
         .map_err(lifecycle_error)?;
     Ok(Json(views::workload(&w)))
 }
 
 /// The workload's timeline: one event per lifecycle step.
-#[utoipa::path(get, path = "/api/v1/workloads/{id}/events", tag = "workloads", params(("id" = u64, Path)),
-    responses((status = 200, body = Vec<Event>), (status = 404, body = Problem)))]
+#[utoipa::path(get, path = "/api/v1/workloads/{id}/events", tag = "workloads", params(super::WorkloadIdParams),
+    responses((status = 200, body = Vec<Event>)))]
 pub async fn workload_events(
     State(s): State<AppState>,
     id: Identity,
-    Path(wid): Path<u64>,
+    WorkloadPath(wid): WorkloadPath,
 ) -> ApiResult<Json<Vec<Event>>> {
     find_workload(&s, &id, wid).await?;
-    let events = s.store.events(WorkloadId(wid), id.scope()).await?;
+    let events = s.store.events(wid, id.scope()).await?;
     Ok(Json(events.iter().map(views::event).collect()))
 }

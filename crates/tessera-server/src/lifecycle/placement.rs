@@ -51,10 +51,11 @@ impl NodeIndex {
 }
 
 /// Host resources given to a request that names none: per GPU unit, with a floor.
-pub const CPU_MILLI_PER_UNIT: u64 = 4000;
-pub const MEMORY_MIB_PER_UNIT: u64 = 16 * 1024;
-pub const MIN_CPU_MILLI: u64 = 500;
-pub const MIN_MEMORY_MIB: u64 = 1024;
+pub const CPU_MILLI_PER_UNIT: u64 = tessera_api::rules::CPU_MILLI_PER_GPU_UNIT;
+pub const MEMORY_MIB_PER_UNIT: u64 = tessera_api::rules::MEMORY_MIB_PER_GPU_UNIT;
+/// The least a workload gets: the documented minimum of what it may ask for.
+pub const MIN_CPU_MILLI: u64 = tessera_api::rules::CPU_MILLI.min as u64;
+pub const MIN_MEMORY_MIB: u64 = tessera_api::rules::MEMORY_MIB.min as u64;
 
 /// The default host CPU (milli-cores) and memory (MiB) of a request for `units`.
 pub fn default_host(units: GpuUnits) -> (u64, u64) {

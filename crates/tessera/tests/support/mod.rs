@@ -57,6 +57,9 @@ pub struct Server {
     /// `--metrics-listen` address, when asked for.
     pub metrics_base: Option<String>,
     pub token: String,
+    /// A `metrics` token (made with `tessera token create --role metrics`): what Prometheus
+    /// presents to read `/metrics` on the API address.
+    pub metrics_token: String,
     pub http: reqwest::Client,
     _child: ChildGuard,
     _dir: TempDir,
@@ -105,10 +108,21 @@ impl Server {
             if let Some(rest) = line.split("console http://").nth(1) {
                 let addr = rest.split('/').next().unwrap().to_string();
                 std::thread::spawn(move || for _ in lines {});
+                let base = format!("http://{addr}");
+                let token = token.expect("first start prints the admin token");
+                let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+                    .args(["--server", &base, "--token", &token, "-o", "json"])
+                    .args(["token", "create", "--role", "metrics", "--name", "prometheus"])
+                    .env_remove("TESSERA_TOKEN")
+                    .output()
+                    .expect("tessera token create runs");
+                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                let created: Value = serde_json::from_slice(&out.stdout).expect("the created token as JSON");
                 return Server {
-                    base: format!("http://{addr}"),
+                    base,
                     metrics_base,
-                    token: token.expect("first start prints the admin token"),
+                    token,
+                    metrics_token: created["token"].as_str().expect("a secret").to_string(),
                     http: reqwest::Client::new(),
                     _child: child,
                     _dir: dir,
@@ -143,9 +157,9 @@ impl Server {
         self.call(reqwest::Method::GET, path, &self.token, None).await
     }
 
-    /// `GET /metrics` (no token: the exporter endpoint is open).
+    /// `GET /metrics` on the API address, with the metrics token.
     pub async fn scrape(&self) -> String {
-        scrape(&self.http, &self.base).await
+        scrape(&self.http, &self.base, Some(&self.metrics_token)).await
     }
 
     /// Creates a tenant with projects.
@@ -164,8 +178,13 @@ impl Server {
     }
 }
 
-pub async fn scrape(http: &reqwest::Client, base: &str) -> String {
-    let r = http.get(format!("{base}/metrics")).send().await.unwrap();
+/// `GET {base}/metrics`, with a bearer token (the API address) or without (`--metrics-listen`).
+pub async fn scrape(http: &reqwest::Client, base: &str, token: Option<&str>) -> String {
+    let mut rb = http.get(format!("{base}/metrics"));
+    if let Some(t) = token {
+        rb = rb.bearer_auth(t);
+    }
+    let r = rb.send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let ct = r.headers().get("content-type").unwrap().to_str().unwrap().to_string();
     assert_eq!(ct, "text/plain; version=0.0.4; charset=utf-8");
@@ -559,7 +578,7 @@ pub fn promql_metric_names(expr: &str) -> BTreeSet<String> {
 
 /// Every `expr` of an alerts file and every query of a Grafana dashboard: (where, expression).
 pub fn alert_exprs(path: &Path) -> Vec<(String, String)> {
-    let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let mut out = Vec::new();
     for g in doc["groups"].as_sequence().unwrap() {
         for r in g["rules"].as_sequence().unwrap() {

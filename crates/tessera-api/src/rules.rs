@@ -1,0 +1,564 @@
+//! The rules request values must follow, each stated once: the server checks requests with
+//! them ([`Validate`]) and the OpenAPI document describes fields with them (the `schema_with`
+//! functions below), so the document and the checks cannot drift apart.
+//!
+//! Lengths count Unicode scalar values (what JSON Schema's `minLength`/`maxLength` count), not
+//! bytes. Names shown to other people refuse control characters and the bidirectional
+//! formatting characters that can make a name read differently from what it is (U+202E …).
+
+use utoipa::openapi::schema::{Object, ObjectBuilder, SchemaType, Type};
+use utoipa::openapi::{KnownFormat, SchemaFormat};
+
+/// A value that breaks a rule: the field (`shape.fraction`, `limit`) and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub field: String,
+    pub message: String,
+}
+
+impl Violation {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Violation {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// A request type that checks its own values (after deserialisation, before any handler).
+pub trait Validate {
+    fn validate(&self) -> Result<(), Violation>;
+}
+
+/// Characters refused in names: C0 and C1 controls, DEL, and the bidirectional formatting
+/// characters (Arabic letter mark, LRM/RLM, embeddings and overrides, isolates).
+pub fn is_forbidden_in_names(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// The same set as a regular-expression character class (ECMA 262 and Python agree on it).
+const FORBIDDEN_CLASS: &str = r"\u0000-\u001F\u007F-\u009F\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069";
+
+/// Free text shown to people: a workload's, token's or tenant's display name.
+#[derive(Clone, Copy, Debug)]
+pub struct TextRule {
+    pub min_chars: usize,
+    pub max_chars: usize,
+}
+
+/// Workload and token names.
+pub const NAME: TextRule = TextRule {
+    min_chars: 1,
+    max_chars: 63,
+};
+
+/// A tenant's display name.
+pub const DISPLAY_NAME: TextRule = TextRule {
+    min_chars: 1,
+    max_chars: 100,
+};
+
+impl TextRule {
+    pub fn check(&self, field: &str, v: &str) -> Result<(), Violation> {
+        let n = v.chars().count();
+        if n < self.min_chars || n > self.max_chars {
+            return Err(Violation::new(
+                field,
+                format!(
+                    "{n} characters: a {field} has {}–{} characters",
+                    self.min_chars, self.max_chars
+                ),
+            ));
+        }
+        if let Some(c) = v.chars().find(|c| is_forbidden_in_names(*c)) {
+            return Err(Violation::new(
+                field,
+                format!(
+                    "contains U+{:04X}: control and bidirectional formatting characters are not allowed",
+                    c as u32
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn schema(&self, nullable: bool) -> Object {
+        ObjectBuilder::new()
+            .schema_type(string_type(nullable))
+            .min_length(Some(self.min_chars))
+            .max_length(Some(self.max_chars))
+            .pattern(Some(format!("^[^{FORBIDDEN_CLASS}]*$")))
+            .description(Some(format!(
+                "{}–{} characters (Unicode); no control or bidirectional formatting characters",
+                self.min_chars, self.max_chars
+            )))
+            .build()
+    }
+}
+
+/// The longest slug.
+pub const SLUG_MAX: usize = 40;
+const SLUG_PATTERN: &str = "^[a-z0-9][a-z0-9-]*$";
+
+/// Tenant and project names: lower-case ASCII letters, digits and `-`, not starting with `-`.
+pub fn check_slug(field: &str, v: &str) -> Result<(), Violation> {
+    let ok = !v.is_empty()
+        && v.len() <= SLUG_MAX
+        && v.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && !v.starts_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Violation::new(
+            field,
+            format!("`{v}` is not a valid {field}: use 1–{SLUG_MAX} lower-case letters, digits and `-` (not first)"),
+        ))
+    }
+}
+
+fn slug_schema(nullable: bool) -> Object {
+    ObjectBuilder::new()
+        .schema_type(string_type(nullable))
+        .min_length(Some(1))
+        .max_length(Some(SLUG_MAX))
+        .pattern(Some(SLUG_PATTERN))
+        .description(Some(format!(
+            "1–{SLUG_MAX} lower-case letters, digits and `-`, not starting with `-`"
+        )))
+        .build()
+}
+
+/// A whole number within bounds (both inclusive).
+#[derive(Clone, Copy, Debug)]
+pub struct IntRule {
+    pub min: i64,
+    pub max: i64,
+    pub unit: &'static str,
+}
+
+/// Host CPU in milli-cores.
+pub const CPU_MILLI: IntRule = IntRule {
+    min: 500,
+    max: 1_024_000,
+    unit: "milli-CPUs",
+};
+/// Host memory in MiB (1 GiB to 16 TiB).
+pub const MEMORY_MIB: IntRule = IntRule {
+    min: 1024,
+    max: 16 * 1024 * 1024,
+    unit: "MiB",
+};
+/// A workload's run time or lease: up to 366 days.
+pub const DURATION_S: IntRule = IntRule {
+    min: 1,
+    max: 366 * 86_400,
+    unit: "s",
+};
+/// A token's lifetime: up to two years.
+pub const EXPIRES_IN_S: IntRule = IntRule {
+    min: 1,
+    max: 2 * 366 * 86_400,
+    unit: "s",
+};
+/// Whole GPUs of one workload (the largest nodes have 16).
+pub const GPUS: IntRule = IntRule {
+    min: 1,
+    max: 16,
+    unit: "GPUs",
+};
+/// A fraction of a time-shared GPU, in milli-GPU.
+pub const FRACTION: IntRule = IntRule {
+    min: 1,
+    max: 999,
+    unit: "milli-GPU",
+};
+/// GPU memory reserved with a fraction (up to 1 TiB).
+pub const GPU_MEMORY_MIB: IntRule = IntRule {
+    min: 1,
+    max: 1024 * 1024,
+    unit: "MiB",
+};
+/// A GPU's index on its node.
+pub const GPU_INDEX: IntRule = IntRule {
+    min: 0,
+    max: GPUS.max - 1,
+    unit: "",
+};
+/// An XID error code (NVIDIA's codes are small; 0 means none).
+pub const XID: IntRule = IntRule {
+    min: 0,
+    max: u32::MAX as i64,
+    unit: "",
+};
+/// Items per page.
+pub const PAGE_LIMIT: IntRule = IntRule {
+    min: 1,
+    max: 500,
+    unit: "items",
+};
+/// Identifiers and cursors that are numbers (workload ids, audit sequence numbers): the
+/// database stores them as signed 64-bit integers.
+pub const ID: IntRule = IntRule {
+    min: 0,
+    max: i64::MAX,
+    unit: "",
+};
+
+impl IntRule {
+    pub fn check(&self, field: &str, v: i64) -> Result<(), Violation> {
+        if (self.min..=self.max).contains(&v) {
+            Ok(())
+        } else {
+            Err(Violation::new(
+                field,
+                format!(
+                    "{v}: {field} must be between {} and {} {}",
+                    self.min, self.max, self.unit
+                )
+                .trim_end()
+                .to_string(),
+            ))
+        }
+    }
+
+    /// [`check`](Self::check) for unsigned values (those above `i64::MAX` are out of range).
+    pub fn check_u64(&self, field: &str, v: u64) -> Result<(), Violation> {
+        match i64::try_from(v) {
+            Ok(x) => self.check(field, x),
+            Err(_) => Err(Violation::new(
+                field,
+                format!("{v}: {field} must be at most {} {}", self.max, self.unit),
+            )),
+        }
+    }
+
+    pub fn schema(&self, nullable: bool) -> Object {
+        let t = if nullable {
+            SchemaType::from_iter([Type::Integer, Type::Null])
+        } else {
+            SchemaType::Type(Type::Integer)
+        };
+        ObjectBuilder::new()
+            .schema_type(t)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(self.min as f64))
+            .maximum(Some(self.max as f64))
+            .build()
+    }
+}
+
+/// A number of GPU units (thousandths of a GPU are the smallest step).
+#[derive(Clone, Copy, Debug)]
+pub struct UnitsRule {
+    pub max: f64,
+}
+
+/// Quotas and budgets.
+pub const UNITS: UnitsRule = UnitsRule { max: 10_000_000.0 };
+
+impl UnitsRule {
+    pub fn check(&self, field: &str, v: f64) -> Result<(), Violation> {
+        if !v.is_finite() || !(0.0..=self.max).contains(&v) {
+            return Err(Violation::new(
+                field,
+                format!("{v}: {field} must be between 0 and {}", self.max),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn schema(&self, nullable: bool) -> Object {
+        let t = if nullable {
+            SchemaType::from_iter([Type::Number, Type::Null])
+        } else {
+            SchemaType::Type(Type::Number)
+        };
+        ObjectBuilder::new()
+            .schema_type(t)
+            .minimum(Some(0.0))
+            .maximum(Some(self.max))
+            .build()
+    }
+}
+
+/// The `Idempotency-Key` header: 1–200 visible ASCII characters (no spaces, which proxies may
+/// trim).
+pub fn check_idempotency_key(v: &[u8]) -> Result<&str, Violation> {
+    let ok = (1..=IDEMPOTENCY_KEY_MAX).contains(&v.len()) && v.iter().all(|b| (0x21..=0x7E).contains(b));
+    if ok {
+        Ok(std::str::from_utf8(v).expect("visible ASCII"))
+    } else {
+        Err(Violation::new(
+            "Idempotency-Key",
+            format!("must be 1–{IDEMPOTENCY_KEY_MAX} visible ASCII characters without spaces"),
+        ))
+    }
+}
+
+const IDEMPOTENCY_KEY_MAX: usize = 200;
+
+/// [`check_idempotency_key`] as a schema.
+fn idempotency_key_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(IDEMPOTENCY_KEY_MAX))
+        .pattern(Some("^[!-~]+$"))
+        .description(Some(format!(
+            "1–{IDEMPOTENCY_KEY_MAX} visible ASCII characters, no spaces"
+        )))
+        .build()
+}
+
+fn string_type(nullable: bool) -> SchemaType {
+    if nullable {
+        SchemaType::from_iter([Type::String, Type::Null])
+    } else {
+        SchemaType::Type(Type::String)
+    }
+}
+
+/// What [`crate::parse_time_ms`] reads (`[0-9]`, not `\\d`: Python's `\\d` takes any Unicode digit).
+pub const DATE_OR_TIME_PATTERN: &str =
+    "^[0-9]{4}-[0-9]{2}-[0-9]{2}(T[0-9]{2}:[0-9]{2}:[0-9]{2}([.][0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2}))?$";
+
+/// Dates accepted by reports: `YYYY-MM-DD` or an RFC 3339 time.
+pub fn date_or_time_schema() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(DATE_OR_TIME_PATTERN))
+        .description(Some("`YYYY-MM-DD` (UTC midnight) or an RFC 3339 time"))
+        .build()
+}
+
+/// Host CPU a workload gets per GPU unit when it does not say (at least [`CPU_MILLI`]'s minimum).
+pub const CPU_MILLI_PER_GPU_UNIT: u64 = 4000;
+/// Host memory a workload gets per GPU unit when it does not say (at least [`MEMORY_MIB`]'s
+/// minimum).
+pub const MEMORY_MIB_PER_GPU_UNIT: u64 = 16 * 1024;
+/// Items per page when a list request does not say.
+pub const PAGE_DEFAULT: u32 = 100;
+
+/// `schema_with` functions: the rule of each field (nullable where the field is optional in a
+/// body), with the field's description, which `schema_with` would otherwise drop.
+pub mod schema {
+    use utoipa::openapi::schema::Object;
+
+    use super::*;
+
+    fn described(mut o: Object, d: impl Into<String>) -> Object {
+        o.description = Some(d.into());
+        o
+    }
+
+    pub fn name() -> Object {
+        NAME.schema(false)
+    }
+    pub fn name_opt() -> Object {
+        NAME.schema(true)
+    }
+    pub fn display_name_opt() -> Object {
+        let o = DISPLAY_NAME.schema(true);
+        let rule = o.description.clone().unwrap_or_default();
+        described(o, format!("Shown to people (default: the name). {rule}"))
+    }
+    pub fn slug() -> Object {
+        slug_schema(false)
+    }
+    pub fn slug_opt() -> Object {
+        slug_schema(true)
+    }
+    pub fn cpu_milli_opt() -> Object {
+        described(
+            CPU_MILLI.schema(true),
+            format!(
+                "Host CPU in milli-cores, {}–{} (default {CPU_MILLI_PER_GPU_UNIT} per GPU unit, at least {})",
+                CPU_MILLI.min, CPU_MILLI.max, CPU_MILLI.min
+            ),
+        )
+    }
+    pub fn memory_mib_opt() -> Object {
+        described(
+            MEMORY_MIB.schema(true),
+            format!(
+                "Host memory in MiB, {}–{} (default {MEMORY_MIB_PER_GPU_UNIT} per GPU unit, at least {})",
+                MEMORY_MIB.min, MEMORY_MIB.max, MEMORY_MIB.min
+            ),
+        )
+    }
+    pub fn duration_s_opt() -> Object {
+        described(
+            DURATION_S.schema(true),
+            format!(
+                "Run time in seconds for batch work, a lease for services and interactive sessions: {}–{} (366 days). Absent: runs until cancelled.",
+                DURATION_S.min, DURATION_S.max
+            ),
+        )
+    }
+    pub fn expires_in_s_opt() -> Object {
+        described(
+            EXPIRES_IN_S.schema(true),
+            format!(
+                "Lifetime in seconds, {}–{} (two years); absent: until revoked",
+                EXPIRES_IN_S.min, EXPIRES_IN_S.max
+            ),
+        )
+    }
+    pub fn gpus_opt() -> Object {
+        described(
+            GPUS.schema(true),
+            format!(
+                "Whole GPUs on one node (and one NVLink domain), {}–{}",
+                GPUS.min, GPUS.max
+            ),
+        )
+    }
+    pub fn fraction_opt() -> Object {
+        described(
+            FRACTION.schema(true),
+            format!(
+                "A fraction of a time-shared GPU in milli-GPU, {}–{}",
+                FRACTION.min, FRACTION.max
+            ),
+        )
+    }
+    pub fn gpu_memory_mib_opt() -> Object {
+        described(
+            GPU_MEMORY_MIB.schema(true),
+            format!(
+                "With `fraction` only: GPU memory to reserve, MiB, {}–{}",
+                GPU_MEMORY_MIB.min, GPU_MEMORY_MIB.max
+            ),
+        )
+    }
+    pub fn gpu_index() -> Object {
+        described(GPU_INDEX.schema(false), "GPU index on the node")
+    }
+    pub fn xid() -> Object {
+        described(
+            XID.schema(false),
+            "XID error code to report (e.g. 79: fallen off the bus, 48: double-bit ECC); 0 clears it",
+        )
+    }
+    /// A query parameter (absent rather than null when not given).
+    pub fn page_limit() -> Object {
+        described(
+            PAGE_LIMIT.schema(false),
+            format!(
+                "Items per page, {}–{} (default {PAGE_DEFAULT})",
+                PAGE_LIMIT.min, PAGE_LIMIT.max
+            ),
+        )
+    }
+    pub fn id() -> Object {
+        described(ID.schema(false), "The workload's id")
+    }
+    /// A query parameter: the `next_cursor` of the previous page, a number.
+    pub fn cursor_id() -> Object {
+        described(ID.schema(false), "The `next_cursor` of the previous page")
+    }
+    pub fn guaranteed() -> Object {
+        described(
+            UNITS.schema(false),
+            "GPU units always available to the tenant, reclaimable from borrowers (thousandths at most)",
+        )
+    }
+    pub fn quota_limit_opt() -> Object {
+        described(
+            UNITS.schema(true),
+            "The most the tenant may hold, borrowing included (at least `guaranteed`); absent: no limit",
+        )
+    }
+    pub fn budget_opt() -> Object {
+        described(
+            UNITS.schema(true),
+            "GPU-unit-hours per calendar month; `null` removes the budget",
+        )
+    }
+    pub fn idempotency_key() -> Object {
+        idempotency_key_schema()
+    }
+    pub fn date_or_time() -> Object {
+        date_or_time_schema()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_count_characters_not_bytes() {
+        let e63 = "é".repeat(63);
+        assert_eq!(e63.len(), 126);
+        assert!(NAME.check("name", &e63).is_ok(), "63 × é is 63 characters");
+        assert!(NAME.check("name", &"é".repeat(64)).is_err());
+        assert!(NAME.check("name", "").is_err());
+        assert!(NAME.check("name", "résumé 训练 🚀").is_ok());
+    }
+
+    #[test]
+    fn names_refuse_controls_and_bidi_overrides() {
+        for bad in ["a\u{202E}b", "a\nb", "a\u{0085}b", "\u{2066}x", "a\u{200F}", "x\u{7F}"] {
+            let e = NAME.check("name", bad).unwrap_err();
+            assert_eq!(e.field, "name");
+            assert!(e.message.contains("U+"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_name_pattern_refuses_what_the_check_refuses() {
+        // The schema's character class lists the same code points as `is_forbidden_in_names`.
+        let listed = |c: char| {
+            let u = c as u32;
+            matches!(u, 0..=0x1F | 0x7F..=0x9F | 0x061C | 0x200E | 0x200F | 0x202A..=0x202E | 0x2066..=0x2069)
+        };
+        for u in (0..=0x3000u32).chain([0xFEFF, 0x1F680]) {
+            if let Some(c) = char::from_u32(u) {
+                assert_eq!(is_forbidden_in_names(c), listed(c), "U+{u:04X}");
+            }
+        }
+    }
+
+    #[test]
+    fn slugs() {
+        assert!(check_slug("tenant", "vision-2").is_ok());
+        for bad in ["", "-x", "Vision", "a_b", "é", &"a".repeat(41)] {
+            assert!(check_slug("tenant", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bounds_are_inclusive_and_u64_beyond_i64_is_out_of_range() {
+        assert!(CPU_MILLI.check("cpu_milli", 500).is_ok());
+        assert!(CPU_MILLI.check("cpu_milli", 0).is_err());
+        assert!(DURATION_S.check("duration_s", i64::MAX).is_err());
+        assert!(ID.check_u64("id", u64::MAX).is_err());
+        assert!(ID.check_u64("id", i64::MAX as u64).is_ok());
+    }
+
+    #[test]
+    fn the_idempotency_key_pattern_is_the_check() {
+        // `^[!-~]+$`: every byte from 0x21 to 0x7E, nothing else.
+        for b in 0u8..=255 {
+            let in_pattern = (b'!'..=b'~').contains(&b);
+            assert_eq!(check_idempotency_key(&[b]).is_ok(), in_pattern, "byte {b:#04x}");
+        }
+    }
+
+    #[test]
+    fn idempotency_keys() {
+        assert_eq!(check_idempotency_key(b"retry-1").unwrap(), "retry-1");
+        assert!(check_idempotency_key(b"").is_err());
+        assert!(check_idempotency_key(b"a b").is_err());
+        assert!(check_idempotency_key(&[b'a'; 201]).is_err());
+    }
+}
