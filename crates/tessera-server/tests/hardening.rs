@@ -1,5 +1,6 @@
 //! The API's contract and hardening, end to end through HTTP against servers started on free
-//! ports (seed fleet, simulated backend, fresh SQLite): the last platform-admin token cannot be
+//! ports (seed fleet, simulated backend, fresh SQLite; the tests that touch the store run once
+//! more on a fresh PostgreSQL database): the last platform-admin token cannot be
 //! revoked and local recovery issues a new one; audit records name the caller as resolved before
 //! the action; every documented input rule is enforced with a problem naming the field; every
 //! refusal, including those of the extractors and the middleware, is an
@@ -11,6 +12,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tessera_api::rules;
 use tessera_server::{ServerConfig, start};
+use tessera_testdb::Db;
 
 struct TempDir(std::path::PathBuf);
 
@@ -62,6 +64,8 @@ impl Answer {
 }
 
 struct Srv {
+    /// The PostgreSQL database, when the server runs on one.
+    database: Option<String>,
     base: String,
     admin: String,
     http: reqwest::Client,
@@ -70,9 +74,21 @@ struct Srv {
 }
 
 async fn server_with(tag: &str, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> Srv {
-    let dir = TempDir::new(tag);
-    let r = start(cfg(ServerConfig::local(dir.0.clone()))).await.unwrap();
+    on(Db::Sqlite, tag, cfg).await
+}
+
+/// A server on `db`.
+async fn on(db: Db, tag: &str, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> Srv {
+    let dir = TempDir::new(&format!("{tag}-{db:?}"));
+    let database = db.url();
+    let r = start(cfg(ServerConfig {
+        database: database.clone(),
+        ..ServerConfig::local(dir.0.clone())
+    }))
+    .await
+    .unwrap();
     Srv {
+        database,
         base: format!("http://{}", r.addr),
         admin: r.admin_token.clone().expect("first start creates the admin token"),
         http: reqwest::Client::new(),
@@ -150,9 +166,8 @@ fn workload(extra: Value) -> Value {
     w
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_last_admin_token_stays_and_audit_records_name_the_caller_before_the_action() {
-    let s = server("lockout").await;
+async fn the_last_admin_token_stays_and_audit_records_name_the_caller_before_the_action(db: Db) {
+    let s = on(db, "lockout", |c| c).await;
     let refused = s.admin(Method::DELETE, "/api/v1/tokens/tok-admin", None).await;
     let p = refused.problem(StatusCode::CONFLICT);
     assert_eq!(p["type"], "https://tessera.dev/problems/last-admin");
@@ -233,10 +248,11 @@ async fn the_last_admin_token_stays_and_audit_records_name_the_caller_before_the
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn local_recovery_issues_a_working_admin_token_while_the_server_runs() {
-    let s = server("recover").await;
-    let r = tessera_server::admin::recover(&s.dir.0).await.unwrap();
+async fn local_recovery_issues_a_working_admin_token_while_the_server_runs(db: Db) {
+    let s = on(db, "recover", |c| c).await;
+    let r = tessera_server::admin::recover_on(&s.dir.0, s.database.as_deref())
+        .await
+        .unwrap();
     assert!(r.secret.starts_with("tsr_") && r.secret != s.admin);
     assert_eq!(std::fs::read_to_string(&r.file).unwrap().trim(), r.secret);
     #[cfg(unix)]
@@ -266,16 +282,23 @@ async fn local_recovery_issues_a_working_admin_token_while_the_server_runs() {
     assert!(rec["actor"].as_str().unwrap().starts_with("local:"), "{rec}");
     assert_eq!(rec["target"], format!("/api/v1/tokens/{}", r.id));
 
-    // A directory without a store is refused, and not made into one.
+    // A directory (or a database) without a platform is refused, and not made into one.
     let empty = TempDir::new("recover-empty");
-    let e = tessera_server::admin::recover(&empty.0).await.unwrap_err();
-    assert!(e.to_string().contains("holds no Tessera store"), "{e}");
+    let fresh = db.url();
+    let e = tessera_server::admin::recover_on(&empty.0, fresh.as_deref())
+        .await
+        .unwrap_err();
+    let why = if fresh.is_some() {
+        "holds no Tessera platform"
+    } else {
+        "holds no Tessera store"
+    };
+    assert!(format!("{e:#}").contains(why), "{e:#}");
     assert!(std::fs::read_dir(&empty.0).unwrap().next().is_none(), "nothing created");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_documented_input_rule_is_enforced_with_the_field_named() {
-    let s = server("rules").await;
+async fn every_documented_input_rule_is_enforced_with_the_field_named(db: Db) {
+    let s = on(db, "rules", |c| c).await;
     s.setup_tenant().await;
     let too_long = "é".repeat(64);
     // (method, path, body, expected status, field)
@@ -672,9 +695,8 @@ async fn every_documented_input_rule_is_enforced_with_the_field_named() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_refusal_is_a_problem_document() {
-    let s = server("problems").await;
+async fn every_refusal_is_a_problem_document(db: Db) {
+    let s = on(db, "problems", |c| c).await;
     let url = |p: &str| format!("{}{p}", s.base);
     let tenants = url("/api/v1/tenants");
 
@@ -1152,3 +1174,11 @@ async fn the_openapi_document_states_every_status_and_rule() {
         (Some(1.0), Some(500.0))
     );
 }
+
+tessera_testdb::each_database!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async the_last_admin_token_stays_and_audit_records_name_the_caller_before_the_action,
+    local_recovery_issues_a_working_admin_token_while_the_server_runs,
+    every_documented_input_rule_is_enforced_with_the_field_named,
+    every_refusal_is_a_problem_document,
+);

@@ -8,7 +8,8 @@
 //!   of each tenant equals the integral of its workloads' timelines to the millisecond. The
 //!   time from each kill to the first accepted write is reported (p50, max);
 //! * **fencing** — a leader paused with `SIGSTOP` past its lease, then resumed with `SIGCONT`,
-//!   commits nothing: another replica leads by then and the paused one steps down;
+//!   commits nothing: another replica leads by then and the paused one steps down (before that,
+//!   a token revoked through one replica fails on both);
 //! * **database outage** — PostgreSQL stopped for 10 s under load: every answer meanwhile is a
 //!   503 problem (no 500, none slower than the bound), and once it is back the replicas elect a
 //!   leader and accept writes again by themselves, with nothing acknowledged lost.
@@ -696,22 +697,23 @@ async fn three_replicas_survive_three_leader_kills() {
     assert!(max < Duration::from_secs(10), "failover took {max:?}");
 }
 
-/// The commits a replica's loop made: batches timed, minus those the store refused.
-async fn commits_ok(http: &reqwest::Client, base: &str) -> (u64, u64) {
-    let text = http
+/// The commits a replica's loop made: batches timed, minus those the store refused; and the
+/// refused ones.
+async fn commits_ok(http: &reqwest::Client, base: &str, token: &str) -> (u64, u64) {
+    let r = http
         .get(format!("{base}/metrics"))
+        .bearer_auth(token)
         .send()
         .await
-        .unwrap()
-        .text()
-        .await
         .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
     let value = |name: &str| -> u64 {
         text.lines()
             .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0) as u64
+            .unwrap_or_else(|| panic!("{name} is not in the exposition")) as u64
     };
     let all = value("tessera_store_commit_duration_seconds_count");
     let failed = value("tessera_store_commit_failures_total");
@@ -733,6 +735,65 @@ async fn a_leader_paused_past_its_lease_commits_nothing() {
     let leader = wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
     let (paused, other) = (&replicas[leader], &replicas[1 - leader]);
     setup(&http, &other.base, &token).await;
+
+    // A token revoked through one replica fails on every replica within the cache's 2 s.
+    let (st, t) = call(
+        &http,
+        &other.base,
+        &token,
+        reqwest::Method::POST,
+        "/api/v1/tokens",
+        Some(json!({"tenant": "a", "role": "member", "name": "short-lived"})),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(st, 201, "{t}");
+    let (tid, member) = (
+        t["id"].as_str().unwrap().to_string(),
+        t["token"].as_str().unwrap().to_string(),
+    );
+    for r in &replicas {
+        let (st, _) = call(
+            &http,
+            &r.base,
+            &member,
+            reqwest::Method::GET,
+            "/api/v1/workloads",
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(st, 200, "the member token works on {}", r.name);
+    }
+    let (st, v) = call(
+        &http,
+        &other.base,
+        &token,
+        reqwest::Method::DELETE,
+        &format!("/api/v1/tokens/{tid}"),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(st, 204, "{v}");
+    tokio::time::sleep(tessera_server::AUTH_CACHE_TTL + Duration::from_millis(200)).await;
+    for r in &replicas {
+        let (st, _) = call(
+            &http,
+            &r.base,
+            &member,
+            reqwest::Method::GET,
+            "/api/v1/workloads",
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(st, 401, "the revoked token still works on {}", r.name);
+    }
     // Work that ends while the leader is paused: its backend reports the exit when it resumes.
     let (st, w) = call(
         &http,
@@ -768,7 +829,8 @@ async fn a_leader_paused_past_its_lease_commits_nothing() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (before, _) = commits_ok(&http, &paused.base).await;
+    let (before, _) = commits_ok(&http, &paused.base, &token).await;
+    assert!(before > 0, "the leader committed the workload's steps");
 
     paused.signal(libc::SIGSTOP);
     let stopped_at = Instant::now();
@@ -803,7 +865,7 @@ async fn a_leader_paused_past_its_lease_commits_nothing() {
     let answer = pending.await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let (after, refused) = commits_ok(&http, &paused.base).await;
+    let (after, refused) = commits_ok(&http, &paused.base, &token).await;
     eprintln!(
         "the paused leader's commits: {before} before, {after} after; refused (fenced): {refused}; its answer to the request sent meanwhile: {answer:?}"
     );
