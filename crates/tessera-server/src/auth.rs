@@ -88,12 +88,15 @@ pub fn hash(secret: &str) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A token look-up: the identity, the token's expiry, and when it was looked up (ms).
+type Cached = (Identity, Option<i64>, i64);
+
 /// Resolves bearer tokens, caching successful look-ups (with the token's expiry, checked on
 /// every use; a revocation clears the cache).
 pub struct Authenticator {
     store: Arc<dyn Store>,
-    /// By token hash: the identity, the token's expiry, and when it was looked up.
-    cache: RwLock<HashMap<String, (Identity, Option<i64>, i64)>>,
+    /// By token hash.
+    cache: RwLock<HashMap<String, Cached>>,
     oidc: Option<crate::oidc::OidcVerifier>,
     /// How long a look-up is trusted (ms); `None`: until a revocation in this process.
     cache_ttl_ms: Option<i64>,

@@ -423,6 +423,9 @@ async fn settle(http: &reqwest::Client, base: &str, token: &str, limit: Duration
     }
 }
 
+/// Per (node, GPU): who held it, from when to when.
+type Holds = BTreeMap<(String, u64), Vec<(i64, i64, u64)>>;
+
 /// The checks on the state the replicas left: acknowledged workloads and cancellations,
 /// consistent timelines, no GPU held twice at once, the ledger equal to the timelines.
 async fn check_consistency(http: &reqwest::Client, base: &str, token: &str, seen: &Seen, all: &BTreeMap<u64, Value>) {
@@ -448,7 +451,7 @@ async fn check_consistency(http: &reqwest::Client, base: &str, token: &str, seen
     }
     // Timelines: numbered from 0 without gaps, starting with `requested`; each run released
     // once; the final state matches them. Holding intervals per GPU.
-    let mut holds: BTreeMap<(String, u64), Vec<(i64, i64, u64)>> = BTreeMap::new();
+    let mut holds: Holds = BTreeMap::new();
     let mut expected: BTreeMap<String, f64> = BTreeMap::new();
     let mut timelines: BTreeMap<u64, Value> = BTreeMap::new();
     for (id, w) in all {
@@ -624,7 +627,6 @@ async fn three_replicas_survive_three_leader_kills() {
         .collect();
 
     let mut failovers = Vec::new();
-    let mut next_name = 4;
     for kill in 0..3 {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let leader = wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
@@ -661,8 +663,7 @@ async fn three_replicas_survive_three_leader_kills() {
         eprintln!("kill {kill}: first write accepted {took:?} after the kill");
         failovers.push(took);
         // Back to three replicas.
-        let name = format!("r{next_name}");
-        next_name += 1;
+        let name = format!("r{}", 4 + kill);
         let r = Replica::start(&name, &database, &dir.0, 3000);
         bases.write().unwrap().push(r.base.clone());
         replicas.push(r);
@@ -675,7 +676,7 @@ async fn three_replicas_survive_three_leader_kills() {
     let leader = wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
     let reader = replicas[(leader + 1) % replicas.len()].base.clone();
     let all = settle(&http, &reader, &token, Duration::from_secs(90)).await;
-    let seen = seen.lock().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
     eprintln!(
         "{} creations and {} cancellations acknowledged, {} workloads stored; answers by status {:?}; slowest {:?}",
         seen.acks.len(),
@@ -1019,7 +1020,7 @@ async fn a_database_outage_answers_503_and_recovers_by_itself() {
     }
     let leader = wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
     let all = settle(&http, &replicas[leader].base, &token, Duration::from_secs(60)).await;
-    let seen = seen.lock().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
     eprintln!(
         "answers by status {:?} (at the database's return: {during:?}); slowest {:?}; writes accepted again {recovered:?} after the database returned; {} creations acknowledged, {} reads",
         seen.statuses,
