@@ -76,13 +76,13 @@ pub(crate) async fn open(conn: &mut PgConnection, rows: &[&UsageInterval]) -> Re
                 .bind(u.ended_at)
                 .bind(u.util_avg))
         },
-        |e, chunk| {
-            db_error(e, || match chunk {
+        |e, rows| {
+            db_error(e, || match rows {
                 [u] => format!("usage interval {} of workload {}", u.seq, u.workload),
                 _ => format!(
                     "a usage interval of the workloads {} … {}",
-                    chunk[0].workload,
-                    chunk[chunk.len() - 1].workload
+                    rows[0].workload,
+                    rows[rows.len() - 1].workload
                 ),
             })
         },

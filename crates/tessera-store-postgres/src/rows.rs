@@ -1,115 +1,207 @@
-//! Multi-row statements: one statement writes many rows of a kind, so a lifecycle batch costs
-//! a few statements per kind of row instead of one per row.
+//! Many rows in one statement: one statement writes all the rows of a kind, however many, so
+//! a lifecycle batch costs one round trip per kind of row.
 //!
-//! The cost of a statement through sqlx is mostly fixed (a round trip to the connection's
-//! worker thread, preparing or finding the prepared statement, stepping it), so writing rows
-//! in groups is what makes a batch cheap. The group sizes are fixed ([`CHUNKS`]): a group of
-//! `n` rows runs as greedy chunks of 64, 16, 4 and 1 rows, so each kind of statement has at
-//! most four SQL texts: the seven kinds of a batch make 28, which with the store's other
-//! statements stay within sqlx's per-connection cache of prepared statements (100 texts): a
-//! connection prepares each text once.
+//! The SQLite store writes rows in multi-row `VALUES` lists of fixed chunk sizes. Here each
+//! column travels as one array parameter and `UNNEST` turns the arrays back into rows:
+//! `INSERT INTO t (a, b) SELECT * FROM UNNEST($1::BIGINT[], $2::TEXT[])`. A statement then has
+//! one text whatever the number of rows (prepared once per connection), and a batch of 200
+//! workloads costs the same seven round trips as a batch of one — round trips, not rows, are
+//! what a commit to a database in another process pays for.
+//!
+//! A row is collected with the same `.bind(…)` chain as a query's parameters ([`Row`]); the
+//! column types come from the values (`i64` → `BIGINT`, strings → `TEXT`, `bool` → `BOOLEAN`,
+//! `f64` → `DOUBLE PRECISION`, each possibly `NULL`).
 
-use sqlx::Postgres;
-use sqlx::postgres::{PgArguments, PgConnection};
+use std::sync::OnceLock;
+
+use sqlx::postgres::PgConnection;
 use tessera_store::{Result, StoreError};
 
-pub(crate) type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
+/// One value of a row.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Cell {
+    I64(Option<i64>),
+    Text(Option<String>),
+    Bool(bool),
+    F64(Option<f64>),
+}
 
-/// Rows per statement, largest first; the last must be 1 so that any number of rows splits.
-pub(crate) const CHUNKS: [usize; 4] = [64, 16, 4, 1];
+impl Cell {
+    fn sql_array_type(&self) -> &'static str {
+        match self {
+            Cell::I64(_) => "BIGINT[]",
+            Cell::Text(_) => "TEXT[]",
+            Cell::Bool(_) => "BOOLEAN[]",
+            Cell::F64(_) => "DOUBLE PRECISION[]",
+        }
+    }
+}
 
-/// The most parameters one statement may take: PostgreSQL's protocol counts them in 16 bits.
-const MAX_PARAMETERS: usize = 65_535;
+impl From<i64> for Cell {
+    fn from(v: i64) -> Self {
+        Cell::I64(Some(v))
+    }
+}
+impl From<Option<i64>> for Cell {
+    fn from(v: Option<i64>) -> Self {
+        Cell::I64(v)
+    }
+}
+impl From<bool> for Cell {
+    fn from(v: bool) -> Self {
+        Cell::Bool(v)
+    }
+}
+impl From<Option<f64>> for Cell {
+    fn from(v: Option<f64>) -> Self {
+        Cell::F64(v)
+    }
+}
+impl From<&str> for Cell {
+    fn from(v: &str) -> Self {
+        Cell::Text(Some(v.to_string()))
+    }
+}
+impl From<String> for Cell {
+    fn from(v: String) -> Self {
+        Cell::Text(Some(v))
+    }
+}
+impl From<&String> for Cell {
+    fn from(v: &String) -> Self {
+        Cell::Text(Some(v.clone()))
+    }
+}
+impl From<Option<&str>> for Cell {
+    fn from(v: Option<&str>) -> Self {
+        Cell::Text(v.map(str::to_string))
+    }
+}
+impl From<Option<String>> for Cell {
+    fn from(v: Option<String>) -> Self {
+        Cell::Text(v)
+    }
+}
+impl From<&Option<String>> for Cell {
+    fn from(v: &Option<String>) -> Self {
+        Cell::Text(v.clone())
+    }
+}
 
-/// One multi-row statement in its [`CHUNKS`] sizes: `head`, then `rows` parenthesised groups
-/// of `columns` numbered placeholders (`($1, $2), ($3, $4)`), then `tail`. Parameters bind in
-/// the order the placeholders are numbered, so `head` and `tail` must not hold any.
-///
-/// sqlx declares each parameter's type when it prepares a statement (`INT8` for an `i64`,
-/// `TEXT` for a string, also for `NULL`s), so the columns of a `VALUES` list take the types of
-/// what is bound: PostgreSQL needs no casts in the statements.
+/// The values of one row, in column order.
+#[derive(Debug, Default)]
+pub(crate) struct Row(Vec<Cell>);
+
+impl Row {
+    /// The row with `v` as its next column.
+    pub(crate) fn bind(mut self, v: impl Into<Cell>) -> Row {
+        self.0.push(v.into());
+        self
+    }
+}
+
+/// What binding functions build (named like a query, as they read like one).
+pub(crate) type Query<'q> = Row;
+
+/// A statement over many rows: `head` (which must end with `VALUES `, as in the SQLite store),
+/// the rows as `SELECT * FROM UNNEST(…)` of one typed array per column, then `tail`.
 pub(crate) struct MultiRow {
-    texts: [String; CHUNKS.len()],
+    head: &'static str,
+    columns: usize,
+    tail: String,
+    /// The text, made from the first row's column types.
+    text: OnceLock<String>,
 }
 
 impl MultiRow {
-    /// The texts of a statement whose rows have `columns` parameters each.
+    /// The statement whose rows have `columns` values each.
     ///
-    /// Panics when `head` or `tail` holds a placeholder or the largest chunk would exceed the
-    /// database's parameter limit (programming errors, caught by the tests that run every
-    /// statement).
-    pub(crate) fn new(head: &str, columns: usize, tail: &str) -> MultiRow {
+    /// Panics when `head` does not end with `VALUES ` or holds a placeholder (programming
+    /// errors, caught by the tests that run every statement).
+    pub(crate) fn new(head: &'static str, columns: usize, tail: &str) -> MultiRow {
+        assert!(head.ends_with("VALUES "), "the rows follow VALUES");
         assert!(
             !head.contains('$') && !tail.contains('$'),
             "only the rows hold placeholders"
         );
-        assert!(
-            columns * CHUNKS[0] <= MAX_PARAMETERS,
-            "{} rows of {columns} parameters exceed the limit of {MAX_PARAMETERS}",
-            CHUNKS[0]
-        );
-        let texts = CHUNKS.map(|rows| {
-            let mut sql = String::from(head);
-            for r in 0..rows {
-                sql.push_str(if r == 0 { "(" } else { ", (" });
-                for c in 0..columns {
-                    if c > 0 {
-                        sql.push_str(", ");
-                    }
-                    sql.push_str(&format!("${}", r * columns + c + 1));
-                }
-                sql.push(')');
-            }
-            sql.push_str(tail);
-            sql
-        });
-        MultiRow { texts }
+        MultiRow {
+            head,
+            columns,
+            tail: tail.to_string(),
+            text: OnceLock::new(),
+        }
     }
 
-    /// The text for `rows` rows, one of [`CHUNKS`].
-    pub(crate) fn text(&'static self, rows: usize) -> &'static str {
-        let i = CHUNKS
-            .iter()
-            .position(|&n| n == rows)
-            .expect("rows come in chunk sizes");
-        &self.texts[i]
+    /// The text for rows of `first`'s column types.
+    fn text(&self, first: &Row) -> &str {
+        self.text.get_or_init(|| {
+            let arrays: Vec<String> = first
+                .0
+                .iter()
+                .enumerate()
+                .map(|(i, c)| format!("${}::{}", i + 1, c.sql_array_type()))
+                .collect();
+            format!(
+                "{}SELECT * FROM UNNEST({}){}",
+                self.head.strip_suffix("VALUES ").expect("checked in new"),
+                arrays.join(", "),
+                self.tail
+            )
+        })
     }
 }
 
-/// `rows` split greedily into [`CHUNKS`] sizes, in order.
-pub(crate) fn chunks<T>(rows: &[T]) -> impl Iterator<Item = &[T]> {
-    let mut rest = rows;
-    std::iter::from_fn(move || {
-        let n = CHUNKS.into_iter().find(|&n| n <= rest.len())?;
-        let (chunk, tail) = rest.split_at(n);
-        rest = tail;
-        Some(chunk)
-    })
-}
-
-/// Runs `statement` over `rows` in chunks, `bind` binding one row's parameters in column
-/// order; `error` turns a failure of a chunk into the contract's error. Returns the number of
-/// rows the statements changed. No rows, no statement.
+/// Runs `statement` over `rows` in one round trip, `bind` giving one row's values in column
+/// order; `error` turns a failure into the contract's error. Returns the number of rows the
+/// statement changed. No rows, no statement.
 pub(crate) async fn execute<T>(
     conn: &mut PgConnection,
     statement: &'static MultiRow,
     rows: &[T],
-    bind: impl Fn(Query<'static>, &T) -> Result<Query<'static>>,
+    bind: impl Fn(Row, &T) -> Result<Row>,
     error: impl Fn(sqlx::Error, &[T]) -> StoreError,
 ) -> Result<u64> {
-    let mut changed = 0;
-    for chunk in chunks(rows) {
-        let mut q = sqlx::query(statement.text(chunk.len()));
-        for row in chunk {
-            q = bind(q, row)?;
-        }
-        changed += q
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| error(e, chunk))?
-            .rows_affected();
+    if rows.is_empty() {
+        return Ok(0);
     }
-    Ok(changed)
+    let cells: Vec<Row> = rows.iter().map(|r| bind(Row::default(), r)).collect::<Result<_>>()?;
+    assert!(
+        cells.iter().all(|r| r.0.len() == statement.columns),
+        "every row binds {} values",
+        statement.columns
+    );
+    let text = statement.text(&cells[0]).to_string();
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(text));
+    for c in 0..statement.columns {
+        q = match &cells[0].0[c] {
+            Cell::I64(_) => q.bind(column(&cells, c, |v| match v {
+                Cell::I64(x) => *x,
+                other => mixed(c, other),
+            })),
+            Cell::Text(_) => q.bind(column(&cells, c, |v| match v {
+                Cell::Text(x) => x.clone(),
+                other => mixed(c, other),
+            })),
+            Cell::Bool(_) => q.bind(column(&cells, c, |v| match v {
+                Cell::Bool(x) => *x,
+                other => mixed(c, other),
+            })),
+            Cell::F64(_) => q.bind(column(&cells, c, |v| match v {
+                Cell::F64(x) => *x,
+                other => mixed(c, other),
+            })),
+        };
+    }
+    Ok(q.execute(&mut *conn).await.map_err(|e| error(e, rows))?.rows_affected())
+}
+
+/// Column `c` of every row.
+fn column<V>(rows: &[Row], c: usize, value: impl Fn(&Cell) -> V) -> Vec<V> {
+    rows.iter().map(|r| value(&r.0[c])).collect()
+}
+
+fn mixed<V>(c: usize, other: &Cell) -> V {
+    panic!("column {c} holds values of different types ({other:?})")
 }
 
 #[cfg(test)]
@@ -117,37 +209,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_split_greedily_into_chunk_sizes() {
-        let sizes = |n: usize| chunks(&vec![0u8; n]).map(<[u8]>::len).collect::<Vec<_>>();
-        assert_eq!(sizes(0), Vec::<usize>::new());
-        assert_eq!(sizes(1), [1]);
-        assert_eq!(sizes(3), [1, 1, 1]);
-        assert_eq!(sizes(20), [16, 4]);
-        assert_eq!(sizes(500), [64, 64, 64, 64, 64, 64, 64, 16, 16, 16, 4]);
-        let rows: Vec<usize> = (0..151).collect();
-        let again: Vec<usize> = chunks(&rows).flatten().copied().collect();
-        assert_eq!(again, rows, "every row once, in order");
-    }
-
-    #[test]
-    fn texts_hold_a_placeholder_per_column_and_row() {
+    fn a_statement_is_one_text_with_one_typed_array_per_column() {
         let m = Box::leak(Box::new(MultiRow::new(
-            "INSERT INTO t (a, b) VALUES ",
-            2,
+            "INSERT INTO t (a, b, c, d) VALUES ",
+            4,
             " RETURNING a",
         )));
-        assert_eq!(m.text(1), "INSERT INTO t (a, b) VALUES ($1, $2) RETURNING a");
+        let row = Row::default().bind(1i64).bind(Some("x")).bind(true).bind(None::<f64>);
         assert_eq!(
-            m.text(4),
-            "INSERT INTO t (a, b) VALUES ($1, $2), ($3, $4), ($5, $6), ($7, $8) RETURNING a"
+            m.text(&row),
+            "INSERT INTO t (a, b, c, d) SELECT * FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::BOOLEAN[], \
+             $4::DOUBLE PRECISION[]) RETURNING a"
         );
-        assert_eq!(m.text(64).matches('$').count(), 128);
-        assert!(m.text(64).ends_with("($127, $128) RETURNING a"));
+        let cte = Box::leak(Box::new(MultiRow::new(
+            "WITH v (id, x) AS (VALUES ",
+            2,
+            ") UPDATE t SET x = v.x FROM v WHERE t.id = v.id",
+        )));
+        let row = Row::default().bind(None::<i64>).bind(String::from("y"));
+        assert_eq!(
+            cte.text(&row),
+            "WITH v (id, x) AS (SELECT * FROM UNNEST($1::BIGINT[], $2::TEXT[])) UPDATE t SET x = v.x FROM v \
+             WHERE t.id = v.id"
+        );
     }
 
     #[test]
-    #[should_panic(expected = "exceed the limit")]
-    fn a_statement_over_the_parameter_limit_is_refused() {
-        MultiRow::new("INSERT INTO t VALUES ", MAX_PARAMETERS / CHUNKS[0] + 1, "");
+    #[should_panic(expected = "the rows follow VALUES")]
+    fn the_rows_follow_values() {
+        MultiRow::new("INSERT INTO t (a) ", 1, "");
     }
 }

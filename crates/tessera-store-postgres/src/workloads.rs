@@ -404,14 +404,10 @@ pub(crate) async fn insert_workloads(conn: &mut PgConnection, rows: &[(&Workload
         &INSERT,
         rows,
         |q, (w, updated_at)| bind_lifecycle(bind_spec(q, w), w, *updated_at),
-        |e, chunk| {
-            db_error(e, || match chunk {
+        |e, rows| {
+            db_error(e, || match rows {
                 [(w, _)] => format!("workload {}", w.id),
-                _ => format!(
-                    "one of the workloads {} … {}",
-                    chunk[0].0.id,
-                    chunk[chunk.len() - 1].0.id
-                ),
+                _ => format!("one of the workloads {} … {}", rows[0].0.id, rows[rows.len() - 1].0.id),
             })
         },
     )
@@ -460,14 +456,10 @@ pub(crate) async fn insert_events(conn: &mut PgConnection, rows: &[(WorkloadId, 
                 .bind(e.detail.as_str())
                 .bind(e.code.map(ReasonCode::as_str)))
         },
-        |err, chunk| {
-            db_error(err, || match chunk {
+        |err, rows| {
+            db_error(err, || match rows {
                 [(id, e)] => format!("event {} of workload {id}", e.seq),
-                _ => format!(
-                    "an event of the workloads {} … {}",
-                    chunk[0].0,
-                    chunk[chunk.len() - 1].0
-                ),
+                _ => format!("an event of the workloads {} … {}", rows[0].0, rows[rows.len() - 1].0),
             })
         },
     )
@@ -491,10 +483,10 @@ pub(crate) async fn insert_idempotency_keys(
                 .bind(i64_of(id.0))
                 .bind(*at))
         },
-        |e, chunk| {
-            db_error(e, || match chunk {
+        |e, rows| {
+            db_error(e, || match rows {
                 [(k, _, _)] => format!("idempotency key `{}` of `{}`", k.key, k.actor),
-                _ => format!("one of {} idempotency keys", chunk.len()),
+                _ => format!("one of {} idempotency keys", rows.len()),
             })
         },
     )
