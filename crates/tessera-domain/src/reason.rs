@@ -48,12 +48,14 @@ pub enum ReasonCode {
     Lost,
     /// The stored request or allocation no longer fits the fleet description.
     Invalid,
+    /// A GPU it runs on became unhealthy (a critical XID, lost, or a failed partition).
+    GpuUnhealthy,
     /// A reason recorded before reasons had codes.
     Unknown,
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 19] = [
+    pub const ALL: [ReasonCode; 20] = [
         ReasonCode::NoCapacity,
         ReasonCode::Fragmentation,
         ReasonCode::Isolation,
@@ -72,6 +74,7 @@ impl ReasonCode {
         ReasonCode::ExitFailure,
         ReasonCode::Lost,
         ReasonCode::Invalid,
+        ReasonCode::GpuUnhealthy,
         ReasonCode::Unknown,
     ];
 
@@ -95,6 +98,7 @@ impl ReasonCode {
             ReasonCode::ExitFailure => "exit-failure",
             ReasonCode::Lost => "lost",
             ReasonCode::Invalid => "invalid",
+            ReasonCode::GpuUnhealthy => "gpu-unhealthy",
             ReasonCode::Unknown => "unknown",
         }
     }

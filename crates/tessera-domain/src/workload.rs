@@ -291,6 +291,9 @@ pub enum StopCause {
 pub enum PreemptCode {
     Priority,
     Reclaim,
+    /// Stopped because a GPU it runs on failed (`--on-gpu-failure requeue`); `by` is the
+    /// workload itself.
+    Health,
 }
 
 impl PreemptCode {
@@ -298,6 +301,7 @@ impl PreemptCode {
         match self {
             PreemptCode::Priority => "priority",
             PreemptCode::Reclaim => "reclaim",
+            PreemptCode::Health => "health",
         }
     }
 
@@ -305,6 +309,7 @@ impl PreemptCode {
         Some(match s {
             "priority" => PreemptCode::Priority,
             "reclaim" => PreemptCode::Reclaim,
+            "health" => PreemptCode::Health,
             _ => return None,
         })
     }
