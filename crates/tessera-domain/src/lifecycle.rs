@@ -985,7 +985,10 @@ mod tests {
         assert!(t.changed && t.effects.is_empty());
         assert_eq!(t.workload.phase, Phase::Running);
         assert_eq!(t.events.len(), 1);
-        assert_eq!((t.events[0].step, t.events[0].code), (Step::Observed, Some(ReasonCode::GpuUnhealthy)));
+        assert_eq!(
+            (t.events[0].step, t.events[0].code),
+            (Step::Observed, Some(ReasonCode::GpuUnhealthy))
+        );
         let mut done = w;
         done.phase = Phase::Succeeded;
         let t = transition(
@@ -1018,7 +1021,10 @@ mod tests {
                 },
             );
             assert_eq!(t.events[0].code, Some(ReasonCode::GpuUnhealthy));
-            assert_eq!(t.events[0].detail, "GPU 3 of a100-00 failed (XID 79); stopping within 10 s");
+            assert_eq!(
+                t.events[0].detail,
+                "GPU 3 of a100-00 failed (XID 79); stopping within 10 s"
+            );
             let t = transition(t.workload, Input::Stopped { at: 6_000 });
             assert_eq!(t.workload.phase, end, "{kind:?}");
             assert_eq!(t.workload.reason.unwrap().code, code);

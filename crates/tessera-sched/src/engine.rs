@@ -1123,7 +1123,11 @@ mod tests {
         let eight = e.plan(&Request::whole(8)).unwrap();
         assert_ne!(eight.node.0, n);
         e.fence_gpu(n, g, false);
-        assert_eq!(e.plan(&Request::whole(1)).unwrap(), first, "cleared: the GPU is chosen again");
+        assert_eq!(
+            e.plan(&Request::whole(1)).unwrap(),
+            first,
+            "cleared: the GPU is chosen again"
+        );
 
         // A cordoned node: nothing new, whatever the shape; a fenced MIG GPU: no instance on it.
         let mig = Request::mig(&f.catalogue, "1g.10gb").unwrap();
@@ -1149,7 +1153,10 @@ mod tests {
         assert!(!e.node_fenced(frac.node.0));
         assert_eq!(e.plan(&Request::fraction(250).with_pool(pool)).unwrap().node, frac.node);
         e.fence_node(frac.node.0, true);
-        assert!(e.plan(&Request::fraction(250).with_pool(pool)).is_err(), "the whole pool is fenced");
+        assert!(
+            e.plan(&Request::fraction(250).with_pool(pool)).is_err(),
+            "the whole pool is fenced"
+        );
     }
 
     #[test]

@@ -319,8 +319,7 @@ pub trait Store:
 {
 }
 
-impl<
-    T: TenancyStore + TokenStore + WorkloadStore + LedgerStore + GovernanceStore + AuditStore + FleetStore + 'static,
-> Store for T
+impl<T: TenancyStore + TokenStore + WorkloadStore + LedgerStore + GovernanceStore + AuditStore + FleetStore + 'static>
+    Store for T
 {
 }

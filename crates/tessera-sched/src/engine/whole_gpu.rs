@@ -239,7 +239,10 @@ impl Engine {
         cands.sort_unstable();
         for (_, _, model, pi, key, start) in cands {
             let bucket = &self.layout_index[&(pool.0, model)].idle[key];
-            if let Some(&(n, g)) = bucket.iter().find(|&&(n, g)| self.host_fits(n, req) && !self.gpu_fenced(n, g)) {
+            if let Some(&(n, g)) = bucket
+                .iter()
+                .find(|&&(n, g)| self.host_fits(n, req) && !self.gpu_fenced(n, g))
+            {
                 return Some(self.mig_placement(n, g, ModelId(model), pi, start, true));
             }
         }
