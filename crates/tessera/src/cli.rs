@@ -207,7 +207,7 @@ pub fn parse_duration(s: &str) -> Result<i64> {
     Ok(total)
 }
 
-fn print_json<T: Serialize>(v: &T) -> Result<()> {
+pub fn print_json<T: Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }

@@ -10,6 +10,7 @@
 pub mod audit;
 pub mod fleet;
 pub mod governance;
+pub mod health;
 pub mod sim;
 pub mod system;
 pub mod tenancy;
@@ -68,6 +69,8 @@ pub fn router(with_sim: bool) -> (axum::Router<AppState>, utoipa::openapi::OpenA
         .routes(routes!(fleet::list_pools))
         .routes(routes!(fleet::list_nodes))
         .routes(routes!(fleet::list_gpus))
+        .routes(routes!(health::gpu_health))
+        .routes(routes!(health::clear_gpu))
         .routes(routes!(tenancy::list_tenants, tenancy::create_tenant))
         .routes(routes!(tenancy::get_tenant, tenancy::delete_tenant))
         .routes(routes!(tenancy::list_projects, tenancy::create_project))

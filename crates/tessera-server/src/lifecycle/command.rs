@@ -97,6 +97,14 @@ pub enum Cmd {
     Backend(BackendEvent),
     /// A backend operation the loop started has finished.
     Done(WorkloadId, OpResult),
+    /// A platform admin puts an unhealthy GPU back into placement; the audit record commits
+    /// with the change.
+    ClearGpu {
+        node: String,
+        gpu: u8,
+        audit: Box<tessera_store::AuditRecord>,
+        reply: Reply<()>,
+    },
     /// A periodic reconcile came back.
     Reconciled(
         Result<ReconcileReport, String>,
@@ -136,6 +144,22 @@ impl Lifecycle {
     /// Applies a quota or budget change the caller has stored.
     pub async fn govern(&self, g: Governance) -> Result<(), LifecycleError> {
         self.ask(|r| Cmd::Govern(g, r)).await
+    }
+
+    /// Puts an unhealthy GPU back into placement (the caller checked that it exists).
+    pub async fn clear_gpu(
+        &self,
+        node: String,
+        gpu: u8,
+        audit: tessera_store::AuditRecord,
+    ) -> Result<(), LifecycleError> {
+        self.ask(|reply| Cmd::ClearGpu {
+            node,
+            gpu,
+            audit: Box::new(audit),
+            reply,
+        })
+        .await
     }
 
     /// The latest published snapshot.
