@@ -68,6 +68,10 @@ pub struct NodeView {
     pub memory_gib_free: f64,
     pub gpus_free: u8,
     pub units_used: String,
+    /// `ready`, `cordoned` (no new placement), `draining` (being emptied) or `maintenance`
+    /// (drained, safe to work on).
+    #[serde(default)]
+    pub state: String,
 }
 
 /// One slice of a GPU: a MIG instance, a time-slice share, or the whole GPU.

@@ -288,7 +288,7 @@ impl Draft {
         match self.w.stop.clone() {
             Some(StopCause::Preempted { by, code, detail }) => {
                 let why = match code {
-                    PreemptCode::Health => format!("stopped: {detail}"),
+                    PreemptCode::Health | PreemptCode::Drain => format!("stopped: {detail}"),
                     _ => format!("preempted by workload {by}: {detail}"),
                 };
                 if self.w.spec.requeue_on_preemption() {
@@ -327,6 +327,7 @@ fn preempt_reason(code: PreemptCode) -> ReasonCode {
         PreemptCode::Priority => ReasonCode::PreemptedPriority,
         PreemptCode::Reclaim => ReasonCode::PreemptedReclaim,
         PreemptCode::Health => ReasonCode::GpuUnhealthy,
+        PreemptCode::Drain => ReasonCode::NodeDrain,
     }
 }
 
@@ -394,7 +395,7 @@ pub fn transition(w: Workload, input: Input) -> Transition {
         } if matches!(phase, Phase::Placed | Phase::Partitioned | Phase::Running) => {
             let rc = preempt_reason(code);
             let text = match code {
-                PreemptCode::Health => format!("{detail}; stopping within {grace_s} s"),
+                PreemptCode::Health | PreemptCode::Drain => format!("{detail}; stopping within {grace_s} s"),
                 _ => format!("preempted by workload {by}: {detail}; stopping within {grace_s} s"),
             };
             s.event(Step::Preempted, at, text, Some(rc));

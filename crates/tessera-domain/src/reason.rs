@@ -50,12 +50,14 @@ pub enum ReasonCode {
     Invalid,
     /// A GPU it runs on became unhealthy (a critical XID, lost, or a failed partition).
     GpuUnhealthy,
+    /// Its node is drained: moved elsewhere, or stopped after the drain deadline.
+    NodeDrain,
     /// A reason recorded before reasons had codes.
     Unknown,
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 20] = [
+    pub const ALL: [ReasonCode; 21] = [
         ReasonCode::NoCapacity,
         ReasonCode::Fragmentation,
         ReasonCode::Isolation,
@@ -75,6 +77,7 @@ impl ReasonCode {
         ReasonCode::Lost,
         ReasonCode::Invalid,
         ReasonCode::GpuUnhealthy,
+        ReasonCode::NodeDrain,
         ReasonCode::Unknown,
     ];
 
@@ -99,6 +102,7 @@ impl ReasonCode {
             ReasonCode::Lost => "lost",
             ReasonCode::Invalid => "invalid",
             ReasonCode::GpuUnhealthy => "gpu-unhealthy",
+            ReasonCode::NodeDrain => "node-drain",
             ReasonCode::Unknown => "unknown",
         }
     }

@@ -294,6 +294,9 @@ pub enum PreemptCode {
     /// Stopped because a GPU it runs on failed (`--on-gpu-failure requeue`); `by` is the
     /// workload itself.
     Health,
+    /// Stopped by the drain of its node (a service once its replacement runs, other work
+    /// after the drain deadline); `by` is the replacement, or the workload itself.
+    Drain,
 }
 
 impl PreemptCode {
@@ -302,6 +305,7 @@ impl PreemptCode {
             PreemptCode::Priority => "priority",
             PreemptCode::Reclaim => "reclaim",
             PreemptCode::Health => "health",
+            PreemptCode::Drain => "drain",
         }
     }
 
@@ -310,6 +314,7 @@ impl PreemptCode {
             "priority" => PreemptCode::Priority,
             "reclaim" => PreemptCode::Reclaim,
             "health" => PreemptCode::Health,
+            "drain" => PreemptCode::Drain,
             _ => return None,
         })
     }

@@ -465,6 +465,34 @@ pub fn render(
         lost.get_or_create(&l(&[("pool", pool), ("model", model)]))
             .set(*gone as f64);
     }
+    // Nodes by pool and operator state; every state exists from the start.
+    let node_states = FGauge::default();
+    let mut by_state: BTreeMap<(String, &str), u64> = BTreeMap::new();
+    for p in &f.pools {
+        for st in ["ready", "cordoned", "draining", "maintenance"] {
+            by_state.insert((p.name.clone(), st), 0);
+        }
+    }
+    for n in &f.nodes {
+        let st = match ops.node_state(&n.name) {
+            "cordoned" => "cordoned",
+            "draining" => "draining",
+            "maintenance" => "maintenance",
+            _ => "ready",
+        };
+        *by_state.entry((f.pool(n.pool).name.clone(), st)).or_default() += 1;
+    }
+    for ((pool, st), v) in &by_state {
+        node_states
+            .get_or_create(&l(&[("pool", pool), ("state", st)]))
+            .set(*v as f64);
+    }
+    gauge(
+        &mut reg,
+        "tessera_nodes",
+        "Nodes by pool and operator state: ready, cordoned (no new placement), draining, maintenance (drained)",
+        node_states,
+    );
     gauge(
         &mut reg,
         "tessera_gpus",

@@ -1,7 +1,9 @@
 //! GPU health end to end on the simulated backend: a critical XID takes the GPU out of
 //! placement at once, tells the workload on it (a `gpu-unhealthy` event), shows in
 //! `/api/v1/gpus/health` and `/metrics`, survives a restart, and only a platform admin's clear
-//! (audited) puts it back; a non-critical XID does none of that.
+//! (audited) puts it back; a non-critical XID does none of that. And node lifecycle: a drain
+//! moves a service (its replacement runs elsewhere before the old one stops), lets batch work
+//! finish, and ends in maintenance.
 
 use std::time::Duration;
 
@@ -60,7 +62,11 @@ impl Srv {
     }
 
     async fn run(&self, shape: Value) -> Value {
-        let body = json!({"tenant": "vision", "project": "train", "name": "job", "shape": shape});
+        self.run_body(json!({"tenant": "vision", "project": "train", "name": "job", "shape": shape}))
+            .await
+    }
+
+    async fn run_body(&self, body: Value) -> Value {
         let (st, w) = self.call(Method::POST, "/api/v1/workloads", Some(body)).await;
         assert_eq!(st, StatusCode::CREATED, "{w}");
         let id = w["id"].as_u64().unwrap();
@@ -256,5 +262,133 @@ async fn requeue_policy_stops_batch_work_on_a_failed_gpu() {
         events.contains("gpu-unhealthy") && events.contains("requeued"),
         "{events}"
     );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+fn step_at(events: &Value, step: &str) -> Option<i64> {
+    events
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["step"] == step)
+        .map(|e| e["at_ms"].as_i64().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_moves_services_first_lets_batch_work_finish_and_ends_in_maintenance() {
+    let d = dir("drain");
+    let s = server(&d, GpuFailurePolicy::Leave, None).await;
+    s.call(Method::POST, "/api/v1/tenants", Some(json!({"name": "vision"})))
+        .await;
+    s.call(
+        Method::POST,
+        "/api/v1/tenants/vision/projects",
+        Some(json!({"name": "train"})),
+    )
+    .await;
+    let shape = json!({"gpus": 1, "pool": "training"});
+    let svc = s
+        .run_body(json!({"tenant": "vision", "project": "train", "name": "svc", "kind": "service", "shape": shape}))
+        .await;
+    let svc_id = svc["id"].as_u64().unwrap();
+    let (node, _) = where_(&svc);
+    // Best fit puts the batch job next to the service.
+    let job = s
+        .run_body(json!({"tenant": "vision", "project": "train", "name": "job", "shape": shape, "duration_s": 2}))
+        .await;
+    let job_id = job["id"].as_u64().unwrap();
+    assert_eq!(where_(&job).0, node);
+
+    // Bad input: problem JSON naming the field.
+    let (st, p) = s
+        .call(
+            Method::POST,
+            &format!("/api/v1/nodes/{node}/drain?after=kill&deadline_s=5"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (st, p["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("after")),
+        "{p}"
+    );
+    let (st, _) = s.call(Method::POST, "/api/v1/nodes/nope/drain", None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (st, p) = s
+        .call(Method::POST, &format!("/api/v1/nodes/{node}/maintenance"), None)
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "maintenance needs an empty node: {p}");
+
+    let (st, v) = s.call(Method::POST, &format!("/api/v1/nodes/{node}/drain"), None).await;
+    assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("draining")), "{v}");
+
+    // The service ends only after its replacement runs, on another node.
+    let mut old = Value::Null;
+    for _ in 0..400 {
+        old = s.get(&format!("/api/v1/workloads/{svc_id}")).await;
+        if old["state"] == "preempted" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(old["state"], "preempted", "{old}");
+    assert_eq!(old["reason_code"], "node-drain");
+    let list = s.get("/api/v1/workloads?limit=50").await;
+    let repl = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "svc" && w["id"] != svc_id)
+        .expect("a replacement service")
+        .clone();
+    let repl_id = repl["id"].as_u64().unwrap();
+    assert_eq!(repl["state"], "running");
+    assert_ne!(where_(&repl).0, node, "the replacement runs elsewhere");
+    let old_events = s.get(&format!("/api/v1/workloads/{svc_id}/events")).await;
+    let new_events = s.get(&format!("/api/v1/workloads/{repl_id}/events")).await;
+    let stopped_at = step_at(&old_events, "preempted").expect("the old service was stopped");
+    let replaced_at = step_at(&new_events, "running").expect("the replacement ran");
+    assert!(
+        replaced_at <= stopped_at,
+        "replacement running at {replaced_at}, old stopped at {stopped_at}"
+    );
+
+    // The batch job is not cut off: it finishes, then the node is in maintenance.
+    let mut state = String::new();
+    for _ in 0..400 {
+        let nodes = s.get(&format!("/api/v1/nodes?node={node}")).await;
+        state = nodes["items"][0]["state"].as_str().unwrap().to_string();
+        if state == "maintenance" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(state, "maintenance");
+    assert_eq!(
+        s.get(&format!("/api/v1/workloads/{job_id}")).await["state"],
+        "succeeded"
+    );
+    let job_events = s.get(&format!("/api/v1/workloads/{job_id}/events")).await.to_string();
+    assert!(
+        job_events.contains("node-drain"),
+        "the batch job was told: {job_events}"
+    );
+    let m = s.metrics().await;
+    assert!(
+        m.lines().any(|l| l.starts_with("tessera_nodes{")
+            && l.contains("pool=\"training\"")
+            && l.contains("state=\"maintenance\"")
+            && l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() == 1.0),
+        "{m}"
+    );
+
+    // Survives a restart; uncordon makes it ready.
+    let again = server(&d, GpuFailurePolicy::Leave, Some(s.token.clone())).await;
+    let nodes = again.get(&format!("/api/v1/nodes?node={node}")).await;
+    assert_eq!(nodes["items"][0]["state"], "maintenance");
+    let (st, v) = s
+        .call(Method::POST, &format!("/api/v1/nodes/{node}/uncordon"), None)
+        .await;
+    assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("ready")), "{v}");
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -267,6 +267,12 @@ async fn isolation_matrix() {
             [200, 403, 403, 403, 401],
         ),
         (
+            "POST",
+            "/api/v1/nodes/{node}/{action}",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
+        (
             "GET",
             "/api/v1/gpus/health",
             [200, 403, 403, 403, 401],
@@ -319,7 +325,8 @@ async fn isolation_matrix() {
                     .replace("{project}", project)
                     .replace("{class}", "training")
                     .replace("{node}", "h100-00")
-                    .replace("{gpu}", "0");
+                    .replace("{gpu}", "0")
+                    .replace("{action}", "uncordon");
                 if template.contains("/tokens/{id}") {
                     path = path.replace("{id}", &ctx.token_of(tenant).await);
                 } else if template.ends_with("/cancel") {

@@ -532,6 +532,7 @@ pub async fn nodes(c: &Common, f: FleetFilterArgs) -> Result<()> {
                         format!("{}/{}", n.cpus_free, n.cpus),
                         format!("{}/{}", n.memory_gib_free, n.memory_gib),
                         n.nvlink.clone(),
+                        n.state.clone(),
                     ]
                 })
                 .collect();
@@ -546,7 +547,8 @@ pub async fn nodes(c: &Common, f: FleetFilterArgs) -> Result<()> {
                         "UNITS USED",
                         "CPUS FREE",
                         "MEM GIB FREE",
-                        "NVLINK"
+                        "NVLINK",
+                        "STATE"
                     ],
                     &rows
                 )

@@ -65,6 +65,11 @@ enum Command {
         #[command(subcommand)]
         cmd: opscli::GpuCmd,
     },
+    /// Node lifecycle (platform-admin): cordon, drain, maintenance, uncordon.
+    Node {
+        #[command(subcommand)]
+        cmd: opscli::NodeCmd,
+    },
     /// List, create or delete tenants.
     Tenants(cli::TenantsArgs),
     /// List, create or delete projects of a tenant.
@@ -144,6 +149,7 @@ fn main() -> ExitCode {
         Command::Nodes(f) => client(Box::pin(cli::nodes(c, f))),
         Command::Gpus(f) => client(Box::pin(cli::gpus(c, f))),
         Command::Gpu { cmd } => client(Box::pin(opscli::gpu(c, cmd))),
+        Command::Node { cmd } => client(Box::pin(opscli::node(c, cmd))),
         Command::Tenants(a) => client(Box::pin(cli::tenants(c, a))),
         Command::Projects(a) => client(Box::pin(cli::projects(c, a))),
         Command::Token { cmd } => client(Box::pin(cli::token(c, cmd))),

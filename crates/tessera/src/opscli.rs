@@ -1,10 +1,11 @@
 //! Fleet-operation verbs of the CLI (platform-admin): `gpu health` lists the GPUs out of
-//! placement because they failed, `gpu clear NODE/GPU` puts one back.
+//! placement because they failed, `gpu clear NODE/GPU` puts one back; `node cordon|drain|
+//! maintenance|uncordon NODE` changes a node's state.
 
 use anyhow::{Result, anyhow};
 use clap::Subcommand;
 use reqwest::Method;
-use tessera_api::GpuHealthView;
+use tessera_api::{GpuHealthView, NodeView};
 
 use crate::cli::{Common, Output, print_json, table};
 use crate::client::Client;
@@ -18,6 +19,57 @@ pub enum GpuCmd {
         /// `NODE/GPU`.
         gpu: String,
     },
+}
+
+#[derive(Subcommand)]
+pub enum NodeCmd {
+    /// No new placement on the node; what runs there stays.
+    Cordon { node: String },
+    /// Cordon, then empty the node without cutting work off: batch work runs to completion,
+    /// services move (a replacement runs elsewhere before the old one stops), interactive
+    /// work gets a notice. Ends in `maintenance`.
+    Drain {
+        node: String,
+        /// Seconds until the policy below applies (default: no deadline).
+        #[arg(long)]
+        deadline_s: Option<u64>,
+        /// After the deadline: `preempt` what is left (with the grace period; batch work is
+        /// requeued) or `wait`.
+        #[arg(long, default_value = "wait")]
+        after: String,
+    },
+    /// Mark an empty (drained) node as in maintenance.
+    Maintenance { node: String },
+    /// Back to `ready`.
+    Uncordon { node: String },
+}
+
+pub async fn node(c: &Common, cmd: NodeCmd) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let (node, path) = match &cmd {
+        NodeCmd::Cordon { node } => (node, format!("/api/v1/nodes/{node}/cordon")),
+        NodeCmd::Maintenance { node } => (node, format!("/api/v1/nodes/{node}/maintenance")),
+        NodeCmd::Uncordon { node } => (node, format!("/api/v1/nodes/{node}/uncordon")),
+        NodeCmd::Drain {
+            node,
+            deadline_s,
+            after,
+        } => {
+            let mut p = format!("/api/v1/nodes/{node}/drain?after={after}");
+            if let Some(d) = deadline_s {
+                p.push_str(&format!("&deadline_s={d}"));
+            }
+            (node, p)
+        }
+    };
+    let (_, v): (_, NodeView) = client.call::<(), NodeView>(Method::POST, &path, None, &[]).await?;
+    match c.output {
+        Output::Json | Output::Csv => print_json(&v),
+        Output::Table => {
+            println!("node {node} is {}", v.state);
+            Ok(())
+        }
+    }
 }
 
 /// `NODE/GPU` → its parts, or one readable line.

@@ -11,6 +11,7 @@ pub mod audit;
 pub mod fleet;
 pub mod governance;
 pub mod health;
+pub mod nodeops;
 pub mod sim;
 pub mod system;
 pub mod tenancy;
@@ -71,6 +72,7 @@ pub fn router(with_sim: bool) -> (axum::Router<AppState>, utoipa::openapi::OpenA
         .routes(routes!(fleet::list_gpus))
         .routes(routes!(health::gpu_health))
         .routes(routes!(health::clear_gpu))
+        .routes(routes!(nodeops::node_action))
         .routes(routes!(tenancy::list_tenants, tenancy::create_tenant))
         .routes(routes!(tenancy::get_tenant, tenancy::delete_tenant))
         .routes(routes!(tenancy::list_projects, tenancy::create_project))

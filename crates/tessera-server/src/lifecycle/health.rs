@@ -185,6 +185,7 @@ impl Core {
     /// commit).
     pub(super) async fn restore_ops(&mut self) -> Result<(), tessera_store::StoreError> {
         let mut ops = FleetOps::default();
+        self.drains = Default::default();
         for r in self.store.unhealthy_gpus().await? {
             if let Some(n) = self.fleet.node_by_name(&r.node) {
                 self.sched.engine.fence_gpu(n.0, r.gpu, true);
@@ -194,6 +195,10 @@ impl Core {
         for r in self.store.node_states().await? {
             if let Some(n) = self.fleet.node_by_name(&r.node) {
                 self.sched.engine.fence_node(n.0, true);
+            }
+            // A drain resumes without its deadline: it waits (nothing is cut off by a restart).
+            if r.state == "draining" {
+                self.drains.nodes.insert(r.node.clone(), Default::default());
             }
             ops.nodes.insert(r.node.clone(), r);
         }

@@ -21,6 +21,7 @@ mod commit;
 pub mod effects;
 mod health;
 mod metering;
+mod nodeops;
 pub mod placement;
 mod recover;
 pub mod snapshot;
@@ -47,6 +48,7 @@ use commit::{Batch, ReplyTo};
 use effects::{Op, OpResult, Runner};
 pub use health::{CRITICAL_XIDS, FleetOps, GpuFailurePolicy, is_critical};
 use metering::MonthBook;
+pub use nodeops::NodeOp;
 use placement::NodeIndex;
 use snapshot::SnapshotBuilder;
 pub use snapshot::{GpuSnap, HolderSnap, NodeSnap, Published, Snapshot, Telemetry, TenantSnap};
@@ -158,6 +160,8 @@ pub(crate) struct Core {
     ops: Arc<FleetOps>,
     /// Unhealthy GPUs not yet written to the store.
     health_writes: Vec<tessera_store::GpuHealthRecord>,
+    /// Drains in progress and services being moved.
+    drains: nodeops::Drains,
 }
 
 /// Rebuilds the loop's state from the store, reconciles with the backend and starts the loop.
@@ -196,6 +200,7 @@ pub async fn start(
         deferred: Vec::new(),
         ops: Arc::default(),
         health_writes: Vec::new(),
+        drains: nodeops::Drains::default(),
     };
     core.recover()
         .await
@@ -287,6 +292,9 @@ impl Core {
                 }
                 self.update_budgets(now);
                 batch.full_publish = true;
+                if !self.drains.nodes.is_empty() {
+                    self.drain_step(&mut batch, now).await;
+                }
             }
             // A full pass over the queue when something changed (at most every CYCLE_EVERY, so
             // that a stream of completions cannot keep the loop re-sorting a long queue), and on
@@ -389,6 +397,15 @@ impl Core {
                 }
             }
             Cmd::Backend(e) => self.on_backend(e, batch, now),
+            Cmd::NodeOp { node, op, actor, reply } => match self.node_op(&node, op, &actor, batch, now).await {
+                Ok(()) => {
+                    batch.full_publish = true;
+                    batch.reply(ReplyTo::Done(reply));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             Cmd::ClearGpu {
                 node,
                 gpu,
