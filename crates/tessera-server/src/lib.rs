@@ -97,6 +97,8 @@ pub struct ServerConfig {
     pub grace: Duration,
     /// How often the backend is reconciled with what Tessera expects.
     pub reconcile_every: Duration,
+    /// What happens to running work on a GPU that failed.
+    pub on_gpu_failure: lifecycle::GpuFailurePolicy,
     /// Priority classes, minimum runtime, fair-share half-life, backfill window.
     pub govern: GovernConfig,
     /// Price per GPU-unit-hour by resource class, for usage reports.
@@ -124,6 +126,7 @@ impl ServerConfig {
             sim: SimConfig::default(),
             grace: Duration::from_secs(1),
             reconcile_every: Duration::from_secs(30),
+            on_gpu_failure: lifecycle::GpuFailurePolicy::Leave,
             govern: GovernConfig::default(),
             prices: usage::Prices::default(),
             rate_limit: 0.0,
@@ -304,6 +307,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         lifecycle::Settings {
             grace: cfg.grace,
             reconcile_every: cfg.reconcile_every,
+            on_gpu_failure: cfg.on_gpu_failure,
         },
         metrics.clone(),
     )

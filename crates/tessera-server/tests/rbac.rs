@@ -266,6 +266,24 @@ async fn isolation_matrix() {
             [200, 403, 403, 403, 401],
             [200, 403, 403, 403, 401],
         ),
+        (
+            "POST",
+            "/api/v1/nodes/{node}/{action}",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/gpus/health",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
+        (
+            "POST",
+            "/api/v1/gpus/{node}/{gpu}/clear",
+            [409, 403, 403, 403, 401],
+            [409, 403, 403, 403, 401],
+        ),
     ];
 
     // Every documented route has a row, and every row is documented.
@@ -305,7 +323,10 @@ async fn isolation_matrix() {
                 let mut path = template
                     .replace("{tenant}", tenant)
                     .replace("{project}", project)
-                    .replace("{class}", "training");
+                    .replace("{class}", "training")
+                    .replace("{node}", "h100-00")
+                    .replace("{gpu}", "0")
+                    .replace("{action}", "uncordon");
                 if template.contains("/tokens/{id}") {
                     path = path.replace("{id}", &ctx.token_of(tenant).await);
                 } else if template.ends_with("/cancel") {

@@ -19,6 +19,7 @@
 
 mod audit;
 mod batch;
+mod fleet;
 mod governance;
 mod ledger;
 mod legacy;

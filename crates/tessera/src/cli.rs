@@ -195,7 +195,7 @@ pub fn parse_duration(s: &str) -> Result<i64> {
     Ok(d.as_secs())
 }
 
-fn print_json<T: Serialize>(v: &T) -> Result<()> {
+pub fn print_json<T: Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
@@ -520,6 +520,7 @@ pub async fn nodes(c: &Common, f: FleetFilterArgs) -> Result<()> {
                         format!("{}/{}", n.cpus_free, n.cpus),
                         format!("{}/{}", n.memory_gib_free, n.memory_gib),
                         n.nvlink.clone(),
+                        n.state.clone(),
                     ]
                 })
                 .collect();
@@ -534,7 +535,8 @@ pub async fn nodes(c: &Common, f: FleetFilterArgs) -> Result<()> {
                         "UNITS USED",
                         "CPUS FREE",
                         "MEM GIB FREE",
-                        "NVLINK"
+                        "NVLINK",
+                        "STATE"
                     ],
                     &rows
                 )

@@ -17,6 +17,7 @@ mod client;
 mod fleetcmd;
 mod govcli;
 mod login;
+mod opscli;
 mod serve;
 mod sim;
 
@@ -60,6 +61,16 @@ enum Command {
     Nodes(cli::FleetFilterArgs),
     /// A compact map of every GPU: slices and holders.
     Gpus(cli::FleetFilterArgs),
+    /// GPU health (platform-admin): `health` lists unhealthy GPUs, `clear NODE/GPU` puts one back.
+    Gpu {
+        #[command(subcommand)]
+        cmd: opscli::GpuCmd,
+    },
+    /// Node lifecycle (platform-admin): cordon, drain, maintenance, uncordon.
+    Node {
+        #[command(subcommand)]
+        cmd: opscli::NodeCmd,
+    },
     /// List, create or delete tenants.
     Tenants(cli::TenantsArgs),
     /// List, create or delete projects of a tenant.
@@ -155,6 +166,8 @@ fn main() -> ExitCode {
         Command::Pools => client(Box::pin(cli::pools(c))),
         Command::Nodes(f) => client(Box::pin(cli::nodes(c, f))),
         Command::Gpus(f) => client(Box::pin(cli::gpus(c, f))),
+        Command::Gpu { cmd } => client(Box::pin(opscli::gpu(c, cmd))),
+        Command::Node { cmd } => client(Box::pin(opscli::node(c, cmd))),
         Command::Tenants(a) => client(Box::pin(cli::tenants(c, a))),
         Command::Projects(a) => client(Box::pin(cli::projects(c, a))),
         Command::Token { cmd } => client(Box::pin(cli::token(c, cmd))),

@@ -84,6 +84,17 @@ pub struct ServeArgs {
     /// https://portal.example.com; repeat for more. Default: none (the console is same-origin).
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     cors_origins: Vec<String>,
+    /// What happens to running work on a GPU that fails (critical XID, lost, failed
+    /// partition): `leave` it running and tell the tenant, or `requeue` batch work (services
+    /// are left running and told). The GPU gets no new work either way.
+    #[arg(long, value_enum, default_value_t = OnGpuFailure::Leave)]
+    on_gpu_failure: OnGpuFailure,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OnGpuFailure {
+    Leave,
+    Requeue,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -148,6 +159,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
             },
             grace: Duration::from_secs(a.grace_s),
             reconcile_every: Duration::from_secs(a.reconcile_s.max(1)),
+            on_gpu_failure: match a.on_gpu_failure {
+                OnGpuFailure::Leave => tessera_server::lifecycle::GpuFailurePolicy::Leave,
+                OnGpuFailure::Requeue => tessera_server::lifecycle::GpuFailurePolicy::Requeue,
+            },
             govern,
             prices,
             rate_limit: a.rate_limit,

@@ -201,7 +201,7 @@ impl Engine {
                 };
                 if let Some(&(n, g, start)) = index.free[pi as usize][idle as usize]
                     .iter()
-                    .find(|&&(n, _, _)| self.host_fits(n, req))
+                    .find(|&&(n, g, _)| self.host_fits(n, req) && !self.gpu_fenced(n, g))
                 {
                     return Some(self.mig_placement(n, g, model, pi, start, false));
                 }
@@ -239,7 +239,10 @@ impl Engine {
         cands.sort_unstable();
         for (_, _, model, pi, key, start) in cands {
             let bucket = &self.layout_index[&(pool.0, model)].idle[key];
-            if let Some(&(n, g)) = bucket.iter().find(|&&(n, _)| self.host_fits(n, req)) {
+            if let Some(&(n, g)) = bucket
+                .iter()
+                .find(|&&(n, g)| self.host_fits(n, req) && !self.gpu_fenced(n, g))
+            {
                 return Some(self.mig_placement(n, g, ModelId(model), pi, start, true));
             }
         }

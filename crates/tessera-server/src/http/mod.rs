@@ -14,6 +14,8 @@
 pub mod audit;
 pub mod fleet;
 pub mod governance;
+pub mod health;
+pub mod nodeops;
 pub mod sim;
 pub mod system;
 pub mod tenancy;
@@ -74,6 +76,9 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(fleet::list_pools))
         .routes(routes!(fleet::list_nodes))
         .routes(routes!(fleet::list_gpus))
+        .routes(routes!(health::gpu_health))
+        .routes(routes!(health::clear_gpu))
+        .routes(routes!(nodeops::node_action))
         .routes(routes!(tenancy::list_tenants, tenancy::create_tenant))
         .routes(routes!(tenancy::get_tenant, tenancy::delete_tenant))
         .routes(routes!(tenancy::list_projects, tenancy::create_project))

@@ -73,6 +73,7 @@ pub fn lifecycle_error(e: LifecycleError) -> ApiError {
         LifecycleError::Ended { .. } => ApiError::conflict(e.to_string()),
         LifecycleError::NotFound { .. } => ApiError::not_found(e.to_string()),
         LifecycleError::Unavailable(why) => ApiError::unavailable(why),
+        LifecycleError::Conflict(why) => ApiError::conflict(why),
     }
 }
 
