@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::discovery::{Discovery, discover};
 use crate::nvml::{GpuInstance, Nvml, NvmlError, xid_is_critical};
-use crate::process::{Cgroups, Files, Launch, ProcId, spawn, terminate};
+use crate::process::{Cgroups, Files, Launch, ProcId, group_alive, spawn, terminate};
 
 /// How the local backend runs.
 #[derive(Clone, Debug)]
@@ -555,9 +555,11 @@ impl Backend for LocalBackend {
         let next_offset = from + bytes.len() as u64;
         let running = {
             let st = self.shared.state.lock().unwrap();
+            // Output may still come from the group after its leader ended (a stopped workload
+            // whose command traps SIGTERM): done only once the whole group is gone.
             match st.procs.get(&id) {
-                Some(p) => p.ended.is_none(),
-                None => files.read_pid().is_some_and(|p| p.alive()),
+                Some(p) => p.ended.is_none() || group_alive(p.id.pid),
+                None => files.read_pid().is_some_and(|p| p.alive() || group_alive(p.pid)),
             }
         };
         Ok(LogChunk {

@@ -98,3 +98,116 @@ pub fn discover(nvml: &dyn Nvml, cat: &Catalogue) -> Result<Discovery, NvmlError
         gpus,
     })
 }
+
+/// The fleet description (TOML, see `fleets/seed.toml`) of this machine as one node `node` in a
+/// pool `local`: `mig` when every GPU is in MIG mode with a known MIG table, `whole` otherwise;
+/// a model the catalogue does not know is declared as an opaque whole GPU. NVLink: `nvswitch`
+/// when every GPU reaches a switch or every other GPU, `pairs` when some are bridged.
+///
+/// One node has one GPU model; a machine mixing models (or MIG and non-MIG GPUs) is refused
+/// with a line saying so.
+pub fn fleet_toml(d: &Discovery, node: &str, cpus: u32, memory_gib: u64) -> Result<String, String> {
+    let first = d.gpus.first().ok_or("NVML reports no GPU on this machine")?;
+    let name = |g: &DiscoveredGpu| g.model.clone().unwrap_or(g.info.name.clone());
+    if let Some(other) = d
+        .gpus
+        .iter()
+        .find(|g| name(g) != name(first) || g.served_as != first.served_as)
+    {
+        return Err(format!(
+            "this machine mixes GPUs ({} {} as {}, {} {} as {}); the local backend serves one kind per machine",
+            first.info.index,
+            name(first),
+            first.served_as,
+            other.info.index,
+            name(other),
+            other.served_as
+        ));
+    }
+    let n = d.gpus.len();
+    let nvlink = if d
+        .gpus
+        .iter()
+        .all(|g| g.nvlink_other > 0 || g.nvlink_gpus.len() + 1 == n)
+        && n > 1
+    {
+        "nvswitch"
+    } else if d.gpus.iter().any(|g| !g.nvlink_gpus.is_empty()) {
+        "pairs"
+    } else {
+        "none"
+    };
+    let q = |s: &str| serde_json::to_string(s).expect("a string");
+    let mut out = String::new();
+    if first.model.is_none() {
+        out.push_str(&format!(
+            "[[model]]\nname = {}\nmemory_gib = {}\n\n",
+            q(&first.info.name),
+            first.info.memory_mib / 1024
+        ));
+    }
+    out.push_str(&format!(
+        "[[pool]]\nname = \"local\"\nsharing = \"{}\"\n\n[[pool.nodes]]\nname = {}\ngpu_model = {}\ngpus = {n}\ncpus = {cpus}\nmemory_gib = {memory_gib}\nnvlink = \"{nvlink}\"\n",
+        if first.served_as == "mig" { "mig" } else { "whole" },
+        q(node),
+        q(&name(first)),
+    ));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FakeGpu, FakeNvml};
+
+    #[test]
+    fn nvml_names_map_to_the_catalogue() {
+        let c = Catalogue::builtin();
+        assert_eq!(
+            catalogue_model(&c, "NVIDIA H100 80GB HBM3").as_deref(),
+            Some("H100-80GB-SXM")
+        );
+        assert_eq!(catalogue_model(&c, "NVIDIA L4").as_deref(), Some("L4"));
+        assert_eq!(
+            catalogue_model(&c, "NVIDIA A100-SXM4-80GB").as_deref(),
+            Some("A100-80GB")
+        );
+        assert_eq!(
+            catalogue_model(&c, "NVIDIA A100 80GB PCIe").as_deref(),
+            Some("A100-80GB-PCIE")
+        );
+        assert_eq!(catalogue_model(&c, "Quadro Imaginary"), None);
+    }
+
+    #[test]
+    fn one_node_fleets_follow_the_machine() {
+        let c = Catalogue::builtin();
+        let d = discover(&FakeNvml::uniform(2, "L4"), &c).unwrap();
+        let t = fleet_toml(&d, "box", 16, 64).unwrap();
+        assert!(
+            t.contains("sharing = \"whole\"") && t.contains("gpu_model = \"L4\"") && t.contains("gpus = 2"),
+            "{t}"
+        );
+        assert!(t.contains("nvlink = \"none\""), "{t}");
+        let mig = FakeNvml::new(vec![FakeGpu::of("A100-80GB").with_mig(&[]); 2]);
+        let t = fleet_toml(&discover(&mig, &c).unwrap(), "box", 16, 64).unwrap();
+        assert!(t.contains("sharing = \"mig\""), "{t}");
+        let unknown = FakeNvml::new(vec![FakeGpu {
+            name: "NVIDIA Imaginary X1".into(),
+            memory_mib: 12288,
+            mig_enabled: None,
+            instances: Vec::new(),
+            nvlink_peers: Vec::new(),
+        }]);
+        let t = fleet_toml(&discover(&unknown, &c).unwrap(), "box", 16, 64).unwrap();
+        assert!(
+            t.contains("[[model]]\nname = \"NVIDIA Imaginary X1\"\nmemory_gib = 12"),
+            "{t}"
+        );
+        let fleet = tessera_model::Fleet::from_toml(&t, "local").unwrap();
+        assert_eq!((fleet.nodes.len(), fleet.gpu_count()), (1, 1));
+        let mixed = FakeNvml::new(vec![FakeGpu::of("L4"), FakeGpu::of("L40S")]);
+        let e = fleet_toml(&discover(&mixed, &c).unwrap(), "box", 16, 64).unwrap_err();
+        assert!(e.contains("mixes GPUs"), "{e}");
+    }
+}

@@ -26,7 +26,7 @@ pub mod process;
 mod real;
 
 pub use backend::{LocalBackend, LocalConfig};
-pub use discovery::{DiscoveredGpu, Discovery, discover};
+pub use discovery::{DiscoveredGpu, Discovery, discover, fleet_toml};
 pub use fake::{FakeGpu, FakeNvml, fake_bus_id};
 pub use nvml::{GpuInfo, GpuInstance, Nvml, NvmlError, Sample, XidEvent, xid_is_critical};
 pub use real::RealNvml;
