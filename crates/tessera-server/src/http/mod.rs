@@ -10,6 +10,7 @@
 pub mod audit;
 pub mod fleet;
 pub mod governance;
+pub mod logs;
 pub mod sim;
 pub mod system;
 pub mod tenancy;
@@ -79,6 +80,7 @@ pub fn router(with_sim: bool) -> (axum::Router<AppState>, utoipa::openapi::OpenA
         .routes(routes!(workloads::get_workload))
         .routes(routes!(workloads::cancel_workload))
         .routes(routes!(workloads::workload_events))
+        .routes(routes!(logs::workload_logs))
         .routes(routes!(governance::get_quotas))
         .routes(routes!(governance::set_quota, governance::delete_quota))
         .routes(routes!(governance::set_budget))

@@ -262,7 +262,11 @@ pub async fn create_workload(
 }
 
 /// A workload the caller may see (others answer 404, so existence does not leak).
-async fn find_workload(s: &AppState, id: &Identity, wid: u64) -> ApiResult<std::sync::Arc<tessera_domain::Workload>> {
+pub(super) async fn find_workload(
+    s: &AppState,
+    id: &Identity,
+    wid: u64,
+) -> ApiResult<std::sync::Arc<tessera_domain::Workload>> {
     let wid = WorkloadId(wid);
     let w = match s.lifecycle.workload(wid) {
         Some(w) => w,
