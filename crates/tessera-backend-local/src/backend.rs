@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use tessera_backend::{
-    Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, GpuSample, LogChunk,
-    MigInstance, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec,
+    Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, GpuSample, InstanceSample,
+    LogChunk, MigInstance, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec,
     SliceSpec,
 };
 use tessera_model::Catalogue;
@@ -34,6 +34,8 @@ pub struct LocalConfig {
 
 struct Proc {
     id: ProcId,
+    /// `(GPU, GPU instance ID, profile name)` of a MIG workload, for per-instance telemetry.
+    mig: Option<(u32, u32, String)>,
     stopping: bool,
     since_ms: i64,
     /// How it ended, once it has.
@@ -190,7 +192,16 @@ impl Shared {
     }
 
     fn sample(&self, gpus: &[u32]) -> Vec<GpuSample> {
-        let last = self.state.lock().unwrap().last_xid.clone();
+        let (last, migs) = {
+            let st = self.state.lock().unwrap();
+            let migs: Vec<(u64, (u32, u32, String))> = st
+                .procs
+                .iter()
+                .filter(|(_, p)| p.ended.is_none())
+                .filter_map(|(id, p)| Some((*id, p.mig.clone()?)))
+                .collect();
+            (st.last_xid.clone(), migs)
+        };
         self.discovery
             .gpus
             .iter()
@@ -208,7 +219,23 @@ impl Shared {
                     temp_c: s.temp_c,
                     power_w: s.power_w,
                     xid: last.get(&g.info.index).copied().unwrap_or(0) as u32,
-                    instances: Vec::new(),
+                    instances: migs
+                        .iter()
+                        .filter(|(_, (gpu, _, _))| *gpu == g.info.index)
+                        .filter_map(|(w, (gpu, gi, profile))| {
+                            let (used, free) = self.nvml.instance_memory(*gpu, *gi).ok()?;
+                            Some(InstanceSample {
+                                workload: *w,
+                                profile: profile.clone(),
+                                instance_id: *gi,
+                                // NVML gives engine activity per MIG instance only through GPM
+                                // samples, which this backend does not read: not measured.
+                                gr_engine_active: 0.0,
+                                fb_used_mib: used,
+                                fb_free_mib: free,
+                            })
+                        })
+                        .collect(),
                 })
             })
             .collect()
@@ -359,6 +386,7 @@ impl Backend for LocalBackend {
                 "the local backend runs a command; this workload has none (images need a container backend)".into(),
             )
         })?;
+        let mut mig = None;
         let (gpus, visible) = match &spec.devices {
             Devices::Exact { gpus, slice } => match slice {
                 SliceSpec::Mig(inst) => {
@@ -371,6 +399,7 @@ impl Backend for LocalBackend {
                     let uuid = gi.uuid.ok_or_else(|| {
                         BackendError::Rejected(format!("GPU instance {} has no compute instance", gi.id))
                     })?;
+                    mig = Some((g as u32, gi.id, inst.profile.clone()));
                     (vec![g as u32], uuid)
                 }
                 SliceSpec::HostOnly => (Vec::new(), String::new()),
@@ -404,6 +433,7 @@ impl Backend for LocalBackend {
             spec.id,
             Proc {
                 id: proc_id,
+                mig,
                 stopping: false,
                 since_ms: since,
                 ended: None,
@@ -479,6 +509,7 @@ impl Backend for LocalBackend {
                                 spec.id,
                                 Proc {
                                     id: p,
+                                    mig: None,
                                     stopping: false,
                                     since_ms: since,
                                     ended: None,

@@ -258,6 +258,23 @@ impl Nvml for FakeNvml {
         })
     }
 
+    fn instance_memory(&self, gpu: u32, id: u32) -> Result<(u64, u64), NvmlError> {
+        self.with_gpu(gpu, |g, _| {
+            let gi = g
+                .instances
+                .iter()
+                .find(|i| i.id == id)
+                .ok_or_else(|| NvmlError(format!("GPU {gpu}: no GPU instance {id} (NVML_ERROR_NOT_FOUND)")))?;
+            let slices = self
+                .catalogue
+                .find(&g.info.name)
+                .and_then(|m| self.catalogue.get(m).mig)
+                .map(|geom| geom.mem_slices as u64)
+                .unwrap_or(8);
+            Ok((0, g.info.memory_mib * gi.size as u64 / slices))
+        })
+    }
+
     fn wait_xids(&self, timeout_ms: u32) -> Vec<XidEvent> {
         let st = self.state.lock().unwrap();
         let (mut st, _) = self

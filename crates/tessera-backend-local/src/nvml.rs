@@ -97,6 +97,9 @@ pub trait Nvml: Send + Sync {
     /// PCI bus IDs of the devices at the other end of this GPU's active NVLinks.
     fn nvlink_peers(&self, gpu: u32) -> Result<Vec<String>, NvmlError>;
     fn sample(&self, gpu: u32) -> Result<Sample, NvmlError>;
+    /// Framebuffer `(used, free)` in MiB of GPU instance `id` (NVML's memory info on the MIG
+    /// device handle).
+    fn instance_memory(&self, gpu: u32, id: u32) -> Result<(u64, u64), NvmlError>;
     /// XID errors reported since the last call, waiting at most `timeout_ms` for the first.
     fn wait_xids(&self, timeout_ms: u32) -> Vec<XidEvent>;
 }

@@ -302,6 +302,24 @@ impl Nvml for RealNvml {
         })
     }
 
+    fn instance_memory(&self, gpu: u32, id: u32) -> Result<(u64, u64), NvmlError> {
+        let dev = self.device(gpu)?;
+        let n = dev
+            .mig_device_count()
+            .map_err(|e| err("nvmlDeviceGetMaxMigDeviceCount", e))?;
+        for i in 0..n {
+            let Ok(mig) = dev.mig_device_by_index(i) else { continue };
+            let mut gi = u32::MAX;
+            // SAFETY: out-parameter call on a MIG device handle the wrapper returned.
+            let rc = unsafe { self.nvml.lib().nvmlDeviceGetGpuInstanceId(mig.handle(), &mut gi) };
+            if rc == 0 && gi == id {
+                let m = mig.memory_info().map_err(|e| err("nvmlDeviceGetMemoryInfo (MIG)", e))?;
+                return Ok((m.used / (1024 * 1024), m.free / (1024 * 1024)));
+            }
+        }
+        Err(NvmlError(format!("GPU {gpu}: no MIG device for GPU instance {id}")))
+    }
+
     fn wait_xids(&self, timeout_ms: u32) -> Vec<XidEvent> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
         loop {

@@ -436,3 +436,36 @@ async fn a_restarted_control_plane_adopts_live_processes() {
         .unwrap();
     assert_eq!(r.observation(22), Some(&Observation::Unknown));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telemetry_reports_each_running_mig_instance() {
+    let dir = data_dir("mig-telemetry");
+    let b = LocalBackend::new(fake(), config(&dir, 200)).unwrap();
+    let mut rx = b.take_events().unwrap();
+    let inst = MigInstance::new("2g.20gb", 14, 4, 2);
+    b.partition(&PartitionPlan::Instance {
+        node: "here".into(),
+        gpu: 0,
+        instance: inst.clone(),
+    })
+    .await
+    .unwrap();
+    b.start(&spec(30, vec![0], SliceSpec::Mig(inst), "sleep 5"))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut found = None;
+    while let Ok(Some(ev)) = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), rx.recv()).await {
+        if let BackendEvent::Telemetry { gpus, .. } = ev
+            && let Some(i) = gpus[0].instances.first()
+        {
+            found = Some(i.clone());
+            break;
+        }
+    }
+    let i = found.expect("a telemetry sample with the MIG instance");
+    assert_eq!((i.workload, i.profile.as_str(), i.instance_id), (30, "2g.20gb", 2));
+    // 2 of the H100's 8 memory slices.
+    assert_eq!(i.fb_free_mib, 81559 * 2 / 8);
+    b.stop(30, Duration::from_millis(100)).await.unwrap();
+}
