@@ -30,6 +30,8 @@ pub struct LocalConfig {
     /// How often telemetry is sampled; XIDs are reported as soon as NVML reports them.
     pub telemetry_interval: Duration,
     pub cgroups: Cgroups,
+    /// Grace between SIGTERM and SIGKILL when a workload's lease ([`RunSpec::duration`]) ends.
+    pub lease_grace: Duration,
 }
 
 struct Proc {
@@ -37,6 +39,8 @@ struct Proc {
     /// `(GPU, GPU instance ID, profile name)` of a MIG workload, for per-instance telemetry.
     mig: Option<(u32, u32, String)>,
     stopping: bool,
+    /// Its lease ended and the backend stopped it.
+    lease_ended: Option<Duration>,
     since_ms: i64,
     /// How it ended, once it has.
     ended: Option<Observation>,
@@ -180,6 +184,13 @@ impl Shared {
         if p.ended.is_some() {
             return;
         }
+        let exit = match (p.lease_ended, exit) {
+            (Some(d), Exit::Failed { exit_code, .. }) => Exit::Failed {
+                exit_code,
+                detail: format!("stopped at the end of its {} s lease", d.as_secs()),
+            },
+            (_, exit) => exit,
+        };
         p.ended = Some(observation_of(&exit));
         self.cfg.cgroups.remove(id);
         if !p.stopping {
@@ -292,6 +303,26 @@ async fn telemetry_loop(weak: Weak<Shared>) {
             let _ = shared.tx.send(BackendEvent::Telemetry { at_ms: now_ms(), gpus });
         }
     }
+}
+
+/// Stops a workload whose lease (`RunSpec::duration`) has run out: SIGTERM, SIGKILL after the
+/// lease grace; its end is reported as stopped at the end of its lease.
+async fn enforce_lease(weak: Weak<Shared>, id: u64, lease: Duration, left: Duration) {
+    tokio::time::sleep(left).await;
+    let Some(shared) = weak.upgrade() else { return };
+    let pgid = {
+        let mut st = shared.state.lock().unwrap();
+        match st.procs.get_mut(&id) {
+            Some(p) if p.ended.is_none() && !p.stopping => {
+                p.lease_ended = Some(lease);
+                p.id.pid
+            }
+            _ => return,
+        }
+    };
+    let grace = shared.cfg.lease_grace;
+    drop(shared);
+    terminate(pgid, grace).await;
 }
 
 /// Polls an adopted process (not our child, so it cannot be waited for) until it ends.
@@ -435,6 +466,7 @@ impl Backend for LocalBackend {
                 id: proc_id,
                 mig,
                 stopping: false,
+                lease_ended: None,
                 since_ms: since,
                 ended: None,
             },
@@ -444,6 +476,12 @@ impl Backend for LocalBackend {
             at_ms: since,
             sample: self.shared.sample(&gpus),
         });
+        if let Some(lease) = spec.duration {
+            let left = lease.saturating_sub(Duration::from_millis(
+                spec.running_since_ms.map(|t| (now_ms() - t).max(0) as u64).unwrap_or(0),
+            ));
+            tokio::spawn(enforce_lease(Arc::downgrade(&self.shared), spec.id, lease, left));
+        }
         let weak = Arc::downgrade(&self.shared);
         let id = spec.id;
         tokio::spawn(async move {
@@ -465,7 +503,8 @@ impl Backend for LocalBackend {
             match st.procs.get_mut(&id) {
                 Some(p) => {
                     p.stopping = true;
-                    (p.ended.is_none()).then_some(p.id.pid)
+                    // The leader may have ended with a TERM-trapping child left in its group.
+                    (p.ended.is_none() || group_alive(p.id.pid)).then_some(p.id.pid)
                 }
                 // Not known in this run: a live process from before a restart is stopped too.
                 None => Files::new(&self.shared.cfg.data_dir, id)
@@ -511,6 +550,7 @@ impl Backend for LocalBackend {
                                     id: p,
                                     mig: None,
                                     stopping: false,
+                                    lease_ended: None,
                                     since_ms: since,
                                     ended: None,
                                 },

@@ -27,6 +27,7 @@ fn config(dir: &std::path::Path, interval_ms: u64) -> LocalConfig {
         data_dir: dir.to_path_buf(),
         telemetry_interval: Duration::from_millis(interval_ms),
         cgroups: Cgroups::off("tests"),
+        lease_grace: Duration::from_millis(300),
     }
 }
 
@@ -468,4 +469,29 @@ async fn telemetry_reports_each_running_mig_instance() {
     // 2 of the H100's 8 memory slices.
     assert_eq!(i.fb_free_mib, 81559 * 2 / 8);
     b.stop(30, Duration::from_millis(100)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_is_stopped_when_its_lease_ends() {
+    let dir = data_dir("lease");
+    let b = LocalBackend::new(fake(), config(&dir, 5000)).unwrap();
+    let mut rx = b.take_events().unwrap();
+    let mut w = spec(40, vec![1], SliceSpec::Whole, "echo working; sleep 30");
+    w.duration = Some(Duration::from_secs(1));
+    let t = Instant::now();
+    b.start(&w).await.unwrap();
+    match exit_of(&mut rx, 40).await {
+        Exit::Failed { detail, .. } => assert_eq!(detail, "stopped at the end of its 1 s lease"),
+        e => panic!("{e:?}"),
+    }
+    assert!(
+        t.elapsed() >= Duration::from_secs(1) && t.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        t.elapsed()
+    );
+    // A workload that ends within its lease is not touched.
+    let mut quick = spec(41, vec![1], SliceSpec::Whole, "true");
+    quick.duration = Some(Duration::from_secs(1));
+    b.start(&quick).await.unwrap();
+    assert_eq!(exit_of(&mut rx, 41).await, Exit::Succeeded);
 }

@@ -76,6 +76,7 @@ pub fn backend(
     node: Option<String>,
     data_dir: &std::path::Path,
     telemetry: std::time::Duration,
+    grace: std::time::Duration,
 ) -> Result<(LocalBackend, Fleet, String)> {
     let nvml = nvml(fake_gpus).context("--backend local")?;
     let node = node.unwrap_or_else(host_name);
@@ -85,6 +86,7 @@ pub fn backend(
         data_dir: data_dir.to_path_buf(),
         telemetry_interval: telemetry,
         cgroups,
+        lease_grace: grace,
     };
     let b = LocalBackend::new(nvml, cfg).map_err(|e| anyhow!("--backend local: {e}"))?;
     let cpus = std::thread::available_parallelism()

@@ -166,6 +166,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                     a.node.clone(),
                     &a.data_dir,
                     Duration::from_millis(a.sim_telemetry_ms.max(100)),
+                    Duration::from_secs(a.grace_s),
                 )?;
                 let handle = tessera_server::BackendHandle(std::sync::Arc::new(b));
                 (fleet, Some(handle), what)
