@@ -116,6 +116,17 @@ fn gpu_check_reads_the_fake_and_refuses_in_one_line_without_a_driver() {
             "{err}"
         );
     }
+    // scripts/gpu-check runs the same subcommand.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu-check");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["--fake-gpus", "1"])
+        .env("TESSERA_BIN", env!("CARGO_BIN_EXE_tessera"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["discovery"]["gpus"].as_array().unwrap().len(), 1);
     let (code, _, err) = tessera(&["serve", "--fake-gpus", "2"], &[]);
     assert!(code != 0 && err.contains("test mode of --backend local"), "{err}");
 }
