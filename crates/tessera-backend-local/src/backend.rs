@@ -370,7 +370,12 @@ impl Backend for LocalBackend {
                 let gi = self
                     .shared
                     .nvml
-                    .create_instance(*gpu as u32, instance.profile_id, instance.start as u32)
+                    .create_instance(
+                        *gpu as u32,
+                        instance.profile_id,
+                        instance.start as u32,
+                        instance.size as u32,
+                    )
                     .map_err(rejected)?;
                 Ok(PartitionReport {
                     detail: format!("created {instance} on GPU {gpu} (GPU instance {})", gi.id),

@@ -218,9 +218,15 @@ impl Nvml for FakeNvml {
         self.with_gpu(gpu, |g, _| Ok(g.instances.clone()))
     }
 
-    fn create_instance(&self, gpu: u32, profile_id: u32, start: u32) -> Result<GpuInstance, NvmlError> {
+    fn create_instance(&self, gpu: u32, profile_id: u32, start: u32, size: u32) -> Result<GpuInstance, NvmlError> {
         self.with_gpu(gpu, |g, calls| {
             let gi = create(&self.catalogue, g, profile_id, start)?;
+            if gi.size != size {
+                return Err(NvmlError(format!(
+                    "GPU {gpu}: profile {profile_id} occupies {} memory slices, not {size} (NVML_ERROR_INVALID_ARGUMENT)",
+                    gi.size
+                )));
+            }
             calls.push(format!("create {gpu} {profile_id}@{start} -> {}", gi.id));
             g.instances.push(gi.clone());
             Ok(gi)

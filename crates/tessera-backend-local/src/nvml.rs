@@ -89,9 +89,9 @@ pub trait Nvml: Send + Sync {
     fn gpus(&self) -> Result<Vec<GpuInfo>, NvmlError>;
     /// The GPU instances of a GPU in MIG mode (empty otherwise).
     fn instances(&self, gpu: u32) -> Result<Vec<GpuInstance>, NvmlError>;
-    /// Creates a GPU instance of `profile_id` at memory slice `start`
-    /// (`nvmlDeviceCreateGpuInstanceWithPlacement`) and one compute instance covering it.
-    fn create_instance(&self, gpu: u32, profile_id: u32, start: u32) -> Result<GpuInstance, NvmlError>;
+    /// Creates a GPU instance of `profile_id` at the placement `start`/`size` (memory slices;
+    /// `nvmlDeviceCreateGpuInstanceWithPlacement`) and one compute instance covering it.
+    fn create_instance(&self, gpu: u32, profile_id: u32, start: u32, size: u32) -> Result<GpuInstance, NvmlError>;
     /// Destroys the compute instances of GPU instance `id`, then the GPU instance.
     fn destroy_instance(&self, gpu: u32, id: u32) -> Result<(), NvmlError>;
     /// PCI bus IDs of the devices at the other end of this GPU's active NVLinks.

@@ -191,21 +191,11 @@ impl Nvml for RealNvml {
         Ok(out)
     }
 
-    fn create_instance(&self, gpu: u32, profile_id: u32, start: u32) -> Result<GpuInstance, NvmlError> {
+    fn create_instance(&self, gpu: u32, profile_id: u32, start: u32, size: u32) -> Result<GpuInstance, NvmlError> {
         let dev = self.device(gpu)?;
         let lib = self.nvml.lib();
-        // The placement size is the profile's slice count.
-        let mut size = None;
-        for p in 0..NVML_GPU_INSTANCE_PROFILE_COUNT {
-            // SAFETY: out-parameter call on a live device handle.
-            unsafe {
-                let mut info: nvmlGpuInstanceProfileInfo_t = std::mem::zeroed();
-                if lib.nvmlDeviceGetGpuInstanceProfileInfo(dev.handle(), p, &mut info) == 0 && info.id == profile_id {
-                    size = Some(info.sliceCount);
-                }
-            }
-        }
-        let size = size.ok_or_else(|| NvmlError(format!("GPU {gpu}: no GPU instance profile with ID {profile_id}")))?;
+        // `size` is in memory slices (as NVML's possible placements report it), which differs
+        // from the profile's compute `sliceCount` (a 3g occupies 4 memory slices).
         // SAFETY: NVML fills `gi` on success; `placement` outlives the call.
         let (gi, info) = unsafe {
             let placement = nvmlGpuInstancePlacement_t { start, size };

@@ -151,6 +151,10 @@ async fn mig_instances_are_adopted_created_and_destroyed_at_exact_placements() {
     assert!(b.partition(&plan("1g.10gb", 19, 6, 1)).await.unwrap().created);
     assert!(!b.partition(&plan("1g.10gb", 19, 6, 1)).await.unwrap().created);
     assert_eq!(nvml.calls(), vec!["create 0 19@6 -> 2"]);
+    // A placement whose size is not the profile's memory slices is refused, nothing created.
+    let e = b.partition(&plan("2g.20gb", 14, 4, 1)).await.unwrap_err();
+    assert!(e.to_string().contains("occupies 2 memory slices"), "{e}");
+    assert_eq!(nvml.calls().len(), 1);
     // A 3g at 4 overlaps the 1g at 6: NVML refuses, the backend rejects.
     let e = b.partition(&plan("3g.40gb", 9, 4, 4)).await.unwrap_err();
     assert!(
