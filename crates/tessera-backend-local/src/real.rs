@@ -208,35 +208,45 @@ impl Nvml for RealNvml {
             raw("nvmlGpuInstanceGetInfo", lib.nvmlGpuInstanceGetInfo(gi, &mut info))?;
             (gi, info)
         };
-        // One compute instance covering the whole GPU instance: the largest CI profile it offers.
-        let mut created = false;
-        for p in (0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT).rev() {
-            // SAFETY: out-parameter calls on the GPU instance just created.
-            unsafe {
+        // One compute instance covering the whole GPU instance: of the CI profiles it offers,
+        // the one with the most slices (profile indices are not ordered by size).
+        let mut best: Option<nvmlComputeInstanceProfileInfo_t> = None;
+        for p in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
+            // SAFETY: out-parameter call on the GPU instance just created.
+            let ci_info = unsafe {
                 let mut ci_info: nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
-                if lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                let rc = lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                     gi,
                     p,
                     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
                     &mut ci_info,
-                ) != 0
-                {
-                    continue;
-                }
-                let mut ci: nvmlComputeInstance_t = std::ptr::null_mut();
-                raw(
-                    "nvmlGpuInstanceCreateComputeInstance",
-                    lib.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id, &mut ci),
-                )?;
-                created = true;
-                break;
+                );
+                (rc == 0).then_some(ci_info)
+            };
+            if let Some(c) = ci_info
+                && best.is_none_or(|b| c.sliceCount > b.sliceCount)
+            {
+                best = Some(c);
             }
         }
-        if !created {
-            return Err(NvmlError(format!(
-                "GPU {gpu}: GPU instance {} has no compute instance profile",
+        let ci_result = match best {
+            Some(c) => {
+                let mut ci: nvmlComputeInstance_t = std::ptr::null_mut();
+                // SAFETY: creates a compute instance in the GPU instance just created.
+                raw("nvmlGpuInstanceCreateComputeInstance", unsafe {
+                    lib.nvmlGpuInstanceCreateComputeInstance(gi, c.id, &mut ci)
+                })
+            }
+            None => Err(NvmlError(format!(
+                "GPU {gpu}: GPU instance {} offers no compute instance profile",
                 info.id
-            )));
+            ))),
+        };
+        if let Err(e) = ci_result {
+            // Leave nothing half-made behind.
+            // SAFETY: the GPU instance created above, without compute instances.
+            let _ = unsafe { lib.nvmlGpuInstanceDestroy(gi) };
+            return Err(e);
         }
         Ok(GpuInstance {
             id: info.id,
