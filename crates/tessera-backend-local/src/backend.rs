@@ -512,9 +512,11 @@ impl Backend for LocalBackend {
                     (p.ended.is_none() || group_alive(p.id.pid)).then_some(p.id.pid)
                 }
                 // Not known in this run: a live process from before a restart is stopped too.
+                // A pid cannot be reused while a process group of that ID exists, so a live group
+                // is still the workload's, even when its leader is gone.
                 None => Files::new(&self.shared.cfg.data_dir, id)
                     .read_pid()
-                    .filter(|p| p.alive())
+                    .filter(|p| p.alive() || group_alive(p.pid))
                     .map(|p| p.pid),
             }
         };

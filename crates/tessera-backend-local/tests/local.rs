@@ -499,3 +499,47 @@ async fn a_workload_is_stopped_when_its_lease_ends() {
     b.start(&quick).await.unwrap();
     assert_eq!(exit_of(&mut rx, 41).await, Exit::Succeeded);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_control_plane_still_stops_a_group_whose_leader_is_gone() {
+    let dir = data_dir("leaderless");
+    let nvml = fake();
+    {
+        let first = LocalBackend::new(nvml.clone(), config(&dir, 5000)).unwrap();
+        let stubborn = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done";
+        first
+            .start(&spec(50, vec![1], SliceSpec::Whole, stubborn))
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !log_of(&first, 50).await.contains("ready") {
+            assert!(Instant::now() < deadline, "never became ready");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // SIGTERM reached the group (a stop cut short by a crash): the wrapper, its leader, is gone,
+    // the trapping command is not.
+    let pgid: i32 = std::fs::read_to_string(dir.join("workloads/50/pid"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", "--", &format!("-{pgid}")])
+        .status()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(group_alive(pgid), "the trapping command survives SIGTERM");
+    let second = LocalBackend::new(nvml, config(&dir, 5000)).unwrap();
+    second.stop(50, Duration::from_millis(200)).await.unwrap();
+    let t = Instant::now();
+    while group_alive(pgid) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the leaderless group was never killed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
