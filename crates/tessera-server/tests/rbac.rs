@@ -255,6 +255,13 @@ async fn isolation_matrix() {
             [200, 404, 404, 404, 401],
         ),
         (
+            // The simulated backend keeps no logs: 409 once the workload is visible.
+            "GET",
+            "/api/v1/workloads/{id}/logs",
+            [409, 409, 409, 409, 401],
+            [409, 404, 404, 404, 401],
+        ),
+        (
             "GET",
             "/api/v1/usage",
             [200, 200, 200, 200, 401],

@@ -431,6 +431,21 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
     Ok(())
 }
 
+#[derive(Args)]
+pub struct LogsArgs {
+    /// The workload.
+    pub id: u64,
+    /// Keep following the output until the workload ends.
+    #[arg(long, short)]
+    pub follow: bool,
+}
+
+pub async fn logs(c: &Common, a: LogsArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let path = format!("/api/v1/workloads/{}/logs?follow={}", a.id, a.follow);
+    client.stream(&path, &mut std::io::stdout()).await
+}
+
 pub async fn cancel(c: &Common, id: u64) -> Result<()> {
     let client = Client::new(&c.conn)?;
     let w: Workload = client

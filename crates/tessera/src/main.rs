@@ -5,10 +5,10 @@
 //! the placement engine live in `tessera-model` and `tessera-sched`.
 //!
 //! `serve` runs the control plane; `run`, `ls`, `describe`, `cancel`, `pools`, `nodes`,
-//! `gpus`, `tenants`, `projects` and `token` talk to it; `admin recover` issues an admin token
-//! through the data directory; `sim openb` replays the Alibaba trace, `bench` measures the
-//! engine and the API, `fleet` shows a fleet description and `openapi` prints the API
-//! document.
+//! `gpus`, `tenants`, `projects`, `token` and `logs` talk to it; `admin recover` issues an
+//! admin token through the data directory; `gpu-check` shows this machine's GPUs; `sim openb`
+//! replays the Alibaba trace, `bench` measures the engine and the API, `fleet` shows a fleet
+//! description and `openapi` prints the API document.
 
 mod bench;
 mod benchapi;
@@ -16,6 +16,7 @@ mod cli;
 mod client;
 mod fleetcmd;
 mod govcli;
+mod local;
 mod login;
 mod opscli;
 mod serve;
@@ -55,6 +56,8 @@ enum Command {
     Describe { id: u64 },
     /// Cancel a workload; its capacity returns to the fleet.
     Cancel { id: u64 },
+    /// A workload's output (stdout and stderr), from backends that keep it (`local`).
+    Logs(cli::LogsArgs),
     /// Pools and their use.
     Pools,
     /// Nodes and their free resources.
@@ -112,6 +115,9 @@ enum Command {
         #[command(subcommand)]
         cmd: AdminCmd,
     },
+    /// This machine's NVIDIA GPUs through NVML, read-only: discovery and one telemetry sample as
+    /// JSON (what `--backend local` would serve). Never changes MIG mode, clocks or settings.
+    GpuCheck(local::GpuCheckArgs),
 }
 
 #[derive(Subcommand)]
@@ -163,6 +169,7 @@ fn main() -> ExitCode {
         Command::Ls(a) => client(Box::pin(cli::ls(c, a))),
         Command::Describe { id } => client(Box::pin(cli::describe(c, id))),
         Command::Cancel { id } => client(Box::pin(cli::cancel(c, id))),
+        Command::Logs(a) => client(Box::pin(cli::logs(c, a))),
         Command::Pools => client(Box::pin(cli::pools(c))),
         Command::Nodes(f) => client(Box::pin(cli::nodes(c, f))),
         Command::Gpus(f) => client(Box::pin(cli::gpus(c, f))),
@@ -194,6 +201,7 @@ fn main() -> ExitCode {
             );
             Ok(())
         })),
+        Command::GpuCheck(a) => local::gpu_check(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

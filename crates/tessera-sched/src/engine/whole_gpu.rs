@@ -21,7 +21,7 @@
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
-use tessera_model::layout::{Placed, media_instances, validate, with_instance};
+use tessera_model::layout::{Placed, validate, with_instance};
 use tessera_model::request::MigChoice;
 use tessera_model::{MigGeometry, ModelId, NodeId, PoolId, Request, Sharing};
 
@@ -150,11 +150,9 @@ impl Engine {
                 }
             }
         }
+        // One rule everywhere: `validate` includes the single media-engine set (rule 4).
         if let Err(e) = validate(geom, &layout) {
             return bad(e.to_string());
-        }
-        if media_instances(geom, &layout) > 1 {
-            return bad("more than one +me instance; the GPU's media engines go to one".into());
         }
         for h in &g.holders {
             if let Grant::Mig { profile, start, .. } = self.state.allocations[h].grant

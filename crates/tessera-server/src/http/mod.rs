@@ -15,6 +15,7 @@ pub mod audit;
 pub mod fleet;
 pub mod governance;
 pub mod health;
+pub mod logs;
 pub mod nodeops;
 pub mod sim;
 pub mod system;
@@ -90,6 +91,7 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(workloads::get_workload))
         .routes(routes!(workloads::cancel_workload))
         .routes(routes!(workloads::workload_events))
+        .routes(routes!(logs::workload_logs))
         .routes(routes!(governance::get_quotas))
         .routes(routes!(governance::set_quota, governance::delete_quota))
         .routes(routes!(governance::set_budget))

@@ -246,7 +246,7 @@ pub async fn create_workload(
 }
 
 /// A workload the caller may see (others answer 404, so existence does not leak).
-async fn find_workload(
+pub(super) async fn find_workload(
     s: &AppState,
     id: &Identity,
     wid: WorkloadId,
