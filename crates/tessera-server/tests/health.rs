@@ -109,6 +109,7 @@ impl Srv {
     async fn metrics(&self) -> String {
         self.http
             .get(format!("{}/metrics", self.base))
+            .bearer_auth(&self.token)
             .send()
             .await
             .unwrap()

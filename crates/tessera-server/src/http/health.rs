@@ -52,7 +52,8 @@ pub async fn gpu_health(State(s): State<AppState>, id: Identity) -> ApiResult<Js
 
 /// Puts an unhealthy GPU back into placement (platform-admin, audited).
 #[utoipa::path(post, path = "/api/v1/gpus/{node}/{gpu}/clear", tag = "fleet",
-    params(("node" = String, Path), ("gpu" = u8, Path)),
+    params(("node" = String, Path, description = "The node's name"),
+        ("gpu" = u8, Path, description = "The GPU's index on the node", minimum = 0, maximum = 15)),
     responses((status = 204, description = "Back in placement"), (status = 401, body = Problem),
         (status = 403, body = Problem), (status = 404, description = "No such GPU", body = Problem),
         (status = 409, description = "The GPU is not unhealthy", body = Problem)))]

@@ -24,15 +24,22 @@ use crate::problem::{ApiError, ApiResult};
 pub struct LogQuery {
     /// Byte offset to start from (default 0).
     #[serde(default)]
+    #[param(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     pub offset: u64,
     /// Keep the response open and send new output until the workload ends.
     #[serde(default)]
     pub follow: bool,
 }
 
-// Any offset is valid (past the end reads nothing yet); `follow` is a plain flag.
+// Any offset a file can have is valid (past the end reads nothing yet).
 impl Validate for LogQuery {
     fn validate(&self) -> Result<(), Violation> {
+        if self.offset > i64::MAX as u64 {
+            return Err(Violation::new(
+                "offset",
+                format!("{}: at most {}", self.offset, i64::MAX),
+            ));
+        }
         Ok(())
     }
 }

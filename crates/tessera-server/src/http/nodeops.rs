@@ -2,26 +2,44 @@
 //! uncordon one node; the node's state shows in `GET /api/v1/nodes` and `/metrics`.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use serde::Deserialize;
 use tessera_api::{NodeView, Problem};
 use utoipa::IntoParams;
 
-use super::views;
 use super::workloads::lifecycle_error;
+use super::{ApiQuery, views};
 use crate::auth::Identity;
 use crate::lifecycle::NodeOp;
 use crate::problem::{ApiError, ApiResult};
 use crate::{AppState, now_ms};
+use tessera_api::rules::{Validate, Violation};
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DrainParams {
-    /// Drain only: seconds until the drain's policy applies (default: no deadline).
+    /// Drain only: seconds until the drain's policy applies (default: no deadline; at most 30
+    /// days).
+    #[param(minimum = 0, maximum = 2_592_000)]
     pub deadline_s: Option<u64>,
     /// Drain only: after the deadline, `preempt` what is left (with the grace period; batch
     /// work is requeued) or `wait` (default).
     pub after: Option<String>,
+}
+
+/// The longest drain deadline, seconds (30 days).
+const MAX_DEADLINE_S: u64 = 2_592_000;
+
+impl Validate for DrainParams {
+    fn validate(&self) -> Result<(), Violation> {
+        match self.deadline_s {
+            Some(d) if d > MAX_DEADLINE_S => Err(Violation::new(
+                "deadline_s",
+                format!("{d}: a drain deadline is at most {MAX_DEADLINE_S} s (30 days)"),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The operation an action names, or a problem naming the field.
@@ -51,7 +69,7 @@ pub fn parse_op(action: &str, p: &DrainParams, now: i64) -> ApiResult<NodeOp> {
                 return Err(ApiError::invalid("after", "`after=preempt` needs a `deadline_s`"));
             }
             NodeOp::Drain {
-                deadline_ms: p.deadline_s.map(|s| now + (s.min(10 * 365 * 86_400) as i64) * 1000),
+                deadline_ms: p.deadline_s.map(|s| now + (s.min(MAX_DEADLINE_S) as i64) * 1000),
                 preempt,
             }
         }
@@ -74,7 +92,7 @@ pub async fn node_action(
     State(s): State<AppState>,
     id: Identity,
     Path((node, action)): Path<(String, String)>,
-    Query(p): Query<DrainParams>,
+    ApiQuery(p): ApiQuery<DrainParams>,
 ) -> ApiResult<Json<NodeView>> {
     id.require_admin()?;
     let n = s
