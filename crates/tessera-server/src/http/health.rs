@@ -56,7 +56,8 @@ pub async fn gpu_health(State(s): State<AppState>, id: Identity) -> ApiResult<Js
         ("gpu" = u8, Path, description = "The GPU's index on the node", minimum = 0, maximum = 15)),
     responses((status = 204, description = "Back in placement"), (status = 401, body = Problem),
         (status = 403, body = Problem), (status = 404, description = "No such GPU", body = Problem),
-        (status = 409, description = "The GPU is not unhealthy", body = Problem)))]
+        (status = 409, description = "The GPU is not unhealthy", body = Problem),
+        (status = 422, description = "Not a GPU index", body = Problem)))]
 pub async fn clear_gpu(
     State(s): State<AppState>,
     id: Identity,
