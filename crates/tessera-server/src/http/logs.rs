@@ -21,6 +21,7 @@ use crate::problem::{ApiError, ApiResult};
 
 /// Where to start and whether to keep following.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct LogQuery {
     /// Byte offset to start from (default 0).
     #[serde(default)]
