@@ -73,6 +73,10 @@ pub struct NodeView {
     pub memory_gib_free: f64,
     pub gpus_free: u8,
     pub units_used: String,
+    /// `ready`, `cordoned` (no new placement), `draining` (being emptied) or `maintenance`
+    /// (drained, safe to work on).
+    #[serde(default)]
+    pub state: String,
 }
 
 /// One slice of a GPU: a MIG instance, a time-slice share, or the whole GPU.
@@ -821,4 +825,22 @@ pub struct ReplicasView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leader: Option<LeaderView>,
     pub replicas: Vec<ReplicaView>,
+}
+
+/// A GPU out of placement because it failed (a critical XID, lost, or a failed partition),
+/// until a platform admin clears it.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct GpuHealthView {
+    pub node: String,
+    pub gpu: u8,
+    pub pool: String,
+    pub model: String,
+    /// When it was marked unhealthy (RFC 3339).
+    pub since: String,
+    /// The critical XID, when one caused it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xid: Option<u32>,
+    pub detail: String,
+    /// Workloads still on it.
+    pub workloads: Vec<u64>,
 }

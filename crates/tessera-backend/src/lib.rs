@@ -2,7 +2,8 @@
 //!
 //! The contract between Tessera's control plane and a backend, the thing that owns GPUs: the
 //! [`Backend`] trait and the values that cross it. This crate holds no implementation; the
-//! simulated backend lives in `tessera-backend-sim`, and it is the only implementation today.
+//! simulated backend lives in `tessera-backend-sim`, the NVML one (this machine's GPUs, workloads as
+//! local processes) in `tessera-backend-local`.
 //!
 //! ## Capabilities
 //!
@@ -126,4 +127,26 @@ pub trait Backend: Send + Sync {
     /// The event stream. A backend hands it out once (`None` afterwards) or, like the
     /// simulated backend, to each new subscriber in turn (the latest one gets the events).
     fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>>;
+    /// Optional capability ([`Capabilities::logs`]): up to `max` bytes of a workload's captured
+    /// output (stdout and stderr, in the order written) from byte `offset`. Following a log is
+    /// calling again from [`LogChunk::next_offset`] until [`LogChunk::done`]. Backends without
+    /// logs keep this default, which refuses.
+    async fn read_logs(&self, id: u64, offset: u64, max: usize) -> Result<LogChunk, BackendError> {
+        let _ = (id, offset, max);
+        Err(BackendError::Rejected(format!(
+            "the {} backend keeps no workload logs",
+            self.name()
+        )))
+    }
+}
+
+/// A piece of a workload's log ([`Backend::read_logs`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogChunk {
+    pub bytes: Vec<u8>,
+    /// Where the next read starts.
+    pub next_offset: u64,
+    /// True when the workload has ended and `next_offset` is the end of its log: nothing more
+    /// will be written.
+    pub done: bool,
 }

@@ -99,6 +99,14 @@ pub enum Input {
         observed: Observed,
         grace_s: u64,
     },
+    /// News about the workload that changes nothing of its phase (a GPU it runs on became
+    /// unhealthy, its node is drained): an `observed` event with a reason code, for the
+    /// tenant's timeline. Ignored once the workload has ended.
+    Notice {
+        at: i64,
+        code: ReasonCode,
+        detail: String,
+    },
     /// After a restart, its stored request or allocation no longer fits the fleet; its
     /// allocation was not restored.
     Invalid {
@@ -279,7 +287,10 @@ impl Draft {
         self.effects.push(Effect::Unpartition);
         match self.w.stop.clone() {
             Some(StopCause::Preempted { by, code, detail }) => {
-                let why = format!("preempted by workload {by}: {detail}");
+                let why = match code {
+                    PreemptCode::Health | PreemptCode::Drain => format!("stopped: {detail}"),
+                    _ => format!("preempted by workload {by}: {detail}"),
+                };
                 if self.w.spec.requeue_on_preemption() {
                     self.release(at);
                     let reason = Reason::new(ReasonCode::Requeued, format!("requeued after being {why}"));
@@ -292,11 +303,7 @@ impl Draft {
                     self.w.stop = None;
                     self.effects.push(Effect::Requeue);
                 } else {
-                    let code = match code {
-                        PreemptCode::Priority => ReasonCode::PreemptedPriority,
-                        PreemptCode::Reclaim => ReasonCode::PreemptedReclaim,
-                    };
-                    self.finish(Phase::Preempted, at, Some(Reason::new(code, why)));
+                    self.finish(Phase::Preempted, at, Some(Reason::new(preempt_reason(code), why)));
                 }
             }
             Some(StopCause::Cancelled { by }) => {
@@ -311,6 +318,16 @@ impl Draft {
                 self.finish(Phase::Cancelled, at, reason);
             }
         }
+    }
+}
+
+/// The reason code of a preemption kind.
+fn preempt_reason(code: PreemptCode) -> ReasonCode {
+    match code {
+        PreemptCode::Priority => ReasonCode::PreemptedPriority,
+        PreemptCode::Reclaim => ReasonCode::PreemptedReclaim,
+        PreemptCode::Health => ReasonCode::GpuUnhealthy,
+        PreemptCode::Drain => ReasonCode::NodeDrain,
     }
 }
 
@@ -376,16 +393,12 @@ pub fn transition(w: Workload, input: Input) -> Transition {
             detail,
             grace_s,
         } if matches!(phase, Phase::Placed | Phase::Partitioned | Phase::Running) => {
-            let rc = match code {
-                PreemptCode::Priority => ReasonCode::PreemptedPriority,
-                PreemptCode::Reclaim => ReasonCode::PreemptedReclaim,
+            let rc = preempt_reason(code);
+            let text = match code {
+                PreemptCode::Health | PreemptCode::Drain => format!("{detail}; stopping within {grace_s} s"),
+                _ => format!("preempted by workload {by}: {detail}; stopping within {grace_s} s"),
             };
-            s.event(
-                Step::Preempted,
-                at,
-                format!("preempted by workload {by}: {detail}; stopping within {grace_s} s"),
-                Some(rc),
-            );
+            s.event(Step::Preempted, at, text, Some(rc));
             s.stop(StopCause::Preempted { by, code, detail }, grace_s);
         }
         Input::Partitioned { at, detail } if phase == Phase::Placed => {
@@ -454,6 +467,9 @@ pub fn transition(w: Workload, input: Input) -> Transition {
             (Phase::Stopping, _) => s.stopped(at),
             (_, _) => {}
         },
+        Input::Notice { at, code, detail } if !phase.is_terminal() => {
+            s.event(Step::Observed, at, detail, Some(code));
+        }
         Input::Invalid { at, detail } if !phase.is_terminal() => {
             let reason = Reason::new(ReasonCode::Invalid, format!("no longer valid on this fleet: {detail}"));
             // The allocation was never restored: nothing to return to the scheduler.
@@ -953,6 +969,66 @@ mod tests {
                     "preempted by workload 9: priority high (job 9) preempts lower-priority work"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_notice_adds_a_coded_event_and_changes_nothing_else() {
+        let w = in_phase(Phase::Running, Kind::Service);
+        let t = transition(
+            w.clone(),
+            Input::Notice {
+                at: 7_000,
+                code: ReasonCode::GpuUnhealthy,
+                detail: "GPU 3 of a100-00 is unhealthy: XID 79".into(),
+            },
+        );
+        assert!(t.changed && t.effects.is_empty());
+        assert_eq!(t.workload.phase, Phase::Running);
+        assert_eq!(t.events.len(), 1);
+        assert_eq!(
+            (t.events[0].step, t.events[0].code),
+            (Step::Observed, Some(ReasonCode::GpuUnhealthy))
+        );
+        let mut done = w;
+        done.phase = Phase::Succeeded;
+        let t = transition(
+            done,
+            Input::Notice {
+                at: 7_000,
+                code: ReasonCode::GpuUnhealthy,
+                detail: "late".into(),
+            },
+        );
+        assert!(!t.changed && t.events.is_empty(), "ended work takes no notices");
+    }
+
+    #[test]
+    fn a_health_stop_requeues_batch_work_and_ends_services() {
+        for (kind, end, code) in [
+            (Kind::Batch, Phase::Queued, ReasonCode::Requeued),
+            (Kind::Service, Phase::Preempted, ReasonCode::GpuUnhealthy),
+        ] {
+            let w = in_phase(Phase::Running, kind);
+            let id = w.id;
+            let t = transition(
+                w,
+                Input::Preempt {
+                    at: 5_000,
+                    by: id,
+                    code: PreemptCode::Health,
+                    detail: "GPU 3 of a100-00 failed (XID 79)".into(),
+                    grace_s: 10,
+                },
+            );
+            assert_eq!(t.events[0].code, Some(ReasonCode::GpuUnhealthy));
+            assert_eq!(
+                t.events[0].detail,
+                "GPU 3 of a100-00 failed (XID 79); stopping within 10 s"
+            );
+            let t = transition(t.workload, Input::Stopped { at: 6_000 });
+            assert_eq!(t.workload.phase, end, "{kind:?}");
+            assert_eq!(t.workload.reason.unwrap().code, code);
         }
     }
 

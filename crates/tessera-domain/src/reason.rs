@@ -48,12 +48,16 @@ pub enum ReasonCode {
     Lost,
     /// The stored request or allocation no longer fits the fleet description.
     Invalid,
+    /// A GPU it runs on became unhealthy (a critical XID, lost, or a failed partition).
+    GpuUnhealthy,
+    /// Its node is drained: moved elsewhere, or stopped after the drain deadline.
+    NodeDrain,
     /// A reason recorded before reasons had codes.
     Unknown,
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 19] = [
+    pub const ALL: [ReasonCode; 21] = [
         ReasonCode::NoCapacity,
         ReasonCode::Fragmentation,
         ReasonCode::Isolation,
@@ -72,6 +76,8 @@ impl ReasonCode {
         ReasonCode::ExitFailure,
         ReasonCode::Lost,
         ReasonCode::Invalid,
+        ReasonCode::GpuUnhealthy,
+        ReasonCode::NodeDrain,
         ReasonCode::Unknown,
     ];
 
@@ -95,6 +101,8 @@ impl ReasonCode {
             ReasonCode::ExitFailure => "exit-failure",
             ReasonCode::Lost => "lost",
             ReasonCode::Invalid => "invalid",
+            ReasonCode::GpuUnhealthy => "gpu-unhealthy",
+            ReasonCode::NodeDrain => "node-drain",
             ReasonCode::Unknown => "unknown",
         }
     }

@@ -291,6 +291,12 @@ pub enum StopCause {
 pub enum PreemptCode {
     Priority,
     Reclaim,
+    /// Stopped because a GPU it runs on failed (`--on-gpu-failure requeue`); `by` is the
+    /// workload itself.
+    Health,
+    /// Stopped by the drain of its node (a service once its replacement runs, other work
+    /// after the drain deadline); `by` is the replacement, or the workload itself.
+    Drain,
 }
 
 impl PreemptCode {
@@ -298,6 +304,8 @@ impl PreemptCode {
         match self {
             PreemptCode::Priority => "priority",
             PreemptCode::Reclaim => "reclaim",
+            PreemptCode::Health => "health",
+            PreemptCode::Drain => "drain",
         }
     }
 
@@ -305,6 +313,8 @@ impl PreemptCode {
         Some(match s {
             "priority" => PreemptCode::Priority,
             "reclaim" => PreemptCode::Reclaim,
+            "health" => PreemptCode::Health,
+            "drain" => PreemptCode::Drain,
             _ => return None,
         })
     }

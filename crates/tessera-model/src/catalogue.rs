@@ -216,9 +216,13 @@ impl Catalogue {
             // A30: 4-slice geometry [V]; NVLink bridge pairs.
             model("A30-24GB", &["A30", "NVIDIA A30"], 24576, 24, 56, Some(&MIG_A30), NvLink::Bridge),
             // A100 40 GB: -lgipp [V] (MIGUG); 108 SMs, 98 usable in MIG (7 × 14).
-            model("A100-40GB", &["A100-SXM4-40GB", "A100-PCIE-40GB"], 40960, 40, 108, g8, NvLink::Switch),
+            model("A100-40GB", &["A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"], 40960, 40, 108, g8, NvLink::Switch),
             // A100 80 GB: same table as A100-40GB [V].
-            model("A100-80GB", &["A100-SXM4-80GB", "A100-PCIE-80GB", "A100"], 81920, 80, 108, g8, NvLink::Switch),
+            model("A100-80GB", &["A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "A100"], 81920, 80, 108, g8, NvLink::Switch),
+            // A100 PCIe boards: the same MIG tables; NVLink bridges join pairs of boards, there is
+            // no NVSwitch (reference §6) [V].
+            model("A100-40GB-PCIE", &["A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB"], 40960, 40, 108, g8, NvLink::Bridge),
+            model("A100-80GB-PCIE", &["A100-PCIE-80GB", "NVIDIA A100 80GB PCIe"], 81920, 80, 108, g8, NvLink::Bridge),
             // H100 80 GB SXM5 (HGX, NVSwitch): -lgipp [V] from two transcripts.
             model("H100-80GB-SXM", &["H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", "H100"], 81559, 80, 132, g8, NvLink::Switch),
             // H100 80 GB PCIe: same table [V]; 114 SMs; per-profile SM counts are [U].
@@ -226,11 +230,29 @@ impl Catalogue {
             // H100 NVL 94 GB: -lgipp identical to the 8-slice table [V].
             model("H100-94GB-NVL", &["H100-NVL", "H100-94GB"], 95830, 94, 132, g8, NvLink::Bridge),
             // H200 141 GB: same IDs, counts and fractions as H100 [V]; the placement table is [I].
-            model("H200-141GB", &["H200", "H200-SXM5-141GB"], 143771, 141, 132, g8, NvLink::Switch),
+            model("H200-141GB", &["H200", "H200-SXM5-141GB", "NVIDIA H200"], 143771, 141, 132, g8, NvLink::Switch),
+            // H200 NVL (PCI 0x233B): the H200 tables and 143771 MiB [V]; bridges, not a switch
+            // (reference §6). Whether it exposes 1g.35gb is [U]; the common table is kept.
+            model("H200-141GB-NVL", &["H200-NVL", "NVIDIA H200 NVL"], 143771, 141, 132, g8, NvLink::Bridge),
+            // H100 96 GB on GH200 (reference §2.5): names 1g.12gb … 7g.96gb [V], placements as
+            // §2.0 [I]; NVML's MiB figure is [I] (96 GiB).
+            model("GH200-96GB", &["GH200", "NVIDIA GH200 480GB"], 98304, 96, 132, g8, NvLink::None),
+            // GH200 144 GB HBM3e (PCI 0x2348): names 1g.18gb … 7g.144gb [V]; MiB figure [I].
+            model("GH200-144GB", &["NVIDIA GH200 144G HBM3e"], 147456, 144, 132, g8, NvLink::None),
+            // H20 96 GB: grouped with H100-96GB/GH200 by mig-parted (same names) [V]; HGX board
+            // with NVSwitch [I]; 78 SMs [I]; MiB figure [I].
+            model("H20-96GB", &["H20", "NVIDIA H20"], 98304, 96, 78, g8, NvLink::Switch),
             // B200 180 GB: IDs, counts and fractions [V]; placement table [I]; SM count [I].
-            model("B200-180GB", &["B200"], 184320, 180, 148, g8, NvLink::Switch),
+            model("B200-180GB", &["B200", "NVIDIA B200"], 184320, 180, 148, g8, NvLink::Switch),
+            // GB200 (PCI 0x2941), 186 GB per GPU (MIGUG): names 1g.23gb, 1g.47gb, 2g.47gb,
+            // 3g.93gb, 4g.93gb, 7g.186gb [V] (the older 1g.24gb/7g.189gb variant is not modelled);
+            // NVLink Switch in the NVL72 rack [O]; placements as §2.0 [I]; MiB and SMs [I].
+            model("GB200-186GB", &["GB200", "NVIDIA GB200"], 190464, 186, 148, g8, NvLink::Switch),
             // Non-MIG models.
-            model("L40S", &["L40S-48GB"], 46068, 48, 142, None, NvLink::None),
+            model("L40S", &["L40S-48GB", "NVIDIA L40S"], 46068, 48, 142, None, NvLink::None),
+            // L40 and L4: no MIG, no NVLink; MiB figures as nvidia-smi shows them [I].
+            model("L40", &["L40-48GB", "NVIDIA L40"], 46068, 48, 142, None, NvLink::None),
+            model("L4", &["L4-24GB", "NVIDIA L4"], 23034, 24, 58, None, NvLink::None),
             model("T4", &["T4-16GB"], 15360, 16, 40, None, NvLink::None),
             model("P100", &["P100-16GB"], 16384, 16, 56, None, NvLink::None),
             model("V100M16", &["V100-16GB"], 16384, 16, 80, None, NvLink::None),
@@ -378,6 +400,44 @@ mod tests {
             ]
         );
         assert_eq!(
+            names(&c, "GH200-96GB"),
+            [
+                "1g.12gb",
+                "1g.12gb+me",
+                "1g.24gb",
+                "2g.24gb",
+                "3g.48gb",
+                "4g.48gb",
+                "7g.96gb"
+            ]
+        );
+        assert_eq!(names(&c, "H20"), names(&c, "GH200-96GB"), "one mig-parted group");
+        assert_eq!(
+            names(&c, "GH200-144GB"),
+            [
+                "1g.18gb",
+                "1g.18gb+me",
+                "1g.36gb",
+                "2g.36gb",
+                "3g.72gb",
+                "4g.72gb",
+                "7g.144gb"
+            ]
+        );
+        assert_eq!(names(&c, "H200-NVL"), names(&c, "H200"));
+        assert_eq!(
+            names(&c, "GB200"),
+            [
+                "1g.23gb",
+                "1g.23gb+me",
+                "1g.47gb",
+                "2g.47gb",
+                "3g.93gb",
+                "4g.93gb",
+                "7g.186gb"
+            ]
+        );
+        assert_eq!(
             names(&c, "A30"),
             ["1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me", "4g.24gb"]
         );
@@ -402,6 +462,26 @@ mod tests {
             GpuUnits::milli(250)
         );
         assert!(c.get(c.find("L40S").unwrap()).mig.is_none());
+    }
+
+    #[test]
+    fn nvlink_kinds_and_models_without_mig() {
+        let c = Catalogue::builtin();
+        let get = |n: &str| c.get(c.find(n).unwrap_or_else(|| panic!("{n} missing")));
+        // PCIe boards join pairs with NVLink bridges; HGX baseboards use NVSwitch.
+        for pcie in ["A100-PCIE-40GB", "A100-PCIE-80GB", "H100-80GB-PCIE", "NVIDIA H200 NVL"] {
+            assert_eq!(get(pcie).nvlink, NvLink::Bridge, "{pcie}");
+        }
+        for hgx in ["A100-SXM4-40GB", "A100-SXM4-80GB", "H100-80GB-SXM", "H200", "B200"] {
+            assert_eq!(get(hgx).nvlink, NvLink::Switch, "{hgx}");
+        }
+        for plain in ["L4", "NVIDIA L40", "L40S"] {
+            assert!(get(plain).mig.is_none(), "{plain} has no MIG");
+            assert_eq!(get(plain).nvlink, NvLink::None);
+        }
+        // NVML device names (`nvmlDeviceGetName`) resolve too.
+        assert_eq!(c.find("NVIDIA H200 NVL"), c.find("H200-141GB-NVL"));
+        assert_eq!(c.find("NVIDIA GH200 480GB"), c.find("GH200-96GB"));
     }
 
     #[test]

@@ -4,7 +4,13 @@
 //! The validity rule (reference §1.2), for the GPU instances on one GPU:
 //! 1. each instance uses a `(profile, start)` pair from that profile's legal placements;
 //! 2. the memory-slice intervals `[start, start + size)` are pairwise disjoint;
-//! 3. the count of instances of a profile never exceeds its `max_instances`.
+//! 3. the count of instances of a profile never exceeds its `max_instances`;
+//! 4. at most one instance has media extensions (`+me`), whatever its profile: a GPU has a
+//!    single set of JPEG decoders and OFA to give. On the 8-slice table this is rule 3 again
+//!    (one `+me` profile, `instanceCount` 1); on A30 it also forbids `1g.6gb+me` next to
+//!    `2g.12gb+me`, which per-profile counts alone would allow (the A30 has one JPEG and one OFA,
+//!    reference §2.8, and both `+me` profiles take them). This one rule holds for the catalogue,
+//!    the engine and the backends alike.
 //!
 //! The placement tables already encode the 7-SM-slice limit, so no separate compute check is
 //! needed ([I] in the reference; [`enumerate_layouts`] confirms it for the built-in tables).
@@ -25,9 +31,19 @@ pub struct Placed {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LayoutError {
     UnknownProfile(u8),
-    IllegalStart { profile_id: u32, start: u8 },
-    Overlap { slice: u8 },
-    TooMany { profile_id: u32, max: u8 },
+    IllegalStart {
+        profile_id: u32,
+        start: u8,
+    },
+    Overlap {
+        slice: u8,
+    },
+    TooMany {
+        profile_id: u32,
+        max: u8,
+    },
+    /// A second `+me` instance: the GPU's media engines already belong to another.
+    MediaEngines,
 }
 
 impl fmt::Display for LayoutError {
@@ -41,16 +57,18 @@ impl fmt::Display for LayoutError {
             LayoutError::TooMany { profile_id, max } => {
                 write!(f, "more than {max} instances of profile {profile_id}")
             }
+            LayoutError::MediaEngines => f.write_str("more than one +me instance; the GPU's media engines go to one"),
         }
     }
 }
 
 impl std::error::Error for LayoutError {}
 
-/// Checks rules 1–3 for `layout` on `geom`. Returns the occupied-slice mask when valid.
+/// Checks rules 1–4 for `layout` on `geom`. Returns the occupied-slice mask when valid.
 pub fn validate(geom: &MigGeometry, layout: &[Placed]) -> Result<u16, LayoutError> {
     let mut mask = 0u16;
     let mut counts = [0u8; 16];
+    let mut media = false;
     for p in layout {
         let prof = geom
             .profiles
@@ -75,6 +93,12 @@ pub fn validate(geom: &MigGeometry, layout: &[Placed]) -> Result<u16, LayoutErro
                 profile_id: prof.id,
                 max: prof.max_instances,
             });
+        }
+        if prof.media_extensions {
+            if media {
+                return Err(LayoutError::MediaEngines);
+            }
+            media = true;
         }
     }
     Ok(mask)
@@ -261,19 +285,32 @@ mod tests {
         let l = with_instance(a30, &[at(a30, 21, 0), at(a30, 14, 1)], at(a30, 6, 2));
         assert_eq!(l, vec![at(a30, 14, 1), at(a30, 6, 2)]);
         assert_eq!(media_instances(a30, &l), 1);
-        assert!(
-            validate(a30, &[at(a30, 21, 0), at(a30, 6, 2)]).is_ok(),
-            "per-profile limits alone would allow both"
+        assert_eq!(
+            validate(a30, &[at(a30, 21, 0), at(a30, 6, 2)]),
+            Err(LayoutError::MediaEngines),
+            "per-profile limits alone would allow both; rule 4 does not"
         );
     }
 
+    /// Reference §2.9 counts 84 A30 layouts, 22 multisets and 9 maximal ones with rules 1–3
+    /// only; its maximal `1g+1g+me+2g+me` gives the GPU's single JPEG/OFA set (§2.8: one JPG and
+    /// one OFA on the whole A30) to two instances. With rule 4 (the engine's stricter rule, which
+    /// is the one that holds everywhere now) the 8 layouts pairing `1g.6gb+me` with `2g.12gb+me`
+    /// go: 76 layouts, 20 multisets, 8 maximal.
     #[test]
-    fn a30_counts_match_the_reference() {
+    fn a30_counts_follow_the_reference_with_one_media_engine_set() {
         let g = &MIG_A30;
-        assert_eq!(enumerate_layouts(g).len(), 84);
+        let layouts = enumerate_layouts(g);
+        assert_eq!(layouts.len(), 76);
+        assert!(layouts.iter().all(|l| media_instances(g, l) <= 1));
         let all: Vec<usize> = (0..g.profiles.len()).collect();
-        assert_eq!(realisable_multisets(g, &all).len(), 22);
-        assert_eq!(maximal_multisets(g, &all).len(), 9);
+        assert_eq!(realisable_multisets(g, &all).len(), 20);
+        let maximal = maximal_multisets(g, &all);
+        assert_eq!(maximal.len(), 8);
+        // profile order: 1g, 1g+me, 2g, 2g+me, 4g
+        assert!(!maximal.contains(&vec![1, 1, 0, 1, 0]), "1g + 1g+me + 2g+me is gone");
+        assert!(maximal.contains(&vec![0, 0, 1, 1, 0]), "2g + 2g+me stays");
+        assert!(maximal.contains(&vec![3, 1, 0, 0, 0]), "3×1g + 1g+me stays");
         for l in enumerate_layouts(g) {
             let sm: u8 = l.iter().map(|p| g.profiles[p.profile as usize].sm_slices).sum();
             assert!(sm <= 4);

@@ -232,8 +232,8 @@ mod tests {
     fn mig_names_resolve_across_models() {
         let c = Catalogue::builtin();
         let r = MigChoice::resolve(&c, "3g.40gb").unwrap();
-        // A100-80GB, H100 SXM and H100 PCIe all call their 3g profile 3g.40gb.
-        assert_eq!(r.options.len(), 3);
+        // A100-80GB (SXM and PCIe), H100 SXM and H100 PCIe all call their 3g profile 3g.40gb.
+        assert_eq!(r.options.len(), 4);
         // `1g.10gb` is the 1g on 80 GB boards (1/8 of memory) and the double-memory 1g on an
         // A100-40GB (2/8): the name is not a key, so both are options with their own units.
         let r = MigChoice::resolve(&c, "1g.10gb").unwrap();

@@ -120,6 +120,11 @@ pub struct Engine {
     cache: ScoreCache,
     /// Nodes held back for a reservation: no placement goes there while set.
     blocked: std::collections::HashSet<u32>,
+    /// Nodes taken out of placement by an operator (cordoned, draining, in maintenance): no
+    /// new placement goes there; what runs there stays.
+    fenced_nodes: std::collections::HashSet<u32>,
+    /// Per node, the GPUs taken out of placement (unhealthy): no new placement on them.
+    fenced_gpus: HashMap<u32, u16>,
     next_epoch: u64,
     scratch: Vec<Choice>,
 }
@@ -153,6 +158,8 @@ impl Engine {
             released_unbound: Vec::new(),
             cache: ScoreCache::default(),
             blocked: Default::default(),
+            fenced_nodes: Default::default(),
+            fenced_gpus: HashMap::new(),
             next_epoch: 1,
             scratch: Vec::new(),
             fleet,
@@ -501,8 +508,65 @@ impl Engine {
         self.blocked = nodes;
     }
 
+    /// Takes node `n` out of placement (`fenced`) or back in: a cordoned, draining or
+    /// maintenance node gets no new placement from the next plan on; allocations on it stay.
+    pub fn fence_node(&mut self, n: u32, fenced: bool) {
+        let changed = if fenced {
+            self.fenced_nodes.insert(n)
+        } else {
+            self.fenced_nodes.remove(&n)
+        };
+        if changed {
+            self.touch(n);
+        }
+    }
+
+    /// Takes GPU `gpu` of node `n` out of placement (an unhealthy GPU) or back in; allocations
+    /// on it stay.
+    pub fn fence_gpu(&mut self, n: u32, gpu: u8, fenced: bool) {
+        if gpu >= 16 || n as usize >= self.fleet.nodes.len() {
+            return;
+        }
+        let mask = self.fenced_gpus.entry(n).or_default();
+        let before = *mask;
+        if fenced {
+            *mask |= 1 << gpu;
+        } else {
+            *mask &= !(1 << gpu);
+        }
+        let after = *mask;
+        if after == 0 {
+            self.fenced_gpus.remove(&n);
+        }
+        if before != after {
+            self.touch(n);
+        }
+    }
+
+    /// Whether node `n` is out of placement.
+    pub fn node_fenced(&self, n: u32) -> bool {
+        self.fenced_nodes.contains(&n)
+    }
+
+    /// The GPUs of node `n` out of placement, as a mask.
+    pub fn fenced_gpus(&self, n: u32) -> u16 {
+        self.fenced_gpus.get(&n).copied().unwrap_or(0)
+    }
+
+    fn gpu_fenced(&self, n: u32, gpu: u8) -> bool {
+        self.fenced_gpus(n) >> gpu & 1 == 1
+    }
+
+    /// Bumps a node's epoch so that cached scores of it are recomputed.
+    fn touch(&mut self, n: u32) {
+        if let Some(st) = self.state.nodes.get_mut(n as usize) {
+            st.epoch = self.next_epoch;
+            self.next_epoch += 1;
+        }
+    }
+
     fn host_fits(&self, n: u32, req: &Request) -> bool {
-        if self.blocked.contains(&n) {
+        if self.blocked.contains(&n) || self.fenced_nodes.contains(&n) {
             return false;
         }
         let st = &self.state.nodes[n as usize];
@@ -533,8 +597,8 @@ impl Engine {
                     continue;
                 }
                 let node = &self.fleet.nodes[n as usize];
-                if let Some(mask) = whole_choice(node.topology, node.gpus, self.state.nodes[n as usize].free_mask, gpus)
-                {
+                let free = self.state.nodes[n as usize].free_mask & !self.fenced_gpus(n);
+                if let Some(mask) = whole_choice(node.topology, node.gpus, free, gpus) {
                     return Some(Placement {
                         node: NodeId(n),
                         grant: Grant::Whole { gpus: mask },
@@ -576,7 +640,7 @@ impl Engine {
         for (_, model, pi, key, start) in cands {
             let bucket = &self.mig_index[&(pool.0, model)][key];
             for &(n, g) in bucket {
-                if !self.host_fits(n, req) {
+                if !self.host_fits(n, req) || self.gpu_fenced(n, g) {
                     continue;
                 }
                 let gm = self.fleet.catalogue.get(tessera_model::ModelId(model));
@@ -618,9 +682,10 @@ impl Engine {
         let mut ties = 0u32;
         let mut scratch = std::mem::take(&mut self.scratch);
         for n in pool_def.nodes.clone() {
-            if self.blocked.contains(&n) {
+            if self.blocked.contains(&n) || self.fenced_nodes.contains(&n) {
                 continue;
             }
+            let fenced = self.fenced_gpus(n);
             let node = &fleet.nodes[n as usize];
             let st = &self.state.nodes[n as usize];
             if st.cpu_free < d.cpu_milli || st.mem_free < d.memory_mib || !req.allows_model(node.model) {
@@ -634,7 +699,7 @@ impl Engine {
                 Some(b) => b,
                 None => {
                     scratch.clear();
-                    choices(&fleet, n, st, &d, mix, &mut scratch);
+                    choices(&fleet, n, st, &d, mix, fenced, &mut scratch);
                     let view = NodeView { node, state: st };
                     let mut nb: Option<(Choice, Score)> = None;
                     for &c in &scratch {
@@ -993,14 +1058,24 @@ fn fraction_choices(fleet: &Fleet, n: u32, st: &crate::state::NodeState, d: &Dem
 }
 
 /// Every feasible choice for `d` on node `n` (host resources already checked).
-fn choices(fleet: &Fleet, n: u32, st: &crate::state::NodeState, d: &Demand, mix: bool, out: &mut Vec<Choice>) {
+/// `fenced`: GPUs out of placement.
+fn choices(
+    fleet: &Fleet,
+    n: u32,
+    st: &crate::state::NodeState,
+    d: &Demand,
+    mix: bool,
+    fenced: u16,
+    out: &mut Vec<Choice>,
+) {
     if d.gpus == 0 {
         out.push(Choice::Host);
     } else if d.is_fraction() {
         fraction_choices(fleet, n, st, d, mix, out);
+        out.retain(|c| !matches!(c, Choice::Gpu(g) if fenced >> g & 1 == 1));
     } else {
         let node = &fleet.nodes[n as usize];
-        if let Some(mask) = whole_choice(node.topology, node.gpus, st.free_mask, d.gpus) {
+        if let Some(mask) = whole_choice(node.topology, node.gpus, st.free_mask & !fenced, d.gpus) {
             out.push(Choice::Gpus(mask));
         }
     }
@@ -1027,6 +1102,73 @@ mod tests {
         let c = e.place(3, &Request::whole(8)).unwrap().clone();
         assert_ne!(c.node, a.node);
         assert_eq!(c.units, GpuUnits::whole(8));
+    }
+
+    #[test]
+    fn fenced_gpus_and_nodes_get_no_new_placement() {
+        let mut e = seed_engine();
+        let f = e.fleet().clone();
+        let first = e.plan(&Request::whole(1)).unwrap();
+        let (n, Grant::Whole { gpus }) = (first.node.0, first.grant.clone()) else {
+            panic!("{first:?}")
+        };
+        let g = gpus.trailing_zeros() as u8;
+        e.fence_gpu(n, g, true);
+        let p = e.plan(&Request::whole(1)).unwrap();
+        assert!(
+            p.node.0 != n || !matches!(p.grant, Grant::Whole { gpus } if gpus >> g & 1 == 1),
+            "an unhealthy GPU gets no placement: {p:?}"
+        );
+        // A node with one unhealthy GPU can no longer take an 8-GPU gang.
+        let eight = e.plan(&Request::whole(8)).unwrap();
+        assert_ne!(eight.node.0, n);
+        e.fence_gpu(n, g, false);
+        assert_eq!(
+            e.plan(&Request::whole(1)).unwrap(),
+            first,
+            "cleared: the GPU is chosen again"
+        );
+
+        // A cordoned node: nothing new, whatever the shape; a fenced MIG GPU: no instance on it.
+        let mig = Request::mig(&f.catalogue, "1g.10gb").unwrap();
+        let m = e.plan(&mig).unwrap();
+        let Grant::Mig { gpu: mg, .. } = m.grant else { panic!() };
+        e.fence_gpu(m.node.0, mg, true);
+        let m2 = e.plan(&mig).unwrap();
+        assert!(
+            m2.node != m.node || !matches!(m2.grant, Grant::Mig { gpu, .. } if gpu == mg),
+            "{m2:?}"
+        );
+        e.fence_node(m2.node.0, true);
+        assert_ne!(e.plan(&mig).unwrap().node, m2.node);
+        let frac = e.plan(&Request::fraction(250)).unwrap();
+        e.fence_node(frac.node.0, true);
+        assert!(e.node_fenced(frac.node.0));
+        assert_ne!(e.plan(&Request::fraction(250)).unwrap().node, frac.node);
+        // Every other node of the pool fenced, this one back: only it can take the fraction.
+        let pool = f.nodes[frac.node.0 as usize].pool;
+        for n in f.pool(pool).nodes.clone() {
+            e.fence_node(n, n != frac.node.0);
+        }
+        assert!(!e.node_fenced(frac.node.0));
+        assert_eq!(e.plan(&Request::fraction(250).with_pool(pool)).unwrap().node, frac.node);
+        e.fence_node(frac.node.0, true);
+        assert!(
+            e.plan(&Request::fraction(250).with_pool(pool)).is_err(),
+            "the whole pool is fenced"
+        );
+    }
+
+    #[test]
+    fn fencing_keeps_what_runs() {
+        let mut e = seed_engine();
+        let a = e.place(1, &Request::whole(2)).unwrap().clone();
+        let Grant::Whole { gpus } = a.grant else { panic!() };
+        e.fence_node(a.node.0, true);
+        e.fence_gpu(a.node.0, gpus.trailing_zeros() as u8, true);
+        assert_eq!(e.allocation(1), Some(&a));
+        assert_eq!(e.fenced_gpus(a.node.0), 1 << gpus.trailing_zeros());
+        assert!(e.release(1).is_some(), "work on a fenced GPU is released normally");
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod mig;
 pub mod policy;
 pub mod reason;
 pub mod replay;
+pub mod rollout;
 pub mod scenario;
 pub mod state;
 pub mod tessera;

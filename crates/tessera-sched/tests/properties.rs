@@ -190,22 +190,34 @@ fn run(model: &str, ops: Vec<Op>, policy: &str) {
     );
 }
 
-const MODELS: [&str; 14] = [
+/// MIG models first, then the ones without MIG (the baseline policies run on those).
+const MODELS: [&str; 23] = [
     "A30-24GB",
     "A100-40GB",
     "A100-80GB",
+    "A100-40GB-PCIE",
+    "A100-80GB-PCIE",
     "H100-80GB-SXM",
     "H100-80GB-PCIE",
     "H100-94GB-NVL",
     "H200-141GB",
+    "H200-141GB-NVL",
+    "GH200-96GB",
+    "GH200-144GB",
+    "H20-96GB",
     "B200-180GB",
+    "GB200-186GB",
     "L40S",
+    "L40",
+    "L4",
     "T4",
     "P100",
     "V100M16",
     "V100M32",
     "A10",
 ];
+/// Index of the first model without MIG in [`MODELS`].
+const FIRST_WITHOUT_MIG: usize = 15;
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
@@ -216,7 +228,7 @@ proptest! {
     }
 
     #[test]
-    fn baseline_policies_keep_the_invariants_too(m in 8usize..MODELS.len(), ops in prop::collection::vec(op(), 1..80), p in 0usize..3) {
+    fn baseline_policies_keep_the_invariants_too(m in FIRST_WITHOUT_MIG..MODELS.len(), ops in prop::collection::vec(op(), 1..80), p in 0usize..3) {
         run(MODELS[m], ops, ["fgd", "bestfit", "random"][p]);
     }
 }
@@ -226,6 +238,13 @@ fn every_catalogue_model_is_covered() {
     let c = Catalogue::builtin();
     for (_, m) in c.models() {
         assert!(MODELS.contains(&m.name.as_str()), "{} has no property test", m.name);
+        let i = MODELS.iter().position(|n| *n == m.name).unwrap();
+        assert_eq!(
+            m.mig.is_some(),
+            i < FIRST_WITHOUT_MIG,
+            "{} is in the wrong group",
+            m.name
+        );
     }
 }
 
@@ -563,7 +582,7 @@ proptest! {
 
     #[test]
     fn mig_modes_keep_their_invariants_through_rebinds(
-        m in 0usize..8,
+        m in 0usize..FIRST_WITHOUT_MIG,
         whole_gpu in any::<bool>(),
         initial in prop::collection::vec(prop_oneof![1 => Just(0usize), 2 => any::<usize>()], 12),
         ops in prop::collection::vec(mig_op(), 1..120),
@@ -576,10 +595,10 @@ proptest! {
 #[test]
 fn the_mig_property_test_covers_every_mig_model() {
     let c = Catalogue::builtin();
-    for name in &MODELS[..8] {
+    for name in &MODELS[..FIRST_WITHOUT_MIG] {
         assert!(c.get(c.find(name).unwrap()).mig.is_some(), "{name}");
     }
-    for name in &MODELS[8..] {
+    for name in &MODELS[FIRST_WITHOUT_MIG..] {
         assert!(c.get(c.find(name).unwrap()).mig.is_none(), "{name}");
     }
 }

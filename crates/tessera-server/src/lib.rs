@@ -83,6 +83,8 @@ pub struct AppState {
     pub priorities: Arc<Vec<String>>,
     pub auth: Arc<Authenticator>,
     pub backend_name: &'static str,
+    /// The backend, for what the lifecycle does not carry (workload logs).
+    pub backend: Arc<dyn Backend>,
     pub prices: Arc<usage::Prices>,
     pub audit: audit::AuditLog,
     pub limiter: Arc<audit::RateLimiter>,
@@ -112,10 +114,15 @@ pub struct ServerConfig {
     /// The simulated backend: its mode (`exact`, or `operator` as on a GPU Operator cluster),
     /// partition and stop times, telemetry interval.
     pub sim: SimConfig,
+    /// Another backend than the simulated one (the `local` backend); `None` runs the simulated
+    /// backend configured by `sim`.
+    pub backend: Option<BackendHandle>,
     /// Grace period for stopping workloads.
     pub grace: Duration,
     /// How often the backend is reconciled with what Tessera expects.
     pub reconcile_every: Duration,
+    /// What happens to running work on a GPU that failed.
+    pub on_gpu_failure: lifecycle::GpuFailurePolicy,
     /// Priority classes, minimum runtime, fair-share half-life, backfill window.
     pub govern: GovernConfig,
     /// Price per GPU-unit-hour by resource class, for usage reports.
@@ -148,8 +155,10 @@ impl ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             policy: "tessera".into(),
             sim: SimConfig::default(),
+            backend: None,
             grace: Duration::from_secs(1),
             reconcile_every: Duration::from_secs(30),
+            on_gpu_failure: lifecycle::GpuFailurePolicy::Leave,
             govern: GovernConfig::default(),
             prices: usage::Prices::default(),
             rate_limit: 0.0,
@@ -163,13 +172,23 @@ impl ServerConfig {
     }
 }
 
+/// A backend given to the server from outside (`tessera serve --backend local`).
+#[derive(Clone)]
+pub struct BackendHandle(pub Arc<dyn Backend>);
+
+impl std::fmt::Debug for BackendHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BackendHandle({})", self.0.name())
+    }
+}
+
 /// A started server.
 pub struct Running {
     pub addr: SocketAddr,
     /// The admin token, when this start created it.
     pub admin_token: Option<String>,
-    /// The simulated backend (fault injection in tests and demos).
-    pub sim: Arc<SimBackend>,
+    /// The simulated backend (fault injection in tests and demos), when it is the one in use.
+    pub sim: Option<Arc<SimBackend>>,
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
     /// A router serving only `/metrics`, for [`serve_metrics`] on a port of its own.
     pub metrics_app: axum::Router,
@@ -349,8 +368,13 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
             Scheduler::new(Engine::new(fleet.clone(), p, 1), govern.clone())
         })
     };
-    let sim = Arc::new(SimBackend::new(cfg.sim, sim_gpus(&fleet)));
-    let backend: Arc<dyn Backend> = sim.clone();
+    let (backend, sim): (Arc<dyn Backend>, Option<Arc<SimBackend>>) = match cfg.backend {
+        Some(b) => (b.0, None),
+        None => {
+            let sim = Arc::new(SimBackend::new(cfg.sim, sim_gpus(&fleet)));
+            (sim.clone(), Some(sim))
+        }
+    };
     let listener = TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
@@ -387,6 +411,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         settings: lifecycle::Settings {
             grace: cfg.grace,
             reconcile_every: cfg.reconcile_every,
+            on_gpu_failure: cfg.on_gpu_failure,
         },
         metrics: metrics.clone(),
     };
@@ -441,13 +466,14 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         }),
         audit: audit::AuditLog::start(store),
         backend_name: backend.name(),
+        backend: backend.clone(),
         prices: Arc::new(cfg.prices),
         limiter: Arc::new(audit::RateLimiter::new(cfg.rate_limit, cfg.rate_limit * 2.0)),
         sessions: Arc::new(session::Sessions::new(cfg.tls.is_some())),
         projects: Arc::default(),
         obs: Arc::new(metrics::Observability {
             metrics,
-            sim: Some(sim.clone()),
+            sim: sim.clone(),
             version: env!("CARGO_PKG_VERSION"),
         }),
         replica: replica.clone(),

@@ -98,6 +98,7 @@ pub struct Metrics {
     backend_errors: Family<Labels, Counter>,
     ghosts: Counter,
     orphans: Gauge,
+    gpu_failures: Family<Labels, Counter>,
     allocated: FCounter,
     measured: FCounter,
     database: Hist,
@@ -127,6 +128,7 @@ impl Metrics {
             backend_errors: Family::default(),
             ghosts: Counter::default(),
             orphans: Gauge::default(),
+            gpu_failures: Family::default(),
             allocated: Family::default(),
             measured: Family::default(),
             database: Family::new_with_constructor(db_hist),
@@ -266,6 +268,17 @@ impl Metrics {
         self.ghosts.inc();
     }
 
+    /// A GPU was taken out of placement: `cause` is `xid`, `lost` or `partition-failed`.
+    pub fn gpu_failure(&self, pool: &str, model: &str, cause: &'static str) {
+        self.gpu_failures
+            .get_or_create(&vec![
+                ("pool", pool.to_string()),
+                ("model", model.to_string()),
+                ("cause", cause.to_string()),
+            ])
+            .inc();
+    }
+
     /// Reconcile found `n` workloads the backend runs that Tessera does not know.
     pub fn orphans(&self, n: usize) {
         self.orphans.set(n as i64);
@@ -348,6 +361,11 @@ impl Metrics {
             self.ghosts.clone(),
         );
         reg.register(
+            "tessera_gpu_failures",
+            "GPUs taken out of placement, by pool, model and cause (xid: a critical XID; lost; partition-failed)",
+            self.gpu_failures.clone(),
+        );
+        reg.register(
             "tessera_reconcile_orphans",
             "Workloads the backend runs that Tessera does not know, at the last reconcile",
             self.orphans.clone(),
@@ -425,7 +443,13 @@ struct PoolModel {
 }
 
 /// Renders the whole exposition.
-pub fn render(obs: &Observability, backend: &str, snap: &Snapshot, telemetry: &Telemetry) -> String {
+pub fn render(
+    obs: &Observability,
+    backend: &str,
+    snap: &Snapshot,
+    telemetry: &Telemetry,
+    ops: &crate::lifecycle::FleetOps,
+) -> String {
     let mut reg = Registry::default();
     obs.metrics.register(&mut reg);
     let f = &snap.fleet;
@@ -454,15 +478,23 @@ pub fn render(obs: &Observability, backend: &str, snap: &Snapshot, telemetry: &T
     let by_gpu: HashMap<(&str, u8), &GpuSample> =
         telemetry.gpus.iter().map(|s| ((s.node.as_str(), s.gpu), s)).collect();
     let (gpus, lost) = (FGauge::default(), FGauge::default());
-    let mut health: BTreeMap<(String, String), (u64, u64, u64)> = BTreeMap::new();
+    // (healthy, unhealthy, lost, cordoned: healthy GPUs of nodes not ready)
+    let mut health: BTreeMap<(String, String), (u64, u64, u64, u64)> = BTreeMap::new();
     for n in &f.nodes {
         let key = (f.pool(n.pool).name.clone(), f.catalogue.get(n.model).name.clone());
         let e = health.entry(key).or_default();
+        let out = ops.node_state(&n.name) != "ready";
         for g in 0..n.gpus {
+            if ops.unhealthy.contains_key(&(n.name.clone(), g)) {
+                e.1 += 1;
+                continue;
+            }
             match by_gpu.get(&(n.name.as_str(), g)) {
+                Some(s) if s.xid == 0 && out => e.3 += 1,
                 Some(s) if s.xid == 0 => e.0 += 1,
                 Some(_) => e.1 += 1,
                 // No telemetry yet at all: not counted as lost.
+                None if telemetry.at == 0 && out => e.3 += 1,
                 None if telemetry.at == 0 => e.0 += 1,
                 None => {
                     e.1 += 1;
@@ -471,18 +503,50 @@ pub fn render(obs: &Observability, backend: &str, snap: &Snapshot, telemetry: &T
             }
         }
     }
-    for ((pool, model), (healthy, unhealthy, gone)) in &health {
-        for (state, v) in [("healthy", *healthy), ("unhealthy", *unhealthy), ("cordoned", 0)] {
+    for ((pool, model), (healthy, unhealthy, gone, cordoned)) in &health {
+        for (state, v) in [
+            ("healthy", *healthy),
+            ("unhealthy", *unhealthy),
+            ("cordoned", *cordoned),
+        ] {
             gpus.get_or_create(&l(&[("pool", pool), ("model", model), ("state", state)]))
                 .set(v as f64);
         }
         lost.get_or_create(&l(&[("pool", pool), ("model", model)]))
             .set(*gone as f64);
     }
+    // Nodes by pool and operator state; every state exists from the start.
+    let node_states = FGauge::default();
+    let mut by_state: BTreeMap<(String, &str), u64> = BTreeMap::new();
+    for p in &f.pools {
+        for st in ["ready", "cordoned", "draining", "maintenance"] {
+            by_state.insert((p.name.clone(), st), 0);
+        }
+    }
+    for n in &f.nodes {
+        let st = match ops.node_state(&n.name) {
+            "cordoned" => "cordoned",
+            "draining" => "draining",
+            "maintenance" => "maintenance",
+            _ => "ready",
+        };
+        *by_state.entry((f.pool(n.pool).name.clone(), st)).or_default() += 1;
+    }
+    for ((pool, st), v) in &by_state {
+        node_states
+            .get_or_create(&l(&[("pool", pool), ("state", st)]))
+            .set(*v as f64);
+    }
+    gauge(
+        &mut reg,
+        "tessera_nodes",
+        "Nodes by pool and operator state: ready, cordoned (no new placement), draining, maintenance (drained)",
+        node_states,
+    );
     gauge(
         &mut reg,
         "tessera_gpus",
-        "GPUs by pool, model and state: healthy, unhealthy (an XID error reported by telemetry, or no telemetry), cordoned",
+        "GPUs by pool, model and state: healthy, unhealthy (marked unhealthy, an XID error reported by telemetry, or no telemetry), cordoned (healthy, on a node cordoned, draining or in maintenance)",
         gpus,
     );
     gauge(
@@ -963,8 +1027,9 @@ pub async fn scrape(State(s): State<AppState>) -> Response {
     let obs = s.obs.clone();
     let snap = s.lifecycle.snapshot();
     let telemetry = s.lifecycle.published().telemetry();
+    let ops = s.lifecycle.published().ops();
     let backend = s.backend_name;
-    let body = tokio::task::spawn_blocking(move || render(&obs, backend, &snap, &telemetry)).await;
+    let body = tokio::task::spawn_blocking(move || render(&obs, backend, &snap, &telemetry, &ops)).await;
     match body {
         Ok(b) => (
             StatusCode::OK,

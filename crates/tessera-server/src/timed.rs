@@ -10,9 +10,9 @@ use std::time::Instant;
 use async_trait::async_trait;
 use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{
-    AuditRecord, AuditStore, Change, GovernanceStore, LeaseRecord, LeaseStore, LedgerStore, ProjectRecord, QuotaRecord,
-    ReplicaRecord, Result, Revocation, Store, TenancyStore, TenantRecord, TokenRecord, TokenStore, UsageInterval,
-    WorkloadFilter, WorkloadStore,
+    AuditRecord, AuditStore, Change, FleetStore, GovernanceStore, GpuHealthRecord, LeaseRecord, LeaseStore,
+    LedgerStore, NodeStateRecord, ProjectRecord, QuotaRecord, ReplicaRecord, Result, Revocation, Store, TenancyStore,
+    TenantRecord, TokenRecord, TokenStore, UsageInterval, WorkloadFilter, WorkloadStore,
 };
 
 use crate::metrics::Metrics;
@@ -180,5 +180,28 @@ impl LeaseStore for TimedStore {
     }
     async fn prune_replicas(&self, idle_ms: u64) -> Result<u64> {
         self.timed("prune_replicas", self.inner.prune_replicas(idle_ms)).await
+    }
+}
+
+#[async_trait]
+impl FleetStore for TimedStore {
+    async fn set_gpu_unhealthy(&self, r: &GpuHealthRecord) -> Result<()> {
+        self.timed("set_gpu_unhealthy", self.inner.set_gpu_unhealthy(r)).await
+    }
+    async fn clear_gpu_health(&self, node: &str, gpu: u8) -> Result<bool> {
+        self.timed("clear_gpu_health", self.inner.clear_gpu_health(node, gpu))
+            .await
+    }
+    async fn unhealthy_gpus(&self) -> Result<Vec<GpuHealthRecord>> {
+        self.timed("unhealthy_gpus", self.inner.unhealthy_gpus()).await
+    }
+    async fn set_node_state(&self, r: &NodeStateRecord) -> Result<()> {
+        self.timed("set_node_state", self.inner.set_node_state(r)).await
+    }
+    async fn clear_node_state(&self, node: &str) -> Result<bool> {
+        self.timed("clear_node_state", self.inner.clear_node_state(node)).await
+    }
+    async fn node_states(&self) -> Result<Vec<NodeStateRecord>> {
+        self.timed("node_states", self.inner.node_states()).await
     }
 }

@@ -190,6 +190,7 @@ impl World {
                 Settings {
                     grace: Duration::from_secs(1),
                     reconcile_every: Duration::from_millis(500),
+                    ..Default::default()
                 },
                 Arc::new(Metrics::new()),
             )

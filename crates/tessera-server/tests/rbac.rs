@@ -264,6 +264,13 @@ async fn isolation_matrix(db: Db) {
             [200, 404, 404, 404, 401],
         ),
         (
+            // The simulated backend keeps no logs: 409 once the workload is visible.
+            "GET",
+            "/api/v1/workloads/{id}/logs",
+            [409, 409, 409, 409, 401],
+            [409, 404, 404, 404, 401],
+        ),
+        (
             "GET",
             "/api/v1/usage",
             [200, 200, 200, 200, 401],
@@ -274,6 +281,24 @@ async fn isolation_matrix(db: Db) {
             "/api/v1/sim/faults",
             [200, 403, 403, 403, 401],
             [200, 403, 403, 403, 401],
+        ),
+        (
+            "POST",
+            "/api/v1/nodes/{node}/{action}",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/gpus/health",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
+        (
+            "POST",
+            "/api/v1/gpus/{node}/{gpu}/clear",
+            [409, 403, 403, 403, 401],
+            [409, 403, 403, 403, 401],
         ),
     ];
 
@@ -314,7 +339,10 @@ async fn isolation_matrix(db: Db) {
                 let mut path = template
                     .replace("{tenant}", tenant)
                     .replace("{project}", project)
-                    .replace("{class}", "training");
+                    .replace("{class}", "training")
+                    .replace("{node}", "h100-00")
+                    .replace("{gpu}", "0")
+                    .replace("{action}", "uncordon");
                 if template.contains("/tokens/{id}") {
                     path = path.replace("{id}", &ctx.token_of(tenant).await);
                 } else if template.ends_with("/cancel") {

@@ -25,6 +25,7 @@
 
 mod audit;
 mod batch;
+mod fleet;
 mod governance;
 mod lease;
 mod ledger;

@@ -22,8 +22,9 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 
 use crate::{
-    AuditRecord, Change, Fence, IdempotencyKey, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation,
-    Store, StoreError, TenantRecord, TokenRecord, UsageInterval, WorkloadFilter,
+    AuditRecord, Change, Fence, GpuHealthRecord, IdempotencyKey, NodeStateRecord, PLATFORM_ADMIN, ProjectRecord,
+    QuotaRecord, ReplicaRecord, Revocation, Store, StoreError, TenantRecord, TokenRecord, UsageInterval,
+    WorkloadFilter,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
@@ -53,6 +54,7 @@ macro_rules! store_conformance_tests {
             the_lease_has_one_holder_at_a_time,
             fenced_batches_commit_only_for_the_lease_holder,
             replicas_record_heartbeats,
+            gpu_health_and_node_states,
         );
     };
     (@each $make:expr; $($check:ident),+ $(,)?) => {
@@ -1673,4 +1675,54 @@ pub async fn replicas_record_heartbeats(s: &dyn Store) {
     let left = s.replicas().await.unwrap();
     assert_eq!(left.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r1"]);
     assert_eq!(s.prune_replicas(60_000).await.unwrap(), 0);
+}
+
+/// Unhealthy GPUs and node states: upserted, listed in key order, cleared one by one.
+pub async fn gpu_health_and_node_states(s: &dyn Store) {
+    let gpu = |node: &str, gpu: u8, since: i64, xid: Option<u32>| GpuHealthRecord {
+        node: node.into(),
+        gpu,
+        since,
+        xid,
+        detail: format!("failed at {since}"),
+    };
+    assert!(s.unhealthy_gpus().await.unwrap().is_empty());
+    s.set_gpu_unhealthy(&gpu("h100-03", 7, 10, Some(79))).await.unwrap();
+    s.set_gpu_unhealthy(&gpu("a100-01", 2, 11, None)).await.unwrap();
+    s.set_gpu_unhealthy(&gpu("h100-03", 1, 12, Some(48))).await.unwrap();
+    // A second failure of the same GPU replaces the first.
+    s.set_gpu_unhealthy(&gpu("h100-03", 7, 13, Some(94))).await.unwrap();
+    assert_eq!(
+        s.unhealthy_gpus().await.unwrap(),
+        vec![
+            gpu("a100-01", 2, 11, None),
+            gpu("h100-03", 1, 12, Some(48)),
+            gpu("h100-03", 7, 13, Some(94)),
+        ]
+    );
+    assert!(s.clear_gpu_health("h100-03", 7).await.unwrap());
+    assert!(!s.clear_gpu_health("h100-03", 7).await.unwrap());
+    assert!(!s.clear_gpu_health("a100-01", 3).await.unwrap());
+    assert_eq!(
+        s.unhealthy_gpus().await.unwrap(),
+        vec![gpu("a100-01", 2, 11, None), gpu("h100-03", 1, 12, Some(48))]
+    );
+
+    let node = |node: &str, state: &str, since: i64| NodeStateRecord {
+        node: node.into(),
+        state: state.into(),
+        since,
+        detail: format!("{state} by admin"),
+    };
+    assert!(s.node_states().await.unwrap().is_empty());
+    s.set_node_state(&node("l40s-02", "cordoned", 1)).await.unwrap();
+    s.set_node_state(&node("a100-00", "draining", 2)).await.unwrap();
+    s.set_node_state(&node("l40s-02", "maintenance", 3)).await.unwrap();
+    assert_eq!(
+        s.node_states().await.unwrap(),
+        vec![node("a100-00", "draining", 2), node("l40s-02", "maintenance", 3)]
+    );
+    assert!(s.clear_node_state("a100-00").await.unwrap());
+    assert!(!s.clear_node_state("a100-00").await.unwrap());
+    assert_eq!(s.node_states().await.unwrap(), vec![node("l40s-02", "maintenance", 3)]);
 }

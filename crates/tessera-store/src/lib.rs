@@ -2,7 +2,8 @@
 //!
 //! The contract of Tessera's durable store, without an implementation: the records it keeps,
 //! the lifecycle batch ([`Change`]), the workload filter, one async trait per aggregate
-//! (tenancy, tokens, workloads, the usage ledger, governance, the audit log), the [`Store`]
+//! (tenancy, tokens, workloads, the usage ledger, governance, the audit log, fleet operations:
+//! GPU health and node states), the [`Store`]
 //! supertrait the control plane holds as `Arc<dyn Store>`, and [`StoreError`].
 //!
 //! Implementations live in their own crates (`tessera-store-sqlite`, the embedded default, and
@@ -382,13 +383,73 @@ pub trait LeaseStore: Send + Sync {
     async fn prune_replicas(&self, idle_ms: u64) -> Result<u64>;
 }
 
+/// A GPU taken out of placement because it failed; kept until a platform admin clears it, so
+/// that a restart does not put work on it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuHealthRecord {
+    pub node: String,
+    pub gpu: u8,
+    /// Milliseconds since the Unix epoch.
+    pub since: i64,
+    /// The critical XID, when one caused it.
+    pub xid: Option<u32>,
+    /// What happened, for people.
+    pub detail: String,
+}
+
+/// A node an operator took out of placement: `cordoned`, `draining` or `maintenance`
+/// (a node without a record is `ready`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeStateRecord {
+    pub node: String,
+    pub state: String,
+    /// Milliseconds since the Unix epoch.
+    pub since: i64,
+    /// Who asked, and why.
+    pub detail: String,
+}
+
+/// Fleet operations: unhealthy GPUs and operator node states, both surviving restarts.
+#[async_trait]
+pub trait FleetStore: Send + Sync {
+    /// Records (or replaces) an unhealthy GPU.
+    async fn set_gpu_unhealthy(&self, r: &GpuHealthRecord) -> Result<()>;
+    /// Clears an unhealthy GPU; `false` if it was not recorded.
+    async fn clear_gpu_health(&self, node: &str, gpu: u8) -> Result<bool>;
+    /// Every unhealthy GPU, by node then GPU.
+    async fn unhealthy_gpus(&self) -> Result<Vec<GpuHealthRecord>>;
+    /// Records (or replaces) a node's state.
+    async fn set_node_state(&self, r: &NodeStateRecord) -> Result<()>;
+    /// Returns a node to `ready`; `false` if it had no state recorded.
+    async fn clear_node_state(&self, node: &str) -> Result<bool>;
+    /// Every node with a state, by node.
+    async fn node_states(&self) -> Result<Vec<NodeStateRecord>>;
+}
+
 /// Everything the control plane needs from its database.
 pub trait Store:
-    TenancyStore + TokenStore + WorkloadStore + LedgerStore + GovernanceStore + AuditStore + LeaseStore + 'static
+    TenancyStore
+    + TokenStore
+    + WorkloadStore
+    + LedgerStore
+    + GovernanceStore
+    + AuditStore
+    + FleetStore
+    + LeaseStore
+    + 'static
 {
 }
 
-impl<T: TenancyStore + TokenStore + WorkloadStore + LedgerStore + GovernanceStore + AuditStore + LeaseStore + 'static>
-    Store for T
+impl<
+    T: TenancyStore
+        + TokenStore
+        + WorkloadStore
+        + LedgerStore
+        + GovernanceStore
+        + AuditStore
+        + FleetStore
+        + LeaseStore
+        + 'static,
+> Store for T
 {
 }

@@ -195,7 +195,7 @@ pub fn parse_duration(s: &str) -> Result<i64> {
     Ok(d.as_secs())
 }
 
-fn print_json<T: Serialize>(v: &T) -> Result<()> {
+pub fn print_json<T: Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
@@ -431,6 +431,21 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
     Ok(())
 }
 
+#[derive(Args)]
+pub struct LogsArgs {
+    /// The workload.
+    pub id: u64,
+    /// Keep following the output until the workload ends.
+    #[arg(long, short)]
+    pub follow: bool,
+}
+
+pub async fn logs(c: &Common, a: LogsArgs) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let path = format!("/api/v1/workloads/{}/logs?follow={}", a.id, a.follow);
+    client.stream(&path, &mut std::io::stdout()).await
+}
+
 pub async fn cancel(c: &Common, id: u64) -> Result<()> {
     let client = Client::new(&c.conn)?;
     let w: Workload = client
@@ -561,6 +576,7 @@ pub async fn nodes(c: &Common, f: FleetFilterArgs) -> Result<()> {
                         format!("{}/{}", n.cpus_free, n.cpus),
                         format!("{}/{}", n.memory_gib_free, n.memory_gib),
                         n.nvlink.clone(),
+                        n.state.clone(),
                     ]
                 })
                 .collect();
@@ -575,7 +591,8 @@ pub async fn nodes(c: &Common, f: FleetFilterArgs) -> Result<()> {
                         "UNITS USED",
                         "CPUS FREE",
                         "MEM GIB FREE",
-                        "NVLINK"
+                        "NVLINK",
+                        "STATE"
                     ],
                     &rows
                 )

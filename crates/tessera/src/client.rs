@@ -116,6 +116,35 @@ impl Client {
         Ok(body)
     }
 
+    /// GET copying the body to `out` as it arrives (followed logs).
+    pub async fn stream(&self, path: &str, out: &mut impl std::io::Write) -> Result<()> {
+        let url = format!("{}{path}", self.base);
+        let mut resp = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the Tessera server at {}: {}", self.base, root_cause(&e)))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            if let Ok(p) = serde_json::from_str::<Problem>(&body) {
+                return Err(anyhow!("{} {}: {}", p.status, p.title, p.detail));
+            }
+            return Err(anyhow!("{status} from {url}"));
+        }
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| anyhow!("reading the response from {url}: {e}"))?
+        {
+            out.write_all(&chunk)?;
+            out.flush()?;
+        }
+        Ok(())
+    }
+
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         Ok(self.call::<(), T>(Method::GET, path, None, &[]).await?.1)
     }

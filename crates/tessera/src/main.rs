@@ -5,10 +5,10 @@
 //! the placement engine live in `tessera-model` and `tessera-sched`.
 //!
 //! `serve` runs the control plane; `run`, `ls`, `describe`, `cancel`, `pools`, `nodes`,
-//! `gpus`, `tenants`, `projects` and `token` talk to it; `admin recover` issues an admin token
-//! through the data directory; `sim openb` replays the Alibaba trace, `bench` measures the
-//! engine and the API, `fleet` shows a fleet description and `openapi` prints the API
-//! document.
+//! `gpus`, `tenants`, `projects`, `token` and `logs` talk to it; `admin recover` issues an
+//! admin token through the data directory; `gpu-check` shows this machine's GPUs; `sim openb`
+//! replays the Alibaba trace, `bench` measures the engine and the API, `fleet` shows a fleet
+//! description and `openapi` prints the API document.
 
 mod bench;
 mod benchapi;
@@ -16,7 +16,9 @@ mod cli;
 mod client;
 mod fleetcmd;
 mod govcli;
+mod local;
 mod login;
+mod opscli;
 mod serve;
 mod sim;
 
@@ -56,12 +58,24 @@ enum Command {
     Cancel { id: u64 },
     /// The replicas of the control plane and which one leads.
     Status,
+    /// A workload's output (stdout and stderr), from backends that keep it (`local`).
+    Logs(cli::LogsArgs),
     /// Pools and their use.
     Pools,
     /// Nodes and their free resources.
     Nodes(cli::FleetFilterArgs),
     /// A compact map of every GPU: slices and holders.
     Gpus(cli::FleetFilterArgs),
+    /// GPU health (platform-admin): `health` lists unhealthy GPUs, `clear NODE/GPU` puts one back.
+    Gpu {
+        #[command(subcommand)]
+        cmd: opscli::GpuCmd,
+    },
+    /// Node lifecycle (platform-admin): cordon, drain, maintenance, uncordon.
+    Node {
+        #[command(subcommand)]
+        cmd: opscli::NodeCmd,
+    },
     /// List, create or delete tenants.
     Tenants(cli::TenantsArgs),
     /// List, create or delete projects of a tenant.
@@ -103,6 +117,9 @@ enum Command {
         #[command(subcommand)]
         cmd: AdminCmd,
     },
+    /// This machine's NVIDIA GPUs through NVML, read-only: discovery and one telemetry sample as
+    /// JSON (what `--backend local` would serve). Never changes MIG mode, clocks or settings.
+    GpuCheck(local::GpuCheckArgs),
 }
 
 #[derive(Subcommand)]
@@ -158,9 +175,12 @@ fn main() -> ExitCode {
         Command::Describe { id } => client(Box::pin(cli::describe(c, id))),
         Command::Cancel { id } => client(Box::pin(cli::cancel(c, id))),
         Command::Status => client(Box::pin(cli::status(c))),
+        Command::Logs(a) => client(Box::pin(cli::logs(c, a))),
         Command::Pools => client(Box::pin(cli::pools(c))),
         Command::Nodes(f) => client(Box::pin(cli::nodes(c, f))),
         Command::Gpus(f) => client(Box::pin(cli::gpus(c, f))),
+        Command::Gpu { cmd } => client(Box::pin(opscli::gpu(c, cmd))),
+        Command::Node { cmd } => client(Box::pin(opscli::node(c, cmd))),
         Command::Tenants(a) => client(Box::pin(cli::tenants(c, a))),
         Command::Projects(a) => client(Box::pin(cli::projects(c, a))),
         Command::Token { cmd } => client(Box::pin(cli::token(c, cmd))),
@@ -187,6 +207,7 @@ fn main() -> ExitCode {
             );
             Ok(())
         })),
+        Command::GpuCheck(a) => local::gpu_check(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! `tessera serve`: the control plane on the embedded defaults (SQLite in `./tessera-data`,
-//! the simulated `seed` fleet, API and console on 127.0.0.1:8080), or on PostgreSQL with
-//! `--database postgres://…`.
+//! the simulated `seed` fleet, API and console on 127.0.0.1:8080), with `--backend local` on
+//! this machine's GPUs (`--fake-gpus N`: a documented test mode with fake GPUs and real
+//! processes), and on PostgreSQL with `--database postgres://…` (replicas elect a leader).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,6 +15,14 @@ use tessera_server::{ServerConfig, start};
 pub enum LogFormat {
     Text,
     Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The simulated fleet (`--fleet`).
+    Sim,
+    /// This machine's NVIDIA GPUs through NVML; workloads are local processes.
+    Local,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -44,9 +53,21 @@ pub struct ServeArgs {
     /// leader dies.
     #[arg(long, default_value_t = 3000)]
     lease_ms: u64,
-    /// `seed`, `synthetic:NODES`, or a TOML fleet file (see fleets/seed.toml).
+    /// `seed`, `synthetic:NODES`, or a TOML fleet file (see fleets/seed.toml); the simulated
+    /// backend only (the local backend's fleet is this machine).
     #[arg(long, default_value = "seed")]
     fleet: String,
+    /// `sim` (simulated fleet) or `local` (this machine's GPUs through NVML; exits with one line
+    /// when there is no NVIDIA driver).
+    #[arg(long, value_enum, default_value_t = BackendArg::Sim)]
+    backend: BackendArg,
+    /// Test mode of `--backend local`: N fake GPUs (H100 80GB, MIG off) instead of NVML, real
+    /// processes. For machines without a GPU.
+    #[arg(long, value_name = "N")]
+    fake_gpus: Option<u32>,
+    /// Node name of this machine with `--backend local` (default: the host name).
+    #[arg(long)]
+    node: Option<String>,
     /// Address of the API and the console.
     #[arg(long, default_value = "127.0.0.1:8080", env = "TESSERA_LISTEN")]
     listen: SocketAddr,
@@ -66,7 +87,7 @@ pub struct ServeArgs {
     /// `operator` mode).
     #[arg(long)]
     sim_mig_partition_ms: Option<u64>,
-    /// How often the simulated backend reports telemetry, in milliseconds.
+    /// How often the backend reports telemetry, in milliseconds (simulated and local).
     #[arg(long, default_value_t = 5000)]
     sim_telemetry_ms: u64,
     /// How often the backend is reconciled with what Tessera expects, in seconds.
@@ -102,6 +123,17 @@ pub struct ServeArgs {
     /// https://portal.example.com; repeat for more. Default: none (the console is same-origin).
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     cors_origins: Vec<String>,
+    /// What happens to running work on a GPU that fails (critical XID, lost, failed
+    /// partition): `leave` it running and tell the tenant, or `requeue` batch work (services
+    /// are left running and told). The GPU gets no new work either way.
+    #[arg(long, value_enum, default_value_t = OnGpuFailure::Leave)]
+    on_gpu_failure: OnGpuFailure,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OnGpuFailure {
+    Leave,
+    Requeue,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -114,7 +146,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
-    let fleet = crate::bench::load_fleet(&a.fleet)?;
+    if a.fake_gpus.is_some() && a.backend != BackendArg::Local {
+        anyhow::bail!("--fake-gpus is a test mode of --backend local");
+    }
+    let sim_fleet = match a.backend {
+        BackendArg::Sim => Some(crate::bench::load_fleet(&a.fleet)?),
+        BackendArg::Local => None,
+    };
     let prices = match &a.prices {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("--prices: cannot read {}", p.display()))?;
@@ -142,7 +180,30 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async move {
-        let gpus = fleet.gpu_count();
+        let (fleet, backend, serving) = match sim_fleet {
+            Some(fleet) => {
+                let serving = format!(
+                    "the simulated fleet ({} GPUs, {} mode)",
+                    fleet.gpu_count(),
+                    match a.sim_mode {
+                        SimModeArg::Exact => "exact",
+                        SimModeArg::Operator => "operator",
+                    }
+                );
+                (fleet, None, serving)
+            }
+            None => {
+                let (b, fleet, what) = crate::local::backend(
+                    a.fake_gpus,
+                    a.node.clone(),
+                    &a.data_dir,
+                    Duration::from_millis(a.sim_telemetry_ms.max(100)),
+                    Duration::from_secs(a.grace_s),
+                )?;
+                let handle = tessera_server::BackendHandle(std::sync::Arc::new(b));
+                (fleet, Some(handle), what)
+            }
+        };
         let cfg = ServerConfig {
             data_dir: a.data_dir.clone(),
             database: a.database.clone(),
@@ -165,8 +226,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
                     ..Default::default()
                 }
             },
+            backend,
             grace: Duration::from_secs(a.grace_s),
             reconcile_every: Duration::from_secs(a.reconcile_s.max(1)),
+            on_gpu_failure: match a.on_gpu_failure {
+                OnGpuFailure::Leave => tessera_server::lifecycle::GpuFailurePolicy::Leave,
+                OnGpuFailure::Requeue => tessera_server::lifecycle::GpuFailurePolicy::Requeue,
+            },
             govern,
             prices,
             rate_limit: a.rate_limit,
@@ -203,11 +269,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             None => None,
         };
         println!(
-            "Tessera is serving the simulated fleet ({gpus} GPUs, {} mode): console http://{1}/  API http://{1}/api/v1",
-            match a.sim_mode {
-                SimModeArg::Exact => "exact",
-                SimModeArg::Operator => "operator",
-            },
+            "Tessera is serving {serving}: console http://{0}/  API http://{0}/api/v1",
             running.addr
         );
         if let Some(url) = &a.database {

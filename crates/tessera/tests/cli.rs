@@ -133,6 +133,45 @@ fn login_verbs_and_errors() {
     );
     assert_ne!(code, 0);
     assert!(err.contains("negative"), "{err}");
+    // Node lifecycle and GPU health (platform-admin).
+    let (code, out, err) = tessera(&["node", "cordon", "h100-01"], &env, None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "node h100-01 is cordoned");
+    let (code, out, _) = tessera(&["nodes", "--pool", "training", "-o", "json"], &env, None);
+    assert_eq!(code, 0);
+    let nodes: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let state = |name: &str| {
+        nodes.as_array().unwrap().iter().find(|n| n["name"] == name).unwrap()["state"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        (state("h100-01").as_str(), state("h100-00").as_str()),
+        ("cordoned", "ready")
+    );
+    let (code, out, _) = tessera(&["nodes", "--pool", "training"], &env, None);
+    assert_eq!(code, 0);
+    assert!(out.lines().next().unwrap().ends_with("STATE"), "{out}");
+    for (args, says) in [
+        (
+            vec!["node", "drain", "h100-01", "--deadline-s", "5", "--after", "kill"],
+            "either `preempt` or `wait`",
+        ),
+        (vec!["node", "cordon", "h100-99"], "no node `h100-99`"),
+        (vec!["gpu", "clear", "h100-01"], "NODE/GPU"),
+        (vec!["gpu", "clear", "h100-01/0"], "is not marked unhealthy"),
+    ] {
+        let (code, out, err) = tessera(&args, &env, None);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(out.is_empty());
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.starts_with("error: ") && err.contains(says), "{args:?}: {err}");
+    }
+    let (code, out, _) = tessera(&["gpu", "health"], &env, None);
+    assert_eq!((code, out.trim()), (0, "all GPUs are healthy"));
+    let (code, out, _) = tessera(&["node", "uncordon", "h100-01"], &env, None);
+    assert_eq!((code, out.trim()), (0, "node h100-01 is ready"));
     assert_eq!(tessera(&["logout"], &env, None).0, 0);
     let (code, _, err) = tessera(&["pools"], &env, None);
     assert_ne!(code, 0, "no credential after logout");

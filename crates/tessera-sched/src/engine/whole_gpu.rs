@@ -21,7 +21,7 @@
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
-use tessera_model::layout::{Placed, media_instances, validate, with_instance};
+use tessera_model::layout::{Placed, validate, with_instance};
 use tessera_model::request::MigChoice;
 use tessera_model::{MigGeometry, ModelId, NodeId, PoolId, Request, Sharing};
 
@@ -150,11 +150,9 @@ impl Engine {
                 }
             }
         }
+        // One rule everywhere: `validate` includes the single media-engine set (rule 4).
         if let Err(e) = validate(geom, &layout) {
             return bad(e.to_string());
-        }
-        if media_instances(geom, &layout) > 1 {
-            return bad("more than one +me instance; the GPU's media engines go to one".into());
         }
         for h in &g.holders {
             if let Grant::Mig { profile, start, .. } = self.state.allocations[h].grant
@@ -201,7 +199,7 @@ impl Engine {
                 };
                 if let Some(&(n, g, start)) = index.free[pi as usize][idle as usize]
                     .iter()
-                    .find(|&&(n, _, _)| self.host_fits(n, req))
+                    .find(|&&(n, g, _)| self.host_fits(n, req) && !self.gpu_fenced(n, g))
                 {
                     return Some(self.mig_placement(n, g, model, pi, start, false));
                 }
@@ -239,7 +237,10 @@ impl Engine {
         cands.sort_unstable();
         for (_, _, model, pi, key, start) in cands {
             let bucket = &self.layout_index[&(pool.0, model)].idle[key];
-            if let Some(&(n, g)) = bucket.iter().find(|&&(n, _)| self.host_fits(n, req)) {
+            if let Some(&(n, g)) = bucket
+                .iter()
+                .find(|&&(n, g)| self.host_fits(n, req) && !self.gpu_fenced(n, g))
+            {
                 return Some(self.mig_placement(n, g, ModelId(model), pi, start, true));
             }
         }

@@ -93,9 +93,17 @@ pub async fn list_nodes(
         };
     }
     let snap = s.lifecycle.snapshot();
+    let ops = s.lifecycle.published().ops();
     let items: Vec<NodeView> = range
         .take(l + 1)
-        .map(|i| views::node(&snap.fleet, i, &snap.nodes[i]))
+        .map(|i| {
+            views::node(
+                &snap.fleet,
+                i,
+                &snap.nodes[i],
+                ops.node_state(&snap.fleet.nodes[i].name),
+            )
+        })
         .collect();
     Ok(Json(super::page(items, l as u32, |x| x.name.clone())))
 }

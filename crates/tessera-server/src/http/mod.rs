@@ -14,6 +14,9 @@
 pub mod audit;
 pub mod fleet;
 pub mod governance;
+pub mod health;
+pub mod logs;
+pub mod nodeops;
 pub mod sim;
 pub mod system;
 pub mod tenancy;
@@ -75,6 +78,9 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(fleet::list_pools))
         .routes(routes!(fleet::list_nodes))
         .routes(routes!(fleet::list_gpus))
+        .routes(routes!(health::gpu_health))
+        .routes(routes!(health::clear_gpu))
+        .routes(routes!(nodeops::node_action))
         .routes(routes!(tenancy::list_tenants, tenancy::create_tenant))
         .routes(routes!(tenancy::get_tenant, tenancy::delete_tenant))
         .routes(routes!(tenancy::list_projects, tenancy::create_project))
@@ -86,6 +92,7 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(workloads::get_workload))
         .routes(routes!(workloads::cancel_workload))
         .routes(routes!(workloads::workload_events))
+        .routes(routes!(logs::workload_logs))
         .routes(routes!(governance::get_quotas))
         .routes(routes!(governance::set_quota, governance::delete_quota))
         .routes(routes!(governance::set_budget))

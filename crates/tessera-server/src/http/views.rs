@@ -176,7 +176,7 @@ pub fn pools(snap: &Snapshot) -> Vec<PoolView> {
         .collect()
 }
 
-pub fn node(f: &Fleet, i: usize, s: &NodeSnap) -> NodeView {
+pub fn node(f: &Fleet, i: usize, s: &NodeSnap, state: &str) -> NodeView {
     let n = &f.nodes[i];
     NodeView {
         name: n.name.clone(),
@@ -195,6 +195,7 @@ pub fn node(f: &Fleet, i: usize, s: &NodeSnap) -> NodeView {
         memory_gib_free: s.mem_free as f64 / 1024.0,
         gpus_free: s.free_gpus() as u8,
         units_used: GpuUnits(s.used_milli()).to_string(),
+        state: state.to_string(),
     }
 }
 

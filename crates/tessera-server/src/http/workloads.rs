@@ -73,6 +73,7 @@ pub fn lifecycle_error(e: LifecycleError) -> ApiError {
         LifecycleError::Ended { .. } => ApiError::conflict(e.to_string()),
         LifecycleError::NotFound { .. } => ApiError::not_found(e.to_string()),
         LifecycleError::Unavailable(why) => ApiError::unavailable(why),
+        LifecycleError::Conflict(why) => ApiError::conflict(why),
     }
 }
 
@@ -245,7 +246,7 @@ pub async fn create_workload(
 }
 
 /// A workload the caller may see (others answer 404, so existence does not leak).
-async fn find_workload(
+pub(super) async fn find_workload(
     s: &AppState,
     id: &Identity,
     wid: WorkloadId,

@@ -61,6 +61,8 @@ pub enum LifecycleError {
     Ended { id: WorkloadId },
     /// No such workload.
     NotFound { id: WorkloadId },
+    /// The request conflicts with the current state (e.g. maintenance on a busy node).
+    Conflict(String),
     /// The store or the loop cannot take changes now; nothing was changed.
     Unavailable(String),
 }
@@ -77,7 +79,7 @@ impl std::fmt::Display for LifecycleError {
             }
             LifecycleError::Ended { id } => write!(f, "workload {id} has already ended"),
             LifecycleError::NotFound { id } => write!(f, "no workload {id}"),
-            LifecycleError::Unavailable(why) => f.write_str(why),
+            LifecycleError::Unavailable(why) | LifecycleError::Conflict(why) => f.write_str(why),
         }
     }
 }
@@ -97,6 +99,22 @@ pub enum Cmd {
     Backend(BackendEvent),
     /// A backend operation the loop started has finished.
     Done(WorkloadId, OpResult),
+    /// A platform admin cordons, drains, puts into maintenance or uncordons a node (the
+    /// request is audited by the HTTP layer).
+    NodeOp {
+        node: String,
+        op: super::NodeOp,
+        actor: String,
+        reply: Reply<()>,
+    },
+    /// A platform admin puts an unhealthy GPU back into placement; the audit record commits
+    /// with the change.
+    ClearGpu {
+        node: String,
+        gpu: u8,
+        audit: Box<tessera_store::AuditRecord>,
+        reply: Reply<()>,
+    },
     /// A periodic reconcile came back.
     Reconciled(
         Result<ReconcileReport, String>,
@@ -159,6 +177,28 @@ impl Lifecycle {
     /// Applies a quota or budget change the caller has stored.
     pub async fn govern(&self, g: Governance) -> Result<(), LifecycleError> {
         self.ask(|r| Cmd::Govern(g, r)).await
+    }
+
+    /// Cordons, drains, puts into maintenance or uncordons a node (the caller checked that it
+    /// exists).
+    pub async fn node_op(&self, node: String, op: super::NodeOp, actor: String) -> Result<(), LifecycleError> {
+        self.ask(|reply| Cmd::NodeOp { node, op, actor, reply }).await
+    }
+
+    /// Puts an unhealthy GPU back into placement (the caller checked that it exists).
+    pub async fn clear_gpu(
+        &self,
+        node: String,
+        gpu: u8,
+        audit: tessera_store::AuditRecord,
+    ) -> Result<(), LifecycleError> {
+        self.ask(|reply| Cmd::ClearGpu {
+            node,
+            gpu,
+            audit: Box::new(audit),
+            reply,
+        })
+        .await
     }
 
     /// The latest published snapshot.

@@ -2,10 +2,11 @@
 //! the fleet, the queue, quotas and budgets is rebuilt from the store (periodically, by the
 //! replica's supervisor) in a scheduler of its own that only holds allocations, the way
 //! [`recover`](super::recover) rebuilds a leader's — without asking the backend anything and
-//! without writing. Single workloads, lists and timelines are read from the store directly
+//! without writing; unhealthy GPUs and node states come from the store too. Single workloads, lists and timelines are read from the store directly
 //! ([`Lifecycle::workload`] answers `None` on a follower).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tessera_domain::WorkloadId;
 use tessera_model::TenantId;
@@ -13,7 +14,7 @@ use tessera_store::StoreError;
 
 use super::metering::MonthBook;
 use super::snapshot::SnapshotBuilder;
-use super::{Lifecycle, Live, LoopConfig, class_of, fresh_scheduler, now_ms, placement};
+use super::{FleetOps, Lifecycle, Live, LoopConfig, class_of, fresh_scheduler, now_ms, placement};
 use tessera_model::GpuUnits;
 use tessera_sched::cycle::Quota;
 
@@ -36,6 +37,20 @@ impl Lifecycle {
         let budgets = store.budgets().await?;
         for (t, b) in &budgets {
             sched.set_budget(t, Some(*b));
+        }
+        // Unhealthy GPUs and node states, fenced in the view's engine as the leader fences them.
+        let mut ops = FleetOps::default();
+        for r in store.unhealthy_gpus().await? {
+            if let Some(n) = cfg.fleet.node_by_name(&r.node) {
+                sched.engine.fence_gpu(n.0, r.gpu, true);
+            }
+            ops.unhealthy.insert((r.node.clone(), r.gpu), r);
+        }
+        for r in store.node_states().await? {
+            if let Some(n) = cfg.fleet.node_by_name(&r.node) {
+                sched.engine.fence_node(n.0, true);
+            }
+            ops.nodes.insert(r.node.clone(), r);
         }
         let now = now_ms();
         let mut month = MonthBook::default();
@@ -85,6 +100,7 @@ impl Lifecycle {
         let snap = SnapshotBuilder::new(&cfg.fleet).build(&cfg.fleet, &sched, &live, now, true);
         if !self.is_leading() {
             self.published.set_snapshot(snap);
+            self.published.set_ops(Arc::new(ops));
         }
         Ok(())
     }

@@ -20,7 +20,9 @@ mod command;
 mod commit;
 pub mod effects;
 mod follower;
+mod health;
 mod metering;
+mod nodeops;
 pub mod placement;
 mod recover;
 pub mod snapshot;
@@ -45,7 +47,9 @@ use tokio::sync::mpsc;
 pub use command::{Cmd, Governance, Lifecycle, LifecycleError, NewWorkload};
 use commit::{Batch, ReplyTo};
 use effects::{Op, OpResult, Runner};
+pub use health::{CRITICAL_XIDS, FleetOps, GpuFailurePolicy, is_critical};
 use metering::MonthBook;
+pub use nodeops::NodeOp;
 use placement::NodeIndex;
 use snapshot::SnapshotBuilder;
 pub use snapshot::{GpuSnap, HolderSnap, NodeSnap, Published, Snapshot, Telemetry, TenantSnap};
@@ -62,6 +66,8 @@ pub struct Settings {
     pub grace: Duration,
     /// How often the backend is reconciled with what Tessera expects.
     pub reconcile_every: Duration,
+    /// What happens to running work on a GPU that failed.
+    pub on_gpu_failure: GpuFailurePolicy,
 }
 
 impl Default for Settings {
@@ -69,6 +75,7 @@ impl Default for Settings {
         Settings {
             grace: Duration::from_secs(30),
             reconcile_every: Duration::from_secs(30),
+            on_gpu_failure: GpuFailurePolicy::Leave,
         }
     }
 }
@@ -154,6 +161,12 @@ pub(crate) struct Core {
     fence: Option<Fence>,
     /// A batch was fenced: another replica leads, this loop must stop.
     fenced: bool,
+    /// Unhealthy GPUs and node states (what readers see is published from here).
+    ops: Arc<FleetOps>,
+    /// Unhealthy GPUs not yet written to the store.
+    health_writes: Vec<tessera_store::GpuHealthRecord>,
+    /// Drains in progress and services being moved.
+    drains: nodeops::Drains,
 }
 
 /// What a loop needs; a replica keeps one and starts a loop from it each time it leads.
@@ -269,6 +282,9 @@ impl Lifecycle {
             deferred: Vec::new(),
             fence,
             fenced: false,
+            ops: Arc::default(),
+            health_writes: Vec::new(),
+            drains: nodeops::Drains::default(),
         };
         core.recover()
             .await
@@ -339,6 +355,9 @@ impl Core {
                 }
                 self.update_budgets(now);
                 batch.full_publish = true;
+                if !self.drains.nodes.is_empty() {
+                    self.drain_step(&mut batch, now).await;
+                }
             }
             // A full pass over the queue when something changed (at most every CYCLE_EVERY, so
             // that a stream of completions cannot keep the loop re-sorting a long queue), and on
@@ -423,7 +442,60 @@ impl Core {
                 batch.full_publish = true;
                 batch.reply(ReplyTo::Done(reply));
             }
+            Cmd::Backend(BackendEvent::GpuHealth {
+                node,
+                gpu,
+                healthy,
+                xid,
+                detail,
+            }) => {
+                if healthy {
+                    if self.ops.unhealthy.contains_key(&(node.clone(), gpu)) {
+                        tracing::info!(%node, gpu, "the backend reports the GPU healthy again; it stays out of placement until a platform admin clears it");
+                    }
+                } else {
+                    match xid {
+                        Some(x) if health::is_critical(x) => {
+                            self.gpu_failed(&node, gpu, health::Cause::Xid(x), &detail, batch, now)
+                        }
+                        Some(x) => tracing::warn!(%node, gpu, xid = x, %detail, "GPU reported a non-critical XID"),
+                        None => self.gpu_failed(&node, gpu, health::Cause::Lost, &detail, batch, now),
+                    }
+                }
+            }
             Cmd::Backend(e) => self.on_backend(e, batch, now),
+            Cmd::NodeOp { node, op, actor, reply } => match self.node_op(&node, op, &actor, batch, now).await {
+                Ok(()) => {
+                    batch.full_publish = true;
+                    batch.reply(ReplyTo::Done(reply));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Cmd::ClearGpu {
+                node,
+                gpu,
+                audit,
+                reply,
+            } => match self.clear_gpu(&node, gpu).await {
+                Ok(cleared) => {
+                    let mut audit = *audit;
+                    audit.detail = if cleared {
+                        format!("GPU {gpu} of {node} back in placement")
+                    } else {
+                        format!("GPU {gpu} of {node} was not unhealthy")
+                    };
+                    batch.audit(audit);
+                    batch.full_publish = true;
+                    batch.reply(ReplyTo::Done(reply));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(LifecycleError::Unavailable(format!(
+                        "the store is unavailable: {e}"
+                    ))));
+                }
+            },
             Cmd::Done(id, result) => {
                 self.runner.done(id);
                 self.on_done(id, result, batch, now);
@@ -432,6 +504,9 @@ impl Core {
                 self.reconciling = false;
                 self.on_reconciled(report, expected, batch, now);
             }
+        }
+        if !self.health_writes.is_empty() {
+            self.flush_health().await;
         }
     }
 
@@ -688,6 +763,14 @@ impl Core {
                 self.apply(WorkloadId(id), Input::Lost { at: at_ms, detail }, batch, now);
             }
             BackendEvent::Telemetry { at_ms, gpus } => {
+                // A critical XID seen in telemetry takes the GPU out within one interval, also
+                // where the backend sent no health event.
+                for g in gpus.iter().filter(|g| health::is_critical(g.xid)) {
+                    if !self.ops.unhealthy.contains_key(&(g.node.clone(), g.gpu)) {
+                        let detail = format!("XID {} in telemetry", g.xid);
+                        self.gpu_failed(&g.node, g.gpu, health::Cause::Xid(g.xid), &detail, batch, now);
+                    }
+                }
                 let dt = (at_ms - self.last_sample).clamp(0, 60_000) as f64;
                 self.last_sample = at_ms;
                 let metrics = self.metrics.clone();
@@ -704,19 +787,8 @@ impl Core {
                     gpus: Arc::new(gpus),
                 });
             }
-            BackendEvent::GpuHealth {
-                node,
-                gpu,
-                healthy,
-                xid,
-                detail,
-            } => {
-                if healthy {
-                    tracing::info!(%node, gpu, "GPU healthy again");
-                } else {
-                    tracing::warn!(%node, gpu, ?xid, %detail, "GPU unhealthy");
-                }
-            }
+            // Handled before (it needs the store): see `handle`.
+            BackendEvent::GpuHealth { .. } => {}
             BackendEvent::NodeChanged { node, change } => {
                 tracing::info!(%node, ?change, "node changed");
             }
@@ -738,6 +810,13 @@ impl Core {
                 // A whole-GPU layout that failed leaves the engine's configured layout wrong:
                 // learn the real one from the backend.
                 self.reconcile_soon = self.caps.partitioning == Partitioning::WholeGpu;
+                // The GPU that could not be partitioned takes no more work until cleared.
+                if let Some(p) = self.live.get(&id).and_then(|l| l.w.placement.clone()) {
+                    let detail = format!("partitioning failed: {e}");
+                    for g in p.gpus {
+                        self.gpu_failed(&p.node, g, health::Cause::Partition, &detail, batch, now);
+                    }
+                }
                 Input::PartitionFailed {
                     at: now,
                     detail: format!("partitioning failed: {e}"),

@@ -23,6 +23,7 @@ use tessera_sched::cycle::Quota;
 impl Core {
     pub(super) async fn recover(&mut self) -> Result<(), StoreError> {
         self.sched = self.fresh_scheduler();
+        self.restore_ops().await?;
         self.live.clear();
         self.runner.clear();
         self.published.clear_workloads();

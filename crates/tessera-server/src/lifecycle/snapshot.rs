@@ -157,6 +157,7 @@ pub struct Published {
     snapshot: RwLock<Arc<Snapshot>>,
     workloads: RwLock<WorkloadCache>,
     telemetry: RwLock<Telemetry>,
+    ops: RwLock<Arc<super::FleetOps>>,
 }
 
 impl Published {
@@ -165,6 +166,7 @@ impl Published {
             snapshot: RwLock::new(Arc::new(Snapshot::empty(fleet))),
             workloads: RwLock::default(),
             telemetry: RwLock::default(),
+            ops: RwLock::default(),
         }
     }
 
@@ -193,6 +195,15 @@ impl Published {
 
     pub(crate) fn clear_workloads(&self) {
         *self.workloads.write().expect("lock") = WorkloadCache::default();
+    }
+
+    /// Unhealthy GPUs and node states.
+    pub fn ops(&self) -> Arc<super::FleetOps> {
+        self.ops.read().expect("lock").clone()
+    }
+
+    pub(crate) fn set_ops(&self, ops: Arc<super::FleetOps>) {
+        *self.ops.write().expect("lock") = ops;
     }
 
     pub(crate) fn set_telemetry(&self, t: Telemetry) {

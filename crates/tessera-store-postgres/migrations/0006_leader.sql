@@ -1,4 +1,5 @@
--- Tessera schema, version 5 (as the SQLite store's 0005): the leader lease of replicas sharing a database and their
+-- Tessera schema, version 6 (as the SQLite store's 0006): the leader lease of replicas sharing a
+-- database and their
 -- heartbeats. Times are milliseconds since the Unix epoch by the database's clock.
 
 -- One row: who holds the lease, the URL followers forward writes to, an epoch that grows with

@@ -1,0 +1,649 @@
+//! The backend itself: [`LocalBackend`] implements the backend contract on top of an [`Nvml`]
+//! and local processes.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use tessera_backend::{
+    Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, GpuSample, InstanceSample,
+    LogChunk, MigInstance, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec,
+    SliceSpec,
+};
+use tessera_model::Catalogue;
+use tokio::sync::mpsc;
+
+use crate::discovery::{Discovery, discover};
+use crate::nvml::{GpuInstance, Nvml, NvmlError, xid_is_critical};
+use crate::process::{Cgroups, Files, Launch, ProcId, group_alive, spawn, terminate};
+
+/// How the local backend runs.
+#[derive(Clone, Debug)]
+pub struct LocalConfig {
+    /// The node name this machine has in the fleet.
+    pub node: String,
+    /// Where workload logs, pid files and exit files live (`DATA_DIR/workloads/ID/`).
+    pub data_dir: PathBuf,
+    /// How often telemetry is sampled; XIDs are reported as soon as NVML reports them.
+    pub telemetry_interval: Duration,
+    pub cgroups: Cgroups,
+    /// Grace between SIGTERM and SIGKILL when a workload's lease ([`RunSpec::duration`]) ends.
+    pub lease_grace: Duration,
+}
+
+struct Proc {
+    id: ProcId,
+    /// `(GPU, GPU instance ID, profile name)` of a MIG workload, for per-instance telemetry.
+    mig: Option<(u32, u32, String)>,
+    stopping: bool,
+    /// Its lease ended and the backend stopped it.
+    lease_ended: Option<Duration>,
+    since_ms: i64,
+    /// How it ended, once it has.
+    ended: Option<Observation>,
+}
+
+#[derive(Default)]
+struct State {
+    procs: HashMap<u64, Proc>,
+    /// GPUs reported unhealthy (XID or lost), so each is reported once.
+    unhealthy: HashSet<u32>,
+    last_xid: HashMap<u32, u64>,
+}
+
+struct Shared {
+    nvml: Arc<dyn Nvml>,
+    cfg: LocalConfig,
+    catalogue: Catalogue,
+    discovery: Discovery,
+    /// `(gpu, GPU instance ID)` of instances that existed at start-up: adopted, never destroyed.
+    adopted: HashSet<(u32, u32)>,
+    state: Mutex<State>,
+    tx: mpsc::UnboundedSender<BackendEvent>,
+    rx: Mutex<Option<mpsc::UnboundedReceiver<BackendEvent>>>,
+}
+
+/// This machine's GPUs through NVML, workloads as local processes.
+pub struct LocalBackend {
+    shared: Arc<Shared>,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn rejected(e: NvmlError) -> BackendError {
+    BackendError::Rejected(e.0)
+}
+
+impl LocalBackend {
+    /// Discovers the GPUs (adopting every GPU instance that exists now) and starts the
+    /// telemetry task. Must be called inside a Tokio runtime.
+    pub fn new(nvml: Arc<dyn Nvml>, cfg: LocalConfig) -> Result<LocalBackend, NvmlError> {
+        let catalogue = Catalogue::builtin();
+        let discovery = discover(nvml.as_ref(), &catalogue)?;
+        let adopted = discovery
+            .gpus
+            .iter()
+            .flat_map(|g| g.instances.iter().map(move |i| (g.info.index, i.id)))
+            .collect();
+        if !cfg.cgroups.enabled() {
+            tracing::warn!(reason = %cfg.cgroups.skipped, "cgroup v2 CPU and memory limits are off for local workloads");
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            nvml,
+            cfg,
+            catalogue,
+            discovery,
+            adopted,
+            state: Mutex::new(State::default()),
+            tx,
+            rx: Mutex::new(Some(rx)),
+        });
+        tokio::spawn(telemetry_loop(Arc::downgrade(&shared)));
+        Ok(LocalBackend { shared })
+    }
+
+    /// What discovery found at start-up.
+    pub fn discovery(&self) -> &Discovery {
+        &self.shared.discovery
+    }
+
+    /// Whether this GPU instance was there before Tessera started (and so is never destroyed).
+    pub fn is_adopted(&self, gpu: u32, instance_id: u32) -> bool {
+        self.shared.adopted.contains(&(gpu, instance_id))
+    }
+
+    fn gpu_uuid(&self, gpu: u8) -> Result<String, BackendError> {
+        self.shared
+            .discovery
+            .gpus
+            .iter()
+            .find(|g| g.info.index == gpu as u32)
+            .map(|g| g.info.uuid.clone())
+            .ok_or_else(|| BackendError::Rejected(format!("no GPU {gpu} on {}", self.shared.cfg.node)))
+    }
+
+    fn find_instance(&self, gpu: u8, inst: &MigInstance) -> Result<Option<GpuInstance>, BackendError> {
+        let list = self.shared.nvml.instances(gpu as u32).map_err(rejected)?;
+        Ok(list
+            .into_iter()
+            .find(|i| i.profile_id == inst.profile_id && i.start == inst.start as u32 && i.size == inst.size as u32))
+    }
+
+    fn mig_enabled(&self, gpu: u8) -> Result<bool, BackendError> {
+        let infos = self.shared.nvml.gpus().map_err(rejected)?;
+        let info = infos
+            .iter()
+            .find(|g| g.index == gpu as u32)
+            .ok_or_else(|| BackendError::Rejected(format!("no GPU {gpu} on {}", self.shared.cfg.node)))?;
+        Ok(info.mig_enabled == Some(true))
+    }
+}
+
+/// What the wrapper's exit status means.
+fn exit_of(code: Option<i32>) -> Exit {
+    match code {
+        Some(0) => Exit::Succeeded,
+        Some(c) => Exit::Failed {
+            exit_code: Some(c),
+            detail: if c > 128 {
+                format!("killed by signal {}", c - 128)
+            } else {
+                format!("exited with code {c}")
+            },
+        },
+        None => Exit::Failed {
+            exit_code: None,
+            detail: "ended while the control plane was away; exit status unknown".into(),
+        },
+    }
+}
+
+fn observation_of(exit: &Exit) -> Observation {
+    match exit {
+        Exit::Succeeded => Observation::Succeeded,
+        Exit::Failed { .. } => Observation::Failed {
+            detail: exit.to_string(),
+        },
+    }
+}
+
+impl Shared {
+    /// Records how a workload ended and tells the control plane, unless it was being stopped.
+    fn ended(&self, id: u64, exit: Exit) {
+        let mut st = self.state.lock().unwrap();
+        let Some(p) = st.procs.get_mut(&id) else { return };
+        if p.ended.is_some() {
+            return;
+        }
+        let exit = match (p.lease_ended, exit) {
+            (Some(d), Exit::Failed { exit_code, .. }) => Exit::Failed {
+                exit_code,
+                detail: format!("stopped at the end of its {} s lease", d.as_secs()),
+            },
+            (_, exit) => exit,
+        };
+        p.ended = Some(observation_of(&exit));
+        self.cfg.cgroups.remove(id);
+        if !p.stopping {
+            let _ = self.tx.send(BackendEvent::Exited {
+                id,
+                at_ms: now_ms(),
+                exit,
+            });
+        }
+    }
+
+    fn sample(&self, gpus: &[u32]) -> Vec<GpuSample> {
+        let (last, migs) = {
+            let st = self.state.lock().unwrap();
+            let migs: Vec<(u64, (u32, u32, String))> = st
+                .procs
+                .iter()
+                .filter(|(_, p)| p.ended.is_none())
+                .filter_map(|(id, p)| Some((*id, p.mig.clone()?)))
+                .collect();
+            (st.last_xid.clone(), migs)
+        };
+        self.discovery
+            .gpus
+            .iter()
+            .filter(|g| gpus.contains(&g.info.index))
+            .filter_map(|g| {
+                let s = self.nvml.sample(g.info.index).ok()?;
+                Some(GpuSample {
+                    node: self.cfg.node.clone(),
+                    gpu: g.info.index as u8,
+                    uuid: g.info.uuid.clone(),
+                    model: g.model.clone().unwrap_or(g.info.name.clone()),
+                    util_pct: s.util_pct.unwrap_or(0.0),
+                    fb_used_mib: s.fb_used_mib,
+                    fb_free_mib: s.fb_free_mib,
+                    temp_c: s.temp_c,
+                    power_w: s.power_w,
+                    xid: last.get(&g.info.index).copied().unwrap_or(0) as u32,
+                    instances: migs
+                        .iter()
+                        .filter(|(_, (gpu, _, _))| *gpu == g.info.index)
+                        .filter_map(|(w, (gpu, gi, profile))| {
+                            let (used, free) = self.nvml.instance_memory(*gpu, *gi).ok()?;
+                            Some(InstanceSample {
+                                workload: *w,
+                                profile: profile.clone(),
+                                instance_id: *gi,
+                                // NVML gives engine activity per MIG instance only through GPM
+                                // samples, which this backend does not read: not measured.
+                                gr_engine_active: 0.0,
+                                fb_used_mib: used,
+                                fb_free_mib: free,
+                            })
+                        })
+                        .collect(),
+                })
+            })
+            .collect()
+    }
+
+    fn unhealthy(&self, gpu: u32, xid: Option<u64>, detail: String) {
+        if !self.state.lock().unwrap().unhealthy.insert(gpu) {
+            return;
+        }
+        let _ = self.tx.send(BackendEvent::GpuHealth {
+            node: self.cfg.node.clone(),
+            gpu: gpu as u8,
+            healthy: false,
+            xid: xid.map(|x| x as u32),
+            detail,
+        });
+    }
+}
+
+/// Every interval: a telemetry sample of every GPU; in between, XID events as NVML reports them
+/// (a critical one marks its GPU unhealthy at once). A GPU NVML can no longer read is lost.
+async fn telemetry_loop(weak: Weak<Shared>) {
+    let mut next = Instant::now();
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        let wait = next.saturating_duration_since(Instant::now());
+        let nvml = shared.nvml.clone();
+        drop(shared);
+        let xids = tokio::task::spawn_blocking(move || nvml.wait_xids(wait.as_millis() as u32))
+            .await
+            .unwrap_or_default();
+        let Some(shared) = weak.upgrade() else { return };
+        for x in xids {
+            shared.state.lock().unwrap().last_xid.insert(x.gpu, x.xid);
+            if xid_is_critical(x.xid) {
+                shared.unhealthy(
+                    x.gpu,
+                    Some(x.xid),
+                    format!("XID {} (needs a GPU reset or reboot)", x.xid),
+                );
+            } else {
+                tracing::warn!(gpu = x.gpu, xid = x.xid, "XID error (not critical)");
+            }
+        }
+        if Instant::now() >= next {
+            next = Instant::now() + shared.cfg.telemetry_interval;
+            let all: Vec<u32> = shared.discovery.gpus.iter().map(|g| g.info.index).collect();
+            for &g in &all {
+                if let Err(e) = shared.nvml.sample(g) {
+                    shared.unhealthy(g, None, format!("GPU lost: {e}"));
+                }
+            }
+            let gpus = shared.sample(&all);
+            let _ = shared.tx.send(BackendEvent::Telemetry { at_ms: now_ms(), gpus });
+        }
+    }
+}
+
+/// Stops a workload whose lease (`RunSpec::duration`) has run out: SIGTERM, SIGKILL after the
+/// lease grace; its end is reported as stopped at the end of its lease.
+async fn enforce_lease(weak: Weak<Shared>, id: u64, lease: Duration, left: Duration) {
+    tokio::time::sleep(left).await;
+    let Some(shared) = weak.upgrade() else { return };
+    let pgid = {
+        let mut st = shared.state.lock().unwrap();
+        match st.procs.get_mut(&id) {
+            Some(p) if p.ended.is_none() && !p.stopping => {
+                p.lease_ended = Some(lease);
+                p.id.pid
+            }
+            _ => return,
+        }
+    };
+    let grace = shared.cfg.lease_grace;
+    drop(shared);
+    terminate(pgid, grace).await;
+}
+
+/// Polls an adopted process (not our child, so it cannot be waited for) until it ends.
+async fn watch_adopted(weak: Weak<Shared>, id: u64, proc_id: ProcId) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let Some(shared) = weak.upgrade() else { return };
+        if !proc_id.alive() {
+            let code = Files::new(&shared.cfg.data_dir, id).read_exit();
+            shared.ended(id, exit_of(code));
+            return;
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for LocalBackend {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            partitioning: Partitioning::Instance,
+            devices: DeviceAssignment::Exact,
+            logs: true,
+        }
+    }
+
+    async fn partition(&self, plan: &PartitionPlan) -> Result<PartitionReport, BackendError> {
+        match plan {
+            PartitionPlan::Instance { gpu, instance, .. } => {
+                if !self.mig_enabled(*gpu)? {
+                    return Err(BackendError::Rejected(format!(
+                        "GPU {gpu} on {} is not in MIG mode; Tessera never switches MIG mode by itself (an admin enables it on a drained GPU)",
+                        self.shared.cfg.node
+                    )));
+                }
+                if let Some(gi) = self.find_instance(*gpu, instance)? {
+                    return Ok(PartitionReport {
+                        detail: format!("{instance} exists on GPU {gpu} (GPU instance {})", gi.id),
+                        created: false,
+                    });
+                }
+                let gi = self
+                    .shared
+                    .nvml
+                    .create_instance(
+                        *gpu as u32,
+                        instance.profile_id,
+                        instance.start as u32,
+                        instance.size as u32,
+                    )
+                    .map_err(rejected)?;
+                Ok(PartitionReport {
+                    detail: format!("created {instance} on GPU {gpu} (GPU instance {})", gi.id),
+                    created: true,
+                })
+            }
+            PartitionPlan::Share { gpu, milli, .. } => Ok(PartitionReport {
+                detail: format!("time-sliced share of {milli}/1000 of GPU {gpu}: nothing to create"),
+                created: false,
+            }),
+            PartitionPlan::Nothing { .. } => Ok(PartitionReport {
+                detail: "nothing to partition".into(),
+                created: false,
+            }),
+            PartitionPlan::Layout { .. } => Err(BackendError::Rejected(
+                "the local backend creates MIG instances one by one at the engine's placement, not whole layouts"
+                    .into(),
+            )),
+        }
+    }
+
+    async fn unpartition(&self, plan: &PartitionPlan) -> Result<(), BackendError> {
+        let PartitionPlan::Instance { gpu, instance, .. } = plan else {
+            return Ok(());
+        };
+        let Some(gi) = self.find_instance(*gpu, instance)? else {
+            return Ok(());
+        };
+        if self.is_adopted(*gpu as u32, gi.id) {
+            tracing::info!(gpu, instance = gi.id, "adopted MIG instance kept (never destroyed)");
+            return Ok(());
+        }
+        self.shared.nvml.destroy_instance(*gpu as u32, gi.id).map_err(rejected)
+    }
+
+    async fn start(&self, spec: &RunSpec) -> Result<(), BackendError> {
+        if let Some(p) = self.shared.state.lock().unwrap().procs.get(&spec.id)
+            && p.ended.is_none()
+        {
+            return Ok(());
+        }
+        let command = spec.command.clone().filter(|c| !c.is_empty()).ok_or_else(|| {
+            BackendError::Rejected(
+                "the local backend runs a command; this workload has none (images need a container backend)".into(),
+            )
+        })?;
+        let mut mig = None;
+        let (gpus, visible) = match &spec.devices {
+            Devices::Exact { gpus, slice } => match slice {
+                SliceSpec::Mig(inst) => {
+                    let g = *gpus
+                        .first()
+                        .ok_or_else(|| BackendError::Rejected("a MIG workload without a GPU".into()))?;
+                    let gi = self.find_instance(g, inst)?.ok_or_else(|| {
+                        BackendError::Rejected(format!("no MIG instance {inst} on GPU {g}: partition first"))
+                    })?;
+                    let uuid = gi.uuid.ok_or_else(|| {
+                        BackendError::Rejected(format!("GPU instance {} has no compute instance", gi.id))
+                    })?;
+                    mig = Some((g as u32, gi.id, inst.profile.clone()));
+                    (vec![g as u32], uuid)
+                }
+                SliceSpec::HostOnly => (Vec::new(), String::new()),
+                SliceSpec::Whole | SliceSpec::Fraction { .. } => {
+                    let uuids = gpus.iter().map(|g| self.gpu_uuid(*g)).collect::<Result<Vec<_>, _>>()?;
+                    (gpus.iter().map(|g| *g as u32).collect(), uuids.join(","))
+                }
+            },
+            Devices::Count { .. } => {
+                return Err(BackendError::Rejected(
+                    "the local backend is given exact devices, not counts".into(),
+                ));
+            }
+        };
+        let launch = Launch {
+            id: spec.id,
+            command,
+            env: spec.env.clone(),
+            cuda_visible_devices: visible,
+            cpu_milli: spec.cpu_milli,
+            memory_mib: spec.memory_mib,
+        };
+        let _ = self.shared.tx.send(BackendEvent::Started {
+            id: spec.id,
+            bound: None,
+        });
+        let (mut child, proc_id) = spawn(&self.shared.cfg.data_dir, &self.shared.cfg.cgroups, &launch)
+            .map_err(|e| BackendError::Rejected(format!("cannot start `{}`: {e}", launch.command.join(" "))))?;
+        let since = now_ms();
+        self.shared.state.lock().unwrap().procs.insert(
+            spec.id,
+            Proc {
+                id: proc_id,
+                mig,
+                stopping: false,
+                lease_ended: None,
+                since_ms: since,
+                ended: None,
+            },
+        );
+        let _ = self.shared.tx.send(BackendEvent::Running {
+            id: spec.id,
+            at_ms: since,
+            sample: self.shared.sample(&gpus),
+        });
+        if let Some(lease) = spec.duration {
+            let left = lease.saturating_sub(Duration::from_millis(
+                spec.running_since_ms.map(|t| (now_ms() - t).max(0) as u64).unwrap_or(0),
+            ));
+            tokio::spawn(enforce_lease(Arc::downgrade(&self.shared), spec.id, lease, left));
+        }
+        let weak = Arc::downgrade(&self.shared);
+        let id = spec.id;
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            if let Some(shared) = weak.upgrade() {
+                let code = status.ok().and_then(|s| {
+                    use std::os::unix::process::ExitStatusExt;
+                    s.code().or(s.signal().map(|sig| 128 + sig))
+                });
+                shared.ended(id, exit_of(code));
+            }
+        });
+        Ok(())
+    }
+
+    async fn stop(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
+        let pgid = {
+            let mut st = self.shared.state.lock().unwrap();
+            match st.procs.get_mut(&id) {
+                Some(p) => {
+                    p.stopping = true;
+                    // The leader may have ended with a TERM-trapping child left in its group.
+                    (p.ended.is_none() || group_alive(p.id.pid)).then_some(p.id.pid)
+                }
+                // Not known in this run: a live process from before a restart is stopped too.
+                // A pid cannot be reused while a process group of that ID exists, so a live group
+                // is still the workload's, even when its leader is gone.
+                None => Files::new(&self.shared.cfg.data_dir, id)
+                    .read_pid()
+                    .filter(|p| p.alive() || group_alive(p.pid))
+                    .map(|p| p.pid),
+            }
+        };
+        if let Some(pgid) = pgid {
+            tokio::spawn(async move {
+                if terminate(pgid, grace).await {
+                    tracing::info!(workload = id, "SIGKILL after the grace period");
+                }
+            });
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&self, expected: &[RunSpec]) -> Result<ReconcileReport, BackendError> {
+        let mut report = ReconcileReport::default();
+        let data_dir = &self.shared.cfg.data_dir;
+        for spec in expected {
+            let known = {
+                let st = self.shared.state.lock().unwrap();
+                st.procs.get(&spec.id).map(|p| match &p.ended {
+                    Some(o) => o.clone(),
+                    None => Observation::Running {
+                        since_ms: Some(p.since_ms),
+                    },
+                })
+            };
+            let obs = match known {
+                Some(o) => o,
+                None => {
+                    let files = Files::new(data_dir, spec.id);
+                    match files.read_pid() {
+                        Some(p) if p.alive() => {
+                            // Adopt the live process from before the restart.
+                            let since = spec.running_since_ms.unwrap_or_else(now_ms);
+                            self.shared.state.lock().unwrap().procs.insert(
+                                spec.id,
+                                Proc {
+                                    id: p,
+                                    mig: None,
+                                    stopping: false,
+                                    lease_ended: None,
+                                    since_ms: since,
+                                    ended: None,
+                                },
+                            );
+                            tokio::spawn(watch_adopted(Arc::downgrade(&self.shared), spec.id, p));
+                            tracing::info!(workload = spec.id, pid = p.pid, "adopted a live process");
+                            Observation::Running { since_ms: Some(since) }
+                        }
+                        Some(_) => observation_of(&exit_of(files.read_exit())),
+                        None => Observation::Unknown,
+                    }
+                }
+            };
+            report.workloads.push((spec.id, obs));
+        }
+        for id in Files::all(data_dir) {
+            if expected.iter().any(|s| s.id == id) {
+                continue;
+            }
+            if let Some(p) = Files::new(data_dir, id).read_pid().filter(|p| p.alive()) {
+                report.orphans.push(Orphan {
+                    id: Some(id),
+                    node: self.shared.cfg.node.clone(),
+                    detail: format!("process group {} still running", p.pid),
+                });
+            }
+        }
+        for g in &self.shared.discovery.gpus {
+            if g.served_as != "mig" {
+                continue;
+            }
+            let model = g.model.as_deref().and_then(|m| self.shared.catalogue.find(m));
+            let Some(model) = model.map(|m| self.shared.catalogue.get(m)) else {
+                continue;
+            };
+            let instances = self
+                .shared
+                .nvml
+                .instances(g.info.index)
+                .map_err(|e| BackendError::Unreachable(e.0))?
+                .into_iter()
+                .map(|i| {
+                    let name = model
+                        .find_profile(&i.profile_id.to_string())
+                        .map(|p| model.profile_name(p))
+                        .unwrap_or_else(|| format!("profile-{}", i.profile_id));
+                    MigInstance::new(name, i.profile_id, i.start as u8, i.size as u8)
+                })
+                .collect();
+            report
+                .layouts
+                .push((self.shared.cfg.node.clone(), g.info.index as u8, instances));
+        }
+        Ok(report)
+    }
+
+    fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>> {
+        self.shared.rx.lock().unwrap().take()
+    }
+
+    async fn read_logs(&self, id: u64, offset: u64, max: usize) -> Result<LogChunk, BackendError> {
+        let files = Files::new(&self.shared.cfg.data_dir, id);
+        let mut f = std::fs::File::open(files.log())
+            .map_err(|_| BackendError::Rejected(format!("no logs for workload {id} on {}", self.shared.cfg.node)))?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let from = offset.min(len);
+        f.seek(SeekFrom::Start(from))
+            .map_err(|e| BackendError::Unreachable(e.to_string()))?;
+        let mut bytes = Vec::new();
+        f.take(max as u64)
+            .read_to_end(&mut bytes)
+            .map_err(|e| BackendError::Unreachable(e.to_string()))?;
+        let next_offset = from + bytes.len() as u64;
+        let running = {
+            let st = self.shared.state.lock().unwrap();
+            // Output may still come from the group after its leader ended (a stopped workload
+            // whose command traps SIGTERM): done only once the whole group is gone.
+            match st.procs.get(&id) {
+                Some(p) => p.ended.is_none() || group_alive(p.id.pid),
+                None => files.read_pid().is_some_and(|p| p.alive() || group_alive(p.pid)),
+            }
+        };
+        Ok(LogChunk {
+            bytes,
+            next_offset,
+            done: !running && next_offset >= len,
+        })
+    }
+}

@@ -1,0 +1,32 @@
+//! # tessera-backend-local
+//!
+//! The `local` backend: this machine's NVIDIA GPUs through NVML, and workloads as local
+//! processes (`tessera serve --backend local`).
+//!
+//! * [`nvml`]: the NVML layer behind a trait. [`RealNvml`] uses `nvml-wrapper` 0.13 and raw
+//!   NVML (`Nvml::lib()`) for GPU/compute instance listing, creation at an explicit placement and
+//!   destruction; [`FakeNvml`] is for tests and the documented `--fake-gpus N` mode (GPUs in
+//!   memory, real processes).
+//! * [`discovery`]: GPUs, UUIDs, PCI, catalogue model (unknown models served as whole GPUs), MIG
+//!   mode, existing GPU instances (adopted at start-up and never destroyed), NVLink peers.
+//! * [`process`]: a workload is a process in its own process group (and cgroup v2 with CPU and
+//!   memory limits where available), with `CUDA_VISIBLE_DEVICES` set to its GPU or MIG UUIDs,
+//!   output in `DATA_DIR/workloads/ID/log`, a pid file with the process start time so a restarted
+//!   control plane adopts live processes; stop = SIGTERM to the group, SIGKILL after the grace.
+//! * [`LocalBackend`]: the backend contract (`Instance` partitioning at the engine's placement,
+//!   only on GPUs an admin put in MIG mode — it never switches MIG mode; `Exact` devices; logs),
+//!   telemetry every interval and critical XIDs as `GpuHealth` events as soon as NVML reports
+//!   them.
+
+mod backend;
+pub mod discovery;
+mod fake;
+pub mod nvml;
+pub mod process;
+mod real;
+
+pub use backend::{LocalBackend, LocalConfig};
+pub use discovery::{DiscoveredGpu, Discovery, discover, fleet_toml};
+pub use fake::{FakeGpu, FakeNvml, fake_bus_id};
+pub use nvml::{GpuInfo, GpuInstance, Nvml, NvmlError, Sample, XidEvent, xid_is_critical};
+pub use real::RealNvml;

@@ -1,0 +1,151 @@
+//! Node lifecycle (platform-admin, audited by the middleware): cordon, drain, maintenance and
+//! uncordon one node; the node's state shows in `GET /api/v1/nodes` and `/metrics`.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use serde::Deserialize;
+use tessera_api::{NodeView, Problem};
+use utoipa::IntoParams;
+
+use super::workloads::lifecycle_error;
+use super::{ApiQuery, views};
+use crate::auth::Identity;
+use crate::lifecycle::NodeOp;
+use crate::problem::{ApiError, ApiResult};
+use crate::{AppState, now_ms};
+use tessera_api::rules::{Validate, Violation};
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DrainParams {
+    /// Drain only: seconds until the drain's policy applies (default: no deadline; at most 30
+    /// days).
+    #[param(minimum = 0, maximum = 2_592_000)]
+    pub deadline_s: Option<u64>,
+    /// Drain only: after the deadline, `preempt` what is left (with the grace period; batch
+    /// work is requeued) or `wait` (default).
+    pub after: Option<String>,
+}
+
+/// The longest drain deadline, seconds (30 days).
+const MAX_DEADLINE_S: u64 = 2_592_000;
+
+impl Validate for DrainParams {
+    fn validate(&self) -> Result<(), Violation> {
+        match self.deadline_s {
+            Some(d) if d > MAX_DEADLINE_S => Err(Violation::new(
+                "deadline_s",
+                format!("{d}: a drain deadline is at most {MAX_DEADLINE_S} s (30 days)"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The operation an action names, or a problem naming the field.
+pub fn parse_op(action: &str, p: &DrainParams, now: i64) -> ApiResult<NodeOp> {
+    if action != "drain" && (p.deadline_s.is_some() || p.after.is_some()) {
+        return Err(ApiError::invalid(
+            "deadline_s",
+            format!("`deadline_s` and `after` apply to `drain` only, not `{action}`"),
+        ));
+    }
+    Ok(match action {
+        "cordon" => NodeOp::Cordon,
+        "uncordon" => NodeOp::Uncordon,
+        "maintenance" => NodeOp::Maintenance,
+        "drain" => {
+            let preempt = match p.after.as_deref() {
+                None | Some("wait") => false,
+                Some("preempt") => true,
+                Some(x) => {
+                    return Err(ApiError::invalid(
+                        "after",
+                        format!("`{x}`: after the deadline, either `preempt` or `wait`"),
+                    ));
+                }
+            };
+            if preempt && p.deadline_s.is_none() {
+                return Err(ApiError::invalid("after", "`after=preempt` needs a `deadline_s`"));
+            }
+            NodeOp::Drain {
+                deadline_ms: p.deadline_s.map(|s| now + (s.min(MAX_DEADLINE_S) as i64) * 1000),
+                preempt,
+            }
+        }
+        other => {
+            return Err(ApiError::not_found(format!(
+                "no node action `{other}` (cordon, drain, maintenance, uncordon)"
+            )));
+        }
+    })
+}
+
+/// Cordons, drains, puts into maintenance or uncordons a node (platform-admin).
+#[utoipa::path(post, path = "/api/v1/nodes/{node}/{action}", tag = "fleet",
+    params(("node" = String, Path), ("action" = String, Path, description = "cordon, drain, maintenance or uncordon"), DrainParams),
+    responses((status = 200, description = "The node's new state", body = NodeView), (status = 401, body = Problem),
+        (status = 403, body = Problem), (status = 404, description = "No such node or action", body = Problem),
+        (status = 409, description = "Maintenance on a node that still holds work", body = Problem),
+        (status = 422, body = Problem)))]
+pub async fn node_action(
+    State(s): State<AppState>,
+    id: Identity,
+    Path((node, action)): Path<(String, String)>,
+    ApiQuery(p): ApiQuery<DrainParams>,
+) -> ApiResult<Json<NodeView>> {
+    id.require_admin()?;
+    let n = s
+        .fleet
+        .node_by_name(&node)
+        .ok_or_else(|| ApiError::not_found(format!("no node `{node}` in the fleet")))?;
+    let op = parse_op(&action, &p, now_ms())?;
+    s.lifecycle
+        .node_op(node.clone(), op, id.actor.clone())
+        .await
+        .map_err(lifecycle_error)?;
+    let snap = s.lifecycle.snapshot();
+    let ops = s.lifecycle.published().ops();
+    let i = n.0 as usize;
+    Ok(Json(views::node(&snap.fleet, i, &snap.nodes[i], ops.node_state(&node))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(deadline_s: Option<u64>, after: Option<&str>) -> DrainParams {
+        DrainParams {
+            deadline_s,
+            after: after.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn actions_parse_or_name_the_field() {
+        assert_eq!(parse_op("cordon", &p(None, None), 0).unwrap(), NodeOp::Cordon);
+        assert_eq!(
+            parse_op("drain", &p(Some(60), Some("preempt")), 1000).unwrap(),
+            NodeOp::Drain {
+                deadline_ms: Some(61_000),
+                preempt: true
+            }
+        );
+        assert_eq!(
+            parse_op("drain", &p(None, None), 0).unwrap(),
+            NodeOp::Drain {
+                deadline_ms: None,
+                preempt: false
+            }
+        );
+        for (action, params, field) in [
+            ("drain", p(None, Some("preempt")), "after"),
+            ("drain", p(Some(5), Some("kill")), "after"),
+            ("cordon", p(Some(5), None), "deadline_s"),
+        ] {
+            let e = parse_op(action, &params, 0).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(field), "{action}");
+        }
+        assert_eq!(parse_op("reboot", &p(None, None), 0).unwrap_err().status.as_u16(), 404);
+    }
+}

@@ -1,0 +1,234 @@
+//! GPU health: a critical XID, a lost GPU or a failed partition takes the GPU out of placement
+//! (the engine fences it, so the next scheduler cycle places nothing there), records it in the
+//! store (so that a restart does not put work on it again), counts it in the metrics and tells
+//! every workload on it (an `observed` event with the `gpu-unhealthy` code). What runs there
+//! is then handled by [`GpuFailurePolicy`]. Only a platform admin clears a GPU
+//! ([`Cmd::ClearGpu`](super::Cmd)); a backend reporting the GPU healthy again is logged, not
+//! trusted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tessera_domain::{Input, Kind, PreemptCode, ReasonCode, WorkloadId};
+use tessera_store::{GpuHealthRecord, NodeStateRecord};
+
+use super::Core;
+use super::commit::Batch;
+
+/// The XIDs NVIDIA documents as needing a GPU reset or a reboot: 48 (double-bit ECC), 63/64
+/// (ECC page retirement / row remapping), 74 (NVLink), 79 (fallen off the bus), 92 (high
+/// single-bit ECC rate), 93 (non-fatal violation … reset), 94/95 (contained / uncontained ECC).
+pub const CRITICAL_XIDS: [u32; 9] = [48, 63, 64, 74, 79, 92, 93, 94, 95];
+
+/// Whether an XID takes a GPU out of service.
+pub fn is_critical(xid: u32) -> bool {
+    CRITICAL_XIDS.contains(&xid)
+}
+
+/// What happens to running work on a GPU that failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GpuFailurePolicy {
+    /// Leave it running and tell the tenant (the default).
+    #[default]
+    Leave,
+    /// Stop batch work (requeued unless it asked not to be); services are left running and
+    /// told.
+    Requeue,
+}
+
+impl GpuFailurePolicy {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "leave" => Some(GpuFailurePolicy::Leave),
+            "requeue" => Some(GpuFailurePolicy::Requeue),
+            _ => None,
+        }
+    }
+}
+
+/// Unhealthy GPUs and operator node states, as readers see them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetOps {
+    /// By `(node, gpu)`.
+    pub unhealthy: BTreeMap<(String, u8), GpuHealthRecord>,
+    /// Nodes that are not `ready`, by name.
+    pub nodes: BTreeMap<String, NodeStateRecord>,
+}
+
+impl FleetOps {
+    /// The operator state of a node: `ready` without a record.
+    pub fn node_state(&self, node: &str) -> &str {
+        self.nodes.get(node).map(|r| r.state.as_str()).unwrap_or("ready")
+    }
+}
+
+/// Why a GPU failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Cause {
+    Xid(u32),
+    Lost,
+    Partition,
+}
+
+impl Cause {
+    fn label(self) -> &'static str {
+        match self {
+            Cause::Xid(_) => "xid",
+            Cause::Lost => "lost",
+            Cause::Partition => "partition-failed",
+        }
+    }
+}
+
+impl Core {
+    /// Takes a GPU out of service (once; a GPU already unhealthy stays as recorded) and applies
+    /// the failure policy to the work on it. The store write follows in
+    /// [`flush_health`](Self::flush_health).
+    pub(super) fn gpu_failed(&mut self, node: &str, gpu: u8, cause: Cause, detail: &str, batch: &mut Batch, now: i64) {
+        let Some(n) = self.fleet.node_by_name(node) else {
+            tracing::warn!(%node, gpu, "health news about a node not in the fleet");
+            return;
+        };
+        let def = self.fleet.node(n);
+        if gpu >= def.gpus || self.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
+            return;
+        }
+        let (pool, model) = (
+            self.fleet.pool(def.pool).name.clone(),
+            self.fleet.catalogue.get(def.model).name.clone(),
+        );
+        self.sched.engine.fence_gpu(n.0, gpu, true);
+        let sentence = format!("GPU {gpu} of {node} is unhealthy ({detail}); no new work is placed on it");
+        tracing::warn!(%node, gpu, cause = cause.label(), %detail, "GPU unhealthy: out of placement");
+        let rec = GpuHealthRecord {
+            node: node.to_string(),
+            gpu,
+            since: now,
+            xid: match cause {
+                Cause::Xid(x) => Some(x),
+                _ => None,
+            },
+            detail: detail.to_string(),
+        };
+        let mut ops = (*self.ops).clone();
+        ops.unhealthy.insert((node.to_string(), gpu), rec.clone());
+        self.ops = Arc::new(ops);
+        self.published.set_ops(self.ops.clone());
+        self.health_writes.push(rec);
+        self.metrics.gpu_failure(&pool, &model, cause.label());
+
+        let affected: Vec<(WorkloadId, Kind, bool)> = self
+            .live
+            .values()
+            .filter(|l| {
+                l.w.phase.holds_capacity()
+                    && l.w
+                        .placement
+                        .as_ref()
+                        .is_some_and(|p| p.node == node && p.gpus.contains(&gpu))
+            })
+            .map(|l| (l.w.id, l.w.spec.kind, l.w.phase == tessera_domain::Phase::Stopping))
+            .collect();
+        let grace_s = self.settings.grace.as_secs();
+        for (id, kind, stopping) in affected {
+            if stopping {
+                continue;
+            }
+            let input = if self.settings.on_gpu_failure == GpuFailurePolicy::Requeue && kind == Kind::Batch {
+                Input::Preempt {
+                    at: now,
+                    by: id,
+                    code: PreemptCode::Health,
+                    detail: format!("GPU {gpu} of {node} failed ({detail}); batch work is stopped by policy"),
+                    grace_s,
+                }
+            } else {
+                Input::Notice {
+                    at: now,
+                    code: ReasonCode::GpuUnhealthy,
+                    detail: format!("{sentence}; this workload keeps running on it"),
+                }
+            };
+            self.apply(id, input, batch, now);
+        }
+    }
+
+    /// Writes the unhealthy GPUs recorded since the last call. A failed write is logged: the
+    /// GPU stays out of placement in memory, and the next failure report writes it again.
+    pub(super) async fn flush_health(&mut self) {
+        for rec in std::mem::take(&mut self.health_writes) {
+            if let Err(e) = self.store.set_gpu_unhealthy(&rec).await {
+                tracing::error!(node = %rec.node, gpu = rec.gpu, error = %e, "cannot record an unhealthy GPU");
+            }
+        }
+    }
+
+    /// Puts a GPU back into placement (a platform admin cleared it): `false` if it was not
+    /// unhealthy.
+    pub(super) async fn clear_gpu(&mut self, node: &str, gpu: u8) -> Result<bool, tessera_store::StoreError> {
+        let cleared = self.store.clear_gpu_health(node, gpu).await?;
+        let known = self.ops.unhealthy.contains_key(&(node.to_string(), gpu));
+        if known {
+            let mut ops = (*self.ops).clone();
+            ops.unhealthy.remove(&(node.to_string(), gpu));
+            self.ops = Arc::new(ops);
+            self.published.set_ops(self.ops.clone());
+        }
+        if let Some(n) = self.fleet.node_by_name(node) {
+            self.sched.engine.fence_gpu(n.0, gpu, false);
+        }
+        tracing::info!(%node, gpu, "GPU cleared: back in placement");
+        Ok(cleared || known)
+    }
+
+    /// Re-applies stored health and node states to a fresh engine (start-up, after a failed
+    /// commit).
+    pub(super) async fn restore_ops(&mut self) -> Result<(), tessera_store::StoreError> {
+        let mut ops = FleetOps::default();
+        self.drains = Default::default();
+        for r in self.store.unhealthy_gpus().await? {
+            if let Some(n) = self.fleet.node_by_name(&r.node) {
+                self.sched.engine.fence_gpu(n.0, r.gpu, true);
+            }
+            ops.unhealthy.insert((r.node.clone(), r.gpu), r);
+        }
+        for r in self.store.node_states().await? {
+            if let Some(n) = self.fleet.node_by_name(&r.node) {
+                self.sched.engine.fence_node(n.0, true);
+            }
+            // A drain resumes without its deadline: it waits (nothing is cut off by a restart).
+            if r.state == "draining" {
+                self.drains.nodes.insert(r.node.clone(), Default::default());
+            }
+            ops.nodes.insert(r.node.clone(), r);
+        }
+        self.ops = Arc::new(ops);
+        self.published.set_ops(self.ops.clone());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn critical_xids_are_the_documented_reset_or_reboot_classes() {
+        for x in [48, 63, 64, 74, 79, 92, 93, 94, 95] {
+            assert!(is_critical(x), "{x}");
+        }
+        // Application errors (13: graphics engine exception, 31: MMU fault, 43: stopped
+        // processing) do not take a GPU out.
+        for x in [0, 13, 31, 43, 45] {
+            assert!(!is_critical(x), "{x}");
+        }
+    }
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!(GpuFailurePolicy::parse("leave"), Some(GpuFailurePolicy::Leave));
+        assert_eq!(GpuFailurePolicy::parse("requeue"), Some(GpuFailurePolicy::Requeue));
+        assert_eq!(GpuFailurePolicy::parse("drop"), None);
+        assert_eq!(FleetOps::default().node_state("a100-00"), "ready");
+    }
+}

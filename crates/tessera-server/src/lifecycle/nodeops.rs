@@ -1,0 +1,297 @@
+//! Node lifecycle (platform-admin): `cordon` (no new placement), `drain` (cordon, then empty
+//! the node without cutting work off), `maintenance` (drained, safe to work on) and
+//! `uncordon` (back to `ready`). States are stored, so they survive a restart.
+//!
+//! A drain, checked every second:
+//! * batch work runs to completion (or to the end of its lease) and gets a notice;
+//! * a service (no end) is moved: a replacement with the same spec is submitted (the node is
+//!   fenced, so it lands elsewhere), and the old one is stopped only once the replacement
+//!   runs;
+//! * interactive work gets a notice with the deadline;
+//! * after the deadline the admin's policy applies: `preempt` stops what is left (with the
+//!   grace period; batch work is requeued), `wait` keeps waiting;
+//! * once nothing holds capacity on the node it is in `maintenance`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use tessera_domain::{Input, Kind, Phase, PreemptCode, ReasonCode, WorkloadId};
+use tessera_store::NodeStateRecord;
+
+use super::commit::Batch;
+use super::{Core, LifecycleError, NewWorkload};
+
+/// What an admin asks of a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeOp {
+    Cordon,
+    /// `deadline_ms`: when the drain's policy applies (ms since the epoch); `preempt`: stop
+    /// what is left then, else keep waiting.
+    Drain {
+        deadline_ms: Option<i64>,
+        preempt: bool,
+    },
+    Maintenance,
+    Uncordon,
+}
+
+/// A drain in progress.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Drain {
+    pub deadline_ms: Option<i64>,
+    pub preempt: bool,
+    /// Workloads already told.
+    pub noticed: HashSet<WorkloadId>,
+}
+
+/// The drains in progress and the services being moved (old → replacement).
+#[derive(Default)]
+pub(super) struct Drains {
+    pub nodes: HashMap<String, Drain>,
+    pub moves: HashMap<WorkloadId, WorkloadId>,
+}
+
+impl Core {
+    fn holders_of(&self, node: &str) -> Vec<(WorkloadId, Kind, Phase)> {
+        let mut v: Vec<_> = self
+            .live
+            .values()
+            .filter(|l| l.w.phase.holds_capacity() && l.w.placement.as_ref().is_some_and(|p| p.node == node))
+            .map(|l| (l.w.id, l.w.spec.kind, l.w.phase))
+            .collect();
+        v.sort_unstable_by_key(|x| x.0);
+        v
+    }
+
+    async fn set_state(
+        &mut self,
+        node: &str,
+        state: Option<&str>,
+        detail: String,
+        now: i64,
+    ) -> Result<(), LifecycleError> {
+        let unavailable =
+            |e: tessera_store::StoreError| LifecycleError::Unavailable(format!("the store is unavailable: {e}"));
+        let mut ops = (*self.ops).clone();
+        match state {
+            Some(st) => {
+                let rec = NodeStateRecord {
+                    node: node.to_string(),
+                    state: st.to_string(),
+                    since: now,
+                    detail,
+                };
+                self.store.set_node_state(&rec).await.map_err(unavailable)?;
+                ops.nodes.insert(node.to_string(), rec);
+            }
+            None => {
+                self.store.clear_node_state(node).await.map_err(unavailable)?;
+                ops.nodes.remove(node);
+            }
+        }
+        self.ops = Arc::new(ops);
+        self.published.set_ops(self.ops.clone());
+        if let Some(n) = self.fleet.node_by_name(node) {
+            self.sched.engine.fence_node(n.0, state.is_some());
+        }
+        tracing::info!(%node, state = state.unwrap_or("ready"), "node state changed");
+        Ok(())
+    }
+
+    /// Carries out an admin's node operation (the caller checked that the node exists).
+    pub(super) async fn node_op(
+        &mut self,
+        node: &str,
+        op: NodeOp,
+        actor: &str,
+        batch: &mut Batch,
+        now: i64,
+    ) -> Result<(), LifecycleError> {
+        match op {
+            NodeOp::Cordon => {
+                self.drains.nodes.remove(node);
+                self.set_state(node, Some("cordoned"), format!("cordoned by {actor}"), now)
+                    .await
+            }
+            NodeOp::Uncordon => {
+                self.drains.nodes.remove(node);
+                self.set_state(node, None, String::new(), now).await
+            }
+            NodeOp::Maintenance => {
+                let busy = self.holders_of(node).len();
+                if busy > 0 {
+                    return Err(LifecycleError::Conflict(format!(
+                        "node {node} still holds {busy} workload(s); drain it first (`tessera node drain {node}`)"
+                    )));
+                }
+                self.drains.nodes.remove(node);
+                self.set_state(node, Some("maintenance"), format!("maintenance by {actor}"), now)
+                    .await
+            }
+            NodeOp::Drain { deadline_ms, preempt } => {
+                let detail = match deadline_ms {
+                    Some(d) => format!(
+                        "drained by {actor}; deadline {}; then {}",
+                        tessera_api::rfc3339_ms(d),
+                        if preempt { "preempt" } else { "wait" }
+                    ),
+                    None => format!("drained by {actor}; no deadline"),
+                };
+                self.set_state(node, Some("draining"), detail, now).await?;
+                self.drains.nodes.insert(
+                    node.to_string(),
+                    Drain {
+                        deadline_ms,
+                        preempt,
+                        noticed: HashSet::new(),
+                    },
+                );
+                self.drain_step(batch, now).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// One step of every drain in progress.
+    pub(super) async fn drain_step(&mut self, batch: &mut Batch, now: i64) {
+        // Moves whose old workload ended: forget them.
+        self.drains
+            .moves
+            .retain(|old, _| self.live.get(old).is_some_and(|l| !l.w.phase.is_terminal()));
+        let nodes: Vec<String> = self.drains.nodes.keys().cloned().collect();
+        let grace_s = self.settings.grace.as_secs();
+        for node in nodes {
+            let holders = self.holders_of(&node);
+            if holders.is_empty() {
+                self.drains.nodes.remove(&node);
+                let detail = format!("drained at {}", tessera_api::rfc3339_ms(now));
+                if let Err(e) = self.set_state(&node, Some("maintenance"), detail, now).await {
+                    tracing::error!(%node, error = %e, "cannot record the end of a drain");
+                }
+                continue;
+            }
+            let Some(d) = self.drains.nodes.get(&node).cloned() else {
+                continue;
+            };
+            let past = d.deadline_ms.is_some_and(|t| now >= t);
+            let deadline = d
+                .deadline_ms
+                .map(|t| format!("by {}", tessera_api::rfc3339_ms(t)))
+                .unwrap_or_else(|| "with no deadline".into());
+            for (id, kind, phase) in holders {
+                if phase == Phase::Stopping {
+                    continue;
+                }
+                if kind == Kind::Service {
+                    self.move_service(&node, id, batch, now).await;
+                    continue;
+                }
+                if past && d.preempt {
+                    self.apply(
+                        id,
+                        Input::Preempt {
+                            at: now,
+                            by: id,
+                            code: PreemptCode::Drain,
+                            detail: format!("node {node} is drained and its deadline has passed"),
+                            grace_s,
+                        },
+                        batch,
+                        now,
+                    );
+                    continue;
+                }
+                if self.drains.nodes.get(&node).is_some_and(|x| x.noticed.contains(&id)) {
+                    continue;
+                }
+                let text = match kind {
+                    Kind::Interactive => format!(
+                        "node {node} is being drained: please finish and end this session {deadline}{}",
+                        if d.preempt && d.deadline_ms.is_some() {
+                            "; it is stopped then"
+                        } else {
+                            ""
+                        }
+                    ),
+                    _ => format!(
+                        "node {node} is being drained: this workload runs to completion, and nothing new starts there"
+                    ),
+                };
+                self.apply(
+                    id,
+                    Input::Notice {
+                        at: now,
+                        code: ReasonCode::NodeDrain,
+                        detail: text,
+                    },
+                    batch,
+                    now,
+                );
+                if let Some(x) = self.drains.nodes.get_mut(&node) {
+                    x.noticed.insert(id);
+                }
+            }
+        }
+    }
+
+    /// Moves a service off a draining node: a replacement first, the old one stopped only once
+    /// the replacement runs.
+    async fn move_service(&mut self, node: &str, old: WorkloadId, batch: &mut Batch, now: i64) {
+        let grace_s = self.settings.grace.as_secs();
+        if let Some(&new) = self.drains.moves.get(&old) {
+            match self.live.get(&new).map(|l| l.w.phase) {
+                Some(Phase::Running) => {
+                    self.drains.moves.remove(&old);
+                    self.apply(
+                        old,
+                        Input::Preempt {
+                            at: now,
+                            by: new,
+                            code: PreemptCode::Drain,
+                            detail: format!("node {node} is drained; replacement workload {new} runs elsewhere"),
+                            grace_s,
+                        },
+                        batch,
+                        now,
+                    );
+                }
+                Some(_) => {}
+                // The replacement ended before it ran: try again next time.
+                None => {
+                    self.drains.moves.remove(&old);
+                }
+            }
+            return;
+        }
+        let Some(l) = self.live.get(&old) else { return };
+        let nw = NewWorkload {
+            spec: l.w.spec.clone(),
+            request: l.request.clone(),
+            actor: format!("drain of {node}"),
+            role: "platform-admin".into(),
+            idempotency: None,
+            received_at: now,
+            audit: None,
+        };
+        match self.accept(nw, batch, now).await {
+            Ok((new, _)) => {
+                self.drains.moves.insert(old, new);
+                self.apply(
+                    old,
+                    Input::Notice {
+                        at: now,
+                        code: ReasonCode::NodeDrain,
+                        detail: format!(
+                            "node {node} is being drained: replacement workload {new} starts elsewhere; this one stops once it runs"
+                        ),
+                    },
+                    batch,
+                    now,
+                );
+            }
+            Err(e) => {
+                tracing::warn!(%node, %old, error = %e, "cannot submit the replacement of a service; retrying");
+            }
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! `tessera serve --backend local` in its documented `--fake-gpus` test mode (fake NVML, real
+//! processes), driven through the CLI: CUDA_VISIBLE_DEVICES, `tessera logs`, cancel = SIGTERM
+//! then SIGKILL, a control-plane restart adopting a live process; `gpu-check` and the one-line
+//! refusal without an NVIDIA driver.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn tessera(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env("XDG_CONFIG_HOME", "/nonexistent")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// Starts the server and returns it with its API address.
+fn serve(data: &Path) -> (Child, String) {
+    let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", "--backend", "local", "--fake-gpus", "2", "--node", "box"])
+        .args([
+            "--grace-s",
+            "1",
+            "--sim-telemetry-ms",
+            "500",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(data)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let Some(Ok(l)) = lines.next().filter(|_| Instant::now() < deadline) else {
+            let _ = server.kill();
+            let _ = server.wait();
+            panic!("server did not start");
+        };
+        if let Some(rest) = l.split("console http://").nth(1) {
+            assert!(l.contains("2 GPUs of this machine (fake NVML"), "{l}");
+            // Keep reading stdout so the server never blocks on a full pipe.
+            std::thread::spawn(move || for _ in lines {});
+            return (server, format!("http://{}", rest.split('/').next().unwrap()));
+        }
+    }
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn state(env: &[(&str, &str)], id: u64) -> String {
+    let (code, out, err) = tessera(&["describe", &id.to_string(), "-o", "json"], env);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["workload"]["state"]
+        .as_str()
+        .or(v["state"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn pid_of(data: &Path, id: u64) -> i32 {
+    let text = std::fs::read_to_string(data.join(format!("workloads/{id}/pid"))).unwrap();
+    text.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+fn group_alive(pgid: i32) -> bool {
+    Command::new("kill")
+        .args(["-0", "--", &format!("-{pgid}")])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+#[test]
+fn gpu_check_reads_the_fake_and_refuses_in_one_line_without_a_driver() {
+    let (code, out, err) = tessera(&["gpu-check", "--fake-gpus", "2"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["discovery"]["gpus"].as_array().unwrap().len(), 2);
+    assert_eq!(v["discovery"]["gpus"][1]["model"], "H100-80GB-SXM");
+    assert_eq!(v["telemetry"][0]["sample"]["temp_c"], 35.0);
+    let (code, _, err) = tessera(&["gpu-check", "--fake-gpus", "0"], &[]);
+    assert!(code != 0 && err.trim().lines().count() == 1, "{err}");
+    // Without the driver, one clear line (from gpu-check and from serve); with one, JSON.
+    let (code, out, err) = tessera(&["gpu-check"], &[]);
+    if code == 0 {
+        assert!(serde_json::from_str::<serde_json::Value>(&out).is_ok(), "{out}");
+    } else {
+        assert!(
+            err.trim().lines().count() == 1 && err.contains("NVIDIA driver"),
+            "{err}"
+        );
+        let (code, _, err) = tessera(&["serve", "--backend", "local", "--data-dir", "/nonexistent/x"], &[]);
+        assert!(
+            code != 0 && err.trim().lines().count() == 1 && err.contains("NVIDIA driver"),
+            "{err}"
+        );
+    }
+    // scripts/gpu-check runs the same subcommand.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu-check");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["--fake-gpus", "1"])
+        .env("TESSERA_BIN", env!("CARGO_BIN_EXE_tessera"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["discovery"]["gpus"].as_array().unwrap().len(), 1);
+    let (code, _, err) = tessera(&["serve", "--fake-gpus", "2"], &[]);
+    assert!(code != 0 && err.contains("test mode of --backend local"), "{err}");
+}
+
+#[test]
+fn local_backend_runs_real_processes_on_fake_gpus() {
+    let dir = std::env::temp_dir().join(format!("tessera-local-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.join("data");
+    let (mut server, addr) = serve(&data);
+    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
+    let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.trim())];
+    assert_eq!(tessera(&["tenants", "create", "acme"], &env).0, 0);
+    assert_eq!(tessera(&["projects", "create", "--tenant", "acme", "ml"], &env).0, 0);
+    let run = |cmd: &str| {
+        let (code, _, err) = tessera(
+            &[
+                "run",
+                "--tenant",
+                "acme",
+                "--project",
+                "ml",
+                "--gpus",
+                "1",
+                "--cpus",
+                "1",
+                "--memory-gib",
+                "1",
+                "--",
+                "sh",
+                "-c",
+                cmd,
+            ],
+            &env,
+        );
+        assert_eq!(code, 0, "{err}");
+    };
+
+    // 1: the process sees its GPU's UUID.
+    run("echo visible=$CUDA_VISIBLE_DEVICES");
+    wait_for("workload 1 to succeed", || state(&env, 1) == "succeeded");
+    let (code, log, err) = tessera(&["logs", "1"], &env);
+    assert_eq!(code, 0, "{err}");
+    let (_, desc, _) = tessera(&["describe", "1"], &env);
+    let gpu = if desc.contains("GPU [1]") { 1 } else { 0 };
+    assert_eq!(
+        log.trim(),
+        format!("visible=GPU-fa4e0000-0000-4000-8000-{gpu:012x}"),
+        "{desc}"
+    );
+
+    // 2: cancel sends SIGTERM, then SIGKILL after the grace period (1 s).
+    run("trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.1; done");
+    wait_for("workload 2 to print ready", || {
+        tessera(&["logs", "2"], &env).1.contains("ready")
+    });
+    let pgid = pid_of(&data, 2);
+    let t = Instant::now();
+    assert_eq!(tessera(&["cancel", "2"], &env).0, 0);
+    wait_for("SIGTERM", || tessera(&["logs", "2"], &env).1.contains("got TERM"));
+    assert!(
+        group_alive(pgid),
+        "TERM trapped: still alive before the grace period ends"
+    );
+    wait_for("SIGKILL", || !group_alive(pgid));
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+
+    // 3: a control-plane restart adopts the live process and reports its end.
+    run("echo started; sleep 4; echo finished");
+    wait_for("workload 3 to run", || state(&env, 3) == "running");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let pid = pid_of(&data, 3);
+    assert!(group_alive(pid), "the workload outlives the control plane");
+    let (mut server, addr) = serve(&data);
+    let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.trim())];
+    assert_eq!(state(&env, 3), "running", "adopted, not restarted or lost");
+    wait_for("workload 3 to succeed after adoption", || state(&env, 3) == "succeeded");
+    let (_, log, _) = tessera(&["logs", "3"], &env);
+    assert_eq!(log.matches("started").count(), 1, "ran once: {log}");
+    assert!(log.contains("finished"), "{log}");
+
+    // An unknown workload: one readable line.
+    let (code, _, err) = tessera(&["logs", "99"], &env);
+    assert!(code != 0 && err.trim().lines().count() == 1, "{err}");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
