@@ -23,6 +23,7 @@ mod fleet;
 mod governance;
 mod ledger;
 mod legacy;
+mod rollouts;
 mod rows;
 mod tenancy;
 mod tokens;
