@@ -1550,7 +1550,9 @@ pub async fn drains_and_service_moves(s: &dyn Store) {
         preempt,
     };
     assert!(s.drains().await.unwrap().is_empty());
-    s.set_drain(&drain("l40s-02", Some(1_700_000_000_000), true)).await.unwrap();
+    s.set_drain(&drain("l40s-02", Some(1_700_000_000_000), true))
+        .await
+        .unwrap();
     s.set_drain(&drain("a100-00", None, false)).await.unwrap();
     s.set_drain(&drain("l40s-02", Some(5), false)).await.unwrap();
     assert_eq!(
@@ -1586,7 +1588,11 @@ pub async fn rollouts_round_trip_and_get_ids_from_the_store(s: &dyn Store) {
         started_at: (i % 2 == 1).then_some(50 + i),
         ended_at: (i % 3 == 2).then_some(200 + i),
         upgrade_until: (i == 1).then_some(1_700_000_000_000),
-        layout: if i == 0 { String::new() } else { format!("0:3g.40gb@{i} «ü»") },
+        layout: if i == 0 {
+            String::new()
+        } else {
+            format!("0:3g.40gb@{i} «ü»")
+        },
         detail: format!("{} #{i}", state.as_str()),
     };
     let rollout = |pool: &str| RolloutRecord {
@@ -1620,7 +1626,13 @@ pub async fn rollouts_round_trip_and_get_ids_from_the_store(s: &dyn Store) {
     let all = s.rollouts().await.unwrap();
     assert_eq!(
         all,
-        vec![RolloutRecord { id: b, ..second }, RolloutRecord { id: a, ..rollout("train") }],
+        vec![
+            RolloutRecord { id: b, ..second },
+            RolloutRecord {
+                id: a,
+                ..rollout("train")
+            }
+        ],
         "newest first, every field"
     );
 
@@ -1633,7 +1645,12 @@ pub async fn rollouts_round_trip_and_get_ids_from_the_store(s: &dyn Store) {
     done.nodes[1].state = RolloutNodeState::Done;
     s.save_rollout(&done).await.unwrap();
     assert_eq!(s.rollouts().await.unwrap()[1], done);
-    let r = s.save_rollout(&RolloutRecord { id: b + 100, ..done.clone() }).await;
+    let r = s
+        .save_rollout(&RolloutRecord {
+            id: b + 100,
+            ..done.clone()
+        })
+        .await;
     assert!(matches!(r, Err(StoreError::Corrupt(_))), "unknown rollout: {r:?}");
     assert_eq!(s.rollouts().await.unwrap().len(), 2);
     for st in RolloutState::ALL {
