@@ -36,6 +36,15 @@ pub struct NewRollout {
     pub preempt: bool,
 }
 
+/// Why a node does not pass validation.
+enum Invalid {
+    /// It cannot pass (a GPU out for an XID or a failed partition).
+    Failed(String),
+    /// Not yet (GPUs not back, no fresh telemetry, layout not restored): it may still pass
+    /// within [`VALIDATE_WITHIN_MS`].
+    NotYet(String),
+}
+
 /// The actor the controller's own audit records name.
 const CONTROLLER: &str = "rollout-controller";
 
@@ -300,11 +309,16 @@ impl Core {
                         r.nodes[i].ended_at = Some(now);
                         self.move_node(&mut r, i, RolloutNodeState::Done, detail, batch, now);
                     }
-                    Err(why) if now - n.since >= VALIDATE_WITHIN_MS => {
+                    Err(Invalid::Failed(why)) => {
                         self.fail_node(&mut r, i, format!("validation failed: {why}"), batch, now)
                             .await;
                     }
-                    Err(_) => {}
+                    Err(Invalid::NotYet(why)) if now - n.since >= VALIDATE_WITHIN_MS => {
+                        let within = VALIDATE_WITHIN_MS / 1000;
+                        let why = format!("validation failed: {why} within {within} s of the upgrade");
+                        self.fail_node(&mut r, i, why, batch, now).await;
+                    }
+                    Err(Invalid::NotYet(_)) => {}
                 },
                 _ => {}
             }
@@ -394,26 +408,34 @@ impl Core {
         }
     }
 
-    /// Validates an upgraded node: `Ok(what was checked)` or `Err(why not yet)`.
-    fn validate(&self, n: &RolloutNodeRecord) -> Result<String, String> {
+    /// Validates an upgraded node: `Ok(what was checked)`, or why not.
+    fn validate(&self, n: &RolloutNodeRecord) -> Result<String, Invalid> {
+        use Invalid::{Failed, NotYet};
         let Some(idx) = self.fleet.node_by_name(&n.node) else {
-            return Err(format!("node {} is not in the fleet", n.node));
+            return Err(Failed(format!("node {} is not in the fleet", n.node)));
         };
         let gpus = self.fleet.node(idx).gpus;
+        // A GPU lost may come back (the node reboots); one out for an XID or a failed
+        // partition stays out until an admin clears it.
         if let Some(((_, g), h)) = self.ops.unhealthy.iter().find(|((node, _), _)| node == &n.node) {
-            return Err(format!("GPU {g} is unhealthy ({})", h.detail));
+            let why = format!("GPU {g} is unhealthy ({})", h.detail);
+            return Err(if h.cause == tessera_store::HealthCause::Lost {
+                NotYet(why)
+            } else {
+                Failed(why)
+            });
         }
         let t = self.published.telemetry();
         let back = if t.at == 0 {
             "no telemetry from the backend to check GPUs against".to_string()
         } else {
             if t.at < n.since {
-                return Err("no telemetry since the upgrade yet".into());
+                return Err(NotYet("no telemetry since the upgrade".into()));
             }
             for g in 0..gpus {
                 match t.gpus.iter().find(|s| s.node == n.node && s.gpu == g) {
-                    None => return Err(format!("GPU {g} is not back")),
-                    Some(s) if s.xid != 0 => return Err(format!("GPU {g} reports XID {}", s.xid)),
+                    None => return Err(NotYet(format!("GPU {g} is not back"))),
+                    Some(s) if s.xid != 0 => return Err(NotYet(format!("GPU {g} reports XID {}", s.xid))),
                     Some(_) => {}
                 }
             }
@@ -421,10 +443,10 @@ impl Core {
         };
         let layout = self.layout_text(&n.node);
         if layout != n.layout {
-            return Err(format!(
+            return Err(NotYet(format!(
                 "MIG layout `{layout}` differs from `{}` before the drain",
                 n.layout
-            ));
+            )));
         }
         Ok(format!("validated: {back}; MIG layout as before the drain"))
     }
@@ -457,7 +479,7 @@ impl Core {
             request_id: format!("rollout-{}", r.id),
             actor: CONTROLLER.into(),
             tenant: None,
-            action: "rollout.step".into(),
+            action: format!("rollout.{}", to.as_str()),
             target: format!("rollouts/{}/nodes/{}", r.id, n.node),
             outcome: 200,
             detail: format!("{} → {}: {detail}", n.state.as_str(), to.as_str()),
