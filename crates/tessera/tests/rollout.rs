@@ -433,3 +433,69 @@ fn a_full_fleet_rollout_through_the_control_plane_cuts_nothing_off() {
     println!("  (wall time {:.0} s)", t.elapsed().as_secs_f64());
     assert!(naive.cut_offs > 0, "the naive rollout stops work at its deadline");
 }
+
+fn cli(s: &Serve, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env("TESSERA_SERVER", &s.base)
+        .env("TESSERA_TOKEN", &s.token)
+        .env("XDG_CONFIG_HOME", s.dir.join("cli-config"))
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// The CLI verbs on an idle fleet: the plan, `--wait` until done, status, and one readable
+/// line for each error. About 10 s.
+#[test]
+fn the_upgrade_verbs_print_the_plan_follow_it_and_say_what_is_wrong_in_one_line() {
+    let s = serve("cli");
+    for (args, says) in [
+        (vec!["upgrade", "rollout", "--pool", "nope"], "no pool `nope`"),
+        (
+            vec!["upgrade", "rollout", "--pool", "training", "--deadline", "soon"],
+            "--deadline",
+        ),
+        (
+            vec!["upgrade", "rollout", "--pool", "training", "--after", "preempt"],
+            "needs a `deadline_s`",
+        ),
+        (vec!["node", "done", "h100-00"], "not being upgraded by a rollout"),
+        (vec!["upgrade", "status", "9"], "no rollout 9"),
+    ] {
+        let (code, _, err) = cli(&s, &args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(err.contains(says) && err.trim().lines().count() == 1, "{args:?}: {err}");
+    }
+    let (code, out, err) = cli(
+        &s,
+        &[
+            "upgrade",
+            "rollout",
+            "--pool",
+            "training",
+            "--max-parallel",
+            "8",
+            "--wait",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("rollout 1 of pool training: running"), "{out}");
+    assert_eq!(out.matches("h100-").count(), 16, "the plan lists every node: {out}");
+    let (code, out, _) = cli(&s, &["upgrade", "status"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("training") && out.contains("done") && out.contains("16/16"),
+        "{out}"
+    );
+    let (code, _, err) = cli(&s, &["upgrade", "cancel", "1"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("rollout 1 is done already") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+}
