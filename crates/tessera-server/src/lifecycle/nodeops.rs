@@ -201,7 +201,7 @@ impl Core {
             .drains
             .moves
             .keys()
-            .filter(|old| !self.live.get(old).is_some_and(|l| !l.w.phase.is_terminal()))
+            .filter(|old| self.live.get(old).is_none_or(|l| l.w.phase.is_terminal()))
             .copied()
             .collect();
         for old in ended {

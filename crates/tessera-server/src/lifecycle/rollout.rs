@@ -288,17 +288,9 @@ impl Core {
                         self.fail_node(&mut r, i, detail, batch, now).await;
                     }
                 }
-                RolloutNodeState::Upgrading => {
-                    if n.upgrade_until.is_some_and(|t| now >= t) {
-                        self.move_node(
-                            &mut r,
-                            i,
-                            RolloutNodeState::Validating,
-                            "simulated upgrade finished".into(),
-                            batch,
-                            now,
-                        );
-                    }
+                RolloutNodeState::Upgrading if n.upgrade_until.is_some_and(|t| now >= t) => {
+                    let detail = "simulated upgrade finished".to_string();
+                    self.move_node(&mut r, i, RolloutNodeState::Validating, detail, batch, now);
                 }
                 RolloutNodeState::Validating => match self.validate(&n) {
                     Ok(detail) => {
@@ -356,7 +348,7 @@ impl Core {
                 .map(|n| c.fleet.node(n).gpus as u64 * 1000)
                 .unwrap_or(0)
         };
-        let mut out_nodes = r.nodes.iter().filter(|n| n.state.is_out()).count();
+        let out_nodes = r.nodes.iter().filter(|n| n.state.is_out()).count();
         let mut out_units: u64 = r
             .nodes
             .iter()
@@ -373,7 +365,7 @@ impl Core {
             return;
         }
         let plan = self.plan_nodes(&pending);
-        for k in rollout::order(&plan, now) {
+        for (out_nodes, k) in (out_nodes..).zip(rollout::order(&plan, now)) {
             let name = plan[k].name.clone();
             let u = plan[k].units_milli;
             if !rollout::admits(limits, out_nodes, out_units, u) {
@@ -403,7 +395,6 @@ impl Core {
                 None => "draining; no deadline".into(),
             };
             self.move_node(r, i, RolloutNodeState::Draining, detail, batch, now);
-            out_nodes += 1;
             out_units += u;
         }
     }
