@@ -59,7 +59,7 @@ pub fn view(r: &RolloutRecord) -> RolloutView {
 #[allow(dead_code)] // only its schema is used
 pub struct RolloutIdParams {
     /// The rollout's id.
-    #[param(minimum = 0)]
+    #[param(schema_with = tessera_api::rules::schema::rollout_id)]
     id: u64,
 }
 
