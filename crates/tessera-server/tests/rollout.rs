@@ -176,8 +176,9 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
     assert_eq!(node_of(&job), busy, "best fit packs both on one node");
 
     // Bad input: problem JSON naming the field; a second rollout of the pool conflicts.
+    let (st, p) = a.call(Method::POST, "/api/v1/rollouts", Some(json!({"pool": "nope"})));
+    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
     for (body, field) in [
-        (json!({"pool": "nope"}), "pool"),
         (json!({"pool": "training", "after": "preempt"}), "after"),
         (json!({"pool": "training", "max_parallel": 0}), "max_parallel"),
     ] {

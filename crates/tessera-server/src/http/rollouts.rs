@@ -73,8 +73,9 @@ fn rollout_id(raw: &str) -> ApiResult<u64> {
 #[utoipa::path(post, path = "/api/v1/rollouts", tag = "fleet", request_body = CreateRollout,
     responses((status = 201, description = "The rollout and its plan", body = RolloutView),
         (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, description = "No such pool", body = Problem),
         (status = 409, description = "A rollout of this pool is running", body = Problem),
-        (status = 422, description = "No such pool, or a value out of range", body = Problem)))]
+        (status = 422, description = "A value out of range, or `after: preempt` without a deadline", body = Problem)))]
 pub async fn create_rollout(
     State(s): State<AppState>,
     id: Identity,
@@ -83,10 +84,11 @@ pub async fn create_rollout(
     id.require_admin()?;
     let Some(pool) = s.fleet.pools.iter().position(|p| p.name == b.pool) else {
         let names: Vec<&str> = s.fleet.pools.iter().map(|p| p.name.as_str()).collect();
-        return Err(ApiError::invalid(
-            "pool",
-            format!("no pool `{}` (pools: {})", b.pool, names.join(", ")),
-        ));
+        return Err(ApiError::not_found(format!(
+            "no pool `{}` (pools: {})",
+            b.pool,
+            names.join(", ")
+        )));
     };
     let pool_units: u64 = s
         .fleet
