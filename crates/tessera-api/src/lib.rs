@@ -844,3 +844,116 @@ pub struct GpuHealthView {
     /// Workloads still on it.
     pub workloads: Vec<u64>,
 }
+
+/// The longest drain deadline of a rollout's nodes, seconds (30 days).
+pub const MAX_ROLLOUT_DEADLINE_S: u64 = 2_592_000;
+
+/// Starts a rolling upgrade of every node of a pool (`POST /api/v1/rollouts`).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRollout {
+    /// The pool whose nodes are upgraded.
+    #[schema(min_length = 1, max_length = 63)]
+    pub pool: String,
+    /// Nodes out at once (default 1).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max_parallel: Option<u32>,
+    /// Whole GPU units out at once (default: no limit beyond `max_parallel`); one node is
+    /// always allowed, so a node larger than the limit still goes, alone.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub max_unavailable_units: Option<u32>,
+    /// Per-node drain deadline, seconds (default: none; at most 30 days).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 2592000)]
+    pub deadline_s: Option<u64>,
+    /// After a node's drain deadline: `preempt` what is left (with the grace period; batch work
+    /// is requeued) or `wait` (default). `preempt` needs a `deadline_s`.
+    #[serde(default)]
+    pub after: Option<RolloutAfter>,
+}
+
+/// What happens to what is left on a node at its drain deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RolloutAfter {
+    Preempt,
+    Wait,
+}
+
+impl Validate for CreateRollout {
+    fn validate(&self) -> Result<(), Violation> {
+        if self.pool.is_empty() || self.pool.chars().count() > 63 {
+            return Err(Violation::new("pool", "a pool name has 1 to 63 characters"));
+        }
+        if let Some(p) = self.max_parallel
+            && !(1..=1000).contains(&p)
+        {
+            return Err(Violation::new("max_parallel", format!("{p}: between 1 and 1000 nodes")));
+        }
+        if let Some(u) = self.max_unavailable_units
+            && !(1..=1_000_000).contains(&u)
+        {
+            return Err(Violation::new(
+                "max_unavailable_units",
+                format!("{u}: between 1 and 1000000 GPU units"),
+            ));
+        }
+        if let Some(d) = self.deadline_s
+            && !(1..=MAX_ROLLOUT_DEADLINE_S).contains(&d)
+        {
+            return Err(Violation::new(
+                "deadline_s",
+                format!("{d}: a drain deadline is 1 s to {MAX_ROLLOUT_DEADLINE_S} s (30 days)"),
+            ));
+        }
+        if self.after == Some(RolloutAfter::Preempt) && self.deadline_s.is_none() {
+            return Err(Violation::new("after", "`after: preempt` needs a `deadline_s`"));
+        }
+        Ok(())
+    }
+}
+
+/// One node of a rolling upgrade.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct RolloutNodeView {
+    pub node: String,
+    /// `pending`, `draining`, `upgrading`, `validating`, `done` or `failed`.
+    pub state: String,
+    /// When it entered its state (RFC 3339).
+    pub since: String,
+    /// When the rollout took it (its drain began).
+    pub started_at: Option<String>,
+    /// When it was done or failed.
+    pub ended_at: Option<String>,
+    /// Why it is in its state.
+    pub detail: String,
+}
+
+/// A rolling upgrade of one pool.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct RolloutView {
+    pub id: u64,
+    pub pool: String,
+    /// `running`, `done`, `failed` (a node failed validation: no more nodes are taken) or
+    /// `cancelled`.
+    pub state: String,
+    pub max_parallel: u32,
+    /// GPU units out at once at most.
+    pub max_unavailable_units: f64,
+    pub deadline_s: Option<u64>,
+    /// `preempt` or `wait`.
+    pub after: String,
+    /// A simulated upgrade's length (sim backend), seconds; absent: each node waits for
+    /// `POST /api/v1/nodes/{node}/done`.
+    pub upgrade_s: Option<u64>,
+    pub created_at: String,
+    pub created_by: String,
+    pub ended_at: Option<String>,
+    pub detail: String,
+    /// Nodes done out of all, 0 to 1.
+    pub progress: f64,
+    /// In plan order at creation (the node whose unmovable work ends soonest first).
+    pub nodes: Vec<RolloutNodeView>,
+}

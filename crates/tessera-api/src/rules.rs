@@ -461,6 +461,9 @@ pub mod schema {
     pub fn id() -> Object {
         described(ID.schema(false), "The workload's id")
     }
+    pub fn rollout_id() -> Object {
+        described(ID.schema(false), "The rollout's id")
+    }
     /// A query parameter: the `next_cursor` of the previous page, a number.
     pub fn cursor_id() -> Object {
         described(ID.schema(false), "The `next_cursor` of the previous page")

@@ -116,6 +116,57 @@ impl SimBackend {
         Ok(())
     }
 
+    /// The node goes away (a reboot, a removal): its GPUs leave telemetry and a
+    /// `NodeChanged { Removed }` event follows. What ran there is lost (`Lost` events).
+    pub fn remove_node(&self, node: &str) -> Result<(), BackendError> {
+        let ids: Vec<u64> = {
+            let mut st = self.shared.lock();
+            let gpus: Vec<usize> = (0..st.gpus.len()).filter(|&g| st.gpus[g].gpu.node == node).collect();
+            if gpus.is_empty() {
+                return Err(BackendError::Rejected(format!(
+                    "no node `{node}` in the simulated fleet"
+                )));
+            }
+            for &g in &gpus {
+                st.gpus[g].gone = true;
+            }
+            st.runs
+                .iter()
+                .filter(|(_, r)| r.spec.node == node)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for id in ids {
+            self.lose(id);
+        }
+        self.shared.send(BackendEvent::NodeChanged {
+            node: node.to_string(),
+            change: tessera_backend::NodeChange::Removed,
+        });
+        Ok(())
+    }
+
+    /// The node is back (empty, MIG instances gone as after a reboot): its GPUs report
+    /// telemetry again and a `NodeChanged { Added }` event follows.
+    pub fn restore_node(&self, node: &str) -> Result<(), BackendError> {
+        let mut st = self.shared.lock();
+        let mut found = false;
+        for g in st.gpus.iter_mut().filter(|g| g.gpu.node == node) {
+            g.gone = false;
+            found = true;
+        }
+        if !found {
+            return Err(BackendError::Rejected(format!(
+                "no node `{node}` in the simulated fleet"
+            )));
+        }
+        self.shared.send(BackendEvent::NodeChanged {
+            node: node.to_string(),
+            change: tessera_backend::NodeChange::Added,
+        });
+        Ok(())
+    }
+
     /// Makes a workload vanish as if deleted behind Tessera's back: its devices are freed and a
     /// `Lost` event follows (none when it is being stopped). False when it was not running.
     pub fn lose(&self, id: u64) -> bool {

@@ -19,6 +19,8 @@ pub(crate) struct GpuState {
     pub instances: Vec<MigInstance>,
     /// The workloads on this GPU, so that a sample costs the GPU's own holders, not the fleet's.
     pub holders: Vec<u64>,
+    /// Its node is gone (rebooting, removed): no telemetry.
+    pub gone: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +84,7 @@ impl State {
                     xid: 0,
                     instances: Vec::new(),
                     holders: Vec::new(),
+                    gone: false,
                 })
                 .collect(),
             nodes,

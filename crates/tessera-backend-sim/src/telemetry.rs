@@ -5,10 +5,13 @@ use tessera_backend::{GpuSample, InstanceSample, SliceSpec};
 
 use crate::state::{Phase, State};
 
-/// Every GPU of the fleet, in node and index order. Costs one pass over the GPUs plus one over
-/// each GPU's running workloads.
+/// Every GPU of the fleet whose node is there, in node and index order. Costs one pass over the
+/// GPUs plus one over each GPU's running workloads.
 pub(crate) fn sample_all(state: &State, now_ms: i64) -> Vec<GpuSample> {
-    (0..state.gpus.len()).map(|g| sample_gpu(state, g, now_ms)).collect()
+    (0..state.gpus.len())
+        .filter(|&g| !state.gpus[g].gone)
+        .map(|g| sample_gpu(state, g, now_ms))
+        .collect()
 }
 
 /// The GPUs workload `id` runs on.

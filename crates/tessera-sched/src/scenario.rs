@@ -130,7 +130,11 @@ fn delay(mut waits: Vec<f64>) -> Delay {
 }
 
 /// Draws one request of the mixed workload.
-fn draw(fleet: &Fleet, kind: usize, rng: &mut ChaCha8Rng) -> (Request, i64, &'static str) {
+/// One request of the scenario's mix, as its tenants draw them: `kind` 0 is a training gang of
+/// whole GPUs (1–8, pool `training`, 2–12 h), 1 a MIG inference service (pool `serving`,
+/// 1–8 h), 2 a fractional notebook (pool `development`, 30 min – 4 h); with its duration (ms)
+/// and priority class. Other tests and tools reuse it to load a fleet the same way.
+pub fn draw(fleet: &Fleet, kind: usize, rng: &mut ChaCha8Rng) -> (Request, i64, &'static str) {
     let pool = |name: &str| fleet.pool_by_name(name);
     let h = 3_600_000i64;
     let priority = match rng.random_range(0..100) {

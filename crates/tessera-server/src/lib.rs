@@ -123,6 +123,9 @@ pub struct ServerConfig {
     pub reconcile_every: Duration,
     /// What happens to running work on a GPU that failed.
     pub on_gpu_failure: lifecycle::GpuFailurePolicy,
+    /// The length of a simulated node upgrade in a rollout; `None`: rollouts wait for
+    /// `tessera node done NODE`.
+    pub sim_upgrade: Option<Duration>,
     /// Priority classes, minimum runtime, fair-share half-life, backfill window.
     pub govern: GovernConfig,
     /// Price per GPU-unit-hour by resource class, for usage reports.
@@ -159,6 +162,7 @@ impl ServerConfig {
             grace: Duration::from_secs(1),
             reconcile_every: Duration::from_secs(30),
             on_gpu_failure: lifecycle::GpuFailurePolicy::Leave,
+            sim_upgrade: None,
             govern: GovernConfig::default(),
             prices: usage::Prices::default(),
             rate_limit: 0.0,
@@ -412,6 +416,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
             grace: cfg.grace,
             reconcile_every: cfg.reconcile_every,
             on_gpu_failure: cfg.on_gpu_failure,
+            sim_upgrade: cfg.sim_upgrade,
         },
         metrics: metrics.clone(),
     };

@@ -543,6 +543,45 @@ pub fn render(
         "Nodes by pool and operator state: ready, cordoned (no new placement), draining, maintenance (drained)",
         node_states,
     );
+    // Rolling upgrades: those running, and the latest one whatever its state (a bounded set).
+    let (rollout_nodes, rollout_progress) = (FGauge::default(), FGauge::default());
+    let latest = ops.rollouts.keys().next_back().copied();
+    for r in ops.rollouts.values() {
+        if r.state != tessera_store::RolloutState::Running && Some(r.id) != latest {
+            continue;
+        }
+        let id = r.id.to_string();
+        let mut done = 0;
+        for st in tessera_store::RolloutNodeState::ALL {
+            let n = r.nodes.iter().filter(|x| x.state == st).count();
+            if st == tessera_store::RolloutNodeState::Done {
+                done = n;
+            }
+            rollout_nodes
+                .get_or_create(&l(&[("rollout", &id), ("pool", &r.pool), ("state", st.as_str())]))
+                .set(n as f64);
+        }
+        let ratio = if r.nodes.is_empty() {
+            1.0
+        } else {
+            done as f64 / r.nodes.len() as f64
+        };
+        rollout_progress
+            .get_or_create(&l(&[("rollout", &id), ("pool", &r.pool), ("state", r.state.as_str())]))
+            .set(ratio);
+    }
+    gauge(
+        &mut reg,
+        "tessera_rollout_nodes",
+        "Nodes of a rolling upgrade (running ones and the latest) by state: pending, draining, upgrading, validating, done, failed",
+        rollout_nodes,
+    );
+    gauge(
+        &mut reg,
+        "tessera_rollout_progress_ratio",
+        "Share of a rolling upgrade's nodes done (0 to 1), labelled with the rollout's state: running, done, failed, cancelled",
+        rollout_progress,
+    );
     gauge(
         &mut reg,
         "tessera_gpus",

@@ -10,9 +10,10 @@ use std::time::Instant;
 use async_trait::async_trait;
 use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{
-    AuditRecord, AuditStore, Change, FleetStore, GovernanceStore, GpuHealthRecord, LeaseRecord, LeaseStore,
-    LedgerStore, NodeStateRecord, ProjectRecord, QuotaRecord, ReplicaRecord, Result, Revocation, Store, TenancyStore,
-    TenantRecord, TokenRecord, TokenStore, UsageInterval, WorkloadFilter, WorkloadStore,
+    AuditRecord, AuditStore, Change, DrainRecord, FleetStore, GovernanceStore, GpuHealthRecord, LeaseRecord,
+    LeaseStore, LedgerStore, NodeStateRecord, ProjectRecord, QuotaRecord, ReplicaRecord, Result, Revocation,
+    RolloutRecord, RolloutStore, ServiceMoveRecord, Store, TenancyStore, TenantRecord, TokenRecord, TokenStore,
+    UsageInterval, WorkloadFilter, WorkloadStore,
 };
 
 use crate::metrics::Metrics;
@@ -203,5 +204,37 @@ impl FleetStore for TimedStore {
     }
     async fn node_states(&self) -> Result<Vec<NodeStateRecord>> {
         self.timed("node_states", self.inner.node_states()).await
+    }
+    async fn set_drain(&self, r: &DrainRecord) -> Result<()> {
+        self.timed("set_drain", self.inner.set_drain(r)).await
+    }
+    async fn clear_drain(&self, node: &str) -> Result<bool> {
+        self.timed("clear_drain", self.inner.clear_drain(node)).await
+    }
+    async fn drains(&self) -> Result<Vec<DrainRecord>> {
+        self.timed("drains", self.inner.drains()).await
+    }
+    async fn set_service_move(&self, r: &ServiceMoveRecord) -> Result<()> {
+        self.timed("set_service_move", self.inner.set_service_move(r)).await
+    }
+    async fn clear_service_move(&self, old: WorkloadId) -> Result<bool> {
+        self.timed("clear_service_move", self.inner.clear_service_move(old))
+            .await
+    }
+    async fn service_moves(&self) -> Result<Vec<ServiceMoveRecord>> {
+        self.timed("service_moves", self.inner.service_moves()).await
+    }
+}
+
+#[async_trait]
+impl RolloutStore for TimedStore {
+    async fn create_rollout(&self, r: &RolloutRecord) -> Result<u64> {
+        self.timed("create_rollout", self.inner.create_rollout(r)).await
+    }
+    async fn save_rollout(&self, r: &RolloutRecord) -> Result<()> {
+        self.timed("save_rollout", self.inner.save_rollout(r)).await
+    }
+    async fn rollouts(&self) -> Result<Vec<RolloutRecord>> {
+        self.timed("rollouts", self.inner.rollouts()).await
     }
 }

@@ -300,6 +300,32 @@ async fn isolation_matrix(db: Db) {
             [409, 403, 403, 403, 401],
             [409, 403, 403, 403, 401],
         ),
+        // Rolling upgrades: platform-admin only. The first admin call starts rollout 1 of the
+        // development pool, the second conflicts with it; cancel works once.
+        (
+            "POST",
+            "/api/v1/rollouts",
+            [201, 403, 403, 403, 401],
+            [409, 403, 403, 403, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/rollouts",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/rollouts/{id}",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
+        (
+            "POST",
+            "/api/v1/rollouts/{id}/cancel",
+            [200, 403, 403, 403, 401],
+            [409, 403, 403, 403, 401],
+        ),
     ];
 
     // Every documented route has a row, and every row is documented.
@@ -343,7 +369,9 @@ async fn isolation_matrix(db: Db) {
                     .replace("{node}", "h100-00")
                     .replace("{gpu}", "0")
                     .replace("{action}", "uncordon");
-                if template.contains("/tokens/{id}") {
+                if template.contains("/rollouts/{id}") {
+                    path = path.replace("{id}", "1");
+                } else if template.contains("/tokens/{id}") {
                     path = path.replace("{id}", &ctx.token_of(tenant).await);
                 } else if template.ends_with("/cancel") {
                     let id = ctx.workload(tenant).await;
@@ -365,6 +393,7 @@ async fn isolation_matrix(db: Db) {
                         Some(json!({"tenant": tenant, "project": project, "name": "m", "shape": {"fraction": 100}}))
                     }
                     ("POST", "/api/v1/sim/faults") => Some(json!({"node": "h100-00", "gpu": 0, "xid": 0})),
+                    ("POST", "/api/v1/rollouts") => Some(json!({"pool": "development"})),
                     ("PUT", _) if template.ends_with("budget") => Some(json!({"monthly_unit_hours": 1000})),
                     ("PUT", _) => Some(json!({"guaranteed": 1})),
                     ("POST", _) => Some(json!({})),

@@ -1,22 +1,26 @@
-//! Unhealthy GPUs and operator node states ([`FleetStore`]) on PostgreSQL.
+//! Unhealthy GPUs, operator node states, drains and service moves ([`FleetStore`]) on PostgreSQL.
 
 use async_trait::async_trait;
-use tessera_store::{FleetStore, GpuHealthRecord, NodeStateRecord, Result};
+use tessera_domain::WorkloadId;
+use tessera_store::{
+    DrainRecord, FleetStore, GpuHealthRecord, HealthCause, NodeStateRecord, Result, ServiceMoveRecord, StoreError,
+};
 
-use crate::{PgStore, col, db, narrow, narrow_opt};
+use crate::{PgStore, col, db, i64_of, narrow, narrow_opt, u64_of};
 
 #[async_trait]
 impl FleetStore for PgStore {
     async fn set_gpu_unhealthy(&self, r: &GpuHealthRecord) -> Result<()> {
         sqlx::query(
-            "INSERT INTO gpu_health (node, gpu, since, xid, detail) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (node, gpu) DO UPDATE SET since = $3, xid = $4, detail = $5",
+            "INSERT INTO gpu_health (node, gpu, since, xid, detail, cause) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (node, gpu) DO UPDATE SET since = $3, xid = $4, detail = $5, cause = $6",
         )
         .bind(&r.node)
         .bind(i64::from(r.gpu))
         .bind(r.since)
         .bind(r.xid.map(i64::from))
         .bind(&r.detail)
+        .bind(r.cause.as_str())
         .execute(&mut *self.conn().await?)
         .await
         .map_err(db)?;
@@ -34,7 +38,7 @@ impl FleetStore for PgStore {
     }
 
     async fn unhealthy_gpus(&self) -> Result<Vec<GpuHealthRecord>> {
-        let rows = sqlx::query("SELECT node, gpu, since, xid, detail FROM gpu_health ORDER BY node, gpu")
+        let rows = sqlx::query("SELECT node, gpu, since, xid, detail, cause FROM gpu_health ORDER BY node, gpu")
             .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(db)?;
@@ -46,6 +50,11 @@ impl FleetStore for PgStore {
                     since: col(r, "since")?,
                     xid: narrow_opt(col(r, "xid")?, "xid")?,
                     detail: col(r, "detail")?,
+                    cause: {
+                        let c: String = col(r, "cause")?;
+                        HealthCause::parse(&c)
+                            .ok_or_else(|| StoreError::Corrupt(format!("column `cause`: unknown `{c}`")))?
+                    },
                 })
             })
             .collect()
@@ -87,6 +96,84 @@ impl FleetStore for PgStore {
                     state: col(r, "state")?,
                     since: col(r, "since")?,
                     detail: col(r, "detail")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn set_drain(&self, r: &DrainRecord) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO drains (node, deadline_ms, preempt) VALUES ($1, $2, $3) \
+             ON CONFLICT (node) DO UPDATE SET deadline_ms = $2, preempt = $3",
+        )
+        .bind(&r.node)
+        .bind(r.deadline_ms)
+        .bind(r.preempt)
+        .execute(&mut *self.conn().await?)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn clear_drain(&self, node: &str) -> Result<bool> {
+        let r = sqlx::query("DELETE FROM drains WHERE node = $1")
+            .bind(node)
+            .execute(&mut *self.conn().await?)
+            .await
+            .map_err(db)?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    async fn drains(&self) -> Result<Vec<DrainRecord>> {
+        let rows = sqlx::query("SELECT node, deadline_ms, preempt FROM drains ORDER BY node")
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(DrainRecord {
+                    node: col(r, "node")?,
+                    deadline_ms: col(r, "deadline_ms")?,
+                    preempt: col(r, "preempt")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn set_service_move(&self, r: &ServiceMoveRecord) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO service_moves (old_id, replacement_id, node) VALUES ($1, $2, $3) \
+             ON CONFLICT (old_id) DO UPDATE SET replacement_id = $2, node = $3",
+        )
+        .bind(i64_of(r.old.0))
+        .bind(i64_of(r.replacement.0))
+        .bind(&r.node)
+        .execute(&mut *self.conn().await?)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn clear_service_move(&self, old: WorkloadId) -> Result<bool> {
+        let r = sqlx::query("DELETE FROM service_moves WHERE old_id = $1")
+            .bind(i64_of(old.0))
+            .execute(&mut *self.conn().await?)
+            .await
+            .map_err(db)?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    async fn service_moves(&self) -> Result<Vec<ServiceMoveRecord>> {
+        let rows = sqlx::query("SELECT old_id, replacement_id, node FROM service_moves ORDER BY old_id")
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(ServiceMoveRecord {
+                    old: WorkloadId(u64_of(col(r, "old_id")?)),
+                    replacement: WorkloadId(u64_of(col(r, "replacement_id")?)),
+                    node: col(r, "node")?,
                 })
             })
             .collect()

@@ -42,6 +42,7 @@ mod fleet;
 mod governance;
 mod lease;
 mod ledger;
+mod rollouts;
 mod rows;
 mod tenancy;
 mod tokens;

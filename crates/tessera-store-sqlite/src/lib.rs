@@ -30,6 +30,7 @@ mod governance;
 mod lease;
 mod ledger;
 mod legacy;
+mod rollouts;
 mod rows;
 mod tenancy;
 mod tokens;

@@ -22,8 +22,9 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 
 use crate::{
-    AuditRecord, Change, Fence, GpuHealthRecord, IdempotencyKey, NodeStateRecord, PLATFORM_ADMIN, ProjectRecord,
-    QuotaRecord, ReplicaRecord, Revocation, Store, StoreError, TenantRecord, TokenRecord, UsageInterval,
+    AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, NodeStateRecord,
+    PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation, RolloutNodeRecord, RolloutNodeState,
+    RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError, TenantRecord, TokenRecord, UsageInterval,
     WorkloadFilter,
 };
 
@@ -55,6 +56,8 @@ macro_rules! store_conformance_tests {
             fenced_batches_commit_only_for_the_lease_holder,
             replicas_record_heartbeats,
             gpu_health_and_node_states,
+            drains_and_service_moves,
+            rollouts_round_trip_and_get_ids_from_the_store,
         );
     };
     (@each $make:expr; $($check:ident),+ $(,)?) => {
@@ -1685,6 +1688,11 @@ pub async fn gpu_health_and_node_states(s: &dyn Store) {
         since,
         xid,
         detail: format!("failed at {since}"),
+        cause: match (xid, since % 2) {
+            (Some(_), _) => HealthCause::Xid,
+            (None, 0) => HealthCause::Partition,
+            (None, _) => HealthCause::Lost,
+        },
     };
     assert!(s.unhealthy_gpus().await.unwrap().is_empty());
     s.set_gpu_unhealthy(&gpu("h100-03", 7, 10, Some(79))).await.unwrap();
@@ -1725,4 +1733,121 @@ pub async fn gpu_health_and_node_states(s: &dyn Store) {
     assert!(s.clear_node_state("a100-00").await.unwrap());
     assert!(!s.clear_node_state("a100-00").await.unwrap());
     assert_eq!(s.node_states().await.unwrap(), vec![node("l40s-02", "maintenance", 3)]);
+}
+
+/// Drains keep their deadline and policy, service moves their replacement; both upserted,
+/// listed in key order, cleared one by one.
+pub async fn drains_and_service_moves(s: &dyn Store) {
+    let drain = |node: &str, deadline_ms: Option<i64>, preempt: bool| DrainRecord {
+        node: node.into(),
+        deadline_ms,
+        preempt,
+    };
+    assert!(s.drains().await.unwrap().is_empty());
+    s.set_drain(&drain("l40s-02", Some(1_700_000_000_000), true))
+        .await
+        .unwrap();
+    s.set_drain(&drain("a100-00", None, false)).await.unwrap();
+    s.set_drain(&drain("l40s-02", Some(5), false)).await.unwrap();
+    assert_eq!(
+        s.drains().await.unwrap(),
+        vec![drain("a100-00", None, false), drain("l40s-02", Some(5), false)]
+    );
+    assert!(s.clear_drain("a100-00").await.unwrap());
+    assert!(!s.clear_drain("a100-00").await.unwrap());
+    assert_eq!(s.drains().await.unwrap(), vec![drain("l40s-02", Some(5), false)]);
+
+    let mv = |old: u64, new: u64| ServiceMoveRecord {
+        old: WorkloadId(old),
+        replacement: WorkloadId(new),
+        node: "h100-03".into(),
+    };
+    assert!(s.service_moves().await.unwrap().is_empty());
+    s.set_service_move(&mv(9, 12)).await.unwrap();
+    s.set_service_move(&mv(3, 10)).await.unwrap();
+    s.set_service_move(&mv(9, 13)).await.unwrap();
+    assert_eq!(s.service_moves().await.unwrap(), vec![mv(3, 10), mv(9, 13)]);
+    assert!(s.clear_service_move(WorkloadId(3)).await.unwrap());
+    assert!(!s.clear_service_move(WorkloadId(3)).await.unwrap());
+    assert_eq!(s.service_moves().await.unwrap(), vec![mv(9, 13)]);
+}
+
+/// Rollouts get increasing ids from the store, round-trip every field of theirs and of their
+/// nodes (in order), list newest first, and a save replaces the nodes whole.
+pub async fn rollouts_round_trip_and_get_ids_from_the_store(s: &dyn Store) {
+    let node = |name: &str, state: RolloutNodeState, i: i64| RolloutNodeRecord {
+        node: name.into(),
+        state,
+        since: 100 + i,
+        started_at: (i % 2 == 1).then_some(50 + i),
+        ended_at: (i % 3 == 2).then_some(200 + i),
+        upgrade_until: (i == 1).then_some(1_700_000_000_000),
+        layout: if i == 0 {
+            String::new()
+        } else {
+            format!("0:3g.40gb@{i} «ü»")
+        },
+        detail: format!("{} #{i}", state.as_str()),
+    };
+    let rollout = |pool: &str| RolloutRecord {
+        id: 999,
+        pool: pool.into(),
+        max_parallel: 3,
+        max_unavailable_milli: 24_000,
+        deadline_s: Some(1_200),
+        preempt: true,
+        upgrade_s: Some(1_200),
+        state: RolloutState::Running,
+        created_at: 1_700_000_000_000,
+        created_by: "tok_root".into(),
+        ended_at: None,
+        detail: String::new(),
+        nodes: RolloutNodeState::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, st)| node(&format!("h100-{i:02}"), *st, i as i64))
+            .collect(),
+    };
+    assert!(s.rollouts().await.unwrap().is_empty());
+    let a = s.create_rollout(&rollout("train")).await.unwrap();
+    let mut second = rollout("shared");
+    second.deadline_s = None;
+    second.preempt = false;
+    second.upgrade_s = None;
+    second.nodes.truncate(1);
+    let b = s.create_rollout(&second).await.unwrap();
+    assert!(b > a, "{a} then {b}");
+    let all = s.rollouts().await.unwrap();
+    assert_eq!(
+        all,
+        vec![
+            RolloutRecord { id: b, ..second },
+            RolloutRecord {
+                id: a,
+                ..rollout("train")
+            }
+        ],
+        "newest first, every field"
+    );
+
+    let mut done = all[1].clone();
+    done.state = RolloutState::Failed;
+    done.ended_at = Some(1_700_000_100_000);
+    done.detail = "h100-03 failed validation".into();
+    done.nodes.swap(0, 2);
+    done.nodes.pop();
+    done.nodes[1].state = RolloutNodeState::Done;
+    s.save_rollout(&done).await.unwrap();
+    assert_eq!(s.rollouts().await.unwrap()[1], done);
+    let r = s
+        .save_rollout(&RolloutRecord {
+            id: b + 100,
+            ..done.clone()
+        })
+        .await;
+    assert!(matches!(r, Err(StoreError::Corrupt(_))), "unknown rollout: {r:?}");
+    assert_eq!(s.rollouts().await.unwrap().len(), 2);
+    for st in RolloutState::ALL {
+        assert_eq!(RolloutState::parse(st.as_str()), Some(st));
+    }
 }

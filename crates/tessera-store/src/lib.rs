@@ -3,7 +3,7 @@
 //! The contract of Tessera's durable store, without an implementation: the records it keeps,
 //! the lifecycle batch ([`Change`]), the workload filter, one async trait per aggregate
 //! (tenancy, tokens, workloads, the usage ledger, governance, the audit log, fleet operations:
-//! GPU health and node states), the [`Store`]
+//! GPU health, node states, drains, service moves and rolling upgrades), the [`Store`]
 //! supertrait the control plane holds as `Arc<dyn Store>`, and [`StoreError`].
 //!
 //! Implementations live in their own crates (`tessera-store-sqlite`, the embedded default, and
@@ -395,6 +395,35 @@ pub struct GpuHealthRecord {
     pub xid: Option<u32>,
     /// What happened, for people.
     pub detail: String,
+    /// Why it failed (a node that comes back clears only [`HealthCause::Lost`]).
+    pub cause: HealthCause,
+}
+
+/// Why a GPU was taken out of placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HealthCause {
+    /// A critical XID error.
+    Xid,
+    /// The GPU or its node disappeared.
+    Lost,
+    /// Creating a partition on it failed.
+    Partition,
+}
+
+impl HealthCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthCause::Xid => "xid",
+            HealthCause::Lost => "lost",
+            HealthCause::Partition => "partition-failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [HealthCause::Xid, HealthCause::Lost, HealthCause::Partition]
+            .into_iter()
+            .find(|c| c.as_str() == s)
+    }
 }
 
 /// A node an operator took out of placement: `cordoned`, `draining` or `maintenance`
@@ -409,7 +438,27 @@ pub struct NodeStateRecord {
     pub detail: String,
 }
 
-/// Fleet operations: unhealthy GPUs and operator node states, both surviving restarts.
+/// A drain in progress: what its policy is, so that a restart resumes it unchanged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainRecord {
+    pub node: String,
+    /// When the policy applies (ms since the epoch); `None`: no deadline.
+    pub deadline_ms: Option<i64>,
+    /// After the deadline: preempt what is left (else keep waiting).
+    pub preempt: bool,
+}
+
+/// A service being moved off a draining node: the replacement runs before the old one stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceMoveRecord {
+    pub old: WorkloadId,
+    pub replacement: WorkloadId,
+    /// The node being drained.
+    pub node: String,
+}
+
+/// Fleet operations: unhealthy GPUs, operator node states, drains and service moves, all
+/// surviving restarts.
 #[async_trait]
 pub trait FleetStore: Send + Sync {
     /// Records (or replaces) an unhealthy GPU.
@@ -424,6 +473,156 @@ pub trait FleetStore: Send + Sync {
     async fn clear_node_state(&self, node: &str) -> Result<bool>;
     /// Every node with a state, by node.
     async fn node_states(&self) -> Result<Vec<NodeStateRecord>>;
+    /// Records (or replaces) the policy of a node's drain.
+    async fn set_drain(&self, r: &DrainRecord) -> Result<()>;
+    /// Forgets a node's drain; `false` if none was recorded.
+    async fn clear_drain(&self, node: &str) -> Result<bool>;
+    /// Every drain in progress, by node.
+    async fn drains(&self) -> Result<Vec<DrainRecord>>;
+    /// Records (or replaces) the replacement of a service being moved.
+    async fn set_service_move(&self, r: &ServiceMoveRecord) -> Result<()>;
+    /// Forgets the move of `old`; `false` if none was recorded.
+    async fn clear_service_move(&self, old: WorkloadId) -> Result<bool>;
+    /// Every service move in progress, by old workload.
+    async fn service_moves(&self) -> Result<Vec<ServiceMoveRecord>>;
+}
+
+/// Where a rolling upgrade stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RolloutState {
+    /// Taking nodes (or waiting for the ones it took).
+    Running,
+    /// Every node upgraded and back in placement.
+    Done,
+    /// A node failed validation: no more nodes are taken.
+    Failed,
+    /// Cancelled by an admin: no more nodes are taken; those already out finish.
+    Cancelled,
+}
+
+impl RolloutState {
+    pub const ALL: [RolloutState; 4] = [
+        RolloutState::Running,
+        RolloutState::Done,
+        RolloutState::Failed,
+        RolloutState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutState::Running => "running",
+            RolloutState::Done => "done",
+            RolloutState::Failed => "failed",
+            RolloutState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+/// Where one node of a rolling upgrade stands: pending → draining → upgrading → validating →
+/// done | failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RolloutNodeState {
+    Pending,
+    Draining,
+    Upgrading,
+    Validating,
+    Done,
+    Failed,
+}
+
+impl RolloutNodeState {
+    pub const ALL: [RolloutNodeState; 6] = [
+        RolloutNodeState::Pending,
+        RolloutNodeState::Draining,
+        RolloutNodeState::Upgrading,
+        RolloutNodeState::Validating,
+        RolloutNodeState::Done,
+        RolloutNodeState::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutNodeState::Pending => "pending",
+            RolloutNodeState::Draining => "draining",
+            RolloutNodeState::Upgrading => "upgrading",
+            RolloutNodeState::Validating => "validating",
+            RolloutNodeState::Done => "done",
+            RolloutNodeState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Out of placement because of the rollout.
+    pub fn is_out(self) -> bool {
+        matches!(
+            self,
+            RolloutNodeState::Draining | RolloutNodeState::Upgrading | RolloutNodeState::Validating
+        )
+    }
+}
+
+/// One node of a rolling upgrade.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolloutNodeRecord {
+    pub node: String,
+    pub state: RolloutNodeState,
+    /// When it entered its state (ms since the epoch).
+    pub since: i64,
+    /// When the rollout took it (its drain began).
+    pub started_at: Option<i64>,
+    /// When it was done or failed.
+    pub ended_at: Option<i64>,
+    /// A simulated upgrade's end (ms since the epoch), while `upgrading` on the sim backend.
+    pub upgrade_until: Option<i64>,
+    /// The node's MIG layout before the drain, as the controller wrote it down, to compare at
+    /// validation.
+    pub layout: String,
+    /// Why it is in its state, for people.
+    pub detail: String,
+}
+
+/// A rolling upgrade of one pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolloutRecord {
+    /// Assigned by the store ([`RolloutStore::create_rollout`]).
+    pub id: u64,
+    pub pool: String,
+    pub max_parallel: u32,
+    /// GPU units (thousandths) that may be out at once.
+    pub max_unavailable_milli: u64,
+    /// Per-node drain deadline, seconds; `None`: no deadline.
+    pub deadline_s: Option<u64>,
+    /// After a node's drain deadline: preempt (else wait).
+    pub preempt: bool,
+    /// A simulated upgrade's length, seconds; `None`: wait for `node done`.
+    pub upgrade_s: Option<u64>,
+    pub state: RolloutState,
+    pub created_at: i64,
+    pub created_by: String,
+    pub ended_at: Option<i64>,
+    pub detail: String,
+    /// In plan order at creation; the controller may take them in another order.
+    pub nodes: Vec<RolloutNodeRecord>,
+}
+
+/// Rolling upgrades, so that a restart mid-rollout resumes where it was.
+#[async_trait]
+pub trait RolloutStore: Send + Sync {
+    /// Stores a new rollout with its nodes; the id comes from the database's own sequence
+    /// (the record's is ignored) and is returned.
+    async fn create_rollout(&self, r: &RolloutRecord) -> Result<u64>;
+    /// Replaces a stored rollout and its nodes in one transaction; `Corrupt` if it is not
+    /// stored.
+    async fn save_rollout(&self, r: &RolloutRecord) -> Result<()>;
+    /// Every rollout, newest first, with its nodes in their stored order.
+    async fn rollouts(&self) -> Result<Vec<RolloutRecord>>;
 }
 
 /// Everything the control plane needs from its database.
@@ -436,6 +635,7 @@ pub trait Store:
     + AuditStore
     + FleetStore
     + LeaseStore
+    + RolloutStore
     + 'static
 {
 }
@@ -449,6 +649,7 @@ impl<
         + AuditStore
         + FleetStore
         + LeaseStore
+        + RolloutStore
         + 'static,
 > Store for T
 {

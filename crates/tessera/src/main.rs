@@ -21,6 +21,7 @@ mod login;
 mod opscli;
 mod serve;
 mod sim;
+mod upgradecli;
 
 use std::process::ExitCode;
 
@@ -71,7 +72,13 @@ enum Command {
         #[command(subcommand)]
         cmd: opscli::GpuCmd,
     },
-    /// Node lifecycle (platform-admin): cordon, drain, maintenance, uncordon.
+    /// Rolling upgrades of a pool (platform-admin): rollout, status, cancel.
+    Upgrade {
+        #[command(subcommand)]
+        cmd: upgradecli::UpgradeCmd,
+    },
+    /// Node lifecycle (platform-admin): cordon, drain, maintenance, uncordon; `done` ends a
+    /// node's upgrade in a rollout.
     Node {
         #[command(subcommand)]
         cmd: opscli::NodeCmd,
@@ -181,6 +188,7 @@ fn main() -> ExitCode {
         Command::Gpus(f) => client(Box::pin(cli::gpus(c, f))),
         Command::Gpu { cmd } => client(Box::pin(opscli::gpu(c, cmd))),
         Command::Node { cmd } => client(Box::pin(opscli::node(c, cmd))),
+        Command::Upgrade { cmd } => client(Box::pin(upgradecli::upgrade(c, cmd))),
         Command::Tenants(a) => client(Box::pin(cli::tenants(c, a))),
         Command::Projects(a) => client(Box::pin(cli::projects(c, a))),
         Command::Token { cmd } => client(Box::pin(cli::token(c, cmd))),

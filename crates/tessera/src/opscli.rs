@@ -42,6 +42,9 @@ pub enum NodeCmd {
     Maintenance { node: String },
     /// Back to `ready`.
     Uncordon { node: String },
+    /// Rolling upgrades' hook: the upgrade of this node is finished (it is validated, then
+    /// uncordoned).
+    Done { node: String },
 }
 
 pub async fn node(c: &Common, cmd: NodeCmd) -> Result<()> {
@@ -50,6 +53,7 @@ pub async fn node(c: &Common, cmd: NodeCmd) -> Result<()> {
         NodeCmd::Cordon { node } => (node, format!("/api/v1/nodes/{node}/cordon")),
         NodeCmd::Maintenance { node } => (node, format!("/api/v1/nodes/{node}/maintenance")),
         NodeCmd::Uncordon { node } => (node, format!("/api/v1/nodes/{node}/uncordon")),
+        NodeCmd::Done { node } => (node, format!("/api/v1/nodes/{node}/done")),
         NodeCmd::Drain {
             node,
             deadline_s,
@@ -66,7 +70,11 @@ pub async fn node(c: &Common, cmd: NodeCmd) -> Result<()> {
     match c.output {
         Output::Json | Output::Csv => print_json(&v),
         Output::Table => {
-            println!("node {node} is {}", v.state);
+            if matches!(cmd, NodeCmd::Done { .. }) {
+                println!("node {node}: upgrade done; validation follows, then it is uncordoned");
+            } else {
+                println!("node {node} is {}", v.state);
+            }
             Ok(())
         }
     }

@@ -128,6 +128,16 @@ pub struct ServeArgs {
     /// are left running and told). The GPU gets no new work either way.
     #[arg(long, value_enum, default_value_t = OnGpuFailure::Leave)]
     on_gpu_failure: OnGpuFailure,
+    /// Rolling upgrades on the simulated backend: how long a node's upgrade takes (90s, 20m,
+    /// 1h). Default: off, a rollout waits for `tessera node done NODE` (the external hook).
+    #[arg(long, value_parser = parse_upgrade_duration)]
+    sim_upgrade_duration: Option<u64>,
+}
+
+fn parse_upgrade_duration(s: &str) -> Result<u64, String> {
+    crate::cli::parse_duration(s)
+        .map(|d| d as u64)
+        .map_err(|e| e.to_string().replace("--duration: ", ""))
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -233,6 +243,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 OnGpuFailure::Leave => tessera_server::lifecycle::GpuFailurePolicy::Leave,
                 OnGpuFailure::Requeue => tessera_server::lifecycle::GpuFailurePolicy::Requeue,
             },
+            sim_upgrade: a.sim_upgrade_duration.map(Duration::from_secs),
             govern,
             prices,
             rate_limit: a.rate_limit,

@@ -283,6 +283,9 @@ async fn dashboards_and_alerts_use_only_exported_metrics() {
     assert_eq!(st, 422);
     let (st, _) = s.get(&format!("/api/v1/workloads/{}", ids[0])).await;
     assert_eq!(st, 200);
+    // A rolling upgrade (its series exist while one is running or was the latest).
+    let (st, b) = s.post("/api/v1/rollouts", json!({"pool": "development"})).await;
+    assert_eq!(st, 201, "{b}");
 
     // A scrape is timed like any request: it shows in the next one.
     s.scrape().await;

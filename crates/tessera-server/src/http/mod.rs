@@ -17,6 +17,7 @@ pub mod governance;
 pub mod health;
 pub mod logs;
 pub mod nodeops;
+pub mod rollouts;
 pub mod sim;
 pub mod system;
 pub mod tenancy;
@@ -81,6 +82,9 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(health::gpu_health))
         .routes(routes!(health::clear_gpu))
         .routes(routes!(nodeops::node_action))
+        .routes(routes!(rollouts::list_rollouts, rollouts::create_rollout))
+        .routes(routes!(rollouts::get_rollout))
+        .routes(routes!(rollouts::cancel_rollout))
         .routes(routes!(tenancy::list_tenants, tenancy::create_tenant))
         .routes(routes!(tenancy::get_tenant, tenancy::delete_tenant))
         .routes(routes!(tenancy::list_projects, tenancy::create_project))

@@ -54,6 +54,7 @@ pub fn parse_op(action: &str, p: &DrainParams, now: i64) -> ApiResult<NodeOp> {
         "cordon" => NodeOp::Cordon,
         "uncordon" => NodeOp::Uncordon,
         "maintenance" => NodeOp::Maintenance,
+        "done" => NodeOp::UpgradeDone,
         "drain" => {
             let preempt = match p.after.as_deref() {
                 None | Some("wait") => false,
@@ -75,18 +76,20 @@ pub fn parse_op(action: &str, p: &DrainParams, now: i64) -> ApiResult<NodeOp> {
         }
         other => {
             return Err(ApiError::not_found(format!(
-                "no node action `{other}` (cordon, drain, maintenance, uncordon)"
+                "no node action `{other}` (cordon, drain, maintenance, uncordon, done)"
             )));
         }
     })
 }
 
-/// Cordons, drains, puts into maintenance or uncordons a node (platform-admin).
+/// Cordons, drains, puts into maintenance or uncordons a node (platform-admin); `done` is the
+/// rolling upgrade's hook: the upgrade of this node is finished (it must be upgrading in a
+/// rollout), and its validation starts.
 #[utoipa::path(post, path = "/api/v1/nodes/{node}/{action}", tag = "fleet",
-    params(("node" = String, Path), ("action" = String, Path, description = "cordon, drain, maintenance or uncordon"), DrainParams),
+    params(("node" = String, Path), ("action" = String, Path, description = "cordon, drain, maintenance, uncordon or done"), DrainParams),
     responses((status = 200, description = "The node's new state", body = NodeView), (status = 401, body = Problem),
         (status = 403, body = Problem), (status = 404, description = "No such node or action", body = Problem),
-        (status = 409, description = "Maintenance on a node that still holds work", body = Problem),
+        (status = 409, description = "Maintenance on a node that still holds work, or `done` for a node no rollout is upgrading", body = Problem),
         (status = 422, body = Problem)))]
 pub async fn node_action(
     State(s): State<AppState>,

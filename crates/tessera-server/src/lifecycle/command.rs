@@ -115,6 +115,18 @@ pub enum Cmd {
         audit: Box<tessera_store::AuditRecord>,
         reply: Reply<()>,
     },
+    /// A platform admin starts a rolling upgrade of a pool (audited by the HTTP layer).
+    StartRollout {
+        spec: super::NewRollout,
+        actor: String,
+        reply: Reply<tessera_store::RolloutRecord>,
+    },
+    /// A platform admin cancels a running rollout.
+    CancelRollout {
+        id: u64,
+        actor: String,
+        reply: Reply<tessera_store::RolloutRecord>,
+    },
     /// A periodic reconcile came back.
     Reconciled(
         Result<ReconcileReport, String>,
@@ -199,6 +211,21 @@ impl Lifecycle {
             reply,
         })
         .await
+    }
+
+    /// Starts a rolling upgrade of a pool (the caller checked that it exists); the answer is
+    /// the stored rollout, its nodes in plan order.
+    pub async fn start_rollout(
+        &self,
+        spec: super::NewRollout,
+        actor: String,
+    ) -> Result<tessera_store::RolloutRecord, LifecycleError> {
+        self.ask(|reply| Cmd::StartRollout { spec, actor, reply }).await
+    }
+
+    /// Cancels a running rollout: no more nodes are taken.
+    pub async fn cancel_rollout(&self, id: u64, actor: String) -> Result<tessera_store::RolloutRecord, LifecycleError> {
+        self.ask(|reply| Cmd::CancelRollout { id, actor, reply }).await
     }
 
     /// The latest published snapshot.

@@ -2,7 +2,8 @@
 //! the fleet, the queue, quotas and budgets is rebuilt from the store (periodically, by the
 //! replica's supervisor) in a scheduler of its own that only holds allocations, the way
 //! [`recover`](super::recover) rebuilds a leader's — without asking the backend anything and
-//! without writing; unhealthy GPUs and node states come from the store too. Single workloads, lists and timelines are read from the store directly
+//! without writing; unhealthy GPUs, node states and rollouts come from the store too. Single
+//! workloads, lists and timelines are read from the store directly
 //! ([`Lifecycle::workload`] answers `None` on a follower).
 
 use std::collections::HashMap;
@@ -51,6 +52,9 @@ impl Lifecycle {
                 sched.engine.fence_node(n.0, true);
             }
             ops.nodes.insert(r.node.clone(), r);
+        }
+        for r in store.rollouts().await? {
+            ops.rollouts.insert(r.id, r);
         }
         let now = now_ms();
         let mut month = MonthBook::default();

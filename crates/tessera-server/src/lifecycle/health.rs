@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tessera_domain::{Input, Kind, PreemptCode, ReasonCode, WorkloadId};
-use tessera_store::{GpuHealthRecord, NodeStateRecord};
+use tessera_store::{GpuHealthRecord, HealthCause, NodeStateRecord, RolloutRecord};
 
 use super::Core;
 use super::commit::Batch;
@@ -53,6 +53,8 @@ pub struct FleetOps {
     pub unhealthy: BTreeMap<(String, u8), GpuHealthRecord>,
     /// Nodes that are not `ready`, by name.
     pub nodes: BTreeMap<String, NodeStateRecord>,
+    /// Rolling upgrades, by id (every stored one).
+    pub rollouts: BTreeMap<u64, RolloutRecord>,
 }
 
 impl FleetOps {
@@ -71,12 +73,16 @@ pub(super) enum Cause {
 }
 
 impl Cause {
-    fn label(self) -> &'static str {
+    fn stored(self) -> HealthCause {
         match self {
-            Cause::Xid(_) => "xid",
-            Cause::Lost => "lost",
-            Cause::Partition => "partition-failed",
+            Cause::Xid(_) => HealthCause::Xid,
+            Cause::Lost => HealthCause::Lost,
+            Cause::Partition => HealthCause::Partition,
         }
+    }
+
+    fn label(self) -> &'static str {
+        self.stored().as_str()
     }
 }
 
@@ -109,6 +115,7 @@ impl Core {
                 _ => None,
             },
             detail: detail.to_string(),
+            cause: cause.stored(),
         };
         let mut ops = (*self.ops).clone();
         ops.unhealthy.insert((node.to_string(), gpu), rec.clone());
@@ -181,11 +188,54 @@ impl Core {
         Ok(cleared || known)
     }
 
+    /// A node the backend reported removed: its GPUs are lost, handled as GPU failures (out
+    /// of placement, the failure policy applied to the work on them).
+    pub(super) fn node_removed(&mut self, node: &str, batch: &mut Batch, now: i64) {
+        let Some(n) = self.fleet.node_by_name(node) else {
+            tracing::warn!(%node, "the backend removed a node the fleet does not have");
+            return;
+        };
+        let detail = format!("node {node} was removed by the {} backend", self.backend.name());
+        for g in 0..self.fleet.node(n).gpus {
+            self.gpu_failed(node, g, Cause::Lost, &detail, batch, now);
+        }
+    }
+
+    /// A node the backend reported back: the GPUs it had lost return to placement; GPUs out
+    /// for another cause (an XID, a failed partition) stay out until an admin clears them.
+    pub(super) async fn node_back(&mut self, node: &str) {
+        let lost: Vec<u8> = self
+            .ops
+            .unhealthy
+            .iter()
+            .filter(|((n, _), r)| n == node && r.cause == HealthCause::Lost)
+            .map(|((_, g), _)| *g)
+            .collect();
+        for g in lost {
+            if let Err(e) = self.clear_gpu(node, g).await {
+                tracing::error!(%node, gpu = g, error = %e, "cannot clear a GPU of a node that came back");
+            }
+        }
+    }
+
     /// Re-applies stored health and node states to a fresh engine (start-up, after a failed
     /// commit).
     pub(super) async fn restore_ops(&mut self) -> Result<(), tessera_store::StoreError> {
         let mut ops = FleetOps::default();
         self.drains = Default::default();
+        let drains: std::collections::HashMap<String, tessera_store::DrainRecord> = self
+            .store
+            .drains()
+            .await?
+            .into_iter()
+            .map(|d| (d.node.clone(), d))
+            .collect();
+        for m in self.store.service_moves().await? {
+            self.drains.moves.insert(m.old, m.replacement);
+        }
+        for r in self.store.rollouts().await? {
+            ops.rollouts.insert(r.id, r);
+        }
         for r in self.store.unhealthy_gpus().await? {
             if let Some(n) = self.fleet.node_by_name(&r.node) {
                 self.sched.engine.fence_gpu(n.0, r.gpu, true);
@@ -196,9 +246,18 @@ impl Core {
             if let Some(n) = self.fleet.node_by_name(&r.node) {
                 self.sched.engine.fence_node(n.0, true);
             }
-            // A drain resumes without its deadline: it waits (nothing is cut off by a restart).
+            // A drain resumes with its stored deadline and policy (one stored before its policy
+            // was: it waits, so nothing is cut off by a restart).
             if r.state == "draining" {
-                self.drains.nodes.insert(r.node.clone(), Default::default());
+                let d = drains.get(&r.node);
+                self.drains.nodes.insert(
+                    r.node.clone(),
+                    super::nodeops::Drain {
+                        deadline_ms: d.and_then(|d| d.deadline_ms),
+                        preempt: d.is_some_and(|d| d.preempt),
+                        noticed: Default::default(),
+                    },
+                );
             }
             ops.nodes.insert(r.node.clone(), r);
         }

@@ -25,6 +25,7 @@ mod metering;
 mod nodeops;
 pub mod placement;
 mod recover;
+mod rollout;
 pub mod snapshot;
 
 use std::collections::HashMap;
@@ -51,6 +52,7 @@ pub use health::{CRITICAL_XIDS, FleetOps, GpuFailurePolicy, is_critical};
 use metering::MonthBook;
 pub use nodeops::NodeOp;
 use placement::NodeIndex;
+pub use rollout::{NewRollout, VALIDATE_WITHIN_MS};
 use snapshot::SnapshotBuilder;
 pub use snapshot::{GpuSnap, HolderSnap, NodeSnap, Published, Snapshot, Telemetry, TenantSnap};
 
@@ -68,6 +70,9 @@ pub struct Settings {
     pub reconcile_every: Duration,
     /// What happens to running work on a GPU that failed.
     pub on_gpu_failure: GpuFailurePolicy,
+    /// The length of a simulated node upgrade in a rollout; `None`: a rollout waits for
+    /// `tessera node done NODE`.
+    pub sim_upgrade: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -76,6 +81,7 @@ impl Default for Settings {
             grace: Duration::from_secs(30),
             reconcile_every: Duration::from_secs(30),
             on_gpu_failure: GpuFailurePolicy::Leave,
+            sim_upgrade: None,
         }
     }
 }
@@ -358,6 +364,7 @@ impl Core {
                 if !self.drains.nodes.is_empty() {
                     self.drain_step(&mut batch, now).await;
                 }
+                self.rollouts_step(&mut batch, now).await;
             }
             // A full pass over the queue when something changed (at most every CYCLE_EVERY, so
             // that a stream of completions cannot keep the loop re-sorting a long queue), and on
@@ -463,6 +470,14 @@ impl Core {
                     }
                 }
             }
+            Cmd::Backend(BackendEvent::NodeChanged { node, change }) => {
+                tracing::info!(%node, ?change, "node changed");
+                match change {
+                    tessera_backend::NodeChange::Removed => self.node_removed(&node, batch, now),
+                    tessera_backend::NodeChange::Added => self.node_back(&node).await,
+                    _ => {}
+                }
+            }
             Cmd::Backend(e) => self.on_backend(e, batch, now),
             Cmd::NodeOp { node, op, actor, reply } => match self.node_op(&node, op, &actor, batch, now).await {
                 Ok(()) => {
@@ -473,6 +488,18 @@ impl Core {
                     let _ = reply.send(Err(e));
                 }
             },
+            Cmd::StartRollout { spec, actor, reply } => match self.start_rollout(spec, &actor, batch, now).await {
+                Ok(r) => {
+                    batch.full_publish = true;
+                    let _ = reply.send(Ok(r));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Cmd::CancelRollout { id, actor, reply } => {
+                let _ = reply.send(self.cancel_rollout(id, &actor, now).await);
+            }
             Cmd::ClearGpu {
                 node,
                 gpu,
@@ -789,9 +816,8 @@ impl Core {
             }
             // Handled before (it needs the store): see `handle`.
             BackendEvent::GpuHealth { .. } => {}
-            BackendEvent::NodeChanged { node, change } => {
-                tracing::info!(%node, ?change, "node changed");
-            }
+            // Handled before (it needs the store): see `handle`.
+            BackendEvent::NodeChanged { .. } => {}
             BackendEvent::PartitionChanged { node, gpu, instances } => {
                 tracing::debug!(%node, gpu, instances = instances.len(), "MIG layout applied");
                 self.adopt_layouts(&[(node, gpu, instances)]);

@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tessera_domain::{Input, Kind, Phase, PreemptCode, ReasonCode, WorkloadId};
-use tessera_store::NodeStateRecord;
+use tessera_store::{DrainRecord, NodeStateRecord, ServiceMoveRecord};
 
 use super::commit::Batch;
 use super::{Core, LifecycleError, NewWorkload};
@@ -33,6 +33,8 @@ pub enum NodeOp {
     },
     Maintenance,
     Uncordon,
+    /// The external hook of a rolling upgrade: the upgrade of this node is finished.
+    UpgradeDone,
 }
 
 /// A drain in progress.
@@ -63,7 +65,7 @@ impl Core {
         v
     }
 
-    async fn set_state(
+    pub(super) async fn set_state(
         &mut self,
         node: &str,
         state: Option<&str>,
@@ -98,6 +100,24 @@ impl Core {
         Ok(())
     }
 
+    /// Forgets a node's drain, in memory and in the store.
+    async fn end_drain(&mut self, node: &str) {
+        if self.drains.nodes.remove(node).is_some()
+            && let Err(e) = self.store.clear_drain(node).await
+        {
+            tracing::error!(%node, error = %e, "cannot forget a drain in the store");
+        }
+    }
+
+    /// Forgets a service move, in memory and in the store.
+    async fn end_move(&mut self, old: WorkloadId) {
+        if self.drains.moves.remove(&old).is_some()
+            && let Err(e) = self.store.clear_service_move(old).await
+        {
+            tracing::error!(%old, error = %e, "cannot forget a service move in the store");
+        }
+    }
+
     /// Carries out an admin's node operation (the caller checked that the node exists).
     pub(super) async fn node_op(
         &mut self,
@@ -108,13 +128,14 @@ impl Core {
         now: i64,
     ) -> Result<(), LifecycleError> {
         match op {
+            NodeOp::UpgradeDone => self.upgrade_done(node, actor, batch, now).await,
             NodeOp::Cordon => {
-                self.drains.nodes.remove(node);
+                self.end_drain(node).await;
                 self.set_state(node, Some("cordoned"), format!("cordoned by {actor}"), now)
                     .await
             }
             NodeOp::Uncordon => {
-                self.drains.nodes.remove(node);
+                self.end_drain(node).await;
                 self.set_state(node, None, String::new(), now).await
             }
             NodeOp::Maintenance => {
@@ -124,46 +145,74 @@ impl Core {
                         "node {node} still holds {busy} workload(s); drain it first (`tessera node drain {node}`)"
                     )));
                 }
-                self.drains.nodes.remove(node);
+                self.end_drain(node).await;
                 self.set_state(node, Some("maintenance"), format!("maintenance by {actor}"), now)
                     .await
             }
             NodeOp::Drain { deadline_ms, preempt } => {
-                let detail = match deadline_ms {
-                    Some(d) => format!(
-                        "drained by {actor}; deadline {}; then {}",
-                        tessera_api::rfc3339_ms(d),
-                        if preempt { "preempt" } else { "wait" }
-                    ),
-                    None => format!("drained by {actor}; no deadline"),
-                };
-                self.set_state(node, Some("draining"), detail, now).await?;
-                self.drains.nodes.insert(
-                    node.to_string(),
-                    Drain {
-                        deadline_ms,
-                        preempt,
-                        noticed: HashSet::new(),
-                    },
-                );
-                self.drain_step(batch, now).await;
-                Ok(())
+                self.start_drain(node, deadline_ms, preempt, actor, batch, now).await
             }
         }
+    }
+
+    /// Drains a node: cordoned, its policy stored, and the first drain step taken at once.
+    pub(super) async fn start_drain(
+        &mut self,
+        node: &str,
+        deadline_ms: Option<i64>,
+        preempt: bool,
+        actor: &str,
+        batch: &mut Batch,
+        now: i64,
+    ) -> Result<(), LifecycleError> {
+        let detail = match deadline_ms {
+            Some(d) => format!(
+                "drained by {actor}; deadline {}; then {}",
+                tessera_api::rfc3339_ms(d),
+                if preempt { "preempt" } else { "wait" }
+            ),
+            None => format!("drained by {actor}; no deadline"),
+        };
+        self.store
+            .set_drain(&DrainRecord {
+                node: node.to_string(),
+                deadline_ms,
+                preempt,
+            })
+            .await
+            .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
+        self.set_state(node, Some("draining"), detail, now).await?;
+        self.drains.nodes.insert(
+            node.to_string(),
+            Drain {
+                deadline_ms,
+                preempt,
+                noticed: HashSet::new(),
+            },
+        );
+        self.drain_step(batch, now).await;
+        Ok(())
     }
 
     /// One step of every drain in progress.
     pub(super) async fn drain_step(&mut self, batch: &mut Batch, now: i64) {
         // Moves whose old workload ended: forget them.
-        self.drains
+        let ended: Vec<WorkloadId> = self
+            .drains
             .moves
-            .retain(|old, _| self.live.get(old).is_some_and(|l| !l.w.phase.is_terminal()));
+            .keys()
+            .filter(|old| self.live.get(old).is_none_or(|l| l.w.phase.is_terminal()))
+            .copied()
+            .collect();
+        for old in ended {
+            self.end_move(old).await;
+        }
         let nodes: Vec<String> = self.drains.nodes.keys().cloned().collect();
         let grace_s = self.settings.grace.as_secs();
         for node in nodes {
             let holders = self.holders_of(&node);
             if holders.is_empty() {
-                self.drains.nodes.remove(&node);
+                self.end_drain(&node).await;
                 let detail = format!("drained at {}", tessera_api::rfc3339_ms(now));
                 if let Err(e) = self.set_state(&node, Some("maintenance"), detail, now).await {
                     tracing::error!(%node, error = %e, "cannot record the end of a drain");
@@ -241,7 +290,7 @@ impl Core {
         if let Some(&new) = self.drains.moves.get(&old) {
             match self.live.get(&new).map(|l| l.w.phase) {
                 Some(Phase::Running) => {
-                    self.drains.moves.remove(&old);
+                    self.end_move(old).await;
                     self.apply(
                         old,
                         Input::Preempt {
@@ -258,7 +307,7 @@ impl Core {
                 Some(_) => {}
                 // The replacement ended before it ran: try again next time.
                 None => {
-                    self.drains.moves.remove(&old);
+                    self.end_move(old).await;
                 }
             }
             return;
@@ -275,6 +324,17 @@ impl Core {
         };
         match self.accept(nw, batch, now).await {
             Ok((new, _)) => {
+                // Stored before the replacement's batch commits: should that commit fail, the
+                // recovery finds no replacement and the move starts again; a restart after it
+                // finds this pairing and starts no second replacement.
+                let rec = ServiceMoveRecord {
+                    old,
+                    replacement: new,
+                    node: node.to_string(),
+                };
+                if let Err(e) = self.store.set_service_move(&rec).await {
+                    tracing::error!(%old, %new, error = %e, "cannot store a service move");
+                }
                 self.drains.moves.insert(old, new);
                 self.apply(
                     old,

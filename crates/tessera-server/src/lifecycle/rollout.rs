@@ -1,0 +1,498 @@
+//! The rolling-upgrade controller, driven by the lifecycle loop (the single writer: under HA
+//! only the leader runs it). Each second, for each running rollout:
+//!
+//! * nodes the rollout took move on: `draining` → `upgrading` once the drain machinery has
+//!   emptied the node (it is then in `maintenance`), `upgrading` → `validating` when
+//!   `tessera node done NODE` arrives or, with `--sim-upgrade-duration`, when the simulated
+//!   upgrade's time is up; `validating` → `done` (the node is uncordoned) when every GPU of the
+//!   node reports telemetry again after the upgrade, none is unhealthy and its MIG layout is
+//!   the one written down before the drain; → `failed` (the node stays cordoned, the reason
+//!   says why) when that does not hold within [`VALIDATE_WITHIN_MS`]. A failed node stops the
+//!   rollout from taking more nodes;
+//! * the pure planner ([`tessera_sched::rollout`]) then picks the next pending nodes (whose
+//!   unmovable work ends soonest first) while `max_parallel` and the unit limit allow, and
+//!   drains them with the admin's drain machinery (deadline and `after` policy per node).
+//!
+//! Every change is stored (the rollout and its nodes), so a restart resumes where it was, and
+//! each node step is an audit record committed with the loop's batch.
+
+use tessera_domain::Kind;
+use tessera_sched::rollout::{self, Limits};
+use tessera_store::{AuditRecord, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState};
+
+use super::commit::Batch;
+use super::{Core, LifecycleError};
+
+/// How long a node may take to pass validation after its upgrade.
+pub const VALIDATE_WITHIN_MS: i64 = 60_000;
+
+/// What an admin asks for a new rollout (validated by the caller; the pool exists).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewRollout {
+    pub pool: String,
+    pub max_parallel: u32,
+    pub max_unavailable_milli: u64,
+    pub deadline_s: Option<u64>,
+    pub preempt: bool,
+}
+
+/// Why a node does not pass validation.
+enum Invalid {
+    /// It cannot pass (a GPU out for an XID or a failed partition).
+    Failed(String),
+    /// Not yet (GPUs not back, no fresh telemetry, layout not restored): it may still pass
+    /// within [`VALIDATE_WITHIN_MS`].
+    NotYet(String),
+}
+
+/// The actor the controller's own audit records name.
+const CONTROLLER: &str = "rollout-controller";
+
+impl Core {
+    /// The planner's view of the nodes of a pool: units and the work on each (when it ends;
+    /// services never end and move).
+    fn plan_nodes(&self, names: &[String]) -> Vec<rollout::Node> {
+        names
+            .iter()
+            .map(|name| {
+                let units = self
+                    .fleet
+                    .node_by_name(name)
+                    .map(|n| self.fleet.node(n).gpus as u64 * 1000);
+                let work = self
+                    .live
+                    .values()
+                    .filter(|l| l.w.phase.holds_capacity() && l.w.placement.as_ref().is_some_and(|p| &p.node == name))
+                    .map(|l| rollout::Work {
+                        units_milli: l.w.units.0,
+                        end_ms: match l.w.spec.kind {
+                            Kind::Service => None,
+                            _ => {
+                                l.w.spec
+                                    .duration_s
+                                    .map(|d| l.w.running_at.unwrap_or(l.w.created_at) + d as i64 * 1000)
+                            }
+                        },
+                        start_ms: l.w.running_at.unwrap_or(l.w.created_at),
+                    })
+                    .collect();
+                rollout::Node {
+                    name: name.clone(),
+                    units_milli: units.unwrap_or(0),
+                    work,
+                }
+            })
+            .collect()
+    }
+
+    /// The node's MIG layout as the engine holds it, GPU by GPU (`whole-gpu` backends, whose
+    /// layouts are a property of the node: instance-mode backends create instances per
+    /// workload, which a drain removes).
+    fn layout_text(&self, node: &str) -> String {
+        if self.caps.partitioning != tessera_backend::Partitioning::WholeGpu {
+            return String::new();
+        }
+        let Some(n) = self.nodes.get(node) else {
+            return String::new();
+        };
+        let gpus = self
+            .fleet
+            .node_by_name(node)
+            .map(|i| self.fleet.node(i).gpus)
+            .unwrap_or(0);
+        (0..gpus)
+            .map(|g| {
+                let slots: Vec<String> = self
+                    .sched
+                    .engine
+                    .mig_layout(n, g)
+                    .iter()
+                    .map(|s| {
+                        let m = super::placement::mig_instance_of(&self.fleet, n, s);
+                        format!("{}@{}", m.profile, m.start)
+                    })
+                    .collect();
+                format!("{g}:{}", slots.join("+"))
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Starts a rollout of every node of a pool: answers with the stored record (its nodes in
+    /// plan order).
+    pub(super) async fn start_rollout(
+        &mut self,
+        spec: NewRollout,
+        actor: &str,
+        batch: &mut Batch,
+        now: i64,
+    ) -> Result<RolloutRecord, LifecycleError> {
+        if let Some(r) = self
+            .ops
+            .rollouts
+            .values()
+            .find(|r| r.pool == spec.pool && r.state == RolloutState::Running)
+        {
+            return Err(LifecycleError::Conflict(format!(
+                "rollout {} of pool `{}` is still running; cancel it first (`tessera upgrade cancel {}`)",
+                r.id, r.pool, r.id
+            )));
+        }
+        let names: Vec<String> = self
+            .fleet
+            .nodes
+            .iter()
+            .filter(|n| self.fleet.pool(n.pool).name == spec.pool)
+            .map(|n| n.name.clone())
+            .collect();
+        let plan = self.plan_nodes(&names);
+        let nodes = rollout::order(&plan, now)
+            .into_iter()
+            .map(|i| RolloutNodeRecord {
+                node: plan[i].name.clone(),
+                state: RolloutNodeState::Pending,
+                since: now,
+                started_at: None,
+                ended_at: None,
+                upgrade_until: None,
+                layout: String::new(),
+                detail: format!("unmovable work ends {}", tessera_api::rfc3339_ms(plan[i].free_at(now))),
+            })
+            .collect();
+        let mut r = RolloutRecord {
+            id: 0,
+            pool: spec.pool,
+            max_parallel: spec.max_parallel,
+            max_unavailable_milli: spec.max_unavailable_milli,
+            deadline_s: spec.deadline_s,
+            preempt: spec.preempt,
+            upgrade_s: self.settings.sim_upgrade.map(|d| d.as_secs()),
+            state: RolloutState::Running,
+            created_at: now,
+            created_by: actor.to_string(),
+            ended_at: None,
+            detail: String::new(),
+            nodes,
+        };
+        r.id = self
+            .store
+            .create_rollout(&r)
+            .await
+            .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
+        tracing::info!(id = r.id, pool = %r.pool, nodes = r.nodes.len(), "rollout started");
+        self.publish_rollout(&r);
+        self.rollout_step(r.id, batch, now).await;
+        Ok(self.ops.rollouts[&r.id].clone())
+    }
+
+    /// Cancels a running rollout: no more nodes are taken; the nodes already out finish their
+    /// upgrade and validation.
+    pub(super) async fn cancel_rollout(
+        &mut self,
+        id: u64,
+        actor: &str,
+        now: i64,
+    ) -> Result<RolloutRecord, LifecycleError> {
+        let Some(mut r) = self.ops.rollouts.get(&id).cloned() else {
+            return Err(LifecycleError::Conflict(format!("no rollout {id}")));
+        };
+        if r.state != RolloutState::Running {
+            return Err(LifecycleError::Conflict(format!(
+                "rollout {id} is {} already",
+                r.state.as_str()
+            )));
+        }
+        r.state = RolloutState::Cancelled;
+        r.detail = format!("cancelled by {actor}; nodes already out finish");
+        if !r.nodes.iter().any(|n| n.state.is_out()) {
+            r.ended_at = Some(now);
+        }
+        self.save_rollout(&r).await?;
+        Ok(r)
+    }
+
+    /// The hook: the upgrade of `node` is finished. It must be `upgrading` in a rollout.
+    pub(super) async fn upgrade_done(
+        &mut self,
+        node: &str,
+        actor: &str,
+        batch: &mut Batch,
+        now: i64,
+    ) -> Result<(), LifecycleError> {
+        let found = self.ops.rollouts.values().find_map(|r| {
+            let i = r
+                .nodes
+                .iter()
+                .position(|n| n.node == node && n.state == RolloutNodeState::Upgrading)?;
+            Some((r.id, i))
+        });
+        let Some((id, i)) = found else {
+            return Err(LifecycleError::Conflict(format!(
+                "node {node} is not being upgraded by a rollout (`tessera upgrade status`)"
+            )));
+        };
+        let mut r = self.ops.rollouts[&id].clone();
+        self.move_node(
+            &mut r,
+            i,
+            RolloutNodeState::Validating,
+            format!("upgrade reported done by {actor}"),
+            batch,
+            now,
+        );
+        self.save_rollout(&r).await?;
+        self.rollout_step(id, batch, now).await;
+        Ok(())
+    }
+
+    /// One step of every running rollout (and of the nodes still out in ended ones).
+    pub(super) async fn rollouts_step(&mut self, batch: &mut Batch, now: i64) {
+        let ids: Vec<u64> = self
+            .ops
+            .rollouts
+            .values()
+            .filter(|r| r.state == RolloutState::Running || r.nodes.iter().any(|n| n.state.is_out()))
+            .map(|r| r.id)
+            .collect();
+        for id in ids {
+            self.rollout_step(id, batch, now).await;
+        }
+    }
+
+    async fn rollout_step(&mut self, id: u64, batch: &mut Batch, now: i64) {
+        let Some(mut r) = self.ops.rollouts.get(&id).cloned() else {
+            return;
+        };
+        let before = r.clone();
+        for i in 0..r.nodes.len() {
+            let n = r.nodes[i].clone();
+            match n.state {
+                RolloutNodeState::Draining => {
+                    let drained =
+                        self.ops.node_state(&n.node) == "maintenance" && !self.drains.nodes.contains_key(&n.node);
+                    if drained {
+                        let (until, detail) = match r.upgrade_s {
+                            Some(s) => (
+                                Some(now + s as i64 * 1000),
+                                format!(
+                                    "drained; simulated upgrade until {}",
+                                    tessera_api::rfc3339_ms(now + s as i64 * 1000)
+                                ),
+                            ),
+                            None => (None, format!("drained; waiting for `tessera node done {}`", n.node)),
+                        };
+                        r.nodes[i].upgrade_until = until;
+                        self.move_node(&mut r, i, RolloutNodeState::Upgrading, detail, batch, now);
+                    } else if self.ops.node_state(&n.node) == "ready" {
+                        let detail = "the node was uncordoned during its drain".to_string();
+                        self.fail_node(&mut r, i, detail, batch, now).await;
+                    }
+                }
+                RolloutNodeState::Upgrading if n.upgrade_until.is_some_and(|t| now >= t) => {
+                    let detail = "simulated upgrade finished".to_string();
+                    self.move_node(&mut r, i, RolloutNodeState::Validating, detail, batch, now);
+                }
+                RolloutNodeState::Validating => match self.validate(&n) {
+                    Ok(detail) => {
+                        if let Err(e) = self.set_state(&n.node, None, String::new(), now).await {
+                            tracing::error!(node = %n.node, error = %e, "cannot uncordon an upgraded node; retrying");
+                            continue;
+                        }
+                        r.nodes[i].ended_at = Some(now);
+                        self.move_node(&mut r, i, RolloutNodeState::Done, detail, batch, now);
+                    }
+                    Err(Invalid::Failed(why)) => {
+                        self.fail_node(&mut r, i, format!("validation failed: {why}"), batch, now)
+                            .await;
+                    }
+                    Err(Invalid::NotYet(why)) if now - n.since >= VALIDATE_WITHIN_MS => {
+                        let within = VALIDATE_WITHIN_MS / 1000;
+                        let why = format!("validation failed: {why} within {within} s of the upgrade");
+                        self.fail_node(&mut r, i, why, batch, now).await;
+                    }
+                    Err(Invalid::NotYet(_)) => {}
+                },
+                _ => {}
+            }
+        }
+        if r.state == RolloutState::Running && r.nodes.iter().any(|n| n.state == RolloutNodeState::Failed) {
+            r.state = RolloutState::Failed;
+            r.detail = "a node failed: no more nodes are taken".into();
+        }
+        if r.state == RolloutState::Running {
+            self.take_nodes(&mut r, batch, now).await;
+            if r.nodes.iter().all(|n| n.state == RolloutNodeState::Done) {
+                r.state = RolloutState::Done;
+                r.detail = format!("{} node(s) upgraded", r.nodes.len());
+            }
+        }
+        if r.state != RolloutState::Running && r.ended_at.is_none() && !r.nodes.iter().any(|n| n.state.is_out()) {
+            r.ended_at = Some(now);
+        }
+        if r != before
+            && let Err(e) = self.save_rollout(&r).await
+        {
+            tracing::error!(id, error = %e, "cannot store a rollout's progress; retrying at the next tick");
+        }
+    }
+
+    /// Takes the next pending nodes in plan order while the limits allow.
+    async fn take_nodes(&mut self, r: &mut RolloutRecord, batch: &mut Batch, now: i64) {
+        let limits = Limits {
+            max_parallel: r.max_parallel.max(1) as usize,
+            max_unavailable_milli: r.max_unavailable_milli,
+        };
+        let units = |c: &Core, name: &str| {
+            c.fleet
+                .node_by_name(name)
+                .map(|n| c.fleet.node(n).gpus as u64 * 1000)
+                .unwrap_or(0)
+        };
+        let out_nodes = r.nodes.iter().filter(|n| n.state.is_out()).count();
+        let mut out_units: u64 = r
+            .nodes
+            .iter()
+            .filter(|n| n.state.is_out())
+            .map(|n| units(self, &n.node))
+            .sum();
+        let pending: Vec<String> = r
+            .nodes
+            .iter()
+            .filter(|n| n.state == RolloutNodeState::Pending)
+            .map(|n| n.node.clone())
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        let plan = self.plan_nodes(&pending);
+        for (out_nodes, k) in (out_nodes..).zip(rollout::order(&plan, now)) {
+            let name = plan[k].name.clone();
+            let u = plan[k].units_milli;
+            if !rollout::admits(limits, out_nodes, out_units, u) {
+                break;
+            }
+            let i = r
+                .nodes
+                .iter()
+                .position(|n| n.node == name)
+                .expect("a pending node of this rollout");
+            r.nodes[i].layout = self.layout_text(&name);
+            r.nodes[i].started_at = Some(now);
+            let deadline_ms = r.deadline_s.map(|s| now + s as i64 * 1000);
+            let actor = format!("rollout {}", r.id);
+            if let Err(e) = self
+                .start_drain(&name, deadline_ms, r.preempt, &actor, batch, now)
+                .await
+            {
+                tracing::error!(node = %name, error = %e, "cannot drain a node for a rollout; retrying");
+                break;
+            }
+            let detail = match r.deadline_s {
+                Some(s) => format!(
+                    "draining; deadline in {s} s, then {}",
+                    if r.preempt { "preempt" } else { "wait" }
+                ),
+                None => "draining; no deadline".into(),
+            };
+            self.move_node(r, i, RolloutNodeState::Draining, detail, batch, now);
+            out_units += u;
+        }
+    }
+
+    /// Validates an upgraded node: `Ok(what was checked)`, or why not.
+    fn validate(&self, n: &RolloutNodeRecord) -> Result<String, Invalid> {
+        use Invalid::{Failed, NotYet};
+        let Some(idx) = self.fleet.node_by_name(&n.node) else {
+            return Err(Failed(format!("node {} is not in the fleet", n.node)));
+        };
+        let gpus = self.fleet.node(idx).gpus;
+        // A GPU lost may come back (the node reboots); one out for an XID or a failed
+        // partition stays out until an admin clears it.
+        if let Some(((_, g), h)) = self.ops.unhealthy.iter().find(|((node, _), _)| node == &n.node) {
+            let why = format!("GPU {g} is unhealthy ({})", h.detail);
+            return Err(if h.cause == tessera_store::HealthCause::Lost {
+                NotYet(why)
+            } else {
+                Failed(why)
+            });
+        }
+        let t = self.published.telemetry();
+        let back = if t.at == 0 {
+            "no telemetry from the backend to check GPUs against".to_string()
+        } else {
+            if t.at < n.since {
+                return Err(NotYet("no telemetry since the upgrade".into()));
+            }
+            for g in 0..gpus {
+                match t.gpus.iter().find(|s| s.node == n.node && s.gpu == g) {
+                    None => return Err(NotYet(format!("GPU {g} is not back"))),
+                    Some(s) if s.xid != 0 => return Err(NotYet(format!("GPU {g} reports XID {}", s.xid))),
+                    Some(_) => {}
+                }
+            }
+            format!("all {gpus} GPU(s) back and healthy")
+        };
+        let layout = self.layout_text(&n.node);
+        if layout != n.layout {
+            return Err(NotYet(format!(
+                "MIG layout `{layout}` differs from `{}` before the drain",
+                n.layout
+            )));
+        }
+        Ok(format!("validated: {back}; MIG layout as before the drain"))
+    }
+
+    async fn fail_node(&mut self, r: &mut RolloutRecord, i: usize, why: String, batch: &mut Batch, now: i64) {
+        let node = r.nodes[i].node.clone();
+        let detail = format!("rollout {}: {why}", r.id);
+        if let Err(e) = self.set_state(&node, Some("cordoned"), detail, now).await {
+            tracing::error!(%node, error = %e, "cannot keep a failed node cordoned");
+        }
+        r.nodes[i].ended_at = Some(now);
+        self.move_node(r, i, RolloutNodeState::Failed, why, batch, now);
+    }
+
+    /// One node step: its new state, and the audit record committed with the batch.
+    fn move_node(
+        &mut self,
+        r: &mut RolloutRecord,
+        i: usize,
+        to: RolloutNodeState,
+        detail: String,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        let n = &mut r.nodes[i];
+        tracing::info!(rollout = r.id, node = %n.node, from = n.state.as_str(), to = to.as_str(), %detail, "rollout step");
+        batch.audit(AuditRecord {
+            seq: 0,
+            at: now,
+            request_id: format!("rollout-{}", r.id),
+            actor: CONTROLLER.into(),
+            tenant: None,
+            action: format!("rollout.{}", to.as_str()),
+            target: format!("rollouts/{}/nodes/{}", r.id, n.node),
+            outcome: 200,
+            detail: format!("{} → {}: {detail}", n.state.as_str(), to.as_str()),
+        });
+        n.state = to;
+        n.since = now;
+        n.detail = detail;
+    }
+
+    async fn save_rollout(&mut self, r: &RolloutRecord) -> Result<(), LifecycleError> {
+        self.store
+            .save_rollout(r)
+            .await
+            .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
+        self.publish_rollout(r);
+        Ok(())
+    }
+
+    fn publish_rollout(&mut self, r: &RolloutRecord) {
+        let mut ops = (*self.ops).clone();
+        ops.rollouts.insert(r.id, r.clone());
+        self.ops = std::sync::Arc::new(ops);
+        self.published.set_ops(self.ops.clone());
+    }
+}
