@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod oidc;
 pub mod problem;
 pub mod session;
+pub mod tenancy_sync;
 pub mod usage;
 
 use std::net::SocketAddr;
@@ -82,6 +83,8 @@ pub struct AppState {
     pub projects: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
     /// Metrics and (simulated backend) fault injection.
     pub obs: Arc<metrics::Observability>,
+    /// Wakes the backend tenancy sync (a project was created).
+    pub tenancy: Arc<tokio::sync::Notify>,
 }
 
 /// How to run the server.
@@ -335,6 +338,19 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
     .await
     .map_err(|e| anyhow!(e))?;
     tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "state rebuilt");
+    let claim_rules = cfg.oidc.as_ref().map(|o| o.mapping.clone()).unwrap_or_default();
+    let tenancy = Arc::new(tokio::sync::Notify::new());
+    if sim.is_none() {
+        // A backend of its own (local, kubernetes) may keep tenancy of its own.
+        tenancy_sync::spawn(
+            store.clone(),
+            backend.clone(),
+            fleet.clone(),
+            claim_rules,
+            cfg.reconcile_every,
+            tenancy.clone(),
+        );
+    }
     let oidc = match cfg.oidc {
         Some(o) => Some(oidc::OidcVerifier::discover(o).await.map_err(|e| anyhow!(e))?),
         None => None,
@@ -358,6 +374,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
             sim: sim.clone(),
             version: env!("CARGO_PKG_VERSION"),
         }),
+        tenancy,
     };
     let metrics_app = metrics::router(state.clone());
     let listener = TcpListener::bind(cfg.listen)

@@ -23,6 +23,9 @@ pub enum BackendArg {
     Sim,
     /// This machine's NVIDIA GPUs through NVML; workloads are local processes.
     Local,
+    /// A Kubernetes cluster with the NVIDIA GPU Operator (in-cluster configuration or
+    /// KUBECONFIG): GPU nodes from Node objects, workloads as pods bound by Tessera.
+    Kubernetes,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -51,6 +54,16 @@ pub struct ServeArgs {
     /// Node name of this machine with `--backend local` (default: the host name).
     #[arg(long)]
     node: Option<String>,
+    /// `--backend kubernetes`: the node label naming a GPU node's Tessera pool (nodes without it
+    /// are in the pool `default`).
+    #[arg(long, default_value = "tessera.io/pool")]
+    kube_pool_label: String,
+    /// `--backend kubernetes`: prefix of the namespaces of tenant projects.
+    #[arg(long, default_value = "tessera-")]
+    kube_namespace_prefix: String,
+    /// `--backend kubernetes`: NAMESPACE/NAME of the GPU Operator MIG manager's ConfigMap.
+    #[arg(long, default_value = "gpu-operator/default-mig-parted-config")]
+    kube_mig_configmap: String,
     /// Address of the API and the console.
     #[arg(long, default_value = "127.0.0.1:8080", env = "TESSERA_LISTEN")]
     listen: SocketAddr,
@@ -134,7 +147,20 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let sim_fleet = match a.backend {
         BackendArg::Sim => Some(crate::bench::load_fleet(&a.fleet)?),
-        BackendArg::Local => None,
+        BackendArg::Local | BackendArg::Kubernetes => None,
+    };
+    let kube_cfg = match a.kube_mig_configmap.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() => tessera_backend_kube::KubeConfig {
+            pool_label: a.kube_pool_label.clone(),
+            namespace_prefix: a.kube_namespace_prefix.clone(),
+            mig_namespace: ns.to_string(),
+            mig_configmap: name.to_string(),
+            ..Default::default()
+        },
+        _ => anyhow::bail!(
+            "--kube-mig-configmap: give NAMESPACE/NAME, not {:?}",
+            a.kube_mig_configmap
+        ),
     };
     let prices = match &a.prices {
         Some(p) => {
@@ -174,6 +200,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
                     }
                 );
                 (fleet, None, serving)
+            }
+            None if a.backend == BackendArg::Kubernetes => {
+                let (b, fleet) = tessera_backend_kube::connect_default(kube_cfg)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("--backend kubernetes: {e}"))?;
+                let what = format!(
+                    "the Kubernetes cluster's GPU nodes ({} GPUs on {} nodes)",
+                    fleet.gpu_count(),
+                    fleet.nodes.len()
+                );
+                (fleet, Some(tessera_server::BackendHandle(std::sync::Arc::new(b))), what)
             }
             None => {
                 let (b, fleet, what) = crate::local::backend(
