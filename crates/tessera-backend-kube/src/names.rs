@@ -30,9 +30,6 @@ pub fn dns_label(raw: &str) -> String {
         s = s.replace("--", "-");
     }
     let s = s.trim_matches('-').to_string();
-    if s.len() <= 63 && s == raw {
-        return s;
-    }
     if s.len() <= 63 && !s.is_empty() {
         return s;
     }

@@ -20,6 +20,8 @@ pub const ROLEBINDING_NAME: &str = "tessera-tenant";
 pub const NETPOL_NAME: &str = "tessera-tenant-isolation";
 /// The ClusterRole bound to the tenant's groups in their namespaces.
 pub const TENANT_CLUSTER_ROLE: &str = "edit";
+/// How long [`ensure`] waits for the quota controller to take up a changed quota.
+pub const QUOTA_STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The four objects of a tenant project, as apply patches.
 pub struct TenancyObjects {
@@ -99,7 +101,8 @@ pub async fn ensure(client: &kube::Client, prefix: &str, spec: &TenancySpec) -> 
         .patch(&ns, &pp, &Patch::Apply(&o.namespace))
         .await
         .map_err(|e| kube_err(&format!("namespace {ns}"), e))?;
-    Api::<ResourceQuota>::namespaced(client.clone(), &ns)
+    let quotas = Api::<ResourceQuota>::namespaced(client.clone(), &ns);
+    quotas
         .patch(QUOTA_NAME, &pp, &Patch::Apply(&o.quota))
         .await
         .map_err(|e| kube_err(&format!("resource quota in {ns}"), e))?;
@@ -111,7 +114,27 @@ pub async fn ensure(client: &kube::Client, prefix: &str, spec: &TenancySpec) -> 
         .patch(NETPOL_NAME, &pp, &Patch::Apply(&o.network_policy))
         .await
         .map_err(|e| kube_err(&format!("network policy in {ns}"), e))?;
-    Ok(ns)
+    // The API server enforces a quota only once the quota controller has filled its status
+    // (1-4 s after a change): until then a pod over it would be admitted.
+    let deadline = tokio::time::Instant::now() + QUOTA_STATUS_WAIT;
+    loop {
+        let q = quotas
+            .get(QUOTA_NAME)
+            .await
+            .map_err(|e| kube_err(&format!("resource quota in {ns}"), e))?;
+        let want = q.spec.and_then(|s| s.hard).unwrap_or_default();
+        let have = q.status.and_then(|s| s.hard).unwrap_or_default();
+        if want == have {
+            return Ok(ns);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(BackendError::Unreachable(format!(
+                "the quota controller has not taken up the resource quota in {ns} within {} s",
+                QUOTA_STATUS_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 /// Deletes the namespace of one project, or of every project of `tenant` (the namespace's

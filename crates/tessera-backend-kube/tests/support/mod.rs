@@ -276,10 +276,16 @@ async fn ready(client: &Client) -> bool {
         .map(|t| t.trim() == "ok")
         .unwrap_or(false)
     {
-        // The controller-manager's service-account and quota controllers, and the bootstrap
-        // `edit` ClusterRole, are what the tests lean on.
+        // The tests lean on the `edit` ClusterRole that tenant groups are bound to: it is
+        // aggregated by the controller-manager, so its rules appear a few seconds after start.
         let roles = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone());
-        return roles.get_opt("edit").await.ok().flatten().is_some();
+        return roles
+            .get_opt("edit")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|r| r.rules)
+            .is_some_and(|r| !r.is_empty());
     }
     false
 }
