@@ -1,7 +1,7 @@
 //! `tessera serve`: the control plane on the embedded defaults (SQLite in `./tessera-data`,
 //! the simulated `seed` fleet, API and console on 127.0.0.1:8080), or with `--backend local` on
 //! this machine's GPUs (`--fake-gpus N`: a documented test mode with fake GPUs and real
-//! processes).
+//! processes), or with `--backend kubernetes` on a Kubernetes cluster's GPU nodes.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,8 +43,9 @@ pub struct ServeArgs {
     /// backend only (the local backend's fleet is this machine).
     #[arg(long, default_value = "seed")]
     fleet: String,
-    /// `sim` (simulated fleet) or `local` (this machine's GPUs through NVML; exits with one line
-    /// when there is no NVIDIA driver).
+    /// `sim` (simulated fleet), `local` (this machine's GPUs through NVML; exits with one line
+    /// when there is no NVIDIA driver) or `kubernetes` (a cluster with the NVIDIA GPU Operator,
+    /// through the in-cluster configuration or KUBECONFIG).
     #[arg(long, value_enum, default_value_t = BackendArg::Sim)]
     backend: BackendArg,
     /// Test mode of `--backend local`: N fake GPUs (H100 80GB, MIG off) instead of NVML, real
