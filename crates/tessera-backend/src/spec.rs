@@ -74,6 +74,19 @@ pub struct RunSpec {
     pub running_since_ms: Option<i64>,
 }
 
+/// A tenant project as a backend with tenancy of its own isolates it
+/// ([`crate::Backend::ensure_tenancy`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenancySpec {
+    pub tenant: String,
+    pub project: String,
+    /// Single sign-on groups whose members may act in the project's namespace.
+    pub groups: Vec<String>,
+    /// Hard limits by device-plugin resource name (`nvidia.com/gpu` → 16,
+    /// `nvidia.com/mig-3g.40gb` → 4), mirroring Tessera's quota.
+    pub quota: BTreeMap<String, u64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

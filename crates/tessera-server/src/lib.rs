@@ -29,6 +29,7 @@ pub mod problem;
 pub mod replica;
 pub mod session;
 pub mod timed;
+pub mod tenancy_sync;
 pub mod usage;
 
 use std::net::SocketAddr;
@@ -97,6 +98,8 @@ pub struct AppState {
     pub replica: Arc<replica::Replica>,
     /// The client a follower forwards writes to the leader with.
     pub forward: reqwest::Client,
+    /// Wakes the backend tenancy sync (a project was created).
+    pub tenancy: Arc<tokio::sync::Notify>,
 }
 
 /// How to run the server.
@@ -454,6 +457,19 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         leader = ?st.leader_url,
         "state rebuilt"
     );
+    let claim_rules = cfg.oidc.as_ref().map(|o| o.mapping.clone()).unwrap_or_default();
+    let tenancy = Arc::new(tokio::sync::Notify::new());
+    if sim.is_none() {
+        // A backend of its own (local, kubernetes) may keep tenancy of its own.
+        tenancy_sync::spawn(
+            store.clone(),
+            backend.clone(),
+            fleet.clone(),
+            claim_rules,
+            cfg.reconcile_every,
+            tenancy.clone(),
+        );
+    }
     let oidc = match cfg.oidc {
         Some(o) => Some(oidc::OidcVerifier::discover(o).await.map_err(|e| anyhow!(e))?),
         None => None,
@@ -483,6 +499,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         }),
         replica: replica.clone(),
         forward: forward::client(),
+        tenancy,
     };
     let metrics_app = metrics::router(state.clone());
     let app = app(state, &cors_origins);

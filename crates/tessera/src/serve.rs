@@ -1,7 +1,8 @@
 //! `tessera serve`: the control plane on the embedded defaults (SQLite in `./tessera-data`,
 //! the simulated `seed` fleet, API and console on 127.0.0.1:8080), with `--backend local` on
 //! this machine's GPUs (`--fake-gpus N`: a documented test mode with fake GPUs and real
-//! processes), and on PostgreSQL with `--database postgres://…` (replicas elect a leader).
+//! processes), with `--backend kubernetes` on a Kubernetes cluster's GPU nodes, and on
+//! PostgreSQL with `--database postgres://…` (replicas elect a leader).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,6 +24,9 @@ pub enum BackendArg {
     Sim,
     /// This machine's NVIDIA GPUs through NVML; workloads are local processes.
     Local,
+    /// A Kubernetes cluster with the NVIDIA GPU Operator (in-cluster configuration or
+    /// KUBECONFIG): GPU nodes from Node objects, workloads as pods bound by Tessera.
+    Kubernetes,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -57,8 +61,9 @@ pub struct ServeArgs {
     /// backend only (the local backend's fleet is this machine).
     #[arg(long, default_value = "seed")]
     fleet: String,
-    /// `sim` (simulated fleet) or `local` (this machine's GPUs through NVML; exits with one line
-    /// when there is no NVIDIA driver).
+    /// `sim` (simulated fleet), `local` (this machine's GPUs through NVML; exits with one line
+    /// when there is no NVIDIA driver) or `kubernetes` (a cluster with the NVIDIA GPU Operator,
+    /// through the in-cluster configuration or KUBECONFIG).
     #[arg(long, value_enum, default_value_t = BackendArg::Sim)]
     backend: BackendArg,
     /// Test mode of `--backend local`: N fake GPUs (H100 80GB, MIG off) instead of NVML, real
@@ -68,6 +73,16 @@ pub struct ServeArgs {
     /// Node name of this machine with `--backend local` (default: the host name).
     #[arg(long)]
     node: Option<String>,
+    /// `--backend kubernetes`: the node label naming a GPU node's Tessera pool (nodes without it
+    /// are in the pool `default`).
+    #[arg(long, default_value = "tessera.io/pool")]
+    kube_pool_label: String,
+    /// `--backend kubernetes`: prefix of the namespaces of tenant projects.
+    #[arg(long, default_value = "tessera-")]
+    kube_namespace_prefix: String,
+    /// `--backend kubernetes`: NAMESPACE/NAME of the GPU Operator MIG manager's ConfigMap.
+    #[arg(long, default_value = "gpu-operator/default-mig-parted-config")]
+    kube_mig_configmap: String,
     /// Address of the API and the console.
     #[arg(long, default_value = "127.0.0.1:8080", env = "TESSERA_LISTEN")]
     listen: SocketAddr,
@@ -161,7 +176,20 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let sim_fleet = match a.backend {
         BackendArg::Sim => Some(crate::bench::load_fleet(&a.fleet)?),
-        BackendArg::Local => None,
+        BackendArg::Local | BackendArg::Kubernetes => None,
+    };
+    let kube_cfg = match a.kube_mig_configmap.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() => tessera_backend_kube::KubeConfig {
+            pool_label: a.kube_pool_label.clone(),
+            namespace_prefix: a.kube_namespace_prefix.clone(),
+            mig_namespace: ns.to_string(),
+            mig_configmap: name.to_string(),
+            ..Default::default()
+        },
+        _ => anyhow::bail!(
+            "--kube-mig-configmap: give NAMESPACE/NAME, not {:?}",
+            a.kube_mig_configmap
+        ),
     };
     let prices = match &a.prices {
         Some(p) => {
@@ -201,6 +229,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
                     }
                 );
                 (fleet, None, serving)
+            }
+            None if a.backend == BackendArg::Kubernetes => {
+                let (b, fleet) = tessera_backend_kube::connect_default(kube_cfg)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("--backend kubernetes: {e}"))?;
+                let what = format!(
+                    "the Kubernetes cluster's GPU nodes ({} GPUs on {} nodes)",
+                    fleet.gpu_count(),
+                    fleet.nodes.len()
+                );
+                (fleet, Some(tessera_server::BackendHandle(std::sync::Arc::new(b))), what)
             }
             None => {
                 let (b, fleet, what) = crate::local::backend(

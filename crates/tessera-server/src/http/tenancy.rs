@@ -106,7 +106,16 @@ pub async fn delete_tenant(
             "tenant `{tenant}` still has projects, tokens or workloads; delete those first"
         )));
     }
+    remove_backend_tenancy(&s, &tenant, None).await;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Removes what the backend keeps for a deleted project or tenant (a Kubernetes namespace). The
+/// record is gone already; a failure is logged and does not undo the deletion.
+async fn remove_backend_tenancy(s: &AppState, tenant: &str, project: Option<&str>) {
+    if let Err(e) = s.backend.remove_tenancy(tenant, project).await {
+        tracing::warn!(%tenant, ?project, error = %e, "removing the backend's tenancy objects");
+    }
 }
 
 #[utoipa::path(get, path = "/api/v1/tenants/{tenant}/projects", tag = "tenancy", params(("tenant" = String, Path), PageParams),
@@ -146,6 +155,8 @@ pub async fn create_project(
         created_at: now_ms(),
     };
     s.store.create_project(&p).await?;
+    // The backend's own tenancy (a Kubernetes namespace) follows at once, and on every sync.
+    s.tenancy.notify_one();
     Ok((StatusCode::CREATED, Json(project_view(p))))
 }
 
@@ -187,5 +198,6 @@ pub async fn delete_project(
             "project `{project}` has workloads on record"
         )));
     }
+    remove_backend_tenancy(&s, &tenant, Some(&project)).await;
     Ok(StatusCode::NO_CONTENT)
 }

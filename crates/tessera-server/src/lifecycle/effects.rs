@@ -26,7 +26,11 @@ use crate::metrics::Metrics;
 pub enum Op {
     Partition(PartitionPlan),
     Start(Box<RunSpec>),
-    Stop { grace: Duration },
+    /// `evict`: a drain's stop, through [`Backend::evict`].
+    Stop {
+        grace: Duration,
+        evict: bool,
+    },
     Unpartition(PartitionPlan),
 }
 
@@ -198,7 +202,8 @@ impl Runner {
             let result = match op {
                 Op::Partition(plan) => OpResult::Partitioned(backend.partition(&plan).await),
                 Op::Start(spec) => OpResult::Started(backend.start(&spec).await),
-                Op::Stop { grace } => OpResult::Stopped(backend.stop(id.0, grace).await),
+                Op::Stop { grace, evict: false } => OpResult::Stopped(backend.stop(id.0, grace).await),
+                Op::Stop { grace, evict: true } => OpResult::Stopped(backend.evict(id.0, grace).await),
                 Op::Unpartition(plan) => OpResult::Unpartitioned(backend.unpartition(&plan).await),
             };
             let err = match &result {

@@ -880,6 +880,14 @@ impl Core {
         let before = live.w.placement.clone();
         let ran_since = live.w.running_at;
         let before_phase = live.w.phase;
+        // A drain's stop goes through the platform's eviction (Kubernetes: the Eviction API).
+        let evict = matches!(
+            input,
+            Input::Preempt {
+                code: tessera_domain::PreemptCode::Drain,
+                ..
+            }
+        );
         let mut follow = Vec::new();
         let t = transition(live.w, input);
         live.w = t.workload;
@@ -949,6 +957,7 @@ impl Core {
                         id,
                         Op::Stop {
                             grace: Duration::from_secs(*grace_s),
+                            evict,
                         },
                     );
                 }

@@ -96,6 +96,11 @@ impl Core {
         if let Some(n) = self.fleet.node_by_name(node) {
             self.sched.engine.fence_node(n.0, state.is_some());
         }
+        // The platform's own fence too (Kubernetes: `spec.unschedulable`), so nothing else
+        // places work there; a failure is logged, Tessera's fence holds either way.
+        if let Err(e) = self.backend.cordon(node, state.is_some()).await {
+            tracing::warn!(%node, error = %e, "the backend did not (un)cordon the node");
+        }
         tracing::info!(%node, state = state.unwrap_or("ready"), "node state changed");
         Ok(())
     }

@@ -1,0 +1,873 @@
+//! [`KubeBackend`]: the backend contract on a Kubernetes API server. Pods are created in the
+//! project's namespace and bound by Tessera (Binding subresource); two watches (GPU nodes, and
+//! pods labelled `tessera.io/workload`) turn the cluster's changes into backend events.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use serde_json::json;
+use tessera_backend::{
+    Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, MigInstance, Observation, Orphan,
+    PartitionPlan, PartitionReport, Partitioning, ReconcileReport, Resource, RunSpec, TenancySpec,
+};
+use tessera_model::{Catalogue, Fleet};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::fleet::{self, LABEL_MIG_CONFIG, LABEL_MIG_STATE, NodeView};
+use crate::mig::{self, LAYOUT_ANNOTATION, NodeLayout, Placed};
+use crate::names::{self, FIELD_MANAGER, LABEL_WORKLOAD};
+use crate::pods::{self, PodState};
+use crate::tenancy::{self, kube_err};
+
+/// How the Kubernetes backend runs.
+#[derive(Clone, Debug)]
+pub struct KubeConfig {
+    /// The node label naming a node's Tessera pool (`tessera.io/pool`).
+    pub pool_label: String,
+    /// The pool of GPU nodes without that label.
+    pub default_pool: String,
+    /// Prefix of the namespaces of tenant projects (`tessera-`).
+    pub namespace_prefix: String,
+    /// Namespace and name of the MIG manager's ConfigMap (key `config.yaml`).
+    pub mig_namespace: String,
+    pub mig_configmap: String,
+    /// How long to wait for the MIG manager to apply a config.
+    pub mig_timeout: Duration,
+    /// After a stop's grace period, how much longer a pod may take to go before Tessera
+    /// deletes it forcibly (a node that is gone never confirms the deletion).
+    pub force_delete_after: Duration,
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        KubeConfig {
+            pool_label: "tessera.io/pool".into(),
+            default_pool: "default".into(),
+            namespace_prefix: "tessera-".into(),
+            mig_namespace: "gpu-operator".into(),
+            mig_configmap: "default-mig-parted-config".into(),
+            mig_timeout: Duration::from_secs(600),
+            force_delete_after: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Stage {
+    Accepted,
+    Started,
+    Running,
+    Ended,
+}
+
+struct Tracked {
+    ns: String,
+    stage: Stage,
+    stopping: bool,
+}
+
+#[derive(Default)]
+struct State {
+    nodes: HashMap<String, NodeView>,
+    tracked: HashMap<u64, Tracked>,
+    namespaces: std::collections::HashSet<String>,
+}
+
+struct Shared {
+    client: Client,
+    cfg: KubeConfig,
+    state: Mutex<State>,
+    tx: mpsc::UnboundedSender<BackendEvent>,
+    rx: Mutex<Option<mpsc::UnboundedReceiver<BackendEvent>>>,
+    /// One partition at a time per node: the MIG manager applies one config per node.
+    node_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Tessera's backend on a Kubernetes cluster with the NVIDIA GPU Operator.
+pub struct KubeBackend {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for KubeBackend {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+impl KubeBackend {
+    /// Reads the GPU nodes into a fleet and starts the node and pod watches. Call inside a
+    /// Tokio runtime.
+    pub async fn connect(client: Client, cfg: KubeConfig) -> Result<(KubeBackend, Fleet), BackendError> {
+        let nodes = Api::<Node>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| kube_err("listing nodes", e))?;
+        let views: Vec<NodeView> = nodes
+            .items
+            .iter()
+            .filter_map(|n| fleet::node_view(n, &cfg.pool_label))
+            .collect();
+        let toml =
+            fleet::fleet_toml(&views, &Catalogue::builtin(), &cfg.default_pool).map_err(BackendError::Rejected)?;
+        let fleet = Fleet::from_toml(&toml, "cluster").map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            client,
+            cfg,
+            state: Mutex::new(State {
+                nodes: views.into_iter().map(|v| (v.name.clone(), v)).collect(),
+                ..Default::default()
+            }),
+            tx,
+            rx: Mutex::new(Some(rx)),
+            node_locks: Mutex::new(HashMap::new()),
+        });
+        let tasks = vec![
+            tokio::spawn(watch_nodes(Arc::downgrade(&shared), shared.client.clone())),
+            tokio::spawn(watch_pods(Arc::downgrade(&shared), shared.client.clone())),
+        ];
+        Ok((KubeBackend { shared, tasks }, fleet))
+    }
+
+    /// The client this backend talks through.
+    pub fn client(&self) -> &Client {
+        &self.shared.client
+    }
+
+    /// The namespace of a tenant project.
+    pub fn namespace_of(&self, tenant: &str, project: &str) -> String {
+        names::namespace(&self.shared.cfg.namespace_prefix, tenant, project)
+    }
+}
+
+async fn watch_nodes(shared: Weak<Shared>, client: Client) {
+    let stream = watcher(Api::<Node>::all(client), watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let ev = match stream.try_next().await {
+            Ok(Some(ev)) => ev,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "node watch");
+                continue;
+            }
+        };
+        let Some(sh) = shared.upgrade() else { return };
+        let (node, gone) = match ev {
+            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => (n, false),
+            watcher::Event::Delete(n) => (n, true),
+            watcher::Event::Init | watcher::Event::InitDone => continue,
+        };
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let view = if gone {
+            None
+        } else {
+            fleet::node_view(&node, &sh.cfg.pool_label)
+        };
+        let mut st = sh.state.lock().unwrap();
+        let old = st.nodes.get(&name).cloned();
+        for change in fleet::changes(old.as_ref(), view.as_ref()) {
+            let _ = sh.tx.send(BackendEvent::NodeChanged {
+                node: name.clone(),
+                change,
+            });
+        }
+        match view {
+            Some(v) => st.nodes.insert(name, v),
+            None => st.nodes.remove(&name),
+        };
+    }
+}
+
+async fn watch_pods(shared: Weak<Shared>, client: Client) {
+    let cfg = watcher::Config::default().labels(LABEL_WORKLOAD);
+    let stream = watcher(Api::<Pod>::all(client), cfg).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let ev = match stream.next().await {
+            Some(Ok(ev)) => ev,
+            None => return,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "pod watch");
+                continue;
+            }
+        };
+        let Some(sh) = shared.upgrade() else { return };
+        match ev {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => sh.on_pod(&p),
+            watcher::Event::Delete(p) => sh.on_pod_deleted(&p),
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+}
+
+impl Shared {
+    fn send(&self, ev: BackendEvent) {
+        let _ = self.tx.send(ev);
+    }
+
+    /// A pod changed: its phase drives the workload's events, in the contract's order.
+    fn on_pod(&self, pod: &Pod) {
+        let Some(id) = pods::workload_id(pod) else { return };
+        if pod.metadata.deletion_timestamp.is_some() {
+            return;
+        }
+        let mut st = self.state.lock().unwrap();
+        let Some(t) = st.tracked.get_mut(&id) else { return };
+        if t.stopping || t.stage == Stage::Ended {
+            return;
+        }
+        let state = pods::pod_state(pod);
+        if state == PodState::Pending {
+            return;
+        }
+        if t.stage == Stage::Accepted {
+            if pods::bound_node(pod).is_none() {
+                return;
+            }
+            let _ = self.tx.send(BackendEvent::Started { id, bound: None });
+            t.stage = Stage::Started;
+        }
+        match state {
+            PodState::Pending => {}
+            PodState::Running { since_ms } => {
+                if t.stage < Stage::Running {
+                    let _ = self.tx.send(BackendEvent::Running {
+                        id,
+                        at_ms: since_ms.unwrap_or_else(now_ms),
+                        sample: Vec::new(),
+                    });
+                    t.stage = Stage::Running;
+                }
+            }
+            PodState::Exited(exit) => {
+                if t.stage < Stage::Running {
+                    let _ = self.tx.send(BackendEvent::Running {
+                        id,
+                        at_ms: now_ms(),
+                        sample: Vec::new(),
+                    });
+                }
+                let _ = self.tx.send(BackendEvent::Exited {
+                    id,
+                    at_ms: now_ms(),
+                    exit,
+                });
+                t.stage = Stage::Ended;
+            }
+            PodState::Lost(detail) => {
+                let _ = self.tx.send(BackendEvent::Lost {
+                    id,
+                    at_ms: now_ms(),
+                    detail,
+                });
+                t.stage = Stage::Ended;
+            }
+        }
+    }
+
+    /// A pod is gone: unless Tessera stopped it or it had ended, the workload is lost.
+    fn on_pod_deleted(&self, pod: &Pod) {
+        let Some(id) = pods::workload_id(pod) else { return };
+        let mut st = self.state.lock().unwrap();
+        let Some(t) = st.tracked.get(&id) else { return };
+        if !t.stopping && t.stage != Stage::Ended {
+            let _ = self.tx.send(BackendEvent::Lost {
+                id,
+                at_ms: now_ms(),
+                detail: format!(
+                    "pod {}/{} was deleted outside Tessera",
+                    t.ns,
+                    pod.metadata.name.as_deref().unwrap_or("?")
+                ),
+            });
+        }
+        st.tracked.remove(&id);
+    }
+
+    fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.node_locks
+            .lock()
+            .unwrap()
+            .entry(node.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Makes sure the project's namespace exists (its labels as tenancy applies them).
+    async fn ensure_namespace(&self, spec: &RunSpec, ns: &str) -> Result<(), BackendError> {
+        if self.state.lock().unwrap().namespaces.contains(ns) {
+            return Ok(());
+        }
+        let t = TenancySpec {
+            tenant: spec.tenant.clone(),
+            project: spec.project.clone(),
+            groups: Vec::new(),
+            quota: BTreeMap::new(),
+        };
+        let ns_obj = tenancy::objects(&t, ns).namespace;
+        let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone());
+        match api.get_opt(ns).await.map_err(|e| kube_err("reading a namespace", e))? {
+            Some(_) => {}
+            None => {
+                api.patch(ns, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&ns_obj))
+                    .await
+                    .map_err(|e| kube_err(&format!("namespace {ns}"), e))?;
+            }
+        }
+        self.state.lock().unwrap().namespaces.insert(ns.to_string());
+        Ok(())
+    }
+
+    /// Waits until the node's MIG manager reports `success` for the selected config.
+    async fn wait_mig(&self, node: &str, want: Option<&str>) -> Result<(), BackendError> {
+        let api = Api::<Node>::all(self.client.clone());
+        let deadline = tokio::time::Instant::now() + self.cfg.mig_timeout;
+        loop {
+            let n = api.get(node).await.map_err(|e| kube_err(&format!("node {node}"), e))?;
+            let labels = n.metadata.labels.unwrap_or_default();
+            let config = labels.get(LABEL_MIG_CONFIG).cloned().unwrap_or_default();
+            let state = labels.get(LABEL_MIG_STATE).map(String::as_str);
+            let ours = want.is_none_or(|w| w == config);
+            match state {
+                Some("success") if ours => return Ok(()),
+                Some("failed") if ours => {
+                    return Err(BackendError::Rejected(format!(
+                        "the MIG manager failed to apply MIG config {config} on node {node} ({LABEL_MIG_STATE}=failed)"
+                    )));
+                }
+                None if want.is_none() && config.is_empty() => return Ok(()),
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BackendError::Unreachable(format!(
+                    "the MIG manager did not apply MIG config {config} on node {node} within {} s (state {})",
+                    self.cfg.mig_timeout.as_secs(),
+                    state.unwrap_or("unset")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn read_layouts(&self) -> Result<(Option<ConfigMap>, BTreeMap<String, NodeLayout>), BackendError> {
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.cfg.mig_namespace);
+        let cm = api
+            .get_opt(&self.cfg.mig_configmap)
+            .await
+            .map_err(|e| kube_err("reading the MIG manager's ConfigMap", e))?;
+        let mut out = BTreeMap::new();
+        if let Some(a) = cm.as_ref().and_then(|c| c.metadata.annotations.as_ref()) {
+            for (k, v) in a {
+                if let Some(node) = k.strip_prefix(LAYOUT_ANNOTATION)
+                    && let Ok(l) = serde_json::from_str::<NodeLayout>(v)
+                {
+                    out.insert(node.to_string(), l);
+                }
+            }
+        }
+        Ok((cm, out))
+    }
+
+    /// MIG instances of each profile held by Tessera's live pods on `node`.
+    async fn mig_in_use(&self, node: &str) -> Result<BTreeMap<String, u32>, BackendError> {
+        let list = Api::<Pod>::all(self.client.clone())
+            .list(
+                &ListParams::default()
+                    .labels(LABEL_WORKLOAD)
+                    .fields(&format!("spec.nodeName={node}")),
+            )
+            .await
+            .map_err(|e| kube_err("listing pods", e))?;
+        let mut out = BTreeMap::new();
+        for p in list.items {
+            if matches!(pods::pod_state(&p), PodState::Exited(_) | PodState::Lost(_)) {
+                continue;
+            }
+            for c in p.spec.iter().flat_map(|s| s.containers.iter()) {
+                for (k, q) in c.resources.iter().flat_map(|r| r.limits.iter().flatten()) {
+                    if let Some(profile) = k.strip_prefix("nvidia.com/mig-") {
+                        *out.entry(profile.to_string()).or_default() += fleet::quantity(&q.0, 1.0).unwrap_or(0) as u32;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn apply_layout(
+        &self,
+        node: &str,
+        gpu: u8,
+        instances: &[MigInstance],
+    ) -> Result<PartitionReport, BackendError> {
+        let lock = self.node_lock(node);
+        let _guard = lock.lock().await;
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.cfg.mig_namespace);
+        let nodes = Api::<Node>::all(self.client.clone());
+        let want: Vec<Placed> = instances.iter().map(Placed::from).collect();
+        for _attempt in 0..5 {
+            let (cm, layouts) = self.read_layouts().await?;
+            let mut layout = layouts.get(node).cloned().unwrap_or_default();
+            let n = nodes
+                .get(node)
+                .await
+                .map_err(|e| kube_err(&format!("node {node}"), e))?;
+            let labels = n.metadata.labels.unwrap_or_default();
+            let selected = labels.get(LABEL_MIG_CONFIG).cloned();
+            if layout.get(&gpu) == Some(&want)
+                && selected.as_deref() == Some(mig::config_name(node, &layout).as_str())
+                && labels.get(LABEL_MIG_STATE).map(String::as_str) == Some("success")
+            {
+                return Ok(PartitionReport {
+                    detail: format!("MIG layout of GPU {gpu} on {node} already applied"),
+                    created: false,
+                });
+            }
+            layout.insert(gpu, want.clone());
+            // Whole-GPU granularity: the new layout must keep every instance in use.
+            let in_use = self.mig_in_use(node).await?;
+            let after = mig::profile_counts(&layout);
+            if let Some((p, n)) = in_use.iter().find(|(p, n)| after.get(*p).copied().unwrap_or(0) < **n) {
+                return Err(BackendError::Rejected(format!(
+                    "GPU {gpu} on {node} cannot be re-partitioned: {n} {p} instance(s) on the node are in use and the new layout keeps fewer"
+                )));
+            }
+            let name = mig::config_name(node, &layout);
+            let existing = cm
+                .as_ref()
+                .and_then(|c| c.data.as_ref())
+                .and_then(|d| d.get("config.yaml"));
+            let text =
+                mig::put_config(existing.map(String::as_str), node, &name, &layout).map_err(BackendError::Rejected)?;
+            let layout_json = serde_json::to_string(&layout).expect("a layout serialises");
+            let result = match cm {
+                Some(mut cm) => {
+                    cm.data.get_or_insert_default().insert("config.yaml".into(), text);
+                    cm.metadata
+                        .annotations
+                        .get_or_insert_default()
+                        .insert(format!("{LAYOUT_ANNOTATION}{node}"), layout_json);
+                    api.replace(&self.cfg.mig_configmap, &PostParams::default(), &cm)
+                        .await
+                        .map(|_| ())
+                }
+                None => {
+                    let cm: ConfigMap = serde_json::from_value(json!({
+                        "metadata": {"name": self.cfg.mig_configmap, "namespace": self.cfg.mig_namespace,
+                            "annotations": {format!("{LAYOUT_ANNOTATION}{node}"): layout_json}},
+                        "data": {"config.yaml": text},
+                    }))
+                    .expect("a ConfigMap");
+                    api.create(&PostParams::default(), &cm).await.map(|_| ())
+                }
+            };
+            match result {
+                Ok(()) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(kube_err("writing the MIG manager's ConfigMap", e)),
+            }
+            nodes
+                .patch(
+                    node,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {LABEL_MIG_CONFIG: name, LABEL_MIG_STATE: null}}})),
+                )
+                .await
+                .map_err(|e| kube_err(&format!("labelling node {node}"), e))?;
+            self.wait_mig(node, Some(&name)).await?;
+            self.send(BackendEvent::PartitionChanged {
+                node: node.to_string(),
+                gpu,
+                instances: instances.to_vec(),
+            });
+            return Ok(PartitionReport {
+                detail: format!("MIG config {name} applied on {node} by the GPU Operator"),
+                created: true,
+            });
+        }
+        Err(BackendError::Unreachable(
+            "the MIG manager's ConfigMap kept changing under Tessera".into(),
+        ))
+    }
+
+    async fn find_pod(&self, id: u64) -> Result<Option<(String, String)>, BackendError> {
+        if let Some(t) = self.state.lock().unwrap().tracked.get(&id) {
+            return Ok(Some((t.ns.clone(), names::pod_name(id))));
+        }
+        let list = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default().labels(&format!("{LABEL_WORKLOAD}={id}")))
+            .await
+            .map_err(|e| kube_err("listing pods", e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .find_map(|p| Some((p.metadata.namespace?, p.metadata.name?))))
+    }
+
+    /// Marks `id` as being stopped (no more events) and returns its pod.
+    async fn stopping(&self, id: u64) -> Result<Option<(String, String)>, BackendError> {
+        let found = self.find_pod(id).await?;
+        if let Some((ns, _)) = &found {
+            let mut st = self.state.lock().unwrap();
+            let t = st.tracked.entry(id).or_insert(Tracked {
+                ns: ns.clone(),
+                stage: Stage::Started,
+                stopping: true,
+            });
+            t.stopping = true;
+        }
+        Ok(found)
+    }
+
+    /// Asks the Eviction API to evict a pod: `true` when accepted (or the pod is gone), `false`
+    /// when a disruption budget refuses for now.
+    async fn evict_once(&self, ns: &str, name: &str, grace: Duration) -> Result<bool, BackendError> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), ns);
+        // policy/v1beta1: the version every supported API server (1.20 on) serves.
+        let eviction = json!({
+            "apiVersion": "policy/v1beta1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": ns},
+            "deleteOptions": {"gracePeriodSeconds": grace.as_secs()},
+        });
+        match api
+            .create_subresource::<_, serde_json::Value>("eviction", name, &PostParams::default(), &eviction)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if not_found(&e) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                tracing::info!(pod = %name, namespace = %ns, reason = %s.message, "eviction refused for now by a disruption budget");
+                Ok(false)
+            }
+            Err(e) => Err(kube_err(&format!("evicting pod {ns}/{name}"), e)),
+        }
+    }
+
+    fn force_later(self: &Arc<Self>, ns: String, name: String, after: Duration) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let Some(sh) = weak.upgrade() else { return };
+            let api = Api::<Pod>::namespaced(sh.client.clone(), &ns);
+            if let Ok(Some(_)) = api.get_opt(&name).await {
+                tracing::warn!(pod = %name, namespace = %ns, "pod still there after its grace period: deleting it forcibly");
+                let _ = api.delete(&name, &DeleteParams::default().grace_period(0)).await;
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl Backend for KubeBackend {
+    fn name(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            partitioning: Partitioning::WholeGpu,
+            devices: DeviceAssignment::PerNodeCount,
+            logs: false,
+        }
+    }
+
+    async fn partition(&self, plan: &PartitionPlan) -> Result<PartitionReport, BackendError> {
+        match plan {
+            PartitionPlan::Layout { node, gpu, instances } => self.shared.apply_layout(node, *gpu, instances).await,
+            PartitionPlan::Nothing { node } => Ok(PartitionReport {
+                detail: format!("nothing to partition on {node}"),
+                created: false,
+            }),
+            PartitionPlan::Share { node, gpu, .. } => Ok(PartitionReport {
+                detail: format!("GPU {gpu} on {node} is time-sliced by the device plugin"),
+                created: false,
+            }),
+            PartitionPlan::Instance { .. } => Err(BackendError::Rejected(
+                "the kubernetes backend lays out whole GPUs through the GPU Operator; it takes no single-instance plans"
+                    .into(),
+            )),
+        }
+    }
+
+    async fn unpartition(&self, _plan: &PartitionPlan) -> Result<(), BackendError> {
+        // Whole-GPU layouts change only through a new layout.
+        Ok(())
+    }
+
+    async fn start(&self, spec: &RunSpec) -> Result<(), BackendError> {
+        let sh = &self.shared;
+        let ns = names::namespace(&sh.cfg.namespace_prefix, &spec.tenant, &spec.project);
+        let pod = pods::pod_for(spec, &ns)?;
+        let name = names::pod_name(spec.id);
+        {
+            let mut st = sh.state.lock().unwrap();
+            let t = st.tracked.entry(spec.id).or_insert(Tracked {
+                ns: ns.clone(),
+                stage: Stage::Accepted,
+                stopping: false,
+            });
+            if t.stage >= Stage::Started && !t.stopping {
+                return Ok(());
+            }
+            t.stopping = false;
+        }
+        if let Devices::Count {
+            resource: Resource::Mig { .. },
+            ..
+        } = &spec.devices
+        {
+            // Pods needing new instances are bound only once the MIG manager has applied the
+            // selected config.
+            sh.wait_mig(&spec.node, None).await?;
+        }
+        sh.ensure_namespace(spec, &ns).await?;
+        let api = Api::<Pod>::namespaced(sh.client.clone(), &ns);
+        let mut tries = 0;
+        let existing = loop {
+            match api.create(&PostParams::default(), &pod).await {
+                Ok(p) => break p,
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    break api
+                        .get(&name)
+                        .await
+                        .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e))?;
+                }
+                // A new namespace's quota has no status for a second or two: pods wait for it.
+                Err(kube::Error::Api(s)) if s.message.contains("status unknown for quota") && tries < 50 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => {
+                    sh.state.lock().unwrap().tracked.remove(&spec.id);
+                    return Err(kube_err(&format!("creating pod {ns}/{name}"), e));
+                }
+            }
+        };
+        match pods::bound_node(&existing) {
+            Some(n) if n == spec.node => {}
+            Some(other) => {
+                return Err(BackendError::Rejected(format!(
+                    "pod {ns}/{name} is already bound to {other}, not {}",
+                    spec.node
+                )));
+            }
+            None => {
+                let binding = json!({
+                    "apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": name, "namespace": ns},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": spec.node},
+                });
+                match api
+                    .create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => return Err(kube_err(&format!("binding pod {ns}/{name} to {}", spec.node), e)),
+                }
+            }
+        }
+        let mut st = sh.state.lock().unwrap();
+        if let Some(t) = st.tracked.get_mut(&spec.id)
+            && t.stage == Stage::Accepted
+        {
+            t.stage = Stage::Started;
+            let _ = sh.tx.send(BackendEvent::Started {
+                id: spec.id,
+                bound: None,
+            });
+        }
+        Ok(())
+    }
+
+    async fn stop(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
+        let Some((ns, name)) = self.shared.stopping(id).await? else {
+            return Ok(());
+        };
+        let api = Api::<Pod>::namespaced(self.shared.client.clone(), &ns);
+        match api
+            .delete(&name, &DeleteParams::default().grace_period(grace.as_secs() as u32))
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if not_found(&e) => return Ok(()),
+            Err(e) => return Err(kube_err(&format!("deleting pod {ns}/{name}"), e)),
+        }
+        self.shared
+            .force_later(ns, name, grace + self.shared.cfg.force_delete_after);
+        Ok(())
+    }
+
+    async fn evict(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
+        let Some((ns, name)) = self.shared.stopping(id).await? else {
+            return Ok(());
+        };
+        match self.shared.evict_once(&ns, &name, grace).await? {
+            true => self
+                .shared
+                .force_later(ns, name, grace + self.shared.cfg.force_delete_after),
+            // A disruption budget refuses for now: retry as `kubectl drain` does, every 5 s,
+            // until the eviction is accepted or the pod is gone.
+            false => {
+                let weak = Arc::downgrade(&self.shared);
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        let Some(sh) = weak.upgrade() else { return };
+                        match sh.evict_once(&ns, &name, grace).await {
+                            Ok(true) => {
+                                sh.force_later(ns, name, grace + sh.cfg.force_delete_after);
+                                return;
+                            }
+                            Ok(false) => {}
+                            Err(e) => {
+                                tracing::warn!(pod = %name, namespace = %ns, error = %e, "eviction");
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn cordon(&self, node: &str, on: bool) -> Result<(), BackendError> {
+        Api::<Node>::all(self.shared.client.clone())
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": on}})),
+            )
+            .await
+            .map_err(|e| kube_err(&format!("cordoning node {node}"), e))?;
+        Ok(())
+    }
+
+    async fn reconcile(&self, expected: &[RunSpec]) -> Result<ReconcileReport, BackendError> {
+        let sh = &self.shared;
+        let list = Api::<Pod>::all(sh.client.clone())
+            .list(&ListParams::default().labels(LABEL_WORKLOAD))
+            .await
+            .map_err(|e| kube_err("listing Tessera's pods", e))?;
+        let mut by_id: HashMap<u64, Pod> = HashMap::new();
+        for p in list.items {
+            if let Some(id) = pods::workload_id(&p) {
+                by_id.insert(id, p);
+            }
+        }
+        let mut report = ReconcileReport::default();
+        for spec in expected {
+            let Some(pod) = by_id.remove(&spec.id) else {
+                report.workloads.push((spec.id, Observation::Unknown));
+                continue;
+            };
+            let ns = pod.metadata.namespace.clone().unwrap_or_default();
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            // A pod created but not bound (Tessera stopped between the two): finish the start.
+            if pods::bound_node(&pod).is_none() && pod.metadata.deletion_timestamp.is_none() {
+                let binding = json!({
+                    "apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": name, "namespace": ns},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": spec.node},
+                });
+                let api = Api::<Pod>::namespaced(sh.client.clone(), &ns);
+                match api
+                    .create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => return Err(kube_err(&format!("binding pod {ns}/{name}"), e)),
+                }
+            }
+            let obs = pods::observation(&pod);
+            let stage = match obs {
+                Observation::Running { .. } => Stage::Running,
+                Observation::Starting => Stage::Started,
+                _ => Stage::Ended,
+            };
+            let mut st = sh.state.lock().unwrap();
+            st.tracked.entry(spec.id).or_insert(Tracked {
+                ns,
+                stage,
+                stopping: pod.metadata.deletion_timestamp.is_some(),
+            });
+            report.workloads.push((spec.id, obs));
+        }
+        for (id, p) in by_id {
+            if p.metadata.deletion_timestamp.is_some()
+                || matches!(pods::pod_state(&p), PodState::Exited(_) | PodState::Lost(_))
+            {
+                continue;
+            }
+            report.orphans.push(Orphan {
+                id: Some(id),
+                node: pods::bound_node(&p).unwrap_or("").to_string(),
+                detail: format!(
+                    "pod {}/{} labelled as Tessera workload {id}",
+                    p.metadata.namespace.as_deref().unwrap_or(""),
+                    p.metadata.name.as_deref().unwrap_or("")
+                ),
+            });
+        }
+        let (_, layouts) = sh.read_layouts().await?;
+        let nodes = sh.state.lock().unwrap().nodes.clone();
+        for (node, layout) in layouts {
+            let Some(v) = nodes.get(&node) else { continue };
+            if v.mig_config.as_deref() != Some(mig::config_name(&node, &layout).as_str())
+                || v.mig_state.as_deref() != Some("success")
+            {
+                continue;
+            }
+            for (gpu, placed) in layout {
+                report
+                    .layouts
+                    .push((node.clone(), gpu, placed.iter().map(MigInstance::from).collect()));
+            }
+        }
+        Ok(report)
+    }
+
+    fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>> {
+        self.shared.rx.lock().unwrap().take()
+    }
+
+    async fn ensure_tenancy(&self, spec: &TenancySpec) -> Result<(), BackendError> {
+        let ns = tenancy::ensure(&self.shared.client, &self.shared.cfg.namespace_prefix, spec).await?;
+        self.shared.state.lock().unwrap().namespaces.insert(ns);
+        Ok(())
+    }
+
+    async fn remove_tenancy(&self, tenant: &str, project: Option<&str>) -> Result<(), BackendError> {
+        let gone = tenancy::remove(&self.shared.client, &self.shared.cfg.namespace_prefix, tenant, project).await?;
+        let mut st = self.shared.state.lock().unwrap();
+        for ns in gone {
+            st.namespaces.remove(&ns);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,41 @@
+//! # tessera-backend-kube
+//!
+//! The `kubernetes` backend (`tessera serve --backend kubernetes`): Tessera as the
+//! GPU-as-a-service layer on a Kubernetes cluster that runs the NVIDIA GPU Operator, speaking
+//! the cluster's own language through kube-rs. It never schedules anything itself beyond
+//! binding its own pods to the nodes its engine chose.
+//!
+//! * [`fleet`]: GPU nodes from Node objects (device-plugin capacity, GPU Feature Discovery
+//!   labels, the configured pool label) mapped to the catalogue; node changes as
+//!   `NodeChanged` events through a watch.
+//! * [`pods`]: a workload is a Pod in its project's namespace with `schedulerName: tessera`,
+//!   the device-plugin resource of its shape and Tessera's labels, bound with the Binding
+//!   subresource; pod phases drive the lifecycle (evicted or deleted = lost).
+//! * [`tenancy`]: per tenant project a Namespace, ResourceQuota, RoleBinding and
+//!   NetworkPolicy, by server-side apply under the field manager `tessera`.
+//! * [`mig`]: the engine's layouts as mig-parted configs for the GPU Operator's MIG manager.
+//! * [`KubeBackend`]: the backend contract (`WholeGpu` partitioning, `PerNodeCount` devices),
+//!   cordon (`spec.unschedulable`) and drain through the Eviction API.
+//!
+//! Not here: telemetry (DCGM exporter metrics are Prometheus' business), workload logs, and
+//! image admission (a later step).
+
+mod backend;
+pub mod fleet;
+pub mod mig;
+pub mod names;
+pub mod pods;
+pub mod tenancy;
+
+pub use backend::{KubeBackend, KubeConfig};
+
+/// Connects with the ambient configuration (in a pod: the service account; elsewhere:
+/// `KUBECONFIG` or `~/.kube/config`) and reads the fleet ([`KubeBackend::connect`]).
+pub async fn connect_default(
+    cfg: KubeConfig,
+) -> Result<(KubeBackend, tessera_model::Fleet), tessera_backend::BackendError> {
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| tessera_backend::BackendError::Unreachable(format!("no Kubernetes configuration: {e}")))?;
+    KubeBackend::connect(client, cfg).await
+}

@@ -1,0 +1,95 @@
+//! Names and labels Tessera puts on cluster objects: the namespace of a tenant's project, pod
+//! names, the labels that let a restarted Tessera find its pods and namespaces again.
+
+use std::collections::BTreeMap;
+
+use tessera_backend::RunSpec;
+
+/// Tessera's workload ID on a pod.
+pub const LABEL_WORKLOAD: &str = "tessera.io/workload";
+pub const LABEL_TENANT: &str = "tessera.io/tenant";
+pub const LABEL_PROJECT: &str = "tessera.io/project";
+/// `app.kubernetes.io/managed-by: tessera` on everything Tessera creates.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "tessera";
+/// The node the engine chose, on the pod (the binding makes it `spec.nodeName`).
+pub const ANNOTATION_NODE: &str = "tessera.io/node";
+pub const ANNOTATION_NAME: &str = "tessera.io/name";
+/// The field manager of every server-side apply.
+pub const FIELD_MANAGER: &str = "tessera";
+
+/// A DNS-1123 label (lower case alphanumerics and `-`, at most 63 characters); a name that had to
+/// be shortened keeps a hash of the original so two long names stay apart.
+pub fn dns_label(raw: &str) -> String {
+    let mut s: String = raw
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    while s.contains("--") {
+        s = s.replace("--", "-");
+    }
+    let s = s.trim_matches('-').to_string();
+    if s.len() <= 63 && !s.is_empty() {
+        return s;
+    }
+    // FNV-1a of the raw name.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in raw.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    let keep: String = s.chars().take(54).collect();
+    format!("{}-{:08x}", keep.trim_end_matches('-'), h as u32)
+}
+
+/// The namespace of a tenant's project: `<prefix><tenant>-<project>`.
+pub fn namespace(prefix: &str, tenant: &str, project: &str) -> String {
+    dns_label(&format!("{prefix}{tenant}-{project}"))
+}
+
+/// The pod of workload `id`.
+pub fn pod_name(id: u64) -> String {
+    format!("tessera-{id}")
+}
+
+/// The labels of a workload's pod.
+pub fn workload_labels(spec: &RunSpec) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_WORKLOAD.to_string(), spec.id.to_string()),
+        (LABEL_TENANT.to_string(), label_value(&spec.tenant)),
+        (LABEL_PROJECT.to_string(), label_value(&spec.project)),
+        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
+    ])
+}
+
+/// A label value (at most 63 characters of `[A-Za-z0-9._-]`, alphanumeric at both ends).
+pub fn label_value(raw: &str) -> String {
+    let s: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    s.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_are_dns_labels() {
+        assert_eq!(namespace("tessera-", "acme", "vision"), "tessera-acme-vision");
+        assert_eq!(namespace("t-", "Acme Corp", "ML_1"), "t-acme-corp-ml-1");
+        let long = namespace("tessera-", &"a".repeat(40), &"b".repeat(40));
+        assert!(long.len() <= 63, "{long}");
+        let other = namespace("tessera-", &"a".repeat(40), &"b".repeat(41));
+        assert_ne!(long, other, "shortened names keep a hash of the original");
+    }
+}

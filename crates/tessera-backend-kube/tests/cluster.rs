@@ -1,0 +1,695 @@
+//! The Kubernetes backend against a real kube-apiserver (see `support`): fleet and node
+//! watch, workloads as bound pods driven by their phase, tenancy objects and RBAC, MIG through
+//! the MIG manager's ConfigMap and labels, restart reconcile, drain. One cluster per binary
+//! (about 6 s to start); each test uses its own nodes, tenants and namespaces.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ResourceQuota};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{cluster, eventually, expect_event, finish_deletion, gpu_node, set_node_status, set_pod_phase};
+use tessera_backend::{
+    Backend, BackendEvent, Devices, Exit, MigInstance, NodeChange, Observation, PartitionPlan, Resource, RunSpec,
+    TenancySpec,
+};
+use tessera_backend_kube::{KubeBackend, KubeConfig};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn config(test: &str) -> KubeConfig {
+    KubeConfig {
+        // Each test its own MIG ConfigMap namespace is not needed: the map is shared, keyed by node.
+        mig_namespace: "default".into(),
+        mig_configmap: format!("mig-parted-{test}"),
+        mig_timeout: Duration::from_secs(30),
+        force_delete_after: Duration::from_secs(2),
+        ..KubeConfig::default()
+    }
+}
+
+fn run(id: u64, tenant: &str, node: &str, devices: Devices) -> RunSpec {
+    RunSpec {
+        id,
+        tenant: tenant.into(),
+        project: "main".into(),
+        name: format!("job-{id}"),
+        kind: "batch".into(),
+        node: node.into(),
+        model: "H100-80GB-SXM".into(),
+        model_memory_mib: 81559,
+        devices,
+        cpu_milli: 2000,
+        memory_mib: 8192,
+        env: BTreeMap::new(),
+        command: Some(vec!["sleep".into(), "3600".into()]),
+        image: Some("registry.example/train:1".into()),
+        duration: None,
+        running_since_ms: None,
+    }
+}
+
+fn gpus(n: u8) -> Devices {
+    Devices::Count {
+        resource: Resource::Gpu,
+        count: n,
+    }
+}
+
+fn tenancy(tenant: &str, group: &str, gpus: u64) -> TenancySpec {
+    TenancySpec {
+        tenant: tenant.into(),
+        project: "main".into(),
+        groups: vec![group.into()],
+        quota: BTreeMap::from([("nvidia.com/gpu".into(), gpus)]),
+    }
+}
+
+async fn can(client: &kube::Client, group: &str, verb: &str, ns: &str) -> bool {
+    let sar: SubjectAccessReview = serde_json::from_value(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": format!("someone-in-{group}"), "groups": [group, "system:authenticated"],
+            "resourceAttributes": {"namespace": ns, "verb": verb, "resource": "pods"}},
+    }))
+    .unwrap();
+    let r = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &sar)
+        .await
+        .unwrap();
+    r.status.unwrap().allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_is_a_pod_bound_to_the_chosen_node_and_follows_its_phase() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    gpu_node(&client, "e2e-h100-0", "e2e", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    gpu_node(&client, "e2e-h100-1", "e2e", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    let (b, fleet) = KubeBackend::connect(client.clone(), config("e2e")).await.unwrap();
+    let mut rx = b.take_events().unwrap();
+    let pool = fleet
+        .pools
+        .iter()
+        .position(|p| p.name == "e2e")
+        .expect("the pool label makes a pool");
+    let in_pool: Vec<&str> = fleet
+        .nodes
+        .iter()
+        .filter(|n| n.pool.0 as usize == pool)
+        .map(|n| n.name.as_str())
+        .collect();
+    assert_eq!(in_pool, vec!["e2e-h100-0", "e2e-h100-1"]);
+    assert_eq!(
+        fleet
+            .catalogue
+            .get(fleet.nodes.iter().find(|n| n.name == "e2e-h100-0").unwrap().model)
+            .name,
+        "H100-80GB-SXM"
+    );
+
+    // Tenancy first (as Tessera does when the project is created), then a 2-GPU workload.
+    b.ensure_tenancy(&tenancy("e2e-acme", "acme-ml", 8)).await.unwrap();
+    let ns = b.namespace_of("e2e-acme", "main");
+    let spec = run(101, "e2e-acme", "e2e-h100-1", gpus(2));
+    b.start(&spec).await.unwrap();
+    expect_event(&mut rx, "Started", WAIT, |e| {
+        matches!(e, BackendEvent::Started { id: 101, .. })
+    })
+    .await;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let pod = pods.get("tessera-101").await.unwrap();
+    let ps = pod.spec.clone().unwrap();
+    assert_eq!(
+        ps.node_name.as_deref(),
+        Some("e2e-h100-1"),
+        "bound through the Binding subresource"
+    );
+    assert_eq!(ps.scheduler_name.as_deref(), Some("tessera"));
+    let limits = ps.containers[0].resources.clone().unwrap().limits.unwrap();
+    assert_eq!(limits["nvidia.com/gpu"].0, "2");
+    let labels = pod.metadata.labels.unwrap();
+    assert_eq!(
+        (
+            labels["tessera.io/workload"].as_str(),
+            labels["tessera.io/tenant"].as_str()
+        ),
+        ("101", "e2e-acme")
+    );
+
+    // Starting again (a retry) creates nothing new.
+    b.start(&spec).await.unwrap();
+    assert_eq!(pods.list(&ListParams::default()).await.unwrap().items.len(), 1);
+
+    // The test plays the kubelet: Running, then Tessera cancels.
+    set_pod_phase(&client, &ns, "tessera-101", "Running").await;
+    expect_event(&mut rx, "Running", WAIT, |e| {
+        matches!(e, BackendEvent::Running { id: 101, .. })
+    })
+    .await;
+    b.stop(101, Duration::from_secs(1)).await.unwrap();
+    let deleting = pods.get("tessera-101").await.unwrap();
+    assert!(
+        deleting.metadata.deletion_timestamp.is_some(),
+        "cancel deletes the pod with a grace period"
+    );
+    // No kubelet confirms the deletion: the backend deletes forcibly after grace + 2 s.
+    eventually("the cancelled pod is gone", WAIT, || async {
+        pods.get_opt("tessera-101").await.unwrap().is_none()
+    })
+    .await;
+
+    // A second workload that ends on its own.
+    b.start(&run(102, "e2e-acme", "e2e-h100-0", gpus(1))).await.unwrap();
+    set_pod_phase(&client, &ns, "tessera-102", "Succeeded").await;
+    let ev = expect_event(&mut rx, "Exited", WAIT, |e| {
+        matches!(e, BackendEvent::Exited { id: 102, .. })
+    })
+    .await;
+    assert!(
+        matches!(
+            ev,
+            BackendEvent::Exited {
+                exit: Exit::Succeeded,
+                ..
+            }
+        ),
+        "{ev:?}"
+    );
+    // No event at all came for the stopped workload after its stop.
+    while let Ok(ev) = rx.try_recv() {
+        assert!(ev.workload() != Some(101), "event after stop: {ev:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenancy_objects_are_applied_enforced_repaired_and_removed() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    gpu_node(&client, "ten-h100-0", "ten", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    let (b, _) = KubeBackend::connect(client.clone(), config("ten")).await.unwrap();
+    let acme = TenancySpec {
+        quota: BTreeMap::from([("nvidia.com/gpu".into(), 2), ("nvidia.com/mig-3g.40gb".into(), 4)]),
+        ..tenancy("ten-acme", "acme-ml", 2)
+    };
+    b.ensure_tenancy(&acme).await.unwrap();
+    b.ensure_tenancy(&tenancy("ten-globex", "globex-ml", 8)).await.unwrap();
+    let ns = b.namespace_of("ten-acme", "main");
+    let other = b.namespace_of("ten-globex", "main");
+
+    let n = Api::<Namespace>::all(client.clone()).get(&ns).await.unwrap();
+    assert_eq!(n.metadata.labels.unwrap()["tessera.io/tenant"], "ten-acme");
+    let quotas = Api::<ResourceQuota>::namespaced(client.clone(), &ns);
+    let q = quotas.get("tessera-quota").await.unwrap();
+    let hard = q.spec.unwrap().hard.unwrap();
+    assert_eq!(hard["requests.nvidia.com/gpu"].0, "2");
+    assert_eq!(hard["requests.nvidia.com/mig-3g.40gb"].0, "4");
+    let rb = Api::<RoleBinding>::namespaced(client.clone(), &ns)
+        .get("tessera-tenant")
+        .await
+        .unwrap();
+    assert_eq!(rb.subjects.unwrap()[0].name, "acme-ml");
+    let np = Api::<NetworkPolicy>::namespaced(client.clone(), &ns)
+        .get("tessera-tenant-isolation")
+        .await
+        .unwrap();
+    let from = np.spec.unwrap().ingress.unwrap()[0].from.clone().unwrap();
+    assert_eq!(
+        from[0]
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref()
+            .unwrap()["tessera.io/tenant"],
+        "ten-acme"
+    );
+
+    // RBAC, decided by the API server itself.
+    assert!(
+        can(&client, "acme-ml", "list", &ns).await,
+        "a tenant group lists pods in its namespace"
+    );
+    assert!(can(&client, "acme-ml", "create", &ns).await);
+    assert!(
+        !can(&client, "acme-ml", "list", &other).await,
+        "and not in another tenant's"
+    );
+    assert!(!can(&client, "globex-ml", "list", &ns).await);
+
+    // The quota is enforced by the API server too (defence in depth): 3 GPUs > 2.
+    let Err(err) = b.start(&run(201, "ten-acme", "ten-h100-0", gpus(3))).await else {
+        let q = quotas.get("tessera-quota").await.unwrap();
+        let p = Api::<Pod>::namespaced(client.clone(), &ns)
+            .get("tessera-201")
+            .await
+            .unwrap();
+        panic!(
+            "accepted over quota: quota {:?} pod {:?}",
+            q.status,
+            p.spec.unwrap().containers[0].resources
+        );
+    };
+    assert!(err.to_string().contains("exceeded quota"), "{err}");
+    assert!(
+        Api::<Pod>::namespaced(client.clone(), &ns)
+            .get_opt("tessera-201")
+            .await
+            .unwrap()
+            .is_none(),
+        "a refused pod leaves nothing behind"
+    );
+
+    // Drift (someone edits the quota) is repaired by the next reconcile of the tenancy.
+    quotas
+        .patch(
+            "tessera-quota",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hard": {"requests.nvidia.com/gpu": "64"}}})),
+        )
+        .await
+        .unwrap();
+    b.ensure_tenancy(&acme).await.unwrap();
+    let hard = quotas.get("tessera-quota").await.unwrap().spec.unwrap().hard.unwrap();
+    assert_eq!(hard["requests.nvidia.com/gpu"].0, "2", "drift repaired");
+
+    // Removing the tenant removes its namespaces (the controller-manager finishes the deletion).
+    b.remove_tenancy("ten-acme", None).await.unwrap();
+    let nss = Api::<Namespace>::all(client.clone());
+    eventually("the tenant's namespace is deleted", Duration::from_secs(60), || async {
+        nss.get_opt(&ns).await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        nss.get_opt(&other).await.unwrap().is_some(),
+        "other tenants keep theirs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_layouts_go_through_the_mig_manager_before_pods_are_bound() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    let labels = json!({"labels": {"nvidia.com/mig.capable": "true"}});
+    gpu_node(&client, "mig-a100-0", "mig", "NVIDIA-A100-SXM4-80GB", 2, labels).await;
+    let (b, fleet) = KubeBackend::connect(client.clone(), config("mig")).await.unwrap();
+    let mut rx = b.take_events().unwrap();
+    let pool = fleet.pools.iter().find(|p| p.name == "mig").unwrap();
+    assert_eq!(
+        pool.sharing,
+        tessera_model::Sharing::Mig,
+        "MIG-capable nodes of a MIG model make a MIG pool"
+    );
+
+    let layout = vec![
+        MigInstance::new("3g.40gb", 9, 0, 4),
+        MigInstance::new("3g.40gb", 9, 4, 4),
+    ];
+    let plan = PartitionPlan::Layout {
+        node: "mig-a100-0".into(),
+        gpu: 0,
+        instances: layout.clone(),
+    };
+    let b = std::sync::Arc::new(b);
+    let b2 = b.clone();
+    let plan2 = plan.clone();
+    let partition = tokio::spawn(async move { b2.partition(&plan2).await });
+
+    // The test plays the MIG manager: it sees the label and the config, applies, reports success.
+    let nodes = Api::<Node>::all(client.clone());
+    let t0 = std::time::Instant::now();
+    let config_name = loop {
+        let l = nodes.get("mig-a100-0").await.unwrap().metadata.labels.unwrap();
+        if let Some(v) = l
+            .get("nvidia.com/mig.config")
+            .filter(|v| v.starts_with("tessera-mig-a100-0-"))
+        {
+            break v.clone();
+        }
+        assert!(t0.elapsed() < WAIT, "the node's mig.config label is not set");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .get("mig-parted-mig")
+        .await
+        .unwrap();
+    let text = &cm.data.unwrap()["config.yaml"];
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).unwrap();
+    let entry = &doc["mig-configs"][config_name.as_str()][0];
+    assert_eq!(entry["devices"][0], serde_yaml_ng::Value::from(0));
+    assert_eq!(entry["mig-devices"]["3g.40gb"], serde_yaml_ng::Value::from(2));
+    assert!(!partition.is_finished(), "Tessera waits for the MIG manager");
+    // The MIG manager: success, and the device plugin advertises the instances.
+    nodes
+        .patch(
+            "mig-a100-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"nvidia.com/mig.config.state": "success"}}})),
+        )
+        .await
+        .unwrap();
+    set_node_status(
+        &client,
+        "mig-a100-0",
+        json!({"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "1", "nvidia.com/mig-3g.40gb": "2"}),
+        true,
+    )
+    .await;
+    let report = partition.await.unwrap().unwrap();
+    assert!(report.created, "{report:?}");
+    expect_event(&mut rx, "PartitionChanged", WAIT, |e| {
+        matches!(e, BackendEvent::PartitionChanged { gpu: 0, .. })
+    })
+    .await;
+    // Applying the same layout again changes nothing.
+    assert!(!b.partition(&plan).await.unwrap().created);
+
+    // The MIG pod is bound once the config is applied.
+    b.ensure_tenancy(&tenancy("mig-acme", "acme-ml", 8)).await.unwrap();
+    let d = Devices::Count {
+        resource: Resource::Mig {
+            profile: "3g.40gb".into(),
+        },
+        count: 1,
+    };
+    b.start(&run(301, "mig-acme", "mig-a100-0", d)).await.unwrap();
+    let pod = Api::<Pod>::namespaced(client.clone(), &b.namespace_of("mig-acme", "main"))
+        .get("tessera-301")
+        .await
+        .unwrap();
+    assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some("mig-a100-0"));
+    assert_eq!(
+        pod.spec.unwrap().containers[0]
+            .resources
+            .clone()
+            .unwrap()
+            .limits
+            .unwrap()["nvidia.com/mig-3g.40gb"]
+            .0,
+        "1"
+    );
+
+    // A layout dropping the instance in use is refused (whole-GPU granularity).
+    let shrink = PartitionPlan::Layout {
+        node: "mig-a100-0".into(),
+        gpu: 0,
+        instances: vec![],
+    };
+    let e = b.partition(&shrink).await.unwrap_err();
+    assert!(e.to_string().contains("in use"), "{e}");
+
+    // GPU 1 gets a layout the MIG manager fails to apply: a partition failure naming the node.
+    let plan = PartitionPlan::Layout {
+        node: "mig-a100-0".into(),
+        gpu: 1,
+        instances: vec![MigInstance::new("7g.80gb", 0, 0, 8)],
+    };
+    let b2 = b.clone();
+    let partition = tokio::spawn(async move { b2.partition(&plan).await });
+    let first = config_name.clone();
+    eventually("a new config is selected", WAIT, || {
+        let nodes = nodes.clone();
+        let first = first.clone();
+        async move {
+            let l = nodes.get("mig-a100-0").await.unwrap().metadata.labels.unwrap();
+            l.get("nvidia.com/mig.config").is_some_and(|v| *v != first)
+                && !l.contains_key("nvidia.com/mig.config.state")
+        }
+    })
+    .await;
+    nodes
+        .patch(
+            "mig-a100-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"nvidia.com/mig.config.state": "failed"}}})),
+        )
+        .await
+        .unwrap();
+    let e = partition.await.unwrap().unwrap_err();
+    assert!(
+        e.to_string().contains("mig-a100-0") && e.to_string().contains("failed"),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_backend_adopts_its_pods_without_duplicates_and_reports_deleted_ones_lost() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    gpu_node(&client, "rs-h100-0", "rs", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    let (b, _) = KubeBackend::connect(client.clone(), config("rs")).await.unwrap();
+    b.ensure_tenancy(&tenancy("rs-acme", "acme-ml", 8)).await.unwrap();
+    let ns = b.namespace_of("rs-acme", "main");
+    let specs: Vec<RunSpec> = (401..=403).map(|id| run(id, "rs-acme", "rs-h100-0", gpus(1))).collect();
+    for s in &specs {
+        b.start(s).await.unwrap();
+    }
+    set_pod_phase(&client, &ns, "tessera-401", "Running").await;
+    // Tessera goes away mid-flight.
+    drop(b);
+
+    let (b, _) = KubeBackend::connect(client.clone(), config("rs")).await.unwrap();
+    let mut rx = b.take_events().unwrap();
+    // Tessera expects 401..=402 (403 was cancelled while it was down, say) and 404 (never started).
+    let mut expected = specs[..2].to_vec();
+    expected.push(run(404, "rs-acme", "rs-h100-0", gpus(1)));
+    let report = b.reconcile(&expected).await.unwrap();
+    assert!(
+        matches!(report.observation(401), Some(Observation::Running { .. })),
+        "{report:?}"
+    );
+    assert_eq!(report.observation(402), Some(&Observation::Starting));
+    assert_eq!(report.observation(404), Some(&Observation::Unknown));
+    // (Other tests' pods share the cluster: only this test's node counts.)
+    let ours = |r: &tessera_backend::ReconcileReport| -> Vec<tessera_backend::Orphan> {
+        r.orphans.iter().filter(|o| o.node == "rs-h100-0").cloned().collect()
+    };
+    let orphans = ours(&report);
+    assert_eq!(orphans.len(), 1, "{report:?}");
+    assert_eq!(orphans[0].id, Some(403));
+    // Reconcile is level-triggered: asking again gives the same answer.
+    let again = b.reconcile(&expected).await.unwrap();
+    assert_eq!((&again.workloads, ours(&again)), (&report.workloads, orphans));
+    // Starting an adopted workload again does not duplicate its pod.
+    b.start(&specs[1]).await.unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    assert_eq!(pods.list(&ListParams::default()).await.unwrap().items.len(), 3);
+
+    // Someone deletes a pod behind Tessera's back: the workload is lost.
+    pods.delete("tessera-402", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let ev = expect_event(&mut rx, "Lost", WAIT, |e| {
+        matches!(e, BackendEvent::Lost { id: 402, .. })
+    })
+    .await;
+    assert!(
+        matches!(&ev, BackendEvent::Lost { detail, .. } if detail.contains("deleted outside Tessera")),
+        "{ev:?}"
+    );
+    // An adopted running workload still follows its pod.
+    set_pod_phase(&client, &ns, "tessera-401", "Succeeded").await;
+    expect_event(&mut rx, "Exited", WAIT, |e| {
+        matches!(e, BackendEvent::Exited { id: 401, .. })
+    })
+    .await;
+    b.stop(403, Duration::ZERO).await.unwrap();
+    finish_deletion(&client, &ns, "tessera-403").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_changes_reach_the_engine_and_drain_uses_cordon_and_eviction() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    gpu_node(&client, "dr-h100-0", "dr", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    let (b, _) = KubeBackend::connect(client.clone(), config("dr")).await.unwrap();
+    let mut rx = b.take_events().unwrap();
+    let is = |n: &'static str, ch: NodeChange| move |e: &BackendEvent| matches!(e, BackendEvent::NodeChanged { node, change } if node == n && *change == ch);
+
+    gpu_node(&client, "dr-h100-1", "dr", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    expect_event(&mut rx, "node added", WAIT, is("dr-h100-1", NodeChange::Added)).await;
+    set_node_status(
+        &client,
+        "dr-h100-1",
+        json!({"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}),
+        false,
+    )
+    .await;
+    expect_event(
+        &mut rx,
+        "node not ready",
+        WAIT,
+        is("dr-h100-1", NodeChange::Ready(false)),
+    )
+    .await;
+    set_node_status(
+        &client,
+        "dr-h100-1",
+        json!({"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "7"}),
+        false,
+    )
+    .await;
+    expect_event(&mut rx, "capacity changed", WAIT, is("dr-h100-1", NodeChange::Capacity)).await;
+    Api::<Node>::all(client.clone())
+        .delete("dr-h100-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    expect_event(&mut rx, "node removed", WAIT, is("dr-h100-1", NodeChange::Removed)).await;
+
+    // Drain: cordon, then evict the workload through the Eviction API.
+    b.ensure_tenancy(&tenancy("dr-acme", "acme-ml", 8)).await.unwrap();
+    let ns = b.namespace_of("dr-acme", "main");
+    b.start(&run(501, "dr-acme", "dr-h100-0", gpus(1))).await.unwrap();
+    b.cordon("dr-h100-0", true).await.unwrap();
+    expect_event(
+        &mut rx,
+        "node cordoned",
+        WAIT,
+        is("dr-h100-0", NodeChange::Cordoned(true)),
+    )
+    .await;
+    let node = Api::<Node>::all(client.clone()).get("dr-h100-0").await.unwrap();
+    assert_eq!(node.spec.unwrap().unschedulable, Some(true));
+    b.evict(501, Duration::from_secs(30)).await.unwrap();
+    let pod = Api::<Pod>::namespaced(client.clone(), &ns)
+        .get("tessera-501")
+        .await
+        .unwrap();
+    assert!(
+        pod.metadata.deletion_timestamp.is_some(),
+        "the eviction deletes the pod gracefully"
+    );
+    assert_eq!(pod.metadata.deletion_grace_period_seconds, Some(30));
+    finish_deletion(&client, &ns, "tessera-501").await;
+    b.cordon("dr-h100-0", false).await.unwrap();
+    expect_event(
+        &mut rx,
+        "node uncordoned",
+        WAIT,
+        is("dr-h100-0", NodeChange::Cordoned(false)),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deploy_manifests_apply_and_grant_exactly_what_the_backend_uses() {
+    let c = cluster().await;
+    let admin = c.client().await.unwrap();
+    let out = c.kubectl(&["create", "namespace", "gpu-operator"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/kubernetes");
+    let out = c.kubectl(&["apply", "-f", dir]);
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let applied = String::from_utf8_lossy(&out.stdout);
+    for what in [
+        "serviceaccount/tessera",
+        "clusterrole.rbac.authorization.k8s.io/tessera",
+        "deployment.apps/tessera",
+        "service/tessera",
+    ] {
+        assert!(applied.contains(what), "{what} not in {applied}");
+    }
+    gpu_node(
+        &admin,
+        "sa-a100-0",
+        "sa",
+        "NVIDIA-A100-SXM4-80GB",
+        1,
+        json!({"labels": {"nvidia.com/mig.capable": "true"}}),
+    )
+    .await;
+
+    // The backend as the service account (impersonated): every call it makes is allowed.
+    let kc = kube::config::Kubeconfig::read_from(&c.kubeconfig).unwrap();
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    cfg.auth_info.impersonate = Some("system:serviceaccount:tessera-system:tessera".into());
+    cfg.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".into(),
+        "system:serviceaccounts:tessera-system".into(),
+        "system:authenticated".into(),
+    ]);
+    let sa = kube::Client::try_from(cfg).unwrap();
+    let kcfg = KubeConfig {
+        mig_namespace: "gpu-operator".into(),
+        mig_configmap: "default-mig-parted-config".into(),
+        ..config("sa")
+    };
+    let (b, _) = KubeBackend::connect(sa.clone(), kcfg).await.unwrap();
+    b.ensure_tenancy(&tenancy("sa-acme", "acme-ml", 4)).await.unwrap();
+    let ns = b.namespace_of("sa-acme", "main");
+    b.start(&run(601, "sa-acme", "sa-a100-0", gpus(1))).await.unwrap();
+    b.start(&run(602, "sa-acme", "sa-a100-0", gpus(1))).await.unwrap();
+    let plan = PartitionPlan::Layout {
+        node: "sa-a100-0".into(),
+        gpu: 0,
+        instances: vec![MigInstance::new("7g.80gb", 0, 0, 8)],
+    };
+    let b = std::sync::Arc::new(b);
+    let b2 = b.clone();
+    let partition = tokio::spawn(async move { b2.partition(&plan).await });
+    let nodes = Api::<Node>::all(admin.clone());
+    eventually("the MIG config is selected", WAIT, || {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .get("sa-a100-0")
+                .await
+                .unwrap()
+                .metadata
+                .labels
+                .unwrap()
+                .contains_key("nvidia.com/mig.config")
+        }
+    })
+    .await;
+    nodes
+        .patch(
+            "sa-a100-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"nvidia.com/mig.config.state": "success"}}})),
+        )
+        .await
+        .unwrap();
+    partition.await.unwrap().unwrap();
+    b.cordon("sa-a100-0", true).await.unwrap();
+    b.evict(601, Duration::from_secs(5)).await.unwrap();
+    b.stop(602, Duration::from_secs(5)).await.unwrap();
+    b.reconcile(&[]).await.unwrap();
+    finish_deletion(&admin, &ns, "tessera-601").await;
+    finish_deletion(&admin, &ns, "tessera-602").await;
+    b.remove_tenancy("sa-acme", None).await.unwrap();
+
+    // And nothing more: no secrets, no pods/exec, no cluster-wide RBAC changes.
+    for (verb, resource, sub) in [
+        ("list", "secrets", ""),
+        ("create", "pods", "exec"),
+        ("patch", "clusterroles", ""),
+        ("update", "pods", ""),
+    ] {
+        let sar: SubjectAccessReview = serde_json::from_value(json!({
+            "spec": {"user": "system:serviceaccount:tessera-system:tessera", "groups": ["system:serviceaccounts"],
+                "resourceAttributes": {"namespace": ns, "verb": verb, "resource": resource, "subresource": sub}},
+        }))
+        .unwrap();
+        let r = Api::<SubjectAccessReview>::all(admin.clone())
+            .create(&PostParams::default(), &sar)
+            .await
+            .unwrap();
+        assert!(
+            !r.status.unwrap().allowed,
+            "the service account may {verb} {resource}/{sub}"
+        );
+    }
+}
