@@ -28,8 +28,8 @@ pub mod oidc;
 pub mod problem;
 pub mod replica;
 pub mod session;
-pub mod timed;
 pub mod tenancy_sync;
+pub mod timed;
 pub mod usage;
 
 use std::net::SocketAddr;

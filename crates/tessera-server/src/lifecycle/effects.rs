@@ -282,6 +282,7 @@ mod tests {
             a,
             Op::Stop {
                 grace: Duration::from_millis(10),
+                evict: false,
             },
         );
         runner.submit(a, Op::Unpartition(plan.clone()));
@@ -298,6 +299,7 @@ mod tests {
         let c = WorkloadId(3);
         let stop = || Op::Stop {
             grace: Duration::from_millis(10),
+            evict: false,
         };
         runner.submit(b, stop());
         runner.submit(b, Op::Unpartition(plan.clone()));
