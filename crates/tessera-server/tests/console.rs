@@ -1,0 +1,324 @@
+//! The console over HTTP (no browser): pages behind the sign-in, the strict CSP with no inline
+//! script or style, hashed long-cached assets, API-token sign-in to a session cookie, the CSRF
+//! token on every change, tenant isolation of the lists, viewers who cannot cancel. The browser
+//! tests (crates/tessera/tests/console.rs) drive the same pages in Chromium. About 2 s.
+
+use reqwest::redirect::Policy;
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+use tessera_server::{ServerConfig, start};
+
+fn browser() -> Client {
+    Client::builder()
+        .cookie_store(true)
+        .redirect(Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// The value of `attr="…"` after `after` in `html`.
+fn attr(html: &str, after: &str, attr: &str) -> String {
+    let from = html.find(after).unwrap_or_else(|| panic!("{after} in {html}"));
+    let rest = &html[from..];
+    let start = rest.find(&format!("{attr}=\"")).unwrap() + attr.len() + 2;
+    rest[start..start + rest[start..].find('"').unwrap()].to_string()
+}
+
+/// Signs `b` in with `token`; returns the session's CSRF token from the page.
+async fn sign_in(b: &Client, base: &str, token: &str) -> String {
+    let form = b
+        .get(format!("{base}/console/signin"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let ft = attr(&form, "name=\"form_token\"", "value");
+    let r = b
+        .post(format!("{base}/console/signin"))
+        .form(&[("token", token), ("form_token", &ft)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let page = b
+        .get(format!("{base}/console"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let at = page.find("hx-headers='").expect("hx-headers on the body") + "hx-headers='".len();
+    let h = &page[at..at + page[at..].find('\'').unwrap()];
+    let v: Value = serde_json::from_str(h).unwrap_or_else(|e| panic!("{h}: {e}"));
+    v["X-CSRF-Token"].as_str().unwrap().to_string()
+}
+
+fn no_inline_code(html: &str) {
+    assert!(!html.contains("<style"), "no inline style element");
+    assert!(!html.contains(" style="), "no style attribute");
+    assert!(
+        !html.contains(" on") || !html.contains("onclick="),
+        "no inline handlers"
+    );
+    for (i, _) in html.match_indices("<script") {
+        let tag = &html[i..i + html[i..].find('>').unwrap()];
+        assert!(
+            tag.contains(" src=\"/assets/"),
+            "every script is an embedded file: {tag}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_pages_are_signed_in_csrf_guarded_and_free_of_inline_code() {
+    let dir = std::env::temp_dir().join(format!("tessera-console-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let call = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        assert!(
+            call("/api/v1/tenants", json!({"name": t}))
+                .await
+                .unwrap()
+                .status()
+                .is_success()
+        );
+        let path = format!("/api/v1/tenants/{t}/projects");
+        assert!(call(&path, json!({"name": p})).await.unwrap().status().is_success());
+    }
+    let token = |tenant: &'static str, role: &'static str| {
+        let c = call("/api/v1/tokens", json!({"tenant": tenant, "role": role}));
+        async move {
+            c.await.unwrap().json::<Value>().await.unwrap()["token"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let (member, viewer, other) = (
+        token("vision", "member").await,
+        token("vision", "viewer").await,
+        token("nlp", "member").await,
+    );
+    let w: Value = call(
+        "/api/v1/workloads",
+        json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": "1g.10gb"}, "duration_s": 3600}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let wid = w["id"].as_u64().unwrap();
+
+    // Without a session every page leads to the sign-in form; `/` leads to the console.
+    let b = browser();
+    let root = b.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(root.headers()["location"], "/console");
+    for page in ["/console", "/console/workloads", &format!("/console/workloads/{wid}")] {
+        let r = b.get(format!("{base}{page}")).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "{page}");
+        assert_eq!(r.headers()["location"], "/console/signin", "{page}");
+    }
+    let form = b.get(format!("{base}/console/signin")).send().await.unwrap();
+    let csp = form.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    let html = form.text().await.unwrap();
+    no_inline_code(&html);
+
+    // A sign-in form post without its double-submit token is refused; a wrong token gets a
+    // message next to the field.
+    let forged = b
+        .post(format!("{base}/console/signin"))
+        .form(&[("token", member.as_str()), ("form_token", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+    assert_eq!(forged.headers()["content-type"], "application/problem+json");
+    let ft = attr(
+        &b.get(format!("{base}/console/signin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "name=\"form_token\"",
+        "value",
+    );
+    let wrong = b
+        .post(format!("{base}/console/signin"))
+        .form(&[("token", "tsr_nope"), ("form_token", ft.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    let wrong = wrong.text().await.unwrap();
+    assert!(
+        wrong.contains("id=\"token-error\"") && wrong.contains("aria-invalid=\"true\""),
+        "{wrong}"
+    );
+
+    // The member signs in: a session cookie, pages with their CSRF token, every asset hashed
+    // and cached for a year.
+    let ft = attr(
+        &b.get(format!("{base}/console/signin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "name=\"form_token\"",
+        "value",
+    );
+    let ok = b
+        .post(format!("{base}/console/signin"))
+        .form(&[("token", member.as_str()), ("form_token", ft.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let cookies: Vec<String> = ok
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    let session = cookies
+        .iter()
+        .find(|c| c.starts_with("tessera_session="))
+        .expect("a session cookie");
+    assert!(
+        session.contains("HttpOnly") && session.contains("SameSite=Lax") && !session.contains("Secure"),
+        "{session}"
+    );
+    let csrf = sign_in(&b, &base, &member).await;
+    assert_eq!(csrf.len(), 64);
+    let page = b
+        .get(format!("{base}/console"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    no_inline_code(&page);
+    assert!(page.contains("<main") && page.contains("<nav") && page.contains("<header"));
+    let mut assets = 0;
+    for (i, _) in page.match_indices("/assets/") {
+        let url = &page[i..i + page[i..].find('"').unwrap()];
+        let a = b.get(format!("{base}{url}")).send().await.unwrap();
+        assert_eq!(a.status(), StatusCode::OK, "{url}");
+        assert_eq!(a.headers()["cache-control"], "public, max-age=31536000, immutable");
+        assets += 1;
+        let stale = url.replacen("/assets/", "/assets/0", 1);
+        assert_eq!(
+            b.get(format!("{base}{stale}")).send().await.unwrap().status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+    assert!(assets >= 3, "stylesheet, htmx and the console script");
+
+    // The list shows the member's workload; its page shows the timeline.
+    let list = b
+        .get(format!("{base}/console/workloads"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(list.contains(&format!("id=\"w-{wid}\"")), "{list}");
+    let detail = b
+        .get(format!("{base}/console/workloads/{wid}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(detail.contains("Timeline") && detail.contains("requested"), "{detail}");
+    let bad = b
+        .get(format!("{base}/console/workloads?state=bogus"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    // Cancelling needs the CSRF token.
+    let cancel = format!("{base}/console/workloads/{wid}/cancel");
+    let refused = b.post(&cancel).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(refused.headers()["content-type"], "application/problem+json");
+    let done = b.post(&cancel).header("x-csrf-token", &csrf).send().await.unwrap();
+    assert_eq!(done.status(), StatusCode::OK);
+    let row = done.text().await.unwrap();
+    assert!(row.contains("cancelled") || row.contains("stopping"), "{row}");
+
+    // Another tenant's member does not see it; a viewer cannot cancel.
+    let o = browser();
+    sign_in(&o, &base, &other).await;
+    let theirs = o
+        .get(format!("{base}/console/workloads"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!theirs.contains(&format!("id=\"w-{wid}\"")));
+    let missing = o.get(format!("{base}/console/workloads/{wid}")).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let w2: Value = call(
+        "/api/v1/workloads",
+        json!({"tenant": "vision", "project": "train", "name": "w2", "shape": {"fraction": 250}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let v = browser();
+    let vcsrf = sign_in(&v, &base, &viewer).await;
+    let vlist = v
+        .get(format!("{base}/console/workloads"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        vlist.contains(&format!("id=\"w-{}\"", w2["id"])) && !vlist.contains("/cancel\""),
+        "viewers get no cancel button"
+    );
+    let vc = v
+        .post(format!("{base}/console/workloads/{}/cancel", w2["id"]))
+        .header("x-csrf-token", &vcsrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(vc.status(), StatusCode::FORBIDDEN);
+
+    // Signing out ends the session.
+    let out = b
+        .post(format!("{base}/console/signout"))
+        .header("x-csrf-token", &csrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), StatusCode::NO_CONTENT);
+    let after = b.get(format!("{base}/console")).send().await.unwrap();
+    assert_eq!(after.status(), StatusCode::SEE_OTHER);
+    let _ = std::fs::remove_dir_all(&dir);
+}
