@@ -322,3 +322,294 @@ async fn console_pages_are_signed_in_csrf_guarded_and_free_of_inline_code() {
     assert_eq!(after.status(), StatusCode::SEE_OTHER);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Polls a workload until its state is one of `states`.
+async fn wait_state(api: &Client, base: &str, admin: &str, id: u64, states: &[&str]) -> Value {
+    for _ in 0..200 {
+        let w: Value = api
+            .get(format!("{base}/api/v1/workloads/{id}"))
+            .bearer_auth(admin)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if states.contains(&w["state"].as_str().unwrap_or_default()) {
+            return w;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("workload {id} never reached {states:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_says_start_borrow_wait_or_refused_with_cost_quota_and_budget_and_changes_nothing() {
+    let dir = std::env::temp_dir().join(format!("tessera-dryrun-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let send = |m: reqwest::Method, path: &str, body: Value| {
+        api.request(m, format!("{base}{path}"))
+            .bearer_auth(&admin)
+            .json(&body)
+            .send()
+    };
+    let post = reqwest::Method::POST;
+    let put = reqwest::Method::PUT;
+    assert!(
+        send(post.clone(), "/api/v1/tenants", json!({"name": "vision"}))
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+    assert!(
+        send(
+            post.clone(),
+            "/api/v1/tenants/vision/projects",
+            json!({"name": "train"})
+        )
+        .await
+        .unwrap()
+        .status()
+        .is_success()
+    );
+    let q = send(
+        put.clone(),
+        "/api/v1/tenants/vision/quotas/serving",
+        json!({"guaranteed": 1.0, "limit": 2.0}),
+    )
+    .await
+    .unwrap();
+    assert!(q.status().is_success(), "{}", q.text().await.unwrap());
+    let bu = send(
+        put,
+        "/api/v1/tenants/vision/budget",
+        json!({"monthly_unit_hours": 10.0}),
+    )
+    .await
+    .unwrap();
+    assert!(bu.status().is_success(), "{}", bu.text().await.unwrap());
+    let body = |mig: &str, no_wait: bool| {
+        json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": mig, "pool": "serving"},
+               "duration_s": 7200, "no_wait": no_wait})
+    };
+    let dry = |b: Value| {
+        let f = send(post.clone(), "/api/v1/workloads/dry-run", b);
+        async move {
+            let r = f.await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+
+    // Within the guarantee: starts; half a GPU for two hours is one unit-hour of the budget.
+    let d = dry(body("3g.40gb", false)).await;
+    assert_eq!(d["outcome"], "start", "{d}");
+    assert_eq!(d["pool"], "serving");
+    assert_eq!(d["units"], "0.5");
+    assert_eq!(d["unit_hours"], 1.0);
+    assert_eq!(d["budget"]["left"], 10.0);
+    assert_eq!(d["budget"]["left_after"], 9.0);
+    assert_eq!(
+        d["quotas"][0],
+        json!({"class": "serving", "guaranteed": 1.0, "limit": 2.0, "used": 0.0, "after": 0.5})
+    );
+    let listed = |api: &Client| api.get(format!("{base}/api/v1/workloads")).bearer_auth(&admin).send();
+    let none: Value = listed(&api).await.unwrap().json().await.unwrap();
+    assert_eq!(none["items"].as_array().unwrap().len(), 0, "a dry run creates nothing");
+
+    // Holding the whole guarantee, more borrows; over the limit it waits, or is refused when
+    // it asked not to wait.
+    let w: Value = send(post.clone(), "/api/v1/workloads", body("7g.80gb", false))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    wait_state(&api, &base, &admin, w["id"].as_u64().unwrap(), &["placed", "running"]).await;
+    let d = dry(body("3g.40gb", false)).await;
+    assert_eq!(d["outcome"], "borrow", "{d}");
+    assert_eq!(d["quotas"][0]["used"], 1.0);
+    let w2: Value = send(post.clone(), "/api/v1/workloads", body("7g.80gb", false))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    wait_state(&api, &base, &admin, w2["id"].as_u64().unwrap(), &["placed", "running"]).await;
+    let d = dry(body("1g.10gb", false)).await;
+    assert_eq!(
+        (d["outcome"].as_str(), d["reason_code"].as_str()),
+        (Some("wait"), Some("quota")),
+        "{d}"
+    );
+    assert!(d["reason"].as_str().unwrap().contains("limit 2"), "{d}");
+    let d = dry(body("1g.10gb", true)).await;
+    assert_eq!(d["outcome"], "refused");
+
+    // Bad input is refused as creation refuses it.
+    let bad = send(
+        post.clone(),
+        "/api/v1/workloads/dry-run",
+        json!({"tenant": "vision", "project": "nope", "name": "x", "shape": {"gpus": 1}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let p: Value = bad.json().await.unwrap();
+    assert_eq!(p["field"], "project");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_errors_by_their_field() {
+    let dir = std::env::temp_dir().join(format!("tessera-reqform-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let call = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
+    call("/api/v1/tenants", json!({"name": "vision"})).await.unwrap();
+    call("/api/v1/tenants/vision/projects", json!({"name": "train"}))
+        .await
+        .unwrap();
+    let tok = |role: &'static str| {
+        let c = call("/api/v1/tokens", json!({"tenant": "vision", "role": role}));
+        async move {
+            c.await.unwrap().json::<Value>().await.unwrap()["token"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let (member, viewer) = (tok("member").await, tok("viewer").await);
+    let b = browser();
+    let csrf = sign_in(&b, &base, &member).await;
+    let page = b
+        .get(format!("{base}/console/request"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    no_inline_code(&page);
+    for pool in ["training", "serving", "development"] {
+        assert!(page.contains(&format!("<option value=\"{pool}\"")), "{pool}");
+    }
+    assert!(page.contains("value=\"vision/train\""));
+    // The MIG pool offers its model's profiles and no whole GPUs; the shared pool fractions.
+    let mig = b
+        .get(format!("{base}/console/request/fields?pool=serving"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        mig.contains("value=\"mig:3g.40gb\"") && !mig.contains("value=\"gpus:") && !mig.contains("fraction:"),
+        "{mig}"
+    );
+    let shared = b
+        .get(format!("{base}/console/request/fields?pool=development"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        shared.contains("value=\"fraction:250\"") && !shared.contains("mig:"),
+        "{shared}"
+    );
+
+    let form = |name: &str, hours: &str| {
+        vec![
+            ("project", "vision/train".to_string()),
+            ("name", name.to_string()),
+            ("pool", "serving".into()),
+            ("model", "A100-80GB".into()),
+            ("shape", "mig:1g.10gb".into()),
+            ("duration_h", hours.to_string()),
+            ("priority", "standard".into()),
+        ]
+    };
+    let post = |path: &'static str, f: Vec<(&'static str, String)>, csrf: Option<&str>| {
+        let mut rb = b.post(format!("{base}{path}")).form(&f).header("hx-request", "true");
+        if let Some(c) = csrf {
+            rb = rb.header("x-csrf-token", c);
+        }
+        rb.send()
+    };
+    // Without the CSRF token: refused before anything is read.
+    assert_eq!(
+        post("/console/request/preview", form("nb", "1"), None)
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    // Bad values: the message sits next to its field.
+    let bad = post("/console/request/preview", form("", "1"), Some(&csrf))
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let bad = bad.text().await.unwrap();
+    assert!(
+        bad.contains("id=\"name-error\"") && bad.contains("aria-describedby=\"name-error\""),
+        "{bad}"
+    );
+    let bad = post("/console/request/preview", form("nb", "soon"), Some(&csrf))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        bad.contains("id=\"duration_h-error\"") && bad.contains("not a number of hours"),
+        "{bad}"
+    );
+    // The preview first, with its submit button; then the submission.
+    let p = post("/console/request/preview", form("nb", "2"), Some(&csrf))
+        .await
+        .unwrap();
+    assert_eq!(p.status(), StatusCode::OK);
+    let p = p.text().await.unwrap();
+    assert!(
+        p.contains("Cost preview") && p.contains("<strong>borrow</strong>") && p.contains("id=\"submit-button\""),
+        "{p}"
+    );
+    let s = post("/console/request", form("nb", "2"), Some(&csrf)).await.unwrap();
+    assert_eq!(s.status(), StatusCode::NO_CONTENT);
+    let to = s.headers()["hx-redirect"].to_str().unwrap().to_string();
+    assert!(to.starts_with("/console/workloads/"), "{to}");
+    let detail = b.get(format!("{base}{to}")).send().await.unwrap().text().await.unwrap();
+    assert!(detail.contains("MIG 1g.10gb"), "{detail}");
+    // A viewer sees the form without the button and cannot preview or submit.
+    let v = browser();
+    let vcsrf = sign_in(&v, &base, &viewer).await;
+    let vpage = v
+        .get(format!("{base}/console/request"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!vpage.contains("id=\"preview-button\""));
+    let vs = v
+        .post(format!("{base}/console/request"))
+        .form(&form("nb", "1"))
+        .header("x-csrf-token", &vcsrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(vs.status(), StatusCode::FORBIDDEN);
+    let _ = std::fs::remove_dir_all(&dir);
+}

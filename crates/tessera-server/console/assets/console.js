@@ -21,4 +21,11 @@
       window.location.reload();
     }
   });
+  // A preview describes the form as it was: changing a field withdraws it (and its submit
+  // button), so what is submitted is always what was previewed.
+  document.addEventListener("change", function (ev) {
+    var form = ev.target && ev.target.closest ? ev.target.closest("form#request") : null;
+    var preview = document.getElementById("preview");
+    if (form && preview) preview.remove();
+  });
 })();

@@ -14,6 +14,7 @@
 
 pub mod assets;
 pub mod pages;
+pub mod request;
 pub mod signin;
 
 use axum::extract::FromRequestParts;
@@ -33,6 +34,9 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console", get(pages::overview))
         .route("/console/signin", get(signin::form).post(signin::submit))
         .route("/console/signout", post(signin::signout))
+        .route("/console/request", get(request::page).post(request::submit))
+        .route("/console/request/fields", get(request::fields))
+        .route("/console/request/preview", post(request::preview))
         .route("/console/workloads", get(pages::workloads))
         .route("/console/workloads/{id}", get(pages::workload))
         .route("/console/workloads/{id}/cancel", post(pages::cancel))
