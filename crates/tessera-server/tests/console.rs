@@ -613,3 +613,165 @@ async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_e
     assert_eq!(vs.status(), StatusCode::FORBIDDEN);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_page_shows_shares_budget_chart_and_csv_and_tokens_are_shown_once_then_revoked() {
+    let dir = std::env::temp_dir().join(format!("tessera-account-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let call = |m: reqwest::Method, path: &str, body: Value| {
+        api.request(m, format!("{base}{path}"))
+            .bearer_auth(&admin)
+            .json(&body)
+            .send()
+    };
+    let post = reqwest::Method::POST;
+    call(post.clone(), "/api/v1/tenants", json!({"name": "vision"}))
+        .await
+        .unwrap();
+    let tok = |role: &'static str| {
+        let c = call(
+            post.clone(),
+            "/api/v1/tokens",
+            json!({"tenant": "vision", "role": role}),
+        );
+        async move {
+            c.await.unwrap().json::<Value>().await.unwrap()["token"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let (ta, member) = (tok("tenant-admin").await, tok("member").await);
+    let b = browser();
+    let csrf = sign_in(&b, &base, &ta).await;
+    let q = b
+        .get(format!("{base}/console/quota"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    no_inline_code(&q);
+    assert!(q.contains("No quota is set") && q.contains("No monthly budget"), "{q}");
+    call(
+        reqwest::Method::PUT,
+        "/api/v1/tenants/vision/quotas/serving",
+        json!({"guaranteed": 2.0, "limit": 4.0}),
+    )
+    .await
+    .unwrap();
+    call(
+        reqwest::Method::PUT,
+        "/api/v1/tenants/vision/budget",
+        json!({"monthly_unit_hours": 50.0}),
+    )
+    .await
+    .unwrap();
+    let q = b
+        .get(format!("{base}/console/quota"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        q.contains("<td>serving</td>") && q.contains("<strong>50.0</strong> of 50.0"),
+        "{q}"
+    );
+    assert!(
+        q.contains("data-chart=\"") && q.contains("vendor/uPlot.iife.min.js"),
+        "the chart and its library"
+    );
+    let csv_at = q.find("/api/v1/usage?").unwrap();
+    let csv_url = q[csv_at..csv_at + q[csv_at..].find('"').unwrap()]
+        .replace("&amp;", "&")
+        .replace("&#38;", "&");
+    let csv = b.get(format!("{base}{csv_url}")).send().await.unwrap();
+    assert_eq!(csv.status(), StatusCode::OK, "{csv_url}");
+    assert!(csv.headers()["content-type"].to_str().unwrap().starts_with("text/csv"));
+
+    // A token: its secret shown once, usable, then revoked.
+    let form = |name: &str, role: &str, days: &str| {
+        vec![
+            ("name", name.to_string()),
+            ("role", role.to_string()),
+            ("expires_days", days.to_string()),
+        ]
+    };
+    let bad = b
+        .post(format!("{base}/console/tokens"))
+        .form(&form("ci", "member", "soon"))
+        .header("x-csrf-token", &csrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(bad.text().await.unwrap().contains("id=\"expires_days-error\""));
+    let made = b
+        .post(format!("{base}/console/tokens"))
+        .form(&form("ci", "member", "30"))
+        .header("x-csrf-token", &csrf)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let at = made
+        .find("id=\"new-secret\" class=\"secret\">")
+        .expect("the secret, once")
+        + "id=\"new-secret\" class=\"secret\">".len();
+    let secret = made[at..at + 68].to_string();
+    assert!(secret.starts_with("tsr_"), "{secret}");
+    let use_it = || api.get(format!("{base}/api/v1/workloads")).bearer_auth(&secret).send();
+    assert_eq!(use_it().await.unwrap().status(), StatusCode::OK);
+    let list = b
+        .get(format!("{base}/console/tokens"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!list.contains(&secret), "the secret is never shown again");
+    let id_at = made.find("<h2 id=\"created-h\">Token ").unwrap() + "<h2 id=\"created-h\">Token ".len();
+    let tid = made[id_at..id_at + made[id_at..].find(' ').unwrap()].to_string();
+    let revoke = format!("{base}/console/tokens/{tid}/revoke");
+    assert_eq!(
+        b.post(&revoke).send().await.unwrap().status(),
+        StatusCode::FORBIDDEN,
+        "no CSRF token"
+    );
+    let after = b.post(&revoke).header("x-csrf-token", &csrf).send().await.unwrap();
+    assert_eq!(after.status(), StatusCode::OK);
+    assert!(after.text().await.unwrap().contains("revoked"));
+    assert_eq!(use_it().await.unwrap().status(), StatusCode::UNAUTHORIZED);
+
+    // Members do not manage tokens.
+    let m = browser();
+    let mcsrf = sign_in(&m, &base, &member).await;
+    let page = m
+        .get(format!("{base}/console/tokens"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("managed by its tenant-admins"));
+    let refused = m
+        .post(format!("{base}/console/tokens"))
+        .form(&form("x", "member", ""))
+        .header("x-csrf-token", &mcsrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -28,4 +28,22 @@
     var preview = document.getElementById("preview");
     if (form && preview) preview.remove();
   });
+  // Charts: a `data-chart` element holds {title, x: [unix seconds], series: [{label, values}]}.
+  function drawCharts() {
+    if (typeof uPlot === "undefined") return;
+    var colours = ["#0b5cad", "#1f6b2e", "#a3001b", "#8a6d00"];
+    document.querySelectorAll("[data-chart]").forEach(function (el) {
+      if (el.dataset.drawn) return;
+      el.dataset.drawn = "1";
+      var c = JSON.parse(el.getAttribute("data-chart"));
+      var series = [{}].concat(c.series.map(function (s, i) {
+        return { label: s.label, stroke: colours[i % colours.length], width: 2 };
+      }));
+      var data = [c.x].concat(c.series.map(function (s) { return s.values; }));
+      var width = Math.max(280, Math.min(el.clientWidth || 800, 1100));
+      new uPlot({ title: c.title, width: width, height: 260, series: series }, data, el);
+    });
+  }
+  document.addEventListener("DOMContentLoaded", drawCharts);
+  document.addEventListener("htmx:afterSettle", drawCharts);
 })();

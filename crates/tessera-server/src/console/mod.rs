@@ -12,6 +12,7 @@
 //! loop; changes go through the same handlers as the REST API, so rules, RBAC and audit
 //! records are the API's.
 
+pub mod account;
 pub mod assets;
 pub mod pages;
 pub mod request;
@@ -37,6 +38,9 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/request", get(request::page).post(request::submit))
         .route("/console/request/fields", get(request::fields))
         .route("/console/request/preview", post(request::preview))
+        .route("/console/quota", get(account::quota))
+        .route("/console/tokens", get(account::tokens_page).post(account::create))
+        .route("/console/tokens/{id}/revoke", post(account::revoke))
         .route("/console/workloads", get(pages::workloads))
         .route("/console/workloads/{id}", get(pages::workload))
         .route("/console/workloads/{id}/cancel", post(pages::cancel))
