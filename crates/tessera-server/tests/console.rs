@@ -775,3 +775,121 @@ async fn quota_page_shows_shares_budget_chart_and_csv_and_tokens_are_shown_once_
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_admins_only() {
+    let dir = std::env::temp_dir().join(format!("tessera-fleetmap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let call = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
+    call("/api/v1/tenants", json!({"name": "vision"})).await.unwrap();
+    call("/api/v1/tenants/vision/projects", json!({"name": "train"}))
+        .await
+        .unwrap();
+    let member = call("/api/v1/tokens", json!({"tenant": "vision", "role": "member"}))
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let w: Value = call(
+        "/api/v1/workloads",
+        json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": "3g.40gb"}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let id = w["id"].as_u64().unwrap();
+    let w = wait_state(&api, &base, &admin, id, &["placed", "running"]).await;
+    let node = w["allocation"]["node"].as_str().unwrap().to_string();
+    let b = browser();
+    sign_in(&b, &base, &admin).await;
+    let map = b
+        .get(format!("{base}/console/fleet?tenant=vision"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    no_inline_code(&map);
+    assert!(
+        map.contains("1 nodes match"),
+        "the tenant filter keeps the one node: {map}"
+    );
+    let colour = map
+        .split("<li><span class=\"sw t")
+        .nth(1)
+        .unwrap()
+        .chars()
+        .next()
+        .unwrap();
+    assert!(
+        map.contains(&format!("class=\"cell t{colour} part\"")) && map.contains(&format!("vision #{id}")),
+        "the slice's GPU is coloured as vision in the legend: {map}"
+    );
+    let all = b
+        .get(format!("{base}/console/fleet"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        all.contains("60 nodes match") && !all.contains("Next 100"),
+        "seed: 60 nodes on one page"
+    );
+    let detail = b
+        .get(format!("{base}/console/fleet/nodes/{node}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        detail.contains("3g.40gb at slice")
+            && detail.contains(&format!("vision/train <a href=\"/console/workloads/{id}\">")),
+        "{detail}"
+    );
+    let bad = b
+        .get(format!("{base}/console/fleet?state=broken"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    // Tenants get no fleet map.
+    let m = browser();
+    sign_in(&m, &base, &member).await;
+    let page = m
+        .get(format!("{base}/console"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!page.contains("href=\"/console/fleet\""));
+    assert_eq!(
+        m.get(format!("{base}/console/fleet")).send().await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        m.get(format!("{base}/console/fleet/nodes/{node}"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

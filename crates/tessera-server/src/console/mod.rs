@@ -14,6 +14,7 @@
 
 pub mod account;
 pub mod assets;
+pub mod fleet;
 pub mod pages;
 pub mod request;
 pub mod signin;
@@ -38,6 +39,8 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/request", get(request::page).post(request::submit))
         .route("/console/request/fields", get(request::fields))
         .route("/console/request/preview", post(request::preview))
+        .route("/console/fleet", get(fleet::fleet))
+        .route("/console/fleet/nodes/{name}", get(fleet::node))
         .route("/console/quota", get(account::quota))
         .route("/console/tokens", get(account::tokens_page).post(account::create))
         .route("/console/tokens/{id}/revoke", post(account::revoke))
