@@ -861,6 +861,43 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
             && detail.contains(&format!("vision/train <a href=\"/console/workloads/{id}\">")),
         "{detail}"
     );
+    // Cordon from the node's detail (CSRF token required), then find it in the audit log.
+    let csrf = sign_in(&b, &base, &admin).await;
+    let cordon = format!("{base}/console/fleet/nodes/{node}/cordon");
+    assert_eq!(b.post(&cordon).send().await.unwrap().status(), StatusCode::FORBIDDEN);
+    let done = b
+        .post(&cordon)
+        .header("x-csrf-token", &csrf)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(done.contains("(cordoned)") && done.contains("/uncordon\""), "{done}");
+    let cordoned = b
+        .get(format!("{base}/console/fleet?state=cordoned"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(cordoned.contains("1 nodes match") && cordoned.contains(&format!("id=\"node-{node}\"")));
+    let audit = b
+        .get(format!("{base}/console/audit?action=cordon"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    no_inline_code(&audit);
+    assert!(
+        audit.contains(&format!("/console/fleet/nodes/{node}/cordon")),
+        "{audit}"
+    );
+    assert!(!audit.contains("auth.failure"), "filtered by action");
     let bad = b
         .get(format!("{base}/console/fleet?state=broken"))
         .send()
@@ -891,5 +928,7 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
             .status(),
         StatusCode::FORBIDDEN
     );
+    let audit = m.get(format!("{base}/console/audit")).send().await.unwrap();
+    assert_eq!(audit.status(), StatusCode::FORBIDDEN);
     let _ = std::fs::remove_dir_all(&dir);
 }

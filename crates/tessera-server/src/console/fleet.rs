@@ -244,6 +244,91 @@ pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>
     }))
 }
 
+/// `POST /console/fleet/nodes/{name}/{action}` (platform-admins, htmx with the CSRF token):
+/// cordon, uncordon or drain through the node-operations API; answers the node's detail.
+pub async fn node_op(
+    State(s): State<AppState>,
+    c: Caller,
+    Path((name, action)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    c.id.require_admin()?;
+    if !["cordon", "uncordon", "drain"].contains(&action.as_str()) {
+        return Err(ApiError::not_found(format!("no node action `{action}`")));
+    }
+    let params = crate::http::nodeops::DrainParams {
+        deadline_s: None,
+        after: None,
+    };
+    let _changed = crate::http::nodeops::node_action(
+        State(s.clone()),
+        c.id.clone(),
+        Path((name.clone(), action)),
+        crate::http::ApiQuery(params),
+    )
+    .await?;
+    node(State(s), c, Path(name)).await
+}
+
+#[derive(Template)]
+#[template(path = "console/audit.html")]
+struct AuditPage {
+    chrome: Chrome,
+    q: AuditQuery,
+    rows: Vec<tessera_store::AuditRecord>,
+    next: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+pub struct AuditQuery {
+    #[serde(default)]
+    pub tenant: String,
+    #[serde(default)]
+    pub actor: String,
+    #[serde(default)]
+    pub action: String,
+    /// Records before this sequence number (the next page).
+    #[serde(default)]
+    pub before: Option<u64>,
+}
+
+impl AuditPage {
+    fn at(&self, ms: &i64) -> String {
+        tessera_api::rfc3339_ms(*ms)
+    }
+}
+
+/// `GET /console/audit` (platform-admins): the audit log, newest first, filtered by tenant,
+/// actor and action (text contained in the action or its target), 200 records scanned a page.
+pub async fn audit(State(s): State<AppState>, c: Caller, Query(q): Query<AuditQuery>) -> Result<Response, ApiError> {
+    c.id.require_admin()?;
+    let tenant = Some(q.tenant.clone()).filter(|t| !t.is_empty());
+    let scanned = s.store.audit(tenant.as_deref(), q.before, 200).await?;
+    let next = (scanned.len() == 200)
+        .then(|| scanned.last().map(|r| r.seq))
+        .flatten()
+        .map(|seq| {
+            let qs = serde_urlencoded::to_string([
+                ("tenant", q.tenant.as_str()),
+                ("actor", q.actor.as_str()),
+                ("action", q.action.as_str()),
+                ("before", &seq.to_string()),
+            ])
+            .unwrap_or_default();
+            format!("/console/audit?{qs}")
+        });
+    let rows = scanned
+        .into_iter()
+        .filter(|r| q.actor.is_empty() || r.actor.contains(&q.actor))
+        .filter(|r| q.action.is_empty() || r.action.contains(&q.action) || r.target.contains(&q.action))
+        .collect();
+    Ok(html(&AuditPage {
+        chrome: Chrome::new(&c, &s, "audit"),
+        q,
+        rows,
+        next,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

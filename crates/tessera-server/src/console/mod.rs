@@ -41,6 +41,8 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/request/preview", post(request::preview))
         .route("/console/fleet", get(fleet::fleet))
         .route("/console/fleet/nodes/{name}", get(fleet::node))
+        .route("/console/fleet/nodes/{name}/{action}", post(fleet::node_op))
+        .route("/console/audit", get(fleet::audit))
         .route("/console/quota", get(account::quota))
         .route("/console/tokens", get(account::tokens_page).post(account::create))
         .route("/console/tokens/{id}/revoke", post(account::revoke))
