@@ -451,6 +451,13 @@ async fn dry_run_says_start_borrow_wait_or_refused_with_cost_quota_and_budget_an
     let d = dry(body("1g.10gb", true)).await;
     assert_eq!(d["outcome"], "refused");
 
+    // A gang no node can hold is refused as a constraint.
+    let d = dry(json!({"tenant": "vision", "project": "train", "name": "big", "shape": {"gpus": 9}})).await;
+    assert_eq!(
+        (d["outcome"].as_str(), d["reason_code"].as_str()),
+        (Some("refused"), Some("constraint")),
+        "{d}"
+    );
     // Bad input is refused as creation refuses it.
     let bad = send(
         post.clone(),

@@ -50,6 +50,8 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/workloads/{id}", get(pages::workload))
         .route("/console/workloads/{id}/cancel", post(pages::cancel))
         .route("/assets/{hash}/{*file}", get(assets::serve))
+        // Pages and assets are sent gzip-compressed to browsers that accept it.
+        .layer(tower_http::compression::CompressionLayer::new().gzip(true))
 }
 
 /// Whether the request middleware resolves the caller of `path` (and, for changes, checks the

@@ -158,7 +158,7 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             format!("unknown state `{}` ({})", f.state, STATES.join(", ")),
         ));
     }
-    let rows = list(&s, &c, &f, 200).await?;
+    let rows = list(&s, &c, &f, 100).await?;
     let can_write = c.id.is_admin() || c.id.role != crate::auth::Role::Viewer;
     if f.part == "rows" {
         return Ok(html(&WorkloadRows { rows, can_write }));

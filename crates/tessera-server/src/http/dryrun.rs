@@ -50,10 +50,15 @@ fn scope(f: &Fleet, r: &Request) -> Vec<PoolId> {
                 Shape::Fraction { .. } => pool.sharing == Sharing::Shared,
                 Shape::CpuOnly => true,
             };
+            // A gang of whole GPUs needs one node with that many.
+            let size = |n: &tessera_model::Node| match r.shape {
+                Shape::Whole { gpus } => n.gpus >= gpus,
+                _ => true,
+            };
             sharing
                 && f.nodes[pool.nodes.start as usize..pool.nodes.end as usize]
                     .iter()
-                    .any(|n| model_ok(r, n.model))
+                    .any(|n| model_ok(r, n.model) && size(n))
         })
         .collect()
 }

@@ -92,7 +92,7 @@ try {
   const admin = await context();
   await tokenSignIn(admin, ADMIN_TOKEN);
   await admin.goto(`${BASE}/console/fleet?tenant=vision`);
-  const cell = admin.locator(`.cell[aria-label*="vision #${wid}"]`);
+  const cell = admin.locator(`.cell[title*="vision #${wid}"]`);
   check(await cell.count() === 1, 'one GPU cell holds the slice');
   const legend = await admin.locator('.legend li', { hasText: 'vision' }).locator('.sw').getAttribute('class');
   const colour = legend.split(' ').find((c) => /^t\d$/.test(c));
