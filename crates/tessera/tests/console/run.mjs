@@ -146,7 +146,13 @@ try {
   await alice.goto(`${BASE}/console/workloads`);
   await axe(alice, 'workloads');
   await alice.click(`#w-${wid} button`);
-  await alice.waitForFunction((id) => /cancelled|stopping/.test(document.querySelector(`#w-${id}`).textContent), wid);
+  // Polled from here: waitForFunction would evaluate a string in the page, which the CSP forbids.
+  let row = '';
+  for (let i = 0; i < 80 && !/cancelled|stopping/.test(row); i++) {
+    await alice.waitForTimeout(100);
+    row = await alice.textContent(`#w-${wid}`);
+  }
+  check(/cancelled|stopping/.test(row), `after cancel: ${row}`);
   await alice.goto(`${BASE}/console/quota`);
   await alice.waitForSelector('.chart .uplot');
   await axe(alice, 'quota');
