@@ -92,6 +92,21 @@ echo "$kube_out" | grep -v '^KUBE_BIN_DIR=' || true
 TESSERA_KUBE_BIN_DIR=$(echo "$kube_out" | sed -n 's/^KUBE_BIN_DIR=//p' | tail -1)
 export TESSERA_KUBE_BIN_DIR
 # ---- end Kubernetes ------------------------------------------------------------------------------
+# ---- web console: a real browser --------------------------------------------------------------
+# crates/tessera/tests/console.rs drives the console in headless Chromium (Debian's `chromium`,
+# through npm's playwright-core; never `playwright install`, which downloads) and checks each page
+# with axe-core; both npm packages are locked in crates/tessera/tests/console/package-lock.json.
+echo "== web console: chromium"
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "chromium is missing: run this script as root to install Debian's chromium" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+(cd crates/tessera/tests/console && npm ci --no-audit --no-fund --silent)
+# ---- end web console -----------------------------------------------------------------------------
 
 echo "== tests"
 cargo test --workspace

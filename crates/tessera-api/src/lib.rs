@@ -957,3 +957,65 @@ pub struct RolloutView {
     /// In plan order at creation (the node whose unmovable work ends soonest first).
     pub nodes: Vec<RolloutNodeView>,
 }
+
+/// What a request would do if it were made now (`POST /api/v1/workloads/dry-run`): its cost,
+/// its effect on the tenant's quotas and budget, and whether it would start, borrow, wait or be
+/// refused. Computed on the published snapshot with the scheduler's quota check; nothing is
+/// changed, and requests already queued ahead of it may take free capacity first.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct DryRun {
+    /// `start` (within the tenant's guarantee), `borrow` (above it: reclaimable), `wait` or
+    /// `refused`.
+    pub outcome: String,
+    /// Why it would wait or be refused: `quota`, `budget`, `no-capacity` or `constraint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_code: Option<String>,
+    /// The same, in a sentence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The pool it would start in (for `start` and `borrow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// GPU units the shape asks for (decimal string).
+    pub units: String,
+    /// GPU-unit-hours over `duration_s` (absent without a duration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_hours: Option<f64>,
+    /// Price per GPU-unit-hour where it would run (0 when no price is configured).
+    pub price_per_unit_hour: f64,
+    /// `unit_hours` × price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    pub currency: String,
+    /// The tenant's quotas the request counts against: units held now and after it.
+    pub quotas: Vec<DryRunQuota>,
+    /// The tenant's monthly budget, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<DryRunBudget>,
+}
+
+/// One quota a dry run counts against.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct DryRunQuota {
+    /// A pool, `pool/MODEL`, or `project:NAME`.
+    pub class: String,
+    pub guaranteed: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<f64>,
+    /// Units held now.
+    pub used: f64,
+    /// Units held if the request started.
+    pub after: f64,
+}
+
+/// A tenant's monthly budget in a dry run, GPU-unit-hours.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct DryRunBudget {
+    pub budget: f64,
+    pub spent: f64,
+    /// Left this month before the request.
+    pub left: f64,
+    /// Left after the request's `unit_hours` (absent without a duration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_after: Option<f64>,
+}

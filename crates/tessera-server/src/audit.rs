@@ -174,7 +174,7 @@ pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next)
         .headers()
         .get(header::AUTHORIZATION)
         .map(|v| crate::auth::hash(&String::from_utf8_lossy(v.as_bytes())));
-    let guarded = path.starts_with("/api/") || path == "/metrics";
+    let guarded = path.starts_with("/api/") || path == "/metrics" || crate::console::guarded(&path);
     let mut identity = None;
     let mut response = match bucket.as_deref().map(|b| s.limiter.take(b)) {
         Some(Err(wait)) => {

@@ -15,11 +15,12 @@
 //! * replicas ([`replica`]): on PostgreSQL any number of servers share the database, elect a
 //!   leader that alone runs the loop, and followers forward writes to it ([`forward`]);
 //!   `/healthz` and `/readyz` for probes; [`timed`] times every store operation;
-//! * the web console (one page, `console.html`).
+//! * the web console ([`console`]: server-rendered pages, assets embedded in the binary).
 
 pub mod admin;
 pub mod audit;
 pub mod auth;
+pub mod console;
 pub mod forward;
 pub mod http;
 pub mod lifecycle;
@@ -39,8 +40,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderName, HeaderValue, Method, StatusCode, Uri, header};
-use axum::response::{Html, IntoResponse};
+use axum::http::{HeaderName, HeaderValue, Method, Uri, header};
 use axum::routing::get;
 use tessera_backend::Backend;
 use tessera_backend_sim::{SimBackend, SimConfig};
@@ -243,11 +243,12 @@ pub fn app(state: AppState, cors_origins: &[HeaderValue]) -> axum::Router {
         .layer(Set::overriding(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")))
         .layer(Set::overriding(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")))
         .layer(Set::overriding(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")))
-        .layer(Set::overriding(header::CACHE_CONTROL, HeaderValue::from_static("no-store")))
+        // Hashed console assets say how long they may be cached; everything else is no-store.
+        .layer(Set::if_not_present(header::CACHE_CONTROL, HeaderValue::from_static("no-store")))
         .layer(Set::if_not_present(
             header::CONTENT_SECURITY_POLICY,
             HeaderValue::from_static(
-                "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+                "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
             ),
         ))
         .layer(axum::middleware::map_response(problem::ensure_problem))
@@ -256,7 +257,6 @@ pub fn app(state: AppState, cors_origins: &[HeaderValue]) -> axum::Router {
         .layer(tower_http::limit::RequestBodyLimitLayer::new(BODY_LIMIT))
         .layer(DefaultBodyLimit::disable());
     axum::Router::new()
-        .route("/", get(console))
         .route("/auth/login", get(session::login))
         .route("/auth/callback", get(session::callback))
         .route("/auth/session", get(session::whoami))
@@ -272,6 +272,7 @@ pub fn app(state: AppState, cors_origins: &[HeaderValue]) -> axum::Router {
         .route("/healthz", get(http::system::healthz))
         .route("/readyz", get(http::system::readyz))
         .merge(api)
+        .merge(console::router())
         .fallback(not_found)
         .layer(stack)
         // Outermost: a follower's writes go to the leader before anything else looks at them.
@@ -331,10 +332,6 @@ async fn not_found(uri: Uri) -> ApiError {
         "no route {}; the API lives under /api/v1 (see /api/v1/openapi.json)",
         uri.path()
     ))
-}
-
-async fn console() -> impl IntoResponse {
-    (StatusCode::OK, Html(include_str!("console.html")))
 }
 
 /// Opens the store the configuration names: PostgreSQL at `database`, or SQLite in

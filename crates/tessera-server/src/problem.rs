@@ -172,10 +172,12 @@ impl From<Violation> for ApiError {
 /// 413) into one, keeping its status and headers (`Allow`, `Retry-After`).
 pub async fn ensure_problem(response: Response) -> Response {
     let status = response.status();
+    // The console's pages answer some errors with a page of their own (a form with the
+    // message next to its field): those are kept.
     let is_problem = response
         .headers()
         .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes() == PROBLEM_JSON.as_bytes());
+        .is_some_and(|v| v.as_bytes() == PROBLEM_JSON.as_bytes() || v.as_bytes().starts_with(b"text/html"));
     if !(status.is_client_error() || status.is_server_error()) || is_problem {
         return response;
     }

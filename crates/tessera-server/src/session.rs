@@ -63,6 +63,46 @@ impl Sessions {
         }
     }
 
+    /// Opens a session for `identity` (after a sign-in); returns its id, the cookie's value.
+    pub fn open(&self, identity: Identity) -> String {
+        let (sid, csrf) = (random(), random());
+        let mut s = self.sessions.lock().expect("lock");
+        let now = Instant::now();
+        s.retain(|_, x| x.expires > now);
+        s.insert(
+            sid.clone(),
+            Session {
+                identity,
+                csrf,
+                expires: now + SESSION_TTL,
+            },
+        );
+        sid
+    }
+
+    /// The `Set-Cookie` value of session `sid`: `HttpOnly`, `SameSite=Lax` (the provider's
+    /// redirect back is a cross-site navigation), `Secure` when served over TLS.
+    pub fn cookie(&self, sid: &str) -> HeaderValue {
+        let secure = if self.secure { "; Secure" } else { "" };
+        let cookie = format!(
+            "{COOKIE}={sid}; HttpOnly; SameSite=Lax; Path=/; Max-Age={}{secure}",
+            SESSION_TTL.as_secs()
+        );
+        HeaderValue::from_str(&cookie).expect("ascii cookie")
+    }
+
+    /// Whether cookies are marked `Secure` (the server speaks TLS).
+    pub fn secure(&self) -> bool {
+        self.secure
+    }
+
+    /// Closes the session a request's cookie names.
+    pub fn close(&self, headers: &HeaderMap) {
+        if let Some(sid) = cookie(headers, COOKIE) {
+            self.sessions.lock().expect("lock").remove(&sid);
+        }
+    }
+
     /// The session a request's cookie names, if it is open.
     pub fn from_headers(&self, headers: &HeaderMap) -> Option<Session> {
         let sid = cookie(headers, COOKIE)?;
@@ -179,15 +219,7 @@ pub async fn callback(State(s): State<AppState>, Query(c): Query<Callback>) -> R
     };
     let id_token = oidc.redeem(&code, &p.verifier).await.map_err(ApiError::unauthorized)?;
     let identity = oidc.verify_id_token(&id_token, &p.nonce).await?;
-    let (sid, csrf) = (random(), random());
-    s.sessions.sessions.lock().expect("lock").insert(
-        sid.clone(),
-        Session {
-            identity: identity.clone(),
-            csrf,
-            expires: Instant::now() + SESSION_TTL,
-        },
-    );
+    let sid = s.sessions.open(identity.clone());
     s.audit
         .record(AuditRecord {
             seq: 0,
@@ -201,16 +233,8 @@ pub async fn callback(State(s): State<AppState>, Query(c): Query<Callback>) -> R
             detail: format!("console sign-in as {}", identity.role.as_str()),
         })
         .await;
-    let mut r = redirect("/");
-    let secure = if s.sessions.secure { "; Secure" } else { "" };
-    let cookie = format!(
-        "{COOKIE}={sid}; HttpOnly; SameSite=Lax; Path=/; Max-Age={}{secure}",
-        SESSION_TTL.as_secs()
-    );
-    r.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_str(&cookie).expect("ascii cookie"),
-    );
+    let mut r = redirect("/console");
+    r.headers_mut().insert(header::SET_COOKIE, s.sessions.cookie(&sid));
     Ok(r)
 }
 
@@ -235,9 +259,7 @@ pub async fn logout(State(s): State<AppState>, headers: HeaderMap) -> Result<Res
         .from_headers(&headers)
         .ok_or_else(|| ApiError::unauthorized("not signed in"))?;
     check_csrf(&headers, &sess)?;
-    if let Some(sid) = cookie(&headers, COOKIE) {
-        s.sessions.sessions.lock().expect("lock").remove(&sid);
-    }
+    s.sessions.close(&headers);
     let mut r = StatusCode::NO_CONTENT.into_response();
     let cookie = format!("{COOKIE}=; HttpOnly; SameSite=Lax; Path=/; Max-Age=0");
     r.headers_mut().insert(
@@ -247,15 +269,22 @@ pub async fn logout(State(s): State<AppState>, headers: HeaderMap) -> Result<Res
     Ok(r)
 }
 
-/// A cookie-authenticated change must carry the session's CSRF token.
+/// A cookie-authenticated change must carry the session's CSRF token (synchronizer token:
+/// the console's pages send it in `X-CSRF-Token` with every htmx request).
 pub fn check_csrf(headers: &HeaderMap, sess: &Session) -> Result<(), ApiError> {
     let sent = headers.get("x-csrf-token").and_then(|v| v.to_str().ok());
-    if sent != Some(sess.csrf.as_str()) {
+    let ok = sent.is_some_and(|t| constant_time_eq(t.as_bytes(), sess.csrf.as_bytes()));
+    if !ok {
         return Err(ApiError::forbidden(
             "missing or wrong X-CSRF-Token for a change made with the console's session",
         ));
     }
     Ok(())
+}
+
+/// Compares two secrets in time that depends on their length only.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

@@ -246,6 +246,13 @@ async fn isolation_matrix(db: Db) {
             [201, 422, 422, 422, 401],
         ),
         (
+            // Answers what creation would do, creating nothing: the same rights as creation.
+            "POST",
+            "/api/v1/workloads/dry-run",
+            [200, 200, 200, 403, 401],
+            [200, 422, 422, 422, 401],
+        ),
+        (
             "GET",
             "/api/v1/workloads/{id}",
             [200, 200, 200, 200, 401],
@@ -389,7 +396,7 @@ async fn isolation_matrix(db: Db) {
                     ("POST", "/api/v1/tenants") => Some(json!({"name": format!("t{n}")})),
                     ("POST", "/api/v1/tenants/{tenant}/projects") => Some(json!({"name": format!("p{n}")})),
                     ("POST", "/api/v1/tokens") => Some(json!({"tenant": tenant, "role": "member"})),
-                    ("POST", "/api/v1/workloads") => {
+                    ("POST", "/api/v1/workloads" | "/api/v1/workloads/dry-run") => {
                         Some(json!({"tenant": tenant, "project": project, "name": "m", "shape": {"fraction": 100}}))
                     }
                     ("POST", "/api/v1/sim/faults") => Some(json!({"node": "h100-00", "gpu": 0, "xid": 0})),

@@ -81,6 +81,10 @@ pub struct RunArgs {
     /// If preempted, end instead of going back to the queue.
     #[arg(long)]
     pub no_requeue: bool,
+    /// Create nothing: print what the request would cost against the tenant's quotas and
+    /// budget, and whether it would start now, borrow, wait or be refused.
+    #[arg(long)]
+    pub dry_run: bool,
     /// The command to run, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -335,6 +339,18 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
         no_wait: a.no_wait,
         no_requeue: a.no_requeue,
     };
+    if a.dry_run {
+        let (_, d): (_, tessera_api::DryRun) = client
+            .call(Method::POST, "/api/v1/workloads/dry-run", Some(&body), &[])
+            .await?;
+        return match c.output {
+            Output::Json | Output::Csv => print_json(&d),
+            Output::Table => {
+                print!("{}", dry_run_text(&d));
+                Ok(())
+            }
+        };
+    }
     let extra: Vec<(&str, String)> = a
         .idempotency_key
         .map(|k| vec![("Idempotency-Key", k)])
@@ -352,6 +368,43 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// A dry run's answer for people.
+pub fn dry_run_text(d: &tessera_api::DryRun) -> String {
+    let mut out = format!("would {}", d.outcome);
+    if let Some(p) = &d.pool {
+        out.push_str(&format!(" in pool {p}"));
+    }
+    if let (Some(code), Some(r)) = (&d.reason_code, &d.reason) {
+        out.push_str(&format!(" ({code}): {r}"));
+    }
+    out.push('\n');
+    out.push_str(&format!("  GPU units   {}\n", d.units));
+    if let Some(h) = d.unit_hours {
+        out.push_str(&format!("  unit-hours  {h:.2}\n"));
+    }
+    if let Some(cost) = d.cost {
+        out.push_str(&format!("  cost        {cost:.2} {}\n", d.currency));
+    }
+    for q in &d.quotas {
+        let limit = q.limit.map(|l| l.to_string()).unwrap_or_else(|| "none".into());
+        out.push_str(&format!(
+            "  quota {}: guaranteed {}, limit {limit}, used {} -> {}\n",
+            q.class, q.guaranteed, q.used, q.after
+        ));
+    }
+    if let Some(b) = &d.budget {
+        out.push_str(&format!(
+            "  budget      {:.1} of {:.1} unit-hours left",
+            b.left, b.budget
+        ));
+        if let Some(after) = b.left_after {
+            out.push_str(&format!(", {after:.1} after"));
+        }
+        out.push('\n');
+    }
+    out
 }
 
 pub async fn ls(c: &Common, a: LsArgs) -> Result<()> {

@@ -103,6 +103,30 @@ fn login_verbs_and_errors() {
     let (code, out, _) = tessera(&["pools"], &env, None);
     assert_eq!(code, 0);
     assert!(out.contains("serving      mig") && out.contains("0.5 / 224"), "{out}");
+    // A dry run prints the cost and outcome and creates nothing (the pool still holds 0.5).
+    let (code, out, err) = tessera(
+        &[
+            "run",
+            "--tenant",
+            "vision",
+            "--project",
+            "train",
+            "--mig",
+            "3g.40gb",
+            "--duration",
+            "2h",
+            "--dry-run",
+        ],
+        &env,
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("would borrow in pool serving") && out.contains("unit-hours  1.00"),
+        "{out}"
+    );
+    let (_, out, _) = tessera(&["pools"], &env, None);
+    assert!(out.contains("0.5 / 224"), "a dry run creates nothing: {out}");
     // A server-side refusal is one readable line and a non-zero exit.
     let (code, out, err) = tessera(
         &["run", "--tenant", "vision", "--project", "train", "--gpus", "9"],

@@ -199,45 +199,65 @@ impl Books {
             return Ok(Admission::Borrowing);
         };
         let book = self.tenants.get(tenant);
-        let mut borrowing = true;
-        let mut any = false;
-        for k in keys {
-            let k = k.as_ref();
-            let Some(q) = quotas.get(k) else { continue };
-            any = true;
-            let held = book.and_then(|b| b.held.get(k)).copied().unwrap_or_default();
-            if let Some(limit) = q.limit
-                && held + units > limit
-            {
-                let scope = match k.strip_prefix(PROJECT_PREFIX) {
-                    Some(project) => LimitScope::Project {
-                        project: project.to_string(),
-                    },
-                    None => LimitScope::Class {
-                        class: k.to_string(),
-                        guaranteed: q.guaranteed,
-                    },
-                };
-                return Err(LimitExceeded {
-                    tenant: tenant.to_string(),
-                    scope,
-                    held,
-                    limit,
-                    needs: units,
-                });
-            }
-            // Project sub-quotas cap a project; the tenant's pool and model guarantees decide
-            // whether it borrows.
-            if !k.starts_with(PROJECT_PREFIX) {
-                borrowing = held + units > q.guaranteed;
-            }
-        }
-        Ok(if !any || borrowing {
-            Admission::Borrowing
-        } else {
-            Admission::WithinGuarantee
-        })
+        check_quotas(
+            tenant,
+            keys,
+            units,
+            |k| quotas.get(k).copied(),
+            |k| book.and_then(|b| b.held.get(k)).copied().unwrap_or_default(),
+        )
     }
+}
+
+/// The quota check of `units` more for `tenant` in every class of `keys`, on any holder of
+/// quotas and holdings: the cycle's books, or a published snapshot of them (the API's dry run).
+/// `Err` with the figures when a limit would be passed; otherwise whether the units borrow
+/// (above the guarantee, or no quota at all).
+pub fn check_quotas<K: AsRef<str>>(
+    tenant: &str,
+    keys: &[K],
+    units: GpuUnits,
+    quota: impl Fn(&str) -> Option<Quota>,
+    held_in: impl Fn(&str) -> GpuUnits,
+) -> Result<Admission, LimitExceeded> {
+    let mut borrowing = true;
+    let mut any = false;
+    for k in keys {
+        let k = k.as_ref();
+        let Some(q) = quota(k) else { continue };
+        any = true;
+        let held = held_in(k);
+        if let Some(limit) = q.limit
+            && held + units > limit
+        {
+            let scope = match k.strip_prefix(PROJECT_PREFIX) {
+                Some(project) => LimitScope::Project {
+                    project: project.to_string(),
+                },
+                None => LimitScope::Class {
+                    class: k.to_string(),
+                    guaranteed: q.guaranteed,
+                },
+            };
+            return Err(LimitExceeded {
+                tenant: tenant.to_string(),
+                scope,
+                held,
+                limit,
+                needs: units,
+            });
+        }
+        // Project sub-quotas cap a project; the tenant's pool and model guarantees decide
+        // whether it borrows.
+        if !k.starts_with(PROJECT_PREFIX) {
+            borrowing = held + units > q.guaranteed;
+        }
+    }
+    Ok(if !any || borrowing {
+        Admission::Borrowing
+    } else {
+        Admission::WithinGuarantee
+    })
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ use std::sync::Arc;
 
 use tessera_model::{Fleet, GpuUnits, NodeId, PoolId, Request};
 
-pub use books::{Admission, Quota, project_key};
+pub use books::{Admission, Quota, check_quotas, project_key};
 pub use plugins::{OrderKey, Plugins, VictimCost};
 
 use crate::engine::Engine;

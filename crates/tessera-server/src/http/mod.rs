@@ -12,6 +12,7 @@
 //! the statuses those extractors and the middleware produce.
 
 pub mod audit;
+pub mod dryrun;
 pub mod fleet;
 pub mod governance;
 pub mod health;
@@ -93,6 +94,7 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(tokens::revoke_token))
         .routes(routes!(audit::audit_log))
         .routes(routes!(workloads::list_workloads, workloads::create_workload))
+        .routes(routes!(dryrun::dry_run))
         .routes(routes!(workloads::get_workload))
         .routes(routes!(workloads::cancel_workload))
         .routes(routes!(workloads::workload_events))

@@ -136,21 +136,18 @@ fn shape_spec(s: &GpuShape) -> ShapeSpec {
     }
 }
 
-/// Requests GPUs. Accepts an `Idempotency-Key` header: repeating a request with the same key
-/// and body returns the workload created the first time (200) instead of a new one.
-#[utoipa::path(post, path = "/api/v1/workloads", tag = "workloads", request_body = CreateWorkload,
-    params(IdempotencyParams),
-    responses((status = 201, body = Workload), (status = 200, description = "Replay of an idempotent request", body = Workload),
-        (status = 403, description = "Refused by a quota limit or budget, or a viewer token", body = Problem),
-        (status = 422, description = "A value breaks a rule, names an unknown tenant, project or priority class, or asks for a shape no node can ever hold (`type` …/constraint)", body = Problem)))]
-pub async fn create_workload(
-    State(s): State<AppState>,
-    id: Identity,
-    rid: Option<Extension<RequestId>>,
-    headers: HeaderMap,
-    ApiJson(b): ApiJson<CreateWorkload>,
-) -> ApiResult<Response> {
-    let received_at = now_ms();
+/// A creation request checked against the caller's rights, the tenancy, the priority classes
+/// and the fleet (shared by creation and the dry run).
+pub(crate) struct Checked {
+    pub priority: String,
+    pub shape: ShapeSpec,
+    pub request: tessera_model::Request,
+    pub cpu: u64,
+    pub mem: u64,
+}
+
+/// Checks a creation request as [`create_workload`] does, changing nothing.
+pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload) -> ApiResult<Checked> {
     if !id.can_write(&b.tenant) {
         if id.can_read(&b.tenant) {
             return Err(ApiError::forbidden("viewer tokens cannot create workloads"));
@@ -188,6 +185,37 @@ pub async fn create_workload(
     let mem = b.memory_mib.unwrap_or(mem_default);
     request.cpu_milli = cpu;
     request.memory_mib = mem;
+    Ok(Checked {
+        priority,
+        shape,
+        request,
+        cpu,
+        mem,
+    })
+}
+
+/// Requests GPUs. Accepts an `Idempotency-Key` header: repeating a request with the same key
+/// and body returns the workload created the first time (200) instead of a new one.
+#[utoipa::path(post, path = "/api/v1/workloads", tag = "workloads", request_body = CreateWorkload,
+    params(IdempotencyParams),
+    responses((status = 201, body = Workload), (status = 200, description = "Replay of an idempotent request", body = Workload),
+        (status = 403, description = "Refused by a quota limit or budget, or a viewer token", body = Problem),
+        (status = 422, description = "A value breaks a rule, names an unknown tenant, project or priority class, or asks for a shape no node can ever hold (`type` …/constraint)", body = Problem)))]
+pub async fn create_workload(
+    State(s): State<AppState>,
+    id: Identity,
+    rid: Option<Extension<RequestId>>,
+    headers: HeaderMap,
+    ApiJson(b): ApiJson<CreateWorkload>,
+) -> ApiResult<Response> {
+    let received_at = now_ms();
+    let Checked {
+        priority,
+        shape,
+        request,
+        cpu,
+        mem,
+    } = check_create(&s, &id, &b).await?;
     let idempotency = match headers.get("idempotency-key") {
         Some(k) => {
             let k = rules::check_idempotency_key(k.as_bytes())?.to_string();

@@ -1,0 +1,49 @@
+// Tessera console: the little behaviour htmx does not give. Loaded with `defer`, no inline
+// script anywhere (the Content-Security-Policy forbids it).
+"use strict";
+(function () {
+  // A refused htmx request (problem+json) is shown in the page's alert region.
+  document.addEventListener("htmx:responseError", function (ev) {
+    var flash = document.getElementById("flash");
+    if (!flash) return;
+    var text = ev.detail.xhr.statusText || "request failed";
+    try {
+      var p = JSON.parse(ev.detail.xhr.responseText);
+      text = p.detail || p.title || text;
+    } catch (e) { /* not a problem document */ }
+    flash.textContent = text;
+    flash.hidden = false;
+  });
+  // Buttons marked data-reload reload the page once their request succeeded.
+  document.addEventListener("htmx:afterRequest", function (ev) {
+    var el = ev.detail.elt;
+    if (ev.detail.successful && el && el.hasAttribute && el.hasAttribute("data-reload")) {
+      window.location.reload();
+    }
+  });
+  // A preview describes the form as it was: changing a field withdraws it (and its submit
+  // button), so what is submitted is always what was previewed.
+  document.addEventListener("change", function (ev) {
+    var form = ev.target && ev.target.closest ? ev.target.closest("form#request") : null;
+    var preview = document.getElementById("preview");
+    if (form && preview) preview.remove();
+  });
+  // Charts: a `data-chart` element holds {title, x: [unix seconds], series: [{label, values}]}.
+  function drawCharts() {
+    if (typeof uPlot === "undefined") return;
+    var colours = ["#0b5cad", "#1f6b2e", "#a3001b", "#8a6d00"];
+    document.querySelectorAll("[data-chart]").forEach(function (el) {
+      if (el.dataset.drawn) return;
+      el.dataset.drawn = "1";
+      var c = JSON.parse(el.getAttribute("data-chart"));
+      var series = [{}].concat(c.series.map(function (s, i) {
+        return { label: s.label, stroke: colours[i % colours.length], width: 2 };
+      }));
+      var data = [c.x].concat(c.series.map(function (s) { return s.values; }));
+      var width = Math.max(280, Math.min(el.clientWidth || 800, 1100));
+      new uPlot({ title: c.title, width: width, height: 260, series: series }, data, el);
+    });
+  }
+  document.addEventListener("DOMContentLoaded", drawCharts);
+  document.addEventListener("htmx:afterSettle", drawCharts);
+})();

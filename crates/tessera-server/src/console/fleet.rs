@@ -1,0 +1,347 @@
+//! The admin fleet map: pools → nodes → GPUs → MIG slices and fractions, coloured by tenant,
+//! with health and cordon/drain state. It stays usable at 10,000 GPUs by aggregating: pool
+//! totals, then one row per node (filtered by pool, state and tenant, 100 per page) with a cell
+//! per GPU; a node's GPU-level detail (each MIG slice and fraction with its workload) is
+//! fetched on demand when the node is opened. Everything is read from the published snapshot.
+
+use std::collections::BTreeMap;
+
+use askama::Template;
+use axum::extract::{Path, Query, State};
+use axum::response::Response;
+use serde::Deserialize;
+use tessera_api::GpuView;
+
+use super::{Caller, Chrome, html};
+use crate::AppState;
+use crate::http::views;
+use crate::problem::ApiError;
+
+/// Tenant colours: eight classes (`t0`…`t7` in the stylesheet), chosen by a stable hash of the
+/// tenant's name, so a tenant keeps its colour across pages and restarts.
+pub fn colour(tenant: &str) -> u8 {
+    if tenant.is_empty() {
+        return 8;
+    }
+    // FNV-1a: stable across builds (std's hasher is not).
+    let mut h: u32 = 0x811c_9dc5;
+    for b in tenant.bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h % 8) as u8
+}
+
+/// A GPU cell of a node row: who holds it (the tenant of its largest share) and how much.
+pub struct Cell {
+    pub index: usize,
+    pub colour: u8,
+    pub label: String,
+    /// `free`, `part` or `full`.
+    pub fill: &'static str,
+}
+
+pub struct NodeRow {
+    pub name: String,
+    pub pool: String,
+    pub model: String,
+    pub state: String,
+    pub used: String,
+    pub free: usize,
+    pub cells: Vec<Cell>,
+}
+
+pub struct PoolRow {
+    pub name: String,
+    pub sharing: String,
+    pub nodes: u64,
+    pub gpus: u64,
+    pub used: String,
+    pub total: String,
+    pub not_ready: usize,
+}
+
+#[derive(Deserialize, Default)]
+pub struct FleetQuery {
+    #[serde(default)]
+    pub pool: String,
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub tenant: String,
+    #[serde(default)]
+    pub page: usize,
+}
+
+#[derive(Template)]
+#[template(path = "console/fleet.html")]
+struct FleetPage {
+    chrome: Chrome,
+    pools: Vec<PoolRow>,
+    rows: Vec<NodeRow>,
+    legend: Vec<(String, u8)>,
+    q: FleetQuery,
+    pool_names: Vec<String>,
+    matched: usize,
+    first: usize,
+    next: Option<String>,
+    prev: Option<String>,
+}
+
+const PER_PAGE: usize = 100;
+const STATES: [&str; 4] = ["ready", "cordoned", "draining", "maintenance"];
+
+/// `GET /console/fleet` (platform-admins): pool totals and the filtered node rows.
+pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQuery>) -> Result<Response, ApiError> {
+    c.id.require_admin()?;
+    if !q.state.is_empty() && !STATES.contains(&q.state.as_str()) {
+        return Err(ApiError::invalid(
+            "state",
+            format!("unknown node state `{}` ({})", q.state, STATES.join(", ")),
+        ));
+    }
+    let snap = s.lifecycle.snapshot();
+    let ops = s.lifecycle.published().ops();
+    let f = &snap.fleet;
+    let pools = views::pools(&snap)
+        .into_iter()
+        .zip(&f.pools)
+        .map(|(v, p)| PoolRow {
+            not_ready: (p.nodes.start as usize..p.nodes.end as usize)
+                .filter(|&i| ops.node_state(&f.nodes[i].name) != "ready")
+                .count(),
+            name: v.name,
+            sharing: v.sharing,
+            nodes: v.nodes,
+            gpus: v.gpus,
+            used: v.units_used,
+            total: v.units_total,
+        })
+        .collect();
+    let mut tenants: BTreeMap<String, u8> = BTreeMap::new();
+    let mut matched = 0;
+    let mut rows = Vec::new();
+    let first = q.page * PER_PAGE;
+    for (i, n) in f.nodes.iter().enumerate() {
+        let pool = &f.pool(n.pool).name;
+        if !q.pool.is_empty() && *pool != q.pool {
+            continue;
+        }
+        let state = ops.node_state(&n.name);
+        if !q.state.is_empty() && state != q.state {
+            continue;
+        }
+        let ns = &snap.nodes[i];
+        if !q.tenant.is_empty() && !ns.gpus.iter().any(|g| g.holders.iter().any(|h| h.tenant == q.tenant)) {
+            continue;
+        }
+        matched += 1;
+        if matched <= first || rows.len() >= PER_PAGE {
+            continue;
+        }
+        let cells = ns
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(gi, g)| {
+                let top = g.holders.iter().max_by_key(|h| h.units.as_milli());
+                let tenant = top.map(|h| h.tenant.clone()).unwrap_or_default();
+                if !tenant.is_empty() {
+                    tenants.insert(tenant.clone(), colour(&tenant));
+                }
+                let fill = match g.used_milli {
+                    0 => "free",
+                    1000.. => "full",
+                    _ => "part",
+                };
+                let label = if g.holders.is_empty() {
+                    format!("GPU {gi}: free")
+                } else {
+                    let who: Vec<String> = g
+                        .holders
+                        .iter()
+                        .map(|h| format!("{} #{}", h.tenant, h.workload))
+                        .collect();
+                    format!(
+                        "GPU {gi}: {} units used by {}",
+                        tessera_model::GpuUnits(g.used_milli as u64),
+                        who.join(", ")
+                    )
+                };
+                Cell {
+                    index: gi,
+                    colour: colour(&tenant),
+                    label,
+                    fill,
+                }
+            })
+            .collect();
+        rows.push(NodeRow {
+            name: n.name.clone(),
+            pool: pool.clone(),
+            model: f.catalogue.get(n.model).name.clone(),
+            state: state.to_string(),
+            used: tessera_model::GpuUnits(ns.used_milli()).to_string(),
+            free: ns.free_gpus(),
+            cells,
+        });
+    }
+    let link = |page: usize| {
+        serde_urlencoded::to_string([
+            ("pool", q.pool.as_str()),
+            ("state", q.state.as_str()),
+            ("tenant", q.tenant.as_str()),
+            ("page", &page.to_string()),
+        ])
+        .map(|qs| format!("/console/fleet?{qs}"))
+        .unwrap_or_default()
+    };
+    let next = (matched > first + PER_PAGE).then(|| link(q.page + 1));
+    let prev = (q.page > 0).then(|| link(q.page - 1));
+    Ok(html(&FleetPage {
+        chrome: Chrome::new(&c, &s, "fleet"),
+        pools,
+        rows,
+        legend: tenants.into_iter().collect(),
+        pool_names: f.pools.iter().map(|p| p.name.clone()).collect(),
+        matched,
+        first,
+        next,
+        prev,
+        q,
+    }))
+}
+
+#[derive(Template)]
+#[template(path = "console/fleet_node.html")]
+struct NodeDetail {
+    node: String,
+    state: String,
+    gpus: Vec<GpuView>,
+}
+
+impl NodeDetail {
+    fn colour(&self, tenant: &str) -> u8 {
+        colour(tenant)
+    }
+}
+
+/// `GET /console/fleet/nodes/{name}` (platform-admins): the node's GPUs with every MIG slice
+/// and fraction, its workload and tenant.
+pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>) -> Result<Response, ApiError> {
+    c.id.require_admin()?;
+    let Some(i) = s.nodes.get(&name) else {
+        return Err(ApiError::not_found(format!("no node `{name}`")));
+    };
+    let snap = s.lifecycle.snapshot();
+    let ops = s.lifecycle.published().ops();
+    let mut gpus = Vec::new();
+    views::gpus_of(&snap.fleet, i.0 as usize, &snap.nodes[i.0 as usize], &c.id, &mut gpus);
+    Ok(html(&NodeDetail {
+        state: ops.node_state(&name).to_string(),
+        node: name,
+        gpus,
+    }))
+}
+
+/// `POST /console/fleet/nodes/{name}/{action}` (platform-admins, htmx with the CSRF token):
+/// cordon, uncordon or drain through the node-operations API; answers the node's detail.
+pub async fn node_op(
+    State(s): State<AppState>,
+    c: Caller,
+    Path((name, action)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    c.id.require_admin()?;
+    if !["cordon", "uncordon", "drain"].contains(&action.as_str()) {
+        return Err(ApiError::not_found(format!("no node action `{action}`")));
+    }
+    let params = crate::http::nodeops::DrainParams {
+        deadline_s: None,
+        after: None,
+    };
+    let _changed = crate::http::nodeops::node_action(
+        State(s.clone()),
+        c.id.clone(),
+        Path((name.clone(), action)),
+        crate::http::ApiQuery(params),
+    )
+    .await?;
+    node(State(s), c, Path(name)).await
+}
+
+#[derive(Template)]
+#[template(path = "console/audit.html")]
+struct AuditPage {
+    chrome: Chrome,
+    q: AuditQuery,
+    rows: Vec<tessera_store::AuditRecord>,
+    next: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+pub struct AuditQuery {
+    #[serde(default)]
+    pub tenant: String,
+    #[serde(default)]
+    pub actor: String,
+    #[serde(default)]
+    pub action: String,
+    /// Records before this sequence number (the next page).
+    #[serde(default)]
+    pub before: Option<u64>,
+}
+
+impl AuditPage {
+    fn at(&self, ms: &i64) -> String {
+        tessera_api::rfc3339_ms(*ms)
+    }
+}
+
+/// `GET /console/audit` (platform-admins): the audit log, newest first, filtered by tenant,
+/// actor and action (text contained in the action or its target), 200 records scanned a page.
+pub async fn audit(State(s): State<AppState>, c: Caller, Query(q): Query<AuditQuery>) -> Result<Response, ApiError> {
+    c.id.require_admin()?;
+    let tenant = Some(q.tenant.clone()).filter(|t| !t.is_empty());
+    let scanned = s.store.audit(tenant.as_deref(), q.before, 200).await?;
+    let next = (scanned.len() == 200)
+        .then(|| scanned.last().map(|r| r.seq))
+        .flatten()
+        .map(|seq| {
+            let qs = serde_urlencoded::to_string([
+                ("tenant", q.tenant.as_str()),
+                ("actor", q.actor.as_str()),
+                ("action", q.action.as_str()),
+                ("before", &seq.to_string()),
+            ])
+            .unwrap_or_default();
+            format!("/console/audit?{qs}")
+        });
+    let rows = scanned
+        .into_iter()
+        .filter(|r| q.actor.is_empty() || r.actor.contains(&q.actor))
+        .filter(|r| q.action.is_empty() || r.action.contains(&q.action) || r.target.contains(&q.action))
+        .collect();
+    Ok(html(&AuditPage {
+        chrome: Chrome::new(&c, &s, "audit"),
+        q,
+        rows,
+        next,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_colours_are_stable_and_spread() {
+        assert_eq!(colour("vision"), colour("vision"));
+        assert_eq!(colour(""), 8, "free capacity has its own colour");
+        let used: std::collections::HashSet<u8> =
+            ["vision", "nlp", "speech", "robotics", "ads", "search", "maps", "chat"]
+                .iter()
+                .map(|t| colour(t))
+                .collect();
+        assert!(used.len() >= 4, "{used:?}");
+    }
+}

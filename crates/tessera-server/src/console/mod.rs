@@ -1,0 +1,159 @@
+//! The web console: server-rendered pages (askama templates, checked at compile time) with
+//! progressive enhancement by htmx, and uPlot for charts. Every asset — our CSS and script, the
+//! vendored htmx and uPlot — is embedded in the binary ([`assets`]) and served under a URL that
+//! carries its content hash, so it can be cached for a year. No page has inline script or
+//! style, so the Content-Security-Policy allows neither.
+//!
+//! Who is signed in comes from the console's session cookie ([`crate::session`]: single
+//! sign-on where configured, else the API-token form of [`signin`]). Every change made from a
+//! page is an htmx request that carries the session's CSRF token in `X-CSRF-Token` (set on
+//! `<body hx-headers>`); the request middleware refuses one without it (403 problem) before
+//! any handler runs. Pages read the lifecycle's published snapshot and the store, never the
+//! loop; changes go through the same handlers as the REST API, so rules, RBAC and audit
+//! records are the API's.
+
+pub mod account;
+pub mod assets;
+pub mod fleet;
+pub mod pages;
+pub mod request;
+pub mod signin;
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::AppState;
+use crate::auth::{Identity, Resolved, Role};
+use crate::problem::ApiError;
+
+/// The console's routes (the middleware stack is the application's).
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route("/", get(|| async { redirect("/console") }))
+        .route("/console", get(pages::overview))
+        .route("/console/signin", get(signin::form).post(signin::submit))
+        .route("/console/signout", post(signin::signout))
+        .route("/console/request", get(request::page).post(request::submit))
+        .route("/console/request/fields", get(request::fields))
+        .route("/console/request/preview", post(request::preview))
+        .route("/console/fleet", get(fleet::fleet))
+        .route("/console/fleet/nodes/{name}", get(fleet::node))
+        .route("/console/fleet/nodes/{name}/{action}", post(fleet::node_op))
+        .route("/console/audit", get(fleet::audit))
+        .route("/console/quota", get(account::quota))
+        .route("/console/tokens", get(account::tokens_page).post(account::create))
+        .route("/console/tokens/{id}/revoke", post(account::revoke))
+        .route("/console/workloads", get(pages::workloads))
+        .route("/console/workloads/{id}", get(pages::workload))
+        .route("/console/workloads/{id}/cancel", post(pages::cancel))
+        .route("/assets/{hash}/{*file}", get(assets::serve))
+        // Pages and assets are sent gzip-compressed to browsers that accept it.
+        .layer(tower_http::compression::CompressionLayer::new().gzip(true))
+}
+
+/// Whether the request middleware resolves the caller of `path` (and, for changes, checks the
+/// CSRF token): every console route but the sign-in form and the assets.
+pub fn guarded(path: &str) -> bool {
+    (path == "/console" || path.starts_with("/console/")) && path != "/console/signin"
+}
+
+/// A `303 See Other` to `to`.
+pub fn redirect(to: &str) -> Response {
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    r.headers_mut().insert(
+        header::LOCATION,
+        HeaderValue::from_str(to).unwrap_or(HeaderValue::from_static("/console")),
+    );
+    r
+}
+
+/// The signed-in user of a console page, with the session's CSRF token for the page to send
+/// back. Without a session, a page load is sent to the sign-in form (an htmx request is told
+/// to go there with `HX-Redirect`); a change is refused with the middleware's problem.
+pub struct Caller {
+    pub id: Identity,
+    pub csrf: String,
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, Self::Rejection> {
+        let resolved = match parts.extensions.get::<Resolved>() {
+            Some(Resolved(r)) => r.clone(),
+            None => crate::auth::resolve(&parts.headers, &parts.method, s).await,
+        };
+        match resolved {
+            Ok(id) if id.role == Role::Metrics => Err(ApiError::forbidden(
+                "a metrics token cannot use the console; sign in with a tenant or platform-admin token",
+            )
+            .into_response()),
+            Ok(id) => {
+                let csrf = s
+                    .sessions
+                    .from_headers(&parts.headers)
+                    .map(|x| x.csrf)
+                    .unwrap_or_default();
+                Ok(Caller { id, csrf })
+            }
+            Err(e) if parts.method == Method::GET && e.status == StatusCode::UNAUTHORIZED => {
+                if parts.headers.contains_key("hx-request") {
+                    let mut r = StatusCode::NO_CONTENT.into_response();
+                    r.headers_mut()
+                        .insert("hx-redirect", HeaderValue::from_static("/console/signin"));
+                    Err(r)
+                } else {
+                    Err(redirect("/console/signin"))
+                }
+            }
+            Err(e) => Err(e.into_response()),
+        }
+    }
+}
+
+/// What every page's frame needs: who is signed in, the CSRF token, the asset URLs, which
+/// navigation entry is current.
+pub struct Chrome {
+    pub actor: String,
+    pub role: &'static str,
+    pub tenant: String,
+    pub admin: bool,
+    pub csrf: String,
+    pub assets: &'static assets::Urls,
+    pub current: &'static str,
+    pub sso: bool,
+}
+
+impl Chrome {
+    pub fn new(c: &Caller, s: &AppState, current: &'static str) -> Chrome {
+        Chrome {
+            actor: c.id.actor.clone(),
+            role: c.id.role.as_str(),
+            tenant: c.id.tenant.clone().unwrap_or_default(),
+            admin: c.id.is_admin(),
+            csrf: c.csrf.clone(),
+            assets: assets::urls(),
+            current,
+            sso: s.auth.oidc().is_some_and(|o| o.authorization_endpoint.is_some()),
+        }
+    }
+
+    /// `aria-current="page"` on the current navigation entry.
+    pub fn here(&self, entry: &str) -> &'static str {
+        if self.current == entry { "page" } else { "false" }
+    }
+}
+
+/// A rendered template as an HTML response (a template error is a 500 problem).
+pub fn html<T: askama::Template>(t: &T) -> Response {
+    match t.render() {
+        Ok(body) => Html(body).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "console template failed");
+            ApiError::internal("the page could not be rendered").into_response()
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! The console's pages: the overview, and a tenant's workloads (list with filters and live
+//! rows, one workload's timeline, cancel). Lists and timelines come from the store, the fleet
+//! from the published snapshot; changes go through the REST API's handlers.
+
+use askama::Template;
+use axum::Extension;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tessera_api::{Event, PoolView, Workload, WorkloadState};
+use tessera_domain::WorkloadId;
+
+use super::{Caller, Chrome, html};
+use crate::AppState;
+use crate::http::{WorkloadPath, views, workloads};
+use crate::problem::ApiError;
+
+/// One row of a workload table, formatted for people.
+pub struct Row {
+    pub id: u64,
+    pub tenant: String,
+    pub project: String,
+    pub name: String,
+    pub shape: String,
+    pub state: &'static str,
+    pub reason: String,
+    pub placed: String,
+    pub created: String,
+    pub ended: bool,
+}
+
+/// A shape in words: `2 GPU`, `MIG 1g.10gb`, `250m of a GPU`.
+pub fn shape_words(w: &Workload) -> String {
+    if let Some(g) = w.shape.gpus {
+        format!("{g} GPU")
+    } else if let Some(m) = &w.shape.mig {
+        format!("MIG {m}")
+    } else {
+        format!("{}m of a GPU", w.shape.fraction.unwrap_or(0))
+    }
+}
+
+fn row(w: &Workload) -> Row {
+    Row {
+        id: w.id,
+        tenant: w.tenant.clone(),
+        project: w.project.clone(),
+        name: w.name.clone(),
+        shape: shape_words(w),
+        state: w.state.as_str(),
+        reason: w.reason.clone().unwrap_or_default(),
+        placed: w
+            .allocation
+            .as_ref()
+            .map(|a| {
+                let gpus: Vec<String> = a.gpus.iter().map(|g| g.to_string()).collect();
+                format!("{} GPU {}", a.node, gpus.join(","))
+            })
+            .unwrap_or_default(),
+        created: w.created_at.get(..19).unwrap_or(&w.created_at).replace('T', " "),
+        ended: w.state.is_terminal(),
+    }
+}
+
+#[derive(Template)]
+#[template(path = "console/overview.html")]
+struct Overview {
+    chrome: Chrome,
+    pools: Vec<PoolView>,
+    phases: Vec<(String, u64)>,
+    recent: Vec<Row>,
+}
+
+/// `GET /console`: the pools and the caller's most recent workloads.
+pub async fn overview(State(s): State<AppState>, c: Caller) -> Result<Response, ApiError> {
+    let snap = s.lifecycle.snapshot();
+    let pools = views::pools(&snap);
+    let phases = if c.id.is_admin() {
+        snap.phases.iter().map(|(p, n)| (p.as_str().to_string(), *n)).collect()
+    } else {
+        Vec::new()
+    };
+    let recent = list(&s, &c, &Filter::default(), 10).await?;
+    Ok(html(&Overview {
+        chrome: Chrome::new(&c, &s, "overview"),
+        pools,
+        phases,
+        recent,
+    }))
+}
+
+/// The workload list's filters (query string of the page and of its live rows).
+#[derive(Deserialize, Default)]
+pub struct Filter {
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub project: String,
+    /// `rows`: only the table body (the page polls it).
+    #[serde(default)]
+    pub part: String,
+}
+
+async fn list(s: &AppState, c: &Caller, f: &Filter, limit: u32) -> Result<Vec<Row>, ApiError> {
+    let phases = WorkloadState::parse(&f.state).map(views::phases).unwrap_or_default();
+    let filter = tessera_store::WorkloadFilter {
+        scope: c.id.scope().map(str::to_string),
+        tenant: None,
+        project: (!f.project.is_empty()).then(|| f.project.clone()),
+        phases,
+        before: None,
+        limit,
+    };
+    Ok(s.store
+        .list_workloads(&filter)
+        .await?
+        .iter()
+        .map(|w| row(&views::workload(w)))
+        .collect())
+}
+
+const STATES: [&str; 9] = [
+    "pending",
+    "queued",
+    "placed",
+    "running",
+    "stopping",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "preempted",
+];
+
+#[derive(Template)]
+#[template(path = "console/workloads.html")]
+struct Workloads {
+    chrome: Chrome,
+    rows: Vec<Row>,
+    states: Vec<(&'static str, bool)>,
+    project: String,
+    query: String,
+    can_write: bool,
+}
+
+#[derive(Template)]
+#[template(path = "console/workload_rows.html")]
+struct WorkloadRows {
+    rows: Vec<Row>,
+    can_write: bool,
+}
+
+/// `GET /console/workloads`: the caller's workloads (all, for platform-admins), newest first,
+/// filtered by state and project; `part=rows` answers only the rows (polled every 3 s).
+pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Filter>) -> Result<Response, ApiError> {
+    if !f.state.is_empty() && WorkloadState::parse(&f.state).is_none() {
+        return Err(ApiError::invalid(
+            "state",
+            format!("unknown state `{}` ({})", f.state, STATES.join(", ")),
+        ));
+    }
+    let rows = list(&s, &c, &f, 100).await?;
+    let can_write = c.id.is_admin() || c.id.role != crate::auth::Role::Viewer;
+    if f.part == "rows" {
+        return Ok(html(&WorkloadRows { rows, can_write }));
+    }
+    let query = serde_urlencoded::to_string([("state", &f.state), ("project", &f.project)]).unwrap_or_default();
+    Ok(html(&Workloads {
+        chrome: Chrome::new(&c, &s, "workloads"),
+        rows,
+        states: STATES.iter().map(|x| (*x, *x == f.state)).collect(),
+        project: f.project,
+        query,
+        can_write,
+    }))
+}
+
+/// One step of a timeline, with how long the workload spent before the next one.
+pub struct Step {
+    pub step: String,
+    pub at: String,
+    pub took: String,
+    pub detail: String,
+}
+
+/// A duration in words: `850 ms`, `12.3 s`, `4 min 05 s`, `2 h 10 min`.
+pub fn took(ms: i64) -> String {
+    match ms {
+        ..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{} min {:02} s", ms / 60_000, (ms % 60_000) / 1000),
+        _ => format!("{} h {:02} min", ms / 3_600_000, (ms % 3_600_000) / 60_000),
+    }
+}
+
+/// The timeline's steps; each step's duration runs to the next step (the last one's to now,
+/// unless the workload has ended).
+pub fn steps(events: &[Event], ended: bool, now: i64) -> Vec<Step> {
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let next = events.get(i + 1).map(|n| n.at_ms).or((!ended).then_some(now));
+            Step {
+                step: e.step.clone(),
+                at: e.at.get(..23).unwrap_or(&e.at).replace('T', " "),
+                took: next.map(|n| took((n - e.at_ms).max(0))).unwrap_or_default(),
+                detail: e.detail.clone(),
+            }
+        })
+        .collect()
+}
+
+#[derive(Template)]
+#[template(path = "console/workload.html")]
+struct WorkloadPage {
+    chrome: Chrome,
+    w: Row,
+    priority: String,
+    units: String,
+    steps: Vec<Step>,
+    can_cancel: bool,
+}
+
+/// `GET /console/workloads/{id}`: one workload and its timeline with step durations.
+pub async fn workload(State(s): State<AppState>, c: Caller, Path(raw): Path<String>) -> Result<Response, ApiError> {
+    let wid = raw
+        .parse::<u64>()
+        .ok()
+        .filter(|v| *v <= i64::MAX as u64)
+        .map(WorkloadId)
+        .ok_or_else(|| ApiError::not_found(format!("no workload {raw}")))?;
+    let w = workloads::get_workload(State(s.clone()), c.id.clone(), WorkloadPath(wid))
+        .await?
+        .0;
+    let events: Vec<Event> = s
+        .store
+        .events(wid, c.id.scope())
+        .await?
+        .iter()
+        .map(views::event)
+        .collect();
+    let r = row(&w);
+    let can_cancel = !r.ended && c.id.can_write(&w.tenant);
+    Ok(html(&WorkloadPage {
+        chrome: Chrome::new(&c, &s, "workloads"),
+        steps: steps(&events, r.ended, crate::now_ms()),
+        w: r,
+        priority: w.priority.clone(),
+        units: w.units.clone(),
+        can_cancel,
+    }))
+}
+
+/// `POST /console/workloads/{id}/cancel` (htmx, with the CSRF token): cancels through the
+/// API's handler and answers the workload's updated row.
+pub async fn cancel(
+    State(s): State<AppState>,
+    c: Caller,
+    path: WorkloadPath,
+    rid: Option<Extension<crate::audit::RequestId>>,
+) -> Result<Response, ApiError> {
+    let _ = rid;
+    let w = workloads::cancel_workload(State(s.clone()), c.id.clone(), path)
+        .await?
+        .0;
+    let can_write = c.id.can_write(&w.tenant);
+    Ok(html(&WorkloadRows {
+        rows: vec![row(&w)],
+        can_write,
+    })
+    .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(step: &str, at_ms: i64) -> Event {
+        Event {
+            seq: 0,
+            step: step.into(),
+            at: tessera_api::rfc3339_ms(at_ms),
+            at_ms,
+            detail: String::new(),
+            code: None,
+        }
+    }
+
+    #[test]
+    fn each_step_lasts_until_the_next_and_the_last_until_now_while_live() {
+        let e = [ev("requested", 1_000), ev("queued", 1_250), ev("running", 4_250)];
+        let live = steps(&e, false, 10_250);
+        let took: Vec<&str> = live.iter().map(|s| s.took.as_str()).collect();
+        assert_eq!(took, ["250 ms", "3.0 s", "6.0 s"]);
+        let ended = steps(&e, true, 10_250);
+        assert_eq!(ended[2].took, "", "an ended workload's last step has no duration");
+        assert_eq!(took_words(), ["4 min 05 s", "2 h 10 min"]);
+    }
+
+    fn took_words() -> [String; 2] {
+        [took(245_000), took(7_800_000)]
+    }
+}

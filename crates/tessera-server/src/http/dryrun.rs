@@ -1,0 +1,237 @@
+//! The dry run of a workload request (`POST /api/v1/workloads/dry-run`): the same body and the
+//! same checks as creation, then — on the lifecycle's published snapshot, changing nothing —
+//! what it would cost, how it would count against the tenant's quotas (the scheduler's own
+//! quota check, [`check_quotas`]) and budget, and whether free capacity for it exists now in a
+//! pool it may use. The console's request form shows this before anything is submitted;
+//! `tessera run --dry-run` prints it.
+
+use axum::Json;
+use axum::extract::State;
+use tessera_api::{CreateWorkload, DryRun, DryRunBudget, DryRunQuota};
+use tessera_model::{Fleet, GpuUnits, PoolId, Request, Shape, Sharing};
+use tessera_sched::cycle::{Admission, Quota, check_quotas, project_key};
+
+use super::ApiJson;
+use super::workloads::{Checked, check_create};
+use crate::AppState;
+use crate::auth::Identity;
+use crate::lifecycle::{FleetOps, NodeSnap, Snapshot, TenantSnap};
+use crate::problem::ApiResult;
+
+/// What a request would do if made now: cost in GPU units and money, quotas and budget before
+/// and after, and whether it would start, borrow, wait or be refused (with the typed reason).
+/// Nothing is created or changed.
+#[utoipa::path(post, path = "/api/v1/workloads/dry-run", tag = "workloads", request_body = CreateWorkload,
+    responses((status = 200, body = DryRun),
+        (status = 403, description = "A viewer token, or a tenant the caller may not write", body = tessera_api::Problem),
+        (status = 422, description = "A value breaks a rule, names an unknown tenant, project or priority class, or asks for a shape no node can ever hold", body = tessera_api::Problem)))]
+pub async fn dry_run(
+    State(s): State<AppState>,
+    id: Identity,
+    ApiJson(b): ApiJson<CreateWorkload>,
+) -> ApiResult<Json<DryRun>> {
+    let c = check_create(&s, &id, &b).await?;
+    let snap = s.lifecycle.snapshot();
+    let ops = s.lifecycle.published().ops();
+    Ok(Json(preview(&s, &snap, &ops, &b, &c)))
+}
+
+/// The pools a request may use: its pool if it names one, else those whose sharing mode serves
+/// its shape and that have a node of an allowed model.
+fn scope(f: &Fleet, r: &Request) -> Vec<PoolId> {
+    (0..f.pools.len())
+        .map(|i| PoolId(i as u16))
+        .filter(|&p| r.pool.is_none_or(|x| x == p))
+        .filter(|&p| {
+            let pool = f.pool(p);
+            let sharing = match &r.shape {
+                Shape::Whole { .. } => matches!(pool.sharing, Sharing::Whole | Sharing::Shared),
+                Shape::Mig(_) => pool.sharing == Sharing::Mig,
+                Shape::Fraction { .. } => pool.sharing == Sharing::Shared,
+                Shape::CpuOnly => true,
+            };
+            // A gang of whole GPUs needs one node with that many.
+            let size = |n: &tessera_model::Node| match r.shape {
+                Shape::Whole { gpus } => n.gpus >= gpus,
+                _ => true,
+            };
+            sharing
+                && f.nodes[pool.nodes.start as usize..pool.nodes.end as usize]
+                    .iter()
+                    .any(|n| model_ok(r, n.model) && size(n))
+        })
+        .collect()
+}
+
+fn model_ok(r: &Request, m: tessera_model::ModelId) -> bool {
+    let listed = r.models.is_empty() || r.models.contains(&m);
+    match &r.shape {
+        Shape::Mig(c) => listed && c.options.iter().any(|(om, _)| *om == m),
+        _ => listed,
+    }
+}
+
+/// Whether node `i` has room for `r` now: ready (not cordoned, draining or in maintenance),
+/// enough host CPU and memory, and a GPU layout that fits the shape.
+fn node_fits(f: &Fleet, i: usize, n: &NodeSnap, ops: &FleetOps, r: &Request, tenant: &str) -> bool {
+    let node = &f.nodes[i];
+    if ops.node_state(&node.name) != "ready" || !model_ok(r, node.model) {
+        return false;
+    }
+    if n.cpu_free < r.cpu_milli || n.mem_free < r.memory_mib {
+        return false;
+    }
+    match &r.shape {
+        Shape::Whole { gpus } => n.free_gpus() >= *gpus as usize,
+        Shape::Mig(c) => {
+            let model = f.catalogue.get(node.model);
+            let Some(geom) = model.mig else { return false };
+            c.options.iter().filter(|(m, _)| *m == node.model).any(|&(_, p)| {
+                let p = &geom.profiles[p as usize];
+                n.gpus.iter().any(|g| {
+                    let whole = g.holders.iter().any(|h| h.units == GpuUnits::whole(1));
+                    !whole
+                        && p.starts
+                            .iter()
+                            .any(|&s| s + p.mem_slices <= geom.mem_slices && g.mig_mask & p.mask_at(s) == 0)
+                })
+            })
+        }
+        Shape::Fraction { milli, .. } => {
+            let mixing = f.pool(node.pool).allow_tenant_mixing;
+            n.gpus.iter().any(|g| {
+                g.used_milli as u32 + *milli as u32 <= 1000 && (mixing || g.holders.iter().all(|h| h.tenant == tenant))
+            })
+        }
+        Shape::CpuOnly => true,
+    }
+}
+
+fn pool_has_room(snap: &Snapshot, ops: &FleetOps, p: PoolId, r: &Request, tenant: &str) -> bool {
+    let f = &snap.fleet;
+    let range = f.pool(p).nodes.clone();
+    (range.start as usize..range.end as usize).any(|i| node_fits(f, i, &snap.nodes[i], ops, r, tenant))
+}
+
+/// The dry run's answer on a snapshot.
+pub(crate) fn preview(s: &AppState, snap: &Snapshot, ops: &FleetOps, b: &CreateWorkload, c: &Checked) -> DryRun {
+    let f = &snap.fleet;
+    let units = c.request.units(&f.catalogue);
+    let empty = TenantSnap::default();
+    let t = snap.tenants.get(&b.tenant).unwrap_or(&empty);
+    let quota = |k: &str| t.quotas.iter().find(|(c, _, _)| c == k).map(|(_, q, _)| *q);
+    let held = |k: &str| {
+        t.quotas
+            .iter()
+            .find(|(c, _, _)| c == k)
+            .map(|(_, _, h)| *h)
+            .unwrap_or_default()
+    };
+    let project = project_key(&b.project);
+    let pools = scope(f, &c.request);
+    let unit_hours = b.duration_s.map(|d| units.as_f64() * d as f64 / 3600.0);
+    let budget = t.budget.map(|(budget, spent)| DryRunBudget {
+        budget,
+        spent,
+        left: budget - spent,
+        left_after: unit_hours.map(|h| budget - spent - h),
+    });
+    // The admit action's order: the budget, then each pool's quota (the pool and the
+    // project's sub-quota), then free capacity in a pool that is within its limits.
+    let mut admitted: Vec<(PoolId, Admission)> = Vec::new();
+    let mut over = None;
+    for &p in &pools {
+        let keys = [f.pool(p).name.as_str(), project.as_str()];
+        match check_quotas(&b.tenant, &keys, units, quota, held) {
+            Ok(a) => admitted.push((p, a)),
+            Err(e) => {
+                over.get_or_insert(e);
+            }
+        }
+    }
+    let waits_or_refuses = if b.no_wait { "refused" } else { "wait" };
+    let spent_out = t.budget.filter(|(budget, spent)| spent >= budget);
+    let room = admitted
+        .iter()
+        .find(|(p, _)| pool_has_room(snap, ops, *p, &c.request, &b.tenant));
+    let (outcome, code, reason, pool) = if pools.is_empty() {
+        (
+            "refused",
+            Some("constraint"),
+            Some("no pool of this fleet can ever hold this shape".to_string()),
+            None,
+        )
+    } else if let Some((budget, spent)) = spent_out {
+        (
+            waits_or_refuses,
+            Some("budget"),
+            Some(format!(
+                "tenant {} has spent {spent:.1} of its {budget:.1} GPU-unit-hours this month",
+                b.tenant
+            )),
+            None,
+        )
+    } else if admitted.is_empty() {
+        let e = over.expect("every pool is over a limit");
+        (waits_or_refuses, Some("quota"), Some(e.to_string()), None)
+    } else if let Some((p, a)) = room {
+        (
+            if a.borrowing() { "borrow" } else { "start" },
+            None,
+            None,
+            Some(f.pool(*p).name.clone()),
+        )
+    } else {
+        (
+            waits_or_refuses,
+            Some("no-capacity"),
+            Some("no node in the pools this request may use has room for it now".to_string()),
+            None,
+        )
+    };
+    let at = pool
+        .as_deref()
+        .or_else(|| pools.first().map(|&p| f.pool(p).name.as_str()));
+    let model = c
+        .request
+        .models
+        .first()
+        .map(|&m| f.catalogue.get(m).name.clone())
+        .or_else(|| match &c.request.shape {
+            Shape::Mig(ch) => ch.options.first().map(|(m, _)| f.catalogue.get(*m).name.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let price = at.map(|p| s.prices.price(p, &model)).unwrap_or(0.0);
+    let classes: Vec<String> = match at {
+        Some(p) => vec![p.to_string(), project.clone()],
+        None => vec![project.clone()],
+    };
+    let quotas = classes
+        .iter()
+        .filter_map(|k| {
+            let q: Quota = quota(k)?;
+            let used = held(k);
+            Some(DryRunQuota {
+                class: k.clone(),
+                guaranteed: q.guaranteed.as_f64(),
+                limit: q.limit.map(GpuUnits::as_f64),
+                used: used.as_f64(),
+                after: (used + units).as_f64(),
+            })
+        })
+        .collect();
+    DryRun {
+        outcome: outcome.into(),
+        reason_code: code.map(str::to_string),
+        reason,
+        pool,
+        units: units.to_string(),
+        unit_hours,
+        price_per_unit_hour: price,
+        cost: unit_hours.map(|h| h * price),
+        currency: s.prices.currency.clone(),
+        quotas,
+        budget,
+    }
+}

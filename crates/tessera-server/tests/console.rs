@@ -1,0 +1,941 @@
+//! The console over HTTP (no browser): pages behind the sign-in, the strict CSP with no inline
+//! script or style, hashed long-cached assets, API-token sign-in to a session cookie, the CSRF
+//! token on every change, tenant isolation of the lists, viewers who cannot cancel. The browser
+//! tests (crates/tessera/tests/console.rs) drive the same pages in Chromium. About 2 s.
+
+use reqwest::redirect::Policy;
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+use tessera_server::{ServerConfig, start};
+
+fn browser() -> Client {
+    Client::builder()
+        .cookie_store(true)
+        .redirect(Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// The value of `attr="…"` after `after` in `html`.
+fn attr(html: &str, after: &str, attr: &str) -> String {
+    let from = html.find(after).unwrap_or_else(|| panic!("{after} in {html}"));
+    let rest = &html[from..];
+    let start = rest.find(&format!("{attr}=\"")).unwrap() + attr.len() + 2;
+    rest[start..start + rest[start..].find('"').unwrap()].to_string()
+}
+
+/// Signs `b` in with `token`; returns the session's CSRF token from the page.
+async fn sign_in(b: &Client, base: &str, token: &str) -> String {
+    let form = b
+        .get(format!("{base}/console/signin"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let ft = attr(&form, "name=\"form_token\"", "value");
+    let r = b
+        .post(format!("{base}/console/signin"))
+        .form(&[("token", token), ("form_token", &ft)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let page = b
+        .get(format!("{base}/console"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let at = page.find("hx-headers='").expect("hx-headers on the body") + "hx-headers='".len();
+    let h = &page[at..at + page[at..].find('\'').unwrap()];
+    let v: Value = serde_json::from_str(h).unwrap_or_else(|e| panic!("{h}: {e}"));
+    v["X-CSRF-Token"].as_str().unwrap().to_string()
+}
+
+fn no_inline_code(html: &str) {
+    assert!(!html.contains("<style"), "no inline style element");
+    assert!(!html.contains(" style="), "no style attribute");
+    assert!(
+        !html.contains(" on") || !html.contains("onclick="),
+        "no inline handlers"
+    );
+    for (i, _) in html.match_indices("<script") {
+        let tag = &html[i..i + html[i..].find('>').unwrap()];
+        assert!(
+            tag.contains(" src=\"/assets/"),
+            "every script is an embedded file: {tag}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_pages_are_signed_in_csrf_guarded_and_free_of_inline_code() {
+    let dir = std::env::temp_dir().join(format!("tessera-console-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let call = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        assert!(
+            call("/api/v1/tenants", json!({"name": t}))
+                .await
+                .unwrap()
+                .status()
+                .is_success()
+        );
+        let path = format!("/api/v1/tenants/{t}/projects");
+        assert!(call(&path, json!({"name": p})).await.unwrap().status().is_success());
+    }
+    let token = |tenant: &'static str, role: &'static str| {
+        let c = call("/api/v1/tokens", json!({"tenant": tenant, "role": role}));
+        async move {
+            c.await.unwrap().json::<Value>().await.unwrap()["token"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let (member, viewer, other) = (
+        token("vision", "member").await,
+        token("vision", "viewer").await,
+        token("nlp", "member").await,
+    );
+    let w: Value = call(
+        "/api/v1/workloads",
+        json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": "1g.10gb"}, "duration_s": 3600}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let wid = w["id"].as_u64().unwrap();
+
+    // Without a session every page leads to the sign-in form; `/` leads to the console.
+    let b = browser();
+    let root = b.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(root.headers()["location"], "/console");
+    for page in ["/console", "/console/workloads", &format!("/console/workloads/{wid}")] {
+        let r = b.get(format!("{base}{page}")).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "{page}");
+        assert_eq!(r.headers()["location"], "/console/signin", "{page}");
+    }
+    let form = b.get(format!("{base}/console/signin")).send().await.unwrap();
+    let csp = form.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    let html = form.text().await.unwrap();
+    no_inline_code(&html);
+
+    // A sign-in form post without its double-submit token is refused; a wrong token gets a
+    // message next to the field.
+    let forged = b
+        .post(format!("{base}/console/signin"))
+        .form(&[("token", member.as_str()), ("form_token", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+    assert_eq!(forged.headers()["content-type"], "application/problem+json");
+    let ft = attr(
+        &b.get(format!("{base}/console/signin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "name=\"form_token\"",
+        "value",
+    );
+    let wrong = b
+        .post(format!("{base}/console/signin"))
+        .form(&[("token", "tsr_nope"), ("form_token", ft.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    let wrong = wrong.text().await.unwrap();
+    assert!(
+        wrong.contains("id=\"token-error\"") && wrong.contains("aria-invalid=\"true\""),
+        "{wrong}"
+    );
+
+    // The member signs in: a session cookie, pages with their CSRF token, every asset hashed
+    // and cached for a year.
+    let ft = attr(
+        &b.get(format!("{base}/console/signin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "name=\"form_token\"",
+        "value",
+    );
+    let ok = b
+        .post(format!("{base}/console/signin"))
+        .form(&[("token", member.as_str()), ("form_token", ft.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let cookies: Vec<String> = ok
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    let session = cookies
+        .iter()
+        .find(|c| c.starts_with("tessera_session="))
+        .expect("a session cookie");
+    assert!(
+        session.contains("HttpOnly") && session.contains("SameSite=Lax") && !session.contains("Secure"),
+        "{session}"
+    );
+    let csrf = sign_in(&b, &base, &member).await;
+    assert_eq!(csrf.len(), 64);
+    let page = b
+        .get(format!("{base}/console"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    no_inline_code(&page);
+    assert!(page.contains("<main") && page.contains("<nav") && page.contains("<header"));
+    let mut assets = 0;
+    for (i, _) in page.match_indices("/assets/") {
+        let url = &page[i..i + page[i..].find('"').unwrap()];
+        let a = b.get(format!("{base}{url}")).send().await.unwrap();
+        assert_eq!(a.status(), StatusCode::OK, "{url}");
+        assert_eq!(a.headers()["cache-control"], "public, max-age=31536000, immutable");
+        assets += 1;
+        let stale = url.replacen("/assets/", "/assets/0", 1);
+        assert_eq!(
+            b.get(format!("{base}{stale}")).send().await.unwrap().status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+    assert!(assets >= 3, "stylesheet, htmx and the console script");
+
+    // The list shows the member's workload; its page shows the timeline.
+    let list = b
+        .get(format!("{base}/console/workloads"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(list.contains(&format!("id=\"w-{wid}\"")), "{list}");
+    let detail = b
+        .get(format!("{base}/console/workloads/{wid}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(detail.contains("Timeline") && detail.contains("requested"), "{detail}");
+    let bad = b
+        .get(format!("{base}/console/workloads?state=bogus"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    // Cancelling needs the CSRF token.
+    let cancel = format!("{base}/console/workloads/{wid}/cancel");
+    let refused = b.post(&cancel).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(refused.headers()["content-type"], "application/problem+json");
+    let done = b.post(&cancel).header("x-csrf-token", &csrf).send().await.unwrap();
+    assert_eq!(done.status(), StatusCode::OK);
+    let row = done.text().await.unwrap();
+    assert!(row.contains("cancelled") || row.contains("stopping"), "{row}");
+
+    // Another tenant's member does not see it; a viewer cannot cancel.
+    let o = browser();
+    sign_in(&o, &base, &other).await;
+    let theirs = o
+        .get(format!("{base}/console/workloads"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!theirs.contains(&format!("id=\"w-{wid}\"")));
+    let missing = o.get(format!("{base}/console/workloads/{wid}")).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let w2: Value = call(
+        "/api/v1/workloads",
+        json!({"tenant": "vision", "project": "train", "name": "w2", "shape": {"fraction": 250}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let v = browser();
+    let vcsrf = sign_in(&v, &base, &viewer).await;
+    let vlist = v
+        .get(format!("{base}/console/workloads"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        vlist.contains(&format!("id=\"w-{}\"", w2["id"])) && !vlist.contains("/cancel\""),
+        "viewers get no cancel button"
+    );
+    let vc = v
+        .post(format!("{base}/console/workloads/{}/cancel", w2["id"]))
+        .header("x-csrf-token", &vcsrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(vc.status(), StatusCode::FORBIDDEN);
+
+    // Signing out ends the session.
+    let out = b
+        .post(format!("{base}/console/signout"))
+        .header("x-csrf-token", &csrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), StatusCode::NO_CONTENT);
+    let after = b.get(format!("{base}/console")).send().await.unwrap();
+    assert_eq!(after.status(), StatusCode::SEE_OTHER);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Polls a workload until its state is one of `states`.
+async fn wait_state(api: &Client, base: &str, admin: &str, id: u64, states: &[&str]) -> Value {
+    for _ in 0..200 {
+        let w: Value = api
+            .get(format!("{base}/api/v1/workloads/{id}"))
+            .bearer_auth(admin)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if states.contains(&w["state"].as_str().unwrap_or_default()) {
+            return w;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("workload {id} never reached {states:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_says_start_borrow_wait_or_refused_with_cost_quota_and_budget_and_changes_nothing() {
+    let dir = std::env::temp_dir().join(format!("tessera-dryrun-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let send = |m: reqwest::Method, path: &str, body: Value| {
+        api.request(m, format!("{base}{path}"))
+            .bearer_auth(&admin)
+            .json(&body)
+            .send()
+    };
+    let post = reqwest::Method::POST;
+    let put = reqwest::Method::PUT;
+    assert!(
+        send(post.clone(), "/api/v1/tenants", json!({"name": "vision"}))
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+    assert!(
+        send(
+            post.clone(),
+            "/api/v1/tenants/vision/projects",
+            json!({"name": "train"})
+        )
+        .await
+        .unwrap()
+        .status()
+        .is_success()
+    );
+    let q = send(
+        put.clone(),
+        "/api/v1/tenants/vision/quotas/serving",
+        json!({"guaranteed": 1.0, "limit": 2.0}),
+    )
+    .await
+    .unwrap();
+    assert!(q.status().is_success(), "{}", q.text().await.unwrap());
+    let bu = send(
+        put,
+        "/api/v1/tenants/vision/budget",
+        json!({"monthly_unit_hours": 10.0}),
+    )
+    .await
+    .unwrap();
+    assert!(bu.status().is_success(), "{}", bu.text().await.unwrap());
+    let body = |mig: &str, no_wait: bool| {
+        json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": mig, "pool": "serving"},
+               "duration_s": 7200, "no_wait": no_wait})
+    };
+    let dry = |b: Value| {
+        let f = send(post.clone(), "/api/v1/workloads/dry-run", b);
+        async move {
+            let r = f.await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+
+    // Within the guarantee: starts; half a GPU for two hours is one unit-hour of the budget.
+    let d = dry(body("3g.40gb", false)).await;
+    assert_eq!(d["outcome"], "start", "{d}");
+    assert_eq!(d["pool"], "serving");
+    assert_eq!(d["units"], "0.5");
+    assert_eq!(d["unit_hours"], 1.0);
+    assert_eq!(d["budget"]["left"], 10.0);
+    assert_eq!(d["budget"]["left_after"], 9.0);
+    assert_eq!(
+        d["quotas"][0],
+        json!({"class": "serving", "guaranteed": 1.0, "limit": 2.0, "used": 0.0, "after": 0.5})
+    );
+    let listed = |api: &Client| api.get(format!("{base}/api/v1/workloads")).bearer_auth(&admin).send();
+    let none: Value = listed(&api).await.unwrap().json().await.unwrap();
+    assert_eq!(none["items"].as_array().unwrap().len(), 0, "a dry run creates nothing");
+
+    // Holding the whole guarantee, more borrows; over the limit it waits, or is refused when
+    // it asked not to wait.
+    let w: Value = send(post.clone(), "/api/v1/workloads", body("7g.80gb", false))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    wait_state(&api, &base, &admin, w["id"].as_u64().unwrap(), &["placed", "running"]).await;
+    let d = dry(body("3g.40gb", false)).await;
+    assert_eq!(d["outcome"], "borrow", "{d}");
+    assert_eq!(d["quotas"][0]["used"], 1.0);
+    let w2: Value = send(post.clone(), "/api/v1/workloads", body("7g.80gb", false))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    wait_state(&api, &base, &admin, w2["id"].as_u64().unwrap(), &["placed", "running"]).await;
+    let d = dry(body("1g.10gb", false)).await;
+    assert_eq!(
+        (d["outcome"].as_str(), d["reason_code"].as_str()),
+        (Some("wait"), Some("quota")),
+        "{d}"
+    );
+    assert!(d["reason"].as_str().unwrap().contains("limit 2"), "{d}");
+    let d = dry(body("1g.10gb", true)).await;
+    assert_eq!(d["outcome"], "refused");
+
+    // A gang no node can hold is refused as a constraint.
+    let d = dry(json!({"tenant": "vision", "project": "train", "name": "big", "shape": {"gpus": 9}})).await;
+    assert_eq!(
+        (d["outcome"].as_str(), d["reason_code"].as_str()),
+        (Some("refused"), Some("constraint")),
+        "{d}"
+    );
+    // Bad input is refused as creation refuses it.
+    let bad = send(
+        post.clone(),
+        "/api/v1/workloads/dry-run",
+        json!({"tenant": "vision", "project": "nope", "name": "x", "shape": {"gpus": 1}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let p: Value = bad.json().await.unwrap();
+    assert_eq!(p["field"], "project");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_errors_by_their_field() {
+    let dir = std::env::temp_dir().join(format!("tessera-reqform-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let call = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
+    call("/api/v1/tenants", json!({"name": "vision"})).await.unwrap();
+    call("/api/v1/tenants/vision/projects", json!({"name": "train"}))
+        .await
+        .unwrap();
+    let tok = |role: &'static str| {
+        let c = call("/api/v1/tokens", json!({"tenant": "vision", "role": role}));
+        async move {
+            c.await.unwrap().json::<Value>().await.unwrap()["token"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let (member, viewer) = (tok("member").await, tok("viewer").await);
+    let b = browser();
+    let csrf = sign_in(&b, &base, &member).await;
+    let page = b
+        .get(format!("{base}/console/request"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    no_inline_code(&page);
+    for pool in ["training", "serving", "development"] {
+        assert!(page.contains(&format!("<option value=\"{pool}\"")), "{pool}");
+    }
+    assert!(page.contains("value=\"vision/train\""));
+    // The MIG pool offers its model's profiles and no whole GPUs; the shared pool fractions.
+    let mig = b
+        .get(format!("{base}/console/request/fields?pool=serving"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        mig.contains("value=\"mig:3g.40gb\"") && !mig.contains("value=\"gpus:") && !mig.contains("fraction:"),
+        "{mig}"
+    );
+    let shared = b
+        .get(format!("{base}/console/request/fields?pool=development"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        shared.contains("value=\"fraction:250\"") && !shared.contains("mig:"),
+        "{shared}"
+    );
+
+    let form = |name: &str, hours: &str| {
+        vec![
+            ("project", "vision/train".to_string()),
+            ("name", name.to_string()),
+            ("pool", "serving".into()),
+            ("model", "A100-80GB".into()),
+            ("shape", "mig:1g.10gb".into()),
+            ("duration_h", hours.to_string()),
+            ("priority", "standard".into()),
+        ]
+    };
+    let post = |path: &'static str, f: Vec<(&'static str, String)>, csrf: Option<&str>| {
+        let mut rb = b.post(format!("{base}{path}")).form(&f).header("hx-request", "true");
+        if let Some(c) = csrf {
+            rb = rb.header("x-csrf-token", c);
+        }
+        rb.send()
+    };
+    // Without the CSRF token: refused before anything is read.
+    assert_eq!(
+        post("/console/request/preview", form("nb", "1"), None)
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    // Bad values: the message sits next to its field.
+    let bad = post("/console/request/preview", form("", "1"), Some(&csrf))
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let bad = bad.text().await.unwrap();
+    assert!(
+        bad.contains("id=\"name-error\"") && bad.contains("aria-describedby=\"name-error\""),
+        "{bad}"
+    );
+    let bad = post("/console/request/preview", form("nb", "soon"), Some(&csrf))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        bad.contains("id=\"duration_h-error\"") && bad.contains("not a number of hours"),
+        "{bad}"
+    );
+    // The preview first, with its submit button; then the submission.
+    let p = post("/console/request/preview", form("nb", "2"), Some(&csrf))
+        .await
+        .unwrap();
+    assert_eq!(p.status(), StatusCode::OK);
+    let p = p.text().await.unwrap();
+    assert!(
+        p.contains("Cost preview") && p.contains("<strong>borrow</strong>") && p.contains("id=\"submit-button\""),
+        "{p}"
+    );
+    let s = post("/console/request", form("nb", "2"), Some(&csrf)).await.unwrap();
+    assert_eq!(s.status(), StatusCode::NO_CONTENT);
+    let to = s.headers()["hx-redirect"].to_str().unwrap().to_string();
+    assert!(to.starts_with("/console/workloads/"), "{to}");
+    let detail = b.get(format!("{base}{to}")).send().await.unwrap().text().await.unwrap();
+    assert!(detail.contains("MIG 1g.10gb"), "{detail}");
+    // A viewer sees the form without the button and cannot preview or submit.
+    let v = browser();
+    let vcsrf = sign_in(&v, &base, &viewer).await;
+    let vpage = v
+        .get(format!("{base}/console/request"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!vpage.contains("id=\"preview-button\""));
+    let vs = v
+        .post(format!("{base}/console/request"))
+        .form(&form("nb", "1"))
+        .header("x-csrf-token", &vcsrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(vs.status(), StatusCode::FORBIDDEN);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_page_shows_shares_budget_chart_and_csv_and_tokens_are_shown_once_then_revoked() {
+    let dir = std::env::temp_dir().join(format!("tessera-account-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let call = |m: reqwest::Method, path: &str, body: Value| {
+        api.request(m, format!("{base}{path}"))
+            .bearer_auth(&admin)
+            .json(&body)
+            .send()
+    };
+    let post = reqwest::Method::POST;
+    call(post.clone(), "/api/v1/tenants", json!({"name": "vision"}))
+        .await
+        .unwrap();
+    let tok = |role: &'static str| {
+        let c = call(
+            post.clone(),
+            "/api/v1/tokens",
+            json!({"tenant": "vision", "role": role}),
+        );
+        async move {
+            c.await.unwrap().json::<Value>().await.unwrap()["token"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let (ta, member) = (tok("tenant-admin").await, tok("member").await);
+    let b = browser();
+    let csrf = sign_in(&b, &base, &ta).await;
+    let q = b
+        .get(format!("{base}/console/quota"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    no_inline_code(&q);
+    assert!(q.contains("No quota is set") && q.contains("No monthly budget"), "{q}");
+    call(
+        reqwest::Method::PUT,
+        "/api/v1/tenants/vision/quotas/serving",
+        json!({"guaranteed": 2.0, "limit": 4.0}),
+    )
+    .await
+    .unwrap();
+    call(
+        reqwest::Method::PUT,
+        "/api/v1/tenants/vision/budget",
+        json!({"monthly_unit_hours": 50.0}),
+    )
+    .await
+    .unwrap();
+    let q = b
+        .get(format!("{base}/console/quota"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        q.contains("<td>serving</td>") && q.contains("<strong>50.0</strong> of 50.0"),
+        "{q}"
+    );
+    assert!(
+        q.contains("data-chart=\"") && q.contains("vendor/uPlot.iife.min.js"),
+        "the chart and its library"
+    );
+    let csv_at = q.find("/api/v1/usage?").unwrap();
+    let csv_url = q[csv_at..csv_at + q[csv_at..].find('"').unwrap()]
+        .replace("&amp;", "&")
+        .replace("&#38;", "&");
+    let csv = b.get(format!("{base}{csv_url}")).send().await.unwrap();
+    assert_eq!(csv.status(), StatusCode::OK, "{csv_url}");
+    assert!(csv.headers()["content-type"].to_str().unwrap().starts_with("text/csv"));
+
+    // A token: its secret shown once, usable, then revoked.
+    let form = |name: &str, role: &str, days: &str| {
+        vec![
+            ("name", name.to_string()),
+            ("role", role.to_string()),
+            ("expires_days", days.to_string()),
+        ]
+    };
+    let bad = b
+        .post(format!("{base}/console/tokens"))
+        .form(&form("ci", "member", "soon"))
+        .header("x-csrf-token", &csrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(bad.text().await.unwrap().contains("id=\"expires_days-error\""));
+    let made = b
+        .post(format!("{base}/console/tokens"))
+        .form(&form("ci", "member", "30"))
+        .header("x-csrf-token", &csrf)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let at = made
+        .find("id=\"new-secret\" class=\"secret\">")
+        .expect("the secret, once")
+        + "id=\"new-secret\" class=\"secret\">".len();
+    let secret = made[at..at + 68].to_string();
+    assert!(secret.starts_with("tsr_"), "{secret}");
+    let use_it = || api.get(format!("{base}/api/v1/workloads")).bearer_auth(&secret).send();
+    assert_eq!(use_it().await.unwrap().status(), StatusCode::OK);
+    let list = b
+        .get(format!("{base}/console/tokens"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!list.contains(&secret), "the secret is never shown again");
+    let id_at = made.find("<h2 id=\"created-h\">Token ").unwrap() + "<h2 id=\"created-h\">Token ".len();
+    let tid = made[id_at..id_at + made[id_at..].find(' ').unwrap()].to_string();
+    let revoke = format!("{base}/console/tokens/{tid}/revoke");
+    assert_eq!(
+        b.post(&revoke).send().await.unwrap().status(),
+        StatusCode::FORBIDDEN,
+        "no CSRF token"
+    );
+    let after = b.post(&revoke).header("x-csrf-token", &csrf).send().await.unwrap();
+    assert_eq!(after.status(), StatusCode::OK);
+    assert!(after.text().await.unwrap().contains("revoked"));
+    assert_eq!(use_it().await.unwrap().status(), StatusCode::UNAUTHORIZED);
+
+    // Members do not manage tokens.
+    let m = browser();
+    let mcsrf = sign_in(&m, &base, &member).await;
+    let page = m
+        .get(format!("{base}/console/tokens"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("managed by its tenant-admins"));
+    let refused = m
+        .post(format!("{base}/console/tokens"))
+        .form(&form("x", "member", ""))
+        .header("x-csrf-token", &mcsrf)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_admins_only() {
+    let dir = std::env::temp_dir().join(format!("tessera-fleetmap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let call = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
+    call("/api/v1/tenants", json!({"name": "vision"})).await.unwrap();
+    call("/api/v1/tenants/vision/projects", json!({"name": "train"}))
+        .await
+        .unwrap();
+    let member = call("/api/v1/tokens", json!({"tenant": "vision", "role": "member"}))
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let w: Value = call(
+        "/api/v1/workloads",
+        json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": "3g.40gb"}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let id = w["id"].as_u64().unwrap();
+    let w = wait_state(&api, &base, &admin, id, &["placed", "running"]).await;
+    let node = w["allocation"]["node"].as_str().unwrap().to_string();
+    let b = browser();
+    sign_in(&b, &base, &admin).await;
+    let map = b
+        .get(format!("{base}/console/fleet?tenant=vision"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    no_inline_code(&map);
+    assert!(
+        map.contains("1 nodes match"),
+        "the tenant filter keeps the one node: {map}"
+    );
+    let colour = map
+        .split("<li><span class=\"sw t")
+        .nth(1)
+        .unwrap()
+        .chars()
+        .next()
+        .unwrap();
+    assert!(
+        map.contains(&format!("class=\"cell t{colour} part\"")) && map.contains(&format!("vision #{id}")),
+        "the slice's GPU is coloured as vision in the legend: {map}"
+    );
+    let all = b
+        .get(format!("{base}/console/fleet"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        all.contains("60 nodes match") && !all.contains("Next 100"),
+        "seed: 60 nodes on one page"
+    );
+    let detail = b
+        .get(format!("{base}/console/fleet/nodes/{node}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        detail.contains("3g.40gb at slice")
+            && detail.contains(&format!("vision/train <a href=\"/console/workloads/{id}\">")),
+        "{detail}"
+    );
+    // Cordon from the node's detail (CSRF token required), then find it in the audit log.
+    let csrf = sign_in(&b, &base, &admin).await;
+    let cordon = format!("{base}/console/fleet/nodes/{node}/cordon");
+    assert_eq!(b.post(&cordon).send().await.unwrap().status(), StatusCode::FORBIDDEN);
+    let done = b
+        .post(&cordon)
+        .header("x-csrf-token", &csrf)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(done.contains("(cordoned)") && done.contains("/uncordon\""), "{done}");
+    let cordoned = b
+        .get(format!("{base}/console/fleet?state=cordoned"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(cordoned.contains("1 nodes match") && cordoned.contains(&format!("id=\"node-{node}\"")));
+    let audit = b
+        .get(format!("{base}/console/audit?action=cordon"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    no_inline_code(&audit);
+    assert!(
+        audit.contains(&format!("/console/fleet/nodes/{node}/cordon")),
+        "{audit}"
+    );
+    assert!(!audit.contains("auth.failure"), "filtered by action");
+    let bad = b
+        .get(format!("{base}/console/fleet?state=broken"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    // Tenants get no fleet map.
+    let m = browser();
+    sign_in(&m, &base, &member).await;
+    let page = m
+        .get(format!("{base}/console"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!page.contains("href=\"/console/fleet\""));
+    assert_eq!(
+        m.get(format!("{base}/console/fleet")).send().await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        m.get(format!("{base}/console/fleet/nodes/{node}"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    let audit = m.get(format!("{base}/console/audit")).send().await.unwrap();
+    assert_eq!(audit.status(), StatusCode::FORBIDDEN);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,193 @@
+// Drives the Tessera console in headless Chromium (Debian's /usr/bin/chromium through
+// playwright-core; no browser download) and checks every page with axe-core. Started by
+// crates/tessera/tests/console.rs, which starts `tessera serve` and the OIDC provider and passes:
+//   BASE, ADMIN_TOKEN, VIEWER_TOKEN, OTHER_TOKEN, SHOTS (screenshot directory).
+// Prints one line per step; exits non-zero with the failed step's message.
+import fs from 'node:fs';
+import { createRequire } from 'node:module';
+import { chromium } from 'playwright-core';
+
+const require = createRequire(import.meta.url);
+const axeSource = fs.readFileSync(require.resolve('axe-core/axe.min.js'), 'utf8');
+const { BASE, ADMIN_TOKEN, VIEWER_TOKEN, OTHER_TOKEN, SHOTS } = process.env;
+fs.mkdirSync(SHOTS, { recursive: true });
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'],
+});
+const problems = [];
+const step = (s) => console.log(`step: ${s}`);
+function check(ok, what) { if (!ok) throw new Error(what); }
+
+async function context() {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  ctx.on('page', (p) => p.on('console', (m) => {
+    if (m.type() === 'error' && /Content Security Policy|Refused to/.test(m.text()) && !/fonts/.test(m.text())) {
+      problems.push(`CSP violation on ${p.url()}: ${m.text()}`);
+    }
+  }));
+  const page = await ctx.newPage();
+  page.on('dialog', (d) => d.accept());
+  return page;
+}
+
+// axe-core in the page (evaluated through the DevTools protocol: the page's CSP stays on).
+async function axe(page, name) {
+  await page.evaluate(axeSource);
+  const r = await page.evaluate(() => globalThis.axe.run(document, { resultTypes: ['violations'] }));
+  const bad = r.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+  for (const v of bad) problems.push(`axe ${name}: ${v.id} (${v.impact}): ${v.help} — ${v.nodes.map((n) => n.target.join(' ')).slice(0, 3).join(', ')}`);
+  await page.screenshot({ path: `${SHOTS}/${name}.png`, fullPage: true });
+}
+
+async function tokenSignIn(page, token) {
+  await page.goto(`${BASE}/console/signin`);
+  await page.fill('#token', token);
+  await page.click('button[type=submit]');
+  await page.waitForURL(`${BASE}/console`);
+}
+
+try {
+  // 1. A tenant-admin of vision signs in through the real OIDC provider (its dev login page).
+  step('sign in through the OIDC provider');
+  const alice = await context();
+  await page_signin_sso(alice);
+  check((await alice.textContent('header')).includes('oidc:alice'), 'signed in as oidc:alice');
+  await axe(alice, 'overview');
+
+  // 2. Request a MIG slice: pool → model → shape from the valid lists; preview before submit.
+  step('request a MIG slice with the cost preview first');
+  await alice.goto(`${BASE}/console/request`);
+  check(await alice.locator('#submit-button').count() === 0, 'no submit button before the preview');
+  await alice.selectOption('#f-pool', 'serving');
+  await alice.waitForSelector('#f-shape option[value="mig:1g.10gb"]', { state: 'attached' });
+  await alice.selectOption('#f-shape', 'mig:1g.10gb');
+  await alice.fill('#f-name', 'notebook');
+  await alice.fill('#f-duration', '2');
+  await alice.click('#preview-button');
+  await alice.waitForSelector('#preview');
+  const preview = await alice.textContent('#preview');
+  check(/Would (start|borrow)/.test(preview) && preview.includes('GPU units'), `preview: ${preview}`);
+  await axe(alice, 'request-preview');
+  await alice.click('#submit-button');
+  await alice.waitForURL(/\/console\/workloads\/\d+$/);
+  const wid = alice.url().split('/').pop();
+
+  // 3. It reaches Running; the timeline shows its steps with durations.
+  step(`workload ${wid} reaches running; its timeline`);
+  for (let i = 0; i < 40; i++) {
+    if ((await alice.textContent('.facts')).includes('running')) break;
+    await alice.waitForTimeout(250);
+    await alice.reload();
+  }
+  check((await alice.textContent('.facts')).includes('running'), 'the workload is running');
+  const timeline = await alice.textContent('.timeline');
+  check(timeline.includes('requested') && timeline.includes('running') && /\d+(\.\d)? (ms|s)/.test(timeline), `timeline: ${timeline}`);
+  await axe(alice, 'workload');
+
+  // 4. An admin sees the slice on the fleet map, coloured by tenant, with its detail on click.
+  step('the admin sees the slice on the fleet map');
+  const admin = await context();
+  await tokenSignIn(admin, ADMIN_TOKEN);
+  await admin.goto(`${BASE}/console/fleet?tenant=vision`);
+  const cell = admin.locator(`.cell[title*="vision #${wid}"]`);
+  check(await cell.count() === 1, 'one GPU cell holds the slice');
+  const legend = await admin.locator('.legend li', { hasText: 'vision' }).locator('.sw').getAttribute('class');
+  const colour = legend.split(' ').find((c) => /^t\d$/.test(c));
+  check((await cell.getAttribute('class')).split(' ').includes(colour), `the cell has vision's colour ${colour}`);
+  await axe(admin, 'fleet');
+  await admin.locator('table.nodes button').first().click();
+  await admin.waitForSelector('#detail .gpu-card');
+  check((await admin.textContent('#detail')).includes(`vision/train #${wid}`), 'the node detail names the slice');
+  await admin.goto(`${BASE}/console/audit`);
+  await axe(admin, 'audit');
+
+  // 5. A member of another tenant does not see it.
+  step('another tenant does not see it');
+  const other = await context();
+  await tokenSignIn(other, OTHER_TOKEN);
+  await other.goto(`${BASE}/console/workloads`);
+  check(await other.locator(`#w-${wid}`).count() === 0, 'not in their list');
+  const resp = await other.goto(`${BASE}/console/workloads/${wid}`);
+  check(resp.status() === 404, `their view of it: ${resp.status()}`);
+
+  // 6. A viewer cannot submit.
+  step('a viewer cannot submit');
+  const viewer = await context();
+  await tokenSignIn(viewer, VIEWER_TOKEN);
+  await viewer.goto(`${BASE}/console/request`);
+  check(await viewer.locator('#preview-button').count() === 0, 'no preview/submit for a viewer');
+  const forced = await viewer.evaluate(async () => (await fetch('/console/request', {
+    method: 'POST',
+    headers: { 'X-CSRF-Token': JSON.parse(document.body.getAttribute('hx-headers'))['X-CSRF-Token'], 'Content-Type': 'application/x-www-form-urlencoded' },
+    body: 'project=vision%2Ftrain&name=x&pool=serving&model=A100-80GB&shape=mig%3A1g.10gb',
+  })).status);
+  check(forced === 403, `a viewer's forced submission: ${forced}`);
+
+  // 7. Bad input: the message next to the field.
+  step('bad input gets a message next to the field');
+  await alice.goto(`${BASE}/console/request`);
+  await alice.fill('#f-name', '');
+  await alice.fill('#f-duration', 'soon');
+  await alice.click('#preview-button');
+  await alice.waitForSelector('#duration_h-error');
+  check((await alice.getAttribute('#f-duration', 'aria-describedby')) === 'duration_h-error', 'described by its message');
+  await axe(alice, 'request-error');
+
+  // 8. No change without the CSRF token.
+  step('a change without the CSRF token is refused');
+  const noCsrf = await alice.evaluate(async (id) => (await fetch(`/console/workloads/${id}/cancel`, { method: 'POST' })).status, wid);
+  check(noCsrf === 403, `cancel without the token: ${noCsrf}`);
+
+  // 9. Cancel from the list.
+  step('cancel it');
+  await alice.goto(`${BASE}/console/workloads`);
+  await axe(alice, 'workloads');
+  await alice.click(`#w-${wid} button`);
+  // Polled from here: waitForFunction would evaluate a string in the page, which the CSP forbids.
+  let row = '';
+  for (let i = 0; i < 80 && !/cancelled|stopping/.test(row); i++) {
+    await alice.waitForTimeout(100);
+    row = await alice.textContent(`#w-${wid}`);
+  }
+  check(/cancelled|stopping/.test(row), `after cancel: ${row}`);
+  await alice.goto(`${BASE}/console/quota`);
+  await alice.waitForSelector('.chart .uplot');
+  await axe(alice, 'quota');
+  await alice.goto(`${BASE}/console/tokens`);
+  await axe(alice, 'tokens');
+  await alice.setViewportSize({ width: 390, height: 800 });
+  await alice.goto(`${BASE}/console/request`);
+  await alice.screenshot({ path: `${SHOTS}/request-narrow.png`, fullPage: true });
+  const signin = await context();
+  await signin.goto(`${BASE}/console/signin`);
+  await axe(signin, 'signin');
+} catch (e) {
+  problems.push(`failed: ${e.message.split('\n')[0]}`);
+}
+await browser.close();
+if (problems.length) {
+  for (const p of problems) console.log(p);
+  process.exit(1);
+}
+console.log('ok');
+
+async function page_signin_sso(page) {
+  await page.goto(`${BASE}/console/signin`);
+  await page.click('a[href="/auth/login"]');
+  // The provider's dev login page, then its consent page.
+  await page.waitForSelector('input[name=login]');
+  await page.fill('input[name=login]', 'alice');
+  await page.fill('input[name=password]', 'any');
+  await page.click('button[type=submit]');
+  for (let i = 0; i < 5 && !page.url().startsWith(`${BASE}/console`); i++) {
+    const consent = page.locator('button[type=submit]');
+    if (await consent.count()) {
+      await Promise.all([page.waitForLoadState(), consent.first().click()]);
+    }
+    await page.waitForTimeout(200);
+  }
+  await page.waitForURL(`${BASE}/console`);
+}
