@@ -205,6 +205,8 @@ async fn watch_pods(shared: Weak<Shared>, client: Client) {
     let cfg = watcher::Config::default().labels(LABEL_WORKLOAD);
     let stream = watcher(Api::<Pod>::all(client), cfg).default_backoff();
     let mut stream = std::pin::pin!(stream);
+    // During a (re-)list: the tracked workloads whose pods existed before it, and those it saw.
+    let mut listing: Option<(std::collections::HashSet<u64>, std::collections::HashSet<u64>)> = None;
     loop {
         let ev = match stream.next().await {
             Some(Ok(ev)) => ev,
@@ -216,9 +218,34 @@ async fn watch_pods(shared: Weak<Shared>, client: Client) {
         };
         let Some(sh) = shared.upgrade() else { return };
         match ev {
-            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => sh.on_pod(&p),
+            watcher::Event::Apply(p) => sh.on_pod(&p),
+            watcher::Event::InitApply(p) => {
+                if let (Some(id), Some((_, seen))) = (pods::workload_id(&p), listing.as_mut()) {
+                    seen.insert(id);
+                }
+                sh.on_pod(&p)
+            }
             watcher::Event::Delete(p) => sh.on_pod_deleted(&p),
-            watcher::Event::Init | watcher::Event::InitDone => {}
+            // A (re-)list: pods deleted before it began (while the watch was not running or was
+            // being re-established) send no Delete; a tracked pod that existed before the list
+            // and is not in it was deleted.
+            watcher::Event::Init => {
+                let st = sh.state.lock().unwrap();
+                let before = st
+                    .tracked
+                    .iter()
+                    .filter(|(_, t)| t.stage >= Stage::Started && t.stage != Stage::Ended)
+                    .map(|(id, _)| *id)
+                    .collect();
+                listing = Some((before, std::collections::HashSet::new()));
+            }
+            watcher::Event::InitDone => {
+                if let Some((before, seen)) = listing.take() {
+                    for id in before.difference(&seen) {
+                        sh.on_pod_gone(*id, &format!("tessera-{id}"));
+                    }
+                }
+            }
         }
     }
 }
@@ -291,17 +318,19 @@ impl Shared {
     /// A pod is gone: unless Tessera stopped it or it had ended, the workload is lost.
     fn on_pod_deleted(&self, pod: &Pod) {
         let Some(id) = pods::workload_id(pod) else { return };
+        self.on_pod_gone(id, pod.metadata.name.as_deref().unwrap_or("?"));
+    }
+
+    /// The pod of `id` (named `name`) is gone: unless Tessera stopped it or it had ended, the
+    /// workload is lost.
+    fn on_pod_gone(&self, id: u64, name: &str) {
         let mut st = self.state.lock().unwrap();
         let Some(t) = st.tracked.get(&id) else { return };
         if !t.stopping && t.stage != Stage::Ended {
             let _ = self.tx.send(BackendEvent::Lost {
                 id,
                 at_ms: now_ms(),
-                detail: format!(
-                    "pod {}/{} was deleted outside Tessera",
-                    t.ns,
-                    pod.metadata.name.as_deref().unwrap_or("?")
-                ),
+                detail: format!("pod {}/{} was deleted outside Tessera", t.ns, name),
             });
         }
         st.tracked.remove(&id);
