@@ -51,8 +51,9 @@ impl Default for ScenarioConfig {
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Delay {
+    /// Placements after warm-up (the waits below are theirs).
     pub placed: u64,
-    /// Times this group's running work was preempted.
+    /// Times this group's running work was preempted (whole run).
     pub preempted: u64,
     pub mean_wait_s: f64,
     pub p50_wait_s: f64,
@@ -74,6 +75,19 @@ pub struct PoolReport {
     pub idle_blocked_pct: f64,
 }
 
+/// Churn of one priority class over the whole run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Churn {
+    /// Placements, a requeued victim's again included.
+    pub placements: u64,
+    /// Times this class's running work was preempted.
+    pub preempted: u64,
+    /// `preempted` ÷ `placements`, in %.
+    pub preempted_pct: f64,
+    /// Preemptions this class's requests caused, by cause code (`priority`, `reclaim`).
+    pub caused: BTreeMap<String, u64>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct ScenarioReport {
     pub tenants: usize,
@@ -87,6 +101,12 @@ pub struct ScenarioReport {
     pub allocated_pct: f64,
     pub pools: Vec<PoolReport>,
     pub by_priority: BTreeMap<String, Delay>,
+    /// Placements and preemptions per priority class (whole run).
+    pub churn: BTreeMap<String, Churn>,
+    /// Preemptions ÷ placements, in % (whole run).
+    pub preemptions_pct: f64,
+    /// Queueing delay of 8-GPU training gangs (after warm-up).
+    pub gang8: Delay,
     pub by_tenant: BTreeMap<String, Delay>,
     /// Wall-clock latency of scheduler decisions (submit and cycle calls).
     pub decision_p50_us: f64,
@@ -171,6 +191,82 @@ pub fn draw(fleet: &Fleet, kind: usize, rng: &mut ChaCha8Rng) -> (Request, i64, 
     (req, dur, priority)
 }
 
+/// What the scenario counts as decisions come back.
+#[derive(Default)]
+struct Tally {
+    placed: u64,
+    preemptions: u64,
+    waits_prio: BTreeMap<String, Vec<f64>>,
+    waits_tenant: BTreeMap<String, Vec<f64>>,
+    waits_gang8: Vec<f64>,
+    victims: BTreeMap<String, u64>,
+    churn: BTreeMap<String, Churn>,
+}
+
+/// The scenario's bookkeeping between events.
+struct World {
+    meta: HashMap<u64, Meta>,
+    events: BinaryHeap<Reverse<(i64, Ev, u32)>>,
+    outstanding: Vec<[usize; 3]>,
+    warm_ms: i64,
+    grace_ms: i64,
+    t: Tally,
+}
+
+impl World {
+    fn handle(&mut self, acts: Vec<Decision>, now: i64) {
+        for a in acts {
+            match a {
+                Decision::Placed { id, .. } => {
+                    let m = self.meta.get_mut(&id).expect("known job");
+                    self.t.placed += 1;
+                    self.t.churn.entry(m.priority.to_string()).or_default().placements += 1;
+                    self.outstanding[m.tenant][m.kind] = self.outstanding[m.tenant][m.kind].saturating_sub(1);
+                    if now >= self.warm_ms {
+                        let w = (now - m.submitted_ms) as f64 / 1000.0;
+                        self.t.waits_prio.entry(m.priority.to_string()).or_default().push(w);
+                        self.t
+                            .waits_tenant
+                            .entry(format!("team-{:02}", m.tenant))
+                            .or_default()
+                            .push(w);
+                        if matches!(m.request.shape, tessera_model::Shape::Whole { gpus: 8 }) {
+                            self.t.waits_gang8.push(w);
+                        }
+                    }
+                    m.generation += 1;
+                    self.events
+                        .push(Reverse((now + m.duration_ms, Ev::Finish(id), m.generation)));
+                }
+                Decision::Preempt { victim, by, cause } => {
+                    self.t.preemptions += 1;
+                    if let Some(b) = self.meta.get(&by) {
+                        *self
+                            .t
+                            .churn
+                            .entry(b.priority.to_string())
+                            .or_default()
+                            .caused
+                            .entry(cause.code().to_string())
+                            .or_default() += 1;
+                    }
+                    let m = self.meta.get_mut(&victim).expect("known job");
+                    self.t.churn.entry(m.priority.to_string()).or_default().preempted += 1;
+                    *self.t.victims.entry(format!("team-{:02}", m.tenant)).or_default() += 1;
+                    m.generation += 1;
+                    self.events
+                        .push(Reverse((now + self.grace_ms, Ev::Stopped(victim), m.generation)));
+                }
+                Decision::Refused { id, .. } => {
+                    let m = self.meta.get(&id).expect("known job");
+                    self.outstanding[m.tenant][m.kind] = self.outstanding[m.tenant][m.kind].saturating_sub(1);
+                }
+                Decision::Waiting { .. } => {}
+            }
+        }
+    }
+}
+
 /// Runs the scenario on `fleet` (the `seed` fleet's pool names are used for the mix). `clock`
 /// reads a monotonic clock in nanoseconds; it times the scheduler's decisions and nothing else,
 /// so the simulation itself does not depend on it.
@@ -222,63 +318,25 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
     let tick_ms = 60_000;
     let grace_ms = 30_000;
 
-    let mut meta: HashMap<u64, Meta> = HashMap::new();
-    let mut outstanding = vec![[0usize; 3]; cfg.tenants];
-    let mut events: BinaryHeap<Reverse<(i64, Ev, u32)>> = BinaryHeap::new();
+    let mut w = World {
+        meta: HashMap::new(),
+        events: BinaryHeap::new(),
+        outstanding: vec![[0usize; 3]; cfg.tenants],
+        warm_ms,
+        grace_ms,
+        t: Tally::default(),
+    };
     let mut next_id = 1u64;
     let mut now = 0i64;
     let mut decision_ns: Vec<u64> = Vec::new();
-    let (mut submitted, mut placed, mut completed, mut preemptions) = (0u64, 0u64, 0u64, 0u64);
-    let mut waits_prio: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    let mut waits_tenant: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let (mut submitted, mut completed) = (0u64, 0u64);
     let mut max_queued = 0;
-    let mut victims: BTreeMap<String, u64> = BTreeMap::new();
     // Time integrals after warm-up: allocated, fragmentation-idle, blocked-idle per pool.
     let mut integ = vec![(0.0f64, 0.0f64, 0.0f64); pools.len()];
     let mut last_sample = warm_ms;
-    events.push(Reverse((0, Ev::Tick, 0)));
+    w.events.push(Reverse((0, Ev::Tick, 0)));
 
-    let handle = |acts: Vec<Decision>,
-                  now: i64,
-                  meta: &mut HashMap<u64, Meta>,
-                  events: &mut BinaryHeap<Reverse<(i64, Ev, u32)>>,
-                  outstanding: &mut Vec<[usize; 3]>,
-                  placed: &mut u64,
-                  preemptions: &mut u64,
-                  waits_prio: &mut BTreeMap<String, Vec<f64>>,
-                  waits_tenant: &mut BTreeMap<String, Vec<f64>>,
-                  victims: &mut BTreeMap<String, u64>| {
-        for a in acts {
-            match a {
-                Decision::Placed { id, .. } => {
-                    let m = meta.get_mut(&id).expect("known job");
-                    *placed += 1;
-                    outstanding[m.tenant][m.kind] = outstanding[m.tenant][m.kind].saturating_sub(1);
-                    if now >= warm_ms {
-                        let w = (now - m.submitted_ms) as f64 / 1000.0;
-                        waits_prio.entry(m.priority.to_string()).or_default().push(w);
-                        waits_tenant.entry(format!("team-{:02}", m.tenant)).or_default().push(w);
-                    }
-                    m.generation += 1;
-                    events.push(Reverse((now + m.duration_ms, Ev::Finish(id), m.generation)));
-                }
-                Decision::Preempt { victim, .. } => {
-                    *preemptions += 1;
-                    let m = meta.get_mut(&victim).expect("known job");
-                    *victims.entry(format!("team-{:02}", m.tenant)).or_default() += 1;
-                    m.generation += 1;
-                    events.push(Reverse((now + grace_ms, Ev::Stopped(victim), m.generation)));
-                }
-                Decision::Refused { id, .. } => {
-                    let m = meta.get(&id).expect("known job");
-                    outstanding[m.tenant][m.kind] = outstanding[m.tenant][m.kind].saturating_sub(1);
-                }
-                Decision::Waiting { .. } => {}
-            }
-        }
-    };
-
-    while let Some(Reverse((t, ev, generation))) = events.pop() {
+    while let Some(Reverse((t, ev, generation))) = w.events.pop() {
         if t > end_ms {
             break;
         }
@@ -315,7 +373,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
         let mut acts = Vec::new();
         match ev {
             Ev::Finish(id) | Ev::Stopped(id) => {
-                let Some(m) = meta.get(&id) else { continue };
+                let Some(m) = w.meta.get(&id) else { continue };
                 if m.generation != generation {
                     continue;
                 }
@@ -323,7 +381,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                 s.release(id, now);
                 if matches!(ev, Ev::Stopped(_)) {
                     // Preempted work is requeued, keeping its submission time.
-                    let m = meta.get(&id).expect("known");
+                    let m = w.meta.get(&id).expect("known");
                     s.enqueue(Job {
                         id,
                         tenant: tenants[m.tenant].clone(),
@@ -333,10 +391,10 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                         submitted_ms: m.submitted_ms,
                         wait_if_over_limit: true,
                     });
-                    outstanding[m.tenant][m.kind] += 1;
+                    w.outstanding[m.tenant][m.kind] += 1;
                 } else {
                     completed += 1;
-                    meta.remove(&id);
+                    w.meta.remove(&id);
                 }
                 acts.extend(s.cycle(now));
                 decision_ns.push(clock().saturating_sub(timer));
@@ -348,12 +406,12 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                 order.shuffle(&mut rng);
                 for ti in order {
                     for kind in 0..3 {
-                        while outstanding[ti][kind] < cfg.outstanding {
+                        while w.outstanding[ti][kind] < cfg.outstanding {
                             let (mut request, duration_ms, priority) = draw(&fleet, kind, &mut rng);
                             request.tenant = Some(TenantId(ti as u32));
                             let id = next_id;
                             next_id += 1;
-                            meta.insert(
+                            w.meta.insert(
                                 id,
                                 Meta {
                                     tenant: ti,
@@ -365,7 +423,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                                     generation: 0,
                                 },
                             );
-                            outstanding[ti][kind] += 1;
+                            w.outstanding[ti][kind] += 1;
                             submitted += 1;
                             let job = Job {
                                 id,
@@ -379,40 +437,18 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                             let timer = clock();
                             let a = s.submit(job, now);
                             decision_ns.push(clock().saturating_sub(timer));
-                            handle(
-                                a,
-                                now,
-                                &mut meta,
-                                &mut events,
-                                &mut outstanding,
-                                &mut placed,
-                                &mut preemptions,
-                                &mut waits_prio,
-                                &mut waits_tenant,
-                                &mut victims,
-                            );
+                            w.handle(a, now);
                         }
                     }
                 }
                 let timer = clock();
                 acts.extend(s.cycle(now));
                 decision_ns.push(clock().saturating_sub(timer));
-                events.push(Reverse((now + tick_ms, Ev::Tick, 0)));
+                w.events.push(Reverse((now + tick_ms, Ev::Tick, 0)));
             }
         }
         max_queued = max_queued.max(s.queued());
-        handle(
-            acts,
-            now,
-            &mut meta,
-            &mut events,
-            &mut outstanding,
-            &mut placed,
-            &mut preemptions,
-            &mut waits_prio,
-            &mut waits_tenant,
-            &mut victims,
-        );
+        w.handle(acts, now);
     }
     let span = (end_ms.min(now.max(warm_ms)) - warm_ms).max(1) as f64;
     let pool_reports: Vec<PoolReport> = pools
@@ -438,6 +474,25 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
             .map(|&n| n as f64 / 1000.0)
             .unwrap_or(0.0)
     };
+    let Tally {
+        placed,
+        preemptions,
+        waits_prio,
+        waits_tenant,
+        waits_gang8,
+        victims,
+        mut churn,
+    } = w.t;
+    for c in churn.values_mut() {
+        c.preempted_pct = 100.0 * c.preempted as f64 / c.placements.max(1) as f64;
+    }
+    let by_priority = waits_prio
+        .into_iter()
+        .map(|(k, v)| {
+            let preempted = churn.get(&k).map_or(0, |c| c.preempted);
+            (k, Delay { preempted, ..delay(v) })
+        })
+        .collect();
     ScenarioReport {
         tenants: cfg.tenants,
         hours: cfg.hours,
@@ -448,7 +503,10 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
         preemptions,
         allocated_pct,
         pools: pool_reports,
-        by_priority: waits_prio.into_iter().map(|(k, v)| (k, delay(v))).collect(),
+        by_priority,
+        churn,
+        preemptions_pct: 100.0 * preemptions as f64 / placed.max(1) as f64,
+        gang8: delay(waits_gang8),
         by_tenant: waits_tenant
             .into_iter()
             .map(|(k, v)| {
