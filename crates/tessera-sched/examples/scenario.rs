@@ -20,7 +20,9 @@ fn main() {
         ..Default::default()
     };
     let started = Instant::now();
-    let r = run(Arc::new(Fleet::seed()), &cfg, &mut || started.elapsed().as_nanos() as u64);
+    let r = run(Arc::new(Fleet::seed()), &cfg, &mut || {
+        started.elapsed().as_nanos() as u64
+    });
     eprintln!("wall {:.1} s", started.elapsed().as_secs_f64());
     println!("{}", serde_json::to_string_pretty(&r).expect("serialisable"));
 }

@@ -390,6 +390,8 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                         priority: m.priority.into(),
                         submitted_ms: m.submitted_ms,
                         wait_if_over_limit: true,
+                        min_runtime_ms: None,
+                        movable: None,
                     });
                     w.outstanding[m.tenant][m.kind] += 1;
                 } else {
@@ -433,6 +435,8 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                                 priority: priority.into(),
                                 submitted_ms: now,
                                 wait_if_over_limit: true,
+                                min_runtime_ms: None,
+                                movable: None,
                             };
                             let timer = clock();
                             let a = s.submit(job, now);

@@ -59,12 +59,7 @@ impl Action for Allocate {
                 s.set(i, starved);
                 continue;
             }
-            let blocked: HashSet<u32> = sched
-                .reservations
-                .values()
-                .filter(|(j, _)| *j != job.id)
-                .map(|(_, n)| *n)
-                .collect();
+            let blocked = sched.held_for_others(job.id);
             let any_blocked = !blocked.is_empty();
             if any_blocked {
                 sched.engine.set_blocked(blocked);
@@ -93,11 +88,22 @@ impl Action for Allocate {
                         Err(u) => Wait::Unplaceable(u),
                         Ok(_) => Wait::Held,
                     });
-                    // A preemptor still waiting for its victims does not search again, nor do
-                    // the requests like it behind it.
-                    let searchable = !nominated;
-                    no_capacity.insert(q.key.clone(), (reason.clone(), searchable));
-                    s.set(i, Status::Starved { reason, searchable });
+                    // A preemptor still waiting for its victims does not search again; one
+                    // whose victims have all stopped and still does not fit gives up its
+                    // nomination (and the nodes held for it) and may search again. Either way
+                    // the requests like it behind it may search: a nomination is not theirs.
+                    let waiting_for_victims = sched.nominated.get(&job.id).is_some_and(|n| !n.victims.is_empty());
+                    if nominated && !waiting_for_victims {
+                        sched.nominated.remove(&job.id);
+                    }
+                    no_capacity.insert(q.key.clone(), (reason.clone(), true));
+                    s.set(
+                        i,
+                        Status::Starved {
+                            reason,
+                            searchable: !waiting_for_victims,
+                        },
+                    );
                 }
             }
         }
@@ -121,7 +127,7 @@ pub(super) fn queue_order(s: &mut Scheduler, now: i64) -> Vec<Arc<Queued>> {
         .map(|(i, q)| {
             let j = &q.job;
             let key = s.plugins.queue_order.key(j, s.rank(&j.priority), share[&j.tenant]);
-            (!s.nominated.get(&j.id).is_some_and(|v| v.is_empty()), key, i)
+            (!s.nominated.get(&j.id).is_some_and(|n| n.victims.is_empty()), key, i)
         })
         .collect();
     order.sort_unstable();

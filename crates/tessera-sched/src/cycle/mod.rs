@@ -74,13 +74,17 @@ pub struct PriorityClass {
     pub rank: u8,
     /// Whether workloads of this class may ever be preempted.
     pub preemptible: bool,
+    /// A workload of this class runs at least this long before it can be preempted (default:
+    /// [`GovernConfig::min_runtime_ms`]); a request may ask for longer.
+    pub min_runtime_ms: Option<i64>,
 }
 
 /// The scheduler's settings.
 #[derive(Clone, Debug)]
 pub struct GovernConfig {
     pub classes: Vec<PriorityClass>,
-    /// A workload runs at least this long before it can be preempted.
+    /// A workload runs at least this long before it can be preempted (unless its class or its
+    /// request says longer): at most one preemption per this much running.
     pub min_runtime_ms: i64,
     /// Half-life of the usage history used for fair share.
     pub half_life_ms: i64,
@@ -101,21 +105,25 @@ impl Default for GovernConfig {
                     name: "critical".into(),
                     rank: 0,
                     preemptible: false,
+                    min_runtime_ms: None,
                 },
                 PriorityClass {
                     name: "high".into(),
                     rank: 1,
                     preemptible: true,
+                    min_runtime_ms: None,
                 },
                 PriorityClass {
                     name: "standard".into(),
                     rank: 2,
                     preemptible: true,
+                    min_runtime_ms: None,
                 },
                 PriorityClass {
                     name: "opportunistic".into(),
                     rank: 3,
                     preemptible: true,
+                    min_runtime_ms: None,
                 },
             ],
             min_runtime_ms: 60_000,
@@ -138,6 +146,19 @@ pub struct Job {
     pub submitted_ms: i64,
     /// Beyond the tenant's limit or budget: wait (true) or be refused (false).
     pub wait_if_over_limit: bool,
+    /// Runs at least this long before it can be preempted, if longer than its class's minimum.
+    pub min_runtime_ms: Option<i64>,
+    /// Whether and how consolidation may move it once it runs (`None`: never).
+    pub movable: Option<Movable>,
+}
+
+/// How a running workload may be moved to defragment its pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Movable {
+    /// Restartable batch work: stopped and requeued (it restarts from its last checkpoint).
+    Restart,
+    /// A service: a replacement starts elsewhere first, then the original stops.
+    Replace,
 }
 
 /// What the scheduler decided for a job or a running workload.
@@ -171,6 +192,29 @@ pub struct Running {
     pub keys: Vec<String>,
     /// Being stopped (for a preemption or a cancel): not a candidate again.
     pub stopping: bool,
+    /// Not preempted before it has run this long (the longest of the scheduler's, its
+    /// class's and its request's minimum runtimes).
+    pub min_runtime_ms: i64,
+    /// When its work was last saved ([`Scheduler::checkpointed`]): preempting it loses the work
+    /// since then, or since it started.
+    pub checkpoint_ms: Option<i64>,
+    pub movable: Option<Movable>,
+}
+
+impl Running {
+    /// The work preempting it at `now` loses: GPU units × milliseconds since it started or last
+    /// saved its work, in milli-unit-milliseconds.
+    pub fn work_lost(&self, now: i64) -> u64 {
+        let since = self
+            .checkpoint_ms
+            .map_or(self.running_since_ms, |c| c.max(self.running_since_ms));
+        (now - since).max(0) as u64 * self.units.as_milli()
+    }
+
+    /// Whether it has run its minimum runtime at `now` (only then may it be preempted).
+    pub fn past_min_runtime(&self, now: i64) -> bool {
+        now - self.running_since_ms >= self.min_runtime_ms
+    }
 }
 
 /// One step of a cycle: a name and one pass over the session.
@@ -231,6 +275,16 @@ pub fn class_keys(fleet: &Fleet, node: NodeId) -> Vec<String> {
     vec![pool.clone(), format!("{pool}/{}", fleet.catalogue.get(node.model).name)]
 }
 
+/// A preemptor waiting for its victims to stop. The victims' nodes are held for it (nothing
+/// else is placed there, and no other search takes victims there) until it is placed or gives
+/// up, so capacity freed by its first victims is not taken by others before the last has
+/// stopped (KAI-Scheduler's pipelining).
+#[derive(Clone, Debug, Default)]
+struct Nomination {
+    victims: HashSet<u64>,
+    nodes: HashSet<u32>,
+}
+
 /// The scheduler: queue, books, running set and the engine.
 pub struct Scheduler {
     pub engine: Engine,
@@ -240,8 +294,8 @@ pub struct Scheduler {
     actions: Vec<Box<dyn Action>>,
     queue: Vec<Arc<Queued>>,
     running: HashMap<u64, Running>,
-    /// Preemptors waiting for their victims to stop: job → victims.
-    nominated: BTreeMap<u64, HashSet<u64>>,
+    /// Preemptors waiting for their victims to stop: job → victims and the nodes held for it.
+    nominated: BTreeMap<u64, Nomination>,
     /// Why each waiting job waits, as last recorded.
     reasons: HashMap<u64, Wait>,
     /// Per pool, the head that waited past the backfill window and the node held for it.
@@ -426,6 +480,14 @@ impl Scheduler {
         self.dirty = true;
     }
 
+    /// Records that a running workload saved its work at `at_ms` (a checkpoint): preempting it
+    /// later loses only what it did since.
+    pub fn checkpointed(&mut self, id: u64, at_ms: i64) {
+        if let Some(r) = self.running.get_mut(&id) {
+            r.checkpoint_ms = Some(at_ms);
+        }
+    }
+
     /// Marks a running workload as being stopped (cancel or preemption in progress).
     pub fn stopping(&mut self, id: u64) {
         if let Some(r) = self.running.get_mut(&id) {
@@ -450,8 +512,8 @@ impl Scheduler {
             self.books
                 .account(&r.tenant, &r.keys, r.units, false, now, self.cfg.half_life_ms);
         }
-        for victims in self.nominated.values_mut() {
-            victims.remove(&id);
+        for n in self.nominated.values_mut() {
+            n.victims.remove(&id);
         }
         self.dirty = true;
         Some(a)
@@ -498,18 +560,43 @@ impl Scheduler {
     fn hold(&mut self, job: &Job, keys: Vec<String>, units: GpuUnits, borrowing: bool, since: i64) {
         self.books
             .account(&job.tenant, &keys, units, true, since, self.cfg.half_life_ms);
+        let class = self.class(&job.priority);
+        let min_runtime_ms = [
+            Some(self.cfg.min_runtime_ms),
+            class.and_then(|c| c.min_runtime_ms),
+            job.min_runtime_ms,
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(0);
         let running = Running {
             id: job.id,
             tenant: job.tenant.clone(),
             rank: self.rank(&job.priority),
-            preemptible: self.class(&job.priority).is_none_or(|c| c.preemptible),
+            preemptible: class.is_none_or(|c| c.preemptible),
             borrowing,
             running_since_ms: since,
             units,
             keys,
             stopping: false,
+            min_runtime_ms,
+            checkpoint_ms: None,
+            movable: job.movable,
         };
         self.running.insert(job.id, running);
+    }
+
+    /// The nodes held for jobs other than `job`: backfill reservations and the victims' nodes
+    /// of waiting preemptors.
+    fn held_for_others(&self, job: u64) -> HashSet<u32> {
+        let reserved = self.reservations.values().filter(|(j, _)| *j != job).map(|(_, n)| *n);
+        let nominated = self
+            .nominated
+            .iter()
+            .filter(|(j, _)| **j != job)
+            .flat_map(|(_, n)| n.nodes.iter().copied());
+        reserved.chain(nominated).collect()
     }
 
     /// The pools a request may go to, in the engine's order.

@@ -27,18 +27,19 @@ impl QueueOrder for PriorityFairShare {
     }
 }
 
-/// What preempting a victim costs; cheaper victims are taken first, and victim sets are compared
-/// cost by cost.
+/// What preempting a victim costs, compared field by field in this order; cheaper victims are
+/// taken first, and victim sets are compared cost by cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct VictimCost {
     /// Admitted within its guarantee (borrowers go first).
     pub within_guarantee: bool,
     /// Higher is more important: `u8::MAX - rank`.
     pub importance: u8,
+    /// Work lost: GPU milli-units × milliseconds since it started or last saved its work
+    /// ([`Running::work_lost`]).
+    pub work_lost: i64,
     /// Tenants furthest above their fair share give first: `u64::MAX - fair share`.
     pub share_room: u64,
-    /// Milliseconds of work lost.
-    pub work_lost_ms: i64,
 }
 
 /// The cost of preempting a running workload.
@@ -47,8 +48,8 @@ pub trait VictimOrder: Send {
     fn cost(&self, victim: &Running, fair_share: f64, now: i64) -> VictimCost;
 }
 
-/// The default cost: borrowers first, then the lowest priority, the tenant most above its fair
-/// share, the least work lost.
+/// The default cost: borrowers first, then the lowest priority, the least work lost (GPU units ×
+/// time since start or checkpoint), the tenant most above its fair share.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CheapestFirst;
 
@@ -57,8 +58,8 @@ impl VictimOrder for CheapestFirst {
         VictimCost {
             within_guarantee: !r.borrowing,
             importance: u8::MAX - r.rank,
+            work_lost: r.work_lost(now).min(i64::MAX as u64) as i64,
             share_room: u64::MAX - (fair_share * 1000.0) as u64,
-            work_lost_ms: now - r.running_since_ms,
         }
     }
 }
@@ -99,7 +100,7 @@ mod tests {
     impl VictimOrder for OldestFirst {
         fn cost(&self, r: &Running, fair_share: f64, now: i64) -> VictimCost {
             VictimCost {
-                work_lost_ms: -(now - r.running_since_ms),
+                work_lost: -(r.work_lost(now) as i64),
                 ..CheapestFirst.cost(r, fair_share, now)
             }
         }

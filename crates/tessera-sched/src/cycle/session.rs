@@ -133,7 +133,12 @@ impl<'a> Session<'a> {
             cause,
         };
         self.set(i, Status::Waiting(reason));
-        self.sched.nominated.insert(by, victims.into_iter().collect());
+        let nodes = victims
+            .iter()
+            .filter_map(|v| self.sched.engine.allocation(*v).map(|a| a.node.0))
+            .collect();
+        let victims = victims.into_iter().collect();
+        self.sched.nominated.insert(by, super::Nomination { victims, nodes });
     }
 
     /// Ends the cycle: a `Waiting` decision for each job whose kind of reason changed

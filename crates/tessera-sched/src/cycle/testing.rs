@@ -50,6 +50,8 @@ pub fn job(id: u64, tenant: &str, gpus: u8, prio: &str, now: i64) -> Job {
         priority: prio.into(),
         submitted_ms: now,
         wait_if_over_limit: true,
+        min_runtime_ms: None,
+        movable: None,
     }
 }
 

@@ -40,6 +40,8 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
         let job = &q.job;
         if !matches!(s.status(i), Status::Starved { searchable: true, .. })
             || s.sched.nominated.contains_key(&job.id)
+            // No cascade: a preempted workload's requeue never preempts in turn.
+            || s.sched.preempted.contains_key(&job.id)
             || fruitless.contains(&q.key)
         {
             continue;
@@ -62,24 +64,44 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
 }
 
 /// The fewest, cheapest victims `rule` allows whose capacity lets `job` be placed, or `None`.
+/// Nodes held for other jobs (backfill reservations, other preemptors' victims) are out of the
+/// search, for victims and for the trial placements alike.
 fn search(s: &mut Scheduler, job: &Job, now: i64, rule: &dyn VictimRule) -> Option<Vec<u64>> {
+    let held = s.held_for_others(job.id);
+    let any_held = !held.is_empty();
+    if any_held {
+        s.engine.set_blocked(held.clone());
+    }
+    let found = search_unheld(s, job, now, rule, &held);
+    if any_held {
+        s.engine.set_blocked(HashSet::new());
+    }
+    found
+}
+
+fn search_unheld(
+    s: &mut Scheduler,
+    job: &Job,
+    now: i64,
+    rule: &dyn VictimRule,
+    held: &HashSet<u32>,
+) -> Option<Vec<u64>> {
     let units = job.request.units(&s.engine.fleet().catalogue);
     let rank = s.rank(&job.priority);
-    let min_rt = s.cfg.min_runtime_ms;
     let fleet = s.engine.fleet().clone();
     let pools = s.pools_for(&job.request);
     let mut trial = Statement::new(&mut s.engine);
     // Candidates grouped by node; only nodes where the request could run at all.
     let mut by_node: HashMap<u32, Vec<(VictimCost, u64)>> = HashMap::new();
     for r in s.running.values() {
-        if r.stopping || !r.preemptible || now - r.running_since_ms < min_rt || !rule.may_take(job, rank, r) {
+        if r.stopping || !r.preemptible || !r.past_min_runtime(now) || !rule.may_take(job, rank, r) {
             continue;
         }
         let Some(a) = trial.engine().allocation(r.id) else {
             continue;
         };
         let node = fleet.node(a.node);
-        if !pools.contains(&node.pool) || !job.request.allows_model(node.model) {
+        if held.contains(&a.node.0) || !pools.contains(&node.pool) || !job.request.allows_model(node.model) {
             continue;
         }
         let cost = s.plugins.victim_order.cost(r, s.books.fair_share(&r.tenant), now);
@@ -136,4 +158,204 @@ fn search(s: &mut Scheduler, job: &Job, now: i64, rule: &dyn VictimRule) -> Opti
         }
     }
     best.map(|(_, victims)| victims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{config, engine, guarantee_half_each, job, placed, preempted, sched};
+    use super::super::{Decision, GovernConfig, Quota, Scheduler};
+    use tessera_model::GpuUnits;
+
+    /// Nodes 0–14 each run one 8-GPU standard job (ids 0–14), node 15 eight 1-GPU opportunistic
+    /// ones (ids 200–207), all from time 0.
+    fn standard_nodes_and_one_opportunistic_node(s: &mut Scheduler) {
+        for i in 0..15 {
+            assert_eq!(placed(&s.submit(job(i, "a", 8, "standard", 0), 0)), vec![i]);
+        }
+        for i in 200..208 {
+            assert_eq!(placed(&s.submit(job(i, "a", 1, "opportunistic", 0), 0)), vec![i]);
+        }
+    }
+
+    #[test]
+    fn capacity_freed_by_a_preemptors_first_victims_is_held_for_it_until_the_last_stops() {
+        let mut s = sched();
+        for i in 0..15 {
+            s.submit(job(i, "a", 8, "critical", 0), 0);
+        }
+        for i in 200..208 {
+            s.submit(job(i, "a", 1, "opportunistic", 0), 0);
+        }
+        let d = s.submit(job(100, "b", 8, "high", 5000), 5000);
+        assert_eq!(preempted(&d).len(), 8, "{d:?}");
+        s.submit(job(300, "c", 1, "standard", 5050), 5050);
+        // Half the victims have stopped: the standard job may not take their GPUs.
+        for v in 200..204 {
+            s.release(v, 5100);
+        }
+        assert!(placed(&s.cycle(5100)).is_empty(), "the node is held for the preemptor");
+        for v in 204..208 {
+            s.release(v, 5200);
+        }
+        assert_eq!(placed(&s.cycle(5200)), vec![100]);
+        assert!(s.nominated.is_empty());
+    }
+
+    #[test]
+    fn a_preemptor_that_still_does_not_fit_once_its_victims_stopped_gives_up_its_nomination() {
+        let mut s = sched();
+        for i in 0..15 {
+            s.submit(job(i, "a", 8, "critical", 0), 0);
+        }
+        s.submit(job(200, "a", 8, "opportunistic", 0), 0);
+        let d = s.submit(job(100, "b", 8, "high", 5000), 5000);
+        assert_eq!(preempted(&d), vec![200]);
+        // The node goes out of service while the victim stops.
+        s.engine.fence_node(15, true);
+        s.release(200, 5100);
+        assert!(placed(&s.cycle(5100)).is_empty());
+        assert!(
+            s.nominated.is_empty(),
+            "no stale nomination: the node is no longer held, and it may search again"
+        );
+        s.engine.fence_node(15, false);
+        assert_eq!(placed(&s.cycle(5200)), vec![100]);
+    }
+
+    #[test]
+    fn a_victims_requeue_never_preempts_in_turn() {
+        let mut s = sched();
+        standard_nodes_and_one_opportunistic_node(&mut s);
+        // A high 8-GPU job takes one standard job's node (one victim beats eight).
+        let d = s.submit(job(100, "b", 8, "high", 5000), 5000);
+        let [v] = preempted(&d)[..] else { panic!("{d:?}") };
+        assert!(v < 15, "a standard job: {d:?}");
+        s.release(v, 5100);
+        assert_eq!(placed(&s.cycle(5100)), vec![100]);
+        // The victim is requeued. It could take node 15 from the opportunistic work, but a
+        // requeued victim never preempts: that would be a cascade.
+        s.enqueue(job(v, "a", 8, "standard", 0));
+        let d = s.cycle(20_000);
+        assert!(preempted(&d).is_empty(), "no cascade: {d:?}");
+        // A fresh standard request of the same shape may (the rule is about the requeue).
+        let d = s.submit(job(300, "c", 8, "standard", 20_000), 20_000);
+        let by: Vec<u64> = d
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Preempt { by, .. } => Some(*by),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(by, vec![300; 8], "{d:?}");
+    }
+
+    #[test]
+    fn the_minimum_runtime_of_a_class_and_of_a_request_is_honoured() {
+        let mut cfg = config();
+        for c in &mut cfg.classes {
+            if c.name == "opportunistic" {
+                c.min_runtime_ms = Some(10_000);
+            }
+        }
+        let mut s = Scheduler::new(engine(), cfg);
+        // 8 opportunistic 8-GPU jobs (class minimum 10 s), 8 standard ones asking for 30 s.
+        for i in 0..16 {
+            let mut j = job(i, "a", 8, if i < 8 { "opportunistic" } else { "standard" }, 0);
+            if i >= 8 {
+                j.min_runtime_ms = Some(30_000);
+            }
+            assert_eq!(placed(&s.submit(j, 0)), vec![i]);
+        }
+        // The scheduler's own minimum (1 s) has passed, the class's has not.
+        assert!(preempted(&s.submit(job(100, "b", 8, "high", 5000), 5000)).is_empty());
+        let d = s.cycle(10_000);
+        let v = preempted(&d);
+        assert!(v.len() == 1 && v[0] < 8, "an opportunistic job after 10 s: {d:?}");
+        // Standard work is next only after the 30 s it asked for, opportunistic work being busy.
+        let d = s.submit(job(101, "b", 8, "high", 10_000), 10_000);
+        let v: Vec<u64> = preempted(&d);
+        assert!(v.iter().all(|v| *v < 8), "{d:?}");
+        let mut taken: Vec<u64> = Vec::new();
+        for (k, id) in (102..112).enumerate() {
+            let now = 11_000 + k as i64 * 1000;
+            taken.extend(preempted(&s.submit(job(id, "b", 8, "high", now), now)));
+        }
+        assert!(taken.iter().all(|v| *v < 8), "no standard job before 30 s: {taken:?}");
+        let d = s.submit(job(120, "b", 8, "high", 30_000), 30_000);
+        let v = preempted(&d);
+        assert!(
+            !v.is_empty() && v.iter().all(|v| *v >= 8),
+            "standard work after its 30 s: {d:?}"
+        );
+    }
+
+    #[test]
+    fn lost_work_in_gpu_time_chooses_the_victim_and_a_checkpoint_lowers_it() {
+        // Node 15 holds a 1-GPU job since 0, a 4-GPU job since 5 s and 3 critical GPUs; every
+        // other node runs critical work. A high 1-GPU request needs one of the two.
+        let setup = || {
+            let mut s = sched();
+            for i in 0..15 {
+                s.submit(job(i, "a", 8, "critical", 0), 0);
+            }
+            assert_eq!(placed(&s.submit(job(50, "a", 3, "critical", 0), 0)), vec![50]);
+            assert_eq!(placed(&s.submit(job(51, "a", 1, "standard", 0), 0)), vec![51]);
+            assert_eq!(placed(&s.submit(job(52, "a", 4, "standard", 5000), 5000)), vec![52]);
+            s
+        };
+        // At 10 s: 1 GPU × 10 s lost against 4 GPUs × 5 s: the older, smaller job goes.
+        let mut s = setup();
+        assert_eq!(preempted(&s.submit(job(100, "b", 1, "high", 10_000), 10_000)), vec![51]);
+        // The younger one saved its work at 9 s: 4 GPUs × 1 s lost, now the cheaper victim.
+        let mut s = setup();
+        s.checkpointed(52, 9000);
+        assert_eq!(preempted(&s.submit(job(100, "b", 1, "high", 10_000), 10_000)), vec![52]);
+        // Equal sizes: the younger is chosen.
+        let mut s = sched();
+        for i in 0..15 {
+            s.submit(job(i, "a", 8, "critical", 0), 0);
+        }
+        for (k, i) in (60..64).enumerate() {
+            let t = k as i64 * 1000;
+            assert_eq!(placed(&s.submit(job(i, "a", 2, "standard", t), t)), vec![i]);
+        }
+        assert_eq!(preempted(&s.submit(job(100, "b", 2, "high", 10_000), 10_000)), vec![63]);
+    }
+
+    #[test]
+    fn preemption_only_for_a_higher_class_or_a_tenant_within_its_guarantee() {
+        let mut s = Scheduler::new(
+            engine(),
+            GovernConfig {
+                reclaim_after_ms: 0,
+                ..config()
+            },
+        );
+        guarantee_half_each(&mut s, None);
+        // b is guaranteed only 4 GPUs; a borrows the whole pool with standard work.
+        s.set_quota(
+            "b",
+            "training",
+            Some(Quota {
+                guaranteed: GpuUnits::whole(4),
+                limit: None,
+            }),
+        );
+        for i in 0..16 {
+            assert_eq!(placed(&s.submit(job(i, "a", 8, "standard", 0), 0)), vec![i]);
+        }
+        // Same class, beyond b's guarantee: no reclaim, no priority preemption, however long.
+        s.submit(job(100, "b", 8, "standard", 10), 10);
+        assert!(preempted(&s.cycle(1_000_000)).is_empty());
+        // Within its guarantee (4 of 4): reclaims from a borrower.
+        let d = s.submit(job(101, "b", 4, "standard", 1_000_000), 1_000_000);
+        let v = preempted(&d);
+        assert_eq!(v.len(), 1, "{d:?}");
+        assert_eq!(s.is_borrowing(v[0]), Some(true));
+        assert!(
+            d.iter()
+                .any(|d| matches!(d, Decision::Preempt { by: 101, cause, .. } if cause.code() == "reclaim")),
+            "{d:?}"
+        );
+    }
 }

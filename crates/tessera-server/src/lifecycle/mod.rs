@@ -121,6 +121,8 @@ impl Live {
             priority: self.w.spec.priority.clone(),
             submitted_ms: self.w.created_at,
             wait_if_over_limit: !self.w.spec.no_wait,
+            min_runtime_ms: None,
+            movable: None,
         }
     }
 }
