@@ -19,6 +19,47 @@ fn main() {
         warmup_hours: (hours / 8.0).min(6.0),
         ..Default::default()
     };
+    let mut cfg = cfg;
+    // Experiments: CLASS_MIN_S / CLASS_AFTER_S as `class=seconds,...`, RECLAIM_AFTER_S, MIN_RUNTIME_S.
+    let env = |k: &str| std::env::var(k).ok();
+    let per_class = |k: &str| -> Vec<(String, i64)> {
+        env(k)
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(c, s)| (c.to_string(), s.parse::<i64>().expect("seconds") * 1000))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for (c, ms) in per_class("CLASS_MIN_S") {
+        cfg.govern
+            .classes
+            .iter_mut()
+            .find(|x| x.name == c)
+            .expect("class")
+            .min_runtime_ms = Some(ms);
+    }
+    for (c, ms) in per_class("CLASS_AFTER_S") {
+        cfg.govern
+            .classes
+            .iter_mut()
+            .find(|x| x.name == c)
+            .expect("class")
+            .preempt_after_ms = Some(ms);
+    }
+    if let Some(v) = env("RECLAIM_AFTER_S") {
+        cfg.govern.reclaim_after_ms = v.parse::<i64>().expect("seconds") * 1000;
+    }
+    if env("CONSOLIDATE").as_deref() == Some("0") {
+        cfg.govern.consolidation.enabled = false;
+    }
+    if let Some(v) = env("MOVES_PER_HOUR") {
+        cfg.govern.consolidation.moves_per_tenant_per_hour = v.parse().expect("a count");
+    }
+    if let Some(v) = env("MIN_RUNTIME_S") {
+        cfg.govern.min_runtime_ms = v.parse::<i64>().expect("seconds") * 1000;
+    }
     let started = Instant::now();
     let r = run(Arc::new(Fleet::seed()), &cfg, &mut || {
         started.elapsed().as_nanos() as u64

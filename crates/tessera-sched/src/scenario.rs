@@ -21,7 +21,7 @@ use serde::Serialize;
 use tessera_model::request::MigChoice;
 use tessera_model::{Fleet, GpuUnits, PoolId, Request, Sharing, TenantId};
 
-use crate::cycle::{Decision, GovernConfig, Job, Quota, Scheduler};
+use crate::cycle::{Decision, GovernConfig, Job, Movable, Quota, Scheduler};
 use crate::engine::Engine;
 use crate::replay::make_policy;
 
@@ -35,6 +35,21 @@ pub struct ScenarioConfig {
     pub seed: u64,
     /// Hours excluded from the averages at the start.
     pub warmup_hours: f64,
+    /// The scheduler's settings ([`scenario_govern`] by default).
+    pub govern: GovernConfig,
+    /// Whether work is marked movable (half the training gangs restartable, services
+    /// replaceable) for consolidation to move.
+    pub movable: bool,
+}
+
+/// The scheduler settings the scenario runs with: the server's defaults, with a minimum
+/// runtime of 10 minutes and a backfill window of 30 minutes.
+pub fn scenario_govern() -> GovernConfig {
+    GovernConfig {
+        min_runtime_ms: 10 * 60_000,
+        backfill_max_wait_ms: 30 * 60_000,
+        ..Default::default()
+    }
 }
 
 impl Default for ScenarioConfig {
@@ -45,6 +60,8 @@ impl Default for ScenarioConfig {
             outstanding: 4,
             seed: 1,
             warmup_hours: 6.0,
+            govern: scenario_govern(),
+            movable: true,
         }
     }
 }
@@ -73,6 +90,17 @@ pub struct PoolReport {
     /// (`blocked`).
     pub idle_fragmentation_pct: f64,
     pub idle_blocked_pct: f64,
+    /// Preemptions of work in this pool, by cause code (whole run).
+    pub preempted: BTreeMap<String, u64>,
+}
+
+/// Consolidation moves over the whole run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Moves {
+    /// Restartable batch work stopped and requeued.
+    pub restarted: u64,
+    /// Services moved by starting a replacement first.
+    pub replaced: u64,
 }
 
 /// Churn of one priority class over the whole run.
@@ -107,6 +135,8 @@ pub struct ScenarioReport {
     pub preemptions_pct: f64,
     /// Queueing delay of 8-GPU training gangs (after warm-up).
     pub gang8: Delay,
+    /// Consolidation moves (whole run).
+    pub moves: Moves,
     pub by_tenant: BTreeMap<String, Delay>,
     /// Wall-clock latency of scheduler decisions (submit and cycle calls).
     pub decision_p50_us: f64,
@@ -122,6 +152,8 @@ enum Ev {
     Stopped(u64),
     /// Periodic scheduler tick and sample.
     Tick,
+    /// A moved service's replacement runs: the original stops.
+    Replaced(u64),
 }
 
 struct Meta {
@@ -132,6 +164,7 @@ struct Meta {
     submitted_ms: i64,
     request: Request,
     generation: u32,
+    movable: Option<Movable>,
 }
 
 fn delay(mut waits: Vec<f64>) -> Delay {
@@ -201,6 +234,8 @@ struct Tally {
     waits_gang8: Vec<f64>,
     victims: BTreeMap<String, u64>,
     churn: BTreeMap<String, Churn>,
+    moves: Moves,
+    pool_preempted: HashMap<PoolId, BTreeMap<String, u64>>,
 }
 
 /// The scenario's bookkeeping between events.
@@ -252,6 +287,15 @@ impl World {
                     }
                     let m = self.meta.get_mut(&victim).expect("known job");
                     self.t.churn.entry(m.priority.to_string()).or_default().preempted += 1;
+                    if let Some(p) = m.request.pool {
+                        *self
+                            .t
+                            .pool_preempted
+                            .entry(p)
+                            .or_default()
+                            .entry(cause.code().to_string())
+                            .or_default() += 1;
+                    }
                     *self.t.victims.entry(format!("team-{:02}", m.tenant)).or_default() += 1;
                     m.generation += 1;
                     self.events
@@ -260,6 +304,20 @@ impl World {
                 Decision::Refused { id, .. } => {
                     let m = self.meta.get(&id).expect("known job");
                     self.outstanding[m.tenant][m.kind] = self.outstanding[m.tenant][m.kind].saturating_sub(1);
+                }
+                Decision::Move { id, to, .. } => {
+                    let m = self.meta.get_mut(&id).expect("known job");
+                    if to.is_some() {
+                        // The replacement starts; the original keeps its end time.
+                        self.t.moves.replaced += 1;
+                        self.events
+                            .push(Reverse((now + self.grace_ms, Ev::Replaced(id), m.generation)));
+                    } else {
+                        self.t.moves.restarted += 1;
+                        m.generation += 1;
+                        self.events
+                            .push(Reverse((now + self.grace_ms, Ev::Stopped(id), m.generation)));
+                    }
                 }
                 Decision::Waiting { .. } => {}
             }
@@ -273,11 +331,7 @@ impl World {
 pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u64) -> ScenarioReport {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let policy = make_policy("tessera", &[]).expect("built-in policy");
-    let gov = GovernConfig {
-        min_runtime_ms: 10 * 60_000,
-        backfill_max_wait_ms: 30 * 60_000,
-        ..Default::default()
-    };
+    let gov = cfg.govern.clone();
     let mut s = Scheduler::new(Engine::new(fleet.clone(), policy, cfg.seed), gov);
     let tenants: Vec<String> = (0..cfg.tenants).map(|i| format!("team-{i:02}")).collect();
     // Guarantees: an equal share of each pool; borrowing up to the whole pool.
@@ -391,13 +445,23 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                         submitted_ms: m.submitted_ms,
                         wait_if_over_limit: true,
                         min_runtime_ms: None,
-                        movable: None,
+                        movable: m.movable,
                     });
                     w.outstanding[m.tenant][m.kind] += 1;
                 } else {
                     completed += 1;
                     w.meta.remove(&id);
                 }
+                acts.extend(s.cycle(now));
+                decision_ns.push(clock().saturating_sub(timer));
+            }
+            Ev::Replaced(id) => {
+                let Some(m) = w.meta.get(&id) else { continue };
+                if m.generation != generation {
+                    continue;
+                }
+                let timer = clock();
+                s.replaced(id, now);
                 acts.extend(s.cycle(now));
                 decision_ns.push(clock().saturating_sub(timer));
             }
@@ -410,6 +474,14 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                     for kind in 0..3 {
                         while w.outstanding[ti][kind] < cfg.outstanding {
                             let (mut request, duration_ms, priority) = draw(&fleet, kind, &mut rng);
+                            // Half the training gangs checkpoint and may be restarted elsewhere;
+                            // services may be moved by replacement; notebooks never move.
+                            let restartable = kind == 0 && rng.random_bool(0.5);
+                            let movable = match kind {
+                                0 if cfg.movable && restartable => Some(Movable::Restart),
+                                1 if cfg.movable => Some(Movable::Replace),
+                                _ => None,
+                            };
                             request.tenant = Some(TenantId(ti as u32));
                             let id = next_id;
                             next_id += 1;
@@ -423,6 +495,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                                     submitted_ms: now,
                                     request: request.clone(),
                                     generation: 0,
+                                    movable,
                                 },
                             );
                             w.outstanding[ti][kind] += 1;
@@ -436,7 +509,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                                 submitted_ms: now,
                                 wait_if_over_limit: true,
                                 min_runtime_ms: None,
-                                movable: None,
+                                movable,
                             };
                             let timer = clock();
                             let a = s.submit(job, now);
@@ -455,6 +528,17 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
         w.handle(acts, now);
     }
     let span = (end_ms.min(now.max(warm_ms)) - warm_ms).max(1) as f64;
+    let Tally {
+        placed,
+        preemptions,
+        waits_prio,
+        waits_tenant,
+        waits_gang8,
+        victims,
+        mut churn,
+        moves,
+        mut pool_preempted,
+    } = w.t;
     let pool_reports: Vec<PoolReport> = pools
         .iter()
         .enumerate()
@@ -467,6 +551,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                 allocated_pct: 100.0 * integ[i].0 / span,
                 idle_fragmentation_pct: 100.0 * integ[i].1 / span,
                 idle_blocked_pct: 100.0 * integ[i].2 / span,
+                preempted: pool_preempted.remove(&pid).unwrap_or_default(),
             }
         })
         .collect();
@@ -478,15 +563,6 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
             .map(|&n| n as f64 / 1000.0)
             .unwrap_or(0.0)
     };
-    let Tally {
-        placed,
-        preemptions,
-        waits_prio,
-        waits_tenant,
-        waits_gang8,
-        victims,
-        mut churn,
-    } = w.t;
     for c in churn.values_mut() {
         c.preempted_pct = 100.0 * c.preempted as f64 / c.placements.max(1) as f64;
     }
@@ -511,6 +587,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
         churn,
         preemptions_pct: 100.0 * preemptions as f64 / placed.max(1) as f64,
         gang8: delay(waits_gang8),
+        moves,
         by_tenant: waits_tenant
             .into_iter()
             .map(|(k, v)| {
@@ -562,6 +639,7 @@ mod tests {
             outstanding: 3,
             seed: 3,
             warmup_hours: 2.0,
+            ..Default::default()
         };
         // A clock that advances 3 µs per reading: every decision reads it twice.
         let ticks = || {

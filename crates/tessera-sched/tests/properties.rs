@@ -13,6 +13,11 @@
 //! holder; place-then-release restores the exact state in `Instance` mode and the occupancy in
 //! `WholeGpu` mode; a rebind conserves capacity per node and tenant, changes exactly the grants
 //! it reports, and a refused one changes nothing.
+//!
+//! The scheduler cycle, with consolidation on and work of every kind of movability, keeps the
+//! same invariants over random submit/finish/cycle streams where decisions are carried out
+//! (victims stop and are requeued, moved services' replacements start); it only ever moves work
+//! marked movable, as marked; and once everything has ended every unit is back.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -20,11 +25,12 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use tessera_model::layout::{Placed, enumerate_layouts, media_instances, validate};
 use tessera_model::{Catalogue, Fleet, NodeId, Request, Shape, Sharing, TenantId};
+use tessera_sched::cycle::Movable;
 use tessera_sched::engine::DeviceBinding;
 use tessera_sched::mig::MigMode;
 use tessera_sched::replay::make_policy;
 use tessera_sched::state::MigSlot;
-use tessera_sched::{Engine, Grant};
+use tessera_sched::{Decision, Engine, GovernConfig, Grant, Job, Scheduler};
 
 /// A fleet with one pool for `model`: MIG if it can, else one whole and one shared pool.
 fn fleet_for(model: &str) -> Fleet {
@@ -219,8 +225,127 @@ const MODELS: [&str; 23] = [
 /// Index of the first model without MIG in [`MODELS`].
 const FIRST_WITHOUT_MIG: usize = 15;
 
+#[derive(Clone, Debug)]
+enum SchedOp {
+    /// Submit a request (as [`request`]) of class `prio`, movable as `how` says.
+    Submit { k: u8, size: u16, t: u8, prio: u8, how: u8 },
+    /// The `i`-th running workload (modulo) ends.
+    Finish(usize),
+    /// Stopping victims stop (and are requeued), replacements start; time passes; a cycle.
+    Settle(u16),
+}
+
+fn sched_op() -> impl Strategy<Value = SchedOp> {
+    prop_oneof![
+        4 => (0u8..4, 1u16..1000, 0u8..3, 0u8..4, 0u8..3)
+            .prop_map(|(k, size, t, prio, how)| SchedOp::Submit { k, size, t, prio, how }),
+        2 => any::<usize>().prop_map(SchedOp::Finish),
+        2 => (1u16..3600).prop_map(SchedOp::Settle),
+    ]
+}
+
+fn run_sched(model: &str, ops: Vec<SchedOp>) {
+    let fleet = Arc::new(fleet_for(model));
+    let engine = Engine::new(fleet.clone(), make_policy("tessera", &[]).unwrap(), 5);
+    let empty = engine.state().clone();
+    let mut cfg = GovernConfig {
+        min_runtime_ms: 1000,
+        reclaim_after_ms: 0,
+        ..Default::default()
+    };
+    cfg.consolidation.moves_per_tenant_per_hour = 4;
+    let mut s = Scheduler::new(engine, cfg);
+    let mut jobs: HashMap<u64, Job> = HashMap::new();
+    let mut running: BTreeSet<u64> = BTreeSet::new();
+    let (mut stopping, mut replacing): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
+    let mut now = 0i64;
+    let mut next = 1u64;
+    let mut handle = |d: Vec<Decision>,
+                      jobs: &HashMap<u64, Job>,
+                      running: &mut BTreeSet<u64>,
+                      stopping: &mut Vec<u64>,
+                      replacing: &mut Vec<u64>| {
+        for d in d {
+            match d {
+                Decision::Placed { id, .. } => {
+                    running.insert(id);
+                }
+                Decision::Preempt { victim, .. } => stopping.push(victim),
+                Decision::Move { id, to, .. } => {
+                    let how = jobs[&id].movable;
+                    assert!(how.is_some(), "only movable work is moved");
+                    if to.is_some() {
+                        assert_eq!(how, Some(Movable::Replace), "a service is replaced");
+                        replacing.push(id);
+                    } else {
+                        assert_eq!(how, Some(Movable::Restart), "batch work is restarted");
+                        stopping.push(id);
+                    }
+                }
+                Decision::Waiting { .. } | Decision::Refused { .. } => {}
+            }
+        }
+    };
+    for op in ops {
+        match op {
+            SchedOp::Submit { k, size, t, prio, how } => {
+                let id = next;
+                next += 1;
+                let job = Job {
+                    id,
+                    tenant: format!("t{t}"),
+                    project: "p".into(),
+                    request: request(&fleet, k, size, t, 1),
+                    priority: ["critical", "high", "standard", "opportunistic"][prio as usize].into(),
+                    submitted_ms: now,
+                    wait_if_over_limit: true,
+                    min_runtime_ms: None,
+                    movable: [None, Some(Movable::Restart), Some(Movable::Replace)][how as usize],
+                };
+                jobs.insert(id, job.clone());
+                let d = s.submit(job, now);
+                handle(d, &jobs, &mut running, &mut stopping, &mut replacing);
+            }
+            SchedOp::Finish(i) => {
+                if let Some(&id) = running.iter().nth(i % running.len().max(1)) {
+                    running.remove(&id);
+                    stopping.retain(|v| *v != id);
+                    replacing.retain(|v| *v != id);
+                    assert!(s.release(id, now).is_some());
+                }
+            }
+            SchedOp::Settle(dt) => {
+                now += dt as i64 * 10;
+                for id in std::mem::take(&mut replacing) {
+                    assert!(s.replaced(id, now).is_some(), "a booked replacement takes over");
+                }
+                for id in std::mem::take(&mut stopping) {
+                    running.remove(&id);
+                    s.release(id, now);
+                    s.enqueue(jobs[&id].clone());
+                }
+                let d = s.cycle(now);
+                handle(d, &jobs, &mut running, &mut stopping, &mut replacing);
+            }
+        }
+        check_invariants(&s.engine);
+    }
+    for id in running {
+        s.release(id, now);
+    }
+    assert!(s.engine.state().same_holdings(&empty), "every unit is back");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_cycle_with_consolidation_keeps_the_invariants_and_moves_only_movable_work(
+        m in prop::sample::select(vec!["A100-80GB", "H100-80GB-SXM", "A30-24GB", "V100M32", "T4"]),
+        ops in prop::collection::vec(sched_op(), 1..150),
+    ) {
+        run_sched(m, ops);
+    }
 
     #[test]
     fn every_model_keeps_its_invariants(m in 0usize..MODELS.len(), ops in prop::collection::vec(op(), 1..120)) {

@@ -274,6 +274,7 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
         outstanding: a.outstanding,
         seed: a.seed,
         warmup_hours: (a.hours / 8.0).min(6.0),
+        ..Default::default()
     };
     let started = Instant::now();
     let r = run(Arc::new(fleet), &cfg, &mut || started.elapsed().as_nanos() as u64);

@@ -9,9 +9,12 @@
 //!    every pool it may use, waits or is refused (constraints are checked once, at submission);
 //! 2. [**allocate**](allocate) — the queue in order (priority class, fair share, arrival, as
 //!    the [queue-order plugin](plugins) says), placement, bounded backfill with node reservations;
-//! 3. [**reclaim**](reclaim) — a job within its tenant's guarantee takes capacity back from
+//! 3. [**consolidate**](consolidate) — a job waiting for fragmentation gets the smallest set of
+//!    moves of movable work (restartable batch work requeued, services replaced first) that
+//!    frees one node for it, within a disruption budget per tenant and hour;
+//! 4. [**reclaim**](reclaim) — a job within its tenant's guarantee takes capacity back from
 //!    other tenants' borrowers;
-//! 4. [**preempt**](preempt) — a job of a higher priority class displaces lower ones.
+//! 5. [**preempt**](preempt) — a job of a higher priority class displaces lower ones.
 //!
 //! Reclaim and preempt try victim sets through a [statement](statement) over the engine and rank
 //! victims with the [victim-order plugin](plugins). Policies are data (priority classes, quotas)
@@ -42,6 +45,7 @@
 mod admit;
 mod allocate;
 mod books;
+mod consolidate;
 pub mod plugins;
 mod preempt;
 mod reclaim;
@@ -58,6 +62,7 @@ use std::sync::Arc;
 use tessera_model::{Fleet, GpuUnits, NodeId, PoolId, Request};
 
 pub use books::{Admission, Quota, check_quotas, project_key};
+pub use consolidate::ConsolidationConfig;
 pub use plugins::{OrderKey, Plugins, VictimCost};
 
 use crate::engine::Engine;
@@ -77,6 +82,9 @@ pub struct PriorityClass {
     /// A workload of this class runs at least this long before it can be preempted (default:
     /// [`GovernConfig::min_runtime_ms`]); a request may ask for longer.
     pub min_runtime_ms: Option<i64>,
+    /// A request of this class preempts lower classes only after waiting this long (capacity
+    /// often frees by itself sooner); `None`: at once.
+    pub preempt_after_ms: Option<i64>,
 }
 
 /// The scheduler's settings.
@@ -95,6 +103,7 @@ pub struct GovernConfig {
     /// A request within its guarantee reclaims from borrowers only after waiting this long
     /// (capacity often frees by itself sooner; reclaiming at once would churn).
     pub reclaim_after_ms: i64,
+    pub consolidation: ConsolidationConfig,
 }
 
 impl Default for GovernConfig {
@@ -106,24 +115,28 @@ impl Default for GovernConfig {
                     rank: 0,
                     preemptible: false,
                     min_runtime_ms: None,
+                    preempt_after_ms: None,
                 },
                 PriorityClass {
                     name: "high".into(),
                     rank: 1,
                     preemptible: true,
                     min_runtime_ms: None,
+                    preempt_after_ms: None,
                 },
                 PriorityClass {
                     name: "standard".into(),
                     rank: 2,
                     preemptible: true,
                     min_runtime_ms: None,
+                    preempt_after_ms: None,
                 },
                 PriorityClass {
                     name: "opportunistic".into(),
                     rank: 3,
                     preemptible: true,
                     min_runtime_ms: None,
+                    preempt_after_ms: None,
                 },
             ],
             min_runtime_ms: 60_000,
@@ -131,6 +144,7 @@ impl Default for GovernConfig {
             backfill_max_wait_ms: 300_000,
             max_preemption_searches: 8,
             reclaim_after_ms: 300_000,
+            consolidation: ConsolidationConfig::default(),
         }
     }
 }
@@ -177,6 +191,11 @@ pub enum Decision {
     Refused { id: u64, reason: Refusal },
     /// Stop `victim` (grace period, then force) so that `by` can run.
     Preempt { victim: u64, by: u64, cause: PreemptCause },
+    /// Consolidation moves `id` so that `by` can run. `to: None`: restartable batch work, stop
+    /// it and requeue it (it is not a preemption: it is requeued as it was). `to: Some`: a
+    /// service; its replacement is booked there: start it, then stop the original and call
+    /// [`Scheduler::replaced`] (or [`Scheduler::move_failed`]).
+    Move { id: u64, by: u64, to: Option<Allocation> },
 }
 
 /// A workload holding capacity.
@@ -199,6 +218,8 @@ pub struct Running {
     /// since then, or since it started.
     pub checkpoint_ms: Option<i64>,
     pub movable: Option<Movable>,
+    /// What it asked for (consolidation places it elsewhere with it).
+    pub request: Request,
 }
 
 impl Running {
@@ -228,6 +249,7 @@ fn default_actions() -> Vec<Box<dyn Action>> {
     vec![
         Box::new(admit::Admit),
         Box::new(allocate::Allocate),
+        Box::new(consolidate::Consolidate),
         Box::new(reclaim::Reclaim),
         Box::new(preempt::Preempt),
     ]
@@ -304,6 +326,10 @@ pub struct Scheduler {
     preempted: HashMap<u64, (u32, i64)>,
     /// Capacity or quotas changed since the last full pass over the queue.
     dirty: bool,
+    /// Per tenant, when its work was moved by consolidation (the disruption budget).
+    disruptions: HashMap<String, std::collections::VecDeque<i64>>,
+    /// Services being moved: their replacement is booked under `REPLACEMENT | id`.
+    replacing: HashSet<u64>,
 }
 
 impl fmt::Debug for Scheduler {
@@ -331,6 +357,8 @@ impl Scheduler {
             reservations: HashMap::new(),
             preempted: HashMap::new(),
             dirty: true,
+            disruptions: HashMap::new(),
+            replacing: HashSet::new(),
         }
     }
 
@@ -505,8 +533,62 @@ impl Scheduler {
         before != self.queue.len()
     }
 
+    /// A moved service's replacement runs and the original has stopped: the replacement's
+    /// booking becomes the workload's allocation (returned), and the capacity it left goes to
+    /// the job it was moved for.
+    pub fn replaced(&mut self, id: u64, now: i64) -> Option<Allocation> {
+        if !self.replacing.remove(&id) {
+            return None;
+        }
+        let mut a = self.engine.release(consolidate::REPLACEMENT | id)?;
+        self.engine.release(id);
+        a.id = id;
+        let a = self
+            .engine
+            .restore(a)
+            .expect("the replacement's booking fits back")
+            .clone();
+        let keys = {
+            let mut k = class_keys(self.engine.fleet(), a.node);
+            if let Some(r) = self.running.get(&id) {
+                k.extend(r.keys.iter().skip(2).cloned());
+            }
+            k
+        };
+        if let Some(r) = self.running.get_mut(&id) {
+            r.stopping = false;
+            r.keys = keys;
+        }
+        for n in self.nominated.values_mut() {
+            n.victims.remove(&id);
+        }
+        let _ = now;
+        self.dirty = true;
+        Some(a)
+    }
+
+    /// A consolidation move of `id` will not happen (a replacement that could not start, or a
+    /// caller that does not move work): a replacement's booking is released, the workload
+    /// stays where it is and is no longer awaited by the job it was to make room for (which
+    /// then searches again).
+    pub fn move_failed(&mut self, id: u64) {
+        if self.replacing.remove(&id) {
+            self.engine.release(consolidate::REPLACEMENT | id);
+        }
+        if let Some(r) = self.running.get_mut(&id) {
+            r.stopping = false;
+        }
+        for n in self.nominated.values_mut() {
+            n.victims.remove(&id);
+        }
+        self.dirty = true;
+    }
+
     /// Returns a workload's capacity.
     pub fn release(&mut self, id: u64, now: i64) -> Option<Allocation> {
+        if self.replacing.remove(&id) {
+            self.engine.release(consolidate::REPLACEMENT | id);
+        }
         let a = self.engine.release(id)?;
         if let Some(r) = self.running.remove(&id) {
             self.books
@@ -583,6 +665,7 @@ impl Scheduler {
             min_runtime_ms,
             checkpoint_ms: None,
             movable: job.movable,
+            request: job.request.clone(),
         };
         self.running.insert(job.id, running);
     }
@@ -611,10 +694,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cycle_runs_admit_allocate_reclaim_preempt_in_that_order() {
+    fn the_cycle_runs_admit_allocate_consolidate_reclaim_preempt_in_that_order() {
         let s = sched();
         let names: Vec<&str> = s.actions.iter().map(|a| a.name()).collect();
-        assert_eq!(names, ["admit", "allocate", "reclaim", "preempt"]);
+        assert_eq!(names, ["admit", "allocate", "consolidate", "reclaim", "preempt"]);
     }
 
     #[test]

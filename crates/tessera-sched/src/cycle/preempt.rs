@@ -1,6 +1,6 @@
 //! The preempt action: a job of a higher priority class displaces lower-ranked work, only ever
-//! downwards in rank, never a class that is not preemptible (`critical`), and never work younger
-//! than `min_runtime_ms`.
+//! downwards in rank, never a class that is not preemptible (`critical`), never work younger
+//! than its minimum runtime, and only once the job has waited its class's `preempt_after_ms`.
 
 use super::session::Session;
 use super::victims::{self, VictimRule};
@@ -20,8 +20,9 @@ impl Action for Preempt {
 }
 
 impl VictimRule for Preempt {
-    fn applies(&self, _: &Scheduler, _: &Job, _: i64) -> bool {
-        true
+    fn applies(&self, s: &Scheduler, job: &Job, now: i64) -> bool {
+        let after = s.class(&job.priority).and_then(|c| c.preempt_after_ms).unwrap_or(0);
+        now - job.submitted_ms >= after
     }
 
     fn may_take(&self, _: &Job, rank: u8, victim: &Running) -> bool {

@@ -141,6 +141,35 @@ impl<'a> Session<'a> {
         self.sched.nominated.insert(by, super::Nomination { victims, nodes });
     }
 
+    /// The job at `i` waits for consolidation `moves` (see [`consolidate`](super::consolidate)):
+    /// the moved work is marked stopping and told to move, counted against its tenant's
+    /// disruption budget, and the node it leaves is held for the job.
+    pub fn consolidate(&mut self, i: usize, moves: Vec<super::consolidate::Move>) {
+        let now = self.now;
+        let by = self.jobs[i].job.id;
+        let node = self.sched.engine.allocation(moves[0].id).map(|a| a.node.0);
+        for m in &moves {
+            self.sched.stopping(m.id);
+            if let Some(r) = self.sched.running.get(&m.id) {
+                let t = self.sched.disruptions.entry(r.tenant.clone()).or_default();
+                t.retain(|&at| now - at < 3_600_000);
+                t.push_back(now);
+            }
+            let to = (m.how == super::Movable::Replace).then(|| m.to.clone());
+            if to.is_some() {
+                self.sched.replacing.insert(m.id);
+            }
+            self.decide(Decision::Move { id: m.id, by, to });
+        }
+        if let Status::Starved { reason, .. } = &self.status[i] {
+            let reason = (**reason).clone();
+            self.set(i, Status::Waiting(reason));
+        }
+        let victims = moves.iter().map(|m| m.id).collect();
+        let nodes = node.into_iter().collect();
+        self.sched.nominated.insert(by, super::Nomination { victims, nodes });
+    }
+
     /// Ends the cycle: a `Waiting` decision for each job whose kind of reason changed
     /// ([`Wait::same_kind`]; a free-unit count moving is not worth a stored event), in queue
     /// order, and the placed and refused jobs leave the queue.

@@ -1,5 +1,6 @@
-//! A statement over the engine, after KAI-Scheduler's: tentative evictions that an action can try
-//! ("would the request fit if these stopped?") and undo to a checkpoint. Whatever is still
+//! A statement over the engine, after KAI-Scheduler's: tentative evictions and placements that an
+//! action can try ("would the request fit if these stopped, and would they fit elsewhere?") and
+//! undo to a checkpoint. Whatever is still
 //! evicted when the statement ends is put back, so a trial never outlives its statement and no
 //! caller ever sees the engine in a tried state.
 //!
@@ -15,17 +16,23 @@ use crate::state::{AllocId, Allocation};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Checkpoint(usize);
 
-/// Tentative evictions over an engine; see the module doc.
+/// One tentative change.
+enum Step {
+    Evicted(Allocation),
+    Placed(AllocId),
+}
+
+/// Tentative evictions and placements over an engine; see the module doc.
 pub(super) struct Statement<'e> {
     engine: &'e mut Engine,
-    evicted: Vec<Allocation>,
+    steps: Vec<Step>,
 }
 
 impl<'e> Statement<'e> {
     pub fn new(engine: &'e mut Engine) -> Self {
         Statement {
             engine,
-            evicted: Vec::new(),
+            steps: Vec::new(),
         }
     }
 
@@ -38,7 +45,7 @@ impl<'e> Statement<'e> {
     pub fn evict(&mut self, id: AllocId) -> bool {
         match self.engine.release(id) {
             Some(a) => {
-                self.evicted.push(a);
+                self.steps.push(Step::Evicted(a));
                 true
             }
             None => false,
@@ -50,22 +57,43 @@ impl<'e> Statement<'e> {
         self.engine.plan(req).is_ok()
     }
 
+    /// Tentatively places `req` as allocation `id`; `None` if it does not fit.
+    pub fn place(&mut self, id: AllocId, req: &Request) -> Option<Allocation> {
+        let a = self.engine.place(id, req).ok()?.clone();
+        self.steps.push(Step::Placed(id));
+        Some(a)
+    }
+
+    /// Holds nodes back from the trial placements (as [`Engine::set_blocked`]).
+    pub fn set_blocked(&mut self, nodes: std::collections::HashSet<u32>) {
+        self.engine.set_blocked(nodes);
+    }
+
     pub fn checkpoint(&self) -> Checkpoint {
-        Checkpoint(self.evicted.len())
+        Checkpoint(self.steps.len())
     }
 
     /// The allocations evicted since `cp`, in eviction order.
     pub fn evicted_since(&self, cp: Checkpoint) -> impl Iterator<Item = AllocId> + '_ {
-        self.evicted[cp.0..].iter().map(|a| a.id)
+        self.steps[cp.0..].iter().filter_map(|s| match s {
+            Step::Evicted(a) => Some(a.id),
+            Step::Placed(_) => None,
+        })
     }
 
-    /// Puts back everything evicted since `cp`, last first.
+    /// Undoes everything done since `cp`, last first.
     pub fn rollback(&mut self, cp: Checkpoint) {
-        while self.evicted.len() > cp.0 {
-            let a = self.evicted.pop().expect("non-empty");
-            self.engine
-                .restore(a)
-                .expect("an allocation evicted in this statement fits back");
+        while self.steps.len() > cp.0 {
+            match self.steps.pop().expect("non-empty") {
+                Step::Evicted(a) => {
+                    self.engine
+                        .restore(a)
+                        .expect("an allocation evicted in this statement fits back");
+                }
+                Step::Placed(id) => {
+                    self.engine.release(id).expect("placed in this statement");
+                }
+            }
         }
     }
 }

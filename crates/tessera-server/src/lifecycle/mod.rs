@@ -727,6 +727,12 @@ impl Core {
                 };
                 self.apply(WorkloadId(victim), input, batch, now);
             }
+            Decision::Move { id, by, .. } => {
+                // Consolidation moves only work marked movable, and no workload is marked so
+                // yet (the API has no such flag): should one come, it stays where it is.
+                tracing::warn!(id, by, "consolidation moves are not executed yet; the workload stays");
+                self.sched.move_failed(id);
+            }
         }
     }
 
