@@ -43,13 +43,30 @@ pub struct ScenarioConfig {
 }
 
 /// The scheduler settings the scenario runs with: the server's defaults, with a minimum
-/// runtime of 10 minutes and a backfill window of 30 minutes.
+/// runtime of 10 minutes, a backfill window of 30 minutes, and the churn limits of a busy
+/// fleet: work runs at least 4 h (opportunistic, standard) or 2 h (high) before it can be
+/// preempted, a high request preempts after waiting 30 min, a standard one after 4 h (critical
+/// at once), and a tenant within its guarantee reclaims after waiting 4 h (capacity frees by
+/// itself sooner, and fair share gives it to the least-served tenants first).
 pub fn scenario_govern() -> GovernConfig {
-    GovernConfig {
+    let h = 3_600_000;
+    let mut g = GovernConfig {
         min_runtime_ms: 10 * 60_000,
         backfill_max_wait_ms: 30 * 60_000,
+        reclaim_after_ms: 4 * h,
         ..Default::default()
+    };
+    for c in &mut g.classes {
+        let (min, after) = match c.name.as_str() {
+            "high" => (Some(2 * h), Some(h / 2)),
+            "standard" => (Some(4 * h), Some(4 * h)),
+            "opportunistic" => (Some(4 * h), None),
+            _ => (None, None),
+        };
+        c.min_runtime_ms = min;
+        c.preempt_after_ms = after;
     }
+    g
 }
 
 impl Default for ScenarioConfig {

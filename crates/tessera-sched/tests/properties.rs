@@ -260,11 +260,11 @@ fn run_sched(model: &str, ops: Vec<SchedOp>) {
     let (mut stopping, mut replacing): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
     let mut now = 0i64;
     let mut next = 1u64;
-    let mut handle = |d: Vec<Decision>,
-                      jobs: &HashMap<u64, Job>,
-                      running: &mut BTreeSet<u64>,
-                      stopping: &mut Vec<u64>,
-                      replacing: &mut Vec<u64>| {
+    let handle = |d: Vec<Decision>,
+                  jobs: &HashMap<u64, Job>,
+                  running: &mut BTreeSet<u64>,
+                  stopping: &mut Vec<u64>,
+                  replacing: &mut Vec<u64>| {
         for d in d {
             match d {
                 Decision::Placed { id, .. } => {

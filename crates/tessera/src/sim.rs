@@ -38,6 +38,9 @@ pub struct ScenarioArgs {
     outstanding: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Run without the consolidation action (to compare).
+    #[arg(long)]
+    no_consolidation: bool,
     #[arg(long)]
     json: bool,
 }
@@ -276,6 +279,8 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
         warmup_hours: (a.hours / 8.0).min(6.0),
         ..Default::default()
     };
+    let mut cfg = cfg;
+    cfg.govern.consolidation.enabled = !a.no_consolidation;
     let started = Instant::now();
     let r = run(Arc::new(fleet), &cfg, &mut || started.elapsed().as_nanos() as u64);
     let wall = started.elapsed().as_secs_f64();
@@ -288,18 +293,45 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
         r.tenants, r.gpus, r.hours, cfg.warmup_hours
     );
     println!(
-        "requests {} submitted, {} placed, {} completed, {} preemptions, queue up to {}",
-        r.submitted, r.placed, r.completed, r.preemptions, r.max_queued
+        "requests {} submitted, {} placed, {} completed, {} preemptions ({:.1} % of placements), queue up to {}",
+        r.submitted, r.placed, r.completed, r.preemptions, r.preemptions_pct, r.max_queued
+    );
+    println!(
+        "consolidation moves: {} restartable jobs requeued, {} services replaced{}",
+        r.moves.restarted,
+        r.moves.replaced,
+        if a.no_consolidation { " (consolidation off)" } else { "" }
     );
     println!("GPU units allocated (time-weighted): {:.1} %", r.allocated_pct);
     println!(
-        "{:<12} {:<7} {:>6} {:>10} {:>14} {:>10}",
-        "POOL", "SHARING", "UNITS", "ALLOCATED", "IDLE:FRAGMENT", "IDLE:BLOCK"
+        "{:<12} {:<7} {:>6} {:>10} {:>14} {:>10} {:>12}",
+        "POOL", "SHARING", "UNITS", "ALLOCATED", "IDLE:FRAGMENT", "IDLE:BLOCK", "PREEMPTED"
     );
     for p in &r.pools {
         println!(
-            "{:<12} {:<7} {:>6} {:>9.1}% {:>13.1}% {:>9.1}%",
-            p.pool, p.sharing, p.units, p.allocated_pct, p.idle_fragmentation_pct, p.idle_blocked_pct
+            "{:<12} {:<7} {:>6} {:>9.1}% {:>13.1}% {:>9.1}% {:>12}",
+            p.pool,
+            p.sharing,
+            p.units,
+            p.allocated_pct,
+            p.idle_fragmentation_pct,
+            p.idle_blocked_pct,
+            p.preempted.values().sum::<u64>()
+        );
+    }
+    println!("placements and preemptions by priority class (whole run):");
+    for (k, c) in &r.churn {
+        let caused: Vec<String> = c.caused.iter().map(|(why, n)| format!("{n} by {why}")).collect();
+        println!(
+            "  {k:<14} {:>6} placements  {:>5} preempted ({:>5.1} %)  caused: {}",
+            c.placements,
+            c.preempted,
+            c.preempted_pct,
+            if caused.is_empty() {
+                "none".to_string()
+            } else {
+                caused.join(", ")
+            }
         );
     }
     println!("queueing delay by priority class:");
@@ -309,6 +341,10 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
             d.placed, d.mean_wait_s, d.p50_wait_s, d.p95_wait_s
         );
     }
+    println!(
+        "  8-GPU gangs    {:>6} placed  mean {:>8.0} s  p50 {:>8.0} s  p95 {:>8.0} s",
+        r.gang8.placed, r.gang8.mean_wait_s, r.gang8.p50_wait_s, r.gang8.p95_wait_s
+    );
     let mut t: Vec<_> = r.by_tenant.iter().collect();
     t.sort_by(|a, b| a.1.mean_wait_s.total_cmp(&b.1.mean_wait_s));
     if let (Some(best), Some(worst)) = (t.first(), t.last()) {

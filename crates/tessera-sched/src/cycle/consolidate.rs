@@ -10,9 +10,11 @@
 //! * restartable batch work ([`Movable::Restart`]) is stopped and requeued; a service
 //!   ([`Movable::Replace`]) gets its replacement booked on the target at once and is stopped
 //!   only once the replacement runs ([`Scheduler::replaced`](super::Scheduler::replaced));
-//! * only work marked movable moves, never work that is stopping or younger than its minimum
-//!   runtime, never on nodes held for other jobs, and each tenant's work is moved at most
-//!   `moves_per_tenant_per_hour` times in any hour (the disruption budget).
+//! * only work marked movable moves, never work that is stopping or has run less than the
+//!   scheduler's `min_runtime_ms` (the longer minimum runtimes of classes and requests bound
+//!   preemption; a move is bounded by the budget), never on nodes held for other jobs, and each
+//!   tenant's work is moved at most `moves_per_tenant_per_hour` times in any hour (the
+//!   disruption budget).
 //!
 //! The waiting job is then nominated like a preemptor: the freed node is held for it until the
 //! moved work has left.
@@ -131,7 +133,11 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
     // Movable candidates by node, cheapest first: least work lost, then fewest units.
     let mut by_node: HashMap<u32, Vec<(u64, u64, u64)>> = HashMap::new();
     for r in s.running.values() {
-        if r.movable.is_none() || r.stopping || !r.past_min_runtime(now) || left[r.tenant.as_str()] == 0 {
+        if r.movable.is_none()
+            || r.stopping
+            || now - r.running_since_ms < s.cfg.min_runtime_ms
+            || left[r.tenant.as_str()] == 0
+        {
             continue;
         }
         let Some(a) = s.engine.allocation(r.id) else { continue };

@@ -40,8 +40,29 @@ impl VictimRule for Preempt {
 #[cfg(test)]
 mod tests {
     use super::super::Decision;
-    use super::super::testing::{job, preempted, sched};
+    use super::super::Scheduler;
+    use super::super::testing::{config, engine, job, preempted, sched};
     use crate::reason::{PreemptCause, Wait};
+
+    #[test]
+    fn a_class_preempts_only_after_waiting_its_preempt_after() {
+        let mut cfg = config();
+        for c in &mut cfg.classes {
+            if c.name == "high" {
+                c.preempt_after_ms = Some(60_000);
+            }
+        }
+        let mut s = Scheduler::new(engine(), cfg);
+        for i in 0..16 {
+            s.submit(job(i, "a", 8, "standard", 0), 0);
+        }
+        assert!(preempted(&s.submit(job(100, "b", 8, "high", 10_000), 10_000)).is_empty());
+        assert!(preempted(&s.cycle(69_999)).is_empty(), "waited 59.999 s");
+        assert_eq!(preempted(&s.cycle(70_000)).len(), 1, "waited a minute");
+        // Critical has no such wait.
+        let d = s.submit(job(101, "b", 8, "critical", 70_001), 70_001);
+        assert_eq!(preempted(&d).len(), 1, "{d:?}");
+    }
 
     #[test]
     fn priority_preemption_picks_the_minimal_victim_set_and_spares_critical() {
