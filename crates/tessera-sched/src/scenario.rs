@@ -682,6 +682,12 @@ mod tests {
             a.allocated_pct
         );
         assert!(a.by_priority.contains_key("standard"));
+        assert!(
+            a.preemptions_pct <= 10.0,
+            "churn: {:.1} % of placements",
+            a.preemptions_pct
+        );
+        assert!(a.moves.replaced > 0, "consolidation moves services: {:?}", a.moves);
         for p in &a.pools {
             assert!(
                 p.allocated_pct + p.idle_fragmentation_pct + p.idle_blocked_pct <= 100.0 + 1e-6,
