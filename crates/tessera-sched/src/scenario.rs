@@ -478,7 +478,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                     continue;
                 }
                 let timer = clock();
-                s.replaced(id, now);
+                s.replaced(id);
                 acts.extend(s.cycle(now));
                 decision_ns.push(clock().saturating_sub(timer));
             }

@@ -317,7 +317,7 @@ fn run_sched(model: &str, ops: Vec<SchedOp>) {
             SchedOp::Settle(dt) => {
                 now += dt as i64 * 10;
                 for id in std::mem::take(&mut replacing) {
-                    assert!(s.replaced(id, now).is_some(), "a booked replacement takes over");
+                    assert!(s.replaced(id).is_some(), "a booked replacement takes over");
                 }
                 for id in std::mem::take(&mut stopping) {
                     running.remove(&id);

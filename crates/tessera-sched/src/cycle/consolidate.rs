@@ -5,8 +5,9 @@
 //!
 //! * the moves free one node for the job (the node needing the fewest moves, then the fewest
 //!   units moved, then the least work lost);
-//! * every moved workload must fit elsewhere in its pool at the same time (tried through a
-//!   [`Statement`] with the job placed on the freed node), or nothing moves;
+//! * every moved workload must fit elsewhere in its pool, on its GPU model (so its units and
+//!   quota keys stay the same), at the same time (tried through a [`Statement`] with the job
+//!   placed on the freed node), or nothing moves;
 //! * restartable batch work ([`Movable::Restart`]) is stopped and requeued; a service
 //!   ([`Movable::Replace`]) gets its replacement booked on the target at once and is stopped
 //!   only once the replacement runs ([`Scheduler::replaced`](super::Scheduler::replaced));
@@ -115,6 +116,16 @@ pub(super) fn moves_in_last_hour(s: &Scheduler, tenant: &str, now: i64) -> u32 {
         .map_or(0, |t| t.iter().filter(|&&at| now - at < 3_600_000).count() as u32)
 }
 
+/// `req` restricted to the pool and GPU model of node `n`, where it runs now: a moved workload
+/// keeps its units and its quota keys.
+fn same_model(req: &Request, fleet: &tessera_model::Fleet, n: u32) -> Request {
+    let node = &fleet.nodes[n as usize];
+    let mut req = req.clone();
+    req.pool = Some(node.pool);
+    req.models = vec![node.model];
+    req
+}
+
 /// The smallest set of moves that lets `job` be placed, or `None`.
 fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
     let held = s.held_for_others(job.id);
@@ -161,6 +172,7 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
         .collect();
     nodes.sort_unstable();
     let mut best: Option<((usize, u64, u64), Vec<Move>)> = None;
+    let mut node_of: HashMap<u64, u32> = HashMap::new();
     let mut trial = Statement::new(&mut s.engine);
     for (_, n) in nodes {
         let mut cands = by_node.remove(&n).expect("key");
@@ -171,6 +183,7 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
         let mut fits = false;
         let mut per_tenant: HashMap<&str, u32> = HashMap::new();
         for c in &cands {
+            node_of.insert(c.2, n);
             if best.as_ref().is_some_and(|b| taken.len() + 1 > b.0.0) {
                 break;
             }
@@ -200,9 +213,7 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
                 .collect();
             order.sort_by_key(|(how, id)| (*how == Movable::Restart, *id));
             for (how, id) in order {
-                let r = &s.running[&id];
-                let mut req = r.request.clone();
-                req.pool = Some(fleet.node(trial.engine().allocation(job.id).expect("placed").node).pool);
+                let req = same_model(&s.running[&id].request, &fleet, node_of[&id]);
                 match trial.place(id, &req) {
                     Some(to) => moves.push(Move { id, how, to }),
                     None => {
@@ -241,8 +252,7 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
     let mut booked = Vec::new();
     let mut ok = true;
     for m in moves.iter().filter(|m| m.how == Movable::Replace) {
-        let mut req = s.running[&m.id].request.clone();
-        req.pool = Some(fleet.node(m.to.node).pool);
+        let req = same_model(&s.running[&m.id].request, &fleet, node_of[&m.id]);
         match s.engine.place(REPLACEMENT | m.id, &req) {
             Ok(a) => booked.push(a.clone()),
             Err(_) => {
@@ -378,7 +388,7 @@ mod tests {
         assert_eq!(s.engine.allocation(100).unwrap().node.0, 14);
         assert_eq!(s.engine.allocation(REPLACEMENT | 100).unwrap().node, to.node);
         assert!(placed(&s.cycle(5050)).is_empty(), "the node is not free yet");
-        let a = s.replaced(100, 5100).expect("being replaced");
+        let a = s.replaced(100).expect("being replaced");
         assert_eq!(a.node, to.node);
         assert!(s.engine.allocation(REPLACEMENT | 100).is_none());
         assert_eq!(placed(&s.cycle(5100)), vec![200]);

@@ -536,33 +536,25 @@ impl Scheduler {
     /// A moved service's replacement runs and the original has stopped: the replacement's
     /// booking becomes the workload's allocation (returned), and the capacity it left goes to
     /// the job it was moved for.
-    pub fn replaced(&mut self, id: u64, now: i64) -> Option<Allocation> {
+    pub fn replaced(&mut self, id: u64) -> Option<Allocation> {
         if !self.replacing.remove(&id) {
             return None;
         }
         let mut a = self.engine.release(consolidate::REPLACEMENT | id)?;
         self.engine.release(id);
         a.id = id;
+        // Same pool and GPU model (see consolidate): the same units and quota keys.
         let a = self
             .engine
             .restore(a)
             .expect("the replacement's booking fits back")
             .clone();
-        let keys = {
-            let mut k = class_keys(self.engine.fleet(), a.node);
-            if let Some(r) = self.running.get(&id) {
-                k.extend(r.keys.iter().skip(2).cloned());
-            }
-            k
-        };
         if let Some(r) = self.running.get_mut(&id) {
             r.stopping = false;
-            r.keys = keys;
         }
         for n in self.nominated.values_mut() {
             n.victims.remove(&id);
         }
-        let _ = now;
         self.dirty = true;
         Some(a)
     }
