@@ -16,6 +16,8 @@
 //!   [`tessera`]: Tessera's own fragmentation-aware policy.
 //! * [`replay`]: the openb (Alibaba GPU trace) replay protocol.
 //! * [`scenario`]: a multi-tenant scenario in simulated time through the scheduler.
+//! * [`timed`]: time-based replay of a demand (the openb trace's own times) through the
+//!   scheduler cycle, with allocation over time, wait percentiles and refusals.
 //!
 //! The same engine serves the trace replay, the benchmarks and the server.
 
@@ -29,6 +31,7 @@ pub mod rollout;
 pub mod scenario;
 pub mod state;
 pub mod tessera;
+pub mod timed;
 
 pub use cycle::{Decision, GovernConfig, Job, Quota, Scheduler};
 pub use engine::Engine;

@@ -21,6 +21,7 @@ mod login;
 mod opscli;
 mod serve;
 mod sim;
+mod timedcmd;
 mod upgradecli;
 
 use std::process::ExitCode;
