@@ -349,23 +349,36 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
                 allocated -= holding.remove(&d.id).map_or(0, |u| u.as_milli());
             }
         }
+        let mut decisions = Vec::new();
         while let Some(&i) = order.get(next_arrival)
             && arrivals[i].arrive_ms <= now
         {
             next_arrival += 1;
-            if let Some(r) = s.submit_for_next_cycle(job(i)) {
-                refuse(&mut refusals, &arrivals[i].name, &r);
+            if s.needs_cycle() {
+                // Capacity changed: the cycle below decides for the whole queue at once.
+                if let Some(r) = s.submit_for_next_cycle(job(i)) {
+                    refuse(&mut refusals, &arrivals[i].name, &r);
+                }
+            } else {
+                // Unchanged capacity: only the newcomer can start, and only it is tried.
+                decisions.extend(s.submit(job(i), now));
             }
         }
         max_queued = max_queued.max(s.queued() as u64);
         // Decisions can free capacity (preemption) that the next pass uses: a few passes at
         // the same instant, until nothing changes.
         let mut passes = 0;
-        while (s.needs_cycle() || t_tick == Some(now)) && passes < 8 {
+        loop {
+            if passes > 0 || decisions.is_empty() {
+                if !((s.needs_cycle() || t_tick == Some(now)) && passes < 8) {
+                    break;
+                }
+                cycles += 1;
+                last_cycle = now;
+                decisions = s.cycle(now);
+            }
             passes += 1;
-            cycles += 1;
-            last_cycle = now;
-            for d in s.cycle(now) {
+            for d in std::mem::take(&mut decisions) {
                 match d {
                     Decision::Placed { id, alloc, .. } => {
                         let i = id as usize;
