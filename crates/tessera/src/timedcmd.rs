@@ -41,7 +41,7 @@ pub fn openb_timed(a: &OpenbArgs, seed: u64) -> Result<()> {
             POLICIES.join(", ")
         );
     }
-    if a.days.is_some_and(|d| !(d > 0.0 && d.is_finite())) {
+    if a.days.is_some_and(|d| !d.is_finite() || d <= 0.0) {
         bail!("--days must be a positive number");
     }
     let (fleet, pods) = load_trace(&a.trace_dir, a.nodes.as_deref(), a.pods.as_deref())?;
