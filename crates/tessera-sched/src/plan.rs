@@ -410,7 +410,6 @@ pub fn plan(
     target: &Target,
     cfg: &TimedConfig,
     threads: usize,
-    progress: &(dyn Fn() + Sync),
 ) -> Result<Plan, String> {
     let costs = candidates
         .iter()
@@ -433,7 +432,6 @@ pub fn plan(
                     }
                     let r = demand(&fleets[i]).and_then(|a| run_timed(fleets[i].clone(), &a, cfg));
                     *results[i].lock().expect("no panics while holding") = Some(r);
-                    progress();
                 }
             });
         }
@@ -592,13 +590,18 @@ pub fn svg_chart(plan: &Plan, currency: &str) -> String {
         );
     }
     for e in 0..=ymax as i32 {
-        let s = 10f64.powi(e) - 1.0;
+        // Gridlines at 0 s and at 10, 100, … seconds.
+        let s = if e == 0 { 0.0 } else { 10f64.powi(e) };
         let _ = writeln!(
             svg,
             "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><line x1=\"{L}\" y1=\"{:.1}\" x2=\"{}\" y2=\"{:.1}\" stroke=\"#ddd\"/>",
             L - 6.0,
             y(s) + 4.0,
-            human_seconds(s),
+            if s < 1000.0 {
+                format!("{s:.0} s")
+            } else {
+                human_seconds(s)
+            },
             y(s),
             W - R,
             y(s)
@@ -770,17 +773,7 @@ mod tests {
         // 3 nodes: nobody waits. 4 nodes: nobody waits, dearer.
         let candidates = parse_candidates(&["training@whole:H100=1..4".to_string()]).unwrap();
         let target = Target::parse("standard=3600").unwrap();
-        let p = plan(
-            &candidates,
-            &demand,
-            &BTreeSet::new(),
-            &prices(),
-            &target,
-            &cfg(),
-            2,
-            &|| {},
-        )
-        .unwrap();
+        let p = plan(&candidates, &demand, &BTreeSet::new(), &prices(), &target, &cfg(), 2).unwrap();
         let p95: Vec<f64> = p.outcomes.iter().map(|o| o.p95_wait_s["standard"]).collect();
         assert_eq!(p95, [7200.0, 3600.0, 0.0, 0.0]);
         assert_eq!(
@@ -806,17 +799,7 @@ mod tests {
     fn when_no_candidate_meets_the_target_the_answer_says_so_and_names_the_closest() {
         let candidates = parse_candidates(&["training@whole:H100=1..2;dev:L40S=1".to_string()]).unwrap();
         let target = Target::parse("60").unwrap();
-        let p = plan(
-            &candidates,
-            &demand,
-            &BTreeSet::new(),
-            &prices(),
-            &target,
-            &cfg(),
-            1,
-            &|| {},
-        )
-        .unwrap();
+        let p = plan(&candidates, &demand, &BTreeSet::new(), &prices(), &target, &cfg(), 1).unwrap();
         assert_eq!(p.chosen, None);
         assert_eq!(p.closest, Some(1));
         assert_eq!(
@@ -825,7 +808,7 @@ mod tests {
         );
         // A fleet without the pool refuses the demand: never "closest".
         let none = parse_candidates(&["dev:L40S=1x4".to_string()]).unwrap();
-        let p = plan(&none, &demand, &BTreeSet::new(), &prices(), &target, &cfg(), 1, &|| {}).unwrap();
+        let p = plan(&none, &demand, &BTreeSet::new(), &prices(), &target, &cfg(), 1).unwrap();
         assert_eq!(p.outcomes[0].refused, 4);
         assert_eq!((p.chosen, p.closest), (None, None));
     }

@@ -212,8 +212,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let started = Instant::now();
-    let p =
-        plan::plan(&candidates, &build, &known, &prices, &target, &cfg, threads, &|| {}).map_err(anyhow::Error::msg)?;
+    let p = plan::plan(&candidates, &build, &known, &prices, &target, &cfg, threads).map_err(anyhow::Error::msg)?;
     let wall = started.elapsed().as_secs_f64();
     let svg = plan::svg_chart(&p, &a.currency);
     std::fs::write(&a.chart, svg).with_context(|| format!("writing the chart to {}", a.chart.display()))?;
