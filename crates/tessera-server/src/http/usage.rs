@@ -164,9 +164,8 @@ pub async fn usage_intervals(
     let mut specs = std::collections::HashMap::new();
     let mut intervals = Vec::with_capacity(ledger.len());
     for u in ledger {
-        if !specs.contains_key(&u.workload) {
-            let w = s.store.get_workload(u.workload, None).await?;
-            specs.insert(u.workload, w);
+        if let std::collections::hash_map::Entry::Vacant(e) = specs.entry(u.workload) {
+            e.insert(s.store.get_workload(u.workload, None).await?);
         }
         // Intervals outlive nothing: a workload's record is kept as long as its ledger.
         let Some(w) = specs[&u.workload].as_ref() else {
