@@ -775,6 +775,41 @@ pub struct UsageRow {
     pub cost_measured: f64,
 }
 
+/// One interval of the usage ledger with what its workload asked for: enough to rebuild the
+/// demand (`tessera plan --demand usage:FILE`).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct LedgerInterval {
+    pub workload: u64,
+    /// Position among the workload's intervals (a requeued workload has several).
+    pub seq: u32,
+    pub tenant: String,
+    pub project: String,
+    /// Priority class.
+    pub priority: String,
+    /// What it asked for: `whole:N`, `mig:PROFILE` or `fraction:MILLI`.
+    pub gpu: String,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    /// Where it ran.
+    pub pool: String,
+    pub model: String,
+    /// GPU units held.
+    pub units: f64,
+    /// When the workload was submitted, RFC 3339.
+    pub submitted_at: String,
+    pub started_at: String,
+    /// Absent while it runs.
+    pub ended_at: Option<String>,
+}
+
+/// The ledger's intervals that overlap a period.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct LedgerExport {
+    pub from: String,
+    pub to: String,
+    pub intervals: Vec<LedgerInterval>,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
 pub struct UsageReport {
     pub from: String,

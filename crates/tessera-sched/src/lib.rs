@@ -16,12 +16,17 @@
 //!   [`tessera`]: Tessera's own fragmentation-aware policy.
 //! * [`replay`]: the openb (Alibaba GPU trace) replay protocol.
 //! * [`scenario`]: a multi-tenant scenario in simulated time through the scheduler.
+//! * [`plan`]: capacity planning — the cheapest candidate fleet whose timed replay of a demand
+//!   meets a p95 wait target per class.
+//! * [`timed`]: time-based replay of a demand (the openb trace's own times) through the
+//!   scheduler cycle, with allocation over time, wait percentiles and refusals.
 //!
 //! The same engine serves the trace replay, the benchmarks and the server.
 
 pub mod cycle;
 pub mod engine;
 pub mod mig;
+pub mod plan;
 pub mod policy;
 pub mod reason;
 pub mod replay;
@@ -29,6 +34,7 @@ pub mod rollout;
 pub mod scenario;
 pub mod state;
 pub mod tessera;
+pub mod timed;
 
 pub use cycle::{Decision, GovernConfig, Job, Quota, Scheduler};
 pub use engine::Engine;

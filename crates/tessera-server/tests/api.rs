@@ -609,6 +609,50 @@ async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
         ),
         "{csv}"
     );
+
+    // The ledger itself, each interval with what its workload asked for (`tessera plan`'s demand).
+    let l = s.get("/api/v1/usage/intervals").await;
+    let iv = l["intervals"].as_array().unwrap();
+    assert_eq!(iv.len(), 2, "{l}");
+    for i in iv {
+        assert_eq!(
+            (i["gpu"].as_str(), i["pool"].as_str()),
+            (Some("whole:8"), Some("training")),
+            "{i}"
+        );
+        assert_eq!((i["seq"].as_u64(), i["units"].as_f64()), (Some(0), Some(8.0)), "{i}");
+        assert!(
+            i["ended_at"].is_null() && i["submitted_at"].as_str() <= i["started_at"].as_str(),
+            "{i}"
+        );
+    }
+    let r = s
+        .http
+        .get(format!("{}/api/v1/usage/intervals?format=csv&tenant=vision", s.base))
+        .bearer_auth(&s.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-type"], "text/csv; charset=utf-8");
+    let csv = r.text().await.unwrap();
+    assert!(
+        csv.starts_with("workload,seq,tenant,project,priority,gpu,cpu_milli,memory_mib,pool,model,units,submitted_at,started_at,ended_at\n"),
+        "{csv}"
+    );
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    let (st, p) = s
+        .req(
+            reqwest::Method::GET,
+            "/api/v1/usage/intervals?from=yesterday",
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(
+        (st, p["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("from")),
+        "{p}"
+    );
 }
 
 async fn owner_reclaims_its_guarantee_from_a_borrower(db: Db) {

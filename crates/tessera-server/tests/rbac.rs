@@ -284,6 +284,12 @@ async fn isolation_matrix(db: Db) {
             [200, 404, 404, 404, 401],
         ),
         (
+            "GET",
+            "/api/v1/usage/intervals",
+            [200, 200, 200, 200, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
             "POST",
             "/api/v1/sim/faults",
             [200, 403, 403, 403, 401],
@@ -389,7 +395,7 @@ async fn isolation_matrix(db: Db) {
                 if *method == "DELETE" && template.contains("/quotas/") {
                     ctx.admin_call(Method::PUT, &path, Some(json!({"guaranteed": 1}))).await;
                 }
-                if *template == "/api/v1/usage" && scope == "other" {
+                if (*template == "/api/v1/usage" || *template == "/api/v1/usage/intervals") && scope == "other" {
                     path.push_str("?tenant=nlp");
                 }
                 let body = match (*method, *template) {

@@ -62,7 +62,8 @@ pub struct UsageArgs {
     /// End, exclusive (default: now).
     #[arg(long)]
     pub to: Option<String>,
-    /// day, class, project or tenant.
+    /// day, class, project or tenant; or `interval`: the ledger itself, one line per interval
+    /// with what its workload asked for (the demand `tessera plan --demand usage:FILE` reads).
     #[arg(long, default_value = "day")]
     pub by: String,
 }
@@ -178,6 +179,9 @@ pub async fn budget(c: &Common, a: BudgetArgs) -> Result<()> {
 
 pub async fn usage(c: &Common, a: UsageArgs) -> Result<()> {
     let client = Client::new(&c.conn)?;
+    if a.by == "interval" {
+        return usage_intervals(c, &client, &a).await;
+    }
     let mut q = vec![format!("by={}", a.by)];
     for (k, v) in [("tenant", &a.tenant), ("from", &a.from), ("to", &a.to)] {
         if let Some(v) = v {
@@ -405,6 +409,54 @@ pub async fn apply(c: &Common, a: ApplyArgs) -> Result<()> {
             } else {
                 "applied"
             }
+        );
+    }
+    Ok(())
+}
+
+/// `tessera usage --by interval`: the ledger's intervals.
+async fn usage_intervals(c: &Common, client: &Client, a: &UsageArgs) -> Result<()> {
+    let mut q = Vec::new();
+    for (k, v) in [("tenant", &a.tenant), ("from", &a.from), ("to", &a.to)] {
+        if let Some(v) = v {
+            q.push(format!("{k}={v}"));
+        }
+    }
+    if c.output == Output::Csv {
+        q.push("format=csv".into());
+        print!(
+            "{}",
+            client.text(&format!("/api/v1/usage/intervals?{}", q.join("&"))).await?
+        );
+        return Ok(());
+    }
+    let r: tessera_api::LedgerExport = client.get(&format!("/api/v1/usage/intervals?{}", q.join("&"))).await?;
+    if c.output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "usage ledger from {} to {}: {} intervals",
+        r.from,
+        r.to,
+        r.intervals.len()
+    );
+    println!(
+        "{:>8} {:>3} {:<16} {:<10} {:<14} {:<12} {:>6} {:<24} {:<24}",
+        "WORKLOAD", "SEQ", "TENANT/PROJECT", "PRIORITY", "GPU", "POOL", "UNITS", "STARTED", "ENDED"
+    );
+    for i in &r.intervals {
+        println!(
+            "{:>8} {:>3} {:<16} {:<10} {:<14} {:<12} {:>6.3} {:<24} {:<24}",
+            i.workload,
+            i.seq,
+            format!("{}/{}", i.tenant, i.project),
+            i.priority,
+            i.gpu,
+            i.pool,
+            i.units,
+            i.started_at,
+            i.ended_at.as_deref().unwrap_or("running")
         );
     }
     Ok(())

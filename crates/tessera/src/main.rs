@@ -19,8 +19,10 @@ mod govcli;
 mod local;
 mod login;
 mod opscli;
+mod plancmd;
 mod serve;
 mod sim;
+mod timedcmd;
 mod upgradecli;
 
 use std::process::ExitCode;
@@ -112,6 +114,9 @@ enum Command {
         #[command(subcommand)]
         what: sim::SimCommand,
     },
+    /// Capacity planning: replay a demand (the openb trace, the scenario model, or a usage
+    /// ledger) on candidate fleets and find the cheapest that meets a p95 wait target per class.
+    Plan(plancmd::PlanArgs),
     /// Benchmarks: the placement engine, and the running server's API.
     Bench {
         #[command(subcommand)]
@@ -201,6 +206,7 @@ fn main() -> ExitCode {
             .map(|s| println!("{s}"))
             .map_err(Into::into),
         Command::Sim { what } => sim::run(what),
+        Command::Plan(a) => plancmd::run(a),
         Command::Bench { what } => bench::run(what, &c.conn),
         Command::Fleet(args) => fleetcmd::run(args),
         Command::Admin {

@@ -49,25 +49,43 @@ pub struct ScenarioArgs {
 pub struct OpenbArgs {
     /// Folder holding the trace's csv files.
     #[arg(long, default_value = "../shared/traces/openb", env = "TESSERA_OPENB_DIR")]
-    trace_dir: PathBuf,
+    pub(crate) trace_dir: PathBuf,
     /// Node list [default: <trace-dir>/openb_node_list_gpu_node.csv].
     #[arg(long)]
-    nodes: Option<PathBuf>,
+    pub(crate) nodes: Option<PathBuf>,
     /// Pod list [default: <trace-dir>/openb_pod_list_default.csv].
     #[arg(long)]
-    pods: Option<PathBuf>,
+    pub(crate) pods: Option<PathBuf>,
     /// Seeds: `42-51`, `42,43` or `42`.
     #[arg(long, default_value = "42-51")]
-    seeds: String,
+    pub(crate) seeds: String,
     /// Placement policy: tessera, fgd, bestfit or random.
     #[arg(long, default_value = "tessera")]
-    policy: String,
+    pub(crate) policy: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Worker threads (default: all cores).
     #[arg(long)]
-    threads: Option<usize>,
+    pub(crate) threads: Option<usize>,
+    /// Replay in time instead: pods arrive at `creation_time`, queue through the scheduler
+    /// cycle and hold capacity for the run the trace observed; reports allocation over time,
+    /// waits per QoS class and refusals (the first seed only seeds the policy's ties).
+    #[arg(long)]
+    pub(crate) timed: bool,
+    /// --timed: only pods created in the first DAYS days of the trace.
+    #[arg(long, requires = "timed")]
+    pub(crate) days: Option<f64>,
+    /// --timed: only the first N pods by creation time.
+    #[arg(long, requires = "timed")]
+    pub(crate) limit: Option<usize>,
+    /// --timed: also run a cycle every SECONDS of simulated time while pods wait (0: only at
+    /// arrivals and departures).
+    #[arg(long, default_value_t = 0, requires = "timed")]
+    pub(crate) tick: u64,
+    /// --timed: points in the allocation series.
+    #[arg(long, default_value_t = 100, requires = "timed")]
+    pub(crate) samples: usize,
 }
 
 pub fn run(cmd: SimCommand) -> Result<()> {
@@ -106,7 +124,7 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>> {
     Ok(out)
 }
 
-fn read(path: &Path, what: &str) -> Result<String> {
+pub(crate) fn read(path: &Path, what: &str) -> Result<String> {
     if !path.exists() {
         bail!(
             "{what} {} not found: the openb trace (cluster-trace-gpu-v2023, CC BY 4.0) is the `csv` folder of the public alibaba/clusterdata repository; pass its location with --trace-dir",
@@ -125,6 +143,9 @@ fn openb(a: OpenbArgs) -> Result<()> {
         );
     }
     let seeds = parse_seeds(&a.seeds)?;
+    if a.timed {
+        return crate::timedcmd::openb_timed(&a, seeds[0]);
+    }
     let nodes_path = a
         .nodes
         .unwrap_or_else(|| a.trace_dir.join("openb_node_list_gpu_node.csv"));

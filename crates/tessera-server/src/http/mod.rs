@@ -102,7 +102,8 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(governance::get_quotas))
         .routes(routes!(governance::set_quota, governance::delete_quota))
         .routes(routes!(governance::set_budget))
-        .routes(routes!(usage::usage_report));
+        .routes(routes!(usage::usage_report))
+        .routes(routes!(usage::usage_intervals));
     if with_sim {
         r = r.routes(routes!(sim::inject_fault));
     }

@@ -5,7 +5,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tessera_api::rules::{self, Validate, Violation};
-use tessera_api::{Problem, UsageReport, month_start_ms, parse_time_ms, rfc3339_ms};
+use tessera_api::{LedgerExport, LedgerInterval, Problem, UsageReport, month_start_ms, parse_time_ms, rfc3339_ms};
+use tessera_domain::GpuSpec;
 use utoipa::{IntoParams, ToSchema};
 
 use super::ApiQuery;
@@ -101,4 +102,137 @@ pub async fn usage_report(
         )
             .into_response(),
     })
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct IntervalParams {
+    /// Only this tenant (required for tenant tokens: their own).
+    pub tenant: Option<String>,
+    /// Start (default: the first of this month, UTC).
+    #[param(schema_with = rules::schema::date_or_time)]
+    pub from: Option<String>,
+    /// End, exclusive, after `from` (default: now).
+    #[param(schema_with = rules::schema::date_or_time)]
+    pub to: Option<String>,
+    /// `json` (default) or `csv`.
+    #[param(inline)]
+    pub format: Option<Format>,
+}
+
+impl Validate for IntervalParams {
+    fn validate(&self) -> Result<(), Violation> {
+        for (field, v) in [("from", &self.from), ("to", &self.to)] {
+            if let Some(x) = v
+                && parse_time_ms(x).is_none()
+            {
+                return Err(Violation::new(
+                    field,
+                    format!("`{x}` is not a date (YYYY-MM-DD) or RFC 3339 time"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The ledger's intervals overlapping the period, each with what its workload asked for
+/// (shape, host resources, priority, submission time): the demand `tessera plan` replays.
+#[utoipa::path(get, path = "/api/v1/usage/intervals", tag = "governance", params(IntervalParams),
+    responses((status = 200, description = "The intervals", content((LedgerExport = "application/json"), (String = "text/csv"))),
+        (status = 404, description = "No such tenant, or one the caller may not see", body = Problem),
+        (status = 422, description = "A value breaks a rule, or `to` is not after `from`", body = Problem)))]
+pub async fn usage_intervals(
+    State(s): State<AppState>,
+    id: Identity,
+    ApiQuery(q): ApiQuery<IntervalParams>,
+) -> ApiResult<Response> {
+    let now = now_ms();
+    let tenant = match (&q.tenant, &id.tenant) {
+        (Some(t), _) if !id.can_read(t) => return Err(ApiError::not_found(format!("no tenant `{t}`"))),
+        (None, Some(own)) if !id.is_admin() => Some(own.clone()),
+        (t, _) => t.clone(),
+    };
+    // Checked by `IntervalParams::validate`.
+    let time = |v: &Option<String>, default: i64| v.as_deref().and_then(parse_time_ms).unwrap_or(default);
+    let from = time(&q.from, month_start_ms(now));
+    let to = time(&q.to, now);
+    if to <= from {
+        return Err(ApiError::invalid("to", "`to` must be after `from`"));
+    }
+    let ledger = s.store.usage_between(tenant.as_deref(), from, to).await?;
+    let mut specs = std::collections::HashMap::new();
+    let mut intervals = Vec::with_capacity(ledger.len());
+    for u in ledger {
+        if let std::collections::hash_map::Entry::Vacant(e) = specs.entry(u.workload) {
+            e.insert(s.store.get_workload(u.workload, None).await?);
+        }
+        // Intervals outlive nothing: a workload's record is kept as long as its ledger.
+        let Some(w) = specs[&u.workload].as_ref() else {
+            continue;
+        };
+        let gpu = match &w.spec.shape.gpu {
+            GpuSpec::Whole { gpus } => format!("whole:{gpus}"),
+            GpuSpec::Mig { profile } => format!("mig:{profile}"),
+            GpuSpec::Fraction { milli, .. } => format!("fraction:{milli}"),
+        };
+        intervals.push(LedgerInterval {
+            workload: u.workload.0,
+            seq: u.seq,
+            tenant: u.tenant,
+            project: u.project,
+            priority: w.spec.priority.clone(),
+            gpu,
+            cpu_milli: w.spec.cpu_milli,
+            memory_mib: w.spec.memory_mib,
+            pool: u.pool,
+            model: u.model,
+            units: u.units.as_f64(),
+            submitted_at: rfc3339_ms(w.created_at),
+            started_at: rfc3339_ms(u.started_at),
+            ended_at: u.ended_at.map(rfc3339_ms),
+        });
+    }
+    Ok(match q.format.unwrap_or_default() {
+        Format::Json => Json(LedgerExport {
+            from: rfc3339_ms(from),
+            to: rfc3339_ms(to),
+            intervals,
+        })
+        .into_response(),
+        Format::Csv => (
+            [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
+            intervals_csv(&intervals),
+        )
+            .into_response(),
+    })
+}
+
+/// The intervals as CSV, the columns `tessera plan --demand usage:FILE` reads. No field needs
+/// quoting: tenant and project names are slugs, pools, models, classes and MIG profiles are
+/// configured names without commas.
+pub fn intervals_csv(intervals: &[LedgerInterval]) -> String {
+    let mut out = String::from(
+        "workload,seq,tenant,project,priority,gpu,cpu_milli,memory_mib,pool,model,units,submitted_at,started_at,ended_at\n",
+    );
+    for i in intervals {
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{:.3},{},{},{}\n",
+            i.workload,
+            i.seq,
+            i.tenant,
+            i.project,
+            i.priority,
+            i.gpu,
+            i.cpu_milli,
+            i.memory_mib,
+            i.pool,
+            i.model,
+            i.units,
+            i.submitted_at,
+            i.started_at,
+            i.ended_at.as_deref().unwrap_or("")
+        ));
+    }
+    out
 }
