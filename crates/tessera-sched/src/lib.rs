@@ -17,8 +17,11 @@
 //! * [`replay`]: the openb (Alibaba GPU trace) replay protocol.
 //! * [`scenario`]: a multi-tenant scenario in simulated time through the scheduler.
 //!
+//! * [`bench`]: the scheduler-cycle benchmark (`tessera bench cycle`).
+//!
 //! The same engine serves the trace replay, the benchmarks and the server.
 
+pub mod bench;
 pub mod cycle;
 pub mod engine;
 pub mod mig;
