@@ -16,7 +16,12 @@ fn main() {
         seed: 7,
     };
     let t = std::time::Instant::now();
-    let r = run(fleet, &b).unwrap();
+    let r = run(fleet, &b, |s, now| {
+        let t = std::time::Instant::now();
+        let ds = s.cycle(now);
+        (ds, t.elapsed().as_secs_f64() * 1e3)
+    })
+    .unwrap();
     println!(
         "first {:.1} ms ({} placed); {} warm-up cycles; steady p50 {:.1} p99 {:.1} max {:.1} ms; placed {} preempted {}; queue {} running {}; total {:.1} s",
         r.first_ms,

@@ -6,9 +6,8 @@
 //! for the next cycle at time 0. The first cycle fills the fleet and is reported on its own.
 //! Then, each steady cycle, one simulated second later: `churn` running workloads finish
 //! (released), as many new jobs arrive (so the queue stays at its depth), and one cycle runs
-//! over the whole queue. Only the `cycle` call is timed.
-
-use std::time::Instant;
+//! over the whole queue. Only the cycle itself is timed, by the caller (this crate reads no
+//! clock): [`run`] hands each cycle to a closure that runs and times it.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -93,8 +92,13 @@ const MAX_WARMUP: usize = 50;
 
 const CLASSES: [&str; 4] = ["critical", "high", "standard", "opportunistic"];
 
-/// Runs the benchmark on `fleet`.
-pub fn run(fleet: std::sync::Arc<Fleet>, b: &CycleBench) -> Result<CycleReport, String> {
+/// Runs the benchmark on `fleet`. `timed(scheduler, now)` must run `scheduler.cycle(now)` and
+/// return its decisions with the milliseconds it took.
+pub fn run(
+    fleet: std::sync::Arc<Fleet>,
+    b: &CycleBench,
+    mut timed: impl FnMut(&mut Scheduler, i64) -> (Vec<Decision>, f64),
+) -> Result<CycleReport, String> {
     let mix = request_mix(&fleet);
     if mix.is_empty() {
         return Err("the fleet has no pools to place into".into());
@@ -146,9 +150,8 @@ pub fn run(fleet: std::sync::Arc<Fleet>, b: &CycleBench) -> Result<CycleReport, 
         (placed, preempted)
     };
     let mut report = CycleReport::default();
-    let t = Instant::now();
-    let ds = sched.cycle(0);
-    report.first_ms = t.elapsed().as_secs_f64() * 1e3;
+    let (ds, ms) = timed(&mut sched, 0);
+    report.first_ms = ms;
     report.first_placed = count(&ds, &mut running).0;
     // Warm-up: the queue is topped up and cycles run until the fleet is saturated (a cycle
     // places no more than the churn frees), at most `MAX_WARMUP` of them; then the measured
@@ -179,9 +182,8 @@ pub fn run(fleet: std::sync::Arc<Fleet>, b: &CycleBench) -> Result<CycleReport, 
             let j = new_job(&mut rng, now);
             sched.submit_for_next_cycle(j);
         }
-        let t = Instant::now();
-        let ds = sched.cycle(now);
-        report.steady_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let (ds, ms) = timed(&mut sched, now);
+        report.steady_ms.push(ms);
         let (p, x) = count(&ds, &mut running);
         report.placed += p;
         report.preempted += x;
@@ -214,10 +216,17 @@ mod tests {
             policy: "tessera".into(),
             seed: 1,
         };
-        let r = run(fleet.clone(), &b).unwrap();
+        let mut calls = 0;
+        let r = run(fleet.clone(), &b, |s, now| {
+            calls += 1;
+            (s.cycle(now), calls as f64)
+        })
+        .unwrap();
+        assert_eq!(calls, 4, "the first cycle and the measured ones are timed");
+        assert_eq!(r.first_ms, 1.0);
         assert!(r.first_placed > 0);
         assert_eq!(r.steady_ms.len(), 3);
-        assert!(r.steady_ms.windows(2).all(|w| w[0] <= w[1]), "sorted");
+        assert_eq!(r.steady_ms, vec![2.0, 3.0, 4.0], "sorted");
         // Every measured cycle starts with a full queue and only takes out what it places.
         assert!(
             b.queued - r.placed <= r.queue_after && r.queue_after <= b.queued,

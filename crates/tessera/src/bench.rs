@@ -1,5 +1,7 @@
 //! `tessera bench placement`: placement throughput and decision latency of the engine at
-//! steady state. (`tessera bench api`, the running server under load, is in `benchapi.rs`.)
+//! steady state; `tessera bench cycle`: full scheduler cycles over a deep queue (the set-up is
+//! `tessera_sched::bench`; the timing is here). (`tessera bench api`, the running server under
+//! load, is in `benchapi.rs`.)
 //!
 //! A seeded stream of mixed requests — whole 1/2/4/8 GPUs, every MIG profile of the fleet's MIG
 //! models, fractions of shared GPUs from 8 tenants — is placed while the fleet is kept at a
@@ -235,7 +237,12 @@ fn cycle(a: CycleArgs) -> Result<()> {
         policy: a.policy.clone(),
         seed: a.seed,
     };
-    let r = tessera_sched::bench::run(fleet.clone(), &b).map_err(anyhow::Error::msg)?;
+    let r = tessera_sched::bench::run(fleet.clone(), &b, |s, now| {
+        let t = Instant::now();
+        let ds = s.cycle(now);
+        (ds, t.elapsed().as_secs_f64() * 1e3)
+    })
+    .map_err(anyhow::Error::msg)?;
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     if a.json {
         let out = json!({
