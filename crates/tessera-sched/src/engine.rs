@@ -369,24 +369,27 @@ impl Engine {
         }
         match self.scope(req) {
             Err(u) => Some(u),
-            Ok(scope) => self.constraint_in(req, &scope),
+            Ok(scope) => self.constraint_in(req, &scope, &self.eligible(req, &scope)),
         }
     }
 
     /// Why `req` cannot be placed now, as [`Engine::plan`] would say when it fails (the caller
     /// knows that it does: nothing is searched).
     pub fn explain(&self, req: &Request) -> Unplaceable {
-        match self.constraint(req) {
-            Some(u) => u,
-            None => self.diagnose_capacity(req, &self.scope(req).unwrap_or_default()),
+        match (req.check(), self.scope(req)) {
+            (Ok(_), Ok(scope)) => self.diagnose(req, &scope),
+            _ => self
+                .constraint(req)
+                .expect("an invalid request, or one no pool serves, is a constraint"),
         }
     }
 
     fn diagnose(&self, req: &Request, scope: &[PoolId]) -> Unplaceable {
-        if let Some(u) = self.constraint_in(req, scope) {
+        let eligible = self.eligible(req, scope);
+        if let Some(u) = self.constraint_in(req, scope, &eligible) {
             return u;
         }
-        self.diagnose_capacity(req, scope)
+        self.diagnose_capacity(req, scope, &eligible)
     }
 
     /// The nodes of `scope` whose model `req` may use.
@@ -406,11 +409,10 @@ impl Engine {
             .collect()
     }
 
-    fn constraint_in(&self, req: &Request, scope: &[PoolId]) -> Option<Unplaceable> {
+    fn constraint_in(&self, req: &Request, scope: &[PoolId], eligible: &[u32]) -> Option<Unplaceable> {
         let fleet = &*self.fleet;
         let pools = Pools(scope.iter().map(|&p| fleet.pool(p).name.clone()).collect());
         let shape = shape_label(&req.shape);
-        let eligible = self.eligible(req, scope);
         if eligible.is_empty() {
             let missing = match &req.shape {
                 Shape::Mig(c) => Missing::MigProfile(c.name.clone()),
@@ -495,11 +497,10 @@ impl Engine {
         None
     }
 
-    fn diagnose_capacity(&self, req: &Request, scope: &[PoolId]) -> Unplaceable {
+    fn diagnose_capacity(&self, req: &Request, scope: &[PoolId], eligible: &[u32]) -> Unplaceable {
         let fleet = &*self.fleet;
         let pools = Pools(scope.iter().map(|&p| fleet.pool(p).name.clone()).collect());
         let shape = shape_label(&req.shape);
-        let eligible = self.eligible(req, scope);
         // Would it fit if tenants could mix?
         if let (Some(d), Shape::Fraction { .. }) = (demand_of(req), &req.shape) {
             let mut buf = Vec::new();
