@@ -351,11 +351,51 @@ impl Engine {
         Ok(pools)
     }
 
+    /// Why no node could ever hold `req` (whatever else runs), if that is so: an invalid
+    /// shape, no pool that serves it, or no eligible node large enough. Cheap (no placement is
+    /// searched): the scheduler checks every submission with it.
+    pub fn constraint(&self, req: &Request) -> Option<Unplaceable> {
+        if let Err(e) = req.check() {
+            let field = match e.field {
+                "gpus" => Field::Gpus,
+                "fraction" => Field::Fraction,
+                "mig" => Field::Mig,
+                _ => Field::Shape,
+            };
+            return Some(Unplaceable::Invalid {
+                field,
+                message: e.to_string(),
+            });
+        }
+        match self.scope(req) {
+            Err(u) => Some(u),
+            Ok(scope) => self.constraint_in(req, &scope, &self.eligible(req, &scope)),
+        }
+    }
+
+    /// Why `req` cannot be placed now, as [`Engine::plan`] would say when it fails (the caller
+    /// knows that it does: nothing is searched).
+    pub fn explain(&self, req: &Request) -> Unplaceable {
+        match (req.check(), self.scope(req)) {
+            (Ok(_), Ok(scope)) => self.diagnose(req, &scope),
+            _ => self
+                .constraint(req)
+                .expect("an invalid request, or one no pool serves, is a constraint"),
+        }
+    }
+
     fn diagnose(&self, req: &Request, scope: &[PoolId]) -> Unplaceable {
+        let eligible = self.eligible(req, scope);
+        if let Some(u) = self.constraint_in(req, scope, &eligible) {
+            return u;
+        }
+        self.diagnose_capacity(req, scope, &eligible)
+    }
+
+    /// The nodes of `scope` whose model `req` may use.
+    fn eligible(&self, req: &Request, scope: &[PoolId]) -> Vec<u32> {
         let fleet = &*self.fleet;
-        let pools = Pools(scope.iter().map(|&p| fleet.pool(p).name.clone()).collect());
-        let shape = shape_label(&req.shape);
-        let eligible: Vec<u32> = scope
+        scope
             .iter()
             .flat_map(|&p| fleet.pool(p).nodes.clone())
             .filter(|&n| {
@@ -366,13 +406,19 @@ impl Engine {
                         _ => true,
                     }
             })
-            .collect();
+            .collect()
+    }
+
+    fn constraint_in(&self, req: &Request, scope: &[PoolId], eligible: &[u32]) -> Option<Unplaceable> {
+        let fleet = &*self.fleet;
+        let pools = Pools(scope.iter().map(|&p| fleet.pool(p).name.clone()).collect());
+        let shape = shape_label(&req.shape);
         if eligible.is_empty() {
             let missing = match &req.shape {
                 Shape::Mig(c) => Missing::MigProfile(c.name.clone()),
                 _ => Missing::AllowedModel,
             };
-            return Unplaceable::NoEligibleNode { pools, missing, shape };
+            return Some(Unplaceable::NoEligibleNode { pools, missing, shape });
         }
         let could_ever = |n: u32| -> bool {
             let node = &fleet.nodes[n as usize];
@@ -413,7 +459,7 @@ impl Engine {
                 .map(|&n| fleet.nodes[n as usize].memory_mib)
                 .max()
                 .unwrap_or(0);
-            return if req.cpu_milli > max_cpu {
+            return Some(if req.cpu_milli > max_cpu {
                 Unplaceable::CpuBeyondNodes {
                     pools,
                     requested_milli: req.cpu_milli,
@@ -446,8 +492,15 @@ impl Engine {
                 Unplaceable::GangBeyondDomain { pools, gpus, largest }
             } else {
                 Unplaceable::ShapeBeyondNodes { pools, shape }
-            };
+            });
         }
+        None
+    }
+
+    fn diagnose_capacity(&self, req: &Request, scope: &[PoolId], eligible: &[u32]) -> Unplaceable {
+        let fleet = &*self.fleet;
+        let pools = Pools(scope.iter().map(|&p| fleet.pool(p).name.clone()).collect());
+        let shape = shape_label(&req.shape);
         // Would it fit if tenants could mix?
         if let (Some(d), Shape::Fraction { .. }) = (demand_of(req), &req.shape) {
             let mut buf = Vec::new();

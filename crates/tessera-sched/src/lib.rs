@@ -21,8 +21,11 @@
 //! * [`timed`]: time-based replay of a demand (the openb trace's own times) through the
 //!   scheduler cycle, with allocation over time, wait percentiles and refusals.
 //!
+//! * [`bench`]: the scheduler-cycle benchmark (`tessera bench cycle`).
+//!
 //! The same engine serves the trace replay, the benchmarks and the server.
 
+pub mod bench;
 pub mod cycle;
 pub mod engine;
 pub mod mig;

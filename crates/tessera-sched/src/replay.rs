@@ -208,9 +208,23 @@ pub struct SeedResult {
 
 /// Replays one seed.
 pub fn replay_seed(fleet: &Arc<Fleet>, pods: &[Pod], policy: &str, seed: u64) -> Result<SeedResult, String> {
+    make_policy(policy, &[])?;
+    replay_seed_with(fleet, pods, seed, |prior| {
+        make_policy(policy, prior).expect("the name was checked")
+    })
+}
+
+/// Replays one seed with a policy built by `make` from the prior (the pod list's demands): for
+/// experiments with policy settings that have no name.
+pub fn replay_seed_with(
+    fleet: &Arc<Fleet>,
+    pods: &[Pod],
+    seed: u64,
+    make: impl FnOnce(&[Demand]) -> Box<dyn SharedPolicy>,
+) -> Result<SeedResult, String> {
     let capacity = fleet.gpu_count() * 1000;
     let prior: Vec<Demand> = pods.iter().filter_map(|p| demand_of(&p.request())).collect();
-    let mut engine = Engine::new(fleet.clone(), make_policy(policy, &prior)?, seed);
+    let mut engine = Engine::new(fleet.clone(), make(&prior), seed);
     let order = workload(pods, capacity, seed);
     let requests: Vec<Request> = pods.iter().map(Pod::request).collect();
     let (mut arrived, mut allocated, mut failed) = (0u64, 0u64, 0u64);

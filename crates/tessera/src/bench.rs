@@ -1,5 +1,7 @@
 //! `tessera bench placement`: placement throughput and decision latency of the engine at
-//! steady state. (`tessera bench api`, the running server under load, is in `benchapi.rs`.)
+//! steady state; `tessera bench cycle`: full scheduler cycles over a deep queue (the set-up is
+//! `tessera_sched::bench`; the timing is here). (`tessera bench api`, the running server under
+//! load, is in `benchapi.rs`.)
 //!
 //! A seeded stream of mixed requests — whole 1/2/4/8 GPUs, every MIG profile of the fleet's MIG
 //! models, fractions of shared GPUs from 8 tenants — is placed while the fleet is kept at a
@@ -15,7 +17,7 @@ use clap::Subcommand;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
-use tessera_model::{Fleet, GpuUnits, Request, Sharing, TenantId};
+use tessera_model::{Fleet, GpuUnits, Request, TenantId};
 use tessera_sched::Engine;
 use tessera_sched::replay::make_policy;
 
@@ -23,6 +25,9 @@ use tessera_sched::replay::make_policy;
 pub enum BenchCommand {
     /// Placements per second and decision latency at steady state.
     Placement(PlacementArgs),
+    /// Full scheduler cycles (admit, allocate, reclaim, preempt) over a deep queue at steady
+    /// state: milliseconds per cycle.
+    Cycle(CycleArgs),
     /// The running server's API under load: creations, reads and request-to-running.
     Api(crate::benchapi::ApiArgs),
 }
@@ -47,9 +52,35 @@ pub struct PlacementArgs {
     json: bool,
 }
 
+#[derive(clap::Args)]
+pub struct CycleArgs {
+    /// `seed`, `synthetic:NODES`, or a fleet file.
+    #[arg(long, default_value = "synthetic:10000")]
+    fleet: String,
+    /// Jobs kept waiting in the queue.
+    #[arg(long, default_value_t = 100_000)]
+    queued: usize,
+    /// Measured cycles (after the fleet is saturated).
+    #[arg(long, default_value_t = 20)]
+    cycles: usize,
+    /// Running workloads that finish (and new jobs that arrive) before each measured cycle.
+    #[arg(long, default_value_t = 200)]
+    churn: usize,
+    #[arg(long, default_value_t = 40)]
+    tenants: usize,
+    /// Shared-pool policy.
+    #[arg(long, default_value = "tessera")]
+    policy: String,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[arg(long)]
+    json: bool,
+}
+
 pub fn run(cmd: BenchCommand, conn: &crate::client::Connection) -> Result<()> {
     match cmd {
         BenchCommand::Placement(a) => placement(a),
+        BenchCommand::Cycle(a) => cycle(a),
         BenchCommand::Api(a) => crate::benchapi::run(conn, a),
     }
 }
@@ -65,35 +96,9 @@ pub fn load_fleet(spec: &str) -> Result<Fleet> {
     Ok(Fleet::from_toml(&text, spec)?)
 }
 
-/// The request mix for a fleet.
+/// The request mix for a fleet (shared with `bench cycle`).
 fn mix(fleet: &Fleet) -> Vec<Request> {
-    let mut out = Vec::new();
-    let has = |s: Sharing| fleet.pools.iter().any(|p| p.sharing == s);
-    if has(Sharing::Whole) {
-        for g in [1u8, 1, 1, 2, 2, 4, 8] {
-            out.push(Request::whole(g).with_host(g as u64 * 8000, g as u64 * 64 * 1024));
-        }
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    for node in &fleet.nodes {
-        if fleet.pool(node.pool).sharing != Sharing::Mig {
-            continue;
-        }
-        let m = fleet.catalogue.get(node.model);
-        for p in m.mig.map(|g| g.profiles).unwrap_or(&[]) {
-            let name = m.profile_name(p);
-            if seen.insert(name.clone()) {
-                let r = Request::mig(&fleet.catalogue, &name).expect("catalogue name");
-                out.push(r.with_host(2000 * p.sm_slices as u64, 16 * 1024));
-            }
-        }
-    }
-    if has(Sharing::Shared) {
-        for milli in [100u16, 250, 250, 500, 500, 750] {
-            out.push(Request::fraction(milli).with_host(2000, 8 * 1024));
-        }
-    }
-    out
+    tessera_sched::bench::request_mix(fleet)
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -214,6 +219,73 @@ fn placement(a: PlacementArgs) -> Result<()> {
             "  fleet held           {held} of {} GPU units (target load {:.0} %)",
             fleet.gpu_count(),
             a.load * 100.0
+        );
+    }
+    Ok(())
+}
+
+fn cycle(a: CycleArgs) -> Result<()> {
+    if a.queued == 0 || a.cycles == 0 {
+        bail!("--queued and --cycles must be at least 1");
+    }
+    let fleet = Arc::new(load_fleet(&a.fleet)?);
+    let b = tessera_sched::bench::CycleBench {
+        queued: a.queued,
+        cycles: a.cycles,
+        churn: a.churn,
+        tenants: a.tenants,
+        policy: a.policy.clone(),
+        seed: a.seed,
+    };
+    let r = tessera_sched::bench::run(fleet.clone(), &b, |s, now| {
+        let t = Instant::now();
+        let ds = s.cycle(now);
+        (ds, t.elapsed().as_secs_f64() * 1e3)
+    })
+    .map_err(anyhow::Error::msg)?;
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    if a.json {
+        let out = json!({
+            "fleet": a.fleet,
+            "nodes": fleet.nodes.len(),
+            "queued": a.queued,
+            "churn": a.churn,
+            "first_cycle_ms": round(r.first_ms),
+            "first_cycle_placed": r.first_placed,
+            "warmup_cycles": r.warmup_cycles,
+            "cycles": a.cycles,
+            "p50_ms": round(r.percentile(0.5)),
+            "p99_ms": round(r.percentile(0.99)),
+            "max_ms": round(r.percentile(1.0)),
+            "placed": r.placed,
+            "preempted": r.preempted,
+            "queue_after": r.queue_after,
+            "running_after": r.running_after,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "cycle benchmark on {} ({} nodes), policy {}, {} queued, churn {} per cycle",
+            a.fleet,
+            fleet.nodes.len(),
+            a.policy,
+            a.queued,
+            a.churn
+        );
+        println!(
+            "  first cycle          {:.1} ms ({} placed), then {} warm-up cycles",
+            r.first_ms, r.first_placed, r.warmup_cycles
+        );
+        println!(
+            "  cycle p50 / p99      {:.1} ms / {:.1} ms (max {:.1} ms, {} cycles)",
+            r.percentile(0.5),
+            r.percentile(0.99),
+            r.percentile(1.0),
+            a.cycles
+        );
+        println!(
+            "  placed / preempted   {} / {} over the measured cycles; {} queued, {} running after",
+            r.placed, r.preempted, r.queue_after, r.running_after
         );
     }
     Ok(())

@@ -54,7 +54,7 @@ impl Action for Admit {
 
 /// Why no node could ever hold `req`, if that is so.
 pub(super) fn constraint(engine: &mut Engine, req: &Request) -> Option<Unplaceable> {
-    engine.plan(req).err().filter(Unplaceable::is_constraint)
+    engine.constraint(req)
 }
 
 /// The budget, then the pool-level quotas of each pool in scope: the pools with the limit each

@@ -83,10 +83,15 @@ impl Action for Allocate {
                         let scope: Vec<PoolId> = pools.iter().map(|(p, _)| *p).collect();
                         reserve(sched, job, &scope);
                     }
-                    // Without the reservations in the way, would it fit?
-                    let reason = Rc::new(match sched.engine.plan(&job.request) {
-                        Err(u) => Wait::Unplaceable(u),
-                        Ok(_) => Wait::Held,
+                    // Without the reservations in the way, would it fit? (With none in the
+                    // way the answer is known: only the reason is needed.)
+                    let reason = Rc::new(if !any_blocked {
+                        Wait::Unplaceable(sched.engine.explain(&job.request))
+                    } else {
+                        match sched.engine.plan(&job.request) {
+                            Err(u) => Wait::Unplaceable(u),
+                            Ok(_) => Wait::Held,
+                        }
                     });
                     // A preemptor still waiting for its victims does not search again; one
                     // whose victims have all stopped and still does not fit gives up its

@@ -1,0 +1,92 @@
+//! Replays openb workload files over seeds, in parallel, with the `tessera` policy's tuning
+//! knobs read from the environment: the fast loop for policy work (no server or CLI rebuild).
+//!
+//! `cargo run -p tessera-sched --release --example openb_sweep -- [FILES] [SEEDS] [POLICY]`
+//! FILES: comma-separated pod-list names (`default,cpu050` or `published` for the 17 files
+//! with published figures), SEEDS: `42-51`. Trace folder: `TESSERA_OPENB_DIR` or
+//! `../shared/traces/openb`. `PAIR_WEIGHT=x` overrides the pairing weight of the `tessera`
+//! policy (POLICY `tessera-w`).
+
+use std::sync::{Arc, Mutex};
+
+use tessera_model::Fleet;
+use tessera_sched::policy::WorkloadModel;
+use tessera_sched::replay::{SeedResult, make_policy, parse_pods, replay_seed_with};
+use tessera_sched::tessera::TesseraPolicy;
+
+const PUBLISHED: &str = "default,cpu050,cpu100,cpu200,cpu250,gpushare40,gpushare60,gpushare80,gpushare100,\
+gpuspec10,gpuspec20,gpuspec25,gpuspec33,multigpu20,multigpu30,multigpu40,multigpu50";
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let files = args.get(1).map(String::as_str).unwrap_or("default");
+    let files = if files == "published" { PUBLISHED } else { files };
+    let seeds = args.get(2).map(String::as_str).unwrap_or("42-51");
+    let (a, b) = seeds.split_once('-').unwrap_or((seeds, seeds));
+    let seeds: Vec<u64> = (a.parse().unwrap()..=b.parse().unwrap()).collect();
+    let policy = args.get(3).cloned().unwrap_or_else(|| "tessera".into());
+    let dir = std::env::var("TESSERA_OPENB_DIR").unwrap_or_else(|_| "../shared/traces/openb".into());
+    let pair: Option<f64> = std::env::var("PAIR_WEIGHT").ok().map(|v| v.parse().unwrap());
+    let threads: usize = std::env::var("THREADS").ok().map_or(2, |v| v.parse().unwrap());
+    let fleet = Fleet::from_openb_nodes(
+        &std::fs::read_to_string(format!("{dir}/openb_node_list_gpu_node.csv")).unwrap(),
+        "nodes",
+    )
+    .unwrap();
+    let fleet = Arc::new(fleet);
+    let mut jobs = Vec::new();
+    let mut all_pods = Vec::new();
+    for f in files.split(',') {
+        let text = std::fs::read_to_string(format!("{dir}/openb_pod_list_{f}.csv")).unwrap();
+        all_pods.push(Arc::new(parse_pods(&text, f, &fleet.catalogue).unwrap()));
+        for &s in &seeds {
+            jobs.push((all_pods.len() - 1, s));
+        }
+    }
+    let started = std::time::Instant::now();
+    let jobs = Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
+    let results: Mutex<Vec<(usize, usize, SeedResult)>> = Mutex::new(Vec::new());
+    std::thread::scope(|sc| {
+        for _ in 0..threads {
+            sc.spawn(|| {
+                loop {
+                    let Some((k, (fi, seed))) = jobs.lock().unwrap().pop() else {
+                        break;
+                    };
+                    let r = replay_seed_with(&fleet, &all_pods[fi], seed, |prior| {
+                        if policy == "tessera-w" {
+                            let mut p = TesseraPolicy::new(WorkloadModel::with_prior(prior));
+                            if let Some(w) = pair {
+                                p.set_pairing_weight(w);
+                            }
+                            Box::new(p)
+                        } else {
+                            make_policy(&policy, prior).unwrap()
+                        }
+                    })
+                    .unwrap();
+                    results.lock().unwrap().push((k, fi, r));
+                }
+            });
+        }
+    });
+    let results = results.into_inner().unwrap();
+    let (mut s100, mut s130) = (0.0, 0.0);
+    for (fi, f) in files.split(',').enumerate() {
+        let rs: Vec<_> = results.iter().filter(|r| r.1 == fi).collect();
+        let n = rs.len() as f64;
+        let m100 = rs.iter().map(|r| r.2.unallocated_100).sum::<f64>() / n;
+        let m130 = rs.iter().map(|r| r.2.unallocated_130).sum::<f64>() / n;
+        s100 += m100;
+        s130 += m130;
+        println!("{f:<12} {m100:6.2} {m130:6.2}");
+    }
+    let nf = files.split(',').count() as f64;
+    println!(
+        "{:<12} {:6.2} {:6.2}   ({policy}, pair {pair:?}, {:.1} s)",
+        "mean",
+        s100 / nf,
+        s130 / nf,
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,96 @@
+//! Where the unallocated GPU at arrived 100 % comes from in one openb replay: the failed pods by
+//! shape, and the free milli left on GPUs by amount (for policy work).
+//!
+//! `cargo run -p tessera-sched --release --example openb_why -- [FILE] [SEED] [POLICY]`
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tessera_model::Fleet;
+use tessera_sched::Engine;
+use tessera_sched::engine::demand_of;
+use tessera_sched::policy::Demand;
+use tessera_sched::replay::{make_policy, parse_pods, workload};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let file = args.get(1).map(String::as_str).unwrap_or("default");
+    let seed: u64 = args.get(2).map_or(42, |s| s.parse().unwrap());
+    let policy = args.get(3).map(String::as_str).unwrap_or("tessera");
+    let dir = std::env::var("TESSERA_OPENB_DIR").unwrap_or_else(|_| "../shared/traces/openb".into());
+    let fleet = Arc::new(
+        Fleet::from_openb_nodes(
+            &std::fs::read_to_string(format!("{dir}/openb_node_list_gpu_node.csv")).unwrap(),
+            "nodes",
+        )
+        .unwrap(),
+    );
+    let text = std::fs::read_to_string(format!("{dir}/openb_pod_list_{file}.csv")).unwrap();
+    let pods = parse_pods(&text, file, &fleet.catalogue).unwrap();
+    let prior: Vec<Demand> = pods.iter().filter_map(|p| demand_of(&p.request())).collect();
+    let mut engine = Engine::new(fleet.clone(), make_policy(policy, &prior).unwrap(), seed);
+    let cap = fleet.gpu_count() * 1000;
+    let order = workload(&pods, cap, seed);
+    let mut arrived = 0u64;
+    let mut gapfill: BTreeMap<(u16, u16), u32> = BTreeMap::new();
+    let mut failed: BTreeMap<(u8, u16, bool), (u64, u64)> = BTreeMap::new();
+    for (k, &i) in order.iter().enumerate() {
+        let p = &pods[i];
+        arrived += p.gpu_demand();
+        if arrived > cap {
+            break;
+        }
+        let before = engine.state().clone();
+        let ok = engine.try_place(k as u64, &p.request());
+        if ok && p.num_gpu == 1 && p.gpu_milli < 1000 {
+            let a = engine.allocation(k as u64).unwrap();
+            if let tessera_sched::Grant::Fraction { gpu, .. } = a.grant {
+                let f = before.nodes[a.node.0 as usize].gpus[gpu as usize].free_milli();
+                *gapfill.entry((p.gpu_milli, f)).or_insert(0u32) += 1;
+            }
+        }
+        if !ok {
+            let e = failed
+                .entry((p.num_gpu, p.gpu_milli, !p.models.is_empty()))
+                .or_default();
+            e.0 += 1;
+            e.1 += p.gpu_demand();
+        }
+    }
+    for ((m, f), c) in &gapfill {
+        if *m <= 240 || std::env::var("ALL").is_ok() {
+            println!("  {m} into gap {f}: {c}");
+        }
+    }
+    println!("failed before arrived 100 %: (gpus, milli, constrained) -> (pods, milli)");
+    let mut tot = 0;
+    for (k, v) in &failed {
+        tot += v.1;
+        println!("  {k:?} -> {v:?}");
+    }
+    println!(
+        "  total {tot} milli = {:.2} % of capacity",
+        tot as f64 * 100.0 / cap as f64
+    );
+    let mut free: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut by_model: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (n, st) in engine.state().nodes.iter().enumerate() {
+        let m = fleet.catalogue.get(fleet.nodes[n].model).name.to_string();
+        for g in &st.gpus {
+            let f = g.free_milli();
+            *free.entry(f).or_default() += 1;
+            let e = by_model.entry(m.clone()).or_default();
+            e.0 += f as u64;
+            e.1 += 1000;
+        }
+    }
+    println!("GPUs by free milli at the end of arrived 100 %:");
+    for (f, c) in free {
+        if f > 0 {
+            println!("  {f:4} x {c}");
+        }
+    }
+    for (m, (f, c)) in by_model {
+        println!("  {m}: free {f} of {c}");
+    }
+}
