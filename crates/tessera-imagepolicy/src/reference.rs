@@ -197,7 +197,10 @@ mod tests {
         let r = ImageRef::parse("index.docker.io/library/ubuntu:22.04").unwrap();
         assert_eq!(r.name(), "docker.io/library/ubuntu");
         let r = ImageRef::parse("localhost:5000/team-a/train:v1").unwrap();
-        assert_eq!((r.registry.as_str(), r.repository.as_str()), ("localhost:5000", "team-a/train"));
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str()),
+            ("localhost:5000", "team-a/train")
+        );
         let d = format!("sha256:{}", "ab".repeat(32));
         let r = ImageRef::parse(&format!("registry.example.com/a/b@{d}")).unwrap();
         assert_eq!((r.tag.as_deref(), r.digest.as_deref()), (None, Some(d.as_str())));

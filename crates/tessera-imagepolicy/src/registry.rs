@@ -188,7 +188,10 @@ impl RegistryClient {
     fn check_status(image: &ImageRef, resp: &reqwest::Response, what: &str) -> Result<(), RegistryError> {
         match resp.status() {
             s if s.is_success() => Ok(()),
-            StatusCode::NOT_FOUND => Err(RegistryError::NotFound(format!("{what} not found in registry {}", image.registry))),
+            StatusCode::NOT_FOUND => Err(RegistryError::NotFound(format!(
+                "{what} not found in registry {}",
+                image.registry
+            ))),
             s => Err(Self::failed(image, format!("{what}: HTTP {s}"))),
         }
     }
@@ -240,13 +243,21 @@ impl RegistryClient {
             };
             check_digest(&l.digest).map_err(|e| Self::failed(image, format!("signature layer: {e}")))?;
             let resp = self
-                .send(image, reqwest::Method::GET, &Self::url(image, &format!("blobs/{}", l.digest)), "*/*")
+                .send(
+                    image,
+                    reqwest::Method::GET,
+                    &Self::url(image, &format!("blobs/{}", l.digest)),
+                    "*/*",
+                )
                 .await?;
             Self::check_status(image, &resp, &format!("signature payload {}", l.digest))?;
             let payload = Self::body(image, resp).await?;
             // A blob is what its digest says, or it is not used.
             if format!("sha256:{}", sha256_hex(&payload)) != l.digest {
-                return Err(Self::failed(image, format!("blob {} does not match its digest", l.digest)));
+                return Err(Self::failed(
+                    image,
+                    format!("blob {} does not match its digest", l.digest),
+                ));
             }
             out.push(Signature {
                 payload,

@@ -14,7 +14,7 @@ use p256::ecdsa::{Signature, SigningKey};
 use p256::pkcs8::{EncodePublicKey, LineEnding};
 use sha2::{Digest, Sha256};
 use tessera_imagepolicy::cosign::{SignatureError, simple_signing_payload, verify};
-use tessera_imagepolicy::{Denied, ImagePolicy, ImageRef, PublicKey, RegistryClient, Refusal};
+use tessera_imagepolicy::{Denied, ImagePolicy, ImageRef, PublicKey, Refusal, RegistryClient};
 
 const FIXTURE_DIGEST: &str = "sha256:4d2c2e3f7f1b1b0f8a1d5b9e4a3c2f1e0d9c8b7a6f5e4d3c2b1a09f8e7d6c5b4";
 
@@ -32,7 +32,13 @@ fn the_openssl_fixture_verifies_offline_with_its_key() {
     let payload = fixture("payload.json");
     let sig = fixture("payload.sig");
     assert_eq!(
-        verify(&[key("other.pub"), key("cosign.pub")], payload.as_bytes(), &sig, &image, FIXTURE_DIGEST),
+        verify(
+            &[key("other.pub"), key("cosign.pub")],
+            payload.as_bytes(),
+            &sig,
+            &image,
+            FIXTURE_DIGEST
+        ),
         Ok(())
     );
 }
@@ -53,7 +59,13 @@ fn a_tampered_payload_or_a_wrong_key_does_not_verify() {
         Err(SignatureError::NoKey)
     );
     assert_eq!(
-        verify(&[key("cosign.pub")], payload.as_bytes(), "bm90IGEgc2lnbmF0dXJl", &image, FIXTURE_DIGEST),
+        verify(
+            &[key("cosign.pub")],
+            payload.as_bytes(),
+            "bm90IGEgc2lnbmF0dXJl",
+            &image,
+            FIXTURE_DIGEST
+        ),
         Err(SignatureError::Malformed)
     );
 }
@@ -70,7 +82,13 @@ fn a_valid_signature_for_another_digest_or_repository_is_refused() {
     ));
     let elsewhere = ImageRef::parse("registry.example.com/team-b/train:v1").unwrap();
     assert!(matches!(
-        verify(&[key("cosign.pub")], payload.as_bytes(), &sig, &elsewhere, FIXTURE_DIGEST),
+        verify(
+            &[key("cosign.pub")],
+            payload.as_bytes(),
+            &sig,
+            &elsewhere,
+            FIXTURE_DIGEST
+        ),
         Err(SignatureError::IdentityMismatch { .. })
     ));
 }
@@ -90,7 +108,10 @@ struct Registry {
 }
 
 fn digest_of(b: &[u8]) -> String {
-    format!("sha256:{}", Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect::<String>())
+    format!(
+        "sha256:{}",
+        Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect::<String>()
+    )
 }
 
 impl Registry {
@@ -106,8 +127,16 @@ impl Registry {
         .to_string()
         .into_bytes();
         let d = digest_of(&m);
-        self.put(&format!("{repo}/manifests/{tag}"), "application/vnd.oci.image.manifest.v1+json", m.clone());
-        self.put(&format!("{repo}/manifests/{d}"), "application/vnd.oci.image.manifest.v1+json", m);
+        self.put(
+            &format!("{repo}/manifests/{tag}"),
+            "application/vnd.oci.image.manifest.v1+json",
+            m.clone(),
+        );
+        self.put(
+            &format!("{repo}/manifests/{d}"),
+            "application/vnd.oci.image.manifest.v1+json",
+            m,
+        );
         d
     }
 
@@ -117,7 +146,11 @@ impl Registry {
             .iter()
             .map(|(payload, sig)| {
                 let d = digest_of(payload);
-                self.put(&format!("{repo}/blobs/{d}"), "application/octet-stream", payload.clone());
+                self.put(
+                    &format!("{repo}/blobs/{d}"),
+                    "application/octet-stream",
+                    payload.clone(),
+                );
                 serde_json::json!({"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
                     "size": payload.len(), "digest": d,
                     "annotations": {"dev.cosignproject.cosign/signature": sig}})
@@ -129,7 +162,11 @@ impl Registry {
         .to_string()
         .into_bytes();
         let tag = format!("sha256-{}.sig", &digest[7..]);
-        self.put(&format!("{repo}/manifests/{tag}"), "application/vnd.oci.image.manifest.v1+json", m);
+        self.put(
+            &format!("{repo}/manifests/{tag}"),
+            "application/vnd.oci.image.manifest.v1+json",
+            m,
+        );
     }
 }
 
@@ -188,8 +225,14 @@ async fn admission_resolves_the_tag_verifies_the_registry_signature_and_pins_the
     assert_eq!(admitted, format!("{name}@{good}"));
     let asked = reg.requests.lock().unwrap().clone();
     assert!(asked.contains(&format!("{repo}/manifests/v1")), "{asked:?}");
-    assert!(asked.contains(&format!("{repo}/manifests/sha256-{}.sig", &good[7..])), "{asked:?}");
-    assert!(asked.contains(&format!("{repo}/blobs/{}", digest_of(&payload))), "{asked:?}");
+    assert!(
+        asked.contains(&format!("{repo}/manifests/sha256-{}.sig", &good[7..])),
+        "{asked:?}"
+    );
+    assert!(
+        asked.contains(&format!("{repo}/blobs/{}", digest_of(&payload))),
+        "{asked:?}"
+    );
     // By digest: the same, without resolving a tag.
     assert_eq!(
         policy.admit(&format!("{name}@{good}"), &client).await.unwrap(),
@@ -218,7 +261,10 @@ async fn admission_resolves_the_tag_verifies_the_registry_signature_and_pins_the
     let copied = reg.push_image(repo, "copied", "copied");
     reg.push_signatures(repo, &copied, &[(payload.clone(), sign(&signer, &payload))]);
     let e = policy.admit(&format!("{name}:copied"), &client).await.unwrap_err();
-    assert!(e.to_string().contains(&format!("signature is for digest {good}")), "{e}");
+    assert!(
+        e.to_string().contains(&format!("signature is for digest {good}")),
+        "{e}"
+    );
 
     // The tag moved after signing: the new digest has no signature.
     reg.push_image(repo, "v1", "moved");
@@ -231,7 +277,10 @@ async fn admission_resolves_the_tag_verifies_the_registry_signature_and_pins_the
 
     // Outside the allowed registries: refused without asking any registry.
     let before = reg.requests.lock().unwrap().len();
-    let e = policy.admit(&format!("{host}/team-b/train:v1"), &client).await.unwrap_err();
+    let e = policy
+        .admit(&format!("{host}/team-b/train:v1"), &client)
+        .await
+        .unwrap_err();
     assert!(
         matches!(&e, Denied::Refused(r @ Refusal::RegistryNotAllowed { .. }) if r.code() == "image-registry-not-allowed"),
         "{e:?}"

@@ -217,13 +217,12 @@ impl TenancyStore for PgStore {
     }
 
     async fn image_policy(&self, tenant: &str) -> Result<Option<ImagePolicyRecord>> {
-        let row = sqlx::query(
-            "SELECT tenant, registries, cosign_keys, updated_at FROM image_policies WHERE tenant = $1",
-        )
-        .bind(tenant)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(db)?;
+        let row =
+            sqlx::query("SELECT tenant, registries, cosign_keys, updated_at FROM image_policies WHERE tenant = $1")
+                .bind(tenant)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
         row.as_ref().map(image_policy_row).transpose()
     }
 

@@ -22,10 +22,10 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 
 use crate::{
-    AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, ImagePolicyRecord, NodeStateRecord,
-    PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation, RolloutNodeRecord, RolloutNodeState,
-    RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError, TenantRecord, TokenRecord, UsageInterval,
-    WorkloadFilter,
+    AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, ImagePolicyRecord,
+    NodeStateRecord, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation, RolloutNodeRecord,
+    RolloutNodeState, RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError, TenantRecord, TokenRecord,
+    UsageInterval, WorkloadFilter,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
