@@ -428,7 +428,9 @@ pub struct Workload {
     /// The reason's stable code: `no-capacity`, `fragmentation`, `isolation`, `held`, `quota`,
     /// `budget`, `backoff`, `preemption`, `requeued`, `constraint`, `cancelled`,
     /// `preempted-priority`, `preempted-reclaim`, `partition-failed`, `start-failed`,
-    /// `exit-failure`, `lost`, `invalid` or `unknown`.
+    /// `exit-failure`, `lost`, `invalid`, `gpu-unhealthy`, `node-drain` or `unknown`. Creation
+    /// refusals by a tenant's image policy are problem types: `image-registry-not-allowed`,
+    /// `image-signature-missing`, `image-signature-invalid`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason_code: Option<String>,
     /// GPU units the shape asks for (decimal string).
@@ -760,6 +762,47 @@ impl Validate for SetBudget {
             None => Ok(()),
         }
     }
+}
+
+/// A tenant's image policy, as set (`PUT /api/v1/tenants/{tenant}/image-policy`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SetImagePolicy {
+    #[serde(default)]
+    #[schema(schema_with = rules::schema::registries)]
+    pub registries: Vec<String>,
+    #[serde(default)]
+    #[schema(schema_with = rules::schema::cosign_keys)]
+    pub cosign_keys: Vec<String>,
+}
+
+impl Validate for SetImagePolicy {
+    fn validate(&self) -> Result<(), Violation> {
+        rules::check_list(
+            "registries",
+            &self.registries,
+            rules::MAX_REGISTRIES,
+            rules::REGISTRY_PREFIX_MAX,
+        )?;
+        rules::check_list(
+            "cosign_keys",
+            &self.cosign_keys,
+            rules::MAX_COSIGN_KEYS,
+            rules::COSIGN_KEY_MAX,
+        )
+    }
+}
+
+/// A tenant's image policy.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ImagePolicy {
+    pub tenant: String,
+    /// Allowed registry/repository prefixes; empty: any registry.
+    pub registries: Vec<String>,
+    /// cosign public keys (PEM); empty: no signature required.
+    pub cosign_keys: Vec<String>,
+    /// RFC 3339 UTC.
+    pub updated_at: String,
 }
 
 /// One line of a usage report.

@@ -103,6 +103,48 @@ impl TextRule {
     }
 }
 
+/// An image policy's lists: at most this many allowed registry prefixes …
+pub const MAX_REGISTRIES: usize = 32;
+/// … and cosign public keys.
+pub const MAX_COSIGN_KEYS: usize = 8;
+/// The longest registry prefix and PEM key.
+pub const REGISTRY_PREFIX_MAX: usize = 255;
+pub const COSIGN_KEY_MAX: usize = 4096;
+
+/// The shape of an image policy's lists (what the server then parses is checked there: the
+/// prefix's syntax, the key's PEM).
+pub fn check_list(field: &str, v: &[String], max_items: usize, max_chars: usize) -> Result<(), Violation> {
+    if v.len() > max_items {
+        return Err(Violation::new(
+            field,
+            format!("{} entries: at most {max_items}", v.len()),
+        ));
+    }
+    for (i, x) in v.iter().enumerate() {
+        let n = x.chars().count();
+        if n == 0 || n > max_chars {
+            return Err(Violation::new(
+                format!("{field}[{i}]"),
+                format!("{n} characters: 1–{max_chars}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn string_list_schema(max_items: usize, max_chars: usize, description: &str) -> utoipa::openapi::schema::Array {
+    utoipa::openapi::schema::ArrayBuilder::new()
+        .items(
+            ObjectBuilder::new()
+                .schema_type(SchemaType::Type(Type::String))
+                .min_length(Some(1))
+                .max_length(Some(max_chars)),
+        )
+        .max_items(Some(max_items))
+        .description(Some(description.to_string()))
+        .build()
+}
+
 /// The longest slug.
 pub const SLUG_MAX: usize = 40;
 const SLUG_PATTERN: &str = "^[a-z0-9][a-z0-9-]*$";
@@ -488,6 +530,23 @@ pub mod schema {
     }
     pub fn idempotency_key() -> Object {
         idempotency_key_schema()
+    }
+    pub fn registries() -> utoipa::openapi::schema::Array {
+        string_list_schema(
+            MAX_REGISTRIES,
+            REGISTRY_PREFIX_MAX,
+            "Registry/repository prefixes a workload's image must come from, matched on the normalised \
+             reference at a path boundary (`registry.example.com/team-a/`; `ubuntu` is \
+             `docker.io/library/ubuntu`); each starts with a registry host. Empty: any registry.",
+        )
+    }
+    pub fn cosign_keys() -> utoipa::openapi::schema::Array {
+        string_list_schema(
+            MAX_COSIGN_KEYS,
+            COSIGN_KEY_MAX,
+            "cosign public keys (PEM `PUBLIC KEY`, ECDSA P-256, as `cosign.pub`): an image must carry a \
+             signature in its registry that one of them verifies. Empty: no signature required.",
+        )
     }
     pub fn date_or_time() -> Object {
         date_or_time_schema()

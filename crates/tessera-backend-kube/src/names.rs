@@ -43,9 +43,25 @@ pub fn dns_label(raw: &str) -> String {
     format!("{}-{:08x}", keep.trim_end_matches('-'), h as u32)
 }
 
-/// The namespace of a tenant's project: `<prefix><tenant>-<project>`.
+/// The namespace of a tenant's project. `<prefix><tenant>-<project>` when both names are plain
+/// (letters and digits only) and it fits: such a name can come from one pair only. Any other
+/// pair — a `-` in a name (`a-b`/`c` and `a`/`b-c` would both give `…a-b-c`), or a name too
+/// long — gets its sanitised, shortened name, `--` and 10 hex digits of the SHA-256 of the
+/// pair: plain names never hold `--` after the prefix, so the two forms cannot meet, and two
+/// hashed names meet only if their hashes do (the tenancy sync also refuses a namespace that
+/// carries another pair's labels).
 pub fn namespace(prefix: &str, tenant: &str, project: &str) -> String {
-    dns_label(&format!("{prefix}{tenant}-{project}"))
+    let plain_part = |x: &str| !x.is_empty() && x.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    let plain = format!("{prefix}{tenant}-{project}");
+    if plain_part(tenant) && plain_part(project) && dns_label(&plain) == plain {
+        return plain;
+    }
+    use sha2::{Digest, Sha256};
+    let h = Sha256::digest(format!("{prefix}\0{tenant}\0{project}").as_bytes());
+    let hex: String = h.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    let stem = dns_label(&plain);
+    let stem: String = stem.chars().take(63 - 12).collect();
+    format!("{}--{hex}", stem.trim_end_matches('-'))
 }
 
 /// The pod of workload `id`.
@@ -86,10 +102,40 @@ mod tests {
     #[test]
     fn namespaces_are_dns_labels() {
         assert_eq!(namespace("tessera-", "acme", "vision"), "tessera-acme-vision");
-        assert_eq!(namespace("t-", "Acme Corp", "ML_1"), "t-acme-corp-ml-1");
+        // A name that had to be sanitised keeps a hash of the pair.
+        let sanitised = namespace("t-", "Acme Corp", "ML_1");
+        assert!(
+            sanitised.starts_with("t-acme-corp-ml-1--") && sanitised.len() == 28,
+            "{sanitised}"
+        );
         let long = namespace("tessera-", &"a".repeat(40), &"b".repeat(40));
         assert!(long.len() <= 63, "{long}");
         let other = namespace("tessera-", &"a".repeat(40), &"b".repeat(41));
         assert_ne!(long, other, "shortened names keep a hash of the original");
+    }
+
+    #[test]
+    fn pairs_that_would_join_to_one_name_get_different_namespaces() {
+        let a = namespace("tessera-", "a-b", "c");
+        let b = namespace("tessera-", "a", "b-c");
+        assert_ne!(a, b);
+        assert!(
+            a.starts_with("tessera-a-b-c--") && b.starts_with("tessera-a-b-c--"),
+            "{a} {b}"
+        );
+        // Stable across releases and processes (a restarted Tessera finds the same namespace).
+        assert_eq!(namespace("tessera-", "a-b", "c"), a);
+        // A plain pair cannot take a hashed name: no `--` after the prefix.
+        let tricky = namespace("tessera-", "a", &a["tessera-a-".len()..]);
+        assert_ne!(tricky, a);
+        for n in [&a, &b, &tricky, &namespace("t-", &"x-".repeat(20), &"y".repeat(40))] {
+            assert!(n.len() <= 63, "{n}");
+            assert!(
+                n.bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'),
+                "{n}"
+            );
+            assert!(!n.starts_with('-') && !n.ends_with('-'), "{n}");
+        }
     }
 }

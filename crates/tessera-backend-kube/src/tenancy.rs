@@ -97,7 +97,17 @@ pub async fn ensure(client: &kube::Client, prefix: &str, spec: &TenancySpec) -> 
     let ns = names::namespace(prefix, &spec.tenant, &spec.project);
     let o = objects(spec, &ns);
     let pp = PatchParams::apply(FIELD_MANAGER).force();
-    Api::<Namespace>::all(client.clone())
+    let namespaces = Api::<Namespace>::all(client.clone());
+    // Never take over a namespace that carries another tenant project's labels (a name
+    // collision): the forced apply would relabel it and hand it to this tenant.
+    if let Some(existing) = namespaces
+        .get_opt(&ns)
+        .await
+        .map_err(|e| kube_err(&format!("namespace {ns}"), e))?
+    {
+        check_owner(&ns, existing.metadata.labels.as_ref(), spec)?;
+    }
+    namespaces
         .patch(&ns, &pp, &Patch::Apply(&o.namespace))
         .await
         .map_err(|e| kube_err(&format!("namespace {ns}"), e))?;
@@ -134,6 +144,28 @@ pub async fn ensure(client: &kube::Client, prefix: &str, spec: &TenancySpec) -> 
             )));
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// Refuses a namespace labelled for another tenant project.
+fn check_owner(
+    ns: &str,
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+    spec: &TenancySpec,
+) -> Result<(), BackendError> {
+    let get = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    let (t, p) = (get(LABEL_TENANT), get(LABEL_PROJECT));
+    let want = (names::label_value(&spec.tenant), names::label_value(&spec.project));
+    match (t, p) {
+        (None, None) => Ok(()),
+        (Some(t), Some(p)) if t == want.0 && p == want.1 => Ok(()),
+        _ => Err(BackendError::Rejected(format!(
+            "namespace {ns} belongs to tenant {} project {}, not {}/{}: refusing to take it over",
+            t.unwrap_or("-"),
+            p.unwrap_or("-"),
+            spec.tenant,
+            spec.project
+        ))),
     }
 }
 
@@ -194,6 +226,18 @@ mod tests {
             from[1]["namespaceSelector"]["matchExpressions"][0]["operator"],
             "DoesNotExist"
         );
+        // A namespace of another pair is never taken over; an unlabelled one (made by hand
+        // before Tessera) or its own is.
+        let own = BTreeMap::from([
+            ("tessera.io/tenant".to_string(), "acme".to_string()),
+            ("tessera.io/project".to_string(), "vision".to_string()),
+        ]);
+        assert!(check_owner("n", Some(&own), &spec).is_ok());
+        assert!(check_owner("n", None, &spec).is_ok());
+        let mut theirs = own.clone();
+        theirs.insert("tessera.io/tenant".into(), "acme-vision".into());
+        let e = check_owner("n", Some(&theirs), &spec).unwrap_err();
+        assert!(e.to_string().contains("belongs to tenant acme-vision"), "{e}");
         // The typed objects accept what is applied.
         let _: Namespace = serde_json::from_value(o.namespace).unwrap();
         let _: NetworkPolicy = serde_json::from_value(o.network_policy).unwrap();

@@ -52,12 +52,18 @@ pub enum ReasonCode {
     GpuUnhealthy,
     /// Its node is drained: moved elsewhere, or stopped after the drain deadline.
     NodeDrain,
+    /// The image is not from a registry the tenant's image policy allows.
+    ImageRegistryNotAllowed,
+    /// The tenant's image policy requires a cosign signature and the image has none.
+    ImageSignatureMissing,
+    /// The image's signatures do not verify with the tenant's keys for its digest.
+    ImageSignatureInvalid,
     /// A reason recorded before reasons had codes.
     Unknown,
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 21] = [
+    pub const ALL: [ReasonCode; 24] = [
         ReasonCode::NoCapacity,
         ReasonCode::Fragmentation,
         ReasonCode::Isolation,
@@ -78,6 +84,9 @@ impl ReasonCode {
         ReasonCode::Invalid,
         ReasonCode::GpuUnhealthy,
         ReasonCode::NodeDrain,
+        ReasonCode::ImageRegistryNotAllowed,
+        ReasonCode::ImageSignatureMissing,
+        ReasonCode::ImageSignatureInvalid,
         ReasonCode::Unknown,
     ];
 
@@ -103,6 +112,9 @@ impl ReasonCode {
             ReasonCode::Invalid => "invalid",
             ReasonCode::GpuUnhealthy => "gpu-unhealthy",
             ReasonCode::NodeDrain => "node-drain",
+            ReasonCode::ImageRegistryNotAllowed => "image-registry-not-allowed",
+            ReasonCode::ImageSignatureMissing => "image-signature-missing",
+            ReasonCode::ImageSignatureInvalid => "image-signature-invalid",
             ReasonCode::Unknown => "unknown",
         }
     }

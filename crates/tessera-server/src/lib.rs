@@ -100,6 +100,8 @@ pub struct AppState {
     pub forward: reqwest::Client,
     /// Wakes the backend tenancy sync (a project was created).
     pub tenancy: Arc<tokio::sync::Notify>,
+    /// Asks registries about images (image policies that require a signature).
+    pub registry: tessera_imagepolicy::RegistryClient,
 }
 
 /// How to run the server.
@@ -497,6 +499,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         replica: replica.clone(),
         forward: forward::client(),
         tenancy,
+        registry: tessera_imagepolicy::RegistryClient::default(),
     };
     let metrics_app = metrics::router(state.clone());
     let app = app(state, &cors_origins);

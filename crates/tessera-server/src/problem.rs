@@ -60,6 +60,16 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, kind, "Refused by quota or budget", detail)
     }
 
+    /// 403: the tenant's image policy refuses the workload's image (`kind`: its reason code).
+    pub fn refused_by_image_policy(kind: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            kind,
+            "Refused by the tenant's image policy",
+            detail,
+        )
+    }
+
     /// The same problem with another type (a reason code).
     pub fn with_kind(mut self, kind: &'static str) -> Self {
         self.kind = kind;

@@ -10,10 +10,10 @@ use std::time::Instant;
 use async_trait::async_trait;
 use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{
-    AuditRecord, AuditStore, Change, DrainRecord, FleetStore, GovernanceStore, GpuHealthRecord, LeaseRecord,
-    LeaseStore, LedgerStore, NodeStateRecord, ProjectRecord, QuotaRecord, ReplicaRecord, Result, Revocation,
-    RolloutRecord, RolloutStore, ServiceMoveRecord, Store, TenancyStore, TenantRecord, TokenRecord, TokenStore,
-    UsageInterval, WorkloadFilter, WorkloadStore,
+    AuditRecord, AuditStore, Change, DrainRecord, FleetStore, GovernanceStore, GpuHealthRecord, ImagePolicyRecord,
+    LeaseRecord, LeaseStore, LedgerStore, NodeStateRecord, ProjectRecord, QuotaRecord, ReplicaRecord, Result,
+    Revocation, RolloutRecord, RolloutStore, ServiceMoveRecord, Store, TenancyStore, TenantRecord, TokenRecord,
+    TokenStore, UsageInterval, WorkloadFilter, WorkloadStore,
 };
 
 use crate::metrics::Metrics;
@@ -63,6 +63,17 @@ impl TenancyStore for TimedStore {
     }
     async fn delete_project(&self, tenant: &str, name: &str) -> Result<bool> {
         self.timed("delete_project", self.inner.delete_project(tenant, name))
+            .await
+    }
+    async fn set_image_policy(&self, p: &ImagePolicyRecord, audit: &AuditRecord) -> Result<()> {
+        self.timed("set_image_policy", self.inner.set_image_policy(p, audit))
+            .await
+    }
+    async fn image_policy(&self, tenant: &str) -> Result<Option<ImagePolicyRecord>> {
+        self.timed("image_policy", self.inner.image_policy(tenant)).await
+    }
+    async fn delete_image_policy(&self, tenant: &str, audit: &AuditRecord) -> Result<bool> {
+        self.timed("delete_image_policy", self.inner.delete_image_policy(tenant, audit))
             .await
     }
 }

@@ -740,6 +740,205 @@ async fn owner_reclaims_its_guarantee_from_a_borrower(db: Db) {
     );
 }
 
+/// An OCI registry on 127.0.0.1 serving what the test pushes (path under `/v2/` → body), with
+/// `Docker-Content-Digest` on manifests.
+mod registry {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::{Path, State};
+    use axum::http::{HeaderMap, StatusCode};
+    use base64::Engine;
+    use p256::ecdsa::signature::Signer;
+    use p256::ecdsa::{Signature, SigningKey};
+    use p256::pkcs8::{EncodePublicKey, LineEnding};
+    use sha2::{Digest, Sha256};
+
+    type Objects = Arc<Mutex<HashMap<String, Vec<u8>>>>;
+
+    pub struct Registry {
+        objects: Objects,
+        pub host: String,
+        key: SigningKey,
+    }
+
+    pub fn digest(b: &[u8]) -> String {
+        format!(
+            "sha256:{}",
+            Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect::<String>()
+        )
+    }
+
+    async fn serve(State(o): State<Objects>, Path(path): Path<String>) -> (StatusCode, HeaderMap, Vec<u8>) {
+        let Some(body) = o.lock().unwrap().get(&path).cloned() else {
+            return (StatusCode::NOT_FOUND, HeaderMap::new(), vec![]);
+        };
+        let mut h = HeaderMap::new();
+        if path.contains("/manifests/") {
+            h.insert("docker-content-digest", digest(&body).parse().unwrap());
+        }
+        (StatusCode::OK, h, body)
+    }
+
+    impl Registry {
+        pub async fn start() -> Registry {
+            let objects = Objects::default();
+            let app = axum::Router::new()
+                .route("/v2/{*path}", axum::routing::get(serve))
+                .with_state(objects.clone());
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let host = format!("127.0.0.1:{}", l.local_addr().unwrap().port());
+            tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+            Registry {
+                objects,
+                host,
+                key: SigningKey::from_slice(&[5u8; 32]).unwrap(),
+            }
+        }
+
+        pub fn public_key_pem(&self) -> String {
+            self.key.verifying_key().to_public_key_pem(LineEnding::LF).unwrap()
+        }
+
+        /// Pushes `repo:tag` (signed as cosign would, if `sign`); returns its digest.
+        pub fn push(&self, repo: &str, tag: &str, sign: bool) -> String {
+            let m = serde_json::json!({"schemaVersion": 2, "layers": [], "tag": tag})
+                .to_string()
+                .into_bytes();
+            let d = digest(&m);
+            let mut o = self.objects.lock().unwrap();
+            o.insert(format!("{repo}/manifests/{tag}"), m);
+            if sign {
+                let payload = serde_json::json!({"critical": {"identity": {"docker-reference": format!("{}/{repo}", self.host)},
+                    "image": {"docker-manifest-digest": d}, "type": "cosign container image signature"}, "optional": null})
+                .to_string()
+                .into_bytes();
+                let sig: Signature = self.key.sign(&payload);
+                let sig = base64::engine::general_purpose::STANDARD.encode(sig.to_der().as_bytes());
+                let pd = digest(&payload);
+                let sm = serde_json::json!({"schemaVersion": 2, "layers": [{"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
+                    "digest": pd, "size": payload.len(), "annotations": {"dev.cosignproject.cosign/signature": sig}}]});
+                o.insert(format!("{repo}/blobs/{pd}"), payload);
+                o.insert(
+                    format!("{repo}/manifests/sha256-{}.sig", &d[7..]),
+                    sm.to_string().into_bytes(),
+                );
+            }
+            d
+        }
+    }
+}
+
+/// A tenant's image policy: set by its admins (a bad key or prefix is a 422 naming the entry;
+/// the change and its audit record commit together), enforced before a workload exists
+/// (registry prefixes, then cosign signatures fetched from a real registry endpoint), and an
+/// admitted image runs pinned to the digest that was verified.
+async fn image_policy_is_validated_audited_and_enforced_at_admission(db: Db) {
+    let s = server(db, "imagepolicy").await;
+    s.setup_tenant().await;
+    let reg = registry::Registry::start().await;
+    let signed = reg.push("team-a/train", "v1", true);
+    reg.push("team-a/train", "unsigned", false);
+    let path = "/api/v1/tenants/vision/image-policy";
+    let (st, p) = s.req(reqwest::Method::GET, path, None, &[]).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+
+    let (st, p) = put(
+        &s,
+        path,
+        json!({"cosign_keys": ["-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----"]}),
+    )
+    .await;
+    assert_eq!(
+        (st, p["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("cosign_keys[0]")),
+        "{p}"
+    );
+    let (st, p) = put(&s, path, json!({"registries": ["registry.example.com/", "team-a/"]})).await;
+    assert_eq!(
+        (st, p["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("registries[1]")),
+        "{p}"
+    );
+    let (st, p) = s.req(reqwest::Method::GET, path, None, &[]).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "a refused policy changes nothing: {p}");
+
+    let policy = json!({"registries": [format!("{}/team-a/", reg.host)], "cosign_keys": [reg.public_key_pem()]});
+    let (st, p) = put(&s, path, policy.clone()).await;
+    assert_eq!(st, StatusCode::OK, "{p}");
+    let got = s.get(path).await;
+    assert_eq!(
+        (&got["registries"], &got["cosign_keys"]),
+        (&policy["registries"], &policy["cosign_keys"])
+    );
+
+    let count = s.workload_count().await;
+    let with_image = |image: &str| json!({"tenant": "vision", "project": "train", "name": "img", "shape": {"fraction": 100}, "image": image});
+    for (image, code) in [
+        ("ubuntu:22.04".to_string(), "image-registry-not-allowed"),
+        (format!("{}/team-b/train:v1", reg.host), "image-registry-not-allowed"),
+        (format!("{}/team-a/train:unsigned", reg.host), "image-signature-missing"),
+    ] {
+        let (st, p) = s.post("/api/v1/workloads", with_image(&image)).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{image}: {p}");
+        assert_eq!(p["type"], format!("https://tessera.dev/problems/{code}"), "{p}");
+        assert!(
+            p["detail"]
+                .as_str()
+                .unwrap()
+                .contains(image.trim_start_matches("ubuntu")),
+            "{p}"
+        );
+        let (st, _) = s.post("/api/v1/workloads/dry-run", with_image(&image)).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "the dry run refuses what creation refuses");
+    }
+    let (st, p) = s
+        .post(
+            "/api/v1/workloads",
+            with_image(&format!("{}/team-a/train:nope", reg.host)),
+        )
+        .await;
+    assert_eq!(
+        (st, p["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("image")),
+        "{p}"
+    );
+    assert_eq!(s.workload_count().await, count, "nothing refused was created");
+
+    let (st, w) = s
+        .post(
+            "/api/v1/workloads",
+            with_image(&format!("{}/team-a/train:v1", reg.host)),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+    assert_eq!(
+        w["image"],
+        format!("{}/team-a/train@{signed}", reg.host),
+        "runs pinned to the verified digest"
+    );
+
+    // The successful change is on the audit log once, committed with it.
+    let audit = s.get("/api/v1/audit?limit=500").await;
+    let puts: Vec<&Value> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["action"] == "PUT /api/v1/tenants/{tenant}/image-policy" && a["outcome"] == 200)
+        .collect();
+    assert_eq!(puts.len(), 1, "{audit}");
+    assert_eq!(puts[0]["tenant"], "vision");
+
+    let (st, _) = s.req(reqwest::Method::DELETE, path, None, &[]).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    let (st, w) = s.post("/api/v1/workloads", with_image("ubuntu:22.04")).await;
+    assert_eq!(
+        (st, w["image"].as_str()),
+        (StatusCode::CREATED, Some("ubuntu:22.04")),
+        "{w}"
+    );
+}
+
 tessera_testdb::each_database!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async create_run_cancel_release,
@@ -750,4 +949,5 @@ tessera_testdb::each_database!(
     every_documented_route_is_served,
     quotas_borrowing_limits_budgets_and_usage,
     owner_reclaims_its_guarantee_from_a_borrower,
+    image_policy_is_validated_audited_and_enforced_at_admission,
 );

@@ -186,6 +186,24 @@ async fn isolation_matrix(db: Db) {
             [409, 404, 404, 404, 401],
         ),
         (
+            "PUT",
+            "/api/v1/tenants/{tenant}/image-policy",
+            [200, 200, 403, 403, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
+            "GET",
+            "/api/v1/tenants/{tenant}/image-policy",
+            [200, 200, 200, 200, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
+            "DELETE",
+            "/api/v1/tenants/{tenant}/image-policy",
+            [204, 204, 403, 403, 401],
+            [204, 404, 404, 404, 401],
+        ),
+        (
             "GET",
             "/api/v1/tenants/{tenant}/quotas",
             [200, 200, 200, 200, 401],
@@ -392,6 +410,14 @@ async fn isolation_matrix(db: Db) {
                 } else {
                     path = path.replace("{id}", &(if scope == "own" { own_wl } else { other_wl }).to_string());
                 }
+                if *method == "DELETE" && template.ends_with("/image-policy") {
+                    ctx.admin_call(
+                        Method::PUT,
+                        &path,
+                        Some(json!({"registries": ["registry.example.com/"]})),
+                    )
+                    .await;
+                }
                 if *method == "DELETE" && template.contains("/quotas/") {
                     ctx.admin_call(Method::PUT, &path, Some(json!({"guaranteed": 1}))).await;
                 }
@@ -408,6 +434,9 @@ async fn isolation_matrix(db: Db) {
                     ("POST", "/api/v1/sim/faults") => Some(json!({"node": "h100-00", "gpu": 0, "xid": 0})),
                     ("POST", "/api/v1/rollouts") => Some(json!({"pool": "development"})),
                     ("PUT", _) if template.ends_with("budget") => Some(json!({"monthly_unit_hours": 1000})),
+                    ("PUT", _) if template.ends_with("image-policy") => {
+                        Some(json!({"registries": ["registry.example.com/team-a/"]}))
+                    }
                     ("PUT", _) => Some(json!({"guaranteed": 1})),
                     ("POST", _) => Some(json!({})),
                     _ => None,

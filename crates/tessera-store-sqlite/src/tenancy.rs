@@ -1,9 +1,9 @@
-//! Tenants and projects ([`TenancyStore`]).
+//! Tenants, their projects and image policies ([`TenancyStore`]).
 
 use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
-use tessera_store::{ProjectRecord, Result, TenancyStore, TenantRecord};
+use tessera_store::{AuditRecord, ImagePolicyRecord, ProjectRecord, Result, StoreError, TenancyStore, TenantRecord};
 
 use crate::{SqliteStore, col, db, db_error};
 
@@ -12,6 +12,20 @@ fn tenant_row(r: &SqliteRow) -> Result<TenantRecord> {
         name: col(r, "name")?,
         display_name: col(r, "display_name")?,
         created_at: col(r, "created_at")?,
+    })
+}
+
+fn strings(r: &SqliteRow, name: &str) -> Result<Vec<String>> {
+    let text: String = col(r, name)?;
+    serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(format!("image_policies.{name}: {e}")))
+}
+
+fn image_policy_row(r: &SqliteRow) -> Result<ImagePolicyRecord> {
+    Ok(ImagePolicyRecord {
+        tenant: col(r, "tenant")?,
+        registries: strings(r, "registries")?,
+        cosign_keys: strings(r, "cosign_keys")?,
+        updated_at: col(r, "updated_at")?,
     })
 }
 
@@ -86,6 +100,11 @@ impl TenancyStore for SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(db)?;
+        sqlx::query("DELETE FROM image_policies WHERE tenant = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
         let deleted = sqlx::query("DELETE FROM tenants WHERE name = $1")
             .bind(name)
             .execute(&mut *tx)
@@ -154,5 +173,62 @@ impl TenancyStore for SqliteStore {
             .rows_affected();
         tx.commit().await.map_err(db)?;
         Ok(deleted > 0)
+    }
+
+    async fn set_image_policy(&self, p: &ImagePolicyRecord, audit: &AuditRecord) -> Result<()> {
+        let json = |v: &Vec<String>| serde_json::to_string(v).expect("strings serialise");
+        let mut tx = self.begin_write().await?;
+        // The tenant row (locked where the database can) must exist for the policy to land.
+        let exists = sqlx::query("SELECT name FROM tenants WHERE name = $1")
+            .bind(&p.tenant)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?;
+        if exists.is_none() {
+            tx.rollback().await.map_err(db)?;
+            return Err(StoreError::Corrupt(format!("no tenant `{}`", p.tenant)));
+        }
+        sqlx::query(
+            "INSERT INTO image_policies (tenant, registries, cosign_keys, updated_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (tenant) DO UPDATE SET registries = excluded.registries, \
+             cosign_keys = excluded.cosign_keys, updated_at = excluded.updated_at",
+        )
+        .bind(&p.tenant)
+        .bind(json(&p.registries))
+        .bind(json(&p.cosign_keys))
+        .bind(p.updated_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        crate::audit::append(&mut tx, &[audit]).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(())
+    }
+
+    async fn image_policy(&self, tenant: &str) -> Result<Option<ImagePolicyRecord>> {
+        let row =
+            sqlx::query("SELECT tenant, registries, cosign_keys, updated_at FROM image_policies WHERE tenant = $1")
+                .bind(tenant)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+        row.as_ref().map(image_policy_row).transpose()
+    }
+
+    async fn delete_image_policy(&self, tenant: &str, audit: &AuditRecord) -> Result<bool> {
+        let mut tx = self.begin_write().await?;
+        let deleted = sqlx::query("DELETE FROM image_policies WHERE tenant = $1")
+            .bind(tenant)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?
+            .rows_affected();
+        if deleted == 0 {
+            tx.rollback().await.map_err(db)?;
+            return Ok(false);
+        }
+        crate::audit::append(&mut tx, &[audit]).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(true)
     }
 }

@@ -22,10 +22,10 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 
 use crate::{
-    AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, NodeStateRecord,
-    PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation, RolloutNodeRecord, RolloutNodeState,
-    RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError, TenantRecord, TokenRecord, UsageInterval,
-    WorkloadFilter,
+    AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, ImagePolicyRecord,
+    NodeStateRecord, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation, RolloutNodeRecord,
+    RolloutNodeState, RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError, TenantRecord, TokenRecord,
+    UsageInterval, WorkloadFilter,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
@@ -46,6 +46,7 @@ macro_rules! store_conformance_tests {
             idempotency_keys_are_unique_per_actor,
             usage_intervals_open_close_and_overlap,
             tenants_and_projects,
+            image_policies_round_trip_with_their_audit_record,
             tokens,
             last_platform_admin_token_stays,
             quotas_and_budgets,
@@ -1011,6 +1012,69 @@ pub async fn usage_intervals_open_close_and_overlap(s: &dyn Store) {
 }
 
 /// Tenants and projects: create, conflicts, get, ordered pages, and delete refusals.
+/// An image policy is stored whole, replaced whole, removed with its tenant, and its audit
+/// record lands with each change (and only with a change).
+pub async fn image_policies_round_trip_with_their_audit_record(s: &dyn Store) {
+    s.create_tenant(&TenantRecord {
+        name: "acme".into(),
+        display_name: "Acme".into(),
+        created_at: 1,
+    })
+    .await
+    .unwrap();
+    let audit = |action: &str| AuditRecord {
+        seq: 0,
+        at: 7,
+        request_id: "req-p".into(),
+        actor: "tok_a".into(),
+        tenant: Some("acme".into()),
+        action: action.into(),
+        target: "/api/v1/tenants/acme/image-policy".into(),
+        outcome: 200,
+        detail: String::new(),
+    };
+    let pem = "-----BEGIN PUBLIC KEY-----\nMFkw«ü»\n-----END PUBLIC KEY-----\n";
+    let mut p = ImagePolicyRecord {
+        tenant: "acme".into(),
+        registries: vec!["registry.example.com/team-a/".into(), "docker.io/library/".into()],
+        cosign_keys: vec![pem.into(), format!("{pem}\n")],
+        updated_at: 10,
+    };
+    assert_eq!(s.image_policy("acme").await.unwrap(), None);
+    s.set_image_policy(&p, &audit("PUT set")).await.unwrap();
+    assert_eq!(s.image_policy("acme").await.unwrap(), Some(p.clone()));
+    p.registries.clear();
+    p.updated_at = 11;
+    s.set_image_policy(&p, &audit("PUT replace")).await.unwrap();
+    assert_eq!(s.image_policy("acme").await.unwrap(), Some(p.clone()));
+    let r = s
+        .set_image_policy(
+            &ImagePolicyRecord {
+                tenant: "nobody".into(),
+                ..p.clone()
+            },
+            &audit("PUT nobody"),
+        )
+        .await;
+    assert!(matches!(r, Err(StoreError::Corrupt(_))), "{r:?}");
+    assert!(s.delete_image_policy("acme", &audit("DELETE")).await.unwrap());
+    assert!(!s.delete_image_policy("acme", &audit("DELETE again")).await.unwrap());
+    assert_eq!(s.image_policy("acme").await.unwrap(), None);
+    let actions: Vec<String> = s
+        .audit(Some("acme"), None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.action)
+        .collect();
+    assert_eq!(actions, ["DELETE", "PUT replace", "PUT set"]);
+
+    // The policy goes with its tenant.
+    s.set_image_policy(&p, &audit("PUT again")).await.unwrap();
+    assert!(s.delete_tenant("acme").await.unwrap());
+    assert_eq!(s.image_policy("acme").await.unwrap(), None);
+}
+
 pub async fn tenants_and_projects(s: &dyn Store) {
     let tenant = |name: &str, at: i64| TenantRecord {
         name: name.into(),

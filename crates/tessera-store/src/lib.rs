@@ -61,6 +61,19 @@ pub struct TenantRecord {
     pub created_at: i64,
 }
 
+/// A tenant's image policy: where its workloads' images may come from and who must have
+/// signed them. Checked at admission (`tessera-imagepolicy`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImagePolicyRecord {
+    pub tenant: String,
+    /// Allowed registry/repository prefixes (normalised references); empty: any.
+    pub registries: Vec<String>,
+    /// cosign public keys (PEM `PUBLIC KEY`, ECDSA P-256); empty: no signature required.
+    pub cosign_keys: Vec<String>,
+    /// Milliseconds since the Unix epoch.
+    pub updated_at: i64,
+}
+
 /// A project of a tenant: groups its workloads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProjectRecord {
@@ -266,7 +279,7 @@ pub trait TenancyStore: Send + Sync {
     /// Tenants ordered by name, after `after`.
     async fn list_tenants(&self, after: Option<&str>, limit: u32) -> Result<Vec<TenantRecord>>;
     /// Deletes a tenant without projects, tokens or workloads; `false` if it still has some (or
-    /// does not exist). Its quotas and budget go with it.
+    /// does not exist). Its quotas, budget and image policy go with it.
     async fn delete_tenant(&self, name: &str) -> Result<bool>;
     /// Creates a project of an existing tenant; `Conflict` if the tenant has one of that name.
     async fn create_project(&self, p: &ProjectRecord) -> Result<()>;
@@ -275,6 +288,14 @@ pub trait TenancyStore: Send + Sync {
     async fn list_projects(&self, tenant: &str, after: Option<&str>, limit: u32) -> Result<Vec<ProjectRecord>>;
     /// Deletes a project without workloads; `false` if it has some (or does not exist).
     async fn delete_project(&self, tenant: &str, name: &str) -> Result<bool>;
+    /// Creates or replaces an existing tenant's image policy, appending `audit` in the same
+    /// transaction (its `seq` is ignored); `Corrupt` if the tenant does not exist.
+    async fn set_image_policy(&self, p: &ImagePolicyRecord, audit: &AuditRecord) -> Result<()>;
+    /// A tenant's image policy; `None`: its workloads may run any image.
+    async fn image_policy(&self, tenant: &str) -> Result<Option<ImagePolicyRecord>>;
+    /// Removes a tenant's image policy, appending `audit` in the same transaction when there
+    /// was one; `false` (and no audit record) if there was none.
+    async fn delete_image_policy(&self, tenant: &str, audit: &AuditRecord) -> Result<bool>;
 }
 
 /// API tokens.

@@ -1,7 +1,7 @@
 //! The client verbs: `run`, `ls`, `describe`, `cancel`, `pools`, `nodes`, `gpus`, `tenants`,
 //! `projects`, `token`. Tables by default, `-o json` for scripts.
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use reqwest::Method;
 use serde::Serialize;
@@ -120,6 +120,31 @@ pub enum TenantCmd {
     },
     /// Delete a tenant without projects, tokens or workloads.
     Delete { name: String },
+    /// Show, set or remove a tenant's image policy (allowed registries, cosign keys).
+    Policy {
+        #[command(subcommand)]
+        cmd: PolicyCmd,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum PolicyCmd {
+    /// Show a tenant's image policy.
+    Get { tenant: String },
+    /// Replace a tenant's image policy.
+    Set {
+        tenant: String,
+        /// A registry/repository prefix images may come from (repeatable), e.g.
+        /// registry.example.com/team-a/ or docker.io/library/; none: any registry.
+        #[arg(long = "registry")]
+        registries: Vec<String>,
+        /// A cosign public key file (PEM, `cosign.pub`; repeatable): images must carry a
+        /// signature one of them verifies; none: no signature required.
+        #[arg(long = "cosign-key")]
+        cosign_keys: Vec<std::path::PathBuf>,
+    },
+    /// Remove a tenant's image policy (its workloads may run any image).
+    Unset { tenant: String },
 }
 
 #[derive(Args)]
@@ -722,6 +747,7 @@ pub async fn tenants(c: &Common, a: TenantsArgs) -> Result<()> {
             println!("tenant {name} deleted");
             Ok(())
         }
+        Some(TenantCmd::Policy { cmd }) => image_policy(c, &client, cmd).await,
         None => {
             let items: Vec<Tenant> = all_pages(&client, "/api/v1/tenants?limit=500").await?;
             match c.output {
@@ -735,6 +761,57 @@ pub async fn tenants(c: &Common, a: TenantsArgs) -> Result<()> {
                     Ok(())
                 }
             }
+        }
+    }
+}
+
+fn print_policy(p: &ImagePolicy) {
+    let registries = if p.registries.is_empty() {
+        "any".to_string()
+    } else {
+        p.registries.join(", ")
+    };
+    println!("image policy of {}: registries {registries}", p.tenant);
+    if p.cosign_keys.is_empty() {
+        println!("  no signature required");
+    } else {
+        println!("  cosign signature required, by one of {} key(s)", p.cosign_keys.len());
+    }
+}
+
+async fn image_policy(c: &Common, client: &Client, cmd: PolicyCmd) -> Result<()> {
+    let path = |t: &str| format!("/api/v1/tenants/{t}/image-policy");
+    let p: ImagePolicy = match cmd {
+        PolicyCmd::Get { tenant } => client.get(&path(&tenant)).await?,
+        PolicyCmd::Set {
+            tenant,
+            registries,
+            cosign_keys,
+        } => {
+            let cosign_keys = cosign_keys
+                .iter()
+                .map(|f| std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display())))
+                .collect::<Result<Vec<_>>>()?;
+            let body = SetImagePolicy {
+                registries,
+                cosign_keys,
+            };
+            let (_, p) = client.call(Method::PUT, &path(&tenant), Some(&body), &[]).await?;
+            p
+        }
+        PolicyCmd::Unset { tenant } => {
+            client
+                .call::<(), serde_json::Value>(Method::DELETE, &path(&tenant), None, &[])
+                .await?;
+            println!("image policy of {tenant} removed");
+            return Ok(());
+        }
+    };
+    match c.output {
+        Output::Json | Output::Csv => print_json(&p),
+        Output::Table => {
+            print_policy(&p);
+            Ok(())
         }
     }
 }

@@ -177,7 +177,50 @@ fn login_verbs_and_errors() {
     let (code, out, _) = tessera(&["nodes", "--pool", "training"], &env, None);
     assert_eq!(code, 0);
     assert!(out.lines().next().unwrap().ends_with("STATE"), "{out}");
+    // An image policy from a key file (the OpenSSL-made cosign fixture); its refusals below.
+    let key = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tessera-imagepolicy/tests/fixtures/cosign.pub"
+    );
+    let (code, out, err) = tessera(
+        &[
+            "tenants",
+            "policy",
+            "set",
+            "vision",
+            "--registry",
+            "registry.example.com/team-a/",
+            "--cosign-key",
+            key,
+        ],
+        &env,
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("registries registry.example.com/team-a/") && out.contains("one of 1 key(s)"),
+        "{out}"
+    );
+    let not_a_key = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
     for (args, says) in [
+        (
+            vec!["tenants", "policy", "set", "vision", "--cosign-key", not_a_key],
+            "(field `cosign_keys[0]`)",
+        ),
+        (
+            vec![
+                "run",
+                "--tenant",
+                "vision",
+                "--project",
+                "train",
+                "--mig",
+                "1g.10gb",
+                "--image",
+                "ubuntu:22.04",
+            ],
+            "image docker.io/library/ubuntu:22.04 is not from an allowed registry",
+        ),
         (
             vec!["node", "drain", "h100-01", "--deadline-s", "5", "--after", "kill"],
             "either `preempt` or `wait`",
@@ -192,6 +235,8 @@ fn login_verbs_and_errors() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.starts_with("error: ") && err.contains(says), "{args:?}: {err}");
     }
+    let (code, out, _) = tessera(&["tenants", "policy", "unset", "vision"], &env, None);
+    assert_eq!((code, out.trim()), (0, "image policy of vision removed"));
     let (code, out, _) = tessera(&["gpu", "health"], &env, None);
     assert_eq!((code, out.trim()), (0, "all GPUs are healthy"));
     let (code, out, _) = tessera(&["node", "uncordon", "h100-01"], &env, None);

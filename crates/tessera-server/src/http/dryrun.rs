@@ -23,8 +23,9 @@ use crate::problem::ApiResult;
 /// Nothing is created or changed.
 #[utoipa::path(post, path = "/api/v1/workloads/dry-run", tag = "workloads", request_body = CreateWorkload,
     responses((status = 200, body = DryRun),
-        (status = 403, description = "A viewer token, or a tenant the caller may not write", body = tessera_api::Problem),
-        (status = 422, description = "A value breaks a rule, names an unknown tenant, project or priority class, or asks for a shape no node can ever hold", body = tessera_api::Problem)))]
+        (status = 403, description = "A viewer token, a tenant the caller may not write, or an image the tenant's image policy refuses", body = tessera_api::Problem),
+        (status = 422, description = "A value breaks a rule, names an unknown tenant, project or priority class, or asks for a shape no node can ever hold", body = tessera_api::Problem),
+        (status = 503, description = "The tenant's image policy needs the image's registry, which could not be asked", body = tessera_api::Problem)))]
 pub async fn dry_run(
     State(s): State<AppState>,
     id: Identity,

@@ -16,6 +16,7 @@ pub mod dryrun;
 pub mod fleet;
 pub mod governance;
 pub mod health;
+pub mod imagepolicy;
 pub mod logs;
 pub mod nodeops;
 pub mod rollouts;
@@ -88,6 +89,11 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(rollouts::cancel_rollout))
         .routes(routes!(tenancy::list_tenants, tenancy::create_tenant))
         .routes(routes!(tenancy::get_tenant, tenancy::delete_tenant))
+        .routes(routes!(
+            imagepolicy::get_image_policy,
+            imagepolicy::set_image_policy,
+            imagepolicy::delete_image_policy
+        ))
         .routes(routes!(tenancy::list_projects, tenancy::create_project))
         .routes(routes!(tenancy::get_project, tenancy::delete_project))
         .routes(routes!(tokens::list_tokens, tokens::create_token))

@@ -144,6 +144,9 @@ pub(crate) struct Checked {
     pub request: tessera_model::Request,
     pub cpu: u64,
     pub mem: u64,
+    /// The image to run, as the tenant's image policy admitted it (digest-pinned when a
+    /// signature was verified).
+    pub image: Option<String>,
 }
 
 /// Checks a creation request as [`create_workload`] does, changing nothing.
@@ -185,12 +188,15 @@ pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload
     let mem = b.memory_mib.unwrap_or(mem_default);
     request.cpu_milli = cpu;
     request.memory_mib = mem;
+    // Last: it may ask the image's registry.
+    let image = super::imagepolicy::admit_image(s, &b.tenant, b.image.as_deref()).await?;
     Ok(Checked {
         priority,
         shape,
         request,
         cpu,
         mem,
+        image,
     })
 }
 
@@ -199,8 +205,9 @@ pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload
 #[utoipa::path(post, path = "/api/v1/workloads", tag = "workloads", request_body = CreateWorkload,
     params(IdempotencyParams),
     responses((status = 201, body = Workload), (status = 200, description = "Replay of an idempotent request", body = Workload),
-        (status = 403, description = "Refused by a quota limit or budget, or a viewer token", body = Problem),
-        (status = 422, description = "A value breaks a rule, names an unknown tenant, project or priority class, or asks for a shape no node can ever hold (`type` …/constraint)", body = Problem)))]
+        (status = 403, description = "Refused by a quota limit or budget, by the tenant's image policy (`type` …/image-registry-not-allowed, …/image-signature-missing, …/image-signature-invalid), or a viewer token", body = Problem),
+        (status = 422, description = "A value breaks a rule, names an unknown tenant, project or priority class, or asks for a shape no node can ever hold (`type` …/constraint)", body = Problem),
+        (status = 503, description = "The tenant's image policy needs the image's registry, which could not be asked", body = Problem)))]
 pub async fn create_workload(
     State(s): State<AppState>,
     id: Identity,
@@ -215,6 +222,7 @@ pub async fn create_workload(
         request,
         cpu,
         mem,
+        image,
     } = check_create(&s, &id, &b).await?;
     let idempotency = match headers.get("idempotency-key") {
         Some(k) => {
@@ -239,7 +247,7 @@ pub async fn create_workload(
         memory_mib: mem,
         duration_s: b.duration_s.map(|d| d as u64),
         command: b.command,
-        image: b.image,
+        image,
         env: b.env,
         priority,
         no_wait: b.no_wait,
