@@ -150,6 +150,7 @@ fn console_in_a_real_browser() {
         "quota",
         "tokens",
         "audit",
+        "queue",
         "signin",
     ] {
         assert!(shots.join(format!("{page}.png")).exists(), "screenshot of {page}");

@@ -16,6 +16,7 @@ pub mod account;
 pub mod assets;
 pub mod fleet;
 pub mod pages;
+pub mod queue;
 pub mod request;
 pub mod signin;
 
@@ -43,6 +44,7 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/fleet/nodes/{name}", get(fleet::node))
         .route("/console/fleet/nodes/{name}/{action}", post(fleet::node_op))
         .route("/console/audit", get(fleet::audit))
+        .route("/console/queue", get(queue::queue))
         .route("/console/quota", get(account::quota))
         .route("/console/tokens", get(account::tokens_page).post(account::create))
         .route("/console/tokens/{id}/revoke", post(account::revoke))

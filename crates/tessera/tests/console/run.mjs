@@ -42,6 +42,15 @@ async function axe(page, name) {
   await page.screenshot({ path: `${SHOTS}/${name}.png`, fullPage: true });
 }
 
+// The REST API as the platform admin (setup the pages are then checked against).
+function api(method, path, body) {
+  return fetch(`${BASE}${path}`, {
+    method,
+    headers: { Authorization: `Bearer ${ADMIN_TOKEN}`, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+}
+
 async function tokenSignIn(page, token) {
   await page.goto(`${BASE}/console/signin`);
   await page.fill('#token', token);
@@ -104,6 +113,26 @@ try {
   await admin.goto(`${BASE}/console/audit`);
   await axe(admin, 'audit');
 
+  // 4b. A workload over its tenant's quota limit waits; the admin's queue view shows it with
+  // the scheduler's reason, and the live fragment keeps it there.
+  step('the admin sees a waiting workload with its reason in the queue');
+  let r = await api('PUT', '/api/v1/tenants/nlp/quotas/serving', { guaranteed: 0, limit: 0.05 });
+  check(r.ok, `set nlp's quota: ${r.status}`);
+  r = await api('POST', '/api/v1/workloads', { tenant: 'nlp', project: 'p', name: 'waits', shape: { mig: '1g.10gb', pool: 'serving' }, duration_s: 3600 });
+  check(r.ok, `submit the waiting workload: ${r.status} ${r.ok ? '' : await r.text()}`);
+  const waitId = (await r.json()).id;
+  let queued = '';
+  for (let i = 0; i < 40 && !queued.includes('quota'); i++) {
+    await admin.goto(`${BASE}/console/queue?tenant=nlp`);
+    queued = (await admin.locator(`#q-${waitId}`).count()) ? await admin.textContent(`#q-${waitId}`) : '';
+    if (!queued.includes('quota')) await admin.waitForTimeout(250);
+  }
+  check(queued.includes('quota') && queued.includes('serving') && queued.includes('MIG 1g.10gb'), `the waiting row: ${queued}`);
+  check((await admin.textContent('#queue-live')).includes('nlp'), 'grouped under nlp');
+  await axe(admin, 'queue');
+  const badPool = await admin.goto(`${BASE}/console/queue?pool=nowhere`);
+  check(badPool.status() === 422, `an unknown pool: ${badPool.status()}`);
+
   // 5. A member of another tenant does not see it.
   step('another tenant does not see it');
   const other = await context();
@@ -112,6 +141,12 @@ try {
   check(await other.locator(`#w-${wid}`).count() === 0, 'not in their list');
   const resp = await other.goto(`${BASE}/console/workloads/${wid}`);
   check(resp.status() === 404, `their view of it: ${resp.status()}`);
+  await other.goto(`${BASE}/console/queue?tenant=vision`);
+  check((await other.textContent('#queue-live')).includes('waits'), 'a member sees its own tenant\'s waiting workload');
+  for (const path of ['/console/fleet', '/console/audit']) {
+    const denied = await other.goto(`${BASE}${path}`);
+    check(denied.status() === 403, `a member on ${path}: ${denied.status()}`);
+  }
 
   // 6. A viewer cannot submit.
   step('a viewer cannot submit');
