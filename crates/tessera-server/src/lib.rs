@@ -22,6 +22,7 @@ pub mod audit;
 pub mod auth;
 pub mod console;
 pub mod forward;
+pub mod history;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;
@@ -100,6 +101,8 @@ pub struct AppState {
     pub forward: reqwest::Client,
     /// Wakes the backend tenancy sync (a project was created).
     pub tenancy: Arc<tokio::sync::Notify>,
+    /// Allocation and utilisation per pool over the last 24 hours (the console's charts).
+    pub history: Arc<history::History>,
 }
 
 /// How to run the server.
@@ -497,7 +500,9 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         replica: replica.clone(),
         forward: forward::client(),
         tenancy,
+        history: history::new(),
     };
+    history::spawn(state.clone());
     let metrics_app = metrics::router(state.clone());
     let app = app(state, &cors_origins);
     let task = match &cfg.tls {

@@ -151,6 +151,9 @@ fn console_in_a_real_browser() {
         "tokens",
         "audit",
         "queue",
+        "charts",
+        "tenants",
+        "tenants-error",
         "signin",
     ] {
         assert!(shots.join(format!("{page}.png")).exists(), "screenshot of {page}");
