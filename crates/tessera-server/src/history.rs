@@ -84,7 +84,9 @@ pub fn rebuild(fleet: &Fleet, intervals: &[UsageInterval], now: i64) -> Vec<(Str
         .collect();
     let index = |ms: i64| ((ms - first + MINUTE_MS - 1).div_euclid(MINUTE_MS)).clamp(0, KEPT as i64) as usize;
     for i in intervals {
-        let Some(d) = delta.get_mut(i.pool.as_str()) else { continue };
+        let Some(d) = delta.get_mut(i.pool.as_str()) else {
+            continue;
+        };
         let (from, to) = (index(i.started_at), index(i.ended_at.unwrap_or(i64::MAX).min(now + 1)));
         if from < to {
             d[from] += i.units.as_milli() as i64;
@@ -133,7 +135,13 @@ pub fn sample(snap: &Snapshot, telemetry: &Telemetry, now: i64) -> Vec<(String, 
         .iter()
         .map(|p| {
             let range = p.nodes.start as usize..p.nodes.end as usize;
-            let used: u64 = snap.nodes.get(range).unwrap_or_default().iter().map(|n| n.used_milli()).sum();
+            let used: u64 = snap
+                .nodes
+                .get(range)
+                .unwrap_or_default()
+                .iter()
+                .map(|n| n.used_milli())
+                .sum();
             let util_pct = util.get(p.name.as_str()).map(|(sum, n)| sum / f64::from(*n));
             (
                 p.name.clone(),
@@ -151,11 +159,7 @@ pub fn sample(snap: &Snapshot, telemetry: &Telemetry, now: i64) -> Vec<(String, 
 pub fn spawn(s: crate::AppState) {
     tokio::spawn(async move {
         let now = crate::now_ms();
-        match s
-            .store
-            .usage_between(None, now - KEPT as i64 * MINUTE_MS, now)
-            .await
-        {
+        match s.store.usage_between(None, now - KEPT as i64 * MINUTE_MS, now).await {
             Ok(intervals) => s.history.record(rebuild(&s.fleet, &intervals, now)),
             Err(e) => tracing::warn!(error = %e, "allocation history not rebuilt from the usage ledger"),
         }
@@ -227,7 +231,10 @@ mod tests {
         assert_eq!(at(4), 2.5);
         assert_eq!(at(2), 2.0);
         assert_eq!(at(0), 2.0);
-        assert!(mine.iter().all(|s| s.util_pct.is_none()), "the ledger has no utilisation");
+        assert!(
+            mine.iter().all(|s| s.util_pct.is_none()),
+            "the ledger has no utilisation"
+        );
     }
 
     #[test]

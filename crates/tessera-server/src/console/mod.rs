@@ -51,7 +51,10 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/charts/data", get(charts::data))
         .route("/console/tenants", get(tenants::page).post(tenants::create_tenant))
         .route("/console/tenants/{tenant}/projects", post(tenants::create_project))
-        .route("/console/tenants/{tenant}/projects/{project}/delete", post(tenants::delete_project))
+        .route(
+            "/console/tenants/{tenant}/projects/{project}/delete",
+            post(tenants::delete_project),
+        )
         .route("/console/tenants/{tenant}/quotas", post(tenants::set_quota))
         .route("/console/tenants/{tenant}/quotas/remove", post(tenants::remove_quota))
         .route("/console/tenants/{tenant}/budget", post(tenants::set_budget))

@@ -105,7 +105,13 @@ struct QueueLive {
 
 const PER_PAGE: usize = 100;
 /// Reason codes of a refusal or a preemption that ended a workload.
-const ENDED_CODES: [&str; 5] = ["quota", "budget", "constraint", "preempted-priority", "preempted-reclaim"];
+const ENDED_CODES: [&str; 5] = [
+    "quota",
+    "budget",
+    "constraint",
+    "preempted-priority",
+    "preempted-reclaim",
+];
 
 fn matches(w: &Waiting, q: &QueueQuery) -> bool {
     (q.pool.is_empty() || w.class == q.pool)
@@ -122,9 +128,7 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
     let mut rows = Vec::new();
     for w in all.iter().filter(|w| matches(w, q)) {
         total += 1;
-        let g = groups
-            .entry((&w.tenant, &w.priority))
-            .or_insert((0, 0, w.created_at));
+        let g = groups.entry((&w.tenant, &w.priority)).or_insert((0, 0, w.created_at));
         g.0 += 1;
         g.1 += w.units.as_milli();
         g.2 = g.2.min(w.created_at);
@@ -198,19 +202,9 @@ async fn recent(s: &AppState, c: &Caller, q: &QueueQuery) -> Result<Vec<Ended>, 
         .await?
         .iter()
         .map(views::workload)
-        .filter(|w| {
-            w.reason_code
-                .as_deref()
-                .is_some_and(|c| ENDED_CODES.contains(&c))
-        })
+        .filter(|w| w.reason_code.as_deref().is_some_and(|c| ENDED_CODES.contains(&c)))
         .filter(|w| q.priority.is_empty() || w.priority == q.priority)
-        .filter(|w| {
-            q.pool.is_empty()
-                || w
-                    .allocation
-                    .as_ref()
-                    .is_none_or(|a| a.pool == q.pool)
-        })
+        .filter(|w| q.pool.is_empty() || w.allocation.as_ref().is_none_or(|a| a.pool == q.pool))
         .take(20)
         .map(|w| Ended {
             id: w.id,
@@ -231,7 +225,11 @@ async fn recent(s: &AppState, c: &Caller, q: &QueueQuery) -> Result<Vec<Ended>, 
 
 /// `GET /console/queue`: the waiting workloads and recent refusals and preemptions, filtered by
 /// pool, tenant and priority; `part=live` answers only the fragment the page polls.
-pub async fn queue(State(s): State<AppState>, c: Caller, Query(mut q): Query<QueueQuery>) -> Result<Response, ApiError> {
+pub async fn queue(
+    State(s): State<AppState>,
+    c: Caller,
+    Query(mut q): Query<QueueQuery>,
+) -> Result<Response, ApiError> {
     let admin = c.id.is_admin();
     if !admin {
         q.tenant = c.id.tenant.clone().unwrap_or_default();
@@ -297,7 +295,13 @@ mod tests {
         let all: Vec<Waiting> = (0..250)
             .map(|i| {
                 let tenant = if i % 2 == 0 { "vision" } else { "nlp" };
-                w(i, tenant, "normal", 1_000 + i as i64, (i % 5 == 0).then_some(ReasonCode::Quota))
+                w(
+                    i,
+                    tenant,
+                    "normal",
+                    1_000 + i as i64,
+                    (i % 5 == 0).then_some(ReasonCode::Quota),
+                )
             })
             .collect();
         let q = QueueQuery {
@@ -313,10 +317,16 @@ mod tests {
         assert!(live.next.is_none() && live.prev.is_some());
         assert_eq!(live.groups.len(), 1);
         assert_eq!(live.groups[0].count, 125);
-        assert_eq!(live.groups[0].oldest, "1 min 00 s", "the oldest of the group waited 60 s");
+        assert_eq!(
+            live.groups[0].oldest, "1 min 00 s",
+            "the oldest of the group waited 60 s"
+        );
         assert_eq!(live.reasons, [("not-yet-scheduled", 100), ("quota", 25)]);
         let everyone = waiting(&all, &QueueQuery::default(), 61_000);
-        assert_eq!((everyone.total, everyone.rows.len(), everyone.groups.len()), (250, 100, 2));
+        assert_eq!(
+            (everyone.total, everyone.rows.len(), everyone.groups.len()),
+            (250, 100, 2)
+        );
         assert!(everyone.next.is_some());
         assert_eq!(everyone.rows[0].id, 0, "oldest first");
     }

@@ -79,7 +79,11 @@ struct TenantsPage {
 
 impl TenantsPage {
     fn create_error(&self, field: &str) -> &str {
-        if self.create.field == field { &self.create.message } else { "" }
+        if self.create.field == field {
+            &self.create.message
+        } else {
+            ""
+        }
     }
 
     fn create_value(&self, field: &str) -> &str {
@@ -101,7 +105,11 @@ struct CreateFragment {
 
 impl CreateFragment {
     fn create_error(&self, field: &str) -> &str {
-        if self.create.field == field { &self.create.message } else { "" }
+        if self.create.field == field {
+            &self.create.message
+        } else {
+            ""
+        }
     }
 
     fn create_value(&self, field: &str) -> &str {
@@ -213,7 +221,13 @@ fn unprocessable(mut r: Response) -> Response {
 
 /// A refusal of the API's handler as a field error of `form` (`fallback` when the problem
 /// names no field the form has).
-fn refusal(form: &'static str, fields: &[&str], fallback: &str, e: &ApiError, values: HashMap<String, String>) -> FormError {
+fn refusal(
+    form: &'static str,
+    fields: &[&str],
+    fallback: &str,
+    e: &ApiError,
+    values: HashMap<String, String>,
+) -> FormError {
     let field = e
         .field
         .as_deref()
@@ -270,7 +284,10 @@ pub async fn create_tenant(State(s): State<AppState>, c: Caller, body: Bytes) ->
     let f = form(&body);
     let b = CreateTenant {
         name: f.get("name").map(|n| n.trim().to_string()).unwrap_or_default(),
-        display_name: f.get("display_name").map(|d| d.trim().to_string()).filter(|d| !d.is_empty()),
+        display_name: f
+            .get("display_name")
+            .map(|d| d.trim().to_string())
+            .filter(|d| !d.is_empty()),
     };
     let made = match b.validate() {
         Err(v) => Err(ApiError::from(v)),
@@ -322,7 +339,10 @@ pub async fn delete_project(
     let result = tenancy::delete_project(State(s.clone()), c.id.clone(), ApiPath((tenant.clone(), project)))
         .await
         .map(|_| ());
-    answer(&s, &c, &tenant, result, |e| refusal("projects", &[], "list", e, HashMap::new())).await
+    answer(&s, &c, &tenant, result, |e| {
+        refusal("projects", &[], "list", e, HashMap::new())
+    })
+    .await
 }
 
 /// `POST /console/tenants/{tenant}/quotas`: sets a quota (class, guaranteed, limit — blank
@@ -342,9 +362,14 @@ pub async fn set_quota(
         let limit = number("limit", &get("limit"))?;
         let b = SetQuota { guaranteed, limit };
         b.validate().map_err(ApiError::from)?;
-        governance::set_quota(State(s.clone()), c.id.clone(), ApiPath((tenant.clone(), class)), ApiJson(b))
-            .await
-            .map(|_| ())
+        governance::set_quota(
+            State(s.clone()),
+            c.id.clone(),
+            ApiPath((tenant.clone(), class)),
+            ApiJson(b),
+        )
+        .await
+        .map(|_| ())
     }
     .await;
     answer(&s, &c, &tenant, result, |e| {
@@ -364,7 +389,10 @@ pub async fn remove_quota(
     let result = governance::delete_quota(State(s.clone()), c.id.clone(), ApiPath((tenant.clone(), class)))
         .await
         .map(|_| ());
-    answer(&s, &c, &tenant, result, |e| refusal("quotas", &[], "list", e, HashMap::new())).await
+    answer(&s, &c, &tenant, result, |e| {
+        refusal("quotas", &[], "list", e, HashMap::new())
+    })
+    .await
 }
 
 /// `POST /console/tenants/{tenant}/budget`: sets the monthly budget in GPU-unit-hours (blank
@@ -402,17 +430,32 @@ mod tests {
         assert_eq!(number("limit", " ").unwrap(), None);
         assert_eq!(number("limit", "2.5").unwrap(), Some(2.5));
         let e = number("limit", "lots").unwrap_err();
-        assert_eq!((e.field.as_deref(), e.detail.as_str()), (Some("limit"), "`lots` is not a number"));
+        assert_eq!(
+            (e.field.as_deref(), e.detail.as_str()),
+            (Some("limit"), "`lots` is not a number")
+        );
         assert!(number("limit", "NaN").is_err(), "not a finite number");
     }
 
     #[test]
     fn a_refusal_lands_on_the_field_it_names_or_the_forms_fallback() {
         let e = ApiError::invalid("limit", "below guaranteed");
-        let f = refusal("quota", &["class", "guaranteed", "limit"], "guaranteed", &e, HashMap::new());
+        let f = refusal(
+            "quota",
+            &["class", "guaranteed", "limit"],
+            "guaranteed",
+            &e,
+            HashMap::new(),
+        );
         assert_eq!((f.form, f.field.as_str()), ("quota", "limit"));
         let other = ApiError::invalid("tenant", "no such tenant");
-        let f = refusal("quota", &["class", "guaranteed", "limit"], "guaranteed", &other, HashMap::new());
+        let f = refusal(
+            "quota",
+            &["class", "guaranteed", "limit"],
+            "guaranteed",
+            &other,
+            HashMap::new(),
+        );
         assert_eq!(f.field, "guaranteed");
     }
 }
