@@ -57,6 +57,9 @@ measure "$jar" quota "/console/quota?tenant=vision"
 measure "$jar" tokens "/console/tokens?tenant=vision"
 measure "$jar" fleet /console/fleet
 measure "$jar" audit /console/audit
+measure "$jar" queue /console/queue
+measure "$jar" "allocation charts" /console/charts
+measure "$jar" tenants /console/tenants
 
 start synthetic:1250 18472
 api POST /api/v1/tenants '{"name":"vision"}'
@@ -71,3 +74,5 @@ measure "$jar" "fleet map, one pool" "/console/fleet?pool=serving"
 measure "$jar" "fleet map, tenant" "/console/fleet?tenant=vision"
 node=$(curl -s -H "Authorization: Bearer $admin" "$base/api/v1/nodes?pool=serving&limit=1" | sed -n 's/.*"name":"\([^"]*\)".*/\1/p')
 measure "$jar" "node detail" "/console/fleet/nodes/$node"
+measure "$jar" "queue" /console/queue
+measure "$jar" "allocation charts" /console/charts

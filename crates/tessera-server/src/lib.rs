@@ -22,6 +22,7 @@ pub mod audit;
 pub mod auth;
 pub mod console;
 pub mod forward;
+pub mod history;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;
@@ -102,6 +103,8 @@ pub struct AppState {
     pub tenancy: Arc<tokio::sync::Notify>,
     /// Asks registries about images (image policies that require a signature).
     pub registry: tessera_imagepolicy::RegistryClient,
+    /// Allocation and utilisation per pool over the last 24 hours (the console's charts).
+    pub history: Arc<history::History>,
 }
 
 /// How to run the server.
@@ -500,7 +503,9 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         forward: forward::client(),
         tenancy,
         registry: tessera_imagepolicy::RegistryClient::default(),
+        history: history::new(),
     };
+    history::spawn(state.clone());
     let metrics_app = metrics::router(state.clone());
     let app = app(state, &cors_origins);
     let task = match &cfg.tls {

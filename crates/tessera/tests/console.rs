@@ -150,6 +150,10 @@ fn console_in_a_real_browser() {
         "quota",
         "tokens",
         "audit",
+        "queue",
+        "charts",
+        "tenants",
+        "tenants-error",
         "signin",
     ] {
         assert!(shots.join(format!("{page}.png")).exists(), "screenshot of {page}");

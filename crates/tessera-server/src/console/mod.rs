@@ -14,10 +14,13 @@
 
 pub mod account;
 pub mod assets;
+pub mod charts;
 pub mod fleet;
 pub mod pages;
+pub mod queue;
 pub mod request;
 pub mod signin;
+pub mod tenants;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -43,6 +46,18 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/fleet/nodes/{name}", get(fleet::node))
         .route("/console/fleet/nodes/{name}/{action}", post(fleet::node_op))
         .route("/console/audit", get(fleet::audit))
+        .route("/console/queue", get(queue::queue))
+        .route("/console/charts", get(charts::charts))
+        .route("/console/charts/data", get(charts::data))
+        .route("/console/tenants", get(tenants::page).post(tenants::create_tenant))
+        .route("/console/tenants/{tenant}/projects", post(tenants::create_project))
+        .route(
+            "/console/tenants/{tenant}/projects/{project}/delete",
+            post(tenants::delete_project),
+        )
+        .route("/console/tenants/{tenant}/quotas", post(tenants::set_quota))
+        .route("/console/tenants/{tenant}/quotas/remove", post(tenants::remove_quota))
+        .route("/console/tenants/{tenant}/budget", post(tenants::set_budget))
         .route("/console/quota", get(account::quota))
         .route("/console/tokens", get(account::tokens_page).post(account::create))
         .route("/console/tokens/{id}/revoke", post(account::revoke))

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 
 use tessera_backend::GpuSample;
-use tessera_domain::{Phase, ReasonCode, Workload, WorkloadId};
+use tessera_domain::{GpuSpec, Phase, Reason, ReasonCode, Workload, WorkloadId};
 use tessera_model::{Fleet, GpuUnits};
 use tessera_sched::Grant;
 use tessera_sched::cycle::{Quota, Scheduler};
@@ -70,6 +70,25 @@ pub struct QueueSnap {
     pub depth: BTreeMap<(String, String, String), (u64, i64)>,
     /// (resource class, reason code; `None` before the scheduler said) → waiting requests.
     pub blocked: BTreeMap<(String, Option<ReasonCode>), u64>,
+    /// Every waiting workload, oldest first (the console's queue view pages through it).
+    pub waiting: Vec<Waiting>,
+}
+
+/// One waiting workload as the queue view shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waiting {
+    pub id: u64,
+    pub tenant: String,
+    pub project: String,
+    pub name: String,
+    /// The resource class it waits for: its pool, or `any`.
+    pub class: String,
+    pub priority: String,
+    pub gpu: GpuSpec,
+    pub units: GpuUnits,
+    pub created_at: i64,
+    /// Why it waits; `None` before the scheduler has said.
+    pub reason: Option<Reason>,
 }
 
 /// An immutable view of the loop's state after a commit.
@@ -326,8 +345,21 @@ impl SnapshotBuilder {
                     e.1 = e.1.min(w.created_at);
                     let code = w.reason.as_ref().map(|r| r.code);
                     *queue.blocked.entry((l.class.clone(), code)).or_default() += 1;
+                    queue.waiting.push(Waiting {
+                        id: w.id.0,
+                        tenant: w.spec.tenant.clone(),
+                        project: w.spec.project.clone(),
+                        name: w.spec.name.clone(),
+                        class: l.class.clone(),
+                        priority: w.spec.priority.clone(),
+                        gpu: w.spec.shape.gpu.clone(),
+                        units: w.units,
+                        created_at: w.created_at,
+                        reason: w.reason.clone(),
+                    });
                 }
             }
+            queue.waiting.sort_by_key(|x| (x.created_at, x.id));
             self.queue = Arc::new(queue);
             self.phases = Arc::new(phases);
             self.utilisation = Arc::new(utilisation);

@@ -1,0 +1,333 @@
+//! The queue view: waiting workloads by tenant and priority with the scheduler's typed waiting
+//! reason (code and sentence), their age and shape, and the recent refusals and preemptions.
+//! Platform-admins see every tenant; anyone else sees their own tenant only.
+//!
+//! The waiting workloads come from the published snapshot (the loop lists them at most once a
+//! second, oldest first), so a page costs the loop nothing; with thousands waiting the page
+//! shows aggregates (per tenant and priority, per reason) and 100 workloads a page. Refusals
+//! and preemptions are ended workloads, read from the store (newest 500 scanned). The live part
+//! of the page is a fragment htmx polls every 3 s.
+
+use std::collections::BTreeMap;
+
+use askama::Template;
+use axum::extract::{Query, State};
+use axum::response::Response;
+use serde::Deserialize;
+use tessera_api::WorkloadState;
+
+use super::pages::took;
+use super::{Caller, Chrome, html};
+use crate::AppState;
+use crate::http::views;
+use crate::lifecycle::snapshot::Waiting;
+use crate::problem::ApiError;
+
+/// The view's filters (query string of the page and of its live fragment).
+#[derive(Deserialize, Default)]
+pub struct QueueQuery {
+    /// The resource class waited for: a pool, or `any`.
+    #[serde(default)]
+    pub pool: String,
+    #[serde(default)]
+    pub tenant: String,
+    #[serde(default)]
+    pub priority: String,
+    #[serde(default)]
+    pub page: usize,
+    /// `live`: only the refreshed fragment.
+    #[serde(default)]
+    pub part: String,
+}
+
+/// Waiting workloads of one tenant at one priority.
+pub struct Group {
+    pub tenant: String,
+    pub priority: String,
+    pub count: u64,
+    pub units: String,
+    pub oldest: String,
+}
+
+/// One waiting workload, formatted for people.
+pub struct WaitRow {
+    pub id: u64,
+    pub tenant: String,
+    pub project: String,
+    pub name: String,
+    pub class: String,
+    pub priority: String,
+    pub shape: String,
+    pub age: String,
+    pub code: &'static str,
+    pub detail: String,
+}
+
+/// A refusal or preemption.
+pub struct Ended {
+    pub id: u64,
+    pub tenant: String,
+    pub project: String,
+    pub name: String,
+    pub state: &'static str,
+    pub code: String,
+    pub detail: String,
+    pub at: String,
+}
+
+struct Live {
+    total: usize,
+    groups: Vec<Group>,
+    reasons: Vec<(&'static str, u64)>,
+    rows: Vec<WaitRow>,
+    first: usize,
+    next: Option<String>,
+    prev: Option<String>,
+    recent: Vec<Ended>,
+    query: String,
+}
+
+#[derive(Template)]
+#[template(path = "console/queue.html")]
+struct QueuePage {
+    chrome: Chrome,
+    q: QueueQuery,
+    pools: Vec<String>,
+    admin: bool,
+    live: Live,
+}
+
+#[derive(Template)]
+#[template(path = "console/queue_live.html")]
+struct QueueLive {
+    live: Live,
+}
+
+const PER_PAGE: usize = 100;
+/// Reason codes of a refusal or a preemption that ended a workload.
+const ENDED_CODES: [&str; 5] = [
+    "quota",
+    "budget",
+    "constraint",
+    "preempted-priority",
+    "preempted-reclaim",
+];
+
+fn matches(w: &Waiting, q: &QueueQuery) -> bool {
+    (q.pool.is_empty() || w.class == q.pool)
+        && (q.tenant.is_empty() || w.tenant == q.tenant)
+        && (q.priority.is_empty() || w.priority == q.priority)
+}
+
+/// Aggregates and the page of waiting workloads that match `q`.
+fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
+    let mut groups: BTreeMap<(&str, &str), (u64, u64, i64)> = BTreeMap::new();
+    let mut reasons: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let first = q.page * PER_PAGE;
+    let mut total = 0;
+    let mut rows = Vec::new();
+    for w in all.iter().filter(|w| matches(w, q)) {
+        total += 1;
+        let g = groups.entry((&w.tenant, &w.priority)).or_insert((0, 0, w.created_at));
+        g.0 += 1;
+        g.1 += w.units.as_milli();
+        g.2 = g.2.min(w.created_at);
+        let code = w.reason.as_ref().map_or("not-yet-scheduled", |r| r.code.as_str());
+        *reasons.entry(code).or_default() += 1;
+        if total > first && rows.len() < PER_PAGE {
+            rows.push(WaitRow {
+                id: w.id,
+                tenant: w.tenant.clone(),
+                project: w.project.clone(),
+                name: w.name.clone(),
+                class: w.class.clone(),
+                priority: w.priority.clone(),
+                shape: w.gpu.to_string(),
+                age: took((now - w.created_at).max(0)),
+                code,
+                detail: w.reason.as_ref().map(|r| r.detail.clone()).unwrap_or_default(),
+            });
+        }
+    }
+    let link = |page: usize| {
+        serde_urlencoded::to_string([
+            ("pool", q.pool.as_str()),
+            ("tenant", q.tenant.as_str()),
+            ("priority", q.priority.as_str()),
+            ("page", &page.to_string()),
+        ])
+        .map(|qs| format!("/console/queue?{qs}"))
+        .unwrap_or_default()
+    };
+    let mut reasons: Vec<(&'static str, u64)> = reasons.into_iter().collect();
+    reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    Live {
+        total,
+        groups: groups
+            .into_iter()
+            .map(|((t, p), (count, milli, oldest))| Group {
+                tenant: t.to_string(),
+                priority: p.to_string(),
+                count,
+                units: tessera_model::GpuUnits(milli).to_string(),
+                oldest: took((now - oldest).max(0)),
+            })
+            .collect(),
+        reasons,
+        rows,
+        first,
+        next: (total > first + PER_PAGE).then(|| link(q.page + 1)),
+        prev: (q.page > 0).then(|| link(q.page - 1)),
+        recent: Vec::new(),
+        query: String::new(),
+    }
+}
+
+/// The newest refusals and preemptions (ended workloads whose reason says so), up to 20.
+async fn recent(s: &AppState, c: &Caller, q: &QueueQuery) -> Result<Vec<Ended>, ApiError> {
+    let phases = [WorkloadState::Failed, WorkloadState::Preempted]
+        .into_iter()
+        .flat_map(views::phases)
+        .collect();
+    let filter = tessera_store::WorkloadFilter {
+        scope: c.id.scope().map(str::to_string),
+        tenant: (!q.tenant.is_empty()).then(|| q.tenant.clone()),
+        project: None,
+        phases,
+        before: None,
+        limit: 500,
+    };
+    Ok(s.store
+        .list_workloads(&filter)
+        .await?
+        .iter()
+        .map(views::workload)
+        .filter(|w| w.reason_code.as_deref().is_some_and(|c| ENDED_CODES.contains(&c)))
+        .filter(|w| q.priority.is_empty() || w.priority == q.priority)
+        .filter(|w| q.pool.is_empty() || w.allocation.as_ref().is_none_or(|a| a.pool == q.pool))
+        .take(20)
+        .map(|w| Ended {
+            id: w.id,
+            state: w.state.as_str(),
+            code: w.reason_code.clone().unwrap_or_default(),
+            detail: w.reason.clone().unwrap_or_default(),
+            at: w
+                .ended_at
+                .as_deref()
+                .map(|t| t.get(..19).unwrap_or(t).replace('T', " "))
+                .unwrap_or_default(),
+            tenant: w.tenant,
+            project: w.project,
+            name: w.name,
+        })
+        .collect())
+}
+
+/// `GET /console/queue`: the waiting workloads and recent refusals and preemptions, filtered by
+/// pool, tenant and priority; `part=live` answers only the fragment the page polls.
+pub async fn queue(
+    State(s): State<AppState>,
+    c: Caller,
+    Query(mut q): Query<QueueQuery>,
+) -> Result<Response, ApiError> {
+    let admin = c.id.is_admin();
+    if !admin {
+        q.tenant = c.id.tenant.clone().unwrap_or_default();
+    }
+    let snap = s.lifecycle.snapshot();
+    let pools: Vec<String> = snap
+        .fleet
+        .pools
+        .iter()
+        .map(|p| p.name.clone())
+        .chain(["any".to_string()])
+        .collect();
+    if !q.pool.is_empty() && !pools.contains(&q.pool) {
+        return Err(ApiError::invalid(
+            "pool",
+            format!("unknown pool `{}` ({})", q.pool, pools.join(", ")),
+        ));
+    }
+    let mut live = waiting(&snap.queue.waiting, &q, crate::now_ms());
+    live.recent = recent(&s, &c, &q).await?;
+    live.query = serde_urlencoded::to_string([
+        ("pool", q.pool.as_str()),
+        ("tenant", q.tenant.as_str()),
+        ("priority", q.priority.as_str()),
+        ("page", &q.page.to_string()),
+    ])
+    .unwrap_or_default();
+    if q.part == "live" {
+        return Ok(html(&QueueLive { live }));
+    }
+    Ok(html(&QueuePage {
+        chrome: Chrome::new(&c, &s, "queue"),
+        q,
+        pools,
+        admin,
+        live,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_domain::{GpuSpec, Reason, ReasonCode};
+    use tessera_model::GpuUnits;
+
+    fn w(id: u64, tenant: &str, priority: &str, created_at: i64, reason: Option<ReasonCode>) -> Waiting {
+        Waiting {
+            id,
+            tenant: tenant.into(),
+            project: "p".into(),
+            name: format!("w{id}"),
+            class: "serving".into(),
+            priority: priority.into(),
+            gpu: GpuSpec::Whole { gpus: 1 },
+            units: GpuUnits(1000),
+            created_at,
+            reason: reason.map(|c| Reason::new(c, "why")),
+        }
+    }
+
+    #[test]
+    fn the_queue_aggregates_all_it_matches_and_pages_through_the_rows() {
+        let all: Vec<Waiting> = (0..250)
+            .map(|i| {
+                let tenant = if i % 2 == 0 { "vision" } else { "nlp" };
+                w(
+                    i,
+                    tenant,
+                    "normal",
+                    1_000 + i as i64,
+                    (i % 5 == 0).then_some(ReasonCode::Quota),
+                )
+            })
+            .collect();
+        let q = QueueQuery {
+            tenant: "vision".into(),
+            page: 1,
+            ..QueueQuery::default()
+        };
+        let live = waiting(&all, &q, 61_000);
+        assert_eq!(live.total, 125);
+        assert_eq!(live.first, 100);
+        assert_eq!(live.rows.len(), 25, "the second page holds the rest");
+        assert!(live.rows.iter().all(|r| r.tenant == "vision"));
+        assert!(live.next.is_none() && live.prev.is_some());
+        assert_eq!(live.groups.len(), 1);
+        assert_eq!(live.groups[0].count, 125);
+        assert_eq!(
+            live.groups[0].oldest, "1 min 00 s",
+            "the oldest of the group waited 60 s"
+        );
+        assert_eq!(live.reasons, [("not-yet-scheduled", 100), ("quota", 25)]);
+        let everyone = waiting(&all, &QueueQuery::default(), 61_000);
+        assert_eq!(
+            (everyone.total, everyone.rows.len(), everyone.groups.len()),
+            (250, 100, 2)
+        );
+        assert!(everyone.next.is_some());
+        assert_eq!(everyone.rows[0].id, 0, "oldest first");
+    }
+}

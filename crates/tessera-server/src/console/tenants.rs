@@ -1,0 +1,461 @@
+//! Tenants, projects, quotas and budgets: platform-admins see every tenant (50 a page) and edit
+//! them — create a tenant or project, set or remove a quota, set or remove the monthly budget,
+//! delete a project; a tenant-admin reads its own tenant. Every change goes through the REST
+//! API's handler (the same validation, RBAC and, through the request middleware, the same
+//! audit record), from an htmx form that carries the CSRF token. A refusal re-renders the
+//! tenant's card with the message next to the field (422); a success re-renders it with the
+//! new values.
+
+use std::collections::HashMap;
+
+use askama::Template;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tessera_api::rules::Validate;
+use tessera_api::{CreateProject, CreateTenant, SetBudget, SetQuota, TenantQuotas};
+
+use super::{Caller, Chrome, html};
+use crate::AppState;
+use crate::http::{ApiJson, ApiPath, governance, tenancy};
+use crate::problem::ApiError;
+
+/// The form a refusal belongs to, its field, message and what was typed.
+#[derive(Default)]
+pub struct FormError {
+    pub form: &'static str,
+    pub field: String,
+    pub message: String,
+    pub values: HashMap<String, String>,
+}
+
+/// One tenant with its projects, quotas and budget.
+pub struct Card {
+    pub name: String,
+    pub display: String,
+    pub projects: Vec<String>,
+    pub quotas: TenantQuotas,
+    pub classes: Vec<String>,
+    pub edit: bool,
+    pub err: FormError,
+}
+
+impl Card {
+    /// The message for `field` of `form`, if the last change from it was refused there.
+    pub fn error(&self, form: &str, field: &str) -> &str {
+        if self.err.form == form && self.err.field == field {
+            &self.err.message
+        } else {
+            ""
+        }
+    }
+
+    /// What was typed into `field` of `form` before a refusal (empty otherwise).
+    pub fn value(&self, form: &str, field: &str) -> &str {
+        if self.err.form == form {
+            self.err.values.get(field).map(String::as_str).unwrap_or("")
+        } else {
+            ""
+        }
+    }
+
+    /// An id for a form element: `tenant-form-field`.
+    pub fn fid(&self, form: &str, field: &str) -> String {
+        format!("{}-{form}-{field}", self.name)
+    }
+}
+
+#[derive(Template)]
+#[template(path = "console/tenants.html")]
+struct TenantsPage {
+    chrome: Chrome,
+    cards: Vec<Card>,
+    admin: bool,
+    next: Option<String>,
+    create: FormError,
+}
+
+impl TenantsPage {
+    fn create_error(&self, field: &str) -> &str {
+        if self.create.field == field {
+            &self.create.message
+        } else {
+            ""
+        }
+    }
+
+    fn create_value(&self, field: &str) -> &str {
+        self.create.values.get(field).map(String::as_str).unwrap_or("")
+    }
+}
+
+#[derive(Template)]
+#[template(path = "console/tenant_card.html")]
+struct CardFragment {
+    card: Card,
+}
+
+#[derive(Template)]
+#[template(path = "console/tenant_create.html")]
+struct CreateFragment {
+    create: FormError,
+}
+
+impl CreateFragment {
+    fn create_error(&self, field: &str) -> &str {
+        if self.create.field == field {
+            &self.create.message
+        } else {
+            ""
+        }
+    }
+
+    fn create_value(&self, field: &str) -> &str {
+        self.create.values.get(field).map(String::as_str).unwrap_or("")
+    }
+}
+
+const PER_PAGE: u32 = 50;
+
+/// Quota classes offered by the form: every pool and every pool/model.
+fn classes(s: &AppState) -> Vec<String> {
+    let f = &s.fleet;
+    let mut out = Vec::new();
+    for p in &f.pools {
+        out.push(p.name.clone());
+        let mut models: Vec<&str> = f.nodes[p.nodes.start as usize..p.nodes.end as usize]
+            .iter()
+            .map(|n| f.catalogue.get(n.model).name.as_str())
+            .collect();
+        models.sort();
+        models.dedup();
+        out.extend(models.into_iter().map(|m| format!("{}/{m}", p.name)));
+    }
+    out
+}
+
+async fn card(s: &AppState, c: &Caller, tenant: &str, err: FormError) -> Result<Card, ApiError> {
+    let t = tenancy::tenant_visible(s, &c.id, tenant).await?;
+    let projects = s
+        .store
+        .list_projects(tenant, None, 200)
+        .await?
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    let quotas = governance::get_quotas(State(s.clone()), c.id.clone(), ApiPath(tenant.to_string()))
+        .await?
+        .0;
+    Ok(Card {
+        name: t.name,
+        display: t.display_name,
+        projects,
+        quotas,
+        classes: classes(s),
+        edit: c.id.is_admin(),
+        err,
+    })
+}
+
+#[derive(Deserialize, Default)]
+pub struct PageQuery {
+    /// Tenants after this name (the next page).
+    #[serde(default)]
+    pub after: String,
+}
+
+/// `GET /console/tenants`: every tenant for platform-admins (50 a page), a tenant-admin's own.
+pub async fn page(State(s): State<AppState>, c: Caller, Query(q): Query<PageQuery>) -> Result<Response, ApiError> {
+    let admin = c.id.is_admin();
+    if !admin && c.id.role != crate::auth::Role::TenantAdmin {
+        return Err(ApiError::forbidden(
+            "tenants and quotas are shown to platform-admins and tenant-admins",
+        ));
+    }
+    let names: Vec<String> = if admin {
+        let after = Some(q.after.as_str()).filter(|a| !a.is_empty());
+        s.store
+            .list_tenants(after, PER_PAGE)
+            .await?
+            .into_iter()
+            .map(|t| t.name)
+            .collect()
+    } else {
+        c.id.tenant.clone().into_iter().collect()
+    };
+    let next = (admin && names.len() == PER_PAGE as usize)
+        .then(|| names.last())
+        .flatten()
+        .map(|last| {
+            format!(
+                "/console/tenants?{}",
+                serde_urlencoded::to_string([("after", last.as_str())]).unwrap_or_default()
+            )
+        });
+    let mut cards = Vec::with_capacity(names.len());
+    for n in &names {
+        cards.push(card(&s, &c, n, FormError::default()).await?);
+    }
+    Ok(html(&TenantsPage {
+        chrome: Chrome::new(&c, &s, "tenants"),
+        cards,
+        admin,
+        next,
+        create: FormError::default(),
+    }))
+}
+
+fn form(body: &Bytes) -> HashMap<String, String> {
+    serde_urlencoded::from_bytes::<Vec<(String, String)>>(body)
+        .unwrap_or_default()
+        .into_iter()
+        .collect()
+}
+
+fn unprocessable(mut r: Response) -> Response {
+    *r.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+    r
+}
+
+/// A refusal of the API's handler as a field error of `form` (`fallback` when the problem
+/// names no field the form has).
+fn refusal(
+    form: &'static str,
+    fields: &[&str],
+    fallback: &str,
+    e: &ApiError,
+    values: HashMap<String, String>,
+) -> FormError {
+    let field = e
+        .field
+        .as_deref()
+        .filter(|f| fields.contains(f))
+        .unwrap_or(fallback)
+        .to_string();
+    FormError {
+        form,
+        field,
+        message: e.detail.clone(),
+        values,
+    }
+}
+
+/// The card after a change: refreshed on success; with the message by the field on a 422 or
+/// 409 (other refusals — 403, 404 — answer the problem, shown in the page's alert).
+async fn answer(
+    s: &AppState,
+    c: &Caller,
+    tenant: &str,
+    result: Result<(), ApiError>,
+    to_form: impl FnOnce(&ApiError) -> FormError,
+) -> Result<Response, ApiError> {
+    match result {
+        Ok(()) => Ok(html(&CardFragment {
+            card: card(s, c, tenant, FormError::default()).await?,
+        })),
+        Err(e) if e.status == StatusCode::UNPROCESSABLE_ENTITY || e.status == StatusCode::CONFLICT => {
+            // 422 for a conflict too: htmx swaps 422 answers only, and the card carries the message.
+            let err = to_form(&e);
+            Ok(unprocessable(html(&CardFragment {
+                card: card(s, c, tenant, err).await?,
+            })))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A number typed into a form; blank is `None`.
+fn number(field: &str, raw: &str) -> Result<Option<f64>, ApiError> {
+    match raw.trim() {
+        "" => Ok(None),
+        t => t
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(field, format!("`{t}` is not a number"))),
+    }
+}
+
+/// `POST /console/tenants` (platform-admins): creates a tenant; the page reloads to show it.
+pub async fn create_tenant(State(s): State<AppState>, c: Caller, body: Bytes) -> Result<Response, ApiError> {
+    let f = form(&body);
+    let b = CreateTenant {
+        name: f.get("name").map(|n| n.trim().to_string()).unwrap_or_default(),
+        display_name: f
+            .get("display_name")
+            .map(|d| d.trim().to_string())
+            .filter(|d| !d.is_empty()),
+    };
+    let made = match b.validate() {
+        Err(v) => Err(ApiError::from(v)),
+        Ok(()) => tenancy::create_tenant(State(s.clone()), c.id.clone(), ApiJson(b))
+            .await
+            .map(|_| ()),
+    };
+    match made {
+        Ok(()) => {
+            let mut r = StatusCode::OK.into_response();
+            r.headers_mut().insert("hx-refresh", HeaderValue::from_static("true"));
+            Ok(r)
+        }
+        Err(e) if e.status == StatusCode::UNPROCESSABLE_ENTITY || e.status == StatusCode::CONFLICT => {
+            let create = refusal("create", &["name", "display_name"], "name", &e, f);
+            Ok(unprocessable(html(&CreateFragment { create })))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `POST /console/tenants/{tenant}/projects`: creates a project.
+pub async fn create_project(
+    State(s): State<AppState>,
+    c: Caller,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let f = form(&body);
+    let b = CreateProject {
+        name: f.get("name").map(|n| n.trim().to_string()).unwrap_or_default(),
+    };
+    let result = match b.validate() {
+        Err(v) => Err(ApiError::from(v)),
+        Ok(()) => tenancy::create_project(State(s.clone()), c.id.clone(), ApiPath(tenant.clone()), ApiJson(b))
+            .await
+            .map(|_| ()),
+    };
+    answer(&s, &c, &tenant, result, |e| refusal("project", &["name"], "name", e, f)).await
+}
+
+/// `POST /console/tenants/{tenant}/projects/{project}/delete`: deletes a project (refused while
+/// it has workloads on record).
+pub async fn delete_project(
+    State(s): State<AppState>,
+    c: Caller,
+    Path((tenant, project)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let result = tenancy::delete_project(State(s.clone()), c.id.clone(), ApiPath((tenant.clone(), project)))
+        .await
+        .map(|_| ());
+    answer(&s, &c, &tenant, result, |e| {
+        refusal("projects", &[], "list", e, HashMap::new())
+    })
+    .await
+}
+
+/// `POST /console/tenants/{tenant}/quotas`: sets a quota (class, guaranteed, limit — blank
+/// for none).
+pub async fn set_quota(
+    State(s): State<AppState>,
+    c: Caller,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let f = form(&body);
+    let get = |k: &str| f.get(k).cloned().unwrap_or_default();
+    let class = get("class");
+    let result = async {
+        let guaranteed = number("guaranteed", &get("guaranteed"))?
+            .ok_or_else(|| ApiError::invalid("guaranteed", "give the guaranteed GPU units (0 for none)"))?;
+        let limit = number("limit", &get("limit"))?;
+        let b = SetQuota { guaranteed, limit };
+        b.validate().map_err(ApiError::from)?;
+        governance::set_quota(
+            State(s.clone()),
+            c.id.clone(),
+            ApiPath((tenant.clone(), class)),
+            ApiJson(b),
+        )
+        .await
+        .map(|_| ())
+    }
+    .await;
+    answer(&s, &c, &tenant, result, |e| {
+        refusal("quota", &["class", "guaranteed", "limit"], "guaranteed", e, f.clone())
+    })
+    .await
+}
+
+/// `POST /console/tenants/{tenant}/quotas/remove`: removes the quota of the form's `class`.
+pub async fn remove_quota(
+    State(s): State<AppState>,
+    c: Caller,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let class = form(&body).remove("class").unwrap_or_default();
+    let result = governance::delete_quota(State(s.clone()), c.id.clone(), ApiPath((tenant.clone(), class)))
+        .await
+        .map(|_| ());
+    answer(&s, &c, &tenant, result, |e| {
+        refusal("quotas", &[], "list", e, HashMap::new())
+    })
+    .await
+}
+
+/// `POST /console/tenants/{tenant}/budget`: sets the monthly budget in GPU-unit-hours (blank
+/// removes it).
+pub async fn set_budget(
+    State(s): State<AppState>,
+    c: Caller,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let f = form(&body);
+    let raw = f.get("monthly_unit_hours").cloned().unwrap_or_default();
+    let result = async {
+        let b = SetBudget {
+            monthly_unit_hours: number("monthly_unit_hours", &raw)?,
+        };
+        b.validate().map_err(ApiError::from)?;
+        governance::set_budget(State(s.clone()), c.id.clone(), ApiPath(tenant.clone()), ApiJson(b))
+            .await
+            .map(|_| ())
+    }
+    .await;
+    answer(&s, &c, &tenant, result, |e| {
+        refusal("budget", &["monthly_unit_hours"], "monthly_unit_hours", e, f.clone())
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_numbers_are_checked_and_blank_is_none() {
+        assert_eq!(number("limit", " ").unwrap(), None);
+        assert_eq!(number("limit", "2.5").unwrap(), Some(2.5));
+        let e = number("limit", "lots").unwrap_err();
+        assert_eq!(
+            (e.field.as_deref(), e.detail.as_str()),
+            (Some("limit"), "`lots` is not a number")
+        );
+        assert!(number("limit", "NaN").is_err(), "not a finite number");
+    }
+
+    #[test]
+    fn a_refusal_lands_on_the_field_it_names_or_the_forms_fallback() {
+        let e = ApiError::invalid("limit", "below guaranteed");
+        let f = refusal(
+            "quota",
+            &["class", "guaranteed", "limit"],
+            "guaranteed",
+            &e,
+            HashMap::new(),
+        );
+        assert_eq!((f.form, f.field.as_str()), ("quota", "limit"));
+        let other = ApiError::invalid("tenant", "no such tenant");
+        let f = refusal(
+            "quota",
+            &["class", "guaranteed", "limit"],
+            "guaranteed",
+            &other,
+            HashMap::new(),
+        );
+        assert_eq!(f.field, "guaranteed");
+    }
+}
