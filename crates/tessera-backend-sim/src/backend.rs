@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, GpuSample, MigInstance,
-    Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec, SliceSpec,
+    MigModeChange, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec, SliceSpec,
 };
 use tokio::sync::mpsc;
 
@@ -451,11 +451,13 @@ impl Backend for SimBackend {
                 partitioning: Partitioning::Instance,
                 devices: DeviceAssignment::Exact,
                 logs: false,
+                mig_mode_switch: true,
             },
             SimMode::Operator => Capabilities {
                 partitioning: Partitioning::WholeGpu,
                 devices: DeviceAssignment::PerNodeCount,
                 logs: false,
+                mig_mode_switch: false,
             },
         }
     }
@@ -649,6 +651,35 @@ impl Backend for SimBackend {
     /// fleet outlives a control plane restarted in the same process, as hardware outlives a
     /// crashed one. Also starts the subscriber's periodic `Telemetry` events, so it must be
     /// called inside a Tokio runtime.
+    /// Exact mode only (operator mode stands for a cluster whose MIG manager owns the mode):
+    /// flips the GPU's mode at once; refused while the GPU holds work or instances.
+    async fn set_mig_mode(&self, node: &str, gpu: u8, enabled: bool) -> Result<MigModeChange, BackendError> {
+        if self.cfg.mode != SimMode::Exact {
+            return Err(BackendError::Rejected(
+                "in operator mode the GPU Operator's MIG manager owns MIG mode".into(),
+            ));
+        }
+        let mut st = self.shared.lock();
+        let g = st.gpu(node, gpu)?;
+        let name = st.gpu_name(g);
+        let gs = &mut st.gpus[g];
+        if gs.gpu.mig_slices == 0 {
+            return Err(BackendError::Rejected(format!("{name} ({}) has no MIG", gs.gpu.model)));
+        }
+        if gs.mig_off != enabled {
+            return Ok(MigModeChange::Applied);
+        }
+        if !gs.holders.is_empty() || !gs.instances.is_empty() {
+            return Err(BackendError::Rejected(format!(
+                "{name} holds {} workload(s) and {} MIG instance(s); MIG mode changes only on an idle GPU",
+                gs.holders.len(),
+                gs.instances.len()
+            )));
+        }
+        gs.mig_off = !enabled;
+        Ok(MigModeChange::Applied)
+    }
+
     fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>> {
         let (tx, rx) = mpsc::unbounded_channel();
         *self.shared.tx.lock().expect("events lock") = tx.clone();
