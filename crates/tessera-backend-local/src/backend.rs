@@ -10,8 +10,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, GpuSample, InstanceSample,
-    LogChunk, MigInstance, MigModeChange, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec,
-    SliceSpec,
+    LogChunk, MigInstance, MigModeChange, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning,
+    ReconcileReport, RunSpec, SliceSpec,
 };
 use tessera_model::Catalogue;
 use tokio::sync::mpsc;

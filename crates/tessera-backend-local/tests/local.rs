@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_backend::{
-    Backend, BackendError, BackendEvent, Devices, Exit, MigInstance, MigModeChange, Observation, PartitionPlan, RunSpec,
-    SliceSpec,
+    Backend, BackendError, BackendEvent, Devices, Exit, MigInstance, MigModeChange, Observation, PartitionPlan,
+    RunSpec, SliceSpec,
 };
 use tessera_backend_local::process::{Cgroups, group_alive};
 use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, fake_bus_id};

@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, GpuSample, MigInstance,
-    MigModeChange, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec, SliceSpec,
+    MigModeChange, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec,
+    SliceSpec,
 };
 use tokio::sync::mpsc;
 
@@ -163,6 +164,24 @@ impl SimBackend {
         self.shared.send(BackendEvent::NodeChanged {
             node: node.to_string(),
             change: tessera_backend::NodeChange::Added,
+        });
+        Ok(())
+    }
+
+    /// A simulated reboot (a driver upgrade): the node goes away now (`NodeChanged { Removed }`)
+    /// and comes back after `down_for` (`NodeChanged { Added }`), as [`SimBackend::remove_node`]
+    /// and [`SimBackend::restore_node`] do. Must be called inside a Tokio runtime.
+    pub fn reboot(&self, node: &str, down_for: Duration) -> Result<(), BackendError> {
+        self.remove_node(node)?;
+        let weak = Arc::downgrade(&self.shared);
+        let cfg = self.cfg.clone();
+        let node = node.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(down_for).await;
+            if let Some(shared) = weak.upgrade() {
+                // The node was found when it went away, so it is found now.
+                let _ = SimBackend { cfg, shared }.restore_node(&node);
+            }
         });
         Ok(())
     }

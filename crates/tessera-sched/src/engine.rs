@@ -902,7 +902,11 @@ impl Engine {
         let sharing = fleet.pool(node.pool).sharing;
         match a.grant {
             Grant::Whole { gpus } => {
-                let off = if sharing == Sharing::Mig { self.mig_off_gpus(a.node.0) } else { u16::MAX };
+                let off = if sharing == Sharing::Mig {
+                    self.mig_off_gpus(a.node.0)
+                } else {
+                    u16::MAX
+                };
                 if gpus & !off != 0 || gpus == 0 || gpus & !st.free_mask != 0 {
                     return bad("GPUs are not free");
                 }
@@ -1386,7 +1390,11 @@ mod tests {
         let cat = fleet.catalogue.clone();
         let serving = fleet.pool_by_name("serving").unwrap();
         let whole = Request::whole(1).with_pool(serving);
-        assert_eq!(e.plan(&whole).unwrap_err().field(), Field::Pool, "MIG everywhere: no whole GPU");
+        assert_eq!(
+            e.plan(&whole).unwrap_err().field(),
+            Field::Pool,
+            "MIG everywhere: no whole GPU"
+        );
         // A GPU holding an instance cannot switch; an idle one can.
         let a = e.place(1, &Request::mig(&cat, "1g.10gb").unwrap()).unwrap().clone();
         let busy = a.grant.gpu_mask().trailing_zeros() as u8;
