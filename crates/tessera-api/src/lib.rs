@@ -923,6 +923,37 @@ pub struct GpuHealthView {
     pub workloads: Vec<u64>,
 }
 
+/// Switches a GPU's MIG mode (`POST /api/v1/nodes/{node}/gpus/{gpu}/mig`, platform-admin).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetMigMode {
+    /// `true`: MIG mode on (the GPU serves MIG instances); `false`: off (it serves whole GPUs).
+    pub enabled: bool,
+}
+
+impl Validate for SetMigMode {
+    fn validate(&self) -> Result<(), Violation> {
+        Ok(())
+    }
+}
+
+/// A GPU's MIG mode after an admin's change.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct GpuMigView {
+    pub node: String,
+    pub gpu: u8,
+    /// The mode asked for.
+    pub enabled: bool,
+    /// The driver applies the new mode only after a GPU reset, which Tessera never performs:
+    /// until then the GPU gets no placement. After the reset, send the same change again.
+    pub pending: bool,
+    /// What the GPU serves now: `instances`, `whole` or `nothing` (pending a reset).
+    pub serves: String,
+    /// `false` when the GPU was in that mode already.
+    pub changed: bool,
+    pub detail: String,
+}
+
 /// The longest drain deadline of a rollout's nodes, seconds (30 days).
 pub const MAX_ROLLOUT_DEADLINE_S: u64 = 2_592_000;
 

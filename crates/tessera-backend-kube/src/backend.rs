@@ -620,6 +620,8 @@ impl Backend for KubeBackend {
             partitioning: Partitioning::WholeGpu,
             devices: DeviceAssignment::PerNodeCount,
             logs: false,
+            // The GPU Operator's MIG manager owns MIG mode on Kubernetes.
+            mig_mode_switch: false,
         }
     }
 

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, GpuSample, InstanceSample,
-    LogChunk, MigInstance, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec,
-    SliceSpec,
+    LogChunk, MigInstance, MigModeChange, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning,
+    ReconcileReport, RunSpec, SliceSpec,
 };
 use tessera_model::Catalogue;
 use tokio::sync::mpsc;
@@ -349,6 +349,43 @@ impl Backend for LocalBackend {
             partitioning: Partitioning::Instance,
             devices: DeviceAssignment::Exact,
             logs: true,
+            mig_mode_switch: true,
+        }
+    }
+
+    /// Through NVML, on a GPU with no instance and no MIG workload; a change the driver holds
+    /// pending a GPU reset is reported as such (Tessera never resets a GPU).
+    async fn set_mig_mode(&self, node: &str, gpu: u8, enabled: bool) -> Result<MigModeChange, BackendError> {
+        if node != self.shared.cfg.node {
+            return Err(BackendError::Rejected(format!(
+                "this machine is node {}, not {node}",
+                self.shared.cfg.node
+            )));
+        }
+        let busy = self
+            .shared
+            .state
+            .lock()
+            .unwrap()
+            .procs
+            .values()
+            .filter(|p| p.ended.is_none() && p.mig.as_ref().is_some_and(|m| m.0 == gpu as u32))
+            .count();
+        if busy > 0 {
+            return Err(BackendError::Rejected(format!(
+                "GPU {gpu} on {node} runs {busy} MIG workload(s); MIG mode changes only on an idle GPU"
+            )));
+        }
+        let instances = self.shared.nvml.instances(gpu as u32).map_err(rejected)?;
+        if !instances.is_empty() {
+            return Err(BackendError::Rejected(format!(
+                "GPU {gpu} on {node} has {} GPU instance(s); MIG mode changes only on a GPU without instances",
+                instances.len()
+            )));
+        }
+        match self.shared.nvml.set_mig_mode(gpu as u32, enabled).map_err(rejected)? {
+            true => Ok(MigModeChange::Applied),
+            false => Ok(MigModeChange::PendingReset),
         }
     }
 

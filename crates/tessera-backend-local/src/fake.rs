@@ -57,6 +57,9 @@ impl FakeGpu {
 
 struct Gpu {
     info: GpuInfo,
+    /// `set_mig_mode` reports the new mode pending a reset instead of applying it, as a real
+    /// driver does while something holds the GPU open.
+    reset_required: bool,
     instances: Vec<GpuInstance>,
     next_id: u32,
     peers: Vec<String>,
@@ -99,6 +102,7 @@ impl FakeNvml {
                     mig_pending: None,
                 },
                 instances: Vec::new(),
+                reset_required: false,
                 next_id: 1,
                 peers: g.nvlink_peers,
                 lost: false,
@@ -138,7 +142,16 @@ impl FakeNvml {
         }
     }
 
-    /// The mutating calls made so far (`create GPU PROFILE@START -> ID`, `destroy GPU ID`).
+    /// From now on, a MIG mode change of `gpu` stays pending until a GPU reset (which nothing
+    /// here performs), as the driver does when a process keeps the GPU open.
+    pub fn require_reset(&self, gpu: u32) {
+        if let Some(g) = self.state.lock().unwrap().gpus.get_mut(gpu as usize) {
+            g.reset_required = true;
+        }
+    }
+
+    /// The mutating calls made so far (`create GPU PROFILE@START -> ID`, `destroy GPU ID`,
+    /// `mig GPU on|off`).
     pub fn calls(&self) -> Vec<String> {
         self.state.lock().unwrap().calls.clone()
     }
@@ -278,6 +291,34 @@ impl Nvml for FakeNvml {
                 .map(|geom| geom.mem_slices as u64)
                 .unwrap_or(8);
             Ok((0, g.info.memory_mib * gi.size as u64 / slices))
+        })
+    }
+
+    fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<bool, NvmlError> {
+        self.with_gpu(gpu, |g, calls| {
+            if g.info.mig_enabled.is_none() {
+                return Err(NvmlError(format!(
+                    "GPU {gpu}: MIG is not supported (NVML_ERROR_NOT_SUPPORTED)"
+                )));
+            }
+            if !g.instances.is_empty() {
+                return Err(NvmlError(format!(
+                    "GPU {gpu}: {} GPU instance(s) exist (NVML_ERROR_IN_USE)",
+                    g.instances.len()
+                )));
+            }
+            calls.push(format!("mig {gpu} {}", if enabled { "on" } else { "off" }));
+            if g.info.mig_enabled == Some(enabled) {
+                g.info.mig_pending = None;
+                return Ok(true);
+            }
+            if g.reset_required {
+                g.info.mig_pending = Some(enabled);
+                return Ok(false);
+            }
+            g.info.mig_enabled = Some(enabled);
+            g.info.mig_pending = None;
+            Ok(true)
         })
     }
 

@@ -81,8 +81,10 @@ pub fn xid_is_critical(xid: u64) -> bool {
 }
 
 /// What the local backend asks of NVML. Every method is a read except
-/// [`Nvml::create_instance`] and [`Nvml::destroy_instance`]; there is deliberately no way to
-/// change MIG mode, clocks or any other setting.
+/// [`Nvml::create_instance`], [`Nvml::destroy_instance`] and [`Nvml::set_mig_mode`] (called
+/// only by an admin's explicit `tessera node mig` on an idle GPU of a drained node, never by
+/// Tessera on its own); there is deliberately no way to change clocks, to reset a GPU or any
+/// other setting.
 pub trait Nvml: Send + Sync {
     /// A short description of the implementation and driver (`driver 550.54.15`, `fake`).
     fn describe(&self) -> String;
@@ -102,6 +104,10 @@ pub trait Nvml: Send + Sync {
     fn instance_memory(&self, gpu: u32, id: u32) -> Result<(u64, u64), NvmlError>;
     /// XID errors reported since the last call, waiting at most `timeout_ms` for the first.
     fn wait_xids(&self, timeout_ms: u32) -> Vec<XidEvent>;
+    /// Switches MIG mode (`nvmlDeviceSetMigMode`). `Ok(true)`: the GPU is in the new mode now;
+    /// `Ok(false)`: the driver holds the new mode pending a GPU reset (which the caller never
+    /// performs). A GPU without MIG, or one in use, is an error.
+    fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<bool, NvmlError>;
 }
 
 #[cfg(test)]

@@ -320,6 +320,29 @@ impl Nvml for RealNvml {
         Err(NvmlError(format!("GPU {gpu}: no MIG device for GPU instance {id}")))
     }
 
+    fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<bool, NvmlError> {
+        let dev = self.device(gpu)?;
+        // The activation status says why a change is not active yet (in use, reset required);
+        // the mode NVML reports afterwards is what counts.
+        let status = dev
+            .set_mig_mode(enabled)
+            .map_err(|e| err(&format!("GPU {gpu}: nvmlDeviceSetMigMode"), e))?;
+        let mode = dev
+            .mig_mode()
+            .map_err(|e| err(&format!("GPU {gpu}: nvmlDeviceGetMigMode"), e))?;
+        let want = u32::from(enabled);
+        if mode.current == want {
+            Ok(true)
+        } else if mode.pending == want {
+            Ok(false)
+        } else {
+            Err(NvmlError(format!(
+                "GPU {gpu}: nvmlDeviceSetMigMode left MIG mode {} (activation status {status})",
+                if mode.current == 1 { "on" } else { "off" }
+            )))
+        }
+    }
+
     fn wait_xids(&self, timeout_ms: u32) -> Vec<XidEvent> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
         loop {

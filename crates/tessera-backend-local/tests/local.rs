@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_backend::{
-    Backend, BackendError, BackendEvent, Devices, Exit, MigInstance, Observation, PartitionPlan, RunSpec, SliceSpec,
+    Backend, BackendError, BackendEvent, Devices, Exit, MigInstance, MigModeChange, Observation, PartitionPlan,
+    RunSpec, SliceSpec,
 };
 use tessera_backend_local::process::{Cgroups, group_alive};
 use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, fake_bus_id};
@@ -182,6 +183,48 @@ async fn mig_instances_are_adopted_created_and_destroyed_at_exact_placements() {
         .unwrap_err();
     assert!(e.to_string().contains("never switches MIG mode"), "{e}");
     assert_eq!(nvml.calls().len(), 2);
+}
+
+#[tokio::test]
+async fn mig_mode_changes_go_through_nvml_and_a_pending_reset_is_reported() {
+    let dir = data_dir("migmode");
+    let nvml = fake();
+    let b = LocalBackend::new(nvml.clone(), config(&dir, 1000)).unwrap();
+    assert!(b.capabilities().mig_mode_switch);
+    // GPU 1 (MIG off): enabled at once; then an instance can be created there.
+    assert_eq!(b.set_mig_mode("here", 1, true).await.unwrap(), MigModeChange::Applied);
+    assert_eq!(nvml.gpus().unwrap()[1].mig_enabled, Some(true));
+    let one_g = PartitionPlan::Instance {
+        node: "here".into(),
+        gpu: 1,
+        instance: MigInstance::new("1g.10gb", 19, 0, 1),
+    };
+    assert!(b.partition(&one_g).await.unwrap().created);
+    // A GPU holding an instance (created or adopted) is refused before NVML is asked.
+    for gpu in [0, 1] {
+        let e = b.set_mig_mode("here", gpu, false).await.unwrap_err();
+        assert!(e.to_string().contains("GPU instance(s)"), "{e}");
+    }
+    b.unpartition(&one_g).await.unwrap();
+    // Off again, and the same mode twice is one change applied (idempotent).
+    assert_eq!(b.set_mig_mode("here", 1, false).await.unwrap(), MigModeChange::Applied);
+    assert_eq!(b.set_mig_mode("here", 1, false).await.unwrap(), MigModeChange::Applied);
+    assert_eq!(nvml.gpus().unwrap()[1].mig_enabled, Some(false));
+    // A driver that needs a GPU reset: the new mode is pending, the GPU keeps its mode.
+    nvml.require_reset(1);
+    assert_eq!(
+        b.set_mig_mode("here", 1, true).await.unwrap(),
+        MigModeChange::PendingReset
+    );
+    let g1 = &nvml.gpus().unwrap()[1];
+    assert_eq!((g1.mig_enabled, g1.mig_pending), (Some(false), Some(true)));
+    // No MIG on the unknown model; another node's GPU is not this machine's.
+    let e = b.set_mig_mode("here", 2, true).await.unwrap_err();
+    assert!(e.to_string().contains("not supported"), "{e}");
+    let e = b.set_mig_mode("there", 1, true).await.unwrap_err();
+    assert!(e.to_string().contains("not there"), "{e}");
+    let migs: Vec<String> = nvml.calls().into_iter().filter(|c| c.starts_with("mig")).collect();
+    assert_eq!(migs, vec!["mig 1 on", "mig 1 off", "mig 1 off", "mig 1 on"]);
 }
 
 async fn health(rx: &mut UnboundedReceiver<BackendEvent>, within: Duration) -> Option<(u8, bool, Option<u32>, String)> {

@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, GpuSample, MigInstance,
-    Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec, SliceSpec,
+    MigModeChange, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec,
+    SliceSpec,
 };
 use tokio::sync::mpsc;
 
@@ -163,6 +164,24 @@ impl SimBackend {
         self.shared.send(BackendEvent::NodeChanged {
             node: node.to_string(),
             change: tessera_backend::NodeChange::Added,
+        });
+        Ok(())
+    }
+
+    /// A simulated reboot (a driver upgrade): the node goes away now (`NodeChanged { Removed }`)
+    /// and comes back after `down_for` (`NodeChanged { Added }`), as [`SimBackend::remove_node`]
+    /// and [`SimBackend::restore_node`] do. Must be called inside a Tokio runtime.
+    pub fn reboot(&self, node: &str, down_for: Duration) -> Result<(), BackendError> {
+        self.remove_node(node)?;
+        let weak = Arc::downgrade(&self.shared);
+        let cfg = self.cfg.clone();
+        let node = node.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(down_for).await;
+            if let Some(shared) = weak.upgrade() {
+                // The node was found when it went away, so it is found now.
+                let _ = SimBackend { cfg, shared }.restore_node(&node);
+            }
         });
         Ok(())
     }
@@ -451,11 +470,13 @@ impl Backend for SimBackend {
                 partitioning: Partitioning::Instance,
                 devices: DeviceAssignment::Exact,
                 logs: false,
+                mig_mode_switch: true,
             },
             SimMode::Operator => Capabilities {
                 partitioning: Partitioning::WholeGpu,
                 devices: DeviceAssignment::PerNodeCount,
                 logs: false,
+                mig_mode_switch: false,
             },
         }
     }
@@ -649,6 +670,35 @@ impl Backend for SimBackend {
     /// fleet outlives a control plane restarted in the same process, as hardware outlives a
     /// crashed one. Also starts the subscriber's periodic `Telemetry` events, so it must be
     /// called inside a Tokio runtime.
+    /// Exact mode only (operator mode stands for a cluster whose MIG manager owns the mode):
+    /// flips the GPU's mode at once; refused while the GPU holds work or instances.
+    async fn set_mig_mode(&self, node: &str, gpu: u8, enabled: bool) -> Result<MigModeChange, BackendError> {
+        if self.cfg.mode != SimMode::Exact {
+            return Err(BackendError::Rejected(
+                "in operator mode the GPU Operator's MIG manager owns MIG mode".into(),
+            ));
+        }
+        let mut st = self.shared.lock();
+        let g = st.gpu(node, gpu)?;
+        let name = st.gpu_name(g);
+        let gs = &mut st.gpus[g];
+        if gs.gpu.mig_slices == 0 {
+            return Err(BackendError::Rejected(format!("{name} ({}) has no MIG", gs.gpu.model)));
+        }
+        if gs.mig_off != enabled {
+            return Ok(MigModeChange::Applied);
+        }
+        if !gs.holders.is_empty() || !gs.instances.is_empty() {
+            return Err(BackendError::Rejected(format!(
+                "{name} holds {} workload(s) and {} MIG instance(s); MIG mode changes only on an idle GPU",
+                gs.holders.len(),
+                gs.instances.len()
+            )));
+        }
+        gs.mig_off = !enabled;
+        Ok(MigModeChange::Applied)
+    }
+
     fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>> {
         let (tx, rx) = mpsc::unbounded_channel();
         *self.shared.tx.lock().expect("events lock") = tx.clone();

@@ -20,6 +20,12 @@ fn check_fits(state: &State, g: usize, instance: &MigInstance) -> Result<(), Bac
             state.gpus[g].gpu.model
         )));
     }
+    if state.gpus[g].mig_off {
+        return Err(rejected(format!(
+            "{} is not in MIG mode (an admin disabled it)",
+            state.gpu_name(g)
+        )));
+    }
     if instance.size == 0 || instance.end() > slices {
         return Err(rejected(format!(
             "{instance} does not fit the {slices} memory slices of {}",

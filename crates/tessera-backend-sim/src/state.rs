@@ -21,6 +21,9 @@ pub(crate) struct GpuState {
     pub holders: Vec<u64>,
     /// Its node is gone (rebooting, removed): no telemetry.
     pub gone: bool,
+    /// A MIG-capable GPU an admin took out of MIG mode ([`tessera_backend::Backend::set_mig_mode`]):
+    /// no instances until it is enabled again.
+    pub mig_off: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +88,7 @@ impl State {
                     instances: Vec::new(),
                     holders: Vec::new(),
                     gone: false,
+                    mig_off: false,
                 })
                 .collect(),
             nodes,

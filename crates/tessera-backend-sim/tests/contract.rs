@@ -64,7 +64,8 @@ async fn each_mode_declares_its_capabilities() {
         Capabilities {
             partitioning: Partitioning::Instance,
             devices: DeviceAssignment::Exact,
-            logs: false
+            logs: false,
+            mig_mode_switch: true
         }
     );
     let operator = SimBackend::new(SimConfig::for_mode(SimMode::Operator), fleet());
@@ -73,7 +74,8 @@ async fn each_mode_declares_its_capabilities() {
         Capabilities {
             partitioning: Partitioning::WholeGpu,
             devices: DeviceAssignment::PerNodeCount,
-            logs: false
+            logs: false,
+            mig_mode_switch: false
         }
     );
     assert_eq!(operator.name(), "sim");

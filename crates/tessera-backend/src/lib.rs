@@ -51,7 +51,8 @@
 //! Methods with a default: [`Backend::read_logs`] (refuses), [`Backend::ensure_tenancy`] and
 //! [`Backend::remove_tenancy`] (do nothing: the sim and local backends have no tenancy of their
 //! own; the Kubernetes backend makes a namespace with quota, RBAC and network policy per tenant
-//! project), [`Backend::cordon`] (does nothing) and [`Backend::evict`] (is `stop`).
+//! project), [`Backend::cordon`] (does nothing), [`Backend::evict`] (is `stop`) and
+//! [`Backend::set_mig_mode`] (refuses; see [`Capabilities::mig_mode_switch`]).
 
 mod event;
 mod plan;
@@ -98,6 +99,19 @@ pub struct Capabilities {
     pub devices: DeviceAssignment,
     /// Whether the backend can return a workload's logs.
     pub logs: bool,
+    /// Whether [`Backend::set_mig_mode`] can switch a GPU's MIG mode (NVML and the exact-mode
+    /// simulation can; on Kubernetes the GPU Operator's MIG manager owns it).
+    pub mig_mode_switch: bool,
+}
+
+/// What [`Backend::set_mig_mode`] achieved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MigModeChange {
+    /// The GPU is in the new mode now.
+    Applied,
+    /// The driver accepted the new mode but applies it only after a GPU reset (or a reboot),
+    /// which Tessera never does: until then the GPU serves neither kind.
+    PendingReset,
 }
 
 /// Why a backend call failed.
@@ -169,6 +183,18 @@ pub trait Backend: Send + Sync {
     /// budgets). The default is `stop`.
     async fn evict(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
         self.stop(id, grace).await
+    }
+    /// Optional capability ([`Capabilities::mig_mode_switch`]): switches MIG mode of GPU `gpu`
+    /// of `node` on or off. Only ever called by an admin's explicit action on an idle GPU of a
+    /// drained node; a backend refuses ([`BackendError::Rejected`]) a GPU that holds work or
+    /// instances, or whose model has no MIG. Idempotent: the mode it already has is `Applied`.
+    /// The default refuses.
+    async fn set_mig_mode(&self, node: &str, gpu: u8, enabled: bool) -> Result<MigModeChange, BackendError> {
+        let _ = (node, gpu, enabled);
+        Err(BackendError::Rejected(format!(
+            "the {} backend cannot change a GPU's MIG mode",
+            self.name()
+        )))
     }
 }
 

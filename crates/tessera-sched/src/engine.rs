@@ -21,7 +21,10 @@
 //!     instances stay configured. [`Engine::mig_layout`] and [`Engine::adopt_layout`] read and
 //!     set layouts.
 //!
-//!   Running instances are never moved in either mode.
+//!   Running instances are never moved in either mode. In `Instance` mode an admin may take a
+//!   GPU of a mig pool out of MIG mode ([`Engine::set_gpu_mig`]): it then serves whole GPUs
+//!   (gangs only of such GPUs) and no instances, until MIG is enabled again; a GPU whose mode
+//!   change waits for a reset serves neither ([`Engine::set_gpu_mig_pending`]).
 //! * **shared** pools: fractions and whole GPUs on time-sliced GPUs, scored by a pluggable
 //!   [`SharedPolicy`]; one tenant per GPU unless the pool allows mixing.
 //!
@@ -125,6 +128,10 @@ pub struct Engine {
     fenced_nodes: std::collections::HashSet<u32>,
     /// Per node, the GPUs taken out of placement (unhealthy): no new placement on them.
     fenced_gpus: HashMap<u32, u16>,
+    /// MIG pools, per node: the GPUs an admin took out of MIG mode (they serve whole GPUs).
+    mig_off: HashMap<u32, u16>,
+    /// Per node, the GPUs whose MIG mode change waits for a GPU reset: out of placement.
+    mig_pending: HashMap<u32, u16>,
     next_epoch: u64,
     scratch: Vec<Choice>,
 }
@@ -160,6 +167,8 @@ impl Engine {
             blocked: Default::default(),
             fenced_nodes: Default::default(),
             fenced_gpus: HashMap::new(),
+            mig_off: HashMap::new(),
+            mig_pending: HashMap::new(),
             next_epoch: 1,
             scratch: Vec::new(),
             fleet,
@@ -316,15 +325,17 @@ impl Engine {
     /// The pools a request may go to, in the order they are tried (a request naming a pool
     /// gets just that one), or why none can serve its shape.
     pub fn scope(&self, req: &Request) -> Result<Vec<PoolId>, Unplaceable> {
-        let fits = |s: Sharing| match req.shape {
-            Shape::Whole { .. } => matches!(s, Sharing::Whole | Sharing::Shared),
-            Shape::Mig(_) => s == Sharing::Mig,
-            Shape::Fraction { .. } => s == Sharing::Shared,
-            Shape::CpuOnly => true,
+        let fits = |pool: PoolId| match (&req.shape, self.fleet.pool(pool).sharing) {
+            (Shape::Whole { .. }, s) => {
+                matches!(s, Sharing::Whole | Sharing::Shared) || (s == Sharing::Mig && self.pool_has_mig_off(pool))
+            }
+            (Shape::Mig(_), s) => s == Sharing::Mig,
+            (Shape::Fraction { .. }, s) => s == Sharing::Shared,
+            (Shape::CpuOnly, _) => true,
         };
         if let Some(pool) = req.pool {
             let p = self.fleet.pool(pool);
-            if !fits(p.sharing) {
+            if !fits(pool) {
                 return Err(Unplaceable::PoolCannotServe {
                     pool: p.name.clone(),
                     sharing: p.sharing,
@@ -336,7 +347,7 @@ impl Engine {
         // Whole GPUs: dedicated pools first, then shared ones.
         let mut pools: Vec<PoolId> = (0..self.fleet.pools.len() as u16)
             .map(PoolId)
-            .filter(|&p| fits(self.fleet.pool(p).sharing))
+            .filter(|&p| fits(p))
             .collect();
         pools.sort_by_key(|&p| match self.fleet.pool(p).sharing {
             Sharing::Whole => 0,
@@ -549,6 +560,7 @@ impl Engine {
     fn choose_in_pool(&mut self, pool: PoolId, req: &Request) -> Option<Placement> {
         match (self.fleet.pool(pool).sharing, &req.shape) {
             (Sharing::Whole, Shape::Whole { gpus }) => self.choose_whole(pool, req, *gpus),
+            (Sharing::Mig, Shape::Whole { gpus }) => self.choose_whole_mig_off(pool, req, *gpus),
             (Sharing::Mig, Shape::Mig(c)) => self.choose_mig(pool, req, c),
             (Sharing::Whole | Sharing::Mig, Shape::CpuOnly) => self.choose_host(pool, req),
             (Sharing::Shared, _) => self.choose_shared(pool, req),
@@ -596,6 +608,95 @@ impl Engine {
         }
     }
 
+    /// Takes GPU `gpu` of node `n` (a mig pool, `Instance` mode) out of MIG mode (`enabled:
+    /// false`: it serves whole GPUs) or back into it; only while the GPU holds nothing.
+    pub fn set_gpu_mig(&mut self, n: u32, gpu: u8, enabled: bool) -> Result<(), CommitError> {
+        self.mig_switchable(n, gpu)?;
+        let st = &self.state.nodes[n as usize];
+        if !st.gpus[gpu as usize].holders.is_empty() {
+            return Err(CommitError(format!(
+                "GPU {gpu} of {} holds {} allocation(s)",
+                self.fleet.nodes[n as usize].name,
+                st.gpus[gpu as usize].holders.len()
+            )));
+        }
+        let mask = self.mig_off.entry(n).or_default();
+        if enabled {
+            *mask &= !(1 << gpu);
+        } else {
+            *mask |= 1 << gpu;
+        }
+        if *mask == 0 {
+            self.mig_off.remove(&n);
+        }
+        self.touch(n);
+        Ok(())
+    }
+
+    /// Why GPU `gpu` of node `n` cannot change MIG mode in the engine, if it cannot: not a GPU,
+    /// not in a mig pool, a model without MIG, or GPUs laid out as a whole.
+    pub fn mig_switchable(&self, n: u32, gpu: u8) -> Result<(), CommitError> {
+        let Some(node) = self.fleet.nodes.get(n as usize) else {
+            return Err(CommitError(format!("node #{n} does not exist")));
+        };
+        if gpu >= node.gpus {
+            return Err(CommitError(format!("{} has no GPU {gpu}", node.name)));
+        }
+        let model = self.fleet.catalogue.get(node.model);
+        if model.mig.is_none() {
+            return Err(CommitError(format!("{} GPUs have no MIG", model.name)));
+        }
+        let pool = self.fleet.pool(node.pool);
+        if pool.sharing != Sharing::Mig {
+            return Err(CommitError(format!(
+                "pool {} serves {} GPUs; MIG mode is per GPU only in mig pools",
+                pool.name,
+                match pool.sharing {
+                    Sharing::Shared => "shared",
+                    _ => "whole",
+                }
+            )));
+        }
+        if self.mig_mode != crate::mig::MigMode::Instance {
+            return Err(CommitError(
+                "GPUs laid out as a whole follow their configured layout; MIG mode is not switched per GPU".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Marks GPU `gpu` of node `n` as waiting for a reset to apply a MIG mode change (out of
+    /// placement while set).
+    pub fn set_gpu_mig_pending(&mut self, n: u32, gpu: u8, pending: bool) {
+        if gpu >= 16 || n as usize >= self.fleet.nodes.len() {
+            return;
+        }
+        let mask = self.mig_pending.entry(n).or_default();
+        if pending {
+            *mask |= 1 << gpu;
+        } else {
+            *mask &= !(1 << gpu);
+        }
+        if *mask == 0 {
+            self.mig_pending.remove(&n);
+        }
+        self.touch(n);
+    }
+
+    /// The GPUs of node `n` out of MIG mode (mig pools), as a mask.
+    pub fn mig_off_gpus(&self, n: u32) -> u16 {
+        self.mig_off.get(&n).copied().unwrap_or(0)
+    }
+
+    /// The GPUs of node `n` waiting for a reset to change MIG mode, as a mask.
+    pub fn mig_pending_gpus(&self, n: u32) -> u16 {
+        self.mig_pending.get(&n).copied().unwrap_or(0)
+    }
+
+    fn pool_has_mig_off(&self, pool: PoolId) -> bool {
+        self.mig_off.keys().any(|&n| self.fleet.nodes[n as usize].pool == pool)
+    }
+
     /// Whether node `n` is out of placement.
     pub fn node_fenced(&self, n: u32) -> bool {
         self.fenced_nodes.contains(&n)
@@ -606,8 +707,13 @@ impl Engine {
         self.fenced_gpus.get(&n).copied().unwrap_or(0)
     }
 
+    /// The GPUs of node `n` no new placement may use: unhealthy or waiting for a reset.
+    fn out_gpus(&self, n: u32) -> u16 {
+        self.fenced_gpus(n) | self.mig_pending_gpus(n)
+    }
+
     fn gpu_fenced(&self, n: u32, gpu: u8) -> bool {
-        self.fenced_gpus(n) >> gpu & 1 == 1
+        self.out_gpus(n) >> gpu & 1 == 1
     }
 
     /// Bumps a node's epoch so that cached scores of it are recomputed.
@@ -650,7 +756,7 @@ impl Engine {
                     continue;
                 }
                 let node = &self.fleet.nodes[n as usize];
-                let free = self.state.nodes[n as usize].free_mask & !self.fenced_gpus(n);
+                let free = self.state.nodes[n as usize].free_mask & !self.out_gpus(n);
                 if let Some(mask) = whole_choice(node.topology, node.gpus, free, gpus) {
                     return Some(Placement {
                         node: NodeId(n),
@@ -662,6 +768,30 @@ impl Engine {
             }
         }
         None
+    }
+
+    /// Whole GPUs in a mig pool: only the GPUs an admin took out of MIG mode, best fit by node.
+    fn choose_whole_mig_off(&mut self, pool: PoolId, req: &Request, gpus: u8) -> Option<Placement> {
+        let mut best: Option<(u32, u32, u16)> = None;
+        for (&n, &off) in &self.mig_off {
+            let node = &self.fleet.nodes[n as usize];
+            if node.pool != pool || !self.host_fits(n, req) {
+                continue;
+            }
+            let free = self.state.nodes[n as usize].free_mask & off & !self.out_gpus(n);
+            if let Some(mask) = whole_choice(node.topology, node.gpus, free, gpus) {
+                let key = (free.count_ones(), n);
+                if best.is_none_or(|(f, b, _)| key < (f, b)) {
+                    best = Some((key.0, n, mask));
+                }
+            }
+        }
+        best.map(|(_, n, mask)| Placement {
+            node: NodeId(n),
+            grant: Grant::Whole { gpus: mask },
+            units: GpuUnits::whole(gpus as u64),
+            relayout: false,
+        })
     }
 
     fn choose_mig(&mut self, pool: PoolId, req: &Request, choice: &MigChoice) -> Option<Placement> {
@@ -693,7 +823,7 @@ impl Engine {
         for (_, model, pi, key, start) in cands {
             let bucket = &self.mig_index[&(pool.0, model)][key];
             for &(n, g) in bucket {
-                if !self.host_fits(n, req) || self.gpu_fenced(n, g) {
+                if !self.host_fits(n, req) || self.gpu_fenced(n, g) || self.mig_off_gpus(n) >> g & 1 == 1 {
                     continue;
                 }
                 let gm = self.fleet.catalogue.get(tessera_model::ModelId(model));
@@ -825,7 +955,12 @@ impl Engine {
         let sharing = fleet.pool(node.pool).sharing;
         match a.grant {
             Grant::Whole { gpus } => {
-                if sharing == Sharing::Mig || gpus == 0 || gpus & !st.free_mask != 0 {
+                let off = if sharing == Sharing::Mig {
+                    self.mig_off_gpus(a.node.0)
+                } else {
+                    u16::MAX
+                };
+                if gpus & !off != 0 || gpus == 0 || gpus & !st.free_mask != 0 {
                     return bad("GPUs are not free");
                 }
             }
@@ -838,6 +973,9 @@ impl Engine {
                 let Some(g) = st.gpus.get(gpu as usize) else {
                     return bad("no such GPU");
                 };
+                if self.mig_off_gpus(a.node.0) >> gpu & 1 == 1 {
+                    return bad("the GPU is out of MIG mode");
+                }
                 let Some(p) = geom.profiles.get(profile as usize) else {
                     return bad("no such profile");
                 };
@@ -1290,6 +1428,62 @@ mod tests {
         let c = e.place(3, &Request::mig(&cat, "1g.10gb").unwrap()).unwrap().clone();
         assert_ne!(c.grant.gpu_mask(), a.grant.gpu_mask(), "full GPU is skipped");
         assert_eq!(c.units, GpuUnits::milli(125));
+    }
+
+    #[test]
+    fn a_gpu_out_of_mig_mode_serves_whole_gpus_and_no_instances() {
+        let fleet = Arc::new(
+            Fleet::from_toml(
+                "[[pool]]\nname = \"serving\"\nsharing = \"mig\"\n[[pool.nodes]]\nname = \"a\"\ngpu_model = \"A100-80GB\"\ngpus = 2\ncpus = 64\nmemory_gib = 512\nnvlink = \"nvswitch\"\n",
+                "test",
+            )
+            .unwrap(),
+        );
+        let mut e = Engine::new(fleet.clone(), Box::new(BestFit), 1);
+        let cat = fleet.catalogue.clone();
+        let serving = fleet.pool_by_name("serving").unwrap();
+        let whole = Request::whole(1).with_pool(serving);
+        assert_eq!(
+            e.plan(&whole).unwrap_err().field(),
+            Field::Pool,
+            "MIG everywhere: no whole GPU"
+        );
+        // A GPU holding an instance cannot switch; an idle one can.
+        let a = e.place(1, &Request::mig(&cat, "1g.10gb").unwrap()).unwrap().clone();
+        let busy = a.grant.gpu_mask().trailing_zeros() as u8;
+        assert!(e.set_gpu_mig(0, busy, false).is_err());
+        let idle = 1 - busy;
+        e.set_gpu_mig(0, idle, false).unwrap();
+        assert_eq!(e.mig_off_gpus(0), 1 << idle);
+        // The idle GPU serves one whole GPU (never two: the other is in MIG mode) and no
+        // instance: the next 7g cannot go anywhere while the busy GPU holds its 1g.
+        assert!(e.plan(&Request::whole(2).with_pool(serving)).is_err());
+        let w = e.place(2, &whole).unwrap().clone();
+        assert_eq!(w.grant, Grant::Whole { gpus: 1 << idle });
+        assert!(e.plan(&Request::mig(&cat, "7g.80gb").unwrap()).is_err());
+        assert!(e.set_gpu_mig(0, idle, true).is_err(), "it holds a whole GPU now");
+        e.release(2).unwrap();
+        // A whole GPU on a GPU in MIG mode, or an instance on one out of it, is refused.
+        let mut stale = w.clone();
+        stale.id = 3;
+        stale.grant = Grant::Whole { gpus: 1 << busy };
+        assert!(e.restore(stale).is_err());
+        // Back into MIG mode: instances again, no whole GPUs.
+        e.set_gpu_mig(0, idle, true).unwrap();
+        let b = e.place(4, &Request::mig(&cat, "7g.80gb").unwrap()).unwrap().clone();
+        assert_eq!(b.grant.gpu_mask(), 1 << idle);
+        assert!(e.plan(&whole).is_err());
+        // Pending a reset: out of placement altogether.
+        e.release(4).unwrap();
+        e.set_gpu_mig_pending(0, idle, true);
+        assert!(e.plan(&Request::mig(&cat, "7g.80gb").unwrap()).is_err());
+        e.set_gpu_mig_pending(0, idle, false);
+        assert!(e.plan(&Request::mig(&cat, "7g.80gb").unwrap()).is_ok());
+        // Only mig pools switch per GPU.
+        let seed = seed_engine();
+        let training = seed.fleet().pool_by_name("training").unwrap();
+        let n = seed.fleet().pool(training).nodes.start;
+        assert!(seed.mig_switchable(n, 0).unwrap_err().0.contains("serves whole GPUs"));
     }
 
     #[test]

@@ -422,6 +422,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
             reconcile_every: cfg.reconcile_every,
             on_gpu_failure: cfg.on_gpu_failure,
             sim_upgrade: cfg.sim_upgrade,
+            sim_reboot: sim.clone().map(lifecycle::SimReboot),
         },
         metrics: metrics.clone(),
     };

@@ -42,6 +42,12 @@ impl ApiError {
         e
     }
 
+    /// 422 for a well-formed request the target can never satisfy (no field at fault); `kind`
+    /// is the reason's code.
+    pub fn unprocessable(kind: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, kind, "Cannot be done here", detail)
+    }
+
     pub fn bad_request(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "malformed", "Malformed request", detail)
     }

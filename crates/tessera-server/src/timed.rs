@@ -10,7 +10,8 @@ use std::time::Instant;
 use async_trait::async_trait;
 use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{
-    AuditRecord, AuditStore, Change, DrainRecord, FleetStore, GovernanceStore, GpuHealthRecord, ImagePolicyRecord,
+    AuditRecord, AuditStore, Change, DrainRecord, FleetStore, GovernanceStore, GpuHealthRecord, GpuMigRecord,
+    ImagePolicyRecord,
     LeaseRecord, LeaseStore, LedgerStore, NodeStateRecord, ProjectRecord, QuotaRecord, ReplicaRecord, Result,
     Revocation, RolloutRecord, RolloutStore, ServiceMoveRecord, Store, TenancyStore, TenantRecord, TokenRecord,
     TokenStore, UsageInterval, WorkloadFilter, WorkloadStore,
@@ -234,6 +235,12 @@ impl FleetStore for TimedStore {
     }
     async fn service_moves(&self) -> Result<Vec<ServiceMoveRecord>> {
         self.timed("service_moves", self.inner.service_moves()).await
+    }
+    async fn set_gpu_mig(&self, r: &GpuMigRecord) -> Result<()> {
+        self.timed("set_gpu_mig", self.inner.set_gpu_mig(r)).await
+    }
+    async fn gpu_mig_modes(&self) -> Result<Vec<GpuMigRecord>> {
+        self.timed("gpu_mig_modes", self.inner.gpu_mig_modes()).await
     }
 }
 

@@ -319,6 +319,14 @@ async fn isolation_matrix(db: Db) {
             [200, 403, 403, 403, 401],
             [200, 403, 403, 403, 401],
         ),
+        // MIG mode: platform-admin only; h100-00 is in a whole pool, so the admin's call is
+        // refused as not MIG-capable.
+        (
+            "POST",
+            "/api/v1/nodes/{node}/gpus/{gpu}/mig",
+            [422, 403, 403, 403, 401],
+            [422, 403, 403, 403, 401],
+        ),
         (
             "GET",
             "/api/v1/gpus/health",
@@ -433,6 +441,7 @@ async fn isolation_matrix(db: Db) {
                     }
                     ("POST", "/api/v1/sim/faults") => Some(json!({"node": "h100-00", "gpu": 0, "xid": 0})),
                     ("POST", "/api/v1/rollouts") => Some(json!({"pool": "development"})),
+                    ("POST", "/api/v1/nodes/{node}/gpus/{gpu}/mig") => Some(json!({"enabled": false})),
                     ("PUT", _) if template.ends_with("budget") => Some(json!({"monthly_unit_hours": 1000})),
                     ("PUT", _) if template.ends_with("image-policy") => {
                         Some(json!({"registries": ["registry.example.com/team-a/"]}))

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use tessera_backend::Backend;
 use tessera_backend_sim::{SimBackend, SimConfig};
 use tessera_model::Fleet;
 use tessera_server::{ServerConfig, start};
@@ -63,11 +64,12 @@ fn boot(dir: &Path, upgrade: Option<Duration>, token: Option<String>) -> Plane {
 
 impl Plane {
     fn call(&self, m: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        self.call_as(&self.token, m, path, body)
+    }
+
+    fn call_as(&self, token: &str, m: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
         self.rt.block_on(async {
-            let mut rb = self
-                .http
-                .request(m, format!("{}{path}", self.base))
-                .bearer_auth(&self.token);
+            let mut rb = self.http.request(m, format!("{}{path}", self.base)).bearer_auth(token);
             if let Some(b) = body {
                 rb = rb.json(&b);
             }
@@ -212,6 +214,11 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
         let r = a.get(&format!("/api/v1/rollouts/{id}"));
         (r["nodes"][0]["state"] == "upgrading").then_some(())
     });
+    // The simulated upgrade reboots the node: its GPUs are reported lost while it is away.
+    a.until("the upgrading node reported gone", 5, || {
+        let h = a.get("/api/v1/gpus/health");
+        h.as_array().unwrap().iter().any(|g| g["node"] == plan[0]).then_some(())
+    });
     assert_eq!(
         a.node_state(&busy),
         "ready",
@@ -236,6 +243,11 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
     assert_nothing_cut_off(&ws);
     let job_now = ws.iter().find(|w| w["id"] == job["id"]).unwrap();
     assert_eq!(job_now["state"], "succeeded", "the batch job ran to its end: {job_now}");
+    let events = b.get(&format!("/api/v1/workloads/{}/events", svc["id"])).to_string();
+    assert!(
+        events.contains(&format!("being drained for rolling upgrade {id}")),
+        "the moved service's notice names the rollout: {events}"
+    );
 
     // Every node went pending → draining → upgrading → validating → done, audited.
     let audit = b.get("/api/v1/audit?limit=200");
@@ -289,7 +301,8 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
     assert_eq!(line("tessera_rollout_progress_ratio{", "state=\"done\""), 1.0);
     assert_eq!(line("tessera_rollout_nodes{", "state=\"done\""), 2.0);
     let list = b.get("/api/v1/rollouts");
-    assert_eq!(list[0]["id"], id);
+    assert_eq!(list["items"][0]["id"], id);
+    assert_eq!(list["next_cursor"], Value::Null);
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -424,5 +437,134 @@ fn a_removed_node_loses_its_gpus_and_its_return_clears_only_that_cause() {
         (h.as_array().unwrap().len() == 1).then_some(h)
     });
     assert_eq!(h[0]["gpu"], 5, "the XID stays until an admin clears it: {h}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `POST /api/v1/nodes/{node}/gpus/{gpu}/mig`: refused while the node is in placement or the GPU
+/// holds work, accepted on an idle GPU of a cordoned node, after which the GPU serves whole GPUs
+/// (a whole-GPU request to the mig pool lands on it), audited with the change, kept across a
+/// crash; viewers and tenant members are refused.
+#[test]
+fn mig_mode_is_an_admin_action_on_a_drained_gpu_and_survives_a_crash() {
+    let d = dir("mig");
+    let a = boot(&d, None, None);
+    a.tenant();
+    let mig_as = |p: &Plane, token: &str, node: &str, gpu: u64, enabled: bool| {
+        p.call_as(
+            token,
+            Method::POST,
+            &format!("/api/v1/nodes/{node}/gpus/{gpu}/mig"),
+            Some(json!({ "enabled": enabled })),
+        )
+    };
+    let mig = |p: &Plane, node: &str, gpu: u64, enabled: bool| mig_as(p, &p.token, node, gpu, enabled);
+    let whole_on_serving = json!({"tenant": "vision", "project": "train", "name": "w", "kind": "batch",
+        "shape": {"gpus": 1, "pool": "serving"}});
+    let (st, p) = a.call(Method::POST, "/api/v1/workloads", Some(whole_on_serving.clone()));
+    assert_eq!(
+        st,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "MIG everywhere: no whole GPU: {p}"
+    );
+
+    let (st, inst) = a.call(
+        Method::POST,
+        "/api/v1/workloads",
+        Some(
+            json!({"tenant": "vision", "project": "train", "name": "i", "kind": "service",
+            "shape": {"mig": "1g.10gb", "pool": "serving"}}),
+        ),
+    );
+    assert_eq!(st, StatusCode::CREATED, "{inst}");
+    let inst = a.until("the instance running", 10, || {
+        let w = a.get(&format!("/api/v1/workloads/{}", inst["id"]));
+        (w["state"] == "running").then_some(w)
+    });
+    let node = node_of(&inst);
+    let busy = inst["allocation"]["gpus"][0].as_u64().unwrap();
+    let idle = (busy + 1) % 8;
+
+    // Bad input, then the rule: the node out of placement and the GPU idle.
+    let (st, p) = mig(&a, &node, 99, false);
+    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+    let (st, p) = mig(&a, "h100-00", 0, false);
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert!(p["type"].as_str().unwrap().ends_with("not-mig-capable"), "{p}");
+    let (st, p) = a.call(
+        Method::POST,
+        &format!("/api/v1/nodes/{node}/gpus/{idle}/mig"),
+        Some(json!({"enabled": "no"})),
+    );
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    let (st, p) = mig(&a, &node, idle, false);
+    assert_eq!(st, StatusCode::CONFLICT, "{p}");
+    assert!(p["type"].as_str().unwrap().ends_with("node-in-placement"), "{p}");
+    let (st, _) = a.call(Method::POST, &format!("/api/v1/nodes/{node}/cordon"), None);
+    assert_eq!(st, StatusCode::OK);
+    let (st, p) = mig(&a, &node, busy, false);
+    assert_eq!(st, StatusCode::CONFLICT, "{p}");
+    assert!(p["type"].as_str().unwrap().ends_with("gpu-busy"), "{p}");
+    let (st, v) = mig(&a, &node, idle, false);
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(
+        (&v["enabled"], &v["pending"], &v["serves"], &v["changed"]),
+        (&json!(false), &json!(false), &json!("whole"), &json!(true)),
+        "{v}"
+    );
+    let (st, v) = mig(&a, &node, idle, false);
+    assert_eq!(
+        (st, &v["changed"]),
+        (StatusCode::OK, &json!(false)),
+        "the same mode twice: {v}"
+    );
+
+    // Audited with the change.
+    let audit = a.get("/api/v1/audit?limit=50");
+    let target = format!("/api/v1/nodes/{node}/gpus/{idle}/mig");
+    assert!(
+        audit["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["target"] == target.as_str() && r["outcome"] == 200 && r["actor"].is_string()),
+        "{audit}"
+    );
+
+    // Back in placement, the GPU serves a whole GPU.
+    a.call(Method::POST, &format!("/api/v1/nodes/{node}/uncordon"), None);
+    let (st, w) = a.call(Method::POST, "/api/v1/workloads", Some(whole_on_serving.clone()));
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+    let w = a.until("the whole GPU running", 10, || {
+        let w = a.get(&format!("/api/v1/workloads/{}", w["id"]));
+        (w["state"] == "running").then_some(w)
+    });
+    assert_eq!(node_of(&w), node);
+    assert_eq!(w["allocation"]["gpus"], json!([idle]));
+
+    // Viewers and tenant members cannot.
+    let (_, t) = a.call(
+        Method::POST,
+        "/api/v1/tokens",
+        Some(json!({"tenant": "vision", "role": "member"})),
+    );
+    let (st, p) = mig_as(&a, t["token"].as_str().unwrap(), &node, idle, true);
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+
+    // A crash: the mode is restored before the allocations (the whole GPU is re-applied onto
+    // the GPU out of MIG mode), and the simulated backend is told again.
+    let token = a.token.clone();
+    drop(a);
+    let b = boot(&d, None, Some(token));
+    let w = b.get(&format!("/api/v1/workloads/{}", w["id"]));
+    assert_eq!(w["state"], "running", "{w}");
+    let (st, v) = mig(&b, &node, idle, false);
+    assert_eq!((st, &v["changed"]), (StatusCode::OK, &json!(false)), "{v}");
+    let plan = tessera_backend::PartitionPlan::Instance {
+        node: node.clone(),
+        gpu: idle as u8,
+        instance: tessera_backend::MigInstance::new("1g.10gb", 19, 0, 1),
+    };
+    let e = b.rt.block_on(b.sim.partition(&plan)).unwrap_err();
+    assert!(e.to_string().contains("not in MIG mode"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }

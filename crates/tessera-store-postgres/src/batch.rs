@@ -82,6 +82,7 @@ struct Plan<'b> {
     opens: Vec<&'b UsageInterval>,
     closes: Vec<Close>,
     audit: Vec<&'b AuditRecord>,
+    mig: Vec<&'b tessera_store::GpuMigRecord>,
 }
 
 impl<'b> Plan<'b> {
@@ -148,6 +149,7 @@ impl<'b> Plan<'b> {
                     util_avg: *util_avg,
                 }),
                 Change::Audit(a) => plan.audit.push(a),
+                Change::GpuMig(r) => plan.mig.push(r),
                 // Checked before the plan is written (see `commit`).
                 Change::Fence(_) => {}
             }
@@ -164,6 +166,9 @@ impl<'b> Plan<'b> {
         ledger::open(conn, &self.opens).await?;
         ledger::close(conn, &self.closes).await?;
         audit::append(conn, &self.audit).await?;
+        for r in &self.mig {
+            crate::fleet::write_gpu_mig(&mut *conn, r).await?;
+        }
         Ok(())
     }
 }

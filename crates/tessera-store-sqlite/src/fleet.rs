@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 use tessera_domain::WorkloadId;
 use tessera_store::{
-    DrainRecord, FleetStore, GpuHealthRecord, HealthCause, NodeStateRecord, Result, ServiceMoveRecord, StoreError,
+    DrainRecord, FleetStore, GpuHealthRecord, GpuMigRecord, HealthCause, NodeStateRecord, Result, ServiceMoveRecord,
+    StoreError,
 };
 
 use crate::{SqliteStore, col, db, i64_of, narrow, narrow_opt, u64_of};
@@ -178,4 +179,49 @@ impl FleetStore for SqliteStore {
             })
             .collect()
     }
+
+    async fn set_gpu_mig(&self, r: &GpuMigRecord) -> Result<()> {
+        write_gpu_mig(&self.pool, r).await
+    }
+
+    async fn gpu_mig_modes(&self) -> Result<Vec<GpuMigRecord>> {
+        let rows =
+            sqlx::query("SELECT node, gpu, enabled, pending, since, detail FROM gpu_mig_modes ORDER BY node, gpu")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(GpuMigRecord {
+                    node: col(r, "node")?,
+                    gpu: narrow(col(r, "gpu")?, "gpu")?,
+                    enabled: col(r, "enabled")?,
+                    pending: col(r, "pending")?,
+                    since: col(r, "since")?,
+                    detail: col(r, "detail")?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Upserts a GPU's MIG mode record (alone, or inside a lifecycle batch's transaction).
+pub(crate) async fn write_gpu_mig<'c, E>(conn: E, r: &GpuMigRecord) -> Result<()>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Sqlite>,
+{
+    sqlx::query(
+        "INSERT INTO gpu_mig_modes (node, gpu, enabled, pending, since, detail) VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (node, gpu) DO UPDATE SET enabled = $3, pending = $4, since = $5, detail = $6",
+    )
+    .bind(&r.node)
+    .bind(i64::from(r.gpu))
+    .bind(r.enabled)
+    .bind(r.pending)
+    .bind(r.since)
+    .bind(&r.detail)
+    .execute(conn)
+    .await
+    .map_err(db)?;
+    Ok(())
 }

@@ -1797,6 +1797,29 @@ pub async fn gpu_health_and_node_states(s: &dyn Store) {
     assert!(s.clear_node_state("a100-00").await.unwrap());
     assert!(!s.clear_node_state("a100-00").await.unwrap());
     assert_eq!(s.node_states().await.unwrap(), vec![node("l40s-02", "maintenance", 3)]);
+
+    let mig = |node: &str, gpu: u8, enabled: bool, pending: bool, since: i64| crate::GpuMigRecord {
+        node: node.into(),
+        gpu,
+        enabled,
+        pending,
+        since,
+        detail: format!("set by admin at {since}"),
+    };
+    assert!(s.gpu_mig_modes().await.unwrap().is_empty());
+    s.set_gpu_mig(&mig("a100-01", 3, false, false, 4)).await.unwrap();
+    s.set_gpu_mig(&mig("a100-00", 7, true, true, 5)).await.unwrap();
+    // A later change of the same GPU replaces the earlier one.
+    s.set_gpu_mig(&mig("a100-01", 3, true, false, 6)).await.unwrap();
+    assert_eq!(
+        s.gpu_mig_modes().await.unwrap(),
+        vec![mig("a100-00", 7, true, true, 5), mig("a100-01", 3, true, false, 6)]
+    );
+    // Through a lifecycle batch, as an admin's change commits with its audit record.
+    s.commit(&[crate::Change::GpuMig(mig("a100-00", 7, false, false, 7))])
+        .await
+        .unwrap();
+    assert_eq!(s.gpu_mig_modes().await.unwrap()[0], mig("a100-00", 7, false, false, 7));
 }
 
 /// Drains keep their deadline and policy, service moves their replacement; both upserted,

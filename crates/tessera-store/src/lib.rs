@@ -205,6 +205,9 @@ pub enum Change {
     /// [`AuditStore::append_audit`]'s (the record's `seq` is ignored): numbers stay unique and
     /// increasing across both paths, and the records of one batch get them in batch order.
     Audit(AuditRecord),
+    /// Records (or replaces) the MIG mode an admin set on a GPU, as
+    /// [`FleetStore::set_gpu_mig`] does, with the batch (and so with its audit record).
+    GpuMig(GpuMigRecord),
 }
 
 /// The leader's credentials in a fenced batch ([`Change::Fence`]).
@@ -459,6 +462,21 @@ pub struct NodeStateRecord {
     pub detail: String,
 }
 
+/// The MIG mode an admin set on a GPU (a GPU without a record has its pool's mode).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuMigRecord {
+    pub node: String,
+    pub gpu: u8,
+    /// The mode asked for.
+    pub enabled: bool,
+    /// The driver applies it only after a GPU reset (Tessera never resets a GPU).
+    pub pending: bool,
+    /// Milliseconds since the Unix epoch.
+    pub since: i64,
+    /// Who asked.
+    pub detail: String,
+}
+
 /// A drain in progress: what its policy is, so that a restart resumes it unchanged.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DrainRecord {
@@ -506,6 +524,10 @@ pub trait FleetStore: Send + Sync {
     async fn clear_service_move(&self, old: WorkloadId) -> Result<bool>;
     /// Every service move in progress, by old workload.
     async fn service_moves(&self) -> Result<Vec<ServiceMoveRecord>>;
+    /// Records (or replaces) the MIG mode an admin set on a GPU.
+    async fn set_gpu_mig(&self, r: &GpuMigRecord) -> Result<()>;
+    /// Every GPU whose MIG mode an admin set, by node then GPU.
+    async fn gpu_mig_modes(&self) -> Result<Vec<GpuMigRecord>>;
 }
 
 /// Where a rolling upgrade stands.

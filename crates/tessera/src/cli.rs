@@ -619,7 +619,7 @@ fn filter_query(f: &FleetFilterArgs) -> String {
     q.join("&")
 }
 
-async fn all_pages<T: serde::de::DeserializeOwned>(client: &Client, path: &str) -> Result<Vec<T>> {
+pub(crate) async fn all_pages<T: serde::de::DeserializeOwned>(client: &Client, path: &str) -> Result<Vec<T>> {
     let mut out = Vec::new();
     let mut cursor: Option<String> = None;
     loop {

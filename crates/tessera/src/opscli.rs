@@ -1,11 +1,12 @@
 //! Fleet-operation verbs of the CLI (platform-admin): `gpu health` lists the GPUs out of
 //! placement because they failed, `gpu clear NODE/GPU` puts one back; `node cordon|drain|
-//! maintenance|uncordon NODE` changes a node's state.
+//! maintenance|uncordon NODE` changes a node's state; `node mig enable|disable NODE[/GPU]`
+//! switches MIG mode of a drained GPU (or of every GPU of a drained node).
 
 use anyhow::{Result, anyhow};
 use clap::Subcommand;
 use reqwest::Method;
-use tessera_api::{GpuHealthView, NodeView};
+use tessera_api::{GpuHealthView, GpuMigView, NodeView, SetMigMode};
 
 use crate::cli::{Common, Output, print_json, table};
 use crate::client::Client;
@@ -45,11 +46,87 @@ pub enum NodeCmd {
     /// Rolling upgrades' hook: the upgrade of this node is finished (it is validated, then
     /// uncordoned).
     Done { node: String },
+    /// Switch MIG mode of GPUs of a drained node (cordoned, draining or in maintenance, the GPU
+    /// idle): `enable` (the GPU serves MIG instances) or `disable` (it serves whole GPUs).
+    /// Tessera never does this on its own. Audited.
+    Mig {
+        #[command(subcommand)]
+        action: MigAction,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum MigAction {
+    /// MIG mode on: the GPU serves MIG instances.
+    Enable {
+        /// `NODE/GPU`, or `NODE` for every GPU of the node.
+        target: String,
+    },
+    /// MIG mode off: the GPU serves whole GPUs.
+    Disable {
+        /// `NODE/GPU`, or `NODE` for every GPU of the node.
+        target: String,
+    },
+}
+
+/// `tessera node mig enable|disable NODE[/GPU]`: one call per GPU, stopping at the first
+/// refusal (the GPUs before it keep their new mode, and say so).
+async fn mig(c: &Common, action: MigAction) -> Result<()> {
+    let client = Client::new(&c.conn)?;
+    let (enabled, target) = match action {
+        MigAction::Enable { target } => (true, target),
+        MigAction::Disable { target } => (false, target),
+    };
+    let (node, gpus): (String, Vec<u8>) = if target.contains('/') {
+        let (node, gpu) = parse_gpu(&target)?;
+        (node, vec![gpu])
+    } else {
+        let nodes: Vec<NodeView> = crate::cli::all_pages(&client, "/api/v1/nodes?").await?;
+        let n = nodes
+            .iter()
+            .find(|n| n.name == target)
+            .ok_or_else(|| anyhow!("no node `{target}` in the fleet"))?;
+        (target.clone(), (0..n.gpus).collect())
+    };
+    let mut views = Vec::new();
+    for gpu in gpus {
+        let path = format!("/api/v1/nodes/{node}/gpus/{gpu}/mig");
+        let v: GpuMigView = client
+            .post(&path, &SetMigMode { enabled })
+            .await
+            .map_err(|e| match views.len() {
+                0 => e,
+                k => anyhow!("{e} (GPU {gpu}; the {k} GPU(s) before it were switched)"),
+            })?;
+        if matches!(c.output, Output::Table) {
+            let mode = if v.enabled { "on" } else { "off" };
+            println!(
+                "{}/{}: MIG {mode}{}",
+                v.node,
+                v.gpu,
+                match (v.pending, v.changed) {
+                    (true, _) =>
+                        " pending a GPU reset (Tessera never resets a GPU); no placement on it until then".to_string(),
+                    (false, false) => " already".to_string(),
+                    (false, true) => format!("; serves {}", if v.enabled { "MIG instances" } else { "whole GPUs" }),
+                }
+            );
+        }
+        views.push(v);
+    }
+    match c.output {
+        Output::Json | Output::Csv => print_json(&views),
+        Output::Table => Ok(()),
+    }
 }
 
 pub async fn node(c: &Common, cmd: NodeCmd) -> Result<()> {
+    if let NodeCmd::Mig { action } = cmd {
+        return mig(c, action).await;
+    }
     let client = Client::new(&c.conn)?;
     let (node, path) = match &cmd {
+        NodeCmd::Mig { .. } => unreachable!("handled above"),
         NodeCmd::Cordon { node } => (node, format!("/api/v1/nodes/{node}/cordon")),
         NodeCmd::Maintenance { node } => (node, format!("/api/v1/nodes/{node}/maintenance")),
         NodeCmd::Uncordon { node } => (node, format!("/api/v1/nodes/{node}/uncordon")),

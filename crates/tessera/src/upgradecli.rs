@@ -166,7 +166,7 @@ pub async fn upgrade(c: &Common, cmd: UpgradeCmd) -> Result<()> {
             }
         }
         UpgradeCmd::Status { id: None } => {
-            let all: Vec<RolloutView> = client.get("/api/v1/rollouts").await?;
+            let all: Vec<RolloutView> = crate::cli::all_pages(&client, "/api/v1/rollouts?").await?;
             match c.output {
                 Output::Json | Output::Csv => print_json(&all),
                 Output::Table => {

@@ -84,6 +84,7 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(health::gpu_health))
         .routes(routes!(health::clear_gpu))
         .routes(routes!(nodeops::node_action))
+        .routes(routes!(nodeops::set_mig_mode))
         .routes(routes!(rollouts::list_rollouts, rollouts::create_rollout))
         .routes(routes!(rollouts::get_rollout))
         .routes(routes!(rollouts::cancel_rollout))

@@ -1,14 +1,17 @@
 //! Node lifecycle (platform-admin, audited by the middleware): cordon, drain, maintenance and
-//! uncordon one node; the node's state shows in `GET /api/v1/nodes` and `/metrics`.
+//! uncordon one node; the node's state shows in `GET /api/v1/nodes` and `/metrics`. And a GPU's
+//! MIG mode, switched by an admin on a drained GPU (audited with the change).
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tessera_api::{NodeView, Problem};
+use tessera_api::{GpuMigView, NodeView, Problem, SetMigMode};
 use utoipa::IntoParams;
 
 use super::workloads::lifecycle_error;
-use super::{ApiQuery, views};
+use super::{ApiJson, ApiQuery, views};
+use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::lifecycle::NodeOp;
 use crate::problem::{ApiError, ApiResult};
@@ -111,6 +114,83 @@ pub async fn node_action(
     let ops = s.lifecycle.published().ops();
     let i = n.0 as usize;
     Ok(Json(views::node(&snap.fleet, i, &snap.nodes[i], ops.node_state(&node))))
+}
+
+/// Switches a GPU's MIG mode (platform-admin; audited with the change). Tessera never does this
+/// on its own. The GPU's node must be out of placement (cordoned, draining or in maintenance)
+/// and the GPU must hold no work; the backend must be able to switch MIG mode (not Kubernetes,
+/// where the GPU Operator's MIG manager owns it); the GPU must be of a model with MIG in a mig
+/// pool. Out of MIG mode the GPU serves whole GPUs; in MIG mode, instances. A change the driver
+/// applies only after a GPU reset is `pending` (no placement on the GPU until then; Tessera
+/// never resets a GPU): after the reset, send the same change again.
+#[utoipa::path(post, path = "/api/v1/nodes/{node}/gpus/{gpu}/mig", tag = "fleet", request_body = SetMigMode,
+    params(("node" = String, Path, description = "The node's name"),
+        ("gpu" = u8, Path, description = "The GPU's index on the node", minimum = 0, maximum = 15)),
+    responses((status = 200, description = "The GPU's MIG mode now (`changed: false`: it had it already)", body = GpuMigView),
+        (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, description = "No such node or GPU", body = Problem),
+        (status = 409, description = "`node-in-placement`: the node is not cordoned, draining or in maintenance; `gpu-busy`: work is on the GPU; `backend-refused`: the backend or driver refused", body = Problem),
+        (status = 422, description = "Not a GPU index or body; `mig-mode-unsupported`: the backend cannot switch MIG mode; `not-mig-capable`: the model has no MIG or the pool is not a mig pool", body = Problem),
+        (status = 503, description = "The backend or the store could not be reached", body = Problem)))]
+pub async fn set_mig_mode(
+    State(s): State<AppState>,
+    id: Identity,
+    rid: Option<Extension<RequestId>>,
+    Path((node, gpu)): Path<(String, String)>,
+    ApiJson(b): ApiJson<SetMigMode>,
+) -> ApiResult<Response> {
+    id.require_admin()?;
+    let gpu: u8 = gpu
+        .parse()
+        .map_err(|_| ApiError::invalid("gpu", format!("`{gpu}` is not a GPU index (0–15)")))?;
+    let n = s
+        .fleet
+        .node_by_name(&node)
+        .ok_or_else(|| ApiError::not_found(format!("no node `{node}` in the fleet")))?;
+    let gpus = s.fleet.node(n).gpus;
+    if gpu >= gpus {
+        return Err(ApiError::not_found(format!(
+            "node `{node}` has {gpus} GPUs (0..={}); there is no GPU {gpu}",
+            gpus.saturating_sub(1)
+        )));
+    }
+    let audit = tessera_store::AuditRecord {
+        seq: 0,
+        at: now_ms(),
+        request_id: rid.map(|Extension(r)| r.0).unwrap_or_default(),
+        actor: id.actor.clone(),
+        tenant: None,
+        action: "POST /api/v1/nodes/{node}/gpus/{gpu}/mig".into(),
+        target: format!("/api/v1/nodes/{node}/gpus/{gpu}/mig"),
+        outcome: 200,
+        detail: String::new(),
+    };
+    let o = s
+        .lifecycle
+        .set_mig_mode(node, gpu, b.enabled, audit)
+        .await
+        .map_err(lifecycle_error)?;
+    let r = &o.record;
+    let view = GpuMigView {
+        node: r.node.clone(),
+        gpu: r.gpu,
+        enabled: r.enabled,
+        pending: r.pending,
+        serves: match (r.pending, r.enabled) {
+            (true, _) => "nothing",
+            (false, true) => "instances",
+            (false, false) => "whole",
+        }
+        .into(),
+        changed: o.changed,
+        detail: r.detail.clone(),
+    };
+    let mut resp = Json(view).into_response();
+    // A change committed its audit record with it; a no-op is audited by the middleware.
+    if o.changed {
+        resp.extensions_mut().insert(Audited);
+    }
+    Ok(resp)
 }
 
 #[cfg(test)]

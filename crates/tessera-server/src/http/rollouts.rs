@@ -6,12 +6,13 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
-use tessera_api::{CreateRollout, Problem, RolloutAfter, RolloutNodeView, RolloutView, rfc3339_ms};
+use tessera_api::rules::{self, Validate, Violation};
+use tessera_api::{CreateRollout, Page, Problem, RolloutAfter, RolloutNodeView, RolloutView, rfc3339_ms};
 use tessera_store::{RolloutNodeState, RolloutRecord};
 use utoipa::IntoParams;
 
 use super::workloads::lifecycle_error;
-use super::{ApiJson, ApiPath};
+use super::{ApiJson, ApiPath, ApiQuery, DEFAULT_LIMIT, check_limit, page};
 use crate::AppState;
 use crate::auth::Identity;
 use crate::lifecycle::NewRollout;
@@ -112,13 +113,47 @@ pub async fn create_rollout(
     Ok((StatusCode::CREATED, Json(view(&r))))
 }
 
-/// Every rollout, newest first.
-#[utoipa::path(get, path = "/api/v1/rollouts", tag = "fleet",
-    responses((status = 200, body = Vec<RolloutView>), (status = 401, body = Problem), (status = 403, body = Problem)))]
-pub async fn list_rollouts(State(s): State<AppState>, id: Identity) -> ApiResult<Json<Vec<RolloutView>>> {
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RolloutListParams {
+    /// Rollouts per page (default 100).
+    #[param(schema_with = rules::schema::page_limit)]
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page (a rollout id): the page starts below it.
+    #[param(schema_with = rules::schema::cursor_id)]
+    pub cursor: Option<u64>,
+}
+
+impl Validate for RolloutListParams {
+    fn validate(&self) -> Result<(), Violation> {
+        check_limit(self.limit)?;
+        if let Some(c) = self.cursor {
+            rules::ID.check_u64("cursor", c)?;
+        }
+        Ok(())
+    }
+}
+
+/// The rollouts, newest first, a page at a time (follow `next_cursor`).
+#[utoipa::path(get, path = "/api/v1/rollouts", tag = "fleet", params(RolloutListParams),
+    responses((status = 200, body = Page<RolloutView>), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 422, description = "`limit` or `cursor` out of range", body = Problem)))]
+pub async fn list_rollouts(
+    State(s): State<AppState>,
+    id: Identity,
+    ApiQuery(q): ApiQuery<RolloutListParams>,
+) -> ApiResult<Json<Page<RolloutView>>> {
     id.require_admin()?;
+    let l = q.limit.unwrap_or(DEFAULT_LIMIT);
     let ops = s.lifecycle.published().ops();
-    Ok(Json(ops.rollouts.values().rev().map(view).collect()))
+    let items: Vec<RolloutView> = ops
+        .rollouts
+        .range(..q.cursor.unwrap_or(u64::MAX))
+        .rev()
+        .take(l as usize + 1)
+        .map(|(_, r)| view(r))
+        .collect();
+    Ok(Json(page(items, l, |r| r.id.to_string())))
 }
 
 /// One rollout with the state of each node (times and reasons).

@@ -74,6 +74,8 @@ pub fn lifecycle_error(e: LifecycleError) -> ApiError {
         LifecycleError::NotFound { .. } => ApiError::not_found(e.to_string()),
         LifecycleError::Unavailable(why) => ApiError::unavailable(why),
         LifecycleError::Conflict(why) => ApiError::conflict(why),
+        LifecycleError::Mig(r, why) if r.is_state() => ApiError::conflict(why).with_kind(r.code()),
+        LifecycleError::Mig(r, why) => ApiError::unprocessable(r.code(), why),
     }
 }
 

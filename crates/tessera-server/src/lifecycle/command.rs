@@ -65,6 +65,8 @@ pub enum LifecycleError {
     Conflict(String),
     /// The store or the loop cannot take changes now; nothing was changed.
     Unavailable(String),
+    /// An admin's MIG mode change was refused, and why.
+    Mig(super::migmode::MigRefusal, String),
 }
 
 impl std::fmt::Display for LifecycleError {
@@ -79,7 +81,9 @@ impl std::fmt::Display for LifecycleError {
             }
             LifecycleError::Ended { id } => write!(f, "workload {id} has already ended"),
             LifecycleError::NotFound { id } => write!(f, "no workload {id}"),
-            LifecycleError::Unavailable(why) | LifecycleError::Conflict(why) => f.write_str(why),
+            LifecycleError::Unavailable(why) | LifecycleError::Conflict(why) | LifecycleError::Mig(_, why) => {
+                f.write_str(why)
+            }
         }
     }
 }
@@ -114,6 +118,14 @@ pub enum Cmd {
         gpu: u8,
         audit: Box<tessera_store::AuditRecord>,
         reply: Reply<()>,
+    },
+    /// A platform admin switches a GPU's MIG mode; the audit record commits with the change.
+    SetMigMode {
+        node: String,
+        gpu: u8,
+        enabled: bool,
+        audit: Box<tessera_store::AuditRecord>,
+        reply: Reply<super::migmode::MigOutcome>,
     },
     /// A platform admin starts a rolling upgrade of a pool (audited by the HTTP layer).
     StartRollout {
@@ -207,6 +219,24 @@ impl Lifecycle {
         self.ask(|reply| Cmd::ClearGpu {
             node,
             gpu,
+            audit: Box::new(audit),
+            reply,
+        })
+        .await
+    }
+
+    /// Switches a GPU's MIG mode (the caller checked that the GPU exists).
+    pub async fn set_mig_mode(
+        &self,
+        node: String,
+        gpu: u8,
+        enabled: bool,
+        audit: tessera_store::AuditRecord,
+    ) -> Result<super::migmode::MigOutcome, LifecycleError> {
+        self.ask(|reply| Cmd::SetMigMode {
+            node,
+            gpu,
+            enabled,
             audit: Box::new(audit),
             reply,
         })

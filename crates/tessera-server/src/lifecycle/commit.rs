@@ -24,6 +24,8 @@ pub(super) enum ReplyTo {
     /// The workload's record after the batch.
     Workload(Reply<Arc<Workload>>, WorkloadId),
     Done(Reply<()>),
+    /// An admin's MIG mode change, answered once it is stored.
+    Mig(Reply<super::migmode::MigOutcome>, super::migmode::MigOutcome),
 }
 
 struct Pending {
@@ -106,6 +108,11 @@ impl Batch {
         self.audit.push(Change::Audit(r));
     }
 
+    /// A fleet change (a GPU's MIG mode) committed with the batch, before its audit record.
+    pub fn change(&mut self, c: Change) {
+        self.audit.push(c);
+    }
+
     /// Backend work to start after the commit.
     pub fn op(&mut self, id: WorkloadId, op: Op) {
         self.ops.push((id, op));
@@ -186,6 +193,9 @@ impl Core {
                         ReplyTo::Done(tx) => {
                             let _ = tx.send(Err(err()));
                         }
+                        ReplyTo::Mig(tx, _) => {
+                            let _ = tx.send(Err(err()));
+                        }
                     }
                 }
                 if fenced {
@@ -243,6 +253,9 @@ impl Core {
                 }
                 ReplyTo::Done(tx) => {
                     let _ = tx.send(Ok(()));
+                }
+                ReplyTo::Mig(tx, outcome) => {
+                    let _ = tx.send(Ok(outcome));
                 }
             }
         }

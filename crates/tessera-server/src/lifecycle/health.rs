@@ -55,6 +55,8 @@ pub struct FleetOps {
     pub nodes: BTreeMap<String, NodeStateRecord>,
     /// Rolling upgrades, by id (every stored one).
     pub rollouts: BTreeMap<u64, RolloutRecord>,
+    /// MIG modes an admin set, by `(node, gpu)`.
+    pub mig: BTreeMap<(String, u8), tessera_store::GpuMigRecord>,
 }
 
 impl FleetOps {
@@ -236,6 +238,8 @@ impl Core {
         for r in self.store.rollouts().await? {
             ops.rollouts.insert(r.id, r);
         }
+        let mig = self.store.gpu_mig_modes().await?;
+        self.restore_mig_modes(mig, &mut ops).await;
         for r in self.store.unhealthy_gpus().await? {
             if let Some(n) = self.fleet.node_by_name(&r.node) {
                 self.sched.engine.fence_gpu(n.0, r.gpu, true);
@@ -256,6 +260,15 @@ impl Core {
                         deadline_ms: d.and_then(|d| d.deadline_ms),
                         preempt: d.is_some_and(|d| d.preempt),
                         noticed: Default::default(),
+                        rollout: ops
+                            .rollouts
+                            .values()
+                            .find(|ro| {
+                                ro.nodes
+                                    .iter()
+                                    .any(|n| n.node == r.node && n.state == tessera_store::RolloutNodeState::Draining)
+                            })
+                            .map(|ro| ro.id),
                     },
                 );
             }

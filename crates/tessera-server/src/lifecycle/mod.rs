@@ -22,6 +22,7 @@ pub mod effects;
 mod follower;
 mod health;
 mod metering;
+mod migmode;
 mod nodeops;
 pub mod placement;
 mod recover;
@@ -50,6 +51,7 @@ use commit::{Batch, ReplyTo};
 use effects::{Op, OpResult, Runner};
 pub use health::{CRITICAL_XIDS, FleetOps, GpuFailurePolicy, is_critical};
 use metering::MonthBook;
+pub use migmode::{MigOutcome, MigRefusal};
 pub use nodeops::NodeOp;
 use placement::NodeIndex;
 pub use rollout::{NewRollout, VALIDATE_WITHIN_MS};
@@ -73,6 +75,19 @@ pub struct Settings {
     /// The length of a simulated node upgrade in a rollout; `None`: a rollout waits for
     /// `tessera node done NODE`.
     pub sim_upgrade: Option<Duration>,
+    /// The simulated backend, rebooted node by node during a simulated upgrade (the node is
+    /// reported gone, then back).
+    pub sim_reboot: Option<SimReboot>,
+}
+
+/// The simulated backend a simulated upgrade reboots nodes of.
+#[derive(Clone)]
+pub struct SimReboot(pub Arc<tessera_backend_sim::SimBackend>);
+
+impl std::fmt::Debug for SimReboot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SimReboot")
+    }
 }
 
 impl Default for Settings {
@@ -82,6 +97,7 @@ impl Default for Settings {
             reconcile_every: Duration::from_secs(30),
             on_gpu_failure: GpuFailurePolicy::Leave,
             sim_upgrade: None,
+            sim_reboot: None,
         }
     }
 }
@@ -485,6 +501,24 @@ impl Core {
                 Ok(()) => {
                     batch.full_publish = true;
                     batch.reply(ReplyTo::Done(reply));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Cmd::SetMigMode {
+                node,
+                gpu,
+                enabled,
+                audit,
+                reply,
+            } => match self.set_mig_mode(&node, gpu, enabled, *audit, batch, now).await {
+                Ok(o) if o.changed => {
+                    batch.full_publish = true;
+                    batch.reply(ReplyTo::Mig(reply, o));
+                }
+                Ok(o) => {
+                    let _ = reply.send(Ok(o));
                 }
                 Err(e) => {
                     let _ = reply.send(Err(e));

@@ -44,6 +44,18 @@ pub(super) struct Drain {
     pub preempt: bool,
     /// Workloads already told.
     pub noticed: HashSet<WorkloadId>,
+    /// The rolling upgrade that drains the node, named in the notices.
+    pub rollout: Option<u64>,
+}
+
+impl Drain {
+    /// How notices name the drain: `node N is being drained[ for rollout R …]`.
+    fn what(&self, node: &str) -> String {
+        match self.rollout {
+            Some(r) => format!("node {node} is being drained for rolling upgrade {r} (`tessera upgrade status {r}`)"),
+            None => format!("node {node} is being drained"),
+        }
+    }
 }
 
 /// The drains in progress and the services being moved (old → replacement).
@@ -155,18 +167,22 @@ impl Core {
                     .await
             }
             NodeOp::Drain { deadline_ms, preempt } => {
-                self.start_drain(node, deadline_ms, preempt, actor, batch, now).await
+                self.start_drain(node, deadline_ms, preempt, actor, None, batch, now)
+                    .await
             }
         }
     }
 
-    /// Drains a node: cordoned, its policy stored, and the first drain step taken at once.
+    /// Drains a node: cordoned, its policy stored, and the first drain step taken at once;
+    /// `rollout`: the rolling upgrade that takes the node, named in the notices.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn start_drain(
         &mut self,
         node: &str,
         deadline_ms: Option<i64>,
         preempt: bool,
         actor: &str,
+        rollout: Option<u64>,
         batch: &mut Batch,
         now: i64,
     ) -> Result<(), LifecycleError> {
@@ -193,6 +209,7 @@ impl Core {
                 deadline_ms,
                 preempt,
                 noticed: HashSet::new(),
+                rollout,
             },
         );
         self.drain_step(batch, now).await;
@@ -258,18 +275,17 @@ impl Core {
                 if self.drains.nodes.get(&node).is_some_and(|x| x.noticed.contains(&id)) {
                     continue;
                 }
+                let what = d.what(&node);
                 let text = match kind {
                     Kind::Interactive => format!(
-                        "node {node} is being drained: please finish and end this session {deadline}{}",
+                        "{what}: please finish and end this session {deadline}{}",
                         if d.preempt && d.deadline_ms.is_some() {
                             "; it is stopped then"
                         } else {
                             ""
                         }
                     ),
-                    _ => format!(
-                        "node {node} is being drained: this workload runs to completion, and nothing new starts there"
-                    ),
+                    _ => format!("{what}: this workload runs to completion, and nothing new starts there"),
                 };
                 self.apply(
                     id,
@@ -347,7 +363,12 @@ impl Core {
                         at: now,
                         code: ReasonCode::NodeDrain,
                         detail: format!(
-                            "node {node} is being drained: replacement workload {new} starts elsewhere; this one stops once it runs"
+                            "{}: replacement workload {new} starts elsewhere; this one stops once it runs",
+                            self.drains
+                                .nodes
+                                .get(node)
+                                .map(|d| d.what(node))
+                                .unwrap_or_else(|| format!("node {node} is being drained"))
                         ),
                     },
                     batch,

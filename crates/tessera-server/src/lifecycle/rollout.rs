@@ -282,6 +282,13 @@ impl Core {
                             None => (None, format!("drained; waiting for `tessera node done {}`", n.node)),
                         };
                         r.nodes[i].upgrade_until = until;
+                        // The simulated upgrade reboots the node: gone now, back when it ends
+                        // (validation waits for its GPUs).
+                        if let (Some(s), Some(sim)) = (r.upgrade_s, &self.settings.sim_reboot)
+                            && let Err(e) = sim.0.reboot(&n.node, std::time::Duration::from_secs(s))
+                        {
+                            tracing::warn!(node = %n.node, error = %e, "the simulated upgrade cannot reboot the node");
+                        }
                         self.move_node(&mut r, i, RolloutNodeState::Upgrading, detail, batch, now);
                     } else if self.ops.node_state(&n.node) == "ready" {
                         let detail = "the node was uncordoned during its drain".to_string();
@@ -291,6 +298,11 @@ impl Core {
                 RolloutNodeState::Upgrading if n.upgrade_until.is_some_and(|t| now >= t) => {
                     let detail = "simulated upgrade finished".to_string();
                     self.move_node(&mut r, i, RolloutNodeState::Validating, detail, batch, now);
+                }
+                RolloutNodeState::Validating if self.lost_but_reporting(&n) => {
+                    // The node is back though its return was not seen (a control-plane restart
+                    // while it was away): its lost GPUs report again, so they are back.
+                    self.node_back(&n.node).await;
                 }
                 RolloutNodeState::Validating => match self.validate(&n) {
                     Ok(detail) => {
@@ -381,7 +393,7 @@ impl Core {
             let deadline_ms = r.deadline_s.map(|s| now + s as i64 * 1000);
             let actor = format!("rollout {}", r.id);
             if let Err(e) = self
-                .start_drain(&name, deadline_ms, r.preempt, &actor, batch, now)
+                .start_drain(&name, deadline_ms, r.preempt, &actor, Some(r.id), batch, now)
                 .await
             {
                 tracing::error!(node = %name, error = %e, "cannot drain a node for a rollout; retrying");
@@ -397,6 +409,20 @@ impl Core {
             self.move_node(r, i, RolloutNodeState::Draining, detail, batch, now);
             out_units += u;
         }
+    }
+
+    /// Whether node `n` has GPUs marked lost that report telemetry taken since its step began.
+    fn lost_but_reporting(&self, n: &RolloutNodeRecord) -> bool {
+        let t = self.published.telemetry();
+        let mut lost = self
+            .ops
+            .unhealthy
+            .iter()
+            .filter(|((node, _), h)| node == &n.node && h.cause == tessera_store::HealthCause::Lost)
+            .peekable();
+        lost.peek().is_some()
+            && t.at >= n.since
+            && lost.all(|((_, g), _)| t.gpus.iter().any(|s| s.node == n.node && s.gpu == *g && s.xid == 0))
     }
 
     /// Validates an upgraded node: `Ok(what was checked)`, or why not.

@@ -1,0 +1,192 @@
+//! MIG mode as an explicit platform-admin action (`tessera node mig enable|disable`): Tessera
+//! never switches a GPU's MIG mode on its own.
+//!
+//! The rule: the GPU's node is out of placement (cordoned, draining or in maintenance: nothing
+//! new lands there while the mode changes) and the GPU itself holds no work; the backend can
+//! switch MIG mode ([`tessera_backend::Capabilities::mig_mode_switch`]); the GPU is in a mig
+//! pool of a model with MIG (a GPU out of MIG mode then serves whole GPUs, one in MIG mode
+//! serves instances). The change is made on the backend first, then the engine follows and the
+//! stored record commits with the audit record; a restart re-applies the stored modes to the
+//! engine (before allocations are restored into it) and to the backend (the simulated one
+//! forgets them). A change the driver applies only after a GPU reset is `pending`: the GPU gets
+//! no placement until the admin, after the reset, sends the same change again.
+
+use std::sync::Arc;
+
+use tessera_backend::{BackendError, MigModeChange};
+use tessera_store::{AuditRecord, Change, GpuMigRecord};
+
+use super::commit::Batch;
+use super::{Core, LifecycleError};
+
+/// Why an admin's MIG mode change was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigRefusal {
+    /// The node is still in placement: cordon, drain or put it into maintenance first.
+    NodeInPlacement,
+    /// Work (or a partition) is on the GPU.
+    GpuBusy,
+    /// The backend cannot switch MIG mode (Kubernetes: the GPU Operator's MIG manager owns it).
+    Unsupported,
+    /// The GPU cannot serve both kinds here: its model has no MIG, or its pool is not a mig
+    /// pool.
+    NotMigCapable,
+    /// The backend refused the change (the driver says the GPU is in use, …).
+    BackendRefused,
+}
+
+impl MigRefusal {
+    /// The problem type's code.
+    pub fn code(self) -> &'static str {
+        match self {
+            MigRefusal::NodeInPlacement => "node-in-placement",
+            MigRefusal::GpuBusy => "gpu-busy",
+            MigRefusal::Unsupported => "mig-mode-unsupported",
+            MigRefusal::NotMigCapable => "not-mig-capable",
+            MigRefusal::BackendRefused => "backend-refused",
+        }
+    }
+
+    /// Whether the refusal depends on the current state (409) or never changes (422).
+    pub fn is_state(self) -> bool {
+        matches!(
+            self,
+            MigRefusal::NodeInPlacement | MigRefusal::GpuBusy | MigRefusal::BackendRefused
+        )
+    }
+}
+
+/// The outcome of an admin's MIG mode change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigOutcome {
+    pub record: GpuMigRecord,
+    /// `false` when the GPU was in that mode already (nothing changed, nothing stored).
+    pub changed: bool,
+}
+
+impl Core {
+    /// Switches MIG mode of `gpu` on `node` (the caller checked that the GPU exists). On a
+    /// change, the stored record and `audit` go into `batch`.
+    pub(super) async fn set_mig_mode(
+        &mut self,
+        node: &str,
+        gpu: u8,
+        enabled: bool,
+        mut audit: AuditRecord,
+        batch: &mut Batch,
+        now: i64,
+    ) -> Result<MigOutcome, LifecycleError> {
+        let refuse = |r: MigRefusal, detail: String| Err(LifecycleError::Mig(r, detail));
+        let Some(n) = self.fleet.node_by_name(node) else {
+            return Err(LifecycleError::Conflict(format!("no node `{node}` in the fleet")));
+        };
+        if !self.caps.mig_mode_switch {
+            return refuse(
+                MigRefusal::Unsupported,
+                format!(
+                    "the {} backend does not switch MIG mode (on Kubernetes the GPU Operator's MIG manager owns it)",
+                    self.backend.name()
+                ),
+            );
+        }
+        if let Err(e) = self.sched.engine.mig_switchable(n.0, gpu) {
+            return refuse(MigRefusal::NotMigCapable, e.0);
+        }
+        let engine = &self.sched.engine;
+        let off = engine.mig_off_gpus(n.0) >> gpu & 1 == 1;
+        let pending = engine.mig_pending_gpus(n.0) >> gpu & 1 == 1;
+        if off != enabled && !pending {
+            return Ok(MigOutcome {
+                record: self
+                    .ops
+                    .mig
+                    .get(&(node.to_string(), gpu))
+                    .cloned()
+                    .unwrap_or(GpuMigRecord {
+                        node: node.to_string(),
+                        gpu,
+                        enabled,
+                        pending: false,
+                        since: now,
+                        detail: "the pool's mode".into(),
+                    }),
+                changed: false,
+            });
+        }
+        let state = self.ops.node_state(node);
+        if state == "ready" {
+            return refuse(
+                MigRefusal::NodeInPlacement,
+                format!(
+                    "node {node} is in placement; drain it first (`tessera node drain {node}`): MIG mode changes only on a drained GPU"
+                ),
+            );
+        }
+        let holders = engine.state().nodes[n.0 as usize].gpus[gpu as usize].holders.len();
+        if holders > 0 {
+            return refuse(
+                MigRefusal::GpuBusy,
+                format!("GPU {gpu} of {node} still holds {holders} workload(s); wait until the drain has emptied it"),
+            );
+        }
+        let pending = match self.backend.set_mig_mode(node, gpu, enabled).await {
+            Ok(MigModeChange::Applied) => false,
+            Ok(MigModeChange::PendingReset) => true,
+            Err(BackendError::Rejected(why)) => return refuse(MigRefusal::BackendRefused, why),
+            Err(e @ BackendError::Unreachable(_)) => return Err(LifecycleError::Unavailable(e.to_string())),
+        };
+        if let Err(e) = self.sched.engine.set_gpu_mig(n.0, gpu, enabled) {
+            // Checked above within this loop turn; a failure here is a bug, not a state.
+            tracing::error!(%node, gpu, error = %e.0, "the engine refused a MIG mode the backend applied");
+            return Err(LifecycleError::Conflict(e.0));
+        }
+        self.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
+        let mode = if enabled { "on" } else { "off" };
+        let record = GpuMigRecord {
+            node: node.to_string(),
+            gpu,
+            enabled,
+            pending,
+            since: now,
+            detail: if pending {
+                format!(
+                    "MIG mode {mode} by {}, pending a GPU reset (Tessera never resets a GPU)",
+                    audit.actor
+                )
+            } else {
+                format!("MIG mode {mode} by {}", audit.actor)
+            },
+        };
+        audit.detail = record.detail.clone();
+        batch.change(Change::GpuMig(record.clone()));
+        batch.audit(audit);
+        let mut ops = (*self.ops).clone();
+        ops.mig.insert((node.to_string(), gpu), record.clone());
+        self.ops = Arc::new(ops);
+        self.published.set_ops(self.ops.clone());
+        tracing::info!(%node, gpu, enabled, pending, "MIG mode changed by an admin");
+        Ok(MigOutcome { record, changed: true })
+    }
+
+    /// At start-up: the stored MIG modes, into the engine (before any allocation is restored)
+    /// and onto the backend (idempotent; the simulated backend forgot them).
+    pub(super) async fn restore_mig_modes(&mut self, records: Vec<GpuMigRecord>, ops: &mut super::FleetOps) {
+        for r in records {
+            let Some(n) = self.fleet.node_by_name(&r.node) else {
+                continue;
+            };
+            if let Err(e) = self.sched.engine.set_gpu_mig(n.0, r.gpu, r.enabled) {
+                tracing::warn!(node = %r.node, gpu = r.gpu, error = %e.0, "a stored MIG mode no longer applies");
+                continue;
+            }
+            self.sched.engine.set_gpu_mig_pending(n.0, r.gpu, r.pending);
+            if !r.pending
+                && self.caps.mig_mode_switch
+                && let Err(e) = self.backend.set_mig_mode(&r.node, r.gpu, r.enabled).await
+            {
+                tracing::warn!(node = %r.node, gpu = r.gpu, error = %e, "the backend did not take the stored MIG mode");
+            }
+            ops.mig.insert((r.node.clone(), r.gpu), r);
+        }
+    }
+}
