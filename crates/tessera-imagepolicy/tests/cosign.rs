@@ -100,10 +100,13 @@ fn only_p256_public_key_pem_is_a_key() {
     assert!(PublicKey::from_pem("ssh-ed25519 AAAAC3Nza").is_err());
 }
 
+/// A stored object: its media type and body.
+type Object = (String, Vec<u8>);
+
 /// A registry's content: path under `/v2/` → (media type, body); what was asked.
 #[derive(Clone, Default)]
 struct Registry {
-    objects: Arc<Mutex<HashMap<String, (String, Vec<u8>)>>>,
+    objects: Arc<Mutex<HashMap<String, Object>>>,
     requests: Arc<Mutex<Vec<String>>>,
 }
 

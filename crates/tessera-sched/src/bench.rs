@@ -128,6 +128,8 @@ pub fn run(
             priority: class.to_string(),
             submitted_ms: now,
             wait_if_over_limit: true,
+            min_runtime_ms: None,
+            movable: None,
         }
     };
     for _ in 0..b.queued {

@@ -332,6 +332,8 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
         priority: arrivals[i].priority.clone(),
         submitted_ms: arrivals[i].arrive_ms,
         wait_if_over_limit: true,
+        min_runtime_ms: None,
+        movable: None,
     };
 
     loop {
@@ -405,6 +407,8 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
                     }
                     Decision::Refused { id, reason } => refuse(&mut refusals, &arrivals[id as usize].name, &reason),
                     Decision::Waiting { .. } => {}
+                    // The trace's pods are not marked movable, so consolidation never moves them.
+                    Decision::Move { id, .. } => unreachable!("consolidation moved pod {id}, which is not movable"),
                 }
             }
             if t_tick == Some(now) && !s.needs_cycle() {

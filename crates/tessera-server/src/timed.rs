@@ -11,10 +11,9 @@ use async_trait::async_trait;
 use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{
     AuditRecord, AuditStore, Change, DrainRecord, FleetStore, GovernanceStore, GpuHealthRecord, GpuMigRecord,
-    ImagePolicyRecord,
-    LeaseRecord, LeaseStore, LedgerStore, NodeStateRecord, ProjectRecord, QuotaRecord, ReplicaRecord, Result,
-    Revocation, RolloutRecord, RolloutStore, ServiceMoveRecord, Store, TenancyStore, TenantRecord, TokenRecord,
-    TokenStore, UsageInterval, WorkloadFilter, WorkloadStore,
+    ImagePolicyRecord, LeaseRecord, LeaseStore, LedgerStore, NodeStateRecord, ProjectRecord, QuotaRecord,
+    ReplicaRecord, Result, Revocation, RolloutRecord, RolloutStore, ServiceMoveRecord, Store, TenancyStore,
+    TenantRecord, TokenRecord, TokenStore, UsageInterval, WorkloadFilter, WorkloadStore,
 };
 
 use crate::metrics::Metrics;
