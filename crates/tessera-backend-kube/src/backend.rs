@@ -203,7 +203,7 @@ async fn watch_nodes(shared: Weak<Shared>, client: Client) {
 
 async fn watch_pods(shared: Weak<Shared>, client: Client) {
     let cfg = watcher::Config::default().labels(LABEL_WORKLOAD);
-    let stream = watcher(Api::<Pod>::all(client), cfg).default_backoff();
+    let stream = watcher(Api::<Pod>::all(client.clone()), cfg).default_backoff();
     let mut stream = std::pin::pin!(stream);
     // During a (re-)list: the tracked workloads whose pods existed before it, and those it saw.
     let mut listing: Option<(std::collections::HashSet<u64>, std::collections::HashSet<u64>)> = None;
@@ -239,10 +239,31 @@ async fn watch_pods(shared: Weak<Shared>, client: Client) {
                     .collect();
                 listing = Some((before, std::collections::HashSet::new()));
             }
+            // The list may have run after the Init event (pages are fetched after it is sent),
+            // so the candidates are the tracked pods before or after it that the list did not
+            // show; each is confirmed gone with a read (a pod created after the list is not).
             watcher::Event::InitDone => {
-                if let Some((before, seen)) = listing.take() {
-                    for id in before.difference(&seen) {
-                        sh.on_pod_gone(*id, &format!("tessera-{id}"));
+                if let Some((mut candidates, seen)) = listing.take() {
+                    let now: Vec<(u64, String)> = {
+                        let st = sh.state.lock().unwrap();
+                        candidates.extend(
+                            st.tracked
+                                .iter()
+                                .filter(|(_, t)| t.stage >= Stage::Started && t.stage != Stage::Ended)
+                                .map(|(id, _)| *id),
+                        );
+                        candidates
+                            .difference(&seen)
+                            .filter_map(|id| st.tracked.get(id).map(|t| (*id, t.ns.clone())))
+                            .collect()
+                    };
+                    for (id, ns) in now {
+                        let name = format!("tessera-{id}");
+                        match Api::<Pod>::namespaced(client.clone(), &ns).get_opt(&name).await {
+                            Ok(None) => sh.on_pod_gone(id, &name),
+                            Ok(Some(_)) => {}
+                            Err(e) => tracing::warn!(error = %e, pod = %name, "checking a pod missing from the list"),
+                        }
                     }
                 }
             }
