@@ -545,3 +545,29 @@ async fn an_injected_partition_failure_rejects_exactly_the_next_partition() {
         assert_eq!(b.partitions_created(), 0);
     }
 }
+
+#[tokio::test]
+async fn exact_mode_switches_mig_mode_of_an_idle_gpu_and_operator_mode_refuses() {
+    let (b, _rx) = backend(quiet(SimMode::Exact));
+    let instance = |gpu: u8| PartitionPlan::Instance {
+        node: "a100-00".into(),
+        gpu,
+        instance: mig3g(0),
+    };
+    b.partition(&instance(0)).await.unwrap();
+    // A GPU holding an instance keeps its mode; an idle one switches, and then takes no
+    // instance until MIG is enabled again.
+    assert!(rejected(b.set_mig_mode("a100-00", 0, false).await.unwrap_err()).contains("idle GPU"));
+    assert_eq!(
+        b.set_mig_mode("a100-00", 1, false).await.unwrap(),
+        tessera_backend::MigModeChange::Applied
+    );
+    assert!(rejected(b.partition(&instance(1)).await.unwrap_err()).contains("not in MIG mode"));
+    b.set_mig_mode("a100-00", 1, true).await.unwrap();
+    assert!(b.partition(&instance(1)).await.unwrap().created);
+    // No MIG on an L40S; none of this in operator mode.
+    assert!(rejected(b.set_mig_mode("l40s-00", 0, false).await.unwrap_err()).contains("has no MIG"));
+    let (op, _rx) = backend(quiet(SimMode::Operator));
+    assert!(!op.capabilities().mig_mode_switch);
+    assert!(rejected(op.set_mig_mode("a100-00", 1, false).await.unwrap_err()).contains("MIG manager"));
+}

@@ -228,6 +228,9 @@ fn login_verbs_and_errors() {
         (vec!["node", "cordon", "h100-99"], "no node `h100-99`"),
         (vec!["gpu", "clear", "h100-01"], "NODE/GPU"),
         (vec!["gpu", "clear", "h100-01/0"], "is not marked unhealthy"),
+        (vec!["node", "mig", "disable", "h100-01/0"], "only in mig pools"),
+        (vec!["node", "mig", "disable", "a100-03/2"], "drain it first"),
+        (vec!["node", "mig", "enable", "a100-03/x"], "not a GPU index"),
     ] {
         let (code, out, err) = tessera(&args, &env, None);
         assert_ne!(code, 0, "{args:?}");
@@ -239,6 +242,20 @@ fn login_verbs_and_errors() {
     assert_eq!((code, out.trim()), (0, "image policy of vision removed"));
     let (code, out, _) = tessera(&["gpu", "health"], &env, None);
     assert_eq!((code, out.trim()), (0, "all GPUs are healthy"));
+    // MIG mode on a GPU of a cordoned node: off, then every GPU of the node on again.
+    assert_eq!(tessera(&["node", "cordon", "a100-03"], &env, None).0, 0);
+    let (code, out, err) = tessera(&["node", "mig", "disable", "a100-03/2"], &env, None);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "a100-03/2: MIG off; serves whole GPUs"),
+        "{err}"
+    );
+    let (code, out, err) = tessera(&["node", "mig", "enable", "a100-03"], &env, None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 8, "{out}");
+    assert!(out.contains("a100-03/0: MIG on already"), "{out}");
+    assert!(out.contains("a100-03/2: MIG on; serves MIG instances"), "{out}");
+    assert_eq!(tessera(&["node", "uncordon", "a100-03"], &env, None).0, 0);
     let (code, out, _) = tessera(&["node", "uncordon", "h100-01"], &env, None);
     assert_eq!((code, out.trim()), (0, "node h100-01 is ready"));
     assert_eq!(tessera(&["logout"], &env, None).0, 0);
