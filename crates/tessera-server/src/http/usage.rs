@@ -45,18 +45,46 @@ pub struct UsageParams {
 
 impl Validate for UsageParams {
     fn validate(&self) -> Result<(), Violation> {
-        for (field, v) in [("from", &self.from), ("to", &self.to)] {
-            if let Some(x) = v
-                && parse_time_ms(x).is_none()
-            {
-                return Err(Violation::new(
-                    field,
-                    format!("`{x}` is not a date (YYYY-MM-DD) or RFC 3339 time"),
-                ));
-            }
-        }
-        Ok(())
+        check_dates(&self.from, &self.to)
     }
+}
+
+/// `from` and `to`, when given, are dates or RFC 3339 times.
+fn check_dates(from: &Option<String>, to: &Option<String>) -> Result<(), Violation> {
+    for (field, v) in [("from", from), ("to", to)] {
+        if let Some(x) = v
+            && parse_time_ms(x).is_none()
+        {
+            return Err(Violation::new(
+                field,
+                format!("`{x}` is not a date (YYYY-MM-DD) or RFC 3339 time"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The tenant a usage query may read (a tenant token's own unless it names one it may see) and
+/// its period: `from` defaults to the first of this month, `to` to now, and must follow `from`.
+fn scope(
+    id: &Identity,
+    tenant: &Option<String>,
+    from: &Option<String>,
+    to: &Option<String>,
+    now: i64,
+) -> ApiResult<(Option<String>, i64, i64)> {
+    let tenant = match (tenant, &id.tenant) {
+        (Some(t), _) if !id.can_read(t) => return Err(ApiError::not_found(format!("no tenant `{t}`"))),
+        (None, Some(own)) if !id.is_admin() => Some(own.clone()),
+        (t, _) => t.clone(),
+    };
+    // Checked by `check_dates`.
+    let time = |v: &Option<String>, default: i64| v.as_deref().and_then(parse_time_ms).unwrap_or(default);
+    let (from, to) = (time(from, month_start_ms(now)), time(to, now));
+    if to <= from {
+        return Err(ApiError::invalid("to", "`to` must be after `from`"));
+    }
+    Ok((tenant, from, to))
 }
 
 /// GPU-unit-hours and cost, allocated and measured, from the usage ledger.
@@ -70,18 +98,7 @@ pub async fn usage_report(
     ApiQuery(q): ApiQuery<UsageParams>,
 ) -> ApiResult<Response> {
     let now = now_ms();
-    let tenant = match (&q.tenant, &id.tenant) {
-        (Some(t), _) if !id.can_read(t) => return Err(ApiError::not_found(format!("no tenant `{t}`"))),
-        (None, Some(own)) if !id.is_admin() => Some(own.clone()),
-        (t, _) => t.clone(),
-    };
-    // Checked by `UsageParams::validate`.
-    let time = |v: &Option<String>, default: i64| v.as_deref().and_then(parse_time_ms).unwrap_or(default);
-    let from = time(&q.from, month_start_ms(now));
-    let to = time(&q.to, now);
-    if to <= from {
-        return Err(ApiError::invalid("to", "`to` must be after `from`"));
-    }
+    let (tenant, from, to) = scope(&id, &q.tenant, &q.from, &q.to, now)?;
     let by = q.by.unwrap_or(By::Day);
     let intervals = s.store.usage_between(tenant.as_deref(), from, to).await?;
     let snap = s.lifecycle.snapshot();
@@ -122,17 +139,7 @@ pub struct IntervalParams {
 
 impl Validate for IntervalParams {
     fn validate(&self) -> Result<(), Violation> {
-        for (field, v) in [("from", &self.from), ("to", &self.to)] {
-            if let Some(x) = v
-                && parse_time_ms(x).is_none()
-            {
-                return Err(Violation::new(
-                    field,
-                    format!("`{x}` is not a date (YYYY-MM-DD) or RFC 3339 time"),
-                ));
-            }
-        }
-        Ok(())
+        check_dates(&self.from, &self.to)
     }
 }
 
@@ -148,18 +155,7 @@ pub async fn usage_intervals(
     ApiQuery(q): ApiQuery<IntervalParams>,
 ) -> ApiResult<Response> {
     let now = now_ms();
-    let tenant = match (&q.tenant, &id.tenant) {
-        (Some(t), _) if !id.can_read(t) => return Err(ApiError::not_found(format!("no tenant `{t}`"))),
-        (None, Some(own)) if !id.is_admin() => Some(own.clone()),
-        (t, _) => t.clone(),
-    };
-    // Checked by `IntervalParams::validate`.
-    let time = |v: &Option<String>, default: i64| v.as_deref().and_then(parse_time_ms).unwrap_or(default);
-    let from = time(&q.from, month_start_ms(now));
-    let to = time(&q.to, now);
-    if to <= from {
-        return Err(ApiError::invalid("to", "`to` must be after `from`"));
-    }
+    let (tenant, from, to) = scope(&id, &q.tenant, &q.from, &q.to, now)?;
     let ledger = s.store.usage_between(tenant.as_deref(), from, to).await?;
     let mut specs = std::collections::HashMap::new();
     let mut intervals = Vec::with_capacity(ledger.len());
