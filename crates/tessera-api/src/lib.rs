@@ -286,6 +286,31 @@ pub struct CreateWorkload {
     /// default; services and interactive sessions are not).
     #[serde(default)]
     pub no_requeue: bool,
+    /// Whether consolidation may move it once it runs, so that a request waiting for
+    /// fragmented capacity fits (absent: never). `restart`: batch work that can be stopped and
+    /// requeued (it restarts from its last checkpoint; not with `no_requeue`). `replace`: a
+    /// service without a lease, moved by starting a replacement first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub movable: Option<MovableMode>,
+}
+
+/// How consolidation may move a running workload.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum MovableMode {
+    /// Batch work: stopped (grace period) and requeued; it restarts from its checkpoint.
+    Restart,
+    /// A service: a replacement workload starts elsewhere first, then this one stops.
+    Replace,
+}
+
+impl MovableMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MovableMode::Restart => "restart",
+            MovableMode::Replace => "replace",
+        }
+    }
 }
 
 impl Validate for CreateWorkload {
@@ -303,7 +328,25 @@ impl Validate for CreateWorkload {
         if let Some(d) = self.duration_s {
             rules::DURATION_S.check("duration_s", d)?;
         }
-        Ok(())
+        match self.movable {
+            Some(MovableMode::Restart) if self.kind != WorkloadKind::Batch => Err(Violation::new(
+                "movable",
+                "`restart` is for batch work (stopped and requeued); a service may be `replace`",
+            )),
+            Some(MovableMode::Restart) if self.no_requeue => Err(Violation::new(
+                "movable",
+                "`restart` requeues the workload, which `no_requeue` forbids",
+            )),
+            Some(MovableMode::Replace) if self.kind != WorkloadKind::Service => Err(Violation::new(
+                "movable",
+                "`replace` is for services (a replacement starts first); batch work may be `restart`",
+            )),
+            Some(MovableMode::Replace) if self.duration_s.is_some() => Err(Violation::new(
+                "movable",
+                "`replace` is for services without a lease (a replacement would start its lease again)",
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -418,6 +461,9 @@ pub struct Workload {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     pub priority: String,
+    /// Whether and how consolidation may move it (absent: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub movable: Option<MovableMode>,
     pub state: WorkloadState,
     /// Admitted above the tenant's guaranteed share: may be preempted to reclaim it.
     #[serde(default)]
@@ -428,7 +474,8 @@ pub struct Workload {
     /// The reason's stable code: `no-capacity`, `fragmentation`, `isolation`, `held`, `quota`,
     /// `budget`, `backoff`, `preemption`, `requeued`, `constraint`, `cancelled`,
     /// `preempted-priority`, `preempted-reclaim`, `partition-failed`, `start-failed`,
-    /// `exit-failure`, `lost`, `invalid`, `gpu-unhealthy`, `node-drain` or `unknown`. Creation
+    /// `exit-failure`, `lost`, `invalid`, `gpu-unhealthy`, `node-drain`, `consolidation` or
+    /// `unknown`. Creation
     /// refusals by a tenant's image policy are problem types: `image-registry-not-allowed`,
     /// `image-signature-missing`, `image-signature-invalid`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -20,6 +20,6 @@ pub use event::{Event, Step};
 pub use lifecycle::{Effect, Input, Observed, Transition, transition};
 pub use reason::{Reason, ReasonCode};
 pub use workload::{
-    GpuSpec, Kind, Phase, Placement, PreemptCode, ShapeSpec, Slice, StopCause, UsageCursor, Workload, WorkloadId,
-    WorkloadSpec,
+    GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, ShapeSpec, Slice, StopCause, UsageCursor, Workload,
+    WorkloadId, WorkloadSpec,
 };

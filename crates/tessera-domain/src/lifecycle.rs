@@ -288,7 +288,9 @@ impl Draft {
         match self.w.stop.clone() {
             Some(StopCause::Preempted { by, code, detail }) => {
                 let why = match code {
-                    PreemptCode::Health | PreemptCode::Drain => format!("stopped: {detail}"),
+                    PreemptCode::Health | PreemptCode::Drain | PreemptCode::Consolidation => {
+                        format!("stopped: {detail}")
+                    }
                     _ => format!("preempted by workload {by}: {detail}"),
                 };
                 if self.w.spec.requeue_on_preemption() {
@@ -328,6 +330,7 @@ fn preempt_reason(code: PreemptCode) -> ReasonCode {
         PreemptCode::Reclaim => ReasonCode::PreemptedReclaim,
         PreemptCode::Health => ReasonCode::GpuUnhealthy,
         PreemptCode::Drain => ReasonCode::NodeDrain,
+        PreemptCode::Consolidation => ReasonCode::Consolidation,
     }
 }
 
@@ -395,7 +398,9 @@ pub fn transition(w: Workload, input: Input) -> Transition {
         } if matches!(phase, Phase::Placed | Phase::Partitioned | Phase::Running) => {
             let rc = preempt_reason(code);
             let text = match code {
-                PreemptCode::Health | PreemptCode::Drain => format!("{detail}; stopping within {grace_s} s"),
+                PreemptCode::Health | PreemptCode::Drain | PreemptCode::Consolidation => {
+                    format!("{detail}; stopping within {grace_s} s")
+                }
                 _ => format!("preempted by workload {by}: {detail}; stopping within {grace_s} s"),
             };
             s.event(Step::Preempted, at, text, Some(rc));
@@ -521,6 +526,7 @@ mod tests {
             priority: "standard".into(),
             no_wait: false,
             no_requeue: false,
+            movable: None,
         }
     }
 

@@ -52,6 +52,8 @@ pub enum ReasonCode {
     GpuUnhealthy,
     /// Its node is drained: moved elsewhere, or stopped after the drain deadline.
     NodeDrain,
+    /// Moved by consolidation so that a waiting request fits.
+    Consolidation,
     /// The image is not from a registry the tenant's image policy allows.
     ImageRegistryNotAllowed,
     /// The tenant's image policy requires a cosign signature and the image has none.
@@ -63,7 +65,7 @@ pub enum ReasonCode {
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 24] = [
+    pub const ALL: [ReasonCode; 25] = [
         ReasonCode::NoCapacity,
         ReasonCode::Fragmentation,
         ReasonCode::Isolation,
@@ -84,6 +86,7 @@ impl ReasonCode {
         ReasonCode::Invalid,
         ReasonCode::GpuUnhealthy,
         ReasonCode::NodeDrain,
+        ReasonCode::Consolidation,
         ReasonCode::ImageRegistryNotAllowed,
         ReasonCode::ImageSignatureMissing,
         ReasonCode::ImageSignatureInvalid,
@@ -112,6 +115,7 @@ impl ReasonCode {
             ReasonCode::Invalid => "invalid",
             ReasonCode::GpuUnhealthy => "gpu-unhealthy",
             ReasonCode::NodeDrain => "node-drain",
+            ReasonCode::Consolidation => "consolidation",
             ReasonCode::ImageRegistryNotAllowed => "image-registry-not-allowed",
             ReasonCode::ImageSignatureMissing => "image-signature-missing",
             ReasonCode::ImageSignatureInvalid => "image-signature-invalid",

@@ -105,6 +105,40 @@ pub struct WorkloadSpec {
     pub no_wait: bool,
     /// If preempted, end as `preempted` instead of being requeued.
     pub no_requeue: bool,
+    /// Whether and how consolidation may move it to defragment its pool (`None`: never).
+    pub movable: Option<Movable>,
+}
+
+/// How consolidation may move a running workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Movable {
+    /// Batch work that can be stopped and requeued: it restarts from its last checkpoint.
+    Restart,
+    /// A service (no lease): a replacement starts elsewhere first, then this one stops.
+    Replace,
+}
+
+impl Movable {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Movable::Restart => "restart",
+            Movable::Replace => "replace",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Movable> {
+        Some(match s {
+            "restart" => Movable::Restart,
+            "replace" => Movable::Replace,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Movable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl WorkloadSpec {
@@ -297,6 +331,10 @@ pub enum PreemptCode {
     /// Stopped by the drain of its node (a service once its replacement runs, other work
     /// after the drain deadline); `by` is the replacement, or the workload itself.
     Drain,
+    /// Moved by consolidation so that a waiting request fits (restartable batch work is
+    /// requeued; a service stops once its replacement runs); `by` is the waiting request, or
+    /// the replacement.
+    Consolidation,
 }
 
 impl PreemptCode {
@@ -306,6 +344,7 @@ impl PreemptCode {
             PreemptCode::Reclaim => "reclaim",
             PreemptCode::Health => "health",
             PreemptCode::Drain => "drain",
+            PreemptCode::Consolidation => "consolidation",
         }
     }
 
@@ -315,6 +354,7 @@ impl PreemptCode {
             "reclaim" => PreemptCode::Reclaim,
             "health" => PreemptCode::Health,
             "drain" => PreemptCode::Drain,
+            "consolidation" => PreemptCode::Consolidation,
             _ => return None,
         })
     }

@@ -37,6 +37,7 @@ fn workload(i: usize) -> Workload {
         priority: "standard".into(),
         no_wait: false,
         no_requeue: i % 4 == 3,
+        movable: None,
     };
     Workload::new(WorkloadId(i as u64), spec, GpuUnits::whole(1), 0)
 }

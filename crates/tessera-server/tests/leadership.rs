@@ -37,6 +37,7 @@ fn spec(name: &str) -> WorkloadSpec {
         priority: "standard".into(),
         no_wait: false,
         no_requeue: false,
+        movable: None,
     }
 }
 

@@ -222,6 +222,7 @@ fn spec(gpu: GpuSpec, pool: Option<&str>, duration_s: Option<u64>, priority: &st
         priority: priority.into(),
         no_wait: false,
         no_requeue: false,
+        movable: None,
     }
 }
 

@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgRow};
 use tessera_domain::{
-    Event, GpuSpec, Kind, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step, StopCause,
-    UsageCursor, Workload, WorkloadId, WorkloadSpec,
+    Event, GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step,
+    StopCause, UsageCursor, Workload, WorkloadId, WorkloadSpec,
 };
 use tessera_model::GpuUnits;
 use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
@@ -24,7 +24,7 @@ macro_rules! spec_columns {
     () => {
         "id, tenant, project, name, kind, gpus, mig_profile, fraction_milli, fraction_memory_mib, shape_models, \
          shape_pool, cpu_milli, memory_mib, duration_s, command, image, env, priority, no_wait, no_requeue, \
-         units_milli, created_at"
+         movable, units_milli, created_at"
     };
 }
 
@@ -190,6 +190,7 @@ fn bind_spec<'q>(q: Query<'q>, w: &Workload) -> Query<'q> {
         .bind(&s.priority)
         .bind(s.no_wait)
         .bind(s.no_requeue)
+        .bind(s.movable.map(Movable::as_str))
         .bind(i64_of(w.units.as_milli()))
         .bind(w.created_at)
 }
@@ -294,6 +295,9 @@ fn workload_row(r: &PgRow) -> Result<Workload> {
         priority: col(r, "priority")?,
         no_wait: col(r, "no_wait")?,
         no_requeue: col(r, "no_requeue")?,
+        movable: col::<Option<String>>(r, "movable")?
+            .map(|m| Movable::parse(&m).ok_or_else(|| corrupt(id, format_args!("unknown movable `{m}`"))))
+            .transpose()?,
     };
     let phase: String = col(r, "phase")?;
     let reason = match (

@@ -140,6 +140,7 @@ impl LegacyWorkload {
             priority: self.priority,
             no_wait: false,
             no_requeue: false,
+            movable: None,
         };
         let ended_at = self
             .ended_at

@@ -121,6 +121,7 @@ fn spec(tenant: &str, project: &str, name: &str, kind: Kind, shape: ShapeSpec) -
         priority: "standard".into(),
         no_wait: false,
         no_requeue: false,
+        movable: None,
     }
 }
 

@@ -141,6 +141,7 @@ fn workload(id: u64) -> Workload {
         priority: "standard".into(),
         no_wait: false,
         no_requeue: false,
+        movable: None,
     };
     Workload::new(WorkloadId(id), spec, GpuUnits::ONE_GPU, 1_000)
 }

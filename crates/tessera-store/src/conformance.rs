@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use tessera_domain::{
-    Event, GpuSpec, Kind, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step, StopCause,
-    UsageCursor, Workload, WorkloadId, WorkloadSpec,
+    Event, GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step,
+    StopCause, UsageCursor, Workload, WorkloadId, WorkloadSpec,
 };
 use tessera_model::GpuUnits;
 
@@ -94,6 +94,7 @@ fn spec(tenant: &str, project: &str, name: &str) -> WorkloadSpec {
         priority: "standard".into(),
         no_wait: false,
         no_requeue: false,
+        movable: None,
     }
 }
 
@@ -202,7 +203,7 @@ fn placements() -> [Option<Placement>; 6] {
     ]
 }
 
-fn stops() -> [Option<StopCause>; 4] {
+fn stops() -> [Option<StopCause>; 5] {
     [
         None,
         Some(StopCause::Cancelled { by: "tok_alice".into() }),
@@ -215,6 +216,11 @@ fn stops() -> [Option<StopCause>; 4] {
             by: WorkloadId(78),
             code: PreemptCode::Reclaim,
             detail: "tenant `acme` reclaims its guarantee".into(),
+        }),
+        Some(StopCause::Preempted {
+            by: WorkloadId(79),
+            code: PreemptCode::Consolidation,
+            detail: "moved so that workload 79 fits".into(),
         }),
     ]
 }
@@ -271,6 +277,7 @@ fn variety(ids: &[u64]) -> Vec<Workload> {
             w.spec.priority = ["standard", "high", "critical"][i % 3].into();
             w.spec.no_wait = odd;
             w.spec.no_requeue = i % 3 == 0;
+            w.spec.movable = [None, Some(Movable::Restart), Some(Movable::Replace)][i % 3];
             w.units = GpuUnits(125 * i as u64);
             w.reason =
                 (i > 0).then(|| Reason::new(ReasonCode::ALL[(i - 1) % ReasonCode::ALL.len()], format!("why {i}")));
@@ -278,7 +285,7 @@ fn variety(ids: &[u64]) -> Vec<Workload> {
             w.borrowing = odd;
             w.running_at = odd.then_some(w.created_at + 1_234);
             w.ended_at = (i % 3 == 2).then_some(w.created_at + 9_999);
-            w.stop = stops()[i % 4].clone();
+            w.stop = stops()[i % 5].clone();
             w.next_seq = 1 + i as u32;
             w.usage = UsageCursor {
                 seq: i as u32,
@@ -300,7 +307,7 @@ fn advanced(w: &Workload, i: usize) -> Workload {
     u.borrowing = !w.borrowing;
     u.running_at = w.running_at.map_or(Some(w.created_at + 5), |_| None);
     u.ended_at = w.ended_at.map_or(Some(w.created_at + 50), |_| None);
-    u.stop = stops()[(i + 1) % 4].clone();
+    u.stop = stops()[(i + 1) % 5].clone();
     u.next_seq = w.next_seq + 1;
     u.usage = UsageCursor {
         seq: w.usage.seq + 1,

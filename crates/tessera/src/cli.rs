@@ -81,6 +81,11 @@ pub struct RunArgs {
     /// If preempted, end instead of going back to the queue.
     #[arg(long)]
     pub no_requeue: bool,
+    /// Let consolidation move it so that a request waiting for fragmented capacity fits:
+    /// `restart` (batch work, stopped and requeued from its checkpoint) or `replace` (a
+    /// service without a lease, a replacement started first).
+    #[arg(long, value_parser = ["restart", "replace"])]
+    pub movable: Option<String>,
     /// Create nothing: print what the request would cost against the tenant's quotas and
     /// budget, and whether it would start now, borrow, wait or be refused.
     #[arg(long)]
@@ -363,6 +368,10 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
         priority: a.priority,
         no_wait: a.no_wait,
         no_requeue: a.no_requeue,
+        movable: a.movable.as_deref().map(|m| match m {
+            "replace" => tessera_api::MovableMode::Replace,
+            _ => tessera_api::MovableMode::Restart,
+        }),
     };
     if a.dry_run {
         let (_, d): (_, tessera_api::DryRun) = client
@@ -467,7 +476,14 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
         return print_json(&serde_json::json!({"workload": w, "events": events}));
     }
     println!("Workload {}  {}/{}  {}", w.id, w.tenant, w.project, w.name);
-    println!("  kind        {}  priority {}", w.kind.as_str(), w.priority);
+    println!(
+        "  kind        {}  priority {}{}",
+        w.kind.as_str(),
+        w.priority,
+        w.movable
+            .map(|m| format!("  movable {}", m.as_str()))
+            .unwrap_or_default()
+    );
     println!(
         "  shape       {}  ({} GPU units)  host {} CPUs, {} GiB",
         shape_str(&w.shape),

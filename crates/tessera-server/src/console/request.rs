@@ -285,6 +285,7 @@ fn to_api(v: &Form) -> Result<CreateWorkload, (&'static str, String)> {
         priority: Some(v.priority.clone()).filter(|p| !p.is_empty()),
         no_wait: false,
         no_requeue: false,
+        movable: None,
     })
 }
 

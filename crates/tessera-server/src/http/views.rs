@@ -120,6 +120,10 @@ pub fn workload(w: &Workload) -> WorkloadView {
         image: w.spec.image.clone(),
         env: w.spec.env.clone(),
         priority: w.spec.priority.clone(),
+        movable: w.spec.movable.map(|m| match m {
+            tessera_domain::Movable::Restart => tessera_api::MovableMode::Restart,
+            tessera_domain::Movable::Replace => tessera_api::MovableMode::Replace,
+        }),
         state: state(w.phase),
         borrowing: w.borrowing,
         reason: w.reason.as_ref().map(|r| r.detail.clone()),

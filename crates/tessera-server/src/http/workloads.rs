@@ -254,6 +254,10 @@ pub async fn create_workload(
         priority,
         no_wait: b.no_wait,
         no_requeue: b.no_requeue,
+        movable: b.movable.map(|m| match m {
+            tessera_api::MovableMode::Restart => tessera_domain::Movable::Restart,
+            tessera_api::MovableMode::Replace => tessera_domain::Movable::Replace,
+        }),
     };
     // The audit record goes into the transaction that creates the workload.
     let audit = AuditRecord {

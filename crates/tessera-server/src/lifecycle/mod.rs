@@ -138,7 +138,10 @@ impl Live {
             submitted_ms: self.w.created_at,
             wait_if_over_limit: !self.w.spec.no_wait,
             min_runtime_ms: None,
-            movable: None,
+            movable: self.w.spec.movable.map(|m| match m {
+                tessera_domain::Movable::Restart => tessera_sched::cycle::Movable::Restart,
+                tessera_domain::Movable::Replace => tessera_sched::cycle::Movable::Replace,
+            }),
         }
     }
 }
