@@ -733,6 +733,43 @@ mod tests {
         assert!(WorkloadState::Cancelled.is_terminal());
         assert!(WorkloadState::Running.holds_capacity());
     }
+
+    #[test]
+    fn movable_is_restart_for_requeued_batch_work_and_replace_for_services_without_a_lease() {
+        let w = |kind, movable, duration_s, no_requeue| -> CreateWorkload {
+            let mut v: CreateWorkload = serde_json::from_value(serde_json::json!({
+                "tenant": "vision", "project": "train", "name": "w", "shape": {"gpus": 1}
+            }))
+            .unwrap();
+            v.kind = kind;
+            v.movable = movable;
+            v.duration_s = duration_s;
+            v.no_requeue = no_requeue;
+            v
+        };
+        use MovableMode::{Replace, Restart};
+        use WorkloadKind::{Batch, Interactive, Service};
+        for (kind, movable, duration, no_requeue, ok) in [
+            (Batch, Some(Restart), Some(60), false, true),
+            (Batch, Some(Restart), None, true, false),
+            (Batch, Some(Replace), None, false, false),
+            (Service, Some(Replace), None, false, true),
+            (Service, Some(Replace), Some(3600), false, false),
+            (Service, Some(Restart), None, false, false),
+            (Interactive, Some(Restart), None, false, false),
+            (Interactive, None, None, false, true),
+        ] {
+            let r = w(kind, movable, duration, no_requeue).validate();
+            assert_eq!(r.is_ok(), ok, "{kind:?} {movable:?} {duration:?} {no_requeue}: {r:?}");
+            if let Err(v) = r {
+                assert_eq!(v.field, "movable");
+            }
+        }
+        let bad = serde_json::from_value::<CreateWorkload>(serde_json::json!({
+            "tenant": "vision", "project": "train", "name": "w", "shape": {"gpus": 1}, "movable": "sometimes"
+        }));
+        assert!(bad.is_err(), "an unknown mode is refused");
+    }
 }
 
 /// A tenant's share of one resource class (a pool, or `pool/MODEL`), in GPU units.

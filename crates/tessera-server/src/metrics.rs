@@ -7,7 +7,7 @@
 //!
 //! * **events** — counters and histograms updated where things happen: API requests (by
 //!   matched route template, method and status), store batch commits, scheduler cycles,
-//!   lifecycle steps, refusals, preemptions, ended workloads, metered GPU-unit-seconds, backend
+//!   lifecycle steps, refusals, preemptions, consolidation moves, ended workloads, metered GPU-unit-seconds, backend
 //!   errors, ghosts found by reconcile. They live in [`Metrics`], shared by the HTTP layer and
 //!   the lifecycle loop.
 //! * **state** — gauges computed at scrape time from the lifecycle's published
@@ -94,6 +94,7 @@ pub struct Metrics {
     request_to_running: Hist,
     refusals: Family<Labels, Counter>,
     preemptions: Family<Labels, Counter>,
+    consolidation_moves: Family<Labels, Counter>,
     ended: Family<Labels, Counter>,
     backend_errors: Family<Labels, Counter>,
     ghosts: Counter,
@@ -124,6 +125,7 @@ impl Metrics {
             request_to_running: Family::new_with_constructor(r2r_hist),
             refusals: Family::default(),
             preemptions: Family::default(),
+            consolidation_moves: Family::default(),
             ended: Family::default(),
             backend_errors: Family::default(),
             ghosts: Counter::default(),
@@ -145,6 +147,9 @@ impl Metrics {
         }
         for r in ["priority", "reclaim"] {
             let _ = m.preemptions.get_or_create(&vec![("reason", r.to_string())]);
+        }
+        for h in ["restart", "replace"] {
+            let _ = m.consolidation_moves.get_or_create(&vec![("how", h.to_string())]);
         }
         for p in Phase::ALL.into_iter().filter(|p| p.is_terminal()) {
             let _ = m.ended.get_or_create(&vec![("state", p.as_str().to_string())]);
@@ -242,6 +247,14 @@ impl Metrics {
     pub fn preempted(&self, code: &'static str) {
         self.preemptions
             .get_or_create(&vec![("reason", code.to_string())])
+            .inc();
+    }
+
+    /// Consolidation moved a running workload: `how` is `restart` (stopped and requeued) or
+    /// `replace` (a replacement started first).
+    pub fn consolidation_move(&self, how: &'static str) {
+        self.consolidation_moves
+            .get_or_create(&vec![("how", how.to_string())])
             .inc();
     }
 
@@ -344,6 +357,11 @@ impl Metrics {
             "tessera_preemptions",
             "Workloads preempted, by reason (priority, reclaim of a guaranteed share)",
             self.preemptions.clone(),
+        );
+        reg.register(
+            "tessera_consolidation_moves",
+            "Running workloads moved by consolidation so that a request waiting for fragmented capacity fits, by how (restart, replace)",
+            self.consolidation_moves.clone(),
         );
         reg.register(
             "tessera_workloads_ended",

@@ -17,10 +17,10 @@ use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, PartitionPlan, PartitionReport, ReconcileReport, RunSpec,
 };
 use tessera_backend_sim::{SimBackend, SimConfig, SimGpu, SimMode};
-use tessera_domain::{GpuSpec, Kind, Phase, ReasonCode, ShapeSpec, Step, Workload, WorkloadId, WorkloadSpec};
+use tessera_domain::{GpuSpec, Kind, Movable, Phase, ReasonCode, ShapeSpec, Step, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::Fleet;
 use tessera_sched::Engine;
-use tessera_sched::cycle::{GovernConfig, Scheduler};
+use tessera_sched::cycle::{ConsolidationConfig, GovernConfig, Scheduler};
 use tessera_server::lifecycle::{self, Lifecycle, NewWorkload, Settings, placement};
 use tessera_server::metrics::Metrics;
 use tessera_store::Store;
@@ -158,6 +158,15 @@ impl World {
 
     /// Starts a control plane on its own runtime (dropping the runtime is a crash).
     fn boot(&self) -> (Runtime, Lifecycle, Arc<dyn Store>) {
+        self.boot_with(GovernConfig {
+            min_runtime_ms: 0,
+            reclaim_after_ms: 0,
+            ..Default::default()
+        })
+    }
+
+    /// [`Self::boot`] with other scheduler settings.
+    fn boot_with(&self, govern: GovernConfig) -> (Runtime, Lifecycle, Arc<dyn Store>) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -171,11 +180,6 @@ impl World {
             let store: Arc<dyn Store> = match database {
                 Some(url) => Arc::new(PgStore::connect(&url).await.unwrap()),
                 None => Arc::new(SqliteStore::open_dir(&dir).await.unwrap()),
-            };
-            let govern = GovernConfig {
-                min_runtime_ms: 0,
-                reclaim_after_ms: 0,
-                ..Default::default()
             };
             let f = fleet.clone();
             let factory: lifecycle::SchedFactory = Arc::new(move || {
@@ -685,6 +689,203 @@ fn mig_layouts_and_bindings_hold(mode: SimMode, db: Db) {
         let live: Vec<WorkloadId> = ids.iter().skip(1).step_by(2).chain(more.iter()).copied().collect();
         assert_records_match_the_engine(&lc, &w.gate.sim, &live);
     });
+}
+
+/// Fills the training pool (16 nodes of 8 GPUs) so that only `pairs` nodes have room, 4 GPUs
+/// each, next to one 4-GPU workload of `kind` marked `movable`: the rest holds 8-GPU batch
+/// work that is not movable. Returns the 4-GPU workloads left, one per node.
+async fn fragment(
+    lc: &Lifecycle,
+    fleet: &Fleet,
+    pairs: usize,
+    kind: Kind,
+    movable: Option<Movable>,
+) -> Vec<WorkloadId> {
+    let whole = |gpus| spec(GpuSpec::Whole { gpus }, Some("training"), None, "standard");
+    let mut full = Vec::new();
+    for _ in 0..16 - pairs {
+        full.push(submit(lc, fleet, whole(8)).await.id);
+    }
+    let mut halves = Vec::new();
+    for _ in 0..2 * pairs {
+        let mut s = whole(4);
+        s.kind = kind;
+        s.movable = movable;
+        halves.push(submit(lc, fleet, s).await.id);
+    }
+    let mut by_node: std::collections::BTreeMap<String, Vec<WorkloadId>> = Default::default();
+    for id in full.iter().chain(&halves) {
+        let w = wait_phase(lc, *id, Phase::Running).await;
+        if halves.contains(id) {
+            by_node.entry(w.placement.clone().unwrap().node).or_default().push(*id);
+        }
+    }
+    assert_eq!(
+        by_node.len(),
+        pairs,
+        "the 4-GPU work is packed two per node: {by_node:?}"
+    );
+    let mut kept = Vec::new();
+    for ids in by_node.values() {
+        lc.cancel(ids[1], "tok-test".into()).await.unwrap();
+        kept.push(ids[0]);
+    }
+    for ids in by_node.values() {
+        wait_phase(lc, ids[1], Phase::Cancelled).await;
+    }
+    kept
+}
+
+fn consolidation(per_hour: u32) -> GovernConfig {
+    GovernConfig {
+        min_runtime_ms: 0,
+        reclaim_after_ms: 0,
+        consolidation: ConsolidationConfig {
+            moves_per_tenant_per_hour: per_hour,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Two 8-GPU requests wait for fragmentation (four nodes with 4 GPUs free each, beside
+/// restartable batch work); a disruption budget of one move per tenant and hour lets exactly
+/// one through: its move stops one workload, which is requeued and placed again; the other
+/// request waits. Work not marked movable never moves.
+fn consolidation_restarts_movable_batch_work_within_the_budget(movable: bool) {
+    let w = World::new("consolidate", SimMode::Exact, Db::Sqlite);
+    let (rt, lc, store) = w.boot_with(consolidation(1));
+    rt.block_on(async {
+        let kept = fragment(&lc, &w.fleet, 4, Kind::Batch, movable.then_some(Movable::Restart)).await;
+        let big = |lc, fleet| {
+            submit(
+                lc,
+                fleet,
+                spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "standard"),
+            )
+        };
+        let first = big(&lc, &w.fleet).await;
+        let second = big(&lc, &w.fleet).await;
+        if movable {
+            wait_phase(&lc, first.id, Phase::Running).await;
+        }
+        // A few cycles more: nothing else moves.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut moved = Vec::new();
+        for id in &kept {
+            let events = store.events(*id, None).await.unwrap();
+            if events.iter().any(|e| e.code == Some(ReasonCode::Consolidation)) {
+                moved.push((*id, events));
+            }
+        }
+        assert_eq!(lc.workload(second.id).unwrap().phase, Phase::Queued, "over the budget");
+        if !movable {
+            assert!(moved.is_empty(), "work not marked movable moved: {moved:?}");
+            assert_eq!(lc.workload(first.id).unwrap().phase, Phase::Queued);
+            assert_eq!(
+                lc.workload(first.id).unwrap().reason.as_ref().unwrap().code,
+                ReasonCode::Fragmentation
+            );
+            return;
+        }
+        assert_eq!(moved.len(), 1, "one move within the budget");
+        let (id, events) = &moved[0];
+        let running = wait_phase(&lc, *id, Phase::Running).await;
+        let steps: Vec<Step> = events.iter().map(|e| e.step).collect();
+        let stop = steps.iter().position(|s| *s == Step::Preempted).expect("stopped");
+        assert_eq!(events[stop].code, Some(ReasonCode::Consolidation));
+        assert!(
+            events[stop..].iter().any(|e| e.code == Some(ReasonCode::Requeued)),
+            "requeued: {steps:?}"
+        );
+        let first = lc.workload(first.id).unwrap();
+        assert_ne!(
+            running.placement.as_ref().unwrap().node,
+            first.placement.as_ref().unwrap().node
+        );
+        // Metered without gap or overlap: one closed interval before the move, one open after.
+        let usage = store.usage_of(*id).await.unwrap();
+        assert_eq!(usage.len(), 2, "{usage:?}");
+        let ended = usage[0].ended_at.expect("the first interval closed at the stop");
+        assert!(ended <= usage[1].started_at, "{usage:?}");
+        assert!(usage[1].ended_at.is_none());
+        assert_eq!(units_used(&lc, "training"), 128_000 - 2 * 4_000);
+    });
+}
+
+fn consolidation_moves_movable_restartable_work() {
+    consolidation_restarts_movable_batch_work_within_the_budget(true);
+}
+
+fn consolidation_never_moves_work_not_marked_movable() {
+    consolidation_restarts_movable_batch_work_within_the_budget(false);
+}
+
+/// A waiting 8-GPU request fits only if a movable service moves: its replacement (a new
+/// workload with the same spec) runs before the original is stopped, and then the request runs.
+fn consolidation_replaces_a_movable_service_replacement_first() {
+    let w = World::new("replace", SimMode::Exact, Db::Sqlite);
+    let (rt, lc, store) = w.boot_with(consolidation(2));
+    rt.block_on(async {
+        let kept = fragment(&lc, &w.fleet, 2, Kind::Service, Some(Movable::Replace)).await;
+        let big = submit(
+            &lc,
+            &w.fleet,
+            spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "standard"),
+        )
+        .await;
+        wait_phase(&lc, big.id, Phase::Running).await;
+        let old: Vec<Arc<Workload>> = kept
+            .iter()
+            .filter_map(|id| lc.workload(*id))
+            .filter(|x| x.phase == Phase::Running)
+            .collect();
+        assert_eq!(old.len(), 1, "one service moved, one stays");
+        let moved = *kept.iter().find(|id| **id != old[0].id).unwrap();
+        let stopped = store.get_workload(moved, None).await.unwrap().unwrap();
+        assert_eq!(stopped.phase, Phase::Preempted);
+        assert_eq!(stopped.reason.as_ref().unwrap().code, ReasonCode::Consolidation);
+        let stop_at = store
+            .events(moved, None)
+            .await
+            .unwrap()
+            .iter()
+            .find(|e| e.step == Step::Preempted)
+            .unwrap()
+            .at;
+        // The replacement: the workload created after the request, with the service's spec.
+        let mut replacement = None;
+        for n in 1..8 {
+            if let Some(r) = lc.workload(WorkloadId(big.id.0 + n)) {
+                replacement = Some(r);
+            }
+        }
+        let r = replacement.expect("a replacement runs");
+        assert_eq!(r.phase, Phase::Running);
+        assert_eq!(r.spec, stopped.spec);
+        assert!(
+            r.running_at.unwrap() <= stop_at,
+            "the replacement ran before the original stopped"
+        );
+        let big = lc.workload(big.id).unwrap();
+        assert!(stopped.ended_at.is_some());
+        assert_ne!(r.placement.as_ref().unwrap().node, big.placement.as_ref().unwrap().node);
+    });
+}
+
+mod consolidation {
+    #[test]
+    fn moves_movable_restartable_work_within_the_budget() {
+        super::consolidation_moves_movable_restartable_work();
+    }
+    #[test]
+    fn never_moves_work_not_marked_movable() {
+        super::consolidation_never_moves_work_not_marked_movable();
+    }
+    #[test]
+    fn replaces_a_movable_service_replacement_first() {
+        super::consolidation_replaces_a_movable_service_replacement_first();
+    }
 }
 
 /// Each test on both modes of the simulated backend and both databases.

@@ -559,6 +559,29 @@ impl Scheduler {
         Some(a)
     }
 
+    /// A moved service's replacement runs as a workload of its own, `job` (a caller that
+    /// starts a new workload with the same request rather than moving the original): the
+    /// booking made for the replacement becomes `job`'s allocation, held as running since
+    /// `now` and borrowing as the original did (returned with the allocation). The original
+    /// keeps its capacity, stopping, and stays awaited by the job it makes room for until it
+    /// is released. `None` if no replacement of `id` is booked.
+    pub fn adopt_replacement(&mut self, id: u64, job: &Job, now: i64) -> Option<(Allocation, bool)> {
+        if !self.replacing.remove(&id) {
+            return None;
+        }
+        let mut a = self.engine.release(consolidate::REPLACEMENT | id)?;
+        a.id = job.id;
+        let borrowing = self.running.get(&id).is_some_and(|r| r.borrowing);
+        let mut keys = class_keys(self.engine.fleet(), a.node);
+        keys.push(project_key(&job.project));
+        let units = a.units;
+        // Same capacity just released: it fits back.
+        let a = self.engine.restore(a).ok()?.clone();
+        self.hold(job, keys, units, borrowing, now);
+        self.dirty = true;
+        Some((a, borrowing))
+    }
+
     /// A consolidation move of `id` will not happen (a replacement that could not start, or a
     /// caller that does not move work): a replacement's booking is released, the workload
     /// stays where it is and is no longer awaited by the job it was to make room for (which

@@ -18,6 +18,7 @@
 
 mod command;
 mod commit;
+mod consolidation;
 pub mod effects;
 mod follower;
 mod health;
@@ -194,6 +195,8 @@ pub(crate) struct Core {
     health_writes: Vec<tessera_store::GpuHealthRecord>,
     /// Drains in progress and services being moved.
     drains: nodeops::Drains,
+    /// Services being moved by consolidation.
+    moves: consolidation::Moves,
 }
 
 /// What a loop needs; a replica keeps one and starts a loop from it each time it leads.
@@ -312,6 +315,7 @@ impl Lifecycle {
             ops: Arc::default(),
             health_writes: Vec::new(),
             drains: nodeops::Drains::default(),
+            moves: consolidation::Moves::default(),
         };
         core.recover()
             .await
@@ -400,6 +404,9 @@ impl Core {
                 for r in std::mem::take(&mut self.deferred) {
                     batch.reply(r);
                 }
+            }
+            if !self.moves.is_empty() {
+                self.moves_step(&mut batch, now).await;
             }
             self.commit(batch, now).await;
             if self.fenced {
@@ -602,6 +609,19 @@ impl Core {
         batch: &mut Batch,
         now: i64,
     ) -> Result<(WorkloadId, bool), LifecycleError> {
+        self.accept_as(nw, None, batch, now).await
+    }
+
+    /// [`accept`](Self::accept); `replacing`: the new workload is the replacement of that
+    /// service, moved by consolidation, and takes the capacity the scheduler booked for it
+    /// instead of queueing.
+    async fn accept_as(
+        &mut self,
+        nw: NewWorkload,
+        replacing: Option<WorkloadId>,
+        batch: &mut Batch,
+        now: i64,
+    ) -> Result<(WorkloadId, bool), LifecycleError> {
         if let Some((key, hash)) = &nw.idempotency {
             let prior = match batch.idempotent(&nw.actor, key) {
                 Some(p) => Some(p),
@@ -670,7 +690,22 @@ impl Core {
         // While capacity is changing, the next cycle (at most CYCLE_EVERY away) decides: a burst
         // of submissions then costs one pass over the queue, and freed capacity goes to the
         // queue in order. The caller's answer waits for that cycle.
-        let actions = if self.sched.needs_cycle() {
+        let actions = if let Some(old) = replacing {
+            match self.sched.adopt_replacement(old.0, &job, now) {
+                Some((alloc, borrowing)) => vec![Decision::Placed {
+                    id: id.0,
+                    alloc,
+                    borrowing,
+                }],
+                None => {
+                    self.live.remove(&id);
+                    self.ids.start -= 1;
+                    return Err(LifecycleError::Conflict(format!(
+                        "no replacement of workload {old} is booked"
+                    )));
+                }
+            }
+        } else if self.sched.needs_cycle() {
             self.sched
                 .submit_for_next_cycle(job)
                 .map(|reason| Decision::Refused { id: id.0, reason })
@@ -764,12 +799,7 @@ impl Core {
                 };
                 self.apply(WorkloadId(victim), input, batch, now);
             }
-            Decision::Move { id, by, .. } => {
-                // Consolidation moves only work marked movable, and no workload is marked so
-                // yet (the API has no such flag): should one come, it stays where it is.
-                tracing::warn!(id, by, "consolidation moves are not executed yet; the workload stays");
-                self.sched.move_failed(id);
-            }
+            Decision::Move { id, by, to } => self.on_move(id, by, to.is_some(), batch, now),
         }
     }
 

@@ -23,6 +23,9 @@ use tessera_sched::cycle::Quota;
 impl Core {
     pub(super) async fn recover(&mut self) -> Result<(), StoreError> {
         self.sched = self.fresh_scheduler();
+        // Moves in progress are not stored: after a rebuild the original and its replacement
+        // both run (see `consolidation`).
+        self.moves = Default::default();
         self.restore_ops().await?;
         self.live.clear();
         self.runner.clear();

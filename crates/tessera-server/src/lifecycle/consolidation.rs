@@ -1,0 +1,174 @@
+//! Consolidation moves decided by the scheduler, carried out. The scheduler's consolidate
+//! action moves only work whose request says `movable`, so that a request waiting for
+//! fragmented capacity fits (see `tessera_sched::cycle`):
+//!
+//! * restartable batch work (`movable: restart`) is stopped with the grace period under the
+//!   preemption code `consolidation` and requeued, like preempted batch work: its usage
+//!   interval closes when it stops and a new one opens when it runs again, so metering has
+//!   neither gap nor overlap;
+//! * a service (`movable: replace`) is moved as a drain moves it: a replacement workload with
+//!   the same spec is created on the capacity the scheduler booked for it, and the original is
+//!   stopped only once the replacement runs. A replacement that ends before it runs leaves
+//!   the original where it is (the scheduler is told the move failed and unbooks it).
+//!
+//! Both show in the workload's timeline (a `preempted` step with code `consolidation`, a
+//! notice naming the replacement) and count in `tessera_consolidation_moves_total{how}`.
+//! Moves in progress are kept in memory only: after a restart or a rebuild from the store, a
+//! service and its replacement both keep running.
+
+use std::collections::HashMap;
+
+use tessera_domain::{Input, Phase, PreemptCode, ReasonCode, WorkloadId};
+
+use super::commit::Batch;
+use super::{Core, NewWorkload};
+
+/// Services being moved by consolidation.
+#[derive(Default)]
+pub(super) struct Moves {
+    /// Services whose replacement the scheduler booked and the loop has yet to create, with
+    /// the request each move makes room for.
+    pending: Vec<(WorkloadId, u64)>,
+    /// Services whose replacement is starting: original → replacement.
+    replacing: HashMap<WorkloadId, WorkloadId>,
+}
+
+impl Moves {
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty() && self.replacing.is_empty()
+    }
+}
+
+impl Core {
+    /// A consolidation move of `id` so that `by` fits; `replace`: a replacement is booked.
+    pub(super) fn on_move(&mut self, id: u64, by: u64, replace: bool, batch: &mut Batch, now: i64) {
+        let wid = WorkloadId(id);
+        let movable = self
+            .live
+            .get(&wid)
+            .is_some_and(|l| l.w.phase == Phase::Running && l.w.spec.movable.is_some());
+        if !movable {
+            tracing::warn!(
+                id,
+                by,
+                "consolidation asked to move a workload that is not running and movable"
+            );
+            self.sched.move_failed(id);
+            return;
+        }
+        if replace {
+            // Creating the replacement needs the store (workload ids): done after the cycle.
+            self.moves.pending.push((wid, by));
+            return;
+        }
+        self.metrics.consolidation_move("restart");
+        let grace_s = self.settings.grace.as_secs();
+        self.apply(
+            wid,
+            Input::Preempt {
+                at: now,
+                by: WorkloadId(by),
+                code: PreemptCode::Consolidation,
+                detail: format!(
+                    "moved by consolidation so that workload {by} fits in its fragmented pool; \
+                     requeued, it restarts from its last checkpoint"
+                ),
+                grace_s,
+            },
+            batch,
+            now,
+        );
+    }
+
+    /// Creates the replacements booked since the last step, and stops each original whose
+    /// replacement runs.
+    pub(super) async fn moves_step(&mut self, batch: &mut Batch, now: i64) {
+        for (old, by) in std::mem::take(&mut self.moves.pending) {
+            self.start_replacement(old, by, batch, now).await;
+        }
+        let grace_s = self.settings.grace.as_secs();
+        let moves: Vec<(WorkloadId, WorkloadId)> = self.moves.replacing.iter().map(|(o, n)| (*o, *n)).collect();
+        for (old, new) in moves {
+            match self.live.get(&new).map(|l| l.w.phase) {
+                Some(Phase::Running) => {
+                    self.moves.replacing.remove(&old);
+                    self.apply(
+                        old,
+                        Input::Preempt {
+                            at: now,
+                            by: new,
+                            code: PreemptCode::Consolidation,
+                            detail: format!("moved by consolidation: replacement workload {new} runs"),
+                            grace_s,
+                        },
+                        batch,
+                        now,
+                    );
+                }
+                Some(p) if !p.is_waiting() => {}
+                // The replacement ended or went back to the queue before it ran: the original
+                // stays, and the job it was to make room for searches again.
+                _ => {
+                    self.moves.replacing.remove(&old);
+                    self.sched.move_failed(old.0);
+                    self.apply(
+                        old,
+                        Input::Notice {
+                            at: now,
+                            code: ReasonCode::Consolidation,
+                            detail: format!("replacement workload {new} did not start; this one stays"),
+                        },
+                        batch,
+                        now,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Creates the replacement of service `old` on the capacity booked for it.
+    async fn start_replacement(&mut self, old: WorkloadId, by: u64, batch: &mut Batch, now: i64) {
+        let Some(l) = self.live.get(&old).filter(|l| l.w.phase == Phase::Running) else {
+            self.sched.move_failed(old.0);
+            return;
+        };
+        let nw = NewWorkload {
+            spec: l.w.spec.clone(),
+            request: l.request.clone(),
+            actor: format!("consolidation for workload {by}"),
+            role: "platform-admin".into(),
+            idempotency: None,
+            received_at: now,
+            audit: None,
+        };
+        match self.accept_as(nw, Some(old), batch, now).await {
+            Ok((new, _)) => {
+                self.metrics.consolidation_move("replace");
+                self.moves.replacing.insert(old, new);
+                let node = self
+                    .live
+                    .get(&new)
+                    .and_then(|l| l.w.placement.as_ref())
+                    .map(|p| p.node.clone())
+                    .unwrap_or_default();
+                self.apply(
+                    old,
+                    Input::Notice {
+                        at: now,
+                        code: ReasonCode::Consolidation,
+                        detail: format!(
+                            "moved by consolidation so that workload {by} fits: replacement workload {new} \
+                             starts on {node}; this one stops once it runs"
+                        ),
+                    },
+                    batch,
+                    now,
+                );
+            }
+            Err(e) => {
+                tracing::warn!(%old, by, error = %e, "cannot create the replacement of a service; it stays");
+                self.sched.move_failed(old.0);
+            }
+        }
+    }
+}
