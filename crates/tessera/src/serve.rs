@@ -130,6 +130,22 @@ pub struct ServeArgs {
     /// Minimum runtime before a workload may be preempted, in seconds.
     #[arg(long, default_value_t = 60)]
     min_runtime_s: u64,
+    /// A priority class's own minimum runtime before its work may be preempted, longer than
+    /// --min-runtime-s: `CLASS=DURATION` such as `opportunistic=10m` (repeatable).
+    #[arg(long = "min-runtime", value_name = "CLASS=DURATION", value_parser = parse_class_duration)]
+    min_runtime: Vec<(String, u64)>,
+    /// A priority class preempts lower ones only after waiting this long (capacity often
+    /// frees by itself sooner): `CLASS=DURATION` such as `high=2m` (repeatable).
+    #[arg(long = "preempt-after", value_name = "CLASS=DURATION", value_parser = parse_class_duration)]
+    preempt_after: Vec<(String, u64)>,
+    /// Consolidation: move work marked `movable` so that a request waiting for fragmented
+    /// capacity fits (`on` or `off`).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    consolidation: Switch,
+    /// The disruption budget of consolidation: at most this many moves of one tenant's work
+    /// in any hour.
+    #[arg(long, default_value_t = 2)]
+    consolidation_budget: u32,
     /// Also serve Prometheus metrics (`/metrics`) on this address, without a credential: keep it
     /// on a private network. On the API address `/metrics` needs a `metrics` token.
     #[arg(long, env = "TESSERA_METRICS_LISTEN")]
@@ -153,6 +169,21 @@ fn parse_upgrade_duration(s: &str) -> Result<u64, String> {
     crate::cli::parse_duration(s)
         .map(|d| d as u64)
         .map_err(|e| e.to_string().replace("--duration: ", ""))
+}
+
+/// `CLASS=DURATION` (a priority class and a duration in seconds).
+fn parse_class_duration(s: &str) -> Result<(String, u64), String> {
+    let Some((class, d)) = s.split_once('=') else {
+        return Err(format!("`{s}` is not CLASS=DURATION (example: opportunistic=10m)"));
+    };
+    let d = parse_upgrade_duration(d)?;
+    Ok((class.trim().to_string(), d))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -209,10 +240,25 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let govern = tessera_sched::cycle::GovernConfig {
+    let mut govern = tessera_sched::cycle::GovernConfig {
         min_runtime_ms: a.min_runtime_s as i64 * 1000,
         ..Default::default()
     };
+    govern.consolidation.enabled = a.consolidation == Switch::On;
+    govern.consolidation.moves_per_tenant_per_hour = a.consolidation_budget;
+    let known: Vec<String> = govern.classes.iter().map(|c| c.name.clone()).collect();
+    for (flag, values) in [("--min-runtime", &a.min_runtime), ("--preempt-after", &a.preempt_after)] {
+        for (class, s) in values {
+            let Some(c) = govern.classes.iter_mut().find(|c| c.name == *class) else {
+                anyhow::bail!("{flag}: no priority class `{class}` (there are {})", known.join(", "));
+            };
+            let ms = Some(*s as i64 * 1000);
+            match flag {
+                "--min-runtime" => c.min_runtime_ms = ms,
+                _ => c.preempt_after_ms = ms,
+            }
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
