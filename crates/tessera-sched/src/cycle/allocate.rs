@@ -197,7 +197,7 @@ fn place(
             }
         }
         let alloc = s.engine.commit(job.id, &req, p).expect("a fresh plan commits").clone();
-        s.hold(job, keys, alloc.units, borrowing, now);
+        s.hold(job, keys, alloc.units, alloc.node, borrowing, now);
         return Ok(Decision::Placed {
             id: job.id,
             alloc,

@@ -225,6 +225,8 @@ pub struct Running {
     pub movable: Option<Movable>,
     /// What it asked for (consolidation places it elsewhere with it).
     pub request: Request,
+    /// The node it runs on.
+    pub node: NodeId,
 }
 
 impl Running {
@@ -524,8 +526,9 @@ impl Scheduler {
         let mut keys = class_keys(self.engine.fleet(), alloc.node);
         keys.push(project_key(&job.project));
         let units = alloc.units;
+        let node = alloc.node;
         self.engine.restore(alloc).map_err(|e| e.0)?;
-        self.hold(job, keys, units, borrowing, running_since_ms);
+        self.hold(job, keys, units, node, borrowing, running_since_ms);
         Ok(())
     }
 
@@ -578,6 +581,7 @@ impl Scheduler {
             .clone();
         if let Some(r) = self.running.get_mut(&id) {
             r.stopping = false;
+            r.node = a.node;
         }
         for n in self.nominated.values_mut() {
             n.victims.remove(&id);
@@ -660,7 +664,7 @@ impl Scheduler {
     }
 
     /// Books a job's new allocation against its tenant and records it as running.
-    fn hold(&mut self, job: &Job, keys: Vec<String>, units: GpuUnits, borrowing: bool, since: i64) {
+    fn hold(&mut self, job: &Job, keys: Vec<String>, units: GpuUnits, node: NodeId, borrowing: bool, since: i64) {
         self.books
             .account(&job.tenant, &keys, units, true, since, self.cfg.half_life_ms);
         let class = self.class(&job.priority);
@@ -687,6 +691,7 @@ impl Scheduler {
             checkpoint_ms: None,
             movable: job.movable,
             request: job.request.clone(),
+            node,
         };
         self.running.insert(job.id, running);
     }

@@ -93,31 +93,31 @@ fn search_unheld(
     let mut trial = Statement::new(&mut s.engine);
     // Candidates grouped by node; only nodes where the request could run at all. (A pass over
     // the running set per search: cheap filters first, costs only for the nodes kept.)
-    let mut by_node: HashMap<u32, Vec<&Running>> = HashMap::new();
+    let mut by_node: Vec<Vec<&Running>> = vec![Vec::new(); fleet.nodes.len()];
     for r in s.running.values() {
         if r.stopping || !r.preemptible || !r.past_min_runtime(now) || !rule.may_take(job, rank, r) {
             continue;
         }
-        let Some(a) = trial.engine().allocation(r.id) else {
-            continue;
-        };
-        let node = fleet.node(a.node);
-        if !pools.contains(&node.pool) || !job.request.allows_model(node.model) || held.contains(&a.node.0) {
+        let node = fleet.node(r.node);
+        if !pools.contains(&node.pool) || !job.request.allows_model(node.model) || held.contains(&r.node.0) {
             continue;
         }
-        by_node.entry(a.node.0).or_default().push(r);
+        by_node[r.node.0 as usize].push(r);
     }
     // Nodes whose free units plus their candidates' units could hold the request, fewest
     // candidates first.
     let st = trial.engine().state();
     let mut nodes: Vec<(usize, u32)> = by_node
         .iter()
+        .enumerate()
         .filter(|(n, c)| {
-            let free: u64 = st.nodes[**n as usize].gpus.iter().map(|g| g.free_milli() as u64).sum();
-            let releasable: u64 = c.iter().map(|r| r.units.as_milli()).sum();
-            free + releasable >= units.as_milli()
+            !c.is_empty() && {
+                let free: u64 = st.nodes[*n].gpus.iter().map(|g| g.free_milli() as u64).sum();
+                let releasable: u64 = c.iter().map(|r| r.units.as_milli()).sum();
+                free + releasable >= units.as_milli()
+            }
         })
-        .map(|(n, c)| (c.len(), *n))
+        .map(|(n, c)| (c.len(), n as u32))
         .collect();
     nodes.sort_unstable();
     let mut shares: HashMap<&str, f64> = HashMap::new();
@@ -126,9 +126,7 @@ fn search_unheld(
         if best.as_ref().is_some_and(|b| b.1.len() == 1) {
             break;
         }
-        let mut cands: Vec<(VictimCost, u64)> = by_node
-            .remove(&n)
-            .expect("key")
+        let mut cands: Vec<(VictimCost, u64)> = std::mem::take(&mut by_node[n as usize])
             .into_iter()
             .map(|r| {
                 let share = *shares
