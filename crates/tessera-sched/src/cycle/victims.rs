@@ -94,12 +94,18 @@ fn search_unheld(
     // Candidates grouped by node; only nodes where the request could run at all. (A pass over
     // the running set per search: cheap filters first, costs only for the nodes kept.)
     let mut by_node: Vec<Vec<&Running>> = vec![Vec::new(); fleet.nodes.len()];
+    let mut is_held = vec![false; fleet.nodes.len()];
+    for &n in held {
+        if let Some(h) = is_held.get_mut(n as usize) {
+            *h = true;
+        }
+    }
     for r in s.running.values() {
         if r.stopping || !r.preemptible || !r.past_min_runtime(now) || !rule.may_take(job, rank, r) {
             continue;
         }
         let node = fleet.node(r.node);
-        if !pools.contains(&node.pool) || !job.request.allows_model(node.model) || held.contains(&r.node.0) {
+        if !pools.contains(&node.pool) || !job.request.allows_model(node.model) || is_held[r.node.0 as usize] {
             continue;
         }
         by_node[r.node.0 as usize].push(r);
