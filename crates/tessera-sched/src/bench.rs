@@ -88,7 +88,7 @@ pub fn request_mix(fleet: &Fleet) -> Vec<Request> {
     out
 }
 
-const MAX_WARMUP: usize = 50;
+const MAX_WARMUP: usize = 400;
 
 const CLASSES: [&str; 4] = ["critical", "high", "standard", "opportunistic"];
 

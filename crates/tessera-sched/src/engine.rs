@@ -43,7 +43,7 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_model::request::MigChoice;
-use tessera_model::{Fleet, GpuUnits, NodeId, PoolId, Request, Shape, Sharing, Topology};
+use tessera_model::{Fleet, GpuUnits, ModelId, NodeId, PoolId, Request, Shape, Sharing, Topology};
 
 use crate::mig::{MigTable, state_key};
 use crate::policy::{Choice, Demand, NodeView, Score, SharedPolicy};
@@ -134,6 +134,13 @@ pub struct Engine {
     mig_pending: HashMap<u32, u16>,
     next_epoch: u64,
     scratch: Vec<Choice>,
+    /// Per pool, a counter bumped whenever capacity there may have grown (a release, a fence
+    /// lifted, a MIG change): a request that found no room at one value finds none while it
+    /// holds ([`Engine::freed_generation`]).
+    freed: Vec<u64>,
+    /// Per pool, its nodes grouped by GPU model (the fleet never changes): the eligible nodes
+    /// of a request without a pass over every node.
+    pool_models: Vec<Vec<(ModelId, Vec<u32>)>>,
 }
 
 impl Engine {
@@ -171,6 +178,22 @@ impl Engine {
             mig_pending: HashMap::new(),
             next_epoch: 1,
             scratch: Vec::new(),
+            freed: vec![0; fleet.pools.len()],
+            pool_models: fleet
+                .pools
+                .iter()
+                .map(|p| {
+                    let mut by_model: Vec<(ModelId, Vec<u32>)> = Vec::new();
+                    for n in p.nodes.clone() {
+                        let m = fleet.nodes[n as usize].model;
+                        match by_model.iter_mut().find(|(x, _)| *x == m) {
+                            Some((_, v)) => v.push(n),
+                            None => by_model.push((m, vec![n])),
+                        }
+                    }
+                    by_model
+                })
+                .collect(),
             fleet,
         };
         let slots = e.fleet.max_gpus_per_node(None) as usize + 1;
@@ -236,6 +259,47 @@ impl Engine {
             }
         }
         Err(self.diagnose(req, &scope))
+    }
+
+    /// Where `req` would go, without changing the state, or `None` (no diagnosis: see
+    /// [`Engine::explain`]). `req` must be valid ([`Engine::constraint`] says so).
+    pub fn find(&mut self, req: &Request) -> Option<Placement> {
+        let scope = self.scope(req).ok()?;
+        scope.into_iter().find_map(|pool| self.choose_in_pool(pool, req))
+    }
+
+    /// A counter of `pool` that moves whenever capacity there may have grown. A request
+    /// [`Engine::find`] found no room for in the pool, with no node blocked, finds none while
+    /// the counter stays the same.
+    pub fn freed_generation(&self, pool: PoolId) -> u64 {
+        self.freed.get(pool.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// Every pool's [freed generation](Engine::freed_generation), in pool order.
+    pub fn freed_generations(&self) -> Vec<u64> {
+        self.freed.clone()
+    }
+
+    /// Puts back freed generations taken with [`Engine::freed_generations`]: only right when
+    /// the state is exactly as it was then (a trial fully rolled back).
+    pub fn reset_freed_generations(&mut self, freed: &[u64]) {
+        if freed.len() == self.freed.len() {
+            self.freed.copy_from_slice(freed);
+        }
+    }
+
+    /// Whether nodes are held back from placement ([`Engine::set_blocked`]).
+    pub fn blocking(&self) -> bool {
+        !self.blocked.is_empty()
+    }
+
+    /// Capacity on node `n` may have grown.
+    fn freed_on(&mut self, n: u32) {
+        if let Some(node) = self.fleet.nodes.get(n as usize)
+            && let Some(g) = self.freed.get_mut(node.pool.0 as usize)
+        {
+            *g += 1;
+        }
     }
 
     /// Decides and commits in one step (observing the request first), or says why not.
@@ -405,19 +469,20 @@ impl Engine {
 
     /// The nodes of `scope` whose model `req` may use.
     fn eligible(&self, req: &Request, scope: &[PoolId]) -> Vec<u32> {
-        let fleet = &*self.fleet;
-        scope
-            .iter()
-            .flat_map(|&p| fleet.pool(p).nodes.clone())
-            .filter(|&n| {
-                let node = &fleet.nodes[n as usize];
-                req.allows_model(node.model)
+        let mut out = Vec::new();
+        for &p in scope {
+            for (model, nodes) in &self.pool_models[p.0 as usize] {
+                let allowed = req.allows_model(*model)
                     && match &req.shape {
-                        Shape::Mig(c) => c.options.iter().any(|o| o.0 == node.model),
+                        Shape::Mig(c) => c.options.iter().any(|o| o.0 == *model),
                         _ => true,
-                    }
-            })
-            .collect()
+                    };
+                if allowed {
+                    out.extend_from_slice(nodes);
+                }
+            }
+        }
+        out
     }
 
     fn constraint_in(&self, req: &Request, scope: &[PoolId], eligible: &[u32]) -> Option<Unplaceable> {
@@ -722,6 +787,7 @@ impl Engine {
             st.epoch = self.next_epoch;
             self.next_epoch += 1;
         }
+        self.freed_on(n);
     }
 
     fn host_fits(&self, n: u32, req: &Request) -> bool {
@@ -1096,6 +1162,10 @@ impl Engine {
         st.epoch = self.next_epoch;
         self.next_epoch += 1;
         self.index(n, touched);
+        // A release frees room; in `WholeGpu` mode a booking may also lay a GPU out anew.
+        if !add || self.mig_mode == crate::mig::MigMode::WholeGpu {
+            self.freed_on(n);
+        }
     }
 
     fn unindex(&mut self, n: u32, gpus: u16) {

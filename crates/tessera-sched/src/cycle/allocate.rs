@@ -39,6 +39,7 @@ impl Action for Allocate {
         // again (shape, host needs and, on shared pools, the tenant are all in the key) — unless
         // it holds a reservation, which others may not use.
         let mut no_capacity: HashMap<Request, (Rc<Wait>, bool)> = HashMap::new();
+        let mut explains = EXPLAINS_PER_CYCLE;
         let jobs = s.jobs.clone();
         for (i, q) in jobs.iter().enumerate() {
             let job = &q.job;
@@ -85,13 +86,10 @@ impl Action for Allocate {
                     }
                     // Without the reservations in the way, would it fit? (With none in the
                     // way the answer is known: only the reason is needed.)
-                    let reason = Rc::new(if !any_blocked {
-                        Wait::Unplaceable(sched.engine.explain(&job.request))
+                    let reason = Rc::new(if any_blocked && fits_unblocked(sched, q) {
+                        Wait::Held
                     } else {
-                        match sched.engine.plan(&job.request) {
-                            Err(u) => Wait::Unplaceable(u),
-                            Ok(_) => Wait::Held,
-                        }
+                        explain(sched, q, &mut explains)
                     });
                     // A preemptor still waiting for its victims does not search again; one
                     // whose victims have all stopped and still does not fit gives up its
@@ -115,30 +113,42 @@ impl Action for Allocate {
     }
 }
 
-/// The queue in the order this cycle serves it: nominated preemptors whose victims are gone
-/// first, then as the queue-order plugin says. Reservations of jobs no longer waiting lapse.
-pub(super) fn queue_order(s: &mut Scheduler, now: i64) -> Vec<Arc<Queued>> {
+/// The first jobs of the queue in the order this cycle serves it, at most `limit`: nominated
+/// preemptors whose victims are gone first, then as the queue-order plugin says; past the first
+/// [`UNFILTERED_HEAD`], only jobs that may find room. Says too whether jobs that may find room
+/// were left for a later cycle. Reservations of jobs no longer waiting lapse. Reads only the head
+/// of the queue ([`WaitQueue`](super::queue)).
+pub(super) fn queue_order(s: &mut Scheduler, now: i64, limit: usize) -> (Vec<Arc<Queued>>, bool) {
     let mut share: HashMap<String, f64> = HashMap::new();
-    for q in &s.queue {
-        if !share.contains_key(&q.job.tenant) {
-            s.books.decay(&q.job.tenant, now, s.cfg.half_life_ms);
-            share.insert(q.job.tenant.clone(), s.books.fair_share(&q.job.tenant));
-        }
+    for t in s.queue.tenants() {
+        s.books.decay(&t, now, s.cfg.half_life_ms);
+        share.insert(t.clone(), s.books.fair_share(&t));
     }
-    let mut order: Vec<(bool, super::OrderKey, usize)> = s
-        .queue
-        .iter()
-        .enumerate()
-        .map(|(i, q)| {
-            let j = &q.job;
-            let key = s.plugins.queue_order.key(j, s.rank(&j.priority), share[&j.tenant]);
-            (!s.nominated.get(&j.id).is_some_and(|n| n.victims.is_empty()), key, i)
-        })
+    let key = |q: &Queued| s.plugins.queue_order.key(&q.job, q.rank, share[&q.job.tenant]);
+    let ready = |id: &u64| s.nominated.get(id).is_some_and(|n| n.victims.is_empty());
+    let mut first: Vec<(super::OrderKey, Arc<Queued>)> = s
+        .nominated
+        .keys()
+        .filter(|id| ready(id))
+        .filter_map(|id| s.queue.get(*id))
+        .map(|q| (key(q), q.clone()))
         .collect();
-    order.sort_unstable();
-    let queued: HashSet<u64> = s.queue.iter().map(|q| q.job.id).collect();
-    s.reservations.retain(|_, (j, _)| queued.contains(j));
-    order.iter().map(|&(_, _, i)| s.queue[i].clone()).collect()
+    first.sort_unstable_by_key(|(k, _)| *k);
+    first.truncate(limit);
+    let mut order: Vec<Arc<Queued>> = first.into_iter().map(|(_, q)| q).collect();
+    // Past the head (whose starved jobs may search for victims), jobs whose capacity key found
+    // no room in every pool of its scope, where nothing was freed since, are left out.
+    let unfit = |q: &Queued| {
+        s.unfit
+            .get(&q.key)
+            .is_some_and(|v| q.scope.iter().all(|&p| v.contains(&(p, s.engine.freed_generation(p)))))
+    };
+    let head = UNFILTERED_HEAD.saturating_sub(order.len());
+    let (rest, cut) = s.queue.first(head, limit - order.len(), key, |id| ready(&id), unfit);
+    order.extend(rest);
+    let queue = &s.queue;
+    s.reservations.retain(|_, (j, _)| queue.contains(*j));
+    (order, cut)
 }
 
 /// Places `job` in the first pool of `pools` where it fits and its quotas allow, booking it.
@@ -164,7 +174,7 @@ fn place(
         }
         let mut req = job.request.clone();
         req.pool = Some(*pool);
-        let Ok(p) = s.engine.plan(&req) else { continue };
+        let Some(p) = find(s, q, &req, *pool) else { continue };
         let mut keys = super::class_keys(s.engine.fleet(), p.node);
         keys.push(q.project_key.clone());
         let borrowing = match s.books.check(&job.tenant, &keys, p.units) {
@@ -187,7 +197,7 @@ fn place(
             }
         }
         let alloc = s.engine.commit(job.id, &req, p).expect("a fresh plan commits").clone();
-        s.hold(job, keys, alloc.units, borrowing, now);
+        s.hold(job, keys, alloc.units, alloc.node, borrowing, now);
         return Ok(Decision::Placed {
             id: job.id,
             alloc,
@@ -199,6 +209,57 @@ fn place(
         (None, Some(b)) => Blocked::Backoff(b),
         (None, None) => Blocked::NoCapacity,
     })
+}
+
+/// A cycle's session holds this many jobs of the head of the queue whatever they are (starved
+/// ones there may search for victims); further on, only jobs that may find room.
+pub(super) const UNFILTERED_HEAD: usize = 256;
+
+/// At most this many requests of a cycle that find no capacity get a fresh diagnosis (a pass
+/// over their pools' nodes); the others keep the one they last had, refreshed on a later cycle.
+/// Only figures and, rarely, the kind of a waiting reason can be stale: placement is always
+/// tried against the current state.
+const EXPLAINS_PER_CYCLE: usize = 32;
+
+/// Where `req` (the request of `q` restricted to `pool`) would go now. A request whose capacity
+/// key found no room in `pool` with no node blocked is not searched again until capacity there
+/// may have grown ([`Engine::freed_generation`](crate::engine::Engine::freed_generation)):
+/// "unschedulable until capacity changes", an O(1) answer on a deep queue.
+fn find(s: &mut Scheduler, q: &Queued, req: &Request, pool: PoolId) -> Option<crate::state::Placement> {
+    let generation = s.engine.freed_generation(pool);
+    if s.unfit.get(&q.key).is_some_and(|v| v.contains(&(pool, generation))) {
+        return None;
+    }
+    let found = s.engine.find(req);
+    if found.is_none() && !s.engine.blocking() {
+        let v = s.unfit.entry(q.key.clone()).or_default();
+        v.retain(|(p, _)| *p != pool);
+        v.push((pool, generation));
+    }
+    found
+}
+
+/// Whether `q` would fit somewhere in its scope if no node were held for others.
+fn fits_unblocked(s: &mut Scheduler, q: &Queued) -> bool {
+    q.scope.iter().any(|&pool| {
+        let mut req = q.job.request.clone();
+        req.pool = Some(pool);
+        find(s, q, &req, pool).is_some()
+    })
+}
+
+/// Why `q` finds no capacity: the engine's diagnosis, fresh while `budget` lasts (or when none
+/// is known), otherwise the one its capacity key last had.
+fn explain(s: &mut Scheduler, q: &Queued, budget: &mut usize) -> Wait {
+    if *budget == 0
+        && let Some(w) = s.explained.get(&q.key)
+    {
+        return w.clone();
+    }
+    *budget = budget.saturating_sub(1);
+    let w = Wait::Unplaceable(s.engine.explain(&q.job.request));
+    s.explained.insert(q.key.clone(), w.clone());
+    w
 }
 
 /// Holds one node for a head that has waited past the backfill window, if its pool has no

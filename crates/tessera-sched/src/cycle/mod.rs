@@ -48,6 +48,7 @@ mod books;
 mod consolidate;
 pub mod plugins;
 mod preempt;
+mod queue;
 mod reclaim;
 mod session;
 mod statement;
@@ -104,6 +105,9 @@ pub struct GovernConfig {
     /// (capacity often frees by itself sooner; reclaiming at once would churn).
     pub reclaim_after_ms: i64,
     pub consolidation: ConsolidationConfig,
+    /// A cycle considers at most this many jobs from the head of the queue (in queue order);
+    /// the rest wait for a later cycle, in the same order. Bounds a cycle's work on a deep queue.
+    pub max_jobs_per_cycle: usize,
 }
 
 impl Default for GovernConfig {
@@ -145,6 +149,7 @@ impl Default for GovernConfig {
             max_preemption_searches: 8,
             reclaim_after_ms: 300_000,
             consolidation: ConsolidationConfig::default(),
+            max_jobs_per_cycle: 1_000,
         }
     }
 }
@@ -220,6 +225,8 @@ pub struct Running {
     pub movable: Option<Movable>,
     /// What it asked for (consolidation places it elsewhere with it).
     pub request: Request,
+    /// The node it runs on.
+    pub node: NodeId,
 }
 
 impl Running {
@@ -266,18 +273,12 @@ struct Queued {
     project_key: String,
     /// The GPU units it asks for.
     units: GpuUnits,
-}
-
-impl Queued {
-    fn new(job: Job, engine: &Engine) -> Self {
-        Queued {
-            key: capacity_key(&job.request),
-            scope: engine.scope(&job.request).unwrap_or_default(),
-            project_key: project_key(&job.project),
-            units: job.request.units(&engine.fleet().catalogue),
-            job,
-        }
-    }
+    /// Its arrival sequence number.
+    seq: u64,
+    /// Its priority class's rank.
+    rank: u8,
+    /// Its queue-order key at a zero fair share (its place among its tenant's jobs of its class).
+    base_key: OrderKey,
 }
 
 /// What decides whether a request finds capacity: everything but the tenant, which matters
@@ -314,7 +315,7 @@ pub struct Scheduler {
     books: Books,
     plugins: Plugins,
     actions: Vec<Box<dyn Action>>,
-    queue: Vec<Arc<Queued>>,
+    queue: queue::WaitQueue,
     running: HashMap<u64, Running>,
     /// Preemptors waiting for their victims to stop: job → victims and the nodes held for it.
     nominated: BTreeMap<u64, Nomination>,
@@ -330,6 +331,11 @@ pub struct Scheduler {
     disruptions: HashMap<String, std::collections::VecDeque<i64>>,
     /// Services being moved: their replacement is booked under `REPLACEMENT | id`.
     replacing: HashSet<u64>,
+    /// Per capacity key, the pools where it last found no room, with the pool's
+    /// [freed generation](Engine::freed_generation) then (see allocate).
+    unfit: HashMap<Request, Vec<(PoolId, u64)>>,
+    /// Per capacity key, the engine's last diagnosis of why it found no room.
+    explained: HashMap<Request, Wait>,
 }
 
 impl fmt::Debug for Scheduler {
@@ -350,7 +356,7 @@ impl Scheduler {
             books: Books::default(),
             plugins: Plugins::default(),
             actions: default_actions(),
-            queue: Vec::new(),
+            queue: queue::WaitQueue::default(),
             running: HashMap::new(),
             nominated: BTreeMap::new(),
             reasons: HashMap::new(),
@@ -359,14 +365,35 @@ impl Scheduler {
             dirty: true,
             disruptions: HashMap::new(),
             replacing: HashSet::new(),
+            unfit: HashMap::new(),
+            explained: HashMap::new(),
         }
     }
 
     /// The same scheduler with other queue-order or victim-order policies.
     pub fn with_plugins(mut self, plugins: Plugins) -> Self {
         self.plugins = plugins;
+        for q in self.queue.drain() {
+            let job = Arc::try_unwrap(q).map_or_else(|q| q.job.clone(), |q| q.job);
+            self.enqueue(job);
+        }
         self.dirty = true;
         self
+    }
+
+    /// A job as the queue keeps it.
+    fn queued_job(&mut self, job: Job) -> Arc<Queued> {
+        let rank = self.rank(&job.priority);
+        Arc::new(Queued {
+            key: capacity_key(&job.request),
+            scope: self.engine.scope(&job.request).unwrap_or_default(),
+            project_key: project_key(&job.project),
+            units: job.request.units(&self.engine.fleet().catalogue),
+            seq: self.queue.next_seq(),
+            rank,
+            base_key: self.plugins.queue_order.key(&job, rank, 0.0),
+            job,
+        })
     }
 
     pub fn class(&self, name: &str) -> Option<&PriorityClass> {
@@ -444,7 +471,7 @@ impl Scheduler {
 
     /// The waiting jobs, in arrival order.
     pub fn queue(&self) -> impl Iterator<Item = &Job> {
-        self.queue.iter().map(|q| &q.job)
+        self.queue.in_arrival_order().map(|q| &q.job)
     }
 
     pub fn running(&self) -> impl Iterator<Item = &Running> {
@@ -466,7 +493,8 @@ impl Scheduler {
         }
         self.engine.observe(&job.request);
         let id = job.id;
-        self.queue.push(Arc::new(Queued::new(job, &self.engine)));
+        let q = self.queued_job(job);
+        self.queue.push(q);
         // Unchanged capacity: only the newcomer can be placed now.
         let only = if self.dirty { None } else { Some(id) };
         self.run(now, only)
@@ -481,7 +509,8 @@ impl Scheduler {
             return Some(Refusal::Constraint(u));
         }
         self.engine.observe(&job.request);
-        self.queue.push(Arc::new(Queued::new(job, &self.engine)));
+        let q = self.queued_job(job);
+        self.queue.push(q);
         self.dirty = true;
         None
     }
@@ -497,14 +526,16 @@ impl Scheduler {
         let mut keys = class_keys(self.engine.fleet(), alloc.node);
         keys.push(project_key(&job.project));
         let units = alloc.units;
+        let node = alloc.node;
         self.engine.restore(alloc).map_err(|e| e.0)?;
-        self.hold(job, keys, units, borrowing, running_since_ms);
+        self.hold(job, keys, units, node, borrowing, running_since_ms);
         Ok(())
     }
 
     /// Puts a job back in the queue (start-up, or a preempted batch job being requeued).
     pub fn enqueue(&mut self, job: Job) {
-        self.queue.push(Arc::new(Queued::new(job, &self.engine)));
+        let q = self.queued_job(job);
+        self.queue.push(q);
         self.dirty = true;
     }
 
@@ -525,12 +556,11 @@ impl Scheduler {
 
     /// Removes a queued job (cancelled before placement).
     pub fn dequeue(&mut self, id: u64) -> bool {
-        let before = self.queue.len();
-        self.queue.retain(|q| q.job.id != id);
+        let removed = self.queue.remove(id).is_some();
         self.reasons.remove(&id);
         self.nominated.remove(&id);
         self.preempted.remove(&id);
-        before != self.queue.len()
+        removed
     }
 
     /// A moved service's replacement runs and the original has stopped: the replacement's
@@ -551,6 +581,7 @@ impl Scheduler {
             .clone();
         if let Some(r) = self.running.get_mut(&id) {
             r.stopping = false;
+            r.node = a.node;
         }
         for n in self.nominated.values_mut() {
             n.victims.remove(&id);
@@ -630,17 +661,19 @@ impl Scheduler {
     fn run(&mut self, now: i64, only: Option<u64>) -> Vec<Decision> {
         let jobs: Vec<Arc<Queued>> = match only {
             // Unchanged capacity: only the newcomer is tried, no need to order the queue.
-            Some(id) => self
-                .queue
-                .iter()
-                .rev()
-                .find(|q| q.job.id == id)
-                .cloned()
-                .into_iter()
-                .collect(),
+            Some(id) => self.queue.get(id).cloned().into_iter().collect(),
             None => {
-                self.dirty = false;
-                allocate::queue_order(self, now)
+                let limit = self.cfg.max_jobs_per_cycle.max(1);
+                // Keys of requests long gone do not pile up.
+                if self.unfit.len() + self.explained.len() > 16_384 {
+                    self.unfit.clear();
+                    self.explained.clear();
+                }
+                let (jobs, cut) = allocate::queue_order(self, now, limit);
+                // Jobs that may fit beyond the cut have not seen the change: the next cycle
+                // looks again.
+                self.dirty = cut;
+                jobs
             }
         };
         let actions = std::mem::take(&mut self.actions);
@@ -654,7 +687,7 @@ impl Scheduler {
     }
 
     /// Books a job's new allocation against its tenant and records it as running.
-    fn hold(&mut self, job: &Job, keys: Vec<String>, units: GpuUnits, borrowing: bool, since: i64) {
+    fn hold(&mut self, job: &Job, keys: Vec<String>, units: GpuUnits, node: NodeId, borrowing: bool, since: i64) {
         self.books
             .account(&job.tenant, &keys, units, true, since, self.cfg.half_life_ms);
         let class = self.class(&job.priority);
@@ -681,6 +714,7 @@ impl Scheduler {
             checkpoint_ms: None,
             movable: job.movable,
             request: job.request.clone(),
+            node,
         };
         self.running.insert(job.id, running);
     }
@@ -745,6 +779,48 @@ mod tests {
             "constraints are refused at once"
         );
         assert_eq!(s.queued(), 1);
+    }
+
+    #[test]
+    fn a_cycle_takes_at_most_its_cut_of_the_queue_and_the_next_one_goes_on_in_the_same_order() {
+        let mut s = Scheduler::new(
+            super::testing::engine(),
+            GovernConfig {
+                max_jobs_per_cycle: 3,
+                ..super::testing::config()
+            },
+        );
+        // Two tenants and two classes: the order interleaves the per-tenant, per-class queues.
+        for (id, tenant, class, at) in [
+            (1, "a", "standard", 5),
+            (2, "b", "standard", 1),
+            (3, "a", "high", 9),
+            (4, "b", "high", 8),
+            (5, "a", "standard", 2),
+        ] {
+            assert!(s.submit_for_next_cycle(job(id, tenant, 1, class, at)).is_none());
+        }
+        assert_eq!(placed(&s.cycle(10)), vec![4, 3, 2]);
+        assert!(s.needs_cycle(), "jobs that may fit were left for the next cycle");
+        assert_eq!(placed(&s.cycle(11)), vec![5, 1]);
+        assert!(!s.needs_cycle());
+        assert_eq!(s.queued(), 0);
+    }
+
+    #[test]
+    fn a_shape_that_found_no_room_is_searched_again_only_once_capacity_is_freed() {
+        let mut s = sched();
+        for i in 0..16 {
+            assert_eq!(placed(&s.submit(job(i, "a", 8, "standard", 0), 0)), vec![i]);
+        }
+        let training = s.engine.scope(&job(0, "a", 8, "standard", 0).request).unwrap()[0];
+        let before = s.engine.freed_generation(training);
+        assert!(placed(&s.submit(job(50, "b", 8, "standard", 1), 1)).is_empty());
+        assert!(s.unfit.values().any(|v| v.contains(&(training, before))), "remembered");
+        assert_eq!(s.engine.freed_generation(training), before, "a placement frees nothing");
+        s.release(3, 2);
+        assert_ne!(s.engine.freed_generation(training), before, "a release does");
+        assert_eq!(placed(&s.cycle(2)), vec![50]);
     }
 
     #[test]

@@ -11,6 +11,10 @@ use super::{Job, Running};
 pub type OrderKey = (u8, u64, i64, u64);
 
 /// The order in which waiting jobs are considered.
+///
+/// The queue is kept sorted as jobs come and go, not re-sorted each cycle, so an implementation
+/// must keep the relative order of two jobs of the same tenant and priority class whatever the
+/// fair share (as it changes, only whole tenants move against each other).
 pub trait QueueOrder: Send {
     /// The position of `job`, given its priority class's rank (0 = most important) and its
     /// tenant's fair share (decayed usage over the guarantee; lower = less served).

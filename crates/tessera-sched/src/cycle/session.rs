@@ -5,7 +5,6 @@
 //! A job is known by its position in the session's order: every action walks the whole queue,
 //! every cycle, so the per-job state is a vector, not a map.
 
-use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -181,19 +180,19 @@ impl<'a> Session<'a> {
             mut decisions,
             ..
         } = self;
-        let mut done: HashSet<u64> = HashSet::new();
+        let mut done: Vec<u64> = Vec::new();
         for (q, st) in jobs.iter().zip(status) {
             let id = q.job.id;
             let changed = |sched: &Scheduler, r: &Wait| sched.reasons.get(&id).is_none_or(|old| !old.same_kind(r));
             let reason = match st {
                 Status::Placed => {
-                    done.insert(id);
+                    done.push(id);
                     continue;
                 }
                 Status::Refused => {
                     sched.reasons.remove(&id);
                     sched.nominated.remove(&id);
-                    done.insert(id);
+                    done.push(id);
                     continue;
                 }
                 Status::Waiting(reason) if changed(sched, &reason) => reason,
@@ -203,8 +202,8 @@ impl<'a> Session<'a> {
             sched.reasons.insert(id, reason.clone());
             decisions.push(Decision::Waiting { id, reason });
         }
-        if !done.is_empty() {
-            sched.queue.retain(|q| !done.contains(&q.job.id));
+        for id in done {
+            sched.queue.remove(id);
         }
         decisions
     }

@@ -26,11 +26,15 @@ enum Step {
 pub(super) struct Statement<'e> {
     engine: &'e mut Engine,
     steps: Vec<Step>,
+    /// The engine's freed generations when the statement began: a full rollback puts the state
+    /// back exactly, so capacity has not grown and they are put back too.
+    freed: Vec<u64>,
 }
 
 impl<'e> Statement<'e> {
     pub fn new(engine: &'e mut Engine) -> Self {
         Statement {
+            freed: engine.freed_generations(),
             engine,
             steps: Vec::new(),
         }
@@ -54,7 +58,7 @@ impl<'e> Statement<'e> {
 
     /// Whether `req` could be placed in the current trial state.
     pub fn fits(&mut self, req: &Request) -> bool {
-        self.engine.plan(req).is_ok()
+        self.engine.find(req).is_some()
     }
 
     /// Tentatively places `req` as allocation `id`; `None` if it does not fit.
@@ -94,6 +98,9 @@ impl<'e> Statement<'e> {
                     self.engine.release(id).expect("placed in this statement");
                 }
             }
+        }
+        if cp.0 == 0 {
+            self.engine.reset_freed_generations(&self.freed);
         }
     }
 }

@@ -91,45 +91,56 @@ fn search_unheld(
     let fleet = s.engine.fleet().clone();
     let pools = s.pools_for(&job.request);
     let mut trial = Statement::new(&mut s.engine);
-    // Candidates grouped by node; only nodes where the request could run at all.
-    let mut by_node: HashMap<u32, Vec<(VictimCost, u64)>> = HashMap::new();
+    // Candidates grouped by node; only nodes where the request could run at all. (A pass over
+    // the running set per search: cheap filters first, costs only for the nodes kept.)
+    let mut by_node: Vec<Vec<&Running>> = vec![Vec::new(); fleet.nodes.len()];
+    let mut is_held = vec![false; fleet.nodes.len()];
+    for &n in held {
+        if let Some(h) = is_held.get_mut(n as usize) {
+            *h = true;
+        }
+    }
     for r in s.running.values() {
         if r.stopping || !r.preemptible || !r.past_min_runtime(now) || !rule.may_take(job, rank, r) {
             continue;
         }
-        let Some(a) = trial.engine().allocation(r.id) else {
-            continue;
-        };
-        let node = fleet.node(a.node);
-        if held.contains(&a.node.0) || !pools.contains(&node.pool) || !job.request.allows_model(node.model) {
+        let node = fleet.node(r.node);
+        if !pools.contains(&node.pool) || !job.request.allows_model(node.model) || is_held[r.node.0 as usize] {
             continue;
         }
-        let cost = s.plugins.victim_order.cost(r, s.books.fair_share(&r.tenant), now);
-        by_node.entry(a.node.0).or_default().push((cost, r.id));
+        by_node[r.node.0 as usize].push(r);
     }
     // Nodes whose free units plus their candidates' units could hold the request, fewest
     // candidates first.
     let st = trial.engine().state();
     let mut nodes: Vec<(usize, u32)> = by_node
         .iter()
+        .enumerate()
         .filter(|(n, c)| {
-            let free: u64 = st.nodes[**n as usize].gpus.iter().map(|g| g.free_milli() as u64).sum();
-            let releasable: u64 = c
-                .iter()
-                .filter_map(|(_, id)| s.running.get(id))
-                .map(|r| r.units.as_milli())
-                .sum();
-            free + releasable >= units.as_milli()
+            !c.is_empty() && {
+                let free: u64 = st.nodes[*n].gpus.iter().map(|g| g.free_milli() as u64).sum();
+                let releasable: u64 = c.iter().map(|r| r.units.as_milli()).sum();
+                free + releasable >= units.as_milli()
+            }
         })
-        .map(|(n, c)| (c.len(), *n))
+        .map(|(n, c)| (c.len(), n as u32))
         .collect();
     nodes.sort_unstable();
+    let mut shares: HashMap<&str, f64> = HashMap::new();
     let mut best: Option<(Vec<VictimCost>, Vec<u64>)> = None;
     for (_, n) in nodes {
         if best.as_ref().is_some_and(|b| b.1.len() == 1) {
             break;
         }
-        let mut cands = by_node.remove(&n).expect("key");
+        let mut cands: Vec<(VictimCost, u64)> = std::mem::take(&mut by_node[n as usize])
+            .into_iter()
+            .map(|r| {
+                let share = *shares
+                    .entry(r.tenant.as_str())
+                    .or_insert_with(|| s.books.fair_share(&r.tenant));
+                (s.plugins.victim_order.cost(r, share, now), r.id)
+            })
+            .collect();
         cands.sort_unstable();
         let cp = trial.checkpoint();
         let mut costs = Vec::new();

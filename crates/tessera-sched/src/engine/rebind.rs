@@ -30,6 +30,7 @@ impl Engine {
     /// Sets how the backend binds devices; commits made from now on follow it.
     pub fn set_device_binding(&mut self, binding: DeviceBinding) {
         self.binding = binding;
+        self.freed.iter_mut().for_each(|g| *g += 1);
     }
 
     pub fn device_binding(&self) -> DeviceBinding {

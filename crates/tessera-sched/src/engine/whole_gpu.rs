@@ -64,6 +64,7 @@ impl Engine {
         self.mig_index.clear();
         self.layout_index.clear();
         self.mig_mode = mode;
+        self.freed.iter_mut().for_each(|g| *g += 1);
         let fleet = self.fleet.clone();
         for (n, node) in fleet.nodes.iter().enumerate() {
             if fleet.pool(node.pool).sharing != Sharing::Mig {
@@ -171,6 +172,7 @@ impl Engine {
         st.epoch = self.next_epoch;
         self.next_epoch += 1;
         self.index(node.0, 1 << gpu);
+        self.freed_on(node.0);
         Ok(())
     }
 

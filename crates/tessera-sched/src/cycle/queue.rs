@@ -1,0 +1,144 @@
+//! The waiting jobs, kept in queue order as they come and go, so that a cycle reads the head of
+//! the queue without sorting all of it.
+//!
+//! Jobs are bucketed by tenant, priority class and capacity key (what decides whether a request
+//! finds room). Within a bucket the rank and the fair share are the same for every job, so the
+//! bucket is kept sorted by the queue-order key computed with a zero fair share
+//! ([`QueueOrder`](super::plugins::QueueOrder) promises that the relative order of one tenant's
+//! jobs of one class does not depend on the share). A cycle merges the buckets' heads by the full
+//! key at the current fair shares and stops after the jobs it takes; past the head of the queue
+//! a bucket whose capacity key is known to find no room is dropped whole, in O(1). Reading the
+//! first `k` jobs of `n` costs O(buckets + k log buckets), inserting or removing one O(log n).
+
+use std::cmp::Reverse;
+use std::collections::btree_map::Values;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::Arc;
+
+use tessera_model::Request;
+
+use super::Queued;
+use super::plugins::OrderKey;
+
+/// The waiting jobs: by id, in arrival order, and per (tenant, class rank) in queue order.
+#[derive(Default)]
+pub(super) struct WaitQueue {
+    by_id: HashMap<u64, Arc<Queued>>,
+    /// Arrival sequence → job id.
+    arrivals: BTreeMap<u64, u64>,
+    /// (tenant, rank, capacity key) → (key at zero fair share → job id).
+    buckets: HashMap<(String, u8, Request), BTreeMap<OrderKey, u64>>,
+    next_seq: u64,
+}
+
+impl WaitQueue {
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn get(&self, id: u64) -> Option<&Arc<Queued>> {
+        self.by_id.get(&id)
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
+    /// The next arrival sequence number (a job's `seq`).
+    pub fn next_seq(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
+
+    /// Adds a job (its `seq`, `rank` and `base_key` set). A job already queued under the same id
+    /// is replaced.
+    pub fn push(&mut self, q: Arc<Queued>) {
+        self.remove(q.job.id);
+        self.arrivals.insert(q.seq, q.job.id);
+        self.buckets
+            .entry((q.job.tenant.clone(), q.rank, q.key.clone()))
+            .or_default()
+            .insert(q.base_key, q.job.id);
+        self.by_id.insert(q.job.id, q);
+    }
+
+    pub fn remove(&mut self, id: u64) -> Option<Arc<Queued>> {
+        let q = self.by_id.remove(&id)?;
+        self.arrivals.remove(&q.seq);
+        let bucket = (q.job.tenant.clone(), q.rank, q.key.clone());
+        if let Some(b) = self.buckets.get_mut(&bucket) {
+            b.remove(&q.base_key);
+            if b.is_empty() {
+                self.buckets.remove(&bucket);
+            }
+        }
+        Some(q)
+    }
+
+    /// The waiting jobs in arrival order.
+    pub fn in_arrival_order(&self) -> impl Iterator<Item = &Arc<Queued>> {
+        self.arrivals.values().map(|id| &self.by_id[id])
+    }
+
+    /// The tenants with waiting jobs (each once).
+    pub fn tenants(&self) -> Vec<String> {
+        let mut t: Vec<String> = self.buckets.keys().map(|(t, _, _)| t.clone()).collect();
+        t.sort_unstable();
+        t.dedup();
+        t
+    }
+
+    /// Every job (for a full rebuild when the queue-order policy changes).
+    pub fn drain(&mut self) -> Vec<Arc<Queued>> {
+        let all: Vec<Arc<Queued>> = self.in_arrival_order().cloned().collect();
+        *self = WaitQueue {
+            next_seq: self.next_seq,
+            ..Default::default()
+        };
+        all
+    }
+
+    /// Up to `limit` jobs in queue order by `key` (the full key of a job), skipping those `skip`
+    /// says to: the first `head` whatever they are, then only jobs that `unfit` does not say
+    /// find no room (it is asked once per bucket: a bucket shares one capacity key). A k-way
+    /// merge of the buckets' heads. Also says whether jobs that might fit were left out.
+    pub fn first(
+        &self,
+        head: usize,
+        limit: usize,
+        key: impl Fn(&Queued) -> OrderKey,
+        skip: impl Fn(u64) -> bool,
+        mut unfit: impl FnMut(&Queued) -> bool,
+    ) -> (Vec<Arc<Queued>>, bool) {
+        let mut out = Vec::new();
+        if limit == 0 {
+            return (out, !self.by_id.is_empty());
+        }
+        let mut iters: Vec<_> = self.buckets.values().map(|b| b.values()).collect();
+        let mut heap: BinaryHeap<Reverse<(OrderKey, u64, usize)>> = BinaryHeap::with_capacity(iters.len());
+        let advance = |i: usize, iters: &mut Vec<Values<'_, OrderKey, u64>>, heap: &mut BinaryHeap<_>| {
+            for &id in iters[i].by_ref() {
+                if skip(id) {
+                    continue;
+                }
+                heap.push(Reverse((key(&self.by_id[&id]), id, i)));
+                return;
+            }
+        };
+        for i in 0..iters.len() {
+            advance(i, &mut iters, &mut heap);
+        }
+        while out.len() < limit {
+            let Some(Reverse((_, id, i))) = heap.pop() else { break };
+            let q = &self.by_id[&id];
+            if out.len() >= head && unfit(q) {
+                // The rest of the bucket has the same capacity key: none of it fits either.
+                continue;
+            }
+            out.push(q.clone());
+            advance(i, &mut iters, &mut heap);
+        }
+        let cut = !heap.is_empty();
+        (out, cut)
+    }
+}
