@@ -643,6 +643,7 @@ impl Backend for KubeBackend {
             logs: false,
             // The GPU Operator's MIG manager owns MIG mode on Kubernetes.
             mig_mode_switch: false,
+            mig_mode_reported: false,
         }
     }
 

@@ -107,6 +107,7 @@ impl LocalBackend {
             tx,
             rx: Mutex::new(Some(rx)),
         });
+        shared.report_mig_modes();
         tokio::spawn(telemetry_loop(Arc::downgrade(&shared)));
         Ok(LocalBackend { shared })
     }
@@ -252,6 +253,33 @@ impl Shared {
             .collect()
     }
 
+    /// Reads every GPU's MIG mode and reports it, level-triggered (every pass, so a control
+    /// plane that starts or takes the lead later learns it too; it acts on differences only):
+    /// a GPU in MIG mode serves instances, one out of it whole GPUs, and a change pending a
+    /// reset comes back by itself once the reset applied it.
+    fn report_mig_modes(&self) {
+        let infos = match self.nvml.gpus() {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read MIG modes");
+                return;
+            }
+        };
+        for info in infos {
+            let Some(on) = info.mig_enabled else { continue };
+            let (enabled, pending) = match info.mig_pending {
+                Some(p) if p != on => (p, true),
+                _ => (on, false),
+            };
+            let _ = self.tx.send(BackendEvent::MigMode {
+                node: self.cfg.node.clone(),
+                gpu: info.index as u8,
+                enabled,
+                pending,
+            });
+        }
+    }
+
     fn unhealthy(&self, gpu: u32, xid: Option<u64>, detail: String) {
         if !self.state.lock().unwrap().unhealthy.insert(gpu) {
             return;
@@ -301,6 +329,7 @@ async fn telemetry_loop(weak: Weak<Shared>) {
             }
             let gpus = shared.sample(&all);
             let _ = shared.tx.send(BackendEvent::Telemetry { at_ms: now_ms(), gpus });
+            shared.report_mig_modes();
         }
     }
 }
@@ -350,6 +379,7 @@ impl Backend for LocalBackend {
             devices: DeviceAssignment::Exact,
             logs: true,
             mig_mode_switch: true,
+            mig_mode_reported: true,
         }
     }
 
@@ -622,12 +652,17 @@ impl Backend for LocalBackend {
                 });
             }
         }
+        // The GPUs in MIG mode now (an admin or a reset may have changed it since start-up).
+        let mig_now = self.shared.nvml.gpus().map_err(|e| BackendError::Unreachable(e.0))?;
         for g in &self.shared.discovery.gpus {
-            if g.served_as != "mig" {
-                continue;
-            }
+            let on = mig_now
+                .iter()
+                .any(|i| i.index == g.info.index && i.mig_enabled == Some(true));
             let model = g.model.as_deref().and_then(|m| self.shared.catalogue.find(m));
-            let Some(model) = model.map(|m| self.shared.catalogue.get(m)) else {
+            let Some(model) = model
+                .map(|m| self.shared.catalogue.get(m))
+                .filter(|m| on && m.mig.is_some())
+            else {
                 continue;
             };
             let instances = self

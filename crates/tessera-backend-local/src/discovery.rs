@@ -100,30 +100,26 @@ pub fn discover(nvml: &dyn Nvml, cat: &Catalogue) -> Result<Discovery, NvmlError
 }
 
 /// The fleet description (TOML, see `fleets/seed.toml`) of this machine as one node `node` in a
-/// pool `local`: `mig` when every GPU is in MIG mode with a known MIG table, `whole` otherwise;
-/// a model the catalogue does not know is declared as an opaque whole GPU. NVLink: `nvswitch`
-/// when every GPU reaches a switch or every other GPU, `pairs` when some are bridged.
+/// pool `local`: `mig` when some GPU is in MIG mode with a known MIG table (the GPUs out of
+/// MIG mode then serve whole GPUs: the backend reports each GPU's mode, which the engine keeps
+/// per GPU), `whole` otherwise; a model the catalogue does not know is declared as an opaque
+/// whole GPU. NVLink: `nvswitch` when every GPU reaches a switch or every other GPU, `pairs`
+/// when some are bridged.
 ///
-/// One node has one GPU model; a machine mixing models (or MIG and non-MIG GPUs) is refused
-/// with a line saying so.
+/// One node has one GPU model; a machine mixing models is refused with a line saying so.
 pub fn fleet_toml(d: &Discovery, node: &str, cpus: u32, memory_gib: u64) -> Result<String, String> {
     let first = d.gpus.first().ok_or("NVML reports no GPU on this machine")?;
     let name = |g: &DiscoveredGpu| g.model.clone().unwrap_or(g.info.name.clone());
-    if let Some(other) = d
-        .gpus
-        .iter()
-        .find(|g| name(g) != name(first) || g.served_as != first.served_as)
-    {
+    if let Some(other) = d.gpus.iter().find(|g| name(g) != name(first)) {
         return Err(format!(
-            "this machine mixes GPUs ({} {} as {}, {} {} as {}); the local backend serves one kind per machine",
+            "this machine mixes GPU models (GPU {} is {}, GPU {} is {}); the local backend serves one model per machine",
             first.info.index,
             name(first),
-            first.served_as,
             other.info.index,
             name(other),
-            other.served_as
         ));
     }
+    let mig = d.gpus.iter().any(|g| g.served_as == "mig");
     let n = d.gpus.len();
     let nvlink = if d
         .gpus
@@ -148,7 +144,7 @@ pub fn fleet_toml(d: &Discovery, node: &str, cpus: u32, memory_gib: u64) -> Resu
     }
     out.push_str(&format!(
         "[[pool]]\nname = \"local\"\nsharing = \"{}\"\n\n[[pool.nodes]]\nname = {}\ngpu_model = {}\ngpus = {n}\ncpus = {cpus}\nmemory_gib = {memory_gib}\nnvlink = \"{nvlink}\"\n",
-        if first.served_as == "mig" { "mig" } else { "whole" },
+        if mig { "mig" } else { "whole" },
         q(node),
         q(&name(first)),
     ));
@@ -208,6 +204,12 @@ mod tests {
         assert_eq!((fleet.nodes.len(), fleet.gpu_count()), (1, 1));
         let mixed = FakeNvml::new(vec![FakeGpu::of("L4"), FakeGpu::of("L40S")]);
         let e = fleet_toml(&discover(&mixed, &c).unwrap(), "box", 16, 64).unwrap_err();
-        assert!(e.contains("mixes GPUs"), "{e}");
+        assert!(e.contains("mixes GPU models"), "{e}");
+        // One model, one GPU in MIG mode and one not: a mig pool (the other serves whole GPUs).
+        let modes = FakeNvml::new(vec![FakeGpu::of("A100-80GB").with_mig(&[]), FakeGpu::of("A100-80GB")]);
+        let d = discover(&modes, &c).unwrap();
+        assert_eq!((d.gpus[0].served_as, d.gpus[1].served_as), ("mig", "whole"));
+        let t = fleet_toml(&d, "box", 16, 64).unwrap();
+        assert!(t.contains("sharing = \"mig\"") && t.contains("gpus = 2"), "{t}");
     }
 }

@@ -150,6 +150,16 @@ impl FakeNvml {
         }
     }
 
+    /// A GPU reset (done by an operator, outside Tessera): a MIG mode change pending on `gpu`
+    /// takes effect.
+    pub fn reset(&self, gpu: u32) {
+        if let Some(g) = self.state.lock().unwrap().gpus.get_mut(gpu as usize)
+            && let Some(p) = g.info.mig_pending.take()
+        {
+            g.info.mig_enabled = Some(p);
+        }
+    }
+
     /// The mutating calls made so far (`create GPU PROFILE@START -> ID`, `destroy GPU ID`,
     /// `mig GPU on|off`).
     pub fn calls(&self) -> Vec<String> {

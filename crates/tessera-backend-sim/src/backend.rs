@@ -471,12 +471,14 @@ impl Backend for SimBackend {
                 devices: DeviceAssignment::Exact,
                 logs: false,
                 mig_mode_switch: true,
+                mig_mode_reported: false,
             },
             SimMode::Operator => Capabilities {
                 partitioning: Partitioning::WholeGpu,
                 devices: DeviceAssignment::PerNodeCount,
                 logs: false,
                 mig_mode_switch: false,
+                mig_mode_reported: false,
             },
         }
     }
@@ -645,15 +647,14 @@ impl Backend for SimBackend {
             orphans.sort_by_key(|o| o.id);
             // Tessera no longer expects these, so it will not ask about them again.
             st.ended.retain(|id, _| ids.contains(id));
-            let layouts = match self.cfg.mode {
-                SimMode::Exact => Vec::new(),
-                SimMode::Operator => st
-                    .gpus
-                    .iter()
-                    .filter(|g| g.gpu.mig_slices > 0)
-                    .map(|g| (g.gpu.node.clone(), g.gpu.index, g.instances.clone()))
-                    .collect(),
-            };
+            // The instances of every MIG GPU: the configured layouts (operator), the instances
+            // made for workloads (exact), which an upgraded node's validation compares.
+            let layouts = st
+                .gpus
+                .iter()
+                .filter(|g| g.gpu.mig_slices > 0)
+                .map(|g| (g.gpu.node.clone(), g.gpu.index, g.instances.clone()))
+                .collect();
             ReconcileReport {
                 workloads,
                 orphans,

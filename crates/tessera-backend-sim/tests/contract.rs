@@ -65,7 +65,8 @@ async fn each_mode_declares_its_capabilities() {
             partitioning: Partitioning::Instance,
             devices: DeviceAssignment::Exact,
             logs: false,
-            mig_mode_switch: true
+            mig_mode_switch: true,
+            mig_mode_reported: false,
         }
     );
     let operator = SimBackend::new(SimConfig::for_mode(SimMode::Operator), fleet());
@@ -75,7 +76,8 @@ async fn each_mode_declares_its_capabilities() {
             partitioning: Partitioning::WholeGpu,
             devices: DeviceAssignment::PerNodeCount,
             logs: false,
-            mig_mode_switch: false
+            mig_mode_switch: false,
+            mig_mode_reported: false,
         }
     );
     assert_eq!(operator.name(), "sim");

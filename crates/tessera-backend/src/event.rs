@@ -74,6 +74,16 @@ pub enum BackendEvent {
     },
     /// A periodic telemetry sample.
     Telemetry { at_ms: i64, gpus: Vec<GpuSample> },
+    /// A GPU's MIG mode as the backend reads it (backends that read it back): sent at every
+    /// telemetry pass (level-triggered: Tessera acts on differences), so a change pending a GPU
+    /// reset that the reset applied is seen. `enabled`: the mode the GPU is in, or is switching
+    /// to while `pending`.
+    MigMode {
+        node: String,
+        gpu: u8,
+        enabled: bool,
+        pending: bool,
+    },
 }
 
 impl BackendEvent {

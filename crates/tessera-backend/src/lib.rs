@@ -102,6 +102,10 @@ pub struct Capabilities {
     /// Whether [`Backend::set_mig_mode`] can switch a GPU's MIG mode (NVML and the exact-mode
     /// simulation can; on Kubernetes the GPU Operator's MIG manager owns it).
     pub mig_mode_switch: bool,
+    /// Whether the backend reads each GPU's MIG mode back and reports it
+    /// ([`BackendEvent::MigMode`]; NVML can): it is then the truth, and stored modes are not
+    /// pushed onto it at start-up.
+    pub mig_mode_reported: bool,
 }
 
 /// What [`Backend::set_mig_mode`] achieved.

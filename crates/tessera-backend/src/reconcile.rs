@@ -36,7 +36,9 @@ pub struct ReconcileReport {
     pub workloads: Vec<(u64, Observation)>,
     /// Running there but unknown to Tessera.
     pub orphans: Vec<Orphan>,
-    /// The current MIG layout of every MIG GPU (WholeGpu backends; may be empty for others).
+    /// The current MIG instances of every MIG GPU: the layouts of WholeGpu backends, the
+    /// instances made for workloads on Instance backends (may be empty where a backend cannot
+    /// read them; an upgraded node's validation compares them with the engine's).
     pub layouts: Vec<(String, u8, Vec<MigInstance>)>,
 }
 

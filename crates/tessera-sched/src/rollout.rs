@@ -7,6 +7,12 @@
 //! `max_parallel` nodes nor `max_unavailable` GPU units out at once (one node is always
 //! allowed, so a rollout cannot stall on a node larger than the unit limit).
 //!
+//! A node is taken (cordoned) only when its free time is within `ahead_ms` ([`take_now`]):
+//! until then it keeps serving, so a slot free for the rollout does not turn a node with
+//! hours of work left into hours of idle GPUs. Only when nothing of the rollout is out does it
+//! take the soonest node however far its free time (nothing better is coming, and a busy pool
+//! whose nodes always get new work must not stall the rollout).
+//!
 //! [`simulate`] walks a rollout in time: **drain-aware** (this plan: services move, nothing
 //! is cut off, a node is cordoned only when its turn comes) or **naive** (as the GPU
 //! Operator's upgrade controller: nodes in fleet order, cordon, wait up to a deadline, then
@@ -64,14 +70,40 @@ pub fn admits(limits: Limits, out_nodes: usize, out_units: u64, units: u64) -> b
     out_nodes == 0 || (out_nodes < limits.max_parallel && out_units + units <= limits.max_unavailable_milli)
 }
 
+/// The nodes to take now, in plan order: soonest free first while the limits allow, each
+/// only if its free time is within `ahead_ms` of `now`, or the soonest one when nothing is out
+/// (`out_nodes == 0`) whatever its free time.
+pub fn take_now(
+    nodes: &[Node],
+    now: i64,
+    limits: Limits,
+    out_nodes: usize,
+    out_units: u64,
+    ahead_ms: i64,
+) -> Vec<usize> {
+    let mut taken = Vec::new();
+    let (mut n_out, mut u_out) = (out_nodes, out_units);
+    for k in order(nodes, now) {
+        let n = &nodes[k];
+        let near = n.free_at(now) <= now + ahead_ms;
+        if !(near || n_out == 0) || !admits(limits, n_out, u_out, n.units_milli) {
+            break;
+        }
+        taken.push(k);
+        n_out += 1;
+        u_out += n.units_milli;
+    }
+    taken
+}
+
 /// The kind of rollout [`simulate`] walks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plan {
-    DrainAware,
+    /// Soonest free first, each node taken only when its free time is `ahead_ms` away or less
+    /// (see [`take_now`]).
+    DrainAware { ahead_ms: i64 },
     /// Fleet order; evict what is left `deadline_ms` after cordoning.
-    Naive {
-        deadline_ms: i64,
-    },
+    Naive { deadline_ms: i64 },
 }
 
 /// What a rollout cost.
@@ -94,54 +126,90 @@ const HOUR_MS: f64 = 3_600_000.0;
 
 /// Walks a rollout of `nodes` starting at `now`, each upgrade taking `upgrade_ms`.
 pub fn simulate(nodes: &[Node], now: i64, limits: Limits, upgrade_ms: i64, plan: Plan) -> Report {
-    let queue: Vec<usize> = match plan {
-        Plan::DrainAware => order(nodes, now),
-        Plan::Naive { .. } => (0..nodes.len()).collect(),
-    };
     let mut r = Report::default();
     // (back at, units) of the nodes out.
     let mut out: Vec<(i64, u64)> = Vec::new();
+    let mut pending: Vec<usize> = (0..nodes.len()).collect();
     let mut t = now;
-    let mut next = 0;
-    while next < queue.len() {
+    while !pending.is_empty() {
         out.retain(|&(back, _)| back > t);
         let out_units: u64 = out.iter().map(|o| o.1).sum();
-        let n = &nodes[queue[next]];
-        if !admits(limits, out.len(), out_units, n.units_milli) {
-            // Wait for the next node to come back.
-            t = out.iter().map(|o| o.0).min().expect("a node is out");
-            continue;
-        }
-        next += 1;
-        let start = t;
-        let (drained, lost, cut) = match plan {
-            Plan::DrainAware => {
-                let drained = n.free_at(start);
-                (drained, idle_while_draining(n, start, drained), 0)
+        let take: Vec<usize> = match plan {
+            Plan::DrainAware { ahead_ms } => {
+                let view: Vec<Node> = pending.iter().map(|&i| nodes[i].clone()).collect();
+                take_now(&view, t, limits, out.len(), out_units, ahead_ms)
+                    .into_iter()
+                    .map(|k| pending[k])
+                    .collect()
             }
-            Plan::Naive { deadline_ms } => {
-                let evict = start + deadline_ms;
-                let drained = n.free_at(start).min(evict);
-                let mut lost = idle_while_draining(n, start, drained);
-                let mut cut = 0;
-                for w in &n.work {
-                    if w.end_ms.is_none_or(|e| e > drained) {
-                        cut += 1;
-                        // The work done so far is thrown away.
-                        lost += w.units_milli as f64 / 1000.0 * (drained - w.start_ms).max(0) as f64 / HOUR_MS;
+            // Fleet order, as many as the limits allow.
+            Plan::Naive { .. } => {
+                let (mut n_out, mut u_out) = (out.len(), out_units);
+                let mut v = Vec::new();
+                for &i in &pending {
+                    if !admits(limits, n_out, u_out, nodes[i].units_milli) {
+                        break;
                     }
+                    v.push(i);
+                    n_out += 1;
+                    u_out += nodes[i].units_milli;
                 }
-                (drained, lost, cut)
+                v
             }
         };
-        let back = drained + upgrade_ms;
-        r.lost_unit_hours += lost + n.units_milli as f64 / 1000.0 * upgrade_ms as f64 / HOUR_MS;
-        r.cut_offs += cut;
-        r.timeline.push((n.name.clone(), start, back));
-        out.push((back, n.units_milli));
-        r.peak_nodes = r.peak_nodes.max(out.len());
-        r.peak_units_milli = r.peak_units_milli.max(out.iter().map(|o| o.1).sum());
-        r.duration_ms = r.duration_ms.max(back - now);
+        for &i in &take {
+            let n = &nodes[i];
+            let start = t;
+            let (drained, lost, cut) = match plan {
+                Plan::DrainAware { .. } => {
+                    let drained = n.free_at(start);
+                    (drained, idle_while_draining(n, start, drained), 0)
+                }
+                Plan::Naive { deadline_ms } => {
+                    let evict = start + deadline_ms;
+                    let drained = n.free_at(start).min(evict);
+                    let mut lost = idle_while_draining(n, start, drained);
+                    let mut cut = 0;
+                    for w in &n.work {
+                        if w.end_ms.is_none_or(|e| e > drained) {
+                            cut += 1;
+                            // The work done so far is thrown away.
+                            lost += w.units_milli as f64 / 1000.0 * (drained - w.start_ms).max(0) as f64 / HOUR_MS;
+                        }
+                    }
+                    (drained, lost, cut)
+                }
+            };
+            let back = drained + upgrade_ms;
+            r.lost_unit_hours += lost + n.units_milli as f64 / 1000.0 * upgrade_ms as f64 / HOUR_MS;
+            r.cut_offs += cut;
+            r.timeline.push((n.name.clone(), start, back));
+            out.push((back, n.units_milli));
+            r.peak_nodes = r.peak_nodes.max(out.len());
+            r.peak_units_milli = r.peak_units_milli.max(out.iter().map(|o| o.1).sum());
+            r.duration_ms = r.duration_ms.max(back - now);
+        }
+        pending.retain(|i| !take.contains(i));
+        if pending.is_empty() {
+            break;
+        }
+        // The next moment something may change: a node back, or (drain-aware) a pending
+        // node's free time coming within reach. Something is out here (else a node was taken),
+        // so time moves on.
+        let back = out.iter().map(|o| o.0).filter(|&b| b > t).min();
+        let near = match plan {
+            Plan::DrainAware { ahead_ms } => pending
+                .iter()
+                .map(|&i| nodes[i].free_at(t) - ahead_ms)
+                .filter(|&x| x > t)
+                .min(),
+            Plan::Naive { .. } => None,
+        };
+        t = match (back, near) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => t + 1,
+        };
     }
     r
 }
@@ -212,11 +280,37 @@ mod tests {
         };
         let naive = simulate(&nodes, 0, l, 100, Plan::Naive { deadline_ms: 1_000 });
         assert_eq!(naive.cut_offs, 2);
-        let smart = simulate(&nodes, 0, l, 100, Plan::DrainAware);
+        let smart = simulate(&nodes, 0, l, 100, Plan::DrainAware { ahead_ms: 0 });
         assert_eq!(smart.cut_offs, 0);
         // b (service only) first, then a once its work ends at 10 s.
         assert_eq!(smart.timeline[0].0, "b");
         assert_eq!(smart.duration_ms, 10_100);
+    }
+
+    #[test]
+    fn a_node_with_long_work_waits_for_its_free_time_unless_nothing_is_out() {
+        let nodes = vec![node("long", 8000, &[Some(50_000)]), node("idle", 8000, &[])];
+        let l = Limits {
+            max_parallel: 2,
+            max_unavailable_milli: 16_000,
+        };
+        // The idle node goes; the busy one keeps serving though a slot is free.
+        assert_eq!(take_now(&nodes, 0, l, 0, 0, 1_000), vec![1]);
+        assert_eq!(take_now(&nodes, 0, l, 1, 8000, 1_000), vec![1]);
+        assert_eq!(take_now(&nodes[..1], 0, l, 1, 8000, 1_000), Vec::<usize>::new());
+        // Within the horizon of its free time it goes; with nothing out it goes anyway.
+        assert_eq!(take_now(&nodes[..1], 49_500, l, 1, 8000, 1_000), vec![0]);
+        assert_eq!(take_now(&nodes[..1], 0, l, 0, 0, 1_000), vec![0]);
+        // A node with 7 idle GPUs for 50 s: cordoned at its free time it loses only the upgrade.
+        let busy = vec![
+            node("a", 8000, &[Some(50_000)]),
+            node("b", 8000, &[Some(1_000)]),
+            node("c", 8000, &[Some(40_000)]),
+        ];
+        let late = simulate(&busy, 0, l, 100, Plan::DrainAware { ahead_ms: 0 });
+        let eager = simulate(&busy, 0, l, 100, Plan::DrainAware { ahead_ms: i64::MAX / 4 });
+        assert_eq!(late.cut_offs + eager.cut_offs, 0);
+        assert!(late.lost_unit_hours < eager.lost_unit_hours, "{late:?} {eager:?}");
     }
 
     fn arb_nodes() -> impl Strategy<Value = Vec<Node>> {
@@ -255,7 +349,7 @@ mod tests {
             up in 0i64..10_000,
         ) {
             let limits = Limits { max_parallel: par, max_unavailable_milli: cap * 1000 };
-            let r = simulate(&nodes, 0, limits, up, Plan::DrainAware);
+            let r = simulate(&nodes, 0, limits, up, Plan::DrainAware { ahead_ms: 0 });
             prop_assert_eq!(r.cut_offs, 0);
             let mut names: Vec<&str> = r.timeline.iter().map(|t| t.0.as_str()).collect();
             names.sort_unstable();

@@ -91,7 +91,9 @@ fn a_full_fleet_rollout_cuts_nothing_off_and_loses_less_than_a_naive_one() {
         max_unavailable_milli: total / 10,
     };
     let upgrade = 20 * MIN;
-    let smart = simulate(&nodes, 0, limits, upgrade, Plan::DrainAware);
+    // Cordoned within a minute of its free time, and (as before) as soon as a slot frees.
+    let smart = simulate(&nodes, 0, limits, upgrade, Plan::DrainAware { ahead_ms: MIN });
+    let eager = simulate(&nodes, 0, limits, upgrade, Plan::DrainAware { ahead_ms: i64::MAX / 4 });
     let naive = simulate(&nodes, 0, limits, upgrade, Plan::Naive { deadline_ms: 60 * MIN });
     println!(
         "seed fleet: {} nodes, {:.0} GPU units, {:.0} in use ({services} services, {gangs} 8-GPU gangs); \
@@ -103,7 +105,11 @@ fn a_full_fleet_rollout_cuts_nothing_off_and_loses_less_than_a_naive_one() {
         limits.max_unavailable_milli as f64 / 1000.0,
         upgrade / MIN
     );
-    for (name, r) in [("drain-aware", &smart), ("naive (deadline 60 min)", &naive)] {
+    for (name, r) in [
+        ("drain-aware", &smart),
+        ("drain-aware, cordon when a slot frees", &eager),
+        ("naive (deadline 60 min)", &naive),
+    ] {
         println!(
             "{name}: rollout {:.1} h, capacity lost {:.1} GPU-unit-hours, {} workloads cut off",
             r.duration_ms as f64 / 3_600_000.0,
@@ -112,6 +118,13 @@ fn a_full_fleet_rollout_cuts_nothing_off_and_loses_less_than_a_naive_one() {
         );
     }
     assert_eq!(smart.cut_offs, 0);
+    assert_eq!(eager.cut_offs, 0);
+    assert!(
+        smart.lost_unit_hours < eager.lost_unit_hours,
+        "cordoning by free time loses less: {:.1} vs {:.1}",
+        smart.lost_unit_hours,
+        eager.lost_unit_hours
+    );
     assert_eq!(smart.timeline.len(), nodes.len(), "every node through maintenance");
     assert!(naive.cut_offs > 0, "the naive rollout evicts long jobs and services");
     assert!(

@@ -568,3 +568,49 @@ fn mig_mode_is_an_admin_action_on_a_drained_gpu_and_survives_a_crash() {
     assert!(e.to_string().contains("not in MIG mode"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Validation on an instance-granularity backend (the simulator in exact mode): an upgraded
+/// node whose backend reports a MIG instance the engine does not hold (left behind, or made
+/// behind Tessera's back) stays in validation until the instance is gone; then it passes with
+/// its MIG modes as before the drain and the instances as the engine holds them. About 4 s.
+#[test]
+fn validation_compares_the_backends_mig_instances_with_the_engines_layout() {
+    let d = dir("instances");
+    let a = boot(&d, None, None);
+    let (st, r) = a.call(
+        Method::POST,
+        "/api/v1/rollouts",
+        Some(json!({"pool": "serving", "max_parallel": 1})),
+    );
+    assert_eq!(st, StatusCode::CREATED, "{r}");
+    let id = r["id"].as_u64().unwrap();
+    let first = r["nodes"][0]["node"].as_str().unwrap().to_string();
+    a.until("the first node upgrading", 10, || {
+        (a.get(&format!("/api/v1/rollouts/{id}"))["nodes"][0]["state"] == "upgrading").then_some(())
+    });
+    let stray = tessera_backend::PartitionPlan::Instance {
+        node: first.clone(),
+        gpu: 0,
+        instance: tessera_backend::MigInstance::new("1g.10gb", 19, 0, 1),
+    };
+    assert!(a.rt.block_on(a.sim.partition(&stray)).unwrap().created);
+    let (st, v) = a.call(Method::POST, &format!("/api/v1/nodes/{first}/done"), None);
+    assert_eq!(st, StatusCode::OK, "{v}");
+    std::thread::sleep(Duration::from_millis(2500));
+    let r = a.get(&format!("/api/v1/rollouts/{id}"));
+    assert_eq!(
+        r["nodes"][0]["state"], "validating",
+        "a MIG instance the engine does not hold: {r}"
+    );
+    a.rt.block_on(a.sim.unpartition(&stray)).unwrap();
+    let n = a.until("the node validated", 10, || {
+        let r = a.get(&format!("/api/v1/rollouts/{id}"));
+        (r["nodes"][0]["state"] == "done").then(|| r["nodes"][0].clone())
+    });
+    let detail = n["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("MIG modes as before the drain") && detail.contains("MIG instances as the engine holds them"),
+        "{n}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use tessera_backend_local::process::Cgroups;
-use tessera_backend_local::{FakeNvml, LocalBackend, LocalConfig, Nvml, RealNvml, discover, fleet_toml};
+use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, RealNvml, discover, fleet_toml};
 use tessera_model::{Catalogue, Fleet};
 
 /// The model `--fake-gpus` pretends to have.
@@ -19,12 +19,25 @@ pub struct GpuCheckArgs {
     fake_gpus: Option<u32>,
 }
 
-/// NVML: the fake one with `fake_gpus`, else the driver's (one clear line when there is none).
-pub fn nvml(fake_gpus: Option<u32>) -> Result<Arc<dyn Nvml>> {
+/// NVML: the fake one with `fake_gpus` (the GPUs `fake_mig` names in MIG mode), else the
+/// driver's (one clear line when there is none).
+pub fn nvml(fake_gpus: Option<u32>, fake_mig: &[u32]) -> Result<Arc<dyn Nvml>> {
     match fake_gpus {
         Some(0) => Err(anyhow!("--fake-gpus: give at least one GPU")),
         Some(n) if n > 16 => Err(anyhow!("--fake-gpus: at most 16 GPUs on one node")),
-        Some(n) => Ok(Arc::new(FakeNvml::uniform(n, FAKE_MODEL))),
+        Some(n) => {
+            if let Some(g) = fake_mig.iter().find(|&&g| g >= n) {
+                return Err(anyhow!("--fake-mig: there is no fake GPU {g} (GPUs 0–{})", n - 1));
+            }
+            let gpus = (0..n)
+                .map(|i| {
+                    let g = FakeGpu::of(FAKE_MODEL);
+                    if fake_mig.contains(&i) { g.with_mig(&[]) } else { g }
+                })
+                .collect();
+            Ok(Arc::new(FakeNvml::new(gpus)))
+        }
+        None if !fake_mig.is_empty() => Err(anyhow!("--fake-mig needs --fake-gpus")),
         None => Ok(Arc::new(RealNvml::init().map_err(|e| anyhow!("{e}"))?)),
     }
 }
@@ -32,7 +45,7 @@ pub fn nvml(fake_gpus: Option<u32>) -> Result<Arc<dyn Nvml>> {
 /// Discovery and one telemetry sample of every GPU, as JSON on stdout. Reads only: never changes
 /// MIG mode, clocks or any setting.
 pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
-    let nvml = nvml(a.fake_gpus)?;
+    let nvml = nvml(a.fake_gpus, &[])?;
     let d = discover(nvml.as_ref(), &Catalogue::builtin()).map_err(|e| anyhow!("{e}"))?;
     let samples: Vec<serde_json::Value> = d
         .gpus
@@ -73,12 +86,13 @@ fn host_memory_gib() -> u64 {
 /// The local backend and the one-node fleet of this machine. Call inside the runtime.
 pub fn backend(
     fake_gpus: Option<u32>,
+    fake_mig: &[u32],
     node: Option<String>,
     data_dir: &std::path::Path,
     telemetry: std::time::Duration,
     grace: std::time::Duration,
 ) -> Result<(LocalBackend, Fleet, String)> {
-    let nvml = nvml(fake_gpus).context("--backend local")?;
+    let nvml = nvml(fake_gpus, fake_mig).context("--backend local")?;
     let node = node.unwrap_or_else(host_name);
     let cgroups = Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"));
     let cfg = LocalConfig {

@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// processes. For machines without a GPU.
     #[arg(long, value_name = "N")]
     fake_gpus: Option<u32>,
+    /// With `--fake-gpus`: these fake GPUs (indices, comma-separated) start in MIG mode, the
+    /// others not (a machine whose GPUs are in different MIG modes).
+    #[arg(long, value_name = "GPUS", value_delimiter = ',')]
+    fake_mig: Vec<u32>,
     /// Node name of this machine with `--backend local` (default: the host name).
     #[arg(long)]
     node: Option<String>,
@@ -290,6 +294,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             None => {
                 let (b, fleet, what) = crate::local::backend(
                     a.fake_gpus,
+                    &a.fake_mig,
                     a.node.clone(),
                     &a.data_dir,
                     Duration::from_millis(a.sim_telemetry_ms.max(100)),

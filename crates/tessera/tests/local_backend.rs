@@ -24,8 +24,13 @@ fn tessera(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
 
 /// Starts the server and returns it with its API address.
 fn serve(data: &Path) -> (Child, String) {
+    serve_with(data, &[])
+}
+
+fn serve_with(data: &Path, extra: &[&str]) -> (Child, String) {
     let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["serve", "--backend", "local", "--fake-gpus", "2", "--node", "box"])
+        .args(extra)
         .args([
             "--grace-s",
             "1",
@@ -212,6 +217,137 @@ fn local_backend_runs_real_processes_on_fake_gpus() {
     // An unknown workload: one readable line.
     let (code, _, err) = tessera(&["logs", "99"], &env);
     assert!(code != 0 && err.trim().lines().count() == 1, "{err}");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The ID in the table `tessera run` prints (header, then the workload's row).
+fn first_id(out: &str) -> u64 {
+    out.lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no workload ID in {out}"))
+}
+
+/// Two GPUs of one model, GPU 0 in MIG mode and GPU 1 not: the machine is one mig pool whose
+/// GPU 1 serves whole GPUs (it was refused as "mixing GPUs" before); a MIG slice lands on GPU 0
+/// and a whole GPU on GPU 1, before and after a control-plane restart. About 5 s.
+#[test]
+fn gpus_in_different_mig_modes_are_each_served_also_after_a_restart() {
+    let dir = std::env::temp_dir().join(format!("tessera-local-modes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.join("data");
+    let (mut server, addr) = serve_with(&data, &["--fake-mig", "0"]);
+    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
+    let mut env = vec![
+        ("TESSERA_SERVER", addr.clone()),
+        ("TESSERA_TOKEN", token.trim().to_string()),
+    ];
+    let call = |env: &[(&'static str, String)], args: &[&str]| {
+        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        tessera(args, &pairs)
+    };
+    assert_eq!(call(&env, &["tenants", "create", "acme"]).0, 0);
+    assert_eq!(call(&env, &["projects", "create", "--tenant", "acme", "ml"]).0, 0);
+    let mut id;
+    for round in 0..2 {
+        for (shape, value, visible) in [
+            ("--mig", "1g.10gb", "visible=MIG-".to_string()),
+            (
+                "--gpus",
+                "1",
+                "visible=GPU-fa4e0000-0000-4000-8000-000000000001".to_string(),
+            ),
+        ] {
+            let (code, out, err) = call(
+                &env,
+                &[
+                    "run",
+                    "--tenant",
+                    "acme",
+                    "--project",
+                    "ml",
+                    shape,
+                    value,
+                    "--cpus",
+                    "1",
+                    "--memory-gib",
+                    "1",
+                    "--",
+                    "sh",
+                    "-c",
+                    "echo visible=$CUDA_VISIBLE_DEVICES",
+                ],
+            );
+            assert_eq!(code, 0, "round {round} {shape}: {err}");
+            if round == 0 && shape == "--mig" {
+                // GPU 1's mode arrives with the first telemetry pass after start-up.
+                wait_for("GPU 1 read out of MIG mode", || {
+                    call(&env, &["audit", "-o", "json"])
+                        .1
+                        .contains("\"target\": \"nodes/box/gpus/1\"")
+                });
+            }
+            // Ids come in blocks: after a restart they do not follow on.
+            id = first_id(&out);
+            let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            wait_for(&format!("workload {id} ({shape} {value}) to succeed"), || {
+                state(&pairs, id) == "succeeded"
+            });
+            let (_, log, _) = call(&env, &["logs", &id.to_string()]);
+            assert!(log.trim().starts_with(&visible), "round {round} {shape}: {log}");
+        }
+        if round == 0 {
+            server.kill().unwrap();
+            server.wait().unwrap();
+            let (s, addr) = serve_with(&data, &["--fake-mig", "0"]);
+            server = s;
+            env[0].1 = addr;
+        }
+    }
+    let (_, audit, _) = call(&env, &["audit", "-o", "json"]);
+    let gpu1 = "\"target\": \"nodes/box/gpus/1\"";
+    assert_eq!(
+        audit.matches(gpu1).count(),
+        1,
+        "GPU 1's mode read from the backend is stored once (restored after the restart): {audit}"
+    );
+
+    // GPU 1 switched to MIG mode while the control plane was down (a reset applied a pending
+    // change): the backend reads it, the engine follows: no GPU serves whole GPUs now.
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let (s, addr) = serve_with(&data, &["--fake-mig", "0,1"]);
+    server = s;
+    env[0].1 = addr;
+    // Read at the first telemetry pass after start-up: stored and audited once more.
+    wait_for("GPU 1 read in MIG mode", || {
+        call(&env, &["audit", "-o", "json"]).1.matches(gpu1).count() == 2
+    });
+    let (code, _, err) = call(
+        &env,
+        &[
+            "run",
+            "--tenant",
+            "acme",
+            "--project",
+            "ml",
+            "--gpus",
+            "1",
+            "--cpus",
+            "1",
+            "--memory-gib",
+            "1",
+            "--",
+            "true",
+        ],
+    );
+    assert!(
+        code != 0 && err.contains("no pool in this fleet serves 1 whole GPU"),
+        "no GPU is out of MIG mode now: {err}"
+    );
     server.kill().unwrap();
     server.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);

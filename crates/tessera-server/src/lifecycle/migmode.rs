@@ -9,7 +9,12 @@
 //! stored record commits with the audit record; a restart re-applies the stored modes to the
 //! engine (before allocations are restored into it) and to the backend (the simulated one
 //! forgets them). A change the driver applies only after a GPU reset is `pending`: the GPU gets
-//! no placement until the admin, after the reset, sends the same change again.
+//! no placement until the reset applied it. Backends that read MIG mode back (local, through
+//! NVML) report each GPU's mode at every telemetry pass
+//! ([`tessera_backend::BackendEvent::MigMode`]); the engine and the stored record follow
+//! ([`Core::backend_mig_mode`]), so a pending change comes back by itself after the reset, and a
+//! machine whose GPUs are in different modes is served as it is. Elsewhere the admin sends the
+//! same change again after the reset.
 
 use std::sync::Arc;
 
@@ -168,8 +173,75 @@ impl Core {
         Ok(MigOutcome { record, changed: true })
     }
 
+    /// The backend read GPU `gpu` of `node` in MIG mode `enabled` (switching to it, `pending` a
+    /// reset): the engine and the stored record follow when they differ. A GPU outside a mig
+    /// pool, or one still holding work in its old mode, is left as it is (logged).
+    pub(super) fn backend_mig_mode(
+        &mut self,
+        node: &str,
+        gpu: u8,
+        enabled: bool,
+        pending: bool,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        let Some(n) = self.fleet.node_by_name(node) else {
+            return;
+        };
+        let engine = &self.sched.engine;
+        if engine.mig_switchable(n.0, gpu).is_err() {
+            return;
+        }
+        let was_on = engine.mig_off_gpus(n.0) >> gpu & 1 == 0;
+        let was_pending = engine.mig_pending_gpus(n.0) >> gpu & 1 == 1;
+        if (was_on, was_pending) == (enabled, pending) {
+            return;
+        }
+        if let Err(e) = self.sched.engine.set_gpu_mig(n.0, gpu, enabled) {
+            tracing::warn!(%node, gpu, enabled, error = %e.0, "the backend reports a MIG mode the engine cannot follow yet");
+            return;
+        }
+        self.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
+        let mode = if enabled { "on" } else { "off" };
+        let detail = match (pending, was_pending && was_on == enabled) {
+            (true, _) => format!(
+                "MIG mode {mode} pending a GPU reset, as the {} backend reads it",
+                self.backend.name()
+            ),
+            (false, true) => format!("MIG mode {mode}: the GPU reset applied the pending change"),
+            (false, false) => format!("MIG mode {mode}, as the {} backend reads it", self.backend.name()),
+        };
+        let record = GpuMigRecord {
+            node: node.to_string(),
+            gpu,
+            enabled,
+            pending,
+            since: now,
+            detail: detail.clone(),
+        };
+        batch.change(Change::GpuMig(record.clone()));
+        batch.audit(AuditRecord {
+            seq: 0,
+            at: now,
+            request_id: format!("backend-mig-{node}-{gpu}"),
+            actor: format!("{}-backend", self.backend.name()),
+            tenant: None,
+            action: "gpu.mig".into(),
+            target: format!("nodes/{node}/gpus/{gpu}"),
+            outcome: 200,
+            detail,
+        });
+        let mut ops = (*self.ops).clone();
+        ops.mig.insert((node.to_string(), gpu), record);
+        self.ops = Arc::new(ops);
+        self.published.set_ops(self.ops.clone());
+        batch.full_publish = true;
+        tracing::info!(%node, gpu, enabled, pending, "MIG mode read from the backend");
+    }
+
     /// At start-up: the stored MIG modes, into the engine (before any allocation is restored)
-    /// and onto the backend (idempotent; the simulated backend forgot them).
+    /// and onto the backend (idempotent; the simulated backend forgot them) unless it reports
+    /// the modes itself (then its reports correct the engine when the GPUs changed meanwhile).
     pub(super) async fn restore_mig_modes(&mut self, records: Vec<GpuMigRecord>, ops: &mut super::FleetOps) {
         for r in records {
             let Some(n) = self.fleet.node_by_name(&r.node) else {
@@ -182,6 +254,7 @@ impl Core {
             self.sched.engine.set_gpu_mig_pending(n.0, r.gpu, r.pending);
             if !r.pending
                 && self.caps.mig_mode_switch
+                && !self.caps.mig_mode_reported
                 && let Err(e) = self.backend.set_mig_mode(&r.node, r.gpu, r.enabled).await
             {
                 tracing::warn!(node = %r.node, gpu = r.gpu, error = %e, "the backend did not take the stored MIG mode");

@@ -182,6 +182,15 @@ pub(crate) struct Core {
     queue_dirty: bool,
     /// Reconcile at the next opportunity rather than at the next interval.
     reconcile_soon: bool,
+    /// Per GPU, the MIG instances the backend last reported (reconcile, a layout applied) and
+    /// when: an upgraded node's validation compares them with the engine's layout.
+    reported_mig: HashMap<(String, u8), (i64, Vec<MigInstance>)>,
+    /// When the reconcile in flight was asked for.
+    reconcile_asked: i64,
+    /// Telemetry arrived while a rollout runs: its drains and steps are taken after this batch
+    /// rather than at the next tick (a node that emptied or came back from its upgrade moves on
+    /// within one telemetry interval).
+    rollout_soon: bool,
     /// Creations answered after the next cycle decides them (they were submitted while
     /// capacity was changing).
     deferred: Vec<ReplyTo>,
@@ -309,6 +318,9 @@ impl Lifecycle {
             last_full_publish: Instant::now(),
             queue_dirty: false,
             reconcile_soon: false,
+            reported_mig: HashMap::new(),
+            reconcile_asked: 0,
+            rollout_soon: false,
             deferred: Vec::new(),
             fence,
             fenced: false,
@@ -386,6 +398,11 @@ impl Core {
                 }
                 self.update_budgets(now);
                 batch.full_publish = true;
+                if !self.drains.nodes.is_empty() {
+                    self.drain_step(&mut batch, now).await;
+                }
+                self.rollouts_step(&mut batch, now).await;
+            } else if std::mem::take(&mut self.rollout_soon) {
                 if !self.drains.nodes.is_empty() {
                     self.drain_step(&mut batch, now).await;
                 }
@@ -506,6 +523,12 @@ impl Core {
                     _ => {}
                 }
             }
+            Cmd::Backend(BackendEvent::MigMode {
+                node,
+                gpu,
+                enabled,
+                pending,
+            }) => self.backend_mig_mode(&node, gpu, enabled, pending, batch, now),
             Cmd::Backend(e) => self.on_backend(e, batch, now),
             Cmd::NodeOp { node, op, actor, reply } => match self.node_op(&node, op, &actor, batch, now).await {
                 Ok(()) => {
@@ -888,14 +911,17 @@ impl Core {
                     at: at_ms,
                     gpus: Arc::new(gpus),
                 });
+                self.rollout_soon |= self.ops.rollouts.values().any(|r| {
+                    r.state == tessera_store::RolloutState::Running || r.nodes.iter().any(|n| n.state.is_out())
+                });
             }
             // Handled before (it needs the store): see `handle`.
             BackendEvent::GpuHealth { .. } => {}
             // Handled before (it needs the store): see `handle`.
-            BackendEvent::NodeChanged { .. } => {}
+            BackendEvent::NodeChanged { .. } | BackendEvent::MigMode { .. } => {}
             BackendEvent::PartitionChanged { node, gpu, instances } => {
                 tracing::debug!(%node, gpu, instances = instances.len(), "MIG layout applied");
-                self.adopt_layouts(&[(node, gpu, instances)]);
+                self.adopt_layouts(&[(node, gpu, instances)], now_ms());
             }
         }
     }
@@ -1079,7 +1105,11 @@ impl Core {
     }
 
     /// Adopts MIG layouts a `whole-gpu` backend reports (start-up, reconcile, a layout applied).
-    fn adopt_layouts(&mut self, layouts: &[(String, u8, Vec<MigInstance>)]) {
+    /// `at`: when the backend read them (a reconcile: when it was asked).
+    fn adopt_layouts(&mut self, layouts: &[(String, u8, Vec<MigInstance>)], at: i64) {
+        for (node, gpu, instances) in layouts {
+            self.reported_mig.insert((node.clone(), *gpu), (at, instances.clone()));
+        }
         if self.caps.partitioning != Partitioning::WholeGpu {
             return;
         }
@@ -1148,6 +1178,7 @@ impl Core {
             }
         }
         self.reconciling = true;
+        self.reconcile_asked = now_ms();
         let backend = self.backend.clone();
         self.runner.spawn(async move {
             let r = backend.reconcile(&expected).await.map_err(|e| e.to_string());
@@ -1171,7 +1202,7 @@ impl Core {
                 return;
             }
         };
-        self.adopt_layouts(&report.layouts);
+        self.adopt_layouts(&report.layouts, self.reconcile_asked);
         let phases: HashMap<WorkloadId, Phase> = expected.into_iter().collect();
         for (id, observation) in report.workloads {
             let id = WorkloadId(id);

@@ -59,7 +59,7 @@ impl Core {
                 for (id, o) in report.workloads {
                     observed.insert(WorkloadId(id), self.observed(o, "after a control-plane restart"));
                 }
-                self.adopt_layouts(&report.layouts);
+                self.adopt_layouts(&report.layouts, now_ms());
                 self.metrics.orphans(report.orphans.len());
                 for o in &report.orphans {
                     tracing::warn!(node = %o.node, id = ?o.id, detail = %o.detail, "the backend runs work Tessera does not know (orphan)");

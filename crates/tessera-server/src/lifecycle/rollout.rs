@@ -23,6 +23,10 @@ use tessera_store::{AuditRecord, RolloutNodeRecord, RolloutNodeState, RolloutRec
 use super::commit::Batch;
 use super::{Core, LifecycleError};
 
+/// A pending node is taken (cordoned) once its unmovable work ends within this (one controller
+/// tick): until then it keeps serving, rather than idling its free GPUs while it drains.
+pub const CORDON_AHEAD_MS: i64 = 1_000;
+
 /// How long a node may take to pass validation after its upgrade.
 pub const VALIDATE_WITHIN_MS: i64 = 60_000;
 
@@ -86,11 +90,11 @@ impl Core {
     }
 
     /// The node's MIG layout as the engine holds it, GPU by GPU (`whole-gpu` backends, whose
-    /// layouts are a property of the node: instance-mode backends create instances per
-    /// workload, which a drain removes).
+    /// layouts are a property of the node); on instance-mode backends, which create instances
+    /// per workload (a drain removes them), the MIG mode of each GPU.
     fn layout_text(&self, node: &str) -> String {
         if self.caps.partitioning != tessera_backend::Partitioning::WholeGpu {
-            return String::new();
+            return self.mig_modes_text(node);
         }
         let Some(n) = self.nodes.get(node) else {
             return String::new();
@@ -116,6 +120,79 @@ impl Core {
             })
             .collect::<Vec<_>>()
             .join(" ")
+    }
+
+    /// Instance-granularity backends: the MIG mode of each GPU of a node's mig pool (`0:mig
+    /// 1:whole 2:pending`), as the engine holds it; empty elsewhere.
+    fn mig_modes_text(&self, node: &str) -> String {
+        let Some(n) = self.fleet.node_by_name(node) else {
+            return String::new();
+        };
+        let engine = &self.sched.engine;
+        (0..self.fleet.node(n).gpus)
+            .filter(|&g| engine.mig_switchable(n.0, g).is_ok())
+            .map(|g| {
+                let mode = if engine.mig_pending_gpus(n.0) >> g & 1 == 1 {
+                    "pending"
+                } else if engine.mig_off_gpus(n.0) >> g & 1 == 1 {
+                    "whole"
+                } else {
+                    "mig"
+                };
+                format!("{g}:{mode}")
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Instance-granularity backends: whether the MIG instances the backend reports on each GPU
+    /// of the node, in a report taken since `since`, are the ones the engine holds (after a
+    /// drain: none). `Ok(false)`: the backend reports no instances for this node (it does not
+    /// report them): nothing was compared.
+    fn instances_as_engine_holds(&self, node: &str, since: i64) -> Result<bool, String> {
+        let Some(n) = self.fleet.node_by_name(node) else {
+            return Ok(false);
+        };
+        let mut compared = false;
+        for g in 0..self.fleet.node(n).gpus {
+            let mut engine: Vec<(u32, u8)> = self
+                .sched
+                .engine
+                .mig_layout(n, g)
+                .iter()
+                .map(|s| (s.profile_id, s.start))
+                .collect();
+            engine.sort_unstable();
+            let reported = match self.reported_mig.get(&(node.to_string(), g)) {
+                Some((at, _)) if *at < since => {
+                    return Err("no report of MIG instances from the backend since the upgrade".into());
+                }
+                Some((_, inst)) => inst,
+                None if engine.is_empty() => continue,
+                None => return Err(format!("the backend reports no MIG instances on GPU {g}")),
+            };
+            let mut seen: Vec<(u32, u8)> = reported.iter().map(|i| (i.profile_id, i.start)).collect();
+            seen.sort_unstable();
+            if seen != engine {
+                let show = |v: &[(u32, u8)]| {
+                    if v.is_empty() {
+                        "none".to_string()
+                    } else {
+                        v.iter()
+                            .map(|(p, s)| format!("profile {p}@{s}"))
+                            .collect::<Vec<_>>()
+                            .join("+")
+                    }
+                };
+                return Err(format!(
+                    "GPU {g}: the backend reports MIG instances {}, the engine holds {}",
+                    show(&seen),
+                    show(&engine)
+                ));
+            }
+            compared = true;
+        }
+        Ok(compared)
     }
 
     /// Starts a rollout of every node of a pool: answers with the stored record (its nodes in
@@ -264,75 +341,16 @@ impl Core {
             return;
         };
         let before = r.clone();
-        for i in 0..r.nodes.len() {
-            let n = r.nodes[i].clone();
-            match n.state {
-                RolloutNodeState::Draining => {
-                    let drained =
-                        self.ops.node_state(&n.node) == "maintenance" && !self.drains.nodes.contains_key(&n.node);
-                    if drained {
-                        let (until, detail) = match r.upgrade_s {
-                            Some(s) => (
-                                Some(now + s as i64 * 1000),
-                                format!(
-                                    "drained; simulated upgrade until {}",
-                                    tessera_api::rfc3339_ms(now + s as i64 * 1000)
-                                ),
-                            ),
-                            None => (None, format!("drained; waiting for `tessera node done {}`", n.node)),
-                        };
-                        r.nodes[i].upgrade_until = until;
-                        // The simulated upgrade reboots the node: gone now, back when it ends
-                        // (validation waits for its GPUs).
-                        if let (Some(s), Some(sim)) = (r.upgrade_s, &self.settings.sim_reboot)
-                            && let Err(e) = sim.0.reboot(&n.node, std::time::Duration::from_secs(s))
-                        {
-                            tracing::warn!(node = %n.node, error = %e, "the simulated upgrade cannot reboot the node");
-                        }
-                        self.move_node(&mut r, i, RolloutNodeState::Upgrading, detail, batch, now);
-                    } else if self.ops.node_state(&n.node) == "ready" {
-                        let detail = "the node was uncordoned during its drain".to_string();
-                        self.fail_node(&mut r, i, detail, batch, now).await;
-                    }
-                }
-                RolloutNodeState::Upgrading if n.upgrade_until.is_some_and(|t| now >= t) => {
-                    let detail = "simulated upgrade finished".to_string();
-                    self.move_node(&mut r, i, RolloutNodeState::Validating, detail, batch, now);
-                }
-                RolloutNodeState::Validating if self.lost_but_reporting(&n) => {
-                    // The node is back though its return was not seen (a control-plane restart
-                    // while it was away): its lost GPUs report again, so they are back.
-                    self.node_back(&n.node).await;
-                }
-                RolloutNodeState::Validating => match self.validate(&n) {
-                    Ok(detail) => {
-                        if let Err(e) = self.set_state(&n.node, None, String::new(), now).await {
-                            tracing::error!(node = %n.node, error = %e, "cannot uncordon an upgraded node; retrying");
-                            continue;
-                        }
-                        r.nodes[i].ended_at = Some(now);
-                        self.move_node(&mut r, i, RolloutNodeState::Done, detail, batch, now);
-                    }
-                    Err(Invalid::Failed(why)) => {
-                        self.fail_node(&mut r, i, format!("validation failed: {why}"), batch, now)
-                            .await;
-                    }
-                    Err(Invalid::NotYet(why)) if now - n.since >= VALIDATE_WITHIN_MS => {
-                        let within = VALIDATE_WITHIN_MS / 1000;
-                        let why = format!("validation failed: {why} within {within} s of the upgrade");
-                        self.fail_node(&mut r, i, why, batch, now).await;
-                    }
-                    Err(Invalid::NotYet(_)) => {}
-                },
-                _ => {}
-            }
-        }
+        self.step_nodes(&mut r, batch, now).await;
         if r.state == RolloutState::Running && r.nodes.iter().any(|n| n.state == RolloutNodeState::Failed) {
             r.state = RolloutState::Failed;
             r.detail = "a node failed: no more nodes are taken".into();
         }
         if r.state == RolloutState::Running {
-            self.take_nodes(&mut r, batch, now).await;
+            if self.take_nodes(&mut r, batch, now).await {
+                // Nodes taken empty are in maintenance already: their upgrade starts now.
+                self.step_nodes(&mut r, batch, now).await;
+            }
             if r.nodes.iter().all(|n| n.state == RolloutNodeState::Done) {
                 r.state = RolloutState::Done;
                 r.detail = format!("{} node(s) upgraded", r.nodes.len());
@@ -348,8 +366,89 @@ impl Core {
         }
     }
 
-    /// Takes the next pending nodes in plan order while the limits allow.
-    async fn take_nodes(&mut self, r: &mut RolloutRecord, batch: &mut Batch, now: i64) {
+    /// Moves the rollout's nodes that are out on, each through every step due now.
+    async fn step_nodes(&mut self, r: &mut RolloutRecord, batch: &mut Batch, now: i64) {
+        for i in 0..r.nodes.len() {
+            // A node takes every step that is due now in one pass (drained → upgrading → ...),
+            // so no step waits for the next tick.
+            loop {
+                let n = r.nodes[i].clone();
+                match n.state {
+                    RolloutNodeState::Draining => {
+                        let drained =
+                            self.ops.node_state(&n.node) == "maintenance" && !self.drains.nodes.contains_key(&n.node);
+                        if drained {
+                            let (until, detail) = match r.upgrade_s {
+                                Some(s) => (
+                                    Some(now + s as i64 * 1000),
+                                    format!(
+                                        "drained; simulated upgrade until {}",
+                                        tessera_api::rfc3339_ms(now + s as i64 * 1000)
+                                    ),
+                                ),
+                                None => (None, format!("drained; waiting for `tessera node done {}`", n.node)),
+                            };
+                            r.nodes[i].upgrade_until = until;
+                            // The simulated upgrade reboots the node: gone now, back when it ends
+                            // (validation waits for its GPUs).
+                            if let (Some(s), Some(sim)) = (r.upgrade_s, &self.settings.sim_reboot)
+                                && let Err(e) = sim.0.reboot(&n.node, std::time::Duration::from_secs(s))
+                            {
+                                tracing::warn!(node = %n.node, error = %e, "the simulated upgrade cannot reboot the node");
+                            }
+                            self.move_node(r, i, RolloutNodeState::Upgrading, detail, batch, now);
+                        } else if self.ops.node_state(&n.node) == "ready" {
+                            let detail = "the node was uncordoned during its drain".to_string();
+                            self.fail_node(r, i, detail, batch, now).await;
+                        }
+                    }
+                    RolloutNodeState::Upgrading if n.upgrade_until.is_some_and(|t| now >= t) => {
+                        let detail = "simulated upgrade finished".to_string();
+                        self.move_node(r, i, RolloutNodeState::Validating, detail, batch, now);
+                    }
+                    RolloutNodeState::Validating => {
+                        if self.lost_but_reporting(&n) {
+                            // The node is back though its return was not seen (a control-plane restart
+                            // while it was away, or not yet): its lost GPUs report again, so they are back.
+                            self.node_back(&n.node).await;
+                        }
+                        match self.validate(&n) {
+                            Ok(detail) => {
+                                if let Err(e) = self.set_state(&n.node, None, String::new(), now).await {
+                                    tracing::error!(node = %n.node, error = %e, "cannot uncordon an upgraded node; retrying");
+                                    break;
+                                }
+                                r.nodes[i].ended_at = Some(now);
+                                self.move_node(r, i, RolloutNodeState::Done, detail, batch, now);
+                            }
+                            Err(Invalid::Failed(why)) => {
+                                self.fail_node(r, i, format!("validation failed: {why}"), batch, now)
+                                    .await;
+                            }
+                            Err(Invalid::NotYet(why)) if now - n.since >= VALIDATE_WITHIN_MS => {
+                                let within = VALIDATE_WITHIN_MS / 1000;
+                                let why = format!("validation failed: {why} within {within} s of the upgrade");
+                                self.fail_node(r, i, why, batch, now).await;
+                            }
+                            Err(Invalid::NotYet(why)) => {
+                                // The backend's MIG instances are read at reconcile: ask for one.
+                                self.reconcile_soon |= why.contains("MIG instances");
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                if r.nodes[i].state == n.state {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Takes the next pending nodes in plan order while the limits allow, each only once its
+    /// unmovable work ends within [`CORDON_AHEAD_MS`] (or the soonest when none is out, see
+    /// [`rollout::take_now`]). Whether it took any.
+    async fn take_nodes(&mut self, r: &mut RolloutRecord, batch: &mut Batch, now: i64) -> bool {
         let limits = Limits {
             max_parallel: r.max_parallel.max(1) as usize,
             max_unavailable_milli: r.max_unavailable_milli,
@@ -361,7 +460,7 @@ impl Core {
                 .unwrap_or(0)
         };
         let out_nodes = r.nodes.iter().filter(|n| n.state.is_out()).count();
-        let mut out_units: u64 = r
+        let out_units: u64 = r
             .nodes
             .iter()
             .filter(|n| n.state.is_out())
@@ -374,15 +473,12 @@ impl Core {
             .map(|n| n.node.clone())
             .collect();
         if pending.is_empty() {
-            return;
+            return false;
         }
         let plan = self.plan_nodes(&pending);
-        for (out_nodes, k) in (out_nodes..).zip(rollout::order(&plan, now)) {
+        let mut took = false;
+        for k in rollout::take_now(&plan, now, limits, out_nodes, out_units, CORDON_AHEAD_MS) {
             let name = plan[k].name.clone();
-            let u = plan[k].units_milli;
-            if !rollout::admits(limits, out_nodes, out_units, u) {
-                break;
-            }
             let i = r
                 .nodes
                 .iter()
@@ -407,8 +503,9 @@ impl Core {
                 None => "draining; no deadline".into(),
             };
             self.move_node(r, i, RolloutNodeState::Draining, detail, batch, now);
-            out_units += u;
+            took = true;
         }
+        took
     }
 
     /// Whether node `n` has GPUs marked lost that report telemetry taken since its step began.
@@ -459,13 +556,24 @@ impl Core {
             format!("all {gpus} GPU(s) back and healthy")
         };
         let layout = self.layout_text(&n.node);
-        if layout != n.layout {
+        // A rollout stored before MIG modes were written down (empty) is not held to them.
+        let instance_mode = self.caps.partitioning != tessera_backend::Partitioning::WholeGpu;
+        if layout != n.layout && !(instance_mode && n.layout.is_empty()) {
             return Err(NotYet(format!(
                 "MIG layout `{layout}` differs from `{}` before the drain",
                 n.layout
             )));
         }
-        Ok(format!("validated: {back}; MIG layout as before the drain"))
+        if !instance_mode {
+            return Ok(format!("validated: {back}; MIG layout as before the drain"));
+        }
+        match self.instances_as_engine_holds(&n.node, n.since) {
+            Ok(true) => Ok(format!(
+                "validated: {back}; MIG modes as before the drain; MIG instances as the engine holds them"
+            )),
+            Ok(false) => Ok(format!("validated: {back}; MIG modes as before the drain")),
+            Err(why) => Err(NotYet(why)),
+        }
     }
 
     async fn fail_node(&mut self, r: &mut RolloutRecord, i: usize, why: String, batch: &mut Batch, now: i64) {
