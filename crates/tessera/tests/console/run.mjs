@@ -121,8 +121,8 @@ try {
   step('an unhealthy GPU and a cordoned node on the fleet map');
   await admin.goto(`${BASE}/console/fleet?pool=training`);
   const sick = (await admin.locator('table.nodes tbody tr').first().getAttribute('id')).replace(/^node-/, '');
-  r = await api('POST', '/api/v1/sim/faults', { node: sick, gpu: 1, xid: 79 });
-  check(r.ok, `inject an XID: ${r.status}`);
+  const fault = await api('POST', '/api/v1/sim/faults', { node: sick, gpu: 1, xid: 79 });
+  check(fault.ok, `inject an XID: ${fault.status}`);
   let sickRows = 0;
   for (let i = 0; i < 40 && sickRows !== 1; i++) {
     await admin.goto(`${BASE}/console/fleet?health=unhealthy`);
@@ -202,13 +202,13 @@ try {
   check((await other.textContent('#queue-live')).includes('waits'), 'a member sees its own tenant\'s waiting workload');
   const theirRefusals = await other.textContent('table.refused');
   check(theirRefusals.includes('impatient') && !theirRefusals.includes('huge'), `a member sees only its tenant's refusals: ${theirRefusals}`);
-  // The waiting workload's page, left open: it turns running below without a reload.
-  await other.goto(`${BASE}/console/workloads/${waitId}`);
-  check((await other.textContent('.facts')).includes('queued'), 'it waits');
   for (const path of ['/console/fleet', '/console/audit', '/console/charts', '/console/tenants']) {
     const denied = await other.goto(`${BASE}${path}`);
     check(denied.status() === 403, `a member on ${path}: ${denied.status()}`);
   }
+  // The waiting workload's page, left open: it turns running below without a reload.
+  await other.goto(`${BASE}/console/workloads/${waitId}`);
+  check((await other.textContent('.facts')).includes('queued'), 'it waits');
 
   // 5b. The admin edits nlp's quota in the form (through the API's handler); the API then
   // reports the new value; a bad value gets its message next to the field and changes nothing.
@@ -234,9 +234,9 @@ try {
   let facts = '';
   for (let i = 0; i < 50 && !facts.includes('running'); i++) {
     await other.waitForTimeout(200);
-    facts = await other.textContent('.facts');
+    facts = (await other.locator('.facts').count()) ? await other.textContent('.facts') : '';
   }
-  check(facts.includes('running'), `live state: ${facts}`);
+  check(facts.includes('running'), `live state: ${facts} in ${other.url()}: ${(await other.content()).slice(-1500)}`);
   check((await other.textContent('.timeline')).includes('running'), 'the timeline grew in place');
   await axe(other, 'workload-live');
   await other.goto(`${BASE}/console`);
