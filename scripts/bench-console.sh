@@ -52,6 +52,7 @@ echo "seed fleet (480 GPUs), 1,000 workloads, $n requests per page:"
 measure "$jar" overview /console
 measure "$jar" workloads /console/workloads
 measure "$jar" "workload timeline" /console/workloads/500
+measure "$jar" "workload live part" /console/workloads/500/live
 measure "$jar" "request form" /console/request
 measure "$jar" quota "/console/quota?tenant=vision"
 measure "$jar" tokens "/console/tokens?tenant=vision"
@@ -73,6 +74,8 @@ measure "$jar" "fleet map" /console/fleet
 measure "$jar" "fleet map, one pool" "/console/fleet?pool=serving"
 measure "$jar" "fleet map, tenant" "/console/fleet?tenant=vision"
 node=$(curl -s -H "Authorization: Bearer $admin" "$base/api/v1/nodes?pool=serving&limit=1" | sed -n 's/.*"name":"\([^"]*\)".*/\1/p')
+api POST /api/v1/sim/faults "{\"node\":\"$node\",\"gpu\":1,\"xid\":79}"
+measure "$jar" "fleet map, unhealthy" "/console/fleet?health=unhealthy"
 measure "$jar" "node detail" "/console/fleet/nodes/$node"
 measure "$jar" "queue" /console/queue
 measure "$jar" "allocation charts" /console/charts

@@ -1160,7 +1160,8 @@ pub struct DryRun {
     /// `start` (within the tenant's guarantee), `borrow` (above it: reclaimable), `wait` or
     /// `refused`.
     pub outcome: String,
-    /// Why it would wait or be refused: `quota`, `budget`, `no-capacity` or `constraint`.
+    /// Why it would wait or be refused: `quota`, `budget`, `no-capacity`, `fragmentation`,
+    /// `isolation` or `constraint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason_code: Option<String>,
     /// The same, in a sentence.
@@ -1169,6 +1170,10 @@ pub struct DryRun {
     /// The pool it would start in (for `start` and `borrow`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// The node the scheduler's placement engine would put it on now (for `start` and
+    /// `borrow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// GPU units the shape asks for (decimal string).
     pub units: String,
     /// GPU-unit-hours over `duration_s` (absent without a duration).

@@ -219,6 +219,33 @@ impl Engine {
         &self.fleet
     }
 
+    /// An independent copy with the same state, fences, MIG layouts and policy model (its
+    /// score cache starts empty): [`Engine::plan`] on it answers as this engine would now,
+    /// without touching this one. Costs one pass over the fleet's state.
+    pub fn copy(&self) -> Engine {
+        Engine {
+            fleet: self.fleet.clone(),
+            state: self.state.clone(),
+            policy: self.policy.boxed_clone(),
+            rng: self.rng.clone(),
+            mig_tables: self.mig_tables.clone(),
+            by_free: self.by_free.clone(),
+            mig_index: self.mig_index.clone(),
+            mig_mode: self.mig_mode,
+            layout_index: self.layout_index.clone(),
+            binding: self.binding,
+            released_unbound: self.released_unbound.clone(),
+            cache: ScoreCache::default(),
+            blocked: self.blocked.clone(),
+            fenced_nodes: self.fenced_nodes.clone(),
+            fenced_gpus: self.fenced_gpus.clone(),
+            mig_off: self.mig_off.clone(),
+            mig_pending: self.mig_pending.clone(),
+            next_epoch: self.next_epoch,
+            scratch: Vec::new(),
+        }
+    }
+
     pub fn state(&self) -> &ClusterState {
         &self.state
     }
@@ -635,7 +662,17 @@ impl Engine {
 
     /// Holds nodes back from every placement until changed (backfill reservations).
     pub fn set_blocked(&mut self, nodes: std::collections::HashSet<u32>) {
+        if nodes != self.blocked {
+            // A new generation (see `generation`); no node's epoch needs to change.
+            self.next_epoch += 1;
+        }
         self.blocked = nodes;
+    }
+
+    /// Changes whenever anything a placement depends on changes (a node's state, fences, MIG
+    /// modes and layouts, reservations): a copy of an equal generation answers as this engine.
+    pub fn generation(&self) -> u64 {
+        self.next_epoch
     }
 
     /// Takes node `n` out of placement (`fenced`) or back in: a cordoned, draining or

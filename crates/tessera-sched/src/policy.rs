@@ -100,13 +100,20 @@ pub trait SharedPolicy: Send {
     /// Scores placing `demand` at `choice` on `view`. Must be a pure function of its arguments
     /// and the policy's epoch (the engine caches it per node state).
     fn score(&self, view: &NodeView, demand: &Demand, choice: Choice) -> Score;
+
+    /// A copy with the same learned model (for an engine copied to try plans on).
+    fn boxed_clone(&self) -> Box<dyn SharedPolicy>;
 }
 
 /// Uniformly random among feasible nodes.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Random;
 
 impl SharedPolicy for Random {
+    fn boxed_clone(&self) -> Box<dyn SharedPolicy> {
+        Box::new(self.clone())
+    }
+
     fn name(&self) -> &'static str {
         "random"
     }
@@ -119,10 +126,14 @@ impl SharedPolicy for Random {
 /// The openb paper's BestFit: the node minimising
 /// `0.5 × (free CPU − requested) / 128,000 + 0.5 × (free milli-GPU − requested) / 8,000`;
 /// on it, a fraction goes to the GPU with the least free milli-GPU that still fits.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct BestFit;
 
 impl SharedPolicy for BestFit {
+    fn boxed_clone(&self) -> Box<dyn SharedPolicy> {
+        Box::new(self.clone())
+    }
+
     fn name(&self) -> &'static str {
         "bestfit"
     }
@@ -329,7 +340,7 @@ pub fn fgd_fragmentation(model: &WorkloadModel, h: &Hypo) -> f64 {
 }
 
 /// Fragmentation Gradient Descent: place where expected fragmentation grows least.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Fgd {
     pub model: WorkloadModel,
 }
@@ -341,6 +352,10 @@ impl Fgd {
 }
 
 impl SharedPolicy for Fgd {
+    fn boxed_clone(&self) -> Box<dyn SharedPolicy> {
+        Box::new(self.clone())
+    }
+
     fn name(&self) -> &'static str {
         "fgd"
     }

@@ -64,7 +64,7 @@ const RESERVE_WEIGHT: f64 = 100.0;
 const PAIRING_WEIGHT: f64 = 1.0;
 
 /// Tessera's fragmentation-aware policy for shared pools.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct TesseraPolicy {
     pub model: WorkloadModel,
     /// Per class of `model.classes`: mean CPU milli its tasks need per milli-GPU.
@@ -241,6 +241,10 @@ fn fill_values<'a>(classes: impl Iterator<Item = &'a crate::policy::DemandClass>
 }
 
 impl SharedPolicy for TesseraPolicy {
+    fn boxed_clone(&self) -> Box<dyn SharedPolicy> {
+        Box::new(self.clone())
+    }
+
     fn name(&self) -> &'static str {
         "tessera"
     }

@@ -28,6 +28,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod oidc;
 pub mod problem;
+pub mod refusals;
 pub mod replica;
 pub mod session;
 pub mod tenancy_sync;
@@ -105,6 +106,8 @@ pub struct AppState {
     pub registry: tessera_imagepolicy::RegistryClient,
     /// Allocation and utilisation per pool over the last 24 hours (the console's charts).
     pub history: Arc<history::History>,
+    /// Requests refused at submission (never stored), newest kept (the console's queue view).
+    pub refusals: Arc<refusals::Refusals>,
 }
 
 /// How to run the server.
@@ -505,6 +508,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         tenancy,
         registry: tessera_imagepolicy::RegistryClient::default(),
         history: history::new(),
+        refusals: Arc::default(),
     };
     history::spawn(state.clone());
     let metrics_app = metrics::router(state.clone());

@@ -472,6 +472,125 @@ async fn dry_run_says_start_borrow_wait_or_refused_with_cost_quota_and_budget_an
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Two nodes of two whole GPUs. The dry run asks the scheduler's engine (a copy of it the
+/// snapshot carries): "start" names the node a submission then lands on; with one free GPU on
+/// each node, two GPUs fit by units but not on one node, so the answer is "wait" with the
+/// engine's `fragmentation` reason — and a submission indeed waits for that reason. About 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_asks_the_engine_start_names_the_node_and_fragmented_units_wait() {
+    let dir = std::env::temp_dir().join(format!("tessera-dryrun-frag-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fleet = tessera_model::Fleet::from_toml(
+        "[[pool]]\nname = \"training\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"h\"\ncount = 2\ngpu_model = \"H100-80GB-SXM\"\ngpus = 2\ncpus = 64\nmemory_gib = 512\nnvlink = \"nvswitch\"\n",
+        "test",
+    )
+    .unwrap();
+    let r = start(ServerConfig {
+        fleet,
+        ..ServerConfig::local(dir.clone())
+    })
+    .await
+    .unwrap();
+    let base = format!("http://{}", r.addr);
+    let admin = r.admin_token.unwrap();
+    let api = Client::new();
+    let post = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
+    for (path, body) in [
+        ("/api/v1/tenants", json!({"name": "vision"})),
+        ("/api/v1/tenants/vision/projects", json!({"name": "train"})),
+    ] {
+        assert!(post(path, body).await.unwrap().status().is_success());
+    }
+    let q = api
+        .put(format!("{base}/api/v1/tenants/vision/quotas/training"))
+        .bearer_auth(&admin)
+        .json(&json!({"guaranteed": 4.0, "limit": 4.0}))
+        .send()
+        .await
+        .unwrap();
+    assert!(q.status().is_success());
+    let gpus = |n: u32, name: &str| json!({"tenant": "vision", "project": "train", "name": name, "shape": {"gpus": n, "pool": "training"}});
+    let dry = |b: Value| {
+        let f = post("/api/v1/workloads/dry-run", b);
+        async move {
+            let r = f.await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let submit = |b: Value| {
+        let f = post("/api/v1/workloads", b);
+        async move {
+            let r = f.await.unwrap();
+            assert_eq!(r.status(), StatusCode::CREATED);
+            r.json::<Value>().await.unwrap()["id"].as_u64().unwrap()
+        }
+    };
+    let d = dry(gpus(1, "a")).await;
+    assert_eq!(d["outcome"], "start", "{d}");
+    let named = d["node"].as_str().unwrap().to_string();
+    let a = submit(gpus(1, "a")).await;
+    let wa = wait_state(&api, &base, &admin, a, &["placed", "running"]).await;
+    assert_eq!(
+        wa["allocation"]["node"],
+        named.as_str(),
+        "the dry run named the node it went to"
+    );
+    let mut on: std::collections::HashMap<String, Vec<u64>> = Default::default();
+    on.entry(named).or_default().push(a);
+    for name in ["b", "c"] {
+        let id = submit(gpus(1, name)).await;
+        let w = wait_state(&api, &base, &admin, id, &["placed", "running"]).await;
+        on.entry(w["allocation"]["node"].as_str().unwrap().to_string())
+            .or_default()
+            .push(id);
+    }
+    // Free one GPU of the full node: one free GPU on each node.
+    let full = on.values().find(|ids| ids.len() == 2).expect("a full node")[0];
+    let c = post(&format!("/api/v1/workloads/{full}/cancel"), json!({}))
+        .await
+        .unwrap();
+    assert!(c.status().is_success(), "{}", c.text().await.unwrap());
+    wait_state(&api, &base, &admin, full, &["cancelled"]).await;
+    let mut d = Value::Null;
+    for _ in 0..60 {
+        d = dry(gpus(2, "pair")).await;
+        if d["outcome"] == "wait" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        (d["outcome"].as_str(), d["reason_code"].as_str()),
+        (Some("wait"), Some("fragmentation")),
+        "two free GPUs, on two nodes: {d}"
+    );
+    assert!(d["node"].is_null() && !d["reason"].as_str().unwrap().is_empty(), "{d}");
+    let pair = submit(gpus(2, "pair")).await;
+    let mut w = Value::Null;
+    for _ in 0..100 {
+        w = api
+            .get(format!("{base}/api/v1/workloads/{pair}"))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if w["reason_code"].is_string() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        (w["state"].as_str(), w["reason_code"].as_str()),
+        (Some("queued"), Some("fragmentation")),
+        "the submission gets the dry run's answer: {w}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_errors_by_their_field() {
     let dir = std::env::temp_dir().join(format!("tessera-reqform-{}", std::process::id()));
@@ -881,7 +1000,7 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
         .text()
         .await
         .unwrap();
-    assert!(done.contains("(cordoned)") && done.contains("/uncordon\""), "{done}");
+    assert!(done.contains("cordoned)") && done.contains("/uncordon\""), "{done}");
     let cordoned = b
         .get(format!("{base}/console/fleet?state=cordoned"))
         .send()

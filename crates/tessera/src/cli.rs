@@ -410,6 +410,9 @@ pub fn dry_run_text(d: &tessera_api::DryRun) -> String {
     if let Some(p) = &d.pool {
         out.push_str(&format!(" in pool {p}"));
     }
+    if let Some(n) = &d.node {
+        out.push_str(&format!(" on node {n}"));
+    }
     if let (Some(code), Some(r)) = (&d.reason_code, &d.reason) {
         out.push_str(&format!(" ({code}): {r}"));
     }

@@ -146,6 +146,8 @@ fn console_in_a_real_browser() {
         "request-preview",
         "workload",
         "fleet",
+        "fleet-unhealthy",
+        "workload-live",
         "workloads",
         "quota",
         "tokens",

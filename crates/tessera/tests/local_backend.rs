@@ -182,6 +182,26 @@ fn local_backend_runs_real_processes_on_fake_gpus() {
         format!("visible=GPU-fa4e0000-0000-4000-8000-{gpu:012x}"),
         "{desc}"
     );
+    // The console's page of it shows the log in its logs region, and (ended) no longer polls.
+    let page = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let r = reqwest::Client::new()
+                .get(format!("{addr}/console/workloads/1/live"))
+                .bearer_auth(token.trim())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), reqwest::StatusCode::OK);
+            r.text().await.unwrap()
+        });
+    let logs = page.split("id=\"logs\"").nth(1).unwrap_or_default();
+    assert!(
+        logs.contains(&format!("visible=GPU-fa4e0000-0000-4000-8000-{gpu:012x}")) && !page.contains("hx-trigger"),
+        "{page}"
+    );
 
     // 2: cancel sends SIGTERM, then SIGKILL after the grace period (1 s).
     run("trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.1; done");

@@ -30,6 +30,7 @@ use crate::mig::{MigMode, layout_key};
 use crate::state::{GpuState, Grant, MigSlot, Placement};
 
 /// Free configured instances and idle GPUs of one (pool, model).
+#[derive(Clone)]
 pub(super) struct LayoutIndex {
     /// `free[profile][idle]`: free configured instances `(node, gpu, start)`, apart for GPUs with
     /// work (`idle = 0`) and idle GPUs (`idle = 1`).

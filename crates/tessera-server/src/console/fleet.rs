@@ -4,7 +4,7 @@
 //! per GPU; a node's GPU-level detail (each MIG slice and fraction with its workload) is
 //! fetched on demand when the node is opened. Everything is read from the published snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use askama::Template;
 use axum::extract::{Path, Query, State};
@@ -39,6 +39,26 @@ pub struct Cell {
     pub label: String,
     /// `free`, `part` or `full`.
     pub fill: &'static str,
+    /// Out of placement because it failed (shown with a mark and in the label).
+    pub unhealthy: bool,
+}
+
+/// What a person reads about a failed GPU: the XID or the cause, and what happened.
+pub fn health_words(r: &tessera_store::GpuHealthRecord) -> String {
+    match r.xid {
+        Some(x) => format!("unhealthy: XID {x} ({})", r.detail),
+        None => format!("unhealthy: {}", r.detail),
+    }
+}
+
+/// The mark shown beside a node state that is not `ready` (the word follows it).
+pub fn state_mark(state: &str) -> &'static str {
+    match state {
+        "ready" => "",
+        "draining" => "⇥",
+        "maintenance" => "⚒",
+        _ => "⏸",
+    }
 }
 
 pub struct NodeRow {
@@ -48,6 +68,8 @@ pub struct NodeRow {
     pub state: String,
     pub used: String,
     pub free: usize,
+    /// Failed GPUs of the node.
+    pub unhealthy: usize,
     pub cells: Vec<Cell>,
 }
 
@@ -59,6 +81,7 @@ pub struct PoolRow {
     pub used: String,
     pub total: String,
     pub not_ready: usize,
+    pub unhealthy: usize,
 }
 
 #[derive(Deserialize, Default)]
@@ -69,6 +92,9 @@ pub struct FleetQuery {
     pub state: String,
     #[serde(default)]
     pub tenant: String,
+    /// `unhealthy`: only nodes with a failed GPU.
+    #[serde(default)]
+    pub health: String,
     #[serde(default)]
     pub page: usize,
 }
@@ -88,6 +114,12 @@ struct FleetPage {
     prev: Option<String>,
 }
 
+impl FleetPage {
+    fn mark(&self, state: &str) -> &'static str {
+        state_mark(state)
+    }
+}
+
 const PER_PAGE: usize = 100;
 const STATES: [&str; 4] = ["ready", "cordoned", "draining", "maintenance"];
 
@@ -100,9 +132,20 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             format!("unknown node state `{}` ({})", q.state, STATES.join(", ")),
         ));
     }
+    if !q.health.is_empty() && q.health != "unhealthy" {
+        return Err(ApiError::invalid(
+            "health",
+            format!("unknown health filter `{}` (unhealthy)", q.health),
+        ));
+    }
     let snap = s.lifecycle.snapshot();
     let ops = s.lifecycle.published().ops();
     let f = &snap.fleet;
+    // Failed GPUs by node (few: one pass over them, not a lookup per GPU of the fleet).
+    let mut failed: HashMap<&str, Vec<&tessera_store::GpuHealthRecord>> = HashMap::new();
+    for r in ops.unhealthy.values() {
+        failed.entry(r.node.as_str()).or_default().push(r);
+    }
     let pools = views::pools(&snap)
         .into_iter()
         .zip(&f.pools)
@@ -110,6 +153,9 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             not_ready: (p.nodes.start as usize..p.nodes.end as usize)
                 .filter(|&i| ops.node_state(&f.nodes[i].name) != "ready")
                 .count(),
+            unhealthy: (p.nodes.start as usize..p.nodes.end as usize)
+                .map(|i| failed.get(f.nodes[i].name.as_str()).map_or(0, Vec::len))
+                .sum(),
             name: v.name,
             sharing: v.sharing,
             nodes: v.nodes,
@@ -129,6 +175,10 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         }
         let state = ops.node_state(&n.name);
         if !q.state.is_empty() && state != q.state {
+            continue;
+        }
+        let bad = failed.get(n.name.as_str()).map(Vec::as_slice).unwrap_or_default();
+        if !q.health.is_empty() && bad.is_empty() {
             continue;
         }
         let ns = &snap.nodes[i];
@@ -154,7 +204,8 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                     1000.. => "full",
                     _ => "part",
                 };
-                let label = if g.holders.is_empty() {
+                let health = bad.iter().find(|r| r.gpu as usize == gi);
+                let mut label = if g.holders.is_empty() {
                     format!("GPU {gi}: free")
                 } else {
                     let who: Vec<String> = g
@@ -168,11 +219,18 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                         who.join(", ")
                     )
                 };
+                if let Some(r) = health {
+                    label = format!("{label}; {}", health_words(r));
+                }
+                if state != "ready" {
+                    label = format!("{label}; node {state}");
+                }
                 Cell {
                     index: gi,
                     colour: colour(&tenant),
                     label,
                     fill,
+                    unhealthy: health.is_some(),
                 }
             })
             .collect();
@@ -183,6 +241,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             state: state.to_string(),
             used: tessera_model::GpuUnits(ns.used_milli()).to_string(),
             free: ns.free_gpus(),
+            unhealthy: bad.len(),
             cells,
         });
     }
@@ -191,6 +250,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             ("pool", q.pool.as_str()),
             ("state", q.state.as_str()),
             ("tenant", q.tenant.as_str()),
+            ("health", q.health.as_str()),
             ("page", &page.to_string()),
         ])
         .map(|qs| format!("/console/fleet?{qs}"))
@@ -218,11 +278,21 @@ struct NodeDetail {
     node: String,
     state: String,
     gpus: Vec<GpuView>,
+    /// Per GPU index: what is wrong with it, if it failed.
+    health: Vec<Option<String>>,
 }
 
 impl NodeDetail {
     fn colour(&self, tenant: &str) -> u8 {
         colour(tenant)
+    }
+
+    fn health_of(&self, gpu: &u8) -> Option<&str> {
+        self.health.get(*gpu as usize).and_then(|h| h.as_deref())
+    }
+
+    fn mark(&self) -> &'static str {
+        state_mark(&self.state)
     }
 }
 
@@ -237,7 +307,14 @@ pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>
     let ops = s.lifecycle.published().ops();
     let mut gpus = Vec::new();
     views::gpus_of(&snap.fleet, i.0 as usize, &snap.nodes[i.0 as usize], &c.id, &mut gpus);
+    let mut health = vec![None; gpus.len()];
+    for ((_, g), r) in ops.unhealthy.range((name.clone(), 0)..=(name.clone(), u8::MAX)) {
+        if let Some(h) = health.get_mut(*g as usize) {
+            *h = Some(health_words(r));
+        }
+    }
     Ok(html(&NodeDetail {
+        health,
         state: ops.node_state(&name).to_string(),
         node: name,
         gpus,

@@ -63,6 +63,7 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/tokens/{id}/revoke", post(account::revoke))
         .route("/console/workloads", get(pages::workloads))
         .route("/console/workloads/{id}", get(pages::workload))
+        .route("/console/workloads/{id}/live", get(pages::workload_live))
         .route("/console/workloads/{id}/cancel", post(pages::cancel))
         .route("/assets/{hash}/{*file}", get(assets::serve))
         // Pages and assets are sent gzip-compressed to browsers that accept it.

@@ -214,21 +214,74 @@ pub fn steps(events: &[Event], ended: bool, now: i64) -> Vec<Step> {
 #[template(path = "console/workload.html")]
 struct WorkloadPage {
     chrome: Chrome,
+    id: u64,
+    name: String,
+    live: WorkloadLive,
+}
+
+/// The part of a workload's page that refreshes while it runs: its facts, timeline and logs.
+/// The fragment asks to be fetched again (htmx `every 2s`) only while the workload has not
+/// ended, so polling stops by itself at a terminal state.
+#[derive(Template)]
+#[template(path = "console/workload_live.html")]
+struct WorkloadLive {
     w: Row,
     priority: String,
     units: String,
     steps: Vec<Step>,
     can_cancel: bool,
+    /// The tail of the captured output; `None` when the backend keeps no logs.
+    logs: Option<String>,
+    /// Said above the logs (how much is shown, or why there is none).
+    logs_note: String,
 }
 
-/// `GET /console/workloads/{id}`: one workload and its timeline with step durations.
-pub async fn workload(State(s): State<AppState>, c: Caller, Path(raw): Path<String>) -> Result<Response, ApiError> {
-    let wid = raw
-        .parse::<u64>()
+/// How much of a log the page shows (its end), and how much it reads at most to find it.
+const LOG_TAIL: usize = 16 * 1024;
+const LOG_READ_MAX: u64 = 1024 * 1024;
+
+/// The last [`LOG_TAIL`] bytes of the first [`LOG_READ_MAX`] of a workload's log, and a note.
+async fn log_tail(s: &AppState, wid: WorkloadId) -> (Option<String>, String) {
+    if !s.backend.capabilities().logs {
+        return (None, format!("No logs from this backend ({}).", s.backend_name));
+    }
+    let mut tail: Vec<u8> = Vec::new();
+    let mut off = 0;
+    loop {
+        let c = match s.backend.read_logs(wid.0, off, 64 * 1024).await {
+            Ok(c) => c,
+            Err(e) => return (None, format!("No logs: {e}.")),
+        };
+        tail.extend_from_slice(&c.bytes);
+        if tail.len() > LOG_TAIL {
+            tail.drain(..tail.len() - LOG_TAIL);
+        }
+        let more = !c.bytes.is_empty() && c.next_offset < LOG_READ_MAX;
+        off = c.next_offset;
+        if !more {
+            break;
+        }
+    }
+    let note = if off == 0 {
+        "No output yet.".to_string()
+    } else if off as usize > tail.len() {
+        format!("The last {} KB of {} KB of output.", tail.len() / 1024, off / 1024)
+    } else {
+        format!("{off} bytes of output.")
+    };
+    (Some(String::from_utf8_lossy(&tail).into_owned()), note)
+}
+
+fn workload_id(raw: &str) -> Result<WorkloadId, ApiError> {
+    raw.parse::<u64>()
         .ok()
         .filter(|v| *v <= i64::MAX as u64)
         .map(WorkloadId)
-        .ok_or_else(|| ApiError::not_found(format!("no workload {raw}")))?;
+        .ok_or_else(|| ApiError::not_found(format!("no workload {raw}")))
+}
+
+/// The live part of a workload's page (through the API's handler, so tenant scoping applies).
+async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive, ApiError> {
     let w = workloads::get_workload(State(s.clone()), c.id.clone(), WorkloadPath(wid))
         .await?
         .0;
@@ -241,14 +294,37 @@ pub async fn workload(State(s): State<AppState>, c: Caller, Path(raw): Path<Stri
         .collect();
     let r = row(&w);
     let can_cancel = !r.ended && c.id.can_write(&w.tenant);
-    Ok(html(&WorkloadPage {
-        chrome: Chrome::new(&c, &s, "workloads"),
+    let (logs, logs_note) = log_tail(s, wid).await;
+    Ok(WorkloadLive {
         steps: steps(&events, r.ended, crate::now_ms()),
         w: r,
         priority: w.priority.clone(),
         units: w.units.clone(),
         can_cancel,
+        logs,
+        logs_note,
+    })
+}
+
+/// `GET /console/workloads/{id}`: one workload, its timeline with step durations and its logs,
+/// refreshed in place while it runs.
+pub async fn workload(State(s): State<AppState>, c: Caller, Path(raw): Path<String>) -> Result<Response, ApiError> {
+    let live = live(&s, &c, workload_id(&raw)?).await?;
+    Ok(html(&WorkloadPage {
+        chrome: Chrome::new(&c, &s, "workloads"),
+        id: live.w.id,
+        name: live.w.name.clone(),
+        live,
     }))
+}
+
+/// `GET /console/workloads/{id}/live`: the refreshing fragment of the workload's page.
+pub async fn workload_live(
+    State(s): State<AppState>,
+    c: Caller,
+    Path(raw): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(html(&live(&s, &c, workload_id(&raw)?).await?))
 }
 
 /// `POST /console/workloads/{id}/cancel` (htmx, with the CSRF token): cancels through the

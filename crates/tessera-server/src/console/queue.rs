@@ -84,7 +84,42 @@ struct Live {
     next: Option<String>,
     prev: Option<String>,
     recent: Vec<Ended>,
+    /// Requests refused at submission (never stored): from the server's ring of them.
+    refused: Vec<RefusedRow>,
     query: String,
+}
+
+/// A request refused at submission.
+pub struct RefusedRow {
+    pub at: String,
+    pub tenant: String,
+    pub project: String,
+    pub name: String,
+    pub code: &'static str,
+    pub detail: String,
+}
+
+/// The newest refusals at submission that `tenant` (every tenant when empty, for admins) may
+/// see, up to 20.
+fn refused(s: &AppState, admin: bool, tenant: &str) -> Vec<RefusedRow> {
+    if !admin && tenant.is_empty() {
+        return Vec::new();
+    }
+    s.refusals
+        .recent((!tenant.is_empty()).then_some(tenant), 20)
+        .into_iter()
+        .map(|r| RefusedRow {
+            at: tessera_api::rfc3339_ms(r.at)
+                .get(..19)
+                .unwrap_or_default()
+                .replace('T', " "),
+            tenant: r.tenant,
+            project: r.project,
+            name: r.name,
+            code: r.code,
+            detail: r.detail,
+        })
+        .collect()
 }
 
 #[derive(Template)]
@@ -179,6 +214,7 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
         next: (total > first + PER_PAGE).then(|| link(q.page + 1)),
         prev: (q.page > 0).then(|| link(q.page - 1)),
         recent: Vec::new(),
+        refused: Vec::new(),
         query: String::new(),
     }
 }
@@ -250,6 +286,7 @@ pub async fn queue(
     }
     let mut live = waiting(&snap.queue.waiting, &q, crate::now_ms());
     live.recent = recent(&s, &c, &q).await?;
+    live.refused = refused(&s, admin, &q.tenant);
     live.query = serde_urlencoded::to_string([
         ("pool", q.pool.as_str()),
         ("tenant", q.tenant.as_str()),

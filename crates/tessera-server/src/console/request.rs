@@ -350,8 +350,7 @@ pub async fn preview(State(s): State<AppState>, c: Caller, body: Bytes) -> Resul
         Err((v, e)) => with_error(&s, &c, v, e).await,
         Ok((v, b, k)) => {
             let snap = s.lifecycle.snapshot();
-            let ops = s.lifecycle.published().ops();
-            let run = dryrun::preview(&s, &snap, &ops, &b, &k);
+            let run = dryrun::preview(&s, &snap, &b, &k);
             let mut form = view(&s, &c, v).await?;
             form.preview = Some(run);
             Ok(html(&FormFragment { form }))

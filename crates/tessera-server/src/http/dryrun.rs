@@ -1,21 +1,24 @@
 //! The dry run of a workload request (`POST /api/v1/workloads/dry-run`): the same body and the
 //! same checks as creation, then — on the lifecycle's published snapshot, changing nothing —
 //! what it would cost, how it would count against the tenant's quotas (the scheduler's own
-//! quota check, [`check_quotas`]) and budget, and whether free capacity for it exists now in a
-//! pool it may use. The console's request form shows this before anything is submitted;
+//! quota check, [`check_quotas`]) and budget, and where it would be placed now — asked of the
+//! scheduler's placement engine itself (`plan` on the copy the snapshot carries), so "start",
+//! "borrow" or "wait" with the engine's typed reason (`fragmentation`, `no-capacity`,
+//! `isolation`) is what a submission would get. The console's request form shows this before anything is submitted;
 //! `tessera run --dry-run` prints it.
 
 use axum::Json;
 use axum::extract::State;
 use tessera_api::{CreateWorkload, DryRun, DryRunBudget, DryRunQuota};
 use tessera_model::{Fleet, GpuUnits, PoolId, Request, Shape, Sharing};
+use tessera_sched::Unplaceable;
 use tessera_sched::cycle::{Admission, Quota, check_quotas, project_key};
 
 use super::ApiJson;
 use super::workloads::{Checked, check_create};
 use crate::AppState;
 use crate::auth::Identity;
-use crate::lifecycle::{FleetOps, NodeSnap, Snapshot, TenantSnap};
+use crate::lifecycle::{Snapshot, TenantSnap, Trial};
 use crate::problem::ApiResult;
 
 /// What a request would do if made now: cost in GPU units and money, quotas and budget before
@@ -33,8 +36,7 @@ pub async fn dry_run(
 ) -> ApiResult<Json<DryRun>> {
     let c = check_create(&s, &id, &b).await?;
     let snap = s.lifecycle.snapshot();
-    let ops = s.lifecycle.published().ops();
-    Ok(Json(preview(&s, &snap, &ops, &b, &c)))
+    Ok(Json(preview(&s, &snap, &b, &c)))
 }
 
 /// The pools a request may use: its pool if it names one, else those whose sharing mode serves
@@ -72,50 +74,39 @@ fn model_ok(r: &Request, m: tessera_model::ModelId) -> bool {
     }
 }
 
-/// Whether node `i` has room for `r` now: ready (not cordoned, draining or in maintenance),
-/// enough host CPU and memory, and a GPU layout that fits the shape.
-fn node_fits(f: &Fleet, i: usize, n: &NodeSnap, ops: &FleetOps, r: &Request, tenant: &str) -> bool {
-    let node = &f.nodes[i];
-    if ops.node_state(&node.name) != "ready" || !model_ok(r, node.model) {
-        return false;
-    }
-    if n.cpu_free < r.cpu_milli || n.mem_free < r.memory_mib {
-        return false;
-    }
-    match &r.shape {
-        Shape::Whole { gpus } => n.free_gpus() >= *gpus as usize,
-        Shape::Mig(c) => {
-            let model = f.catalogue.get(node.model);
-            let Some(geom) = model.mig else { return false };
-            c.options.iter().filter(|(m, _)| *m == node.model).any(|&(_, p)| {
-                let p = &geom.profiles[p as usize];
-                n.gpus.iter().any(|g| {
-                    let whole = g.holders.iter().any(|h| h.units == GpuUnits::whole(1));
-                    !whole
-                        && p.starts
-                            .iter()
-                            .any(|&s| s + p.mem_slices <= geom.mem_slices && g.mig_mask & p.mask_at(s) == 0)
-                })
-            })
+/// Where the scheduler's engine would place `r` now, in the first of `pools` (those within the
+/// tenant's limits, in the engine's order) that holds it: `(pool, node)`; or the engine's
+/// typed reason why none does. Asked of the engine copy the snapshot carries, so the answer is
+/// the one a submission would get from the same state (requests queued ahead may still take
+/// the capacity first).
+fn place(
+    trial: &Trial,
+    f: &Fleet,
+    r: &Request,
+    tenant: &str,
+    pools: &[PoolId],
+) -> Result<(PoolId, String), Unplaceable> {
+    let mut first_err = None;
+    for &p in pools {
+        let mut one = r.clone();
+        one.pool = Some(p);
+        match trial.plan(&one, tenant) {
+            Ok(pl) => return Ok((p, f.node(pl.node).name.clone())),
+            Err(u) => {
+                first_err.get_or_insert(u);
+            }
         }
-        Shape::Fraction { milli, .. } => {
-            let mixing = f.pool(node.pool).allow_tenant_mixing;
-            n.gpus.iter().any(|g| {
-                g.used_milli as u32 + *milli as u32 <= 1000 && (mixing || g.holders.iter().all(|h| h.tenant == tenant))
-            })
-        }
-        Shape::CpuOnly => true,
     }
-}
-
-fn pool_has_room(snap: &Snapshot, ops: &FleetOps, p: PoolId, r: &Request, tenant: &str) -> bool {
-    let f = &snap.fleet;
-    let range = f.pool(p).nodes.clone();
-    (range.start as usize..range.end as usize).any(|i| node_fits(f, i, &snap.nodes[i], ops, r, tenant))
+    match first_err {
+        Some(u) => Err(u),
+        None => trial
+            .plan(r, tenant)
+            .map(|pl| (f.node(pl.node).pool, f.node(pl.node).name.clone())),
+    }
 }
 
 /// The dry run's answer on a snapshot.
-pub(crate) fn preview(s: &AppState, snap: &Snapshot, ops: &FleetOps, b: &CreateWorkload, c: &Checked) -> DryRun {
+pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Checked) -> DryRun {
     let f = &snap.fleet;
     let units = c.request.units(&f.catalogue);
     let empty = TenantSnap::default();
@@ -152,14 +143,12 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, ops: &FleetOps, b: &CreateW
     }
     let waits_or_refuses = if b.no_wait { "refused" } else { "wait" };
     let spent_out = t.budget.filter(|(budget, spent)| spent >= budget);
-    let room = admitted
-        .iter()
-        .find(|(p, _)| pool_has_room(snap, ops, *p, &c.request, &b.tenant));
-    let (outcome, code, reason, pool) = if pools.is_empty() {
+    let (outcome, code, reason, pool, node) = if pools.is_empty() {
         (
             "refused",
             Some("constraint"),
             Some("no pool of this fleet can ever hold this shape".to_string()),
+            None,
             None,
         )
     } else if let Some((budget, spent)) = spent_out {
@@ -171,24 +160,43 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, ops: &FleetOps, b: &CreateW
                 b.tenant
             )),
             None,
+            None,
         )
     } else if admitted.is_empty() {
         let e = over.expect("every pool is over a limit");
-        (waits_or_refuses, Some("quota"), Some(e.to_string()), None)
-    } else if let Some((p, a)) = room {
-        (
-            if a.borrowing() { "borrow" } else { "start" },
-            None,
-            None,
-            Some(f.pool(*p).name.clone()),
-        )
+        (waits_or_refuses, Some("quota"), Some(e.to_string()), None, None)
     } else {
-        (
-            waits_or_refuses,
-            Some("no-capacity"),
-            Some("no node in the pools this request may use has room for it now".to_string()),
-            None,
-        )
+        let mut within: Vec<PoolId> = admitted.iter().map(|(p, _)| *p).collect();
+        // The engine's own order: dedicated pools first, then MIG, then shared ones.
+        within.sort_by_key(|&p| match f.pool(p).sharing {
+            Sharing::Whole => 0,
+            Sharing::Mig => 1,
+            Sharing::Shared => 2,
+        });
+        let placed = match &snap.trial {
+            Some(trial) => place(trial, f, &c.request, &b.tenant, &within).map_err(|u| {
+                let code = if u.is_constraint() { "refused" } else { waits_or_refuses };
+                (code, u.code(), u.to_string())
+            }),
+            None => Err((
+                waits_or_refuses,
+                "no-capacity",
+                "the scheduler has not published its state yet".to_string(),
+            )),
+        };
+        match placed {
+            Ok((p, node)) => {
+                let borrowing = admitted.iter().any(|(q, a)| *q == p && a.borrowing());
+                (
+                    if borrowing { "borrow" } else { "start" },
+                    None,
+                    None,
+                    Some(f.pool(p).name.clone()),
+                    Some(node),
+                )
+            }
+            Err((outcome, code, why)) => (outcome, Some(code), Some(why), None, None),
+        }
     };
     let at = pool
         .as_deref()
@@ -227,6 +235,7 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, ops: &FleetOps, b: &CreateW
         reason_code: code.map(str::to_string),
         reason,
         pool,
+        node,
         units: units.to_string(),
         unit_hours,
         price_per_unit_hour: price,

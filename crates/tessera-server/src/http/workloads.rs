@@ -218,6 +218,22 @@ pub async fn create_workload(
     ApiJson(b): ApiJson<CreateWorkload>,
 ) -> ApiResult<Response> {
     let received_at = now_ms();
+    // A refusal is kept for the console's queue view (the request is never stored).
+    let who = (b.tenant.clone(), b.project.clone(), b.name.clone());
+    let refused = |e: ApiError| {
+        if crate::refusals::Refusals::is_refusal(&e) {
+            s.refusals.record(crate::refusals::Refusal {
+                at: received_at,
+                tenant: who.0.clone(),
+                project: who.1.clone(),
+                name: who.2.clone(),
+                actor: id.actor.clone(),
+                code: e.kind,
+                detail: e.detail.clone(),
+            });
+        }
+        e
+    };
     let Checked {
         priority,
         shape,
@@ -225,7 +241,7 @@ pub async fn create_workload(
         cpu,
         mem,
         image,
-    } = check_create(&s, &id, &b).await?;
+    } = check_create(&s, &id, &b).await.map_err(refused)?;
     let idempotency = match headers.get("idempotency-key") {
         Some(k) => {
             let k = rules::check_idempotency_key(k.as_bytes())?.to_string();
@@ -280,7 +296,7 @@ pub async fn create_workload(
         received_at,
         audit: Some(audit),
     };
-    let (w, created) = s.lifecycle.create(nw).await.map_err(lifecycle_error)?;
+    let (w, created) = s.lifecycle.create(nw).await.map_err(|e| refused(lifecycle_error(e)))?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let mut r = (status, Json(views::workload(&w))).into_response();
     r.extensions_mut().insert(Audited);

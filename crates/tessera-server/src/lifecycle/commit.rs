@@ -232,7 +232,9 @@ impl Core {
                 self.last_full_publish = Instant::now();
                 self.queue_dirty = false;
             }
-            let snap = self.builder.build(&self.fleet, &self.sched, &self.live, now, full);
+            let snap = self
+                .builder
+                .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, full);
             self.published.set_snapshot(snap);
         }
         for r in batch.replies {

@@ -101,7 +101,7 @@ impl Lifecycle {
             let spent = month.spent(t, live.values().map(|l| &l.w), now);
             sched.set_spent(t, spent);
         }
-        let snap = SnapshotBuilder::new(&cfg.fleet).build(&cfg.fleet, &sched, &live, now, true);
+        let snap = SnapshotBuilder::new(&cfg.fleet).build(&cfg.fleet, &sched, &live, &tenants, now, true);
         if !self.is_leading() {
             self.published.set_snapshot(snap);
             self.published.set_ops(Arc::new(ops));

@@ -57,7 +57,7 @@ pub use nodeops::NodeOp;
 use placement::NodeIndex;
 pub use rollout::{NewRollout, VALIDATE_WITHIN_MS};
 use snapshot::SnapshotBuilder;
-pub use snapshot::{GpuSnap, HolderSnap, NodeSnap, Published, Snapshot, Telemetry, TenantSnap};
+pub use snapshot::{GpuSnap, HolderSnap, NodeSnap, Published, Snapshot, Telemetry, TenantSnap, Trial};
 
 use crate::metrics::Metrics;
 

@@ -171,7 +171,9 @@ impl Core {
         self.published.put_workloads(parts.records);
         self.published
             .put_workloads(self.live.values().map(|l| std::sync::Arc::new(l.w.clone())));
-        let snap = self.builder.build(&self.fleet, &self.sched, &self.live, now, true);
+        let snap = self
+            .builder
+            .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, true);
         self.published.set_snapshot(snap);
         for (id, op) in parts.ops {
             self.runner.submit(id, op);

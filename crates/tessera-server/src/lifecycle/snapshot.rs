@@ -6,13 +6,13 @@
 //! and a busy loop never slows a read.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tessera_backend::GpuSample;
 use tessera_domain::{GpuSpec, Phase, Reason, ReasonCode, Workload, WorkloadId};
-use tessera_model::{Fleet, GpuUnits};
-use tessera_sched::Grant;
+use tessera_model::{Fleet, GpuUnits, Request, TenantId};
 use tessera_sched::cycle::{Quota, Scheduler};
+use tessera_sched::{Engine, Grant, Placement, Unplaceable};
 
 use super::Live;
 
@@ -91,6 +91,41 @@ pub struct Waiting {
     pub reason: Option<Reason>,
 }
 
+/// A copy of the scheduler's placement engine as of the last full snapshot (every second, or
+/// within 50 ms of a queue change; copied only when the engine changed), for dry runs: [`Trial::plan`] asks the engine's own `plan` on it — the code
+/// path of a real placement, with the same fences, MIG layouts and reservations — without
+/// touching the loop's engine.
+pub struct Trial {
+    engine: Mutex<Engine>,
+    tenants: HashMap<String, TenantId>,
+}
+
+impl std::fmt::Debug for Trial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trial")
+            .field("tenants", &self.tenants.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Trial {
+    pub fn new(engine: Engine, tenants: HashMap<String, TenantId>) -> Trial {
+        Trial {
+            engine: Mutex::new(engine),
+            tenants,
+        }
+    }
+
+    /// Where `req` of `tenant` would be placed now, or why not (the engine's typed reason).
+    pub fn plan(&self, req: &Request, tenant: &str) -> Result<Placement, Unplaceable> {
+        // A tenant that holds nothing yet has no id in the loop: any id no one else has
+        // answers the same (it matters only for keeping tenants apart on shared GPUs).
+        let id = self.tenants.get(tenant).copied().unwrap_or(TenantId(u32::MAX));
+        let r = req.clone().with_tenant(id);
+        self.engine.lock().unwrap_or_else(|p| p.into_inner()).plan(&r)
+    }
+}
+
 /// An immutable view of the loop's state after a commit.
 pub struct Snapshot {
     /// Increases with every publication.
@@ -105,6 +140,8 @@ pub struct Snapshot {
     pub phases: Arc<BTreeMap<Phase, u64>>,
     /// Measured utilisation so far of running workloads (0..1), for usage reports.
     pub utilisation: Arc<HashMap<WorkloadId, f64>>,
+    /// The placement engine to try requests on (dry runs); `None` before recovery.
+    pub trial: Option<Arc<Trial>>,
 }
 
 impl Snapshot {
@@ -130,6 +167,7 @@ impl Snapshot {
             queue: Arc::default(),
             phases: Arc::default(),
             utilisation: Arc::default(),
+            trial: None,
         }
     }
 }
@@ -238,6 +276,9 @@ pub(crate) struct SnapshotBuilder {
     queue: Arc<QueueSnap>,
     phases: Arc<BTreeMap<Phase, u64>>,
     utilisation: Arc<HashMap<WorkloadId, f64>>,
+    trial: Option<Arc<Trial>>,
+    /// The engine generation `trial` was copied at.
+    trial_generation: u64,
 }
 
 impl SnapshotBuilder {
@@ -255,21 +296,26 @@ impl SnapshotBuilder {
             queue: empty.queue,
             phases: empty.phases,
             utilisation: empty.utilisation,
+            trial: None,
+            trial_generation: 0,
         }
     }
 
     /// Forgets every node (after the scheduler was rebuilt: epochs start again).
     pub fn reset(&mut self) {
         self.epochs.iter_mut().for_each(|e| *e = u64::MAX);
+        self.trial = None;
     }
 
     /// A snapshot of `sched` and the live workloads. `full` also recomputes the queue, phase
-    /// counts and utilisation (they are copied from the last snapshot otherwise).
+    /// counts and utilisation and copies the engine for dry runs (they are carried over from
+    /// the last snapshot otherwise). `tenant_ids` are the engine's tenant ids.
     pub fn build(
         &mut self,
         fleet: &Arc<Fleet>,
         sched: &Scheduler,
         live: &HashMap<WorkloadId, Live>,
+        tenant_ids: &HashMap<String, TenantId>,
         at: i64,
         full: bool,
     ) -> Snapshot {
@@ -363,6 +409,11 @@ impl SnapshotBuilder {
             self.queue = Arc::new(queue);
             self.phases = Arc::new(phases);
             self.utilisation = Arc::new(utilisation);
+            // Copied only when the engine changed since the last copy (one pass over the fleet).
+            if self.trial.is_none() || self.trial_generation != sched.engine.generation() {
+                self.trial = Some(Arc::new(Trial::new(sched.engine.copy(), tenant_ids.clone())));
+                self.trial_generation = sched.engine.generation();
+            }
         }
         self.version += 1;
         Snapshot {
@@ -374,6 +425,7 @@ impl SnapshotBuilder {
             queue: self.queue.clone(),
             phases: self.phases.clone(),
             utilisation: self.utilisation.clone(),
+            trial: self.trial.clone(),
         }
     }
 }

@@ -94,7 +94,11 @@ try {
   check((await alice.textContent('.facts')).includes('running'), 'the workload is running');
   const timeline = await alice.textContent('.timeline');
   check(timeline.includes('requested') && timeline.includes('running') && /\d+(\.\d)? (ms|s)/.test(timeline), `timeline: ${timeline}`);
+  check((await alice.textContent('#logs-note')).includes('No logs from this backend'), 'the simulated backend keeps no logs');
+  check(await alice.getAttribute('#workload-live', 'hx-trigger') === 'every 2s', 'a live workload refreshes its part of the page');
   await axe(alice, 'workload');
+  // Away from the polling page: axe leaves empty style attributes that a swap would copy.
+  await alice.goto(`${BASE}/console`);
 
   // 4. An admin sees the slice on the fleet map, coloured by tenant, with its detail on click.
   step('the admin sees the slice on the fleet map');
@@ -110,6 +114,38 @@ try {
   await admin.locator('table.nodes button').first().click();
   await admin.waitForSelector('#detail .gpu-card');
   check((await admin.textContent('#detail')).includes(`vision/train #${wid}`), 'the node detail names the slice');
+
+  // 4a. A GPU fails (an XID through the simulated backend, as the node-operations tests do):
+  // the map marks it (a cross, and words in its label), "unhealthy only" finds its node, the
+  // detail says why; cordoning the node shows its state with a mark and the word.
+  step('an unhealthy GPU and a cordoned node on the fleet map');
+  await admin.goto(`${BASE}/console/fleet?pool=training`);
+  const sick = (await admin.locator('table.nodes tbody tr').first().getAttribute('id')).replace(/^node-/, '');
+  const fault = await api('POST', '/api/v1/sim/faults', { node: sick, gpu: 1, xid: 79 });
+  check(fault.ok, `inject an XID: ${fault.status}`);
+  let sickRows = 0;
+  for (let i = 0; i < 40 && sickRows !== 1; i++) {
+    await admin.goto(`${BASE}/console/fleet?health=unhealthy`);
+    sickRows = await admin.locator('table.nodes tbody tr').count();
+    if (sickRows !== 1) await admin.waitForTimeout(100);
+  }
+  check(sickRows === 1 && (await admin.locator(`#node-${sick}`).count()) === 1, `unhealthy only: ${sickRows} rows`);
+  check(await admin.isChecked('#fl-health'), 'the filter stays checked');
+  const badCell = admin.locator(`#node-${sick} .cell.bad`);
+  check(await badCell.count() === 1 && (await badCell.getAttribute('aria-label')).includes('unhealthy: XID 79'), 'the failed GPU is marked, with the XID in its label');
+  check((await admin.textContent(`#node-${sick}`)).includes('1 GPU unhealthy'), 'the row says so in words');
+  await admin.locator(`#node-${sick} button`).click();
+  await admin.waitForSelector('#detail .gpu-card.bad');
+  check((await admin.textContent('#detail #gpu-1')).includes('XID 79'), 'the detail names the XID');
+  check((await admin.textContent('#detail #gpu-0')).includes('healthy'), 'the other GPUs are healthy');
+  await admin.click('#detail button:has-text("Cordon")');
+  await admin.waitForSelector('#detail h3 .node-cordoned');
+  await admin.goto(`${BASE}/console/fleet?health=unhealthy`);
+  check((await admin.textContent(`#node-${sick}`)).includes('cordoned'), 'the row shows the node cordoned');
+  check((await admin.locator(`#node-${sick} .cell.bad`).getAttribute('aria-label')).includes('node cordoned'), 'and the GPU label too');
+  await axe(admin, 'fleet-unhealthy');
+  const badHealth = await admin.goto(`${BASE}/console/fleet?health=sick`);
+  check(badHealth.status() === 422, `an unknown health filter: ${badHealth.status()}`);
   await admin.goto(`${BASE}/console/audit`);
   await axe(admin, 'audit');
 
@@ -128,6 +164,15 @@ try {
     if (!queued.includes('quota')) await admin.waitForTimeout(250);
   }
   check(queued.includes('quota') && queued.includes('serving') && queued.includes('MIG 1g.10gb'), `the waiting row: ${queued}`);
+  // Refused at submission (never stored): nlp over its limit without waiting, vision asking
+  // for a gang no node holds. The admin sees both; nlp's member (below) only nlp's.
+  r = await api('POST', '/api/v1/workloads', { tenant: 'nlp', project: 'p', name: 'impatient', shape: { mig: '1g.10gb', pool: 'serving' }, no_wait: true });
+  check(r.status === 403, `a refused submission: ${r.status}`);
+  r = await api('POST', '/api/v1/workloads', { tenant: 'vision', project: 'train', name: 'huge', shape: { gpus: 9 } });
+  check(r.status === 422, `a constraint: ${r.status}`);
+  await admin.goto(`${BASE}/console/queue`);
+  const refusedRows = await admin.textContent('table.refused');
+  check(/nlp \/ p\s*impatient\s*quota/.test(refusedRows) && /vision \/ train\s*huge\s*constraint/.test(refusedRows), `the admin's refusals: ${refusedRows}`);
   check((await admin.textContent('#queue-live')).includes('nlp'), 'grouped under nlp');
   await axe(admin, 'queue');
   const badPool = await admin.goto(`${BASE}/console/queue?pool=nowhere`);
@@ -155,10 +200,15 @@ try {
   check(resp.status() === 404, `their view of it: ${resp.status()}`);
   await other.goto(`${BASE}/console/queue?tenant=vision`);
   check((await other.textContent('#queue-live')).includes('waits'), 'a member sees its own tenant\'s waiting workload');
+  const theirRefusals = await other.textContent('table.refused');
+  check(theirRefusals.includes('impatient') && !theirRefusals.includes('huge'), `a member sees only its tenant's refusals: ${theirRefusals}`);
   for (const path of ['/console/fleet', '/console/audit', '/console/charts', '/console/tenants']) {
     const denied = await other.goto(`${BASE}${path}`);
     check(denied.status() === 403, `a member on ${path}: ${denied.status()}`);
   }
+  // The waiting workload's page, left open: it turns running below without a reload.
+  await other.goto(`${BASE}/console/workloads/${waitId}`);
+  check((await other.textContent('.facts')).includes('queued'), 'it waits');
 
   // 5b. The admin edits nlp's quota in the form (through the API's handler); the API then
   // reports the new value; a bad value gets its message next to the field and changes nothing.
@@ -180,6 +230,16 @@ try {
   }
   const serving = quotas.quotas.find((q) => q.class === 'serving');
   check(serving && serving.guaranteed === 1 && serving.limit === 2, `nlp's serving quota: ${JSON.stringify(serving)}`);
+  step('the waiting workload\'s page turns running without a reload');
+  let facts = '';
+  for (let i = 0; i < 50 && !facts.includes('running'); i++) {
+    await other.waitForTimeout(200);
+    facts = (await other.locator('.facts').count()) ? await other.textContent('.facts') : '';
+  }
+  check(facts.includes('running'), `live state: ${facts} in ${other.url()}: ${(await other.content()).slice(-1500)}`);
+  check((await other.textContent('.timeline')).includes('running'), 'the timeline grew in place');
+  await axe(other, 'workload-live');
+  await other.goto(`${BASE}/console`);
   step('a bad quota value shows its message next to the field');
   await admin.fill('#nlp-quota-guaranteed', '1');
   await admin.fill('#nlp-quota-limit', 'lots');
