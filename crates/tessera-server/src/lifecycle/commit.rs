@@ -222,7 +222,6 @@ impl Core {
                 return;
             }
         }
-        self.published.put_workloads(records.values().cloned());
         let since = self.last_full_publish.elapsed();
         let full = batch.full_publish
             || since >= Duration::from_secs(1)
@@ -237,6 +236,9 @@ impl Core {
                 .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, full);
             self.published.set_snapshot(snap);
         }
+        // Records after the snapshot: whoever reads a record (a workload that ended) then reads
+        // the snapshot sees capacity at least as new as that record.
+        self.published.put_workloads(records.values().cloned());
         for r in batch.replies {
             match r {
                 ReplyTo::Created(tx, id, created) => {
