@@ -34,6 +34,11 @@ pub struct KubeConfig {
     pub pool_label: String,
     /// The pool of GPU nodes without that label.
     pub default_pool: String,
+    /// Pools of time-sliced nodes where one GPU may hold several tenants' fractions. Elsewhere a
+    /// shared node holds one tenant's fractions: the device plugin, not Tessera, picks which
+    /// time-sliced GPU a pod gets, so keeping tenants apart per GPU takes keeping them apart
+    /// per node.
+    pub mixing_pools: std::collections::BTreeSet<String>,
     /// Prefix of the namespaces of tenant projects (`tessera-`).
     pub namespace_prefix: String,
     /// Namespace and name of the MIG manager's ConfigMap (key `config.yaml`).
@@ -51,6 +56,7 @@ impl Default for KubeConfig {
         KubeConfig {
             pool_label: "tessera.io/pool".into(),
             default_pool: "default".into(),
+            mixing_pools: Default::default(),
             namespace_prefix: "tessera-".into(),
             mig_namespace: "gpu-operator".into(),
             mig_configmap: "default-mig-parted-config".into(),
@@ -147,8 +153,8 @@ impl KubeBackend {
             .iter()
             .filter_map(|n| fleet::node_view(n, &cfg.pool_label))
             .collect();
-        let toml =
-            fleet::fleet_toml(&views, &Catalogue::builtin(), &cfg.default_pool).map_err(BackendError::Rejected)?;
+        let toml = fleet::fleet_toml(&views, &Catalogue::builtin(), &cfg.default_pool, &cfg.mixing_pools)
+            .map_err(BackendError::Rejected)?;
         let fleet = Fleet::from_toml(&toml, "cluster").map_err(|e| BackendError::Rejected(e.to_string()))?;
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
@@ -421,8 +427,13 @@ impl Shared {
 
     /// The resource name under which `node`'s device plugin advertises time-sliced GPUs.
     fn shared_resource(&self, node: &str) -> String {
-        let _ = node;
-        Resource::SharedGpu { milli: 0 }.to_string()
+        self.state
+            .lock()
+            .unwrap()
+            .nodes
+            .get(node)
+            .and_then(|v| v.shared_resource.clone())
+            .unwrap_or_else(|| fleet::RESOURCE_SHARED.to_string())
     }
 
     /// Creates a pod (or finds it already there, from an earlier try).

@@ -256,6 +256,72 @@ async fn a_workload_is_a_pod_bound_to_the_chosen_node_and_follows_its_phase() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_sliced_nodes_are_a_shared_pool_with_one_tenant_per_node() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    // Two nodes whose device plugin renames time-sliced replicas (2 GPUs × 4 replicas), and one
+    // that advertises them as plain `nvidia.com/gpu`.
+    let ts = |renamed: bool| {
+        json!({
+            "labels": {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"},
+            "allocatable": if renamed {
+                json!({"nvidia.com/gpu": null, "nvidia.com/gpu.shared": "8"})
+            } else {
+                json!({"nvidia.com/gpu": "8"})
+            },
+        })
+    };
+    gpu_node(&client, "ts-l40s-0", "ts", "NVIDIA-L40S-SHARED", 2, ts(true)).await;
+    gpu_node(&client, "ts-l40s-1", "ts", "NVIDIA-L40S-SHARED", 2, ts(true)).await;
+    gpu_node(&client, "tsp-l40s-0", "tsp", "NVIDIA-L40S", 2, ts(false)).await;
+    let (b, fleet) = KubeBackend::connect(client.clone(), config("ts")).await.unwrap();
+    let pool = fleet.pool_by_name("ts").unwrap();
+    assert_eq!(fleet.pool(pool).sharing, tessera_model::Sharing::Shared);
+    assert!(!fleet.pool(pool).allow_tenant_mixing);
+    let physical: Vec<u8> = fleet.nodes.iter().filter(|n| n.pool == pool).map(|n| n.gpus).collect();
+    assert_eq!(physical, vec![2, 2], "allocatable replicas / replicas per GPU");
+
+    // The engine, told the backend's per-node device counts, keeps one tenant per shared node.
+    let caps = b.capabilities();
+    assert_eq!(caps.devices, tessera_backend::DeviceAssignment::PerNodeCount);
+    let fleet = std::sync::Arc::new(fleet);
+    let mut e = tessera_sched::Engine::new(fleet.clone(), Box::new(tessera_sched::policy::BestFit), 1);
+    e.set_device_binding(tessera_sched::engine::DeviceBinding::PerNodeCount);
+    let frac = |t| {
+        tessera_model::Request::fraction(300)
+            .with_tenant(tessera_model::TenantId(t))
+            .with_pool(pool)
+    };
+    let mut node_of = |id, t| fleet.node(e.place(id, &frac(t)).unwrap().node).name.clone();
+    let (a1, b1, a2) = (node_of(1, 1), node_of(2, 2), node_of(3, 1));
+    assert_ne!(a1, b1, "two tenants' fractions land on different shared nodes");
+    assert_eq!(a2, a1, "the first tenant's next fraction packs onto its node");
+
+    // Each fraction's pod asks for one replica of the resource its node advertises.
+    let shared = |milli| Devices::Count {
+        resource: Resource::SharedGpu { milli },
+        count: 1,
+    };
+    for (id, tenant, node, resource) in [
+        (701, "ts-acme", a1.as_str(), "nvidia.com/gpu.shared"),
+        (702, "ts-globex", b1.as_str(), "nvidia.com/gpu.shared"),
+        (703, "ts-acme", "tsp-l40s-0", "nvidia.com/gpu"),
+    ] {
+        b.ensure_tenancy(&tenancy(tenant, "ml", 8)).await.unwrap();
+        b.start(&run(id, tenant, node, shared(300))).await.unwrap();
+        let pod = Api::<Pod>::namespaced(client.clone(), &b.namespace_of(tenant, "main"))
+            .get(&format!("tessera-{id}"))
+            .await
+            .unwrap();
+        let ps = pod.spec.unwrap();
+        assert_eq!(ps.node_name.as_deref(), Some(node));
+        let limits = ps.containers[0].resources.clone().unwrap().limits.unwrap();
+        assert_eq!(limits.len(), 1, "{limits:?}");
+        assert_eq!(limits[resource].0, "1", "{limits:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenancy_objects_are_applied_enforced_repaired_and_removed() {
     let c = cluster().await;
     let client = c.client().await.unwrap();
