@@ -444,11 +444,30 @@ impl Shared {
         loop {
             match api.create(&PostParams::default(), pod).await {
                 Ok(p) => return Ok(p),
+                // Ours from an earlier try, or someone else's pod under that name: never taken
+                // over (binding it would run a stranger's pod on Tessera's GPUs).
                 Err(kube::Error::Api(s)) if s.code == 409 => {
-                    return api
+                    let existing = api
                         .get(&name)
                         .await
-                        .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e));
+                        .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e))?;
+                    let managed = |p: &Pod| {
+                        p.metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get(names::LABEL_MANAGED_BY))
+                            .is_some_and(|v| v == names::MANAGED_BY)
+                    };
+                    if !managed(&existing)
+                        || pods::workload_id(&existing) != pods::workload_id(pod)
+                        || pods::gang_index(&existing) != pods::gang_index(pod)
+                    {
+                        return Err(BackendError::Rejected(format!(
+                            "pod {ns}/{name} exists and is not Tessera's pod of workload {}: refusing to take it over",
+                            pods::workload_id(pod).unwrap_or_default()
+                        )));
+                    }
+                    return Ok(existing);
                 }
                 // A new namespace's quota has no status for a second or two: pods wait for it.
                 Err(kube::Error::Api(s)) if s.message.contains("status unknown for quota") && tries < 50 => {
@@ -557,7 +576,7 @@ impl Shared {
         let ns_obj = tenancy::objects(&t, ns).namespace;
         let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone());
         match api.get_opt(ns).await.map_err(|e| kube_err("reading a namespace", e))? {
-            Some(_) => {}
+            Some(existing) => tenancy::check_owner(ns, existing.metadata.labels.as_ref(), &t)?,
             None => {
                 api.patch(ns, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&ns_obj))
                     .await
@@ -888,7 +907,10 @@ impl Backend for KubeBackend {
                 sh.wait_mig(node, None).await?;
             }
         }
-        sh.ensure_namespace(spec, &ns).await?;
+        if let Err(e) = sh.ensure_namespace(spec, &ns).await {
+            sh.state.lock().unwrap().tracked.remove(&spec.id);
+            return Err(e);
+        }
         // All of a gang's pods exist before any is bound; a pod refused (quota) leaves none.
         let mut created = Vec::with_capacity(size);
         for (_, _, pod) in &shares {

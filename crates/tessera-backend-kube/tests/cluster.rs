@@ -399,6 +399,46 @@ async fn tenancy_objects_are_applied_enforced_repaired_and_removed() {
         "a refused pod leaves nothing behind"
     );
 
+    // What Tessera does not own it never takes over: a pod under a Tessera pod's name that is
+    // not Tessera's (not bound, not deleted), and a namespace labelled for another tenant.
+    let foreign: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "tessera-202", "labels": {"app": "someone-elses"}},
+        "spec": {"schedulerName": "tessera", "containers": [{"name": "c", "image": "x"}]},
+    }))
+    .unwrap();
+    let ns_pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    ns_pods.create(&PostParams::default(), &foreign).await.unwrap();
+    let e = b.start(&run(202, "ten-acme", "ten-h100-0", gpus(1))).await.unwrap_err();
+    assert!(e.to_string().contains("refusing to take it over"), "{e}");
+    let still = ns_pods.get("tessera-202").await.unwrap();
+    assert!(
+        still.spec.unwrap().node_name.is_none() && still.metadata.deletion_timestamp.is_none(),
+        "the stranger's pod is left alone"
+    );
+    let taken = b.namespace_of("ten-mallory", "main");
+    let labelled: Namespace = serde_json::from_value(json!({"metadata": {"name": taken,
+        "labels": {"tessera.io/tenant": "ten-other", "tessera.io/project": "main"}}}))
+    .unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &labelled)
+        .await
+        .unwrap();
+    let e = b.ensure_tenancy(&tenancy("ten-mallory", "m", 1)).await.unwrap_err();
+    assert!(e.to_string().contains("refusing to take it over"), "{e}");
+    let e = b
+        .start(&run(203, "ten-mallory", "ten-h100-0", gpus(1)))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("refusing to take it over"), "{e}");
+    let labels = Api::<Namespace>::all(client.clone())
+        .get(&taken)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap();
+    assert_eq!(labels["tessera.io/tenant"], "ten-other", "not relabelled");
+
     // Drift (someone edits the quota) is repaired by the next reconcile of the tenancy.
     quotas
         .patch(
