@@ -14,8 +14,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
 use tessera_backend::{
-    Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, MigInstance, Observation, Orphan,
-    PartitionPlan, PartitionReport, Partitioning, ReconcileReport, Resource, RunSpec, TenancySpec,
+    Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, MigInstance, Observation,
+    Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, Resource, RunSpec, TenancySpec,
 };
 use tessera_model::{Catalogue, Fleet};
 use tokio::sync::mpsc;
@@ -34,6 +34,11 @@ pub struct KubeConfig {
     pub pool_label: String,
     /// The pool of GPU nodes without that label.
     pub default_pool: String,
+    /// Pools of time-sliced nodes where one GPU may hold several tenants' fractions. Elsewhere a
+    /// shared node holds one tenant's fractions: the device plugin, not Tessera, picks which
+    /// time-sliced GPU a pod gets, so keeping tenants apart per GPU takes keeping them apart
+    /// per node.
+    pub mixing_pools: std::collections::BTreeSet<String>,
     /// Prefix of the namespaces of tenant projects (`tessera-`).
     pub namespace_prefix: String,
     /// Namespace and name of the MIG manager's ConfigMap (key `config.yaml`).
@@ -51,6 +56,7 @@ impl Default for KubeConfig {
         KubeConfig {
             pool_label: "tessera.io/pool".into(),
             default_pool: "default".into(),
+            mixing_pools: Default::default(),
             namespace_prefix: "tessera-".into(),
             mig_namespace: "gpu-operator".into(),
             mig_configmap: "default-mig-parted-config".into(),
@@ -72,6 +78,24 @@ struct Tracked {
     ns: String,
     stage: Stage,
     stopping: bool,
+    /// The pods of the workload's node-shares by gang index (one unless it is a multi-node
+    /// gang) and the state each last showed.
+    pods: Vec<(String, PodState)>,
+}
+
+impl Tracked {
+    fn new(ns: &str, stage: Stage, stopping: bool, names: impl IntoIterator<Item = String>) -> Tracked {
+        Tracked {
+            ns: ns.to_string(),
+            stage,
+            stopping,
+            pods: names.into_iter().map(|n| (n, PodState::Pending)).collect(),
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.pods.iter().map(|(n, _)| n.clone()).collect()
+    }
 }
 
 #[derive(Default)]
@@ -129,8 +153,8 @@ impl KubeBackend {
             .iter()
             .filter_map(|n| fleet::node_view(n, &cfg.pool_label))
             .collect();
-        let toml =
-            fleet::fleet_toml(&views, &Catalogue::builtin(), &cfg.default_pool).map_err(BackendError::Rejected)?;
+        let toml = fleet::fleet_toml(&views, &Catalogue::builtin(), &cfg.default_pool, &cfg.mixing_pools)
+            .map_err(BackendError::Rejected)?;
         let fleet = Fleet::from_toml(&toml, "cluster").map_err(|e| BackendError::Rejected(e.to_string()))?;
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
@@ -244,7 +268,7 @@ async fn watch_pods(shared: Weak<Shared>, client: Client) {
             // show; each is confirmed gone with a read (a pod created after the list is not).
             watcher::Event::InitDone => {
                 if let Some((mut candidates, seen)) = listing.take() {
-                    let now: Vec<(u64, String)> = {
+                    let now: Vec<(u64, String, Vec<String>)> = {
                         let st = sh.state.lock().unwrap();
                         candidates.extend(
                             st.tracked
@@ -254,15 +278,21 @@ async fn watch_pods(shared: Weak<Shared>, client: Client) {
                         );
                         candidates
                             .difference(&seen)
-                            .filter_map(|id| st.tracked.get(id).map(|t| (*id, t.ns.clone())))
+                            .filter_map(|id| st.tracked.get(id).map(|t| (*id, t.ns.clone(), t.names())))
                             .collect()
                     };
-                    for (id, ns) in now {
-                        let name = format!("tessera-{id}");
-                        match Api::<Pod>::namespaced(client.clone(), &ns).get_opt(&name).await {
-                            Ok(None) => sh.on_pod_gone(id, &name),
-                            Ok(Some(_)) => {}
-                            Err(e) => tracing::warn!(error = %e, pod = %name, "checking a pod missing from the list"),
+                    'workloads: for (id, ns, names) in now {
+                        for name in names {
+                            match Api::<Pod>::namespaced(client.clone(), &ns).get_opt(&name).await {
+                                Ok(None) => {
+                                    sh.on_pod_gone(id, &name);
+                                    continue 'workloads;
+                                }
+                                Ok(Some(_)) => {}
+                                Err(e) => {
+                                    tracing::warn!(error = %e, pod = %name, "checking a pod missing from the list")
+                                }
+                            }
                         }
                     }
                 }
@@ -276,18 +306,23 @@ impl Shared {
         let _ = self.tx.send(ev);
     }
 
-    /// A pod changed: its phase drives the workload's events, in the contract's order.
-    fn on_pod(&self, pod: &Pod) {
+    /// A pod changed: its phase (with its gang's other pods) drives the workload's events, in
+    /// the contract's order. A gang runs when all its pods run; when one fails or is lost, the
+    /// workload does, and its other pods are deleted.
+    fn on_pod(self: &Arc<Self>, pod: &Pod) {
         let Some(id) = pods::workload_id(pod) else { return };
         if pod.metadata.deletion_timestamp.is_some() {
             return;
         }
+        let index = pods::gang_index(pod);
         let mut st = self.state.lock().unwrap();
         let Some(t) = st.tracked.get_mut(&id) else { return };
         if t.stopping || t.stage == Stage::Ended {
             return;
         }
-        let state = pods::pod_state(pod);
+        let Some(slot) = t.pods.get_mut(index) else { return };
+        slot.1 = pods::pod_state(pod);
+        let state = pods::gang_state(&t.pods);
         if state == PodState::Pending {
             return;
         }
@@ -318,12 +353,16 @@ impl Shared {
                         sample: Vec::new(),
                     });
                 }
+                let failed = exit != Exit::Succeeded;
                 let _ = self.tx.send(BackendEvent::Exited {
                     id,
                     at_ms: now_ms(),
                     exit,
                 });
                 t.stage = Stage::Ended;
+                if failed {
+                    self.delete_gang_rest(t);
+                }
             }
             PodState::Lost(detail) => {
                 let _ = self.tx.send(BackendEvent::Lost {
@@ -332,19 +371,47 @@ impl Shared {
                     detail,
                 });
                 t.stage = Stage::Ended;
+                self.delete_gang_rest(t);
             }
         }
     }
 
+    /// A gang that failed or was lost: its pods still there are deleted (with their grace
+    /// period), in the background.
+    fn delete_gang_rest(self: &Arc<Self>, t: &Tracked) {
+        if t.pods.len() < 2 {
+            return;
+        }
+        let rest: Vec<String> = t
+            .pods
+            .iter()
+            .filter(|(_, s)| !matches!(s, PodState::Exited(_) | PodState::Lost(_)))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let (client, ns) = (self.client.clone(), t.ns.clone());
+        tokio::spawn(async move {
+            let api = Api::<Pod>::namespaced(client, &ns);
+            for name in rest {
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(e) if not_found(&e) => {}
+                    Err(e) => {
+                        tracing::warn!(pod = %name, namespace = %ns, error = %e, "deleting the rest of a failed gang")
+                    }
+                }
+            }
+        });
+    }
+
     /// A pod is gone: unless Tessera stopped it or it had ended, the workload is lost.
-    fn on_pod_deleted(&self, pod: &Pod) {
+    fn on_pod_deleted(self: &Arc<Self>, pod: &Pod) {
         let Some(id) = pods::workload_id(pod) else { return };
         self.on_pod_gone(id, pod.metadata.name.as_deref().unwrap_or("?"));
     }
 
     /// The pod of `id` (named `name`) is gone: unless Tessera stopped it or it had ended, the
     /// workload is lost.
-    fn on_pod_gone(&self, id: u64, name: &str) {
+    fn on_pod_gone(self: &Arc<Self>, id: u64, name: &str) {
         let mut st = self.state.lock().unwrap();
         let Some(t) = st.tracked.get(&id) else { return };
         if !t.stopping && t.stage != Stage::Ended {
@@ -353,8 +420,137 @@ impl Shared {
                 at_ms: now_ms(),
                 detail: format!("pod {}/{} was deleted outside Tessera", t.ns, name),
             });
+            self.delete_gang_rest(t);
         }
         st.tracked.remove(&id);
+    }
+
+    /// The resource name under which `node`'s device plugin advertises time-sliced GPUs.
+    fn shared_resource(&self, node: &str) -> String {
+        self.state
+            .lock()
+            .unwrap()
+            .nodes
+            .get(node)
+            .and_then(|v| v.shared_resource.clone())
+            .unwrap_or_else(|| fleet::RESOURCE_SHARED.to_string())
+    }
+
+    /// Creates a pod (or finds it already there, from an earlier try).
+    async fn create_pod(&self, ns: &str, pod: &Pod) -> Result<Pod, BackendError> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), ns);
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let mut tries = 0;
+        loop {
+            match api.create(&PostParams::default(), pod).await {
+                Ok(p) => return Ok(p),
+                // Ours from an earlier try, or someone else's pod under that name: never taken
+                // over (binding it would run a stranger's pod on Tessera's GPUs).
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    let existing = api
+                        .get(&name)
+                        .await
+                        .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e))?;
+                    let managed = |p: &Pod| {
+                        p.metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get(names::LABEL_MANAGED_BY))
+                            .is_some_and(|v| v == names::MANAGED_BY)
+                    };
+                    if !managed(&existing)
+                        || pods::workload_id(&existing) != pods::workload_id(pod)
+                        || pods::gang_index(&existing) != pods::gang_index(pod)
+                    {
+                        return Err(BackendError::Rejected(format!(
+                            "pod {ns}/{name} exists and is not Tessera's pod of workload {}: refusing to take it over",
+                            pods::workload_id(pod).unwrap_or_default()
+                        )));
+                    }
+                    return Ok(existing);
+                }
+                // A new namespace's quota has no status for a second or two: pods wait for it.
+                Err(kube::Error::Api(s)) if s.message.contains("status unknown for quota") && tries < 50 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(kube_err(&format!("creating pod {ns}/{name}"), e)),
+            }
+        }
+    }
+
+    /// Binds `pod` to `node` through the Binding subresource, unless it is bound already.
+    async fn bind_pod(&self, ns: &str, pod: &Pod, node: &str) -> Result<(), BackendError> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        match pods::bound_node(pod) {
+            Some(n) if n == node => Ok(()),
+            Some(other) => Err(BackendError::Rejected(format!(
+                "pod {ns}/{name} is already bound to {other}, not {node}"
+            ))),
+            None => {
+                let binding = json!({
+                    "apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": name, "namespace": ns},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+                });
+                match Api::<Pod>::namespaced(self.client.clone(), ns)
+                    .create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                    Err(e) => Err(kube_err(&format!("binding pod {ns}/{name} to {node}"), e)),
+                }
+            }
+        }
+    }
+
+    /// The headless Service giving a multi-node gang's pods their DNS names, owned by its first
+    /// pod.
+    async fn ensure_gang_service(&self, spec: &RunSpec, ns: &str, first: &Pod) -> Result<(), BackendError> {
+        let uid = first.metadata.uid.clone().unwrap_or_default();
+        let svc: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(pods::gang_service_for(spec, ns, &uid))
+                .map_err(|e| BackendError::Rejected(format!("service for workload {}: {e}", spec.id)))?;
+        match Api::<k8s_openapi::api::core::v1::Service>::namespaced(self.client.clone(), ns)
+            .create(&PostParams::default(), &svc)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(kube_err(
+                &format!("creating the gang's service {ns}/{}", names::gang_service(spec.id)),
+                e,
+            )),
+        }
+    }
+
+    /// Asks the Eviction API to evict a pod, retrying as `kubectl drain` does (every 5 s) while
+    /// a disruption budget refuses; forcibly deleted once its grace period is over.
+    async fn evict_pod(self: &Arc<Self>, ns: String, name: String, grace: Duration) -> Result<(), BackendError> {
+        if self.evict_once(&ns, &name, grace).await? {
+            self.force_later(ns, name, grace + self.cfg.force_delete_after);
+            return Ok(());
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let Some(sh) = weak.upgrade() else { return };
+                match sh.evict_once(&ns, &name, grace).await {
+                    Ok(true) => {
+                        sh.force_later(ns, name, grace + sh.cfg.force_delete_after);
+                        return;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(pod = %name, namespace = %ns, error = %e, "eviction");
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(())
     }
 
     fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -380,7 +576,7 @@ impl Shared {
         let ns_obj = tenancy::objects(&t, ns).namespace;
         let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone());
         match api.get_opt(ns).await.map_err(|e| kube_err("reading a namespace", e))? {
-            Some(_) => {}
+            Some(existing) => tenancy::check_owner(ns, existing.metadata.labels.as_ref(), &t)?,
             None => {
                 api.patch(ns, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&ns_obj))
                     .await
@@ -563,30 +759,36 @@ impl Shared {
         ))
     }
 
-    async fn find_pod(&self, id: u64) -> Result<Option<(String, String)>, BackendError> {
+    /// The namespace and pods of workload `id`.
+    async fn find_pods(&self, id: u64) -> Result<Option<(String, Vec<String>)>, BackendError> {
         if let Some(t) = self.state.lock().unwrap().tracked.get(&id) {
-            return Ok(Some((t.ns.clone(), names::pod_name(id))));
+            return Ok(Some((t.ns.clone(), t.names())));
         }
         let list = Api::<Pod>::all(self.client.clone())
             .list(&ListParams::default().labels(&format!("{LABEL_WORKLOAD}={id}")))
             .await
             .map_err(|e| kube_err("listing pods", e))?;
-        Ok(list
+        let Some(ns) = list.items.first().and_then(|p| p.metadata.namespace.clone()) else {
+            return Ok(None);
+        };
+        let mut found: Vec<(usize, String)> = list
             .items
-            .into_iter()
-            .find_map(|p| Some((p.metadata.namespace?, p.metadata.name?))))
+            .iter()
+            .filter_map(|p| Some((pods::gang_index(p), p.metadata.name.clone()?)))
+            .collect();
+        found.sort();
+        Ok(Some((ns, found.into_iter().map(|(_, n)| n).collect())))
     }
 
-    /// Marks `id` as being stopped (no more events) and returns its pod.
-    async fn stopping(&self, id: u64) -> Result<Option<(String, String)>, BackendError> {
-        let found = self.find_pod(id).await?;
-        if let Some((ns, _)) = &found {
+    /// Marks `id` as being stopped (no more events) and returns its pods.
+    async fn stopping(&self, id: u64) -> Result<Option<(String, Vec<String>)>, BackendError> {
+        let found = self.find_pods(id).await?;
+        if let Some((ns, names)) = &found {
             let mut st = self.state.lock().unwrap();
-            let t = st.tracked.entry(id).or_insert(Tracked {
-                ns: ns.clone(),
-                stage: Stage::Started,
-                stopping: true,
-            });
+            let t = st
+                .tracked
+                .entry(id)
+                .or_insert_with(|| Tracked::new(ns, Stage::Started, true, names.iter().cloned()));
             t.stopping = true;
         }
         Ok(found)
@@ -673,75 +875,68 @@ impl Backend for KubeBackend {
     async fn start(&self, spec: &RunSpec) -> Result<(), BackendError> {
         let sh = &self.shared;
         let ns = names::namespace(&sh.cfg.namespace_prefix, &spec.tenant, &spec.project);
-        let pod = pods::pod_for(spec, &ns)?;
-        let name = names::pod_name(spec.id);
+        let size = spec.gang_size();
+        let mut shares = Vec::with_capacity(size);
+        for i in 0..size {
+            let (node, devices) = spec.share(i).expect("an index below the gang size");
+            let pod = pods::pod_for(spec, &ns, i, &sh.shared_resource(node))?;
+            shares.push((node, devices, pod));
+        }
         {
             let mut st = sh.state.lock().unwrap();
-            let t = st.tracked.entry(spec.id).or_insert(Tracked {
-                ns: ns.clone(),
-                stage: Stage::Accepted,
-                stopping: false,
+            let t = st.tracked.entry(spec.id).or_insert_with(|| {
+                Tracked::new(
+                    &ns,
+                    Stage::Accepted,
+                    false,
+                    (0..size).map(|i| names::gang_pod_name(spec.id, i, size)),
+                )
             });
             if t.stage >= Stage::Started && !t.stopping {
                 return Ok(());
             }
             t.stopping = false;
         }
-        if let Devices::Count {
-            resource: Resource::Mig { .. },
-            ..
-        } = &spec.devices
-        {
-            // Pods needing new instances are bound only once the MIG manager has applied the
-            // selected config.
-            sh.wait_mig(&spec.node, None).await?;
+        for (node, devices, _) in &shares {
+            if let Devices::Count {
+                resource: Resource::Mig { .. },
+                ..
+            } = devices
+            {
+                // Pods needing new instances are bound only once the MIG manager has applied
+                // the selected config.
+                sh.wait_mig(node, None).await?;
+            }
         }
-        sh.ensure_namespace(spec, &ns).await?;
-        let api = Api::<Pod>::namespaced(sh.client.clone(), &ns);
-        let mut tries = 0;
-        let existing = loop {
-            match api.create(&PostParams::default(), &pod).await {
-                Ok(p) => break p,
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    break api
-                        .get(&name)
-                        .await
-                        .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e))?;
-                }
-                // A new namespace's quota has no status for a second or two: pods wait for it.
-                Err(kube::Error::Api(s)) if s.message.contains("status unknown for quota") && tries < 50 => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+        if let Err(e) = sh.ensure_namespace(spec, &ns).await {
+            sh.state.lock().unwrap().tracked.remove(&spec.id);
+            return Err(e);
+        }
+        // All of a gang's pods exist before any is bound; a pod refused (quota) leaves none.
+        let mut created = Vec::with_capacity(size);
+        for (_, _, pod) in &shares {
+            match sh.create_pod(&ns, pod).await {
+                Ok(p) => created.push(p),
                 Err(e) => {
                     sh.state.lock().unwrap().tracked.remove(&spec.id);
-                    return Err(kube_err(&format!("creating pod {ns}/{name}"), e));
+                    let api = Api::<Pod>::namespaced(sh.client.clone(), &ns);
+                    for p in &created {
+                        let name = p.metadata.name.as_deref().unwrap_or_default();
+                        if let Err(e) = api.delete(name, &DeleteParams::default().grace_period(0)).await
+                            && !not_found(&e)
+                        {
+                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "removing a gang's pod after a refused one");
+                        }
+                    }
+                    return Err(e);
                 }
             }
-        };
-        match pods::bound_node(&existing) {
-            Some(n) if n == spec.node => {}
-            Some(other) => {
-                return Err(BackendError::Rejected(format!(
-                    "pod {ns}/{name} is already bound to {other}, not {}",
-                    spec.node
-                )));
-            }
-            None => {
-                let binding = json!({
-                    "apiVersion": "v1", "kind": "Binding",
-                    "metadata": {"name": name, "namespace": ns},
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": spec.node},
-                });
-                match api
-                    .create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 409 => {}
-                    Err(e) => return Err(kube_err(&format!("binding pod {ns}/{name} to {}", spec.node), e)),
-                }
-            }
+        }
+        if size > 1 {
+            sh.ensure_gang_service(spec, &ns, &created[0]).await?;
+        }
+        for ((node, _, _), pod) in shares.iter().zip(&created) {
+            sh.bind_pod(&ns, pod, node).await?;
         }
         let mut st = sh.state.lock().unwrap();
         if let Some(t) = st.tracked.get_mut(&spec.id)
@@ -757,53 +952,31 @@ impl Backend for KubeBackend {
     }
 
     async fn stop(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
-        let Some((ns, name)) = self.shared.stopping(id).await? else {
+        let Some((ns, names)) = self.shared.stopping(id).await? else {
             return Ok(());
         };
         let api = Api::<Pod>::namespaced(self.shared.client.clone(), &ns);
-        match api
-            .delete(&name, &DeleteParams::default().grace_period(grace.as_secs() as u32))
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if not_found(&e) => return Ok(()),
-            Err(e) => return Err(kube_err(&format!("deleting pod {ns}/{name}"), e)),
+        for name in names {
+            match api
+                .delete(&name, &DeleteParams::default().grace_period(grace.as_secs() as u32))
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if not_found(&e) => continue,
+                Err(e) => return Err(kube_err(&format!("deleting pod {ns}/{name}"), e)),
+            }
+            self.shared
+                .force_later(ns.clone(), name, grace + self.shared.cfg.force_delete_after);
         }
-        self.shared
-            .force_later(ns, name, grace + self.shared.cfg.force_delete_after);
         Ok(())
     }
 
     async fn evict(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
-        let Some((ns, name)) = self.shared.stopping(id).await? else {
+        let Some((ns, names)) = self.shared.stopping(id).await? else {
             return Ok(());
         };
-        match self.shared.evict_once(&ns, &name, grace).await? {
-            true => self
-                .shared
-                .force_later(ns, name, grace + self.shared.cfg.force_delete_after),
-            // A disruption budget refuses for now: retry as `kubectl drain` does, every 5 s,
-            // until the eviction is accepted or the pod is gone.
-            false => {
-                let weak = Arc::downgrade(&self.shared);
-                tokio::spawn(async move {
-                    loop {
-                        tokio::time::sleep(Duration::from_secs(5)).await;
-                        let Some(sh) = weak.upgrade() else { return };
-                        match sh.evict_once(&ns, &name, grace).await {
-                            Ok(true) => {
-                                sh.force_later(ns, name, grace + sh.cfg.force_delete_after);
-                                return;
-                            }
-                            Ok(false) => {}
-                            Err(e) => {
-                                tracing::warn!(pod = %name, namespace = %ns, error = %e, "eviction");
-                                return;
-                            }
-                        }
-                    }
-                });
-            }
+        for name in names {
+            self.shared.evict_pod(ns.clone(), name, grace).await?;
         }
         Ok(())
     }
@@ -826,38 +999,62 @@ impl Backend for KubeBackend {
             .list(&ListParams::default().labels(LABEL_WORKLOAD))
             .await
             .map_err(|e| kube_err("listing Tessera's pods", e))?;
-        let mut by_id: HashMap<u64, Pod> = HashMap::new();
+        let mut by_id: HashMap<u64, Vec<Pod>> = HashMap::new();
         for p in list.items {
             if let Some(id) = pods::workload_id(&p) {
-                by_id.insert(id, p);
+                by_id.entry(id).or_default().push(p);
             }
         }
         let mut report = ReconcileReport::default();
         for spec in expected {
-            let Some(pod) = by_id.remove(&spec.id) else {
+            let Some(mut found) = by_id.remove(&spec.id) else {
                 report.workloads.push((spec.id, Observation::Unknown));
                 continue;
             };
-            let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            // A pod created but not bound (Tessera stopped between the two): finish the start.
-            if pods::bound_node(&pod).is_none() && pod.metadata.deletion_timestamp.is_none() {
-                let binding = json!({
-                    "apiVersion": "v1", "kind": "Binding",
-                    "metadata": {"name": name, "namespace": ns},
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": spec.node},
-                });
-                let api = Api::<Pod>::namespaced(sh.client.clone(), &ns);
-                match api
-                    .create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
-                    .await
+            let ns = found[0].metadata.namespace.clone().unwrap_or_default();
+            let size = spec.gang_size();
+            let names: Vec<String> = (0..size).map(|i| names::gang_pod_name(spec.id, i, size)).collect();
+            let deleting = found.iter().any(|p| p.metadata.deletion_timestamp.is_some());
+            // A start Tessera did not finish (it stopped between creating a gang's pods, or
+            // between creating and binding): finish it. Start creates all pods before binding
+            // any, so a missing pod next to a bound one was deleted: the gang is lost.
+            let any_bound = found.iter().any(|p| pods::bound_node(p).is_some());
+            if !deleting && !any_bound {
+                for (i, name) in names.iter().enumerate() {
+                    if !found.iter().any(|p| p.metadata.name.as_deref() == Some(name)) {
+                        let node = spec.share(i).expect("an index below the gang size").0;
+                        let pod = pods::pod_for(spec, &ns, i, &sh.shared_resource(node))?;
+                        found.push(sh.create_pod(&ns, &pod).await?);
+                    }
+                }
+                if size > 1
+                    && let Some(first) = found.iter().find(|p| p.metadata.name.as_deref() == Some(&names[0]))
                 {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 409 => {}
-                    Err(e) => return Err(kube_err(&format!("binding pod {ns}/{name}"), e)),
+                    sh.ensure_gang_service(spec, &ns, first).await?;
                 }
             }
-            let obs = pods::observation(&pod);
+            if !deleting {
+                for p in &mut found {
+                    if pods::bound_node(p).is_none()
+                        && let Some((node, _)) = spec.share(pods::gang_index(p))
+                    {
+                        sh.bind_pod(&ns, p, node).await?;
+                        p.spec.get_or_insert_default().node_name = Some(node.to_string());
+                    }
+                }
+            }
+            let states: Vec<(String, PodState)> = names
+                .iter()
+                .map(|n| {
+                    let state = match found.iter().find(|p| p.metadata.name.as_deref() == Some(n)) {
+                        Some(p) => pods::pod_state(p),
+                        None if deleting => PodState::Pending,
+                        None => PodState::Lost(format!("pod {ns}/{n} was deleted outside Tessera")),
+                    };
+                    (n.clone(), state)
+                })
+                .collect();
+            let obs = pods::observation(pods::gang_state(&states));
             let stage = match obs {
                 Observation::Running { .. } => Stage::Running,
                 Observation::Starting => Stage::Started,
@@ -867,23 +1064,30 @@ impl Backend for KubeBackend {
             st.tracked.entry(spec.id).or_insert(Tracked {
                 ns,
                 stage,
-                stopping: pod.metadata.deletion_timestamp.is_some(),
+                stopping: deleting,
+                pods: states,
             });
             report.workloads.push((spec.id, obs));
         }
-        for (id, p) in by_id {
-            if p.metadata.deletion_timestamp.is_some()
-                || matches!(pods::pod_state(&p), PodState::Exited(_) | PodState::Lost(_))
-            {
-                continue;
-            }
+        for (id, ps) in by_id {
+            let live: Vec<&Pod> = ps
+                .iter()
+                .filter(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && !matches!(pods::pod_state(p), PodState::Exited(_) | PodState::Lost(_))
+                })
+                .collect();
+            let Some(first) = live.first() else { continue };
             report.orphans.push(Orphan {
                 id: Some(id),
-                node: pods::bound_node(&p).unwrap_or("").to_string(),
+                node: pods::bound_node(first).unwrap_or("").to_string(),
                 detail: format!(
-                    "pod {}/{} labelled as Tessera workload {id}",
-                    p.metadata.namespace.as_deref().unwrap_or(""),
-                    p.metadata.name.as_deref().unwrap_or("")
+                    "pod(s) {} in {} labelled as Tessera workload {id}",
+                    live.iter()
+                        .filter_map(|p| p.metadata.name.as_deref())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    first.metadata.namespace.as_deref().unwrap_or(""),
                 ),
             });
         }

@@ -21,6 +21,14 @@ pub const LABEL_MIG_CAPABLE: &str = "nvidia.com/mig.capable";
 pub const LABEL_MIG_CONFIG: &str = "nvidia.com/mig.config";
 /// The MIG manager: `pending`, `rebooting`, `success` or `failed`.
 pub const LABEL_MIG_STATE: &str = "nvidia.com/mig.config.state";
+/// GFD: how many replicas the device plugin advertises per GPU (time-slicing).
+pub const LABEL_REPLICAS: &str = "nvidia.com/gpu.replicas";
+/// GFD: `none`, `time-slicing` or `mps`.
+pub const LABEL_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
+/// The device plugin's time-sliced replicas when it renames them (`renameByDefault`).
+pub const RESOURCE_SHARED: &str = "nvidia.com/gpu.shared";
+/// The device plugin's GPUs (time-sliced replicas too, unless renamed).
+pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
 
 /// What Tessera reads of one GPU node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +45,12 @@ pub struct NodeView {
     /// Allocatable `nvidia.com/mig-<profile>` by profile.
     pub mig: BTreeMap<String, u32>,
     pub mig_capable: bool,
+    /// Time-sliced GPUs: the resource a fraction asks one replica of (`nvidia.com/gpu.shared`
+    /// when the device plugin renames replicas, else `nvidia.com/gpu`); `None` when the node's
+    /// GPUs are not shared.
+    pub shared_resource: Option<String>,
+    /// Time-sliced replicas per GPU (1 when not shared).
+    pub replicas: u32,
     pub mig_config: Option<String>,
     pub mig_state: Option<String>,
     pub unschedulable: bool,
@@ -77,7 +91,34 @@ pub fn node_view(node: &Node, pool_label: &str) -> Option<NodeView> {
         .cloned()
         .unwrap_or_default();
     let count = |k: &str| alloc.get(k).and_then(|q| quantity(&q.0, 1.0)).unwrap_or(0) as u32;
-    let whole = count("nvidia.com/gpu");
+    let whole = count(RESOURCE_GPU);
+    let shared = count(RESOURCE_SHARED);
+    let label_replicas: u32 = labels
+        .get(LABEL_REPLICAS)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let strategy = labels.get(LABEL_SHARING_STRATEGY).map(String::as_str);
+    // Time-slicing: renamed replicas, or `nvidia.com/gpu` with more than one replica per GPU
+    // (MPS shares differently and is not offered as time-slicing).
+    let time_sliced = strategy.is_none_or(|s| s == "time-slicing");
+    let (shared_resource, replicas, physical) = if shared > 0 && time_sliced {
+        let r = if label_replicas > 1 {
+            label_replicas
+        } else {
+            let gpus: u32 = labels.get(LABEL_COUNT).and_then(|c| c.parse().ok()).unwrap_or(shared);
+            (shared / gpus.max(1)).max(1)
+        };
+        (Some(RESOURCE_SHARED.to_string()), r, Some(shared / r))
+    } else if label_replicas > 1 && whole > 0 && time_sliced {
+        (
+            Some(RESOURCE_GPU.to_string()),
+            label_replicas,
+            Some(whole / label_replicas),
+        )
+    } else {
+        (None, 1, None)
+    };
     let mig: BTreeMap<String, u32> = alloc
         .iter()
         .filter_map(|(k, q)| {
@@ -85,7 +126,8 @@ pub fn node_view(node: &Node, pool_label: &str) -> Option<NodeView> {
             Some((p.to_string(), quantity(&q.0, 1.0).unwrap_or(0) as u32))
         })
         .collect();
-    let gpus = labels.get(LABEL_COUNT).and_then(|c| c.parse().ok()).unwrap_or(whole);
+    // Shared nodes: the physical GPUs are the allocatable replicas over the replicas per GPU.
+    let gpus = physical.unwrap_or_else(|| labels.get(LABEL_COUNT).and_then(|c| c.parse().ok()).unwrap_or(whole));
     if gpus == 0 && mig.is_empty() {
         return None;
     }
@@ -102,6 +144,8 @@ pub fn node_view(node: &Node, pool_label: &str) -> Option<NodeView> {
         whole,
         mig,
         mig_capable: labels.get(LABEL_MIG_CAPABLE).is_some_and(|v| v == "true"),
+        shared_resource,
+        replicas,
         mig_config: labels.get(LABEL_MIG_CONFIG).cloned(),
         mig_state: labels.get(LABEL_MIG_STATE).cloned(),
         unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
@@ -133,11 +177,17 @@ pub fn catalogue_model(cat: &Catalogue, product: &str) -> Option<String> {
 }
 
 /// The fleet description (TOML, see `fleets/seed.toml`) of the cluster's GPU nodes. A node's
-/// pool is the value of the pool label (`default_pool` without one); a pool is `mig` when all
-/// its nodes are MIG-capable with a catalogue MIG table, `whole` otherwise. Unknown products
-/// are declared as opaque models. Nodes with a product the catalogue does not know and no
-/// product label at all are skipped with a warning.
-pub fn fleet_toml(nodes: &[NodeView], cat: &Catalogue, default_pool: &str) -> Result<String, String> {
+/// pool is the value of the pool label (`default_pool` without one); a pool is `shared` when
+/// all its nodes' GPUs are time-sliced by the device plugin (tenants may share a GPU there only
+/// in `mixing_pools`), `mig` when all its nodes are MIG-capable with a catalogue MIG table,
+/// `whole` otherwise. Unknown products are declared as opaque models. Nodes with a product the
+/// catalogue does not know and no product label at all are skipped with a warning.
+pub fn fleet_toml(
+    nodes: &[NodeView],
+    cat: &Catalogue,
+    default_pool: &str,
+    mixing_pools: &std::collections::BTreeSet<String>,
+) -> Result<String, String> {
     let mut pools: BTreeMap<String, Vec<(&NodeView, String)>> = BTreeMap::new();
     let mut opaque: BTreeMap<String, u32> = BTreeMap::new();
     for n in nodes {
@@ -171,11 +221,22 @@ pub fn fleet_toml(nodes: &[NodeView], cat: &Catalogue, default_pool: &str) -> Re
         let mig = members
             .iter()
             .all(|(n, m)| n.mig_capable && cat.find(m).is_some_and(|id| cat.get(id).mig.is_some()));
-        out.push_str(&format!(
-            "[[pool]]\nname = {}\nsharing = \"{}\"\n\n",
-            q(pool),
-            if mig { "mig" } else { "whole" }
-        ));
+        let shared = members.iter().all(|(n, _)| n.shared_resource.is_some());
+        if !shared && members.iter().any(|(n, _)| n.shared_resource.is_some()) {
+            tracing::warn!(pool = %pool, "some of the pool's nodes time-slice their GPUs and some do not: the pool serves whole GPUs");
+        }
+        let sharing = if shared {
+            "shared"
+        } else if mig {
+            "mig"
+        } else {
+            "whole"
+        };
+        out.push_str(&format!("[[pool]]\nname = {}\nsharing = \"{sharing}\"\n", q(pool)));
+        if shared && mixing_pools.contains(pool) {
+            out.push_str("allow_tenant_mixing = true\n");
+        }
+        out.push('\n');
         for (n, model) in members {
             out.push_str(&format!(
                 "[[pool.nodes]]\nname = {}\ngpu_model = {}\ngpus = {}\ncpus = {}\nmemory_gib = {}\n\n",
@@ -204,7 +265,7 @@ pub fn changes(old: Option<&NodeView>, new: Option<&NodeView>) -> Vec<NodeChange
             if a.ready != b.ready {
                 out.push(NodeChange::Ready(b.ready));
             }
-            if (a.gpus, a.whole, &a.mig) != (b.gpus, b.whole, &b.mig) {
+            if (a.gpus, a.whole, a.replicas, &a.mig) != (b.gpus, b.whole, b.replicas, &b.mig) {
                 out.push(NodeChange::Capacity);
             }
             out
@@ -273,11 +334,61 @@ mod tests {
             .collect();
         assert_eq!(views[0].memory_mib, 2 * 1024 * 1024);
         assert_eq!((views[0].cpu_milli, views[0].gpus, views[0].ready), (112_000, 8, true));
-        let toml = fleet_toml(&views, &c, "default").unwrap();
+        let toml = fleet_toml(&views, &c, "default", &Default::default()).unwrap();
         let fleet = tessera_model::Fleet::from_toml(&toml, "cluster").unwrap();
         assert_eq!(fleet.pools.len(), 2);
         assert_eq!(fleet.gpu_count(), 24);
         assert!(toml.contains("sharing = \"whole\""), "{toml}");
+    }
+
+    #[test]
+    fn time_sliced_nodes_make_a_shared_pool_of_their_physical_gpus() {
+        let c = Catalogue::builtin();
+        let renamed = node(serde_json::json!({
+            "metadata": {"name": "s0", "labels": {"tessera.io/pool": "dev",
+                "nvidia.com/gpu.product": "NVIDIA-L40S-SHARED", "nvidia.com/gpu.count": "2",
+                "nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}},
+            "status": {"allocatable": {"nvidia.com/gpu.shared": "8", "cpu": "64", "memory": "512Gi"}},
+        }));
+        let plain = node(serde_json::json!({
+            "metadata": {"name": "s1", "labels": {"tessera.io/pool": "dev",
+                "nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.replicas": "4"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "12", "cpu": "64", "memory": "512Gi"}},
+        }));
+        let mps = node(serde_json::json!({
+            "metadata": {"name": "s2", "labels": {"tessera.io/pool": "mps",
+                "nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.count": "2",
+                "nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "mps"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "512Gi"}},
+        }));
+        let v: Vec<NodeView> = [renamed, plain, mps]
+            .iter()
+            .filter_map(|n| node_view(n, "tessera.io/pool"))
+            .collect();
+        assert_eq!(
+            (v[0].shared_resource.as_deref(), v[0].replicas, v[0].gpus),
+            (Some("nvidia.com/gpu.shared"), 4, 2)
+        );
+        assert_eq!(
+            (v[1].shared_resource.as_deref(), v[1].replicas, v[1].gpus),
+            (Some("nvidia.com/gpu"), 4, 3)
+        );
+        assert_eq!(v[2].shared_resource, None, "MPS is not time-slicing");
+        let fleet = |mixing: &[&str]| {
+            let m = mixing.iter().map(|s| s.to_string()).collect();
+            tessera_model::Fleet::from_toml(&fleet_toml(&v, &c, "default", &m).unwrap(), "cluster").unwrap()
+        };
+        let f = fleet(&[]);
+        let dev = f.pool(f.pool_by_name("dev").unwrap());
+        assert_eq!(dev.sharing, tessera_model::Sharing::Shared);
+        assert!(!dev.allow_tenant_mixing, "one tenant per GPU unless configured");
+        assert_eq!(
+            f.pool(f.pool_by_name("mps").unwrap()).sharing,
+            tessera_model::Sharing::Whole
+        );
+        assert_eq!(f.gpu_count(), 2 + 3 + 2);
+        let f = fleet(&["dev"]);
+        assert!(f.pool(f.pool_by_name("dev").unwrap()).allow_tenant_mixing);
     }
 
     #[test]

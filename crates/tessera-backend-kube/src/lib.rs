@@ -8,9 +8,10 @@
 //! * [`fleet`]: GPU nodes from Node objects (device-plugin capacity, GPU Feature Discovery
 //!   labels, the configured pool label) mapped to the catalogue; node changes as
 //!   `NodeChanged` events through a watch.
-//! * [`pods`]: a workload is a Pod in its project's namespace with `schedulerName: tessera`,
-//!   the device-plugin resource of its shape and Tessera's labels, bound with the Binding
-//!   subresource; pod phases drive the lifecycle (evicted or deleted = lost).
+//! * [`pods`]: a workload is a Pod (a multi-node gang: one Pod per node-share, with a headless
+//!   Service) in its project's namespace with `schedulerName: tessera`, the device-plugin
+//!   resource of its shape and Tessera's labels, bound with the Binding subresource; pod phases
+//!   drive the lifecycle (evicted or deleted = lost).
 //! * [`tenancy`]: per tenant project a Namespace, ResourceQuota, RoleBinding and
 //!   NetworkPolicy, by server-side apply under the field manager `tessera`.
 //! * [`mig`]: the engine's layouts as mig-parted configs for the GPU Operator's MIG manager.

@@ -9,6 +9,9 @@ use tessera_backend::RunSpec;
 pub const LABEL_WORKLOAD: &str = "tessera.io/workload";
 pub const LABEL_TENANT: &str = "tessera.io/tenant";
 pub const LABEL_PROJECT: &str = "tessera.io/project";
+/// A gang's pods: the pod's index in the gang and the gang's size.
+pub const LABEL_GANG_INDEX: &str = "tessera.io/gang-index";
+pub const LABEL_GANG_SIZE: &str = "tessera.io/gang-size";
 /// `app.kubernetes.io/managed-by: tessera` on everything Tessera creates.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "tessera";
@@ -69,13 +72,31 @@ pub fn pod_name(id: u64) -> String {
     format!("tessera-{id}")
 }
 
-/// The labels of a workload's pod.
-pub fn workload_labels(spec: &RunSpec) -> BTreeMap<String, String> {
+/// The pod of node-share `index` of a workload with `size` shares: `tessera-<id>` for a
+/// workload on one node, `tessera-<id>-<index>` for the pods of a multi-node gang.
+pub fn gang_pod_name(id: u64, index: usize, size: usize) -> String {
+    if size <= 1 {
+        pod_name(id)
+    } else {
+        format!("tessera-{id}-{index}")
+    }
+}
+
+/// The headless Service of a multi-node gang (`tessera-<id>`): with each pod's `hostname` and
+/// `subdomain` it gives the pods the DNS names `tessera-<id>-<index>.tessera-<id>`.
+pub fn gang_service(id: u64) -> String {
+    pod_name(id)
+}
+
+/// The labels of a workload's pod (node-share `index`).
+pub fn workload_labels(spec: &RunSpec, index: usize) -> BTreeMap<String, String> {
     BTreeMap::from([
         (LABEL_WORKLOAD.to_string(), spec.id.to_string()),
         (LABEL_TENANT.to_string(), label_value(&spec.tenant)),
         (LABEL_PROJECT.to_string(), label_value(&spec.project)),
         (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
+        (LABEL_GANG_INDEX.to_string(), index.to_string()),
+        (LABEL_GANG_SIZE.to_string(), spec.gang_size().to_string()),
     ])
 }
 

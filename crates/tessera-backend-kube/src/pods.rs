@@ -1,6 +1,9 @@
 //! Workloads as pods: the Pod a [`RunSpec`] becomes (in its project's namespace, with
 //! `schedulerName: tessera`, the device-plugin resource of its shape, CPU/memory requests and
-//! Tessera's labels), and what a pod's phase means for the workload. Pure functions.
+//! Tessera's labels), and what a pod's phase means for the workload. A multi-node gang is one
+//! pod per node-share (`tessera-<id>-<index>`), told its place through `TESSERA_GANG_SIZE`,
+//! `TESSERA_GANG_INDEX` and `TESSERA_GANG_HOSTS` (its peers' DNS names under the gang's headless
+//! Service); its pods' states fold into one ([`gang_state`]). Pure functions.
 
 use std::collections::BTreeMap;
 
@@ -13,8 +16,20 @@ use crate::names;
 /// The scheduler name on Tessera's pods: no other scheduler binds them.
 pub const SCHEDULER: &str = "tessera";
 
-/// The Pod for `spec` in `namespace`.
-pub fn pod_for(spec: &RunSpec, namespace: &str) -> Result<Pod, BackendError> {
+/// The Pod of node-share `index` of `spec` in `namespace`. `shared_resource` is the resource
+/// name the node's device plugin advertises time-sliced replicas under (`nvidia.com/gpu.shared`
+/// when it renames them, else `nvidia.com/gpu`); a fraction asks for one replica of it.
+pub fn pod_for(spec: &RunSpec, namespace: &str, index: usize, shared_resource: &str) -> Result<Pod, BackendError> {
+    let (node, devices) = spec.share(index).ok_or_else(|| {
+        BackendError::Rejected(format!(
+            "workload {} has {} node-shares, not {}",
+            spec.id,
+            spec.gang_size(),
+            index + 1
+        ))
+    })?;
+    let size = spec.gang_size();
+    let name = names::gang_pod_name(spec.id, index, size);
     let image = spec.image.as_deref().filter(|i| !i.trim().is_empty()).ok_or_else(|| {
         BackendError::Rejected(format!(
             "workload {} names no container image: the kubernetes backend runs containers",
@@ -25,17 +40,18 @@ pub fn pod_for(spec: &RunSpec, namespace: &str) -> Result<Pod, BackendError> {
     let mut limits = BTreeMap::new();
     requests.insert("cpu".to_string(), json!(format!("{}m", spec.cpu_milli.max(1))));
     requests.insert("memory".to_string(), json!(format!("{}Mi", spec.memory_mib.max(1))));
-    match &spec.devices {
+    match devices {
         Devices::Count { resource, count } => {
             if *count > 0 {
-                // Extended resources are requested through limits (requests must equal them).
-                let n = if matches!(resource, Resource::SharedGpu { .. }) {
-                    1
-                } else {
-                    *count
+                // Extended resources are requested through limits (requests must equal them). A
+                // fraction is one time-sliced replica, whatever its milli: the device plugin
+                // shares a GPU in equal slots and does not enforce a size.
+                let (key, n) = match resource {
+                    Resource::SharedGpu { .. } => (shared_resource.to_string(), 1),
+                    r => (r.to_string(), *count),
                 };
-                requests.insert(resource.to_string(), json!(n.to_string()));
-                limits.insert(resource.to_string(), json!(n.to_string()));
+                requests.insert(key.clone(), json!(n.to_string()));
+                limits.insert(key, json!(n.to_string()));
             }
         }
         Devices::Exact { .. } => {
@@ -53,6 +69,9 @@ pub fn pod_for(spec: &RunSpec, namespace: &str) -> Result<Pod, BackendError> {
             json!({"name": "TESSERA_WORKLOAD_ID", "value": spec.id.to_string()}),
             json!({"name": "TESSERA_TENANT", "value": spec.tenant}),
             json!({"name": "TESSERA_PROJECT", "value": spec.project}),
+            json!({"name": "TESSERA_GANG_SIZE", "value": size.to_string()}),
+            json!({"name": "TESSERA_GANG_INDEX", "value": index.to_string()}),
+            json!({"name": "TESSERA_GANG_HOSTS", "value": gang_hosts(spec.id, size).join(",")}),
         ])
         .collect();
     let mut container = json!({
@@ -75,21 +94,105 @@ pub fn pod_for(spec: &RunSpec, namespace: &str) -> Result<Pod, BackendError> {
     if let Some(d) = spec.duration {
         pod_spec["activeDeadlineSeconds"] = json!(d.as_secs().max(1));
     }
+    if size > 1 {
+        // `<hostname>.<subdomain>` resolves through the gang's headless Service.
+        pod_spec["hostname"] = json!(name);
+        pod_spec["subdomain"] = json!(names::gang_service(spec.id));
+    }
     let pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": names::pod_name(spec.id),
+            "name": name,
             "namespace": namespace,
-            "labels": names::workload_labels(spec),
+            "labels": names::workload_labels(spec, index),
             "annotations": {
-                names::ANNOTATION_NODE: spec.node,
+                names::ANNOTATION_NODE: node,
                 names::ANNOTATION_NAME: spec.name,
             },
         },
         "spec": pod_spec,
     });
     serde_json::from_value(pod).map_err(|e| BackendError::Rejected(format!("pod for workload {}: {e}", spec.id)))
+}
+
+/// The host names of a gang's pods (`tessera-<id>-<index>.tessera-<id>`, resolvable in the
+/// namespace through the headless Service); the pod's own name for a workload on one node.
+pub fn gang_hosts(id: u64, size: usize) -> Vec<String> {
+    if size <= 1 {
+        return vec![names::pod_name(id)];
+    }
+    (0..size)
+        .map(|i| format!("{}.{}", names::gang_pod_name(id, i, size), names::gang_service(id)))
+        .collect()
+}
+
+/// The headless Service of a multi-node gang, owned by its first pod (`owner_uid`), so the
+/// garbage collector removes it with the gang.
+pub fn gang_service_for(spec: &RunSpec, namespace: &str, owner_uid: &str) -> serde_json::Value {
+    let mut selector = BTreeMap::new();
+    selector.insert(names::LABEL_WORKLOAD.to_string(), spec.id.to_string());
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": names::gang_service(spec.id),
+            "namespace": namespace,
+            "labels": names::workload_labels(spec, 0),
+            "ownerReferences": [{
+                "apiVersion": "v1", "kind": "Pod", "name": names::gang_pod_name(spec.id, 0, spec.gang_size()),
+                "uid": owner_uid,
+            }],
+        },
+        "spec": {"clusterIP": "None", "selector": selector, "publishNotReadyAddresses": true},
+    })
+}
+
+/// A pod's index in its gang (0 for a workload on one node).
+pub fn gang_index(pod: &Pod) -> usize {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(names::LABEL_GANG_INDEX))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The state of a workload whose node-shares' pods are in `states` (a missing pod counts as
+/// `Pending`): lost or failed when any pod is (the first such, named); succeeded when all
+/// succeeded; running when all run or have succeeded; pending otherwise.
+pub fn gang_state(states: &[(String, PodState)]) -> PodState {
+    let named = |name: &str, detail: &str| {
+        if states.len() > 1 {
+            format!("gang pod {name}: {detail}")
+        } else {
+            detail.to_string()
+        }
+    };
+    for (name, s) in states {
+        match s {
+            PodState::Lost(d) => return PodState::Lost(named(name, d)),
+            PodState::Exited(Exit::Failed { exit_code, detail }) => {
+                return PodState::Exited(Exit::Failed {
+                    exit_code: *exit_code,
+                    detail: named(name, detail),
+                });
+            }
+            _ => {}
+        }
+    }
+    if states.iter().all(|(_, s)| *s == PodState::Exited(Exit::Succeeded)) {
+        return PodState::Exited(Exit::Succeeded);
+    }
+    let mut since: Option<i64> = None;
+    for (_, s) in states {
+        match s {
+            PodState::Running { since_ms } => since = since.max(*since_ms),
+            PodState::Exited(Exit::Succeeded) => {}
+            _ => return PodState::Pending,
+        }
+    }
+    PodState::Running { since_ms: since }
 }
 
 /// The workload ID on a Tessera pod.
@@ -159,9 +262,9 @@ pub fn pod_state(pod: &Pod) -> PodState {
     }
 }
 
-/// The reconcile observation of a pod.
-pub fn observation(pod: &Pod) -> Observation {
-    match pod_state(pod) {
+/// The reconcile observation of a workload in state `state` ([`pod_state`], [`gang_state`]).
+pub fn observation(state: PodState) -> Observation {
+    match state {
         PodState::Pending => Observation::Starting,
         PodState::Running { since_ms } => Observation::Running { since_ms },
         PodState::Exited(Exit::Succeeded) => Observation::Succeeded,
@@ -193,6 +296,7 @@ mod tests {
             image: Some("registry.example/acme/train:1".into()),
             duration: Some(Duration::from_secs(600)),
             running_since_ms: None,
+            gang: Vec::new(),
         }
     }
 
@@ -204,6 +308,8 @@ mod tests {
                 count: 2,
             }),
             "t-acme-vision",
+            0,
+            "nvidia.com/gpu.shared",
         )
         .unwrap();
         let v = serde_json::to_value(&p).unwrap();
@@ -230,7 +336,7 @@ mod tests {
             },
             count: 1,
         };
-        let v = serde_json::to_value(pod_for(&spec(d), "ns").unwrap()).unwrap();
+        let v = serde_json::to_value(pod_for(&spec(d), "ns", 0, "nvidia.com/gpu.shared").unwrap()).unwrap();
         assert_eq!(
             v["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-3g.40gb"],
             "1"
@@ -244,8 +350,90 @@ mod tests {
             count: 1,
         });
         s.image = None;
-        let e = pod_for(&s, "ns").unwrap_err();
+        let e = pod_for(&s, "ns", 0, "nvidia.com/gpu.shared").unwrap_err();
         assert!(e.to_string().contains("names no container image"), "{e}");
+    }
+
+    #[test]
+    fn a_gang_over_two_nodes_is_two_pods_that_know_their_place() {
+        let mut s = spec(Devices::Count {
+            resource: Resource::Gpu,
+            count: 8,
+        });
+        s.gang = vec![tessera_backend::GangShare {
+            node: "gpu-b".into(),
+            devices: s.devices.clone(),
+        }];
+        let v = serde_json::to_value(pod_for(&s, "ns", 1, "nvidia.com/gpu.shared").unwrap()).unwrap();
+        assert_eq!(v["metadata"]["name"], "tessera-42-1");
+        assert_eq!(v["metadata"]["annotations"]["tessera.io/node"], "gpu-b");
+        assert_eq!(v["metadata"]["labels"]["tessera.io/gang-index"], "1");
+        assert_eq!(v["metadata"]["labels"]["tessera.io/gang-size"], "2");
+        assert_eq!(
+            (&v["spec"]["hostname"], &v["spec"]["subdomain"]),
+            (&json!("tessera-42-1"), &json!("tessera-42"))
+        );
+        let env = &v["spec"]["containers"][0]["env"];
+        let get = |k: &str| env.as_array().unwrap().iter().find(|e| e["name"] == k).unwrap()["value"].clone();
+        assert_eq!(get("TESSERA_GANG_SIZE"), "2");
+        assert_eq!(get("TESSERA_GANG_INDEX"), "1");
+        assert_eq!(
+            get("TESSERA_GANG_HOSTS"),
+            "tessera-42-0.tessera-42,tessera-42-1.tessera-42"
+        );
+        assert!(pod_for(&s, "ns", 2, "x").is_err(), "no third share");
+        // One workload, one pod, its old name (a restarted Tessera finds pods it made before gangs).
+        s.gang.clear();
+        let v = serde_json::to_value(pod_for(&s, "ns", 0, "x").unwrap()).unwrap();
+        assert_eq!(v["metadata"]["name"], "tessera-42");
+        assert!(v["spec"].get("subdomain").is_none());
+    }
+
+    #[test]
+    fn a_fraction_asks_for_one_replica_of_the_nodes_shared_resource() {
+        let d = Devices::Count {
+            resource: Resource::SharedGpu { milli: 250 },
+            count: 1,
+        };
+        for res in ["nvidia.com/gpu.shared", "nvidia.com/gpu"] {
+            let v = serde_json::to_value(pod_for(&spec(d.clone()), "ns", 0, res).unwrap()).unwrap();
+            assert_eq!(v["spec"]["containers"][0]["resources"]["limits"][res], "1");
+        }
+    }
+
+    #[test]
+    fn a_gang_runs_when_all_its_pods_run_and_fails_with_any() {
+        let n = |s: &str, st: PodState| (s.to_string(), st);
+        let run = |t| PodState::Running { since_ms: Some(t) };
+        assert_eq!(
+            gang_state(&[n("a", run(5)), n("b", PodState::Pending)]),
+            PodState::Pending
+        );
+        assert_eq!(gang_state(&[n("a", run(5)), n("b", run(9))]), run(9));
+        assert_eq!(
+            gang_state(&[n("a", PodState::Exited(Exit::Succeeded)), n("b", run(9))]),
+            run(9)
+        );
+        assert_eq!(
+            gang_state(&[
+                n("a", PodState::Exited(Exit::Succeeded)),
+                n("b", PodState::Exited(Exit::Succeeded))
+            ]),
+            PodState::Exited(Exit::Succeeded)
+        );
+        assert_eq!(
+            gang_state(&[n("a", run(5)), n("b", PodState::Lost("pod Evicted".into()))]),
+            PodState::Lost("gang pod b: pod Evicted".into())
+        );
+        assert!(matches!(
+            gang_state(&[n("a", PodState::Pending), n("b", PodState::Exited(Exit::Failed { exit_code: Some(1), detail: "Error".into() }))]),
+            PodState::Exited(Exit::Failed { exit_code: Some(1), ref detail }) if detail == "gang pod b: Error"
+        ));
+        // One pod: its state, unchanged.
+        assert_eq!(
+            gang_state(&[n("a", PodState::Lost("x".into()))]),
+            PodState::Lost("x".into())
+        );
     }
 
     #[test]

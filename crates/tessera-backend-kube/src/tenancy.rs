@@ -148,7 +148,7 @@ pub async fn ensure(client: &kube::Client, prefix: &str, spec: &TenancySpec) -> 
 }
 
 /// Refuses a namespace labelled for another tenant project.
-fn check_owner(
+pub(crate) fn check_owner(
     ns: &str,
     labels: Option<&std::collections::BTreeMap<String, String>>,
     spec: &TenancySpec,

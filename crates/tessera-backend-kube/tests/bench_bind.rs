@@ -35,6 +35,7 @@ fn spec(id: u64, node: usize) -> RunSpec {
         image: Some("registry.example/bench:1".into()),
         duration: None,
         running_since_ms: None,
+        gang: Vec::new(),
     }
 }
 

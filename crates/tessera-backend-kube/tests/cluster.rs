@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ResourceQuota, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Api;
@@ -17,8 +17,8 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{cluster, eventually, expect_event, finish_deletion, gpu_node, set_node_status, set_pod_phase};
 use tessera_backend::{
-    Backend, BackendEvent, Devices, Exit, MigInstance, NodeChange, Observation, PartitionPlan, Resource, RunSpec,
-    TenancySpec,
+    Backend, BackendEvent, Devices, Exit, GangShare, MigInstance, NodeChange, Observation, PartitionPlan, Resource,
+    RunSpec, TenancySpec,
 };
 use tessera_backend_kube::{KubeBackend, KubeConfig};
 
@@ -53,6 +53,7 @@ fn run(id: u64, tenant: &str, node: &str, devices: Devices) -> RunSpec {
         image: Some("registry.example/train:1".into()),
         duration: None,
         running_since_ms: None,
+        gang: Vec::new(),
     }
 }
 
@@ -115,7 +116,7 @@ async fn a_workload_is_a_pod_bound_to_the_chosen_node_and_follows_its_phase() {
     );
 
     // Tenancy first (as Tessera does when the project is created), then a 2-GPU workload.
-    b.ensure_tenancy(&tenancy("e2e-acme", "acme-ml", 8)).await.unwrap();
+    b.ensure_tenancy(&tenancy("e2e-acme", "acme-ml", 24)).await.unwrap();
     let ns = b.namespace_of("e2e-acme", "main");
     let spec = run(101, "e2e-acme", "e2e-h100-1", gpus(2));
     b.start(&spec).await.unwrap();
@@ -185,6 +186,138 @@ async fn a_workload_is_a_pod_bound_to_the_chosen_node_and_follows_its_phase() {
     // No event at all came for the stopped workload after its stop.
     while let Ok(ev) = rx.try_recv() {
         assert!(ev.workload() != Some(101), "event after stop: {ev:?}");
+    }
+
+    // A gang over both nodes (16 GPUs on two 8-GPU nodes): one pod per node-share, each bound
+    // to its node with its GPUs, told its place, and a headless Service for the peers' names.
+    let mut gang = run(103, "e2e-acme", "e2e-h100-0", gpus(8));
+    gang.gang = vec![GangShare {
+        node: "e2e-h100-1".into(),
+        devices: gpus(8),
+    }];
+    b.start(&gang).await.unwrap();
+    expect_event(&mut rx, "gang Started", WAIT, |e| {
+        matches!(e, BackendEvent::Started { id: 103, .. })
+    })
+    .await;
+    for (i, node) in ["e2e-h100-0", "e2e-h100-1"].into_iter().enumerate() {
+        let p = pods.get(&format!("tessera-103-{i}")).await.unwrap();
+        let ps = p.spec.unwrap();
+        assert_eq!(ps.node_name.as_deref(), Some(node));
+        assert_eq!(
+            ps.containers[0].resources.clone().unwrap().limits.unwrap()["nvidia.com/gpu"].0,
+            "8"
+        );
+        let l = p.metadata.labels.unwrap();
+        assert_eq!(
+            (l["tessera.io/gang-index"].as_str(), l["tessera.io/gang-size"].as_str()),
+            (i.to_string().as_str(), "2")
+        );
+        let env: BTreeMap<String, String> = ps.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(env["TESSERA_GANG_INDEX"], i.to_string());
+        assert_eq!(
+            env["TESSERA_GANG_HOSTS"],
+            "tessera-103-0.tessera-103,tessera-103-1.tessera-103"
+        );
+        assert_eq!(ps.subdomain.as_deref(), Some("tessera-103"));
+    }
+    let svc = Api::<Service>::namespaced(client.clone(), &ns)
+        .get("tessera-103")
+        .await
+        .unwrap();
+    assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"), "headless");
+    assert_eq!(
+        svc.metadata.owner_references.unwrap()[0].name,
+        "tessera-103-0",
+        "removed with the gang"
+    );
+    // Running only when all its pods run.
+    set_pod_phase(&client, &ns, "tessera-103-0", "Running").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while let Ok(ev) = rx.try_recv() {
+        assert!(ev.workload() != Some(103), "one of two pods running: {ev:?}");
+    }
+    set_pod_phase(&client, &ns, "tessera-103-1", "Running").await;
+    expect_event(&mut rx, "gang Running", WAIT, |e| {
+        matches!(e, BackendEvent::Running { id: 103, .. })
+    })
+    .await;
+    // Cancel deletes all of them.
+    b.stop(103, Duration::from_secs(1)).await.unwrap();
+    eventually("the cancelled gang's pods are gone", WAIT, || async {
+        pods.get_opt("tessera-103-0").await.unwrap().is_none() && pods.get_opt("tessera-103-1").await.unwrap().is_none()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_sliced_nodes_are_a_shared_pool_with_one_tenant_per_node() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    // Two nodes whose device plugin renames time-sliced replicas (2 GPUs × 4 replicas), and one
+    // that advertises them as plain `nvidia.com/gpu`.
+    let ts = |renamed: bool| {
+        json!({
+            "labels": {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"},
+            "allocatable": if renamed {
+                json!({"nvidia.com/gpu": null, "nvidia.com/gpu.shared": "8"})
+            } else {
+                json!({"nvidia.com/gpu": "8"})
+            },
+        })
+    };
+    gpu_node(&client, "ts-l40s-0", "ts", "NVIDIA-L40S-SHARED", 2, ts(true)).await;
+    gpu_node(&client, "ts-l40s-1", "ts", "NVIDIA-L40S-SHARED", 2, ts(true)).await;
+    gpu_node(&client, "tsp-l40s-0", "tsp", "NVIDIA-L40S", 2, ts(false)).await;
+    let (b, fleet) = KubeBackend::connect(client.clone(), config("ts")).await.unwrap();
+    let pool = fleet.pool_by_name("ts").unwrap();
+    assert_eq!(fleet.pool(pool).sharing, tessera_model::Sharing::Shared);
+    assert!(!fleet.pool(pool).allow_tenant_mixing);
+    let physical: Vec<u8> = fleet.nodes.iter().filter(|n| n.pool == pool).map(|n| n.gpus).collect();
+    assert_eq!(physical, vec![2, 2], "allocatable replicas / replicas per GPU");
+
+    // The engine, told the backend's per-node device counts, keeps one tenant per shared node.
+    let caps = b.capabilities();
+    assert_eq!(caps.devices, tessera_backend::DeviceAssignment::PerNodeCount);
+    let fleet = std::sync::Arc::new(fleet);
+    let mut e = tessera_sched::Engine::new(fleet.clone(), Box::new(tessera_sched::policy::BestFit), 1);
+    e.set_device_binding(tessera_sched::engine::DeviceBinding::PerNodeCount);
+    let frac = |t| {
+        tessera_model::Request::fraction(300)
+            .with_tenant(tessera_model::TenantId(t))
+            .with_pool(pool)
+    };
+    let mut node_of = |id, t| fleet.node(e.place(id, &frac(t)).unwrap().node).name.clone();
+    let (a1, b1, a2) = (node_of(1, 1), node_of(2, 2), node_of(3, 1));
+    assert_ne!(a1, b1, "two tenants' fractions land on different shared nodes");
+    assert_eq!(a2, a1, "the first tenant's next fraction packs onto its node");
+
+    // Each fraction's pod asks for one replica of the resource its node advertises.
+    let shared = |milli| Devices::Count {
+        resource: Resource::SharedGpu { milli },
+        count: 1,
+    };
+    for (id, tenant, node, resource) in [
+        (701, "ts-acme", a1.as_str(), "nvidia.com/gpu.shared"),
+        (702, "ts-globex", b1.as_str(), "nvidia.com/gpu.shared"),
+        (703, "ts-acme", "tsp-l40s-0", "nvidia.com/gpu"),
+    ] {
+        b.ensure_tenancy(&tenancy(tenant, "ml", 8)).await.unwrap();
+        b.start(&run(id, tenant, node, shared(300))).await.unwrap();
+        let pod = Api::<Pod>::namespaced(client.clone(), &b.namespace_of(tenant, "main"))
+            .get(&format!("tessera-{id}"))
+            .await
+            .unwrap();
+        let ps = pod.spec.unwrap();
+        assert_eq!(ps.node_name.as_deref(), Some(node));
+        let limits = ps.containers[0].resources.clone().unwrap().limits.unwrap();
+        assert_eq!(limits.len(), 1, "{limits:?}");
+        assert_eq!(limits[resource].0, "1", "{limits:?}");
     }
 }
 
@@ -265,6 +398,46 @@ async fn tenancy_objects_are_applied_enforced_repaired_and_removed() {
             .is_none(),
         "a refused pod leaves nothing behind"
     );
+
+    // What Tessera does not own it never takes over: a pod under a Tessera pod's name that is
+    // not Tessera's (not bound, not deleted), and a namespace labelled for another tenant.
+    let foreign: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "tessera-202", "labels": {"app": "someone-elses"}},
+        "spec": {"schedulerName": "tessera", "containers": [{"name": "c", "image": "x"}]},
+    }))
+    .unwrap();
+    let ns_pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    ns_pods.create(&PostParams::default(), &foreign).await.unwrap();
+    let e = b.start(&run(202, "ten-acme", "ten-h100-0", gpus(1))).await.unwrap_err();
+    assert!(e.to_string().contains("refusing to take it over"), "{e}");
+    let still = ns_pods.get("tessera-202").await.unwrap();
+    assert!(
+        still.spec.unwrap().node_name.is_none() && still.metadata.deletion_timestamp.is_none(),
+        "the stranger's pod is left alone"
+    );
+    let taken = b.namespace_of("ten-mallory", "main");
+    let labelled: Namespace = serde_json::from_value(json!({"metadata": {"name": taken,
+        "labels": {"tessera.io/tenant": "ten-other", "tessera.io/project": "main"}}}))
+    .unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &labelled)
+        .await
+        .unwrap();
+    let e = b.ensure_tenancy(&tenancy("ten-mallory", "m", 1)).await.unwrap_err();
+    assert!(e.to_string().contains("refusing to take it over"), "{e}");
+    let e = b
+        .start(&run(203, "ten-mallory", "ten-h100-0", gpus(1)))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("refusing to take it over"), "{e}");
+    let labels = Api::<Namespace>::all(client.clone())
+        .get(&taken)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap();
+    assert_eq!(labels["tessera.io/tenant"], "ten-other", "not relabelled");
 
     // Drift (someone edits the quota) is repaired by the next reconcile of the tenancy.
     quotas
@@ -443,6 +616,7 @@ async fn a_restarted_backend_adopts_its_pods_without_duplicates_and_reports_dele
     let c = cluster().await;
     let client = c.client().await.unwrap();
     gpu_node(&client, "rs-h100-0", "rs", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    gpu_node(&client, "rs-h100-1", "rs", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
     let (b, _) = KubeBackend::connect(client.clone(), config("rs")).await.unwrap();
     b.ensure_tenancy(&tenancy("rs-acme", "acme-ml", 8)).await.unwrap();
     let ns = b.namespace_of("rs-acme", "main");
@@ -450,6 +624,14 @@ async fn a_restarted_backend_adopts_its_pods_without_duplicates_and_reports_dele
     for s in &specs {
         b.start(s).await.unwrap();
     }
+    // And a gang over both nodes, half running when Tessera goes away.
+    let mut gang = run(405, "rs-acme", "rs-h100-0", gpus(1));
+    gang.gang = vec![GangShare {
+        node: "rs-h100-1".into(),
+        devices: gpus(1),
+    }];
+    b.start(&gang).await.unwrap();
+    set_pod_phase(&client, &ns, "tessera-405-0", "Running").await;
     set_pod_phase(&client, &ns, "tessera-401", "Running").await;
     // Tessera goes away mid-flight.
     drop(b);
@@ -459,7 +641,13 @@ async fn a_restarted_backend_adopts_its_pods_without_duplicates_and_reports_dele
     // Tessera expects 401..=402 (403 was cancelled while it was down, say) and 404 (never started).
     let mut expected = specs[..2].to_vec();
     expected.push(run(404, "rs-acme", "rs-h100-0", gpus(1)));
+    expected.push(gang.clone());
     let report = b.reconcile(&expected).await.unwrap();
+    assert_eq!(
+        report.observation(405),
+        Some(&Observation::Starting),
+        "a gang with one pod of two running is starting"
+    );
     assert!(
         matches!(report.observation(401), Some(Observation::Running { .. })),
         "{report:?}"
@@ -476,10 +664,36 @@ async fn a_restarted_backend_adopts_its_pods_without_duplicates_and_reports_dele
     // Reconcile is level-triggered: asking again gives the same answer.
     let again = b.reconcile(&expected).await.unwrap();
     assert_eq!((&again.workloads, ours(&again)), (&report.workloads, orphans));
-    // Starting an adopted workload again does not duplicate its pod.
+    // Starting an adopted workload (or gang) again does not duplicate its pods.
     b.start(&specs[1]).await.unwrap();
+    b.start(&gang).await.unwrap();
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    assert_eq!(pods.list(&ListParams::default()).await.unwrap().items.len(), 3);
+    assert_eq!(pods.list(&ListParams::default()).await.unwrap().items.len(), 5);
+
+    // The adopted gang runs once its other pod does; when one of its pods fails, the workload
+    // fails and its other pod is deleted.
+    set_pod_phase(&client, &ns, "tessera-405-1", "Running").await;
+    expect_event(&mut rx, "gang Running", WAIT, |e| {
+        matches!(e, BackendEvent::Running { id: 405, .. })
+    })
+    .await;
+    set_pod_phase(&client, &ns, "tessera-405-1", "Failed").await;
+    let ev = expect_event(&mut rx, "gang Exited", WAIT, |e| {
+        matches!(e, BackendEvent::Exited { id: 405, .. })
+    })
+    .await;
+    assert!(
+        matches!(&ev, BackendEvent::Exited { exit: Exit::Failed { detail, .. }, .. } if detail.contains("tessera-405-1")),
+        "{ev:?}"
+    );
+    eventually("the failed gang's other pod is deleted", WAIT, || async {
+        pods.get_opt("tessera-405-0")
+            .await
+            .unwrap()
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    finish_deletion(&client, &ns, "tessera-405-0").await;
 
     // Someone deletes a pod behind Tessera's back: the workload is lost.
     pods.delete("tessera-402", &DeleteParams::default().grace_period(0))

@@ -479,6 +479,13 @@ impl Backend for LocalBackend {
     }
 
     async fn start(&self, spec: &RunSpec) -> Result<(), BackendError> {
+        if !spec.gang.is_empty() {
+            return Err(BackendError::Rejected(format!(
+                "workload {} is a gang over {} nodes: this backend runs a workload on one node",
+                spec.id,
+                spec.gang_size()
+            )));
+        }
         if let Some(p) = self.shared.state.lock().unwrap().procs.get(&spec.id)
             && p.ended.is_none()
         {

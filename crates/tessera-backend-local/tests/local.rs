@@ -67,6 +67,7 @@ fn spec(id: u64, gpus: Vec<u8>, slice: SliceSpec, cmd: &str) -> RunSpec {
         image: None,
         duration: None,
         running_since_ms: None,
+        gang: Vec::new(),
     }
 }
 

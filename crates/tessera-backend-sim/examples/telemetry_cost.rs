@@ -71,6 +71,7 @@ async fn main() {
             image: None,
             duration: None,
             running_since_ms: None,
+            gang: Vec::new(),
         };
         b.start(&spec).await.expect("start");
     }

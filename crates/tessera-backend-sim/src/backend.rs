@@ -544,6 +544,13 @@ impl Backend for SimBackend {
     }
 
     async fn start(&self, spec: &RunSpec) -> Result<(), BackendError> {
+        if !spec.gang.is_empty() {
+            return Err(BackendError::Rejected(format!(
+                "workload {} is a gang over {} nodes: this backend runs a workload on one node",
+                spec.id,
+                spec.gang_size()
+            )));
+        }
         let generation = {
             let mut st = self.shared.lock();
             if st.runs.contains_key(&spec.id) {

@@ -67,7 +67,7 @@ use tokio::sync::mpsc;
 pub use event::{BackendEvent, Bound, Exit, GpuSample, InstanceSample, NodeChange};
 pub use plan::{MigInstance, PartitionPlan, PartitionReport};
 pub use reconcile::{Observation, Orphan, ReconcileReport};
-pub use spec::{Devices, Resource, RunSpec, SliceSpec, TenancySpec};
+pub use spec::{Devices, GangShare, Resource, RunSpec, SliceSpec, TenancySpec};
 
 /// How a backend partitions MIG-capable GPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

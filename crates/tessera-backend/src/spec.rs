@@ -72,6 +72,32 @@ pub struct RunSpec {
     pub duration: Option<Duration>,
     /// When it started running (ms since the epoch), for workloads already running (reconcile).
     pub running_since_ms: Option<i64>,
+    /// A gang spanning several nodes: its node-shares after the first (which is `node` and
+    /// `devices`), in gang order. Empty for a workload on one node — every placement the engine
+    /// makes today; a backend that cannot run a multi-node gang refuses a spec with shares here.
+    pub gang: Vec<GangShare>,
+}
+
+/// One node-share of a gang that spans several nodes: the node and the devices there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GangShare {
+    pub node: String,
+    pub devices: Devices,
+}
+
+impl RunSpec {
+    /// How many node-shares (pods, processes) the workload has: 1 unless it is a multi-node gang.
+    pub fn gang_size(&self) -> usize {
+        1 + self.gang.len()
+    }
+
+    /// The node and devices of node-share `index` (0 is `node`/`devices`).
+    pub fn share(&self, index: usize) -> Option<(&str, &Devices)> {
+        match index {
+            0 => Some((&self.node, &self.devices)),
+            i => self.gang.get(i - 1).map(|g| (g.node.as_str(), &g.devices)),
+        }
+    }
 }
 
 /// A tenant project as a backend with tenancy of its own isolates it

@@ -26,7 +26,9 @@
 //!   (gangs only of such GPUs) and no instances, until MIG is enabled again; a GPU whose mode
 //!   change waits for a reset serves neither ([`Engine::set_gpu_mig_pending`]).
 //! * **shared** pools: fractions and whole GPUs on time-sliced GPUs, scored by a pluggable
-//!   [`SharedPolicy`]; one tenant per GPU unless the pool allows mixing.
+//!   [`SharedPolicy`]; one tenant per GPU unless the pool allows mixing — and one tenant per
+//!   *node* under [`DeviceBinding::PerNodeCount`], where the device plugin, not Tessera, picks
+//!   which time-sliced GPU a fraction gets (see [`Engine::node_isolation`]).
 //!
 //! Bookings name exact devices. Where the backend picks the devices itself and reports them
 //! afterwards (the stock device plugin: "N devices on node X"), [`DeviceBinding::PerNodeCount`]
@@ -43,7 +45,7 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_model::request::MigChoice;
-use tessera_model::{Fleet, GpuUnits, ModelId, NodeId, PoolId, Request, Shape, Sharing, Topology};
+use tessera_model::{Fleet, GpuUnits, ModelId, NodeId, PoolId, Request, Shape, Sharing, TenantId, Topology};
 
 use crate::mig::{MigTable, state_key};
 use crate::policy::{Choice, Demand, NodeView, Score, SharedPolicy};
@@ -953,6 +955,7 @@ impl Engine {
         let fleet = self.fleet.clone();
         let pool_def = fleet.pool(pool);
         let mix = pool_def.allow_tenant_mixing;
+        let node_iso = !mix && self.binding == DeviceBinding::PerNodeCount;
         let policy_epoch = self.policy.epoch();
         let type_id = match self.cache.types.get(&d) {
             Some(&t) => Some(t as usize),
@@ -977,6 +980,9 @@ impl Engine {
             if st.cpu_free < d.cpu_milli || st.mem_free < d.memory_mib || !req.allows_model(node.model) {
                 continue;
             }
+            if node_iso && d.gpus == 1 && d.milli < 1000 && other_tenant_on(st, d.tenant) {
+                continue;
+            }
             let cached = type_id.and_then(|t| {
                 let e = &self.cache.entries[t][n as usize];
                 (e.0 == st.epoch && e.1 == policy_epoch).then_some(e.2)
@@ -993,9 +999,14 @@ impl Engine {
                         // Where tenants may not share a GPU, a tenant's fractions fill the GPUs
                         // it already holds before opening new ones: space left on its own GPUs
                         // is unusable by anyone else.
+                        // With one tenant per node, opening a node is what costs.
                         if !mix
                             && let Choice::Gpu(g) = c
-                            && st.gpus[g as usize].holders.is_empty()
+                            && if node_iso {
+                                st.gpus.iter().all(|g| g.holders.is_empty())
+                            } else {
+                                st.gpus[g as usize].holders.is_empty()
+                            }
                         {
                             s.0 += OPEN_GPU_PENALTY;
                         }
@@ -1104,6 +1115,7 @@ impl Engine {
                     || g.used_milli + milli > 1000
                     || (mem > 0 && g.mem_used_mib + memory_mib > mem)
                     || (!mix && !g.holders.is_empty() && g.tenant != a.tenant)
+                    || (!mix && self.binding == DeviceBinding::PerNodeCount && other_tenant_on(st, a.tenant))
                 {
                     return bad("fraction does not fit the GPU");
                 }
@@ -1326,6 +1338,11 @@ pub fn whole_choice(topology: Topology, gpus: u8, free: u16, k: u8) -> Option<u1
                 .copied()
         }
     }
+}
+
+/// Whether a GPU of the node holds fractions of a tenant other than `tenant`.
+fn other_tenant_on(st: &crate::state::NodeState, tenant: Option<TenantId>) -> bool {
+    st.gpus.iter().any(|g| !g.holders.is_empty() && g.tenant != tenant)
 }
 
 /// Fraction candidates on a node: one per distinct (used milli, GPU memory used) level, the
@@ -1615,6 +1632,41 @@ mod tests {
             (a.node, a.grant.gpu_mask()),
             "same tenant packs"
         );
+    }
+
+    #[test]
+    fn with_per_node_device_counts_a_shared_node_holds_one_tenant() {
+        // The device plugin picks the time-sliced GPU: tenants apart per GPU is not enough.
+        let mut e = seed_engine();
+        e.set_device_binding(DeviceBinding::PerNodeCount);
+        let dev = e.fleet().pool_by_name("development").unwrap();
+        let frac = |t| Request::fraction(300).with_tenant(TenantId(t)).with_pool(dev);
+        let a = e.place(1, &frac(1)).unwrap().clone();
+        let b = e.place(2, &frac(2)).unwrap().clone();
+        assert_ne!(a.node, b.node, "two tenants, two shared nodes");
+        // The first tenant's fractions fill its node before opening another: its GPU, then the
+        // node's other GPUs.
+        let mut used = a.grant.gpu_mask();
+        for id in 3..=8 {
+            let c = e.place(id, &frac(1)).unwrap().clone();
+            assert_eq!(c.node, a.node, "fraction {id} packs onto the tenant's node");
+            used |= c.grant.gpu_mask();
+        }
+        // A booking of tenant 2 on an idle GPU of tenant 1's node is refused at commit too (a
+        // restore), though no GPU would be shared.
+        let idle = (0..8u8).find(|g| used >> g & 1 == 0).expect("an idle GPU on the node");
+        let mut bad = b.clone();
+        bad.id = 99;
+        bad.node = a.node;
+        bad.grant = Grant::Fraction {
+            gpu: idle,
+            milli: 300,
+            memory_mib: 0,
+        };
+        assert!(e.restore(bad.clone()).is_err());
+        // Where the engine names the GPU itself, only the GPU must hold one tenant.
+        e.set_device_binding(DeviceBinding::Exact);
+        assert!(e.restore(bad).is_ok());
     }
 
     #[test]

@@ -87,6 +87,11 @@ pub struct ServeArgs {
     /// `--backend kubernetes`: NAMESPACE/NAME of the GPU Operator MIG manager's ConfigMap.
     #[arg(long, default_value = "gpu-operator/default-mig-parted-config")]
     kube_mig_configmap: String,
+    /// `--backend kubernetes`: pools of time-sliced nodes where one GPU may hold several
+    /// tenants' fractions (comma-separated). Elsewhere a time-sliced node holds one tenant's
+    /// fractions, since the device plugin picks the GPU a pod gets.
+    #[arg(long, value_delimiter = ',', value_name = "POOL,...")]
+    kube_mixing_pools: Vec<String>,
     /// Address of the API and the console.
     #[arg(long, default_value = "127.0.0.1:8080", env = "TESSERA_LISTEN")]
     listen: SocketAddr,
@@ -219,6 +224,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             namespace_prefix: a.kube_namespace_prefix.clone(),
             mig_namespace: ns.to_string(),
             mig_configmap: name.to_string(),
+            mixing_pools: a.kube_mixing_pools.iter().cloned().collect(),
             ..Default::default()
         },
         _ => anyhow::bail!(

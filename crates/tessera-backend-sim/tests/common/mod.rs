@@ -77,6 +77,7 @@ pub fn spec(id: u64, node: &str, devices: Devices, duration: Option<Duration>) -
         image: None,
         duration,
         running_since_ms: None,
+        gang: Vec::new(),
     }
 }
 

@@ -372,6 +372,7 @@ pub fn run_spec(fleet: &Fleet, nodes: &NodeIndex, w: &Workload, caps: &Capabilit
         image: w.spec.image.clone(),
         duration: w.spec.duration_s.map(Duration::from_secs),
         running_since_ms: w.running_at,
+        gang: Vec::new(),
     }
 }
 
