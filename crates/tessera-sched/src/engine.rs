@@ -245,6 +245,8 @@ impl Engine {
             mig_pending: self.mig_pending.clone(),
             next_epoch: self.next_epoch,
             scratch: Vec::new(),
+            freed: self.freed.clone(),
+            pool_models: self.pool_models.clone(),
         }
     }
 

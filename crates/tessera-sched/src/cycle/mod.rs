@@ -608,7 +608,7 @@ impl Scheduler {
         let units = a.units;
         // Same capacity just released: it fits back.
         let a = self.engine.restore(a).ok()?.clone();
-        self.hold(job, keys, units, borrowing, now);
+        self.hold(job, keys, units, a.node, borrowing, now);
         self.dirty = true;
         Some((a, borrowing))
     }
