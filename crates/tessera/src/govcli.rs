@@ -70,7 +70,7 @@ pub struct UsageArgs {
 
 #[derive(Args)]
 pub struct ApplyArgs {
-    /// The declaration: tenants, their projects, quotas and budgets.
+    /// The declaration: tenants, their projects, quotas, budgets and image policies.
     #[arg(short = 'f', long = "file")]
     pub file: std::path::PathBuf,
     /// Show what would change without changing it.
@@ -248,6 +248,21 @@ struct DeclTenant {
     /// GPU-unit-hours per calendar month.
     #[serde(default)]
     monthly_gpu_hours: Option<f64>,
+    /// The registries the tenant's images may come from and the cosign keys one of which must
+    /// have signed them (`tessera tenants policy set`); absent: left as it is.
+    #[serde(default)]
+    image_policy: Option<DeclImagePolicy>,
+}
+
+#[derive(Deserialize, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct DeclImagePolicy {
+    /// Registry/repository prefixes; empty: any registry.
+    #[serde(default)]
+    registries: Vec<String>,
+    /// cosign public keys as PEM text; empty: no signature required.
+    #[serde(default)]
+    cosign_keys: Vec<String>,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq)]
@@ -258,8 +273,9 @@ struct DeclQuota {
     limit: Option<f64>,
 }
 
-/// Creates or updates tenants, projects, quotas and budgets so that the server matches the
-/// file. Quotas of a declared tenant that the file does not list are removed.
+/// Creates or updates tenants, projects, quotas, budgets and image policies so that the server
+/// matches the file. Quotas of a declared tenant that the file does not list are removed; an
+/// image policy the file does not give is left as it is.
 pub async fn apply(c: &Common, a: ApplyArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
     let decl: Declaration = serde_yaml_ng::from_str(&text).map_err(|e| {
@@ -392,6 +408,53 @@ pub async fn apply(c: &Common, a: ApplyArgs) -> Result<()> {
                         &[],
                     )
                     .await?;
+            }
+        }
+        if let Some(want) = &t.image_policy {
+            let path = format!("/api/v1/tenants/{}/image-policy", t.name);
+            // 404: the tenant has no policy (or does not exist yet).
+            let have: Option<ImagePolicy> = if exists {
+                client
+                    .call::<(), ImagePolicy>(Method::GET, &path, None, &[])
+                    .await
+                    .ok()
+                    .map(|(_, p)| p)
+            } else {
+                None
+            };
+            let keys = |k: &[String]| k.iter().map(|k| k.trim().to_string()).collect::<Vec<_>>();
+            let same = have
+                .as_ref()
+                .is_some_and(|h| h.registries == want.registries && keys(&h.cosign_keys) == keys(&want.cosign_keys));
+            if !same {
+                let describe = |r: &[String], k: usize| {
+                    format!(
+                        "registries [{}], {k} cosign key(s)",
+                        if r.is_empty() { "any".to_string() } else { r.join(", ") }
+                    )
+                };
+                let wanted = describe(&want.registries, want.cosign_keys.len());
+                changes.push(match &have {
+                    Some(h) => format!(
+                        "~ image policy {}: {} → {wanted}",
+                        t.name,
+                        describe(&h.registries, h.cosign_keys.len())
+                    ),
+                    None => format!("+ image policy {}: {wanted}", t.name),
+                });
+                if !a.dry_run {
+                    client
+                        .call::<_, ImagePolicy>(
+                            Method::PUT,
+                            &path,
+                            Some(&SetImagePolicy {
+                                registries: want.registries.clone(),
+                                cosign_keys: want.cosign_keys.clone(),
+                            }),
+                            &[],
+                        )
+                        .await?;
+                }
             }
         }
     }

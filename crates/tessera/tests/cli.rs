@@ -240,6 +240,42 @@ fn login_verbs_and_errors() {
     }
     let (code, out, _) = tessera(&["tenants", "policy", "unset", "vision"], &env, None);
     assert_eq!((code, out.trim()), (0, "image policy of vision removed"));
+    // The same policy declared in `tessera apply` (key inline as PEM): created, then unchanged,
+    // then changed.
+    let dir = std::env::temp_dir().join(format!("tessera-apply-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let decl = |registry: &str| {
+        let pem = std::fs::read_to_string(key).unwrap();
+        let pem: String = pem.lines().map(|l| format!("          {l}\n")).collect();
+        let f = dir.join("tenants.yaml");
+        std::fs::write(
+            &f,
+            format!(
+                "tenants:\n  - name: imgteam\n    image_policy:\n      registries: [\"{registry}\"]\n      cosign_keys:\n        - |\n{pem}"
+            ),
+        )
+        .unwrap();
+        f.to_string_lossy().to_string()
+    };
+    let f = decl("registry.example.com/team-a/");
+    let (code, out, err) = tessera(&["apply", "-f", &f], &env, None);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("+ tenant imgteam")
+            && out.contains("+ image policy imgteam: registries [registry.example.com/team-a/], 1 cosign key(s)"),
+        "{out}"
+    );
+    let (code, out, _) = tessera(&["apply", "-f", &f], &env, None);
+    assert!(code == 0 && out.starts_with("no changes"), "{out}");
+    let f = decl("registry.example.com/team-b/");
+    let (code, out, _) = tessera(&["apply", "-f", &f], &env, None);
+    assert!(
+        code == 0 && out.contains("~ image policy imgteam: registries [registry.example.com/team-a/], 1 cosign key(s) → registries [registry.example.com/team-b/]"),
+        "{out}"
+    );
+    let (code, out, _) = tessera(&["tenants", "policy", "get", "imgteam"], &env, None);
+    assert!(code == 0 && out.contains("registry.example.com/team-b/"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
     let (code, out, _) = tessera(&["gpu", "health"], &env, None);
     assert_eq!((code, out.trim()), (0, "all GPUs are healthy"));
     // MIG mode on a GPU of a cordoned node: off, then every GPU of the node on again.
