@@ -50,7 +50,7 @@ enum Command {
     /// Forget the stored credential for --server.
     Logout,
     /// Run the control plane (SQLite + simulated fleet by default).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Request GPUs: --gpus N, --mig PROFILE or --fraction MILLI.
     Run(cli::RunArgs),
     /// List workloads.
@@ -179,7 +179,7 @@ fn main() -> ExitCode {
             .and_then(|rt| rt.block_on(f))
     };
     let result = match cli.command {
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Login(a) => client(Box::pin(async move { login::login(&c.conn, &a).await })),
         Command::Logout => login::logout(&c.conn),
         Command::Run(a) => client(Box::pin(cli::run(c, a))),
