@@ -138,11 +138,7 @@ pub(super) fn queue_order(s: &mut Scheduler, now: i64, limit: usize) -> (Vec<Arc
     let mut order: Vec<Arc<Queued>> = first.into_iter().map(|(_, q)| q).collect();
     // Past the head (whose starved jobs may search for victims), jobs whose capacity key found
     // no room in every pool of its scope, where nothing was freed since, are left out.
-    let unfit = |q: &Queued| {
-        s.unfit
-            .get(&q.key)
-            .is_some_and(|v| q.scope.iter().all(|&p| v.contains(&(p, s.engine.freed_generation(p)))))
-    };
+    let unfit = |q: &Queued| q.scope.iter().all(|&p| known_unfit(s, q, p));
     let head = UNFILTERED_HEAD.saturating_sub(order.len());
     let (rest, cut) = s.queue.first(head, limit - order.len(), key, |id| ready(&id), unfit);
     order.extend(rest);
@@ -226,17 +222,23 @@ const EXPLAINS_PER_CYCLE: usize = 32;
 /// may have grown ([`Engine::freed_generation`](crate::engine::Engine::freed_generation)):
 /// "unschedulable until capacity changes", an O(1) answer on a deep queue.
 fn find(s: &mut Scheduler, q: &Queued, req: &Request, pool: PoolId) -> Option<crate::state::Placement> {
-    let generation = s.engine.freed_generation(pool);
-    if s.unfit.get(&q.key).is_some_and(|v| v.contains(&(pool, generation))) {
+    if known_unfit(s, q, pool) {
         return None;
     }
     let found = s.engine.find(req);
     if found.is_none() && !s.engine.blocking() {
+        let generation = s.engine.freed_generation(pool);
         let v = s.unfit.entry(q.key.clone()).or_default();
         v.retain(|(p, _)| *p != pool);
         v.push((pool, generation));
     }
     found
+}
+
+/// Whether `q`'s capacity key found no room in `pool` and nothing was freed there since.
+fn known_unfit(s: &Scheduler, q: &Queued, pool: PoolId) -> bool {
+    let generation = s.engine.freed_generation(pool);
+    s.unfit.get(&q.key).is_some_and(|v| v.contains(&(pool, generation)))
 }
 
 /// Whether `q` would fit somewhere in its scope if no node were held for others.

@@ -166,18 +166,19 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
         let e = over.expect("every pool is over a limit");
         (waits_or_refuses, Some("quota"), Some(e.to_string()), None, None)
     } else {
-        let mut within: Vec<PoolId> = admitted.iter().map(|(p, _)| *p).collect();
-        // The engine's own order: dedicated pools first, then MIG, then shared ones.
-        within.sort_by_key(|&p| match f.pool(p).sharing {
-            Sharing::Whole => 0,
-            Sharing::Mig => 1,
-            Sharing::Shared => 2,
-        });
         let placed = match &snap.trial {
-            Some(trial) => place(trial, f, &c.request, &b.tenant, &within).map_err(|u| {
-                let code = if u.is_constraint() { "refused" } else { waits_or_refuses };
-                (code, u.code(), u.to_string())
-            }),
+            Some(trial) => {
+                // The pools within the tenant's limits, in the engine's own order.
+                let within: Vec<PoolId> = trial
+                    .scope(&c.request)
+                    .into_iter()
+                    .filter(|p| admitted.iter().any(|(q, _)| q == p))
+                    .collect();
+                place(trial, f, &c.request, &b.tenant, &within).map_err(|u| {
+                    let code = if u.is_constraint() { "refused" } else { waits_or_refuses };
+                    (code, u.code(), u.to_string())
+                })
+            }
             None => Err((
                 waits_or_refuses,
                 "no-capacity",

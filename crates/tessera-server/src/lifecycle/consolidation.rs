@@ -20,8 +20,8 @@ use std::collections::HashMap;
 
 use tessera_domain::{Input, Phase, PreemptCode, ReasonCode, WorkloadId};
 
+use super::Core;
 use super::commit::Batch;
-use super::{Core, NewWorkload};
 
 /// Services being moved by consolidation.
 #[derive(Default)]
@@ -132,15 +132,7 @@ impl Core {
             self.sched.move_failed(old.0);
             return;
         };
-        let nw = NewWorkload {
-            spec: l.w.spec.clone(),
-            request: l.request.clone(),
-            actor: format!("consolidation for workload {by}"),
-            role: "platform-admin".into(),
-            idempotency: None,
-            received_at: now,
-            audit: None,
-        };
+        let nw = l.replacement(format!("consolidation for workload {by}"), now);
         match self.accept_as(nw, Some(old), batch, now).await {
             Ok((new, _)) => {
                 self.metrics.consolidation_move("replace");

@@ -129,6 +129,20 @@ impl Live {
         (self.util.1 > 0.0).then(|| self.util.0 / self.util.1)
     }
 
+    /// A new workload with this one's spec and request, submitted by the control plane itself
+    /// (a service moved by a drain or by consolidation: the replacement starts first).
+    fn replacement(&self, actor: String, now: i64) -> NewWorkload {
+        NewWorkload {
+            spec: self.w.spec.clone(),
+            request: self.request.clone(),
+            actor,
+            role: "platform-admin".into(),
+            idempotency: None,
+            received_at: now,
+            audit: None,
+        }
+    }
+
     fn job(&self) -> Job {
         Job {
             id: self.w.id.0,

@@ -19,7 +19,7 @@ use tessera_domain::{Input, Kind, Phase, PreemptCode, ReasonCode, WorkloadId};
 use tessera_store::{DrainRecord, NodeStateRecord, ServiceMoveRecord};
 
 use super::commit::Batch;
-use super::{Core, LifecycleError, NewWorkload};
+use super::{Core, LifecycleError};
 
 /// What an admin asks of a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -334,15 +334,7 @@ impl Core {
             return;
         }
         let Some(l) = self.live.get(&old) else { return };
-        let nw = NewWorkload {
-            spec: l.w.spec.clone(),
-            request: l.request.clone(),
-            actor: format!("drain of {node}"),
-            role: "platform-admin".into(),
-            idempotency: None,
-            received_at: now,
-            audit: None,
-        };
+        let nw = l.replacement(format!("drain of {node}"), now);
         match self.accept(nw, batch, now).await {
             Ok((new, _)) => {
                 // Stored before the replacement's batch commits: should that commit fail, the

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tessera_backend::GpuSample;
 use tessera_domain::{GpuSpec, Phase, Reason, ReasonCode, Workload, WorkloadId};
-use tessera_model::{Fleet, GpuUnits, Request, TenantId};
+use tessera_model::{Fleet, GpuUnits, PoolId, Request, TenantId};
 use tessera_sched::cycle::{Quota, Scheduler};
 use tessera_sched::{Engine, Grant, Placement, Unplaceable};
 
@@ -92,9 +92,9 @@ pub struct Waiting {
 }
 
 /// A copy of the scheduler's placement engine as of the last full snapshot (every second, or
-/// within 50 ms of a queue change; copied only when the engine changed), for dry runs: [`Trial::plan`] asks the engine's own `plan` on it — the code
-/// path of a real placement, with the same fences, MIG layouts and reservations — without
-/// touching the loop's engine.
+/// within 50 ms of a queue change; copied only when the engine changed), for dry runs:
+/// [`Trial::plan`] asks the engine's own `plan` on it — the code path of a real placement,
+/// with the same fences, MIG layouts and reservations — without touching the loop's engine.
 pub struct Trial {
     engine: Mutex<Engine>,
     tenants: HashMap<String, TenantId>,
@@ -114,6 +114,15 @@ impl Trial {
             engine: Mutex::new(engine),
             tenants,
         }
+    }
+
+    /// The pools the engine would try for `req`, in its order (none if no pool serves it).
+    pub fn scope(&self, req: &Request) -> Vec<PoolId> {
+        self.engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .scope(req)
+            .unwrap_or_default()
     }
 
     /// Where `req` of `tenant` would be placed now, or why not (the engine's typed reason).
