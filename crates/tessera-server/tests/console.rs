@@ -717,6 +717,61 @@ async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_e
     assert!(to.starts_with("/console/workloads/"), "{to}");
     let detail = b.get(format!("{base}{to}")).send().await.unwrap().text().await.unwrap();
     assert!(detail.contains("MIG 1g.10gb"), "{detail}");
+    assert!(detail.contains("batch, never moved"), "{detail}");
+    // Movable: offered on the form, checked by the API's rules (by kind and lease), shown on
+    // the workload's page.
+    assert!(page.contains("id=\"f-movable\"") && page.contains("<option value=\"replace\""));
+    let with = |kind: &str, movable: &str, hours: &str| {
+        let mut f = form("svc", hours);
+        f.push(("kind", kind.to_string()));
+        f.push(("movable", movable.to_string()));
+        f
+    };
+    for (kind, movable, hours, says) in [
+        ("batch", "replace", "1", "`replace` is for services"),
+        ("service", "replace", "2", "without a lease"),
+        ("service", "restart", "", "`restart` is for batch work"),
+        ("batch", "sometimes", "1", "choose from the list"),
+    ] {
+        let bad = post("/console/request/preview", with(kind, movable, hours), Some(&csrf))
+            .await
+            .unwrap();
+        assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY, "{kind} {movable}");
+        let bad = bad.text().await.unwrap();
+        assert!(
+            bad.contains("id=\"movable-error\"") && bad.contains(says) && bad.contains("aria-invalid=\"true\""),
+            "{kind} {movable}: {bad}"
+        );
+    }
+    let p = post("/console/request/preview", with("service", "replace", ""), Some(&csrf))
+        .await
+        .unwrap();
+    assert_eq!(p.status(), StatusCode::OK);
+    assert!(p.text().await.unwrap().contains("id=\"submit-button\""));
+    let s = post("/console/request", with("service", "replace", ""), Some(&csrf))
+        .await
+        .unwrap();
+    assert_eq!(s.status(), StatusCode::NO_CONTENT);
+    let to = s.headers()["hx-redirect"].to_str().unwrap().to_string();
+    let id: u64 = to.trim_start_matches("/console/workloads/").parse().unwrap();
+    let w: Value = api
+        .get(format!("{base}/api/v1/workloads/{id}"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (w["kind"].as_str(), w["movable"].as_str()),
+        (Some("service"), Some("replace"))
+    );
+    let detail = b.get(format!("{base}{to}")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        detail.contains("service, movable: may be replaced elsewhere"),
+        "{detail}"
+    );
     // A viewer sees the form without the button and cannot preview or submit.
     let v = browser();
     let vcsrf = sign_in(&v, &base, &viewer).await;

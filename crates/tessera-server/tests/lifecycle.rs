@@ -23,7 +23,7 @@ use tessera_sched::Engine;
 use tessera_sched::cycle::{ConsolidationConfig, GovernConfig, Scheduler};
 use tessera_server::lifecycle::{self, Lifecycle, NewWorkload, Settings, placement};
 use tessera_server::metrics::Metrics;
-use tessera_store::Store;
+use tessera_store::{MoveCause, Store};
 use tessera_store_postgres::PgStore;
 use tessera_store_sqlite::SqliteStore;
 use tessera_testdb::Db;
@@ -873,7 +873,75 @@ fn consolidation_replaces_a_movable_service_replacement_first() {
     });
 }
 
+/// A restart in the middle of a service's consolidation move continues it: the stored move
+/// brings the pairing back, no second replacement is created, the original stops once the
+/// replacement runs, the request it made room for runs, and the stored move is cleared.
+fn consolidation_continues_a_service_move_after_a_restart(db: Db) {
+    let w = World::new("replace-restart", SimMode::Exact, db);
+    let (rt, lc, store) = w.boot_with(consolidation(2));
+    let (kept, big, mv) = rt.block_on(async {
+        let kept = fragment(&lc, &w.fleet, 2, Kind::Service, Some(Movable::Replace)).await;
+        // The replacement is created and placed but does not start before the crash.
+        w.gate.hold_start.store(true, Ordering::SeqCst);
+        let big = submit(
+            &lc,
+            &w.fleet,
+            spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "standard"),
+        )
+        .await;
+        for _ in 0..400 {
+            let moves = store.service_moves().await.unwrap();
+            if let [m] = moves.as_slice()
+                && store
+                    .get_workload(m.replacement, None)
+                    .await
+                    .unwrap()
+                    .is_some_and(|r| r.placement.is_some())
+            {
+                return (kept, big.id, m.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("no stored consolidation move: {:?}", store.service_moves().await);
+    });
+    assert_eq!(mv.cause, MoveCause::Consolidation);
+    assert_eq!(mv.by, Some(big));
+    assert!(kept.contains(&mv.old), "{mv:?} moves one of {kept:?}");
+    rt.shutdown_background();
+
+    w.gate.hold_start.store(false, Ordering::SeqCst);
+    let (rt, lc, store) = w.boot_with(consolidation(2));
+    rt.block_on(async {
+        let r = wait_phase(&lc, mv.replacement, Phase::Running).await;
+        let stopped = wait_phase(&lc, mv.old, Phase::Preempted).await;
+        assert_eq!(stopped.reason.as_ref().unwrap().code, ReasonCode::Consolidation);
+        assert_eq!(r.spec, stopped.spec);
+        assert!(r.running_at.unwrap() <= stopped.ended_at.unwrap());
+        wait_phase(&lc, big, Phase::Running).await;
+        assert!(store.service_moves().await.unwrap().is_empty(), "the move is cleared");
+        // No second replacement: the service that stayed and the replacement, nothing else.
+        let services: Vec<WorkloadId> = store
+            .active_workloads()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|x| x.spec.kind == Kind::Service)
+            .map(|x| x.id)
+            .collect();
+        let other = *kept.iter().find(|id| **id != mv.old).unwrap();
+        assert_eq!(services, vec![other, mv.replacement]);
+    });
+}
+
 mod consolidation {
+    #[test]
+    fn continues_a_service_move_after_a_restart_sqlite() {
+        super::consolidation_continues_a_service_move_after_a_restart(tessera_testdb::Db::Sqlite);
+    }
+    #[test]
+    fn continues_a_service_move_after_a_restart_postgres() {
+        super::consolidation_continues_a_service_move_after_a_restart(tessera_testdb::Db::Postgres);
+    }
     #[test]
     fn moves_movable_restartable_work_within_the_budget() {
         super::consolidation_moves_movable_restartable_work();

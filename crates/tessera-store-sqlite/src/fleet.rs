@@ -3,8 +3,8 @@
 use async_trait::async_trait;
 use tessera_domain::WorkloadId;
 use tessera_store::{
-    DrainRecord, FleetStore, GpuHealthRecord, GpuMigRecord, HealthCause, NodeStateRecord, Result, ServiceMoveRecord,
-    StoreError,
+    DrainRecord, FleetStore, GpuHealthRecord, GpuMigRecord, HealthCause, MoveCause, NodeStateRecord, Result,
+    ServiceMoveRecord, StoreError,
 };
 
 use crate::{SqliteStore, col, db, i64_of, narrow, narrow_opt, u64_of};
@@ -143,12 +143,14 @@ impl FleetStore for SqliteStore {
 
     async fn set_service_move(&self, r: &ServiceMoveRecord) -> Result<()> {
         sqlx::query(
-            "INSERT INTO service_moves (old_id, replacement_id, node) VALUES ($1, $2, $3) \
-             ON CONFLICT (old_id) DO UPDATE SET replacement_id = $2, node = $3",
+            "INSERT INTO service_moves (old_id, replacement_id, node, cause, by_id) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (old_id) DO UPDATE SET replacement_id = $2, node = $3, cause = $4, by_id = $5",
         )
         .bind(i64_of(r.old.0))
         .bind(i64_of(r.replacement.0))
         .bind(&r.node)
+        .bind(r.cause.as_str())
+        .bind(r.by.map(|b| i64_of(b.0)))
         .execute(&self.pool)
         .await
         .map_err(db)?;
@@ -165,7 +167,7 @@ impl FleetStore for SqliteStore {
     }
 
     async fn service_moves(&self) -> Result<Vec<ServiceMoveRecord>> {
-        let rows = sqlx::query("SELECT old_id, replacement_id, node FROM service_moves ORDER BY old_id")
+        let rows = sqlx::query("SELECT old_id, replacement_id, node, cause, by_id FROM service_moves ORDER BY old_id")
             .fetch_all(&self.pool)
             .await
             .map_err(db)?;
@@ -175,6 +177,12 @@ impl FleetStore for SqliteStore {
                     old: WorkloadId(u64_of(col(r, "old_id")?)),
                     replacement: WorkloadId(u64_of(col(r, "replacement_id")?)),
                     node: col(r, "node")?,
+                    cause: {
+                        let c: String = col(r, "cause")?;
+                        MoveCause::parse(&c)
+                            .ok_or_else(|| StoreError::Corrupt(format!("column `cause`: unknown `{c}`")))?
+                    },
+                    by: col::<Option<i64>>(r, "by_id")?.map(|b| WorkloadId(u64_of(b))),
                 })
             })
             .collect()

@@ -11,7 +11,9 @@ use tessera_domain::{
     WorkloadId, WorkloadSpec,
 };
 use tessera_model::GpuUnits;
-use tessera_store::{AuditRecord, AuditStore, Change, StoreError, WorkloadStore};
+use tessera_store::{
+    AuditRecord, AuditStore, Change, FleetStore, MoveCause, ServiceMoveRecord, StoreError, WorkloadStore,
+};
 use tessera_store_sqlite::{MIGRATOR, SqliteStore};
 
 /// A fresh directory under cargo's scratch space for integration tests.
@@ -397,4 +399,29 @@ async fn a_version_1_document_that_cannot_be_converted_converts_nothing() {
     pool.close().await;
     let store = SqliteStore::open_dir(&dir).await.unwrap();
     assert_eq!(store.active_workloads().await.unwrap().len(), 2);
+}
+
+/// A service move stored before moves recorded their cause (schema version 10) was a drain's:
+/// the upgraded store reads it back as one, with no request it makes room for.
+#[tokio::test]
+async fn service_moves_of_version_10_read_back_as_drains() {
+    let dir = fresh_dir("moves-v10");
+    let pool = raw_pool(&dir).await;
+    MIGRATOR.run_to(10, &pool).await.unwrap();
+    sqlx::query("INSERT INTO service_moves (old_id, replacement_id, node) VALUES (4, 9, 'h100-01')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let store = SqliteStore::open_dir(&dir).await.unwrap();
+    assert_eq!(
+        store.service_moves().await.unwrap(),
+        vec![ServiceMoveRecord {
+            old: WorkloadId(4),
+            replacement: WorkloadId(9),
+            node: "h100-01".into(),
+            cause: MoveCause::Drain,
+            by: None,
+        }]
+    );
 }

@@ -23,9 +23,9 @@ use tessera_model::GpuUnits;
 
 use crate::{
     AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, ImagePolicyRecord,
-    NodeStateRecord, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation, RolloutNodeRecord,
-    RolloutNodeState, RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError, TenantRecord, TokenRecord,
-    UsageInterval, WorkloadFilter,
+    MoveCause, NodeStateRecord, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation,
+    RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError,
+    TenantRecord, TokenRecord, UsageInterval, WorkloadFilter,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
@@ -1855,15 +1855,30 @@ pub async fn drains_and_service_moves(s: &dyn Store) {
         old: WorkloadId(old),
         replacement: WorkloadId(new),
         node: "h100-03".into(),
+        cause: MoveCause::Drain,
+        by: None,
+    };
+    // A consolidation move keeps the request it makes room for; an upsert replaces every field.
+    let consolidation = |old: u64, new: u64, by: u64| ServiceMoveRecord {
+        node: "h100-05".into(),
+        cause: MoveCause::Consolidation,
+        by: Some(WorkloadId(by)),
+        ..mv(old, new)
     };
     assert!(s.service_moves().await.unwrap().is_empty());
     s.set_service_move(&mv(9, 12)).await.unwrap();
     s.set_service_move(&mv(3, 10)).await.unwrap();
-    s.set_service_move(&mv(9, 13)).await.unwrap();
-    assert_eq!(s.service_moves().await.unwrap(), vec![mv(3, 10), mv(9, 13)]);
+    s.set_service_move(&consolidation(9, 13, u64::from(u32::MAX) + 7))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.service_moves().await.unwrap(),
+        vec![mv(3, 10), consolidation(9, 13, u64::from(u32::MAX) + 7)]
+    );
     assert!(s.clear_service_move(WorkloadId(3)).await.unwrap());
     assert!(!s.clear_service_move(WorkloadId(3)).await.unwrap());
-    assert_eq!(s.service_moves().await.unwrap(), vec![mv(9, 13)]);
+    s.set_service_move(&mv(9, 14)).await.unwrap();
+    assert_eq!(s.service_moves().await.unwrap(), vec![mv(9, 14)]);
 }
 
 /// Rollouts get increasing ids from the store, round-trip every field of theirs and of their

@@ -487,13 +487,45 @@ pub struct DrainRecord {
     pub preempt: bool,
 }
 
-/// A service being moved off a draining node: the replacement runs before the old one stops.
+/// A service being moved — off a draining node, or by consolidation so that a waiting request
+/// fits: the replacement runs before the old one stops. Stored when the replacement is
+/// created, cleared when the move ends (the replacement runs and the old one stops, or the
+/// replacement ends before it runs), so that a restart mid-move neither starts a second
+/// replacement nor leaves both running.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceMoveRecord {
     pub old: WorkloadId,
     pub replacement: WorkloadId,
-    /// The node being drained.
+    /// The node the service is moved off (the node being drained, or where it ran).
     pub node: String,
+    /// Why it moves.
+    pub cause: MoveCause,
+    /// The request the move makes room for (consolidation only).
+    pub by: Option<WorkloadId>,
+}
+
+/// Why a service is being moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MoveCause {
+    /// Its node is drained.
+    Drain,
+    /// Consolidation: a request waiting for fragmented capacity fits once it moves.
+    Consolidation,
+}
+
+impl MoveCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveCause::Drain => "drain",
+            MoveCause::Consolidation => "consolidation",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [MoveCause::Drain, MoveCause::Consolidation]
+            .into_iter()
+            .find(|c| c.as_str() == s)
+    }
 }
 
 /// Fleet operations: unhealthy GPUs, operator node states, drains and service moves, all

@@ -228,6 +228,8 @@ struct WorkloadLive {
     w: Row,
     priority: String,
     units: String,
+    /// The kind, and whether and how consolidation may move it, in words.
+    kind: String,
     steps: Vec<Step>,
     can_cancel: bool,
     /// The tail of the captured output; `None` when the backend keeps no logs.
@@ -300,6 +302,15 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
         w: r,
         priority: w.priority.clone(),
         units: w.units.clone(),
+        kind: format!(
+            "{}, {}",
+            w.kind.as_str(),
+            match w.movable {
+                None => "never moved",
+                Some(tessera_api::MovableMode::Restart) => "movable: may be stopped and requeued to make room",
+                Some(tessera_api::MovableMode::Replace) => "movable: may be replaced elsewhere (replacement first)",
+            }
+        ),
         can_cancel,
         logs,
         logs_note,

@@ -1,5 +1,5 @@
-//! The request form: project, name, pool → model → shape, duration and priority, where each
-//! choice offered is valid for the ones before it (the dependent selects are re-rendered by an
+//! The request form: project, name, pool → model → shape, duration, priority, kind and whether
+//! consolidation may move the workload, where each choice offered is valid for the ones before it (the dependent selects are re-rendered by an
 //! htmx fragment when the pool or model changes). "Preview" answers the API's dry run — cost,
 //! quotas, budget, whether it would start, borrow, wait or be refused — and only the preview
 //! offers the button that submits. Values are checked by the API's own rules and handlers; a
@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tessera_api::rules::Validate;
-use tessera_api::{CreateWorkload, DryRun, GpuShape, WorkloadKind};
+use tessera_api::{CreateWorkload, DryRun, GpuShape, MovableMode, WorkloadKind};
 use tessera_model::{Fleet, PoolId, Sharing};
 
 use super::{Caller, Chrome, html};
@@ -40,6 +40,12 @@ pub struct Form {
     pub duration_h: String,
     #[serde(default)]
     pub priority: String,
+    /// `batch` (the default), `service` or `interactive`.
+    #[serde(default)]
+    pub kind: String,
+    /// `none` (the default: never moved), `restart` (batch work) or `replace` (services).
+    #[serde(default)]
+    pub movable: String,
 }
 
 /// One `<option>`.
@@ -149,6 +155,8 @@ pub struct FormView {
     pub projects: Vec<Opt>,
     pub dep: Dependent,
     pub priorities: Vec<Opt>,
+    pub kinds: Vec<Opt>,
+    pub movables: Vec<Opt>,
     pub errors: BTreeMap<&'static str, String>,
     pub preview: Option<DryRun>,
     pub can_submit: bool,
@@ -200,11 +208,40 @@ async fn view(s: &AppState, c: &Caller, v: Form) -> Result<FormView, ApiError> {
     let dep = dependent(&s.fleet, &v.pool, &v.model, &v.shape);
     let priority = if v.priority.is_empty() { "standard" } else { &v.priority };
     let priorities = opts(s.priorities.iter().map(|p| (p.clone(), p.clone())), priority);
+    let pairs = |xs: &[(&str, &str)]| {
+        xs.iter()
+            .map(|(v, l)| (v.to_string(), l.to_string()))
+            .collect::<Vec<_>>()
+    };
+    let kinds = opts(
+        pairs(&[
+            ("batch", "batch: runs to completion"),
+            ("service", "service: runs until stopped"),
+            ("interactive", "interactive: a session"),
+        ]),
+        &v.kind,
+    );
+    let movables = opts(
+        pairs(&[
+            ("none", "never: it stays where it starts"),
+            (
+                "restart",
+                "restart (batch work): may be stopped and requeued so that a waiting request fits",
+            ),
+            (
+                "replace",
+                "replace (services without a lease): a replacement starts elsewhere first",
+            ),
+        ]),
+        &v.movable,
+    );
     Ok(FormView {
         v,
         projects,
         dep,
         priorities,
+        kinds,
+        movables,
         errors: BTreeMap::new(),
         preview: None,
         can_submit: c.id.is_admin() || c.id.role != crate::auth::Role::Viewer,
@@ -270,11 +307,23 @@ fn to_api(v: &Form) -> Result<CreateWorkload, (&'static str, String)> {
             Some((hours * 3600.0).round() as i64)
         }
     };
+    let kind = match v.kind.as_str() {
+        "" | "batch" => WorkloadKind::Batch,
+        "service" => WorkloadKind::Service,
+        "interactive" => WorkloadKind::Interactive,
+        _ => return Err(("kind", "choose a kind from the list".to_string())),
+    };
+    let movable = match v.movable.as_str() {
+        "" | "none" => None,
+        "restart" => Some(MovableMode::Restart),
+        "replace" => Some(MovableMode::Replace),
+        _ => return Err(("movable", "choose from the list".to_string())),
+    };
     Ok(CreateWorkload {
         tenant: tenant.to_string(),
         project: project.to_string(),
         name: v.name.trim().to_string(),
-        kind: WorkloadKind::default(),
+        kind,
         shape,
         cpu_milli: None,
         memory_mib: None,
@@ -285,7 +334,7 @@ fn to_api(v: &Form) -> Result<CreateWorkload, (&'static str, String)> {
         priority: Some(v.priority.clone()).filter(|p| !p.is_empty()),
         no_wait: false,
         no_requeue: false,
-        movable: None,
+        movable,
     })
 }
 
@@ -296,6 +345,8 @@ fn form_field(api: &str) -> &'static str {
         "tenant" | "project" => "project",
         "priority" => "priority",
         "duration_s" => "duration_h",
+        "kind" => "kind",
+        "movable" => "movable",
         "shape.pool" => "pool",
         "shape.models" => "model",
         _ => "shape",

@@ -13,12 +13,15 @@
 //!
 //! Both show in the workload's timeline (a `preempted` step with code `consolidation`, a
 //! notice naming the replacement) and count in `tessera_consolidation_moves_total{how}`.
-//! Moves in progress are kept in memory only: after a restart or a rebuild from the store, a
-//! service and its replacement both keep running.
+//! A service move is stored (a `ServiceMoveRecord` with cause `consolidation`) when its
+//! replacement is created and cleared when the move ends, whichever way: a restart or a
+//! rebuild from the store in between continues it — no second replacement, and the original
+//! stops once the replacement runs.
 
 use std::collections::HashMap;
 
 use tessera_domain::{Input, Phase, PreemptCode, ReasonCode, WorkloadId};
+use tessera_store::{MoveCause, ServiceMoveRecord};
 
 use super::Core;
 use super::commit::Batch;
@@ -29,13 +32,24 @@ pub(super) struct Moves {
     /// Services whose replacement the scheduler booked and the loop has yet to create, with
     /// the request each move makes room for.
     pending: Vec<(WorkloadId, u64)>,
-    /// Services whose replacement is starting: original → replacement.
-    replacing: HashMap<WorkloadId, WorkloadId>,
+    /// Services whose replacement is starting: original → (replacement, the request the move
+    /// makes room for).
+    replacing: HashMap<WorkloadId, (WorkloadId, Option<WorkloadId>)>,
 }
 
 impl Moves {
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty() && self.replacing.is_empty()
+    }
+
+    /// A move read back from the store (recovery).
+    pub fn restore(&mut self, old: WorkloadId, replacement: WorkloadId, by: Option<WorkloadId>) {
+        self.replacing.insert(old, (replacement, by));
+    }
+
+    /// The services being moved.
+    pub fn originals(&self) -> Vec<WorkloadId> {
+        self.replacing.keys().copied().collect()
     }
 }
 
@@ -87,18 +101,20 @@ impl Core {
             self.start_replacement(old, by, batch, now).await;
         }
         let grace_s = self.settings.grace.as_secs();
-        let moves: Vec<(WorkloadId, WorkloadId)> = self.moves.replacing.iter().map(|(o, n)| (*o, *n)).collect();
-        for (old, new) in moves {
+        let mut moves: Vec<_> = self.moves.replacing.iter().map(|(o, (n, by))| (*o, *n, *by)).collect();
+        moves.sort_unstable();
+        for (old, new, by) in moves {
             match self.live.get(&new).map(|l| l.w.phase) {
                 Some(Phase::Running) => {
-                    self.moves.replacing.remove(&old);
+                    self.end_consolidation_move(old).await;
+                    let why = by.map(|b| format!(" so that workload {b} fits")).unwrap_or_default();
                     self.apply(
                         old,
                         Input::Preempt {
                             at: now,
                             by: new,
                             code: PreemptCode::Consolidation,
-                            detail: format!("moved by consolidation: replacement workload {new} runs"),
+                            detail: format!("moved by consolidation{why}: replacement workload {new} runs"),
                             grace_s,
                         },
                         batch,
@@ -109,7 +125,7 @@ impl Core {
                 // The replacement ended or went back to the queue before it ran: the original
                 // stays, and the job it was to make room for searches again.
                 _ => {
-                    self.moves.replacing.remove(&old);
+                    self.end_consolidation_move(old).await;
                     self.sched.move_failed(old.0);
                     self.apply(
                         old,
@@ -126,6 +142,15 @@ impl Core {
         }
     }
 
+    /// Ends the move of `old`, in memory and in the store.
+    async fn end_consolidation_move(&mut self, old: WorkloadId) {
+        if self.moves.replacing.remove(&old).is_some()
+            && let Err(e) = self.store.clear_service_move(old).await
+        {
+            tracing::error!(%old, error = %e, "cannot forget a consolidation move in the store");
+        }
+    }
+
     /// Creates the replacement of service `old` on the capacity booked for it.
     async fn start_replacement(&mut self, old: WorkloadId, by: u64, batch: &mut Batch, now: i64) {
         let Some(l) = self.live.get(&old).filter(|l| l.w.phase == Phase::Running) else {
@@ -133,10 +158,24 @@ impl Core {
             return;
         };
         let nw = l.replacement(format!("consolidation for workload {by}"), now);
+        let from = l.w.placement.as_ref().map(|p| p.node.clone()).unwrap_or_default();
         match self.accept_as(nw, Some(old), batch, now).await {
             Ok((new, _)) => {
+                // Stored before the replacement's batch commits: should that commit fail, the
+                // recovery finds no replacement and ends the move (the original stays); a
+                // restart after it finds this pairing and waits for the replacement to run.
+                let rec = ServiceMoveRecord {
+                    old,
+                    replacement: new,
+                    node: from,
+                    cause: MoveCause::Consolidation,
+                    by: Some(WorkloadId(by)),
+                };
+                if let Err(e) = self.store.set_service_move(&rec).await {
+                    tracing::error!(%old, %new, error = %e, "cannot store a consolidation move");
+                }
                 self.metrics.consolidation_move("replace");
-                self.moves.replacing.insert(old, new);
+                self.moves.replacing.insert(old, (new, Some(WorkloadId(by))));
                 let node = self
                     .live
                     .get(&new)

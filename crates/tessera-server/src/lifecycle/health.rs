@@ -233,7 +233,16 @@ impl Core {
             .map(|d| (d.node.clone(), d))
             .collect();
         for m in self.store.service_moves().await? {
-            self.drains.moves.insert(m.old, m.replacement);
+            match m.cause {
+                tessera_store::MoveCause::Drain => {
+                    self.drains.moves.insert(m.old, m.replacement);
+                }
+                // Continued by the consolidation step: the original stops once its
+                // replacement runs (see `consolidation`).
+                tessera_store::MoveCause::Consolidation => {
+                    self.moves.restore(m.old, m.replacement, m.by);
+                }
+            }
         }
         for r in self.store.rollouts().await? {
             ops.rollouts.insert(r.id, r);

@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tessera_domain::{Input, Kind, Phase, PreemptCode, ReasonCode, WorkloadId};
-use tessera_store::{DrainRecord, NodeStateRecord, ServiceMoveRecord};
+use tessera_store::{DrainRecord, MoveCause, NodeStateRecord, ServiceMoveRecord};
 
 use super::commit::Batch;
 use super::{Core, LifecycleError};
@@ -344,6 +344,8 @@ impl Core {
                     old,
                     replacement: new,
                     node: node.to_string(),
+                    cause: MoveCause::Drain,
+                    by: None,
                 };
                 if let Err(e) = self.store.set_service_move(&rec).await {
                     tracing::error!(%old, %new, error = %e, "cannot store a service move");

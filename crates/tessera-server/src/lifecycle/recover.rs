@@ -23,8 +23,7 @@ use tessera_sched::cycle::Quota;
 impl Core {
     pub(super) async fn recover(&mut self) -> Result<(), StoreError> {
         self.sched = self.fresh_scheduler();
-        // Moves in progress are not stored: after a rebuild the original and its replacement
-        // both run (see `consolidation`).
+        // Consolidation moves in progress come back from the store with the fleet operations.
         self.moves = Default::default();
         self.restore_ops().await?;
         self.live.clear();
@@ -125,6 +124,11 @@ impl Core {
                 }
             }
             self.live.insert(id, live);
+        }
+        // A service being moved by consolidation is on its way out: no new move or preemption
+        // picks it again while its replacement starts.
+        for old in self.moves.originals() {
+            self.sched.stopping(old.0);
         }
         let mut batch = Batch::default();
         for (id, detail) in &invalid {
