@@ -2,6 +2,8 @@
 //! shape, and the free milli left on GPUs by amount (for policy work).
 //!
 //! `cargo run -p tessera-sched --release --example openb_why -- [FILE] [SEED] [POLICY]`
+//! With `COMPOSITION=1`, also the GPUs holding fractions at arrived 100 % by the multiset of
+//! fractions on them, with the free milli each combination leaves (where the pairing wastes).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -92,5 +94,35 @@ fn main() {
     }
     for (m, (f, c)) in by_model {
         println!("  {m}: free {f} of {c}");
+    }
+    if std::env::var("COMPOSITION").is_ok() {
+        // (fractions on the GPU, largest first) -> GPUs
+        let mut combos: BTreeMap<Vec<u16>, u64> = BTreeMap::new();
+        for st in &engine.state().nodes {
+            for g in &st.gpus {
+                let mut shares: Vec<u16> = g
+                    .holders
+                    .iter()
+                    .filter_map(|id| match engine.allocation(*id)?.grant {
+                        tessera_sched::Grant::Fraction { milli, .. } => Some(milli),
+                        _ => None,
+                    })
+                    .collect();
+                if shares.is_empty() {
+                    continue;
+                }
+                shares.sort_unstable_by(|a, b| b.cmp(a));
+                *combos.entry(shares).or_default() += 1;
+            }
+        }
+        let mut rows: Vec<_> = combos.into_iter().collect();
+        rows.sort_by_key(|(s, c)| std::cmp::Reverse(c * (1000 - s.iter().sum::<u16>()) as u64));
+        println!("GPUs with fractions by combination (free milli, GPUs, total free):");
+        for (s, c) in rows {
+            let free = 1000 - s.iter().sum::<u16>();
+            if free > 0 {
+                println!("  {s:?}: {free} x {c} = {}", free as u64 * c);
+            }
+        }
     }
 }
