@@ -2,7 +2,7 @@
 //! shape, and the free milli left on GPUs by amount (for policy work).
 //!
 //! `cargo run -p tessera-sched --release --example openb_why -- [FILE] [SEED] [POLICY]`
-//! With `COMPOSITION=1`, also the GPUs holding fractions at arrived 100 % by the multiset of
+//! `PAIR_WEIGHT=x` sets the `tessera` policy's pairing weight. With `COMPOSITION=1`, also the GPUs holding fractions at arrived 100 % by the multiset of
 //! fractions on them, with the free milli each combination leaves (where the pairing wastes).
 
 use std::collections::BTreeMap;
@@ -11,7 +11,8 @@ use std::sync::Arc;
 use tessera_model::Fleet;
 use tessera_sched::Engine;
 use tessera_sched::engine::demand_of;
-use tessera_sched::policy::Demand;
+use tessera_sched::policy::{Demand, WorkloadModel};
+use tessera_sched::tessera::TesseraPolicy;
 use tessera_sched::replay::{make_policy, parse_pods, workload};
 
 fn main() {
@@ -30,7 +31,15 @@ fn main() {
     let text = std::fs::read_to_string(format!("{dir}/openb_pod_list_{file}.csv")).unwrap();
     let pods = parse_pods(&text, file, &fleet.catalogue).unwrap();
     let prior: Vec<Demand> = pods.iter().filter_map(|p| demand_of(&p.request())).collect();
-    let mut engine = Engine::new(fleet.clone(), make_policy(policy, &prior).unwrap(), seed);
+    let policy_box: Box<dyn tessera_sched::policy::SharedPolicy> = match std::env::var("PAIR_WEIGHT") {
+        Ok(w) if policy == "tessera" => {
+            let mut p = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
+            p.set_pairing_weight(w.parse().unwrap());
+            Box::new(p)
+        }
+        _ => make_policy(policy, &prior).unwrap(),
+    };
+    let mut engine = Engine::new(fleet.clone(), policy_box, seed);
     let cap = fleet.gpu_count() * 1000;
     let order = workload(&pods, cap, seed);
     let mut arrived = 0u64;
