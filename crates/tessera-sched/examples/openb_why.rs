@@ -12,8 +12,8 @@ use tessera_model::Fleet;
 use tessera_sched::Engine;
 use tessera_sched::engine::demand_of;
 use tessera_sched::policy::{Demand, WorkloadModel};
-use tessera_sched::tessera::TesseraPolicy;
 use tessera_sched::replay::{make_policy, parse_pods, workload};
+use tessera_sched::tessera::TesseraPolicy;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
