@@ -39,12 +39,11 @@
 //!    GPU whose remainder the workload is likely to fill exactly rather than one that leaves a
 //!    size nothing common fits: on openb a 230-milli share goes to a 550's 450-milli gap
 //!    (which a 220 then completes) rather than to a 650's 350-milli one (120 left, which only
-//!    the rare ≤ 110-milli shares fit), and that 350 is kept for a 320. At weight 12 it gains
-//!    0.3 point over the random-fill term at weight 1 on the default file, and up to 0.9 on
-//!    the share-heavy ones (see the crate's
-//!    `openb_sweep` example). With random fills only and no scarcity, weights above 1 did
-//!    worse; a sum-of-squares balance of the pool's gap sizes (the online bin-packing rule)
-//!    was tried and dropped.
+//!    the rare ≤ 110-milli shares fit), and that 350 is kept for a 320. At weight 8 it gains
+//!    0.26 point over the random-fill term at weight 1 on the default file and up to 1.2 on
+//!    the share-heavy ones (see the crate's `openb_sweep` example). With random fills only
+//!    and no scarcity, weights above 1 did worse; a sum-of-squares balance of the pool's gap
+//!    sizes (the online bin-packing rule) was tried and dropped.
 //!
 //! Every weight in the measure is either learned from the workload model (class weights, CPU
 //! per milli-GPU per class and for the pool) or a named constant below; the score is a pure
@@ -67,18 +66,21 @@ const POOL_STRAND_WEIGHT: f64 = 1.0;
 const RESERVE_WEIGHT: f64 = 100.0;
 
 /// Weight of the pairing term (term 5) against FGD's fragmentation. With the filler scarcity
-/// and best fills below, 12 was best of 4-20 on the openb default file (10-20 within 0.04
-/// point of each other); with random fills only, 4-8 was best; with neither, 1 was best and 4
-/// already lost on the default file.
-const PAIRING_WEIGHT: f64 = 12.0;
+/// and best fills below, 8 was best over the openb files with published figures: 10-20 gain
+/// up to 0.02 point on the default file but lose 0.4 point and more on gpushare100 (shares
+/// there start GPUs of their own, waiting for completions that come only after arrived
+/// 100 %), 6 and less lose on the default file. With random fills only, 4-8 was best; with
+/// neither, 1 was best and 4 already lost on the default file.
+const PAIRING_WEIGHT: f64 = 8.0;
 
 /// Term 5: the share of fills that a random task makes (the rest are made by the class that
 /// completes the gap best). The policy steers each task to the gap it completes best, so a gap
 /// tends to get the task that suits it, not any task that fits; but not always (the suiting
-/// class may be rare or late). 0.25 was best of 0, 0.1, 0.25, 0.5, 0.75 and 1 on the openb
-/// default file; 0 (best fills only) did as well at weight 6-8 but collapsed at 10 and more
-/// (8.9 % at 16: each 470-milli share took a GPU of its own, waiting for an exact completion
-/// of its 530 out of rare sizes, instead of pairing with another 470).
+/// class may be rare or late). On the openb default file at weight 8: 0 and 0.1 gave 3.84 %,
+/// 0.25 3.86 %, 0.5 3.92 %, 1 (random fills only) 3.97 %; but 0 collapsed at weight 10 and
+/// more (8.9 % at 16: each 470-milli share took a GPU of its own, waiting for an exact
+/// completion of its 530 out of rare sizes, instead of pairing with another 470) and 0.1 at
+/// 16 (4.29 %), while 0.25 held to 20 (3.83-3.86 %): 0.25 for the margin.
 const RANDOM_FILL: f64 = 0.25;
 
 /// Term 5's filler scarcity: a gap that only a small share of the fractional tasks fit gets
@@ -86,9 +88,10 @@ const RANDOM_FILL: f64 = 0.25;
 /// those few tasks (on openb, some 1,000 190-milli remainders of 810-milli shares against the
 /// 1.5 % of tasks of 50-160 milli). The chance that a gap is filled at all is the weight of the
 /// classes that fit it over this fraction of the weight of all fractional classes, at most 1.
-/// 0.1 was best of 0.03, 0.06, 0.1 and 0.14 on the default file, on seeds 42-51 and 1-10
-/// alike (on openb it makes gaps of 230 milli and more sure to be filled, 160-220 milli gaps
-/// filled a third to half of the time).
+/// 0.1 was best of 0.03-0.14 on the default file with random fills only (seeds 42-51 and
+/// 1-10 alike), and of 0.05-0.2 with the best fills of [`RANDOM_FILL`] (0.075 as good). On
+/// openb it makes gaps of 230 milli and more sure to be filled, 160-220 milli gaps filled a
+/// third to half of the time.
 const FILLER_SCARCITY: f64 = 0.1;
 
 /// Tessera's fragmentation-aware policy for shared pools.
