@@ -449,14 +449,15 @@ mod tests {
         // The 100 gap counts as about half wasted (the 100s are 2/42 of the shares: filled
         // with chance 0.48) ...
         assert!((t.fill_any[100] - 100.0 * (1.0 - 20.0 / 42.0)).abs() < 1e-9);
-        // ... where the plain random fill counts every gap some class fits as filled: both
-        // choices would look perfect.
+        // ... where the earlier recurrence (random fills only, no scarcity) counts every gap
+        // some class fits as filled: both choices would look perfect.
         let mut plain = t.clone();
         plain.fill_any = plain_fill(&plain.model);
         assert_eq!(pairing(&plain), vec![0.0, 0.0]);
     }
 
-    /// `fill_values` without the filler scarcity, as a reference.
+    /// The earlier form of `fill_values` (random fills only, no filler scarcity), for
+    /// comparison.
     fn plain_fill(model: &WorkloadModel) -> Vec<f64> {
         let mut v = vec![0.0; 1001];
         for r in 1..=1000usize {
