@@ -2,6 +2,8 @@
 //! shape, and the free milli left on GPUs by amount (for policy work).
 //!
 //! `cargo run -p tessera-sched --release --example openb_why -- [FILE] [SEED] [POLICY]`
+//! `PAIR_WEIGHT=x` sets the `tessera` policy's pairing weight. With `COMPOSITION=1`, also the GPUs holding fractions at arrived 100 % by the multiset of
+//! fractions on them, with the free milli each combination leaves (where the pairing wastes).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,8 +11,9 @@ use std::sync::Arc;
 use tessera_model::Fleet;
 use tessera_sched::Engine;
 use tessera_sched::engine::demand_of;
-use tessera_sched::policy::Demand;
+use tessera_sched::policy::{Demand, WorkloadModel};
 use tessera_sched::replay::{make_policy, parse_pods, workload};
+use tessera_sched::tessera::TesseraPolicy;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -28,7 +31,15 @@ fn main() {
     let text = std::fs::read_to_string(format!("{dir}/openb_pod_list_{file}.csv")).unwrap();
     let pods = parse_pods(&text, file, &fleet.catalogue).unwrap();
     let prior: Vec<Demand> = pods.iter().filter_map(|p| demand_of(&p.request())).collect();
-    let mut engine = Engine::new(fleet.clone(), make_policy(policy, &prior).unwrap(), seed);
+    let policy_box: Box<dyn tessera_sched::policy::SharedPolicy> = match std::env::var("PAIR_WEIGHT") {
+        Ok(w) if policy == "tessera" => {
+            let mut p = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
+            p.set_pairing_weight(w.parse().unwrap());
+            Box::new(p)
+        }
+        _ => make_policy(policy, &prior).unwrap(),
+    };
+    let mut engine = Engine::new(fleet.clone(), policy_box, seed);
     let cap = fleet.gpu_count() * 1000;
     let order = workload(&pods, cap, seed);
     let mut arrived = 0u64;
@@ -92,5 +103,35 @@ fn main() {
     }
     for (m, (f, c)) in by_model {
         println!("  {m}: free {f} of {c}");
+    }
+    if std::env::var("COMPOSITION").is_ok() {
+        // (fractions on the GPU, largest first) -> GPUs
+        let mut combos: BTreeMap<Vec<u16>, u64> = BTreeMap::new();
+        for st in &engine.state().nodes {
+            for g in &st.gpus {
+                let mut shares: Vec<u16> = g
+                    .holders
+                    .iter()
+                    .filter_map(|id| match engine.allocation(*id)?.grant {
+                        tessera_sched::Grant::Fraction { milli, .. } => Some(milli),
+                        _ => None,
+                    })
+                    .collect();
+                if shares.is_empty() {
+                    continue;
+                }
+                shares.sort_unstable_by(|a, b| b.cmp(a));
+                *combos.entry(shares).or_default() += 1;
+            }
+        }
+        let mut rows: Vec<_> = combos.into_iter().collect();
+        rows.sort_by_key(|(s, c)| std::cmp::Reverse(c * (1000 - s.iter().sum::<u16>()) as u64));
+        println!("GPUs with fractions by combination (free milli, GPUs, total free):");
+        for (s, c) in rows {
+            let free = 1000 - s.iter().sum::<u16>();
+            if free > 0 {
+                println!("  {s:?}: {free} x {c} = {}", free as u64 * c);
+            }
+        }
     }
 }
