@@ -133,22 +133,19 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
     let pools = s.pools_for(&job.request);
     let units = job.request.units(&fleet.catalogue).as_milli();
     let budget = s.cfg.consolidation.moves_per_tenant_per_hour;
-    let left: HashMap<&str, u32> = s
-        .running
-        .values()
-        .map(|r| {
-            let used = moves_in_last_hour(s, &r.tenant, now);
-            (r.tenant.as_str(), budget.saturating_sub(used))
-        })
-        .collect();
+    // Moves left in each tenant's disruption budget, for the tenants of movable work only
+    // (looked up as they come: most running work is not movable).
+    let mut left: HashMap<&str, u32> = HashMap::new();
     // Movable candidates by node, cheapest first: least work lost, then fewest units.
     let mut by_node: HashMap<u32, Vec<(u64, u64, u64)>> = HashMap::new();
     for r in s.running.values() {
-        if r.movable.is_none()
-            || r.stopping
-            || now - r.running_since_ms < s.cfg.min_runtime_ms
-            || left[r.tenant.as_str()] == 0
-        {
+        if r.movable.is_none() || r.stopping || now - r.running_since_ms < s.cfg.min_runtime_ms {
+            continue;
+        }
+        let tenant_left = *left
+            .entry(r.tenant.as_str())
+            .or_insert_with(|| budget.saturating_sub(moves_in_last_hour(s, &r.tenant, now)));
+        if tenant_left == 0 {
             continue;
         }
         let Some(a) = s.engine.allocation(r.id) else { continue };
