@@ -128,6 +128,9 @@ fn same_model(req: &Request, fleet: &tessera_model::Fleet, n: u32) -> Request {
 
 /// The smallest set of moves that lets `job` be placed, or `None`.
 fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
+    if s.movable_running == 0 {
+        return None;
+    }
     let held = s.held_for_others(job.id);
     let fleet = s.engine.fleet().clone();
     let pools = s.pools_for(&job.request);

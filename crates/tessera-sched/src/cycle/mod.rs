@@ -317,6 +317,10 @@ pub struct Scheduler {
     actions: Vec<Box<dyn Action>>,
     queue: queue::WaitQueue,
     running: HashMap<u64, Running>,
+    /// How many running workloads are movable (consolidation has nothing to move without one).
+    movable_running: usize,
+    /// The preemptible running workloads by node, for the victim searches.
+    victim_index: victims::VictimIndex,
     /// Preemptors waiting for their victims to stop: job → victims and the nodes held for it.
     nominated: BTreeMap<u64, Nomination>,
     /// Why each waiting job waits, as last recorded.
@@ -358,6 +362,8 @@ impl Scheduler {
             actions: default_actions(),
             queue: queue::WaitQueue::default(),
             running: HashMap::new(),
+            movable_running: 0,
+            victim_index: victims::VictimIndex::default(),
             nominated: BTreeMap::new(),
             reasons: HashMap::new(),
             reservations: HashMap::new(),
@@ -551,6 +557,7 @@ impl Scheduler {
     pub fn stopping(&mut self, id: u64) {
         if let Some(r) = self.running.get_mut(&id) {
             r.stopping = true;
+            self.victim_index.set_stopping(r);
         }
     }
 
@@ -580,8 +587,10 @@ impl Scheduler {
             .expect("the replacement's booking fits back")
             .clone();
         if let Some(r) = self.running.get_mut(&id) {
+            self.victim_index.remove(r);
             r.stopping = false;
             r.node = a.node;
+            self.victim_index.add(r);
         }
         for n in self.nominated.values_mut() {
             n.victims.remove(&id);
@@ -623,6 +632,7 @@ impl Scheduler {
         }
         if let Some(r) = self.running.get_mut(&id) {
             r.stopping = false;
+            self.victim_index.set_stopping(r);
         }
         for n in self.nominated.values_mut() {
             n.victims.remove(&id);
@@ -637,6 +647,10 @@ impl Scheduler {
         }
         let a = self.engine.release(id)?;
         if let Some(r) = self.running.remove(&id) {
+            if r.movable.is_some() {
+                self.movable_running -= 1;
+            }
+            self.victim_index.remove(&r);
             self.books
                 .account(&r.tenant, &r.keys, r.units, false, now, self.cfg.half_life_ms);
         }
@@ -716,6 +730,16 @@ impl Scheduler {
             request: job.request.clone(),
             node,
         };
+        if let Some(old) = self.running.remove(&job.id) {
+            if old.movable.is_some() {
+                self.movable_running -= 1;
+            }
+            self.victim_index.remove(&old);
+        }
+        if job.movable.is_some() {
+            self.movable_running += 1;
+        }
+        self.victim_index.add(&running);
         self.running.insert(job.id, running);
     }
 
