@@ -124,7 +124,7 @@ pub struct Engine {
     released_unbound: Vec<AllocId>,
     cache: ScoreCache,
     /// Nodes held back for a reservation: no placement goes there while set.
-    blocked: std::collections::HashSet<u32>,
+    blocked: rustc_hash::FxHashSet<u32>,
     /// Nodes taken out of placement by an operator (cordoned, draining, in maintenance): no
     /// new placement goes there; what runs there stays.
     fenced_nodes: std::collections::HashSet<u32>,
@@ -665,7 +665,7 @@ impl Engine {
     }
 
     /// Holds nodes back from every placement until changed (backfill reservations).
-    pub fn set_blocked(&mut self, nodes: std::collections::HashSet<u32>) {
+    pub fn set_blocked(&mut self, nodes: rustc_hash::FxHashSet<u32>) {
         if nodes != self.blocked {
             // A new generation (see `generation`); no node's epoch needs to change.
             self.next_epoch += 1;

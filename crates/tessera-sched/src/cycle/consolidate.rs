@@ -25,6 +25,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rustc_hash::FxHashSet;
+
 use tessera_model::Request;
 
 use super::session::{Session, Status};
@@ -235,7 +237,7 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
             }
         }
     }
-    trial.set_blocked(HashSet::new());
+    trial.set_blocked(FxHashSet::default());
     drop(trial);
     let (_, moves) = best?;
     // Book the services' replacements where the trial put them (the same engine state on every
@@ -261,7 +263,7 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
             }
         }
     }
-    s.engine.set_blocked(HashSet::new());
+    s.engine.set_blocked(FxHashSet::default());
     if !ok {
         for a in booked {
             s.engine.release(a.id);

@@ -57,6 +57,8 @@ mod testing;
 mod victims;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -316,7 +318,7 @@ pub struct Scheduler {
     plugins: Plugins,
     actions: Vec<Box<dyn Action>>,
     queue: queue::WaitQueue,
-    running: HashMap<u64, Running>,
+    running: FxHashMap<u64, Running>,
     /// How many running workloads are movable (consolidation has nothing to move without one).
     movable_running: usize,
     /// The preemptible running workloads by node, for the victim searches.
@@ -324,22 +326,22 @@ pub struct Scheduler {
     /// Preemptors waiting for their victims to stop: job → victims and the nodes held for it.
     nominated: BTreeMap<u64, Nomination>,
     /// Why each waiting job waits, as last recorded.
-    reasons: HashMap<u64, Wait>,
+    reasons: FxHashMap<u64, Wait>,
     /// Per pool, the head that waited past the backfill window and the node held for it.
     reservations: HashMap<PoolId, (u64, u32)>,
     /// Workloads preempted so far: how often and when last.
-    preempted: HashMap<u64, (u32, i64)>,
+    preempted: FxHashMap<u64, (u32, i64)>,
     /// Capacity or quotas changed since the last full pass over the queue.
     dirty: bool,
     /// Per tenant, when its work was moved by consolidation (the disruption budget).
     disruptions: HashMap<String, std::collections::VecDeque<i64>>,
     /// Services being moved: their replacement is booked under `REPLACEMENT | id`.
-    replacing: HashSet<u64>,
+    replacing: FxHashSet<u64>,
     /// Per capacity key, the pools where it last found no room, with the pool's
     /// [freed generation](Engine::freed_generation) then (see allocate).
-    unfit: HashMap<Request, Vec<(PoolId, u64)>>,
+    unfit: FxHashMap<Request, Vec<(PoolId, u64)>>,
     /// Per capacity key, the engine's last diagnosis of why it found no room.
-    explained: HashMap<Request, Wait>,
+    explained: FxHashMap<Request, Wait>,
 }
 
 impl fmt::Debug for Scheduler {
@@ -361,18 +363,18 @@ impl Scheduler {
             plugins: Plugins::default(),
             actions: default_actions(),
             queue: queue::WaitQueue::default(),
-            running: HashMap::new(),
+            running: FxHashMap::default(),
             movable_running: 0,
             victim_index: victims::VictimIndex::default(),
             nominated: BTreeMap::new(),
-            reasons: HashMap::new(),
+            reasons: FxHashMap::default(),
             reservations: HashMap::new(),
-            preempted: HashMap::new(),
+            preempted: FxHashMap::default(),
             dirty: true,
             disruptions: HashMap::new(),
-            replacing: HashSet::new(),
-            unfit: HashMap::new(),
-            explained: HashMap::new(),
+            replacing: FxHashSet::default(),
+            unfit: FxHashMap::default(),
+            explained: FxHashMap::default(),
         }
     }
 
@@ -745,7 +747,7 @@ impl Scheduler {
 
     /// The nodes held for jobs other than `job`: backfill reservations and the victims' nodes
     /// of waiting preemptors.
-    fn held_for_others(&self, job: u64) -> HashSet<u32> {
+    fn held_for_others(&self, job: u64) -> FxHashSet<u32> {
         let reserved = self.reservations.values().filter(|(j, _)| *j != job).map(|(_, n)| *n);
         let nominated = self
             .nominated

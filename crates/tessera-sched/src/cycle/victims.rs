@@ -14,7 +14,9 @@
 //! searches further down the queue. Within a pass, a request shape whose search found nothing is
 //! not searched again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+
+use rustc_hash::FxHashSet;
 
 use tessera_model::Request;
 
@@ -132,7 +134,7 @@ impl VictimIndex {
 /// One pass of victim searches over the starved jobs, in queue order.
 pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
     let now = s.now;
-    let mut fruitless: HashSet<Request> = HashSet::new();
+    let mut fruitless: FxHashSet<Request> = FxHashSet::default();
     let jobs = s.jobs.clone();
     for (i, q) in jobs.iter().enumerate() {
         let job = &q.job;
@@ -172,7 +174,7 @@ fn search(s: &mut Scheduler, job: &Job, now: i64, rule: &dyn VictimRule) -> Opti
     }
     let found = search_unheld(s, job, now, rule, &held);
     if any_held {
-        s.engine.set_blocked(HashSet::new());
+        s.engine.set_blocked(FxHashSet::default());
     }
     found
 }
@@ -182,7 +184,7 @@ fn search_unheld(
     job: &Job,
     now: i64,
     rule: &dyn VictimRule,
-    held: &HashSet<u32>,
+    held: &FxHashSet<u32>,
 ) -> Option<Vec<u64>> {
     let units = job.request.units(&s.engine.fleet().catalogue);
     let rank = s.rank(&job.priority);
