@@ -2,12 +2,12 @@
 //! capacity would let a starved job be placed. Each rule says which jobs may search and which
 //! workloads they may take; the [victim-order plugin](super::plugins) says which are cheapest.
 //!
-//! Candidates are grouped by node, once per pass (the workloads any search may take: not
-//! stopping, preemptible, past their minimum runtime), so that a search reads only the nodes of
-//! its pools, not the whole running set; the nodes that need the fewest victims are tried first, and
-//! on each node the cheapest candidates are tentatively evicted one by one through a
-//! [`Statement`] until the job fits, then rolled back: chosen victims keep their capacity until
-//! they have actually stopped. A one-victim answer ends the search.
+//! Candidates are grouped by node in an index the scheduler keeps as work starts, stops and
+//! moves ([`VictimIndex`]), so that a search reads only the nodes of its pools, never the whole
+//! running set; the nodes that need the fewest victims are tried first, and on each node the
+//! cheapest candidates are tentatively evicted one by one through a [`Statement`] until the job
+//! fits, then rolled back: chosen victims keep their capacity until they have actually stopped.
+//! A one-victim answer ends the search.
 //!
 //! The search budget is shared: the first `max_preemption_searches` starved jobs in queue order
 //! get a slot, for reclaim and preempt alike, so a more important job is never crowded out by
