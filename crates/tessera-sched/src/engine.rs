@@ -97,7 +97,7 @@ struct ScoreCache {
     /// `entries[type][node]`.
     entries: Vec<Vec<CacheEntry>>,
     /// Per (demand type, shared pool), its nodes by best score ([`shared_index`]).
-    trees: HashMap<(u32, u16), shared_index::ScoreTree>,
+    trees: rustc_hash::FxHashMap<(u32, u16), shared_index::ScoreTree>,
 }
 
 const MAX_CACHED_TYPES: usize = 2048;
@@ -115,6 +115,10 @@ struct SharedDemand<'a> {
 
 /// At most this many (demand type, pool) score trees; further types scan the pool.
 const MAX_SCORE_TREES: usize = 256;
+
+/// Shared pools with fewer nodes are scanned: reading a few dozen nodes costs less than
+/// keeping their score trees.
+const MIN_TREE_NODES: usize = 64;
 
 /// Added to the score of opening an empty GPU for a fraction in a pool that keeps tenants
 /// apart: larger than any policy score, so own partly used GPUs always come first.
@@ -1011,7 +1015,8 @@ impl Engine {
         let mut scratch = std::mem::take(&mut self.scratch);
         // A demand type's tree stands for every request of that type only where the type's
         // model mask says exactly which models the request allows (ids below 64).
-        let indexed = type_id.is_some() && req.models.iter().all(|m| m.0 < 64);
+        let indexed =
+            type_id.is_some() && req.models.iter().all(|m| m.0 < 64) && pool_def.nodes.len() >= MIN_TREE_NODES;
         let best = match indexed {
             true => self.shared_best_indexed(pool, &on, &mut scratch),
             false => None,
@@ -1169,11 +1174,8 @@ impl Engine {
             fresh.build();
             tree = Some(fresh);
         } else if let Some(tr) = tree.as_mut() {
-            let changed: Vec<u32> = self.changes[pool.0 as usize]
-                .since(tr.seen)
-                .expect("checked above")
-                .to_vec();
-            for n in changed {
+            for seq in tr.seen..log_end {
+                let n = self.changes[pool.0 as usize].at(seq).expect("checked above");
                 let b = self.shared_node_best(n, on, scratch);
                 if b.is_some_and(|b| !b.1.0.is_finite()) {
                     return None;
@@ -1822,7 +1824,7 @@ mod tests {
     fn shared_score_trees_decide_as_a_scan_of_every_node() {
         use rand::{Rng, SeedableRng};
         for policy in ["random", "bestfit", "tessera"] {
-            let fleet = Arc::new(Fleet::synthetic(120));
+            let fleet = Arc::new(Fleet::synthetic(300));
             let dev = fleet.pool_by_name("development").unwrap();
             let nodes = fleet.pool(dev).nodes.clone();
             let mut e = Engine::new(fleet.clone(), crate::replay::make_policy(policy, &[]).unwrap(), 3);

@@ -45,6 +45,12 @@ impl ChangeLog {
         let skip = from.checked_sub(self.base)?;
         self.nodes.get(skip as usize..)
     }
+
+    /// The node of change `seq`, if the log still holds it.
+    pub fn at(&self, seq: u64) -> Option<u32> {
+        let i = seq.checked_sub(self.base)?;
+        self.nodes.get(i as usize).copied()
+    }
 }
 
 /// Per node of a pool (by position in the pool), the primary score of the demand's best choice
@@ -172,5 +178,6 @@ mod tests {
         assert_eq!(log.since(3), Some(&[3, 4][..]));
         assert_eq!(log.since(5), Some(&[][..]));
         assert_eq!(log.since(1), None, "cut");
+        assert_eq!((log.at(4), log.at(5), log.at(2)), (Some(4), None, None));
     }
 }
