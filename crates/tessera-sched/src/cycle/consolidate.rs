@@ -398,6 +398,34 @@ mod tests {
     }
 
     #[test]
+    fn the_victim_index_follows_work_that_starts_stops_and_moves() {
+        let agrees = |s: &Scheduler| s.victim_index.agrees_with(s);
+        let mut s = fragmented(Some(Movable::Replace), Some(Movable::Restart));
+        assert!(agrees(&s));
+        let d = s.submit(job(200, "b", 8, "standard", 5000), 5000);
+        assert!(!moves(&d).is_empty(), "{d:?}");
+        assert!(s.running().any(|r| r.stopping), "the moved work is stopping");
+        assert!(agrees(&s));
+        // A moved service runs on its replacement's node, no longer stopping.
+        let from = s.engine.allocation(100).unwrap().node;
+        let a = s.replaced(100).expect("the service was being moved");
+        assert_ne!(a.node, from);
+        assert!(agrees(&s));
+        s.release(101, 5100);
+        assert!(agrees(&s));
+        // A move that will not happen: the service stays, no longer stopping.
+        let mut s = fragmented(Some(Movable::Replace), None);
+        s.submit(job(200, "b", 8, "standard", 5000), 5000);
+        s.move_failed(100);
+        assert!(s.running().all(|r| !r.stopping));
+        assert!(agrees(&s));
+        // A priority preemption marks its victim stopping.
+        let d = s.submit(job(300, "c", 8, "critical", 9000), 9000);
+        assert!(!super::super::testing::preempted(&d).is_empty(), "{d:?}");
+        assert!(agrees(&s));
+    }
+
+    #[test]
     fn the_disruption_budget_per_tenant_and_hour_is_honoured() {
         // Both small jobs are tenant a's and movable; two 8-GPU requests wait.
         let run = |budget: u32| {

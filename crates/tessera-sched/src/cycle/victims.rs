@@ -131,6 +131,33 @@ impl VictimIndex {
     }
 }
 
+#[cfg(test)]
+impl VictimIndex {
+    /// Whether the index holds exactly the preemptible running workloads of `s`, each on its
+    /// node with its current figures.
+    pub fn agrees_with(&self, s: &Scheduler) -> bool {
+        let mut held: Vec<(u32, u64, bool, i64, u8, bool, &str)> = Vec::new();
+        for (n, c) in self.by_node.iter().enumerate() {
+            for c in c {
+                let t = self.tenants[c.tenant as usize].as_str();
+                held.push((n as u32, c.id, c.stopping, c.takeable_from_ms, c.rank, c.borrowing, t));
+            }
+        }
+        let mut want: Vec<(u32, u64, bool, i64, u8, bool, &str)> = s
+            .running
+            .values()
+            .filter(|r| r.preemptible)
+            .map(|r| {
+                let from = r.running_since_ms + r.min_runtime_ms;
+                (r.node.0, r.id, r.stopping, from, r.rank, r.borrowing, r.tenant.as_str())
+            })
+            .collect();
+        held.sort_unstable();
+        want.sort_unstable();
+        held == want
+    }
+}
+
 /// One pass of victim searches over the starved jobs, in queue order.
 pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
     let now = s.now;
