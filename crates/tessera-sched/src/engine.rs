@@ -28,7 +28,9 @@
 //! * **shared** pools: fractions and whole GPUs on time-sliced GPUs, scored by a pluggable
 //!   [`SharedPolicy`]; one tenant per GPU unless the pool allows mixing — and one tenant per
 //!   *node* under [`DeviceBinding::PerNodeCount`], where the device plugin, not Tessera, picks
-//!   which time-sliced GPU a fraction gets (see [`Engine::node_isolation`]).
+//!   which time-sliced GPU a fraction gets (see [`Engine::node_isolation`]). Scores are cached
+//!   per node state, and per demand type a min-tree over the nodes' best scores lets a
+//!   placement read only the nodes that can win ([`shared_index`]).
 //!
 //! Bookings name exact devices. Where the backend picks the devices itself and reports them
 //! afterwards (the stock device plugin: "N devices on node X"), [`DeviceBinding::PerNodeCount`]
@@ -65,6 +67,7 @@ impl fmt::Display for CommitError {
 impl std::error::Error for CommitError {}
 
 mod rebind;
+mod shared_index;
 mod whole_gpu;
 
 pub use rebind::DeviceBinding;
@@ -93,9 +96,29 @@ struct ScoreCache {
     types: HashMap<Demand, u32>,
     /// `entries[type][node]`.
     entries: Vec<Vec<CacheEntry>>,
+    /// Per (demand type, shared pool), its nodes by best score ([`shared_index`]).
+    trees: rustc_hash::FxHashMap<(u32, u16), shared_index::ScoreTree>,
 }
 
 const MAX_CACHED_TYPES: usize = 2048;
+
+/// A shared-pool request as the shared placer reads it.
+struct SharedDemand<'a> {
+    req: &'a Request,
+    d: &'a Demand,
+    mix: bool,
+    node_iso: bool,
+    policy_epoch: u64,
+    /// Its demand type in the score cache, if it has one.
+    type_id: Option<usize>,
+}
+
+/// At most this many (demand type, pool) score trees; further types scan the pool.
+const MAX_SCORE_TREES: usize = 256;
+
+/// Shared pools with fewer nodes are scanned: reading a few dozen nodes costs less than
+/// keeping their score trees.
+const MIN_TREE_NODES: usize = 64;
 
 /// Added to the score of opening an empty GPU for a fraction in a pool that keeps tenants
 /// apart: larger than any policy score, so own partly used GPUs always come first.
@@ -124,7 +147,7 @@ pub struct Engine {
     released_unbound: Vec<AllocId>,
     cache: ScoreCache,
     /// Nodes held back for a reservation: no placement goes there while set.
-    blocked: std::collections::HashSet<u32>,
+    blocked: rustc_hash::FxHashSet<u32>,
     /// Nodes taken out of placement by an operator (cordoned, draining, in maintenance): no
     /// new placement goes there; what runs there stays.
     fenced_nodes: std::collections::HashSet<u32>,
@@ -143,6 +166,11 @@ pub struct Engine {
     /// Per pool, its nodes grouped by GPU model (the fleet never changes): the eligible nodes
     /// of a request without a pass over every node.
     pool_models: Vec<Vec<(ModelId, Vec<u32>)>>,
+    /// Per node, the free milli-GPU summed over its GPUs, as of its last (re)indexing: a
+    /// diagnosis sums it over the eligible nodes without reading every GPU.
+    node_free: Vec<u64>,
+    /// Per shared pool, the nodes whose epoch changed (the score trees catch up from it).
+    changes: Vec<shared_index::ChangeLog>,
 }
 
 impl Engine {
@@ -181,6 +209,8 @@ impl Engine {
             next_epoch: 1,
             scratch: Vec::new(),
             freed: vec![0; fleet.pools.len()],
+            node_free: vec![0; fleet.nodes.len()],
+            changes: vec![Default::default(); fleet.pools.len()],
             pool_models: fleet
                 .pools
                 .iter()
@@ -247,6 +277,8 @@ impl Engine {
             scratch: Vec::new(),
             freed: self.freed.clone(),
             pool_models: self.pool_models.clone(),
+            node_free: self.node_free.clone(),
+            changes: vec![Default::default(); self.fleet.pools.len()],
         }
     }
 
@@ -624,16 +656,7 @@ impl Engine {
             }
         }
         let need = req.units(&fleet.catalogue);
-        let free: GpuUnits = eligible
-            .iter()
-            .map(|&n| {
-                self.state.nodes[n as usize]
-                    .gpus
-                    .iter()
-                    .map(|g| GpuUnits::milli(g.free_milli() as u64))
-                    .sum::<GpuUnits>()
-            })
-            .sum();
+        let free = GpuUnits::milli(eligible.iter().map(|&n| self.node_free[n as usize]).sum());
         if free >= need && need > GpuUnits::ZERO {
             Unplaceable::Fragmentation {
                 pools,
@@ -665,7 +688,7 @@ impl Engine {
     }
 
     /// Holds nodes back from every placement until changed (backfill reservations).
-    pub fn set_blocked(&mut self, nodes: std::collections::HashSet<u32>) {
+    pub fn set_blocked(&mut self, nodes: rustc_hash::FxHashSet<u32>) {
         if nodes != self.blocked {
             // A new generation (see `generation`); no node's epoch needs to change.
             self.next_epoch += 1;
@@ -824,11 +847,23 @@ impl Engine {
 
     /// Bumps a node's epoch so that cached scores of it are recomputed.
     fn touch(&mut self, n: u32) {
-        if let Some(st) = self.state.nodes.get_mut(n as usize) {
-            st.epoch = self.next_epoch;
-            self.next_epoch += 1;
+        if (n as usize) < self.state.nodes.len() {
+            self.stamp(n);
         }
         self.freed_on(n);
+    }
+
+    /// Gives node `n` a new epoch (its cached scores are recomputed) and logs the change for
+    /// the score trees of its pool if it is shared.
+    fn stamp(&mut self, n: u32) {
+        self.state.nodes[n as usize].epoch = self.next_epoch;
+        self.next_epoch += 1;
+        let pool = self.fleet.nodes[n as usize].pool;
+        let p = self.fleet.pool(pool);
+        if p.sharing == Sharing::Shared {
+            let cap = 4 * p.nodes.len().max(256);
+            self.changes[pool.0 as usize].push(n, cap);
+        }
     }
 
     fn host_fits(&self, n: u32, req: &Request) -> bool {
@@ -969,74 +1004,27 @@ impl Engine {
             }
             None => None,
         };
-        let mut best: Option<(u32, Choice, f64)> = None;
-        let mut ties = 0u32;
+        let on = SharedDemand {
+            req,
+            d: &d,
+            mix,
+            node_iso,
+            policy_epoch,
+            type_id,
+        };
         let mut scratch = std::mem::take(&mut self.scratch);
-        for n in pool_def.nodes.clone() {
-            if self.blocked.contains(&n) || self.fenced_nodes.contains(&n) {
-                continue;
-            }
-            let fenced = self.fenced_gpus(n);
-            let node = &fleet.nodes[n as usize];
-            let st = &self.state.nodes[n as usize];
-            if st.cpu_free < d.cpu_milli || st.mem_free < d.memory_mib || !req.allows_model(node.model) {
-                continue;
-            }
-            if node_iso && d.gpus == 1 && d.milli < 1000 && other_tenant_on(st, d.tenant) {
-                continue;
-            }
-            let cached = type_id.and_then(|t| {
-                let e = &self.cache.entries[t][n as usize];
-                (e.0 == st.epoch && e.1 == policy_epoch).then_some(e.2)
-            });
-            let node_best = match cached {
-                Some(b) => b,
-                None => {
-                    scratch.clear();
-                    choices(&fleet, n, st, &d, mix, fenced, &mut scratch);
-                    let view = NodeView { node, state: st };
-                    let mut nb: Option<(Choice, Score)> = None;
-                    for &c in &scratch {
-                        let mut s = self.policy.score(&view, &d, c);
-                        // Where tenants may not share a GPU, a tenant's fractions fill the GPUs
-                        // it already holds before opening new ones: space left on its own GPUs
-                        // is unusable by anyone else.
-                        // With one tenant per node, opening a node is what costs.
-                        if !mix
-                            && let Choice::Gpu(g) = c
-                            && if node_iso {
-                                st.gpus.iter().all(|g| g.holders.is_empty())
-                            } else {
-                                st.gpus[g as usize].holders.is_empty()
-                            }
-                        {
-                            s.0 += OPEN_GPU_PENALTY;
-                        }
-                        if nb.is_none_or(|(_, b)| s.0 < b.0 || (s.0 == b.0 && s.1 < b.1)) {
-                            nb = Some((c, s));
-                        }
-                    }
-                    if let Some(t) = type_id {
-                        self.cache.entries[t][n as usize] = (st.epoch, policy_epoch, nb);
-                    }
-                    nb
-                }
-            };
-            let Some((c, s)) = node_best else { continue };
-            match best {
-                Some((_, _, b)) if s.0 > b => {}
-                Some((_, _, b)) if s.0 == b => {
-                    ties += 1;
-                    if self.rng.random_range(0..ties) == 0 {
-                        best = Some((n, c, s.0));
-                    }
-                }
-                _ => {
-                    best = Some((n, c, s.0));
-                    ties = 1;
-                }
-            }
-        }
+        // A demand type's tree stands for every request of that type only where the type's
+        // model mask says exactly which models the request allows (ids below 64).
+        let indexed =
+            type_id.is_some() && req.models.iter().all(|m| m.0 < 64) && pool_def.nodes.len() >= MIN_TREE_NODES;
+        let best = match indexed {
+            true => self.shared_best_indexed(pool, &on, &mut scratch),
+            false => None,
+        };
+        let best = match best {
+            Some(b) => b,
+            None => self.shared_best_scan(pool, &on, &mut scratch),
+        };
         self.scratch = scratch;
         let (n, c, _) = best?;
         let grant = match c {
@@ -1054,6 +1042,163 @@ impl Engine {
             units: GpuUnits::milli(d.total_milli()),
             relayout: false,
         })
+    }
+
+    /// The best choice for a shared demand on node `n`, as the policy scores it (cached per
+    /// node epoch), or `None` if it cannot go there. Nodes held back (blocked, fenced) are the
+    /// caller's to skip.
+    fn shared_node_best(
+        &mut self,
+        n: u32,
+        on: &SharedDemand<'_>,
+        scratch: &mut Vec<Choice>,
+    ) -> Option<(Choice, Score)> {
+        let d = on.d;
+        let fenced = self.fenced_gpus(n);
+        let fleet = &*self.fleet;
+        let node = &fleet.nodes[n as usize];
+        let st = &self.state.nodes[n as usize];
+        if st.cpu_free < d.cpu_milli || st.mem_free < d.memory_mib || !on.req.allows_model(node.model) {
+            return None;
+        }
+        if on.node_iso && d.gpus == 1 && d.milli < 1000 && other_tenant_on(st, d.tenant) {
+            return None;
+        }
+        if let Some(t) = on.type_id {
+            let e = &self.cache.entries[t][n as usize];
+            if e.0 == st.epoch && e.1 == on.policy_epoch {
+                return e.2;
+            }
+        }
+        scratch.clear();
+        choices(fleet, n, st, d, on.mix, fenced, scratch);
+        let view = NodeView { node, state: st };
+        let mut nb: Option<(Choice, Score)> = None;
+        for &c in scratch.iter() {
+            let mut s = self.policy.score(&view, d, c);
+            // Where tenants may not share a GPU, a tenant's fractions fill the GPUs
+            // it already holds before opening new ones: space left on its own GPUs
+            // is unusable by anyone else.
+            // With one tenant per node, opening a node is what costs.
+            if !on.mix
+                && let Choice::Gpu(g) = c
+                && if on.node_iso {
+                    st.gpus.iter().all(|g| g.holders.is_empty())
+                } else {
+                    st.gpus[g as usize].holders.is_empty()
+                }
+            {
+                s.0 += OPEN_GPU_PENALTY;
+            }
+            if nb.is_none_or(|(_, b)| s.0 < b.0 || (s.0 == b.0 && s.1 < b.1)) {
+                nb = Some((c, s));
+            }
+        }
+        if let Some(t) = on.type_id {
+            self.cache.entries[t][n as usize] = (st.epoch, on.policy_epoch, nb);
+        }
+        nb
+    }
+
+    /// The node of `pool` with the lowest primary score for the demand, exact ties broken at
+    /// random by reservoir sampling in node order: every node is read.
+    fn shared_best_scan(
+        &mut self,
+        pool: PoolId,
+        on: &SharedDemand<'_>,
+        scratch: &mut Vec<Choice>,
+    ) -> Option<(u32, Choice, f64)> {
+        let mut best: Option<(u32, Choice, f64)> = None;
+        let mut ties = 0u32;
+        for n in self.fleet.pool(pool).nodes.clone() {
+            if self.blocked.contains(&n) || self.fenced_nodes.contains(&n) {
+                continue;
+            }
+            let Some((c, s)) = self.shared_node_best(n, on, scratch) else {
+                continue;
+            };
+            self.tie_break(&mut best, &mut ties, n, c, s.0);
+        }
+        best
+    }
+
+    /// Reservoir sampling of the lowest score: node `n` scoring `s` against the best so far.
+    fn tie_break(&mut self, best: &mut Option<(u32, Choice, f64)>, ties: &mut u32, n: u32, c: Choice, s: f64) {
+        match *best {
+            Some((_, _, b)) if s > b => {}
+            Some((_, _, b)) if s == b => {
+                *ties += 1;
+                if self.rng.random_range(0..*ties) == 0 {
+                    *best = Some((n, c, s));
+                }
+            }
+            _ => {
+                *best = Some((n, c, s));
+                *ties = 1;
+            }
+        }
+    }
+
+    /// The same answer as [`Engine::shared_best_scan`] (the same random draws), reading only
+    /// the nodes that can win from the demand type's [score tree](shared_index), brought up to
+    /// date first. `None` (outer) where no tree can stand for the scan: too many trees, or a
+    /// score that is not a finite number.
+    fn shared_best_indexed(
+        &mut self,
+        pool: PoolId,
+        on: &SharedDemand<'_>,
+        scratch: &mut Vec<Choice>,
+    ) -> Option<Option<(u32, Choice, f64)>> {
+        let t = on.type_id? as u32;
+        let nodes = self.fleet.pool(pool).nodes.clone();
+        let key = (t, pool.0);
+        let log_end = self.changes[pool.0 as usize].end();
+        let mut tree = self.cache.trees.remove(&key);
+        let current = tree.as_ref().is_some_and(|tr| {
+            tr.policy_epoch == on.policy_epoch
+                && tr.node_iso == on.node_iso
+                && self.changes[pool.0 as usize].since(tr.seen).is_some()
+        });
+        if !current {
+            if tree.is_none() && self.cache.trees.len() >= MAX_SCORE_TREES {
+                return None;
+            }
+            let mut fresh = shared_index::ScoreTree::new(nodes.len(), log_end, on.policy_epoch, on.node_iso);
+            for (i, n) in nodes.clone().enumerate() {
+                let b = self.shared_node_best(n, on, scratch);
+                if b.is_some_and(|b| !b.1.0.is_finite()) {
+                    return None;
+                }
+                fresh.init(i, b.map(|(c, s)| (c, s.0)));
+            }
+            fresh.build();
+            tree = Some(fresh);
+        } else if let Some(tr) = tree.as_mut() {
+            for seq in tr.seen..log_end {
+                let n = self.changes[pool.0 as usize].at(seq).expect("checked above");
+                let b = self.shared_node_best(n, on, scratch);
+                if b.is_some_and(|b| !b.1.0.is_finite()) {
+                    return None;
+                }
+                tr.set((n - nodes.start) as usize, b.map(|(c, s)| (c, s.0)));
+            }
+            tr.seen = log_end;
+        }
+        let tree = tree.expect("built or brought up to date");
+        let mut best: Option<(u32, Choice, f64)> = None;
+        let mut ties = 0u32;
+        let mut from = 0;
+        while let Some(i) = tree.first(from, best.map_or(f64::MAX, |b| b.2)) {
+            from = i + 1;
+            let n = nodes.start + i as u32;
+            if self.blocked.contains(&n) || self.fenced_nodes.contains(&n) {
+                continue;
+            }
+            let (c, s) = tree.get(i).expect("a node scoring at most a finite bound has a choice");
+            self.tie_break(&mut best, &mut ties, n, c, s);
+        }
+        self.cache.trees.insert(key, tree);
+        Some(best)
     }
 
     // ----- applying --------------------------------------------------------------------------
@@ -1210,8 +1355,7 @@ impl Engine {
                 }
             }
         }
-        st.epoch = self.next_epoch;
-        self.next_epoch += 1;
+        self.stamp(n);
         self.index(n, touched);
         // A release frees room; in `WholeGpu` mode a booking may also lay a GPU out anew.
         if !add || self.mig_mode == crate::mig::MigMode::WholeGpu {
@@ -1230,6 +1374,9 @@ impl Engine {
     fn reindex(&mut self, n: u32, gpus: u16, insert: bool) {
         let node = &self.fleet.nodes[n as usize];
         let st = &self.state.nodes[n as usize];
+        if insert {
+            self.node_free[n as usize] = st.gpus.iter().map(|g| g.free_milli() as u64).sum();
+        }
         match self.fleet.pool(node.pool).sharing {
             Sharing::Whole => {
                 let b = &mut self.by_free[node.pool.0 as usize][st.free_gpus() as usize];
@@ -1669,6 +1816,76 @@ mod tests {
         // Where the engine names the GPU itself, only the GPU must hold one tenant.
         e.set_device_binding(DeviceBinding::Exact);
         assert!(e.restore(bad).is_ok());
+    }
+
+    /// The shared placer's score trees decide exactly as a scan of every node, drawing the same
+    /// random numbers for ties, while nodes fill, empty, are fenced and are held back.
+    #[test]
+    fn shared_score_trees_decide_as_a_scan_of_every_node() {
+        use rand::{Rng, SeedableRng};
+        for policy in ["random", "bestfit", "tessera"] {
+            let fleet = Arc::new(Fleet::synthetic(300));
+            let dev = fleet.pool_by_name("development").unwrap();
+            let nodes = fleet.pool(dev).nodes.clone();
+            let mut e = Engine::new(fleet.clone(), crate::replay::make_policy(policy, &[]).unwrap(), 3);
+            let mut ops = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+            let mut live: Vec<u64> = Vec::new();
+            for id in 0..600u64 {
+                match ops.random_range(0..10) {
+                    0..=5 => {
+                        let mut req = match ops.random_range(0..6) {
+                            0 => Request::whole(ops.random_range(1..=2)),
+                            _ => Request::fraction([100, 250, 500, 750][ops.random_range(0..4)]),
+                        }
+                        .with_tenant(TenantId(ops.random_range(0..3)))
+                        .with_pool(dev);
+                        req.cpu_milli = ops.random_range(0..4) * 2000;
+                        e.observe(&req);
+                        // The scan, on a copy: the same state, policy and generator.
+                        let mut scan = e.copy();
+                        let d = demand_of(&req).unwrap();
+                        let on = SharedDemand {
+                            req: &req,
+                            d: &d,
+                            mix: false,
+                            node_iso: false,
+                            policy_epoch: scan.policy.epoch(),
+                            type_id: None,
+                        };
+                        let by_scan = scan.shared_best_scan(dev, &on, &mut Vec::new());
+                        let planned = e.plan(&req).ok();
+                        assert_eq!(
+                            planned.as_ref().map(|p| p.node.0),
+                            by_scan.map(|b| b.0),
+                            "{policy}, op {id}: {req:?}"
+                        );
+                        assert_eq!(e.rng.clone().random::<u64>(), scan.rng.clone().random::<u64>());
+                        if let Some(p) = planned {
+                            e.commit(id, &req, p).unwrap();
+                            live.push(id);
+                        }
+                    }
+                    6..=7 if !live.is_empty() => {
+                        let id = live.swap_remove(ops.random_range(0..live.len()));
+                        e.release(id).unwrap();
+                    }
+                    8 => {
+                        let n = ops.random_range(nodes.clone());
+                        e.fence_node(n, !e.node_fenced(n));
+                        e.fence_gpu(
+                            ops.random_range(nodes.clone()),
+                            ops.random_range(0..8),
+                            ops.random_bool(0.5),
+                        );
+                    }
+                    _ => {
+                        let held = (0..ops.random_range(0..3)).map(|_| ops.random_range(nodes.clone()));
+                        e.set_blocked(held.collect());
+                    }
+                }
+            }
+            assert!(!e.cache.trees.is_empty(), "{policy}: the trees were used");
+        }
     }
 
     #[test]

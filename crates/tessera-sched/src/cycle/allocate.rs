@@ -4,7 +4,7 @@
 //! for other jobs are out of every placement's reach. A job that finds no capacity is left
 //! starved, with the engine's diagnosis as its reason, for reclaim and preempt to look at.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -38,7 +38,7 @@ impl Action for Allocate {
         // searched for them: capacity only shrinks during a cycle, so the same request fails
         // again (shape, host needs and, on shared pools, the tenant are all in the key) — unless
         // it holds a reservation, which others may not use.
-        let mut no_capacity: HashMap<Request, (Rc<Wait>, bool)> = HashMap::new();
+        let mut no_capacity: FxHashMap<Request, (Rc<Wait>, bool)> = FxHashMap::default();
         let mut explains = EXPLAINS_PER_CYCLE;
         let jobs = s.jobs.clone();
         for (i, q) in jobs.iter().enumerate() {
@@ -67,7 +67,7 @@ impl Action for Allocate {
             }
             let placed = place(sched, q, &pools, now);
             if any_blocked {
-                sched.engine.set_blocked(HashSet::new());
+                sched.engine.set_blocked(FxHashSet::default());
             }
             match placed {
                 Ok(d) => {
@@ -119,7 +119,7 @@ impl Action for Allocate {
 /// were left for a later cycle. Reservations of jobs no longer waiting lapse. Reads only the head
 /// of the queue ([`WaitQueue`](super::queue)).
 pub(super) fn queue_order(s: &mut Scheduler, now: i64, limit: usize) -> (Vec<Arc<Queued>>, bool) {
-    let mut share: HashMap<String, f64> = HashMap::new();
+    let mut share: FxHashMap<String, f64> = FxHashMap::default();
     for t in s.queue.tenants() {
         s.books.decay(&t, now, s.cfg.half_life_ms);
         share.insert(t.clone(), s.books.fair_share(&t));

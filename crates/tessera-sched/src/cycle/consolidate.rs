@@ -25,6 +25,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rustc_hash::FxHashSet;
+
 use tessera_model::Request;
 
 use super::session::{Session, Status};
@@ -128,27 +130,27 @@ fn same_model(req: &Request, fleet: &tessera_model::Fleet, n: u32) -> Request {
 
 /// The smallest set of moves that lets `job` be placed, or `None`.
 fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
+    if s.movable_running == 0 {
+        return None;
+    }
     let held = s.held_for_others(job.id);
     let fleet = s.engine.fleet().clone();
     let pools = s.pools_for(&job.request);
     let units = job.request.units(&fleet.catalogue).as_milli();
     let budget = s.cfg.consolidation.moves_per_tenant_per_hour;
-    let left: HashMap<&str, u32> = s
-        .running
-        .values()
-        .map(|r| {
-            let used = moves_in_last_hour(s, &r.tenant, now);
-            (r.tenant.as_str(), budget.saturating_sub(used))
-        })
-        .collect();
+    // Moves left in each tenant's disruption budget, for the tenants of movable work only
+    // (looked up as they come: most running work is not movable).
+    let mut left: HashMap<&str, u32> = HashMap::new();
     // Movable candidates by node, cheapest first: least work lost, then fewest units.
     let mut by_node: HashMap<u32, Vec<(u64, u64, u64)>> = HashMap::new();
     for r in s.running.values() {
-        if r.movable.is_none()
-            || r.stopping
-            || now - r.running_since_ms < s.cfg.min_runtime_ms
-            || left[r.tenant.as_str()] == 0
-        {
+        if r.movable.is_none() || r.stopping || now - r.running_since_ms < s.cfg.min_runtime_ms {
+            continue;
+        }
+        let tenant_left = *left
+            .entry(r.tenant.as_str())
+            .or_insert_with(|| budget.saturating_sub(moves_in_last_hour(s, &r.tenant, now)));
+        if tenant_left == 0 {
             continue;
         }
         let Some(a) = s.engine.allocation(r.id) else { continue };
@@ -235,7 +237,7 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
             }
         }
     }
-    trial.set_blocked(HashSet::new());
+    trial.set_blocked(FxHashSet::default());
     drop(trial);
     let (_, moves) = best?;
     // Book the services' replacements where the trial put them (the same engine state on every
@@ -261,7 +263,7 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
             }
         }
     }
-    s.engine.set_blocked(HashSet::new());
+    s.engine.set_blocked(FxHashSet::default());
     if !ok {
         for a in booked {
             s.engine.release(a.id);
@@ -393,6 +395,34 @@ mod tests {
         assert!(s.engine.allocation(REPLACEMENT | 100).is_none());
         assert_eq!(placed(&s.cycle(5100)), vec![200]);
         assert_eq!(s.engine.allocation(200).unwrap().node.0, 14);
+    }
+
+    #[test]
+    fn the_victim_index_follows_work_that_starts_stops_and_moves() {
+        let agrees = |s: &Scheduler| s.victim_index.agrees_with(s);
+        let mut s = fragmented(Some(Movable::Replace), Some(Movable::Restart));
+        assert!(agrees(&s));
+        let d = s.submit(job(200, "b", 8, "standard", 5000), 5000);
+        assert!(!moves(&d).is_empty(), "{d:?}");
+        assert!(s.running().any(|r| r.stopping), "the moved work is stopping");
+        assert!(agrees(&s));
+        // A moved service runs on its replacement's node, no longer stopping.
+        let from = s.engine.allocation(100).unwrap().node;
+        let a = s.replaced(100).expect("the service was being moved");
+        assert_ne!(a.node, from);
+        assert!(agrees(&s));
+        s.release(101, 5100);
+        assert!(agrees(&s));
+        // A move that will not happen: the service stays, no longer stopping.
+        let mut s = fragmented(Some(Movable::Replace), None);
+        s.submit(job(200, "b", 8, "standard", 5000), 5000);
+        s.move_failed(100);
+        assert!(s.running().all(|r| !r.stopping));
+        assert!(agrees(&s));
+        // A priority preemption marks its victim stopping.
+        let d = s.submit(job(300, "c", 8, "critical", 9000), 9000);
+        assert!(!super::super::testing::preempted(&d).is_empty(), "{d:?}");
+        assert!(agrees(&s));
     }
 
     #[test]

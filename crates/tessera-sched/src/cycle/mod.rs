@@ -57,6 +57,8 @@ mod testing;
 mod victims;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -316,26 +318,30 @@ pub struct Scheduler {
     plugins: Plugins,
     actions: Vec<Box<dyn Action>>,
     queue: queue::WaitQueue,
-    running: HashMap<u64, Running>,
+    running: FxHashMap<u64, Running>,
+    /// How many running workloads are movable (consolidation has nothing to move without one).
+    movable_running: usize,
+    /// The preemptible running workloads by node, for the victim searches.
+    victim_index: victims::VictimIndex,
     /// Preemptors waiting for their victims to stop: job → victims and the nodes held for it.
     nominated: BTreeMap<u64, Nomination>,
     /// Why each waiting job waits, as last recorded.
-    reasons: HashMap<u64, Wait>,
+    reasons: FxHashMap<u64, Wait>,
     /// Per pool, the head that waited past the backfill window and the node held for it.
     reservations: HashMap<PoolId, (u64, u32)>,
     /// Workloads preempted so far: how often and when last.
-    preempted: HashMap<u64, (u32, i64)>,
+    preempted: FxHashMap<u64, (u32, i64)>,
     /// Capacity or quotas changed since the last full pass over the queue.
     dirty: bool,
     /// Per tenant, when its work was moved by consolidation (the disruption budget).
     disruptions: HashMap<String, std::collections::VecDeque<i64>>,
     /// Services being moved: their replacement is booked under `REPLACEMENT | id`.
-    replacing: HashSet<u64>,
+    replacing: FxHashSet<u64>,
     /// Per capacity key, the pools where it last found no room, with the pool's
     /// [freed generation](Engine::freed_generation) then (see allocate).
-    unfit: HashMap<Request, Vec<(PoolId, u64)>>,
+    unfit: FxHashMap<Request, Vec<(PoolId, u64)>>,
     /// Per capacity key, the engine's last diagnosis of why it found no room.
-    explained: HashMap<Request, Wait>,
+    explained: FxHashMap<Request, Wait>,
 }
 
 impl fmt::Debug for Scheduler {
@@ -357,16 +363,18 @@ impl Scheduler {
             plugins: Plugins::default(),
             actions: default_actions(),
             queue: queue::WaitQueue::default(),
-            running: HashMap::new(),
+            running: FxHashMap::default(),
+            movable_running: 0,
+            victim_index: victims::VictimIndex::default(),
             nominated: BTreeMap::new(),
-            reasons: HashMap::new(),
+            reasons: FxHashMap::default(),
             reservations: HashMap::new(),
-            preempted: HashMap::new(),
+            preempted: FxHashMap::default(),
             dirty: true,
             disruptions: HashMap::new(),
-            replacing: HashSet::new(),
-            unfit: HashMap::new(),
-            explained: HashMap::new(),
+            replacing: FxHashSet::default(),
+            unfit: FxHashMap::default(),
+            explained: FxHashMap::default(),
         }
     }
 
@@ -551,6 +559,7 @@ impl Scheduler {
     pub fn stopping(&mut self, id: u64) {
         if let Some(r) = self.running.get_mut(&id) {
             r.stopping = true;
+            self.victim_index.set_stopping(r);
         }
     }
 
@@ -580,8 +589,10 @@ impl Scheduler {
             .expect("the replacement's booking fits back")
             .clone();
         if let Some(r) = self.running.get_mut(&id) {
+            self.victim_index.remove(r);
             r.stopping = false;
             r.node = a.node;
+            self.victim_index.add(r);
         }
         for n in self.nominated.values_mut() {
             n.victims.remove(&id);
@@ -623,6 +634,7 @@ impl Scheduler {
         }
         if let Some(r) = self.running.get_mut(&id) {
             r.stopping = false;
+            self.victim_index.set_stopping(r);
         }
         for n in self.nominated.values_mut() {
             n.victims.remove(&id);
@@ -637,6 +649,10 @@ impl Scheduler {
         }
         let a = self.engine.release(id)?;
         if let Some(r) = self.running.remove(&id) {
+            if r.movable.is_some() {
+                self.movable_running -= 1;
+            }
+            self.victim_index.remove(&r);
             self.books
                 .account(&r.tenant, &r.keys, r.units, false, now, self.cfg.half_life_ms);
         }
@@ -716,12 +732,22 @@ impl Scheduler {
             request: job.request.clone(),
             node,
         };
+        if let Some(old) = self.running.remove(&job.id) {
+            if old.movable.is_some() {
+                self.movable_running -= 1;
+            }
+            self.victim_index.remove(&old);
+        }
+        if job.movable.is_some() {
+            self.movable_running += 1;
+        }
+        self.victim_index.add(&running);
         self.running.insert(job.id, running);
     }
 
     /// The nodes held for jobs other than `job`: backfill reservations and the victims' nodes
     /// of waiting preemptors.
-    fn held_for_others(&self, job: u64) -> HashSet<u32> {
+    fn held_for_others(&self, job: u64) -> FxHashSet<u32> {
         let reserved = self.reservations.values().filter(|(j, _)| *j != job).map(|(_, n)| *n);
         let nominated = self
             .nominated

@@ -3,8 +3,8 @@
 //! than its minimum runtime, and only once the job has waited its class's `preempt_after_ms`.
 
 use super::session::Session;
-use super::victims::{self, VictimRule};
-use super::{Action, Job, Running, Scheduler};
+use super::victims::{self, Victim, VictimRule};
+use super::{Action, Job, Scheduler};
 use crate::reason::PreemptCause;
 
 pub(super) struct Preempt;
@@ -25,7 +25,7 @@ impl VictimRule for Preempt {
         now - job.submitted_ms >= after
     }
 
-    fn may_take(&self, _: &Job, rank: u8, victim: &Running) -> bool {
+    fn may_take(&self, _: &Job, rank: u8, victim: &Victim<'_>) -> bool {
         victim.rank > rank
     }
 

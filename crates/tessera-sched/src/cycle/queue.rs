@@ -12,7 +12,9 @@
 
 use std::cmp::Reverse;
 use std::collections::btree_map::Values;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
+
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use tessera_model::Request;
@@ -23,11 +25,11 @@ use super::plugins::OrderKey;
 /// The waiting jobs: by id, in arrival order, and per (tenant, class rank) in queue order.
 #[derive(Default)]
 pub(super) struct WaitQueue {
-    by_id: HashMap<u64, Arc<Queued>>,
+    by_id: FxHashMap<u64, Arc<Queued>>,
     /// Arrival sequence → job id.
     arrivals: BTreeMap<u64, u64>,
     /// (tenant, rank, capacity key) → (key at zero fair share → job id).
-    buckets: HashMap<(String, u8, Request), BTreeMap<OrderKey, u64>>,
+    buckets: FxHashMap<(String, u8, Request), BTreeMap<OrderKey, u64>>,
     next_seq: u64,
 }
 

@@ -5,8 +5,8 @@
 //! the preemption bound in the [cycle](super) doc).
 
 use super::session::Session;
-use super::victims::{self, VictimRule};
-use super::{Action, Job, Running, Scheduler};
+use super::victims::{self, Victim, VictimRule};
+use super::{Action, Job, Scheduler};
 use crate::reason::PreemptCause;
 
 pub(super) struct Reclaim;
@@ -26,7 +26,7 @@ impl VictimRule for Reclaim {
         now - job.submitted_ms >= s.cfg.reclaim_after_ms && within_guarantee(s, job)
     }
 
-    fn may_take(&self, job: &Job, _: u8, victim: &Running) -> bool {
+    fn may_take(&self, job: &Job, _: u8, victim: &Victim<'_>) -> bool {
         victim.borrowing && victim.tenant != job.tenant
     }
 

@@ -69,7 +69,7 @@ impl<'e> Statement<'e> {
     }
 
     /// Holds nodes back from the trial placements (as [`Engine::set_blocked`]).
-    pub fn set_blocked(&mut self, nodes: std::collections::HashSet<u32>) {
+    pub fn set_blocked(&mut self, nodes: rustc_hash::FxHashSet<u32>) {
         self.engine.set_blocked(nodes);
     }
 

@@ -2,17 +2,21 @@
 //! capacity would let a starved job be placed. Each rule says which jobs may search and which
 //! workloads they may take; the [victim-order plugin](super::plugins) says which are cheapest.
 //!
-//! Candidates are grouped by node; the nodes that need the fewest victims are tried first, and
-//! on each node the cheapest candidates are tentatively evicted one by one through a
-//! [`Statement`] until the job fits, then rolled back: chosen victims keep their capacity until
-//! they have actually stopped. A one-victim answer ends the search.
+//! Candidates are grouped by node in an index the scheduler keeps as work starts, stops and
+//! moves ([`VictimIndex`]), so that a search reads only the nodes of its pools, never the whole
+//! running set; the nodes that need the fewest victims are tried first, and on each node the
+//! cheapest candidates are tentatively evicted one by one through a [`Statement`] until the job
+//! fits, then rolled back: chosen victims keep their capacity until they have actually stopped.
+//! A one-victim answer ends the search.
 //!
 //! The search budget is shared: the first `max_preemption_searches` starved jobs in queue order
 //! get a slot, for reclaim and preempt alike, so a more important job is never crowded out by
 //! searches further down the queue. Within a pass, a request shape whose search found nothing is
 //! not searched again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+
+use rustc_hash::FxHashSet;
 
 use tessera_model::Request;
 
@@ -27,14 +31,137 @@ pub(super) trait VictimRule {
     /// Whether `job` may look for victims this way now.
     fn applies(&self, s: &Scheduler, job: &Job, now: i64) -> bool;
     /// Whether `victim` may be stopped for `job`, whose priority class has rank `rank`.
-    fn may_take(&self, job: &Job, rank: u8, victim: &Running) -> bool;
+    fn may_take(&self, job: &Job, rank: u8, victim: &Victim<'_>) -> bool;
     fn cause(&self, job: &Job) -> PreemptCause;
+}
+
+/// What a rule knows of a candidate victim.
+pub(super) struct Victim<'a> {
+    pub tenant: &'a str,
+    pub rank: u8,
+    pub borrowing: bool,
+}
+
+/// A preemptible running workload as the searches read it.
+struct Candidate {
+    id: u64,
+    /// Index into [`VictimIndex::tenants`].
+    tenant: u32,
+    rank: u8,
+    borrowing: bool,
+    stopping: bool,
+    units_milli: u64,
+    /// When it has run its minimum runtime (it may be taken from then on).
+    takeable_from_ms: i64,
+}
+
+/// The preemptible running workloads by node, kept as workloads start, stop and move, so that
+/// a search reads only the nodes of its pools, never the whole running set.
+#[derive(Default)]
+pub(super) struct VictimIndex {
+    by_node: Vec<Vec<Candidate>>,
+    tenants: Vec<String>,
+    tenant_index: HashMap<String, u32>,
+}
+
+impl VictimIndex {
+    /// A workload started (or was restored) on its node.
+    pub fn add(&mut self, r: &Running) {
+        if !r.preemptible {
+            return;
+        }
+        let tenant = match self.tenant_index.get(&r.tenant) {
+            Some(&t) => t,
+            None => {
+                self.tenants.push(r.tenant.clone());
+                let t = self.tenants.len() as u32 - 1;
+                self.tenant_index.insert(r.tenant.clone(), t);
+                t
+            }
+        };
+        let n = r.node.0 as usize;
+        if self.by_node.len() <= n {
+            self.by_node.resize_with(n + 1, Vec::new);
+        }
+        self.by_node[n].push(Candidate {
+            id: r.id,
+            tenant,
+            rank: r.rank,
+            borrowing: r.borrowing,
+            stopping: r.stopping,
+            units_milli: r.units.as_milli(),
+            takeable_from_ms: r.running_since_ms.saturating_add(r.min_runtime_ms),
+        });
+    }
+
+    /// A workload left its node (stopped, or moved away).
+    pub fn remove(&mut self, r: &Running) {
+        if let Some(c) = self.by_node.get_mut(r.node.0 as usize)
+            && let Some(i) = c.iter().position(|c| c.id == r.id)
+        {
+            c.swap_remove(i);
+        }
+    }
+
+    /// A workload's stopping flag changed.
+    pub fn set_stopping(&mut self, r: &Running) {
+        if let Some(c) = self.by_node.get_mut(r.node.0 as usize)
+            && let Some(c) = c.iter_mut().find(|c| c.id == r.id)
+        {
+            c.stopping = r.stopping;
+        }
+    }
+
+    /// The candidates on node `n` that may be taken at `now` (not stopping, past their minimum
+    /// runtime), with what `rule` needs to know of them.
+    fn takeable(&self, n: u32, now: i64) -> impl Iterator<Item = (&Candidate, Victim<'_>)> {
+        self.by_node
+            .get(n as usize)
+            .map_or(&[][..], |c| c.as_slice())
+            .iter()
+            .filter(move |c| !c.stopping && now >= c.takeable_from_ms)
+            .map(|c| {
+                let v = Victim {
+                    tenant: &self.tenants[c.tenant as usize],
+                    rank: c.rank,
+                    borrowing: c.borrowing,
+                };
+                (c, v)
+            })
+    }
+}
+
+#[cfg(test)]
+impl VictimIndex {
+    /// Whether the index holds exactly the preemptible running workloads of `s`, each on its
+    /// node with its current figures.
+    pub fn agrees_with(&self, s: &Scheduler) -> bool {
+        let mut held: Vec<(u32, u64, bool, i64, u8, bool, &str)> = Vec::new();
+        for (n, c) in self.by_node.iter().enumerate() {
+            for c in c {
+                let t = self.tenants[c.tenant as usize].as_str();
+                held.push((n as u32, c.id, c.stopping, c.takeable_from_ms, c.rank, c.borrowing, t));
+            }
+        }
+        let mut want: Vec<(u32, u64, bool, i64, u8, bool, &str)> = s
+            .running
+            .values()
+            .filter(|r| r.preemptible)
+            .map(|r| {
+                let from = r.running_since_ms + r.min_runtime_ms;
+                (r.node.0, r.id, r.stopping, from, r.rank, r.borrowing, r.tenant.as_str())
+            })
+            .collect();
+        held.sort_unstable();
+        want.sort_unstable();
+        held == want
+    }
 }
 
 /// One pass of victim searches over the starved jobs, in queue order.
 pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
     let now = s.now;
-    let mut fruitless: HashSet<Request> = HashSet::new();
+    let mut fruitless: FxHashSet<Request> = FxHashSet::default();
     let jobs = s.jobs.clone();
     for (i, q) in jobs.iter().enumerate() {
         let job = &q.job;
@@ -74,7 +201,7 @@ fn search(s: &mut Scheduler, job: &Job, now: i64, rule: &dyn VictimRule) -> Opti
     }
     let found = search_unheld(s, job, now, rule, &held);
     if any_held {
-        s.engine.set_blocked(HashSet::new());
+        s.engine.set_blocked(FxHashSet::default());
     }
     found
 }
@@ -84,47 +211,38 @@ fn search_unheld(
     job: &Job,
     now: i64,
     rule: &dyn VictimRule,
-    held: &HashSet<u32>,
+    held: &FxHashSet<u32>,
 ) -> Option<Vec<u64>> {
     let units = job.request.units(&s.engine.fleet().catalogue);
     let rank = s.rank(&job.priority);
     let fleet = s.engine.fleet().clone();
     let pools = s.pools_for(&job.request);
     let mut trial = Statement::new(&mut s.engine);
-    // Candidates grouped by node; only nodes where the request could run at all. (A pass over
-    // the running set per search: cheap filters first, costs only for the nodes kept.)
-    let mut by_node: Vec<Vec<&Running>> = vec![Vec::new(); fleet.nodes.len()];
-    let mut is_held = vec![false; fleet.nodes.len()];
-    for &n in held {
-        if let Some(h) = is_held.get_mut(n as usize) {
-            *h = true;
-        }
-    }
-    for r in s.running.values() {
-        if r.stopping || !r.preemptible || !r.past_min_runtime(now) || !rule.may_take(job, rank, r) {
-            continue;
-        }
-        let node = fleet.node(r.node);
-        if !pools.contains(&node.pool) || !job.request.allows_model(node.model) || is_held[r.node.0 as usize] {
-            continue;
-        }
-        by_node[r.node.0 as usize].push(r);
-    }
-    // Nodes whose free units plus their candidates' units could hold the request, fewest
-    // candidates first.
+    // Nodes where the request could run at all, with candidates this rule allows, whose free
+    // units plus their candidates' units could hold the request, fewest candidates first.
+    let index = &s.victim_index;
+    let may_take = |n: u32| index.takeable(n, now).filter(|(_, v)| rule.may_take(job, rank, v));
     let st = trial.engine().state();
-    let mut nodes: Vec<(usize, u32)> = by_node
-        .iter()
-        .enumerate()
-        .filter(|(n, c)| {
-            !c.is_empty() && {
-                let free: u64 = st.nodes[*n].gpus.iter().map(|g| g.free_milli() as u64).sum();
-                let releasable: u64 = c.iter().map(|r| r.units.as_milli()).sum();
-                free + releasable >= units.as_milli()
+    let mut nodes: Vec<(usize, u32)> = Vec::new();
+    for &p in &pools {
+        for n in fleet.pool(p).nodes.clone() {
+            if held.contains(&n) || !job.request.allows_model(fleet.nodes[n as usize].model) {
+                continue;
             }
-        })
-        .map(|(n, c)| (c.len(), n as u32))
-        .collect();
+            let (mut count, mut releasable) = (0, 0);
+            for (c, _) in may_take(n) {
+                count += 1;
+                releasable += c.units_milli;
+            }
+            if count == 0 {
+                continue;
+            }
+            let free: u64 = st.nodes[n as usize].gpus.iter().map(|g| g.free_milli() as u64).sum();
+            if free + releasable >= units.as_milli() {
+                nodes.push((count, n));
+            }
+        }
+    }
     nodes.sort_unstable();
     let mut shares: HashMap<&str, f64> = HashMap::new();
     let mut best: Option<(Vec<VictimCost>, Vec<u64>)> = None;
@@ -132,9 +250,9 @@ fn search_unheld(
         if best.as_ref().is_some_and(|b| b.1.len() == 1) {
             break;
         }
-        let mut cands: Vec<(VictimCost, u64)> = std::mem::take(&mut by_node[n as usize])
-            .into_iter()
-            .map(|r| {
+        let mut cands: Vec<(VictimCost, u64)> = may_take(n)
+            .map(|(c, _)| {
+                let r = &s.running[&c.id];
                 let share = *shares
                     .entry(r.tenant.as_str())
                     .or_insert_with(|| s.books.fair_share(&r.tenant));

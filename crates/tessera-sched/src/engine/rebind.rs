@@ -213,8 +213,7 @@ impl Engine {
             if let Err(e) = self.check_fits(&moved, Booking::Rebind) {
                 self.unindex(n, u16::MAX);
                 self.state.nodes[n as usize] = saved;
-                self.state.nodes[n as usize].epoch = self.next_epoch;
-                self.next_epoch += 1;
+                self.stamp(n);
                 self.index(n, u16::MAX);
                 for a in old {
                     self.state.allocations.insert(a.id, a);

@@ -168,10 +168,8 @@ impl Engine {
         }
         layout.sort_unstable_by_key(|p| p.start);
         self.unindex(node.0, 1 << gpu);
-        let st = &mut self.state.nodes[n];
-        st.gpus[gpu as usize].mig_layout = layout;
-        st.epoch = self.next_epoch;
-        self.next_epoch += 1;
+        self.state.nodes[n].gpus[gpu as usize].mig_layout = layout;
+        self.stamp(node.0);
         self.index(node.0, 1 << gpu);
         self.freed_on(node.0);
         Ok(())
