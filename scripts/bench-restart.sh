@@ -2,9 +2,12 @@
 # Restart time of the control plane: starts `tessera serve` on an existing data directory and
 # prints the milliseconds from the start of the process to the first successful
 # GET /api/v1/health. The server is then stopped with kill -9, so that a repeated measurement
-# again recovers from an unclean stop.
+# again recovers from an unclean stop. Before that it waits SETTLE_S seconds (default 5, the
+# lifecycle loop's first cycles and reconcile) and prints the process's peak resident memory
+# (VmHWM) to stderr.
 #
-# Usage: scripts/bench-restart.sh BINARY DATA_DIR [PORT]      (PORT default 18081)
+# Usage: scripts/bench-restart.sh BINARY DATA_DIR [PORT [SERVE ARGS...]]   (PORT default 18081)
+#   e.g. scripts/bench-restart.sh target/release/tessera /tmp/big 18081 --fleet synthetic:10000
 #
 # To measure with a full store: start the server on DATA_DIR, create workloads with
 #   tessera bench api --server http://127.0.0.1:PORT --token "$(cat DATA_DIR/admin-token)" --creates 10000
@@ -18,6 +21,7 @@ fi
 bin=$1
 dir=$2
 port=${3:-18081}
+shift $(($# < 3 ? $# : 3))
 [ -x "$bin" ] || { echo "error: $bin is not an executable" >&2; exit 2; }
 [ -f "$dir/tessera.db" ] || echo "note: $dir holds no store yet; this measures a first start" >&2
 
@@ -38,7 +42,7 @@ fi
 
 log=$(mktemp)
 start=$(date +%s%N)
-"$bin" serve --data-dir "$dir" --listen "127.0.0.1:$port" >"$log" 2>&1 &
+"$bin" serve --data-dir "$dir" --listen "127.0.0.1:$port" "$@" >"$log" 2>&1 &
 pid=$!
 disown "$pid" # no "Killed" notice from the shell when it is stopped below
 trap 'kill -9 $pid 2>/dev/null || true; rm -f "$log"' EXIT
@@ -58,4 +62,7 @@ until healthy; do
 done
 end=$(date +%s%N)
 grep -E "rebuilt" "$log" | sed 's/^/server: /' >&2 || true
+sleep "${SETTLE_S:-5}"
+kill -0 "$pid" 2>/dev/null || { echo "error: the server exited:" >&2; cat "$log" >&2; exit 1; }
+echo "peak RSS $(awk '/^VmHWM/ {printf "%.0f MiB", $2 / 1024}' "/proc/$pid/status") after ${SETTLE_S:-5} s" >&2
 echo $(((end - start) / 1000000))

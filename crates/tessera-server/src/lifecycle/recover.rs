@@ -22,6 +22,8 @@ use tessera_sched::cycle::Quota;
 
 impl Core {
     pub(super) async fn recover(&mut self) -> Result<(), StoreError> {
+        let started = std::time::Instant::now();
+        let ms = |t: std::time::Instant| t.elapsed().as_millis() as u64;
         self.sched = self.fresh_scheduler();
         // Consolidation moves in progress come back from the store with the fleet operations.
         self.moves = Default::default();
@@ -43,7 +45,10 @@ impl Core {
         }
         let now = now_ms();
         self.month.refresh(&*self.store, now).await?;
+        let t = std::time::Instant::now();
         let active = self.store.active_workloads().await?;
+        let read_ms = ms(t);
+        let t = std::time::Instant::now();
         // Ask the backend first: a whole-GPU backend's MIG layouts must be known before the
         // allocations are restored into them.
         let expected: Vec<_> = active
@@ -69,6 +74,8 @@ impl Core {
                 tracing::warn!(error = %e, "the backend cannot be reconciled now; will retry");
             }
         }
+        let reconcile_ms = ms(t);
+        let t = std::time::Instant::now();
         let mut invalid = Vec::new();
         for w in active {
             let id = w.id;
@@ -130,6 +137,8 @@ impl Core {
         for old in self.moves.originals() {
             self.sched.stopping(old.0);
         }
+        let restore_ms = ms(t);
+        let t = std::time::Instant::now();
         let mut batch = Batch::default();
         for (id, detail) in &invalid {
             self.apply(
@@ -160,8 +169,20 @@ impl Core {
         }
         let queued = self.sched.queued();
         let live = self.live.len();
+        let apply_ms = ms(t);
+        let t = std::time::Instant::now();
         self.commit_recovery(batch, now).await?;
-        tracing::info!(live, queued, "lifecycle state rebuilt from the store");
+        tracing::info!(
+            live,
+            queued,
+            total_ms = ms(started),
+            read_ms,
+            reconcile_ms,
+            restore_ms,
+            apply_ms,
+            commit_ms = ms(t),
+            "lifecycle state rebuilt from the store"
+        );
         Ok(())
     }
 
