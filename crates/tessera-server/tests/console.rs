@@ -323,18 +323,22 @@ async fn console_pages_are_signed_in_csrf_guarded_and_free_of_inline_code() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A workload as the API shows it.
+async fn workload(api: &Client, base: &str, admin: &str, id: u64) -> Value {
+    api.get(format!("{base}/api/v1/workloads/{id}"))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Polls a workload until its state is one of `states`.
 async fn wait_state(api: &Client, base: &str, admin: &str, id: u64, states: &[&str]) -> Value {
     for _ in 0..200 {
-        let w: Value = api
-            .get(format!("{base}/api/v1/workloads/{id}"))
-            .bearer_auth(admin)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let w = workload(api, base, admin, id).await;
         if states.contains(&w["state"].as_str().unwrap_or_default()) {
             return w;
         }
@@ -569,15 +573,7 @@ async fn dry_run_asks_the_engine_start_names_the_node_and_fragmented_units_wait(
     let pair = submit(gpus(2, "pair")).await;
     let mut w = Value::Null;
     for _ in 0..100 {
-        w = api
-            .get(format!("{base}/api/v1/workloads/{pair}"))
-            .bearer_auth(&admin)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        w = workload(&api, &base, &admin, pair).await;
         if w["reason_code"].is_string() {
             break;
         }
@@ -754,15 +750,7 @@ async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_e
     assert_eq!(s.status(), StatusCode::NO_CONTENT);
     let to = s.headers()["hx-redirect"].to_str().unwrap().to_string();
     let id: u64 = to.trim_start_matches("/console/workloads/").parse().unwrap();
-    let w: Value = api
-        .get(format!("{base}/api/v1/workloads/{id}"))
-        .bearer_auth(&admin)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let w = workload(&api, &base, &admin, id).await;
     assert_eq!(
         (w["kind"].as_str(), w["movable"].as_str()),
         (Some("service"), Some("replace"))

@@ -4,9 +4,10 @@
 //! for other jobs are out of every placement's reach. A job that finds no capacity is left
 //! starved, with the engine's diagnosis as its reason, for reclaim and preempt to look at.
 
-use rustc_hash::{FxHashMap, FxHashSet};
 use std::rc::Rc;
 use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use tessera_model::{PoolId, Request};
 

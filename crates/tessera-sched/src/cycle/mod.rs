@@ -57,10 +57,10 @@ mod testing;
 mod victims;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-
-use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
 use std::sync::Arc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use tessera_model::{Fleet, GpuUnits, NodeId, PoolId, Request};
 
@@ -239,11 +239,6 @@ impl Running {
             .checkpoint_ms
             .map_or(self.running_since_ms, |c| c.max(self.running_since_ms));
         (now - since).max(0) as u64 * self.units.as_milli()
-    }
-
-    /// Whether it has run its minimum runtime at `now` (only then may it be preempted).
-    pub fn past_min_runtime(&self, now: i64) -> bool {
-        now - self.running_since_ms >= self.min_runtime_ms
     }
 }
 

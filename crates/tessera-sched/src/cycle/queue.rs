@@ -13,9 +13,9 @@
 use std::cmp::Reverse;
 use std::collections::btree_map::Values;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
-use std::sync::Arc;
 
 use tessera_model::Request;
 

@@ -1,6 +1,7 @@
 //! The request form: project, name, pool → model → shape, duration, priority, kind and whether
-//! consolidation may move the workload, where each choice offered is valid for the ones before it (the dependent selects are re-rendered by an
-//! htmx fragment when the pool or model changes). "Preview" answers the API's dry run — cost,
+//! consolidation may move the workload, where each choice offered is valid for the ones before
+//! it (the dependent selects are re-rendered by an htmx fragment when the pool or model
+//! changes). "Preview" answers the API's dry run — cost,
 //! quotas, budget, whether it would start, borrow, wait or be refused — and only the preview
 //! offers the button that submits. Values are checked by the API's own rules and handlers; a
 //! refusal is shown next to the field it concerns.

@@ -47,6 +47,11 @@ impl Moves {
         self.replacing.insert(old, (replacement, by));
     }
 
+    /// Forgets the move of `old`; `false` if it was not being moved.
+    pub fn forget(&mut self, old: WorkloadId) -> bool {
+        self.replacing.remove(&old).is_some()
+    }
+
     /// The services being moved.
     pub fn originals(&self) -> Vec<WorkloadId> {
         self.replacing.keys().copied().collect()
@@ -106,7 +111,7 @@ impl Core {
         for (old, new, by) in moves {
             match self.live.get(&new).map(|l| l.w.phase) {
                 Some(Phase::Running) => {
-                    self.end_consolidation_move(old).await;
+                    self.end_move(old).await;
                     let why = by.map(|b| format!(" so that workload {b} fits")).unwrap_or_default();
                     self.apply(
                         old,
@@ -125,7 +130,7 @@ impl Core {
                 // The replacement ended or went back to the queue before it ran: the original
                 // stays, and the job it was to make room for searches again.
                 _ => {
-                    self.end_consolidation_move(old).await;
+                    self.end_move(old).await;
                     self.sched.move_failed(old.0);
                     self.apply(
                         old,
@@ -139,15 +144,6 @@ impl Core {
                     );
                 }
             }
-        }
-    }
-
-    /// Ends the move of `old`, in memory and in the store.
-    async fn end_consolidation_move(&mut self, old: WorkloadId) {
-        if self.moves.replacing.remove(&old).is_some()
-            && let Err(e) = self.store.clear_service_move(old).await
-        {
-            tracing::error!(%old, error = %e, "cannot forget a consolidation move in the store");
         }
     }
 

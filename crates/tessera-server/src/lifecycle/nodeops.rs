@@ -126,9 +126,10 @@ impl Core {
         }
     }
 
-    /// Forgets a service move, in memory and in the store.
-    async fn end_move(&mut self, old: WorkloadId) {
-        if self.drains.moves.remove(&old).is_some()
+    /// Forgets a service move — a drain's or consolidation's — in memory and in the store.
+    pub(super) async fn end_move(&mut self, old: WorkloadId) {
+        let drained = self.drains.moves.remove(&old).is_some();
+        if (drained | self.moves.forget(old))
             && let Err(e) = self.store.clear_service_move(old).await
         {
             tracing::error!(%old, error = %e, "cannot forget a service move in the store");
