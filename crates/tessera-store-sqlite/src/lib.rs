@@ -30,6 +30,7 @@ mod governance;
 mod lease;
 mod ledger;
 mod legacy;
+mod raw;
 mod rollouts;
 mod rows;
 mod tenancy;

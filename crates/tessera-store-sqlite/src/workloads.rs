@@ -253,20 +253,116 @@ fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Que
 }
 
 /// A workload from its row.
-fn workload_row(r: &SqliteRow) -> Result<Workload> {
-    let id = WorkloadId(u64_of(col(r, "id")?));
+/// The columns of a workload `SELECT` ([`select!`]), in order.
+const COLUMNS: &str = columns!();
+
+/// The names in [`COLUMNS`], for errors.
+static COLUMN_NAMES: LazyLock<Vec<&'static str>> = LazyLock::new(|| names(COLUMNS).collect());
+
+/// The position of `name` in [`COLUMNS`]; evaluated at compile time through [`at!`], so that a
+/// misspelt name does not build.
+const fn position(name: &str) -> usize {
+    let list = COLUMNS.as_bytes();
+    let name = name.as_bytes();
+    let (mut index, mut i) = (0, 0);
+    while i < list.len() {
+        while list[i] == b' ' {
+            i += 1;
+        }
+        let start = i;
+        while i < list.len() && list[i] != b',' {
+            i += 1;
+        }
+        if i - start == name.len() {
+            let mut k = 0;
+            while k < name.len() && list[start + k] == name[k] {
+                k += 1;
+            }
+            if k == name.len() {
+                return index;
+            }
+        }
+        index += 1;
+        i += 1;
+    }
+    panic!("not a column of `workloads`")
+}
+
+/// The position of a column in a workload `SELECT`, as a constant.
+macro_rules! at {
+    ($name:literal) => {{
+        const I: usize = position($name);
+        I
+    }};
+}
+
+/// One row of a workload `SELECT`, cell by cell: a sqlx row (one workload, a listing) or the
+/// current row of a statement stepped on the raw handle (every active workload at recovery,
+/// see [`crate::raw`]).
+trait Cells {
+    /// The integer at position `i`, `None` when NULL.
+    fn int(&self, i: usize) -> Result<Option<i64>>;
+    /// The text at position `i`, `None` when NULL.
+    fn text(&self, i: usize) -> Result<Option<&str>>;
+
+    /// The integer at `i`, which must not be NULL.
+    fn int_of(&self, i: usize) -> Result<i64> {
+        self.int(i)?.ok_or_else(|| null(i))
+    }
+    /// The text at `i`, which must not be NULL.
+    fn text_of(&self, i: usize) -> Result<&str> {
+        self.text(i)?.ok_or_else(|| null(i))
+    }
+    /// The boolean (0 or 1) at `i`, which must not be NULL.
+    fn flag(&self, i: usize) -> Result<bool> {
+        self.int_of(i).map(|v| v != 0)
+    }
+    /// The owned text at `i`, `None` when NULL.
+    fn string(&self, i: usize) -> Result<Option<String>> {
+        Ok(self.text(i)?.map(str::to_owned))
+    }
+}
+
+fn null(i: usize) -> StoreError {
+    StoreError::Corrupt(format!("column `{}`: unexpected NULL", COLUMN_NAMES[i]))
+}
+
+impl Cells for SqliteRow {
+    fn int(&self, i: usize) -> Result<Option<i64>> {
+        self.try_get(i)
+            .map_err(|e| StoreError::Corrupt(format!("column `{}`: {e}", COLUMN_NAMES[i])))
+    }
+    fn text(&self, i: usize) -> Result<Option<&str>> {
+        self.try_get(i)
+            .map_err(|e| StoreError::Corrupt(format!("column `{}`: {e}", COLUMN_NAMES[i])))
+    }
+}
+
+impl Cells for crate::raw::Statement<'_> {
+    fn int(&self, i: usize) -> Result<Option<i64>> {
+        crate::raw::Statement::int(self, i)
+    }
+    fn text(&self, i: usize) -> Result<Option<&str>> {
+        crate::raw::Statement::text(self, i)
+    }
+}
+
+fn workload_row(r: &impl Cells) -> Result<Workload> {
+    let id = WorkloadId(u64_of(r.int_of(at!("id"))?));
     let gpu = match (
-        col::<Option<i64>>(r, "gpus")?,
-        col::<Option<String>>(r, "mig_profile")?,
-        col::<Option<i64>>(r, "fraction_milli")?,
+        r.int(at!("gpus"))?,
+        r.text(at!("mig_profile"))?,
+        r.int(at!("fraction_milli"))?,
     ) {
         (Some(gpus), None, None) => GpuSpec::Whole {
             gpus: narrow(gpus, "gpus")?,
         },
-        (None, Some(profile), None) => GpuSpec::Mig { profile },
+        (None, Some(profile), None) => GpuSpec::Mig {
+            profile: profile.to_owned(),
+        },
         (None, None, Some(milli)) => GpuSpec::Fraction {
             milli: narrow(milli, "fraction_milli")?,
-            memory_mib: narrow_opt(col(r, "fraction_memory_mib")?, "fraction_memory_mib")?,
+            memory_mib: narrow_opt(r.int(at!("fraction_memory_mib"))?, "fraction_memory_mib")?,
         },
         _ => {
             return Err(corrupt(
@@ -275,59 +371,59 @@ fn workload_row(r: &SqliteRow) -> Result<Workload> {
             ));
         }
     };
-    let kind: String = col(r, "kind")?;
-    let command: Option<String> = col(r, "command")?;
+    let kind = r.text_of(at!("kind"))?;
     let spec = WorkloadSpec {
-        tenant: col(r, "tenant")?,
-        project: col(r, "project")?,
-        name: col(r, "name")?,
-        kind: Kind::parse(&kind).ok_or_else(|| corrupt(id, format_args!("unknown kind `{kind}`")))?,
+        tenant: r.text_of(at!("tenant"))?.to_owned(),
+        project: r.text_of(at!("project"))?.to_owned(),
+        name: r.text_of(at!("name"))?.to_owned(),
+        kind: Kind::parse(kind).ok_or_else(|| corrupt(id, format_args!("unknown kind `{kind}`")))?,
         shape: ShapeSpec {
             gpu,
-            models: from_json(id, "shape_models", &col::<String>(r, "shape_models")?)?,
-            pool: col(r, "shape_pool")?,
+            models: from_json(id, "shape_models", r.text_of(at!("shape_models"))?)?,
+            pool: r.string(at!("shape_pool"))?,
         },
-        cpu_milli: u64_of(col(r, "cpu_milli")?),
-        memory_mib: u64_of(col(r, "memory_mib")?),
-        duration_s: col::<Option<i64>>(r, "duration_s")?.map(u64_of),
-        command: command.map(|c| from_json(id, "command", &c)).transpose()?,
-        image: col(r, "image")?,
-        env: from_json::<BTreeMap<String, String>>(id, "env", &col::<String>(r, "env")?)?,
-        priority: col(r, "priority")?,
-        no_wait: col(r, "no_wait")?,
-        no_requeue: col(r, "no_requeue")?,
-        movable: col::<Option<String>>(r, "movable")?
-            .map(|m| Movable::parse(&m).ok_or_else(|| corrupt(id, format_args!("unknown movable `{m}`"))))
+        cpu_milli: u64_of(r.int_of(at!("cpu_milli"))?),
+        memory_mib: u64_of(r.int_of(at!("memory_mib"))?),
+        duration_s: r.int(at!("duration_s"))?.map(u64_of),
+        command: r.text(at!("command"))?.map(|c| from_json(id, "command", c)).transpose()?,
+        image: r.string(at!("image"))?,
+        env: from_json::<BTreeMap<String, String>>(id, "env", r.text_of(at!("env"))?)?,
+        priority: r.text_of(at!("priority"))?.to_owned(),
+        no_wait: r.flag(at!("no_wait"))?,
+        no_requeue: r.flag(at!("no_requeue"))?,
+        movable: r
+            .text(at!("movable"))?
+            .map(|m| Movable::parse(m).ok_or_else(|| corrupt(id, format_args!("unknown movable `{m}`"))))
             .transpose()?,
     };
-    let phase: String = col(r, "phase")?;
-    let reason = match (
-        col::<Option<String>>(r, "reason_code")?,
-        col::<Option<String>>(r, "reason_detail")?,
-    ) {
+    let phase = r.text_of(at!("phase"))?;
+    let reason = match (r.text(at!("reason_code"))?, r.text(at!("reason_detail"))?) {
         (None, None) => None,
         (Some(code), Some(detail)) => Some(Reason::new(
-            ReasonCode::parse(&code).ok_or_else(|| corrupt(id, format_args!("unknown reason code `{code}`")))?,
+            ReasonCode::parse(code).ok_or_else(|| corrupt(id, format_args!("unknown reason code `{code}`")))?,
             detail,
         )),
         _ => return Err(corrupt(id, "a reason needs both its code and its detail")),
     };
-    let stop = match col::<Option<String>>(r, "stop_kind")?.as_deref() {
+    let stop = match r.text(at!("stop_kind"))? {
         None => None,
         Some("cancel") => Some(StopCause::Cancelled {
-            by: col::<Option<String>>(r, "stop_by")?.ok_or_else(|| corrupt(id, "a cancellation without `stop_by`"))?,
+            by: r
+                .string(at!("stop_by"))?
+                .ok_or_else(|| corrupt(id, "a cancellation without `stop_by`"))?,
         }),
         Some(kind) => {
             let code =
                 PreemptCode::parse(kind).ok_or_else(|| corrupt(id, format_args!("unknown stop kind `{kind}`")))?;
-            let by: Option<String> = col(r, "stop_by")?;
-            let by = by
+            let by = r
+                .text(at!("stop_by"))?
                 .and_then(|b| b.parse().ok())
                 .ok_or_else(|| corrupt(id, "a preemption needs the preempting workload's id in `stop_by`"))?;
             Some(StopCause::Preempted {
                 by: WorkloadId(by),
                 code,
-                detail: col::<Option<String>>(r, "stop_detail")?
+                detail: r
+                    .string(at!("stop_detail"))?
                     .ok_or_else(|| corrupt(id, "a preemption without `stop_detail`"))?,
             })
         }
@@ -335,56 +431,59 @@ fn workload_row(r: &SqliteRow) -> Result<Workload> {
     Ok(Workload {
         id,
         spec,
-        units: GpuUnits(u64_of(col(r, "units_milli")?)),
-        phase: Phase::parse(&phase).ok_or_else(|| corrupt(id, format_args!("unknown phase `{phase}`")))?,
+        units: GpuUnits(u64_of(r.int_of(at!("units_milli"))?)),
+        phase: Phase::parse(phase).ok_or_else(|| corrupt(id, format_args!("unknown phase `{phase}`")))?,
         reason,
         placement: placement_row(id, r)?,
-        borrowing: col(r, "borrowing")?,
-        created_at: col(r, "created_at")?,
-        running_at: col(r, "running_at")?,
-        ended_at: col(r, "ended_at")?,
+        borrowing: r.flag(at!("borrowing"))?,
+        created_at: r.int_of(at!("created_at"))?,
+        running_at: r.int(at!("running_at"))?,
+        ended_at: r.int(at!("ended_at"))?,
         stop,
-        next_seq: narrow(col(r, "next_event_seq")?, "next_event_seq")?,
+        next_seq: narrow(r.int_of(at!("next_event_seq"))?, "next_event_seq")?,
         usage: UsageCursor {
-            seq: narrow(col(r, "usage_seq")?, "usage_seq")?,
-            open: col(r, "usage_open")?,
+            seq: narrow(r.int_of(at!("usage_seq"))?, "usage_seq")?,
+            open: r.flag(at!("usage_open"))?,
         },
     })
 }
 
-fn placement_row(id: WorkloadId, r: &SqliteRow) -> Result<Option<Placement>> {
-    let Some(kind) = col::<Option<String>>(r, "p_slice")? else {
+fn placement_row(id: WorkloadId, r: &impl Cells) -> Result<Option<Placement>> {
+    let Some(kind) = r.text(at!("p_slice"))? else {
         return Ok(None);
     };
-    let required = |column: &str| -> Result<i64> {
-        col::<Option<i64>>(r, column)?.ok_or_else(|| corrupt(id, format_args!("a {kind} placement without `{column}`")))
+    let required = |column: usize| -> Result<i64> {
+        r.int(column)?
+            .ok_or_else(|| corrupt(id, format_args!("a {kind} placement without `{}`", COLUMN_NAMES[column])))
     };
-    let slice = match kind.as_str() {
+    let slice = match kind {
         "whole" => Slice::Whole,
         "mig" => Slice::Mig {
-            profile: col::<Option<String>>(r, "p_mig_profile")?
+            profile: r
+                .string(at!("p_mig_profile"))?
                 .ok_or_else(|| corrupt(id, "a MIG placement without `p_mig_profile`"))?,
-            profile_id: narrow(required("p_mig_profile_id")?, "p_mig_profile_id")?,
-            start: narrow(required("p_mig_start")?, "p_mig_start")?,
-            size: narrow(required("p_mig_size")?, "p_mig_size")?,
+            profile_id: narrow(required(at!("p_mig_profile_id"))?, "p_mig_profile_id")?,
+            start: narrow(required(at!("p_mig_start"))?, "p_mig_start")?,
+            size: narrow(required(at!("p_mig_size"))?, "p_mig_size")?,
         },
         "fraction" => Slice::Fraction {
-            milli: narrow(required("p_fraction_milli")?, "p_fraction_milli")?,
-            gpu_memory_mib: narrow_opt(col(r, "p_gpu_memory_mib")?, "p_gpu_memory_mib")?,
+            milli: narrow(required(at!("p_fraction_milli"))?, "p_fraction_milli")?,
+            gpu_memory_mib: narrow_opt(r.int(at!("p_gpu_memory_mib"))?, "p_gpu_memory_mib")?,
         },
         "cpu" => Slice::CpuOnly,
         other => return Err(corrupt(id, format_args!("unknown placement slice `{other}`"))),
     };
-    let text = |column: &str| -> Result<String> {
-        col::<Option<String>>(r, column)?.ok_or_else(|| corrupt(id, format_args!("a placement without `{column}`")))
+    let text = |column: usize| -> Result<String> {
+        r.string(column)?
+            .ok_or_else(|| corrupt(id, format_args!("a placement without `{}`", COLUMN_NAMES[column])))
     };
     Ok(Some(Placement {
-        pool: text("p_pool")?,
-        node: text("p_node")?,
-        model: text("p_model")?,
-        gpus: gpus_of(required("p_gpus")?),
+        pool: text(at!("p_pool"))?,
+        node: text(at!("p_node"))?,
+        model: text(at!("p_model"))?,
+        gpus: gpus_of(required(at!("p_gpus"))?),
         slice,
-        units: GpuUnits(u64_of(required("p_units_milli")?)),
+        units: GpuUnits(u64_of(required(at!("p_units_milli"))?)),
     }))
 }
 
@@ -579,8 +678,23 @@ impl WorkloadStore for SqliteStore {
     }
 
     async fn active_workloads(&self) -> Result<Vec<Workload>> {
-        let rows = sqlx::query(ACTIVE).fetch_all(&self.pool).await.map_err(db)?;
-        rows.iter().map(workload_row).collect()
+        // Every active workload at once (recovery: 100,000 rows and more), decoded straight
+        // from SQLite's buffers rather than through a copy of each row (see `crate::raw`).
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        let mut handle = conn.lock_handle().await.map_err(db)?;
+        let mut read = || {
+            let mut statement = crate::raw::Statement::prepare(&mut handle, ACTIVE, &COLUMN_NAMES)?;
+            let mut out = Vec::new();
+            while statement.step()? {
+                out.push(workload_row(&statement)?);
+            }
+            Ok(out)
+        };
+        // The read takes the thread for a while: let the runtime move its other tasks away.
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(read),
+            _ => read(),
+        }
     }
 
     async fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, WorkloadId)>> {
@@ -642,6 +756,22 @@ mod tests {
             );
             assert!(!plan.iter().any(|p| p.starts_with("SCAN workloads")), "{plan:?}");
         }
+    }
+
+    #[test]
+    fn every_column_is_found_at_its_place_in_the_select() {
+        assert_eq!(COLUMN_NAMES.len(), 48);
+        for (i, name) in COLUMN_NAMES.iter().enumerate() {
+            assert_eq!(position(name), i, "{name}");
+        }
+        assert_eq!(at!("id"), 0);
+        assert_eq!(at!("p_units_milli"), 47);
+    }
+
+    #[test]
+    #[should_panic(expected = "not a column")]
+    fn a_name_that_is_no_column_has_no_place() {
+        position("shape");
     }
 
     #[test]

@@ -267,3 +267,53 @@ async fn a_schema_written_by_a_newer_tessera_is_refused() {
     assert!(matches!(err, StoreError::Incompatible(_)), "{err:?}");
     assert!(err.to_string().contains("version 9999"), "{err}");
 }
+
+/// Recovery's read of every active workload (stepped on SQLite's handle, off the async
+/// threads of a multi-threaded runtime) returns what single reads return, and a cell of the
+/// wrong type is an error that names its column in both, never a guess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bulk_read_of_active_workloads_decodes_as_single_reads_and_names_a_corrupt_column() {
+    let dir = fresh_dir("bulk-read");
+    let store = SqliteStore::open_dir(&dir).await.unwrap();
+    let ids: Vec<u64> = store.reserve_workload_ids(3).await.unwrap().collect();
+    let ws: Vec<Workload> = ids.iter().map(|&id| workload(id)).collect();
+    let mut batch: Vec<Change> = ws.iter().enumerate().map(|(i, w)| created(w, &format!("k-{i}"))).collect();
+    batch.extend(ws[..2].iter().map(queued));
+    store.commit(&batch).await.unwrap();
+    let mut single = Vec::new();
+    for w in &ws {
+        single.push(store.get_workload(w.id, None).await.unwrap().unwrap());
+    }
+    assert_eq!(single[0].phase, Phase::Queued);
+    assert_eq!(store.active_workloads().await.unwrap(), single);
+
+    let opts = SqliteConnectOptions::new().filename(dir.join("tessera.db"));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts)
+        .await
+        .unwrap();
+    for (set, column) in [("cpu_milli = 'lots'", "cpu_milli"), ("env = 42", "env")] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE workloads SET {set} WHERE id = {}", ids[1])))
+            .execute(&pool)
+            .await
+            .unwrap();
+        for read in [
+            store.active_workloads().await.map(|_| ()),
+            store.get_workload(WorkloadId(ids[1]), None).await.map(|_| ()),
+        ] {
+            match read {
+                Err(StoreError::Corrupt(m)) => assert!(m.contains(&format!("column `{column}`")), "{m}"),
+                other => panic!("expected a corrupt `{column}`, got {other:?}"),
+            }
+        }
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE workloads SET cpu_milli = 1000, env = '{{}}' WHERE id = {}",
+            ids[1]
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    assert_eq!(store.active_workloads().await.unwrap(), single);
+}

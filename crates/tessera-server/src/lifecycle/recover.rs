@@ -28,6 +28,7 @@ impl Core {
         // Consolidation moves in progress come back from the store with the fleet operations.
         self.moves = Default::default();
         self.restore_ops().await?;
+        let ops_ms = ms(started);
         self.live.clear();
         self.runner.clear();
         self.published.clear_workloads();
@@ -44,10 +45,17 @@ impl Core {
             self.sched.set_budget(&t, Some(b));
         }
         let now = now_ms();
-        self.month.refresh(&*self.store, now).await?;
+        // The month's usage is read beside the workloads (on another thread when the runtime
+        // has one): both are long reads of a large store.
         let t = std::time::Instant::now();
+        let (mut month, store) = (std::mem::take(&mut self.month), self.store.clone());
+        let month_read = tokio::spawn(async move { month.refresh(&*store, now).await.map(|()| month) });
         let active = self.store.active_workloads().await?;
         let read_ms = ms(t);
+        self.month = month_read
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("reading this month's usage: {e}")))??;
+        let month_ms = ms(t);
         let t = std::time::Instant::now();
         // Ask the backend first: a whole-GPU backend's MIG layouts must be known before the
         // allocations are restored into them.
@@ -176,6 +184,8 @@ impl Core {
             live,
             queued,
             total_ms = ms(started),
+            ops_ms,
+            month_ms,
             read_ms,
             reconcile_ms,
             restore_ms,
