@@ -90,7 +90,9 @@ impl<'h> Statement<'h> {
         match self.kind(i) {
             ffi::SQLITE_NULL => Ok(None),
             // SAFETY: as in `kind`; the value is an integer, so nothing is converted.
-            ffi::SQLITE_INTEGER => Ok(Some(unsafe { ffi::sqlite3_column_int64(self.stmt.as_ptr(), i as c_int) })),
+            ffi::SQLITE_INTEGER => Ok(Some(unsafe {
+                ffi::sqlite3_column_int64(self.stmt.as_ptr(), i as c_int)
+            })),
             other => Err(self.mismatch(i, "an integer", other)),
         }
     }

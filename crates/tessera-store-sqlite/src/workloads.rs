@@ -385,7 +385,10 @@ fn workload_row(r: &impl Cells) -> Result<Workload> {
         cpu_milli: u64_of(r.int_of(at!("cpu_milli"))?),
         memory_mib: u64_of(r.int_of(at!("memory_mib"))?),
         duration_s: r.int(at!("duration_s"))?.map(u64_of),
-        command: r.text(at!("command"))?.map(|c| from_json(id, "command", c)).transpose()?,
+        command: r
+            .text(at!("command"))?
+            .map(|c| from_json(id, "command", c))
+            .transpose()?,
         image: r.string(at!("image"))?,
         env: from_json::<BTreeMap<String, String>>(id, "env", r.text_of(at!("env"))?)?,
         priority: r.text_of(at!("priority"))?.to_owned(),
@@ -453,8 +456,12 @@ fn placement_row(id: WorkloadId, r: &impl Cells) -> Result<Option<Placement>> {
         return Ok(None);
     };
     let required = |column: usize| -> Result<i64> {
-        r.int(column)?
-            .ok_or_else(|| corrupt(id, format_args!("a {kind} placement without `{}`", COLUMN_NAMES[column])))
+        r.int(column)?.ok_or_else(|| {
+            corrupt(
+                id,
+                format_args!("a {kind} placement without `{}`", COLUMN_NAMES[column]),
+            )
+        })
     };
     let slice = match kind {
         "whole" => Slice::Whole,

@@ -277,7 +277,11 @@ async fn the_bulk_read_of_active_workloads_decodes_as_single_reads_and_names_a_c
     let store = SqliteStore::open_dir(&dir).await.unwrap();
     let ids: Vec<u64> = store.reserve_workload_ids(3).await.unwrap().collect();
     let ws: Vec<Workload> = ids.iter().map(|&id| workload(id)).collect();
-    let mut batch: Vec<Change> = ws.iter().enumerate().map(|(i, w)| created(w, &format!("k-{i}"))).collect();
+    let mut batch: Vec<Change> = ws
+        .iter()
+        .enumerate()
+        .map(|(i, w)| created(w, &format!("k-{i}")))
+        .collect();
     batch.extend(ws[..2].iter().map(queued));
     store.commit(&batch).await.unwrap();
     let mut single = Vec::new();
@@ -294,10 +298,13 @@ async fn the_bulk_read_of_active_workloads_decodes_as_single_reads_and_names_a_c
         .await
         .unwrap();
     for (set, column) in [("cpu_milli = 'lots'", "cpu_milli"), ("env = 42", "env")] {
-        sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE workloads SET {set} WHERE id = {}", ids[1])))
-            .execute(&pool)
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE workloads SET {set} WHERE id = {}",
+            ids[1]
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
         for read in [
             store.active_workloads().await.map(|_| ()),
             store.get_workload(WorkloadId(ids[1]), None).await.map(|_| ()),
