@@ -297,14 +297,13 @@ async fn the_bulk_read_of_active_workloads_decodes_as_single_reads_and_names_a_c
         .connect_with(opts)
         .await
         .unwrap();
-    for (set, column) in [("cpu_milli = 'lots'", "cpu_milli"), ("env = 42", "env")] {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE workloads SET {set} WHERE id = {}",
-            ids[1]
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
+    let set = |set: &str| {
+        let sql = format!("UPDATE workloads SET {set} WHERE id = {}", ids[1]);
+        let pool = &pool;
+        async move { sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await.unwrap() }
+    };
+    for (corrupt, column) in [("cpu_milli = 'lots'", "cpu_milli"), ("env = 42", "env")] {
+        set(corrupt).await;
         for read in [
             store.active_workloads().await.map(|_| ()),
             store.get_workload(WorkloadId(ids[1]), None).await.map(|_| ()),
@@ -314,13 +313,7 @@ async fn the_bulk_read_of_active_workloads_decodes_as_single_reads_and_names_a_c
                 other => panic!("expected a corrupt `{column}`, got {other:?}"),
             }
         }
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE workloads SET cpu_milli = 1000, env = '{{}}' WHERE id = {}",
-            ids[1]
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
+        set("cpu_milli = 1000, env = '{}'").await;
     }
     assert_eq!(store.active_workloads().await.unwrap(), single);
 }
