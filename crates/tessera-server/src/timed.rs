@@ -135,6 +135,9 @@ impl LedgerStore for TimedStore {
         self.timed("usage_between", self.inner.usage_between(tenant, from, to))
             .await
     }
+    async fn closed_usage(&self, from: i64, to: i64) -> Result<Vec<(String, i64)>> {
+        self.timed("closed_usage", self.inner.closed_usage(from, to)).await
+    }
 }
 
 #[async_trait]

@@ -12,6 +12,11 @@ use tessera_store::{LedgerStore, Result, StoreError, UsageInterval};
 use crate::rows::{self, MultiRow};
 use crate::{PgStore, col, db, db_error, i64_of, narrow, u64_of};
 
+/// Closed use per tenant within `[$1, $2)` ([`LedgerStore::closed_usage`]): the intervals that
+/// ended after `$1` (the `usage_ended` index; open ones have no end) and began before `$2`.
+const CLOSED_USAGE: &str = "SELECT tenant, SUM(units_milli * (LEAST(ended_at, $2) - GREATEST(started_at, $1)))::BIGINT AS used \
+     FROM usage_intervals WHERE ended_at > $1 AND started_at < $2 GROUP BY tenant ORDER BY tenant";
+
 static OPEN: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "INSERT INTO usage_intervals \
@@ -159,5 +164,17 @@ impl LedgerStore for PgStore {
             .await
             .map_err(db)?;
         rows.iter().map(usage_row).collect()
+    }
+
+    async fn closed_usage(&self, from: i64, to: i64) -> Result<Vec<(String, i64)>> {
+        sqlx::query(CLOSED_USAGE)
+            .bind(from)
+            .bind(to)
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| Ok((col(r, "tenant")?, col(r, "used")?)))
+            .collect()
     }
 }

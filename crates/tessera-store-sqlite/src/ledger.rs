@@ -12,6 +12,14 @@ use tessera_store::{LedgerStore, Result, StoreError, UsageInterval};
 use crate::rows::{self, MultiRow};
 use crate::{SqliteStore, col, db, db_error, i64_of, narrow, u64_of};
 
+/// Closed use per tenant within `[$1, $2)` ([`LedgerStore::closed_usage`]): the intervals that
+/// ended after `$1` (open ones have no end) and began before `$2`. SQLite only: `INDEXED BY`,
+/// because its planner would rather walk the `(tenant, started_at)` index for the grouping,
+/// which reads the whole ledger.
+const CLOSED_USAGE: &str = "SELECT tenant, SUM(units_milli * (MIN(ended_at, $2) - MAX(started_at, $1))) AS used \
+     FROM usage_intervals INDEXED BY usage_ended WHERE ended_at > $1 AND started_at < $2 \
+     GROUP BY tenant ORDER BY tenant";
+
 static OPEN: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "INSERT INTO usage_intervals \
@@ -156,6 +164,18 @@ impl LedgerStore for SqliteStore {
         let rows = q.bind(from).bind(to).fetch_all(&self.pool).await.map_err(db)?;
         rows.iter().map(usage_row).collect()
     }
+
+    async fn closed_usage(&self, from: i64, to: i64) -> Result<Vec<(String, i64)>> {
+        sqlx::query(CLOSED_USAGE)
+            .bind(from)
+            .bind(to)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| Ok((col(r, "tenant")?, col(r, "used")?)))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -177,5 +197,17 @@ mod tests {
             );
             assert!(!plan.iter().any(|p| p.starts_with("SCAN usage_intervals")), "{plan:?}");
         }
+    }
+
+    /// The month's closed use reads the intervals that ended in it, never the whole ledger.
+    #[tokio::test]
+    async fn closed_usage_searches_by_end() {
+        let store = SqliteStore::open_memory().await.unwrap();
+        let plan = rows::plan(&store, CLOSED_USAGE).await;
+        assert!(
+            plan.iter()
+                .any(|p| p.starts_with("SEARCH usage_intervals USING INDEX usage_ended (ended_at>?)")),
+            "{plan:?}"
+        );
     }
 }

@@ -937,7 +937,8 @@ pub async fn idempotency_keys_are_unique_per_actor(s: &dyn Store) {
     );
 }
 
-/// Intervals open and close; `usage_between` returns those overlapping `[from, to)`.
+/// Intervals open and close; `usage_between` returns those overlapping `[from, to)`, and
+/// `closed_usage` sums the closed ones cut to the range, per tenant.
 pub async fn usage_intervals_open_close_and_overlap(s: &dyn Store) {
     let ids = new_ids(s, 3).await;
     let w1 = workload(ids[0], "acme", "p", Phase::Running);
@@ -1016,6 +1017,17 @@ pub async fn usage_intervals_open_close_and_overlap(s: &dyn Store) {
     assert_eq!(between(Some("acme"), 0, 100).await, vec![a0, a1, b0]);
     assert_eq!(between(Some("globex"), 30, 41).await, vec![c0]);
     assert!(between(Some("initech"), 0, 100).await.is_empty());
+
+    // Closed use within [from, to), per tenant, in milli-GPU-unit milliseconds: a0 (125 milli)
+    // and a1, c0 (1,000 milli) cut to the range; b0 is open and never counts.
+    let closed = |from, to| async move { s.closed_usage(from, to).await.unwrap() };
+    let acme_globex = |acme: i64, globex: i64| vec![("acme".to_string(), acme), ("globex".to_string(), globex)];
+    assert_eq!(closed(0, 100).await, acme_globex(125 * 10 + 1_000 * 10, 1_000 * 25));
+    assert_eq!(closed(18, 35).await, acme_globex(125 * 2 + 1_000 * 10, 1_000 * 17));
+    assert_eq!(closed(30, 35).await, vec![("globex".to_string(), 1_000 * 5)]);
+    assert_eq!(closed(12, 16).await, acme_globex(125 * 4, 1_000));
+    assert!(closed(40, 100).await.is_empty());
+    assert!(closed(0, 10).await.is_empty());
 }
 
 /// Tenants and projects: create, conflicts, get, ordered pages, and delete refusals.

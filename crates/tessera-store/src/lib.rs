@@ -351,6 +351,11 @@ pub trait LedgerStore: Send + Sync {
     async fn usage_of(&self, id: WorkloadId) -> Result<Vec<UsageInterval>>;
     /// Intervals overlapping `[from, to)`, optionally of one tenant, oldest first.
     async fn usage_between(&self, tenant: Option<&str>, from: i64, to: i64) -> Result<Vec<UsageInterval>>;
+    /// Per tenant (by name), the closed intervals' use within `[from, to)`: each interval cut to
+    /// it, in milli-GPU-unit milliseconds (`units_milli × ms`, summed exactly). Open intervals
+    /// do not count; a tenant with nothing closed in the range is absent. What budgets are
+    /// checked against, summed by the database so that a start-up does not read the month.
+    async fn closed_usage(&self, from: i64, to: i64) -> Result<Vec<(String, i64)>>;
 }
 
 /// Quotas and budgets.

@@ -29,15 +29,11 @@ impl MonthBook {
         if start == self.start {
             return Ok(());
         }
-        let mut closed: HashMap<String, f64> = HashMap::new();
-        for u in store.usage_between(None, start, now + 1).await? {
-            if let Some(end) = u.ended_at {
-                let ms = (end.min(now) - u.started_at.max(start)).max(0) as f64;
-                *closed.entry(u.tenant).or_default() += u.units.as_f64() * ms / HOUR_MS;
-            }
-        }
+        // milli-GPU-unit milliseconds → GPU-unit-hours.
+        self.closed = (store.closed_usage(start, now).await?.into_iter())
+            .map(|(tenant, used)| (tenant, used as f64 / 1000.0 / HOUR_MS))
+            .collect();
         self.start = start;
-        self.closed = closed;
         Ok(())
     }
 
