@@ -91,3 +91,95 @@ pub fn sample_utilisation(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_domain::{GpuSpec, Kind, ShapeSpec, WorkloadSpec};
+    use tessera_store::{Change, UsageInterval, WorkloadStore};
+    use tessera_store_sqlite::SqliteStore;
+
+    const H: i64 = 3_600_000;
+
+    fn workload(id: u64, tenant: &str) -> Workload {
+        let spec = WorkloadSpec {
+            tenant: tenant.into(),
+            project: "p".into(),
+            name: format!("w{id}"),
+            kind: Kind::Batch,
+            shape: ShapeSpec {
+                gpu: GpuSpec::Whole { gpus: 1 },
+                models: Vec::new(),
+                pool: None,
+            },
+            cpu_milli: 1000,
+            memory_mib: 1024,
+            duration_s: None,
+            command: None,
+            image: None,
+            env: Default::default(),
+            priority: "standard".into(),
+            no_wait: false,
+            no_requeue: false,
+            movable: None,
+        };
+        Workload::new(WorkloadId(id), spec, GpuUnits::ONE_GPU, 0)
+    }
+
+    /// The month's closed usage comes back from the store per tenant (after a restart, on a
+    /// follower): intervals cut at the month's start, last month's and open ones left out.
+    #[tokio::test]
+    async fn the_month_book_reloads_closed_usage_cut_to_the_month() {
+        let store = SqliteStore::open_memory().await.unwrap();
+        let ids: Vec<u64> = store.reserve_workload_ids(5).await.unwrap().collect();
+        let now = 1_797_292_800_000; // 2026-12-15T00:00Z
+        let start = tessera_api::month_start_ms(now);
+        assert_eq!(start, now - 14 * 24 * H);
+        // (tenant, milli-units, started, ended)
+        let intervals = [
+            ("acme", 1000, start - H, Some(start + H)), // 1 h this month
+            ("acme", 500, start + 9 * 24 * H, Some(start + 9 * 24 * H + 2 * H)), // 1 unit-h
+            ("acme", 1000, start - 30 * 24 * H, Some(start - 29 * 24 * H)), // last month
+            ("acme", 2000, now - 3 * 24 * H, None),     // open: counted while running
+            ("globex", 250, now - H, Some(now - H / 2)), // 0.125 unit-h
+        ];
+        let mut batch = Vec::new();
+        for (&id, &(tenant, milli, started_at, ended_at)) in ids.iter().zip(&intervals) {
+            let w = workload(id, tenant);
+            batch.push(Change::Insert {
+                workload: w.clone(),
+                events: Vec::new(),
+                idempotency: None,
+            });
+            batch.push(Change::OpenUsage(UsageInterval {
+                workload: w.id,
+                seq: 0,
+                tenant: tenant.into(),
+                project: "p".into(),
+                pool: "training".into(),
+                model: "H100-80GB-SXM".into(),
+                shape: "1 whole GPU".into(),
+                units: GpuUnits(milli),
+                started_at,
+                ended_at: None,
+                util_avg: None,
+            }));
+            if let Some(ended_at) = ended_at {
+                batch.push(Change::CloseUsage {
+                    workload: w.id,
+                    seq: 0,
+                    ended_at,
+                    util_avg: None,
+                });
+            }
+        }
+        store.commit(&batch).await.unwrap();
+
+        let mut book = MonthBook::default();
+        book.refresh(&store, now).await.unwrap();
+        let spent = |tenant: &str| book.spent(tenant, std::iter::empty(), now);
+        assert!((spent("acme") - 2.0).abs() < 1e-9, "{}", spent("acme"));
+        assert!((spent("globex") - 0.125).abs() < 1e-9, "{}", spent("globex"));
+        assert_eq!(spent("initech"), 0.0);
+    }
+}
