@@ -292,22 +292,5 @@ where
         .map_err(|e| StoreError::Corrupt(format!("column `{name}`: {e}")))
 }
 
-/// An integer column narrowed to the type the record uses, or `Corrupt` naming it.
-fn narrow<T: TryFrom<i64>>(value: i64, name: &str) -> Result<T> {
-    T::try_from(value).map_err(|_| StoreError::Corrupt(format!("column `{name}`: {value} is out of range")))
-}
-
-/// An integer column narrowed, when present.
-fn narrow_opt<T: TryFrom<i64>>(value: Option<i64>, name: &str) -> Result<Option<T>> {
-    value.map(|v| narrow(v, name)).transpose()
-}
-
-// Unsigned 64-bit values (ids, milli-units, MiB) are stored in signed BIGINT columns, as in the
-// SQLite store.
-fn i64_of(v: u64) -> i64 {
-    v as i64
-}
-
-fn u64_of(v: i64) -> u64 {
-    v as u64
-}
+// Integer columns: narrowing, and the signed BIGINT form of unsigned values (`tessera_store::sql`).
+use tessera_store::sql::{i64_of, narrow, narrow_opt, u64_of};

@@ -1,52 +1,25 @@
 //! Workloads in typed columns, their timelines and idempotency keys ([`WorkloadStore`]), and
 //! the multi-row statements with which a lifecycle batch writes them (see [`crate::batch`]).
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::LazyLock;
 
 use async_trait::async_trait;
-use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgRow};
-use tessera_domain::{
-    Event, GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step,
-    StopCause, UsageCursor, Workload, WorkloadId, WorkloadSpec,
-};
-use tessera_model::GpuUnits;
+use tessera_domain::{Event, GpuSpec, Movable, ReasonCode, Slice, Step, StopCause, Workload, WorkloadId};
+use tessera_store::sql::{COLUMN_NAMES, Cells, corrupt, gpu_mask, json, names, narrow, null, workload_row};
 use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
 
 use crate::rows::{self, MultiRow, Query};
-use crate::{PgStore, batch, col, db, db_error, i64_of, narrow, narrow_opt, u64_of};
+use crate::{PgStore, batch, col, db, db_error, i64_of, u64_of};
 
-/// The columns of `workloads` written only on insert, in the order [`bind_spec`] binds them.
-macro_rules! spec_columns {
-    () => {
-        "id, tenant, project, name, kind, gpus, mig_profile, fraction_milli, fraction_memory_mib, shape_models, \
-         shape_pool, cpu_milli, memory_mib, duration_s, command, image, env, priority, no_wait, no_requeue, \
-         movable, units_milli, created_at"
-    };
-}
-
-/// The columns of `workloads` an update writes too, in the order [`bind_lifecycle`] binds them.
-macro_rules! lifecycle_columns {
-    () => {
-        "phase, reason_code, reason_detail, borrowing, running_at, ended_at, updated_at, stop_kind, stop_by, \
-         stop_detail, next_event_seq, usage_seq, usage_open, p_pool, p_node, p_model, p_gpus, p_slice, \
-         p_mig_profile, p_mig_profile_id, p_mig_start, p_mig_size, p_fraction_milli, p_gpu_memory_mib, p_units_milli"
-    };
-}
-
-/// Every column of `workloads`, in the order an insert binds them.
+/// Every column of `workloads`, in the order an insert binds them ([`bind_spec`], then
+/// [`bind_lifecycle`]).
 macro_rules! columns {
     () => {
-        concat!(spec_columns!(), ", ", lifecycle_columns!())
+        tessera_store::workload_columns!()
     };
-}
-
-/// The names in a column list.
-fn names(list: &'static str) -> impl Iterator<Item = &'static str> {
-    list.split(',').map(str::trim)
 }
 
 /// Inserts workloads: every column.
@@ -63,10 +36,16 @@ static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
 // take the types sqlx declares for the bound values (see `crate::rows`), so `workloads.id =
 // v.id` compares integers without casts.
 static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
-    let set: Vec<String> = names(lifecycle_columns!()).map(|c| format!("{c} = v.{c}")).collect();
+    let set: Vec<String> = names(tessera_store::workload_lifecycle_columns!())
+        .map(|c| format!("{c} = v.{c}"))
+        .collect();
     MultiRow::new(
-        concat!("WITH v (id, ", lifecycle_columns!(), ") AS (VALUES "),
-        1 + names(lifecycle_columns!()).count(),
+        concat!(
+            "WITH v (id, ",
+            tessera_store::workload_lifecycle_columns!(),
+            ") AS (VALUES "
+        ),
+        1 + names(tessera_store::workload_lifecycle_columns!()).count(),
         &format!(
             ") UPDATE workloads SET {} FROM v WHERE workloads.id = v.id",
             set.join(", ")
@@ -123,44 +102,6 @@ const PHASE_SLOTS: usize = 10;
 /// `(phase, id)` index serves, where `NOT IN` would scan every row).
 const ACTIVE: &str =
     select!("WHERE phase IN ('pending', 'queued', 'placed', 'partitioned', 'running', 'stopping') ORDER BY id");
-
-fn corrupt(id: WorkloadId, what: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("workload {id}: {what}"))
-}
-
-/// Serialises strings, lists and maps of strings (which cannot fail).
-fn json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).expect("lists and maps of strings always serialise")
-}
-
-fn from_json<T: DeserializeOwned>(id: WorkloadId, column: &str, text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| corrupt(id, format_args!("column `{column}`: {e}")))
-}
-
-/// GPU indexes as a bit mask (bit i: GPU i).
-fn gpu_mask(id: WorkloadId, gpus: &[u8]) -> Result<i64> {
-    let mut mask = 0u64;
-    for &g in gpus {
-        if g >= 64 {
-            return Err(corrupt(id, format_args!("GPU index {g} cannot be stored (0 to 63)")));
-        }
-        mask |= 1 << g;
-    }
-    Ok(mask as i64)
-}
-
-fn gpus_of(mask: i64) -> Vec<u8> {
-    (0..64u8).filter(|&g| (mask as u64) >> g & 1 == 1).collect()
-}
-
-/// The latest time the record knows, for `updated_at` (bookkeeping only; nothing reads it).
-pub(crate) fn updated_at(w: &Workload, events: &[Event]) -> i64 {
-    let known = [Some(w.created_at), w.running_at, w.ended_at]
-        .into_iter()
-        .flatten()
-        .max();
-    events.iter().map(|e| e.at).chain(known).max().unwrap_or(w.created_at)
-}
 
 /// Binds the insert-only columns (`id` to `created_at`).
 fn bind_spec<'q>(q: Query<'q>, w: &Workload) -> Query<'q> {
@@ -252,139 +193,27 @@ fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Que
 }
 
 /// A workload from its row.
-fn workload_row(r: &PgRow) -> Result<Workload> {
-    let id = WorkloadId(u64_of(col(r, "id")?));
-    let gpu = match (
-        col::<Option<i64>>(r, "gpus")?,
-        col::<Option<String>>(r, "mig_profile")?,
-        col::<Option<i64>>(r, "fraction_milli")?,
-    ) {
-        (Some(gpus), None, None) => GpuSpec::Whole {
-            gpus: narrow(gpus, "gpus")?,
-        },
-        (None, Some(profile), None) => GpuSpec::Mig { profile },
-        (None, None, Some(milli)) => GpuSpec::Fraction {
-            milli: narrow(milli, "fraction_milli")?,
-            memory_mib: narrow_opt(col(r, "fraction_memory_mib")?, "fraction_memory_mib")?,
-        },
-        _ => {
-            return Err(corrupt(
-                id,
-                "exactly one of gpus, mig_profile and fraction_milli must be set",
-            ));
-        }
-    };
-    let kind: String = col(r, "kind")?;
-    let command: Option<String> = col(r, "command")?;
-    let spec = WorkloadSpec {
-        tenant: col(r, "tenant")?,
-        project: col(r, "project")?,
-        name: col(r, "name")?,
-        kind: Kind::parse(&kind).ok_or_else(|| corrupt(id, format_args!("unknown kind `{kind}`")))?,
-        shape: ShapeSpec {
-            gpu,
-            models: from_json(id, "shape_models", &col::<String>(r, "shape_models")?)?,
-            pool: col(r, "shape_pool")?,
-        },
-        cpu_milli: u64_of(col(r, "cpu_milli")?),
-        memory_mib: u64_of(col(r, "memory_mib")?),
-        duration_s: col::<Option<i64>>(r, "duration_s")?.map(u64_of),
-        command: command.map(|c| from_json(id, "command", &c)).transpose()?,
-        image: col(r, "image")?,
-        env: from_json::<BTreeMap<String, String>>(id, "env", &col::<String>(r, "env")?)?,
-        priority: col(r, "priority")?,
-        no_wait: col(r, "no_wait")?,
-        no_requeue: col(r, "no_requeue")?,
-        movable: col::<Option<String>>(r, "movable")?
-            .map(|m| Movable::parse(&m).ok_or_else(|| corrupt(id, format_args!("unknown movable `{m}`"))))
-            .transpose()?,
-    };
-    let phase: String = col(r, "phase")?;
-    let reason = match (
-        col::<Option<String>>(r, "reason_code")?,
-        col::<Option<String>>(r, "reason_detail")?,
-    ) {
-        (None, None) => None,
-        (Some(code), Some(detail)) => Some(Reason::new(
-            ReasonCode::parse(&code).ok_or_else(|| corrupt(id, format_args!("unknown reason code `{code}`")))?,
-            detail,
-        )),
-        _ => return Err(corrupt(id, "a reason needs both its code and its detail")),
-    };
-    let stop = match col::<Option<String>>(r, "stop_kind")?.as_deref() {
-        None => None,
-        Some("cancel") => Some(StopCause::Cancelled {
-            by: col::<Option<String>>(r, "stop_by")?.ok_or_else(|| corrupt(id, "a cancellation without `stop_by`"))?,
-        }),
-        Some(kind) => {
-            let code =
-                PreemptCode::parse(kind).ok_or_else(|| corrupt(id, format_args!("unknown stop kind `{kind}`")))?;
-            let by: Option<String> = col(r, "stop_by")?;
-            let by = by
-                .and_then(|b| b.parse().ok())
-                .ok_or_else(|| corrupt(id, "a preemption needs the preempting workload's id in `stop_by`"))?;
-            Some(StopCause::Preempted {
-                by: WorkloadId(by),
-                code,
-                detail: col::<Option<String>>(r, "stop_detail")?
-                    .ok_or_else(|| corrupt(id, "a preemption without `stop_detail`"))?,
-            })
-        }
-    };
-    Ok(Workload {
-        id,
-        spec,
-        units: GpuUnits(u64_of(col(r, "units_milli")?)),
-        phase: Phase::parse(&phase).ok_or_else(|| corrupt(id, format_args!("unknown phase `{phase}`")))?,
-        reason,
-        placement: placement_row(id, r)?,
-        borrowing: col(r, "borrowing")?,
-        created_at: col(r, "created_at")?,
-        running_at: col(r, "running_at")?,
-        ended_at: col(r, "ended_at")?,
-        stop,
-        next_seq: narrow(col(r, "next_event_seq")?, "next_event_seq")?,
-        usage: UsageCursor {
-            seq: narrow(col(r, "usage_seq")?, "usage_seq")?,
-            open: col(r, "usage_open")?,
-        },
-    })
+/// A sqlx row of a workload `SELECT`, read by position.
+struct RowCells<'r>(&'r PgRow);
+
+/// A cell of the wrong type, named.
+fn mistyped(i: usize, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("column `{}`: {e}", COLUMN_NAMES[i]))
 }
 
-fn placement_row(id: WorkloadId, r: &PgRow) -> Result<Option<Placement>> {
-    let Some(kind) = col::<Option<String>>(r, "p_slice")? else {
-        return Ok(None);
-    };
-    let required = |column: &str| -> Result<i64> {
-        col::<Option<i64>>(r, column)?.ok_or_else(|| corrupt(id, format_args!("a {kind} placement without `{column}`")))
-    };
-    let slice = match kind.as_str() {
-        "whole" => Slice::Whole,
-        "mig" => Slice::Mig {
-            profile: col::<Option<String>>(r, "p_mig_profile")?
-                .ok_or_else(|| corrupt(id, "a MIG placement without `p_mig_profile`"))?,
-            profile_id: narrow(required("p_mig_profile_id")?, "p_mig_profile_id")?,
-            start: narrow(required("p_mig_start")?, "p_mig_start")?,
-            size: narrow(required("p_mig_size")?, "p_mig_size")?,
-        },
-        "fraction" => Slice::Fraction {
-            milli: narrow(required("p_fraction_milli")?, "p_fraction_milli")?,
-            gpu_memory_mib: narrow_opt(col(r, "p_gpu_memory_mib")?, "p_gpu_memory_mib")?,
-        },
-        "cpu" => Slice::CpuOnly,
-        other => return Err(corrupt(id, format_args!("unknown placement slice `{other}`"))),
-    };
-    let text = |column: &str| -> Result<String> {
-        col::<Option<String>>(r, column)?.ok_or_else(|| corrupt(id, format_args!("a placement without `{column}`")))
-    };
-    Ok(Some(Placement {
-        pool: text("p_pool")?,
-        node: text("p_node")?,
-        model: text("p_model")?,
-        gpus: gpus_of(required("p_gpus")?),
-        slice,
-        units: GpuUnits(u64_of(required("p_units_milli")?)),
-    }))
+impl Cells for RowCells<'_> {
+    fn int(&self, i: usize) -> Result<Option<i64>> {
+        self.0.try_get(i).map_err(|e| mistyped(i, e))
+    }
+    fn text(&self, i: usize) -> Result<Option<&str>> {
+        self.0.try_get(i).map_err(|e| mistyped(i, e))
+    }
+    fn flag(&self, i: usize) -> Result<bool> {
+        self.0
+            .try_get::<Option<bool>, _>(i)
+            .map_err(|e| mistyped(i, e))?
+            .ok_or_else(|| null(i))
+    }
 }
 
 fn event_row(id: WorkloadId, r: &PgRow) -> Result<Event> {
@@ -524,7 +353,7 @@ impl WorkloadStore for PgStore {
             .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db)?;
-        row.as_ref().map(workload_row).transpose()
+        row.as_ref().map(|r| workload_row(&RowCells(r))).transpose()
     }
 
     async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>> {
@@ -556,7 +385,7 @@ impl WorkloadStore for PgStore {
             .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(db)?;
-        rows.iter().map(workload_row).collect()
+        rows.iter().map(|r| workload_row(&RowCells(r))).collect()
     }
 
     async fn events(&self, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>> {
@@ -578,7 +407,7 @@ impl WorkloadStore for PgStore {
             .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(db)?;
-        rows.iter().map(workload_row).collect()
+        rows.iter().map(|r| workload_row(&RowCells(r))).collect()
     }
 
     async fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, WorkloadId)>> {
@@ -596,6 +425,7 @@ impl WorkloadStore for PgStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_domain::Phase;
 
     #[test]
     fn the_active_list_is_every_phase_that_is_not_terminal() {
@@ -615,14 +445,5 @@ mod tests {
     #[test]
     fn every_phase_fits_a_listing() {
         assert_eq!(Phase::ALL.len(), PHASE_SLOTS);
-    }
-
-    #[test]
-    fn gpu_masks_round_trip_up_to_index_63() {
-        let id = WorkloadId(1);
-        for gpus in [vec![], vec![0], vec![1, 5, 7], (0..16).collect(), vec![62, 63]] {
-            assert_eq!(gpus_of(gpu_mask(id, &gpus).unwrap()), gpus);
-        }
-        assert!(matches!(gpu_mask(id, &[64]), Err(StoreError::Corrupt(_))));
     }
 }

@@ -1,52 +1,25 @@
 //! Workloads in typed columns, their timelines and idempotency keys ([`WorkloadStore`]), and
 //! the multi-row statements with which a lifecycle batch writes them (see [`crate::batch`]).
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::LazyLock;
 
 use async_trait::async_trait;
-use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
-use tessera_domain::{
-    Event, GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step,
-    StopCause, UsageCursor, Workload, WorkloadId, WorkloadSpec,
-};
-use tessera_model::GpuUnits;
+use tessera_domain::{Event, GpuSpec, Movable, ReasonCode, Slice, Step, StopCause, Workload, WorkloadId};
+use tessera_store::sql::{COLUMN_NAMES, Cells, corrupt, gpu_mask, json, names, narrow, workload_row};
 use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
 
 use crate::rows::{self, MultiRow, Query};
-use crate::{SqliteStore, batch, col, db, db_error, i64_of, narrow, narrow_opt, u64_of};
+use crate::{SqliteStore, batch, col, db, db_error, i64_of, u64_of};
 
-/// The columns of `workloads` written only on insert, in the order [`bind_spec`] binds them.
-macro_rules! spec_columns {
-    () => {
-        "id, tenant, project, name, kind, gpus, mig_profile, fraction_milli, fraction_memory_mib, shape_models, \
-         shape_pool, cpu_milli, memory_mib, duration_s, command, image, env, priority, no_wait, no_requeue, \
-         movable, units_milli, created_at"
-    };
-}
-
-/// The columns of `workloads` an update writes too, in the order [`bind_lifecycle`] binds them.
-macro_rules! lifecycle_columns {
-    () => {
-        "phase, reason_code, reason_detail, borrowing, running_at, ended_at, updated_at, stop_kind, stop_by, \
-         stop_detail, next_event_seq, usage_seq, usage_open, p_pool, p_node, p_model, p_gpus, p_slice, \
-         p_mig_profile, p_mig_profile_id, p_mig_start, p_mig_size, p_fraction_milli, p_gpu_memory_mib, p_units_milli"
-    };
-}
-
-/// Every column of `workloads`, in the order an insert binds them.
+/// Every column of `workloads`, in the order an insert binds them ([`bind_spec`], then
+/// [`bind_lifecycle`]).
 macro_rules! columns {
     () => {
-        concat!(spec_columns!(), ", ", lifecycle_columns!())
+        tessera_store::workload_columns!()
     };
-}
-
-/// The names in a column list.
-fn names(list: &'static str) -> impl Iterator<Item = &'static str> {
-    list.split(',').map(str::trim)
 }
 
 /// Inserts workloads: every column.
@@ -64,10 +37,16 @@ static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
 // for `UPDATE … FROM`) and PostgreSQL accept. PostgreSQL would need the placeholders typed
 // (`$1::BIGINT`) for `workloads.id = v.id` to compare integers.
 static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
-    let set: Vec<String> = names(lifecycle_columns!()).map(|c| format!("{c} = v.{c}")).collect();
+    let set: Vec<String> = names(tessera_store::workload_lifecycle_columns!())
+        .map(|c| format!("{c} = v.{c}"))
+        .collect();
     MultiRow::new(
-        concat!("WITH v (id, ", lifecycle_columns!(), ") AS (VALUES "),
-        1 + names(lifecycle_columns!()).count(),
+        concat!(
+            "WITH v (id, ",
+            tessera_store::workload_lifecycle_columns!(),
+            ") AS (VALUES "
+        ),
+        1 + names(tessera_store::workload_lifecycle_columns!()).count(),
         &format!(
             ") UPDATE workloads SET {} FROM v WHERE workloads.id = v.id",
             set.join(", ")
@@ -124,44 +103,6 @@ const PHASE_SLOTS: usize = 10;
 /// `(phase, id)` index serves, where `NOT IN` would scan every row).
 const ACTIVE: &str =
     select!("WHERE phase IN ('pending', 'queued', 'placed', 'partitioned', 'running', 'stopping') ORDER BY id");
-
-fn corrupt(id: WorkloadId, what: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("workload {id}: {what}"))
-}
-
-/// Serialises strings, lists and maps of strings (which cannot fail).
-fn json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).expect("lists and maps of strings always serialise")
-}
-
-fn from_json<T: DeserializeOwned>(id: WorkloadId, column: &str, text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| corrupt(id, format_args!("column `{column}`: {e}")))
-}
-
-/// GPU indexes as a bit mask (bit i: GPU i).
-fn gpu_mask(id: WorkloadId, gpus: &[u8]) -> Result<i64> {
-    let mut mask = 0u64;
-    for &g in gpus {
-        if g >= 64 {
-            return Err(corrupt(id, format_args!("GPU index {g} cannot be stored (0 to 63)")));
-        }
-        mask |= 1 << g;
-    }
-    Ok(mask as i64)
-}
-
-fn gpus_of(mask: i64) -> Vec<u8> {
-    (0..64u8).filter(|&g| (mask as u64) >> g & 1 == 1).collect()
-}
-
-/// The latest time the record knows, for `updated_at` (bookkeeping only; nothing reads it).
-pub(crate) fn updated_at(w: &Workload, events: &[Event]) -> i64 {
-    let known = [Some(w.created_at), w.running_at, w.ended_at]
-        .into_iter()
-        .flatten()
-        .max();
-    events.iter().map(|e| e.at).chain(known).max().unwrap_or(w.created_at)
-}
 
 /// Binds the insert-only columns (`id` to `created_at`).
 fn bind_spec<'q>(q: Query<'q>, w: &Workload) -> Query<'q> {
@@ -253,88 +194,24 @@ fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Que
 }
 
 /// A workload from its row.
-/// The columns of a workload `SELECT` ([`select!`]), in order.
-const COLUMNS: &str = columns!();
-
-/// The names in [`COLUMNS`], for errors.
-static COLUMN_NAMES: LazyLock<Vec<&'static str>> = LazyLock::new(|| names(COLUMNS).collect());
-
-/// The position of `name` in [`COLUMNS`]; evaluated at compile time through [`at!`], so that a
-/// misspelt name does not build.
-const fn position(name: &str) -> usize {
-    let list = COLUMNS.as_bytes();
-    let name = name.as_bytes();
-    let (mut index, mut i) = (0, 0);
-    while i < list.len() {
-        while list[i] == b' ' {
-            i += 1;
-        }
-        let start = i;
-        while i < list.len() && list[i] != b',' {
-            i += 1;
-        }
-        if i - start == name.len() {
-            let mut k = 0;
-            while k < name.len() && list[start + k] == name[k] {
-                k += 1;
-            }
-            if k == name.len() {
-                return index;
-            }
-        }
-        index += 1;
-        i += 1;
-    }
-    panic!("not a column of `workloads`")
+/// A cell of the wrong type, named.
+fn mistyped(i: usize, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("column `{}`: {e}", COLUMN_NAMES[i]))
 }
 
-/// The position of a column in a workload `SELECT`, as a constant.
-macro_rules! at {
-    ($name:literal) => {{
-        const I: usize = position($name);
-        I
-    }};
-}
+/// A sqlx row of a workload `SELECT`, read by position. Booleans are integers 0 and 1 in
+/// SQLite.
+struct RowCells<'r>(&'r SqliteRow);
 
-/// One row of a workload `SELECT`, cell by cell: a sqlx row (one workload, a listing) or the
-/// current row of a statement stepped on the raw handle (every active workload at recovery,
-/// see [`crate::raw`]).
-trait Cells {
-    /// The integer at position `i`, `None` when NULL.
-    fn int(&self, i: usize) -> Result<Option<i64>>;
-    /// The text at position `i`, `None` when NULL.
-    fn text(&self, i: usize) -> Result<Option<&str>>;
-
-    /// The integer at `i`, which must not be NULL.
-    fn int_of(&self, i: usize) -> Result<i64> {
-        self.int(i)?.ok_or_else(|| null(i))
-    }
-    /// The text at `i`, which must not be NULL.
-    fn text_of(&self, i: usize) -> Result<&str> {
-        self.text(i)?.ok_or_else(|| null(i))
-    }
-    /// The boolean (0 or 1) at `i`, which must not be NULL.
-    fn flag(&self, i: usize) -> Result<bool> {
-        self.int_of(i).map(|v| v != 0)
-    }
-    /// The owned text at `i`, `None` when NULL.
-    fn string(&self, i: usize) -> Result<Option<String>> {
-        Ok(self.text(i)?.map(str::to_owned))
-    }
-}
-
-fn null(i: usize) -> StoreError {
-    StoreError::Corrupt(format!("column `{}`: unexpected NULL", COLUMN_NAMES[i]))
-}
-
-impl Cells for SqliteRow {
+impl Cells for RowCells<'_> {
     fn int(&self, i: usize) -> Result<Option<i64>> {
-        self.try_get(i)
-            .map_err(|e| StoreError::Corrupt(format!("column `{}`: {e}", COLUMN_NAMES[i])))
+        self.0.try_get(i).map_err(|e| mistyped(i, e))
     }
     fn text(&self, i: usize) -> Result<Option<&str>> {
-        self.try_get(i)
-            .map_err(|e| StoreError::Corrupt(format!("column `{}`: {e}", COLUMN_NAMES[i])))
+        self.0.try_get(i).map_err(|e| mistyped(i, e))
+    }
+    fn flag(&self, i: usize) -> Result<bool> {
+        self.int_of(i).map(|v| v != 0)
     }
 }
 
@@ -345,153 +222,9 @@ impl Cells for crate::raw::Statement<'_> {
     fn text(&self, i: usize) -> Result<Option<&str>> {
         crate::raw::Statement::text(self, i)
     }
-}
-
-fn workload_row(r: &impl Cells) -> Result<Workload> {
-    let id = WorkloadId(u64_of(r.int_of(at!("id"))?));
-    let gpu = match (
-        r.int(at!("gpus"))?,
-        r.text(at!("mig_profile"))?,
-        r.int(at!("fraction_milli"))?,
-    ) {
-        (Some(gpus), None, None) => GpuSpec::Whole {
-            gpus: narrow(gpus, "gpus")?,
-        },
-        (None, Some(profile), None) => GpuSpec::Mig {
-            profile: profile.to_owned(),
-        },
-        (None, None, Some(milli)) => GpuSpec::Fraction {
-            milli: narrow(milli, "fraction_milli")?,
-            memory_mib: narrow_opt(r.int(at!("fraction_memory_mib"))?, "fraction_memory_mib")?,
-        },
-        _ => {
-            return Err(corrupt(
-                id,
-                "exactly one of gpus, mig_profile and fraction_milli must be set",
-            ));
-        }
-    };
-    let kind = r.text_of(at!("kind"))?;
-    let spec = WorkloadSpec {
-        tenant: r.text_of(at!("tenant"))?.to_owned(),
-        project: r.text_of(at!("project"))?.to_owned(),
-        name: r.text_of(at!("name"))?.to_owned(),
-        kind: Kind::parse(kind).ok_or_else(|| corrupt(id, format_args!("unknown kind `{kind}`")))?,
-        shape: ShapeSpec {
-            gpu,
-            models: from_json(id, "shape_models", r.text_of(at!("shape_models"))?)?,
-            pool: r.string(at!("shape_pool"))?,
-        },
-        cpu_milli: u64_of(r.int_of(at!("cpu_milli"))?),
-        memory_mib: u64_of(r.int_of(at!("memory_mib"))?),
-        duration_s: r.int(at!("duration_s"))?.map(u64_of),
-        command: r
-            .text(at!("command"))?
-            .map(|c| from_json(id, "command", c))
-            .transpose()?,
-        image: r.string(at!("image"))?,
-        env: from_json::<BTreeMap<String, String>>(id, "env", r.text_of(at!("env"))?)?,
-        priority: r.text_of(at!("priority"))?.to_owned(),
-        no_wait: r.flag(at!("no_wait"))?,
-        no_requeue: r.flag(at!("no_requeue"))?,
-        movable: r
-            .text(at!("movable"))?
-            .map(|m| Movable::parse(m).ok_or_else(|| corrupt(id, format_args!("unknown movable `{m}`"))))
-            .transpose()?,
-    };
-    let phase = r.text_of(at!("phase"))?;
-    let reason = match (r.text(at!("reason_code"))?, r.text(at!("reason_detail"))?) {
-        (None, None) => None,
-        (Some(code), Some(detail)) => Some(Reason::new(
-            ReasonCode::parse(code).ok_or_else(|| corrupt(id, format_args!("unknown reason code `{code}`")))?,
-            detail,
-        )),
-        _ => return Err(corrupt(id, "a reason needs both its code and its detail")),
-    };
-    let stop = match r.text(at!("stop_kind"))? {
-        None => None,
-        Some("cancel") => Some(StopCause::Cancelled {
-            by: r
-                .string(at!("stop_by"))?
-                .ok_or_else(|| corrupt(id, "a cancellation without `stop_by`"))?,
-        }),
-        Some(kind) => {
-            let code =
-                PreemptCode::parse(kind).ok_or_else(|| corrupt(id, format_args!("unknown stop kind `{kind}`")))?;
-            let by = r
-                .text(at!("stop_by"))?
-                .and_then(|b| b.parse().ok())
-                .ok_or_else(|| corrupt(id, "a preemption needs the preempting workload's id in `stop_by`"))?;
-            Some(StopCause::Preempted {
-                by: WorkloadId(by),
-                code,
-                detail: r
-                    .string(at!("stop_detail"))?
-                    .ok_or_else(|| corrupt(id, "a preemption without `stop_detail`"))?,
-            })
-        }
-    };
-    Ok(Workload {
-        id,
-        spec,
-        units: GpuUnits(u64_of(r.int_of(at!("units_milli"))?)),
-        phase: Phase::parse(phase).ok_or_else(|| corrupt(id, format_args!("unknown phase `{phase}`")))?,
-        reason,
-        placement: placement_row(id, r)?,
-        borrowing: r.flag(at!("borrowing"))?,
-        created_at: r.int_of(at!("created_at"))?,
-        running_at: r.int(at!("running_at"))?,
-        ended_at: r.int(at!("ended_at"))?,
-        stop,
-        next_seq: narrow(r.int_of(at!("next_event_seq"))?, "next_event_seq")?,
-        usage: UsageCursor {
-            seq: narrow(r.int_of(at!("usage_seq"))?, "usage_seq")?,
-            open: r.flag(at!("usage_open"))?,
-        },
-    })
-}
-
-fn placement_row(id: WorkloadId, r: &impl Cells) -> Result<Option<Placement>> {
-    let Some(kind) = r.text(at!("p_slice"))? else {
-        return Ok(None);
-    };
-    let required = |column: usize| -> Result<i64> {
-        r.int(column)?.ok_or_else(|| {
-            corrupt(
-                id,
-                format_args!("a {kind} placement without `{}`", COLUMN_NAMES[column]),
-            )
-        })
-    };
-    let slice = match kind {
-        "whole" => Slice::Whole,
-        "mig" => Slice::Mig {
-            profile: r
-                .string(at!("p_mig_profile"))?
-                .ok_or_else(|| corrupt(id, "a MIG placement without `p_mig_profile`"))?,
-            profile_id: narrow(required(at!("p_mig_profile_id"))?, "p_mig_profile_id")?,
-            start: narrow(required(at!("p_mig_start"))?, "p_mig_start")?,
-            size: narrow(required(at!("p_mig_size"))?, "p_mig_size")?,
-        },
-        "fraction" => Slice::Fraction {
-            milli: narrow(required(at!("p_fraction_milli"))?, "p_fraction_milli")?,
-            gpu_memory_mib: narrow_opt(r.int(at!("p_gpu_memory_mib"))?, "p_gpu_memory_mib")?,
-        },
-        "cpu" => Slice::CpuOnly,
-        other => return Err(corrupt(id, format_args!("unknown placement slice `{other}`"))),
-    };
-    let text = |column: usize| -> Result<String> {
-        r.string(column)?
-            .ok_or_else(|| corrupt(id, format_args!("a placement without `{}`", COLUMN_NAMES[column])))
-    };
-    Ok(Some(Placement {
-        pool: text(at!("p_pool"))?,
-        node: text(at!("p_node"))?,
-        model: text(at!("p_model"))?,
-        gpus: gpus_of(required(at!("p_gpus"))?),
-        slice,
-        units: GpuUnits(u64_of(required(at!("p_units_milli"))?)),
-    }))
+    fn flag(&self, i: usize) -> Result<bool> {
+        self.int_of(i).map(|v| v != 0)
+    }
 }
 
 fn event_row(id: WorkloadId, r: &SqliteRow) -> Result<Event> {
@@ -639,7 +372,7 @@ impl WorkloadStore for SqliteStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(db)?;
-        row.as_ref().map(workload_row).transpose()
+        row.as_ref().map(|r| workload_row(&RowCells(r))).transpose()
     }
 
     async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>> {
@@ -667,7 +400,7 @@ impl WorkloadStore for SqliteStore {
             q = q.bind(phases.get(slot).copied());
         }
         let rows = q.bind(i64::from(f.limit)).fetch_all(&self.pool).await.map_err(db)?;
-        rows.iter().map(workload_row).collect()
+        rows.iter().map(|r| workload_row(&RowCells(r))).collect()
     }
 
     async fn events(&self, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>> {
@@ -719,6 +452,7 @@ impl WorkloadStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_domain::Phase;
 
     #[test]
     fn the_active_list_is_every_phase_that_is_not_terminal() {
@@ -763,30 +497,5 @@ mod tests {
             );
             assert!(!plan.iter().any(|p| p.starts_with("SCAN workloads")), "{plan:?}");
         }
-    }
-
-    #[test]
-    fn every_column_is_found_at_its_place_in_the_select() {
-        assert_eq!(COLUMN_NAMES.len(), 48);
-        for (i, name) in COLUMN_NAMES.iter().enumerate() {
-            assert_eq!(position(name), i, "{name}");
-        }
-        assert_eq!(at!("id"), 0);
-        assert_eq!(at!("p_units_milli"), 47);
-    }
-
-    #[test]
-    #[should_panic(expected = "not a column")]
-    fn a_name_that_is_no_column_has_no_place() {
-        position("shape");
-    }
-
-    #[test]
-    fn gpu_masks_round_trip_up_to_index_63() {
-        let id = WorkloadId(1);
-        for gpus in [vec![], vec![0], vec![1, 5, 7], (0..16).collect(), vec![62, 63]] {
-            assert_eq!(gpus_of(gpu_mask(id, &gpus).unwrap()), gpus);
-        }
-        assert!(matches!(gpu_mask(id, &[64]), Err(StoreError::Corrupt(_))));
     }
 }

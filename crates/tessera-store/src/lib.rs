@@ -22,6 +22,7 @@
 //! lost the lease (paused, partitioned, slow) can never commit: the database refuses the batch.
 
 pub mod conformance;
+pub mod sql;
 
 use std::ops::Range;
 
