@@ -142,13 +142,17 @@ impl GpuModel {
     /// with the nominal board size this gives the published names for every model in the
     /// reference (H200: 1g.18gb, 1g.35gb, 3g.71gb, 7g.141gb; A30: 1g.6gb; B200: 1g.23gb).
     pub fn profile_name(&self, p: &MigProfile) -> String {
-        let geom = self.mig.expect("profile_name on a non-MIG model");
+        let me = if p.media_extensions { "+me" } else { "" };
+        format!("{}g.{}gb{}", p.sm_slices, self.profile_gb(p), me)
+    }
+
+    /// The `<N>` of a profile's `<G>g.<N>gb` name on this model (see [`Self::profile_name`]).
+    pub fn profile_gb(&self, p: &MigProfile) -> u32 {
+        let geom = self.mig.expect("profile_gb on a non-MIG model");
         let num = p.mem_slices as u32 * self.name_gb * 2;
         let den = geom.mem_slices as u32 * 2;
         // round half away from zero of (mem_slices × GB / slices)
-        let gb = (num + den / 2) / den;
-        let me = if p.media_extensions { "+me" } else { "" };
-        format!("{}g.{}gb{}", p.sm_slices, gb, me)
+        (num + den / 2) / den
     }
 
     /// GPU units of one instance of `p` on this model.

@@ -22,6 +22,21 @@ pub struct MigChoice {
     pub options: Vec<(ModelId, u8)>,
 }
 
+/// The numbers of a profile name in the form `profile_name` writes (`3g.40gb`, `1g.10gb+me`:
+/// no sign, no leading zero), or `None`.
+fn parse_profile_name(name: &str) -> Option<(u32, u32, bool)> {
+    let (rest, me) = match name.strip_suffix("+me") {
+        Some(rest) => (rest, true),
+        None => (name, false),
+    };
+    let (sm, gb) = rest.strip_suffix("gb")?.split_once("g.")?;
+    let number = |s: &str| {
+        let canonical = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+        canonical.then(|| s.parse::<u32>().ok()).flatten()
+    };
+    Some((number(sm)?, number(gb)?, me))
+}
+
 impl MigChoice {
     /// Resolves `spec` (`3g.40gb`, or `MODEL:ID` such as `A100-80GB:9`) against `catalogue`.
     pub fn resolve(catalogue: &Catalogue, spec: &str) -> Result<MigChoice, RequestError> {
@@ -46,11 +61,15 @@ impl MigChoice {
         }
         let lower = spec.to_ascii_lowercase();
         let mut options = Vec::new();
-        for (id, m) in catalogue.models() {
-            if let Some(geom) = m.mig {
-                for (i, p) in geom.profiles.iter().enumerate() {
-                    if m.profile_name(p) == lower {
-                        options.push((id, i as u8));
+        // `<G>g.<N>gb[+me]` compared by its numbers (no name is formatted per profile: every
+        // restart resolves each stored MIG request), written exactly as `profile_name` writes it.
+        if let Some((sm, gb, me)) = parse_profile_name(&lower) {
+            for (id, m) in catalogue.models() {
+                if let Some(geom) = m.mig {
+                    for (i, p) in geom.profiles.iter().enumerate() {
+                        if u32::from(p.sm_slices) == sm && p.media_extensions == me && m.profile_gb(p) == gb {
+                            options.push((id, i as u8));
+                        }
                     }
                 }
             }
@@ -227,6 +246,40 @@ impl fmt::Display for Shape {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name resolves to exactly the profiles whose formatted name it is, on every model of
+    /// the catalogue; other spellings of the numbers resolve to nothing.
+    #[test]
+    fn mig_names_resolve_to_the_profiles_so_named() {
+        let c = Catalogue::builtin();
+        let mut names: Vec<String> = Vec::new();
+        for (_, m) in c.models() {
+            for p in m.mig.iter().flat_map(|g| g.profiles.iter()) {
+                names.push(m.profile_name(p));
+            }
+        }
+        assert!(names.len() > 20, "{names:?}");
+        for name in &names {
+            let named: Vec<(ModelId, u8)> = c
+                .models()
+                .flat_map(|(id, m)| {
+                    let profiles = m.mig.map(|g| g.profiles).unwrap_or(&[]);
+                    profiles
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, p)| m.profile_name(p) == *name)
+                        .map(move |(i, _)| (id, i as u8))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let got = MigChoice::resolve(&c, &format!(" {} ", name.to_uppercase())).unwrap();
+            assert_eq!(got.options, named, "{name}");
+            assert_eq!(&got.name, name);
+        }
+        for bad in ["03g.40gb", "3g.040gb", "+3g.40gb", "3g.40", "3g.40gb+", "3g.40gb+me", "g.40gb", "3g.gb", ""] {
+            assert!(MigChoice::resolve(&c, bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn mig_names_resolve_across_models() {
