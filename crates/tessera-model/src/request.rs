@@ -276,7 +276,17 @@ mod tests {
             assert_eq!(got.options, named, "{name}");
             assert_eq!(&got.name, name);
         }
-        for bad in ["03g.40gb", "3g.040gb", "+3g.40gb", "3g.40", "3g.40gb+", "3g.40gb+me", "g.40gb", "3g.gb", ""] {
+        for bad in [
+            "03g.40gb",
+            "3g.040gb",
+            "+3g.40gb",
+            "3g.40",
+            "3g.40gb+",
+            "3g.40gb+me",
+            "g.40gb",
+            "3g.gb",
+            "",
+        ] {
             assert!(MigChoice::resolve(&c, bad).is_err(), "{bad}");
         }
     }
