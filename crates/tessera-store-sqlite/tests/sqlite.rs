@@ -26,6 +26,16 @@ fn fresh_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// A connection of its own to the store's file in `dir`, beside the store's pool.
+async fn side_pool(dir: &std::path::Path) -> sqlx::SqlitePool {
+    let opts = SqliteConnectOptions::new().filename(dir.join("tessera.db"));
+    SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts)
+        .await
+        .unwrap()
+}
+
 fn audit_record(i: u32) -> AuditRecord {
     AuditRecord {
         seq: 0,
@@ -44,12 +54,7 @@ fn audit_record(i: u32) -> AuditRecord {
 async fn the_database_file_is_in_wal_mode() {
     let dir = fresh_dir("wal");
     let _store = SqliteStore::open_dir(&dir).await.unwrap();
-    let opts = SqliteConnectOptions::new().filename(dir.join("tessera.db"));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(opts)
-        .await
-        .unwrap();
+    let pool = side_pool(&dir).await;
     let mode: String = sqlx::query("PRAGMA journal_mode")
         .fetch_one(&pool)
         .await
@@ -249,12 +254,7 @@ async fn a_schema_written_by_a_newer_tessera_is_refused() {
     let store = SqliteStore::open_dir(&dir).await.unwrap();
     drop(store);
     SqliteStore::open_dir(&dir).await.expect("its own version opens");
-    let opts = SqliteConnectOptions::new().filename(dir.join("tessera.db"));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(opts)
-        .await
-        .unwrap();
+    let pool = side_pool(&dir).await;
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
          VALUES (9999, 'from the future', TRUE, x'00', 0)",
@@ -291,12 +291,7 @@ async fn the_bulk_read_of_active_workloads_decodes_as_single_reads_and_names_a_c
     assert_eq!(single[0].phase, Phase::Queued);
     assert_eq!(store.active_workloads().await.unwrap(), single);
 
-    let opts = SqliteConnectOptions::new().filename(dir.join("tessera.db"));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(opts)
-        .await
-        .unwrap();
+    let pool = side_pool(&dir).await;
     let set = |set: &str| {
         let sql = format!("UPDATE workloads SET {set} WHERE id = {}", ids[1]);
         let pool = &pool;

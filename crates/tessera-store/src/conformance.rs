@@ -98,7 +98,9 @@ fn spec(tenant: &str, project: &str, name: &str) -> WorkloadSpec {
     }
 }
 
-fn workload(id: u64, tenant: &str, project: &str, phase: Phase) -> Workload {
+/// A one-GPU batch workload of `tenant`/`project` in `phase`, created at 1,700,000,000,000 + id
+/// ms: the suite's fixture, for other tests that need a storable workload.
+pub fn workload(id: u64, tenant: &str, project: &str, phase: Phase) -> Workload {
     let mut w = Workload::new(
         WorkloadId(id),
         spec(tenant, project, &format!("w{id}")),

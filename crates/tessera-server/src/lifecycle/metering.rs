@@ -95,36 +95,12 @@ pub fn sample_utilisation(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_domain::{GpuSpec, Kind, ShapeSpec, WorkloadSpec};
+    use tessera_domain::Phase;
+    use tessera_store::conformance::workload;
     use tessera_store::{Change, UsageInterval, WorkloadStore};
     use tessera_store_sqlite::SqliteStore;
 
     const H: i64 = 3_600_000;
-
-    fn workload(id: u64, tenant: &str) -> Workload {
-        let spec = WorkloadSpec {
-            tenant: tenant.into(),
-            project: "p".into(),
-            name: format!("w{id}"),
-            kind: Kind::Batch,
-            shape: ShapeSpec {
-                gpu: GpuSpec::Whole { gpus: 1 },
-                models: Vec::new(),
-                pool: None,
-            },
-            cpu_milli: 1000,
-            memory_mib: 1024,
-            duration_s: None,
-            command: None,
-            image: None,
-            env: Default::default(),
-            priority: "standard".into(),
-            no_wait: false,
-            no_requeue: false,
-            movable: None,
-        };
-        Workload::new(WorkloadId(id), spec, GpuUnits::ONE_GPU, 0)
-    }
 
     /// The month's closed usage comes back from the store per tenant (after a restart, on a
     /// follower): intervals cut at the month's start, last month's and open ones left out.
@@ -145,7 +121,7 @@ mod tests {
         ];
         let mut batch = Vec::new();
         for (&id, &(tenant, milli, started_at, ended_at)) in ids.iter().zip(&intervals) {
-            let w = workload(id, tenant);
+            let w = workload(id, tenant, "p", Phase::Running);
             batch.push(Change::Insert {
                 workload: w.clone(),
                 events: Vec::new(),
