@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgRow};
 use tessera_domain::{Event, GpuSpec, Movable, ReasonCode, Slice, Step, StopCause, Workload, WorkloadId};
-use tessera_store::sql::{COLUMN_NAMES, Cells, corrupt, gpu_mask, json, names, narrow, null, workload_row};
+use tessera_store::sql::{Cells, corrupt, gpu_mask, json, mistyped, names, narrow, null, workload_row};
 use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
 
 use crate::rows::{self, MultiRow, Query};
@@ -192,14 +192,8 @@ fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Que
         .bind(p.map(|p| i64_of(p.units.as_milli()))))
 }
 
-/// A workload from its row.
 /// A sqlx row of a workload `SELECT`, read by position.
 struct RowCells<'r>(&'r PgRow);
-
-/// A cell of the wrong type, named.
-fn mistyped(i: usize, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("column `{}`: {e}", COLUMN_NAMES[i]))
-}
 
 impl Cells for RowCells<'_> {
     fn int(&self, i: usize) -> Result<Option<i64>> {

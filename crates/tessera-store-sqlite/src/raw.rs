@@ -24,6 +24,8 @@ pub(crate) struct Statement<'h> {
     stmt: NonNull<ffi::sqlite3_stmt>,
     /// The column names, for errors.
     names: &'static [&'static str],
+    /// `step` last returned a row: only then may its cells be read.
+    on_row: bool,
     _handle: PhantomData<&'h mut ()>,
 }
 
@@ -48,6 +50,7 @@ impl<'h> Statement<'h> {
             db,
             stmt,
             names,
+            on_row: false,
             _handle: PhantomData,
         };
         // SAFETY: `stmt` was just prepared on `db`.
@@ -61,7 +64,9 @@ impl<'h> Statement<'h> {
     /// Moves to the next row: `false` once every row has been read.
     pub(crate) fn step(&mut self) -> Result<bool> {
         // SAFETY: the statement is prepared and finalised only on drop.
-        match unsafe { ffi::sqlite3_step(self.stmt.as_ptr()) } {
+        let rc = unsafe { ffi::sqlite3_step(self.stmt.as_ptr()) };
+        self.on_row = rc == ffi::SQLITE_ROW;
+        match rc {
             ffi::SQLITE_ROW => Ok(true),
             ffi::SQLITE_DONE => Ok(false),
             rc => Err(error(self.db, rc)),
@@ -69,8 +74,10 @@ impl<'h> Statement<'h> {
     }
 
     fn kind(&self, i: usize) -> c_int {
-        // SAFETY: the statement is on a row (`step` returned `true`) and `i` is below the
-        // column count checked at `prepare` (callers index `names`, which has that length).
+        assert!(self.on_row, "a cell read while the statement is on no row");
+        assert!(i < self.names.len(), "column {i} of {}", self.names.len());
+        // SAFETY: the statement is on a row and `i` is below the column count (both checked
+        // above; the count was checked against `names` at `prepare`).
         unsafe { ffi::sqlite3_column_type(self.stmt.as_ptr(), i as c_int) }
     }
 

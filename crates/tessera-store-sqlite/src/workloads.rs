@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use tessera_domain::{Event, GpuSpec, Movable, ReasonCode, Slice, Step, StopCause, Workload, WorkloadId};
-use tessera_store::sql::{COLUMN_NAMES, Cells, corrupt, gpu_mask, json, names, narrow, workload_row};
+use tessera_store::sql::{COLUMN_NAMES, Cells, corrupt, gpu_mask, json, mistyped, names, narrow, workload_row};
 use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
 
 use crate::rows::{self, MultiRow, Query};
@@ -191,12 +191,6 @@ fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Que
         .bind(fraction_milli)
         .bind(gpu_memory_mib)
         .bind(p.map(|p| i64_of(p.units.as_milli()))))
-}
-
-/// A workload from its row.
-/// A cell of the wrong type, named.
-fn mistyped(i: usize, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("column `{}`: {e}", COLUMN_NAMES[i]))
 }
 
 /// A sqlx row of a workload `SELECT`, read by position. Booleans are integers 0 and 1 in

@@ -181,6 +181,11 @@ pub trait Cells {
     }
 }
 
+/// `Corrupt`: the column at `i` holds a value of the wrong type.
+pub fn mistyped(i: usize, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("column `{}`: {e}", COLUMN_NAMES[i]))
+}
+
 /// `Corrupt`: the column at `i` holds NULL where a value must be.
 pub fn null(i: usize) -> StoreError {
     StoreError::Corrupt(format!("column `{}`: unexpected NULL", COLUMN_NAMES[i]))
