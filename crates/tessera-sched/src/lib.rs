@@ -14,7 +14,8 @@
 //!   MIG modes.
 //! * [`policy`]: pluggable scoring for shared pools (random, bestfit, FGD) and
 //!   [`tessera`]: Tessera's own fragmentation-aware policy.
-//! * [`replay`]: the openb (Alibaba GPU trace) replay protocol.
+//! * [`replay`]: the openb (Alibaba GPU trace) replay protocol, and [`bound`]: a lower bound on
+//!   what any placement of the fractional shares leaves free.
 //! * [`scenario`]: a multi-tenant scenario in simulated time through the scheduler.
 //! * [`plan`]: capacity planning — the cheapest candidate fleet whose timed replay of a demand
 //!   meets a p95 wait target per class.
@@ -26,6 +27,7 @@
 //! The same engine serves the trace replay, the benchmarks and the server.
 
 pub mod bench;
+pub mod bound;
 pub mod cycle;
 pub mod engine;
 pub mod mig;

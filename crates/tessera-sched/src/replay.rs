@@ -21,6 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use tessera_model::{Catalogue, Fleet, FleetError, ModelId, Request, Shape};
 
+use crate::bound::ShareBound;
 use crate::engine::{Engine, demand_of};
 use crate::policy::{BestFit, Demand, Fgd, Random, SharedPolicy, WorkloadModel};
 use crate::tessera::TesseraPolicy;
@@ -181,10 +182,11 @@ pub fn workload(pods: &[Pod], capacity_milli: u64, seed: u64) -> Vec<usize> {
     list
 }
 
-/// The protocol's allocation % at arrived = `x` %: the mean allocation over the pods after which
-/// round(arrived %) = x. On a cluster too small for every percent to be hit, the allocation
-/// after the last pod below `x` (the curve is a step function).
-pub fn allocation_at(curve: &[(f64, f64)], x: f64) -> f64 {
+/// The protocol's figure at arrived = `x` % from a curve of (arrived %, figure) after each pod
+/// (allocation %, say): the mean figure over the pods after which round(arrived %) = x. On a
+/// cluster too small for every percent to be hit, the figure after the last pod below `x` (the
+/// curve is a step function).
+pub fn mean_at_arrived(curve: &[(f64, f64)], x: f64) -> f64 {
     let hits: Vec<f64> = curve.iter().filter(|(a, _)| a.round() == x).map(|&(_, p)| p).collect();
     if !hits.is_empty() {
         return hits.iter().sum::<f64>() / hits.len() as f64;
@@ -204,6 +206,15 @@ pub struct SeedResult {
     pub unallocated_100: f64,
     pub unallocated_130: f64,
     pub failed_pods: u64,
+    /// The least unallocated GPU % at arrived 100 % and 130 % for any policy that places every
+    /// fractional share that arrives (see [`crate::bound`]): a policy that never turns a share
+    /// away cannot go below it.
+    pub share_limit_100: f64,
+    pub share_limit_130: f64,
+    /// The same for the shares this replay placed: how far from a perfect packing of what it
+    /// placed the policy is. Never above the unallocated %.
+    pub packing_limit_100: f64,
+    pub packing_limit_130: f64,
 }
 
 /// Replays one seed.
@@ -228,27 +239,37 @@ pub fn replay_seed_with(
     let order = workload(pods, capacity, seed);
     let requests: Vec<Request> = pods.iter().map(Pod::request).collect();
     let (mut arrived, mut allocated, mut failed) = (0u64, 0u64, 0u64);
-    // (arrived %, allocation %) after each pod.
-    let mut curve = Vec::with_capacity(order.len());
+    let (mut arrived_shares, mut placed_shares) = (ShareBound::default(), ShareBound::default());
+    let pct = |milli: u64| milli as f64 * 100.0 / capacity as f64;
+    // (arrived %, allocation %), (arrived %, share limit %) and (arrived %, packing limit %)
+    // after each pod.
+    let mut curves = [(); 3].map(|_| Vec::with_capacity(order.len()));
     for (k, &i) in order.iter().enumerate() {
         let d = pods[i].gpu_demand();
+        let share = if pods[i].num_gpu == 1 { pods[i].gpu_milli } else { 0 };
         arrived += d;
+        arrived_shares.add(share);
         if engine.try_place(k as u64, &requests[i]) {
             allocated += d;
+            placed_shares.add(share);
         } else {
             failed += 1;
         }
-        curve.push((
-            arrived as f64 * 100.0 / capacity as f64,
-            allocated as f64 * 100.0 / capacity as f64,
-        ));
+        let x = pct(arrived);
+        curves[0].push((x, pct(allocated)));
+        curves[1].push((x, pct(arrived_shares.free_milli())));
+        curves[2].push((x, pct(placed_shares.free_milli())));
     }
-    let at = |x: f64| 100.0 - allocation_at(&curve, x);
+    let at = |c: usize, x: f64| mean_at_arrived(&curves[c], x);
     Ok(SeedResult {
         seed,
-        unallocated_100: at(100.0),
-        unallocated_130: at(130.0),
+        unallocated_100: 100.0 - at(0, 100.0),
+        unallocated_130: 100.0 - at(0, 130.0),
         failed_pods: failed,
+        share_limit_100: at(1, 100.0),
+        share_limit_130: at(1, 130.0),
+        packing_limit_100: at(2, 100.0),
+        packing_limit_130: at(2, 130.0),
     })
 }
 
@@ -262,11 +283,16 @@ pub struct ReplayResult {
 
 impl ReplayResult {
     pub fn mean_100(&self) -> f64 {
-        self.per_seed.iter().map(|s| s.unallocated_100).sum::<f64>() / self.per_seed.len() as f64
+        self.mean(|s| s.unallocated_100)
     }
 
     pub fn mean_130(&self) -> f64 {
-        self.per_seed.iter().map(|s| s.unallocated_130).sum::<f64>() / self.per_seed.len() as f64
+        self.mean(|s| s.unallocated_130)
+    }
+
+    /// The mean over the seeds of one figure.
+    pub fn mean(&self, figure: impl Fn(&SeedResult) -> f64) -> f64 {
+        self.per_seed.iter().map(figure).sum::<f64>() / self.per_seed.len() as f64
     }
 }
 
@@ -337,6 +363,11 @@ mod tests {
                 assert_eq!(a.seed, seed);
                 assert!((0.0..=100.0).contains(&a.unallocated_100), "{p}: {a:?}");
                 assert!((0.0..=100.0).contains(&a.unallocated_130), "{p}: {a:?}");
+                // The packing limit of what was placed is a lower bound; the share limit is
+                // one too when no share failed.
+                assert!(a.packing_limit_100 <= a.unallocated_100 + 1e-9, "{p}: {a:?}");
+                assert!(a.packing_limit_130 <= a.unallocated_130 + 1e-9, "{p}: {a:?}");
+                assert!(a.packing_limit_100 <= a.share_limit_100 + 1e-9, "{p}: {a:?}");
             }
         }
         assert!(replay_seed(&fleet, &pods, "nope", 1).is_err());

@@ -194,6 +194,8 @@ fn openb(a: OpenbArgs) -> Result<()> {
                     "seed": s.seed,
                     "unallocated_pct": {"100": round3(s.unallocated_100), "130": round3(s.unallocated_130)},
                     "failed_pods": s.failed_pods,
+                    "share_limit_pct": {"100": round3(s.share_limit_100), "130": round3(s.share_limit_130)},
+                    "packing_limit_pct": {"100": round3(s.packing_limit_100), "130": round3(s.packing_limit_130)},
                 })
             })
             .collect();
@@ -202,6 +204,14 @@ fn openb(a: OpenbArgs) -> Result<()> {
             "seeds": seeds,
             "capacity_milli": result.capacity_milli,
             "unallocated_pct": {"100": round3(result.mean_100()), "130": round3(result.mean_130())},
+            "share_limit_pct": {
+                "100": round3(result.mean(|s| s.share_limit_100)),
+                "130": round3(result.mean(|s| s.share_limit_130)),
+            },
+            "packing_limit_pct": {
+                "100": round3(result.mean(|s| s.packing_limit_100)),
+                "130": round3(result.mean(|s| s.packing_limit_130)),
+            },
             "per_seed": per_seed,
             "wall_seconds": round3(wall),
         });
@@ -233,6 +243,16 @@ fn openb(a: OpenbArgs) -> Result<()> {
             "mean",
             result.mean_100(),
             result.mean_130()
+        );
+        println!(
+            "  least possible for a policy that places every fractional share that arrives: {:.2} % and {:.2} %",
+            result.mean(|s| s.share_limit_100),
+            result.mean(|s| s.share_limit_130),
+        );
+        println!(
+            "  least possible for the shares this policy placed (a perfect packing of them): {:.2} % and {:.2} %",
+            result.mean(|s| s.packing_limit_100),
+            result.mean(|s| s.packing_limit_130),
         );
         println!("wall time {wall:.2} s");
     }
