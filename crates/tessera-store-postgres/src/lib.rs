@@ -36,17 +36,42 @@
 //! Statements are those of the SQLite store with numbered placeholders; a lifecycle batch is
 //! written group by group in multi-row statements ([`rows`]) in one transaction.
 
+#[path = "../../tessera-store/sql-common/audit.rs"]
 mod audit;
+#[path = "../../tessera-store/sql-common/batch.rs"]
 mod batch;
+#[path = "../../tessera-store/sql-common/fleet.rs"]
 mod fleet;
+#[path = "../../tessera-store/sql-common/governance.rs"]
 mod governance;
 mod lease;
+#[path = "../../tessera-store/sql-common/ledger.rs"]
 mod ledger;
+#[path = "../../tessera-store/sql-common/rollouts.rs"]
 mod rollouts;
 mod rows;
+#[path = "../../tessera-store/sql-common/tenancy.rs"]
 mod tenancy;
 mod tokens;
 mod workloads;
+
+/// The names that the statement code shared by the SQL stores (`crates/tessera-store/sql-common`,
+/// compiled into each of them) is written against, and the few statements that differ.
+mod driver {
+    pub(crate) type Db = sqlx::Postgres;
+    pub(crate) type DbRow = sqlx::postgres::PgRow;
+    pub(crate) type DbConnection = sqlx::PgConnection;
+    pub(crate) use crate::PgStore as Store;
+
+    /// Reads the tenant row and locks it until the transaction ends.
+    pub(crate) const LOCK_TENANT: &str = "SELECT name FROM tenants WHERE name = $1 FOR UPDATE";
+
+    /// Closed use per tenant within `[$1, $2)` ([`tessera_store::LedgerStore::closed_usage`]):
+    /// the intervals that ended after `$1` (the `usage_ended` index; open ones have no end) and
+    /// began before `$2`.
+    pub(crate) const CLOSED_USAGE: &str = "SELECT tenant, SUM(units_milli * (LEAST(ended_at, $2) - GREATEST(started_at, $1)))::BIGINT AS used \
+         FROM usage_intervals WHERE ended_at > $1 AND started_at < $2 GROUP BY tenant ORDER BY tenant";
+}
 
 use std::str::FromStr;
 use std::sync::Arc;

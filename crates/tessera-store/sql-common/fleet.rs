@@ -1,4 +1,4 @@
-//! Unhealthy GPUs, operator node states, drains and service moves ([`FleetStore`]) on PostgreSQL.
+//! Unhealthy GPUs, operator node states, drains and service moves ([`FleetStore`]).
 
 use async_trait::async_trait;
 use tessera_domain::WorkloadId;
@@ -7,10 +7,11 @@ use tessera_store::{
     ServiceMoveRecord, StoreError,
 };
 
-use crate::{PgStore, col, db, i64_of, narrow, narrow_opt, u64_of};
+use crate::driver::{Db, Store};
+use crate::{col, db, i64_of, narrow, narrow_opt, u64_of};
 
 #[async_trait]
-impl FleetStore for PgStore {
+impl FleetStore for Store {
     async fn set_gpu_unhealthy(&self, r: &GpuHealthRecord) -> Result<()> {
         sqlx::query(
             "INSERT INTO gpu_health (node, gpu, since, xid, detail, cause) VALUES ($1, $2, $3, $4, $5, $6) \
@@ -216,7 +217,7 @@ impl FleetStore for PgStore {
 /// Upserts a GPU's MIG mode record (alone, or inside a lifecycle batch's transaction).
 pub(crate) async fn write_gpu_mig<'c, E>(conn: E, r: &GpuMigRecord) -> Result<()>
 where
-    E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+    E: sqlx::Executor<'c, Database = Db>,
 {
     sqlx::query(
         "INSERT INTO gpu_mig_modes (node, gpu, enabled, pending, since, detail) VALUES ($1, $2, $3, $4, $5, $6) \

@@ -1,4 +1,4 @@
-//! Rolling upgrades and the state of each of their nodes ([`RolloutStore`]) on PostgreSQL.
+//! Rolling upgrades and the state of each of their nodes ([`RolloutStore`]).
 
 use async_trait::async_trait;
 use sqlx::Row;
@@ -6,9 +6,10 @@ use tessera_store::{
     Result, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState, RolloutStore, StoreError,
 };
 
-use crate::{PgStore, col, db, i64_of, narrow, narrow_opt, u64_of};
+use crate::driver::{DbConnection, Store};
+use crate::{col, db, i64_of, narrow, narrow_opt, u64_of};
 
-async fn write_nodes(tx: &mut sqlx::postgres::PgConnection, r: &RolloutRecord) -> Result<()> {
+async fn write_nodes(tx: &mut DbConnection, r: &RolloutRecord) -> Result<()> {
     sqlx::query("DELETE FROM rollout_nodes WHERE rollout_id = $1")
         .bind(i64_of(r.id))
         .execute(&mut *tx)
@@ -37,7 +38,7 @@ async fn write_nodes(tx: &mut sqlx::postgres::PgConnection, r: &RolloutRecord) -
 }
 
 #[async_trait]
-impl RolloutStore for PgStore {
+impl RolloutStore for Store {
     async fn create_rollout(&self, r: &RolloutRecord) -> Result<u64> {
         let mut tx = self.begin_write().await?;
         let id: i64 = sqlx::query("UPDATE sequences SET value = value + 1 WHERE name = 'rollout' RETURNING value")

@@ -25,22 +25,24 @@
 //! fits, that run commits it, which is as correct.) `Unavailable` is returned as it is.
 //!
 //! A batch's fences ([`Change::Fence`]) are checked first in either run, inside the
-//! transaction: the check locks the lease row (`FOR SHARE`) until the transaction ends, so the
-//! lease cannot change hands before the batch commits.
+//! transaction, so the lease cannot change hands before the batch commits: on PostgreSQL the
+//! check locks the lease row (`FOR SHARE`) until the transaction ends; on SQLite the write
+//! transaction (`BEGIN IMMEDIATE`) holds the database's write lock.
 //!
 //! A failed statement aborts a PostgreSQL transaction; the one-change-at-a-time run starts a
-//! new one after the rollback, as in SQLite.
+//! new one after the rollback, on either database.
 
 use std::collections::{HashMap, HashSet};
 
 use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{AuditRecord, Change, Fence, IdempotencyKey, Result, StoreError, UsageInterval};
 
+use crate::driver::{DbConnection, Store};
 use crate::ledger::{self, Close};
-use crate::{PgStore, audit, db, lease, workloads};
+use crate::{audit, db, lease, workloads};
 
 /// Commits `batch` in one transaction.
-pub(crate) async fn commit(store: &PgStore, batch: &[Change]) -> Result<()> {
+pub(crate) async fn commit(store: &Store, batch: &[Change]) -> Result<()> {
     if batch.is_empty() {
         return Ok(());
     }
@@ -159,7 +161,7 @@ impl<'b> Plan<'b> {
     }
 
     /// Writes the plan inside the caller's transaction (an empty group runs no statement).
-    async fn write(&self, conn: &mut sqlx::PgConnection) -> Result<()> {
+    async fn write(&self, conn: &mut DbConnection) -> Result<()> {
         workloads::insert_workloads(conn, &self.inserts).await?;
         workloads::insert_idempotency_keys(conn, &self.keys).await?;
         workloads::update_workloads(conn, &self.updates).await?;

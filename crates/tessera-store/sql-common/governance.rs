@@ -4,10 +4,11 @@ use async_trait::async_trait;
 use sqlx::Row;
 use tessera_store::{GovernanceStore, QuotaRecord, Result};
 
-use crate::{SqliteStore, col, db, i64_of, u64_of};
+use crate::driver::Store;
+use crate::{col, db, i64_of, u64_of};
 
 #[async_trait]
-impl GovernanceStore for SqliteStore {
+impl GovernanceStore for Store {
     async fn set_quota(&self, q: &QuotaRecord, at: i64) -> Result<()> {
         sqlx::query(
             "INSERT INTO quotas (tenant, class, guaranteed_milli, limit_milli, updated_at) VALUES ($1, $2, $3, $4, $5) \
@@ -18,7 +19,7 @@ impl GovernanceStore for SqliteStore {
         .bind(i64_of(q.guaranteed_milli))
         .bind(q.limit_milli.map(i64_of))
         .bind(at)
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         Ok(())
@@ -28,7 +29,7 @@ impl GovernanceStore for SqliteStore {
         let r = sqlx::query("DELETE FROM quotas WHERE tenant = $1 AND class = $2")
             .bind(tenant)
             .bind(class)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         Ok(r.rows_affected() > 0)
@@ -37,7 +38,7 @@ impl GovernanceStore for SqliteStore {
     async fn quotas(&self) -> Result<Vec<QuotaRecord>> {
         let rows =
             sqlx::query("SELECT tenant, class, guaranteed_milli, limit_milli FROM quotas ORDER BY tenant, class")
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *self.conn().await?)
                 .await
                 .map_err(db)?;
         rows.iter()
@@ -63,7 +64,7 @@ impl GovernanceStore for SqliteStore {
             .bind(at),
             None => sqlx::query("DELETE FROM budgets WHERE tenant = $1").bind(tenant),
         }
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         Ok(())
@@ -71,7 +72,7 @@ impl GovernanceStore for SqliteStore {
 
     async fn budgets(&self) -> Result<Vec<(String, f64)>> {
         let rows = sqlx::query("SELECT tenant, monthly_unit_hours FROM budgets ORDER BY tenant")
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         rows.iter()

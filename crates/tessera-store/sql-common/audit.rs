@@ -7,13 +7,13 @@ use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use sqlx::Row;
-use sqlx::postgres::{PgConnection, PgRow};
 use tessera_store::{AuditRecord, AuditStore, Result};
 
+use crate::driver::{DbConnection, DbRow, Store};
 use crate::rows::{self, MultiRow};
-use crate::{PgStore, col, db, i64_of, narrow, u64_of};
+use crate::{col, db, i64_of, narrow, u64_of};
 
-static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
+pub(crate) static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "INSERT INTO audit_log (seq, at, request_id, actor, tenant, action, target, outcome, detail) VALUES ",
         9,
@@ -21,7 +21,7 @@ static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
     )
 });
 
-fn audit_row(r: &PgRow) -> Result<AuditRecord> {
+fn audit_row(r: &DbRow) -> Result<AuditRecord> {
     Ok(AuditRecord {
         seq: u64_of(col(r, "seq")?),
         at: col(r, "at")?,
@@ -37,7 +37,7 @@ fn audit_row(r: &PgRow) -> Result<AuditRecord> {
 
 /// Appends `records` (inside the caller's transaction) and returns their sequence numbers, in
 /// order.
-pub(crate) async fn append(conn: &mut PgConnection, records: &[&AuditRecord]) -> Result<Vec<u64>> {
+pub(crate) async fn append(conn: &mut DbConnection, records: &[&AuditRecord]) -> Result<Vec<u64>> {
     if records.is_empty() {
         return Ok(Vec::new());
     }
@@ -76,7 +76,7 @@ pub(crate) async fn append(conn: &mut PgConnection, records: &[&AuditRecord]) ->
 }
 
 #[async_trait]
-impl AuditStore for PgStore {
+impl AuditStore for Store {
     async fn append_audit(&self, records: &[AuditRecord]) -> Result<Vec<u64>> {
         if records.is_empty() {
             return Ok(Vec::new());

@@ -2,12 +2,12 @@
 
 use async_trait::async_trait;
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
 use tessera_store::{AuditRecord, ImagePolicyRecord, ProjectRecord, Result, StoreError, TenancyStore, TenantRecord};
 
-use crate::{SqliteStore, col, db, db_error};
+use crate::driver::{DbRow, LOCK_TENANT, Store};
+use crate::{col, db, db_error};
 
-fn tenant_row(r: &SqliteRow) -> Result<TenantRecord> {
+fn tenant_row(r: &DbRow) -> Result<TenantRecord> {
     Ok(TenantRecord {
         name: col(r, "name")?,
         display_name: col(r, "display_name")?,
@@ -15,12 +15,12 @@ fn tenant_row(r: &SqliteRow) -> Result<TenantRecord> {
     })
 }
 
-fn strings(r: &SqliteRow, name: &str) -> Result<Vec<String>> {
+fn strings(r: &DbRow, name: &str) -> Result<Vec<String>> {
     let text: String = col(r, name)?;
     serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(format!("image_policies.{name}: {e}")))
 }
 
-fn image_policy_row(r: &SqliteRow) -> Result<ImagePolicyRecord> {
+fn image_policy_row(r: &DbRow) -> Result<ImagePolicyRecord> {
     Ok(ImagePolicyRecord {
         tenant: col(r, "tenant")?,
         registries: strings(r, "registries")?,
@@ -29,7 +29,7 @@ fn image_policy_row(r: &SqliteRow) -> Result<ImagePolicyRecord> {
     })
 }
 
-fn project_row(r: &SqliteRow) -> Result<ProjectRecord> {
+fn project_row(r: &DbRow) -> Result<ProjectRecord> {
     Ok(ProjectRecord {
         tenant: col(r, "tenant")?,
         name: col(r, "name")?,
@@ -38,13 +38,13 @@ fn project_row(r: &SqliteRow) -> Result<ProjectRecord> {
 }
 
 #[async_trait]
-impl TenancyStore for SqliteStore {
+impl TenancyStore for Store {
     async fn create_tenant(&self, t: &TenantRecord) -> Result<()> {
         sqlx::query("INSERT INTO tenants (name, display_name, created_at) VALUES ($1, $2, $3)")
             .bind(&t.name)
             .bind(&t.display_name)
             .bind(t.created_at)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(|e| db_error(e, || format!("tenant `{}`", t.name)))?;
         Ok(())
@@ -53,7 +53,7 @@ impl TenancyStore for SqliteStore {
     async fn get_tenant(&self, name: &str) -> Result<Option<TenantRecord>> {
         let row = sqlx::query("SELECT name, display_name, created_at FROM tenants WHERE name = $1")
             .bind(name)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         row.as_ref().map(tenant_row).transpose()
@@ -65,7 +65,7 @@ impl TenancyStore for SqliteStore {
         )
         .bind(after)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         rows.iter().map(tenant_row).collect()
@@ -73,6 +73,17 @@ impl TenancyStore for SqliteStore {
 
     async fn delete_tenant(&self, name: &str) -> Result<bool> {
         let mut tx = self.begin_write().await?;
+        // The row lock keeps projects and tokens from being added meanwhile (their foreign keys
+        // wait for it).
+        let exists = sqlx::query(LOCK_TENANT)
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?;
+        if exists.is_none() {
+            tx.rollback().await.map_err(db)?;
+            return Ok(false);
+        }
         let in_use: i64 = sqlx::query(
             "SELECT (SELECT COUNT(*) FROM projects WHERE tenant = $1) \
              + (SELECT COUNT(*) FROM workloads WHERE tenant = $1) \
@@ -120,7 +131,7 @@ impl TenancyStore for SqliteStore {
             .bind(&p.tenant)
             .bind(&p.name)
             .bind(p.created_at)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(|e| db_error(e, || format!("project `{}` of tenant `{}`", p.name, p.tenant)))?;
         Ok(())
@@ -130,7 +141,7 @@ impl TenancyStore for SqliteStore {
         let row = sqlx::query("SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND name = $2")
             .bind(tenant)
             .bind(name)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         row.as_ref().map(project_row).transpose()
@@ -144,7 +155,7 @@ impl TenancyStore for SqliteStore {
         .bind(tenant)
         .bind(after)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         rows.iter().map(project_row).collect()
@@ -179,7 +190,7 @@ impl TenancyStore for SqliteStore {
         let json = |v: &Vec<String>| serde_json::to_string(v).expect("strings serialise");
         let mut tx = self.begin_write().await?;
         // The tenant row (locked where the database can) must exist for the policy to land.
-        let exists = sqlx::query("SELECT name FROM tenants WHERE name = $1")
+        let exists = sqlx::query(LOCK_TENANT)
             .bind(&p.tenant)
             .fetch_optional(&mut *tx)
             .await
@@ -209,7 +220,7 @@ impl TenancyStore for SqliteStore {
         let row =
             sqlx::query("SELECT tenant, registries, cosign_keys, updated_at FROM image_policies WHERE tenant = $1")
                 .bind(tenant)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *self.conn().await?)
                 .await
                 .map_err(db)?;
         row.as_ref().map(image_policy_row).transpose()

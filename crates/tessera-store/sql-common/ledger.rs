@@ -4,20 +4,15 @@
 use std::sync::LazyLock;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnection, PgRow};
 use tessera_domain::WorkloadId;
 use tessera_model::GpuUnits;
 use tessera_store::{LedgerStore, Result, StoreError, UsageInterval};
 
+use crate::driver::{CLOSED_USAGE, DbConnection, DbRow, Store};
 use crate::rows::{self, MultiRow};
-use crate::{PgStore, col, db, db_error, i64_of, narrow, u64_of};
+use crate::{col, db, db_error, i64_of, narrow, u64_of};
 
-/// Closed use per tenant within `[$1, $2)` ([`LedgerStore::closed_usage`]): the intervals that
-/// ended after `$1` (the `usage_ended` index; open ones have no end) and began before `$2`.
-const CLOSED_USAGE: &str = "SELECT tenant, SUM(units_milli * (LEAST(ended_at, $2) - GREATEST(started_at, $1)))::BIGINT AS used \
-     FROM usage_intervals WHERE ended_at > $1 AND started_at < $2 GROUP BY tenant ORDER BY tenant";
-
-static OPEN: LazyLock<MultiRow> = LazyLock::new(|| {
+pub(crate) static OPEN: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "INSERT INTO usage_intervals \
          (workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg) VALUES ",
@@ -26,8 +21,9 @@ static OPEN: LazyLock<MultiRow> = LazyLock::new(|| {
     )
 });
 
-// Rows through a common table expression, as for workload updates (see `workloads::UPDATE`).
-static CLOSE: LazyLock<MultiRow> = LazyLock::new(|| {
+// Rows through a common table expression, as for workload updates (see `workloads::UPDATE`):
+// SQLite >= 3.33 and PostgreSQL (with typed placeholders) both run it.
+pub(crate) static CLOSE: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "WITH v (workload_id, seq, ended_at, util_avg) AS (VALUES ",
         4,
@@ -46,7 +42,7 @@ pub(crate) struct Close {
     pub util_avg: Option<f64>,
 }
 
-fn usage_row(r: &PgRow) -> Result<UsageInterval> {
+fn usage_row(r: &DbRow) -> Result<UsageInterval> {
     Ok(UsageInterval {
         workload: WorkloadId(u64_of(col(r, "workload_id")?)),
         seq: narrow(col(r, "seq")?, "seq")?,
@@ -63,7 +59,7 @@ fn usage_row(r: &PgRow) -> Result<UsageInterval> {
 }
 
 /// Opens intervals (inside the caller's transaction).
-pub(crate) async fn open(conn: &mut PgConnection, rows: &[&UsageInterval]) -> Result<()> {
+pub(crate) async fn open(conn: &mut DbConnection, rows: &[&UsageInterval]) -> Result<()> {
     rows::execute(
         conn,
         &OPEN,
@@ -97,7 +93,7 @@ pub(crate) async fn open(conn: &mut PgConnection, rows: &[&UsageInterval]) -> Re
 }
 
 /// Closes open intervals (inside the caller's transaction); `Corrupt` if one is not open.
-pub(crate) async fn close(conn: &mut PgConnection, rows: &[Close]) -> Result<()> {
+pub(crate) async fn close(conn: &mut DbConnection, rows: &[Close]) -> Result<()> {
     let closed = rows::execute(
         conn,
         &CLOSE,
@@ -127,7 +123,7 @@ pub(crate) async fn close(conn: &mut PgConnection, rows: &[Close]) -> Result<()>
 }
 
 #[async_trait]
-impl LedgerStore for PgStore {
+impl LedgerStore for Store {
     async fn usage_of(&self, id: WorkloadId) -> Result<Vec<UsageInterval>> {
         let rows = sqlx::query(
             "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg \

@@ -1,0 +1,43 @@
+//! SQLite's view of the statements it shares with the PostgreSQL store
+//! (`crates/tessera-store/sql-common`): every multi-row statement prepares at each chunk size
+//! (within SQLite's limits on parameters and expression depth), and the ledger's statements
+//! search by their indexes instead of scanning.
+
+use crate::driver::CLOSED_USAGE;
+use crate::{SqliteStore, audit, ledger, rows};
+
+#[tokio::test]
+async fn the_audit_insert_prepares() {
+    let store = SqliteStore::open_memory().await.unwrap();
+    for rows in rows::CHUNKS {
+        assert!(rows::prepares(&store, audit::INSERT.text(rows)).await);
+    }
+}
+
+/// Both statements prepare, and a close finds each interval by its key, never by a scan.
+#[tokio::test]
+async fn multi_row_statements_prepare_and_closes_search_by_key() {
+    let store = SqliteStore::open_memory().await.unwrap();
+    for rows in rows::CHUNKS {
+        assert!(rows::prepares(&store, ledger::OPEN.text(rows)).await);
+        let plan = rows::plan(&store, ledger::CLOSE.text(rows)).await;
+        assert!(
+            plan.iter()
+                .any(|p| p.starts_with("SEARCH usage_intervals USING") && p.ends_with("(workload_id=? AND seq=?)")),
+            "{plan:?}"
+        );
+        assert!(!plan.iter().any(|p| p.starts_with("SCAN usage_intervals")), "{plan:?}");
+    }
+}
+
+/// The month's closed use reads the intervals that ended in it, never the whole ledger.
+#[tokio::test]
+async fn closed_usage_searches_by_end() {
+    let store = SqliteStore::open_memory().await.unwrap();
+    let plan = rows::plan(&store, CLOSED_USAGE).await;
+    assert!(
+        plan.iter()
+            .any(|p| p.starts_with("SEARCH usage_intervals USING INDEX usage_ended (ended_at>?)")),
+        "{plan:?}"
+    );
+}
