@@ -16,7 +16,7 @@
 //!
 //! ## Its own migration set
 //!
-//! `migrations/` has the same tables, columns, keys and numbering (0001–0011) as the SQLite
+//! `migrations/` has the same tables, columns, keys and numbering (0001–0012) as the SQLite
 //! store's, and differs where PostgreSQL must:
 //!
 //! * **types** — SQLite's `INTEGER` is 64 bits, PostgreSQL's is 32, and sqlx decodes a
@@ -25,25 +25,29 @@
 //!   orders and pages by are `COLLATE "C"`: byte order, as SQLite compares, whatever locale the
 //!   database was created with.
 //! * **upserts and clocks** — `ON CONFLICT … DO UPDATE` is the same in both, but what "now" is
-//!   differs (`clock_timestamp()` here, `julianday('now')` there), so the lease's statements
-//!   live in each store's code rather than in shared SQL.
+//!   differs (`clock_timestamp()` here, `julianday('now')` there), so each store's `driver.rs`
+//!   says what "now" is and the lease's statements take it from there.
 //!
 //! Schema version 1 kept each workload as a JSON document; PostgreSQL support arrived after
 //! version 4, so no PostgreSQL database holds such rows and this store has no conversion of
 //! them (migration 0004 keeps the empty `workloads_v1` table only so that both schemas have the
 //! same shape).
 //!
-//! Statements are those of the SQLite store with numbered placeholders; a lifecycle batch is
-//! written group by group in multi-row statements ([`rows`]) in one transaction.
+//! The statements, with their binding and decoding, are written once for both SQL stores in
+//! `crates/tessera-store/sql-common` (modules compiled into this crate and into
+//! `tessera-store-sqlite`); `driver.rs` holds what PostgreSQL needs differently. A lifecycle
+//! batch is written group by group in multi-row statements (`rows.rs`) in one transaction.
 
 #[path = "../../tessera-store/sql-common/audit.rs"]
 mod audit;
 #[path = "../../tessera-store/sql-common/batch.rs"]
 mod batch;
+mod driver;
 #[path = "../../tessera-store/sql-common/fleet.rs"]
 mod fleet;
 #[path = "../../tessera-store/sql-common/governance.rs"]
 mod governance;
+#[path = "../../tessera-store/sql-common/lease.rs"]
 mod lease;
 #[path = "../../tessera-store/sql-common/ledger.rs"]
 mod ledger;
@@ -52,26 +56,10 @@ mod rollouts;
 mod rows;
 #[path = "../../tessera-store/sql-common/tenancy.rs"]
 mod tenancy;
+#[path = "../../tessera-store/sql-common/tokens.rs"]
 mod tokens;
+#[path = "../../tessera-store/sql-common/workloads.rs"]
 mod workloads;
-
-/// The names that the statement code shared by the SQL stores (`crates/tessera-store/sql-common`,
-/// compiled into each of them) is written against, and the few statements that differ.
-mod driver {
-    pub(crate) type Db = sqlx::Postgres;
-    pub(crate) type DbRow = sqlx::postgres::PgRow;
-    pub(crate) type DbConnection = sqlx::PgConnection;
-    pub(crate) use crate::PgStore as Store;
-
-    /// Reads the tenant row and locks it until the transaction ends.
-    pub(crate) const LOCK_TENANT: &str = "SELECT name FROM tenants WHERE name = $1 FOR UPDATE";
-
-    /// Closed use per tenant within `[$1, $2)` ([`tessera_store::LedgerStore::closed_usage`]):
-    /// the intervals that ended after `$1` (the `usage_ended` index; open ones have no end) and
-    /// began before `$2`.
-    pub(crate) const CLOSED_USAGE: &str = "SELECT tenant, SUM(units_milli * (LEAST(ended_at, $2) - GREATEST(started_at, $1)))::BIGINT AS used \
-         FROM usage_intervals WHERE ended_at > $1 AND started_at < $2 GROUP BY tenant ORDER BY tenant";
-}
 
 use std::str::FromStr;
 use std::sync::Arc;

@@ -22,15 +22,21 @@
 //! The leader lease ([`tessera_store::LeaseStore`]) is implemented too, timed by SQLite's
 //! clock, so that the contract holds whole; the server runs one process on SQLite and does not
 //! elect.
+//!
+//! The statements, with their binding and decoding, are written once for both SQL stores in
+//! `crates/tessera-store/sql-common` (modules compiled into this crate and into
+//! `tessera-store-postgres`); `driver.rs` holds what SQLite needs differently.
 
 #[path = "../../tessera-store/sql-common/audit.rs"]
 mod audit;
 #[path = "../../tessera-store/sql-common/batch.rs"]
 mod batch;
+mod driver;
 #[path = "../../tessera-store/sql-common/fleet.rs"]
 mod fleet;
 #[path = "../../tessera-store/sql-common/governance.rs"]
 mod governance;
+#[path = "../../tessera-store/sql-common/lease.rs"]
 mod lease;
 #[path = "../../tessera-store/sql-common/ledger.rs"]
 mod ledger;
@@ -43,29 +49,10 @@ mod rollouts;
 mod rows;
 #[path = "../../tessera-store/sql-common/tenancy.rs"]
 mod tenancy;
+#[path = "../../tessera-store/sql-common/tokens.rs"]
 mod tokens;
+#[path = "../../tessera-store/sql-common/workloads.rs"]
 mod workloads;
-
-/// The names that the statement code shared by the SQL stores (`crates/tessera-store/sql-common`,
-/// compiled into each of them) is written against, and the few statements that differ.
-mod driver {
-    pub(crate) type Db = sqlx::Sqlite;
-    pub(crate) type DbRow = sqlx::sqlite::SqliteRow;
-    pub(crate) type DbConnection = sqlx::SqliteConnection;
-    pub(crate) use crate::SqliteStore as Store;
-
-    /// SQLite has no row locks: the write transaction (`BEGIN IMMEDIATE`) already holds the
-    /// database's write lock, so a plain read of the tenant row is enough.
-    pub(crate) const LOCK_TENANT: &str = "SELECT name FROM tenants WHERE name = $1";
-
-    /// Closed use per tenant within `[$1, $2)` ([`tessera_store::LedgerStore::closed_usage`]):
-    /// the intervals that ended after `$1` (open ones have no end) and began before `$2`.
-    /// `INDEXED BY`, because SQLite's planner would rather walk the `(tenant, started_at)` index
-    /// for the grouping, which reads the whole ledger.
-    pub(crate) const CLOSED_USAGE: &str = "SELECT tenant, SUM(units_milli * (MIN(ended_at, $2) - MAX(started_at, $1))) AS used \
-         FROM usage_intervals INDEXED BY usage_ended WHERE ended_at > $1 AND started_at < $2 \
-         GROUP BY tenant ORDER BY tenant";
-}
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,10 +1,10 @@
 //! SQLite's view of the statements it shares with the PostgreSQL store
 //! (`crates/tessera-store/sql-common`): every multi-row statement prepares at each chunk size
-//! (within SQLite's limits on parameters and expression depth), and the ledger's statements
-//! search by their indexes instead of scanning.
+//! (within SQLite's limits on parameters and expression depth), and the updates and closes
+//! search by their keys and indexes instead of scanning.
 
 use crate::driver::CLOSED_USAGE;
-use crate::{SqliteStore, audit, ledger, rows};
+use crate::{SqliteStore, audit, ledger, rows, workloads};
 
 #[tokio::test]
 async fn the_audit_insert_prepares() {
@@ -40,4 +40,34 @@ async fn closed_usage_searches_by_end() {
             .any(|p| p.starts_with("SEARCH usage_intervals USING INDEX usage_ended (ended_at>?)")),
         "{plan:?}"
     );
+}
+
+/// Every multi-row statement of workloads prepares (so its text is valid SQL within the
+/// parameter limit), and the update finds each workload by its key, never by a scan.
+#[tokio::test]
+async fn multi_row_statements_prepare_and_updates_search_by_id() {
+    let store = SqliteStore::open_memory().await.unwrap();
+    for statement in [
+        &workloads::INSERT,
+        &workloads::UPDATE,
+        &workloads::INSERT_EVENTS,
+        &workloads::INSERT_KEYS,
+    ] {
+        for rows in rows::CHUNKS {
+            assert!(
+                rows::prepares(&store, statement.text(rows)).await,
+                "{}",
+                statement.text(rows)
+            );
+        }
+    }
+    for rows in rows::CHUNKS {
+        let plan = rows::plan(&store, workloads::UPDATE.text(rows)).await;
+        assert!(
+            plan.iter()
+                .any(|p| p.starts_with("SEARCH workloads USING") && p.ends_with("(id=?)")),
+            "{plan:?}"
+        );
+        assert!(!plan.iter().any(|p| p.starts_with("SCAN workloads")), "{plan:?}");
+    }
 }

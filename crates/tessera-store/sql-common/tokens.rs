@@ -2,12 +2,12 @@
 
 use async_trait::async_trait;
 use sqlx::Row;
-use sqlx::postgres::PgRow;
 use tessera_store::{PLATFORM_ADMIN, Result, Revocation, TokenRecord, TokenStore};
 
-use crate::{PgStore, col, db, db_error, u64_of};
+use crate::driver::{DbRow, LOCK_REVOCATION, Store};
+use crate::{col, db, db_error, u64_of};
 
-fn token_row(r: &PgRow) -> Result<TokenRecord> {
+fn token_row(r: &DbRow) -> Result<TokenRecord> {
     Ok(TokenRecord {
         id: col(r, "id")?,
         hash: col(r, "hash")?,
@@ -21,7 +21,7 @@ fn token_row(r: &PgRow) -> Result<TokenRecord> {
 }
 
 #[async_trait]
-impl TokenStore for PgStore {
+impl TokenStore for Store {
     async fn create_token(&self, t: &TokenRecord) -> Result<()> {
         sqlx::query(
             "INSERT INTO api_tokens (id, hash, tenant, role, name, created_at, expires_at, revoked_at) \
@@ -76,19 +76,16 @@ impl TokenStore for PgStore {
     }
 
     async fn revoke_token(&self, id: &str, at: i64) -> Result<Revocation> {
-        // The token and every lasting platform-admin token are locked first, in id order (so
-        // that two revocations never wait for each other in a cycle); a revocation racing this
-        // one waits, then sees what this one left.
+        // The token and every lasting platform-admin token are locked first (see
+        // `driver::LOCK_REVOCATION`); a revocation racing this one waits, then sees what this
+        // one left.
         let mut tx = self.begin_write().await?;
-        let rows = sqlx::query(
-            "SELECT id, role, revoked_at FROM api_tokens WHERE id = $1 \
-             OR (role = $2 AND revoked_at IS NULL AND expires_at IS NULL) ORDER BY id FOR UPDATE",
-        )
-        .bind(id)
-        .bind(PLATFORM_ADMIN)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db)?;
+        let rows = sqlx::query(LOCK_REVOCATION)
+            .bind(id)
+            .bind(PLATFORM_ADMIN)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db)?;
         let mut target = None;
         let mut other_admins = 0;
         for r in &rows {

@@ -6,13 +6,13 @@ use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use sqlx::Row;
-use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use tessera_domain::{Event, GpuSpec, Movable, ReasonCode, Slice, Step, StopCause, Workload, WorkloadId};
-use tessera_store::sql::{COLUMN_NAMES, Cells, corrupt, gpu_mask, json, mistyped, names, narrow, workload_row};
+use tessera_store::sql::{corrupt, gpu_mask, json, names, narrow, workload_row};
 use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
 
+use crate::driver::{DbConnection, DbRow, RowCells, Store};
 use crate::rows::{self, MultiRow, Query};
-use crate::{SqliteStore, batch, col, db, db_error, i64_of, u64_of};
+use crate::{batch, col, db, db_error, i64_of, u64_of};
 
 /// Every column of `workloads`, in the order an insert binds them ([`bind_spec`], then
 /// [`bind_lifecycle`]).
@@ -23,7 +23,7 @@ macro_rules! columns {
 }
 
 /// Inserts workloads: every column.
-static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
+pub(crate) static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         concat!("INSERT INTO workloads (", columns!(), ") VALUES "),
         names(columns!()).count(),
@@ -34,9 +34,10 @@ static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
 /// Updates workloads: the id, then the lifecycle columns, of each row in `v`.
 // SQLite names the columns of a bare `VALUES` list `column1, column2 …` and has no `AS v(…)`
 // column list, so the rows go through a common table expression, which both SQLite (>= 3.33
-// for `UPDATE … FROM`) and PostgreSQL accept. PostgreSQL would need the placeholders typed
-// (`$1::BIGINT`) for `workloads.id = v.id` to compare integers.
-static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
+// for `UPDATE … FROM`) and PostgreSQL accept. On PostgreSQL the columns of `v` take the types
+// sqlx declares for the bound values (see `crate::rows`), so `workloads.id = v.id` compares
+// integers without casts.
+pub(crate) static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
     let set: Vec<String> = names(tessera_store::workload_lifecycle_columns!())
         .map(|c| format!("{c} = v.{c}"))
         .collect();
@@ -54,7 +55,7 @@ static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
     )
 });
 
-static INSERT_EVENTS: LazyLock<MultiRow> = LazyLock::new(|| {
+pub(crate) static INSERT_EVENTS: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "INSERT INTO workload_events (workload_id, seq, step, at, detail, code) VALUES ",
         6,
@@ -62,7 +63,7 @@ static INSERT_EVENTS: LazyLock<MultiRow> = LazyLock::new(|| {
     )
 });
 
-static INSERT_KEYS: LazyLock<MultiRow> = LazyLock::new(|| {
+pub(crate) static INSERT_KEYS: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "INSERT INTO idempotency_keys (actor, key, request_hash, workload_id, created_at) VALUES ",
         5,
@@ -101,7 +102,7 @@ const PHASE_SLOTS: usize = 10;
 
 /// The phases that are not terminal, as `active_workloads` selects them (an `IN` list the
 /// `(phase, id)` index serves, where `NOT IN` would scan every row).
-const ACTIVE: &str =
+pub(crate) const ACTIVE: &str =
     select!("WHERE phase IN ('pending', 'queued', 'placed', 'partitioned', 'running', 'stopping') ORDER BY id");
 
 /// Binds the insert-only columns (`id` to `created_at`).
@@ -193,35 +194,7 @@ fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Que
         .bind(p.map(|p| i64_of(p.units.as_milli()))))
 }
 
-/// A sqlx row of a workload `SELECT`, read by position. Booleans are integers 0 and 1 in
-/// SQLite.
-struct RowCells<'r>(&'r SqliteRow);
-
-impl Cells for RowCells<'_> {
-    fn int(&self, i: usize) -> Result<Option<i64>> {
-        self.0.try_get(i).map_err(|e| mistyped(i, e))
-    }
-    fn text(&self, i: usize) -> Result<Option<&str>> {
-        self.0.try_get(i).map_err(|e| mistyped(i, e))
-    }
-    fn flag(&self, i: usize) -> Result<bool> {
-        self.int_of(i).map(|v| v != 0)
-    }
-}
-
-impl Cells for crate::raw::Statement<'_> {
-    fn int(&self, i: usize) -> Result<Option<i64>> {
-        crate::raw::Statement::int(self, i)
-    }
-    fn text(&self, i: usize) -> Result<Option<&str>> {
-        crate::raw::Statement::text(self, i)
-    }
-    fn flag(&self, i: usize) -> Result<bool> {
-        self.int_of(i).map(|v| v != 0)
-    }
-}
-
-fn event_row(id: WorkloadId, r: &SqliteRow) -> Result<Event> {
+fn event_row(id: WorkloadId, r: &DbRow) -> Result<Event> {
     let step: String = col(r, "step")?;
     let code: Option<String> = col(r, "code")?;
     Ok(Event {
@@ -236,20 +209,16 @@ fn event_row(id: WorkloadId, r: &SqliteRow) -> Result<Event> {
 }
 
 /// Inserts new workloads with the `updated_at` each gets (inside the caller's transaction).
-pub(crate) async fn insert_workloads(conn: &mut SqliteConnection, rows: &[(&Workload, i64)]) -> Result<()> {
+pub(crate) async fn insert_workloads(conn: &mut DbConnection, rows: &[(&Workload, i64)]) -> Result<()> {
     rows::execute(
         conn,
         &INSERT,
         rows,
         |q, (w, updated_at)| bind_lifecycle(bind_spec(q, w), w, *updated_at),
-        |e, chunk| {
-            db_error(e, || match chunk {
+        |e, rows| {
+            db_error(e, || match rows {
                 [(w, _)] => format!("workload {}", w.id),
-                _ => format!(
-                    "one of the workloads {} … {}",
-                    chunk[0].0.id,
-                    chunk[chunk.len() - 1].0.id
-                ),
+                _ => format!("one of the workloads {} … {}", rows[0].0.id, rows[rows.len() - 1].0.id),
             })
         },
     )
@@ -259,7 +228,7 @@ pub(crate) async fn insert_workloads(conn: &mut SqliteConnection, rows: &[(&Work
 
 /// Writes the lifecycle of stored workloads, at most one row per workload; `Corrupt` if one is
 /// not stored.
-pub(crate) async fn update_workloads(conn: &mut SqliteConnection, rows: &[(&Workload, i64)]) -> Result<()> {
+pub(crate) async fn update_workloads(conn: &mut DbConnection, rows: &[(&Workload, i64)]) -> Result<()> {
     let updated = rows::execute(
         conn,
         &UPDATE,
@@ -285,7 +254,7 @@ pub(crate) async fn update_workloads(conn: &mut SqliteConnection, rows: &[(&Work
 }
 
 /// Appends timeline events of workloads.
-pub(crate) async fn insert_events(conn: &mut SqliteConnection, rows: &[(WorkloadId, &Event)]) -> Result<()> {
+pub(crate) async fn insert_events(conn: &mut DbConnection, rows: &[(WorkloadId, &Event)]) -> Result<()> {
     rows::execute(
         conn,
         &INSERT_EVENTS,
@@ -298,14 +267,10 @@ pub(crate) async fn insert_events(conn: &mut SqliteConnection, rows: &[(Workload
                 .bind(e.detail.as_str())
                 .bind(e.code.map(ReasonCode::as_str)))
         },
-        |err, chunk| {
-            db_error(err, || match chunk {
+        |err, rows| {
+            db_error(err, || match rows {
                 [(id, e)] => format!("event {} of workload {id}", e.seq),
-                _ => format!(
-                    "an event of the workloads {} … {}",
-                    chunk[0].0,
-                    chunk[chunk.len() - 1].0
-                ),
+                _ => format!("an event of the workloads {} … {}", rows[0].0, rows[rows.len() - 1].0),
             })
         },
     )
@@ -315,7 +280,7 @@ pub(crate) async fn insert_events(conn: &mut SqliteConnection, rows: &[(Workload
 
 /// Stores the idempotency keys of new workloads, each with its workload and creation time.
 pub(crate) async fn insert_idempotency_keys(
-    conn: &mut SqliteConnection,
+    conn: &mut DbConnection,
     rows: &[(&IdempotencyKey, WorkloadId, i64)],
 ) -> Result<()> {
     rows::execute(
@@ -329,10 +294,10 @@ pub(crate) async fn insert_idempotency_keys(
                 .bind(i64_of(id.0))
                 .bind(*at))
         },
-        |e, chunk| {
-            db_error(e, || match chunk {
+        |e, rows| {
+            db_error(e, || match rows {
                 [(k, _, _)] => format!("idempotency key `{}` of `{}`", k.key, k.actor),
-                _ => format!("one of {} idempotency keys", chunk.len()),
+                _ => format!("one of {} idempotency keys", rows.len()),
             })
         },
     )
@@ -341,12 +306,12 @@ pub(crate) async fn insert_idempotency_keys(
 }
 
 #[async_trait]
-impl WorkloadStore for SqliteStore {
+impl WorkloadStore for Store {
     async fn reserve_workload_ids(&self, n: u32) -> Result<Range<u64>> {
         // One statement: the increment and the read are atomic, also across processes.
         let last: i64 = sqlx::query("UPDATE sequences SET value = value + $1 WHERE name = 'workload' RETURNING value")
             .bind(i64::from(n))
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *self.conn().await?)
             .await
             .map_err(db)?
             .try_get(0)
@@ -363,7 +328,7 @@ impl WorkloadStore for SqliteStore {
         let row = sqlx::query(select!("WHERE id = $1 AND ($2 IS NULL OR tenant = $2)"))
             .bind(i64_of(id.0))
             .bind(scope)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         row.as_ref().map(|r| workload_row(&RowCells(r))).transpose()
@@ -393,7 +358,11 @@ impl WorkloadStore for SqliteStore {
         for slot in 0..PHASE_SLOTS {
             q = q.bind(phases.get(slot).copied());
         }
-        let rows = q.bind(i64::from(f.limit)).fetch_all(&self.pool).await.map_err(db)?;
+        let rows = q
+            .bind(i64::from(f.limit))
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db)?;
         rows.iter().map(|r| workload_row(&RowCells(r))).collect()
     }
 
@@ -405,37 +374,21 @@ impl WorkloadStore for SqliteStore {
         )
         .bind(i64_of(id.0))
         .bind(scope)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db)?;
         rows.iter().map(|r| event_row(id, r)).collect()
     }
 
     async fn active_workloads(&self) -> Result<Vec<Workload>> {
-        // Every active workload at once (recovery: 100,000 rows and more), decoded straight
-        // from SQLite's buffers rather than through a copy of each row (see `crate::raw`).
-        let mut conn = self.pool.acquire().await.map_err(db)?;
-        let mut handle = conn.lock_handle().await.map_err(db)?;
-        let mut read = || {
-            let mut statement = crate::raw::Statement::prepare(&mut handle, ACTIVE, &COLUMN_NAMES)?;
-            let mut out = Vec::new();
-            while statement.step()? {
-                out.push(workload_row(&statement)?);
-            }
-            Ok(out)
-        };
-        // The read takes the thread for a while: let the runtime move its other tasks away.
-        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(read),
-            _ => read(),
-        }
+        crate::driver::active_workloads(self).await
     }
 
     async fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, WorkloadId)>> {
         let row = sqlx::query("SELECT request_hash, workload_id FROM idempotency_keys WHERE actor = $1 AND key = $2")
             .bind(actor)
             .bind(key)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db)?;
         row.map(|r| Ok((col(&r, "request_hash")?, WorkloadId(u64_of(col(&r, "workload_id")?)))))
@@ -466,30 +419,5 @@ mod tests {
     #[test]
     fn every_phase_fits_a_listing() {
         assert_eq!(Phase::ALL.len(), PHASE_SLOTS);
-    }
-
-    /// Every multi-row statement of workloads prepares (so its text is valid SQL within the
-    /// parameter limit), and the update finds each workload by its key, never by a scan.
-    #[tokio::test]
-    async fn multi_row_statements_prepare_and_updates_search_by_id() {
-        let store = SqliteStore::open_memory().await.unwrap();
-        for statement in [&INSERT, &UPDATE, &INSERT_EVENTS, &INSERT_KEYS] {
-            for rows in rows::CHUNKS {
-                assert!(
-                    rows::prepares(&store, statement.text(rows)).await,
-                    "{}",
-                    statement.text(rows)
-                );
-            }
-        }
-        for rows in rows::CHUNKS {
-            let plan = rows::plan(&store, UPDATE.text(rows)).await;
-            assert!(
-                plan.iter()
-                    .any(|p| p.starts_with("SEARCH workloads USING") && p.ends_with("(id=?)")),
-                "{plan:?}"
-            );
-            assert!(!plan.iter().any(|p| p.starts_with("SCAN workloads")), "{plan:?}");
-        }
     }
 }

@@ -1,37 +1,32 @@
 //! The leader lease and replica heartbeats ([`LeaseStore`]), and the check of a batch's
-//! fences. Times come from the server's clock (`clock_timestamp()`, which moves within a
-//! transaction, unlike `now()`): the database's clock is the one every replica agrees on.
+//! fences. Times come from the database's clock ([`now_ms!`](crate::driver::now_ms)): it is the
+//! one every replica (every process sharing the file, on SQLite) agrees on.
 //!
-//! Acquisition is one conditional `UPDATE` of the lease row: of replicas racing, the first
-//! takes the row lock, the others wait for it and re-check the condition on the row it wrote
-//! (READ COMMITTED re-evaluates an `UPDATE`'s `WHERE` on the newest row version), so exactly one
-//! wins. A fence reads the row `FOR SHARE`: the lock lasts until the batch's transaction ends,
-//! and an acquisition (an `UPDATE`) waits for it, so no replica takes the lease over while a
-//! fenced batch is being committed. A holder paused in the middle of such a transaction does
-//! not keep the lease forever: `idle_in_transaction_session_timeout` ends its session.
+//! On PostgreSQL, acquisition is one conditional `UPDATE` of the lease row: of replicas racing,
+//! the first takes the row lock, the others wait for it and re-check the condition on the row
+//! it wrote (READ COMMITTED re-evaluates an `UPDATE`'s `WHERE` on the newest row version), so
+//! exactly one wins. A fence reads the row `FOR SHARE` ([`lock_fence!`](crate::driver::lock_fence)):
+//! the lock lasts until the batch's transaction ends, and an acquisition (an `UPDATE`) waits for
+//! it, so no replica takes the lease over while a fenced batch is being committed. A holder
+//! paused in the middle of such a transaction does not keep the lease forever:
+//! `idle_in_transaction_session_timeout` ends its session. On SQLite, every write holds the
+//! database's write lock, which serialises the same steps.
 
 use async_trait::async_trait;
 use sqlx::Row;
-use sqlx::postgres::{PgConnection, PgRow};
 use tessera_store::{Fence, LeaseRecord, LeaseStore, ReplicaRecord, Result, StoreError};
 
-use crate::{PgStore, col, db, i64_of, u64_of};
-
-/// Milliseconds since the Unix epoch by the server's clock.
-macro_rules! now_ms {
-    () => {
-        "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT"
-    };
-}
+use crate::driver::{DbConnection, DbRow, Store, lock_fence, now_ms};
+use crate::{col, db, i64_of, u64_of};
 
 /// Fails with `Fenced` unless every fence's holder holds the lease with its epoch (inside the
 /// caller's write transaction, which keeps the lease from changing hands until it ends).
-pub(crate) async fn check_fences(conn: &mut PgConnection, fences: &[&Fence]) -> Result<()> {
+pub(crate) async fn check_fences(conn: &mut DbConnection, fences: &[&Fence]) -> Result<()> {
     for f in fences {
         let held = sqlx::query(concat!(
             "SELECT 1 FROM leader WHERE id = 1 AND holder = $1 AND epoch = $2 AND expires_at > ",
             now_ms!(),
-            " FOR SHARE"
+            lock_fence!()
         ))
         .bind(f.holder.as_str())
         .bind(i64_of(f.epoch))
@@ -48,7 +43,7 @@ pub(crate) async fn check_fences(conn: &mut PgConnection, fences: &[&Fence]) -> 
     Ok(())
 }
 
-fn replica_row(r: &PgRow) -> Result<ReplicaRecord> {
+fn replica_row(r: &DbRow) -> Result<ReplicaRecord> {
     Ok(ReplicaRecord {
         id: col(r, "id")?,
         url: col(r, "url")?,
@@ -60,7 +55,7 @@ fn replica_row(r: &PgRow) -> Result<ReplicaRecord> {
 }
 
 #[async_trait]
-impl LeaseStore for PgStore {
+impl LeaseStore for Store {
     async fn acquire_lease(&self, holder: &str, url: &str, ttl_ms: u64) -> Result<Option<u64>> {
         // One reading of the clock for the condition and both times.
         let row = sqlx::query(concat!(
