@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Replays every workload file of the openb trace that has published results and prints
-Tessera's unallocated GPU % at arrived 100 % next to the published FGD and BestFit figures.
+Tessera's unallocated GPU % at arrived 100 % next to the published FGD and BestFit figures,
+and the least any policy that places every fractional share that arrives could leave (the
+share limit of `tessera sim openb`).
 
 Usage: scripts/openb-compare.py [--policy tessera] [--trace-dir ../shared/traces/openb]
        [--tessera target/release/tessera] [--files default,cpu050,...]
@@ -24,7 +26,7 @@ with open(path) as f:
         if row["arrived_pct"] == "100":
             published[row["workload"]] = row
 wanted = [w for w in published if not a.files or w.removeprefix("openb_pod_list_") in a.files.split(",")]
-print(f"{'workload':<28} {a.policy:>9} {'FGD':>6} {'BestFit':>8}  wall")
+print(f"{'workload':<28} {a.policy:>9} {'FGD':>6} {'BestFit':>8} {'limit':>6}  wall")
 worse = 0
 for w in sorted(wanted):
     out = subprocess.run([a.tessera, "sim", "openb", "--trace-dir", a.trace_dir, "--pods",
@@ -38,5 +40,6 @@ for w in sorted(wanted):
     bf = float(published[w]["05-BestFit_mean"])
     mark = "" if ours < fgd else "  <-- not below FGD"
     worse += ours >= fgd
-    print(f"{w:<28} {ours:>9.2f} {fgd:>6.2f} {bf:>8.2f}  {r['wall_seconds']:.1f}s{mark}")
+    limit = r["share_limit_pct"]["100"]
+    print(f"{w:<28} {ours:>9.2f} {fgd:>6.2f} {bf:>8.2f} {limit:>6.2f}  {r['wall_seconds']:.1f}s{mark}")
 print(f"{len(wanted) - worse} of {len(wanted)} workloads below FGD")
