@@ -6,8 +6,11 @@ use tessera_store::{
     Result, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState, RolloutStore, StoreError,
 };
 
-use crate::driver::{DbConnection, Store};
+use crate::driver::{Db, DbConnection, Store};
 use crate::{col, db, i64_of, narrow, narrow_opt, u64_of};
+
+/// A statement with its parameters (not `crate::rows::Query`, which collects rows).
+type SqlQuery<'q> = sqlx::query::Query<'q, Db, <Db as sqlx::Database>::Arguments>;
 
 async fn write_nodes(tx: &mut DbConnection, r: &RolloutRecord) -> Result<()> {
     sqlx::query("DELETE FROM rollout_nodes WHERE rollout_id = $1")
@@ -37,21 +40,10 @@ async fn write_nodes(tx: &mut DbConnection, r: &RolloutRecord) -> Result<()> {
     Ok(())
 }
 
-#[async_trait]
-impl RolloutStore for Store {
-    async fn create_rollout(&self, r: &RolloutRecord) -> Result<u64> {
-        let mut tx = self.begin_write().await?;
-        let id: i64 = sqlx::query("UPDATE sequences SET value = value + 1 WHERE name = 'rollout' RETURNING value")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db)?
-            .try_get(0)
-            .map_err(db)?;
-        sqlx::query(
-            "INSERT INTO rollouts (id, pool, max_parallel, max_unavailable_milli, deadline_s, preempt, upgrade_s, \
-             state, created_at, created_by, ended_at, detail) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-        )
-        .bind(id)
+/// Binds a rollout's columns in the order of its statements: `$1` the id, then `pool` to
+/// `detail`.
+fn bind_rollout<'q>(q: SqlQuery<'q>, id: i64, r: &'q RolloutRecord) -> SqlQuery<'q> {
+    q.bind(id)
         .bind(&r.pool)
         .bind(i64::from(r.max_parallel))
         .bind(i64_of(r.max_unavailable_milli))
@@ -63,9 +55,23 @@ impl RolloutStore for Store {
         .bind(&r.created_by)
         .bind(r.ended_at)
         .bind(&r.detail)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+}
+
+#[async_trait]
+impl RolloutStore for Store {
+    async fn create_rollout(&self, r: &RolloutRecord) -> Result<u64> {
+        let mut tx = self.begin_write().await?;
+        let id: i64 = sqlx::query("UPDATE sequences SET value = value + 1 WHERE name = 'rollout' RETURNING value")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db)?
+            .try_get(0)
+            .map_err(db)?;
+        let insert = sqlx::query(
+            "INSERT INTO rollouts (id, pool, max_parallel, max_unavailable_milli, deadline_s, preempt, upgrade_s, \
+             state, created_at, created_by, ended_at, detail) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        );
+        bind_rollout(insert, id, r).execute(&mut *tx).await.map_err(db)?;
         let stored = RolloutRecord {
             id: u64_of(id),
             ..r.clone()
@@ -77,26 +83,15 @@ impl RolloutStore for Store {
 
     async fn save_rollout(&self, r: &RolloutRecord) -> Result<()> {
         let mut tx = self.begin_write().await?;
-        let updated = sqlx::query(
+        let update = sqlx::query(
             "UPDATE rollouts SET pool = $2, max_parallel = $3, max_unavailable_milli = $4, deadline_s = $5, \
              preempt = $6, upgrade_s = $7, state = $8, created_at = $9, created_by = $10, ended_at = $11, \
              detail = $12 WHERE id = $1",
-        )
-        .bind(i64_of(r.id))
-        .bind(&r.pool)
-        .bind(i64::from(r.max_parallel))
-        .bind(i64_of(r.max_unavailable_milli))
-        .bind(r.deadline_s.map(i64_of))
-        .bind(r.preempt)
-        .bind(r.upgrade_s.map(i64_of))
-        .bind(r.state.as_str())
-        .bind(r.created_at)
-        .bind(&r.created_by)
-        .bind(r.ended_at)
-        .bind(&r.detail)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+        );
+        let updated = bind_rollout(update, i64_of(r.id), r)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
         if updated.rows_affected() == 0 {
             return Err(StoreError::Corrupt(format!("no rollout {} to save", r.id)));
         }
