@@ -145,7 +145,7 @@ fn event(seq: u32, step: Step, at: i64, code: Option<ReasonCode>) -> Event {
 
 fn insert(w: &Workload) -> Change {
     Change::Insert {
-        workload: w.clone(),
+        workload: w.clone().into(),
         events: vec![
             event(0, Step::Requested, w.created_at, None),
             event(1, Step::Authorised, w.created_at, None),
@@ -183,7 +183,7 @@ fn placed(w: &Workload, at: i64) -> Change {
     p.next_seq = 3;
     Change::Update {
         events: vec![event(2, Step::Placed, at, None)],
-        workload: p,
+        workload: p.into(),
     }
 }
 
@@ -280,7 +280,7 @@ fn step(
                         event(2, Step::Queued, at, Some(ReasonCode::NoCapacity)),
                     ];
                     records.push(Change::Insert {
-                        workload: next.clone(),
+                        workload: next.clone().into(),
                         events,
                         idempotency: None,
                     });
@@ -342,7 +342,7 @@ fn step(
             };
             next.next_seq = seq + events.len() as u32;
             records.push(Change::Update {
-                workload: next.clone(),
+                workload: next.clone().into(),
                 events,
             });
             next

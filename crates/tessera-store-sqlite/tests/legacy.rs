@@ -342,7 +342,7 @@ async fn version_1_workloads_become_typed_rows_with_their_timelines_and_ledger()
     store
         .commit(&[
             Change::Update {
-                workload: ended.clone(),
+                workload: ended.clone().into(),
                 events: vec![Event {
                     seq: 7,
                     step: Step::Released,

@@ -153,7 +153,7 @@ fn workload(id: u64) -> Workload {
 
 fn created(w: &Workload, key: &str) -> Change {
     Change::Insert {
-        workload: w.clone(),
+        workload: w.clone().into(),
         events: vec![Event {
             seq: 0,
             step: Step::Requested,
@@ -174,7 +174,8 @@ fn queued(w: &Workload) -> Change {
         workload: Workload {
             phase: Phase::Queued,
             ..w.clone()
-        },
+        }
+        .into(),
         events: Vec::new(),
     }
 }

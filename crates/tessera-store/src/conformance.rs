@@ -125,7 +125,7 @@ fn event(seq: u32, step: Step, code: Option<ReasonCode>) -> Event {
 /// Inserting `w` with its `requested` event.
 fn insert(w: &Workload) -> Change {
     Change::Insert {
-        workload: w.clone(),
+        workload: w.clone().into(),
         events: vec![event(0, Step::Requested, None)],
         idempotency: None,
     }
@@ -332,7 +332,7 @@ pub async fn batches_are_atomic(s: &dyn Store) {
     commit(
         s,
         &[Change::Insert {
-            workload: w1.clone(),
+            workload: w1.clone().into(),
             events: vec![event(0, Step::Requested, None)],
             idempotency: Some(key.clone()),
         }],
@@ -346,7 +346,7 @@ pub async fn batches_are_atomic(s: &dyn Store) {
     let w2 = workload(ids[1], "acme", "p", Phase::Pending);
     let failing = [
         Change::Update {
-            workload: running,
+            workload: running.into(),
             events: vec![event(1, Step::Running, None)],
         },
         Change::OpenUsage(usage(&w1, 0, 10, None)),
@@ -371,7 +371,7 @@ pub async fn batches_are_atomic(s: &dyn Store) {
         .commit(&[
             insert(&w2),
             Change::Insert {
-                workload: workload(ids[1] + 1_000_000, "acme", "p", Phase::Pending),
+                workload: workload(ids[1] + 1_000_000, "acme", "p", Phase::Pending).into(),
                 events: Vec::new(),
                 idempotency: Some(key.clone()),
             },
@@ -390,7 +390,7 @@ pub async fn batches_are_atomic(s: &dyn Store) {
         .commit(&[
             insert(&w2),
             Change::Update {
-                workload: workload(ids[1] + 2_000_000, "acme", "p", Phase::Queued),
+                workload: workload(ids[1] + 2_000_000, "acme", "p", Phase::Queued).into(),
                 events: Vec::new(),
             },
         ])
@@ -437,7 +437,7 @@ pub async fn changes_take_effect_in_batch_order(s: &dyn Store) {
         &[
             insert(&w),
             Change::Update {
-                workload: running,
+                workload: running.into(),
                 events: vec![event(1, Step::Running, None)],
             },
             Change::OpenUsage(usage(&w, 0, 10, None)),
@@ -449,7 +449,7 @@ pub async fn changes_take_effect_in_batch_order(s: &dyn Store) {
             },
             Change::OpenUsage(usage(&w, 1, 20, None)),
             Change::Update {
-                workload: done.clone(),
+                workload: done.clone().into(),
                 events: vec![event(2, Step::Released, None)],
             },
         ],
@@ -486,7 +486,8 @@ pub async fn changes_take_effect_in_batch_order(s: &dyn Store) {
         workload: Workload {
             phase: Phase::Failed,
             ..w.clone()
-        },
+        }
+        .into(),
         events: vec![event(w.next_seq, Step::Failed, None)],
     };
 
@@ -567,7 +568,7 @@ pub async fn large_batches_commit_whole(s: &dyn Store) {
         .flat_map(|w| {
             [
                 Change::Insert {
-                    workload: w.clone(),
+                    workload: w.clone().into(),
                     events: vec![event(0, Step::Requested, None), event(1, Step::Authorised, None)],
                     idempotency: Some(key(w)),
                 },
@@ -592,7 +593,7 @@ pub async fn large_batches_commit_whole(s: &dyn Store) {
         .flat_map(|w| {
             [
                 Change::Update {
-                    workload: w.clone(),
+                    workload: w.clone().into(),
                     events: vec![event(2, Step::Running, None), event(3, Step::Metered, None)],
                 },
                 Change::OpenUsage(usage(w, 0, 100, None)),
@@ -601,7 +602,7 @@ pub async fn large_batches_commit_whole(s: &dyn Store) {
         })
         .collect();
     batch.push(Change::Update {
-        workload: workload(ids[N - 1] + 1_000_000, "acme", "p", Phase::Running),
+        workload: workload(ids[N - 1] + 1_000_000, "acme", "p", Phase::Running).into(),
         events: Vec::new(),
     });
     let r = s.commit(&batch).await;
@@ -695,7 +696,7 @@ pub async fn workloads_round_trip_every_field(s: &dyn Store) {
     let batch: Vec<Change> = updated
         .iter()
         .map(|w| Change::Update {
-            workload: w.clone(),
+            workload: w.clone().into(),
             events: vec![event(1, Step::Queued, Some(ReasonCode::NoCapacity))],
         })
         .collect();
@@ -721,7 +722,7 @@ pub async fn events_round_trip_in_order_with_codes(s: &dyn Store) {
         s,
         &[
             Change::Insert {
-                workload: w.clone(),
+                workload: w.clone().into(),
                 events: first.clone(),
                 idempotency: None,
             },
@@ -742,7 +743,7 @@ pub async fn events_round_trip_in_order_with_codes(s: &dyn Store) {
         commit(
             s,
             &[Change::Update {
-                workload: w.clone(),
+                workload: w.clone().into(),
                 events: events.to_vec(),
             }],
         )
@@ -869,7 +870,7 @@ pub async fn active_workloads_exclude_terminal_phases(s: &dyn Store) {
     commit(
         s,
         &[Change::Update {
-            workload: ended,
+            workload: ended.into(),
             events: Vec::new(),
         }],
     )
@@ -911,7 +912,7 @@ pub async fn idempotency_keys_are_unique_per_actor(s: &dyn Store) {
         request_hash: hash.into(),
     };
     let with_key = |id: u64, k: IdempotencyKey| Change::Insert {
-        workload: workload(id, "acme", "p", Phase::Pending),
+        workload: workload(id, "acme", "p", Phase::Pending).into(),
         events: vec![event(0, Step::Requested, None)],
         idempotency: Some(k),
     };
@@ -1495,7 +1496,7 @@ pub async fn audit_records_commit_with_their_batch(s: &dyn Store) {
         .commit(&[
             Change::Audit(record("x1")),
             Change::Update {
-                workload: workload(ids[1], "acme", "p", Phase::Queued),
+                workload: workload(ids[1], "acme", "p", Phase::Queued).into(),
                 events: Vec::new(),
             },
         ])
@@ -1561,7 +1562,7 @@ pub async fn reads_are_scoped(s: &dyn Store) {
     commit(
         s,
         &[Change::Insert {
-            workload: w.clone(),
+            workload: w.clone().into(),
             events: vec![event(0, Step::Requested, None), event(1, Step::Authorised, None)],
             idempotency: None,
         }],
@@ -1704,7 +1705,7 @@ pub async fn fenced_batches_commit_only_for_the_lease_holder(s: &dyn Store) {
         s.commit(&[
             fence("a", e1),
             Change::Update {
-                workload: running.clone(),
+                workload: running.clone().into(),
                 events: vec![event(1, Step::Running, None)],
             },
         ])

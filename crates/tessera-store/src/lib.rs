@@ -29,6 +29,7 @@ pub mod conformance;
 pub mod sql;
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use tessera_domain::{Event, Phase, Workload, WorkloadId};
@@ -177,11 +178,13 @@ pub struct IdempotencyKey {
 }
 
 /// One change of a lifecycle batch; a batch commits in one transaction, all or nothing.
+/// Workload records are shared (`Arc`): the caller keeps the record it commits (the lifecycle
+/// loop holds and publishes it) without a copy for the store.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Change {
     /// A new workload with its first events and, optionally, its idempotency key.
     Insert {
-        workload: Workload,
+        workload: Arc<Workload>,
         events: Vec<Event>,
         idempotency: Option<IdempotencyKey>,
     },
@@ -189,7 +192,10 @@ pub enum Change {
     /// once inserted: an update writes the lifecycle, the placement and the bookkeeping. The
     /// workload must be stored (else the batch fails with `Corrupt`: the caller's view of the
     /// store is wrong).
-    Update { workload: Workload, events: Vec<Event> },
+    Update {
+        workload: Arc<Workload>,
+        events: Vec<Event>,
+    },
     /// Opens a usage interval.
     OpenUsage(UsageInterval),
     /// Closes an open usage interval (else the batch fails with `Corrupt`, as for `Update`).

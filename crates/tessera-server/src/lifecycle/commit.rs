@@ -31,7 +31,7 @@ pub(super) enum ReplyTo {
 struct Pending {
     insert: bool,
     idempotency: Option<IdempotencyKey>,
-    workload: Workload,
+    workload: Arc<Workload>,
     events: Vec<Event>,
 }
 
@@ -59,7 +59,7 @@ pub(super) struct Batch {
 
 impl Batch {
     /// A new workload with its first events.
-    pub fn insert(&mut self, workload: Workload, events: Vec<Event>, idempotency: Option<IdempotencyKey>) {
+    pub fn insert(&mut self, workload: Arc<Workload>, events: Vec<Event>, idempotency: Option<IdempotencyKey>) {
         if let Some(k) = &idempotency {
             self.idempotency
                 .insert((k.actor.clone(), k.key.clone()), (k.request_hash.clone(), workload.id));
@@ -77,7 +77,7 @@ impl Batch {
     }
 
     /// A workload's new record and the events explaining the change.
-    pub fn update(&mut self, workload: Workload, events: Vec<Event>) {
+    pub fn update(&mut self, workload: Arc<Workload>, events: Vec<Event>) {
         match self.records.get_mut(&workload.id) {
             Some(p) => {
                 p.workload = workload;
@@ -138,7 +138,7 @@ impl Batch {
         let mut records = HashMap::with_capacity(self.order.len());
         for id in std::mem::take(&mut self.order) {
             let p = self.records.remove(&id).expect("ordered ids have records");
-            records.insert(id, Arc::new(p.workload.clone()));
+            records.insert(id, p.workload.clone());
             changes.push(if p.insert {
                 Change::Insert {
                     workload: p.workload,

@@ -73,7 +73,7 @@ impl Lifecycle {
             let l = Live {
                 class: class_of(&cfg.fleet, &sched, &request),
                 request,
-                w,
+                w: w.into(),
                 util: (0.0, 0.0),
             };
             if l.w.phase.holds_capacity()
@@ -98,7 +98,7 @@ impl Lifecycle {
             live.insert(l.w.id, l);
         }
         for (t, _) in &budgets {
-            let spent = month.spent(t, live.values().map(|l| &l.w), now);
+            let spent = month.spent(t, live.values().map(|l| &*l.w), now);
             sched.set_spent(t, spent);
         }
         let snap = SnapshotBuilder::new(&cfg.fleet).build(&cfg.fleet, &sched, &live, &tenants, now, true);

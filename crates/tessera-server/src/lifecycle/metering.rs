@@ -123,7 +123,7 @@ mod tests {
         for (&id, &(tenant, milli, started_at, ended_at)) in ids.iter().zip(&intervals) {
             let w = workload(id, tenant, "p", Phase::Running);
             batch.push(Change::Insert {
-                workload: w.clone(),
+                workload: w.clone().into(),
                 events: Vec::new(),
                 idempotency: None,
             });

@@ -115,7 +115,9 @@ const BATCH_MAX: usize = 1024;
 
 /// A live (non-terminal) workload and what the loop keeps beside its record.
 pub(crate) struct Live {
-    pub w: Workload,
+    /// Its record, shared with the batch that stores it and the published cache that serves
+    /// reads (a transition makes a new one).
+    pub w: Arc<Workload>,
     /// Its request, resolved against the fleet.
     pub request: Request,
     /// The resource class it waits for: its pool when only one can serve it, else `any`.
@@ -461,7 +463,7 @@ impl Core {
         tenants.sort_unstable();
         tenants.dedup();
         for t in tenants {
-            let spent = self.month.spent(&t, self.live.values().map(|l| &l.w), now);
+            let spent = self.month.spent(&t, self.live.values().map(|l| &*l.w), now);
             self.sched.set_spent(&t, spent);
         }
     }
@@ -501,7 +503,7 @@ impl Core {
                     Governance::Quota { tenant, class, quota } => self.sched.set_quota(&tenant, &class, quota),
                     Governance::Budget { tenant, unit_hours } => {
                         self.sched.set_budget(&tenant, unit_hours);
-                        let spent = self.month.spent(&tenant, self.live.values().map(|l| &l.w), now);
+                        let spent = self.month.spent(&tenant, self.live.values().map(|l| &*l.w), now);
                         self.sched.set_spent(&tenant, spent);
                     }
                 }
@@ -712,13 +714,13 @@ impl Core {
         ];
         w.next_seq = 2;
         if self.sched.budget(&w.spec.tenant).is_some() {
-            let spent = self.month.spent(&w.spec.tenant, self.live.values().map(|l| &l.w), now);
+            let spent = self.month.spent(&w.spec.tenant, self.live.values().map(|l| &*l.w), now);
             self.sched.set_spent(&w.spec.tenant, spent);
         }
         let live = Live {
             class: self.class_of(&request),
             request,
-            w,
+            w: w.into(),
             util: (0.0, 0.0),
         };
         let job = live.job();
@@ -1004,8 +1006,8 @@ impl Core {
             }
         );
         let mut follow = Vec::new();
-        let t = transition(live.w, input);
-        live.w = t.workload;
+        let t = transition(Arc::unwrap_or_clone(live.w), input);
+        live.w = Arc::new(t.workload);
         for e in &t.effects {
             match e {
                 tessera_domain::Effect::Release => {

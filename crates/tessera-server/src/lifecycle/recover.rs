@@ -98,7 +98,7 @@ impl Core {
                             Live {
                                 request: tessera_model::Request::new(tessera_model::Shape::CpuOnly),
                                 class: String::new(),
-                                w,
+                                w: w.into(),
                                 util: (0.0, 0.0),
                             },
                         );
@@ -108,7 +108,7 @@ impl Core {
             let live = Live {
                 class: self.class_of(&request),
                 request,
-                w,
+                w: w.into(),
                 util: (0.0, 0.0),
             };
             if live.w.phase.holds_capacity() {
@@ -204,8 +204,7 @@ impl Core {
         }
         self.store.commit(&parts.changes).await?;
         self.published.put_workloads(parts.records);
-        self.published
-            .put_workloads(self.live.values().map(|l| std::sync::Arc::new(l.w.clone())));
+        self.published.put_workloads(self.live.values().map(|l| l.w.clone()));
         let snap = self
             .builder
             .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, true);
