@@ -10,10 +10,12 @@
 //! [`price_twelfths`] is such a price, in twelfths of a GPU so that it is exact integer
 //! arithmetic. It is the optimal dual of the relaxation on the openb default pod list, and it
 //! is feasible for shares of any size (a test checks every set of integer shares that fits one
-//! GPU), so the bound holds for any demand. The bound answers
-//! "how close to the limit is a policy that places every share that arrives": on the openb
-//! default file, the 810-milli shares alone strand 190 milli each that only the rare shares of
-//! 160 milli or less can use.
+//! GPU), so the bound holds for any demand. Shares also never fit in fewer GPUs than their
+//! total milli needs, which is the bound where small shares dominate.
+//!
+//! The bound answers "how close to the limit is a policy that places every share that
+//! arrives": on the openb default file, the 810-milli shares alone strand 190 milli each that
+//! only the rare shares of 160 milli or less can use.
 
 /// Milli per GPU.
 const GPU: u64 = 1000;

@@ -1,7 +1,7 @@
 //! The replay on the real openb trace (read from `../shared/traces/openb`, or the folder named by
 //! `TESSERA_OPENB_DIR`): the BestFit sanity check of the protocol, and Tessera's policy against
-//! the published FGD figure and the packing limit. The trace is not part of the repository; CI lays `shared/` beside
-//! the clone. Without it the test fails and says where to get it.
+//! the published FGD figure and the packing limit. The trace is not part of the repository; CI
+//! lays `shared/` beside the clone. Without it the test fails and says where to get it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
