@@ -149,9 +149,10 @@ const ENDED_CODES: [&str; 5] = [
 ];
 
 fn matches(w: &Waiting, q: &QueueQuery) -> bool {
-    (q.pool.is_empty() || w.class == q.pool)
-        && (q.tenant.is_empty() || w.tenant == q.tenant)
-        && (q.priority.is_empty() || w.priority == q.priority)
+    let spec = &w.workload.spec;
+    (q.pool.is_empty() || *w.class == *q.pool)
+        && (q.tenant.is_empty() || spec.tenant == q.tenant)
+        && (q.priority.is_empty() || spec.priority == q.priority)
 }
 
 /// Aggregates and the page of waiting workloads that match `q`.
@@ -161,9 +162,11 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
     let first = q.page * PER_PAGE;
     let mut total = 0;
     let mut rows = Vec::new();
-    for w in all.iter().filter(|w| matches(w, q)) {
+    for (wait, w) in all.iter().filter(|w| matches(w, q)).map(|w| (w, &*w.workload)) {
         total += 1;
-        let g = groups.entry((&w.tenant, &w.priority)).or_insert((0, 0, w.created_at));
+        let g = groups
+            .entry((&w.spec.tenant, &w.spec.priority))
+            .or_insert((0, 0, w.created_at));
         g.0 += 1;
         g.1 += w.units.as_milli();
         g.2 = g.2.min(w.created_at);
@@ -171,13 +174,13 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
         *reasons.entry(code).or_default() += 1;
         if total > first && rows.len() < PER_PAGE {
             rows.push(WaitRow {
-                id: w.id,
-                tenant: w.tenant.clone(),
-                project: w.project.clone(),
-                name: w.name.clone(),
-                class: w.class.clone(),
-                priority: w.priority.clone(),
-                shape: w.gpu.to_string(),
+                id: w.id.0,
+                tenant: w.spec.tenant.clone(),
+                project: w.spec.project.clone(),
+                name: w.spec.name.clone(),
+                class: wait.class.to_string(),
+                priority: w.spec.priority.clone(),
+                shape: w.spec.shape.gpu.to_string(),
                 age: took((now - w.created_at).max(0)),
                 code,
                 detail: w.reason.as_ref().map(|r| r.detail.clone()).unwrap_or_default(),
@@ -309,21 +312,19 @@ pub async fn queue(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_domain::{GpuSpec, Reason, ReasonCode};
+    use tessera_domain::{GpuSpec, Phase, Reason, ReasonCode};
     use tessera_model::GpuUnits;
 
     fn w(id: u64, tenant: &str, priority: &str, created_at: i64, reason: Option<ReasonCode>) -> Waiting {
+        let mut w = tessera_store::conformance::workload(id, tenant, "p", Phase::Queued);
+        w.spec.priority = priority.into();
+        w.spec.shape.gpu = GpuSpec::Whole { gpus: 1 };
+        w.units = GpuUnits(1000);
+        w.created_at = created_at;
+        w.reason = reason.map(|c| Reason::new(c, "why"));
         Waiting {
-            id,
-            tenant: tenant.into(),
-            project: "p".into(),
-            name: format!("w{id}"),
+            workload: w.into(),
             class: "serving".into(),
-            priority: priority.into(),
-            gpu: GpuSpec::Whole { gpus: 1 },
-            units: GpuUnits(1000),
-            created_at,
-            reason: reason.map(|c| Reason::new(c, "why")),
         }
     }
 

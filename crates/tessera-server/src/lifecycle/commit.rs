@@ -225,15 +225,17 @@ impl Core {
         let since = self.last_full_publish.elapsed();
         let full = batch.full_publish
             || since >= Duration::from_secs(1)
-            || (self.queue_dirty && since >= super::QUEUE_PUBLISH_EVERY);
+            || (self.queue_dirty && since >= self.queue_publish_every());
         if !changes.is_empty() || full {
-            if full {
-                self.last_full_publish = Instant::now();
-                self.queue_dirty = false;
-            }
+            let t0 = Instant::now();
             let snap = self
                 .builder
                 .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, full);
+            if full {
+                self.last_full_publish = Instant::now();
+                self.last_full_build = t0.elapsed();
+                self.queue_dirty = false;
+            }
             self.published.set_snapshot(snap);
         }
         // Records after the snapshot: whoever reads a record (a workload that ended) then reads

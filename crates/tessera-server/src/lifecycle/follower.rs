@@ -71,7 +71,7 @@ impl Lifecycle {
             };
             let request = request.with_tenant(tenant);
             let l = Live {
-                class: class_of(&cfg.fleet, &sched, &request),
+                class: class_of(&cfg.fleet, &sched, &request).into(),
                 request,
                 w: w.into(),
                 util: (0.0, 0.0),

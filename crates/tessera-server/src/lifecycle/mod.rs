@@ -108,6 +108,10 @@ const CYCLE_EVERY: Duration = Duration::from_millis(50);
 /// Shortest interval between two publications of the queue and phase counts while they
 /// change (they are published every second regardless).
 const QUEUE_PUBLISH_EVERY: Duration = Duration::from_millis(50);
+/// A full publication walks every live workload (100,000 and more on a large fleet): while
+/// the queue changes, the next one waits at least this many times as long as the last one
+/// took, so that publishing takes at most about a tenth of the loop's time.
+const QUEUE_PUBLISH_COST: u32 = 10;
 /// Workload ids reserved from the store at a time.
 const ID_BLOCK: u32 = 1024;
 /// At most this many commands per batch.
@@ -121,7 +125,7 @@ pub(crate) struct Live {
     /// Its request, resolved against the fleet.
     pub request: Request,
     /// The resource class it waits for: its pool when only one can serve it, else `any`.
-    pub class: String,
+    pub class: Arc<str>,
     /// Measured utilisation since its usage interval opened: Σ util × ms, and the ms sampled.
     pub util: (f64, f64),
 }
@@ -194,6 +198,8 @@ pub(crate) struct Core {
     reconciling: bool,
     /// When queue and phase counts were last published.
     last_full_publish: Instant,
+    /// How long building that full snapshot took.
+    last_full_build: Duration,
     /// The queue or the phases changed since they were last published.
     queue_dirty: bool,
     /// Reconcile at the next opportunity rather than at the next interval.
@@ -332,6 +338,7 @@ impl Lifecycle {
             last_sample: now_ms(),
             reconciling: false,
             last_full_publish: Instant::now(),
+            last_full_build: Duration::ZERO,
             queue_dirty: false,
             reconcile_soon: false,
             reported_mig: HashMap::new(),
@@ -370,6 +377,12 @@ impl Core {
     }
 
     /// The resource class a request waits for: its pool when only one pool can serve it.
+    /// The shortest interval between two full publications while the queue changes:
+    /// [`QUEUE_PUBLISH_EVERY`], or longer where building one takes long.
+    fn queue_publish_every(&self) -> Duration {
+        QUEUE_PUBLISH_EVERY.max(self.last_full_build * QUEUE_PUBLISH_COST)
+    }
+
     fn class_of(&self, r: &Request) -> String {
         class_of(&self.fleet, &self.sched, r)
     }
@@ -385,7 +398,8 @@ impl Core {
             let wait = if pending_cycle {
                 CYCLE_EVERY.saturating_sub(last_cycle.elapsed())
             } else {
-                QUEUE_PUBLISH_EVERY.saturating_sub(self.last_full_publish.elapsed())
+                self.queue_publish_every()
+                    .saturating_sub(self.last_full_publish.elapsed())
             };
             let (first, ticked) = tokio::select! {
                 c = rx.recv() => match c { Some(c) => (Some(c), false), None => break },
@@ -718,7 +732,7 @@ impl Core {
             self.sched.set_spent(&w.spec.tenant, spent);
         }
         let live = Live {
-            class: self.class_of(&request),
+            class: self.class_of(&request).into(),
             request,
             w: w.into(),
             util: (0.0, 0.0),

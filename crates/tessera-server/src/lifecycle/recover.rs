@@ -97,7 +97,7 @@ impl Core {
                             id,
                             Live {
                                 request: tessera_model::Request::new(tessera_model::Shape::CpuOnly),
-                                class: String::new(),
+                                class: "".into(),
                                 w: w.into(),
                                 util: (0.0, 0.0),
                             },
@@ -106,7 +106,7 @@ impl Core {
                     }
                 };
             let live = Live {
-                class: self.class_of(&request),
+                class: self.class_of(&request).into(),
                 request,
                 w: w.into(),
                 util: (0.0, 0.0),
