@@ -162,7 +162,7 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
     let first = q.page * PER_PAGE;
     let mut total = 0;
     let mut rows = Vec::new();
-    for (wait, w) in all.iter().filter(|w| matches(w, q)).map(|w| (w, &*w.workload)) {
+    for (entry, w) in all.iter().filter(|w| matches(w, q)).map(|e| (e, &*e.workload)) {
         total += 1;
         let g = groups
             .entry((&w.spec.tenant, &w.spec.priority))
@@ -178,7 +178,7 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
                 tenant: w.spec.tenant.clone(),
                 project: w.spec.project.clone(),
                 name: w.spec.name.clone(),
-                class: wait.class.to_string(),
+                class: entry.class.to_string(),
                 priority: w.spec.priority.clone(),
                 shape: w.spec.shape.gpu.to_string(),
                 age: took((now - w.created_at).max(0)),
