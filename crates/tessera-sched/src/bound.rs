@@ -18,7 +18,7 @@
 //! only the rare shares of 160 milli or less can use.
 
 /// Milli per GPU.
-const GPU: u64 = 1000;
+const GPU: u64 = tessera_model::GpuUnits::ONE_GPU.0;
 
 /// Twelfths of a GPU that a share of `milli` costs at least, by size band: 0 below 220, 1 for
 /// 220-229, 3 for 230-319, 4 for 320-459, 6 for 460-549, 8 for 550-809, 12 from 810. For

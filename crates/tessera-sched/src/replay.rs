@@ -241,9 +241,9 @@ pub fn replay_seed_with(
     let (mut arrived, mut allocated, mut failed) = (0u64, 0u64, 0u64);
     let (mut arrived_shares, mut placed_shares) = (ShareBound::default(), ShareBound::default());
     let pct = |milli: u64| milli as f64 * 100.0 / capacity as f64;
-    // (arrived %, allocation %), (arrived %, share limit %) and (arrived %, packing limit %)
-    // after each pod.
-    let mut curves = [(); 3].map(|_| Vec::with_capacity(order.len()));
+    // (arrived %, figure %) after each pod, for the allocation and the two limits.
+    let curve = || Vec::with_capacity(order.len());
+    let (mut allocation, mut share_limit, mut packing_limit) = (curve(), curve(), curve());
     for (k, &i) in order.iter().enumerate() {
         let d = pods[i].gpu_demand();
         let share = if pods[i].num_gpu == 1 { pods[i].gpu_milli } else { 0 };
@@ -256,20 +256,19 @@ pub fn replay_seed_with(
             failed += 1;
         }
         let x = pct(arrived);
-        curves[0].push((x, pct(allocated)));
-        curves[1].push((x, pct(arrived_shares.free_milli())));
-        curves[2].push((x, pct(placed_shares.free_milli())));
+        allocation.push((x, pct(allocated)));
+        share_limit.push((x, pct(arrived_shares.free_milli())));
+        packing_limit.push((x, pct(placed_shares.free_milli())));
     }
-    let at = |c: usize, x: f64| mean_at_arrived(&curves[c], x);
     Ok(SeedResult {
         seed,
-        unallocated_100: 100.0 - at(0, 100.0),
-        unallocated_130: 100.0 - at(0, 130.0),
+        unallocated_100: 100.0 - mean_at_arrived(&allocation, 100.0),
+        unallocated_130: 100.0 - mean_at_arrived(&allocation, 130.0),
         failed_pods: failed,
-        share_limit_100: at(1, 100.0),
-        share_limit_130: at(1, 130.0),
-        packing_limit_100: at(2, 100.0),
-        packing_limit_130: at(2, 130.0),
+        share_limit_100: mean_at_arrived(&share_limit, 100.0),
+        share_limit_130: mean_at_arrived(&share_limit, 130.0),
+        packing_limit_100: mean_at_arrived(&packing_limit, 100.0),
+        packing_limit_130: mean_at_arrived(&packing_limit, 130.0),
     })
 }
 
