@@ -17,7 +17,7 @@ pub mod reason;
 pub mod workload;
 
 pub use event::{Event, Step};
-pub use lifecycle::{Effect, Input, Observed, Transition, transition};
+pub use lifecycle::{Effect, Input, Observed, Transition, transition, transition_shared};
 pub use reason::{Reason, ReasonCode};
 pub use workload::{
     GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, ShapeSpec, Slice, StopCause, UsageCursor, Workload,

@@ -14,6 +14,9 @@
 //! partition is recorded ([`Phase::Partitioned`]) before the workload is started, so recovery
 //! never partitions twice.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use tessera_model::GpuUnits;
 
 use crate::event::{Event, Step};
@@ -157,25 +160,32 @@ pub enum Effect {
     CloseUsage { seq: u32, at: i64 },
 }
 
-/// The result of a transition.
+/// The result of a transition: the workload's record after it (`W`: the record, or a shared
+/// one from [`transition_shared`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Transition {
-    pub workload: Workload,
+pub struct Transition<W = Workload> {
+    pub workload: W,
     pub events: Vec<Event>,
     pub effects: Vec<Effect>,
     /// Whether the record changed (and must be stored).
     pub changed: bool,
 }
 
-/// A transition in progress.
-struct Draft {
-    w: Workload,
+/// A transition in progress. The record is copied on its first change ([`Draft::w`]), so that
+/// an input that changes nothing copies nothing.
+struct Draft<'a> {
+    w: Cow<'a, Workload>,
     events: Vec<Event>,
     effects: Vec<Effect>,
     changed: bool,
 }
 
-impl Draft {
+impl Draft<'_> {
+    /// The record, to change.
+    fn w(&mut self) -> &mut Workload {
+        self.w.to_mut()
+    }
+
     fn event(&mut self, step: Step, at: i64, detail: String, code: Option<ReasonCode>) {
         self.events.push(Event {
             seq: self.w.next_seq,
@@ -184,12 +194,12 @@ impl Draft {
             detail,
             code,
         });
-        self.w.next_seq += 1;
+        self.w().next_seq += 1;
         self.changed = true;
     }
 
     fn phase(&mut self, p: Phase) {
-        self.w.phase = p;
+        self.w().phase = p;
         self.changed = true;
     }
 
@@ -200,8 +210,8 @@ impl Draft {
                 seq: self.w.usage.seq,
                 at,
             });
-            self.w.usage.seq += 1;
-            self.w.usage.open = false;
+            self.w().usage.seq += 1;
+            self.w().usage.open = false;
             self.changed = true;
         }
     }
@@ -234,10 +244,10 @@ impl Draft {
     /// Ends the workload in a terminal phase.
     fn finish(&mut self, phase: Phase, at: i64, reason: Option<Reason>) {
         self.release(at);
-        self.w.phase = phase;
-        self.w.reason = reason;
-        self.w.ended_at = Some(at);
-        self.w.stop = None;
+        self.w().phase = phase;
+        self.w().reason = reason;
+        self.w().ended_at = Some(at);
+        self.w().stop = None;
         self.changed = true;
     }
 
@@ -252,7 +262,7 @@ impl Draft {
 
     /// Starts stopping a workload that holds capacity.
     fn stop(&mut self, cause: StopCause, grace_s: u64) {
-        self.w.stop = Some(cause);
+        self.w().stop = Some(cause);
         self.phase(Phase::Stopping);
         self.effects.push(Effect::Stop { grace_s });
     }
@@ -273,8 +283,8 @@ impl Draft {
             format!("usage interval opened: {units} GPU units of {model} in pool {pool}"),
             None,
         );
-        self.w.running_at = Some(at);
-        self.w.usage.open = true;
+        self.w().running_at = Some(at);
+        self.w().usage.open = true;
         self.effects.push(Effect::OpenUsage {
             seq: self.w.usage.seq,
             at,
@@ -297,12 +307,12 @@ impl Draft {
                     self.release(at);
                     let reason = Reason::new(ReasonCode::Requeued, format!("requeued after being {why}"));
                     self.event(Step::Queued, at, reason.detail.clone(), Some(reason.code));
-                    self.w.phase = Phase::Queued;
-                    self.w.reason = Some(reason);
-                    self.w.placement = None;
-                    self.w.running_at = None;
-                    self.w.borrowing = false;
-                    self.w.stop = None;
+                    self.w().phase = Phase::Queued;
+                    self.w().reason = Some(reason);
+                    self.w().placement = None;
+                    self.w().running_at = None;
+                    self.w().borrowing = false;
+                    self.w().stop = None;
                     self.effects.push(Effect::Requeue);
                 } else {
                     self.finish(Phase::Preempted, at, Some(Reason::new(preempt_reason(code), why)));
@@ -336,6 +346,31 @@ fn preempt_reason(code: PreemptCode) -> ReasonCode {
 
 /// Applies `input` to `w`.
 pub fn transition(w: Workload, input: Input) -> Transition {
+    let t = apply(Cow::Owned(w), input);
+    Transition {
+        workload: t.workload.into_owned(),
+        events: t.events,
+        effects: t.effects,
+        changed: t.changed,
+    }
+}
+
+/// Applies `input` to a shared record: the record comes back as it was (the same `Arc`, not a
+/// copy) unless the input changes it.
+pub fn transition_shared(w: Arc<Workload>, input: Input) -> Transition<Arc<Workload>> {
+    let t = apply(Cow::Borrowed(&*w), input);
+    Transition {
+        workload: match t.workload {
+            Cow::Owned(changed) => Arc::new(changed),
+            Cow::Borrowed(_) => w.clone(),
+        },
+        events: t.events,
+        effects: t.effects,
+        changed: t.changed,
+    }
+}
+
+fn apply(w: Cow<'_, Workload>, input: Input) -> Transition<Cow<'_, Workload>> {
     let mut s = Draft {
         w,
         events: Vec::new(),
@@ -356,16 +391,16 @@ pub fn transition(w: Workload, input: Input) -> Transition {
             if borrowing {
                 detail.push_str("; borrowing idle capacity above the tenant's guaranteed share (preemptible)");
             }
-            s.w.placement = Some(placement);
-            s.w.borrowing = borrowing;
-            s.w.reason = None;
+            s.w().placement = Some(placement);
+            s.w().borrowing = borrowing;
+            s.w().reason = None;
             s.phase(Phase::Placed);
             s.event(Step::Placed, at, detail, None);
             s.effects.push(Effect::Partition);
         }
         Input::Waiting { at, reason } if phase.is_waiting() => {
             s.event(Step::Queued, at, reason.detail.clone(), Some(reason.code));
-            s.w.reason = Some(reason);
+            s.w().reason = Some(reason);
             s.phase(Phase::Queued);
         }
         Input::Refused { at, reason } if phase.is_waiting() => {
@@ -386,7 +421,7 @@ pub fn transition(w: Workload, input: Input) -> Transition {
                 format!("cancelled by {by}; stopping within {grace_s} s"),
                 Some(ReasonCode::Cancelled),
             );
-            s.w.reason = Some(Reason::new(ReasonCode::Cancelled, format!("cancelled by {by}")));
+            s.w().reason = Some(Reason::new(ReasonCode::Cancelled, format!("cancelled by {by}")));
             s.stop(StopCause::Cancelled { by }, grace_s);
         }
         Input::Preempt {
@@ -418,7 +453,7 @@ pub fn transition(w: Workload, input: Input) -> Transition {
             if matches!(phase, Phase::Placed | Phase::Partitioned | Phase::Running)
                 && s.w.placement.as_ref() != Some(&placement) =>
         {
-            s.w.placement = Some(placement);
+            s.w().placement = Some(placement);
             s.changed = true;
         }
         Input::StartFailed { at, detail } if phase == Phase::Partitioned => {
@@ -481,11 +516,11 @@ pub fn transition(w: Workload, input: Input) -> Transition {
             s.event(Step::Failed, at, reason.detail.clone(), Some(reason.code));
             s.effects.push(Effect::Dequeue);
             s.close_usage(at);
-            s.w.placement = None;
-            s.w.phase = Phase::Failed;
-            s.w.reason = Some(reason);
-            s.w.ended_at = Some(at);
-            s.w.stop = None;
+            s.w().placement = None;
+            s.w().phase = Phase::Failed;
+            s.w().reason = Some(reason);
+            s.w().ended_at = Some(at);
+            s.w().stop = None;
         }
         _ => {}
     }
@@ -852,6 +887,30 @@ mod tests {
             vec![E::Dequeue, E::CloseUsage { seq: 0, at: 5_000 }],
         ));
         t
+    }
+
+    /// On a shared record a transition gives what it gives on an owned one, and hands back the
+    /// same record, uncopied, exactly when the input leaves it as it was.
+    #[test]
+    fn a_shared_record_is_copied_only_when_it_changes() {
+        for phase in Phase::ALL {
+            for (name, input) in inputs() {
+                let before = Arc::new(in_phase(phase, Kind::Batch));
+                let owned = transition((*before).clone(), input.clone());
+                let shared = transition_shared(before.clone(), input);
+                assert_eq!(*shared.workload, owned.workload, "{phase} + {name}");
+                assert_eq!(
+                    (&shared.events, &shared.effects, shared.changed),
+                    (&owned.events, &owned.effects, owned.changed),
+                    "{phase} + {name}"
+                );
+                assert_eq!(
+                    Arc::ptr_eq(&shared.workload, &before),
+                    owned.workload == *before,
+                    "{phase} + {name}"
+                );
+            }
+        }
     }
 
     #[test]

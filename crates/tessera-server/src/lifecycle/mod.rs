@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use tessera_backend::{
     Backend, BackendEvent, Capabilities, DeviceAssignment, Exit, GpuSample, MigInstance, PartitionPlan, Partitioning,
 };
-use tessera_domain::{Input, Observed, Phase, Reason, Step, Workload, WorkloadId, transition};
+use tessera_domain::{Input, Observed, Phase, Reason, Step, Workload, WorkloadId, transition_shared};
 use tessera_model::{Fleet, Request, TenantId};
 use tessera_sched::cycle::{Decision, Job, Scheduler};
 use tessera_sched::engine::DeviceBinding;
@@ -1020,8 +1020,8 @@ impl Core {
             }
         );
         let mut follow = Vec::new();
-        let t = transition(Arc::unwrap_or_clone(live.w), input);
-        live.w = Arc::new(t.workload);
+        let t = transition_shared(live.w, input);
+        live.w = t.workload;
         for e in &t.effects {
             match e {
                 tessera_domain::Effect::Release => {
