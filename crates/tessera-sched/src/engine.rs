@@ -721,18 +721,7 @@ impl Engine {
         if gpu >= 16 || n as usize >= self.fleet.nodes.len() {
             return;
         }
-        let mask = self.fenced_gpus.entry(n).or_default();
-        let before = *mask;
-        if fenced {
-            *mask |= 1 << gpu;
-        } else {
-            *mask &= !(1 << gpu);
-        }
-        let after = *mask;
-        if after == 0 {
-            self.fenced_gpus.remove(&n);
-        }
-        if before != after {
+        if set_gpu_bit(&mut self.fenced_gpus, n, gpu, fenced) {
             self.touch(n);
         }
     }
@@ -749,15 +738,7 @@ impl Engine {
                 st.gpus[gpu as usize].holders.len()
             )));
         }
-        let mask = self.mig_off.entry(n).or_default();
-        if enabled {
-            *mask &= !(1 << gpu);
-        } else {
-            *mask |= 1 << gpu;
-        }
-        if *mask == 0 {
-            self.mig_off.remove(&n);
-        }
+        set_gpu_bit(&mut self.mig_off, n, gpu, !enabled);
         self.touch(n);
         Ok(())
     }
@@ -800,15 +781,7 @@ impl Engine {
         if gpu >= 16 || n as usize >= self.fleet.nodes.len() {
             return;
         }
-        let mask = self.mig_pending.entry(n).or_default();
-        if pending {
-            *mask |= 1 << gpu;
-        } else {
-            *mask &= !(1 << gpu);
-        }
-        if *mask == 0 {
-            self.mig_pending.remove(&n);
-        }
+        set_gpu_bit(&mut self.mig_pending, n, gpu, pending);
         self.touch(n);
     }
 
@@ -1443,6 +1416,23 @@ pub fn demand_of(req: &Request) -> Option<Demand> {
         tenant: req.tenant,
         models: models_mask(&req.models),
     })
+}
+
+/// Sets (`on`) or clears bit `gpu` of node `n`'s GPU mask in `masks`, dropping a mask that
+/// becomes empty; whether the mask changed.
+fn set_gpu_bit(masks: &mut HashMap<u32, u16>, n: u32, gpu: u8, on: bool) -> bool {
+    let mask = masks.entry(n).or_default();
+    let before = *mask;
+    if on {
+        *mask |= 1 << gpu;
+    } else {
+        *mask &= !(1 << gpu);
+    }
+    let after = *mask;
+    if after == 0 {
+        masks.remove(&n);
+    }
+    before != after
 }
 
 /// A model whitelist as a bit mask (0 = any). A whitelist naming only models beyond the mask's

@@ -60,30 +60,19 @@ impl Client {
         body: Option<&B>,
         extra: &[(&str, String)],
     ) -> Result<(StatusCode, T)> {
-        let url = format!("{}{path}", self.base);
-        let mut rb = self.http.request(method, &url).bearer_auth(&self.token);
+        let mut rb = self.http.request(method, format!("{}{path}", self.base));
         for (k, v) in extra {
             rb = rb.header(*k, v);
         }
         if let Some(b) = body {
             rb = rb.json(b);
         }
-        let resp = rb
-            .send()
-            .await
-            .map_err(|e| anyhow!("cannot reach the Tessera server at {}: {}", self.base, root_cause(&e)))?;
+        let (url, resp) = self.send(rb).await?;
         let status = resp.status();
         let bytes = resp
             .bytes()
             .await
             .map_err(|e| anyhow!("reading the response from {url}: {e}"))?;
-        if !status.is_success() {
-            if let Ok(p) = serde_json::from_slice::<Problem>(&bytes) {
-                let field = p.field.map(|f| format!(" (field `{f}`)")).unwrap_or_default();
-                return Err(anyhow!("{} {}: {}{field}", p.status, p.title, p.detail));
-            }
-            return Err(anyhow!("{status} from {url}"));
-        }
         let v = if bytes.is_empty() {
             serde_json::from_slice(b"null")
         } else {
@@ -94,46 +83,15 @@ impl Client {
 
     /// GET returning the body as text (CSV reports).
     pub async fn text(&self, path: &str) -> Result<String> {
-        let url = format!("{}{path}", self.base);
-        let resp = self
-            .http
-            .get(&url)
-            .bearer_auth(&self.token)
-            .send()
+        let (url, resp) = self.send(self.http.get(format!("{}{path}", self.base))).await?;
+        resp.text()
             .await
-            .map_err(|e| anyhow!("cannot reach the Tessera server at {}: {}", self.base, root_cause(&e)))?;
-        let status = resp.status();
-        let body = resp
-            .text()
-            .await
-            .map_err(|e| anyhow!("reading the response from {url}: {e}"))?;
-        if !status.is_success() {
-            if let Ok(p) = serde_json::from_str::<Problem>(&body) {
-                return Err(anyhow!("{} {}: {}", p.status, p.title, p.detail));
-            }
-            return Err(anyhow!("{status} from {url}"));
-        }
-        Ok(body)
+            .map_err(|e| anyhow!("reading the response from {url}: {e}"))
     }
 
     /// GET copying the body to `out` as it arrives (followed logs).
     pub async fn stream(&self, path: &str, out: &mut impl std::io::Write) -> Result<()> {
-        let url = format!("{}{path}", self.base);
-        let mut resp = self
-            .http
-            .get(&url)
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|e| anyhow!("cannot reach the Tessera server at {}: {}", self.base, root_cause(&e)))?;
-        let status = resp.status();
-        if !status.is_success() {
-            let body = resp.text().await.unwrap_or_default();
-            if let Ok(p) = serde_json::from_str::<Problem>(&body) {
-                return Err(anyhow!("{} {}: {}", p.status, p.title, p.detail));
-            }
-            return Err(anyhow!("{status} from {url}"));
-        }
+        let (url, mut resp) = self.send(self.http.get(format!("{}{path}", self.base))).await?;
         while let Some(chunk) = resp
             .chunk()
             .await
@@ -143,6 +101,27 @@ impl Client {
             out.flush()?;
         }
         Ok(())
+    }
+
+    /// Sends `rb` with our token: the URL and the response when it succeeded, else the server's
+    /// problem (or the status) as one readable line.
+    async fn send(&self, rb: reqwest::RequestBuilder) -> Result<(reqwest::Url, reqwest::Response)> {
+        let resp = rb
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the Tessera server at {}: {}", self.base, root_cause(&e)))?;
+        let url = resp.url().clone();
+        let status = resp.status();
+        if status.is_success() {
+            return Ok((url, resp));
+        }
+        let body = resp.bytes().await.unwrap_or_default();
+        if let Ok(p) = serde_json::from_slice::<Problem>(&body) {
+            let field = p.field.map(|f| format!(" (field `{f}`)")).unwrap_or_default();
+            return Err(anyhow!("{} {}: {}{field}", p.status, p.title, p.detail));
+        }
+        Err(anyhow!("{status} from {url}"))
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {

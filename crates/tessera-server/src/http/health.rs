@@ -65,20 +65,7 @@ pub async fn clear_gpu(
     Path((node, gpu)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     id.require_admin()?;
-    let gpu: u8 = gpu
-        .parse()
-        .map_err(|_| ApiError::invalid("gpu", format!("`{gpu}` is not a GPU index (0–15)")))?;
-    let n = s
-        .fleet
-        .node_by_name(&node)
-        .ok_or_else(|| ApiError::not_found(format!("no node `{node}` in the fleet")))?;
-    let gpus = s.fleet.node(n).gpus;
-    if gpu >= gpus {
-        return Err(ApiError::not_found(format!(
-            "node `{node}` has {gpus} GPUs (0..={}); there is no GPU {gpu}",
-            gpus.saturating_sub(1)
-        )));
-    }
+    let gpu = super::nodeops::fleet_gpu(&s, &node, &gpu)?;
     if !s
         .lifecycle
         .published()

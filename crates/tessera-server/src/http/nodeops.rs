@@ -7,6 +7,7 @@ use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tessera_api::{GpuMigView, NodeView, Problem, SetMigMode};
+use tessera_model::NodeId;
 use utoipa::IntoParams;
 
 use super::workloads::lifecycle_error;
@@ -101,10 +102,7 @@ pub async fn node_action(
     ApiQuery(p): ApiQuery<DrainParams>,
 ) -> ApiResult<Json<NodeView>> {
     id.require_admin()?;
-    let n = s
-        .fleet
-        .node_by_name(&node)
-        .ok_or_else(|| ApiError::not_found(format!("no node `{node}` in the fleet")))?;
+    let n = fleet_node(&s, &node)?;
     let op = parse_op(&action, &p, now_ms())?;
     s.lifecycle
         .node_op(node.clone(), op, id.actor.clone())
@@ -140,20 +138,7 @@ pub async fn set_mig_mode(
     ApiJson(b): ApiJson<SetMigMode>,
 ) -> ApiResult<Response> {
     id.require_admin()?;
-    let gpu: u8 = gpu
-        .parse()
-        .map_err(|_| ApiError::invalid("gpu", format!("`{gpu}` is not a GPU index (0–15)")))?;
-    let n = s
-        .fleet
-        .node_by_name(&node)
-        .ok_or_else(|| ApiError::not_found(format!("no node `{node}` in the fleet")))?;
-    let gpus = s.fleet.node(n).gpus;
-    if gpu >= gpus {
-        return Err(ApiError::not_found(format!(
-            "node `{node}` has {gpus} GPUs (0..={}); there is no GPU {gpu}",
-            gpus.saturating_sub(1)
-        )));
-    }
+    let gpu = fleet_gpu(&s, &node, &gpu)?;
     let audit = tessera_store::AuditRecord {
         seq: 0,
         at: now_ms(),
@@ -191,6 +176,29 @@ pub async fn set_mig_mode(
         resp.extensions_mut().insert(Audited);
     }
     Ok(resp)
+}
+
+/// The fleet's node named `node` (404 when there is none).
+pub(super) fn fleet_node(s: &AppState, node: &str) -> ApiResult<NodeId> {
+    s.fleet
+        .node_by_name(node)
+        .ok_or_else(|| ApiError::not_found(format!("no node `{node}` in the fleet")))
+}
+
+/// The index of GPU `gpu` (a path segment) of the fleet's node `node`: 422 when it is not a
+/// number, 404 when there is no such node or the node has no such GPU.
+pub(super) fn fleet_gpu(s: &AppState, node: &str, gpu: &str) -> ApiResult<u8> {
+    let index: u8 = gpu
+        .parse()
+        .map_err(|_| ApiError::invalid("gpu", format!("`{gpu}` is not a GPU index (0–15)")))?;
+    let gpus = s.fleet.node(fleet_node(s, node)?).gpus;
+    if index >= gpus {
+        return Err(ApiError::not_found(format!(
+            "node `{node}` has {gpus} GPUs (0..={}); there is no GPU {index}",
+            gpus.saturating_sub(1)
+        )));
+    }
+    Ok(index)
 }
 
 #[cfg(test)]
