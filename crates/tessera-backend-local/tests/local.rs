@@ -96,6 +96,29 @@ async fn log_of(b: &LocalBackend, id: u64) -> String {
     String::from_utf8(c.bytes).unwrap()
 }
 
+/// Starts workload `id` on GPU 1 as a command that traps SIGTERM and keeps going (only SIGKILL
+/// ends it), and waits until it runs.
+async fn start_stubborn(b: &LocalBackend, id: u64) {
+    let stubborn = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done";
+    b.start(&spec(id, vec![1], SliceSpec::Whole, stubborn)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !log_of(b, id).await.contains("ready") {
+        assert!(Instant::now() < deadline, "never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The process group of workload `id`, from the pid file the backend keeps in `dir`.
+fn process_group(dir: &std::path::Path, id: u64) -> i32 {
+    std::fs::read_to_string(dir.join(format!("workloads/{id}/pid")))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovery_maps_models_mig_instances_and_nvlink() {
     let dir = data_dir("discovery");
@@ -424,21 +447,8 @@ async fn stop_sends_sigterm_then_sigkill_after_the_grace_period() {
     let dir = data_dir("stop");
     let b = LocalBackend::new(fake(), config(&dir, 5000)).unwrap();
     let mut rx = b.take_events().unwrap();
-    // Traps TERM and keeps going: only SIGKILL ends it.
-    let stubborn = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done";
-    b.start(&spec(10, vec![1], SliceSpec::Whole, stubborn)).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !log_of(&b, 10).await.contains("ready") {
-        assert!(Instant::now() < deadline, "never became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let pgid: i32 = std::fs::read_to_string(dir.join("workloads/10/pid"))
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    start_stubborn(&b, 10).await;
+    let pgid = process_group(&dir, 10);
     let grace = Duration::from_millis(800);
     let t = Instant::now();
     b.stop(10, grace).await.unwrap();
@@ -468,13 +478,7 @@ async fn stop_sends_sigterm_then_sigkill_after_the_grace_period() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let t = Instant::now();
     b.stop(11, Duration::from_secs(20)).await.unwrap();
-    let pgid: i32 = std::fs::read_to_string(dir.join("workloads/11/pid"))
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pgid = process_group(&dir, 11);
     while group_alive(pgid) {
         assert!(t.elapsed() < Duration::from_secs(5), "SIGTERM did not end it");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -526,13 +530,7 @@ async fn a_restarted_control_plane_adopts_live_processes() {
         Some(Observation::Failed { .. })
     ));
     // The stray one can be stopped by ID though this run never started it.
-    let pgid: i32 = std::fs::read_to_string(dir.join("workloads/21/pid"))
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pgid = process_group(&dir, 21);
     second.stop(21, Duration::from_secs(2)).await.unwrap();
     let t = Instant::now();
     while group_alive(pgid) {
@@ -611,26 +609,11 @@ async fn a_restarted_control_plane_still_stops_a_group_whose_leader_is_gone() {
     let nvml = fake();
     {
         let first = LocalBackend::new(nvml.clone(), config(&dir, 5000)).unwrap();
-        let stubborn = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done";
-        first
-            .start(&spec(50, vec![1], SliceSpec::Whole, stubborn))
-            .await
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !log_of(&first, 50).await.contains("ready") {
-            assert!(Instant::now() < deadline, "never became ready");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        start_stubborn(&first, 50).await;
     }
     // SIGTERM reached the group (a stop cut short by a crash): the wrapper, its leader, is gone,
     // the trapping command is not.
-    let pgid: i32 = std::fs::read_to_string(dir.join("workloads/50/pid"))
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pgid = process_group(&dir, 50);
     std::process::Command::new("kill")
         .args(["-TERM", "--", &format!("-{pgid}")])
         .status()
