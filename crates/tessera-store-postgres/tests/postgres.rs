@@ -7,23 +7,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use sqlx::Connection;
-use tessera_store::{AuditRecord, AuditStore, StoreError, TenancyStore, TenantRecord, WorkloadStore};
+use tessera_store::conformance::login_audit;
+use tessera_store::{AuditStore, StoreError, TenancyStore, TenantRecord, WorkloadStore};
 use tessera_store_postgres::{PgOptions, PgStore};
 use tessera_testdb::{Cluster, database_url};
-
-fn audit_record(i: u32) -> AuditRecord {
-    AuditRecord {
-        seq: 0,
-        at: i64::from(i),
-        request_id: format!("req-{i}"),
-        actor: "tok".into(),
-        tenant: None,
-        action: "login".into(),
-        target: String::new(),
-        outcome: 200,
-        detail: String::new(),
-    }
-}
 
 fn quick() -> PgOptions {
     PgOptions {
@@ -93,14 +80,14 @@ async fn a_statement_stuck_behind_a_lock_gives_up_at_the_statement_timeout() {
         .await
         .unwrap();
     let t0 = Instant::now();
-    let r = store.append_audit(&[audit_record(1)]).await;
+    let r = store.append_audit(&[login_audit(1)]).await;
     assert!(
         matches!(&r, Err(StoreError::Unavailable(m)) if m.contains("statement timeout")),
         "{r:?}"
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     tx.rollback().await.unwrap();
-    assert_eq!(store.append_audit(&[audit_record(2)]).await.unwrap().len(), 1);
+    assert_eq!(store.append_audit(&[login_audit(2)]).await.unwrap().len(), 1);
 }
 
 #[tokio::test]
@@ -174,7 +161,7 @@ async fn stores_sharing_a_database_never_hand_out_an_id_or_audit_number_twice() 
         tokio::spawn(async move {
             let mut seqs = Vec::new();
             for i in 0..30 {
-                seqs.extend(s.append_audit(&[audit_record(i), audit_record(i)]).await.unwrap());
+                seqs.extend(s.append_audit(&[login_audit(i), login_audit(i)]).await.unwrap());
             }
             seqs
         })

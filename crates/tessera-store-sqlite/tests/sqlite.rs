@@ -11,7 +11,8 @@ use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use tessera_domain::{Event, GpuSpec, Kind, Phase, ShapeSpec, Step, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::GpuUnits;
-use tessera_store::{AuditRecord, AuditStore, Change, IdempotencyKey, Store, StoreError, TenantRecord, WorkloadStore};
+use tessera_store::conformance::login_audit;
+use tessera_store::{AuditStore, Change, IdempotencyKey, Store, StoreError, TenantRecord, WorkloadStore};
 use tessera_store_sqlite::SqliteStore;
 
 fn fresh_dir(name: &str) -> PathBuf {
@@ -34,20 +35,6 @@ async fn side_pool(dir: &std::path::Path) -> sqlx::SqlitePool {
         .connect_with(opts)
         .await
         .unwrap()
-}
-
-fn audit_record(i: u32) -> AuditRecord {
-    AuditRecord {
-        seq: 0,
-        at: i64::from(i),
-        request_id: format!("req-{i}"),
-        actor: "tok".into(),
-        tenant: None,
-        action: "login".into(),
-        target: String::new(),
-        outcome: 200,
-        detail: String::new(),
-    }
 }
 
 #[tokio::test]
@@ -79,7 +66,7 @@ async fn stores_sharing_a_file_never_hand_out_an_id_or_audit_number_twice_also_a
     let append = |s: SqliteStore| async move {
         let mut seqs = Vec::new();
         for i in 0..30 {
-            seqs.extend(s.append_audit(&[audit_record(i), audit_record(i)]).await.unwrap());
+            seqs.extend(s.append_audit(&[login_audit(i), login_audit(i)]).await.unwrap());
         }
         seqs
     };
@@ -101,7 +88,7 @@ async fn stores_sharing_a_file_never_hand_out_an_id_or_audit_number_twice_also_a
     let reopened = SqliteStore::open_dir(&dir).await.unwrap();
     let next = reopened.reserve_workload_ids(1).await.unwrap();
     assert!(next.start > *ids.last().unwrap(), "{next:?} after {:?}", ids.last());
-    let seq = reopened.append_audit(&[audit_record(99)]).await.unwrap();
+    let seq = reopened.append_audit(&[login_audit(99)]).await.unwrap();
     assert!(seq[0] > *seqs.last().unwrap());
 }
 

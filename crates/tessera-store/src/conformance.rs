@@ -147,6 +147,35 @@ fn usage(w: &Workload, seq: u32, started_at: i64, ended_at: Option<i64>) -> Usag
     }
 }
 
+/// Creates the tenants `names` (each its own display name, created at 0).
+async fn create_tenants(s: &dyn Store, names: &[&str]) {
+    for t in names {
+        s.create_tenant(&TenantRecord {
+            name: (*t).into(),
+            display_name: (*t).into(),
+            created_at: 0,
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// A platform-level audit record of a login, told apart by `i` (its time and request id): for
+/// the stores' own tests of audit sequence numbers.
+pub fn login_audit(i: u32) -> AuditRecord {
+    AuditRecord {
+        seq: 0,
+        at: i64::from(i),
+        request_id: format!("req-{i}"),
+        actor: "tok".into(),
+        tenant: None,
+        action: "login".into(),
+        target: String::new(),
+        outcome: 200,
+        detail: String::new(),
+    }
+}
+
 async fn new_ids(s: &dyn Store, n: u32) -> Vec<u64> {
     let r = s.reserve_workload_ids(n).await.expect("reserve workload ids");
     assert_eq!(r.end - r.start, u64::from(n), "reserved {r:?} for {n} ids");
@@ -1188,15 +1217,7 @@ pub async fn tenants_and_projects(s: &dyn Store) {
 
 /// Tokens: create, conflicts on id and hash, lookups, listing, revocation and count.
 pub async fn tokens(s: &dyn Store) {
-    for t in ["acme", "globex"] {
-        s.create_tenant(&TenantRecord {
-            name: t.into(),
-            display_name: t.into(),
-            created_at: 0,
-        })
-        .await
-        .unwrap();
-    }
+    create_tenants(s, &["acme", "globex"]).await;
     let token = |id: &str, tenant: Option<&str>, created_at: i64| TokenRecord {
         id: id.into(),
         hash: format!("sha256-of-{id}"),
@@ -1321,13 +1342,7 @@ pub async fn last_platform_admin_token_stays(s: &dyn Store) {
         assert_eq!(active, [survivor.clone()], "round {round}");
     }
     // Other roles are revoked as before.
-    s.create_tenant(&TenantRecord {
-        name: "acme".into(),
-        display_name: "acme".into(),
-        created_at: 0,
-    })
-    .await
-    .unwrap();
+    create_tenants(s, &["acme"]).await;
     s.create_token(&TokenRecord {
         tenant: Some("acme".into()),
         role: "tenant-admin".into(),
@@ -1343,15 +1358,7 @@ pub async fn last_platform_admin_token_stays(s: &dyn Store) {
 
 /// Quotas and budgets: upsert, delete, ordering; they go with their tenant.
 pub async fn quotas_and_budgets(s: &dyn Store) {
-    for t in ["globex", "acme"] {
-        s.create_tenant(&TenantRecord {
-            name: t.into(),
-            display_name: t.into(),
-            created_at: 0,
-        })
-        .await
-        .unwrap();
-    }
+    create_tenants(s, &["globex", "acme"]).await;
     let quota = |tenant: &str, class: &str, guaranteed: u64, limit: Option<u64>| QuotaRecord {
         tenant: tenant.into(),
         class: class.into(),
