@@ -1,71 +1,43 @@
 //! The CLI as a user runs it, against a real `tessera serve`: `login` stores a 0600 credential,
 //! verbs print tables, and server errors become one readable line with a non-zero exit code.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
 
-fn tessera(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> (i32, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    cmd.args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env_remove("TESSERA_TOKEN");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap();
-    if let Some(s) = stdin {
-        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
+use std::path::Path;
+use std::time::Duration;
+
+use support::{Serving, TempDir, serve_command, tessera, tessera_with_stdin, wait_until_serving};
+
+/// `tessera serve` on the seed fleet with its data in `data`.
+fn serve(data: &Path) -> Serving {
+    let mut cmd = serve_command();
+    cmd.args(["--listen", "127.0.0.1:0", "--data-dir"]).arg(data);
+    wait_until_serving(&mut cmd, Duration::from_secs(30))
+}
+
+/// `tessera run` in vision/train with `args`.
+fn run_in_vision_train<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    [&["run", "--tenant", "vision", "--project", "train"][..], args].concat()
 }
 
 #[test]
 fn login_verbs_and_errors() {
-    let dir = std::env::temp_dir().join(format!("tessera-cli-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join("data"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let (mut token, mut addr) = (String::new(), String::new());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while addr.is_empty() {
-        assert!(Instant::now() < deadline);
-        let l = lines.next().unwrap().unwrap();
-        if let Some(t) = l.strip_prefix("Admin token: ") {
-            token = t.to_string();
-        }
-        if let Some(rest) = l.split("console http://").nth(1) {
-            addr = format!("http://{}", rest.split('/').next().unwrap());
-        }
-    }
-    let config = dir.join("config");
+    let dir = TempDir::new("cli");
+    let mut server = serve(&dir.0.join("data"));
+    let token = server.admin_token.clone().unwrap_or_default();
+    let config = dir.0.join("config");
     let env = [
-        ("TESSERA_SERVER", addr.as_str()),
+        ("TESSERA_SERVER", server.base.as_str()),
         ("XDG_CONFIG_HOME", config.to_str().unwrap()),
     ];
 
-    let (code, _, err) = tessera(&["login"], &env, Some("tsr_wrong\n"));
+    let (code, _, err) = tessera_with_stdin(&["login"], &env, "tsr_wrong\n");
     assert_ne!(code, 0);
     assert!(
         err.starts_with("error: the server at") && err.trim().lines().count() == 1,
         "{err}"
     );
-    let (code, out, err) = tessera(&["login"], &env, Some(&format!("{token}\n")));
+    let (code, out, err) = tessera_with_stdin(&["login"], &env, &format!("{token}\n"));
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("mode 0600"));
     #[cfg(unix)]
@@ -78,61 +50,29 @@ fn login_verbs_and_errors() {
         assert_eq!(mode & 0o777, 0o600);
     }
     // Verbs use the stored credential.
-    assert_eq!(tessera(&["tenants", "create", "vision"], &env, None).0, 0);
+    assert_eq!(tessera(&["tenants", "create", "vision"], &env).0, 0);
     assert_eq!(
-        tessera(&["projects", "--tenant", "vision", "create", "train"], &env, None).0,
+        tessera(&["projects", "--tenant", "vision", "create", "train"], &env).0,
         0
     );
-    let (code, out, _) = tessera(
-        &[
-            "run",
-            "--tenant",
-            "vision",
-            "--project",
-            "train",
-            "--mig",
-            "3g.40gb",
-            "--duration",
-            "1h",
-        ],
-        &env,
-        None,
-    );
+    let (code, out, _) = tessera(&run_in_vision_train(&["--mig", "3g.40gb", "--duration", "1h"]), &env);
     assert_eq!(code, 0);
     assert!(out.starts_with("ID  TENANT/PROJECT"), "{out}");
-    let (code, out, _) = tessera(&["pools"], &env, None);
+    let (code, out, _) = tessera(&["pools"], &env);
     assert_eq!(code, 0);
     assert!(out.contains("serving      mig") && out.contains("0.5 / 224"), "{out}");
     // A dry run prints the cost and outcome and creates nothing (the pool still holds 0.5).
-    let (code, out, err) = tessera(
-        &[
-            "run",
-            "--tenant",
-            "vision",
-            "--project",
-            "train",
-            "--mig",
-            "3g.40gb",
-            "--duration",
-            "2h",
-            "--dry-run",
-        ],
-        &env,
-        None,
-    );
+    let dry_run = run_in_vision_train(&["--mig", "3g.40gb", "--duration", "2h", "--dry-run"]);
+    let (code, out, err) = tessera(&dry_run, &env);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.starts_with("would borrow in pool serving") && out.contains("unit-hours  1.00"),
         "{out}"
     );
-    let (_, out, _) = tessera(&["pools"], &env, None);
+    let (_, out, _) = tessera(&["pools"], &env);
     assert!(out.contains("0.5 / 224"), "a dry run creates nothing: {out}");
     // A server-side refusal is one readable line and a non-zero exit.
-    let (code, out, err) = tessera(
-        &["run", "--tenant", "vision", "--project", "train", "--gpus", "9"],
-        &env,
-        None,
-    );
+    let (code, out, err) = tessera(&run_in_vision_train(&["--gpus", "9"]), &env);
     assert_ne!(code, 0);
     assert!(out.is_empty());
     assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -140,28 +80,14 @@ fn login_verbs_and_errors() {
         err.starts_with("error: 422 Invalid request: 9 whole GPUs in one gang; the largest node"),
         "{err}"
     );
-    let (code, _, err) = tessera(
-        &[
-            "run",
-            "--tenant",
-            "vision",
-            "--project",
-            "train",
-            "--fraction",
-            "100",
-            "--duration",
-            "-5m",
-        ],
-        &env,
-        None,
-    );
+    let (code, _, err) = tessera(&run_in_vision_train(&["--fraction", "100", "--duration", "-5m"]), &env);
     assert_ne!(code, 0);
     assert!(err.contains("negative"), "{err}");
     // Node lifecycle and GPU health (platform-admin).
-    let (code, out, err) = tessera(&["node", "cordon", "h100-01"], &env, None);
+    let (code, out, err) = tessera(&["node", "cordon", "h100-01"], &env);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), "node h100-01 is cordoned");
-    let (code, out, _) = tessera(&["nodes", "--pool", "training", "-o", "json"], &env, None);
+    let (code, out, _) = tessera(&["nodes", "--pool", "training", "-o", "json"], &env);
     assert_eq!(code, 0);
     let nodes: serde_json::Value = serde_json::from_str(&out).unwrap();
     let state = |name: &str| {
@@ -174,7 +100,7 @@ fn login_verbs_and_errors() {
         (state("h100-01").as_str(), state("h100-00").as_str()),
         ("cordoned", "ready")
     );
-    let (code, out, _) = tessera(&["nodes", "--pool", "training"], &env, None);
+    let (code, out, _) = tessera(&["nodes", "--pool", "training"], &env);
     assert_eq!(code, 0);
     assert!(out.lines().next().unwrap().ends_with("STATE"), "{out}");
     // An image policy from a key file (the OpenSSL-made cosign fixture); its refusals below.
@@ -194,7 +120,6 @@ fn login_verbs_and_errors() {
             key,
         ],
         &env,
-        None,
     );
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -208,17 +133,7 @@ fn login_verbs_and_errors() {
             "(field `cosign_keys[0]`)",
         ),
         (
-            vec![
-                "run",
-                "--tenant",
-                "vision",
-                "--project",
-                "train",
-                "--mig",
-                "1g.10gb",
-                "--image",
-                "ubuntu:22.04",
-            ],
+            run_in_vision_train(&["--mig", "1g.10gb", "--image", "ubuntu:22.04"]),
             "image docker.io/library/ubuntu:22.04 is not from an allowed registry",
         ),
         (
@@ -232,22 +147,21 @@ fn login_verbs_and_errors() {
         (vec!["node", "mig", "disable", "a100-03/2"], "drain it first"),
         (vec!["node", "mig", "enable", "a100-03/x"], "not a GPU index"),
     ] {
-        let (code, out, err) = tessera(&args, &env, None);
+        let (code, out, err) = tessera(&args, &env);
         assert_ne!(code, 0, "{args:?}");
         assert!(out.is_empty());
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.starts_with("error: ") && err.contains(says), "{args:?}: {err}");
     }
-    let (code, out, _) = tessera(&["tenants", "policy", "unset", "vision"], &env, None);
+    let (code, out, _) = tessera(&["tenants", "policy", "unset", "vision"], &env);
     assert_eq!((code, out.trim()), (0, "image policy of vision removed"));
     // The same policy declared in `tessera apply` (key inline as PEM): created, then unchanged,
     // then changed.
-    let dir = std::env::temp_dir().join(format!("tessera-apply-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let apply = TempDir::new("apply");
     let decl = |registry: &str| {
         let pem = std::fs::read_to_string(key).unwrap();
         let pem: String = pem.lines().map(|l| format!("          {l}\n")).collect();
-        let f = dir.join("tenants.yaml");
+        let f = apply.0.join("tenants.yaml");
         std::fs::write(
             &f,
             format!(
@@ -258,49 +172,47 @@ fn login_verbs_and_errors() {
         f.to_string_lossy().to_string()
     };
     let f = decl("registry.example.com/team-a/");
-    let (code, out, err) = tessera(&["apply", "-f", &f], &env, None);
+    let (code, out, err) = tessera(&["apply", "-f", &f], &env);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("+ tenant imgteam")
             && out.contains("+ image policy imgteam: registries [registry.example.com/team-a/], 1 cosign key(s)"),
         "{out}"
     );
-    let (code, out, _) = tessera(&["apply", "-f", &f], &env, None);
+    let (code, out, _) = tessera(&["apply", "-f", &f], &env);
     assert!(code == 0 && out.starts_with("no changes"), "{out}");
     let f = decl("registry.example.com/team-b/");
-    let (code, out, _) = tessera(&["apply", "-f", &f], &env, None);
+    let (code, out, _) = tessera(&["apply", "-f", &f], &env);
     assert!(
         code == 0 && out.contains("~ image policy imgteam: registries [registry.example.com/team-a/], 1 cosign key(s) → registries [registry.example.com/team-b/]"),
         "{out}"
     );
-    let (code, out, _) = tessera(&["tenants", "policy", "get", "imgteam"], &env, None);
+    let (code, out, _) = tessera(&["tenants", "policy", "get", "imgteam"], &env);
     assert!(code == 0 && out.contains("registry.example.com/team-b/"), "{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
-    let (code, out, _) = tessera(&["gpu", "health"], &env, None);
+    std::fs::remove_dir_all(&apply.0).unwrap();
+    let (code, out, _) = tessera(&["gpu", "health"], &env);
     assert_eq!((code, out.trim()), (0, "all GPUs are healthy"));
     // MIG mode on a GPU of a cordoned node: off, then every GPU of the node on again.
-    assert_eq!(tessera(&["node", "cordon", "a100-03"], &env, None).0, 0);
-    let (code, out, err) = tessera(&["node", "mig", "disable", "a100-03/2"], &env, None);
+    assert_eq!(tessera(&["node", "cordon", "a100-03"], &env).0, 0);
+    let (code, out, err) = tessera(&["node", "mig", "disable", "a100-03/2"], &env);
     assert_eq!(
         (code, out.trim()),
         (0, "a100-03/2: MIG off; serves whole GPUs"),
         "{err}"
     );
-    let (code, out, err) = tessera(&["node", "mig", "enable", "a100-03"], &env, None);
+    let (code, out, err) = tessera(&["node", "mig", "enable", "a100-03"], &env);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().count(), 8, "{out}");
     assert!(out.contains("a100-03/0: MIG on already"), "{out}");
     assert!(out.contains("a100-03/2: MIG on; serves MIG instances"), "{out}");
-    assert_eq!(tessera(&["node", "uncordon", "a100-03"], &env, None).0, 0);
-    let (code, out, _) = tessera(&["node", "uncordon", "h100-01"], &env, None);
+    assert_eq!(tessera(&["node", "uncordon", "a100-03"], &env).0, 0);
+    let (code, out, _) = tessera(&["node", "uncordon", "h100-01"], &env);
     assert_eq!((code, out.trim()), (0, "node h100-01 is ready"));
-    assert_eq!(tessera(&["logout"], &env, None).0, 0);
-    let (code, _, err) = tessera(&["pools"], &env, None);
+    assert_eq!(tessera(&["logout"], &env).0, 0);
+    let (code, _, err) = tessera(&["pools"], &env);
     assert_ne!(code, 0, "no credential after logout");
     assert!(err.contains("tessera login"), "{err}");
-    server.kill().unwrap();
-    server.wait().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    server.kill();
 }
 
 /// The last platform-admin token cannot be revoked; an operator who has lost it gets a new one
@@ -308,43 +220,20 @@ fn login_verbs_and_errors() {
 /// runs; after a restart the recovered token still works and no other is made.
 #[test]
 fn the_last_admin_token_stays_and_admin_recover_issues_a_new_one() {
-    let dir = std::env::temp_dir().join(format!("tessera-cli-recover-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let data = dir.join("data");
-    let start = || {
-        let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(&data)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-        let (mut token, mut addr) = (None, String::new());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while addr.is_empty() {
-            assert!(Instant::now() < deadline);
-            let l = lines.next().unwrap().unwrap();
-            if let Some(t) = l.strip_prefix("Admin token: ") {
-                token = Some(t.to_string());
-            }
-            if let Some(rest) = l.split("console http://").nth(1) {
-                addr = format!("http://{}", rest.split('/').next().unwrap());
-            }
-        }
-        (server, token, addr)
-    };
-    let (mut server, token, addr) = start();
-    let first = token.expect("the first start makes an admin token");
-    let config = dir.join("config");
+    let dir = TempDir::new("cli-recover");
+    let data = dir.0.join("data");
+    let mut server = serve(&data);
+    let first = server
+        .admin_token
+        .clone()
+        .expect("the first start makes an admin token");
+    let config = dir.0.join("config");
     let env = [
-        ("TESSERA_SERVER", addr.as_str()),
+        ("TESSERA_SERVER", server.base.as_str()),
         ("XDG_CONFIG_HOME", config.to_str().unwrap()),
     ];
 
-    let (code, out, err) = tessera(&["--token", &first, "token", "revoke", "tok-admin"], &env, None);
+    let (code, out, err) = tessera(&["--token", &first, "token", "revoke", "tok-admin"], &env);
     assert_ne!(code, 0, "{out}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
@@ -353,7 +242,7 @@ fn the_last_admin_token_stays_and_admin_recover_issues_a_new_one() {
     );
 
     let data_dir = data.to_str().unwrap();
-    let (code, out, err) = tessera(&["admin", "recover", "--data-dir", data_dir], &env, None);
+    let (code, out, err) = tessera(&["admin", "recover", "--data-dir", data_dir], &env);
     assert_eq!(code, 0, "{err}");
     let recovered = out
         .lines()
@@ -366,21 +255,20 @@ fn the_last_admin_token_stays_and_admin_recover_issues_a_new_one() {
         recovered
     );
     // Two lasting admin tokens now: the first may go.
-    let (code, _, err) = tessera(&["--token", &recovered, "token", "revoke", "tok-admin"], &env, None);
+    let (code, _, err) = tessera(&["--token", &recovered, "token", "revoke", "tok-admin"], &env);
     assert_eq!(code, 0, "{err}");
-    let (code, _, _) = tessera(&["--token", &first, "pools"], &env, None);
+    let (code, _, _) = tessera(&["--token", &first, "pools"], &env);
     assert_ne!(code, 0, "the revoked token fails");
 
     // A restart makes no other admin token, and the recovered one works.
-    server.kill().unwrap();
-    server.wait().unwrap();
-    let (mut server, token, addr) = start();
-    assert_eq!(token, None, "no new admin token at restart");
+    server.kill();
+    let mut server = serve(&data);
+    assert_eq!(server.admin_token, None, "no new admin token at restart");
     let env = [
-        ("TESSERA_SERVER", addr.as_str()),
+        ("TESSERA_SERVER", server.base.as_str()),
         ("XDG_CONFIG_HOME", config.to_str().unwrap()),
     ];
-    let (code, out, err) = tessera(&["--token", &recovered, "-o", "json", "token", "ls"], &env, None);
+    let (code, out, err) = tessera(&["--token", &recovered, "-o", "json", "token", "ls"], &env);
     assert_eq!(code, 0, "{err}");
     let tokens: serde_json::Value = serde_json::from_str(&out).unwrap();
     let active: Vec<&str> = tokens
@@ -394,13 +282,15 @@ fn the_last_admin_token_stays_and_admin_recover_issues_a_new_one() {
 
     // A directory that holds no store is refused.
     let (code, _, err) = tessera(
-        &["admin", "recover", "--data-dir", dir.join("nothing").to_str().unwrap()],
+        &[
+            "admin",
+            "recover",
+            "--data-dir",
+            dir.0.join("nothing").to_str().unwrap(),
+        ],
         &env,
-        None,
     );
     assert_ne!(code, 0);
     assert!(err.contains("holds no Tessera store"), "{err}");
-    server.kill().unwrap();
-    server.wait().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    server.kill();
 }

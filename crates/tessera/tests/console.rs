@@ -5,17 +5,13 @@
 //! skipped: without Chromium or the npm packages the test fails saying how to get them.
 //! About 15 s once built.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+mod support;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use support::{TempDir, free_port, oidc_config, oidc_provider, serve_command, wait_until_serving};
 
 #[test]
 fn console_in_a_real_browser() {
@@ -30,55 +26,21 @@ fn console_in_a_real_browser() {
         runner.join("node_modules/playwright-core").exists() && runner.join("node_modules/axe-core").exists(),
         "the browser test's npm packages are missing: run scripts/test.sh (npm ci in crates/tessera/tests/console)"
     );
-    let oidc_dir = here.join("../tessera-server/tests/oidc");
-    assert!(
-        oidc_dir.join("node_modules/oidc-provider").exists(),
-        "the OIDC provider is not installed: run scripts/test.sh"
-    );
-    let dir = std::env::temp_dir().join(format!("tessera-console-browser-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (pport, sport) = (free_port(), free_port());
+    let dir = TempDir::new("console-browser");
+    let sport = free_port();
     let base = format!("http://127.0.0.1:{sport}");
-    let mut provider = Command::new("node")
-        .arg(oidc_dir.join("provider.mjs"))
-        .env("PORT", pport.to_string())
-        .env("REDIRECT_URI", format!("{base}/auth/callback"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let issuer = format!("http://127.0.0.1:{pport}");
-    let mut plines = BufReader::new(provider.stdout.take().unwrap()).lines();
-    assert!(plines.next().unwrap().unwrap().starts_with("ready"));
-    std::fs::write(
-        dir.join("oidc.toml"),
-        format!(
-            "issuer = \"{issuer}\"\naudience = \"tessera\"\nalgorithms = [\"RS256\"]\nclient_id = \"tessera-console\"\nclient_secret = \"console-secret\"\nredirect_url = \"{base}/auth/callback\"\n[[mapping]]\nclaim = \"groups\"\nvalue = \"vision-admins\"\ntenant = \"vision\"\nrole = \"tenant-admin\"\n"
-        ),
-    )
-    .unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{sport}"), "--data-dir"])
-        .arg(dir.join("data"))
+    let (provider, issuer) = oidc_provider(Some(&format!("{base}/auth/callback")));
+    let client = format!(
+        "client_id = \"tessera-console\"\nclient_secret = \"console-secret\"\nredirect_url = \"{base}/auth/callback\"\n"
+    );
+    let oidc = oidc_config(&dir.0, &issuer, &client);
+    let mut cmd = serve_command();
+    cmd.args(["--listen", &format!("127.0.0.1:{sport}"), "--data-dir"])
+        .arg(dir.0.join("data"))
         .arg("--oidc")
-        .arg(dir.join("oidc.toml"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut slines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let mut admin = String::new();
-    loop {
-        let l = slines.next().unwrap().unwrap();
-        if let Some(t) = l.strip_prefix("Admin token: ") {
-            admin = t.to_string();
-        }
-        if l.contains("console http://") {
-            break;
-        }
-    }
+        .arg(oidc);
+    let server = wait_until_serving(&mut cmd, Duration::from_secs(60));
+    let admin = server.admin_token.clone().unwrap_or_default();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -131,10 +93,7 @@ fn console_in_a_real_browser() {
         .env("CHROMIUM", &chromium)
         .output()
         .unwrap();
-    for mut c in [server, provider] {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    drop((server, provider));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -160,5 +119,4 @@ fn console_in_a_real_browser() {
     ] {
         assert!(shots.join(format!("{page}.png")).exists(), "screenshot of {page}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -16,15 +16,17 @@
 //!
 //! Each test is bounded in time (every wait has a deadline, every request a timeout).
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use reqwest::Method;
 use serde_json::{Value, json};
+use support::{Serving, TempDir, admin_token, poll, sim_serve_command, try_wait_until_serving, xorshift};
 use tessera_testdb::Cluster;
 
 /// Every request's limit: an answer slower than this is a hang.
@@ -33,8 +35,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// A `tessera serve` replica, killed (and reaped) on drop.
 struct Replica {
     name: String,
-    child: Child,
-    base: String,
+    serving: Serving,
     log: PathBuf,
 }
 
@@ -45,74 +46,36 @@ impl Replica {
         let data = dir.join(name);
         std::fs::create_dir_all(&data).unwrap();
         let log = dir.join(format!("{name}.log"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args([
-                "serve",
-                "--database",
-                database,
-                "--listen",
-                "127.0.0.1:0",
-                "--replica-id",
-                name,
-            ])
+        let mut cmd = sim_serve_command(1000);
+        cmd.args(["--database", database, "--replica-id", name, "--min-runtime-s", "0"])
             .arg("--data-dir")
             .arg(&data)
-            .args([
-                "--lease-ms",
-                &lease_ms.to_string(),
-                "--grace-s",
-                "1",
-                "--reconcile-s",
-                "5",
-            ])
-            .args([
-                "--rate-limit",
-                "0",
-                "--sim-telemetry-ms",
-                "1000",
-                "--min-runtime-s",
-                "0",
-            ])
+            .args(["--lease-ms", &lease_ms.to_string()])
+            .args(["--grace-s", "1", "--reconcile-s", "5"])
             .env("RUST_LOG", "info,sqlx=warn")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("tessera serve starts");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("console http://").nth(1) {
-                    let _ = tx.send(rest.split('/').next().unwrap().to_string());
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(60))
+            .stderr(std::fs::File::create(&log).unwrap());
+        let serving = try_wait_until_serving(&mut cmd, Duration::from_secs(60))
             .unwrap_or_else(|_| panic!("replica {name} did not start: {}", tail(&log)));
         Replica {
             name: name.into(),
-            child,
-            base: format!("http://{addr}"),
+            serving,
             log,
         }
     }
 
+    /// `http://ADDR` of the replica.
+    fn base(&self) -> &str {
+        &self.serving.base
+    }
+
     fn signal(&self, sig: i32) {
         // SAFETY: signalling a child this test started and has not reaped.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+        assert_eq!(unsafe { libc::kill(self.serving.child.id() as i32, sig) }, 0);
     }
 
     fn kill_9(mut self) {
         self.signal(libc::SIGKILL);
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.serving.child.wait();
     }
 }
 
@@ -123,22 +86,13 @@ fn tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
-/// A fresh directory for the test's replicas, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("tessera-ha-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// The last lines of every replica's log.
+fn tails(replicas: &[Replica]) -> String {
+    replicas
+        .iter()
+        .map(|r| tail(&r.log))
+        .collect::<Vec<_>>()
+        .join("\n---\n")
 }
 
 fn http() -> reqwest::Client {
@@ -149,41 +103,72 @@ fn http() -> reqwest::Client {
         .unwrap()
 }
 
-/// One request: status and JSON body (`Null` when empty); `Err` for a transport error or a
-/// timeout.
-async fn call(
-    http: &reqwest::Client,
-    base: &str,
-    token: &str,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-    key: Option<&str>,
-) -> Result<(u16, Value), String> {
-    let mut rb = http.request(method, format!("{base}{path}")).bearer_auth(token);
-    if let Some(k) = key {
-        rb = rb.header("Idempotency-Key", k);
+/// Requests with one bearer token, each with the limit `REQUEST_TIMEOUT`.
+#[derive(Clone)]
+struct Api {
+    http: reqwest::Client,
+    token: String,
+}
+
+impl Api {
+    fn new(token: &str) -> Api {
+        Api {
+            http: http(),
+            token: token.to_string(),
+        }
     }
-    if let Some(b) = body {
-        rb = rb.json(&b);
+
+    /// One request: status and JSON body (`Null` when empty); `Err` for a transport error or a
+    /// timeout.
+    async fn call(
+        &self,
+        base: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        key: Option<&str>,
+    ) -> Result<(u16, Value), String> {
+        let mut rb = self
+            .http
+            .request(method, format!("{base}{path}"))
+            .bearer_auth(&self.token);
+        if let Some(k) = key {
+            rb = rb.header("Idempotency-Key", k);
+        }
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let r = rb.send().await.map_err(|e| format!("{e:?}"))?;
+        let status = r.status().as_u16();
+        let problem = r
+            .headers()
+            .get("content-type")
+            .is_some_and(|v| v.as_bytes() == b"application/problem+json");
+        let retry_after = r.headers().contains_key("retry-after");
+        let text = r.text().await.map_err(|e| format!("{e:?}"))?;
+        if status == 503 {
+            assert!(problem && retry_after, "a 503 is a problem with Retry-After: {text}");
+        }
+        let v = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        Ok((status, v))
     }
-    let r = rb.send().await.map_err(|e| format!("{e:?}"))?;
-    let status = r.status().as_u16();
-    let problem = r
-        .headers()
-        .get("content-type")
-        .is_some_and(|v| v.as_bytes() == b"application/problem+json");
-    let retry_after = r.headers().contains_key("retry-after");
-    let text = r.text().await.map_err(|e| format!("{e:?}"))?;
-    if status == 503 {
-        assert!(problem && retry_after, "a 503 is a problem with Retry-After: {text}");
+
+    /// A request that is answered (no transport error or timeout).
+    async fn send(&self, base: &str, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.call(base, method, path, body, None).await.unwrap()
     }
-    let v = if text.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).unwrap_or(Value::String(text))
-    };
-    Ok((status, v))
+
+    async fn get(&self, base: &str, path: &str) -> (u16, Value) {
+        self.send(base, Method::GET, path, None).await
+    }
+
+    async fn post(&self, base: &str, path: &str, body: Value) -> (u16, Value) {
+        self.send(base, Method::POST, path, Some(body)).await
+    }
 }
 
 /// `/readyz` of a replica.
@@ -202,7 +187,7 @@ async fn wait_for_leader(http: &reqwest::Client, replicas: &[Replica], limit: Du
         let mut leaders = Vec::new();
         let mut all_ready = true;
         for (i, r) in replicas.iter().enumerate() {
-            match ready(http, &r.base).await {
+            match ready(http, r.base()).await {
                 Some(v) if v["role"] == "leader" => leaders.push(i),
                 Some(_) => {}
                 None => all_ready = false,
@@ -245,24 +230,62 @@ struct Seen {
     errors: Vec<String>,
 }
 
-/// A client: creations (90 %) and cancellations (10 %) sent round-robin to the replicas in
-/// `bases`, each creation retried with its Idempotency-Key after a 503 or a transport error.
-async fn client(
-    n: usize,
-    token: String,
+/// What a load shares: the replicas' addresses, what the clients saw, and when to stop.
+#[derive(Clone)]
+struct Load {
     bases: Arc<RwLock<Vec<String>>>,
     seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
-    paced: Duration,
-) {
-    let http = http();
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ (n as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407);
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+}
+
+impl Load {
+    fn new(replicas: &[Replica]) -> Load {
+        Load {
+            bases: Arc::new(RwLock::new(replicas.iter().map(|r| r.base().to_string()).collect())),
+            seen: Arc::new(Mutex::new(Seen::default())),
+            stop: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Starts `clients` clients with `token`, each pausing `paced` between requests.
+    fn clients(&self, clients: usize, token: &str, paced: Duration) -> Vec<tokio::task::JoinHandle<()>> {
+        (0..clients)
+            .map(|n| tokio::spawn(client(n, Api::new(token), self.clone(), paced)))
+            .collect()
+    }
+
+    /// How long after `since` the first write sent after it was accepted; fails the test when
+    /// none is within 30 s of `since` (`what`), polling every `every`.
+    async fn first_write_after(&self, since: Instant, what: &str, replicas: &[Replica], every: Duration) -> Duration {
+        let deadline = since + Duration::from_secs(30);
+        loop {
+            let first = self
+                .seen
+                .lock()
+                .unwrap()
+                .acks
+                .iter()
+                .filter(|a| a.sent >= since)
+                .map(|a| a.answered)
+                .min();
+            if let Some(t) = first {
+                return t - since;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no write accepted within 30 s of {what}: {}",
+                tails(replicas)
+            );
+            tokio::time::sleep(every).await;
+        }
+    }
+}
+
+/// A client: creations (90 %) and cancellations (10 %) sent round-robin to the replicas in
+/// `bases`, each creation retried with its Idempotency-Key after a 503 or a transport error.
+async fn client(n: usize, api: Api, load: Load, paced: Duration) {
+    let Load { bases, seen, stop } = load;
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15 ^ (n as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407));
     let mut mine: Vec<u64> = Vec::new();
     let mut i = 0usize;
     let record = |status: u16, took: Duration| {
@@ -277,19 +300,11 @@ async fn client(
             let b = bases.read().unwrap();
             b[(n + i) % b.len()].clone()
         };
-        if r % 10 == 0 && !mine.is_empty() {
+        if r.is_multiple_of(10) && !mine.is_empty() {
             let id = mine[(r >> 8) as usize % mine.len()];
             let t0 = Instant::now();
-            let res = call(
-                &http,
-                &base,
-                &token,
-                reqwest::Method::POST,
-                &format!("/api/v1/workloads/{id}/cancel"),
-                Some(json!({})),
-                None,
-            )
-            .await;
+            let path = format!("/api/v1/workloads/{id}/cancel");
+            let res = api.call(&base, Method::POST, &path, Some(json!({})), None).await;
             let took = t0.elapsed();
             match res {
                 Ok((200, _)) => {
@@ -312,7 +327,7 @@ async fn client(
         } else {
             let key = format!("c{n}-{i}");
             let body = json!({
-                "tenant": if r % 2 == 0 { "a" } else { "b" },
+                "tenant": if r.is_multiple_of(2) { "a" } else { "b" },
                 "project": "p",
                 "name": key,
                 "shape": {"gpus": 1},
@@ -328,16 +343,9 @@ async fn client(
                 };
                 attempt += 1;
                 let sent = Instant::now();
-                let res = call(
-                    &http,
-                    &base,
-                    &token,
-                    reqwest::Method::POST,
-                    "/api/v1/workloads",
-                    Some(body.clone()),
-                    Some(&key),
-                )
-                .await;
+                let res = api
+                    .call(&base, Method::POST, "/api/v1/workloads", Some(body.clone()), Some(&key))
+                    .await;
                 let answered = Instant::now();
                 match res {
                     Ok((st @ (200 | 201), w)) => {
@@ -380,14 +388,12 @@ async fn client(
 }
 
 /// Every workload through `base`, by id.
-async fn all_workloads(http: &reqwest::Client, base: &str, token: &str) -> BTreeMap<u64, Value> {
+async fn all_workloads(api: &Api, base: &str) -> BTreeMap<u64, Value> {
     let mut out = BTreeMap::new();
     let mut cursor = String::new();
     loop {
         let path = format!("/api/v1/workloads?limit=500{cursor}");
-        let (st, page) = call(http, base, token, reqwest::Method::GET, &path, None, None)
-            .await
-            .unwrap();
+        let (st, page) = api.get(base, &path).await;
         assert_eq!(st, 200, "{page}");
         for w in page["items"].as_array().unwrap() {
             out.insert(w["id"].as_u64().unwrap(), w.clone());
@@ -404,10 +410,10 @@ fn terminal(state: &str) -> bool {
 }
 
 /// Waits until every workload has ended; returns them.
-async fn settle(http: &reqwest::Client, base: &str, token: &str, limit: Duration) -> BTreeMap<u64, Value> {
+async fn settle(api: &Api, base: &str, limit: Duration) -> BTreeMap<u64, Value> {
     let deadline = Instant::now() + limit;
     loop {
-        let all = all_workloads(http, base, token).await;
+        let all = all_workloads(api, base).await;
         let live: Vec<(&u64, &str)> = all
             .iter()
             .map(|(id, w)| (id, w["state"].as_str().unwrap()))
@@ -431,7 +437,7 @@ type Holds = BTreeMap<(String, u64), Vec<(i64, i64, u64)>>;
 
 /// The checks on the state the replicas left: acknowledged workloads and cancellations,
 /// consistent timelines, no GPU held twice at once, the ledger equal to the timelines.
-async fn check_consistency(http: &reqwest::Client, base: &str, token: &str, seen: &Seen, all: &BTreeMap<u64, Value>) {
+async fn check_consistency(api: &Api, base: &str, seen: &Seen, all: &BTreeMap<u64, Value>) {
     // Every acknowledged workload exists, and a key names one workload.
     let mut by_key: HashMap<&str, u64> = HashMap::new();
     for a in &seen.acks {
@@ -458,17 +464,7 @@ async fn check_consistency(http: &reqwest::Client, base: &str, token: &str, seen
     let mut expected: BTreeMap<String, f64> = BTreeMap::new();
     let mut timelines: BTreeMap<u64, Value> = BTreeMap::new();
     for (id, w) in all {
-        let (st, ev) = call(
-            http,
-            base,
-            token,
-            reqwest::Method::GET,
-            &format!("/api/v1/workloads/{id}/events"),
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+        let (st, ev) = api.get(base, &format!("/api/v1/workloads/{id}/events")).await;
         assert_eq!(st, 200);
         timelines.insert(*id, ev.clone());
         let ev = ev.as_array().unwrap();
@@ -532,17 +528,7 @@ async fn check_consistency(http: &reqwest::Client, base: &str, token: &str, seen
         }
     }
     // The ledger of each tenant equals the integral of its workloads' timelines.
-    let (st, report) = call(
-        http,
-        base,
-        token,
-        reqwest::Method::GET,
-        "/api/v1/usage?by=tenant&from=2000-01-01",
-        None,
-        None,
-    )
-    .await
-    .unwrap();
+    let (st, report) = api.get(base, "/api/v1/usage?by=tenant&from=2000-01-01").await;
     assert_eq!(st, 200, "{report}");
     let rows = report["rows"].as_array().unwrap();
     for row in rows {
@@ -563,31 +549,13 @@ async fn check_consistency(http: &reqwest::Client, base: &str, token: &str, seen
 }
 
 /// Creates tenants `a` and `b` with project `p` through `base`.
-async fn setup(http: &reqwest::Client, base: &str, token: &str) {
+async fn setup(api: &Api, base: &str) {
     for t in ["a", "b"] {
-        let (st, v) = call(
-            http,
-            base,
-            token,
-            reqwest::Method::POST,
-            "/api/v1/tenants",
-            Some(json!({"name": t})),
-            None,
-        )
-        .await
-        .unwrap();
+        let (st, v) = api.post(base, "/api/v1/tenants", json!({"name": t})).await;
         assert_eq!(st, 201, "{v}");
-        let (st, v) = call(
-            http,
-            base,
-            token,
-            reqwest::Method::POST,
-            &format!("/api/v1/tenants/{t}/projects"),
-            Some(json!({"name": "p"})),
-            None,
-        )
-        .await
-        .unwrap();
+        let (st, v) = api
+            .post(base, &format!("/api/v1/tenants/{t}/projects"), json!({"name": "p"}))
+            .await;
         assert_eq!(st, 201, "{v}");
     }
 }
@@ -598,36 +566,21 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_survive_three_leader_kills() {
-    let dir = TempDir::new("failover");
+    let dir = TempDir::new("ha-failover");
     let database = tessera_testdb::database_url();
     let mut replicas = vec![Replica::start("r1", &database, &dir.0, 3000)];
-    let token = std::fs::read_to_string(dir.0.join("r1/admin-token"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let token = admin_token(&dir.0.join("r1"));
+    let admin = Api::new(&token);
     replicas.push(Replica::start("r2", &database, &dir.0, 3000));
     replicas.push(Replica::start("r3", &database, &dir.0, 3000));
     let http = http();
     wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
     // Through a follower: forwarded to the leader.
-    let follower = replicas.iter().find(|r| r.name != "r1").unwrap().base.clone();
-    setup(&http, &follower, &token).await;
+    let follower = replicas.iter().find(|r| r.name != "r1").unwrap().base().to_string();
+    setup(&admin, &follower).await;
 
-    let bases = Arc::new(RwLock::new(replicas.iter().map(|r| r.base.clone()).collect::<Vec<_>>()));
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..6)
-        .map(|n| {
-            tokio::spawn(client(
-                n,
-                token.clone(),
-                bases.clone(),
-                seen.clone(),
-                stop.clone(),
-                Duration::from_millis(40),
-            ))
-        })
-        .collect();
+    let load = Load::new(&replicas);
+    let clients = load.clients(6, &token, Duration::from_millis(40));
 
     let mut failovers = Vec::new();
     for kill in 0..3 {
@@ -635,51 +588,30 @@ async fn three_replicas_survive_three_leader_kills() {
         let leader = wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
         let victim = replicas.remove(leader);
         eprintln!("kill {kill}: kill -9 the leader {}", victim.name);
-        bases.write().unwrap().retain(|b| *b != victim.base);
+        load.bases.write().unwrap().retain(|b| b != victim.base());
         let killed = Instant::now();
         victim.kill_9();
         // The first write accepted after the kill (sent after it).
-        let deadline = killed + Duration::from_secs(30);
-        let took = loop {
-            let first = seen
-                .lock()
-                .unwrap()
-                .acks
-                .iter()
-                .filter(|a| a.sent >= killed)
-                .map(|a| a.answered)
-                .min();
-            if let Some(t) = first {
-                break t - killed;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no write accepted within 30 s of kill {kill}: {}",
-                replicas
-                    .iter()
-                    .map(|r| tail(&r.log))
-                    .collect::<Vec<_>>()
-                    .join("\n---\n")
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let took = load
+            .first_write_after(killed, &format!("kill {kill}"), &replicas, Duration::from_millis(20))
+            .await;
         eprintln!("kill {kill}: first write accepted {took:?} after the kill");
         failovers.push(took);
         // Back to three replicas.
         let name = format!("r{}", 4 + kill);
         let r = Replica::start(&name, &database, &dir.0, 3000);
-        bases.write().unwrap().push(r.base.clone());
+        load.bases.write().unwrap().push(r.base().to_string());
         replicas.push(r);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, Ordering::Relaxed);
+    load.stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.await.unwrap();
     }
     let leader = wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
-    let reader = replicas[(leader + 1) % replicas.len()].base.clone();
-    let all = settle(&http, &reader, &token, Duration::from_secs(90)).await;
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let reader = replicas[(leader + 1) % replicas.len()].base().to_string();
+    let all = settle(&admin, &reader, Duration::from_secs(90)).await;
+    let seen = std::mem::take(&mut *load.seen.lock().unwrap());
     eprintln!(
         "{} creations and {} cancellations acknowledged, {} workloads stored; answers by status {:?}; slowest {:?}",
         seen.acks.len(),
@@ -691,7 +623,7 @@ async fn three_replicas_survive_three_leader_kills() {
     assert!(seen.errors.is_empty(), "unexpected answers: {:?}", seen.errors);
     assert!(!seen.statuses.contains_key(&500), "{:?}", seen.statuses);
     assert!(seen.acks.len() >= 50, "the load ran: {}", seen.acks.len());
-    check_consistency(&http, &reader, &token, &seen, &all).await;
+    check_consistency(&admin, &reader, &seen, &all).await;
 
     let mut sorted = failovers.clone();
     sorted.sort();
@@ -703,10 +635,11 @@ async fn three_replicas_survive_three_leader_kills() {
 
 /// The commits a replica's loop made: batches timed, minus those the store refused; and the
 /// refused ones.
-async fn commits_ok(http: &reqwest::Client, base: &str, token: &str) -> (u64, u64) {
-    let r = http
+async fn commits_ok(api: &Api, base: &str) -> (u64, u64) {
+    let r = api
+        .http
         .get(format!("{base}/metrics"))
-        .bearer_auth(token)
+        .bearer_auth(&api.token)
         .send()
         .await
         .unwrap();
@@ -726,114 +659,66 @@ async fn commits_ok(http: &reqwest::Client, base: &str, token: &str) -> (u64, u6
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_paused_past_its_lease_commits_nothing() {
-    let dir = TempDir::new("fencing");
+    let dir = TempDir::new("ha-fencing");
     let database = tessera_testdb::database_url();
     let r1 = Replica::start("p1", &database, &dir.0, 1500);
-    let token = std::fs::read_to_string(dir.0.join("p1/admin-token"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let admin = Api::new(&admin_token(&dir.0.join("p1")));
     let r2 = Replica::start("p2", &database, &dir.0, 1500);
     let http = http();
     let replicas = [r1, r2];
     let leader = wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
     let (paused, other) = (&replicas[leader], &replicas[1 - leader]);
-    setup(&http, &other.base, &token).await;
+    setup(&admin, other.base()).await;
 
     // A token revoked through one replica fails on every replica within the cache's 2 s.
-    let (st, t) = call(
-        &http,
-        &other.base,
-        &token,
-        reqwest::Method::POST,
-        "/api/v1/tokens",
-        Some(json!({"tenant": "a", "role": "member", "name": "short-lived"})),
-        None,
-    )
-    .await
-    .unwrap();
+    let (st, t) = admin
+        .post(
+            other.base(),
+            "/api/v1/tokens",
+            json!({"tenant": "a", "role": "member", "name": "short-lived"}),
+        )
+        .await;
     assert_eq!(st, 201, "{t}");
     let (tid, member) = (
         t["id"].as_str().unwrap().to_string(),
-        t["token"].as_str().unwrap().to_string(),
+        Api::new(t["token"].as_str().unwrap()),
     );
     for r in &replicas {
-        let (st, _) = call(
-            &http,
-            &r.base,
-            &member,
-            reqwest::Method::GET,
-            "/api/v1/workloads",
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+        let (st, _) = member.get(r.base(), "/api/v1/workloads").await;
         assert_eq!(st, 200, "the member token works on {}", r.name);
     }
-    let (st, v) = call(
-        &http,
-        &other.base,
-        &token,
-        reqwest::Method::DELETE,
-        &format!("/api/v1/tokens/{tid}"),
-        None,
-        None,
-    )
-    .await
-    .unwrap();
+    let (st, v) = admin
+        .send(other.base(), Method::DELETE, &format!("/api/v1/tokens/{tid}"), None)
+        .await;
     assert_eq!(st, 204, "{v}");
     tokio::time::sleep(tessera_server::AUTH_CACHE_TTL + Duration::from_millis(200)).await;
     for r in &replicas {
-        let (st, _) = call(
-            &http,
-            &r.base,
-            &member,
-            reqwest::Method::GET,
-            "/api/v1/workloads",
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+        let (st, _) = member.get(r.base(), "/api/v1/workloads").await;
         assert_eq!(st, 401, "the revoked token still works on {}", r.name);
     }
     // Work that ends while the leader is paused: its backend reports the exit when it resumes.
-    let (st, w) = call(
-        &http,
-        &paused.base,
-        &token,
-        reqwest::Method::POST,
-        "/api/v1/workloads",
-        Some(json!({"tenant": "a", "project": "p", "name": "short", "shape": {"gpus": 1}, "duration_s": 2})),
-        None,
-    )
-    .await
-    .unwrap();
+    let (st, w) = admin
+        .post(
+            paused.base(),
+            "/api/v1/workloads",
+            json!({"tenant": "a", "project": "p", "name": "short", "shape": {"gpus": 1}, "duration_s": 2}),
+        )
+        .await;
     assert_eq!(st, 201, "{w}");
     let id = w["id"].as_u64().unwrap();
     // Let it reach `running` and the loop go idle, then count its commits.
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, w) = call(
-            &http,
-            &other.base,
-            &token,
-            reqwest::Method::GET,
-            &format!("/api/v1/workloads/{id}"),
-            None,
-            None,
-        )
-        .await
-        .unwrap();
+    poll(deadline, Duration::from_millis(50), || async {
+        let (_, w) = admin.get(other.base(), &format!("/api/v1/workloads/{id}")).await;
         if w["state"] == "running" {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{w}"))
         }
-        assert!(Instant::now() < deadline, "{w}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (before, _) = commits_ok(&http, &paused.base, &token).await;
+    let (before, _) = commits_ok(&admin, paused.base()).await;
     assert!(before > 0, "the leader committed the workload's steps");
 
     paused.signal(libc::SIGSTOP);
@@ -841,7 +726,7 @@ async fn a_leader_paused_past_its_lease_commits_nothing() {
     // The other replica takes over once the lease has expired.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        if ready(&http, &other.base).await.is_some_and(|v| v["role"] == "leader") {
+        if ready(&http, other.base()).await.is_some_and(|v| v["role"] == "leader") {
             break;
         }
         assert!(Instant::now() < deadline, "no takeover: {}", tail(&other.log));
@@ -850,15 +735,14 @@ async fn a_leader_paused_past_its_lease_commits_nothing() {
     eprintln!("took over {:?} after the pause", stopped_at.elapsed());
     // A request to the paused replica waits in its socket; the workload's run ends meanwhile.
     let pending = {
-        let (http, base, token) = (http.clone(), paused.base.clone(), token.clone());
+        let (api, base) = (admin.clone(), paused.base().to_string());
+        let body = json!({"tenant": "b", "project": "p", "name": "during", "shape": {"gpus": 1}, "duration_s": 1});
         tokio::spawn(async move {
-            call(
-                &http,
+            api.call(
                 &base,
-                &token,
-                reqwest::Method::POST,
+                Method::POST,
                 "/api/v1/workloads",
-                Some(json!({"tenant": "b", "project": "p", "name": "during", "shape": {"gpus": 1}, "duration_s": 1})),
+                Some(body),
                 Some("during-the-pause"),
             )
             .await
@@ -869,14 +753,14 @@ async fn a_leader_paused_past_its_lease_commits_nothing() {
     let answer = pending.await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let (after, refused) = commits_ok(&http, &paused.base, &token).await;
+    let (after, refused) = commits_ok(&admin, paused.base()).await;
     eprintln!(
         "the paused leader's commits: {before} before, {after} after; refused (fenced): {refused}; its answer to the request sent meanwhile: {answer:?}"
     );
     assert_eq!(after, before, "a leader paused past its lease committed after resuming");
-    let st = ready(&http, &paused.base).await.expect("ready as a follower");
+    let st = ready(&http, paused.base()).await.expect("ready as a follower");
     assert_eq!(st["role"], "follower", "{st}");
-    assert!(ready(&http, &other.base).await.is_some_and(|v| v["role"] == "leader"));
+    assert!(ready(&http, other.base()).await.is_some_and(|v| v["role"] == "leader"));
     // The request sent meanwhile was forwarded to the new leader or refused, never half done.
     match answer {
         Ok((201, w)) => assert_eq!(w["tenant"], "b"),
@@ -884,18 +768,8 @@ async fn a_leader_paused_past_its_lease_commits_nothing() {
         other => panic!("{other:?}"),
     }
     // The short workload ended once, recorded by the new leader.
-    let all = settle(&http, &other.base, &token, Duration::from_secs(30)).await;
-    let (_, ev) = call(
-        &http,
-        &other.base,
-        &token,
-        reqwest::Method::GET,
-        &format!("/api/v1/workloads/{id}/events"),
-        None,
-        None,
-    )
-    .await
-    .unwrap();
+    let all = settle(&admin, other.base(), Duration::from_secs(30)).await;
+    let (_, ev) = admin.get(other.base(), &format!("/api/v1/workloads/{id}/events")).await;
     let released = ev
         .as_array()
         .unwrap()
@@ -908,43 +782,26 @@ async fn a_leader_paused_past_its_lease_commits_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_answers_503_and_recovers_by_itself() {
-    let dir = TempDir::new("outage");
+    let dir = TempDir::new("ha-outage");
     let cluster = Cluster::start();
     let database = cluster.create_database();
     let r1 = Replica::start("o1", &database, &dir.0, 3000);
-    let token = std::fs::read_to_string(dir.0.join("o1/admin-token"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let token = admin_token(&dir.0.join("o1"));
+    let admin = Api::new(&token);
     let r2 = Replica::start("o2", &database, &dir.0, 3000);
     let replicas = vec![r1, r2];
     let http = http();
     wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
-    setup(&http, &replicas[0].base, &token).await;
+    setup(&admin, replicas[0].base()).await;
 
-    let bases = Arc::new(RwLock::new(replicas.iter().map(|r| r.base.clone()).collect::<Vec<_>>()));
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..4)
-        .map(|n| {
-            tokio::spawn(client(
-                n,
-                token.clone(),
-                bases.clone(),
-                seen.clone(),
-                stop.clone(),
-                Duration::from_millis(50),
-            ))
-        })
-        .collect();
+    let load = Load::new(&replicas);
+    let clients = load.clients(4, &token, Duration::from_millis(50));
     // Readers too: lists come from the database.
     let reads = Arc::new(AtomicU64::new(0));
     let readers: Vec<_> = (0..2)
         .map(|n| {
-            let (bases, seen, stop, token, reads) =
-                (bases.clone(), seen.clone(), stop.clone(), token.clone(), reads.clone());
+            let (Load { bases, seen, stop }, api, reads) = (load.clone(), admin.clone(), reads.clone());
             tokio::spawn(async move {
-                let http = self::http();
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
@@ -953,16 +810,9 @@ async fn a_database_outage_answers_503_and_recovers_by_itself() {
                         b[(n + i) % b.len()].clone()
                     };
                     let t0 = Instant::now();
-                    let r = call(
-                        &http,
-                        &base,
-                        &token,
-                        reqwest::Method::GET,
-                        "/api/v1/workloads?limit=20",
-                        None,
-                        None,
-                    )
-                    .await;
+                    let r = api
+                        .call(&base, Method::GET, "/api/v1/workloads?limit=20", None, None)
+                        .await;
                     let took = t0.elapsed();
                     {
                         let mut s = seen.lock().unwrap();
@@ -981,49 +831,28 @@ async fn a_database_outage_answers_503_and_recovers_by_itself() {
         .collect();
 
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let acked_before = seen.lock().unwrap().acks.len();
+    let acked_before = load.seen.lock().unwrap().acks.len();
     assert!(acked_before > 0, "the load runs");
     cluster.stop();
     let stopped = Instant::now();
     eprintln!("PostgreSQL stopped");
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let during = seen.lock().unwrap().statuses.clone();
+    let during = load.seen.lock().unwrap().statuses.clone();
     cluster.resume();
     let resumed = Instant::now();
     eprintln!("PostgreSQL back after {:?}", stopped.elapsed());
     // Writes are accepted again by themselves.
-    let deadline = resumed + Duration::from_secs(30);
-    let recovered = loop {
-        let first = seen
-            .lock()
-            .unwrap()
-            .acks
-            .iter()
-            .filter(|a| a.sent >= resumed)
-            .map(|a| a.answered)
-            .min();
-        if let Some(t) = first {
-            break t - resumed;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no write accepted within 30 s of the database's return: {}",
-            replicas
-                .iter()
-                .map(|r| tail(&r.log))
-                .collect::<Vec<_>>()
-                .join("\n---\n")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let recovered = load
+        .first_write_after(resumed, "the database's return", &replicas, Duration::from_millis(50))
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, Ordering::Relaxed);
+    load.stop.store(true, Ordering::Relaxed);
     for c in clients.into_iter().chain(readers) {
         c.await.unwrap();
     }
     let leader = wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
-    let all = settle(&http, &replicas[leader].base, &token, Duration::from_secs(60)).await;
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let all = settle(&admin, replicas[leader].base(), Duration::from_secs(60)).await;
+    let seen = std::mem::take(&mut *load.seen.lock().unwrap());
     eprintln!(
         "answers by status {:?} (at the database's return: {during:?}); slowest {:?}; writes accepted again {recovered:?} after the database returned; {} creations acknowledged, {} reads",
         seen.statuses,
@@ -1042,5 +871,5 @@ async fn a_database_outage_answers_503_and_recovers_by_itself() {
         assert!(matches!(st, 200 | 201 | 409 | 503), "status {st}: {:?}", seen.statuses);
     }
     assert!(seen.slowest < REQUEST_TIMEOUT, "an answer took {:?}", seen.slowest);
-    check_consistency(&http, &replicas[leader].base, &token, &seen, &all).await;
+    check_consistency(&admin, replicas[leader].base(), &seen, &all).await;
 }

@@ -6,11 +6,10 @@
 
 #[path = "../../tessera-backend-kube/tests/support/mod.rs"]
 mod kube_support;
+mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -19,69 +18,23 @@ use kube::Api;
 use kube::api::ListParams;
 use kube_support::{cluster, eventually, finish_deletion, gpu_node, set_pod_phase};
 use serde_json::json;
+use support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
 
-fn tessera(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .envs(env.iter().copied())
-        .env("XDG_CONFIG_HOME", "/nonexistent")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
-fn serve(data: &Path, kubeconfig: &Path) -> (Child, String) {
-    let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "serve",
-            "--backend",
-            "kubernetes",
-            "--grace-s",
-            "1",
-            "--reconcile-s",
-            "2",
-        ])
+fn serve(data: &Path, kubeconfig: &Path) -> Serving {
+    let mut cmd = serve_command();
+    cmd.args(["--backend", "kubernetes", "--grace-s", "1", "--reconcile-s", "2"])
         .args(["--kube-mig-configmap", "default/mig-parted", "--listen", "127.0.0.1:0"])
         .arg("--data-dir")
         .arg(data)
         .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let Some(Ok(l)) = lines.next().filter(|_| Instant::now() < deadline) else {
-            let _ = server.kill();
-            let _ = server.wait();
-            panic!("server did not start");
-        };
-        if let Some(rest) = l.split("console http://").nth(1) {
-            assert!(
-                l.contains("the Kubernetes cluster's GPU nodes (16 GPUs on 2 nodes)"),
-                "{l}"
-            );
-            std::thread::spawn(move || for _ in lines {});
-            return (server, format!("http://{}", rest.split('/').next().unwrap()));
-        }
-    }
-}
-
-fn state(env: &[(&str, &str)], id: u64) -> String {
-    let (code, out, err) = tessera(&["describe", &id.to_string(), "-o", "json"], env);
-    assert_eq!(code, 0, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v["workload"]["state"]
-        .as_str()
-        .or(v["state"].as_str())
-        .unwrap_or_default()
-        .to_string()
+        .stderr(std::process::Stdio::inherit());
+    let server = try_wait_until_serving(&mut cmd, Duration::from_secs(60)).expect("server did not start");
+    let banner = server.banner();
+    assert!(
+        banner.contains("the Kubernetes cluster's GPU nodes (16 GPUs on 2 nodes)"),
+        "{banner}"
+    );
+    server
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,17 +44,18 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
     gpu_node(&client, "k-h100-0", "training", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
     gpu_node(&client, "k-h100-1", "training", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
 
-    let dir = std::env::temp_dir().join(format!("tessera-kube-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let data = dir.join("data");
+    let dir = TempDir::new("kube-e2e");
+    let data = dir.0.join("data");
     let srv = tokio::task::spawn_blocking({
         let (data, kc) = (data.clone(), c.kubeconfig.clone());
         move || serve(&data, &kc)
     });
-    let (mut server, addr) = srv.await.unwrap();
-    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
-    let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.trim())];
+    let mut server = srv.await.unwrap();
+    let token = admin_token(&data);
+    let env = [
+        ("TESSERA_SERVER", server.base.as_str()),
+        ("TESSERA_TOKEN", token.as_str()),
+    ];
     let cli = |args: Vec<String>| {
         let env: Vec<(String, String)> = env.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
         async move {
@@ -189,7 +143,7 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
         async move {
             tokio::task::spawn_blocking(move || {
                 let e: Vec<(&str, &str)> = env2.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
-                state(&e, 1)
+                workload_state(&e, 1)
             })
             .await
             .unwrap()
@@ -239,7 +193,5 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
         // A project with workloads on record stays (by design): its namespace stays too.
         assert!(err.contains("workloads on record"), "{err}");
     }
-    server.kill().unwrap();
-    server.wait().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    server.kill();
 }

@@ -3,33 +3,22 @@
 //! then SIGKILL, a control-plane restart adopting a live process; `gpu-check` and the one-line
 //! refusal without an NVIDIA driver.
 
-use std::io::{BufRead, BufReader};
+mod support;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn tessera(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .envs(env.iter().copied())
-        .env("XDG_CONFIG_HOME", "/nonexistent")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+use support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
 
-/// Starts the server and returns it with its API address.
-fn serve(data: &Path) -> (Child, String) {
+/// Starts the server; it serves at its `base`.
+fn serve(data: &Path) -> Serving {
     serve_with(data, &[])
 }
 
-fn serve_with(data: &Path, extra: &[&str]) -> (Child, String) {
-    let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["serve", "--backend", "local", "--fake-gpus", "2", "--node", "box"])
+fn serve_with(data: &Path, extra: &[&str]) -> Serving {
+    let mut cmd = serve_command();
+    cmd.args(["--backend", "local", "--fake-gpus", "2", "--node", "box"])
         .args(extra)
         .args([
             "--grace-s",
@@ -40,27 +29,22 @@ fn serve_with(data: &Path, extra: &[&str]) -> (Child, String) {
             "127.0.0.1:0",
             "--data-dir",
         ])
-        .arg(data)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let Some(Ok(l)) = lines.next().filter(|_| Instant::now() < deadline) else {
-            let _ = server.kill();
-            let _ = server.wait();
-            panic!("server did not start");
-        };
-        if let Some(rest) = l.split("console http://").nth(1) {
-            assert!(l.contains("2 GPUs of this machine (fake NVML"), "{l}");
-            // Keep reading stdout so the server never blocks on a full pipe.
-            std::thread::spawn(move || for _ in lines {});
-            return (server, format!("http://{}", rest.split('/').next().unwrap()));
-        }
-    }
+        .arg(data);
+    let server = try_wait_until_serving(&mut cmd, Duration::from_secs(30)).expect("server did not start");
+    let banner = server.banner();
+    assert!(banner.contains("2 GPUs of this machine (fake NVML"), "{banner}");
+    server
+}
+
+/// `tessera run` of `command` in acme/ml with `shape`, 1 CPU and 1 GiB.
+fn run_args<'a>(shape: &[&'a str], command: &[&'a str]) -> Vec<&'a str> {
+    [
+        &["run", "--tenant", "acme", "--project", "ml"][..],
+        shape,
+        &["--cpus", "1", "--memory-gib", "1", "--"],
+        command,
+    ]
+    .concat()
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -69,17 +53,6 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn state(env: &[(&str, &str)], id: u64) -> String {
-    let (code, out, err) = tessera(&["describe", &id.to_string(), "-o", "json"], env);
-    assert_eq!(code, 0, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v["workload"]["state"]
-        .as_str()
-        .or(v["state"].as_str())
-        .unwrap_or_default()
-        .to_string()
 }
 
 fn pid_of(data: &Path, id: u64) -> i32 {
@@ -138,41 +111,22 @@ fn gpu_check_reads_the_fake_and_refuses_in_one_line_without_a_driver() {
 
 #[test]
 fn local_backend_runs_real_processes_on_fake_gpus() {
-    let dir = std::env::temp_dir().join(format!("tessera-local-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let data = dir.join("data");
-    let (mut server, addr) = serve(&data);
-    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
-    let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.trim())];
+    let dir = TempDir::new("local-e2e");
+    let data = dir.0.join("data");
+    let mut server = serve(&data);
+    let token = admin_token(&data);
+    let addr = server.base.clone();
+    let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.as_str())];
     assert_eq!(tessera(&["tenants", "create", "acme"], &env).0, 0);
     assert_eq!(tessera(&["projects", "create", "--tenant", "acme", "ml"], &env).0, 0);
     let run = |cmd: &str| {
-        let (code, _, err) = tessera(
-            &[
-                "run",
-                "--tenant",
-                "acme",
-                "--project",
-                "ml",
-                "--gpus",
-                "1",
-                "--cpus",
-                "1",
-                "--memory-gib",
-                "1",
-                "--",
-                "sh",
-                "-c",
-                cmd,
-            ],
-            &env,
-        );
+        let (code, _, err) = tessera(&run_args(&["--gpus", "1"], &["sh", "-c", cmd]), &env);
         assert_eq!(code, 0, "{err}");
     };
 
     // 1: the process sees its GPU's UUID.
     run("echo visible=$CUDA_VISIBLE_DEVICES");
-    wait_for("workload 1 to succeed", || state(&env, 1) == "succeeded");
+    wait_for("workload 1 to succeed", || workload_state(&env, 1) == "succeeded");
     let (code, log, err) = tessera(&["logs", "1"], &env);
     assert_eq!(code, 0, "{err}");
     let (_, desc, _) = tessera(&["describe", "1"], &env);
@@ -190,7 +144,7 @@ fn local_backend_runs_real_processes_on_fake_gpus() {
         .block_on(async {
             let r = reqwest::Client::new()
                 .get(format!("{addr}/console/workloads/1/live"))
-                .bearer_auth(token.trim())
+                .bearer_auth(&token)
                 .send()
                 .await
                 .unwrap();
@@ -221,15 +175,19 @@ fn local_backend_runs_real_processes_on_fake_gpus() {
 
     // 3: a control-plane restart adopts the live process and reports its end.
     run("echo started; sleep 4; echo finished");
-    wait_for("workload 3 to run", || state(&env, 3) == "running");
-    server.kill().unwrap();
-    server.wait().unwrap();
+    wait_for("workload 3 to run", || workload_state(&env, 3) == "running");
+    server.kill();
     let pid = pid_of(&data, 3);
     assert!(group_alive(pid), "the workload outlives the control plane");
-    let (mut server, addr) = serve(&data);
-    let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.trim())];
-    assert_eq!(state(&env, 3), "running", "adopted, not restarted or lost");
-    wait_for("workload 3 to succeed after adoption", || state(&env, 3) == "succeeded");
+    let mut server = serve(&data);
+    let env = [
+        ("TESSERA_SERVER", server.base.as_str()),
+        ("TESSERA_TOKEN", token.as_str()),
+    ];
+    assert_eq!(workload_state(&env, 3), "running", "adopted, not restarted or lost");
+    wait_for("workload 3 to succeed after adoption", || {
+        workload_state(&env, 3) == "succeeded"
+    });
     let (_, log, _) = tessera(&["logs", "3"], &env);
     assert_eq!(log.matches("started").count(), 1, "ran once: {log}");
     assert!(log.contains("finished"), "{log}");
@@ -237,9 +195,7 @@ fn local_backend_runs_real_processes_on_fake_gpus() {
     // An unknown workload: one readable line.
     let (code, _, err) = tessera(&["logs", "99"], &env);
     assert!(code != 0 && err.trim().lines().count() == 1, "{err}");
-    server.kill().unwrap();
-    server.wait().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    server.kill();
 }
 
 /// The ID in the table `tessera run` prints (header, then the workload's row).
@@ -256,14 +212,12 @@ fn first_id(out: &str) -> u64 {
 /// and a whole GPU on GPU 1, before and after a control-plane restart. About 5 s.
 #[test]
 fn gpus_in_different_mig_modes_are_each_served_also_after_a_restart() {
-    let dir = std::env::temp_dir().join(format!("tessera-local-modes-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let data = dir.join("data");
-    let (mut server, addr) = serve_with(&data, &["--fake-mig", "0"]);
-    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
+    let dir = TempDir::new("local-modes");
+    let data = dir.0.join("data");
+    let mut server = serve_with(&data, &["--fake-mig", "0"]);
     let mut env = vec![
-        ("TESSERA_SERVER", addr.clone()),
-        ("TESSERA_TOKEN", token.trim().to_string()),
+        ("TESSERA_SERVER", server.base.clone()),
+        ("TESSERA_TOKEN", admin_token(&data)),
     ];
     let call = |env: &[(&'static str, String)], args: &[&str]| {
         let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -283,23 +237,7 @@ fn gpus_in_different_mig_modes_are_each_served_also_after_a_restart() {
         ] {
             let (code, out, err) = call(
                 &env,
-                &[
-                    "run",
-                    "--tenant",
-                    "acme",
-                    "--project",
-                    "ml",
-                    shape,
-                    value,
-                    "--cpus",
-                    "1",
-                    "--memory-gib",
-                    "1",
-                    "--",
-                    "sh",
-                    "-c",
-                    "echo visible=$CUDA_VISIBLE_DEVICES",
-                ],
+                &run_args(&[shape, value], &["sh", "-c", "echo visible=$CUDA_VISIBLE_DEVICES"]),
             );
             assert_eq!(code, 0, "round {round} {shape}: {err}");
             if round == 0 && shape == "--mig" {
@@ -314,17 +252,15 @@ fn gpus_in_different_mig_modes_are_each_served_also_after_a_restart() {
             id = first_id(&out);
             let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
             wait_for(&format!("workload {id} ({shape} {value}) to succeed"), || {
-                state(&pairs, id) == "succeeded"
+                workload_state(&pairs, id) == "succeeded"
             });
             let (_, log, _) = call(&env, &["logs", &id.to_string()]);
             assert!(log.trim().starts_with(&visible), "round {round} {shape}: {log}");
         }
         if round == 0 {
-            server.kill().unwrap();
-            server.wait().unwrap();
-            let (s, addr) = serve_with(&data, &["--fake-mig", "0"]);
-            server = s;
-            env[0].1 = addr;
+            server.kill();
+            server = serve_with(&data, &["--fake-mig", "0"]);
+            env[0].1 = server.base.clone();
         }
     }
     let (_, audit, _) = call(&env, &["audit", "-o", "json"]);
@@ -337,38 +273,17 @@ fn gpus_in_different_mig_modes_are_each_served_also_after_a_restart() {
 
     // GPU 1 switched to MIG mode while the control plane was down (a reset applied a pending
     // change): the backend reads it, the engine follows: no GPU serves whole GPUs now.
-    server.kill().unwrap();
-    server.wait().unwrap();
-    let (s, addr) = serve_with(&data, &["--fake-mig", "0,1"]);
-    server = s;
-    env[0].1 = addr;
+    server.kill();
+    server = serve_with(&data, &["--fake-mig", "0,1"]);
+    env[0].1 = server.base.clone();
     // Read at the first telemetry pass after start-up: stored and audited once more.
     wait_for("GPU 1 read in MIG mode", || {
         call(&env, &["audit", "-o", "json"]).1.matches(gpu1).count() == 2
     });
-    let (code, _, err) = call(
-        &env,
-        &[
-            "run",
-            "--tenant",
-            "acme",
-            "--project",
-            "ml",
-            "--gpus",
-            "1",
-            "--cpus",
-            "1",
-            "--memory-gib",
-            "1",
-            "--",
-            "true",
-        ],
-    );
+    let (code, _, err) = call(&env, &run_args(&["--gpus", "1"], &["true"]));
     assert!(
         code != 0 && err.contains("no pool in this fleet serves 1 whole GPU"),
         "no GPU is out of MIG mode now: {err}"
     );
-    server.kill().unwrap();
-    server.wait().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    server.kill();
 }

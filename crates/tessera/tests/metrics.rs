@@ -96,6 +96,13 @@ async fn workload(s: &Server, tenant: &str, project: &str, name: String, shape: 
     .await
 }
 
+/// Quotas and budgets: `PUT path body`, each answered with its status.
+async fn put_all<const N: usize>(s: &Server, puts: [(&str, Value, u16); N]) {
+    for (path, body, status) in puts {
+        assert_eq!(s.put(path, body).await.0, status, "PUT {path}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exposition_is_valid_and_bounded_with_1000_workloads() {
     let s = std::sync::Arc::new(Server::start("metrics-1000", false));
@@ -103,21 +110,18 @@ async fn exposition_is_valid_and_bounded_with_1000_workloads() {
     for t in tenants {
         s.tenant(t, &["train", "serve"]).await;
     }
-    assert_eq!(
-        s.put(
-            "/api/v1/tenants/vision/quotas/training",
-            json!({"guaranteed": 32, "limit": 64})
-        )
-        .await
-        .0,
-        200
-    );
-    assert_eq!(
-        s.put("/api/v1/tenants/nlp/budget", json!({"monthly_unit_hours": 10000}))
-            .await
-            .0,
-        204
-    );
+    put_all(
+        &s,
+        [
+            (
+                "/api/v1/tenants/vision/quotas/training",
+                json!({"guaranteed": 32, "limit": 64}),
+                200,
+            ),
+            ("/api/v1/tenants/nlp/budget", json!({"monthly_unit_hours": 10000}), 204),
+        ],
+    )
+    .await;
     let shapes = [
         json!({"mig": "1g.10gb"}),
         json!({"mig": "2g.20gb"}),
@@ -220,27 +224,19 @@ async fn dashboards_and_alerts_use_only_exported_metrics() {
     let s = Server::start("metrics-names", true);
     s.tenant("vision", &["train"]).await;
     s.tenant("nlp", &["serve"]).await;
-    assert_eq!(
-        s.put(
-            "/api/v1/tenants/vision/quotas/training",
-            json!({"guaranteed": 16, "limit": 200})
-        )
-        .await
-        .0,
-        200
-    );
-    assert_eq!(
-        s.put("/api/v1/tenants/nlp/quotas/serving", json!({"guaranteed": 4}))
-            .await
-            .0,
-        200
-    );
-    assert_eq!(
-        s.put("/api/v1/tenants/nlp/budget", json!({"monthly_unit_hours": 500}))
-            .await
-            .0,
-        204
-    );
+    put_all(
+        &s,
+        [
+            (
+                "/api/v1/tenants/vision/quotas/training",
+                json!({"guaranteed": 16, "limit": 200}),
+                200,
+            ),
+            ("/api/v1/tenants/nlp/quotas/serving", json!({"guaranteed": 4}), 200),
+            ("/api/v1/tenants/nlp/budget", json!({"monthly_unit_hours": 500}), 204),
+        ],
+    )
+    .await;
     let mut ids = Vec::new();
     // 17 eight-GPU jobs for 16 nodes: one waits.
     for i in 0..17 {

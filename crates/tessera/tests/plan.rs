@@ -5,24 +5,10 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::*;
-
-fn tessera(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .env_remove("TESSERA_TOKEN")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_replays_the_usage_ledger_of_a_running_server() {
@@ -46,7 +32,7 @@ async fn plan_replays_the_usage_ledger_of_a_running_server() {
     // The ledger, once the three intervals have closed.
     let deadline = Instant::now() + Duration::from_secs(30);
     let csv = loop {
-        let (code, out, err) = tessera(&[&conn[..], &["-o", "csv", "usage", "--by", "interval"]].concat());
+        let (code, out, err) = tessera(&[&conn[..], &["-o", "csv", "usage", "--by", "interval"]].concat(), &[]);
         assert_eq!(code, 0, "{err}");
         let closed = out.lines().skip(1).filter(|l| !l.ends_with(',')).count();
         if closed == 3 {
@@ -71,19 +57,22 @@ async fn plan_replays_the_usage_ledger_of_a_running_server() {
     let demand = format!("usage:{}", file.display());
     let chart = dir.0.join("plan.svg");
 
-    let (code, out, err) = tessera(&[
-        "plan",
-        "--demand",
-        &demand,
-        "--candidate",
-        "training@whole:H100=1..2;serving@mig:A100=1",
-        "--price",
-        "H100=4,A100=2",
-        "--target-p95",
-        "60",
-        "--chart",
-        chart.to_str().unwrap(),
-    ]);
+    let (code, out, err) = tessera(
+        &[
+            "plan",
+            "--demand",
+            &demand,
+            "--candidate",
+            "training@whole:H100=1..2;serving@mig:A100=1",
+            "--price",
+            "H100=4,A100=2",
+            "--target-p95",
+            "60",
+            "--chart",
+            chart.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains(
@@ -115,7 +104,10 @@ async fn plan_replays_the_usage_ledger_of_a_running_server() {
             "error: candidate `training@whole:H100=two`: `training@whole:H100=two`: `H100=two`: `two` is not a node count",
         ),
     ] {
-        let (code, out, err) = tessera(&[&["plan", "--demand", &demand, "--target-p95", "60"], &args[..]].concat());
+        let (code, out, err) = tessera(
+            &[&["plan", "--demand", &demand, "--target-p95", "60"], &args[..]].concat(),
+            &[],
+        );
         assert_ne!(code, 0, "{out}");
         assert_eq!(err.trim(), expect);
     }

@@ -18,11 +18,6 @@ use support::*;
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
 async fn get_json(http: &reqwest::Client, url: &str) -> Option<Value> {
     let r = http.get(url).send().await.ok()?;
     if !r.status().is_success() {

@@ -2,97 +2,83 @@
 //! -9` it, start it again on the same data directory (or database): the same workloads, states and allocations; no capacity leaked or
 //! double-booked; every acknowledged request survives.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use reqwest::Method;
 use serde_json::{Value, json};
+use support::{Serving, TempDir, serve_command, wait_until_serving, xorshift};
 use tessera_testdb::Db;
 
-struct Server {
-    child: Child,
-    base: String,
-    token: Option<String>,
-}
-
-// The child is returned inside `Server`; every test kills and waits for it.
-#[allow(clippy::zombie_processes)]
-fn start(dir: &std::path::Path, database: &Option<String>) -> Server {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    cmd.arg("serve");
+fn start(dir: &Path, database: &Option<String>) -> Serving {
+    let mut cmd = serve_command();
     if let Some(url) = database {
         // The same id after the restart: the new process takes over its predecessor's lease at
         // once instead of waiting for it to expire.
         cmd.args(["--database", url, "--replica-id", "restarted"]);
     }
-    let mut child = cmd
-        .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("tessera serve starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut token = None;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "server did not come up");
-        let line = lines.next().expect("server printed its address").unwrap();
-        if let Some(t) = line.strip_prefix("Admin token: ") {
-            token = Some(t.trim().to_string());
+    cmd.args(["--listen", "127.0.0.1:0", "--data-dir"]).arg(dir);
+    wait_until_serving(&mut cmd, Duration::from_secs(30))
+}
+
+/// A fresh data directory, the database of `db` (none: SQLite in the data directory), the first
+/// start on them and its admin.
+fn first_start(tag: &str, db: Db) -> (TempDir, Option<String>, Serving, Admin) {
+    let dir = TempDir::new(&format!("{tag}-{db:?}"));
+    let database = db.url();
+    let s = start(&dir.0, &database);
+    let admin = Admin {
+        http: reqwest::Client::new(),
+        token: s.admin_token.clone().expect("first start prints the admin token"),
+    };
+    (dir, database, s, admin)
+}
+
+/// The admin's requests to a server.
+struct Admin {
+    http: reqwest::Client,
+    token: String,
+}
+
+impl Admin {
+    async fn call(&self, s: &Serving, m: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut rb = self
+            .http
+            .request(m, format!("{}{path}", s.base))
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            rb = rb.json(&b);
         }
-        if let Some(rest) = line.split("console http://").nth(1) {
-            let addr = rest.split('/').next().unwrap().to_string();
-            std::thread::spawn(move || for _ in lines {});
-            return Server {
-                child,
-                base: format!("http://{addr}"),
-                token,
-            };
-        }
+        let r = rb.send().await.unwrap();
+        let st = r.status().as_u16();
+        let t = r.text().await.unwrap();
+        (
+            st,
+            if t.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(&t).unwrap()
+            },
+        )
+    }
+
+    async fn get(&self, s: &Serving, path: &str) -> (u16, Value) {
+        self.call(s, Method::GET, path, None).await
+    }
+
+    async fn post(&self, s: &Serving, path: &str, body: Value) -> (u16, Value) {
+        self.call(s, Method::POST, path, Some(body)).await
     }
 }
 
-async fn call(
-    http: &reqwest::Client,
-    s: &Server,
-    token: &str,
-    m: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut rb = http.request(m, format!("{}{path}", s.base)).bearer_auth(token);
-    if let Some(b) = body {
-        rb = rb.json(&b);
-    }
-    let r = rb.send().await.unwrap();
-    let st = r.status().as_u16();
-    let t = r.text().await.unwrap();
-    (
-        st,
-        if t.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&t).unwrap()
-        },
-    )
-}
-
-async fn snapshot(http: &reqwest::Client, s: &Server, token: &str) -> (BTreeMap<u64, (String, Value)>, Value, Value) {
+async fn snapshot(admin: &Admin, s: &Serving) -> (BTreeMap<u64, (String, Value)>, Value, Value) {
     let mut all = BTreeMap::new();
     let mut cursor = String::new();
     loop {
-        let (_, page) = call(
-            http,
-            s,
-            token,
-            reqwest::Method::GET,
-            &format!("/api/v1/workloads?limit=500{cursor}"),
-            None,
-        )
-        .await;
+        let (_, page) = admin.get(s, &format!("/api/v1/workloads?limit=500{cursor}")).await;
         for w in page["items"].as_array().unwrap() {
             all.insert(
                 w["id"].as_u64().unwrap(),
@@ -104,20 +90,15 @@ async fn snapshot(http: &reqwest::Client, s: &Server, token: &str) -> (BTreeMap<
             None => break,
         }
     }
-    let (_, pools) = call(http, s, token, reqwest::Method::GET, "/api/v1/pools", None).await;
-    let (_, gpus) = call(http, s, token, reqwest::Method::GET, "/api/v1/gpus?limit=500", None).await;
+    let (_, pools) = admin.get(s, "/api/v1/pools").await;
+    let (_, gpus) = admin.get(s, "/api/v1/gpus?limit=500").await;
     (all, pools, gpus)
 }
 
 async fn kill_9_and_restart_keeps_every_acknowledged_workload(db: Db) {
-    let dir = std::env::temp_dir().join(format!("tessera-restart-{db:?}-{}", std::process::id()));
-    let database = db.url();
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut s = start(&dir, &database);
-    let token = s.token.clone().expect("first start prints the admin token");
-    let http = reqwest::Client::new();
+    let (dir, database, mut s, admin) = first_start("restart", db);
     let post = |path: &'static str, body: Value| {
-        let (http, base, token) = (http.clone(), s.base.clone(), token.clone());
+        let (http, base, token) = (admin.http.clone(), s.base.clone(), admin.token.clone());
         async move {
             let r = http
                 .post(format!("{base}{path}"))
@@ -167,15 +148,14 @@ async fn kill_9_and_restart_keeps_every_acknowledged_workload(db: Db) {
         acked.push(w["id"].as_u64().unwrap());
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (before, pools_before, _) = snapshot(&http, &s, &token).await;
+    let (before, pools_before, _) = snapshot(&admin, &s).await;
     assert!(before.values().any(|(st, _)| st == "queued"), "some work waits");
     assert!(before.values().any(|(st, _)| st == "running"));
-    s.child.kill().unwrap(); // SIGKILL
-    s.child.wait().unwrap();
+    s.kill(); // SIGKILL
 
-    let mut s2 = start(&dir, &database);
-    assert!(s2.token.is_none(), "the admin token is created only once");
-    let (after, pools_after, gpus) = snapshot(&http, &s2, &token).await;
+    let mut s2 = start(&dir.0, &database);
+    assert!(s2.admin_token.is_none(), "the admin token is created only once");
+    let (after, pools_after, gpus) = snapshot(&admin, &s2).await;
     for id in &acked {
         assert!(after.contains_key(id), "acknowledged workload {id} survived");
     }
@@ -199,27 +179,13 @@ async fn kill_9_and_restart_keeps_every_acknowledged_workload(db: Db) {
         .find(|(_, (st, a))| st == "running" && a["kind"] == "mig")
         .map(|(id, _)| *id)
         .unwrap();
-    let (st, _) = call(
-        &http,
-        &s2,
-        &token,
-        reqwest::Method::POST,
-        &format!("/api/v1/workloads/{running}/cancel"),
-        Some(json!({})),
-    )
-    .await;
+    let (st, _) = admin
+        .post(&s2, &format!("/api/v1/workloads/{running}/cancel"), json!({}))
+        .await;
     assert_eq!(st, 200);
     let mut ok = false;
     for _ in 0..100 {
-        let (_, w) = call(
-            &http,
-            &s2,
-            &token,
-            reqwest::Method::GET,
-            &format!("/api/v1/workloads/{running}"),
-            None,
-        )
-        .await;
+        let (_, w) = admin.get(&s2, &format!("/api/v1/workloads/{running}")).await;
         if w["state"] == "cancelled" {
             ok = true;
             break;
@@ -227,9 +193,7 @@ async fn kill_9_and_restart_keeps_every_acknowledged_workload(db: Db) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(ok, "cancel completes after a restart");
-    s2.child.kill().unwrap();
-    s2.child.wait().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    s2.kill();
 }
 
 /// Awaits every future concurrently.
@@ -245,31 +209,12 @@ async fn futures_join<F: std::future::Future<Output = T> + Send + 'static, T: Se
 /// The usage ledger equals the integral of allocated units over time, per tenant, to the
 /// millisecond, across a `kill -9` and restart in the middle of a random workload stream.
 async fn ledger_matches_allocations_across_kill_9(db: Db) {
-    let dir = std::env::temp_dir().join(format!("tessera-ledger-{db:?}-{}", std::process::id()));
-    let database = db.url();
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut s = start(&dir, &database);
-    let token = s.token.clone().expect("admin token");
-    let http = reqwest::Client::new();
+    let (dir, database, mut s, admin) = first_start("ledger", db);
     for t in ["a", "b"] {
-        call(
-            &http,
-            &s,
-            &token,
-            reqwest::Method::POST,
-            "/api/v1/tenants",
-            Some(json!({"name": t})),
-        )
-        .await;
-        call(
-            &http,
-            &s,
-            &token,
-            reqwest::Method::POST,
-            &format!("/api/v1/tenants/{t}/projects"),
-            Some(json!({"name": "p"})),
-        )
-        .await;
+        admin.post(&s, "/api/v1/tenants", json!({"name": t})).await;
+        admin
+            .post(&s, &format!("/api/v1/tenants/{t}/projects"), json!({"name": "p"}))
+            .await;
     }
     let shapes = [
         json!({"fraction": 250}),
@@ -278,56 +223,33 @@ async fn ledger_matches_allocations_across_kill_9(db: Db) {
         json!({"mig": "7g.80gb"}),
     ];
     // A deterministic pseudo-random stream.
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
     let mut ids = Vec::new();
     for round in 0..2 {
         for i in 0..30 {
             let r = next();
             let body = json!({
-                "tenant": if r % 2 == 0 { "a" } else { "b" },
+                "tenant": if r.is_multiple_of(2) { "a" } else { "b" },
                 "project": "p",
                 "name": format!("r{round}-{i}"),
                 "shape": shapes[(r >> 8) as usize % shapes.len()],
                 "duration_s": 1 + (r >> 16) % 3,
             });
-            let (st, w) = call(
-                &http,
-                &s,
-                &token,
-                reqwest::Method::POST,
-                "/api/v1/workloads",
-                Some(body),
-            )
-            .await;
+            let (st, w) = admin.post(&s, "/api/v1/workloads", body).await;
             assert_eq!(st, 201, "{w}");
             ids.push(w["id"].as_u64().unwrap());
             tokio::time::sleep(Duration::from_millis((r >> 24) % 60)).await;
         }
         if round == 0 {
             // Crash in the middle of the stream, with work running.
-            s.child.kill().unwrap();
-            s.child.wait().unwrap();
-            s = start(&dir, &database);
+            s.kill();
+            s = start(&dir.0, &database);
         }
     }
     // Wait for everything to end.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let (_, page) = call(
-            &http,
-            &s,
-            &token,
-            reqwest::Method::GET,
-            "/api/v1/workloads?limit=500",
-            None,
-        )
-        .await;
+        let (_, page) = admin.get(&s, "/api/v1/workloads?limit=500").await;
         let items = page["items"].as_array().unwrap();
         if items.len() == ids.len()
             && items
@@ -342,24 +264,8 @@ async fn ledger_matches_allocations_across_kill_9(db: Db) {
     // Integral of allocated units over time from the timelines (running → released events).
     let mut expected: BTreeMap<String, f64> = BTreeMap::new();
     for id in &ids {
-        let (_, w) = call(
-            &http,
-            &s,
-            &token,
-            reqwest::Method::GET,
-            &format!("/api/v1/workloads/{id}"),
-            None,
-        )
-        .await;
-        let (_, ev) = call(
-            &http,
-            &s,
-            &token,
-            reqwest::Method::GET,
-            &format!("/api/v1/workloads/{id}/events"),
-            None,
-        )
-        .await;
+        let (_, w) = admin.get(&s, &format!("/api/v1/workloads/{id}")).await;
+        let (_, ev) = admin.get(&s, &format!("/api/v1/workloads/{id}/events")).await;
         let ev = ev.as_array().unwrap();
         let at = |step: &str| {
             ev.iter()
@@ -377,15 +283,7 @@ async fn ledger_matches_allocations_across_kill_9(db: Db) {
         let ms: i64 = running.iter().zip(&released).map(|(r, e)| e - r).sum();
         *expected.entry(w["tenant"].as_str().unwrap().to_string()).or_default() += units * ms as f64 / 3_600_000.0;
     }
-    let (st, report) = call(
-        &http,
-        &s,
-        &token,
-        reqwest::Method::GET,
-        "/api/v1/usage?by=tenant&from=2000-01-01",
-        None,
-    )
-    .await;
+    let (st, report) = admin.get(&s, "/api/v1/usage?by=tenant&from=2000-01-01").await;
     assert_eq!(st, 200, "{report}");
     for row in report["rows"].as_array().unwrap() {
         let t = row["key"].as_str().unwrap();
@@ -399,9 +297,7 @@ async fn ledger_matches_allocations_across_kill_9(db: Db) {
         );
     }
     assert_eq!(report["rows"].as_array().unwrap().len(), expected.len());
-    s.child.kill().unwrap();
-    s.child.wait().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    s.kill();
 }
 
 tessera_testdb::each_database!(

@@ -12,15 +12,16 @@
 //! both (`cargo test -p tessera --test rollout -- --nocapture`), and that the drain-aware
 //! rollout loses no more capacity than the naive one. About 40 s of wall time.
 
+mod support;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use reqwest::Method;
 use serde_json::{Value, json};
+use support::{Serving, TempDir, sim_serve_command, tessera, try_wait_until_serving};
 use tessera_model::{Fleet, Shape};
 
 /// One test second is one scenario hour.
@@ -30,64 +31,24 @@ const MAX_PARALLEL: usize = 8;
 const NAIVE_DEADLINE_MS: i64 = 3_000;
 const UPGRADE_MS: i64 = 1_000;
 
+/// A `tessera serve`, and what the test reaches it with; killed, and its data removed, on drop.
 struct Serve {
-    child: Child,
-    base: String,
+    server: Serving,
     token: String,
     rt: tokio::runtime::Runtime,
     http: reqwest::Client,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    dir: TempDir,
 }
 
 fn serve(tag: &str) -> Serve {
-    let dir = std::env::temp_dir().join(format!("tessera-rollout-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--rate-limit",
-            "0",
-            "--grace-s",
-            "1",
-            "--sim-telemetry-ms",
-            "200",
-            "--sim-upgrade-duration",
-            "1s",
-            "--data-dir",
-        ])
-        .arg(&dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut token, mut base) = (String::new(), String::new());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while base.is_empty() {
-        assert!(Instant::now() < deadline, "tessera serve did not start");
-        let l = lines.next().unwrap().unwrap();
-        if let Some(t) = l.strip_prefix("Admin token: ") {
-            token = t.to_string();
-        }
-        if let Some(rest) = l.split("console http://").nth(1) {
-            base = format!("http://{}", rest.split('/').next().unwrap());
-        }
-    }
+    let dir = TempDir::new(&format!("rollout-{tag}"));
+    let mut cmd = sim_serve_command(200);
+    cmd.args(["--grace-s", "1", "--sim-upgrade-duration", "1s", "--data-dir"])
+        .arg(&dir.0);
+    let server = try_wait_until_serving(&mut cmd, Duration::from_secs(30)).expect("tessera serve did not start");
     Serve {
-        child,
-        base,
-        token,
+        token: server.admin_token.clone().unwrap_or_default(),
+        server,
         rt: tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -102,7 +63,7 @@ impl Serve {
         self.rt.block_on(async {
             let mut rb = self
                 .http
-                .request(m, format!("{}{path}", self.base))
+                .request(m, format!("{}{path}", self.server.base))
                 .bearer_auth(&self.token);
             if let Some(b) = body {
                 rb = rb.json(&b);
@@ -442,18 +403,13 @@ fn a_full_fleet_rollout_through_the_control_plane_cuts_nothing_off() {
 }
 
 fn cli(s: &Serve, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .env("TESSERA_SERVER", &s.base)
-        .env("TESSERA_TOKEN", &s.token)
-        .env("XDG_CONFIG_HOME", s.dir.join("cli-config"))
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
+    let config = s.dir.0.join("cli-config");
+    let env = [
+        ("TESSERA_SERVER", s.server.base.as_str()),
+        ("TESSERA_TOKEN", s.token.as_str()),
+        ("XDG_CONFIG_HOME", config.to_str().unwrap()),
+    ];
+    tessera(args, &env)
 }
 
 /// The CLI verbs on an idle fleet: the plan, `--wait` until done, status, and one readable

@@ -3,18 +3,13 @@
 //! scripts/test.sh), confirmed through the provider's own pages; the access token is then
 //! accepted by `tessera serve --oidc` and stored with mode 0600.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use support::{TESSERA, TempDir, oidc_config, oidc_provider, serve_command, tessera, wait_until_serving};
 
 /// The first form of a page: its action and hidden fields.
 fn form(html: &str) -> Option<(String, Vec<(String, String)>)> {
@@ -40,53 +35,17 @@ fn form(html: &str) -> Option<(String, Vec<(String, String)>)> {
 
 #[test]
 fn device_grant_login() {
-    let oidc_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tessera-server/tests/oidc");
-    assert!(
-        oidc_dir.join("node_modules/oidc-provider").exists(),
-        "the OIDC provider is not installed: run scripts/test.sh"
-    );
-    let dir = std::env::temp_dir().join(format!("tessera-sso-login-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let pport = free_port();
-    let mut provider = Command::new("node")
-        .arg(oidc_dir.join("provider.mjs"))
-        .env("PORT", pport.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let issuer = format!("http://127.0.0.1:{pport}");
-    let mut plines = BufReader::new(provider.stdout.take().unwrap()).lines();
-    assert!(plines.next().unwrap().unwrap().starts_with("ready"));
-    std::fs::write(
-        dir.join("oidc.toml"),
-        format!(
-            "issuer = \"{issuer}\"\naudience = \"tessera\"\nalgorithms = [\"RS256\"]\n[[mapping]]\nclaim = \"groups\"\nvalue = \"vision-admins\"\ntenant = \"vision\"\nrole = \"tenant-admin\"\n"
-        ),
-    )
-    .unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join("data"))
+    let (mut provider, issuer) = oidc_provider(None);
+    let dir = TempDir::new("sso-login");
+    let oidc = oidc_config(&dir.0, &issuer, "");
+    let mut cmd = serve_command();
+    cmd.args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.0.join("data"))
         .arg("--oidc")
-        .arg(dir.join("oidc.toml"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut slines = BufReader::new(server.stdout.take().unwrap()).lines();
-    let (mut admin, mut addr) = (String::new(), String::new());
-    while addr.is_empty() {
-        let l = slines.next().unwrap().unwrap();
-        if let Some(t) = l.strip_prefix("Admin token: ") {
-            admin = t.to_string();
-        }
-        if let Some(rest) = l.split("console http://").nth(1) {
-            addr = format!("http://{}", rest.split('/').next().unwrap());
-        }
-    }
+        .arg(oidc);
+    let mut server = wait_until_serving(&mut cmd, Duration::from_secs(60));
+    let admin = server.admin_token.clone().unwrap_or_default();
+    let addr = server.base.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -102,8 +61,8 @@ fn device_grant_login() {
         assert_eq!(r.status(), 201);
     });
     // The CLI starts the device grant and waits for the confirmation.
-    let config = dir.join("config");
-    let mut cli = Command::new(env!("CARGO_BIN_EXE_tessera"))
+    let config = dir.0.join("config");
+    let mut cli = Command::new(TESSERA)
         .args([
             "login",
             "--sso",
@@ -174,17 +133,13 @@ fn device_grant_login() {
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("mode 0600"), "{stdout}");
     // The stored provider token works with the CLI: a tenant-admin of vision.
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["projects", "--tenant", "vision", "create", "train"])
-        .env("TESSERA_SERVER", &addr)
-        .env("XDG_CONFIG_HOME", &config)
-        .env_remove("TESSERA_TOKEN")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for mut c in [server, provider] {
+    let (code, _, err) = tessera(
+        &["projects", "--tenant", "vision", "create", "train"],
+        &[("TESSERA_SERVER", &addr), ("XDG_CONFIG_HOME", config.to_str().unwrap())],
+    );
+    assert!(code == 0, "{err}");
+    for c in [&mut server.child, &mut provider.0] {
         c.kill().unwrap();
         c.wait().unwrap();
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,16 +1,28 @@
-//! Helpers of the observability tests: a `tessera serve` child process on a free loopback port,
-//! a strict parser of the Prometheus text format (0.0.4), and the metric names a PromQL
-//! expression uses.
+//! Helpers shared by the integration tests of the `tessera` binary (each test file that needs
+//! them says `mod support;`):
+//!
+//! * processes: `tessera serve` started and waited for until it serves ([`serve_command`],
+//!   [`wait_until_serving`]), the CLI run as a user runs it ([`tessera`]), children killed on
+//!   drop, temporary directories, free ports, the OIDC provider of the security tests;
+//! * polling with a deadline ([`poll`], [`eventually`]);
+//! * for the observability tests, a `tessera serve` on a free loopback port with an admin and a
+//!   metrics token ([`Server`]), a strict parser of the Prometheus text format (0.0.4) and the
+//!   metric names a PromQL expression uses.
 
+// Every test binary compiles this module on its own and uses only part of it.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+/// The `tessera` binary under test.
+pub const TESSERA: &str = env!("CARGO_BIN_EXE_tessera");
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -51,6 +63,262 @@ impl Drop for ChildGuard {
     }
 }
 
+/// A free TCP port on 127.0.0.1 (free when asked: the caller binds it right after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The admin token the first start of a server wrote to its data directory.
+pub fn admin_token(data_dir: &Path) -> String {
+    std::fs::read_to_string(data_dir.join("admin-token"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// What a finished command left: its exit code (-1 when a signal ended it), stdout and stderr.
+pub fn exit_and_output(out: Output) -> (i32, String, String) {
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// Runs the `tessera` CLI with `args` and the variables `env`; `TESSERA_TOKEN` is not inherited
+/// from the test's environment and there is no stored credential (`XDG_CONFIG_HOME` points
+/// nowhere unless `env` sets it). Exit code, stdout and stderr.
+pub fn tessera(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    exit_and_output(cli_command(args, env).output().unwrap())
+}
+
+/// [`tessera`] with `stdin` written to the command's standard input.
+pub fn tessera_with_stdin(args: &[&str], env: &[(&str, &str)], stdin: &str) -> (i32, String, String) {
+    let mut child = cli_command(args, env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    exit_and_output(child.wait_with_output().unwrap())
+}
+
+fn cli_command(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(TESSERA);
+    cmd.args(args)
+        .env("XDG_CONFIG_HOME", "/nonexistent")
+        .env_remove("TESSERA_TOKEN")
+        .envs(env.iter().copied());
+    cmd
+}
+
+/// A workload's state as `tessera describe ID -o json` shows it.
+pub fn workload_state(env: &[(&str, &str)], id: u64) -> String {
+    let (code, out, err) = tessera(&["describe", &id.to_string(), "-o", "json"], env);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v["workload"]["state"]
+        .as_str()
+        .or(v["state"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// `tessera serve` with quiet logs (`RUST_LOG=warn`) and stderr discarded: the caller adds the
+/// flags (and may set another log level or stderr), then starts it with [`wait_until_serving`].
+pub fn serve_command() -> Command {
+    let mut cmd = Command::new(TESSERA);
+    cmd.arg("serve").env("RUST_LOG", "warn").stderr(Stdio::null());
+    cmd
+}
+
+/// [`serve_command`] on a free loopback port, with the simulated backend (the seed fleet),
+/// no rate limit and a telemetry sample every `telemetry_ms`.
+pub fn sim_serve_command(telemetry_ms: u64) -> Command {
+    let mut cmd = serve_command();
+    cmd.args(["--listen", "127.0.0.1:0", "--rate-limit", "0"])
+        .args(["--sim-telemetry-ms", &telemetry_ms.to_string()]);
+    cmd
+}
+
+/// A started `tessera serve`, killed (and reaped) on drop.
+pub struct Serving {
+    pub child: Child,
+    /// `http://ADDR`: the API and the console.
+    pub base: String,
+    /// The admin token printed at the first start on a data directory or database (none later).
+    pub admin_token: Option<String>,
+    /// What it printed, up to the line with its address.
+    pub printed: Vec<String>,
+}
+
+impl Serving {
+    /// The rest of the printed line that starts with `prefix`.
+    pub fn printed_after(&self, prefix: &str) -> Option<&str> {
+        self.printed.iter().find_map(|l| l.strip_prefix(prefix))
+    }
+
+    /// The line that gave the address (it says what the server serves).
+    pub fn banner(&self) -> &str {
+        self.printed.last().unwrap()
+    }
+
+    /// `kill -9`, and reaps it.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `cmd` (a `tessera serve`, see [`serve_command`]) and reads its stdout until it prints
+/// its console address, at most `limit` long; then a thread keeps reading stdout so that the
+/// server never blocks on a full pipe. Fails the test if it does not serve in time.
+pub fn wait_until_serving(cmd: &mut Command, limit: Duration) -> Serving {
+    try_wait_until_serving(cmd, limit).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`wait_until_serving`], with what went wrong as an error; the process is killed then.
+pub fn try_wait_until_serving(cmd: &mut Command, limit: Duration) -> Result<Serving, String> {
+    const ADDRESS: &str = "console http://";
+    let deadline = Instant::now() + limit;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("tessera serve does not start: {e}"))?;
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        let mut line = Vec::new();
+        while stdout.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            if let Some(to) = &tx {
+                let text = String::from_utf8_lossy(&line)
+                    .trim_end_matches(['\r', '\n'])
+                    .to_string();
+                let last = text.contains(ADDRESS);
+                let _ = to.send(text);
+                if last {
+                    tx = None;
+                }
+            }
+            line.clear();
+        }
+    });
+    let mut printed: Vec<String> = Vec::new();
+    let failed = |mut child: Child, why: String| {
+        let _ = child.kill();
+        let _ = child.wait();
+        Err(why)
+    };
+    while !printed.last().is_some_and(|l| l.contains(ADDRESS)) {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => printed.push(line),
+            Err(RecvTimeoutError::Timeout) => {
+                return failed(
+                    child,
+                    format!("tessera serve did not come up within {limit:?}: {printed:?}"),
+                );
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return failed(child, format!("tessera serve ended before it served: {printed:?}"));
+            }
+        }
+    }
+    let address = printed.last().unwrap().split(ADDRESS).nth(1).unwrap();
+    let base = format!("http://{}", address.split('/').next().unwrap());
+    let admin_token = printed
+        .iter()
+        .find_map(|l| l.strip_prefix("Admin token: "))
+        .map(|t| t.trim().to_string());
+    Ok(Serving {
+        child,
+        base,
+        admin_token,
+        printed,
+    })
+}
+
+/// Calls `f` every `every` until it returns `Ok`; fails the test with the last `Err` (what is
+/// still missing) once `deadline` has passed.
+pub async fn poll<T, F, Fut>(deadline: Instant, every: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    loop {
+        match f().await {
+            Ok(x) => return x,
+            Err(missing) => assert!(Instant::now() < deadline, "{missing}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// A deterministic pseudo-random stream (xorshift64) from `seed`.
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+/// The OpenID Connect provider of the security tests (panva/oidc-provider, installed by
+/// scripts/test.sh in crates/tessera-server/tests/oidc) on a free loopback port, once it is
+/// ready; `redirect_uri` is the console's callback, when it signs in. The child and the issuer.
+pub fn oidc_provider(redirect_uri: Option<&str>) -> (ChildGuard, String) {
+    let oidc_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tessera-server/tests/oidc");
+    assert!(
+        oidc_dir.join("node_modules/oidc-provider").exists(),
+        "the OIDC provider is not installed: run scripts/test.sh"
+    );
+    let port = free_port();
+    let mut cmd = Command::new("node");
+    cmd.arg(oidc_dir.join("provider.mjs"))
+        .env("PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(uri) = redirect_uri {
+        cmd.env("REDIRECT_URI", uri);
+    }
+    let mut provider = cmd.spawn().unwrap();
+    let mut lines = BufReader::new(provider.stdout.take().unwrap()).lines();
+    let provider = ChildGuard(provider);
+    assert!(lines.next().unwrap().unwrap().starts_with("ready"));
+    // Keep reading stdout so the provider never writes to a closed or full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (provider, format!("http://127.0.0.1:{port}"))
+}
+
+/// Writes `oidc.toml` into `dir` for `tessera serve --oidc`: tokens of `issuer` for the
+/// `tessera` audience, `client` lines (the console's client, if any), and members of the group
+/// `vision-admins` as tenant-admins of `vision`. Returns its path.
+pub fn oidc_config(dir: &Path, issuer: &str, client: &str) -> PathBuf {
+    let path = dir.join("oidc.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "issuer = \"{issuer}\"\naudience = \"tessera\"\nalgorithms = [\"RS256\"]\n{client}[[mapping]]\nclaim = \"groups\"\nvalue = \"vision-admins\"\ntenant = \"vision\"\nrole = \"tenant-admin\"\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// A running `tessera serve` on the seed fleet with the simulated backend.
 pub struct Server {
     pub base: String,
@@ -61,7 +329,7 @@ pub struct Server {
     /// presents to read `/metrics` on the API address.
     pub metrics_token: String,
     pub http: reqwest::Client,
-    _child: ChildGuard,
+    _serving: Serving,
     _dir: TempDir,
 }
 
@@ -69,65 +337,44 @@ impl Server {
     /// Starts `tessera serve` on 127.0.0.1 (a free port), with a fresh data directory.
     pub fn start(tag: &str, metrics_listen: bool) -> Server {
         let dir = TempDir::new(tag);
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-        cmd.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--rate-limit",
-            "0",
-            "--min-runtime-s",
-            "0",
-            "--sim-telemetry-ms",
-            "250",
-        ])
-        .arg("--data-dir")
-        .arg(dir.0.join("data"));
+        let mut cmd = sim_serve_command(250);
+        cmd.args(["--min-runtime-s", "0", "--data-dir"]).arg(dir.0.join("data"));
         if metrics_listen {
             cmd.args(["--metrics-listen", "127.0.0.1:0"]);
         }
-        let mut child = cmd
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tessera serve starts");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let child = ChildGuard(child);
-        let (mut token, mut metrics_base) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            assert!(Instant::now() < deadline, "tessera serve did not come up");
-            let line = lines.next().expect("tessera serve printed its address").unwrap();
-            if let Some(t) = line.strip_prefix("Admin token: ") {
-                token = Some(t.trim().to_string());
-            }
-            if let Some(m) = line.strip_prefix("Prometheus metrics: ") {
-                metrics_base = Some(m.trim().trim_end_matches("/metrics").to_string());
-            }
-            if let Some(rest) = line.split("console http://").nth(1) {
-                let addr = rest.split('/').next().unwrap().to_string();
-                std::thread::spawn(move || for _ in lines {});
-                let base = format!("http://{addr}");
-                let token = token.expect("first start prints the admin token");
-                let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-                    .args(["--server", &base, "--token", &token, "-o", "json"])
-                    .args(["token", "create", "--role", "metrics", "--name", "prometheus"])
-                    .env_remove("TESSERA_TOKEN")
-                    .output()
-                    .expect("tessera token create runs");
-                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-                let created: Value = serde_json::from_slice(&out.stdout).expect("the created token as JSON");
-                return Server {
-                    base,
-                    metrics_base,
-                    token,
-                    metrics_token: created["token"].as_str().expect("a secret").to_string(),
-                    http: reqwest::Client::new(),
-                    _child: child,
-                    _dir: dir,
-                };
-            }
+        let serving = wait_until_serving(&mut cmd, Duration::from_secs(60));
+        let metrics_base = serving
+            .printed_after("Prometheus metrics: ")
+            .map(|m| m.trim().trim_end_matches("/metrics").to_string());
+        let base = serving.base.clone();
+        let token = serving.admin_token.clone().expect("first start prints the admin token");
+        let (code, out, err) = tessera(
+            &[
+                "--server",
+                &base,
+                "--token",
+                &token,
+                "-o",
+                "json",
+                "token",
+                "create",
+                "--role",
+                "metrics",
+                "--name",
+                "prometheus",
+            ],
+            &[],
+        );
+        assert!(code == 0, "{err}");
+        let created: Value = serde_json::from_str(&out).expect("the created token as JSON");
+        Server {
+            base,
+            metrics_base,
+            token,
+            metrics_token: created["token"].as_str().expect("a secret").to_string(),
+            http: reqwest::Client::new(),
+            _serving: serving,
+            _dir: dir,
         }
     }
 
