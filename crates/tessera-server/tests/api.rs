@@ -2,43 +2,25 @@
 //! with the simulated backend, each once on a fresh SQLite database and once on a fresh
 //! PostgreSQL database.
 
+mod support;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tessera_server::{ServerConfig, start};
+use support::TestServer;
+use tessera_server::ServerConfig;
 use tessera_testdb::Db;
 
+/// Calls to a server with one token; every refusal must be problem JSON.
 struct Srv {
-    base: String,
+    server: Arc<TestServer>,
     token: String,
-    http: reqwest::Client,
-    _dir: TempDir,
-}
-
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "tessera-test-{tag}-{}-{}",
-            std::process::id(),
-            tessera_server::now_ms()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 async fn server(db: Db, tag: &str) -> Srv {
-    let dir = TempDir::new(&format!("{tag}-{db:?}"));
-    let cfg = ServerConfig {
+    let server = TestServer::start_with(&format!("test-{tag}-{db:?}"), |c| ServerConfig {
         grace: Duration::from_secs(5),
         govern: tessera_sched::cycle::GovernConfig {
             min_runtime_ms: 0,
@@ -46,33 +28,41 @@ async fn server(db: Db, tag: &str) -> Srv {
             ..Default::default()
         },
         database: db.url(),
-        ..ServerConfig::local(dir.0.clone())
-    };
-    let r = start(cfg).await.unwrap();
-    let token = r.admin_token.clone().expect("first start creates the admin token");
-    let on_disk = std::fs::read_to_string(dir.0.join("admin-token")).unwrap();
+        ..c
+    })
+    .await;
+    let token = server.admin.clone();
+    let dir = &server.dir.0;
+    let on_disk = std::fs::read_to_string(dir.join("admin-token")).unwrap();
     assert_eq!(on_disk.trim(), token);
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(
-            std::fs::metadata(dir.0.join("admin-token"))
-                .unwrap()
-                .permissions()
-                .mode()
-                & 0o777,
+            std::fs::metadata(dir.join("admin-token")).unwrap().permissions().mode() & 0o777,
             0o600
         );
     }
     Srv {
-        base: format!("http://{}", r.addr),
+        server: Arc::new(server),
         token,
-        http: reqwest::Client::new(),
-        _dir: dir,
     }
 }
 
 impl Srv {
+    /// The same server, called with `token`.
+    fn with_token(&self, token: &str) -> Srv {
+        Srv {
+            server: self.server.clone(),
+            token: token.to_string(),
+        }
+    }
+
+    /// A request for `path` with this caller's token.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.server.request(Some(&self.token), method, path)
+    }
+
     async fn req(
         &self,
         method: reqwest::Method,
@@ -80,10 +70,7 @@ impl Srv {
         body: Option<Value>,
         headers: &[(&str, &str)],
     ) -> (StatusCode, Value) {
-        let mut rb = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token);
+        let mut rb = self.request(method, path);
         for (k, v) in headers {
             rb = rb.header(*k, *v);
         }
@@ -124,13 +111,14 @@ impl Srv {
         self.req(reqwest::Method::POST, path, Some(body), &[]).await
     }
 
-    async fn setup_tenant(&self) {
+    /// Creates `tenant` with one project, `project`.
+    async fn tenant(&self, tenant: &str, project: &str) {
         assert_eq!(
-            self.post("/api/v1/tenants", json!({"name": "vision"})).await.0,
+            self.post("/api/v1/tenants", json!({"name": tenant})).await.0,
             StatusCode::CREATED
         );
         assert_eq!(
-            self.post("/api/v1/tenants/vision/projects", json!({"name": "train"}))
+            self.post(&format!("/api/v1/tenants/{tenant}/projects"), json!({"name": project}))
                 .await
                 .0,
             StatusCode::CREATED
@@ -138,14 +126,14 @@ impl Srv {
     }
 
     async fn wait_state(&self, id: u64, state: &str) -> Value {
-        for _ in 0..200 {
-            let w = self.get(&format!("/api/v1/workloads/{id}")).await;
-            if w["state"] == state {
-                return w;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("workload {id} never reached {state}");
+        self.server.wait_state(id, &[state]).await
+    }
+
+    /// A report as CSV: its text.
+    async fn csv(&self, path: &str) -> String {
+        let r = self.request(reqwest::Method::GET, path).send().await.unwrap();
+        assert_eq!(r.headers()["content-type"], "text/csv; charset=utf-8");
+        r.text().await.unwrap()
     }
 
     async fn units_used(&self, pool: &str) -> String {
@@ -175,7 +163,7 @@ fn wl(shape: Value) -> Value {
 
 async fn create_run_cancel_release(db: Db) {
     let s = server(db, "lifecycle").await;
-    s.setup_tenant().await;
+    s.tenant("vision", "train").await;
     let (st, w) = s.post("/api/v1/workloads", wl(json!({"mig": "3g.40gb"}))).await;
     assert_eq!(st, StatusCode::CREATED, "{w}");
     let id = w["id"].as_u64().unwrap();
@@ -247,7 +235,7 @@ async fn create_run_cancel_release(db: Db) {
 
 async fn batch_workloads_complete_and_queue_drains(db: Db) {
     let s = server(db, "queue").await;
-    s.setup_tenant().await;
+    s.tenant("vision", "train").await;
     // Fill the training pool (16 nodes × 8) with short jobs, then one more waits.
     let mut ids = Vec::new();
     for _ in 0..16 {
@@ -267,35 +255,23 @@ async fn batch_workloads_complete_and_queue_drains(db: Db) {
 
 async fn idempotent_create(db: Db) {
     let s = server(db, "idem").await;
-    s.setup_tenant().await;
+    s.tenant("vision", "train").await;
+    let create = async |body: Value| {
+        s.req(
+            reqwest::Method::POST,
+            "/api/v1/workloads",
+            Some(body),
+            &[("Idempotency-Key", "k-1")],
+        )
+        .await
+    };
     let body = wl(json!({"fraction": 250}));
-    let (a_st, a) = s
-        .req(
-            reqwest::Method::POST,
-            "/api/v1/workloads",
-            Some(body.clone()),
-            &[("Idempotency-Key", "k-1")],
-        )
-        .await;
-    let (b_st, b) = s
-        .req(
-            reqwest::Method::POST,
-            "/api/v1/workloads",
-            Some(body.clone()),
-            &[("Idempotency-Key", "k-1")],
-        )
-        .await;
+    let (a_st, a) = create(body.clone()).await;
+    let (b_st, b) = create(body.clone()).await;
     assert_eq!((a_st, b_st), (StatusCode::CREATED, StatusCode::OK));
     assert_eq!(a["id"], b["id"]);
     assert_eq!(s.workload_count().await, 1);
-    let (c_st, c) = s
-        .req(
-            reqwest::Method::POST,
-            "/api/v1/workloads",
-            Some(wl(json!({"fraction": 300}))),
-            &[("Idempotency-Key", "k-1")],
-        )
-        .await;
+    let (c_st, c) = create(wl(json!({"fraction": 300}))).await;
     assert_eq!(c_st, StatusCode::UNPROCESSABLE_ENTITY, "{c}");
     assert_eq!(c["field"], "Idempotency-Key");
     assert_eq!(s.workload_count().await, 1);
@@ -303,7 +279,7 @@ async fn idempotent_create(db: Db) {
 
 async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(db: Db) {
     let s = server(db, "bad").await;
-    s.setup_tenant().await;
+    s.tenant("vision", "train").await;
     let cases: Vec<(Value, StatusCode, &str)> = vec![
         (
             wl(json!({"gpus": 1, "models": ["h900"]})),
@@ -381,9 +357,7 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(db: Db) {
     }
     // malformed JSON
     let r = s
-        .http
-        .post(format!("{}/api/v1/workloads", s.base))
-        .bearer_auth(&s.token)
+        .request(reqwest::Method::POST, "/api/v1/workloads")
         .header("content-type", "application/json")
         .body("{\"tenant\": ")
         .send()
@@ -396,22 +370,20 @@ async fn bad_input_is_refused_with_the_field_and_nothing_is_stored(db: Db) {
     let (st, p) = s.post("/api/v1/workloads", big).await;
     assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{p}");
     // no token
-    let r = s.http.get(format!("{}/api/v1/pools", s.base)).send().await.unwrap();
+    let r = s
+        .server
+        .request(None, reqwest::Method::GET, "/api/v1/pools")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(s.workload_count().await, 0, "nothing stored");
 }
 
 async fn tenant_tokens_see_only_their_tenant(db: Db) {
     let s = server(db, "scope").await;
-    s.setup_tenant().await;
-    assert_eq!(
-        s.post("/api/v1/tenants", json!({"name": "nlp"})).await.0,
-        StatusCode::CREATED
-    );
-    assert_eq!(
-        s.post("/api/v1/tenants/nlp/projects", json!({"name": "p"})).await.0,
-        StatusCode::CREATED
-    );
+    s.tenant("vision", "train").await;
+    s.tenant("nlp", "p").await;
     let (_, other) = s
         .post(
             "/api/v1/workloads",
@@ -422,12 +394,7 @@ async fn tenant_tokens_see_only_their_tenant(db: Db) {
         .post("/api/v1/tokens", json!({"tenant": "vision", "role": "member"}))
         .await;
     assert_eq!(st, StatusCode::CREATED);
-    let member = Srv {
-        base: s.base.clone(),
-        token: t["token"].as_str().unwrap().into(),
-        http: s.http.clone(),
-        _dir: TempDir::new("unused"),
-    };
+    let member = s.with_token(t["token"].as_str().unwrap());
     let (st, _) = member
         .req(
             reqwest::Method::GET,
@@ -471,8 +438,8 @@ async fn tenant_tokens_see_only_their_tenant(db: Db) {
 async fn every_documented_route_is_served(db: Db) {
     let s = server(db, "openapi").await;
     let r = s
-        .http
-        .get(format!("{}/api/v1/openapi.json", s.base))
+        .server
+        .request(None, reqwest::Method::GET, "/api/v1/openapi.json")
         .send()
         .await
         .unwrap();
@@ -510,7 +477,7 @@ async fn put(s: &Srv, path: &str, body: Value) -> (StatusCode, Value) {
 
 async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
     let s = server(db, "quota").await;
-    s.setup_tenant().await;
+    s.tenant("vision", "train").await;
     let (st, q) = put(
         &s,
         "/api/v1/tenants/vision/quotas/training",
@@ -594,15 +561,7 @@ async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
     let u = s.get("/api/v1/usage?by=class").await;
     assert_eq!(u["rows"][0]["key"], "training/H100-80GB-SXM");
     assert!(u["total"]["allocated_unit_hours"].as_f64().unwrap() > 0.0);
-    let r = s
-        .http
-        .get(format!("{}/api/v1/usage?by=project&format=csv", s.base))
-        .bearer_auth(&s.token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.headers()["content-type"], "text/csv; charset=utf-8");
-    let csv = r.text().await.unwrap();
+    let csv = s.csv("/api/v1/usage?by=project&format=csv").await;
     assert!(
         csv.starts_with(
             "project,allocated_unit_hours,measured_unit_hours,cost_allocated_EUR,cost_measured_EUR\nvision/train,"
@@ -626,15 +585,7 @@ async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
             "{i}"
         );
     }
-    let r = s
-        .http
-        .get(format!("{}/api/v1/usage/intervals?format=csv&tenant=vision", s.base))
-        .bearer_auth(&s.token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.headers()["content-type"], "text/csv; charset=utf-8");
-    let csv = r.text().await.unwrap();
+    let csv = s.csv("/api/v1/usage/intervals?format=csv&tenant=vision").await;
     assert!(
         csv.starts_with("workload,seq,tenant,project,priority,gpu,cpu_milli,memory_mib,pool,model,units,submitted_at,started_at,ended_at\n"),
         "{csv}"
@@ -657,15 +608,8 @@ async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
 
 async fn owner_reclaims_its_guarantee_from_a_borrower(db: Db) {
     let s = server(db, "reclaim").await;
-    s.setup_tenant().await;
-    assert_eq!(
-        s.post("/api/v1/tenants", json!({"name": "nlp"})).await.0,
-        StatusCode::CREATED
-    );
-    assert_eq!(
-        s.post("/api/v1/tenants/nlp/projects", json!({"name": "p"})).await.0,
-        StatusCode::CREATED
-    );
+    s.tenant("vision", "train").await;
+    s.tenant("nlp", "p").await;
     put(&s, "/api/v1/tenants/nlp/quotas/training", json!({"guaranteed": 64})).await;
     // vision (no quota: guarantee 0) borrows the whole training pool.
     let mut borrowers = Vec::new();
@@ -835,7 +779,7 @@ mod registry {
 /// admitted image runs pinned to the digest that was verified.
 async fn image_policy_is_validated_audited_and_enforced_at_admission(db: Db) {
     let s = server(db, "imagepolicy").await;
-    s.setup_tenant().await;
+    s.tenant("vision", "train").await;
     let reg = registry::Registry::start().await;
     let signed = reg.push("team-a/train", "v1", true);
     reg.push("team-a/train", "unsigned", false);

@@ -3,18 +3,14 @@
 //! token on every change, tenant isolation of the lists, viewers who cannot cancel. The browser
 //! tests (crates/tessera/tests/console.rs) drive the same pages in Chromium. About 2 s.
 
-use reqwest::redirect::Policy;
-use reqwest::{Client, StatusCode};
-use serde_json::{Value, json};
-use tessera_server::{ServerConfig, start};
+mod support;
 
-fn browser() -> Client {
-    Client::builder()
-        .cookie_store(true)
-        .redirect(Policy::none())
-        .build()
-        .unwrap()
-}
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use support::{Browser, TestServer, poll};
+use tessera_server::ServerConfig;
 
 /// The value of `attr="…"` after `after` in `html`.
 fn attr(html: &str, after: &str, attr: &str) -> String {
@@ -24,32 +20,23 @@ fn attr(html: &str, after: &str, attr: &str) -> String {
     rest[start..start + rest[start..].find('"').unwrap()].to_string()
 }
 
+/// The double-submit token of a fresh sign-in form.
+async fn form_token(b: &Browser) -> String {
+    attr(&b.page("/console/signin").await, "name=\"form_token\"", "value")
+}
+
 /// Signs `b` in with `token`; returns the session's CSRF token from the page.
-async fn sign_in(b: &Client, base: &str, token: &str) -> String {
-    let form = b
-        .get(format!("{base}/console/signin"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let ft = attr(&form, "name=\"form_token\"", "value");
+async fn sign_in(b: &Browser, token: &str) -> String {
+    let ft = form_token(b).await;
     let r = b
-        .post(format!("{base}/console/signin"))
-        .form(&[("token", token), ("form_token", &ft)])
-        .send()
-        .await
-        .unwrap();
+        .post_form(
+            "/console/signin",
+            &[("token", token), ("form_token", ft.as_str())],
+            None,
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let page = b
-        .get(format!("{base}/console"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = b.page("/console").await;
     let at = page.find("hx-headers='").expect("hx-headers on the body") + "hx-headers='".len();
     let h = &page[at..at + page[at..].find('\'').unwrap()];
     let v: Value = serde_json::from_str(h).unwrap_or_else(|e| panic!("{h}: {e}"));
@@ -74,59 +61,33 @@ fn no_inline_code(html: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_pages_are_signed_in_csrf_guarded_and_free_of_inline_code() {
-    let dir = std::env::temp_dir().join(format!("tessera-console-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
-    let base = format!("http://{}", r.addr);
-    let admin = r.admin_token.unwrap();
-    let api = Client::new();
-    let call = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
+    let s = TestServer::start("console").await;
     for (t, p) in [("vision", "train"), ("nlp", "p")] {
-        assert!(
-            call("/api/v1/tenants", json!({"name": t}))
-                .await
-                .unwrap()
-                .status()
-                .is_success()
-        );
-        let path = format!("/api/v1/tenants/{t}/projects");
-        assert!(call(&path, json!({"name": p})).await.unwrap().status().is_success());
+        s.tenant_with_project(t, p).await;
     }
-    let token = |tenant: &'static str, role: &'static str| {
-        let c = call("/api/v1/tokens", json!({"tenant": tenant, "role": role}));
-        async move {
-            c.await.unwrap().json::<Value>().await.unwrap()["token"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        }
-    };
     let (member, viewer, other) = (
-        token("vision", "member").await,
-        token("vision", "viewer").await,
-        token("nlp", "member").await,
+        s.token("vision", "member").await,
+        s.token("vision", "viewer").await,
+        s.token("nlp", "member").await,
     );
-    let w: Value = call(
-        "/api/v1/workloads",
-        json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": "1g.10gb"}, "duration_s": 3600}),
-    )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
+    let (_, w) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": "1g.10gb"}, "duration_s": 3600}),
+        )
+        .await;
     let wid = w["id"].as_u64().unwrap();
 
     // Without a session every page leads to the sign-in form; `/` leads to the console.
-    let b = browser();
-    let root = b.get(format!("{base}/")).send().await.unwrap();
+    let b = s.browser();
+    let root = b.get("/").await;
     assert_eq!(root.headers()["location"], "/console");
     for page in ["/console", "/console/workloads", &format!("/console/workloads/{wid}")] {
-        let r = b.get(format!("{base}{page}")).send().await.unwrap();
+        let r = b.get(page).await;
         assert_eq!(r.status(), StatusCode::SEE_OTHER, "{page}");
         assert_eq!(r.headers()["location"], "/console/signin", "{page}");
     }
-    let form = b.get(format!("{base}/console/signin")).send().await.unwrap();
+    let form = b.get("/console/signin").await;
     let csp = form.headers()["content-security-policy"].to_str().unwrap().to_string();
     assert!(
         csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
@@ -138,30 +99,22 @@ async fn console_pages_are_signed_in_csrf_guarded_and_free_of_inline_code() {
     // A sign-in form post without its double-submit token is refused; a wrong token gets a
     // message next to the field.
     let forged = b
-        .post(format!("{base}/console/signin"))
-        .form(&[("token", member.as_str()), ("form_token", "x")])
-        .send()
-        .await
-        .unwrap();
+        .post_form(
+            "/console/signin",
+            &[("token", member.as_str()), ("form_token", "x")],
+            None,
+        )
+        .await;
     assert_eq!(forged.status(), StatusCode::FORBIDDEN);
     assert_eq!(forged.headers()["content-type"], "application/problem+json");
-    let ft = attr(
-        &b.get(format!("{base}/console/signin"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-        "name=\"form_token\"",
-        "value",
-    );
+    let ft = form_token(&b).await;
     let wrong = b
-        .post(format!("{base}/console/signin"))
-        .form(&[("token", "tsr_nope"), ("form_token", ft.as_str())])
-        .send()
-        .await
-        .unwrap();
+        .post_form(
+            "/console/signin",
+            &[("token", "tsr_nope"), ("form_token", ft.as_str())],
+            None,
+        )
+        .await;
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
     let wrong = wrong.text().await.unwrap();
     assert!(
@@ -171,23 +124,14 @@ async fn console_pages_are_signed_in_csrf_guarded_and_free_of_inline_code() {
 
     // The member signs in: a session cookie, pages with their CSRF token, every asset hashed
     // and cached for a year.
-    let ft = attr(
-        &b.get(format!("{base}/console/signin"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-        "name=\"form_token\"",
-        "value",
-    );
+    let ft = form_token(&b).await;
     let ok = b
-        .post(format!("{base}/console/signin"))
-        .form(&[("token", member.as_str()), ("form_token", ft.as_str())])
-        .send()
-        .await
-        .unwrap();
+        .post_form(
+            "/console/signin",
+            &[("token", member.as_str()), ("form_token", ft.as_str())],
+            None,
+        )
+        .await;
     let cookies: Vec<String> = ok
         .headers()
         .get_all("set-cookie")
@@ -202,216 +146,103 @@ async fn console_pages_are_signed_in_csrf_guarded_and_free_of_inline_code() {
         session.contains("HttpOnly") && session.contains("SameSite=Lax") && !session.contains("Secure"),
         "{session}"
     );
-    let csrf = sign_in(&b, &base, &member).await;
+    let csrf = sign_in(&b, &member).await;
     assert_eq!(csrf.len(), 64);
-    let page = b
-        .get(format!("{base}/console"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = b.page("/console").await;
     no_inline_code(&page);
     assert!(page.contains("<main") && page.contains("<nav") && page.contains("<header"));
     let mut assets = 0;
     for (i, _) in page.match_indices("/assets/") {
         let url = &page[i..i + page[i..].find('"').unwrap()];
-        let a = b.get(format!("{base}{url}")).send().await.unwrap();
+        let a = b.get(url).await;
         assert_eq!(a.status(), StatusCode::OK, "{url}");
         assert_eq!(a.headers()["cache-control"], "public, max-age=31536000, immutable");
         assets += 1;
         let stale = url.replacen("/assets/", "/assets/0", 1);
-        assert_eq!(
-            b.get(format!("{base}{stale}")).send().await.unwrap().status(),
-            StatusCode::NOT_FOUND
-        );
+        assert_eq!(b.get(&stale).await.status(), StatusCode::NOT_FOUND);
     }
     assert!(assets >= 3, "stylesheet, htmx and the console script");
 
     // The list shows the member's workload; its page shows the timeline.
-    let list = b
-        .get(format!("{base}/console/workloads"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let list = b.page("/console/workloads").await;
     assert!(list.contains(&format!("id=\"w-{wid}\"")), "{list}");
-    let detail = b
-        .get(format!("{base}/console/workloads/{wid}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let detail = b.page(&format!("/console/workloads/{wid}")).await;
     assert!(detail.contains("Timeline") && detail.contains("requested"), "{detail}");
-    let bad = b
-        .get(format!("{base}/console/workloads?state=bogus"))
-        .send()
-        .await
-        .unwrap();
+    let bad = b.get("/console/workloads?state=bogus").await;
     assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
 
     // Cancelling needs the CSRF token.
-    let cancel = format!("{base}/console/workloads/{wid}/cancel");
-    let refused = b.post(&cancel).send().await.unwrap();
+    let cancel = format!("/console/workloads/{wid}/cancel");
+    let refused = b.post(&cancel, None).await;
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
     assert_eq!(refused.headers()["content-type"], "application/problem+json");
-    let done = b.post(&cancel).header("x-csrf-token", &csrf).send().await.unwrap();
+    let done = b.post(&cancel, Some(&csrf)).await;
     assert_eq!(done.status(), StatusCode::OK);
     let row = done.text().await.unwrap();
     assert!(row.contains("cancelled") || row.contains("stopping"), "{row}");
 
     // Another tenant's member does not see it; a viewer cannot cancel.
-    let o = browser();
-    sign_in(&o, &base, &other).await;
-    let theirs = o
-        .get(format!("{base}/console/workloads"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let o = s.browser();
+    sign_in(&o, &other).await;
+    let theirs = o.page("/console/workloads").await;
     assert!(!theirs.contains(&format!("id=\"w-{wid}\"")));
-    let missing = o.get(format!("{base}/console/workloads/{wid}")).send().await.unwrap();
+    let missing = o.get(&format!("/console/workloads/{wid}")).await;
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
-    let w2: Value = call(
-        "/api/v1/workloads",
-        json!({"tenant": "vision", "project": "train", "name": "w2", "shape": {"fraction": 250}}),
-    )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
-    let v = browser();
-    let vcsrf = sign_in(&v, &base, &viewer).await;
-    let vlist = v
-        .get(format!("{base}/console/workloads"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, w2) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "vision", "project": "train", "name": "w2", "shape": {"fraction": 250}}),
+        )
+        .await;
+    let v = s.browser();
+    let vcsrf = sign_in(&v, &viewer).await;
+    let vlist = v.page("/console/workloads").await;
     assert!(
         vlist.contains(&format!("id=\"w-{}\"", w2["id"])) && !vlist.contains("/cancel\""),
         "viewers get no cancel button"
     );
     let vc = v
-        .post(format!("{base}/console/workloads/{}/cancel", w2["id"]))
-        .header("x-csrf-token", &vcsrf)
-        .send()
-        .await
-        .unwrap();
+        .post(&format!("/console/workloads/{}/cancel", w2["id"]), Some(&vcsrf))
+        .await;
     assert_eq!(vc.status(), StatusCode::FORBIDDEN);
 
     // Signing out ends the session.
-    let out = b
-        .post(format!("{base}/console/signout"))
-        .header("x-csrf-token", &csrf)
-        .send()
-        .await
-        .unwrap();
+    let out = b.post("/console/signout", Some(&csrf)).await;
     assert_eq!(out.status(), StatusCode::NO_CONTENT);
-    let after = b.get(format!("{base}/console")).send().await.unwrap();
+    let after = b.get("/console").await;
     assert_eq!(after.status(), StatusCode::SEE_OTHER);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A workload as the API shows it.
-async fn workload(api: &Client, base: &str, admin: &str, id: u64) -> Value {
-    api.get(format!("{base}/api/v1/workloads/{id}"))
-        .bearer_auth(admin)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-/// Polls a workload until its state is one of `states`.
-async fn wait_state(api: &Client, base: &str, admin: &str, id: u64, states: &[&str]) -> Value {
-    for _ in 0..200 {
-        let w = workload(api, base, admin, id).await;
-        if states.contains(&w["state"].as_str().unwrap_or_default()) {
-            return w;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    panic!("workload {id} never reached {states:?}");
+/// A dry run, which must answer 200.
+async fn dry_run(s: &TestServer, body: Value) -> Value {
+    let (st, d) = s.post("/api/v1/workloads/dry-run", body).await;
+    assert_eq!(st, StatusCode::OK);
+    d
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_says_start_borrow_wait_or_refused_with_cost_quota_and_budget_and_changes_nothing() {
-    let dir = std::env::temp_dir().join(format!("tessera-dryrun-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
-    let base = format!("http://{}", r.addr);
-    let admin = r.admin_token.unwrap();
-    let api = Client::new();
-    let send = |m: reqwest::Method, path: &str, body: Value| {
-        api.request(m, format!("{base}{path}"))
-            .bearer_auth(&admin)
-            .json(&body)
-            .send()
-    };
-    let post = reqwest::Method::POST;
-    let put = reqwest::Method::PUT;
-    assert!(
-        send(post.clone(), "/api/v1/tenants", json!({"name": "vision"}))
-            .await
-            .unwrap()
-            .status()
-            .is_success()
-    );
-    assert!(
-        send(
-            post.clone(),
-            "/api/v1/tenants/vision/projects",
-            json!({"name": "train"})
-        )
-        .await
-        .unwrap()
-        .status()
-        .is_success()
-    );
-    let q = send(
-        put.clone(),
+    let s = TestServer::start("dryrun").await;
+    s.tenant_with_project("vision", "train").await;
+    s.ok(
+        Method::PUT,
         "/api/v1/tenants/vision/quotas/serving",
-        json!({"guaranteed": 1.0, "limit": 2.0}),
+        Some(json!({"guaranteed": 1.0, "limit": 2.0})),
     )
-    .await
-    .unwrap();
-    assert!(q.status().is_success(), "{}", q.text().await.unwrap());
-    let bu = send(
-        put,
+    .await;
+    s.ok(
+        Method::PUT,
         "/api/v1/tenants/vision/budget",
-        json!({"monthly_unit_hours": 10.0}),
+        Some(json!({"monthly_unit_hours": 10.0})),
     )
-    .await
-    .unwrap();
-    assert!(bu.status().is_success(), "{}", bu.text().await.unwrap());
+    .await;
     let body = |mig: &str, no_wait: bool| {
         json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": mig, "pool": "serving"},
                "duration_s": 7200, "no_wait": no_wait})
     };
-    let dry = |b: Value| {
-        let f = send(post.clone(), "/api/v1/workloads/dry-run", b);
-        async move {
-            let r = f.await.unwrap();
-            assert_eq!(r.status(), StatusCode::OK);
-            r.json::<Value>().await.unwrap()
-        }
-    };
 
     // Within the guarantee: starts; half a GPU for two hours is one unit-hour of the budget.
-    let d = dry(body("3g.40gb", false)).await;
+    let d = dry_run(&s, body("3g.40gb", false)).await;
     assert_eq!(d["outcome"], "start", "{d}");
     assert_eq!(d["pool"], "serving");
     assert_eq!(d["units"], "0.5");
@@ -422,58 +253,55 @@ async fn dry_run_says_start_borrow_wait_or_refused_with_cost_quota_and_budget_an
         d["quotas"][0],
         json!({"class": "serving", "guaranteed": 1.0, "limit": 2.0, "used": 0.0, "after": 0.5})
     );
-    let listed = |api: &Client| api.get(format!("{base}/api/v1/workloads")).bearer_auth(&admin).send();
-    let none: Value = listed(&api).await.unwrap().json().await.unwrap();
+    let none = s.get("/api/v1/workloads").await;
     assert_eq!(none["items"].as_array().unwrap().len(), 0, "a dry run creates nothing");
 
     // Holding the whole guarantee, more borrows; over the limit it waits, or is refused when
     // it asked not to wait.
-    let w: Value = send(post.clone(), "/api/v1/workloads", body("7g.80gb", false))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    wait_state(&api, &base, &admin, w["id"].as_u64().unwrap(), &["placed", "running"]).await;
-    let d = dry(body("3g.40gb", false)).await;
+    let (_, w) = s.post("/api/v1/workloads", body("7g.80gb", false)).await;
+    s.wait_state(w["id"].as_u64().unwrap(), &["placed", "running"]).await;
+    let d = dry_run(&s, body("3g.40gb", false)).await;
     assert_eq!(d["outcome"], "borrow", "{d}");
     assert_eq!(d["quotas"][0]["used"], 1.0);
-    let w2: Value = send(post.clone(), "/api/v1/workloads", body("7g.80gb", false))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    wait_state(&api, &base, &admin, w2["id"].as_u64().unwrap(), &["placed", "running"]).await;
-    let d = dry(body("1g.10gb", false)).await;
+    let (_, w2) = s.post("/api/v1/workloads", body("7g.80gb", false)).await;
+    s.wait_state(w2["id"].as_u64().unwrap(), &["placed", "running"]).await;
+    let d = dry_run(&s, body("1g.10gb", false)).await;
     assert_eq!(
         (d["outcome"].as_str(), d["reason_code"].as_str()),
         (Some("wait"), Some("quota")),
         "{d}"
     );
     assert!(d["reason"].as_str().unwrap().contains("limit 2"), "{d}");
-    let d = dry(body("1g.10gb", true)).await;
+    let d = dry_run(&s, body("1g.10gb", true)).await;
     assert_eq!(d["outcome"], "refused");
 
     // A gang no node can hold is refused as a constraint.
-    let d = dry(json!({"tenant": "vision", "project": "train", "name": "big", "shape": {"gpus": 9}})).await;
+    let d = dry_run(
+        &s,
+        json!({"tenant": "vision", "project": "train", "name": "big", "shape": {"gpus": 9}}),
+    )
+    .await;
     assert_eq!(
         (d["outcome"].as_str(), d["reason_code"].as_str()),
         (Some("refused"), Some("constraint")),
         "{d}"
     );
     // Bad input is refused as creation refuses it.
-    let bad = send(
-        post.clone(),
-        "/api/v1/workloads/dry-run",
-        json!({"tenant": "vision", "project": "nope", "name": "x", "shape": {"gpus": 1}}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let p: Value = bad.json().await.unwrap();
+    let (st, p) = s
+        .post(
+            "/api/v1/workloads/dry-run",
+            json!({"tenant": "vision", "project": "nope", "name": "x", "shape": {"gpus": 1}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(p["field"], "project");
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Creates a workload, which must answer 201: its id.
+async fn submit(s: &TestServer, body: Value) -> u64 {
+    let (st, w) = s.post("/api/v1/workloads", body).await;
+    assert_eq!(st, StatusCode::CREATED);
+    w["id"].as_u64().unwrap()
 }
 
 /// Two nodes of two whole GPUs. The dry run asks the scheduler's engine (a copy of it the
@@ -482,59 +310,25 @@ async fn dry_run_says_start_borrow_wait_or_refused_with_cost_quota_and_budget_an
 /// engine's `fragmentation` reason — and a submission indeed waits for that reason. About 2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_asks_the_engine_start_names_the_node_and_fragmented_units_wait() {
-    let dir = std::env::temp_dir().join(format!("tessera-dryrun-frag-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
     let fleet = tessera_model::Fleet::from_toml(
         "[[pool]]\nname = \"training\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"h\"\ncount = 2\ngpu_model = \"H100-80GB-SXM\"\ngpus = 2\ncpus = 64\nmemory_gib = 512\nnvlink = \"nvswitch\"\n",
         "test",
     )
     .unwrap();
-    let r = start(ServerConfig {
-        fleet,
-        ..ServerConfig::local(dir.clone())
-    })
-    .await
-    .unwrap();
-    let base = format!("http://{}", r.addr);
-    let admin = r.admin_token.unwrap();
-    let api = Client::new();
-    let post = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
-    for (path, body) in [
-        ("/api/v1/tenants", json!({"name": "vision"})),
-        ("/api/v1/tenants/vision/projects", json!({"name": "train"})),
-    ] {
-        assert!(post(path, body).await.unwrap().status().is_success());
-    }
-    let q = api
-        .put(format!("{base}/api/v1/tenants/vision/quotas/training"))
-        .bearer_auth(&admin)
-        .json(&json!({"guaranteed": 4.0, "limit": 4.0}))
-        .send()
-        .await
-        .unwrap();
-    assert!(q.status().is_success());
+    let s = TestServer::start_with("dryrun-frag", |c| ServerConfig { fleet, ..c }).await;
+    s.tenant_with_project("vision", "train").await;
+    s.ok(
+        Method::PUT,
+        "/api/v1/tenants/vision/quotas/training",
+        Some(json!({"guaranteed": 4.0, "limit": 4.0})),
+    )
+    .await;
     let gpus = |n: u32, name: &str| json!({"tenant": "vision", "project": "train", "name": name, "shape": {"gpus": n, "pool": "training"}});
-    let dry = |b: Value| {
-        let f = post("/api/v1/workloads/dry-run", b);
-        async move {
-            let r = f.await.unwrap();
-            assert_eq!(r.status(), StatusCode::OK);
-            r.json::<Value>().await.unwrap()
-        }
-    };
-    let submit = |b: Value| {
-        let f = post("/api/v1/workloads", b);
-        async move {
-            let r = f.await.unwrap();
-            assert_eq!(r.status(), StatusCode::CREATED);
-            r.json::<Value>().await.unwrap()["id"].as_u64().unwrap()
-        }
-    };
-    let d = dry(gpus(1, "a")).await;
+    let d = dry_run(&s, gpus(1, "a")).await;
     assert_eq!(d["outcome"], "start", "{d}");
     let named = d["node"].as_str().unwrap().to_string();
-    let a = submit(gpus(1, "a")).await;
-    let wa = wait_state(&api, &base, &admin, a, &["placed", "running"]).await;
+    let a = submit(&s, gpus(1, "a")).await;
+    let wa = s.wait_state(a, &["placed", "running"]).await;
     assert_eq!(
         wa["allocation"]["node"],
         named.as_str(),
@@ -543,109 +337,68 @@ async fn dry_run_asks_the_engine_start_names_the_node_and_fragmented_units_wait(
     let mut on: std::collections::HashMap<String, Vec<u64>> = Default::default();
     on.entry(named).or_default().push(a);
     for name in ["b", "c"] {
-        let id = submit(gpus(1, name)).await;
-        let w = wait_state(&api, &base, &admin, id, &["placed", "running"]).await;
+        let id = submit(&s, gpus(1, name)).await;
+        let w = s.wait_state(id, &["placed", "running"]).await;
         on.entry(w["allocation"]["node"].as_str().unwrap().to_string())
             .or_default()
             .push(id);
     }
     // Free one GPU of the full node: one free GPU on each node.
     let full = on.values().find(|ids| ids.len() == 2).expect("a full node")[0];
-    let c = post(&format!("/api/v1/workloads/{full}/cancel"), json!({}))
-        .await
-        .unwrap();
-    assert!(c.status().is_success(), "{}", c.text().await.unwrap());
-    wait_state(&api, &base, &admin, full, &["cancelled"]).await;
-    let mut d = Value::Null;
-    for _ in 0..60 {
-        d = dry(gpus(2, "pair")).await;
-        if d["outcome"] == "wait" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let (st, c) = s.post(&format!("/api/v1/workloads/{full}/cancel"), json!({})).await;
+    assert!(st.is_success(), "{c}");
+    s.wait_state(full, &["cancelled"]).await;
+    // Dry runs ask the engine as of the last full snapshot, at most 50 ms behind a change of
+    // phase: until then the freed GPU may not show, and the answer is `no-capacity`.
+    let d = poll(
+        60,
+        Duration::from_millis(50),
+        async || dry_run(&s, gpus(2, "pair")).await,
+        |d| d["reason_code"] == "fragmentation",
+    )
+    .await;
     assert_eq!(
         (d["outcome"].as_str(), d["reason_code"].as_str()),
         (Some("wait"), Some("fragmentation")),
         "two free GPUs, on two nodes: {d}"
     );
     assert!(d["node"].is_null() && !d["reason"].as_str().unwrap().is_empty(), "{d}");
-    let pair = submit(gpus(2, "pair")).await;
-    let mut w = Value::Null;
-    for _ in 0..100 {
-        w = workload(&api, &base, &admin, pair).await;
-        if w["reason_code"].is_string() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
+    let pair = submit(&s, gpus(2, "pair")).await;
+    let pair_path = format!("/api/v1/workloads/{pair}");
+    let w = poll(
+        100,
+        Duration::from_millis(25),
+        async || s.get(&pair_path).await,
+        |w| w["reason_code"].is_string(),
+    )
+    .await;
     assert_eq!(
         (w["state"].as_str(), w["reason_code"].as_str()),
         (Some("queued"), Some("fragmentation")),
         "the submission gets the dry run's answer: {w}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_errors_by_their_field() {
-    let dir = std::env::temp_dir().join(format!("tessera-reqform-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
-    let base = format!("http://{}", r.addr);
-    let admin = r.admin_token.unwrap();
-    let api = Client::new();
-    let call = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
-    call("/api/v1/tenants", json!({"name": "vision"})).await.unwrap();
-    call("/api/v1/tenants/vision/projects", json!({"name": "train"}))
-        .await
-        .unwrap();
-    let tok = |role: &'static str| {
-        let c = call("/api/v1/tokens", json!({"tenant": "vision", "role": role}));
-        async move {
-            c.await.unwrap().json::<Value>().await.unwrap()["token"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        }
-    };
-    let (member, viewer) = (tok("member").await, tok("viewer").await);
-    let b = browser();
-    let csrf = sign_in(&b, &base, &member).await;
-    let page = b
-        .get(format!("{base}/console/request"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let srv = TestServer::start("reqform").await;
+    srv.tenant_with_project("vision", "train").await;
+    let (member, viewer) = (srv.token("vision", "member").await, srv.token("vision", "viewer").await);
+    let b = srv.browser();
+    let csrf = sign_in(&b, &member).await;
+    let page = b.page("/console/request").await;
     no_inline_code(&page);
     for pool in ["training", "serving", "development"] {
         assert!(page.contains(&format!("<option value=\"{pool}\"")), "{pool}");
     }
     assert!(page.contains("value=\"vision/train\""));
     // The MIG pool offers its model's profiles and no whole GPUs; the shared pool fractions.
-    let mig = b
-        .get(format!("{base}/console/request/fields?pool=serving"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let mig = b.page("/console/request/fields?pool=serving").await;
     assert!(
         mig.contains("value=\"mig:3g.40gb\"") && !mig.contains("value=\"gpus:") && !mig.contains("fraction:"),
         "{mig}"
     );
-    let shared = b
-        .get(format!("{base}/console/request/fields?pool=development"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let shared = b.page("/console/request/fields?pool=development").await;
     assert!(
         shared.contains("value=\"fraction:250\"") && !shared.contains("mig:"),
         "{shared}"
@@ -663,11 +416,8 @@ async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_e
         ]
     };
     let post = |path: &'static str, f: Vec<(&'static str, String)>, csrf: Option<&str>| {
-        let mut rb = b.post(format!("{base}{path}")).form(&f).header("hx-request", "true");
-        if let Some(c) = csrf {
-            rb = rb.header("x-csrf-token", c);
-        }
-        rb.send()
+        let rb = b.client.post(b.url(path)).form(&f).header("hx-request", "true");
+        support::with_csrf(rb, csrf).send()
     };
     // Without the CSRF token: refused before anything is read.
     assert_eq!(
@@ -711,7 +461,7 @@ async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_e
     assert_eq!(s.status(), StatusCode::NO_CONTENT);
     let to = s.headers()["hx-redirect"].to_str().unwrap().to_string();
     assert!(to.starts_with("/console/workloads/"), "{to}");
-    let detail = b.get(format!("{base}{to}")).send().await.unwrap().text().await.unwrap();
+    let detail = b.page(&to).await;
     assert!(detail.contains("MIG 1g.10gb"), "{detail}");
     assert!(detail.contains("batch, never moved"), "{detail}");
     // Movable: offered on the form, checked by the API's rules (by kind and lease), shown on
@@ -750,105 +500,46 @@ async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_e
     assert_eq!(s.status(), StatusCode::NO_CONTENT);
     let to = s.headers()["hx-redirect"].to_str().unwrap().to_string();
     let id: u64 = to.trim_start_matches("/console/workloads/").parse().unwrap();
-    let w = workload(&api, &base, &admin, id).await;
+    let w = srv.get(&format!("/api/v1/workloads/{id}")).await;
     assert_eq!(
         (w["kind"].as_str(), w["movable"].as_str()),
         (Some("service"), Some("replace"))
     );
-    let detail = b.get(format!("{base}{to}")).send().await.unwrap().text().await.unwrap();
+    let detail = b.page(&to).await;
     assert!(
         detail.contains("service, movable: may be replaced elsewhere"),
         "{detail}"
     );
     // A viewer sees the form without the button and cannot preview or submit.
-    let v = browser();
-    let vcsrf = sign_in(&v, &base, &viewer).await;
-    let vpage = v
-        .get(format!("{base}/console/request"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let v = srv.browser();
+    let vcsrf = sign_in(&v, &viewer).await;
+    let vpage = v.page("/console/request").await;
     assert!(!vpage.contains("id=\"preview-button\""));
-    let vs = v
-        .post(format!("{base}/console/request"))
-        .form(&form("nb", "1"))
-        .header("x-csrf-token", &vcsrf)
-        .send()
-        .await
-        .unwrap();
+    let vs = v.post_form("/console/request", &form("nb", "1"), Some(&vcsrf)).await;
     assert_eq!(vs.status(), StatusCode::FORBIDDEN);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_page_shows_shares_budget_chart_and_csv_and_tokens_are_shown_once_then_revoked() {
-    let dir = std::env::temp_dir().join(format!("tessera-account-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
-    let base = format!("http://{}", r.addr);
-    let admin = r.admin_token.unwrap();
-    let api = Client::new();
-    let call = |m: reqwest::Method, path: &str, body: Value| {
-        api.request(m, format!("{base}{path}"))
-            .bearer_auth(&admin)
-            .json(&body)
-            .send()
-    };
-    let post = reqwest::Method::POST;
-    call(post.clone(), "/api/v1/tenants", json!({"name": "vision"}))
-        .await
-        .unwrap();
-    let tok = |role: &'static str| {
-        let c = call(
-            post.clone(),
-            "/api/v1/tokens",
-            json!({"tenant": "vision", "role": role}),
-        );
-        async move {
-            c.await.unwrap().json::<Value>().await.unwrap()["token"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        }
-    };
-    let (ta, member) = (tok("tenant-admin").await, tok("member").await);
-    let b = browser();
-    let csrf = sign_in(&b, &base, &ta).await;
-    let q = b
-        .get(format!("{base}/console/quota"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let s = TestServer::start("account").await;
+    s.post("/api/v1/tenants", json!({"name": "vision"})).await;
+    let (ta, member) = (
+        s.token("vision", "tenant-admin").await,
+        s.token("vision", "member").await,
+    );
+    let b = s.browser();
+    let csrf = sign_in(&b, &ta).await;
+    let q = b.page("/console/quota").await;
     no_inline_code(&q);
     assert!(q.contains("No quota is set") && q.contains("No monthly budget"), "{q}");
-    call(
-        reqwest::Method::PUT,
+    s.put(
         "/api/v1/tenants/vision/quotas/serving",
         json!({"guaranteed": 2.0, "limit": 4.0}),
     )
-    .await
-    .unwrap();
-    call(
-        reqwest::Method::PUT,
-        "/api/v1/tenants/vision/budget",
-        json!({"monthly_unit_hours": 50.0}),
-    )
-    .await
-    .unwrap();
-    let q = b
-        .get(format!("{base}/console/quota"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    .await;
+    s.put("/api/v1/tenants/vision/budget", json!({"monthly_unit_hours": 50.0}))
+        .await;
+    let q = b.page("/console/quota").await;
     assert!(
         q.contains("<td>serving</td>") && q.contains("<strong>50.0</strong> of 50.0"),
         "{q}"
@@ -861,7 +552,7 @@ async fn quota_page_shows_shares_budget_chart_and_csv_and_tokens_are_shown_once_
     let csv_url = q[csv_at..csv_at + q[csv_at..].find('"').unwrap()]
         .replace("&amp;", "&")
         .replace("&#38;", "&");
-    let csv = b.get(format!("{base}{csv_url}")).send().await.unwrap();
+    let csv = b.get(&csv_url).await;
     assert_eq!(csv.status(), StatusCode::OK, "{csv_url}");
     assert!(csv.headers()["content-type"].to_str().unwrap().starts_with("text/csv"));
 
@@ -874,21 +565,13 @@ async fn quota_page_shows_shares_budget_chart_and_csv_and_tokens_are_shown_once_
         ]
     };
     let bad = b
-        .post(format!("{base}/console/tokens"))
-        .form(&form("ci", "member", "soon"))
-        .header("x-csrf-token", &csrf)
-        .send()
-        .await
-        .unwrap();
+        .post_form("/console/tokens", &form("ci", "member", "soon"), Some(&csrf))
+        .await;
     assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert!(bad.text().await.unwrap().contains("id=\"expires_days-error\""));
     let made = b
-        .post(format!("{base}/console/tokens"))
-        .form(&form("ci", "member", "30"))
-        .header("x-csrf-token", &csrf)
-        .send()
+        .post_form("/console/tokens", &form("ci", "member", "30"), Some(&csrf))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -898,97 +581,51 @@ async fn quota_page_shows_shares_budget_chart_and_csv_and_tokens_are_shown_once_
         + "id=\"new-secret\" class=\"secret\">".len();
     let secret = made[at..at + 68].to_string();
     assert!(secret.starts_with("tsr_"), "{secret}");
-    let use_it = || api.get(format!("{base}/api/v1/workloads")).bearer_auth(&secret).send();
-    assert_eq!(use_it().await.unwrap().status(), StatusCode::OK);
-    let list = b
-        .get(format!("{base}/console/tokens"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let use_it = async || s.call_as(Some(&secret), Method::GET, "/api/v1/workloads", None).await.0;
+    assert_eq!(use_it().await, StatusCode::OK);
+    let list = b.page("/console/tokens").await;
     assert!(!list.contains(&secret), "the secret is never shown again");
     let id_at = made.find("<h2 id=\"created-h\">Token ").unwrap() + "<h2 id=\"created-h\">Token ".len();
     let tid = made[id_at..id_at + made[id_at..].find(' ').unwrap()].to_string();
-    let revoke = format!("{base}/console/tokens/{tid}/revoke");
+    let revoke = format!("/console/tokens/{tid}/revoke");
     assert_eq!(
-        b.post(&revoke).send().await.unwrap().status(),
+        b.post(&revoke, None).await.status(),
         StatusCode::FORBIDDEN,
         "no CSRF token"
     );
-    let after = b.post(&revoke).header("x-csrf-token", &csrf).send().await.unwrap();
+    let after = b.post(&revoke, Some(&csrf)).await;
     assert_eq!(after.status(), StatusCode::OK);
     assert!(after.text().await.unwrap().contains("revoked"));
-    assert_eq!(use_it().await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(use_it().await, StatusCode::UNAUTHORIZED);
 
     // Members do not manage tokens.
-    let m = browser();
-    let mcsrf = sign_in(&m, &base, &member).await;
-    let page = m
-        .get(format!("{base}/console/tokens"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = s.browser();
+    let mcsrf = sign_in(&m, &member).await;
+    let page = m.page("/console/tokens").await;
     assert!(page.contains("managed by its tenant-admins"));
     let refused = m
-        .post(format!("{base}/console/tokens"))
-        .form(&form("x", "member", ""))
-        .header("x-csrf-token", &mcsrf)
-        .send()
-        .await
-        .unwrap();
+        .post_form("/console/tokens", &form("x", "member", ""), Some(&mcsrf))
+        .await;
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_admins_only() {
-    let dir = std::env::temp_dir().join(format!("tessera-fleetmap-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let r = start(ServerConfig::local(dir.clone())).await.unwrap();
-    let base = format!("http://{}", r.addr);
-    let admin = r.admin_token.unwrap();
-    let api = Client::new();
-    let call = |path: &str, body: Value| api.post(format!("{base}{path}")).bearer_auth(&admin).json(&body).send();
-    call("/api/v1/tenants", json!({"name": "vision"})).await.unwrap();
-    call("/api/v1/tenants/vision/projects", json!({"name": "train"}))
-        .await
-        .unwrap();
-    let member = call("/api/v1/tokens", json!({"tenant": "vision", "role": "member"}))
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap()["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let w: Value = call(
-        "/api/v1/workloads",
-        json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": "3g.40gb"}}),
-    )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
+    let s = TestServer::start("fleetmap").await;
+    s.tenant_with_project("vision", "train").await;
+    let member = s.token("vision", "member").await;
+    let (_, w) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"mig": "3g.40gb"}}),
+        )
+        .await;
     let id = w["id"].as_u64().unwrap();
-    let w = wait_state(&api, &base, &admin, id, &["placed", "running"]).await;
+    let w = s.wait_state(id, &["placed", "running"]).await;
     let node = w["allocation"]["node"].as_str().unwrap().to_string();
-    let b = browser();
-    sign_in(&b, &base, &admin).await;
-    let map = b
-        .get(format!("{base}/console/fleet?tenant=vision"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    let map = b.page("/console/fleet?tenant=vision").await;
     no_inline_code(&map);
     assert!(
         map.contains("1 nodes match"),
@@ -1005,99 +642,44 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
         map.contains(&format!("class=\"cell t{colour} part\"")) && map.contains(&format!("vision #{id}")),
         "the slice's GPU is coloured as vision in the legend: {map}"
     );
-    let all = b
-        .get(format!("{base}/console/fleet"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let all = b.page("/console/fleet").await;
     assert!(
         all.contains("60 nodes match") && !all.contains("Next 100"),
         "seed: 60 nodes on one page"
     );
-    let detail = b
-        .get(format!("{base}/console/fleet/nodes/{node}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let detail = b.page(&format!("/console/fleet/nodes/{node}")).await;
     assert!(
         detail.contains("3g.40gb at slice")
             && detail.contains(&format!("vision/train <a href=\"/console/workloads/{id}\">")),
         "{detail}"
     );
     // Cordon from the node's detail (CSRF token required), then find it in the audit log.
-    let csrf = sign_in(&b, &base, &admin).await;
-    let cordon = format!("{base}/console/fleet/nodes/{node}/cordon");
-    assert_eq!(b.post(&cordon).send().await.unwrap().status(), StatusCode::FORBIDDEN);
-    let done = b
-        .post(&cordon)
-        .header("x-csrf-token", &csrf)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let csrf = sign_in(&b, &s.admin).await;
+    let cordon = format!("/console/fleet/nodes/{node}/cordon");
+    assert_eq!(b.post(&cordon, None).await.status(), StatusCode::FORBIDDEN);
+    let done = b.post(&cordon, Some(&csrf)).await.text().await.unwrap();
     assert!(done.contains("cordoned)") && done.contains("/uncordon\""), "{done}");
-    let cordoned = b
-        .get(format!("{base}/console/fleet?state=cordoned"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let cordoned = b.page("/console/fleet?state=cordoned").await;
     assert!(cordoned.contains("1 nodes match") && cordoned.contains(&format!("id=\"node-{node}\"")));
-    let audit = b
-        .get(format!("{base}/console/audit?action=cordon"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let audit = b.page("/console/audit?action=cordon").await;
     no_inline_code(&audit);
     assert!(
         audit.contains(&format!("/console/fleet/nodes/{node}/cordon")),
         "{audit}"
     );
     assert!(!audit.contains("auth.failure"), "filtered by action");
-    let bad = b
-        .get(format!("{base}/console/fleet?state=broken"))
-        .send()
-        .await
-        .unwrap();
+    let bad = b.get("/console/fleet?state=broken").await;
     assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
     // Tenants get no fleet map.
-    let m = browser();
-    sign_in(&m, &base, &member).await;
-    let page = m
-        .get(format!("{base}/console"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = s.browser();
+    sign_in(&m, &member).await;
+    let page = m.page("/console").await;
     assert!(!page.contains("href=\"/console/fleet\""));
+    assert_eq!(m.get("/console/fleet").await.status(), StatusCode::FORBIDDEN);
     assert_eq!(
-        m.get(format!("{base}/console/fleet")).send().await.unwrap().status(),
+        m.get(&format!("/console/fleet/nodes/{node}")).await.status(),
         StatusCode::FORBIDDEN
     );
-    assert_eq!(
-        m.get(format!("{base}/console/fleet/nodes/{node}"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        StatusCode::FORBIDDEN
-    );
-    let audit = m.get(format!("{base}/console/audit")).send().await.unwrap();
+    let audit = m.get("/console/audit").await;
     assert_eq!(audit.status(), StatusCode::FORBIDDEN);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,42 +7,21 @@
 //! `application/problem+json` document; `/metrics` on the API address needs a metrics
 //! credential; the CORS policy; and the OpenAPI document states what the server does.
 
-use reqwest::header::HeaderMap;
+mod support;
+
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use support::{Reply, TempDir, TestServer, send};
 use tessera_api::rules;
-use tessera_server::{ServerConfig, start};
+use tessera_server::ServerConfig;
 use tessera_testdb::Db;
 
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!("tessera-hardening-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// One answer: status, headers and the body (JSON when it parses, else the text as a string).
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Value,
-}
-
-impl Answer {
+trait Problem {
     /// Asserts the answer is a problem document of `status` and returns it.
+    fn problem(&self, status: StatusCode) -> &Value;
+}
+
+impl Problem for Reply {
     fn problem(&self, status: StatusCode) -> &Value {
         assert_eq!(self.status, status, "{}", self.body);
         assert_eq!(
@@ -63,99 +42,38 @@ impl Answer {
     }
 }
 
-struct Srv {
-    /// The PostgreSQL database, when the server runs on one.
-    database: Option<String>,
-    base: String,
-    admin: String,
-    http: reqwest::Client,
-    running: tessera_server::Running,
-    dir: TempDir,
-}
-
-async fn server_with(tag: &str, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> Srv {
+async fn server_with(tag: &str, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> TestServer {
     on(Db::Sqlite, tag, cfg).await
 }
 
 /// A server on `db`.
-async fn on(db: Db, tag: &str, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> Srv {
-    let dir = TempDir::new(&format!("{tag}-{db:?}"));
-    let database = db.url();
-    let r = start(cfg(ServerConfig {
-        database: database.clone(),
-        ..ServerConfig::local(dir.0.clone())
-    }))
+async fn on(db: Db, tag: &str, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> TestServer {
+    TestServer::start_with(&format!("hardening-{tag}-{db:?}"), |c| {
+        cfg(ServerConfig {
+            database: db.url(),
+            ..c
+        })
+    })
     .await
-    .unwrap();
-    Srv {
-        database,
-        base: format!("http://{}", r.addr),
-        admin: r.admin_token.clone().expect("first start creates the admin token"),
-        http: reqwest::Client::new(),
-        running: r,
-        dir,
-    }
 }
 
-async fn server(tag: &str) -> Srv {
+async fn server(tag: &str) -> TestServer {
     server_with(tag, |c| c).await
 }
 
-impl Srv {
-    async fn send(&self, rb: reqwest::RequestBuilder) -> Answer {
-        let r = rb.send().await.unwrap();
-        let (status, headers) = (r.status(), r.headers().clone());
-        let text = r.text().await.unwrap();
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Answer { status, headers, body }
-    }
+/// A new token: its id and its secret.
+async fn token(s: &TestServer, body: Value) -> (String, String) {
+    let t = s.ok(Method::POST, "/api/v1/tokens", Some(body)).await;
+    (t["id"].as_str().unwrap().into(), t["token"].as_str().unwrap().into())
+}
 
-    async fn call(&self, token: Option<&str>, m: Method, path: &str, body: Option<Value>) -> Answer {
-        let mut rb = self.http.request(m, format!("{}{path}", self.base));
-        if let Some(t) = token {
-            rb = rb.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        self.send(rb).await
-    }
-
-    async fn admin(&self, m: Method, path: &str, body: Option<Value>) -> Answer {
-        self.call(Some(&self.admin), m, path, body).await
-    }
-
-    /// A successful admin call's body.
-    async fn ok(&self, m: Method, path: &str, body: Option<Value>) -> Value {
-        let a = self.admin(m, path, body).await;
-        assert!(a.status.is_success(), "{path}: {} {}", a.status, a.body);
-        a.body
-    }
-
-    async fn token(&self, body: Value) -> (String, String) {
-        let t = self.ok(Method::POST, "/api/v1/tokens", Some(body)).await;
-        (t["id"].as_str().unwrap().into(), t["token"].as_str().unwrap().into())
-    }
-
-    async fn setup_tenant(&self) {
-        self.ok(Method::POST, "/api/v1/tenants", Some(json!({"name": "vision"})))
-            .await;
-        self.ok(
-            Method::POST,
-            "/api/v1/tenants/vision/projects",
-            Some(json!({"name": "train"})),
-        )
+/// The audit log, newest first, as the admin token `token` reads it.
+async fn audit(s: &TestServer, token: &str) -> Vec<Value> {
+    let a = s
+        .reply_as(Some(token), Method::GET, "/api/v1/audit?limit=500", None)
         .await;
-    }
-
-    /// The audit log, newest first, as the admin token `token` reads it.
-    async fn audit(&self, token: &str) -> Vec<Value> {
-        let a = self
-            .call(Some(token), Method::GET, "/api/v1/audit?limit=500", None)
-            .await;
-        assert_eq!(a.status, StatusCode::OK, "{}", a.body);
-        a.body["items"].as_array().unwrap().clone()
-    }
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    a.body["items"].as_array().unwrap().clone()
 }
 
 fn workload(extra: Value) -> Value {
@@ -168,32 +86,32 @@ fn workload(extra: Value) -> Value {
 
 async fn the_last_admin_token_stays_and_audit_records_name_the_caller_before_the_action(db: Db) {
     let s = on(db, "lockout", |c| c).await;
-    let refused = s.admin(Method::DELETE, "/api/v1/tokens/tok-admin", None).await;
+    let refused = s.reply(Method::DELETE, "/api/v1/tokens/tok-admin", None).await;
     let p = refused.problem(StatusCode::CONFLICT);
     assert_eq!(p["type"], "https://tessera.dev/problems/last-admin");
     assert!(p["detail"].as_str().unwrap().contains("last platform-admin"), "{p}");
     assert_eq!(
-        s.admin(Method::GET, "/api/v1/pools", None).await.status,
+        s.reply(Method::GET, "/api/v1/pools", None).await.status,
         StatusCode::OK,
         "the token still works"
     );
 
     // An admin token that expires is no way back in: it does not count.
-    let (expiring, expiring_secret) = s.token(json!({"role": "platform-admin", "expires_in_s": 3600})).await;
-    s.admin(Method::DELETE, "/api/v1/tokens/tok-admin", None)
+    let (expiring, expiring_secret) = token(&s, json!({"role": "platform-admin", "expires_in_s": 3600})).await;
+    s.reply(Method::DELETE, "/api/v1/tokens/tok-admin", None)
         .await
         .problem(StatusCode::CONFLICT);
 
     // With a second lasting admin token the first can go, even by its own hand ...
-    let (second, second_secret) = s.token(json!({"role": "platform-admin", "name": "ops"})).await;
-    let own = s.admin(Method::DELETE, "/api/v1/tokens/tok-admin", None).await;
+    let (second, second_secret) = token(&s, json!({"role": "platform-admin", "name": "ops"})).await;
+    let own = s.reply(Method::DELETE, "/api/v1/tokens/tok-admin", None).await;
     assert_eq!(own.status, StatusCode::NO_CONTENT, "{}", own.body);
-    s.admin(Method::GET, "/api/v1/pools", None)
+    s.reply(Method::GET, "/api/v1/pools", None)
         .await
         .problem(StatusCode::UNAUTHORIZED);
     // ... but now the second is the last one.
     let last = s
-        .call(
+        .reply_as(
             Some(&second_secret),
             Method::DELETE,
             &format!("/api/v1/tokens/{second}"),
@@ -205,7 +123,7 @@ async fn the_last_admin_token_stays_and_audit_records_name_the_caller_before_the
         "https://tessera.dev/problems/last-admin"
     );
     let gone = s
-        .call(
+        .reply_as(
             Some(&second_secret),
             Method::DELETE,
             &format!("/api/v1/tokens/{expiring}"),
@@ -213,13 +131,13 @@ async fn the_last_admin_token_stays_and_audit_records_name_the_caller_before_the
         )
         .await;
     assert_eq!(gone.status, StatusCode::NO_CONTENT);
-    s.call(Some(&expiring_secret), Method::GET, "/api/v1/pools", None)
+    s.reply_as(Some(&expiring_secret), Method::GET, "/api/v1/pools", None)
         .await
         .problem(StatusCode::UNAUTHORIZED);
 
     // Every revocation's record names the token that asked, resolved before the action: the
     // self-revocation is `tok-admin`'s, not `anonymous`.
-    let log = s.audit(&second_secret).await;
+    let log = audit(&s, &second_secret).await;
     let revocations: Vec<(String, String, u64)> = log
         .iter()
         .filter(|r| r["action"] == "DELETE /api/v1/tokens/{id}")
@@ -262,7 +180,7 @@ async fn local_recovery_issues_a_working_admin_token_while_the_server_runs(db: D
     }
     // The running server knows nothing of it and still accepts it: unknown tokens are looked
     // up in the store.
-    let tokens = s.call(Some(&r.secret), Method::GET, "/api/v1/tokens", None).await;
+    let tokens = s.reply_as(Some(&r.secret), Method::GET, "/api/v1/tokens", None).await;
     assert_eq!(tokens.status, StatusCode::OK, "{}", tokens.body);
     let listed = tokens.body.as_array().unwrap();
     let mine = listed.iter().find(|t| t["id"] == r.id.as_str()).expect("listed");
@@ -270,11 +188,11 @@ async fn local_recovery_issues_a_working_admin_token_while_the_server_runs(db: D
     assert!(mine.get("expires_at").is_none());
     // With two lasting admin tokens, the old one may be revoked now.
     let revoke = s
-        .call(Some(&r.secret), Method::DELETE, "/api/v1/tokens/tok-admin", None)
+        .reply_as(Some(&r.secret), Method::DELETE, "/api/v1/tokens/tok-admin", None)
         .await;
     assert_eq!(revoke.status, StatusCode::NO_CONTENT);
     // The recovery is on the audit log, by the local user.
-    let log = s.audit(&r.secret).await;
+    let log = audit(&s, &r.secret).await;
     let rec = log
         .iter()
         .find(|e| e["action"] == "admin.recover")
@@ -283,7 +201,7 @@ async fn local_recovery_issues_a_working_admin_token_while_the_server_runs(db: D
     assert_eq!(rec["target"], format!("/api/v1/tokens/{}", r.id));
 
     // A directory (or a database) without a platform is refused, and not made into one.
-    let empty = TempDir::new("recover-empty");
+    let empty = TempDir::new("hardening-recover-empty");
     let fresh = db.url();
     let e = tessera_server::admin::recover_on(&empty.0, fresh.as_deref())
         .await
@@ -299,7 +217,7 @@ async fn local_recovery_issues_a_working_admin_token_while_the_server_runs(db: D
 
 async fn every_documented_input_rule_is_enforced_with_the_field_named(db: Db) {
     let s = on(db, "rules", |c| c).await;
-    s.setup_tenant().await;
+    s.tenant_with_project("vision", "train").await;
     let too_long = "é".repeat(64);
     // (method, path, body, expected status, field)
     let cases: Vec<(Method, String, Option<Value>, StatusCode, &str)> = vec![
@@ -608,7 +526,7 @@ async fn every_documented_input_rule_is_enforced_with_the_field_named(db: Db) {
         ),
     ];
     for (m, path, body, status, field) in cases {
-        let a = s.admin(m.clone(), &path, body.clone()).await;
+        let a = s.reply(m.clone(), &path, body.clone()).await;
         let p = a.problem(status);
         assert_eq!(p["field"], field, "{m} {path} {body:?} → {p}");
     }
@@ -626,7 +544,7 @@ async fn every_documented_input_rule_is_enforced_with_the_field_named(db: Db) {
         workload(json!({"shape": {"gpus": 1.0}})),
     ];
     for body in accepted {
-        let a = s.admin(Method::POST, "/api/v1/workloads", Some(body.clone())).await;
+        let a = s.reply(Method::POST, "/api/v1/workloads", Some(body.clone())).await;
         assert_eq!(a.status, StatusCode::CREATED, "{body} → {}", a.body);
     }
     let max = s
@@ -650,7 +568,7 @@ async fn every_documented_input_rule_is_enforced_with_the_field_named(db: Db) {
         "a valid token for two years, not one that expired at creation: {t}"
     );
     let works = s
-        .call(max["token"].as_str(), Method::GET, "/api/v1/tenants/vision", None)
+        .reply_as(max["token"].as_str(), Method::GET, "/api/v1/tenants/vision", None)
         .await;
     assert_eq!(works.status, StatusCode::OK);
     for path in [
@@ -658,7 +576,7 @@ async fn every_documented_input_rule_is_enforced_with_the_field_named(db: Db) {
         "/api/v1/tenants?limit=500",
         "/api/v1/usage?from=2026-01-01",
     ] {
-        assert_eq!(s.admin(Method::GET, path, None).await.status, StatusCode::OK, "{path}");
+        assert_eq!(s.reply(Method::GET, path, None).await.status, StatusCode::OK, "{path}");
     }
 
     // Defaults: 4000 milli-CPU and 16 GiB per GPU unit.
@@ -697,48 +615,32 @@ async fn every_documented_input_rule_is_enforced_with_the_field_named(db: Db) {
 
 async fn every_refusal_is_a_problem_document(db: Db) {
     let s = on(db, "problems", |c| c).await;
-    let url = |p: &str| format!("{}{p}", s.base);
-    let tenants = url("/api/v1/tenants");
+    let admin = |m: Method, path: &str| s.request(Some(&s.admin), m, path);
+    // A tenant's creation with `body` as it is, said to be of `content_type`.
+    let raw_tenant = |content_type: Option<&str>, body: &'static str| {
+        let rb = admin(Method::POST, "/api/v1/tenants");
+        send(
+            match content_type {
+                Some(t) => rb.header("content-type", t),
+                None => rb,
+            }
+            .body(body),
+        )
+    };
 
     // Not JSON, or not said to be.
-    let a = s
-        .send(
-            s.http
-                .post(&tenants)
-                .bearer_auth(&s.admin)
-                .header("content-type", "text/plain")
-                .body(r#"{"name": "x"}"#),
-        )
-        .await;
+    let a = raw_tenant(Some("text/plain"), r#"{"name": "x"}"#).await;
     a.problem(StatusCode::UNSUPPORTED_MEDIA_TYPE);
-    let a = s
-        .send(s.http.post(&tenants).bearer_auth(&s.admin).body(r#"{"name": "x"}"#))
-        .await;
+    let a = raw_tenant(None, r#"{"name": "x"}"#).await;
     a.problem(StatusCode::UNSUPPORTED_MEDIA_TYPE);
-    let a = s
-        .send(
-            s.http
-                .post(&tenants)
-                .bearer_auth(&s.admin)
-                .header("content-type", "application/json")
-                .body(r#"{"name": "#),
-        )
-        .await;
+    let a = raw_tenant(Some("application/json"), r#"{"name": "#).await;
     assert!(
         a.problem(StatusCode::BAD_REQUEST)["detail"]
             .as_str()
             .unwrap()
             .contains("not valid JSON")
     );
-    let a = s
-        .send(
-            s.http
-                .post(&tenants)
-                .bearer_auth(&s.admin)
-                .header("content-type", "application/json")
-                .body(r#"{"name": "x"} trailing"#),
-        )
-        .await;
+    let a = raw_tenant(Some("application/json"), r#"{"name": "x"} trailing"#).await;
     a.problem(StatusCode::BAD_REQUEST);
     // Too large, announced or streamed (raw connections: the server answers before it has
     // read the whole body, and closes).
@@ -750,59 +652,54 @@ async fn every_refusal_is_a_problem_document(db: Db) {
         assert!(rest.contains("\"status\":413"), "{rest}");
     }
     // A method the path does not take: 405 with `Allow`.
-    let a = s.admin(Method::PATCH, "/api/v1/tenants", Some(json!({}))).await;
+    let a = s.reply(Method::PATCH, "/api/v1/tenants", Some(json!({}))).await;
     a.problem(StatusCode::METHOD_NOT_ALLOWED);
     let allow = a.headers["allow"].to_str().unwrap();
     assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
     // No such route, no credential, a wrong one.
-    s.admin(Method::GET, "/api/v1/nothing", None)
+    s.reply(Method::GET, "/api/v1/nothing", None)
         .await
         .problem(StatusCode::NOT_FOUND);
-    s.call(None, Method::GET, "/api/v1/pools", None)
+    s.reply_as(None, Method::GET, "/api/v1/pools", None)
         .await
         .problem(StatusCode::UNAUTHORIZED);
-    s.call(Some("tsr_guess"), Method::GET, "/api/v1/pools", None)
+    s.reply_as(Some("tsr_guess"), Method::GET, "/api/v1/pools", None)
         .await
         .problem(StatusCode::UNAUTHORIZED);
-    let a = s
-        .send(
-            s.http
-                .get(url("/api/v1/pools"))
-                .header("authorization", "Basic YWRtaW46YWRtaW4="),
-        )
-        .await;
+    let a = send(
+        s.request(None, Method::GET, "/api/v1/pools")
+            .header("authorization", "Basic YWRtaW46YWRtaW4="),
+    )
+    .await;
     a.problem(StatusCode::UNAUTHORIZED);
     // An `Idempotency-Key` that breaks its rule.
-    let a = s
-        .send(
-            s.http
-                .post(url("/api/v1/workloads"))
-                .bearer_auth(&s.admin)
-                .header("idempotency-key", "has space")
-                .json(&workload(json!({}))),
-        )
-        .await;
+    let a = send(
+        admin(Method::POST, "/api/v1/workloads")
+            .header("idempotency-key", "has space")
+            .json(&workload(json!({}))),
+    )
+    .await;
     assert!(a.status.is_client_error());
     a.problem(a.status);
 
     // Every answer carries a request ID (an incoming plain one is kept, others replaced) and
     // the security headers.
-    let a = s
-        .send(s.http.get(url("/api/v1/health")).header("x-request-id", "trace-42_a"))
-        .await;
+    let a = send(
+        s.request(None, Method::GET, "/api/v1/health")
+            .header("x-request-id", "trace-42_a"),
+    )
+    .await;
     assert_eq!(a.headers["x-request-id"], "trace-42_a");
-    let a = s
-        .send(
-            s.http
-                .get(url("/api/v1/health"))
-                .header("x-request-id", "<script>alert(1)</script>"),
-        )
-        .await;
+    let a = send(
+        s.request(None, Method::GET, "/api/v1/health")
+            .header("x-request-id", "<script>alert(1)</script>"),
+    )
+    .await;
     let rid = a.headers["x-request-id"].to_str().unwrap();
     assert!(rid.starts_with("req-") && rid.len() == 20, "{rid}");
     for h in [
         a.headers.clone(),
-        s.call(None, Method::GET, "/nope", None).await.headers,
+        s.reply_as(None, Method::GET, "/nope", None).await.headers,
     ] {
         assert_eq!(h["x-content-type-options"], "nosniff");
         assert_eq!(h["x-frame-options"], "DENY");
@@ -856,10 +753,10 @@ async fn post_raw(addr: std::net::SocketAddr, path: &str, token: &str, body: &[u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_need_a_metrics_credential_on_the_api_address() {
     let s = server("metrics").await;
-    s.setup_tenant().await;
-    let (_, metrics) = s.token(json!({"role": "metrics", "name": "prometheus"})).await;
-    let (_, member) = s.token(json!({"role": "member", "tenant": "vision"})).await;
-    let (_, tenant_admin) = s.token(json!({"role": "tenant-admin", "tenant": "vision"})).await;
+    s.tenant_with_project("vision", "train").await;
+    let (_, metrics) = token(&s, json!({"role": "metrics", "name": "prometheus"})).await;
+    let (_, member) = token(&s, json!({"role": "member", "tenant": "vision"})).await;
+    let (_, tenant_admin) = token(&s, json!({"role": "tenant-admin", "tenant": "vision"})).await;
     s.ok(
         Method::POST,
         "/api/v1/workloads",
@@ -867,16 +764,16 @@ async fn metrics_need_a_metrics_credential_on_the_api_address() {
     )
     .await;
 
-    s.call(None, Method::GET, "/metrics", None)
+    s.reply_as(None, Method::GET, "/metrics", None)
         .await
         .problem(StatusCode::UNAUTHORIZED);
     for t in [&member, &tenant_admin] {
-        s.call(Some(t), Method::GET, "/metrics", None)
+        s.reply_as(Some(t), Method::GET, "/metrics", None)
             .await
             .problem(StatusCode::FORBIDDEN);
     }
     for t in [&metrics, &s.admin] {
-        let a = s.call(Some(t), Method::GET, "/metrics", None).await;
+        let a = s.reply_as(Some(t), Method::GET, "/metrics", None).await;
         assert_eq!(a.status, StatusCode::OK);
         assert!(a.body.as_str().unwrap().contains("tessera_build_info"));
         assert!(a.body.as_str().unwrap().contains("tenant=\"vision\""));
@@ -897,7 +794,7 @@ async fn metrics_need_a_metrics_credential_on_the_api_address() {
             }
             let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
             let body = op.get("requestBody").map(|_| json!({}));
-            let a = s.call(Some(&metrics), m, &concrete, body).await;
+            let a = s.reply_as(Some(&metrics), m, &concrete, body).await;
             a.problem(StatusCode::FORBIDDEN);
             checked += 1;
         }
@@ -906,7 +803,7 @@ async fn metrics_need_a_metrics_credential_on_the_api_address() {
 
     // Only platform-admins make metrics tokens.
     let a = s
-        .call(
+        .reply_as(
             Some(&tenant_admin),
             Method::POST,
             "/api/v1/tokens",
@@ -927,7 +824,7 @@ async fn metrics_need_a_metrics_credential_on_the_api_address() {
     task.abort();
 
     // Refused scrapes are on the audit log.
-    let log = s.audit(&s.admin).await;
+    let log = audit(&s, &s.admin).await;
     assert!(
         log.iter()
             .any(|r| r["action"] == "denied GET /metrics" && r["outcome"] == 403),
@@ -935,10 +832,9 @@ async fn metrics_need_a_metrics_credential_on_the_api_address() {
     );
 }
 
-async fn preflight(s: &Srv, origin: &str, method: &str) -> Answer {
-    s.send(
-        s.http
-            .request(Method::OPTIONS, format!("{}/api/v1/workloads", s.base))
+async fn preflight(s: &TestServer, origin: &str, method: &str) -> Reply {
+    send(
+        s.request(None, Method::OPTIONS, "/api/v1/workloads")
             .header("origin", origin)
             .header("access-control-request-method", method)
             .header("access-control-request-headers", "authorization, content-type"),
@@ -957,14 +853,11 @@ async fn cors_answers_preflights_and_allows_only_listed_origins() {
         "{:?}",
         a.headers
     );
-    let a = s
-        .send(
-            s.http
-                .get(format!("{}/api/v1/pools", s.base))
-                .bearer_auth(&s.admin)
-                .header("origin", "https://evil.example"),
-        )
-        .await;
+    let a = send(
+        s.request(Some(&s.admin), Method::GET, "/api/v1/pools")
+            .header("origin", "https://evil.example"),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::OK);
     assert!(a.headers.get("access-control-allow-origin").is_none());
 
@@ -992,14 +885,11 @@ async fn cors_answers_preflights_and_allows_only_listed_origins() {
         a.headers.get("access-control-allow-credentials").is_none(),
         "no cookies"
     );
-    let a = s
-        .send(
-            s.http
-                .get(format!("{}/api/v1/pools", s.base))
-                .bearer_auth(&s.admin)
-                .header("origin", portal),
-        )
-        .await;
+    let a = send(
+        s.request(Some(&s.admin), Method::GET, "/api/v1/pools")
+            .header("origin", portal),
+    )
+    .await;
     assert_eq!(a.headers["access-control-allow-origin"], portal);
     assert!(
         a.headers["access-control-expose-headers"]

@@ -5,118 +5,75 @@
 //! moves a service (its replacement runs elsewhere before the old one stops), lets batch work
 //! finish, and ends in maintenance.
 
+mod support;
+
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use tessera_server::{ServerConfig, lifecycle::GpuFailurePolicy, start};
+use support::{TestServer, poll};
+use tessera_server::{ServerConfig, lifecycle::GpuFailurePolicy};
 
-struct Srv {
-    base: String,
-    token: String,
-    http: reqwest::Client,
-}
-
-fn dir(tag: &str) -> std::path::PathBuf {
-    let p = std::env::temp_dir().join(format!(
-        "tessera-health-{tag}-{}-{}",
-        std::process::id(),
-        tessera_server::now_ms()
-    ));
-    std::fs::create_dir_all(&p).unwrap();
-    p
-}
-
-async fn server(dir: &std::path::Path, policy: GpuFailurePolicy, token: Option<String>) -> Srv {
-    let cfg = ServerConfig {
+/// A server acting on GPU failures by `policy`, with tenant `vision` and its project `train`.
+async fn server(tag: &str, policy: GpuFailurePolicy) -> TestServer {
+    let s = TestServer::start_with(&format!("health-{tag}"), |c| ServerConfig {
         on_gpu_failure: policy,
-        ..ServerConfig::local(dir.to_path_buf())
-    };
-    let r = start(cfg).await.unwrap();
-    Srv {
-        base: format!("http://{}", r.addr),
-        token: token.or(r.admin_token).expect("an admin token"),
-        http: reqwest::Client::new(),
-    }
+        ..c
+    })
+    .await;
+    s.tenant_with_project("vision", "train").await;
+    s
 }
 
-impl Srv {
-    async fn call(&self, m: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut rb = self
-            .http
-            .request(m, format!("{}{path}", self.base))
-            .bearer_auth(&self.token);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let r = rb.send().await.unwrap();
-        let st = r.status();
-        let text = r.text().await.unwrap();
-        (st, serde_json::from_str(&text).unwrap_or(Value::Null))
-    }
+/// A second control plane on the same database, as after a restart.
+async fn restart(s: &TestServer, policy: GpuFailurePolicy) -> TestServer {
+    s.restart(|c| ServerConfig {
+        on_gpu_failure: policy,
+        ..c
+    })
+    .await
+}
 
-    async fn get(&self, path: &str) -> Value {
-        let (st, v) = self.call(Method::GET, path, None).await;
-        assert_eq!(st, StatusCode::OK, "{path}: {v}");
-        v
-    }
+async fn run(s: &TestServer, shape: Value) -> Value {
+    run_body(
+        s,
+        json!({"tenant": "vision", "project": "train", "name": "job", "shape": shape}),
+    )
+    .await
+}
 
-    async fn run(&self, shape: Value) -> Value {
-        self.run_body(json!({"tenant": "vision", "project": "train", "name": "job", "shape": shape}))
-            .await
-    }
+async fn run_body(s: &TestServer, body: Value) -> Value {
+    let (st, w) = s.post("/api/v1/workloads", body).await;
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+    s.wait_state(w["id"].as_u64().unwrap(), &["running"]).await
+}
 
-    async fn run_body(&self, body: Value) -> Value {
-        let (st, w) = self.call(Method::POST, "/api/v1/workloads", Some(body)).await;
-        assert_eq!(st, StatusCode::CREATED, "{w}");
-        let id = w["id"].as_u64().unwrap();
-        for _ in 0..300 {
-            let w = self.get(&format!("/api/v1/workloads/{id}")).await;
-            if w["state"] == "running" {
-                return w;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("workload {id} never ran");
-    }
+async fn health(s: &TestServer) -> Vec<Value> {
+    s.get("/api/v1/gpus/health").await.as_array().unwrap().clone()
+}
 
-    async fn health(&self) -> Vec<Value> {
-        self.get("/api/v1/gpus/health").await.as_array().unwrap().clone()
-    }
+async fn until_unhealthy(s: &TestServer, n: usize) -> Vec<Value> {
+    let h = poll(
+        300,
+        Duration::from_millis(20),
+        async || health(s).await,
+        |h| h.len() >= n,
+    )
+    .await;
+    assert!(h.len() >= n, "never {n} unhealthy GPUs: {h:?}");
+    h
+}
 
-    async fn until_unhealthy(&self, n: usize) -> Vec<Value> {
-        for _ in 0..300 {
-            let h = self.health().await;
-            if h.len() >= n {
-                return h;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("never {n} unhealthy GPUs");
-    }
+async fn fault(s: &TestServer, node: &str, gpu: u64, xid: u32) {
+    let (st, v) = s
+        .post("/api/v1/sim/faults", json!({"node": node, "gpu": gpu, "xid": xid}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+}
 
-    async fn fault(&self, node: &str, gpu: u64, xid: u32) {
-        let (st, v) = self
-            .call(
-                Method::POST,
-                "/api/v1/sim/faults",
-                Some(json!({"node": node, "gpu": gpu, "xid": xid})),
-            )
-            .await;
-        assert_eq!(st, StatusCode::OK, "{v}");
-    }
-
-    async fn metrics(&self) -> String {
-        self.http
-            .get(format!("{}/metrics", self.base))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    }
+/// Polls `GET path` (25 ms apart, 10 s at most) until `done` holds for it; returns the last answer.
+async fn until(s: &TestServer, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+    poll(400, Duration::from_millis(25), async || s.get(path).await, done).await
 }
 
 fn where_(w: &Value) -> (String, u64) {
@@ -126,27 +83,18 @@ fn where_(w: &Value) -> (String, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_critical_xid_fences_the_gpu_until_an_admin_clears_it() {
-    let d = dir("fence");
-    let s = server(&d, GpuFailurePolicy::Leave, None).await;
-    s.call(Method::POST, "/api/v1/tenants", Some(json!({"name": "vision"})))
-        .await;
-    s.call(
-        Method::POST,
-        "/api/v1/tenants/vision/projects",
-        Some(json!({"name": "train"})),
-    )
-    .await;
-    let w = s.run(json!({"gpus": 1, "pool": "training"})).await;
+    let s = server("fence", GpuFailurePolicy::Leave).await;
+    let w = run(&s, json!({"gpus": 1, "pool": "training"})).await;
     let id = w["id"].as_u64().unwrap();
     let (node, gpu) = where_(&w);
 
     // A non-critical XID (13: graphics engine exception, an application fault) changes nothing.
-    s.fault(&node, gpu, 13).await;
+    fault(&s, &node, gpu, 13).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(s.health().await.is_empty());
+    assert!(health(&s).await.is_empty());
 
-    s.fault(&node, gpu, 79).await;
-    let h = s.until_unhealthy(1).await;
+    fault(&s, &node, gpu, 79).await;
+    let h = until_unhealthy(&s, 1).await;
     assert_eq!(
         (h[0]["node"].as_str().unwrap(), h[0]["gpu"].as_u64().unwrap()),
         (node.as_str(), gpu)
@@ -157,14 +105,14 @@ async fn a_critical_xid_fences_the_gpu_until_an_admin_clears_it() {
     // The workload keeps running (policy `leave`) and its timeline says why.
     let w = s.get(&format!("/api/v1/workloads/{id}")).await;
     assert_eq!(w["state"], "running");
-    let mut text = String::new();
-    for _ in 0..100 {
-        text = s.get(&format!("/api/v1/workloads/{id}/events")).await.to_string();
-        if text.contains("gpu-unhealthy") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let events = format!("/api/v1/workloads/{id}/events");
+    let text = poll(
+        100,
+        Duration::from_millis(20),
+        async || s.get(&events).await.to_string(),
+        |t| t.contains("gpu-unhealthy"),
+    )
+    .await;
     assert!(
         text.contains("gpu-unhealthy") && text.contains("keeps running"),
         "{text}"
@@ -173,7 +121,7 @@ async fn a_critical_xid_fences_the_gpu_until_an_admin_clears_it() {
     // Nothing new lands on that GPU: the next 1-GPU jobs (best fit would pick the partly used
     // node first) go elsewhere.
     for _ in 0..3 {
-        let other = s.run(json!({"gpus": 1, "pool": "training"})).await;
+        let other = run(&s, json!({"gpus": 1, "pool": "training"})).await;
         assert_ne!(where_(&other), (node.clone(), gpu), "placed on the unhealthy GPU");
     }
 
@@ -192,13 +140,13 @@ async fn a_critical_xid_fences_the_gpu_until_an_admin_clears_it() {
     );
 
     // The backend calling the GPU healthy again does not put it back: only an admin does.
-    s.fault(&node, gpu, 0).await;
+    fault(&s, &node, gpu, 0).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(s.health().await.len(), 1);
+    assert_eq!(health(&s).await.len(), 1);
 
     // A second control plane on the same database (as after a restart) still fences it.
-    let again = server(&d, GpuFailurePolicy::Leave, Some(s.token.clone())).await;
-    let h = again.health().await;
+    let again = restart(&s, GpuFailurePolicy::Leave).await;
+    let h = health(&again).await;
     assert_eq!(h.len(), 1, "health survives a restart");
     assert_eq!(h[0]["node"], node.as_str());
 
@@ -212,7 +160,7 @@ async fn a_critical_xid_fences_the_gpu_until_an_admin_clears_it() {
         .call(Method::POST, &format!("/api/v1/gpus/{node}/{gpu}/clear"), None)
         .await;
     assert_eq!(st, StatusCode::NO_CONTENT);
-    assert!(s.health().await.is_empty());
+    assert!(health(&s).await.is_empty());
     let (st, p) = s
         .call(Method::POST, &format!("/api/v1/gpus/{node}/{gpu}/clear"), None)
         .await;
@@ -227,35 +175,19 @@ async fn a_critical_xid_fences_the_gpu_until_an_admin_clears_it() {
         .collect();
     assert_eq!(cleared.len(), 1, "one audit record of the clear: {audit}");
     assert_eq!(cleared[0]["actor"], "tok-admin");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requeue_policy_stops_batch_work_on_a_failed_gpu() {
-    let d = dir("requeue");
-    let s = server(&d, GpuFailurePolicy::Requeue, None).await;
-    s.call(Method::POST, "/api/v1/tenants", Some(json!({"name": "vision"})))
-        .await;
-    s.call(
-        Method::POST,
-        "/api/v1/tenants/vision/projects",
-        Some(json!({"name": "train"})),
-    )
-    .await;
-    let w = s.run(json!({"gpus": 1, "pool": "training"})).await;
+    let s = server("requeue", GpuFailurePolicy::Requeue).await;
+    let w = run(&s, json!({"gpus": 1, "pool": "training"})).await;
     let id = w["id"].as_u64().unwrap();
     let (node, gpu) = where_(&w);
-    s.fault(&node, gpu, 48).await;
+    fault(&s, &node, gpu, 48).await;
     // Stopped, requeued and placed again: never on the failed GPU.
-    let mut placed_again = None;
-    for _ in 0..400 {
-        let w = s.get(&format!("/api/v1/workloads/{id}")).await;
-        if w["state"] == "running" && where_(&w) != (node.clone(), gpu) {
-            placed_again = Some(w);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let elsewhere = |w: &Value| w["state"] == "running" && where_(w) != (node.clone(), gpu);
+    let w = until(&s, &format!("/api/v1/workloads/{id}"), elsewhere).await;
+    let placed_again = elsewhere(&w).then_some(w);
     let w = placed_again.expect("the batch job runs again elsewhere");
     assert_ne!(where_(&w), (node, gpu));
     let events = s.get(&format!("/api/v1/workloads/{id}/events")).await.to_string();
@@ -263,7 +195,6 @@ async fn requeue_policy_stops_batch_work_on_a_failed_gpu() {
         events.contains("gpu-unhealthy") && events.contains("requeued"),
         "{events}"
     );
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 fn step_at(events: &Value, step: &str) -> Option<i64> {
@@ -277,26 +208,21 @@ fn step_at(events: &Value, step: &str) -> Option<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_moves_services_first_lets_batch_work_finish_and_ends_in_maintenance() {
-    let d = dir("drain");
-    let s = server(&d, GpuFailurePolicy::Leave, None).await;
-    s.call(Method::POST, "/api/v1/tenants", Some(json!({"name": "vision"})))
-        .await;
-    s.call(
-        Method::POST,
-        "/api/v1/tenants/vision/projects",
-        Some(json!({"name": "train"})),
+    let s = server("drain", GpuFailurePolicy::Leave).await;
+    let shape = json!({"gpus": 1, "pool": "training"});
+    let svc = run_body(
+        &s,
+        json!({"tenant": "vision", "project": "train", "name": "svc", "kind": "service", "shape": shape}),
     )
     .await;
-    let shape = json!({"gpus": 1, "pool": "training"});
-    let svc = s
-        .run_body(json!({"tenant": "vision", "project": "train", "name": "svc", "kind": "service", "shape": shape}))
-        .await;
     let svc_id = svc["id"].as_u64().unwrap();
     let (node, _) = where_(&svc);
     // Best fit puts the batch job next to the service.
-    let job = s
-        .run_body(json!({"tenant": "vision", "project": "train", "name": "job", "shape": shape, "duration_s": 2}))
-        .await;
+    let job = run_body(
+        &s,
+        json!({"tenant": "vision", "project": "train", "name": "job", "shape": shape, "duration_s": 2}),
+    )
+    .await;
     let job_id = job["id"].as_u64().unwrap();
     assert_eq!(where_(&job).0, node);
 
@@ -324,14 +250,10 @@ async fn a_drain_moves_services_first_lets_batch_work_finish_and_ends_in_mainten
     assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("draining")), "{v}");
 
     // The service ends only after its replacement runs, on another node.
-    let mut old = Value::Null;
-    for _ in 0..400 {
-        old = s.get(&format!("/api/v1/workloads/{svc_id}")).await;
-        if old["state"] == "preempted" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let old = until(&s, &format!("/api/v1/workloads/{svc_id}"), |w| {
+        w["state"] == "preempted"
+    })
+    .await;
     assert_eq!(old["state"], "preempted", "{old}");
     assert_eq!(old["reason_code"], "node-drain");
     let list = s.get("/api/v1/workloads?limit=50").await;
@@ -355,15 +277,11 @@ async fn a_drain_moves_services_first_lets_batch_work_finish_and_ends_in_mainten
     );
 
     // The batch job is not cut off: it finishes, then the node is in maintenance.
-    let mut state = String::new();
-    for _ in 0..400 {
-        let nodes = s.get(&format!("/api/v1/nodes?node={node}")).await;
-        state = nodes["items"][0]["state"].as_str().unwrap().to_string();
-        if state == "maintenance" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let nodes = until(&s, &format!("/api/v1/nodes?node={node}"), |n| {
+        n["items"][0]["state"] == "maintenance"
+    })
+    .await;
+    let state = nodes["items"][0]["state"].as_str().unwrap().to_string();
     assert_eq!(state, "maintenance");
     assert_eq!(
         s.get(&format!("/api/v1/workloads/{job_id}")).await["state"],
@@ -384,12 +302,11 @@ async fn a_drain_moves_services_first_lets_batch_work_finish_and_ends_in_mainten
     );
 
     // Survives a restart; uncordon makes it ready.
-    let again = server(&d, GpuFailurePolicy::Leave, Some(s.token.clone())).await;
+    let again = restart(&s, GpuFailurePolicy::Leave).await;
     let nodes = again.get(&format!("/api/v1/nodes?node={node}")).await;
     assert_eq!(nodes["items"][0]["state"], "maintenance");
     let (st, v) = s
         .call(Method::POST, &format!("/api/v1/nodes/{node}/uncordon"), None)
         .await;
     assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("ready")), "{v}");
-    let _ = std::fs::remove_dir_all(&d);
 }

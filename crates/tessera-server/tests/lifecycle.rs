@@ -8,20 +8,22 @@
 //! store in a temporary directory and once with a fresh PostgreSQL database. Crashes are real: the runtime the loop runs on is shut down
 //! mid-flight, and a new loop is started on the same store and the same (surviving) backend.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use support::TempDir;
 use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, PartitionPlan, PartitionReport, ReconcileReport, RunSpec,
 };
-use tessera_backend_sim::{SimBackend, SimConfig, SimGpu, SimMode};
-use tessera_domain::{GpuSpec, Kind, Movable, Phase, ReasonCode, ShapeSpec, Step, Workload, WorkloadId, WorkloadSpec};
+use tessera_backend_sim::{SimBackend, SimConfig, SimMode};
+use tessera_domain::{GpuSpec, Kind, Movable, Phase, ReasonCode, Step, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::Fleet;
-use tessera_sched::Engine;
-use tessera_sched::cycle::{ConsolidationConfig, GovernConfig, Scheduler};
-use tessera_server::lifecycle::{self, Lifecycle, NewWorkload, Settings, placement};
+use tessera_sched::cycle::{ConsolidationConfig, GovernConfig};
+use tessera_server::lifecycle::{self, Lifecycle, Settings};
 use tessera_server::metrics::Metrics;
 use tessera_store::{MoveCause, Store};
 use tessera_store_postgres::PgStore;
@@ -29,27 +31,6 @@ use tessera_store_sqlite::SqliteStore;
 use tessera_testdb::Db;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
-
-/// A temporary directory, removed on drop.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!("tessera-lc-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The simulated backend, with switches that hold an operation back (to crash in the middle
 /// of it) and count what reached the backend.
@@ -98,24 +79,6 @@ impl Backend for Gate {
     }
 }
 
-fn sim_gpus(fleet: &Fleet) -> Vec<SimGpu> {
-    fleet
-        .nodes
-        .iter()
-        .flat_map(|n| {
-            let model = fleet.catalogue.get(n.model);
-            let mig_slices = model.mig.map(|g| g.mem_slices).unwrap_or(0);
-            (0..n.gpus).map(move |i| SimGpu {
-                node: n.name.clone(),
-                index: i,
-                model: model.name.clone(),
-                memory_mib: model.memory_mib,
-                mig_slices,
-            })
-        })
-        .collect()
-}
-
 /// One control plane on a store and a backend that outlive it.
 struct World {
     mode: SimMode,
@@ -141,11 +104,11 @@ impl World {
             adopt_unknown: false,
             ..SimConfig::default()
         };
-        let sim = Arc::new(SimBackend::new(cfg, sim_gpus(&fleet)));
+        let sim = Arc::new(SimBackend::new(cfg, tessera_server::sim_gpus(&fleet)));
         World {
             mode,
             fleet,
-            dir: TempDir::new(&format!("{tag}-{mode:?}-{db:?}")),
+            dir: TempDir::new(&format!("lc-{tag}-{mode:?}-{db:?}")),
             database: db.url(),
             gate: Arc::new(Gate {
                 sim,
@@ -181,11 +144,7 @@ impl World {
                 Some(url) => Arc::new(PgStore::connect(&url).await.unwrap()),
                 None => Arc::new(SqliteStore::open_dir(&dir).await.unwrap()),
             };
-            let f = fleet.clone();
-            let factory: lifecycle::SchedFactory = Arc::new(move || {
-                let p = tessera_sched::replay::make_policy("tessera", &[]).unwrap();
-                Scheduler::new(Engine::new(f.clone(), p, 1), govern.clone())
-            });
+            let factory = support::sched_factory(fleet.clone(), govern);
             let lc = lifecycle::start(
                 fleet,
                 factory,
@@ -207,43 +166,28 @@ impl World {
 }
 
 fn spec(gpu: GpuSpec, pool: Option<&str>, duration_s: Option<u64>, priority: &str) -> WorkloadSpec {
-    WorkloadSpec {
-        tenant: "vision".into(),
-        project: "train".into(),
-        name: "w".into(),
-        kind: Kind::Batch,
-        shape: ShapeSpec {
-            gpu,
-            models: vec![],
-            pool: pool.map(str::to_string),
+    support::workload_spec("w", gpu, pool, duration_s, priority)
+}
+
+/// `gpus` whole GPUs of the training pool, for `duration_s` if given, at standard priority.
+fn training(gpus: u8, duration_s: Option<u64>) -> WorkloadSpec {
+    spec(GpuSpec::Whole { gpus }, Some("training"), duration_s, "standard")
+}
+
+/// A MIG instance of `profile`, at standard priority.
+fn mig_instance(profile: &str) -> WorkloadSpec {
+    spec(
+        GpuSpec::Mig {
+            profile: profile.into(),
         },
-        cpu_milli: 1000,
-        memory_mib: 1024,
-        duration_s,
-        command: None,
-        image: None,
-        env: Default::default(),
-        priority: priority.into(),
-        no_wait: false,
-        no_requeue: false,
-        movable: None,
-    }
+        None,
+        None,
+        "standard",
+    )
 }
 
 async fn submit(lc: &Lifecycle, fleet: &Fleet, spec: WorkloadSpec) -> Arc<Workload> {
-    let request = placement::engine_request(fleet, &spec.shape, spec.cpu_milli, spec.memory_mib).unwrap();
-    let (w, created) = lc
-        .create(NewWorkload {
-            spec,
-            request,
-            actor: "tok-test".into(),
-            role: "platform-admin".into(),
-            idempotency: None,
-            received_at: tessera_server::now_ms(),
-            audit: None,
-        })
-        .await
-        .unwrap();
+    let (w, created) = lc.create(support::new_workload(fleet, spec)).await.unwrap();
     assert!(created);
     w
 }
@@ -277,25 +221,8 @@ fn every_shape_runs_and_cancel_returns_the_capacity(mode: SimMode, db: Db) {
     let w = World::new("shapes", mode, db);
     let (rt, lc, store) = w.boot();
     rt.block_on(async {
-        let mig = submit(
-            &lc,
-            &w.fleet,
-            spec(
-                GpuSpec::Mig {
-                    profile: "3g.40gb".into(),
-                },
-                None,
-                None,
-                "standard",
-            ),
-        )
-        .await;
-        let gang = submit(
-            &lc,
-            &w.fleet,
-            spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "standard"),
-        )
-        .await;
+        let mig = submit(&lc, &w.fleet, mig_instance("3g.40gb")).await;
+        let gang = submit(&lc, &w.fleet, training(8, None)).await;
         let frac = submit(
             &lc,
             &w.fleet,
@@ -353,20 +280,10 @@ fn batch_work_completes_and_the_queue_drains(mode: SimMode, db: Db) {
     rt.block_on(async {
         let mut ids = Vec::new();
         for _ in 0..16 {
-            let x = submit(
-                &lc,
-                &w.fleet,
-                spec(GpuSpec::Whole { gpus: 8 }, Some("training"), Some(1), "standard"),
-            )
-            .await;
+            let x = submit(&lc, &w.fleet, training(8, Some(1))).await;
             ids.push(x.id);
         }
-        let late = submit(
-            &lc,
-            &w.fleet,
-            spec(GpuSpec::Whole { gpus: 8 }, Some("training"), Some(1), "standard"),
-        )
-        .await;
+        let late = submit(&lc, &w.fleet, training(8, Some(1))).await;
         assert_eq!(late.phase, Phase::Queued);
         assert_eq!(late.reason.as_ref().unwrap().code, ReasonCode::NoCapacity);
         for id in ids {
@@ -432,19 +349,7 @@ fn a_crash_between_partition_and_start_does_not_partition_twice(mode: SimMode, d
     w.gate.hold_start.store(true, Ordering::SeqCst);
     let (rt, lc, store) = w.boot();
     let id = rt.block_on(async {
-        let x = submit(
-            &lc,
-            &w.fleet,
-            spec(
-                GpuSpec::Mig {
-                    profile: "3g.40gb".into(),
-                },
-                None,
-                None,
-                "standard",
-            ),
-        )
-        .await;
+        let x = submit(&lc, &w.fleet, mig_instance("3g.40gb")).await;
         wait_phase(&lc, x.id, Phase::Partitioned).await;
         // The record is durable.
         let stored = store.get_workload(x.id, None).await.unwrap().unwrap();
@@ -479,19 +384,7 @@ fn a_crash_during_partition_is_repaired_without_a_second_partition(mode: SimMode
     w.gate.hold_after_partition.store(true, Ordering::SeqCst);
     let (rt, lc, store) = w.boot();
     let id = rt.block_on(async {
-        let x = submit(
-            &lc,
-            &w.fleet,
-            spec(
-                GpuSpec::Mig {
-                    profile: "3g.40gb".into(),
-                },
-                None,
-                None,
-                "standard",
-            ),
-        )
-        .await;
+        let x = submit(&lc, &w.fleet, mig_instance("3g.40gb")).await;
         wait_phase(&lc, x.id, Phase::Placed).await;
         for _ in 0..200 {
             if w.gate.sim.partitions_created() == 1 {
@@ -520,25 +413,8 @@ fn a_restart_keeps_running_work_and_finds_lost_work(mode: SimMode, db: Db) {
     let w = World::new("restart", mode, db);
     let (rt, lc, _store) = w.boot();
     let (kept, lost) = rt.block_on(async {
-        let a = submit(
-            &lc,
-            &w.fleet,
-            spec(GpuSpec::Whole { gpus: 2 }, Some("training"), None, "standard"),
-        )
-        .await;
-        let b = submit(
-            &lc,
-            &w.fleet,
-            spec(
-                GpuSpec::Mig {
-                    profile: "1g.10gb".into(),
-                },
-                None,
-                None,
-                "standard",
-            ),
-        )
-        .await;
+        let a = submit(&lc, &w.fleet, training(2, None)).await;
+        let b = submit(&lc, &w.fleet, mig_instance("1g.10gb")).await;
         wait_phase(&lc, a.id, Phase::Running).await;
         wait_phase(&lc, b.id, Phase::Running).await;
         (a.id, b.id)
@@ -565,12 +441,7 @@ fn reconcile_finds_ghosts(mode: SimMode, db: Db) {
     let w = World::new("ghost", mode, db);
     let (rt, lc, _store) = w.boot();
     rt.block_on(async {
-        let a = submit(
-            &lc,
-            &w.fleet,
-            spec(GpuSpec::Whole { gpus: 1 }, Some("training"), None, "standard"),
-        )
-        .await;
+        let a = submit(&lc, &w.fleet, training(1, None)).await;
         wait_phase(&lc, a.id, Phase::Running).await;
         // Gone without a word (a missed event): the periodic reconcile finds it.
         w.gate.sim.forget(a.id.0);
@@ -629,12 +500,7 @@ fn mig_layouts_and_bindings_hold(mode: SimMode, db: Db) {
     rt.block_on(async {
         let mut ids = Vec::new();
         for p in ["3g.40gb", "1g.10gb", "2g.20gb", "3g.40gb", "1g.10gb", "4g.40gb"] {
-            let x = submit(
-                &lc,
-                &w.fleet,
-                spec(GpuSpec::Mig { profile: p.into() }, None, None, "standard"),
-            )
-            .await;
+            let x = submit(&lc, &w.fleet, mig_instance(p)).await;
             ids.push(x.id);
         }
         for f in [250, 500, 300] {
@@ -655,12 +521,7 @@ fn mig_layouts_and_bindings_hold(mode: SimMode, db: Db) {
             ids.push(x.id);
         }
         for g in [1, 2, 1] {
-            let x = submit(
-                &lc,
-                &w.fleet,
-                spec(GpuSpec::Whole { gpus: g }, Some("training"), None, "standard"),
-            )
-            .await;
+            let x = submit(&lc, &w.fleet, training(g, None)).await;
             ids.push(x.id);
         }
         for id in &ids {
@@ -675,12 +536,7 @@ fn mig_layouts_and_bindings_hold(mode: SimMode, db: Db) {
         }
         let mut more = Vec::new();
         for p in ["1g.10gb", "3g.40gb", "2g.20gb"] {
-            let x = submit(
-                &lc,
-                &w.fleet,
-                spec(GpuSpec::Mig { profile: p.into() }, None, None, "standard"),
-            )
-            .await;
+            let x = submit(&lc, &w.fleet, mig_instance(p)).await;
             more.push(x.id);
         }
         for id in &more {
@@ -701,7 +557,7 @@ async fn fragment(
     kind: Kind,
     movable: Option<Movable>,
 ) -> Vec<WorkloadId> {
-    let whole = |gpus| spec(GpuSpec::Whole { gpus }, Some("training"), None, "standard");
+    let whole = |gpus| training(gpus, None);
     let mut full = Vec::new();
     for _ in 0..16 - pairs {
         full.push(submit(lc, fleet, whole(8)).await.id);
@@ -757,13 +613,7 @@ fn consolidation_restarts_movable_batch_work_within_the_budget(movable: bool) {
     let (rt, lc, store) = w.boot_with(consolidation(1));
     rt.block_on(async {
         let kept = fragment(&lc, &w.fleet, 4, Kind::Batch, movable.then_some(Movable::Restart)).await;
-        let big = |lc, fleet| {
-            submit(
-                lc,
-                fleet,
-                spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "standard"),
-            )
-        };
+        let big = |lc, fleet| submit(lc, fleet, training(8, None));
         let first = big(&lc, &w.fleet).await;
         let second = big(&lc, &w.fleet).await;
         if movable {
@@ -828,12 +678,7 @@ fn consolidation_replaces_a_movable_service_replacement_first() {
     let (rt, lc, store) = w.boot_with(consolidation(2));
     rt.block_on(async {
         let kept = fragment(&lc, &w.fleet, 2, Kind::Service, Some(Movable::Replace)).await;
-        let big = submit(
-            &lc,
-            &w.fleet,
-            spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "standard"),
-        )
-        .await;
+        let big = submit(&lc, &w.fleet, training(8, None)).await;
         wait_phase(&lc, big.id, Phase::Running).await;
         let old: Vec<Arc<Workload>> = kept
             .iter()
@@ -883,12 +728,7 @@ fn consolidation_continues_a_service_move_after_a_restart(db: Db) {
         let kept = fragment(&lc, &w.fleet, 2, Kind::Service, Some(Movable::Replace)).await;
         // The replacement is created and placed but does not start before the crash.
         w.gate.hold_start.store(true, Ordering::SeqCst);
-        let big = submit(
-            &lc,
-            &w.fleet,
-            spec(GpuSpec::Whole { gpus: 8 }, Some("training"), None, "standard"),
-        )
-        .await;
+        let big = submit(&lc, &w.fleet, training(8, None)).await;
         for _ in 0..400 {
             let moves = store.service_moves().await.unwrap();
             if let [m] = moves.as_slice()

@@ -3,6 +3,8 @@
 //! JWKS, JWT access tokens mapped to tenant roles by their `groups` claim, and the token attacks,
 //! each answered 401.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -10,16 +12,19 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use support::{Browser, TempDir, TestServer};
 use tessera_server::oidc::{ClaimRule, OidcConfig};
-use tessera_server::{ServerConfig, now_ms, start};
+use tessera_server::{ServerConfig, now_ms};
 
 struct Provider {
     child: Child,
     issuer: String,
     private_pem: Vec<u8>,
     public_pem: Vec<u8>,
+    /// Where the provider wrote its keys.
+    _keys: TempDir,
 }
 
 impl Drop for Provider {
@@ -51,8 +56,8 @@ fn provider_with(redirect: Option<&str>) -> Provider {
         dir.display()
     );
     let port = free_port();
-    let tmp = std::env::temp_dir().join(format!("tessera-oidc-{}-{port}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let keys = TempDir::new(&format!("oidc-{port}"));
+    let tmp = &keys.0;
     let mut child = Command::new("node")
         .arg(dir.join("provider.mjs"))
         .env("PORT", port.to_string())
@@ -75,6 +80,7 @@ fn provider_with(redirect: Option<&str>) -> Provider {
                 issuer: issuer.to_string(),
                 private_pem: std::fs::read(tmp.join("key.pem")).unwrap(),
                 public_pem: std::fs::read(tmp.join("pub.pem")).unwrap(),
+                _keys: keys,
             };
         }
     }
@@ -84,58 +90,48 @@ fn b64(v: &Value) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(v).unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sso_tokens_and_attacks() {
-    let p = provider();
-    let dir = std::env::temp_dir().join(format!("tessera-sso-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let oidc = OidcConfig {
-        issuer: p.issuer.clone(),
+/// Access tokens of `issuer` for the audience `tessera`, RS256, mapped to roles by `mapping`.
+fn oidc_config(issuer: &str, mapping: Vec<ClaimRule>) -> OidcConfig {
+    OidcConfig {
+        issuer: issuer.to_string(),
         audience: "tessera".into(),
         algorithms: vec!["RS256".into()],
         leeway_s: 5,
         client_id: None,
         client_secret: None,
         redirect_url: None,
-        mapping: vec![
-            ClaimRule {
-                claim: "groups".into(),
-                value: "platform-ops".into(),
-                tenant: None,
-                role: "platform-admin".into(),
-            },
-            ClaimRule {
-                claim: "groups".into(),
-                value: "vision-admins".into(),
-                tenant: Some("vision".into()),
-                role: "tenant-admin".into(),
-            },
+        mapping,
+    }
+}
+
+/// Members of the group `group` get `role` (in `tenant`, if given).
+fn group_rule(group: &str, tenant: Option<&str>, role: &str) -> ClaimRule {
+    ClaimRule {
+        claim: "groups".into(),
+        value: group.into(),
+        tenant: tenant.map(str::to_string),
+        role: role.into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sso_tokens_and_attacks() {
+    let p = provider();
+    let oidc = oidc_config(
+        &p.issuer,
+        vec![
+            group_rule("platform-ops", None, "platform-admin"),
+            group_rule("vision-admins", Some("vision"), "tenant-admin"),
         ],
-    };
-    let cfg = ServerConfig {
-        oidc: Some(oidc),
-        ..ServerConfig::local(dir.clone())
-    };
-    let r = start(cfg).await.unwrap();
-    let base = format!("http://{}", r.addr);
-    let admin = r.admin_token.unwrap();
-    let http = reqwest::Client::new();
-    let get = |token: String, path: &str| {
-        let (http, url) = (http.clone(), format!("{base}{path}"));
-        async move { http.get(url).bearer_auth(token).send().await.unwrap().status() }
-    };
-    let st = http
-        .post(format!("{base}/api/v1/tenants"))
-        .bearer_auth(&admin)
-        .json(&json!({"name": "vision"}))
-        .send()
-        .await
-        .unwrap()
-        .status();
+    );
+    let s = TestServer::start_with("sso", |c| ServerConfig { oidc: Some(oidc), ..c }).await;
+    let get = async |token: String, path: &str| s.call_as(Some(&token), Method::GET, path, None).await.0;
+    let (st, _) = s.post("/api/v1/tenants", json!({"name": "vision"})).await;
     assert_eq!(st, StatusCode::CREATED);
 
     // A real access token from the provider (client credentials, resource indicator).
-    let tok: Value = http
+    let tok: Value = s
+        .http
         .post(format!("{}/token", p.issuer))
         .basic_auth("tessera-ci", Some("ci-secret"))
         .form(&[
@@ -155,14 +151,14 @@ async fn sso_tokens_and_attacks() {
         StatusCode::OK,
         "mapped to vision's tenant-admin"
     );
-    let st = http
-        .post(format!("{base}/api/v1/tenants"))
-        .bearer_auth(&real)
-        .json(&json!({"name": "evil"}))
-        .send()
-        .await
-        .unwrap()
-        .status();
+    let (st, _) = s
+        .call_as(
+            Some(&real),
+            Method::POST,
+            "/api/v1/tenants",
+            Some(json!({"name": "evil"})),
+        )
+        .await;
     assert_eq!(st, StatusCode::FORBIDDEN, "a tenant-admin cannot create tenants");
 
     // Forged tokens: all claims right, signed by the provider's key → accepted (the control);
@@ -234,21 +230,10 @@ async fn sso_tokens_and_attacks() {
         );
     }
     // Validation cost with a cached JWKS (printed; see the README for the figure).
-    let verifier = tessera_server::oidc::OidcVerifier::discover(OidcConfig {
-        issuer: p.issuer.clone(),
-        audience: "tessera".into(),
-        algorithms: vec!["RS256".into()],
-        leeway_s: 5,
-        client_id: None,
-        client_secret: None,
-        redirect_url: None,
-        mapping: vec![ClaimRule {
-            claim: "groups".into(),
-            value: "vision-admins".into(),
-            tenant: Some("vision".into()),
-            role: "member".into(),
-        }],
-    })
+    let verifier = tessera_server::oidc::OidcVerifier::discover(oidc_config(
+        &p.issuer,
+        vec![group_rule("vision-admins", Some("vision"), "member")],
+    ))
     .await
     .unwrap();
     let mut ns = Vec::new();
@@ -271,15 +256,7 @@ async fn sso_tokens_and_attacks() {
         ns[ns.len() * 99 / 100] as f64 / 1000.0
     );
     // Failures are on the audit log.
-    let audit: Value = http
-        .get(format!("{base}/api/v1/audit?limit=100"))
-        .bearer_auth(&admin)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let audit = s.get("/api/v1/audit?limit=100").await;
     let failures = audit["items"]
         .as_array()
         .unwrap()
@@ -287,7 +264,6 @@ async fn sso_tokens_and_attacks() {
         .filter(|e| e["action"] == "auth.failure")
         .count();
     assert!(failures >= 8, "{audit}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Takes the `action` of the first form in an HTML page.
@@ -303,52 +279,28 @@ async fn console_sign_in_with_pkce_session_cookie_csrf_and_logout() {
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let p = provider_with(Some(&format!("{base}/auth/callback")));
-    let dir = std::env::temp_dir().join(format!("tessera-console-sso-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
     let oidc = OidcConfig {
-        issuer: p.issuer.clone(),
-        audience: "tessera".into(),
-        algorithms: vec!["RS256".into()],
-        leeway_s: 5,
         client_id: Some("tessera-console".into()),
         client_secret: Some("console-secret".into()),
         redirect_url: Some(format!("{base}/auth/callback")),
-        mapping: vec![ClaimRule {
-            claim: "groups".into(),
-            value: "vision-admins".into(),
-            tenant: Some("vision".into()),
-            role: "tenant-admin".into(),
-        }],
+        ..oidc_config(
+            &p.issuer,
+            vec![group_rule("vision-admins", Some("vision"), "tenant-admin")],
+        )
     };
-    let cfg = ServerConfig {
+    let s = TestServer::start_with("console-sso", |c| ServerConfig {
         listen: format!("127.0.0.1:{port}").parse().unwrap(),
         oidc: Some(oidc),
-        ..ServerConfig::local(dir.clone())
-    };
-    let r = start(cfg).await.unwrap();
-    let admin = r.admin_token.unwrap();
-    let api = reqwest::Client::new();
-    api.post(format!("{base}/api/v1/tenants"))
-        .bearer_auth(&admin)
-        .json(&json!({"name": "vision"}))
-        .send()
-        .await
-        .unwrap();
-    api.post(format!("{base}/api/v1/tenants/vision/projects"))
-        .bearer_auth(&admin)
-        .json(&json!({"name": "train"}))
-        .send()
-        .await
-        .unwrap();
+        ..c
+    })
+    .await;
+    s.tenant_with_project("vision", "train").await;
 
     // A browser: keeps cookies, and we follow redirects by hand to see each step.
-    let browser = reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let b = Browser::new(&base);
+    let browser = &b.client;
     let location = |r: &reqwest::Response| r.headers()["location"].to_str().unwrap().to_string();
-    let r1 = browser.get(format!("{base}/auth/login")).send().await.unwrap();
+    let r1 = b.get("/auth/login").await;
     assert_eq!(r1.status(), StatusCode::SEE_OTHER);
     let to_provider = location(&r1);
     assert!(
@@ -409,37 +361,17 @@ async fn console_sign_in_with_pkce_session_cookie_csrf_and_logout() {
         "{set_cookie}"
     );
     // The session: who we are, and the CSRF token.
-    let who: Value = browser
-        .get(format!("{base}/auth/session"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let who: Value = b.get("/auth/session").await.json().await.unwrap();
     assert_eq!(who["actor"], "oidc:alice");
     assert_eq!(who["role"], "tenant-admin");
     let csrf = who["csrf_token"].as_str().unwrap().to_string();
     // Reads work with the cookie; changes need the CSRF token.
-    assert_eq!(
-        browser
-            .get(format!("{base}/api/v1/tenants/vision"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        StatusCode::OK
-    );
+    assert_eq!(b.get("/api/v1/tenants/vision").await.status(), StatusCode::OK);
     let wl = json!({"tenant": "vision", "project": "train", "name": "nb", "shape": {"fraction": 250}});
-    let no_csrf = browser
-        .post(format!("{base}/api/v1/workloads"))
-        .json(&wl)
-        .send()
-        .await
-        .unwrap();
+    let no_csrf = browser.post(b.url("/api/v1/workloads")).json(&wl).send().await.unwrap();
     assert_eq!(no_csrf.status(), StatusCode::FORBIDDEN);
     let ok = browser
-        .post(format!("{base}/api/v1/workloads"))
+        .post(b.url("/api/v1/workloads"))
         .header("x-csrf-token", &csrf)
         .json(&wl)
         .send()
@@ -447,33 +379,12 @@ async fn console_sign_in_with_pkce_session_cookie_csrf_and_logout() {
         .unwrap();
     assert_eq!(ok.status(), StatusCode::CREATED);
     // Logout clears the session.
-    let out = browser
-        .post(format!("{base}/auth/logout"))
-        .header("x-csrf-token", &csrf)
-        .send()
-        .await
-        .unwrap();
+    let out = b.post("/auth/logout", Some(&csrf)).await;
     assert_eq!(out.status(), StatusCode::NO_CONTENT);
     assert!(out.headers()["set-cookie"].to_str().unwrap().contains("Max-Age=0"));
-    assert_eq!(
-        browser
-            .get(format!("{base}/api/v1/tenants/vision"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        StatusCode::UNAUTHORIZED
-    );
+    assert_eq!(b.get("/api/v1/tenants/vision").await.status(), StatusCode::UNAUTHORIZED);
     // The sign-in is on the audit log.
-    let audit: Value = api
-        .get(format!("{base}/api/v1/audit?limit=100"))
-        .bearer_auth(&admin)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let audit = s.get("/api/v1/audit?limit=100").await;
     assert!(
         audit["items"]
             .as_array()
@@ -482,5 +393,4 @@ async fn console_sign_in_with_pkce_session_cookie_csrf_and_logout() {
             .any(|e| e["action"] == "login" && e["actor"] == "oidc:alice"),
         "{audit}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,108 +2,68 @@
 //! or of another tenant, with the exact expected status of each cell, on both databases. The test fails when a
 //! route is added to the OpenAPI document without an entry here.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
-use tessera_server::{ServerConfig, start};
+use serde_json::json;
+use support::TestServer;
+use tessera_server::ServerConfig;
 use tessera_testdb::Db;
 
-struct Ctx {
-    base: String,
-    http: reqwest::Client,
-    admin: String,
-    /// Tokens by role: the platform admin, then tenant `vision`'s tenant-admin, member and viewer, then none.
-    tokens: Vec<(&'static str, Option<String>)>,
+async fn server(tag: &str, db: Db, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> TestServer {
+    TestServer::start_with(&format!("{tag}-{db:?}"), |c| {
+        cfg(ServerConfig {
+            database: db.url(),
+            ..c
+        })
+    })
+    .await
 }
 
-impl Ctx {
-    async fn call(&self, token: Option<&str>, m: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut rb = self.http.request(m, format!("{}{path}", self.base));
-        if let Some(t) = token {
-            rb = rb.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let r = rb.send().await.unwrap();
-        let st = r.status();
-        let text = r.text().await.unwrap();
-        (st, serde_json::from_str(&text).unwrap_or(Value::Null))
-    }
+/// A new workload of `tenant` (in project `train` of `vision`, else `p`): its id.
+async fn workload(s: &TestServer, tenant: &str) -> u64 {
+    let project = if tenant == "vision" { "train" } else { "p" };
+    let w = s
+        .ok(
+            Method::POST,
+            "/api/v1/workloads",
+            Some(json!({"tenant": tenant, "project": project, "name": "w", "shape": {"fraction": 100}})),
+        )
+        .await;
+    w["id"].as_u64().unwrap()
+}
 
-    async fn admin_call(&self, m: Method, path: &str, body: Option<Value>) -> Value {
-        let (st, v) = self.call(Some(&self.admin), m, path, body).await;
-        assert!(st.is_success(), "setup {path}: {st} {v}");
-        v
-    }
-
-    async fn workload(&self, tenant: &str) -> u64 {
-        let project = if tenant == "vision" { "train" } else { "p" };
-        let w = self
-            .admin_call(
-                Method::POST,
-                "/api/v1/workloads",
-                Some(json!({"tenant": tenant, "project": project, "name": "w", "shape": {"fraction": 100}})),
-            )
-            .await;
-        w["id"].as_u64().unwrap()
-    }
-
-    async fn token_of(&self, tenant: &str) -> String {
-        let t = self
-            .admin_call(
-                Method::POST,
-                "/api/v1/tokens",
-                Some(json!({"tenant": tenant, "role": "viewer"})),
-            )
-            .await;
-        t["id"].as_str().unwrap().to_string()
-    }
+/// The id of a new viewer token of `tenant`.
+async fn token_of(s: &TestServer, tenant: &str) -> String {
+    let t = s
+        .ok(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"tenant": tenant, "role": "viewer"})),
+        )
+        .await;
+    t["id"].as_str().unwrap().to_string()
 }
 
 /// Expected statuses for [platform-admin, tenant-admin, member, viewer, anonymous].
 type Row = [u16; 5];
 
 async fn isolation_matrix(db: Db) {
-    let dir = std::env::temp_dir().join(format!("tessera-rbac-{db:?}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let cfg = ServerConfig {
-        database: db.url(),
-        ..ServerConfig::local(dir.clone())
-    };
-    let r = start(cfg).await.unwrap();
-    let mut ctx = Ctx {
-        base: format!("http://{}", r.addr),
-        http: reqwest::Client::new(),
-        admin: r.admin_token.unwrap(),
-        tokens: vec![],
-    };
+    let s = server("rbac", db, |c| c).await;
     for (t, p) in [("vision", "train"), ("nlp", "p")] {
-        ctx.admin_call(Method::POST, "/api/v1/tenants", Some(json!({"name": t})))
-            .await;
-        ctx.admin_call(
-            Method::POST,
-            &format!("/api/v1/tenants/{t}/projects"),
-            Some(json!({"name": p})),
-        )
-        .await;
+        s.tenant_with_project(t, p).await;
     }
-    ctx.tokens.push(("platform-admin", Some(ctx.admin.clone())));
+    // Tokens by role: the platform admin, then tenant `vision`'s tenant-admin, member and viewer, then none.
+    let mut tokens: Vec<(&str, Option<String>)> = vec![("platform-admin", Some(s.admin.clone()))];
     for role in ["tenant-admin", "member", "viewer"] {
-        let t = ctx
-            .admin_call(
-                Method::POST,
-                "/api/v1/tokens",
-                Some(json!({"tenant": "vision", "role": role})),
-            )
-            .await;
-        ctx.tokens.push((role, Some(t["token"].as_str().unwrap().to_string())));
+        tokens.push((role, Some(s.token("vision", role).await)));
     }
-    ctx.tokens.push(("anonymous", None));
-    let own_wl = ctx.workload("vision").await;
-    let other_wl = ctx.workload("nlp").await;
+    tokens.push(("anonymous", None));
+    let own_wl = workload(&s, "vision").await;
+    let other_wl = workload(&s, "nlp").await;
 
     // (method, path template, [own row, other row]).
     let matrix: Vec<(&str, &str, Row, Row)> = vec![
@@ -368,7 +328,7 @@ async fn isolation_matrix(db: Db) {
     ];
 
     // Every documented route has a row, and every row is documented.
-    let (_, doc) = ctx.call(None, Method::GET, "/api/v1/openapi.json", None).await;
+    let (_, doc) = s.call_as(None, Method::GET, "/api/v1/openapi.json", None).await;
     let documented: BTreeSet<(String, String)> = doc["paths"]
         .as_object()
         .unwrap()
@@ -398,7 +358,7 @@ async fn isolation_matrix(db: Db) {
             } else {
                 ("nlp", "p")
             };
-            for (ri, (role, token)) in ctx.tokens.iter().enumerate() {
+            for (ri, (role, token)) in tokens.iter().enumerate() {
                 n += 1;
                 // Fresh objects for cells that consume them.
                 let mut path = template
@@ -411,15 +371,15 @@ async fn isolation_matrix(db: Db) {
                 if template.contains("/rollouts/{id}") {
                     path = path.replace("{id}", "1");
                 } else if template.contains("/tokens/{id}") {
-                    path = path.replace("{id}", &ctx.token_of(tenant).await);
+                    path = path.replace("{id}", &token_of(&s, tenant).await);
                 } else if template.ends_with("/cancel") {
-                    let id = ctx.workload(tenant).await;
+                    let id = workload(&s, tenant).await;
                     path = path.replace("{id}", &id.to_string());
                 } else {
                     path = path.replace("{id}", &(if scope == "own" { own_wl } else { other_wl }).to_string());
                 }
                 if *method == "DELETE" && template.ends_with("/image-policy") {
-                    ctx.admin_call(
+                    s.ok(
                         Method::PUT,
                         &path,
                         Some(json!({"registries": ["registry.example.com/"]})),
@@ -427,7 +387,7 @@ async fn isolation_matrix(db: Db) {
                     .await;
                 }
                 if *method == "DELETE" && template.contains("/quotas/") {
-                    ctx.admin_call(Method::PUT, &path, Some(json!({"guaranteed": 1}))).await;
+                    s.ok(Method::PUT, &path, Some(json!({"guaranteed": 1}))).await;
                 }
                 if (*template == "/api/v1/usage" || *template == "/api/v1/usage/intervals") && scope == "other" {
                     path.push_str("?tenant=nlp");
@@ -451,7 +411,7 @@ async fn isolation_matrix(db: Db) {
                     _ => None,
                 };
                 let m = Method::from_bytes(method.as_bytes()).unwrap();
-                let (st, v) = ctx.call(token.as_deref(), m, &path, body).await;
+                let (st, v) = s.call_as(token.as_deref(), m, &path, body).await;
                 if st.as_u16() != row[ri] {
                     failures.push(format!(
                         "{method} {path} as {role} ({scope}): expected {}, got {} {v}",
@@ -470,9 +430,7 @@ async fn isolation_matrix(db: Db) {
     );
 
     // Denials and authentication failures are on the audit log.
-    let (_, audit) = ctx
-        .call(Some(&ctx.admin), Method::GET, "/api/v1/audit?limit=500", None)
-        .await;
+    let (_, audit) = s.call(Method::GET, "/api/v1/audit?limit=500", None).await;
     let actions: Vec<&str> = audit["items"]
         .as_array()
         .unwrap()
@@ -482,85 +440,52 @@ async fn isolation_matrix(db: Db) {
     assert!(actions.contains(&"auth.failure"));
     assert!(actions.iter().any(|a| a.starts_with("denied ")));
     assert!(actions.iter().any(|a| a.starts_with("POST /api/v1/workloads")));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 async fn revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429(db: Db) {
-    let dir = std::env::temp_dir().join(format!("tessera-tokens-{db:?}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let cfg = ServerConfig {
-        rate_limit: 5.0,
-        database: db.url(),
-        ..ServerConfig::local(dir.clone())
-    };
-    let r = start(cfg).await.unwrap();
-    let ctx = Ctx {
-        base: format!("http://{}", r.addr),
-        http: reqwest::Client::new(),
-        admin: r.admin_token.unwrap(),
-        tokens: vec![],
-    };
-    ctx.admin_call(Method::POST, "/api/v1/tenants", Some(json!({"name": "vision"})))
+    let s = server("tokens", db, |c| ServerConfig { rate_limit: 5.0, ..c }).await;
+    s.ok(Method::POST, "/api/v1/tenants", Some(json!({"name": "vision"})))
         .await;
-    let t = ctx
-        .admin_call(
+    let t = s
+        .ok(
             Method::POST,
             "/api/v1/tokens",
             Some(json!({"tenant": "vision", "role": "member"})),
         )
         .await;
     let secret = t["token"].as_str().unwrap().to_string();
-    assert_eq!(
-        ctx.call(Some(&secret), Method::GET, "/api/v1/tenants/vision", None)
+    // How the tenant's page answers `token`.
+    let tenant_as = async |token: &str| {
+        s.call_as(Some(token), Method::GET, "/api/v1/tenants/vision", None)
             .await
-            .0,
-        StatusCode::OK
-    );
-    let (st, _) = ctx
+            .0
+    };
+    assert_eq!(tenant_as(&secret).await, StatusCode::OK);
+    let (st, _) = s
         .call(
-            Some(&ctx.admin),
             Method::DELETE,
             &format!("/api/v1/tokens/{}", t["id"].as_str().unwrap()),
             None,
         )
         .await;
     assert_eq!(st, StatusCode::NO_CONTENT);
-    assert_eq!(
-        ctx.call(Some(&secret), Method::GET, "/api/v1/tenants/vision", None)
-            .await
-            .0,
-        StatusCode::UNAUTHORIZED,
-        "revoked at once"
-    );
-    let e = ctx
-        .admin_call(
+    assert_eq!(tenant_as(&secret).await, StatusCode::UNAUTHORIZED, "revoked at once");
+    let e = s
+        .ok(
             Method::POST,
             "/api/v1/tokens",
             Some(json!({"tenant": "vision", "role": "viewer", "expires_in_s": 1})),
         )
         .await;
     let exp = e["token"].as_str().unwrap().to_string();
-    assert_eq!(
-        ctx.call(Some(&exp), Method::GET, "/api/v1/tenants/vision", None)
-            .await
-            .0,
-        StatusCode::OK
-    );
+    assert_eq!(tenant_as(&exp).await, StatusCode::OK);
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(
-        ctx.call(Some(&exp), Method::GET, "/api/v1/tenants/vision", None)
-            .await
-            .0,
-        StatusCode::UNAUTHORIZED,
-        "expired"
-    );
+    assert_eq!(tenant_as(&exp).await, StatusCode::UNAUTHORIZED, "expired");
     // 5 requests/s, bursts of 10: the 11th immediate request is refused with Retry-After.
     let mut limited = None;
     for _ in 0..30 {
-        let r = ctx
-            .http
-            .get(format!("{}/api/v1/pools", ctx.base))
-            .bearer_auth(&ctx.admin)
+        let r = s
+            .request(Some(&s.admin), Method::GET, "/api/v1/pools")
             .send()
             .await
             .unwrap();
@@ -573,7 +498,6 @@ async fn revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429(db: 
     assert!(r.headers().get("retry-after").is_some());
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     assert_eq!(r.headers()["x-content-type-options"], "nosniff");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 tessera_testdb::each_database!(

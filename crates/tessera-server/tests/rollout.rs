@@ -6,27 +6,20 @@
 //! Restarts are real crashes: each control plane runs on its own Tokio runtime, dropped
 //! mid-flight, and a new one starts on the same data directory. About 25 s of wall time in all.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use support::TempDir;
 use tessera_backend::Backend;
 use tessera_backend_sim::{SimBackend, SimConfig};
 use tessera_model::Fleet;
 use tessera_server::{ServerConfig, start};
 use tokio::runtime::Runtime;
-
-fn dir(tag: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!(
-        "tessera-rollout-{tag}-{}-{}",
-        std::process::id(),
-        tessera_server::now_ms()
-    ));
-    std::fs::create_dir_all(&p).unwrap();
-    p
-}
 
 /// A control plane on its own runtime: dropping it is a crash.
 struct Plane {
@@ -133,6 +126,25 @@ impl Plane {
             .clone()
     }
 
+    /// Starts a rolling upgrade of `pool`, one node at a time: the rollout.
+    fn start_rollout(&self, pool: &str) -> Value {
+        let (st, r) = self.call(
+            Method::POST,
+            "/api/v1/rollouts",
+            Some(json!({"pool": pool, "max_parallel": 1})),
+        );
+        assert_eq!(st, StatusCode::CREATED, "{r}");
+        r
+    }
+
+    /// Waits until the first node of rollout `id` is upgrading.
+    fn until_first_node_upgrading(&self, id: u64) {
+        self.until("the first node upgrading", 10, || {
+            let r = self.get(&format!("/api/v1/rollouts/{id}"));
+            (r["nodes"][0]["state"] == "upgrading").then_some(())
+        });
+    }
+
     fn node_state(&self, node: &str) -> String {
         self.get(&format!("/api/v1/nodes?node={node}"))["items"][0]["state"]
             .as_str()
@@ -169,8 +181,8 @@ fn assert_nothing_cut_off(ws: &[Value]) {
 
 #[test]
 fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
-    let d = dir("resume");
-    let a = boot(&d, Some(Duration::from_secs(1)), None);
+    let d = TempDir::new("rollout-resume");
+    let a = boot(&d.0, Some(Duration::from_secs(1)), None);
     a.tenant();
     let svc = a.submit("svc", "service", 1, None, true);
     let job = a.submit("job", "batch", 1, Some(3), true);
@@ -210,10 +222,7 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
     assert_eq!(st, StatusCode::NOT_FOUND);
 
     // Crash once the first node is upgrading (the busy one waits: one node at a time).
-    a.until("the first node upgrading", 10, || {
-        let r = a.get(&format!("/api/v1/rollouts/{id}"));
-        (r["nodes"][0]["state"] == "upgrading").then_some(())
-    });
+    a.until_first_node_upgrading(id);
     // The simulated upgrade reboots the node: its GPUs are reported lost while it is away.
     a.until("the upgrading node reported gone", 5, || {
         let h = a.get("/api/v1/gpus/health");
@@ -227,7 +236,7 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
     let token = a.token.clone();
     drop(a);
 
-    let b = boot(&d, Some(Duration::from_secs(1)), Some(token));
+    let b = boot(&d.0, Some(Duration::from_secs(1)), Some(token));
     let done = b.until("the rollout done", 30, || {
         let r = b.get(&format!("/api/v1/rollouts/{id}"));
         (r["state"] != "running").then_some(r)
@@ -277,17 +286,9 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
             );
         }
     }
-    let m = b.rt.block_on(async {
-        b.http
-            .get(format!("{}/metrics", b.base))
-            .bearer_auth(&b.token)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    });
+    let m = b.rt.block_on(support::text(
+        b.http.get(format!("{}/metrics", b.base)).bearer_auth(&b.token),
+    ));
     let line = |name: &str, label: &str| {
         m.lines()
             .find(|l| l.starts_with(name) && l.contains(label))
@@ -303,27 +304,19 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
     let list = b.get("/api/v1/rollouts");
     assert_eq!(list["items"][0]["id"], id);
     assert_eq!(list["next_cursor"], Value::Null);
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn without_a_simulated_upgrade_a_node_waits_for_the_done_hook_and_a_failed_gpu_fails_it() {
-    let d = dir("hook");
-    let a = boot(&d, None, None);
-    let (st, r) = a.call(
-        Method::POST,
-        "/api/v1/rollouts",
-        Some(json!({"pool": "training", "max_parallel": 1})),
-    );
-    assert_eq!(st, StatusCode::CREATED, "{r}");
+    let d = TempDir::new("rollout-hook");
+    let a = boot(&d.0, None, None);
+    let r = a.start_rollout("training");
     let id = r["id"].as_u64().unwrap();
     let first = r["nodes"][0]["node"].as_str().unwrap().to_string();
     let second = r["nodes"][1]["node"].as_str().unwrap().to_string();
     let (st, p) = a.call(Method::POST, &format!("/api/v1/nodes/{second}/done"), None);
     assert_eq!(st, StatusCode::CONFLICT, "not upgrading: {p}");
-    a.until("the first node upgrading", 10, || {
-        (a.get(&format!("/api/v1/rollouts/{id}"))["nodes"][0]["state"] == "upgrading").then_some(())
-    });
+    a.until_first_node_upgrading(id);
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
         a.get(&format!("/api/v1/rollouts/{id}"))["nodes"][0]["state"],
@@ -354,13 +347,12 @@ fn without_a_simulated_upgrade_a_node_waits_for_the_done_hook_and_a_failed_gpu_f
     assert_eq!(a.node_state(&second), "cordoned");
     let (st, p) = a.call(Method::POST, &format!("/api/v1/rollouts/{id}/cancel"), None);
     assert_eq!(st, StatusCode::CONFLICT, "an ended rollout: {p}");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn a_drain_resumed_after_a_crash_keeps_its_deadline_and_policy() {
-    let d = dir("drain");
-    let a = boot(&d, None, None);
+    let d = TempDir::new("rollout-drain");
+    let a = boot(&d.0, None, None);
     a.tenant();
     let job = a.submit("long", "batch", 1, Some(3600), true);
     let node = node_of(&job);
@@ -372,7 +364,7 @@ fn a_drain_resumed_after_a_crash_keeps_its_deadline_and_policy() {
     assert_eq!(st, StatusCode::OK, "{v}");
     let token = a.token.clone();
     drop(a);
-    let b = boot(&d, None, Some(token));
+    let b = boot(&d.0, None, Some(token));
     let id = job["id"].as_u64().unwrap();
     let events = b.until("the job preempted at the deadline", 15, || {
         let e = b.get(&format!("/api/v1/workloads/{id}/events"));
@@ -386,13 +378,12 @@ fn a_drain_resumed_after_a_crash_keeps_its_deadline_and_policy() {
     b.until("the node in maintenance", 10, || {
         (b.node_state(&node) == "maintenance").then_some(())
     });
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn a_crash_during_a_service_move_does_not_start_a_second_replacement() {
-    let d = dir("move");
-    let a = boot(&d, None, None);
+    let d = TempDir::new("rollout-move");
+    let a = boot(&d.0, None, None);
     a.tenant();
     // The service on one node; the other node full, so the replacement waits in the queue.
     let svc = a.submit("svc", "service", 1, None, true);
@@ -406,20 +397,19 @@ fn a_crash_during_a_service_move_does_not_start_a_second_replacement() {
     });
     let token = a.token.clone();
     drop(a);
-    let b = boot(&d, None, Some(token));
+    let b = boot(&d.0, None, Some(token));
     std::thread::sleep(Duration::from_secs(3));
     let ws = b.workloads();
     let svcs: Vec<&Value> = ws.iter().filter(|w| w["name"] == "svc").collect();
     assert_eq!(svcs.len(), 2, "one replacement, not two: {svcs:?}");
     let old = svcs.iter().find(|w| w["id"] == svc["id"]).unwrap();
     assert_eq!(old["state"], "running", "the old one runs until its replacement does");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn a_removed_node_loses_its_gpus_and_its_return_clears_only_that_cause() {
-    let d = dir("removed");
-    let a = boot(&d, None, None);
+    let d = TempDir::new("rollout-removed");
+    let a = boot(&d.0, None, None);
     let node = "h100-00";
     a.sim.inject_xid(node, 5, 79).unwrap();
     a.until("the XID recorded", 10, || {
@@ -437,7 +427,6 @@ fn a_removed_node_loses_its_gpus_and_its_return_clears_only_that_cause() {
         (h.as_array().unwrap().len() == 1).then_some(h)
     });
     assert_eq!(h[0]["gpu"], 5, "the XID stays until an admin clears it: {h}");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// `POST /api/v1/nodes/{node}/gpus/{gpu}/mig`: refused while the node is in placement or the GPU
@@ -446,8 +435,8 @@ fn a_removed_node_loses_its_gpus_and_its_return_clears_only_that_cause() {
 /// crash; viewers and tenant members are refused.
 #[test]
 fn mig_mode_is_an_admin_action_on_a_drained_gpu_and_survives_a_crash() {
-    let d = dir("mig");
-    let a = boot(&d, None, None);
+    let d = TempDir::new("rollout-mig");
+    let a = boot(&d.0, None, None);
     a.tenant();
     let mig_as = |p: &Plane, token: &str, node: &str, gpu: u64, enabled: bool| {
         p.call_as(
@@ -554,7 +543,7 @@ fn mig_mode_is_an_admin_action_on_a_drained_gpu_and_survives_a_crash() {
     // the GPU out of MIG mode), and the simulated backend is told again.
     let token = a.token.clone();
     drop(a);
-    let b = boot(&d, None, Some(token));
+    let b = boot(&d.0, None, Some(token));
     let w = b.get(&format!("/api/v1/workloads/{}", w["id"]));
     assert_eq!(w["state"], "running", "{w}");
     let (st, v) = mig(&b, &node, idle, false);
@@ -566,7 +555,6 @@ fn mig_mode_is_an_admin_action_on_a_drained_gpu_and_survives_a_crash() {
     };
     let e = b.rt.block_on(b.sim.partition(&plan)).unwrap_err();
     assert!(e.to_string().contains("not in MIG mode"), "{e}");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// Validation on an instance-granularity backend (the simulator in exact mode): an upgraded
@@ -575,19 +563,12 @@ fn mig_mode_is_an_admin_action_on_a_drained_gpu_and_survives_a_crash() {
 /// its MIG modes as before the drain and the instances as the engine holds them. About 4 s.
 #[test]
 fn validation_compares_the_backends_mig_instances_with_the_engines_layout() {
-    let d = dir("instances");
-    let a = boot(&d, None, None);
-    let (st, r) = a.call(
-        Method::POST,
-        "/api/v1/rollouts",
-        Some(json!({"pool": "serving", "max_parallel": 1})),
-    );
-    assert_eq!(st, StatusCode::CREATED, "{r}");
+    let d = TempDir::new("rollout-instances");
+    let a = boot(&d.0, None, None);
+    let r = a.start_rollout("serving");
     let id = r["id"].as_u64().unwrap();
     let first = r["nodes"][0]["node"].as_str().unwrap().to_string();
-    a.until("the first node upgrading", 10, || {
-        (a.get(&format!("/api/v1/rollouts/{id}"))["nodes"][0]["state"] == "upgrading").then_some(())
-    });
+    a.until_first_node_upgrading(id);
     let stray = tessera_backend::PartitionPlan::Instance {
         node: first.clone(),
         gpu: 0,
@@ -612,5 +593,4 @@ fn validation_compares_the_backends_mig_instances_with_the_engines_layout() {
         detail.contains("MIG modes as before the drain") && detail.contains("MIG instances as the engine holds them"),
         "{n}"
     );
-    let _ = std::fs::remove_dir_all(&d);
 }

@@ -1,15 +1,17 @@
 //! `serve` over TLS (rustls): a self-signed certificate made with openssl, trusted by the
 //! client; plain HTTP on the same port is refused.
 
+mod support;
+
 use std::process::Command;
 
+use support::TempDir;
 use tessera_server::{ServerConfig, start};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_https() {
-    let dir = std::env::temp_dir().join(format!("tessera-tls-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = TempDir::new("tls");
+    let dir = &tmp.0;
     let (ca, cert, key) = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
     // A test CA and a server certificate for 127.0.0.1 signed by it.
     let script = format!(
@@ -51,5 +53,4 @@ async fn serves_https() {
     };
     let e = start(bad).await.err().expect("swapped files are refused").to_string();
     assert!(e.contains("--tls-"), "{e}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
