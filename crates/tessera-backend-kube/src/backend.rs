@@ -1,6 +1,7 @@
 //! [`KubeBackend`]: the backend contract on a Kubernetes API server. Pods are created in the
 //! project's namespace and bound by Tessera (Binding subresource); two watches (GPU nodes, and
-//! pods labelled `tessera.io/workload`) turn the cluster's changes into backend events.
+//! pods labelled `tessera.io/workload`) turn the cluster's changes into backend events, and a
+//! periodic read of every node's DCGM exporter turns GPU telemetry into `Telemetry` events.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
@@ -21,6 +22,7 @@ use tessera_model::{Catalogue, Fleet};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::dcgm;
 use crate::fleet::{self, LABEL_MIG_CONFIG, LABEL_MIG_STATE, NodeView};
 use crate::mig::{self, LAYOUT_ANNOTATION, NodeLayout, Placed};
 use crate::names::{self, FIELD_MANAGER, LABEL_WORKLOAD};
@@ -49,6 +51,13 @@ pub struct KubeConfig {
     /// After a stop's grace period, how much longer a pod may take to go before Tessera
     /// deletes it forcibly (a node that is gone never confirms the deletion).
     pub force_delete_after: Duration,
+    /// Namespace and label selector of the DCGM exporter's pods (the GPU Operator's
+    /// `nvidia-dcgm-exporter` DaemonSet: one pod per GPU node).
+    pub dcgm_namespace: String,
+    pub dcgm_selector: String,
+    /// How often every exporter is read (`None`: no telemetry). The exporter itself samples
+    /// every 30 s by default.
+    pub telemetry_every: Option<Duration>,
 }
 
 impl Default for KubeConfig {
@@ -62,6 +71,9 @@ impl Default for KubeConfig {
             mig_configmap: "default-mig-parted-config".into(),
             mig_timeout: Duration::from_secs(600),
             force_delete_after: Duration::from_secs(30),
+            dcgm_namespace: "gpu-operator".into(),
+            dcgm_selector: "app=nvidia-dcgm-exporter".into(),
+            telemetry_every: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -168,10 +180,13 @@ impl KubeBackend {
             rx: Mutex::new(Some(rx)),
             node_locks: Mutex::new(HashMap::new()),
         });
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(watch_nodes(Arc::downgrade(&shared), shared.client.clone())),
             tokio::spawn(watch_pods(Arc::downgrade(&shared), shared.client.clone())),
         ];
+        if let Some(every) = shared.cfg.telemetry_every {
+            tasks.push(tokio::spawn(read_exporters(Arc::downgrade(&shared), every)));
+        }
         Ok((KubeBackend { shared, tasks }, fleet))
     }
 
@@ -184,6 +199,92 @@ impl KubeBackend {
     pub fn namespace_of(&self, tenant: &str, project: &str) -> String {
         names::namespace(&self.shared.cfg.namespace_prefix, tenant, project)
     }
+}
+
+/// Every `every`: reads the DCGM exporter of each GPU node (its pods, found by the configured
+/// namespace and selector, each read at its pod IP on its `metrics` port, else its first
+/// container port, else 9400) and sends the GPUs it describes as one `Telemetry` event. An
+/// exporter that cannot be read is left out of that pass, with a warning.
+async fn read_exporters(shared: Weak<Shared>, every: Duration) {
+    let http = match reqwest::Client::builder()
+        .timeout(every.min(Duration::from_secs(10)))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "no HTTP client for the DCGM exporters: no telemetry");
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(sh) = shared.upgrade() else { return };
+        let cfg = &sh.cfg;
+        let list = ListParams::default().labels(&cfg.dcgm_selector);
+        let exporters = match Api::<Pod>::namespaced(sh.client.clone(), &cfg.dcgm_namespace)
+            .list(&list)
+            .await
+        {
+            Ok(l) => l.items,
+            Err(e) => {
+                tracing::warn!(error = %e, namespace = %cfg.dcgm_namespace, "cannot list the DCGM exporter's pods");
+                continue;
+            }
+        };
+        let reads = exporters.iter().filter_map(exporter_url).map(|(node, url)| {
+            let http = http.clone();
+            async move {
+                let text = async { http.get(&url).send().await?.error_for_status()?.text().await }.await;
+                (node, url, text)
+            }
+        });
+        let texts = futures::future::join_all(reads).await;
+        // Our pods by (namespace, name), as they are now.
+        let ours: HashMap<(String, String), u64> = {
+            let st = sh.state.lock().expect("lock");
+            st.tracked
+                .iter()
+                .flat_map(|(id, t)| t.pods.iter().map(move |(p, _)| ((t.ns.clone(), p.clone()), *id)))
+                .collect()
+        };
+        let workload_of = |ns: &str, pod: &str| ours.get(&(ns.to_string(), pod.to_string())).copied();
+        let mut gpus = Vec::new();
+        for (node, url, text) in texts {
+            let series = text.map_err(|e| e.to_string()).and_then(|t| dcgm::parse_exposition(&t));
+            match series {
+                Ok(series) => gpus.extend(dcgm::samples(&node, &series, workload_of)),
+                Err(e) => tracing::warn!(%node, %url, error = %e, "cannot read the DCGM exporter"),
+            }
+        }
+        if !gpus.is_empty() {
+            let _ = sh.tx.send(BackendEvent::Telemetry { at_ms: now_ms(), gpus });
+        }
+    }
+}
+
+/// The node and metrics URL of a running DCGM exporter pod.
+fn exporter_url(pod: &Pod) -> Option<(String, String)> {
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Running") {
+        return None;
+    }
+    let ip = status.pod_ip.as_deref()?;
+    let spec = pod.spec.as_ref()?;
+    let node = spec.node_name.clone()?;
+    let ports: Vec<_> = spec.containers.iter().flat_map(|c| c.ports.iter().flatten()).collect();
+    let port = ports
+        .iter()
+        .find(|p| p.name.as_deref() == Some("metrics"))
+        .or(ports.first())
+        .map_or(9400, |p| p.container_port);
+    let host = if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.to_string()
+    };
+    Some((node, format!("http://{host}:{port}/metrics")))
 }
 
 async fn watch_nodes(shared: Weak<Shared>, client: Client) {

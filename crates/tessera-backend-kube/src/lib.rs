@@ -18,10 +18,13 @@
 //! * [`KubeBackend`]: the backend contract (`WholeGpu` partitioning, `PerNodeCount` devices),
 //!   cordon (`spec.unschedulable`) and drain through the Eviction API.
 //!
-//! Not here: telemetry (DCGM exporter metrics are Prometheus' business), workload logs, and
-//! image admission (a later step).
+//! * [`dcgm`]: GPU telemetry from the GPU Operator's DCGM exporter on each node (read every
+//!   30 s by default), attributed to workloads by the exporter's pod mapping.
+//!
+//! Not here: workload logs, and image admission (the control plane checks images).
 
 mod backend;
+pub mod dcgm;
 pub mod fleet;
 pub mod mig;
 pub mod names;

@@ -15,7 +15,10 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::{cluster, eventually, expect_event, finish_deletion, gpu_node, set_node_status, set_pod_phase};
+use support::{
+    cluster, eventually, expect_event, exporter_pod, fake_exporter, finish_deletion, gpu_node, set_node_status,
+    set_pod_phase,
+};
 use tessera_backend::{
     Backend, BackendEvent, Devices, Exit, GangShare, MigInstance, NodeChange, Observation, PartitionPlan, Resource,
     RunSpec, TenancySpec,
@@ -906,4 +909,141 @@ async fn the_deploy_manifests_apply_and_grant_exactly_what_the_backend_uses() {
             "the service account may {verb} {resource}/{sub}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_telemetry_comes_from_each_nodes_dcgm_exporter_with_usage_by_the_pods_workload() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    gpu_node(&client, "tel-h100-0", "tel", "NVIDIA-H100-80GB-HBM3", 2, json!({})).await;
+    gpu_node(&client, "tel-h100-1", "tel", "NVIDIA-H100-80GB-HBM3", 2, json!({})).await;
+    gpu_node(&client, "tel-h100-2", "tel", "NVIDIA-H100-80GB-HBM3", 2, json!({})).await;
+    let exporters = "tel-gpu-operator";
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": exporters}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let (b, _) = KubeBackend::connect(
+        client.clone(),
+        KubeConfig {
+            dcgm_namespace: exporters.into(),
+            telemetry_every: Some(Duration::from_millis(300)),
+            ..config("tel")
+        },
+    )
+    .await
+    .unwrap();
+    let mut rx = b.take_events().unwrap();
+    b.ensure_tenancy(&tenancy("tel-acme", "acme-ml", 4)).await.unwrap();
+    let ns = b.namespace_of("tel-acme", "main");
+    // Tessera's accounting put the workload on GPU 0; the device plugin gave its pod GPU 1.
+    b.start(&run(701, "tel-acme", "tel-h100-0", gpus(1))).await.unwrap();
+    set_pod_phase(&client, &ns, "tessera-701", "Running").await;
+
+    // Node 0's exporter: GPU 1 held by the workload's pod, GPU 0 idle with an XID, and a GPU
+    // held by a pod that is not Tessera's.
+    let labels = |gpu: u8, pod: Option<(&str, &str)>| {
+        let pod = pod.map_or(String::new(), |(n, p)| {
+            format!(",container=\"c\",namespace=\"{n}\",pod=\"{p}\"")
+        });
+        format!(
+            "gpu=\"{gpu}\",UUID=\"GPU-{gpu}\",device=\"nvidia{gpu}\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"tel-h100-0\"{pod}"
+        )
+    };
+    let node0 = [
+        format!("DCGM_FI_DEV_GPU_UTIL{{{}}} 0", labels(0, None)),
+        format!("DCGM_FI_DEV_XID_ERRORS{{{},err_code=\"48\"}} 48", labels(0, None)),
+        format!("DCGM_FI_DEV_GPU_UTIL{{{}}} 55", labels(1, Some((&ns, "tessera-701")))),
+        format!("DCGM_FI_DEV_FB_USED{{{}}} 40000", labels(1, Some((&ns, "tessera-701")))),
+        format!(
+            "DCGM_FI_DEV_POWER_USAGE{{{}}} 400.5",
+            labels(1, Some((&ns, "tessera-701")))
+        ),
+    ]
+    .join("\n");
+    let other = format!(
+        "DCGM_FI_DEV_GPU_UTIL{{{}}} 99\n",
+        labels(0, Some(("default", "someone-elses")))
+    );
+    let s0 = std::sync::Arc::new(std::sync::Mutex::new((200, node0 + "\n")));
+    let s1 = std::sync::Arc::new(std::sync::Mutex::new((500, "broken".to_string())));
+    let s2 = std::sync::Arc::new(std::sync::Mutex::new((200, other)));
+    let p0 = fake_exporter(s0.clone());
+    let p1 = fake_exporter(s1.clone());
+    let p2 = fake_exporter(s2.clone());
+    exporter_pod(
+        &client,
+        exporters,
+        "dcgm-exporter-0",
+        "tel-h100-0",
+        p0,
+        Some("127.0.0.1"),
+    )
+    .await;
+    // Node 1's exporter answers 500: left out of the pass, the others still read.
+    exporter_pod(
+        &client,
+        exporters,
+        "dcgm-exporter-1",
+        "tel-h100-1",
+        p1,
+        Some("127.0.0.1"),
+    )
+    .await;
+    exporter_pod(
+        &client,
+        exporters,
+        "dcgm-exporter-2",
+        "tel-h100-2",
+        p2,
+        Some("127.0.0.1"),
+    )
+    .await;
+    // Not running yet: not read.
+    exporter_pod(&client, exporters, "dcgm-exporter-3", "tel-h100-0", 1, None).await;
+
+    let telemetry = |e: &BackendEvent| match e {
+        BackendEvent::Telemetry { gpus, .. } => Some(gpus.clone()),
+        _ => None,
+    };
+    let ev = expect_event(&mut rx, "telemetry of nodes 0 and 2", WAIT, |e| {
+        telemetry(e).is_some_and(|g| g.len() == 3)
+    })
+    .await;
+    let mut gpus = telemetry(&ev).unwrap();
+    gpus.sort_by(|a, b| (&a.node, a.gpu).cmp(&(&b.node, b.gpu)));
+    // (node, GPU, utilisation %, last XID, (workload, engine activity) of the pods on it)
+    type Seen<'a> = (&'a str, u8, f64, u32, Vec<(u64, f64)>);
+    let got: Vec<Seen> = gpus
+        .iter()
+        .map(|g| {
+            let held = g.instances.iter().map(|i| (i.workload, i.gr_engine_active)).collect();
+            (g.node.as_str(), g.gpu, g.util_pct, g.xid, held)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("tel-h100-0", 0, 0.0, 48, vec![]),
+            ("tel-h100-0", 1, 55.0, 0, vec![(701, 0.55)]),
+            ("tel-h100-2", 0, 99.0, 0, vec![]),
+        ]
+    );
+    assert_eq!(
+        (gpus[1].fb_used_mib, gpus[1].power_w, gpus[1].uuid.as_str()),
+        (40000, 400.5, "GPU-1")
+    );
+
+    // Node 1's exporter recovers: the next passes read it too.
+    *s1.lock().unwrap() = (200, format!("DCGM_FI_DEV_GPU_UTIL{{{}}} 12\n", labels(1, None)));
+    expect_event(&mut rx, "telemetry of all three nodes", WAIT, |e| {
+        telemetry(e).is_some_and(|g| g.iter().any(|g| g.node == "tel-h100-1" && g.util_pct == 12.0))
+    })
+    .await;
+    b.stop(701, Duration::from_secs(1)).await.unwrap();
+    finish_deletion(&client, &ns, "tessera-701").await;
+    b.remove_tenancy("tel-acme", None).await.unwrap();
 }

@@ -92,6 +92,14 @@ pub struct ServeArgs {
     /// fractions, since the device plugin picks the GPU a pod gets.
     #[arg(long, value_delimiter = ',', value_name = "POOL,...")]
     kube_mixing_pools: Vec<String>,
+    /// `--backend kubernetes`: NAMESPACE/SELECTOR of the DCGM exporter's pods (one per GPU
+    /// node), read for GPU telemetry.
+    #[arg(long, default_value = "gpu-operator/app=nvidia-dcgm-exporter")]
+    kube_dcgm_exporter: String,
+    /// `--backend kubernetes`: how often the DCGM exporters are read, in milliseconds (0: no
+    /// telemetry).
+    #[arg(long, default_value_t = 30_000)]
+    kube_telemetry_ms: u64,
     /// Address of the API and the console.
     #[arg(long, default_value = "127.0.0.1:8080", env = "TESSERA_LISTEN")]
     listen: SocketAddr,
@@ -218,19 +226,30 @@ pub fn run(a: ServeArgs) -> Result<()> {
         BackendArg::Sim => Some(crate::bench::load_fleet(&a.fleet)?),
         BackendArg::Local | BackendArg::Kubernetes => None,
     };
-    let kube_cfg = match a.kube_mig_configmap.split_once('/') {
-        Some((ns, name)) if !ns.is_empty() && !name.is_empty() => tessera_backend_kube::KubeConfig {
-            pool_label: a.kube_pool_label.clone(),
-            namespace_prefix: a.kube_namespace_prefix.clone(),
-            mig_namespace: ns.to_string(),
-            mig_configmap: name.to_string(),
-            mixing_pools: a.kube_mixing_pools.iter().cloned().collect(),
-            ..Default::default()
-        },
+    let (mig_namespace, mig_configmap) = match a.kube_mig_configmap.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() => (ns.to_string(), name.to_string()),
         _ => anyhow::bail!(
             "--kube-mig-configmap: give NAMESPACE/NAME, not {:?}",
             a.kube_mig_configmap
         ),
+    };
+    let (dcgm_namespace, dcgm_selector) = match a.kube_dcgm_exporter.split_once('/') {
+        Some((ns, sel)) if !ns.is_empty() && !sel.is_empty() => (ns.to_string(), sel.to_string()),
+        _ => anyhow::bail!(
+            "--kube-dcgm-exporter: give NAMESPACE/SELECTOR (e.g. gpu-operator/app=nvidia-dcgm-exporter), not {:?}",
+            a.kube_dcgm_exporter
+        ),
+    };
+    let kube_cfg = tessera_backend_kube::KubeConfig {
+        pool_label: a.kube_pool_label.clone(),
+        namespace_prefix: a.kube_namespace_prefix.clone(),
+        mig_namespace,
+        mig_configmap,
+        mixing_pools: a.kube_mixing_pools.iter().cloned().collect(),
+        dcgm_namespace,
+        dcgm_selector,
+        telemetry_every: (a.kube_telemetry_ms > 0).then(|| Duration::from_millis(a.kube_telemetry_ms.max(1000))),
+        ..Default::default()
     };
     let prices = match &a.prices {
         Some(p) => {

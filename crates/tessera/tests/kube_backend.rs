@@ -2,7 +2,9 @@
 //! cluster of `crates/tessera-backend-kube/tests/support`, reached through `KUBECONFIG`), driven
 //! through the CLI: a tenant project becomes a namespace with quota, RBAC and network policy; a
 //! workload becomes a pod bound to the node the engine chose; the test plays the kubelet
-//! (Running); Tessera shows it running; cancel deletes the pod and gives the capacity back.
+//! (Running); Tessera shows it running and reads the GPU telemetry of the node's DCGM exporter,
+//! attributed to the tenant by the exporter's pod mapping; cancel deletes the pod and gives the
+//! capacity back.
 
 #[path = "../../tessera-backend-kube/tests/support/mod.rs"]
 mod kube_support;
@@ -16,7 +18,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Api;
 use kube::api::ListParams;
-use kube_support::{cluster, eventually, finish_deletion, gpu_node, set_pod_phase};
+use kube_support::{cluster, eventually, exporter_pod, fake_exporter, finish_deletion, gpu_node, set_pod_phase};
 use serde_json::json;
 use support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
 
@@ -24,6 +26,8 @@ fn serve(data: &Path, kubeconfig: &Path) -> Serving {
     let mut cmd = serve_command();
     cmd.args(["--backend", "kubernetes", "--grace-s", "1", "--reconcile-s", "2"])
         .args(["--kube-mig-configmap", "default/mig-parted", "--listen", "127.0.0.1:0"])
+        .args(["--kube-dcgm-exporter", "kube-e2e-gpu-operator/app=nvidia-dcgm-exporter"])
+        .args(["--kube-telemetry-ms", "1000"])
         .arg("--data-dir")
         .arg(data)
         .env("KUBECONFIG", kubeconfig)
@@ -153,6 +157,72 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
         let st = st.clone();
         async move { st().await == "running" }
     })
+    .await;
+
+    // Each node's DCGM exporter: on the chosen node the device plugin gave the pod GPUs 6 and
+    // 7 (the engine booked others); telemetry reaches /metrics with the tenant of the pod.
+    let exporters = "kube-e2e-gpu-operator";
+    nss.create(
+        &Default::default(),
+        &serde_json::from_value(json!({"metadata": {"name": exporters}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let chosen = chosen.unwrap();
+    for (i, node) in ["k-h100-0", "k-h100-1"].into_iter().enumerate() {
+        let text: String = (0..8)
+            .map(|g| {
+                let (util, pod) = match (node == chosen, g >= 6) {
+                    (true, true) => (64, format!(",container=\"c\",namespace=\"{ns}\",pod=\"tessera-1\"")),
+                    _ => (0, String::new()),
+                };
+                format!(
+                    "DCGM_FI_DEV_GPU_UTIL{{gpu=\"{g}\",UUID=\"GPU-{node}-{g}\",modelName=\"NVIDIA H100 80GB HBM3\"{pod}}} {util}\n"
+                )
+            })
+            .collect();
+        let port = fake_exporter(std::sync::Arc::new(std::sync::Mutex::new((200, text))));
+        exporter_pod(
+            &client,
+            exporters,
+            &format!("dcgm-exporter-{i}"),
+            node,
+            port,
+            Some("127.0.0.1"),
+        )
+        .await;
+    }
+    let metrics = format!("{}/metrics", server.base);
+    let want = format!(",Hostname=\"{chosen}\",tenant=\"acme\",project=\"ml\"}} ");
+    eventually(
+        "the exporter's telemetry, attributed to the tenant",
+        Duration::from_secs(20),
+        || async {
+            let text = reqwest::Client::new()
+                .get(&metrics)
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            // Only the GPUs the pod has, with their figures; none of those the engine booked.
+            let mut used: Vec<(&str, f64)> = text
+                .lines()
+                .filter(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL{gpu=") && l.contains("tenant=\"acme\""))
+                .filter_map(|l| {
+                    let (labels, value) = l.rsplit_once(' ')?;
+                    let gpu = labels.strip_prefix("DCGM_FI_DEV_GPU_UTIL{gpu=\"")?.split('"').next()?;
+                    (labels.to_string() + " ")
+                        .contains(&want)
+                        .then_some((gpu, value.parse().ok()?))
+                })
+                .collect();
+            used.sort_by(|a, b| a.0.cmp(b.0));
+            used == [("6", 64.0), ("7", 64.0)]
+        },
+    )
     .await;
 
     // Cancel: the pod is deleted (the backend forces it after grace + 30 s without a kubelet:

@@ -6,7 +6,9 @@
 //! that lives as long as the binary, with a parent-death signal).
 //!
 //! There is no kubelet and no scheduler: tests create Node objects and play the kubelet by
-//! patching pod status, and the MIG manager by setting node labels and capacity.
+//! patching pod status, and the MIG manager by setting node labels and capacity. A DCGM
+//! exporter needs real GPUs: tests stand one in with a loopback HTTP server serving its text,
+//! behind an exporter pod object that shows its address.
 
 #![allow(dead_code)]
 
@@ -408,5 +410,53 @@ where
     while !check().await {
         assert!(t0.elapsed() < within, "not within {within:?}: {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A stand-in for one node's DCGM exporter (it needs real GPUs): serves `body` as its metrics
+/// text over HTTP on a loopback port, with status `status` (both may change while it runs).
+pub fn fake_exporter(state: std::sync::Arc<std::sync::Mutex<(u16, String)>>) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            let (status, body) = state.lock().unwrap().clone();
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status} X\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+/// An exporter pod of the GPU Operator's DaemonSet on `node`, as the kubelet shows it once it
+/// runs (`ip`, or not running when `None`).
+pub async fn exporter_pod(client: &kube::Client, ns: &str, name: &str, node: &str, port: u16, ip: Option<&str>) {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "nvidia-dcgm-exporter"}},
+        "spec": {"nodeName": node, "containers": [{"name": "nvidia-dcgm-exporter",
+            "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04",
+            "ports": [{"name": "metrics", "containerPort": port}]}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    if let Some(ip) = ip {
+        let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap();
     }
 }

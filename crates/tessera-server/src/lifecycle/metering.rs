@@ -2,7 +2,7 @@
 //! tenant (what budgets are checked against), and the measured utilisation of running
 //! workloads, accumulated from the backend's telemetry until their usage interval closes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tessera_backend::GpuSample;
 use tessera_domain::{Workload, WorkloadId};
@@ -71,23 +71,40 @@ pub fn sample_utilisation(
     if dt_ms <= 0.0 {
         return;
     }
+    let mut account = |id: u64, util: f64| {
+        if let Some(l) = live.get_mut(&WorkloadId(id))
+            && l.w.usage.open
+        {
+            l.util.0 += util * dt_ms;
+            l.util.1 += dt_ms;
+            meter(&l.w, util);
+        }
+    };
+    // Workloads the backend names in its samples (MIG instances, time-slice shares, GPUs a pod
+    // holds): their figures are theirs, on whichever GPU the backend saw them.
+    let named: HashSet<u64> = samples
+        .iter()
+        .flat_map(|s| &s.instances)
+        .map(|i| i.workload)
+        .filter(|&w| w != 0)
+        .collect();
     for s in samples {
+        let mut any_named = false;
+        for i in s.instances.iter().filter(|i| i.workload != 0) {
+            any_named = true;
+            account(i.workload, i.gr_engine_active);
+        }
+        if any_named {
+            continue;
+        }
+        // A GPU without named holders: its utilisation goes to whoever holds it in the engine
+        // (exact where the backend assigns the devices the engine chose).
         let Some(n) = nodes.get(&s.node) else { continue };
         let Some(g) = state.nodes.get(n.0 as usize).and_then(|ns| ns.gpus.get(s.gpu as usize)) else {
             continue;
         };
-        for h in &g.holders {
-            let util = match s.instances.iter().find(|i| i.workload == *h) {
-                Some(i) => i.gr_engine_active,
-                None => s.util_pct / 100.0,
-            };
-            if let Some(l) = live.get_mut(&WorkloadId(*h))
-                && l.w.usage.open
-            {
-                l.util.0 += util * dt_ms;
-                l.util.1 += dt_ms;
-                meter(&l.w, util);
-            }
+        for h in g.holders.iter().filter(|h| !named.contains(h)) {
+            account(*h, s.util_pct / 100.0);
         }
     }
 }
@@ -101,6 +118,93 @@ mod tests {
     use tessera_store_sqlite::SqliteStore;
 
     const H: i64 = 3_600_000;
+
+    fn sample(node: &str, gpu: u8, util_pct: f64, named: &[(u64, &str, f64)]) -> GpuSample {
+        GpuSample {
+            node: node.into(),
+            gpu,
+            uuid: format!("GPU-{node}-{gpu}"),
+            model: "H100".into(),
+            util_pct,
+            fb_used_mib: 0,
+            fb_free_mib: 0,
+            temp_c: 40.0,
+            power_w: 100.0,
+            xid: 0,
+            instances: named
+                .iter()
+                .map(|&(workload, profile, active)| tessera_backend::InstanceSample {
+                    workload,
+                    profile: profile.into(),
+                    instance_id: 0,
+                    gr_engine_active: active,
+                    fb_used_mib: 0,
+                    fb_free_mib: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// Utilisation goes to the workload a sample names, on whichever GPU the backend saw it (a
+    /// device plugin may give a pod another GPU than the engine booked), and a GPU that names no
+    /// one goes to whoever the engine booked on it, unless that workload was named elsewhere.
+    #[test]
+    fn utilisation_follows_the_workload_a_sample_names_else_the_engines_booking() {
+        let fleet = tessera_model::Fleet::from_toml(
+            "[[pool]]\nname = \"p\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"n\"\ncount = 2\ngpu_model = \"H100-80GB-SXM\"\ngpus = 3\ncpus = 64\nmemory_gib = 512\n",
+            "test",
+        )
+        .unwrap();
+        let nodes = NodeIndex::new(&fleet);
+        let mut state = ClusterState::empty(&fleet);
+        // The engine booked 1 on n-00 GPU 0, 2 on its GPU 1, 3 on its GPU 2, 4 on n-01 GPU 0.
+        for (n, g, id) in [(0, 0, 1), (0, 1, 2), (0, 2, 3), (1, 0, 4)] {
+            state.nodes[n].gpus[g].holders.push(id);
+        }
+        let mut live: HashMap<WorkloadId, Live> = (1..=4)
+            .map(|id| {
+                let mut w = workload(id, "acme", "p", Phase::Running);
+                w.usage.open = true;
+                let request = super::super::placement::engine_request(&fleet, &w.spec.shape, 1000, 1024).unwrap();
+                let l = Live {
+                    w: w.into(),
+                    request,
+                    class: "p".into(),
+                    util: (0.0, 0.0),
+                };
+                (WorkloadId(id), l)
+            })
+            .collect();
+        let samples = [
+            // The device plugin gave 1 the engine's GPU 1, and 2 the engine's GPU 0.
+            sample("n-00", 0, 30.0, &[(2, "", 0.3)]),
+            sample("n-00", 1, 80.0, &[(1, "", 0.8)]),
+            // Named by no one: the engine's booking.
+            sample("n-00", 2, 50.0, &[]),
+            sample("n-01", 0, 10.0, &[]),
+            // Not on this node's list: ignored.
+            sample("elsewhere", 0, 99.0, &[(9, "", 0.99)]),
+        ];
+        let mut metered = Vec::new();
+        sample_utilisation(&mut live, &state, &nodes, &samples, 1000.0, |w, u| {
+            metered.push((w.id.0, u))
+        });
+        metered.sort_by_key(|m| m.0);
+        assert_eq!(metered, vec![(1, 0.8), (2, 0.3), (3, 0.5), (4, 0.1)]);
+        let util = |id: u64| live[&WorkloadId(id)].utilisation();
+        assert_eq!(
+            (util(1), util(2), util(3), util(4)),
+            (Some(0.8), Some(0.3), Some(0.5), Some(0.1))
+        );
+
+        // Named on a GPU the engine booked for someone else, the other is not charged with it.
+        let samples = [sample("n-00", 0, 70.0, &[(3, "", 0.7)])];
+        let mut metered = Vec::new();
+        sample_utilisation(&mut live, &state, &nodes, &samples, 1000.0, |w, u| {
+            metered.push((w.id.0, u))
+        });
+        assert_eq!(metered, vec![(3, 0.7)]);
+    }
 
     /// The month's closed usage comes back from the store per tenant (after a restart, on a
     /// follower): intervals cut at the month's start, last month's and open ones left out.

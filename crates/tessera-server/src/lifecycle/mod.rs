@@ -1313,7 +1313,12 @@ fn observe(samples: &[GpuSample], w: &Workload) -> String {
     let Some(p) = &w.placement else {
         return "no placement".into();
     };
-    let Some(s) = samples.iter().find(|s| s.node == p.node && p.gpus.contains(&s.gpu)) else {
+    // The GPU the backend says the workload is on (a device plugin may have picked another
+    // than the engine's), else the first of its placement.
+    let attributed = samples
+        .iter()
+        .find(|s| s.node == p.node && s.instances.iter().any(|i| i.workload == w.id.0));
+    let Some(s) = attributed.or_else(|| samples.iter().find(|s| s.node == p.node && p.gpus.contains(&s.gpu))) else {
         return format!("host resources on {}: no GPU telemetry for this workload", p.node);
     };
     match s.instances.iter().find(|i| i.workload == w.id.0) {
