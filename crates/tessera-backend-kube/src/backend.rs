@@ -93,6 +93,11 @@ struct Tracked {
     /// The pods of the workload's node-shares by gang index (one unless it is a multi-node
     /// gang) and the state each last showed.
     pods: Vec<(String, PodState)>,
+    /// Whole GPUs of a one-pod workload (0 for anything else): the devices the exporter sees
+    /// its pod on are reported as `Bound` once they are all seen.
+    whole_gpus: u8,
+    /// The devices last reported as `Bound`.
+    reported: Vec<u8>,
 }
 
 impl Tracked {
@@ -102,7 +107,21 @@ impl Tracked {
             stage,
             stopping,
             pods: names.into_iter().map(|n| (n, PodState::Pending)).collect(),
+            whole_gpus: 0,
+            reported: Vec::new(),
         }
+    }
+
+    /// Tracks the devices of `spec`'s pod when it is a one-pod workload of whole GPUs.
+    fn whole_gpus_of(mut self, spec: &RunSpec) -> Tracked {
+        self.whole_gpus = match spec.devices {
+            Devices::Count {
+                resource: Resource::Gpu,
+                count,
+            } if spec.gang.is_empty() => count,
+            _ => 0,
+        };
+        self
     }
 
     fn names(&self) -> Vec<String> {
@@ -257,6 +276,39 @@ async fn read_exporters(shared: Weak<Shared>, every: Duration) {
                 Ok(series) => gpus.extend(dcgm::samples(&node, &series, workload_of)),
                 Err(e) => tracing::warn!(%node, %url, error = %e, "cannot read the DCGM exporter"),
             }
+        }
+        // The devices the exporter sees each whole-GPU pod on: the engine's booking follows
+        // them (before the telemetry, so that what it says lands on the right workloads).
+        let mut seen: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+        for g in &gpus {
+            for i in g.instances.iter().filter(|i| i.workload != 0 && i.profile.is_empty()) {
+                seen.entry(i.workload).or_default().push(g.gpu);
+            }
+        }
+        let mut bound = Vec::new();
+        {
+            let mut st = sh.state.lock().expect("lock");
+            for (id, mut devices) in seen {
+                devices.sort_unstable();
+                if let Some(t) = st.tracked.get_mut(&id)
+                    && t.stage == Stage::Running
+                    && !t.stopping
+                    && usize::from(t.whole_gpus) == devices.len()
+                    && t.reported != devices
+                {
+                    t.reported = devices.clone();
+                    bound.push(BackendEvent::Bound {
+                        id,
+                        bound: tessera_backend::Bound {
+                            gpus: devices,
+                            mig: None,
+                        },
+                    });
+                }
+            }
+        }
+        for e in bound {
+            let _ = sh.tx.send(e);
         }
         if !gpus.is_empty() {
             let _ = sh.tx.send(BackendEvent::Telemetry { at_ms: now_ms(), gpus });
@@ -992,6 +1044,7 @@ impl Backend for KubeBackend {
                     false,
                     (0..size).map(|i| names::gang_pod_name(spec.id, i, size)),
                 )
+                .whole_gpus_of(spec)
             });
             if t.stage >= Stage::Started && !t.stopping {
                 return Ok(());
@@ -1162,12 +1215,17 @@ impl Backend for KubeBackend {
                 _ => Stage::Ended,
             };
             let mut st = sh.state.lock().unwrap();
-            st.tracked.entry(spec.id).or_insert(Tracked {
-                ns,
-                stage,
-                stopping: deleting,
-                pods: states,
-            });
+            st.tracked.entry(spec.id).or_insert(
+                Tracked {
+                    ns,
+                    stage,
+                    stopping: deleting,
+                    pods: states,
+                    whole_gpus: 0,
+                    reported: Vec::new(),
+                }
+                .whole_gpus_of(spec),
+            );
             report.workloads.push((spec.id, obs));
         }
         for (id, ps) in by_id {

@@ -1009,6 +1009,21 @@ async fn gpu_telemetry_comes_from_each_nodes_dcgm_exporter_with_usage_by_the_pod
         BackendEvent::Telemetry { gpus, .. } => Some(gpus.clone()),
         _ => None,
     };
+    // The exporter shows which GPU the pod has: reported, before the telemetry that says so.
+    let ev = expect_event(&mut rx, "the pod's devices", WAIT, |e| {
+        matches!(e, BackendEvent::Bound { id: 701, .. })
+    })
+    .await;
+    assert_eq!(
+        ev,
+        BackendEvent::Bound {
+            id: 701,
+            bound: tessera_backend::Bound {
+                gpus: vec![1],
+                mig: None
+            }
+        }
+    );
     let ev = expect_event(&mut rx, "telemetry of nodes 0 and 2", WAIT, |e| {
         telemetry(e).is_some_and(|g| g.len() == 3)
     })
@@ -1040,6 +1055,10 @@ async fn gpu_telemetry_comes_from_each_nodes_dcgm_exporter_with_usage_by_the_pod
     // Node 1's exporter recovers: the next passes read it too.
     *s1.lock().unwrap() = (200, format!("DCGM_FI_DEV_GPU_UTIL{{{}}} 12\n", labels(1, None)));
     expect_event(&mut rx, "telemetry of all three nodes", WAIT, |e| {
+        assert!(
+            !matches!(e, BackendEvent::Bound { .. }),
+            "devices are reported once: {e:?}"
+        );
         telemetry(e).is_some_and(|g| g.iter().any(|g| g.node == "tel-h100-1" && g.util_pct == 12.0))
     })
     .await;

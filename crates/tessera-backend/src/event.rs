@@ -51,6 +51,10 @@ pub enum BackendEvent {
         at_ms: i64,
         sample: Vec<GpuSample>,
     },
+    /// The devices a `PerNodeCount` backend learned its running workload has, when it could
+    /// not tell at `Started` (Kubernetes: from the DCGM exporter's pod mapping); like
+    /// `Started`'s, the engine's booking follows them.
+    Bound { id: u64, bound: Bound },
     /// Ended on its own.
     Exited { id: u64, at_ms: i64, exit: Exit },
     /// Gone without ending: node removed, evicted, deleted behind Tessera's back.
@@ -92,6 +96,7 @@ impl BackendEvent {
         match self {
             BackendEvent::Started { id, .. }
             | BackendEvent::Running { id, .. }
+            | BackendEvent::Bound { id, .. }
             | BackendEvent::Exited { id, .. }
             | BackendEvent::Lost { id, .. } => Some(*id),
             _ => None,

@@ -18,7 +18,8 @@
 //! * [`Partitioning::None`]: no MIG plans at all.
 //! * [`DeviceAssignment::Exact`]: the engine names the devices ([`Devices::Exact`]).
 //! * [`DeviceAssignment::PerNodeCount`]: the engine asks for a count of a resource on a node
-//!   ([`Devices::Count`]) and learns which devices were bound from [`BackendEvent::Started`].
+//!   ([`Devices::Count`]) and learns which devices were bound from [`BackendEvent::Started`],
+//!   or, when the backend can tell only once the workload runs, from [`BackendEvent::Bound`].
 //!
 //! ## One workload's life
 //!
@@ -32,7 +33,8 @@
 //!   effect of one call. `partition` says whether it changed anything
 //!   ([`PartitionReport::created`]), so "recovery never partitions twice" can be checked.
 //! * **Event order per workload.** `Started`, then `Running`, then at most one of `Exited` or
-//!   `Lost`. `Running` is skipped when the workload is stopped or lost before it ran. After
+//!   `Lost`, with any `Bound` between `Running` and the end. `Running` is skipped when the
+//!   workload is stopped or lost before it ran. After
 //!   `stop` has been called, no `Running`, `Exited` or `Lost` is emitted for it, but one emitted
 //!   before the call may still be in the channel. Events of different workloads interleave
 //!   freely; node, GPU, partition and telemetry events carry no workload order.

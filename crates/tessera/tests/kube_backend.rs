@@ -133,6 +133,12 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
     let chosen = v["workload"]["allocation"]["node"].as_str().map(String::from);
     assert!(chosen.is_some(), "{desc}");
     assert_eq!(spec.node_name, chosen, "bound to the engine's node: {desc}");
+    let booked = v["workload"]["allocation"]["gpus"].clone();
+    assert_ne!(
+        booked,
+        json!([6, 7]),
+        "the test's device plugin picks other GPUs: {desc}"
+    );
     assert_eq!(
         spec.containers[0].resources.clone().unwrap().limits.unwrap()["nvidia.com/gpu"].0,
         "2"
@@ -160,7 +166,8 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
     .await;
 
     // Each node's DCGM exporter: on the chosen node the device plugin gave the pod GPUs 6 and
-    // 7 (the engine booked others); telemetry reaches /metrics with the tenant of the pod.
+    // 7 (the engine booked others); telemetry reaches /metrics with the tenant of the pod, on
+    // those GPUs only.
     let exporters = "kube-e2e-gpu-operator";
     nss.create(
         &Default::default(),
@@ -224,6 +231,11 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
         },
     )
     .await;
+
+    // And the engine's booking follows the devices the exporter sees the pod on.
+    let (_, desc, _) = cli(args("describe 1 -o json")).await;
+    let v: serde_json::Value = serde_json::from_str(&desc).unwrap();
+    assert_eq!(v["workload"]["allocation"]["gpus"], json!([6, 7]), "{desc}");
 
     // Cancel: the pod is deleted (the backend forces it after grace + 30 s without a kubelet:
     // here the test confirms the deletion as the kubelet would) and the capacity is back.

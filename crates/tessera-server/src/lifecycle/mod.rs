@@ -859,9 +859,9 @@ impl Core {
     /// Backend news becomes lifecycle input.
     fn on_backend(&mut self, e: BackendEvent, batch: &mut Batch, now: i64) {
         match e {
-            BackendEvent::Started { id, bound } => {
+            BackendEvent::Started { id, bound: Some(bound) } | BackendEvent::Bound { id, bound } => {
                 let id = WorkloadId(id);
-                if let (Some(bound), Some(l)) = (bound, self.live.get(&id))
+                if let Some(l) = self.live.get(&id)
                     && let Some(p) = l.w.placement.clone()
                 {
                     match self.rebind(id, &p, &bound) {
@@ -876,6 +876,8 @@ impl Core {
                     }
                 }
             }
+            // Exact backends' devices are the engine's own.
+            BackendEvent::Started { bound: None, .. } => {}
             BackendEvent::Running { id, at_ms, sample } => {
                 let id = WorkloadId(id);
                 let Some(l) = self.live.get(&id) else { return };
