@@ -1,6 +1,7 @@
 //! # tessera-testdb
 //!
-//! Test support for everything that runs against PostgreSQL: a private cluster (`initdb` in a
+//! Test support for everything that runs against PostgreSQL (and the temporary directories of
+//! every integration test, [`TempDir`]): a private cluster (`initdb` in a
 //! temporary directory, `postgres` on a free loopback port, trust authentication for the
 //! `postgres` role), and a fresh database per test (`CREATE DATABASE`), so that tests run in
 //! parallel without seeing each other's rows.
@@ -458,6 +459,28 @@ fn remove_stale_dirs(base: &std::path::Path) {
 fn alive(pid: libc::pid_t) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() != libc::ESRCH }
+}
+
+/// A fresh temporary directory, `tessera-{tag}-{pid}-{nanos}`, removed on drop. The tag names
+/// the test: tests of one binary run at once, in one process.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!("tessera-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[cfg(test)]

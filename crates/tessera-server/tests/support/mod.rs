@@ -14,7 +14,6 @@
 // Every test binary compiles this module on its own and uses only part of it.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,27 +27,7 @@ use tessera_sched::cycle::{GovernConfig, Scheduler};
 use tessera_server::lifecycle::{NewWorkload, SchedFactory, placement};
 use tessera_server::{Running, ServerConfig, start};
 
-/// A fresh temporary directory, `tessera-{tag}-{pid}-{nanos}`, removed on drop. The tag names
-/// the test: tests of one binary run at once, in one process.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!("tessera-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use tessera_testdb::TempDir;
 
 /// One answer: status, headers and the body (JSON when it parses, else the text as a string).
 pub struct Reply {

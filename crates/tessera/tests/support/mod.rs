@@ -32,26 +32,7 @@ pub fn repo_root() -> PathBuf {
         .unwrap()
 }
 
-/// A fresh temporary directory, removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!("tessera-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use tessera_testdb::TempDir;
 
 /// A child process killed (and reaped) on drop, also when a test panics.
 pub struct ChildGuard(pub Child);
