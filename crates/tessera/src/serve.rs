@@ -96,8 +96,8 @@ pub struct ServeArgs {
     /// node), read for GPU telemetry.
     #[arg(long, default_value = "gpu-operator/app=nvidia-dcgm-exporter")]
     kube_dcgm_exporter: String,
-    /// `--backend kubernetes`: how often the DCGM exporters are read, in milliseconds (0: no
-    /// telemetry).
+    /// `--backend kubernetes`: how often the DCGM exporters are read, in milliseconds (at least
+    /// 1000; 0: no telemetry).
     #[arg(long, default_value_t = 30_000)]
     kube_telemetry_ms: u64,
     /// Address of the API and the console.
