@@ -220,6 +220,9 @@ impl KubeBackend {
     }
 }
 
+/// How many DCGM exporters are read at the same time.
+const EXPORTERS_AT_ONCE: usize = 16;
+
 /// Every `every`: reads the DCGM exporter of each GPU node (its pods, found by the configured
 /// namespace and selector, each read at its pod IP on its `metrics` port, else its first
 /// container port, else 9400) and sends the GPUs it describes as one `Telemetry` event. An
@@ -259,7 +262,11 @@ async fn read_exporters(shared: Weak<Shared>, every: Duration) {
                 (node, url, text)
             }
         });
-        let texts = futures::future::join_all(reads).await;
+        // A few nodes at a time: a large cluster is not asked all at once.
+        let texts: Vec<_> = futures::stream::iter(reads)
+            .buffer_unordered(EXPORTERS_AT_ONCE)
+            .collect()
+            .await;
         // Our pods by (namespace, name), as they are now.
         let ours: HashMap<(String, String), u64> = {
             let st = sh.state.lock().expect("lock");
@@ -271,7 +278,9 @@ async fn read_exporters(shared: Weak<Shared>, every: Duration) {
         let workload_of = |ns: &str, pod: &str| ours.get(&(ns.to_string(), pod.to_string())).copied();
         let mut gpus = Vec::new();
         for (node, url, text) in texts {
-            let series = text.map_err(|e| e.to_string()).and_then(|t| dcgm::parse_exposition(&t));
+            let series = text
+                .map_err(|e| e.to_string())
+                .and_then(|t| dcgm::parse_exposition(&t, dcgm::is_read));
             match series {
                 Ok(series) => gpus.extend(dcgm::samples(&node, &series, workload_of)),
                 Err(e) => tracing::warn!(%node, %url, error = %e, "cannot read the DCGM exporter"),

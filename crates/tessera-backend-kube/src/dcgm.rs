@@ -40,18 +40,39 @@ impl Series {
     }
 }
 
-/// The series of a Prometheus text exposition (comments and blank lines skipped). A line
-/// that is not a series is an error naming its number.
-pub fn parse_exposition(text: &str) -> Result<Vec<Series>, String> {
+/// The exporter's fields [`samples`] reads (an exporter serves about 30 by default).
+pub const FIELDS: [&str; 7] = [
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_XID_ERRORS",
+];
+
+/// The series of a Prometheus text exposition whose metric name `keep` accepts (comments,
+/// blank lines and other series skipped unread). A kept line that is not a series is an error
+/// naming its number.
+pub fn parse_exposition(text: &str, keep: impl Fn(&str) -> bool) -> Result<Vec<Series>, String> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
+        let name = line.split(['{', ' ', '\t']).next().unwrap_or_default();
+        if !keep(name) {
+            continue;
+        }
         out.push(parse_line(line).map_err(|e| format!("line {}: {e}: {line}", i + 1))?);
     }
     Ok(out)
+}
+
+/// Whether [`samples`] reads the field `name`.
+pub fn is_read(name: &str) -> bool {
+    FIELDS.contains(&name)
 }
 
 fn parse_line(line: &str) -> Result<Series, &'static str> {
@@ -283,7 +304,7 @@ DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="1",UUID="GPU-bbb",device="nvidia1",modelName=
 
     #[test]
     fn an_exporters_text_becomes_one_sample_per_gpu_with_its_pods_workloads() {
-        let series = parse_exposition(EXPOSITION).unwrap();
+        let series = parse_exposition(EXPOSITION, |_| true).unwrap();
         assert_eq!(series.len(), 18);
         let s = samples("h100-0", &series, ours);
         assert_eq!(s.len(), 3);
@@ -348,7 +369,7 @@ DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-x",modelName="NVIDIA L40S",namespace="tes
 DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-y",modelName="NVIDIA L40S",namespace="kube-system",pod="tessera-7"} 90
 DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-z",modelName="NVIDIA L40S",pod_namespace="tessera-acme-main",pod_name="tessera-8"} 10
 "#;
-        let s = samples("l40s-0", &parse_exposition(text).unwrap(), ours);
+        let s = samples("l40s-0", &parse_exposition(text, is_read).unwrap(), ours);
         let held: Vec<Vec<(u64, f64)>> = s
             .iter()
             .map(|g| g.instances.iter().map(|i| (i.workload, i.gr_engine_active)).collect())
@@ -360,6 +381,7 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-z",modelName="NVIDIA L40S",pod_namespace=
     fn the_text_format_is_read_exactly_and_bad_lines_are_named() {
         let s = parse_exposition(
             "# TYPE a gauge\n\na{x=\"q\\\"uote\\\\d\\n\", y=\"\"} -1.5e3 1700000000000\nb 7\nc{} +Inf\n",
+            |_| true,
         )
         .unwrap();
         assert_eq!(s[0].name, "a");
@@ -377,8 +399,18 @@ DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-z",modelName="NVIDIA L40S",pod_namespace=
             ("a-b 1", "not a metric name"),
             ("a", "no value"),
         ] {
-            let e = parse_exposition(&format!("ok 1\n{bad}\n")).unwrap_err();
+            let e = parse_exposition(&format!("ok 1\n{bad}\n"), |_| true).unwrap_err();
             assert!(e.starts_with("line 2: ") && e.contains(why), "{bad}: {e}");
         }
+        // Fields not read are skipped unread.
+        let s = parse_exposition(
+            "DCGM_FI_DEV_SM_CLOCK{gpu=\"0\" 1410\nDCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 5\n",
+            is_read,
+        )
+        .unwrap();
+        assert_eq!(
+            (s.len(), s[0].name.as_str(), s[0].value),
+            (1, "DCGM_FI_DEV_GPU_UTIL", 5.0)
+        );
     }
 }
