@@ -290,8 +290,8 @@ async fn read_exporters(shared: Weak<Shared>, every: Duration) {
         // them (before the telemetry, so that what it says lands on the right workloads).
         let mut seen: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
         for g in &gpus {
-            for i in g.instances.iter().filter(|i| i.workload != 0 && i.profile.is_empty()) {
-                seen.entry(i.workload).or_default().push(g.gpu);
+            for w in g.whole_holders() {
+                seen.entry(w).or_default().push(g.gpu);
             }
         }
         let mut bound = Vec::new();

@@ -133,9 +133,11 @@ pub struct GpuSample {
     pub instances: Vec<InstanceSample>,
 }
 
-/// One MIG instance (or time-slice share) on a GPU.
+/// One MIG instance (or time-slice share) on a GPU, or the GPU itself as a workload holds it
+/// (an empty `profile`: backends whose device plugin picks the GPUs name the holder this way).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InstanceSample {
+    /// The workload on it; 0 for an instance no one holds.
     pub workload: u64,
     /// `GPU_I_PROFILE` (MIG) or empty for shares.
     pub profile: String,
@@ -147,6 +149,37 @@ pub struct InstanceSample {
     /// Framebuffer of the instance (or share) not in use, MiB.
     #[serde(default)]
     pub fb_free_mib: u64,
+}
+
+impl InstanceSample {
+    /// The workload on it, if any.
+    pub fn holder(&self) -> Option<u64> {
+        (self.workload != 0).then_some(self.workload)
+    }
+}
+
+impl GpuSample {
+    /// The workloads holding the whole GPU, as the backend saw them (one, or several pods on a
+    /// time-sliced GPU).
+    pub fn whole_holders(&self) -> impl Iterator<Item = u64> + '_ {
+        self.instances
+            .iter()
+            .filter(|i| i.profile.is_empty())
+            .filter_map(InstanceSample::holder)
+    }
+}
+
+/// Where each workload a telemetry pass names was seen: (node, GPU). A workload a backend names
+/// is on that GPU whatever the engine booked (a device plugin picks devices itself).
+pub fn named_workloads(samples: &[GpuSample]) -> std::collections::HashMap<u64, (&str, u8)> {
+    samples
+        .iter()
+        .flat_map(|s| {
+            s.instances
+                .iter()
+                .filter_map(move |i| Some((i.holder()?, (s.node.as_str(), s.gpu))))
+        })
+        .collect()
 }
 
 #[cfg(test)]

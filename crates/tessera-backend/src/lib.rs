@@ -66,7 +66,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
-pub use event::{BackendEvent, Bound, Exit, GpuSample, InstanceSample, NodeChange};
+pub use event::{BackendEvent, Bound, Exit, GpuSample, InstanceSample, NodeChange, named_workloads};
 pub use plan::{MigInstance, PartitionPlan, PartitionReport};
 pub use reconcile::{Observation, Orphan, ReconcileReport};
 pub use spec::{Devices, GangShare, Resource, RunSpec, SliceSpec, TenancySpec};

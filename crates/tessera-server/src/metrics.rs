@@ -629,13 +629,15 @@ pub fn render(
 /// Who holds each GPU and each workload, for the DCGM series' `tenant` and `project` labels.
 #[derive(Default)]
 struct Owners {
-    /// (node, gpu) → (tenant, project) of its holders ("" when mixed).
-    gpu: HashMap<(String, u8), (String, String)>,
+    /// (node, gpu) → (tenant, project) of its holders ("" when mixed), and the workloads the
+    /// engine booked on it.
+    gpu: HashMap<(String, u8), GpuOwner>,
     /// workload → (tenant, project).
     workload: HashMap<u64, (String, String)>,
-    /// (node, gpu) → the workloads the engine booked on it.
-    booked: HashMap<(String, u8), Vec<u64>>,
 }
+
+/// (tenant, project) of a GPU's holders, and the workloads the engine booked on it.
+type GpuOwner = ((String, String), Vec<u64>);
 
 fn render_fleet(reg: &mut Registry, s: &Snapshot) -> Owners {
     let f = &s.fleet;
@@ -713,11 +715,8 @@ fn render_fleet(reg: &mut Registry, s: &Snapshot) -> Owners {
                 if let (Some((t, pr)), true) = (owner, small) {
                     let t = if mixed.0 { String::new() } else { t };
                     let pr = if mixed.0 || mixed.1 { String::new() } else { pr };
-                    owners.gpu.insert((n.name.clone(), gi as u8), (t, pr));
-                    owners.booked.insert(
-                        (n.name.clone(), gi as u8),
-                        g.holders.iter().map(|h| h.workload).collect(),
-                    );
+                    let booked = g.holders.iter().map(|h| h.workload).collect();
+                    owners.gpu.insert((n.name.clone(), gi as u8), ((t, pr), booked));
                 }
             }
         }
@@ -964,28 +963,17 @@ fn render_dcgm(reg: &mut Registry, telemetry: &[GpuSample], owners: &Owners) {
     ];
     let fams: Vec<FGauge> = names.iter().map(|_| FGauge::default()).collect();
     let empty = (String::new(), String::new());
-    // Workloads the backend names, by the GPU it saw them on.
-    let named: HashMap<u64, (&str, u8)> = telemetry
-        .iter()
-        .flat_map(|s| s.instances.iter().map(move |i| (i.workload, (s.node.as_str(), s.gpu))))
-        .filter(|(w, _)| *w != 0)
-        .collect();
+    let named = tessera_backend::named_workloads(telemetry);
     for s in telemetry {
         // Whoever the backend says holds the GPU (a pod the exporter maps to it), else whoever
         // the engine booked on it, unless the backend saw them on another GPU (a device plugin
         // picks the devices itself).
-        let key = (s.node.clone(), s.gpu);
-        let held_by = s
-            .instances
-            .iter()
-            .find(|i| i.profile.is_empty() && i.workload != 0)
-            .and_then(|i| owners.workload.get(&i.workload));
+        let held_by = s.whole_holders().next().and_then(|w| owners.workload.get(&w));
         let booked_here = || {
-            let moved = owners.booked.get(&key).is_some_and(|hs| {
-                hs.iter()
-                    .any(|h| named.get(h).is_some_and(|at| *at != (s.node.as_str(), s.gpu)))
-            });
-            if moved { None } else { owners.gpu.get(&key) }
+            let (owner, booked) = owners.gpu.get(&(s.node.clone(), s.gpu))?;
+            let here = (s.node.as_str(), s.gpu);
+            let moved = booked.iter().any(|h| named.get(h).is_some_and(|at| *at != here));
+            (!moved).then_some(owner)
         };
         let (tenant, project) = held_by.or_else(booked_here).unwrap_or(&empty);
         let base = |extra: &[(&'static str, String)], tenant: &str, project: &str| -> Labels {

@@ -209,6 +209,14 @@ enum OnGpuFailure {
     Requeue,
 }
 
+/// A flag's `NAMESPACE/REST` value, both parts non-empty; `what` names the rest in the error.
+fn namespaced(flag: &str, what: &str, value: &str) -> Result<(String, String)> {
+    match value.split_once('/') {
+        Some((ns, rest)) if !ns.is_empty() && !rest.is_empty() => Ok((ns.to_string(), rest.to_string())),
+        _ => anyhow::bail!("{flag}: give NAMESPACE/{what}, not {value:?}"),
+    }
+}
+
 pub fn run(a: ServeArgs) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into());
     let builder = tracing_subscriber::fmt()
@@ -226,20 +234,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         BackendArg::Sim => Some(crate::bench::load_fleet(&a.fleet)?),
         BackendArg::Local | BackendArg::Kubernetes => None,
     };
-    let (mig_namespace, mig_configmap) = match a.kube_mig_configmap.split_once('/') {
-        Some((ns, name)) if !ns.is_empty() && !name.is_empty() => (ns.to_string(), name.to_string()),
-        _ => anyhow::bail!(
-            "--kube-mig-configmap: give NAMESPACE/NAME, not {:?}",
-            a.kube_mig_configmap
-        ),
-    };
-    let (dcgm_namespace, dcgm_selector) = match a.kube_dcgm_exporter.split_once('/') {
-        Some((ns, sel)) if !ns.is_empty() && !sel.is_empty() => (ns.to_string(), sel.to_string()),
-        _ => anyhow::bail!(
-            "--kube-dcgm-exporter: give NAMESPACE/SELECTOR (e.g. gpu-operator/app=nvidia-dcgm-exporter), not {:?}",
-            a.kube_dcgm_exporter
-        ),
-    };
+    let (mig_namespace, mig_configmap) = namespaced("--kube-mig-configmap", "NAME", &a.kube_mig_configmap)?;
+    let (dcgm_namespace, dcgm_selector) = namespaced(
+        "--kube-dcgm-exporter",
+        "SELECTOR (e.g. gpu-operator/app=nvidia-dcgm-exporter)",
+        &a.kube_dcgm_exporter,
+    )?;
     let kube_cfg = tessera_backend_kube::KubeConfig {
         pool_label: a.kube_pool_label.clone(),
         namespace_prefix: a.kube_namespace_prefix.clone(),

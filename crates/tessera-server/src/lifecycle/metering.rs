@@ -2,7 +2,7 @@
 //! tenant (what budgets are checked against), and the measured utilisation of running
 //! workloads, accumulated from the backend's telemetry until their usage interval closes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use tessera_backend::GpuSample;
 use tessera_domain::{Workload, WorkloadId};
@@ -82,17 +82,14 @@ pub fn sample_utilisation(
     };
     // Workloads the backend names in its samples (MIG instances, time-slice shares, GPUs a pod
     // holds): their figures are theirs, on whichever GPU the backend saw them.
-    let named: HashSet<u64> = samples
-        .iter()
-        .flat_map(|s| &s.instances)
-        .map(|i| i.workload)
-        .filter(|&w| w != 0)
-        .collect();
+    let named = tessera_backend::named_workloads(samples);
     for s in samples {
         let mut any_named = false;
-        for i in s.instances.iter().filter(|i| i.workload != 0) {
-            any_named = true;
-            account(i.workload, i.gr_engine_active);
+        for i in &s.instances {
+            if let Some(w) = i.holder() {
+                any_named = true;
+                account(w, i.gr_engine_active);
+            }
         }
         if any_named {
             continue;
@@ -103,7 +100,7 @@ pub fn sample_utilisation(
         let Some(g) = state.nodes.get(n.0 as usize).and_then(|ns| ns.gpus.get(s.gpu as usize)) else {
             continue;
         };
-        for h in g.holders.iter().filter(|h| !named.contains(h)) {
+        for h in g.holders.iter().filter(|h| !named.contains_key(h)) {
             account(*h, s.util_pct / 100.0);
         }
     }
