@@ -548,9 +548,23 @@ impl Engine {
         out
     }
 
+    /// The pools a reason names: those of `scope` with a node in `eligible`, or all of `scope`
+    /// when no node is eligible (a request for an H100 is not told about the L40S pool).
+    fn reason_pools(&self, scope: &[PoolId], eligible: &[u32]) -> Pools {
+        let fleet = &*self.fleet;
+        let named = |p: PoolId| eligible.is_empty() || eligible.iter().any(|&n| fleet.nodes[n as usize].pool == p);
+        Pools(
+            scope
+                .iter()
+                .filter(|&&p| named(p))
+                .map(|&p| fleet.pool(p).name.clone())
+                .collect(),
+        )
+    }
+
     fn constraint_in(&self, req: &Request, scope: &[PoolId], eligible: &[u32]) -> Option<Unplaceable> {
         let fleet = &*self.fleet;
-        let pools = Pools(scope.iter().map(|&p| fleet.pool(p).name.clone()).collect());
+        let pools = self.reason_pools(scope, eligible);
         let shape = shape_label(&req.shape);
         if eligible.is_empty() {
             let missing = match &req.shape {
@@ -638,7 +652,7 @@ impl Engine {
 
     fn diagnose_capacity(&self, req: &Request, scope: &[PoolId], eligible: &[u32]) -> Unplaceable {
         let fleet = &*self.fleet;
-        let pools = Pools(scope.iter().map(|&p| fleet.pool(p).name.clone()).collect());
+        let pools = self.reason_pools(scope, eligible);
         let shape = shape_label(&req.shape);
         // Would it fit if tenants could mix?
         if let (Some(d), Shape::Fraction { .. }) = (demand_of(req), &req.shape) {
@@ -1642,7 +1656,17 @@ mod tests {
             ),
             "{r:?}"
         );
-        assert!(r.to_string().ends_with("has 8"), "{r}");
+        assert_eq!(
+            r.to_string(),
+            "constraint: 9 whole GPUs in one gang; the largest node (NVLink domain) in pools `training` and `development` has 8"
+        );
+        // A request for one model is told only about the pools that have it.
+        let h100 = e.fleet().catalogue.find("H100-80GB-SXM").unwrap();
+        let r = e.plan(&Request::whole(16).with_models(vec![h100])).unwrap_err();
+        assert_eq!(
+            r.to_string(),
+            "constraint: 16 whole GPUs in one gang; the largest node (NVLink domain) in pool `training` has 8"
+        );
         let r = e.plan(&Request::whole(0)).unwrap_err();
         assert_eq!(r.field(), Field::Gpus);
         assert_eq!(

@@ -113,15 +113,18 @@ pub enum Missing {
     AllowedModel,
 }
 
-/// Pool names as a reason shows them: "`training`, `development`".
+/// Pool names as a reason shows them, with their noun: "pool `training`", "pools `training` and
+/// `development`".
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Pools(pub Vec<String>);
 
 impl fmt::Display for Pools {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.len() == 1 { "pool " } else { "pools " })?;
+        let last = self.0.len().saturating_sub(1);
         for (i, p) in self.0.iter().enumerate() {
             if i > 0 {
-                f.write_str(", ")?;
+                f.write_str(if i == last { " and " } else { ", " })?;
             }
             write!(f, "`{p}`")?;
         }
@@ -233,15 +236,15 @@ impl Unplaceable {
             }
             Unplaceable::NoPoolServes { shape } => format!("no pool in this fleet serves {shape}"),
             Unplaceable::NoEligibleNode { pools, missing, .. } => match missing {
-                Missing::MigProfile(p) => format!("no node in pool {pools} offers MIG profile {p}"),
-                Missing::AllowedModel => format!("no node in pool {pools} has an allowed GPU model"),
+                Missing::MigProfile(p) => format!("no node in {pools} offers MIG profile {p}"),
+                Missing::AllowedModel => format!("no node in {pools} has an allowed GPU model"),
             },
             Unplaceable::CpuBeyondNodes {
                 pools,
                 requested_milli,
                 largest_milli,
             } => format!(
-                "{} CPUs requested; the largest node in pool {pools} has {}",
+                "{} CPUs requested; the largest node in {pools} has {}",
                 milli_str(*requested_milli),
                 milli_str(*largest_milli)
             ),
@@ -249,32 +252,30 @@ impl Unplaceable {
                 pools,
                 requested_mib,
                 largest_mib,
-            } => format!(
-                "{requested_mib} MiB of host memory requested; the largest node in pool {pools} has {largest_mib}"
-            ),
+            } => format!("{requested_mib} MiB of host memory requested; the largest node in {pools} has {largest_mib}"),
             Unplaceable::GangBeyondDomain { pools, gpus, largest } => {
-                format!("{gpus} whole GPUs in one gang; the largest node (NVLink domain) in pool {pools} has {largest}")
+                format!("{gpus} whole GPUs in one gang; the largest node (NVLink domain) in {pools} has {largest}")
             }
             Unplaceable::ShapeBeyondNodes { pools, shape } => {
-                format!("{shape} does not fit any node in pool {pools}")
+                format!("{shape} does not fit any node in {pools}")
             }
-            Unplaceable::Isolation { pools, shape } => format!(
-                "{shape} would fit only on GPUs time-shared with another tenant; pool {pools} keeps tenants apart"
-            ),
+            Unplaceable::Isolation { pools, shape } => {
+                format!("{shape} would fit only on GPUs time-shared with another tenant; {pools} keeps tenants apart")
+            }
             Unplaceable::Fragmentation {
                 pools,
                 shape,
                 free,
                 need,
             } => format!(
-                "{free} GPU units are free in pool {pools}, but no single node can hold {shape} ({need} units) with its host resources"
+                "{free} GPU units are free in {pools}, but no single node can hold {shape} ({need} units) with its host resources"
             ),
             Unplaceable::NoCapacity {
                 pools,
                 shape,
                 free,
                 need,
-            } => format!("{shape} needs {need} GPU units; pool {pools} has {free} free where this request may go"),
+            } => format!("{shape} needs {need} GPU units; {pools} has {free} free where this request may go"),
         }
     }
 
@@ -526,6 +527,17 @@ mod tests {
             cpu.to_string(),
             "constraint: 500 CPUs requested; the largest node in pool `training` has 224"
         );
+        let two = Unplaceable::GangBeyondDomain {
+            pools: Pools(vec!["training".into(), "development".into()]),
+            gpus: 16,
+            largest: 8,
+        };
+        assert_eq!(
+            two.to_string(),
+            "constraint: 16 whole GPUs in one gang; the largest node (NVLink domain) in pools `training` and `development` has 8"
+        );
+        let three = Pools(vec!["a".into(), "b".into(), "c".into()]);
+        assert_eq!(three.to_string(), "pools `a`, `b` and `c`");
         let gang = Unplaceable::GangBeyondDomain {
             pools: p.clone(),
             gpus: 9,
