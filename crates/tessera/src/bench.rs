@@ -46,8 +46,10 @@ pub struct PlacementArgs {
     /// Shared-pool policy.
     #[arg(long, default_value = "tessera")]
     policy: String,
+    /// Seed of the random demand (same seed, same run).
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// One JSON object instead of the text report.
     #[arg(long)]
     json: bool,
 }
@@ -66,13 +68,16 @@ pub struct CycleArgs {
     /// Running workloads that finish (and new jobs that arrive) before each measured cycle.
     #[arg(long, default_value_t = 200)]
     churn: usize,
+    /// Tenants the queued jobs belong to.
     #[arg(long, default_value_t = 40)]
     tenants: usize,
     /// Shared-pool policy.
     #[arg(long, default_value = "tessera")]
     policy: String,
+    /// Seed of the random demand (same seed, same run).
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// One JSON object instead of the text report.
     #[arg(long)]
     json: bool,
 }

@@ -65,6 +65,7 @@ pub struct ApiArgs {
     /// Worker threads of the load generator (0: one per core).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Seed of the random mix of requests.
     #[arg(long, default_value_t = 7)]
     seed: u64,
     /// One JSON object instead of the text report.

@@ -11,8 +11,10 @@ use crate::client::{Client, Connection};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Output {
+    /// Aligned columns, for people.
     #[default]
     Table,
+    /// The API's JSON, for scripts.
     Json,
     /// CSV (usage reports).
     Csv,
@@ -29,10 +31,13 @@ pub struct Common {
 
 #[derive(Args)]
 pub struct RunArgs {
+    /// The tenant whose quota the workload uses.
     #[arg(long)]
     pub tenant: String,
+    /// The tenant's project the workload belongs to.
     #[arg(long)]
     pub project: String,
+    /// A name for people; need not be unique.
     #[arg(long, default_value = "job")]
     pub name: String,
     /// Whole GPUs on one node.
@@ -50,6 +55,7 @@ pub struct RunArgs {
     /// Allowed GPU model or family (repeatable), e.g. h100.
     #[arg(long = "model")]
     pub models: Vec<String>,
+    /// Only this pool (default: any pool that can serve the shape).
     #[arg(long)]
     pub pool: Option<String>,
     /// Run time or lease: 90s, 30m, 2h, 1h30m.
@@ -67,6 +73,8 @@ pub struct RunArgs {
     /// Host memory in GiB.
     #[arg(long)]
     pub memory_gib: Option<f64>,
+    /// Container image, on backends that run containers (`kubernetes`); checked against the
+    /// tenant's image policy.
     #[arg(long)]
     pub image: Option<String>,
     /// An environment variable for the workload, `NAME=VALUE` (repeatable).
@@ -97,20 +105,27 @@ pub struct RunArgs {
 
 #[derive(Args)]
 pub struct LsArgs {
+    /// Only this tenant's workloads.
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Only this project's workloads (with --tenant).
     #[arg(long)]
     pub project: Option<String>,
+    /// Only workloads in this state: pending, queued, placed, running, stopping, succeeded,
+    /// failed, cancelled or preempted.
     #[arg(long)]
     pub state: Option<String>,
+    /// At most this many, newest first.
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
 }
 
 #[derive(Args)]
 pub struct FleetFilterArgs {
+    /// Only this pool.
     #[arg(long)]
     pub pool: Option<String>,
+    /// Only this node.
     #[arg(long)]
     pub node: Option<String>,
 }
@@ -120,6 +135,7 @@ pub enum TenantCmd {
     /// Create a tenant.
     Create {
         name: String,
+        /// A longer name for the console (default: the name).
         #[arg(long)]
         display_name: Option<String>,
     },
@@ -168,6 +184,7 @@ pub enum ProjectCmd {
 
 #[derive(Args)]
 pub struct ProjectsArgs {
+    /// The tenant whose projects these are.
     #[arg(long, global = true)]
     pub tenant: Option<String>,
     #[command(subcommand)]
@@ -185,6 +202,7 @@ pub enum TokenCmd {
         /// Prometheus).
         #[arg(long, default_value = "member", value_parser = parse_role)]
         role: tessera_api::TokenRole,
+        /// A label to recognise the token by in `token ls` and the audit log.
         #[arg(long)]
         name: Option<String>,
         /// Lifetime: 90s, 30m, 12h, 30d (default: until revoked).
@@ -193,6 +211,7 @@ pub enum TokenCmd {
     },
     /// List tokens (never their secrets).
     Ls {
+        /// Only this tenant's tokens.
         #[arg(long)]
         tenant: Option<String>,
     },
@@ -202,8 +221,10 @@ pub enum TokenCmd {
 
 #[derive(Args)]
 pub struct AuditArgs {
+    /// Only this tenant's entries.
     #[arg(long)]
     pub tenant: Option<String>,
+    /// At most this many, newest first.
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
 }

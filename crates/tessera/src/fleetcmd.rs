@@ -12,6 +12,7 @@ pub struct FleetArgs {
     /// Also list the MIG profiles of every MIG-capable model in the fleet.
     #[arg(long)]
     profiles: bool,
+    /// The fleet as JSON instead of the text summary.
     #[arg(long)]
     json: bool,
 }

@@ -16,15 +16,21 @@ use crate::client::Client;
 pub enum QuotaCmd {
     /// Show a tenant's quotas, use, borrowing and budget.
     Get {
+        /// The tenant.
         #[arg(long)]
         tenant: String,
     },
-    /// Set a tenant's quota for a class (a pool, or pool/MODEL), in GPU units.
+    /// Set a tenant's quota for a class (a pool, pool/MODEL, or project:NAME), in GPU units.
     Set {
+        /// The tenant.
         #[arg(long)]
         tenant: String,
+        /// A pool (`training`), a pool and GPU model (`training/H100-80GB-SXM`), or one of the
+        /// tenant's projects across pools (`project:NAME`).
         #[arg(long)]
         class: String,
+        /// GPU units the tenant is guaranteed; above it, it borrows idle capacity that may be
+        /// reclaimed.
         #[arg(long)]
         guaranteed: f64,
         /// The most the tenant may hold, borrowing included (default: no limit).
@@ -33,8 +39,11 @@ pub enum QuotaCmd {
     },
     /// Remove a tenant's quota for a class.
     Unset {
+        /// The tenant.
         #[arg(long)]
         tenant: String,
+        /// A pool (`training`), a pool and GPU model (`training/H100-80GB-SXM`), or one of the
+        /// tenant's projects across pools (`project:NAME`).
         #[arg(long)]
         class: String,
     },
@@ -42,6 +51,7 @@ pub enum QuotaCmd {
 
 #[derive(Args)]
 pub struct BudgetArgs {
+    /// The tenant.
     #[arg(long)]
     pub tenant: String,
     /// GPU-unit-hours per calendar month.
@@ -54,6 +64,7 @@ pub struct BudgetArgs {
 
 #[derive(Args)]
 pub struct UsageArgs {
+    /// Only this tenant (a tenant's own tokens see only their tenant).
     #[arg(long)]
     pub tenant: Option<String>,
     /// Start: YYYY-MM-DD or RFC 3339 (default: the first of this month).

@@ -98,7 +98,7 @@ enum Command {
     Audit(cli::AuditArgs),
     /// Print the OpenAPI 3.1 document of the REST API.
     Openapi,
-    /// Tenant quotas per resource class (a pool, or pool/MODEL), in GPU units.
+    /// Tenant quotas per resource class (a pool, pool/MODEL, or project:NAME), in GPU units.
     Quota {
         #[command(subcommand)]
         cmd: govcli::QuotaCmd,

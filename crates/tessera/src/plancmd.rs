@@ -47,6 +47,7 @@ pub struct PlanArgs {
     /// Placement policy for shared pools.
     #[arg(long, default_value = "tessera")]
     policy: String,
+    /// Seed of the demand and of the policy's ties.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// openb: the trace folder.

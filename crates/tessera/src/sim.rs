@@ -28,6 +28,7 @@ pub struct ScenarioArgs {
     /// and development (shared).
     #[arg(long, default_value = "seed")]
     fleet: String,
+    /// Tenant teams, each guaranteed an equal share of every pool.
     #[arg(long, default_value_t = 40)]
     tenants: usize,
     /// Simulated hours.
@@ -36,11 +37,13 @@ pub struct ScenarioArgs {
     /// Requests each tenant keeps waiting in each pool.
     #[arg(long, default_value_t = 4)]
     outstanding: usize,
+    /// Seed of the demand (same seed, same run).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Run without the consolidation action (to compare).
     #[arg(long)]
     no_consolidation: bool,
+    /// One JSON object instead of the text report.
     #[arg(long)]
     json: bool,
 }

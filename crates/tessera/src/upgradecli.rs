@@ -24,6 +24,7 @@ pub enum UpgradeCmd {
     /// Upgrade every node of a pool: nodes whose work ends soonest first, drained (nothing is
     /// cut off), upgraded, validated, uncordoned.
     Rollout {
+        /// The pool to upgrade.
         #[arg(long)]
         pool: String,
         /// Nodes out at once.
