@@ -160,15 +160,20 @@ impl Reason {
 
     /// Why a queued request waits.
     pub fn waiting(w: &Wait) -> Self {
-        let code = match w {
+        Reason::new(Self::wait_code(w), w.to_string())
+    }
+
+    /// The code of a wait: that of why it waits now.
+    fn wait_code(w: &Wait) -> ReasonCode {
+        match w {
             Wait::Unplaceable(u) => ReasonCode::of_class(u.class()),
             Wait::Held => ReasonCode::Held,
             Wait::Limit(_) => ReasonCode::Quota,
             Wait::Budget(_) => ReasonCode::Budget,
             Wait::Backoff { .. } => ReasonCode::Backoff,
             Wait::Preempting { .. } => ReasonCode::Preemption,
-        };
-        Reason::new(code, w.to_string())
+            Wait::PreemptsIn { now, .. } => Self::wait_code(now),
+        }
     }
 
     /// Why a request was refused for good.

@@ -454,13 +454,22 @@ pub enum Wait {
     Backoff { times: u32, retry_in_s: i64 },
     /// Victims were chosen for it and are being stopped.
     Preempting { victims: usize, cause: PreemptCause },
+    /// It does not fit (`now` says why), and it will look for victims (`cause` says whose
+    /// capacity it may take) once it has waited `in_s` seconds more, unless capacity frees
+    /// sooner.
+    PreemptsIn {
+        now: Box<Wait>,
+        cause: PreemptCause,
+        in_s: i64,
+    },
 }
 
 impl Wait {
     /// The stable code: `no-capacity`, `fragmentation`, `isolation`, `held`, `quota`, `budget`,
-    /// `backoff` or `preemption`.
+    /// `backoff` or `preemption` (a [`Wait::PreemptsIn`] has the code of why it waits now).
     pub fn code(&self) -> &'static str {
         match self {
+            Wait::PreemptsIn { now, .. } => now.code(),
             Wait::Unplaceable(u) => u.code(),
             Wait::Held => "held",
             Wait::Limit(_) => "quota",
@@ -471,9 +480,16 @@ impl Wait {
     }
 
     /// Same kind of obstacle, figures aside: a new `queued` event is worth recording only when
-    /// this changes.
+    /// this changes. `self` is the reason last recorded, `other` the new one: a job that is
+    /// told it will take capacity in some seconds ([`Wait::PreemptsIn`]) is news, one that
+    /// stops being told so (it is not among the jobs searching for victims this cycle) is not.
     pub fn same_kind(&self, other: &Wait) -> bool {
         match (self, other) {
+            (Wait::PreemptsIn { now: a, cause: ca, .. }, Wait::PreemptsIn { now: b, cause: cb, .. }) => {
+                a.same_kind(b) && ca.code() == cb.code()
+            }
+            (Wait::PreemptsIn { now, .. }, b) => now.same_kind(b),
+            (_, Wait::PreemptsIn { .. }) => false,
             (Wait::Unplaceable(a), Wait::Unplaceable(b)) => a.same_kind(b),
             (Wait::Held, Wait::Held) => true,
             (Wait::Limit(a), Wait::Limit(b)) => a.tenant == b.tenant && a.scope == b.scope,
@@ -498,6 +514,19 @@ impl fmt::Display for Wait {
             ),
             Wait::Preempting { victims, cause } => {
                 write!(f, "waiting for {victims} preempted workload(s) to stop: {cause}")
+            }
+            Wait::PreemptsIn { now, cause, in_s } => {
+                write!(f, "{now}; ")?;
+                match cause {
+                    PreemptCause::Reclaim { tenant, .. } => write!(
+                        f,
+                        "within tenant {tenant}'s guaranteed share: takes back capacity lent to other tenants in {in_s} s unless some frees sooner"
+                    ),
+                    PreemptCause::Priority { class, .. } => write!(
+                        f,
+                        "priority {class}: may preempt lower-priority work in {in_s} s unless capacity frees sooner"
+                    ),
+                }
             }
         }
     }

@@ -151,6 +151,10 @@ pub struct ServeArgs {
     /// --min-runtime-s: `CLASS=DURATION` such as `opportunistic=10m` (repeatable).
     #[arg(long = "min-runtime", value_name = "CLASS=DURATION", value_parser = parse_class_duration)]
     min_runtime: Vec<(String, u64)>,
+    /// A request within its tenant's guaranteed share takes capacity back from other tenants'
+    /// borrowed work only after waiting this long (capacity often frees by itself sooner).
+    #[arg(long, default_value = "5m", value_parser = parse_upgrade_duration)]
+    reclaim_after: u64,
     /// A priority class preempts lower ones only after waiting this long (capacity often
     /// frees by itself sooner): `CLASS=DURATION` such as `high=2m` (repeatable).
     #[arg(long = "preempt-after", value_name = "CLASS=DURATION", value_parser = parse_class_duration)]
@@ -271,6 +275,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     };
     let mut govern = tessera_sched::cycle::GovernConfig {
         min_runtime_ms: a.min_runtime_s as i64 * 1000,
+        reclaim_after_ms: a.reclaim_after as i64 * 1000,
         ..Default::default()
     };
     govern.consolidation.enabled = a.consolidation == Switch::On;

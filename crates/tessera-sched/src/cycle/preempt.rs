@@ -25,6 +25,12 @@ impl VictimRule for Preempt {
         now - job.submitted_ms >= after
     }
 
+    fn due_in_ms(&self, s: &Scheduler, job: &Job, now: i64) -> Option<i64> {
+        let after = s.class(&job.priority).and_then(|c| c.preempt_after_ms).unwrap_or(0);
+        let wait = after - (now - job.submitted_ms);
+        (wait > 0).then_some(wait)
+    }
+
     fn may_take(&self, _: &Job, rank: u8, victim: &Victim<'_>) -> bool {
         victim.rank > rank
     }
@@ -56,7 +62,16 @@ mod tests {
         for i in 0..16 {
             s.submit(job(i, "a", 8, "standard", 0), 0);
         }
-        assert!(preempted(&s.submit(job(100, "b", 8, "high", 10_000), 10_000)).is_empty());
+        let d = s.submit(job(100, "b", 8, "high", 10_000), 10_000);
+        let [Decision::Waiting { reason, .. }] = &d[..] else {
+            panic!("{d:?}")
+        };
+        assert!(
+            reason
+                .to_string()
+                .ends_with("; priority high: may preempt lower-priority work in 60 s unless capacity frees sooner"),
+            "{reason}"
+        );
         assert!(preempted(&s.cycle(69_999)).is_empty(), "waited 59.999 s");
         assert_eq!(preempted(&s.cycle(70_000)).len(), 1, "waited a minute");
         // Critical has no such wait.

@@ -26,6 +26,11 @@ impl VictimRule for Reclaim {
         now - job.submitted_ms >= s.cfg.reclaim_after_ms && within_guarantee(s, job)
     }
 
+    fn due_in_ms(&self, s: &Scheduler, job: &Job, now: i64) -> Option<i64> {
+        let wait = s.cfg.reclaim_after_ms - (now - job.submitted_ms);
+        (wait > 0 && within_guarantee(s, job)).then_some(wait)
+    }
+
     fn may_take(&self, job: &Job, _: u8, victim: &Victim<'_>) -> bool {
         victim.borrowing && victim.tenant != job.tenant
     }
@@ -50,7 +55,8 @@ fn within_guarantee(s: &Scheduler, job: &Job) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{guarantee_half_each, job, placed, preempted, sched};
+    use super::super::testing::{config, engine, guarantee_half_each, job, placed, preempted, sched};
+    use super::super::{Decision, GovernConfig, Scheduler};
     use tessera_model::GpuUnits;
 
     #[test]
@@ -77,6 +83,70 @@ mod tests {
         let acts = s.cycle(2100);
         assert_eq!(placed(&acts), vec![100]);
         assert_eq!(s.is_borrowing(100), Some(false));
+    }
+
+    #[test]
+    fn a_job_waiting_to_reclaim_is_told_when() {
+        let mut s = Scheduler::new(
+            engine(),
+            GovernConfig {
+                reclaim_after_ms: 60_000,
+                ..config()
+            },
+        );
+        guarantee_half_each(&mut s, None);
+        // a borrows the whole pool.
+        for i in 0..16 {
+            s.submit(job(i, "a", 8, "standard", 0), 0);
+        }
+        let waiting = |d: &[Decision]| -> Vec<String> {
+            d.iter()
+                .filter_map(|x| match x {
+                    Decision::Waiting { reason, .. } => Some(reason.to_string()),
+                    _ => None,
+                })
+                .collect()
+        };
+        // b, within its guarantee, is told it takes capacity back in 60 s.
+        let acts = s.submit(job(100, "b", 8, "standard", 1000), 1000);
+        assert_eq!(
+            waiting(&acts),
+            vec![
+                "no-capacity: 8 whole GPUs needs 8 GPU units; pool `training` has 0 free where this request may go; \
+                 within tenant b's guaranteed share: takes back capacity lent to other tenants in 60 s unless some frees sooner"
+            ]
+        );
+        let Decision::Waiting { reason, .. } = &acts[0] else {
+            panic!()
+        };
+        assert_eq!(reason.code(), "no-capacity");
+        // Nothing new to record while it waits; then it reclaims.
+        assert!(s.cycle(31_000).is_empty());
+        let acts = s.cycle(61_000);
+        assert_eq!(preempted(&acts).len(), 1, "{acts:?}");
+        // a, over its guarantee, is not told it will reclaim from b.
+        let acts = s.submit(job(200, "a", 8, "standard", 62_000), 62_000);
+        assert_eq!(waiting(&acts).len(), 1);
+        assert!(!waiting(&acts)[0].contains("takes back"), "{acts:?}");
+
+        // Borrowers younger than their minimum runtime put the time off.
+        let cfg = GovernConfig {
+            reclaim_after_ms: 60_000,
+            min_runtime_ms: 120_000,
+            ..config()
+        };
+        let mut s = Scheduler::new(engine(), cfg);
+        guarantee_half_each(&mut s, None);
+        for i in 0..16 {
+            s.submit(job(i, "a", 8, "standard", 0), 0);
+        }
+        let acts = s.submit(job(100, "b", 8, "standard", 1000), 1000);
+        assert!(
+            waiting(&acts)[0].ends_with("in 119 s unless some frees sooner"),
+            "{acts:?}"
+        );
+        assert!(preempted(&s.cycle(119_999)).is_empty());
+        assert_eq!(preempted(&s.cycle(120_000)).len(), 1);
     }
 
     #[test]

@@ -140,6 +140,26 @@ impl<'a> Session<'a> {
         self.sched.nominated.insert(by, super::Nomination { victims, nodes });
     }
 
+    /// The starved job at `i` will look for victims once it has waited `in_ms` more (`cause`
+    /// says whose capacity it may take): its reason says so, the sooner of two rules winning.
+    /// It stays starved, for the actions after this one.
+    pub fn preempts_in(&mut self, i: usize, cause: PreemptCause, in_ms: i64) {
+        let Status::Starved { reason, searchable } = &self.status[i] else {
+            return;
+        };
+        let in_s = (in_ms + 999) / 1000;
+        let now = match &**reason {
+            Wait::PreemptsIn { in_s: sooner, .. } if *sooner <= in_s => return,
+            Wait::PreemptsIn { now, .. } => now.clone(),
+            other => Box::new(other.clone()),
+        };
+        let reason = Rc::new(Wait::PreemptsIn { now, cause, in_s });
+        self.status[i] = Status::Starved {
+            reason,
+            searchable: *searchable,
+        };
+    }
+
     /// The job at `i` waits for consolidation `moves` (see [`consolidate`](super::consolidate)):
     /// the moved work is marked stopping and told to move, counted against its tenant's
     /// disruption budget, and the node it leaves is held for the job.

@@ -30,6 +30,9 @@ use crate::reason::PreemptCause;
 pub(super) trait VictimRule {
     /// Whether `job` may look for victims this way now.
     fn applies(&self, s: &Scheduler, job: &Job, now: i64) -> bool;
+    /// For a job that may not look for victims yet only because it has not waited long
+    /// enough: how many milliseconds more.
+    fn due_in_ms(&self, s: &Scheduler, job: &Job, now: i64) -> Option<i64>;
     /// Whether `victim` may be stopped for `job`, whose priority class has rank `rank`.
     fn may_take(&self, job: &Job, rank: u8, victim: &Victim<'_>) -> bool;
     fn cause(&self, job: &Job) -> PreemptCause;
@@ -179,6 +182,12 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
             continue;
         }
         if !rule.applies(s.sched, job, now) {
+            // Say when it will search, if there is anything it could then take.
+            if let Some(ms) = rule.due_in_ms(s.sched, job, now)
+                && let Some(from) = first_takeable(s.sched, job, rule, now + ms)
+            {
+                s.preempts_in(i, rule.cause(job), ms.max(from - now));
+            }
             continue;
         }
         match search(s.sched, job, now, rule) {
@@ -188,6 +197,38 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
             }
         }
     }
+}
+
+/// When the first workload `rule` lets `job` take, on a node it could use, may be taken (it has
+/// run its minimum runtime); the first one found that may be taken by `by` ends the search.
+fn first_takeable(s: &Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> Option<i64> {
+    let fleet = s.engine.fleet();
+    let rank = s.rank(&job.priority);
+    let index = &s.victim_index;
+    let mut first: Option<i64> = None;
+    for p in s.pools_for(&job.request) {
+        for n in fleet.pool(p).nodes.clone() {
+            if !job.request.allows_model(fleet.nodes[n as usize].model) {
+                continue;
+            }
+            for c in index.by_node.get(n as usize).map_or(&[][..], |c| c.as_slice()) {
+                let v = Victim {
+                    tenant: &index.tenants[c.tenant as usize],
+                    rank: c.rank,
+                    borrowing: c.borrowing,
+                };
+                if c.stopping || !rule.may_take(job, rank, &v) {
+                    continue;
+                }
+                let from = first.map_or(c.takeable_from_ms, |f| f.min(c.takeable_from_ms));
+                if from <= by {
+                    return Some(from);
+                }
+                first = Some(from);
+            }
+        }
+    }
+    first
 }
 
 /// The fewest, cheapest victims `rule` allows whose capacity lets `job` be placed, or `None`.
