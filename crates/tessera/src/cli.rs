@@ -339,12 +339,21 @@ fn workload_rows(items: &[Workload]) -> Vec<Vec<String>> {
                 format!("{}/{}", w.tenant, w.project),
                 w.name.clone(),
                 shape_str(&w.shape),
-                w.state.as_str().to_string(),
+                state_str(w),
                 where_str(w),
                 w.request_to_running_ms.map(|m| format!("{m} ms")).unwrap_or_default(),
             ]
         })
         .collect()
+}
+
+/// The state, and for queued work the code of why it waits (`queued (quota)`); `describe`
+/// has the sentence.
+fn state_str(w: &Workload) -> String {
+    match (&w.state, &w.reason_code) {
+        (WorkloadState::Queued, Some(code)) => format!("queued ({code})"),
+        (state, _) => state.as_str().to_string(),
+    }
 }
 
 const WORKLOAD_HEAD: [&str; 7] = ["ID", "TENANT/PROJECT", "NAME", "SHAPE", "STATE", "WHERE", "TO RUNNING"];

@@ -71,6 +71,26 @@ fn login_verbs_and_errors() {
     );
     let (_, out, _) = tessera(&["pools"], &env);
     assert!(out.contains("0.5 / 224"), "a dry run creates nothing: {out}");
+    // Over its limit a request waits, with the sentence; `ls` says why in one word.
+    let quota = ["quota", "set", "--tenant", "vision", "--class", "serving"];
+    let (code, _, err) = tessera(&[&quota[..], &["--guaranteed", "0.5", "--limit", "0.5"]].concat(), &env);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = tessera(&run_in_vision_train(&["--mig", "3g.40gb", "--name", "over"]), &env);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("reason: tenant vision holds 0.5 of its 0.5 guaranteed serving units (limit 0.5)"),
+        "{out}"
+    );
+    let (_, out, _) = tessera(&["ls"], &env);
+    let row = out
+        .lines()
+        .find(|l| l.contains(" over "))
+        .expect("the waiting request is listed");
+    assert!(row.contains(" queued (quota)"), "{out}");
+    let id = row.split_whitespace().next().unwrap();
+    assert_eq!(tessera(&["cancel", id], &env).0, 0);
+    let unset = ["quota", "unset", "--tenant", "vision", "--class", "serving"];
+    assert_eq!(tessera(&unset, &env).0, 0);
     // A server-side refusal is one readable line and a non-zero exit.
     let (code, out, err) = tessera(&run_in_vision_train(&["--gpus", "9"]), &env);
     assert_ne!(code, 0);
