@@ -115,14 +115,14 @@ impl VictimIndex {
         }
     }
 
-    /// The candidates on node `n` that may be taken at `now` (not stopping, past their minimum
-    /// runtime), with what `rule` needs to know of them.
-    fn takeable(&self, n: u32, now: i64) -> impl Iterator<Item = (&Candidate, Victim<'_>)> {
+    /// The candidates on node `n` that are not stopping, with what a rule needs to know of
+    /// them.
+    fn candidates(&self, n: u32) -> impl Iterator<Item = (&Candidate, Victim<'_>)> {
         self.by_node
             .get(n as usize)
             .map_or(&[][..], |c| c.as_slice())
             .iter()
-            .filter(move |c| !c.stopping && now >= c.takeable_from_ms)
+            .filter(|c| !c.stopping)
             .map(|c| {
                 let v = Victim {
                     tenant: &self.tenants[c.tenant as usize],
@@ -131,6 +131,12 @@ impl VictimIndex {
                 };
                 (c, v)
             })
+    }
+
+    /// The candidates on node `n` that may be taken at `now` (not stopping, past their minimum
+    /// runtime).
+    fn takeable(&self, n: u32, now: i64) -> impl Iterator<Item = (&Candidate, Victim<'_>)> {
+        self.candidates(n).filter(move |(c, _)| now >= c.takeable_from_ms)
     }
 }
 
@@ -211,15 +217,7 @@ fn first_takeable(s: &Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> O
             if !job.request.allows_model(fleet.nodes[n as usize].model) {
                 continue;
             }
-            for c in index.by_node.get(n as usize).map_or(&[][..], |c| c.as_slice()) {
-                let v = Victim {
-                    tenant: &index.tenants[c.tenant as usize],
-                    rank: c.rank,
-                    borrowing: c.borrowing,
-                };
-                if c.stopping || !rule.may_take(job, rank, &v) {
-                    continue;
-                }
+            for (c, _) in index.candidates(n).filter(|(_, v)| rule.may_take(job, rank, v)) {
                 let from = first.map_or(c.takeable_from_ms, |f| f.min(c.takeable_from_ms));
                 if from <= by {
                     return Some(from);
