@@ -439,6 +439,13 @@ impl fmt::Display for Refusal {
     }
 }
 
+/// The time of day of `ms` since the epoch, `HH:MM:SS UTC` (a reason is read beside the time
+/// it was given).
+fn utc_clock(ms: i64) -> String {
+    let s = ms.div_euclid(1000).rem_euclid(86_400);
+    format!("{:02}:{:02}:{:02} UTC", s / 3600, s / 60 % 60, s % 60)
+}
+
 /// Why a queued request waits.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Wait {
@@ -455,11 +462,12 @@ pub enum Wait {
     /// Victims were chosen for it and are being stopped.
     Preempting { victims: usize, cause: PreemptCause },
     /// It does not fit (`now` says why), and it will look for victims (`cause` says whose
-    /// capacity it may take) once it has waited `in_s` seconds more, unless capacity frees
-    /// sooner.
+    /// capacity it may take) at `at_ms` (ms since the epoch), `in_s` seconds after the reason
+    /// was given, unless capacity frees sooner.
     PreemptsIn {
         now: Box<Wait>,
         cause: PreemptCause,
+        at_ms: i64,
         in_s: i64,
     },
 }
@@ -515,16 +523,22 @@ impl fmt::Display for Wait {
             Wait::Preempting { victims, cause } => {
                 write!(f, "waiting for {victims} preempted workload(s) to stop: {cause}")
             }
-            Wait::PreemptsIn { now, cause, in_s } => {
+            Wait::PreemptsIn {
+                now,
+                cause,
+                at_ms,
+                in_s,
+            } => {
                 write!(f, "{now}; ")?;
+                let when = format!("at {} (in {in_s} s)", utc_clock(*at_ms));
                 match cause {
                     PreemptCause::Reclaim { tenant, .. } => write!(
                         f,
-                        "within tenant {tenant}'s guaranteed share: takes back capacity lent to other tenants in {in_s} s unless some frees sooner"
+                        "within tenant {tenant}'s guaranteed share: takes back capacity lent to other tenants {when} unless some frees sooner"
                     ),
                     PreemptCause::Priority { class, .. } => write!(
                         f,
-                        "priority {class}: may preempt lower-priority work in {in_s} s unless capacity frees sooner"
+                        "priority {class}: may preempt lower-priority work {when} unless capacity frees sooner"
                     ),
                 }
             }

@@ -69,7 +69,7 @@ mod tests {
         assert!(
             reason
                 .to_string()
-                .ends_with("; priority high: may preempt lower-priority work in 60 s unless capacity frees sooner"),
+                .ends_with("; priority high: may preempt lower-priority work at 00:01:10 UTC (in 60 s) unless capacity frees sooner"),
             "{reason}"
         );
         assert!(preempted(&s.cycle(69_999)).is_empty(), "waited 59.999 s");

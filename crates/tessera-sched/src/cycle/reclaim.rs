@@ -113,7 +113,7 @@ mod tests {
             waiting(&acts),
             vec![
                 "no-capacity: 8 whole GPUs needs 8 GPU units; pool `training` has 0 free where this request may go; \
-                 within tenant b's guaranteed share: takes back capacity lent to other tenants in 60 s unless some frees sooner"
+                 within tenant b's guaranteed share: takes back capacity lent to other tenants at 00:01:01 UTC (in 60 s) unless some frees sooner"
             ]
         );
         let Decision::Waiting { reason, .. } = &acts[0] else {
@@ -142,7 +142,7 @@ mod tests {
         }
         let acts = s.submit(job(100, "b", 8, "standard", 1000), 1000);
         assert!(
-            waiting(&acts)[0].ends_with("in 119 s unless some frees sooner"),
+            waiting(&acts)[0].ends_with("at 00:02:00 UTC (in 119 s) unless some frees sooner"),
             "{acts:?}"
         );
         assert!(preempted(&s.cycle(119_999)).is_empty());

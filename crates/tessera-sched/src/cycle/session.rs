@@ -153,7 +153,12 @@ impl<'a> Session<'a> {
             Wait::PreemptsIn { now, .. } => now.clone(),
             other => Box::new(other.clone()),
         };
-        let reason = Rc::new(Wait::PreemptsIn { now, cause, in_s });
+        let reason = Rc::new(Wait::PreemptsIn {
+            now,
+            cause,
+            at_ms: self.now + in_ms,
+            in_s,
+        });
         self.status[i] = Status::Starved {
             reason,
             searchable: *searchable,
