@@ -260,7 +260,10 @@ impl Unplaceable {
                 format!("{shape} does not fit any node in {pools}")
             }
             Unplaceable::Isolation { pools, shape } => {
-                format!("{shape} would fit only on GPUs time-shared with another tenant; {pools} keeps tenants apart")
+                format!(
+                    "{shape} would fit only on GPUs time-shared with another tenant; {pools} {} tenants apart",
+                    if pools.0.len() == 1 { "keeps" } else { "keep" }
+                )
             }
             Unplaceable::Fragmentation {
                 pools,
@@ -534,7 +537,7 @@ impl fmt::Display for Wait {
                 match cause {
                     PreemptCause::Reclaim { tenant, .. } => write!(
                         f,
-                        "within tenant {tenant}'s guaranteed share: takes back capacity lent to other tenants {when} unless some frees sooner"
+                        "within tenant {tenant}'s guaranteed share: may take back capacity lent to other tenants {when} unless some frees sooner"
                     ),
                     PreemptCause::Priority { class, .. } => write!(
                         f,

@@ -113,7 +113,7 @@ mod tests {
             waiting(&acts),
             vec![
                 "no-capacity: 8 whole GPUs needs 8 GPU units; pool `training` has 0 free where this request may go; \
-                 within tenant b's guaranteed share: takes back capacity lent to other tenants at 00:01:01 UTC (in 60 s) unless some frees sooner"
+                 within tenant b's guaranteed share: may take back capacity lent to other tenants at 00:01:01 UTC (in 60 s) unless some frees sooner"
             ]
         );
         let Decision::Waiting { reason, .. } = &acts[0] else {
@@ -127,7 +127,7 @@ mod tests {
         // a, over its guarantee, is not told it will reclaim from b.
         let acts = s.submit(job(200, "a", 8, "standard", 62_000), 62_000);
         assert_eq!(waiting(&acts).len(), 1);
-        assert!(!waiting(&acts)[0].contains("takes back"), "{acts:?}");
+        assert!(!waiting(&acts)[0].contains("take back"), "{acts:?}");
 
         // Borrowers younger than their minimum runtime put the time off.
         let cfg = GovernConfig {
