@@ -20,12 +20,17 @@
 //! GPU-unit-hours a node is out of placement without running work (idle while draining, and
 //! the upgrade itself) plus the work thrown away by cut-offs.
 
+/// The end of work that neither ends on its own nor moves (batch or interactive work without
+/// a duration): a drain waits for it until its deadline, if it has one.
+pub const NEVER: i64 = i64::MAX;
+
 /// One piece of work on a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Work {
     /// Thousandths of a GPU.
     pub units_milli: u64,
-    /// When it ends (ms); `None`: a service, which never ends on its own.
+    /// When it ends (ms; [`NEVER`] when it does not on its own); `None`: a service, which
+    /// moves off a draining node.
     pub end_ms: Option<i64>,
     /// When it started (ms), for the work a cut-off loses.
     pub start_ms: i64,
@@ -41,7 +46,8 @@ pub struct Node {
 }
 
 impl Node {
-    /// When the last work that cannot move ends (ms), `now` if none.
+    /// When the last work that cannot move ends (ms; [`NEVER`] if some never does), `now` if
+    /// none.
     pub fn free_at(&self, now: i64) -> i64 {
         self.work.iter().filter_map(|w| w.end_ms).fold(now, i64::max)
     }
@@ -180,7 +186,7 @@ pub fn simulate(nodes: &[Node], now: i64, limits: Limits, upgrade_ms: i64, plan:
                     (drained, lost, cut)
                 }
             };
-            let back = drained + upgrade_ms;
+            let back = drained.saturating_add(upgrade_ms);
             r.lost_unit_hours += lost + n.units_milli as f64 / 1000.0 * upgrade_ms as f64 / HOUR_MS;
             r.cut_offs += cut;
             r.timeline.push((n.name.clone(), start, back));
@@ -257,6 +263,28 @@ mod tests {
             node("c", 8000, &[]),
         ];
         assert_eq!(order(&nodes, 0), vec![2, 1, 0]);
+    }
+
+    #[test]
+    fn work_without_an_end_goes_last_and_is_taken_only_when_nothing_is_out() {
+        let nodes = vec![
+            node("a", 8000, &[Some(NEVER)]),
+            node("b", 8000, &[Some(60_000)]),
+            node("c", 8000, &[]),
+        ];
+        assert_eq!(order(&nodes, 0), vec![2, 1, 0]);
+        assert_eq!(nodes[0].free_at(0), NEVER);
+        let l = Limits {
+            max_parallel: 3,
+            max_unavailable_milli: u64::MAX,
+        };
+        assert_eq!(
+            take_now(&nodes, 0, l, 0, 0, 1_000),
+            vec![2],
+            "only the idle node is near"
+        );
+        assert_eq!(take_now(&nodes[..1], 0, l, 0, 0, 1_000), vec![0], "alone, it is taken");
+        assert!(take_now(&nodes[..1], 0, l, 1, 8000, 1_000).is_empty());
     }
 
     #[test]

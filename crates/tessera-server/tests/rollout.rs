@@ -215,6 +215,17 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
         .collect();
     assert_eq!(plan.len(), 2);
     assert_ne!(plan[0], busy, "the empty node first: its work ends soonest");
+    let details: Vec<&str> = r["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["detail"].as_str().unwrap())
+        .collect();
+    // The empty node is out at once; the busy one says what it waits for.
+    assert!(
+        details[1].starts_with("its timed work ends ") && details[1].ends_with("; 1 service(s) move when it drains"),
+        "{details:?}"
+    );
     assert_eq!(r["upgrade_s"], 1);
     let (st, p) = a.call(Method::POST, "/api/v1/rollouts", Some(json!({"pool": "training"})));
     assert_eq!(st, StatusCode::CONFLICT, "{p}");

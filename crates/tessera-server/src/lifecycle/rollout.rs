@@ -49,6 +49,39 @@ enum Invalid {
     NotYet(String),
 }
 
+/// What a pending node waits for, as planned: its work that must end before it is drained.
+/// `preempt_after_s`: the drain's deadline when its policy then preempts what is left.
+fn pending_detail(n: &rollout::Node, preempt_after_s: Option<u64>) -> String {
+    let mut parts = Vec::new();
+    if let Some(end) = n
+        .work
+        .iter()
+        .filter_map(|w| w.end_ms)
+        .filter(|&e| e != rollout::NEVER)
+        .max()
+    {
+        parts.push(format!("its timed work ends {}", tessera_api::rfc3339_ms(end)));
+    }
+    let open = n.work.iter().filter(|w| w.end_ms == Some(rollout::NEVER)).count();
+    if open > 0 {
+        parts.push(match preempt_after_s {
+            Some(s) => {
+                format!("{open} workload(s) without a duration: taken last; its drain preempts them after {s} s")
+            }
+            None => format!("{open} workload(s) without a duration: taken last; its drain waits for them to end"),
+        });
+    }
+    let services = n.work.iter().filter(|w| w.end_ms.is_none()).count();
+    if services > 0 {
+        parts.push(format!("{services} service(s) move when it drains"));
+    }
+    if parts.is_empty() {
+        "no work: taken as soon as the limits allow".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
 /// The actor the controller's own audit records name.
 const CONTROLLER: &str = "rollout-controller";
 
@@ -69,13 +102,11 @@ impl Core {
                     .filter(|l| l.w.phase.holds_capacity() && l.w.placement.as_ref().is_some_and(|p| &p.node == name))
                     .map(|l| rollout::Work {
                         units_milli: l.w.units.0,
-                        end_ms: match l.w.spec.kind {
-                            Kind::Service => None,
-                            _ => {
-                                l.w.spec
-                                    .duration_s
-                                    .map(|d| l.w.running_at.unwrap_or(l.w.created_at) + d as i64 * 1000)
-                            }
+                        end_ms: match (l.w.spec.kind, l.w.spec.duration_s) {
+                            (Kind::Service, _) => None,
+                            (_, Some(d)) => Some(l.w.running_at.unwrap_or(l.w.created_at) + d as i64 * 1000),
+                            // Runs to completion, which no one knows: the drain waits for it.
+                            (_, None) => Some(rollout::NEVER),
                         },
                         start_ms: l.w.running_at.unwrap_or(l.w.created_at),
                     })
@@ -233,7 +264,7 @@ impl Core {
                 ended_at: None,
                 upgrade_until: None,
                 layout: String::new(),
-                detail: format!("unmovable work ends {}", tessera_api::rfc3339_ms(plan[i].free_at(now))),
+                detail: pending_detail(&plan[i], spec.deadline_s.filter(|_| spec.preempt)),
             })
             .collect();
         let mut r = RolloutRecord {
@@ -628,5 +659,46 @@ impl Core {
         ops.rollouts.insert(r.id, r.clone());
         self.ops = std::sync::Arc::new(ops);
         self.published.set_ops(self.ops.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(ends: &[Option<i64>]) -> rollout::Node {
+        rollout::Node {
+            name: "n".into(),
+            units_milli: 8000,
+            work: ends
+                .iter()
+                .map(|&end_ms| rollout::Work {
+                    units_milli: 1000,
+                    end_ms,
+                    start_ms: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_pending_node_says_what_it_waits_for() {
+        assert_eq!(
+            pending_detail(&node(&[]), None),
+            "no work: taken as soon as the limits allow"
+        );
+        assert_eq!(
+            pending_detail(&node(&[Some(1_000), Some(2_000), None]), None),
+            "its timed work ends 1970-01-01T00:00:02.000Z; 1 service(s) move when it drains"
+        );
+        let open = node(&[Some(rollout::NEVER), Some(rollout::NEVER)]);
+        assert_eq!(
+            pending_detail(&open, None),
+            "2 workload(s) without a duration: taken last; its drain waits for them to end"
+        );
+        assert_eq!(
+            pending_detail(&open, Some(600)),
+            "2 workload(s) without a duration: taken last; its drain preempts them after 600 s"
+        );
     }
 }
