@@ -453,6 +453,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         task
     } else {
         let leading = lifecycle.lead(&loop_cfg, None).await.map_err(|e| anyhow!(e))?;
+        supervisor.lead_alone();
         tokio::spawn(supervisor.run_alone(leading))
     };
     let st = replica.state();

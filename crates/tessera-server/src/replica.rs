@@ -379,9 +379,9 @@ impl Supervisor {
         shutting_down
     }
 
-    /// Runs the only replica of an unshared store: it leads for good (`leading` is its loop)
-    /// and records heartbeats.
-    pub async fn run_alone(mut self, leading: Leading) {
+    /// The only replica of an unshared store leads for good from now on ([`Self::run_alone`]
+    /// then runs it).
+    pub fn lead_alone(&self) {
         self.metrics.leadership("acquired");
         self.metrics.set_leader(true);
         self.replica.update(|s| {
@@ -392,6 +392,11 @@ impl Supervisor {
             s.leader_url = Some(self.replica.url.clone());
             s.reason = None;
         });
+    }
+
+    /// Runs the only replica of an unshared store, which leads ([`Self::lead_alone`]; `leading`
+    /// is its loop), and records heartbeats.
+    pub async fn run_alone(mut self, leading: Leading) {
         let mut last_beat = None;
         let mut tick = tokio::time::interval(self.settings.heartbeat_every);
         loop {

@@ -628,6 +628,8 @@ pub async fn status(c: &Common) -> Result<()> {
                     "Leader: {} at {} (epoch {}, lease valid for another {} ms)",
                     l.id, l.url, l.epoch, l.expires_in_ms
                 ),
+                // No lease on SQLite: its one process leads.
+                None if r.database == "sqlite" => println!("Leader: {} (SQLite: the only replica)", r.this),
                 None => println!("Leader: none (an election is under way, or the database is unavailable)"),
             }
             println!("Database: {}; answered by {}", r.database, r.this);

@@ -61,6 +61,15 @@ fn login_verbs_and_errors() {
     let (code, out, _) = tessera(&["pools"], &env);
     assert_eq!(code, 0);
     assert!(out.contains("serving      mig") && out.contains("0.5 / 224"), "{out}");
+    // One process on SQLite leads; `status` says so, and lists it as the leader.
+    let (code, out, err) = tessera(&["status"], &env);
+    assert_eq!(code, 0, "{err}");
+    let first = out.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("Leader: ") && first.ends_with(" (SQLite: the only replica)"),
+        "{out}"
+    );
+    assert!(out.lines().nth(3).is_some_and(|l| l.contains("  leader  ")), "{out}");
     // A dry run prints the cost and outcome and creates nothing (the pool still holds 0.5).
     let dry_run = run_in_vision_train(&["--mig", "3g.40gb", "--duration", "2h", "--dry-run"]);
     let (code, out, err) = tessera(&dry_run, &env);
