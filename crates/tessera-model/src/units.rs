@@ -61,6 +61,18 @@ impl fmt::Display for GpuUnits {
     }
 }
 
+/// GPU-unit-hours as people read them: one decimal, up to three where that is what tells a
+/// small amount from zero (`100.0`, `12.5`, `0.001`).
+pub fn unit_hours(h: f64) -> String {
+    // Less than what is shown is zero, whatever its sign.
+    let h = if h.abs() < 0.0005 { 0.0 } else { h };
+    let mut s = format!("{h:.3}");
+    while s.ends_with('0') && !s.ends_with(".0") {
+        s.pop();
+    }
+    s
+}
+
 impl Add for GpuUnits {
     type Output = GpuUnits;
     fn add(self, rhs: Self) -> Self {
@@ -96,6 +108,17 @@ impl Sum for GpuUnits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unit_hours_keep_what_tells_a_small_amount_from_zero() {
+        let shown: Vec<String> = [100.0, 100.5, 12.25, 0.001, 0.0004, -0.0002, -0.5, 2.3456]
+            .map(unit_hours)
+            .into();
+        assert_eq!(
+            shown,
+            ["100.0", "100.5", "12.25", "0.001", "0.0", "0.0", "-0.5", "2.346"]
+        );
+    }
 
     #[test]
     fn reference_values() {

@@ -362,8 +362,10 @@ impl fmt::Display for BudgetExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "tenant {} has spent {:.1} of its {:.1} GPU-unit-hour budget for this month",
-            self.tenant, self.spent, self.budget
+            "tenant {} has spent {} of its {} GPU-unit-hour budget for this month",
+            self.tenant,
+            tessera_model::units::unit_hours(self.spent),
+            tessera_model::units::unit_hours(self.budget)
         )
     }
 }

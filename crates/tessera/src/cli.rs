@@ -6,6 +6,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use reqwest::Method;
 use serde::Serialize;
 use tessera_api::*;
+use tessera_model::units::unit_hours;
 
 use crate::client::{Client, Connection};
 
@@ -463,11 +464,12 @@ pub fn dry_run_text(d: &tessera_api::DryRun) -> String {
     }
     if let Some(b) = &d.budget {
         out.push_str(&format!(
-            "  budget      {:.1} of {:.1} unit-hours left",
-            b.left, b.budget
+            "  budget      {} of {} unit-hours left",
+            unit_hours(b.left),
+            unit_hours(b.budget)
         ));
         if let Some(after) = b.left_after {
-            out.push_str(&format!(", {after:.1} after"));
+            out.push_str(&format!(", {} after", unit_hours(after)));
         }
         out.push('\n');
     }

@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use reqwest::Method;
 use serde::Deserialize;
 use tessera_api::*;
+use tessera_model::units::unit_hours;
 
 use crate::cli::{Common, Output, table};
 use crate::client::Client;
@@ -121,8 +122,10 @@ pub async fn quota(c: &Common, cmd: QuotaCmd) -> Result<()> {
             );
             match q.budget {
                 Some(b) => println!(
-                    "budget: {:.1} GPU-unit-hours this month, {:.2} spent, {:.2} left",
-                    b.monthly_unit_hours, b.spent_unit_hours, b.remaining_unit_hours
+                    "budget: {} GPU-unit-hours this month, {} spent, {} left",
+                    unit_hours(b.monthly_unit_hours),
+                    unit_hours(b.spent_unit_hours),
+                    unit_hours(b.remaining_unit_hours)
                 ),
                 None => println!("budget: none"),
             }

@@ -155,10 +155,14 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
         (
             waits_or_refuses,
             Some("budget"),
-            Some(format!(
-                "tenant {} has spent {spent:.1} of its {budget:.1} GPU-unit-hours this month",
-                b.tenant
-            )),
+            Some(
+                tessera_sched::reason::BudgetExceeded {
+                    tenant: b.tenant.clone(),
+                    spent,
+                    budget,
+                }
+                .to_string(),
+            ),
             None,
             None,
         )
