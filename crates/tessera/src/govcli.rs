@@ -243,13 +243,16 @@ pub async fn usage(c: &Common, a: UsageArgs) -> Result<()> {
 
 /// The declarative file.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a file with `tenants:`, a list of tenants")]
 struct Declaration {
     tenants: Vec<DeclTenant>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a tenant such as {name: vision, projects: [train]}"
+)]
 struct DeclTenant {
     name: String,
     #[serde(default)]
@@ -269,7 +272,10 @@ struct DeclTenant {
 }
 
 #[derive(Deserialize, Clone, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an image policy such as {registries: [registry.example.com/team/]}"
+)]
 struct DeclImagePolicy {
     /// Registry/repository prefixes; empty: any registry.
     #[serde(default)]
@@ -280,7 +286,10 @@ struct DeclImagePolicy {
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a quota in GPU units such as {guaranteed: 8, limit: 16}"
+)]
 struct DeclQuota {
     guaranteed: f64,
     #[serde(default)]

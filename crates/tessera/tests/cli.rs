@@ -218,6 +218,16 @@ fn login_verbs_and_errors() {
     );
     let (code, out, _) = tessera(&["tenants", "policy", "get", "imgteam"], &env);
     assert!(code == 0 && out.contains("registry.example.com/team-b/"), "{out}");
+    // A malformed declaration is one line naming the file, the line and what was expected.
+    let bad = apply.0.join("bad.yaml");
+    std::fs::write(&bad, "tenants:\n  - name: imgteam\n    quotas:\n      serving: 4\n").unwrap();
+    let (code, _, err) = tessera(&["apply", "-f", bad.to_str().unwrap()], &env);
+    assert_ne!(code, 0);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("bad.yaml:4: tenants[0].quotas.serving: invalid type: integer `4`, expected a quota in GPU units such as {guaranteed: 8, limit: 16}"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&apply.0).unwrap();
     let (code, out, _) = tessera(&["gpu", "health"], &env);
     assert_eq!((code, out.trim()), (0, "all GPUs are healthy"));
