@@ -209,13 +209,17 @@ impl Fleet {
         let spec: FleetSpec = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
             let msg = e.message().trim().replace('\n', " ");
-            // toml names the offending key in its message (e.g. "missing field `gpus`").
+            // The key of the line the error points at (`gpus = "8"` → gpus, `[[pool.nodes]]` →
+            // pool.nodes); toml names a missing key in its message ("missing field `gpus`").
             let field = e
                 .span()
-                .and_then(|s| text.get(s.clone()))
-                .and_then(|t| t.split('=').next())
+                .and_then(|s| {
+                    let start = text[..s.start.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+                    text[start..].lines().next()
+                })
+                .and_then(|l| l.split('=').next())
                 .map(|k| k.trim().trim_start_matches('[').trim_end_matches(']').to_string())
-                .filter(|k| !k.is_empty() && k.len() < 40 && !k.contains('\n'))
+                .filter(|k| !k.is_empty() && k.len() < 40 && !k.contains(['"', ' ']))
                 .unwrap_or_else(|| "fleet".to_string());
             FleetError::new(file, line, &field, msg)
         })?;
@@ -524,7 +528,7 @@ mod tests {
 
         let bad_sharing = bad_model.replace("\"whole\"", "\"sliced\"").replace("H900", "L40S");
         let e = Fleet::from_toml(&bad_sharing, "f.toml").unwrap_err();
-        assert_eq!(e.line, 3, "{e}");
+        assert_eq!((e.line, e.field.as_str()), (3, "sharing"), "{e}");
         assert!(e.message.contains("unknown variant `sliced`"), "{e}");
 
         let missing = bad_model.replace("gpus = 8\n", "").replace("H900", "L40S");
@@ -539,7 +543,11 @@ mod tests {
         let typo = bad_model.replace("cpus", "cpu").replace("H900", "L40S");
         let e = Fleet::from_toml(&typo, "f.toml").unwrap_err();
         assert!(e.message.contains("unknown field `cpu`"), "{e}");
-        assert_eq!(e.line, 8, "{e}");
+        assert_eq!((e.line, e.field.as_str()), (8, "cpu"), "{e}");
+
+        // A value of the wrong type is named by its key, not by the value.
+        let e = Fleet::from_toml(&bad_model.replace("gpus = 8", "gpus = \"8\""), "f.toml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (7, "gpus"), "{e}");
     }
 
     #[test]

@@ -6,6 +6,9 @@ use tessera_model::Fleet;
 
 #[derive(clap::Args)]
 pub struct FleetArgs {
+    /// `seed`, `synthetic:NODES`, or a TOML fleet file (also as `--fleet`).
+    #[arg(value_name = "FLEET", conflicts_with = "fleet")]
+    file: Option<String>,
     /// `seed`, `synthetic:NODES`, or a TOML fleet file.
     #[arg(long, default_value = "seed")]
     fleet: String,
@@ -18,7 +21,7 @@ pub struct FleetArgs {
 }
 
 pub fn run(a: FleetArgs) -> Result<()> {
-    let fleet: Fleet = crate::bench::load_fleet(&a.fleet)?;
+    let fleet: Fleet = crate::bench::load_fleet(a.file.as_deref().unwrap_or(&a.fleet))?;
     if a.json {
         let pools: Vec<_> = fleet
             .pools
