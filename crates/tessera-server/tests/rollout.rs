@@ -207,20 +207,14 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
     );
     assert_eq!(st, StatusCode::CREATED, "{r}");
     let id = r["id"].as_u64().unwrap();
-    let plan: Vec<&str> = r["nodes"]
+    let (plan, details): (Vec<&str>, Vec<&str>) = r["nodes"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|n| n["node"].as_str().unwrap())
-        .collect();
+        .map(|n| (n["node"].as_str().unwrap(), n["detail"].as_str().unwrap()))
+        .unzip();
     assert_eq!(plan.len(), 2);
     assert_ne!(plan[0], busy, "the empty node first: its work ends soonest");
-    let details: Vec<&str> = r["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["detail"].as_str().unwrap())
-        .collect();
     // The empty node is out at once; the busy one says what it waits for.
     assert!(
         details[1].starts_with("its timed work ends ") && details[1].ends_with("; 1 service(s) move when it drains"),
