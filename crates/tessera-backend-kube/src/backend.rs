@@ -267,15 +267,17 @@ async fn read_exporters(shared: Weak<Shared>, every: Duration) {
             .buffer_unordered(EXPORTERS_AT_ONCE)
             .collect()
             .await;
-        // Our pods by (namespace, name), as they are now.
-        let ours: HashMap<(String, String), u64> = {
+        // Our pods by namespace and name, as they are now.
+        let ours: HashMap<String, HashMap<String, u64>> = {
             let st = sh.state.lock().expect("lock");
-            st.tracked
-                .iter()
-                .flat_map(|(id, t)| t.pods.iter().map(move |(p, _)| ((t.ns.clone(), p.clone()), *id)))
-                .collect()
+            let mut m: HashMap<String, HashMap<String, u64>> = HashMap::new();
+            for (id, t) in &st.tracked {
+                let pods = m.entry(t.ns.clone()).or_default();
+                pods.extend(t.pods.iter().map(|(p, _)| (p.clone(), *id)));
+            }
+            m
         };
-        let workload_of = |ns: &str, pod: &str| ours.get(&(ns.to_string(), pod.to_string())).copied();
+        let workload_of = |ns: &str, pod: &str| ours.get(ns)?.get(pod).copied();
         let mut gpus = Vec::new();
         for (node, url, text) in texts {
             let series = text

@@ -153,7 +153,7 @@ pub struct ServeArgs {
     min_runtime: Vec<(String, u64)>,
     /// A request within its tenant's guaranteed share takes capacity back from other tenants'
     /// borrowed work only after waiting this long (capacity often frees by itself sooner).
-    #[arg(long, default_value = "5m", value_parser = parse_upgrade_duration)]
+    #[arg(long, default_value = "5m", value_parser = parse_duration_s)]
     reclaim_after: u64,
     /// A priority class preempts lower ones only after waiting this long (capacity often
     /// frees by itself sooner): `CLASS=DURATION` such as `high=2m` (repeatable).
@@ -182,11 +182,12 @@ pub struct ServeArgs {
     on_gpu_failure: OnGpuFailure,
     /// Rolling upgrades on the simulated backend: how long a node's upgrade takes (90s, 20m,
     /// 1h). Default: off, a rollout waits for `tessera node done NODE` (the external hook).
-    #[arg(long, value_parser = parse_upgrade_duration)]
+    #[arg(long, value_parser = parse_duration_s)]
     sim_upgrade_duration: Option<u64>,
 }
 
-fn parse_upgrade_duration(s: &str) -> Result<u64, String> {
+/// A flag's duration (90s, 20m, 1h30m) in seconds.
+fn parse_duration_s(s: &str) -> Result<u64, String> {
     crate::cli::parse_duration(s)
         .map(|d| d as u64)
         .map_err(|e| e.to_string().replace("--duration: ", ""))
@@ -197,7 +198,7 @@ fn parse_class_duration(s: &str) -> Result<(String, u64), String> {
     let Some((class, d)) = s.split_once('=') else {
         return Err(format!("`{s}` is not CLASS=DURATION (example: opportunistic=10m)"));
     };
-    let d = parse_upgrade_duration(d)?;
+    let d = parse_duration_s(d)?;
     Ok((class.trim().to_string(), d))
 }
 
