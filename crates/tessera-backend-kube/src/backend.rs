@@ -88,11 +88,19 @@ enum Stage {
 
 struct Tracked {
     ns: String,
+    /// The attempt whose pods these are ([`names::attempt_pod_name`]).
+    attempt: u32,
     stage: Stage,
     stopping: bool,
     /// The pods of the workload's node-shares by gang index (one unless it is a multi-node
     /// gang) and the state each last showed.
     pods: Vec<(String, PodState)>,
+    /// The UID of each pod, by name, from its creation (or from the first sight of it in its
+    /// namespace under its name, after a restart): a pod with the name but another UID is
+    /// not Tessera's.
+    uids: HashMap<String, String>,
+    /// The pods confirmed gone.
+    gone: std::collections::HashSet<String>,
     /// Whole GPUs of a one-pod workload (0 for anything else): the devices the exporter sees
     /// its pod on are reported as `Bound` once they are all seen.
     whole_gpus: u8,
@@ -100,13 +108,25 @@ struct Tracked {
     reported: Vec<u8>,
 }
 
+/// Whether a pod that carries a tracked workload's label is that workload's pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Claim {
+    /// Node-share `index` of the workload.
+    Ours(usize),
+    /// Someone else's pod wearing the label: never adopted, never counted as a loss.
+    Stranger,
+}
+
 impl Tracked {
-    fn new(ns: &str, stage: Stage, stopping: bool, names: impl IntoIterator<Item = String>) -> Tracked {
+    fn new(ns: &str, attempt: u32, stage: Stage, stopping: bool, names: impl IntoIterator<Item = String>) -> Tracked {
         Tracked {
             ns: ns.to_string(),
+            attempt,
             stage,
             stopping,
             pods: names.into_iter().map(|n| (n, PodState::Pending)).collect(),
+            uids: HashMap::new(),
+            gone: Default::default(),
             whole_gpus: 0,
             reported: Vec::new(),
         }
@@ -127,6 +147,30 @@ impl Tracked {
     fn names(&self) -> Vec<String> {
         self.pods.iter().map(|(n, _)| n.clone()).collect()
     }
+
+    /// Whether `pod` is one of this workload's pods: in the workload's namespace (which only
+    /// its tenant project and Tessera may write), under one of the attempt's names, with the
+    /// UID Tessera recorded for it. A label alone proves nothing: any tenant can set it. The
+    /// first sight of a pod under its name in its namespace records its UID.
+    fn claim(&mut self, pod: &Pod) -> Claim {
+        let (Some(ns), Some(name)) = (pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref()) else {
+            return Claim::Stranger;
+        };
+        if ns != self.ns {
+            return Claim::Stranger;
+        }
+        let Some(index) = self.pods.iter().position(|(n, _)| n == name) else {
+            return Claim::Stranger;
+        };
+        match (self.uids.get(name), pod.metadata.uid.as_deref()) {
+            (Some(known), Some(uid)) if known != uid => Claim::Stranger,
+            (None, Some(uid)) => {
+                self.uids.insert(name.to_string(), uid.to_string());
+                Claim::Ours(index)
+            }
+            _ => Claim::Ours(index),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -134,10 +178,17 @@ struct State {
     nodes: HashMap<String, NodeView>,
     tracked: HashMap<u64, Tracked>,
     namespaces: std::collections::HashSet<String>,
+    /// Pools that partition with MIG: their nodes' MIG modes are reported.
+    mig_pools: std::collections::HashSet<String>,
+    /// Strangers' pods already reported, by UID.
+    strangers: std::collections::HashSet<String>,
 }
 
 struct Shared {
     client: Client,
+    /// The same API server through a client that never retries on its own (evictions: a
+    /// disruption budget's 429 must reach Tessera at once).
+    evict_client: Client,
     cfg: KubeConfig,
     state: Mutex<State>,
     tx: mpsc::UnboundedSender<BackendEvent>,
@@ -167,6 +218,11 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Now, as the API server writes times (RFC 3339).
+fn k8s_now() -> String {
+    jiff::Timestamp::now().to_string()
+}
+
 fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
@@ -175,6 +231,17 @@ impl KubeBackend {
     /// Reads the GPU nodes into a fleet and starts the node and pod watches. Call inside a
     /// Tokio runtime.
     pub async fn connect(client: Client, cfg: KubeConfig) -> Result<(KubeBackend, Fleet), BackendError> {
+        Self::connect_with(client.clone(), client, cfg).await
+    }
+
+    /// [`KubeBackend::connect`] with a second client for evictions, one built without kube-rs's
+    /// default retries (`Config::default_retry = false`), so that a disruption budget's refusal
+    /// is seen at once ([`crate::connect_default`] makes one).
+    pub async fn connect_with(
+        client: Client,
+        evict_client: Client,
+        cfg: KubeConfig,
+    ) -> Result<(KubeBackend, Fleet), BackendError> {
         let nodes = Api::<Node>::all(client.clone())
             .list(&ListParams::default())
             .await
@@ -188,11 +255,34 @@ impl KubeBackend {
             .map_err(BackendError::Rejected)?;
         let fleet = Fleet::from_toml(&toml, "cluster").map_err(|e| BackendError::Rejected(e.to_string()))?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let mig_pools: std::collections::HashSet<String> = fleet
+            .pools
+            .iter()
+            .filter(|p| p.sharing == tessera_model::Sharing::Mig)
+            .map(|p| p.name.clone())
+            .collect();
+        // What the control plane must learn at once: nodes already closed to new work, and
+        // the MIG mode of every GPU in a MIG pool (a node there with MIG off serves whole GPUs).
+        for v in &views {
+            for change in fleet::initial_changes(v) {
+                let _ = tx.send(BackendEvent::NodeChanged {
+                    node: v.name.clone(),
+                    change,
+                });
+            }
+            if mig_pools.contains(v.pool.as_deref().unwrap_or(&cfg.default_pool)) {
+                for e in mig_modes(v) {
+                    let _ = tx.send(e);
+                }
+            }
+        }
         let shared = Arc::new(Shared {
             client,
+            evict_client,
             cfg,
             state: Mutex::new(State {
                 nodes: views.into_iter().map(|v| (v.name.clone(), v)).collect(),
+                mig_pools,
                 ..Default::default()
             }),
             tx,
@@ -218,6 +308,20 @@ impl KubeBackend {
     pub fn namespace_of(&self, tenant: &str, project: &str) -> String {
         names::namespace(&self.shared.cfg.namespace_prefix, tenant, project)
     }
+}
+
+/// The MIG mode of each GPU of a node in a MIG pool, as its labels and resources show it
+/// (pending while the MIG manager applies a config).
+fn mig_modes(v: &NodeView) -> Vec<BackendEvent> {
+    let pending = matches!(v.mig_state.as_deref(), Some("pending" | "rebooting"));
+    (0..v.gpus.min(16) as u8)
+        .map(|gpu| BackendEvent::MigMode {
+            node: v.name.clone(),
+            gpu,
+            enabled: v.mig_enabled,
+            pending,
+        })
+        .collect()
 }
 
 /// How many DCGM exporters are read at the same time.
@@ -382,6 +486,16 @@ async fn watch_nodes(shared: Weak<Shared>, client: Client) {
                 change,
             });
         }
+        if let Some(v) = &view
+            && st.mig_pools.contains(v.pool.as_deref().unwrap_or(&sh.cfg.default_pool))
+            && old
+                .as_ref()
+                .is_none_or(|o| (o.mig_enabled, &o.mig_state) != (v.mig_enabled, &v.mig_state))
+        {
+            for e in mig_modes(v) {
+                let _ = sh.tx.send(e);
+            }
+        }
         match view {
             Some(v) => st.nodes.insert(name, v),
             None => st.nodes.remove(&name),
@@ -472,15 +586,22 @@ impl Shared {
 
     /// A pod changed: its phase (with its gang's other pods) drives the workload's events, in
     /// the contract's order. A gang runs when all its pods run; when one fails or is lost, the
-    /// workload does, and its other pods are deleted.
+    /// workload does, and its other pods are deleted. A pod that wears a tracked workload's
+    /// label but is not its pod ([`Tracked::claim`]) is reported and otherwise ignored.
     fn on_pod(self: &Arc<Self>, pod: &Pod) {
         let Some(id) = pods::workload_id(pod) else { return };
+        let mut st = self.state.lock().unwrap();
+        let Some(t) = st.tracked.get_mut(&id) else { return };
+        let index = match t.claim(pod) {
+            Claim::Ours(i) => i,
+            Claim::Stranger => {
+                self.stranger(&mut st, pod, id);
+                return;
+            }
+        };
         if pod.metadata.deletion_timestamp.is_some() {
             return;
         }
-        let index = pods::gang_index(pod);
-        let mut st = self.state.lock().unwrap();
-        let Some(t) = st.tracked.get_mut(&id) else { return };
         if t.stopping || t.stage == Stage::Ended {
             return;
         }
@@ -540,6 +661,47 @@ impl Shared {
         }
     }
 
+    /// A pod that wears workload `id`'s label and is not its pod: reported once (a warning, a
+    /// `Stranger` event the control plane audits and counts, and a Kubernetes Event on the
+    /// pod, so its owner sees it too), never adopted, never counted as a loss.
+    fn stranger(self: &Arc<Self>, st: &mut State, pod: &Pod, id: u64) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if !st.strangers.insert(uid.clone()) {
+            return;
+        }
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let detail = format!(
+            "pod {ns}/{name} carries the label {LABEL_WORKLOAD}={id} but is not a pod Tessera made for workload {id}: ignored"
+        );
+        tracing::warn!(namespace = %ns, pod = %name, workload = id, "{detail}");
+        let _ = self.tx.send(BackendEvent::Stranger {
+            namespace: ns.clone(),
+            name: name.clone(),
+            detail: detail.clone(),
+        });
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            let event = json!({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": format!("{name}."), "namespace": ns},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns, "uid": uid},
+                "reason": "NotTesseraWorkload", "type": "Warning", "message": detail,
+                "source": {"component": "tessera"},
+                "firstTimestamp": k8s_now(), "lastTimestamp": k8s_now(), "count": 1,
+            });
+            let Ok(event) = serde_json::from_value::<k8s_openapi::api::core::v1::Event>(event) else {
+                return;
+            };
+            if let Err(e) = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client, &ns)
+                .create(&PostParams::default(), &event)
+                .await
+            {
+                tracing::debug!(error = %e, "cannot record an Event on a stranger's pod");
+            }
+        });
+    }
+
     /// A gang that failed or was lost: its pods still there are deleted (with their grace
     /// period), in the background.
     fn delete_gang_rest(self: &Arc<Self>, t: &Tracked) {
@@ -567,26 +729,50 @@ impl Shared {
         });
     }
 
-    /// A pod is gone: unless Tessera stopped it or it had ended, the workload is lost.
+    /// A pod is gone: unless Tessera stopped it or it had ended, the workload is lost. A
+    /// stranger's pod that goes changes nothing.
     fn on_pod_deleted(self: &Arc<Self>, pod: &Pod) {
         let Some(id) = pods::workload_id(pod) else { return };
+        {
+            let mut st = self.state.lock().unwrap();
+            let Some(t) = st.tracked.get_mut(&id) else { return };
+            if t.claim(pod) == Claim::Stranger {
+                self.stranger(&mut st, pod, id);
+                return;
+            }
+        }
         self.on_pod_gone(id, pod.metadata.name.as_deref().unwrap_or("?"));
     }
 
-    /// The pod of `id` (named `name`) is gone: unless Tessera stopped it or it had ended, the
-    /// workload is lost.
+    /// The pod `name` of `id` is gone. A workload Tessera is stopping is `Stopped` once all
+    /// its pods are gone (its devices are free only then); any other that had not ended is
+    /// lost.
     fn on_pod_gone(self: &Arc<Self>, id: u64, name: &str) {
         let mut st = self.state.lock().unwrap();
-        let Some(t) = st.tracked.get(&id) else { return };
-        if !t.stopping && t.stage != Stage::Ended {
+        let Some(t) = st.tracked.get_mut(&id) else { return };
+        if !t.pods.iter().any(|(n, _)| n == name) {
+            return;
+        }
+        t.gone.insert(name.to_string());
+        if t.stopping {
+            if t.pods.iter().all(|(n, _)| t.gone.contains(n)) {
+                let _ = self.tx.send(BackendEvent::Stopped { id, at_ms: now_ms() });
+                st.tracked.remove(&id);
+            }
+            return;
+        }
+        if t.stage != Stage::Ended {
             let _ = self.tx.send(BackendEvent::Lost {
                 id,
                 at_ms: now_ms(),
                 detail: format!("pod {}/{} was deleted outside Tessera", t.ns, name),
             });
+            t.stage = Stage::Ended;
             self.delete_gang_rest(t);
         }
-        st.tracked.remove(&id);
+        if t.pods.iter().all(|(n, _)| t.gone.contains(n)) {
+            st.tracked.remove(&id);
+        }
     }
 
     /// The resource name under which `node`'s device plugin advertises time-sliced GPUs.
@@ -674,7 +860,7 @@ impl Shared {
     async fn ensure_gang_service(&self, spec: &RunSpec, ns: &str, first: &Pod) -> Result<(), BackendError> {
         let uid = first.metadata.uid.clone().unwrap_or_default();
         let svc: k8s_openapi::api::core::v1::Service =
-            serde_json::from_value(pods::gang_service_for(spec, ns, &uid))
+            serde_json::from_value(pods::attempt_gang_service_for(spec, ns, pods::attempt(first), &uid))
                 .map_err(|e| BackendError::Rejected(format!("service for workload {}: {e}", spec.id)))?;
         match Api::<k8s_openapi::api::core::v1::Service>::namespaced(self.client.clone(), ns)
             .create(&PostParams::default(), &svc)
@@ -683,30 +869,64 @@ impl Shared {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
             Err(e) => Err(kube_err(
-                &format!("creating the gang's service {ns}/{}", names::gang_service(spec.id)),
+                &format!(
+                    "creating the gang's service {ns}/{}",
+                    names::attempt_service(spec.id, pods::attempt(first))
+                ),
                 e,
             )),
         }
     }
 
     /// Asks the Eviction API to evict a pod, retrying as `kubectl drain` does (every 5 s) while
-    /// a disruption budget refuses; forcibly deleted once its grace period is over.
-    async fn evict_pod(self: &Arc<Self>, ns: String, name: String, grace: Duration) -> Result<(), BackendError> {
-        if self.evict_once(&ns, &name, grace).await? {
-            self.force_later(ns, name, grace + self.cfg.force_delete_after);
-            return Ok(());
-        }
+    /// a disruption budget refuses; forcibly deleted once its grace period is over. Each
+    /// refusal is told to the control plane (a `Notice` on the workload, at the first refusal
+    /// and then every minute) and recorded as a Kubernetes Event on the pod: a drain that waits
+    /// on a budget is never silent. The workload keeps its capacity meanwhile: it is `Stopped`
+    /// only when its pods are gone. The retries end when the pod is gone or the workload is no
+    /// longer being stopped here.
+    async fn evict_pod(
+        self: &Arc<Self>,
+        id: u64,
+        ns: String,
+        name: String,
+        grace: Duration,
+    ) -> Result<(), BackendError> {
+        let refusal = match self.evict_once(&ns, &name, grace).await? {
+            None => {
+                self.force_later(ns, name, grace + self.cfg.force_delete_after);
+                return Ok(());
+            }
+            Some(why) => why,
+        };
+        self.eviction_refused(id, &ns, &name, &refusal);
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
+            let mut told = tokio::time::Instant::now();
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 let Some(sh) = weak.upgrade() else { return };
+                let still = sh
+                    .state
+                    .lock()
+                    .unwrap()
+                    .tracked
+                    .get(&id)
+                    .is_some_and(|t| t.stopping && !t.gone.contains(&name));
+                if !still {
+                    return;
+                }
                 match sh.evict_once(&ns, &name, grace).await {
-                    Ok(true) => {
+                    Ok(None) => {
                         sh.force_later(ns, name, grace + sh.cfg.force_delete_after);
                         return;
                     }
-                    Ok(false) => {}
+                    Ok(Some(why)) => {
+                        if told.elapsed() >= Duration::from_secs(60) {
+                            told = tokio::time::Instant::now();
+                            sh.eviction_refused(id, &ns, &name, &why);
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(pod = %name, namespace = %ns, error = %e, "eviction");
                         return;
@@ -715,6 +935,40 @@ impl Shared {
             }
         });
         Ok(())
+    }
+
+    /// Tells the control plane and the pod's owner that a disruption budget refuses the
+    /// eviction of `ns/name` for now.
+    fn eviction_refused(self: &Arc<Self>, id: u64, ns: &str, name: &str, why: &str) {
+        let detail = format!(
+            "the eviction of pod {ns}/{name} is refused for now by a PodDisruptionBudget ({why}); Tessera retries every 5 s and the workload keeps its GPUs until its pod is gone"
+        );
+        tracing::info!(pod = %name, namespace = %ns, workload = id, "{detail}");
+        self.send(BackendEvent::Notice {
+            id,
+            detail: detail.clone(),
+        });
+        let client = self.client.clone();
+        let (ns, name) = (ns.to_string(), name.to_string());
+        tokio::spawn(async move {
+            let event = json!({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": format!("{name}."), "namespace": ns},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns},
+                "reason": "EvictionRefused", "type": "Warning", "message": detail,
+                "source": {"component": "tessera"},
+                "firstTimestamp": k8s_now(), "lastTimestamp": k8s_now(), "count": 1,
+            });
+            let Ok(event) = serde_json::from_value::<k8s_openapi::api::core::v1::Event>(event) else {
+                return;
+            };
+            if let Err(e) = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client, &ns)
+                .create(&PostParams::default(), &event)
+                .await
+            {
+                tracing::debug!(error = %e, "cannot record an Event on a pod");
+            }
+        });
     }
 
     fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -923,7 +1177,10 @@ impl Shared {
         ))
     }
 
-    /// The namespace and pods of workload `id`.
+    /// The namespace and pods of workload `id`: the tracked ones, else (a workload this
+    /// process never saw) the live pods named for it in a namespace whose own labels name the
+    /// tenant and project the pods claim — a tenant cannot write a namespace's labels, so a
+    /// stranger's pod wearing the label is not taken for the workload's.
     async fn find_pods(&self, id: u64) -> Result<Option<(String, Vec<String>)>, BackendError> {
         if let Some(t) = self.state.lock().unwrap().tracked.get(&id) {
             return Ok(Some((t.ns.clone(), t.names())));
@@ -932,16 +1189,59 @@ impl Shared {
             .list(&ListParams::default().labels(&format!("{LABEL_WORKLOAD}={id}")))
             .await
             .map_err(|e| kube_err("listing pods", e))?;
-        let Some(ns) = list.items.first().and_then(|p| p.metadata.namespace.clone()) else {
-            return Ok(None);
-        };
-        let mut found: Vec<(usize, String)> = list
+        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone());
+        for p in &list.items {
+            let (Some(ns), Some(name)) = (p.metadata.namespace.as_deref(), p.metadata.name.as_deref()) else {
+                continue;
+            };
+            if !names::is_pod_name_of(name, id) || pods::finished(p) {
+                continue;
+            }
+            let Some(n) = namespaces
+                .get_opt(ns)
+                .await
+                .map_err(|e| kube_err("reading a namespace", e))?
+            else {
+                continue;
+            };
+            if !tenancy::same_owner(n.metadata.labels.as_ref(), p.metadata.labels.as_ref()) {
+                continue;
+            }
+            let attempt = pods::attempt(p);
+            let mut found: Vec<(usize, String)> = list
+                .items
+                .iter()
+                .filter(|q| q.metadata.namespace.as_deref() == Some(ns) && pods::attempt(q) == attempt)
+                .filter_map(|q| Some((pods::gang_index(q), q.metadata.name.clone()?)))
+                .filter(|(_, n)| names::is_pod_name_of(n, id))
+                .collect();
+            found.sort();
+            return Ok(Some((ns.to_string(), found.into_iter().map(|(_, n)| n).collect())));
+        }
+        Ok(None)
+    }
+
+    /// The attempt workload `id`'s next start in `ns` makes pods for: the attempt of its live
+    /// pods there (a start repeated after a crash finishes it), else one after the last.
+    async fn next_attempt(&self, ns: &str, id: u64) -> Result<u32, BackendError> {
+        let list = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(&format!("{LABEL_WORKLOAD}={id}")))
+            .await
+            .map_err(|e| kube_err("listing pods", e))?;
+        let ours: Vec<&Pod> = list
             .items
             .iter()
-            .filter_map(|p| Some((pods::gang_index(p), p.metadata.name.clone()?)))
+            .filter(|p| p.metadata.name.as_deref().is_some_and(|n| names::is_pod_name_of(n, id)))
             .collect();
-        found.sort();
-        Ok(Some((ns, found.into_iter().map(|(_, n)| n).collect())))
+        if let Some(live) = ours
+            .iter()
+            .filter(|p| !pods::finished(p))
+            .map(|p| pods::attempt(p))
+            .max()
+        {
+            return Ok(live);
+        }
+        Ok(ours.iter().map(|p| pods::attempt(p) + 1).max().unwrap_or(0))
     }
 
     /// Marks `id` as being stopped (no more events) and returns its pods.
@@ -952,16 +1252,18 @@ impl Shared {
             let t = st
                 .tracked
                 .entry(id)
-                .or_insert_with(|| Tracked::new(ns, Stage::Started, true, names.iter().cloned()));
+                .or_insert_with(|| Tracked::new(ns, 0, Stage::Started, true, names.iter().cloned()));
             t.stopping = true;
         }
         Ok(found)
     }
 
-    /// Asks the Eviction API to evict a pod: `true` when accepted (or the pod is gone), `false`
-    /// when a disruption budget refuses for now.
-    async fn evict_once(&self, ns: &str, name: &str, grace: Duration) -> Result<bool, BackendError> {
-        let api = Api::<Pod>::namespaced(self.client.clone(), ns);
+    /// Asks the Eviction API to evict a pod once: `None` when accepted (or the pod is gone),
+    /// the API server's reason when a disruption budget refuses for now (429). Asked through
+    /// the client that does not retry: kube-rs's default retry policy would otherwise wait
+    /// out a refusal silently for minutes.
+    async fn evict_once(&self, ns: &str, name: &str, grace: Duration) -> Result<Option<String>, BackendError> {
+        let api = Api::<Pod>::namespaced(self.evict_client.clone(), ns);
         // policy/v1beta1: the version every supported API server (1.20 on) serves.
         let eviction = json!({
             "apiVersion": "policy/v1beta1", "kind": "Eviction",
@@ -972,12 +1274,9 @@ impl Shared {
             .create_subresource::<_, serde_json::Value>("eviction", name, &PostParams::default(), &eviction)
             .await
         {
-            Ok(_) => Ok(true),
-            Err(e) if not_found(&e) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 429 => {
-                tracing::info!(pod = %name, namespace = %ns, reason = %s.message, "eviction refused for now by a disruption budget");
-                Ok(false)
-            }
+            Ok(_) => Ok(None),
+            Err(e) if not_found(&e) => Ok(None),
+            Err(kube::Error::Api(s)) if s.code == 429 => Ok(Some(s.message)),
             Err(e) => Err(kube_err(&format!("evicting pod {ns}/{name}"), e)),
         }
     }
@@ -1009,7 +1308,8 @@ impl Backend for KubeBackend {
             logs: false,
             // The GPU Operator's MIG manager owns MIG mode on Kubernetes.
             mig_mode_switch: false,
-            mig_mode_reported: false,
+            mig_mode_reported: true,
+            confirms_stop: true,
         }
     }
 
@@ -1040,27 +1340,73 @@ impl Backend for KubeBackend {
         let sh = &self.shared;
         let ns = names::namespace(&sh.cfg.namespace_prefix, &spec.tenant, &spec.project);
         let size = spec.gang_size();
+        if let Some(t) = sh.state.lock().unwrap().tracked.get(&spec.id)
+            && t.stage >= Stage::Started
+            && !t.stopping
+        {
+            return Ok(());
+        }
+        // Refused specs (no image, exact devices) are refused before anything is asked.
+        for i in 0..size {
+            let (node, devices) = spec.share(i).expect("an index below the gang size");
+            pods::pod_for(spec, &ns, i, &sh.shared_resource(node))?;
+            let time_sliced = sh
+                .state
+                .lock()
+                .unwrap()
+                .nodes
+                .get(node)
+                .is_some_and(|v| v.shared_resource.is_some());
+            if time_sliced
+                && let Devices::Count {
+                    resource: Resource::Gpu,
+                    count,
+                } = devices
+                && *count > 0
+            {
+                return Err(BackendError::Rejected(format!(
+                    "node {node} time-slices its GPUs: its device plugin hands out replicas, which may come from different GPUs and are shared with other pods, so a whole GPU cannot be given there; ask for a fraction, or for whole GPUs in a pool that is not time-sliced"
+                )));
+            }
+        }
+        // Each attempt has pods of its own names: a requeued workload never collides with its
+        // old pods while they terminate.
+        let attempt = if sh.state.lock().unwrap().namespaces.contains(&ns) {
+            sh.next_attempt(&ns, spec.id).await?
+        } else {
+            match Api::<k8s_openapi::api::core::v1::Namespace>::all(sh.client.clone())
+                .get_opt(&ns)
+                .await
+                .map_err(|e| kube_err("reading a namespace", e))?
+            {
+                Some(_) => sh.next_attempt(&ns, spec.id).await?,
+                None => 0,
+            }
+        };
         let mut shares = Vec::with_capacity(size);
         for i in 0..size {
             let (node, devices) = spec.share(i).expect("an index below the gang size");
-            let pod = pods::pod_for(spec, &ns, i, &sh.shared_resource(node))?;
+            let pod = pods::attempt_pod_for(spec, &ns, attempt, i, &sh.shared_resource(node))?;
             shares.push((node, devices, pod));
         }
         {
             let mut st = sh.state.lock().unwrap();
-            let t = st.tracked.entry(spec.id).or_insert_with(|| {
+            let fresh = || {
                 Tracked::new(
                     &ns,
+                    attempt,
                     Stage::Accepted,
                     false,
-                    (0..size).map(|i| names::gang_pod_name(spec.id, i, size)),
+                    (0..size).map(|i| names::attempt_pod_name(spec.id, attempt, i, size)),
                 )
                 .whole_gpus_of(spec)
-            });
-            if t.stage >= Stage::Started && !t.stopping {
-                return Ok(());
+            };
+            match st.tracked.get_mut(&spec.id) {
+                Some(t) if t.attempt == attempt && t.ns == ns => t.stopping = false,
+                _ => {
+                    st.tracked.insert(spec.id, fresh());
+                }
             }
-            t.stopping = false;
         }
         for (node, devices, _) in &shares {
             if let Devices::Count {
@@ -1081,7 +1427,14 @@ impl Backend for KubeBackend {
         let mut created = Vec::with_capacity(size);
         for (_, _, pod) in &shares {
             match sh.create_pod(&ns, pod).await {
-                Ok(p) => created.push(p),
+                Ok(p) => {
+                    if let (Some(name), Some(uid)) = (p.metadata.name.clone(), p.metadata.uid.clone())
+                        && let Some(t) = sh.state.lock().unwrap().tracked.get_mut(&spec.id)
+                    {
+                        t.uids.insert(name, uid);
+                    }
+                    created.push(p)
+                }
                 Err(e) => {
                     sh.state.lock().unwrap().tracked.remove(&spec.id);
                     let api = Api::<Pod>::namespaced(sh.client.clone(), &ns);
@@ -1118,6 +1471,8 @@ impl Backend for KubeBackend {
 
     async fn stop(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
         let Some((ns, names)) = self.shared.stopping(id).await? else {
+            // Nothing of it is on the cluster: stopped already.
+            self.shared.send(BackendEvent::Stopped { id, at_ms: now_ms() });
             return Ok(());
         };
         let api = Api::<Pod>::namespaced(self.shared.client.clone(), &ns);
@@ -1127,7 +1482,10 @@ impl Backend for KubeBackend {
                 .await
             {
                 Ok(_) => {}
-                Err(e) if not_found(&e) => continue,
+                Err(e) if not_found(&e) => {
+                    self.shared.on_pod_gone(id, &name);
+                    continue;
+                }
                 Err(e) => return Err(kube_err(&format!("deleting pod {ns}/{name}"), e)),
             }
             self.shared
@@ -1138,10 +1496,11 @@ impl Backend for KubeBackend {
 
     async fn evict(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
         let Some((ns, names)) = self.shared.stopping(id).await? else {
+            self.shared.send(BackendEvent::Stopped { id, at_ms: now_ms() });
             return Ok(());
         };
         for name in names {
-            self.shared.evict_pod(ns.clone(), name, grace).await?;
+            self.shared.evict_pod(id, ns.clone(), name, grace).await?;
         }
         Ok(())
     }
@@ -1172,13 +1531,39 @@ impl Backend for KubeBackend {
         }
         let mut report = ReconcileReport::default();
         for spec in expected {
-            let Some(mut found) = by_id.remove(&spec.id) else {
+            // Only pods in the workload's own namespace under its names are its pods; others
+            // wearing its label are strangers'.
+            let ns = names::namespace(&sh.cfg.namespace_prefix, &spec.tenant, &spec.project);
+            let all = by_id.remove(&spec.id).unwrap_or_default();
+            let (candidates, strangers): (Vec<Pod>, Vec<Pod>) = all.into_iter().partition(|p| {
+                p.metadata.namespace.as_deref() == Some(ns.as_str())
+                    && p.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| names::is_pod_name_of(n, spec.id))
+            });
+            if !strangers.is_empty() {
+                let mut st = sh.state.lock().unwrap();
+                for p in &strangers {
+                    sh.stranger(&mut st, p, spec.id);
+                }
+            }
+            if candidates.is_empty() {
                 report.workloads.push((spec.id, Observation::Unknown));
                 continue;
-            };
-            let ns = found[0].metadata.namespace.clone().unwrap_or_default();
+            }
+            // The current attempt: the one with live pods, else the last.
+            let attempt = candidates
+                .iter()
+                .filter(|p| !pods::finished(p))
+                .map(pods::attempt)
+                .max()
+                .unwrap_or_else(|| candidates.iter().map(pods::attempt).max().unwrap_or(0));
+            let mut found: Vec<Pod> = candidates.into_iter().filter(|p| pods::attempt(p) == attempt).collect();
             let size = spec.gang_size();
-            let names: Vec<String> = (0..size).map(|i| names::gang_pod_name(spec.id, i, size)).collect();
+            let names: Vec<String> = (0..size)
+                .map(|i| names::attempt_pod_name(spec.id, attempt, i, size))
+                .collect();
             let deleting = found.iter().any(|p| p.metadata.deletion_timestamp.is_some());
             // A start Tessera did not finish (it stopped between creating a gang's pods, or
             // between creating and binding): finish it. Start creates all pods before binding
@@ -1188,7 +1573,7 @@ impl Backend for KubeBackend {
                 for (i, name) in names.iter().enumerate() {
                     if !found.iter().any(|p| p.metadata.name.as_deref() == Some(name)) {
                         let node = spec.share(i).expect("an index below the gang size").0;
-                        let pod = pods::pod_for(spec, &ns, i, &sh.shared_resource(node))?;
+                        let pod = pods::attempt_pod_for(spec, &ns, attempt, i, &sh.shared_resource(node))?;
                         found.push(sh.create_pod(&ns, &pod).await?);
                     }
                 }
@@ -1225,18 +1610,17 @@ impl Backend for KubeBackend {
                 Observation::Starting => Stage::Started,
                 _ => Stage::Ended,
             };
+            let uids: HashMap<String, String> = found
+                .iter()
+                .filter_map(|p| Some((p.metadata.name.clone()?, p.metadata.uid.clone()?)))
+                .collect();
             let mut st = sh.state.lock().unwrap();
-            st.tracked.entry(spec.id).or_insert(
-                Tracked {
-                    ns,
-                    stage,
-                    stopping: deleting,
-                    pods: states,
-                    whole_gpus: 0,
-                    reported: Vec::new(),
-                }
-                .whole_gpus_of(spec),
-            );
+            st.tracked.entry(spec.id).or_insert_with(|| {
+                let mut t = Tracked::new(&ns, attempt, stage, deleting, names.iter().cloned()).whole_gpus_of(spec);
+                t.pods = states;
+                t.uids = uids;
+                t
+            });
             report.workloads.push((spec.id, obs));
         }
         for (id, ps) in by_id {
@@ -1284,7 +1668,28 @@ impl Backend for KubeBackend {
     }
 
     async fn ensure_tenancy(&self, spec: &TenancySpec) -> Result<(), BackendError> {
-        let ns = tenancy::ensure(&self.shared.client, &self.shared.cfg.namespace_prefix, spec).await?;
+        // A time-sliced pool's entry becomes every replica its nodes advertise, by resource.
+        let mut spec = spec.clone();
+        let shared: Vec<String> = spec
+            .quota
+            .keys()
+            .filter(|k| k.starts_with(tessera_backend::SHARED_POOL_QUOTA))
+            .cloned()
+            .collect();
+        for key in shared {
+            spec.quota.remove(&key);
+            let pool = &key[tessera_backend::SHARED_POOL_QUOTA.len()..];
+            let st = self.shared.state.lock().unwrap();
+            for v in st.nodes.values() {
+                if v.pool.as_deref().unwrap_or(&self.shared.cfg.default_pool) != pool {
+                    continue;
+                }
+                if let Some(r) = &v.shared_resource {
+                    *spec.quota.entry(r.clone()).or_default() += u64::from(v.gpus) * u64::from(v.replicas);
+                }
+            }
+        }
+        let ns = tenancy::ensure(&self.shared.client, &self.shared.cfg.namespace_prefix, &spec).await?;
         self.shared.state.lock().unwrap().namespaces.insert(ns);
         Ok(())
     }

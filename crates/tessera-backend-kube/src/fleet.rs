@@ -15,8 +15,13 @@ pub const LABEL_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const LABEL_COUNT: &str = "nvidia.com/gpu.count";
 /// GFD: board memory in MiB.
 pub const LABEL_MEMORY: &str = "nvidia.com/gpu.memory";
-/// GFD: whether the GPUs can do MIG.
+/// GFD: whether the GPUs *can* do MIG (every A100/H100/H200, whatever their mode): never read
+/// as "MIG is on".
 pub const LABEL_MIG_CAPABLE: &str = "nvidia.com/mig.capable";
+/// GFD / the device plugin: `none`, `single` or `mixed`.
+pub const LABEL_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
+/// The MIG manager's config that turns MIG off on every GPU.
+pub const MIG_CONFIG_DISABLED: &str = "all-disabled";
 /// The MIG manager: the selected mig-parted config.
 pub const LABEL_MIG_CONFIG: &str = "nvidia.com/mig.config";
 /// The MIG manager: `pending`, `rebooting`, `success` or `failed`.
@@ -45,6 +50,12 @@ pub struct NodeView {
     /// Allocatable `nvidia.com/mig-<profile>` by profile.
     pub mig: BTreeMap<String, u32>,
     pub mig_capable: bool,
+    /// Whether the node's GPUs are in MIG mode, as the device plugin and the MIG manager show
+    /// it: `nvidia.com/mig-<profile>` resources advertised, or a MIG manager config other than
+    /// `all-disabled` ([`mig_enabled`]).
+    pub mig_enabled: bool,
+    /// The device plugin's MIG strategy label, when set.
+    pub mig_strategy: Option<String>,
     /// Time-sliced GPUs: the resource a fraction asks one replica of (`nvidia.com/gpu.shared`
     /// when the device plugin renames replicas, else `nvidia.com/gpu`); `None` when the node's
     /// GPUs are not shared.
@@ -55,6 +66,9 @@ pub struct NodeView {
     pub mig_state: Option<String>,
     pub unschedulable: bool,
     pub ready: bool,
+    /// A `NoSchedule` or `NoExecute` taint that Tessera's pods do not tolerate (anything but
+    /// `nvidia.com/gpu`), by key: the node takes no new work while it has one.
+    pub blocking_taint: Option<String>,
     pub cpu_milli: u64,
     pub memory_mib: u64,
 }
@@ -135,7 +149,26 @@ pub fn node_view(node: &Node, pool_label: &str) -> Option<NodeView> {
         .and_then(|s| s.conditions.as_ref())
         .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
         .is_some_and(|c| c.status == "True");
+    let blocking_taint = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .and_then(|ts| {
+            ts.iter()
+                .find(|t| t.key != RESOURCE_GPU && matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
+        })
+        .map(|t| t.key.clone());
+    let mig_config = labels.get(LABEL_MIG_CONFIG).cloned();
+    let mig_strategy = labels.get(LABEL_MIG_STRATEGY).cloned();
     Some(NodeView {
+        mig_enabled: mig_enabled(
+            &mig,
+            mig_config.as_deref(),
+            mig_strategy.as_deref(),
+            labels.get(LABEL_PRODUCT).map(String::as_str),
+        ),
+        mig_strategy,
+        blocking_taint,
         name: node.metadata.name.clone().unwrap_or_default(),
         pool: labels.get(pool_label).cloned(),
         product: labels.get(LABEL_PRODUCT).cloned(),
@@ -146,7 +179,7 @@ pub fn node_view(node: &Node, pool_label: &str) -> Option<NodeView> {
         mig_capable: labels.get(LABEL_MIG_CAPABLE).is_some_and(|v| v == "true"),
         shared_resource,
         replicas,
-        mig_config: labels.get(LABEL_MIG_CONFIG).cloned(),
+        mig_config,
         mig_state: labels.get(LABEL_MIG_STATE).cloned(),
         unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
         ready,
@@ -156,6 +189,47 @@ pub fn node_view(node: &Node, pool_label: &str) -> Option<NodeView> {
             .and_then(|q| quantity(&q.0, 1.0 / (1024.0 * 1024.0)))
             .unwrap_or(0),
     })
+}
+
+/// Whether a node's GPUs are in MIG mode. `nvidia.com/mig.capable` says only that they could
+/// be (GFD sets it from the capability, on every A100/H100/H200), so it is not read here. MIG is
+/// on when the device plugin advertises MIG devices (`nvidia.com/mig-<profile>` under the
+/// `mixed` strategy; under `single`, a product with a `-MIG-<profile>` suffix), or when the MIG
+/// manager's selected config is anything but `all-disabled` (it may be applying it still).
+pub fn mig_enabled(
+    mig_resources: &BTreeMap<String, u32>,
+    mig_config: Option<&str>,
+    mig_strategy: Option<&str>,
+    product: Option<&str>,
+) -> bool {
+    if mig_resources.values().any(|&n| n > 0) {
+        return true;
+    }
+    if mig_strategy == Some("single") && product.is_some_and(|p| p.contains("-MIG-")) {
+        return true;
+    }
+    mig_config.is_some_and(|c| c != MIG_CONFIG_DISABLED)
+}
+
+impl NodeView {
+    /// Whether the node takes new work: Ready, not cordoned, no taint Tessera's pods do not
+    /// tolerate.
+    pub fn schedulable(&self) -> bool {
+        self.ready && !self.unschedulable && self.blocking_taint.is_none()
+    }
+
+    /// Why the node takes no new work, in an operator's words; `None` when it does.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        if !self.ready {
+            Some(format!("node {} is not Ready", self.name))
+        } else if self.unschedulable {
+            Some(format!("node {} is cordoned (spec.unschedulable)", self.name))
+        } else {
+            self.blocking_taint
+                .as_ref()
+                .map(|k| format!("node {} has the taint {k}", self.name))
+        }
+    }
 }
 
 /// Maps a GFD product label to a catalogue model: `NVIDIA-H100-80GB-HBM3` → `H100-80GB-SXM`
@@ -195,6 +269,10 @@ pub fn fleet_toml(
             tracing::warn!(node = %n.name, "GPU node without the {LABEL_PRODUCT} label (GPU Feature Discovery): skipped");
             continue;
         };
+        if n.mig_strategy.as_deref() == Some("single") && n.mig_enabled {
+            tracing::warn!(node = %n.name, "the device plugin's MIG strategy is `single` (MIG devices advertised as nvidia.com/gpu): Tessera needs the `mixed` strategy to ask for a MIG profile; node skipped");
+            continue;
+        }
         let model = match catalogue_model(cat, product) {
             Some(m) => m,
             None => {
@@ -218,9 +296,13 @@ pub fn fleet_toml(
         ));
     }
     for (pool, members) in &pools {
-        let mig = members
-            .iter()
-            .all(|(n, m)| n.mig_capable && cat.find(m).is_some_and(|id| cat.get(id).mig.is_some()));
+        // A pool partitions with MIG when some of its nodes are in MIG mode and every node's
+        // model has a MIG table; its nodes in MIG mode off serve whole GPUs (reported as the
+        // GPUs' MIG mode, see `mig_modes`).
+        let mig = members.iter().any(|(n, _)| n.mig_enabled)
+            && members
+                .iter()
+                .all(|(_, m)| cat.find(m).is_some_and(|id| cat.get(id).mig.is_some()));
         let shared = members.iter().all(|(n, _)| n.shared_resource.is_some());
         if !shared && members.iter().any(|(n, _)| n.shared_resource.is_some()) {
             tracing::warn!(pool = %pool, "some of the pool's nodes time-slice their GPUs and some do not: the pool serves whole GPUs");
@@ -251,6 +333,19 @@ pub fn fleet_toml(
     Ok(out)
 }
 
+/// The changes a node that is already closed to new work at start-up is reported with, so that
+/// the control plane learns of a cordon or NotReady that happened before it connected.
+pub fn initial_changes(v: &NodeView) -> Vec<NodeChange> {
+    let mut out = Vec::new();
+    if v.unschedulable || v.blocking_taint.is_some() {
+        out.push(NodeChange::Cordoned(true));
+    }
+    if !v.ready {
+        out.push(NodeChange::Ready(false));
+    }
+    out
+}
+
 /// What changed between two readings of a node, in the order an operator would say it.
 pub fn changes(old: Option<&NodeView>, new: Option<&NodeView>) -> Vec<NodeChange> {
     match (old, new) {
@@ -259,13 +354,17 @@ pub fn changes(old: Option<&NodeView>, new: Option<&NodeView>) -> Vec<NodeChange
         (Some(_), None) => vec![NodeChange::Removed],
         (Some(a), Some(b)) => {
             let mut out = Vec::new();
-            if a.unschedulable != b.unschedulable {
-                out.push(NodeChange::Cordoned(b.unschedulable));
+            // A taint Tessera's pods do not tolerate keeps work off the node as a cordon does.
+            let closed = |v: &NodeView| v.unschedulable || v.blocking_taint.is_some();
+            if closed(a) != closed(b) {
+                out.push(NodeChange::Cordoned(closed(b)));
             }
             if a.ready != b.ready {
                 out.push(NodeChange::Ready(b.ready));
             }
-            if (a.gpus, a.whole, a.replicas, &a.mig) != (b.gpus, b.whole, b.replicas, &b.mig) {
+            if (a.gpus, a.whole, a.replicas, &a.mig, a.mig_enabled)
+                != (b.gpus, b.whole, b.replicas, &b.mig, b.mig_enabled)
+            {
                 out.push(NodeChange::Capacity);
             }
             out
@@ -294,6 +393,98 @@ mod tests {
                 "conditions": [{"type": "Ready", "status": "True"}],
             }
         }))
+    }
+
+    /// A Node as GPU Feature Discovery, the device plugin and the MIG manager label it
+    /// (tests/fixtures/gfd: label sets taken from NVIDIA's sources, see its README).
+    fn gfd(file: &str) -> Node {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gfd/");
+        let text = std::fs::read_to_string(format!("{dir}{file}")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn mig_capable_gpus_with_mig_off_serve_whole_gpus() {
+        // GFD labels every A100/H100 `mig.capable=true`, whatever its mode: an H100 pool with
+        // MIG off (the MIG manager's `all-disabled`, or no MIG manager at all) is a whole pool.
+        let c = Catalogue::builtin();
+        for file in ["h100-whole.json", "h100-mig-capable-no-manager.json"] {
+            let v = node_view(&gfd(file), "tessera.io/pool").unwrap();
+            assert!(v.mig_capable && !v.mig_enabled, "{file}: {v:?}");
+            assert_eq!((v.gpus, v.whole), (8, 8), "{file}");
+            let toml = fleet_toml(&[v], &c, "default", &Default::default()).unwrap();
+            let f = tessera_model::Fleet::from_toml(&toml, "cluster").unwrap();
+            assert_eq!(f.pools[0].sharing, tessera_model::Sharing::Whole, "{file}: {toml}");
+        }
+    }
+
+    #[test]
+    fn mixed_strategy_mig_nodes_make_a_mig_pool_and_single_strategy_ones_are_skipped() {
+        let c = Catalogue::builtin();
+        let mixed = node_view(&gfd("a100-mig-mixed.json"), "tessera.io/pool").unwrap();
+        assert!(mixed.mig_enabled, "{mixed:?}");
+        assert_eq!(mixed.gpus, 8, "physical GPUs from gpu.count, not the MIG devices");
+        assert_eq!(mixed.mig.get("3g.40gb"), Some(&8));
+        let toml = fleet_toml(std::slice::from_ref(&mixed), &c, "default", &Default::default()).unwrap();
+        let f = tessera_model::Fleet::from_toml(&toml, "cluster").unwrap();
+        assert_eq!(f.pools[0].sharing, tessera_model::Sharing::Mig, "{toml}");
+        // A MIG-off H100 next to MIG-on nodes in one pool: the pool is MIG, and the node
+        // reports MIG off (so the engine serves whole GPUs there).
+        let mut off = node_view(&gfd("h100-whole.json"), "tessera.io/pool").unwrap();
+        off.pool = mixed.pool.clone();
+        let toml = fleet_toml(&[mixed, off], &c, "default", &Default::default()).unwrap();
+        let f = tessera_model::Fleet::from_toml(&toml, "cluster").unwrap();
+        assert_eq!(f.pools[0].sharing, tessera_model::Sharing::Mig, "{toml}");
+        // `single`: MIG devices advertised as nvidia.com/gpu, which a profile request cannot
+        // name: skipped (with a warning), never served as whole GPUs.
+        let single = node_view(&gfd("a100-mig-single.json"), "tessera.io/pool").unwrap();
+        assert!(single.mig_enabled);
+        assert!(fleet_toml(&[single], &c, "default", &Default::default()).is_err());
+    }
+
+    #[test]
+    fn time_sliced_gfd_nodes_are_shared_pools_of_their_physical_gpus() {
+        for (file, resource) in [
+            ("l40s-timesliced.json", RESOURCE_GPU),
+            ("l40s-timesliced-renamed.json", RESOURCE_SHARED),
+        ] {
+            let v = node_view(&gfd(file), "tessera.io/pool").unwrap();
+            assert_eq!(
+                (v.shared_resource.as_deref(), v.replicas, v.gpus),
+                (Some(resource), 4, 4),
+                "{file}"
+            );
+            let toml = fleet_toml(&[v], &Catalogue::builtin(), "default", &Default::default()).unwrap();
+            let f = tessera_model::Fleet::from_toml(&toml, "cluster").unwrap();
+            assert_eq!(f.pools[0].sharing, tessera_model::Sharing::Shared, "{file}");
+        }
+    }
+
+    #[test]
+    fn cordons_taints_and_not_ready_close_a_node() {
+        let mut n = gfd("h100-whole.json");
+        let v = node_view(&n, "tessera.io/pool").unwrap();
+        assert!(v.schedulable() && initial_changes(&v).is_empty());
+        // Tessera's pods tolerate the GPU Operator's own taint.
+        n.spec.get_or_insert_default().taints = Some(vec![k8s_openapi::api::core::v1::Taint {
+            key: "nvidia.com/gpu".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]);
+        assert!(node_view(&n, "tessera.io/pool").unwrap().schedulable());
+        n.spec.get_or_insert_default().taints = Some(vec![k8s_openapi::api::core::v1::Taint {
+            key: "node.kubernetes.io/unreachable".into(),
+            effect: "NoExecute".into(),
+            ..Default::default()
+        }]);
+        let tainted = node_view(&n, "tessera.io/pool").unwrap();
+        assert!(!tainted.schedulable());
+        assert_eq!(changes(Some(&v), Some(&tainted)), vec![NodeChange::Cordoned(true)]);
+        assert_eq!(initial_changes(&tainted), vec![NodeChange::Cordoned(true)]);
+        let mut down = v.clone();
+        down.ready = false;
+        assert_eq!(initial_changes(&down), vec![NodeChange::Ready(false)]);
+        assert!(down.unavailable_reason().unwrap().contains("not Ready"));
     }
 
     #[test]

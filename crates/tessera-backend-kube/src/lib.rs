@@ -38,8 +38,13 @@ pub use backend::{KubeBackend, KubeConfig};
 pub async fn connect_default(
     cfg: KubeConfig,
 ) -> Result<(KubeBackend, tessera_model::Fleet), tessera_backend::BackendError> {
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| tessera_backend::BackendError::Unreachable(format!("no Kubernetes configuration: {e}")))?;
-    KubeBackend::connect(client, cfg).await
+    let unreachable = |e: &dyn std::fmt::Display| {
+        tessera_backend::BackendError::Unreachable(format!("no Kubernetes configuration: {e}"))
+    };
+    let config = kube::Config::infer().await.map_err(|e| unreachable(&e))?;
+    let client = kube::Client::try_from(config.clone()).map_err(|e| unreachable(&e))?;
+    let mut no_retry = config;
+    no_retry.default_retry = false;
+    let evict_client = kube::Client::try_from(no_retry).map_err(|e| unreachable(&e))?;
+    KubeBackend::connect_with(client, evict_client, cfg).await
 }

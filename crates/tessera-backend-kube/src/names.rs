@@ -9,6 +9,9 @@ use tessera_backend::RunSpec;
 pub const LABEL_WORKLOAD: &str = "tessera.io/workload";
 pub const LABEL_TENANT: &str = "tessera.io/tenant";
 pub const LABEL_PROJECT: &str = "tessera.io/project";
+/// Which attempt of the workload the pod runs (0 for the first; a requeued workload's next
+/// placement is the next attempt, with pods of its own names).
+pub const LABEL_ATTEMPT: &str = "tessera.io/attempt";
 /// A gang's pods: the pod's index in the gang and the gang's size.
 pub const LABEL_GANG_INDEX: &str = "tessera.io/gang-index";
 pub const LABEL_GANG_SIZE: &str = "tessera.io/gang-size";
@@ -82,15 +85,63 @@ pub fn gang_pod_name(id: u64, index: usize, size: usize) -> String {
     }
 }
 
+/// The pod of node-share `index` of attempt `attempt` of a workload with `size` shares: the
+/// first attempt's pods are named as [`gang_pod_name`] says; a later attempt's carry `-r<attempt>`
+/// after the ID (`tessera-7-r2`, `tessera-7-r2-0`), so that a requeued workload never waits for
+/// its old pod's name while that pod terminates.
+pub fn attempt_pod_name(id: u64, attempt: u32, index: usize, size: usize) -> String {
+    if attempt == 0 {
+        return gang_pod_name(id, index, size);
+    }
+    if size <= 1 {
+        format!("tessera-{id}-r{attempt}")
+    } else {
+        format!("tessera-{id}-r{attempt}-{index}")
+    }
+}
+
+/// Whether `name` is a pod name Tessera gives workload `id` (any attempt, any share).
+pub fn is_pod_name_of(name: &str, id: u64) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some(rest) = name.strip_prefix(&format!("tessera-{id}")) else {
+        return false;
+    };
+    if rest.is_empty() {
+        return true;
+    }
+    let Some(rest) = rest.strip_prefix('-') else {
+        return false;
+    };
+    match rest.strip_prefix('r') {
+        Some(r) => match r.split_once('-') {
+            Some((attempt, index)) => digits(attempt) && digits(index),
+            None => digits(r),
+        },
+        None => digits(rest),
+    }
+}
+
 /// The headless Service of a multi-node gang (`tessera-<id>`): with each pod's `hostname` and
 /// `subdomain` it gives the pods the DNS names `tessera-<id>-<index>.tessera-<id>`.
 pub fn gang_service(id: u64) -> String {
     pod_name(id)
 }
 
-/// The labels of a workload's pod (node-share `index`).
+/// The headless Service of attempt `attempt` of a multi-node gang (`tessera-<id>` for the
+/// first, `tessera-<id>-r<attempt>` after a requeue: the old one goes with its old pods).
+pub fn attempt_service(id: u64, attempt: u32) -> String {
+    attempt_pod_name(id, attempt, 0, 1)
+}
+
+/// The labels of a workload's pod (node-share `index`, first attempt).
 pub fn workload_labels(spec: &RunSpec, index: usize) -> BTreeMap<String, String> {
+    attempt_labels(spec, 0, index)
+}
+
+/// The labels of a workload's pod (node-share `index` of attempt `attempt`).
+pub fn attempt_labels(spec: &RunSpec, attempt: u32, index: usize) -> BTreeMap<String, String> {
     BTreeMap::from([
+        (LABEL_ATTEMPT.to_string(), attempt.to_string()),
         (LABEL_WORKLOAD.to_string(), spec.id.to_string()),
         (LABEL_TENANT.to_string(), label_value(&spec.tenant)),
         (LABEL_PROJECT.to_string(), label_value(&spec.project)),
@@ -119,6 +170,21 @@ pub fn label_value(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_attempt_has_pod_names_of_its_own() {
+        assert_eq!(attempt_pod_name(7, 0, 0, 1), "tessera-7");
+        assert_eq!(attempt_pod_name(7, 0, 1, 4), "tessera-7-1");
+        assert_eq!(attempt_pod_name(7, 2, 0, 1), "tessera-7-r2");
+        assert_eq!(attempt_pod_name(7, 2, 3, 4), "tessera-7-r2-3");
+        for n in ["tessera-7", "tessera-7-1", "tessera-7-r2", "tessera-7-r2-3"] {
+            assert!(is_pod_name_of(n, 7), "{n}");
+            assert!(!is_pod_name_of(n, 70) && !is_pod_name_of(n, 8), "{n}");
+        }
+        for n in ["tessera-70", "tessera-7-x", "spoof", "tessera-7-r", "tessera-7-rr-1"] {
+            assert!(!is_pod_name_of(n, 7), "{n}");
+        }
+    }
 
     #[test]
     fn namespaces_are_dns_labels() {

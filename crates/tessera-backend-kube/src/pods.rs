@@ -20,6 +20,26 @@ pub const SCHEDULER: &str = "tessera";
 /// name the node's device plugin advertises time-sliced replicas under (`nvidia.com/gpu.shared`
 /// when it renames them, else `nvidia.com/gpu`); a fraction asks for one replica of it.
 pub fn pod_for(spec: &RunSpec, namespace: &str, index: usize, shared_resource: &str) -> Result<Pod, BackendError> {
+    attempt_pod_for(spec, namespace, 0, index, shared_resource)
+}
+
+/// The user ID Tessera's workload containers run as: not root, whatever the image says.
+pub const WORKLOAD_UID: i64 = 1000;
+
+/// [`pod_for`] for attempt `attempt` of the workload: the pod's name, labels and its gang's
+/// host names are the attempt's own ([`names::attempt_pod_name`]).
+///
+/// Every pod meets the `restricted` Pod Security Standard: not root (`runAsNonRoot`, user
+/// [`WORKLOAD_UID`]), the runtime's default seccomp profile, no privilege escalation, every
+/// capability dropped, no service-account token. GPUs need none of these: the device plugin
+/// hands the devices to the container runtime, which injects them.
+pub fn attempt_pod_for(
+    spec: &RunSpec,
+    namespace: &str,
+    attempt: u32,
+    index: usize,
+    shared_resource: &str,
+) -> Result<Pod, BackendError> {
     let (node, devices) = spec.share(index).ok_or_else(|| {
         BackendError::Rejected(format!(
             "workload {} has {} node-shares, not {}",
@@ -29,7 +49,7 @@ pub fn pod_for(spec: &RunSpec, namespace: &str, index: usize, shared_resource: &
         ))
     })?;
     let size = spec.gang_size();
-    let name = names::gang_pod_name(spec.id, index, size);
+    let name = names::attempt_pod_name(spec.id, attempt, index, size);
     let image = spec.image.as_deref().filter(|i| !i.trim().is_empty()).ok_or_else(|| {
         BackendError::Rejected(format!(
             "workload {} names no container image: the kubernetes backend runs containers",
@@ -71,7 +91,7 @@ pub fn pod_for(spec: &RunSpec, namespace: &str, index: usize, shared_resource: &
             json!({"name": "TESSERA_PROJECT", "value": spec.project}),
             json!({"name": "TESSERA_GANG_SIZE", "value": size.to_string()}),
             json!({"name": "TESSERA_GANG_INDEX", "value": index.to_string()}),
-            json!({"name": "TESSERA_GANG_HOSTS", "value": gang_hosts(spec.id, size).join(",")}),
+            json!({"name": "TESSERA_GANG_HOSTS", "value": attempt_gang_hosts(spec.id, attempt, size).join(",")}),
         ])
         .collect();
     let mut container = json!({
@@ -79,6 +99,11 @@ pub fn pod_for(spec: &RunSpec, namespace: &str, index: usize, shared_resource: &
         "image": image,
         "env": env,
         "resources": {"requests": requests, "limits": limits},
+        "securityContext": {
+            "allowPrivilegeEscalation": false,
+            "privileged": false,
+            "capabilities": {"drop": ["ALL"]},
+        },
     });
     if let Some(cmd) = &spec.command {
         container["command"] = json!(cmd);
@@ -90,6 +115,12 @@ pub fn pod_for(spec: &RunSpec, namespace: &str, index: usize, shared_resource: &
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "automountServiceAccountToken": false,
         "enableServiceLinks": false,
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": WORKLOAD_UID,
+            "runAsGroup": WORKLOAD_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     });
     if let Some(d) = spec.duration {
         pod_spec["activeDeadlineSeconds"] = json!(d.as_secs().max(1));
@@ -97,7 +128,7 @@ pub fn pod_for(spec: &RunSpec, namespace: &str, index: usize, shared_resource: &
     if size > 1 {
         // `<hostname>.<subdomain>` resolves through the gang's headless Service.
         pod_spec["hostname"] = json!(name);
-        pod_spec["subdomain"] = json!(names::gang_service(spec.id));
+        pod_spec["subdomain"] = json!(names::attempt_service(spec.id, attempt));
     }
     let pod = json!({
         "apiVersion": "v1",
@@ -105,7 +136,7 @@ pub fn pod_for(spec: &RunSpec, namespace: &str, index: usize, shared_resource: &
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": names::workload_labels(spec, index),
+            "labels": names::attempt_labels(spec, attempt, index),
             "annotations": {
                 names::ANNOTATION_NODE: node,
                 names::ANNOTATION_NAME: spec.name,
@@ -119,33 +150,65 @@ pub fn pod_for(spec: &RunSpec, namespace: &str, index: usize, shared_resource: &
 /// The host names of a gang's pods (`tessera-<id>-<index>.tessera-<id>`, resolvable in the
 /// namespace through the headless Service); the pod's own name for a workload on one node.
 pub fn gang_hosts(id: u64, size: usize) -> Vec<String> {
+    attempt_gang_hosts(id, 0, size)
+}
+
+/// [`gang_hosts`] of attempt `attempt`.
+pub fn attempt_gang_hosts(id: u64, attempt: u32, size: usize) -> Vec<String> {
     if size <= 1 {
-        return vec![names::pod_name(id)];
+        return vec![names::attempt_pod_name(id, attempt, 0, 1)];
     }
     (0..size)
-        .map(|i| format!("{}.{}", names::gang_pod_name(id, i, size), names::gang_service(id)))
+        .map(|i| {
+            format!(
+                "{}.{}",
+                names::attempt_pod_name(id, attempt, i, size),
+                names::attempt_service(id, attempt)
+            )
+        })
         .collect()
 }
 
 /// The headless Service of a multi-node gang, owned by its first pod (`owner_uid`), so the
 /// garbage collector removes it with the gang.
 pub fn gang_service_for(spec: &RunSpec, namespace: &str, owner_uid: &str) -> serde_json::Value {
+    attempt_gang_service_for(spec, namespace, 0, owner_uid)
+}
+
+/// [`gang_service_for`] of attempt `attempt` (it selects that attempt's pods only).
+pub fn attempt_gang_service_for(spec: &RunSpec, namespace: &str, attempt: u32, owner_uid: &str) -> serde_json::Value {
     let mut selector = BTreeMap::new();
     selector.insert(names::LABEL_WORKLOAD.to_string(), spec.id.to_string());
+    selector.insert(names::LABEL_ATTEMPT.to_string(), attempt.to_string());
     json!({
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": names::gang_service(spec.id),
+            "name": names::attempt_service(spec.id, attempt),
             "namespace": namespace,
-            "labels": names::workload_labels(spec, 0),
+            "labels": names::attempt_labels(spec, attempt, 0),
             "ownerReferences": [{
-                "apiVersion": "v1", "kind": "Pod", "name": names::gang_pod_name(spec.id, 0, spec.gang_size()),
+                "apiVersion": "v1", "kind": "Pod", "name": names::attempt_pod_name(spec.id, attempt, 0, spec.gang_size()),
                 "uid": owner_uid,
             }],
         },
         "spec": {"clusterIP": "None", "selector": selector, "publishNotReadyAddresses": true},
     })
+}
+
+/// The attempt a Tessera pod runs (0 when unlabelled: pods made before attempts had names).
+pub fn attempt(pod: &Pod) -> u32 {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(names::LABEL_ATTEMPT))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether `pod` is finished (its containers ended, or it is being deleted).
+pub fn finished(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some() || matches!(pod_state(pod), PodState::Exited(_) | PodState::Lost(_))
 }
 
 /// A pod's index in its gang (0 for a workload on one node).
@@ -298,6 +361,54 @@ mod tests {
             running_since_ms: None,
             gang: Vec::new(),
         }
+    }
+
+    #[test]
+    fn pods_meet_the_restricted_pod_security_standard() {
+        let p = serde_json::to_value(
+            pod_for(
+                &spec(Devices::Count {
+                    resource: Resource::Gpu,
+                    count: 1,
+                }),
+                "ns",
+                0,
+                "nvidia.com/gpu",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let sc = &p["spec"]["securityContext"];
+        assert_eq!(sc["runAsNonRoot"], true);
+        assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+        assert_ne!(sc["runAsUser"], 0);
+        let c = &p["spec"]["containers"][0]["securityContext"];
+        assert_eq!(c["allowPrivilegeEscalation"], false);
+        assert_eq!(c["capabilities"]["drop"], json!(["ALL"]));
+        assert_eq!(p["spec"]["automountServiceAccountToken"], false);
+    }
+
+    #[test]
+    fn a_later_attempt_has_pods_and_hosts_of_its_own() {
+        let mut s = spec(Devices::Count {
+            resource: Resource::Gpu,
+            count: 8,
+        });
+        let p = attempt_pod_for(&s, "ns", 2, 0, "nvidia.com/gpu").unwrap();
+        assert_eq!(p.metadata.name.as_deref(), Some("tessera-42-r2"));
+        assert_eq!(attempt(&p), 2);
+        s.gang = vec![tessera_backend::GangShare {
+            node: "n1".into(),
+            devices: s.devices.clone(),
+        }];
+        let p = attempt_pod_for(&s, "ns", 1, 1, "nvidia.com/gpu").unwrap();
+        assert_eq!(p.metadata.name.as_deref(), Some("tessera-42-r1-1"));
+        assert_eq!(
+            attempt_gang_hosts(42, 1, 2),
+            vec!["tessera-42-r1-0.tessera-42-r1", "tessera-42-r1-1.tessera-42-r1"]
+        );
+        let svc = attempt_gang_service_for(&s, "ns", 1, "uid");
+        assert_eq!(svc["spec"]["selector"][names::LABEL_ATTEMPT], "1");
     }
 
     #[test]

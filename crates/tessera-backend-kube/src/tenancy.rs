@@ -39,6 +39,23 @@ fn labels(spec: &TenancySpec) -> Value {
     })
 }
 
+/// The Pod Security Standard every tenant namespace enforces. `restricted` is enough for GPU
+/// work: the device plugin gives a pod its GPUs through the container runtime (device nodes and
+/// driver files injected by the NVIDIA Container Toolkit), so a GPU pod needs no privilege, host
+/// path, host namespace or added capability; Tessera's own pods meet it
+/// ([`crate::pods::attempt_pod_for`]). API servers before 1.23 ignore the labels.
+pub const POD_SECURITY_LEVEL: &str = "restricted";
+
+/// A tenant namespace's labels: Tessera's, and the Pod Security admission's (enforce, audit
+/// and warn at [`POD_SECURITY_LEVEL`]).
+fn namespace_labels(spec: &TenancySpec) -> Value {
+    let mut l = labels(spec);
+    for mode in ["enforce", "audit", "warn"] {
+        l[format!("pod-security.kubernetes.io/{mode}")] = json!(POD_SECURITY_LEVEL);
+    }
+    l
+}
+
 /// The objects for `spec` in namespace `ns`.
 pub fn objects(spec: &TenancySpec, ns: &str) -> TenancyObjects {
     let hard: serde_json::Map<String, Value> = spec
@@ -54,7 +71,7 @@ pub fn objects(spec: &TenancySpec, ns: &str) -> TenancyObjects {
     TenancyObjects {
         namespace: json!({
             "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": ns, "labels": labels(spec)},
+            "metadata": {"name": ns, "labels": namespace_labels(spec)},
         }),
         quota: json!({
             "apiVersion": "v1", "kind": "ResourceQuota",
@@ -148,6 +165,21 @@ pub async fn ensure(client: &kube::Client, prefix: &str, spec: &TenancySpec) -> 
 }
 
 /// Refuses a namespace labelled for another tenant project.
+/// Whether a pod's tenant and project labels are those of the namespace it is in (a
+/// namespace's labels are written by Tessera, which tenants cannot change; a pod's labels are
+/// the tenant's to write).
+pub(crate) fn same_owner(
+    namespace_labels: Option<&std::collections::BTreeMap<String, String>>,
+    pod_labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> bool {
+    let get = |l: Option<&std::collections::BTreeMap<String, String>>, k: &str| l.and_then(|l| l.get(k)).cloned();
+    let ns = (
+        get(namespace_labels, LABEL_TENANT),
+        get(namespace_labels, LABEL_PROJECT),
+    );
+    ns.0.is_some() && ns.1.is_some() && ns == (get(pod_labels, LABEL_TENANT), get(pod_labels, LABEL_PROJECT))
+}
+
 pub(crate) fn check_owner(
     ns: &str,
     labels: Option<&std::collections::BTreeMap<String, String>>,

@@ -380,6 +380,7 @@ impl Backend for LocalBackend {
             logs: true,
             mig_mode_switch: true,
             mig_mode_reported: true,
+            confirms_stop: false,
         }
     }
 

@@ -472,6 +472,7 @@ impl Backend for SimBackend {
                 logs: false,
                 mig_mode_switch: true,
                 mig_mode_reported: false,
+                confirms_stop: false,
             },
             SimMode::Operator => Capabilities {
                 partitioning: Partitioning::WholeGpu,
@@ -479,6 +480,7 @@ impl Backend for SimBackend {
                 logs: false,
                 mig_mode_switch: false,
                 mig_mode_reported: false,
+                confirms_stop: false,
             },
         }
     }

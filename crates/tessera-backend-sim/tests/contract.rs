@@ -67,6 +67,7 @@ async fn each_mode_declares_its_capabilities() {
             logs: false,
             mig_mode_switch: true,
             mig_mode_reported: false,
+            confirms_stop: false,
         }
     );
     let operator = SimBackend::new(SimConfig::for_mode(SimMode::Operator), fleet());
@@ -78,6 +79,7 @@ async fn each_mode_declares_its_capabilities() {
             logs: false,
             mig_mode_switch: false,
             mig_mode_reported: false,
+            confirms_stop: false,
         }
     );
     assert_eq!(operator.name(), "sim");

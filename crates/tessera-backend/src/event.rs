@@ -59,6 +59,21 @@ pub enum BackendEvent {
     Exited { id: u64, at_ms: i64, exit: Exit },
     /// Gone without ending: node removed, evicted, deleted behind Tessera's back.
     Lost { id: u64, at_ms: i64, detail: String },
+    /// A workload Tessera stopped is gone from the backend: every process or pod of it has
+    /// ended, so its devices are free. Sent by backends that confirm stops
+    /// ([`crate::Capabilities::confirms_stop`]); until then the workload holds its capacity.
+    Stopped { id: u64, at_ms: i64 },
+    /// Something the workload's owner should know that changes nothing by itself, such as an
+    /// eviction a disruption budget refuses for now.
+    Notice { id: u64, detail: String },
+    /// Something on the backend claims to be a Tessera workload and is not (a pod in another
+    /// namespace wearing a workload's label): ignored, never adopted, never counted as a loss;
+    /// reported so that an operator can see who tried.
+    Stranger {
+        namespace: String,
+        name: String,
+        detail: String,
+    },
     /// A GPU became unhealthy (an XID, fell off the bus) or healthy again.
     GpuHealth {
         node: String,
@@ -98,7 +113,9 @@ impl BackendEvent {
             | BackendEvent::Running { id, .. }
             | BackendEvent::Bound { id, .. }
             | BackendEvent::Exited { id, .. }
-            | BackendEvent::Lost { id, .. } => Some(*id),
+            | BackendEvent::Lost { id, .. }
+            | BackendEvent::Stopped { id, .. }
+            | BackendEvent::Notice { id, .. } => Some(*id),
             _ => None,
         }
     }

@@ -69,7 +69,7 @@ use tokio::sync::mpsc;
 pub use event::{BackendEvent, Bound, Exit, GpuSample, InstanceSample, NodeChange, named_workloads};
 pub use plan::{MigInstance, PartitionPlan, PartitionReport};
 pub use reconcile::{Observation, Orphan, ReconcileReport};
-pub use spec::{Devices, GangShare, Resource, RunSpec, SliceSpec, TenancySpec};
+pub use spec::{Devices, GangShare, Resource, RunSpec, SHARED_POOL_QUOTA, SliceSpec, TenancySpec};
 
 /// How a backend partitions MIG-capable GPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,6 +108,11 @@ pub struct Capabilities {
     /// ([`BackendEvent::MigMode`]; NVML can): it is then the truth, and stored modes are not
     /// pushed onto it at start-up.
     pub mig_mode_reported: bool,
+    /// Whether [`Backend::stop`] only starts a stop and the backend reports its end with
+    /// [`BackendEvent::Stopped`] (Kubernetes: a pod's deletion ends when the kubelet says its
+    /// containers are gone). The workload then keeps its capacity until that event, so the
+    /// next workload never meets devices still in use. Otherwise `stop` returning is the end.
+    pub confirms_stop: bool,
 }
 
 /// What [`Backend::set_mig_mode`] achieved.

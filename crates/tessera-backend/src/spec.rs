@@ -100,6 +100,12 @@ impl RunSpec {
     }
 }
 
+/// A [`TenancySpec::quota`] key prefix naming a time-sliced pool (`shared:<pool>`) instead of a
+/// device-plugin resource: the backend turns it into every replica that pool advertises, under
+/// the resource names its device plugins use (a fraction is one replica whatever its size, so
+/// a limit in GPU units cannot be mirrored there; Tessera's own quota decides).
+pub const SHARED_POOL_QUOTA: &str = "shared:";
+
 /// A tenant project as a backend with tenancy of its own isolates it
 /// ([`crate::Backend::ensure_tenancy`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

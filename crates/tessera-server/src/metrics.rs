@@ -98,6 +98,8 @@ pub struct Metrics {
     ended: Family<Labels, Counter>,
     backend_errors: Family<Labels, Counter>,
     ghosts: Counter,
+    strangers: Counter,
+    evictions_refused: Counter,
     orphans: Gauge,
     gpu_failures: Family<Labels, Counter>,
     allocated: FCounter,
@@ -129,6 +131,8 @@ impl Metrics {
             ended: Family::default(),
             backend_errors: Family::default(),
             ghosts: Counter::default(),
+            strangers: Counter::default(),
+            evictions_refused: Counter::default(),
             orphans: Gauge::default(),
             gpu_failures: Family::default(),
             allocated: Family::default(),
@@ -281,6 +285,17 @@ impl Metrics {
         self.ghosts.inc();
     }
 
+    /// The backend found something posing as a Tessera workload (a stranger's pod wearing a
+    /// workload's label).
+    pub fn stranger(&self) {
+        self.strangers.inc();
+    }
+
+    /// A disruption budget refused a workload's eviction for now.
+    pub fn eviction_refused(&self) {
+        self.evictions_refused.inc();
+    }
+
     /// A GPU was taken out of placement: `cause` is `xid`, `lost` or `partition-failed`.
     pub fn gpu_failure(&self, pool: &str, model: &str, cause: &'static str) {
         self.gpu_failures
@@ -377,6 +392,16 @@ impl Metrics {
             "tessera_reconcile_ghosts",
             "Workloads Tessera thought running that the backend no longer knew (found by reconcile)",
             self.ghosts.clone(),
+        );
+        reg.register(
+            "tessera_backend_strangers",
+            "Objects on the backend posing as Tessera workloads that are not (a pod in another namespace wearing a workload's label): ignored and audited",
+            self.strangers.clone(),
+        );
+        reg.register(
+            "tessera_evictions_refused",
+            "Evictions a disruption budget refused for now (the drain waits, Tessera retries)",
+            self.evictions_refused.clone(),
         );
         reg.register(
             "tessera_gpu_failures",

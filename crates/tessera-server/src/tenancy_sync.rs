@@ -7,7 +7,10 @@
 //! Quotas are mirrored as defence in depth, per project namespace: a tenant's limit on a
 //! `whole` pool (or a model in it) becomes `requests.nvidia.com/gpu`; on a `mig` pool, for each
 //! MIG profile of the pool's models, `requests.nvidia.com/mig-<profile>` is the number of such
-//! instances the limit alone would allow. Tessera's own admission stays the exact check (the
+//! instances the limit alone would allow; on a `shared` (time-sliced) pool, where a fraction is
+//! one replica whatever its size, every replica the pool advertises (`shared:<pool>`, turned
+//! into replicas by the backend), so a fraction within Tessera's quota is never refused by the
+//! API server. Tessera's own admission stays the exact check (the
 //! cluster cannot express one limit shared by several profiles or namespaces); project
 //! sub-quotas (`project:NAME`) and unlimited classes are not mirrored.
 
@@ -21,6 +24,11 @@ use tessera_store::{QuotaRecord, Store};
 use tokio::sync::Notify;
 
 use crate::oidc::ClaimRule;
+
+/// A quota key that names a time-sliced pool rather than a device-plugin resource
+/// (`shared:<pool>`): a backend that mirrors quotas turns it into the replicas the pool's
+/// device plugins advertise, under the resource names they use.
+pub const SHARED_POOL: &str = tessera_backend::SHARED_POOL_QUOTA;
 
 /// The device-plugin quota of one tenant project.
 pub fn quota_of(tenant: &str, quotas: &[QuotaRecord], fleet: &Fleet) -> BTreeMap<String, u64> {
@@ -65,7 +73,12 @@ pub fn quota_of(tenant: &str, quotas: &[QuotaRecord], fleet: &Fleet) -> BTreeMap
                     *out.entry(k).or_default() += n;
                 }
             }
-            _ => *out.entry("nvidia.com/gpu".into()).or_default() += limit / 1000,
+            // A fraction is one time-sliced replica to the device plugin whatever its size, so
+            // a limit in GPU units says nothing about replicas: the backend counts the pool's
+            // advertised replicas instead (`shared:<pool>`, see `SHARED_POOL`), and Tessera's
+            // own quota decides.
+            Sharing::Shared => *out.entry(format!("{SHARED_POOL}{}", pool.name)).or_default() += limit / 1000,
+            Sharing::Whole => *out.entry("nvidia.com/gpu".into()).or_default() += limit / 1000,
         }
     }
     out

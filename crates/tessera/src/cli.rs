@@ -437,7 +437,11 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
 
 /// A dry run's answer for people.
 pub fn dry_run_text(d: &tessera_api::DryRun) -> String {
-    let mut out = format!("would {}", d.outcome);
+    // `refused` is a state, the others verbs: "would be refused", "would start".
+    let mut out = match d.outcome.as_str() {
+        "refused" => "would be refused".to_string(),
+        o => format!("would {o}"),
+    };
     if let Some(p) = &d.pool {
         out.push_str(&format!(" in pool {p}"));
     }

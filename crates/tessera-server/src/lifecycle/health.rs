@@ -203,6 +203,35 @@ impl Core {
         }
     }
 
+    /// The backend reports a node closed to new work or open again (Kubernetes: a cordon or a
+    /// taint by someone else, or the node NotReady). The engine fences it while either holds
+    /// or Tessera's own node state (a drain, maintenance) does; work already there is left to
+    /// the platform's own rules (a NotReady node's pods are lost when the platform says so).
+    pub(super) fn backend_closed(&mut self, node: &str, cordoned: Option<bool>, not_ready: Option<bool>) {
+        let e = self.closed.entry(node.to_string()).or_default();
+        if let Some(c) = cordoned {
+            e.0 = c;
+        }
+        if let Some(n) = not_ready {
+            e.1 = n;
+        }
+        let closed = e.0 || e.1;
+        if !closed {
+            self.closed.remove(node);
+        }
+        self.refence(node);
+        tracing::info!(%node, closed, "the backend reports the node {}", if closed { "closed to new work" } else { "open to new work" });
+    }
+
+    /// Fences a node in the engine exactly when Tessera's node state or the backend's says it
+    /// takes no new work.
+    pub(super) fn refence(&mut self, node: &str) {
+        let fenced = self.ops.nodes.contains_key(node) || self.closed.contains_key(node);
+        if let Some(n) = self.fleet.node_by_name(node) {
+            self.sched.engine.fence_node(n.0, fenced);
+        }
+    }
+
     /// A node the backend reported back: the GPUs it had lost return to placement; GPUs out
     /// for another cause (an XID, a failed partition) stay out until an admin clears them.
     pub(super) async fn node_back(&mut self, node: &str) {
@@ -254,6 +283,12 @@ impl Core {
                 self.sched.engine.fence_gpu(n.0, r.gpu, true);
             }
             ops.unhealthy.insert((r.node.clone(), r.gpu), r);
+        }
+        let closed: Vec<String> = self.closed.keys().cloned().collect();
+        for node in closed {
+            if let Some(n) = self.fleet.node_by_name(&node) {
+                self.sched.engine.fence_node(n.0, true);
+            }
         }
         for r in self.store.node_states().await? {
             if let Some(n) = self.fleet.node_by_name(&r.node) {

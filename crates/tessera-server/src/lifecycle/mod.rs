@@ -204,6 +204,9 @@ pub(crate) struct Core {
     queue_dirty: bool,
     /// Reconcile at the next opportunity rather than at the next interval.
     reconcile_soon: bool,
+    /// Nodes the backend reports closed to new work, by name: (cordoned or tainted, not
+    /// ready). Fenced in the engine whatever Tessera's own node state says.
+    closed: std::collections::HashMap<String, (bool, bool)>,
     /// Per GPU, the MIG instances the backend last reported (reconcile, a layout applied) and
     /// when: an upgraded node's validation compares them with the engine's layout.
     reported_mig: HashMap<(String, u8), (i64, Vec<MigInstance>)>,
@@ -341,6 +344,7 @@ impl Lifecycle {
             last_full_build: Duration::ZERO,
             queue_dirty: false,
             reconcile_soon: false,
+            closed: Default::default(),
             reported_mig: HashMap::new(),
             reconcile_asked: 0,
             rollout_soon: false,
@@ -550,7 +554,9 @@ impl Core {
                 match change {
                     tessera_backend::NodeChange::Removed => self.node_removed(&node, batch, now),
                     tessera_backend::NodeChange::Added => self.node_back(&node).await,
-                    _ => {}
+                    tessera_backend::NodeChange::Cordoned(on) => self.backend_closed(&node, Some(on), None),
+                    tessera_backend::NodeChange::Ready(ready) => self.backend_closed(&node, None, Some(!ready)),
+                    tessera_backend::NodeChange::Capacity => {}
                 }
             }
             Cmd::Backend(BackendEvent::MigMode {
@@ -859,6 +865,43 @@ impl Core {
     /// Backend news becomes lifecycle input.
     fn on_backend(&mut self, e: BackendEvent, batch: &mut Batch, now: i64) {
         match e {
+            // The stop is over (backends that confirm stops): the devices are free now.
+            BackendEvent::Stopped { id, at_ms } => {
+                self.apply(WorkloadId(id), Input::Stopped { at: at_ms.max(0) }, batch, now);
+            }
+            BackendEvent::Notice { id, detail } => {
+                if detail.contains("PodDisruptionBudget") {
+                    self.metrics.eviction_refused();
+                }
+                self.apply(
+                    WorkloadId(id),
+                    Input::Notice {
+                        at: now,
+                        code: tessera_domain::ReasonCode::NodeDrain,
+                        detail,
+                    },
+                    batch,
+                    now,
+                );
+            }
+            BackendEvent::Stranger {
+                namespace,
+                name,
+                detail,
+            } => {
+                self.metrics.stranger();
+                batch.audit(tessera_store::AuditRecord {
+                    seq: 0,
+                    at: now,
+                    request_id: format!("backend-stranger-{namespace}-{name}"),
+                    actor: format!("{}-backend", self.backend.name()),
+                    tenant: None,
+                    action: "backend.stranger".into(),
+                    target: format!("namespaces/{namespace}/pods/{name}"),
+                    outcome: 403,
+                    detail,
+                });
+            }
             BackendEvent::Started { id, bound: Some(bound) } | BackendEvent::Bound { id, bound } => {
                 let id = WorkloadId(id);
                 if let Some(l) = self.live.get(&id)
@@ -986,6 +1029,17 @@ impl Core {
                 at: now,
                 detail: format!("start failed: {e}"),
             },
+            // A backend that confirms stops says when the workload is gone
+            // (`BackendEvent::Stopped`): until then it keeps its capacity, and a stop that
+            // failed is tried again by the next reconcile (a stopping workload still running
+            // there is stopped again).
+            OpResult::Stopped(r) if self.caps.confirms_stop => {
+                if let Err(e) = r {
+                    tracing::warn!(%id, error = %e, "stop failed; the workload keeps its capacity and the next reconcile stops it again");
+                    self.reconcile_soon = true;
+                }
+                return;
+            }
             OpResult::Stopped(r) => {
                 if let Err(e) = r {
                     tracing::warn!(%id, error = %e, "stop failed; treating the workload as stopped");

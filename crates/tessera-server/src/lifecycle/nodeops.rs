@@ -105,9 +105,7 @@ impl Core {
         }
         self.ops = Arc::new(ops);
         self.published.set_ops(self.ops.clone());
-        if let Some(n) = self.fleet.node_by_name(node) {
-            self.sched.engine.fence_node(n.0, state.is_some());
-        }
+        self.refence(node);
         // The platform's own fence too (Kubernetes: `spec.unschedulable`), so nothing else
         // places work there; a failure is logged, Tessera's fence holds either way.
         if let Err(e) = self.backend.cordon(node, state.is_some()).await {
