@@ -35,6 +35,16 @@ pub const RESOURCE_SHARED: &str = "nvidia.com/gpu.shared";
 /// The device plugin's GPUs (time-sliced replicas too, unless renamed).
 pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
 
+/// Taints that do not close a node by themselves: the GPU Operator's own (Tessera's pods
+/// tolerate it), and the node lifecycle's `not-ready` / `unreachable`, which mirror the Ready
+/// condition Tessera reads directly (the API server's admission adds `not-ready` to every new
+/// node until the node lifecycle controller sees it Ready).
+const TOLERATED_TAINTS: [&str; 3] = [
+    RESOURCE_GPU,
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
+
 /// What Tessera reads of one GPU node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeView {
@@ -154,8 +164,9 @@ pub fn node_view(node: &Node, pool_label: &str) -> Option<NodeView> {
         .as_ref()
         .and_then(|s| s.taints.as_ref())
         .and_then(|ts| {
-            ts.iter()
-                .find(|t| t.key != RESOURCE_GPU && matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
+            ts.iter().find(|t| {
+                !TOLERATED_TAINTS.contains(&t.key.as_str()) && matches!(t.effect.as_str(), "NoSchedule" | "NoExecute")
+            })
         })
         .map(|t| t.key.clone());
     let mig_config = labels.get(LABEL_MIG_CONFIG).cloned();
@@ -473,7 +484,7 @@ mod tests {
         }]);
         assert!(node_view(&n, "tessera.io/pool").unwrap().schedulable());
         n.spec.get_or_insert_default().taints = Some(vec![k8s_openapi::api::core::v1::Taint {
-            key: "node.kubernetes.io/unreachable".into(),
+            key: "example.com/maintenance".into(),
             effect: "NoExecute".into(),
             ..Default::default()
         }]);

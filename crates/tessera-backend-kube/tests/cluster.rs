@@ -186,9 +186,12 @@ async fn a_workload_is_a_pod_bound_to_the_chosen_node_and_follows_its_phase() {
         ),
         "{ev:?}"
     );
-    // No event at all came for the stopped workload after its stop.
+    // After its stop, the stopped workload's only event is `Stopped`, once its pod is gone.
     while let Ok(ev) = rx.try_recv() {
-        assert!(ev.workload() != Some(101), "event after stop: {ev:?}");
+        assert!(
+            ev.workload() != Some(101) || matches!(ev, BackendEvent::Stopped { id: 101, .. }),
+            "event after stop: {ev:?}"
+        );
     }
 
     // A gang over both nodes (16 GPUs on two 8-GPU nodes): one pod per node-share, each bound
@@ -472,7 +475,9 @@ async fn tenancy_objects_are_applied_enforced_repaired_and_removed() {
 async fn mig_layouts_go_through_the_mig_manager_before_pods_are_bound() {
     let c = cluster().await;
     let client = c.client().await.unwrap();
-    let labels = json!({"labels": {"nvidia.com/mig.capable": "true"}});
+    // MIG on, as the MIG manager shows it (`mig.capable` alone says only that it could be).
+    let labels = json!({"labels": {"nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig.config": "all-balanced", "nvidia.com/mig.config.state": "success"}});
     gpu_node(&client, "mig-a100-0", "mig", "NVIDIA-A100-SXM4-80GB", 2, labels).await;
     let (b, fleet) = KubeBackend::connect(client.clone(), config("mig")).await.unwrap();
     let mut rx = b.take_events().unwrap();
@@ -1065,4 +1070,146 @@ async fn gpu_telemetry_comes_from_each_nodes_dcgm_exporter_with_usage_by_the_pod
     b.stop(701, Duration::from_secs(1)).await.unwrap();
     finish_deletion(&client, &ns, "tessera-701").await;
     b.remove_tenancy("tel-acme", None).await.unwrap();
+}
+
+/// A tenant that copies another tenant's workload label onto a pod of its own (in its own
+/// namespace, as `kubectl run --labels` with the `edit` role does), lets it fail and deletes
+/// it: the real workload keeps running, and the impostor is reported. A stop holds the
+/// workload's capacity until its pod is gone (`Stopped`), and a start right after a stop gets
+/// pods of a new attempt instead of colliding with the terminating ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_pod_wearing_a_workload_label_is_ignored_and_stops_wait_for_the_pod() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    gpu_node(&client, "sp-h100-0", "sp", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    let (b, _) = KubeBackend::connect(client.clone(), config("sp")).await.unwrap();
+    let mut rx = b.take_events().unwrap();
+    b.ensure_tenancy(&tenancy("sp-alice", "alice", 8)).await.unwrap();
+    b.ensure_tenancy(&tenancy("sp-mallory", "mallory", 8)).await.unwrap();
+    let ns_a = b.namespace_of("sp-alice", "main");
+    let ns_m = b.namespace_of("sp-mallory", "main");
+    b.start(&run(201, "sp-alice", "sp-h100-0", gpus(1))).await.unwrap();
+    set_pod_phase(&client, &ns_a, "tessera-201", "Running").await;
+    expect_event(&mut rx, "Running", WAIT, |e| {
+        matches!(e, BackendEvent::Running { id: 201, .. })
+    })
+    .await;
+
+    // Mallory's impostor: Tessera's labels for workload 201, in her own namespace.
+    let spoof: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "spoof", "namespace": ns_m, "labels": {
+            "tessera.io/workload": "201", "tessera.io/tenant": "sp-alice", "tessera.io/project": "main",
+            "app.kubernetes.io/managed-by": "tessera", "tessera.io/gang-index": "0"}},
+        "spec": {"containers": [{"name": "x", "image": "x"}]},
+    }))
+    .unwrap();
+    let mallory = Api::<Pod>::namespaced(client.clone(), &ns_m);
+    mallory.create(&PostParams::default(), &spoof).await.unwrap();
+    set_pod_phase(&client, &ns_m, "spoof", "Failed").await;
+    mallory
+        .delete("spoof", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let ev = expect_event(&mut rx, "Stranger", WAIT, |e| {
+        matches!(e, BackendEvent::Stranger { .. })
+    })
+    .await;
+    assert!(
+        matches!(&ev, BackendEvent::Stranger { namespace, name, .. } if *namespace == ns_m && name == "spoof"),
+        "{ev:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while let Ok(ev) = rx.try_recv() {
+        assert!(ev.workload() != Some(201), "the impostor changed workload 201: {ev:?}");
+    }
+    let report = b
+        .reconcile(&[run(201, "sp-alice", "sp-h100-0", gpus(1))])
+        .await
+        .unwrap();
+    assert!(
+        matches!(report.observation(201), Some(Observation::Running { .. })),
+        "{report:?}"
+    );
+
+    // A stop: the pod is deleted with its grace period, and the workload is `Stopped` only
+    // once the pod is gone (here: forcibly after grace + 2 s, no kubelet confirms).
+    let pods_a = Api::<Pod>::namespaced(client.clone(), &ns_a);
+    b.stop(201, Duration::from_secs(1)).await.unwrap();
+    assert!(
+        pods_a.get_opt("tessera-201").await.unwrap().is_some(),
+        "still terminating"
+    );
+    assert!(
+        !std::iter::from_fn(|| rx.try_recv().ok()).any(|e| matches!(e, BackendEvent::Stopped { id: 201, .. })),
+        "stopped before its pod was gone"
+    );
+    // A start at once (a requeue that does not wait): the next attempt's pod, no collision.
+    b.start(&run(201, "sp-alice", "sp-h100-0", gpus(1))).await.unwrap();
+    let next = pods_a.get("tessera-201-r1").await.unwrap();
+    assert_eq!(next.spec.unwrap().node_name.as_deref(), Some("sp-h100-0"));
+    assert_eq!(next.metadata.labels.unwrap()["tessera.io/attempt"], "1");
+    eventually("the first attempt's pod is gone", WAIT, || async {
+        pods_a.get_opt("tessera-201").await.unwrap().is_none()
+    })
+    .await;
+    // The old attempt's end is not the new attempt's: no loss reported for 201.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while let Ok(ev) = rx.try_recv() {
+        assert!(
+            !matches!(
+                ev,
+                BackendEvent::Lost { id: 201, .. } | BackendEvent::Exited { id: 201, .. }
+            ),
+            "{ev:?}"
+        );
+    }
+    b.stop(201, Duration::from_secs(0)).await.unwrap();
+    finish_deletion(&client, &ns_a, "tessera-201-r1").await;
+    expect_event(&mut rx, "Stopped", WAIT, |e| {
+        matches!(e, BackendEvent::Stopped { id: 201, .. })
+    })
+    .await;
+}
+
+/// Nodes labelled as GPU Feature Discovery, the device plugin and the MIG manager label them
+/// (tests/fixtures/gfd): an H100 node with `mig.capable=true` and MIG off is a whole pool, so
+/// 8-GPU work can be placed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gfd_labelled_h100_nodes_with_mig_off_serve_whole_gpus() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gfd/");
+    let mut node: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{dir}h100-whole.json")).unwrap()).unwrap();
+    node["metadata"]["name"] = json!("gfd-h100-0");
+    node["metadata"]["labels"]["tessera.io/pool"] = json!("gfd");
+    let status = node["status"].clone();
+    let obj = node.as_object_mut().unwrap();
+    obj.remove("status");
+    for k in ["resourceVersion", "uid", "creationTimestamp", "managedFields"] {
+        obj["metadata"].as_object_mut().unwrap().remove(k);
+    }
+    let n: Node = serde_json::from_value(node).unwrap();
+    let nodes = Api::<Node>::all(client.clone());
+    nodes.create(&PostParams::default(), &n).await.unwrap();
+    nodes
+        .patch_status(
+            "gfd-h100-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .unwrap();
+    let (_b, fleet) = KubeBackend::connect(client.clone(), config("gfd")).await.unwrap();
+    let pool = fleet.pools.iter().find(|p| p.name == "gfd").expect("the pool");
+    assert_eq!(pool.sharing, tessera_model::Sharing::Whole);
+    // The engine places an 8-GPU whole request there (it refused the shape on a "MIG" pool).
+    let fleet = std::sync::Arc::new(fleet.clone());
+    let pool = tessera_model::PoolId(fleet.pools.iter().position(|p| p.name == "gfd").unwrap() as u16);
+    let mut e = tessera_sched::Engine::new(fleet.clone(), Box::new(tessera_sched::policy::BestFit), 1);
+    e.set_device_binding(tessera_sched::engine::DeviceBinding::PerNodeCount);
+    let p = e
+        .place(1, &tessera_model::Request::whole(8).with_pool(pool))
+        .expect("8 whole GPUs fit an 8-GPU H100 node with MIG off");
+    assert_eq!(fleet.node(p.node).name, "gfd-h100-0");
 }
