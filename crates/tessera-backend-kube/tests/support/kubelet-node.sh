@@ -106,6 +106,20 @@ trap teardown EXIT
 
 fail() { log "$*"; exit 1; }
 
+# ---- leftovers of a node whose teardown never ran (killed with SIGKILL) --------------------------
+for f in /run/netns/tessera-kl-*; do
+  [ -e "$f" ] || continue
+  p=${f##*-}
+  kill -0 "$p" 2>/dev/null || ip netns del "tessera-kl-$p" 2>/dev/null
+done
+for d in /sys/fs/cgroup/*/tessera-kubelet-*; do
+  [ -d "$d" ] || continue
+  p=${d##*-}
+  kill -0 "$p" 2>/dev/null && continue
+  for q in $(find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null); do kill -KILL "$q" 2>/dev/null; done
+  find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
+done
+
 # ---- network ----------------------------------------------------------------------------------
 # A /30 for the veth pair, from this process's ID, skipping any already on an interface.
 host_ip=""
