@@ -44,7 +44,9 @@ if [ ${#pkgs[@]} -gt 0 ]; then
 fi
 
 # ---- kubelet ----------------------------------------------------------------------------------
-if [ ! -x "$bin/kubelet" ]; then
+if [ -x "$bin/kubelet" ]; then
+  echo "kube-test-kubelet: cached kubelet ($("$bin/kubelet" --version))"
+else
   src="$work/src/kubernetes"
   [ -f "$src/.tessera-extracted" ] || { echo "kube-test-kubelet: no source tree under $work: run scripts/kube-test-cluster.sh" >&2; exit 1; }
   gobin=$(find "$work/venv" -path '*site-packages/go/bin/go' -type f | head -1)
