@@ -114,7 +114,7 @@ async fn a_command_runs_to_success_and_its_log_is_readable() {
     let (b, mut rx, ns) = backend("klok").await;
     let pods = Api::<Pod>::namespaced(b.client().clone(), &ns);
 
-    // The brief's command: it usually ends before the kubelet's next relist, so the pod goes
+    // A command that ends at once: it usually ends before the kubelet's next relist, so the pod goes
     // from Pending to Succeeded without a Running status in between.
     let t0 = Instant::now();
     b.start(&run(701, "klok", &["sh", "-c", "echo hi; exit 0"]))

@@ -2,7 +2,7 @@
 //! runc (`kubelet-node.sh` next to this file starts them and removes everything it made when the
 //! test binary exits), registered as an 8×H100 GPU node with GPU Feature Discovery's labels and
 //! `nvidia.com/gpu` as an extended resource. One node per test binary, started by the first
-//! test that asks and Ready before it returns (about 10 s). Pods run the local image
+//! test that asks and Ready before it returns (about 13 s). Pods run the local image
 //! [`BUSYBOX`] (no registry).
 //!
 //! The kubelet, the test images and the Debian packages come from `scripts/kube-test-cluster.sh`
