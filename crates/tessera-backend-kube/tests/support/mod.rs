@@ -173,6 +173,9 @@ fn start() -> Result<Cluster, String> {
                         "--endpoint-reconciler-type=none",
                         "--disable-admission-plugins=ServiceAccount",
                     ])
+                    // The kubelet tests' node has an InternalIP the API server reaches it at
+                    // (for logs) and a Hostname nothing resolves: the address first.
+                    .args(["--kubelet-preferred-address-types=InternalIP,Hostname"])
                     .args(["--service-account-issuer=https://kubernetes.default.svc"])
                     .args(["--service-account-key-file", &d("sa.pub")])
                     .args(["--service-account-signing-key-file", &d("sa.key")])

@@ -1,0 +1,283 @@
+//! The Kubernetes backend with a real kubelet (`support::kubelet`): containerd and runc run the
+//! pods Tessera creates and binds, so placement, running, exits, exit codes, cancellation and logs
+//! are the kubelet's, not a test playing it. One control plane and one node per binary (about
+//! 15 s to Ready); each test its own tenant, namespace and workload IDs. Prints the request →
+//! bound and request → Running latencies it sees.
+
+#[path = "support/kubelet.rs"]
+mod node;
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::LogParams;
+use node::{BUSYBOX, NODE, POOL, kubelet_node};
+use support::{eventually, expect_event};
+use tessera_backend::{Backend, BackendEvent, Devices, Exit, Resource, RunSpec, TenancySpec};
+use tessera_backend_kube::{KubeBackend, KubeConfig};
+
+/// Pods start in a few seconds; the first on a fresh node waits for its sandbox.
+const WAIT: Duration = Duration::from_secs(60);
+
+fn config() -> KubeConfig {
+    KubeConfig {
+        mig_namespace: "default".into(),
+        mig_configmap: "mig-parted-kubelet".into(),
+        // Long: a cancelled pod must be removed by the kubelet confirming its deletion, not by
+        // the backend's forced delete.
+        force_delete_after: Duration::from_secs(300),
+        telemetry_every: None,
+        ..KubeConfig::default()
+    }
+}
+
+fn run(id: u64, tenant: &str, command: &[&str]) -> RunSpec {
+    RunSpec {
+        id,
+        tenant: tenant.into(),
+        project: "main".into(),
+        name: format!("job-{id}"),
+        kind: "batch".into(),
+        node: NODE.into(),
+        model: "H100-80GB-SXM".into(),
+        model_memory_mib: 81559,
+        devices: Devices::Count {
+            resource: Resource::Gpu,
+            count: 1,
+        },
+        // Small: the node is this 2-core machine (the kubelet admits against its real CPU and
+        // memory; only the GPUs are advertised).
+        cpu_milli: 100,
+        memory_mib: 64,
+        env: BTreeMap::new(),
+        command: Some(command.iter().map(|s| s.to_string()).collect()),
+        image: Some(BUSYBOX.into()),
+        duration: None,
+        running_since_ms: None,
+        gang: Vec::new(),
+    }
+}
+
+async fn backend(tenant: &str) -> (KubeBackend, tokio::sync::mpsc::UnboundedReceiver<BackendEvent>, String) {
+    let (c, _) = kubelet_node().await;
+    let client = c.client().await.unwrap();
+    let (b, _fleet) = KubeBackend::connect(client, config()).await.unwrap();
+    let rx = b.take_events().unwrap();
+    b.ensure_tenancy(&TenancySpec {
+        tenant: tenant.into(),
+        project: "main".into(),
+        groups: vec![format!("{tenant}-ml")],
+        quota: BTreeMap::from([("nvidia.com/gpu".into(), 8)]),
+    })
+    .await
+    .unwrap();
+    let ns = b.namespace_of(tenant, "main");
+    (b, rx, ns)
+}
+
+/// Reported outside the test harness's capture, so `cargo test` shows it.
+fn report(line: &str) {
+    let _ = writeln!(std::io::stderr(), "kubelet latency: {line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_registers_as_a_ready_eight_gpu_h100_node_in_its_pool() {
+    let (c, n) = kubelet_node().await;
+    let client = c.client().await.unwrap();
+    let (_b, fleet) = KubeBackend::connect(client, config()).await.unwrap();
+    let node = fleet
+        .nodes
+        .iter()
+        .find(|x| x.name == NODE)
+        .expect("the kubelet's node is in the fleet");
+    assert_eq!(fleet.catalogue.get(node.model).name, "H100-80GB-SXM");
+    assert_eq!(fleet.pools[node.pool.0 as usize].name, POOL);
+    let out = c.kubectl(&["get", "node", NODE, "-o", "wide", "--no-headers"]);
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(n.name, NODE);
+    assert!(line.contains(" Ready "), "{line}");
+    assert!(
+        line.contains(&n.ip),
+        "the node's InternalIP is the veth's host end: {line}"
+    );
+    assert!(line.contains("v1.20.2"), "{line}");
+    assert!(line.contains("containerd://"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_runs_to_success_and_its_log_is_readable() {
+    let (c, _) = kubelet_node().await;
+    let (b, mut rx, ns) = backend("klok").await;
+    let pods = Api::<Pod>::namespaced(b.client().clone(), &ns);
+
+    // A command that ends at once: it usually ends before the kubelet's next relist, so the pod goes
+    // from Pending to Succeeded without a Running status in between.
+    let t0 = Instant::now();
+    b.start(&run(701, "klok", &["sh", "-c", "echo hi; exit 0"]))
+        .await
+        .unwrap();
+    expect_event(&mut rx, "Started", WAIT, |e| {
+        matches!(e, BackendEvent::Started { id: 701, .. })
+    })
+    .await;
+    let bound = t0.elapsed();
+    let p = pods.get("tessera-701").await.unwrap();
+    assert_eq!(p.spec.unwrap().node_name.as_deref(), Some(NODE));
+    let ev = expect_event(&mut rx, "Exited", WAIT, |e| {
+        matches!(e, BackendEvent::Exited { id: 701, .. })
+    })
+    .await;
+    assert!(
+        matches!(
+            ev,
+            BackendEvent::Exited {
+                exit: Exit::Succeeded,
+                ..
+            }
+        ),
+        "{ev:?}"
+    );
+    report(&format!(
+        "`echo hi; exit 0`: request → bound {bound:?}, → Succeeded {:?}",
+        t0.elapsed()
+    ));
+    let status = pods.get("tessera-701").await.unwrap().status.unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Succeeded"));
+    let cs = &status.container_statuses.unwrap()[0];
+    assert!(cs.image.ends_with(BUSYBOX), "the local image: {}", cs.image);
+    assert_eq!(cs.state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 0);
+
+    // Its log, through kubectl (API server → the kubelet on the node's address) and the API.
+    let out = c.kubectl(&["logs", "-n", &ns, "tessera-701"]);
+    assert!(
+        out.status.success(),
+        "kubectl logs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    let log = pods.logs("tessera-701", &LogParams::default()).await.unwrap();
+    assert_eq!(log, "hi\n");
+
+    // One that runs long enough to be seen running: placed → running → succeeded.
+    let t0 = Instant::now();
+    b.start(&run(702, "klok", &["sh", "-c", "echo started; sleep 2; echo done"]))
+        .await
+        .unwrap();
+    expect_event(&mut rx, "Started", WAIT, |e| {
+        matches!(e, BackendEvent::Started { id: 702, .. })
+    })
+    .await;
+    let bound = t0.elapsed();
+    expect_event(&mut rx, "Running", WAIT, |e| {
+        matches!(e, BackendEvent::Running { id: 702, .. })
+    })
+    .await;
+    let running = t0.elapsed();
+    let ev = expect_event(&mut rx, "Exited", WAIT, |e| {
+        matches!(e, BackendEvent::Exited { id: 702, .. })
+    })
+    .await;
+    assert!(
+        matches!(
+            ev,
+            BackendEvent::Exited {
+                exit: Exit::Succeeded,
+                ..
+            }
+        ),
+        "{ev:?}"
+    );
+    report(&format!(
+        "`sleep 2`: request → bound {bound:?}, → Running {running:?}, → Succeeded {:?}",
+        t0.elapsed()
+    ));
+    let log = pods.logs("tessera-702", &LogParams::default()).await.unwrap();
+    assert_eq!(log, "started\ndone\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_command_reports_its_exit_code() {
+    let (c, _) = kubelet_node().await;
+    let (b, mut rx, ns) = backend("klfail").await;
+    let t0 = Instant::now();
+    b.start(&run(711, "klfail", &["sh", "-c", "echo bye >&2; exit 3"]))
+        .await
+        .unwrap();
+    let ev = expect_event(&mut rx, "Exited", WAIT, |e| {
+        matches!(e, BackendEvent::Exited { id: 711, .. })
+    })
+    .await;
+    match ev {
+        BackendEvent::Exited {
+            exit: Exit::Failed { exit_code, detail },
+            ..
+        } => {
+            assert_eq!(exit_code, Some(3), "{detail}");
+            assert!(detail.contains("Error"), "the kubelet's reason: {detail}");
+        }
+        other => panic!("expected a failure with exit code 3, got {other:?}"),
+    }
+    report(&format!("`exit 3`: request → Failed {:?}", t0.elapsed()));
+    let out = c.kubectl(&["logs", "-n", &ns, "tessera-711"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "bye\n",
+        "stderr is in the log too"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_running_pod_stops_it_through_the_kubelet() {
+    let (_, _) = kubelet_node().await;
+    let (b, mut rx, ns) = backend("klstop").await;
+    let pods = Api::<Pod>::namespaced(b.client().clone(), &ns);
+    let t0 = Instant::now();
+    b.start(&run(721, "klstop", &["sleep", "600"])).await.unwrap();
+    expect_event(&mut rx, "Started", WAIT, |e| {
+        matches!(e, BackendEvent::Started { id: 721, .. })
+    })
+    .await;
+    let bound = t0.elapsed();
+    expect_event(&mut rx, "Running", WAIT, |e| {
+        matches!(e, BackendEvent::Running { id: 721, .. })
+    })
+    .await;
+    let running = t0.elapsed();
+    report(&format!(
+        "`sleep 600`: request → bound {bound:?}, → Running {running:?}"
+    ));
+    let p = pods.get("tessera-721").await.unwrap();
+    assert!(
+        p.status.unwrap().pod_ip.is_some_and(|ip| ip.starts_with("10.244.0.")),
+        "an address from the node's CNI bridge"
+    );
+
+    // Cancel with a 2 s grace period: `sleep` as PID 1 ignores SIGTERM, so the kubelet kills it
+    // after the grace period and then confirms the deletion (the backend's forced delete is 300 s
+    // away, so the pod going is the kubelet's doing).
+    let t1 = Instant::now();
+    b.stop(721, Duration::from_secs(2)).await.unwrap();
+    assert!(
+        pods.get("tessera-721")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    eventually("the kubelet removes the cancelled pod", WAIT, || async {
+        pods.get_opt("tessera-721").await.unwrap().is_none()
+    })
+    .await;
+    let gone = t1.elapsed();
+    report(&format!("cancel of `sleep 600` (grace 2 s): stop → pod gone {gone:?}"));
+    assert!(gone >= Duration::from_secs(2), "the grace period is honoured: {gone:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while let Ok(ev) = rx.try_recv() {
+        assert!(ev.workload() != Some(721), "event after stop: {ev:?}");
+    }
+}
