@@ -269,15 +269,41 @@ async fn cancelling_a_running_pod_stops_it_through_the_kubelet() {
             .deletion_timestamp
             .is_some()
     );
-    eventually("the kubelet removes the cancelled pod", WAIT, || async {
-        pods.get_opt("tessera-721").await.unwrap().is_none()
-    })
-    .await;
+    // The workload is `Stopped` (its GPUs free for the next one) only once the kubelet has
+    // removed the pod: never while the container may still hold the device.
+    let mut stopped = false;
+    loop {
+        let there = pods.get_opt("tessera-721").await.unwrap().is_some();
+        while let Ok(e) = rx.try_recv() {
+            assert!(
+                e.workload() != Some(721) || matches!(e, BackendEvent::Stopped { .. }),
+                "event after stop: {e:?}"
+            );
+            if matches!(e, BackendEvent::Stopped { id: 721, .. }) {
+                assert!(!there, "Stopped while the kubelet still had the pod");
+                stopped = true;
+            }
+        }
+        if !there {
+            break;
+        }
+        assert!(
+            t1.elapsed() < WAIT,
+            "the kubelet did not remove the cancelled pod within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let gone = t1.elapsed();
     report(&format!("cancel of `sleep 600` (grace 2 s): stop → pod gone {gone:?}"));
     assert!(gone >= Duration::from_secs(2), "the grace period is honoured: {gone:?}");
+    if !stopped {
+        expect_event(&mut rx, "Stopped", WAIT, |e| {
+            matches!(e, BackendEvent::Stopped { id: 721, .. })
+        })
+        .await;
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     while let Ok(ev) = rx.try_recv() {
-        assert!(ev.workload() != Some(721), "event after stop: {ev:?}");
+        assert!(ev.workload() != Some(721), "event after Stopped: {ev:?}");
     }
 }
