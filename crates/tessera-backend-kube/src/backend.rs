@@ -15,8 +15,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
 use tessera_backend::{
-    Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, MigInstance, Observation,
-    Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, Resource, RunSpec, TenancySpec,
+    Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, LogChunk, MigInstance,
+    Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, Resource, RunSpec, TenancySpec,
 };
 use tessera_model::{Catalogue, Fleet};
 use tokio::sync::mpsc;
@@ -308,6 +308,17 @@ impl KubeBackend {
     pub fn namespace_of(&self, tenant: &str, project: &str) -> String {
         names::namespace(&self.shared.cfg.namespace_prefix, tenant, project)
     }
+}
+
+/// Whether a pod's container has started (its log exists).
+fn pod_started(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.state.as_ref().is_some_and(|st| st.waiting.is_none()))
+        })
 }
 
 /// The MIG mode of each GPU of a node in a MIG pool, as its labels and resources show it
@@ -1221,6 +1232,52 @@ impl Shared {
         Ok(None)
     }
 
+    /// The pod whose log is workload `id`'s log (its first node-share, of its latest attempt),
+    /// in its namespace, whatever its state.
+    async fn log_pod(&self, id: u64) -> Result<Option<Pod>, BackendError> {
+        let known = self
+            .state
+            .lock()
+            .unwrap()
+            .tracked
+            .get(&id)
+            .map(|t| (t.ns.clone(), t.pods[0].0.clone()));
+        if let Some((ns, name)) = known {
+            return Api::<Pod>::namespaced(self.client.clone(), &ns)
+                .get_opt(&name)
+                .await
+                .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e));
+        }
+        let list = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default().labels(&format!("{LABEL_WORKLOAD}={id}")))
+            .await
+            .map_err(|e| kube_err("listing pods", e))?;
+        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone());
+        let mut best: Option<Pod> = None;
+        for p in list.items {
+            let (Some(ns), Some(name)) = (p.metadata.namespace.as_deref(), p.metadata.name.as_deref()) else {
+                continue;
+            };
+            if !names::is_pod_name_of(name, id) || pods::gang_index(&p) != 0 {
+                continue;
+            }
+            let Some(n) = namespaces
+                .get_opt(ns)
+                .await
+                .map_err(|e| kube_err("reading a namespace", e))?
+            else {
+                continue;
+            };
+            if !tenancy::same_owner(n.metadata.labels.as_ref(), p.metadata.labels.as_ref()) {
+                continue;
+            }
+            if best.as_ref().is_none_or(|b| pods::attempt(b) < pods::attempt(&p)) {
+                best = Some(p);
+            }
+        }
+        Ok(best)
+    }
+
     /// The attempt workload `id`'s next start in `ns` makes pods for: the attempt of its live
     /// pods there (a start repeated after a crash finishes it), else one after the last.
     async fn next_attempt(&self, ns: &str, id: u64) -> Result<u32, BackendError> {
@@ -1305,7 +1362,7 @@ impl Backend for KubeBackend {
         Capabilities {
             partitioning: Partitioning::WholeGpu,
             devices: DeviceAssignment::PerNodeCount,
-            logs: false,
+            logs: true,
             // The GPU Operator's MIG manager owns MIG mode on Kubernetes.
             mig_mode_switch: false,
             mig_mode_reported: true,
@@ -1665,6 +1722,47 @@ impl Backend for KubeBackend {
 
     fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>> {
         self.shared.rx.lock().unwrap().take()
+    }
+
+    /// The container log of the workload's pod (its first pod for a multi-node gang), read
+    /// through the API server (`pods/log`, which asks the kubelet). The log API has no offset:
+    /// the first `offset + max` bytes are asked for and the part from `offset` returned. The log
+    /// is done once the pod has ended and nothing past the returned part is left.
+    async fn read_logs(&self, id: u64, offset: u64, max: usize) -> Result<LogChunk, BackendError> {
+        let Some(pod) = self.shared.log_pod(id).await? else {
+            return Err(BackendError::Rejected(format!(
+                "no pod of workload {id} on the cluster: a pod's log goes with the pod"
+            )));
+        };
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if pods::bound_node(&pod).is_none() || pods::pod_state(&pod) == PodState::Pending && !pod_started(&pod) {
+            return Ok(LogChunk {
+                bytes: Vec::new(),
+                next_offset: offset,
+                done: false,
+            });
+        }
+        let want = offset.saturating_add(max as u64);
+        let params = kube::api::LogParams {
+            container: Some("workload".into()),
+            limit_bytes: Some(want.min(i64::MAX as u64) as i64),
+            ..Default::default()
+        };
+        let text = Api::<Pod>::namespaced(self.shared.client.clone(), &ns)
+            .logs(&name, &params)
+            .await
+            .map_err(|e| kube_err(&format!("reading the log of pod {ns}/{name}"), e))?;
+        let all = text.into_bytes();
+        let from = (offset as usize).min(all.len());
+        let bytes = all[from..].to_vec();
+        let next_offset = from as u64 + bytes.len() as u64;
+        let ended = matches!(pods::pod_state(&pod), PodState::Exited(_) | PodState::Lost(_));
+        Ok(LogChunk {
+            bytes,
+            next_offset,
+            done: ended && (all.len() as u64) < want,
+        })
     }
 
     async fn ensure_tenancy(&self, spec: &TenancySpec) -> Result<(), BackendError> {

@@ -161,6 +161,18 @@ async fn a_command_runs_to_success_and_its_log_is_readable() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
     let log = pods.logs("tessera-701", &LogParams::default()).await.unwrap();
     assert_eq!(log, "hi\n");
+    // And through the backend, as `tessera logs` reads it: whole, then from an offset.
+    let chunk = b.read_logs(701, 0, 1 << 20).await.unwrap();
+    assert_eq!(
+        (chunk.bytes.as_slice(), chunk.next_offset, chunk.done),
+        (&b"hi\n"[..], 3, true)
+    );
+    let chunk = b.read_logs(701, 1, 1).await.unwrap();
+    assert_eq!(
+        (chunk.bytes.as_slice(), chunk.next_offset, chunk.done),
+        (&b"i"[..], 2, false)
+    );
+    assert!(b.read_logs(7010, 0, 10).await.is_err(), "no pod, no log");
 
     // One that runs long enough to be seen running: placed → running → succeeded.
     let t0 = Instant::now();
