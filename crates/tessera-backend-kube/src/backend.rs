@@ -58,6 +58,9 @@ pub struct KubeConfig {
     /// How often every exporter is read (`None`: no telemetry). The exporter itself samples
     /// every 30 s by default.
     pub telemetry_every: Option<Duration>,
+    /// How long a finished pod of a workload Tessera no longer expects (its result recorded)
+    /// is kept for its log before reconcile deletes it.
+    pub finished_pod_ttl: Duration,
 }
 
 impl Default for KubeConfig {
@@ -74,6 +77,7 @@ impl Default for KubeConfig {
             dcgm_namespace: "gpu-operator".into(),
             dcgm_selector: "app=nvidia-dcgm-exporter".into(),
             telemetry_every: Some(Duration::from_secs(30)),
+            finished_pod_ttl: Duration::from_secs(3600),
         }
     }
 }
@@ -1679,6 +1683,53 @@ impl Backend for KubeBackend {
                 t
             });
             report.workloads.push((spec.id, obs));
+        }
+        // Finished pods of workloads no longer expected (their results are recorded) are
+        // deleted once they are older than the TTL; a stranger's pods are left alone.
+        let expired: Vec<(String, String)> = by_id
+            .iter()
+            .flat_map(|(id, ps)| ps.iter().map(move |p| (*id, p)))
+            .filter(|(id, p)| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| names::is_pod_name_of(n, *id))
+                    && p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(names::LABEL_MANAGED_BY))
+                        .is_some_and(|v| v == names::MANAGED_BY)
+                    && matches!(pods::pod_state(p), PodState::Exited(_) | PodState::Lost(_))
+                    && pods::finished_at_ms(p)
+                        .is_some_and(|t| now_ms() - t >= sh.cfg.finished_pod_ttl.as_millis() as i64)
+            })
+            .filter_map(|(_, p)| Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?)))
+            .collect();
+        for (ns, name) in expired {
+            let owned = Api::<k8s_openapi::api::core::v1::Namespace>::all(sh.client.clone())
+                .get_opt(&ns)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|n| {
+                    n.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(names::LABEL_MANAGED_BY))
+                        .is_some_and(|v| v == names::MANAGED_BY)
+                });
+            if !owned {
+                continue;
+            }
+            match Api::<Pod>::namespaced(sh.client.clone(), &ns)
+                .delete(&name, &DeleteParams::default())
+                .await
+            {
+                Ok(_) => tracing::debug!(pod = %name, namespace = %ns, "finished pod deleted after its TTL"),
+                Err(e) if not_found(&e) => {}
+                Err(e) => tracing::warn!(pod = %name, namespace = %ns, error = %e, "deleting a finished pod"),
+            }
         }
         for (id, ps) in by_id {
             let live: Vec<&Pod> = ps

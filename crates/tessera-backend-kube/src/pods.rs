@@ -206,6 +206,18 @@ pub fn attempt(pod: &Pod) -> u32 {
         .unwrap_or(0)
 }
 
+/// When the pod's container finished (ms since the epoch), if it has.
+pub fn finished_at_ms(pod: &Pod) -> Option<i64> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
+        .map(rfc3339_ms)
+        .max()
+}
+
 /// Whether `pod` is finished (its containers ended, or it is being deleted).
 pub fn finished(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some() || matches!(pod_state(pod), PodState::Exited(_) | PodState::Lost(_))

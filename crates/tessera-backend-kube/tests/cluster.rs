@@ -1169,6 +1169,46 @@ async fn a_strangers_pod_wearing_a_workload_label_is_ignored_and_stops_wait_for_
         matches!(e, BackendEvent::Stopped { id: 201, .. })
     })
     .await;
+
+    // A finished pod stays for its log while its workload is expected, and is deleted by the
+    // first reconcile after its result is recorded (no longer expected) once past the TTL;
+    // Mallory's finished pods wearing the label are not Tessera's to delete.
+    b.start(&run(202, "sp-alice", "sp-h100-0", gpus(1))).await.unwrap();
+    let finished = json!({"status": {"phase": "Succeeded", "containerStatuses": [{"name": "workload", "image": "x",
+        "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": "2026-11-30T12:00:00Z"}}}]}});
+    pods_a
+        .patch_status("tessera-202", &PatchParams::default(), &Patch::Merge(&finished))
+        .await
+        .unwrap();
+    let mut fake = spoof.clone();
+    fake.metadata.name = Some("tessera-202".into());
+    mallory.create(&PostParams::default(), &fake).await.unwrap();
+    mallory
+        .patch_status("tessera-202", &PatchParams::default(), &Patch::Merge(&finished))
+        .await
+        .unwrap();
+    b.reconcile(&[run(202, "sp-alice", "sp-h100-0", gpus(1))])
+        .await
+        .unwrap();
+    assert!(
+        pods_a.get_opt("tessera-202").await.unwrap().is_some(),
+        "kept while expected"
+    );
+    b.reconcile(&[]).await.unwrap();
+    eventually("the finished pod is deleted", WAIT, || async {
+        pods_a
+            .get_opt("tessera-202")
+            .await
+            .unwrap()
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    let theirs = mallory.get("tessera-202").await.unwrap();
+    assert!(
+        theirs.metadata.deletion_timestamp.is_none(),
+        "a stranger's pod is left alone"
+    );
 }
 
 /// Nodes labelled as GPU Feature Discovery, the device plugin and the MIG manager label them

@@ -100,6 +100,10 @@ pub struct ServeArgs {
     /// 1000; 0: no telemetry).
     #[arg(long, default_value_t = 30_000)]
     kube_telemetry_ms: u64,
+    /// `--backend kubernetes`: how long a finished workload's pod is kept after its result is
+    /// recorded, for `tessera logs` and `kubectl logs` (its log goes with it), e.g. `1h`, `10m`.
+    #[arg(long, default_value = "1h", value_parser = parse_duration_s, value_name = "DURATION")]
+    kube_finished_pod_ttl: u64,
     /// Address of the API and the console.
     #[arg(long, default_value = "127.0.0.1:8080", env = "TESSERA_LISTEN")]
     listen: SocketAddr,
@@ -254,6 +258,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         dcgm_namespace,
         dcgm_selector,
         telemetry_every: (a.kube_telemetry_ms > 0).then(|| Duration::from_millis(a.kube_telemetry_ms.max(1000))),
+        finished_pod_ttl: Duration::from_secs(a.kube_finished_pod_ttl),
         ..Default::default()
     };
     let prices = match &a.prices {
