@@ -1253,3 +1253,118 @@ async fn gfd_labelled_h100_nodes_with_mig_off_serve_whole_gpus() {
         .expect("8 whole GPUs fit an 8-GPU H100 node with MIG off");
     assert_eq!(fleet.node(p.node).name, "gfd-h100-0");
 }
+
+/// An eviction a PodDisruptionBudget refuses reaches Tessera at once (no silent retries by the
+/// client library): a `Notice` on the workload, a Kubernetes Event on the pod, the pod left
+/// running and the workload not `Stopped`; once the budget allows it, the retry evicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_a_disruption_budget_refuses_is_told_at_once_and_retried() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    gpu_node(&client, "pdb-h100-0", "pdb", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    let kc = kube::config::Kubeconfig::read_from(&c.kubeconfig).unwrap();
+    let mut no_retry = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    no_retry.default_retry = false;
+    let evict_client = kube::Client::try_from(no_retry).unwrap();
+    let (b, _) = KubeBackend::connect_with(client.clone(), evict_client, config("pdb"))
+        .await
+        .unwrap();
+    let mut rx = b.take_events().unwrap();
+    b.ensure_tenancy(&tenancy("pdb-acme", "acme", 8)).await.unwrap();
+    let ns = b.namespace_of("pdb-acme", "main");
+    b.start(&run(301, "pdb-acme", "pdb-h100-0", gpus(1))).await.unwrap();
+    set_pod_phase(&client, &ns, "tessera-301", "Running").await;
+    expect_event(&mut rx, "Running", WAIT, |e| {
+        matches!(e, BackendEvent::Running { id: 301, .. })
+    })
+    .await;
+    // The tenant's budget: the pod may never be disrupted.
+    let pdb = json!({
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "keep", "namespace": ns},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"tessera.io/workload": "301"}}},
+    });
+    let pdbs: Api<kube::core::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &kube::discovery::ApiResource {
+            group: "policy".into(),
+            version: "v1beta1".into(),
+            api_version: "policy/v1beta1".into(),
+            kind: "PodDisruptionBudget".into(),
+            plural: "poddisruptionbudgets".into(),
+        },
+    );
+    pdbs.create(&PostParams::default(), &serde_json::from_value(pdb).unwrap())
+        .await
+        .unwrap();
+    // (Before the disruption controller has computed the budget, and after — the pod is not
+    // Ready, so none may go — the Eviction API answers 429.)
+    let t0 = std::time::Instant::now();
+    b.evict(301, Duration::from_secs(5)).await.unwrap();
+    let ev = expect_event(&mut rx, "Notice", Duration::from_secs(3), |e| {
+        matches!(e, BackendEvent::Notice { id: 301, .. })
+    })
+    .await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "told at once: {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        matches!(&ev, BackendEvent::Notice { detail, .. } if detail.contains("PodDisruptionBudget")),
+        "{ev:?}"
+    );
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    assert!(
+        pods.get("tessera-301")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "the budget keeps the pod"
+    );
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &ns);
+    eventually("an EvictionRefused Event on the pod", WAIT, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("EvictionRefused")
+                    && e.involved_object.name.as_deref() == Some("tessera-301")
+            })
+    })
+    .await;
+    // The budget goes: the next retry (every 5 s) evicts.
+    pdbs.delete("keep", &DeleteParams::default()).await.unwrap();
+    eventually(
+        "the retried eviction deletes the pod",
+        Duration::from_secs(30),
+        || async {
+            pods.get("tessera-301")
+                .await
+                .unwrap()
+                .metadata
+                .deletion_timestamp
+                .is_some()
+        },
+    )
+    .await;
+    while let Ok(e) = rx.try_recv() {
+        assert!(
+            !matches!(e, BackendEvent::Stopped { id: 301, .. }),
+            "Stopped while the pod is still there"
+        );
+    }
+    finish_deletion(&client, &ns, "tessera-301").await;
+    expect_event(&mut rx, "Stopped", WAIT, |e| {
+        matches!(e, BackendEvent::Stopped { id: 301, .. })
+    })
+    .await;
+}
