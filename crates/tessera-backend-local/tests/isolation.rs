@@ -316,6 +316,22 @@ async fn no_process_of_a_workload_survives_its_cancel_or_its_end() {
         start_ticks(child).is_none()
     })
     .await;
+    // The end of a lease takes the setsid child too.
+    let mut leased = spec(3, vec![1], &format!("{escape} sleep 300"), &[]);
+    leased.duration = Some(Duration::from_secs(1));
+    b.start(&leased).await.unwrap();
+    let child = child_of(&wait_log(&b, 3, "child=").await);
+    match exit_of(&mut rx, 3).await {
+        Exit::Failed { detail, .. } => assert_eq!(detail, "stopped at the end of its 1 s lease"),
+        e => panic!("{e:?}"),
+    }
+    wait_until(
+        "the setsid child is gone after the lease",
+        Duration::from_secs(5),
+        || start_ticks(child).is_none(),
+    )
+    .await;
+    assert!(!env.cg.populated(3));
 }
 
 /// Attack 5: memory beyond the request is killed; forks beyond the pids limit fail.
