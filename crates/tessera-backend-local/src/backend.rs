@@ -17,16 +17,29 @@ use tessera_model::Catalogue;
 use tokio::sync::mpsc;
 
 use crate::discovery::{Discovery, discover};
+use crate::isolation::{RunAs, gpu_device_rules, secure_dirs};
 use crate::nvml::{GpuInstance, Nvml, NvmlError, xid_is_critical};
-use crate::process::{Cgroups, Files, Launch, ProcId, group_alive, spawn, terminate};
+use crate::process::{Cgroups, Files, Launch, Limits, Place, ProcId, group_alive, spawn, terminate};
 
 /// How the local backend runs.
 #[derive(Clone, Debug)]
 pub struct LocalConfig {
     /// The node name this machine has in the fleet.
     pub node: String,
-    /// Where workload logs, pid files and exit files live (`DATA_DIR/workloads/ID/`).
+    /// Where the server's records of workloads live (`DATA_DIR/workloads/ID/`: logs, pid
+    /// files); made the server's alone (0700).
     pub data_dir: PathBuf,
+    /// Where each workload gets its own directory (`WORK_DIR/ID`, its user's, 0700); outside
+    /// the data directory, mode 0711.
+    pub work_dir: PathBuf,
+    /// Which user workloads run as.
+    pub run_as: RunAs,
+    /// Most bytes of output kept per workload log (later output is dropped, with a note).
+    pub log_cap: u64,
+    /// Most processes and threads per workload (its cgroup's pids limit; 0: none).
+    pub pids_max: u64,
+    /// Where the `/dev/nvidia*` nodes are (normally `/dev`), for the device cgroup.
+    pub dev_dir: PathBuf,
     /// How often telemetry is sampled; XIDs are reported as soon as NVML reports them.
     pub telemetry_interval: Duration,
     pub cgroups: Cgroups,
@@ -93,8 +106,28 @@ impl LocalBackend {
             .iter()
             .flat_map(|g| g.instances.iter().map(move |i| (g.info.index, i.id)))
             .collect();
+        secure_dirs(&cfg.data_dir, &cfg.work_dir, cfg.run_as).map_err(NvmlError)?;
+        // SAFETY: plain syscall.
+        let euid = unsafe { libc::geteuid() };
+        match cfg.run_as {
+            RunAs::Range { .. } if euid != 0 => {
+                return Err(NvmlError(format!(
+                    "workloads run as their own users, which needs root (this server runs as uid {euid})"
+                )));
+            }
+            RunAs::Range { .. } => {}
+            RunAs::Server => tracing::warn!(
+                uid = euid,
+                "local workloads run as the server's own user: they can read its data directory and act as it (development only)"
+            ),
+        }
         if !cfg.cgroups.enabled() {
-            tracing::warn!(reason = %cfg.cgroups.skipped, "cgroup v2 CPU and memory limits are off for local workloads");
+            tracing::warn!(reason = %cfg.cgroups.skipped, "cgroups are off for local workloads: no CPU, memory, pids or device limits, and a process that leaves its process group escapes stop");
+        } else if !cfg.cgroups.devices_enforced() {
+            tracing::warn!(
+                cgroups = cfg.cgroups.version(),
+                "GPU device access is not enforced (no cgroup v1 devices controller); workloads are held to their GPUs by CUDA_VISIBLE_DEVICES only"
+            );
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
@@ -178,6 +211,20 @@ fn observation_of(exit: &Exit) -> Observation {
 }
 
 impl Shared {
+    fn files(&self, id: u64) -> Files {
+        Files::new(&self.cfg.data_dir, &self.cfg.work_dir, id)
+    }
+
+    /// Whether any process of workload `id` is left: its cgroup's members, or without cgroups
+    /// the process group of the leader the server recorded.
+    fn live(&self, id: u64, leader: Option<ProcId>) -> bool {
+        if self.cfg.cgroups.enabled() {
+            self.cfg.cgroups.populated(id)
+        } else {
+            leader.is_some_and(|p| p.alive() || group_alive(p.pid))
+        }
+    }
+
     /// Records how a workload ended and tells the control plane, unless it was being stopped.
     fn ended(&self, id: u64, exit: Exit) {
         let mut st = self.state.lock().unwrap();
@@ -193,7 +240,6 @@ impl Shared {
             (_, exit) => exit,
         };
         p.ended = Some(observation_of(&exit));
-        self.cfg.cgroups.remove(id);
         if !p.stopping {
             let _ = self.tx.send(BackendEvent::Exited {
                 id,
@@ -350,18 +396,68 @@ async fn enforce_lease(weak: Weak<Shared>, id: u64, lease: Duration, left: Durat
         }
     };
     let grace = shared.cfg.lease_grace;
+    let cgroups = shared.cfg.cgroups.clone();
     drop(shared);
-    terminate(pgid, grace).await;
+    terminate_workload(&cgroups, id, Some(pgid), grace).await;
 }
 
-/// Polls an adopted process (not our child, so it cannot be waited for) until it ends.
-async fn watch_adopted(weak: Weak<Shared>, id: u64, proc_id: ProcId) {
+/// Stops workload `id`: every process of its cgroup (SIGTERM, then freeze and SIGKILL after the
+/// grace, then the cgroup removed), or without cgroups the process group `pgid` the server
+/// recorded. Returns whether SIGKILL was needed.
+async fn terminate_workload(cgroups: &Cgroups, id: u64, pgid: Option<i32>, grace: Duration) -> bool {
+    if cgroups.enabled() {
+        cgroups.terminate(id, grace).await
+    } else if let Some(pgid) = pgid {
+        terminate(pgid, grace).await
+    } else {
+        false
+    }
+}
+
+/// The end of a workload's command (`code`: its exit status): what is left of it (children that
+/// left its process group, daemons) is killed with its cgroup unless it is being stopped (the
+/// stop's grace applies then), its output is allowed to reach the log (up to 2 s), and its end
+/// is recorded and reported.
+async fn finish(weak: Weak<Shared>, id: u64, code: Option<i32>) {
+    let Some(shared) = weak.upgrade() else { return };
+    let stopping = shared
+        .state
+        .lock()
+        .unwrap()
+        .procs
+        .get(&id)
+        .is_some_and(|p| p.stopping || p.lease_ended.is_some());
+    let cgroups = shared.cfg.cgroups.clone();
+    let files = shared.files(id);
+    drop(shared);
+    if !stopping {
+        cgroups.kill_all(id).await;
+    }
+    let t = Instant::now();
+    while !files.log_complete() && t.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if let Some(shared) = weak.upgrade() {
+        shared.ended(id, exit_of(code));
+    }
+}
+
+/// Polls an adopted workload (not our child, so it cannot be waited for) until its command
+/// ends: the leader the server recorded is gone (or has left the workload's cgroup), or with no
+/// such record its cgroup is empty.
+async fn watch_adopted(weak: Weak<Shared>, id: u64, leader: Option<ProcId>) {
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let Some(shared) = weak.upgrade() else { return };
-        if !proc_id.alive() {
-            let code = Files::new(&shared.cfg.data_dir, id).read_exit();
-            shared.ended(id, exit_of(code));
+        let cg = &shared.cfg.cgroups;
+        let over = match leader {
+            Some(p) => !(p.alive() && (!cg.enabled() || cg.members(id).contains(&p.pid))),
+            None => !shared.live(id, None),
+        };
+        if over {
+            let code = shared.files(id).read_exit();
+            drop(shared);
+            finish(weak, id, code).await;
             return;
         }
     }
@@ -525,20 +621,50 @@ impl Backend for LocalBackend {
                 ));
             }
         };
+        let cfg = &self.shared.cfg;
+        if let Some(ids) = cfg.run_as.ids(spec.id) {
+            let st = self.shared.state.lock().unwrap();
+            if let Some((other, _)) = st
+                .procs
+                .iter()
+                .find(|(o, p)| **o != spec.id && p.ended.is_none() && cfg.run_as.ids(**o) == Some(ids))
+            {
+                return Err(BackendError::Rejected(format!(
+                    "workload {other} runs as uid {} too (the --local-uid-range is too small); try again once it ended",
+                    ids.0
+                )));
+            }
+        }
         let launch = Launch {
             id: spec.id,
             command,
             env: spec.env.clone(),
             cuda_visible_devices: visible,
-            cpu_milli: spec.cpu_milli,
-            memory_mib: spec.memory_mib,
+            limits: Limits {
+                cpu_milli: spec.cpu_milli,
+                memory_mib: spec.memory_mib,
+                pids: cfg.pids_max,
+                devices: cfg
+                    .cgroups
+                    .devices_enforced()
+                    .then(|| gpu_device_rules(&cfg.dev_dir, &gpus, mig.is_some())),
+            },
+        };
+        let place = Place {
+            data_dir: &cfg.data_dir,
+            work_dir: &cfg.work_dir,
+            cgroups: &cfg.cgroups,
+            run_as: cfg.run_as,
+            log_cap: cfg.log_cap,
         };
         let _ = self.shared.tx.send(BackendEvent::Started {
             id: spec.id,
             bound: None,
         });
-        let (mut child, proc_id) = spawn(&self.shared.cfg.data_dir, &self.shared.cfg.cgroups, &launch)
-            .map_err(|e| BackendError::Rejected(format!("cannot start `{}`: {e}", launch.command.join(" "))))?;
+        let (mut child, proc_id) = spawn(place, &launch).map_err(|e| {
+            cfg.cgroups.remove(spec.id);
+            BackendError::Rejected(format!("cannot start `{}`: {e}", launch.command.join(" ")))
+        })?;
         let since = now_ms();
         self.shared.state.lock().unwrap().procs.insert(
             spec.id,
@@ -566,38 +692,39 @@ impl Backend for LocalBackend {
         let id = spec.id;
         tokio::spawn(async move {
             let status = child.wait().await;
-            if let Some(shared) = weak.upgrade() {
-                let code = status.ok().and_then(|s| {
-                    use std::os::unix::process::ExitStatusExt;
-                    s.code().or(s.signal().map(|sig| 128 + sig))
-                });
-                shared.ended(id, exit_of(code));
-            }
+            let code = status.ok().and_then(|s| {
+                use std::os::unix::process::ExitStatusExt;
+                s.code().or(s.signal().map(|sig| 128 + sig))
+            });
+            finish(weak, id, code).await;
         });
         Ok(())
     }
 
     async fn stop(&self, id: u64, grace: Duration) -> Result<(), BackendError> {
-        let pgid = {
+        let target = {
             let mut st = self.shared.state.lock().unwrap();
             match st.procs.get_mut(&id) {
                 Some(p) => {
                     p.stopping = true;
                     // The leader may have ended with a TERM-trapping child left in its group.
-                    (p.ended.is_none() || group_alive(p.id.pid)).then_some(p.id.pid)
+                    let leader = p.id;
+                    (p.ended.is_none() || self.shared.live(id, Some(leader))).then_some(Some(leader.pid))
                 }
-                // Not known in this run: a live process from before a restart is stopped too.
-                // A pid cannot be reused while a process group of that ID exists, so a live group
-                // is still the workload's, even when its leader is gone.
-                None => Files::new(&self.shared.cfg.data_dir, id)
-                    .read_pid()
-                    .filter(|p| p.alive() || group_alive(p.pid))
-                    .map(|p| p.pid),
+                // Not known in this run: a live workload from before a restart is stopped too
+                // (its cgroup's members; without cgroups the process group the server recorded:
+                // a pid cannot be reused while a process group of that ID exists, so a live group
+                // is still the workload's, even when its leader is gone).
+                None => {
+                    let leader = self.shared.files(id).read_pid();
+                    self.shared.live(id, leader).then_some(leader.map(|p| p.pid))
+                }
             }
         };
-        if let Some(pgid) = pgid {
+        if let Some(pgid) = target {
+            let cgroups = self.shared.cfg.cgroups.clone();
             tokio::spawn(async move {
-                if terminate(pgid, grace).await {
+                if terminate_workload(&cgroups, id, pgid, grace).await {
                     tracing::info!(workload = id, "SIGKILL after the grace period");
                 }
             });
@@ -608,6 +735,7 @@ impl Backend for LocalBackend {
     async fn reconcile(&self, expected: &[RunSpec]) -> Result<ReconcileReport, BackendError> {
         let mut report = ReconcileReport::default();
         let data_dir = &self.shared.cfg.data_dir;
+        let cgroups = &self.shared.cfg.cgroups;
         for spec in expected {
             let known = {
                 let st = self.shared.state.lock().unwrap();
@@ -621,28 +749,35 @@ impl Backend for LocalBackend {
             let obs = match known {
                 Some(o) => o,
                 None => {
-                    let files = Files::new(data_dir, spec.id);
-                    match files.read_pid() {
-                        Some(p) if p.alive() => {
-                            // Adopt the live process from before the restart.
-                            let since = spec.running_since_ms.unwrap_or_else(now_ms);
-                            self.shared.state.lock().unwrap().procs.insert(
-                                spec.id,
-                                Proc {
-                                    id: p,
-                                    mig: None,
-                                    stopping: false,
-                                    lease_ended: None,
-                                    since_ms: since,
-                                    ended: None,
-                                },
-                            );
-                            tokio::spawn(watch_adopted(Arc::downgrade(&self.shared), spec.id, p));
-                            tracing::info!(workload = spec.id, pid = p.pid, "adopted a live process");
-                            Observation::Running { since_ms: Some(since) }
-                        }
-                        Some(_) => observation_of(&exit_of(files.read_exit())),
-                        None => Observation::Unknown,
+                    let files = self.shared.files(spec.id);
+                    let leader = files.read_pid();
+                    // Live: its cgroup has members (without cgroups: the recorded leader lives).
+                    let live = if cgroups.enabled() {
+                        cgroups.populated(spec.id)
+                    } else {
+                        leader.is_some_and(|p| p.alive())
+                    };
+                    if live {
+                        // Adopt the live workload from before the restart.
+                        let since = spec.running_since_ms.unwrap_or_else(now_ms);
+                        self.shared.state.lock().unwrap().procs.insert(
+                            spec.id,
+                            Proc {
+                                id: leader.unwrap_or(ProcId { pid: 0, start_ticks: 0 }),
+                                mig: None,
+                                stopping: false,
+                                lease_ended: None,
+                                since_ms: since,
+                                ended: None,
+                            },
+                        );
+                        tokio::spawn(watch_adopted(Arc::downgrade(&self.shared), spec.id, leader));
+                        tracing::info!(workload = spec.id, processes = ?cgroups.members(spec.id), "adopted a live workload");
+                        Observation::Running { since_ms: Some(since) }
+                    } else if leader.is_some() {
+                        observation_of(&exit_of(files.read_exit()))
+                    } else {
+                        Observation::Unknown
                     }
                 }
             };
@@ -652,11 +787,21 @@ impl Backend for LocalBackend {
             if expected.iter().any(|s| s.id == id) {
                 continue;
             }
-            if let Some(p) = Files::new(data_dir, id).read_pid().filter(|p| p.alive()) {
+            let detail = if cgroups.enabled() {
+                let n = cgroups.members(id).len();
+                (n > 0).then(|| format!("{n} process(es) still running in its cgroup"))
+            } else {
+                self.shared
+                    .files(id)
+                    .read_pid()
+                    .filter(|p| p.alive())
+                    .map(|p| format!("process group {} still running", p.pid))
+            };
+            if let Some(detail) = detail {
                 report.orphans.push(Orphan {
                     id: Some(id),
                     node: self.shared.cfg.node.clone(),
-                    detail: format!("process group {} still running", p.pid),
+                    detail,
                 });
             }
         }
@@ -699,7 +844,7 @@ impl Backend for LocalBackend {
     }
 
     async fn read_logs(&self, id: u64, offset: u64, max: usize) -> Result<LogChunk, BackendError> {
-        let files = Files::new(&self.shared.cfg.data_dir, id);
+        let files = self.shared.files(id);
         let mut f = std::fs::File::open(files.log())
             .map_err(|_| BackendError::Rejected(format!("no logs for workload {id} on {}", self.shared.cfg.node)))?;
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -707,7 +852,8 @@ impl Backend for LocalBackend {
         f.seek(SeekFrom::Start(from))
             .map_err(|e| BackendError::Unreachable(e.to_string()))?;
         let mut bytes = Vec::new();
-        f.take(max as u64)
+        (&mut f)
+            .take(max as u64)
             .read_to_end(&mut bytes)
             .map_err(|e| BackendError::Unreachable(e.to_string()))?;
         let next_offset = from + bytes.len() as u64;
@@ -716,14 +862,20 @@ impl Backend for LocalBackend {
             // Output may still come from the group after its leader ended (a stopped workload
             // whose command traps SIGTERM): done only once the whole group is gone.
             match st.procs.get(&id) {
-                Some(p) => p.ended.is_none() || group_alive(p.id.pid),
-                None => files.read_pid().is_some_and(|p| p.alive() || group_alive(p.pid)),
+                Some(p) => p.ended.is_none() || self.shared.live(id, Some(p.id)),
+                None => self.shared.live(id, files.read_pid()),
             }
         };
+        // The relay may still be writing the last of it: done once it says so (or, for a log
+        // from before relays, or a relay that died, once the log has been still for 2 s).
+        let settled = files.log_complete()
+            || f.metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|e| e > Duration::from_secs(2)));
         Ok(LogChunk {
             bytes,
             next_offset,
-            done: !running && next_offset >= len,
+            done: !running && next_offset >= len && settled,
         })
     }
 }

@@ -9,18 +9,23 @@
 //!   memory, real processes).
 //! * [`discovery`]: GPUs, UUIDs, PCI, catalogue model (unknown models served as whole GPUs), MIG
 //!   mode, existing GPU instances (adopted at start-up and never destroyed), NVLink peers.
-//! * [`process`]: a workload is a process in its own process group (and cgroup v2 with CPU and
-//!   memory limits where available), with `CUDA_VISIBLE_DEVICES` set to its GPU or MIG UUIDs,
-//!   output in `DATA_DIR/workloads/ID/log`, a pid file with the process start time so a restarted
-//!   control plane adopts live processes; stop = SIGTERM to the group, SIGKILL after the grace.
+//! * [`process`]: a workload is a process in its own process group and its own cgroup
+//!   ([`cgroup`]: v2, or the v1 cpu, cpuacct, memory, pids, devices and freezer hierarchies, with
+//!   its CPU, memory, pids and GPU device limits), as its own unprivileged user in its own 0700
+//!   directory ([`isolation`]), with `CUDA_VISIBLE_DEVICES` set to its GPU or MIG UUIDs, output
+//!   relayed by the server into a capped `DATA_DIR/workloads/ID/log` (the data directory is the
+//!   server's alone); a restarted control plane adopts live workloads by their cgroups; stop =
+//!   SIGTERM to every process of the cgroup, then freeze and SIGKILL after the grace.
 //! * [`LocalBackend`]: the backend contract (`Instance` partitioning at the engine's placement,
 //!   only on GPUs an admin put in MIG mode — it never switches MIG mode; `Exact` devices; logs),
 //!   telemetry every interval and critical XIDs as `GpuHealth` events as soon as NVML reports
 //!   them.
 
 mod backend;
+pub mod cgroup;
 pub mod discovery;
 mod fake;
+pub mod isolation;
 pub mod nvml;
 pub mod process;
 mod real;
@@ -28,5 +33,6 @@ mod real;
 pub use backend::{LocalBackend, LocalConfig};
 pub use discovery::{DiscoveredGpu, Discovery, discover, fleet_toml};
 pub use fake::{FakeGpu, FakeNvml, fake_bus_id};
+pub use isolation::RunAs;
 pub use nvml::{GpuInfo, GpuInstance, Nvml, NvmlError, Sample, XidEvent, xid_is_critical};
 pub use real::RealNvml;

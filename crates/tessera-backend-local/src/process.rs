@@ -1,21 +1,28 @@
-//! Workloads as local processes: each in its own process group (and its own cgroup v2 with CPU
-//! and memory limits where this machine lets Tessera create cgroups), output captured to a log
-//! file, a pid file with the process start time so a restarted control plane adopts live
-//! processes and never mistakes a reused pid for one of its own, and stop = SIGTERM to the group,
-//! SIGKILL after the grace period.
+//! Workloads as local processes: each in its own process group and its own cgroup
+//! ([`crate::cgroup`]), as its own user in its own directory ([`crate::isolation`]), output
+//! relayed into a capped log the workload cannot open, and stop = SIGTERM to every process of
+//! the cgroup, SIGKILL after the grace period. Without cgroups (development, or a machine where
+//! Tessera may not create them) the process group stands in for the cgroup, and a pid file with
+//! the process start time (in the server-only data directory) for adoption after a restart.
 //!
-//! Layout under the data directory: `workloads/<id>/{log,pid,exit}`. A small `sh` wrapper runs
-//! the command and writes its exit status to `exit`, so a workload that ends while the control
-//! plane is down still reports how it ended.
+//! Layout: `DATA_DIR/workloads/<id>/{log,log.end,pid}` (the server's, 0700) and
+//! `WORK_DIR/<id>/` (the workload's, 0700, its working directory and `HOME`). A small `sh`
+//! wrapper runs the command and writes its exit status to `WORK_DIR/<id>/.tessera-exit`, so a
+//! workload that ends while the control plane is down still reports how it ended (the workload
+//! may write that file itself: it only ever says how the workload itself ended).
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+pub use crate::cgroup::{Cgroups, Limits};
+use crate::isolation::{RunAs, read_untrusted, spawn_log_relay, workload_dir};
 
 /// The pid and kernel start time (clock ticks since boot, `/proc/PID/stat` field 22) of a
 /// workload's process-group leader.
@@ -46,12 +53,19 @@ impl ProcId {
 
 /// Whether any process of the group led by `pgid` is left.
 pub fn group_alive(pgid: i32) -> bool {
+    if pgid <= 1 {
+        return false;
+    }
     // SAFETY: kill with signal 0 only checks for existence.
     unsafe { libc::kill(-pgid, 0) == 0 }
 }
 
-/// Sends `sig` to the whole process group.
+/// Sends `sig` to the whole process group (refused for 0 and 1).
 pub fn signal_group(pgid: i32, sig: i32) {
+    // Never the caller's own group (0) or every process (-1, 1).
+    if pgid <= 1 {
+        return;
+    }
     // SAFETY: plain syscall; ESRCH (already gone) is fine.
     unsafe {
         libc::kill(-pgid, sig);
@@ -76,78 +90,6 @@ pub async fn terminate(pgid: i32, grace: Duration) -> bool {
     true
 }
 
-/// Cgroup v2 placement for workloads, or why there is none.
-#[derive(Clone, Debug)]
-pub struct Cgroups {
-    base: Option<PathBuf>,
-    /// Why limits are off (empty when on).
-    pub skipped: String,
-}
-
-impl Cgroups {
-    /// Uses `ROOT/tessera` (normally `/sys/fs/cgroup/tessera`) when `ROOT` is a cgroup v2
-    /// hierarchy in which Tessera may create cgroups and enable the cpu and memory controllers.
-    pub fn detect(root: &Path) -> Cgroups {
-        let off = |why: String| Cgroups {
-            base: None,
-            skipped: why,
-        };
-        if !root.join("cgroup.controllers").exists() {
-            return off(format!("{} is not a cgroup v2 hierarchy", root.display()));
-        }
-        let base = root.join("tessera");
-        if let Err(e) = fs::create_dir_all(&base) {
-            return off(format!("cannot create {}: {e}", base.display()));
-        }
-        for dir in [root, base.as_path()] {
-            if let Err(e) = fs::write(dir.join("cgroup.subtree_control"), "+cpu +memory") {
-                return off(format!(
-                    "cannot enable the cpu and memory controllers in {}: {e}",
-                    dir.display()
-                ));
-            }
-        }
-        Cgroups {
-            base: Some(base),
-            skipped: String::new(),
-        }
-    }
-
-    /// No cgroups (tests, or when asked).
-    pub fn off(why: &str) -> Cgroups {
-        Cgroups {
-            base: None,
-            skipped: why.into(),
-        }
-    }
-
-    pub fn enabled(&self) -> bool {
-        self.base.is_some()
-    }
-
-    /// Creates the workload's cgroup with its limits and returns its `cgroup.procs` path.
-    fn prepare(&self, id: u64, cpu_milli: u64, memory_mib: u64) -> io::Result<Option<PathBuf>> {
-        let Some(base) = &self.base else { return Ok(None) };
-        let dir = base.join(format!("w{id}"));
-        fs::create_dir_all(&dir)?;
-        if cpu_milli > 0 {
-            // cpu.max: quota and period in µs; 1000 milli-CPUs = one CPU = 100000/100000.
-            fs::write(dir.join("cpu.max"), format!("{} 100000", cpu_milli * 100))?;
-        }
-        if memory_mib > 0 {
-            fs::write(dir.join("memory.max"), (memory_mib * 1024 * 1024).to_string())?;
-        }
-        Ok(Some(dir.join("cgroup.procs")))
-    }
-
-    /// Removes the (empty) cgroup of a workload that ended.
-    pub fn remove(&self, id: u64) {
-        if let Some(base) = &self.base {
-            let _ = fs::remove_dir(base.join(format!("w{id}")));
-        }
-    }
-}
-
 /// What to launch.
 #[derive(Clone, Debug)]
 pub struct Launch {
@@ -156,33 +98,42 @@ pub struct Launch {
     pub env: BTreeMap<String, String>,
     /// `CUDA_VISIBLE_DEVICES`: GPU or MIG UUIDs, comma-separated.
     pub cuda_visible_devices: String,
-    pub cpu_milli: u64,
-    pub memory_mib: u64,
+    /// Its cgroup's limits (CPU, memory, pids, devices).
+    pub limits: Limits,
 }
 
-/// The files of a workload.
+/// The files of a workload: the server's records in the data directory, and the workload's own
+/// directory.
 #[derive(Clone, Debug)]
 pub struct Files {
+    /// `DATA_DIR/workloads/ID`: the server's alone.
     pub dir: PathBuf,
+    /// `WORK_DIR/ID`: the workload's.
+    pub work: PathBuf,
 }
 
 impl Files {
-    pub fn new(data_dir: &Path, id: u64) -> Files {
+    pub fn new(data_dir: &Path, work_dir: &Path, id: u64) -> Files {
         Files {
             dir: data_dir.join("workloads").join(id.to_string()),
+            work: work_dir.join(id.to_string()),
         }
     }
     pub fn log(&self) -> PathBuf {
         self.dir.join("log")
     }
+    /// Created by the log relay once the workload's output has all been written.
+    pub fn log_end(&self) -> PathBuf {
+        self.dir.join("log.end")
+    }
     fn pid(&self) -> PathBuf {
         self.dir.join("pid")
     }
     fn exit(&self) -> PathBuf {
-        self.dir.join("exit")
+        self.work.join(".tessera-exit")
     }
 
-    /// The process recorded in the pid file.
+    /// The process the server recorded when it started the workload.
     pub fn read_pid(&self) -> Option<ProcId> {
         let text = fs::read_to_string(self.pid()).ok()?;
         let mut it = text.split_whitespace();
@@ -194,7 +145,12 @@ impl Files {
 
     /// The exit status the wrapper recorded, if the command ended.
     pub fn read_exit(&self) -> Option<i32> {
-        fs::read_to_string(self.exit()).ok()?.trim().parse().ok()
+        read_untrusted(&self.exit(), 32)?.trim().parse().ok()
+    }
+
+    /// Whether all of the workload's output is in its log.
+    pub fn log_complete(&self) -> bool {
+        self.log_end().exists()
     }
 
     /// Workload IDs with a directory under `data_dir`.
@@ -210,15 +166,30 @@ impl Files {
     }
 }
 
-/// Starts the workload: `sh` wrapper in a new process group, joined to its cgroup before the
-/// command runs, output appended to the log. Returns the child and its identity (also written to
-/// the pid file).
-pub fn spawn(data_dir: &Path, cgroups: &Cgroups, l: &Launch) -> io::Result<(tokio::process::Child, ProcId)> {
-    let files = Files::new(data_dir, l.id);
+/// Where and as whom workloads run.
+#[derive(Clone, Copy, Debug)]
+pub struct Place<'a> {
+    pub data_dir: &'a Path,
+    pub work_dir: &'a Path,
+    pub cgroups: &'a Cgroups,
+    pub run_as: RunAs,
+    /// Most bytes of output kept in a workload's log.
+    pub log_cap: u64,
+}
+
+/// Starts the workload: `sh` wrapper in a new process group, in its cgroup and as its user
+/// before the command runs, in its own directory, output relayed into the capped log. Returns
+/// the child and its identity (also recorded in the server's pid file).
+pub fn spawn(place: Place<'_>, l: &Launch) -> io::Result<(tokio::process::Child, ProcId)> {
+    let files = Files::new(place.data_dir, place.work_dir, l.id);
     fs::create_dir_all(&files.dir)?;
+    fs::set_permissions(&files.dir, fs::Permissions::from_mode(0o700))?;
+    let work = workload_dir(place.work_dir, l.id, place.run_as)?;
     let _ = fs::remove_file(files.exit());
-    let log = OpenOptions::new().create(true).append(true).open(files.log())?;
-    let procs = cgroups.prepare(l.id, l.cpu_milli, l.memory_mib)?;
+    let procs = place.cgroups.prepare(l.id, &l.limits)?;
+    let out = spawn_log_relay(&files.log(), &files.log_end(), place.log_cap)?;
+    let err = out.try_clone()?;
+    let ids = place.run_as.ids(l.id);
     let mut cmd = tokio::process::Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(r#""$@"; s=$?; echo $s > "$0"; exit $s"#)
@@ -229,28 +200,53 @@ pub fn spawn(data_dir: &Path, cgroups: &Cgroups, l: &Launch) -> io::Result<(toki
             "PATH",
             std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into()),
         )
+        .env("HOME", &work)
         .envs(&l.env)
         .env("CUDA_VISIBLE_DEVICES", &l.cuda_visible_devices)
         .env("TESSERA_WORKLOAD_ID", l.id.to_string())
-        .current_dir(&files.dir)
+        .current_dir(&work)
         .stdin(Stdio::null())
-        .stdout(Stdio::from(log.try_clone()?))
-        .stderr(Stdio::from(log))
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
         .process_group(0);
-    if let Some(procs) = procs {
-        let path = CString::new(procs.as_os_str().as_bytes()).map_err(io::Error::other)?;
-        // SAFETY: only async-signal-safe syscalls between fork and exec, on a path built before.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
+    let procs: Vec<CString> = procs
+        .iter()
+        .map(|p| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other))
+        .collect::<io::Result<_>>()?;
+    // SAFETY: only async-signal-safe syscalls between fork and exec, on data built before.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Into its cgroup while still root (cgroup.procs is root's), then never out again.
+            for path in &procs {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
                 if fd < 0 {
                     return Err(io::Error::last_os_error());
                 }
                 let ok = libc::write(fd, b"0\n".as_ptr().cast(), 2) == 2;
+                let e = io::Error::last_os_error();
                 libc::close(fd);
-                if ok { Ok(()) } else { Err(io::Error::last_os_error()) }
-            });
-        }
+                if !ok {
+                    return Err(e);
+                }
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::umask(0o077);
+            if let Some((uid, gid)) = ids {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(gid, gid, gid) != 0
+                    || libc::setresuid(uid, uid, uid) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                // Refuse to go on if privileges could be regained.
+                if libc::setuid(0) == 0 {
+                    return Err(io::Error::other("uid 0 regained after setuid"));
+                }
+            }
+            Ok(())
+        });
     }
     let child = cmd.spawn()?;
     let pid = child
@@ -288,15 +284,5 @@ mod tests {
             "another start time: another process"
         );
         assert_eq!(start_ticks(i32::MAX), None);
-    }
-
-    #[test]
-    fn cgroups_are_skipped_with_a_reason_outside_cgroup_v2() {
-        let dir = std::env::temp_dir().join(format!("tessera-nocg-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let c = Cgroups::detect(&dir);
-        assert!(!c.enabled());
-        assert!(c.skipped.contains("not a cgroup v2 hierarchy"), "{}", c.skipped);
-        fs::remove_dir_all(&dir).unwrap();
     }
 }

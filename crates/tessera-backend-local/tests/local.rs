@@ -12,20 +12,39 @@ use tessera_backend::{
     RunSpec, SliceSpec,
 };
 use tessera_backend_local::process::{Cgroups, group_alive};
-use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, fake_bus_id};
+use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, RunAs, fake_bus_id};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn data_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tessera-local-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(work_dir(&d));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
 
+/// The work directory next to a test's data directory.
+fn work_dir(data: &std::path::Path) -> PathBuf {
+    data.with_extension("work")
+}
+
+/// Without cgroups (the process-group fallback); workloads as users of their own when the
+/// tests run as root.
 fn config(dir: &std::path::Path, interval_ms: u64) -> LocalConfig {
+    // SAFETY: plain syscall.
+    let root = unsafe { libc::geteuid() } == 0;
     LocalConfig {
         node: "here".into(),
         data_dir: dir.to_path_buf(),
+        work_dir: work_dir(dir),
+        run_as: if root {
+            RunAs::parse_range("210000-219999").unwrap()
+        } else {
+            RunAs::Server
+        },
+        log_cap: 64 << 20,
+        pids_max: 0,
+        dev_dir: "/dev".into(),
         telemetry_interval: Duration::from_millis(interval_ms),
         cgroups: Cgroups::off("tests"),
         lease_grace: Duration::from_millis(300),

@@ -1,12 +1,15 @@
 //! This machine's GPUs: `tessera gpu-check` (read-only discovery and one telemetry sample as
 //! JSON) and the `local` backend of `tessera serve --backend local [--fake-gpus N]`.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use tessera_backend_local::process::Cgroups;
-use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, RealNvml, discover, fleet_toml};
+use tessera_backend_local::{
+    FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, RealNvml, RunAs, discover, fleet_toml,
+};
 use tessera_model::{Catalogue, Fleet};
 
 /// The model `--fake-gpus` pretends to have.
@@ -83,21 +86,74 @@ fn host_memory_gib() -> u64 {
         .unwrap_or(1)
 }
 
+/// The `--local-*` flags of `tessera serve`.
+pub struct Isolation {
+    pub uid_range: String,
+    pub allow_root: bool,
+    pub work_dir: Option<PathBuf>,
+    pub log_cap_mib: u64,
+    pub pids_max: u64,
+}
+
+/// FNV-1a, stable across builds (the cgroup name of a data directory must not change).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Which user workloads run as: their own from the range when this server may switch users
+/// (root), the server's own only with `--local-allow-root`, else one line saying why not.
+fn run_as(iso: &Isolation) -> Result<RunAs> {
+    // SAFETY: plain syscall.
+    let euid = unsafe { libc::geteuid() };
+    if iso.allow_root {
+        tracing::warn!(
+            uid = euid,
+            "--local-allow-root: workloads run as this server's own user and can read its data directory (admin token, database) and signal it; development only"
+        );
+        return Ok(RunAs::Server);
+    }
+    let range = RunAs::parse_range(&iso.uid_range).map_err(|e| anyhow!("--local-uid-range: {e}"))?;
+    if euid != 0 {
+        anyhow::bail!(
+            "--backend local runs each workload as its own user from --local-uid-range, which needs root (this server runs as uid {euid}); run it as root, or pass --local-allow-root to run workloads as this user without isolation (development only)"
+        );
+    }
+    Ok(range)
+}
+
 /// The local backend and the one-node fleet of this machine. Call inside the runtime.
 pub fn backend(
     fake_gpus: Option<u32>,
     fake_mig: &[u32],
     node: Option<String>,
-    data_dir: &std::path::Path,
+    data_dir: &Path,
     telemetry: std::time::Duration,
     grace: std::time::Duration,
+    iso: &Isolation,
 ) -> Result<(LocalBackend, Fleet, String)> {
+    let run_as = run_as(iso)?;
     let nvml = nvml(fake_gpus, fake_mig).context("--backend local")?;
     let node = node.unwrap_or_else(host_name);
-    let cgroups = Cgroups::detect(std::path::Path::new("/sys/fs/cgroup"));
+    std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let data_dir = std::fs::canonicalize(data_dir).with_context(|| format!("{}", data_dir.display()))?;
+    let work_dir = iso.work_dir.clone().unwrap_or_else(|| {
+        let mut name = data_dir.file_name().unwrap_or_default().to_os_string();
+        name.push("-work");
+        data_dir.with_file_name(name)
+    });
+    // One cgroup parent per data directory: two servers on one machine never share cgroups.
+    let name = format!("tessera/{:016x}", fnv1a(data_dir.as_os_str().as_encoded_bytes()));
+    let cgroups = Cgroups::detect(Path::new("/sys/fs/cgroup"), &name);
     let cfg = LocalConfig {
         node: node.clone(),
-        data_dir: data_dir.to_path_buf(),
+        data_dir: data_dir.clone(),
+        work_dir,
+        run_as,
+        log_cap: iso.log_cap_mib.max(1) << 20,
+        pids_max: iso.pids_max,
+        dev_dir: "/dev".into(),
         telemetry_interval: telemetry,
         cgroups,
         lease_grace: grace,

@@ -77,6 +77,27 @@ pub struct ServeArgs {
     /// Node name of this machine with `--backend local` (default: the host name).
     #[arg(long)]
     node: Option<String>,
+    /// `--backend local`: workload ID runs as uid and gid FIRST + ID % (LAST - FIRST + 1) of
+    /// this range (none of them root or this server's uid; keep it clear of real users).
+    #[arg(long, value_name = "FIRST-LAST", default_value = tessera_backend_local::isolation::DEFAULT_UID_RANGE)]
+    local_uid_range: String,
+    /// `--backend local`, development only: run workloads as this server's own user (root if it
+    /// runs as root) instead of users of their own. Workloads can then read the data directory
+    /// (the admin token, the database) and signal the server and each other.
+    #[arg(long)]
+    local_allow_root: bool,
+    /// `--backend local`: where each workload gets its own directory (WORK_DIR/ID, 0700, its
+    /// user's). Default: DATA_DIR's sibling `DATA_DIR-work`.
+    #[arg(long, value_name = "DIR")]
+    local_work_dir: Option<PathBuf>,
+    /// `--backend local`: most output kept per workload log, in MiB; later output is
+    /// discarded, with a note at the end of the log.
+    #[arg(long, default_value_t = 64, value_name = "MIB")]
+    local_log_cap_mib: u64,
+    /// `--backend local`: most processes and threads one workload may have at once (its
+    /// cgroup's pids limit; 0: no limit).
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    local_pids_max: u64,
     /// `--backend kubernetes`: the node label naming a GPU node's Tessera pool (nodes without it
     /// are in the pool `default`).
     #[arg(long, default_value = "tessera.io/pool")]
@@ -328,6 +349,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 (fleet, Some(tessera_server::BackendHandle(std::sync::Arc::new(b))), what)
             }
             None => {
+                let iso = crate::local::Isolation {
+                    uid_range: a.local_uid_range.clone(),
+                    allow_root: a.local_allow_root,
+                    work_dir: a.local_work_dir.clone(),
+                    log_cap_mib: a.local_log_cap_mib,
+                    pids_max: a.local_pids_max,
+                };
                 let (b, fleet, what) = crate::local::backend(
                     a.fake_gpus,
                     &a.fake_mig,
@@ -335,6 +363,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                     &a.data_dir,
                     Duration::from_millis(a.sim_telemetry_ms.max(100)),
                     Duration::from_secs(a.grace_s),
+                    &iso,
                 )?;
                 let handle = tessera_server::BackendHandle(std::sync::Arc::new(b));
                 (fleet, Some(handle), what)

@@ -287,3 +287,54 @@ fn gpus_in_different_mig_modes_are_each_served_also_after_a_restart() {
     );
     server.kill();
 }
+
+/// `serve --backend local` as root: a workload runs as a user of its own from the default
+/// `--local-uid-range`, in its own directory next to the data directory, and cannot read the
+/// admin token two directories up (issue 28). A uid range holding root is refused in one line.
+#[test]
+fn served_workloads_run_as_their_own_users_away_from_the_data_directory() {
+    // SAFETY: plain syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: workloads run as other users only when the server is root");
+        return;
+    }
+    let (code, _, err) = tessera(
+        &[
+            "serve",
+            "--backend",
+            "local",
+            "--fake-gpus",
+            "1",
+            "--local-uid-range",
+            "0-10",
+        ],
+        &[],
+    );
+    assert!(
+        code != 0 && err.trim().lines().count() == 1 && err.contains("--local-uid-range"),
+        "{err}"
+    );
+    let dir = TempDir::new("local-users");
+    let data = dir.0.join("data");
+    let mut server = serve(&data);
+    let token = admin_token(&data);
+    let addr = server.base.clone();
+    let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.as_str())];
+    assert_eq!(tessera(&["tenants", "create", "acme"], &env).0, 0);
+    assert_eq!(tessera(&["projects", "create", "--tenant", "acme", "ml"], &env).0, 0);
+    let cmd = "echo uid=$(id -u) home=$HOME; cat ../../data/admin-token; ls ../../data; true";
+    let (code, _, err) = tessera(&run_args(&["--gpus", "1"], &["sh", "-c", cmd]), &env);
+    assert_eq!(code, 0, "{err}");
+    wait_for("workload 1 to succeed", || workload_state(&env, 1) == "succeeded");
+    let (_, log, _) = tessera(&["logs", "1"], &env);
+    assert!(log.contains("uid=200001 "), "{log}");
+    assert!(
+        log.contains(&format!("home={}", dir.0.join("data-work/1").display())),
+        "{log}"
+    );
+    assert!(!log.contains(&token), "{log}");
+    assert_eq!(log.matches("Permission denied").count(), 2, "{log}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&data).unwrap().permissions().mode() & 0o777, 0o700);
+    server.kill();
+}

@@ -1,0 +1,458 @@
+//! The local backend's isolation, attacked by real workload processes (issue 28): each attack a
+//! hostile tenant tried is run as a workload and must be refused. The backend runs on the fake
+//! NVML with real cgroups (v1 or v2 under `/sys/fs/cgroup`), workloads as users of their own, and
+//! fake GPU device nodes (char major 195, as NVIDIA's, in a temporary directory: with no NVIDIA
+//! driver loaded, opening an allowed node fails with ENXIO, a denied one with EPERM). Needs root;
+//! without it each test says so and passes without running.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_backend::{Backend, BackendEvent, Devices, Exit, Observation, RunSpec, SliceSpec};
+use tessera_backend_local::process::{Cgroups, start_ticks};
+use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, RunAs};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+const FIRST_UID: u32 = 220000;
+
+fn root() -> bool {
+    // SAFETY: plain syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: the isolation tests need root (other users, cgroups, device nodes)");
+        return false;
+    }
+    true
+}
+
+/// A test's data directory, work directory, fake `/dev`, and cgroups.
+struct Env {
+    data: PathBuf,
+    work: PathBuf,
+    dev: PathBuf,
+    cg: Cgroups,
+}
+
+impl Env {
+    fn new(name: &str) -> Env {
+        let base = std::env::temp_dir().join(format!("tessera-iso-{name}-{}", std::process::id()));
+        let (data, work, dev) = (base.join("data"), base.join("work"), base.join("dev"));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&dev, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for (node, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+            let path = CString::new(dev.join(node).as_os_str().as_bytes()).unwrap();
+            // SAFETY: plain syscalls on a path in a fresh directory.
+            unsafe {
+                assert_eq!(
+                    libc::mknod(path.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(195, minor)),
+                    0,
+                    "mknod {node}"
+                );
+                libc::chmod(path.as_ptr(), 0o666);
+            }
+        }
+        let cg = Cgroups::detect(
+            Path::new("/sys/fs/cgroup"),
+            &format!("tessera-test/{name}-{}", std::process::id()),
+        );
+        assert!(cg.enabled(), "no cgroups: {}", cg.skipped);
+        Env { data, work, dev, cg }
+    }
+
+    fn config(&self) -> LocalConfig {
+        LocalConfig {
+            node: "here".into(),
+            data_dir: self.data.clone(),
+            work_dir: self.work.clone(),
+            run_as: RunAs::parse_range(&format!("{FIRST_UID}-{}", FIRST_UID + 9999)).unwrap(),
+            log_cap: 1 << 20,
+            pids_max: 32,
+            dev_dir: self.dev.clone(),
+            telemetry_interval: Duration::from_secs(5),
+            cgroups: self.cg.clone(),
+            lease_grace: Duration::from_millis(300),
+        }
+    }
+
+    fn backend(&self) -> LocalBackend {
+        let nvml = Arc::new(FakeNvml::new(vec![
+            FakeGpu::of("H100-80GB-SXM"),
+            FakeGpu::of("H100-80GB-SXM"),
+        ]));
+        LocalBackend::new(nvml, self.config()).unwrap()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.cg.remove_parent();
+    }
+}
+
+fn spec(id: u64, gpus: Vec<u8>, cmd: &str, env: &[(&str, String)]) -> RunSpec {
+    RunSpec {
+        id,
+        tenant: "t".into(),
+        project: "p".into(),
+        name: format!("w{id}"),
+        kind: "batch".into(),
+        node: "here".into(),
+        model: "H100-80GB-SXM".into(),
+        model_memory_mib: 81559,
+        devices: Devices::Exact {
+            slice: if gpus.is_empty() {
+                SliceSpec::HostOnly
+            } else {
+                SliceSpec::Whole
+            },
+            gpus,
+        },
+        cpu_milli: 1000,
+        memory_mib: 512,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect::<BTreeMap<_, _>>(),
+        command: Some(vec!["sh".into(), "-c".into(), cmd.into()]),
+        image: None,
+        duration: None,
+        running_since_ms: None,
+        gang: Vec::new(),
+    }
+}
+
+async fn exit_of(rx: &mut UnboundedReceiver<BackendEvent>, id: u64) -> Exit {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Ok(Some(ev)) = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), rx.recv()).await {
+        if let BackendEvent::Exited { id: i, exit, .. } = ev
+            && i == id
+        {
+            return exit;
+        }
+    }
+    panic!("workload {id} did not exit");
+}
+
+async fn log_of(b: &LocalBackend, id: u64) -> String {
+    let c = b.read_logs(id, 0, 4 << 20).await.unwrap();
+    String::from_utf8_lossy(&c.bytes).into_owned()
+}
+
+async fn wait_log(b: &LocalBackend, id: u64, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = log_of(b, id).await;
+        if log.contains(needle) {
+            return log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workload {id} never printed {needle:?}: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn denials(log: &str) -> usize {
+    log.matches("Permission denied").count() + log.matches("Operation not permitted").count()
+}
+
+/// Attack 1: `cat ../../admin-token`, the database, the server's environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_cannot_read_the_data_directory_or_the_servers_environment() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("datadir");
+    let b = env.backend();
+    let mut rx = b.take_events().unwrap();
+    std::fs::write(env.data.join("admin-token"), "tsk_admin_SECRET1\n").unwrap();
+    std::fs::set_permissions(env.data.join("admin-token"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Even a file others could read is out of reach inside the data directory.
+    std::fs::write(env.data.join("tessera.db"), "DB_SECRET2").unwrap();
+    std::fs::set_permissions(env.data.join("tessera.db"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cmd = r#"echo uid=$(id -u); cat $D/admin-token; cat ../../data/admin-token; cat $D/tessera.db; ls $D; cat /proc/$S/environ; cat /proc/$S/root/$D/admin-token; echo end"#;
+    let vars = [
+        ("D", env.data.display().to_string()),
+        ("S", std::process::id().to_string()),
+    ];
+    b.start(&spec(1, vec![1], cmd, &vars)).await.unwrap();
+    assert_eq!(exit_of(&mut rx, 1).await, Exit::Succeeded);
+    let log = log_of(&b, 1).await;
+    assert!(log.contains(&format!("uid={}", FIRST_UID + 1)), "{log}");
+    assert!(!log.contains("SECRET"), "{log}");
+    assert!(denials(&log) >= 6, "every read refused: {log}");
+    assert!(log.contains("end"), "{log}");
+    assert_eq!(std::fs::metadata(&env.data).unwrap().mode() & 0o777, 0o700);
+    let own = std::fs::metadata(env.work.join("1")).unwrap();
+    assert_eq!((own.uid(), own.mode() & 0o777), (FIRST_UID + 1, 0o700));
+}
+
+/// Attack 2: another tenant's files, environment and log; signals to it and to the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workloads_cannot_read_write_or_signal_each_other_or_the_server() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("neighbours");
+    let b = env.backend();
+    let mut rx = b.take_events().unwrap();
+    let a_cmd = "echo FILE_SECRET3 > secret; chmod 644 secret; echo ready; sleep 30";
+    b.start(&spec(1, vec![0], a_cmd, &[("TOKEN", "ENV_SECRET4".into())]))
+        .await
+        .unwrap();
+    wait_log(&b, 1, "ready").await;
+    let victims = env.cg.members(1);
+    assert!(!victims.is_empty());
+    let pids = victims.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(" ");
+    let b_cmd = r#"cat $A/secret; ls $A; echo x > $A/planted;
+for p in $P; do cat /proc/$p/environ; kill -9 $p && echo killed-$p; done;
+kill -TERM $S && echo killed-server;
+echo FORGED >> $D/workloads/1/log; echo end"#;
+    let vars = [
+        ("A", env.work.join("1").display().to_string()),
+        ("P", pids),
+        ("S", std::process::id().to_string()),
+        ("D", env.data.display().to_string()),
+    ];
+    b.start(&spec(2, vec![1], b_cmd, &vars)).await.unwrap();
+    assert_eq!(exit_of(&mut rx, 2).await, Exit::Succeeded);
+    let log = log_of(&b, 2).await;
+    assert!(!log.contains("SECRET"), "{log}");
+    assert!(!log.contains("killed-"), "{log}");
+    assert!(denials(&log) >= 4 + victims.len() * 2, "{log}");
+    assert!(log.contains("end"), "{log}");
+    // The victim is untouched: all its processes still there, no planted file, no forged line.
+    assert_eq!(env.cg.members(1), victims);
+    assert!(!env.work.join("1/planted").exists());
+    assert!(!log_of(&b, 1).await.contains("FORGED"));
+    b.stop(1, Duration::from_millis(200)).await.unwrap();
+    wait_until("workload 1 is gone", Duration::from_secs(5), || !env.cg.populated(1)).await;
+}
+
+/// Attack 3: the workload rewrites "its pid file" to name another process; after a restart the
+/// server adopts the workload by its cgroup and stops only that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_process_record_is_neither_adopted_nor_signalled() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("forge");
+    let mut decoy = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let cmd = r#"echo "$X 0" > pid; echo "$X 0" > $D/workloads/5/pid; echo "$X 0" > $D/workloads/5/log.end; echo ready; sleep 30"#;
+    let vars = [("X", decoy.id().to_string()), ("D", env.data.display().to_string())];
+    let w = spec(5, vec![1], cmd, &vars);
+    let record = env.data.join("workloads/5/pid");
+    let before;
+    {
+        let first = env.backend();
+        first.start(&w).await.unwrap();
+        let log = wait_log(&first, 5, "ready").await;
+        assert!(denials(&log) >= 2, "the server's records are out of reach: {log}");
+        before = std::fs::read_to_string(&record).unwrap();
+        assert!(!before.starts_with(&decoy.id().to_string()));
+    }
+    let second = env.backend();
+    let r = second.reconcile(std::slice::from_ref(&w)).await.unwrap();
+    assert!(matches!(r.observation(5), Some(Observation::Running { .. })), "{r:?}");
+    assert_eq!(std::fs::read_to_string(&record).unwrap(), before);
+    second.stop(5, Duration::from_millis(200)).await.unwrap();
+    wait_until("workload 5 is gone", Duration::from_secs(5), || !env.cg.populated(5)).await;
+    assert!(decoy.try_wait().unwrap().is_none(), "the decoy was signalled");
+    decoy.kill().unwrap();
+    let _ = decoy.wait();
+}
+
+fn child_of(log: &str) -> i32 {
+    log.lines()
+        .find_map(|l| l.strip_prefix("child="))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Attack 4: a `setsid` child left behind, at cancel and when the command ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_process_of_a_workload_survives_its_cancel_or_its_end() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("escape");
+    let b = env.backend();
+    let mut rx = b.take_events().unwrap();
+    let escape = "setsid sh -c 'trap \"\" TERM; echo child=$$; exec sleep 300' &";
+    b.start(&spec(1, vec![1], &format!("{escape} sleep 300"), &[]))
+        .await
+        .unwrap();
+    let child = child_of(&wait_log(&b, 1, "child=").await);
+    assert!(start_ticks(child).is_some());
+    b.stop(1, Duration::from_millis(300)).await.unwrap();
+    wait_until("the setsid child is gone after cancel", Duration::from_secs(5), || {
+        start_ticks(child).is_none()
+    })
+    .await;
+    assert!(!env.cg.populated(1));
+    b.start(&spec(2, vec![1], &format!("{escape} sleep 0.5; exit 0"), &[]))
+        .await
+        .unwrap();
+    let child = child_of(&wait_log(&b, 2, "child=").await);
+    assert_eq!(exit_of(&mut rx, 2).await, Exit::Succeeded);
+    wait_until("the setsid child is gone after the end", Duration::from_secs(5), || {
+        start_ticks(child).is_none()
+    })
+    .await;
+    // The end of a lease takes the setsid child too.
+    let mut leased = spec(3, vec![1], &format!("{escape} sleep 300"), &[]);
+    leased.duration = Some(Duration::from_secs(1));
+    b.start(&leased).await.unwrap();
+    let child = child_of(&wait_log(&b, 3, "child=").await);
+    match exit_of(&mut rx, 3).await {
+        Exit::Failed { detail, .. } => assert_eq!(detail, "stopped at the end of its 1 s lease"),
+        e => panic!("{e:?}"),
+    }
+    wait_until(
+        "the setsid child is gone after the lease",
+        Duration::from_secs(5),
+        || start_ticks(child).is_none(),
+    )
+    .await;
+    assert!(!env.cg.populated(3));
+}
+
+/// Attack 5: memory beyond the request is killed; forks beyond the pids limit fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_process_limits_hold() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("limits");
+    let b = env.backend();
+    let mut rx = b.take_events().unwrap();
+    let mut hog = spec(1, vec![], r#"awk 'BEGIN { s = "x"; while (1) s = s s }'"#, &[]);
+    hog.memory_mib = 64;
+    b.start(&hog).await.unwrap();
+    match exit_of(&mut rx, 1).await {
+        Exit::Failed { detail, .. } => assert!(detail.contains("killed by signal 9"), "{detail}"),
+        e => panic!("the memory hog was not killed: {e:?}"),
+    }
+    let forks = "i=0; while [ $i -lt 100 ]; do sleep 30 & i=$((i+1)); done; echo all-forked";
+    b.start(&spec(2, vec![], forks, &[])).await.unwrap();
+    let exit = exit_of(&mut rx, 2).await;
+    let log = log_of(&b, 2).await;
+    assert!(
+        log.contains("Cannot fork") && !log.contains("all-forked"),
+        "{exit:?}: {log}"
+    );
+    wait_until("the sleeps are gone", Duration::from_secs(5), || !env.cg.populated(2)).await;
+}
+
+/// Attack 5: a busy loop on 0.2 CPU uses about 0.2 CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_use_is_held_to_the_quota() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("cpu");
+    let b = env.backend();
+    let mut w = spec(1, vec![], "while :; do :; done", &[]);
+    w.cpu_milli = 200;
+    b.start(&w).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let u0 = env.cg.cpu_usage(1).unwrap();
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let used = env.cg.cpu_usage(1).unwrap() - u0;
+    let wall = t.elapsed();
+    assert!(
+        used <= wall.mul_f64(0.2 * 1.5),
+        "{used:?} of CPU in {wall:?} on a 0.2 CPU quota"
+    );
+    assert!(used > Duration::ZERO);
+    assert!(env.cg.throttled_periods(1).unwrap() > 0, "the quota never throttled it");
+    b.stop(1, Duration::from_millis(100)).await.unwrap();
+    wait_until("the loop is gone", Duration::from_secs(5), || !env.cg.populated(1)).await;
+}
+
+/// Unsetting CUDA_VISIBLE_DEVICES reaches no other GPU: the device cgroup lets a workload open
+/// only its GPUs' nodes (and the control node); a CPU-only workload none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_opens_only_the_gpu_devices_it_was_given() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("devices");
+    if !env.cg.devices_enforced() {
+        eprintln!("skipped: device rules need the cgroup v1 devices controller (cgroup v2 needs BPF)");
+        return;
+    }
+    let b = env.backend();
+    let mut rx = b.take_events().unwrap();
+    let cmd =
+        r#"unset CUDA_VISIBLE_DEVICES; for n in nvidia0 nvidia1 nvidiactl; do echo "$n: $(cat $V/$n 2>&1)"; done"#;
+    let vars = [("V", env.dev.display().to_string())];
+    b.start(&spec(1, vec![1], cmd, &vars)).await.unwrap();
+    assert_eq!(exit_of(&mut rx, 1).await, Exit::Succeeded);
+    let log = log_of(&b, 1).await;
+    let line = |n: &str| {
+        log.lines()
+            .find(|l| l.starts_with(&format!("{n}:")))
+            .unwrap()
+            .to_string()
+    };
+    assert!(line("nvidia0").contains("Operation not permitted"), "{log}");
+    // Allowed: the open reaches the (absent) driver.
+    assert!(line("nvidia1").contains("No such device or address"), "{log}");
+    assert!(line("nvidiactl").contains("No such device or address"), "{log}");
+    b.start(&spec(2, vec![], cmd, &vars)).await.unwrap();
+    assert_eq!(exit_of(&mut rx, 2).await, Exit::Succeeded);
+    let log = log_of(&b, 2).await;
+    assert_eq!(log.matches("Operation not permitted").count(), 3, "{log}");
+}
+
+/// Attack 5: a workload writing 5 MB into a log capped at 1 MiB; the log API still reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_is_capped_and_says_so() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("logcap");
+    let b = env.backend();
+    let mut rx = b.take_events().unwrap();
+    b.start(&spec(
+        1,
+        vec![],
+        "echo first; head -c 5000000 /dev/zero | tr '\\0' x; echo; echo last",
+        &[],
+    ))
+    .await
+    .unwrap();
+    assert_eq!(exit_of(&mut rx, 1).await, Exit::Succeeded);
+    let note = tessera_backend_local::isolation::truncation_note(1 << 20);
+    let len = std::fs::metadata(env.data.join("workloads/1/log")).unwrap().len();
+    assert_eq!(len, (1 << 20) + note.len() as u64);
+    let c = b.read_logs(1, 0, 8 << 20).await.unwrap();
+    assert!(c.done);
+    let text = String::from_utf8(c.bytes).unwrap();
+    assert!(text.starts_with("first\nxxx"), "{}", &text[..20]);
+    assert!(text.ends_with(&note) && !text.contains("last"));
+    let tail = b.read_logs(1, len - 10, 100).await.unwrap();
+    assert_eq!((tail.bytes.len(), tail.next_offset), (10, len));
+    // The log is the server's: the workload never had it open for writing.
+    let meta = std::fs::metadata(env.data.join("workloads/1/log")).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o600));
+}
