@@ -61,6 +61,11 @@ pub struct KubeConfig {
     /// How long a finished pod of a workload Tessera no longer expects (its result recorded)
     /// is kept for its log before reconcile deletes it.
     pub finished_pod_ttl: Duration,
+    /// Tessera's own identity on the cluster (`NAMESPACE/NAME` of its service account, or a
+    /// user name): each tenant namespace gets a RoleBinding giving it the `tessera-workloads`
+    /// ClusterRole there, so that its cluster-wide role needs no pod creation or namespace
+    /// deletion. `None`: no such binding (Tessera then needs those rights cluster-wide).
+    pub identity: Option<String>,
 }
 
 impl Default for KubeConfig {
@@ -78,6 +83,7 @@ impl Default for KubeConfig {
             dcgm_selector: "app=nvidia-dcgm-exporter".into(),
             telemetry_every: Some(Duration::from_secs(30)),
             finished_pod_ttl: Duration::from_secs(3600),
+            identity: None,
         }
     }
 }
@@ -834,8 +840,13 @@ impl Shared {
                     }
                     return Ok(existing);
                 }
-                // A new namespace's quota has no status for a second or two: pods wait for it.
-                Err(kube::Error::Api(s)) if s.message.contains("status unknown for quota") && tries < 50 => {
+                // A new namespace's quota has no status for a second or two, and Tessera's new
+                // role binding there takes a moment to reach the authorizer: pods wait for both.
+                Err(kube::Error::Api(s))
+                    if (s.message.contains("status unknown for quota")
+                        || (s.code == 403 && self.cfg.identity.is_some()))
+                        && tries < 50 =>
+                {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -1006,15 +1017,29 @@ impl Shared {
             groups: Vec::new(),
             quota: BTreeMap::new(),
         };
-        let ns_obj = tenancy::objects(&t, ns).namespace;
+        let objects = tenancy::objects_for(&t, ns, self.cfg.identity.as_deref());
         let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone());
         match api.get_opt(ns).await.map_err(|e| kube_err("reading a namespace", e))? {
             Some(existing) => tenancy::check_owner(ns, existing.metadata.labels.as_ref(), &t)?,
             None => {
-                api.patch(ns, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&ns_obj))
-                    .await
-                    .map_err(|e| kube_err(&format!("namespace {ns}"), e))?;
+                api.patch(
+                    ns,
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Apply(&objects.namespace),
+                )
+                .await
+                .map_err(|e| kube_err(&format!("namespace {ns}"), e))?;
             }
+        }
+        if let Some(b) = &objects.workloads_binding {
+            Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(self.client.clone(), ns)
+                .patch(
+                    tenancy::WORKLOADS_BINDING_NAME,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(b),
+                )
+                .await
+                .map_err(|e| kube_err(&format!("Tessera's role binding in {ns}"), e))?;
         }
         self.state.lock().unwrap().namespaces.insert(ns.to_string());
         Ok(())
@@ -1838,7 +1863,13 @@ impl Backend for KubeBackend {
                 }
             }
         }
-        let ns = tenancy::ensure(&self.shared.client, &self.shared.cfg.namespace_prefix, &spec).await?;
+        let ns = tenancy::ensure(
+            &self.shared.client,
+            &self.shared.cfg.namespace_prefix,
+            self.shared.cfg.identity.as_deref(),
+            &spec,
+        )
+        .await?;
         self.shared.state.lock().unwrap().namespaces.insert(ns);
         Ok(())
     }

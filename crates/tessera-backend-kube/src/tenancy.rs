@@ -20,15 +20,44 @@ pub const ROLEBINDING_NAME: &str = "tessera-tenant";
 pub const NETPOL_NAME: &str = "tessera-tenant-isolation";
 /// The ClusterRole bound to the tenant's groups in their namespaces.
 pub const TENANT_CLUSTER_ROLE: &str = "edit";
+/// The RoleBinding giving Tessera itself, in a tenant namespace only, what it needs to run
+/// workloads there ([`WORKLOADS_CLUSTER_ROLE`]).
+pub const WORKLOADS_BINDING_NAME: &str = "tessera-workloads";
+/// The ClusterRole (`deploy/kubernetes/20-rbac.yaml`) with what Tessera does inside a tenant
+/// namespace: create, bind, evict and delete pods, read their logs, a gang's Service, Events,
+/// and delete the namespace itself. Bound per namespace, so Tessera cannot create a pod in
+/// `kube-system` or delete a namespace it does not manage.
+pub const WORKLOADS_CLUSTER_ROLE: &str = "tessera-workloads";
 /// How long [`ensure`] waits for the quota controller to take up a changed quota.
 pub const QUOTA_STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
-/// The four objects of a tenant project, as apply patches.
+/// The objects of a tenant project, as apply patches.
 pub struct TenancyObjects {
     pub namespace: Value,
     pub quota: Value,
     pub role_binding: Value,
     pub network_policy: Value,
+    /// Tessera's own binding there, when Tessera knows its identity.
+    pub workloads_binding: Option<Value>,
+}
+
+/// Tessera's own identity on the cluster, as a RoleBinding subject: a service account
+/// (`NAMESPACE/NAME`, as `deploy/kubernetes` runs it) or a user name.
+pub fn subject(identity: &str) -> Value {
+    match identity.split_once('/') {
+        Some((ns, name)) => json!({"kind": "ServiceAccount", "name": name, "namespace": ns}),
+        None => json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": identity}),
+    }
+}
+
+/// Tessera's own RoleBinding in a tenant namespace.
+pub fn workloads_binding(spec: &TenancySpec, ns: &str, identity: &str) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": WORKLOADS_BINDING_NAME, "namespace": ns, "labels": labels(spec)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": WORKLOADS_CLUSTER_ROLE},
+        "subjects": [subject(identity)],
+    })
 }
 
 fn labels(spec: &TenancySpec) -> Value {
@@ -56,8 +85,13 @@ fn namespace_labels(spec: &TenancySpec) -> Value {
     l
 }
 
-/// The objects for `spec` in namespace `ns`.
+/// The objects for `spec` in namespace `ns` (Tessera's own binding for `identity`, if given).
 pub fn objects(spec: &TenancySpec, ns: &str) -> TenancyObjects {
+    objects_for(spec, ns, None)
+}
+
+/// [`objects`], with Tessera's own binding when `identity` is known.
+pub fn objects_for(spec: &TenancySpec, ns: &str, identity: Option<&str>) -> TenancyObjects {
     let hard: serde_json::Map<String, Value> = spec
         .quota
         .iter()
@@ -69,6 +103,7 @@ pub fn objects(spec: &TenancySpec, ns: &str) -> TenancyObjects {
         .map(|g| json!({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": g}))
         .collect();
     TenancyObjects {
+        workloads_binding: identity.map(|i| workloads_binding(spec, ns, i)),
         namespace: json!({
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": ns, "labels": namespace_labels(spec)},
@@ -110,9 +145,14 @@ pub(crate) fn kube_err(what: &str, e: kube::Error) -> BackendError {
 
 /// Applies the objects of `spec` (idempotent; forced, so drift is repaired). Returns the
 /// namespace.
-pub async fn ensure(client: &kube::Client, prefix: &str, spec: &TenancySpec) -> Result<String, BackendError> {
+pub async fn ensure(
+    client: &kube::Client,
+    prefix: &str,
+    identity: Option<&str>,
+    spec: &TenancySpec,
+) -> Result<String, BackendError> {
     let ns = names::namespace(prefix, &spec.tenant, &spec.project);
-    let o = objects(spec, &ns);
+    let o = objects_for(spec, &ns, identity);
     let pp = PatchParams::apply(FIELD_MANAGER).force();
     let namespaces = Api::<Namespace>::all(client.clone());
     // Never take over a namespace that carries another tenant project's labels (a name
@@ -128,6 +168,12 @@ pub async fn ensure(client: &kube::Client, prefix: &str, spec: &TenancySpec) -> 
         .patch(&ns, &pp, &Patch::Apply(&o.namespace))
         .await
         .map_err(|e| kube_err(&format!("namespace {ns}"), e))?;
+    if let Some(b) = &o.workloads_binding {
+        Api::<RoleBinding>::namespaced(client.clone(), &ns)
+            .patch(WORKLOADS_BINDING_NAME, &pp, &Patch::Apply(b))
+            .await
+            .map_err(|e| kube_err(&format!("Tessera's role binding in {ns}"), e))?;
+    }
     let quotas = Api::<ResourceQuota>::namespaced(client.clone(), &ns);
     quotas
         .patch(QUOTA_NAME, &pp, &Patch::Apply(&o.quota))

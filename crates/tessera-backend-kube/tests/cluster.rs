@@ -846,6 +846,7 @@ async fn the_deploy_manifests_apply_and_grant_exactly_what_the_backend_uses() {
     let kcfg = KubeConfig {
         mig_namespace: "gpu-operator".into(),
         mig_configmap: "default-mig-parted-config".into(),
+        identity: Some("tessera-system/tessera".into()),
         ..config("sa")
     };
     let (b, _) = KubeBackend::connect(sa.clone(), kcfg).await.unwrap();
@@ -891,7 +892,43 @@ async fn the_deploy_manifests_apply_and_grant_exactly_what_the_backend_uses() {
     b.reconcile(&[]).await.unwrap();
     finish_deletion(&admin, &ns, "tessera-601").await;
     finish_deletion(&admin, &ns, "tessera-602").await;
+    // Inside the tenant namespace it manages, through its own binding there, it may.
+    for args in [
+        &["create", "pods", "-n", ns.as_str()][..],
+        &["delete", &format!("namespaces/{ns}"), "-n", ns.as_str()],
+    ] {
+        let mut a = vec!["auth", "can-i"];
+        a.extend(args);
+        a.extend(["--as", "system:serviceaccount:tessera-system:tessera"]);
+        let out = c.kubectl(&a);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "yes",
+            "kubectl {}",
+            a.join(" ")
+        );
+    }
     b.remove_tenancy("sa-acme", None).await.unwrap();
+
+    // Outside the namespaces it manages it creates no pod and deletes no namespace.
+    for args in [
+        &["create", "pods", "-n", "kube-system"][..],
+        &["create", "pods", "-n", "default"],
+        &["delete", "namespaces/kube-system", "-n", "kube-system"],
+        &["delete", "namespaces/default", "-n", "default"],
+    ] {
+        let mut a = vec!["auth", "can-i"];
+        a.extend(args);
+        a.extend(["--as", "system:serviceaccount:tessera-system:tessera"]);
+        let out = c.kubectl(&a);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "no",
+            "kubectl {}: {}",
+            a.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     // And nothing more: no secrets, no pods/exec, no cluster-wide RBAC changes.
     for (verb, resource, sub) in [

@@ -125,6 +125,12 @@ pub struct ServeArgs {
     /// recorded, for `tessera logs` and `kubectl logs` (its log goes with it), e.g. `1h`, `10m`.
     #[arg(long, default_value = "1h", value_parser = parse_duration_s, value_name = "DURATION")]
     kube_finished_pod_ttl: u64,
+    /// `--backend kubernetes`: Tessera's own identity on the cluster, `NAMESPACE/NAME` of its
+    /// service account (or a user name). Each tenant namespace then gets a RoleBinding giving it
+    /// the `tessera-workloads` ClusterRole there (pods, evictions, logs, the namespace's
+    /// deletion), so its cluster-wide role needs none of those (deploy/kubernetes sets it).
+    #[arg(long, env = "TESSERA_KUBE_IDENTITY", value_name = "NAMESPACE/NAME")]
+    kube_identity: Option<String>,
     /// Address of the API and the console.
     #[arg(long, default_value = "127.0.0.1:8080", env = "TESSERA_LISTEN")]
     listen: SocketAddr,
@@ -280,6 +286,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         dcgm_selector,
         telemetry_every: (a.kube_telemetry_ms > 0).then(|| Duration::from_millis(a.kube_telemetry_ms.max(1000))),
         finished_pod_ttl: Duration::from_secs(a.kube_finished_pod_ttl),
+        identity: a.kube_identity.clone(),
         ..Default::default()
     };
     let prices = match &a.prices {
