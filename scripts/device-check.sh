@@ -249,6 +249,11 @@ W2_SH='trap "echo devcheck got-sigterm \$(date +%s%3N)" TERM; echo "devcheck com
 while :; do sleep 0.1; done'
 if [[ "${DEVICE_CHECK_WORKLOAD:-}" == sh ]]; then w1=(sh -c "$W1_SH"); w2=(sh -c "$W2_SH"); else w1=("$py" -c "$W1_PY"); w2=("$py" -c "$W2_PY"); fi
 
+# Host resources of each workload: what the machine has, up to 4 CPUs and 16 GiB.
+cpus="$(nproc 2>/dev/null || echo 1)"
+((cpus > 4)) && cpus=4
+mem_gib="$(awk '/^MemTotal:/ { g = int($2 / 1048576 / 2); print (g < 1 ? 1 : g) }' /proc/meminfo)"
+((mem_gib > 16)) && mem_gib=16
 # The workload's ID from `tessera run -o json`.
 run_id() { sed -n 's/^ *"id": *\([0-9]*\).*/\1/p' "$1" | head -1; }
 state_of() { t describe "$1" -o json | sed -n 's/^ *"state": *"\([a-z_-]*\)".*/\1/p' | head -1; }
@@ -263,7 +268,7 @@ elif [[ "$torch_ok" != yes ]]; then
 else
   say "workload 1: PyTorch matrix multiplies for ${SECONDS_W1} s on a whole GPU"
   ev w1.submit
-  t run --tenant devcheck --project ml --name devcheck-matmul --gpus 1 --cpus 4 --memory-gib 16 \
+  t run --tenant devcheck --project ml --name devcheck-matmul --gpus 1 --cpus "$cpus" --memory-gib "$mem_gib" \
     --env "DEVCHECK_SECONDS=$SECONDS_W1" -o json -- "${w1[@]}" >"$raw/w1-run.json"
   id1="$(run_id "$raw/w1-run.json")"
   ev w1.id "$id1"
@@ -282,7 +287,7 @@ else
   fi
 
   say "workload 2: cancelled while it computes (SIGTERM, SIGKILL after ${GRACE_S} s)"
-  t run --tenant devcheck --project ml --name devcheck-cancel --gpus 1 --cpus 4 --memory-gib 16 \
+  t run --tenant devcheck --project ml --name devcheck-cancel --gpus 1 --cpus "$cpus" --memory-gib "$mem_gib" \
     -o json -- "${w2[@]}" >"$raw/w2-run.json"
   id2="$(run_id "$raw/w2-run.json")"
   ev w2.id "$id2"
