@@ -90,7 +90,10 @@ impl Recorded {
     }
 
     fn get(&self, name: &str) -> Option<&str> {
-        self.files.get(name).map(|s| s.as_str()).filter(|s| !s.trim().is_empty())
+        self.files
+            .get(name)
+            .map(|s| s.as_str())
+            .filter(|s| !s.trim().is_empty())
     }
 
     fn json(&self, name: &str) -> Option<Value> {
@@ -205,7 +208,10 @@ pub fn smi_nvlink(text: &str) -> BTreeMap<u32, (usize, usize)> {
         {
             let e = out.entry(g).or_insert((0, 0));
             e.1 += 1;
-            let state = t.split_once(':').map(|(_, s)| s.trim().to_ascii_lowercase()).unwrap_or_default();
+            let state = t
+                .split_once(':')
+                .map(|(_, s)| s.trim().to_ascii_lowercase())
+                .unwrap_or_default();
             if !state.contains("inactive") && state.contains("/s") {
                 e.0 += 1;
             }
@@ -234,7 +240,9 @@ pub fn smi_mig_table(text: &str) -> Vec<MigRow> {
     for l in text.lines() {
         let inner = l.trim().trim_matches('|');
         let tok: Vec<&str> = inner.split_whitespace().collect();
-        let Some(mig) = tok.iter().position(|t| *t == "MIG") else { continue };
+        let Some(mig) = tok.iter().position(|t| *t == "MIG") else {
+            continue;
+        };
         let ids: Vec<u32> = tok.iter().filter_map(|t| t.parse().ok()).collect();
         let Some((start, size)) = tok
             .last()
@@ -271,9 +279,15 @@ pub fn smi_mig_table(text: &str) -> Vec<MigRow> {
 pub fn smi_lgipp(text: &str) -> BTreeMap<(u32, u32), (Vec<u32>, u32)> {
     let mut out = BTreeMap::new();
     for l in text.lines() {
-        let Some(rest) = l.trim().strip_prefix("GPU") else { continue };
-        let Some((gpu, rest)) = rest.split_once("Profile ID") else { continue };
-        let Some((id, rest)) = rest.split_once("Placement") else { continue };
+        let Some(rest) = l.trim().strip_prefix("GPU") else {
+            continue;
+        };
+        let Some((gpu, rest)) = rest.split_once("Profile ID") else {
+            continue;
+        };
+        let Some((id, rest)) = rest.split_once("Placement") else {
+            continue;
+        };
         let (Ok(gpu), Ok(id)) = (gpu.trim().parse::<u32>(), id.trim().parse::<u32>()) else {
             continue;
         };
@@ -322,7 +336,9 @@ pub fn metrics_readings(text: &str, uuid: &str) -> Vec<Reading> {
             }
             continue;
         }
-        let (Some(r), true) = (out.last_mut(), l.contains(&want)) else { continue };
+        let (Some(r), true) = (out.last_mut(), l.contains(&want)) else {
+            continue;
+        };
         let value = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
         if l.starts_with("DCGM_FI_DEV_GPU_UTIL{") {
             r.util = value;
@@ -506,7 +522,11 @@ pub fn build(rec: &Recorded) -> Report {
     c.ok(
         "discovery.count",
         gc.discovery.gpus.len() == smi.len(),
-        format!("gpu-check found {} GPU(s), nvidia-smi {}", gc.discovery.gpus.len(), smi.len()),
+        format!(
+            "gpu-check found {} GPU(s), nvidia-smi {}",
+            gc.discovery.gpus.len(),
+            smi.len()
+        ),
     );
     if let Some(driver) = smi.first().and_then(|r| r.get("driver_version")) {
         c.ok(
@@ -521,19 +541,34 @@ pub fn build(rec: &Recorded) -> Report {
     let lgi = rec.get("smi-mig-lgi.txt").map(smi_mig_table).unwrap_or_default();
     let lci = rec.get("smi-mig-lci.txt").map(smi_mig_table).unwrap_or_default();
     for row in &smi {
-        let Some(idx) = row.get("index").and_then(|i| i.parse::<u32>().ok()) else { continue };
+        let Some(idx) = row.get("index").and_then(|i| i.parse::<u32>().ok()) else {
+            continue;
+        };
         let p = format!("gpu{idx}");
         let Some(g) = gc.discovery.gpus.iter().find(|g| g.index == idx) else {
-            c.fail(format!("{p}.discovered"), "nvidia-smi shows this GPU, gpu-check does not");
+            c.fail(
+                format!("{p}.discovered"),
+                "nvidia-smi shows this GPU, gpu-check does not",
+            );
             continue;
         };
         let field = |c: &mut Checks, name: &str, ours: String, theirs: Option<&String>, same: bool| {
             let theirs = theirs.cloned().unwrap_or_else(|| "(not shown)".into());
-            c.ok(format!("{p}.{name}"), same, format!("gpu-check {ours}, nvidia-smi {theirs}"));
+            c.ok(
+                format!("{p}.{name}"),
+                same,
+                format!("gpu-check {ours}, nvidia-smi {theirs}"),
+            );
         };
         let smi_uuid = row.get("uuid");
         field(&mut c, "uuid", g.uuid.clone(), smi_uuid, smi_uuid == Some(&g.uuid));
-        field(&mut c, "name", g.name.clone(), row.get("name"), row.get("name") == Some(&g.name));
+        field(
+            &mut c,
+            "name",
+            g.name.clone(),
+            row.get("name"),
+            row.get("name") == Some(&g.name),
+        );
         let bus = row.get("pci.bus_id");
         field(
             &mut c,
@@ -602,8 +637,11 @@ pub fn build(rec: &Recorded) -> Report {
             None => c.fail(format!("{p}.uuids"), missing("smi-L.txt entry for this GPU")),
         }
         // GPU and compute instances.
-        let mut ours: Vec<(u32, u32, u32, u32)> =
-            g.instances.iter().map(|i| (i.id, i.profile_id, i.start, i.size)).collect();
+        let mut ours: Vec<(u32, u32, u32, u32)> = g
+            .instances
+            .iter()
+            .map(|i| (i.id, i.profile_id, i.start, i.size))
+            .collect();
         let mut theirs: Vec<(u32, u32, u32, u32)> = lgi
             .iter()
             .filter(|r| r.gpu == idx)
@@ -617,13 +655,15 @@ pub fn build(rec: &Recorded) -> Report {
             format!("gpu-check {ours:?}, nvidia-smi mig -lgi {theirs:?} (id, profile, start, size)"),
         );
         let with_ci: BTreeSet<u32> = g.instances.iter().filter(|i| i.uuid.is_some()).map(|i| i.id).collect();
-        let smi_ci: BTreeSet<u32> = lci.iter().filter(|r| r.gpu == idx && r.ci.is_some()).map(|r| r.gi).collect();
+        let smi_ci: BTreeSet<u32> = lci
+            .iter()
+            .filter(|r| r.gpu == idx && r.ci.is_some())
+            .map(|r| r.gi)
+            .collect();
         c.ok(
             format!("{p}.compute_instances"),
             with_ci == smi_ci,
-            format!(
-                "GPU instances with a compute instance: gpu-check {with_ci:?}, nvidia-smi mig -lci {smi_ci:?}"
-            ),
+            format!("GPU instances with a compute instance: gpu-check {with_ci:?}, nvidia-smi mig -lci {smi_ci:?}"),
         );
         // NVLink: active links (nvidia-smi) and the peers they reach (gpu-check).
         let peers = g.nvlink_gpus.len() + g.nvlink_other;
@@ -665,7 +705,12 @@ pub fn build(rec: &Recorded) -> Report {
                         FREE_SLACK_MIB.max(fb * 0.02),
                     ),
                     cmp("temp C", s.temp_c, num(row, "temperature.gpu"), 5.0),
-                    cmp("power W", s.power_w, num(row, "power.draw"), (s.power_w * 0.2).max(30.0)),
+                    cmp(
+                        "power W",
+                        s.power_w,
+                        num(row, "power.draw"),
+                        (s.power_w * 0.2).max(30.0),
+                    ),
                 ];
                 c.ok(
                     format!("{p}.telemetry"),
@@ -673,7 +718,10 @@ pub fn build(rec: &Recorded) -> Report {
                     format!("NVML sample / nvidia-smi: {}", parts.join(", ")),
                 );
             }
-            None => c.fail(format!("{p}.telemetry"), "gpu-check has no telemetry sample for this GPU"),
+            None => c.fail(
+                format!("{p}.telemetry"),
+                "gpu-check has no telemetry sample for this GPU",
+            ),
         }
         // The placement table (only listed in MIG mode) against the catalogue's.
         lgipp_check(&mut c, rec, &cat, &p, idx, g);
@@ -717,7 +765,9 @@ pub fn build(rec: &Recorded) -> Report {
             },
         );
     }
-    let gc_after: Option<GpuCheck> = rec.get("gpu-check-after.json").and_then(|s| serde_json::from_str(s).ok());
+    let gc_after: Option<GpuCheck> = rec
+        .get("gpu-check-after.json")
+        .and_then(|s| serde_json::from_str(s).ok());
     let lgi_after = rec.get("smi-mig-lgi-after.txt").map(smi_mig_table).unwrap_or_default();
     match &gc_after {
         Some(a) => {
@@ -756,11 +806,18 @@ pub fn build(rec: &Recorded) -> Report {
             c.ok(
                 "serve.started",
                 banner.contains("GPUs of this machine"),
-                if banner.is_empty() { "no banner in serve.log".into() } else { banner },
+                if banner.is_empty() {
+                    "no banner in serve.log".into()
+                } else {
+                    banner
+                },
             );
         }
         None => {
-            c.fail("serve.started", "tessera serve --backend local did not come up (see serve.log)");
+            c.fail(
+                "serve.started",
+                "tessera serve --backend local did not come up (see serve.log)",
+            );
             return finish(rec, c);
         }
     }
@@ -784,7 +841,10 @@ pub fn build(rec: &Recorded) -> Report {
     match val("workloads.skipped").as_deref() {
         Some("mig") => {
             for w in W {
-                c.skip(w, "a GPU is in MIG mode: whole-GPU workloads need MIG mode off, and the check never changes it");
+                c.skip(
+                    w,
+                    "a GPU is in MIG mode: whole-GPU workloads need MIG mode off, and the check never changes it",
+                );
             }
             return finish(rec, c);
         }
@@ -814,10 +874,20 @@ fn lgipp_check(c: &mut Checks, rec: &Recorded, cat: &Catalogue, p: &str, idx: u3
         );
         return;
     };
-    let table: Vec<((u32, u32), (Vec<u32>, u32))> =
-        smi_lgipp(text).into_iter().filter(|((gpu, _), _)| *gpu == idx).collect();
-    let Some(geom) = g.model.as_deref().and_then(|m| cat.find(m)).and_then(|m| cat.get(m).mig) else {
-        c.fail(format!("{p}.mig_placements"), "the catalogue has no MIG table for this model");
+    let table: Vec<((u32, u32), (Vec<u32>, u32))> = smi_lgipp(text)
+        .into_iter()
+        .filter(|((gpu, _), _)| *gpu == idx)
+        .collect();
+    let Some(geom) = g
+        .model
+        .as_deref()
+        .and_then(|m| cat.find(m))
+        .and_then(|m| cat.get(m).mig)
+    else {
+        c.fail(
+            format!("{p}.mig_placements"),
+            "the catalogue has no MIG table for this model",
+        );
         return;
     };
     let mut diff = Vec::new();
@@ -841,7 +911,10 @@ fn lgipp_check(c: &mut Checks, rec: &Recorded, cat: &Catalogue, p: &str, idx: u3
         format!("{p}.mig_placements"),
         diff.is_empty(),
         if diff.is_empty() {
-            format!("nvidia-smi mig -lgipp matches the catalogue's {} profiles", geom.profiles.len())
+            format!(
+                "nvidia-smi mig -lgipp matches the catalogue's {} profiles",
+                geom.profiles.len()
+            )
         } else {
             diff.join("; ")
         },
@@ -881,7 +954,10 @@ fn serve_fleet_checks(c: &mut Checks, rec: &Recorded, gc: &GpuCheck, cat: &Catal
                 .unwrap_or_default();
             let listed = view.is_some_and(|v| v["slices"].to_string().contains(&format!("\"{name}\"")));
             if !(marked || listed) {
-                unseen.push(format!("GPU {} instance {} ({name} at {}:{})", g.index, i.id, i.start, i.size));
+                unseen.push(format!(
+                    "GPU {} instance {} ({name} at {}:{})",
+                    g.index, i.id, i.start, i.size
+                ));
             }
         }
     }
@@ -918,15 +994,14 @@ fn workload_checks(
         state == "succeeded",
         format!(
             "state {state}{}",
-            w1["workload"]["reason"].as_str().map(|r| format!(" — {r}")).unwrap_or_default()
+            w1["workload"]["reason"]
+                .as_str()
+                .map(|r| format!(" — {r}"))
+                .unwrap_or_default()
         ),
     );
     let events1 = w1["events"].as_array().cloned().unwrap_or_default();
-    let step_at = |evs: &[Value], step: &str| {
-        evs.iter()
-            .find(|e| e["step"] == step)
-            .and_then(|e| e["at_ms"].as_i64())
-    };
+    let step_at = |evs: &[Value], step: &str| evs.iter().find(|e| e["step"] == step).and_then(|e| e["at_ms"].as_i64());
     let gpus: Vec<u64> = w1["workload"]["allocation"]["gpus"]
         .as_array()
         .map(|a| a.iter().filter_map(|g| g.as_u64()).collect())
@@ -935,7 +1010,10 @@ fn workload_checks(
         .first()
         .and_then(|i| gc.discovery.gpus.iter().find(|g| g.index as u64 == *i))
     else {
-        c.fail("workload1.sees_its_gpu", format!("no allocation on a discovered GPU: {gpus:?}"));
+        c.fail(
+            "workload1.sees_its_gpu",
+            format!("no allocation on a discovered GPU: {gpus:?}"),
+        );
         return;
     };
     let m = markers(rec.get("w1.log").unwrap_or(""));
@@ -974,7 +1052,8 @@ fn workload_checks(
         (Some(begin), Some(end)) => {
             let during: Vec<&Reading> = metrics.iter().filter(|r| (begin..=end).contains(&r.at_ms)).collect();
             let first = |f: &dyn Fn(&Reading) -> bool, from: i64| metrics.iter().find(|r| r.at_ms >= from && f(r));
-            let peak = |rs: &[&Reading], f: fn(&Reading) -> Option<f64>| rs.iter().filter_map(|r| f(r)).fold(0.0, f64::max);
+            let peak =
+                |rs: &[&Reading], f: fn(&Reading) -> Option<f64>| rs.iter().filter_map(|r| f(r)).fold(0.0, f64::max);
             let busy = first(&|r: &Reading| r.util.is_some_and(|u| u > BUSY_PCT), begin);
             c.ok(
                 "telemetry.utilisation_high",
@@ -1027,7 +1106,9 @@ fn workload_checks(
                 ),
             );
             let idle = first(
-                &|r: &Reading| r.util.is_some_and(|u| u < IDLE_PCT) && r.fb_used.is_some_and(|f| f <= baseline + FREE_SLACK_MIB),
+                &|r: &Reading| {
+                    r.util.is_some_and(|u| u < IDLE_PCT) && r.fb_used.is_some_and(|f| f <= baseline + FREE_SLACK_MIB)
+                },
                 end,
             );
             c.ok(
@@ -1051,7 +1132,10 @@ fn workload_checks(
                 "telemetry.matches_nvidia_smi",
                 "telemetry.falls_back",
             ] {
-                c.fail(check, "the workload did not print compute-begin, or did not end (see w1.log)");
+                c.fail(
+                    check,
+                    "the workload did not print compute-begin, or did not end (see w1.log)",
+                );
             }
         }
     }
@@ -1061,7 +1145,10 @@ fn workload_checks(
         observed.is_some_and(|e| e["detail"].as_str().unwrap_or("").contains("GPU")),
         match observed {
             // The step records the first sample, taken when the process starts (before the loop).
-            Some(e) => format!("observed (first sample, at start): {}", e["detail"].as_str().unwrap_or("")),
+            Some(e) => format!(
+                "observed (first sample, at start): {}",
+                e["detail"].as_str().unwrap_or("")
+            ),
             None => "no observed step in the timeline".into(),
         },
     );
@@ -1073,9 +1160,13 @@ fn workload_checks(
         _ => None,
     };
     let intervals = rec.json("usage-intervals.json");
-    let iv = intervals
-        .as_ref()
-        .and_then(|v| v["intervals"].as_array()?.iter().find(|i| i["workload"].as_u64() == Some(id1)).cloned());
+    let iv = intervals.as_ref().and_then(|v| {
+        v["intervals"]
+            .as_array()?
+            .iter()
+            .find(|i| i["workload"].as_u64() == Some(id1))
+            .cloned()
+    });
     match iv {
         Some(i) => {
             let secs = |k: &str| {
@@ -1104,12 +1195,19 @@ fn workload_checks(
                 ),
             );
         }
-        None => c.fail("metering.interval", format!("no usage interval of workload {id1} in usage-intervals.json")),
+        None => c.fail(
+            "metering.interval",
+            format!("no usage interval of workload {id1} in usage-intervals.json"),
+        ),
     }
     let rows = rec.json("usage-projects.json");
-    let row = rows
-        .as_ref()
-        .and_then(|v| v["rows"].as_array()?.iter().find(|r| r["key"] == "devcheck/ml").cloned());
+    let row = rows.as_ref().and_then(|v| {
+        v["rows"]
+            .as_array()?
+            .iter()
+            .find(|r| r["key"] == "devcheck/ml")
+            .cloned()
+    });
     match row {
         Some(r) => {
             let (a, m) = (
@@ -1135,7 +1233,11 @@ fn workload_checks(
         step_at(&events1, "released").is_some() && pool_used.as_deref().is_some_and(|u| u.parse::<f64>() == Ok(0.0)),
         format!(
             "released step {}; pool local uses {} GPU units afterwards",
-            if step_at(&events1, "released").is_some() { "recorded" } else { "missing" },
+            if step_at(&events1, "released").is_some() {
+                "recorded"
+            } else {
+                "missing"
+            },
             pool_used.unwrap_or("?".into())
         ),
     );
@@ -1486,6 +1588,10 @@ mod tests {
     fn missing_recordings_fail_with_a_pointer_to_the_log() {
         let r = build(&Recorded::default());
         assert_eq!(r.result, "fail");
-        assert!(r.checks.iter().any(|c| c.detail.contains("device-check.log")), "{:#?}", r.checks);
+        assert!(
+            r.checks.iter().any(|c| c.detail.contains("device-check.log")),
+            "{:#?}",
+            r.checks
+        );
     }
 }
