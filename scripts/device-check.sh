@@ -121,7 +121,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 124' TERM INT
 
-ev check.start "$(hostname)"
+ev check.start "$(cat /proc/sys/kernel/hostname 2>/dev/null)"
 ev telemetry_ms "$TELEMETRY_MS"
 ev grace_s "$GRACE_S"
 "$bin" --version >"$raw/tessera-version.txt" 2>&1

@@ -1025,7 +1025,9 @@ fn workload_checks(
         .unwrap_or_default();
     let seen = |k: &str| m.get(k).map(|s| s.as_str()).unwrap_or("(not printed)");
     let torch_uuid = seen("uuid");
-    let uuid_ok = torch_uuid == "unknown" || torch_uuid.eq_ignore_ascii_case(&g.uuid);
+    // PyTorch's device UUID, written `GPU-…` by the workload; compared without prefix or dashes.
+    let bare = |u: &str| u.trim_start_matches("GPU-").replace('-', "").to_ascii_lowercase();
+    let uuid_ok = torch_uuid == "unknown" || bare(torch_uuid) == bare(&g.uuid);
     c.ok(
         "workload1.sees_its_gpu",
         gpus.len() == 1 && seen("visible") == g.uuid && seen("count") == "1" && seen("name") == smi_name && uuid_ok,
