@@ -874,7 +874,7 @@ fn lgipp_check(c: &mut Checks, rec: &Recorded, cat: &Catalogue, p: &str, idx: u3
         );
         return;
     };
-    let table: Vec<((u32, u32), (Vec<u32>, u32))> = smi_lgipp(text)
+    let table: Vec<_> = smi_lgipp(text)
         .into_iter()
         .filter(|((gpu, _), _)| *gpu == idx)
         .collect();
