@@ -233,7 +233,10 @@ impl Catalogue {
             model("H100-80GB-PCIE", &["H100-PCIE-80GB"], 81559, 80, 114, g8, NvLink::Bridge),
             // H100 NVL 94 GB: -lgipp identical to the 8-slice table [V].
             model("H100-94GB-NVL", &["H100-NVL", "H100-94GB"], 95830, 94, 132, g8, NvLink::Bridge),
-            // H200 141 GB: same IDs, counts and fractions as H100 [V]; the placement table is [I].
+            // H200 141 GB SXM (PCI 0x2335, NVML name "NVIDIA H200"): profile IDs, slice counts,
+            // instance counts and memory fractions of the MIG User Guide's H200 table [V]; the
+            // placement table is [I] (the common one). `scripts/device-check.sh` compares it with
+            // `nvidia-smi mig -lgipp` on an H200 that is in MIG mode.
             model("H200-141GB", &["H200", "H200-SXM5-141GB", "NVIDIA H200"], 143771, 141, 132, g8, NvLink::Switch),
             // H200 NVL (PCI 0x233B): the H200 tables and 143771 MiB [V]; bridges, not a switch
             // (reference §6). Whether it exposes 1g.35gb is [U]; the common table is kept.
@@ -486,6 +489,52 @@ mod tests {
         // NVML device names (`nvmlDeviceGetName`) resolve too.
         assert_eq!(c.find("NVIDIA H200 NVL"), c.find("H200-141GB-NVL"));
         assert_eq!(c.find("NVIDIA GH200 480GB"), c.find("GH200-96GB"));
+    }
+
+    #[test]
+    fn h200_follows_nvidias_tables() {
+        let c = Catalogue::builtin();
+        let id = c.find("NVIDIA H200").expect("the NVML name of the H200 SXM");
+        assert_eq!(c.find("H200-141GB"), Some(id));
+        assert_eq!(c.find("H200-SXM5-141GB"), Some(id));
+        let m = c.get(id);
+        assert_eq!((m.memory_mib, m.name_gb, m.nvlink), (143771, 141, NvLink::Switch));
+        let geom = m.mig.unwrap();
+        assert_eq!((geom.mem_slices, geom.sm_slices), (8, 7));
+        // (name, profile ID, SM slices, memory slices, most instances, placement starts)
+        let rows: Vec<(String, u32, u8, u8, u8, Vec<u8>)> = geom
+            .profiles
+            .iter()
+            .map(|p| {
+                (
+                    m.profile_name(p),
+                    p.id,
+                    p.sm_slices,
+                    p.mem_slices,
+                    p.max_instances,
+                    p.starts.to_vec(),
+                )
+            })
+            .collect();
+        let want: Vec<(String, u32, u8, u8, u8, Vec<u8>)> = [
+            ("1g.18gb", 19, 1, 1, 7, &[0, 1, 2, 3, 4, 5, 6][..]),
+            ("1g.18gb+me", 20, 1, 1, 1, &[0, 1, 2, 3, 4, 5, 6]),
+            ("1g.35gb", 15, 1, 2, 4, &[0, 2, 4, 6]),
+            ("2g.35gb", 14, 2, 2, 3, &[0, 2, 4]),
+            ("3g.71gb", 9, 3, 4, 2, &[0, 4]),
+            ("4g.71gb", 5, 4, 4, 1, &[0]),
+            ("7g.141gb", 0, 7, 8, 1, &[0]),
+        ]
+        .iter()
+        .map(|(n, id, g, mem, max, starts)| (n.to_string(), *id, *g, *mem, *max, starts.to_vec()))
+        .collect();
+        assert_eq!(rows, want);
+        let units = |n: &str| m.profile_units(m.find_profile(n).unwrap());
+        assert_eq!(units("1g.18gb"), GpuUnits::milli(125));
+        assert_eq!(units("1g.35gb"), GpuUnits::milli(250));
+        assert_eq!(units("3g.71gb"), GpuUnits::milli(500));
+        assert_eq!(units("7g.141gb"), GpuUnits::milli(1000));
+        assert_eq!(m.find_profile("1g.35gb").map(|p| p.id), Some(15));
     }
 
     #[test]

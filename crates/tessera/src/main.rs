@@ -6,7 +6,8 @@
 //!
 //! `serve` runs the control plane; `run`, `ls`, `describe`, `cancel`, `pools`, `nodes`,
 //! `gpus`, `tenants`, `projects`, `token` and `logs` talk to it; `admin recover` issues an
-//! admin token through the data directory; `gpu-check` shows this machine's GPUs; `sim openb`
+//! admin token through the data directory; `gpu-check` shows this machine's GPUs (and the hidden
+//! `device-report` builds the report of `scripts/device-check.sh`); `sim openb`
 //! replays the Alibaba trace, `bench` measures the engine and the API, `fleet` shows a fleet
 //! description and `openapi` prints the API document.
 
@@ -14,6 +15,7 @@ mod bench;
 mod benchapi;
 mod cli;
 mod client;
+mod devreport;
 mod fleetcmd;
 mod govcli;
 mod local;
@@ -132,6 +134,11 @@ enum Command {
     /// This machine's NVIDIA GPUs through NVML, read-only: discovery and one telemetry sample as
     /// JSON (what `--backend local` would serve). Never changes MIG mode, clocks or settings.
     GpuCheck(local::GpuCheckArgs),
+    /// The report of scripts/device-check.sh: compares what it recorded in DIR/raw/ (gpu-check,
+    /// nvidia-smi, /metrics and NVML samples, describe, usage) check by check and writes
+    /// DIR/report.json; exits 1 when a check failed.
+    #[command(hide = true)]
+    DeviceReport(devreport::DeviceReportArgs),
 }
 
 #[derive(Subcommand)]
@@ -222,6 +229,7 @@ fn main() -> ExitCode {
             Ok(())
         })),
         Command::GpuCheck(a) => local::gpu_check(a),
+        Command::DeviceReport(a) => devreport::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
