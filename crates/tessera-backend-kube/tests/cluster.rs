@@ -303,6 +303,29 @@ async fn time_sliced_nodes_are_a_shared_pool_with_one_tenant_per_node() {
     assert_ne!(a1, b1, "two tenants' fractions land on different shared nodes");
     assert_eq!(a2, a1, "the first tenant's next fraction packs onto its node");
 
+    // A whole GPU cannot be promised on a time-sliced node: refused, naming why.
+    b.ensure_tenancy(&tenancy("ts-acme", "ml", 8)).await.unwrap();
+    let refused = b.start(&run(700, "ts-acme", a1.as_str(), gpus(1))).await.unwrap_err();
+    assert!(refused.to_string().contains("time-slices its GPUs"), "{refused}");
+    // The namespace quota counts the pool's replicas for fractions, not whole GPUs.
+    let mut t = tenancy("ts-acme", "ml", 0);
+    t.quota = BTreeMap::from([(format!("{}{}", tessera_backend::SHARED_POOL_QUOTA, "tsp"), 1)]);
+    b.ensure_tenancy(&t).await.unwrap();
+    let q = Api::<ResourceQuota>::namespaced(client.clone(), &b.namespace_of("ts-acme", "main"))
+        .get("tessera-quota")
+        .await
+        .unwrap();
+    let hard = q.spec.unwrap().hard.unwrap();
+    assert!(
+        hard.keys().all(|k| !k.starts_with("requests.shared:")),
+        "the pseudo-key never reaches the API server: {hard:?}"
+    );
+    assert_eq!(
+        hard["requests.nvidia.com/gpu"].0, "8",
+        "tsp's node advertises 2 GPUs × 4 replicas as nvidia.com/gpu"
+    );
+    b.ensure_tenancy(&tenancy("ts-acme", "ml", 8)).await.unwrap();
+
     // Each fraction's pod asks for one replica of the resource its node advertises.
     let shared = |milli| Devices::Count {
         resource: Resource::SharedGpu { milli },

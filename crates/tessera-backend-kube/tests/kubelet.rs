@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::LogParams;
 use node::{BUSYBOX, NODE, POOL, kubelet_node};
-use support::{eventually, expect_event};
+use support::expect_event;
 use tessera_backend::{Backend, BackendEvent, Devices, Exit, Resource, RunSpec, TenancySpec};
 use tessera_backend_kube::{KubeBackend, KubeConfig};
 

@@ -191,6 +191,16 @@ mod tests {
     }
 
     #[test]
+    fn a_time_sliced_pool_is_mirrored_as_its_replicas_not_as_whole_gpus() {
+        // A fraction is one replica to the device plugin whatever its size: 1.45 units of
+        // fractions can be 8 pods, so `requests.nvidia.com/gpu = 4` would refuse them.
+        let fleet = Fleet::seed();
+        let m = quota_of("acme", &[q("acme", "development", Some(4_000))], &fleet);
+        assert!(!m.contains_key("nvidia.com/gpu"), "{m:?}");
+        assert_eq!(m[&format!("{SHARED_POOL}development")], 4);
+    }
+
+    #[test]
     fn groups_come_from_the_groups_claim_rules_of_the_tenant() {
         let rule = |claim: &str, value: &str, tenant: Option<&str>| ClaimRule {
             claim: claim.into(),
