@@ -1456,90 +1456,109 @@ impl Backend for KubeBackend {
             }
         }
         // Each attempt has pods of its own names: a requeued workload never collides with its
-        // old pods while they terminate.
-        let attempt = if sh.state.lock().unwrap().namespaces.contains(&ns) {
-            sh.next_attempt(&ns, spec.id).await?
-        } else {
-            match Api::<k8s_openapi::api::core::v1::Namespace>::all(sh.client.clone())
-                .get_opt(&ns)
-                .await
-                .map_err(|e| kube_err("reading a namespace", e))?
-            {
-                Some(_) => sh.next_attempt(&ns, spec.id).await?,
-                None => 0,
-            }
+        // old pods while they terminate. The attempt after a tracked one is known; a workload
+        // this process has not seen starts at 0, and only if that name holds an ended pod (a
+        // restart after a requeue) are its pods listed for the next free attempt.
+        let known = {
+            let st = sh.state.lock().unwrap();
+            st.tracked.get(&spec.id).filter(|t| t.ns == ns).map(|t| {
+                if t.stopping || t.stage == Stage::Ended {
+                    t.attempt + 1
+                } else {
+                    t.attempt
+                }
+            })
         };
-        let mut shares = Vec::with_capacity(size);
-        for i in 0..size {
-            let (node, devices) = spec.share(i).expect("an index below the gang size");
-            let pod = pods::attempt_pod_for(spec, &ns, attempt, i, &sh.shared_resource(node))?;
-            shares.push((node, devices, pod));
-        }
-        {
-            let mut st = sh.state.lock().unwrap();
-            let fresh = || {
-                Tracked::new(
-                    &ns,
-                    attempt,
-                    Stage::Accepted,
-                    false,
-                    (0..size).map(|i| names::attempt_pod_name(spec.id, attempt, i, size)),
-                )
-                .whole_gpus_of(spec)
-            };
-            match st.tracked.get_mut(&spec.id) {
-                Some(t) if t.attempt == attempt && t.ns == ns => t.stopping = false,
-                _ => {
-                    st.tracked.insert(spec.id, fresh());
-                }
+        let mut attempt = known.unwrap_or(0);
+        let mut listed = false;
+        let created = loop {
+            let mut shares = Vec::with_capacity(size);
+            for i in 0..size {
+                let (node, devices) = spec.share(i).expect("an index below the gang size");
+                let pod = pods::attempt_pod_for(spec, &ns, attempt, i, &sh.shared_resource(node))?;
+                shares.push((node, devices, pod));
             }
-        }
-        for (node, devices, _) in &shares {
-            if let Devices::Count {
-                resource: Resource::Mig { .. },
-                ..
-            } = devices
             {
-                // Pods needing new instances are bound only once the MIG manager has applied
-                // the selected config.
-                sh.wait_mig(node, None).await?;
-            }
-        }
-        if let Err(e) = sh.ensure_namespace(spec, &ns).await {
-            sh.state.lock().unwrap().tracked.remove(&spec.id);
-            return Err(e);
-        }
-        // All of a gang's pods exist before any is bound; a pod refused (quota) leaves none.
-        let mut created = Vec::with_capacity(size);
-        for (_, _, pod) in &shares {
-            match sh.create_pod(&ns, pod).await {
-                Ok(p) => {
-                    if let (Some(name), Some(uid)) = (p.metadata.name.clone(), p.metadata.uid.clone())
-                        && let Some(t) = sh.state.lock().unwrap().tracked.get_mut(&spec.id)
-                    {
-                        t.uids.insert(name, uid);
+                let mut st = sh.state.lock().unwrap();
+                let fresh = || {
+                    Tracked::new(
+                        &ns,
+                        attempt,
+                        Stage::Accepted,
+                        false,
+                        (0..size).map(|i| names::attempt_pod_name(spec.id, attempt, i, size)),
+                    )
+                    .whole_gpus_of(spec)
+                };
+                match st.tracked.get_mut(&spec.id) {
+                    Some(t) if t.attempt == attempt && t.ns == ns => t.stopping = false,
+                    _ => {
+                        st.tracked.insert(spec.id, fresh());
                     }
-                    created.push(p)
                 }
-                Err(e) => {
-                    sh.state.lock().unwrap().tracked.remove(&spec.id);
-                    let api = Api::<Pod>::namespaced(sh.client.clone(), &ns);
-                    for p in &created {
-                        let name = p.metadata.name.as_deref().unwrap_or_default();
-                        if let Err(e) = api.delete(name, &DeleteParams::default().grace_period(0)).await
-                            && !not_found(&e)
+            }
+            for (node, devices, _) in &shares {
+                if let Devices::Count {
+                    resource: Resource::Mig { .. },
+                    ..
+                } = devices
+                {
+                    // Pods needing new instances are bound only once the MIG manager has applied
+                    // the selected config.
+                    sh.wait_mig(node, None).await?;
+                }
+            }
+            if let Err(e) = sh.ensure_namespace(spec, &ns).await {
+                sh.state.lock().unwrap().tracked.remove(&spec.id);
+                return Err(e);
+            }
+            // All of a gang's pods exist before any is bound; a pod refused (quota) leaves none.
+            let mut created = Vec::with_capacity(size);
+            for (_, _, pod) in &shares {
+                match sh.create_pod(&ns, pod).await {
+                    Ok(p) => {
+                        if let (Some(name), Some(uid)) = (p.metadata.name.clone(), p.metadata.uid.clone())
+                            && let Some(t) = sh.state.lock().unwrap().tracked.get_mut(&spec.id)
                         {
-                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "removing a gang's pod after a refused one");
+                            t.uids.insert(name, uid);
                         }
+                        created.push(p)
                     }
-                    return Err(e);
+                    Err(e) => {
+                        sh.state.lock().unwrap().tracked.remove(&spec.id);
+                        let api = Api::<Pod>::namespaced(sh.client.clone(), &ns);
+                        for p in &created {
+                            let name = p.metadata.name.as_deref().unwrap_or_default();
+                            if let Err(e) = api.delete(name, &DeleteParams::default().grace_period(0)).await
+                                && !not_found(&e)
+                            {
+                                tracing::warn!(pod = %name, namespace = %ns, error = %e, "removing a gang's pod after a refused one");
+                            }
+                        }
+                        return Err(e);
+                    }
                 }
             }
-        }
+            // An earlier attempt's ended pod under these names: the next free attempt.
+            if !listed && created.iter().any(pods::finished) {
+                listed = true;
+                let api = Api::<Pod>::namespaced(sh.client.clone(), &ns);
+                for p in created.iter().filter(|p| !pods::finished(p)) {
+                    let name = p.metadata.name.as_deref().unwrap_or_default();
+                    let _ = api.delete(name, &DeleteParams::default().grace_period(0)).await;
+                }
+                attempt = sh.next_attempt(&ns, spec.id).await?.max(attempt + 1);
+                continue;
+            }
+            break created;
+        };
+        let shares: Vec<&str> = (0..size)
+            .map(|i| spec.share(i).expect("an index below the gang size").0)
+            .collect();
         if size > 1 {
             sh.ensure_gang_service(spec, &ns, &created[0]).await?;
         }
-        for ((node, _, _), pod) in shares.iter().zip(&created) {
+        for (node, pod) in shares.iter().zip(&created) {
             sh.bind_pod(&ns, pod, node).await?;
         }
         let mut st = sh.state.lock().unwrap();
