@@ -214,7 +214,11 @@ impl Files {
 /// command runs, output appended to the log. Returns the child and its identity (also written to
 /// the pid file).
 pub fn spawn(data_dir: &Path, cgroups: &Cgroups, l: &Launch) -> io::Result<(tokio::process::Child, ProcId)> {
-    let files = Files::new(data_dir, l.id);
+    // The wrapper runs in the workload's directory: a relative data directory would put its
+    // exit file somewhere else, and an exit seen only through that file (the server was down)
+    // would be lost.
+    let data_dir = std::path::absolute(data_dir)?;
+    let files = Files::new(&data_dir, l.id);
     fs::create_dir_all(&files.dir)?;
     let _ = fs::remove_file(files.exit());
     let log = OpenOptions::new().create(true).append(true).open(files.log())?;
@@ -288,6 +292,33 @@ mod tests {
             "another start time: another process"
         );
         assert_eq!(start_ticks(i32::MAX), None);
+    }
+
+    /// With a relative data directory (the server's default, `./tessera-data`), the wrapper,
+    /// which runs in the workload's own directory, still writes the exit file where the server
+    /// reads it: an exit seen only through that file (the server was down) is not lost.
+    #[tokio::test]
+    async fn a_relative_data_dir_still_gets_its_exit_files() {
+        let rel = PathBuf::from(format!("tessera-relative-{}", std::process::id()));
+        assert!(rel.is_relative());
+        let nocg = std::env::temp_dir().join(format!("tessera-nocg-rel-{}", std::process::id()));
+        fs::create_dir_all(&nocg).unwrap();
+        let cgroups = Cgroups::detect(&nocg);
+        for (id, cmd, code) in [(7, "true", 0), (8, "false", 1)] {
+            let launch = Launch {
+                id,
+                command: vec![cmd.into()],
+                env: BTreeMap::new(),
+                cuda_visible_devices: String::new(),
+                cpu_milli: 1000,
+                memory_mib: 64,
+            };
+            let (mut child, _) = spawn(&rel, &cgroups, &launch).unwrap();
+            child.wait().await.unwrap();
+            assert_eq!(Files::new(&rel, id).read_exit(), Some(code), "{cmd}");
+        }
+        fs::remove_dir_all(&rel).unwrap();
+        fs::remove_dir_all(&nocg).unwrap();
     }
 
     #[test]
