@@ -119,6 +119,10 @@ pub struct Tenant {
     pub name: String,
     pub display_name: String,
     pub created_at: String,
+    /// The priority classes the tenant's workloads may use, as the platform admin granted them
+    /// (default: `standard` and `opportunistic`).
+    #[serde(default)]
+    pub priorities: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
@@ -130,6 +134,10 @@ pub struct CreateTenant {
     #[serde(default)]
     #[schema(schema_with = rules::schema::display_name_opt)]
     pub display_name: Option<String>,
+    /// The priority classes granted to the tenant (absent: `standard` and `opportunistic`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::schema::priorities_opt)]
+    pub priorities: Option<Vec<String>>,
 }
 
 impl Validate for CreateTenant {
@@ -138,7 +146,28 @@ impl Validate for CreateTenant {
         if let Some(d) = &self.display_name {
             rules::DISPLAY_NAME.check("display_name", d)?;
         }
+        if let Some(p) = &self.priorities {
+            rules::check_priorities("priorities", p)?;
+        }
         Ok(())
+    }
+}
+
+/// The priority classes granted to a tenant (`PUT /api/v1/tenants/{tenant}/priorities`,
+/// platform-admin). Its workloads may ask only for these; `null`: the default grant.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetPriorities {
+    #[schema(schema_with = rules::schema::priorities_opt)]
+    pub priorities: Option<Vec<String>>,
+}
+
+impl Validate for SetPriorities {
+    fn validate(&self) -> Result<(), Violation> {
+        match &self.priorities {
+            Some(p) => rules::check_priorities("priorities", p),
+            None => Ok(()),
+        }
     }
 }
 
@@ -635,6 +664,9 @@ pub struct AuditEntry {
     pub target: String,
     /// HTTP status of the outcome.
     pub outcome: u16,
+    /// What the change was, where the action records it (a grant's classes before and after).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
 }
 
 /// The timestamp of `ms` milliseconds since the epoch, clamped to what jiff represents.
@@ -846,6 +878,137 @@ impl Validate for SetBudget {
             None => Ok(()),
         }
     }
+}
+
+/// How a node is drained (`POST /api/v1/nodes/{node}/drain`), as a JSON body; the same
+/// values may be given as query parameters instead.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// Seconds until the drain's policy applies (default: no deadline; at most 30 days).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 2_592_000)]
+    pub deadline_s: Option<u64>,
+    /// After the deadline, `preempt` what is left (with the grace period; batch work is
+    /// requeued) or `wait` (default).
+    #[serde(default)]
+    #[schema(schema_with = rules::schema::drain_after_opt)]
+    pub after: Option<String>,
+}
+
+impl Validate for DrainRequest {
+    fn validate(&self) -> Result<(), Violation> {
+        Ok(())
+    }
+}
+
+/// One tenant of a declaration (`POST /api/v1/apply`, `tessera apply -f`).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DeclaredTenant {
+    #[schema(schema_with = rules::schema::slug)]
+    pub name: String,
+    /// Shown to people (default: the name; given for a tenant that exists, left as it is).
+    #[serde(default)]
+    #[schema(schema_with = rules::schema::display_name_opt)]
+    pub display_name: Option<String>,
+    /// Projects the tenant must have (others it has are kept).
+    #[serde(default)]
+    pub projects: Vec<String>,
+    /// Resource class → quota: exactly the tenant's quotas (others it has are removed).
+    #[serde(default)]
+    pub quotas: BTreeMap<String, SetQuota>,
+    /// GPU-unit-hours per calendar month; absent: no budget.
+    #[serde(default)]
+    #[schema(schema_with = rules::schema::budget_opt)]
+    pub monthly_gpu_hours: Option<f64>,
+    /// The tenant's image policy; absent: left as it is.
+    #[serde(default)]
+    pub image_policy: Option<SetImagePolicy>,
+    /// The priority classes granted to the tenant; absent: left as it is (a new tenant gets
+    /// the default grant, `standard` and `opportunistic`).
+    #[serde(default)]
+    #[schema(schema_with = rules::schema::priorities_opt)]
+    pub priorities: Option<Vec<String>>,
+}
+
+/// The most tenants one declaration may name.
+pub const MAX_DECLARED_TENANTS: usize = 1000;
+
+/// What the server should hold for each tenant named: applied whole or not at all.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Declaration {
+    pub tenants: Vec<DeclaredTenant>,
+}
+
+impl Validate for Declaration {
+    fn validate(&self) -> Result<(), Violation> {
+        let within = |at: String| move |v: Violation| Violation::new(format!("{at}.{}", v.field), v.message);
+        if self.tenants.len() > MAX_DECLARED_TENANTS {
+            return Err(Violation::new(
+                "tenants",
+                format!(
+                    "{} tenants: at most {MAX_DECLARED_TENANTS} in one declaration",
+                    self.tenants.len()
+                ),
+            ));
+        }
+        for (i, t) in self.tenants.iter().enumerate() {
+            let at = format!("tenants[{i}]");
+            rules::check_slug("name", &t.name).map_err(within(at.clone()))?;
+            if let Some(j) = self.tenants[..i].iter().position(|o| o.name == t.name) {
+                return Err(Violation::new(
+                    format!("{at}.name"),
+                    format!("tenant `{}` is declared twice (tenants[{j}] and tenants[{i}])", t.name),
+                ));
+            }
+            if let Some(d) = &t.display_name {
+                rules::DISPLAY_NAME
+                    .check("display_name", d)
+                    .map_err(within(at.clone()))?;
+            }
+            for (k, p) in t.projects.iter().enumerate() {
+                rules::check_slug(&format!("projects[{k}]"), p).map_err(within(at.clone()))?;
+                if let Some(j) = t.projects[..k].iter().position(|o| o == p) {
+                    return Err(Violation::new(
+                        format!("{at}.projects[{k}]"),
+                        format!(
+                            "project `{p}` of tenant `{}` is declared twice (projects[{j}] and projects[{k}])",
+                            t.name
+                        ),
+                    ));
+                }
+            }
+            for (class, q) in &t.quotas {
+                if class.is_empty() || class.chars().count() > 200 {
+                    return Err(Violation::new(
+                        format!("{at}.quotas"),
+                        "a quota class is 1–200 characters",
+                    ));
+                }
+                q.validate().map_err(within(format!("{at}.quotas.{class}")))?;
+            }
+            if let Some(h) = t.monthly_gpu_hours {
+                rules::UNITS.check("monthly_gpu_hours", h).map_err(within(at.clone()))?;
+            }
+            if let Some(p) = &t.image_policy {
+                p.validate().map_err(within(format!("{at}.image_policy")))?;
+            }
+            if let Some(p) = &t.priorities {
+                rules::check_priorities("priorities", p).map_err(within(at.clone()))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a declaration changes (`+` created, `~` changed, `-` removed), and whether it was
+/// applied (`false`: a dry run).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ApplyResult {
+    pub changes: Vec<String>,
+    pub applied: bool,
 }
 
 /// A tenant's image policy, as set (`PUT /api/v1/tenants/{tenant}/image-policy`).

@@ -46,6 +46,38 @@ pub fn is_forbidden_in_names(c: char) -> bool {
 /// The same set as a regular-expression character class (ECMA 262 and Python agree on it).
 const FORBIDDEN_CLASS: &str = r"\u0000-\u001F\u007F-\u009F\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069";
 
+/// Characters that show nothing by themselves: white space (Unicode `White_Space`), the
+/// refused characters above, and the format and filler characters that render as nothing
+/// (soft hyphen, combining grapheme joiner, Hangul and Khmer fillers, Mongolian vowel
+/// separator and variation selectors, zero-width space/non-joiner/joiner, word joiner and
+/// invisible operators, the Braille blank, variation selectors, the byte-order mark). A name
+/// needs at least one character that is not one of these.
+pub fn is_invisible(c: char) -> bool {
+    c.is_whitespace()
+        || is_forbidden_in_names(c)
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{034F}'
+                | '\u{115F}'
+                | '\u{1160}'
+                | '\u{17B4}'
+                | '\u{17B5}'
+                | '\u{180B}'..='\u{180E}'
+                | '\u{200B}'..='\u{200D}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2800}'
+                | '\u{3164}'
+                | '\u{FE00}'..='\u{FE0F}'
+                | '\u{FEFF}'
+                | '\u{FFA0}'
+        )
+}
+
+/// [`is_invisible`]'s characters beyond the refused ones, as a regular-expression character
+/// class (ECMA 262 and Python agree on it).
+const INVISIBLE_CLASS: &str = r"\u0009-\u000D\u0020\u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\u00AD\u034F\u115F\u1160\u17B4\u17B5\u180B-\u180E\u200B-\u200D\u2060-\u2064\u2800\u3164\uFE00-\uFE0F\uFEFF\uFFA0";
+
 /// Free text shown to people: a workload's, token's or tenant's display name.
 #[derive(Clone, Copy, Debug)]
 pub struct TextRule {
@@ -86,6 +118,14 @@ impl TextRule {
                 ),
             ));
         }
+        if v.chars().all(is_invisible) {
+            return Err(Violation::new(
+                field,
+                format!(
+                    "has no visible character: a {field} is more than spaces and invisible characters (such as U+200B)"
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -94,7 +134,9 @@ impl TextRule {
             .schema_type(string_type(nullable))
             .min_length(Some(self.min_chars))
             .max_length(Some(self.max_chars))
-            .pattern(Some(format!("^[^{FORBIDDEN_CLASS}]*$")))
+            .pattern(Some(format!(
+                "^[^{FORBIDDEN_CLASS}]*[^{FORBIDDEN_CLASS}{INVISIBLE_CLASS}][^{FORBIDDEN_CLASS}]*$"
+            )))
             .description(Some(format!(
                 "{}–{} characters (Unicode); no control or bidirectional formatting characters",
                 self.min_chars, self.max_chars
@@ -126,6 +168,34 @@ pub fn check_list(field: &str, v: &[String], max_items: usize, max_chars: usize)
             return Err(Violation::new(
                 format!("{field}[{i}]"),
                 format!("{n} characters: 1–{max_chars}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The default grant of priority classes: what a tenant may use until the platform admin
+/// grants it others.
+pub const DEFAULT_PRIORITIES: [&str; 2] = ["standard", "opportunistic"];
+/// The most priority classes one grant may name.
+pub const MAX_PRIORITIES: usize = 16;
+
+/// A grant of priority classes: 1–[`MAX_PRIORITIES`] class names (slugs), none twice. Whether
+/// each is a class the server knows is the server's check.
+pub fn check_priorities(field: &str, v: &[String]) -> Result<(), Violation> {
+    if v.is_empty() {
+        return Err(Violation::new(
+            field,
+            "grants no priority class: name at least one (or `null` for the default grant, standard and opportunistic)",
+        ));
+    }
+    check_list(field, v, MAX_PRIORITIES, SLUG_MAX)?;
+    for (i, p) in v.iter().enumerate() {
+        check_slug(&format!("{field}[{i}]"), p)?;
+        if v[..i].contains(p) {
+            return Err(Violation::new(
+                format!("{field}[{i}]"),
+                format!("`{p}` is listed twice"),
             ));
         }
     }
@@ -531,6 +601,27 @@ pub mod schema {
     pub fn idempotency_key() -> Object {
         idempotency_key_schema()
     }
+    pub fn drain_after_opt() -> Object {
+        ObjectBuilder::new()
+            .schema_type(string_type(true))
+            .enum_values(Some([Some("preempt"), Some("wait"), None]))
+            .description(Some(
+                "After the deadline: `preempt` what is left (needs `deadline_s`) or `wait` (default)",
+            ))
+            .build()
+    }
+    pub fn priorities_opt() -> utoipa::openapi::schema::Array {
+        let mut a = string_list_schema(
+            MAX_PRIORITIES,
+            SLUG_MAX,
+            "Priority class names granted to the tenant (each once); its workloads may ask only for these. \
+             Absent or null: the default grant, `standard` and `opportunistic`.",
+        );
+        a.min_items = Some(1);
+        a.unique_items = true;
+        a.schema_type = utoipa::openapi::schema::SchemaType::from_iter([Type::Array, Type::Null]);
+        a
+    }
     pub fn registries() -> utoipa::openapi::schema::Array {
         string_list_schema(
             MAX_REGISTRIES,
@@ -573,6 +664,62 @@ mod tests {
             let e = NAME.check("name", bad).unwrap_err();
             assert_eq!(e.field, "name");
             assert!(e.message.contains("U+"), "{e}");
+        }
+    }
+
+    #[test]
+    fn names_need_a_visible_character() {
+        for bad in [
+            " ",
+            "\u{200B}",
+            "  \u{200B} ",
+            "\u{3000}",
+            "\u{FEFF}",
+            "\u{2060}\u{00A0}",
+            "\u{3164}",
+        ] {
+            let e = NAME.check("name", bad).unwrap_err();
+            assert!(e.message.contains("no visible character"), "{bad:?}: {e}");
+            assert!(DISPLAY_NAME.check("display_name", bad).is_err(), "{bad:?}");
+        }
+        for good in ["a", " a ", "\u{200B}x", "训", "🚀", "_", "-"] {
+            assert!(NAME.check("name", good).is_ok(), "{good:?}");
+        }
+    }
+
+    /// The code-point ranges of a character class written as `\uXXXX` and `\uXXXX-\uYYYY`.
+    fn class_ranges(class: &str) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        let mut rest = class;
+        while let Some(r) = rest.strip_prefix("\\u") {
+            let lo = u32::from_str_radix(&r[..4], 16).unwrap();
+            rest = &r[4..];
+            let hi = match rest.strip_prefix("-\\u") {
+                Some(r) => {
+                    rest = &r[4..];
+                    u32::from_str_radix(&r[..4], 16).unwrap()
+                }
+                None => lo,
+            };
+            out.push((lo, hi));
+        }
+        assert!(rest.is_empty(), "unparsed: {rest}");
+        out
+    }
+
+    #[test]
+    fn the_name_pattern_needs_what_the_check_calls_visible() {
+        // Every BMP code point is in the pattern's invisible or refused classes exactly when
+        // `is_invisible` says so.
+        let ranges: Vec<(u32, u32)> = class_ranges(INVISIBLE_CLASS)
+            .into_iter()
+            .chain(class_ranges(FORBIDDEN_CLASS))
+            .collect();
+        for u in 0..=0xFFFFu32 {
+            if let Some(c) = char::from_u32(u) {
+                let listed = ranges.iter().any(|(lo, hi)| (*lo..=*hi).contains(&u));
+                assert_eq!(is_invisible(c), listed, "U+{u:04X}");
+            }
         }
     }
 

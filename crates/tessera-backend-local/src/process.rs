@@ -181,6 +181,18 @@ pub struct Place<'a> {
 /// before the command runs, in its own directory, output relayed into the capped log. Returns
 /// the child and its identity (also recorded in the server's pid file).
 pub fn spawn(place: Place<'_>, l: &Launch) -> io::Result<(tokio::process::Child, ProcId)> {
+    // The wrapper runs in the workload's directory: a relative data or work directory (the
+    // server's default is relative) would put its exit file somewhere else, and an exit seen
+    // only through that file (the server was down) would be lost.
+    let (data_dir, work_dir) = (
+        std::path::absolute(place.data_dir)?,
+        std::path::absolute(place.work_dir)?,
+    );
+    let place = Place {
+        data_dir: &data_dir,
+        work_dir: &work_dir,
+        ..place
+    };
     let files = Files::new(place.data_dir, place.work_dir, l.id);
     fs::create_dir_all(&files.dir)?;
     fs::set_permissions(&files.dir, fs::Permissions::from_mode(0o700))?;

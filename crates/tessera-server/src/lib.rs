@@ -225,9 +225,7 @@ pub async fn serve_metrics(
     let bound = listener.local_addr()?;
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+            .with_graceful_shutdown(shutdown_signal())
             .await
     });
     Ok((bound, task))
@@ -431,9 +429,8 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = stop_tx.send(true);
-        }
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
         // Keep the sender: a closed channel would read as a change to the supervisor.
         std::future::pending::<()>().await;
     });
@@ -517,9 +514,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
     let task = match &cfg.tls {
         None => tokio::spawn(async move {
             axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = tokio::signal::ctrl_c().await;
-                })
+                .with_graceful_shutdown(shutdown_signal())
                 .await
         }),
         Some((cert, key)) => {
@@ -579,6 +574,32 @@ fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result
 }
 
 /// Serves `app` over TLS until Ctrl-C.
+/// Resolves at the first request to stop: Ctrl-C (SIGINT) or SIGTERM, what systemd and
+/// Kubernetes send. Either shuts down gracefully: a leader steps down and releases its lease at
+/// once, so a follower takes over without waiting for the lease to expire.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C shuts down gracefully");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 async fn serve_tls(
     listener: TcpListener,
     app: axum::Router,
@@ -586,7 +607,7 @@ async fn serve_tls(
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use hyper_util::service::TowerToHyperService;
-    let stop = tokio::signal::ctrl_c();
+    let stop = shutdown_signal();
     tokio::pin!(stop);
     loop {
         let (tcp, peer) = tokio::select! {

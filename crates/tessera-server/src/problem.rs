@@ -76,6 +76,19 @@ impl ApiError {
         )
     }
 
+    /// 403: the workload asks for a priority class its tenant was not granted (the detail
+    /// names those it was).
+    pub fn priority_not_granted(detail: impl Into<String>) -> Self {
+        let mut e = Self::new(
+            StatusCode::FORBIDDEN,
+            "priority-not-granted",
+            "Priority class not granted",
+            detail,
+        );
+        e.field = Some("priority".into());
+        e
+    }
+
     /// The same problem with another type (a reason code).
     pub fn with_kind(mut self, kind: &'static str) -> Self {
         self.kind = kind;

@@ -17,7 +17,7 @@
 //! * steps down at once — aborting the loop and its backend operations — when a renewal says
 //!   the lease is gone, when its local deadline passes without a successful renewal (the lease
 //!   expires on the database's clock no sooner than `lease` after the last renewal was sent, so
-//!   the deadline comes first), when the loop stops because a batch was fenced, or on Ctrl-C
+//!   the deadline comes first), when the loop stops because a batch was fenced, or on Ctrl-C or SIGTERM
 //!   (then it releases the lease so that a follower takes over without waiting).
 //!
 //! Fencing makes the database, not the supervisor's timing, the guarantee: a leader that was
@@ -190,7 +190,7 @@ pub struct Supervisor {
     pub cfg: LoopConfig,
     pub settings: HaSettings,
     pub metrics: Arc<Metrics>,
-    /// Set to `true` to step down and stop (Ctrl-C).
+    /// Set to `true` to step down and stop (Ctrl-C or SIGTERM).
     pub shutdown: watch::Receiver<bool>,
 }
 

@@ -12,8 +12,8 @@ use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{
     AuditRecord, AuditStore, Change, DrainRecord, FleetStore, GovernanceStore, GpuHealthRecord, GpuMigRecord,
     ImagePolicyRecord, LeaseRecord, LeaseStore, LedgerStore, NodeStateRecord, ProjectRecord, QuotaRecord,
-    ReplicaRecord, Result, Revocation, RolloutRecord, RolloutStore, ServiceMoveRecord, Store, TenancyStore,
-    TenantRecord, TokenRecord, TokenStore, UsageInterval, WorkloadFilter, WorkloadStore,
+    ReplicaRecord, Result, Revocation, RolloutRecord, RolloutStore, ServiceMoveRecord, Store, TenancyChange,
+    TenancyStore, TenantRecord, TokenRecord, TokenStore, UsageInterval, WorkloadFilter, WorkloadStore,
 };
 
 use crate::metrics::Metrics;
@@ -74,6 +74,22 @@ impl TenancyStore for TimedStore {
     }
     async fn delete_image_policy(&self, tenant: &str, audit: &AuditRecord) -> Result<bool> {
         self.timed("delete_image_policy", self.inner.delete_image_policy(tenant, audit))
+            .await
+    }
+    async fn set_tenant_priorities(
+        &self,
+        tenant: &str,
+        classes: Option<&[String]>,
+        audit: &AuditRecord,
+    ) -> Result<bool> {
+        self.timed(
+            "set_tenant_priorities",
+            self.inner.set_tenant_priorities(tenant, classes, audit),
+        )
+        .await
+    }
+    async fn apply_tenancy(&self, changes: &[TenancyChange], audit: &[AuditRecord]) -> Result<()> {
+        self.timed("apply_tenancy", self.inner.apply_tenancy(changes, audit))
             .await
     }
 }

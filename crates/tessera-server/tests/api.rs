@@ -883,6 +883,292 @@ async fn image_policy_is_validated_audited_and_enforced_at_admission(db: Db) {
     );
 }
 
+/// Priority classes are granted by the platform admin, never chosen by a tenant: a member
+/// asking for `critical` is refused (403 naming the classes it may use, on creation and on the
+/// dry run, nothing stored); neither it nor its tenant-admin can grant itself more, nor see
+/// another tenant's grant; a grant must name known classes, each once; once the admin grants
+/// `high`, the same member gets it (and only what was granted); each change is on the audit log
+/// with the grant before and after; `null` restores the default.
+async fn priority_classes_are_granted_by_the_platform_admin(db: Db) {
+    let s = server(db, "priorities").await;
+    s.tenant("vision", "train").await;
+    s.tenant("nlp", "serve").await;
+    let member = s.with_token(&s.server.token("vision", "member").await);
+    let tadmin = s.with_token(&s.server.token("vision", "tenant-admin").await);
+    let job = |priority: &str| json!({"tenant": "vision", "project": "train", "name": "p", "shape": {"fraction": 100}, "priority": priority});
+
+    let t = member.get("/api/v1/tenants/vision").await;
+    assert_eq!(t["priorities"], json!(["standard", "opportunistic"]), "{t}");
+    let count = s.workload_count().await;
+    for c in ["critical", "high"] {
+        for path in ["/api/v1/workloads", "/api/v1/workloads/dry-run"] {
+            let (st, p) = member.post(path, job(c)).await;
+            assert_eq!(st, StatusCode::FORBIDDEN, "{path} {c}: {p}");
+            assert_eq!(p["type"], "https://tessera.dev/problems/priority-not-granted", "{p}");
+            assert_eq!(p["field"], "priority");
+            let d = p["detail"].as_str().unwrap();
+            assert!(d.contains("standard, opportunistic") && d.contains(c), "{d}");
+        }
+    }
+    assert_eq!(s.workload_count().await, count, "nothing refused was created");
+
+    // The tenant cannot grant itself a class; another tenant's grant does not exist for it.
+    let grant = |classes: Value| json!({ "priorities": classes });
+    for who in [&member, &tadmin] {
+        let (st, p) = put(who, "/api/v1/tenants/vision/priorities", grant(json!(["critical"]))).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+        let (st, p) = put(who, "/api/v1/tenants/nlp/priorities", grant(json!(["critical"]))).await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+        let (st, p) = who
+            .post("/api/v1/tenants", json!({"name": "mine", "priorities": ["critical"]}))
+            .await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    }
+    // A grant names known classes, each once, at least one.
+    for (bad, field) in [
+        (json!([]), "priorities"),
+        (json!(["standard", "urgent"]), "priorities[1]"),
+        (json!(["high", "high"]), "priorities[1]"),
+        (json!(["High"]), "priorities[0]"),
+    ] {
+        let (st, p) = put(&s, "/api/v1/tenants/vision/priorities", grant(bad.clone())).await;
+        assert_eq!(
+            (st, p["field"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(field)),
+            "{bad}: {p}"
+        );
+    }
+    let (st, p) = put(&s, "/api/v1/tenants/nobody/priorities", grant(json!(["high"]))).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+    assert_eq!(
+        member.get("/api/v1/tenants/vision").await["priorities"],
+        json!(["standard", "opportunistic"]),
+        "refused grants change nothing"
+    );
+
+    let (st, t) = put(
+        &s,
+        "/api/v1/tenants/vision/priorities",
+        grant(json!(["standard", "high"])),
+    )
+    .await;
+    assert_eq!(
+        (st, &t["priorities"]),
+        (StatusCode::OK, &json!(["standard", "high"])),
+        "{t}"
+    );
+    let (st, w) = member.post("/api/v1/workloads", job("high")).await;
+    assert_eq!((st, w["priority"].as_str()), (StatusCode::CREATED, Some("high")), "{w}");
+    for c in ["critical", "opportunistic"] {
+        let (st, p) = member.post("/api/v1/workloads", job(c)).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "only what was granted: {c}: {p}");
+        assert!(p["detail"].as_str().unwrap().contains("standard, high"), "{p}");
+    }
+    // Another tenant's grant is untouched, and a platform-admin may submit any class.
+    assert_eq!(
+        s.get("/api/v1/tenants/nlp").await["priorities"],
+        json!(["standard", "opportunistic"])
+    );
+    let (st, w) = s.post("/api/v1/workloads", job("critical")).await;
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+
+    let (st, _) = put(&s, "/api/v1/tenants/vision/priorities", grant(Value::Null)).await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, p) = member.post("/api/v1/workloads", job("high")).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "the default grant again: {p}");
+
+    // Each change is audited once, with the grant before and after; refusals as denials.
+    let audit = s.get("/api/v1/audit?tenant=vision&limit=500").await;
+    let grants: Vec<(&str, u64)> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["action"] == "PUT /api/v1/tenants/{tenant}/priorities" && a["outcome"] == 200)
+        .map(|a| (a["detail"].as_str().unwrap_or(""), a["outcome"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        grants,
+        [
+            ("priority classes standard, high → standard, opportunistic", 200),
+            ("priority classes standard, opportunistic → standard, high", 200),
+        ],
+        "{audit}"
+    );
+    let denied = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["action"] == "denied PUT /api/v1/tenants/{tenant}/priorities")
+        .count();
+    assert_eq!(denied, 2, "{audit}");
+}
+
+/// What the server holds of tenants: each with its grant, projects, quotas and budget.
+async fn tenancy_state(s: &Srv) -> Vec<Value> {
+    let mut out = Vec::new();
+    for t in s.get("/api/v1/tenants?limit=500").await["items"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let projects = s.get(&format!("/api/v1/tenants/{name}/projects?limit=500")).await;
+        let quotas = s.get(&format!("/api/v1/tenants/{name}/quotas")).await;
+        let (_, policy) = s
+            .req(
+                reqwest::Method::GET,
+                &format!("/api/v1/tenants/{name}/image-policy"),
+                None,
+                &[],
+            )
+            .await;
+        out.push(json!([t, projects["items"], quotas, policy["registries"]]));
+    }
+    out
+}
+
+/// `POST /api/v1/apply` is all or nothing: a declaration with any fault — a bad name after a
+/// good tenant, a tenant or project listed twice, an unknown pool, priority class or project, a
+/// bad policy or quota — is refused whole with the field at fault, by the dry run exactly as by
+/// the apply, and nothing changes; tenant tokens cannot apply; a valid one lands whole (the
+/// scheduler sees its quotas), audited per tenant, and applying it again changes nothing.
+async fn apply_is_all_or_nothing(db: Db) {
+    let s = server(db, "apply").await;
+    s.tenant("acme", "p").await;
+    let good1 = json!({"name": "good1", "projects": ["train"], "quotas": {"training": {"guaranteed": 8, "limit": 16}},
+        "monthly_gpu_hours": 100, "priorities": ["standard", "high"]});
+    let before = tenancy_state(&s).await;
+    let audit_len = |a: Value| a["items"].as_array().unwrap().len();
+    let audit_before = audit_len(s.get("/api/v1/audit?limit=500").await);
+    let bad = [
+        (json!([good1, {"name": "Bad_Name"}]), "tenants[1].name"),
+        (json!([good1, {"name": "acme"}, {"name": "good1"}]), "tenants[2].name"),
+        (
+            json!([{"name": "good1", "projects": ["a", "b", "a"]}]),
+            "tenants[0].projects[2]",
+        ),
+        (
+            json!([good1, {"name": "good2", "quotas": {"nopool": {"guaranteed": 1}}}]),
+            "tenants[1].quotas.nopool",
+        ),
+        (
+            json!([good1, {"name": "good2", "quotas": {"training/B200": {"guaranteed": 1}}}]),
+            "tenants[1].quotas.training/B200",
+        ),
+        (
+            json!([good1, {"name": "acme", "quotas": {"project:ghost": {"guaranteed": 1}}}]),
+            "tenants[1].quotas.project:ghost",
+        ),
+        (
+            json!([{"name": "good1", "quotas": {"training": {"guaranteed": 8, "limit": 4}}}]),
+            "tenants[0].quotas.training.limit",
+        ),
+        (
+            json!([good1, {"name": "good2", "priorities": ["standard", "urgent"]}]),
+            "tenants[1].priorities[1]",
+        ),
+        (
+            json!([good1, {"name": "good2", "priorities": ["high", "high"]}]),
+            "tenants[1].priorities[1]",
+        ),
+        (
+            json!([good1, {"name": "acme", "image_policy": {"registries": ["team-a/"]}}]),
+            "tenants[1].image_policy.registries[0]",
+        ),
+        (
+            json!([good1, {"name": "good2", "monthly_gpu_hours": -1}]),
+            "tenants[1].monthly_gpu_hours",
+        ),
+        (
+            json!([good1, {"name": "good2", "projects": ["Train"]}]),
+            "tenants[1].projects[0]",
+        ),
+    ];
+    for (tenants, field) in bad {
+        for path in ["/api/v1/apply", "/api/v1/apply?dry_run=true"] {
+            let (st, p) = s.post(path, json!({ "tenants": tenants })).await;
+            assert_eq!(
+                (st, p["field"].as_str()),
+                (StatusCode::UNPROCESSABLE_ENTITY, Some(field)),
+                "{path} {tenants}: {p}"
+            );
+        }
+    }
+    let (_, p) = s.post("/api/v1/apply", json!({"tenants": [good1, good1]})).await;
+    assert!(p["detail"].as_str().unwrap().contains("declared twice"), "{p}");
+    assert_eq!(tenancy_state(&s).await, before, "a refused declaration changes nothing");
+
+    // A tenant's tokens cannot apply, not even to their own tenant or as a dry run.
+    let tadmin = s.with_token(&s.server.token("acme", "tenant-admin").await);
+    let own = json!({"tenants": [{"name": "acme", "priorities": ["critical"]}]});
+    for path in ["/api/v1/apply", "/api/v1/apply?dry_run=true"] {
+        let (st, p) = tadmin.post(path, own.clone()).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    }
+    assert_eq!(tenancy_state(&s).await, before);
+    assert_eq!(
+        s.get("/api/v1/tenants/acme").await["priorities"],
+        json!(["standard", "opportunistic"])
+    );
+
+    let valid = json!({"tenants": [good1, {"name": "acme", "projects": ["p", "serve"], "quotas": {"project:serve": {"guaranteed": 2}}}]});
+    let (st, r) = s.post("/api/v1/apply?dry_run=true", valid.clone()).await;
+    assert_eq!((st, &r["applied"]), (StatusCode::OK, &json!(false)), "{r}");
+    let changes: Vec<&str> = r["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            "+ tenant good1 (priority classes standard, high)",
+            "+ project good1/train",
+            "+ quota good1/training: guaranteed 8, limit 16",
+            "~ budget good1: none → 100 GPU-unit-hours",
+            "+ project acme/serve",
+            "+ quota acme/project:serve: guaranteed 2, limit none",
+        ]
+    );
+    assert_eq!(tenancy_state(&s).await, before, "a dry run changes nothing");
+
+    let (st, r) = s.post("/api/v1/apply", valid.clone()).await;
+    assert_eq!((st, &r["applied"]), (StatusCode::OK, &json!(true)), "{r}");
+    assert_eq!(r["changes"].as_array().unwrap().len(), 6);
+    let t = s.get("/api/v1/tenants/good1").await;
+    assert_eq!(t["priorities"], json!(["standard", "high"]));
+    let q = s.get("/api/v1/tenants/good1/quotas").await;
+    assert_eq!(
+        (
+            &q["quotas"][0]["class"],
+            &q["quotas"][0]["guaranteed"],
+            &q["budget"]["monthly_unit_hours"]
+        ),
+        (&json!("training"), &json!(8.0), &json!(100.0)),
+        "the scheduler has the new quota and budget: {q}"
+    );
+    let audit = s.get("/api/v1/audit?limit=500").await;
+    let applied: Vec<(&str, &str)> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["action"] == "POST /api/v1/apply" && a["outcome"] == 200 && a["detail"].is_string())
+        .map(|a| (a["tenant"].as_str().unwrap(), a["detail"].as_str().unwrap()))
+        .collect();
+    assert_eq!(applied.len(), 2, "one record per tenant changed: {audit}");
+    assert!(
+        applied.contains(&(
+            "acme",
+            "+ project acme/serve; + quota acme/project:serve: guaranteed 2, limit none"
+        )),
+        "{applied:?}"
+    );
+    assert!(audit_len(audit.clone()) > audit_before);
+    let (st, r) = s.post("/api/v1/apply", valid).await;
+    assert_eq!(
+        (st, &r["changes"], &r["applied"]),
+        (StatusCode::OK, &json!([]), &json!(false)),
+        "{r}"
+    );
+}
+
 tessera_testdb::each_database!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async create_run_cancel_release,
@@ -894,4 +1180,6 @@ tessera_testdb::each_database!(
     quotas_borrowing_limits_budgets_and_usage,
     owner_reclaims_its_guarantee_from_a_borrower,
     image_policy_is_validated_audited_and_enforced_at_admission,
+    priority_classes_are_granted_by_the_platform_admin,
+    apply_is_all_or_nothing,
 );

@@ -683,3 +683,70 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
     let audit = m.get("/console/audit").await;
     assert_eq!(audit.status(), StatusCode::FORBIDDEN);
 }
+
+/// The priority options of a request form page.
+fn priority_options(page: &str) -> Vec<String> {
+    let at = page.find("id=\"f-priority\"").expect("the priority select");
+    let select = &page[at..at + page[at..].find("</select>").unwrap()];
+    select
+        .match_indices("<option value=\"")
+        .map(|(i, m)| {
+            let rest = &select[i + m.len()..];
+            rest[..rest.find('"').unwrap()].to_string()
+        })
+        .collect()
+}
+
+/// The request form offers a member only the priority classes its tenant was granted; a
+/// class sent anyway is refused next to the field (and nothing is created); once the admin
+/// grants `high`, the form offers it and it is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_form_offers_only_the_granted_priority_classes() {
+    let srv = TestServer::start("reqprio").await;
+    srv.tenant_with_project("vision", "train").await;
+    let member = srv.token("vision", "member").await;
+    let b = srv.browser();
+    let csrf = sign_in(&b, &member).await;
+    let page = b.page("/console/request").await;
+    assert_eq!(priority_options(&page), ["standard", "opportunistic"]);
+    let form = |priority: &str| {
+        vec![
+            ("project", "vision/train".to_string()),
+            ("name", "p".to_string()),
+            ("pool", "serving".into()),
+            ("model", "A100-80GB".into()),
+            ("shape", "mig:1g.10gb".into()),
+            ("duration_h", "1".to_string()),
+            ("priority", priority.to_string()),
+        ]
+    };
+    let post = |path: &'static str, f: Vec<(&'static str, String)>| {
+        let rb = b.client.post(b.url(path)).form(&f).header("hx-request", "true");
+        support::with_csrf(rb, Some(&csrf)).send()
+    };
+    for path in ["/console/request/preview", "/console/request"] {
+        let r = post(path, form("critical")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{path}");
+        let html = r.text().await.unwrap();
+        assert!(
+            html.contains("id=\"priority-error\"")
+                && html.contains("may use the priority classes standard, opportunistic"),
+            "{path}: {html}"
+        );
+        assert!(!priority_options(&html).contains(&"critical".to_string()));
+    }
+    let listed = srv.get("/api/v1/workloads").await;
+    assert_eq!(listed["items"], serde_json::json!([]), "nothing was created");
+
+    let (st, _) = srv
+        .put(
+            "/api/v1/tenants/vision/priorities",
+            serde_json::json!({"priorities": ["standard", "high"]}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let page = b.page("/console/request").await;
+    assert_eq!(priority_options(&page), ["standard", "high"]);
+    let r = post("/console/request", form("high")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+}

@@ -310,3 +310,79 @@ async fn a_drain_moves_services_first_lets_batch_work_finish_and_ends_in_mainten
         .await;
     assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("ready")), "{v}");
 }
+
+/// A drain's deadline and policy may come as a JSON body as well as query parameters: a body
+/// `{"deadline_s": 1, "after": "preempt"}` preempts what is left after a second (before, the
+/// body was ignored and the drain waited for ever). A body breaking a rule, one that disagrees
+/// with the query, a body for another action and a tenant's token are refused with problem JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_takes_its_deadline_from_a_json_body() {
+    let s = server("drainbody", GpuFailurePolicy::Leave).await;
+    let job = run(&s, json!({"gpus": 1, "pool": "training"})).await;
+    let id = job["id"].as_u64().unwrap();
+    let (node, _) = where_(&job);
+    let drain = format!("/api/v1/nodes/{node}/drain");
+    for (path, body, status, field) in [
+        (drain.clone(), json!({"deadline_s": 1, "after": "kill"}), 422, "after"),
+        (drain.clone(), json!({"after": "preempt"}), 422, "after"),
+        (drain.clone(), json!({"deadline_s": 99_999_999}), 422, "deadline_s"),
+        (drain.clone(), json!({"deadline": 5}), 422, "deadline"),
+        (
+            format!("{drain}?deadline_s=5"),
+            json!({"deadline_s": 6}),
+            422,
+            "deadline_s",
+        ),
+        (
+            format!("/api/v1/nodes/{node}/cordon"),
+            json!({"deadline_s": 6}),
+            422,
+            "deadline_s",
+        ),
+    ] {
+        let (st, p) = s.call(Method::POST, &path, Some(body.clone())).await;
+        assert_eq!(
+            (st.as_u16(), p["field"].as_str()),
+            (status, Some(field)),
+            "{path} {body}: {p}"
+        );
+    }
+    let r = s
+        .request(Some(&s.admin), Method::POST, &drain)
+        .header("content-type", "text/plain")
+        .body("deadline_s=1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let member = s.token("vision", "member").await;
+    let (st, _) = s
+        .call_as(Some(&member), Method::POST, &drain, Some(json!({"deadline_s": 1})))
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    let n = s.get(&format!("/api/v1/nodes?node={node}")).await;
+    assert_eq!(n["items"][0]["state"], "ready", "refused drains change nothing: {n}");
+    assert_eq!(s.get(&format!("/api/v1/workloads/{id}")).await["state"], "running");
+
+    let (st, v) = s
+        .call(Method::POST, &drain, Some(json!({"deadline_s": 1, "after": "preempt"})))
+        .await;
+    assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("draining")), "{v}");
+    // The job runs until cancelled: only the body's deadline and policy end it on this node.
+    let w = until(&s, &format!("/api/v1/workloads/{id}"), |w| {
+        w["state"] != "running" || w["allocation"]["node"].as_str() != Some(node.as_str())
+    })
+    .await;
+    assert_ne!(
+        (w["state"].as_str(), w["allocation"]["node"].as_str()),
+        (Some("running"), Some(node.as_str())),
+        "the body's deadline applied: {w}"
+    );
+    let events = s.get(&format!("/api/v1/workloads/{id}/events")).await.to_string();
+    assert!(events.contains("node-drain"), "{events}");
+    let n = until(&s, &format!("/api/v1/nodes?node={node}"), |n| {
+        n["items"][0]["state"] == "maintenance"
+    })
+    .await;
+    assert_eq!(n["items"][0]["state"], "maintenance", "{n}");
+}

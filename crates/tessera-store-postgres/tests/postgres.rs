@@ -100,6 +100,7 @@ async fn a_stopped_database_answers_unavailable_quickly_and_the_store_recovers_w
         name: name.into(),
         display_name: name.into(),
         created_at: 1,
+        priorities: None,
     };
     store.create_tenant(&tenant("before")).await.unwrap();
     cluster.stop();

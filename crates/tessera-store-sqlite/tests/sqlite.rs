@@ -102,6 +102,7 @@ async fn the_server_can_share_it_as_an_arc_dyn_store_across_tasks() {
                 name: "acme".into(),
                 display_name: "Acme".into(),
                 created_at: 1,
+                priorities: None,
             };
             store.create_tenant(&tenant).await.unwrap();
         })

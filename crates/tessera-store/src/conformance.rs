@@ -25,7 +25,7 @@ use crate::{
     AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, ImagePolicyRecord,
     MoveCause, NodeStateRecord, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation,
     RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError,
-    TenantRecord, TokenRecord, UsageInterval, WorkloadFilter,
+    TenancyChange, TenantRecord, TokenRecord, UsageInterval, WorkloadFilter,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
@@ -47,6 +47,8 @@ macro_rules! store_conformance_tests {
             usage_intervals_open_close_and_overlap,
             tenants_and_projects,
             image_policies_round_trip_with_their_audit_record,
+            priority_grants_round_trip_with_their_audit_record,
+            declarations_apply_whole_or_not_at_all,
             tokens,
             last_platform_admin_token_stays,
             quotas_and_budgets,
@@ -154,6 +156,7 @@ async fn create_tenants(s: &dyn Store, names: &[&str]) {
             name: (*t).into(),
             display_name: (*t).into(),
             created_at: 0,
+            priorities: None,
         })
         .await
         .unwrap();
@@ -1070,6 +1073,7 @@ pub async fn image_policies_round_trip_with_their_audit_record(s: &dyn Store) {
         name: "acme".into(),
         display_name: "Acme".into(),
         created_at: 1,
+        priorities: None,
     })
     .await
     .unwrap();
@@ -1126,11 +1130,218 @@ pub async fn image_policies_round_trip_with_their_audit_record(s: &dyn Store) {
     assert_eq!(s.image_policy("acme").await.unwrap(), None);
 }
 
+/// A tenant's priority grant is stored at creation or set later, read back in the order given
+/// (by `get_tenant` and `list_tenants`), reset to the default with `None`, and each change's
+/// audit record lands with it; a grant for a tenant that does not exist changes nothing and
+/// leaves no record.
+pub async fn priority_grants_round_trip_with_their_audit_record(s: &dyn Store) {
+    let classes = |c: &[&str]| c.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+    s.create_tenant(&TenantRecord {
+        name: "acme".into(),
+        display_name: "Acme".into(),
+        created_at: 1,
+        priorities: Some(classes(&["high", "standard"])),
+    })
+    .await
+    .unwrap();
+    create_tenants(s, &["globex"]).await;
+    let audit = |tenant: &str, detail: &str| AuditRecord {
+        seq: 0,
+        at: 7,
+        request_id: "req-g".into(),
+        actor: "tok_admin".into(),
+        tenant: Some(tenant.into()),
+        action: "PUT /api/v1/tenants/{tenant}/priorities".into(),
+        target: format!("/api/v1/tenants/{tenant}/priorities"),
+        outcome: 200,
+        detail: detail.into(),
+    };
+    let grant = |t: &'static str| async move { s.get_tenant(t).await.unwrap().unwrap().priorities };
+    assert_eq!(grant("acme").await, Some(classes(&["high", "standard"])));
+    assert_eq!(grant("globex").await, None);
+
+    let critical = classes(&["critical", "opportunistic"]);
+    assert!(
+        s.set_tenant_priorities("globex", Some(&critical), &audit("globex", "grant critical"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(grant("globex").await, Some(critical.clone()));
+    let listed: Vec<_> = s
+        .list_tenants(None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.name, t.priorities))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("acme".to_string(), Some(classes(&["high", "standard"]))),
+            ("globex".to_string(), Some(critical)),
+        ]
+    );
+    assert!(
+        s.set_tenant_priorities("globex", None, &audit("globex", "default"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(grant("globex").await, None);
+    assert!(
+        !s.set_tenant_priorities("nobody", Some(&classes(&["critical"])), &audit("nobody", "x"))
+            .await
+            .unwrap()
+    );
+    assert!(s.get_tenant("nobody").await.unwrap().is_none());
+    let details: Vec<String> = s
+        .audit(None, None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.detail)
+        .collect();
+    assert_eq!(details, ["default", "grant critical"]);
+}
+
+/// `apply_tenancy` makes every change of a declaration and its audit record in one
+/// transaction: a valid one lands whole; one whose last change conflicts, or that names a
+/// tenant that does not exist, leaves nothing behind (not the tenants, projects, quotas,
+/// budgets, policies and grants before it, nor its audit record).
+pub async fn declarations_apply_whole_or_not_at_all(s: &dyn Store) {
+    create_tenants(s, &["acme"]).await;
+    let tenant = |name: &str| TenantRecord {
+        name: name.into(),
+        display_name: name.into(),
+        created_at: 3,
+        priorities: None,
+    };
+    let project = |tenant: &str, name: &str| ProjectRecord {
+        tenant: tenant.into(),
+        name: name.into(),
+        created_at: 3,
+    };
+    let quota = |tenant: &str, class: &str| QuotaRecord {
+        tenant: tenant.into(),
+        class: class.into(),
+        guaranteed_milli: 8000,
+        limit_milli: Some(16_000),
+    };
+    let audit = |detail: &str| AuditRecord {
+        seq: 0,
+        at: 3,
+        request_id: "req-apply".into(),
+        actor: "tok_admin".into(),
+        tenant: None,
+        action: "POST /api/v1/apply".into(),
+        target: "/api/v1/apply".into(),
+        outcome: 200,
+        detail: detail.into(),
+    };
+    let everything = |t: &str| {
+        vec![
+            TenancyChange::CreateTenant(tenant(t)),
+            TenancyChange::SetPriorities {
+                tenant: t.into(),
+                classes: Some(vec!["high".into(), "standard".into()]),
+            },
+            TenancyChange::CreateProject(project(t, "train")),
+            TenancyChange::SetQuota {
+                quota: quota(t, "training"),
+                at: 3,
+            },
+            TenancyChange::SetBudget {
+                tenant: t.into(),
+                unit_hours: Some(100.0),
+                at: 3,
+            },
+            TenancyChange::SetImagePolicy(ImagePolicyRecord {
+                tenant: t.into(),
+                registries: vec!["registry.example.com/".into()],
+                cosign_keys: vec![],
+                updated_at: 3,
+            }),
+            TenancyChange::SetQuota {
+                quota: quota("acme", "serving"),
+                at: 3,
+            },
+        ]
+    };
+    // What the store holds, told apart by tenant.
+    let state = || async {
+        let tenants: Vec<TenantRecord> = s.list_tenants(None, 100).await.unwrap();
+        let mut projects = Vec::new();
+        for t in &tenants {
+            projects.extend(s.list_projects(&t.name, None, 100).await.unwrap());
+        }
+        let mut policies = Vec::new();
+        for t in &tenants {
+            policies.push(s.image_policy(&t.name).await.unwrap());
+        }
+        (
+            tenants,
+            projects,
+            s.quotas().await.unwrap(),
+            s.budgets().await.unwrap(),
+            policies,
+            s.audit(None, None, 100).await.unwrap().len(),
+        )
+    };
+
+    let before = state().await;
+    // The last change conflicts (acme exists): nothing of the batch lands.
+    let mut conflicting = everything("good1");
+    conflicting.push(TenancyChange::CreateTenant(tenant("acme")));
+    let r = s.apply_tenancy(&conflicting, &[audit("conflicting")]).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "{r:?}");
+    assert_eq!(state().await, before, "a conflicting declaration changes nothing");
+    assert!(s.get_tenant("good1").await.unwrap().is_none());
+    // A change naming a tenant nobody created: nothing lands.
+    let mut dangling = everything("good2");
+    dangling.push(TenancyChange::CreateProject(project("nobody", "p")));
+    let r = s.apply_tenancy(&dangling, &[audit("dangling")]).await;
+    assert!(matches!(r, Err(StoreError::Corrupt(_))), "{r:?}");
+    assert_eq!(state().await, before, "a dangling reference changes nothing");
+    // A project twice: nothing lands.
+    let mut twice = everything("good3");
+    twice.push(TenancyChange::CreateProject(project("good3", "train")));
+    let r = s.apply_tenancy(&twice, &[audit("twice")]).await;
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "{r:?}");
+    assert_eq!(state().await, before, "a duplicate project changes nothing");
+
+    // A valid declaration lands whole, with its audit record.
+    let mut valid = everything("good1");
+    valid.push(TenancyChange::DeleteQuota {
+        tenant: "acme".into(),
+        class: "serving".into(),
+    });
+    valid.push(TenancyChange::SetBudget {
+        tenant: "acme".into(),
+        unit_hours: None,
+        at: 4,
+    });
+    s.apply_tenancy(&valid, &[audit("valid")]).await.unwrap();
+    let t = s.get_tenant("good1").await.unwrap().unwrap();
+    assert_eq!(t.priorities, Some(vec!["high".to_string(), "standard".to_string()]));
+    assert!(s.get_project("good1", "train").await.unwrap().is_some());
+    assert_eq!(s.quotas().await.unwrap(), vec![quota("good1", "training")]);
+    assert_eq!(s.budgets().await.unwrap(), vec![("good1".to_string(), 100.0)]);
+    assert!(s.image_policy("good1").await.unwrap().is_some());
+    let details: Vec<String> = s
+        .audit(None, None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.detail)
+        .collect();
+    assert_eq!(details, ["valid"]);
+}
+
 pub async fn tenants_and_projects(s: &dyn Store) {
     let tenant = |name: &str, at: i64| TenantRecord {
         name: name.into(),
         display_name: format!("{name} Ltd «ü»"),
         created_at: at,
+        priorities: None,
     };
     let project = |tenant: &str, name: &str| ProjectRecord {
         tenant: tenant.into(),

@@ -65,6 +65,9 @@ pub struct TenantRecord {
     pub display_name: String,
     /// Milliseconds since the Unix epoch.
     pub created_at: i64,
+    /// The priority classes the platform admin granted the tenant; `None`: the default grant
+    /// (the control plane's, `standard` and `opportunistic`).
+    pub priorities: Option<Vec<String>>,
 }
 
 /// A tenant's image policy: where its workloads' images may come from and who must have
@@ -284,6 +287,32 @@ pub struct WorkloadFilter {
     pub limit: u32,
 }
 
+/// One change of a declaration applied whole ([`TenancyStore::apply_tenancy`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TenancyChange {
+    /// Creates a tenant; `Conflict` if one of that name exists.
+    CreateTenant(TenantRecord),
+    /// Grants a tenant exactly these priority classes (`None`: the default grant).
+    SetPriorities {
+        tenant: String,
+        classes: Option<Vec<String>>,
+    },
+    /// Creates a project; `Conflict` if the tenant has one of that name.
+    CreateProject(ProjectRecord),
+    /// Creates or replaces a quota.
+    SetQuota { quota: QuotaRecord, at: i64 },
+    /// Removes a quota (nothing if there is none).
+    DeleteQuota { tenant: String, class: String },
+    /// Sets (`Some`) or removes (`None`) a monthly budget.
+    SetBudget {
+        tenant: String,
+        unit_hours: Option<f64>,
+        at: i64,
+    },
+    /// Creates or replaces an image policy.
+    SetImagePolicy(ImagePolicyRecord),
+}
+
 /// Tenants and their projects.
 #[async_trait]
 pub trait TenancyStore: Send + Sync {
@@ -310,6 +339,19 @@ pub trait TenancyStore: Send + Sync {
     /// Removes a tenant's image policy, appending `audit` in the same transaction when there
     /// was one; `false` (and no audit record) if there was none.
     async fn delete_image_policy(&self, tenant: &str, audit: &AuditRecord) -> Result<bool>;
+    /// Grants an existing tenant exactly these priority classes (`None`: back to the default
+    /// grant), appending `audit` in the same transaction (its `seq` is ignored); `false` (and
+    /// no audit record) if there is no such tenant.
+    async fn set_tenant_priorities(
+        &self,
+        tenant: &str,
+        classes: Option<&[String]>,
+        audit: &AuditRecord,
+    ) -> Result<bool>;
+    /// Makes every change, in order, and appends `audit`, in **one transaction**: all of them
+    /// land or none does (a `Conflict`, a change naming a tenant that does not exist —
+    /// `Corrupt` —, or a database error rolls everything back).
+    async fn apply_tenancy(&self, changes: &[TenancyChange], audit: &[AuditRecord]) -> Result<()>;
 }
 
 /// API tokens.

@@ -139,6 +139,18 @@ pub enum TenantCmd {
         /// A longer name for the console (default: the name).
         #[arg(long)]
         display_name: Option<String>,
+        /// The priority classes its workloads may use, comma-separated (default: standard,
+        /// opportunistic).
+        #[arg(long, value_delimiter = ',')]
+        priorities: Option<Vec<String>>,
+    },
+    /// Change a tenant's settings (platform-admin): the priority classes granted to it.
+    Set {
+        name: String,
+        /// The priority classes its workloads may use, comma-separated (`standard,high`);
+        /// `default`: the default grant, standard and opportunistic.
+        #[arg(long, value_delimiter = ',', required = true)]
+        priorities: Vec<String>,
     },
     /// Delete a tenant without projects, tokens or workloads.
     Delete { name: String },
@@ -785,14 +797,50 @@ pub async fn gpus(c: &Common, f: FleetFilterArgs) -> Result<()> {
 pub async fn tenants(c: &Common, a: TenantsArgs) -> Result<()> {
     let client = Client::new(&c.conn)?;
     match a.cmd {
-        Some(TenantCmd::Create { name, display_name }) => {
+        Some(TenantCmd::Create {
+            name,
+            display_name,
+            priorities,
+        }) => {
             let t: Tenant = client
-                .post("/api/v1/tenants", &CreateTenant { name, display_name })
+                .post(
+                    "/api/v1/tenants",
+                    &CreateTenant {
+                        name,
+                        display_name,
+                        priorities,
+                    },
+                )
                 .await?;
             match c.output {
                 Output::Json | Output::Csv => print_json(&t),
                 Output::Table => {
                     println!("tenant {} created", t.name);
+                    Ok(())
+                }
+            }
+        }
+        Some(TenantCmd::Set { name, priorities }) => {
+            let priorities = match priorities.as_slice() {
+                [d] if d == "default" => None,
+                _ => Some(priorities),
+            };
+            let (_, t): (_, Tenant) = client
+                .call(
+                    Method::PUT,
+                    &format!("/api/v1/tenants/{name}/priorities"),
+                    Some(&SetPriorities { priorities }),
+                    &[],
+                )
+                .await?;
+            match c.output {
+                Output::Json | Output::Csv => print_json(&t),
+                Output::Table => {
+                    println!(
+                        "tenant {} may use the priority classes {}",
+                        t.name,
+                        t.priorities.join(", ")
+                    );
                     Ok(())
                 }
             }
@@ -812,9 +860,16 @@ pub async fn tenants(c: &Common, a: TenantsArgs) -> Result<()> {
                 Output::Table => {
                     let rows: Vec<Vec<String>> = items
                         .iter()
-                        .map(|t| vec![t.name.clone(), t.display_name.clone(), t.created_at.clone()])
+                        .map(|t| {
+                            vec![
+                                t.name.clone(),
+                                t.display_name.clone(),
+                                t.priorities.join(","),
+                                t.created_at.clone(),
+                            ]
+                        })
                         .collect();
-                    println!("{}", table(&["TENANT", "DISPLAY NAME", "CREATED"], &rows));
+                    println!("{}", table(&["TENANT", "DISPLAY NAME", "PRIORITIES", "CREATED"], &rows));
                     Ok(())
                 }
             }
@@ -1024,12 +1079,16 @@ pub async fn audit(c: &Common, a: AuditArgs) -> Result<()> {
                 e.action.clone(),
                 e.outcome.to_string(),
                 e.request_id.clone(),
+                e.detail.clone(),
             ]
         })
         .collect();
     println!(
         "{}",
-        table(&["AT", "ACTOR", "TENANT", "ACTION", "OUTCOME", "REQUEST"], &rows)
+        table(
+            &["AT", "ACTOR", "TENANT", "ACTION", "OUTCOME", "REQUEST", "DETAIL"],
+            &rows
+        )
     );
     Ok(())
 }

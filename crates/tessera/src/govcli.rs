@@ -90,6 +90,18 @@ pub struct ApplyArgs {
     pub dry_run: bool,
 }
 
+/// A flag's number of GPU units (or unit-hours): finite and not negative. (clap reads `NaN`
+/// and `inf` as numbers, which JSON cannot carry: they would reach the server as `null`.)
+fn gpu_units(flag: &str, v: f64) -> Result<f64> {
+    if !v.is_finite() {
+        bail!("{flag} {v} is not a number of GPU units: give a finite number such as 8 or 0.5");
+    }
+    if v < 0.0 {
+        bail!("{flag} {v} is negative: GPU units are 0 or more");
+    }
+    Ok(v)
+}
+
 fn enc(s: &str) -> String {
     s.replace('/', "%2F")
 }
@@ -137,6 +149,8 @@ pub async fn quota(c: &Common, cmd: QuotaCmd) -> Result<()> {
             guaranteed,
             limit,
         } => {
+            let guaranteed = gpu_units("--guaranteed", guaranteed)?;
+            let limit = limit.map(|l| gpu_units("--limit", l)).transpose()?;
             let (_, q): (_, QuotaView) = client
                 .call(
                     Method::PUT,
@@ -172,6 +186,9 @@ pub async fn budget(c: &Common, a: BudgetArgs) -> Result<()> {
     let client = Client::new(&c.conn)?;
     if a.gpu_hours.is_none() && !a.none {
         bail!("give --gpu-hours N or --none");
+    }
+    if let Some(h) = a.gpu_hours {
+        gpu_units("--gpu-hours", h)?;
     }
     let body = SetBudget {
         monthly_unit_hours: a.gpu_hours,
@@ -269,6 +286,10 @@ struct DeclTenant {
     /// have signed them (`tessera tenants policy set`); absent: left as it is.
     #[serde(default)]
     image_policy: Option<DeclImagePolicy>,
+    /// The priority classes granted to the tenant (`[standard, high]`); absent: left as it is
+    /// (a new tenant gets the default grant, standard and opportunistic).
+    #[serde(default)]
+    priorities: Option<Vec<String>>,
 }
 
 #[derive(Deserialize, Clone, PartialEq)]
@@ -296,204 +317,97 @@ struct DeclQuota {
     limit: Option<f64>,
 }
 
-/// Creates or updates tenants, projects, quotas, budgets and image policies so that the server
-/// matches the file. Quotas of a declared tenant that the file does not list are removed; an
-/// image policy the file does not give is left as it is.
+/// Creates or updates tenants, projects, quotas, budgets, image policies and priority grants so
+/// that the server matches the file, whole or not at all: the server checks the whole file
+/// first (a tenant or project listed twice, unknown pools, models, classes or projects, bad
+/// values) and applies it in one transaction (`POST /api/v1/apply`). Quotas of a declared
+/// tenant that the file does not list are removed; an image policy or priority grant the file
+/// does not give is left as it is. `--dry-run` runs the same checks, lists the changes, and
+/// fails as the apply would.
 pub async fn apply(c: &Common, a: ApplyArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
     let decl: Declaration = serde_yaml_ng::from_str(&text).map_err(|e| {
         let loc = e.location().map(|l| format!(":{}", l.line())).unwrap_or_default();
         anyhow::anyhow!("{}{loc}: {}", a.file.display(), e.to_string().replace('\n', " "))
     })?;
-    let client = Client::new(&c.conn)?;
-    let mut changes: Vec<String> = Vec::new();
-    for t in &decl.tenants {
-        let exists = client
-            .call::<(), Tenant>(Method::GET, &format!("/api/v1/tenants/{}", t.name), None, &[])
-            .await
-            .is_ok();
-        if !exists {
-            changes.push(format!("+ tenant {}", t.name));
-            if !a.dry_run {
-                let _: Tenant = client
-                    .post(
-                        "/api/v1/tenants",
-                        &CreateTenant {
-                            name: t.name.clone(),
-                            display_name: t.display_name.clone(),
-                        },
-                    )
-                    .await?;
-            }
-        }
-        let have: Vec<String> = if exists {
-            let p: Page<Project> = client
-                .get(&format!("/api/v1/tenants/{}/projects?limit=500", t.name))
-                .await?;
-            p.items.into_iter().map(|p| p.name).collect()
-        } else {
-            Vec::new()
-        };
-        for p in &t.projects {
-            if !have.contains(p) {
-                changes.push(format!("+ project {}/{p}", t.name));
-                if !a.dry_run {
-                    let _: Project = client
-                        .post(
-                            &format!("/api/v1/tenants/{}/projects", t.name),
-                            &CreateProject { name: p.clone() },
+    let body = tessera_api::Declaration {
+        tenants: decl
+            .tenants
+            .into_iter()
+            .map(|t| tessera_api::DeclaredTenant {
+                name: t.name,
+                display_name: t.display_name,
+                projects: t.projects,
+                quotas: t
+                    .quotas
+                    .into_iter()
+                    .map(|(class, q)| {
+                        (
+                            class,
+                            SetQuota {
+                                guaranteed: q.guaranteed,
+                                limit: q.limit,
+                            },
                         )
-                        .await?;
-                }
-            }
-        }
-        let current: TenantQuotas = if exists {
-            client.get(&format!("/api/v1/tenants/{}/quotas", t.name)).await?
-        } else {
-            TenantQuotas {
-                tenant: t.name.clone(),
-                quotas: vec![],
-                budget: None,
-            }
-        };
+                    })
+                    .collect(),
+                monthly_gpu_hours: t.monthly_gpu_hours,
+                image_policy: t.image_policy.map(|p| SetImagePolicy {
+                    registries: p.registries,
+                    cosign_keys: p.cosign_keys,
+                }),
+                priorities: t.priorities,
+            })
+            .collect(),
+    };
+    // Numbers JSON cannot carry (NaN, infinities) would reach the server as null.
+    for t in &body.tenants {
         for (class, q) in &t.quotas {
-            let now = current.quotas.iter().find(|x| &x.class == class);
-            let same = now.is_some_and(|n| n.guaranteed == q.guaranteed && n.limit == q.limit);
-            if same {
-                continue;
-            }
-            let lim = |l: Option<f64>| l.map(|v| v.to_string()).unwrap_or_else(|| "none".into());
-            changes.push(match now {
-                Some(n) => format!(
-                    "~ quota {}/{class}: guaranteed {} → {}, limit {} → {}",
-                    t.name,
-                    n.guaranteed,
-                    q.guaranteed,
-                    lim(n.limit),
-                    lim(q.limit)
-                ),
-                None => format!(
-                    "+ quota {}/{class}: guaranteed {}, limit {}",
-                    t.name,
-                    q.guaranteed,
-                    lim(q.limit)
-                ),
-            });
-            if !a.dry_run {
-                client
-                    .call::<_, QuotaView>(
-                        Method::PUT,
-                        &format!("/api/v1/tenants/{}/quotas/{}", t.name, enc(class)),
-                        Some(&SetQuota {
-                            guaranteed: q.guaranteed,
-                            limit: q.limit,
-                        }),
-                        &[],
-                    )
-                    .await?;
-            }
-        }
-        for q in &current.quotas {
-            if !t.quotas.contains_key(&q.class) {
-                changes.push(format!("- quota {}/{}", t.name, q.class));
-                if !a.dry_run {
-                    client
-                        .call::<(), serde_json::Value>(
-                            Method::DELETE,
-                            &format!("/api/v1/tenants/{}/quotas/{}", t.name, enc(&q.class)),
-                            None,
-                            &[],
-                        )
-                        .await?;
+            for (what, v) in [("guaranteed", Some(q.guaranteed)), ("limit", q.limit)] {
+                if let Some(v) = v
+                    && !v.is_finite()
+                {
+                    bail!(
+                        "{}: tenant {}: quota {class}: {what} {v} is not a number of GPU units",
+                        a.file.display(),
+                        t.name
+                    );
                 }
             }
         }
-        let have_budget = current.budget.as_ref().map(|b| b.monthly_unit_hours);
-        if have_budget != t.monthly_gpu_hours {
-            changes.push(format!(
-                "~ budget {}: {} → {}",
-                t.name,
-                have_budget
-                    .map(|b| format!("{b} GPU-unit-hours"))
-                    .unwrap_or("none".into()),
-                t.monthly_gpu_hours
-                    .map(|b| format!("{b} GPU-unit-hours"))
-                    .unwrap_or("none".into())
-            ));
-            if !a.dry_run {
-                client
-                    .call::<_, serde_json::Value>(
-                        Method::PUT,
-                        &format!("/api/v1/tenants/{}/budget", t.name),
-                        Some(&SetBudget {
-                            monthly_unit_hours: t.monthly_gpu_hours,
-                        }),
-                        &[],
-                    )
-                    .await?;
-            }
-        }
-        if let Some(want) = &t.image_policy {
-            let path = format!("/api/v1/tenants/{}/image-policy", t.name);
-            // 404: the tenant has no policy (or does not exist yet).
-            let have: Option<ImagePolicy> = if exists {
-                client
-                    .call::<(), ImagePolicy>(Method::GET, &path, None, &[])
-                    .await
-                    .ok()
-                    .map(|(_, p)| p)
-            } else {
-                None
-            };
-            let keys = |k: &[String]| k.iter().map(|k| k.trim().to_string()).collect::<Vec<_>>();
-            let same = have
-                .as_ref()
-                .is_some_and(|h| h.registries == want.registries && keys(&h.cosign_keys) == keys(&want.cosign_keys));
-            if !same {
-                let describe = |r: &[String], k: usize| {
-                    format!(
-                        "registries [{}], {k} cosign key(s)",
-                        if r.is_empty() { "any".to_string() } else { r.join(", ") }
-                    )
-                };
-                let wanted = describe(&want.registries, want.cosign_keys.len());
-                changes.push(match &have {
-                    Some(h) => format!(
-                        "~ image policy {}: {} → {wanted}",
-                        t.name,
-                        describe(&h.registries, h.cosign_keys.len())
-                    ),
-                    None => format!("+ image policy {}: {wanted}", t.name),
-                });
-                if !a.dry_run {
-                    client
-                        .call::<_, ImagePolicy>(
-                            Method::PUT,
-                            &path,
-                            Some(&SetImagePolicy {
-                                registries: want.registries.clone(),
-                                cosign_keys: want.cosign_keys.clone(),
-                            }),
-                            &[],
-                        )
-                        .await?;
-                }
-            }
+        if let Some(h) = t.monthly_gpu_hours
+            && !h.is_finite()
+        {
+            bail!(
+                "{}: tenant {}: monthly_gpu_hours {h} is not a number of GPU-unit-hours",
+                a.file.display(),
+                t.name
+            );
         }
     }
-    if changes.is_empty() {
+    let client = Client::new(&c.conn)?;
+    let path = format!("/api/v1/apply?dry_run={}", a.dry_run);
+    let r: ApplyResult = client
+        .post(&path, &body)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
+    if c.output != Output::Table {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    if r.changes.is_empty() {
         println!("no changes: the server matches {}", a.file.display());
     } else {
-        for ch in &changes {
+        for ch in &r.changes {
             println!("{ch}");
         }
         println!(
             "{} change(s) {}",
-            changes.len(),
-            if a.dry_run {
-                "would be made (dry run)"
-            } else {
+            r.changes.len(),
+            if r.applied {
                 "applied"
+            } else {
+                "would be made (dry run)"
             }
         );
     }

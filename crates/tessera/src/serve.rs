@@ -253,7 +253,10 @@ fn namespaced(flag: &str, what: &str, value: &str) -> Result<(String, String)> {
     }
 }
 
-pub fn run(a: ServeArgs) -> Result<()> {
+pub fn run(mut a: ServeArgs) -> Result<()> {
+    // Absolute from here on: what runs in another working directory (a local workload's
+    // wrapper, which writes its exit file there) must find the same directory.
+    a.data_dir = std::path::absolute(&a.data_dir).with_context(|| format!("--data-dir {}", a.data_dir.display()))?;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -333,3 +333,169 @@ fn the_last_admin_token_stays_and_admin_recover_issues_a_new_one() {
     assert!(err.contains("holds no Tessera store"), "{err}");
     server.kill();
 }
+
+/// `tessera apply -f` is all or nothing and its dry run fails as the apply would: a good tenant
+/// before a bad name, a tenant listed twice, a quota for an undeclared project each exit
+/// non-zero with one line naming the file and the entry, and change nothing. Priority classes
+/// are granted by the admin (`tenants set --priorities`, or in the file), not taken by a member.
+/// And flag numbers JSON cannot carry (`NaN`) are one clear line.
+#[test]
+fn apply_is_all_or_nothing_and_priorities_are_granted() {
+    let dir = TempDir::new("cli-apply");
+    let mut server = serve(&dir.0.join("data"));
+    let token = server.admin_token.clone().unwrap_or_default();
+    let env = [
+        ("TESSERA_SERVER", server.base.as_str()),
+        ("TESSERA_TOKEN", token.as_str()),
+    ];
+    let tenants = || {
+        let (code, out, err) = tessera(&["-o", "json", "tenants"], &env);
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    let before = tenants();
+    let write = |name: &str, text: &str| {
+        let f = dir.0.join(name);
+        std::fs::write(&f, text).unwrap();
+        f.to_string_lossy().to_string()
+    };
+    let good = "  - name: good1\n    projects: [train]\n    quotas:\n      training: {guaranteed: 8, limit: 16}\n";
+    for (file, text, says) in [
+        (
+            "badname.yaml",
+            format!("tenants:\n{good}  - name: Bad_Name\n"),
+            "`Bad_Name` is not a valid name",
+        ),
+        (
+            "twice.yaml",
+            format!("tenants:\n{good}{good}"),
+            "tenant `good1` is declared twice (tenants[0] and tenants[1])",
+        ),
+        (
+            "ghost.yaml",
+            format!("tenants:\n{good}  - name: good2\n    quotas:\n      project:ghost: {{guaranteed: 1}}\n"),
+            "tenant `good2` has no project `ghost`",
+        ),
+    ] {
+        let f = write(file, &text);
+        for dry in [true, false] {
+            let args: Vec<&str> = if dry {
+                vec!["apply", "-f", &f, "--dry-run"]
+            } else {
+                vec!["apply", "-f", &f]
+            };
+            let (code, out, err) = tessera(&args, &env);
+            assert_ne!(code, 0, "{file} dry {dry}: {out}");
+            assert!(out.is_empty(), "{out}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+            assert!(
+                err.starts_with(&format!("error: {f}: 422")) && err.contains(says),
+                "{file}: {err}"
+            );
+        }
+        assert_eq!(tenants(), before, "{file}: nothing changed");
+    }
+
+    // A member cannot take a class; the admin grants one, in the file or with `tenants set`.
+    let f = write(
+        "ok.yaml",
+        &format!("tenants:\n{good}    priorities: [standard, high]\n"),
+    );
+    let (code, out, err) = tessera(&["apply", "-f", &f, "--dry-run"], &env);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("would be made (dry run)"), "{out}");
+    assert_eq!(tenants(), before, "a dry run changes nothing");
+    let (code, out, err) = tessera(&["apply", "-f", &f], &env);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("+ tenant good1 (priority classes standard, high)") && out.contains("3 change(s) applied"),
+        "{out}"
+    );
+    let (code, out, err) = tessera(
+        &["-o", "json", "token", "create", "--tenant", "good1", "--role", "member"],
+        &env,
+    );
+    assert_eq!(code, 0, "{err}");
+    let t: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let member = t["token"].as_str().unwrap().to_string();
+    let member_env = [
+        ("TESSERA_SERVER", server.base.as_str()),
+        ("TESSERA_TOKEN", member.as_str()),
+    ];
+    let run = |priority: &str| {
+        tessera(
+            &[
+                "run",
+                "--tenant",
+                "good1",
+                "--project",
+                "train",
+                "--fraction",
+                "100",
+                "--priority",
+                priority,
+            ],
+            &member_env,
+        )
+    };
+    let (code, _, err) = run("critical");
+    assert_ne!(code, 0);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(
+            "error: 403 Priority class not granted: tenant `good1` may use the priority classes standard, high"
+        ),
+        "{err}"
+    );
+    let (code, _, err) = tessera(&["tenants", "set", "good1", "--priorities", "critical"], &member_env);
+    assert_ne!(code, 0);
+    assert!(err.starts_with("error: 403"), "{err}");
+    let (code, out, err) = tessera(&["tenants", "set", "good1", "--priorities", "standard,critical"], &env);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        "tenant good1 may use the priority classes standard, critical"
+    );
+    let (code, out, err) = run("critical");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("good1/train"), "{out}");
+    let (code, out, _) = tessera(&["audit", "--tenant", "good1"], &env);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("priority classes standard, high → standard, critical"),
+        "{out}"
+    );
+
+    // NaN is not a number of GPU units: one line, before anything is sent.
+    for args in [
+        &[
+            "quota",
+            "set",
+            "--tenant",
+            "good1",
+            "--class",
+            "training",
+            "--guaranteed",
+            "NaN",
+        ][..],
+        &[
+            "quota",
+            "set",
+            "--tenant",
+            "good1",
+            "--class",
+            "training",
+            "--guaranteed",
+            "1",
+            "--limit",
+            "inf",
+        ][..],
+        &["budget", "--tenant", "good1", "--gpu-hours", "NaN"][..],
+    ] {
+        let (code, _, err) = tessera(args, &env);
+        assert_ne!(code, 0, "{args:?}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("is not a number of GPU units"), "{args:?}: {err}");
+    }
+    server.kill();
+}

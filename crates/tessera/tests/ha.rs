@@ -633,6 +633,84 @@ async fn three_replicas_survive_three_leader_kills() {
     assert!(max < Duration::from_secs(10), "failover took {max:?}");
 }
 
+/// SIGTERM (what systemd and Kubernetes send to stop a service) is a graceful stop, as Ctrl-C
+/// is: the leader steps down and releases its lease at once, so a follower accepts writes
+/// within a second instead of after the lease expires (3 s). Five rounds, each stopping the
+/// leader of the moment under load and starting a replacement; the replica exits by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_hands_the_leadership_over_at_once() {
+    let dir = TempDir::new("ha-sigterm");
+    let database = tessera_testdb::database_url();
+    let mut replicas = vec![Replica::start("t1", &database, &dir.0, 3000)];
+    let token = admin_token(&dir.0.join("t1"));
+    let admin = Api::new(&token);
+    replicas.push(Replica::start("t2", &database, &dir.0, 3000));
+    let http = http();
+    wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
+    setup(&admin, replicas[1].base()).await;
+    let load = Load::new(&replicas);
+    let clients = load.clients(4, &token, Duration::from_millis(20));
+
+    let mut failovers = Vec::new();
+    for round in 0..5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let leader = wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
+        let mut victim = replicas.remove(leader);
+        load.bases.write().unwrap().retain(|b| b != victim.base());
+        let stopped = Instant::now();
+        victim.signal(libc::SIGTERM);
+        let took = load
+            .first_write_after(
+                stopped,
+                &format!("SIGTERM {round}"),
+                &replicas,
+                Duration::from_millis(10),
+            )
+            .await;
+        eprintln!(
+            "SIGTERM {round}: {} stopped; first write accepted {took:?} after",
+            victim.name
+        );
+        failovers.push(took);
+        // It ends by itself, gracefully.
+        let status = poll_exit(&mut victim, Duration::from_secs(20));
+        assert!(
+            status.is_some(),
+            "{} did not exit after SIGTERM: {}",
+            victim.name,
+            tail(&victim.log)
+        );
+        let log = std::fs::read_to_string(&victim.log).unwrap_or_default();
+        assert!(log.contains("shutting down"), "a graceful stop: {}", tail(&victim.log));
+        let r = Replica::start(&format!("t{}", 3 + round), &database, &dir.0, 3000);
+        load.bases.write().unwrap().push(r.base().to_string());
+        replicas.push(r);
+    }
+    load.stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let seen = std::mem::take(&mut *load.seen.lock().unwrap());
+    assert!(seen.errors.is_empty(), "unexpected answers: {:?}", seen.errors);
+    let mut sorted = failovers.clone();
+    sorted.sort();
+    let (p50, max) = (percentile(&sorted, 0.5), sorted[sorted.len() - 1]);
+    eprintln!("time to the first accepted write after each SIGTERM: {failovers:?}; p50 {p50:?}, max {max:?}");
+    assert!(max < Duration::from_secs(1), "failover after SIGTERM took {max:?}");
+}
+
+/// The exit status of a replica's process once it ended by itself, waiting up to `limit`.
+fn poll_exit(r: &mut Replica, limit: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if let Some(s) = r.serving.child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
 /// The commits a replica's loop made: batches timed, minus those the store refused; and the
 /// refused ones.
 async fn commits_ok(api: &Api, base: &str) -> (u64, u64) {

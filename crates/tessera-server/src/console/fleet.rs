@@ -341,6 +341,7 @@ pub async fn node_op(
         c.id.clone(),
         Path((name.clone(), action)),
         crate::http::ApiQuery(params),
+        crate::http::OptionalApiJson(None),
     )
     .await?;
     node(State(s), c, Path(name)).await

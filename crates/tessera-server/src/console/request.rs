@@ -208,7 +208,16 @@ async fn view(s: &AppState, c: &Caller, v: Form) -> Result<FormView, ApiError> {
     let projects = opts(projects(s, c).await?.into_iter().map(|p| (p.clone(), p)), &v.project);
     let dep = dependent(&s.fleet, &v.pool, &v.model, &v.shape);
     let priority = if v.priority.is_empty() { "standard" } else { &v.priority };
-    let priorities = opts(s.priorities.iter().map(|p| (p.clone(), p.clone())), priority);
+    // Only the classes the caller may submit: a tenant's token its tenant's grant, a
+    // platform-admin every class.
+    let offered: Vec<String> = match (&c.id.tenant, c.id.is_admin()) {
+        (_, true) | (None, false) => s.priorities.to_vec(),
+        (Some(t), false) => match s.store.get_tenant(t).await? {
+            Some(t) => crate::http::tenancy::granted(s, &t),
+            None => Vec::new(),
+        },
+    };
+    let priorities = opts(offered.iter().map(|p| (p.clone(), p.clone())), priority);
     let pairs = |xs: &[(&str, &str)]| {
         xs.iter()
             .map(|(v, l)| (v.to_string(), l.to_string()))

@@ -288,6 +288,7 @@ pub async fn create_tenant(State(s): State<AppState>, c: Caller, body: Bytes) ->
             .get("display_name")
             .map(|d| d.trim().to_string())
             .filter(|d| !d.is_empty()),
+        priorities: None,
     };
     let made = match b.validate() {
         Err(v) => Err(ApiError::from(v)),

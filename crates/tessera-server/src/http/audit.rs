@@ -57,6 +57,7 @@ pub async fn audit_log(
             action: r.action,
             target: r.target,
             outcome: r.outcome,
+            detail: r.detail,
         })
         .collect();
     Ok(Json(page(items, l, |a| a.seq.to_string())))

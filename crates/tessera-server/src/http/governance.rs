@@ -18,7 +18,7 @@ use crate::{AppState, now_ms};
 
 /// Checks a resource class name: a pool, `pool/MODEL` with that model in the pool, or
 /// `project:NAME` (a sub-quota of one project across pools).
-fn check_class(s: &AppState, class: &str) -> ApiResult<()> {
+pub(crate) fn check_class(s: &AppState, class: &str) -> ApiResult<()> {
     if class.starts_with("project:") {
         // Checked against the tenant's projects by the caller.
         return Ok(());
@@ -47,7 +47,7 @@ fn check_class(s: &AppState, class: &str) -> ApiResult<()> {
 }
 
 /// Thousandths of a GPU unit (the value is within [`tessera_api::rules::UNITS`]).
-fn units_milli(field: &str, v: f64) -> ApiResult<u64> {
+pub(crate) fn units_milli(field: &str, v: f64) -> ApiResult<u64> {
     let m = (v * 1000.0).round();
     if (m - v * 1000.0).abs() > 1e-6 {
         return Err(ApiError::invalid(

@@ -47,6 +47,18 @@ fn compile(p: &ImagePolicyRecord) -> ApiResult<tessera_imagepolicy::ImagePolicy>
     })
 }
 
+/// Checks a policy's prefixes and keys as enforcement will read them (422 naming the entry,
+/// its field after `at`).
+pub(crate) fn check_policy(b: &SetImagePolicy, at: &str) -> ApiResult<()> {
+    for (i, p) in b.registries.iter().enumerate() {
+        check_prefix(p).map_err(|e| ApiError::invalid(format!("{at}registries[{i}]"), e))?;
+    }
+    for (i, k) in b.cosign_keys.iter().enumerate() {
+        PublicKey::from_pem(k).map_err(|e| ApiError::invalid(format!("{at}cosign_keys[{i}]"), e))?;
+    }
+    Ok(())
+}
+
 fn require_policy_admin(id: &Identity, tenant: &str) -> ApiResult<()> {
     if id.is_admin() || (id.role == Role::TenantAdmin && id.tenant.as_deref() == Some(tenant)) {
         Ok(())
@@ -110,12 +122,7 @@ pub async fn set_image_policy(
 ) -> ApiResult<Response> {
     tenant_visible(&s, &id, &tenant).await?;
     require_policy_admin(&id, &tenant)?;
-    for (i, p) in b.registries.iter().enumerate() {
-        check_prefix(p).map_err(|e| ApiError::invalid(format!("registries[{i}]"), e))?;
-    }
-    for (i, k) in b.cosign_keys.iter().enumerate() {
-        PublicKey::from_pem(k).map_err(|e| ApiError::invalid(format!("cosign_keys[{i}]"), e))?;
-    }
+    check_policy(&b, "")?;
     let rec = ImagePolicyRecord {
         tenant: tenant.clone(),
         registries: b.registries,

@@ -11,6 +11,7 @@
 //! from — and answer every refusal with a problem document; [`complete`] adds to each operation
 //! the statuses those extractors and the middleware produce.
 
+pub mod apply;
 pub mod audit;
 pub mod dryrun;
 pub mod fleet;
@@ -90,6 +91,7 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(rollouts::cancel_rollout))
         .routes(routes!(tenancy::list_tenants, tenancy::create_tenant))
         .routes(routes!(tenancy::get_tenant, tenancy::delete_tenant))
+        .routes(routes!(tenancy::set_priorities))
         .routes(routes!(
             imagepolicy::get_image_policy,
             imagepolicy::set_image_policy,
@@ -109,6 +111,7 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(governance::get_quotas))
         .routes(routes!(governance::set_quota, governance::delete_quota))
         .routes(routes!(governance::set_budget))
+        .routes(routes!(apply::apply))
         .routes(routes!(usage::usage_report))
         .routes(routes!(usage::usage_intervals));
     if with_sim {
@@ -209,8 +212,14 @@ fn complete(doc: &mut serde_json::Value, priorities: &[String]) {
         *p = json!({
             "type": ["string", "null"],
             "enum": names,
-            "description": "Priority class name (default `standard`)"
+            "description": "Priority class name (default `standard`); a tenant's token may use only the classes granted to the tenant (`Tenant.priorities`)"
         });
+    }
+    // A grant names the classes the server knows.
+    for schema in ["SetPriorities", "CreateTenant", "DeclaredTenant"] {
+        if let Some(items) = doc.pointer_mut(&format!("/components/schemas/{schema}/properties/priorities/items")) {
+            items["enum"] = json!(priorities);
+        }
     }
 }
 
@@ -242,22 +251,61 @@ impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for ApiJson<
                 ApiError::bad_request(format!("the body could not be read: {}", e.body_text()))
             }
         })?;
-        let mut raw: serde_json::Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-        integral_numbers_as_integers(&mut raw);
-        let value: T = serde_path_to_error::deserialize(raw).map_err(|e| {
-            let field = e.path().to_string();
-            let message = e.into_inner().to_string();
-            // At the top level the field is in the message (`missing field `name``).
-            let field = if field == "." {
-                message.split('`').nth(1).unwrap_or("body").to_string()
+        Ok(ApiJson(json_body(&bytes)?))
+    }
+}
+
+/// A JSON body read into its type and checked by its rules (see [`ApiJson`]).
+fn json_body<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut raw: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    integral_numbers_as_integers(&mut raw);
+    let value: T = serde_path_to_error::deserialize(raw).map_err(|e| {
+        let field = e.path().to_string();
+        let message = e.into_inner().to_string();
+        // At the top level the field is in the message (`missing field `name``).
+        let field = if field == "." {
+            message.split('`').nth(1).unwrap_or("body").to_string()
+        } else {
+            field
+        };
+        ApiError::invalid(field, message)
+    })?;
+    value.validate()?;
+    Ok(value)
+}
+
+/// An optional JSON body: none (`None`) when the request has an empty body, else what
+/// [`ApiJson`] reads (a non-empty body must be `application/json`).
+pub struct OptionalApiJson<T>(pub Option<T>);
+
+impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for OptionalApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(|m| m.trim().to_ascii_lowercase())
+            .is_some_and(|m| m == "application/json" || (m.starts_with("application/") && m.ends_with("+json")));
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE)
             } else {
-                field
-            };
-            ApiError::invalid(field, message)
+                ApiError::bad_request(format!("the body could not be read: {}", e.body_text()))
+            }
         })?;
-        value.validate()?;
-        Ok(ApiJson(value))
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalApiJson(None));
+        }
+        if !json {
+            return Err(ApiError::unsupported_media(
+                "send the body as JSON with `Content-Type: application/json`",
+            ));
+        }
+        Ok(OptionalApiJson(Some(json_body(&bytes)?)))
     }
 }
 

@@ -6,12 +6,12 @@ use axum::Json;
 use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tessera_api::{GpuMigView, NodeView, Problem, SetMigMode};
+use tessera_api::{DrainRequest, GpuMigView, NodeView, Problem, SetMigMode};
 use tessera_model::NodeId;
 use utoipa::IntoParams;
 
 use super::workloads::lifecycle_error;
-use super::{ApiJson, ApiQuery, views};
+use super::{ApiJson, ApiQuery, OptionalApiJson, views};
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::lifecycle::NodeOp;
@@ -86,11 +86,35 @@ pub fn parse_op(action: &str, p: &DrainParams, now: i64) -> ApiResult<NodeOp> {
     })
 }
 
+/// The drain's parameters from the query and the JSON body together: each may give
+/// `deadline_s` and `after`; one given in both must be the same (422 otherwise).
+pub fn merge_drain(q: DrainParams, body: Option<DrainRequest>) -> ApiResult<DrainParams> {
+    let Some(b) = body else { return Ok(q) };
+    fn one<T: PartialEq + std::fmt::Debug>(field: &str, q: Option<T>, b: Option<T>) -> ApiResult<Option<T>> {
+        match (q, b) {
+            (Some(q), Some(b)) if q != b => Err(ApiError::invalid(
+                field,
+                format!("`{field}` is given twice, {q:?} in the query and {b:?} in the body: give it once"),
+            )),
+            (q, b) => Ok(q.or(b)),
+        }
+    }
+    let p = DrainParams {
+        deadline_s: one("deadline_s", q.deadline_s, b.deadline_s)?,
+        after: one("after", q.after, b.after)?,
+    };
+    p.validate()?;
+    Ok(p)
+}
+
 /// Cordons, drains, puts into maintenance or uncordons a node (platform-admin); `done` is the
 /// rolling upgrade's hook: the upgrade of this node is finished (it must be upgrading in a
-/// rollout), and its validation starts.
+/// rollout), and its validation starts. A drain's `deadline_s` and `after` may be given as
+/// query parameters or in a JSON body (`{"deadline_s": 3600, "after": "preempt"}`); other
+/// actions take neither.
 #[utoipa::path(post, path = "/api/v1/nodes/{node}/{action}", tag = "fleet",
     params(("node" = String, Path), ("action" = String, Path, description = "cordon, drain, maintenance, uncordon or done"), DrainParams),
+    request_body(content = Option<DrainRequest>, description = "Drain only, optional: the same as the query parameters `deadline_s` and `after`"),
     responses((status = 200, description = "The node's new state", body = NodeView), (status = 401, body = Problem),
         (status = 403, body = Problem), (status = 404, description = "No such node or action", body = Problem),
         (status = 409, description = "Maintenance on a node that still holds work, or `done` for a node no rollout is upgrading", body = Problem),
@@ -99,10 +123,12 @@ pub async fn node_action(
     State(s): State<AppState>,
     id: Identity,
     Path((node, action)): Path<(String, String)>,
-    ApiQuery(p): ApiQuery<DrainParams>,
+    ApiQuery(q): ApiQuery<DrainParams>,
+    OptionalApiJson(body): OptionalApiJson<DrainRequest>,
 ) -> ApiResult<Json<NodeView>> {
     id.require_admin()?;
     let n = fleet_node(&s, &node)?;
+    let p = merge_drain(q, body)?;
     let op = parse_op(&action, &p, now_ms())?;
     s.lifecycle
         .node_op(node.clone(), op, id.actor.clone())

@@ -1,18 +1,52 @@
 //! Tenants and their projects.
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use tessera_api::{CreateProject, CreateTenant, Page, Problem, Project, Tenant, rfc3339_ms};
-use tessera_store::{ProjectRecord, TenantRecord};
+use axum::response::{IntoResponse, Response};
+use tessera_api::{CreateProject, CreateTenant, Page, Problem, Project, SetPriorities, Tenant, rfc3339_ms, rules};
+use tessera_store::{AuditRecord, ProjectRecord, TenantRecord};
 
 use super::{ApiJson, ApiPath, ApiQuery, PageParams, page};
+use crate::audit::{Audited, RequestId};
 use crate::auth::{Identity, Role};
 use crate::problem::{ApiError, ApiResult};
 use crate::{AppState, now_ms};
 
-fn tenant_view(t: TenantRecord) -> Tenant {
+/// The priority classes a tenant may use: its grant, or the default grant (`standard` and
+/// `opportunistic`, those of them the server knows).
+pub fn granted(s: &AppState, t: &TenantRecord) -> Vec<String> {
+    match &t.priorities {
+        Some(p) => p.clone(),
+        None => rules::DEFAULT_PRIORITIES
+            .iter()
+            .filter(|p| s.priorities.iter().any(|k| k == *p))
+            .map(|p| p.to_string())
+            .collect(),
+    }
+}
+
+/// A grant as the platform admin wrote it, each class known to the server (422 naming the
+/// entry otherwise).
+pub fn check_grant(s: &AppState, field: &str, classes: &[String]) -> ApiResult<()> {
+    for (i, c) in classes.iter().enumerate() {
+        if !s.priorities.contains(c) {
+            return Err(ApiError::invalid(
+                format!("{field}[{i}]"),
+                format!(
+                    "unknown priority class `{c}`: the classes are {}",
+                    s.priorities.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn tenant_view(s: &AppState, t: TenantRecord) -> Tenant {
     Tenant {
+        priorities: granted(s, &t),
         name: t.name,
         display_name: t.display_name,
         created_at: rfc3339_ms(t.created_at),
@@ -37,7 +71,13 @@ pub async fn list_tenants(
     let l = p.limit();
     if !id.is_admin() {
         let own = match &id.tenant {
-            Some(t) => s.store.get_tenant(t).await?.into_iter().map(tenant_view).collect(),
+            Some(t) => s
+                .store
+                .get_tenant(t)
+                .await?
+                .into_iter()
+                .map(|t| tenant_view(&s, t))
+                .collect(),
             None => vec![],
         };
         return Ok(Json(Page {
@@ -46,9 +86,11 @@ pub async fn list_tenants(
         }));
     }
     let items = s.store.list_tenants(p.cursor.as_deref(), l + 1).await?;
-    Ok(Json(page(items.into_iter().map(tenant_view).collect(), l, |t| {
-        t.name.clone()
-    })))
+    Ok(Json(page(
+        items.into_iter().map(|t| tenant_view(&s, t)).collect(),
+        l,
+        |t| t.name.clone(),
+    )))
 }
 
 /// Creates a tenant (platform-admin).
@@ -60,14 +102,18 @@ pub async fn create_tenant(
     ApiJson(b): ApiJson<CreateTenant>,
 ) -> ApiResult<(StatusCode, Json<Tenant>)> {
     id.require_admin()?;
+    if let Some(p) = &b.priorities {
+        check_grant(&s, "priorities", p)?;
+    }
     let t = TenantRecord {
         display_name: b.display_name.clone().unwrap_or_else(|| b.name.clone()),
         name: b.name,
         created_at: now_ms(),
+        priorities: b.priorities,
     };
     s.store.create_tenant(&t).await?;
     tracing::info!(tenant = %t.name, actor = %id.actor, "tenant created");
-    Ok((StatusCode::CREATED, Json(tenant_view(t))))
+    Ok((StatusCode::CREATED, Json(tenant_view(&s, t))))
 }
 
 /// The tenant, if the caller may see it (others answer 404, so existence does not leak).
@@ -88,7 +134,65 @@ pub async fn get_tenant(
     id: Identity,
     ApiPath(tenant): ApiPath<String>,
 ) -> ApiResult<Json<Tenant>> {
-    Ok(Json(tenant_view(tenant_visible(&s, &id, &tenant).await?)))
+    Ok(Json(tenant_view(&s, tenant_visible(&s, &id, &tenant).await?)))
+}
+
+/// Grants a tenant the priority classes its workloads may use (platform-admin): exactly those
+/// listed, or the default grant (`standard` and `opportunistic`) for `null`. Work already
+/// submitted keeps its class. The audit record, which names the grant before and after,
+/// commits with the change.
+#[utoipa::path(put, path = "/api/v1/tenants/{tenant}/priorities", tag = "tenancy", params(("tenant" = String, Path)),
+    request_body = SetPriorities,
+    responses((status = 200, body = Tenant),
+        (status = 403, description = "Not a platform-admin token: a tenant cannot grant itself priority classes", body = Problem),
+        (status = 404, body = Problem),
+        (status = 422, description = "An empty grant, a class listed twice, or a class the server does not know (the field names the entry)", body = Problem)))]
+pub async fn set_priorities(
+    State(s): State<AppState>,
+    id: Identity,
+    rid: Option<Extension<RequestId>>,
+    ApiPath(tenant): ApiPath<String>,
+    ApiJson(b): ApiJson<SetPriorities>,
+) -> ApiResult<Response> {
+    let before = tenant_visible(&s, &id, &tenant).await?;
+    if !id.is_admin() {
+        return Err(ApiError::forbidden(
+            "granting priority classes needs a platform-admin token",
+        ));
+    }
+    if let Some(p) = &b.priorities {
+        check_grant(&s, "priorities", p)?;
+    }
+    let after = TenantRecord {
+        priorities: b.priorities.clone(),
+        ..before.clone()
+    };
+    let audit = AuditRecord {
+        seq: 0,
+        at: now_ms(),
+        request_id: rid.map(|Extension(r)| r.0).unwrap_or_default(),
+        actor: id.actor.clone(),
+        tenant: Some(tenant.clone()),
+        action: "PUT /api/v1/tenants/{tenant}/priorities".into(),
+        target: format!("/api/v1/tenants/{tenant}/priorities"),
+        outcome: StatusCode::OK.as_u16(),
+        detail: format!(
+            "priority classes {} → {}",
+            granted(&s, &before).join(", "),
+            granted(&s, &after).join(", ")
+        ),
+    };
+    if !s
+        .store
+        .set_tenant_priorities(&tenant, b.priorities.as_deref(), &audit)
+        .await?
+    {
+        return Err(ApiError::not_found(format!("no tenant `{tenant}`")));
+    }
+    tracing::info!(%tenant, actor = %id.actor, detail = %audit.detail, "priority classes granted");
+    let mut r = Json(tenant_view(&s, after)).into_response();
+    r.extensions_mut().insert(Audited);
+    Ok(r)
 }
 
 /// Deletes a tenant that has no projects, tokens or workloads (platform-admin).

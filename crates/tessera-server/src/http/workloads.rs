@@ -182,6 +182,26 @@ pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload
             format!("unknown priority class `{priority}` ({})", s.priorities.join(", ")),
         ));
     }
+    // A tenant's tokens use the classes the platform admin granted it (read on every request:
+    // a grant takes effect at once, on whichever replica leads); a platform-admin, who grants
+    // them, may submit any class.
+    if !id.is_admin() {
+        let tenant = s
+            .store
+            .get_tenant(&b.tenant)
+            .await?
+            .ok_or_else(|| ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)))?;
+        let granted = super::tenancy::granted(s, &tenant);
+        if !granted.contains(&priority) {
+            return Err(ApiError::priority_not_granted(format!(
+                "tenant `{}` may use the priority classes {}; `{priority}` is not granted to it \
+                 (a platform admin grants classes: tessera tenants set {} --priorities …)",
+                b.tenant,
+                granted.join(", "),
+                b.tenant
+            )));
+        }
+    }
     let shape = shape_spec(&b.shape);
     let to_api = |e: crate::lifecycle::placement::FieldError| ApiError::invalid(e.field, e.message);
     let mut request = engine_request(&s.fleet, &shape, 0, 0).map_err(to_api)?;
@@ -207,7 +227,7 @@ pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload
 #[utoipa::path(post, path = "/api/v1/workloads", tag = "workloads", request_body = CreateWorkload,
     params(IdempotencyParams),
     responses((status = 201, body = Workload), (status = 200, description = "Replay of an idempotent request", body = Workload),
-        (status = 403, description = "Refused by a quota limit or budget, by the tenant's image policy (`type` …/image-registry-not-allowed, …/image-signature-missing, …/image-signature-invalid), or a viewer token", body = Problem),
+        (status = 403, description = "Refused by a quota limit or budget, by the tenant's image policy (`type` …/image-registry-not-allowed, …/image-signature-missing, …/image-signature-invalid), a priority class not granted to the tenant (`type` …/priority-not-granted, the detail names the granted classes), or a viewer token", body = Problem),
         (status = 422, description = "A value breaks a rule, names an unknown tenant, project or priority class, or asks for a shape no node can ever hold (`type` …/constraint)", body = Problem),
         (status = 503, description = "The tenant's image policy needs the image's registry, which could not be asked", body = Problem)))]
 pub async fn create_workload(
