@@ -701,26 +701,7 @@ impl Shared {
             name: name.clone(),
             detail: detail.clone(),
         });
-        let client = self.client.clone();
-        tokio::spawn(async move {
-            let event = json!({
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": format!("{name}."), "namespace": ns},
-                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns, "uid": uid},
-                "reason": "NotTesseraWorkload", "type": "Warning", "message": detail,
-                "source": {"component": "tessera"},
-                "firstTimestamp": k8s_now(), "lastTimestamp": k8s_now(), "count": 1,
-            });
-            let Ok(event) = serde_json::from_value::<k8s_openapi::api::core::v1::Event>(event) else {
-                return;
-            };
-            if let Err(e) = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client, &ns)
-                .create(&PostParams::default(), &event)
-                .await
-            {
-                tracing::debug!(error = %e, "cannot record an Event on a stranger's pod");
-            }
-        });
+        self.pod_event(&ns, &name, Some(&uid), "NotTesseraWorkload", &detail);
     }
 
     /// A gang that failed or was lost: its pods still there are deleted (with their grace
@@ -974,25 +955,30 @@ impl Shared {
             id,
             detail: detail.clone(),
         });
-        let client = self.client.clone();
-        let (ns, name) = (ns.to_string(), name.to_string());
+        self.pod_event(ns, name, None, "EvictionRefused", &detail);
+    }
+
+    /// Records a Warning Event on pod `ns/name` (its owner sees it with `kubectl describe`), in
+    /// the background; a failure is logged at debug level only.
+    fn pod_event(&self, ns: &str, name: &str, uid: Option<&str>, reason: &str, message: &str) {
+        let event = json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": format!("{name}."), "namespace": ns},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns, "uid": uid},
+            "reason": reason, "type": "Warning", "message": message,
+            "source": {"component": "tessera"},
+            "firstTimestamp": k8s_now(), "lastTimestamp": k8s_now(), "count": 1,
+        });
+        let Ok(event) = serde_json::from_value::<k8s_openapi::api::core::v1::Event>(event) else {
+            return;
+        };
+        let (client, ns) = (self.client.clone(), ns.to_string());
         tokio::spawn(async move {
-            let event = json!({
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": format!("{name}."), "namespace": ns},
-                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns},
-                "reason": "EvictionRefused", "type": "Warning", "message": detail,
-                "source": {"component": "tessera"},
-                "firstTimestamp": k8s_now(), "lastTimestamp": k8s_now(), "count": 1,
-            });
-            let Ok(event) = serde_json::from_value::<k8s_openapi::api::core::v1::Event>(event) else {
-                return;
-            };
             if let Err(e) = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client, &ns)
                 .create(&PostParams::default(), &event)
                 .await
             {
-                tracing::debug!(error = %e, "cannot record an Event on a pod");
+                tracing::debug!(error = %e, namespace = %ns, "cannot record an Event on a pod");
             }
         });
     }

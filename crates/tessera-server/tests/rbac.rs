@@ -187,6 +187,19 @@ async fn isolation_matrix(db: Db) {
             [204, 403, 403, 403, 401],
             [204, 403, 403, 403, 401],
         ),
+        // Only the platform admin grants priority classes: a tenant cannot grant itself any.
+        (
+            "PUT",
+            "/api/v1/tenants/{tenant}/priorities",
+            [200, 403, 403, 403, 401],
+            [200, 404, 404, 404, 401],
+        ),
+        (
+            "POST",
+            "/api/v1/apply",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
         (
             "GET",
             "/api/v1/tokens",
@@ -403,6 +416,8 @@ async fn isolation_matrix(db: Db) {
                     ("POST", "/api/v1/rollouts") => Some(json!({"pool": "development"})),
                     ("POST", "/api/v1/nodes/{node}/gpus/{gpu}/mig") => Some(json!({"enabled": false})),
                     ("PUT", _) if template.ends_with("budget") => Some(json!({"monthly_unit_hours": 1000})),
+                    ("PUT", _) if template.ends_with("priorities") => Some(json!({"priorities": ["standard"]})),
+                    ("POST", "/api/v1/apply") => Some(json!({"tenants": []})),
                     ("PUT", _) if template.ends_with("image-policy") => {
                         Some(json!({"registries": ["registry.example.com/team-a/"]}))
                     }
