@@ -478,17 +478,29 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         Some(o) => Some(oidc::OidcVerifier::discover(o).await.map_err(|e| anyhow!(e))?),
         None => None,
     };
+    let auth = Arc::new(if shared {
+        Authenticator::new(store.clone(), oidc).with_cache_ttl(AUTH_CACHE_TTL)
+    } else {
+        Authenticator::new(store.clone(), oidc)
+    });
+    // Replicas sharing a database hear of each other's revocations at once (PostgreSQL
+    // LISTEN/NOTIFY) and forget their cached identities; the cache's TTL stays as the bound
+    // when the news cannot be had.
+    if shared && let Some(mut news) = store.revocations().await {
+        let auth = auth.clone();
+        tokio::spawn(async move {
+            while news.recv().await.is_some() {
+                auth.invalidate();
+            }
+        });
+    }
     let state = AppState {
         store: store.clone(),
         nodes: Arc::new(NodeIndex::new(&fleet)),
         fleet,
         lifecycle,
         priorities: Arc::new(cfg.govern.classes.iter().map(|c| c.name.clone()).collect()),
-        auth: Arc::new(if shared {
-            Authenticator::new(store.clone(), oidc).with_cache_ttl(AUTH_CACHE_TTL)
-        } else {
-            Authenticator::new(store.clone(), oidc)
-        }),
+        auth,
         audit: audit::AuditLog::start(store),
         backend_name: backend.name(),
         backend: backend.clone(),

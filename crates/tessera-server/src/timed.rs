@@ -114,6 +114,9 @@ impl TokenStore for TimedStore {
     async fn token_count(&self) -> Result<u64> {
         self.timed("token_count", self.inner.token_count()).await
     }
+    async fn revocations(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        self.inner.revocations().await
+    }
 }
 
 #[async_trait]

@@ -20,6 +20,10 @@ pub(crate) const LOCK_TENANT: &str = "SELECT name FROM tenants WHERE name = $1 F
 
 /// The token being revoked and every lasting platform-admin token, locked until the
 /// transaction ends, in id order so that two revocations never wait for each other in a cycle.
+/// Tells every replica listening on `tessera_revocations` (at commit) that token `$1` was
+/// revoked: their identity caches forget it at once.
+pub(crate) const NOTIFY_REVOCATION: Option<&str> = Some("SELECT pg_notify('tessera_revocations', $1)");
+
 pub(crate) const LOCK_REVOCATION: &str = "SELECT id, role, revoked_at FROM api_tokens WHERE id = $1 \
      OR (role = $2 AND revoked_at IS NULL AND expires_at IS NULL) ORDER BY id FOR UPDATE";
 
@@ -72,4 +76,9 @@ pub(crate) async fn active_workloads(store: &Store) -> Result<Vec<Workload>> {
         .await
         .map_err(db)?;
     rows.iter().map(|r| workload_row(&RowCells(r))).collect()
+}
+
+/// Revocation news from every replica: `LISTEN tessera_revocations` ([`NOTIFY_REVOCATION`]).
+pub(crate) async fn revocations(s: &Store) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+    s.revocation_news().await
 }

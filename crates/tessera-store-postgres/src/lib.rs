@@ -240,6 +240,60 @@ async fn tokio_timeout<F: std::future::Future>(limit: Duration, fut: F) -> Optio
 
 /// Refuses a database whose applied migrations include versions this binary does not know: a
 /// newer Tessera upgraded it, and this one would misread what it wrote.
+impl PgStore {
+    /// Listens on `tessera_revocations` for as long as the receiver lives: each notification's
+    /// payload (a revoked token's id) is passed on; after a lost connection, an empty message
+    /// (some may have been missed) once listening again, every second until it is.
+    pub(crate) async fn revocation_news(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let pool = self.pool.clone();
+        tokio::spawn(async move {
+            let mut missed = false;
+            loop {
+                let listener = async {
+                    let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
+                    l.listen("tessera_revocations").await?;
+                    Ok::<_, sqlx::Error>(l)
+                };
+                let mut l = match listener.await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot listen for revocations; retrying in 1 s");
+                        missed = true;
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
+                if missed && tx.send(String::new()).is_err() {
+                    return;
+                }
+                loop {
+                    match l.try_recv().await {
+                        Ok(Some(n)) => {
+                            if tx.send(n.payload().to_string()).is_err() {
+                                return;
+                            }
+                        }
+                        // The connection was lost (and re-established by the listener):
+                        // notifications in between may be missed.
+                        Ok(None) => {
+                            if tx.send(String::new()).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "revocation listener");
+                            missed = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Some(rx)
+    }
+}
+
 async fn check_schema(pool: &PgPool) -> Result<()> {
     let exists: bool = sqlx::query("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
         .fetch_one(pool)

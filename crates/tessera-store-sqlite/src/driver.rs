@@ -22,6 +22,9 @@ pub(crate) const LOCK_TENANT: &str = "SELECT name FROM tenants WHERE name = $1";
 /// The token being revoked and every lasting platform-admin token. SQLite has no row locks:
 /// the write transaction (`BEGIN IMMEDIATE`) already holds the database's write lock, so a
 /// revocation racing another waits for it and then sees what it left.
+/// SQLite serves one process: no other replica to tell of a revocation.
+pub(crate) const NOTIFY_REVOCATION: Option<&str> = None;
+
 pub(crate) const LOCK_REVOCATION: &str = "SELECT id, role, revoked_at FROM api_tokens WHERE id = $1 \
      OR (role = $2 AND revoked_at IS NULL AND expires_at IS NULL) ORDER BY id";
 
@@ -98,4 +101,9 @@ pub(crate) async fn active_workloads(store: &Store) -> Result<Vec<Workload>> {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(read),
         _ => read(),
     }
+}
+
+/// No revocation news: one process serves a SQLite store.
+pub(crate) async fn revocations(_: &Store) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+    None
 }

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use sqlx::Row;
 use tessera_store::{PLATFORM_ADMIN, Result, Revocation, TokenRecord, TokenStore};
 
-use crate::driver::{DbRow, LOCK_REVOCATION, Store};
+use crate::driver::{DbRow, LOCK_REVOCATION, NOTIFY_REVOCATION, Store};
 use crate::{col, db, db_error, u64_of};
 
 fn token_row(r: &DbRow) -> Result<TokenRecord> {
@@ -106,11 +106,18 @@ impl TokenStore for Store {
                     .execute(&mut *tx)
                     .await
                     .map_err(db)?;
+                if let Some(notify) = NOTIFY_REVOCATION {
+                    sqlx::query(notify).bind(id).execute(&mut *tx).await.map_err(db)?;
+                }
                 Revocation::Revoked
             }
         };
         tx.commit().await.map_err(db)?;
         Ok(outcome)
+    }
+
+    async fn revocations(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        crate::driver::revocations(self).await
     }
 
     async fn token_count(&self) -> Result<u64> {

@@ -372,6 +372,12 @@ pub trait TokenStore: Send + Sync {
     async fn revoke_token(&self, id: &str, at: i64) -> Result<Revocation>;
     /// Every stored token, revoked ones included (zero means the platform is not bootstrapped).
     async fn token_count(&self) -> Result<u64>;
+    /// News of revocations made by any replica sharing this store, for replicas that cache
+    /// identities: a message (the revoked token's id, or empty when some may have been missed,
+    /// after a reconnect) soon after each revocation commits. `None` where the store has no
+    /// such channel (SQLite: one process, which invalidates its own cache). No default: a
+    /// wrapper that forgot to pass it on would leave replicas trusting revoked tokens.
+    async fn revocations(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>>;
 }
 
 /// Workloads, their timelines and idempotency keys.
