@@ -1211,40 +1211,52 @@ impl Shared {
         if let Some(t) = self.state.lock().unwrap().tracked.get(&id) {
             return Ok(Some((t.ns.clone(), t.names())));
         }
+        let pods = self.owned_pods(id).await?;
+        let Some(live) = pods.iter().find(|p| !pods::finished(p)) else {
+            return Ok(None);
+        };
+        let (ns, attempt) = (live.metadata.namespace.clone().unwrap_or_default(), pods::attempt(live));
+        let mut found: Vec<(usize, String)> = pods
+            .iter()
+            .filter(|q| q.metadata.namespace.as_deref() == Some(ns.as_str()) && pods::attempt(q) == attempt)
+            .filter_map(|q| Some((pods::gang_index(q), q.metadata.name.clone()?)))
+            .collect();
+        found.sort();
+        Ok(Some((ns, found.into_iter().map(|(_, n)| n).collect())))
+    }
+
+    /// The pods named for workload `id` (any attempt, any state) in a namespace whose own
+    /// labels name the tenant and project the pods claim: a tenant cannot write a namespace's
+    /// labels, so a stranger's pod wearing the label is not among them.
+    async fn owned_pods(&self, id: u64) -> Result<Vec<Pod>, BackendError> {
         let list = Api::<Pod>::all(self.client.clone())
             .list(&ListParams::default().labels(&format!("{LABEL_WORKLOAD}={id}")))
             .await
             .map_err(|e| kube_err("listing pods", e))?;
         let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone());
-        for p in &list.items {
-            let (Some(ns), Some(name)) = (p.metadata.namespace.as_deref(), p.metadata.name.as_deref()) else {
+        let mut labels: HashMap<String, Option<BTreeMap<String, String>>> = HashMap::new();
+        let mut out = Vec::new();
+        for p in list.items {
+            let (Some(ns), Some(name)) = (p.metadata.namespace.clone(), p.metadata.name.as_deref()) else {
                 continue;
             };
-            if !names::is_pod_name_of(name, id) || pods::finished(p) {
+            if !names::is_pod_name_of(name, id) {
                 continue;
             }
-            let Some(n) = namespaces
-                .get_opt(ns)
-                .await
-                .map_err(|e| kube_err("reading a namespace", e))?
-            else {
-                continue;
-            };
-            if !tenancy::same_owner(n.metadata.labels.as_ref(), p.metadata.labels.as_ref()) {
-                continue;
+            if !labels.contains_key(&ns) {
+                let n = namespaces
+                    .get_opt(&ns)
+                    .await
+                    .map_err(|e| kube_err("reading a namespace", e))?;
+                labels.insert(ns.clone(), n.and_then(|n| n.metadata.labels));
             }
-            let attempt = pods::attempt(p);
-            let mut found: Vec<(usize, String)> = list
-                .items
-                .iter()
-                .filter(|q| q.metadata.namespace.as_deref() == Some(ns) && pods::attempt(q) == attempt)
-                .filter_map(|q| Some((pods::gang_index(q), q.metadata.name.clone()?)))
-                .filter(|(_, n)| names::is_pod_name_of(n, id))
-                .collect();
-            found.sort();
-            return Ok(Some((ns.to_string(), found.into_iter().map(|(_, n)| n).collect())));
+            if let Some(Some(l)) = labels.get(&ns)
+                && tenancy::same_owner(Some(l), p.metadata.labels.as_ref())
+            {
+                out.push(p);
+            }
         }
-        Ok(None)
+        Ok(out)
     }
 
     /// The pod whose log is workload `id`'s log (its first node-share, of its latest attempt),
@@ -1263,34 +1275,12 @@ impl Shared {
                 .await
                 .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e));
         }
-        let list = Api::<Pod>::all(self.client.clone())
-            .list(&ListParams::default().labels(&format!("{LABEL_WORKLOAD}={id}")))
-            .await
-            .map_err(|e| kube_err("listing pods", e))?;
-        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone());
-        let mut best: Option<Pod> = None;
-        for p in list.items {
-            let (Some(ns), Some(name)) = (p.metadata.namespace.as_deref(), p.metadata.name.as_deref()) else {
-                continue;
-            };
-            if !names::is_pod_name_of(name, id) || pods::gang_index(&p) != 0 {
-                continue;
-            }
-            let Some(n) = namespaces
-                .get_opt(ns)
-                .await
-                .map_err(|e| kube_err("reading a namespace", e))?
-            else {
-                continue;
-            };
-            if !tenancy::same_owner(n.metadata.labels.as_ref(), p.metadata.labels.as_ref()) {
-                continue;
-            }
-            if best.as_ref().is_none_or(|b| pods::attempt(b) < pods::attempt(&p)) {
-                best = Some(p);
-            }
-        }
-        Ok(best)
+        Ok(self
+            .owned_pods(id)
+            .await?
+            .into_iter()
+            .filter(|p| pods::gang_index(p) == 0)
+            .max_by_key(pods::attempt))
     }
 
     /// The attempt workload `id`'s next start in `ns` makes pods for: the attempt of its live

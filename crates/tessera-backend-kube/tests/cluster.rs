@@ -76,6 +76,20 @@ fn tenancy(tenant: &str, group: &str, gpus: u64) -> TenancySpec {
     }
 }
 
+/// `kubectl auth can-i ARGS` as Tessera's service account: `yes` or `no`, or kubectl's error.
+fn tessera_can_i(c: &support::Cluster, args: &[&str]) -> String {
+    let mut a = vec!["auth", "can-i"];
+    a.extend(args);
+    a.extend(["--as", "system:serviceaccount:tessera-system:tessera"]);
+    let out = c.kubectl(&a);
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if said.is_empty() {
+        String::from_utf8_lossy(&out.stderr).trim().to_string()
+    } else {
+        said
+    }
+}
+
 async fn can(client: &kube::Client, group: &str, verb: &str, ns: &str) -> bool {
     let sar: SubjectAccessReview = serde_json::from_value(json!({
         "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
@@ -940,17 +954,7 @@ async fn the_deploy_manifests_apply_and_grant_exactly_what_the_backend_uses() {
         &["delete", "namespaces/kube-system", "-n", "kube-system"],
         &["delete", "namespaces/default", "-n", "default"],
     ] {
-        let mut a = vec!["auth", "can-i"];
-        a.extend(args);
-        a.extend(["--as", "system:serviceaccount:tessera-system:tessera"]);
-        let out = c.kubectl(&a);
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            "no",
-            "kubectl {}: {}",
-            a.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_eq!(tessera_can_i(c, args), "no", "can-i {}", args.join(" "));
     }
 
     // And nothing more: no secrets, no pods/exec, no cluster-wide RBAC changes.
