@@ -201,7 +201,6 @@ impl TenancyStore for Store {
     }
 
     async fn set_image_policy(&self, p: &ImagePolicyRecord, audit: &AuditRecord) -> Result<()> {
-        let json = |v: &Vec<String>| serde_json::to_string(v).expect("strings serialise");
         let mut tx = self.begin_write().await?;
         // The tenant row (locked where the database can) must exist for the policy to land.
         let exists = sqlx::query(LOCK_TENANT)
@@ -213,18 +212,7 @@ impl TenancyStore for Store {
             tx.rollback().await.map_err(db)?;
             return Err(StoreError::Corrupt(format!("no tenant `{}`", p.tenant)));
         }
-        sqlx::query(
-            "INSERT INTO image_policies (tenant, registries, cosign_keys, updated_at) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (tenant) DO UPDATE SET registries = excluded.registries, \
-             cosign_keys = excluded.cosign_keys, updated_at = excluded.updated_at",
-        )
-        .bind(&p.tenant)
-        .bind(json(&p.registries))
-        .bind(json(&p.cosign_keys))
-        .bind(p.updated_at)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+        upsert_image_policy(&mut tx, p).await?;
         crate::audit::append(&mut tx, &[audit]).await?;
         tx.commit().await.map_err(db)?;
         Ok(())
@@ -281,7 +269,6 @@ impl TenancyStore for Store {
     }
 
     async fn apply_tenancy(&self, changes: &[TenancyChange], audit: &[AuditRecord]) -> Result<()> {
-        let json = |v: &Vec<String>| serde_json::to_string(v).expect("strings serialise");
         let mut tx = self.begin_write().await?;
         // Every tenant a change names exists (created by an earlier change or before), its
         // row locked where the database can: checked once per tenant.
@@ -378,20 +365,7 @@ impl TenancyStore for Store {
                     .await
                     .map_err(db)?;
                 }
-                TenancyChange::SetImagePolicy(p) => {
-                    sqlx::query(
-                        "INSERT INTO image_policies (tenant, registries, cosign_keys, updated_at) VALUES ($1, $2, $3, $4) \
-                         ON CONFLICT (tenant) DO UPDATE SET registries = excluded.registries, \
-                         cosign_keys = excluded.cosign_keys, updated_at = excluded.updated_at",
-                    )
-                    .bind(&p.tenant)
-                    .bind(json(&p.registries))
-                    .bind(json(&p.cosign_keys))
-                    .bind(p.updated_at)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db)?;
-                }
+                TenancyChange::SetImagePolicy(p) => upsert_image_policy(&mut tx, p).await?,
             }
         }
         let refs: Vec<&AuditRecord> = audit.iter().collect();
@@ -399,4 +373,22 @@ impl TenancyStore for Store {
         tx.commit().await.map_err(db)?;
         Ok(())
     }
+}
+
+/// Writes a tenant's image policy (inserted or replaced), inside the caller's transaction.
+async fn upsert_image_policy(tx: &mut crate::driver::DbConnection, p: &ImagePolicyRecord) -> Result<()> {
+    let json = |v: &Vec<String>| serde_json::to_string(v).expect("strings serialise");
+    sqlx::query(
+        "INSERT INTO image_policies (tenant, registries, cosign_keys, updated_at) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (tenant) DO UPDATE SET registries = excluded.registries, \
+         cosign_keys = excluded.cosign_keys, updated_at = excluded.updated_at",
+    )
+    .bind(&p.tenant)
+    .bind(json(&p.registries))
+    .bind(json(&p.cosign_keys))
+    .bind(p.updated_at)
+    .execute(&mut *tx)
+    .await
+    .map_err(db)?;
+    Ok(())
 }

@@ -255,22 +255,25 @@ impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for ApiJson<
     }
 }
 
+/// A deserialisation error as a 422 naming the field; at the top level the field is in the
+/// message (`missing field `name``), else it is `whole` (`body`, `query`).
+fn field_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>, whole: &str) -> ApiError {
+    let field = e.path().to_string();
+    let message = e.into_inner().to_string();
+    let field = if field == "." {
+        message.split('`').nth(1).unwrap_or(whole).to_string()
+    } else {
+        field
+    };
+    ApiError::invalid(field, message)
+}
+
 /// A JSON body read into its type and checked by its rules (see [`ApiJson`]).
 fn json_body<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut raw: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
     integral_numbers_as_integers(&mut raw);
-    let value: T = serde_path_to_error::deserialize(raw).map_err(|e| {
-        let field = e.path().to_string();
-        let message = e.into_inner().to_string();
-        // At the top level the field is in the message (`missing field `name``).
-        let field = if field == "." {
-            message.split('`').nth(1).unwrap_or("body").to_string()
-        } else {
-            field
-        };
-        ApiError::invalid(field, message)
-    })?;
+    let value: T = serde_path_to_error::deserialize(raw).map_err(|e| field_error(e, "body"))?;
     value.validate()?;
     Ok(value)
 }
@@ -342,16 +345,7 @@ impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequestParts<S> for Api
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         let q = parts.uri.query().unwrap_or_default();
         let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(q.as_bytes()));
-        let value: T = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = e.path().to_string();
-            let message = e.into_inner().to_string();
-            let field = if field == "." {
-                message.split('`').nth(1).unwrap_or("query").to_string()
-            } else {
-                field
-            };
-            ApiError::invalid(field, message)
-        })?;
+        let value: T = serde_path_to_error::deserialize(de).map_err(|e| field_error(e, "query"))?;
         value.validate()?;
         Ok(ApiQuery(value))
     }
