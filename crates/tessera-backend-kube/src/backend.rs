@@ -16,12 +16,14 @@ use kube::{Api, Client};
 use serde_json::json;
 use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, LogChunk, MigInstance,
-    Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, Resource, RunSpec, TenancySpec,
+    NativeRef, NativeReview, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport,
+    Resource, RunSpec, TenancySpec,
 };
 use tessera_model::{Catalogue, Fleet};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::admission;
 use crate::dcgm;
 use crate::fleet::{self, LABEL_MIG_CONFIG, LABEL_MIG_STATE, NodeView};
 use crate::mig::{self, LAYOUT_ANNOTATION, NodeLayout, Placed};
@@ -66,6 +68,9 @@ pub struct KubeConfig {
     /// ClusterRole there, so that its cluster-wide role needs no pod creation or namespace
     /// deletion. `None`: no such binding (Tessera then needs those rights cluster-wide).
     pub identity: Option<String>,
+    /// Namespaces whose GPU pods are not Tessera's business (the GPU Operator's own
+    /// validators): its admission passes them unchanged.
+    pub admission_exempt: std::collections::BTreeSet<String>,
 }
 
 impl Default for KubeConfig {
@@ -84,6 +89,10 @@ impl Default for KubeConfig {
             telemetry_every: Some(Duration::from_secs(30)),
             finished_pod_ttl: Duration::from_secs(3600),
             identity: None,
+            admission_exempt: ["gpu-operator", "kube-system", "tessera-system"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
         }
     }
 }
@@ -116,6 +125,9 @@ struct Tracked {
     whole_gpus: u8,
     /// The devices last reported as `Bound`.
     reported: Vec<u8>,
+    /// A pod made with the cluster's own tools (`kubectl`) that Tessera admitted: bound, not
+    /// made, by Tessera, and its deletion by its owner withdraws the workload.
+    native: Option<NativeRef>,
 }
 
 /// Whether a pod that carries a tracked workload's label is that workload's pod.
@@ -139,7 +151,16 @@ impl Tracked {
             gone: Default::default(),
             whole_gpus: 0,
             reported: Vec::new(),
+            native: None,
         }
+    }
+
+    /// The tracking of a native pod (one pod, its name and UID known from the start).
+    fn native(native: &NativeRef, stage: Stage) -> Tracked {
+        let mut t = Tracked::new(&native.namespace, 0, stage, false, [native.name.clone()]);
+        t.uids.insert(native.name.clone(), native.uid.clone());
+        t.native = Some(native.clone());
+        t
     }
 
     /// Tracks the devices of `spec`'s pod when it is a one-pod workload of whole GPUs.
@@ -192,6 +213,10 @@ struct State {
     mig_pools: std::collections::HashSet<String>,
     /// Strangers' pods already reported, by UID.
     strangers: std::collections::HashSet<String>,
+    /// Tenant project namespaces: their tenant and project.
+    projects: HashMap<String, (String, String)>,
+    /// Native pods already reported (submitted or refused), by UID.
+    submitted: std::collections::HashSet<String>,
 }
 
 struct Shared {
@@ -302,6 +327,7 @@ impl KubeBackend {
         let mut tasks = vec![
             tokio::spawn(watch_nodes(Arc::downgrade(&shared), shared.client.clone())),
             tokio::spawn(watch_pods(Arc::downgrade(&shared), shared.client.clone())),
+            tokio::spawn(watch_native(Arc::downgrade(&shared), shared.client.clone())),
         ];
         if let Some(every) = shared.cfg.telemetry_every {
             tasks.push(tokio::spawn(read_exporters(Arc::downgrade(&shared), every)));
@@ -600,6 +626,39 @@ async fn watch_pods(shared: Weak<Shared>, client: Client) {
     }
 }
 
+/// Watches the pods that name Tessera as their scheduler and are not bound yet: each one made
+/// with the cluster's own tools (not by Tessera) in a tenant project's namespace is read as
+/// the admission reads it and reported once, as a `Submitted` workload or, when it breaks the
+/// rules (it reached the cluster without the webhook), as a refusal told on the pod.
+async fn watch_native(shared: Weak<Shared>, client: Client) {
+    let cfg = watcher::Config::default().fields(&format!(
+        "spec.schedulerName={},spec.nodeName=",
+        admission::SCHEDULER_NAME
+    ));
+    let stream = watcher(Api::<Pod>::all(client), cfg).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let ev = match stream.next().await {
+            Some(Ok(ev)) => ev,
+            None => return,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "native pod watch");
+                continue;
+            }
+        };
+        let Some(sh) = shared.upgrade() else { return };
+        match ev {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => sh.on_native_pod(&p).await,
+            watcher::Event::Delete(p) => {
+                if let Some(uid) = &p.metadata.uid {
+                    sh.state.lock().unwrap().submitted.remove(uid);
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+}
+
 impl Shared {
     fn send(&self, ev: BackendEvent) {
         let _ = self.tx.send(ev);
@@ -763,7 +822,16 @@ impl Shared {
             }
             return;
         }
-        if t.stage != Stage::Ended {
+        if let Some(native) = &t.native {
+            // Its owner deleted it (or had it deleted, as a Job's owner does): withdrawn.
+            if t.stage != Stage::Ended {
+                let _ = self.tx.send(BackendEvent::Withdrawn {
+                    id,
+                    native: native.clone(),
+                });
+                t.stage = Stage::Ended;
+            }
+        } else if t.stage != Stage::Ended {
             let _ = self.tx.send(BackendEvent::Lost {
                 id,
                 at_ms: now_ms(),
@@ -775,6 +843,193 @@ impl Shared {
         if t.pods.iter().all(|(n, _)| t.gone.contains(n)) {
             st.tracked.remove(&id);
         }
+    }
+
+    /// The admission's view of the cluster.
+    fn rules(&self) -> admission::Rules {
+        admission::Rules {
+            tessera_user: self.cfg.identity.as_deref().map(admission::user_of),
+            exempt: self.cfg.admission_exempt.clone(),
+            pool_label: self.cfg.pool_label.clone(),
+            namespace_prefix: self.cfg.namespace_prefix.clone(),
+        }
+    }
+
+    /// The tenant project whose namespace `ns` is: one Tessera made (its own labels say which;
+    /// a tenant cannot write a namespace's labels), else `None`.
+    async fn project_of(&self, ns: &str) -> Result<Option<(String, String)>, BackendError> {
+        if let Some(p) = self.state.lock().unwrap().projects.get(ns) {
+            return Ok(Some(p.clone()));
+        }
+        let n = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone())
+            .get_opt(ns)
+            .await
+            .map_err(|e| kube_err("reading a namespace", e))?;
+        let labels = n.and_then(|n| n.metadata.labels).unwrap_or_default();
+        let ours = labels.get(names::LABEL_MANAGED_BY).is_some_and(|v| v == names::MANAGED_BY);
+        let (Some(t), Some(p)) = (labels.get(names::LABEL_TENANT), labels.get(names::LABEL_PROJECT)) else {
+            return Ok(None);
+        };
+        if !ours {
+            return Ok(None);
+        }
+        let project = (t.clone(), p.clone());
+        self.state
+            .lock()
+            .unwrap()
+            .projects
+            .insert(ns.to_string(), project.clone());
+        Ok(Some(project))
+    }
+
+    /// A pod naming Tessera as its scheduler, not bound yet (see [`watch_native`]).
+    async fn on_native_pod(self: &Arc<Self>, pod: &Pod) {
+        let (Some(ns), Some(name), Some(uid)) = (
+            pod.metadata.namespace.clone(),
+            pod.metadata.name.clone(),
+            pod.metadata.uid.clone(),
+        ) else {
+            return;
+        };
+        if pod.metadata.deletion_timestamp.is_some() || pods::bound_node(pod).is_some() || pods::finished(pod) {
+            return;
+        }
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let made_by_tessera = labels.get(names::LABEL_MANAGED_BY).is_some_and(|v| v == names::MANAGED_BY)
+            && pods::workload_id(pod).is_some_and(|id| names::is_pod_name_of(&name, id));
+        if made_by_tessera || self.state.lock().unwrap().submitted.contains(&uid) {
+            return;
+        }
+        let project = match self.project_of(&ns).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot tell whose a waiting pod is");
+                return;
+            }
+        };
+        if !self.state.lock().unwrap().submitted.insert(uid.clone()) {
+            return;
+        }
+        let review = admission::review_pod(
+            pod,
+            &ns,
+            project.as_ref().map(|(t, p)| (t.as_str(), p.as_str())),
+            &self.rules(),
+        );
+        match review {
+            NativeReview::Pass => {}
+            NativeReview::Refuse(why) => {
+                tracing::info!(namespace = %ns, pod = %name, "a pod naming Tessera as its scheduler is refused: {why}");
+                self.pod_event(&ns, &name, Some(&uid), "TesseraRefused", &format!("Tessera: {why}"));
+            }
+            NativeReview::Ask(ask) => self.send(BackendEvent::Submitted {
+                native: NativeRef {
+                    namespace: ns,
+                    name,
+                    uid,
+                },
+                ask,
+            }),
+        }
+    }
+
+    /// Starts a native workload: binds its pod (there already, made by its owner) to the node
+    /// the engine chose, once it is certain the pod is that object and asks for what was placed.
+    async fn start_native(&self, spec: &RunSpec, native: &NativeRef) -> Result<(), BackendError> {
+        {
+            let mut st = self.state.lock().unwrap();
+            let t = st
+                .tracked
+                .entry(spec.id)
+                .or_insert_with(|| Tracked::native(native, Stage::Accepted).whole_gpus_of(spec));
+            if t.stage >= Stage::Started && !t.stopping {
+                return Ok(());
+            }
+        }
+        let (ns, name) = (&native.namespace, &native.name);
+        let pod = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e))?;
+        let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(native.uid.as_str())) else {
+            self.state.lock().unwrap().tracked.remove(&spec.id);
+            return Err(BackendError::Rejected(format!(
+                "pod {ns}/{name} of workload {} is gone: its owner deleted it",
+                spec.id
+            )));
+        };
+        let Devices::Count { resource, count } = &spec.devices else {
+            return Err(BackendError::Rejected(
+                "the kubernetes backend asks for device counts, not exact devices".into(),
+            ));
+        };
+        let want = match resource {
+            Resource::SharedGpu { .. } => self.shared_resource(&spec.node),
+            r => r.to_string(),
+        };
+        let asks = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get(&want))
+            .filter_map(|q| fleet::quantity(&q.0, 1.0))
+            .sum::<u64>();
+        let expected = if matches!(resource, Resource::Gpu | Resource::Mig { .. }) {
+            u64::from(*count)
+        } else {
+            1
+        };
+        if asks != expected {
+            return Err(BackendError::Rejected(format!(
+                "pod {ns}/{name} asks for {asks} {want} on node {}, where Tessera placed {expected}: its owner must ask for what it was admitted with",
+                spec.node
+            )));
+        }
+        if matches!(resource, Resource::Mig { .. }) {
+            self.wait_mig(&spec.node, None).await?;
+        }
+        self.bind_pod(ns, &pod, &spec.node).await?;
+        let mut st = self.state.lock().unwrap();
+        if let Some(t) = st.tracked.get_mut(&spec.id)
+            && t.stage == Stage::Accepted
+        {
+            t.stage = Stage::Started;
+            t.stopping = false;
+            let _ = self.tx.send(BackendEvent::Started { id: spec.id, bound: None });
+        }
+        Ok(())
+    }
+
+    /// What reconcile sees of a native workload's pod (and its tracking, rebuilt after a
+    /// restart).
+    async fn reconcile_native(&self, spec: &RunSpec, native: &NativeRef) -> Result<Observation, BackendError> {
+        let (ns, name) = (&native.namespace, &native.name);
+        let pod = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e))?
+            .filter(|p| p.metadata.uid.as_deref() == Some(native.uid.as_str()));
+        let Some(pod) = pod else {
+            return Ok(Observation::Unknown);
+        };
+        if pods::bound_node(&pod).is_none() {
+            return Ok(Observation::Unknown);
+        }
+        let state = pods::pod_state(&pod);
+        let obs = pods::observation(state.clone());
+        let stage = match obs {
+            Observation::Running { .. } => Stage::Running,
+            Observation::Starting => Stage::Started,
+            _ => Stage::Ended,
+        };
+        let deleting = pod.metadata.deletion_timestamp.is_some();
+        self.state.lock().unwrap().tracked.entry(spec.id).or_insert_with(|| {
+            let mut t = Tracked::native(native, stage).whole_gpus_of(spec);
+            t.stopping = deleting;
+            t.pods[0].1 = state;
+            t
+        });
+        Ok(obs)
     }
 
     /// The resource name under which `node`'s device plugin advertises time-sliced GPUs.
@@ -1372,6 +1627,7 @@ impl Backend for KubeBackend {
             mig_mode_switch: false,
             mig_mode_reported: true,
             confirms_stop: true,
+            native_admission: true,
         }
     }
 
@@ -1400,6 +1656,9 @@ impl Backend for KubeBackend {
 
     async fn start(&self, spec: &RunSpec) -> Result<(), BackendError> {
         let sh = &self.shared;
+        if let Some(native) = &spec.native {
+            return sh.start_native(spec, native).await;
+        }
         let ns = names::namespace(&sh.cfg.namespace_prefix, &spec.tenant, &spec.project);
         let size = spec.gang_size();
         if let Some(t) = sh.state.lock().unwrap().tracked.get(&spec.id)
@@ -1612,6 +1871,11 @@ impl Backend for KubeBackend {
         }
         let mut report = ReconcileReport::default();
         for spec in expected {
+            if let Some(native) = &spec.native {
+                by_id.remove(&spec.id);
+                report.workloads.push((spec.id, sh.reconcile_native(spec, native).await?));
+                continue;
+            }
             // Only pods in the workload's own namespace under its names are its pods; others
             // wearing its label are strangers'.
             let ns = names::namespace(&sh.cfg.namespace_prefix, &spec.tenant, &spec.project);
@@ -1752,10 +2016,16 @@ impl Backend for KubeBackend {
             }
         }
         for (id, ps) in by_id {
+            // Pods Tessera made; a native pod waiting in the queue is not an orphan.
             let live: Vec<&Pod> = ps
                 .iter()
                 .filter(|p| {
-                    p.metadata.deletion_timestamp.is_none()
+                    p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(names::LABEL_MANAGED_BY))
+                        .is_some_and(|v| v == names::MANAGED_BY)
+                        && p.metadata.deletion_timestamp.is_none()
                         && !matches!(pods::pod_state(p), PodState::Exited(_) | PodState::Lost(_))
                 })
                 .collect();
@@ -1793,6 +2063,79 @@ impl Backend for KubeBackend {
 
     fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>> {
         self.shared.rx.lock().unwrap().take()
+    }
+
+    async fn review_native(&self, review: &[u8]) -> Result<NativeReview, BackendError> {
+        let req = admission::parse(review).map_err(BackendError::Rejected)?;
+        let rules = self.shared.rules();
+        if !admission::reviewed(&req, &rules) {
+            return Ok(NativeReview::Pass);
+        }
+        let Some(pod) = &req.object else {
+            return Ok(NativeReview::Pass);
+        };
+        let ns = req
+            .namespace
+            .clone()
+            .or_else(|| pod.metadata.namespace.clone())
+            .unwrap_or_default();
+        let project = self.shared.project_of(&ns).await?;
+        Ok(admission::review_pod(
+            pod,
+            &ns,
+            project.as_ref().map(|(t, p)| (t.as_str(), p.as_str())),
+            &rules,
+        ))
+    }
+
+    fn answer_native(&self, review: &[u8], mutate: bool, refusal: Option<&str>) -> Result<Vec<u8>, BackendError> {
+        let req = admission::parse(review).map_err(BackendError::Rejected)?;
+        let patch = match (&req.object, mutate, refusal) {
+            (Some(pod), true, None) if admission::reviewed(&req, &self.shared.rules()) => admission::mutation(pod),
+            _ => Vec::new(),
+        };
+        Ok(admission::answer(&req, refusal, patch))
+    }
+
+    async fn adopt_native(&self, id: u64, native: &NativeRef) -> Result<(), BackendError> {
+        let sh = &self.shared;
+        if sh.state.lock().unwrap().tracked.contains_key(&id) {
+            return Ok(());
+        }
+        let project = sh.project_of(&native.namespace).await?.ok_or_else(|| {
+            BackendError::Rejected(format!(
+                "namespace {} is not a Tessera project's namespace",
+                native.namespace
+            ))
+        })?;
+        // The UID in the patch is a precondition: another object under the name is refused.
+        let patch = json!({"metadata": {"uid": native.uid, "labels": {
+            LABEL_WORKLOAD: id.to_string(),
+            names::LABEL_TENANT: names::label_value(&project.0),
+            names::LABEL_PROJECT: names::label_value(&project.1),
+        }}});
+        Api::<Pod>::namespaced(sh.client.clone(), &native.namespace)
+            .patch(&native.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| kube_err(&format!("labelling pod {}/{}", native.namespace, native.name), e))?;
+        sh.state
+            .lock()
+            .unwrap()
+            .tracked
+            .entry(id)
+            .or_insert_with(|| Tracked::native(native, Stage::Accepted));
+        Ok(())
+    }
+
+    fn tell_native(&self, native: &NativeRef, refused: bool, message: &str) {
+        let reason = if refused { "TesseraRefused" } else { "TesseraWaiting" };
+        self.shared.pod_event(
+            &native.namespace,
+            &native.name,
+            Some(&native.uid),
+            reason,
+            &format!("Tessera: {message}"),
+        );
     }
 
     /// The container log of the workload's pod (its first pod for a multi-node gang), read
@@ -1865,7 +2208,10 @@ impl Backend for KubeBackend {
             &spec,
         )
         .await?;
-        self.shared.state.lock().unwrap().namespaces.insert(ns);
+        let mut st = self.shared.state.lock().unwrap();
+        st.projects
+            .insert(ns.clone(), (spec.tenant.clone(), spec.project.clone()));
+        st.namespaces.insert(ns);
         Ok(())
     }
 
@@ -1873,6 +2219,7 @@ impl Backend for KubeBackend {
         let gone = tenancy::remove(&self.shared.client, &self.shared.cfg.namespace_prefix, tenant, project).await?;
         let mut st = self.shared.state.lock().unwrap();
         for ns in gone {
+            st.projects.remove(&ns);
             st.namespaces.remove(&ns);
         }
         Ok(())

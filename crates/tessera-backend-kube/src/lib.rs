@@ -23,6 +23,7 @@
 //!
 //! Not here: workload logs, and image admission (the control plane checks images).
 
+pub mod admission;
 mod backend;
 pub mod dcgm;
 pub mod fleet;

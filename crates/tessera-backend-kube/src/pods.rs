@@ -372,6 +372,7 @@ mod tests {
             duration: Some(Duration::from_secs(600)),
             running_since_ms: None,
             gang: Vec::new(),
+            native: None,
         }
     }
 

@@ -36,6 +36,7 @@ fn spec(id: u64, node: usize) -> RunSpec {
         duration: None,
         running_since_ms: None,
         gang: Vec::new(),
+        native: None,
     }
 }
 

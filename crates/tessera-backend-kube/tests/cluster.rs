@@ -57,6 +57,7 @@ fn run(id: u64, tenant: &str, node: &str, devices: Devices) -> RunSpec {
         duration: None,
         running_since_ms: None,
         gang: Vec::new(),
+        native: None,
     }
 }
 

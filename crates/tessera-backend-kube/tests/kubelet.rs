@@ -59,6 +59,7 @@ fn run(id: u64, tenant: &str, command: &[&str]) -> RunSpec {
         duration: None,
         running_since_ms: None,
         gang: Vec::new(),
+        native: None,
     }
 }
 

@@ -477,6 +477,7 @@ impl Backend for LocalBackend {
             mig_mode_switch: true,
             mig_mode_reported: true,
             confirms_stop: false,
+            native_admission: false,
         }
     }
 

@@ -124,6 +124,7 @@ fn spec(id: u64, gpus: Vec<u8>, cmd: &str, env: &[(&str, String)]) -> RunSpec {
         duration: None,
         running_since_ms: None,
         gang: Vec::new(),
+        native: None,
     }
 }
 

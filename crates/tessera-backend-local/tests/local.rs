@@ -87,6 +87,7 @@ fn spec(id: u64, gpus: Vec<u8>, slice: SliceSpec, cmd: &str) -> RunSpec {
         duration: None,
         running_since_ms: None,
         gang: Vec::new(),
+        native: None,
     }
 }
 

@@ -72,6 +72,7 @@ async fn main() {
             duration: None,
             running_since_ms: None,
             gang: Vec::new(),
+            native: None,
         };
         b.start(&spec).await.expect("start");
     }

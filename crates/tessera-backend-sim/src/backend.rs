@@ -473,6 +473,7 @@ impl Backend for SimBackend {
                 mig_mode_switch: true,
                 mig_mode_reported: false,
                 confirms_stop: false,
+                native_admission: false,
             },
             SimMode::Operator => Capabilities {
                 partitioning: Partitioning::WholeGpu,
@@ -481,6 +482,7 @@ impl Backend for SimBackend {
                 mig_mode_switch: false,
                 mig_mode_reported: false,
                 confirms_stop: false,
+                native_admission: false,
             },
         }
     }

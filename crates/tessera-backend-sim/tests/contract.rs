@@ -68,6 +68,7 @@ async fn each_mode_declares_its_capabilities() {
             mig_mode_switch: true,
             mig_mode_reported: false,
             confirms_stop: false,
+            native_admission: false,
         }
     );
     let operator = SimBackend::new(SimConfig::for_mode(SimMode::Operator), fleet());
@@ -80,6 +81,7 @@ async fn each_mode_declares_its_capabilities() {
             mig_mode_switch: false,
             mig_mode_reported: false,
             confirms_stop: false,
+            native_admission: false,
         }
     );
     assert_eq!(operator.name(), "sim");

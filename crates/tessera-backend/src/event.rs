@@ -74,6 +74,13 @@ pub enum BackendEvent {
         name: String,
         detail: String,
     },
+    /// An object asked for with the backend's own tools now exists and waits for Tessera
+    /// (backends with [`crate::Capabilities::native_admission`]); reported once per object,
+    /// and again after a restart of the backend while it still waits.
+    Submitted { native: crate::NativeRef, ask: crate::NativeAsk },
+    /// The native object of workload `id` was deleted by its owner: the workload is
+    /// cancelled. Acted on only when `native` is exactly the workload's object.
+    Withdrawn { id: u64, native: crate::NativeRef },
     /// A GPU became unhealthy (an XID, fell off the bus) or healthy again.
     GpuHealth {
         node: String,
@@ -115,7 +122,8 @@ impl BackendEvent {
             | BackendEvent::Exited { id, .. }
             | BackendEvent::Lost { id, .. }
             | BackendEvent::Stopped { id, .. }
-            | BackendEvent::Notice { id, .. } => Some(*id),
+            | BackendEvent::Notice { id, .. }
+            | BackendEvent::Withdrawn { id, .. } => Some(*id),
             _ => None,
         }
     }

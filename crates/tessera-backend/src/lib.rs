@@ -57,6 +57,7 @@
 //! [`Backend::set_mig_mode`] (refuses; see [`Capabilities::mig_mode_switch`]).
 
 mod event;
+mod native;
 mod plan;
 mod reconcile;
 mod spec;
@@ -67,6 +68,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 pub use event::{BackendEvent, Bound, Exit, GpuSample, InstanceSample, NodeChange, named_workloads};
+pub use native::{NativeAsk, NativeGpus, NativeRef, NativeReview};
 pub use plan::{MigInstance, PartitionPlan, PartitionReport};
 pub use reconcile::{Observation, Orphan, ReconcileReport};
 pub use spec::{Devices, GangShare, Resource, RunSpec, SHARED_POOL_QUOTA, SliceSpec, TenancySpec};
@@ -113,6 +115,10 @@ pub struct Capabilities {
     /// containers are gone). The workload then keeps its capacity until that event, so the
     /// next workload never meets devices still in use. Otherwise `stop` returning is the end.
     pub confirms_stop: bool,
+    /// Whether workloads can be asked for with the backend's own tools and admitted through
+    /// Tessera ([`Backend::review_native`], [`BackendEvent::Submitted`]; Kubernetes: pods made
+    /// with `kubectl`, through Tessera's admission webhook).
+    pub native_admission: bool,
 }
 
 /// What [`Backend::set_mig_mode`] achieved.
@@ -206,6 +212,38 @@ pub trait Backend: Send + Sync {
             "the {} backend cannot change a GPU's MIG mode",
             self.name()
         )))
+    }
+    /// Optional capability ([`Capabilities::native_admission`]): reads a request to create an
+    /// object through the backend's own API (Kubernetes: an `AdmissionReview` of a Pod) and
+    /// says whether it is Tessera's business. Side-effect free. The default passes everything.
+    async fn review_native(&self, review: &[u8]) -> Result<NativeReview, BackendError> {
+        let _ = review;
+        Ok(NativeReview::Pass)
+    }
+    /// The backend's answer to the request [`Backend::review_native`] read: allowed (with
+    /// whatever the backend changes in an object it admits, when `mutate`) or refused with
+    /// `refusal`. The default refuses to answer.
+    fn answer_native(&self, review: &[u8], mutate: bool, refusal: Option<&str>) -> Result<Vec<u8>, BackendError> {
+        let _ = (review, mutate, refusal);
+        Err(BackendError::Rejected(format!(
+            "the {} backend admits no workloads of its own",
+            self.name()
+        )))
+    }
+    /// Links a native object ([`BackendEvent::Submitted`]) to the workload Tessera recorded
+    /// for it, so that its later events are that workload's. Idempotent. The default refuses.
+    async fn adopt_native(&self, id: u64, native: &NativeRef) -> Result<(), BackendError> {
+        let _ = (id, native);
+        Err(BackendError::Rejected(format!(
+            "the {} backend admits no workloads of its own",
+            self.name()
+        )))
+    }
+    /// Tells a native object's owner, through the backend's own tools, why its workload waits
+    /// or was refused (Kubernetes: an Event on the pod). Best effort, returns at once; the
+    /// default does nothing.
+    fn tell_native(&self, native: &NativeRef, refused: bool, message: &str) {
+        let _ = (native, refused, message);
     }
 }
 

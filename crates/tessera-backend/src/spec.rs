@@ -76,6 +76,9 @@ pub struct RunSpec {
     /// `devices`), in gang order. Empty for a workload on one node — every placement the engine
     /// makes today; a backend that cannot run a multi-node gang refuses a spec with shares here.
     pub gang: Vec<GangShare>,
+    /// A workload asked for with the backend's own tools: the object to run (already there)
+    /// instead of one the backend makes.
+    pub native: Option<crate::NativeRef>,
 }
 
 /// One node-share of a gang that spans several nodes: the node and the devices there.

@@ -562,6 +562,7 @@ mod tests {
             no_wait: false,
             no_requeue: false,
             movable: None,
+            native: None,
         }
     }
 

@@ -107,6 +107,10 @@ pub struct WorkloadSpec {
     pub no_requeue: bool,
     /// Whether and how consolidation may move it to defragment its pool (`None`: never).
     pub movable: Option<Movable>,
+    /// A workload asked for with the backend's own tools: the backend's object it is
+    /// (opaque here; on Kubernetes `namespace/name/uid` of the pod). `None`: Tessera makes what
+    /// runs it.
+    pub native: Option<String>,
 }
 
 /// How consolidation may move a running workload.

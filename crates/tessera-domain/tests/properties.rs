@@ -38,6 +38,7 @@ fn workload(i: usize) -> Workload {
         no_wait: false,
         no_requeue: i % 4 == 3,
         movable: None,
+        native: None,
     };
     Workload::new(WorkloadId(i as u64), spec, GpuUnits::whole(1), 0)
 }

@@ -26,6 +26,7 @@ pub mod history;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;
+pub mod native;
 pub mod oidc;
 pub mod problem;
 pub mod refusals;
@@ -277,6 +278,8 @@ pub fn app(state: AppState, cors_origins: &[HeaderValue]) -> axum::Router {
         .route("/metrics", get(metrics::scrape_authorised))
         .route("/healthz", get(http::system::healthz))
         .route("/readyz", get(http::system::readyz))
+        .route("/admission/mutate", axum::routing::post(native::mutate))
+        .route("/admission/validate", axum::routing::post(native::validate))
         .merge(api)
         .merge(console::router())
         .fallback(not_found)
@@ -410,8 +413,9 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         shared,
     ));
     let lifecycle = lifecycle::Lifecycle::new(fleet.clone());
+    let (native_tx, native_rx) = tokio::sync::mpsc::unbounded_channel();
     if let Some(events) = backend.take_events() {
-        lifecycle.forward_backend_events(events);
+        lifecycle.forward_backend_events(events, Some(native_tx));
     }
     let loop_cfg = lifecycle::LoopConfig {
         fleet: fleet.clone(),
@@ -521,6 +525,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         refusals: Arc::default(),
     };
     history::spawn(state.clone());
+    native::spawn_intake(state.clone(), native_rx);
     let metrics_app = metrics::router(state.clone());
     let app = app(state, &cors_origins);
     let task = match &cfg.tls {

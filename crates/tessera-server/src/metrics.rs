@@ -99,6 +99,7 @@ pub struct Metrics {
     backend_errors: Family<Labels, Counter>,
     ghosts: Counter,
     strangers: Counter,
+    admissions: Family<Labels, Counter>,
     evictions_refused: Counter,
     orphans: Gauge,
     gpu_failures: Family<Labels, Counter>,
@@ -132,6 +133,7 @@ impl Metrics {
             backend_errors: Family::default(),
             ghosts: Counter::default(),
             strangers: Counter::default(),
+            admissions: Family::default(),
             evictions_refused: Counter::default(),
             orphans: Gauge::default(),
             gpu_failures: Family::default(),
@@ -291,6 +293,12 @@ impl Metrics {
         self.strangers.inc();
     }
 
+    /// The admission webhook answered a review of an object made with the backend's own tools.
+    pub fn admission(&self, allowed: bool) {
+        let outcome = if allowed { "allowed" } else { "refused" };
+        self.admissions.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
+    }
+
     /// A disruption budget refused a workload's eviction for now.
     pub fn eviction_refused(&self) {
         self.evictions_refused.inc();
@@ -397,6 +405,11 @@ impl Metrics {
             "tessera_backend_strangers",
             "Objects on the backend posing as Tessera workloads that are not (a pod in another namespace wearing a workload's label): ignored and audited",
             self.strangers.clone(),
+        );
+        reg.register(
+            "tessera_admission_reviews",
+            "Reviews of pods made with kubectl answered by the admission webhook, by outcome (allowed, refused)",
+            self.admissions.clone(),
         );
         reg.register(
             "tessera_evictions_refused",

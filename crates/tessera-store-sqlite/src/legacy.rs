@@ -141,6 +141,7 @@ impl LegacyWorkload {
             no_wait: false,
             no_requeue: false,
             movable: None,
+            native: None,
         };
         let ended_at = self
             .ended_at

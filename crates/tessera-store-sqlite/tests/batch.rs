@@ -127,6 +127,7 @@ fn created(id: u64, at: i64) -> Workload {
         no_wait: false,
         no_requeue: false,
         movable: None,
+        native: None,
     };
     let mut w = Workload::new(WorkloadId(id), spec, GpuUnits(500), at);
     w.next_seq = 2;

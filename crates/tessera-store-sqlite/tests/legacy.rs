@@ -124,6 +124,7 @@ fn spec(tenant: &str, project: &str, name: &str, kind: Kind, shape: ShapeSpec) -
         no_wait: false,
         no_requeue: false,
         movable: None,
+        native: None,
     }
 }
 

@@ -135,6 +135,7 @@ fn workload(id: u64) -> Workload {
         no_wait: false,
         no_requeue: false,
         movable: None,
+        native: None,
     };
     Workload::new(WorkloadId(id), spec, GpuUnits::ONE_GPU, 1_000)
 }

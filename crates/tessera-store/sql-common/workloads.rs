@@ -134,6 +134,7 @@ fn bind_spec<'q>(q: Query<'q>, w: &Workload) -> Query<'q> {
         .bind(s.no_wait)
         .bind(s.no_requeue)
         .bind(s.movable.map(Movable::as_str))
+        .bind(&s.native)
         .bind(i64_of(w.units.as_milli()))
         .bind(w.created_at)
 }

@@ -97,6 +97,7 @@ fn spec(tenant: &str, project: &str, name: &str) -> WorkloadSpec {
         no_wait: false,
         no_requeue: false,
         movable: None,
+        native: None,
     }
 }
 

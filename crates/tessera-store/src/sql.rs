@@ -21,7 +21,7 @@ macro_rules! workload_spec_columns {
     () => {
         "id, tenant, project, name, kind, gpus, mig_profile, fraction_milli, fraction_memory_mib, shape_models, \
          shape_pool, cpu_milli, memory_mib, duration_s, command, image, env, priority, no_wait, no_requeue, \
-         movable, units_milli, created_at"
+         movable, native, units_milli, created_at"
     };
 }
 
@@ -243,6 +243,7 @@ pub fn workload_row(r: &impl Cells) -> Result<Workload> {
             .text(at!("movable"))?
             .map(|m| Movable::parse(m).ok_or_else(|| corrupt(id, format_args!("unknown movable `{m}`"))))
             .transpose()?,
+        native: r.string(at!("native"))?,
     };
     let phase = r.text_of(at!("phase"))?;
     let reason = match (r.text(at!("reason_code"))?, r.text(at!("reason_detail"))?) {

@@ -131,6 +131,11 @@ pub struct ServeArgs {
     /// deletion), so its cluster-wide role needs none of those (deploy/kubernetes sets it).
     #[arg(long, env = "TESSERA_KUBE_IDENTITY", value_name = "NAMESPACE/NAME")]
     kube_identity: Option<String>,
+    /// `--backend kubernetes`: namespaces whose GPU pods Tessera's admission webhook passes
+    /// unchanged (the GPU Operator's validators request GPUs there). Everywhere else a GPU
+    /// pod outside a Tessera project's namespace is refused.
+    #[arg(long, value_delimiter = ',', default_value = "gpu-operator,kube-system,tessera-system", value_name = "NAMESPACES")]
+    kube_admission_exempt: Vec<String>,
     /// Address of the API and the console.
     #[arg(long, default_value = "127.0.0.1:8080", env = "TESSERA_LISTEN")]
     listen: SocketAddr,
@@ -290,6 +295,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         telemetry_every: (a.kube_telemetry_ms > 0).then(|| Duration::from_millis(a.kube_telemetry_ms.max(1000))),
         finished_pod_ttl: Duration::from_secs(a.kube_finished_pod_ttl),
         identity: a.kube_identity.clone(),
+        admission_exempt: a.kube_admission_exempt.iter().cloned().collect(),
         ..Default::default()
     };
     let prices = match &a.prices {

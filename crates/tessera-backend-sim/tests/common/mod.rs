@@ -78,6 +78,7 @@ pub fn spec(id: u64, node: &str, devices: Devices, duration: Option<Duration>) -
         duration,
         running_since_ms: None,
         gang: Vec::new(),
+        native: None,
     }
 }
 

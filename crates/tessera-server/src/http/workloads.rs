@@ -294,6 +294,7 @@ pub async fn create_workload(
             tessera_api::MovableMode::Restart => tessera_domain::Movable::Restart,
             tessera_api::MovableMode::Replace => tessera_domain::Movable::Replace,
         }),
+        native: None,
     };
     // The audit record goes into the transaction that creates the workload.
     let audit = AuditRecord {

@@ -264,7 +264,7 @@ pub async fn start(
     };
     let lc = Lifecycle::new(cfg.fleet.clone());
     if let Some(events) = cfg.backend.take_events() {
-        lc.forward_backend_events(events);
+        lc.forward_backend_events(events, None);
     }
     lc.lead(&cfg, None).await?.detach();
     Ok(lc)
@@ -302,11 +302,27 @@ impl Drop for Leading {
 
 impl Lifecycle {
     /// Sends the backend's events to whichever loop runs (none are kept while none does: a
-    /// loop that starts reconciles with the backend first).
-    pub fn forward_backend_events(&self, mut events: tokio::sync::mpsc::UnboundedReceiver<BackendEvent>) {
+    /// loop that starts reconciles with the backend first), and native submissions to
+    /// `native` (the intake of [`crate::native`], which checks them as the API does; without
+    /// one they are dropped).
+    pub fn forward_backend_events(
+        &self,
+        mut events: tokio::sync::mpsc::UnboundedReceiver<BackendEvent>,
+        native: Option<tokio::sync::mpsc::UnboundedSender<(tessera_backend::NativeRef, tessera_backend::NativeAsk)>>,
+    ) {
         let slot = self.tx.clone();
         tokio::spawn(async move {
             while let Some(e) = events.recv().await {
+                if let BackendEvent::Submitted { native: object, ask } = e {
+                    match &native {
+                        Some(intake) => {
+                            let _ = intake.send((object, ask));
+                        }
+                        None => tracing::warn!(namespace = %object.namespace, pod = %object.name,
+                            "a native workload was submitted, but this server takes none in"),
+                    }
+                    continue;
+                }
                 let tx = slot.read().expect("lock").clone();
                 if let Some(tx) = tx {
                     let _ = tx.send(Cmd::Backend(e)).await;
@@ -836,10 +852,12 @@ impl Core {
             }
             Decision::Waiting { id, reason } => {
                 let reason = Reason::waiting(&reason);
+                self.tell_native(WorkloadId(id), &reason, false);
                 self.apply(WorkloadId(id), Input::Waiting { at: now, reason }, batch, now);
             }
             Decision::Refused { id, reason } => {
                 let reason = Reason::refused(&reason);
+                self.tell_native(WorkloadId(id), &reason, true);
                 self.metrics.refused(reason.code);
                 self.apply(WorkloadId(id), Input::Refused { at: now, reason }, batch, now);
             }
@@ -863,6 +881,17 @@ impl Core {
     }
 
     /// Backend news becomes lifecycle input.
+    /// Tells a native workload's owner, on its object, why it waits (when the reason changed)
+    /// or that it was refused.
+    fn tell_native(&self, id: WorkloadId, reason: &Reason, refused: bool) {
+        let Some(l) = self.live.get(&id) else { return };
+        let Some(native) = l.w.spec.native.as_deref() else { return };
+        if !refused && l.w.reason.as_ref() == Some(reason) {
+            return;
+        }
+        crate::native::tell(&*self.backend, native, refused, &reason.detail);
+    }
+
     fn on_backend(&mut self, e: BackendEvent, batch: &mut Batch, now: i64) {
         match e {
             // The stop is over (backends that confirm stops): the devices are free now.
@@ -879,6 +908,30 @@ impl Core {
                         at: now,
                         code: tessera_domain::ReasonCode::NodeDrain,
                         detail,
+                    },
+                    batch,
+                    now,
+                );
+            }
+            // Its owner deleted a native workload's pod: the workload is cancelled, if the pod
+            // is exactly its object (namespace, name and UID).
+            BackendEvent::Withdrawn { id, native } => {
+                let ours = self
+                    .live
+                    .get(&WorkloadId(id))
+                    .is_some_and(|l| l.w.spec.native.as_deref() == Some(native.to_record().as_str()));
+                if !ours {
+                    tracing::warn!(workload = id, namespace = %native.namespace, pod = %native.name,
+                        "a withdrawal for a pod that is not the workload's object: ignored");
+                    return;
+                }
+                let grace_s = self.settings.grace.as_secs();
+                self.apply(
+                    WorkloadId(id),
+                    Input::Cancel {
+                        at: now,
+                        by: format!("{} (pod {}/{} deleted)", crate::native::ACTOR, native.namespace, native.name),
+                        grace_s,
                     },
                     batch,
                     now,
@@ -994,6 +1047,8 @@ impl Core {
             BackendEvent::GpuHealth { .. } => {}
             // Handled before (it needs the store): see `handle`.
             BackendEvent::NodeChanged { .. } | BackendEvent::MigMode { .. } => {}
+            // Taken in by the intake before the loop (see `forward_backend_events`).
+            BackendEvent::Submitted { .. } => {}
             BackendEvent::PartitionChanged { node, gpu, instances } => {
                 tracing::debug!(%node, gpu, instances = instances.len(), "MIG layout applied");
                 self.adopt_layouts(&[(node, gpu, instances)], now_ms());

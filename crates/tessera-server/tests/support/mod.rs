@@ -321,6 +321,7 @@ pub fn workload_spec(
         no_wait: false,
         no_requeue: false,
         movable: None,
+        native: None,
     }
 }
 
