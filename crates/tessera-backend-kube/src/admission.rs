@@ -140,7 +140,9 @@ pub fn gpus_of(pod: &Pod) -> Result<Option<NativeGpus>, String> {
             ));
         }
         if fraction.is_some() {
-            return Err(format!("{ANNOTATION_FRACTION} applies to time-sliced GPUs, not to MIG instances"));
+            return Err(format!(
+                "{ANNOTATION_FRACTION} applies to time-sliced GPUs, not to MIG instances"
+            ));
         }
         // The device plugin writes a profile's `+` (`1g.10gb+me`) as `.` (`1g.10gb.me`).
         let profile = match profile.find("gb.") {
@@ -307,10 +309,11 @@ pub fn review_pod(pod: &Pod, namespace: &str, project: Option<(&str, &str)>, rul
     }
     let spec = pod.spec.as_ref().expect("a pod with GPUs has a spec");
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    let pool = annotations
-        .get(ANNOTATION_POOL)
-        .cloned()
-        .or_else(|| spec.node_selector.as_ref().and_then(|s| s.get(&rules.pool_label).cloned()));
+    let pool = annotations.get(ANNOTATION_POOL).cloned().or_else(|| {
+        spec.node_selector
+            .as_ref()
+            .and_then(|s| s.get(&rules.pool_label).cloned())
+    });
     let (mut cpu, mut mem) = (0u64, 0u64);
     for c in &spec.containers {
         if let Some(r) = c.resources.as_ref().and_then(|r| r.requests.as_ref()) {
@@ -321,11 +324,16 @@ pub fn review_pod(pod: &Pod, namespace: &str, project: Option<(&str, &str)>, rul
                 .unwrap_or(0);
         }
     }
-    let name = pod
+    // A controller's pod (a Job's) is named after its controller; a bare pod after itself.
+    let controller = pod
         .metadata
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.name.clone());
+    let name = controller
+        .or_else(|| pod.metadata.name.clone().filter(|n| !n.is_empty()))
         .or_else(|| {
             pod.metadata
                 .generate_name
@@ -387,7 +395,10 @@ pub fn mutation(pod: &Pod) -> Vec<Value> {
             }
         }
     }
-    let lists = [("containers", Some(&spec.containers)), ("initContainers", spec.init_containers.as_ref())];
+    let lists = [
+        ("containers", Some(&spec.containers)),
+        ("initContainers", spec.init_containers.as_ref()),
+    ];
     for (list, containers) in lists {
         for (i, c) in containers.into_iter().flatten().enumerate() {
             let base = format!("/spec/{list}/{i}/securityContext");
@@ -396,13 +407,16 @@ pub fn mutation(pod: &Pod) -> Vec<Value> {
                     "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}})),
                 Some(sc) => {
                     if sc.allow_privilege_escalation.is_none() {
-                        ops.push(json!({"op": "add", "path": format!("{base}/allowPrivilegeEscalation"), "value": false}));
+                        ops.push(
+                            json!({"op": "add", "path": format!("{base}/allowPrivilegeEscalation"), "value": false}),
+                        );
                     }
                     match &sc.capabilities {
-                        None => ops.push(json!({"op": "add", "path": format!("{base}/capabilities"), "value": {"drop": ["ALL"]}})),
-                        Some(caps) if caps.drop.is_none() => {
-                            ops.push(json!({"op": "add", "path": format!("{base}/capabilities/drop"), "value": ["ALL"]}))
-                        }
+                        None => ops.push(
+                            json!({"op": "add", "path": format!("{base}/capabilities"), "value": {"drop": ["ALL"]}}),
+                        ),
+                        Some(caps) if caps.drop.is_none() => ops
+                            .push(json!({"op": "add", "path": format!("{base}/capabilities/drop"), "value": ["ALL"]})),
                         Some(_) => {}
                     }
                 }
@@ -510,7 +524,10 @@ mod tests {
         ] {
             assert!(v.contains(needle), "{needle} missing from {v}");
         }
-        assert!(v.contains("adds capabilities SYS_ADMIN:"), "NET_BIND_SERVICE may be added: {v}");
+        assert!(
+            v.contains("adds capabilities SYS_ADMIN:"),
+            "NET_BIND_SERVICE may be added: {v}"
+        );
         match review_pod(&p, "tessera-acme-ml", Some(("acme", "ml")), &rules()) {
             NativeReview::Refuse(why) => assert!(why.contains("remove it"), "{why}"),
             other => panic!("{other:?}"),
@@ -522,7 +539,10 @@ mod tests {
         let r = rules();
         let gpu = gpu_pod(json!({"limits": {"nvidia.com/gpu": "1"}}));
         let plain = gpu_pod(json!({"limits": {"cpu": "1"}}));
-        assert_eq!(review_pod(&plain, "tessera-acme-ml", Some(("acme", "ml")), &r), NativeReview::Pass);
+        assert_eq!(
+            review_pod(&plain, "tessera-acme-ml", Some(("acme", "ml")), &r),
+            NativeReview::Pass
+        );
         assert_eq!(review_pod(&plain, "default", None, &r), NativeReview::Pass);
         assert_eq!(review_pod(&gpu, "gpu-operator", None, &r), NativeReview::Pass);
         match review_pod(&gpu, "default", None, &r) {
@@ -531,7 +551,10 @@ mod tests {
         }
         match review_pod(&gpu, "tessera-acme-ml", Some(("acme", "ml")), &r) {
             NativeReview::Ask(a) => {
-                assert_eq!((a.tenant.as_str(), a.project.as_str(), a.name.as_str()), ("acme", "ml", "train"));
+                assert_eq!(
+                    (a.tenant.as_str(), a.project.as_str(), a.name.as_str()),
+                    ("acme", "ml", "train")
+                );
                 assert_eq!(a.gpus, NativeGpus::Whole(1));
                 assert!(!a.batch);
             }

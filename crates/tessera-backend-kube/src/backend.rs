@@ -866,7 +866,9 @@ impl Shared {
             .await
             .map_err(|e| kube_err("reading a namespace", e))?;
         let labels = n.and_then(|n| n.metadata.labels).unwrap_or_default();
-        let ours = labels.get(names::LABEL_MANAGED_BY).is_some_and(|v| v == names::MANAGED_BY);
+        let ours = labels
+            .get(names::LABEL_MANAGED_BY)
+            .is_some_and(|v| v == names::MANAGED_BY);
         let (Some(t), Some(p)) = (labels.get(names::LABEL_TENANT), labels.get(names::LABEL_PROJECT)) else {
             return Ok(None);
         };
@@ -895,7 +897,9 @@ impl Shared {
             return;
         }
         let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let made_by_tessera = labels.get(names::LABEL_MANAGED_BY).is_some_and(|v| v == names::MANAGED_BY)
+        let made_by_tessera = labels
+            .get(names::LABEL_MANAGED_BY)
+            .is_some_and(|v| v == names::MANAGED_BY)
             && pods::workload_id(pod).is_some_and(|id| names::is_pod_name_of(&name, id));
         if made_by_tessera || self.state.lock().unwrap().submitted.contains(&uid) {
             return;
@@ -931,6 +935,28 @@ impl Shared {
                 ask,
             }),
         }
+    }
+
+    /// Labels a native pod as workload `id`'s (its workload, tenant and project), which makes
+    /// the pod watch follow it. Idempotent; the UID in the patch is a precondition: another
+    /// object under the name is refused.
+    async fn label_native(&self, id: u64, native: &NativeRef) -> Result<(), BackendError> {
+        let project = self.project_of(&native.namespace).await?.ok_or_else(|| {
+            BackendError::Rejected(format!(
+                "namespace {} is not a Tessera project's namespace",
+                native.namespace
+            ))
+        })?;
+        let patch = json!({"metadata": {"uid": native.uid, "labels": {
+            LABEL_WORKLOAD: id.to_string(),
+            names::LABEL_TENANT: names::label_value(&project.0),
+            names::LABEL_PROJECT: names::label_value(&project.1),
+        }}});
+        Api::<Pod>::namespaced(self.client.clone(), &native.namespace)
+            .patch(&native.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| kube_err(&format!("labelling pod {}/{}", native.namespace, native.name), e))?;
+        Ok(())
     }
 
     /// Starts a native workload: binds its pod (there already, made by its owner) to the node
@@ -985,6 +1011,10 @@ impl Shared {
                 spec.node
             )));
         }
+        if pods::workload_id(&pod) != Some(spec.id) {
+            // Placed before the intake labelled it: labelled now, so the pod watch follows it.
+            self.label_native(spec.id, native).await?;
+        }
         if matches!(resource, Resource::Mig { .. }) {
             self.wait_mig(&spec.node, None).await?;
         }
@@ -995,7 +1025,10 @@ impl Shared {
         {
             t.stage = Stage::Started;
             t.stopping = false;
-            let _ = self.tx.send(BackendEvent::Started { id: spec.id, bound: None });
+            let _ = self.tx.send(BackendEvent::Started {
+                id: spec.id,
+                bound: None,
+            });
         }
         Ok(())
     }
@@ -1873,7 +1906,9 @@ impl Backend for KubeBackend {
         for spec in expected {
             if let Some(native) = &spec.native {
                 by_id.remove(&spec.id);
-                report.workloads.push((spec.id, sh.reconcile_native(spec, native).await?));
+                report
+                    .workloads
+                    .push((spec.id, sh.reconcile_native(spec, native).await?));
                 continue;
             }
             // Only pods in the workload's own namespace under its names are its pods; others
@@ -2099,25 +2134,7 @@ impl Backend for KubeBackend {
 
     async fn adopt_native(&self, id: u64, native: &NativeRef) -> Result<(), BackendError> {
         let sh = &self.shared;
-        if sh.state.lock().unwrap().tracked.contains_key(&id) {
-            return Ok(());
-        }
-        let project = sh.project_of(&native.namespace).await?.ok_or_else(|| {
-            BackendError::Rejected(format!(
-                "namespace {} is not a Tessera project's namespace",
-                native.namespace
-            ))
-        })?;
-        // The UID in the patch is a precondition: another object under the name is refused.
-        let patch = json!({"metadata": {"uid": native.uid, "labels": {
-            LABEL_WORKLOAD: id.to_string(),
-            names::LABEL_TENANT: names::label_value(&project.0),
-            names::LABEL_PROJECT: names::label_value(&project.1),
-        }}});
-        Api::<Pod>::namespaced(sh.client.clone(), &native.namespace)
-            .patch(&native.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| kube_err(&format!("labelling pod {}/{}", native.namespace, native.name), e))?;
+        sh.label_native(id, native).await?;
         sh.state
             .lock()
             .unwrap()

@@ -77,7 +77,10 @@ pub enum BackendEvent {
     /// An object asked for with the backend's own tools now exists and waits for Tessera
     /// (backends with [`crate::Capabilities::native_admission`]); reported once per object,
     /// and again after a restart of the backend while it still waits.
-    Submitted { native: crate::NativeRef, ask: crate::NativeAsk },
+    Submitted {
+        native: crate::NativeRef,
+        ask: crate::NativeAsk,
+    },
     /// The native object of workload `id` was deleted by its owner: the workload is
     /// cancelled. Acted on only when `native` is exactly the workload's object.
     Withdrawn { id: u64, native: crate::NativeRef },

@@ -221,8 +221,8 @@ pub trait Backend: Send + Sync {
         Ok(NativeReview::Pass)
     }
     /// The backend's answer to the request [`Backend::review_native`] read: allowed (with
-    /// whatever the backend changes in an object it admits, when `mutate`) or refused with
-    /// `refusal`. The default refuses to answer.
+    /// what the backend changes in an object it admits as a workload, when `mutate`: only for
+    /// an [`NativeReview::Ask`]) or refused with `refusal`. The default refuses to answer.
     fn answer_native(&self, review: &[u8], mutate: bool, refusal: Option<&str>) -> Result<Vec<u8>, BackendError> {
         let _ = (review, mutate, refusal);
         Err(BackendError::Rejected(format!(

@@ -157,7 +157,21 @@ pub struct ServerConfig {
     pub replica_id: Option<String>,
     /// Leader election timing (PostgreSQL).
     pub ha: replica::HaSettings,
+    /// Serve the admission webhook ([`native`]) over HTTPS on a listener of its own.
+    pub admission: Option<AdmissionListener>,
 }
+
+/// Where the admission webhook listens, and its serving certificate (PEM files; the API
+/// server verifies it against the webhook configuration's `caBundle`).
+#[derive(Clone, Debug)]
+pub struct AdmissionListener {
+    pub addr: SocketAddr,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Largest admission review accepted: a pod with its managed fields, and its old object.
+pub const ADMISSION_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
 impl ServerConfig {
     /// The embedded defaults on `data_dir`: the seed fleet, any free loopback port, the
@@ -184,6 +198,7 @@ impl ServerConfig {
             advertise_url: None,
             replica_id: None,
             ha: replica::HaSettings::default(),
+            admission: None,
         }
     }
 }
@@ -212,6 +227,8 @@ pub struct Running {
     pub replica: Arc<replica::Replica>,
     /// Its supervisor: ends after Ctrl-C, once it has stepped down and released the lease.
     pub replica_task: tokio::task::JoinHandle<()>,
+    /// Where the admission webhook listens, when it has a listener of its own.
+    pub admission_addr: Option<SocketAddr>,
 }
 
 /// Serves `/metrics` alone on `addr` (`tessera serve --metrics-listen`); returns the bound
@@ -527,6 +544,18 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
     history::spawn(state.clone());
     native::spawn_intake(state.clone(), native_rx);
     let metrics_app = metrics::router(state.clone());
+    let admission_addr = match &cfg.admission {
+        Some(a) => {
+            let listener = TcpListener::bind(a.addr)
+                .await
+                .with_context(|| format!("cannot listen on {} for the admission webhook", a.addr))?;
+            let bound = listener.local_addr()?;
+            let acceptor = tls_acceptor(&a.cert, &a.key)?;
+            tokio::spawn(serve_tls(listener, admission_app(state.clone()), acceptor));
+            Some(bound)
+        }
+        None => None,
+    };
     let app = app(state, &cors_origins);
     let task = match &cfg.tls {
         None => tokio::spawn(async move {
@@ -547,7 +576,19 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         metrics_app,
         replica,
         replica_task,
+        admission_addr,
     })
+}
+
+/// The admission webhook alone (its own listener): the API server's reviews, no API tokens.
+fn admission_app(state: AppState) -> axum::Router {
+    axum::Router::new()
+        .route("/admission/mutate", axum::routing::post(native::mutate))
+        .route("/admission/validate", axum::routing::post(native::validate))
+        .route("/healthz", get(http::system::healthz))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(ADMISSION_BODY_LIMIT))
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
 }
 
 /// Every GPU of the fleet, for the simulated backend's telemetry.

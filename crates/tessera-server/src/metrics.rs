@@ -296,7 +296,9 @@ impl Metrics {
     /// The admission webhook answered a review of an object made with the backend's own tools.
     pub fn admission(&self, allowed: bool) {
         let outcome = if allowed { "allowed" } else { "refused" };
-        self.admissions.get_or_create(&vec![("outcome", outcome.to_string())]).inc();
+        self.admissions
+            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .inc();
     }
 
     /// A disruption budget refused a workload's eviction for now.

@@ -88,7 +88,9 @@ async fn check(s: &AppState, ask: &NativeAsk) -> Result<(CreateWorkload, Checked
     let snap = s.lifecycle.snapshot();
     let preview = crate::http::dryrun::preview(s, &snap, &body, &checked);
     if preview.outcome == "refused" && preview.reason_code.as_deref() == Some("constraint") {
-        return Err(preview.reason.unwrap_or_else(|| "no pool of this fleet can ever hold this shape".into()));
+        return Err(preview
+            .reason
+            .unwrap_or_else(|| "no pool of this fleet can ever hold this shape".into()));
     }
     Ok((body, checked))
 }
@@ -105,18 +107,25 @@ pub async fn validate(State(s): State<AppState>, body: Bytes) -> Response {
 
 async fn review(s: &AppState, body: &[u8], mutate: bool) -> Response {
     if !s.backend.capabilities().native_admission {
-        return ApiError::not_found(format!("the {} backend admits no workloads of its own", s.backend.name()))
-            .into_response();
+        return ApiError::not_found(format!(
+            "the {} backend admits no workloads of its own",
+            s.backend.name()
+        ))
+        .into_response();
     }
-    let refusal = match s.backend.review_native(body).await {
+    // Only a pod that is Tessera's workload is changed; any other passes as it is.
+    let (refusal, ours) = match s.backend.review_native(body).await {
         Err(BackendError::Rejected(why)) => return ApiError::bad_request(why).into_response(),
-        Err(BackendError::Unreachable(why)) => Some(format!("Tessera cannot check this pod now ({why}); try again")),
-        Ok(NativeReview::Pass) => None,
-        Ok(NativeReview::Refuse(why)) => Some(why),
-        Ok(NativeReview::Ask(ask)) => check(s, &ask).await.err(),
+        Err(BackendError::Unreachable(why)) => (
+            Some(format!("Tessera cannot check this pod now ({why}); try again")),
+            false,
+        ),
+        Ok(NativeReview::Pass) => (None, false),
+        Ok(NativeReview::Refuse(why)) => (Some(why), false),
+        Ok(NativeReview::Ask(ask)) => (check(s, &ask).await.err(), true),
     };
     s.obs.metrics.admission(refusal.is_none());
-    match s.backend.answer_native(body, mutate, refusal.as_deref()) {
+    match s.backend.answer_native(body, mutate && ours, refusal.as_deref()) {
         Ok(json) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], json).into_response(),
         Err(e) => ApiError::bad_request(e.to_string()).into_response(),
     }
@@ -234,7 +243,10 @@ mod tests {
             batch: true,
         };
         let b = request(&ask);
-        assert_eq!((b.tenant.as_str(), b.project.as_str(), b.name.as_str()), ("acme", "ml", "train"));
+        assert_eq!(
+            (b.tenant.as_str(), b.project.as_str(), b.name.as_str()),
+            ("acme", "ml", "train")
+        );
         assert_eq!(b.shape.fraction, Some(250));
         assert_eq!(b.shape.models, vec!["l40s".to_string()]);
         assert_eq!(b.shape.pool.as_deref(), Some("dev"));

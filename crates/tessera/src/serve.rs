@@ -134,8 +134,25 @@ pub struct ServeArgs {
     /// `--backend kubernetes`: namespaces whose GPU pods Tessera's admission webhook passes
     /// unchanged (the GPU Operator's validators request GPUs there). Everywhere else a GPU
     /// pod outside a Tessera project's namespace is refused.
-    #[arg(long, value_delimiter = ',', default_value = "gpu-operator,kube-system,tessera-system", value_name = "NAMESPACES")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "gpu-operator,kube-system,tessera-system",
+        value_name = "NAMESPACES"
+    )]
     kube_admission_exempt: Vec<String>,
+    /// `--backend kubernetes`: serve the admission webhook (kubectl workloads through Tessera)
+    /// over HTTPS on this address, with `--admission-tls-cert`/`--admission-tls-key`
+    /// (`deploy/kubernetes/admission/`). Without it the webhook is served on the main listener,
+    /// which must then be HTTPS (`--tls-cert`) for the API server to call it.
+    #[arg(long, requires_all = ["admission_tls_cert", "admission_tls_key"], value_name = "ADDR")]
+    admission_listen: Option<SocketAddr>,
+    /// The admission webhook's serving certificate chain (PEM).
+    #[arg(long, requires = "admission_listen", value_name = "FILE")]
+    admission_tls_cert: Option<PathBuf>,
+    /// The admission webhook's private key (PEM).
+    #[arg(long, requires = "admission_listen", value_name = "FILE")]
+    admission_tls_key: Option<PathBuf>,
     /// Address of the API and the console.
     #[arg(long, default_value = "127.0.0.1:8080", env = "TESSERA_LISTEN")]
     listen: SocketAddr,
@@ -420,6 +437,11 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             rate_limit: a.rate_limit,
             oidc,
             tls: a.tls_cert.clone().zip(a.tls_key.clone()),
+            admission: a.admission_listen.map(|addr| tessera_server::AdmissionListener {
+                addr,
+                cert: a.admission_tls_cert.clone().expect("clap requires it"),
+                key: a.admission_tls_key.clone().expect("clap requires it"),
+            }),
             cors_origins: a.cors_origins,
             advertise_url: a.advertise_url.clone(),
             replica_id: a.replica_id.clone(),
@@ -450,6 +472,9 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             }
             None => None,
         };
+        if let Some(addr) = running.admission_addr {
+            println!("Admission webhook: https://{addr}/admission/mutate and /admission/validate");
+        }
         println!(
             "Tessera is serving {serving}: console http://{0}/  API http://{0}/api/v1",
             running.addr

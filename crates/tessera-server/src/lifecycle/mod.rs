@@ -885,7 +885,9 @@ impl Core {
     /// or that it was refused.
     fn tell_native(&self, id: WorkloadId, reason: &Reason, refused: bool) {
         let Some(l) = self.live.get(&id) else { return };
-        let Some(native) = l.w.spec.native.as_deref() else { return };
+        let Some(native) = l.w.spec.native.as_deref() else {
+            return;
+        };
         if !refused && l.w.reason.as_ref() == Some(reason) {
             return;
         }
@@ -930,7 +932,12 @@ impl Core {
                     WorkloadId(id),
                     Input::Cancel {
                         at: now,
-                        by: format!("{} (pod {}/{} deleted)", crate::native::ACTOR, native.namespace, native.name),
+                        by: format!(
+                            "{} (pod {}/{} deleted)",
+                            crate::native::ACTOR,
+                            native.namespace,
+                            native.name
+                        ),
                         grace_s,
                     },
                     batch,

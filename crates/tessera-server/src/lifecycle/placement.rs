@@ -373,7 +373,11 @@ pub fn run_spec(fleet: &Fleet, nodes: &NodeIndex, w: &Workload, caps: &Capabilit
         duration: w.spec.duration_s.map(Duration::from_secs),
         running_since_ms: w.running_at,
         gang: Vec::new(),
-        native: w.spec.native.as_deref().and_then(tessera_backend::NativeRef::from_record),
+        native: w
+            .spec
+            .native
+            .as_deref()
+            .and_then(tessera_backend::NativeRef::from_record),
     }
 }
 

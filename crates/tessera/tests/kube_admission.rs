@@ -1,0 +1,459 @@
+//! kubectl workloads through Tessera, against a real kube-apiserver and controller-manager (the
+//! test cluster of `crates/tessera-backend-kube/tests/support`): `tessera serve --backend
+//! kubernetes` over TLS, its admission webhook registered with the API server as
+//! `deploy/kubernetes` registers it, a tenant user with the `edit` role in its project's
+//! namespace. The tenant's hostile pods are refused with what to do; a GPU pod outside a
+//! project namespace is refused; a Job's pod becomes a Tessera workload, bound by Tessera and
+//! followed to its end; a pod that cannot be placed now waits with an Event saying why; a pod
+//! its owner deletes withdraws its workload; labels only Tessera may set are stripped. Also
+//! measures `kubectl apply` of a GPU Job → its pod bound (printed, not asserted: a benchmark
+//! figure, see the README).
+
+#[path = "../../tessera-backend-kube/tests/support/mod.rs"]
+mod kube_support;
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::Api;
+use kube::api::ListParams;
+use kube_support::{cluster, eventually, gpu_node, set_pod_phase};
+use serde_json::{Value, json};
+use support::{Serving, TempDir, admin_token, serve_command, try_wait_until_serving};
+
+const TENANT: &str = "wh";
+const NS: &str = "tessera-wh-ml";
+
+/// A CA and a serving certificate for 127.0.0.1 (the API server calls the webhook there).
+fn certificates(dir: &Path) -> (Vec<u8>, std::path::PathBuf, std::path::PathBuf) {
+    let script = format!(
+        "set -e; cd {d}; \
+         openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=tessera-webhook-ca -keyout ca.key -out ca.pem 2>/dev/null; \
+         openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout key.pem -out server.csr 2>/dev/null; \
+         printf 'subjectAltName=IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\nextendedKeyUsage=serverAuth\\n' > ext.cnf; \
+         openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext.cnf -out cert.pem 2>/dev/null",
+        d = dir.display()
+    );
+    let ok = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    (
+        std::fs::read(dir.join("ca.pem")).unwrap(),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    )
+}
+
+/// The cluster's kubeconfig, acting as the user `tessera` (with the admin's rights): Tessera
+/// needs an identity of its own, distinct from the controller-manager's (which makes the Job's
+/// pods as the admin here).
+fn tessera_kubeconfig(c: &kube_support::Cluster, dir: &Path) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(&c.kubeconfig).unwrap();
+    let text = text.replace(
+        "  user:\n    token:",
+        "  user:\n    as: tessera\n    as-groups: [\"system:masters\"]\n    token:",
+    );
+    assert!(text.contains("as: tessera"), "{text}");
+    let path = dir.join("tessera.kubeconfig");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn serve(data: &Path, kubeconfig: &Path, cert: &Path, key: &Path) -> Serving {
+    let mut cmd = serve_command();
+    cmd.args(["--backend", "kubernetes", "--grace-s", "1", "--reconcile-s", "2"])
+        .args(["--kube-mig-configmap", "default/mig-parted", "--listen", "127.0.0.1:0"])
+        .args(["--kube-telemetry-ms", "0"])
+        // Tessera's own pods pass its webhook unchanged.
+        .args(["--kube-identity", "tessera"])
+        .arg("--tls-cert")
+        .arg(cert)
+        .arg("--tls-key")
+        .arg(key)
+        .arg("--data-dir")
+        .arg(data)
+        .env("KUBECONFIG", kubeconfig)
+        .stderr(std::process::Stdio::inherit());
+    try_wait_until_serving(&mut cmd, Duration::from_secs(60)).expect("server did not start")
+}
+
+/// The webhook configurations `deploy/kubernetes/40-admission.yaml` registers, with a URL
+/// instead of the in-cluster Service: pods in tenant project namespaces (mutated, then
+/// validated) and, validated only, in every other namespace but the exempt ones (a GPU pod
+/// there is refused).
+fn webhooks(port: u16, ca: &[u8]) -> (Value, Value) {
+    use base64::Engine;
+    let bundle = base64::engine::general_purpose::STANDARD.encode(ca);
+    let hook = |name: &str, path: &str, selector: Value| {
+        json!({
+            "name": name,
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": bundle},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": selector,
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 10,
+        })
+    };
+    // This test's namespaces only (the cluster is the test binary's).
+    let projects = json!({"matchLabels": {"app.kubernetes.io/managed-by": "tessera", "tessera.io/tenant": TENANT}});
+    let others = json!({"matchExpressions": [
+        {"key": "tessera.io/tenant", "operator": "DoesNotExist"},
+        {"key": "admission-test", "operator": "In", "values": ["yes"]}]});
+    let mutating = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "tessera-test"},
+        "webhooks": [hook("pods.mutate.tessera.io", "/admission/mutate", projects.clone())],
+    });
+    let validating = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "tessera-test"},
+        "webhooks": [
+            hook("pods.validate.tessera.io", "/admission/validate", projects),
+            hook("gpu-pods.validate.tessera.io", "/admission/validate", others),
+        ],
+    });
+    (mutating, validating)
+}
+
+/// `kubectl apply` of `manifest` as `user` (impersonated by the cluster's admin).
+fn kubectl_as(c: &kube_support::Cluster, dir: &Path, user: &str, manifest: &Value) -> (bool, String) {
+    let file = dir.join(format!("m-{}.json", rand_suffix()));
+    std::fs::write(&file, serde_json::to_vec(manifest).unwrap()).unwrap();
+    let out = c.kubectl(&["--as", user, "apply", "-f", file.to_str().unwrap()]);
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+fn gpu_pod(name: &str, ns: &str, gpus: u32, extra: Value) -> Value {
+    let mut p = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox",
+            "command": ["sleep", "3600"],
+            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
+    });
+    merge(&mut p, extra);
+    p
+}
+
+fn merge(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    gpu_node(&client, "wh-h100-0", "training", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+
+    let dir = TempDir::new("kube-admission");
+    let (ca, cert, key) = certificates(&dir.0);
+    let data = dir.0.join("data");
+    let mut server = tokio::task::spawn_blocking({
+        let (data, kc, cert, key) = (data.clone(), tessera_kubeconfig(c, &dir.0), cert.clone(), key.clone());
+        move || serve(&data, &kc, &cert, &key)
+    })
+    .await
+    .unwrap();
+    let base = server.base.replace("http://", "https://");
+    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+    let token = admin_token(&data);
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .build()
+        .unwrap();
+    let api = |method: reqwest::Method, path: &str, body: Value| {
+        let req = http
+            .request(method, format!("{base}{path}"))
+            .bearer_auth(&token)
+            .json(&body);
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status();
+            let v: Value = r.json().await.unwrap_or(Value::Null);
+            assert!(status.is_success(), "{status}: {v}");
+            v
+        }
+    };
+    use reqwest::Method;
+    api(Method::POST, "/api/v1/tenants", json!({"name": TENANT})).await;
+    api(
+        Method::PUT,
+        &format!("/api/v1/tenants/{TENANT}/quotas/training"),
+        json!({"guaranteed": 8, "limit": 16}),
+    )
+    .await;
+    api(
+        Method::POST,
+        &format!("/api/v1/tenants/{TENANT}/projects"),
+        json!({"name": "ml"}),
+    )
+    .await;
+    eventually("the project's namespace", Duration::from_secs(30), || async {
+        Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), NS)
+            .get_opt("tessera-quota")
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    // The tenant's user, with the `edit` role its groups get, in its namespace and in a plain
+    // namespace of its own outside Tessera.
+    let other = "wh-elsewhere";
+    c.kubectl(&["create", "namespace", other]);
+    c.kubectl(&["label", "namespace", other, "admission-test=yes"]);
+    for ns in [NS, other] {
+        let out = c.kubectl(&[
+            "-n",
+            ns,
+            "create",
+            "rolebinding",
+            "alice-edit",
+            "--clusterrole=edit",
+            "--user=alice",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let (mutating, validating) = webhooks(port, &ca);
+    for (kind, obj) in [
+        ("mutatingwebhookconfigurations", mutating),
+        ("validatingwebhookconfigurations", validating),
+    ] {
+        let file = dir.0.join(format!("{kind}.json"));
+        std::fs::write(&file, serde_json::to_vec(&obj).unwrap()).unwrap();
+        let out = c.kubectl(&["apply", "-f", file.to_str().unwrap()]);
+        assert!(out.status.success(), "{kind}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    // Hostile pods are refused at `kubectl apply`, each break named with what to do.
+    let hostile = gpu_pod(
+        "grab",
+        NS,
+        8,
+        json!({"spec": {"nodeName": "wh-h100-0", "hostNetwork": true,
+            "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+            "containers": [{"name": "main", "image": "busybox", "securityContext": {"privileged": true},
+                "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}),
+    );
+    // The webhook may take a moment to be called: the API server picks up new configurations
+    // within a second or so.
+    let mut refused = String::new();
+    for _ in 0..50 {
+        let (ok, out) = kubectl_as(c, &dir.0, "alice", &hostile);
+        if !ok && out.contains("Tessera:") {
+            refused = out;
+            break;
+        }
+        if ok {
+            c.kubectl(&["-n", NS, "delete", "pod", "grab", "--grace-period=0", "--force"]);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for needle in ["spec.nodeName is set", "hostNetwork", "hostPath", "privileged"] {
+        assert!(refused.contains(needle), "{needle}: {refused}");
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), NS);
+    assert!(pods.get_opt("grab").await.unwrap().is_none());
+    // A priority class the platform admin did not grant the tenant.
+    let (ok, out) = kubectl_as(
+        c,
+        &dir.0,
+        "alice",
+        &gpu_pod(
+            "vip",
+            NS,
+            1,
+            json!({"metadata": {"annotations": {"tessera.io/priority": "critical"}}}),
+        ),
+    );
+    assert!(!ok && out.contains("not granted"), "{out}");
+    // GPUs outside a Tessera project's namespace.
+    let (ok, out) = kubectl_as(c, &dir.0, "alice", &gpu_pod("side", other, 1, json!({})));
+    assert!(!ok && out.contains("not one"), "{out}");
+    // A pod without GPUs in the project namespace is not Tessera's business.
+    let plain = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": NS},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]}});
+    let (ok, out) = kubectl_as(c, &dir.0, "alice", &plain);
+    assert!(ok, "{out}");
+    let p = pods.get("plain").await.unwrap();
+    assert_ne!(p.spec.unwrap().scheduler_name.as_deref(), Some("tessera"));
+
+    // A Job's pod becomes a Tessera workload, bound by Tessera; the pod wears a spoofed
+    // workload label, which the webhook strips.
+    let job = json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train", "namespace": NS},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"labels": {"tessera.io/workload": "1", "app.kubernetes.io/managed-by": "tessera"}},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox",
+                "command": ["sh", "-c", "echo hi"],
+                "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "2", "memory": "8Gi"}}}]}}},
+    });
+    let t0 = Instant::now();
+    let (ok, out) = kubectl_as(c, &dir.0, "alice", &job);
+    assert!(ok, "{out}");
+    let job_pod = |pods: &Api<Pod>| {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default().labels("job-name=train"))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .next()
+        }
+    };
+    eventually("the Job's pod is bound by Tessera", Duration::from_secs(30), || async {
+        job_pod(&pods)
+            .await
+            .is_some_and(|p| p.spec.unwrap().node_name.is_some())
+    })
+    .await;
+    let bound_in = t0.elapsed();
+    let p = job_pod(&pods).await.unwrap();
+    let name = p.metadata.name.clone().unwrap();
+    let spec = p.spec.clone().unwrap();
+    assert_eq!(spec.scheduler_name.as_deref(), Some("tessera"));
+    assert_eq!(spec.node_name.as_deref(), Some("wh-h100-0"));
+    let csc = spec.containers[0].security_context.clone().unwrap();
+    assert_eq!(csc.allow_privilege_escalation, Some(false), "restricted defaults");
+    let labels = p.metadata.labels.clone().unwrap();
+    assert!(!labels.contains_key("app.kubernetes.io/managed-by"), "{labels:?}");
+    let wid: u64 = labels["tessera.io/workload"].parse().unwrap();
+    let w = api(Method::GET, &format!("/api/v1/workloads/{wid}"), Value::Null).await;
+    assert_eq!(w["tenant"], TENANT, "{w}");
+    assert_eq!(w["project"], "ml", "{w}");
+    assert_eq!(w["name"], "train", "{w}");
+    eprintln!("kubectl apply of a GPU Job → its pod bound by Tessera: {bound_in:?}");
+
+    // The test plays the kubelet: the pod runs and succeeds; so does the workload.
+    set_pod_phase(&client, NS, &name, "Running").await;
+    set_pod_phase(&client, NS, &name, "Succeeded").await;
+    let state = |id: u64| {
+        let req = http.get(format!("{base}/api/v1/workloads/{id}")).bearer_auth(&token);
+        async move {
+            let v: Value = req.send().await.unwrap().json().await.unwrap();
+            v["state"].as_str().unwrap_or_default().to_string()
+        }
+    };
+    eventually("the workload succeeded", Duration::from_secs(30), || async {
+        state(wid).await == "succeeded"
+    })
+    .await;
+
+    // A pod that cannot be placed now waits in Tessera's queue, its owner told why on the pod.
+    let (ok, out) = kubectl_as(c, &dir.0, "alice", &gpu_pod("big", NS, 8, json!({})));
+    assert!(ok, "{out}");
+    eventually("the first pod is bound", Duration::from_secs(30), || async {
+        pods.get("big").await.unwrap().spec.unwrap().node_name.is_some()
+    })
+    .await;
+    let (ok, out) = kubectl_as(c, &dir.0, "alice", &gpu_pod("next", NS, 4, json!({})));
+    assert!(ok, "{out}");
+    let events = Api::<Event>::namespaced(client.clone(), NS);
+    eventually("an Event says why the pod waits", Duration::from_secs(30), || async {
+        events
+            .list(&ListParams::default().fields("involvedObject.name=next"))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("TesseraWaiting"))
+    })
+    .await;
+    eventually(
+        "the waiting pod is labelled as its workload's",
+        Duration::from_secs(10),
+        || async {
+            pods.get("next")
+                .await
+                .unwrap()
+                .metadata
+                .labels
+                .is_some_and(|l| l.contains_key("tessera.io/workload"))
+        },
+    )
+    .await;
+    let next = pods.get("next").await.unwrap();
+    assert!(next.spec.clone().unwrap().node_name.is_none());
+    let next_id: u64 = next.metadata.labels.unwrap()["tessera.io/workload"].parse().unwrap();
+    assert_eq!(state(next_id).await, "queued");
+    // Its owner deletes the first pod: that workload is withdrawn and the next one is bound.
+    let big_id: u64 = pods.get("big").await.unwrap().metadata.labels.unwrap()["tessera.io/workload"]
+        .parse()
+        .unwrap();
+    c.kubectl(&[
+        "--as",
+        "alice",
+        "-n",
+        NS,
+        "delete",
+        "pod",
+        "big",
+        "--grace-period=0",
+        "--force",
+    ]);
+    eventually(
+        "the deleted pod's workload is cancelled",
+        Duration::from_secs(30),
+        || async { state(big_id).await == "cancelled" },
+    )
+    .await;
+    eventually("the waiting pod is bound", Duration::from_secs(30), || async {
+        pods.get("next").await.unwrap().spec.unwrap().node_name.is_some()
+    })
+    .await;
+
+    // Tessera's own pods pass its webhook unchanged (labels kept, bound by Tessera).
+    let w = api(
+        Method::POST,
+        "/api/v1/workloads",
+        json!({"tenant": TENANT, "project": "ml", "name": "api", "shape": {"gpus": 2}, "image": "busybox"}),
+    )
+    .await;
+    let api_id = w["id"].as_u64().unwrap();
+    let own = format!("tessera-{api_id}");
+    eventually("Tessera's own pod is bound", Duration::from_secs(30), || async {
+        pods.get_opt(&own)
+            .await
+            .unwrap()
+            .is_some_and(|p| p.spec.unwrap().node_name.is_some())
+    })
+    .await;
+    let p = pods.get(&own).await.unwrap();
+    assert_eq!(
+        p.metadata
+            .labels
+            .unwrap()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("tessera")
+    );
+    server.kill();
+}
