@@ -25,6 +25,9 @@ use support::{Serving, TempDir, admin_token, serve_command, try_wait_until_servi
 
 const TENANT: &str = "wh";
 const NS: &str = "tessera-wh-ml";
+/// The benchmark's own (it runs alone: `… kube_admission bench -- --ignored`).
+const BENCH_TENANT: &str = "bench";
+const BENCH_NS: &str = "tessera-bench-ml";
 
 /// A CA and a serving certificate for 127.0.0.1 (the API server calls the webhook there).
 fn certificates(dir: &Path) -> (Vec<u8>, std::path::PathBuf, std::path::PathBuf) {
@@ -86,7 +89,7 @@ fn serve(data: &Path, kubeconfig: &Path, cert: &Path, key: &Path) -> Serving {
 /// instead of the in-cluster Service: pods in tenant project namespaces (mutated, then
 /// validated) and, validated only, in every other namespace but the exempt ones (a GPU pod
 /// there is refused).
-fn webhooks(port: u16, ca: &[u8]) -> (Value, Value) {
+fn webhooks(port: u16, ca: &[u8], tenant: &str) -> (Value, Value) {
     use base64::Engine;
     let bundle = base64::engine::general_purpose::STANDARD.encode(ca);
     let hook = |name: &str, path: &str, selector: Value| {
@@ -102,18 +105,18 @@ fn webhooks(port: u16, ca: &[u8]) -> (Value, Value) {
         })
     };
     // This test's namespaces only (the cluster is the test binary's).
-    let projects = json!({"matchLabels": {"app.kubernetes.io/managed-by": "tessera", "tessera.io/tenant": TENANT}});
+    let projects = json!({"matchLabels": {"app.kubernetes.io/managed-by": "tessera", "tessera.io/tenant": tenant}});
     let others = json!({"matchExpressions": [
         {"key": "tessera.io/tenant", "operator": "DoesNotExist"},
         {"key": "admission-test", "operator": "In", "values": ["yes"]}]});
     let mutating = json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": "tessera-test"},
+        "metadata": {"name": format!("tessera-test-{tenant}")},
         "webhooks": [hook("pods.mutate.tessera.io", "/admission/mutate", projects.clone())],
     });
     let validating = json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "tessera-test"},
+        "metadata": {"name": format!("tessera-test-{tenant}")},
         "webhooks": [
             hook("pods.validate.tessera.io", "/admission/validate", projects),
             hook("gpu-pods.validate.tessera.io", "/admission/validate", others),
@@ -240,7 +243,7 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
         ]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
-    let (mutating, validating) = webhooks(port, &ca);
+    let (mutating, validating) = webhooks(port, &ca, TENANT);
     for (kind, obj) in [
         ("mutatingwebhookconfigurations", mutating),
         ("validatingwebhookconfigurations", validating),
@@ -249,6 +252,23 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
         std::fs::write(&file, serde_json::to_vec(&obj).unwrap()).unwrap();
         let out = c.kubectl(&["apply", "-f", file.to_str().unwrap()]);
         assert!(out.status.success(), "{kind}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    // The deploy folder's webhook configurations are valid for a real API server.
+    c.kubectl(&["create", "namespace", "tessera-system"]);
+    let deploy = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/kubernetes/admission/20-webhooks.yaml"
+    );
+    let out = c.kubectl(&["apply", "--dry-run=server", "-f", deploy]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let applied = String::from_utf8_lossy(&out.stdout);
+    for what in [
+        "mutatingwebhookconfiguration",
+        "validatingwebhookconfiguration",
+        "service/tessera-admission",
+    ] {
+        assert!(applied.contains(what), "{what} not in {applied}");
     }
 
     // Hostile pods are refused at `kubectl apply`, each break named with what to do.
@@ -454,6 +474,136 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
             .get("app.kubernetes.io/managed-by")
             .map(String::as_str),
         Some("tessera")
+    );
+    server.kill();
+}
+
+/// `kubectl apply` of a one-GPU Job → its pod admitted, taken in and bound by Tessera, with a
+/// free node, 40 times in a row (each Job's pod then ends, freeing the node). A benchmark,
+/// not a timed test, run alone (its node would change the other test's fleet):
+/// `cargo test -p tessera --test kube_admission bench -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints kubectl apply → bound percentiles; run alone with `bench -- --ignored --nocapture`"]
+async fn bench_kubectl_apply_to_bound() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    gpu_node(
+        &client,
+        "bench-h100-0",
+        "training",
+        "NVIDIA-H100-80GB-HBM3",
+        8,
+        json!({}),
+    )
+    .await;
+    let dir = TempDir::new("kube-admission-bench");
+    let (ca, cert, key) = certificates(&dir.0);
+    let data = dir.0.join("data");
+    let mut server = tokio::task::spawn_blocking({
+        let (data, kc, cert, key) = (data.clone(), tessera_kubeconfig(c, &dir.0), cert.clone(), key.clone());
+        move || serve(&data, &kc, &cert, &key)
+    })
+    .await
+    .unwrap();
+    let base = server.base.replace("http://", "https://");
+    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+    let token = admin_token(&data);
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .build()
+        .unwrap();
+    for (m, path, body) in [
+        (
+            reqwest::Method::POST,
+            "/api/v1/tenants".to_string(),
+            json!({"name": BENCH_TENANT}),
+        ),
+        (
+            reqwest::Method::PUT,
+            format!("/api/v1/tenants/{BENCH_TENANT}/quotas/training"),
+            json!({"guaranteed": 8, "limit": 8}),
+        ),
+        (
+            reqwest::Method::POST,
+            format!("/api/v1/tenants/{BENCH_TENANT}/projects"),
+            json!({"name": "ml"}),
+        ),
+    ] {
+        let r = http
+            .request(m, format!("{base}{path}"))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+    eventually("the project's namespace", Duration::from_secs(30), || async {
+        Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), BENCH_NS)
+            .get_opt("tessera-quota")
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    let out = c.kubectl(&[
+        "-n",
+        BENCH_NS,
+        "create",
+        "rolebinding",
+        "alice-edit",
+        "--clusterrole=edit",
+        "--user=alice",
+    ]);
+    assert!(out.status.success());
+    let (mutating, validating) = webhooks(port, &ca, BENCH_TENANT);
+    for (kind, obj) in [("m", mutating), ("v", validating)] {
+        let file = dir.0.join(format!("{kind}.json"));
+        std::fs::write(&file, serde_json::to_vec(&obj).unwrap()).unwrap();
+        assert!(c.kubectl(&["apply", "-f", file.to_str().unwrap()]).status.success());
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), BENCH_NS);
+    let mut took = Vec::new();
+    for i in 0..40 {
+        let job = json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": format!("bench-{i}"), "namespace": BENCH_NS},
+            "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "busybox",
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}},
+        });
+        let t0 = Instant::now();
+        let (ok, out) = kubectl_as(c, &dir.0, "alice", &job);
+        assert!(ok, "{out}");
+        let selector = format!("job-name=bench-{i}");
+        let mut bound = None;
+        while t0.elapsed() < Duration::from_secs(30) {
+            let list = pods.list(&ListParams::default().labels(&selector)).await.unwrap();
+            if let Some(p) = list
+                .items
+                .into_iter()
+                .find(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+            {
+                bound = p.metadata.name;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        took.push(t0.elapsed());
+        let name = bound.expect("bound within 30 s");
+        set_pod_phase(&client, BENCH_NS, &name, "Succeeded").await;
+        // The node is free again once Tessera has seen the end.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    took.sort();
+    let p = |q: f64| took[((took.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+    eprintln!(
+        "kubectl apply of a 8-GPU Job → its pod bound by Tessera, {} runs: p50 {:?}, p99 {:?}, max {:?}",
+        took.len(),
+        p(0.5),
+        p(0.99),
+        took[took.len() - 1]
     );
     server.kill();
 }
