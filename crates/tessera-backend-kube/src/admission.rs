@@ -184,7 +184,7 @@ fn parse_fraction(s: &str) -> Result<u32, String> {
         s.parse::<f64>().map(|f| f * 1000.0)
     };
     match v {
-        Ok(m) if m.is_finite() && m >= 1.0 && m < 1000.0 => Ok(m.round() as u32),
+        Ok(m) if (1.0..1000.0).contains(&m) => Ok(m.round() as u32),
         _ => Err(format!(
             "{ANNOTATION_FRACTION}: `{s}` is not a fraction of a GPU between 0 and 1 (write 0.25, 250m or 25%)"
         )),
@@ -341,7 +341,7 @@ pub fn review_pod(pod: &Pod, namespace: &str, project: Option<(&str, &str)>, rul
                 .map(|g| g.trim_end_matches('-').to_string())
         })
         .unwrap_or_else(|| "pod".into());
-    NativeReview::Ask(NativeAsk {
+    NativeReview::Ask(Box::new(NativeAsk {
         tenant: tenant.to_string(),
         project: project.to_string(),
         name,
@@ -353,7 +353,7 @@ pub fn review_pod(pod: &Pod, namespace: &str, project: Option<(&str, &str)>, rul
         priority: annotations.get(ANNOTATION_PRIORITY).cloned(),
         images: all_containers(spec).filter_map(|c| c.image.clone()).collect(),
         batch: matches!(spec.restart_policy.as_deref(), Some("Never" | "OnFailure")),
-    })
+    }))
 }
 
 /// A JSON pointer's escaping of one path segment.

@@ -79,7 +79,7 @@ pub enum BackendEvent {
     /// and again after a restart of the backend while it still waits.
     Submitted {
         native: crate::NativeRef,
-        ask: crate::NativeAsk,
+        ask: Box<crate::NativeAsk>,
     },
     /// The native object of workload `id` was deleted by its owner: the workload is
     /// cancelled. Acted on only when `native` is exactly the workload's object.

@@ -75,5 +75,5 @@ pub enum NativeReview {
     /// Refused by the backend's own rules; the message says what to do instead.
     Refuse(String),
     /// A workload for the control plane to check (tenant, priority, image policy, shape).
-    Ask(NativeAsk),
+    Ask(Box<NativeAsk>),
 }

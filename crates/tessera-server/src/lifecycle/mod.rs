@@ -316,7 +316,7 @@ impl Lifecycle {
                 if let BackendEvent::Submitted { native: object, ask } = e {
                     match &native {
                         Some(intake) => {
-                            let _ = intake.send((object, ask));
+                            let _ = intake.send((object, *ask));
                         }
                         None => tracing::warn!(namespace = %object.namespace, pod = %object.name,
                             "a native workload was submitted, but this server takes none in"),
