@@ -10,7 +10,8 @@
 //!   preset, synthetic fleets, and the openb (Alibaba trace) node list loader.
 //! * [`levels`]: the network topology above the node — ordered levels (rack, block, …) and
 //!   each node's domain at each level, from the fleet file or any per-node values (labels).
-//! * [`request`]: what a workload asks for (whole GPUs, a MIG profile, a fraction) and
+//! * [`request`]: what a workload asks for (whole GPUs, a MIG profile, a fraction; a gang of
+//!   whole GPUs across nodes) and
 //!   [`units::GpuUnits`], the one GPU unit used by quota, fair share and metering.
 //!
 //! Everything here is deterministic so that the scheduler built on it can be property-tested

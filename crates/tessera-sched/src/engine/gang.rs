@@ -14,8 +14,9 @@
 //! one with the least capacity that does (best fit). Within it, each tier down takes the fewest
 //! children — the largest first, and the last one the smallest that holds what remains (as
 //! Kueue's topology-aware scheduling does) — and in each rack the nodes with the fewest free
-//! GPUs that hold a share. So a gang that fits one rack takes one rack, and otherwise the
-//! fewest racks of the fewest blocks.
+//! GPUs that hold a share. Where going block by block would take more racks than the fewest
+//! racks under the domain, those racks are taken instead. So a gang that fits one rack takes one
+//! rack, and otherwise the fewest racks possible (of the fewest blocks when that costs none).
 //!
 //! Cost: O(groups × 17) for the per-group bounds, plus an exact pass over the nodes of the
 //! groups that may hold a segment, plus a sort of the children of the chosen domains; never a
