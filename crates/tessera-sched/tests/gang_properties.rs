@@ -5,7 +5,8 @@
 //! segment within one rack, the whole gang within one domain of a required level) or not at all
 //! (a refused gang changes nothing); it spans the fewest racks any placement could use (so one
 //! rack whenever a rack can hold it) and fails only when no placement exists; the engine's
-//! bookkeeping matches its allocations; and once everything is released every GPU is free.
+//! bookkeeping matches its allocations; fenced nodes take no share; and once everything is
+//! released every GPU is free.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -43,6 +44,11 @@ enum Op {
         gpus: u8,
     },
     Release(usize),
+    /// Takes node `n` (modulo) out of placement or back in.
+    Fence {
+        n: usize,
+        fenced: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -51,6 +57,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(nodes, per, seg, constraint)| Op::Gang { nodes, per, seg, constraint }),
         2 => (1u8..9).prop_map(|gpus| Op::Single { gpus }),
         2 => any::<usize>().prop_map(Op::Release),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(n, fenced)| Op::Fence { n, fenced }),
     ]
 }
 
@@ -80,14 +87,14 @@ fn gang_of(nodes: u8, per: u8, seg: u8, constraint: u8) -> (GangRequest, u32) {
 }
 
 /// Per rack, the nodes that hold a share of `per` GPUs (`per` 8: a whole free node) now.
-fn rack_caps(f: &Fleet, st: &ClusterState, per: u8) -> Vec<u32> {
+fn rack_caps(f: &Fleet, e: &Engine, st: &ClusterState, per: u8) -> Vec<u32> {
     f.levels
         .domains(0)
         .iter()
         .map(|d| {
             d.nodes
                 .iter()
-                .filter(|&&n| st.nodes[n as usize].free_gpus() >= per as u32)
+                .filter(|&&n| !e.node_fenced(n) && st.nodes[n as usize].free_gpus() >= per as u32)
                 .count() as u32
         })
         .collect()
@@ -156,7 +163,7 @@ proptest! {
                 Op::Gang { nodes, per, seg, constraint } => {
                     let (g, m) = gang_of(nodes, per, seg, constraint);
                     let before = e.state().clone();
-                    let caps = rack_caps(&f, &before, per);
+                    let caps = rack_caps(&f, &e, &before, per);
                     let need = nodes as u32 / m;
                     let block = match constraint { 2 => None, 3 => Some(true), _ => Some(false) };
                     let expected = if constraint == 2 {
@@ -178,6 +185,7 @@ proptest! {
                             for seg in shares.chunks(m as usize) {
                                 prop_assert!(seg.iter().all(|s| rack(s) == rack(&seg[0])), "a segment across racks");
                             }
+                            prop_assert!(shares.iter().all(|s| !e.node_fenced(s.node.0)), "a share on a fenced node");
                             let racks: BTreeSet<u32> = shares.iter().map(rack).collect();
                             prop_assert_eq!(Some(racks.len()), expected, "racks used against the fewest possible");
                             if constraint == 3 {
@@ -195,6 +203,7 @@ proptest! {
                         }
                     }
                 }
+                Op::Fence { n, fenced } => e.fence_node((n % f.nodes.len()) as u32, fenced),
                 Op::Single { gpus } => {
                     next += 1;
                     if e.place(next, &Request::whole(gpus)).is_ok() {
