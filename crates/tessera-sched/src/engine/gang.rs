@@ -328,7 +328,58 @@ impl Engine {
         Ok(&self.gangs[&id])
     }
 
-    /// Returns every share of gang `id` exactly.
+    /// Re-applies a known gang (read from the store at start-up): its shares, ids as
+    /// [`share_id`] gives them, each checked as [`Engine::restore`] checks an allocation; all
+    /// or none (changing nothing).
+    pub fn restore_gang(
+        &mut self,
+        id: AllocId,
+        pool: PoolId,
+        shares: Vec<Allocation>,
+    ) -> Result<&GangAllocation, CommitError> {
+        if id > MAX_GANG_ID || self.gangs.contains_key(&id) || shares.is_empty() {
+            return Err(CommitError(format!(
+                "gang {id} already exists, has no share or is beyond {MAX_GANG_ID}"
+            )));
+        }
+        let mut nodes: Vec<u32> = shares.iter().map(|s| s.node.0).collect();
+        nodes.sort_unstable();
+        if nodes.windows(2).any(|w| w[0] == w[1]) {
+            return Err(CommitError(format!("gang {id} has two shares on one node")));
+        }
+        for (i, a) in shares.iter().enumerate() {
+            if a.id != share_id(id, i) || self.state.allocations.contains_key(&a.id) {
+                return Err(CommitError(format!(
+                    "gang {id}: share {i} has id {} or it is taken",
+                    a.id
+                )));
+            }
+            if !matches!(a.grant, Grant::Whole { .. }) {
+                return Err(CommitError(format!("gang {id}: a share holds whole GPUs")));
+            }
+            self.check_fits(a, Booking::Restore)?;
+        }
+        let units = shares.iter().map(|a| a.units).fold(GpuUnits::ZERO, |s, u| s + u);
+        let tenant = shares[0].tenant;
+        let ids = shares.iter().map(|a| a.id).collect();
+        for a in shares {
+            self.book(a, Booking::Restore)
+                .expect("checked: distinct nodes, each fits");
+        }
+        self.gangs.insert(
+            id,
+            GangAllocation {
+                id,
+                pool,
+                shares: ids,
+                tenant,
+                units,
+            },
+        );
+        Ok(&self.gangs[&id])
+    }
+
+    /// Returns every share of gang `id` exactly (release a gang's shares only through this).
     pub fn release_gang(&mut self, id: AllocId) -> Option<GangAllocation> {
         let gang = self.gangs.remove(&id)?;
         for &s in &gang.shares {
@@ -764,9 +815,21 @@ mod tests {
         assert!(e.commit_gang(9, &GangRequest::whole_nodes(16), p).is_err());
         assert!(e.state().same_holdings(&snapshot));
         e.release(50).unwrap();
+        // A restart: the gang restored from its shares is the same booking.
+        let placed = e.state().clone();
+        let shares: Vec<Allocation> = a.shares.iter().map(|&s| e.allocation(s).unwrap().clone()).collect();
         assert_eq!(e.release_gang(7).unwrap().shares.len(), 6);
         assert!(e.state().same_holdings(&before));
         assert!(e.release_gang(7).is_none());
+        let mut wrong = shares.clone();
+        wrong.swap(0, 1);
+        assert!(e.restore_gang(7, a.pool, wrong).is_err());
+        assert!(e.state().same_holdings(&before));
+        assert_eq!(e.restore_gang(7, a.pool, shares.clone()).unwrap(), &a);
+        assert!(e.state().same_holdings(&placed));
+        assert!(e.restore_gang(7, a.pool, shares).is_err());
+        e.release_gang(7).unwrap();
+        assert!(e.state().same_holdings(&before));
     }
 
     #[test]
