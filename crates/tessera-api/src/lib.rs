@@ -77,6 +77,22 @@ pub struct NodeView {
     /// (drained, safe to work on).
     #[serde(default)]
     pub state: String,
+    /// The node's rack, if its pool declares racks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack: Option<String>,
+    /// The node's place at every topology level above it that its pool declares, lowest first
+    /// (`rack`, `block`, or label keys).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology: Vec<TopologyLevelView>,
+}
+
+/// A node's domain at one topology level.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct TopologyLevelView {
+    /// The level's name (`rack`, `block`, a node label key).
+    pub level: String,
+    /// The domain's name at that level (`r2`).
+    pub domain: String,
 }
 
 /// One slice of a GPU: a MIG instance, a time-slice share, or the whole GPU.

@@ -4,6 +4,10 @@
 //! the built-in `seed` preset), generated synthetically for benchmarks, or loaded from the openb
 //! trace's node list (see [`crate::fleet::Fleet::from_openb_nodes`]). Errors name the file, the
 //! line and the field.
+//!
+//! Above the node, a fleet file may place each node group in racks (`rack`, or
+//! `nodes_per_rack`) and blocks (`block`): the fleet's [`Levels`] `rack` and `block`. Other
+//! sources of levels (node labels) use [`Fleet::with_levels`].
 
 use std::fmt;
 use std::ops::Range;
@@ -12,6 +16,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::catalogue::{Catalogue, ModelId, NvLink};
+use crate::levels::{LevelError, Levels};
 
 /// The `seed` preset's fleet file.
 pub const SEED_TOML: &str = include_str!("../../../fleets/seed.toml");
@@ -102,6 +107,8 @@ pub struct Fleet {
     pub catalogue: Catalogue,
     pub pools: Vec<Pool>,
     pub nodes: Vec<Node>,
+    /// The network topology above the node (racks, blocks); empty when none is declared.
+    pub levels: Levels,
 }
 
 /// A malformed fleet or trace file: one line naming the file, line and field.
@@ -166,6 +173,72 @@ struct NodeSpec {
     memory_gib: Spanned<u64>,
     #[serde(default)]
     nvlink: Option<Spanned<Topology>>,
+    /// Every node of the group in this rack.
+    #[serde(default)]
+    rack: Option<Spanned<String>>,
+    /// The group fills racks of this many nodes, in order, named `{rack_prefix}{i}`.
+    #[serde(default)]
+    nodes_per_rack: Option<Spanned<u32>>,
+    /// The racks' name prefix with `nodes_per_rack` (default `{name}-r`).
+    #[serde(default)]
+    rack_prefix: Option<Spanned<String>>,
+    /// Every node (and rack) of the group in this block (spine).
+    #[serde(default)]
+    block: Option<Spanned<String>>,
+}
+
+/// The fleet file's levels above the node, lowest first.
+pub const FILE_LEVELS: [&str; 2] = ["rack", "block"];
+
+/// A group's rack per instance (`rack`, or `nodes_per_rack` with `rack_prefix`), or `None`.
+#[allow(clippy::type_complexity)]
+fn group_racks<'a>(
+    n: &'a NodeSpec,
+    base: &str,
+    err: &dyn Fn(Range<usize>, &str, String) -> FleetError,
+) -> Result<Option<Box<dyn Fn(usize) -> String + 'a>>, FleetError> {
+    match (&n.rack, &n.nodes_per_rack, &n.rack_prefix) {
+        (Some(r), None, None) => {
+            let r = r.get_ref().trim().to_string();
+            if r.is_empty() {
+                return Err(err(
+                    n.rack.as_ref().unwrap().span(),
+                    "rack",
+                    "an empty rack name".into(),
+                ));
+            }
+            Ok(Some(Box::new(move |_| r.clone())))
+        }
+        (Some(r), _, _) => Err(err(
+            r.span(),
+            "rack",
+            "`rack` puts the whole group in one rack; with `nodes_per_rack` name the racks with `rack_prefix`".into(),
+        )),
+        (None, Some(per), prefix) => {
+            let per_rack = *per.get_ref();
+            if per_rack == 0 {
+                return Err(err(
+                    per.span(),
+                    "nodes_per_rack",
+                    "a rack holds at least one node".into(),
+                ));
+            }
+            let prefix = match prefix {
+                Some(p) if p.get_ref().trim().is_empty() => {
+                    return Err(err(p.span(), "rack_prefix", "an empty rack prefix".into()));
+                }
+                Some(p) => p.get_ref().trim().to_string(),
+                None => format!("{base}-r"),
+            };
+            Ok(Some(Box::new(move |i| format!("{prefix}{}", i / per_rack as usize))))
+        }
+        (None, None, Some(p)) => Err(err(
+            p.span(),
+            "rack_prefix",
+            "`rack_prefix` names the racks of `nodes_per_rack`, which is missing".into(),
+        )),
+        (None, None, None) => Ok(None),
+    }
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -240,7 +313,10 @@ impl Fleet {
             catalogue,
             pools: Vec::new(),
             nodes: Vec::new(),
+            levels: Levels::none(),
         };
+        // Per node: its group's span (errors about levels point there), rack and block.
+        let mut placed: Vec<(Range<usize>, Option<String>, Option<String>)> = Vec::new();
         let mut names = std::collections::HashSet::new();
         for pool in &spec.pool {
             let pool_span = pool.span();
@@ -325,7 +401,16 @@ impl Fleet {
                         (0..c).map(|i| format!("{base}-{i:0width$}")).collect()
                     }
                 };
-                for name in instances {
+                let racks = group_racks(n, base, &err)?;
+                let block = match &n.block {
+                    Some(b) if b.get_ref().trim().is_empty() => {
+                        return Err(err(b.span(), "block", "an empty block name".into()));
+                    }
+                    Some(b) => Some(b.get_ref().trim().to_string()),
+                    None => None,
+                };
+                for (i, name) in instances.into_iter().enumerate() {
+                    placed.push((n.name.span(), racks.as_ref().map(|r| r(i)), block.clone()));
                     if !names.insert(name.clone()) {
                         return Err(err(n.name.span(), "name", format!("node `{name}` is declared twice")));
                     }
@@ -350,7 +435,49 @@ impl Fleet {
         if fleet.pools.is_empty() {
             return Err(FleetError::new(file, 0, "pool", "the fleet declares no [[pool]]"));
         }
+        // Only the levels some group uses: a fleet without racks has no `rack` level.
+        let used: Vec<usize> = (0..FILE_LEVELS.len())
+            .filter(|&l| {
+                placed
+                    .iter()
+                    .any(|p| if l == 0 { p.1.is_some() } else { p.2.is_some() })
+            })
+            .collect();
+        let names: Vec<String> = used.iter().map(|&l| FILE_LEVELS[l].to_string()).collect();
+        fleet.levels = Levels::build(&fleet.nodes, &names, |n, l| {
+            if used[l] == 0 {
+                placed[n].1.clone()
+            } else {
+                placed[n].2.clone()
+            }
+        })
+        .map_err(|e: LevelError| {
+            let span = e.node_index.map(|i| placed[i].0.clone()).unwrap_or(0..0);
+            let line = if e.node_index.is_some() {
+                line_of(text, span.start)
+            } else {
+                0
+            };
+            let message = match &e.node {
+                Some(n) => format!("node `{n}`: {}", e.message),
+                None => e.message.clone(),
+            };
+            FleetError::new(file, line, &e.level, message)
+        })?;
         Ok(fleet)
+    }
+
+    /// This fleet with levels from any per-node values (node labels): `names` lowest first
+    /// (`["rack", "block"]`, or label keys such as `nvidia.com/gpu.clique`), `value(node,
+    /// level)` the node's domain at that level or `None` where its pool has none. Checked as
+    /// [`Levels::build`] says.
+    pub fn with_levels(
+        mut self,
+        names: &[String],
+        value: impl FnMut(usize, usize) -> Option<String>,
+    ) -> Result<Fleet, LevelError> {
+        self.levels = Levels::build(&self.nodes, names, value)?;
+        Ok(self)
     }
 
     /// Loads the openb trace node list (`sn,cpu_milli,memory_mib,gpu,model`) as one `shared`
@@ -438,6 +565,7 @@ impl Fleet {
             catalogue,
             pools: vec![pool],
             nodes,
+            levels: Levels::none(),
         })
     }
 
@@ -498,6 +626,73 @@ mod tests {
         assert_eq!(f.nodes[0].name, "h100-00");
         assert_eq!(f.nodes[0].topology, Topology::NvSwitch);
         assert_eq!(f.catalogue.get(f.nodes[20].model).name, "A100-80GB");
+        // Racks: 4 of 4 training servers, 4 of 7 serving, 2 of 8 development; no blocks.
+        assert_eq!(f.levels.names(), ["rack"]);
+        let racks: Vec<(&str, usize)> = f
+            .levels
+            .domains(0)
+            .iter()
+            .map(|d| (d.name.as_str(), d.nodes.len()))
+            .collect();
+        assert_eq!(&racks[..5], [("r0", 4), ("r1", 4), ("r2", 4), ("r3", 4), ("s0", 7)]);
+        assert_eq!(racks.len(), 10);
+        assert_eq!(f.levels.domain_name(0, NodeId(5)), Some("r1"));
+    }
+
+    fn group(extra: &str) -> String {
+        format!(
+            "[[pool]]\nname = \"p\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"n\"\ncount = 6\ngpu_model = \"L40S\"\ngpus = 8\ncpus = 8\nmemory_gib = 8\n{extra}"
+        )
+    }
+
+    #[test]
+    fn racks_and_blocks_from_the_file() {
+        let f = Fleet::from_toml(&group("nodes_per_rack = 4\nblock = \"b0\"\n"), "f.toml").unwrap();
+        assert_eq!(f.levels.names(), ["rack", "block"]);
+        assert_eq!(f.levels.path(NodeId(5)), vec![("rack", "n-r1"), ("block", "b0")]);
+        assert_eq!(f.levels.domains(0)[1].nodes, vec![4, 5]);
+        assert_eq!(f.levels.domains(0)[0].parent, Some(0));
+        let f = Fleet::from_toml(&group("rack = \"x\"\n"), "f.toml").unwrap();
+        assert_eq!(f.levels.domains(0).len(), 1);
+        assert!(Fleet::from_toml(&group(""), "f.toml").unwrap().levels.is_empty());
+    }
+
+    #[test]
+    fn rack_errors_name_file_line_and_field() {
+        let e = Fleet::from_toml(&group("nodes_per_rack = 0\n"), "f.toml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (11, "nodes_per_rack"), "{e}");
+        let e = Fleet::from_toml(&group("rack = \"a\"\nnodes_per_rack = 2\n"), "f.toml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (11, "rack"), "{e}");
+        let e = Fleet::from_toml(&group("rack_prefix = \"a\"\n"), "f.toml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (11, "rack_prefix"), "{e}");
+        // A second group of the pool without a rack.
+        let two = group("rack = \"a\"\n")
+            + "[[pool.nodes]]\nname = \"m\"\ngpu_model = \"L40S\"\ngpus = 8\ncpus = 8\nmemory_gib = 8\n";
+        let e = Fleet::from_toml(&two, "f.toml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (13, "rack"), "{e}");
+        assert!(e.message.contains("node `m`: no rack, but node `n-00`"), "{e}");
+        // A rack in two pools.
+        let pools = group("rack = \"a\"\n")
+            + &group("rack = \"a\"\n")
+                .replace("\"p\"", "\"q\"")
+                .replace("\"n\"", "\"o\"");
+        let e = Fleet::from_toml(&pools, "f.toml").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("f.toml:16: rack: node `o-00`: rack `a` holds node `n-00` of another pool"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn levels_from_labels() {
+        let f = Fleet::seed();
+        let names = vec!["nvidia.com/gpu.clique".to_string()];
+        let f = f
+            .with_levels(&names, |n, _| (n < 16).then(|| format!("clique-{}", n / 8)))
+            .unwrap();
+        assert_eq!(f.levels.path(NodeId(9)), vec![("nvidia.com/gpu.clique", "clique-1")]);
+        assert!(f.levels.domain_of(0, NodeId(20)).is_none());
     }
 
     #[test]

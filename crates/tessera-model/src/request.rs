@@ -3,6 +3,10 @@
 //! A request asks for exactly one GPU shape — N whole GPUs (a gang: one node, and one NVLink
 //! domain when N > 1 on NVLink nodes), one MIG profile, or a fraction of a shared GPU — plus
 //! host CPU and memory, and optionally a pool, a model whitelist and a tenant.
+//!
+//! A [`GangRequest`] asks for N whole GPUs beyond one node: node-shares of G GPUs each (whole
+//! nodes by default), all placed or none, under a topology constraint at a level of the fleet
+//! ([`crate::levels`]) and optionally in segments of S GPUs that each stay within one rack.
 
 use std::fmt;
 
@@ -230,6 +234,191 @@ impl Request {
     }
 }
 
+/// How strictly a gang keeps to one domain of a level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TopologyMode {
+    /// The whole gang within one domain of the level, or it waits (refused if no domain of
+    /// the level could ever hold it).
+    Required,
+    /// One domain of the level if one has room; else the fewest domains of the levels above.
+    Preferred,
+}
+
+/// A gang's topology constraint: a level name of the fleet (`rack`, `block`, a label key) or
+/// `pool`, and how strictly.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TopologyConstraint {
+    pub level: String,
+    pub mode: TopologyMode,
+}
+
+impl TopologyConstraint {
+    pub fn required(level: &str) -> Self {
+        TopologyConstraint {
+            level: level.to_string(),
+            mode: TopologyMode::Required,
+        }
+    }
+
+    pub fn preferred(level: &str) -> Self {
+        TopologyConstraint {
+            level: level.to_string(),
+            mode: TopologyMode::Preferred,
+        }
+    }
+}
+
+/// The most GPUs a gang may ask for.
+pub const MAX_GANG_GPUS: u32 = 1 << 16;
+
+/// N whole GPUs across nodes, as node-shares of G GPUs each (one share per node, on one NVLink
+/// domain of it): all placed together or none.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GangRequest {
+    /// GPUs in all (N).
+    pub gpus: u32,
+    /// GPUs per node-share (G); `None`: whole nodes (G is the GPU count of the pool's nodes).
+    pub gpus_per_node: Option<u8>,
+    /// `None`: preferred at the fleet's lowest level (the fewest racks possible).
+    pub topology: Option<TopologyConstraint>,
+    /// Groups of S GPUs, each within one domain of the lowest level (a rack); S is a multiple
+    /// of G and N of S.
+    pub segment: Option<u32>,
+    /// Host CPU and memory per node-share.
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub pool: Option<PoolId>,
+    /// Allowed GPU models; empty = any.
+    pub models: Vec<ModelId>,
+    pub tenant: Option<TenantId>,
+}
+
+impl GangRequest {
+    /// `gpus` GPUs as whole nodes.
+    pub fn whole_nodes(gpus: u32) -> Self {
+        GangRequest {
+            gpus,
+            gpus_per_node: None,
+            topology: None,
+            segment: None,
+            cpu_milli: 0,
+            memory_mib: 0,
+            pool: None,
+            models: Vec::new(),
+            tenant: None,
+        }
+    }
+
+    /// `nodes` node-shares of `gpus_per_node` GPUs each.
+    pub fn nodes(nodes: u32, gpus_per_node: u8) -> Self {
+        GangRequest {
+            gpus_per_node: Some(gpus_per_node),
+            ..Self::whole_nodes(nodes.saturating_mul(gpus_per_node as u32))
+        }
+    }
+
+    pub fn with_topology(mut self, t: TopologyConstraint) -> Self {
+        self.topology = Some(t);
+        self
+    }
+
+    pub fn with_segment(mut self, gpus: u32) -> Self {
+        self.segment = Some(gpus);
+        self
+    }
+
+    pub fn with_host(mut self, cpu_milli: u64, memory_mib: u64) -> Self {
+        self.cpu_milli = cpu_milli;
+        self.memory_mib = memory_mib;
+        self
+    }
+
+    pub fn with_pool(mut self, pool: PoolId) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    pub fn with_tenant(mut self, tenant: TenantId) -> Self {
+        self.tenant = Some(tenant);
+        self
+    }
+
+    pub fn with_models(mut self, models: Vec<ModelId>) -> Self {
+        self.models = models;
+        self
+    }
+
+    /// Checks the gang's own arithmetic, given G (`per_node`: the request's, or the pool's
+    /// node size in whole-node mode).
+    pub fn check_with(&self, per_node: u8) -> Result<(), RequestError> {
+        let n = self.gpus;
+        if n == 0 || n > MAX_GANG_GPUS {
+            return Err(RequestError::field(
+                "gpus",
+                format!("{n} GPUs in a gang: must be between 1 and {MAX_GANG_GPUS}"),
+            ));
+        }
+        if per_node == 0 || per_node > MAX_GPUS_PER_NODE {
+            return Err(RequestError::field(
+                "gpus_per_node",
+                format!("{per_node} GPUs per node: must be between 1 and {MAX_GPUS_PER_NODE}"),
+            ));
+        }
+        let g = per_node as u32;
+        if !n.is_multiple_of(g) {
+            let what = if self.gpus_per_node.is_some() {
+                format!("{g} GPUs per node")
+            } else {
+                format!("whole nodes of {g} GPUs")
+            };
+            return Err(RequestError::field(
+                "gpus",
+                format!("{n} GPUs as {what}: ask for a multiple of {g}"),
+            ));
+        }
+        if let Some(s) = self.segment
+            && (s == 0 || !s.is_multiple_of(g) || !n.is_multiple_of(s))
+        {
+            return Err(RequestError::field(
+                "segment",
+                format!(
+                    "segments of {s} GPUs: a segment is a multiple of the {g} GPUs per node and divides the gang's {n}"
+                ),
+            ));
+        }
+        if let Some(t) = &self.topology
+            && t.level.trim().is_empty()
+        {
+            return Err(RequestError::field("topology", "a topology constraint names a level"));
+        }
+        Ok(())
+    }
+
+    /// The GPU units the gang holds once placed.
+    pub fn units(&self) -> GpuUnits {
+        GpuUnits::whole(self.gpus as u64)
+    }
+
+    /// Whether `model` passes the request's whitelist.
+    pub fn allows_model(&self, model: ModelId) -> bool {
+        self.models.is_empty() || self.models.contains(&model)
+    }
+}
+
+impl fmt::Display for GangRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a gang of {} GPUs", self.gpus)?;
+        match self.gpus_per_node {
+            Some(g) => write!(f, " ({} nodes × {g})", self.gpus / g.max(1) as u32)?,
+            None => f.write_str(" (whole nodes)")?,
+        }
+        if let Some(s) = self.segment {
+            write!(f, " in segments of {s}")?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for Shape {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -327,6 +516,33 @@ mod tests {
         assert_eq!(
             Request::fraction(250).units(&Catalogue::builtin()),
             GpuUnits::milli(250)
+        );
+    }
+
+    #[test]
+    fn gang_bounds() {
+        assert!(GangRequest::whole_nodes(64).check_with(8).is_ok());
+        let e = GangRequest::whole_nodes(60).check_with(8).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "gpus: 60 GPUs as whole nodes of 8 GPUs: ask for a multiple of 8"
+        );
+        assert!(GangRequest::whole_nodes(0).check_with(8).is_err());
+        assert!(GangRequest::nodes(8, 4).check_with(4).is_ok());
+        assert_eq!(GangRequest::nodes(8, 4).gpus, 32);
+        assert!(GangRequest::nodes(4, 17).check_with(17).is_err());
+        let seg = GangRequest::whole_nodes(64).with_segment(16);
+        assert!(seg.check_with(8).is_ok());
+        for bad in [12, 0, 48] {
+            let e = GangRequest::whole_nodes(64)
+                .with_segment(bad)
+                .check_with(8)
+                .unwrap_err();
+            assert_eq!(e.field, "segment", "{bad}");
+        }
+        assert_eq!(
+            GangRequest::nodes(4, 2).with_segment(4).to_string(),
+            "a gang of 8 GPUs (4 nodes × 2) in segments of 4"
         );
     }
 }

@@ -8,9 +8,13 @@
 //! (released), as many new jobs arrive (so the queue stays at its depth), and one cycle runs
 //! over the whole queue. Only the cycle itself is timed, by the caller (this crate reads no
 //! clock): [`run`] hands each cycle to a closure that runs and times it.
+//!
+//! `tessera bench gang` plans 128-GPU gangs ([`gang_forms`]) on [`gang_fleet`] (racks of 16,
+//! blocks of 8 racks) kept busy with single-node work by a [`GangSetup`]; the caller times.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tessera_model::request::{GangRequest, TopologyConstraint};
 use tessera_model::{Fleet, Request, Sharing, TenantId};
 
 use crate::cycle::{Decision, GovernConfig, Job, Scheduler};
@@ -203,9 +207,113 @@ pub fn run(
     Ok(report)
 }
 
+// ----- gangs beyond one node (`tessera bench gang`) --------------------------------------
+
+/// A whole pool `training` of `nodes` 8-GPU servers in racks of 16 and blocks of 8 racks.
+pub fn gang_fleet(nodes: u32) -> Fleet {
+    let mut text = String::from("[[pool]]\nname = \"training\"\nsharing = \"whole\"\n");
+    for r in 0..nodes.div_ceil(16) {
+        let count = (nodes - r * 16).min(16);
+        text += &format!(
+            "[[pool.nodes]]\nname = \"n{r}\"\ncount = {count}\ngpu_model = \"H100-80GB-SXM\"\ngpus = 8\ncpus = 112\nmemory_gib = 2048\nnvlink = \"nvswitch\"\nrack = \"r{r}\"\nblock = \"b{}\"\n",
+            r / 8
+        );
+    }
+    Fleet::from_toml(&text, "gang-bench").expect("the gang bench fleet is valid")
+}
+
+/// The gangs `tessera bench gang` plans, each 128 GPUs: 16 whole nodes preferring a rack,
+/// 32 nodes × 4 GPUs, and 16 whole nodes required within a block.
+pub fn gang_forms() -> Vec<(&'static str, GangRequest)> {
+    vec![
+        ("16 whole nodes, preferred rack", GangRequest::whole_nodes(128)),
+        ("32 nodes x 4 GPUs", GangRequest::nodes(32, 4)),
+        (
+            "16 whole nodes, required block",
+            GangRequest::whole_nodes(128).with_topology(TopologyConstraint::required("block")),
+        ),
+    ]
+}
+
+/// An engine on [`gang_fleet`] filled with single-node work (1, 2, 4 or 8 whole GPUs) to a
+/// share `load` of its GPUs; [`GangSetup::churn`] ends one workload and starts another.
+pub struct GangSetup {
+    pub engine: Engine,
+    live: Vec<(u64, u64)>,
+    held: u64,
+    next: u64,
+    rng: ChaCha8Rng,
+}
+
+const GANG_SIZES: [u8; 4] = [1, 2, 4, 8];
+
+impl GangSetup {
+    pub fn new(nodes: u32, load: f64, seed: u64) -> GangSetup {
+        let fleet = std::sync::Arc::new(gang_fleet(nodes));
+        let target = (fleet.gpu_count() as f64 * load.clamp(0.0, 0.95)) as u64;
+        let mut s = GangSetup {
+            engine: Engine::new(fleet, make_policy("tessera", &[]).expect("tessera policy"), seed),
+            live: Vec::new(),
+            held: 0,
+            next: 0,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        };
+        while s.held < target {
+            s.start_one();
+        }
+        s
+    }
+
+    fn start_one(&mut self) {
+        let k = GANG_SIZES[self.rng.random_range(0..GANG_SIZES.len())];
+        self.next += 1;
+        if self.engine.place(self.next, &Request::whole(k)).is_ok() {
+            self.held += k as u64;
+            self.live.push((self.next, k as u64));
+        }
+    }
+
+    /// One single-node workload ends and another is placed.
+    pub fn churn(&mut self) {
+        if !self.live.is_empty() {
+            let (id, k) = self.live.swap_remove(self.rng.random_range(0..self.live.len()));
+            self.engine.release(id).expect("live allocation");
+            self.held -= k;
+        }
+        self.start_one();
+    }
+
+    /// The share of the fleet's GPUs held by single-node work.
+    pub fn load(&self) -> f64 {
+        self.held as f64 / self.engine.fleet().gpu_count() as f64
+    }
+
+    /// A fresh id for a gang.
+    pub fn next_id(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gang_setup_fills_and_churns() {
+        let mut s = GangSetup::new(320, 0.75, 1);
+        assert_eq!(s.engine.fleet().levels.domains(0).len(), 20);
+        assert!(s.load() >= 0.75, "{}", s.load());
+        for _ in 0..50 {
+            s.churn();
+        }
+        for (_, g) in gang_forms() {
+            let id = s.next_id();
+            if s.engine.place_gang(id, &g).is_ok() {
+                s.engine.release_gang(id).unwrap();
+            }
+        }
+    }
 
     #[test]
     fn cycles_keep_the_queue_deep_and_the_fleet_busy() {

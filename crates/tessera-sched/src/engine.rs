@@ -66,10 +66,12 @@ impl fmt::Display for CommitError {
 
 impl std::error::Error for CommitError {}
 
+mod gang;
 mod rebind;
 mod shared_index;
 mod whole_gpu;
 
+pub use gang::{GangAllocation, GangPlacement, MAX_GANG_ID, SHARE_BIT, share_id};
 pub use rebind::DeviceBinding;
 
 /// How an allocation comes to be booked; what must hold differs.
@@ -171,6 +173,11 @@ pub struct Engine {
     node_free: Vec<u64>,
     /// Per shared pool, the nodes whose epoch changed (the score trees catch up from it).
     changes: Vec<shared_index::ChangeLog>,
+    /// Whole pools: per rack (or pool without racks), its nodes by free GPUs, and the pools'
+    /// topology trees (gangs beyond one node).
+    gang_index: gang::GangIndex,
+    /// Committed gangs; their shares are ordinary allocations.
+    gangs: HashMap<AllocId, GangAllocation>,
 }
 
 impl Engine {
@@ -211,6 +218,8 @@ impl Engine {
             freed: vec![0; fleet.pools.len()],
             node_free: vec![0; fleet.nodes.len()],
             changes: vec![Default::default(); fleet.pools.len()],
+            gang_index: gang::GangIndex::new(&fleet),
+            gangs: HashMap::new(),
             pool_models: fleet
                 .pools
                 .iter()
@@ -279,6 +288,8 @@ impl Engine {
             pool_models: self.pool_models.clone(),
             node_free: self.node_free.clone(),
             changes: vec![Default::default(); self.fleet.pools.len()],
+            gang_index: self.gang_index.clone(),
+            gangs: self.gangs.clone(),
         }
     }
 
@@ -1372,6 +1383,7 @@ impl Engine {
                 } else {
                     b.remove(&n);
                 }
+                self.gang_index.update(n, st.free_gpus(), insert);
             }
             Sharing::Mig if self.mig_mode == crate::mig::MigMode::WholeGpu => self.reindex_layouts(n, gpus, insert),
             Sharing::Mig => {

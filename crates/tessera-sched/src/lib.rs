@@ -6,7 +6,8 @@
 //!   time-sliced fractions), explains refusals, releases capacity exactly. It follows the
 //!   backend: MIG instances created one at a time or whole GPUs laid out at once
 //!   ([`mig::MigMode`]), devices named exactly or picked by the backend and rebound
-//!   ([`engine::DeviceBinding`]).
+//!   ([`engine::DeviceBinding`]). Gangs beyond one node ([`Engine::plan_gang`]) go whole or
+//!   not at all into the fewest racks of a whole pool.
 //! * [`cycle`]: the scheduler cycle — quotas, budgets, priority classes, fair-share queue
 //!   with bounded backfill, reclaim and preemption, as ordered actions over a session.
 //! * [`reason`]: typed reasons (why a request cannot be placed, waits, is refused or preempts).
@@ -44,5 +45,5 @@ pub mod timed;
 pub use cycle::{Decision, GovernConfig, Job, Quota, Scheduler};
 pub use engine::Engine;
 pub use policy::SharedPolicy;
-pub use reason::Unplaceable;
+pub use reason::{GangUnplaceable, Unplaceable};
 pub use state::{AllocId, Allocation, ClusterState, Grant, Placement};

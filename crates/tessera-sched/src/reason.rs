@@ -302,6 +302,162 @@ impl fmt::Display for Unplaceable {
 
 impl std::error::Error for Unplaceable {}
 
+/// Why the engine cannot place a gang beyond one node ([`crate::Engine::plan_gang`]): never
+/// (the constraint variants, refused at submission) or not now ([`GangUnplaceable::NoRoomAtLevel`],
+/// a wait). Every capacity is in GPUs as the gang counts them (whole node-shares, segments).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum GangUnplaceable {
+    /// The gang breaks its own arithmetic (`field`: `gpus`, `gpus_per_node`, `segment`,
+    /// `topology`).
+    Invalid { field: &'static str, message: String },
+    /// The constraint names a level the fleet does not have.
+    UnknownLevel { level: String, levels: Vec<String> },
+    /// `required` at a level the pool does not declare.
+    PoolLacksLevel { pool: String, level: String },
+    /// The named pool does not hand out whole GPUs by the node.
+    PoolCannotServe { pool: String, sharing: Sharing },
+    /// No whole pool in the fleet.
+    NoPoolServes,
+    /// No node of the pools has an allowed GPU model.
+    NoEligibleNode { pools: Pools },
+    /// No domain of the level could ever hold the gang, even empty: the largest holds
+    /// `capacity` GPUs of it (`level` `pool`: the whole pool).
+    BeyondLevel {
+        pool: String,
+        level: String,
+        domain: String,
+        gpus: u32,
+        capacity: u32,
+        segment: Option<u32>,
+    },
+    /// No domain of the level has room now: the one with the most has `free` GPUs free for it;
+    /// the pool has `pool_free`.
+    NoRoomAtLevel {
+        pool: String,
+        level: String,
+        domain: String,
+        gpus: u32,
+        free: u32,
+        pool_free: u32,
+        segment: Option<u32>,
+    },
+}
+
+impl GangUnplaceable {
+    pub fn class(&self) -> Class {
+        match self {
+            GangUnplaceable::NoRoomAtLevel { gpus, pool_free, .. } if pool_free < gpus => Class::NoCapacity,
+            GangUnplaceable::NoRoomAtLevel { .. } => Class::Fragmentation,
+            _ => Class::Constraint,
+        }
+    }
+
+    /// The stable code: the class (`constraint`, `no-capacity`, `fragmentation`).
+    pub fn code(&self) -> &'static str {
+        self.class().as_str()
+    }
+
+    /// Whether the gang can never be placed on this fleet.
+    pub fn is_constraint(&self) -> bool {
+        self.class() == Class::Constraint
+    }
+
+    /// The level a capacity reason names.
+    pub fn level(&self) -> Option<&str> {
+        match self {
+            GangUnplaceable::BeyondLevel { level, .. }
+            | GangUnplaceable::NoRoomAtLevel { level, .. }
+            | GangUnplaceable::PoolLacksLevel { level, .. }
+            | GangUnplaceable::UnknownLevel { level, .. } => Some(level),
+            _ => None,
+        }
+    }
+
+    /// The sentence without the class prefix.
+    pub fn message(&self) -> String {
+        let segments = |s: &Option<u32>| match s {
+            Some(s) => format!(" in segments of {s} GPUs, each within one rack"),
+            None => String::new(),
+        };
+        let within = |level: &str, domain: &str, pool: &str| {
+            if level == "pool" {
+                format!("pool `{pool}`")
+            } else {
+                format!("{level} `{domain}` of pool `{pool}`")
+            }
+        };
+        match self {
+            GangUnplaceable::Invalid { message, .. } => message.clone(),
+            GangUnplaceable::UnknownLevel { level, levels } => {
+                let known = if levels.is_empty() {
+                    "the fleet declares none".to_string()
+                } else {
+                    format!(
+                        "the fleet's are {}",
+                        levels.iter().map(|l| format!("`{l}`")).collect::<Vec<_>>().join(", ")
+                    )
+                };
+                format!("no topology level `{level}`: {known} (and `pool`)")
+            }
+            GangUnplaceable::PoolLacksLevel { pool, level } => {
+                format!("pool `{pool}` declares no {level}, so no gang can be required within one")
+            }
+            GangUnplaceable::PoolCannotServe { pool, sharing } => {
+                format!("pool `{pool}` shares its GPUs by {sharing}; a multi-node gang needs a whole pool")
+            }
+            GangUnplaceable::NoPoolServes => "no whole pool in this fleet serves a multi-node gang".into(),
+            GangUnplaceable::NoEligibleNode { pools } => format!("no node in {pools} has an allowed GPU model"),
+            GangUnplaceable::BeyondLevel {
+                pool,
+                level,
+                domain,
+                gpus,
+                capacity,
+                segment,
+            } => {
+                let seg = segments(segment);
+                if level == "pool" {
+                    format!("{gpus} GPUs in one gang{seg}; pool `{pool}` could hold at most {capacity} of it")
+                } else {
+                    format!(
+                        "{gpus} GPUs in one {level}{seg}; the largest {level} of pool `{pool}`, `{domain}`, could hold at most {capacity} of it"
+                    )
+                }
+            }
+            GangUnplaceable::NoRoomAtLevel {
+                pool,
+                level,
+                domain,
+                gpus,
+                free,
+                segment,
+                ..
+            } => {
+                let seg = segments(segment);
+                if level == "pool" {
+                    format!(
+                        "{gpus} GPUs in one gang{seg}; {} has room for {free} of it now",
+                        within(level, domain, pool)
+                    )
+                } else {
+                    format!(
+                        "{gpus} GPUs in one {level}{seg}; no {level} of pool `{pool}` has room now (the most, {free}, in {})",
+                        within(level, domain, pool)
+                    )
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for GangUnplaceable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.class(), self.message())
+    }
+}
+
+impl std::error::Error for GangUnplaceable {}
+
 /// Milli-CPU as a decimal count of CPUs: `2`, `0.5`.
 pub fn milli_str(m: u64) -> String {
     GpuUnits(m).to_string()

@@ -1,7 +1,9 @@
 //! `tessera bench placement`: placement throughput and decision latency of the engine at
 //! steady state; `tessera bench cycle`: full scheduler cycles over a deep queue (the set-up is
-//! `tessera_sched::bench`; the timing is here). (`tessera bench api`, the running server under
-//! load, is in `benchapi.rs`.)
+//! `tessera_sched::bench`; the timing is here); `tessera bench gang`: planning 128-GPU gangs
+//! beyond one node on a fleet of racks kept busy with single-node work (set-up in
+//! `tessera_sched::bench::GangSetup`). (`tessera bench api`, the running server under load, is
+//! in `benchapi.rs`.)
 //!
 //! A seeded stream of mixed requests — whole 1/2/4/8 GPUs, every MIG profile of the fleet's MIG
 //! models, fractions of shared GPUs from 8 tenants — is placed while the fleet is kept at a
@@ -28,8 +30,30 @@ pub enum BenchCommand {
     /// Full scheduler cycles (admit, allocate, reclaim, preempt) over a deep queue at steady
     /// state: milliseconds per cycle.
     Cycle(CycleArgs),
+    /// Planning 128-GPU gangs beyond one node on a large fleet of racks: microseconds per plan.
+    Gang(GangArgs),
     /// The running server's API under load: creations, reads and request-to-running.
     Api(crate::benchapi::ApiArgs),
+}
+
+#[derive(clap::Args)]
+pub struct GangArgs {
+    /// 8-GPU servers in the whole pool (racks of 16, blocks of 8 racks).
+    #[arg(long, default_value_t = 10_000)]
+    nodes: u32,
+    /// Measured iterations: one single-node workload ends and one starts, then every gang form
+    /// is planned and the first placed and released.
+    #[arg(long, default_value_t = 2_000)]
+    iterations: usize,
+    /// Share of the fleet's GPUs kept busy with single-node work (at most 0.95).
+    #[arg(long, default_value_t = 0.75)]
+    load: f64,
+    /// Seed of the random demand (same seed, same run).
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// One JSON object instead of the text report.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -86,6 +110,7 @@ pub fn run(cmd: BenchCommand, conn: &crate::client::Connection) -> Result<()> {
     match cmd {
         BenchCommand::Placement(a) => placement(a),
         BenchCommand::Cycle(a) => cycle(a),
+        BenchCommand::Gang(a) => gang(a),
         BenchCommand::Api(a) => crate::benchapi::run(conn, a),
     }
 }
@@ -225,6 +250,92 @@ fn placement(a: PlacementArgs) -> Result<()> {
             fleet.gpu_count(),
             a.load * 100.0
         );
+    }
+    Ok(())
+}
+
+fn gang(a: GangArgs) -> Result<()> {
+    if a.nodes < 16 || a.iterations == 0 || !(0.0..=0.95).contains(&a.load) {
+        bail!("--nodes must be at least 16, --iterations at least 1 and --load between 0 and 0.95");
+    }
+    let mut s = tessera_sched::bench::GangSetup::new(a.nodes, a.load, a.seed);
+    let forms = tessera_sched::bench::gang_forms();
+    // Per form, plan latencies in ns, plans that found room and racks they spanned; last: place
+    // + release of the first form.
+    let mut lat: Vec<Vec<u64>> = vec![Vec::with_capacity(a.iterations); forms.len() + 1];
+    let mut placed = vec![0u64; forms.len()];
+    let mut racks = vec![0u64; forms.len()];
+    for _ in 0..a.iterations {
+        s.churn();
+        for (i, (_, g)) in forms.iter().enumerate() {
+            let t = Instant::now();
+            let p = s.engine.plan_gang(g);
+            lat[i].push(t.elapsed().as_nanos() as u64);
+            if let Ok(p) = p {
+                placed[i] += 1;
+                racks[i] += p.racks.len() as u64;
+            }
+        }
+        let id = s.next_id();
+        let t = Instant::now();
+        if s.engine.place_gang(id, &forms[0].1).is_ok() {
+            s.engine.release_gang(id).expect("placed gang");
+        }
+        lat[forms.len()].push(t.elapsed().as_nanos() as u64);
+    }
+    let names: Vec<&str> = forms
+        .iter()
+        .map(|f| f.0)
+        .chain(["place + release, 16 whole nodes"])
+        .collect();
+    let rows: Vec<serde_json::Value> = lat
+        .iter_mut()
+        .enumerate()
+        .map(|(i, l)| {
+            l.sort_unstable();
+            json!({
+                "gang": names[i],
+                "p50_us": percentile(l, 0.50),
+                "p99_us": percentile(l, 0.99),
+                "max_us": percentile(l, 1.0),
+                "placed": placed.get(i),
+                "mean_racks": placed.get(i).map(|&p| racks[i] as f64 / p.max(1) as f64),
+            })
+        })
+        .collect();
+    let fleet = s.engine.fleet();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "nodes": fleet.nodes.len(),
+                "racks": fleet.levels.domains(0).len(),
+                "load": s.load(),
+                "iterations": a.iterations,
+                "gangs": rows,
+            })
+        );
+    } else {
+        println!(
+            "gang placement benchmark on {} nodes in {} racks, {:.0} % of GPUs busy, {} iterations",
+            fleet.nodes.len(),
+            fleet.levels.domains(0).len(),
+            s.load() * 100.0,
+            a.iterations
+        );
+        for r in &rows {
+            let extra = match (r["placed"].as_u64(), r["mean_racks"].as_f64()) {
+                (Some(p), Some(m)) => format!("  (placed {p} of {}, {m:.2} racks on average)", a.iterations),
+                _ => String::new(),
+            };
+            println!(
+                "  {:<32} p50 {:>7.1} µs  p99 {:>7.1} µs  max {:>7.1} µs{extra}",
+                r["gang"].as_str().unwrap_or(""),
+                r["p50_us"].as_f64().unwrap_or(0.0),
+                r["p99_us"].as_f64().unwrap_or(0.0),
+                r["max_us"].as_f64().unwrap_or(0.0)
+            );
+        }
     }
     Ok(())
 }

@@ -200,6 +200,20 @@ pub fn node(f: &Fleet, i: usize, s: &NodeSnap, state: &str) -> NodeView {
         gpus_free: s.free_gpus() as u8,
         units_used: GpuUnits(s.used_milli()).to_string(),
         state: state.to_string(),
+        rack: f
+            .levels
+            .level("rack")
+            .and_then(|l| f.levels.domain_name(l, tessera_model::NodeId(i as u32)))
+            .map(str::to_string),
+        topology: f
+            .levels
+            .path(tessera_model::NodeId(i as u32))
+            .into_iter()
+            .map(|(level, domain)| tessera_api::TopologyLevelView {
+                level: level.to_string(),
+                domain: domain.to_string(),
+            })
+            .collect(),
     }
 }
 

@@ -294,6 +294,7 @@ impl SnapshotBuilder {
             catalogue: fleet.catalogue.clone(),
             pools: Vec::new(),
             nodes: Vec::new(),
+            levels: Default::default(),
         }));
         SnapshotBuilder {
             version: 0,
