@@ -217,6 +217,8 @@ struct State {
     projects: HashMap<String, (String, String)>,
     /// Native pods already reported (submitted or refused), by UID.
     submitted: std::collections::HashSet<String>,
+    /// Tenant namespaces' UIDs (the controller reference of Tessera's pods).
+    namespace_uids: HashMap<String, String>,
 }
 
 struct Shared {
@@ -610,7 +612,7 @@ async fn watch_pods(shared: Weak<Shared>, client: Client) {
                         for name in names {
                             match Api::<Pod>::namespaced(client.clone(), &ns).get_opt(&name).await {
                                 Ok(None) => {
-                                    sh.on_pod_gone(id, &name);
+                                    sh.on_pod_gone(id, &name, None);
                                     continue 'workloads;
                                 }
                                 Ok(Some(_)) => {}
@@ -802,14 +804,15 @@ impl Shared {
                 return;
             }
         }
-        self.on_pod_gone(id, pod.metadata.name.as_deref().unwrap_or("?"));
+        self.on_pod_gone(id, pod.metadata.name.as_deref().unwrap_or("?"), pods::bound_node(pod));
     }
 
     /// The pod `name` of `id` is gone. A workload Tessera is stopping is `Stopped` once all
     /// its pods are gone (its devices are free only then); any other that had not ended is
     /// lost.
-    fn on_pod_gone(self: &Arc<Self>, id: u64, name: &str) {
+    fn on_pod_gone(self: &Arc<Self>, id: u64, name: &str, node: Option<&str>) {
         let mut st = self.state.lock().unwrap();
+        let drained = node.and_then(|n| st.nodes.get(n)).is_some_and(|v| v.unschedulable);
         let Some(t) = st.tracked.get_mut(&id) else { return };
         if !t.pods.iter().any(|(n, _)| n == name) {
             return;
@@ -832,13 +835,30 @@ impl Shared {
                 t.stage = Stage::Ended;
             }
         } else if t.stage != Stage::Ended {
-            let _ = self.tx.send(BackendEvent::Lost {
-                id,
-                at_ms: now_ms(),
-                detail: format!("pod {}/{} was deleted outside Tessera", t.ns, name),
-            });
-            t.stage = Stage::Ended;
-            self.delete_gang_rest(t);
+            // A pod that goes from a cordoned node was evicted by its drain (`kubectl drain`):
+            // the workload is stopped as a drain stops it (batch work is requeued); anywhere
+            // else it is lost.
+            if drained {
+                let _ = self.tx.send(BackendEvent::Evicted {
+                    id,
+                    at_ms: now_ms(),
+                    detail: format!(
+                        "pod {}/{} was evicted from node {} while it was cordoned (a drain)",
+                        t.ns,
+                        name,
+                        node.unwrap_or_default()
+                    ),
+                });
+                t.stage = Stage::Ended;
+            } else {
+                let _ = self.tx.send(BackendEvent::Lost {
+                    id,
+                    at_ms: now_ms(),
+                    detail: format!("pod {}/{} was deleted outside Tessera", t.ns, name),
+                });
+                t.stage = Stage::Ended;
+                self.delete_gang_rest(t);
+            }
         }
         if t.pods.iter().all(|(n, _)| t.gone.contains(n)) {
             st.tracked.remove(&id);
@@ -1278,6 +1298,32 @@ impl Shared {
             .entry(node.to_string())
             .or_default()
             .clone()
+    }
+
+    /// The controller reference Tessera's pods in `ns` carry: the namespace itself, which
+    /// Tessera made and no tenant can delete. With a controller, `kubectl drain` evicts them
+    /// like any controller's pods (without `--force`), and the garbage collector removes them
+    /// with their namespace.
+    async fn owner_of(&self, ns: &str) -> Result<serde_json::Value, BackendError> {
+        let known = self.state.lock().unwrap().namespace_uids.get(ns).cloned();
+        let uid = match known {
+            Some(u) => u,
+            None => {
+                let n = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone())
+                    .get(ns)
+                    .await
+                    .map_err(|e| kube_err(&format!("namespace {ns}"), e))?;
+                let uid = n.metadata.uid.unwrap_or_default();
+                self.state
+                    .lock()
+                    .unwrap()
+                    .namespace_uids
+                    .insert(ns.to_string(), uid.clone());
+                uid
+            }
+        };
+        Ok(json!({"apiVersion": "v1", "kind": "Namespace", "name": ns, "uid": uid,
+            "controller": true, "blockOwnerDeletion": false}))
     }
 
     /// Makes sure the project's namespace exists (its labels as tenancy applies them).
@@ -1740,7 +1786,7 @@ impl Backend for KubeBackend {
         let mut attempt = known.unwrap_or(0);
         let mut listed = false;
         let created = loop {
-            let mut shares = Vec::with_capacity(size);
+            let mut shares: Vec<(&str, &Devices, Pod)> = Vec::with_capacity(size);
             for i in 0..size {
                 let (node, devices) = spec.share(i).expect("an index below the gang size");
                 let pod = pods::attempt_pod_for(spec, &ns, attempt, i, &sh.shared_resource(node))?;
@@ -1779,6 +1825,17 @@ impl Backend for KubeBackend {
             if let Err(e) = sh.ensure_namespace(spec, &ns).await {
                 sh.state.lock().unwrap().tracked.remove(&spec.id);
                 return Err(e);
+            }
+            let owner = match sh.owner_of(&ns).await {
+                Ok(o) => o,
+                Err(e) => {
+                    sh.state.lock().unwrap().tracked.remove(&spec.id);
+                    return Err(e);
+                }
+            };
+            for (_, _, pod) in &mut shares {
+                pod.metadata.owner_references =
+                    Some(vec![serde_json::from_value(owner.clone()).expect("an owner reference")]);
             }
             // All of a gang's pods exist before any is bound; a pod refused (quota) leaves none.
             let mut created = Vec::with_capacity(size);
@@ -1856,7 +1913,7 @@ impl Backend for KubeBackend {
             {
                 Ok(_) => {}
                 Err(e) if not_found(&e) => {
-                    self.shared.on_pod_gone(id, &name);
+                    self.shared.on_pod_gone(id, &name, None);
                     continue;
                 }
                 Err(e) => return Err(kube_err(&format!("deleting pod {ns}/{name}"), e)),

@@ -1433,3 +1433,87 @@ async fn an_eviction_a_disruption_budget_refuses_is_told_at_once_and_retried() {
     })
     .await;
 }
+
+/// `kubectl drain` (no `--force`) works on Tessera's pods: they have a controller (their
+/// namespace), so kubectl evicts them as it evicts a ReplicaSet's; the pod that goes from the
+/// cordoned node is reported `Evicted` (batch work is then requeued), not lost. A pod deleted
+/// from an open node is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_drain_evicts_tesseras_pods_and_they_are_evicted_not_lost() {
+    let c = cluster().await;
+    let client = c.client().await.unwrap();
+    gpu_node(&client, "kd-h100-0", "kd", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    let (b, _) = KubeBackend::connect(client.clone(), config("kd")).await.unwrap();
+    let mut rx = b.take_events().unwrap();
+    b.ensure_tenancy(&tenancy("kd-acme", "kd-acme-ml", 8)).await.unwrap();
+    let ns = b.namespace_of("kd-acme", "main");
+    b.start(&run(701, "kd-acme", "kd-h100-0", gpus(2))).await.unwrap();
+    b.start(&run(702, "kd-acme", "kd-h100-0", gpus(2))).await.unwrap();
+    for name in ["tessera-701", "tessera-702"] {
+        set_pod_phase(&client, &ns, name, "Running").await;
+    }
+    for id in [701, 702] {
+        expect_event(
+            &mut rx,
+            "running",
+            WAIT,
+            |e| matches!(e, BackendEvent::Running { id: i, .. } if *i == id),
+        )
+        .await;
+    }
+    let pod = Api::<Pod>::namespaced(client.clone(), &ns)
+        .get("tessera-701")
+        .await
+        .unwrap();
+    let owner = pod.metadata.owner_references.unwrap_or_default();
+    assert!(
+        owner
+            .iter()
+            .any(|o| o.kind == "Namespace" && o.name == ns && o.controller == Some(true)),
+        "{owner:?}"
+    );
+    // A pod deleted behind Tessera's back from an open node is lost.
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete("tessera-702", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    expect_event(&mut rx, "lost", WAIT, |e| {
+        matches!(e, BackendEvent::Lost { id: 702, .. })
+    })
+    .await;
+    // kubectl drain without --force: cordons, evicts (no kubelet here to end the pod: the
+    // drain's wait times out and the test confirms the deletion as the kubelet would).
+    let out = c.kubectl(&["drain", "kd-h100-0", "--ignore-daemonsets", "--timeout=3s"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("cannot delete Pods"), "{text}");
+    assert!(text.contains("evicting pod"), "{text}");
+    expect_event(
+        &mut rx,
+        "node cordoned",
+        WAIT,
+        |e| matches!(e, BackendEvent::NodeChanged { node, change: NodeChange::Cordoned(true) } if node == "kd-h100-0"),
+    )
+    .await;
+    let pod = Api::<Pod>::namespaced(client.clone(), &ns)
+        .get("tessera-701")
+        .await
+        .unwrap();
+    assert!(pod.metadata.deletion_timestamp.is_some(), "evicted: {text}");
+    finish_deletion(&client, &ns, "tessera-701").await;
+    match expect_event(&mut rx, "evicted", WAIT, |e| {
+        matches!(
+            e,
+            BackendEvent::Evicted { id: 701, .. } | BackendEvent::Lost { id: 701, .. }
+        )
+    })
+    .await
+    {
+        BackendEvent::Evicted { detail, .. } => assert!(detail.contains("cordoned"), "{detail}"),
+        other => panic!("the drained pod was reported lost: {other:?}"),
+    }
+    b.cordon("kd-h100-0", false).await.unwrap();
+}

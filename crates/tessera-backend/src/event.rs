@@ -57,8 +57,11 @@ pub enum BackendEvent {
     Bound { id: u64, bound: Bound },
     /// Ended on its own.
     Exited { id: u64, at_ms: i64, exit: Exit },
-    /// Gone without ending: node removed, evicted, deleted behind Tessera's back.
+    /// Gone without ending: node removed, deleted behind Tessera's back.
     Lost { id: u64, at_ms: i64, detail: String },
+    /// Evicted by a drain through the platform's own tools (`kubectl drain` on a cordoned
+    /// node): stopped as Tessera's own drain stops work, so batch work is requeued.
+    Evicted { id: u64, at_ms: i64, detail: String },
     /// A workload Tessera stopped is gone from the backend: every process or pod of it has
     /// ended, so its devices are free. Sent by backends that confirm stops
     /// ([`crate::Capabilities::confirms_stop`]); until then the workload holds its capacity.
@@ -124,6 +127,7 @@ impl BackendEvent {
             | BackendEvent::Bound { id, .. }
             | BackendEvent::Exited { id, .. }
             | BackendEvent::Lost { id, .. }
+            | BackendEvent::Evicted { id, .. }
             | BackendEvent::Stopped { id, .. }
             | BackendEvent::Notice { id, .. }
             | BackendEvent::Withdrawn { id, .. } => Some(*id),

@@ -1022,6 +1022,24 @@ impl Core {
             BackendEvent::Lost { id, at_ms, detail } => {
                 self.apply(WorkloadId(id), Input::Lost { at: at_ms, detail }, batch, now);
             }
+            // Evicted by a drain outside Tessera (`kubectl drain`): stopped as Tessera's own
+            // drain stops work past its deadline, so batch work is requeued (by its policy)
+            // and its capacity is released once the backend confirms the stop.
+            BackendEvent::Evicted { id, at_ms, detail } => {
+                let grace_s = self.settings.grace.as_secs();
+                self.apply(
+                    WorkloadId(id),
+                    Input::Preempt {
+                        at: at_ms.max(0),
+                        by: WorkloadId(id),
+                        code: tessera_domain::PreemptCode::Drain,
+                        detail,
+                        grace_s,
+                    },
+                    batch,
+                    now,
+                );
+            }
             BackendEvent::Telemetry { at_ms, gpus } => {
                 // A critical XID seen in telemetry takes the GPU out within one interval, also
                 // where the backend sent no health event.
