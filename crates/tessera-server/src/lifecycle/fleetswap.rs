@@ -131,3 +131,41 @@ impl Core {
         self.queue_dirty = true;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fleet(nodes: &[(&str, &str)]) -> Arc<Fleet> {
+        let mut toml = String::new();
+        for (pool, node) in nodes {
+            toml.push_str(&format!(
+                "[[pool]]\nname = \"{pool}\"\nsharing = \"whole\"\n\n[[pool.nodes]]\nname = \"{node}\"\ngpu_model = \"H100-80GB-SXM\"\ngpus = 8\ncpus = 64\nmemory_gib = 512\n\n"
+            ));
+        }
+        Arc::new(Fleet::from_toml(&toml, "test").unwrap())
+    }
+
+    #[test]
+    fn departed_nodes_are_named_whatever_their_index() {
+        let old = fleet(&[("a", "n-0"), ("b", "n-1"), ("c", "n-2")]);
+        // n-1 left; n-2 is node 0 now; n-3 joined.
+        let new = fleet(&[("c", "n-2"), ("a", "n-0"), ("d", "n-3")]);
+        assert_eq!(departed(&old, &new), ["n-1"]);
+        assert!(departed(&new, &new).is_empty());
+    }
+
+    #[test]
+    fn the_cell_hands_out_a_fleet_and_its_index_together() {
+        let cell = FleetCell::new(fleet(&[("a", "n-0")]));
+        let held = cell.get();
+        cell.set(fleet(&[("b", "n-1"), ("a", "n-0")]));
+        let (f, index) = cell.with_index();
+        assert_eq!(f.nodes.len(), 2);
+        assert_eq!(index.get("n-0"), f.node_by_name("n-0"));
+        assert_eq!(index.get("n-0").map(|n| n.0), Some(1));
+        // What a reader took before the swap stays whole.
+        assert_eq!(held.nodes.len(), 1);
+        assert_eq!(cell.clone().get().nodes.len(), 2, "clones share the cell");
+    }
+}
