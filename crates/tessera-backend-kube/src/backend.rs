@@ -211,6 +211,8 @@ struct State {
     namespaces: std::collections::HashSet<String>,
     /// Pools that partition with MIG: their nodes' MIG modes are reported.
     mig_pools: std::collections::HashSet<String>,
+    /// The fleet last reported (at connect, or by the last `FleetChanged`).
+    fleet: Option<Arc<Fleet>>,
     /// Strangers' pods already reported, by UID.
     strangers: std::collections::HashSet<String>,
     /// Tenant project namespaces: their tenant and project.
@@ -283,21 +285,15 @@ impl KubeBackend {
             .list(&ListParams::default())
             .await
             .map_err(|e| kube_err("listing nodes", e))?;
-        let views: Vec<NodeView> = nodes
+        let mut views: Vec<NodeView> = nodes
             .items
             .iter()
             .filter_map(|n| fleet::node_view(n, &cfg.pool_label))
             .collect();
-        let toml = fleet::fleet_toml(&views, &Catalogue::builtin(), &cfg.default_pool, &cfg.mixing_pools)
-            .map_err(BackendError::Rejected)?;
-        let fleet = Fleet::from_toml(&toml, "cluster").map_err(|e| BackendError::Rejected(e.to_string()))?;
+        views.sort_by(|a, b| a.name.cmp(&b.name));
+        let fleet = fleet_of(&views, &cfg)?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let mig_pools: std::collections::HashSet<String> = fleet
-            .pools
-            .iter()
-            .filter(|p| p.sharing == tessera_model::Sharing::Mig)
-            .map(|p| p.name.clone())
-            .collect();
+        let mig_pools = mig_pools(&fleet);
         // What the control plane must learn at once: nodes already closed to new work, and
         // the MIG mode of every GPU in a MIG pool (a node there with MIG off serves whole GPUs).
         for v in &views {
@@ -320,6 +316,7 @@ impl KubeBackend {
             state: Mutex::new(State {
                 nodes: views.into_iter().map(|v| (v.name.clone(), v)).collect(),
                 mig_pools,
+                fleet: Some(Arc::new(fleet.clone())),
                 ..Default::default()
             }),
             tx,
@@ -370,6 +367,24 @@ fn mig_modes(v: &NodeView) -> Vec<BackendEvent> {
             enabled: v.mig_enabled,
             pending,
         })
+        .collect()
+}
+
+/// The fleet of these GPU nodes, as at connect and after every node change
+/// ([`fleet::fleet_toml`] read back as a [`Fleet`]).
+fn fleet_of(views: &[NodeView], cfg: &KubeConfig) -> Result<Fleet, BackendError> {
+    let toml = fleet::fleet_toml(views, &Catalogue::builtin(), &cfg.default_pool, &cfg.mixing_pools)
+        .map_err(BackendError::Rejected)?;
+    Fleet::from_toml(&toml, "cluster").map_err(|e| BackendError::Rejected(e.to_string()))
+}
+
+/// The pools of `fleet` that partition with MIG.
+fn mig_pools(fleet: &Fleet) -> std::collections::HashSet<String> {
+    fleet
+        .pools
+        .iter()
+        .filter(|p| p.sharing == tessera_model::Sharing::Mig)
+        .map(|p| p.name.clone())
         .collect()
 }
 
@@ -545,11 +560,53 @@ async fn watch_nodes(shared: Weak<Shared>, client: Client) {
                 let _ = sh.tx.send(e);
             }
         }
+        let changed = old != view;
         match view {
             Some(v) => st.nodes.insert(name, v),
             None => st.nodes.remove(&name),
         };
+        if changed {
+            refleet(&sh, &mut st);
+        }
     }
+}
+
+/// Rebuilds the fleet from the GPU nodes as they are now and, when it differs from the one last
+/// reported, reports it (`FleetChanged`, after the node's `NodeChanged` events): a node that
+/// joined, left, or whose GPUs, pool or model changed is part of the fleet without a restart.
+/// A fleet that cannot be built (no GPU node left) is not reported; the nodes' removal is.
+fn refleet(sh: &Shared, st: &mut State) {
+    let mut views: Vec<NodeView> = st.nodes.values().cloned().collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    let fleet = match fleet_of(&views, &sh.cfg) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, "the cluster's GPU nodes make no fleet now; keeping the last one");
+            return;
+        }
+    };
+    if st.fleet.as_deref() == Some(&fleet) {
+        return;
+    }
+    let pools = mig_pools(&fleet);
+    // Nodes of a pool that became a MIG pool: their GPUs' MIG modes, as at connect.
+    for v in &views {
+        let pool = v.pool.as_deref().unwrap_or(&sh.cfg.default_pool);
+        if pools.contains(pool) && !st.mig_pools.contains(pool) {
+            for e in mig_modes(v) {
+                let _ = sh.tx.send(e);
+            }
+        }
+    }
+    st.mig_pools = pools;
+    tracing::info!(
+        nodes = fleet.nodes.len(),
+        gpus = fleet.gpu_count(),
+        "the cluster's GPU nodes changed: reporting the new fleet"
+    );
+    let fleet = Arc::new(fleet);
+    st.fleet = Some(fleet.clone());
+    let _ = sh.tx.send(BackendEvent::FleetChanged { fleet });
 }
 
 async fn watch_pods(shared: Weak<Shared>, client: Client) {

@@ -361,7 +361,9 @@ pub fn initial_changes(v: &NodeView) -> Vec<NodeChange> {
 pub fn changes(old: Option<&NodeView>, new: Option<&NodeView>) -> Vec<NodeChange> {
     match (old, new) {
         (None, None) => Vec::new(),
-        (None, Some(_)) => vec![NodeChange::Added],
+        // A node that joins closed to new work (NotReady until its kubelet reports, cordoned)
+        // says so with its arrival.
+        (None, Some(v)) => std::iter::once(NodeChange::Added).chain(initial_changes(v)).collect(),
         (Some(_), None) => vec![NodeChange::Removed],
         (Some(a), Some(b)) => {
             let mut out = Vec::new();
@@ -609,6 +611,13 @@ mod tests {
             ]
         );
         assert_eq!(changes(None, Some(&a)), vec![NodeChange::Added]);
+        let mut joining = a.clone();
+        joining.ready = false;
+        assert_eq!(
+            changes(None, Some(&joining)),
+            vec![NodeChange::Added, NodeChange::Ready(false)],
+            "a node that joins NotReady takes no work until it is Ready"
+        );
         assert_eq!(changes(Some(&a), None), vec![NodeChange::Removed]);
         assert!(changes(Some(&a), Some(&a)).is_empty());
     }

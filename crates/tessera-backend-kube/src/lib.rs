@@ -7,7 +7,8 @@
 //!
 //! * [`fleet`]: GPU nodes from Node objects (device-plugin capacity, GPU Feature Discovery
 //!   labels, the configured pool label) mapped to the catalogue; node changes as
-//!   `NodeChanged` events through a watch.
+//!   `NodeChanged` events through a watch, and the fleet rebuilt the same way as a
+//!   `FleetChanged` event when a node joins, leaves or changes GPUs, pool or model.
 //! * [`pods`]: a workload is a Pod (a multi-node gang: one Pod per node-share, with a headless
 //!   Service) in its project's namespace with `schedulerName: tessera`, the device-plugin
 //!   resource of its shape and Tessera's labels, bound with the Binding subresource; pod phases

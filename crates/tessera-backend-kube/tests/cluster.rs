@@ -774,6 +774,14 @@ async fn node_changes_reach_the_engine_and_drain_uses_cordon_and_eviction() {
 
     gpu_node(&client, "dr-h100-1", "dr", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
     expect_event(&mut rx, "node added", WAIT, is("dr-h100-1", NodeChange::Added)).await;
+    // The fleet, rebuilt as at connect, with the node that joined (no restart).
+    let has = |n: &'static str, want: bool| move |e: &BackendEvent| matches!(e, BackendEvent::FleetChanged { fleet } if fleet.node_by_name(n).is_some() == want);
+    let ev = expect_event(&mut rx, "a fleet with the new node", WAIT, has("dr-h100-1", true)).await;
+    let BackendEvent::FleetChanged { fleet } = ev else {
+        unreachable!()
+    };
+    let n = fleet.node(fleet.node_by_name("dr-h100-1").unwrap());
+    assert_eq!((fleet.pool(n.pool).name.as_str(), n.gpus), ("dr", 8));
     set_node_status(
         &client,
         "dr-h100-1",
@@ -801,6 +809,7 @@ async fn node_changes_reach_the_engine_and_drain_uses_cordon_and_eviction() {
         .await
         .unwrap();
     expect_event(&mut rx, "node removed", WAIT, is("dr-h100-1", NodeChange::Removed)).await;
+    expect_event(&mut rx, "a fleet without the node", WAIT, has("dr-h100-1", false)).await;
 
     // Drain: cordon, then evict the workload through the Eviction API.
     b.ensure_tenancy(&tenancy("dr-acme", "acme-ml", 8)).await.unwrap();

@@ -2,6 +2,7 @@
 //! (named after the DCGM exporter's fields).
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -97,6 +98,11 @@ pub enum BackendEvent {
     },
     /// A node appeared, disappeared, was cordoned, became (not) ready, or changed capacity.
     NodeChanged { node: String, change: NodeChange },
+    /// The fleet as the backend now reads it (backends that discover their nodes, such as
+    /// Kubernetes): a node joined or left, or a node's GPUs, pool or model changed. Built the
+    /// way the fleet given at connect was; sent after the `NodeChanged` events of the same
+    /// change. Nodes are known by name: indices in this fleet need not match the last one's.
+    FleetChanged { fleet: Arc<tessera_model::Fleet> },
     /// A GPU's MIG layout changed (`WholeGpu` backends after applying a layout, or found at
     /// reconcile).
     PartitionChanged {
@@ -139,10 +145,13 @@ impl BackendEvent {
 /// What changed about a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeChange {
+    /// A node joined (a backend that discovers its nodes then sends `FleetChanged` with it).
     Added,
+    /// A node left: its work is lost.
     Removed,
     Cordoned(bool),
     Ready(bool),
+    /// Its GPUs as advertised changed (count, MIG devices, time-slicing replicas).
     Capacity,
 }
 

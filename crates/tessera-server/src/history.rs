@@ -160,7 +160,7 @@ pub fn spawn(s: crate::AppState) {
     tokio::spawn(async move {
         let now = crate::now_ms();
         match s.store.usage_between(None, now - KEPT as i64 * MINUTE_MS, now).await {
-            Ok(intervals) => s.history.record(rebuild(&s.fleet, &intervals, now)),
+            Ok(intervals) => s.history.record(rebuild(&s.fleet(), &intervals, now)),
             Err(e) => tracing::warn!(error = %e, "allocation history not rebuilt from the usage ledger"),
         }
         loop {

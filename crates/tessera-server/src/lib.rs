@@ -79,9 +79,8 @@ pub fn now_ms() -> i64 {
 #[derive(Clone)]
 pub struct AppState {
     pub store: Arc<dyn Store>,
-    pub fleet: Arc<Fleet>,
-    /// Node names to indexes.
-    pub nodes: Arc<NodeIndex>,
+    /// The fleet, as the backend last reported it ([`AppState::fleet`]).
+    pub fleet_cell: lifecycle::FleetCell,
     pub lifecycle: Lifecycle,
     /// The priority classes requests may name.
     pub priorities: Arc<Vec<String>>,
@@ -109,6 +108,19 @@ pub struct AppState {
     pub history: Arc<history::History>,
     /// Requests refused at submission (never stored), newest kept (the console's queue view).
     pub refusals: Arc<refusals::Refusals>,
+}
+
+impl AppState {
+    /// The fleet now: what requests are checked against (a backend that discovers its nodes
+    /// may report another while the server runs).
+    pub fn fleet(&self) -> Arc<Fleet> {
+        self.fleet_cell.get()
+    }
+
+    /// The fleet now with its node index (names to indexes), read together.
+    pub fn fleet_and_index(&self) -> (Arc<Fleet>, Arc<NodeIndex>) {
+        self.fleet_cell.with_index()
+    }
 }
 
 /// How to run the server.
@@ -392,8 +404,8 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
     let fleet = Arc::new(cfg.fleet);
     tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(|e| anyhow!(e))?;
     let factory: lifecycle::SchedFactory = {
-        let (fleet, policy, govern) = (fleet.clone(), cfg.policy.clone(), cfg.govern.clone());
-        Arc::new(move || {
+        let (policy, govern) = (cfg.policy.clone(), cfg.govern.clone());
+        Arc::new(move |fleet: Arc<Fleet>| {
             let p = tessera_sched::replay::make_policy(&policy, &[]).expect("policy name checked at start");
             Scheduler::new(Engine::new(fleet.clone(), p, 1), govern.clone())
         })
@@ -435,7 +447,6 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         lifecycle.forward_backend_events(events, Some(native_tx));
     }
     let loop_cfg = lifecycle::LoopConfig {
-        fleet: fleet.clone(),
         factory,
         store: store.clone(),
         backend: backend.clone(),
@@ -489,7 +500,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         tenancy_sync::spawn(
             store.clone(),
             backend.clone(),
-            fleet.clone(),
+            lifecycle.fleet_cell().clone(),
             claim_rules,
             cfg.reconcile_every,
             tenancy.clone(),
@@ -517,8 +528,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
     }
     let state = AppState {
         store: store.clone(),
-        nodes: Arc::new(NodeIndex::new(&fleet)),
-        fleet,
+        fleet_cell: lifecycle.fleet_cell().clone(),
         lifecycle,
         priorities: Arc::new(cfg.govern.classes.iter().map(|c| c.name.clone()).collect()),
         auth,

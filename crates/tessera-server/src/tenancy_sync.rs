@@ -131,18 +131,19 @@ pub async fn specs(store: &dyn Store, fleet: &Fleet, rules: &[ClaimRule]) -> Res
     Ok(out)
 }
 
-/// Runs the sync every `every` and whenever `poke` is notified, until the server stops.
+/// Runs the sync every `every` and whenever `poke` is notified, until the server stops, on the
+/// fleet as it is at each run (quotas per pool follow nodes that join or leave).
 pub fn spawn(
     store: Arc<dyn Store>,
     backend: Arc<dyn Backend>,
-    fleet: Arc<Fleet>,
+    fleet: crate::lifecycle::FleetCell,
     rules: Vec<ClaimRule>,
     every: Duration,
     poke: Arc<Notify>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
-            match specs(store.as_ref(), &fleet, &rules).await {
+            match specs(store.as_ref(), &fleet.get(), &rules).await {
                 Ok(all) => {
                     for s in &all {
                         if let Err(e) = backend.ensure_tenancy(s).await {

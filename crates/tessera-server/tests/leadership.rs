@@ -32,8 +32,7 @@ async fn store() -> Arc<dyn Store> {
 /// A loop on `fleet` and `store` with a simulated backend of its own.
 fn loop_config(fleet: &Arc<Fleet>, store: &Arc<dyn Store>) -> LoopConfig {
     LoopConfig {
-        fleet: fleet.clone(),
-        factory: support::sched_factory(fleet.clone(), GovernConfig::default()),
+        factory: support::sched_factory(GovernConfig::default()),
         store: store.clone(),
         backend: Arc::new(SimBackend::new(SimConfig::default(), tessera_server::sim_gpus(fleet))),
         settings: Settings::default(),

@@ -144,7 +144,7 @@ impl World {
                 Some(url) => Arc::new(PgStore::connect(&url).await.unwrap()),
                 None => Arc::new(SqliteStore::open_dir(&dir).await.unwrap()),
             };
-            let factory = support::sched_factory(fleet.clone(), govern);
+            let factory = support::sched_factory(govern);
             let lc = lifecycle::start(
                 fleet,
                 factory,

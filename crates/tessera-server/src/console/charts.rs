@@ -64,7 +64,7 @@ fn series(s: &AppState, pool: &str) -> Vec<Sample> {
 }
 
 fn checked_pools(s: &AppState, q: &ChartQuery) -> Result<Vec<(String, u64)>, ApiError> {
-    let f = &s.fleet;
+    let f = &s.fleet();
     let all: Vec<(String, u64)> = f
         .pools
         .iter()
@@ -138,7 +138,7 @@ pub async fn charts(State(s): State<AppState>, c: Caller, Query(q): Query<ChartQ
     Ok(html(&ChartsPage {
         chrome: Chrome::new(&c, &s, "charts"),
         pools,
-        names: s.fleet.pools.iter().map(|p| p.name.clone()).collect(),
+        names: s.fleet().pools.iter().map(|p| p.name.clone()).collect(),
         q,
     }))
 }

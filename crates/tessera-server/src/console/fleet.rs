@@ -300,10 +300,10 @@ impl NodeDetail {
 /// and fraction, its workload and tenant.
 pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>) -> Result<Response, ApiError> {
     c.id.require_admin()?;
-    let Some(i) = s.nodes.get(&name) else {
+    let snap = s.lifecycle.snapshot();
+    let Some(i) = snap.fleet.node_by_name(&name) else {
         return Err(ApiError::not_found(format!("no node `{name}`")));
     };
-    let snap = s.lifecycle.snapshot();
     let ops = s.lifecycle.published().ops();
     let mut gpus = Vec::new();
     views::gpus_of(&snap.fleet, i.0 as usize, &snap.nodes[i.0 as usize], &c.id, &mut gpus);

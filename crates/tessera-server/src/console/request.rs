@@ -206,7 +206,7 @@ async fn projects(s: &AppState, c: &Caller) -> Result<Vec<String>, ApiError> {
 
 async fn view(s: &AppState, c: &Caller, v: Form) -> Result<FormView, ApiError> {
     let projects = opts(projects(s, c).await?.into_iter().map(|p| (p.clone(), p)), &v.project);
-    let dep = dependent(&s.fleet, &v.pool, &v.model, &v.shape);
+    let dep = dependent(&s.fleet(), &v.pool, &v.model, &v.shape);
     let priority = if v.priority.is_empty() { "standard" } else { &v.priority };
     // Only the classes the caller may submit: a tenant's token its tenant's grant, a
     // platform-admin every class.
@@ -280,7 +280,7 @@ pub async fn page(State(s): State<AppState>, c: Caller) -> Result<Response, ApiE
 /// pool or model.
 pub async fn fields(State(s): State<AppState>, _c: Caller, Query(v): Query<Form>) -> Response {
     html(&DependentFragment {
-        dep: dependent(&s.fleet, &v.pool, &v.model, &v.shape),
+        dep: dependent(&s.fleet(), &v.pool, &v.model, &v.shape),
     })
 }
 

@@ -121,7 +121,7 @@ const PER_PAGE: u32 = 50;
 
 /// Quota classes offered by the form: every pool and every pool/model.
 fn classes(s: &AppState) -> Vec<String> {
-    let f = &s.fleet;
+    let f = &s.fleet();
     let mut out = Vec::new();
     for p in &f.pools {
         out.push(p.name.clone());

@@ -57,9 +57,8 @@ impl Validate for FleetFilter {
     }
 }
 
-/// The node indexes a filter covers.
-fn node_range(s: &AppState, f: &FleetFilter) -> Range<usize> {
-    let fleet = &s.fleet;
+/// The node indexes of `fleet` (a snapshot's: the indexes are its nodes') a filter covers.
+fn node_range(fleet: &tessera_model::Fleet, f: &FleetFilter) -> Range<usize> {
     let mut r = 0..fleet.nodes.len();
     if let Some(p) = &f.pool {
         let Some(pid) = fleet.pool_by_name(p) else {
@@ -69,7 +68,7 @@ fn node_range(s: &AppState, f: &FleetFilter) -> Range<usize> {
         r = n.start as usize..n.end as usize;
     }
     if let Some(name) = &f.node {
-        r = match s.nodes.get(name) {
+        r = match fleet.node_by_name(name) {
             Some(i) if r.contains(&(i.0 as usize)) => i.0 as usize..i.0 as usize + 1,
             _ => 0..0,
         };
@@ -85,14 +84,14 @@ pub async fn list_nodes(
     ApiQuery(f): ApiQuery<FleetFilter>,
 ) -> ApiResult<Json<Page<NodeView>>> {
     let l = f.limit.unwrap_or(DEFAULT_LIMIT) as usize;
-    let mut range = node_range(&s, &f);
+    let snap = s.lifecycle.snapshot();
+    let mut range = node_range(&snap.fleet, &f);
     if let Some(c) = &f.cursor {
-        range.start = match s.nodes.get(c) {
+        range.start = match snap.fleet.node_by_name(c) {
             Some(after) => range.start.max(after.0 as usize + 1),
             None => range.end,
         };
     }
-    let snap = s.lifecycle.snapshot();
     let ops = s.lifecycle.published().ops();
     let items: Vec<NodeView> = range
         .take(l + 1)
@@ -116,13 +115,14 @@ pub async fn list_gpus(
     ApiQuery(f): ApiQuery<FleetFilter>,
 ) -> ApiResult<Json<Page<GpuView>>> {
     let l = f.limit.unwrap_or(DEFAULT_LIMIT) as usize;
-    let mut range = node_range(&s, &f);
+    let snap = s.lifecycle.snapshot();
+    let mut range = node_range(&snap.fleet, &f);
     // The cursor is the last GPU of the previous page: `node/index`.
     let mut skip_in_first = 0;
     if let Some(c) = &f.cursor {
         let at = c
             .rsplit_once('/')
-            .and_then(|(node, gpu)| Some((s.nodes.get(node)?.0 as usize, gpu.parse::<usize>().ok()?)));
+            .and_then(|(node, gpu)| Some((snap.fleet.node_by_name(node)?.0 as usize, gpu.parse::<usize>().ok()?)));
         match at {
             Some((n, gpu)) if n >= range.start => {
                 range.start = n;
@@ -132,7 +132,6 @@ pub async fn list_gpus(
             None => range.start = range.end,
         }
     }
-    let snap = s.lifecycle.snapshot();
     let mut items = Vec::with_capacity(l + 1);
     for i in range {
         let before = items.len();

@@ -27,18 +27,19 @@ pub(crate) fn check_class(s: &AppState, class: &str) -> ApiResult<()> {
         Some((p, m)) => (p, Some(m)),
         None => (class, None),
     };
-    let Some(pid) = s.fleet.pool_by_name(pool) else {
-        let names: Vec<&str> = s.fleet.pools.iter().map(|p| p.name.as_str()).collect();
+    let fleet = s.fleet();
+    let Some(pid) = fleet.pool_by_name(pool) else {
+        let names: Vec<&str> = fleet.pools.iter().map(|p| p.name.as_str()).collect();
         return Err(ApiError::invalid(
             "class",
             format!("unknown pool `{pool}` (pools: {})", names.join(", ")),
         ));
     };
     if let Some(m) = model {
-        let p = s.fleet.pool(pid);
-        let has = s.fleet.nodes[p.nodes.start as usize..p.nodes.end as usize]
+        let p = fleet.pool(pid);
+        let has = fleet.nodes[p.nodes.start as usize..p.nodes.end as usize]
             .iter()
-            .any(|n| s.fleet.catalogue.get(n.model).name == m);
+            .any(|n| fleet.catalogue.get(n.model).name == m);
         if !has {
             return Err(ApiError::invalid("class", format!("pool `{pool}` has no {m} GPUs")));
         }

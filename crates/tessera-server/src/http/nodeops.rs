@@ -127,7 +127,7 @@ pub async fn node_action(
     OptionalApiJson(body): OptionalApiJson<DrainRequest>,
 ) -> ApiResult<Json<NodeView>> {
     id.require_admin()?;
-    let n = fleet_node(&s, &node)?;
+    fleet_node(&s, &node)?;
     let p = merge_drain(q, body)?;
     let op = parse_op(&action, &p, now_ms())?;
     s.lifecycle
@@ -136,7 +136,12 @@ pub async fn node_action(
         .map_err(lifecycle_error)?;
     let snap = s.lifecycle.snapshot();
     let ops = s.lifecycle.published().ops();
-    let i = n.0 as usize;
+    // By name in the snapshot's fleet (the fleet may have changed meanwhile).
+    let i = snap
+        .fleet
+        .node_by_name(&node)
+        .ok_or_else(|| ApiError::not_found(format!("no node `{node}` in the fleet")))?
+        .0 as usize;
     Ok(Json(views::node(&snap.fleet, i, &snap.nodes[i], ops.node_state(&node))))
 }
 
@@ -206,7 +211,7 @@ pub async fn set_mig_mode(
 
 /// The fleet's node named `node` (404 when there is none).
 pub(super) fn fleet_node(s: &AppState, node: &str) -> ApiResult<NodeId> {
-    s.fleet
+    s.fleet()
         .node_by_name(node)
         .ok_or_else(|| ApiError::not_found(format!("no node `{node}` in the fleet")))
 }
@@ -217,7 +222,11 @@ pub(super) fn fleet_gpu(s: &AppState, node: &str, gpu: &str) -> ApiResult<u8> {
     let index: u8 = gpu
         .parse()
         .map_err(|_| ApiError::invalid("gpu", format!("`{gpu}` is not a GPU index (0–15)")))?;
-    let gpus = s.fleet.node(fleet_node(s, node)?).gpus;
+    let fleet = s.fleet();
+    let n = fleet
+        .node_by_name(node)
+        .ok_or_else(|| ApiError::not_found(format!("no node `{node}` in the fleet")))?;
+    let gpus = fleet.node(n).gpus;
     if index >= gpus {
         return Err(ApiError::not_found(format!(
             "node `{node}` has {gpus} GPUs (0..={}); there is no GPU {index}",

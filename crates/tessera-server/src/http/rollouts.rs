@@ -83,8 +83,9 @@ pub async fn create_rollout(
     ApiJson(b): ApiJson<CreateRollout>,
 ) -> ApiResult<(StatusCode, Json<RolloutView>)> {
     id.require_admin()?;
-    let Some(pool) = s.fleet.pools.iter().position(|p| p.name == b.pool) else {
-        let names: Vec<&str> = s.fleet.pools.iter().map(|p| p.name.as_str()).collect();
+    let fleet = s.fleet();
+    let Some(pool) = fleet.pools.iter().position(|p| p.name == b.pool) else {
+        let names: Vec<&str> = fleet.pools.iter().map(|p| p.name.as_str()).collect();
         return Err(ApiError::not_found(format!(
             "no pool `{}` (pools: {})",
             b.pool,
@@ -92,7 +93,7 @@ pub async fn create_rollout(
         )));
     };
     let pool_units: u64 = s
-        .fleet
+        .fleet()
         .nodes
         .iter()
         .filter(|n| n.pool.0 as usize == pool)

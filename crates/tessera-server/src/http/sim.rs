@@ -66,7 +66,7 @@ pub async fn inject_fault(
     ApiJson(b): ApiJson<SimFault>,
 ) -> ApiResult<Json<SimFaultView>> {
     id.require_admin()?;
-    let v = inject(s.obs.sim.as_deref(), s.backend_name, &s.fleet, &b)?;
+    let v = inject(s.obs.sim.as_deref(), s.backend_name, &s.fleet(), &b)?;
     tracing::warn!(node = %b.node, gpu = b.gpu, xid = b.xid, actor = %id.actor, "simulated GPU fault injected");
     Ok(Json(v))
 }

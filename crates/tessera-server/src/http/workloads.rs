@@ -204,8 +204,8 @@ pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload
     }
     let shape = shape_spec(&b.shape);
     let to_api = |e: crate::lifecycle::placement::FieldError| ApiError::invalid(e.field, e.message);
-    let mut request = engine_request(&s.fleet, &shape, 0, 0).map_err(to_api)?;
-    let (cpu_default, mem_default) = default_host(request.units(&s.fleet.catalogue));
+    let mut request = engine_request(&s.fleet(), &shape, 0, 0).map_err(to_api)?;
+    let (cpu_default, mem_default) = default_host(request.units(&s.fleet().catalogue));
     let cpu = b.cpu_milli.unwrap_or(cpu_default);
     let mem = b.memory_mib.unwrap_or(mem_default);
     request.cpu_milli = cpu;

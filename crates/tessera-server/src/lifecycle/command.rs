@@ -11,12 +11,14 @@ use tessera_sched::cycle::Quota;
 use tokio::sync::{mpsc, oneshot};
 
 use super::effects::OpResult;
+use super::fleetswap::FleetCell;
 use super::snapshot::{Published, Snapshot};
 
 /// A validated creation request.
 pub struct NewWorkload {
     pub spec: WorkloadSpec,
-    /// The engine request, resolved against the fleet.
+    /// The engine request, resolved against the fleet the caller read (the loop resolves the
+    /// spec again against its own fleet, which may be newer or older).
     pub request: Request,
     /// Token id or OIDC subject of the caller.
     pub actor: String,
@@ -154,6 +156,8 @@ pub struct Lifecycle {
     /// The running loop's commands; `None` while this replica does not lead.
     pub(crate) tx: Arc<RwLock<Option<mpsc::Sender<Cmd>>>>,
     pub(crate) published: Arc<Published>,
+    /// The fleet the backend last reported (see [`FleetCell`]).
+    pub(crate) fleet: FleetCell,
 }
 
 fn stopped() -> LifecycleError {
@@ -166,8 +170,21 @@ impl Lifecycle {
     pub fn new(fleet: Arc<tessera_model::Fleet>) -> Lifecycle {
         Lifecycle {
             tx: Arc::default(),
-            published: Arc::new(Published::new(fleet)),
+            published: Arc::new(Published::new(fleet.clone())),
+            fleet: FleetCell::new(fleet),
         }
+    }
+
+    /// The fleet as the backend last reported it: the one given at start until a backend that
+    /// discovers its nodes reports another. Requests are checked against it; what the loop has
+    /// placed is in the published snapshot, whose fleet follows this one once the loop adopts it.
+    pub fn fleet(&self) -> Arc<tessera_model::Fleet> {
+        self.fleet.get()
+    }
+
+    /// The shared cell behind [`Lifecycle::fleet`].
+    pub fn fleet_cell(&self) -> &FleetCell {
+        &self.fleet
     }
 
     /// The running loop's sender, if any.

@@ -27,7 +27,9 @@ impl Lifecycle {
             return Ok(());
         }
         let store = &*cfg.store;
-        let mut sched = fresh_scheduler(&cfg.factory, &cfg.backend.capabilities());
+        // The fleet this replica's own backend last reported (each replica connects its own).
+        let fleet = self.fleet();
+        let mut sched = fresh_scheduler(&cfg.factory, fleet.clone(), &cfg.backend.capabilities());
         for q in store.quotas().await? {
             let quota = Quota {
                 guaranteed: GpuUnits(q.guaranteed_milli),
@@ -42,13 +44,13 @@ impl Lifecycle {
         // Unhealthy GPUs and node states, fenced in the view's engine as the leader fences them.
         let mut ops = FleetOps::default();
         for r in store.unhealthy_gpus().await? {
-            if let Some(n) = cfg.fleet.node_by_name(&r.node) {
+            if let Some(n) = fleet.node_by_name(&r.node) {
                 sched.engine.fence_gpu(n.0, r.gpu, true);
             }
             ops.unhealthy.insert((r.node.clone(), r.gpu), r);
         }
         for r in store.node_states().await? {
-            if let Some(n) = cfg.fleet.node_by_name(&r.node) {
+            if let Some(n) = fleet.node_by_name(&r.node) {
                 sched.engine.fence_node(n.0, true);
             }
             ops.nodes.insert(r.node.clone(), r);
@@ -59,19 +61,19 @@ impl Lifecycle {
         let now = now_ms();
         let mut month = MonthBook::default();
         month.refresh(store, now).await?;
-        let nodes = placement::NodeIndex::new(&cfg.fleet);
+        let nodes = placement::NodeIndex::new(&fleet);
         let mut tenants: HashMap<String, TenantId> = HashMap::new();
         let mut live: HashMap<WorkloadId, Live> = HashMap::new();
         for w in store.active_workloads().await? {
             let n = tenants.len() as u32;
             let tenant = *tenants.entry(w.spec.tenant.clone()).or_insert(TenantId(n));
-            let Ok(request) = placement::engine_request(&cfg.fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib)
+            let Ok(request) = placement::engine_request(&fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib)
             else {
                 continue;
             };
             let request = request.with_tenant(tenant);
             let l = Live {
-                class: class_of(&cfg.fleet, &sched, &request).into(),
+                class: class_of(&fleet, &sched, &request).into(),
                 request,
                 w: w.into(),
                 util: (0.0, 0.0),
@@ -81,7 +83,7 @@ impl Lifecycle {
             {
                 let since = l.w.running_at.unwrap_or(l.w.created_at);
                 let restored = placement::allocation_of(
-                    &cfg.fleet,
+                    &fleet,
                     &nodes,
                     l.w.id.0,
                     p,
@@ -101,7 +103,7 @@ impl Lifecycle {
             let spent = month.spent(t, live.values().map(|l| &*l.w), now);
             sched.set_spent(t, spent);
         }
-        let snap = SnapshotBuilder::new(&cfg.fleet).build(&cfg.fleet, &sched, &live, &tenants, now, true);
+        let snap = SnapshotBuilder::new(&fleet).build(&fleet, &sched, &live, &tenants, now, true);
         if !self.is_leading() {
             self.published.set_snapshot(snap);
             self.published.set_ops(Arc::new(ops));

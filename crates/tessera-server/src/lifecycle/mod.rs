@@ -20,6 +20,7 @@ mod command;
 mod commit;
 mod consolidation;
 pub mod effects;
+mod fleetswap;
 mod follower;
 mod health;
 mod metering;
@@ -50,6 +51,7 @@ use tokio::sync::mpsc;
 pub use command::{Cmd, Governance, Lifecycle, LifecycleError, NewWorkload};
 use commit::{Batch, ReplyTo};
 use effects::{Op, OpResult, Runner};
+pub use fleetswap::FleetCell;
 pub use health::{CRITICAL_XIDS, FleetOps, GpuFailurePolicy, is_critical};
 use metering::MonthBook;
 pub use migmode::{MigOutcome, MigRefusal};
@@ -61,8 +63,9 @@ pub use snapshot::{GpuSnap, HolderSnap, NodeSnap, Published, Snapshot, Telemetry
 
 use crate::metrics::Metrics;
 
-/// Builds a fresh scheduler (at start-up and after a failed commit).
-pub type SchedFactory = Arc<dyn Fn() -> Scheduler + Send + Sync>;
+/// Builds a fresh scheduler on a fleet (at start-up, after a failed commit, and when the
+/// backend reports another fleet).
+pub type SchedFactory = Arc<dyn Fn(Arc<Fleet>) -> Scheduler + Send + Sync>;
 
 /// How the loop runs.
 #[derive(Clone, Debug)]
@@ -231,12 +234,14 @@ pub(crate) struct Core {
     drains: nodeops::Drains,
     /// Services being moved by consolidation.
     moves: consolidation::Moves,
+    /// A fleet the backend reported, adopted once the batch it came in is committed.
+    pending_fleet: Option<Arc<Fleet>>,
 }
 
-/// What a loop needs; a replica keeps one and starts a loop from it each time it leads.
+/// What a loop needs; a replica keeps one and starts a loop from it each time it leads (on
+/// the fleet its [`Lifecycle`] holds then: the backend may have reported another since start).
 #[derive(Clone)]
 pub struct LoopConfig {
-    pub fleet: Arc<Fleet>,
     pub factory: SchedFactory,
     pub store: Arc<dyn Store>,
     pub backend: Arc<dyn Backend>,
@@ -254,15 +259,14 @@ pub async fn start(
     settings: Settings,
     metrics: Arc<Metrics>,
 ) -> Result<Lifecycle, String> {
+    let lc = Lifecycle::new(fleet);
     let cfg = LoopConfig {
-        fleet,
         factory,
         store,
         backend,
         settings,
         metrics,
     };
-    let lc = Lifecycle::new(cfg.fleet.clone());
     if let Some(events) = cfg.backend.take_events() {
         lc.forward_backend_events(events, None);
     }
@@ -311,6 +315,7 @@ impl Lifecycle {
         native: Option<tokio::sync::mpsc::UnboundedSender<(tessera_backend::NativeRef, tessera_backend::NativeAsk)>>,
     ) {
         let slot = self.tx.clone();
+        let fleet = self.fleet.clone();
         tokio::spawn(async move {
             while let Some(e) = events.recv().await {
                 if let BackendEvent::Submitted { native: object, ask } = e {
@@ -322,6 +327,11 @@ impl Lifecycle {
                             "a native workload was submitted, but this server takes none in"),
                     }
                     continue;
+                }
+                // The fleet is followed whether a loop runs or not: a loop started later, a
+                // follower's view and the API read it from here.
+                if let BackendEvent::FleetChanged { fleet: f } = &e {
+                    fleet.set(f.clone());
                 }
                 let tx = slot.read().expect("lock").clone();
                 if let Some(tx) = tx {
@@ -336,11 +346,11 @@ impl Lifecycle {
     /// replica holds the lease, the store refuses the batch and the loop stops.
     pub async fn lead(&self, cfg: &LoopConfig, fence: Option<Fence>) -> Result<Leading, String> {
         let (tx, rx) = mpsc::channel(8192);
-        let fleet = cfg.fleet.clone();
+        let fleet = self.fleet.get();
         let mut core = Core {
             nodes: Arc::new(NodeIndex::new(&fleet)),
             builder: SnapshotBuilder::new(&fleet),
-            sched: (cfg.factory)(),
+            sched: (cfg.factory)(fleet.clone()),
             factory: cfg.factory.clone(),
             caps: cfg.backend.capabilities(),
             runner: Runner::new(cfg.backend.clone(), tx.clone(), cfg.metrics.clone()),
@@ -371,6 +381,7 @@ impl Lifecycle {
             health_writes: Vec::new(),
             drains: nodeops::Drains::default(),
             moves: consolidation::Moves::default(),
+            pending_fleet: None,
         };
         core.recover()
             .await
@@ -388,7 +399,7 @@ impl Lifecycle {
 impl Core {
     /// A new scheduler whose engine honours the backend's capabilities.
     fn fresh_scheduler(&self) -> Scheduler {
-        fresh_scheduler(&self.factory, &self.caps)
+        fresh_scheduler(&self.factory, self.fleet.clone(), &self.caps)
     }
 
     fn tenant_id(&mut self, name: &str) -> TenantId {
@@ -476,6 +487,11 @@ impl Core {
                 self.moves_step(&mut batch, now).await;
             }
             self.commit(batch, now).await;
+            if !self.fenced
+                && let Some(fleet) = self.pending_fleet.take()
+            {
+                self.adopt_fleet(fleet, now_ms()).await;
+            }
             if self.fenced {
                 tracing::warn!("a batch was fenced: another replica leads; this loop stops");
                 break;
@@ -572,8 +588,13 @@ impl Core {
                     tessera_backend::NodeChange::Added => self.node_back(&node).await,
                     tessera_backend::NodeChange::Cordoned(on) => self.backend_closed(&node, Some(on), None),
                     tessera_backend::NodeChange::Ready(ready) => self.backend_closed(&node, None, Some(!ready)),
+                    // The new capacity comes with the fleet the backend reports (`FleetChanged`).
                     tessera_backend::NodeChange::Capacity => {}
                 }
+            }
+            Cmd::Backend(BackendEvent::FleetChanged { fleet }) => {
+                // Adopted after this batch is committed; a later report supersedes it.
+                self.pending_fleet = Some(fleet);
             }
             Cmd::Backend(BackendEvent::MigMode {
                 node,
@@ -723,7 +744,16 @@ impl Core {
         let id = WorkloadId(self.ids.start);
         self.ids.start += 1;
         let tenant = self.tenant_id(&nw.spec.tenant);
-        let request = nw.request.with_tenant(tenant);
+        // Resolved again against the loop's own fleet: pools and models are numbered by the
+        // fleet, and the caller may have read a newer (or older) one than the loop holds.
+        let request =
+            match placement::engine_request(&self.fleet, &nw.spec.shape, nw.spec.cpu_milli, nw.spec.memory_mib) {
+                Ok(r) => r.with_tenant(tenant),
+                Err(e) => {
+                    self.ids.start -= 1;
+                    return Err(LifecycleError::Conflict(format!("{}: {}", e.field, e.message)));
+                }
+            };
         let units = request.units(&self.fleet.catalogue);
         let mut w = Workload::new(id, nw.spec, units, nw.received_at);
         let events = vec![
@@ -1071,7 +1101,7 @@ impl Core {
             // Handled before (it needs the store): see `handle`.
             BackendEvent::GpuHealth { .. } => {}
             // Handled before (it needs the store): see `handle`.
-            BackendEvent::NodeChanged { .. } | BackendEvent::MigMode { .. } => {}
+            BackendEvent::NodeChanged { .. } | BackendEvent::MigMode { .. } | BackendEvent::FleetChanged { .. } => {}
             // Taken in by the intake before the loop (see `forward_backend_events`).
             BackendEvent::Submitted { .. } => {}
             BackendEvent::PartitionChanged { node, gpu, instances } => {
@@ -1419,8 +1449,8 @@ impl Core {
 }
 
 /// A new scheduler whose engine honours the backend's capabilities.
-fn fresh_scheduler(factory: &SchedFactory, caps: &Capabilities) -> Scheduler {
-    let mut s = factory();
+fn fresh_scheduler(factory: &SchedFactory, fleet: Arc<Fleet>, caps: &Capabilities) -> Scheduler {
+    let mut s = factory(fleet);
     let mig = match caps.partitioning {
         Partitioning::WholeGpu => MigMode::WholeGpu,
         Partitioning::Instance | Partitioning::None => MigMode::Instance,

@@ -338,10 +338,10 @@ pub fn new_workload(fleet: &Fleet, spec: WorkloadSpec) -> NewWorkload {
     }
 }
 
-/// Schedulers of the `tessera` policy on `fleet`, governed by `govern`.
-pub fn sched_factory(fleet: Arc<Fleet>, govern: GovernConfig) -> SchedFactory {
-    Arc::new(move || {
+/// Schedulers of the `tessera` policy on the fleet they are given, governed by `govern`.
+pub fn sched_factory(govern: GovernConfig) -> SchedFactory {
+    Arc::new(move |fleet: Arc<Fleet>| {
         let p = tessera_sched::replay::make_policy("tessera", &[]).unwrap();
-        Scheduler::new(Engine::new(fleet.clone(), p, 1), govern.clone())
+        Scheduler::new(Engine::new(fleet, p, 1), govern.clone())
     })
 }
