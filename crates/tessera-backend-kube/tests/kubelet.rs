@@ -320,3 +320,87 @@ async fn cancelling_a_running_pod_stops_it_through_the_kubelet() {
         assert!(ev.workload() != Some(721), "event after Stopped: {ev:?}");
     }
 }
+
+/// With the kubelet running the pods: an eviction a PodDisruptionBudget refuses is told at once
+/// (a `Notice`) and the pod keeps running and holding its GPUs; once the budget allows it, the
+/// retried eviction goes through and the workload is `Stopped` only after the kubelet removed
+/// the pod. The requeued workload's next attempt (`tessera-ID-r1`) then runs while nothing of
+/// the first is left, and a restarted backend adopts it without a duplicate and follows it to
+/// its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_under_a_budget_then_requeue_then_restart_adoption() {
+    let (c, _) = kubelet_node().await;
+    let (b, mut rx, ns) = backend("klpdb").await;
+    let pods = Api::<Pod>::namespaced(b.client().clone(), &ns);
+    let spec = run(731, "klpdb", &["sleep", "600"]);
+    b.start(&spec).await.unwrap();
+    expect_event(&mut rx, "Running", WAIT, |e| {
+        matches!(e, BackendEvent::Running { id: 731, .. })
+    })
+    .await;
+    let pdb = serde_json::json!({
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "keep-731", "namespace": ns},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"tessera.io/workload": "731"}}},
+    });
+    let file = std::env::temp_dir().join(format!("pdb-731-{}.json", std::process::id()));
+    std::fs::write(&file, serde_json::to_vec(&pdb).unwrap()).unwrap();
+    let out = c.kubectl(&["apply", "-f", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The disruption controller computes the budget's status before it refuses anything.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    b.evict(731, Duration::from_secs(1)).await.unwrap();
+    match expect_event(&mut rx, "the refusal", WAIT, |e| {
+        matches!(e, BackendEvent::Notice { id: 731, .. } | BackendEvent::Stopped { id: 731, .. })
+    })
+    .await
+    {
+        BackendEvent::Notice { detail, .. } => assert!(detail.contains("PodDisruptionBudget"), "{detail}"),
+        other => panic!("evicted through the budget: {other:?}"),
+    }
+    let p = pods.get("tessera-731").await.unwrap();
+    assert!(p.metadata.deletion_timestamp.is_none(), "the refused pod keeps running");
+    let out = c.kubectl(&["-n", &ns, "delete", "pdb", "keep-731"]);
+    assert!(out.status.success());
+    expect_event(&mut rx, "Stopped once the kubelet removed the pod", WAIT, |e| {
+        matches!(e, BackendEvent::Stopped { id: 731, .. })
+    })
+    .await;
+    assert!(pods.get_opt("tessera-731").await.unwrap().is_none());
+
+    // Requeued: the next start is the next attempt, with a name of its own.
+    b.start(&spec).await.unwrap();
+    expect_event(&mut rx, "the requeued attempt runs", WAIT, |e| {
+        matches!(e, BackendEvent::Running { id: 731, .. })
+    })
+    .await;
+    assert!(pods.get_opt("tessera-731-r1").await.unwrap().is_some());
+
+    // A restarted backend adopts the running attempt: no duplicate, and its end is followed.
+    drop(b);
+    drop(rx);
+    let client = c.client().await.unwrap();
+    let (b2, _) = KubeBackend::connect(client, config()).await.unwrap();
+    let mut rx2 = b2.take_events().unwrap();
+    let report = b2.reconcile(std::slice::from_ref(&spec)).await.unwrap();
+    assert!(
+        matches!(report.workloads.as_slice(), [(731, tessera_backend::Observation::Running { .. })]),
+        "{report:?}"
+    );
+    let listed = pods
+        .list(&kube::api::ListParams::default().labels("tessera.io/workload=731"))
+        .await
+        .unwrap();
+    let live: Vec<_> = listed
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert_eq!(live, vec!["tessera-731-r1".to_string()], "no duplicate after the restart");
+    b2.stop(731, Duration::from_secs(1)).await.unwrap();
+    expect_event(&mut rx2, "the adopted workload's stop", WAIT, |e| {
+        matches!(e, BackendEvent::Stopped { id: 731, .. })
+    })
+    .await;
+}
