@@ -59,7 +59,7 @@ pub(super) fn constraint(engine: &mut Engine, req: &Request) -> Option<Unplaceab
 
 /// The budget, then the pool-level quotas of each pool in scope: the pools with the limit each
 /// exceeds, or what stops the job everywhere.
-fn check(s: &Scheduler, q: &Queued) -> Result<Vec<(PoolId, Option<LimitExceeded>)>, Exceeded> {
+pub(super) fn check(s: &Scheduler, q: &Queued) -> Result<Vec<(PoolId, Option<LimitExceeded>)>, Exceeded> {
     if let Some(b) = s.books.budget_exceeded(&q.job.tenant) {
         return Err(Exceeded::Budget(b));
     }
