@@ -59,7 +59,7 @@ pub(super) fn constraint(engine: &mut Engine, req: &Request) -> Option<Unplaceab
 
 /// The budget, then the pool-level quotas of each pool in scope: the pools with the limit each
 /// exceeds, or what stops the job everywhere.
-pub(super) fn check(s: &Scheduler, q: &Queued) -> Result<Vec<(PoolId, Option<LimitExceeded>)>, Exceeded> {
+fn check(s: &Scheduler, q: &Queued) -> Result<Vec<(PoolId, Option<LimitExceeded>)>, Exceeded> {
     if let Some(b) = s.books.budget_exceeded(&q.job.tenant) {
         return Err(Exceeded::Budget(b));
     }
@@ -71,6 +71,24 @@ pub(super) fn check(s: &Scheduler, q: &Queued) -> Result<Vec<(PoolId, Option<Lim
         return Err(Exceeded::Limit(first.expect("every pool is over")));
     }
     Ok(pools)
+}
+
+/// What [`check`] stops the job with, without listing its pools: the budget, or the
+/// limit of the first pool in scope when every pool of its scope is over one.
+pub(super) fn blocked(s: &Scheduler, q: &Queued) -> Option<Exceeded> {
+    if let Some(b) = s.books.budget_exceeded(&q.job.tenant) {
+        return Some(Exceeded::Budget(b));
+    }
+    let mut first = None;
+    for &p in &q.scope {
+        match pool_limit(s, q, p, q.units) {
+            Ok(()) => return None,
+            Err(l) => {
+                first.get_or_insert(l);
+            }
+        }
+    }
+    first.map(Exceeded::Limit)
 }
 
 /// The tenant's quota for `pool` (on any model) and the project's sub-quota, for `units` more.

@@ -756,10 +756,12 @@ impl Scheduler {
             *per_tenant.entry(q.job.tenant.as_str()).or_default() += 1;
         }
         let budget = self.cfg.max_jobs_per_cycle.max(1);
+        self.reasons.reserve(rest.len());
+        out.reserve(rest.len());
         for q in rest {
             let id = q.job.id;
-            let reason = match admit::check(self, &q) {
-                Err(over) if !q.job.wait_if_over_limit => {
+            let reason = match admit::blocked(self, &q) {
+                Some(over) if !q.job.wait_if_over_limit => {
                     self.queue.remove(id);
                     self.nominated.remove(&id);
                     out.push(Decision::Refused {
@@ -768,8 +770,8 @@ impl Scheduler {
                     });
                     continue;
                 }
-                Err(over) => over.wait(),
-                Ok(_) if !q.scope.is_empty() && q.scope.iter().all(|&p| allocate::known_unfit(self, &q, p)) => {
+                Some(over) => over.wait(),
+                None if !q.scope.is_empty() && q.scope.iter().all(|&p| allocate::known_unfit(self, &q, p)) => {
                     match self.explained.get(&q.key) {
                         Some(w) => w.clone(),
                         None => {
@@ -779,7 +781,7 @@ impl Scheduler {
                         }
                     }
                 }
-                Ok(_) => Wait::NotConsidered {
+                None => Wait::NotConsidered {
                     budget,
                     tenant: q.job.tenant.clone(),
                     considered: per_tenant.get(q.job.tenant.as_str()).copied().unwrap_or(0),
