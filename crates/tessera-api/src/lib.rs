@@ -399,9 +399,12 @@ impl Validate for CreateWorkload {
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq, Hash)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkloadState {
-    /// Accepted and recorded, not yet placed.
+    /// Accepted and recorded, not yet decided by a scheduler cycle: the next cycle (at most a
+    /// second away) gives it a state and a reason, however long the queue. A create answers
+    /// after that cycle.
     Pending,
-    /// Waiting for capacity.
+    /// Waiting, with a reason: for capacity, quota or budget, or to be looked at by a cycle
+    /// (`not-considered`: on a deep queue a cycle looks at a bounded number of jobs).
     Queued,
     /// Placed by the scheduler; the backend is partitioning and starting it.
     Placed,
@@ -517,7 +520,7 @@ pub struct Workload {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The reason's stable code: `no-capacity`, `fragmentation`, `isolation`, `held`, `quota`,
-    /// `budget`, `backoff`, `preemption`, `requeued`, `constraint`, `cancelled`,
+    /// `budget`, `backoff`, `preemption`, `requeued`, `not-considered`, `constraint`, `cancelled`,
     /// `preempted-priority`, `preempted-reclaim`, `partition-failed`, `start-failed`,
     /// `exit-failure`, `lost`, `invalid`, `gpu-unhealthy`, `node-drain`, `consolidation` or
     /// `unknown`. Creation

@@ -32,6 +32,8 @@ pub enum ReasonCode {
     Preemption,
     /// Back in the queue after being preempted.
     Requeued,
+    /// Not looked at by a scheduler cycle yet: the cycle's budget of jobs went to jobs ahead.
+    NotConsidered,
     /// Cancelled by a person or token.
     Cancelled,
     /// Preempted by higher-priority work.
@@ -65,7 +67,7 @@ pub enum ReasonCode {
 }
 
 impl ReasonCode {
-    pub const ALL: [ReasonCode; 25] = [
+    pub const ALL: [ReasonCode; 26] = [
         ReasonCode::NoCapacity,
         ReasonCode::Fragmentation,
         ReasonCode::Isolation,
@@ -76,6 +78,7 @@ impl ReasonCode {
         ReasonCode::Backoff,
         ReasonCode::Preemption,
         ReasonCode::Requeued,
+        ReasonCode::NotConsidered,
         ReasonCode::Cancelled,
         ReasonCode::PreemptedPriority,
         ReasonCode::PreemptedReclaim,
@@ -105,6 +108,7 @@ impl ReasonCode {
             ReasonCode::Backoff => "backoff",
             ReasonCode::Preemption => "preemption",
             ReasonCode::Requeued => "requeued",
+            ReasonCode::NotConsidered => "not-considered",
             ReasonCode::Cancelled => "cancelled",
             ReasonCode::PreemptedPriority => "preempted-priority",
             ReasonCode::PreemptedReclaim => "preempted-reclaim",
@@ -173,6 +177,7 @@ impl Reason {
             Wait::Backoff { .. } => ReasonCode::Backoff,
             Wait::Preempting { .. } => ReasonCode::Preemption,
             Wait::PreemptsIn { now, .. } => Self::wait_code(now),
+            Wait::NotConsidered { .. } => ReasonCode::NotConsidered,
         }
     }
 

@@ -229,9 +229,10 @@ impl fmt::Display for Placement {
 /// Where a workload is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Phase {
-    /// Accepted, not yet seen by the scheduler (never outlives the batch that created it).
+    /// Accepted, not yet seen by a scheduler cycle: the next full cycle decides it, whatever
+    /// the queue's length (it never outlives that cycle).
     Pending,
-    /// Waiting for capacity, quota or budget.
+    /// Waiting for capacity, quota or budget, or to be looked at by a cycle (a deep queue).
     Queued,
     /// Holds an allocation; the backend is creating its partition.
     Placed,

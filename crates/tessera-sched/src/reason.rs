@@ -631,11 +631,21 @@ pub enum Wait {
         at_ms: i64,
         in_s: i64,
     },
+    /// Not looked at by the cycle: its budget of jobs (`max_jobs_per_cycle`) went to jobs ahead
+    /// of it in queue order, shared between tenants. The cycle looked at `considered` jobs of
+    /// `tenant`, which has `waiting` jobs left in the queue.
+    NotConsidered {
+        budget: usize,
+        tenant: String,
+        considered: usize,
+        waiting: usize,
+    },
 }
 
 impl Wait {
     /// The stable code: `no-capacity`, `fragmentation`, `isolation`, `held`, `quota`, `budget`,
-    /// `backoff` or `preemption` (a [`Wait::PreemptsIn`] has the code of why it waits now).
+    /// `backoff`, `preemption` or `not-considered` (a [`Wait::PreemptsIn`] has the code of why it
+    /// waits now).
     pub fn code(&self) -> &'static str {
         match self {
             Wait::PreemptsIn { now, .. } => now.code(),
@@ -645,6 +655,7 @@ impl Wait {
             Wait::Budget(_) => "budget",
             Wait::Backoff { .. } => "backoff",
             Wait::Preempting { .. } => "preemption",
+            Wait::NotConsidered { .. } => "not-considered",
         }
     }
 
@@ -665,6 +676,7 @@ impl Wait {
             (Wait::Budget(a), Wait::Budget(b)) => a.tenant == b.tenant,
             (Wait::Backoff { .. }, Wait::Backoff { .. }) => true,
             (Wait::Preempting { cause: a, .. }, Wait::Preempting { cause: b, .. }) => a == b,
+            (Wait::NotConsidered { .. }, Wait::NotConsidered { .. }) => true,
             _ => false,
         }
     }
@@ -684,6 +696,15 @@ impl fmt::Display for Wait {
             Wait::Preempting { victims, cause } => {
                 write!(f, "waiting for {victims} preempted workload(s) to stop: {cause}")
             }
+            Wait::NotConsidered {
+                budget,
+                tenant,
+                considered,
+                waiting,
+            } => write!(
+                f,
+                "not considered yet: the scheduler cycle looks at {budget} jobs at most, taken in queue order (priority class, fair share, arrival) and shared between the tenants waiting, and jobs ahead of this one took them (this cycle looked at {considered} of tenant {tenant}'s jobs; {waiting} still wait); a later cycle looks at this one once fewer jobs are ahead of it"
+            ),
             Wait::PreemptsIn {
                 now,
                 cause,

@@ -18,6 +18,10 @@
 //! same invariants over random submit/finish/cycle streams where decisions are carried out
 //! (victims stop and are requeued, moved services' replacements start); it only ever moves work
 //! marked movable, as marked; and once everything has ended every unit is back.
+//!
+//! Whatever the queue's length and the cycle's budget of jobs, every job submitted gets a
+//! decision with a reason from the next cycle (placed, waiting or refused), the same one on
+//! every run of the same input.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -30,7 +34,7 @@ use tessera_sched::engine::DeviceBinding;
 use tessera_sched::mig::MigMode;
 use tessera_sched::replay::make_policy;
 use tessera_sched::state::MigSlot;
-use tessera_sched::{Decision, Engine, GovernConfig, Grant, Job, Scheduler};
+use tessera_sched::{Decision, Engine, GovernConfig, Grant, Job, Quota, Scheduler};
 
 /// A fleet with one pool for `model`: MIG if it can, else one whole and one shared pool.
 fn fleet_for(model: &str) -> Fleet {
@@ -334,6 +338,116 @@ fn run_sched(model: &str, ops: Vec<SchedOp>) {
         s.release(id, now);
     }
     assert!(s.engine.state().same_holdings(&empty), "every unit is back");
+}
+
+/// A job of a random stream: request kind and size (as [`request`]), tenant, class, whether it
+/// waits over a limit.
+type Sub = (u8, u16, u8, u8, bool);
+
+/// Two batches of submissions, each followed by one cycle with a budget of `budget` jobs:
+/// every decision of each cycle and of the submissions. Asserts that every job submitted
+/// before a cycle is decided by it or at submission, once, with a reason in words.
+fn every_job_decided(model: &str, budget: usize, first: &[Sub], second: &[Sub]) -> Vec<Decision> {
+    let fleet = Arc::new(fleet_for(model));
+    let engine = Engine::new(fleet.clone(), make_policy("tessera", &[]).unwrap(), 5);
+    let mut s = Scheduler::new(
+        engine,
+        GovernConfig {
+            max_jobs_per_cycle: budget,
+            min_runtime_ms: 1000,
+            reclaim_after_ms: 0,
+            ..Default::default()
+        },
+    );
+    // Tenant t0 may use 2 units of the first pool at most.
+    s.set_quota(
+        "t0",
+        &fleet.pools[0].name,
+        Some(Quota {
+            guaranteed: tessera_model::GpuUnits::whole(1),
+            limit: Some(tessera_model::GpuUnits::whole(2)),
+        }),
+    );
+    let mut all = Vec::new();
+    let mut next = 1u64;
+    // Queued and neither placed nor refused yet.
+    let mut queued: BTreeSet<u64> = BTreeSet::new();
+    for (round, subs) in [first, second].into_iter().enumerate() {
+        let now = round as i64 * 1000;
+        let mut undecided: BTreeSet<u64> = BTreeSet::new();
+        for &(k, size, t, prio, wait) in subs {
+            let id = next;
+            next += 1;
+            let job = Job {
+                id,
+                tenant: format!("t{t}"),
+                project: "p".into(),
+                request: request(&fleet, k, size, t, 1),
+                priority: ["critical", "high", "standard", "opportunistic"][prio as usize].into(),
+                submitted_ms: now,
+                wait_if_over_limit: wait,
+                min_runtime_ms: None,
+                movable: None,
+            };
+            match s.submit_for_next_cycle(job) {
+                Some(r) => {
+                    assert!(!r.to_string().is_empty());
+                    all.push(Decision::Refused { id, reason: r });
+                }
+                None => {
+                    undecided.insert(id);
+                    queued.insert(id);
+                }
+            }
+        }
+        let d = s.cycle(now + 1);
+        for x in &d {
+            match x {
+                Decision::Placed { id, .. } => {
+                    assert!(queued.remove(id), "placed once: {x:?}");
+                    undecided.remove(id);
+                }
+                Decision::Waiting { id, reason } => {
+                    assert!(queued.contains(id), "{x:?}");
+                    assert!(!reason.to_string().is_empty());
+                    undecided.remove(id);
+                }
+                Decision::Refused { id, reason } => {
+                    assert!(queued.remove(id), "refused once: {x:?}");
+                    assert!(!reason.to_string().is_empty());
+                    undecided.remove(id);
+                }
+                Decision::Preempt { .. } | Decision::Move { .. } => {}
+            }
+        }
+        assert!(
+            undecided.is_empty(),
+            "round {round}, budget {budget}, {} queued: no decision for {undecided:?}",
+            s.queued()
+        );
+        all.extend(d);
+    }
+    all
+}
+
+fn sub() -> impl Strategy<Value = Sub> {
+    (0u8..4, 1u16..1000, 0u8..4, 0u8..4, prop::bool::weighted(0.8))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_job_gets_a_decision_and_a_reason_from_the_next_cycle_whatever_the_queue_and_budget(
+        m in prop::sample::select(vec!["A100-80GB", "H100-80GB-SXM", "T4"]),
+        budget in 1usize..40,
+        first in prop::collection::vec(sub(), 0..300),
+        second in prop::collection::vec(sub(), 0..300),
+    ) {
+        let a = every_job_decided(m, budget, &first, &second);
+        let b = every_job_decided(m, budget, &first, &second);
+        prop_assert_eq!(a, b, "the same input, the same decisions");
+    }
 }
 
 proptest! {

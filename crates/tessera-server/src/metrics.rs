@@ -458,7 +458,8 @@ impl Metrics {
 
 /// The `tessera_queue_blocked{reason}` label of a waiting workload's reason code: the kinds
 /// alerts and dashboards group by. `held` (it fits only where capacity is reserved) counts as
-/// `no-capacity`; `requeued` (back after a preemption) as `backoff`.
+/// `no-capacity`; `requeued` (back after a preemption) as `backoff`; `not-considered` (past the
+/// cycle's budget of jobs on a deep queue) is its own.
 pub fn wait_label(code: Option<ReasonCode>) -> &'static str {
     match code {
         None => "pending",
@@ -469,6 +470,7 @@ pub fn wait_label(code: Option<ReasonCode>) -> &'static str {
         Some(ReasonCode::Quota) => "quota",
         Some(ReasonCode::Preemption) => "preemption",
         Some(ReasonCode::Backoff | ReasonCode::Requeued) => "backoff",
+        Some(ReasonCode::NotConsidered) => "not-considered",
         Some(_) => "other",
     }
 }
@@ -1197,6 +1199,7 @@ mod tests {
             "quota",
             "preemption",
             "backoff",
+            "not-considered",
             "other",
         ];
         assert!(labels.contains(&wait_label(None)));

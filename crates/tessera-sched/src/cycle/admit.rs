@@ -73,6 +73,24 @@ fn check(s: &Scheduler, q: &Queued) -> Result<Vec<(PoolId, Option<LimitExceeded>
     Ok(pools)
 }
 
+/// What [`check`] stops the job with, without listing its pools: the budget, or the
+/// limit of the first pool in scope when every pool of its scope is over one.
+pub(super) fn blocked(s: &Scheduler, q: &Queued) -> Option<Exceeded> {
+    if let Some(b) = s.books.budget_exceeded(&q.job.tenant) {
+        return Some(Exceeded::Budget(b));
+    }
+    let mut first = None;
+    for &p in &q.scope {
+        match pool_limit(s, q, p, q.units) {
+            Ok(()) => return None,
+            Err(l) => {
+                first.get_or_insert(l);
+            }
+        }
+    }
+    first.map(Exceeded::Limit)
+}
+
 /// The tenant's quota for `pool` (on any model) and the project's sub-quota, for `units` more.
 pub(super) fn pool_limit(s: &Scheduler, q: &Queued, pool: PoolId, units: GpuUnits) -> Result<(), LimitExceeded> {
     let keys = [s.engine.fleet().pool(pool).name.as_str(), q.project_key.as_str()];

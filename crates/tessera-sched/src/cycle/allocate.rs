@@ -237,7 +237,7 @@ fn find(s: &mut Scheduler, q: &Queued, req: &Request, pool: PoolId) -> Option<cr
 }
 
 /// Whether `q`'s capacity key found no room in `pool` and nothing was freed there since.
-fn known_unfit(s: &Scheduler, q: &Queued, pool: PoolId) -> bool {
+pub(super) fn known_unfit(s: &Scheduler, q: &Queued, pool: PoolId) -> bool {
     let generation = s.engine.freed_generation(pool);
     s.unfit.get(&q.key).is_some_and(|v| v.contains(&(pool, generation)))
 }

@@ -16,6 +16,12 @@
 //!    other tenants' borrowers;
 //! 5. [**preempt**](preempt) — a job of a higher priority class displaces lower ones.
 //!
+//! A cycle looks at the head of the queue only, `max_jobs_per_cycle` jobs, shared fairly between
+//! the tenants of the priority class where the budget runs out (so one tenant's flood of jobs
+//! cannot keep another's out of every cycle); every job submitted since the last cycle still
+//! gets a decision and a reason from it, through the admission checks alone where the cycle
+//! did not look at it ([`Scheduler::cycle`]).
+//!
 //! Reclaim and preempt try victim sets through a [statement](statement) over the engine and rank
 //! victims with the [victim-order plugin](plugins). Policies are data (priority classes, quotas)
 //! or plugins; the cycle does not change when they do. Decisions come back as [`Decision`]s with
@@ -58,6 +64,7 @@ mod victims;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -107,8 +114,11 @@ pub struct GovernConfig {
     /// (capacity often frees by itself sooner; reclaiming at once would churn).
     pub reclaim_after_ms: i64,
     pub consolidation: ConsolidationConfig,
-    /// A cycle considers at most this many jobs from the head of the queue (in queue order);
-    /// the rest wait for a later cycle, in the same order. Bounds a cycle's work on a deep queue.
+    /// A cycle considers at most this many jobs from the head of the queue (in queue order,
+    /// shared fairly between tenants within a priority class: see [`queue`](self::queue)); the
+    /// rest wait for a later cycle, in the same order. Bounds a cycle's work on a deep queue.
+    /// A job submitted since the last cycle gets a decision from it all the same, with a
+    /// reason that says what is true ([`Scheduler::cycle`]).
     pub max_jobs_per_cycle: usize,
 }
 
@@ -337,6 +347,9 @@ pub struct Scheduler {
     unfit: FxHashMap<Request, Vec<(PoolId, u64)>>,
     /// Per capacity key, the engine's last diagnosis of why it found no room.
     explained: FxHashMap<Request, Wait>,
+    /// Submitted jobs not decided yet: the next cycle gives each a decision, whether it looks
+    /// at them or not ([`Scheduler::cycle`]).
+    fresh: FxHashSet<u64>,
 }
 
 impl fmt::Debug for Scheduler {
@@ -370,6 +383,7 @@ impl Scheduler {
             replacing: FxHashSet::default(),
             unfit: FxHashMap::default(),
             explained: FxHashMap::default(),
+            fresh: FxHashSet::default(),
         }
     }
 
@@ -498,6 +512,7 @@ impl Scheduler {
         let id = job.id;
         let q = self.queued_job(job);
         self.queue.push(q);
+        self.fresh.insert(id);
         // Unchanged capacity: only the newcomer can be placed now.
         let only = if self.dirty { None } else { Some(id) };
         self.run(now, only)
@@ -512,6 +527,7 @@ impl Scheduler {
             return Some(Refusal::Constraint(u));
         }
         self.engine.observe(&job.request);
+        self.fresh.insert(job.id);
         let q = self.queued_job(job);
         self.queue.push(q);
         self.dirty = true;
@@ -542,6 +558,13 @@ impl Scheduler {
         self.dirty = true;
     }
 
+    /// Puts back in the queue a job no cycle has decided yet (recorded as accepted before a
+    /// crash, found at start-up): the next cycle gives it a decision, as to a new submission.
+    pub fn enqueue_undecided(&mut self, job: Job) {
+        self.fresh.insert(job.id);
+        self.enqueue(job);
+    }
+
     /// Records that a running workload saved its work at `at_ms` (a checkpoint): preempting it
     /// later loses only what it did since.
     pub fn checkpointed(&mut self, id: u64, at_ms: i64) {
@@ -561,6 +584,7 @@ impl Scheduler {
     /// Removes a queued job (cancelled before placement).
     pub fn dequeue(&mut self, id: u64) -> bool {
         let removed = self.queue.remove(id).is_some();
+        self.fresh.remove(&id);
         self.reasons.remove(&id);
         self.nominated.remove(&id);
         self.preempted.remove(&id);
@@ -658,7 +682,12 @@ impl Scheduler {
         Some(a)
     }
 
-    /// One scheduling cycle over the whole queue.
+    /// One scheduling cycle over the whole queue: the actions run over at most
+    /// `max_jobs_per_cycle` jobs of its head (shared fairly between tenants, see
+    /// [`queue`](self::queue)), and every job submitted since the last cycle gets a decision
+    /// even if the cycle did not look at it: refused or waiting over its budget or quota (the
+    /// admission checks, which cost a few look-ups), waiting for capacity its shape is already
+    /// known not to find, or waiting as not considered yet ([`Wait::NotConsidered`]).
     pub fn cycle(&mut self, now: i64) -> Vec<Decision> {
         self.run(now, None)
     }
@@ -687,14 +716,81 @@ impl Scheduler {
                 jobs
             }
         };
+        // The jobs the cycle looks at are decided by it; the other new ones after it.
+        if !self.fresh.is_empty() {
+            for q in &jobs {
+                self.fresh.remove(&q.job.id);
+            }
+        }
+        let jobs: Rc<[Arc<Queued>]> = jobs.into();
         let actions = std::mem::take(&mut self.actions);
-        let mut session = Session::new(self, now, jobs);
+        let mut session = Session::new(self, now, jobs.clone());
         for a in &actions {
             a.execute(&mut session);
         }
-        let decisions = session.close();
+        let mut decisions = session.close();
         self.actions = actions;
+        if !self.fresh.is_empty() {
+            self.decide_the_rest(&jobs, &mut decisions);
+        }
         decisions
+    }
+
+    /// Gives each job submitted since the last cycle that this cycle did not look at (`looked`:
+    /// those it did) and that has no reason yet a decision, with the cheap checks that still
+    /// tell what is true: the admission checks (budget and quotas, as of now), then whether
+    /// its shape is known to find no room in every pool it may use (the engine's last
+    /// diagnosis of that shape), else that the cycle's budget went to jobs ahead of it.
+    fn decide_the_rest(&mut self, looked: &[Arc<Queued>], out: &mut Vec<Decision>) {
+        let mut rest: Vec<Arc<Queued>> = std::mem::take(&mut self.fresh)
+            .into_iter()
+            .filter(|id| !self.reasons.contains_key(id))
+            .filter_map(|id| self.queue.get(id).cloned())
+            .collect();
+        if rest.is_empty() {
+            return;
+        }
+        rest.sort_unstable_by_key(|q| q.seq);
+        let mut per_tenant: FxHashMap<&str, usize> = FxHashMap::default();
+        for q in looked {
+            *per_tenant.entry(q.job.tenant.as_str()).or_default() += 1;
+        }
+        let budget = self.cfg.max_jobs_per_cycle.max(1);
+        self.reasons.reserve(rest.len());
+        out.reserve(rest.len());
+        for q in rest {
+            let id = q.job.id;
+            let reason = match admit::blocked(self, &q) {
+                Some(over) if !q.job.wait_if_over_limit => {
+                    self.queue.remove(id);
+                    self.nominated.remove(&id);
+                    out.push(Decision::Refused {
+                        id,
+                        reason: over.refusal(),
+                    });
+                    continue;
+                }
+                Some(over) => over.wait(),
+                None if !q.scope.is_empty() && q.scope.iter().all(|&p| allocate::known_unfit(self, &q, p)) => {
+                    match self.explained.get(&q.key) {
+                        Some(w) => w.clone(),
+                        None => {
+                            let w = Wait::Unplaceable(self.engine.explain(&q.job.request));
+                            self.explained.insert(q.key.clone(), w.clone());
+                            w
+                        }
+                    }
+                }
+                None => Wait::NotConsidered {
+                    budget,
+                    tenant: q.job.tenant.clone(),
+                    considered: per_tenant.get(q.job.tenant.as_str()).copied().unwrap_or(0),
+                    waiting: self.queue.waiting_of(&q.job.tenant),
+                },
+            };
+            self.reasons.insert(id, reason.clone());
+            out.push(Decision::Waiting { id, reason });
+        }
     }
 
     /// Books a job's new allocation against its tenant and records it as running.
@@ -826,6 +922,162 @@ mod tests {
         assert_eq!(placed(&s.cycle(11)), vec![5, 1]);
         assert!(!s.needs_cycle());
         assert_eq!(s.queued(), 0);
+    }
+
+    /// Every decision of `d` by job id: what became of each job.
+    fn decided(d: &[Decision]) -> HashMap<u64, &Decision> {
+        d.iter()
+            .filter_map(|x| match x {
+                Decision::Placed { id, .. } | Decision::Waiting { id, .. } | Decision::Refused { id, .. } => {
+                    Some((*id, x))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_job_submitted_gets_a_decision_from_the_next_cycle_even_past_its_budget() {
+        let mut s = Scheduler::new(
+            super::testing::engine(),
+            GovernConfig {
+                max_jobs_per_cycle: 10,
+                ..super::testing::config()
+            },
+        );
+        // 40 jobs of a whole node for 16 nodes; the cycle looks at 10.
+        for i in 0..40 {
+            assert!(s.submit_for_next_cycle(job(i, "a", 8, "standard", i as i64)).is_none());
+        }
+        let d = s.cycle(100);
+        let by_id = decided(&d);
+        assert_eq!(by_id.len(), 40, "every job has a decision: {d:?}");
+        assert_eq!(placed(&d), (0..10).collect::<Vec<_>>(), "the ten looked at are placed");
+        for i in 10..40 {
+            let Decision::Waiting { reason, .. } = by_id[&i] else {
+                panic!("{:?}", by_id[&i])
+            };
+            assert_eq!(reason.code(), "not-considered");
+            assert_eq!(
+                reason.to_string(),
+                "not considered yet: the scheduler cycle looks at 10 jobs at most, taken in queue order (priority class, fair share, arrival) and shared between the tenants waiting, and jobs ahead of this one took them (this cycle looked at 10 of tenant a's jobs; 30 still wait); a later cycle looks at this one once fewer jobs are ahead of it"
+            );
+        }
+        assert!(s.needs_cycle());
+        // The next cycle looks at the next ten: six placed, four told why they wait now; the
+        // others keep their reason (no new decision for the same kind of reason).
+        let d = s.cycle(200);
+        assert_eq!(placed(&d), (10..16).collect::<Vec<_>>());
+        let waits: Vec<(u64, &str)> = d
+            .iter()
+            .filter_map(|x| match x {
+                Decision::Waiting { id, reason } => Some((*id, reason.code())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(waits, (16..20).map(|i| (i, "no-capacity")).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn jobs_past_the_budget_get_the_reason_the_cheap_checks_find() {
+        let mut s = Scheduler::new(
+            super::testing::engine(),
+            GovernConfig {
+                max_jobs_per_cycle: 2,
+                ..super::testing::config()
+            },
+        );
+        s.set_quota(
+            "q",
+            "training",
+            Some(Quota {
+                guaranteed: GpuUnits::whole(4),
+                limit: Some(GpuUnits::whole(4)),
+            }),
+        );
+        // Two jobs take the cycle's budget; behind them, one over its tenant's limit that
+        // waits, one over it that asked not to, and one of a tenant with no limit.
+        assert!(s.submit_for_next_cycle(job(1, "a", 1, "critical", 0)).is_none());
+        assert!(s.submit_for_next_cycle(job(2, "a", 1, "critical", 0)).is_none());
+        assert!(s.submit_for_next_cycle(job(3, "q", 8, "standard", 0)).is_none());
+        let mut refuse = job(4, "q", 8, "standard", 0);
+        refuse.wait_if_over_limit = false;
+        assert!(s.submit_for_next_cycle(refuse).is_none());
+        assert!(s.submit_for_next_cycle(job(5, "z", 1, "standard", 0)).is_none());
+        let d = s.cycle(10);
+        let by_id = decided(&d);
+        assert_eq!(placed(&d), vec![1, 2]);
+        assert!(
+            matches!(
+                by_id[&3],
+                Decision::Waiting {
+                    reason: Wait::Limit(_),
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        assert!(
+            matches!(
+                by_id[&4],
+                Decision::Refused {
+                    reason: Refusal::Limit(_),
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        assert!(
+            matches!(
+                by_id[&5],
+                Decision::Waiting {
+                    reason: Wait::NotConsidered {
+                        considered: 0,
+                        waiting: 1,
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        assert_eq!(s.queued(), 2, "the refused job left the queue");
+    }
+
+    #[test]
+    fn a_tenant_flooding_the_queue_cannot_keep_another_tenants_job_out_of_every_cycle() {
+        let mut s = Scheduler::new(
+            super::testing::engine(),
+            GovernConfig {
+                max_jobs_per_cycle: 100,
+                ..super::testing::config()
+            },
+        );
+        // Tenant b holds 7 GPUs of every node (its fair share comes after the flooding
+        // tenant's, which holds nothing); one GPU is free on each node.
+        for n in 0..16 {
+            assert_eq!(placed(&s.submit(job(n, "b", 7, "standard", 0), 0)), vec![n]);
+        }
+        // A hostile tenant floods the queue with whole-node jobs that cannot fit; b's single
+        // 1-GPU job comes after them and would fit.
+        for i in 0..5_000 {
+            assert!(
+                s.submit_for_next_cycle(job(1_000 + i, "flood", 8, "standard", 1))
+                    .is_none()
+            );
+        }
+        assert!(s.submit_for_next_cycle(job(99, "b", 1, "standard", 2)).is_none());
+        // The flood takes the budget's share of one of the two tenants waiting, not all of it.
+        let d = s.cycle(10);
+        assert_eq!(
+            placed(&d),
+            vec![99],
+            "b's job is looked at and placed in the first cycle"
+        );
+        assert_eq!(decided(&d).len(), 5_001, "every job is decided once");
+        // Every flood job has the reason the cycle, or its shape's diagnosis, gives.
+        assert!(s.reasons.values().all(|r| r.code() == "fragmentation"));
+        assert_eq!(s.reasons.len(), 5_000);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub(super) struct WaitQueue {
     arrivals: BTreeMap<u64, u64>,
     /// (tenant, rank, capacity key) → (key at zero fair share → job id).
     buckets: FxHashMap<(String, u8, Request), BTreeMap<OrderKey, u64>>,
+    /// Tenant → its waiting jobs.
+    per_tenant: FxHashMap<String, usize>,
     next_seq: u64,
 }
 
@@ -61,12 +63,19 @@ impl WaitQueue {
             .entry((q.job.tenant.clone(), q.rank, q.key.clone()))
             .or_default()
             .insert(q.base_key, q.job.id);
+        *self.per_tenant.entry(q.job.tenant.clone()).or_default() += 1;
         self.by_id.insert(q.job.id, q);
     }
 
     pub fn remove(&mut self, id: u64) -> Option<Arc<Queued>> {
         let q = self.by_id.remove(&id)?;
         self.arrivals.remove(&q.seq);
+        if let Some(n) = self.per_tenant.get_mut(&q.job.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_tenant.remove(&q.job.tenant);
+            }
+        }
         let bucket = (q.job.tenant.clone(), q.rank, q.key.clone());
         if let Some(b) = self.buckets.get_mut(&bucket) {
             b.remove(&q.base_key);
@@ -84,9 +93,8 @@ impl WaitQueue {
 
     /// The tenants with waiting jobs (each once).
     pub fn tenants(&self) -> Vec<String> {
-        let mut t: Vec<String> = self.buckets.keys().map(|(t, _, _)| t.clone()).collect();
+        let mut t: Vec<String> = self.per_tenant.keys().cloned().collect();
         t.sort_unstable();
-        t.dedup();
         t
     }
 
@@ -104,6 +112,14 @@ impl WaitQueue {
     /// says to: the first `head` whatever they are, then only jobs that `unfit` does not say
     /// find no room (it is asked once per bucket: a bucket shares one capacity key). A k-way
     /// merge of the buckets' heads. Also says whether jobs that might fit were left out.
+    ///
+    /// **Fair across tenants.** Jobs are taken tier by tier (a tier: the first field of the
+    /// key, the priority class in the default order), all of a tier before any of the next.
+    /// Within the tier where `limit` runs out, each tenant waiting there gets its share of what
+    /// is left (the rest divided by the number of those tenants, rounded up) before the jobs of
+    /// tenants past their share take what the others left unused, in queue order. So one
+    /// tenant's deep queue cannot keep another tenant's jobs of the same class out of every
+    /// cycle. The jobs come back in queue order.
     pub fn first(
         &self,
         head: usize,
@@ -112,11 +128,21 @@ impl WaitQueue {
         skip: impl Fn(u64) -> bool,
         mut unfit: impl FnMut(&Queued) -> bool,
     ) -> (Vec<Arc<Queued>>, bool) {
-        let mut out = Vec::new();
         if limit == 0 {
-            return (out, !self.by_id.is_empty());
+            return (Vec::new(), !self.by_id.is_empty());
         }
-        let mut iters: Vec<_> = self.buckets.values().map(|b| b.values()).collect();
+        let mut out: Vec<(OrderKey, Arc<Queued>)> = Vec::new();
+        // Each bucket's tenant as a small number, so that shares are counted in a vector.
+        let mut tenant_no: FxHashMap<&str, usize> = FxHashMap::default();
+        let mut tenant_of: Vec<usize> = Vec::with_capacity(self.buckets.len());
+        let mut iters: Vec<_> = Vec::with_capacity(self.buckets.len());
+        for ((tenant, _, _), b) in &self.buckets {
+            let n = tenant_no.len();
+            tenant_of.push(*tenant_no.entry(tenant.as_str()).or_insert(n));
+            iters.push(b.values());
+        }
+        let mut taken = vec![0usize; tenant_no.len()];
+        let mut seen = vec![false; tenant_no.len()];
         let mut heap: BinaryHeap<Reverse<(OrderKey, u64, usize)>> = BinaryHeap::with_capacity(iters.len());
         let advance = |i: usize, iters: &mut Vec<Values<'_, OrderKey, u64>>, heap: &mut BinaryHeap<_>| {
             for &id in iters[i].by_ref() {
@@ -130,17 +156,60 @@ impl WaitQueue {
         for i in 0..iters.len() {
             advance(i, &mut iters, &mut heap);
         }
+        // The tier being taken, each tenant's share of it, and the heads of the buckets of
+        // tenants past their share (held back until the tier is otherwise exhausted).
+        let mut tier: Option<u8> = None;
+        let mut share = usize::MAX;
+        let mut held: Vec<Reverse<(OrderKey, u64, usize)>> = Vec::new();
+        let mut reordered = false;
         while out.len() < limit {
-            let Some(Reverse((_, id, i))) = heap.pop() else { break };
+            let next = heap.peek().map(|Reverse((k, _, _))| k.0);
+            if next != tier {
+                if !held.is_empty() {
+                    // The tier's other jobs are all taken: what is left of the budget goes to
+                    // the held-back jobs in queue order.
+                    heap.extend(held.drain(..));
+                    share = usize::MAX;
+                    reordered = true;
+                    continue;
+                }
+                let Some(t) = next else { break };
+                tier = Some(t);
+                taken.iter_mut().for_each(|n| *n = 0);
+                seen.iter_mut().for_each(|s| *s = false);
+                let mut tenants = 0;
+                for Reverse((k, _, i)) in heap.iter() {
+                    if k.0 == t && !std::mem::replace(&mut seen[tenant_of[*i]], true) {
+                        tenants += 1;
+                    }
+                }
+                share = (limit - out.len()).div_ceil(tenants.max(1));
+            }
+            let Some(Reverse((k, id, i))) = heap.pop() else { break };
             let q = &self.by_id[&id];
             if out.len() >= head && unfit(q) {
                 // The rest of the bucket has the same capacity key: none of it fits either.
                 continue;
             }
-            out.push(q.clone());
+            let n = &mut taken[tenant_of[i]];
+            if *n >= share {
+                // Past its tenant's share: the bucket waits here.
+                held.push(Reverse((k, id, i)));
+                continue;
+            }
+            *n += 1;
+            out.push((k, q.clone()));
             advance(i, &mut iters, &mut heap);
         }
-        let cut = !heap.is_empty();
-        (out, cut)
+        let cut = !heap.is_empty() || !held.is_empty();
+        if reordered {
+            out.sort_unstable_by_key(|(k, q)| (*k, q.job.id));
+        }
+        (out.into_iter().map(|(_, q)| q).collect(), cut)
+    }
+
+    /// How many jobs `tenant` has waiting.
+    pub fn waiting_of(&self, tenant: &str) -> usize {
+        self.per_tenant.get(tenant).copied().unwrap_or(0)
     }
 }

@@ -48,12 +48,12 @@ pub(super) struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
-    pub fn new(sched: &'a mut Scheduler, now: i64, jobs: Vec<Arc<Queued>>) -> Self {
+    pub fn new(sched: &'a mut Scheduler, now: i64, jobs: Rc<[Arc<Queued>]>) -> Self {
         let n = jobs.len();
         Session {
             sched,
             now,
-            jobs: jobs.into(),
+            jobs,
             status: (0..n).map(|_| Status::Pending).collect(),
             searched: vec![false; n],
             searches: 0,

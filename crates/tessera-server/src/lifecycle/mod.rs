@@ -1193,6 +1193,9 @@ impl Core {
                 tessera_domain::Effect::Release => {
                     self.sched.release(id.0, now);
                 }
+                // One without a reason was never decided (accepted before a crash): the next
+                // cycle decides it like a new one.
+                tessera_domain::Effect::Requeue if live.w.reason.is_none() => self.sched.enqueue_undecided(live.job()),
                 tessera_domain::Effect::Requeue => self.sched.enqueue(live.job()),
                 tessera_domain::Effect::Dequeue => {
                     self.sched.dequeue(id.0);
