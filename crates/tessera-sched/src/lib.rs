@@ -32,6 +32,7 @@ pub mod bound;
 pub mod cycle;
 pub mod engine;
 pub mod mig;
+pub mod philly;
 pub mod plan;
 pub mod policy;
 pub mod reason;

@@ -1,0 +1,1084 @@
+//! The Philly trace replay (Microsoft's Philly job table, ATC'19), following the protocol in
+//! `shared/traces/philly/README.md`: the `philly-768` / `philly-640` fleets (racks of 8 nodes of
+//! 8 GPUs, built as [`Fleet`]s with the `rack` level of [`tessera_model::Levels`]), every job as
+//! a gang (≤ 8 GPUs on one node; more as ⌈n/8⌉ node-shares of 8, the last holding the
+//! remainder) in the fewest racks that hold it, events per timestamp (completions, submissions,
+//! one scheduling pass), tenants (one per VC) with guarantees from their share of GPU-time, the
+//! measured window `[t0 + 14 d, t0 + 70 d)` and the metrics of its section 6, under the five
+//! policies of [`Policy`].
+//!
+//! Placement is computed here over a small model of free GPUs per node and rack rather than by
+//! the engine's [`crate::Engine::plan_gang`], because the protocol fixes the rules exactly
+//! (best-fit: the rack with the fewest free GPUs that holds the gang, in it the nodes with the
+//! fewest free GPUs that hold each share, largest share first; `fifo`: the first rack and first
+//! nodes in name order). A gang beyond one rack (the trace's 128-GPU jobs: two whole racks) is
+//! cut into chunks of one rack's nodes, largest shares first, each chunk placed by the same rule
+//! in a rack not yet taken.
+//!
+//! Pure and deterministic: [`parse`] takes the file's text, [`replay`] takes the jobs and a
+//! fleet; no clock, no I/O, no randomness.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+
+use tessera_model::{Fleet, FleetError};
+
+/// Seconds in a day.
+const DAY: i64 = 86_400;
+
+/// One job of the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PhillyJob {
+    /// Submission, in seconds since 1970-01-01 (the trace's local time read as UTC).
+    pub submit: i64,
+    /// Seconds it runs once started.
+    pub duration: i64,
+    pub gpus: u32,
+    /// Index into [`Trace::tenants`].
+    pub tenant: usize,
+}
+
+/// The jobs, ordered by (`timestamp`, row), and the tenants (VCs) in order of first appearance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trace {
+    pub jobs: Vec<PhillyJob>,
+    pub tenants: Vec<String>,
+}
+
+/// A malformed line of the job table.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct ParseError {
+    pub line: usize,
+    pub message: String,
+}
+
+/// Days from 1970-01-01 to the civil date (proleptic Gregorian).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// `YYYY-MM-DD HH:MM:SS` as seconds since 1970-01-01 UTC.
+pub fn parse_time(s: &str) -> Option<i64> {
+    let (date, time) = s.trim().split_once(' ')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, mo, da) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.split(':').map(|p| p.parse::<i64>().ok());
+    let (h, mi, se) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&da) || h > 23 || mi > 59 || se > 60 {
+        return None;
+    }
+    Some(days_from_civil(y, mo, da) * DAY + h * 3600 + mi * 60 + se)
+}
+
+/// Parses `philly_jobs.csv` (`timestamp,duration,num_gpus,gpu_time,cluster`, columns found by
+/// their header names) and orders the jobs by (`timestamp`, row in the file).
+pub fn parse(text: &str) -> Result<Trace, ParseError> {
+    let mut lines = text.lines().enumerate();
+    let (_, header) = lines.next().ok_or(ParseError {
+        line: 1,
+        message: "empty file".into(),
+    })?;
+    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    let col = |name: &str| {
+        cols.iter().position(|c| *c == name).ok_or(ParseError {
+            line: 1,
+            message: format!("no `{name}` column"),
+        })
+    };
+    let (ct, cd, cg, cc) = (col("timestamp")?, col("duration")?, col("num_gpus")?, col("cluster")?);
+    let mut tenants: Vec<String> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut jobs = Vec::new();
+    for (i, line) in lines {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        let bad = |message: String| ParseError { line: i + 1, message };
+        let get = |c: usize, name: &str| f.get(c).copied().ok_or_else(|| bad(format!("no `{name}`")));
+        let ts = get(ct, "timestamp")?;
+        let submit = parse_time(ts).ok_or_else(|| bad(format!("timestamp `{ts}` is not YYYY-MM-DD HH:MM:SS")))?;
+        let ds = get(cd, "duration")?;
+        let duration: f64 = ds
+            .parse()
+            .map_err(|_| bad(format!("duration `{ds}` is not a number")))?;
+        if !(duration >= 0.0 && duration.is_finite()) {
+            return Err(bad(format!("duration `{ds}` is negative")));
+        }
+        let gs = get(cg, "num_gpus")?;
+        let gpus: u32 = gs
+            .parse()
+            .map_err(|_| bad(format!("num_gpus `{gs}` is not a whole number")))?;
+        if gpus == 0 {
+            return Err(bad("num_gpus is 0".into()));
+        }
+        let vc = get(cc, "cluster")?;
+        let tenant = *index.entry(vc.to_string()).or_insert_with(|| {
+            tenants.push(vc.to_string());
+            tenants.len() - 1
+        });
+        jobs.push(PhillyJob {
+            submit,
+            duration: duration.round() as i64,
+            gpus,
+            tenant,
+        });
+    }
+    // Stable: ties keep the file's row order.
+    jobs.sort_by_key(|j| j.submit);
+    Ok(Trace { jobs, tenants })
+}
+
+/// The protocol's fleets.
+pub const FLEETS: [&str; 2] = ["philly-768", "philly-640"];
+
+/// The fleet `philly-768` (12 racks) or `philly-640` (10 racks): racks `r00`.. of 8 nodes
+/// `rXX-n0`..`rXX-n7` with 8 NVSwitch GPUs (the catalogue's A100-80GB: the protocol fixes only the
+/// count and one NVLink domain per node), 96 CPUs and 1,024 GiB each, one whole pool.
+pub fn fleet(name: &str) -> Option<Fleet> {
+    let racks = match name {
+        "philly-768" => 12,
+        "philly-640" => 10,
+        _ => return None,
+    };
+    Some(fleet_of(racks).expect("the Philly fleet is valid"))
+}
+
+/// `racks` racks of 8 nodes of 8 GPUs, as [`fleet`] builds them.
+pub fn fleet_of(racks: usize) -> Result<Fleet, FleetError> {
+    let mut toml = String::from("[[pool]]\nname = \"philly\"\nsharing = \"whole\"\n");
+    for r in 0..racks {
+        for n in 0..8 {
+            toml.push_str(&format!(
+                "[[pool.nodes]]\nname = \"r{r:02}-n{n}\"\ngpu_model = \"A100-80GB\"\ngpus = 8\ncpus = 96\nmemory_gib = 1024\nnvlink = \"nvswitch\"\nrack = \"r{r:02}\"\n"
+            ));
+        }
+    }
+    Fleet::from_toml(&toml, "philly")
+}
+
+/// The replay's policies, in report order.
+pub const POLICIES: [&str; 5] = ["fifo", "backfill", "topology-bestfit", "quota-backfill", "tessera"];
+
+/// The five policies of the protocol's section 7.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Strict arrival order, the head blocks everyone; first rack and nodes in name order.
+    Fifo,
+    /// EASY backfill with best-fit: a reservation for the head, recomputed every pass.
+    Backfill,
+    /// Every pass starts each job that fits, in arrival order, best-fit, no reservation.
+    TopologyBestfit,
+    /// `Backfill` with jobs within their tenant's guarantee ordered first.
+    QuotaBackfill,
+    /// Tessera: `QuotaBackfill`, plus reclaim of borrowed GPUs (preemption) for a blocked
+    /// within-guarantee job of 8 GPUs or more.
+    Tessera,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Option<Policy> {
+        Some(match s {
+            "fifo" => Policy::Fifo,
+            "backfill" => Policy::Backfill,
+            "topology-bestfit" => Policy::TopologyBestfit,
+            "quota-backfill" => Policy::QuotaBackfill,
+            "tessera" => Policy::Tessera,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Fifo => "fifo",
+            Policy::Backfill => "backfill",
+            Policy::TopologyBestfit => "topology-bestfit",
+            Policy::QuotaBackfill => "quota-backfill",
+            Policy::Tessera => "tessera",
+        }
+    }
+}
+
+/// The rack/node layout the replay places on, read from a fleet's `rack` level.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Rack names, in name order.
+    pub racks: Vec<String>,
+    /// Nodes per rack (every rack the same).
+    pub nodes_per_rack: usize,
+    /// GPUs per node (every node the same).
+    pub gpus_per_node: u8,
+}
+
+impl Layout {
+    /// The layout of a fleet whose nodes all have the same GPUs and stand in racks of equal
+    /// size (the Philly fleets); `None` otherwise.
+    pub fn of(fleet: &Fleet) -> Option<Layout> {
+        let level = fleet.levels.level("rack")?;
+        let mut racks: Vec<(String, usize)> = fleet
+            .levels
+            .domains(level)
+            .iter()
+            .map(|d| (d.name.clone(), d.nodes.len()))
+            .collect();
+        racks.sort();
+        let nodes_per_rack = racks.first()?.1;
+        let gpus_per_node = fleet.nodes.first()?.gpus;
+        if racks.iter().any(|r| r.1 != nodes_per_rack)
+            || fleet.nodes.iter().any(|n| n.gpus != gpus_per_node)
+            || racks.len() * nodes_per_rack != fleet.nodes.len()
+            || gpus_per_node == 0
+        {
+            return None;
+        }
+        Some(Layout {
+            racks: racks.into_iter().map(|r| r.0).collect(),
+            nodes_per_rack,
+            gpus_per_node,
+        })
+    }
+
+    pub fn gpus(&self) -> u64 {
+        (self.racks.len() * self.nodes_per_rack) as u64 * self.gpus_per_node as u64
+    }
+
+    /// The node-shares of a gang of `gpus`, largest first.
+    pub fn shares(&self, gpus: u32) -> Vec<u8> {
+        let g = self.gpus_per_node as u32;
+        if gpus <= g {
+            return vec![gpus as u8];
+        }
+        let mut s = vec![self.gpus_per_node; (gpus / g) as usize];
+        if !gpus.is_multiple_of(g) {
+            s.push((gpus % g) as u8);
+        }
+        s
+    }
+
+    /// The fewest racks that can hold `shares` node-shares.
+    pub fn min_racks(&self, shares: usize) -> usize {
+        shares.div_ceil(self.nodes_per_rack)
+    }
+}
+
+/// Free GPUs per node, with per-rack counts of nodes by free GPUs.
+#[derive(Clone, Debug)]
+struct Free {
+    npr: usize,
+    g: usize,
+    free: Vec<u8>,
+    rack_free: Vec<u32>,
+    /// `cnt[rack * (g + 1) + k]`: nodes of the rack with k free GPUs.
+    cnt: Vec<u16>,
+    /// Nodes with k free GPUs, fleet-wide.
+    all: Vec<u32>,
+}
+
+/// Where a gang goes: (node, GPUs) per share, in share order.
+type Spot = Vec<(usize, u8)>;
+
+impl Free {
+    fn new(l: &Layout) -> Free {
+        let (r, npr, g) = (l.racks.len(), l.nodes_per_rack, l.gpus_per_node as usize);
+        let mut cnt = vec![0u16; r * (g + 1)];
+        for rack in 0..r {
+            cnt[rack * (g + 1) + g] = npr as u16;
+        }
+        let mut all = vec![0u32; g + 1];
+        all[g] = (r * npr) as u32;
+        Free {
+            npr,
+            g,
+            free: vec![g as u8; r * npr],
+            rack_free: vec![(npr * g) as u32; r],
+            cnt,
+            all,
+        }
+    }
+
+    fn racks(&self) -> usize {
+        self.rack_free.len()
+    }
+
+    fn set(&mut self, node: usize, v: u8) {
+        let old = self.free[node];
+        if old == v {
+            return;
+        }
+        let rack = node / self.npr;
+        let b = rack * (self.g + 1);
+        self.cnt[b + old as usize] -= 1;
+        self.cnt[b + v as usize] += 1;
+        self.all[old as usize] -= 1;
+        self.all[v as usize] += 1;
+        self.rack_free[rack] = self.rack_free[rack] + v as u32 - old as u32;
+        self.free[node] = v;
+    }
+
+    fn take(&mut self, spot: &Spot) {
+        for &(n, x) in spot {
+            self.set(n, self.free[n] - x);
+        }
+    }
+
+    fn give(&mut self, spot: &Spot) {
+        for &(n, x) in spot {
+            self.set(n, self.free[n] + x);
+        }
+    }
+
+    /// Whether `chunk` (shares, largest first) fits on distinct nodes of `rack`, ignoring the
+    /// nodes in `used`.
+    fn rack_holds(&self, rack: usize, chunk: &[u8]) -> bool {
+        let b = rack * (self.g + 1);
+        let need: u32 = chunk.iter().map(|&s| s as u32).sum();
+        if self.rack_free[rack] < need {
+            return false;
+        }
+        // Hall's condition on nested sets: the i-th largest share needs i + 1 nodes with at
+        // least that many free GPUs.
+        let mut at_least = 0u32;
+        let mut k = self.g;
+        for (i, &s) in chunk.iter().enumerate() {
+            while k >= s as usize {
+                at_least += self.cnt[b + k] as u32;
+                if k == 0 {
+                    break;
+                }
+                k -= 1;
+            }
+            if at_least < i as u32 + 1 {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether the gang fits now (fast: fleet-wide counts for one share).
+    fn fits(&self, shares: &[u8]) -> bool {
+        if shares.len() == 1 {
+            return self.all[shares[0] as usize..].iter().any(|&c| c > 0);
+        }
+        let chunks: Vec<&[u8]> = shares.chunks(self.npr).collect();
+        if chunks.len() == 1 {
+            return (0..self.racks()).any(|r| self.rack_holds(r, chunks[0]));
+        }
+        self.place(shares, false).is_some()
+    }
+
+    /// Places the gang: best-fit (`first_fit` false) or first rack and nodes in name order.
+    fn place(&self, shares: &[u8], first_fit: bool) -> Option<Spot> {
+        let mut spot = Vec::with_capacity(shares.len());
+        let mut taken = vec![false; self.racks()];
+        for chunk in shares.chunks(self.npr) {
+            let mut best: Option<usize> = None;
+            for (r, &t) in taken.iter().enumerate() {
+                if t || !self.rack_holds(r, chunk) {
+                    continue;
+                }
+                if first_fit {
+                    best = Some(r);
+                    break;
+                }
+                if best.is_none_or(|b| self.rack_free[r] < self.rack_free[b]) {
+                    best = Some(r);
+                }
+            }
+            let r = best?;
+            taken[r] = true;
+            let mut used = vec![false; self.npr];
+            for &s in chunk {
+                let mut pick: Option<usize> = None;
+                for (i, &u) in used.iter().enumerate() {
+                    let f = self.free[r * self.npr + i];
+                    if u || f < s {
+                        continue;
+                    }
+                    if first_fit {
+                        pick = Some(i);
+                        break;
+                    }
+                    if pick.is_none_or(|p| f < self.free[r * self.npr + p]) {
+                        pick = Some(i);
+                    }
+                }
+                let i = pick.expect("rack_holds said the chunk fits");
+                used[i] = true;
+                spot.push((r * self.npr + i, s));
+            }
+        }
+        Some(spot)
+    }
+}
+
+/// Figures of one size class (or of all the window's jobs).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Delays {
+    pub class: String,
+    pub jobs: usize,
+    /// Queueing delay, seconds: mean, nearest-rank percentiles, max.
+    pub mean_s: f64,
+    pub p50_s: i64,
+    pub p95_s: i64,
+    pub p99_s: i64,
+    pub max_s: i64,
+    /// Mean job completion time (submission → end), seconds.
+    pub mean_jct_s: f64,
+    /// Mean bounded slowdown max(1, JCT ÷ max(duration, 60 s)).
+    pub mean_bsld: f64,
+}
+
+/// One tenant's figures.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TenantFigures {
+    pub tenant: String,
+    pub guarantee: u64,
+    /// The window's jobs of the tenant.
+    pub jobs: usize,
+    pub mean_delay_s: f64,
+}
+
+/// Every metric of the protocol's section 6 for one policy.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Report {
+    pub policy: String,
+    pub fleet_gpus: u64,
+    pub jobs: usize,
+    pub window_jobs: usize,
+    /// GPU-seconds held during the window ÷ (fleet GPUs × window length), in %.
+    pub allocation_pct: f64,
+    /// Size classes `1`, `2-4`, `8`, `12-32` (and `64-128` when the window has any), then `all`.
+    pub classes: Vec<Delays>,
+    pub tenants: Vec<TenantFigures>,
+    /// Runs cut short by preemption (all policies but `tessera` never preempt).
+    pub preemptions: u64,
+    /// GPU-hours of work those runs had done (lost: a preempted job restarts from the start).
+    pub gpu_hours_lost: f64,
+    /// Jobs refused because they cannot fit the empty fleet.
+    pub refusals: usize,
+    /// Multi-node gangs placed in more racks than the fewest that can hold them (the topology
+    /// rule says 0).
+    pub gangs_beyond_min_racks: usize,
+    /// The last job's end, seconds after t0.
+    pub makespan_s: i64,
+}
+
+/// The per-job outcome of a replay, for tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Final start (after the last preemption), or `None` when refused.
+    pub start: Option<i64>,
+    pub end: Option<i64>,
+    pub preempted: u32,
+}
+
+/// The user's time estimate: ⌈duration / 3600 s⌉ hours × 2.
+pub fn estimate(duration: i64) -> i64 {
+    (duration + 3599) / 3600 * 7200
+}
+
+/// Each tenant's guarantee: its share of the trace's GPU-time × the fleet's GPUs, rounded down.
+pub fn guarantees(trace: &Trace, fleet_gpus: u64) -> Vec<u64> {
+    let mut t = vec![0u128; trace.tenants.len()];
+    for j in &trace.jobs {
+        t[j.tenant] += j.duration as u128 * j.gpus as u128;
+    }
+    let total: u128 = t.iter().sum();
+    t.iter()
+        .map(|&x| (x * fleet_gpus as u128).checked_div(total).unwrap_or(0) as u64)
+        .collect()
+}
+
+#[derive(Clone, Debug)]
+struct Run {
+    start: i64,
+    spot: Spot,
+    /// Bumped at each start; a completion carries the generation it was scheduled for.
+    generation: u32,
+}
+
+struct Sim<'a> {
+    trace: &'a Trace,
+    layout: &'a Layout,
+    policy: Policy,
+    shares: Vec<Vec<u8>>,
+    est: Vec<i64>,
+    guarantee: Vec<u64>,
+    held: Vec<u64>,
+    free: Free,
+    /// Waiting jobs, by index (= arrival order).
+    queue: Vec<usize>,
+    running: Vec<Option<Run>>,
+    /// Running jobs by (estimated end, job).
+    by_est_end: BTreeSet<(i64, usize)>,
+    completions: BinaryHeap<Reverse<(i64, usize, u32)>>,
+    generation: Vec<u32>,
+    out: Vec<Outcome>,
+    /// Every run's (start, end, gpus), preempted runs included, for allocation.
+    held_spans: Vec<(i64, i64, u32)>,
+    preemptions: u64,
+    lost_gpu_s: i128,
+    beyond_min_racks: usize,
+}
+
+/// Per pass: which gang sizes have already failed to fit in a given model (state only shrinks
+/// within a pass, so a size that failed fails again).
+struct Failed(Vec<bool>);
+
+impl Failed {
+    fn new() -> Failed {
+        Failed(vec![false; 257])
+    }
+    fn get(&self, g: u32) -> bool {
+        self.0.get(g as usize).copied().unwrap_or(false)
+    }
+    fn set(&mut self, g: u32) {
+        if let Some(x) = self.0.get_mut(g as usize) {
+            *x = true;
+        }
+    }
+}
+
+impl<'a> Sim<'a> {
+    fn within(&self, j: usize) -> bool {
+        let job = &self.trace.jobs[j];
+        self.held[job.tenant] + job.gpus as u64 <= self.guarantee[job.tenant]
+    }
+
+    fn start(&mut self, j: usize, spot: Spot, now: i64, hold_t: Option<&mut (Vec<u8>, Free)>) {
+        let job = &self.trace.jobs[j];
+        if job.duration == 0 {
+            // Ends as it starts: holds nothing.
+            self.out[j].start = Some(now);
+            self.out[j].end = Some(now);
+            return;
+        }
+        self.free.take(&spot);
+        if let Some((left, spare)) = hold_t {
+            // Backfill bookkeeping: `left` is what remains at the reservation after the head;
+            // a job that may run past it (by its estimate) holds its GPUs there too.
+            for &(n, x) in &spot {
+                if let Some(l) = left.get_mut(n) {
+                    *l -= x;
+                }
+            }
+            for &(n, _) in &spot {
+                spare.set(n, self.free.free[n].min(left[n]));
+            }
+        }
+        let racks: BTreeSet<usize> = spot.iter().map(|&(n, _)| n / self.layout.nodes_per_rack).collect();
+        if spot.len() > 1 && racks.len() > self.layout.min_racks(spot.len()) {
+            self.beyond_min_racks += 1;
+        }
+        self.held[job.tenant] += job.gpus as u64;
+        self.generation[j] += 1;
+        let end = now + job.duration;
+        self.completions.push(Reverse((end, j, self.generation[j])));
+        self.by_est_end.insert((now + self.est[j], j));
+        self.running[j] = Some(Run {
+            start: now,
+            spot,
+            generation: self.generation[j],
+        });
+        self.out[j].start = Some(now);
+        self.out[j].end = Some(end);
+    }
+
+    fn finish(&mut self, j: usize, now: i64) {
+        let run = self.running[j].take().expect("a completion of a running job");
+        let job = &self.trace.jobs[j];
+        self.free.give(&run.spot);
+        self.held[job.tenant] -= job.gpus as u64;
+        self.by_est_end.remove(&(run.start + self.est[j], j));
+        self.held_spans.push((run.start, now, job.gpus));
+    }
+
+    fn preempt(&mut self, j: usize, now: i64) {
+        let run = self.running[j].as_ref().expect("a running victim");
+        let (start, generation) = (run.start, run.generation);
+        debug_assert_eq!(generation, self.generation[j]);
+        self.finish(j, now);
+        self.generation[j] += 1; // its scheduled completion is void
+        self.preemptions += 1;
+        self.out[j].preempted += 1;
+        self.out[j].start = None;
+        self.out[j].end = None;
+        self.lost_gpu_s += (now - start) as i128 * self.trace.jobs[j].gpus as i128;
+        let pos = self.queue.partition_point(|&q| q < j);
+        self.queue.insert(pos, j);
+    }
+
+    /// The head's reservation: the earliest time its gang fits as running jobs end by their
+    /// estimates, and the state then with the head's best-fit placement taken out.
+    fn reserve(&self, head: usize) -> (i64, Vec<u8>) {
+        let shares = &self.shares[head];
+        let mut f = self.free.clone();
+        let mut it = self.by_est_end.iter().peekable();
+        while let Some(&(t, j)) = it.next() {
+            f.give(&self.running[j].as_ref().expect("running").spot);
+            if it.peek().is_some_and(|&&(t2, _)| t2 == t) {
+                continue;
+            }
+            if f.fits(shares) {
+                let spot = f.place(shares, false).expect("fits");
+                f.take(&spot);
+                return (t, f.free);
+            }
+        }
+        unreachable!("a gang that fits the empty fleet fits once every job has ended")
+    }
+
+    /// Tessera's reclaim for a blocked within-guarantee head: in the rack where it costs the
+    /// least work, preempt running jobs of tenants over their guarantee (least work done first,
+    /// only while the tenant stays over its guarantee) until the head fits; only when the work
+    /// lost is below the GPU-time the head would otherwise wait (by estimates).
+    fn reclaim(&mut self, head: usize, now: i64, wait_s: i64) -> bool {
+        let shares = self.shares[head].clone();
+        if shares.len() > self.layout.nodes_per_rack {
+            return false;
+        }
+        let npr = self.layout.nodes_per_rack;
+        let budget = wait_s as i128 * self.trace.jobs[head].gpus as i128;
+        let mut best: Option<(i128, Vec<usize>)> = None;
+        for rack in 0..self.layout.racks.len() {
+            let mut cands: Vec<(i128, usize)> = Vec::new();
+            for j in self.by_est_end.iter().map(|&(_, j)| j) {
+                let run = self.running[j].as_ref().expect("running");
+                let job = &self.trace.jobs[j];
+                if run.spot.iter().all(|&(n, _)| n / npr == rack) && self.held[job.tenant] > self.guarantee[job.tenant]
+                {
+                    cands.push(((now - run.start) as i128 * job.gpus as i128, j));
+                }
+            }
+            cands.sort();
+            let mut f = self.free.clone();
+            let mut held = self.held.clone();
+            let mut lost = 0i128;
+            let mut victims = Vec::new();
+            let mut ok = f.rack_holds(rack, &shares);
+            for &(w, j) in &cands {
+                if ok || lost + w >= budget || best.as_ref().is_some_and(|b| lost + w >= b.0) {
+                    break;
+                }
+                let job = &self.trace.jobs[j];
+                if held[job.tenant] <= self.guarantee[job.tenant] {
+                    continue;
+                }
+                held[job.tenant] -= job.gpus as u64;
+                f.give(&self.running[j].as_ref().expect("running").spot);
+                lost += w;
+                victims.push(j);
+                ok = f.rack_holds(rack, &shares);
+            }
+            if ok && !victims.is_empty() && best.as_ref().is_none_or(|b| lost < b.0) {
+                best = Some((lost, victims));
+            }
+        }
+        let Some((_, victims)) = best else { return false };
+        for v in victims {
+            self.preempt(v, now);
+        }
+        true
+    }
+
+    /// One scheduling pass at `now`.
+    fn pass(&mut self, now: i64) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let first_fit = self.policy == Policy::Fifo;
+        let quota_first = matches!(self.policy, Policy::QuotaBackfill | Policy::Tessera);
+        let easy = matches!(self.policy, Policy::Backfill | Policy::QuotaBackfill | Policy::Tessera);
+        // The order: arrival, or within-guarantee jobs first (judged at the start of the pass).
+        let order: Vec<usize> = if quota_first {
+            let mut v: Vec<usize> = self.queue.iter().copied().filter(|&j| self.within(j)).collect();
+            let mut rest: Vec<usize> = self.queue.iter().copied().filter(|&j| !self.within(j)).collect();
+            v.append(&mut rest);
+            v
+        } else {
+            self.queue.clone()
+        };
+        let mut started = vec![];
+        let mut failed_now = Failed::new();
+        let mut failed_spare = Failed::new();
+        // After the head: (reservation time, the reservation bookkeeping).
+        let mut reservation: Option<(i64, (Vec<u8>, Free))> = None;
+        let mut stop = false;
+        let mut reclaimed = false;
+        for &j in &order {
+            if stop {
+                break;
+            }
+            let g = self.trace.jobs[j].gpus;
+            if self.running[j].is_some() {
+                continue;
+            }
+            match &mut reservation {
+                None => {
+                    if !failed_now.get(g) && self.free.fits(&self.shares[j]) {
+                        let spot = self.free.place(&self.shares[j], first_fit).expect("fits");
+                        self.start(j, spot, now, None);
+                        started.push(j);
+                        continue;
+                    }
+                    failed_now.set(g);
+                    match self.policy {
+                        Policy::Fifo => stop = true,
+                        Policy::TopologyBestfit => {}
+                        _ => {
+                            let (t, left) = self.reserve(j);
+                            if self.policy == Policy::Tessera
+                                && !reclaimed
+                                && g >= self.layout.gpus_per_node as u32
+                                && self.within(j)
+                                && self.reclaim(j, now, t - now)
+                            {
+                                reclaimed = true;
+                                let spot = self.free.place(&self.shares[j], false).expect("reclaimed");
+                                self.start(j, spot, now, None);
+                                started.push(j);
+                                failed_now = Failed::new();
+                                continue;
+                            }
+                            let mut spare = self.free.clone();
+                            for (n, &l) in left.iter().enumerate() {
+                                spare.set(n, self.free.free[n].min(l));
+                            }
+                            reservation = Some((t, (left, spare)));
+                        }
+                    }
+                }
+                Some((t, book)) => {
+                    debug_assert!(easy);
+                    if failed_now.get(g) {
+                        continue;
+                    }
+                    if self.free.all[1..].iter().all(|&c| c == 0) {
+                        break;
+                    }
+                    let t = *t;
+                    let short = now + self.est[j] <= t;
+                    if short {
+                        if !self.free.fits(&self.shares[j]) {
+                            failed_now.set(g);
+                            continue;
+                        }
+                        let spot = self.free.place(&self.shares[j], false).expect("fits");
+                        let mut book = reservation.take().expect("set").1;
+                        self.start(j, spot, now, None);
+                        for n in 0..book.1.free.len() {
+                            let v = self.free.free[n].min(book.0[n]);
+                            book.1.set(n, v);
+                        }
+                        reservation = Some((t, book));
+                        started.push(j);
+                    } else {
+                        if failed_spare.get(g) {
+                            continue;
+                        }
+                        if !book.1.fits(&self.shares[j]) {
+                            failed_spare.set(g);
+                            if !self.free.fits(&self.shares[j]) {
+                                failed_now.set(g);
+                            }
+                            continue;
+                        }
+                        let spot = book.1.place(&self.shares[j], false).expect("fits");
+                        let mut book = reservation.take().expect("set").1;
+                        self.start(j, spot, now, Some(&mut book));
+                        reservation = Some((t, book));
+                        started.push(j);
+                    }
+                }
+            }
+            if self.free.all[1..].iter().all(|&c| c == 0) && (reservation.is_some() || self.policy != Policy::Tessera) {
+                break;
+            }
+        }
+        if !started.is_empty() {
+            self.queue.retain(|&j| self.out[j].start.is_none());
+        }
+    }
+}
+
+/// Replays `trace` on `layout` under `policy`; `outcomes` receives each job's start and end.
+pub fn replay_outcomes(trace: &Trace, layout: &Layout, policy: Policy) -> (Report, Vec<Outcome>) {
+    let n = trace.jobs.len();
+    let shares: Vec<Vec<u8>> = trace.jobs.iter().map(|j| layout.shares(j.gpus)).collect();
+    let mut sim = Sim {
+        trace,
+        layout,
+        policy,
+        est: trace.jobs.iter().map(|j| estimate(j.duration)).collect(),
+        guarantee: guarantees(trace, layout.gpus()),
+        held: vec![0; trace.tenants.len()],
+        free: Free::new(layout),
+        queue: Vec::new(),
+        running: vec![None; n],
+        by_est_end: BTreeSet::new(),
+        completions: BinaryHeap::new(),
+        generation: vec![0; n],
+        out: vec![
+            Outcome {
+                start: None,
+                end: None,
+                preempted: 0
+            };
+            n
+        ],
+        held_spans: Vec::new(),
+        preemptions: 0,
+        lost_gpu_s: 0,
+        beyond_min_racks: 0,
+        shares,
+    };
+    // Refusals: gangs that cannot fit the empty fleet.
+    let empty = Free::new(layout);
+    let refused: Vec<bool> = sim.shares.iter().map(|s| !empty.fits(s)).collect();
+    let mut next = 0usize;
+    loop {
+        let t_sub = trace.jobs.get(next).map(|j| j.submit);
+        let t_end = sim.completions.peek().map(|Reverse((t, _, _))| *t);
+        let now = match (t_sub, t_end) {
+            (None, None) => break,
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (Some(a), Some(b)) => a.min(b),
+        };
+        while let Some(&Reverse((t, j, g))) = sim.completions.peek() {
+            if t != now {
+                break;
+            }
+            sim.completions.pop();
+            if sim.generation[j] == g && sim.running[j].is_some() {
+                sim.finish(j, now);
+            }
+        }
+        while next < n && trace.jobs[next].submit == now {
+            if !refused[next] {
+                sim.queue.push(next);
+            }
+            next += 1;
+        }
+        sim.pass(now);
+    }
+    let report = report(&sim, &refused);
+    (report, sim.out)
+}
+
+/// Replays `trace` on `layout` under `policy` and measures it.
+pub fn replay(trace: &Trace, layout: &Layout, policy: Policy) -> Report {
+    replay_outcomes(trace, layout, policy).0
+}
+
+/// The window's class of a gang size.
+fn class_of(gpus: u32) -> usize {
+    match gpus {
+        1 => 0,
+        2..=4 => 1,
+        5..=8 => 2,
+        9..=32 => 3,
+        _ => 4,
+    }
+}
+
+const CLASSES: [&str; 5] = ["1", "2-4", "8", "12-32", "64-128"];
+
+fn delays(class: &str, v: &mut [(i64, i64, i64)]) -> Delays {
+    // (delay, jct, duration)
+    v.sort_unstable();
+    let n = v.len();
+    let rank = |p: usize| {
+        if n == 0 {
+            0
+        } else {
+            v[(p * n).div_ceil(100).max(1) - 1].0
+        }
+    };
+    let mean = |f: &dyn Fn(&(i64, i64, i64)) -> f64| {
+        if n == 0 {
+            0.0
+        } else {
+            v.iter().map(f).sum::<f64>() / n as f64
+        }
+    };
+    Delays {
+        class: class.to_string(),
+        jobs: n,
+        mean_s: mean(&|x| x.0 as f64),
+        p50_s: rank(50),
+        p95_s: rank(95),
+        p99_s: rank(99),
+        max_s: v.last().map_or(0, |x| x.0),
+        mean_jct_s: mean(&|x| x.1 as f64),
+        mean_bsld: mean(&|x| (x.1 as f64 / x.2.max(60) as f64).max(1.0)),
+    }
+}
+
+fn report(sim: &Sim, refused: &[bool]) -> Report {
+    let trace = sim.trace;
+    let t0 = trace.jobs.first().map_or(0, |j| j.submit);
+    let (w0, w1) = (t0 + 14 * DAY, t0 + 70 * DAY);
+    let mut per_class: Vec<Vec<(i64, i64, i64)>> = vec![Vec::new(); CLASSES.len()];
+    let mut all = Vec::new();
+    let mut per_tenant: Vec<(usize, i64)> = vec![(0, 0); trace.tenants.len()];
+    let mut refusals = 0;
+    let mut makespan = t0;
+    for (j, job) in trace.jobs.iter().enumerate() {
+        if refused[j] {
+            if (w0..w1).contains(&job.submit) {
+                refusals += 1;
+            }
+            continue;
+        }
+        let o = &sim.out[j];
+        let (start, end) = (o.start.expect("every job runs"), o.end.expect("every job ends"));
+        makespan = makespan.max(end);
+        if !(w0..w1).contains(&job.submit) {
+            continue;
+        }
+        let x = (start - job.submit, end - job.submit, job.duration);
+        per_class[class_of(job.gpus)].push(x);
+        all.push(x);
+        per_tenant[job.tenant].0 += 1;
+        per_tenant[job.tenant].1 += x.0;
+    }
+    let mut held: i128 = 0;
+    let spans = sim.held_spans.iter().copied();
+    for (s, e, g) in spans {
+        let (a, b) = (s.max(w0), e.min(w1));
+        if b > a {
+            held += (b - a) as i128 * g as i128;
+        }
+    }
+    let mut classes: Vec<Delays> = Vec::new();
+    for (c, v) in per_class.iter_mut().enumerate() {
+        if c < 4 || !v.is_empty() {
+            classes.push(delays(CLASSES[c], v));
+        }
+    }
+    classes.push(delays("all", &mut all));
+    let window_jobs = all.len();
+    Report {
+        policy: sim.policy.name().to_string(),
+        fleet_gpus: sim.layout.gpus(),
+        jobs: trace.jobs.len(),
+        window_jobs,
+        allocation_pct: 100.0 * held as f64 / (sim.layout.gpus() as f64 * (w1 - w0) as f64),
+        classes,
+        tenants: trace
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, name)| TenantFigures {
+                tenant: name.clone(),
+                guarantee: sim.guarantee[i],
+                jobs: per_tenant[i].0,
+                mean_delay_s: if per_tenant[i].0 == 0 {
+                    0.0
+                } else {
+                    per_tenant[i].1 as f64 / per_tenant[i].0 as f64
+                },
+            })
+            .collect(),
+        preemptions: sim.preemptions,
+        gpu_hours_lost: sim.lost_gpu_s as f64 / 3600.0,
+        refusals,
+        gangs_beyond_min_racks: sim.beyond_min_racks,
+        makespan_s: makespan - t0,
+    }
+}
+
+fn hours(s: f64) -> String {
+    format!("{:.2}", s / 3600.0)
+}
+
+/// Every metric of `reports` side by side, one column per policy (delays in hours).
+pub fn table(reports: &[Report]) -> String {
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+    let mut row = |name: String, f: &dyn Fn(&Report) -> String| rows.push((name, reports.iter().map(f).collect()));
+    row("allocation %".into(), &|r| format!("{:.2}", r.allocation_pct));
+    let classes: Vec<String> = reports
+        .first()
+        .map(|r| r.classes.iter().map(|c| c.class.clone()).collect())
+        .unwrap_or_default();
+    for c in &classes {
+        let get = |r: &Report| r.classes.iter().find(|d| &d.class == c).cloned();
+        let c2 = c.clone();
+        row(format!("[{c2} GPU] jobs"), &|r| {
+            get(r).map_or("-".into(), |d| d.jobs.to_string())
+        });
+        row(format!("[{c2}] delay mean h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.mean_s))
+        });
+        row(format!("[{c2}] delay p50 h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.p50_s as f64))
+        });
+        row(format!("[{c2}] delay p95 h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.p95_s as f64))
+        });
+        row(format!("[{c2}] delay p99 h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.p99_s as f64))
+        });
+        row(format!("[{c2}] delay max h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.max_s as f64))
+        });
+        row(format!("[{c2}] mean JCT h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.mean_jct_s))
+        });
+        row(format!("[{c2}] mean bounded slowdown"), &|r| {
+            get(r).map_or("-".into(), |d| format!("{:.2}", d.mean_bsld))
+        });
+    }
+    let tenants: Vec<(String, u64)> = reports
+        .first()
+        .map(|r| r.tenants.iter().map(|t| (t.tenant.clone(), t.guarantee)).collect())
+        .unwrap_or_default();
+    for (i, (name, g)) in tenants.iter().enumerate() {
+        row(format!("tenant {name} (guar. {g}) delay mean h"), &|r| {
+            let t = &r.tenants[i];
+            if t.jobs == 0 { "-".into() } else { hours(t.mean_delay_s) }
+        });
+    }
+    row("preemptions".into(), &|r| r.preemptions.to_string());
+    row("GPU-hours lost".into(), &|r| format!("{:.1}", r.gpu_hours_lost));
+    row("refusals".into(), &|r| r.refusals.to_string());
+    row("gangs beyond fewest racks".into(), &|r| {
+        r.gangs_beyond_min_racks.to_string()
+    });
+    row("makespan days".into(), &|r| {
+        format!("{:.2}", r.makespan_s as f64 / DAY as f64)
+    });
+    let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(6);
+    let w: Vec<usize> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            rows.iter()
+                .map(|row| row.1[i].len())
+                .max()
+                .unwrap_or(0)
+                .max(r.policy.len())
+        })
+        .collect();
+    let mut out = format!("{:<w0$}", "metric");
+    for (i, r) in reports.iter().enumerate() {
+        out.push_str(&format!("  {:>1$}", r.policy, w[i]));
+    }
+    out.push('\n');
+    for (name, vals) in &rows {
+        out.push_str(&format!("{name:<w0$}"));
+        for (i, v) in vals.iter().enumerate() {
+            out.push_str(&format!("  {:>1$}", v, w[i]));
+        }
+        out.push('\n');
+    }
+    out
+}
