@@ -1082,3 +1082,169 @@ pub fn table(reports: &[Report]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(submit: i64, duration: i64, gpus: u32, tenant: usize) -> PhillyJob {
+        PhillyJob {
+            submit,
+            duration,
+            gpus,
+            tenant,
+        }
+    }
+
+    fn waits(trace: &Trace, layout: &Layout, policy: Policy) -> Vec<i64> {
+        let (_, out) = replay_outcomes(trace, layout, policy);
+        out.iter()
+            .zip(&trace.jobs)
+            .map(|(o, j)| o.start.unwrap() - j.submit)
+            .collect()
+    }
+
+    #[test]
+    fn parses_the_job_table_in_order() {
+        let text = "timestamp,duration,num_gpus,gpu_time,cluster\n\
+                    2017-09-04 10:30:42,60.0,1,60.0,b\n\
+                    2017-09-04 10:30:41,3600.0,16,57600.0,a\n\
+                    2017-09-04 10:30:42,10.0,2,20.0,a\n";
+        let t = parse(text).unwrap();
+        assert_eq!(t.tenants, vec!["b", "a"]);
+        let t0 = parse_time("2017-09-04 10:30:41").unwrap();
+        assert_eq!(t0, 1_504_521_041);
+        assert_eq!(
+            t.jobs,
+            vec![job(t0, 3600, 16, 1), job(t0 + 1, 60, 1, 0), job(t0 + 1, 10, 2, 1)]
+        );
+        assert!(parse("timestamp,duration,num_gpus,gpu_time,cluster\nx,1,1,1,a\n").is_err());
+        assert_eq!(estimate(3600), 7200);
+        assert_eq!(estimate(3601), 14400);
+        assert_eq!(guarantees(&t, 768), vec![0, 767]);
+    }
+
+    #[test]
+    fn the_fleets_and_shapes_follow_the_protocol() {
+        let f = fleet("philly-768").unwrap();
+        assert_eq!(f.nodes.len(), 96);
+        assert_eq!(f.nodes[0].name, "r00-n0");
+        assert_eq!(f.nodes[95].name, "r11-n7");
+        let l = Layout::of(&f).unwrap();
+        assert_eq!(
+            (l.racks.len(), l.nodes_per_rack, l.gpus_per_node, l.gpus()),
+            (12, 8, 8, 768)
+        );
+        assert_eq!(Layout::of(&fleet("philly-640").unwrap()).unwrap().gpus(), 640);
+        assert_eq!(l.shares(4), vec![4]);
+        assert_eq!(l.shares(12), vec![8, 4]);
+        assert_eq!(l.shares(128), vec![8; 16]);
+        assert_eq!(l.min_racks(16), 2);
+        // A 128-GPU gang takes two whole racks; one that cannot fit the empty fleet is refused.
+        let trace = Trace {
+            jobs: vec![job(0, 100, 128, 0), job(0, 100, 1024, 0)],
+            tenants: vec!["a".into()],
+        };
+        let (r, out) = replay_outcomes(&trace, &l, Policy::Backfill);
+        assert_eq!(out[0].start, Some(0));
+        assert_eq!(out[1].start, None);
+        assert_eq!(r.gangs_beyond_min_racks, 0);
+    }
+
+    /// 2 racks × 2 nodes × 4 GPUs. Tenants A (0) and B (1); guarantees A ⌊88,400 × 16 ÷
+    /// 131,600⌋ = 10, B ⌊43,200 × 16 ÷ 131,600⌋ = 5.
+    ///
+    /// t=0 J0 (A, 4 GPUs, 2 h, estimate 4 h) and J1 (A, 8 = 4 + 4, 2 h) take r00-n0 and r01.
+    /// t=10 J2 (B, 8, 1 h) cannot fit (only r00-n1 is free); t=20 J3 (B, 2, 2 h, estimate 4 h);
+    /// t=30 J4 (A, 2, 1,000 s, estimate 2 h).
+    /// * fifo: J2 blocks everyone until J0 and J1 end at 7,200: waits 7,190, 7,180, 7,170.
+    /// * backfill: J2's reservation is t=14,400 (the estimates) on r00 (tie: first rack); J3
+    ///   (ends by estimate at 14,420) would hold r00-n1, reserved: waits; J4 ends by 7,230 ≤
+    ///   14,400 and starts at once on r00-n1. At 7,200 J2 and J3 start: 7,190, 7,180, 0.
+    /// * topology-bestfit: J3 and J4 start at once on r00-n1; at 7,200 J2 fits only r01:
+    ///   7,190, 0, 0.
+    /// * quota-backfill and tessera: J3 is within B's guarantee (0 + 2 ≤ 5), so goes before J2
+    ///   and starts at once; J4 is short and backfills: 7,190, 0, 0. Tessera reclaims nothing
+    ///   (J2 is beyond B's guarantee: 8 > 5).
+    #[test]
+    fn hand_made_waits_for_each_policy() {
+        let layout = Layout {
+            racks: vec!["r00".into(), "r01".into()],
+            nodes_per_rack: 2,
+            gpus_per_node: 4,
+        };
+        let trace = Trace {
+            jobs: vec![
+                job(0, 7200, 4, 0),
+                job(0, 7200, 8, 0),
+                job(10, 3600, 8, 1),
+                job(20, 7200, 2, 1),
+                job(30, 1000, 2, 0),
+            ],
+            tenants: vec!["A".into(), "B".into()],
+        };
+        assert_eq!(guarantees(&trace, 16), vec![10, 5]);
+        let expect = [
+            (Policy::Fifo, [0, 0, 7190, 7180, 7170]),
+            (Policy::Backfill, [0, 0, 7190, 7180, 0]),
+            (Policy::TopologyBestfit, [0, 0, 7190, 0, 0]),
+            (Policy::QuotaBackfill, [0, 0, 7190, 0, 0]),
+            (Policy::Tessera, [0, 0, 7190, 0, 0]),
+        ];
+        for (p, w) in expect {
+            assert_eq!(waits(&trace, &layout, p), w, "{}", p.name());
+        }
+    }
+
+    /// One rack of 2 nodes × 4 GPUs. A (0) holds both nodes with two 10 h jobs from t=0;
+    /// B (1) submits a 4-GPU, 1 h job at t=100 and a later one at t=200,000. Guarantees: A
+    /// ⌊288,000 × 8 ÷ 702,400⌋ = 3, B ⌊414,400 × 8 ÷ 702,400⌋ = 4. The baselines make B's job
+    /// wait for A's to end (35,900 s). Tessera finds it within B's guarantee and A over its own,
+    /// preempts J0 (the least work done: 400 GPU-s; J1 ties and comes later), starts J2 at once;
+    /// J0 restarts from the beginning when J2 ends at 3,700.
+    #[test]
+    fn tessera_reclaims_borrowed_gpus_for_a_tenant_within_its_guarantee() {
+        let layout = Layout {
+            racks: vec!["r00".into()],
+            nodes_per_rack: 2,
+            gpus_per_node: 4,
+        };
+        let trace = Trace {
+            jobs: vec![
+                job(0, 36000, 4, 0),
+                job(0, 36000, 4, 0),
+                job(100, 3600, 4, 1),
+                job(200_000, 100_000, 4, 1),
+            ],
+            tenants: vec!["A".into(), "B".into()],
+        };
+        assert_eq!(guarantees(&trace, 8), vec![3, 4]);
+        for p in [
+            Policy::Fifo,
+            Policy::Backfill,
+            Policy::TopologyBestfit,
+            Policy::QuotaBackfill,
+        ] {
+            assert_eq!(waits(&trace, &layout, p), [0, 0, 35900, 0], "{}", p.name());
+        }
+        let (r, out) = replay_outcomes(&trace, &layout, Policy::Tessera);
+        let w: Vec<i64> = out
+            .iter()
+            .zip(&trace.jobs)
+            .map(|(o, j)| o.start.unwrap() - j.submit)
+            .collect();
+        assert_eq!(w, [3700, 0, 0, 0]);
+        assert_eq!(out[0].preempted, 1);
+        assert_eq!(out[0].end, Some(3700 + 36000));
+        assert_eq!(r.preemptions, 1);
+        assert!((r.gpu_hours_lost - 400.0 / 3600.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v: Vec<(i64, i64, i64)> = (1..=20).map(|i| (i, i, 60)).collect();
+        let d = delays("x", &mut v);
+        assert_eq!((d.p50_s, d.p95_s, d.p99_s, d.max_s), (10, 19, 20, 20));
+        assert_eq!(d.mean_s, 10.5);
+    }
+}
