@@ -21,6 +21,7 @@ mod govcli;
 mod local;
 mod login;
 mod opscli;
+mod phillycmd;
 mod plancmd;
 mod serve;
 mod sim;

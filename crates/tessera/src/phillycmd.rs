@@ -1,0 +1,85 @@
+//! `tessera sim philly`: the Philly trace replay (`tessera_sched::philly`) for one or all five
+//! policies on `philly-768` or `philly-640`, every metric side by side or as JSON.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use tessera_sched::philly::{self, FLEETS, Layout, POLICIES, Policy};
+
+#[derive(clap::Args)]
+pub struct PhillyArgs {
+    /// Folder holding `philly_jobs.csv`.
+    #[arg(
+        long = "trace",
+        default_value = "../shared/traces/philly",
+        env = "TESSERA_PHILLY_DIR"
+    )]
+    trace: PathBuf,
+    /// `philly-768` (12 racks of 8 nodes of 8 GPUs) or `philly-640` (10 racks).
+    #[arg(long, default_value = "philly-768")]
+    fleet: String,
+    /// `all`, or one of fifo, backfill, topology-bestfit, quota-backfill, tessera.
+    #[arg(long, default_value = "all")]
+    policy: String,
+    /// One JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn philly(a: PhillyArgs) -> Result<()> {
+    let policies: Vec<Policy> = match a.policy.as_str() {
+        "all" => POLICIES.iter().filter_map(|p| Policy::parse(p)).collect(),
+        p => vec![Policy::parse(p).with_context(|| {
+            format!(
+                "--policy: unknown policy `{p}` (all, or one of: {})",
+                POLICIES.join(", ")
+            )
+        })?],
+    };
+    let Some(fleet) = philly::fleet(&a.fleet) else {
+        bail!("--fleet: unknown fleet `{}` (one of: {})", a.fleet, FLEETS.join(", "));
+    };
+    let layout = Layout::of(&fleet).context("the Philly fleet has racks")?;
+    let path = a.trace.join("philly_jobs.csv");
+    if !path.exists() {
+        bail!(
+            "job table {} not found: the Philly trace (Jeon et al., USENIX ATC'19; msr-fiddle/philly-traces) as the per-job summary `simulator/traces/philly.csv` of the public petuum/adaptdl repository (commit de25dcc), saved as philly_jobs.csv; pass its folder with --trace",
+            path.display()
+        );
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let trace = philly::parse(&text).with_context(|| format!("{}", path.display()))?;
+    let started = Instant::now();
+    let reports: Vec<_> = policies.iter().map(|&p| philly::replay(&trace, &layout, p)).collect();
+    let wall = started.elapsed().as_secs_f64();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "fleet": a.fleet,
+                "fleet_gpus": layout.gpus(),
+                "jobs": trace.jobs.len(),
+                "reports": reports,
+                "wall_seconds": (wall * 1000.0).round() / 1000.0,
+            })
+        );
+    } else {
+        println!(
+            "philly replay: {} jobs, {} tenants on {} ({} racks × {} nodes × {} GPUs); window [t0+14 d, t0+70 d): {} jobs; delays in hours; wall {wall:.1} s",
+            trace.jobs.len(),
+            trace.tenants.len(),
+            a.fleet,
+            layout.racks.len(),
+            layout.nodes_per_rack,
+            layout.gpus_per_node,
+            reports.first().map_or(0, |r| r.window_jobs),
+        );
+        print!("{}", philly::table(&reports));
+        println!(
+            "tessera: within-guarantee jobs first, a reservation for the first blocked job, borrowed GPUs reclaimed (preempted jobs restart from the beginning: no checkpointing) for a blocked within-guarantee job of 8 GPUs or more"
+        );
+    }
+    Ok(())
+}
