@@ -178,8 +178,13 @@ pub enum Policy {
     TopologyBestfit,
     /// `Backfill` with jobs within their tenant's guarantee ordered first.
     QuotaBackfill,
-    /// Tessera: `QuotaBackfill`, plus reclaim of borrowed GPUs (preemption) for a blocked
-    /// within-guarantee job of 8 GPUs or more.
+    /// Tessera: waiting multi-node gangs first, then jobs within their tenant's guarantee,
+    /// then the rest (arrival order in each class); EASY backfill around a reservation for the
+    /// first blocked job; for a blocked multi-node gang within its tenant's guarantee, borrowed
+    /// GPUs are reclaimed in one rack (jobs of tenants over their guarantee, least work done
+    /// first) when the work lost is under 5 % of the GPU-time the gang would otherwise wait for
+    /// its reservation. Preempted jobs restart from the beginning (no checkpointing). See
+    /// [`TesseraKnobs`].
     Tessera,
 }
 
@@ -505,6 +510,7 @@ struct Run {
 }
 
 struct Sim<'a> {
+    knobs: TesseraKnobs,
     trace: &'a Trace,
     layout: &'a Layout,
     policy: Policy,
@@ -637,15 +643,16 @@ impl<'a> Sim<'a> {
 
     /// Tessera's reclaim for a blocked within-guarantee head: in the rack where it costs the
     /// least work, preempt running jobs of tenants over their guarantee (least work done first,
-    /// only while the tenant stays over its guarantee) until the head fits; only when the work
-    /// lost is below the GPU-time the head would otherwise wait (by estimates).
+    /// only while the tenant is still over its guarantee) until the head fits; only when the
+    /// work lost is below `reclaim_budget_pct` % of the GPU-time the head would otherwise wait
+    /// (by estimates).
     fn reclaim(&mut self, head: usize, now: i64, wait_s: i64) -> bool {
         let shares = self.shares[head].clone();
         if shares.len() > self.layout.nodes_per_rack {
             return false;
         }
         let npr = self.layout.nodes_per_rack;
-        let budget = wait_s as i128 * self.trace.jobs[head].gpus as i128;
+        let budget = wait_s as i128 * self.trace.jobs[head].gpus as i128 * self.knobs.reclaim_budget_pct as i128 / 100;
         let mut best: Option<(i128, Vec<usize>)> = None;
         for rack in 0..self.layout.racks.len() {
             let mut cands: Vec<(i128, usize)> = Vec::new();
@@ -697,7 +704,28 @@ impl<'a> Sim<'a> {
         let quota_first = matches!(self.policy, Policy::QuotaBackfill | Policy::Tessera);
         let easy = matches!(self.policy, Policy::Backfill | Policy::QuotaBackfill | Policy::Tessera);
         // The order: arrival, or within-guarantee jobs first (judged at the start of the pass).
-        let order: Vec<usize> = if quota_first {
+        let order: Vec<usize> = if self.policy == Policy::Tessera {
+            let k = self.knobs;
+            let npg = self.layout.gpus_per_node as u32;
+            let mut v: Vec<(u8, usize)> = self
+                .queue
+                .iter()
+                .map(|&j| {
+                    let within = self.within(j);
+                    let gang = self.trace.jobs[j].gpus > npg;
+                    let class = if k.gangs_first && gang && (within || !k.gangs_first_within_only) {
+                        0
+                    } else if within {
+                        1
+                    } else {
+                        2
+                    };
+                    (class, j)
+                })
+                .collect();
+            v.sort_unstable();
+            v.into_iter().map(|x| x.1).collect()
+        } else if quota_first {
             let mut v: Vec<usize> = self.queue.iter().copied().filter(|&j| self.within(j)).collect();
             let mut rest: Vec<usize> = self.queue.iter().copied().filter(|&j| !self.within(j)).collect();
             v.append(&mut rest);
@@ -736,7 +764,7 @@ impl<'a> Sim<'a> {
                             let (t, left) = self.reserve(j);
                             if self.policy == Policy::Tessera
                                 && !reclaimed
-                                && g >= self.layout.gpus_per_node as u32
+                                && self.knobs.reclaim_min_shares.is_some_and(|m| self.shares[j].len() >= m)
                                 && self.within(j)
                                 && self.reclaim(j, now, t - now)
                             {
@@ -808,11 +836,44 @@ impl<'a> Sim<'a> {
     }
 }
 
-/// Replays `trace` on `layout` under `policy`; `outcomes` receives each job's start and end.
+/// Replays `trace` on `layout` under `policy`; also each job's outcome.
 pub fn replay_outcomes(trace: &Trace, layout: &Layout, policy: Policy) -> (Report, Vec<Outcome>) {
+    replay_tuned(trace, layout, policy, TesseraKnobs::default())
+}
+
+/// The choices inside the `tessera` policy (the default is the policy; the others are there
+/// to measure what each part does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TesseraKnobs {
+    /// Multi-node gangs (more GPUs than a node) go before all other waiting jobs.
+    pub gangs_first: bool,
+    /// … only those within their tenant's guarantee.
+    pub gangs_first_within_only: bool,
+    /// Reclaim borrowed GPUs for a blocked within-guarantee job of at least this many
+    /// node-shares (2: multi-node gangs only; `None`: never).
+    pub reclaim_min_shares: Option<usize>,
+    /// Reclaim only while the work lost stays under this % of the GPU-time the job would wait
+    /// for its reservation (by estimates).
+    pub reclaim_budget_pct: u32,
+}
+
+impl Default for TesseraKnobs {
+    fn default() -> Self {
+        TesseraKnobs {
+            gangs_first: true,
+            gangs_first_within_only: false,
+            reclaim_min_shares: Some(2),
+            reclaim_budget_pct: 5,
+        }
+    }
+}
+
+/// [`replay_outcomes`] with the `tessera` policy's choices set by `knobs`.
+pub fn replay_tuned(trace: &Trace, layout: &Layout, policy: Policy, knobs: TesseraKnobs) -> (Report, Vec<Outcome>) {
     let n = trace.jobs.len();
     let shares: Vec<Vec<u8>> = trace.jobs.iter().map(|j| layout.shares(j.gpus)).collect();
     let mut sim = Sim {
+        knobs,
         trace,
         layout,
         policy,
@@ -1163,9 +1224,12 @@ mod tests {
     ///   14,400 and starts at once on r00-n1. At 7,200 J2 and J3 start: 7,190, 7,180, 0.
     /// * topology-bestfit: J3 and J4 start at once on r00-n1; at 7,200 J2 fits only r01:
     ///   7,190, 0, 0.
-    /// * quota-backfill and tessera: J3 is within B's guarantee (0 + 2 ≤ 5), so goes before J2
-    ///   and starts at once; J4 is short and backfills: 7,190, 0, 0. Tessera reclaims nothing
-    ///   (J2 is beyond B's guarantee: 8 > 5).
+    /// * quota-backfill: J3 is within B's guarantee (0 + 2 ≤ 5), so goes before J2 and starts
+    ///   at once; J4 is short and backfills: 7,190, 0, 0.
+    /// * tessera: multi-node gangs go first, so at t=0 J1 takes r00 (tie: first rack) and J0
+    ///   r01-n0; J2 is the head, its reservation at 14,400 is on r00 (tie), so J3 may hold
+    ///   r01-n1 past it and starts at once, and J4 too: 7,190, 0, 0. No reclaim (J2 is beyond
+    ///   B's guarantee: 8 > 5).
     #[test]
     fn hand_made_waits_for_each_policy() {
         let layout = Layout {
@@ -1196,18 +1260,19 @@ mod tests {
         }
     }
 
-    /// One rack of 2 nodes × 4 GPUs. A (0) holds both nodes with two 10 h jobs from t=0;
-    /// B (1) submits a 4-GPU, 1 h job at t=100 and a later one at t=200,000. Guarantees: A
-    /// ⌊288,000 × 8 ÷ 702,400⌋ = 3, B ⌊414,400 × 8 ÷ 702,400⌋ = 4. The baselines make B's job
-    /// wait for A's to end (35,900 s). Tessera finds it within B's guarantee and A over its own,
-    /// preempts J0 (the least work done: 400 GPU-s; J1 ties and comes later), starts J2 at once;
-    /// J0 restarts from the beginning when J2 ends at 3,700.
+    /// One rack of 4 nodes × 2 GPUs. A (0) holds every node with two 10 h gangs of 2 × 2 GPUs
+    /// from t=0; B (1) submits a 2 × 2-GPU gang of 1 h at t=100 and a later one at t=200,000.
+    /// Guarantees: A ⌊288,000 × 8 ÷ 702,400⌋ = 3, B ⌊414,400 × 8 ÷ 702,400⌋ = 4. The baselines
+    /// make B's gang wait for A's to end (35,900 s). Tessera finds it within B's guarantee and A
+    /// over its own; its reservation is at 72,000 (A's 20 h estimates), so it may lose up to 5 %
+    /// of 71,900 s × 4 GPUs; it preempts J0 (the least work done: 400 GPU-s; J1 ties and comes
+    /// later) and starts J2 at once; J0 restarts from the beginning when J2 ends at 3,700.
     #[test]
     fn tessera_reclaims_borrowed_gpus_for_a_tenant_within_its_guarantee() {
         let layout = Layout {
             racks: vec!["r00".into()],
-            nodes_per_rack: 2,
-            gpus_per_node: 4,
+            nodes_per_rack: 4,
+            gpus_per_node: 2,
         };
         let trace = Trace {
             jobs: vec![

@@ -78,7 +78,7 @@ pub fn philly(a: PhillyArgs) -> Result<()> {
         );
         print!("{}", philly::table(&reports));
         println!(
-            "tessera: within-guarantee jobs first, a reservation for the first blocked job, borrowed GPUs reclaimed (preempted jobs restart from the beginning: no checkpointing) for a blocked within-guarantee job of 8 GPUs or more"
+            "tessera: multi-node gangs first, then jobs within their tenant's guarantee, then the rest; EASY backfill around the first blocked job's reservation; borrowed GPUs reclaimed in one rack for a blocked within-guarantee multi-node gang when the work lost is under 5 % of its wait (by estimates); preempted jobs restart from the beginning (no checkpointing)"
         );
     }
     Ok(())
