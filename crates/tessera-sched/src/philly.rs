@@ -136,6 +136,31 @@ pub fn parse(text: &str) -> Result<Trace, ParseError> {
     Ok(Trace { jobs, tenants })
 }
 
+impl Trace {
+    /// The same jobs with those submitted in the same second in another order (section 8 of
+    /// the protocol): seed 0 is the file's order, any other seed shuffles each same-second
+    /// group with a generator seeded by it.
+    pub fn reordered(&self, seed: u64) -> Trace {
+        use rand::SeedableRng;
+        use rand::seq::SliceRandom;
+        let mut t = self.clone();
+        if seed == 0 {
+            return t;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut i = 0;
+        while i < t.jobs.len() {
+            let mut k = i + 1;
+            while k < t.jobs.len() && t.jobs[k].submit == t.jobs[i].submit {
+                k += 1;
+            }
+            t.jobs[i..k].shuffle(&mut rng);
+            i = k;
+        }
+        t
+    }
+}
+
 /// The protocol's fleets.
 pub const FLEETS: [&str; 2] = ["philly-768", "philly-640"];
 
@@ -473,6 +498,36 @@ pub struct Report {
     pub gangs_beyond_min_racks: usize,
     /// The last job's end, seconds after t0.
     pub makespan_s: i64,
+}
+
+impl Report {
+    /// The mean of each figure over `reports` (one policy's runs over several same-second
+    /// orders); counts are rounded to the nearest whole number.
+    pub fn mean(reports: &[Report]) -> Option<Report> {
+        let first = reports.first()?;
+        let n = reports.len() as f64;
+        let avg = |f: &dyn Fn(&Report) -> f64| reports.iter().map(f).sum::<f64>() / n;
+        let avg_i = |f: &dyn Fn(&Report) -> f64| avg(f).round() as i64;
+        let mut m = first.clone();
+        m.allocation_pct = avg(&|r| r.allocation_pct);
+        for (c, d) in m.classes.iter_mut().enumerate() {
+            d.mean_s = avg(&|r| r.classes[c].mean_s);
+            d.p50_s = avg_i(&|r| r.classes[c].p50_s as f64);
+            d.p95_s = avg_i(&|r| r.classes[c].p95_s as f64);
+            d.p99_s = avg_i(&|r| r.classes[c].p99_s as f64);
+            d.max_s = avg_i(&|r| r.classes[c].max_s as f64);
+            d.mean_jct_s = avg(&|r| r.classes[c].mean_jct_s);
+            d.mean_bsld = avg(&|r| r.classes[c].mean_bsld);
+        }
+        for (i, t) in m.tenants.iter_mut().enumerate() {
+            t.mean_delay_s = avg(&|r| r.tenants[i].mean_delay_s);
+        }
+        m.preemptions = avg_i(&|r| r.preemptions as f64) as u64;
+        m.gpu_hours_lost = avg(&|r| r.gpu_hours_lost);
+        m.gangs_beyond_min_racks = avg_i(&|r| r.gangs_beyond_min_racks as f64) as usize;
+        m.makespan_s = avg_i(&|r| r.makespan_s as f64);
+        Some(m)
+    }
 }
 
 /// The per-job outcome of a replay, for tests.
@@ -1303,6 +1358,33 @@ mod tests {
         assert_eq!(out[0].end, Some(3700 + 36000));
         assert_eq!(r.preemptions, 1);
         assert!((r.gpu_hours_lost - 400.0 / 3600.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reordering_shuffles_only_within_a_second() {
+        let jobs: Vec<PhillyJob> = (0..40).map(|i| job(i / 10, i, 1, 0)).collect();
+        let t = Trace {
+            jobs,
+            tenants: vec!["a".into()],
+        };
+        assert_eq!(t.reordered(0), t);
+        let r = t.reordered(7);
+        assert_ne!(r, t);
+        assert_eq!(r, t.reordered(7));
+        for (a, b) in r.jobs.iter().zip(&t.jobs) {
+            assert_eq!(a.submit, b.submit);
+        }
+        let layout = Layout {
+            racks: vec!["r00".into()],
+            nodes_per_rack: 1,
+            gpus_per_node: 1,
+        };
+        let reports: Vec<Report> = [0, 7]
+            .iter()
+            .map(|&s| replay(&t.reordered(s), &layout, Policy::Fifo))
+            .collect();
+        let m = Report::mean(&reports).unwrap();
+        assert_eq!(m.makespan_s, reports[0].makespan_s);
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub struct PhillyArgs {
     /// `all`, or one of fifo, backfill, topology-bestfit, quota-backfill, tessera.
     #[arg(long, default_value = "all")]
     policy: String,
+    /// Same-second orders (protocol section 8): `0` is the file's order; several (`0-4`) report
+    /// the mean of every figure over them.
+    #[arg(long, default_value = "0")]
+    seeds: String,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -51,8 +55,18 @@ pub fn philly(a: PhillyArgs) -> Result<()> {
     }
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let trace = philly::parse(&text).with_context(|| format!("{}", path.display()))?;
+    let seeds = crate::sim::parse_seeds(&a.seeds)?;
     let started = Instant::now();
-    let reports: Vec<_> = policies.iter().map(|&p| philly::replay(&trace, &layout, p)).collect();
+    let traces: Vec<_> = seeds.iter().map(|&s| trace.reordered(s)).collect();
+    // per_seed[policy][seed]
+    let per_seed: Vec<Vec<_>> = policies
+        .iter()
+        .map(|&p| traces.iter().map(|t| philly::replay(t, &layout, p)).collect())
+        .collect();
+    let reports: Vec<_> = per_seed
+        .iter()
+        .map(|r| philly::Report::mean(r).expect("at least one seed"))
+        .collect();
     let wall = started.elapsed().as_secs_f64();
     if a.json {
         println!(
@@ -61,13 +75,15 @@ pub fn philly(a: PhillyArgs) -> Result<()> {
                 "fleet": a.fleet,
                 "fleet_gpus": layout.gpus(),
                 "jobs": trace.jobs.len(),
+                "seeds": seeds,
                 "reports": reports,
+                "per_seed": if seeds.len() > 1 { json!(per_seed) } else { json!(null) },
                 "wall_seconds": (wall * 1000.0).round() / 1000.0,
             })
         );
     } else {
         println!(
-            "philly replay: {} jobs, {} tenants on {} ({} racks × {} nodes × {} GPUs); window [t0+14 d, t0+70 d): {} jobs; delays in hours; wall {wall:.1} s",
+            "philly replay: {} jobs, {} tenants on {} ({} racks × {} nodes × {} GPUs); window [t0+14 d, t0+70 d): {} jobs; delays in hours; {}; wall {wall:.1} s",
             trace.jobs.len(),
             trace.tenants.len(),
             a.fleet,
@@ -75,6 +91,11 @@ pub fn philly(a: PhillyArgs) -> Result<()> {
             layout.nodes_per_rack,
             layout.gpus_per_node,
             reports.first().map_or(0, |r| r.window_jobs),
+            if seeds.len() == 1 {
+                format!("same-second order {}", seeds[0])
+            } else {
+                format!("mean over same-second orders {}", a.seeds)
+            },
         );
         print!("{}", philly::table(&reports));
         println!(
