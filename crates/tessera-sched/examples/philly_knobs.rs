@@ -11,15 +11,16 @@ fn main() {
     let trace = philly::parse(&text).expect("a valid trace");
     let layout = Layout::of(&philly::fleet(fleet_name).expect("a Philly fleet")).expect("racks");
     let mut variants = Vec::new();
-    for gangs_first in [false, true] {
+    for first_min_gpus in [u32::MAX, 8, 4] {
         for reclaim in [None, Some(1), Some(2)] {
             for pct in [20, 5, 2] {
                 if reclaim.is_none() && pct != 5 {
                     continue;
                 }
                 variants.push(TesseraKnobs {
-                    gangs_first,
+                    gangs_first: true,
                     gangs_first_within_only: false,
+                    first_min_gpus,
                     reclaim_min_shares: reclaim,
                     reclaim_budget_pct: pct,
                 });

@@ -405,6 +405,13 @@ impl Free {
 
     /// Places the gang: best-fit (`first_fit` false) or first rack and nodes in name order.
     fn place(&self, shares: &[u8], first_fit: bool) -> Option<Spot> {
+        self.place_ranked(self, shares, first_fit)
+    }
+
+    /// Places the gang where `self` has room, choosing racks and nodes by the free GPUs of
+    /// `rank` (a backfilled job that must leave a reservation alone fits in what the
+    /// reservation leaves, and is placed best-fit by what is actually free).
+    fn place_ranked(&self, rank: &Free, shares: &[u8], first_fit: bool) -> Option<Spot> {
         let mut spot = Vec::with_capacity(shares.len());
         let mut taken = vec![false; self.racks()];
         for chunk in shares.chunks(self.npr) {
@@ -417,7 +424,7 @@ impl Free {
                     best = Some(r);
                     break;
                 }
-                if best.is_none_or(|b| self.rack_free[r] < self.rack_free[b]) {
+                if best.is_none_or(|b| rank.rack_free[r] < rank.rack_free[b]) {
                     best = Some(r);
                 }
             }
@@ -427,15 +434,15 @@ impl Free {
             for &s in chunk {
                 let mut pick: Option<usize> = None;
                 for (i, &u) in used.iter().enumerate() {
-                    let f = self.free[r * self.npr + i];
-                    if u || f < s {
+                    if u || self.free[r * self.npr + i] < s {
                         continue;
                     }
                     if first_fit {
                         pick = Some(i);
                         break;
                     }
-                    if pick.is_none_or(|p| f < self.free[r * self.npr + p]) {
+                    let f = rank.free[r * self.npr + i];
+                    if pick.is_none_or(|p| f < rank.free[r * self.npr + p]) {
                         pick = Some(i);
                     }
                 }
@@ -768,7 +775,8 @@ impl<'a> Sim<'a> {
                 .map(|&j| {
                     let within = self.within(j);
                     let gang = self.trace.jobs[j].gpus > npg;
-                    let class = if k.gangs_first && gang && (within || !k.gangs_first_within_only) {
+                    let big = self.trace.jobs[j].gpus >= k.first_min_gpus;
+                    let class = if k.gangs_first && (gang || big) && (within || !k.gangs_first_within_only) {
                         0
                     } else if within {
                         1
@@ -873,7 +881,7 @@ impl<'a> Sim<'a> {
                             }
                             continue;
                         }
-                        let spot = book.1.place(&self.shares[j], false).expect("fits");
+                        let spot = book.1.place_ranked(&self.free, &self.shares[j], false).expect("fits");
                         let mut book = reservation.take().expect("set").1;
                         self.start(j, spot, now, Some(&mut book));
                         reservation = Some((t, book));
@@ -904,6 +912,9 @@ pub struct TesseraKnobs {
     pub gangs_first: bool,
     /// … only those within their tenant's guarantee.
     pub gangs_first_within_only: bool,
+    /// With `gangs_first`, jobs of at least this many GPUs go first too (beyond one node: no
+    /// change).
+    pub first_min_gpus: u32,
     /// Reclaim borrowed GPUs for a blocked within-guarantee job of at least this many
     /// node-shares (2: multi-node gangs only; `None`: never).
     pub reclaim_min_shares: Option<usize>,
@@ -917,6 +928,7 @@ impl Default for TesseraKnobs {
         TesseraKnobs {
             gangs_first: true,
             gangs_first_within_only: false,
+            first_min_gpus: u32::MAX,
             reclaim_min_shares: Some(2),
             reclaim_budget_pct: 5,
         }
