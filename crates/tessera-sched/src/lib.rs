@@ -23,6 +23,9 @@
 //! * [`timed`]: time-based replay of a demand (the openb trace's own times) through the
 //!   scheduler cycle, with allocation over time, wait percentiles and refusals.
 //!
+//! * [`philly`]: the Philly trace replay protocol (racks of 8-GPU nodes, gangs in the fewest
+//!   racks, tenant guarantees) with fifo, EASY backfill, topology-bestfit, quota-backfill and
+//!   Tessera's policy side by side.
 //! * [`bench`]: the scheduler-cycle benchmark (`tessera bench cycle`).
 //!
 //! The same engine serves the trace replay, the benchmarks and the server.
@@ -32,6 +35,7 @@ pub mod bound;
 pub mod cycle;
 pub mod engine;
 pub mod mig;
+pub mod philly;
 pub mod plan;
 pub mod policy;
 pub mod reason;

@@ -8,7 +8,7 @@
 //! `gpus`, `tenants`, `projects`, `token` and `logs` talk to it; `admin recover` issues an
 //! admin token through the data directory; `gpu-check` shows this machine's GPUs (and the hidden
 //! `device-report` builds the report of `scripts/device-check.sh`); `sim openb`
-//! replays the Alibaba trace, `bench` measures the engine and the API, `fleet` shows a fleet
+//! replays the Alibaba trace, `sim philly` the Philly trace under five policies, `bench` measures the engine and the API, `fleet` shows a fleet
 //! description and `openapi` prints the API document.
 
 mod bench;
@@ -21,6 +21,7 @@ mod govcli;
 mod local;
 mod login;
 mod opscli;
+mod phillycmd;
 mod plancmd;
 mod serve;
 mod sim;

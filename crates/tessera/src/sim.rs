@@ -20,6 +20,10 @@ pub enum SimCommand {
     /// A multi-tenant scenario on a simulated fleet (default: seed, 40 tenants, 48 h) under
     /// saturating demand: utilisation, queueing delay per priority and tenant, preemptions.
     Scenario(ScenarioArgs),
+    /// Replay Microsoft's Philly job table (82,247 gangs of 1–128 GPUs, 15 VCs as tenants) on
+    /// the `philly-768` / `philly-640` fleets by the protocol of `../shared/traces/philly`:
+    /// every metric for fifo, backfill, topology-bestfit, quota-backfill and tessera.
+    Philly(crate::phillycmd::PhillyArgs),
 }
 
 #[derive(clap::Args)]
@@ -95,6 +99,7 @@ pub fn run(cmd: SimCommand) -> Result<()> {
     match cmd {
         SimCommand::Openb(a) => openb(a),
         SimCommand::Scenario(a) => scenario(a),
+        SimCommand::Philly(a) => crate::phillycmd::philly(a),
     }
 }
 

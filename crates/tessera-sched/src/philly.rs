@@ -1,0 +1,1409 @@
+//! The Philly trace replay (Microsoft's Philly job table, ATC'19), following the protocol in
+//! `shared/traces/philly/README.md`: the `philly-768` / `philly-640` fleets (racks of 8 nodes of
+//! 8 GPUs, built as [`Fleet`]s with the `rack` level of [`tessera_model::Levels`]), every job as
+//! a gang (≤ 8 GPUs on one node; more as ⌈n/8⌉ node-shares of 8, the last holding the
+//! remainder) in the fewest racks that hold it, events per timestamp (completions, submissions,
+//! one scheduling pass), tenants (one per VC) with guarantees from their share of GPU-time, the
+//! measured window `[t0 + 14 d, t0 + 70 d)` and the metrics of its section 6, under the five
+//! policies of [`Policy`].
+//!
+//! Placement is computed here over a small model of free GPUs per node and rack rather than by
+//! the engine's [`crate::Engine::plan_gang`], because the protocol fixes the rules exactly
+//! (best-fit: the rack with the fewest free GPUs that holds the gang, in it the nodes with the
+//! fewest free GPUs that hold each share, largest share first; `fifo`: the first rack and first
+//! nodes in name order). A gang beyond one rack (the trace's 128-GPU jobs: two whole racks) is
+//! cut into chunks of one rack's nodes, largest shares first, each chunk placed by the same rule
+//! in a rack not yet taken.
+//!
+//! Pure and deterministic: [`parse`] takes the file's text, [`replay`] takes the jobs and a
+//! fleet; no clock, no I/O, no randomness.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+
+use tessera_model::{Fleet, FleetError};
+
+/// Seconds in a day.
+const DAY: i64 = 86_400;
+
+/// One job of the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PhillyJob {
+    /// Submission, in seconds since 1970-01-01 (the trace's local time read as UTC).
+    pub submit: i64,
+    /// Seconds it runs once started.
+    pub duration: i64,
+    pub gpus: u32,
+    /// Index into [`Trace::tenants`].
+    pub tenant: usize,
+}
+
+/// The jobs, ordered by (`timestamp`, row), and the tenants (VCs) in order of first appearance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trace {
+    pub jobs: Vec<PhillyJob>,
+    pub tenants: Vec<String>,
+}
+
+/// A malformed line of the job table.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct ParseError {
+    pub line: usize,
+    pub message: String,
+}
+
+/// Days from 1970-01-01 to the civil date (proleptic Gregorian).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// `YYYY-MM-DD HH:MM:SS` as seconds since 1970-01-01 UTC.
+pub fn parse_time(s: &str) -> Option<i64> {
+    let (date, time) = s.trim().split_once(' ')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, mo, da) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.split(':').map(|p| p.parse::<i64>().ok());
+    let (h, mi, se) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&da) || h > 23 || mi > 59 || se > 60 {
+        return None;
+    }
+    Some(days_from_civil(y, mo, da) * DAY + h * 3600 + mi * 60 + se)
+}
+
+/// Parses `philly_jobs.csv` (`timestamp,duration,num_gpus,gpu_time,cluster`, columns found by
+/// their header names) and orders the jobs by (`timestamp`, row in the file).
+pub fn parse(text: &str) -> Result<Trace, ParseError> {
+    let mut lines = text.lines().enumerate();
+    let (_, header) = lines.next().ok_or(ParseError {
+        line: 1,
+        message: "empty file".into(),
+    })?;
+    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    let col = |name: &str| {
+        cols.iter().position(|c| *c == name).ok_or(ParseError {
+            line: 1,
+            message: format!("no `{name}` column"),
+        })
+    };
+    let (ct, cd, cg, cc) = (col("timestamp")?, col("duration")?, col("num_gpus")?, col("cluster")?);
+    let mut tenants: Vec<String> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut jobs = Vec::new();
+    for (i, line) in lines {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        let bad = |message: String| ParseError { line: i + 1, message };
+        let get = |c: usize, name: &str| f.get(c).copied().ok_or_else(|| bad(format!("no `{name}`")));
+        let ts = get(ct, "timestamp")?;
+        let submit = parse_time(ts).ok_or_else(|| bad(format!("timestamp `{ts}` is not YYYY-MM-DD HH:MM:SS")))?;
+        let ds = get(cd, "duration")?;
+        let duration: f64 = ds
+            .parse()
+            .map_err(|_| bad(format!("duration `{ds}` is not a number")))?;
+        if !(duration >= 0.0 && duration.is_finite()) {
+            return Err(bad(format!("duration `{ds}` is negative")));
+        }
+        let gs = get(cg, "num_gpus")?;
+        let gpus: u32 = gs
+            .parse()
+            .map_err(|_| bad(format!("num_gpus `{gs}` is not a whole number")))?;
+        if gpus == 0 {
+            return Err(bad("num_gpus is 0".into()));
+        }
+        let vc = get(cc, "cluster")?;
+        let tenant = *index.entry(vc.to_string()).or_insert_with(|| {
+            tenants.push(vc.to_string());
+            tenants.len() - 1
+        });
+        jobs.push(PhillyJob {
+            submit,
+            duration: duration.round() as i64,
+            gpus,
+            tenant,
+        });
+    }
+    // Stable: ties keep the file's row order.
+    jobs.sort_by_key(|j| j.submit);
+    Ok(Trace { jobs, tenants })
+}
+
+impl Trace {
+    /// The same jobs with those submitted in the same second in another order (section 8 of
+    /// the protocol): seed 0 is the file's order, any other seed shuffles each same-second
+    /// group with a generator seeded by it.
+    pub fn reordered(&self, seed: u64) -> Trace {
+        use rand::SeedableRng;
+        use rand::seq::SliceRandom;
+        let mut t = self.clone();
+        if seed == 0 {
+            return t;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut i = 0;
+        while i < t.jobs.len() {
+            let mut k = i + 1;
+            while k < t.jobs.len() && t.jobs[k].submit == t.jobs[i].submit {
+                k += 1;
+            }
+            t.jobs[i..k].shuffle(&mut rng);
+            i = k;
+        }
+        t
+    }
+}
+
+/// The protocol's fleets.
+pub const FLEETS: [&str; 2] = ["philly-768", "philly-640"];
+
+/// The fleet `philly-768` (12 racks) or `philly-640` (10 racks): racks `r00`.. of 8 nodes
+/// `rXX-n0`..`rXX-n7` with 8 NVSwitch GPUs (the catalogue's A100-80GB: the protocol fixes only the
+/// count and one NVLink domain per node), 96 CPUs and 1,024 GiB each, one whole pool.
+pub fn fleet(name: &str) -> Option<Fleet> {
+    let racks = match name {
+        "philly-768" => 12,
+        "philly-640" => 10,
+        _ => return None,
+    };
+    Some(fleet_of(racks).expect("the Philly fleet is valid"))
+}
+
+/// `racks` racks of 8 nodes of 8 GPUs, as [`fleet`] builds them.
+pub fn fleet_of(racks: usize) -> Result<Fleet, FleetError> {
+    let mut toml = String::from("[[pool]]\nname = \"philly\"\nsharing = \"whole\"\n");
+    for r in 0..racks {
+        for n in 0..8 {
+            toml.push_str(&format!(
+                "[[pool.nodes]]\nname = \"r{r:02}-n{n}\"\ngpu_model = \"A100-80GB\"\ngpus = 8\ncpus = 96\nmemory_gib = 1024\nnvlink = \"nvswitch\"\nrack = \"r{r:02}\"\n"
+            ));
+        }
+    }
+    Fleet::from_toml(&toml, "philly")
+}
+
+/// The replay's policies, in report order.
+pub const POLICIES: [&str; 5] = ["fifo", "backfill", "topology-bestfit", "quota-backfill", "tessera"];
+
+/// The five policies of the protocol's section 7.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Strict arrival order, the head blocks everyone; first rack and nodes in name order.
+    Fifo,
+    /// EASY backfill with best-fit: a reservation for the head, recomputed every pass.
+    Backfill,
+    /// Every pass starts each job that fits, in arrival order, best-fit, no reservation.
+    TopologyBestfit,
+    /// `Backfill` with jobs within their tenant's guarantee ordered first.
+    QuotaBackfill,
+    /// Tessera: waiting multi-node gangs first, then jobs within their tenant's guarantee,
+    /// then the rest (arrival order in each class); EASY backfill around a reservation for the
+    /// first blocked job; for a blocked multi-node gang within its tenant's guarantee, borrowed
+    /// GPUs are reclaimed in one rack (jobs of tenants over their guarantee, least work done
+    /// first) when the work lost is under 5 % of the GPU-time the gang would otherwise wait for
+    /// its reservation. Preempted jobs restart from the beginning (no checkpointing). See
+    /// [`TesseraKnobs`].
+    Tessera,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Option<Policy> {
+        Some(match s {
+            "fifo" => Policy::Fifo,
+            "backfill" => Policy::Backfill,
+            "topology-bestfit" => Policy::TopologyBestfit,
+            "quota-backfill" => Policy::QuotaBackfill,
+            "tessera" => Policy::Tessera,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Fifo => "fifo",
+            Policy::Backfill => "backfill",
+            Policy::TopologyBestfit => "topology-bestfit",
+            Policy::QuotaBackfill => "quota-backfill",
+            Policy::Tessera => "tessera",
+        }
+    }
+}
+
+/// The rack/node layout the replay places on, read from a fleet's `rack` level.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Rack names, in name order.
+    pub racks: Vec<String>,
+    /// Nodes per rack (every rack the same).
+    pub nodes_per_rack: usize,
+    /// GPUs per node (every node the same).
+    pub gpus_per_node: u8,
+}
+
+impl Layout {
+    /// The layout of a fleet whose nodes all have the same GPUs and stand in racks of equal
+    /// size (the Philly fleets); `None` otherwise.
+    pub fn of(fleet: &Fleet) -> Option<Layout> {
+        let level = fleet.levels.level("rack")?;
+        let mut racks: Vec<(String, usize)> = fleet
+            .levels
+            .domains(level)
+            .iter()
+            .map(|d| (d.name.clone(), d.nodes.len()))
+            .collect();
+        racks.sort();
+        let nodes_per_rack = racks.first()?.1;
+        let gpus_per_node = fleet.nodes.first()?.gpus;
+        if racks.iter().any(|r| r.1 != nodes_per_rack)
+            || fleet.nodes.iter().any(|n| n.gpus != gpus_per_node)
+            || racks.len() * nodes_per_rack != fleet.nodes.len()
+            || gpus_per_node == 0
+        {
+            return None;
+        }
+        Some(Layout {
+            racks: racks.into_iter().map(|r| r.0).collect(),
+            nodes_per_rack,
+            gpus_per_node,
+        })
+    }
+
+    pub fn gpus(&self) -> u64 {
+        (self.racks.len() * self.nodes_per_rack) as u64 * self.gpus_per_node as u64
+    }
+
+    /// The node-shares of a gang of `gpus`, largest first.
+    pub fn shares(&self, gpus: u32) -> Vec<u8> {
+        let g = self.gpus_per_node as u32;
+        if gpus <= g {
+            return vec![gpus as u8];
+        }
+        let mut s = vec![self.gpus_per_node; (gpus / g) as usize];
+        if !gpus.is_multiple_of(g) {
+            s.push((gpus % g) as u8);
+        }
+        s
+    }
+
+    /// The fewest racks that can hold `shares` node-shares.
+    pub fn min_racks(&self, shares: usize) -> usize {
+        shares.div_ceil(self.nodes_per_rack)
+    }
+}
+
+/// Free GPUs per node, with per-rack counts of nodes by free GPUs.
+#[derive(Clone, Debug)]
+struct Free {
+    npr: usize,
+    g: usize,
+    free: Vec<u8>,
+    rack_free: Vec<u32>,
+    /// `cnt[rack * (g + 1) + k]`: nodes of the rack with k free GPUs.
+    cnt: Vec<u16>,
+    /// Nodes with k free GPUs, fleet-wide.
+    all: Vec<u32>,
+}
+
+/// Where a gang goes: (node, GPUs) per share, in share order.
+type Spot = Vec<(usize, u8)>;
+
+impl Free {
+    fn new(l: &Layout) -> Free {
+        let (r, npr, g) = (l.racks.len(), l.nodes_per_rack, l.gpus_per_node as usize);
+        let mut cnt = vec![0u16; r * (g + 1)];
+        for rack in 0..r {
+            cnt[rack * (g + 1) + g] = npr as u16;
+        }
+        let mut all = vec![0u32; g + 1];
+        all[g] = (r * npr) as u32;
+        Free {
+            npr,
+            g,
+            free: vec![g as u8; r * npr],
+            rack_free: vec![(npr * g) as u32; r],
+            cnt,
+            all,
+        }
+    }
+
+    fn racks(&self) -> usize {
+        self.rack_free.len()
+    }
+
+    fn set(&mut self, node: usize, v: u8) {
+        let old = self.free[node];
+        if old == v {
+            return;
+        }
+        let rack = node / self.npr;
+        let b = rack * (self.g + 1);
+        self.cnt[b + old as usize] -= 1;
+        self.cnt[b + v as usize] += 1;
+        self.all[old as usize] -= 1;
+        self.all[v as usize] += 1;
+        self.rack_free[rack] = self.rack_free[rack] + v as u32 - old as u32;
+        self.free[node] = v;
+    }
+
+    fn take(&mut self, spot: &Spot) {
+        for &(n, x) in spot {
+            self.set(n, self.free[n] - x);
+        }
+    }
+
+    fn give(&mut self, spot: &Spot) {
+        for &(n, x) in spot {
+            self.set(n, self.free[n] + x);
+        }
+    }
+
+    /// Whether `chunk` (shares, largest first) fits on distinct nodes of `rack`, ignoring the
+    /// nodes in `used`.
+    fn rack_holds(&self, rack: usize, chunk: &[u8]) -> bool {
+        let b = rack * (self.g + 1);
+        let need: u32 = chunk.iter().map(|&s| s as u32).sum();
+        if self.rack_free[rack] < need {
+            return false;
+        }
+        // Hall's condition on nested sets: the i-th largest share needs i + 1 nodes with at
+        // least that many free GPUs.
+        let mut at_least = 0u32;
+        let mut k = self.g;
+        for (i, &s) in chunk.iter().enumerate() {
+            while k >= s as usize {
+                at_least += self.cnt[b + k] as u32;
+                if k == 0 {
+                    break;
+                }
+                k -= 1;
+            }
+            if at_least < i as u32 + 1 {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether the gang fits now (fast: fleet-wide counts for one share).
+    fn fits(&self, shares: &[u8]) -> bool {
+        if shares.len() == 1 {
+            return self.all[shares[0] as usize..].iter().any(|&c| c > 0);
+        }
+        let chunks: Vec<&[u8]> = shares.chunks(self.npr).collect();
+        if chunks.len() == 1 {
+            return (0..self.racks()).any(|r| self.rack_holds(r, chunks[0]));
+        }
+        self.place(shares, false).is_some()
+    }
+
+    /// Places the gang: best-fit (`first_fit` false) or first rack and nodes in name order.
+    fn place(&self, shares: &[u8], first_fit: bool) -> Option<Spot> {
+        self.place_ranked(self, shares, first_fit)
+    }
+
+    /// Places the gang where `self` has room, choosing racks and nodes by the free GPUs of
+    /// `rank` (a backfilled job that must leave a reservation alone fits in what the
+    /// reservation leaves, and is placed best-fit by what is actually free).
+    fn place_ranked(&self, rank: &Free, shares: &[u8], first_fit: bool) -> Option<Spot> {
+        let mut spot = Vec::with_capacity(shares.len());
+        let mut taken = vec![false; self.racks()];
+        for chunk in shares.chunks(self.npr) {
+            let mut best: Option<usize> = None;
+            for (r, &t) in taken.iter().enumerate() {
+                if t || !self.rack_holds(r, chunk) {
+                    continue;
+                }
+                if first_fit {
+                    best = Some(r);
+                    break;
+                }
+                if best.is_none_or(|b| rank.rack_free[r] < rank.rack_free[b]) {
+                    best = Some(r);
+                }
+            }
+            let r = best?;
+            taken[r] = true;
+            let mut used = vec![false; self.npr];
+            for &s in chunk {
+                let mut pick: Option<usize> = None;
+                for (i, &u) in used.iter().enumerate() {
+                    if u || self.free[r * self.npr + i] < s {
+                        continue;
+                    }
+                    if first_fit {
+                        pick = Some(i);
+                        break;
+                    }
+                    let f = rank.free[r * self.npr + i];
+                    if pick.is_none_or(|p| f < rank.free[r * self.npr + p]) {
+                        pick = Some(i);
+                    }
+                }
+                let i = pick.expect("rack_holds said the chunk fits");
+                used[i] = true;
+                spot.push((r * self.npr + i, s));
+            }
+        }
+        Some(spot)
+    }
+}
+
+/// Figures of one size class (or of all the window's jobs).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Delays {
+    pub class: String,
+    pub jobs: usize,
+    /// Queueing delay, seconds: mean, nearest-rank percentiles, max.
+    pub mean_s: f64,
+    pub p50_s: i64,
+    pub p95_s: i64,
+    pub p99_s: i64,
+    pub max_s: i64,
+    /// Mean job completion time (submission → end), seconds.
+    pub mean_jct_s: f64,
+    /// Mean bounded slowdown max(1, JCT ÷ max(duration, 60 s)).
+    pub mean_bsld: f64,
+}
+
+/// One tenant's figures.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TenantFigures {
+    pub tenant: String,
+    pub guarantee: u64,
+    /// The window's jobs of the tenant.
+    pub jobs: usize,
+    pub mean_delay_s: f64,
+}
+
+/// Every metric of the protocol's section 6 for one policy.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Report {
+    pub policy: String,
+    pub fleet_gpus: u64,
+    pub jobs: usize,
+    pub window_jobs: usize,
+    /// GPU-seconds held during the window ÷ (fleet GPUs × window length), in %.
+    pub allocation_pct: f64,
+    /// Size classes `1`, `2-4`, `8`, `12-32` (and `64-128` when the window has any), then `all`.
+    pub classes: Vec<Delays>,
+    pub tenants: Vec<TenantFigures>,
+    /// Runs cut short by preemption (all policies but `tessera` never preempt).
+    pub preemptions: u64,
+    /// GPU-hours of work those runs had done (lost: a preempted job restarts from the start).
+    pub gpu_hours_lost: f64,
+    /// Jobs refused because they cannot fit the empty fleet.
+    pub refusals: usize,
+    /// Multi-node gangs placed in more racks than the fewest that can hold them (the topology
+    /// rule says 0).
+    pub gangs_beyond_min_racks: usize,
+    /// The last job's end, seconds after t0.
+    pub makespan_s: i64,
+}
+
+impl Report {
+    /// The mean of each figure over `reports` (one policy's runs over several same-second
+    /// orders); counts are rounded to the nearest whole number.
+    pub fn mean(reports: &[Report]) -> Option<Report> {
+        let first = reports.first()?;
+        let n = reports.len() as f64;
+        let avg = |f: &dyn Fn(&Report) -> f64| reports.iter().map(f).sum::<f64>() / n;
+        let avg_i = |f: &dyn Fn(&Report) -> f64| avg(f).round() as i64;
+        let mut m = first.clone();
+        m.allocation_pct = avg(&|r| r.allocation_pct);
+        for (c, d) in m.classes.iter_mut().enumerate() {
+            d.mean_s = avg(&|r| r.classes[c].mean_s);
+            d.p50_s = avg_i(&|r| r.classes[c].p50_s as f64);
+            d.p95_s = avg_i(&|r| r.classes[c].p95_s as f64);
+            d.p99_s = avg_i(&|r| r.classes[c].p99_s as f64);
+            d.max_s = avg_i(&|r| r.classes[c].max_s as f64);
+            d.mean_jct_s = avg(&|r| r.classes[c].mean_jct_s);
+            d.mean_bsld = avg(&|r| r.classes[c].mean_bsld);
+        }
+        for (i, t) in m.tenants.iter_mut().enumerate() {
+            t.mean_delay_s = avg(&|r| r.tenants[i].mean_delay_s);
+        }
+        m.preemptions = avg_i(&|r| r.preemptions as f64) as u64;
+        m.gpu_hours_lost = avg(&|r| r.gpu_hours_lost);
+        m.gangs_beyond_min_racks = avg_i(&|r| r.gangs_beyond_min_racks as f64) as usize;
+        m.makespan_s = avg_i(&|r| r.makespan_s as f64);
+        Some(m)
+    }
+}
+
+/// The per-job outcome of a replay, for tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Final start (after the last preemption), or `None` when refused.
+    pub start: Option<i64>,
+    pub end: Option<i64>,
+    pub preempted: u32,
+}
+
+/// The user's time estimate: ⌈duration / 3600 s⌉ hours × 2.
+pub fn estimate(duration: i64) -> i64 {
+    (duration + 3599) / 3600 * 7200
+}
+
+/// Each tenant's guarantee: its share of the trace's GPU-time × the fleet's GPUs, rounded down.
+pub fn guarantees(trace: &Trace, fleet_gpus: u64) -> Vec<u64> {
+    let mut t = vec![0u128; trace.tenants.len()];
+    for j in &trace.jobs {
+        t[j.tenant] += j.duration as u128 * j.gpus as u128;
+    }
+    let total: u128 = t.iter().sum();
+    t.iter()
+        .map(|&x| (x * fleet_gpus as u128).checked_div(total).unwrap_or(0) as u64)
+        .collect()
+}
+
+#[derive(Clone, Debug)]
+struct Run {
+    start: i64,
+    spot: Spot,
+    /// Bumped at each start; a completion carries the generation it was scheduled for.
+    generation: u32,
+}
+
+struct Sim<'a> {
+    knobs: TesseraKnobs,
+    trace: &'a Trace,
+    layout: &'a Layout,
+    policy: Policy,
+    shares: Vec<Vec<u8>>,
+    est: Vec<i64>,
+    guarantee: Vec<u64>,
+    held: Vec<u64>,
+    free: Free,
+    /// Waiting jobs, by index (= arrival order).
+    queue: Vec<usize>,
+    running: Vec<Option<Run>>,
+    /// Running jobs by (estimated end, job).
+    by_est_end: BTreeSet<(i64, usize)>,
+    completions: BinaryHeap<Reverse<(i64, usize, u32)>>,
+    generation: Vec<u32>,
+    out: Vec<Outcome>,
+    /// Every run's (start, end, gpus), preempted runs included, for allocation.
+    held_spans: Vec<(i64, i64, u32)>,
+    preemptions: u64,
+    lost_gpu_s: i128,
+    beyond_min_racks: usize,
+}
+
+/// Per pass: which gang sizes have already failed to fit in a given model (state only shrinks
+/// within a pass, so a size that failed fails again).
+struct Failed(Vec<bool>);
+
+impl Failed {
+    fn new() -> Failed {
+        Failed(vec![false; 257])
+    }
+    fn get(&self, g: u32) -> bool {
+        self.0.get(g as usize).copied().unwrap_or(false)
+    }
+    fn set(&mut self, g: u32) {
+        if let Some(x) = self.0.get_mut(g as usize) {
+            *x = true;
+        }
+    }
+}
+
+impl<'a> Sim<'a> {
+    fn within(&self, j: usize) -> bool {
+        let job = &self.trace.jobs[j];
+        self.held[job.tenant] + job.gpus as u64 <= self.guarantee[job.tenant]
+    }
+
+    fn start(&mut self, j: usize, spot: Spot, now: i64, hold_t: Option<&mut (Vec<u8>, Free)>) {
+        let job = &self.trace.jobs[j];
+        if job.duration == 0 {
+            // Ends as it starts: holds nothing.
+            self.out[j].start = Some(now);
+            self.out[j].end = Some(now);
+            return;
+        }
+        self.free.take(&spot);
+        if let Some((left, spare)) = hold_t {
+            // Backfill bookkeeping: `left` is what remains at the reservation after the head;
+            // a job that may run past it (by its estimate) holds its GPUs there too.
+            for &(n, x) in &spot {
+                if let Some(l) = left.get_mut(n) {
+                    *l -= x;
+                }
+            }
+            for &(n, _) in &spot {
+                spare.set(n, self.free.free[n].min(left[n]));
+            }
+        }
+        let racks: BTreeSet<usize> = spot.iter().map(|&(n, _)| n / self.layout.nodes_per_rack).collect();
+        if spot.len() > 1 && racks.len() > self.layout.min_racks(spot.len()) {
+            self.beyond_min_racks += 1;
+        }
+        self.held[job.tenant] += job.gpus as u64;
+        self.generation[j] += 1;
+        let end = now + job.duration;
+        self.completions.push(Reverse((end, j, self.generation[j])));
+        self.by_est_end.insert((now + self.est[j], j));
+        self.running[j] = Some(Run {
+            start: now,
+            spot,
+            generation: self.generation[j],
+        });
+        self.out[j].start = Some(now);
+        self.out[j].end = Some(end);
+    }
+
+    fn finish(&mut self, j: usize, now: i64) {
+        let run = self.running[j].take().expect("a completion of a running job");
+        let job = &self.trace.jobs[j];
+        self.free.give(&run.spot);
+        self.held[job.tenant] -= job.gpus as u64;
+        self.by_est_end.remove(&(run.start + self.est[j], j));
+        self.held_spans.push((run.start, now, job.gpus));
+    }
+
+    fn preempt(&mut self, j: usize, now: i64) {
+        let run = self.running[j].as_ref().expect("a running victim");
+        let (start, generation) = (run.start, run.generation);
+        debug_assert_eq!(generation, self.generation[j]);
+        self.finish(j, now);
+        self.generation[j] += 1; // its scheduled completion is void
+        self.preemptions += 1;
+        self.out[j].preempted += 1;
+        self.out[j].start = None;
+        self.out[j].end = None;
+        self.lost_gpu_s += (now - start) as i128 * self.trace.jobs[j].gpus as i128;
+        let pos = self.queue.partition_point(|&q| q < j);
+        self.queue.insert(pos, j);
+    }
+
+    /// The head's reservation: the earliest time its gang fits as running jobs end by their
+    /// estimates, and the state then with the head's best-fit placement taken out.
+    fn reserve(&self, head: usize) -> (i64, Vec<u8>) {
+        let shares = &self.shares[head];
+        let mut f = self.free.clone();
+        let mut it = self.by_est_end.iter().peekable();
+        while let Some(&(t, j)) = it.next() {
+            f.give(&self.running[j].as_ref().expect("running").spot);
+            if it.peek().is_some_and(|&&(t2, _)| t2 == t) {
+                continue;
+            }
+            if f.fits(shares) {
+                let spot = f.place(shares, false).expect("fits");
+                f.take(&spot);
+                return (t, f.free);
+            }
+        }
+        unreachable!("a gang that fits the empty fleet fits once every job has ended")
+    }
+
+    /// Tessera's reclaim for a blocked within-guarantee head: in the rack where it costs the
+    /// least work, preempt running jobs of tenants over their guarantee (least work done first,
+    /// only while the tenant is still over its guarantee) until the head fits; only when the
+    /// work lost is below `reclaim_budget_pct` % of the GPU-time the head would otherwise wait
+    /// (by estimates).
+    fn reclaim(&mut self, head: usize, now: i64, wait_s: i64) -> bool {
+        let shares = self.shares[head].clone();
+        if shares.len() > self.layout.nodes_per_rack {
+            return false;
+        }
+        let npr = self.layout.nodes_per_rack;
+        let budget = wait_s as i128 * self.trace.jobs[head].gpus as i128 * self.knobs.reclaim_budget_pct as i128 / 100;
+        let mut best: Option<(i128, Vec<usize>)> = None;
+        for rack in 0..self.layout.racks.len() {
+            let mut cands: Vec<(i128, usize)> = Vec::new();
+            for j in self.by_est_end.iter().map(|&(_, j)| j) {
+                let run = self.running[j].as_ref().expect("running");
+                let job = &self.trace.jobs[j];
+                if run.spot.iter().all(|&(n, _)| n / npr == rack) && self.held[job.tenant] > self.guarantee[job.tenant]
+                {
+                    cands.push(((now - run.start) as i128 * job.gpus as i128, j));
+                }
+            }
+            cands.sort();
+            let mut f = self.free.clone();
+            let mut held = self.held.clone();
+            let mut lost = 0i128;
+            let mut victims = Vec::new();
+            let mut ok = f.rack_holds(rack, &shares);
+            for &(w, j) in &cands {
+                if ok || lost + w >= budget || best.as_ref().is_some_and(|b| lost + w >= b.0) {
+                    break;
+                }
+                let job = &self.trace.jobs[j];
+                if held[job.tenant] <= self.guarantee[job.tenant] {
+                    continue;
+                }
+                held[job.tenant] -= job.gpus as u64;
+                f.give(&self.running[j].as_ref().expect("running").spot);
+                lost += w;
+                victims.push(j);
+                ok = f.rack_holds(rack, &shares);
+            }
+            if ok && !victims.is_empty() && best.as_ref().is_none_or(|b| lost < b.0) {
+                best = Some((lost, victims));
+            }
+        }
+        let Some((_, victims)) = best else { return false };
+        for v in victims {
+            self.preempt(v, now);
+        }
+        true
+    }
+
+    /// One scheduling pass at `now`.
+    fn pass(&mut self, now: i64) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let first_fit = self.policy == Policy::Fifo;
+        let quota_first = matches!(self.policy, Policy::QuotaBackfill | Policy::Tessera);
+        let easy = matches!(self.policy, Policy::Backfill | Policy::QuotaBackfill | Policy::Tessera);
+        // The order: arrival, or within-guarantee jobs first (judged at the start of the pass).
+        let order: Vec<usize> = if self.policy == Policy::Tessera {
+            let k = self.knobs;
+            let npg = self.layout.gpus_per_node as u32;
+            let mut v: Vec<(u8, usize)> = self
+                .queue
+                .iter()
+                .map(|&j| {
+                    let within = self.within(j);
+                    let gang = self.trace.jobs[j].gpus > npg;
+                    let big = self.trace.jobs[j].gpus >= k.first_min_gpus;
+                    let class = if k.gangs_first && (gang || big) && (within || !k.gangs_first_within_only) {
+                        0
+                    } else if within {
+                        1
+                    } else {
+                        2
+                    };
+                    (class, j)
+                })
+                .collect();
+            v.sort_unstable();
+            v.into_iter().map(|x| x.1).collect()
+        } else if quota_first {
+            let mut v: Vec<usize> = self.queue.iter().copied().filter(|&j| self.within(j)).collect();
+            let mut rest: Vec<usize> = self.queue.iter().copied().filter(|&j| !self.within(j)).collect();
+            v.append(&mut rest);
+            v
+        } else {
+            self.queue.clone()
+        };
+        let mut started = vec![];
+        let mut failed_now = Failed::new();
+        let mut failed_spare = Failed::new();
+        // After the head: (reservation time, the reservation bookkeeping).
+        let mut reservation: Option<(i64, (Vec<u8>, Free))> = None;
+        let mut stop = false;
+        let mut reclaimed = false;
+        for &j in &order {
+            if stop {
+                break;
+            }
+            let g = self.trace.jobs[j].gpus;
+            if self.running[j].is_some() {
+                continue;
+            }
+            match &mut reservation {
+                None => {
+                    if !failed_now.get(g) && self.free.fits(&self.shares[j]) {
+                        let spot = self.free.place(&self.shares[j], first_fit).expect("fits");
+                        self.start(j, spot, now, None);
+                        started.push(j);
+                        continue;
+                    }
+                    failed_now.set(g);
+                    match self.policy {
+                        Policy::Fifo => stop = true,
+                        Policy::TopologyBestfit => {}
+                        _ => {
+                            let (t, left) = self.reserve(j);
+                            if self.policy == Policy::Tessera
+                                && !reclaimed
+                                && self.knobs.reclaim_min_shares.is_some_and(|m| self.shares[j].len() >= m)
+                                && self.within(j)
+                                && self.reclaim(j, now, t - now)
+                            {
+                                reclaimed = true;
+                                let spot = self.free.place(&self.shares[j], false).expect("reclaimed");
+                                self.start(j, spot, now, None);
+                                started.push(j);
+                                failed_now = Failed::new();
+                                continue;
+                            }
+                            let mut spare = self.free.clone();
+                            for (n, &l) in left.iter().enumerate() {
+                                spare.set(n, self.free.free[n].min(l));
+                            }
+                            reservation = Some((t, (left, spare)));
+                        }
+                    }
+                }
+                Some((t, book)) => {
+                    debug_assert!(easy);
+                    if failed_now.get(g) {
+                        continue;
+                    }
+                    if self.free.all[1..].iter().all(|&c| c == 0) {
+                        break;
+                    }
+                    let t = *t;
+                    let short = now + self.est[j] <= t;
+                    if short {
+                        if !self.free.fits(&self.shares[j]) {
+                            failed_now.set(g);
+                            continue;
+                        }
+                        let spot = self.free.place(&self.shares[j], false).expect("fits");
+                        let mut book = reservation.take().expect("set").1;
+                        self.start(j, spot, now, None);
+                        for n in 0..book.1.free.len() {
+                            let v = self.free.free[n].min(book.0[n]);
+                            book.1.set(n, v);
+                        }
+                        reservation = Some((t, book));
+                        started.push(j);
+                    } else {
+                        if failed_spare.get(g) {
+                            continue;
+                        }
+                        if !book.1.fits(&self.shares[j]) {
+                            failed_spare.set(g);
+                            if !self.free.fits(&self.shares[j]) {
+                                failed_now.set(g);
+                            }
+                            continue;
+                        }
+                        let spot = book.1.place_ranked(&self.free, &self.shares[j], false).expect("fits");
+                        let mut book = reservation.take().expect("set").1;
+                        self.start(j, spot, now, Some(&mut book));
+                        reservation = Some((t, book));
+                        started.push(j);
+                    }
+                }
+            }
+            if self.free.all[1..].iter().all(|&c| c == 0) && (reservation.is_some() || self.policy != Policy::Tessera) {
+                break;
+            }
+        }
+        if !started.is_empty() {
+            self.queue.retain(|&j| self.out[j].start.is_none());
+        }
+    }
+}
+
+/// Replays `trace` on `layout` under `policy`; also each job's outcome.
+pub fn replay_outcomes(trace: &Trace, layout: &Layout, policy: Policy) -> (Report, Vec<Outcome>) {
+    replay_tuned(trace, layout, policy, TesseraKnobs::default())
+}
+
+/// The choices inside the `tessera` policy (the default is the policy; the others are there
+/// to measure what each part does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TesseraKnobs {
+    /// Multi-node gangs (more GPUs than a node) go before all other waiting jobs.
+    pub gangs_first: bool,
+    /// … only those within their tenant's guarantee.
+    pub gangs_first_within_only: bool,
+    /// With `gangs_first`, jobs of at least this many GPUs go first too (beyond one node: no
+    /// change).
+    pub first_min_gpus: u32,
+    /// Reclaim borrowed GPUs for a blocked within-guarantee job of at least this many
+    /// node-shares (2: multi-node gangs only; `None`: never).
+    pub reclaim_min_shares: Option<usize>,
+    /// Reclaim only while the work lost stays under this % of the GPU-time the job would wait
+    /// for its reservation (by estimates).
+    pub reclaim_budget_pct: u32,
+}
+
+impl Default for TesseraKnobs {
+    fn default() -> Self {
+        TesseraKnobs {
+            gangs_first: true,
+            gangs_first_within_only: false,
+            first_min_gpus: u32::MAX,
+            reclaim_min_shares: Some(2),
+            reclaim_budget_pct: 5,
+        }
+    }
+}
+
+/// [`replay_outcomes`] with the `tessera` policy's choices set by `knobs`.
+pub fn replay_tuned(trace: &Trace, layout: &Layout, policy: Policy, knobs: TesseraKnobs) -> (Report, Vec<Outcome>) {
+    let n = trace.jobs.len();
+    let shares: Vec<Vec<u8>> = trace.jobs.iter().map(|j| layout.shares(j.gpus)).collect();
+    let mut sim = Sim {
+        knobs,
+        trace,
+        layout,
+        policy,
+        est: trace.jobs.iter().map(|j| estimate(j.duration)).collect(),
+        guarantee: guarantees(trace, layout.gpus()),
+        held: vec![0; trace.tenants.len()],
+        free: Free::new(layout),
+        queue: Vec::new(),
+        running: vec![None; n],
+        by_est_end: BTreeSet::new(),
+        completions: BinaryHeap::new(),
+        generation: vec![0; n],
+        out: vec![
+            Outcome {
+                start: None,
+                end: None,
+                preempted: 0
+            };
+            n
+        ],
+        held_spans: Vec::new(),
+        preemptions: 0,
+        lost_gpu_s: 0,
+        beyond_min_racks: 0,
+        shares,
+    };
+    // Refusals: gangs that cannot fit the empty fleet.
+    let empty = Free::new(layout);
+    let refused: Vec<bool> = sim.shares.iter().map(|s| !empty.fits(s)).collect();
+    let mut next = 0usize;
+    loop {
+        let t_sub = trace.jobs.get(next).map(|j| j.submit);
+        let t_end = sim.completions.peek().map(|Reverse((t, _, _))| *t);
+        let now = match (t_sub, t_end) {
+            (None, None) => break,
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (Some(a), Some(b)) => a.min(b),
+        };
+        while let Some(&Reverse((t, j, g))) = sim.completions.peek() {
+            if t != now {
+                break;
+            }
+            sim.completions.pop();
+            if sim.generation[j] == g && sim.running[j].is_some() {
+                sim.finish(j, now);
+            }
+        }
+        while next < n && trace.jobs[next].submit == now {
+            if !refused[next] {
+                sim.queue.push(next);
+            }
+            next += 1;
+        }
+        sim.pass(now);
+    }
+    let report = report(&sim, &refused);
+    (report, sim.out)
+}
+
+/// Replays `trace` on `layout` under `policy` and measures it.
+pub fn replay(trace: &Trace, layout: &Layout, policy: Policy) -> Report {
+    replay_outcomes(trace, layout, policy).0
+}
+
+/// The window's class of a gang size.
+fn class_of(gpus: u32) -> usize {
+    match gpus {
+        1 => 0,
+        2..=4 => 1,
+        5..=8 => 2,
+        9..=32 => 3,
+        _ => 4,
+    }
+}
+
+const CLASSES: [&str; 5] = ["1", "2-4", "8", "12-32", "64-128"];
+
+fn delays(class: &str, v: &mut [(i64, i64, i64)]) -> Delays {
+    // (delay, jct, duration)
+    v.sort_unstable();
+    let n = v.len();
+    let rank = |p: usize| {
+        if n == 0 {
+            0
+        } else {
+            v[(p * n).div_ceil(100).max(1) - 1].0
+        }
+    };
+    let mean = |f: &dyn Fn(&(i64, i64, i64)) -> f64| {
+        if n == 0 {
+            0.0
+        } else {
+            v.iter().map(f).sum::<f64>() / n as f64
+        }
+    };
+    Delays {
+        class: class.to_string(),
+        jobs: n,
+        mean_s: mean(&|x| x.0 as f64),
+        p50_s: rank(50),
+        p95_s: rank(95),
+        p99_s: rank(99),
+        max_s: v.last().map_or(0, |x| x.0),
+        mean_jct_s: mean(&|x| x.1 as f64),
+        mean_bsld: mean(&|x| (x.1 as f64 / x.2.max(60) as f64).max(1.0)),
+    }
+}
+
+fn report(sim: &Sim, refused: &[bool]) -> Report {
+    let trace = sim.trace;
+    let t0 = trace.jobs.first().map_or(0, |j| j.submit);
+    let (w0, w1) = (t0 + 14 * DAY, t0 + 70 * DAY);
+    let mut per_class: Vec<Vec<(i64, i64, i64)>> = vec![Vec::new(); CLASSES.len()];
+    let mut all = Vec::new();
+    let mut per_tenant: Vec<(usize, i64)> = vec![(0, 0); trace.tenants.len()];
+    let mut refusals = 0;
+    let mut makespan = t0;
+    for (j, job) in trace.jobs.iter().enumerate() {
+        if refused[j] {
+            if (w0..w1).contains(&job.submit) {
+                refusals += 1;
+            }
+            continue;
+        }
+        let o = &sim.out[j];
+        let (start, end) = (o.start.expect("every job runs"), o.end.expect("every job ends"));
+        makespan = makespan.max(end);
+        if !(w0..w1).contains(&job.submit) {
+            continue;
+        }
+        let x = (start - job.submit, end - job.submit, job.duration);
+        per_class[class_of(job.gpus)].push(x);
+        all.push(x);
+        per_tenant[job.tenant].0 += 1;
+        per_tenant[job.tenant].1 += x.0;
+    }
+    let mut held: i128 = 0;
+    let spans = sim.held_spans.iter().copied();
+    for (s, e, g) in spans {
+        let (a, b) = (s.max(w0), e.min(w1));
+        if b > a {
+            held += (b - a) as i128 * g as i128;
+        }
+    }
+    let mut classes: Vec<Delays> = Vec::new();
+    for (c, v) in per_class.iter_mut().enumerate() {
+        if c < 4 || !v.is_empty() {
+            classes.push(delays(CLASSES[c], v));
+        }
+    }
+    classes.push(delays("all", &mut all));
+    let window_jobs = all.len();
+    Report {
+        policy: sim.policy.name().to_string(),
+        fleet_gpus: sim.layout.gpus(),
+        jobs: trace.jobs.len(),
+        window_jobs,
+        allocation_pct: 100.0 * held as f64 / (sim.layout.gpus() as f64 * (w1 - w0) as f64),
+        classes,
+        tenants: trace
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, name)| TenantFigures {
+                tenant: name.clone(),
+                guarantee: sim.guarantee[i],
+                jobs: per_tenant[i].0,
+                mean_delay_s: if per_tenant[i].0 == 0 {
+                    0.0
+                } else {
+                    per_tenant[i].1 as f64 / per_tenant[i].0 as f64
+                },
+            })
+            .collect(),
+        preemptions: sim.preemptions,
+        gpu_hours_lost: sim.lost_gpu_s as f64 / 3600.0,
+        refusals,
+        gangs_beyond_min_racks: sim.beyond_min_racks,
+        makespan_s: makespan - t0,
+    }
+}
+
+fn hours(s: f64) -> String {
+    format!("{:.2}", s / 3600.0)
+}
+
+/// Every metric of `reports` side by side, one column per policy (delays in hours).
+pub fn table(reports: &[Report]) -> String {
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+    let mut row = |name: String, f: &dyn Fn(&Report) -> String| rows.push((name, reports.iter().map(f).collect()));
+    row("allocation %".into(), &|r| format!("{:.2}", r.allocation_pct));
+    let classes: Vec<String> = reports
+        .first()
+        .map(|r| r.classes.iter().map(|c| c.class.clone()).collect())
+        .unwrap_or_default();
+    for c in &classes {
+        let get = |r: &Report| r.classes.iter().find(|d| &d.class == c).cloned();
+        let c2 = c.clone();
+        row(format!("[{c2} GPU] jobs"), &|r| {
+            get(r).map_or("-".into(), |d| d.jobs.to_string())
+        });
+        row(format!("[{c2}] delay mean h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.mean_s))
+        });
+        row(format!("[{c2}] delay p50 h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.p50_s as f64))
+        });
+        row(format!("[{c2}] delay p95 h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.p95_s as f64))
+        });
+        row(format!("[{c2}] delay p99 h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.p99_s as f64))
+        });
+        row(format!("[{c2}] delay max h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.max_s as f64))
+        });
+        row(format!("[{c2}] mean JCT h"), &|r| {
+            get(r).map_or("-".into(), |d| hours(d.mean_jct_s))
+        });
+        row(format!("[{c2}] mean bounded slowdown"), &|r| {
+            get(r).map_or("-".into(), |d| format!("{:.2}", d.mean_bsld))
+        });
+    }
+    let tenants: Vec<(String, u64)> = reports
+        .first()
+        .map(|r| r.tenants.iter().map(|t| (t.tenant.clone(), t.guarantee)).collect())
+        .unwrap_or_default();
+    for (i, (name, g)) in tenants.iter().enumerate() {
+        row(format!("tenant {name} (guar. {g}) delay mean h"), &|r| {
+            let t = &r.tenants[i];
+            if t.jobs == 0 { "-".into() } else { hours(t.mean_delay_s) }
+        });
+    }
+    row("preemptions".into(), &|r| r.preemptions.to_string());
+    row("GPU-hours lost".into(), &|r| format!("{:.1}", r.gpu_hours_lost));
+    row("refusals".into(), &|r| r.refusals.to_string());
+    row("gangs beyond fewest racks".into(), &|r| {
+        r.gangs_beyond_min_racks.to_string()
+    });
+    row("makespan days".into(), &|r| {
+        format!("{:.2}", r.makespan_s as f64 / DAY as f64)
+    });
+    let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(6);
+    let w: Vec<usize> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            rows.iter()
+                .map(|row| row.1[i].len())
+                .max()
+                .unwrap_or(0)
+                .max(r.policy.len())
+        })
+        .collect();
+    let mut out = format!("{:<w0$}", "metric");
+    for (i, r) in reports.iter().enumerate() {
+        out.push_str(&format!("  {:>1$}", r.policy, w[i]));
+    }
+    out.push('\n');
+    for (name, vals) in &rows {
+        out.push_str(&format!("{name:<w0$}"));
+        for (i, v) in vals.iter().enumerate() {
+            out.push_str(&format!("  {:>1$}", v, w[i]));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(submit: i64, duration: i64, gpus: u32, tenant: usize) -> PhillyJob {
+        PhillyJob {
+            submit,
+            duration,
+            gpus,
+            tenant,
+        }
+    }
+
+    fn waits(trace: &Trace, layout: &Layout, policy: Policy) -> Vec<i64> {
+        let (_, out) = replay_outcomes(trace, layout, policy);
+        out.iter()
+            .zip(&trace.jobs)
+            .map(|(o, j)| o.start.unwrap() - j.submit)
+            .collect()
+    }
+
+    #[test]
+    fn parses_the_job_table_in_order() {
+        let text = "timestamp,duration,num_gpus,gpu_time,cluster\n\
+                    2017-09-04 10:30:42,60.0,1,60.0,b\n\
+                    2017-09-04 10:30:41,3600.0,16,57600.0,a\n\
+                    2017-09-04 10:30:42,10.0,2,20.0,a\n";
+        let t = parse(text).unwrap();
+        assert_eq!(t.tenants, vec!["b", "a"]);
+        let t0 = parse_time("2017-09-04 10:30:41").unwrap();
+        assert_eq!(t0, 1_504_521_041);
+        assert_eq!(
+            t.jobs,
+            vec![job(t0, 3600, 16, 1), job(t0 + 1, 60, 1, 0), job(t0 + 1, 10, 2, 1)]
+        );
+        assert!(parse("timestamp,duration,num_gpus,gpu_time,cluster\nx,1,1,1,a\n").is_err());
+        assert_eq!(estimate(3600), 7200);
+        assert_eq!(estimate(3601), 14400);
+        assert_eq!(guarantees(&t, 768), vec![0, 767]);
+    }
+
+    #[test]
+    fn the_fleets_and_shapes_follow_the_protocol() {
+        let f = fleet("philly-768").unwrap();
+        assert_eq!(f.nodes.len(), 96);
+        assert_eq!(f.nodes[0].name, "r00-n0");
+        assert_eq!(f.nodes[95].name, "r11-n7");
+        let l = Layout::of(&f).unwrap();
+        assert_eq!(
+            (l.racks.len(), l.nodes_per_rack, l.gpus_per_node, l.gpus()),
+            (12, 8, 8, 768)
+        );
+        assert_eq!(Layout::of(&fleet("philly-640").unwrap()).unwrap().gpus(), 640);
+        assert_eq!(l.shares(4), vec![4]);
+        assert_eq!(l.shares(12), vec![8, 4]);
+        assert_eq!(l.shares(128), vec![8; 16]);
+        assert_eq!(l.min_racks(16), 2);
+        // A 128-GPU gang takes two whole racks; one that cannot fit the empty fleet is refused.
+        let trace = Trace {
+            jobs: vec![job(0, 100, 128, 0), job(0, 100, 1024, 0)],
+            tenants: vec!["a".into()],
+        };
+        let (r, out) = replay_outcomes(&trace, &l, Policy::Backfill);
+        assert_eq!(out[0].start, Some(0));
+        assert_eq!(out[1].start, None);
+        assert_eq!(r.gangs_beyond_min_racks, 0);
+    }
+
+    /// 2 racks × 2 nodes × 4 GPUs. Tenants A (0) and B (1); guarantees A ⌊88,400 × 16 ÷
+    /// 131,600⌋ = 10, B ⌊43,200 × 16 ÷ 131,600⌋ = 5.
+    ///
+    /// t=0 J0 (A, 4 GPUs, 2 h, estimate 4 h) and J1 (A, 8 = 4 + 4, 2 h) take r00-n0 and r01.
+    /// t=10 J2 (B, 8, 1 h) cannot fit (only r00-n1 is free); t=20 J3 (B, 2, 2 h, estimate 4 h);
+    /// t=30 J4 (A, 2, 1,000 s, estimate 2 h).
+    /// * fifo: J2 blocks everyone until J0 and J1 end at 7,200: waits 7,190, 7,180, 7,170.
+    /// * backfill: J2's reservation is t=14,400 (the estimates) on r00 (tie: first rack); J3
+    ///   (ends by estimate at 14,420) would hold r00-n1, reserved: waits; J4 ends by 7,230 ≤
+    ///   14,400 and starts at once on r00-n1. At 7,200 J2 and J3 start: 7,190, 7,180, 0.
+    /// * topology-bestfit: J3 and J4 start at once on r00-n1; at 7,200 J2 fits only r01:
+    ///   7,190, 0, 0.
+    /// * quota-backfill: J3 is within B's guarantee (0 + 2 ≤ 5), so goes before J2 and starts
+    ///   at once; J4 is short and backfills: 7,190, 0, 0.
+    /// * tessera: multi-node gangs go first, so at t=0 J1 takes r00 (tie: first rack) and J0
+    ///   r01-n0; J2 is the head, its reservation at 14,400 is on r00 (tie), so J3 may hold
+    ///   r01-n1 past it and starts at once, and J4 too: 7,190, 0, 0. No reclaim (J2 is beyond
+    ///   B's guarantee: 8 > 5).
+    #[test]
+    fn hand_made_waits_for_each_policy() {
+        let layout = Layout {
+            racks: vec!["r00".into(), "r01".into()],
+            nodes_per_rack: 2,
+            gpus_per_node: 4,
+        };
+        let trace = Trace {
+            jobs: vec![
+                job(0, 7200, 4, 0),
+                job(0, 7200, 8, 0),
+                job(10, 3600, 8, 1),
+                job(20, 7200, 2, 1),
+                job(30, 1000, 2, 0),
+            ],
+            tenants: vec!["A".into(), "B".into()],
+        };
+        assert_eq!(guarantees(&trace, 16), vec![10, 5]);
+        let expect = [
+            (Policy::Fifo, [0, 0, 7190, 7180, 7170]),
+            (Policy::Backfill, [0, 0, 7190, 7180, 0]),
+            (Policy::TopologyBestfit, [0, 0, 7190, 0, 0]),
+            (Policy::QuotaBackfill, [0, 0, 7190, 0, 0]),
+            (Policy::Tessera, [0, 0, 7190, 0, 0]),
+        ];
+        for (p, w) in expect {
+            assert_eq!(waits(&trace, &layout, p), w, "{}", p.name());
+        }
+    }
+
+    /// One rack of 4 nodes × 2 GPUs. A (0) holds every node with two 10 h gangs of 2 × 2 GPUs
+    /// from t=0; B (1) submits a 2 × 2-GPU gang of 1 h at t=100 and a later one at t=200,000.
+    /// Guarantees: A ⌊288,000 × 8 ÷ 702,400⌋ = 3, B ⌊414,400 × 8 ÷ 702,400⌋ = 4. The baselines
+    /// make B's gang wait for A's to end (35,900 s). Tessera finds it within B's guarantee and A
+    /// over its own; its reservation is at 72,000 (A's 20 h estimates), so it may lose up to 5 %
+    /// of 71,900 s × 4 GPUs; it preempts J0 (the least work done: 400 GPU-s; J1 ties and comes
+    /// later) and starts J2 at once; J0 restarts from the beginning when J2 ends at 3,700.
+    #[test]
+    fn tessera_reclaims_borrowed_gpus_for_a_tenant_within_its_guarantee() {
+        let layout = Layout {
+            racks: vec!["r00".into()],
+            nodes_per_rack: 4,
+            gpus_per_node: 2,
+        };
+        let trace = Trace {
+            jobs: vec![
+                job(0, 36000, 4, 0),
+                job(0, 36000, 4, 0),
+                job(100, 3600, 4, 1),
+                job(200_000, 100_000, 4, 1),
+            ],
+            tenants: vec!["A".into(), "B".into()],
+        };
+        assert_eq!(guarantees(&trace, 8), vec![3, 4]);
+        for p in [
+            Policy::Fifo,
+            Policy::Backfill,
+            Policy::TopologyBestfit,
+            Policy::QuotaBackfill,
+        ] {
+            assert_eq!(waits(&trace, &layout, p), [0, 0, 35900, 0], "{}", p.name());
+        }
+        let (r, out) = replay_outcomes(&trace, &layout, Policy::Tessera);
+        let w: Vec<i64> = out
+            .iter()
+            .zip(&trace.jobs)
+            .map(|(o, j)| o.start.unwrap() - j.submit)
+            .collect();
+        assert_eq!(w, [3700, 0, 0, 0]);
+        assert_eq!(out[0].preempted, 1);
+        assert_eq!(out[0].end, Some(3700 + 36000));
+        assert_eq!(r.preemptions, 1);
+        assert!((r.gpu_hours_lost - 400.0 / 3600.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reordering_shuffles_only_within_a_second() {
+        let jobs: Vec<PhillyJob> = (0..40).map(|i| job(i / 10, i, 1, 0)).collect();
+        let t = Trace {
+            jobs,
+            tenants: vec!["a".into()],
+        };
+        assert_eq!(t.reordered(0), t);
+        let r = t.reordered(7);
+        assert_ne!(r, t);
+        assert_eq!(r, t.reordered(7));
+        for (a, b) in r.jobs.iter().zip(&t.jobs) {
+            assert_eq!(a.submit, b.submit);
+        }
+        let layout = Layout {
+            racks: vec!["r00".into()],
+            nodes_per_rack: 1,
+            gpus_per_node: 1,
+        };
+        let reports: Vec<Report> = [0, 7]
+            .iter()
+            .map(|&s| replay(&t.reordered(s), &layout, Policy::Fifo))
+            .collect();
+        let m = Report::mean(&reports).unwrap();
+        assert_eq!(m.makespan_s, reports[0].makespan_s);
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v: Vec<(i64, i64, i64)> = (1..=20).map(|i| (i, i, 60)).collect();
+        let d = delays("x", &mut v);
+        assert_eq!((d.p50_s, d.p95_s, d.p99_s, d.max_s), (10, 19, 20, 20));
+        assert_eq!(d.mean_s, 10.5);
+    }
+}
