@@ -268,7 +268,9 @@ fn not_found(e: &kube::Error) -> bool {
 
 impl KubeBackend {
     /// Reads the GPU nodes into a fleet and starts the node and pod watches. Call inside a
-    /// Tokio runtime.
+    /// Tokio runtime. Evictions go through `client` too: if it retries on its own (kube-rs's
+    /// default), a disruption budget's refusal is retried silently inside the client for
+    /// minutes; give a client without retries for them with [`KubeBackend::connect_with`].
     pub async fn connect(client: Client, cfg: KubeConfig) -> Result<(KubeBackend, Fleet), BackendError> {
         Self::connect_with(client.clone(), client, cfg).await
     }

@@ -66,7 +66,8 @@ fn run(id: u64, tenant: &str, command: &[&str]) -> RunSpec {
 async fn backend(tenant: &str) -> (KubeBackend, tokio::sync::mpsc::UnboundedReceiver<BackendEvent>, String) {
     let (c, _) = kubelet_node().await;
     let client = c.client().await.unwrap();
-    let (b, _fleet) = KubeBackend::connect(client, config()).await.unwrap();
+    let evict = c.evict_client().await.unwrap();
+    let (b, _fleet) = KubeBackend::connect_with(client, evict, config()).await.unwrap();
     let rx = b.take_events().unwrap();
     b.ensure_tenancy(&TenancySpec {
         tenant: tenant.into(),
@@ -333,11 +334,13 @@ async fn eviction_under_a_budget_then_requeue_then_restart_adoption() {
     let (b, mut rx, ns) = backend("klpdb").await;
     let pods = Api::<Pod>::namespaced(b.client().clone(), &ns);
     let spec = run(731, "klpdb", &["sleep", "600"]);
+    let t = Instant::now();
     b.start(&spec).await.unwrap();
     expect_event(&mut rx, "Running", WAIT, |e| {
         matches!(e, BackendEvent::Running { id: 731, .. })
     })
     .await;
+    report(&format!("budget test: start → Running {:?}", t.elapsed()));
     let pdb = serde_json::json!({
         "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
         "metadata": {"name": "keep-731", "namespace": ns},
@@ -351,7 +354,10 @@ async fn eviction_under_a_budget_then_requeue_then_restart_adoption() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     b.evict(731, Duration::from_secs(1)).await.unwrap();
     match expect_event(&mut rx, "the refusal", WAIT, |e| {
-        matches!(e, BackendEvent::Notice { id: 731, .. } | BackendEvent::Stopped { id: 731, .. })
+        matches!(
+            e,
+            BackendEvent::Notice { id: 731, .. } | BackendEvent::Stopped { id: 731, .. }
+        )
     })
     .await
     {
@@ -369,7 +375,10 @@ async fn eviction_under_a_budget_then_requeue_then_restart_adoption() {
     })
     .await;
     assert!(pods.get_opt("tessera-731").await.unwrap().is_none());
-    report(&format!("eviction once the budget allows it → Stopped {:?}", t0.elapsed()));
+    report(&format!(
+        "eviction once the budget allows it → Stopped {:?}",
+        t0.elapsed()
+    ));
 
     // Requeued: the next start makes a new pod (the first is gone, so its name is free).
     let t1 = Instant::now();
@@ -383,15 +392,20 @@ async fn eviction_under_a_budget_then_requeue_then_restart_adoption() {
     assert_ne!(again.metadata.uid, first_uid, "a new pod");
 
     // A restarted backend adopts the running attempt: no duplicate, and its end is followed.
+    let t2 = Instant::now();
     drop(b);
     drop(rx);
     let client = c.client().await.unwrap();
-    let (b2, _) = KubeBackend::connect(client, config()).await.unwrap();
+    let evict = c.evict_client().await.unwrap();
+    let (b2, _) = KubeBackend::connect_with(client, evict, config()).await.unwrap();
     let mut rx2 = b2.take_events().unwrap();
-    let report = b2.reconcile(std::slice::from_ref(&spec)).await.unwrap();
+    let seen = b2.reconcile(std::slice::from_ref(&spec)).await.unwrap();
     assert!(
-        matches!(report.workloads.as_slice(), [(731, tessera_backend::Observation::Running { .. })]),
-        "{report:?}"
+        matches!(
+            seen.workloads.as_slice(),
+            [(731, tessera_backend::Observation::Running { .. })]
+        ),
+        "{seen:?}"
     );
     let listed = pods
         .list(&kube::api::ListParams::default().labels("tessera.io/workload=731"))
@@ -409,4 +423,5 @@ async fn eviction_under_a_budget_then_requeue_then_restart_adoption() {
         matches!(e, BackendEvent::Stopped { id: 731, .. })
     })
     .await;
+    report(&format!("restart, adoption and stop {:?}", t2.elapsed()));
 }

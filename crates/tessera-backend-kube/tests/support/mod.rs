@@ -305,6 +305,17 @@ impl Cluster {
         Client::try_from(cfg).map_err(|e| e.to_string())
     }
 
+    /// An admin client without kube-rs's own retries, for evictions (a disruption budget's 429
+    /// must reach the backend at once): what `connect_default` builds.
+    pub async fn evict_client(&self) -> Result<Client, String> {
+        let kc = Kubeconfig::read_from(&self.kubeconfig).map_err(|e| e.to_string())?;
+        let mut cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        cfg.default_retry = false;
+        Client::try_from(cfg).map_err(|e| e.to_string())
+    }
+
     /// Runs the cluster's kubectl with the admin kubeconfig.
     pub fn kubectl(&self, args: &[&str]) -> std::process::Output {
         Command::new(self.bin.join("kubectl"))
