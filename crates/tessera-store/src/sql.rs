@@ -346,12 +346,12 @@ mod tests {
 
     #[test]
     fn every_column_is_found_at_its_place_in_the_select() {
-        assert_eq!(COLUMN_NAMES.len(), 48);
+        assert_eq!(COLUMN_NAMES.len(), 49);
         for (i, name) in COLUMN_NAMES.iter().enumerate() {
             assert_eq!(position(name), i, "{name}");
         }
         assert_eq!(workload_column!("id"), 0);
-        assert_eq!(workload_column!("p_units_milli"), 47);
+        assert_eq!(workload_column!("p_units_milli"), 48);
     }
 
     #[test]
