@@ -169,16 +169,27 @@ fn merge(a: &mut Value, b: Value) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
+/// A Tessera server over TLS on the test cluster with one more 8-GPU node, a tenant with
+/// project `ml` (guaranteed 8, limit `limit`), the user `alice` with `edit` in its namespace,
+/// and the webhook registered for that tenant's namespaces.
+struct Setup {
+    c: &'static kube_support::Cluster,
+    client: kube::Client,
+    dir: TempDir,
+    server: Serving,
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+async fn setup(node: &str, tenant: &str, ns: &str, limit: u32) -> Setup {
     let c = cluster().await;
     let client = c.client().await.unwrap();
-    gpu_node(&client, "wh-h100-0", "training", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
-
-    let dir = TempDir::new("kube-admission");
+    gpu_node(&client, node, "training", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    let dir = TempDir::new(&format!("kube-admission-{tenant}"));
     let (ca, cert, key) = certificates(&dir.0);
     let data = dir.0.join("data");
-    let mut server = tokio::task::spawn_blocking({
+    let server = tokio::task::spawn_blocking({
         let (data, kc, cert, key) = (data.clone(), tessera_kubeconfig(c, &dir.0), cert.clone(), key.clone());
         move || serve(&data, &kc, &cert, &key)
     })
@@ -191,6 +202,82 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
         .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
         .build()
         .unwrap();
+    for (m, path, body) in [
+        (
+            reqwest::Method::POST,
+            "/api/v1/tenants".to_string(),
+            json!({"name": tenant}),
+        ),
+        (
+            reqwest::Method::PUT,
+            format!("/api/v1/tenants/{tenant}/quotas/training"),
+            json!({"guaranteed": 8, "limit": limit}),
+        ),
+        (
+            reqwest::Method::POST,
+            format!("/api/v1/tenants/{tenant}/projects"),
+            json!({"name": "ml"}),
+        ),
+    ] {
+        let r = http
+            .request(m, format!("{base}{path}"))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+    eventually("the project's namespace", Duration::from_secs(30), || async {
+        Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), ns)
+            .get_opt("tessera-quota")
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    let out = c.kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "alice-edit",
+        "--clusterrole=edit",
+        "--user=alice",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (mutating, validating) = webhooks(port, &ca, tenant);
+    for (kind, obj) in [
+        ("mutatingwebhookconfigurations", mutating),
+        ("validatingwebhookconfigurations", validating),
+    ] {
+        let file = dir.0.join(format!("{kind}.json"));
+        std::fs::write(&file, serde_json::to_vec(&obj).unwrap()).unwrap();
+        let out = c.kubectl(&["apply", "-f", file.to_str().unwrap()]);
+        assert!(out.status.success(), "{kind}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Setup {
+        c,
+        client,
+        dir,
+        server,
+        base,
+        token,
+        http,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
+    let Setup {
+        c,
+        client,
+        dir,
+        mut server,
+        base,
+        token,
+        http,
+    } = setup("wh-h100-0", TENANT, NS, 16).await;
     let api = |method: reqwest::Method, path: &str, body: Value| {
         let req = http
             .request(method, format!("{base}{path}"))
@@ -205,54 +292,20 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
         }
     };
     use reqwest::Method;
-    api(Method::POST, "/api/v1/tenants", json!({"name": TENANT})).await;
-    api(
-        Method::PUT,
-        &format!("/api/v1/tenants/{TENANT}/quotas/training"),
-        json!({"guaranteed": 8, "limit": 16}),
-    )
-    .await;
-    api(
-        Method::POST,
-        &format!("/api/v1/tenants/{TENANT}/projects"),
-        json!({"name": "ml"}),
-    )
-    .await;
-    eventually("the project's namespace", Duration::from_secs(30), || async {
-        Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), NS)
-            .get_opt("tessera-quota")
-            .await
-            .unwrap()
-            .is_some()
-    })
-    .await;
-    // The tenant's user, with the `edit` role its groups get, in its namespace and in a plain
-    // namespace of its own outside Tessera.
+    // The tenant's user also has `edit` in a plain namespace of its own outside Tessera.
     let other = "wh-elsewhere";
     c.kubectl(&["create", "namespace", other]);
     c.kubectl(&["label", "namespace", other, "admission-test=yes"]);
-    for ns in [NS, other] {
-        let out = c.kubectl(&[
-            "-n",
-            ns,
-            "create",
-            "rolebinding",
-            "alice-edit",
-            "--clusterrole=edit",
-            "--user=alice",
-        ]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    }
-    let (mutating, validating) = webhooks(port, &ca, TENANT);
-    for (kind, obj) in [
-        ("mutatingwebhookconfigurations", mutating),
-        ("validatingwebhookconfigurations", validating),
-    ] {
-        let file = dir.0.join(format!("{kind}.json"));
-        std::fs::write(&file, serde_json::to_vec(&obj).unwrap()).unwrap();
-        let out = c.kubectl(&["apply", "-f", file.to_str().unwrap()]);
-        assert!(out.status.success(), "{kind}: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    let out = c.kubectl(&[
+        "-n",
+        other,
+        "create",
+        "rolebinding",
+        "alice-edit",
+        "--clusterrole=edit",
+        "--user=alice",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
     // The deploy folder's webhook configurations are valid for a real API server.
     c.kubectl(&["create", "namespace", "tessera-system"]);
@@ -485,83 +538,13 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: prints kubectl apply → bound percentiles; run alone with `bench -- --ignored --nocapture`"]
 async fn bench_kubectl_apply_to_bound() {
-    let c = cluster().await;
-    let client = c.client().await.unwrap();
-    gpu_node(
-        &client,
-        "bench-h100-0",
-        "training",
-        "NVIDIA-H100-80GB-HBM3",
-        8,
-        json!({}),
-    )
-    .await;
-    let dir = TempDir::new("kube-admission-bench");
-    let (ca, cert, key) = certificates(&dir.0);
-    let data = dir.0.join("data");
-    let mut server = tokio::task::spawn_blocking({
-        let (data, kc, cert, key) = (data.clone(), tessera_kubeconfig(c, &dir.0), cert.clone(), key.clone());
-        move || serve(&data, &kc, &cert, &key)
-    })
-    .await
-    .unwrap();
-    let base = server.base.replace("http://", "https://");
-    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
-    let token = admin_token(&data);
-    let http = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
-        .build()
-        .unwrap();
-    for (m, path, body) in [
-        (
-            reqwest::Method::POST,
-            "/api/v1/tenants".to_string(),
-            json!({"name": BENCH_TENANT}),
-        ),
-        (
-            reqwest::Method::PUT,
-            format!("/api/v1/tenants/{BENCH_TENANT}/quotas/training"),
-            json!({"guaranteed": 8, "limit": 8}),
-        ),
-        (
-            reqwest::Method::POST,
-            format!("/api/v1/tenants/{BENCH_TENANT}/projects"),
-            json!({"name": "ml"}),
-        ),
-    ] {
-        let r = http
-            .request(m, format!("{base}{path}"))
-            .bearer_auth(&token)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    }
-    eventually("the project's namespace", Duration::from_secs(30), || async {
-        Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), BENCH_NS)
-            .get_opt("tessera-quota")
-            .await
-            .unwrap()
-            .is_some()
-    })
-    .await;
-    let out = c.kubectl(&[
-        "-n",
-        BENCH_NS,
-        "create",
-        "rolebinding",
-        "alice-edit",
-        "--clusterrole=edit",
-        "--user=alice",
-    ]);
-    assert!(out.status.success());
-    let (mutating, validating) = webhooks(port, &ca, BENCH_TENANT);
-    for (kind, obj) in [("m", mutating), ("v", validating)] {
-        let file = dir.0.join(format!("{kind}.json"));
-        std::fs::write(&file, serde_json::to_vec(&obj).unwrap()).unwrap();
-        assert!(c.kubectl(&["apply", "-f", file.to_str().unwrap()]).status.success());
-    }
+    let Setup {
+        c,
+        client,
+        dir,
+        mut server,
+        ..
+    } = setup("bench-h100-0", BENCH_TENANT, BENCH_NS, 8).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pods = Api::<Pod>::namespaced(client.clone(), BENCH_NS);
     let mut took = Vec::new();
