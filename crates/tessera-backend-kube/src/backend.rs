@@ -130,6 +130,17 @@ struct Tracked {
     native: Option<NativeRef>,
 }
 
+/// The whole GPUs of a one-pod workload (0 for anything else): see [`Tracked::whole_gpus`].
+fn whole_gpus(spec: &RunSpec) -> u8 {
+    match spec.devices {
+        Devices::Count {
+            resource: Resource::Gpu,
+            count,
+        } if spec.gang.is_empty() => count,
+        _ => 0,
+    }
+}
+
 /// Whether a pod that carries a tracked workload's label is that workload's pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Claim {
@@ -165,13 +176,7 @@ impl Tracked {
 
     /// Tracks the devices of `spec`'s pod when it is a one-pod workload of whole GPUs.
     fn whole_gpus_of(mut self, spec: &RunSpec) -> Tracked {
-        self.whole_gpus = match spec.devices {
-            Devices::Count {
-                resource: Resource::Gpu,
-                count,
-            } if spec.gang.is_empty() => count,
-            _ => 0,
-        };
+        self.whole_gpus = whole_gpus(spec);
         self
     }
 
@@ -1046,10 +1051,12 @@ impl Shared {
             let t = st
                 .tracked
                 .entry(spec.id)
-                .or_insert_with(|| Tracked::native(native, Stage::Accepted).whole_gpus_of(spec));
+                .or_insert_with(|| Tracked::native(native, Stage::Accepted));
             if t.stage >= Stage::Started && !t.stopping {
                 return Ok(());
             }
+            // Tracked since the intake linked it, before its shape was placed.
+            t.whole_gpus = whole_gpus(spec);
         }
         let (ns, name) = (&native.namespace, &native.name);
         let pod = Api::<Pod>::namespaced(self.client.clone(), ns)

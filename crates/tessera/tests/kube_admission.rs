@@ -182,6 +182,20 @@ struct Setup {
     http: reqwest::Client,
 }
 
+/// The `edit` role the tenant's groups get, for the user `alice`, in namespace `ns`.
+fn edit_role_for_alice(c: &kube_support::Cluster, ns: &str) {
+    let out = c.kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "rolebinding",
+        "alice-edit",
+        "--clusterrole=edit",
+        "--user=alice",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 async fn setup(node: &str, tenant: &str, ns: &str, limit: u32) -> Setup {
     let c = cluster().await;
     let client = c.client().await.unwrap();
@@ -236,16 +250,7 @@ async fn setup(node: &str, tenant: &str, ns: &str, limit: u32) -> Setup {
             .is_some()
     })
     .await;
-    let out = c.kubectl(&[
-        "-n",
-        ns,
-        "create",
-        "rolebinding",
-        "alice-edit",
-        "--clusterrole=edit",
-        "--user=alice",
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    edit_role_for_alice(c, ns);
     let (mutating, validating) = webhooks(port, &ca, tenant);
     for (kind, obj) in [
         ("mutatingwebhookconfigurations", mutating),
@@ -296,16 +301,7 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
     let other = "wh-elsewhere";
     c.kubectl(&["create", "namespace", other]);
     c.kubectl(&["label", "namespace", other, "admission-test=yes"]);
-    let out = c.kubectl(&[
-        "-n",
-        other,
-        "create",
-        "rolebinding",
-        "alice-edit",
-        "--clusterrole=edit",
-        "--user=alice",
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    edit_role_for_alice(c, other);
 
     // The deploy folder's webhook configurations are valid for a real API server.
     c.kubectl(&["create", "namespace", "tessera-system"]);
@@ -477,6 +473,30 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
     assert!(next.spec.clone().unwrap().node_name.is_none());
     let next_id: u64 = next.metadata.labels.unwrap()["tessera.io/workload"].parse().unwrap();
     assert_eq!(state(next_id).await, "queued");
+    // The tenant's own pod elsewhere wearing the waiting workload's label, then deleted,
+    // withdraws nothing: only that workload's own pod (namespace, name, UID) can.
+    let spoof = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "spoof", "namespace": other, "labels": {"tessera.io/workload": next_id.to_string()}},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]}});
+    let (ok, out) = kubectl_as(c, &dir.0, "alice", &spoof);
+    assert!(ok, "{out}");
+    c.kubectl(&[
+        "--as",
+        "alice",
+        "-n",
+        other,
+        "delete",
+        "pod",
+        "spoof",
+        "--grace-period=0",
+        "--force",
+    ]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        state(next_id).await,
+        "queued",
+        "a spoofed pod's deletion withdrew another pod's workload"
+    );
     // Its owner deletes the first pod: that workload is withdrawn and the next one is bound.
     let big_id: u64 = pods.get("big").await.unwrap().metadata.labels.unwrap()["tessera.io/workload"]
         .parse()

@@ -164,6 +164,26 @@ impl Batch {
 }
 
 impl Core {
+    /// Rebuilds the loop's state from the store ([`Core::recover`]), retrying with backoff
+    /// until it succeeds; `false` (and the loop marked fenced) when another replica leads.
+    pub(super) async fn recover_until_done(&mut self, failing: &str) -> bool {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.recover().await {
+                Ok(()) => return true,
+                Err(StoreError::Fenced(_)) => {
+                    self.fenced = true;
+                    return false;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "{failing}");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
     /// Stores the batch in one transaction, then publishes, answers and starts backend work.
     pub(super) async fn commit(&mut self, mut batch: Batch, now: i64) {
         let (mut changes, records) = batch.take_changes();
@@ -204,21 +224,8 @@ impl Core {
                     return;
                 }
                 // Memory must not run ahead of the store: rebuild it from what is durable.
-                let mut delay = Duration::from_millis(100);
-                loop {
-                    match self.recover().await {
-                        Ok(()) => break,
-                        Err(StoreError::Fenced(_)) => {
-                            self.fenced = true;
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot rebuild state from the store; retrying");
-                            tokio::time::sleep(delay).await;
-                            delay = (delay * 2).min(Duration::from_secs(10));
-                        }
-                    }
-                }
+                self.recover_until_done("cannot rebuild state from the store; retrying")
+                    .await;
                 return;
             }
         }

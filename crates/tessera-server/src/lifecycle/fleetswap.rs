@@ -15,11 +15,9 @@
 //!   every per-node state (fences, health, drains, MIG modes, closed nodes) is kept by name.
 
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use tessera_domain::{Input, WorkloadId};
 use tessera_model::Fleet;
-use tessera_store::StoreError;
 
 use super::Core;
 use super::commit::Batch;
@@ -113,20 +111,11 @@ impl Core {
         self.nodes = Arc::new(NodeIndex::new(&self.fleet));
         self.builder = SnapshotBuilder::new(&self.fleet);
         self.reported_mig.retain(|(node, _), _| !gone.contains(node));
-        let mut delay = Duration::from_millis(100);
-        loop {
-            match self.recover().await {
-                Ok(()) => break,
-                Err(StoreError::Fenced(_)) => {
-                    self.fenced = true;
-                    return;
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot rebuild state on the new fleet; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(10));
-                }
-            }
+        if !self
+            .recover_until_done("cannot rebuild state on the new fleet; retrying")
+            .await
+        {
+            return;
         }
         self.queue_dirty = true;
     }
