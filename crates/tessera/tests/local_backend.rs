@@ -338,3 +338,62 @@ fn served_workloads_run_as_their_own_users_away_from_the_data_directory() {
     assert_eq!(std::fs::metadata(&data).unwrap().permissions().mode() & 0o777, 0o700);
     server.kill();
 }
+
+/// `--data-dir` relative to the server's working directory (the default, `./tessera-data`, is
+/// relative): a workload runs in its own directory, so the wrapper that records its exit code
+/// must not resolve the exit file against it (its directory defaults to `rel-data-work/ID`, made
+/// absolute too). Exit codes 0 and 3 both arrive, also for a
+/// workload that ends while the control plane is down and is read back after a restart.
+#[test]
+fn a_relative_data_directory_keeps_every_exit_code() {
+    let dir = TempDir::new("local-relative");
+    let serve_here = || {
+        let mut cmd = serve_command();
+        cmd.current_dir(&dir.0)
+            .args(["--backend", "local", "--fake-gpus", "1", "--node", "box"])
+            .args(["--grace-s", "1", "--listen", "127.0.0.1:0", "--data-dir", "rel-data"]);
+        try_wait_until_serving(&mut cmd, Duration::from_secs(30)).expect("server did not start")
+    };
+    let data = dir.0.join("rel-data");
+    let mut server = serve_here();
+    let token = admin_token(&data);
+    let addr = server.base.clone();
+    let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.as_str())];
+    assert_eq!(tessera(&["tenants", "create", "acme"], &env).0, 0);
+    assert_eq!(tessera(&["projects", "create", "--tenant", "acme", "ml"], &env).0, 0);
+    let run = |env: &[(&str, &str)], cmd: &str| {
+        let (code, _, err) = tessera(&run_args(&["--gpus", "1"], &["sh", "-c", cmd]), env);
+        assert_eq!(code, 0, "{err}");
+    };
+    run(&env, "echo pwd=$(pwd)");
+    wait_for("workload 1 to succeed", || workload_state(&env, 1) == "succeeded");
+    let (_, log, _) = tessera(&["logs", "1"], &env);
+    let pwd = log.trim().strip_prefix("pwd=").unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        Path::new(pwd).is_absolute() && pwd.ends_with("rel-data-work/1"),
+        "{log}"
+    );
+    run(&env, "exit 3");
+    wait_for("workload 2 to fail", || workload_state(&env, 2) == "failed");
+    let (_, desc, _) = tessera(&["describe", "2"], &env);
+    assert!(desc.contains("exited with code 3"), "{desc}");
+
+    // Ends while the control plane is down: its exit file is read after the restart.
+    run(&env, "echo ready; sleep 2; exit 5");
+    wait_for("workload 3 to run", || {
+        tessera(&["logs", "3"], &env).1.contains("ready")
+    });
+    server.kill();
+    std::thread::sleep(Duration::from_secs(3));
+    let mut server = serve_here();
+    let env = [
+        ("TESSERA_SERVER", server.base.as_str()),
+        ("TESSERA_TOKEN", token.as_str()),
+    ];
+    wait_for("workload 3 to fail after the restart", || {
+        workload_state(&env, 3) == "failed"
+    });
+    let (_, desc, _) = tessera(&["describe", "3"], &env);
+    assert!(desc.contains("exited with code 5"), "{desc}");
+    server.kill();
+}
