@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use support::TempDir;
 use tessera_backend::{
-    Backend, BackendError, BackendEvent, Capabilities, PartitionPlan, PartitionReport, ReconcileReport, RunSpec,
+    Backend, BackendError, BackendEvent, Capabilities, Orphan, PartitionPlan, PartitionReport, ReconcileReport, RunSpec,
 };
 use tessera_backend_sim::{SimBackend, SimConfig, SimMode};
 use tessera_domain::{GpuSpec, Kind, Movable, Phase, ReasonCode, Step, Workload, WorkloadId, WorkloadSpec};
@@ -41,6 +41,8 @@ struct Gate {
     /// `partition` does its work, then never returns while set (a crash right after it).
     hold_after_partition: AtomicBool,
     starts: AtomicU32,
+    /// Added to every reconcile's report (work the backend runs that Tessera does not know).
+    orphans: std::sync::Mutex<Vec<Orphan>>,
 }
 
 #[async_trait]
@@ -72,7 +74,9 @@ impl Backend for Gate {
         self.sim.stop(id, grace).await
     }
     async fn reconcile(&self, expected: &[RunSpec]) -> Result<ReconcileReport, BackendError> {
-        self.sim.reconcile(expected).await
+        let mut r = self.sim.reconcile(expected).await?;
+        r.orphans.extend(self.orphans.lock().unwrap().iter().cloned());
+        Ok(r)
     }
     fn take_events(&self) -> Option<mpsc::UnboundedReceiver<BackendEvent>> {
         self.sim.take_events()
@@ -115,6 +119,7 @@ impl World {
                 hold_start: AtomicBool::new(false),
                 hold_after_partition: AtomicBool::new(false),
                 starts: AtomicU32::new(0),
+                orphans: Default::default(),
             }),
         }
     }
@@ -448,6 +453,45 @@ fn reconcile_finds_ghosts(mode: SimMode, db: Db) {
         let f = wait_phase(&lc, a.id, Phase::Failed).await;
         assert_eq!(f.reason.as_ref().unwrap().code, ReasonCode::Lost);
         assert_eq!(units_used(&lc, "training"), 0);
+    });
+}
+
+/// An orphan (work the backend runs that Tessera does not know) is audited when a reconcile
+/// first reports it, once however many reconciles see it again, and again if it goes and
+/// comes back.
+fn reconcile_audits_each_orphan_once(mode: SimMode, db: Db) {
+    let w = World::new("orphan", mode, db);
+    let (rt, _lc, store) = w.boot();
+    rt.block_on(async {
+        let orphan = Orphan {
+            id: Some(77),
+            node: "h100-00".into(),
+            detail: "pod tessera-77-0 in tenant-acme labelled as Tessera workload 77".into(),
+        };
+        let audited = || async {
+            store
+                .audit(None, None, 1000)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|r| r.action == "backend.orphan")
+                .collect::<Vec<_>>()
+        };
+        *w.gate.orphans.lock().unwrap() = vec![orphan.clone()];
+        // The periodic reconcile runs every 500 ms: four of them see it.
+        tokio::time::sleep(Duration::from_millis(2_200)).await;
+        let records = audited().await;
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(records[0].detail, orphan.detail);
+        assert_eq!(records[0].target, "workloads/77 on h100-00");
+        assert_eq!(records[0].actor, "sim-backend");
+        // Gone, then back: a new record.
+        w.gate.orphans.lock().unwrap().clear();
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert_eq!(audited().await.len(), 1);
+        *w.gate.orphans.lock().unwrap() = vec![orphan];
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert_eq!(audited().await.len(), 2);
     });
 }
 
@@ -907,4 +951,5 @@ on_both_modes!(
     a_crash_during_partition_is_repaired_without_a_second_partition,
     a_restart_keeps_running_work_and_finds_lost_work,
     reconcile_finds_ghosts,
+    reconcile_audits_each_orphan_once,
 );

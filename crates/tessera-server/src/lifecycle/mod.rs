@@ -215,6 +215,9 @@ pub(crate) struct Core {
     reported_mig: HashMap<(String, u8), (i64, Vec<MigInstance>)>,
     /// When the reconcile in flight was asked for.
     reconcile_asked: i64,
+    /// The orphans the last periodic reconcile reported (by their description): each is
+    /// audited once, when first seen, not at every interval.
+    orphans_seen: std::collections::HashSet<String>,
     /// Telemetry arrived while a rollout runs: its drains and steps are taken after this batch
     /// rather than at the next tick (a node that emptied or came back from its upgrade moves on
     /// within one telemetry interval).
@@ -373,6 +376,7 @@ impl Lifecycle {
             closed: Default::default(),
             reported_mig: HashMap::new(),
             reconcile_asked: 0,
+            orphans_seen: Default::default(),
             rollout_soon: false,
             deferred: Vec::new(),
             fence,
@@ -1428,10 +1432,38 @@ impl Core {
                 now,
             );
         }
-        self.metrics.orphans(report.orphans.len());
-        for o in &report.orphans {
-            tracing::warn!(node = %o.node, id = ?o.id, detail = %o.detail, "the backend runs work Tessera does not know (orphan)");
+        self.note_orphans(&report.orphans, batch, now);
+    }
+
+    /// Work the backend runs that Tessera does not know: counted, logged, and audited the first
+    /// time a reconcile reports it (`backend.orphan`, as strangers are `backend.stranger`), so an
+    /// operator finds it in the audit log without one record per interval. One that goes and
+    /// comes back is audited again.
+    fn note_orphans(&mut self, orphans: &[tessera_backend::Orphan], batch: &mut Batch, now: i64) {
+        self.metrics.orphans(orphans.len());
+        let mut seen = std::collections::HashSet::with_capacity(orphans.len());
+        for o in orphans {
+            let key = format!("{}|{:?}|{}", o.node, o.id, o.detail);
+            if !self.orphans_seen.contains(&key) {
+                tracing::warn!(node = %o.node, id = ?o.id, detail = %o.detail, "the backend runs work Tessera does not know (orphan)");
+                batch.audit(tessera_store::AuditRecord {
+                    seq: 0,
+                    at: now,
+                    request_id: format!("backend-orphan-{now}-{}", seen.len()),
+                    actor: format!("{}-backend", self.backend.name()),
+                    tenant: None,
+                    action: "backend.orphan".into(),
+                    target: match o.id {
+                        Some(id) => format!("workloads/{id} on {}", o.node),
+                        None => format!("nodes/{}", o.node),
+                    },
+                    outcome: 409,
+                    detail: o.detail.clone(),
+                });
+            }
+            seen.insert(key);
         }
+        self.orphans_seen = seen;
     }
 
     /// A backend observation as lifecycle input.

@@ -72,6 +72,7 @@ impl Core {
                     observed.insert(WorkloadId(id), self.observed(o, "after a control-plane restart"));
                 }
                 self.adopt_layouts(&report.layouts, now_ms());
+                // Logged and counted here; the first periodic reconcile audits them.
                 self.metrics.orphans(report.orphans.len());
                 for o in &report.orphans {
                     tracing::warn!(node = %o.node, id = ?o.id, detail = %o.detail, "the backend runs work Tessera does not know (orphan)");
