@@ -36,6 +36,9 @@ use crate::tenancy::{self, kube_err};
 pub struct KubeConfig {
     /// The node label naming a node's Tessera pool (`tessera.io/pool`).
     pub pool_label: String,
+    /// The topology levels above the node, lowest first, each from a node label
+    /// (`rack=topology.kubernetes.io/rack`, `nvidia.com/gpu.clique`); empty: every pool flat.
+    pub topology_levels: Vec<fleet::TopologyLevel>,
     /// The pool of GPU nodes without that label.
     pub default_pool: String,
     /// Pools of time-sliced nodes where one GPU may hold several tenants' fractions. Elsewhere a
@@ -77,6 +80,7 @@ impl Default for KubeConfig {
     fn default() -> Self {
         KubeConfig {
             pool_label: "tessera.io/pool".into(),
+            topology_levels: Vec::new(),
             default_pool: "default".into(),
             mixing_pools: Default::default(),
             namespace_prefix: "tessera-".into(),
@@ -295,7 +299,7 @@ impl KubeBackend {
         let mut views: Vec<NodeView> = nodes
             .items
             .iter()
-            .filter_map(|n| fleet::node_view(n, &cfg.pool_label))
+            .filter_map(|n| fleet::node_view_with(n, &cfg.pool_label, &cfg.topology_levels))
             .collect();
         views.sort_by(|a, b| a.name.cmp(&b.name));
         let fleet = fleet_of(&views, &cfg)?;
@@ -382,7 +386,8 @@ fn mig_modes(v: &NodeView) -> Vec<BackendEvent> {
 fn fleet_of(views: &[NodeView], cfg: &KubeConfig) -> Result<Fleet, BackendError> {
     let toml = fleet::fleet_toml(views, &Catalogue::builtin(), &cfg.default_pool, &cfg.mixing_pools)
         .map_err(BackendError::Rejected)?;
-    Fleet::from_toml(&toml, "cluster").map_err(|e| BackendError::Rejected(e.to_string()))
+    let fleet = Fleet::from_toml(&toml, "cluster").map_err(|e| BackendError::Rejected(e.to_string()))?;
+    fleet::with_levels(fleet, views, &cfg.topology_levels).map_err(BackendError::Rejected)
 }
 
 /// The pools of `fleet` that partition with MIG.
@@ -547,7 +552,7 @@ async fn watch_nodes(shared: Weak<Shared>, client: Client) {
         let view = if gone {
             None
         } else {
-            fleet::node_view(&node, &sh.cfg.pool_label)
+            fleet::node_view_with(&node, &sh.cfg.pool_label, &sh.cfg.topology_levels)
         };
         let mut st = sh.state.lock().unwrap();
         let old = st.nodes.get(&name).cloned();

@@ -1,7 +1,8 @@
 //! The fleet from the cluster: GPU nodes read from Node objects (device-plugin capacity, GPU
-//! Feature Discovery labels, the configured pool label), mapped to the catalogue, and the
-//! changes between two readings of a node (for `NodeChanged` events). Pure functions; the watch
-//! lives in the backend.
+//! Feature Discovery labels, the configured pool label), mapped to the catalogue, the topology
+//! levels above the node from configured node labels ([`TopologyLevel`], [`with_levels`]), and
+//! the changes between two readings of a node (for `NodeChanged` events). Pure functions; the
+//! watch lives in the backend.
 
 use std::collections::BTreeMap;
 
@@ -81,6 +82,39 @@ pub struct NodeView {
     pub blocking_taint: Option<String>,
     pub cpu_milli: u64,
     pub memory_mib: u64,
+    /// The node's value of each configured topology level's label ([`TopologyLevel`], lowest
+    /// first); `None` where the node has no such label.
+    pub levels: Vec<Option<String>>,
+}
+
+/// A level of the network topology above the node, read from a node label (as Kueue's Topology
+/// object lists node label keys, lowest first): `rack=topology.kubernetes.io/rack`, or a bare
+/// key such as `nvidia.com/gpu.clique`, which is then also the level's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopologyLevel {
+    /// The name gangs use (`--topology rack`).
+    pub name: String,
+    /// The node label whose value names the node's domain at this level.
+    pub label: String,
+}
+
+impl TopologyLevel {
+    /// Parses `NAME=LABEL` or `LABEL`.
+    pub fn parse(spec: &str) -> Result<TopologyLevel, String> {
+        let (name, label) = match spec.split_once('=') {
+            Some((n, l)) => (n.trim(), l.trim()),
+            None => (spec.trim(), spec.trim()),
+        };
+        if name.is_empty() || label.is_empty() {
+            return Err(format!(
+                "`{spec}` is not a topology level: write NAME=LABEL (rack=topology.kubernetes.io/rack) or a node label key"
+            ));
+        }
+        Ok(TopologyLevel {
+            name: name.to_string(),
+            label: label.to_string(),
+        })
+    }
 }
 
 /// Parses a Kubernetes quantity into units of `1/scale` (so `"500m"` with scale 1000 is 500).
@@ -106,8 +140,14 @@ pub fn quantity(q: &str, scale: f64) -> Option<u64> {
     (v >= 0.0 && v.is_finite()).then(|| v.round() as u64)
 }
 
-/// The GPU node Tessera sees in `node`, or `None` when it has no NVIDIA GPU.
+/// The GPU node Tessera sees in `node`, or `None` when it has no NVIDIA GPU (no topology
+/// levels configured).
 pub fn node_view(node: &Node, pool_label: &str) -> Option<NodeView> {
+    node_view_with(node, pool_label, &[])
+}
+
+/// [`node_view`] reading the node's place at each of `levels` from its labels.
+pub fn node_view_with(node: &Node, pool_label: &str, levels: &[TopologyLevel]) -> Option<NodeView> {
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let status = node.status.as_ref();
     let alloc = status
@@ -192,6 +232,7 @@ pub fn node_view(node: &Node, pool_label: &str) -> Option<NodeView> {
         replicas,
         mig_config,
         mig_state: labels.get(LABEL_MIG_STATE).cloned(),
+        levels: levels.iter().map(|l| labels.get(&l.label).cloned()).collect(),
         unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
         ready,
         cpu_milli: alloc.get("cpu").and_then(|q| quantity(&q.0, 1000.0)).unwrap_or(0),
@@ -344,6 +385,35 @@ pub fn fleet_toml(
     Ok(out)
 }
 
+/// `fleet` with the topology levels read from its nodes' labels ([`NodeView::levels`]). A pool
+/// whose nodes all lack a level's label is flat at that level; one where only some carry it,
+/// or a domain spanning pools, is an error naming the node and the label.
+pub fn with_levels(
+    fleet: tessera_model::Fleet,
+    views: &[NodeView],
+    levels: &[TopologyLevel],
+) -> Result<tessera_model::Fleet, String> {
+    if levels.is_empty() {
+        return Ok(fleet);
+    }
+    let by_name: std::collections::HashMap<&str, &NodeView> = views.iter().map(|v| (v.name.as_str(), v)).collect();
+    let names: Vec<String> = levels.iter().map(|l| l.name.clone()).collect();
+    let node_names: Vec<String> = fleet.nodes.iter().map(|n| n.name.clone()).collect();
+    fleet
+        .with_levels(&names, |node, level| {
+            by_name
+                .get(node_names[node].as_str())
+                .and_then(|v| v.levels.get(level).cloned().flatten())
+        })
+        .map_err(|e| {
+            let label = levels
+                .iter()
+                .find(|l| l.name == e.level)
+                .map_or(String::new(), |l| format!(" (node label `{}`)", l.label));
+            format!("topology level {e}{label}")
+        })
+}
+
 /// The changes a node that is already closed to new work at start-up is reported with, so that
 /// the control plane learns of a cordon or NotReady that happened before it connected.
 pub fn initial_changes(v: &NodeView) -> Vec<NodeChange> {
@@ -375,8 +445,9 @@ pub fn changes(old: Option<&NodeView>, new: Option<&NodeView>) -> Vec<NodeChange
             if a.ready != b.ready {
                 out.push(NodeChange::Ready(b.ready));
             }
-            if (a.gpus, a.whole, a.replicas, &a.mig, a.mig_enabled)
-                != (b.gpus, b.whole, b.replicas, &b.mig, b.mig_enabled)
+            // A new rack or block label moves the node in the topology: the fleet changes.
+            if (a.gpus, a.whole, a.replicas, &a.mig, a.mig_enabled, &a.levels)
+                != (b.gpus, b.whole, b.replicas, &b.mig, b.mig_enabled, &b.levels)
             {
                 out.push(NodeChange::Capacity);
             }
@@ -620,5 +691,54 @@ mod tests {
         );
         assert_eq!(changes(Some(&a), None), vec![NodeChange::Removed]);
         assert!(changes(Some(&a), Some(&a)).is_empty());
+    }
+
+    #[test]
+    fn topology_levels_come_from_the_configured_node_labels() {
+        let levels = vec![
+            TopologyLevel::parse("rack=topology.kubernetes.io/rack").unwrap(),
+            TopologyLevel::parse("nvidia.com/gpu.clique").unwrap(),
+        ];
+        assert_eq!(levels[1].name, "nvidia.com/gpu.clique");
+        assert!(TopologyLevel::parse("rack=").unwrap_err().contains("NAME=LABEL"));
+        let labelled = |name: &str, rack: Option<&str>, clique: &str| {
+            let mut n = h100(name, "training");
+            let l = n.metadata.labels.as_mut().unwrap();
+            if let Some(r) = rack {
+                l.insert("topology.kubernetes.io/rack".into(), r.into());
+            }
+            l.insert("nvidia.com/gpu.clique".into(), clique.into());
+            node_view_with(&n, "tessera.io/pool", &levels).unwrap()
+        };
+        let views = vec![
+            labelled("n0", Some("r0"), "c0"),
+            labelled("n1", Some("r0"), "c0"),
+            labelled("n2", Some("r1"), "c0"),
+            labelled("n3", Some("r1"), "c0"),
+        ];
+        let build = |views: &[NodeView]| {
+            let toml = fleet_toml(views, &Catalogue::builtin(), "default", &Default::default()).unwrap();
+            with_levels(
+                tessera_model::Fleet::from_toml(&toml, "cluster").unwrap(),
+                views,
+                &levels,
+            )
+        };
+        let f = build(&views).unwrap();
+        assert_eq!(f.levels.names(), ["rack", "nvidia.com/gpu.clique"]);
+        let n2 = tessera_model::NodeId(f.nodes.iter().position(|n| n.name == "n2").unwrap() as u32);
+        assert_eq!(f.levels.path(n2), vec![("rack", "r1"), ("nvidia.com/gpu.clique", "c0")]);
+        // One node of the pool without a rack label: the error names the node and the label.
+        let mut partial = views.clone();
+        partial[3] = labelled("n3", None, "c0");
+        let e = build(&partial).unwrap_err();
+        assert!(e.contains("n3") && e.contains("topology.kubernetes.io/rack"), "{e}");
+        // A node moved to another rack changes the fleet.
+        let moved = labelled("n1", Some("r1"), "c0");
+        assert_eq!(changes(Some(&views[1]), Some(&moved)), vec![NodeChange::Capacity]);
+        // Without levels configured every pool is flat.
+        let toml = fleet_toml(&views, &Catalogue::builtin(), "default", &Default::default()).unwrap();
+        let flat = with_levels(tessera_model::Fleet::from_toml(&toml, "cluster").unwrap(), &views, &[]).unwrap();
+        assert!(flat.levels.is_empty());
     }
 }

@@ -113,6 +113,14 @@ pub struct ServeArgs {
     /// fractions, since the device plugin picks the GPU a pod gets.
     #[arg(long, value_delimiter = ',', value_name = "POOL,...")]
     kube_mixing_pools: Vec<String>,
+    /// `--backend kubernetes`: the network topology above the node, lowest level first
+    /// (comma-separated), each `NAME=LABEL` (the node label naming the node's domain) or a bare
+    /// label key, which is then the level's name; e.g.
+    /// `rack=topology.kubernetes.io/rack,block=example.com/spine` or `nvidia.com/gpu.clique`.
+    /// Gangs ask for a level by its name (`--topology rack`); `tessera nodes` shows each node's
+    /// place.
+    #[arg(long, value_delimiter = ',', value_name = "NAME=LABEL,...")]
+    kube_topology_levels: Vec<String>,
     /// `--backend kubernetes`: NAMESPACE/SELECTOR of the DCGM exporter's pods (one per GPU
     /// node), read for GPU telemetry.
     #[arg(long, default_value = "gpu-operator/app=nvidia-dcgm-exporter")]
@@ -301,8 +309,15 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         "SELECTOR (e.g. gpu-operator/app=nvidia-dcgm-exporter)",
         &a.kube_dcgm_exporter,
     )?;
+    let topology_levels = a
+        .kube_topology_levels
+        .iter()
+        .map(|l| tessera_backend_kube::fleet::TopologyLevel::parse(l))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("--kube-topology-levels: {e}"))?;
     let kube_cfg = tessera_backend_kube::KubeConfig {
         pool_label: a.kube_pool_label.clone(),
+        topology_levels,
         namespace_prefix: a.kube_namespace_prefix.clone(),
         mig_namespace,
         mig_configmap,
