@@ -132,8 +132,10 @@ venv=target/openapi-venv
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openapi-spec-validator
 openapi_doc=$(mktemp --suffix=.json)
 trap 'rm -f "$openapi_doc"' EXIT
-# The test profile: the binary `cargo test` built above, so nothing is compiled again.
-cargo run --quiet --profile test -p tessera -- openapi >"$openapi_doc"
+# The binary `cargo test` built above for the integration tests (the fuzzing step below runs it
+# too). Not `cargo run -p tessera`: without the workspace's dev-dependencies its features differ,
+# and the server and both backends would be compiled a second time.
+"${CARGO_TARGET_DIR:-target}/debug/tessera" openapi >"$openapi_doc"
 "$venv/bin/python" -m openapi_spec_validator --schema 3.1 --validation-errors all "$openapi_doc"
 # ---- end OpenAPI ---------------------------------------------------------------------------------
 
