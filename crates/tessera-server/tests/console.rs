@@ -750,3 +750,191 @@ async fn request_form_offers_only_the_granted_priority_classes() {
     let r = post("/console/request", form("high")).await.unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
 }
+
+/// The grant actions of the audit log: `(action, outcome, detail)` of each record whose action
+/// names the priorities of a tenant (the API's route or the console's).
+async fn grant_records(s: &TestServer) -> Vec<(String, u64, String)> {
+    let audit = s.get("/api/v1/audit?limit=500").await;
+    audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["action"].as_str().unwrap_or("").ends_with("/priorities"))
+        .map(|a| {
+            (
+                a["action"].as_str().unwrap().to_string(),
+                a["outcome"].as_u64().unwrap(),
+                a["detail"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A platform admin grants priority classes from the tenants page: the form checks the
+/// current grant; a grant goes through the API's handler (the API's tenant view shows it, one
+/// audit record, the API's); the tenant's member may then submit `critical` while another
+/// tenant's member may not; an unknown class or an empty grant is refused next to the form;
+/// a tenant-admin or member of the tenant gets no form and is refused (403) when posting it,
+/// the grant unchanged; "reset to default" restores the default grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn platform_admin_grants_priority_classes_from_the_tenants_page() {
+    let s = TestServer::start("consoleprio").await;
+    s.tenant_with_project("vision", "train").await;
+    s.tenant_with_project("nlp", "serve").await;
+    let (member, tadmin, other) = (
+        s.token("vision", "member").await,
+        s.token("vision", "tenant-admin").await,
+        s.token("nlp", "member").await,
+    );
+    let view = async || s.get("/api/v1/tenants/vision").await["priorities"].clone();
+    let b = s.browser();
+    let csrf = sign_in(&b, &s.admin).await;
+    let page = b.page("/console/tenants").await;
+    no_inline_code(&page);
+    assert!(
+        page.contains("id=\"vision-priorities-granted\">default: standard, opportunistic</p>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("hx-post=\"/console/tenants/vision/priorities\"")
+            && page.contains("name=\"priorities\" value=\"critical\">")
+            && page.contains("name=\"priorities\" value=\"standard\" checked>")
+            && page.contains("name=\"reset\" value=\"default\""),
+        "{page}"
+    );
+
+    let grant = "/console/tenants/vision/priorities";
+    let classes = |cs: &[&'static str]| cs.iter().map(|c| ("priorities", *c)).collect::<Vec<_>>();
+    assert_eq!(
+        b.post_form(grant, &classes(&["critical"]), None).await.status(),
+        StatusCode::FORBIDDEN,
+        "no CSRF token"
+    );
+    // Refusals land on the form, with what was checked; nothing changes.
+    let bad = b.post_form(grant, &classes(&["standard", "urgent"]), Some(&csrf)).await;
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let bad = bad.text().await.unwrap();
+    assert!(
+        bad.contains("id=\"vision-priorities-priorities-error\"")
+            && bad.contains("unknown priority class")
+            && bad.contains("urgent"),
+        "{bad}"
+    );
+    assert!(bad.contains("value=\"standard\" checked>") && !bad.contains("value=\"opportunistic\" checked>"));
+    let empty = b.post_form(grant, &classes(&[]), Some(&csrf)).await;
+    assert_eq!(empty.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        empty
+            .text()
+            .await
+            .unwrap()
+            .contains("id=\"vision-priorities-priorities-error\"")
+    );
+    assert_eq!(view().await, json!(["standard", "opportunistic"]));
+    let missing = b
+        .post_form("/console/tenants/nobody/priorities", &classes(&["high"]), Some(&csrf))
+        .await;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+
+    // The grant: the card shows it, the API's view has it, one audit record (the API's).
+    let ok = b
+        .post_form(grant, &classes(&["standard", "critical"]), Some(&csrf))
+        .await;
+    assert_eq!(ok.status(), StatusCode::OK);
+    let card = ok.text().await.unwrap();
+    assert!(
+        card.contains("granted: standard, critical") && card.contains("value=\"critical\" checked>"),
+        "{card}"
+    );
+    assert_eq!(view().await, json!(["standard", "critical"]));
+    let granted: Vec<_> = grant_records(&s)
+        .await
+        .into_iter()
+        .filter(|(_, outcome, _)| *outcome == 200)
+        .collect();
+    assert_eq!(
+        granted,
+        [(
+            "PUT /api/v1/tenants/{tenant}/priorities".to_string(),
+            200,
+            "priority classes standard, opportunistic → standard, critical".to_string()
+        )],
+        "one record, the API's"
+    );
+
+    // vision's member may now submit `critical`; nlp's may not.
+    let job = |tenant: &str, project: &str| json!({"tenant": tenant, "project": project, "name": "c", "shape": {"fraction": 100}, "priority": "critical"});
+    let (st, w) = s
+        .call_as(
+            Some(&member),
+            Method::POST,
+            "/api/v1/workloads",
+            Some(job("vision", "train")),
+        )
+        .await;
+    assert_eq!(
+        (st, w["priority"].as_str()),
+        (StatusCode::CREATED, Some("critical")),
+        "{w}"
+    );
+    let (st, p) = s
+        .call_as(
+            Some(&other),
+            Method::POST,
+            "/api/v1/workloads",
+            Some(job("nlp", "serve")),
+        )
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert_eq!(p["type"], "https://tessera.dev/problems/priority-not-granted", "{p}");
+
+    // The tenant's admin sees its grant but no form; it and the member are refused.
+    let ta = s.browser();
+    let tacsrf = sign_in(&ta, &tadmin).await;
+    let tpage = ta.page("/console/tenants").await;
+    assert!(
+        tpage.contains("granted: standard, critical") && !tpage.contains("/priorities\""),
+        "{tpage}"
+    );
+    let m = s.browser();
+    let mcsrf = sign_in(&m, &member).await;
+    let denials = async || {
+        grant_records(&s)
+            .await
+            .iter()
+            .filter(|(action, outcome, _)| action.starts_with("denied POST /console/tenants/") && *outcome == 403)
+            .count()
+    };
+    let before = denials().await;
+    for (who, token) in [(&ta, &tacsrf), (&m, &mcsrf)] {
+        let r = who.post_form(grant, &classes(&["standard", "high"]), Some(token)).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        let r = who.post_form(grant, &[("reset", "default")], Some(token)).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    }
+    assert_eq!(view().await, json!(["standard", "critical"]), "unchanged");
+    assert_eq!(denials().await - before, 4, "each refusal is on the audit log");
+
+    // Reset to the default grant.
+    let reset = b.post_form(grant, &[("reset", "default")], Some(&csrf)).await;
+    assert_eq!(reset.status(), StatusCode::OK);
+    assert!(reset.text().await.unwrap().contains("default: standard, opportunistic"));
+    assert_eq!(view().await, json!(["standard", "opportunistic"]));
+    let (st, p) = s
+        .call_as(
+            Some(&member),
+            Method::POST,
+            "/api/v1/workloads",
+            Some(job("vision", "train")),
+        )
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "the default grant again: {p}");
+    assert!(
+        grant_records(&s)
+            .await
+            .iter()
+            .any(|(_, outcome, d)| *outcome == 200
+                && d == "priority classes standard, critical → standard, opportunistic"),
+        "the reset is audited"
+    );
+}

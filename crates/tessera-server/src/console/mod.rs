@@ -58,6 +58,7 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/tenants/{tenant}/quotas", post(tenants::set_quota))
         .route("/console/tenants/{tenant}/quotas/remove", post(tenants::remove_quota))
         .route("/console/tenants/{tenant}/budget", post(tenants::set_budget))
+        .route("/console/tenants/{tenant}/priorities", post(tenants::set_priorities))
         .route("/console/quota", get(account::quota))
         .route("/console/tokens", get(account::tokens_page).post(account::create))
         .route("/console/tokens/{id}/revoke", post(account::revoke))

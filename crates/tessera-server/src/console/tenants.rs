@@ -1,24 +1,27 @@
-//! Tenants, projects, quotas and budgets: platform-admins see every tenant (50 a page) and edit
-//! them — create a tenant or project, set or remove a quota, set or remove the monthly budget,
-//! delete a project; a tenant-admin reads its own tenant. Every change goes through the REST
-//! API's handler (the same validation, RBAC and, through the request middleware, the same
-//! audit record), from an htmx form that carries the CSRF token. A refusal re-renders the
-//! tenant's card with the message next to the field (422); a success re-renders it with the
-//! new values.
+//! Tenants, projects, quotas, budgets and priority grants: platform-admins see every tenant (50
+//! a page) and edit them — create a tenant or project, set or remove a quota, set or remove the
+//! monthly budget, delete a project, grant the priority classes (or reset to the default grant);
+//! a tenant-admin reads its own tenant. Every change goes through the REST API's handler (the
+//! same validation, RBAC and audit record: the request middleware's, or for a grant the one the
+//! handler commits with it), from an htmx form that carries the CSRF token. A refusal
+//! re-renders the tenant's card with the message next to the field (422); a success re-renders
+//! it with the new values.
 
 use std::collections::HashMap;
 
 use askama::Template;
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tessera_api::rules::Validate;
-use tessera_api::{CreateProject, CreateTenant, SetBudget, SetQuota, TenantQuotas};
+use tessera_api::{CreateProject, CreateTenant, SetBudget, SetPriorities, SetQuota, TenantQuotas};
 
 use super::{Caller, Chrome, html};
 use crate::AppState;
+use crate::audit::{Audited, RequestId};
 use crate::http::{ApiJson, ApiPath, governance, tenancy};
 use crate::problem::ApiError;
 
@@ -38,6 +41,12 @@ pub struct Card {
     pub projects: Vec<String>,
     pub quotas: TenantQuotas,
     pub classes: Vec<String>,
+    /// The priority classes the tenant may use (its grant, or the default grant).
+    pub priorities: Vec<String>,
+    /// Whether the platform admin granted them (else they are the default grant).
+    pub explicit: bool,
+    /// Every priority class of the scheduler's configuration, offered by the grant form.
+    pub priority_classes: Vec<String>,
     pub edit: bool,
     pub err: FormError,
 }
@@ -58,6 +67,25 @@ impl Card {
             self.err.values.get(field).map(String::as_str).unwrap_or("")
         } else {
             ""
+        }
+    }
+
+    /// The grant as shown: `granted: standard, high`, or `default: standard, opportunistic`.
+    pub fn grant_text(&self) -> String {
+        let classes = self.priorities.join(", ");
+        if self.explicit {
+            format!("granted: {classes}")
+        } else {
+            format!("default: {classes}")
+        }
+    }
+
+    /// Whether the grant form checks `class`: as posted after a refusal, else as granted.
+    pub fn grants(&self, class: &str) -> bool {
+        if self.err.form == "priorities" {
+            self.value("priorities", "priorities").split(',').any(|c| c == class)
+        } else {
+            self.priorities.iter().any(|c| c == class)
         }
     }
 
@@ -138,6 +166,7 @@ fn classes(s: &AppState) -> Vec<String> {
 
 async fn card(s: &AppState, c: &Caller, tenant: &str, err: FormError) -> Result<Card, ApiError> {
     let t = tenancy::tenant_visible(s, &c.id, tenant).await?;
+    let priorities = tenancy::granted(s, &t);
     let projects = s
         .store
         .list_projects(tenant, None, 200)
@@ -154,6 +183,9 @@ async fn card(s: &AppState, c: &Caller, tenant: &str, err: FormError) -> Result<
         projects,
         quotas,
         classes: classes(s),
+        priorities,
+        explicit: t.priorities.is_some(),
+        priority_classes: s.priorities.to_vec(),
         edit: c.id.is_admin(),
         err,
     })
@@ -420,6 +452,49 @@ pub async fn set_budget(
         refusal("budget", &["monthly_unit_hours"], "monthly_unit_hours", e, f.clone())
     })
     .await
+}
+
+/// `POST /console/tenants/{tenant}/priorities` (platform-admins): grants the checked priority
+/// classes (`priorities`, one field a class), or the default grant when the form sends
+/// `reset`. The API's handler checks and stores the grant and commits its audit record with
+/// it; anyone else is refused (403) before anything is read.
+pub async fn set_priorities(
+    State(s): State<AppState>,
+    c: Caller,
+    rid: Option<Extension<RequestId>>,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if !c.id.is_admin() {
+        return Err(ApiError::forbidden("granting priority classes needs a platform-admin"));
+    }
+    let fields: Vec<(String, String)> = serde_urlencoded::from_bytes(&body).unwrap_or_default();
+    let reset = fields.iter().any(|(k, _)| k == "reset");
+    let checked: Vec<String> = fields
+        .into_iter()
+        .filter(|(k, _)| k == "priorities")
+        .map(|(_, v)| v)
+        .collect();
+    let values = HashMap::from([("priorities".to_string(), checked.join(","))]);
+    let b = SetPriorities {
+        priorities: if reset { None } else { Some(checked) },
+    };
+    let mut audited = None;
+    let result = match b.validate() {
+        Err(v) => Err(ApiError::from(v)),
+        Ok(()) => tenancy::set_priorities(State(s.clone()), c.id.clone(), rid, ApiPath(tenant.clone()), ApiJson(b))
+            .await
+            .map(|r| audited = r.extensions().get::<Audited>().copied()),
+    };
+    let mut r = answer(&s, &c, &tenant, result, |e| {
+        refusal("priorities", &["priorities"], "priorities", e, values)
+    })
+    .await?;
+    // The handler committed the audit record with the grant: the middleware adds none.
+    if let Some(a) = audited {
+        r.extensions_mut().insert(a);
+    }
+    Ok(r)
 }
 
 #[cfg(test)]
