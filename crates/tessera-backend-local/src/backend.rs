@@ -20,6 +20,7 @@ use crate::discovery::{Discovery, discover};
 use crate::isolation::{RunAs, gpu_device_rules, secure_dirs};
 use crate::nvml::{GpuInstance, Nvml, NvmlError, xid_is_critical};
 use crate::process::{Cgroups, Files, Launch, Limits, Place, ProcId, group_alive, spawn, terminate};
+use crate::sandbox::{self, SandboxMode};
 
 /// How the local backend runs.
 #[derive(Clone, Debug)]
@@ -45,6 +46,8 @@ pub struct LocalConfig {
     pub cgroups: Cgroups,
     /// Grace between SIGTERM and SIGKILL when a workload's lease ([`RunSpec::duration`]) ends.
     pub lease_grace: Duration,
+    /// Whether each workload gets a file-system view of its own ([`crate::sandbox`]).
+    pub sandbox: SandboxMode,
 }
 
 struct Proc {
@@ -77,6 +80,8 @@ struct Shared {
     state: Mutex<State>,
     tx: mpsc::UnboundedSender<BackendEvent>,
     rx: Mutex<Option<mpsc::UnboundedReceiver<BackendEvent>>>,
+    /// The sandbox is in use (the mode allows it and the host's probe passed).
+    sandboxed: bool,
 }
 
 /// This machine's GPUs through NVML, workloads as local processes.
@@ -126,11 +131,32 @@ impl LocalBackend {
         } else if !cfg.cgroups.devices_enforced() {
             tracing::warn!(
                 cgroups = cfg.cgroups.version(),
-                "GPU device access is not enforced (no cgroup v1 devices controller); workloads are held to their GPUs by CUDA_VISIBLE_DEVICES only"
+                "GPU device access is not enforced (no cgroup v1 devices controller, and no BPF device program on cgroup v2); workloads are held to their GPUs by CUDA_VISIBLE_DEVICES only"
             );
         }
+        let sandboxed = match cfg.sandbox {
+            SandboxMode::Off => {
+                tracing::warn!(
+                    "--local-sandbox off: workloads see this machine's root file system, /tmp and /dev/shm (within their user's permissions)"
+                );
+                false
+            }
+            mode => match sandbox::probe(&cfg.data_dir, &cfg.work_dir, &cfg.dev_dir) {
+                Ok(()) => true,
+                Err(e) if mode == SandboxMode::Required => {
+                    return Err(NvmlError(format!(
+                        "--local-sandbox required: this host does not let workloads have a mount namespace of their own: {e}"
+                    )));
+                }
+                Err(e) => {
+                    tracing::warn!(reason = %e, "no file-system sandbox for local workloads: they see this machine's root file system, /tmp and /dev/shm (within their user's permissions)");
+                    false
+                }
+            },
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
+            sandboxed,
             nvml,
             cfg,
             catalogue,
@@ -143,6 +169,11 @@ impl LocalBackend {
         shared.report_mig_modes();
         tokio::spawn(telemetry_loop(Arc::downgrade(&shared)));
         Ok(LocalBackend { shared })
+    }
+
+    /// Whether workloads get a file-system view of their own ([`crate::sandbox`]).
+    pub fn sandboxed(&self) -> bool {
+        self.shared.sandboxed
     }
 
     /// What discovery found at start-up.
@@ -657,6 +688,7 @@ impl Backend for LocalBackend {
             cgroups: &cfg.cgroups,
             run_as: cfg.run_as,
             log_cap: cfg.log_cap,
+            sandbox: self.shared.sandboxed.then_some(cfg.dev_dir.as_path()),
         };
         let _ = self.shared.tx.send(BackendEvent::Started {
             id: spec.id,

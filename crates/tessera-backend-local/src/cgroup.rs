@@ -7,8 +7,9 @@
 //! while still root, and cannot leave it (every `cgroup.procs` is root's). The server reads a
 //! workload's processes from its cgroup, never from a file the workload can write: stop = SIGTERM
 //! to every member, then freeze, SIGKILL every member, thaw (so no fork outruns the kill), and
-//! remove the cgroup. Device access (`devices.allow` over the `/dev/nvidia*` nodes) is enforced
-//! on cgroup v1 only: cgroup v2 needs a BPF device program, which this backend does not load.
+//! remove the cgroup. Device access (the `devices.allow` rules over the `/dev/nvidia*` nodes) is
+//! enforced by the v1 devices controller, and on cgroup v2 by a BPF device program compiled from
+//! the same rules ([`crate::devfilter`]) where the kernel lets the server load one.
 
 use std::fs;
 use std::io;
@@ -68,6 +69,8 @@ pub struct Cgroups {
     kind: Kind,
     /// Why limits are off (empty when on).
     pub skipped: String,
+    /// On v2: BPF device programs can be loaded (device rules are enforced).
+    bpf_devices: bool,
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {
@@ -97,6 +100,7 @@ impl Cgroups {
         let off = |why: String| Cgroups {
             kind: Kind::Off,
             skipped: why,
+            bpf_devices: false,
         };
         if root.join("cgroup.controllers").exists() {
             let base = root.join(name);
@@ -118,9 +122,17 @@ impl Cgroups {
                     ));
                 }
             }
+            let bpf_devices = match crate::devfilter::available() {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(reason = %e, "cgroup v2 without device rules");
+                    false
+                }
+            };
             return Cgroups {
                 kind: Kind::V2(base),
                 skipped: String::new(),
+                bpf_devices,
             };
         }
         let mut dirs = Vec::new();
@@ -155,6 +167,7 @@ impl Cgroups {
         Cgroups {
             kind: Kind::V1(dirs),
             skipped: String::new(),
+            bpf_devices: false,
         }
     }
 
@@ -163,6 +176,7 @@ impl Cgroups {
         Cgroups {
             kind: Kind::Off,
             skipped: why.into(),
+            bpf_devices: false,
         }
     }
 
@@ -179,9 +193,14 @@ impl Cgroups {
         }
     }
 
-    /// Whether device rules are enforced (cgroup v1 with the devices controller).
+    /// Whether device rules are enforced: cgroup v1 with the devices controller, or v2 with BPF
+    /// device programs.
     pub fn devices_enforced(&self) -> bool {
-        matches!(&self.kind, Kind::V1(d) if d.iter().any(|(c, _)| c.contains(&Ctrl::Devices)))
+        match &self.kind {
+            Kind::Off => false,
+            Kind::V1(d) => d.iter().any(|(c, _)| c.contains(&Ctrl::Devices)),
+            Kind::V2(_) => self.bpf_devices,
+        }
     }
 
     fn leaf(id: u64) -> String {
@@ -254,6 +273,12 @@ impl Cgroups {
                 for line in allow {
                     write(&dir.join("devices.allow"), line)?;
                 }
+            }
+            if v2
+                && self.bpf_devices
+                && let Some(allow) = &limits.devices
+            {
+                crate::devfilter::attach(&dir, allow)?;
             }
             procs.push(dir.join("cgroup.procs"));
         }

@@ -16,6 +16,9 @@
 //!   relayed by the server into a capped `DATA_DIR/workloads/ID/log` (the data directory is the
 //!   server's alone); a restarted control plane adopts live workloads by their cgroups; stop =
 //!   SIGTERM to every process of the cgroup, then freeze and SIGKILL after the grace.
+//! * [`sandbox`]: where the host allows it, each workload in a mount namespace of its own: a
+//!   read-only root, private `/tmp`, `/var/tmp` and `/dev/shm`, the data directory covered and
+//!   only its own directory visible in the work directory.
 //! * [`LocalBackend`]: the backend contract (`Instance` partitioning at the engine's placement,
 //!   only on GPUs an admin put in MIG mode — it never switches MIG mode; `Exact` devices; logs),
 //!   telemetry every interval and critical XIDs as `GpuHealth` events as soon as NVML reports
@@ -23,12 +26,14 @@
 
 mod backend;
 pub mod cgroup;
+pub mod devfilter;
 pub mod discovery;
 mod fake;
 pub mod isolation;
 pub mod nvml;
 pub mod process;
 mod real;
+pub mod sandbox;
 
 pub use backend::{LocalBackend, LocalConfig};
 pub use discovery::{DiscoveredGpu, Discovery, discover, fleet_toml};
@@ -36,3 +41,4 @@ pub use fake::{FakeGpu, FakeNvml, fake_bus_id};
 pub use isolation::RunAs;
 pub use nvml::{GpuInfo, GpuInstance, Nvml, NvmlError, Sample, XidEvent, xid_is_critical};
 pub use real::RealNvml;
+pub use sandbox::SandboxMode;

@@ -1,7 +1,8 @@
 //! Workloads as local processes: each in its own process group and its own cgroup
 //! ([`crate::cgroup`]), as its own user in its own directory ([`crate::isolation`]), output
 //! relayed into a capped log the workload cannot open, and stop = SIGTERM to every process of
-//! the cgroup, SIGKILL after the grace period. Without cgroups (development, or a machine where
+//! the cgroup, SIGKILL after the grace period. Where the host allows it, the workload also gets
+//! a file-system view of its own ([`crate::sandbox`]). Without cgroups (development, or a machine where
 //! Tessera may not create them) the process group stands in for the cgroup, and a pid file with
 //! the process start time (in the server-only data directory) for adoption after a restart.
 //!
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 
 pub use crate::cgroup::{Cgroups, Limits};
 use crate::isolation::{RunAs, read_untrusted, spawn_log_relay, workload_dir};
+use crate::sandbox::Sandbox;
 
 /// The pid and kernel start time (clock ticks since boot, `/proc/PID/stat` field 22) of a
 /// workload's process-group leader.
@@ -175,6 +177,9 @@ pub struct Place<'a> {
     pub run_as: RunAs,
     /// Most bytes of output kept in a workload's log.
     pub log_cap: u64,
+    /// Each workload in a mount namespace of its own ([`crate::sandbox`]), seeing this
+    /// device directory; `None`: the machine's file system.
+    pub sandbox: Option<&'a Path>,
 }
 
 /// Starts the workload: `sh` wrapper in a new process group, in its cgroup and as its user
@@ -202,6 +207,10 @@ pub fn spawn(place: Place<'_>, l: &Launch) -> io::Result<(tokio::process::Child,
     let out = spawn_log_relay(&files.log(), &files.log_end(), place.log_cap)?;
     let err = out.try_clone()?;
     let ids = place.run_as.ids(l.id);
+    let sandbox = place
+        .sandbox
+        .map(|dev| Sandbox::new(place.data_dir, place.work_dir, &work, dev, l.limits.memory_mib))
+        .transpose()?;
     let mut cmd = tokio::process::Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(r#""$@"; s=$?; echo $s > "$0"; exit $s"#)
@@ -240,6 +249,10 @@ pub fn spawn(place: Place<'_>, l: &Launch) -> io::Result<(tokio::process::Child,
                 if !ok {
                     return Err(e);
                 }
+            }
+            // Its own view of the file system, while still root.
+            if let Some(s) = &sandbox {
+                s.enter()?;
             }
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());

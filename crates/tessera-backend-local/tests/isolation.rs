@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tessera_backend::{Backend, BackendEvent, Devices, Exit, Observation, RunSpec, SliceSpec};
 use tessera_backend_local::process::{Cgroups, start_ticks};
-use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, RunAs};
+use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, RunAs, SandboxMode};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 const FIRST_UID: u32 = 220000;
@@ -39,7 +39,12 @@ struct Env {
 
 impl Env {
     fn new(name: &str) -> Env {
-        let base = std::env::temp_dir().join(format!("tessera-iso-{name}-{}", std::process::id()));
+        Env::under(&std::env::temp_dir(), name)
+    }
+
+    /// In `parent` (a directory others may traverse).
+    fn under(parent: &Path, name: &str) -> Env {
+        let base = parent.join(format!("tessera-iso-{name}-{}", std::process::id()));
         let (data, work, dev) = (base.join("data"), base.join("work"), base.join("dev"));
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(&dev).unwrap();
@@ -65,6 +70,8 @@ impl Env {
         Env { data, work, dev, cg }
     }
 
+    /// The attacks below test users, cgroups and permissions alone (as on a host that allows
+    /// no sandbox); the sandbox's own tests turn it on.
     fn config(&self) -> LocalConfig {
         LocalConfig {
             node: "here".into(),
@@ -77,21 +84,41 @@ impl Env {
             telemetry_interval: Duration::from_secs(5),
             cgroups: self.cg.clone(),
             lease_grace: Duration::from_millis(300),
+            sandbox: SandboxMode::Off,
         }
     }
 
     fn backend(&self) -> LocalBackend {
+        self.backend_with(self.config())
+    }
+
+    fn backend_with(&self, cfg: LocalConfig) -> LocalBackend {
         let nvml = Arc::new(FakeNvml::new(vec![
             FakeGpu::of("H100-80GB-SXM"),
             FakeGpu::of("H100-80GB-SXM"),
         ]));
-        LocalBackend::new(nvml, self.config()).unwrap()
+        LocalBackend::new(nvml, cfg).unwrap()
+    }
+
+    /// With the sandbox the host must allow (these tests run as root).
+    fn sandboxed(&self) -> LocalBackend {
+        let b = self.backend_with(LocalConfig {
+            sandbox: SandboxMode::Required,
+            ..self.config()
+        });
+        assert!(b.sandboxed());
+        b
     }
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
         self.cg.remove_parent();
+        if let Some(base) = self.data.parent()
+            && !base.starts_with(std::env::temp_dir())
+        {
+            let _ = std::fs::remove_dir_all(base);
+        }
     }
 }
 
@@ -396,12 +423,93 @@ async fn a_workload_opens_only_the_gpu_devices_it_was_given() {
     if !root() {
         return;
     }
-    let env = Env::new("devices");
+    for sandbox in [false, true] {
+        gpu_devices(sandbox).await;
+    }
+}
+
+/// Where this host mounts a cgroup v2 hierarchy (`/sys/fs/cgroup` on a v2 host, often
+/// `/sys/fs/cgroup/unified` beside v1 ones).
+fn cgroup2_mount() -> Option<PathBuf> {
+    std::fs::read_to_string("/proc/self/mounts")
+        .ok()?
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(2) == Some(&"cgroup2"))
+        .map(|f| PathBuf::from(f[1]))
+}
+
+/// cgroup v2 device rules: the BPF program compiled from a workload's `devices.allow` lines,
+/// attached to a cgroup of this host's v2 hierarchy, holds a process in it to them. (The full
+/// path through the backend is `a_workload_opens_only_the_gpu_devices_it_was_given`, on a
+/// cgroup v2 host.)
+#[test]
+fn a_bpf_device_program_holds_a_cgroup_v2_to_its_rules() {
+    if !root() {
+        return;
+    }
+    let Some(v2) = cgroup2_mount() else {
+        eprintln!("skipped: this host mounts no cgroup v2 hierarchy");
+        return;
+    };
+    let env = Env::new("devbpf");
+    let cg = v2.join(format!("tessera-test-devbpf-{}", std::process::id()));
+    std::fs::create_dir_all(&cg).unwrap();
+    let rules = tessera_backend_local::isolation::gpu_device_rules(&env.dev, &[1], false);
+    tessera_backend_local::devfilter::attach(&cg, &rules).unwrap();
+    let procs = CString::new(cg.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(r#"for n in nvidia0 nvidia1 nvidiactl; do echo "$n: $(cat $V/$n 2>&1)"; done; echo "null: $(echo x > /dev/null && echo ok)"; mknod $V/made c 195 7 2>&1"#)
+        .env("V", &env.dev);
+    // SAFETY: only syscalls between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0
+                || libc::write(
+                    fd,
+                    b"0
+"
+                    .as_ptr()
+                    .cast(),
+                    2,
+                ) != 2
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let _ = std::fs::remove_dir(&cg);
+    let log = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let line = |n: &str| {
+        log.lines()
+            .find(|l| l.starts_with(&format!("{n}:")))
+            .unwrap()
+            .to_string()
+    };
+    assert!(line("nvidia0").contains("Operation not permitted"), "{log}");
+    assert!(line("nvidia1").contains("No such device or address"), "{log}");
+    assert!(line("nvidiactl").contains("No such device or address"), "{log}");
+    assert_eq!(line("null"), "null: ok", "{log}");
+    assert!(
+        log.contains("Operation not permitted") && !env.dev.join("made").exists(),
+        "mknod refused: {log}"
+    );
+}
+
+/// The device rules, with and without the sandbox (which must keep the device directory, here
+/// a test's, in view).
+async fn gpu_devices(sandbox: bool) {
+    let env = Env::new(if sandbox { "devices-sbx" } else { "devices" });
     if !env.cg.devices_enforced() {
         eprintln!("skipped: device rules need the cgroup v1 devices controller (cgroup v2 needs BPF)");
         return;
     }
-    let b = env.backend();
+    let b = if sandbox { env.sandboxed() } else { env.backend() };
     let mut rx = b.take_events().unwrap();
     let cmd =
         r#"unset CUDA_VISIBLE_DEVICES; for n in nvidia0 nvidia1 nvidiactl; do echo "$n: $(cat $V/$n 2>&1)"; done"#;
@@ -456,4 +564,68 @@ async fn a_log_is_capped_and_says_so() {
     // The log is the server's: the workload never had it open for writing.
     let meta = std::fs::metadata(env.data.join("workloads/1/log")).unwrap();
     assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o600));
+}
+
+/// The sandbox: the machine's root is read-only, `/tmp` and `/dev/shm` are the workload's own,
+/// the data directory is an empty cover, and the work directory shows only the workload's own
+/// directory. Tenant A leaves files in its `/tmp` and `/dev/shm`; tenant B finds none of them,
+/// nor A's directory, nor a world-readable file in the machine's `/tmp`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_workload_sees_a_read_only_root_and_only_its_own_files() {
+    if !root() {
+        return;
+    }
+    // Outside /tmp, so that the covers of the data and work directories are what hides them.
+    let env = Env::under(Path::new("/run"), "sandbox");
+    let b = env.sandboxed();
+    let mut rx = b.take_events().unwrap();
+    let n = format!("tessera-sbx-{}", std::process::id());
+    let host_tmp = std::env::temp_dir().join(&n);
+    std::fs::write(&host_tmp, "HOST_SECRET5").unwrap();
+    std::fs::set_permissions(&host_tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(env.data.join("admin-token"), "tsk_admin_SECRET1\n").unwrap();
+    std::fs::set_permissions(env.data.join("admin-token"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let a_cmd = r#"cat /tmp/$N; echo TMP_SECRET6 > /tmp/$N; echo SHM_SECRET7 > /dev/shm/$N; chmod 644 /tmp/$N /dev/shm/$N;
+echo "own=$(cat /tmp/$N)"; echo mine > mine; echo "file=$(cat $W/1/mine)";
+for p in /etc/$N /usr/$N /$N $W/$N; do touch $p; done; touch $D/$N;
+echo "work=$(ls $W | tr '\n' ' ')"; ls $D; cat $D/admin-token; echo ready; sleep 30"#;
+    let vars = [
+        ("N", n.clone()),
+        ("W", env.work.display().to_string()),
+        ("D", env.data.display().to_string()),
+    ];
+    b.start(&spec(1, vec![0], a_cmd, &vars)).await.unwrap();
+    let log = wait_log(&b, 1, "ready").await;
+    assert!(log.contains("own=TMP_SECRET6"), "its /tmp is its own to use: {log}");
+    assert!(log.contains("file=mine"), "its directory is writable: {log}");
+    assert_eq!(log.matches("Read-only file system").count(), 4, "{log}");
+    assert!(log.contains("work=1 "), "only its own directory: {log}");
+    assert!(!log.contains("SECRET5") && !log.contains("SECRET1"), "{log}");
+    assert!(denials(&log) >= 3, "the data directory's cover is closed: {log}");
+    assert_eq!(std::fs::read_to_string(env.work.join("1/mine")).unwrap(), "mine\n");
+    for planted in [format!("/etc/{n}"), format!("/usr/{n}"), format!("/{n}")] {
+        assert!(!Path::new(&planted).exists(), "{planted}");
+    }
+    assert!(!env.work.join(&n).exists() && !env.data.join(&n).exists());
+    assert_eq!(std::fs::read_to_string(&host_tmp).unwrap(), "HOST_SECRET5");
+    assert!(!Path::new("/dev/shm").join(&n).exists());
+
+    // B also tries to lift the covers from a user namespace of its own, where it would hold
+    // CAP_SYS_ADMIN (the kernel keeps inherited mounts locked together).
+    let b_cmd = r#"cat /tmp/$N /dev/shm/$N $W/1/mine; echo "work=$(ls $W | tr '\n' ' ')";
+echo "undo=$(unshare -Urm sh -c "umount -l $W; umount -l /tmp; ls $W; cat /tmp/$N" 2>&1 | tr '\n' ' ')"; echo end"#;
+    b.start(&spec(2, vec![1], b_cmd, &vars)).await.unwrap();
+    assert_eq!(exit_of(&mut rx, 2).await, Exit::Succeeded);
+    let log = log_of(&b, 2).await;
+    assert!(!log.contains("SECRET"), "{log}");
+    assert_eq!(log.matches("No such file or directory").count(), 3, "{log}");
+    assert!(log.contains("work=2 ") && log.contains("end"), "{log}");
+    let undo = log.lines().find_map(|l| l.strip_prefix("undo=")).unwrap();
+    assert!(
+        !undo.split_whitespace().any(|w| w == "1"),
+        "A's directory revealed: {log}"
+    );
+    b.stop(1, Duration::from_millis(200)).await.unwrap();
+    wait_until("workload 1 is gone", Duration::from_secs(5), || !env.cg.populated(1)).await;
+    let _ = std::fs::remove_file(&host_tmp);
 }

@@ -12,7 +12,7 @@ use tessera_backend::{
     RunSpec, SliceSpec,
 };
 use tessera_backend_local::process::{Cgroups, group_alive};
-use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, RunAs, fake_bus_id};
+use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, RunAs, SandboxMode, fake_bus_id};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn data_dir(name: &str) -> PathBuf {
@@ -48,6 +48,7 @@ fn config(dir: &std::path::Path, interval_ms: u64) -> LocalConfig {
         telemetry_interval: Duration::from_millis(interval_ms),
         cgroups: Cgroups::off("tests"),
         lease_grace: Duration::from_millis(300),
+        sandbox: SandboxMode::Auto,
     }
 }
 

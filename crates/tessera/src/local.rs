@@ -93,6 +93,7 @@ pub struct Isolation {
     pub work_dir: Option<PathBuf>,
     pub log_cap_mib: u64,
     pub pids_max: u64,
+    pub sandbox: tessera_backend_local::SandboxMode,
 }
 
 /// FNV-1a, stable across builds (the cgroup name of a data directory must not change).
@@ -157,6 +158,7 @@ pub fn backend(
         telemetry_interval: telemetry,
         cgroups,
         lease_grace: grace,
+        sandbox: iso.sandbox,
     };
     let b = LocalBackend::new(nvml, cfg).map_err(|e| anyhow!("--backend local: {e}"))?;
     let cpus = std::thread::available_parallelism()

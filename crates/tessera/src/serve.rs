@@ -98,6 +98,12 @@ pub struct ServeArgs {
     /// cgroup's pids limit; 0: no limit).
     #[arg(long, default_value_t = 4096, value_name = "N")]
     local_pids_max: u64,
+    /// `--backend local`: each workload in a mount namespace of its own (read-only root, private
+    /// /tmp, /var/tmp and /dev/shm, the data directory hidden, only its own work directory
+    /// shown): `auto` when the host allows it (a warning says why not), `required` (refuse to
+    /// start without it) or `off`.
+    #[arg(long, default_value = "auto", value_name = "MODE", value_parser = parse_sandbox)]
+    local_sandbox: tessera_backend_local::SandboxMode,
     /// `--backend kubernetes`: the node label naming a GPU node's Tessera pool (nodes without it
     /// are in the pool `default`).
     #[arg(long, default_value = "tessera.io/pool")]
@@ -403,6 +409,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                     work_dir: a.local_work_dir.clone(),
                     log_cap_mib: a.local_log_cap_mib,
                     pids_max: a.local_pids_max,
+                    sandbox: a.local_sandbox,
                 };
                 let (b, fleet, what) = crate::local::backend(
                     a.fake_gpus,
@@ -528,6 +535,10 @@ fn redact(url: &str) -> String {
         }
         _ => url.to_string(),
     }
+}
+
+fn parse_sandbox(s: &str) -> Result<tessera_backend_local::SandboxMode, String> {
+    tessera_backend_local::SandboxMode::parse(s).ok_or_else(|| format!("{s:?}: give auto, required or off"))
 }
 
 #[cfg(test)]
