@@ -356,6 +356,25 @@ impl KubeBackend {
     }
 }
 
+/// The container whose log is the workload's: `workload` in the pods Tessera makes; in a pod
+/// made with `kubectl` (admitted by the webhook) the first container asking for a GPU, else its
+/// first container.
+fn log_container(pod: &Pod) -> Option<String> {
+    let containers = &pod.spec.as_ref()?.containers;
+    let gpu = |c: &&k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .is_some_and(|l| l.keys().any(|k| k.starts_with("nvidia.com/")))
+    };
+    containers
+        .iter()
+        .find(|c| c.name == "workload")
+        .or_else(|| containers.iter().find(gpu))
+        .or(containers.first())
+        .map(|c| c.name.clone())
+}
+
 /// Whether a pod's container has started (its log exists).
 fn pod_started(pod: &Pod) -> bool {
     pod.status
@@ -2304,7 +2323,7 @@ impl Backend for KubeBackend {
         }
         let want = offset.saturating_add(max as u64);
         let params = kube::api::LogParams {
-            container: Some("workload".into()),
+            container: log_container(&pod),
             limit_bytes: Some(want.min(i64::MAX as u64) as i64),
             ..Default::default()
         };

@@ -4,8 +4,6 @@
 //! 15 s to Ready); each test its own tenant, namespace and workload IDs. Prints the request →
 //! bound and request → Running latencies it sees.
 
-#[path = "support/kubelet.rs"]
-mod node;
 mod support;
 
 use std::collections::BTreeMap;
@@ -15,8 +13,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::LogParams;
-use node::{BUSYBOX, NODE, POOL, kubelet_node};
 use support::expect_event;
+use support::kubelet::{BUSYBOX, NODE, POOL, kubelet_node};
 use tessera_backend::{Backend, BackendEvent, Devices, Exit, Resource, RunSpec, TenancySpec};
 use tessera_backend_kube::{KubeBackend, KubeConfig};
 

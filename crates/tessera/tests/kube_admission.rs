@@ -7,7 +7,8 @@
 //! followed to its end; a pod that cannot be placed now waits with an Event saying why; a pod
 //! its owner deletes withdraws its workload; labels only Tessera may set are stripped. Also
 //! measures `kubectl apply` of a GPU Job → its pod bound (printed, not asserted: a benchmark
-//! figure, see the README).
+//! figure, see the README). Last, the same path with the real kubelet (containerd and runc) of
+//! `kube_support::kubelet`: a Job applied with `kubectl` runs there to its end.
 
 #[path = "../../tessera-backend-kube/tests/support/mod.rs"]
 mod kube_support;
@@ -547,6 +548,123 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
             .get("app.kubernetes.io/managed-by")
             .map(String::as_str),
         Some("tessera")
+    );
+
+    // Last, with the real kubelet (containerd and runc): the tenant's `kubectl apply` of a GPU
+    // Job, admitted by the webhook, queued and bound by Tessera, run by the kubelet to its end;
+    // the Job completes, the workload succeeds, and its log is the container's. The node joins
+    // while Tessera runs, in a pool of its own (so the fake node above takes none of this).
+    let (_, node) = kube_support::kubelet::kubelet_node().await;
+    let real = kube_support::kubelet::NODE;
+    let out = c.kubectl(&["label", "node", real, "tessera.io/pool=kubelet", "--overwrite"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    api(
+        Method::PUT,
+        &format!("/api/v1/tenants/{TENANT}/quotas/kubelet"),
+        json!({"guaranteed": 8, "limit": 8}),
+    )
+    .await;
+    eventually(
+        "Tessera lists the kubelet's node in its pool",
+        Duration::from_secs(30),
+        || async {
+            let nodes = api(Method::GET, &format!("/api/v1/nodes?node={real}"), Value::Null).await;
+            nodes["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n["name"] == real && n["pool"] == "kubelet")
+        },
+    )
+    .await;
+    let job = json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "on-kubelet", "namespace": NS},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"annotations": {"tessera.io/pool": "kubelet"}},
+            "spec": {"restartPolicy": "Never",
+                "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true},
+                "containers": [{"name": "main", "image": kube_support::kubelet::BUSYBOX,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "echo hello from the kubelet as $(id -u); exit 0"],
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "100m", "memory": "64Mi"}}}]}}},
+    });
+    let t0 = Instant::now();
+    let (ok, out) = kubectl_as(c, &dir.0, "alice", &job);
+    assert!(ok, "{out}");
+    let on_kubelet = || async {
+        pods.list(&ListParams::default().labels("job-name=on-kubelet"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .next()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let p = on_kubelet().await;
+        if p.as_ref()
+            .is_some_and(|p| p.spec.as_ref().unwrap().node_name.as_deref() == Some(real))
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            let w = match p
+                .as_ref()
+                .and_then(|p| p.metadata.labels.as_ref()?.get("tessera.io/workload").cloned())
+            {
+                Some(id) => api(Method::GET, &format!("/api/v1/workloads/{id}"), Value::Null).await,
+                None => Value::Null,
+            };
+            let events = Api::<Event>::namespaced(client.clone(), NS)
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|e| e.message)
+                .collect::<Vec<_>>();
+            panic!("the Job's pod was not bound to {real} within 30 s: pod {p:?}\nworkload {w}\nevents {events:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let bound_in = t0.elapsed();
+    let p = on_kubelet().await.unwrap();
+    let wid: u64 = p.metadata.labels.unwrap()["tessera.io/workload"].parse().unwrap();
+    eventually(
+        "the kubelet ran the pod to its end",
+        Duration::from_secs(90),
+        || async {
+            on_kubelet()
+                .await
+                .and_then(|p| p.status?.phase)
+                .is_some_and(|ph| ph == "Succeeded")
+        },
+    )
+    .await;
+    eventually("the workload succeeded", Duration::from_secs(30), || async {
+        state(wid).await == "succeeded"
+    })
+    .await;
+    let done_in = t0.elapsed();
+    let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), NS);
+    eventually("the Job completed", Duration::from_secs(30), || async {
+        jobs.get("on-kubelet").await.unwrap().status.and_then(|s| s.succeeded) == Some(1)
+    })
+    .await;
+    let log = http
+        .get(format!("{base}/api/v1/workloads/{wid}/logs"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(log.contains("hello from the kubelet as 1000"), "{log}");
+    eprintln!(
+        "kubectl apply of a GPU Job on the real kubelet ({}): bound in {bound_in:?}, workload succeeded in {done_in:?}",
+        node.name
     );
     server.kill();
 }

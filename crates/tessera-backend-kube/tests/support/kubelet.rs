@@ -21,7 +21,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use crate::support::{Cluster, cluster};
+use super::{Cluster, cluster};
 
 /// The image workloads run: busybox's applets in `/bin` (`sh`, `echo`, `sleep`, ...).
 pub const BUSYBOX: &str = "tessera.test/busybox:1";
@@ -133,11 +133,15 @@ fn start(c: &Cluster) -> Result<KubeletNode, String> {
     )
     .map_err(|e| e.to_string())?;
     let labels: Vec<String> = GFD_LABELS.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/kubelet-node.sh");
+    // Beside this file, also when another crate's tests include it.
+    let script = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tessera-backend-kube/tests/support/kubelet-node.sh"
+    ));
     // Not a child that dies with this binary: it must outlive it to clean up. It learns that the
     // binary is gone when its stdin closes.
     let mut child = Command::new("bash")
-        .arg(&script)
+        .arg(script)
         .env("DIR", &dir)
         .env("BIN", &c.bin)
         .env("IMAGES", &images)

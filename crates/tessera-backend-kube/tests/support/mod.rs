@@ -5,12 +5,14 @@
 //! (about 6 s) and killed when the test binary exits (the processes are started by a thread
 //! that lives as long as the binary, with a parent-death signal).
 //!
-//! There is no kubelet and no scheduler: tests create Node objects and play the kubelet by
-//! patching pod status, and the MIG manager by setting node labels and capacity. A DCGM
+//! No scheduler, and no kubelet unless a test asks for the real one ([`kubelet`]): tests create
+//! Node objects and play the kubelet by patching pod status, and the MIG manager by setting node labels and capacity. A DCGM
 //! exporter needs real GPUs: tests stand one in with a loopback HTTP server serving its text,
 //! behind an exporter pod object that shows its address.
 
 #![allow(dead_code)]
+
+pub mod kubelet;
 
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
