@@ -120,12 +120,13 @@ impl Action for Allocate {
 /// were left for a later cycle. Reservations of jobs no longer waiting lapse. Reads only the head
 /// of the queue ([`WaitQueue`](super::queue)).
 pub(super) fn queue_order(s: &mut Scheduler, now: i64, limit: usize) -> (Vec<Arc<Queued>>, bool) {
-    let mut share: FxHashMap<String, f64> = FxHashMap::default();
-    for t in s.queue.tenants() {
-        s.books.decay(&t, now, s.cfg.half_life_ms);
-        share.insert(t.clone(), s.books.fair_share(&t));
+    // Each waiting tenant's fair share, by tenant number.
+    let mut share = vec![0.0; s.queue.tenant_count()];
+    for (n, t) in s.queue.tenants() {
+        s.books.decay(t, now, s.cfg.half_life_ms);
+        share[n] = s.books.fair_share(t);
     }
-    let key = |q: &Queued| s.plugins.queue_order.key(&q.job, q.rank, share[&q.job.tenant]);
+    let key = |q: &Queued| s.plugins.queue_order.key(&q.job, q.rank, share[q.tenant]);
     let ready = |id: &u64| s.nominated.get(id).is_some_and(|n| n.victims.is_empty());
     let mut first: Vec<(super::OrderKey, Arc<Queued>)> = s
         .nominated
@@ -139,7 +140,7 @@ pub(super) fn queue_order(s: &mut Scheduler, now: i64, limit: usize) -> (Vec<Arc
     let mut order: Vec<Arc<Queued>> = first.into_iter().map(|(_, q)| q).collect();
     // Past the head (whose starved jobs may search for victims), jobs whose capacity key found
     // no room in every pool of its scope, where nothing was freed since, are left out.
-    let unfit = |q: &Queued| q.scope.iter().all(|&p| known_unfit(s, q, p));
+    let unfit = |q: &Queued| known_unfit_in_scope(s, q);
     let head = UNFILTERED_HEAD.saturating_sub(order.len());
     let (rest, cut) = s.queue.first(head, limit - order.len(), key, |id| ready(&id), unfit);
     order.extend(rest);
@@ -237,9 +238,18 @@ fn find(s: &mut Scheduler, q: &Queued, req: &Request, pool: PoolId) -> Option<cr
 }
 
 /// Whether `q`'s capacity key found no room in `pool` and nothing was freed there since.
-pub(super) fn known_unfit(s: &Scheduler, q: &Queued, pool: PoolId) -> bool {
+fn known_unfit(s: &Scheduler, q: &Queued, pool: PoolId) -> bool {
     let generation = s.engine.freed_generation(pool);
     s.unfit.get(&q.key).is_some_and(|v| v.contains(&(pool, generation)))
+}
+
+/// [`known_unfit`] in every pool of `q`'s scope (true for an empty scope), the capacity key
+/// looked up once.
+pub(super) fn known_unfit_in_scope(s: &Scheduler, q: &Queued) -> bool {
+    match s.unfit.get(&q.key) {
+        Some(v) => q.scope.iter().all(|&p| v.contains(&(p, s.engine.freed_generation(p)))),
+        None => q.scope.is_empty(),
+    }
 }
 
 /// Whether `q` would fit somewhere in its scope if no node were held for others.

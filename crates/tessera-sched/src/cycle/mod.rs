@@ -282,6 +282,8 @@ struct Queued {
     units: GpuUnits,
     /// Its arrival sequence number.
     seq: u64,
+    /// Its tenant's number in the queue ([`WaitQueue::tenant_no`](queue::WaitQueue::tenant_no)).
+    tenant: usize,
     /// Its priority class's rank.
     rank: u8,
     /// Its queue-order key at a zero fair share (its place among its tenant's jobs of its class).
@@ -407,6 +409,7 @@ impl Scheduler {
             project_key: project_key(&job.project),
             units: job.request.units(&self.engine.fleet().catalogue),
             seq: self.queue.next_seq(),
+            tenant: self.queue.tenant_no(&job.tenant),
             rank,
             base_key: self.plugins.queue_order.key(&job, rank, 0.0),
             job,
@@ -742,23 +745,25 @@ impl Scheduler {
     /// its shape is known to find no room in every pool it may use (the engine's last
     /// diagnosis of that shape), else that the cycle's budget went to jobs ahead of it.
     fn decide_the_rest(&mut self, looked: &[Arc<Queued>], out: &mut Vec<Decision>) {
-        let mut rest: Vec<Arc<Queued>> = std::mem::take(&mut self.fresh)
+        // In arrival order, sorted by the sequence number beside each job (not read through it).
+        let mut rest: Vec<(u64, Arc<Queued>)> = std::mem::take(&mut self.fresh)
             .into_iter()
             .filter(|id| !self.reasons.contains_key(id))
-            .filter_map(|id| self.queue.get(id).cloned())
+            .filter_map(|id| self.queue.get(id).map(|q| (q.seq, q.clone())))
             .collect();
         if rest.is_empty() {
             return;
         }
-        rest.sort_unstable_by_key(|q| q.seq);
-        let mut per_tenant: FxHashMap<&str, usize> = FxHashMap::default();
+        rest.sort_unstable_by_key(|&(seq, _)| seq);
+        // The jobs this cycle looked at, by tenant number.
+        let mut considered = vec![0usize; self.queue.tenant_count()];
         for q in looked {
-            *per_tenant.entry(q.job.tenant.as_str()).or_default() += 1;
+            considered[q.tenant] += 1;
         }
         let budget = self.cfg.max_jobs_per_cycle.max(1);
         self.reasons.reserve(rest.len());
         out.reserve(rest.len());
-        for q in rest {
+        for (_, q) in rest {
             let id = q.job.id;
             let reason = match admit::blocked(self, &q) {
                 Some(over) if !q.job.wait_if_over_limit => {
@@ -771,7 +776,7 @@ impl Scheduler {
                     continue;
                 }
                 Some(over) => over.wait(),
-                None if !q.scope.is_empty() && q.scope.iter().all(|&p| allocate::known_unfit(self, &q, p)) => {
+                None if !q.scope.is_empty() && allocate::known_unfit_in_scope(self, &q) => {
                     match self.explained.get(&q.key) {
                         Some(w) => w.clone(),
                         None => {
@@ -784,8 +789,8 @@ impl Scheduler {
                 None => Wait::NotConsidered {
                     budget,
                     tenant: q.job.tenant.clone(),
-                    considered: per_tenant.get(q.job.tenant.as_str()).copied().unwrap_or(0),
-                    waiting: self.queue.waiting_of(&q.job.tenant),
+                    considered: considered[q.tenant],
+                    waiting: self.queue.waiting_of(q.tenant),
                 },
             };
             self.reasons.insert(id, reason.clone());

@@ -9,6 +9,11 @@
 //! key at the current fair shares and stops after the jobs it takes; past the head of the queue
 //! a bucket whose capacity key is known to find no room is dropped whole, in O(1). Reading the
 //! first `k` jobs of `n` costs O(buckets + k log buckets), inserting or removing one O(log n).
+//!
+//! Tenants are numbered once, the first time the queue sees them ([`WaitQueue::tenant_no`]), and
+//! a job carries its tenant's number: what a cycle counts per tenant (its fair share, the jobs it
+//! took, the jobs waiting) it keeps in vectors indexed by that number, with no name hashed or
+//! copied per job.
 
 use std::cmp::Reverse;
 use std::collections::btree_map::Values;
@@ -28,10 +33,13 @@ pub(super) struct WaitQueue {
     by_id: FxHashMap<u64, Arc<Queued>>,
     /// Arrival sequence → job id.
     arrivals: BTreeMap<u64, u64>,
-    /// (tenant, rank, capacity key) → (key at zero fair share → job id).
-    buckets: FxHashMap<(String, u8, Request), BTreeMap<OrderKey, u64>>,
-    /// Tenant → its waiting jobs.
-    per_tenant: FxHashMap<String, usize>,
+    /// (tenant number, rank, capacity key) → (key at zero fair share → job).
+    buckets: FxHashMap<(usize, u8, Request), BTreeMap<OrderKey, Arc<Queued>>>,
+    /// Tenant name → its number, and by number: the name and its waiting jobs. Numbers are
+    /// never reused (a scheduler sees few tenants).
+    numbers: FxHashMap<String, usize>,
+    names: Vec<String>,
+    waiting: Vec<usize>,
     next_seq: u64,
 }
 
@@ -54,29 +62,41 @@ impl WaitQueue {
         self.next_seq
     }
 
-    /// Adds a job (its `seq`, `rank` and `base_key` set). A job already queued under the same id
-    /// is replaced.
+    /// The number of `tenant` (a job's `tenant`), given the first time it is asked for.
+    pub fn tenant_no(&mut self, tenant: &str) -> usize {
+        if let Some(&n) = self.numbers.get(tenant) {
+            return n;
+        }
+        let n = self.names.len();
+        self.numbers.insert(tenant.to_string(), n);
+        self.names.push(tenant.to_string());
+        self.waiting.push(0);
+        n
+    }
+
+    /// How many tenants have a number: every job's `tenant` is below it.
+    pub fn tenant_count(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Adds a job (its `seq`, `tenant`, `rank` and `base_key` set, `tenant` from
+    /// [`tenant_no`](Self::tenant_no)). A job already queued under the same id is replaced.
     pub fn push(&mut self, q: Arc<Queued>) {
         self.remove(q.job.id);
         self.arrivals.insert(q.seq, q.job.id);
         self.buckets
-            .entry((q.job.tenant.clone(), q.rank, q.key.clone()))
+            .entry((q.tenant, q.rank, q.key.clone()))
             .or_default()
-            .insert(q.base_key, q.job.id);
-        *self.per_tenant.entry(q.job.tenant.clone()).or_default() += 1;
+            .insert(q.base_key, q.clone());
+        self.waiting[q.tenant] += 1;
         self.by_id.insert(q.job.id, q);
     }
 
     pub fn remove(&mut self, id: u64) -> Option<Arc<Queued>> {
         let q = self.by_id.remove(&id)?;
         self.arrivals.remove(&q.seq);
-        if let Some(n) = self.per_tenant.get_mut(&q.job.tenant) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_tenant.remove(&q.job.tenant);
-            }
-        }
-        let bucket = (q.job.tenant.clone(), q.rank, q.key.clone());
+        self.waiting[q.tenant] -= 1;
+        let bucket = (q.tenant, q.rank, q.key.clone());
         if let Some(b) = self.buckets.get_mut(&bucket) {
             b.remove(&q.base_key);
             if b.is_empty() {
@@ -91,20 +111,24 @@ impl WaitQueue {
         self.arrivals.values().map(|id| &self.by_id[id])
     }
 
-    /// The tenants with waiting jobs (each once).
-    pub fn tenants(&self) -> Vec<String> {
-        let mut t: Vec<String> = self.per_tenant.keys().cloned().collect();
-        t.sort_unstable();
+    /// The tenants with waiting jobs (each once, by name): number and name.
+    pub fn tenants(&self) -> Vec<(usize, &str)> {
+        let mut t: Vec<(usize, &str)> = (0..self.names.len())
+            .filter(|&n| self.waiting[n] > 0)
+            .map(|n| (n, self.names[n].as_str()))
+            .collect();
+        t.sort_unstable_by_key(|&(_, name)| name);
         t
     }
 
-    /// Every job (for a full rebuild when the queue-order policy changes).
+    /// Every job (for a full rebuild when the queue-order policy changes). Tenants keep their
+    /// numbers.
     pub fn drain(&mut self) -> Vec<Arc<Queued>> {
         let all: Vec<Arc<Queued>> = self.in_arrival_order().cloned().collect();
-        *self = WaitQueue {
-            next_seq: self.next_seq,
-            ..Default::default()
-        };
+        self.by_id.clear();
+        self.arrivals.clear();
+        self.buckets.clear();
+        self.waiting.iter_mut().for_each(|n| *n = 0);
         all
     }
 
@@ -120,8 +144,8 @@ impl WaitQueue {
     /// tenants past their share take what the others left unused, in queue order. So one
     /// tenant's deep queue cannot keep another tenant's jobs of the same class out of every
     /// cycle. The jobs come back in queue order.
-    pub fn first(
-        &self,
+    pub fn first<'a>(
+        &'a self,
         head: usize,
         limit: usize,
         key: impl Fn(&Queued) -> OrderKey,
@@ -131,30 +155,35 @@ impl WaitQueue {
         if limit == 0 {
             return (Vec::new(), !self.by_id.is_empty());
         }
-        let mut out: Vec<(OrderKey, Arc<Queued>)> = Vec::new();
-        // Each bucket's tenant as a small number, so that shares are counted in a vector.
-        let mut tenant_no: FxHashMap<&str, usize> = FxHashMap::default();
+        let mut out: Vec<(OrderKey, Arc<Queued>)> = Vec::with_capacity(limit.min(self.by_id.len()));
+        // Each bucket's tenant number, so that shares are counted in vectors.
         let mut tenant_of: Vec<usize> = Vec::with_capacity(self.buckets.len());
         let mut iters: Vec<_> = Vec::with_capacity(self.buckets.len());
-        for ((tenant, _, _), b) in &self.buckets {
-            let n = tenant_no.len();
-            tenant_of.push(*tenant_no.entry(tenant.as_str()).or_insert(n));
+        for (&(tenant, _, _), b) in &self.buckets {
+            tenant_of.push(tenant);
             iters.push(b.values());
         }
-        let mut taken = vec![0usize; tenant_no.len()];
-        let mut seen = vec![false; tenant_no.len()];
+        let mut taken = vec![0usize; self.names.len()];
+        let mut seen = vec![false; self.names.len()];
+        // The heap holds each bucket's first job not taken yet: (key, id, bucket), the job
+        // itself in `heads`.
         let mut heap: BinaryHeap<Reverse<(OrderKey, u64, usize)>> = BinaryHeap::with_capacity(iters.len());
-        let advance = |i: usize, iters: &mut Vec<Values<'_, OrderKey, u64>>, heap: &mut BinaryHeap<_>| {
-            for &id in iters[i].by_ref() {
-                if skip(id) {
+        let mut heads: Vec<Option<&Arc<Queued>>> = vec![None; iters.len()];
+        let advance = |i: usize,
+                       iters: &mut [Values<'a, OrderKey, Arc<Queued>>],
+                       heads: &mut [Option<&'a Arc<Queued>>],
+                       heap: &mut BinaryHeap<_>| {
+            for q in iters[i].by_ref() {
+                if skip(q.job.id) {
                     continue;
                 }
-                heap.push(Reverse((key(&self.by_id[&id]), id, i)));
+                heap.push(Reverse((key(q), q.job.id, i)));
+                heads[i] = Some(q);
                 return;
             }
         };
         for i in 0..iters.len() {
-            advance(i, &mut iters, &mut heap);
+            advance(i, &mut iters, &mut heads, &mut heap);
         }
         // The tier being taken, each tenant's share of it, and the heads of the buckets of
         // tenants past their share (held back until the tier is otherwise exhausted).
@@ -186,7 +215,7 @@ impl WaitQueue {
                 share = (limit - out.len()).div_ceil(tenants.max(1));
             }
             let Some(Reverse((k, id, i))) = heap.pop() else { break };
-            let q = &self.by_id[&id];
+            let q = heads[i].expect("a bucket in the heap has a head");
             if out.len() >= head && unfit(q) {
                 // The rest of the bucket has the same capacity key: none of it fits either.
                 continue;
@@ -199,7 +228,7 @@ impl WaitQueue {
             }
             *n += 1;
             out.push((k, q.clone()));
-            advance(i, &mut iters, &mut heap);
+            advance(i, &mut iters, &mut heads, &mut heap);
         }
         let cut = !heap.is_empty() || !held.is_empty();
         if reordered {
@@ -208,8 +237,8 @@ impl WaitQueue {
         (out.into_iter().map(|(_, q)| q).collect(), cut)
     }
 
-    /// How many jobs `tenant` has waiting.
-    pub fn waiting_of(&self, tenant: &str) -> usize {
-        self.per_tenant.get(tenant).copied().unwrap_or(0)
+    /// How many jobs the tenant numbered `tenant` has waiting.
+    pub fn waiting_of(&self, tenant: usize) -> usize {
+        self.waiting.get(tenant).copied().unwrap_or(0)
     }
 }
