@@ -2,9 +2,9 @@
 //! ([`crate::cgroup`]), as its own user in its own directory ([`crate::isolation`]), output
 //! relayed into a capped log the workload cannot open, and stop = SIGTERM to every process of
 //! the cgroup, SIGKILL after the grace period. Where the host allows it, the workload also gets
-//! a file-system view of its own ([`crate::sandbox`]). Without cgroups (development, or a machine where
-//! Tessera may not create them) the process group stands in for the cgroup, and a pid file with
-//! the process start time (in the server-only data directory) for adoption after a restart.
+//! a file-system view of its own ([`crate::sandbox`]). Without cgroups (development, or a machine
+//! where Tessera may not create them) the process group stands in for the cgroup, and a pid file
+//! with the process start time (in the server-only data directory) for adoption after a restart.
 //!
 //! Layout: `DATA_DIR/workloads/<id>/{log,log.end,pid}` (the server's, 0700) and
 //! `WORK_DIR/<id>/` (the workload's, 0700, its working directory and `HOME`). A small `sh`

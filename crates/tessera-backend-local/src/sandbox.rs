@@ -1,8 +1,8 @@
 //! The file-system view of a local workload: a mount namespace of its own in which the
 //! machine's root is read-only, `/tmp`, `/var/tmp` and `/dev/shm` are private and empty, the data
 //! directory is an empty, read-only cover, and the work directory (a read-only cover) shows only
-//! the workload's own directory (writable, `nosuid`, `nodev`). Entered between fork and exec ([`Sandbox::enter`]),
-//! while the child is still root, before it drops to the workload's user.
+//! the workload's own directory (writable, `nosuid`, `nodev`). Entered between fork and exec
+//! ([`Sandbox::enter`]), while the child is still root, before it drops to the workload's user.
 //!
 //! Built on the mount API of Linux 5.12 and later (`open_tree`, `move_mount`, `mount_setattr`
 //! with `AT_RECURSIVE`): the workload's directory and the device directory are cloned before
@@ -92,7 +92,7 @@ impl DeepPath {
 #[derive(Clone, Debug)]
 pub struct Sandbox {
     /// `WORK_DIR/ID`: the workload's directory, the only writable place besides its `/tmp`.
-    own: DeepPath,
+    own: CString,
     /// `WORK_DIR`, covered so that only `own` shows in it.
     work_root: DeepPath,
     /// The data directory, covered by an empty read-only directory.
@@ -103,11 +103,6 @@ pub struct Sandbox {
     private: Vec<CString>,
     /// The tmpfs options of the private directories (mode, size).
     tmp_options: CString,
-}
-
-/// Whether `path` exists (before fork).
-fn exists(p: &str) -> bool {
-    Path::new(p).is_dir()
 }
 
 impl Sandbox {
@@ -126,7 +121,7 @@ impl Sandbox {
         }
         let private = ["/tmp", "/var/tmp", "/dev/shm"]
             .into_iter()
-            .filter(|p| exists(p))
+            .filter(|p| Path::new(p).is_dir())
             .map(|p| CString::new(p).map_err(io::Error::other))
             .collect::<io::Result<_>>()?;
         let size = if tmp_mib > 0 {
@@ -135,7 +130,7 @@ impl Sandbox {
             String::new()
         };
         Ok(Sandbox {
-            own: DeepPath::new(&own)?,
+            own: cstring(&own)?,
             work_root: DeepPath::new(&work_root)?,
             data: cstring(&data_dir)?,
             dev: (dev_dir != Path::new("/dev"))
@@ -166,7 +161,7 @@ impl Sandbox {
                 std::ptr::null(),
             ))?;
             // Clones of what must stay visible, taken before anything covers it.
-            let own = open_tree(&self.own.path, 0)?;
+            let own = open_tree(&self.own, 0)?;
             let dev = match &self.dev {
                 Some(d) => Some(open_tree(&d.path, AT_RECURSIVE)?),
                 None => None,
@@ -202,8 +197,8 @@ impl Sandbox {
                 libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                 c"mode=0755,size=4k".as_ptr().cast(),
             ))?;
-            check(libc::mkdir(self.own.path.as_ptr(), 0o700))?;
-            move_mount(own, &self.own.path)?;
+            check(libc::mkdir(self.own.as_ptr(), 0o700))?;
+            move_mount(own, &self.own)?;
             setattr(
                 own,
                 c"",
@@ -228,7 +223,7 @@ impl Sandbox {
                 )?;
                 libc::close(fd);
             }
-            check(libc::chdir(self.own.path.as_ptr()))?;
+            check(libc::chdir(self.own.as_ptr()))?;
         }
         Ok(())
     }
