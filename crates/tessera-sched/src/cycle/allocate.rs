@@ -9,12 +9,13 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use tessera_model::request::GangRequest;
 use tessera_model::{PoolId, Request};
 
 use super::admit::{self, Exceeded};
 use super::session::{Session, Status};
 use super::{Action, Decision, Job, Queued, Scheduler};
-use crate::reason::{LimitExceeded, Wait};
+use crate::reason::{GangUnplaceable, LimitExceeded, Wait};
 
 pub(super) struct Allocate;
 
@@ -48,6 +49,40 @@ impl Action for Allocate {
                 continue;
             };
             let sched = &mut *s.sched;
+            if let Some(g) = &job.gang {
+                // Planned afresh each time (no cache keyed by shape), never reserving a node
+                // nor searching for victims: it waits with the level's reason.
+                let blocked = sched.held_for_others(job.id);
+                let any_blocked = !blocked.is_empty();
+                if any_blocked {
+                    sched.engine.set_blocked(blocked);
+                }
+                let placed = place_gang(sched, q, g, &pools, now);
+                if any_blocked {
+                    sched.engine.set_blocked(FxHashSet::default());
+                }
+                match placed {
+                    Ok(d) => {
+                        sched.nominated.remove(&job.id);
+                        sched.reasons.remove(&job.id);
+                        s.set(i, Status::Placed);
+                        s.decide(d);
+                    }
+                    Err((Blocked::Over(over), _)) => s.exceeded(i, Exceeded::Limit(over)),
+                    Err((Blocked::Backoff(reason), _)) => s.set(i, Status::Waiting(reason)),
+                    Err((Blocked::NoCapacity, why)) => {
+                        let reason = why.map_or(Wait::Held, Wait::Gang);
+                        s.set(
+                            i,
+                            Status::Starved {
+                                reason: Rc::new(reason),
+                                searchable: false,
+                            },
+                        );
+                    }
+                }
+                continue;
+            }
             let nominated = sched.nominated.contains_key(&job.id);
             let reserving = sched.reservations.values().any(|(j, _)| *j == job.id);
             if !nominated
@@ -206,6 +241,85 @@ fn place(
         (Some(o), _) => Blocked::Over(o),
         (None, Some(b)) => Blocked::Backoff(b),
         (None, None) => Blocked::NoCapacity,
+    })
+}
+
+/// Places gang `g` (the request of `q`) in the first pool of `pools` where it fits whole and
+/// its quotas allow, booking every share; or why not, with the engine's reason when it found
+/// no room (`None`: room only where nodes are held for others).
+fn place_gang(
+    s: &mut Scheduler,
+    q: &Queued,
+    g: &GangRequest,
+    pools: &[(PoolId, Option<LimitExceeded>)],
+    now: i64,
+) -> Result<Decision, (Blocked, Option<GangUnplaceable>)> {
+    let job = &q.job;
+    let units = q.units;
+    let mut over: Option<LimitExceeded> = None;
+    let mut backoff: Option<Wait> = None;
+    let mut why: Option<GangUnplaceable> = None;
+    for (pool, at_admission) in pools {
+        let pool_level = match at_admission {
+            Some(l) => Err(l.clone()),
+            None => admit::pool_limit(s, q, *pool, units),
+        };
+        if let Err(l) = pool_level {
+            over.get_or_insert(l);
+            continue;
+        }
+        let mut g = g.clone();
+        g.pool = Some(*pool);
+        let p = match s.engine.plan_gang(&g) {
+            Ok(p) => p,
+            Err(u) => {
+                why.get_or_insert(u);
+                continue;
+            }
+        };
+        // Every share is in one pool, on one GPU model per pool class key: the first share's
+        // node names the keys, and the whole gang's units are counted against them.
+        let mut keys = super::class_keys(s.engine.fleet(), p.shares[0].node);
+        keys.push(q.project_key.clone());
+        let borrowing = match s.books.check(&job.tenant, &keys, units) {
+            Ok(a) => a.borrowing(),
+            Err(l) => {
+                over.get_or_insert(l);
+                continue;
+            }
+        };
+        if borrowing && let Some(&(times, at)) = s.preempted.get(&job.id) {
+            let until = at + s.cfg.min_runtime_ms * (1i64 << times.min(4));
+            if now < until {
+                backoff.get_or_insert(Wait::Backoff {
+                    times,
+                    retry_in_s: (until - now + 999) / 1000,
+                });
+                continue;
+            }
+        }
+        let gang = s
+            .engine
+            .commit_gang(job.id, &g, p)
+            .expect("a fresh gang plan commits")
+            .clone();
+        let shares: Vec<_> = gang
+            .shares
+            .iter()
+            .map(|id| s.engine.allocation(*id).expect("a committed share").clone())
+            .collect();
+        let nodes = shares.iter().map(|a| a.node).collect();
+        s.hold_on(job, keys, gang.units, nodes, borrowing, now);
+        return Ok(Decision::PlacedGang {
+            id: job.id,
+            shares,
+            borrowing,
+        });
+    }
+    Err(match (over, backoff) {
+        (Some(o), _) => (Blocked::Over(o), None),
+        (None, Some(b)) => (Blocked::Backoff(b), None),
+        (None, None) => (Blocked::NoCapacity, why),
     })
 }
 
