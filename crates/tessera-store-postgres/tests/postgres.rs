@@ -1,19 +1,19 @@
 //! What the conformance suite does not show on PostgreSQL: clear errors when the database
 //! cannot be reached or was upgraded by a newer Tessera, statements that give up instead of
 //! hanging, a store that recovers by itself when the database returns, ids and audit numbers
-//! that stay unique across stores (processes) sharing the database, and malformed gang rows
-//! named as corrupt.
+//! that stay unique across stores (processes) sharing the database, malformed gang rows named
+//! as corrupt, and workloads that keep their data through the upgrade to gangs (version 15).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use sqlx::{Connection, Row};
-use tessera_domain::{GangSpec, GpuSpec, Phase, Placement, Slice, Workload};
+use tessera_domain::{GangSpec, GpuSpec, Phase, Placement, Slice, Workload, WorkloadId};
 use tessera_model::GpuUnits;
 use tessera_model::request::TopologyConstraint;
 use tessera_store::conformance::{login_audit, workload};
 use tessera_store::{AuditStore, Change, StoreError, TenancyStore, TenantRecord, WorkloadFilter, WorkloadStore};
-use tessera_store_postgres::{PgOptions, PgStore};
+use tessera_store_postgres::{MIGRATOR, PgOptions, PgStore};
 use tessera_testdb::{Cluster, database_url};
 
 fn quick() -> PgOptions {
@@ -281,4 +281,59 @@ async fn a_malformed_gang_row_is_corrupt_and_says_why() {
         sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut c).await.unwrap();
         assert_eq!(store.get_workload(gang.id, None).await.unwrap(), Some(gang.clone()));
     }
+}
+
+/// A workload stored at schema version 14 (before gangs) reads back unchanged once the store
+/// upgrades the database to version 15, and the upgraded database stores a placed gang.
+#[tokio::test]
+async fn workloads_of_version_14_keep_their_data_through_the_gang_migration() {
+    let url = database_url();
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    MIGRATOR.run_to(14, &mut c).await.unwrap();
+    let old = workload(7, "acme", "train", Phase::Running);
+    sqlx::query(
+        "INSERT INTO workloads (id, tenant, project, name, kind, gpus, shape_models, cpu_milli, memory_mib, env, \
+         priority, no_wait, no_requeue, units_milli, created_at, phase, borrowing, updated_at, next_event_seq, \
+         usage_seq, usage_open, p_pool, p_node, p_model, p_gpus, p_slice, p_units_milli) \
+         VALUES (7, 'acme', 'train', 'w7', 'batch', 1, '[]', 1000, 1024, '{}', 'standard', FALSE, FALSE, 1000, \
+         $1, 'running', FALSE, $1, 1, 0, FALSE, 'training', 'h100-03', 'H100-80GB-SXM', 8, 'whole', 1000)",
+    )
+    .bind(old.created_at)
+    .execute(&mut c)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE sequences SET value = 7 WHERE name = 'workload'")
+        .execute(&mut c)
+        .await
+        .unwrap();
+
+    let store = PgStore::connect(&url).await.unwrap();
+    let latest: i64 = sqlx::query("SELECT MAX(version) FROM _sqlx_migrations")
+        .fetch_one(&mut c)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(latest, 15);
+    let want = Workload {
+        placement: Some(Placement {
+            pool: "training".into(),
+            node: "h100-03".into(),
+            model: "H100-80GB-SXM".into(),
+            gpus: vec![3],
+            slice: Slice::Whole,
+            units: GpuUnits::ONE_GPU,
+        }),
+        ..old
+    };
+    assert!(want.shares.is_empty());
+    assert_eq!(
+        store.get_workload(WorkloadId(7), None).await.unwrap(),
+        Some(want.clone())
+    );
+
+    let id = store.reserve_workload_ids(1).await.unwrap().start;
+    assert_eq!(id, 8);
+    let gang = placed_gang(id);
+    store.commit(&[insert(&gang)]).await.unwrap();
+    assert_eq!(store.active_workloads().await.unwrap(), vec![want, gang]);
 }
