@@ -83,7 +83,7 @@ pub fn corrupt(id: WorkloadId, what: impl std::fmt::Display) -> StoreError {
 
 /// Serialises strings, numbers, and lists, maps and records of them (which cannot fail).
 pub fn json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).expect("lists and maps of strings always serialise")
+    serde_json::to_string(value).expect("strings, numbers and collections of them always serialise")
 }
 
 pub fn from_json<T: DeserializeOwned>(id: WorkloadId, column: &str, text: &str) -> Result<T> {
