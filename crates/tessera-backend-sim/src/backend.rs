@@ -13,7 +13,7 @@ use tessera_backend::{
 };
 use tokio::sync::mpsc;
 
-use crate::bind::bind;
+use crate::bind::{bind, bind_start};
 use crate::partition::{check_instance, check_layout, check_share, destroy_instance, layout_text, sorted};
 use crate::state::{Ended, Phase, Run, State};
 use crate::telemetry::{sample_all, sample_run};
@@ -560,7 +560,7 @@ impl Backend for SimBackend {
             if st.runs.contains_key(&spec.id) {
                 return Ok(());
             }
-            let binding = bind(&st, self.cfg.mode, spec)?;
+            let binding = bind_start(&st, self.cfg.mode, spec)?;
             let generation = st.next_generation();
             st.insert_run(Run {
                 spec: spec.clone(),

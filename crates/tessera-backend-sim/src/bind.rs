@@ -33,6 +33,51 @@ pub(crate) fn bind(state: &State, mode: SimMode, spec: &RunSpec) -> Result<Bindi
     }
 }
 
+/// Binds `spec`'s devices for a start: as [`bind`] does, on a node that is up, and in exact
+/// mode refusing devices another workload holds (operator mode picks free ones only).
+pub(crate) fn bind_start(state: &State, mode: SimMode, spec: &RunSpec) -> Result<Binding, BackendError> {
+    state.node_gpus(&spec.node)?;
+    if state.node_down(&spec.node) {
+        return Err(rejected(format!("node `{}` is down (removed or rebooting)", spec.node)));
+    }
+    let b = bind(state, mode, spec)?;
+    if mode == SimMode::Exact {
+        check_free(state, &b)?;
+    }
+    Ok(b)
+}
+
+/// Exact mode: the named devices are not held by another workload in a way they cannot be
+/// shared (a whole GPU with anything; a MIG instance with its holder or a whole-GPU one; a
+/// time-slice share with whole-GPU or MIG holders, or past 1000 milli-GPU of shares).
+fn check_free(state: &State, b: &Binding) -> Result<(), BackendError> {
+    for &g in &b.gpus {
+        for &h in &state.gpus[g].holders {
+            let theirs = state.runs.get(&h).map(|r| &r.slice);
+            let clash = match (&b.slice, theirs) {
+                (_, None | Some(SliceSpec::HostOnly)) | (SliceSpec::HostOnly, _) => false,
+                (SliceSpec::Fraction { .. }, Some(SliceSpec::Fraction { .. })) => false,
+                (SliceSpec::Mig(mine), Some(SliceSpec::Mig(other))) => mine.overlaps(other),
+                _ => true,
+            };
+            if clash {
+                return Err(rejected(format!("{} is in use by workload {h}", state.gpu_name(g))));
+            }
+        }
+        if let SliceSpec::Fraction { milli, .. } = b.slice {
+            let used = state.shared_milli(g);
+            if used + milli as u32 > 1000 {
+                return Err(rejected(format!(
+                    "{} has {} milli-GPU of time-slice shares left, {milli} asked",
+                    state.gpu_name(g),
+                    1000u32.saturating_sub(used)
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn exact(state: &State, node: &str, gpus: &[u8], slice: &SliceSpec) -> Result<Binding, BackendError> {
     state.node_gpus(node)?;
     let mut idx = Vec::with_capacity(gpus.len());

@@ -23,6 +23,10 @@
 //!
 //! * `start` sends `Started` before it returns; `Running` follows as soon as the runtime runs
 //!   the workload's task, and `Exited` after its `duration` from then.
+//! * `start` refuses a node that is down ([`SimBackend::remove_node`], a reboot), and in exact
+//!   mode devices another workload holds in a way they cannot be shared: a whole GPU, a MIG
+//!   instance, or time-slice shares past a whole GPU (operator mode's kubelet picks free
+//!   devices only).
 //! * Time-slice shares and `Nothing` plans have nothing to create: `partition` checks them and
 //!   reports `created: false`. MIG instances (exact) and layouts (operator) count in
 //!   [`SimBackend::partitions_created`].

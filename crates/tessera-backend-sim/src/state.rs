@@ -157,6 +157,13 @@ impl State {
         Some(run)
     }
 
+    /// Whether `node`'s GPUs are gone (it was removed, or is rebooting).
+    pub fn node_down(&self, node: &str) -> bool {
+        self.nodes
+            .get(node)
+            .is_some_and(|gpus| gpus.iter().any(|&g| self.gpus[g].gone))
+    }
+
     /// The workload that holds this MIG instance of GPU `g`, if any.
     pub fn instance_holder(&self, g: usize, instance: &MigInstance) -> Option<u64> {
         self.gpus[g].holders.iter().copied().find(|h| {
