@@ -581,6 +581,7 @@ impl Backend for SimBackend {
                 mig_mode_reported: false,
                 confirms_stop: false,
                 native_admission: false,
+                multi_node: true,
             },
             SimMode::Operator => Capabilities {
                 partitioning: Partitioning::WholeGpu,
@@ -590,6 +591,7 @@ impl Backend for SimBackend {
                 mig_mode_reported: false,
                 confirms_stop: false,
                 native_admission: false,
+                multi_node: true,
             },
         }
     }
