@@ -71,7 +71,7 @@ impl Action for Allocate {
                     Err((Blocked::Over(over), _)) => s.exceeded(i, Exceeded::Limit(over)),
                     Err((Blocked::Backoff(reason), _)) => s.set(i, Status::Waiting(reason)),
                     Err((Blocked::NoCapacity, why)) => {
-                        let reason = why.map_or(Wait::Held, Wait::Gang);
+                        let reason = Wait::Gang(why.map_or(GangUnplaceable::NoPoolServes, |u| *u));
                         s.set(
                             i,
                             Status::Starved {
@@ -253,12 +253,12 @@ fn place_gang(
     g: &GangRequest,
     pools: &[(PoolId, Option<LimitExceeded>)],
     now: i64,
-) -> Result<Decision, (Blocked, Option<GangUnplaceable>)> {
+) -> Result<Decision, (Blocked, Option<Box<GangUnplaceable>>)> {
     let job = &q.job;
     let units = q.units;
     let mut over: Option<LimitExceeded> = None;
     let mut backoff: Option<Wait> = None;
-    let mut why: Option<GangUnplaceable> = None;
+    let mut why: Option<Box<GangUnplaceable>> = None;
     for (pool, at_admission) in pools {
         let pool_level = match at_admission {
             Some(l) => Err(l.clone()),
@@ -273,7 +273,7 @@ fn place_gang(
         let p = match s.engine.plan_gang(&g) {
             Ok(p) => p,
             Err(u) => {
-                why.get_or_insert(u);
+                why.get_or_insert(Box::new(u));
                 continue;
             }
         };
