@@ -172,6 +172,7 @@ impl Reason {
         match w {
             Wait::Unplaceable(u) => ReasonCode::of_class(u.class()),
             Wait::Gang(u) => ReasonCode::of_class(u.class()),
+            Wait::GangHeld { now, .. } => Self::wait_code(now),
             Wait::Held => ReasonCode::Held,
             Wait::Limit(_) => ReasonCode::Quota,
             Wait::Budget(_) => ReasonCode::Budget,

@@ -617,6 +617,13 @@ pub enum Wait {
     Unplaceable(Unplaceable),
     /// A multi-node gang finds no room now at its level.
     Gang(GangUnplaceable),
+    /// A gang that waited past the backfill window and holds `nodes` nodes in `racks`: nothing
+    /// else is placed there; `now` says why it does not fit yet.
+    GangHeld {
+        now: Box<Wait>,
+        nodes: usize,
+        racks: Vec<String>,
+    },
     /// It fits, but only where capacity is held back (a reservation for a long-waiting request).
     Held,
     /// Over a quota limit.
@@ -656,6 +663,7 @@ impl Wait {
             Wait::PreemptsIn { now, .. } => now.code(),
             Wait::Unplaceable(u) => u.code(),
             Wait::Gang(u) => u.code(),
+            Wait::GangHeld { now, .. } => now.code(),
             Wait::Held => "held",
             Wait::Limit(_) => "quota",
             Wait::Budget(_) => "budget",
@@ -678,6 +686,9 @@ impl Wait {
             (_, Wait::PreemptsIn { .. }) => false,
             (Wait::Unplaceable(a), Wait::Unplaceable(b)) => a.same_kind(b),
             (Wait::Gang(a), Wait::Gang(b)) => a.class() == b.class() && a.level() == b.level(),
+            (Wait::GangHeld { now: a, racks: ra, .. }, Wait::GangHeld { now: b, racks: rb, .. }) => {
+                ra == rb && a.same_kind(b)
+            }
             (Wait::Held, Wait::Held) => true,
             (Wait::Limit(a), Wait::Limit(b)) => a.tenant == b.tenant && a.scope == b.scope,
             (Wait::Budget(a), Wait::Budget(b)) => a.tenant == b.tenant,
@@ -694,6 +705,17 @@ impl fmt::Display for Wait {
         match self {
             Wait::Unplaceable(u) => u.fmt(f),
             Wait::Gang(u) => u.fmt(f),
+            Wait::GangHeld { now, nodes, racks } => {
+                let where_ = match racks.len() {
+                    0 => String::new(),
+                    1 => format!(" in rack {}", racks[0]),
+                    _ => format!(" in racks {}", racks.join(", ")),
+                };
+                write!(
+                    f,
+                    "{now}; {nodes} nodes{where_} are held for it (it waited past the backfill window): nothing else is placed there, and it starts once the work running there ends"
+                )
+            }
             Wait::Held => f.write_str("waiting for capacity within its quota"),
             Wait::Limit(l) => l.fmt(f),
             Wait::Budget(b) => b.fmt(f),

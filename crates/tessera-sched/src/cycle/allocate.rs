@@ -63,6 +63,7 @@ impl Action for Allocate {
                 }
                 match placed {
                     Ok(d) => {
+                        sched.gang_holds.retain(|_, (j, _)| *j != job.id);
                         sched.nominated.remove(&job.id);
                         sched.reasons.remove(&job.id);
                         s.set(i, Status::Placed);
@@ -71,7 +72,17 @@ impl Action for Allocate {
                     Err((Blocked::Over(over), _)) => s.exceeded(i, Exceeded::Limit(over)),
                     Err((Blocked::Backoff(reason), _)) => s.set(i, Status::Waiting(reason)),
                     Err((Blocked::NoCapacity, why)) => {
-                        let reason = Wait::Gang(why.map_or(GangUnplaceable::NoPoolServes, |u| *u));
+                        let mut reason = Wait::Gang(why.map_or(GangUnplaceable::NoPoolServes, |u| *u));
+                        if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
+                            hold_for_gang(sched, job.id, g, &q.scope);
+                        }
+                        if let Some((_, nodes)) = sched.gang_holds.values().find(|(j, _)| *j == job.id) {
+                            reason = Wait::GangHeld {
+                                now: Box::new(reason),
+                                nodes: nodes.len(),
+                                racks: racks_of(sched.engine.fleet(), nodes),
+                            };
+                        }
                         s.set(
                             i,
                             Status::Starved {
@@ -181,6 +192,7 @@ pub(super) fn queue_order(s: &mut Scheduler, now: i64, limit: usize) -> (Vec<Arc
     order.extend(rest);
     let queue = &s.queue;
     s.reservations.retain(|_, (j, _)| queue.contains(*j));
+    s.gang_holds.retain(|_, (j, _)| queue.contains(*j));
     (order, cut)
 }
 
@@ -389,6 +401,74 @@ fn explain(s: &mut Scheduler, q: &Queued, budget: &mut usize) -> Wait {
     w
 }
 
+/// Holds nodes for gang `g` (job `id`, which waited past the backfill window) in the first pool
+/// of `scope` with no gang hold yet, unless it holds some already: see the starvation bound in
+/// the [cycle](super) doc for which nodes.
+fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId]) {
+    if s.gang_holds.values().any(|(j, _)| *j == id) {
+        return;
+    }
+    let Some(&pool) = scope.iter().find(|p| !s.gang_holds.contains_key(p)) else {
+        return;
+    };
+    let fleet = s.engine.fleet().clone();
+    let st = s.engine.state();
+    let range = fleet.pool(pool).nodes.clone();
+    // Eligible nodes: an allowed model, enough GPUs for a share, not held for anyone else.
+    let held = s.held_for_others(id);
+    let per = g
+        .gpus_per_node
+        .unwrap_or_else(|| range.clone().map(|n| fleet.nodes[n as usize].gpus).max().unwrap_or(0));
+    if per == 0 {
+        return;
+    }
+    let k = g.gpus.div_ceil(u32::from(per)) as usize;
+    let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n)).unwrap_or(u32::MAX);
+    let mut by_rack: std::collections::BTreeMap<u32, Vec<(u32, u32)>> = std::collections::BTreeMap::new();
+    for n in range {
+        let node = &fleet.nodes[n as usize];
+        if node.gpus < per || !g.allows_model(node.model) || held.contains(&n) {
+            continue;
+        }
+        by_rack
+            .entry(rack(n))
+            .or_default()
+            .push((st.nodes[n as usize].free_gpus(), n));
+    }
+    for nodes in by_rack.values_mut() {
+        nodes.sort_unstable_by_key(|&(free, n)| (std::cmp::Reverse(free), n));
+    }
+    let best_k = |v: &[(u32, u32)]| v.iter().take(k).map(|(f, _)| *f).sum::<u32>();
+    let one_rack = by_rack
+        .values()
+        .filter(|v| v.len() >= k)
+        .max_by_key(|v| (best_k(v), std::cmp::Reverse(v[0].1)));
+    let nodes: Vec<u32> = match one_rack {
+        Some(v) => v.iter().take(k).map(|(_, n)| *n).collect(),
+        None => {
+            let mut racks: Vec<&Vec<(u32, u32)>> = by_rack.values().collect();
+            racks.sort_by_key(|v| (std::cmp::Reverse(v.iter().map(|(f, _)| *f).sum::<u32>()), v[0].1));
+            racks.into_iter().flatten().take(k).map(|(_, n)| *n).collect()
+        }
+    };
+    if nodes.len() == k {
+        s.gang_holds.insert(pool, (id, nodes));
+    }
+}
+
+/// The racks (domains of the fleet's lowest level) of `nodes`, each once, in order.
+fn racks_of(fleet: &tessera_model::Fleet, nodes: &[u32]) -> Vec<String> {
+    let mut racks: Vec<String> = Vec::new();
+    for &n in nodes {
+        if let Some(r) = fleet.levels.domain_name(0, tessera_model::NodeId(n))
+            && !racks.iter().any(|x| x == r)
+        {
+            racks.push(r.to_string());
+        }
+    }
+    racks
+}
+
 /// Holds one node for a head that has waited past the backfill window, if its pool has no
 /// reservation yet: the node of an allowed model with the most free units, where the head
 /// will fit soonest. Smaller requests keep backfilling everywhere else.
@@ -410,6 +490,7 @@ fn reserve(s: &mut Scheduler, job: &Job, pools: &[PoolId]) {
         .clone()
         .filter(|&n| job.request.allows_model(fleet.nodes[n as usize].model))
         .filter(|n| !s.reservations.values().any(|(_, r)| r == n))
+        .filter(|n| !s.gang_holds.values().any(|(_, h)| h.contains(n)))
         .max_by_key(|&n| {
             (
                 st.nodes[n as usize]

@@ -195,3 +195,62 @@ fn a_gang_restored_at_start_up_holds_every_share() {
     );
     assert_eq!(t.held("a", "training"), GpuUnits::whole(16));
 }
+
+#[test]
+fn a_gang_that_waited_past_the_backfill_window_holds_a_rack_until_it_fits() {
+    let mut s = sched();
+    let window = s.cfg.backfill_max_wait_ms;
+    // One 8-GPU job on every node: the pool is full.
+    for i in 0..16 {
+        assert_eq!(placed(&s.submit(job(100 + i, "b", 8, "standard", 0), 0)), vec![100 + i]);
+    }
+    let d = s.submit(gang(1, "a", 32, true, "standard", 0), 0);
+    assert!(
+        matches!(
+            d.first(),
+            Some(Decision::Waiting {
+                reason: Wait::Gang(_),
+                ..
+            })
+        ),
+        "{d:?}"
+    );
+    // Within the window, freed nodes go to whoever is next: small work backfills.
+    let first = s.running().find(|r| r.id == 100).unwrap().node;
+    s.release(100, 10);
+    let d = s.submit(job(200, "b", 8, "standard", 10), 10);
+    assert_eq!(placed(&d), vec![200], "{d:?}");
+    assert_eq!(s.running().find(|r| r.id == 200).unwrap().node, first);
+    // Past the window the gang holds 4 nodes of one rack.
+    let d = s.cycle(window + 1);
+    let Some(Decision::Waiting {
+        reason: reason @ Wait::GangHeld { nodes: 4, racks, .. },
+        ..
+    }) = d.iter().find(|x| matches!(x, Decision::Waiting { id: 1, .. }))
+    else {
+        panic!("{d:?}")
+    };
+    assert_eq!(racks.len(), 1, "{reason}");
+    assert!(reason.to_string().contains("4 nodes in rack"), "{reason}");
+    let held: Vec<u32> = s.gang_holds.values().flat_map(|(_, n)| n.clone()).collect();
+    assert_eq!(held.len(), 4);
+    // Work on a held node ends: no other request may take it, the gang keeps waiting.
+    let on_held: Vec<u64> = s.running().filter(|r| held.contains(&r.node.0)).map(|r| r.id).collect();
+    assert_eq!(on_held.len(), 4);
+    s.release(on_held[0], window + 2);
+    let d = s.submit(job(300, "b", 8, "standard", window + 2), window + 2);
+    assert!(placed(&d).is_empty(), "a held node takes no other work: {d:?}");
+    // Once all four are free, the gang starts there.
+    for &id in &on_held[1..] {
+        s.release(id, window + 3);
+    }
+    let d = s.cycle(window + 4);
+    let (id, shares) = placed_gang(&d).unwrap_or_else(|| panic!("{d:?}"));
+    assert_eq!(id, 1);
+    let mut nodes: Vec<u32> = shares.iter().map(|a| a.node.0).collect();
+    nodes.sort_unstable();
+    let mut want = held.clone();
+    want.sort_unstable();
+    assert_eq!(nodes, want);
+    assert!(s.gang_holds.is_empty(), "the hold ends with the placement");
+}

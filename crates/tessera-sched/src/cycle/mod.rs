@@ -365,6 +365,9 @@ pub struct Scheduler {
     reasons: FxHashMap<u64, Wait>,
     /// Per pool, the head that waited past the backfill window and the node held for it.
     reservations: HashMap<PoolId, (u64, u32)>,
+    /// Per pool, the multi-node gang that waited past the backfill window and the nodes held
+    /// for it (see the starvation bound in the module doc).
+    gang_holds: HashMap<PoolId, (u64, Vec<u32>)>,
     /// Workloads preempted so far: how often and when last.
     preempted: FxHashMap<u64, (u32, i64)>,
     /// Capacity or quotas changed since the last full pass over the queue.
@@ -408,6 +411,7 @@ impl Scheduler {
             nominated: BTreeMap::new(),
             reasons: FxHashMap::default(),
             reservations: HashMap::new(),
+            gang_holds: HashMap::new(),
             preempted: FxHashMap::default(),
             dirty: true,
             disruptions: HashMap::new(),
@@ -949,12 +953,17 @@ impl Scheduler {
     /// of waiting preemptors.
     fn held_for_others(&self, job: u64) -> FxHashSet<u32> {
         let reserved = self.reservations.values().filter(|(j, _)| *j != job).map(|(_, n)| *n);
+        let gangs = self
+            .gang_holds
+            .values()
+            .filter(|(j, _)| *j != job)
+            .flat_map(|(_, n)| n.iter().copied());
         let nominated = self
             .nominated
             .iter()
             .filter(|(j, _)| **j != job)
             .flat_map(|(_, n)| n.nodes.iter().copied());
-        reserved.chain(nominated).collect()
+        reserved.chain(gangs).chain(nominated).collect()
     }
 
     /// The pools a request may go to, in the engine's order.
