@@ -561,12 +561,16 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
             .map(|m| format!("  movable {}", m.as_str()))
             .unwrap_or_default()
     );
+    let gang = w.shape.nodes.is_some()
+        || w.shape.gpus_per_node.is_some()
+        || w.allocation.as_ref().is_some_and(|a| !a.shares.is_empty());
     println!(
-        "  shape       {}  ({} GPU units)  host {} CPUs, {} GiB",
+        "  shape       {}  ({} GPU units)  host {} CPUs, {} GiB{}",
         shape_str(&w.shape),
         w.units,
         w.cpu_milli as f64 / 1000.0,
-        w.memory_mib as f64 / 1024.0
+        w.memory_mib as f64 / 1024.0,
+        if gang { " per node-share" } else { "" }
     );
     println!(
         "  state       {}{}",

@@ -269,7 +269,7 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
     ))
     .await;
     assert_eq!(code, 0, "{err}");
-    let (code, _, err) = cli(args("run --tenant acme --project ml --gpus 16 --cpus 1 --memory-gib 1")).await;
+    let (code, _, err) = cli(args("run --tenant acme --project ml --gpus 16 --cpus 1 --memory-gib 1 --image registry.example/train:1 -- torchrun train.py")).await;
     assert_eq!(code, 0, "{err}");
     let gang_pods = ["tessera-2-0", "tessera-2-1"];
     eventually("both pods of the gang are bound", Duration::from_secs(20), || async {

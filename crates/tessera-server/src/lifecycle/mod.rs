@@ -822,7 +822,10 @@ impl Core {
                 return Err(LifecycleError::Conflict(format!("{}: {}", e.field, e.message)));
             }
         };
-        let units = request.units(&self.fleet.catalogue);
+        // A gang asks for all its GPUs (`request` stands for one node-share).
+        let units = gang
+            .as_ref()
+            .map_or_else(|| request.units(&self.fleet.catalogue), GangRequest::units);
         let mut w = Workload::new(id, nw.spec, units, nw.received_at);
         let events = vec![
             tessera_domain::Event {
