@@ -207,14 +207,50 @@ impl Validate for CreateProject {
     }
 }
 
-/// The GPU shape of a workload: exactly one of `gpus`, `mig`, `fraction`.
+/// How strictly a gang keeps within one domain of its topology level.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum TopologyMode {
+    /// The whole gang within one domain of the level, or it waits (refused if none could ever
+    /// hold it).
+    #[default]
+    Required,
+    /// One domain of the level when one has room, else the fewest domains above it.
+    Preferred,
+}
+
+/// The GPU shape of a workload: exactly one of whole GPUs (`gpus`, or a gang's `nodes`),
+/// `mig`, `fraction`. Whole GPUs beyond one node are a multi-node gang: node-shares of
+/// `gpus_per_node` GPUs (whole nodes by default), started and ended together, kept within
+/// `topology`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields)]
 pub struct GpuShape {
-    /// Whole GPUs on one node (and one NVLink domain).
+    /// Whole GPUs: on one node (and one NVLink domain) when one node of the pool can hold
+    /// them, else a gang of whole nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(schema_with = rules::schema::gpus_opt)]
-    pub gpus: Option<u8>,
+    #[schema(schema_with = rules::schema::gang_gpus_opt)]
+    pub gpus: Option<u32>,
+    /// A gang of this many node-shares (with `gpus_per_node`, or `gpus` divided among them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::schema::nodes_opt)]
+    pub nodes: Option<u32>,
+    /// A gang's GPUs per node-share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::schema::gpus_per_node_opt)]
+    pub gpus_per_node: Option<u8>,
+    /// A gang's topology level (`rack`, `block`, `pool`, a label key): by default the fewest
+    /// racks possible, preferred.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 317)]
+    pub topology: Option<String>,
+    /// With `topology`: `required` (the default) or `preferred`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_mode: Option<TopologyMode>,
+    /// A gang in segments of this many GPUs, each within one rack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = rules::schema::segment_opt)]
+    pub segment: Option<u32>,
     /// A MIG profile: a name such as `3g.40gb`, or `MODEL:PROFILE_ID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<String>,
@@ -237,18 +273,79 @@ pub struct GpuShape {
 
 impl Validate for GpuShape {
     fn validate(&self) -> Result<(), Violation> {
-        let set = [self.gpus.is_some(), self.mig.is_some(), self.fraction.is_some()]
+        let whole = self.gpus.is_some() || self.nodes.is_some();
+        let set = [whole, self.mig.is_some(), self.fraction.is_some()]
             .iter()
             .filter(|x| **x)
             .count();
         if set != 1 {
             return Err(Violation::new(
                 "shape",
-                "give exactly one of `gpus` (whole GPUs), `mig` (a MIG profile) or `fraction` (milli-GPU)",
+                "give exactly one of `gpus` or `nodes` (whole GPUs), `mig` (a MIG profile) or `fraction` (milli-GPU)",
             ));
         }
         if let Some(g) = self.gpus {
-            rules::GPUS.check("shape.gpus", g.into())?;
+            rules::GANG_GPUS.check("shape.gpus", g.into())?;
+        }
+        if let Some(n) = self.nodes {
+            rules::NODES.check("shape.nodes", n.into())?;
+            match (self.gpus, self.gpus_per_node) {
+                (None, None) => {
+                    return Err(Violation::new(
+                        "shape.gpus_per_node",
+                        "a gang of `nodes` node-shares needs `gpus_per_node` (or `gpus` in all)",
+                    ));
+                }
+                (Some(g), None) if g % n != 0 => {
+                    return Err(Violation::new(
+                        "shape.gpus",
+                        format!("{g} GPUs over {n} nodes: ask for a multiple of {n}, or give `gpus_per_node`"),
+                    ));
+                }
+                (Some(g), Some(per)) if g != n * u32::from(per) => {
+                    return Err(Violation::new(
+                        "shape.gpus",
+                        format!("{g} GPUs is not {n} nodes × {per} GPUs per node: give two of the three"),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if let Some(per) = self.gpus_per_node {
+            rules::GPUS.check("shape.gpus_per_node", per.into())?;
+            if !whole {
+                return Err(Violation::new(
+                    "shape.gpus_per_node",
+                    "gpus_per_node goes with whole GPUs",
+                ));
+            }
+            if self.nodes.is_none() && self.gpus.is_some_and(|g| g % u32::from(per) != 0) {
+                return Err(Violation::new(
+                    "shape.gpus",
+                    format!(
+                        "{} GPUs as node-shares of {per}: ask for a multiple of {per}",
+                        self.gpus.unwrap_or(0)
+                    ),
+                ));
+            }
+        }
+        if let Some(t) = &self.topology {
+            rules::check_level("shape.topology", t)?;
+        }
+        if self.topology_mode.is_some() && self.topology.is_none() {
+            return Err(Violation::new(
+                "shape.topology_mode",
+                "topology_mode goes with `topology`",
+            ));
+        }
+        if let Some(seg) = self.segment {
+            rules::GANG_GPUS.check("shape.segment", seg.into())?;
+        }
+        if !whole && (self.topology.is_some() || self.segment.is_some()) {
+            return Err(Violation::new(
+                "shape.topology",
+                "topology and segment go with whole GPUs (a gang across nodes)",
+            ));
         }
         if let Some(f) = self.fraction {
             rules::FRACTION.check("shape.fraction", f.into())?;
@@ -486,7 +583,21 @@ pub struct AllocationView {
     pub milli: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_memory_mib: Option<u32>,
-    /// GPU units held, in thousandths.
+    /// GPU units held, in thousandths (a gang: by all its node-shares).
+    pub units_milli: u64,
+    /// A multi-node gang's node-shares after the first (which the fields above describe), in
+    /// gang order; empty on one node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ShareView>,
+}
+
+/// One node-share of a multi-node gang: whole GPUs of one node.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub struct ShareView {
+    pub node: String,
+    /// GPU indexes on the node.
+    pub gpus: Vec<u8>,
+    /// GPU units it holds, in thousandths.
     pub units_milli: u64,
 }
 
@@ -1353,7 +1464,7 @@ pub struct DryRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
     /// The node the scheduler's placement engine would put it on now (for `start` and
-    /// `borrow`).
+    /// `borrow`); for a multi-node gang, its node-shares by rack (`4 node-shares in r1 (4 nodes)`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// GPU units the shape asks for (decimal string).

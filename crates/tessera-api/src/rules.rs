@@ -280,12 +280,43 @@ pub const EXPIRES_IN_S: IntRule = IntRule {
     max: 2 * 366 * 86_400,
     unit: "s",
 };
-/// Whole GPUs of one workload (the largest nodes have 16).
+/// Whole GPUs per node (the largest nodes have 16).
 pub const GPUS: IntRule = IntRule {
     min: 1,
     max: 16,
     unit: "GPUs",
 };
+/// Whole GPUs of one workload: on one node, or a gang across nodes.
+pub const GANG_GPUS: IntRule = IntRule {
+    min: 1,
+    max: 65_536,
+    unit: "GPUs",
+};
+/// Node-shares of one gang.
+pub const NODES: IntRule = IntRule {
+    min: 1,
+    max: 4_096,
+    unit: "nodes",
+};
+
+/// A topology level's name: a fleet level (`rack`, `block`), `pool`, or a Kubernetes label key
+/// such as `nvidia.com/gpu.clique`.
+pub fn check_level(field: &str, v: &str) -> Result<(), Violation> {
+    let ok = !v.is_empty()
+        && v.len() <= 317
+        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b))
+        && v.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(Violation::new(
+            field,
+            format!(
+                "`{v}`: a topology level is a name such as `rack`, `block`, `pool` or a label key such as `nvidia.com/gpu.clique`"
+            ),
+        ))
+    }
+}
 /// A fraction of a time-shared GPU, in milli-GPU.
 pub const FRACTION: IntRule = IntRule {
     min: 1,
@@ -531,6 +562,36 @@ pub mod schema {
                 "Whole GPUs on one node (and one NVLink domain), {}–{}",
                 GPUS.min, GPUS.max
             ),
+        )
+    }
+    pub fn gang_gpus_opt() -> Object {
+        described(
+            GANG_GPUS.schema(true),
+            format!(
+                "Whole GPUs, {}–{}: on one node when one node (NVLink domain) of the pool can hold them, else a multi-node gang of whole nodes",
+                GANG_GPUS.min, GANG_GPUS.max
+            ),
+        )
+    }
+    pub fn gpus_per_node_opt() -> Object {
+        described(
+            GPUS.schema(true),
+            format!(
+                "A gang's GPUs per node-share, {}–{} (default: whole nodes)",
+                GPUS.min, GPUS.max
+            ),
+        )
+    }
+    pub fn nodes_opt() -> Object {
+        described(
+            NODES.schema(true),
+            format!("A gang's node-shares, {}–{}", NODES.min, NODES.max),
+        )
+    }
+    pub fn segment_opt() -> Object {
+        described(
+            GANG_GPUS.schema(true),
+            "A gang in segments of this many GPUs, each within one rack (a multiple of the GPUs per node that divides the gang)".to_string(),
         )
     }
     pub fn fraction_opt() -> Object {

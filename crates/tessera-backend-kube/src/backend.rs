@@ -1797,6 +1797,7 @@ impl Backend for KubeBackend {
             mig_mode_reported: true,
             confirms_stop: true,
             native_admission: true,
+            multi_node: true,
         }
     }
 

@@ -509,6 +509,7 @@ impl Backend for LocalBackend {
             mig_mode_reported: true,
             confirms_stop: false,
             native_admission: false,
+            multi_node: false,
         }
     }
 

@@ -13,9 +13,9 @@ use tessera_backend::{
 };
 use tokio::sync::mpsc;
 
-use crate::bind::bind;
+use crate::bind::{bind_share, bind_start, check_node, in_share};
 use crate::partition::{check_instance, check_layout, check_share, destroy_instance, layout_text, sorted};
-use crate::state::{Ended, Phase, Run, State};
+use crate::state::{Ended, Held, Phase, Run, State};
 use crate::telemetry::{sample_all, sample_run};
 use crate::{SimConfig, SimGpu, SimMode};
 
@@ -118,9 +118,11 @@ impl SimBackend {
     }
 
     /// The node goes away (a reboot, a removal): its GPUs leave telemetry and a
-    /// `NodeChanged { Removed }` event follows. What ran there is lost (`Lost` events).
+    /// `NodeChanged { Removed }` event follows. What ran there is lost (`Lost` events): a
+    /// multi-node gang with a node-share there is lost whole, every share's devices freed, and
+    /// its `Lost` names the share and the node.
     pub fn remove_node(&self, node: &str) -> Result<(), BackendError> {
-        let ids: Vec<u64> = {
+        let mut lost: Vec<(u64, Option<usize>)> = {
             let mut st = self.shared.lock();
             let gpus: Vec<usize> = (0..st.gpus.len()).filter(|&g| st.gpus[g].gpu.node == node).collect();
             if gpus.is_empty() {
@@ -133,12 +135,23 @@ impl SimBackend {
             }
             st.runs
                 .iter()
-                .filter(|(_, r)| r.spec.node == node)
-                .map(|(id, _)| *id)
+                .filter_map(|(id, r)| {
+                    let share = r.shares_on(node).next()?;
+                    Some((*id, (r.shares.len() > 1).then_some(share)))
+                })
                 .collect()
         };
-        for id in ids {
-            self.lose(id);
+        lost.sort_unstable();
+        for (id, share) in lost {
+            match share {
+                None => self.lose(id),
+                Some(i) => self.lose_with(id, |run| {
+                    format!(
+                        "node-share {i} of {} on {node} was lost: {node} went away (injected); the gang ends with it",
+                        run.shares.len()
+                    )
+                }),
+            };
         }
         self.shared.send(BackendEvent::NodeChanged {
             node: node.to_string(),
@@ -186,9 +199,38 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Makes a workload vanish as if deleted behind Tessera's back: its devices are freed and a
-    /// `Lost` event follows (none when it is being stopped). False when it was not running.
+    /// Makes a workload vanish as if deleted behind Tessera's back: its devices (every
+    /// node-share's) are freed and a `Lost` event follows (none when it is being stopped).
+    /// False when it was not running.
     pub fn lose(&self, id: u64) -> bool {
+        self.lose_with(id, |run| {
+            let nodes: Vec<&str> = (0..run.shares.len()).map(|i| run.node(i)).collect();
+            format!("workload {id} vanished from {} (injected)", nodes.join(", "))
+        })
+    }
+
+    /// Makes node-share `share` of a multi-node gang vanish as if deleted behind Tessera's
+    /// back: the gang is lost with it, as [`SimBackend::lose`] loses a workload, and the
+    /// `Lost` names the share and its node. False when there is no such running share.
+    pub fn lose_share(&self, id: u64, share: usize) -> bool {
+        let known = self
+            .shared
+            .lock()
+            .runs
+            .get(&id)
+            .is_some_and(|r| r.shares.get(share).is_some_and(|h| !h.gone));
+        known
+            && self.lose_with(id, |run| {
+                format!(
+                    "node-share {share} of {} vanished from {} (injected); the gang ends with it",
+                    run.shares.len(),
+                    run.node(share)
+                )
+            })
+    }
+
+    /// Removes a run as lost, with a `Lost` event saying `detail` unless it is being stopped.
+    fn lose_with(&self, id: u64, detail: impl FnOnce(&Run) -> String) -> bool {
         let mut st = self.shared.lock();
         let Some(run) = st.remove_run(id, Ended::Lost) else {
             return false;
@@ -197,7 +239,7 @@ impl SimBackend {
             self.shared.send(BackendEvent::Lost {
                 id,
                 at_ms: self.shared.clock.now_ms(),
-                detail: format!("workload {id} vanished from {} (injected)", run.spec.node),
+                detail: detail(&run),
             });
         }
         true
@@ -206,6 +248,14 @@ impl SimBackend {
     /// A workload vanishes without a word (a missed event): only a reconcile can tell.
     pub fn forget(&self, id: u64) -> bool {
         self.shared.lock().remove_run(id, Ended::Lost).is_some()
+    }
+
+    /// Node-share `share` of a multi-node gang vanishes without a word (a missed event): its
+    /// devices are freed, the other shares keep theirs until the gang is stopped, `reconcile`
+    /// reports the gang `Failed`, and it cannot end well (its end is a `Lost`, not an `Exited`).
+    /// False when there is no such share, or it vanished already.
+    pub fn forget_share(&self, id: u64, share: usize) -> bool {
+        self.shared.lock().drop_share(id, share)
     }
 
     /// The next `partition` call, whatever its plan, is `Rejected` with this detail.
@@ -224,7 +274,8 @@ impl SimBackend {
     }
 
     /// Runs a workload's life on a timer: `Running` (unless it was adopted running), then after
-    /// `remaining` the `Exited` event, unless it was stopped or lost meanwhile.
+    /// `remaining` the `Exited` event, unless it was stopped or lost meanwhile. Every node-share
+    /// of a gang runs and ends together, so these are the whole gang's events.
     fn spawn_run(&self, id: u64, generation: u64, remaining: Option<Duration>, announce: bool) {
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         tokio::spawn(async move {
@@ -238,6 +289,11 @@ impl SimBackend {
                 let Some(run) = st.runs.get_mut(&id).filter(|r| current(r)) else {
                     return;
                 };
+                if let Some(detail) = broken(run) {
+                    st.remove_run(id, Ended::Lost);
+                    shared.send(BackendEvent::Lost { id, at_ms: now, detail });
+                    return;
+                }
                 run.phase = Phase::Running;
                 run.since_ms = Some(now);
                 let sample = sample_run(&st, id, now);
@@ -251,7 +307,17 @@ impl SimBackend {
                 return;
             };
             let mut st = shared.lock();
-            if !st.runs.get(&id).is_some_and(current) {
+            let Some(run) = st.runs.get(&id).filter(|r| current(r)) else {
+                return;
+            };
+            // A gang that lost a node-share without a word cannot have finished its work.
+            if let Some(detail) = broken(run) {
+                st.remove_run(id, Ended::Lost);
+                shared.send(BackendEvent::Lost {
+                    id,
+                    at_ms: shared.clock.now_ms(),
+                    detail,
+                });
                 return;
             }
             st.remove_run(id, Ended::Succeeded);
@@ -382,41 +448,66 @@ impl SimBackend {
     }
 
     /// Takes over an expected workload this process does not know, for the rest of its run
-    /// time. Returns its generation for the timer.
+    /// time: every node-share of a gang, or none (each share is checked before anything
+    /// changes). Returns its generation for the timer.
     fn adopt(&self, st: &mut State, spec: &RunSpec, since_ms: i64) -> Result<u64, BackendError> {
-        let binding = match (&spec.devices, self.cfg.mode) {
-            (
-                Devices::Exact {
-                    gpus,
-                    slice: SliceSpec::Mig(instance),
+        let size = spec.gang_size();
+        let share = |i: usize| spec.share(i).expect("an index below the gang size");
+        for i in 0..size {
+            let (node, devices) = share(i);
+            let checked = check_node(st, spec, i).and_then(|()| match (devices, self.cfg.mode) {
+                // Its instance is restored below, once every share is known to fit.
+                (
+                    Devices::Exact {
+                        gpus,
+                        slice: SliceSpec::Mig(instance),
+                    },
+                    SimMode::Exact,
+                ) => match gpus[..] {
+                    [g] => check_instance(st, st.gpu(node, g)?, instance).map(drop),
+                    _ => bind_share(st, self.cfg.mode, node, devices).map(drop),
                 },
-                SimMode::Exact,
-            ) => {
-                // The instance outlived the control plane with its workload.
-                if let [g] = gpus[..] {
-                    let g = st.gpu(&spec.node, g)?;
-                    if check_instance(st, g, instance)? {
-                        st.gpus[g].instances.push(instance.clone());
-                        st.gpus[g].instances = sorted(&st.gpus[g].instances);
+                (Devices::Count { .. }, SimMode::Operator) => Ok(()),
+                _ => bind_share(st, self.cfg.mode, node, devices).map(drop),
+            });
+            checked.map_err(|e| in_share(spec, i, e))?;
+        }
+        let mut shares = Vec::with_capacity(size);
+        for i in 0..size {
+            let (node, devices) = share(i);
+            let binding = match (devices, self.cfg.mode) {
+                (
+                    Devices::Exact {
+                        gpus,
+                        slice: SliceSpec::Mig(instance),
+                    },
+                    SimMode::Exact,
+                ) => {
+                    // The instance outlived the control plane with its workload.
+                    if let [g] = gpus[..] {
+                        let g = st.gpu(node, g)?;
+                        if check_instance(st, g, instance)? {
+                            st.gpus[g].instances.push(instance.clone());
+                            st.gpus[g].instances = sorted(&st.gpus[g].instances);
+                        }
                     }
+                    Some(bind_share(st, self.cfg.mode, node, devices))
                 }
-                Some(bind(st, self.cfg.mode, spec)?)
-            }
-            (_, SimMode::Exact) => Some(bind(st, self.cfg.mode, spec)?),
-            // Layouts do not survive this process: a MIG workload waits for its layout to come
-            // back (`rebind_adopted`) instead of failing work that real hardware still runs.
-            (Devices::Count { .. }, SimMode::Operator) => bind(st, self.cfg.mode, spec).ok(),
-            (Devices::Exact { .. }, SimMode::Operator) => Some(bind(st, self.cfg.mode, spec)?),
-        };
+                // Layouts do not survive this process: a MIG workload waits for its layout to
+                // come back (`rebind_adopted`) instead of failing work that real hardware still
+                // runs.
+                (Devices::Count { .. }, SimMode::Operator) => bind_share(st, self.cfg.mode, node, devices).ok().map(Ok),
+                _ => Some(bind_share(st, self.cfg.mode, node, devices)),
+            };
+            shares.push(match binding.transpose().map_err(|e| in_share(spec, i, e))? {
+                Some(b) => Held::new(b.gpus, b.slice),
+                None => Held::new(Vec::new(), SliceSpec::HostOnly),
+            });
+        }
         let generation = st.next_generation();
-        let (gpus, slice) = match binding {
-            Some(b) => (b.gpus, b.slice),
-            None => (Vec::new(), SliceSpec::HostOnly),
-        };
         st.insert_run(Run {
             spec: spec.clone(),
-            gpus,
-            slice,
+            shares,
             phase: Phase::Running,
             since_ms: Some(since_ms),
             stopping: false,
@@ -426,19 +517,35 @@ impl SimBackend {
     }
 }
 
-/// Binds adopted operator-mode workloads of `node` that are still waiting for a device.
+/// Why a run cannot go on: one of its node-shares vanished ([`SimBackend::forget_share`]).
+fn broken(run: &Run) -> Option<String> {
+    let i = run.gone_share()?;
+    Some(format!(
+        "node-share {i} of {} on {} is gone; the gang cannot go on without it",
+        run.shares.len(),
+        run.node(i)
+    ))
+}
+
+/// Binds the node-shares on `node` of adopted operator-mode workloads that are still waiting
+/// for a device.
 fn rebind_adopted(st: &mut State, node: &str) {
-    let mut waiting: Vec<u64> = st
+    let mut waiting: Vec<(u64, usize, Devices)> = st
         .runs
         .values()
-        .filter(|r| r.spec.node == node && r.gpus.is_empty() && matches!(r.spec.devices, Devices::Count { .. }))
-        .map(|r| r.spec.id)
+        .flat_map(|r| {
+            r.shares_on(node).filter_map(move |i| {
+                let held = &r.shares[i];
+                let (_, devices) = r.spec.share(i)?;
+                (held.gpus.is_empty() && !held.gone && matches!(devices, Devices::Count { .. }))
+                    .then(|| (r.spec.id, i, devices.clone()))
+            })
+        })
         .collect();
-    waiting.sort_unstable();
-    for id in waiting {
-        let spec = st.runs[&id].spec.clone();
-        if let Ok(b) = bind(st, SimMode::Operator, &spec) {
-            st.bind_run(id, b.gpus, b.slice);
+    waiting.sort_unstable_by_key(|(id, i, _)| (*id, *i));
+    for (id, i, devices) in waiting {
+        if let Ok(b) = bind_share(st, SimMode::Operator, node, &devices) {
+            st.bind_run(id, i, b.gpus, b.slice);
         }
     }
 }
@@ -474,6 +581,7 @@ impl Backend for SimBackend {
                 mig_mode_reported: false,
                 confirms_stop: false,
                 native_admission: false,
+                multi_node: true,
             },
             SimMode::Operator => Capabilities {
                 partitioning: Partitioning::WholeGpu,
@@ -483,6 +591,7 @@ impl Backend for SimBackend {
                 mig_mode_reported: false,
                 confirms_stop: false,
                 native_admission: false,
+                multi_node: true,
             },
         }
     }
@@ -547,35 +656,32 @@ impl Backend for SimBackend {
         }
     }
 
+    /// A multi-node gang starts whole or not at all: every node-share is bound on its node,
+    /// as a workload on one node is, before any holds its devices. `Started` of a gang carries
+    /// no `bound` ([`tessera_backend::Bound`] names GPUs of one node), as the Kubernetes
+    /// backend reports none for a gang's pods.
     async fn start(&self, spec: &RunSpec) -> Result<(), BackendError> {
-        if !spec.gang.is_empty() {
-            return Err(BackendError::Rejected(format!(
-                "workload {} is a gang over {} nodes: this backend runs a workload on one node",
-                spec.id,
-                spec.gang_size()
-            )));
-        }
         let generation = {
             let mut st = self.shared.lock();
             if st.runs.contains_key(&spec.id) {
                 return Ok(());
             }
-            let binding = bind(&st, self.cfg.mode, spec)?;
+            let mut bindings = bind_start(&st, self.cfg.mode, spec)?;
+            let bound = match &mut bindings[..] {
+                [one] => one.bound.take(),
+                _ => None,
+            };
             let generation = st.next_generation();
             st.insert_run(Run {
                 spec: spec.clone(),
-                gpus: binding.gpus,
-                slice: binding.slice,
+                shares: bindings.into_iter().map(|b| Held::new(b.gpus, b.slice)).collect(),
                 phase: Phase::Starting,
                 since_ms: None,
                 stopping: false,
                 generation,
             });
             st.starts += 1;
-            self.shared.send(BackendEvent::Started {
-                id: spec.id,
-                bound: binding.bound,
-            });
+            self.shared.send(BackendEvent::Started { id: spec.id, bound });
             generation
         };
         self.spawn_run(spec.id, generation, spec.duration, true);
@@ -610,9 +716,10 @@ impl Backend for SimBackend {
             let mut workloads = Vec::with_capacity(expected.len());
             for spec in expected {
                 let seen = match (st.runs.get(&spec.id), st.ended.get(&spec.id)) {
-                    (Some(run), _) => Some(match run.phase {
-                        Phase::Starting => Observation::Starting,
-                        Phase::Running => Observation::Running { since_ms: run.since_ms },
+                    (Some(run), _) => Some(match (broken(run), run.phase) {
+                        (Some(detail), _) => Observation::Failed { detail },
+                        (None, Phase::Starting) => Observation::Starting,
+                        (None, Phase::Running) => Observation::Running { since_ms: run.since_ms },
                     }),
                     (None, Some(Ended::Succeeded)) => Some(Observation::Succeeded),
                     (None, Some(Ended::Stopped | Ended::Lost)) => Some(Observation::Unknown),
@@ -646,13 +753,26 @@ impl Backend for SimBackend {
                 .runs
                 .values()
                 .filter(|r| !ids.contains(&r.spec.id))
-                .map(|r| Orphan {
-                    id: Some(r.spec.id),
-                    node: r.spec.node.clone(),
-                    detail: format!(
-                        "{} workload {} `{}` of {}/{} runs on {} but is not expected",
-                        r.spec.kind, r.spec.id, r.spec.name, r.spec.tenant, r.spec.project, r.spec.node
-                    ),
+                // One per workload, a multi-node gang's included (at its first node-share).
+                .map(|r| {
+                    let nodes: Vec<&str> = (0..r.shares.len()).map(|i| r.node(i)).collect();
+                    let gang = match nodes.len() {
+                        1 => String::new(),
+                        n => format!(" (a gang of {n} node-shares)"),
+                    };
+                    Orphan {
+                        id: Some(r.spec.id),
+                        node: r.spec.node.clone(),
+                        detail: format!(
+                            "{} workload {} `{}` of {}/{} runs on {}{gang} but is not expected",
+                            r.spec.kind,
+                            r.spec.id,
+                            r.spec.name,
+                            r.spec.tenant,
+                            r.spec.project,
+                            nodes.join(", ")
+                        ),
+                    }
                 })
                 .collect();
             orphans.sort_by_key(|o| o.id);

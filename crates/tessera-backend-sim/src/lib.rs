@@ -19,10 +19,37 @@
 //! run them. Layouts are not remembered: an adopted operator-mode MIG workload gets its device
 //! once a layout offering its profile is applied on its node again.
 //!
+//! ## Multi-node gangs
+//!
+//! A spec with node-shares in `RunSpec::gang` runs as one workload (one id), in both modes
+//! ([`Capabilities::multi_node`](tessera_backend::Capabilities::multi_node)), as the
+//! Kubernetes backend runs one pod per share and folds their states into one:
+//!
+//! * `start` binds every share on its own node as it binds a workload on one node, on distinct
+//!   nodes that are up, before any share holds anything: the gang starts whole or not at all,
+//!   and a refusal names the share (`node-share 2 of gang workload 7 on h100-02: …`). Its
+//!   `Started` carries no `bound` in either mode (`Bound` names GPUs of one node); in operator
+//!   mode the simulated kubelet still picks each share's devices on its node.
+//! * Its shares run and end together: one `Running` (a sample of every share's GPUs), one
+//!   `Exited` after its `duration`; `stop` stops every share at once (the backend does not
+//!   confirm stops, so no `Stopped` follows).
+//! * A share's node removed ([`SimBackend::remove_node`], a reboot) or the share deleted
+//!   ([`SimBackend::lose_share`]) loses the whole gang: one `Lost` naming the share index and
+//!   its node, and every share's devices freed. A share that vanishes without a word
+//!   ([`SimBackend::forget_share`]) frees its devices only; `reconcile` then reports the gang
+//!   `Failed`, and its end is a `Lost`.
+//! * `reconcile` reports a gang once (`Running` when all its shares run), adopts all its
+//!   shares or none (a share whose node is down fails the adoption), and counts an unexpected
+//!   gang as one orphan, at its first share's node.
+//!
 //! Behaviour a caller relies on:
 //!
 //! * `start` sends `Started` before it returns; `Running` follows as soon as the runtime runs
 //!   the workload's task, and `Exited` after its `duration` from then.
+//! * `start` refuses a node that is down ([`SimBackend::remove_node`], a reboot), and in exact
+//!   mode devices another workload holds in a way they cannot be shared: a whole GPU, a MIG
+//!   instance, or time-slice shares past a whole GPU (operator mode's kubelet picks free
+//!   devices only).
 //! * Time-slice shares and `Nothing` plans have nothing to create: `partition` checks them and
 //!   reports `created: false`. MIG instances (exact) and layouts (operator) count in
 //!   [`SimBackend::partitions_created`].

@@ -97,7 +97,7 @@ pub(crate) fn check_layout(state: &State, g: usize, instances: &[MigInstance]) -
         let users: Vec<String> = gpu
             .holders
             .iter()
-            .map(|h| match state.runs.get(h).map(|r| &r.slice) {
+            .map(|h| match state.runs.get(h).and_then(|r| r.slice_on(g)) {
                 Some(tessera_backend::SliceSpec::Mig(i)) => format!("{i} by workload {h}"),
                 Some(tessera_backend::SliceSpec::Fraction { .. }) => format!("a time-slice share by workload {h}"),
                 _ => format!("the whole GPU by workload {h}"),

@@ -32,13 +32,33 @@ pub(crate) enum Phase {
     Running,
 }
 
-pub(crate) struct Run {
-    pub spec: RunSpec,
-    /// Indices into [`State::gpus`]; empty for host-only work, and for a workload adopted in
+/// What one node-share of a workload holds on its node.
+pub(crate) struct Held {
+    /// Indices into [`State::gpus`]; empty for host-only work, and for a share adopted in
     /// operator mode before its node's layout offers it a device.
     pub gpus: Vec<usize>,
     /// What it holds of those GPUs.
     pub slice: SliceSpec,
+    /// The share vanished without a word ([`crate::SimBackend::forget_share`]): it holds
+    /// nothing any more, and the gang cannot end well.
+    pub gone: bool,
+}
+
+impl Held {
+    pub fn new(gpus: Vec<usize>, slice: SliceSpec) -> Self {
+        Held {
+            gpus,
+            slice,
+            gone: false,
+        }
+    }
+}
+
+pub(crate) struct Run {
+    pub spec: RunSpec,
+    /// What each node-share holds, by gang index (one share unless it is a multi-node gang;
+    /// share `i` is on `spec.share(i)`'s node).
+    pub shares: Vec<Held>,
     pub phase: Phase,
     /// When it started running (sim clock, ms since the epoch).
     pub since_ms: Option<i64>,
@@ -46,6 +66,33 @@ pub(crate) struct Run {
     pub stopping: bool,
     /// Tells a timer of an earlier run of the same ID from this one.
     pub generation: u64,
+}
+
+impl Run {
+    /// Every GPU it holds, on every node.
+    pub fn gpus(&self) -> impl Iterator<Item = usize> + '_ {
+        self.shares.iter().flat_map(|s| s.gpus.iter().copied())
+    }
+
+    /// What it holds of GPU `g`, if it holds any of it.
+    pub fn slice_on(&self, g: usize) -> Option<&SliceSpec> {
+        self.shares.iter().find(|s| s.gpus.contains(&g)).map(|s| &s.slice)
+    }
+
+    /// The node of node-share `index`.
+    pub fn node(&self, index: usize) -> &str {
+        self.spec.share(index).map(|(n, _)| n).unwrap_or(&self.spec.node)
+    }
+
+    /// The node-shares on `node` (one at most for a gang the sim started or adopted).
+    pub fn shares_on<'a>(&'a self, node: &'a str) -> impl Iterator<Item = usize> + 'a {
+        (0..self.shares.len()).filter(move |&i| self.node(i) == node)
+    }
+
+    /// The first node-share that vanished ([`Held::gone`]).
+    pub fn gone_share(&self) -> Option<usize> {
+        self.shares.iter().position(|s| s.gone)
+    }
 }
 
 /// How a workload ended in this process; without it, a periodic reconcile would adopt a
@@ -130,31 +177,57 @@ impl State {
     }
 
     pub fn insert_run(&mut self, run: Run) {
-        for &g in &run.gpus {
+        for g in run.gpus() {
             self.gpus[g].holders.push(run.spec.id);
         }
         self.ended.remove(&run.spec.id);
         self.runs.insert(run.spec.id, run);
     }
 
-    /// Moves a run to devices bound after it was inserted (an adopted operator-mode workload).
-    pub fn bind_run(&mut self, id: u64, gpus: Vec<usize>, slice: SliceSpec) {
-        for &g in &gpus {
+    /// Moves node-share `share` of a run to devices bound after it was inserted (an adopted
+    /// operator-mode workload).
+    pub fn bind_run(&mut self, id: u64, share: usize, gpus: Vec<usize>, slice: SliceSpec) {
+        let Some(held) = self.runs.get_mut(&id).and_then(|r| r.shares.get_mut(share)) else {
+            return;
+        };
+        held.gpus = gpus.clone();
+        held.slice = slice;
+        for g in gpus {
             self.gpus[g].holders.push(id);
         }
-        if let Some(run) = self.runs.get_mut(&id) {
-            run.gpus = gpus;
-            run.slice = slice;
+    }
+
+    /// Node-share `share` of a run vanishes: its devices are free, the rest of the run keeps
+    /// its own. False when there is no such run or share, or it is gone already.
+    pub fn drop_share(&mut self, id: u64, share: usize) -> bool {
+        let Some(held) = self.runs.get_mut(&id).and_then(|r| r.shares.get_mut(share)) else {
+            return false;
+        };
+        if held.gone {
+            return false;
         }
+        held.gone = true;
+        held.slice = SliceSpec::HostOnly;
+        for g in std::mem::take(&mut held.gpus) {
+            self.gpus[g].holders.retain(|&h| h != id);
+        }
+        true
     }
 
     pub fn remove_run(&mut self, id: u64, how: Ended) -> Option<Run> {
         let run = self.runs.remove(&id)?;
-        for &g in &run.gpus {
+        for g in run.gpus() {
             self.gpus[g].holders.retain(|&h| h != id);
         }
         self.ended.insert(id, how);
         Some(run)
+    }
+
+    /// Whether `node`'s GPUs are gone (it was removed, or is rebooting).
+    pub fn node_down(&self, node: &str) -> bool {
+        self.nodes
+            .get(node)
+            .is_some_and(|gpus| gpus.iter().any(|&g| self.gpus[g].gone))
     }
 
     /// The workload that holds this MIG instance of GPU `g`, if any.
@@ -162,7 +235,7 @@ impl State {
         self.gpus[g].holders.iter().copied().find(|h| {
             self.runs
                 .get(h)
-                .is_some_and(|r| matches!(&r.slice, SliceSpec::Mig(i) if i.same_placement(instance)))
+                .is_some_and(|r| matches!(r.slice_on(g), Some(SliceSpec::Mig(i)) if i.same_placement(instance)))
         })
     }
 
@@ -171,7 +244,7 @@ impl State {
         self.gpus[g]
             .holders
             .iter()
-            .filter_map(|h| match self.runs.get(h).map(|r| &r.slice) {
+            .filter_map(|h| match self.runs.get(h).and_then(|r| r.slice_on(g)) {
                 Some(SliceSpec::Fraction { milli, .. }) => Some(*milli as u32),
                 _ => None,
             })

@@ -14,12 +14,12 @@ pub(crate) fn sample_all(state: &State, now_ms: i64) -> Vec<GpuSample> {
         .collect()
 }
 
-/// The GPUs workload `id` runs on.
+/// The GPUs workload `id` runs on (on every node, for a multi-node gang).
 pub(crate) fn sample_run(state: &State, id: u64, now_ms: i64) -> Vec<GpuSample> {
     state
         .runs
         .get(&id)
-        .map(|r| r.gpus.iter().map(|&g| sample_gpu(state, g, now_ms)).collect())
+        .map(|r| r.gpus().map(|g| sample_gpu(state, g, now_ms)).collect())
         .unwrap_or_default()
 }
 
@@ -46,6 +46,9 @@ pub(crate) fn sample_gpu(state: &State, g: usize, now_ms: i64) -> GpuSample {
         let Some(since) = run.since_ms.filter(|_| run.phase == Phase::Running) else {
             continue;
         };
+        let Some(slice) = run.slice_on(g) else {
+            continue;
+        };
         let mem = if board > 0 {
             board
         } else {
@@ -53,7 +56,7 @@ pub(crate) fn sample_gpu(state: &State, g: usize, now_ms: i64) -> GpuSample {
         };
         let age = ((now_ms - since).max(0) / 10_000) as u64;
         let busy = 0.35 + 0.6 * noise(*id, age);
-        let (share, profile) = match &run.slice {
+        let (share, profile) = match slice {
             SliceSpec::Mig(i) => (
                 i.size as f64 / gpu.gpu.mig_slices.max(i.size).max(1) as f64,
                 i.profile.clone(),
@@ -68,7 +71,7 @@ pub(crate) fn sample_gpu(state: &State, g: usize, now_ms: i64) -> GpuSample {
         s.util_pct = (s.util_pct + 100.0 * busy * share).min(100.0);
         s.temp_c = 34.0 + s.util_pct * 0.45;
         s.power_w = 60.0 + s.util_pct * 5.5;
-        let instance = match &run.slice {
+        let instance = match slice {
             // GI IDs are the driver's choice; start + 1 is stable and unique per GPU.
             SliceSpec::Mig(i) => Some((i.start as u32 + 1, (mem as f64 * share) as u64)),
             SliceSpec::Fraction {

@@ -69,6 +69,7 @@ async fn each_mode_declares_its_capabilities() {
             mig_mode_reported: false,
             confirms_stop: false,
             native_admission: false,
+            multi_node: true,
         }
     );
     let operator = SimBackend::new(SimConfig::for_mode(SimMode::Operator), fleet());
@@ -82,6 +83,7 @@ async fn each_mode_declares_its_capabilities() {
             mig_mode_reported: false,
             confirms_stop: false,
             native_admission: false,
+            multi_node: true,
         }
     );
     assert_eq!(operator.name(), "sim");

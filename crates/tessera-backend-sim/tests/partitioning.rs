@@ -114,6 +114,89 @@ async fn exact_start_needs_its_instance_partitioned_first() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn exact_start_refuses_devices_another_workload_holds() {
+    let (b, _rx) = backend(quiet(SimMode::Exact));
+    b.start(&spec(1, "a100-00", exact(&[0, 1], SliceSpec::Whole), None))
+        .await
+        .unwrap();
+    let e = b
+        .start(&spec(2, "a100-00", exact(&[1, 2], SliceSpec::Whole), None))
+        .await
+        .unwrap_err();
+    assert_eq!(rejected(e), "GPU 1 on a100-00 is in use by workload 1");
+    b.start(&spec(2, "a100-01", exact(&[1], SliceSpec::Whole), None))
+        .await
+        .expect("the same GPU of another node is free");
+
+    // A MIG instance is held by one workload; its neighbour is free.
+    b.partition(&instance("a100-00", 3, mig3g(0))).await.unwrap();
+    b.partition(&instance("a100-00", 3, mig3g(4))).await.unwrap();
+    b.start(&spec(3, "a100-00", exact(&[3], SliceSpec::Mig(mig3g(0))), None))
+        .await
+        .unwrap();
+    let e = b
+        .start(&spec(4, "a100-00", exact(&[3], SliceSpec::Mig(mig3g(0))), None))
+        .await
+        .unwrap_err();
+    assert_eq!(rejected(e), "GPU 3 on a100-00 is in use by workload 3");
+    b.start(&spec(4, "a100-00", exact(&[3], SliceSpec::Mig(mig3g(4))), None))
+        .await
+        .unwrap();
+    let e = b
+        .start(&spec(5, "a100-00", exact(&[3], SliceSpec::Whole), None))
+        .await
+        .unwrap_err();
+    assert!(rejected(e).contains("in use by workload"));
+
+    // Time-slice shares go together up to a whole GPU.
+    let fraction = |milli| SliceSpec::Fraction {
+        milli,
+        memory_mib: None,
+    };
+    b.start(&spec(6, "l40s-00", exact(&[0], fraction(600)), None))
+        .await
+        .unwrap();
+    b.start(&spec(7, "l40s-00", exact(&[0], fraction(400)), None))
+        .await
+        .unwrap();
+    let e = b
+        .start(&spec(8, "l40s-00", exact(&[0], fraction(100)), None))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        rejected(e),
+        "GPU 0 on l40s-00 has 0 milli-GPU of time-slice shares left, 100 asked"
+    );
+    let e = b
+        .start(&spec(8, "l40s-00", exact(&[0], SliceSpec::Whole), None))
+        .await
+        .unwrap_err();
+    assert!(rejected(e).contains("in use by workload"));
+
+    b.stop(1, Duration::ZERO).await.unwrap();
+    b.start(&spec(9, "a100-00", exact(&[1, 2], SliceSpec::Whole), None))
+        .await
+        .expect("freed by the stop");
+    assert_eq!(b.starts(), 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_mode_starts_work_on_a_node_that_is_down() {
+    for mode in [SimMode::Exact, SimMode::Operator] {
+        let (b, _rx) = backend(quiet(mode));
+        let devices = match mode {
+            SimMode::Exact => exact(&[0], SliceSpec::Whole),
+            SimMode::Operator => count(Resource::Gpu, 1),
+        };
+        b.remove_node("l40s-00").unwrap();
+        let e = b.start(&spec(1, "l40s-00", devices.clone(), None)).await.unwrap_err();
+        assert_eq!(rejected(e), "node `l40s-00` is down (removed or rebooting)", "{mode}");
+        b.restore_node("l40s-00").unwrap();
+        b.start(&spec(1, "l40s-00", devices, None)).await.expect("back up");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn exact_unpartition_destroys_the_instance_but_not_while_it_is_in_use() {
     let (b, _rx) = backend(quiet(SimMode::Exact));
     let plan = instance("a100-00", 0, mig3g(0));

@@ -20,6 +20,8 @@
 //! * [`DeviceAssignment::PerNodeCount`]: the engine asks for a count of a resource on a node
 //!   ([`Devices::Count`]) and learns which devices were bound from [`BackendEvent::Started`],
 //!   or, when the backend can tell only once the workload runs, from [`BackendEvent::Bound`].
+//! * [`Capabilities::multi_node`]: the backend runs a multi-node gang ([`RunSpec::gang`]) as one
+//!   workload whose node-shares start and end together; others refuse such a spec.
 //!
 //! ## One workload's life
 //!
@@ -119,6 +121,9 @@ pub struct Capabilities {
     /// Tessera ([`Backend::review_native`], [`BackendEvent::Submitted`]; Kubernetes: pods made
     /// with `kubectl`, through Tessera's admission webhook).
     pub native_admission: bool,
+    /// Whether the backend runs a workload whose node-shares span several nodes
+    /// ([`RunSpec::gang`]); one that does not refuses such a spec.
+    pub multi_node: bool,
 }
 
 /// What [`Backend::set_mig_mode`] achieved.

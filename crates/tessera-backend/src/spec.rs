@@ -74,7 +74,8 @@ pub struct RunSpec {
     pub running_since_ms: Option<i64>,
     /// A gang spanning several nodes: its node-shares after the first (which is `node` and
     /// `devices`), in gang order. Empty for a workload on one node — every placement the engine
-    /// makes today; a backend that cannot run a multi-node gang refuses a spec with shares here.
+    /// makes today; a backend that cannot run a multi-node gang
+    /// ([`crate::Capabilities::multi_node`] false) refuses a spec with shares here.
     pub gang: Vec<GangShare>,
     /// A workload asked for with the backend's own tools: the object to run (already there)
     /// instead of one the backend makes.

@@ -20,6 +20,6 @@ pub use event::{Event, Step};
 pub use lifecycle::{Effect, Input, Observed, Transition, transition, transition_shared};
 pub use reason::{Reason, ReasonCode};
 pub use workload::{
-    GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, ShapeSpec, Slice, StopCause, UsageCursor, Workload,
-    WorkloadId, WorkloadSpec,
+    GangSpec, GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, ShapeSpec, Slice, StopCause, UsageCursor,
+    Workload, WorkloadId, WorkloadSpec,
 };

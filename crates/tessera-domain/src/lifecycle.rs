@@ -17,8 +17,6 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use tessera_model::GpuUnits;
-
 use crate::event::{Event, Step};
 use crate::reason::{Reason, ReasonCode};
 use crate::workload::{Phase, Placement, PreemptCode, StopCause, Workload};
@@ -26,10 +24,12 @@ use crate::workload::{Phase, Placement, PreemptCode, StopCause, Workload};
 /// What happened to a workload.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
-    /// The scheduler placed it; the engine already holds the allocation.
+    /// The scheduler placed it; the engine already holds the allocation. `shares`: a
+    /// multi-node gang's node-shares after the first (`placement`); empty otherwise.
     Placed {
         at: i64,
         placement: Placement,
+        shares: Vec<Placement>,
         borrowing: bool,
     },
     /// The scheduler says why it waits (sent when the kind of reason changes).
@@ -219,12 +219,13 @@ impl Draft<'_> {
     /// Returns the allocation (with the `released` event) and closes the usage interval.
     fn release(&mut self, at: i64) {
         if self.w.phase.holds_capacity() {
-            let (units, node) = self
+            let units = self.w.held_units();
+            let node = self
                 .w
-                .placement
-                .as_ref()
-                .map(|p| (p.units, p.node.clone()))
-                .unwrap_or((GpuUnits::ZERO, String::new()));
+                .placements()
+                .map(|p| p.node.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
             let held_ms = self.w.running_at.map(|r| (at - r).max(0)).unwrap_or(0);
             let unit_hours = units.as_f64() * held_ms as f64 / 3_600_000.0;
             self.effects.push(Effect::Release);
@@ -271,11 +272,12 @@ impl Draft<'_> {
     fn running(&mut self, at: i64, detail: String, observed: String) {
         self.event(Step::Running, at, detail, None);
         self.event(Step::Observed, at, observed, None);
-        let (units, model, pool) = self
+        let units = self.w.held_units();
+        let (model, pool) = self
             .w
             .placement
             .as_ref()
-            .map(|p| (p.units, p.model.clone(), p.pool.clone()))
+            .map(|p| (p.model.clone(), p.pool.clone()))
             .unwrap_or_default();
         self.event(
             Step::Metered,
@@ -310,6 +312,7 @@ impl Draft<'_> {
                     self.w().phase = Phase::Queued;
                     self.w().reason = Some(reason);
                     self.w().placement = None;
+                    self.w().shares.clear();
                     self.w().running_at = None;
                     self.w().borrowing = false;
                     self.w().stop = None;
@@ -382,16 +385,32 @@ fn apply(w: Cow<'_, Workload>, input: Input) -> Transition<Cow<'_, Workload>> {
         Input::Placed {
             at,
             placement,
+            shares,
             borrowing,
         } if phase.is_waiting() => {
-            let mut detail = format!(
-                "{placement} on {} ({}), {} GPU units",
-                placement.node, placement.pool, placement.units
-            );
+            let mut detail = if shares.is_empty() {
+                format!(
+                    "{placement} on {} ({}), {} GPU units",
+                    placement.node, placement.pool, placement.units
+                )
+            } else {
+                let units = shares.iter().fold(placement.units, |u, p| u + p.units);
+                let nodes: Vec<String> = std::iter::once(&placement)
+                    .chain(shares.iter())
+                    .map(|p| format!("{} ({} GPUs)", p.node, p.gpus.len()))
+                    .collect();
+                format!(
+                    "a gang of {} node-shares in pool {}: {}; {units} GPU units",
+                    shares.len() + 1,
+                    placement.pool,
+                    nodes.join(", ")
+                )
+            };
             if borrowing {
                 detail.push_str("; borrowing idle capacity above the tenant's guaranteed share (preemptible)");
             }
             s.w().placement = Some(placement);
+            s.w().shares = shares;
             s.w().borrowing = borrowing;
             s.w().reason = None;
             s.phase(Phase::Placed);
@@ -517,6 +536,7 @@ fn apply(w: Cow<'_, Workload>, input: Input) -> Transition<Cow<'_, Workload>> {
             s.effects.push(Effect::Dequeue);
             s.close_usage(at);
             s.w().placement = None;
+            s.w().shares.clear();
             s.w().phase = Phase::Failed;
             s.w().reason = Some(reason);
             s.w().ended_at = Some(at);
@@ -538,6 +558,7 @@ mod tests {
 
     use super::*;
     use crate::workload::{GpuSpec, Kind, ShapeSpec, Slice, WorkloadId, WorkloadSpec};
+    use tessera_model::GpuUnits;
 
     fn spec(kind: Kind) -> WorkloadSpec {
         WorkloadSpec {
@@ -616,6 +637,7 @@ mod tests {
                 Input::Placed {
                     at: 5_000,
                     placement: placement(),
+                    shares: Vec::new(),
                     borrowing: false,
                 },
             ),
@@ -956,6 +978,74 @@ mod tests {
     }
 
     #[test]
+    fn a_gang_holds_every_share_until_it_is_released_and_requeued() {
+        let share = |node: &str| Placement {
+            pool: "training".into(),
+            node: node.into(),
+            model: "H100-80GB-SXM".into(),
+            gpus: (0..8).collect(),
+            slice: Slice::Whole,
+            units: GpuUnits::whole(8),
+        };
+        let w = Workload::new(WorkloadId(3), spec(Kind::Batch), GpuUnits::whole(24), 1_000);
+        let t = transition(
+            w,
+            Input::Placed {
+                at: 1_010,
+                placement: share("h100-00"),
+                shares: vec![share("h100-01"), share("h100-02")],
+                borrowing: false,
+            },
+        );
+        assert_eq!(t.workload.held_units(), GpuUnits::whole(24));
+        assert!(t.workload.holds_on("h100-02") && !t.workload.holds_on("h100-03"));
+        assert!(
+            t.events[0].detail.contains("a gang of 3 node-shares in pool training: h100-00 (8 GPUs), h100-01 (8 GPUs), h100-02 (8 GPUs); 24 GPU units"),
+            "{}",
+            t.events[0].detail
+        );
+        let t = transition(
+            t.workload,
+            Input::Partitioned {
+                at: 1_020,
+                detail: String::new(),
+            },
+        );
+        let t = transition(
+            t.workload,
+            Input::Running {
+                at: 1_030,
+                detail: String::new(),
+                observed: String::new(),
+            },
+        );
+        let metered = t.events.iter().find(|e| e.step == Step::Metered).unwrap();
+        assert!(metered.detail.contains("24 GPU units"), "{}", metered.detail);
+        let t = transition(
+            t.workload,
+            Input::Preempt {
+                at: 4_030,
+                by: WorkloadId(9),
+                code: PreemptCode::Drain,
+                detail: "node h100-01 drained".into(),
+                grace_s: 0,
+            },
+        );
+        let t = transition(t.workload, Input::Stopped { at: 4_040 });
+        let released = t.events.iter().find(|e| e.step == Step::Released).unwrap();
+        assert!(
+            released
+                .detail
+                .contains("returned 24 GPU units on h100-00, h100-01, h100-02"),
+            "{}",
+            released.detail
+        );
+        assert_eq!(t.workload.phase, Phase::Queued);
+        assert!(t.workload.placement.is_none() && t.workload.shares.is_empty());
+        assert_eq!(t.effects.iter().filter(|e| matches!(e, Effect::Release)).count(), 1);
+    }
+
+    #[test]
     fn a_workload_walks_the_whole_path() {
         let w = Workload::new(WorkloadId(7), spec(Kind::Batch), GpuUnits::milli(500), 1_000);
         let t = transition(
@@ -963,6 +1053,7 @@ mod tests {
             Input::Placed {
                 at: 1_010,
                 placement: placement(),
+                shares: Vec::new(),
                 borrowing: true,
             },
         );

@@ -171,6 +171,8 @@ impl Reason {
     fn wait_code(w: &Wait) -> ReasonCode {
         match w {
             Wait::Unplaceable(u) => ReasonCode::of_class(u.class()),
+            Wait::Gang(u) => ReasonCode::of_class(u.class()),
+            Wait::GangHeld { now, .. } => Self::wait_code(now),
             Wait::Held => ReasonCode::Held,
             Wait::Limit(_) => ReasonCode::Quota,
             Wait::Budget(_) => ReasonCode::Budget,
@@ -190,6 +192,7 @@ impl Reason {
     pub fn refusal_code(r: &Refusal) -> ReasonCode {
         match r {
             Refusal::Constraint(u) => ReasonCode::of_class(u.class()),
+            Refusal::Gang(u) => ReasonCode::of_class(u.class()),
             Refusal::Limit(_) => ReasonCode::Quota,
             Refusal::Budget(_) => ReasonCode::Budget,
         }

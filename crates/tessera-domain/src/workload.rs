@@ -61,6 +61,21 @@ pub enum GpuSpec {
     Mig { profile: String },
     /// A fraction of a time-shared GPU, in milli-GPU, optionally with GPU memory.
     Fraction { milli: u16, memory_mib: Option<u32> },
+    /// Whole GPUs across several nodes of one pool, as node-shares started and ended together.
+    Gang(GangSpec),
+}
+
+/// A multi-node gang as the tenant wrote it: `gpus` whole GPUs as node-shares of
+/// `gpus_per_node` each (whole nodes when `None`), kept within a topology level.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GangSpec {
+    pub gpus: u32,
+    pub gpus_per_node: Option<u8>,
+    /// A level of the fleet (`rack`, `block`, a label key) or `pool`, required or preferred;
+    /// `None`: preferred at the fleet's lowest level (the fewest racks possible).
+    pub topology: Option<tessera_model::request::TopologyConstraint>,
+    /// Groups of this many GPUs, each within one rack.
+    pub segment: Option<u32>,
 }
 
 impl fmt::Display for GpuSpec {
@@ -69,6 +84,13 @@ impl fmt::Display for GpuSpec {
             GpuSpec::Whole { gpus } => write!(f, "{gpus} whole GPU{}", if *gpus == 1 { "" } else { "s" }),
             GpuSpec::Mig { profile } => write!(f, "MIG {profile}"),
             GpuSpec::Fraction { milli, .. } => write!(f, "{milli} milli-GPU"),
+            GpuSpec::Gang(g) => {
+                write!(f, "a gang of {} whole GPUs", g.gpus)?;
+                if let Some(per) = g.gpus_per_node {
+                    write!(f, " ({} nodes × {per})", g.gpus / u32::from(per.max(1)))?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -384,7 +406,11 @@ pub struct Workload {
     pub phase: Phase,
     /// Why it waits, why it failed or was stopped; `None` when there is nothing to explain.
     pub reason: Option<Reason>,
+    /// Where it runs (for a multi-node gang: its first node-share).
     pub placement: Option<Placement>,
+    /// A multi-node gang's node-shares after the first (`placement`), in gang order; empty for
+    /// a workload on one node.
+    pub shares: Vec<Placement>,
     /// Admitted above the tenant's guaranteed share: may be preempted to reclaim it.
     pub borrowing: bool,
     /// Milliseconds since the Unix epoch.
@@ -399,6 +425,22 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// Every node-share it holds, the first (`placement`) first: none while it holds nothing,
+    /// one for a workload on one node.
+    pub fn placements(&self) -> impl Iterator<Item = &Placement> {
+        self.placement.iter().chain(self.shares.iter())
+    }
+
+    /// The GPU units its node-shares hold together (zero while it holds nothing).
+    pub fn held_units(&self) -> GpuUnits {
+        self.placements().fold(GpuUnits::ZERO, |u, p| u + p.units)
+    }
+
+    /// Whether it holds capacity on `node` (any of its node-shares).
+    pub fn holds_on(&self, node: &str) -> bool {
+        self.placements().any(|p| p.node == node)
+    }
+
     /// A newly accepted workload, before the scheduler has seen it.
     pub fn new(id: WorkloadId, spec: WorkloadSpec, units: GpuUnits, created_at: i64) -> Self {
         Workload {
@@ -408,6 +450,7 @@ impl Workload {
             phase: Phase::Pending,
             reason: None,
             placement: None,
+            shares: Vec::new(),
             borrowing: false,
             created_at,
             running_at: None,

@@ -159,7 +159,7 @@ proptest! {
                 0 if world.queue.contains(&i) => {
                     world.queue.remove(&i);
                     world.held.insert(i);
-                    Input::Placed { at, placement: placement(i), borrowing: v % 2 == 0 }
+                    Input::Placed { at, placement: placement(i), shares: Vec::new(), borrowing: v % 2 == 0 }
                 }
                 1 if world.queue.contains(&i) => Input::Waiting { at, reason: Reason::new(ReasonCode::NoCapacity, "none free") },
                 2 if world.queue.contains(&i) => {

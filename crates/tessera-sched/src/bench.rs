@@ -134,6 +134,7 @@ pub fn run(
             wait_if_over_limit: true,
             min_runtime_ms: None,
             movable: None,
+            gang: None,
         }
     };
     for _ in 0..b.queued {

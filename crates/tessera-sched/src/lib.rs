@@ -47,7 +47,7 @@ pub mod tessera;
 pub mod timed;
 
 pub use cycle::{Decision, GovernConfig, Job, Quota, Scheduler};
-pub use engine::Engine;
+pub use engine::{Engine, GangAllocation, GangPlacement};
 pub use policy::SharedPolicy;
 pub use reason::{GangUnplaceable, Unplaceable};
 pub use state::{AllocId, Allocation, ClusterState, Grant, Placement};

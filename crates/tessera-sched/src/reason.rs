@@ -577,13 +577,15 @@ pub enum Refusal {
     Limit(LimitExceeded),
     /// Over the monthly budget, and it asked not to wait.
     Budget(BudgetExceeded),
+    /// A multi-node gang no domain of its level could ever hold.
+    Gang(GangUnplaceable),
 }
 
 impl Refusal {
     /// `constraint`, `quota` or `budget`.
     pub fn code(&self) -> &'static str {
         match self {
-            Refusal::Constraint(_) => "constraint",
+            Refusal::Constraint(_) | Refusal::Gang(_) => "constraint",
             Refusal::Limit(_) => "quota",
             Refusal::Budget(_) => "budget",
         }
@@ -594,6 +596,7 @@ impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Refusal::Constraint(u) => u.fmt(f),
+            Refusal::Gang(u) => u.fmt(f),
             Refusal::Limit(l) => l.fmt(f),
             Refusal::Budget(b) => b.fmt(f),
         }
@@ -612,6 +615,15 @@ fn utc_clock(ms: i64) -> String {
 pub enum Wait {
     /// The engine has no room for it now.
     Unplaceable(Unplaceable),
+    /// A multi-node gang finds no room now at its level.
+    Gang(GangUnplaceable),
+    /// A gang that waited past the backfill window and holds `nodes` nodes in `racks`: nothing
+    /// else is placed there; `now` says why it does not fit yet.
+    GangHeld {
+        now: Box<Wait>,
+        nodes: usize,
+        racks: Vec<String>,
+    },
     /// It fits, but only where capacity is held back (a reservation for a long-waiting request).
     Held,
     /// Over a quota limit.
@@ -650,6 +662,8 @@ impl Wait {
         match self {
             Wait::PreemptsIn { now, .. } => now.code(),
             Wait::Unplaceable(u) => u.code(),
+            Wait::Gang(u) => u.code(),
+            Wait::GangHeld { now, .. } => now.code(),
             Wait::Held => "held",
             Wait::Limit(_) => "quota",
             Wait::Budget(_) => "budget",
@@ -671,6 +685,10 @@ impl Wait {
             (Wait::PreemptsIn { now, .. }, b) => now.same_kind(b),
             (_, Wait::PreemptsIn { .. }) => false,
             (Wait::Unplaceable(a), Wait::Unplaceable(b)) => a.same_kind(b),
+            (Wait::Gang(a), Wait::Gang(b)) => a.class() == b.class() && a.level() == b.level(),
+            (Wait::GangHeld { now: a, racks: ra, .. }, Wait::GangHeld { now: b, racks: rb, .. }) => {
+                ra == rb && a.same_kind(b)
+            }
             (Wait::Held, Wait::Held) => true,
             (Wait::Limit(a), Wait::Limit(b)) => a.tenant == b.tenant && a.scope == b.scope,
             (Wait::Budget(a), Wait::Budget(b)) => a.tenant == b.tenant,
@@ -686,6 +704,18 @@ impl fmt::Display for Wait {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Wait::Unplaceable(u) => u.fmt(f),
+            Wait::Gang(u) => u.fmt(f),
+            Wait::GangHeld { now, nodes, racks } => {
+                let where_ = match racks.len() {
+                    0 => String::new(),
+                    1 => format!(" in rack {}", racks[0]),
+                    _ => format!(" in racks {}", racks.join(", ")),
+                };
+                write!(
+                    f,
+                    "{now}; {nodes} nodes{where_} are held for it (it waited past the backfill window): nothing else is placed there, and it starts once the work running there ends"
+                )
+            }
             Wait::Held => f.write_str("waiting for capacity within its quota"),
             Wait::Limit(l) => l.fmt(f),
             Wait::Budget(b) => b.fmt(f),

@@ -269,7 +269,7 @@ impl World {
     fn handle(&mut self, acts: Vec<Decision>, now: i64) {
         for a in acts {
             match a {
-                Decision::Placed { id, .. } => {
+                Decision::Placed { id, .. } | Decision::PlacedGang { id, .. } => {
                     let m = self.meta.get_mut(&id).expect("known job");
                     self.t.placed += 1;
                     self.t.churn.entry(m.priority.to_string()).or_default().placements += 1;
@@ -463,6 +463,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                         wait_if_over_limit: true,
                         min_runtime_ms: None,
                         movable: m.movable,
+                        gang: None,
                     });
                     w.outstanding[m.tenant][m.kind] += 1;
                 } else {
@@ -527,6 +528,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                                 wait_if_over_limit: true,
                                 min_runtime_ms: None,
                                 movable,
+                                gang: None,
                             };
                             let timer = clock();
                             let a = s.submit(job, now);

@@ -334,6 +334,7 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
         wait_if_over_limit: true,
         min_runtime_ms: None,
         movable: None,
+        gang: None,
     };
 
     loop {
@@ -382,12 +383,19 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
             passes += 1;
             for d in std::mem::take(&mut decisions) {
                 match d {
-                    Decision::Placed { id, alloc, .. } => {
+                    d @ (Decision::Placed { .. } | Decision::PlacedGang { .. }) => {
+                        let (id, units) = match d {
+                            Decision::Placed { id, alloc, .. } => (id, alloc.units),
+                            Decision::PlacedGang { id, shares, .. } => {
+                                (id, shares.iter().fold(GpuUnits::ZERO, |u, a| u + a.units))
+                            }
+                            _ => unreachable!("matched above"),
+                        };
                         let i = id as usize;
                         placed += u64::from(started[i].is_none());
                         started[i].get_or_insert(now);
-                        allocated += alloc.units.as_milli();
-                        holding.insert(id, alloc.units);
+                        allocated += units.as_milli();
+                        holding.insert(id, units);
                         generation[i] += 1;
                         departures.push(Reverse(Departure {
                             at_ms: now + arrivals[i].run_ms.max(0),

@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use tessera_model::layout::{Placed, enumerate_layouts, media_instances, validate};
+use tessera_model::request::GangRequest;
 use tessera_model::{Catalogue, Fleet, NodeId, Request, Shape, Sharing, TenantId};
 use tessera_sched::cycle::Movable;
 use tessera_sched::engine::DeviceBinding;
@@ -274,6 +275,14 @@ fn run_sched(model: &str, ops: Vec<SchedOp>) {
                 Decision::Placed { id, .. } => {
                     running.insert(id);
                 }
+                Decision::PlacedGang { id, shares, .. } => {
+                    let gang = jobs[&id].gang.as_ref().expect("only gangs are placed as gangs");
+                    let per = gang.gpus_per_node.unwrap();
+                    assert_eq!(shares.len() as u32, gang.gpus / per as u32, "placed whole");
+                    let nodes: BTreeSet<u32> = shares.iter().map(|a| a.node.0).collect();
+                    assert_eq!(nodes.len(), shares.len(), "one share per node");
+                    running.insert(id);
+                }
                 Decision::Preempt { victim, .. } => stopping.push(victim),
                 Decision::Move { id, to, .. } => {
                     let how = jobs[&id].movable;
@@ -305,6 +314,16 @@ fn run_sched(model: &str, ops: Vec<SchedOp>) {
                     wait_if_over_limit: true,
                     min_runtime_ms: None,
                     movable: [None, Some(Movable::Restart), Some(Movable::Replace)][how as usize],
+                    // On the whole pool (2 nodes of 4 GPUs): gangs of 2 node-shares of 1..4
+                    // GPUs, and of 3 (refused at once: the pool has 2 nodes).
+                    gang: (k == 0 && size.is_multiple_of(4) && fleet.catalogue.get(fleet.nodes[0].model).mig.is_none())
+                        .then(|| {
+                            let per = (size / 4 % 4) as u8 + 1;
+                            let nodes = if size.is_multiple_of(32) { 3 } else { 2 };
+                            GangRequest::nodes(nodes, per)
+                                .with_tenant(TenantId(t as u32))
+                                .with_host(1000, 2048)
+                        }),
                 };
                 jobs.insert(id, job.clone());
                 let d = s.submit(job, now);
@@ -388,6 +407,7 @@ fn every_job_decided(model: &str, budget: usize, first: &[Sub], second: &[Sub]) 
                 wait_if_over_limit: wait,
                 min_runtime_ms: None,
                 movable: None,
+                gang: None,
             };
             match s.submit_for_next_cycle(job) {
                 Some(r) => {
@@ -403,7 +423,7 @@ fn every_job_decided(model: &str, budget: usize, first: &[Sub], second: &[Sub]) 
         let d = s.cycle(now + 1);
         for x in &d {
             match x {
-                Decision::Placed { id, .. } => {
+                Decision::Placed { id, .. } | Decision::PlacedGang { id, .. } => {
                     assert!(queued.remove(id), "placed once: {x:?}");
                     undecided.remove(id);
                 }

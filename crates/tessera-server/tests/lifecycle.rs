@@ -920,6 +920,152 @@ mod consolidation {
     }
 }
 
+/// A gang of `gpus` whole GPUs as whole nodes of the training pool (the seed's 4 racks of 4
+/// nodes of 8), required within one rack.
+fn gang(gpus: u32, duration_s: Option<u64>) -> WorkloadSpec {
+    let g = tessera_domain::GangSpec {
+        gpus,
+        gpus_per_node: None,
+        topology: Some(tessera_model::request::TopologyConstraint::required("rack")),
+        segment: None,
+    };
+    spec(GpuSpec::Gang(g), Some("training"), duration_s, "standard")
+}
+
+/// The racks of a workload's node-shares, and its nodes, in gang order.
+fn racks_and_nodes(fleet: &Fleet, w: &Workload) -> (std::collections::BTreeSet<String>, Vec<String>) {
+    let nodes: Vec<String> = w.placements().map(|p| p.node.clone()).collect();
+    let racks = nodes
+        .iter()
+        .map(|n| {
+            let id = fleet.node_by_name(n).unwrap();
+            fleet.levels.domain_name(0, id).unwrap().to_string()
+        })
+        .collect();
+    (racks, nodes)
+}
+
+/// A 32-GPU gang runs as one workload on the 4 nodes of one rack, every share started on its
+/// node; a drain of one of its nodes stops the whole gang, which is requeued with every share
+/// released and runs again whole in another rack; a cancel returns every share.
+fn a_gang_runs_whole_and_a_drained_node_requeues_every_share(mode: SimMode, db: Db) {
+    let w = World::new("gang", mode, db);
+    let (rt, lc, store) = w.boot();
+    rt.block_on(async {
+        let g = submit(&lc, &w.fleet, gang(32, None)).await;
+        let r = wait_phase(&lc, g.id, Phase::Running).await;
+        assert_eq!(r.shares.len(), 3, "{r:?}");
+        let (racks, nodes) = racks_and_nodes(&w.fleet, &r);
+        assert_eq!(racks.len(), 1, "one rack: {racks:?}");
+        assert_eq!(nodes.iter().collect::<std::collections::BTreeSet<_>>().len(), 4);
+        assert_eq!(units_used(&lc, "training"), 32_000);
+        assert_eq!(r.held_units(), tessera_model::GpuUnits::whole(32));
+        // Every share runs on the backend, as one workload.
+        assert_eq!(w.gate.starts.load(Ordering::SeqCst), 1, "one start for the gang");
+        let events = store.events(g.id, None).await.unwrap();
+        let placed = events.iter().find(|e| e.step == Step::Placed).unwrap();
+        assert!(placed.detail.contains("a gang of 4 node-shares"), "{}", placed.detail);
+        let metered = events.iter().find(|e| e.step == Step::Metered).unwrap();
+        assert!(metered.detail.contains("32 GPU units"), "{}", metered.detail);
+
+        // Drain the gang's third node now: the whole gang stops and is requeued.
+        let drained = nodes[2].clone();
+        lc.node_op(
+            drained.clone(),
+            lifecycle::NodeOp::Drain {
+                deadline_ms: Some(tessera_server::now_ms()),
+                preempt: true,
+            },
+            "tok-test".into(),
+        )
+        .await
+        .unwrap();
+        let mut again = None;
+        for _ in 0..400 {
+            if let Some(x) = lc.workload(g.id)
+                && x.phase == Phase::Running
+                && x.running_at != r.running_at
+            {
+                again = Some(x);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let again = again.unwrap_or_else(|| panic!("the gang never ran again: {:?}", lc.workload(g.id)));
+        let (racks2, nodes2) = racks_and_nodes(&w.fleet, &again);
+        assert_eq!(racks2.len(), 1);
+        assert_ne!(racks2, racks, "another rack: its own holds a drained node");
+        assert!(!nodes2.contains(&drained));
+        assert_eq!(units_used(&lc, "training"), 32_000, "the old shares were all released");
+        let steps = steps(&store, g.id).await;
+        let released = steps.iter().filter(|s| **s == Step::Released).count();
+        assert_eq!(released, 1, "released once, whole: {steps:?}");
+        // Usage: one interval per run, each of 32 units.
+        let usage = store.usage_of(g.id).await.unwrap();
+        assert_eq!(usage.len(), 2, "{usage:?}");
+        assert!(
+            usage.iter().all(|u| u.units == tessera_model::GpuUnits::whole(32)),
+            "{usage:?}"
+        );
+
+        lc.cancel(g.id, "tok-test".into()).await.unwrap();
+        wait_phase(&lc, g.id, Phase::Cancelled).await;
+        assert_eq!(units_used(&lc, "training"), 0, "every share returned");
+    });
+}
+
+/// A gang running when the control plane crashes is found running by the next one, holding
+/// every share (restored whole), and a gang too big for any rack is refused at once.
+fn a_restart_keeps_a_running_gang_whole(mode: SimMode, db: Db) {
+    let w = World::new("gang-restart", mode, db);
+    let (rt, lc, _store) = w.boot();
+    let id = rt.block_on(async {
+        let g = submit(&lc, &w.fleet, gang(16, None)).await;
+        wait_phase(&lc, g.id, Phase::Running).await;
+        let e = lc
+            .create(support::new_workload(&w.fleet, gang(64, None)))
+            .await
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("rack") && text.contains("32"), "{text}");
+        g.id
+    });
+    rt.shutdown_background();
+    let (rt, lc, _store) = w.boot();
+    rt.block_on(async {
+        let r = wait_phase(&lc, id, Phase::Running).await;
+        assert_eq!(r.shares.len(), 1);
+        assert_eq!(units_used(&lc, "training"), 16_000, "both shares restored");
+        // The capacity it holds is really held: 14 nodes are left for 8-GPU work.
+        let mut others = Vec::new();
+        for _ in 0..15 {
+            others.push(submit(&lc, &w.fleet, training(8, None)).await.id);
+        }
+        let mut running = 0;
+        for o in &others {
+            if wait_any(&lc, *o).await == Phase::Running {
+                running += 1;
+            }
+        }
+        assert_eq!(running, 14);
+        lc.cancel(id, "tok-test".into()).await.unwrap();
+        wait_phase(&lc, id, Phase::Cancelled).await;
+    });
+}
+
+/// The phase a workload settles in (running, or waiting in the queue).
+async fn wait_any(lc: &Lifecycle, id: WorkloadId) -> Phase {
+    for _ in 0..400 {
+        if let Some(w) = lc.workload(id)
+            && matches!(w.phase, Phase::Running | Phase::Queued)
+        {
+            return w.phase;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("workload {id} never settled: {:?}", lc.workload(id));
+}
+
 /// Each test on both modes of the simulated backend and both databases.
 macro_rules! on_both_modes {
     ($($name:ident),* $(,)?) => {
@@ -952,4 +1098,6 @@ on_both_modes!(
     a_restart_keeps_running_work_and_finds_lost_work,
     reconcile_finds_ghosts,
     reconcile_audits_each_orphan_once,
+    a_gang_runs_whole_and_a_drained_node_requeues_every_share,
+    a_restart_keeps_a_running_gang_whole,
 );

@@ -1,15 +1,19 @@
 //! What the conformance suite does not show on PostgreSQL: clear errors when the database
 //! cannot be reached or was upgraded by a newer Tessera, statements that give up instead of
-//! hanging, a store that recovers by itself when the database returns, and ids and audit
-//! numbers that stay unique across stores (processes) sharing the database.
+//! hanging, a store that recovers by itself when the database returns, ids and audit numbers
+//! that stay unique across stores (processes) sharing the database, malformed gang rows named
+//! as corrupt, and workloads that keep their data through the upgrade to gangs (version 15).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use sqlx::Connection;
-use tessera_store::conformance::login_audit;
-use tessera_store::{AuditStore, StoreError, TenancyStore, TenantRecord, WorkloadStore};
-use tessera_store_postgres::{PgOptions, PgStore};
+use sqlx::{Connection, Row};
+use tessera_domain::{GangSpec, GpuSpec, Phase, Placement, Slice, Workload, WorkloadId};
+use tessera_model::GpuUnits;
+use tessera_model::request::TopologyConstraint;
+use tessera_store::conformance::{login_audit, workload};
+use tessera_store::{AuditStore, Change, StoreError, TenancyStore, TenantRecord, WorkloadFilter, WorkloadStore};
+use tessera_store_postgres::{MIGRATOR, PgOptions, PgStore};
 use tessera_testdb::{Cluster, database_url};
 
 fn quick() -> PgOptions {
@@ -178,4 +182,158 @@ async fn stores_sharing_a_database_never_hand_out_an_id_or_audit_number_twice() 
         assert!(s.windows(2).all(|p| p[0] < p[1]), "each appender's numbers increase");
     }
     assert_eq!(a.audit(None, None, 1000).await.unwrap().len(), 120);
+}
+
+/// A placed gang of three node-shares, asked for with every field of its spec.
+fn placed_gang(id: u64) -> Workload {
+    let share = |node: &str| Placement {
+        pool: "training".into(),
+        node: node.into(),
+        model: "H100-80GB-SXM".into(),
+        gpus: (0..8).collect(),
+        slice: Slice::Whole,
+        units: GpuUnits::whole(8),
+    };
+    let mut w = workload(id, "acme", "train", Phase::Placed);
+    w.spec.shape.gpu = GpuSpec::Gang(GangSpec {
+        gpus: 24,
+        gpus_per_node: Some(8),
+        topology: Some(TopologyConstraint::required("rack")),
+        segment: Some(8),
+    });
+    w.units = GpuUnits::whole(24);
+    w.placement = Some(share("h100-00"));
+    w.shares = vec![share("h100-01"), share("h100-02")];
+    w
+}
+
+fn insert(w: &Workload) -> Change {
+    Change::Insert {
+        workload: w.clone().into(),
+        events: Vec::new(),
+        idempotency: None,
+    }
+}
+
+/// A gang row whose columns disagree, or whose node-shares are no JSON array of shares, is
+/// `Corrupt` with a message that says what is wrong, in single reads, listings and the read
+/// of active workloads alike.
+#[tokio::test]
+async fn a_malformed_gang_row_is_corrupt_and_says_why() {
+    let url = database_url();
+    let store = PgStore::connect(&url).await.unwrap();
+    let id = store.reserve_workload_ids(1).await.unwrap().start;
+    let gang = placed_gang(id);
+    store.commit(&[insert(&gang)]).await.unwrap();
+    assert_eq!(store.get_workload(gang.id, None).await.unwrap(), Some(gang.clone()));
+
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    let good_shares: String = sqlx::query("SELECT p_shares FROM workloads WHERE id = $1")
+        .bind(id as i64)
+        .fetch_one(&mut c)
+        .await
+        .unwrap()
+        .get(0);
+    let restore = format!(
+        "gang_gpus = 24, gang_gpus_per_node = 8, gang_topology_level = 'rack', gang_topology_mode = 'required', \
+         gang_segment = 8, gpus = NULL, p_slice = 'whole', p_shares = '{good_shares}'"
+    );
+    let listing = WorkloadFilter {
+        limit: 10,
+        ..Default::default()
+    };
+    for (corrupt, says) in [
+        ("gang_gpus = NULL", "gang columns are set but `gang_gpus` is NULL"),
+        ("gang_topology_mode = 'strict'", "unknown gang topology mode `strict`"),
+        (
+            "gang_topology_mode = NULL",
+            "needs both `gang_topology_level` and `gang_topology_mode`",
+        ),
+        (
+            "gang_gpus_per_node = 300",
+            "column `gang_gpus_per_node`: 300 is out of range",
+        ),
+        (
+            "gpus = 2",
+            "exactly one of gpus, mig_profile, fraction_milli and gang_gpus must be set",
+        ),
+        ("p_shares = 'not json'", "column `p_shares`"),
+        (
+            r#"p_shares = '[{"pool": "training"}]'"#,
+            "column `p_shares`: missing field",
+        ),
+        ("p_slice = NULL", "node-shares (`p_shares`) without a placement"),
+    ] {
+        let sql = format!("UPDATE workloads SET {corrupt} WHERE id = {id}");
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut c).await.unwrap();
+        let reads = [
+            ("get", store.get_workload(gang.id, None).await.map(|_| ())),
+            ("list", store.list_workloads(&listing).await.map(|_| ())),
+            ("active", store.active_workloads().await.map(|_| ())),
+        ];
+        for (read, r) in reads {
+            match r {
+                Err(StoreError::Corrupt(m)) => assert!(m.contains(says), "{corrupt}, {read}: {m}"),
+                other => panic!("{corrupt}, {read}: expected a corrupt row saying {says:?}, got {other:?}"),
+            }
+        }
+        let sql = format!("UPDATE workloads SET {restore} WHERE id = {id}");
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut c).await.unwrap();
+        assert_eq!(store.get_workload(gang.id, None).await.unwrap(), Some(gang.clone()));
+    }
+}
+
+/// A workload stored at schema version 14 (before gangs) reads back unchanged once the store
+/// upgrades the database to version 15, and the upgraded database stores a placed gang.
+#[tokio::test]
+async fn workloads_of_version_14_keep_their_data_through_the_gang_migration() {
+    let url = database_url();
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    MIGRATOR.run_to(14, &mut c).await.unwrap();
+    let old = workload(7, "acme", "train", Phase::Running);
+    sqlx::query(
+        "INSERT INTO workloads (id, tenant, project, name, kind, gpus, shape_models, cpu_milli, memory_mib, env, \
+         priority, no_wait, no_requeue, units_milli, created_at, phase, borrowing, updated_at, next_event_seq, \
+         usage_seq, usage_open, p_pool, p_node, p_model, p_gpus, p_slice, p_units_milli) \
+         VALUES (7, 'acme', 'train', 'w7', 'batch', 1, '[]', 1000, 1024, '{}', 'standard', FALSE, FALSE, 1000, \
+         $1, 'running', FALSE, $1, 1, 0, FALSE, 'training', 'h100-03', 'H100-80GB-SXM', 8, 'whole', 1000)",
+    )
+    .bind(old.created_at)
+    .execute(&mut c)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE sequences SET value = 7 WHERE name = 'workload'")
+        .execute(&mut c)
+        .await
+        .unwrap();
+
+    let store = PgStore::connect(&url).await.unwrap();
+    let latest: i64 = sqlx::query("SELECT MAX(version) FROM _sqlx_migrations")
+        .fetch_one(&mut c)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(latest, 15);
+    let want = Workload {
+        placement: Some(Placement {
+            pool: "training".into(),
+            node: "h100-03".into(),
+            model: "H100-80GB-SXM".into(),
+            gpus: vec![3],
+            slice: Slice::Whole,
+            units: GpuUnits::ONE_GPU,
+        }),
+        ..old
+    };
+    assert!(want.shares.is_empty());
+    assert_eq!(
+        store.get_workload(WorkloadId(7), None).await.unwrap(),
+        Some(want.clone())
+    );
+
+    let id = store.reserve_workload_ids(1).await.unwrap().start;
+    assert_eq!(id, 8);
+    let gang = placed_gang(id);
+    store.commit(&[insert(&gang)]).await.unwrap();
+    assert_eq!(store.active_workloads().await.unwrap(), vec![want, gang]);
 }

@@ -156,6 +156,8 @@ impl LegacyWorkload {
                 .ok_or_else(|| invalid(id, format_args!("unknown state `{}`", self.state)))?,
             reason: self.reason.map(|detail| Reason::new(ReasonCode::Unknown, detail)),
             placement: self.allocation.map(|a| a.into_placement(id)).transpose()?,
+            // Version 1 had no multi-node gangs.
+            shares: Vec::new(),
             borrowing: self.borrowing,
             created_at: self.created_at_ms,
             running_at: self.running_at_ms,

@@ -1,7 +1,7 @@
 //! A statement stepped directly on a connection's SQLite handle, for reads of many rows.
 //!
 //! sqlx copies every value of every row into its own allocation and hands each row from its
-//! worker thread to the async side; reading 100,000 workloads of 48 columns that way is most of
+//! worker thread to the async side; reading 100,000 workloads of 55 columns that way is most of
 //! a restart. [`Statement`] steps a prepared statement on the connection's own handle (sqlx's
 //! [`LockedSqliteHandle`](sqlx::sqlite::LockedSqliteHandle), which parks the worker meanwhile)
 //! and lends each cell to the caller, who decodes it before the next step. Only statements

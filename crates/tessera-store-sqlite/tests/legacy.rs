@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use tessera_domain::{
-    Event, GpuSpec, Kind, Phase, Placement, Reason, ReasonCode, ShapeSpec, Slice, Step, UsageCursor, Workload,
-    WorkloadId, WorkloadSpec,
+    Event, GangSpec, GpuSpec, Kind, Phase, Placement, Reason, ReasonCode, ShapeSpec, Slice, Step, UsageCursor,
+    Workload, WorkloadId, WorkloadSpec,
 };
 use tessera_model::GpuUnits;
+use tessera_model::request::TopologyConstraint;
 use tessera_store::{
     AuditRecord, AuditStore, Change, FleetStore, MoveCause, ServiceMoveRecord, StoreError, WorkloadStore,
 };
@@ -167,6 +168,7 @@ fn expected() -> [Workload; 3] {
             },
             units: GpuUnits(500),
         }),
+        shares: Vec::new(),
         borrowing: true,
         created_at: 1_700_000_000_000,
         running_at: Some(1_700_000_005_000),
@@ -210,6 +212,7 @@ fn expected() -> [Workload; 3] {
             },
             units: GpuUnits(250),
         }),
+        shares: Vec::new(),
         borrowing: false,
         created_at: 1_700_000_100_000,
         running_at: Some(1_700_000_101_000),
@@ -239,6 +242,7 @@ fn expected() -> [Workload; 3] {
         phase: Phase::Queued,
         reason: Some(Reason::new(ReasonCode::Unknown, "no-capacity: no node has 8 free GPUs")),
         placement: None,
+        shares: Vec::new(),
         borrowing: false,
         created_at: 1_700_000_200_000,
         running_at: None,
@@ -425,4 +429,126 @@ async fn service_moves_of_version_10_read_back_as_drains() {
             by: None,
         }]
     );
+}
+
+/// A workload stored at schema version 14 (before gangs) reads back unchanged once the store
+/// upgrades the database to version 15: no gang, no node-shares; and the upgraded database
+/// stores a placed gang with its node-shares.
+#[tokio::test]
+async fn workloads_of_version_14_keep_their_data_through_the_gang_migration() {
+    let dir = fresh_dir("gangs-v14");
+    let pool = raw_pool(&dir).await;
+    MIGRATOR.run_to(14, &pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO workloads (id, tenant, project, name, kind, gpus, shape_models, shape_pool, cpu_milli, \
+         memory_mib, env, priority, no_wait, no_requeue, units_milli, created_at, phase, borrowing, running_at, \
+         updated_at, next_event_seq, usage_seq, usage_open, p_pool, p_node, p_model, p_gpus, p_slice, \
+         p_units_milli) VALUES (41, 'acme', 'train', 'resnet', 'batch', 2, '[\"H100-80GB-SXM\"]', 'training', \
+         4000, 16384, '{\"A\":\"1\"}', 'high', FALSE, TRUE, 2000, 1700000000000, 'running', TRUE, 1700000005000, \
+         1700000005000, 4, 0, TRUE, 'training', 'h100-03', 'H100-80GB-SXM', 12, 'whole', 2000)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE sequences SET value = 41 WHERE name = 'workload'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+
+    let store = SqliteStore::open_dir(&dir).await.unwrap();
+    let latest: i64 = sqlx::query("SELECT MAX(version) FROM _sqlx_migrations")
+        .fetch_one(&raw_pool(&dir).await)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(latest, 15);
+    let want = Workload {
+        id: WorkloadId(41),
+        spec: WorkloadSpec {
+            cpu_milli: 4000,
+            memory_mib: 16_384,
+            env: BTreeMap::from([("A".into(), "1".into())]),
+            priority: "high".into(),
+            no_requeue: true,
+            ..spec(
+                "acme",
+                "train",
+                "resnet",
+                Kind::Batch,
+                ShapeSpec {
+                    gpu: GpuSpec::Whole { gpus: 2 },
+                    models: vec!["H100-80GB-SXM".into()],
+                    pool: Some("training".into()),
+                },
+            )
+        },
+        units: GpuUnits(2000),
+        phase: Phase::Running,
+        reason: None,
+        placement: Some(Placement {
+            pool: "training".into(),
+            node: "h100-03".into(),
+            model: "H100-80GB-SXM".into(),
+            gpus: vec![2, 3],
+            slice: Slice::Whole,
+            units: GpuUnits(2000),
+        }),
+        shares: Vec::new(),
+        borrowing: true,
+        created_at: 1_700_000_000_000,
+        running_at: Some(1_700_000_005_000),
+        ended_at: None,
+        stop: None,
+        next_seq: 4,
+        usage: UsageCursor { seq: 0, open: true },
+    };
+    assert_eq!(
+        store.get_workload(WorkloadId(41), None).await.unwrap(),
+        Some(want.clone())
+    );
+    assert_eq!(store.active_workloads().await.unwrap(), vec![want.clone()]);
+
+    // A gang beside it, placed on two nodes.
+    let id = WorkloadId(store.reserve_workload_ids(1).await.unwrap().start);
+    assert_eq!(id, WorkloadId(42));
+    let share = |node: &str| Placement {
+        node: node.into(),
+        gpus: (0..8).collect(),
+        units: GpuUnits::whole(8),
+        ..want.placement.clone().unwrap()
+    };
+    let gang = Workload {
+        id,
+        spec: WorkloadSpec {
+            name: "llm".into(),
+            shape: ShapeSpec {
+                gpu: GpuSpec::Gang(GangSpec {
+                    gpus: 16,
+                    gpus_per_node: Some(8),
+                    topology: Some(TopologyConstraint::preferred("rack")),
+                    segment: None,
+                }),
+                ..want.spec.shape.clone()
+            },
+            ..want.spec.clone()
+        },
+        units: GpuUnits::whole(16),
+        phase: Phase::Placed,
+        placement: Some(share("h100-04")),
+        shares: vec![share("h100-05")],
+        running_at: None,
+        next_seq: 0,
+        usage: UsageCursor::default(),
+        ..want.clone()
+    };
+    store
+        .commit(&[Change::Insert {
+            workload: gang.clone().into(),
+            events: Vec::new(),
+            idempotency: None,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(store.active_workloads().await.unwrap(), vec![want, gang]);
 }

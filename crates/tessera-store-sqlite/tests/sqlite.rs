@@ -1,7 +1,8 @@
 //! What the conformance suite does not show: the durability settings of a file database,
 //! sequences shared by every store (process) that opens the same file and surviving restarts,
-//! the store held the way the server holds it, as an `Arc<dyn Store>` shared by tasks, and the
-//! failing change a failed batch names although its rows are written many to a statement.
+//! the store held the way the server holds it, as an `Arc<dyn Store>` shared by tasks, the
+//! failing change a failed batch names although its rows are written many to a statement, and
+//! gang rows: malformed ones named as corrupt, node-shares the columns cannot hold refused.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -9,10 +10,15 @@ use std::sync::Arc;
 
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-use tessera_domain::{Event, GpuSpec, Kind, Phase, ShapeSpec, Step, Workload, WorkloadId, WorkloadSpec};
+use tessera_domain::{
+    Event, GangSpec, GpuSpec, Kind, Phase, Placement, ShapeSpec, Slice, Step, Workload, WorkloadId, WorkloadSpec,
+};
 use tessera_model::GpuUnits;
+use tessera_model::request::TopologyConstraint;
 use tessera_store::conformance::login_audit;
-use tessera_store::{AuditStore, Change, IdempotencyKey, Store, StoreError, TenantRecord, WorkloadStore};
+use tessera_store::{
+    AuditStore, Change, IdempotencyKey, Store, StoreError, TenantRecord, WorkloadFilter, WorkloadStore,
+};
 use tessera_store_sqlite::SqliteStore;
 
 fn fresh_dir(name: &str) -> PathBuf {
@@ -301,4 +307,150 @@ async fn the_bulk_read_of_active_workloads_decodes_as_single_reads_and_names_a_c
         set("cpu_milli = 1000, env = '{}'").await;
     }
     assert_eq!(store.active_workloads().await.unwrap(), single);
+}
+
+/// A placed gang of three node-shares, asked for with every field of its spec.
+fn placed_gang(id: u64) -> Workload {
+    let share = |node: &str| Placement {
+        pool: "training".into(),
+        node: node.into(),
+        model: "H100-80GB-SXM".into(),
+        gpus: (0..8).collect(),
+        slice: Slice::Whole,
+        units: GpuUnits::whole(8),
+    };
+    let mut w = workload(id);
+    w.spec.shape.gpu = GpuSpec::Gang(GangSpec {
+        gpus: 24,
+        gpus_per_node: Some(8),
+        topology: Some(TopologyConstraint::required("rack")),
+        segment: Some(8),
+    });
+    w.units = GpuUnits::whole(24);
+    w.phase = Phase::Placed;
+    w.placement = Some(share("h100-00"));
+    w.shares = vec![share("h100-01"), share("h100-02")];
+    w
+}
+
+/// A gang row whose columns disagree, or whose node-shares are no JSON array of shares, is
+/// `Corrupt` with a message that says what is wrong, in single reads, listings and the bulk
+/// read of active workloads alike, never a guess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_gang_row_is_corrupt_and_says_why() {
+    let dir = fresh_dir("gang-corrupt");
+    let store = SqliteStore::open_dir(&dir).await.unwrap();
+    let id = store.reserve_workload_ids(1).await.unwrap().start;
+    let gang = placed_gang(id);
+    store.commit(&[created(&gang, "k")]).await.unwrap();
+    assert_eq!(store.get_workload(gang.id, None).await.unwrap(), Some(gang.clone()));
+
+    let pool = side_pool(&dir).await;
+    let set = |set: &str| {
+        let sql = format!("UPDATE workloads SET {set} WHERE id = {id}");
+        let pool = &pool;
+        async move { sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await.unwrap() }
+    };
+    let restore = "gang_gpus = 24, gang_gpus_per_node = 8, gang_topology_level = 'rack', \
+         gang_topology_mode = 'required', gang_segment = 8, gpus = NULL, p_slice = 'whole'";
+    let good_shares: String = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT p_shares FROM workloads WHERE id = {id}"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap()
+    .get(0);
+    for (corrupt, says) in [
+        ("gang_gpus = NULL", "gang columns are set but `gang_gpus` is NULL"),
+        ("gang_topology_mode = 'strict'", "unknown gang topology mode `strict`"),
+        (
+            "gang_topology_level = NULL",
+            "needs both `gang_topology_level` and `gang_topology_mode`",
+        ),
+        (
+            "gang_gpus_per_node = 300",
+            "column `gang_gpus_per_node`: 300 is out of range",
+        ),
+        ("gang_gpus = -1", "column `gang_gpus`: -1 is out of range"),
+        (
+            "gpus = 2",
+            "exactly one of gpus, mig_profile, fraction_milli and gang_gpus must be set",
+        ),
+        ("p_shares = 'not json'", "column `p_shares`"),
+        ("p_shares = '{}'", "column `p_shares`"),
+        (
+            r#"p_shares = '[{"pool": "training", "node": "h100-01"}]'"#,
+            "column `p_shares`: missing field",
+        ),
+        (
+            r#"p_shares = '[{"pool": "p", "node": "n", "model": "m", "gpus": [0], "units_milli": 1000, "slice": "mig"}]'"#,
+            "column `p_shares`: unknown field `slice`",
+        ),
+        (
+            r#"p_shares = '[{"pool": "p", "node": "n", "model": "m", "gpus": [256], "units_milli": 1}]'"#,
+            "column `p_shares`",
+        ),
+        ("p_shares = 42", "column `p_shares`"),
+        ("p_slice = NULL", "node-shares (`p_shares`) without a placement"),
+    ] {
+        set(corrupt).await;
+        let listing = WorkloadFilter {
+            limit: 10,
+            ..Default::default()
+        };
+        let reads = [
+            ("get", store.get_workload(gang.id, None).await.map(|_| ())),
+            ("list", store.list_workloads(&listing).await.map(|_| ())),
+            ("active", store.active_workloads().await.map(|_| ())),
+        ];
+        for (read, r) in reads {
+            match r {
+                Err(StoreError::Corrupt(m)) => assert!(m.contains(says), "{corrupt}, {read}: {m}"),
+                other => panic!("{corrupt}, {read}: expected a corrupt row saying {says:?}, got {other:?}"),
+            }
+        }
+        set(&format!("{restore}, p_shares = '{good_shares}'")).await;
+        assert_eq!(store.get_workload(gang.id, None).await.unwrap(), Some(gang.clone()));
+    }
+}
+
+/// What `p_shares` could not give back as it was is refused before anything is written:
+/// node-shares without a first placement, and a node-share of less than whole GPUs.
+#[tokio::test]
+async fn node_shares_the_columns_cannot_hold_are_refused() {
+    let store = SqliteStore::open_memory().await.unwrap();
+    let id = store.reserve_workload_ids(1).await.unwrap().start;
+    let gang = placed_gang(id);
+    let mut unplaced = gang.clone();
+    unplaced.placement = None;
+    let mut sliced = gang.clone();
+    sliced.shares[1].slice = Slice::Fraction {
+        milli: 500,
+        gpu_memory_mib: None,
+    };
+    for (w, says) in [
+        (&unplaced, "cannot store node-shares without a placement"),
+        (&sliced, "cannot store a node-share on h100-02 of slice `fraction`"),
+    ] {
+        match store.commit(&[created(w, "k")]).await {
+            Err(StoreError::Corrupt(m)) => assert!(m.contains(says), "{m}"),
+            other => panic!("expected {says:?}, got {other:?}"),
+        }
+        assert_eq!(store.get_workload(gang.id, None).await.unwrap(), None);
+    }
+    store.commit(&[created(&gang, "k")]).await.unwrap();
+    for (w, says) in [
+        (&unplaced, "cannot store node-shares without a placement"),
+        (&sliced, "cannot store a node-share on h100-02 of slice `fraction`"),
+    ] {
+        let update = Change::Update {
+            workload: w.clone().into(),
+            events: Vec::new(),
+        };
+        match store.commit(&[update]).await {
+            Err(StoreError::Corrupt(m)) => assert!(m.contains(says), "{m}"),
+            other => panic!("expected {says:?}, got {other:?}"),
+        }
+        assert_eq!(store.get_workload(gang.id, None).await.unwrap(), Some(gang.clone()));
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use async_trait::async_trait;
 use sqlx::Row;
 use tessera_domain::{Event, GpuSpec, Movable, ReasonCode, Slice, Step, StopCause, Workload, WorkloadId};
-use tessera_store::sql::{corrupt, gpu_mask, json, names, narrow, workload_row};
+use tessera_store::sql::{corrupt, gpu_mask, json, names, narrow, shares_json, topology_mode_str, workload_row};
 use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
 
 use crate::driver::{DbConnection, DbRow, RowCells, Store};
@@ -108,11 +108,15 @@ pub(crate) const ACTIVE: &str =
 /// Binds the insert-only columns (`id` to `created_at`).
 fn bind_spec<'q>(q: Query<'q>, w: &Workload) -> Query<'q> {
     let s = &w.spec;
-    let (gpus, mig_profile, fraction_milli, fraction_memory_mib) = match &s.shape.gpu {
-        GpuSpec::Whole { gpus } => (Some(i64::from(*gpus)), None, None, None),
-        GpuSpec::Mig { profile } => (None, Some(profile.as_str()), None, None),
-        GpuSpec::Fraction { milli, memory_mib } => (None, None, Some(i64::from(*milli)), memory_mib.map(i64::from)),
+    let (gpus, mig_profile, fraction_milli, fraction_memory_mib, gang) = match &s.shape.gpu {
+        GpuSpec::Whole { gpus } => (Some(i64::from(*gpus)), None, None, None, None),
+        GpuSpec::Mig { profile } => (None, Some(profile.as_str()), None, None, None),
+        GpuSpec::Fraction { milli, memory_mib } => {
+            (None, None, Some(i64::from(*milli)), memory_mib.map(i64::from), None)
+        }
+        GpuSpec::Gang(g) => (None, None, None, None, Some(g)),
     };
+    let topology = gang.and_then(|g| g.topology.as_ref());
     q.bind(i64_of(w.id.0))
         .bind(&s.tenant)
         .bind(&s.project)
@@ -122,6 +126,11 @@ fn bind_spec<'q>(q: Query<'q>, w: &Workload) -> Query<'q> {
         .bind(mig_profile)
         .bind(fraction_milli)
         .bind(fraction_memory_mib)
+        .bind(gang.map(|g| i64::from(g.gpus)))
+        .bind(gang.and_then(|g| g.gpus_per_node).map(i64::from))
+        .bind(topology.map(|t| t.level.as_str()))
+        .bind(topology.map(|t| topology_mode_str(t.mode)))
+        .bind(gang.and_then(|g| g.segment).map(i64::from))
         .bind(json(&s.shape.models))
         .bind(&s.shape.pool)
         .bind(i64_of(s.cpu_milli))
@@ -139,7 +148,7 @@ fn bind_spec<'q>(q: Query<'q>, w: &Workload) -> Query<'q> {
         .bind(w.created_at)
 }
 
-/// Binds the columns an update writes (`phase` to `p_units_milli`).
+/// Binds the columns an update writes (`phase` to `p_shares`).
 fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Query<'q>> {
     let (stop_kind, stop_by, stop_detail) = match &w.stop {
         None => (None, None, None),
@@ -150,6 +159,7 @@ fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Que
     };
     let p = w.placement.as_ref();
     let gpus = p.map(|p| gpu_mask(w.id, &p.gpus)).transpose()?;
+    let shares = shares_json(w)?;
     let (mig_profile, mig_profile_id, mig_start, mig_size) = match p.map(|p| &p.slice) {
         Some(Slice::Mig {
             profile,
@@ -192,7 +202,8 @@ fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Que
         .bind(mig_size)
         .bind(fraction_milli)
         .bind(gpu_memory_mib)
-        .bind(p.map(|p| i64_of(p.units.as_milli()))))
+        .bind(p.map(|p| i64_of(p.units.as_milli())))
+        .bind(shares))
 }
 
 fn event_row(id: WorkloadId, r: &DbRow) -> Result<Event> {

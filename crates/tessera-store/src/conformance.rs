@@ -16,10 +16,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use tessera_domain::{
-    Event, GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step,
+    Event, GangSpec, GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, Step,
     StopCause, UsageCursor, Workload, WorkloadId, WorkloadSpec,
 };
 use tessera_model::GpuUnits;
+use tessera_model::request::TopologyConstraint;
 
 use crate::{
     AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, ImagePolicyRecord,
@@ -39,6 +40,7 @@ macro_rules! store_conformance_tests {
             changes_take_effect_in_batch_order,
             large_batches_commit_whole,
             workloads_round_trip_every_field,
+            gangs_round_trip_with_their_node_shares,
             events_round_trip_in_order_with_codes,
             list_workloads_filters,
             active_workloads_exclude_terminal_phases,
@@ -737,6 +739,162 @@ pub async fn workloads_round_trip_every_field(s: &dyn Store) {
     for w in &updated {
         assert_eq!(s.get_workload(w.id, None).await.unwrap().as_ref(), Some(w), "updated");
     }
+}
+
+/// A multi-node gang keeps its spec (every field, or `gpus` alone) and, once placed, its
+/// node-shares in gang order, in single reads, listings and the active set; requeued, it holds
+/// none again.
+pub async fn gangs_round_trip_with_their_node_shares(s: &dyn Store) {
+    let ids = new_ids(s, 3).await;
+    let gang = |id: u64, spec: GangSpec| {
+        let mut w = workload(id, "acme", "train", Phase::Queued);
+        w.units = GpuUnits::whole(u64::from(spec.gpus));
+        w.spec.shape.gpu = GpuSpec::Gang(spec);
+        w.spec.shape.pool = Some("training".into());
+        w.spec.shape.models = vec!["H100-80GB-SXM".into()];
+        w.reason = Some(Reason::new(ReasonCode::NoCapacity, "no rack has 32 free GPUs"));
+        w
+    };
+    let full = gang(
+        ids[0],
+        GangSpec {
+            gpus: 32,
+            gpus_per_node: Some(8),
+            topology: Some(TopologyConstraint::required("rack")),
+            segment: Some(16),
+        },
+    );
+    let bare = gang(
+        ids[1],
+        GangSpec {
+            gpus: 16,
+            gpus_per_node: None,
+            topology: None,
+            segment: None,
+        },
+    );
+    let preferred = gang(
+        ids[2],
+        GangSpec {
+            gpus: 4,
+            gpus_per_node: Some(4),
+            topology: Some(TopologyConstraint::preferred("topology.example.com/block")),
+            segment: None,
+        },
+    );
+    let queued = vec![full.clone(), bare.clone(), preferred.clone()];
+    commit(s, &queued.iter().map(insert).collect::<Vec<_>>()).await;
+    let all = WorkloadFilter {
+        limit: 100,
+        ..Default::default()
+    };
+    let reads = |want: Vec<Workload>| {
+        let all = all.clone();
+        async move {
+            for w in &want {
+                assert_eq!(s.get_workload(w.id, None).await.unwrap().as_ref(), Some(w), "get");
+                assert_eq!(
+                    s.get_workload(w.id, Some("acme")).await.unwrap().as_ref(),
+                    Some(w),
+                    "get in scope"
+                );
+            }
+            let newest_first: Vec<Workload> = want.iter().rev().cloned().collect();
+            assert_eq!(s.list_workloads(&all).await.unwrap(), newest_first, "listed");
+            let by_tenant = WorkloadFilter {
+                tenant: Some("acme".into()),
+                project: Some("train".into()),
+                ..all.clone()
+            };
+            assert_eq!(
+                s.list_workloads(&by_tenant).await.unwrap(),
+                newest_first,
+                "listed in a project"
+            );
+            assert_eq!(s.active_workloads().await.unwrap(), want, "active");
+        }
+    };
+    reads(queued).await;
+
+    // Placed: the full gang on four nodes (its first share in `placement`, the others after
+    // it, in gang order and not by name); the preferred one within one node, with no shares.
+    let share = |node: &str, gpus: std::ops::Range<u8>| Placement {
+        pool: "training".into(),
+        node: node.into(),
+        model: "H100-80GB-SXM".into(),
+        units: GpuUnits::whole(gpus.len() as u64),
+        gpus: gpus.collect(),
+        slice: Slice::Whole,
+    };
+    let placed = |w: &Workload, first: Placement, shares: Vec<Placement>| Workload {
+        phase: Phase::Placed,
+        reason: None,
+        placement: Some(first),
+        shares,
+        borrowing: true,
+        next_seq: w.next_seq + 1,
+        ..w.clone()
+    };
+    let full_placed = placed(
+        &full,
+        share("h100-00", 0..8),
+        vec![
+            share("h100-07", 0..8),
+            share("h100-02 \"rack «b»\"", 8..16),
+            share("h100-01", 0..8),
+        ],
+    );
+    let preferred_placed = placed(&preferred, share("h100-05", 4..8), Vec::new());
+    let update = |w: &Workload, step: Step| Change::Update {
+        workload: w.clone().into(),
+        events: vec![event(w.next_seq - 1, step, None)],
+    };
+    commit(
+        s,
+        &[
+            update(&full_placed, Step::Placed),
+            update(&preferred_placed, Step::Placed),
+        ],
+    )
+    .await;
+    assert_eq!(full_placed.held_units(), GpuUnits::whole(32));
+    reads(vec![full_placed.clone(), bare.clone(), preferred_placed.clone()]).await;
+    let placed_only = WorkloadFilter {
+        phases: vec![Phase::Placed],
+        ..all.clone()
+    };
+    assert_eq!(
+        s.list_workloads(&placed_only).await.unwrap(),
+        vec![preferred_placed.clone(), full_placed.clone()]
+    );
+
+    // Requeued: no placement and no shares, as a workload on one node that never ran.
+    let requeued = Workload {
+        phase: Phase::Queued,
+        reason: Some(Reason::new(ReasonCode::Preemption, "node h100-07 drained")),
+        placement: None,
+        shares: vec![],
+        borrowing: false,
+        next_seq: full_placed.next_seq + 1,
+        ..full_placed.clone()
+    };
+    commit(s, &[update(&requeued, Step::Queued)]).await;
+    let back = s.get_workload(requeued.id, None).await.unwrap().unwrap();
+    assert!(back.placement.is_none() && back.shares.is_empty(), "{back:?}");
+    assert_eq!(back, requeued);
+    reads(vec![requeued.clone(), bare, preferred_placed]).await;
+
+    // Placed again elsewhere, then ended: the shares of the new placement replace nothing old.
+    let again = placed(&requeued, share("h100-10", 0..8), vec![share("h100-11", 0..8)]);
+    let ended = Workload {
+        phase: Phase::Succeeded,
+        ended_at: Some(again.created_at + 60_000),
+        next_seq: again.next_seq + 1,
+        ..again.clone()
+    };
+    commit(s, &[update(&again, Step::Placed), update(&ended, Step::Released)]).await;
+    assert_eq!(s.get_workload(ended.id, None).await.unwrap(), Some(ended.clone()));
+    assert!(!s.active_workloads().await.unwrap().iter().any(|w| w.id == ended.id));
 }
 
 /// Events come back in order with their steps, times, details and codes.

@@ -8,10 +8,11 @@ use std::sync::LazyLock;
 
 use serde::de::DeserializeOwned;
 use tessera_domain::{
-    Event, GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice, StopCause,
-    UsageCursor, Workload, WorkloadId, WorkloadSpec,
+    Event, GangSpec, GpuSpec, Kind, Movable, Phase, Placement, PreemptCode, Reason, ReasonCode, ShapeSpec, Slice,
+    StopCause, UsageCursor, Workload, WorkloadId, WorkloadSpec,
 };
 use tessera_model::GpuUnits;
+use tessera_model::request::{TopologyConstraint, TopologyMode};
 
 use crate::{Result, StoreError};
 
@@ -19,9 +20,10 @@ use crate::{Result, StoreError};
 #[macro_export]
 macro_rules! workload_spec_columns {
     () => {
-        "id, tenant, project, name, kind, gpus, mig_profile, fraction_milli, fraction_memory_mib, shape_models, \
-         shape_pool, cpu_milli, memory_mib, duration_s, command, image, env, priority, no_wait, no_requeue, \
-         movable, native, units_milli, created_at"
+        "id, tenant, project, name, kind, gpus, mig_profile, fraction_milli, fraction_memory_mib, gang_gpus, \
+         gang_gpus_per_node, gang_topology_level, gang_topology_mode, gang_segment, shape_models, shape_pool, \
+         cpu_milli, memory_mib, duration_s, command, image, env, priority, no_wait, no_requeue, movable, native, \
+         units_milli, created_at"
     };
 }
 
@@ -31,7 +33,8 @@ macro_rules! workload_lifecycle_columns {
     () => {
         "phase, reason_code, reason_detail, borrowing, running_at, ended_at, updated_at, stop_kind, stop_by, \
          stop_detail, next_event_seq, usage_seq, usage_open, p_pool, p_node, p_model, p_gpus, p_slice, \
-         p_mig_profile, p_mig_profile_id, p_mig_start, p_mig_size, p_fraction_milli, p_gpu_memory_mib, p_units_milli"
+         p_mig_profile, p_mig_profile_id, p_mig_start, p_mig_size, p_fraction_milli, p_gpu_memory_mib, p_units_milli, \
+         p_shares"
     };
 }
 
@@ -78,9 +81,9 @@ pub fn corrupt(id: WorkloadId, what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("workload {id}: {what}"))
 }
 
-/// Serialises strings, lists and maps of strings (which cannot fail).
+/// Serialises strings, numbers, and lists, maps and records of them (which cannot fail).
 pub fn json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).expect("lists and maps of strings always serialise")
+    serde_json::to_string(value).expect("strings, numbers and collections of them always serialise")
 }
 
 pub fn from_json<T: DeserializeOwned>(id: WorkloadId, column: &str, text: &str) -> Result<T> {
@@ -194,25 +197,28 @@ pub fn null(i: usize) -> StoreError {
 /// The workload in a row of a `SELECT` of [`workload_columns!`].
 pub fn workload_row(r: &impl Cells) -> Result<Workload> {
     let id = WorkloadId(u64_of(r.int_of(at!("id"))?));
+    let gang = gang_row(id, r)?;
     let gpu = match (
         r.int(at!("gpus"))?,
         r.text(at!("mig_profile"))?,
         r.int(at!("fraction_milli"))?,
+        gang,
     ) {
-        (Some(gpus), None, None) => GpuSpec::Whole {
+        (Some(gpus), None, None, None) => GpuSpec::Whole {
             gpus: narrow(gpus, "gpus")?,
         },
-        (None, Some(profile), None) => GpuSpec::Mig {
+        (None, Some(profile), None, None) => GpuSpec::Mig {
             profile: profile.to_owned(),
         },
-        (None, None, Some(milli)) => GpuSpec::Fraction {
+        (None, None, Some(milli), None) => GpuSpec::Fraction {
             milli: narrow(milli, "fraction_milli")?,
             memory_mib: narrow_opt(r.int(at!("fraction_memory_mib"))?, "fraction_memory_mib")?,
         },
+        (None, None, None, Some(gang)) => GpuSpec::Gang(gang),
         _ => {
             return Err(corrupt(
                 id,
-                "exactly one of gpus, mig_profile and fraction_milli must be set",
+                "exactly one of gpus, mig_profile, fraction_milli and gang_gpus must be set",
             ));
         }
     };
@@ -277,13 +283,20 @@ pub fn workload_row(r: &impl Cells) -> Result<Workload> {
             })
         }
     };
+    let placement = placement_row(id, r)?;
+    let shares = match r.text(at!("p_shares"))? {
+        None => Vec::new(),
+        Some(_) if placement.is_none() => return Err(corrupt(id, "node-shares (`p_shares`) without a placement")),
+        Some(text) => shares_of(id, text)?,
+    };
     Ok(Workload {
         id,
         spec,
         units: GpuUnits(u64_of(r.int_of(at!("units_milli"))?)),
         phase: Phase::parse(phase).ok_or_else(|| corrupt(id, format_args!("unknown phase `{phase}`")))?,
         reason,
-        placement: placement_row(id, r)?,
+        placement,
+        shares,
         borrowing: r.flag(at!("borrowing"))?,
         created_at: r.int_of(at!("created_at"))?,
         running_at: r.int(at!("running_at"))?,
@@ -340,18 +353,134 @@ fn placement_row(id: WorkloadId, r: &impl Cells) -> Result<Option<Placement>> {
     }))
 }
 
+/// The gang columns of a row: `None` when the workload is no gang (every gang column NULL).
+fn gang_row(id: WorkloadId, r: &impl Cells) -> Result<Option<GangSpec>> {
+    let gpus = r.int(at!("gang_gpus"))?;
+    let gpus_per_node = r.int(at!("gang_gpus_per_node"))?;
+    let level = r.text(at!("gang_topology_level"))?;
+    let mode = r.text(at!("gang_topology_mode"))?;
+    let segment = r.int(at!("gang_segment"))?;
+    let Some(gpus) = gpus else {
+        if gpus_per_node.is_some() || level.is_some() || mode.is_some() || segment.is_some() {
+            return Err(corrupt(id, "gang columns are set but `gang_gpus` is NULL"));
+        }
+        return Ok(None);
+    };
+    let topology = match (level, mode) {
+        (None, None) => None,
+        (Some(level), Some(mode)) => Some(TopologyConstraint {
+            level: level.to_owned(),
+            mode: topology_mode_of(mode)
+                .ok_or_else(|| corrupt(id, format_args!("unknown gang topology mode `{mode}`")))?,
+        }),
+        _ => {
+            return Err(corrupt(
+                id,
+                "a gang's topology needs both `gang_topology_level` and `gang_topology_mode`",
+            ));
+        }
+    };
+    Ok(Some(GangSpec {
+        gpus: narrow(gpus, "gang_gpus")?,
+        gpus_per_node: narrow_opt(gpus_per_node, "gang_gpus_per_node")?,
+        topology,
+        segment: narrow_opt(segment, "gang_segment")?,
+    }))
+}
+
+/// How `gang_topology_mode` stores a gang's topology mode.
+pub fn topology_mode_str(mode: TopologyMode) -> &'static str {
+    match mode {
+        TopologyMode::Required => "required",
+        TopologyMode::Preferred => "preferred",
+    }
+}
+
+/// The topology mode `gang_topology_mode` holds, `None` for a value it never holds.
+pub fn topology_mode_of(text: &str) -> Option<TopologyMode> {
+    match text {
+        "required" => Some(TopologyMode::Required),
+        "preferred" => Some(TopologyMode::Preferred),
+        _ => None,
+    }
+}
+
+/// One node-share of a multi-node gang after the first, as `p_shares` stores it (a JSON
+/// array of these). A node-share always holds whole GPUs, so its slice is not stored.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredShare {
+    pool: String,
+    node: String,
+    model: String,
+    /// GPU indexes on the node, as the placement lists them.
+    gpus: Vec<u8>,
+    units_milli: u64,
+}
+
+/// `p_shares` of a workload's node-shares after the first: `None` when it has none. `Corrupt`
+/// (nothing is written) for a share that holds less than whole GPUs, or shares without a
+/// first placement, which the column could not give back as they were.
+pub fn shares_json(w: &Workload) -> Result<Option<String>> {
+    if w.shares.is_empty() {
+        return Ok(None);
+    }
+    if w.placement.is_none() {
+        return Err(corrupt(w.id, "cannot store node-shares without a placement"));
+    }
+    let stored = w
+        .shares
+        .iter()
+        .map(|p| match p.slice {
+            Slice::Whole => Ok(StoredShare {
+                pool: p.pool.clone(),
+                node: p.node.clone(),
+                model: p.model.clone(),
+                gpus: p.gpus.clone(),
+                units_milli: p.units.as_milli(),
+            }),
+            _ => Err(corrupt(
+                w.id,
+                format_args!(
+                    "cannot store a node-share on {} of slice `{}`: node-shares hold whole GPUs",
+                    p.node,
+                    p.slice.kind()
+                ),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(json(&stored)))
+}
+
+/// The node-shares `p_shares` holds.
+pub fn shares_of(id: WorkloadId, text: &str) -> Result<Vec<Placement>> {
+    let stored: Vec<StoredShare> = from_json(id, "p_shares", text)?;
+    Ok(stored
+        .into_iter()
+        .map(|s| Placement {
+            pool: s.pool,
+            node: s.node,
+            model: s.model,
+            gpus: s.gpus,
+            slice: Slice::Whole,
+            units: GpuUnits(s.units_milli),
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn every_column_is_found_at_its_place_in_the_select() {
-        assert_eq!(COLUMN_NAMES.len(), 49);
+        assert_eq!(COLUMN_NAMES.len(), 55);
         for (i, name) in COLUMN_NAMES.iter().enumerate() {
             assert_eq!(position(name), i, "{name}");
         }
         assert_eq!(workload_column!("id"), 0);
-        assert_eq!(workload_column!("p_units_milli"), 48);
+        assert_eq!(workload_column!("p_units_milli"), 53);
+        assert_eq!(workload_column!("p_shares"), 54);
     }
 
     #[test]

@@ -41,9 +41,26 @@ pub struct RunArgs {
     /// A name for people; need not be unique.
     #[arg(long, default_value = "job")]
     pub name: String,
-    /// Whole GPUs on one node.
+    /// Whole GPUs: on one node when one node of the pool holds them, else a multi-node gang
+    /// of whole nodes (`--gpus 64`).
     #[arg(long, group = "shape")]
-    pub gpus: Option<u8>,
+    pub gpus: Option<u32>,
+    /// A gang of this many node-shares (with --gpus-per-node, or --gpus divided among them).
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// A gang's GPUs per node-share (default: whole nodes).
+    #[arg(long)]
+    pub gpus_per_node: Option<u8>,
+    /// Keep a gang within one domain of this topology level: rack, block, pool, or a node
+    /// label key the fleet names as a level (required; see --topology-preferred).
+    #[arg(long)]
+    pub topology: Option<String>,
+    /// With --topology: prefer one domain of the level, else the fewest domains above it.
+    #[arg(long, requires = "topology")]
+    pub topology_preferred: bool,
+    /// A gang in segments of this many GPUs, each within one rack.
+    #[arg(long)]
+    pub segment: Option<u32>,
     /// A MIG profile, e.g. 3g.40gb.
     #[arg(long, group = "shape")]
     pub mig: Option<String>,
@@ -302,7 +319,10 @@ pub fn table(head: &[&str], rows: &[Vec<String>]) -> String {
 
 fn shape_str(s: &GpuShape) -> String {
     let mut out = if let Some(g) = s.gpus {
-        format!("{g}×GPU")
+        match (s.gpus_per_node, &s.topology) {
+            (Some(per), _) => format!("{g}×GPU ({}×{per})", g / u32::from(per.max(1))),
+            _ => format!("{g}×GPU"),
+        }
     } else if let Some(m) = &s.mig {
         format!("mig {m}")
     } else if let Some(f) = s.fraction {
@@ -329,6 +349,7 @@ fn where_str(w: &Workload) -> String {
             ),
             "fraction" => format!("{}/gpu{}", a.node, a.gpus[0]),
             "cpu" => a.node.clone(),
+            _ if !a.shares.is_empty() => format!("{} +{} nodes", a.node, a.shares.len()),
             _ => format!("{}/gpu{}", a.node, compact(&a.gpus)),
         },
     }
@@ -379,8 +400,8 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
         "interactive" => WorkloadKind::Interactive,
         k => bail!("--kind: `{k}` is not one of batch, service, interactive"),
     };
-    if a.gpus.is_none() && a.mig.is_none() && a.fraction.is_none() {
-        bail!("give one of --gpus N, --mig PROFILE or --fraction MILLI");
+    if a.gpus.is_none() && a.nodes.is_none() && a.mig.is_none() && a.fraction.is_none() {
+        bail!("give one of --gpus N (or --nodes K --gpus-per-node G), --mig PROFILE or --fraction MILLI");
     }
     let mut env = std::collections::BTreeMap::new();
     for kv in &a.env {
@@ -396,6 +417,11 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
         kind,
         shape: GpuShape {
             gpus: a.gpus,
+            nodes: a.nodes,
+            gpus_per_node: a.gpus_per_node,
+            topology: a.topology,
+            topology_mode: a.topology_preferred.then_some(tessera_api::TopologyMode::Preferred),
+            segment: a.segment,
             mig: a.mig,
             fraction: a.fraction,
             gpu_memory_mib: a.gpu_memory,
@@ -535,12 +561,16 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
             .map(|m| format!("  movable {}", m.as_str()))
             .unwrap_or_default()
     );
+    let gang = w.shape.nodes.is_some()
+        || w.shape.gpus_per_node.is_some()
+        || w.allocation.as_ref().is_some_and(|a| !a.shares.is_empty());
     println!(
-        "  shape       {}  ({} GPU units)  host {} CPUs, {} GiB",
+        "  shape       {}  ({} GPU units)  host {} CPUs, {} GiB{}",
         shape_str(&w.shape),
         w.units,
         w.cpu_milli as f64 / 1000.0,
-        w.memory_mib as f64 / 1024.0
+        w.memory_mib as f64 / 1024.0,
+        if gang { " per node-share" } else { "" }
     );
     println!(
         "  state       {}{}",
@@ -555,6 +585,36 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
             a.model,
             where_str(&w)
         );
+        if !a.shares.is_empty() {
+            // A gang: each node-share with its rack.
+            let nodes: Vec<NodeView> = all_pages(&client, &format!("/api/v1/nodes?limit=500&pool={}", a.pool))
+                .await
+                .unwrap_or_default();
+            let rack = |n: &str| {
+                nodes
+                    .iter()
+                    .find(|v| v.name == n)
+                    .and_then(|v| v.rack.clone())
+                    .unwrap_or_else(|| "-".into())
+            };
+            let mut rows = vec![vec!["0".to_string(), a.node.clone(), rack(&a.node), compact(&a.gpus)]];
+            for (i, s) in a.shares.iter().enumerate() {
+                rows.push(vec![
+                    (i + 1).to_string(),
+                    s.node.clone(),
+                    rack(&s.node),
+                    compact(&s.gpus),
+                ]);
+            }
+            println!(
+                "  node-shares {} ({} GPU units)",
+                rows.len(),
+                a.units_milli as f64 / 1000.0
+            );
+            for l in table(&["SHARE", "NODE", "RACK", "GPUS"], &rows).lines() {
+                println!("    {l}");
+            }
+        }
     }
     if let Some(d) = w.duration_s {
         println!("  duration    {d} s");

@@ -100,13 +100,24 @@ fn login_verbs_and_errors() {
     assert_eq!(tessera(&["cancel", id], &env).0, 0);
     let unset = ["quota", "unset", "--tenant", "vision", "--class", "serving"];
     assert_eq!(tessera(&unset, &env).0, 0);
-    // A server-side refusal is one readable line and a non-zero exit.
+    // A server-side refusal is one readable line and a non-zero exit: 9 GPUs are more than
+    // one node holds, so a gang of whole 8-GPU nodes, which 9 cannot be.
     let (code, out, err) = tessera(&run_in_vision_train(&["--gpus", "9"]), &env);
     assert_ne!(code, 0);
     assert!(out.is_empty());
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
-        err.starts_with("error: 422 Invalid request: 9 whole GPUs in one gang; the largest node"),
+        err.starts_with("error: 422 Invalid request: 9 GPUs as whole nodes of 8 GPUs: ask for a multiple of 8"),
+        "{err}"
+    );
+    // And a gang no rack holds is refused naming the rack's capacity.
+    let (code, _, err) = tessera(
+        &run_in_vision_train(&["--gpus", "64", "--pool", "training", "--topology", "rack"]),
+        &env,
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("64 GPUs in one rack; the largest rack of pool `training`") && err.contains("at most 32"),
         "{err}"
     );
     let (code, _, err) = tessera(&run_in_vision_train(&["--fraction", "100", "--duration", "-5m"]), &env);

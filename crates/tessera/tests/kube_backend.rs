@@ -261,6 +261,103 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
     .await;
     assert_eq!(st().await, "cancelled");
 
+    // A gang over both nodes: 16 GPUs, more than one node holds, is one workload of two
+    // node-shares; each becomes a pod bound to its node, and the workload runs once both run.
+    // One pod failing fails the gang, and its other pod is deleted.
+    let (code, _, err) = cli(args(
+        "quota set --tenant acme --class training --guaranteed 16 --limit 16",
+    ))
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = cli(args("run --tenant acme --project ml --gpus 16 --cpus 1 --memory-gib 1 --image registry.example/train:1 -- torchrun train.py")).await;
+    assert_eq!(code, 0, "{err}");
+    let gang_pods = ["tessera-2-0", "tessera-2-1"];
+    eventually("both pods of the gang are bound", Duration::from_secs(20), || async {
+        let mut bound = 0;
+        for name in gang_pods {
+            if pods
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_some_and(|p| p.spec.unwrap().node_name.is_some())
+            {
+                bound += 1;
+            }
+        }
+        bound == 2
+    })
+    .await;
+    let mut nodes = Vec::new();
+    for name in gang_pods {
+        let p = pods.get(name).await.unwrap();
+        let labels = p.metadata.labels.unwrap();
+        assert_eq!(labels["tessera.io/gang-size"], "2", "{name}");
+        let spec = p.spec.unwrap();
+        assert_eq!(
+            spec.containers[0].resources.clone().unwrap().limits.unwrap()["nvidia.com/gpu"].0,
+            "8"
+        );
+        nodes.push(spec.node_name.unwrap());
+    }
+    nodes.sort();
+    assert_eq!(nodes, ["k-h100-0", "k-h100-1"], "one pod per node");
+    let (_, desc, _) = cli(args("describe 2 -o json")).await;
+    let v: serde_json::Value = serde_json::from_str(&desc).unwrap();
+    let a = &v["workload"]["allocation"];
+    assert_eq!(a["units_milli"], 16_000, "{desc}");
+    assert_eq!(a["shares"].as_array().map(Vec::len), Some(1), "{desc}");
+    let (_, text, _) = cli(args("describe 2")).await;
+    assert!(text.contains("node-shares 2 (16 GPU units)"), "{text}");
+    let st2 = {
+        let env2: Vec<(String, String)> = env.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        move || {
+            let env2 = env2.clone();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    let e: Vec<(&str, &str)> = env2.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+                    workload_state(&e, 2)
+                })
+                .await
+                .unwrap()
+            }
+        }
+    };
+    set_pod_phase(&client, ns, gang_pods[0], "Running").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_ne!(st2().await, "running", "not running while one share is not");
+    set_pod_phase(&client, ns, gang_pods[1], "Running").await;
+    eventually("the gang runs once both pods do", Duration::from_secs(20), || {
+        let st2 = st2.clone();
+        async move { st2().await == "running" }
+    })
+    .await;
+    set_pod_phase(&client, ns, gang_pods[1], "Failed").await;
+    eventually("the gang fails with its pod", Duration::from_secs(20), || {
+        let st2 = st2.clone();
+        async move { st2().await == "failed" }
+    })
+    .await;
+    eventually("the gang's other pod is deleted", Duration::from_secs(20), || async {
+        pods.get_opt(gang_pods[0])
+            .await
+            .unwrap()
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    for name in gang_pods {
+        finish_deletion(&client, ns, name).await;
+    }
+    eventually("every share's capacity is back", Duration::from_secs(20), || async {
+        let (_, out, _) = cli(args("pools -o json")).await;
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        v.as_array().is_some_and(|ps| {
+            ps.iter().any(|p| {
+                p["name"] == "training" && p["units_used"].as_str().and_then(|u| u.parse::<f64>().ok()) == Some(0.0)
+            })
+        })
+    })
+    .await;
+
     // Deleting the project deletes its namespace.
     let (code, _, err) = cli(args("projects delete --tenant acme ml")).await;
     if code == 0 {

@@ -263,13 +263,13 @@ async fn dashboards_and_alerts_use_only_exported_metrics() {
         let (st, b) = workload(&s, "nlp", "serve", format!("small{i}"), shape, "high").await;
         assert_eq!(st, 201, "{b}");
     }
-    // A refusal (no node has 16 GPUs) and a templated route.
+    // A refusal (256 GPUs: more than the whole pool, even as a gang) and a templated route.
     let (st, _) = workload(
         &s,
         "nlp",
         "serve",
         "huge".into(),
-        json!({"gpus": 16, "pool": "training"}),
+        json!({"gpus": 256, "pool": "training"}),
         "standard",
     )
     .await;

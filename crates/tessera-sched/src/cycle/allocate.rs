@@ -9,12 +9,13 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use tessera_model::request::GangRequest;
 use tessera_model::{PoolId, Request};
 
 use super::admit::{self, Exceeded};
 use super::session::{Session, Status};
 use super::{Action, Decision, Job, Queued, Scheduler};
-use crate::reason::{LimitExceeded, Wait};
+use crate::reason::{GangUnplaceable, LimitExceeded, Wait};
 
 pub(super) struct Allocate;
 
@@ -48,6 +49,51 @@ impl Action for Allocate {
                 continue;
             };
             let sched = &mut *s.sched;
+            if let Some(g) = &job.gang {
+                // Planned afresh each time (no cache keyed by shape), never reserving a node
+                // nor searching for victims: it waits with the level's reason.
+                let blocked = sched.held_for_others(job.id);
+                let any_blocked = !blocked.is_empty();
+                if any_blocked {
+                    sched.engine.set_blocked(blocked);
+                }
+                let placed = place_gang(sched, q, g, &pools, now);
+                if any_blocked {
+                    sched.engine.set_blocked(FxHashSet::default());
+                }
+                match placed {
+                    Ok(d) => {
+                        sched.gang_holds.retain(|_, (j, _)| *j != job.id);
+                        sched.nominated.remove(&job.id);
+                        sched.reasons.remove(&job.id);
+                        s.set(i, Status::Placed);
+                        s.decide(d);
+                    }
+                    Err((Blocked::Over(over), _)) => s.exceeded(i, Exceeded::Limit(over)),
+                    Err((Blocked::Backoff(reason), _)) => s.set(i, Status::Waiting(reason)),
+                    Err((Blocked::NoCapacity, why)) => {
+                        let mut reason = Wait::Gang(why.map_or(GangUnplaceable::NoPoolServes, |u| *u));
+                        if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
+                            hold_for_gang(sched, job.id, g, &q.scope);
+                        }
+                        if let Some((_, nodes)) = sched.gang_holds.values().find(|(j, _)| *j == job.id) {
+                            reason = Wait::GangHeld {
+                                now: Box::new(reason),
+                                nodes: nodes.len(),
+                                racks: racks_of(sched.engine.fleet(), nodes),
+                            };
+                        }
+                        s.set(
+                            i,
+                            Status::Starved {
+                                reason: Rc::new(reason),
+                                searchable: false,
+                            },
+                        );
+                    }
+                }
+                continue;
+            }
             let nominated = sched.nominated.contains_key(&job.id);
             let reserving = sched.reservations.values().any(|(j, _)| *j == job.id);
             if !nominated
@@ -146,6 +192,7 @@ pub(super) fn queue_order(s: &mut Scheduler, now: i64, limit: usize) -> (Vec<Arc
     order.extend(rest);
     let queue = &s.queue;
     s.reservations.retain(|_, (j, _)| queue.contains(*j));
+    s.gang_holds.retain(|_, (j, _)| queue.contains(*j));
     (order, cut)
 }
 
@@ -206,6 +253,85 @@ fn place(
         (Some(o), _) => Blocked::Over(o),
         (None, Some(b)) => Blocked::Backoff(b),
         (None, None) => Blocked::NoCapacity,
+    })
+}
+
+/// Places gang `g` (the request of `q`) in the first pool of `pools` where it fits whole and
+/// its quotas allow, booking every share; or why not, with the engine's reason when it found
+/// no room (`None`: room only where nodes are held for others).
+fn place_gang(
+    s: &mut Scheduler,
+    q: &Queued,
+    g: &GangRequest,
+    pools: &[(PoolId, Option<LimitExceeded>)],
+    now: i64,
+) -> Result<Decision, (Blocked, Option<Box<GangUnplaceable>>)> {
+    let job = &q.job;
+    let units = q.units;
+    let mut over: Option<LimitExceeded> = None;
+    let mut backoff: Option<Wait> = None;
+    let mut why: Option<Box<GangUnplaceable>> = None;
+    for (pool, at_admission) in pools {
+        let pool_level = match at_admission {
+            Some(l) => Err(l.clone()),
+            None => admit::pool_limit(s, q, *pool, units),
+        };
+        if let Err(l) = pool_level {
+            over.get_or_insert(l);
+            continue;
+        }
+        let mut g = g.clone();
+        g.pool = Some(*pool);
+        let p = match s.engine.plan_gang(&g) {
+            Ok(p) => p,
+            Err(u) => {
+                why.get_or_insert(Box::new(u));
+                continue;
+            }
+        };
+        // Every share is in one pool, on one GPU model per pool class key: the first share's
+        // node names the keys, and the whole gang's units are counted against them.
+        let mut keys = super::class_keys(s.engine.fleet(), p.shares[0].node);
+        keys.push(q.project_key.clone());
+        let borrowing = match s.books.check(&job.tenant, &keys, units) {
+            Ok(a) => a.borrowing(),
+            Err(l) => {
+                over.get_or_insert(l);
+                continue;
+            }
+        };
+        if borrowing && let Some(&(times, at)) = s.preempted.get(&job.id) {
+            let until = at + s.cfg.min_runtime_ms * (1i64 << times.min(4));
+            if now < until {
+                backoff.get_or_insert(Wait::Backoff {
+                    times,
+                    retry_in_s: (until - now + 999) / 1000,
+                });
+                continue;
+            }
+        }
+        let gang = s
+            .engine
+            .commit_gang(job.id, &g, p)
+            .expect("a fresh gang plan commits")
+            .clone();
+        let shares: Vec<_> = gang
+            .shares
+            .iter()
+            .map(|id| s.engine.allocation(*id).expect("a committed share").clone())
+            .collect();
+        let nodes = shares.iter().map(|a| a.node).collect();
+        s.hold_on(job, keys, gang.units, nodes, borrowing, now);
+        return Ok(Decision::PlacedGang {
+            id: job.id,
+            shares,
+            borrowing,
+        });
+    }
+    Err(match (over, backoff) {
+        (Some(o), _) => (Blocked::Over(o), None),
+        (None, Some(b)) => (Blocked::Backoff(b), None),
+        (None, None) => (Blocked::NoCapacity, why),
     })
 }
 
@@ -275,6 +401,74 @@ fn explain(s: &mut Scheduler, q: &Queued, budget: &mut usize) -> Wait {
     w
 }
 
+/// Holds nodes for gang `g` (job `id`, which waited past the backfill window) in the first pool
+/// of `scope` with no gang hold yet, unless it holds some already: see the starvation bound in
+/// the [cycle](super) doc for which nodes.
+fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId]) {
+    if s.gang_holds.values().any(|(j, _)| *j == id) {
+        return;
+    }
+    let Some(&pool) = scope.iter().find(|p| !s.gang_holds.contains_key(p)) else {
+        return;
+    };
+    let fleet = s.engine.fleet().clone();
+    let st = s.engine.state();
+    let range = fleet.pool(pool).nodes.clone();
+    // Eligible nodes: an allowed model, enough GPUs for a share, not held for anyone else.
+    let held = s.held_for_others(id);
+    let per = g
+        .gpus_per_node
+        .unwrap_or_else(|| range.clone().map(|n| fleet.nodes[n as usize].gpus).max().unwrap_or(0));
+    if per == 0 {
+        return;
+    }
+    let k = g.gpus.div_ceil(u32::from(per)) as usize;
+    let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n)).unwrap_or(u32::MAX);
+    let mut by_rack: std::collections::BTreeMap<u32, Vec<(u32, u32)>> = std::collections::BTreeMap::new();
+    for n in range {
+        let node = &fleet.nodes[n as usize];
+        if node.gpus < per || !g.allows_model(node.model) || held.contains(&n) {
+            continue;
+        }
+        by_rack
+            .entry(rack(n))
+            .or_default()
+            .push((st.nodes[n as usize].free_gpus(), n));
+    }
+    for nodes in by_rack.values_mut() {
+        nodes.sort_unstable_by_key(|&(free, n)| (std::cmp::Reverse(free), n));
+    }
+    let best_k = |v: &[(u32, u32)]| v.iter().take(k).map(|(f, _)| *f).sum::<u32>();
+    let one_rack = by_rack
+        .values()
+        .filter(|v| v.len() >= k)
+        .max_by_key(|v| (best_k(v), std::cmp::Reverse(v[0].1)));
+    let nodes: Vec<u32> = match one_rack {
+        Some(v) => v.iter().take(k).map(|(_, n)| *n).collect(),
+        None => {
+            let mut racks: Vec<&Vec<(u32, u32)>> = by_rack.values().collect();
+            racks.sort_by_key(|v| (std::cmp::Reverse(v.iter().map(|(f, _)| *f).sum::<u32>()), v[0].1));
+            racks.into_iter().flatten().take(k).map(|(_, n)| *n).collect()
+        }
+    };
+    if nodes.len() == k {
+        s.gang_holds.insert(pool, (id, nodes));
+    }
+}
+
+/// The racks (domains of the fleet's lowest level) of `nodes`, each once, in order.
+fn racks_of(fleet: &tessera_model::Fleet, nodes: &[u32]) -> Vec<String> {
+    let mut racks: Vec<String> = Vec::new();
+    for &n in nodes {
+        if let Some(r) = fleet.levels.domain_name(0, tessera_model::NodeId(n))
+            && !racks.iter().any(|x| x == r)
+        {
+            racks.push(r.to_string());
+        }
+    }
+    racks
+}
+
 /// Holds one node for a head that has waited past the backfill window, if its pool has no
 /// reservation yet: the node of an allowed model with the most free units, where the head
 /// will fit soonest. Smaller requests keep backfilling everywhere else.
@@ -296,6 +490,7 @@ fn reserve(s: &mut Scheduler, job: &Job, pools: &[PoolId]) {
         .clone()
         .filter(|&n| job.request.allows_model(fleet.nodes[n as usize].model))
         .filter(|n| !s.reservations.values().any(|(_, r)| r == n))
+        .filter(|n| !s.gang_holds.values().any(|(_, h)| h.contains(n)))
         .max_by_key(|&n| {
             (
                 st.nodes[n as usize]

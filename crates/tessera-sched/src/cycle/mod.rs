@@ -52,6 +52,8 @@ mod admit;
 mod allocate;
 mod books;
 mod consolidate;
+#[cfg(test)]
+mod gangs_tests;
 pub mod plugins;
 mod preempt;
 mod queue;
@@ -69,7 +71,8 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use tessera_model::{Fleet, GpuUnits, NodeId, PoolId, Request};
+use tessera_model::request::GangRequest;
+use tessera_model::{Fleet, GpuUnits, NodeId, PoolId, Request, Shape};
 
 pub use books::{Admission, Quota, check_quotas, project_key};
 pub use consolidate::ConsolidationConfig;
@@ -181,6 +184,10 @@ pub struct Job {
     pub min_runtime_ms: Option<i64>,
     /// Whether and how consolidation may move it once it runs (`None`: never).
     pub movable: Option<Movable>,
+    /// A gang beyond one node: placed all or nothing as node-shares by
+    /// [`Engine::place_gang`] instead of `request` (which is then not read), never moved by
+    /// consolidation.
+    pub gang: Option<GangRequest>,
 }
 
 /// How a running workload may be moved to defragment its pool.
@@ -200,6 +207,12 @@ pub enum Decision {
     Placed {
         id: u64,
         alloc: Allocation,
+        borrowing: bool,
+    },
+    /// A gang got its node-shares (allocations `share_id(id, i)`, in gang order), all at once.
+    PlacedGang {
+        id: u64,
+        shares: Vec<Allocation>,
         borrowing: bool,
     },
     /// The job waits; the kind of reason changed ([`Wait::same_kind`]).
@@ -237,8 +250,17 @@ pub struct Running {
     pub movable: Option<Movable>,
     /// What it asked for (consolidation places it elsewhere with it).
     pub request: Request,
-    /// The node it runs on.
+    /// The node it runs on (a gang's first node-share).
     pub node: NodeId,
+    /// A gang's other nodes, in gang order (empty on one node).
+    pub gang_nodes: Vec<NodeId>,
+}
+
+impl Running {
+    /// Every node it holds capacity on.
+    pub fn nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        std::iter::once(self.node).chain(self.gang_nodes.iter().copied())
+    }
 }
 
 impl Running {
@@ -290,6 +312,13 @@ struct Queued {
     base_key: OrderKey,
 }
 
+/// The capacity key of every gang: no request asks for zero whole GPUs, so no single-node
+/// request shares it. Gangs never use the caches keyed by it (each gang is planned afresh);
+/// it only buckets them in the queue.
+fn gang_key() -> Request {
+    Request::new(Shape::Whole { gpus: 0 })
+}
+
 /// What decides whether a request finds capacity: everything but the tenant, which matters
 /// only for fractions (time-shared GPUs keep tenants apart).
 fn capacity_key(r: &Request) -> Request {
@@ -336,6 +365,9 @@ pub struct Scheduler {
     reasons: FxHashMap<u64, Wait>,
     /// Per pool, the head that waited past the backfill window and the node held for it.
     reservations: HashMap<PoolId, (u64, u32)>,
+    /// Per pool, the multi-node gang that waited past the backfill window and the nodes held
+    /// for it (see the starvation bound in the module doc).
+    gang_holds: HashMap<PoolId, (u64, Vec<u32>)>,
     /// Workloads preempted so far: how often and when last.
     preempted: FxHashMap<u64, (u32, i64)>,
     /// Capacity or quotas changed since the last full pass over the queue.
@@ -379,6 +411,7 @@ impl Scheduler {
             nominated: BTreeMap::new(),
             reasons: FxHashMap::default(),
             reservations: HashMap::new(),
+            gang_holds: HashMap::new(),
             preempted: FxHashMap::default(),
             dirty: true,
             disruptions: HashMap::new(),
@@ -403,11 +436,19 @@ impl Scheduler {
     /// A job as the queue keeps it.
     fn queued_job(&mut self, job: Job) -> Arc<Queued> {
         let rank = self.rank(&job.priority);
+        let (key, scope, units) = match &job.gang {
+            Some(g) => (gang_key(), self.engine.gang_pools(g), g.units()),
+            None => (
+                capacity_key(&job.request),
+                self.engine.scope(&job.request).unwrap_or_default(),
+                job.request.units(&self.engine.fleet().catalogue),
+            ),
+        };
         Arc::new(Queued {
-            key: capacity_key(&job.request),
-            scope: self.engine.scope(&job.request).unwrap_or_default(),
+            key,
+            scope,
             project_key: project_key(&job.project),
-            units: job.request.units(&self.engine.fleet().catalogue),
+            units,
             seq: self.queue.next_seq(),
             tenant: self.queue.tenant_no(&job.tenant),
             rank,
@@ -505,13 +546,9 @@ impl Scheduler {
     /// Checks a new job: refused at once if no node could ever hold it, otherwise queued and,
     /// if capacity has not changed since the last cycle, tried on its own.
     pub fn submit(&mut self, job: Job, now: i64) -> Vec<Decision> {
-        if let Some(u) = admit::constraint(&mut self.engine, &job.request) {
-            return vec![Decision::Refused {
-                id: job.id,
-                reason: Refusal::Constraint(u),
-            }];
+        if let Some(reason) = self.refusal_at_submission(&job) {
+            return vec![Decision::Refused { id: job.id, reason }];
         }
-        self.engine.observe(&job.request);
         let id = job.id;
         let q = self.queued_job(job);
         self.queue.push(q);
@@ -526,15 +563,58 @@ impl Scheduler {
     /// themselves use it while capacity is changing ([`Self::needs_cycle`]), so that a burst of
     /// submissions costs one pass over the queue, not one pass each.
     pub fn submit_for_next_cycle(&mut self, job: Job) -> Option<Refusal> {
-        if let Some(u) = admit::constraint(&mut self.engine, &job.request) {
-            return Some(Refusal::Constraint(u));
+        if let Some(reason) = self.refusal_at_submission(&job) {
+            return Some(reason);
         }
-        self.engine.observe(&job.request);
         self.fresh.insert(job.id);
         let q = self.queued_job(job);
         self.queue.push(q);
         self.dirty = true;
         None
+    }
+
+    /// Why no node (or, for a gang, no domain of its level) could ever hold `job`, if so; a
+    /// single-node request the engine may hold is noted for its shape indexes.
+    fn refusal_at_submission(&mut self, job: &Job) -> Option<Refusal> {
+        if let Some(g) = &job.gang {
+            return self.engine.gang_constraint(g).map(Refusal::Gang);
+        }
+        if let Some(u) = admit::constraint(&mut self.engine, &job.request) {
+            return Some(Refusal::Constraint(u));
+        }
+        self.engine.observe(&job.request);
+        None
+    }
+
+    /// Restores a gang that already holds its node-shares (start-up): all or none.
+    pub fn restore_gang(
+        &mut self,
+        job: &Job,
+        pool: PoolId,
+        shares: Vec<Allocation>,
+        borrowing: bool,
+        running_since_ms: i64,
+    ) -> Result<(), String> {
+        let Some(first) = shares.first() else {
+            return Err(format!("gang {} has no node-share", job.id));
+        };
+        let mut keys = class_keys(self.engine.fleet(), first.node);
+        keys.push(project_key(&job.project));
+        let gang = self.engine.restore_gang(job.id, pool, shares).map_err(|e| e.0)?;
+        let units = gang.units;
+        let nodes = self.gang_nodes(job.id);
+        self.hold_on(job, keys, units, nodes, borrowing, running_since_ms);
+        Ok(())
+    }
+
+    /// The nodes of committed gang `id`, in gang order.
+    fn gang_nodes(&self, id: u64) -> Vec<NodeId> {
+        self.engine.gang(id).map_or_else(Vec::new, |g| {
+            g.shares
+                .iter()
+                .filter_map(|s| self.engine.allocation(*s).map(|a| a.node))
+                .collect()
+        })
     }
 
     /// Restores a workload that already holds an allocation (start-up).
@@ -669,7 +749,16 @@ impl Scheduler {
         if self.replacing.remove(&id) {
             self.engine.release(consolidate::REPLACEMENT | id);
         }
-        let a = self.engine.release(id)?;
+        let a = match self.engine.gang(id) {
+            // A gang: every share goes back; the first stands for it.
+            Some(_) => {
+                let first = self.engine.gang(id).and_then(|g| g.shares.first().copied());
+                let first = first.and_then(|s| self.engine.allocation(s).cloned());
+                self.engine.release_gang(id);
+                first?
+            }
+            None => self.engine.release(id)?,
+        };
         if let Some(r) = self.running.remove(&id) {
             if r.movable.is_some() {
                 self.movable_running -= 1;
@@ -800,6 +889,24 @@ impl Scheduler {
 
     /// Books a job's new allocation against its tenant and records it as running.
     fn hold(&mut self, job: &Job, keys: Vec<String>, units: GpuUnits, node: NodeId, borrowing: bool, since: i64) {
+        self.hold_on(job, keys, units, vec![node], borrowing, since);
+    }
+
+    /// [`Self::hold`] on every node of a gang (`nodes[0]` first; one node for other work).
+    fn hold_on(
+        &mut self,
+        job: &Job,
+        keys: Vec<String>,
+        units: GpuUnits,
+        nodes: Vec<NodeId>,
+        borrowing: bool,
+        since: i64,
+    ) {
+        let mut nodes = nodes.into_iter();
+        let node = nodes.next().expect("a workload holds capacity on a node");
+        let gang_nodes: Vec<NodeId> = nodes.collect();
+        // Consolidation moves work by re-placing its one request: never a gang.
+        let movable = if job.gang.is_some() { None } else { job.movable };
         self.books
             .account(&job.tenant, &keys, units, true, since, self.cfg.half_life_ms);
         let class = self.class(&job.priority);
@@ -824,9 +931,10 @@ impl Scheduler {
             stopping: false,
             min_runtime_ms,
             checkpoint_ms: None,
-            movable: job.movable,
+            movable,
             request: job.request.clone(),
             node,
+            gang_nodes,
         };
         if let Some(old) = self.running.remove(&job.id) {
             if old.movable.is_some() {
@@ -834,7 +942,7 @@ impl Scheduler {
             }
             self.victim_index.remove(&old);
         }
-        if job.movable.is_some() {
+        if movable.is_some() {
             self.movable_running += 1;
         }
         self.victim_index.add(&running);
@@ -845,12 +953,17 @@ impl Scheduler {
     /// of waiting preemptors.
     fn held_for_others(&self, job: u64) -> FxHashSet<u32> {
         let reserved = self.reservations.values().filter(|(j, _)| *j != job).map(|(_, n)| *n);
+        let gangs = self
+            .gang_holds
+            .values()
+            .filter(|(j, _)| *j != job)
+            .flat_map(|(_, n)| n.iter().copied());
         let nominated = self
             .nominated
             .iter()
             .filter(|(j, _)| **j != job)
             .flat_map(|(_, n)| n.nodes.iter().copied());
-        reserved.chain(nominated).collect()
+        reserved.chain(gangs).chain(nominated).collect()
     }
 
     /// The pools a request may go to, in the engine's order.

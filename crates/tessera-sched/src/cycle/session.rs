@@ -134,7 +134,10 @@ impl<'a> Session<'a> {
         self.set(i, Status::Waiting(reason));
         let nodes = victims
             .iter()
-            .filter_map(|v| self.sched.engine.allocation(*v).map(|a| a.node.0))
+            .flat_map(|v| match self.sched.running.get(v) {
+                Some(r) => r.nodes().map(|n| n.0).collect::<Vec<_>>(),
+                None => self.sched.engine.allocation(*v).map(|a| a.node.0).into_iter().collect(),
+            })
             .collect();
         let victims = victims.into_iter().collect();
         self.sched.nominated.insert(by, super::Nomination { victims, nodes });

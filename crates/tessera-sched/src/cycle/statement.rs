@@ -19,6 +19,12 @@ pub(super) struct Checkpoint(usize);
 /// One tentative change.
 enum Step {
     Evicted(Allocation),
+    /// A gang's every share, evicted together.
+    EvictedGang {
+        id: AllocId,
+        pool: tessera_model::PoolId,
+        shares: Vec<Allocation>,
+    },
     Placed(AllocId),
 }
 
@@ -45,8 +51,20 @@ impl<'e> Statement<'e> {
         self.engine
     }
 
-    /// Tentatively frees an allocation's capacity; `false` if there is no such allocation.
+    /// Tentatively frees an allocation's capacity (a gang's: every share); `false` if there is
+    /// no such allocation.
     pub fn evict(&mut self, id: AllocId) -> bool {
+        if let Some(g) = self.engine.gang(id) {
+            let pool = g.pool;
+            let shares: Vec<Allocation> = g
+                .shares
+                .iter()
+                .filter_map(|s| self.engine.allocation(*s).cloned())
+                .collect();
+            self.engine.release_gang(id);
+            self.steps.push(Step::EvictedGang { id, pool, shares });
+            return true;
+        }
         match self.engine.release(id) {
             Some(a) => {
                 self.steps.push(Step::Evicted(a));
@@ -81,6 +99,7 @@ impl<'e> Statement<'e> {
     pub fn evicted_since(&self, cp: Checkpoint) -> impl Iterator<Item = AllocId> + '_ {
         self.steps[cp.0..].iter().filter_map(|s| match s {
             Step::Evicted(a) => Some(a.id),
+            Step::EvictedGang { id, .. } => Some(*id),
             Step::Placed(_) => None,
         })
     }
@@ -93,6 +112,11 @@ impl<'e> Statement<'e> {
                     self.engine
                         .restore(a)
                         .expect("an allocation evicted in this statement fits back");
+                }
+                Step::EvictedGang { id, pool, shares } => {
+                    self.engine
+                        .restore_gang(id, pool, shares)
+                        .expect("a gang evicted in this statement fits back");
                 }
                 Step::Placed(id) => {
                     self.engine.release(id).expect("placed in this statement");

@@ -52,6 +52,7 @@ pub fn job(id: u64, tenant: &str, gpus: u8, prio: &str, now: i64) -> Job {
         wait_if_over_limit: true,
         min_runtime_ms: None,
         movable: None,
+        gang: None,
     }
 }
 

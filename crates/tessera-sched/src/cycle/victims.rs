@@ -82,36 +82,44 @@ impl VictimIndex {
                 t
             }
         };
-        let n = r.node.0 as usize;
-        if self.by_node.len() <= n {
-            self.by_node.resize_with(n + 1, Vec::new);
+        // A gang is a candidate on each of its nodes: stopping it frees them all, and a
+        // search on any one of them may take it (its cost is the whole gang's).
+        for node in r.nodes() {
+            let n = node.0 as usize;
+            if self.by_node.len() <= n {
+                self.by_node.resize_with(n + 1, Vec::new);
+            }
+            self.by_node[n].push(Candidate {
+                id: r.id,
+                tenant,
+                rank: r.rank,
+                borrowing: r.borrowing,
+                stopping: r.stopping,
+                units_milli: r.units.as_milli(),
+                takeable_from_ms: r.running_since_ms.saturating_add(r.min_runtime_ms),
+            });
         }
-        self.by_node[n].push(Candidate {
-            id: r.id,
-            tenant,
-            rank: r.rank,
-            borrowing: r.borrowing,
-            stopping: r.stopping,
-            units_milli: r.units.as_milli(),
-            takeable_from_ms: r.running_since_ms.saturating_add(r.min_runtime_ms),
-        });
     }
 
-    /// A workload left its node (stopped, or moved away).
+    /// A workload left its node(s) (stopped, or moved away).
     pub fn remove(&mut self, r: &Running) {
-        if let Some(c) = self.by_node.get_mut(r.node.0 as usize)
-            && let Some(i) = c.iter().position(|c| c.id == r.id)
-        {
-            c.swap_remove(i);
+        for node in r.nodes() {
+            if let Some(c) = self.by_node.get_mut(node.0 as usize)
+                && let Some(i) = c.iter().position(|c| c.id == r.id)
+            {
+                c.swap_remove(i);
+            }
         }
     }
 
     /// A workload's stopping flag changed.
     pub fn set_stopping(&mut self, r: &Running) {
-        if let Some(c) = self.by_node.get_mut(r.node.0 as usize)
-            && let Some(c) = c.iter_mut().find(|c| c.id == r.id)
-        {
-            c.stopping = r.stopping;
+        for node in r.nodes() {
+            if let Some(c) = self.by_node.get_mut(node.0 as usize)
+                && let Some(c) = c.iter_mut().find(|c| c.id == r.id)
+            {
+                c.stopping = r.stopping;
+            }
         }
     }
 
@@ -156,9 +164,10 @@ impl VictimIndex {
             .running
             .values()
             .filter(|r| r.preemptible)
-            .map(|r| {
+            .flat_map(|r| {
                 let from = r.running_since_ms + r.min_runtime_ms;
-                (r.node.0, r.id, r.stopping, from, r.rank, r.borrowing, r.tenant.as_str())
+                r.nodes()
+                    .map(move |n| (n.0, r.id, r.stopping, from, r.rank, r.borrowing, r.tenant.as_str()))
             })
             .collect();
         held.sort_unstable();

@@ -247,6 +247,13 @@ impl Engine {
         }
     }
 
+    /// The whole pools `g` may go to, in the engine's order (empty if none may).
+    pub fn gang_pools(&self, g: &GangRequest) -> Vec<PoolId> {
+        self.gang_scope(g)
+            .map(|scope| scope.into_iter().map(|(p, _)| p).collect())
+            .unwrap_or_default()
+    }
+
     /// Where `g` would go, without changing the state, or why not (never, or not now).
     pub fn plan_gang(&mut self, g: &GangRequest) -> Result<GangPlacement, GangUnplaceable> {
         let scope = self.gang_scope(g)?;

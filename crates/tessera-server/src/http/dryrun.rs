@@ -105,10 +105,37 @@ fn place(
     }
 }
 
+/// Where the engine would place gang `g` now, in the first pool within the tenant's limits
+/// that holds it whole: the pool and its node-shares (`NODE×G` by rack); or why not.
+fn place_gang(
+    trial: &Trial,
+    g: &tessera_model::request::GangRequest,
+    admitted: &[(PoolId, Admission)],
+) -> Result<(PoolId, String), tessera_sched::GangUnplaceable> {
+    let mut first_err = None;
+    for (p, _) in admitted {
+        let mut one = g.clone();
+        one.pool = Some(*p);
+        match trial.plan_gang(&one) {
+            Ok(pl) => {
+                let racks: Vec<String> = pl.racks.iter().map(|(r, n)| format!("{r} ({n} nodes)")).collect();
+                return Ok((*p, format!("{} node-shares in {}", pl.shares.len(), racks.join(", "))));
+            }
+            Err(u) => {
+                first_err.get_or_insert(u);
+            }
+        }
+    }
+    Err(first_err.unwrap_or(tessera_sched::GangUnplaceable::NoPoolServes))
+}
+
 /// The dry run's answer on a snapshot.
 pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Checked) -> DryRun {
     let f = &snap.fleet;
-    let units = c.request.units(&f.catalogue);
+    let units = c
+        .gang
+        .as_ref()
+        .map_or_else(|| c.request.units(&f.catalogue), |g| g.units());
     let empty = TenantSnap::default();
     let t = snap.tenants.get(&b.tenant).unwrap_or(&empty);
     let quota = |k: &str| t.quotas.iter().find(|(c, _, _)| c == k).map(|(_, q, _)| *q);
@@ -120,7 +147,11 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
             .unwrap_or_default()
     };
     let project = project_key(&b.project);
-    let pools = scope(f, &c.request);
+    let pools = match (&c.gang, &snap.trial) {
+        (Some(g), Some(trial)) => trial.gang_pools(g),
+        (Some(_), None) => Vec::new(),
+        (None, _) => scope(f, &c.request),
+    };
     let unit_hours = b.duration_s.map(|d| units.as_f64() * d as f64 / 3600.0);
     let budget = t.budget.map(|(budget, spent)| DryRunBudget {
         budget,
@@ -171,6 +202,12 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
         (waits_or_refuses, Some("quota"), Some(e.to_string()), None, None)
     } else {
         let placed = match &snap.trial {
+            Some(trial) if c.gang.is_some() => {
+                place_gang(trial, c.gang.as_ref().expect("a gang"), &admitted).map_err(|u| {
+                    let code = if u.is_constraint() { "refused" } else { waits_or_refuses };
+                    (code, u.code(), u.to_string())
+                })
+            }
             Some(trial) => {
                 // The pools within the tenant's limits, in the engine's own order.
                 let within: Vec<PoolId> = trial

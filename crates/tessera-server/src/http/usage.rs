@@ -169,6 +169,7 @@ pub async fn usage_intervals(
         };
         let gpu = match &w.spec.shape.gpu {
             GpuSpec::Whole { gpus } => format!("whole:{gpus}"),
+            GpuSpec::Gang(g) => format!("gang:{}", g.gpus),
             GpuSpec::Mig { profile } => format!("mig:{profile}"),
             GpuSpec::Fraction { milli, .. } => format!("fraction:{milli}"),
         };

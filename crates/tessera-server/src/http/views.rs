@@ -59,7 +59,17 @@ pub fn shape(w: &Workload) -> GpuShape {
         ..Default::default()
     };
     match &s.gpu {
-        GpuSpec::Whole { gpus } => g.gpus = Some(*gpus),
+        GpuSpec::Whole { gpus } => g.gpus = Some(u32::from(*gpus)),
+        GpuSpec::Gang(gang) => {
+            g.gpus = Some(gang.gpus);
+            g.gpus_per_node = gang.gpus_per_node;
+            g.topology = gang.topology.as_ref().map(|t| t.level.clone());
+            g.topology_mode = gang.topology.as_ref().map(|t| match t.mode {
+                tessera_model::request::TopologyMode::Required => tessera_api::TopologyMode::Required,
+                tessera_model::request::TopologyMode::Preferred => tessera_api::TopologyMode::Preferred,
+            });
+            g.segment = gang.segment;
+        }
         GpuSpec::Mig { profile } => g.mig = Some(profile.clone()),
         GpuSpec::Fraction { milli, memory_mib } => {
             g.fraction = Some(*milli);
@@ -83,6 +93,7 @@ pub fn allocation(p: &Placement) -> AllocationView {
         milli: None,
         gpu_memory_mib: None,
         units_milli: p.units.as_milli(),
+        shares: Vec::new(),
     };
     match &p.slice {
         Slice::Mig {
@@ -129,7 +140,22 @@ pub fn workload(w: &Workload) -> WorkloadView {
         reason: w.reason.as_ref().map(|r| r.detail.clone()),
         reason_code: w.reason.as_ref().map(|r| r.code.as_str().to_string()),
         units: w.units.to_string(),
-        allocation: w.placement.as_ref().map(allocation),
+        allocation: w.placement.as_ref().map(|p| {
+            let mut v = allocation(p);
+            if !w.shares.is_empty() {
+                v.units_milli = w.held_units().as_milli();
+                v.shares = w
+                    .shares
+                    .iter()
+                    .map(|s| tessera_api::ShareView {
+                        node: s.node.clone(),
+                        gpus: s.gpus.clone(),
+                        units_milli: s.units.as_milli(),
+                    })
+                    .collect();
+            }
+            v
+        }),
         created_at: rfc3339_ms(w.created_at),
         created_at_ms: w.created_at,
         running_at: w.running_at.map(rfc3339_ms),

@@ -119,10 +119,26 @@ pub async fn list_workloads(
 }
 
 /// The domain shape of an API shape (checked: exactly one of whole GPUs, a MIG profile or a
-/// fraction).
-fn shape_spec(s: &GpuShape) -> ShapeSpec {
-    let gpu = if let Some(g) = s.gpus {
-        GpuSpec::Whole { gpus: g }
+/// fraction). Whole GPUs are a multi-node gang when a gang's fields are given or when no node
+/// (NVLink domain) of the pools they may use could hold them.
+fn shape_spec(fleet: &tessera_model::Fleet, s: &GpuShape) -> ShapeSpec {
+    let mut spec = ShapeSpec {
+        gpu: GpuSpec::Whole { gpus: 0 },
+        models: s.models.clone(),
+        pool: s.pool.clone(),
+    };
+    let gang_asked = s.nodes.is_some() || s.gpus_per_node.is_some() || s.topology.is_some() || s.segment.is_some();
+    spec.gpu = if let Some(n) = s.nodes {
+        let per = s
+            .gpus_per_node
+            .map_or_else(|| s.gpus.unwrap_or(0) / n.max(1), u32::from);
+        gang_spec(s, n.saturating_mul(per), Some(per.min(255) as u8))
+    } else if let Some(g) = s.gpus {
+        if gang_asked || g > crate::lifecycle::placement::largest_whole_node(fleet, &spec).max(1) {
+            gang_spec(s, g, s.gpus_per_node)
+        } else {
+            GpuSpec::Whole { gpus: g as u8 }
+        }
     } else if let Some(m) = &s.mig {
         GpuSpec::Mig { profile: m.clone() }
     } else {
@@ -131,11 +147,24 @@ fn shape_spec(s: &GpuShape) -> ShapeSpec {
             memory_mib: s.gpu_memory_mib,
         }
     };
-    ShapeSpec {
-        gpu,
-        models: s.models.clone(),
-        pool: s.pool.clone(),
-    }
+    spec
+}
+
+/// A gang of `gpus` whole GPUs with the shape's topology and segments.
+fn gang_spec(s: &GpuShape, gpus: u32, gpus_per_node: Option<u8>) -> GpuSpec {
+    use tessera_model::request::{TopologyConstraint, TopologyMode};
+    GpuSpec::Gang(tessera_domain::GangSpec {
+        gpus,
+        gpus_per_node,
+        topology: s.topology.as_ref().map(|level| TopologyConstraint {
+            level: level.clone(),
+            mode: match s.topology_mode.unwrap_or_default() {
+                tessera_api::TopologyMode::Required => TopologyMode::Required,
+                tessera_api::TopologyMode::Preferred => TopologyMode::Preferred,
+            },
+        }),
+        segment: s.segment,
+    })
 }
 
 /// A creation request checked against the caller's rights, the tenancy, the priority classes
@@ -144,6 +173,8 @@ pub(crate) struct Checked {
     pub priority: String,
     pub shape: ShapeSpec,
     pub request: tessera_model::Request,
+    /// A multi-node gang's request (then `request` stands for one of its node-shares).
+    pub gang: Option<tessera_model::request::GangRequest>,
     pub cpu: u64,
     pub mem: u64,
     /// The image to run, as the tenant's image policy admitted it (digest-pinned when a
@@ -202,20 +233,38 @@ pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload
             )));
         }
     }
-    let shape = shape_spec(&b.shape);
+    let fleet = s.fleet();
+    let shape = shape_spec(&fleet, &b.shape);
     let to_api = |e: crate::lifecycle::placement::FieldError| ApiError::invalid(e.field, e.message);
-    let mut request = engine_request(&s.fleet(), &shape, 0, 0).map_err(to_api)?;
-    let (cpu_default, mem_default) = default_host(request.units(&s.fleet().catalogue));
+    let mut request = engine_request(&fleet, &shape, 0, 0).map_err(to_api)?;
+    if let GpuSpec::Gang(g) = &shape.gpu
+        && !s.backend.capabilities().multi_node
+    {
+        return Err(ApiError::unprocessable(
+            "constraint",
+            format!(
+                "{} GPUs across nodes: this backend runs a workload on one machine; ask for at most {} whole GPUs",
+                g.gpus,
+                crate::lifecycle::placement::largest_whole_node(&fleet, &shape)
+            ),
+        ));
+    }
+    // Host defaults per node-share for a gang (the request stands for one of its shares).
+    let (cpu_default, mem_default) = default_host(request.units(&fleet.catalogue));
     let cpu = b.cpu_milli.unwrap_or(cpu_default);
     let mem = b.memory_mib.unwrap_or(mem_default);
     request.cpu_milli = cpu;
     request.memory_mib = mem;
+    // The tenant's engine id matters only on shared GPUs, which gangs never use.
+    let gang = crate::lifecycle::placement::engine_gang(&fleet, &shape, cpu, mem, tessera_model::TenantId(u32::MAX))
+        .map_err(to_api)?;
     // Last: it may ask the image's registry.
     let image = super::imagepolicy::admit_image(s, &b.tenant, b.image.as_deref()).await?;
     Ok(Checked {
         priority,
         shape,
         request,
+        gang,
         cpu,
         mem,
         image,
@@ -258,6 +307,7 @@ pub async fn create_workload(
         priority,
         shape,
         request,
+        gang: _,
         cpu,
         mem,
         image,

@@ -85,8 +85,9 @@ impl Core {
             .values()
             .filter(|l| l.w.phase.holds_capacity())
             .filter_map(|l| {
-                let node = &l.w.placement.as_ref()?.node;
-                gone.contains(node).then(|| (l.w.id, node.clone()))
+                // Any node-share of a gang: the whole gang is lost.
+                let node = &l.w.placements().find(|p| gone.contains(&p.node))?.node;
+                Some((l.w.id, node.clone()))
             })
             .collect();
         lost.sort_unstable();

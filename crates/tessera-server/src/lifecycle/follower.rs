@@ -71,26 +71,20 @@ impl Lifecycle {
             else {
                 continue;
             };
+            let Ok(gang) = placement::engine_gang(&fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib, tenant)
+            else {
+                continue;
+            };
             let request = request.with_tenant(tenant);
             let l = Live {
                 class: class_of(&fleet, &sched, &request).into(),
                 request,
+                gang,
                 w: w.into(),
                 util: (0.0, 0.0),
             };
-            if l.w.phase.holds_capacity()
-                && let Some(p) = &l.w.placement
-            {
-                let since = l.w.running_at.unwrap_or(l.w.created_at);
-                let restored = placement::allocation_of(
-                    &fleet,
-                    &nodes,
-                    l.w.id.0,
-                    p,
-                    (l.w.spec.cpu_milli, l.w.spec.memory_mib),
-                    tenant,
-                )
-                .and_then(|a| sched.restore(&l.job(), a, l.w.borrowing, since));
+            if l.w.phase.holds_capacity() && l.w.placement.is_some() {
+                let restored = l.restore_into(&mut sched, &fleet, &nodes, tenant);
                 if let Err(e) = restored {
                     // The leader's engine decides; a follower's view may lack what it cannot
                     // rebuild (a whole-GPU layout it never learnt from the backend).

@@ -129,13 +129,7 @@ impl Core {
         let affected: Vec<(WorkloadId, Kind, bool)> = self
             .live
             .values()
-            .filter(|l| {
-                l.w.phase.holds_capacity()
-                    && l.w
-                        .placement
-                        .as_ref()
-                        .is_some_and(|p| p.node == node && p.gpus.contains(&gpu))
-            })
+            .filter(|l| l.w.phase.holds_capacity() && l.w.placements().any(|p| p.node == node && p.gpus.contains(&gpu)))
             .map(|l| (l.w.id, l.w.spec.kind, l.w.phase == tessera_domain::Phase::Stopping))
             .collect();
         let grace_s = self.settings.grace.as_secs();

@@ -49,8 +49,7 @@ impl MonthBook {
             .filter(|w| w.spec.tenant == tenant && w.usage.open)
             .map(|w| {
                 let since = w.running_at.unwrap_or(now).max(self.start);
-                let units = w.placement.as_ref().map(|p| p.units).unwrap_or_default();
-                units.as_f64() * (now - since).max(0) as f64 / HOUR_MS
+                w.held_units().as_f64() * (now - since).max(0) as f64 / HOUR_MS
             })
             .sum();
         self.closed.get(tenant).copied().unwrap_or(0.0) + open
@@ -166,6 +165,7 @@ mod tests {
                 let l = Live {
                     w: w.into(),
                     request,
+                    gang: None,
                     class: "p".into(),
                     util: (0.0, 0.0),
                 };

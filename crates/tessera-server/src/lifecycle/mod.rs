@@ -40,9 +40,11 @@ use tessera_backend::{
     Backend, BackendEvent, Capabilities, DeviceAssignment, Exit, GpuSample, MigInstance, PartitionPlan, Partitioning,
 };
 use tessera_domain::{Input, Observed, Phase, Reason, Step, Workload, WorkloadId, transition_shared};
+use tessera_model::request::GangRequest;
 use tessera_model::{Fleet, Request, TenantId};
 use tessera_sched::cycle::{Decision, Job, Scheduler};
 use tessera_sched::engine::DeviceBinding;
+use tessera_sched::engine::share_id;
 use tessera_sched::mig::MigMode;
 use tessera_sched::reason::Refusal;
 use tessera_store::{Change, Fence, Store, UsageInterval};
@@ -125,8 +127,10 @@ pub(crate) struct Live {
     /// Its record, shared with the batch that stores it and the published cache that serves
     /// reads (a transition makes a new one).
     pub w: Arc<Workload>,
-    /// Its request, resolved against the fleet.
+    /// Its request, resolved against the fleet (for a multi-node gang: one of its node-shares).
     pub request: Request,
+    /// A multi-node gang's request, resolved against the fleet.
+    pub gang: Option<GangRequest>,
     /// The resource class it waits for: its pool when only one can serve it, else `any`.
     pub class: Arc<str>,
     /// Measured utilisation since its usage interval opened: Σ util × ms, and the ms sampled.
@@ -166,7 +170,57 @@ impl Live {
                 tessera_domain::Movable::Restart => tessera_sched::cycle::Movable::Restart,
                 tessera_domain::Movable::Replace => tessera_sched::cycle::Movable::Replace,
             }),
+            gang: self.gang.clone(),
         }
+    }
+
+    /// Gives the scheduler back the capacity its record says it holds (start-up, failover, a
+    /// follower's view): every node-share of a gang, or its one allocation.
+    fn restore_into(
+        &self,
+        sched: &mut Scheduler,
+        fleet: &Fleet,
+        nodes: &NodeIndex,
+        tenant: TenantId,
+    ) -> Result<(), String> {
+        let w = &self.w;
+        let first = w
+            .placement
+            .as_ref()
+            .ok_or_else(|| "no placement recorded".to_string())?;
+        let host = (w.spec.cpu_milli, w.spec.memory_mib);
+        let since = w.running_at.unwrap_or(w.created_at);
+        if self.gang.is_none() {
+            let a = placement::allocation_of(fleet, nodes, w.id.0, first, host, tenant)?;
+            return sched.restore(&self.job(), a, w.borrowing, since);
+        }
+        let pool = fleet
+            .pool_by_name(&first.pool)
+            .ok_or_else(|| format!("pool {} is not in the fleet", first.pool))?;
+        let shares = w
+            .placements()
+            .enumerate()
+            .map(|(i, p)| placement::allocation_of(fleet, nodes, share_id(w.id.0, i), p, host, tenant))
+            .collect::<Result<Vec<_>, _>>()?;
+        sched.restore_gang(&self.job(), pool, shares, w.borrowing, since)
+    }
+}
+
+/// The API's name of the field a gang refusal is about.
+fn gang_field(u: &tessera_sched::GangUnplaceable) -> &'static str {
+    match u {
+        tessera_sched::GangUnplaceable::Invalid { field, .. } => match *field {
+            "gpus_per_node" => "shape.gpus_per_node",
+            "segment" => "shape.segment",
+            "topology" => "shape.topology",
+            _ => "shape.gpus",
+        },
+        tessera_sched::GangUnplaceable::UnknownLevel { .. } | tessera_sched::GangUnplaceable::PoolLacksLevel { .. } => {
+            "shape.topology"
+        }
+        tessera_sched::GangUnplaceable::PoolCannotServe { .. } => "shape.pool",
+        tessera_sched::GangUnplaceable::NoEligibleNode { .. } => "shape.models",
+        _ => "shape.gpus",
     }
 }
 
@@ -750,15 +804,28 @@ impl Core {
         let tenant = self.tenant_id(&nw.spec.tenant);
         // Resolved again against the loop's own fleet: pools and models are numbered by the
         // fleet, and the caller may have read a newer (or older) one than the loop holds.
-        let request =
-            match placement::engine_request(&self.fleet, &nw.spec.shape, nw.spec.cpu_milli, nw.spec.memory_mib) {
-                Ok(r) => r.with_tenant(tenant),
-                Err(e) => {
-                    self.ids.start -= 1;
-                    return Err(LifecycleError::Conflict(format!("{}: {}", e.field, e.message)));
-                }
-            };
-        let units = request.units(&self.fleet.catalogue);
+        let resolved = placement::engine_request(&self.fleet, &nw.spec.shape, nw.spec.cpu_milli, nw.spec.memory_mib)
+            .and_then(|r| {
+                let gang = placement::engine_gang(
+                    &self.fleet,
+                    &nw.spec.shape,
+                    nw.spec.cpu_milli,
+                    nw.spec.memory_mib,
+                    tenant,
+                )?;
+                Ok((r.with_tenant(tenant), gang))
+            });
+        let (request, gang) = match resolved {
+            Ok(r) => r,
+            Err(e) => {
+                self.ids.start -= 1;
+                return Err(LifecycleError::Conflict(format!("{}: {}", e.field, e.message)));
+            }
+        };
+        // A gang asks for all its GPUs (`request` stands for one node-share).
+        let units = gang
+            .as_ref()
+            .map_or_else(|| request.units(&self.fleet.catalogue), GangRequest::units);
         let mut w = Workload::new(id, nw.spec, units, nw.received_at);
         let events = vec![
             tessera_domain::Event {
@@ -790,6 +857,7 @@ impl Core {
         let live = Live {
             class: self.class_of(&request).into(),
             request,
+            gang,
             w: w.into(),
             util: (0.0, 0.0),
         };
@@ -840,6 +908,7 @@ impl Core {
             }
             let (field, message) = match &refusal {
                 Refusal::Constraint(u) => (Some(u.field().as_str()), u.message()),
+                Refusal::Gang(u) => (Some(gang_field(u)), u.message()),
                 _ => (None, reason.detail.clone()),
             };
             return Err(LifecycleError::Refused { reason, field, message });
@@ -878,6 +947,29 @@ impl Core {
                     Input::Placed {
                         at: now,
                         placement,
+                        shares: Vec::new(),
+                        borrowing,
+                    },
+                    batch,
+                    now,
+                );
+            }
+            Decision::PlacedGang { id, shares, borrowing } => {
+                let wid = WorkloadId(id);
+                let Some(l) = self.live.get(&wid) else {
+                    tracing::error!(id, "placed a gang the loop does not know; releasing");
+                    self.sched.release(id, now);
+                    return;
+                };
+                self.metrics.step("place", now - l.w.created_at);
+                let mut placements = shares.iter().map(|a| placement::placement_of(&self.fleet, a));
+                let placement = placements.next().expect("a gang has a node-share");
+                self.apply(
+                    wid,
+                    Input::Placed {
+                        at: now,
+                        placement,
+                        shares: placements.collect(),
                         borrowing,
                     },
                     batch,
@@ -1179,6 +1271,7 @@ impl Core {
         // The placement and running time before the transition: a requeue clears them, and the
         // unpartition and the month's spend still need them.
         let before = live.w.placement.clone();
+        let before_units = live.w.held_units();
         let ran_since = live.w.running_at;
         let before_phase = live.w.phase;
         // A drain's stop goes through the platform's eviction (Kubernetes: the Eviction API).
@@ -1214,8 +1307,13 @@ impl Core {
                         project: live.w.spec.project.clone(),
                         pool: p.pool.clone(),
                         model: p.model.clone(),
-                        shape: p.to_string(),
-                        units: p.units,
+                        shape: if live.w.shares.is_empty() {
+                            p.to_string()
+                        } else {
+                            format!("{} ({} node-shares)", live.w.spec.shape.gpu, live.w.shares.len() + 1)
+                        },
+                        // Every node-share of a gang.
+                        units: live.w.held_units(),
                         started_at: *at,
                         ended_at: None,
                         util_avg: None,
@@ -1224,8 +1322,8 @@ impl Core {
                 tessera_domain::Effect::CloseUsage { seq, at } => {
                     let util_avg = live.utilisation();
                     live.util = (0.0, 0.0);
-                    if let (Some(p), Some(r)) = (before.as_ref(), ran_since) {
-                        self.month.close(&live.w.spec.tenant, p.units, r, *at);
+                    if let (Some(_), Some(r)) = (before.as_ref(), ran_since) {
+                        self.month.close(&live.w.spec.tenant, before_units, r, *at);
                     }
                     batch.usage(Change::CloseUsage {
                         workload: id,

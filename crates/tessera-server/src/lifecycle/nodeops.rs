@@ -70,7 +70,7 @@ impl Core {
         let mut v: Vec<_> = self
             .live
             .values()
-            .filter(|l| l.w.phase.holds_capacity() && l.w.placement.as_ref().is_some_and(|p| p.node == node))
+            .filter(|l| l.w.phase.holds_capacity() && l.w.holds_on(node))
             .map(|l| (l.w.id, l.w.spec.kind, l.w.phase))
             .collect();
         v.sort_unstable_by_key(|x| x.0);

@@ -10,7 +10,7 @@ use tessera_backend::{
     Capabilities, DeviceAssignment, Devices, MigInstance, PartitionPlan, Partitioning, Resource, RunSpec, SliceSpec,
 };
 use tessera_domain::{GpuSpec, Placement, ShapeSpec, Slice, Workload};
-use tessera_model::request::MigChoice;
+use tessera_model::request::{GangRequest, MigChoice};
 use tessera_model::{Fleet, GpuUnits, NodeId, Request, Shape, Sharing, TenantId};
 use tessera_sched::{Allocation, Grant};
 
@@ -96,6 +96,11 @@ pub fn engine_request(fleet: &Fleet, s: &ShapeSpec, cpu_milli: u64, memory_mib: 
         None => None,
     };
     let shape = match &s.gpu {
+        // What stands for a gang where one request is read (its resource class, host
+        // defaults): one of its node-shares. The gang itself is [`engine_gang`].
+        GpuSpec::Gang(g) => Shape::Whole {
+            gpus: g.gpus_per_node.unwrap_or(8).clamp(1, 16),
+        },
         GpuSpec::Whole { gpus } => {
             if *gpus == 0 || *gpus > 16 {
                 return Err(FieldError::new(
@@ -139,6 +144,58 @@ pub fn engine_request(fleet: &Fleet, s: &ShapeSpec, cpu_milli: u64, memory_mib: 
     let mut r = Request::new(shape).with_host(cpu_milli, memory_mib).with_models(models);
     r.pool = pool;
     Ok(r)
+}
+
+/// The engine's request for a multi-node gang shape, with host resources per node-share and
+/// the tenant; `None` for a shape on one node. Names are resolved as [`engine_request`] does.
+pub fn engine_gang(
+    fleet: &Fleet,
+    s: &ShapeSpec,
+    cpu_milli: u64,
+    memory_mib: u64,
+    tenant: TenantId,
+) -> Result<Option<GangRequest>, FieldError> {
+    let GpuSpec::Gang(g) = &s.gpu else {
+        return Ok(None);
+    };
+    // Models and pool, resolved and checked by the single-node path.
+    let r = engine_request(fleet, s, cpu_milli, memory_mib)?;
+    let mut gang = GangRequest::whole_nodes(g.gpus)
+        .with_host(cpu_milli, memory_mib)
+        .with_models(r.models)
+        .with_tenant(tenant);
+    gang.gpus_per_node = g.gpus_per_node;
+    gang.pool = r.pool;
+    gang.topology = g.topology.clone();
+    gang.segment = g.segment;
+    if let Some(per) = g.gpus_per_node {
+        gang.check_with(per)
+            .map_err(|e| FieldError::new(gang_field(e.field), e.message))?;
+    }
+    Ok(Some(gang))
+}
+
+/// The API's name of a gang request's field.
+fn gang_field(field: &str) -> &'static str {
+    match field {
+        "gpus_per_node" => "shape.gpus_per_node",
+        "segment" => "shape.segment",
+        "topology" => "shape.topology",
+        _ => "shape.gpus",
+    }
+}
+
+/// The largest whole-GPU count one node (NVLink domain) of the pools `s` may use can hold:
+/// whole GPUs beyond it are a multi-node gang.
+pub fn largest_whole_node(fleet: &Fleet, s: &ShapeSpec) -> u32 {
+    let pool = s.pool.as_deref().and_then(|p| fleet.pool_by_name(p));
+    fleet
+        .nodes
+        .iter()
+        .filter(|n| fleet.pool(n.pool).sharing == Sharing::Whole && pool.is_none_or(|p| p == n.pool))
+        .filter_map(|n| n.topology.domains(n.gpus).iter().map(|d| d.count_ones()).max())
+        .max()
+        .unwrap_or(0)
 }
 
 /// The placement record of an engine allocation.
@@ -317,11 +374,22 @@ pub fn partition_plan(p: &Placement, caps: &Capabilities, layout: impl FnOnce() 
 /// What the backend runs for a placed workload.
 pub fn run_spec(fleet: &Fleet, nodes: &NodeIndex, w: &Workload, caps: &Capabilities) -> RunSpec {
     let p = w.placement.as_ref().expect("a placed workload has a placement");
-    let memory = nodes
-        .get(&p.node)
-        .map(|n| fleet.catalogue.get(fleet.node(n).model).memory_mib)
-        .unwrap_or(0);
-    let devices = match caps.devices {
+    RunSpec {
+        gang: w
+            .shares
+            .iter()
+            .map(|s| tessera_backend::GangShare {
+                node: s.node.clone(),
+                devices: devices_of(s, caps),
+            })
+            .collect(),
+        ..one_node_spec(fleet, nodes, w, p, caps)
+    }
+}
+
+/// The devices a backend is given for placement `p`.
+fn devices_of(p: &Placement, caps: &Capabilities) -> Devices {
+    match caps.devices {
         DeviceAssignment::Exact => Devices::Exact {
             gpus: p.gpus.clone(),
             slice: match &p.slice {
@@ -354,7 +422,16 @@ pub fn run_spec(fleet: &Fleet, nodes: &NodeIndex, w: &Workload, caps: &Capabilit
                 count: 0,
             },
         },
-    };
+    }
+}
+
+/// The run spec of `w` on the node of `p`, its first (or only) node-share.
+fn one_node_spec(fleet: &Fleet, nodes: &NodeIndex, w: &Workload, p: &Placement, caps: &Capabilities) -> RunSpec {
+    let memory = nodes
+        .get(&p.node)
+        .map(|n| fleet.catalogue.get(fleet.node(n).model).memory_mib)
+        .unwrap_or(0);
+    let devices = devices_of(p, caps);
     RunSpec {
         id: w.id.0,
         tenant: w.spec.tenant.clone(),

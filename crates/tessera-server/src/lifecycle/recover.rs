@@ -89,49 +89,43 @@ impl Core {
         for w in active {
             let id = w.id;
             let tenant = self.tenant_id(&w.spec.tenant);
-            let request =
-                match placement::engine_request(&self.fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib) {
-                    Ok(r) => r.with_tenant(tenant),
-                    Err(e) => {
-                        invalid.push((id, format!("{}: {}", e.field, e.message)));
-                        self.live.insert(
-                            id,
-                            Live {
-                                request: tessera_model::Request::new(tessera_model::Shape::CpuOnly),
-                                class: "".into(),
-                                w: w.into(),
-                                util: (0.0, 0.0),
-                            },
-                        );
-                        continue;
-                    }
-                };
+            let resolved = placement::engine_request(&self.fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib)
+                .and_then(|r| {
+                    let gang = placement::engine_gang(
+                        &self.fleet,
+                        &w.spec.shape,
+                        w.spec.cpu_milli,
+                        w.spec.memory_mib,
+                        tenant,
+                    )?;
+                    Ok((r.with_tenant(tenant), gang))
+                });
+            let (request, gang) = match resolved {
+                Ok(r) => r,
+                Err(e) => {
+                    invalid.push((id, format!("{}: {}", e.field, e.message)));
+                    self.live.insert(
+                        id,
+                        Live {
+                            request: tessera_model::Request::new(tessera_model::Shape::CpuOnly),
+                            gang: None,
+                            class: "".into(),
+                            w: w.into(),
+                            util: (0.0, 0.0),
+                        },
+                    );
+                    continue;
+                }
+            };
             let live = Live {
                 class: self.class_of(&request).into(),
                 request,
+                gang,
                 w: w.into(),
                 util: (0.0, 0.0),
             };
             if live.w.phase.holds_capacity() {
-                let restored = live
-                    .w
-                    .placement
-                    .as_ref()
-                    .ok_or_else(|| "no placement recorded".to_string())
-                    .and_then(|p| {
-                        placement::allocation_of(
-                            &self.fleet,
-                            &self.nodes,
-                            id.0,
-                            p,
-                            (live.w.spec.cpu_milli, live.w.spec.memory_mib),
-                            tenant,
-                        )
-                    })
-                    .and_then(|a| {
-                        let since = live.w.running_at.unwrap_or(live.w.created_at);
-                        self.sched.restore(&live.job(), a, live.w.borrowing, since)
-                    });
+                let restored = live.restore_into(&mut self.sched, &self.fleet, &self.nodes, tenant);
                 if let Err(e) = restored {
                     tracing::error!(%id, error = %e, "cannot re-apply the allocation");
                     invalid.push((id, format!("its allocation could not be restored: {e}")));

@@ -99,7 +99,7 @@ impl Core {
                 let work = self
                     .live
                     .values()
-                    .filter(|l| l.w.phase.holds_capacity() && l.w.placement.as_ref().is_some_and(|p| &p.node == name))
+                    .filter(|l| l.w.phase.holds_capacity() && l.w.holds_on(name))
                     .map(|l| rollout::Work {
                         units_milli: l.w.units.0,
                         end_ms: match (l.w.spec.kind, l.w.spec.duration_s) {

@@ -123,6 +123,19 @@ impl Trial {
             .unwrap_or_default()
     }
 
+    /// The whole pools the engine would try for gang `g`, in its order.
+    pub fn gang_pools(&self, g: &tessera_model::request::GangRequest) -> Vec<PoolId> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner()).gang_pools(g)
+    }
+
+    /// Where gang `g` would be placed now, or why not (the engine's typed reason).
+    pub fn plan_gang(
+        &self,
+        g: &tessera_model::request::GangRequest,
+    ) -> Result<tessera_sched::GangPlacement, tessera_sched::GangUnplaceable> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner()).plan_gang(g)
+    }
+
     /// Where `req` of `tenant` would be placed now, or why not (the engine's typed reason).
     pub fn plan(&self, req: &Request, tenant: &str) -> Result<Placement, Unplaceable> {
         // A tenant that holds nothing yet has no id in the loop: any id no one else has
