@@ -220,27 +220,13 @@ fn place(
         let mut req = job.request.clone();
         req.pool = Some(*pool);
         let Some(p) = find(s, q, &req, *pool) else { continue };
-        let mut keys = super::class_keys(s.engine.fleet(), p.node);
-        keys.push(q.project_key.clone());
-        let borrowing = match s.books.check(&job.tenant, &keys, p.units) {
-            Ok(a) => a.borrowing(),
-            Err(l) => {
-                over.get_or_insert(l);
+        let (keys, borrowing) = match admit_on(s, q, p.node, p.units, now) {
+            Ok(k) => k,
+            Err(b) => {
+                b.record(&mut over, &mut backoff);
                 continue;
             }
         };
-        // A workload preempted for a reclaim or a higher priority may not borrow again at
-        // once: it would be preempted again after the minimum runtime, losing work each time.
-        if borrowing && let Some(&(times, at)) = s.preempted.get(&job.id) {
-            let until = at + s.cfg.min_runtime_ms * (1i64 << times.min(4));
-            if now < until {
-                backoff.get_or_insert(Wait::Backoff {
-                    times,
-                    retry_in_s: (until - now + 999) / 1000,
-                });
-                continue;
-            }
-        }
         let alloc = s.engine.commit(job.id, &req, p).expect("a fresh plan commits").clone();
         s.hold(job, keys, alloc.units, alloc.node, borrowing, now);
         return Ok(Decision::Placed {
@@ -254,6 +240,56 @@ fn place(
         (None, Some(b)) => Blocked::Backoff(b),
         (None, None) => Blocked::NoCapacity,
     })
+}
+
+/// Why [`admit_on`] turned a placement down.
+enum Turned {
+    Over(LimitExceeded),
+    Backoff(Wait),
+}
+
+impl Turned {
+    /// Keeps the first reason of each kind, as the pools are tried in turn.
+    fn record(self, over: &mut Option<LimitExceeded>, backoff: &mut Option<Wait>) {
+        match self {
+            Turned::Over(l) => {
+                over.get_or_insert(l);
+            }
+            Turned::Backoff(b) => {
+                backoff.get_or_insert(b);
+            }
+        }
+    }
+}
+
+/// The quota keys of a placement of `q` whose (first) node is `node`, holding `units`, and
+/// whether it borrows above the tenant's guarantee; or why it may not be booked there: a
+/// limit, or a workload preempted for a reclaim or a higher priority that may not borrow again
+/// at once (it would be preempted again after the minimum runtime, losing work each time).
+fn admit_on(
+    s: &Scheduler,
+    q: &Queued,
+    node: tessera_model::NodeId,
+    units: tessera_model::GpuUnits,
+    now: i64,
+) -> Result<(Vec<String>, bool), Turned> {
+    let mut keys = super::class_keys(s.engine.fleet(), node);
+    keys.push(q.project_key.clone());
+    let borrowing = s
+        .books
+        .check(&q.job.tenant, &keys, units)
+        .map_err(Turned::Over)?
+        .borrowing();
+    if borrowing && let Some(&(times, at)) = s.preempted.get(&q.job.id) {
+        let until = at + s.cfg.min_runtime_ms * (1i64 << times.min(4));
+        if now < until {
+            return Err(Turned::Backoff(Wait::Backoff {
+                times,
+                retry_in_s: (until - now + 999) / 1000,
+            }));
+        }
+    }
+    Ok((keys, borrowing))
 }
 
 /// Places gang `g` (the request of `q`) in the first pool of `pools` where it fits whole and
@@ -289,27 +325,15 @@ fn place_gang(
                 continue;
             }
         };
-        // Every share is in one pool, on one GPU model per pool class key: the first share's
-        // node names the keys, and the whole gang's units are counted against them.
-        let mut keys = super::class_keys(s.engine.fleet(), p.shares[0].node);
-        keys.push(q.project_key.clone());
-        let borrowing = match s.books.check(&job.tenant, &keys, units) {
-            Ok(a) => a.borrowing(),
-            Err(l) => {
-                over.get_or_insert(l);
+        // Every share is in one pool, on one GPU model: the first share's node names the
+        // quota keys, and the whole gang's units are counted against them.
+        let (keys, borrowing) = match admit_on(s, q, p.shares[0].node, units, now) {
+            Ok(k) => k,
+            Err(b) => {
+                b.record(&mut over, &mut backoff);
                 continue;
             }
         };
-        if borrowing && let Some(&(times, at)) = s.preempted.get(&job.id) {
-            let until = at + s.cfg.min_runtime_ms * (1i64 << times.min(4));
-            if now < until {
-                backoff.get_or_insert(Wait::Backoff {
-                    times,
-                    retry_in_s: (until - now + 999) / 1000,
-                });
-                continue;
-            }
-        }
         let gang = s
             .engine
             .commit_gang(job.id, &g, p)

@@ -67,15 +67,9 @@ impl Lifecycle {
         for w in store.active_workloads().await? {
             let n = tenants.len() as u32;
             let tenant = *tenants.entry(w.spec.tenant.clone()).or_insert(TenantId(n));
-            let Ok(request) = placement::engine_request(&fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib)
-            else {
+            let Ok((request, gang)) = placement::resolve(&fleet, &w.spec, tenant) else {
                 continue;
             };
-            let Ok(gang) = placement::engine_gang(&fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib, tenant)
-            else {
-                continue;
-            };
-            let request = request.with_tenant(tenant);
             let l = Live {
                 class: class_of(&fleet, &sched, &request).into(),
                 request,

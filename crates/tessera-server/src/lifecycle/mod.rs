@@ -209,12 +209,7 @@ impl Live {
 /// The API's name of the field a gang refusal is about.
 fn gang_field(u: &tessera_sched::GangUnplaceable) -> &'static str {
     match u {
-        tessera_sched::GangUnplaceable::Invalid { field, .. } => match *field {
-            "gpus_per_node" => "shape.gpus_per_node",
-            "segment" => "shape.segment",
-            "topology" => "shape.topology",
-            _ => "shape.gpus",
-        },
+        tessera_sched::GangUnplaceable::Invalid { field, .. } => placement::gang_field(field),
         tessera_sched::GangUnplaceable::UnknownLevel { .. } | tessera_sched::GangUnplaceable::PoolLacksLevel { .. } => {
             "shape.topology"
         }
@@ -804,18 +799,7 @@ impl Core {
         let tenant = self.tenant_id(&nw.spec.tenant);
         // Resolved again against the loop's own fleet: pools and models are numbered by the
         // fleet, and the caller may have read a newer (or older) one than the loop holds.
-        let resolved = placement::engine_request(&self.fleet, &nw.spec.shape, nw.spec.cpu_milli, nw.spec.memory_mib)
-            .and_then(|r| {
-                let gang = placement::engine_gang(
-                    &self.fleet,
-                    &nw.spec.shape,
-                    nw.spec.cpu_milli,
-                    nw.spec.memory_mib,
-                    tenant,
-                )?;
-                Ok((r.with_tenant(tenant), gang))
-            });
-        let (request, gang) = match resolved {
+        let (request, gang) = match placement::resolve(&self.fleet, &nw.spec, tenant) {
             Ok(r) => r,
             Err(e) => {
                 self.ids.start -= 1;

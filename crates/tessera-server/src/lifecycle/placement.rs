@@ -175,14 +175,26 @@ pub fn engine_gang(
     Ok(Some(gang))
 }
 
-/// The API's name of a gang request's field.
-fn gang_field(field: &str) -> &'static str {
+/// The API's name of a gang request's field (`gpus`, `gpus_per_node`, `segment`, `topology`).
+pub fn gang_field(field: &str) -> &'static str {
     match field {
         "gpus_per_node" => "shape.gpus_per_node",
         "segment" => "shape.segment",
         "topology" => "shape.topology",
         _ => "shape.gpus",
     }
+}
+
+/// The engine's requests for a stored or new workload's shape, for `tenant`: the single-node
+/// request (for a gang, one of its node-shares) and the gang's, if it is one.
+pub fn resolve(
+    fleet: &Fleet,
+    spec: &tessera_domain::WorkloadSpec,
+    tenant: TenantId,
+) -> Result<(Request, Option<GangRequest>), FieldError> {
+    let r = engine_request(fleet, &spec.shape, spec.cpu_milli, spec.memory_mib)?;
+    let gang = engine_gang(fleet, &spec.shape, spec.cpu_milli, spec.memory_mib, tenant)?;
+    Ok((r.with_tenant(tenant), gang))
 }
 
 /// The largest whole-GPU count one node (NVLink domain) of the pools `s` may use can hold:

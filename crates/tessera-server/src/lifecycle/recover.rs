@@ -89,18 +89,7 @@ impl Core {
         for w in active {
             let id = w.id;
             let tenant = self.tenant_id(&w.spec.tenant);
-            let resolved = placement::engine_request(&self.fleet, &w.spec.shape, w.spec.cpu_milli, w.spec.memory_mib)
-                .and_then(|r| {
-                    let gang = placement::engine_gang(
-                        &self.fleet,
-                        &w.spec.shape,
-                        w.spec.cpu_milli,
-                        w.spec.memory_mib,
-                        tenant,
-                    )?;
-                    Ok((r.with_tenant(tenant), gang))
-                });
-            let (request, gang) = match resolved {
+            let (request, gang) = match placement::resolve(&self.fleet, &w.spec, tenant) {
                 Ok(r) => r,
                 Err(e) => {
                     invalid.push((id, format!("{}: {}", e.field, e.message)));
