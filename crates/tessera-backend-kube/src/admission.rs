@@ -17,6 +17,8 @@
 //!   [`ANNOTATION_MODEL`]; the priority class: [`ANNOTATION_PRIORITY`].
 //! * Batch or service: `restartPolicy: Never`/`OnFailure` (a Job's pods) run until they end;
 //!   `Always` runs until stopped.
+//! * A gang: the pods of a Job annotated [`ANNOTATION_GANG`] are the node-shares of one
+//!   multi-node workload ([`with_gang`]), with an optional [`ANNOTATION_TOPOLOGY`].
 //!
 //! Refused, with what to do instead: `spec.nodeName` (Tessera places GPU pods), host
 //! namespaces, `hostPath` volumes, privileged containers, privilege escalation, added
@@ -27,10 +29,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde_json::{Value, json};
-use tessera_backend::{NativeAsk, NativeGpus, NativeReview};
+use tessera_backend::{NativeAsk, NativeGang, NativeGpus, NativeReview};
 
 use crate::fleet;
 use crate::names::{LABEL_ATTEMPT, LABEL_MANAGED_BY, LABEL_WORKLOAD, MANAGED_BY};
@@ -41,6 +44,14 @@ pub const ANNOTATION_FRACTION: &str = "tessera.io/gpu-fraction";
 pub const ANNOTATION_POOL: &str = "tessera.io/pool";
 pub const ANNOTATION_MODEL: &str = "tessera.io/gpu-model";
 pub const ANNOTATION_PRIORITY: &str = "tessera.io/priority";
+/// On a Job (or its pod template): its pods run together as one gang, all or none, one pod
+/// per node-share (`"true"`).
+pub const ANNOTATION_GANG: &str = "tessera.io/gang";
+/// A gang's topology constraint: the level its pods must share (`rack`, `pool`, or a
+/// configured level's name).
+pub const ANNOTATION_TOPOLOGY: &str = "tessera.io/topology";
+/// `required` (the default) or `preferred`.
+pub const ANNOTATION_TOPOLOGY_MODE: &str = "tessera.io/topology-mode";
 
 /// What the admission knows of the cluster beyond the pod.
 #[derive(Clone, Debug, Default)]
@@ -353,7 +364,83 @@ pub fn review_pod(pod: &Pod, namespace: &str, project: Option<(&str, &str)>, rul
         priority: annotations.get(ANNOTATION_PRIORITY).cloned(),
         images: all_containers(spec).filter_map(|c| c.image.clone()).collect(),
         batch: matches!(spec.restart_policy.as_deref(), Some("Never" | "OnFailure")),
+        gang: None,
     }))
+}
+
+/// The Job that controls `pod` (its controller reference of kind `Job`): name and UID.
+pub fn job_owner(pod: &Pod) -> Option<(String, String)> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version.starts_with("batch/"))
+        .map(|o| (o.name.clone(), o.uid.clone()))
+}
+
+fn says_yes(v: Option<&String>) -> bool {
+    v.is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "yes" | "1"))
+}
+
+/// What [`review_pod`] made of a pod, completed with its gang: a pod of a Job annotated
+/// [`ANNOTATION_GANG`] (on the Job or on its pod template) is one node-share of a gang of the
+/// Job's `parallelism` pods, each asking for the same whole GPUs. `job` is the pod's
+/// controlling Job as the API server has it (`None`: the pod has none). A gang of one pod is
+/// a plain pod.
+pub fn with_gang(review: NativeReview, pod: &Pod, job: Option<&Job>) -> NativeReview {
+    let NativeReview::Ask(mut ask) = review else {
+        return review;
+    };
+    let pod_notes = pod.metadata.annotations.clone().unwrap_or_default();
+    let job_notes = job.and_then(|j| j.metadata.annotations.clone()).unwrap_or_default();
+    let note = |k: &str| pod_notes.get(k).or_else(|| job_notes.get(k));
+    if !says_yes(note(ANNOTATION_GANG)) {
+        return NativeReview::Ask(ask);
+    }
+    let Some(job) = job else {
+        return NativeReview::Refuse(format!(
+            "{ANNOTATION_GANG} groups the pods of a Job: put this pod's spec in a Job (batch/v1) whose parallelism is the number of pods"
+        ));
+    };
+    let spec = job.spec.clone().unwrap_or_default();
+    let pods = spec.parallelism.unwrap_or(1).max(0) as u32;
+    if let Some(c) = spec.completions
+        && c as u32 != pods
+    {
+        return NativeReview::Refuse(format!(
+            "a gang Job runs all its pods at once: set completions to its parallelism ({pods}) or leave it unset, not {c}"
+        ));
+    }
+    let NativeGpus::Whole(per_pod) = ask.gpus else {
+        return NativeReview::Refuse(
+            "a gang's pods each ask for whole GPUs (nvidia.com/gpu: N): MIG instances and fractions run one pod each"
+                .into(),
+        );
+    };
+    if per_pod == 0 {
+        return NativeReview::Refuse("a gang's pods each ask for at least one whole GPU".into());
+    }
+    if pods < 2 {
+        return NativeReview::Ask(ask);
+    }
+    let preferred = match note(ANNOTATION_TOPOLOGY_MODE).map(|m| m.trim().to_ascii_lowercase()) {
+        None => false,
+        Some(m) if m == "required" => false,
+        Some(m) if m == "preferred" => true,
+        Some(m) => {
+            return NativeReview::Refuse(format!(
+                "{ANNOTATION_TOPOLOGY_MODE}: `{m}` is neither required nor preferred"
+            ));
+        }
+    };
+    ask.gang = Some(NativeGang {
+        pods,
+        topology: note(ANNOTATION_TOPOLOGY)
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty()),
+        preferred,
+    });
+    NativeReview::Ask(ask)
 }
 
 /// A JSON pointer's escaping of one path segment.
@@ -473,6 +560,104 @@ mod tests {
             exempt: BTreeSet::from(["gpu-operator".to_string()]),
             pool_label: "tessera.io/pool".into(),
             namespace_prefix: "tessera-".into(),
+        }
+    }
+
+    fn job(v: Value) -> Job {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_jobs_pods_annotated_as_a_gang_are_one_gang_and_bad_gangs_are_refused() {
+        let member = |notes: Value, limits: Value| {
+            pod(
+                json!({"metadata": {"name": "train-abcde", "namespace": "tessera-acme-ml",
+                "annotations": notes,
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train",
+                    "uid": "job-uid", "controller": true}]},
+                "spec": {"restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]}}),
+            )
+        };
+        let review = |p: &Pod, j: Option<&Job>| {
+            with_gang(review_pod(p, "tessera-acme-ml", Some(("acme", "ml")), &rules()), p, j)
+        };
+        assert_eq!(
+            job_owner(&member(json!({}), json!({}))),
+            Some(("train".to_string(), "job-uid".to_string()))
+        );
+        let four = job(json!({"metadata": {"name": "train", "uid": "job-uid",
+            "annotations": {"tessera.io/gang": "true", "tessera.io/topology": "rack"}},
+            "spec": {"parallelism": 4, "template": {}}}));
+        // The annotation on the Job makes every one of its pods a share of one gang.
+        let p = member(json!({}), json!({"nvidia.com/gpu": "8"}));
+        match review(&p, Some(&four)) {
+            NativeReview::Ask(a) => {
+                assert_eq!(a.gpus, NativeGpus::Whole(8));
+                assert_eq!(a.name, "train");
+                assert_eq!(
+                    a.gang,
+                    Some(NativeGang {
+                        pods: 4,
+                        topology: Some("rack".into()),
+                        preferred: false
+                    })
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // On the pod template, with a preferred topology.
+        let plain = job(json!({"metadata": {"name": "train", "uid": "job-uid"},
+            "spec": {"parallelism": 2, "completions": 2, "template": {}}}));
+        let p = member(
+            json!({"tessera.io/gang": "true", "tessera.io/topology": "rack", "tessera.io/topology-mode": "preferred"}),
+            json!({"nvidia.com/gpu": "4"}),
+        );
+        match review(&p, Some(&plain)) {
+            NativeReview::Ask(a) => assert!(a.gang.as_ref().is_some_and(|g| g.pods == 2 && g.preferred), "{a:?}"),
+            other => panic!("{other:?}"),
+        }
+        // Without the annotation a Job's pod is a pod of its own.
+        let p = member(json!({}), json!({"nvidia.com/gpu": "4"}));
+        match review(&p, Some(&plain)) {
+            NativeReview::Ask(a) => assert_eq!(a.gang, None),
+            other => panic!("{other:?}"),
+        }
+        // Refused, each with what to do: completions other than parallelism, a fraction, a
+        // MIG instance, a bare pod, a mode that is not one.
+        let odd = job(
+            json!({"metadata": {"name": "train", "uid": "job-uid", "annotations": {"tessera.io/gang": "true"}},
+            "spec": {"parallelism": 2, "completions": 6, "template": {}}}),
+        );
+        let refused = |r: NativeReview| match r {
+            NativeReview::Refuse(why) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            refused(review(&member(json!({}), json!({"nvidia.com/gpu": "8"})), Some(&odd))).contains("set completions")
+        );
+        let frac = member(
+            json!({"tessera.io/gpu-fraction": "0.5"}),
+            json!({"nvidia.com/gpu": "1"}),
+        );
+        assert!(refused(review(&frac, Some(&four))).contains("whole GPUs"));
+        let mig = member(json!({}), json!({"nvidia.com/mig-1g.10gb": "1"}));
+        assert!(refused(review(&mig, Some(&four))).contains("whole GPUs"));
+        let bare = member(json!({"tessera.io/gang": "true"}), json!({"nvidia.com/gpu": "8"}));
+        assert!(refused(review(&bare, None)).contains("put this pod's spec in a Job"));
+        let p = member(
+            json!({"tessera.io/topology-mode": "sometimes"}),
+            json!({"nvidia.com/gpu": "8"}),
+        );
+        assert!(refused(review(&p, Some(&four))).contains("neither required nor preferred"));
+        // A gang of one pod is a plain pod.
+        let one = job(
+            json!({"metadata": {"name": "train", "uid": "job-uid", "annotations": {"tessera.io/gang": "true"}},
+            "spec": {"template": {}}}),
+        );
+        match review(&member(json!({}), json!({"nvidia.com/gpu": "8"})), Some(&one)) {
+            NativeReview::Ask(a) => assert_eq!(a.gang, None),
+            other => panic!("{other:?}"),
         }
     }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -145,6 +146,24 @@ fn whole_gpus(spec: &RunSpec) -> u8 {
     }
 }
 
+/// The pods of a native workload, in gang order: a gang's members, else the one pod.
+fn native_pods(native: &NativeRef) -> Vec<(String, String)> {
+    if native.is_gang() {
+        native.members.clone()
+    } else {
+        vec![(native.name.clone(), native.uid.clone())]
+    }
+}
+
+/// A native gang whose pods are still being created by its Job: the members seen so far.
+struct Forming {
+    ns: String,
+    job: String,
+    ask: Box<tessera_backend::NativeAsk>,
+    /// Member pods by name: their UIDs.
+    members: std::collections::BTreeMap<String, String>,
+}
+
 /// Whether a pod that carries a tracked workload's label is that workload's pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Claim {
@@ -170,10 +189,12 @@ impl Tracked {
         }
     }
 
-    /// The tracking of a native pod (one pod, its name and UID known from the start).
+    /// The tracking of a native workload: its pod, or a gang's member pods in gang order,
+    /// each name and UID known from the start.
     fn native(native: &NativeRef, stage: Stage) -> Tracked {
-        let mut t = Tracked::new(&native.namespace, 0, stage, false, [native.name.clone()]);
-        t.uids.insert(native.name.clone(), native.uid.clone());
+        let pods = native_pods(native);
+        let mut t = Tracked::new(&native.namespace, 0, stage, false, pods.iter().map(|(n, _)| n.clone()));
+        t.uids.extend(pods);
         t.native = Some(native.clone());
         t
     }
@@ -228,6 +249,8 @@ struct State {
     projects: HashMap<String, (String, String)>,
     /// Native pods already reported (submitted or refused), by UID.
     submitted: std::collections::HashSet<String>,
+    /// Native gangs whose pods are not all there yet, by their Job's UID.
+    forming: HashMap<String, Forming>,
     /// Tenant namespaces' UIDs (the controller reference of Tessera's pods).
     namespace_uids: HashMap<String, String>,
 }
@@ -741,7 +764,13 @@ async fn watch_native(shared: Weak<Shared>, client: Client) {
             watcher::Event::Apply(p) | watcher::Event::InitApply(p) => sh.on_native_pod(&p).await,
             watcher::Event::Delete(p) => {
                 if let Some(uid) = &p.metadata.uid {
-                    sh.state.lock().unwrap().submitted.remove(uid);
+                    let mut st = sh.state.lock().unwrap();
+                    st.submitted.remove(uid);
+                    // A member of a gang still forming is no member once gone.
+                    for f in st.forming.values_mut() {
+                        f.members.retain(|_, u| u != uid);
+                    }
+                    st.forming.retain(|_, f| !f.members.is_empty());
                 }
             }
             watcher::Event::Init | watcher::Event::InitDone => {}
@@ -1028,47 +1057,113 @@ impl Shared {
             project.as_ref().map(|(t, p)| (t.as_str(), p.as_str())),
             &self.rules(),
         );
-        match review {
+        let job = match self.job_of(pod).await {
+            Ok(j) => j,
+            Err(e) => {
+                // Tried again at the pod's next change, or at the watch's next relist.
+                self.state.lock().unwrap().submitted.remove(&uid);
+                tracing::warn!(namespace = %ns, pod = %name, error = %e, "cannot read a waiting pod's Job");
+                return;
+            }
+        };
+        match admission::with_gang(review, pod, job.as_ref()) {
             NativeReview::Pass => {}
             NativeReview::Refuse(why) => {
                 tracing::info!(namespace = %ns, pod = %name, "a pod naming Tessera as its scheduler is refused: {why}");
                 self.pod_event(&ns, &name, Some(&uid), "TesseraRefused", &format!("Tessera: {why}"));
             }
+            NativeReview::Ask(ask) if ask.gang.is_some() => {
+                let (job, job_uid) = job
+                    .as_ref()
+                    .and_then(|j| Some((j.metadata.name.clone()?, j.metadata.uid.clone()?)))
+                    .expect("a gang's pod has its Job");
+                self.gang_member(ns, job, job_uid, name, uid, ask);
+            }
             NativeReview::Ask(ask) => self.send(BackendEvent::Submitted {
-                native: NativeRef {
-                    namespace: ns,
-                    name,
-                    uid,
-                },
+                native: NativeRef::pod(ns, name, uid),
                 ask,
             }),
         }
     }
 
-    /// Labels a native pod as workload `id`'s (its workload, tenant and project), which makes
-    /// the pod watch follow it. Idempotent; the UID in the patch is a precondition: another
-    /// object under the name is refused.
+    /// The Job that controls `pod`, as the API server has it (`None`: no Job controls it, or
+    /// the one its reference names is gone or another object).
+    async fn job_of(&self, pod: &Pod) -> Result<Option<Job>, BackendError> {
+        let Some((name, uid)) = admission::job_owner(pod) else {
+            return Ok(None);
+        };
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let job = Api::<Job>::namespaced(self.client.clone(), &ns)
+            .get_opt(&name)
+            .await
+            .map_err(|e| kube_err(&format!("reading Job {ns}/{name}"), e))?;
+        Ok(job.filter(|j| j.metadata.uid.as_deref() == Some(uid.as_str())))
+    }
+
+    /// One more waiting pod of a gang Job: once the Job's `parallelism` pods are there, the
+    /// gang is reported as one workload, its pods its node-shares in name order. A pod that
+    /// goes before then leaves the gang ([`watch_native`]); the Job's replacement joins it.
+    fn gang_member(
+        &self,
+        ns: String,
+        job: String,
+        job_uid: String,
+        name: String,
+        uid: String,
+        ask: Box<tessera_backend::NativeAsk>,
+    ) {
+        let size = ask.gang.as_ref().map_or(1, |g| g.pods as usize);
+        let mut st = self.state.lock().unwrap();
+        let f = st.forming.entry(job_uid.clone()).or_insert_with(|| Forming {
+            ns,
+            job,
+            ask,
+            members: Default::default(),
+        });
+        f.members.insert(name, uid);
+        if f.members.len() < size {
+            return;
+        }
+        let f = st.forming.remove(&job_uid).expect("just seen");
+        let native = NativeRef {
+            members: f.members.into_iter().take(size).collect(),
+            ..NativeRef::pod(f.ns, f.job, job_uid)
+        };
+        drop(st);
+        self.send(BackendEvent::Submitted { native, ask: f.ask });
+    }
+
+    /// Labels a native workload's pods (a gang's members) as workload `id`'s (its workload,
+    /// tenant and project), which makes the pod watch follow them. Idempotent; the UID in each
+    /// patch is a precondition: another object under the name is refused.
     async fn label_native(&self, id: u64, native: &NativeRef) -> Result<(), BackendError> {
-        let project = self.project_of(&native.namespace).await?.ok_or_else(|| {
-            BackendError::Rejected(format!(
-                "namespace {} is not a Tessera project's namespace",
-                native.namespace
-            ))
-        })?;
-        let patch = json!({"metadata": {"uid": native.uid, "labels": {
+        for (name, uid) in native_pods(native) {
+            self.label_native_pod(id, &native.namespace, &name, &uid).await?;
+        }
+        Ok(())
+    }
+
+    async fn label_native_pod(&self, id: u64, ns: &str, name: &str, uid: &str) -> Result<(), BackendError> {
+        let project = self
+            .project_of(ns)
+            .await?
+            .ok_or_else(|| BackendError::Rejected(format!("namespace {ns} is not a Tessera project's namespace")))?;
+        let patch = json!({"metadata": {"uid": uid, "labels": {
             LABEL_WORKLOAD: id.to_string(),
             names::LABEL_TENANT: names::label_value(&project.0),
             names::LABEL_PROJECT: names::label_value(&project.1),
         }}});
-        Api::<Pod>::namespaced(self.client.clone(), &native.namespace)
-            .patch(&native.name, &PatchParams::default(), &Patch::Merge(&patch))
+        Api::<Pod>::namespaced(self.client.clone(), ns)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(|e| kube_err(&format!("labelling pod {}/{}", native.namespace, native.name), e))?;
+            .map_err(|e| kube_err(&format!("labelling pod {ns}/{name}"), e))?;
         Ok(())
     }
 
-    /// Starts a native workload: binds its pod (there already, made by its owner) to the node
-    /// the engine chose, once it is certain the pod is that object and asks for what was placed.
+    /// Starts a native workload: binds its pod (there already, made by its owner), or each
+    /// member pod of a gang to its node-share, to the node the engine chose, once it is certain
+    /// each pod is that object and asks for what was placed there. Nothing is bound unless
+    /// every pod checks out.
     async fn start_native(&self, spec: &RunSpec, native: &NativeRef) -> Result<(), BackendError> {
         {
             let mut st = self.state.lock().unwrap();
@@ -1082,53 +1177,69 @@ impl Shared {
             // Tracked since the intake linked it, before its shape was placed.
             t.whole_gpus = whole_gpus(spec);
         }
-        let (ns, name) = (&native.namespace, &native.name);
-        let pod = Api::<Pod>::namespaced(self.client.clone(), ns)
-            .get_opt(name)
-            .await
-            .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e))?;
-        let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(native.uid.as_str())) else {
-            self.state.lock().unwrap().tracked.remove(&spec.id);
+        let members = native_pods(native);
+        if members.len() != spec.gang_size() {
             return Err(BackendError::Rejected(format!(
-                "pod {ns}/{name} of workload {} is gone: its owner deleted it",
-                spec.id
-            )));
-        };
-        let Devices::Count { resource, count } = &spec.devices else {
-            return Err(BackendError::Rejected(
-                "the kubernetes backend asks for device counts, not exact devices".into(),
-            ));
-        };
-        let want = match resource {
-            Resource::SharedGpu { .. } => self.shared_resource(&spec.node),
-            r => r.to_string(),
-        };
-        let asks = pod
-            .spec
-            .iter()
-            .flat_map(|s| s.containers.iter())
-            .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get(&want))
-            .filter_map(|q| fleet::quantity(&q.0, 1.0))
-            .sum::<u64>();
-        let expected = if matches!(resource, Resource::Gpu | Resource::Mig { .. }) {
-            u64::from(*count)
-        } else {
-            1
-        };
-        if asks != expected {
-            return Err(BackendError::Rejected(format!(
-                "pod {ns}/{name} asks for {asks} {want} on node {}, where Tessera placed {expected}: its owner must ask for what it was admitted with",
-                spec.node
+                "workload {} has {} pods on the cluster but was placed as {} node-shares",
+                spec.id,
+                members.len(),
+                spec.gang_size()
             )));
         }
-        if pods::workload_id(&pod) != Some(spec.id) {
-            // Placed before the intake labelled it: labelled now, so the pod watch follows it.
-            self.label_native(spec.id, native).await?;
+        let ns = &native.namespace;
+        let api = Api::<Pod>::namespaced(self.client.clone(), ns);
+        let mut checked = Vec::with_capacity(members.len());
+        for (index, (name, uid)) in members.iter().enumerate() {
+            let (node, devices) = spec.share(index).expect("one share per member");
+            let pod = api
+                .get_opt(name)
+                .await
+                .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e))?;
+            let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str())) else {
+                self.state.lock().unwrap().tracked.remove(&spec.id);
+                return Err(BackendError::Rejected(format!(
+                    "pod {ns}/{name} of workload {} is gone: its owner deleted it",
+                    spec.id
+                )));
+            };
+            let Devices::Count { resource, count } = devices else {
+                return Err(BackendError::Rejected(
+                    "the kubernetes backend asks for device counts, not exact devices".into(),
+                ));
+            };
+            let want = match resource {
+                Resource::SharedGpu { .. } => self.shared_resource(node),
+                r => r.to_string(),
+            };
+            let asks = pod
+                .spec
+                .iter()
+                .flat_map(|s| s.containers.iter())
+                .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get(&want))
+                .filter_map(|q| fleet::quantity(&q.0, 1.0))
+                .sum::<u64>();
+            let expected = if matches!(resource, Resource::Gpu | Resource::Mig { .. }) {
+                u64::from(*count)
+            } else {
+                1
+            };
+            if asks != expected {
+                return Err(BackendError::Rejected(format!(
+                    "pod {ns}/{name} asks for {asks} {want} on node {node}, where Tessera placed {expected}: its owner must ask for what it was admitted with"
+                )));
+            }
+            checked.push((pod, node, name, uid, matches!(resource, Resource::Mig { .. })));
         }
-        if matches!(resource, Resource::Mig { .. }) {
-            self.wait_mig(&spec.node, None).await?;
+        for (pod, node, name, uid, mig) in checked {
+            if pods::workload_id(&pod) != Some(spec.id) {
+                // Placed before the intake labelled it: labelled now, so the pod watch follows it.
+                self.label_native_pod(spec.id, ns, name, uid).await?;
+            }
+            if mig {
+                self.wait_mig(node, None).await?;
+            }
+            self.bind_pod(ns, &pod, node).await?;
         }
-        self.bind_pod(ns, &pod, &spec.node).await?;
         let mut st = self.state.lock().unwrap();
         if let Some(t) = st.tracked.get_mut(&spec.id)
             && t.stage == Stage::Accepted
@@ -1143,33 +1254,45 @@ impl Shared {
         Ok(())
     }
 
-    /// What reconcile sees of a native workload's pod (and its tracking, rebuilt after a
-    /// restart).
+    /// What reconcile sees of a native workload's pods (and its tracking, rebuilt after a
+    /// restart): a gang as its member pods together ([`pods::gang_state`]).
     async fn reconcile_native(&self, spec: &RunSpec, native: &NativeRef) -> Result<Observation, BackendError> {
-        let (ns, name) = (&native.namespace, &native.name);
-        let pod = Api::<Pod>::namespaced(self.client.clone(), ns)
-            .get_opt(name)
-            .await
-            .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e))?
-            .filter(|p| p.metadata.uid.as_deref() == Some(native.uid.as_str()));
-        let Some(pod) = pod else {
-            return Ok(Observation::Unknown);
-        };
-        if pods::bound_node(&pod).is_none() {
+        let ns = &native.namespace;
+        let api = Api::<Pod>::namespaced(self.client.clone(), ns);
+        let mut states = Vec::new();
+        let (mut bound, mut deleting) = (0, false);
+        for (name, uid) in native_pods(native) {
+            let pod = api
+                .get_opt(&name)
+                .await
+                .map_err(|e| kube_err(&format!("pod {ns}/{name}"), e))?
+                .filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()));
+            let state = match &pod {
+                Some(p) => {
+                    bound += usize::from(pods::bound_node(p).is_some());
+                    deleting |= p.metadata.deletion_timestamp.is_some();
+                    pods::pod_state(p)
+                }
+                None => PodState::Lost(format!("pod {ns}/{name} is gone")),
+            };
+            states.push((name, state));
+        }
+        if bound == 0 {
             return Ok(Observation::Unknown);
         }
-        let state = pods::pod_state(&pod);
-        let obs = pods::observation(state.clone());
+        let state = pods::gang_state(&states);
+        let obs = pods::observation(state);
         let stage = match obs {
             Observation::Running { .. } => Stage::Running,
             Observation::Starting => Stage::Started,
             _ => Stage::Ended,
         };
-        let deleting = pod.metadata.deletion_timestamp.is_some();
         self.state.lock().unwrap().tracked.entry(spec.id).or_insert_with(|| {
             let mut t = Tracked::native(native, stage).whole_gpus_of(spec);
             t.stopping = deleting;
-            t.pods[0].1 = state;
+            for (slot, (_, s)) in t.pods.iter_mut().zip(states) {
+                slot.1 = s;
+            }
             t
         });
         Ok(obs)
@@ -2263,12 +2386,16 @@ impl Backend for KubeBackend {
             .or_else(|| pod.metadata.namespace.clone())
             .unwrap_or_default();
         let project = self.shared.project_of(&ns).await?;
-        Ok(admission::review_pod(
+        let review = admission::review_pod(
             pod,
             &ns,
             project.as_ref().map(|(t, p)| (t.as_str(), p.as_str())),
             &rules,
-        ))
+        );
+        let mut pod = pod.clone();
+        pod.metadata.namespace = Some(ns);
+        let job = self.shared.job_of(&pod).await?;
+        Ok(admission::with_gang(review, &pod, job.as_ref()))
     }
 
     fn answer_native(&self, review: &[u8], mutate: bool, refusal: Option<&str>) -> Result<Vec<u8>, BackendError> {
@@ -2294,13 +2421,15 @@ impl Backend for KubeBackend {
 
     fn tell_native(&self, native: &NativeRef, refused: bool, message: &str) {
         let reason = if refused { "TesseraRefused" } else { "TesseraWaiting" };
-        self.shared.pod_event(
-            &native.namespace,
-            &native.name,
-            Some(&native.uid),
-            reason,
-            &format!("Tessera: {message}"),
-        );
+        for (name, uid) in native_pods(native) {
+            self.shared.pod_event(
+                &native.namespace,
+                &name,
+                Some(&uid),
+                reason,
+                &format!("Tessera: {message}"),
+            );
+        }
     }
 
     /// The container log of the workload's pod (its first pod for a multi-node gang), read

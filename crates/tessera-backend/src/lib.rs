@@ -70,7 +70,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 pub use event::{BackendEvent, Bound, Exit, GpuSample, InstanceSample, NodeChange, named_workloads};
-pub use native::{NativeAsk, NativeGpus, NativeRef, NativeReview};
+pub use native::{NativeAsk, NativeGang, NativeGpus, NativeRef, NativeReview};
 pub use plan::{MigInstance, PartitionPlan, PartitionReport};
 pub use reconcile::{Observation, Orphan, ReconcileReport};
 pub use spec::{Devices, GangShare, Resource, RunSpec, SHARED_POOL_QUOTA, SliceSpec, TenancySpec};

@@ -49,20 +49,31 @@ fn identity(tenant: &str) -> Identity {
 }
 
 /// The API request a native ask amounts to (its first image: every other one is checked on
-/// its own).
+/// its own). A gang Job asks for its pods' GPUs together, as that many node-shares of each
+/// pod's GPUs, with its topology.
 fn request(ask: &NativeAsk) -> CreateWorkload {
     let (gpus, mig, fraction) = match &ask.gpus {
-        NativeGpus::Whole(n) => (Some(u8::try_from(*n).unwrap_or(u8::MAX)), None, None),
+        NativeGpus::Whole(n) => (Some(*n), None, None),
         NativeGpus::Mig(p) => (None, Some(p.clone()), None),
         NativeGpus::Fraction(m) => (None, None, Some(u16::try_from(*m).unwrap_or(u16::MAX))),
     };
+    let mut shape = serde_json::json!({"gpus": gpus, "mig": mig, "fraction": fraction,
+        "models": ask.model.iter().collect::<Vec<_>>(), "pool": ask.pool});
+    if let (Some(g), Some(per_pod)) = (&ask.gang, gpus) {
+        shape["gpus"] = serde_json::json!(per_pod.saturating_mul(g.pods));
+        shape["nodes"] = serde_json::json!(g.pods);
+        shape["gpus_per_node"] = serde_json::json!(u8::try_from(per_pod).unwrap_or(u8::MAX));
+        if let Some(t) = &g.topology {
+            shape["topology"] = serde_json::json!(t);
+            shape["topology_mode"] = serde_json::json!(if g.preferred { "preferred" } else { "required" });
+        }
+    }
     let body = serde_json::json!({
         "tenant": ask.tenant,
         "project": ask.project,
         "name": ask.name,
         "kind": if ask.batch { "batch" } else { "service" },
-        "shape": {"gpus": gpus, "mig": mig, "fraction": fraction,
-            "models": ask.model.iter().collect::<Vec<_>>(), "pool": ask.pool},
+        "shape": shape,
         "cpu_milli": ask.cpu_milli,
         "memory_mib": ask.memory_mib,
         "image": ask.images.first(),
@@ -80,6 +91,16 @@ async fn check(s: &AppState, ask: &NativeAsk) -> Result<(CreateWorkload, Checked
     let id = identity(&ask.tenant);
     let detail = |e: ApiError| e.detail;
     let checked = check_create(s, &id, &body).await.map_err(detail)?;
+    if ask.gang.is_none()
+        && let tessera_domain::GpuSpec::Gang(g) = &checked.shape.gpu
+    {
+        // One pod runs on one node: more whole GPUs than a node holds is a gang Job.
+        return Err(format!(
+            "the pod asks for {} GPUs, more than one node of the pools it may use holds ({}): make it a Job of several pods with the annotation tessera.io/gang: \"true\" (one pod per node)",
+            g.gpus,
+            crate::lifecycle::placement::largest_whole_node(&s.fleet(), &checked.shape),
+        ));
+    }
     for image in ask.images.iter().skip(1) {
         crate::http::imagepolicy::admit_image(s, &ask.tenant, Some(image))
             .await
@@ -193,8 +214,15 @@ async fn intake(s: &AppState, native: NativeRef, ask: NativeAsk) -> Option<(Nati
         actor: ACTOR.into(),
         role: TokenRole::Member.as_str().into(),
         // Once per object: its UID (the same object reported again after a restart is the
-        // workload already created).
-        idempotency: Some((format!("native-{}", native.uid), native.to_record())),
+        // workload already created); a gang's, once per set of pods (the Job makes new ones
+        // for a gang that failed, which are a new workload).
+        idempotency: Some((
+            match native.members.first() {
+                Some((_, first)) => format!("native-{}-{first}", native.uid),
+                None => format!("native-{}", native.uid),
+            },
+            native.to_record(),
+        )),
         received_at: crate::now_ms(),
         audit: None,
     };
@@ -241,6 +269,7 @@ mod tests {
             priority: Some("high".into()),
             images: vec!["a".into(), "b".into()],
             batch: true,
+            gang: None,
         };
         let b = request(&ask);
         assert_eq!(
@@ -254,5 +283,33 @@ mod tests {
         assert_eq!(b.image.as_deref(), Some("a"));
         assert_eq!(b.priority.as_deref(), Some("high"));
         assert!(b.no_requeue);
+    }
+
+    #[test]
+    fn a_gang_jobs_ask_is_its_pods_gpus_as_node_shares() {
+        let ask = NativeAsk {
+            tenant: "acme".into(),
+            project: "ml".into(),
+            name: "train".into(),
+            gpus: NativeGpus::Whole(8),
+            model: None,
+            pool: Some("training".into()),
+            cpu_milli: None,
+            memory_mib: None,
+            priority: None,
+            images: vec!["a".into()],
+            batch: true,
+            gang: Some(tessera_backend::NativeGang {
+                pods: 4,
+                topology: Some("rack".into()),
+                preferred: true,
+            }),
+        };
+        let b = request(&ask);
+        assert_eq!(b.shape.gpus, Some(32));
+        assert_eq!(b.shape.nodes, Some(4));
+        assert_eq!(b.shape.gpus_per_node, Some(8));
+        assert_eq!(b.shape.topology.as_deref(), Some("rack"));
+        assert_eq!(b.shape.topology_mode, Some(tessera_api::TopologyMode::Preferred));
     }
 }

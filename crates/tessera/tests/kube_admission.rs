@@ -5,7 +5,8 @@
 //! namespace. The tenant's hostile pods are refused with what to do; a GPU pod outside a
 //! project namespace is refused; a Job's pod becomes a Tessera workload, bound by Tessera and
 //! followed to its end; a pod that cannot be placed now waits with an Event saying why; a pod
-//! its owner deletes withdraws its workload; labels only Tessera may set are stripped. Also
+//! its owner deletes withdraws its workload; labels only Tessera may set are stripped; a Job
+//! annotated as a gang runs as one gang of its pods on two nodes. Also
 //! measures `kubectl apply` of a GPU Job → its pod bound (printed, not asserted: a benchmark
 //! figure, see the README). Last, the same path with the real kubelet (containerd and runc) of
 //! `kube_support::kubelet`: a Job applied with `kubectl` runs there to its end.
@@ -549,6 +550,149 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
             .map(String::as_str),
         Some("tessera")
     );
+
+    // A Job annotated as a gang is one workload: its pods are the node-shares of one gang,
+    // bound together to two nodes of a pool of their own, running when both run, failed with
+    // either (the other deleted). One pod cannot ask for more than a node holds, and a gang
+    // Job whose completions differ from its parallelism has its pods refused.
+    for n in ["wh-gang-0", "wh-gang-1"] {
+        gpu_node(&client, n, "gangs", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
+    }
+    api(
+        Method::PUT,
+        &format!("/api/v1/tenants/{TENANT}/quotas/gangs"),
+        json!({"guaranteed": 16, "limit": 16}),
+    )
+    .await;
+    eventually(
+        "Tessera lists the gang pool's nodes",
+        Duration::from_secs(30),
+        || async {
+            let nodes = api(Method::GET, "/api/v1/nodes", Value::Null).await;
+            nodes["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|n| n["pool"] == "gangs")
+                .count()
+                == 2
+        },
+    )
+    .await;
+    let (ok, out) = kubectl_as(
+        c,
+        &dir.0,
+        "alice",
+        &gpu_pod(
+            "huge",
+            NS,
+            16,
+            json!({"metadata": {"annotations": {"tessera.io/pool": "gangs"}}}),
+        ),
+    );
+    assert!(!ok && out.contains("tessera.io/gang"), "{out}");
+    let gang_job = |name: &str, completions: Option<u32>| {
+        let mut j = json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": NS, "annotations": {"tessera.io/gang": "true"}},
+            "spec": {"parallelism": 2, "backoffLimit": 0, "template": {
+                "metadata": {"annotations": {"tessera.io/pool": "gangs"}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "workload", "image": "busybox",
+                    "command": ["sh", "-c", "echo hi"],
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "1", "memory": "1Gi"}}}]}}},
+        });
+        if let Some(c) = completions {
+            j["spec"]["completions"] = json!(c);
+        }
+        j
+    };
+    let (ok, out) = kubectl_as(c, &dir.0, "alice", &gang_job("odd", Some(4)));
+    assert!(ok, "{out}");
+    eventually(
+        "the odd gang's pods are refused, the Job told why",
+        Duration::from_secs(30),
+        || async {
+            events
+                .list(&ListParams::default().fields("involvedObject.name=odd"))
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .any(|e| e.message.as_deref().is_some_and(|m| m.contains("set completions")))
+        },
+    )
+    .await;
+    assert!(
+        pods.list(&ListParams::default().labels("job-name=odd"))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let (ok, out) = kubectl_as(c, &dir.0, "alice", &gang_job("allreduce", None));
+    assert!(ok, "{out}");
+    let members = || async {
+        let mut items = pods
+            .list(&ListParams::default().labels("job-name=allreduce"))
+            .await
+            .unwrap()
+            .items;
+        items.sort_by_key(|p| p.metadata.name.clone());
+        items
+    };
+    eventually("both pods of the gang are bound", Duration::from_secs(30), || async {
+        let m = members().await;
+        m.len() == 2 && m.iter().all(|p| p.spec.as_ref().unwrap().node_name.is_some())
+    })
+    .await;
+    let m = members().await;
+    let mut nodes: Vec<String> = m.iter().map(|p| p.spec.clone().unwrap().node_name.unwrap()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["wh-gang-0", "wh-gang-1"], "one pod per node-share");
+    let ids: Vec<String> = m
+        .iter()
+        .map(|p| p.metadata.labels.clone().unwrap()["tessera.io/workload"].clone())
+        .collect();
+    assert_eq!(ids[0], ids[1], "both pods are one workload's");
+    let gang_id: u64 = ids[0].parse().unwrap();
+    let w = api(Method::GET, &format!("/api/v1/workloads/{gang_id}"), Value::Null).await;
+    assert_eq!(w["name"], "allreduce", "{w}");
+    assert_eq!(
+        w["allocation"]["units_milli"], 16_000,
+        "the gang's units are both pods': {w}"
+    );
+    assert_eq!(
+        (&w["shape"]["gpus"], &w["shape"]["gpus_per_node"]),
+        (&json!(16), &json!(8)),
+        "{w}"
+    );
+    assert_eq!(w["allocation"]["shares"].as_array().map(Vec::len), Some(1), "{w}");
+    let names: Vec<String> = m.iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+    set_pod_phase(&client, NS, &names[0], "Running").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_ne!(
+        state(gang_id).await,
+        "running",
+        "a gang runs only when all its pods run"
+    );
+    set_pod_phase(&client, NS, &names[1], "Running").await;
+    eventually("the gang runs", Duration::from_secs(30), || async {
+        state(gang_id).await == "running"
+    })
+    .await;
+    set_pod_phase(&client, NS, &names[1], "Failed").await;
+    eventually("the gang fails with one pod", Duration::from_secs(30), || async {
+        state(gang_id).await == "failed"
+    })
+    .await;
+    eventually("the gang's other pod is deleted", Duration::from_secs(30), || async {
+        pods.get_opt(&names[0])
+            .await
+            .unwrap()
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    kube_support::finish_deletion(&client, NS, &names[0]).await;
 
     // Last, with the real kubelet (containerd and runc): the tenant's `kubectl apply` of a GPU
     // Job, admitted by the webhook, queued and bound by Tessera, run by the kubelet to its end;
