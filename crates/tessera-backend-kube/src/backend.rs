@@ -1921,6 +1921,7 @@ impl Backend for KubeBackend {
             confirms_stop: true,
             native_admission: true,
             multi_node: true,
+            needs_image: true,
         }
     }
 

@@ -510,6 +510,7 @@ impl Backend for LocalBackend {
             confirms_stop: false,
             native_admission: false,
             multi_node: false,
+            needs_image: false,
         }
     }
 

@@ -582,6 +582,7 @@ impl Backend for SimBackend {
                 confirms_stop: false,
                 native_admission: false,
                 multi_node: true,
+                needs_image: false,
             },
             SimMode::Operator => Capabilities {
                 partitioning: Partitioning::WholeGpu,
@@ -592,6 +593,7 @@ impl Backend for SimBackend {
                 confirms_stop: false,
                 native_admission: false,
                 multi_node: true,
+                needs_image: false,
             },
         }
     }

@@ -70,6 +70,7 @@ async fn each_mode_declares_its_capabilities() {
             confirms_stop: false,
             native_admission: false,
             multi_node: true,
+            needs_image: false,
         }
     );
     let operator = SimBackend::new(SimConfig::for_mode(SimMode::Operator), fleet());
@@ -84,6 +85,7 @@ async fn each_mode_declares_its_capabilities() {
             confirms_stop: false,
             native_admission: false,
             multi_node: true,
+            needs_image: false,
         }
     );
     assert_eq!(operator.name(), "sim");

@@ -124,6 +124,9 @@ pub struct Capabilities {
     /// Whether the backend runs a workload whose node-shares span several nodes
     /// ([`RunSpec::gang`]); one that does not refuses such a spec.
     pub multi_node: bool,
+    /// Whether every workload runs a container image (Kubernetes): one without
+    /// [`RunSpec::image`] is refused when it is asked for, not when it would start.
+    pub needs_image: bool,
 }
 
 /// What [`Backend::set_mig_mode`] achieved.

@@ -112,6 +112,13 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
         .unwrap();
     assert_eq!(q.spec.unwrap().hard.unwrap()["requests.nvidia.com/gpu"].0, "4");
 
+    // A workload without an image is refused when it is asked for (the backend runs
+    // containers), in one line naming the flag, and nothing is created.
+    let (code, _, err) = cli(args("run --tenant acme --project ml --gpus 2 -- python train.py")).await;
+    assert_ne!(code, 0);
+    assert!(err.contains("runs containers") && err.contains("--image"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
     // A 2-GPU workload becomes a pod bound to the chosen node.
     let (code, _, err) = cli(args(
         "run --tenant acme --project ml --gpus 2 --cpus 4 --memory-gib 16 --image registry.example/train:1 -- python train.py",

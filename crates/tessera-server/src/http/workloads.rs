@@ -258,6 +258,15 @@ pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload
     // The tenant's engine id matters only on shared GPUs, which gangs never use.
     let gang = crate::lifecycle::placement::engine_gang(&fleet, &shape, cpu, mem, tessera_model::TenantId(u32::MAX))
         .map_err(to_api)?;
+    if s.backend.capabilities().needs_image && b.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
+        return Err(ApiError::invalid(
+            "image",
+            format!(
+                "the {} backend runs containers: name the image to run (`--image` on the CLI)",
+                s.backend.name()
+            ),
+        ));
+    }
     // Last: it may ask the image's registry.
     let image = super::imagepolicy::admit_image(s, &b.tenant, b.image.as_deref()).await?;
     Ok(Checked {
