@@ -370,6 +370,11 @@ pub fn fleet_toml(
         if shared && mixing_pools.contains(pool) {
             out.push_str("allow_tenant_mixing = true\n");
         }
+        if shared {
+            // The device plugin hands out replicas, which may come from different GPUs and
+            // are shared with other pods: no whole GPU can be given there.
+            out.push_str("whole_gpus = false\n");
+        }
         out.push('\n');
         for (n, model) in members {
             out.push_str(&format!(

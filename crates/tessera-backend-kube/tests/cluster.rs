@@ -318,7 +318,19 @@ async fn time_sliced_nodes_are_a_shared_pool_with_one_tenant_per_node() {
     assert_ne!(a1, b1, "two tenants' fractions land on different shared nodes");
     assert_eq!(a2, a1, "the first tenant's next fraction packs onto its node");
 
-    // A whole GPU cannot be promised on a time-sliced node: refused, naming why.
+    // A whole GPU cannot be promised on a time-sliced node: the engine never places one in
+    // the pool (refused when asked for, naming why), and the backend refuses such a start.
+    assert!(!fleet.pool(pool).whole_gpus);
+    let whole = tessera_model::Request::whole(1).with_pool(pool);
+    let why = e.scope(&whole).unwrap_err().to_string();
+    assert!(why.contains("gives no whole GPU"), "{why}");
+    assert!(
+        e.scope(&tessera_model::Request::whole(1))
+            .unwrap()
+            .iter()
+            .all(|p| fleet.pool(*p).sharing != tessera_model::Sharing::Shared),
+        "whole GPUs go to no time-sliced pool"
+    );
     b.ensure_tenancy(&tenancy("ts-acme", "ml", 8)).await.unwrap();
     let refused = b.start(&run(700, "ts-acme", a1.as_str(), gpus(1))).await.unwrap_err();
     assert!(refused.to_string().contains("time-slices its GPUs"), "{refused}");

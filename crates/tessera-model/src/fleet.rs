@@ -86,6 +86,10 @@ pub struct Pool {
     pub sharing: Sharing,
     /// Shared pools: whether fractions of different tenants may share one GPU.
     pub allow_tenant_mixing: bool,
+    /// Shared pools: whether a request for whole GPUs may be given a GPU there (true where
+    /// the backend hands out a GPU itself; false where it cannot: Kubernetes' device plugin
+    /// hands out time-sliced replicas, which may come from different GPUs).
+    pub whole_gpus: bool,
     /// The pool's nodes are the contiguous range `nodes` of [`Fleet::nodes`].
     pub nodes: Range<u32>,
 }
@@ -157,6 +161,8 @@ struct PoolSpec {
     sharing: Sharing,
     #[serde(default)]
     allow_tenant_mixing: Option<Spanned<bool>>,
+    #[serde(default)]
+    whole_gpus: Option<Spanned<bool>>,
     #[serde(default)]
     nodes: Vec<NodeSpec>,
 }
@@ -346,6 +352,16 @@ impl Fleet {
                     "only shared pools can mix tenants on one GPU".into(),
                 ));
             }
+            if let Some(w) = &pool.whole_gpus
+                && !*w.get_ref()
+                && pool.sharing != Sharing::Shared
+            {
+                return Err(err(
+                    w.span(),
+                    "pool.whole_gpus",
+                    "only shared pools can refuse whole GPUs".into(),
+                ));
+            }
             if pool.nodes.is_empty() {
                 return Err(err(pool_span, "pool.nodes", format!("pool `{pname}` has no nodes")));
             }
@@ -429,6 +445,7 @@ impl Fleet {
                 name: pname.to_string(),
                 sharing: pool.sharing,
                 allow_tenant_mixing: pool.allow_tenant_mixing.as_ref().map(|m| *m.get_ref()).unwrap_or(false),
+                whole_gpus: pool.whole_gpus.as_ref().is_none_or(|w| *w.get_ref()),
                 nodes: first..fleet.nodes.len() as u32,
             });
         }
@@ -559,6 +576,7 @@ impl Fleet {
             name: "openb".into(),
             sharing: Sharing::Shared,
             allow_tenant_mixing: true,
+            whole_gpus: true,
             nodes: 0..nodes.len() as u32,
         };
         Ok(Fleet {
@@ -743,6 +761,21 @@ mod tests {
         // A value of the wrong type is named by its key, not by the value.
         let e = Fleet::from_toml(&bad_model.replace("gpus = 8", "gpus = \"8\""), "f.toml").unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (7, "gpus"), "{e}");
+
+        // Only a shared pool may refuse whole GPUs; one that does says so.
+        let refuses = bad_model
+            .replace("H900", "L40S")
+            .replace("sharing = \"whole\"\n", "sharing = \"whole\"\nwhole_gpus = false\n");
+        let e = Fleet::from_toml(&refuses, "f.toml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (4, "pool.whole_gpus"), "{e}");
+        let shared = refuses.replace("\"whole\"", "\"shared\"");
+        let f = Fleet::from_toml(&shared, "f.toml").unwrap();
+        assert!(!f.pools[0].whole_gpus);
+        let f = Fleet::from_toml(&shared.replace("whole_gpus = false\n", ""), "f.toml").unwrap();
+        assert!(
+            f.pools[0].whole_gpus,
+            "a shared pool gives whole GPUs unless told not to"
+        );
     }
 
     #[test]

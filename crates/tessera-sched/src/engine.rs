@@ -464,9 +464,11 @@ impl Engine {
     /// gets just that one), or why none can serve its shape.
     pub fn scope(&self, req: &Request) -> Result<Vec<PoolId>, Unplaceable> {
         let fits = |pool: PoolId| match (&req.shape, self.fleet.pool(pool).sharing) {
-            (Shape::Whole { .. }, s) => {
-                matches!(s, Sharing::Whole | Sharing::Shared) || (s == Sharing::Mig && self.pool_has_mig_off(pool))
-            }
+            (Shape::Whole { .. }, s) => match s {
+                Sharing::Whole => true,
+                Sharing::Shared => self.fleet.pool(pool).whole_gpus,
+                Sharing::Mig => self.pool_has_mig_off(pool),
+            },
             (Shape::Mig(_), s) => s == Sharing::Mig,
             (Shape::Fraction { .. }, s) => s == Sharing::Shared,
             (Shape::CpuOnly, _) => true,

@@ -230,7 +230,12 @@ impl Unplaceable {
                 let hint = match sharing {
                     Sharing::Mig => "it partitions GPUs with MIG: ask for a MIG profile",
                     Sharing::Whole => "it hands out whole GPUs only",
-                    Sharing::Shared => "it time-slices GPUs: ask for whole GPUs or a fraction",
+                    Sharing::Shared if shape.kind != ShapeKind::Whole => {
+                        "it time-slices GPUs: ask for whole GPUs or a fraction"
+                    }
+                    Sharing::Shared => {
+                        "it time-slices GPUs into replicas that may come from different GPUs, so it gives no whole GPU: ask for a fraction, or for whole GPUs in another pool"
+                    }
                 };
                 format!("pool `{pool}` cannot serve {shape}: {hint}")
             }
