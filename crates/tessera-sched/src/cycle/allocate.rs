@@ -72,6 +72,11 @@ impl Action for Allocate {
                     Err((Blocked::Over(over), _)) => s.exceeded(i, Exceeded::Limit(over)),
                     Err((Blocked::Backoff(reason), _)) => s.set(i, Status::Waiting(reason)),
                     Err((Blocked::NoCapacity, why)) => {
+                        // Nodes held for it by a consolidation whose moved work has all left,
+                        // and still no room: the hold goes (a later cycle may plan again).
+                        if sched.nominated.get(&job.id).is_some_and(|n| n.victims.is_empty()) {
+                            sched.nominated.remove(&job.id);
+                        }
                         let mut reason = Wait::Gang(why.map_or(GangUnplaceable::NoPoolServes, |u| *u));
                         if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
                             hold_for_gang(sched, job.id, g, &q.scope);

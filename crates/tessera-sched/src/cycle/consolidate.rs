@@ -20,6 +20,16 @@
 //! The waiting job is then nominated like a preemptor: the freed node is held for it until the
 //! moved work has left.
 //!
+//! **Force-fit for gangs.** A multi-node gang that waits for room at its level — no rack (the
+//! lowest topology level; the pool when it has none) has free GPUs where the gang needs them,
+//! though free and movable ones together would do — gets the same kind of plan at the level of a rack: the rack needing
+//! the fewest moves (then the fewest units moved, then the least work lost) is emptied of just
+//! enough movable single-node work, node by node (the nodes with the fewest movable workloads
+//! first), for the gang to fit inside it; every moved workload must fit outside the nodes the
+//! gang will take, at once, within the same disruption budget. The nodes the gang will take are
+//! held for it until the moved work has left. Gangs themselves are never moved. At most
+//! [`GANG_RACKS_TRIED`] racks are tried per gang and cycle, those with the least to move first.
+//!
 //! MIG pools need no move for an idle GPU: with a whole-GPU layout backend the engine re-lays
 //! out a GPU whose instances are all free when a waiting profile needs another layout.
 
@@ -28,11 +38,12 @@ use std::collections::{HashMap, HashSet};
 use rustc_hash::FxHashSet;
 
 use tessera_model::Request;
+use tessera_model::request::GangRequest;
 
 use super::session::{Session, Status};
 use super::statement::Statement;
 use super::{Action, Job, Movable, Scheduler};
-use crate::reason::{Unplaceable, Wait};
+use crate::reason::{GangUnplaceable, Unplaceable, Wait};
 use crate::state::Allocation;
 
 /// Consolidation settings.
@@ -102,14 +113,52 @@ impl Action for Consolidate {
             }
             plans += 1;
             match plan(s.sched, &q.job, now) {
-                Some(moves) => s.consolidate(i, moves),
+                Some(moves) => {
+                    let node = s.sched.engine.allocation(moves[0].id).map(|a| a.node.0);
+                    s.consolidate(i, moves, node.into_iter().collect());
+                }
                 None => {
                     fruitless.insert(q.key.clone());
                 }
             }
         }
+        // Gangs waiting for fragmentation (never searchable for victims, so apart).
+        for (i, q) in jobs.iter().enumerate() {
+            let Some(g) = &q.job.gang else { continue };
+            let Status::Starved { reason, .. } = s.status(i) else {
+                continue;
+            };
+            if !gang_fragmented(reason) || s.sched.nominated.contains_key(&q.job.id) {
+                continue;
+            }
+            if plans >= s.sched.cfg.consolidation.max_plans_per_cycle {
+                break;
+            }
+            plans += 1;
+            if let Some((moves, nodes)) = plan_gang(s.sched, &q.job, g, now) {
+                s.consolidate(i, moves, nodes);
+            }
+        }
     }
 }
+
+/// Whether a gang waits for room at its level (a reservation's reason says what it waits for
+/// now). Its free-GPU figures count whole free nodes for a gang of whole nodes, so a pool whose
+/// nodes are all partly used reads as full: whether moves could make room is for the plan to
+/// find.
+fn gang_fragmented(reason: &Wait) -> bool {
+    match reason {
+        Wait::Gang(u) => matches!(u, GangUnplaceable::NoRoomAtLevel { .. }),
+        Wait::GangHeld { now, .. } => gang_fragmented(now),
+        _ => false,
+    }
+}
+
+/// What a plan of moves costs: moves, then units moved, then work lost (least first).
+type Cost = (usize, u64, u64);
+
+/// Most racks tried for one gang's force-fit per cycle.
+pub(super) const GANG_RACKS_TRIED: usize = 8;
 
 /// Moves of one tenant's work within the hour before `now`.
 pub(super) fn moves_in_last_hour(s: &Scheduler, tenant: &str, now: i64) -> u32 {
@@ -250,11 +299,188 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
             .node
             .0,
     );
+    book_replacements(s, moves, blocked)
+}
+
+/// The fewest moves of movable work out of one rack after which gang `g` fits there (see the
+/// module doc), with the nodes it will take; or `None`.
+fn plan_gang(s: &mut Scheduler, job: &Job, g: &GangRequest, now: i64) -> Option<(Vec<Move>, Vec<u32>)> {
+    if s.movable_running == 0 {
+        return None;
+    }
+    let held = s.held_for_others(job.id);
+    let fleet = s.engine.fleet().clone();
+    let pools = s.engine.gang_pools(g);
+    let budget = s.cfg.consolidation.moves_per_tenant_per_hour;
+    let mut left: HashMap<&str, u32> = HashMap::new();
+    // Movable single-node work by node: (work lost, units, id).
+    let mut by_node: HashMap<u32, Vec<(u64, u64, u64)>> = HashMap::new();
+    for r in s.running.values() {
+        if r.movable.is_none()
+            || r.stopping
+            || !r.gang_nodes.is_empty()
+            || now - r.running_since_ms < s.cfg.min_runtime_ms
+        {
+            continue;
+        }
+        let tenant_left = *left
+            .entry(r.tenant.as_str())
+            .or_insert_with(|| budget.saturating_sub(moves_in_last_hour(s, &r.tenant, now)));
+        if tenant_left == 0 {
+            continue;
+        }
+        let Some(a) = s.engine.allocation(r.id) else { continue };
+        let node = fleet.node(a.node);
+        if held.contains(&a.node.0) || !pools.contains(&node.pool) {
+            continue;
+        }
+        by_node
+            .entry(a.node.0)
+            .or_default()
+            .push((r.work_lost(now), r.units.as_milli(), r.id));
+    }
+    if by_node.is_empty() {
+        return None;
+    }
+    // The racks of those pools (the pool itself where it has no level), each with its nodes.
+    let mut racks: Vec<Vec<u32>> = Vec::new();
+    for &pool in &pools {
+        let range = fleet.pools[pool.0 as usize].nodes.clone();
+        if fleet.levels.pool_has(0, pool) {
+            for d in fleet.levels.domains(0) {
+                if d.nodes.first().is_some_and(|n| range.contains(n)) {
+                    racks.push(d.nodes.clone());
+                }
+            }
+        } else {
+            racks.push(range.collect());
+        }
+    }
+    // Only racks where free plus movable units could hold the gang, least to move first.
+    let need = u64::from(g.gpus) * 1000;
+    let st = s.engine.state();
+    let mut tried: Vec<(u64, usize)> = racks
+        .iter()
+        .enumerate()
+        .filter_map(|(k, nodes)| {
+            let usable = nodes.iter().filter(|n| !held.contains(n));
+            let (mut free, mut movable) = (0u64, 0u64);
+            for &n in usable {
+                free += st.nodes[n as usize]
+                    .gpus
+                    .iter()
+                    .map(|g| g.free_milli() as u64)
+                    .sum::<u64>();
+                movable += by_node.get(&n).map_or(0, |c| c.iter().map(|c| c.1).sum());
+            }
+            (movable > 0 && free + movable >= need).then_some((need.saturating_sub(free), k))
+        })
+        .collect();
+    tried.sort_unstable();
+    tried.truncate(GANG_RACKS_TRIED);
+    let mut best: Option<(Cost, Vec<Move>, Vec<u32>)> = None;
+    let mut trial = Statement::new(&mut s.engine);
+    for (_, k) in tried {
+        let rack = &racks[k];
+        // The gang may only go inside this rack.
+        let inside: FxHashSet<u32> = rack.iter().copied().collect();
+        let mut outside: FxHashSet<u32> = (0..fleet.nodes.len() as u32).filter(|n| !inside.contains(n)).collect();
+        outside.extend(held.iter().copied());
+        trial.set_blocked(outside);
+        let cp = trial.checkpoint();
+        // Nodes with the fewest movable workloads first, each emptied whole.
+        let mut nodes: Vec<(usize, u64, u32)> = rack
+            .iter()
+            .filter_map(|n| {
+                let c = by_node.get(n)?;
+                Some((c.len(), c.iter().map(|c| c.1).sum(), *n))
+            })
+            .collect();
+        nodes.sort_unstable();
+        let mut taken: Vec<(u64, u64, u64, u32)> = Vec::new();
+        let mut per_tenant: HashMap<&str, u32> = HashMap::new();
+        let mut placement = trial.plan_gang(g).ok();
+        for &(_, _, n) in &nodes {
+            if placement.is_some() || best.as_ref().is_some_and(|b| taken.len() >= b.0.0) {
+                break;
+            }
+            let mut cands = by_node[&n].clone();
+            cands.sort_unstable();
+            for c in cands {
+                let r = &s.running[&c.2];
+                let t = per_tenant.entry(r.tenant.as_str()).or_default();
+                if *t >= left[r.tenant.as_str()] {
+                    continue;
+                }
+                *t += 1;
+                assert!(trial.evict(c.2), "a running workload has an allocation");
+                taken.push((c.0, c.1, c.2, n));
+            }
+            placement = trial.plan_gang(g).ok();
+        }
+        let mut moves = Vec::new();
+        let mut gang_nodes = Vec::new();
+        if let Some(p) = placement {
+            gang_nodes = p.shares.iter().map(|sh| sh.node.0).collect();
+            // Only work on the nodes the gang takes moves; it must fit outside them, at once
+            // (services first, their replacements booked in this order).
+            let mut blocked = held.clone();
+            blocked.extend(gang_nodes.iter().copied());
+            trial.set_blocked(blocked);
+            taken.retain(|c| gang_nodes.contains(&c.3));
+            let mut order: Vec<(Movable, u64, u32)> = taken
+                .iter()
+                .map(|c| (s.running[&c.2].movable.expect("movable"), c.2, c.3))
+                .collect();
+            order.sort_by_key(|(how, id, _)| (*how == Movable::Restart, *id));
+            for (how, id, n) in order {
+                let req = same_model(&s.running[&id].request, &fleet, n);
+                match trial.place(id, &req) {
+                    Some(to) => moves.push(Move { id, how, to }),
+                    None => {
+                        moves.clear();
+                        break;
+                    }
+                }
+            }
+        }
+        trial.rollback(cp);
+        if !moves.is_empty() {
+            let cost = (
+                moves.len(),
+                taken.iter().map(|c| c.1).sum::<u64>(),
+                taken.iter().map(|c| c.0).sum::<u64>(),
+            );
+            if best.as_ref().is_none_or(|b| cost < b.0) {
+                best = Some((cost, moves, gang_nodes));
+            }
+        }
+    }
+    trial.set_blocked(FxHashSet::default());
+    drop(trial);
+    let (_, moves, gang_nodes) = best?;
+    let mut blocked = held;
+    blocked.extend(gang_nodes.iter().copied());
+    let moves = book_replacements(s, moves, blocked)?;
+    Some((moves, gang_nodes))
+}
+
+/// Books the replacements of the services among `moves` where they can go with `blocked` held
+/// back (the trial's choices, made on the same state), and gives the moves with each service's
+/// booking; `None` (nothing booked) if one no longer fits.
+fn book_replacements(s: &mut Scheduler, moves: Vec<Move>, blocked: FxHashSet<u32>) -> Option<Vec<Move>> {
+    let fleet = s.engine.fleet().clone();
     s.engine.set_blocked(blocked);
     let mut booked = Vec::new();
     let mut ok = true;
     for m in moves.iter().filter(|m| m.how == Movable::Replace) {
-        let req = same_model(&s.running[&m.id].request, &fleet, node_of[&m.id]);
+        let node = s
+            .engine
+            .allocation(m.id)
+            .expect("a running workload has an allocation")
+            .node
+            .0;
+        let req = same_model(&s.running[&m.id].request, &fleet, node);
         match s.engine.place(REPLACEMENT | m.id, &req) {
             Ok(a) => booked.push(a.clone()),
             Err(_) => {
@@ -442,5 +668,97 @@ mod tests {
         };
         assert_eq!(run(1), 1, "one move of tenant a's work in the hour");
         assert_eq!(run(2), 2);
+    }
+
+    /// A gang of `gpus` whole GPUs as whole nodes of the training pool, required in one rack.
+    fn rack_gang(id: u64, gpus: u32, now: i64) -> Job {
+        use tessera_model::request::{GangRequest, TopologyConstraint};
+        let g = GangRequest::whole_nodes(gpus)
+            .with_pool(tessera_model::PoolId(0))
+            .with_topology(TopologyConstraint::required("rack"));
+        Job {
+            gang: Some(g),
+            ..job(id, "g", 8, "standard", now)
+        }
+    }
+
+    fn rack(s: &Scheduler, node: u32) -> String {
+        let f = s.engine.fleet();
+        f.levels
+            .domain_name(0, tessera_model::NodeId(node))
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[test]
+    fn a_gang_is_force_fit_into_one_rack_by_moving_just_enough_movable_work_out_of_it() {
+        // Every node of the 4 racks × 4 nodes runs one movable 2-GPU job (each of its own
+        // tenant, so no disruption budget binds): 96 GPUs free, no node whole. A 16-GPU gang
+        // required in one rack needs two whole nodes there.
+        let mut s = sched();
+        for n in 0..16u32 {
+            let tenant = format!("t{n}");
+            place_on(
+                &mut s,
+                n,
+                movable(
+                    job(100 + u64::from(n), &tenant, 2, "standard", 0),
+                    Some(Movable::Restart),
+                ),
+                0,
+            );
+        }
+        // Unmovable work is never moved for it.
+        let mut fixed = sched();
+        for n in 0..16u32 {
+            place_on(
+                &mut fixed,
+                n,
+                job(100 + u64::from(n), &format!("t{n}"), 2, "standard", 0),
+                0,
+            );
+        }
+        let d = fixed.submit(rack_gang(1, 16, 5000), 5000);
+        assert!(moves(&d).is_empty(), "{d:?}");
+
+        let d = s.submit(rack_gang(1, 16, 5000), 5000);
+        let m = moves(&d);
+        assert_eq!(m.len(), 2, "two nodes emptied, no more: {d:?}");
+        assert!(m.iter().all(|(_, by, service)| *by == 1 && !service), "{m:?}");
+        let from: Vec<u32> = m
+            .iter()
+            .map(|(id, _, _)| s.engine.allocation(*id).unwrap().node.0)
+            .collect();
+        assert_eq!(rack(&s, from[0]), rack(&s, from[1]), "both out of one rack: {from:?}");
+        // Nothing else takes the freed nodes meanwhile, and the gang goes there once the moved
+        // work has left (requeued, it comes back elsewhere).
+        for (id, _, _) in &m {
+            s.release(*id, 5100);
+        }
+        let d = s.cycle(5100);
+        let shares = d
+            .iter()
+            .find_map(|x| match x {
+                Decision::PlacedGang { id: 1, shares, .. } => Some(shares.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{d:?}"));
+        let mut got: Vec<u32> = shares.iter().map(|a| a.node.0).collect();
+        let mut want = from.clone();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want, "the gang takes the emptied nodes");
+        for (id, _, _) in &m {
+            let n = *id as u32 - 100;
+            s.enqueue(movable(
+                job(*id, &format!("t{n}"), 2, "standard", 0),
+                Some(Movable::Restart),
+            ));
+        }
+        let d = s.cycle(5200);
+        assert_eq!(placed(&d).len(), 2, "the moved work runs again elsewhere: {d:?}");
+        for (id, _, _) in &m {
+            assert!(!from.contains(&s.engine.allocation(*id).unwrap().node.0));
+        }
     }
 }

@@ -170,11 +170,10 @@ impl<'a> Session<'a> {
 
     /// The job at `i` waits for consolidation `moves` (see [`consolidate`](super::consolidate)):
     /// the moved work is marked stopping and told to move, counted against its tenant's
-    /// disruption budget, and the node it leaves is held for the job.
-    pub fn consolidate(&mut self, i: usize, moves: Vec<super::consolidate::Move>) {
+    /// disruption budget, and the nodes it leaves (`nodes`) are held for the job.
+    pub fn consolidate(&mut self, i: usize, moves: Vec<super::consolidate::Move>, nodes: Vec<u32>) {
         let now = self.now;
         let by = self.jobs[i].job.id;
-        let node = self.sched.engine.allocation(moves[0].id).map(|a| a.node.0);
         for m in &moves {
             self.sched.stopping(m.id);
             if let Some(r) = self.sched.running.get(&m.id) {
@@ -193,7 +192,7 @@ impl<'a> Session<'a> {
             self.set(i, Status::Waiting(reason));
         }
         let victims = moves.iter().map(|m| m.id).collect();
-        let nodes = node.into_iter().collect();
+        let nodes = nodes.into_iter().collect();
         self.sched.nominated.insert(by, super::Nomination { victims, nodes });
     }
 

@@ -86,6 +86,14 @@ impl<'e> Statement<'e> {
         Some(a)
     }
 
+    /// Where gang `g` would go in the current trial state (nothing is booked).
+    pub fn plan_gang(
+        &mut self,
+        g: &tessera_model::request::GangRequest,
+    ) -> Result<crate::engine::GangPlacement, crate::reason::GangUnplaceable> {
+        self.engine.plan_gang(g)
+    }
+
     /// Holds nodes back from the trial placements (as [`Engine::set_blocked`]).
     pub fn set_blocked(&mut self, nodes: rustc_hash::FxHashSet<u32>) {
         self.engine.set_blocked(nodes);
