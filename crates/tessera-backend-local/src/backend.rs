@@ -16,9 +16,11 @@ use tessera_backend::{
 use tessera_model::Catalogue;
 use tokio::sync::mpsc;
 
+use crate::cdi::Specs;
 use crate::discovery::{Discovery, discover};
-use crate::isolation::{RunAs, gpu_device_rules, secure_dirs};
+use crate::isolation::{RunAs, gpu_device_nodes, gpu_device_rules, secure_dirs, workload_dir};
 use crate::nvml::{GpuInstance, Nvml, NvmlError, xid_is_critical};
+use crate::oci::{Bundle, ContainerConfig, ContainerSpec, ImageStore};
 use crate::process::{Cgroups, Files, Launch, Limits, Place, ProcId, group_alive, spawn, terminate};
 use crate::sandbox::{self, SandboxMode};
 
@@ -48,6 +50,16 @@ pub struct LocalConfig {
     pub lease_grace: Duration,
     /// Whether each workload gets a file-system view of its own ([`crate::sandbox`]).
     pub sandbox: SandboxMode,
+    /// Workloads with an image: where the images come from and what runs them
+    /// ([`crate::oci`]); `None`: such workloads are refused.
+    pub containers: Option<ContainerConfig>,
+}
+
+/// What runs workloads with an image.
+struct Containers {
+    store: ImageStore,
+    cfg: ContainerConfig,
+    cdi: Specs,
 }
 
 struct Proc {
@@ -82,6 +94,7 @@ struct Shared {
     rx: Mutex<Option<mpsc::UnboundedReceiver<BackendEvent>>>,
     /// The sandbox is in use (the mode allows it and the host's probe passed).
     sandboxed: bool,
+    containers: Option<Containers>,
 }
 
 /// This machine's GPUs through NVML, workloads as local processes.
@@ -154,8 +167,46 @@ impl LocalBackend {
                 }
             },
         };
+        let containers = match &cfg.containers {
+            None => None,
+            Some(c) => {
+                if !cfg.cgroups.enabled() {
+                    return Err(NvmlError(format!(
+                        "--local-images: containers run in the workload's cgroup, and cgroups are off ({})",
+                        cfg.cgroups.skipped
+                    )));
+                }
+                let out = std::process::Command::new(&c.runtime)
+                    .arg("--version")
+                    .output()
+                    .map_err(|e| NvmlError(format!("--local-images: the OCI runtime {}: {e}", c.runtime.display())))?;
+                let store = ImageStore::open(&c.images, &cfg.data_dir.join("images"))
+                    .map_err(|e| NvmlError(format!("--local-images: {e}")))?;
+                let cdi = Specs::load(&c.cdi_dirs);
+                let version = String::from_utf8_lossy(&out.stdout);
+                tracing::info!(
+                    runtime = %c.runtime.display(),
+                    version = version.lines().next().unwrap_or(""),
+                    images = ?store.names(),
+                    cdi = ?cdi.files(),
+                    "workloads with an image run as containers"
+                );
+                if cdi.is_empty() {
+                    tracing::warn!(
+                        dirs = ?c.cdi_dirs,
+                        "no CDI spec for nvidia.com/gpu: containers get their GPUs' device nodes but not the driver's libraries (install the NVIDIA Container Toolkit and run `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`)"
+                    );
+                }
+                Some(Containers {
+                    store,
+                    cfg: c.clone(),
+                    cdi,
+                })
+            }
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
+            containers,
             sandboxed,
             nvml,
             cfg,
@@ -203,6 +254,98 @@ impl LocalBackend {
             .find(|i| i.profile_id == inst.profile_id && i.start == inst.start as u32 && i.size == inst.size as u32))
     }
 
+    /// Prepares workload `spec`'s container of image `name` (unpacked on first use, off the
+    /// runtime's threads): the bundle with its GPUs through CDI where a spec is installed, else
+    /// their device nodes. Returns the runtime's command and the device rules of its cgroup.
+    async fn container(
+        &self,
+        spec: &RunSpec,
+        name: &str,
+        gpus: &[u32],
+        visible: &str,
+        mig: &Option<(u32, u32, String)>,
+    ) -> Result<(Vec<String>, Vec<String>), BackendError> {
+        let shared = self.shared.clone();
+        let wanted = name.to_string();
+        let image = tokio::task::spawn_blocking(move || {
+            let c = shared.containers.as_ref().expect("checked by start");
+            c.store.get(&wanted)
+        })
+        .await
+        .map_err(|e| BackendError::Rejected(format!("image {name}: {e}")))?
+        .map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let c = self.shared.containers.as_ref().expect("checked by start");
+        let cfg = &self.shared.cfg;
+        let mut rules = gpu_device_rules(&cfg.dev_dir, gpus, mig.is_some());
+        // What an OCI runtime always allows a container besides (its cgroup is a child of the
+        // workload's, and a child cannot be allowed what its parent is not): device creation,
+        // which needs CAP_MKNOD the container lacks, `/dev/console` and `/dev/net/tun`.
+        rules.extend(["c *:* m", "b *:* m", "c 5:1 rwm", "c 10:200 rwm"].map(String::from));
+        let mut devices = gpu_device_nodes(&cfg.dev_dir, gpus, mig.is_some());
+        let edits = if c.cdi.is_empty() || gpus.is_empty() {
+            crate::cdi::Edits::default()
+        } else {
+            // Each GPU by its UUID, else by its index (nvidia-ctk's two naming strategies); a
+            // MIG instance by its UUID.
+            let uuids: Vec<&str> = visible.split(',').collect();
+            let wanted: Vec<Vec<String>> = match mig {
+                Some(_) => vec![vec![visible.to_string()]],
+                None => gpus
+                    .iter()
+                    .zip(uuids)
+                    .map(|(g, u)| vec![u.to_string(), g.to_string()])
+                    .collect(),
+            };
+            let edits = c.cdi.edits(&wanted).map_err(BackendError::Rejected)?;
+            // The spec's nodes are the GPUs' nodes: take them from it.
+            devices.clear();
+            rules.extend(
+                edits
+                    .device_nodes
+                    .iter()
+                    .map(|d| format!("{} {}:{} rwm", d.kind, d.major, d.minor)),
+            );
+            edits
+        };
+        let files = self.shared.files(spec.id);
+        std::fs::create_dir_all(&files.dir)
+            .and_then(|()| std::fs::set_permissions(&files.dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)))
+            .map_err(|e| BackendError::Rejected(format!("{}: {e}", files.dir.display())))?;
+        let work = std::path::absolute(&cfg.work_dir)
+            .and_then(|w| workload_dir(&w, spec.id, cfg.run_as))
+            .map_err(|e| BackendError::Rejected(e.to_string()))?;
+        let (uid, gid) = cfg.run_as.ids(spec.id).unwrap_or((0, 0));
+        let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        env.push(format!("CUDA_VISIBLE_DEVICES={visible}"));
+        env.push(format!("TESSERA_WORKLOAD_ID={}", spec.id));
+        let cspec = ContainerSpec {
+            id: spec.id,
+            image: &image,
+            command: spec.command.as_deref(),
+            env,
+            work: &work,
+            uid,
+            gid,
+            cgroups_path: cfg.cgroups.oci_path(spec.id).unwrap_or_default(),
+            device_rules: &rules,
+            devices: &devices,
+            memory_mib: spec.memory_mib,
+            cpu_milli: spec.cpu_milli,
+            pids: cfg.pids_max,
+            no_swap: cfg.cgroups.swap_limitable(),
+            network: c.cfg.network,
+            cdi: &edits,
+        };
+        crate::oci::cleanup(&c.cfg.runtime, &cfg.data_dir, &files.dir, spec.id);
+        let bundle =
+            Bundle::create(&files.dir, &cspec).map_err(|e| BackendError::Rejected(format!("image {name}: {e}")))?;
+        tracing::info!(workload = spec.id, image = name, digest = %image.digest, uid, "container prepared");
+        Ok((
+            crate::oci::run_command(&c.cfg.runtime, &cfg.data_dir, &bundle, spec.id),
+            rules,
+        ))
+    }
+
     fn mig_enabled(&self, gpu: u8) -> Result<bool, BackendError> {
         let infos = self.shared.nvml.gpus().map_err(rejected)?;
         let info = infos
@@ -244,6 +387,23 @@ fn observation_of(exit: &Exit) -> Observation {
 impl Shared {
     fn files(&self, id: u64) -> Files {
         Files::new(&self.cfg.data_dir, &self.cfg.work_dir, id)
+    }
+
+    /// After a container ended (or failed to start): the runtime's record and the bundle go.
+    fn cleanup_container(&self, id: u64) {
+        let files = self.files(id);
+        if !files.dir.join("bundle").exists() {
+            return;
+        }
+        let runtime = self
+            .containers
+            .as_ref()
+            .map(|c| c.cfg.runtime.clone())
+            .or_else(crate::oci::find_runtime);
+        match runtime {
+            Some(r) => crate::oci::cleanup(&r, &self.cfg.data_dir, &files.dir, id),
+            None => crate::oci::cleanup_bundle(&files.dir),
+        }
     }
 
     /// Whether any process of workload `id` is left: its cgroup's members, or without cgroups
@@ -464,6 +624,9 @@ async fn finish(weak: Weak<Shared>, id: u64, code: Option<i32>) {
     if !stopping {
         cgroups.kill_all(id).await;
     }
+    if let Some(shared) = weak.upgrade() {
+        shared.cleanup_container(id);
+    }
     let t = Instant::now();
     while !files.log_complete() && t.elapsed() < Duration::from_secs(2) {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -622,11 +785,18 @@ impl Backend for LocalBackend {
         {
             return Ok(());
         }
-        let command = spec.command.clone().filter(|c| !c.is_empty()).ok_or_else(|| {
-            BackendError::Rejected(
-                "the local backend runs a command; this workload has none (images need a container backend)".into(),
-            )
-        })?;
+        let image = spec.image.clone().filter(|i| !i.trim().is_empty());
+        let command = spec.command.clone().filter(|c| !c.is_empty());
+        if image.is_none() && command.is_none() {
+            return Err(BackendError::Rejected(
+                "the local backend runs a command or an image; this workload has neither".into(),
+            ));
+        }
+        if image.is_some() && self.shared.containers.is_none() {
+            return Err(BackendError::Rejected(
+                "this machine runs no container images (its server was started without --local-images DIR); run a command instead".into(),
+            ));
+        }
         let mut mig = None;
         let (gpus, visible) = match &spec.devices {
             Devices::Exact { gpus, slice } => match slice {
@@ -669,20 +839,27 @@ impl Backend for LocalBackend {
                 )));
             }
         }
+        let mut device_rules = gpu_device_rules(&cfg.dev_dir, &gpus, mig.is_some());
+        let container = match &image {
+            None => None,
+            Some(name) => {
+                let (cmd, rules) = self.container(spec, name, &gpus, &visible, &mig).await?;
+                device_rules = rules;
+                Some(cmd)
+            }
+        };
         let launch = Launch {
             id: spec.id,
-            command,
+            command: command.unwrap_or_default(),
             env: spec.env.clone(),
             cuda_visible_devices: visible,
             limits: Limits {
                 cpu_milli: spec.cpu_milli,
                 memory_mib: spec.memory_mib,
                 pids: cfg.pids_max,
-                devices: cfg
-                    .cgroups
-                    .devices_enforced()
-                    .then(|| gpu_device_rules(&cfg.dev_dir, &gpus, mig.is_some())),
+                devices: cfg.cgroups.devices_enforced().then_some(device_rules),
             },
+            container,
         };
         let place = Place {
             data_dir: &cfg.data_dir,
@@ -698,7 +875,11 @@ impl Backend for LocalBackend {
         });
         let (mut child, proc_id) = spawn(place, &launch).map_err(|e| {
             cfg.cgroups.remove(spec.id);
-            BackendError::Rejected(format!("cannot start `{}`: {e}", launch.command.join(" ")))
+            self.shared.cleanup_container(spec.id);
+            match &image {
+                Some(i) => BackendError::Rejected(format!("cannot start image {i}: {e}")),
+                None => BackendError::Rejected(format!("cannot start `{}`: {e}", launch.command.join(" "))),
+            }
         })?;
         let since = now_ms();
         self.shared.state.lock().unwrap().procs.insert(

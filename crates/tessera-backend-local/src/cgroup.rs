@@ -71,6 +71,10 @@ pub struct Cgroups {
     pub skipped: String,
     /// On v2: BPF device programs can be loaded (device rules are enforced).
     bpf_devices: bool,
+    /// `NAME`: the parent of workload cgroups, from each hierarchy's root.
+    name: String,
+    /// The root the hierarchies are under (normally `/sys/fs/cgroup`).
+    root: PathBuf,
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {
@@ -101,6 +105,8 @@ impl Cgroups {
             kind: Kind::Off,
             skipped: why,
             bpf_devices: false,
+            name: String::new(),
+            root: root.to_path_buf(),
         };
         if root.join("cgroup.controllers").exists() {
             let base = root.join(name);
@@ -133,6 +139,8 @@ impl Cgroups {
                 kind: Kind::V2(base),
                 skipped: String::new(),
                 bpf_devices,
+                name: name.to_string(),
+                root: root.to_path_buf(),
             };
         }
         let mut dirs = Vec::new();
@@ -168,6 +176,8 @@ impl Cgroups {
             kind: Kind::V1(dirs),
             skipped: String::new(),
             bpf_devices: false,
+            name: name.to_string(),
+            root: root.to_path_buf(),
         }
     }
 
@@ -177,6 +187,8 @@ impl Cgroups {
             kind: Kind::Off,
             skipped: why.into(),
             bpf_devices: false,
+            name: String::new(),
+            root: PathBuf::new(),
         }
     }
 
@@ -205,6 +217,50 @@ impl Cgroups {
 
     fn leaf(id: u64) -> String {
         format!("w{id}")
+    }
+
+    /// The cgroup an OCI runtime puts workload `id`'s container in, as a path from each
+    /// hierarchy's root (`/NAME/wID/ctr`, its `cgroupsPath`): a child of the workload's cgroup,
+    /// beside `rt`, which holds the runtime itself ([`Cgroups::prepare_container`]); `None`
+    /// when cgroups are off.
+    pub fn oci_path(&self, id: u64) -> Option<String> {
+        self.enabled()
+            .then(|| format!("/{}/{}/ctr", self.name.trim_matches('/'), Self::leaf(id)))
+    }
+
+    /// Whether a memory limit can also forbid swap (v2, or v1 with swap accounting).
+    pub fn swap_limitable(&self) -> bool {
+        match &self.kind {
+            Kind::Off => false,
+            Kind::V2(_) => true,
+            Kind::V1(list) => list
+                .iter()
+                .any(|(c, b)| c.contains(&Ctrl::Memory) && b.join("memory.memsw.limit_in_bytes").exists()),
+        }
+    }
+
+    /// Creates workload `id`'s cgroup for a container: the workload's cgroup with its device
+    /// rules only, and in it `rt` for the runtime and the server's wrapper (returned: the
+    /// `cgroup.procs` files they join). The runtime makes `ctr` beside it with the
+    /// container's CPU, memory and pids limits ([`Cgroups::oci_path`]). The workload's cgroup
+    /// then holds no process itself, as cgroup v2 requires of a parent.
+    pub fn prepare_container(&self, id: u64, devices: Option<Vec<String>>) -> io::Result<Vec<PathBuf>> {
+        self.prepare(
+            id,
+            &Limits {
+                cpu_milli: 0,
+                memory_mib: 0,
+                pids: 0,
+                devices,
+            },
+        )?;
+        let mut procs = Vec::new();
+        for (_, dir) in self.dirs(id) {
+            let rt = dir.join("rt");
+            fs::create_dir_all(&rt)?;
+            procs.push(rt.join("cgroup.procs"));
+        }
+        Ok(procs)
     }
 
     /// The distinct directories of workload `id`'s cgroup, with the controllers each serves.
@@ -285,16 +341,31 @@ impl Cgroups {
         Ok(procs)
     }
 
-    /// The processes in workload `id`'s cgroup (empty when it has none or cgroups are off).
+    /// The processes in workload `id`'s cgroup and the cgroups below it (a container's
+    /// runtime and the container itself), empty when it has none or cgroups are off.
     pub fn members(&self, id: u64) -> Vec<i32> {
         let Some(dir) = self.dir_of(id, Ctrl::Freezer) else {
             return Vec::new();
         };
-        fs::read_to_string(dir.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
+        let mut pids = Vec::new();
+        let mut todo = vec![dir];
+        while let Some(d) = todo.pop() {
+            pids.extend(
+                fs::read_to_string(d.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().parse::<i32>().ok()),
+            );
+            todo.extend(
+                fs::read_dir(&d)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+        pids
     }
 
     /// Whether any process of workload `id` is left in its cgroup.
@@ -434,12 +505,35 @@ impl Cgroups {
         }
     }
 
-    /// Removes workload `id`'s cgroup (only an empty one can be removed).
+    /// Removes workload `id`'s cgroup and those below it (only empty ones can be removed), in
+    /// every hierarchy under the root (a container's runtime makes it in all of them).
     pub fn remove(&self, id: u64) {
-        for (_, dir) in self.dirs(id) {
-            let _ = fs::remove_dir(dir);
+        let mut dirs: Vec<PathBuf> = self.dirs(id).into_iter().map(|(_, d)| d).collect();
+        if let Kind::V1(_) = self.kind {
+            dirs.extend(
+                fs::read_dir(&self.root)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path().join(&self.name).join(Self::leaf(id)))
+                    .filter(|d| d.is_dir()),
+            );
+        }
+        for dir in dirs {
+            remove_tree(&dir);
         }
     }
+}
+
+/// Removes the cgroup `dir` and its descendants, deepest first (cgroup directories are removed
+/// with rmdir, their files never).
+fn remove_tree(dir: &Path) {
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&e.path());
+        }
+    }
+    let _ = fs::remove_dir(dir);
 }
 
 #[cfg(test)]

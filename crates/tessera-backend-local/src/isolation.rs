@@ -263,7 +263,7 @@ unsafe fn relay(rfd: i32, lfd: i32, already: u64, cap: u64, note: &[u8], marker:
     }
 }
 
-fn char_dev(path: &Path) -> Option<(u32, u32)> {
+pub(crate) fn char_dev(path: &Path) -> Option<(u32, u32)> {
     use std::os::unix::fs::FileTypeExt;
     let m = fs::metadata(path).ok()?;
     if !m.file_type().is_char_device() {
@@ -292,8 +292,20 @@ pub fn gpu_device_rules(dev_dir: &Path, gpus: &[u32], mig: bool) -> Vec<String> 
     .into_iter()
     .map(String::from)
     .collect();
+    rules.extend(
+        gpu_device_nodes(dev_dir, gpus, mig)
+            .iter()
+            .map(|(_, maj, min)| format!("c {maj}:{min} rwm")),
+    );
+    rules
+}
+
+/// The NVIDIA device nodes in `dev_dir` a workload given `gpus` may open, with their major and
+/// minor numbers: none without a GPU; else the control nodes, with `mig` every `nvidia-caps`
+/// node, and the GPUs' own nodes (those that exist).
+pub fn gpu_device_nodes(dev_dir: &Path, gpus: &[u32], mig: bool) -> Vec<(PathBuf, u32, u32)> {
     if gpus.is_empty() {
-        return rules;
+        return Vec::new();
     }
     let mut nodes: Vec<PathBuf> = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"]
         .iter()
@@ -301,21 +313,22 @@ pub fn gpu_device_rules(dev_dir: &Path, gpus: &[u32], mig: bool) -> Vec<String> 
         .collect();
     nodes.extend(gpus.iter().map(|g| dev_dir.join(format!("nvidia{g}"))));
     if mig {
-        nodes.extend(
-            fs::read_dir(dev_dir.join("nvidia-caps"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path()),
-        );
+        let mut caps: Vec<PathBuf> = fs::read_dir(dev_dir.join("nvidia-caps"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        caps.sort();
+        nodes.extend(caps);
     }
-    rules.extend(
-        nodes
-            .iter()
-            .filter_map(|p| char_dev(p))
-            .map(|(maj, min)| format!("c {maj}:{min} rwm")),
-    );
-    rules
+    nodes
+        .into_iter()
+        .filter_map(|p| {
+            let (maj, min) = char_dev(&p)?;
+            Some((p, maj, min))
+        })
+        .collect()
 }
 
 #[cfg(test)]

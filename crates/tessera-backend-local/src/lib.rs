@@ -19,18 +19,24 @@
 //! * [`sandbox`]: where the host allows it, each workload in a mount namespace of its own: a
 //!   read-only root, private `/tmp`, `/var/tmp` and `/dev/shm`, the data directory covered and
 //!   only its own directory visible in the work directory.
+//! * [`oci`] and [`cdi`]: a workload that names an image runs as a container from a local OCI
+//!   image layout (`--local-images`), through runc or crun, in its own pid, mount, IPC, UTS and
+//!   network namespaces and the same cgroup, as its own user; GPUs through the NVIDIA Container
+//!   Toolkit's CDI spec where one is installed.
 //! * [`LocalBackend`]: the backend contract (`Instance` partitioning at the engine's placement,
 //!   only on GPUs an admin put in MIG mode — it never switches MIG mode; `Exact` devices; logs),
 //!   telemetry every interval and critical XIDs as `GpuHealth` events as soon as NVML reports
 //!   them.
 
 mod backend;
+pub mod cdi;
 pub mod cgroup;
 pub mod devfilter;
 pub mod discovery;
 mod fake;
 pub mod isolation;
 pub mod nvml;
+pub mod oci;
 pub mod process;
 mod real;
 pub mod sandbox;
@@ -40,5 +46,6 @@ pub use discovery::{DiscoveredGpu, Discovery, discover, fleet_toml};
 pub use fake::{FakeGpu, FakeNvml, fake_bus_id};
 pub use isolation::RunAs;
 pub use nvml::{GpuInfo, GpuInstance, Nvml, NvmlError, Sample, XidEvent, xid_is_critical};
+pub use oci::{ContainerConfig, ContainerNetwork};
 pub use real::RealNvml;
 pub use sandbox::SandboxMode;

@@ -102,6 +102,11 @@ pub struct Launch {
     pub cuda_visible_devices: String,
     /// Its cgroup's limits (CPU, memory, pids, devices).
     pub limits: Limits,
+    /// A workload with an image: the OCI runtime's command that runs its container
+    /// ([`crate::oci`]), as root (the runtime drops to the workload's user inside the
+    /// container) and without the sandbox (the container has a root of its own); `command`
+    /// is then in the container's configuration.
+    pub container: Option<Vec<String>>,
 }
 
 /// The files of a workload: the server's records in the data directory, and the workload's own
@@ -134,6 +139,11 @@ impl Files {
     fn exit(&self) -> PathBuf {
         self.work.join(".tessera-exit")
     }
+    /// The exit status of a container's runtime, written by the server's wrapper into its own
+    /// directory (the wrapper runs as root, so never into the workload's).
+    fn container_exit(&self) -> PathBuf {
+        self.dir.join("exit")
+    }
 
     /// The process the server recorded when it started the workload.
     pub fn read_pid(&self) -> Option<ProcId> {
@@ -147,6 +157,9 @@ impl Files {
 
     /// The exit status the wrapper recorded, if the command ended.
     pub fn read_exit(&self) -> Option<i32> {
+        if let Ok(s) = fs::read_to_string(self.container_exit()) {
+            return s.trim().parse().ok();
+        }
         read_untrusted(&self.exit(), 32)?.trim().parse().ok()
     }
 
@@ -203,29 +216,43 @@ pub fn spawn(place: Place<'_>, l: &Launch) -> io::Result<(tokio::process::Child,
     fs::set_permissions(&files.dir, fs::Permissions::from_mode(0o700))?;
     let work = workload_dir(place.work_dir, l.id, place.run_as)?;
     let _ = fs::remove_file(files.exit());
-    let procs = place.cgroups.prepare(l.id, &l.limits)?;
+    let _ = fs::remove_file(files.container_exit());
+    let procs = match &l.container {
+        Some(_) => place.cgroups.prepare_container(l.id, l.limits.devices.clone())?,
+        None => place.cgroups.prepare(l.id, &l.limits)?,
+    };
     let out = spawn_log_relay(&files.log(), &files.log_end(), place.log_cap)?;
     let err = out.try_clone()?;
-    let ids = place.run_as.ids(l.id);
+    // A container's runtime runs as root, outside the sandbox, and records its exit in the
+    // server's directory; the workload's user and view are set inside the container.
+    let container = l.container.is_some();
+    let ids = if container { None } else { place.run_as.ids(l.id) };
     let sandbox = place
         .sandbox
+        .filter(|_| !container)
         .map(|dev| Sandbox::new(place.data_dir, place.work_dir, &work, dev, l.limits.memory_mib))
         .transpose()?;
     let mut cmd = tokio::process::Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(r#""$@"; s=$?; echo $s > "$0"; exit $s"#)
-        .arg(files.exit())
-        .args(&l.command)
+        .arg(if container {
+            files.container_exit()
+        } else {
+            files.exit()
+        })
+        .args(l.container.as_ref().unwrap_or(&l.command))
         .env_clear()
         .env(
             "PATH",
             std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into()),
-        )
-        .env("HOME", &work)
-        .envs(&l.env)
-        .env("CUDA_VISIBLE_DEVICES", &l.cuda_visible_devices)
-        .env("TESSERA_WORKLOAD_ID", l.id.to_string())
-        .current_dir(&work)
+        );
+    if !container {
+        cmd.env("HOME", &work)
+            .envs(&l.env)
+            .env("CUDA_VISIBLE_DEVICES", &l.cuda_visible_devices)
+            .env("TESSERA_WORKLOAD_ID", l.id.to_string());
+    }
+    cmd.current_dir(&work)
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
@@ -254,10 +281,13 @@ pub fn spawn(place: Place<'_>, l: &Launch) -> io::Result<(tokio::process::Child,
             if let Some(s) = &sandbox {
                 s.enter()?;
             }
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            // (The runtime sets it for the container's own process.)
+            if !container && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
-            libc::umask(0o077);
+            // A container's runtime makes mount points in the image's overlay, which its user
+            // must be able to traverse (the container's own umask is in its configuration).
+            libc::umask(if container { 0o022 } else { 0o077 });
             if let Some((uid, gid)) = ids {
                 if libc::setgroups(0, std::ptr::null()) != 0
                     || libc::setresgid(gid, gid, gid) != 0

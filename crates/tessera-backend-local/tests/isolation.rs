@@ -85,6 +85,7 @@ impl Env {
             cgroups: self.cg.clone(),
             lease_grace: Duration::from_millis(300),
             sandbox: SandboxMode::Off,
+            containers: None,
         }
     }
 
@@ -625,4 +626,392 @@ echo "undo=$(unshare -Urm sh -c "umount -l $W; umount -l /tmp; ls $W; cat /tmp/$
     b.stop(1, Duration::from_millis(200)).await.unwrap();
     wait_until("workload 1 is gone", Duration::from_secs(5), || !env.cg.populated(1)).await;
     let _ = std::fs::remove_file(&host_tmp);
+}
+
+// ---- containers (`--local-images`) ------------------------------------------------------------
+
+/// Debian's `busybox-static` and `runc` (scripts/test.sh installs both, for the kubelet tests).
+fn container_tools() -> (PathBuf, PathBuf) {
+    let busybox = PathBuf::from("/bin/busybox");
+    let runc = tessera_backend_local::oci::find_runtime();
+    match (busybox.is_file(), runc) {
+        (true, Some(r)) => (busybox, r),
+        _ => panic!(
+            "the container tests need Debian's busybox-static and runc (scripts/test.sh installs them): apt-get install busybox-static runc"
+        ),
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// A gzip tar layer from `(path, contents or symlink target, is_link)` entries.
+fn layer(entries: &[(&str, Vec<u8>, bool)]) -> Vec<u8> {
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut t = tar::Builder::new(gz);
+    for (path, data, link) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        if *link {
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            h.set_mode(0o777);
+            t.append_link(&mut h, path, std::str::from_utf8(data).unwrap()).unwrap();
+        } else if path.ends_with('/') {
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_size(0);
+            h.set_mode(0o755);
+            t.append_data(&mut h, path, &[][..]).unwrap();
+        } else {
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(data.len() as u64);
+            h.set_mode(0o755);
+            t.append_data(&mut h, path, &data[..]).unwrap();
+        }
+    }
+    t.into_inner().unwrap().finish().unwrap()
+}
+
+/// An OCI image layout holding `busybox:test`: a base layer with busybox and `etc/secret`, and
+/// a second layer that removes `etc/secret` (a whiteout) and adds `etc/added`; its config sets
+/// an entrypoint, a command and an environment variable.
+fn image_layout(dir: &Path, busybox: &Path) -> PathBuf {
+    let layout = dir.join("images");
+    let blobs = layout.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |bytes: &[u8]| -> String {
+        let hex = sha256_hex(bytes);
+        std::fs::write(blobs.join(&hex), bytes).unwrap();
+        format!("sha256:{hex}")
+    };
+    let mut base = vec![
+        ("bin/", Vec::new(), false),
+        ("etc/", Vec::new(), false),
+        ("bin/busybox", std::fs::read(busybox).unwrap(), false),
+        ("etc/secret", b"IMAGE_SECRET\n".to_vec(), false),
+    ];
+    for applet in [
+        "sh", "cat", "ls", "id", "echo", "sleep", "kill", "touch", "hostname", "mknod", "wget", "head", "tr", "setsid",
+        "ps", "wc", "grep",
+    ] {
+        base.push((
+            Box::leak(format!("bin/{applet}").into_boxed_str()),
+            b"busybox".to_vec(),
+            true,
+        ));
+    }
+    let l1 = layer(&base);
+    let l2 = layer(&[
+        ("etc/.wh.secret", Vec::new(), false),
+        ("etc/added", b"from layer two\n".to_vec(), false),
+    ]);
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": ["/bin/sh", "-c"], "Cmd": ["echo default command; cat /etc/added"],
+                   "Env": ["PATH=/bin", "FROM_IMAGE=yes"]},
+        "rootfs": {"type": "layers", "diff_ids": []}
+    });
+    let config = serde_json::to_vec(&config).unwrap();
+    let gz = "application/vnd.oci.image.layer.v1.tar+gzip";
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(&config), "size": config.len()},
+        "layers": [
+            {"mediaType": gz, "digest": put(&l1), "size": l1.len()},
+            {"mediaType": gz, "digest": put(&l2), "size": l2.len()}
+        ]
+    });
+    let manifest = serde_json::to_vec(&manifest).unwrap();
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": put(&manifest),
+                       "size": manifest.len(), "annotations": {"org.opencontainers.image.ref.name": "busybox:test"}}]
+    });
+    std::fs::write(layout.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    std::fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    layout
+}
+
+impl Env {
+    fn with_containers(&self, cdi: Vec<PathBuf>) -> LocalBackend {
+        let (busybox, runtime) = container_tools();
+        let images = image_layout(self.data.parent().unwrap(), &busybox);
+        self.backend_with(LocalConfig {
+            containers: Some(tessera_backend_local::ContainerConfig {
+                images,
+                runtime,
+                network: tessera_backend_local::ContainerNetwork::Private,
+                cdi_dirs: cdi,
+            }),
+            ..self.config()
+        })
+    }
+}
+
+fn image_spec(id: u64, gpus: Vec<u8>, cmd: Option<&str>) -> RunSpec {
+    RunSpec {
+        image: Some("busybox:test".into()),
+        command: cmd.map(|c| vec!["sh".into(), "-c".into(), c.into()]),
+        memory_mib: 64,
+        ..spec(id, gpus, "", &[("TOKEN", "from-the-request".into())])
+    }
+}
+
+/// A workload with an image runs as a container: layers and whiteouts applied, the image's
+/// entrypoint, command and environment used unless the request gives a command, as the
+/// workload's own user in pid, network, mount, UTS and IPC namespaces of its own, in its own
+/// cgroup, with a read-only root, its own `/work`, and only its GPU's device node. Tenant A
+/// attacks from inside: the server and tenant B's container are not visible, not signallable and
+/// not reachable over the network, and the host's data directory is not there. An image not in
+/// the store is refused with what the store holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_runs_as_its_user_in_namespaces_of_its_own_and_reaches_no_one() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("oci");
+    let b = env.with_containers(Vec::new());
+    let mut rx = b.take_events().unwrap();
+    // The image's own command and environment.
+    b.start(&image_spec(1, vec![], None)).await.unwrap();
+    assert_eq!(exit_of(&mut rx, 1).await, Exit::Succeeded);
+    let log = log_of(&b, 1).await;
+    assert!(
+        log.contains("default command") && log.contains("from layer two"),
+        "{log}"
+    );
+    assert!(!log.contains("level="), "no word from the runtime itself: {log}");
+    // By digest, as an image policy rewrites a reference (`name@sha256:…`).
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.data.parent().unwrap().join("images/index.json")).unwrap()).unwrap();
+    let mut by_digest = image_spec(5, vec![], Some("echo by-digest"));
+    by_digest.image = Some(format!(
+        "registry.example/busybox@{}",
+        index["manifests"][0]["digest"].as_str().unwrap()
+    ));
+    b.start(&by_digest).await.unwrap();
+    assert_eq!(exit_of(&mut rx, 5).await, Exit::Succeeded);
+    assert!(log_of(&b, 5).await.contains("by-digest"));
+    // Tenant B: a long-running container listening nowhere, whose pids A tries to find.
+    b.start(&image_spec(2, vec![0], Some("echo b-ready; sleep 30")))
+        .await
+        .unwrap();
+    wait_log(&b, 2, "b-ready").await;
+    let b_pids = env.cg.members(2);
+    assert!(b_pids.len() >= 2, "runtime and container in B's cgroup: {b_pids:?}");
+    // A service on the host's loopback that A tries to reach.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let a_cmd = r#"echo uid=$(id -u) pid=$$ host=$(hostname) image=$FROM_IMAGE token=$TOKEN cuda=$CUDA_VISIBLE_DEVICES;
+cat /etc/secret; echo procs=$(ls /proc | grep -c '^[0-9]');
+for p in $B_PIDS $SERVER; do kill -9 $p && echo killed-$p; done;
+ls $DATA; cat $DATA/admin-token;
+touch /etc/x /bin/x; echo mine > /work/f && cat /work/f; echo tmp > /tmp/t && cat /tmp/t;
+ls /dev | grep nvidia; cat /dev/nvidia1; cat /dev/nvidia0; mknod /dev/evil c 195 0 && echo made-node;
+cat /proc/net/dev | grep -c ':'; echo ifaces;
+echo hello | nc -w 2 127.0.0.1 $PORT && echo reached-host;
+echo cgroup=$(grep -c "/w3/ctr$" /proc/self/cgroup);
+echo end"#;
+    let mut a = image_spec(3, vec![1], Some(a_cmd));
+    a.env.insert(
+        "B_PIDS".into(),
+        b_pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(" "),
+    );
+    a.env.insert("SERVER".into(), std::process::id().to_string());
+    a.env.insert("DATA".into(), env.data.display().to_string());
+    a.env.insert("PORT".into(), port.to_string());
+    std::fs::write(env.data.join("admin-token"), "tsk_admin_SECRET9\n").unwrap();
+    b.start(&a).await.unwrap();
+    let exit = exit_of(&mut rx, 3).await;
+    let log = log_of(&b, 3).await;
+    assert_eq!(exit, Exit::Succeeded, "{log}");
+    let uid = FIRST_UID + 3;
+    assert!(
+        log.contains(&format!(
+            "uid={uid} pid=1 host=tessera-w3 image=yes token=from-the-request cuda=GPU-"
+        )),
+        "{log}"
+    );
+    assert!(
+        !log.contains("SECRET"),
+        "the whiteout removed it, the data directory is not there: {log}"
+    );
+    let procs: usize = log
+        .lines()
+        .find_map(|l| l.strip_prefix("procs="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(99);
+    assert!(procs <= 4, "only its own processes (sh, a subshell, ls, grep): {log}");
+    assert!(!log.contains("killed-"), "{log}");
+    assert_eq!(env.cg.members(2), b_pids, "B untouched");
+    assert!(log.matches("Read-only file system").count() >= 2, "{log}");
+    assert!(log.contains("mine\ntmp"), "{log}");
+    assert!(log.contains("nvidia1") && log.contains("nvidiactl"), "{log}");
+    assert!(!log.contains("nvidia0\n"), "GPU 0 is not in its /dev: {log}");
+    assert!(
+        log.contains("No such device or address"),
+        "its GPU opens (no driver here): {log}"
+    );
+    assert!(!log.contains("made-node"), "{log}");
+    assert!(log.contains("\n1\nifaces"), "only loopback: {log}");
+    assert!(!log.contains("reached-host"), "{log}");
+    assert!(listener.accept().is_err(), "the host's loopback was reached");
+    assert!(log.contains("cgroup=1"), "in the workload's cgroup: {log}");
+    assert!(log.contains("end"), "{log}");
+    let own = std::fs::metadata(env.work.join("3/f")).unwrap();
+    assert_eq!(own.uid(), uid, "its files are its user's");
+    // Nothing of A's container is left: no process, no runtime record, no mount.
+    wait_until("A's bundle is gone", Duration::from_secs(5), || {
+        !env.data.join("workloads/3/bundle").exists()
+    })
+    .await;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains("workloads/3/bundle"), "{mounts}");
+    // An image the store does not hold.
+    let mut missing = image_spec(4, vec![], None);
+    missing.image = Some("evil:latest".into());
+    let e = b.start(&missing).await.unwrap_err().to_string();
+    assert!(
+        e.contains("not in this machine's image store") && e.contains("busybox:test"),
+        "{e}"
+    );
+    b.stop(2, Duration::from_millis(200)).await.unwrap();
+    wait_until("B is gone", Duration::from_secs(10), || !env.cg.populated(2)).await;
+}
+
+/// A container's cancel leaves nothing: a `setsid` child, the runtime and the container's init
+/// all go with its cgroup; its memory limit holds (the process that exceeds it is killed); an
+/// exit code comes back; after a restart the server adopts a live container by its cgroup and
+/// stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_leaves_nothing_after_cancel_and_holds_its_limits() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("ocistop");
+    let b = env.with_containers(Vec::new());
+    let mut rx = b.take_events().unwrap();
+    b.start(&image_spec(
+        1,
+        vec![],
+        Some("setsid sleep 1000 & echo started; sleep 1000"),
+    ))
+    .await
+    .unwrap();
+    wait_log(&b, 1, "started").await;
+    wait_until("the child is there", Duration::from_secs(5), || {
+        env.cg.members(1).len() >= 4
+    })
+    .await;
+    b.stop(1, Duration::from_millis(300)).await.unwrap();
+    wait_until("every process of 1 is gone", Duration::from_secs(10), || {
+        !env.cg.populated(1)
+    })
+    .await;
+    // Exit codes, and the memory limit (64 MiB; the shell tries to hold 200 MB).
+    b.start(&image_spec(2, vec![], Some("exit 3"))).await.unwrap();
+    assert!(matches!(
+        exit_of(&mut rx, 2).await,
+        Exit::Failed { exit_code: Some(3), .. }
+    ));
+    b.start(&image_spec(
+        3,
+        vec![],
+        Some("x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived ${#x}"),
+    ))
+    .await
+    .unwrap();
+    let exit = exit_of(&mut rx, 3).await;
+    let log = log_of(&b, 3).await;
+    assert!(!log.contains("survived 200000000"), "{log}");
+    assert!(matches!(exit, Exit::Failed { .. }), "{exit:?} {log}");
+    // Adopted after a restart, then stopped.
+    let w = image_spec(4, vec![], Some("echo up; sleep 1000"));
+    b.start(&w).await.unwrap();
+    wait_log(&b, 4, "up").await;
+    drop(rx);
+    drop(b);
+    let second = env.with_containers(Vec::new());
+    let r = second.reconcile(std::slice::from_ref(&w)).await.unwrap();
+    assert!(matches!(r.observation(4), Some(Observation::Running { .. })), "{r:?}");
+    second.stop(4, Duration::from_millis(300)).await.unwrap();
+    wait_until("the adopted container is gone", Duration::from_secs(10), || {
+        !env.cg.populated(4)
+    })
+    .await;
+}
+
+/// GPUs through the NVIDIA Container Toolkit's CDI spec: its device nodes, mounts and
+/// environment reach the container (a spec written the way `nvidia-ctk cdi generate` writes it,
+/// over the fake device nodes), and only for the GPU given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_gets_its_gpu_through_the_cdi_spec() {
+    if !root() {
+        return;
+    }
+    let env = Env::new("ocicdi");
+    let cdi = env.data.parent().unwrap().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let lib = env.data.parent().unwrap().join("libcuda.so.1");
+    std::fs::write(&lib, "FAKE DRIVER LIBRARY\n").unwrap();
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let d = env.dev.display();
+    std::fs::write(
+        cdi.join("nvidia.yaml"),
+        format!(
+            r#"cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+      hostPath: {d}/nvidia0
+- name: "1"
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia1
+      hostPath: {d}/nvidia1
+containerEdits:
+  env:
+  - NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu
+  deviceNodes:
+  - path: /dev/nvidiactl
+    hostPath: {d}/nvidiactl
+  mounts:
+  - hostPath: {lib}
+    containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.1
+    options: [ro, nosuid, nodev, bind]
+"#,
+            lib = lib.display()
+        ),
+    )
+    .unwrap();
+    let b = env.with_containers(vec![cdi]);
+    let mut rx = b.take_events().unwrap();
+    let cmd = "ls /dev | grep nvidia; cat /usr/lib/x86_64-linux-gnu/libcuda.so.1; echo dir=$NVIDIA_CTK_LIBCUDA_DIR; cat /dev/nvidia1; echo x > /usr/lib/x86_64-linux-gnu/libcuda.so.1";
+    b.start(&image_spec(1, vec![1], Some(cmd))).await.unwrap();
+    let exit = exit_of(&mut rx, 1).await;
+    let log = log_of(&b, 1).await;
+    assert!(matches!(exit, Exit::Failed { .. }), "the last write fails: {log}");
+    assert!(
+        log.contains("nvidia1\nnvidiactl") || (log.contains("nvidia1") && log.contains("nvidiactl")),
+        "{log}"
+    );
+    assert!(!log.contains("nvidia0"), "{log}");
+    assert!(
+        log.contains("FAKE DRIVER LIBRARY") && log.contains("dir=/usr/lib/x86_64-linux-gnu"),
+        "{log}"
+    );
+    assert!(log.contains("No such device or address"), "{log}");
+    assert!(
+        log.contains("can't create /usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "{log}"
+    );
+    assert_eq!(std::fs::read_to_string(&lib).unwrap(), "FAKE DRIVER LIBRARY\n");
 }

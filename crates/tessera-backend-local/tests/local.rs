@@ -49,6 +49,7 @@ fn config(dir: &std::path::Path, interval_ms: u64) -> LocalConfig {
         cgroups: Cgroups::off("tests"),
         lease_grace: Duration::from_millis(300),
         sandbox: SandboxMode::Auto,
+        containers: None,
     }
 }
 

@@ -94,6 +94,12 @@ pub struct Isolation {
     pub log_cap_mib: u64,
     pub pids_max: u64,
     pub sandbox: tessera_backend_local::SandboxMode,
+    /// `--local-images`: workloads with an image run as containers from this OCI image layout.
+    pub images: Option<PathBuf>,
+    /// `--local-oci-runtime` (default: runc, else crun, on PATH).
+    pub oci_runtime: Option<PathBuf>,
+    pub container_network: tessera_backend_local::ContainerNetwork,
+    pub cdi_dirs: Vec<PathBuf>,
 }
 
 /// FNV-1a, stable across builds (the cgroup name of a data directory must not change).
@@ -159,6 +165,21 @@ pub fn backend(
         cgroups,
         lease_grace: grace,
         sandbox: iso.sandbox,
+        containers: match &iso.images {
+            None => None,
+            Some(images) => Some(tessera_backend_local::ContainerConfig {
+                images: std::fs::canonicalize(images)
+                    .with_context(|| format!("--local-images {}", images.display()))?,
+                runtime: match &iso.oci_runtime {
+                    Some(r) => r.clone(),
+                    None => tessera_backend_local::oci::find_runtime().ok_or_else(|| {
+                        anyhow!("--local-images: no OCI runtime (runc or crun) on PATH: install Debian's runc, or name one with --local-oci-runtime")
+                    })?,
+                },
+                network: iso.container_network,
+                cdi_dirs: iso.cdi_dirs.clone(),
+            }),
+        },
     };
     let b = LocalBackend::new(nvml, cfg).map_err(|e| anyhow!("--backend local: {e}"))?;
     let cpus = std::thread::available_parallelism()

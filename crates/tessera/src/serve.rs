@@ -104,6 +104,23 @@ pub struct ServeArgs {
     /// start without it) or `off`.
     #[arg(long, default_value = "auto", value_name = "MODE", value_parser = parse_sandbox)]
     local_sandbox: tessera_backend_local::SandboxMode,
+    /// `--backend local`: workloads that name an image run as containers, from this OCI image
+    /// layout (fill it with `skopeo copy docker://IMAGE oci:DIR:IMAGE`; Tessera pulls nothing),
+    /// through runc or crun, in pid, mount, IPC, UTS and network namespaces of their own, with
+    /// the limits, user and GPUs of any local workload. Without it such workloads are refused.
+    #[arg(long, value_name = "DIR")]
+    local_images: Option<PathBuf>,
+    /// `--backend local`: the OCI runtime that runs containers (default: runc, else crun, on
+    /// PATH).
+    #[arg(long, value_name = "PATH")]
+    local_oci_runtime: Option<PathBuf>,
+    /// `--backend local`: a container's network: `private` (a namespace of its own with only
+    /// loopback) or `host` (this machine's network: no network boundary between workloads).
+    #[arg(long, default_value = "private", value_name = "MODE", value_parser = parse_network)]
+    local_container_network: tessera_backend_local::ContainerNetwork,
+    /// `--backend local`: where the NVIDIA Container Toolkit's CDI specs are (repeat for more).
+    #[arg(long, value_name = "DIR", default_values = ["/etc/cdi", "/var/run/cdi"])]
+    local_cdi_dir: Vec<PathBuf>,
     /// `--backend kubernetes`: the node label naming a GPU node's Tessera pool (nodes without it
     /// are in the pool `default`).
     #[arg(long, default_value = "tessera.io/pool")]
@@ -410,6 +427,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                     log_cap_mib: a.local_log_cap_mib,
                     pids_max: a.local_pids_max,
                     sandbox: a.local_sandbox,
+                    images: a.local_images.clone(),
+                    oci_runtime: a.local_oci_runtime.clone(),
+                    container_network: a.local_container_network,
+                    cdi_dirs: a.local_cdi_dir.clone(),
                 };
                 let (b, fleet, what) = crate::local::backend(
                     a.fake_gpus,
@@ -534,6 +555,14 @@ fn redact(url: &str) -> String {
             format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
         }
         _ => url.to_string(),
+    }
+}
+
+fn parse_network(s: &str) -> Result<tessera_backend_local::ContainerNetwork, String> {
+    match s {
+        "private" => Ok(tessera_backend_local::ContainerNetwork::Private),
+        "host" => Ok(tessera_backend_local::ContainerNetwork::Host),
+        _ => Err(format!("{s:?}: give private or host")),
     }
 }
 
