@@ -11,8 +11,11 @@
 //! so that a host that does not allow them (no `CAP_SYS_ADMIN`, an older kernel, a seccomp
 //! filter) is known and reported then, not at the first workload.
 //!
+//! `/proc` is a procfs instance of its own with `hidepid=invisible`: a workload sees its own
+//! processes only (each workload runs as its own user).
+//!
 //! What it does not do: a network namespace (workloads share the machine's network) or a pid
-//! namespace (they see other processes in `/proc`, though not their environment or files).
+//! namespace (pids are the machine's; a container, [`crate::oci`], has both).
 
 use std::ffi::CString;
 use std::io;
@@ -176,6 +179,16 @@ impl Sandbox {
                     self.tmp_options.as_ptr().cast(),
                 ))?;
             }
+            // A /proc of its own in which other users' processes (the server's, every other
+            // workload's) are invisible: a fresh procfs instance (per mount since Linux 5.8),
+            // so the machine's /proc keeps its options.
+            check(libc::mount(
+                c"proc".as_ptr(),
+                c"/proc".as_ptr(),
+                c"proc".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"hidepid=invisible".as_ptr().cast(),
+            ))?;
             // The data directory: hidden under an empty read-only cover (or already gone from
             // view, when it lies in a private directory).
             let r = libc::mount(
