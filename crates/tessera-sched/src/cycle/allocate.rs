@@ -42,6 +42,10 @@ impl Action for Allocate {
         // it holds a reservation, which others may not use.
         let mut no_capacity: FxHashMap<Request, (Rc<Wait>, bool)> = FxHashMap::default();
         let mut explains = EXPLAINS_PER_CYCLE;
+        // Work may have ended since the gangs' start times were computed (sooner than its lease
+        // said, or was stopped): start times only move earlier, and backfill must not delay
+        // them, so they are computed again before anything is placed.
+        refresh_gang_holds(s.sched, now);
         let jobs = s.jobs.clone();
         for (i, q) in jobs.iter().enumerate() {
             let job = &q.job;
@@ -52,7 +56,7 @@ impl Action for Allocate {
             if let Some(g) = &job.gang {
                 // Planned afresh each time (no cache keyed by shape), never reserving a node
                 // nor searching for victims: it waits with the level's reason.
-                let blocked = sched.held_for_others(job.id);
+                let blocked = sched.held_for_placing(job, now);
                 let any_blocked = !blocked.is_empty();
                 if any_blocked {
                     sched.engine.set_blocked(blocked);
@@ -63,7 +67,7 @@ impl Action for Allocate {
                 }
                 match placed {
                     Ok(d) => {
-                        sched.gang_holds.retain(|_, (j, _)| *j != job.id);
+                        sched.gang_holds.retain(|_, h| h.job != job.id);
                         sched.nominated.remove(&job.id);
                         sched.reasons.remove(&job.id);
                         s.set(i, Status::Placed);
@@ -79,13 +83,24 @@ impl Action for Allocate {
                         }
                         let mut reason = Wait::Gang(why.map_or(GangUnplaceable::NoPoolServes, |u| *u));
                         if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
-                            hold_for_gang(sched, job.id, g, &q.scope);
+                            hold_for_gang(sched, job.id, g, &q.scope, now);
                         }
-                        if let Some((_, nodes)) = sched.gang_holds.values().find(|(j, _)| *j == job.id) {
+                        let hold = sched.gang_holds.iter().find(|(_, h)| h.job == job.id);
+                        if let Some((&pool, h)) = hold {
+                            // Work placed since the refresh ends by the start: only the count of
+                            // workloads it waits for may have changed.
+                            let nodes = h.nodes.clone();
+                            let (starts_at_ms, ending) = start_on(sched, &nodes, h.per_node, now);
+                            if let Some(h) = sched.gang_holds.get_mut(&pool) {
+                                h.starts_at_ms = starts_at_ms;
+                                h.ending = ending;
+                            }
                             reason = Wait::GangHeld {
                                 now: Box::new(reason),
                                 nodes: nodes.len(),
-                                racks: racks_of(sched.engine.fleet(), nodes),
+                                racks: racks_of(sched.engine.fleet(), &nodes),
+                                starts_at_ms,
+                                ending,
                             };
                         }
                         s.set(
@@ -101,8 +116,12 @@ impl Action for Allocate {
             }
             let nominated = sched.nominated.contains_key(&job.id);
             let reserving = sched.reservations.values().any(|(j, _)| *j == job.id);
+            // Short work may find room on a gang's reserved nodes that others of its shape
+            // may not use.
+            let backfills = sched.backfills_a_hold(job, now);
             if !nominated
                 && !reserving
+                && !backfills
                 && let Some((reason, searchable)) = no_capacity.get(&q.key)
             {
                 let starved = Status::Starved {
@@ -112,7 +131,7 @@ impl Action for Allocate {
                 s.set(i, starved);
                 continue;
             }
-            let blocked = sched.held_for_others(job.id);
+            let blocked = sched.held_for_placing(job, now);
             let any_blocked = !blocked.is_empty();
             if any_blocked {
                 sched.engine.set_blocked(blocked);
@@ -197,7 +216,7 @@ pub(super) fn queue_order(s: &mut Scheduler, now: i64, limit: usize) -> (Vec<Arc
     order.extend(rest);
     let queue = &s.queue;
     s.reservations.retain(|_, (j, _)| queue.contains(*j));
-    s.gang_holds.retain(|_, (j, _)| queue.contains(*j));
+    s.gang_holds.retain(|_, h| queue.contains(h.job));
     (order, cut)
 }
 
@@ -433,8 +452,8 @@ fn explain(s: &mut Scheduler, q: &Queued, budget: &mut usize) -> Wait {
 /// Holds nodes for gang `g` (job `id`, which waited past the backfill window) in the first pool
 /// of `scope` with no gang hold yet, unless it holds some already: see the starvation bound in
 /// the [cycle](super) doc for which nodes.
-fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId]) {
-    if s.gang_holds.values().any(|(j, _)| *j == id) {
+fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], now: i64) {
+    if s.gang_holds.values().any(|h| h.job == id) {
         return;
     }
     let Some(&pool) = scope.iter().find(|p| !s.gang_holds.contains_key(p)) else {
@@ -481,8 +500,103 @@ fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId]) 
         }
     };
     if nodes.len() == k {
-        s.gang_holds.insert(pool, (id, nodes));
+        let (starts_at_ms, ending) = start_on(s, &nodes, u32::from(per), now);
+        s.gang_holds.insert(
+            pool,
+            super::GangHold {
+                job: id,
+                nodes,
+                per_node: u32::from(per),
+                starts_at_ms,
+                ending,
+            },
+        );
     }
+}
+
+/// Computes every gang reservation's start again at `now`.
+fn refresh_gang_holds(s: &mut Scheduler, now: i64) {
+    if s.gang_holds.is_empty() {
+        return;
+    }
+    let starts: Vec<(PoolId, (Option<i64>, usize))> = s
+        .gang_holds
+        .iter()
+        .map(|(p, h)| (*p, start_on(s, &h.nodes, h.per_node, now)))
+        .collect();
+    for (p, (starts_at_ms, ending)) in starts {
+        if let Some(h) = s.gang_holds.get_mut(&p) {
+            h.starts_at_ms = starts_at_ms;
+            h.ending = ending;
+        }
+    }
+}
+
+/// When `per_node` GPUs are free on each of `nodes`, by the lease ends of the work running
+/// there, and how many workloads must end for it: a GPU is free once every workload holding it
+/// has ended (at once if it is free now; soon, at `now`, if those are all being stopped); on
+/// each node the `per_node` GPUs that free first are the ones waited for; the latest node
+/// decides. `None` if one of them waits for work with no end (or work the scheduler does not
+/// know). Never before `now`.
+fn start_on(s: &Scheduler, nodes: &[u32], per_node: u32, now: i64) -> (Option<i64>, usize) {
+    let st = s.engine.state();
+    let mut start = Some(now);
+    let mut ending: FxHashSet<u64> = FxHashSet::default();
+    for &n in nodes {
+        let Some(node) = st.nodes.get(n as usize) else {
+            return (None, 0);
+        };
+        // Per GPU: when it frees (`i64::MAX`: never known), and who holds it.
+        let mut gpus: Vec<(i64, Vec<u64>)> = node
+            .gpus
+            .iter()
+            .map(|gpu| {
+                let mut at = now;
+                let mut owners = Vec::new();
+                for &a in &gpu.holders {
+                    let owner = holder_owner(s, a);
+                    let end = s.running.get(&owner).and_then(|r| {
+                        if r.stopping {
+                            Some(now)
+                        } else {
+                            r.ends_at_ms.map(|e| e.max(now))
+                        }
+                    });
+                    at = at.max(end.unwrap_or(i64::MAX));
+                    if !owners.contains(&owner) {
+                        owners.push(owner);
+                    }
+                }
+                (at, owners)
+            })
+            .collect();
+        gpus.sort_by_key(|(at, _)| *at);
+        let need = (per_node as usize).min(gpus.len());
+        if need < per_node as usize {
+            return (None, 0);
+        }
+        for (at, owners) in &gpus[..need] {
+            start = match (start, *at) {
+                (_, i64::MAX) | (None, _) => None,
+                (Some(t), at) => Some(t.max(at)),
+            };
+            ending.extend(owners.iter().copied());
+        }
+    }
+    (start, ending.len())
+}
+
+/// The running workload an allocation of the engine belongs to: a gang's node-share, a moved
+/// service's replacement (booked for the service, which it continues), or the workload itself.
+fn holder_owner(s: &Scheduler, a: crate::state::AllocId) -> u64 {
+    if a & crate::engine::SHARE_BIT != 0 {
+        let gang = (a & !crate::engine::SHARE_BIT) >> 16;
+        if s.engine.gang(gang).is_some_and(|g| g.shares.contains(&a)) {
+            return gang;
+        }
+        return a & !super::consolidate::REPLACEMENT;
+    }
+    a
 }
 
 /// The racks (domains of the fleet's lowest level) of `nodes`, each once, in order.
@@ -519,7 +633,7 @@ fn reserve(s: &mut Scheduler, job: &Job, pools: &[PoolId]) {
         .clone()
         .filter(|&n| job.request.allows_model(fleet.nodes[n as usize].model))
         .filter(|n| !s.reservations.values().any(|(_, r)| r == n))
-        .filter(|n| !s.gang_holds.values().any(|(_, h)| h.contains(n)))
+        .filter(|n| !s.gang_holds.values().any(|h| h.nodes.contains(n)))
         .max_by_key(|&n| {
             (
                 st.nodes[n as usize]
