@@ -472,31 +472,45 @@ fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], 
     }
     let k = g.gpus.div_ceil(u32::from(per)) as usize;
     let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n)).unwrap_or(u32::MAX);
-    let mut by_rack: std::collections::BTreeMap<u32, Vec<(u32, u32)>> = std::collections::BTreeMap::new();
+    // Per rack, its eligible nodes as (when a share fits there, free GPUs, node), soonest
+    // first, then fullest free: `i64::MAX` when the work it waits for has no end.
+    type Eligible = (i64, u32, u32);
+    let mut by_rack: std::collections::BTreeMap<u32, Vec<Eligible>> = std::collections::BTreeMap::new();
     for n in range {
         let node = &fleet.nodes[n as usize];
         if node.gpus < per || !g.allows_model(node.model) || held.contains(&n) {
             continue;
         }
+        let (at, _) = node_frees(s, n, u32::from(per), now).unwrap_or((i64::MAX, Vec::new()));
         by_rack
             .entry(rack(n))
             .or_default()
-            .push((st.nodes[n as usize].free_gpus(), n));
+            .push((at, st.nodes[n as usize].free_gpus(), n));
     }
     for nodes in by_rack.values_mut() {
-        nodes.sort_unstable_by_key(|&(free, n)| (std::cmp::Reverse(free), n));
+        nodes.sort_unstable_by_key(|&(at, free, n)| (at, std::cmp::Reverse(free), n));
     }
-    let best_k = |v: &[(u32, u32)]| v.iter().take(k).map(|(f, _)| *f).sum::<u32>();
-    let one_rack = by_rack
-        .values()
-        .filter(|v| v.len() >= k)
-        .max_by_key(|v| (best_k(v), std::cmp::Reverse(v[0].1)));
+    // A rack where the gang starts soonest (its k-th soonest node), then with the most free.
+    let best_k = |v: &[Eligible]| v.iter().take(k).map(|(_, f, _)| *f).sum::<u32>();
+    let start_k = |v: &[Eligible]| v.iter().take(k).map(|(at, _, _)| *at).max().unwrap_or(i64::MAX);
+    let one_rack = by_rack.values().filter(|v| v.len() >= k).max_by_key(|v| {
+        (
+            std::cmp::Reverse(start_k(v)),
+            best_k(v),
+            std::cmp::Reverse(v.iter().map(|(_, _, n)| *n).min()),
+        )
+    });
     let nodes: Vec<u32> = match one_rack {
-        Some(v) => v.iter().take(k).map(|(_, n)| *n).collect(),
+        Some(v) => v.iter().take(k).map(|(_, _, n)| *n).collect(),
         None => {
-            let mut racks: Vec<&Vec<(u32, u32)>> = by_rack.values().collect();
-            racks.sort_by_key(|v| (std::cmp::Reverse(v.iter().map(|(f, _)| *f).sum::<u32>()), v[0].1));
-            racks.into_iter().flatten().take(k).map(|(_, n)| *n).collect()
+            let mut racks: Vec<&Vec<Eligible>> = by_rack.values().collect();
+            racks.sort_by_key(|v| {
+                (
+                    std::cmp::Reverse(v.iter().map(|(_, f, _)| *f).sum::<u32>()),
+                    v.iter().map(|(_, _, n)| *n).min(),
+                )
+            });
+            racks.into_iter().flatten().take(k).map(|(_, _, n)| *n).collect()
         }
     };
     if nodes.len() == k {
@@ -539,51 +553,60 @@ fn refresh_gang_holds(s: &mut Scheduler, now: i64) {
 /// decides. `None` if one of them waits for work with no end (or work the scheduler does not
 /// know). Never before `now`.
 fn start_on(s: &Scheduler, nodes: &[u32], per_node: u32, now: i64) -> (Option<i64>, usize) {
-    let st = s.engine.state();
     let mut start = Some(now);
     let mut ending: FxHashSet<u64> = FxHashSet::default();
     for &n in nodes {
-        let Some(node) = st.nodes.get(n as usize) else {
+        let Some((at, owners)) = node_frees(s, n, per_node, now) else {
             return (None, 0);
         };
-        // Per GPU: when it frees (`i64::MAX`: never known), and who holds it.
-        let mut gpus: Vec<(i64, Vec<u64>)> = node
-            .gpus
-            .iter()
-            .map(|gpu| {
-                let mut at = now;
-                let mut owners = Vec::new();
-                for &a in &gpu.holders {
-                    let owner = holder_owner(s, a);
-                    let end = s.running.get(&owner).and_then(|r| {
-                        if r.stopping {
-                            Some(now)
-                        } else {
-                            r.ends_at_ms.map(|e| e.max(now))
-                        }
-                    });
-                    at = at.max(end.unwrap_or(i64::MAX));
-                    if !owners.contains(&owner) {
-                        owners.push(owner);
-                    }
-                }
-                (at, owners)
-            })
-            .collect();
-        gpus.sort_by_key(|(at, _)| *at);
-        let need = (per_node as usize).min(gpus.len());
-        if need < per_node as usize {
-            return (None, 0);
-        }
-        for (at, owners) in &gpus[..need] {
-            start = match (start, *at) {
-                (_, i64::MAX) | (None, _) => None,
-                (Some(t), at) => Some(t.max(at)),
-            };
-            ending.extend(owners.iter().copied());
-        }
+        start = match (start, at) {
+            (_, i64::MAX) | (None, _) => None,
+            (Some(t), at) => Some(t.max(at)),
+        };
+        ending.extend(owners);
     }
     (start, ending.len())
+}
+
+/// When `per_node` GPUs of node `n` are free (never before `now`; `i64::MAX`: not known, some
+/// work it waits for has no end) and the running workloads that must end for it; `None` if the
+/// node has fewer GPUs.
+fn node_frees(s: &Scheduler, n: u32, per_node: u32, now: i64) -> Option<(i64, Vec<u64>)> {
+    let node = s.engine.state().nodes.get(n as usize)?;
+    if node.gpus.len() < per_node as usize {
+        return None;
+    }
+    // Per GPU: when it frees, and who holds it.
+    let mut gpus: Vec<(i64, Vec<u64>)> = node
+        .gpus
+        .iter()
+        .map(|gpu| {
+            let mut at = now;
+            let mut owners = Vec::new();
+            for &a in &gpu.holders {
+                let owner = holder_owner(s, a);
+                let end = s.running.get(&owner).and_then(|r| {
+                    if r.stopping {
+                        Some(now)
+                    } else {
+                        r.ends_at_ms.map(|e| e.max(now))
+                    }
+                });
+                at = at.max(end.unwrap_or(i64::MAX));
+                if !owners.contains(&owner) {
+                    owners.push(owner);
+                }
+            }
+            (at, owners)
+        })
+        .collect();
+    gpus.sort_by_key(|(at, _)| *at);
+    let chosen = &gpus[..per_node as usize];
+    let at = chosen.iter().map(|(at, _)| *at).max().unwrap_or(now);
+    let mut owners: Vec<u64> = chosen.iter().flat_map(|(_, o)| o.iter().copied()).collect();
+    owners.sort_unstable();
+    owners.dedup();
+    Some((at, owners))
 }
 
 /// The running workload an allocation of the engine belongs to: a gang's node-share, a moved

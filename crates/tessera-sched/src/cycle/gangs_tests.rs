@@ -656,3 +656,36 @@ mod reservation_properties {
         }
     }
 }
+
+#[test]
+fn a_gang_holds_the_rack_where_it_starts_soonest() {
+    let hour = 3_600_000;
+    let mut s = sched();
+    let window = s.cfg.backfill_max_wait_ms;
+    // One 8-GPU job on every node, ending at hours spread over the racks.
+    let end = |i: u64| ((i * 7) % 16 + 1) as i64 * hour;
+    for i in 0..16 {
+        let j = lasting(job(100 + i, "b", 8, "standard", 0), Some(end(i)));
+        assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
+    }
+    // By hand: each rack frees when its last job ends; the gang takes the rack that frees first.
+    let mut last: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+    for i in 0..16 {
+        let r = rack_of(&s, s.engine.allocation(100 + i).unwrap());
+        let e = last.entry(r).or_insert(0);
+        *e = (*e).max(end(i));
+    }
+    let (soonest, at) = last
+        .iter()
+        .min_by_key(|(_, e)| **e)
+        .map(|(r, e)| (r.clone(), *e))
+        .unwrap();
+    s.submit(gang(1, "a", 32, true, "standard", 0), 0);
+    let d = s.cycle(window + 1);
+    let h = hold(&s);
+    assert_eq!(h.starts_at_ms, Some(at));
+    let Some(Wait::GangHeld { racks, .. }) = wait_of(&d, 1) else {
+        panic!("{d:?}")
+    };
+    assert_eq!(racks, vec![soonest]);
+}
