@@ -54,8 +54,9 @@ impl Action for Allocate {
             };
             let sched = &mut *s.sched;
             if let Some(g) = &job.gang {
-                // Planned afresh each time (no cache keyed by shape), never reserving a node
-                // nor searching for victims: it waits with the level's reason.
+                // Planned afresh each time (no cache keyed by shape), never reserving a single
+                // node: it waits with the level's reason, and once past the backfill window it
+                // holds nodes (where alone it may search for victims).
                 let blocked = sched.held_for_placing(job, now);
                 let any_blocked = !blocked.is_empty();
                 if any_blocked {
@@ -82,6 +83,7 @@ impl Action for Allocate {
                             sched.nominated.remove(&job.id);
                         }
                         let mut reason = Wait::Gang(why.map_or(GangUnplaceable::NoPoolServes, |u| *u));
+                        let mut holds = false;
                         if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
                             hold_for_gang(sched, job.id, g, &q.scope, now);
                         }
@@ -95,6 +97,7 @@ impl Action for Allocate {
                                 h.starts_at_ms = starts_at_ms;
                                 h.ending = ending;
                             }
+                            holds = true;
                             reason = Wait::GangHeld {
                                 now: Box::new(reason),
                                 nodes: nodes.len(),
@@ -103,11 +106,13 @@ impl Action for Allocate {
                                 ending,
                             };
                         }
+                        // Only a gang holding nodes searches for victims, there (see victims).
+                        let waiting_for_victims = sched.nominated.get(&job.id).is_some_and(|n| !n.victims.is_empty());
                         s.set(
                             i,
                             Status::Starved {
                                 reason: Rc::new(reason),
-                                searchable: false,
+                                searchable: holds && !waiting_for_victims,
                             },
                         );
                     }

@@ -474,20 +474,92 @@ fn a_held_gangs_reason_says_when_and_where_it_starts() {
 }
 
 #[test]
-fn a_held_gang_takes_no_victims_so_none_outside_its_racks() {
-    // Gangs do not search for victims (reclaim and preemption act for single-node requests
-    // only); a held gang of a higher class does not preempt the work it waits for.
-    let mut s = sched();
-    let window = s.cfg.backfill_max_wait_ms;
-    for i in 0..16 {
-        let j = lasting(job(100 + i, "b", 8, "opportunistic", 0), Some(3_600_000));
-        assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
+fn a_held_gang_preempts_only_on_its_nodes_the_cheapest_work_lost_first() {
+    let window = sched().cfg.backfill_max_wait_ms;
+    let mut cfg = super::testing::config();
+    for c in &mut cfg.classes {
+        if c.name == "high" {
+            c.preempt_after_ms = Some(window + 10_000);
+        }
     }
-    let d = s.submit(gang(1, "a", 32, true, "critical", 0), 0);
+    let mut s = Scheduler::new(super::testing::engine(), cfg);
+    // Two 4-GPU opportunistic jobs on every node, from time 0.
+    for p in 0..16 {
+        for id in [100 + 2 * p, 101 + 2 * p] {
+            assert_eq!(placed(&s.submit(job(id, "b", 4, "opportunistic", 0), 0)), vec![id]);
+        }
+    }
+    // A gang of four 4-GPU shares in one rack, of a higher class: past the window it holds
+    // four nodes, and it may preempt a little later.
+    let g = GangRequest::nodes(4, 4)
+        .with_pool(PoolId(0))
+        .with_topology(TopologyConstraint::required("rack"));
+    let d = s.submit(
+        Job {
+            gang: Some(g),
+            ..job(1, "a", 8, "high", 0)
+        },
+        0,
+    );
     assert!(preempted(&d).is_empty(), "{d:?}");
     let d = s.cycle(window + 1);
-    assert!(preempted(&d).is_empty(), "{d:?}");
-    assert!(matches!(wait_of(&d, 1), Some(Wait::GangHeld { .. })), "{d:?}");
+    assert!(preempted(&d).is_empty(), "not yet: {d:?}");
+    let h = hold(&s);
+    // Work saved recently loses little: on the held nodes one job of each pair saved a while
+    // ago; elsewhere every job saved just now (the cheapest of all, but not where the gang goes).
+    let now = window + 10_001;
+    let mut cheap_on_held = Vec::new();
+    for p in 0..16 {
+        let (a, b) = (100 + 2 * p, 101 + 2 * p);
+        if h.nodes.contains(&s.engine.allocation(a).unwrap().node.0) {
+            s.checkpointed(b, now - 60_000);
+            cheap_on_held.push(b);
+        } else {
+            s.checkpointed(a, now);
+            s.checkpointed(b, now);
+        }
+    }
+    assert_eq!(cheap_on_held.len(), 4);
+    let d = s.cycle(now);
+    let mut victims = preempted(&d);
+    victims.sort_unstable();
+    assert_eq!(victims, cheap_on_held, "one victim per held node, the cheaper: {d:?}");
+    assert!(
+        matches!(wait_of(&d, 1), Some(Wait::Preempting { victims: 4, .. })),
+        "{d:?}"
+    );
+    // The victims stop: the gang starts on its nodes.
+    for v in victims {
+        s.release(v, now + 1);
+    }
+    let d = s.cycle(now + 2);
+    let (id, shares) = placed_gang(&d).unwrap_or_else(|| panic!("{d:?}"));
+    assert_eq!(id, 1);
+    assert!(shares.iter().all(|a| h.nodes.contains(&a.node.0)));
+}
+
+#[test]
+fn a_held_gang_within_its_guarantee_reclaims_on_its_nodes_only() {
+    let mut s = sched();
+    let window = s.cfg.backfill_max_wait_ms;
+    super::testing::guarantee_half_each(&mut s, None);
+    // b borrows the whole pool (its second half above its guarantee, with leases of an hour:
+    // the gang holds nodes where they run, as it will start there soonest).
+    for i in 0..16 {
+        let j = lasting(job(100 + i, "b", 8, "standard", 0), (i >= 8).then_some(3_600_000));
+        assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
+    }
+    let d = s.submit(gang(1, "a", 16, true, "standard", 0), 0);
+    assert!(preempted(&d).is_empty(), "no hold yet, no search: {d:?}");
+    let d = s.cycle(window + 1);
+    let h = hold(&s);
+    let victims = preempted(&d);
+    assert_eq!(victims.len(), 2, "{d:?}");
+    for v in &victims {
+        assert_eq!(s.is_borrowing(*v), Some(true), "only borrowers are reclaimed");
+        let r = s.running().find(|r| r.id == *v).unwrap();
+        assert!(h.nodes.contains(&r.node.0), "victims on the held nodes only");
+    }
 }
 
 mod reservation_properties {
