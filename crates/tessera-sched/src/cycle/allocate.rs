@@ -1,8 +1,10 @@
 //! The allocate action: the queue in order, each admitted job placed where the engine says and
 //! its quotas allow, with bounded backfill. A head that has waited past the backfill window
-//! reserves a node in its pool (see the starvation bound in the [cycle](super) doc); nodes held
-//! for other jobs are out of every placement's reach. A job that finds no capacity is left
-//! starved, with the engine's diagnosis as its reason, for reclaim and preempt to look at.
+//! reserves a node in its pool (see the starvation bound in the [cycle](super) doc), a gang
+//! nodes in a rack with an earliest start ([`GangHold`](super::GangHold)); nodes held for other
+//! jobs are out of every placement's reach, but for work that ends before a gang's start on that
+//! gang's nodes. A job that finds no capacity is left starved, with the engine's diagnosis as its
+//! reason, for reclaim and preempt to look at.
 
 use std::rc::Rc;
 use std::sync::Arc;

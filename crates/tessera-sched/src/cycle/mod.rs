@@ -39,6 +39,11 @@
 //! reserved node needs to finish (their durations or leases), plus any time taken by requests of
 //! higher priority (one reservation per pool, taken in queue order).
 //!
+//! A multi-node gang that has waited past the window holds nodes instead, in the rack where it
+//! will start soonest by the lease ends of the work running there ([`Running::ends_at_ms`]); it
+//! knows that start, and only work that ends by it is placed on those nodes meanwhile, so
+//! backfill never delays it; it may take victims, by reclaim or preemption, there only.
+//!
 //! **Preemption bound (anti-thrash).** Reclaim only takes from *borrowers* (workloads admitted
 //! above their tenant's guaranteed share) of other tenants, and only for a request that stays
 //! within its own guaranteed share; a reclaimed borrower is requeued and can only come back by
