@@ -601,13 +601,24 @@ mod reservation_properties {
         }
     }
 
-    /// Work as (GPUs, duration in minutes or none).
-    fn work(max: usize) -> impl Strategy<Value = Vec<(u32, Option<i64>)>> {
-        proptest::collection::vec((1u32..=8, proptest::option::weighted(0.9, 1i64..600)), 0..max)
+    type Work = (u32, Option<i64>, i64);
+
+    /// Work as (GPUs, lease in minutes or none, the share of its lease it runs in percent, at
+    /// most 100: about half end early).
+    fn work(max: usize) -> impl Strategy<Value = Vec<Work>> {
+        proptest::collection::vec(
+            (1u32..=8, proptest::option::weighted(0.9, 1i64..600), 1i64..=200),
+            0..max,
+        )
+    }
+
+    /// When work of lease `d` started at `at` really ends, running `pct` percent of it.
+    fn actual_end(at: i64, d: i64, pct: i64) -> i64 {
+        at + (d * pct.min(100) / 100).max(1)
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
         /// A reservation is never delayed by backfilled work: while a gang holds nodes, all
         /// work placed on them ends by its start, the start never moves later, and at the start
@@ -620,7 +631,7 @@ mod reservation_properties {
             nodes_wanted in 2u32..5,
             share in 1u32..=8,
             first in work(40),
-            later in proptest::collection::vec((1u32..=8, proptest::option::weighted(0.8, 1i64..600), 0i64..600), 0..40),
+            later in proptest::collection::vec((work(2), 0i64..600), 0..40),
         ) {
             let gpus = if eight { 8 } else { 4 };
             let minute = 60_000;
@@ -630,12 +641,12 @@ mod reservation_properties {
             let mut ends: Vec<(i64, u64)> = Vec::new();
             let mut next = 10u64;
             // Running work, all started at 0; what does not fit is dropped.
-            for (g, d) in first {
+            for (g, d, pct) in first {
                 let j = job(next, g.min(gpus), d.map(|m| m * minute), 0);
                 next += 1;
                 if s.submit(j.clone(), 0).iter().any(|x| matches!(x, Decision::Placed { .. })) {
                     if let Some(d) = j.duration_ms {
-                        ends.push((d, j.id));
+                        ends.push((actual_end(0, d, pct), j.id));
                     }
                 } else {
                     s.dequeue(j.id);
@@ -662,11 +673,15 @@ mod reservation_properties {
                 // Placed by the cycle, or nowhere to hold: nothing to check.
                 return Ok(());
             };
-            let start = h.starts_at_ms;
-            // Later work arrives; leases end when they say.
-            let mut later = later;
-            later.sort_by_key(|(_, _, at)| *at);
-            for (g, d, at) in later {
+            let mut start = h.starts_at_ms;
+            // Later work arrives; work ends by its lease, some of it early (which may bring the
+            // start nearer, never later).
+            let mut later: Vec<(Work, i64)> = later
+                .into_iter()
+                .flat_map(|(w, at)| w.into_iter().map(move |w| (w, at)))
+                .collect();
+            later.sort_by_key(|(_, at)| *at);
+            for ((g, d, pct), at) in later {
                 let at = now.max(window + 1 + at * minute / 10);
                 if start.is_some_and(|t| at >= t) {
                     break;
@@ -690,14 +705,17 @@ mod reservation_properties {
                 prop_assert!(s.gang_holds.values().any(|x| x.job == 1), "the hold stays: {:?}", d);
                 let h2 = s.gang_holds.values().find(|x| x.job == 1).unwrap().clone();
                 prop_assert_eq!(&h2.nodes, &h.nodes);
+                if let (Some(t), Some(t2)) = (start, h2.starts_at_ms) {
+                    prop_assert!(t2 <= t, "the start moved from {} to {}", t, t2);
+                }
                 for x in &d {
                     if let Decision::Placed { id, alloc, .. } = x {
                         let r = s.running().find(|r| r.id == *id).unwrap();
                         if let Some(e) = r.ends_at_ms {
-                            ends.push((e, *id));
+                            ends.push((actual_end(now, e - now, pct), *id));
                         }
                         if h.nodes.contains(&alloc.node.0) {
-                            let (Some(t), Some(e)) = (start, r.ends_at_ms) else {
+                            let (Some(t), Some(e)) = (h2.starts_at_ms, r.ends_at_ms) else {
                                 return Err(TestCaseError::fail(format!("{id} on a held node without a start or an end: {x:?}")));
                             };
                             prop_assert!(e <= t, "{} ends at {} after the start {}", id, e, t);
@@ -713,6 +731,7 @@ mod reservation_properties {
                     (Some(t), None) => return Err(TestCaseError::fail(format!("the start {t} became unknown"))),
                     (None, _) => {}
                 }
+                start = h3.starts_at_ms;
             }
             // At the start, with the work that ended by then gone, the gang is placed.
             let Some(t) = start else { return Ok(()) };
