@@ -135,6 +135,8 @@ pub fn run(
             min_runtime_ms: None,
             movable: None,
             gang: None,
+            // Released at random by the churn: no end known.
+            duration_ms: None,
         }
     };
     for _ in 0..b.queued {

@@ -622,12 +622,16 @@ pub enum Wait {
     Unplaceable(Unplaceable),
     /// A multi-node gang finds no room now at its level.
     Gang(GangUnplaceable),
-    /// A gang that waited past the backfill window and holds `nodes` nodes in `racks`: nothing
-    /// else is placed there; `now` says why it does not fit yet.
+    /// A gang that waited past the backfill window and holds `nodes` nodes in `racks`: only
+    /// work that ends before the gang starts is placed there; `now` says why it does not fit
+    /// yet. It fits there at about `starts_at_ms` (ms since the epoch), once `ending` running
+    /// workloads have ended by their leases; `None`: some of them have no end.
     GangHeld {
         now: Box<Wait>,
         nodes: usize,
         racks: Vec<String>,
+        starts_at_ms: Option<i64>,
+        ending: usize,
     },
     /// It fits, but only where capacity is held back (a reservation for a long-waiting request).
     Held,
@@ -710,16 +714,39 @@ impl fmt::Display for Wait {
         match self {
             Wait::Unplaceable(u) => u.fmt(f),
             Wait::Gang(u) => u.fmt(f),
-            Wait::GangHeld { now, nodes, racks } => {
+            Wait::GangHeld {
+                now,
+                nodes,
+                racks,
+                starts_at_ms,
+                ending,
+            } => {
                 let where_ = match racks.len() {
                     0 => String::new(),
                     1 => format!(" in rack {}", racks[0]),
                     _ => format!(" in racks {}", racks.join(", ")),
                 };
+                let workloads = if *ending == 1 { "workload" } else { "workloads" };
                 write!(
                     f,
-                    "{now}; {nodes} nodes{where_} are held for it (it waited past the backfill window): nothing else is placed there, and it starts once the work running there ends"
-                )
+                    "{now}; {nodes} nodes{where_} are held for it (it waited past the backfill window): "
+                )?;
+                match starts_at_ms {
+                    Some(at) if *ending == 0 => write!(f, "it starts at about {}", utc_clock(*at))?,
+                    Some(at) => write!(
+                        f,
+                        "it starts at about {} when {ending} {workloads} there end",
+                        utc_clock(*at)
+                    )?,
+                    None => write!(
+                        f,
+                        "its start is unknown: it waits for {ending} {workloads} there to end, and some have no end time"
+                    )?,
+                }
+                match starts_at_ms {
+                    Some(_) => f.write_str("; only work that ends by then is placed there meanwhile"),
+                    None => f.write_str("; nothing else is placed there meanwhile"),
+                }
             }
             Wait::Held => f.write_str("waiting for capacity within its quota"),
             Wait::Limit(l) => l.fmt(f),

@@ -464,6 +464,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                         min_runtime_ms: None,
                         movable: m.movable,
                         gang: None,
+                        duration_ms: Some(m.duration_ms),
                     });
                     w.outstanding[m.tenant][m.kind] += 1;
                 } else {
@@ -529,6 +530,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                                 min_runtime_ms: None,
                                 movable,
                                 gang: None,
+                                duration_ms: Some(duration_ms),
                             };
                             let timer = clock();
                             let a = s.submit(job, now);

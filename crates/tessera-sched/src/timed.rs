@@ -335,6 +335,7 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
         min_runtime_ms: None,
         movable: None,
         gang: None,
+        duration_ms: Some(arrivals[i].run_ms),
     };
 
     loop {

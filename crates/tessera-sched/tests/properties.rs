@@ -324,6 +324,8 @@ fn run_sched(model: &str, ops: Vec<SchedOp>) {
                                 .with_tenant(TenantId(t as u32))
                                 .with_host(1000, 2048)
                         }),
+                    // Finished at random by the operations: no end known.
+                    duration_ms: None,
                 };
                 jobs.insert(id, job.clone());
                 let d = s.submit(job, now);
@@ -408,6 +410,7 @@ fn every_job_decided(model: &str, budget: usize, first: &[Sub], second: &[Sub]) 
                 min_runtime_ms: None,
                 movable: None,
                 gang: None,
+                duration_ms: None,
             };
             match s.submit_for_next_cycle(job) {
                 Some(r) => {

@@ -1,8 +1,10 @@
 //! The allocate action: the queue in order, each admitted job placed where the engine says and
 //! its quotas allow, with bounded backfill. A head that has waited past the backfill window
-//! reserves a node in its pool (see the starvation bound in the [cycle](super) doc); nodes held
-//! for other jobs are out of every placement's reach. A job that finds no capacity is left
-//! starved, with the engine's diagnosis as its reason, for reclaim and preempt to look at.
+//! reserves a node in its pool (see the starvation bound in the [cycle](super) doc), a gang
+//! nodes in a rack with an earliest start ([`GangHold`](super::GangHold)); nodes held for other
+//! jobs are out of every placement's reach, but for work that ends before a gang's start on that
+//! gang's nodes. A job that finds no capacity is left starved, with the engine's diagnosis as its
+//! reason, for reclaim and preempt to look at.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -42,6 +44,10 @@ impl Action for Allocate {
         // it holds a reservation, which others may not use.
         let mut no_capacity: FxHashMap<Request, (Rc<Wait>, bool)> = FxHashMap::default();
         let mut explains = EXPLAINS_PER_CYCLE;
+        // Work may have ended since the gangs' start times were computed (sooner than its lease
+        // said, or was stopped): start times only move earlier, and backfill must not delay
+        // them, so they are computed again before anything is placed.
+        refresh_gang_holds(s.sched, now);
         let jobs = s.jobs.clone();
         for (i, q) in jobs.iter().enumerate() {
             let job = &q.job;
@@ -50,9 +56,10 @@ impl Action for Allocate {
             };
             let sched = &mut *s.sched;
             if let Some(g) = &job.gang {
-                // Planned afresh each time (no cache keyed by shape), never reserving a node
-                // nor searching for victims: it waits with the level's reason.
-                let blocked = sched.held_for_others(job.id);
+                // Planned afresh each time (no cache keyed by shape), never reserving a single
+                // node: it waits with the level's reason, and once past the backfill window it
+                // holds nodes (where alone it may search for victims).
+                let blocked = sched.held_for_placing(job, now);
                 let any_blocked = !blocked.is_empty();
                 if any_blocked {
                     sched.engine.set_blocked(blocked);
@@ -63,7 +70,7 @@ impl Action for Allocate {
                 }
                 match placed {
                     Ok(d) => {
-                        sched.gang_holds.retain(|_, (j, _)| *j != job.id);
+                        sched.gang_holds.retain(|_, h| h.job != job.id);
                         sched.nominated.remove(&job.id);
                         sched.reasons.remove(&job.id);
                         s.set(i, Status::Placed);
@@ -78,21 +85,36 @@ impl Action for Allocate {
                             sched.nominated.remove(&job.id);
                         }
                         let mut reason = Wait::Gang(why.map_or(GangUnplaceable::NoPoolServes, |u| *u));
+                        let mut holds = false;
                         if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
-                            hold_for_gang(sched, job.id, g, &q.scope);
+                            hold_for_gang(sched, job.id, g, &q.scope, now);
                         }
-                        if let Some((_, nodes)) = sched.gang_holds.values().find(|(j, _)| *j == job.id) {
+                        let hold = sched.gang_holds.iter().find(|(_, h)| h.job == job.id);
+                        if let Some((&pool, h)) = hold {
+                            // Work placed since the refresh ends by the start: only the count of
+                            // workloads it waits for may have changed.
+                            let nodes = h.nodes.clone();
+                            let (starts_at_ms, ending) = start_on(sched, &nodes, h.per_node, now);
+                            if let Some(h) = sched.gang_holds.get_mut(&pool) {
+                                h.starts_at_ms = starts_at_ms;
+                                h.ending = ending;
+                            }
+                            holds = true;
                             reason = Wait::GangHeld {
                                 now: Box::new(reason),
                                 nodes: nodes.len(),
-                                racks: racks_of(sched.engine.fleet(), nodes),
+                                racks: racks_of(sched.engine.fleet(), &nodes),
+                                starts_at_ms,
+                                ending,
                             };
                         }
+                        // Only a gang holding nodes searches for victims, there (see victims).
+                        let waiting_for_victims = sched.nominated.get(&job.id).is_some_and(|n| !n.victims.is_empty());
                         s.set(
                             i,
                             Status::Starved {
                                 reason: Rc::new(reason),
-                                searchable: false,
+                                searchable: holds && !waiting_for_victims,
                             },
                         );
                     }
@@ -101,8 +123,12 @@ impl Action for Allocate {
             }
             let nominated = sched.nominated.contains_key(&job.id);
             let reserving = sched.reservations.values().any(|(j, _)| *j == job.id);
+            // Short work may find room on a gang's reserved nodes that others of its shape
+            // may not use.
+            let backfills = sched.backfills_a_hold(job, now);
             if !nominated
                 && !reserving
+                && !backfills
                 && let Some((reason, searchable)) = no_capacity.get(&q.key)
             {
                 let starved = Status::Starved {
@@ -112,7 +138,7 @@ impl Action for Allocate {
                 s.set(i, starved);
                 continue;
             }
-            let blocked = sched.held_for_others(job.id);
+            let blocked = sched.held_for_placing(job, now);
             let any_blocked = !blocked.is_empty();
             if any_blocked {
                 sched.engine.set_blocked(blocked);
@@ -197,7 +223,7 @@ pub(super) fn queue_order(s: &mut Scheduler, now: i64, limit: usize) -> (Vec<Arc
     order.extend(rest);
     let queue = &s.queue;
     s.reservations.retain(|_, (j, _)| queue.contains(*j));
-    s.gang_holds.retain(|_, (j, _)| queue.contains(*j));
+    s.gang_holds.retain(|_, h| queue.contains(h.job));
     (order, cut)
 }
 
@@ -433,8 +459,8 @@ fn explain(s: &mut Scheduler, q: &Queued, budget: &mut usize) -> Wait {
 /// Holds nodes for gang `g` (job `id`, which waited past the backfill window) in the first pool
 /// of `scope` with no gang hold yet, unless it holds some already: see the starvation bound in
 /// the [cycle](super) doc for which nodes.
-fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId]) {
-    if s.gang_holds.values().any(|(j, _)| *j == id) {
+fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], now: i64) {
+    if s.gang_holds.values().any(|h| h.job == id) {
         return;
     }
     let Some(&pool) = scope.iter().find(|p| !s.gang_holds.contains_key(p)) else {
@@ -453,36 +479,154 @@ fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId]) 
     }
     let k = g.gpus.div_ceil(u32::from(per)) as usize;
     let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n)).unwrap_or(u32::MAX);
-    let mut by_rack: std::collections::BTreeMap<u32, Vec<(u32, u32)>> = std::collections::BTreeMap::new();
+    // Per rack, its eligible nodes as (when a share fits there, free GPUs, node), soonest
+    // first, then fullest free: `i64::MAX` when the work it waits for has no end.
+    type Eligible = (i64, u32, u32);
+    let mut by_rack: std::collections::BTreeMap<u32, Vec<Eligible>> = std::collections::BTreeMap::new();
     for n in range {
         let node = &fleet.nodes[n as usize];
         if node.gpus < per || !g.allows_model(node.model) || held.contains(&n) {
             continue;
         }
+        let (at, _) = node_frees(s, n, u32::from(per), now).unwrap_or((i64::MAX, Vec::new()));
         by_rack
             .entry(rack(n))
             .or_default()
-            .push((st.nodes[n as usize].free_gpus(), n));
+            .push((at, st.nodes[n as usize].free_gpus(), n));
     }
     for nodes in by_rack.values_mut() {
-        nodes.sort_unstable_by_key(|&(free, n)| (std::cmp::Reverse(free), n));
+        nodes.sort_unstable_by_key(|&(at, free, n)| (at, std::cmp::Reverse(free), n));
     }
-    let best_k = |v: &[(u32, u32)]| v.iter().take(k).map(|(f, _)| *f).sum::<u32>();
-    let one_rack = by_rack
-        .values()
-        .filter(|v| v.len() >= k)
-        .max_by_key(|v| (best_k(v), std::cmp::Reverse(v[0].1)));
+    // A rack where the gang starts soonest (its k-th soonest node), then with the most free.
+    let best_k = |v: &[Eligible]| v.iter().take(k).map(|(_, f, _)| *f).sum::<u32>();
+    let start_k = |v: &[Eligible]| v.iter().take(k).map(|(at, _, _)| *at).max().unwrap_or(i64::MAX);
+    let one_rack = by_rack.values().filter(|v| v.len() >= k).max_by_key(|v| {
+        (
+            std::cmp::Reverse(start_k(v)),
+            best_k(v),
+            std::cmp::Reverse(v.iter().map(|(_, _, n)| *n).min()),
+        )
+    });
     let nodes: Vec<u32> = match one_rack {
-        Some(v) => v.iter().take(k).map(|(_, n)| *n).collect(),
+        Some(v) => v.iter().take(k).map(|(_, _, n)| *n).collect(),
         None => {
-            let mut racks: Vec<&Vec<(u32, u32)>> = by_rack.values().collect();
-            racks.sort_by_key(|v| (std::cmp::Reverse(v.iter().map(|(f, _)| *f).sum::<u32>()), v[0].1));
-            racks.into_iter().flatten().take(k).map(|(_, n)| *n).collect()
+            let mut racks: Vec<&Vec<Eligible>> = by_rack.values().collect();
+            racks.sort_by_key(|v| {
+                (
+                    std::cmp::Reverse(v.iter().map(|(_, f, _)| *f).sum::<u32>()),
+                    v.iter().map(|(_, _, n)| *n).min(),
+                )
+            });
+            racks.into_iter().flatten().take(k).map(|(_, _, n)| *n).collect()
         }
     };
     if nodes.len() == k {
-        s.gang_holds.insert(pool, (id, nodes));
+        let (starts_at_ms, ending) = start_on(s, &nodes, u32::from(per), now);
+        s.gang_holds.insert(
+            pool,
+            super::GangHold {
+                job: id,
+                nodes,
+                per_node: u32::from(per),
+                starts_at_ms,
+                ending,
+            },
+        );
     }
+}
+
+/// Computes every gang reservation's start again at `now`.
+fn refresh_gang_holds(s: &mut Scheduler, now: i64) {
+    if s.gang_holds.is_empty() {
+        return;
+    }
+    let starts: Vec<(PoolId, (Option<i64>, usize))> = s
+        .gang_holds
+        .iter()
+        .map(|(p, h)| (*p, start_on(s, &h.nodes, h.per_node, now)))
+        .collect();
+    for (p, (starts_at_ms, ending)) in starts {
+        if let Some(h) = s.gang_holds.get_mut(&p) {
+            h.starts_at_ms = starts_at_ms;
+            h.ending = ending;
+        }
+    }
+}
+
+/// When `per_node` GPUs are free on each of `nodes`, by the lease ends of the work running
+/// there, and how many workloads must end for it: a GPU is free once every workload holding it
+/// has ended (at once if it is free now; soon, at `now`, if those are all being stopped); on
+/// each node the `per_node` GPUs that free first are the ones waited for; the latest node
+/// decides. `None` if one of them waits for work with no end (or work the scheduler does not
+/// know). Never before `now`.
+fn start_on(s: &Scheduler, nodes: &[u32], per_node: u32, now: i64) -> (Option<i64>, usize) {
+    let mut start = Some(now);
+    let mut ending: FxHashSet<u64> = FxHashSet::default();
+    for &n in nodes {
+        let Some((at, owners)) = node_frees(s, n, per_node, now) else {
+            return (None, 0);
+        };
+        start = match (start, at) {
+            (_, i64::MAX) | (None, _) => None,
+            (Some(t), at) => Some(t.max(at)),
+        };
+        ending.extend(owners);
+    }
+    (start, ending.len())
+}
+
+/// When `per_node` GPUs of node `n` are free (never before `now`; `i64::MAX`: not known, some
+/// work it waits for has no end) and the running workloads that must end for it; `None` if the
+/// node has fewer GPUs.
+fn node_frees(s: &Scheduler, n: u32, per_node: u32, now: i64) -> Option<(i64, Vec<u64>)> {
+    let node = s.engine.state().nodes.get(n as usize)?;
+    if node.gpus.len() < per_node as usize {
+        return None;
+    }
+    // Per GPU: when it frees, and who holds it.
+    let mut gpus: Vec<(i64, Vec<u64>)> = node
+        .gpus
+        .iter()
+        .map(|gpu| {
+            let mut at = now;
+            let mut owners = Vec::new();
+            for &a in &gpu.holders {
+                let owner = holder_owner(s, a);
+                let end = s.running.get(&owner).and_then(|r| {
+                    if r.stopping {
+                        Some(now)
+                    } else {
+                        r.ends_at_ms.map(|e| e.max(now))
+                    }
+                });
+                at = at.max(end.unwrap_or(i64::MAX));
+                if !owners.contains(&owner) {
+                    owners.push(owner);
+                }
+            }
+            (at, owners)
+        })
+        .collect();
+    gpus.sort_by_key(|(at, _)| *at);
+    let chosen = &gpus[..per_node as usize];
+    let at = chosen.iter().map(|(at, _)| *at).max().unwrap_or(now);
+    let mut owners: Vec<u64> = chosen.iter().flat_map(|(_, o)| o.iter().copied()).collect();
+    owners.sort_unstable();
+    owners.dedup();
+    Some((at, owners))
+}
+
+/// The running workload an allocation of the engine belongs to: a gang's node-share, a moved
+/// service's replacement (booked for the service, which it continues), or the workload itself.
+fn holder_owner(s: &Scheduler, a: crate::state::AllocId) -> u64 {
+    if a & crate::engine::SHARE_BIT != 0 {
+        let gang = (a & !crate::engine::SHARE_BIT) >> 16;
+        if s.engine.gang(gang).is_some_and(|g| g.shares.contains(&a)) {
+            return gang;
+        }
+        return a & !super::consolidate::REPLACEMENT;
+    }
+    a
 }
 
 /// The racks (domains of the fleet's lowest level) of `nodes`, each once, in order.
@@ -519,7 +663,7 @@ fn reserve(s: &mut Scheduler, job: &Job, pools: &[PoolId]) {
         .clone()
         .filter(|&n| job.request.allows_model(fleet.nodes[n as usize].model))
         .filter(|n| !s.reservations.values().any(|(_, r)| r == n))
-        .filter(|n| !s.gang_holds.values().any(|(_, h)| h.contains(n)))
+        .filter(|n| !s.gang_holds.values().any(|h| h.nodes.contains(n)))
         .max_by_key(|&n| {
             (
                 st.nodes[n as usize]

@@ -232,7 +232,7 @@ fn a_gang_that_waited_past_the_backfill_window_holds_a_rack_until_it_fits() {
     };
     assert_eq!(racks.len(), 1, "{reason}");
     assert!(reason.to_string().contains("4 nodes in rack"), "{reason}");
-    let held: Vec<u32> = s.gang_holds.values().flat_map(|(_, n)| n.clone()).collect();
+    let held: Vec<u32> = s.gang_holds.values().flat_map(|h| h.nodes.clone()).collect();
     assert_eq!(held.len(), 4);
     // Work on a held node ends: no other request may take it, the gang keeps waiting.
     let on_held: Vec<u64> = s.running().filter(|r| held.contains(&r.node.0)).map(|r| r.id).collect();
@@ -253,4 +253,530 @@ fn a_gang_that_waited_past_the_backfill_window_holds_a_rack_until_it_fits() {
     want.sort_unstable();
     assert_eq!(nodes, want);
     assert!(s.gang_holds.is_empty(), "the hold ends with the placement");
+}
+
+/// `j` with a requested duration.
+fn lasting(j: Job, duration_ms: Option<i64>) -> Job {
+    Job { duration_ms, ..j }
+}
+
+/// The waiting reason of job `id` among `d`.
+fn wait_of(d: &[Decision], id: u64) -> Option<Wait> {
+    d.iter().find_map(|x| match x {
+        Decision::Waiting { id: i, reason } if *i == id => Some(reason.clone()),
+        _ => None,
+    })
+}
+
+/// The one gang hold of `s`.
+fn hold(s: &Scheduler) -> GangHold {
+    let mut h = s.gang_holds.values();
+    let one = h.next().expect("a gang holds nodes").clone();
+    assert!(h.next().is_none());
+    one
+}
+
+/// The seed's training pool with two 4-GPU jobs on every node (BestFit pairs them): pair `p`
+/// (jobs `100 + 2p` and `101 + 2p`, submitted at 0) lasts `short(p)` and `long(p)` ms.
+fn paired(short: impl Fn(u64) -> Option<i64>, long: impl Fn(u64) -> Option<i64>) -> Scheduler {
+    let mut s = sched();
+    for p in 0..16 {
+        let (a, b) = (100 + 2 * p, 101 + 2 * p);
+        assert_eq!(
+            placed(&s.submit(lasting(job(a, "b", 4, "standard", 0), short(p)), 0)),
+            vec![a]
+        );
+        assert_eq!(
+            placed(&s.submit(lasting(job(b, "b", 4, "standard", 0), long(p)), 0)),
+            vec![b]
+        );
+        assert_eq!(
+            s.engine.allocation(a).unwrap().node,
+            s.engine.allocation(b).unwrap().node,
+            "a pair shares its node"
+        );
+    }
+    s
+}
+
+/// The pairs (see [`paired`]) on the nodes held for the gang.
+fn held_pairs(s: &Scheduler) -> Vec<u64> {
+    let h = hold(s);
+    (0..16)
+        .filter(|p| h.nodes.contains(&s.engine.allocation(100 + 2 * p).unwrap().node.0))
+        .collect()
+}
+
+#[test]
+fn a_held_gangs_start_is_when_enough_work_on_its_nodes_has_ended() {
+    let minute = 60_000;
+    // Every lease ends after the backfill window.
+    let short = |p: u64| Some((p as i64 + 1) * 10 * minute);
+    let long = |p: u64| Some((p as i64 + 1) * 20 * minute + 7);
+    let window = sched().cfg.backfill_max_wait_ms;
+    // Whole nodes: both jobs of each held node must end; the node whose long job ends last
+    // decides. Eight workloads end.
+    let mut s = paired(short, long);
+    s.submit(gang(1, "a", 32, true, "standard", 0), 0);
+    let d = s.cycle(window + 1);
+    let pairs = held_pairs(&s);
+    assert_eq!(pairs.len(), 4);
+    let want = pairs.iter().map(|&p| long(p).unwrap()).max().unwrap();
+    let h = hold(&s);
+    assert_eq!((h.starts_at_ms, h.ending), (Some(want), 8));
+    let Some(Wait::GangHeld {
+        starts_at_ms, ending, ..
+    }) = wait_of(&d, 1)
+    else {
+        panic!("{d:?}")
+    };
+    assert_eq!((starts_at_ms, ending), (Some(want), 8));
+    // Four GPUs per node: on each held node the short job is the one waited for.
+    let mut s = paired(short, long);
+    let g = GangRequest::nodes(4, 4)
+        .with_pool(PoolId(0))
+        .with_topology(TopologyConstraint::required("rack"));
+    s.submit(
+        Job {
+            gang: Some(g),
+            ..job(2, "a", 8, "standard", 0)
+        },
+        0,
+    );
+    s.cycle(window + 1);
+    let pairs = held_pairs(&s);
+    let want = pairs.iter().map(|&p| short(p).unwrap()).max().unwrap();
+    let h = hold(&s);
+    assert_eq!((h.starts_at_ms, h.ending), (Some(want), 4));
+    // Jobs without an end on the held nodes: the whole-node gang's start is unknown.
+    let mut s = paired(short, |_| None);
+    s.submit(gang(3, "a", 32, true, "standard", 0), 0);
+    s.cycle(window + 1);
+    assert_eq!(hold(&s).starts_at_ms, None);
+    // Work that overran its lease is waited for from now on.
+    let mut s = paired(short, long);
+    s.submit(gang(4, "a", 32, true, "standard", 0), 0);
+    let late = 24 * 60 * minute;
+    s.cycle(late);
+    assert_eq!(hold(&s).starts_at_ms, Some(late), "never before now");
+}
+
+#[test]
+fn only_work_that_ends_before_the_gang_starts_is_placed_on_its_held_nodes() {
+    let hour = 3_600_000;
+    let window = sched().cfg.backfill_max_wait_ms;
+    // One 4-GPU job of an hour left on every node: 4 GPUs free on each, no rack whole.
+    let mut s = paired(|_| Some(hour), |_| None);
+    for p in 0..16 {
+        s.release(101 + 2 * p, 1);
+    }
+    s.submit(gang(1, "a", 32, true, "standard", 2), 2);
+    let now = window + 3;
+    s.cycle(now);
+    let h = hold(&s);
+    assert_eq!((h.starts_at_ms, h.ending), (Some(hour), 4));
+    // Work without an end fills every node that is not held.
+    for i in 0..12 {
+        assert_eq!(
+            placed(&s.submit(job(200 + i, "c", 4, "standard", now), now)),
+            vec![200 + i]
+        );
+    }
+    for i in 0..12 {
+        assert!(!h.nodes.contains(&s.engine.allocation(200 + i).unwrap().node.0));
+    }
+    // Work that would end after the gang's start, or has no end, stays off the held nodes.
+    let d = s.submit(lasting(job(300, "c", 4, "standard", now), Some(hour)), now);
+    assert!(placed(&d).is_empty(), "{d:?}");
+    assert_eq!(wait_of(&d, 300).map(|w| w.code()), Some("held"));
+    let d = s.submit(job(301, "c", 4, "standard", now), now);
+    assert!(placed(&d).is_empty(), "{d:?}");
+    // Work that ends by then goes there, however many of the same shape wait before it.
+    let short = hour - now - 1;
+    let d = s.submit(lasting(job(302, "c", 4, "standard", now), Some(short)), now);
+    assert_eq!(placed(&d), vec![302], "{d:?}");
+    assert!(h.nodes.contains(&s.engine.allocation(302).unwrap().node.0));
+    let d = s.submit(lasting(job(303, "c", 4, "standard", now), Some(hour - now)), now);
+    assert_eq!(placed(&d), vec![303], "ending exactly at the start: {d:?}");
+    // The gang's start has not moved.
+    let d = s.cycle(now + 1);
+    assert_eq!(hold(&s).starts_at_ms, Some(hour), "{d:?}");
+    // The short jobs end, then the hour's: the gang starts on its nodes, at its start.
+    s.release(302, now + short);
+    s.release(303, hour);
+    for p in 0..16 {
+        s.release(100 + 2 * p, hour);
+    }
+    let d = s.cycle(hour);
+    let (id, shares) = placed_gang(&d).unwrap_or_else(|| panic!("{d:?}"));
+    assert_eq!(id, 1);
+    assert!(shares.iter().all(|a| h.nodes.contains(&a.node.0)));
+}
+
+#[test]
+fn a_held_gangs_reason_says_when_and_where_it_starts() {
+    let window = sched().cfg.backfill_max_wait_ms;
+    // 14:20 UTC on the first day.
+    let at = (14 * 60 + 20) * 60_000;
+    let mut s = sched();
+    for i in 0..16 {
+        let j = lasting(job(100 + i, "b", 8, "standard", 0), Some(at));
+        assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
+    }
+    s.submit(gang(1, "a", 32, true, "standard", 0), 0);
+    let d = s.cycle(window + 1);
+    let reason = wait_of(&d, 1).unwrap_or_else(|| panic!("{d:?}"));
+    let Wait::GangHeld { racks, .. } = &reason else {
+        panic!("{reason:?}")
+    };
+    let text = reason.to_string();
+    assert!(
+        text.ends_with(&format!(
+            "; 4 nodes in rack {} are held for it (it waited past the backfill window): it starts at about 14:20:00 UTC when 4 workloads there end; only work that ends by then is placed there meanwhile",
+            racks[0]
+        )),
+        "{text}"
+    );
+    // The same kind of reason whatever the start: no new decision when only it moves.
+    let Wait::GangHeld {
+        now,
+        nodes,
+        racks,
+        ending,
+        ..
+    } = reason.clone()
+    else {
+        unreachable!()
+    };
+    let later = Wait::GangHeld {
+        now,
+        nodes,
+        racks,
+        starts_at_ms: None,
+        ending,
+    };
+    assert!(reason.same_kind(&later));
+    assert!(
+        later
+            .to_string()
+            .ends_with("its start is unknown: it waits for 4 workloads there to end, and some have no end time; nothing else is placed there meanwhile"),
+        "{later}"
+    );
+    // Work without an end: the start is unknown.
+    let mut s = sched();
+    for i in 0..16 {
+        assert_eq!(placed(&s.submit(job(100 + i, "b", 8, "standard", 0), 0)), vec![100 + i]);
+    }
+    s.submit(gang(1, "a", 32, true, "standard", 0), 0);
+    let d = s.cycle(window + 1);
+    let text = wait_of(&d, 1).unwrap_or_else(|| panic!("{d:?}")).to_string();
+    assert!(text.contains("its start is unknown"), "{text}");
+}
+
+#[test]
+fn a_held_gang_preempts_only_on_its_nodes_the_cheapest_work_lost_first() {
+    let window = sched().cfg.backfill_max_wait_ms;
+    let mut cfg = super::testing::config();
+    for c in &mut cfg.classes {
+        if c.name == "high" {
+            c.preempt_after_ms = Some(window + 10_000);
+        }
+    }
+    let mut s = Scheduler::new(super::testing::engine(), cfg);
+    // Two 4-GPU opportunistic jobs on every node, from time 0.
+    for p in 0..16 {
+        for id in [100 + 2 * p, 101 + 2 * p] {
+            assert_eq!(placed(&s.submit(job(id, "b", 4, "opportunistic", 0), 0)), vec![id]);
+        }
+    }
+    // A gang of four 4-GPU shares in one rack, of a higher class: past the window it holds
+    // four nodes, and it may preempt a little later.
+    let g = GangRequest::nodes(4, 4)
+        .with_pool(PoolId(0))
+        .with_topology(TopologyConstraint::required("rack"));
+    let d = s.submit(
+        Job {
+            gang: Some(g),
+            ..job(1, "a", 8, "high", 0)
+        },
+        0,
+    );
+    assert!(preempted(&d).is_empty(), "{d:?}");
+    let d = s.cycle(window + 1);
+    assert!(preempted(&d).is_empty(), "not yet: {d:?}");
+    let h = hold(&s);
+    // Work saved recently loses little: on the held nodes one job of each pair saved a while
+    // ago; elsewhere every job saved just now (the cheapest of all, but not where the gang goes).
+    let now = window + 10_001;
+    let mut cheap_on_held = Vec::new();
+    for p in 0..16 {
+        let (a, b) = (100 + 2 * p, 101 + 2 * p);
+        if h.nodes.contains(&s.engine.allocation(a).unwrap().node.0) {
+            s.checkpointed(b, now - 60_000);
+            cheap_on_held.push(b);
+        } else {
+            s.checkpointed(a, now);
+            s.checkpointed(b, now);
+        }
+    }
+    assert_eq!(cheap_on_held.len(), 4);
+    let d = s.cycle(now);
+    let mut victims = preempted(&d);
+    victims.sort_unstable();
+    assert_eq!(victims, cheap_on_held, "one victim per held node, the cheaper: {d:?}");
+    assert!(
+        matches!(wait_of(&d, 1), Some(Wait::Preempting { victims: 4, .. })),
+        "{d:?}"
+    );
+    // The victims stop: the gang starts on its nodes.
+    for v in victims {
+        s.release(v, now + 1);
+    }
+    let d = s.cycle(now + 2);
+    let (id, shares) = placed_gang(&d).unwrap_or_else(|| panic!("{d:?}"));
+    assert_eq!(id, 1);
+    assert!(shares.iter().all(|a| h.nodes.contains(&a.node.0)));
+}
+
+#[test]
+fn a_held_gang_within_its_guarantee_reclaims_on_its_nodes_only() {
+    let mut s = sched();
+    let window = s.cfg.backfill_max_wait_ms;
+    super::testing::guarantee_half_each(&mut s, None);
+    // b borrows the whole pool (its second half above its guarantee, with leases of an hour:
+    // the gang holds nodes where they run, as it will start there soonest).
+    for i in 0..16 {
+        let j = lasting(job(100 + i, "b", 8, "standard", 0), (i >= 8).then_some(3_600_000));
+        assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
+    }
+    let d = s.submit(gang(1, "a", 16, true, "standard", 0), 0);
+    assert!(preempted(&d).is_empty(), "no hold yet, no search: {d:?}");
+    let d = s.cycle(window + 1);
+    let h = hold(&s);
+    let victims = preempted(&d);
+    assert_eq!(victims.len(), 2, "{d:?}");
+    for v in &victims {
+        assert_eq!(s.is_borrowing(*v), Some(true), "only borrowers are reclaimed");
+        let r = s.running().find(|r| r.id == *v).unwrap();
+        assert!(h.nodes.contains(&r.node.0), "victims on the held nodes only");
+    }
+}
+
+mod reservation_properties {
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+    use tessera_model::request::{GangRequest, TopologyConstraint};
+    use tessera_model::{Fleet, PoolId, Request};
+
+    use super::super::testing::config;
+    use super::super::{Decision, Job, Scheduler};
+    use crate::engine::Engine;
+    use crate::policy::BestFit;
+
+    /// One whole-GPU pool of `racks` racks of `per_rack` nodes of `gpus` GPUs.
+    fn fleet(racks: u32, per_rack: u32, gpus: u32) -> Fleet {
+        let mut text = String::from("[[pool]]\nname = \"training\"\nsharing = \"whole\"\n");
+        for r in 0..racks {
+            text += &format!(
+                "[[pool.nodes]]\nname = \"n{r}\"\ncount = {per_rack}\ngpu_model = \"H100-80GB-SXM\"\ngpus = {gpus}\ncpus = 112\nmemory_gib = 2048\nnvlink = \"nvswitch\"\nrack = \"r{r}\"\n"
+            );
+        }
+        Fleet::from_toml(&text, "test").expect("a valid fleet")
+    }
+
+    fn job(id: u64, gpus: u32, duration_ms: Option<i64>, now: i64) -> Job {
+        Job {
+            id,
+            tenant: format!("t{}", id % 3),
+            project: "p".into(),
+            request: Request::whole(gpus as u8).with_pool(PoolId(0)),
+            priority: "standard".into(),
+            submitted_ms: now,
+            wait_if_over_limit: true,
+            min_runtime_ms: None,
+            movable: None,
+            gang: None,
+            duration_ms,
+        }
+    }
+
+    type Work = (u32, Option<i64>, i64);
+
+    /// Work as (GPUs, lease in minutes or none, the share of its lease it runs in percent, at
+    /// most 100: about half end early).
+    fn work(max: usize) -> impl Strategy<Value = Vec<Work>> {
+        proptest::collection::vec(
+            (1u32..=8, proptest::option::weighted(0.9, 1i64..600), 1i64..=200),
+            0..max,
+        )
+    }
+
+    /// When work of lease `d` started at `at` really ends, running `pct` percent of it.
+    fn actual_end(at: i64, d: i64, pct: i64) -> i64 {
+        at + (d * pct.min(100) / 100).max(1)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// A reservation is never delayed by backfilled work: while a gang holds nodes, all
+        /// work placed on them ends by its start, the start never moves later, and at the start
+        /// (the work that ended by then gone) the gang is placed.
+        #[test]
+        fn a_reservation_is_never_delayed_by_backfilled_work(
+            racks in 1u32..4,
+            per_rack in 2u32..5,
+            eight in any::<bool>(),
+            nodes_wanted in 2u32..5,
+            share in 1u32..=8,
+            first in work(40),
+            later in proptest::collection::vec((work(2), 0i64..600), 0..40),
+        ) {
+            let gpus = if eight { 8 } else { 4 };
+            let minute = 60_000;
+            let f = Arc::new(fleet(racks, per_rack, gpus));
+            let mut s = Scheduler::new(Engine::new(f, Box::new(BestFit), 1), config());
+            let window = s.cfg.backfill_max_wait_ms;
+            let mut ends: Vec<(i64, u64)> = Vec::new();
+            let mut next = 10u64;
+            // Running work, all started at 0; what does not fit is dropped.
+            for (g, d, pct) in first {
+                let j = job(next, g.min(gpus), d.map(|m| m * minute), 0);
+                next += 1;
+                if s.submit(j.clone(), 0).iter().any(|x| matches!(x, Decision::Placed { .. })) {
+                    if let Some(d) = j.duration_ms {
+                        ends.push((actual_end(0, d, pct), j.id));
+                    }
+                } else {
+                    s.dequeue(j.id);
+                }
+            }
+            // The gang: whole nodes, or shares of `share` GPUs, required in one rack.
+            let k = nodes_wanted.min(per_rack);
+            let per = share.min(gpus);
+            let g = if per == gpus {
+                GangRequest::whole_nodes(k * gpus)
+            } else {
+                GangRequest::nodes(k, per as u8)
+            };
+            let g = g.with_pool(PoolId(0)).with_topology(TopologyConstraint::required("rack"));
+            let gang = Job { gang: Some(g), ..job(1, 1, None, 0) };
+            let placed_at_once = s
+                .submit(gang, 0)
+                .iter()
+                .any(|x| matches!(x, Decision::PlacedGang { .. }));
+            prop_assume!(!placed_at_once);
+            let mut now = window + 1;
+            s.cycle(now);
+            let Some(h) = s.gang_holds.values().next().cloned() else {
+                // Placed by the cycle, or nowhere to hold: nothing to check.
+                return Ok(());
+            };
+            let mut start = h.starts_at_ms;
+            // Later work arrives; work ends by its lease, some of it early (which may bring the
+            // start nearer, never later).
+            let mut later: Vec<(Work, i64)> = later
+                .into_iter()
+                .flat_map(|(w, at)| w.into_iter().map(move |w| (w, at)))
+                .collect();
+            later.sort_by_key(|(_, at)| *at);
+            for ((g, d, pct), at) in later {
+                let at = now.max(window + 1 + at * minute / 10);
+                if start.is_some_and(|t| at >= t) {
+                    break;
+                }
+                ends.sort_unstable();
+                while let Some(&(e, id)) = ends.first() {
+                    if e > at {
+                        break;
+                    }
+                    s.release(id, e);
+                    ends.remove(0);
+                }
+                now = at;
+                let j = job(next, g.min(gpus), d.map(|m| m * minute), now);
+                next += 1;
+                let d = s.submit(j.clone(), now);
+                if d.iter().any(|x| matches!(x, Decision::PlacedGang { id: 1, .. })) {
+                    // Room freed elsewhere (or on its nodes, sooner than leases said).
+                    return Ok(());
+                }
+                prop_assert!(s.gang_holds.values().any(|x| x.job == 1), "the hold stays: {:?}", d);
+                let h2 = s.gang_holds.values().find(|x| x.job == 1).unwrap().clone();
+                prop_assert_eq!(&h2.nodes, &h.nodes);
+                if let (Some(t), Some(t2)) = (start, h2.starts_at_ms) {
+                    prop_assert!(t2 <= t, "the start moved from {} to {}", t, t2);
+                }
+                for x in &d {
+                    if let Decision::Placed { id, alloc, .. } = x {
+                        let r = s.running().find(|r| r.id == *id).unwrap();
+                        if let Some(e) = r.ends_at_ms {
+                            ends.push((actual_end(now, e - now, pct), *id));
+                        }
+                        if h.nodes.contains(&alloc.node.0) {
+                            let (Some(t), Some(e)) = (h2.starts_at_ms, r.ends_at_ms) else {
+                                return Err(TestCaseError::fail(format!("{id} on a held node without a start or an end: {x:?}")));
+                            };
+                            prop_assert!(e <= t, "{} ends at {} after the start {}", id, e, t);
+                        }
+                    }
+                }
+                if s.cycle(now).iter().any(|x| matches!(x, Decision::PlacedGang { id: 1, .. })) {
+                    return Ok(());
+                }
+                let h3 = s.gang_holds.values().find(|x| x.job == 1).unwrap();
+                match (start, h3.starts_at_ms) {
+                    (Some(t), Some(t2)) => prop_assert!(t2 <= t, "the start moved from {} to {}", t, t2),
+                    (Some(t), None) => return Err(TestCaseError::fail(format!("the start {t} became unknown"))),
+                    (None, _) => {}
+                }
+                start = h3.starts_at_ms;
+            }
+            // At the start, with the work that ended by then gone, the gang is placed.
+            let Some(t) = start else { return Ok(()) };
+            ends.sort_unstable();
+            for &(e, id) in ends.iter().filter(|(e, _)| *e <= t) {
+                s.release(id, e);
+            }
+            let d = s.cycle(t);
+            prop_assert!(
+                d.iter().any(|x| matches!(x, Decision::PlacedGang { id: 1, .. })),
+                "the gang is placed at its start {}: {:?}", t, d
+            );
+        }
+    }
+}
+
+#[test]
+fn a_gang_holds_the_rack_where_it_starts_soonest() {
+    let hour = 3_600_000;
+    let mut s = sched();
+    let window = s.cfg.backfill_max_wait_ms;
+    // One 8-GPU job on every node, ending at hours spread over the racks.
+    let end = |i: u64| ((i * 7) % 16 + 1) as i64 * hour;
+    for i in 0..16 {
+        let j = lasting(job(100 + i, "b", 8, "standard", 0), Some(end(i)));
+        assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
+    }
+    // By hand: each rack frees when its last job ends; the gang takes the rack that frees first.
+    let mut last: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+    for i in 0..16 {
+        let r = rack_of(&s, s.engine.allocation(100 + i).unwrap());
+        let e = last.entry(r).or_insert(0);
+        *e = (*e).max(end(i));
+    }
+    let (soonest, at) = last
+        .iter()
+        .min_by_key(|(_, e)| **e)
+        .map(|(r, e)| (r.clone(), *e))
+        .unwrap();
+    s.submit(gang(1, "a", 32, true, "standard", 0), 0);
+    let d = s.cycle(window + 1);
+    let h = hold(&s);
+    assert_eq!(h.starts_at_ms, Some(at));
+    let Some(Wait::GangHeld { racks, .. }) = wait_of(&d, 1) else {
+        panic!("{d:?}")
+    };
+    assert_eq!(racks, vec![soonest]);
 }

@@ -39,6 +39,11 @@
 //! reserved node needs to finish (their durations or leases), plus any time taken by requests of
 //! higher priority (one reservation per pool, taken in queue order).
 //!
+//! A multi-node gang that has waited past the window holds nodes instead, in the rack where it
+//! will start soonest by the lease ends of the work running there ([`Running::ends_at_ms`]); it
+//! knows that start, and only work that ends by it is placed on those nodes meanwhile, so
+//! backfill never delays it; it may take victims, by reclaim or preemption, there only.
+//!
 //! **Preemption bound (anti-thrash).** Reclaim only takes from *borrowers* (workloads admitted
 //! above their tenant's guaranteed share) of other tenants, and only for a request that stays
 //! within its own guaranteed share; a reclaimed borrower is requeued and can only come back by
@@ -188,6 +193,10 @@ pub struct Job {
     /// [`Engine::place_gang`] instead of `request` (which is then not read), never moved by
     /// consolidation.
     pub gang: Option<GangRequest>,
+    /// How long it asked to run (its lease), in milliseconds; `None`: no limit. A waiting
+    /// gang's reservation starts when enough of the work on its nodes has ended by these, and
+    /// only work that ends before then is placed on its nodes meanwhile.
+    pub duration_ms: Option<i64>,
 }
 
 /// How a running workload may be moved to defragment its pool.
@@ -254,6 +263,9 @@ pub struct Running {
     pub node: NodeId,
     /// A gang's other nodes, in gang order (empty on one node).
     pub gang_nodes: Vec<NodeId>,
+    /// When its lease ends: its start plus its requested duration ([`Job::duration_ms`]);
+    /// `None`: no limit.
+    pub ends_at_ms: Option<i64>,
 }
 
 impl Running {
@@ -346,6 +358,33 @@ struct Nomination {
     nodes: HashSet<u32>,
 }
 
+/// A multi-node gang's reservation: the nodes held for it (it waited past the backfill window)
+/// and when it fits there by the ends of the work running on them. Work is placed on these
+/// nodes meanwhile only if it ends by then ([`Job::duration_ms`]), so it never delays the gang.
+#[derive(Clone, Debug)]
+struct GangHold {
+    job: u64,
+    nodes: Vec<u32>,
+    /// GPUs the gang needs free on each held node.
+    per_node: u32,
+    /// When it fits on `nodes` (never before the time it was computed at), the work there
+    /// ending by the lease ends of the running work ([`Running::ends_at_ms`]); `None`: some
+    /// of the work it waits for has no end.
+    starts_at_ms: Option<i64>,
+    /// How many running workloads must end for it to fit.
+    ending: usize,
+}
+
+impl GangHold {
+    /// Whether work of `duration_ms` placed at `now` ends by the gang's start.
+    fn ends_before(&self, duration_ms: Option<i64>, now: i64) -> bool {
+        match (self.starts_at_ms, duration_ms) {
+            (Some(start), Some(d)) => d >= 0 && now.saturating_add(d) <= start,
+            _ => false,
+        }
+    }
+}
+
 /// The scheduler: queue, books, running set and the engine.
 pub struct Scheduler {
     pub engine: Engine,
@@ -365,9 +404,9 @@ pub struct Scheduler {
     reasons: FxHashMap<u64, Wait>,
     /// Per pool, the head that waited past the backfill window and the node held for it.
     reservations: HashMap<PoolId, (u64, u32)>,
-    /// Per pool, the multi-node gang that waited past the backfill window and the nodes held
-    /// for it (see the starvation bound in the module doc).
-    gang_holds: HashMap<PoolId, (u64, Vec<u32>)>,
+    /// Per pool, the multi-node gang that waited past the backfill window, the nodes held for
+    /// it and when it will start there (see the starvation bound in the module doc).
+    gang_holds: HashMap<PoolId, GangHold>,
     /// Workloads preempted so far: how often and when last.
     preempted: FxHashMap<u64, (u32, i64)>,
     /// Capacity or quotas changed since the last full pass over the queue.
@@ -935,6 +974,7 @@ impl Scheduler {
             request: job.request.clone(),
             node,
             gang_nodes,
+            ends_at_ms: job.duration_ms.map(|d| since.saturating_add(d)),
         };
         if let Some(old) = self.running.remove(&job.id) {
             if old.movable.is_some() {
@@ -949,15 +989,34 @@ impl Scheduler {
         self.running.insert(job.id, running);
     }
 
-    /// The nodes held for jobs other than `job`: backfill reservations and the victims' nodes
-    /// of waiting preemptors.
+    /// The nodes held for jobs other than `job`: backfill reservations, gangs' reservations and
+    /// the victims' nodes of waiting preemptors.
     fn held_for_others(&self, job: u64) -> FxHashSet<u32> {
+        self.held_for(job, |_| true)
+    }
+
+    /// The nodes `job`, placed at `now`, may not use: [`Self::held_for_others`] less the
+    /// nodes of gangs' reservations that start after it ends (backfill into reserved
+    /// capacity, which never delays the gang).
+    fn held_for_placing(&self, job: &Job, now: i64) -> FxHashSet<u32> {
+        self.held_for(job.id, |h| !h.ends_before(job.duration_ms, now))
+    }
+
+    /// Whether `job`, placed at `now`, may use the nodes of some gang's reservation.
+    fn backfills_a_hold(&self, job: &Job, now: i64) -> bool {
+        self.gang_holds
+            .values()
+            .any(|h| h.job != job.id && h.ends_before(job.duration_ms, now))
+    }
+
+    /// The nodes held for jobs other than `job`, of gangs' reservations only those `gang` says.
+    fn held_for(&self, job: u64, gang: impl Fn(&GangHold) -> bool) -> FxHashSet<u32> {
         let reserved = self.reservations.values().filter(|(j, _)| *j != job).map(|(_, n)| *n);
         let gangs = self
             .gang_holds
             .values()
-            .filter(|(j, _)| *j != job)
-            .flat_map(|(_, n)| n.iter().copied());
+            .filter(|h| h.job != job && gang(h))
+            .flat_map(|h| h.nodes.iter().copied());
         let nominated = self
             .nominated
             .iter()

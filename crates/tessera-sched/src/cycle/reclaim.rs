@@ -43,10 +43,17 @@ impl VictimRule for Reclaim {
     }
 }
 
-/// Whether `job` stays within its tenant's guaranteed share in some pool it may use.
+/// Whether `job` stays within its tenant's guaranteed share in some pool it may use (a gang
+/// counted whole).
 fn within_guarantee(s: &Scheduler, job: &Job) -> bool {
-    let units = job.request.units(&s.engine.fleet().catalogue);
-    s.pools_for(&job.request).iter().any(|&p| {
+    let (units, pools) = match &job.gang {
+        Some(g) => (g.units(), s.engine.gang_pools(g)),
+        None => (
+            job.request.units(&s.engine.fleet().catalogue),
+            s.pools_for(&job.request),
+        ),
+    };
+    pools.iter().any(|&p| {
         let k = &s.engine.fleet().pool(p).name;
         s.quota(&job.tenant, k)
             .is_some_and(|q| s.held(&job.tenant, k) + units <= q.guaranteed)

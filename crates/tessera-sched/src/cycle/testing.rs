@@ -53,6 +53,7 @@ pub fn job(id: u64, tenant: &str, gpus: u8, prio: &str, now: i64) -> Job {
         min_runtime_ms: None,
         movable: None,
         gang: None,
+        duration_ms: None,
     }
 }
 

@@ -187,7 +187,8 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
             || s.sched.nominated.contains_key(&job.id)
             // No cascade: a preempted workload's requeue never preempts in turn.
             || s.sched.preempted.contains_key(&job.id)
-            || fruitless.contains(&q.key)
+            // Gangs share one key but are searched each on its own nodes.
+            || (job.gang.is_none() && fruitless.contains(&q.key))
         {
             continue;
         }
@@ -205,11 +206,16 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
             }
             continue;
         }
-        match search(s.sched, job, now, rule) {
+        let found = match &job.gang {
+            Some(g) => search_gang(s.sched, job, g, now, rule),
+            None => search(s.sched, job, now, rule),
+        };
+        match found {
             Some(victims) => s.nominate(i, victims, rule.cause(job)),
-            None => {
+            None if job.gang.is_none() => {
                 fruitless.insert(q.key.clone());
             }
+            None => {}
         }
     }
 }
@@ -221,6 +227,24 @@ fn first_takeable(s: &Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> O
     let rank = s.rank(&job.priority);
     let index = &s.victim_index;
     let mut first: Option<i64> = None;
+    if job.gang.is_some() {
+        // A gang takes victims on the nodes it holds only.
+        for n in s
+            .gang_holds
+            .values()
+            .filter(|h| h.job == job.id)
+            .flat_map(|h| h.nodes.iter())
+        {
+            for (c, _) in index.candidates(*n).filter(|(_, v)| rule.may_take(job, rank, v)) {
+                let from = first.map_or(c.takeable_from_ms, |f| f.min(c.takeable_from_ms));
+                if from <= by {
+                    return Some(from);
+                }
+                first = Some(from);
+            }
+        }
+        return first;
+    }
     for p in s.pools_for(&job.request) {
         for n in fleet.pool(p).nodes.clone() {
             if !job.request.allows_model(fleet.nodes[n as usize].model) {
@@ -252,6 +276,89 @@ fn search(s: &mut Scheduler, job: &Job, now: i64, rule: &dyn VictimRule) -> Opti
         s.engine.set_blocked(FxHashSet::default());
     }
     found
+}
+
+/// The victims `rule` allows for gang `g` (job `job`), taken only on the nodes it holds (the
+/// racks it will use), cheapest first, until it fits; then each victim, the dearest first, is
+/// spared if the gang fits without it. `None` without a hold, or if it does not fit even so.
+/// Nodes held for other jobs are out of the trial placements.
+fn search_gang(
+    s: &mut Scheduler,
+    job: &Job,
+    g: &tessera_model::request::GangRequest,
+    now: i64,
+    rule: &dyn VictimRule,
+) -> Option<Vec<u64>> {
+    let (pool, nodes) = s
+        .gang_holds
+        .iter()
+        .find(|(_, h)| h.job == job.id)
+        .map(|(p, h)| (*p, h.nodes.clone()))?;
+    let mut g = g.clone();
+    g.pool = Some(pool);
+    let rank = s.rank(&job.priority);
+    let mut shares: HashMap<&str, f64> = HashMap::new();
+    let mut seen: FxHashSet<u64> = FxHashSet::default();
+    let mut cands: Vec<(VictimCost, u64)> = Vec::new();
+    for &n in &nodes {
+        for (c, v) in s.victim_index.takeable(n, now) {
+            if !rule.may_take(job, rank, &v) || !seen.insert(c.id) {
+                continue;
+            }
+            let Some(r) = s.running.get(&c.id) else { continue };
+            let share = *shares
+                .entry(r.tenant.as_str())
+                .or_insert_with(|| s.books.fair_share(&r.tenant));
+            cands.push((s.plugins.victim_order.cost(r, share, now), r.id));
+        }
+    }
+    if cands.is_empty() {
+        return None;
+    }
+    cands.sort_unstable();
+    let held = s.held_for_others(job.id);
+    let any_held = !held.is_empty();
+    let mut trial = Statement::new(&mut s.engine);
+    if any_held {
+        trial.set_blocked(held);
+    }
+    let fits_with = |trial: &mut Statement<'_>, set: &[u64]| {
+        let cp = trial.checkpoint();
+        for id in set {
+            trial.evict(*id);
+        }
+        let fits = trial.plan_gang(&g).is_ok();
+        trial.rollback(cp);
+        fits
+    };
+    let mut chosen: Vec<u64> = Vec::new();
+    let mut fits = false;
+    for (_, id) in &cands {
+        chosen.push(*id);
+        if fits_with(&mut trial, &chosen) {
+            fits = true;
+            break;
+        }
+    }
+    if fits {
+        // Spare what is not needed, the dearest first.
+        for i in (0..chosen.len()).rev() {
+            let without: Vec<u64> = chosen
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, v)| *v)
+                .collect();
+            if fits_with(&mut trial, &without) {
+                chosen = without;
+            }
+        }
+    }
+    if any_held {
+        trial.set_blocked(FxHashSet::default());
+    }
+    drop(trial);
+    fits.then_some(chosen)
 }
 
 fn search_unheld(

@@ -171,6 +171,7 @@ impl Live {
                 tessera_domain::Movable::Replace => tessera_sched::cycle::Movable::Replace,
             }),
             gang: self.gang.clone(),
+            duration_ms: self.w.spec.duration_s.map(|d| (d as i64).saturating_mul(1000)),
         }
     }
 
