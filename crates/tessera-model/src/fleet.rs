@@ -270,13 +270,14 @@ impl Fleet {
     }
 
     /// A fleet of `nodes` 8-GPU servers in the seed's proportions (16 : 28 : 16 nodes of
-    /// H100 whole / A100 MIG / L40S shared), for benchmarks at scale.
+    /// H100 whole / A100 MIG / L40S shared), for benchmarks at scale; the training servers in
+    /// racks of 16 (`h100-r0`, …), where multi-node gangs go.
     pub fn synthetic(nodes: u32) -> Fleet {
         let training = nodes * 16 / 60;
         let serving = nodes * 28 / 60;
         let development = nodes - training - serving;
         let text = format!(
-            "[[pool]]\nname = \"training\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"h100\"\ncount = {training}\ngpu_model = \"H100-80GB-SXM\"\ngpus = 8\ncpus = 112\nmemory_gib = 2048\nnvlink = \"nvswitch\"\n\
+            "[[pool]]\nname = \"training\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"h100\"\ncount = {training}\ngpu_model = \"H100-80GB-SXM\"\ngpus = 8\ncpus = 112\nmemory_gib = 2048\nnvlink = \"nvswitch\"\nnodes_per_rack = 16\n\
              [[pool]]\nname = \"serving\"\nsharing = \"mig\"\n[[pool.nodes]]\nname = \"a100\"\ncount = {serving}\ngpu_model = \"A100-80GB\"\ngpus = 8\ncpus = 128\nmemory_gib = 1024\nnvlink = \"nvswitch\"\n\
              [[pool]]\nname = \"development\"\nsharing = \"shared\"\n[[pool.nodes]]\nname = \"l40s\"\ncount = {development}\ngpu_model = \"L40S\"\ngpus = 8\ncpus = 64\nmemory_gib = 512\n"
         );

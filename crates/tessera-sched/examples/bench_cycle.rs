@@ -1,4 +1,5 @@
-//! The cycle benchmark without the CLI: `bench_cycle [NODES] [QUEUED] [CYCLES] [CHURN]`.
+//! The cycle benchmark without the CLI: `bench_cycle [NODES] [QUEUED] [CYCLES] [CHURN]
+//! [GANG_PERMILLE]`.
 use std::sync::Arc;
 
 use tessera_model::Fleet;
@@ -14,6 +15,7 @@ fn main() {
         tenants: 40,
         policy: "tessera".into(),
         seed: 7,
+        gang_permille: *a.get(4).unwrap_or(&0) as u32,
     };
     let t = std::time::Instant::now();
     let r = run(fleet, &b, |s, now| {
@@ -23,7 +25,7 @@ fn main() {
     })
     .unwrap();
     println!(
-        "first {:.1} ms ({} placed); {} warm-up cycles; steady p50 {:.1} p99 {:.1} max {:.1} ms; placed {} preempted {}; queue {} running {}; total {:.1} s",
+        "first {:.1} ms ({} placed); {} warm-up cycles; steady p50 {:.1} p99 {:.1} max {:.1} ms; placed {} (gangs {}) preempted {}; queue {} running {}; total {:.1} s",
         r.first_ms,
         r.first_placed,
         r.warmup_cycles,
@@ -31,6 +33,7 @@ fn main() {
         r.percentile(0.99),
         r.percentile(1.0),
         r.placed,
+        r.gangs_placed,
         r.preempted,
         r.queue_after,
         r.running_after,

@@ -2,7 +2,8 @@
 //! (admit, allocate, reclaim, preempt) over a deep queue on a large fleet, timed per cycle.
 //!
 //! Set-up: `queued` jobs of a seeded mix (whole 1/2/4/8 GPUs, every MIG profile of the
-//! fleet's MIG models, fractions; `tenants` tenants; the four priority classes) are submitted
+//! fleet's MIG models, fractions; `gang_permille` of them multi-node gangs of 16–128 GPUs;
+//! `tenants` tenants; the four priority classes) are submitted
 //! for the next cycle at time 0. The first cycle fills the fleet and is reported on its own.
 //! Then, each steady cycle, one simulated second later: `churn` running workloads finish
 //! (released), as many new jobs arrive (so the queue stays at its depth), and one cycle runs
@@ -30,7 +31,13 @@ pub struct CycleBench {
     pub tenants: usize,
     pub policy: String,
     pub seed: u64,
+    /// Per mille of the jobs that are multi-node gangs of 16, 32, 64 or 128 whole GPUs (2 to 16
+    /// whole 8-GPU nodes, a rack preferred), where the fleet has a whole pool of 8-GPU nodes.
+    pub gang_permille: u32,
 }
+
+/// The sizes of the benchmark's multi-node gangs, in GPUs.
+pub const CYCLE_GANG_GPUS: [u32; 4] = [16, 32, 64, 128];
 
 /// What a run measured.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +51,8 @@ pub struct CycleReport {
     pub steady_ms: Vec<f64>,
     /// Jobs placed and preemptions decided over the steady cycles.
     pub placed: usize,
+    /// Of `placed`, the multi-node gangs.
+    pub gangs_placed: usize,
     pub preempted: usize,
     /// Queue depth and running workloads after the last cycle.
     pub queue_after: usize,
@@ -111,11 +120,24 @@ pub fn run(
     let mut sched = Scheduler::new(engine, GovernConfig::default());
     let mut rng = ChaCha8Rng::seed_from_u64(b.seed);
     let tenants = b.tenants.max(1);
+    // Gangs only where a whole pool of 8-GPU nodes can hold them.
+    let gangs = fleet
+        .nodes
+        .iter()
+        .any(|n| n.gpus >= 8 && fleet.pool(n.pool).sharing == Sharing::Whole);
     let mut next_id = 0u64;
     let mut new_job = |rng: &mut ChaCha8Rng, now: i64| {
         next_id += 1;
         let t = rng.random_range(0..tenants);
-        let mut request = mix[rng.random_range(0..mix.len())].clone();
+        let gang = (gangs && rng.random_range(0..1000) < b.gang_permille).then(|| {
+            let gpus = CYCLE_GANG_GPUS[rng.random_range(0..CYCLE_GANG_GPUS.len())];
+            GangRequest::whole_nodes(gpus).with_topology(TopologyConstraint::preferred("rack"))
+        });
+        let mut request = match gang {
+            // What each node-share asks for (the gang's own request is not read).
+            Some(_) => Request::whole(8).with_host(64_000, 512 * 1024),
+            None => mix[rng.random_range(0..mix.len())].clone(),
+        };
         request.tenant = Some(TenantId(t as u32));
         // Mostly standard work, some of every other class.
         let class = match rng.random_range(0..20) {
@@ -134,7 +156,7 @@ pub fn run(
             wait_if_over_limit: true,
             min_runtime_ms: None,
             movable: None,
-            gang: None,
+            gang,
             // Released at random by the churn: no end known.
             duration_ms: None,
         }
@@ -148,7 +170,7 @@ pub fn run(
         let (mut placed, mut preempted) = (0, 0);
         for d in ds {
             match d {
-                Decision::Placed { id, .. } => {
+                Decision::Placed { id, .. } | Decision::PlacedGang { id, .. } => {
                     placed += 1;
                     running.push(*id);
                 }
@@ -194,6 +216,7 @@ pub fn run(
         let (ds, ms) = timed(&mut sched, now);
         report.steady_ms.push(ms);
         let (p, x) = count(&ds, &mut running);
+        report.gangs_placed += ds.iter().filter(|d| matches!(d, Decision::PlacedGang { .. })).count();
         report.placed += p;
         report.preempted += x;
         // Preempted workloads stop (the backend would report them gone).
@@ -328,6 +351,7 @@ mod tests {
             tenants: 4,
             policy: "tessera".into(),
             seed: 1,
+            gang_permille: 0,
         };
         let mut calls = 0;
         let r = run(fleet.clone(), &b, |s, now| {
@@ -347,5 +371,25 @@ mod tests {
         );
         assert!(r.running_after > 0);
         assert!(r.percentile(0.99) >= r.percentile(0.5));
+        assert_eq!(r.gangs_placed, 0);
+    }
+
+    #[test]
+    fn gangs_in_the_queue_are_placed_whole_in_the_training_racks() {
+        // 32 training nodes: two racks of 16.
+        let fleet = std::sync::Arc::new(Fleet::synthetic(120));
+        assert_eq!(fleet.levels.names().first().map(String::as_str), Some("rack"));
+        let b = CycleBench {
+            queued: 400,
+            cycles: 60,
+            churn: 20,
+            tenants: 4,
+            policy: "tessera".into(),
+            seed: 3,
+            gang_permille: 100,
+        };
+        let r = run(fleet, &b, |s, now| (s.cycle(now), 0.0)).unwrap();
+        assert!(r.gangs_placed > 0, "{r:?}");
+        assert!(r.gangs_placed < r.placed, "{r:?}");
     }
 }

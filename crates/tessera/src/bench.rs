@@ -101,6 +101,10 @@ pub struct CycleArgs {
     /// Seed of the random demand (same seed, same run).
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Share of the jobs, in per cent, that are multi-node gangs of 16, 32, 64 or 128 whole
+    /// GPUs preferring a rack (on a fleet with a whole pool of 8-GPU nodes).
+    #[arg(long, default_value_t = 0.0, value_name = "PCT")]
+    gangs_pct: f64,
     /// One JSON object instead of the text report.
     #[arg(long)]
     json: bool,
@@ -352,6 +356,7 @@ fn cycle(a: CycleArgs) -> Result<()> {
         tenants: a.tenants,
         policy: a.policy.clone(),
         seed: a.seed,
+        gang_permille: (a.gangs_pct.clamp(0.0, 100.0) * 10.0).round() as u32,
     };
     let r = tessera_sched::bench::run(fleet.clone(), &b, |s, now| {
         let t = Instant::now();
@@ -365,6 +370,7 @@ fn cycle(a: CycleArgs) -> Result<()> {
             "fleet": a.fleet,
             "nodes": fleet.nodes.len(),
             "queued": a.queued,
+            "gangs_pct": a.gangs_pct,
             "churn": a.churn,
             "first_cycle_ms": round(r.first_ms),
             "first_cycle_placed": r.first_placed,
@@ -374,6 +380,7 @@ fn cycle(a: CycleArgs) -> Result<()> {
             "p99_ms": round(r.percentile(0.99)),
             "max_ms": round(r.percentile(1.0)),
             "placed": r.placed,
+            "gangs_placed": r.gangs_placed,
             "preempted": r.preempted,
             "queue_after": r.queue_after,
             "running_after": r.running_after,
@@ -381,11 +388,12 @@ fn cycle(a: CycleArgs) -> Result<()> {
         println!("{out}");
     } else {
         println!(
-            "cycle benchmark on {} ({} nodes), policy {}, {} queued, churn {} per cycle",
+            "cycle benchmark on {} ({} nodes), policy {}, {} queued ({} % multi-node gangs), churn {} per cycle",
             a.fleet,
             fleet.nodes.len(),
             a.policy,
             a.queued,
+            a.gangs_pct,
             a.churn
         );
         println!(
@@ -400,8 +408,8 @@ fn cycle(a: CycleArgs) -> Result<()> {
             a.cycles
         );
         println!(
-            "  placed / preempted   {} / {} over the measured cycles; {} queued, {} running after",
-            r.placed, r.preempted, r.queue_after, r.running_after
+            "  placed / preempted   {} ({} multi-node gangs) / {} over the measured cycles; {} queued, {} running after",
+            r.placed, r.gangs_placed, r.preempted, r.queue_after, r.running_after
         );
     }
     Ok(())

@@ -940,7 +940,14 @@ mod tests {
 
     #[test]
     fn flat_pools_take_best_fit_nodes() {
-        let f = Arc::new(Fleet::synthetic(60));
+        // No topology above the node (the synthetic fleet has racks).
+        let f = Arc::new(
+            Fleet::from_toml(
+                "[[pool]]\nname = \"training\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"h100\"\ncount = 16\ngpu_model = \"H100-80GB-SXM\"\ngpus = 8\ncpus = 112\nmemory_gib = 2048\nnvlink = \"nvswitch\"\n",
+                "flat",
+            )
+            .unwrap(),
+        );
         let mut e = engine(&f);
         fill(&mut e, 1, 3, 4);
         let p = e.plan_gang(&GangRequest::nodes(2, 4)).unwrap();
