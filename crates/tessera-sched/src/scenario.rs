@@ -18,7 +18,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use tessera_model::request::MigChoice;
+use tessera_model::request::{GangRequest, MigChoice, TopologyConstraint};
 use tessera_model::{Fleet, GpuUnits, PoolId, Request, Sharing, TenantId};
 
 use crate::cycle::{Decision, GovernConfig, Job, Movable, Quota, Scheduler};
@@ -40,6 +40,9 @@ pub struct ScenarioConfig {
     /// Whether work is marked movable (half the training gangs restartable, services
     /// replaceable) for consolidation to move.
     pub movable: bool,
+    /// Per mille of the training requests that are multi-node gangs ([`draw_gang`]: 16 or 32
+    /// whole GPUs as 2 or 4 whole 8-GPU nodes, a rack preferred); 0: none.
+    pub multi_node_permille: u32,
 }
 
 /// The scheduler settings the scenario runs with: the server's defaults, with a minimum
@@ -79,6 +82,7 @@ impl Default for ScenarioConfig {
             warmup_hours: 6.0,
             govern: scenario_govern(),
             movable: true,
+            multi_node_permille: 100,
         }
     }
 }
@@ -150,8 +154,10 @@ pub struct ScenarioReport {
     pub churn: BTreeMap<String, Churn>,
     /// Preemptions ÷ placements, in % (whole run).
     pub preemptions_pct: f64,
-    /// Queueing delay of 8-GPU training gangs (after warm-up).
+    /// Queueing delay of 8-GPU training gangs on one node (after warm-up).
     pub gang8: Delay,
+    /// Queueing delay of multi-node training gangs by size in GPUs (after warm-up).
+    pub multi_node: BTreeMap<u32, Delay>,
     /// Consolidation moves (whole run).
     pub moves: Moves,
     pub by_tenant: BTreeMap<String, Delay>,
@@ -182,6 +188,7 @@ struct Meta {
     request: Request,
     generation: u32,
     movable: Option<Movable>,
+    gang: Option<GangRequest>,
 }
 
 fn delay(mut waits: Vec<f64>) -> Delay {
@@ -241,6 +248,19 @@ pub fn draw(fleet: &Fleet, kind: usize, rng: &mut ChaCha8Rng) -> (Request, i64, 
     (req, dur, priority)
 }
 
+/// A multi-node training gang (pool `training`, 4–16 h): 16 or 32 whole GPUs as whole 8-GPU
+/// nodes, preferring one rack; its node-share's request (8 whole GPUs with host resources), the
+/// gang, its duration (ms) and its priority class (as [`draw`]'s).
+pub fn draw_gang(fleet: &Fleet, rng: &mut ChaCha8Rng) -> (Request, GangRequest, i64, &'static str) {
+    let h = 3_600_000i64;
+    let (_, _, priority) = draw(fleet, 0, rng);
+    let gpus = [16u32, 32][rng.random_range(0..2)];
+    let mut share = Request::whole(8).with_host(8 * 12_000, 8 * 128 * 1024);
+    share.pool = fleet.pool_by_name("training");
+    let gang = GangRequest::whole_nodes(gpus).with_topology(TopologyConstraint::preferred("rack"));
+    (share, gang, rng.random_range(4 * h..16 * h), priority)
+}
+
 /// What the scenario counts as decisions come back.
 #[derive(Default)]
 struct Tally {
@@ -249,6 +269,7 @@ struct Tally {
     waits_prio: BTreeMap<String, Vec<f64>>,
     waits_tenant: BTreeMap<String, Vec<f64>>,
     waits_gang8: Vec<f64>,
+    waits_multi: BTreeMap<u32, Vec<f64>>,
     victims: BTreeMap<String, u64>,
     churn: BTreeMap<String, Churn>,
     moves: Moves,
@@ -282,8 +303,12 @@ impl World {
                             .entry(format!("team-{:02}", m.tenant))
                             .or_default()
                             .push(w);
-                        if matches!(m.request.shape, tessera_model::Shape::Whole { gpus: 8 }) {
-                            self.t.waits_gang8.push(w);
+                        match &m.gang {
+                            Some(g) => self.t.waits_multi.entry(g.gpus).or_default().push(w),
+                            None if matches!(m.request.shape, tessera_model::Shape::Whole { gpus: 8 }) => {
+                                self.t.waits_gang8.push(w)
+                            }
+                            None => {}
                         }
                     }
                     m.generation += 1;
@@ -463,7 +488,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                         wait_if_over_limit: true,
                         min_runtime_ms: None,
                         movable: m.movable,
-                        gang: None,
+                        gang: m.gang.clone(),
                         duration_ms: Some(m.duration_ms),
                     });
                     w.outstanding[m.tenant][m.kind] += 1;
@@ -492,10 +517,20 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                 for ti in order {
                     for kind in 0..3 {
                         while w.outstanding[ti][kind] < cfg.outstanding {
-                            let (mut request, duration_ms, priority) = draw(&fleet, kind, &mut rng);
-                            // Half the training gangs checkpoint and may be restarted elsewhere;
-                            // services may be moved by replacement; notebooks never move.
-                            let restartable = kind == 0 && rng.random_bool(0.5);
+                            let multi = kind == 0
+                                && cfg.multi_node_permille > 0
+                                && rng.random_range(0..1000) < cfg.multi_node_permille;
+                            let (mut request, gang, duration_ms, priority) = if multi {
+                                let (r, g, d, p) = draw_gang(&fleet, &mut rng);
+                                (r, Some(g), d, p)
+                            } else {
+                                let (r, d, p) = draw(&fleet, kind, &mut rng);
+                                (r, None, d, p)
+                            };
+                            // Half the training gangs on one node checkpoint and may be restarted
+                            // elsewhere; services may be moved by replacement; notebooks and
+                            // multi-node gangs never move.
+                            let restartable = kind == 0 && gang.is_none() && rng.random_bool(0.5);
                             let movable = match kind {
                                 0 if cfg.movable && restartable => Some(Movable::Restart),
                                 1 if cfg.movable => Some(Movable::Replace),
@@ -515,6 +550,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                                     request: request.clone(),
                                     generation: 0,
                                     movable,
+                                    gang: gang.clone(),
                                 },
                             );
                             w.outstanding[ti][kind] += 1;
@@ -529,7 +565,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                                 wait_if_over_limit: true,
                                 min_runtime_ms: None,
                                 movable,
-                                gang: None,
+                                gang,
                                 duration_ms: Some(duration_ms),
                             };
                             let timer = clock();
@@ -555,6 +591,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
         waits_prio,
         waits_tenant,
         waits_gang8,
+        waits_multi,
         victims,
         mut churn,
         moves,
@@ -608,6 +645,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
         churn,
         preemptions_pct: 100.0 * preemptions as f64 / placed.max(1) as f64,
         gang8: delay(waits_gang8),
+        multi_node: waits_multi.into_iter().map(|(g, w)| (g, delay(w))).collect(),
         moves,
         by_tenant: waits_tenant
             .into_iter()
@@ -698,5 +736,32 @@ mod tests {
                 "{p:?}"
             );
         }
+    }
+
+    #[test]
+    fn multi_node_gangs_in_the_demand_are_placed_and_their_waits_reported_by_size() {
+        let fleet = Arc::new(Fleet::seed());
+        let cfg = ScenarioConfig {
+            tenants: 4,
+            hours: 24.0,
+            outstanding: 2,
+            seed: 5,
+            warmup_hours: 2.0,
+            multi_node_permille: 500,
+            ..Default::default()
+        };
+        let r = run(fleet.clone(), &cfg, &mut || 0);
+        let placed: u64 = r.multi_node.values().map(|d| d.placed).sum();
+        assert!(placed > 0, "{:?}", r.multi_node);
+        assert!(r.multi_node.keys().all(|g| [16, 32].contains(g)), "{:?}", r.multi_node);
+        let none = run(
+            fleet,
+            &ScenarioConfig {
+                multi_node_permille: 0,
+                ..cfg
+            },
+            &mut || 0,
+        );
+        assert!(none.multi_node.is_empty());
     }
 }

@@ -47,6 +47,10 @@ pub struct ScenarioArgs {
     /// Run without the consolidation action (to compare).
     #[arg(long)]
     no_consolidation: bool,
+    /// Share of the training requests, in per cent, that are multi-node gangs of 16 or 32
+    /// whole GPUs (2 or 4 whole nodes, a rack preferred); 0 for none.
+    #[arg(long, default_value_t = 10.0, value_name = "PCT")]
+    multi_node_pct: f64,
     /// One JSON object instead of the text report.
     #[arg(long)]
     json: bool,
@@ -326,6 +330,7 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
         outstanding: a.outstanding,
         seed: a.seed,
         warmup_hours: (a.hours / 8.0).min(6.0),
+        multi_node_permille: (a.multi_node_pct.clamp(0.0, 100.0) * 10.0).round() as u32,
         ..Default::default()
     };
     let mut cfg = cfg;
@@ -394,6 +399,16 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
         "  8-GPU gangs    {:>6} placed  mean {:>8.0} s  p50 {:>8.0} s  p95 {:>8.0} s",
         r.gang8.placed, r.gang8.mean_wait_s, r.gang8.p50_wait_s, r.gang8.p95_wait_s
     );
+    for (gpus, d) in &r.multi_node {
+        println!(
+            "  {:<14} {:>6} placed  mean {:>8.0} s  p50 {:>8.0} s  p95 {:>8.0} s",
+            format!("{gpus}-GPU gangs"),
+            d.placed,
+            d.mean_wait_s,
+            d.p50_wait_s,
+            d.p95_wait_s
+        );
+    }
     let mut t: Vec<_> = r.by_tenant.iter().collect();
     t.sort_by(|a, b| a.1.mean_wait_s.total_cmp(&b.1.mean_wait_s));
     if let (Some(best), Some(worst)) = (t.first(), t.last()) {
