@@ -615,6 +615,23 @@ fn utc_clock(ms: i64) -> String {
     format!("{:02}:{:02}:{:02} UTC", s / 3600, s / 60 % 60, s % 60)
 }
 
+/// `ms` since the epoch as `YYYY-MM-DD HH:MM:SS UTC`: for times that may be days away (when a
+/// gang is expected to start).
+pub fn utc_datetime(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian; H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {}", utc_clock(ms))
+}
+
 /// Why a queued request waits.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Wait {
@@ -732,11 +749,11 @@ impl fmt::Display for Wait {
                     "{now}; {nodes} nodes{where_} are held for it (it waited past the backfill window): "
                 )?;
                 match starts_at_ms {
-                    Some(at) if *ending == 0 => write!(f, "it starts at about {}", utc_clock(*at))?,
+                    Some(at) if *ending == 0 => write!(f, "it starts at about {}", utc_datetime(*at))?,
                     Some(at) => write!(
                         f,
                         "it starts at about {} when {ending} {workloads} there end",
-                        utc_clock(*at)
+                        utc_datetime(*at)
                     )?,
                     None => write!(
                         f,
@@ -792,6 +809,15 @@ impl fmt::Display for Wait {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn datetimes_are_civil_utc() {
+        assert_eq!(utc_datetime(0), "1970-01-01 00:00:00 UTC");
+        // 2026-12-04 14:20:00 UTC, leap days on the way included.
+        assert_eq!(utc_datetime(1_796_394_000_000), "2026-12-04 14:20:00 UTC");
+        assert_eq!(utc_datetime(951_782_400_000), "2000-02-29 00:00:00 UTC");
+    }
+
     use super::*;
 
     fn shape() -> ShapeLabel {

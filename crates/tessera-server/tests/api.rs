@@ -253,6 +253,55 @@ async fn batch_workloads_complete_and_queue_drains(db: Db) {
     assert_eq!(s.units_used("training").await, "0");
 }
 
+/// A gang that cannot start now is told, in the dry run, when and where it would: the rack
+/// where the work running on enough nodes ends first, by its leases.
+async fn a_gangs_dry_run_says_when_and_where_it_would_start(db: Db) {
+    let s = server(db, "gangstart").await;
+    s.tenant("vision", "train").await;
+    // The training pool (16 nodes of 8 in racks of 4) full: the first four jobs' leases end in
+    // an hour, the next eight in two, the last four have none.
+    let mut ids = Vec::new();
+    for i in 0..16 {
+        let mut body =
+            json!({"tenant": "vision", "project": "train", "name": "fill", "shape": {"gpus": 8, "pool": "training"}});
+        match i {
+            0..4 => body["duration_s"] = json!(3600),
+            4..12 => body["duration_s"] = json!(7200),
+            _ => {}
+        }
+        let (st, w) = s.post("/api/v1/workloads", body).await;
+        assert_eq!(st, StatusCode::CREATED, "{w}");
+        ids.push(w["id"].as_u64().unwrap());
+    }
+    for id in &ids {
+        s.wait_state(*id, "running").await;
+    }
+    let gang = |gpus: u32| json!({"tenant": "vision", "project": "train", "name": "g", "shape": {"gpus": gpus, "pool": "training"}});
+    let (st, d) = s.post("/api/v1/workloads/dry-run", gang(32)).await;
+    assert_eq!(st, StatusCode::OK, "{d}");
+    assert_eq!(d["outcome"], "wait", "{d}");
+    let reason = d["reason"].as_str().unwrap();
+    let first = s.get(&format!("/api/v1/workloads/{}", ids[0])).await;
+    let node = first["allocation"]["node"].as_str().unwrap().to_string();
+    let nodes = s.get("/api/v1/nodes?pool=training").await;
+    let list = nodes.as_array().or_else(|| nodes["items"].as_array()).unwrap();
+    let rack = list
+        .iter()
+        .find(|n| n["name"] == node.as_str())
+        .and_then(|n| n["rack"].as_str())
+        .expect("the seed's training nodes are in racks")
+        .to_string();
+    assert!(reason.contains("if it waits, it starts at about 20"), "{reason}");
+    assert!(
+        reason.contains(&format!(" UTC in rack {rack} when 4 workloads there end")),
+        "the rack whose work ends first: {reason}"
+    );
+    // 128 GPUs need every node, four of which run work with no lease: no time is promised.
+    let (_, d) = s.post("/api/v1/workloads/dry-run", gang(128)).await;
+    let reason = d["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("its start") && reason.contains("is unknown"), "{d}");
+}
+
 async fn idempotent_create(db: Db) {
     let s = server(db, "idem").await;
     s.tenant("vision", "train").await;
@@ -1173,6 +1222,7 @@ tessera_testdb::each_database!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async create_run_cancel_release,
     batch_workloads_complete_and_queue_drains,
+    a_gangs_dry_run_says_when_and_where_it_would_start,
     idempotent_create,
     bad_input_is_refused_with_the_field_and_nothing_is_stored,
     tenant_tokens_see_only_their_tenant,

@@ -579,7 +579,22 @@ fn start_on(s: &Scheduler, nodes: &[u32], per_node: u32, now: i64) -> (Option<i6
 /// work it waits for has no end) and the running workloads that must end for it; `None` if the
 /// node has fewer GPUs.
 fn node_frees(s: &Scheduler, n: u32, per_node: u32, now: i64) -> Option<(i64, Vec<u64>)> {
-    let node = s.engine.state().nodes.get(n as usize)?;
+    node_frees_by(&s.engine, n, per_node, now, &|owner| {
+        s.running
+            .get(&owner)
+            .and_then(|r| if r.stopping { Some(now) } else { r.ends_at_ms })
+    })
+}
+
+/// [`node_frees`] with the end of each running workload from `end_of` (`None`: no end known).
+fn node_frees_by(
+    engine: &crate::engine::Engine,
+    n: u32,
+    per_node: u32,
+    now: i64,
+    end_of: &dyn Fn(u64) -> Option<i64>,
+) -> Option<(i64, Vec<u64>)> {
+    let node = engine.state().nodes.get(n as usize)?;
     if node.gpus.len() < per_node as usize {
         return None;
     }
@@ -591,14 +606,8 @@ fn node_frees(s: &Scheduler, n: u32, per_node: u32, now: i64) -> Option<(i64, Ve
             let mut at = now;
             let mut owners = Vec::new();
             for &a in &gpu.holders {
-                let owner = holder_owner(s, a);
-                let end = s.running.get(&owner).and_then(|r| {
-                    if r.stopping {
-                        Some(now)
-                    } else {
-                        r.ends_at_ms.map(|e| e.max(now))
-                    }
-                });
+                let owner = holder_owner(engine, a);
+                let end = end_of(owner).map(|e| e.max(now));
                 at = at.max(end.unwrap_or(i64::MAX));
                 if !owners.contains(&owner) {
                     owners.push(owner);
@@ -618,15 +627,98 @@ fn node_frees(s: &Scheduler, n: u32, per_node: u32, now: i64) -> Option<(i64, Ve
 
 /// The running workload an allocation of the engine belongs to: a gang's node-share, a moved
 /// service's replacement (booked for the service, which it continues), or the workload itself.
-fn holder_owner(s: &Scheduler, a: crate::state::AllocId) -> u64 {
+fn holder_owner(engine: &crate::engine::Engine, a: crate::state::AllocId) -> u64 {
     if a & crate::engine::SHARE_BIT != 0 {
         let gang = (a & !crate::engine::SHARE_BIT) >> 16;
-        if s.engine.gang(gang).is_some_and(|g| g.shares.contains(&a)) {
+        if engine.gang(gang).is_some_and(|g| g.shares.contains(&a)) {
             return gang;
         }
         return a & !super::consolidate::REPLACEMENT;
     }
     a
+}
+
+/// When a gang that cannot be placed now would start if it waited: where it would hold nodes
+/// and by when enough of the work running there will have ended ([`estimate_gang_start`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GangStart {
+    pub pool: PoolId,
+    /// About when (ms since the epoch); `None`: some of the work it waits for has no end.
+    pub starts_at_ms: Option<i64>,
+    /// How many running workloads must end first.
+    pub ending: usize,
+    /// The racks of the nodes it would wait for (empty on a fleet without racks).
+    pub racks: Vec<String>,
+}
+
+/// Where and when gang `g` would start on `engine`'s fleet at `now` if it waited, by the ends
+/// of the running work (`end_of(workload)`: when it ends, `None` when no end is known), with
+/// the rule a waiting gang holds nodes by: in each pool of `pools`, the nodes with enough GPUs
+/// for a share, in the rack where `k` of them free soonest (else the soonest nodes across
+/// racks); the soonest pool wins. `None` when no pool has enough such nodes. Read-only: for the
+/// dry run, which holds no scheduler.
+pub fn estimate_gang_start(
+    engine: &crate::engine::Engine,
+    g: &GangRequest,
+    pools: &[PoolId],
+    now: i64,
+    end_of: &dyn Fn(u64) -> Option<i64>,
+) -> Option<GangStart> {
+    let fleet = engine.fleet().clone();
+    let mut best: Option<(i64, GangStart)> = None;
+    for &pool in pools {
+        let range = fleet.pool(pool).nodes.clone();
+        let per = g
+            .gpus_per_node
+            .unwrap_or_else(|| range.clone().map(|n| fleet.nodes[n as usize].gpus).max().unwrap_or(0));
+        if per == 0 {
+            continue;
+        }
+        let k = g.gpus.div_ceil(u32::from(per)) as usize;
+        let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n));
+        // (when a share fits, node, the workloads it waits for), soonest first.
+        let mut by_rack: std::collections::BTreeMap<Option<u32>, Vec<(i64, u32, Vec<u64>)>> =
+            std::collections::BTreeMap::new();
+        for n in range {
+            let node = &fleet.nodes[n as usize];
+            if node.gpus < per || !g.allows_model(node.model) {
+                continue;
+            }
+            if let Some((at, owners)) = node_frees_by(engine, n, u32::from(per), now, end_of) {
+                by_rack.entry(rack(n)).or_default().push((at, n, owners));
+            }
+        }
+        for v in by_rack.values_mut() {
+            v.sort_by_key(|(at, n, _)| (*at, *n));
+        }
+        let chosen: Vec<&(i64, u32, Vec<u64>)> =
+            match by_rack.values().filter(|v| v.len() >= k).min_by_key(|v| v[k - 1].0) {
+                Some(v) => v.iter().take(k).collect(),
+                None => {
+                    let mut all: Vec<&(i64, u32, Vec<u64>)> = by_rack.values().flatten().collect();
+                    all.sort_by_key(|(at, n, _)| (*at, *n));
+                    all.into_iter().take(k).collect()
+                }
+            };
+        if chosen.len() < k {
+            continue;
+        }
+        let at = chosen.iter().map(|(at, _, _)| *at).max().unwrap_or(now);
+        let mut ending: Vec<u64> = chosen.iter().flat_map(|(_, _, o)| o.iter().copied()).collect();
+        ending.sort_unstable();
+        ending.dedup();
+        let nodes: Vec<u32> = chosen.iter().map(|(_, n, _)| *n).collect();
+        let start = GangStart {
+            pool,
+            starts_at_ms: (at != i64::MAX).then_some(at),
+            ending: ending.len(),
+            racks: racks_of(&fleet, &nodes),
+        };
+        if best.as_ref().is_none_or(|(b, _)| at < *b) {
+            best = Some((at, start));
+        }
+    }
+    best.map(|(_, s)| s)
 }
 
 /// The racks (domains of the fleet's lowest level) of `nodes`, each once, in order.

@@ -432,7 +432,7 @@ fn a_held_gangs_reason_says_when_and_where_it_starts() {
     let text = reason.to_string();
     assert!(
         text.ends_with(&format!(
-            "; 4 nodes in rack {} are held for it (it waited past the backfill window): it starts at about 14:20:00 UTC when 4 workloads there end; only work that ends by then is placed there meanwhile",
+            "; 4 nodes in rack {} are held for it (it waited past the backfill window): it starts at about 1970-01-01 14:20:00 UTC when 4 workloads there end; only work that ends by then is placed there meanwhile",
             racks[0]
         )),
         "{text}"
@@ -779,4 +779,31 @@ fn a_gang_holds_the_rack_where_it_starts_soonest() {
         panic!("{d:?}")
     };
     assert_eq!(racks, vec![soonest]);
+}
+
+#[test]
+fn the_dry_runs_estimate_is_the_start_and_place_a_held_gang_gets() {
+    let minute = 60_000;
+    let short = |p: u64| Some((p as i64 + 1) * 10 * minute);
+    let long = |p: u64| Some((p as i64 + 1) * 20 * minute + 7);
+    let window = sched().cfg.backfill_max_wait_ms;
+    let now = window + 1;
+    let mut s = paired(short, long);
+    let job = gang(1, "a", 32, true, "standard", 0);
+    let g = job.gang.clone().unwrap();
+    let ends: std::collections::HashMap<u64, Option<i64>> = s.running().map(|r| (r.id, r.ends_at_ms)).collect();
+    let end_of = |w: u64| ends.get(&w).copied().flatten();
+    let pools = s.engine.gang_pools(&g);
+    let est = super::estimate_gang_start(&s.engine, &g, &pools, now, &end_of).expect("an estimate");
+    s.submit(job, 0);
+    let d = s.cycle(now);
+    let h = hold(&s);
+    assert_eq!((est.starts_at_ms, est.ending), (h.starts_at_ms, h.ending));
+    let Some(Wait::GangHeld { racks, .. }) = wait_of(&d, 1) else {
+        panic!("{d:?}")
+    };
+    assert_eq!(est.racks, racks);
+    // With no end known for the work it waits for, no time is promised.
+    let est = super::estimate_gang_start(&s.engine, &g, &pools, now, &|_| None).unwrap();
+    assert_eq!(est.starts_at_ms, None);
 }

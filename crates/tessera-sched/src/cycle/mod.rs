@@ -55,6 +55,7 @@
 
 mod admit;
 mod allocate;
+pub use allocate::{GangStart, estimate_gang_start};
 mod books;
 mod consolidate;
 #[cfg(test)]

@@ -129,6 +129,31 @@ fn place_gang(
     Err(first_err.unwrap_or(tessera_sched::GangUnplaceable::NoPoolServes))
 }
 
+/// When and where a waiting gang would start, in the words of its queue reason.
+fn expected_start(s: &tessera_sched::cycle::GangStart) -> String {
+    let where_ = match s.racks.len() {
+        0 => String::new(),
+        1 => format!(" in rack {}", s.racks[0]),
+        _ => format!(" in racks {}", s.racks.join(", ")),
+    };
+    let workloads = if s.ending == 1 { "workload" } else { "workloads" };
+    match s.starts_at_ms {
+        Some(at) if s.ending == 0 => format!(
+            "if it waits, it starts at about {}{where_}",
+            tessera_sched::reason::utc_datetime(at)
+        ),
+        Some(at) => format!(
+            "if it waits, it starts at about {}{where_} when {} {workloads} there end",
+            tessera_sched::reason::utc_datetime(at),
+            s.ending
+        ),
+        None => format!(
+            "if it waits, its start{where_} is unknown: it waits for {} {workloads} there to end, and some have no end time",
+            s.ending
+        ),
+    }
+}
+
 /// The dry run's answer on a snapshot.
 pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Checked) -> DryRun {
     let f = &snap.fleet;
@@ -203,9 +228,18 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
     } else {
         let placed = match &snap.trial {
             Some(trial) if c.gang.is_some() => {
-                place_gang(trial, c.gang.as_ref().expect("a gang"), &admitted).map_err(|u| {
+                let g = c.gang.as_ref().expect("a gang");
+                place_gang(trial, g, &admitted).map_err(|u| {
                     let code = if u.is_constraint() { "refused" } else { waits_or_refuses };
-                    (code, u.code(), u.to_string())
+                    let mut why = u.to_string();
+                    if !u.is_constraint() && !b.no_wait {
+                        let within: Vec<PoolId> = admitted.iter().map(|(p, _)| *p).collect();
+                        if let Some(start) = trial.gang_start(g, &within, crate::now_ms()) {
+                            why.push_str("; ");
+                            why.push_str(&expected_start(&start));
+                        }
+                    }
+                    (code, u.code(), why)
                 })
             }
             Some(trial) => {

@@ -96,6 +96,8 @@ pub struct Waiting {
 pub struct Trial {
     engine: Mutex<Engine>,
     tenants: HashMap<String, TenantId>,
+    /// When each running workload's lease ends (`None`: no end), for a gang's expected start.
+    ends: HashMap<u64, Option<i64>>,
 }
 
 impl std::fmt::Debug for Trial {
@@ -107,11 +109,25 @@ impl std::fmt::Debug for Trial {
 }
 
 impl Trial {
-    pub fn new(engine: Engine, tenants: HashMap<String, TenantId>) -> Trial {
+    pub fn new(engine: Engine, tenants: HashMap<String, TenantId>, ends: HashMap<u64, Option<i64>>) -> Trial {
         Trial {
             engine: Mutex::new(engine),
             tenants,
+            ends,
         }
+    }
+
+    /// Where and about when gang `g` would start in `pools` if it waited from `now`: the rule
+    /// a waiting gang holds nodes by, with the running work's lease ends
+    /// ([`tessera_sched::cycle::estimate_gang_start`]).
+    pub fn gang_start(
+        &self,
+        g: &tessera_model::request::GangRequest,
+        pools: &[PoolId],
+        now: i64,
+    ) -> Option<tessera_sched::cycle::GangStart> {
+        let engine = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+        tessera_sched::cycle::estimate_gang_start(&engine, g, pools, now, &|w| self.ends.get(&w).copied().flatten())
     }
 
     /// The pools the engine would try for `req`, in its order (none if no pool serves it).
@@ -434,7 +450,8 @@ impl SnapshotBuilder {
             self.utilisation = Arc::new(utilisation);
             // Copied only when the engine changed since the last copy (one pass over the fleet).
             if self.trial.is_none() || self.trial_generation != sched.engine.generation() {
-                self.trial = Some(Arc::new(Trial::new(sched.engine.copy(), tenant_ids.clone())));
+                let ends = sched.running().map(|r| (r.id, r.ends_at_ms)).collect();
+                self.trial = Some(Arc::new(Trial::new(sched.engine.copy(), tenant_ids.clone(), ends)));
                 self.trial_generation = sched.engine.generation();
             }
         }
