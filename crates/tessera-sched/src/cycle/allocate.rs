@@ -676,9 +676,9 @@ pub fn estimate_gang_start(
         }
         let k = g.gpus.div_ceil(u32::from(per)) as usize;
         let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n));
-        // (when a share fits, node, the workloads it waits for), soonest first.
-        let mut by_rack: std::collections::BTreeMap<Option<u32>, Vec<(i64, u32, Vec<u64>)>> =
-            std::collections::BTreeMap::new();
+        // Per rack: (when a share fits, node, the workloads it waits for), soonest first.
+        type Frees = (i64, u32, Vec<u64>);
+        let mut by_rack: std::collections::BTreeMap<Option<u32>, Vec<Frees>> = std::collections::BTreeMap::new();
         for n in range {
             let node = &fleet.nodes[n as usize];
             if node.gpus < per || !g.allows_model(node.model) {
@@ -695,7 +695,7 @@ pub fn estimate_gang_start(
             match by_rack.values().filter(|v| v.len() >= k).min_by_key(|v| v[k - 1].0) {
                 Some(v) => v.iter().take(k).collect(),
                 None => {
-                    let mut all: Vec<&(i64, u32, Vec<u64>)> = by_rack.values().flatten().collect();
+                    let mut all: Vec<&Frees> = by_rack.values().flatten().collect();
                     all.sort_by_key(|(at, n, _)| (*at, *n));
                     all.into_iter().take(k).collect()
                 }
