@@ -471,13 +471,9 @@ fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], 
     let range = fleet.pool(pool).nodes.clone();
     // Eligible nodes: an allowed model, enough GPUs for a share, not held for anyone else.
     let held = s.held_for_others(id);
-    let per = g
-        .gpus_per_node
-        .unwrap_or_else(|| range.clone().map(|n| fleet.nodes[n as usize].gpus).max().unwrap_or(0));
-    if per == 0 {
+    let Some((per, k)) = shares_in(&fleet, pool, g) else {
         return;
-    }
-    let k = g.gpus.div_ceil(u32::from(per)) as usize;
+    };
     let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n)).unwrap_or(u32::MAX);
     // Per rack, its eligible nodes as (when a share fits there, free GPUs, node), soonest
     // first, then fullest free: `i64::MAX` when the work it waits for has no end.
@@ -533,6 +529,21 @@ fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], 
             },
         );
     }
+}
+
+/// GPUs per node-share of gang `g` in `pool` (its own, else the pool's largest node: whole
+/// nodes) and how many shares it has; `None` for a pool without GPUs.
+fn shares_in(fleet: &tessera_model::Fleet, pool: PoolId, g: &GangRequest) -> Option<(u8, usize)> {
+    let per = g.gpus_per_node.unwrap_or_else(|| {
+        fleet
+            .pool(pool)
+            .nodes
+            .clone()
+            .map(|n| fleet.nodes[n as usize].gpus)
+            .max()
+            .unwrap_or(0)
+    });
+    (per > 0).then(|| (per, g.gpus.div_ceil(u32::from(per)) as usize))
 }
 
 /// Computes every gang reservation's start again at `now`.
@@ -668,13 +679,9 @@ pub fn estimate_gang_start(
     let mut best: Option<(i64, GangStart)> = None;
     for &pool in pools {
         let range = fleet.pool(pool).nodes.clone();
-        let per = g
-            .gpus_per_node
-            .unwrap_or_else(|| range.clone().map(|n| fleet.nodes[n as usize].gpus).max().unwrap_or(0));
-        if per == 0 {
+        let Some((per, k)) = shares_in(&fleet, pool, g) else {
             continue;
-        }
-        let k = g.gpus.div_ceil(u32::from(per)) as usize;
+        };
         let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n));
         // Per rack: (when a share fits, node, the workloads it waits for), soonest first.
         type Frees = (i64, u32, Vec<u64>);
