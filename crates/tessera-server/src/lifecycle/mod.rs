@@ -1114,7 +1114,15 @@ impl Core {
                     Exit::Failed { exit_code, detail } => (
                         false,
                         match exit_code {
-                            Some(c) => format!("exited with code {c}: {detail}"),
+                            // The backend's detail may already say just that (local does).
+                            Some(c) => {
+                                let head = format!("exited with code {c}");
+                                if detail.is_empty() || detail == head {
+                                    head
+                                } else {
+                                    format!("{head}: {detail}")
+                                }
+                            }
                             None => detail,
                         },
                     ),
