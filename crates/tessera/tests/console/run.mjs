@@ -121,13 +121,13 @@ try {
   // detail says why; cordoning the node shows its state with a mark and the word.
   step('an unhealthy GPU and a cordoned node on the fleet map');
   await admin.goto(`${BASE}/console/fleet?pool=training`);
-  const sick = (await admin.locator('table.nodes tbody tr').first().getAttribute('id')).replace(/^node-/, '');
+  const sick = (await admin.locator('table.nodes tbody tr[id^="node-"]').first().getAttribute('id')).replace(/^node-/, '');
   const fault = await api('POST', '/api/v1/sim/faults', { node: sick, gpu: 1, xid: 79 });
   check(fault.ok, `inject an XID: ${fault.status}`);
   let sickRows = 0;
   for (let i = 0; i < 40 && sickRows !== 1; i++) {
     await admin.goto(`${BASE}/console/fleet?health=unhealthy`);
-    sickRows = await admin.locator('table.nodes tbody tr').count();
+    sickRows = await admin.locator('table.nodes tbody tr[id^="node-"]').count();
     if (sickRows !== 1) await admin.waitForTimeout(100);
   }
   check(sickRows === 1 && (await admin.locator(`#node-${sick}`).count()) === 1, `unhealthy only: ${sickRows} rows`);
@@ -266,13 +266,16 @@ try {
   await tokenSignIn(member, OTHER_TOKEN);
   await member.goto(`${BASE}/console/request`);
   await member.selectOption('#f-project', 'nlp/p');
-  await member.selectOption('#f-pool', 'training');
+  // Each change re-renders the dependent fields: wait for that answer before the next change.
+  const fields = () => member.waitForResponse((r) => r.url().includes('/console/request/fields'));
+  await Promise.all([fields(), member.selectOption('#f-pool', 'training')]);
   await member.waitForSelector('#f-shape option[value="gang"]', { state: 'attached' });
-  await member.selectOption('#f-shape', 'gang');
+  await Promise.all([fields(), member.selectOption('#f-shape', 'gang')]);
   await member.waitForSelector('#f-gang-gpus');
   check((await member.locator('#f-topology option').allTextContents()).some((t) => t === 'rack'), 'the fleet\'s level rack is offered');
   await member.fill('#f-name', 'allreduce');
   await member.fill('#f-duration', '1');
+  step('a gang no rack can hold is refused by the dry run');
   await member.fill('#f-gang-gpus', '40');
   await member.selectOption('#f-topology', 'rack');
   await member.selectOption('#f-topology-mode', 'required');
@@ -281,6 +284,7 @@ try {
   const never = await member.textContent('#preview .verdict');
   check(/Would refused: constraint: 40 GPUs in one rack; the largest rack of pool `training`, `r\d`, could hold at most 32 of it/.test(never.replace(/\s+/g, ' ')), `a gang no rack holds: ${never}`);
   check(await member.locator('#submit-button').count() === 0, 'no submit for a refused gang');
+  step('bad gang fields are named at once');
   await member.fill('#f-gang-gpus', 'lots');
   await member.fill('#f-segment', '0');
   await member.fill('#f-duration', 'soon');
@@ -290,6 +294,7 @@ try {
   check(errs[0].includes('GPUs in all') && errs[1].includes('Segment') && errs[2].includes('soon'), `every bad field at once: ${errs.join(' | ')}`);
   check(!errs.some((e) => /shape\.|gpus_per_node/.test(e)), `in the form's words: ${errs.join(' | ')}`);
   check((await member.getAttribute('#f-gang-gpus', 'aria-describedby')).includes('gang_gpus-error'), 'the field is described by its message');
+  step('a 16-GPU gang: dry run, submit, its node-shares by rack');
   await member.fill('#f-gang-gpus', '16');
   await member.fill('#f-segment', '');
   await member.fill('#f-duration', '1');
