@@ -700,7 +700,7 @@ async fn a_gang_through_the_form_with_its_racks_on_its_page_and_the_fleet_map() 
         .page("/console/request/fields?pool=training&model=H100-80GB-SXM&shape=gang")
         .await;
     assert!(
-        fields.contains("id=\"f-gang-gpus\"") && fields.contains("<option value=\"rack\">rack</option>"),
+        fields.contains("name=\"gang_gpus\" value=\"16\"") && fields.contains("<option value=\"rack\">rack</option>"),
         "{fields}"
     );
     let serving = b.page("/console/request/fields?pool=serving&shape=gang").await;

@@ -125,6 +125,8 @@ struct FleetPage {
     chrome: Chrome,
     pools: Vec<PoolRow>,
     groups: Vec<RackGroup>,
+    /// Whether any row shown stands under a rack heading.
+    by_rack: bool,
     shown: usize,
     legend: Vec<(String, u8)>,
     q: FleetQuery,
@@ -345,6 +347,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     Ok(html(&FleetPage {
         chrome: Chrome::new(&c, &s, "fleet"),
         pools,
+        by_rack: groups.iter().any(|g| g.rack.is_some()),
         groups,
         shown,
         legend: tenants.into_iter().collect(),

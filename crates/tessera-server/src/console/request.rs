@@ -137,6 +137,15 @@ pub struct GangInput {
 }
 
 impl GangFields {
+    /// Starts "GPUs in all" at two whole nodes (when the gang is first chosen).
+    pub fn prefill(&mut self) {
+        let two = (u32::from(self.node_gpus) * 2).to_string();
+        if let Some(i) = self.inputs.iter_mut().find(|i| i.field == "gang_gpus") {
+            i.value = two.clone();
+        }
+        self.gpus = two;
+    }
+
     /// The message for `field`, or "".
     pub fn error(&self, field: &str) -> &str {
         self.errors.get(field).map(String::as_str).unwrap_or("")
@@ -230,11 +239,7 @@ pub fn dependent(f: &Fleet, v: &Form) -> Dependent {
                 .map(|(a, b)| (a.to_string(), b.to_string())),
                 &v.topology_mode,
             );
-            let gpus = if v.gang_gpus.is_empty() && v.gang_nodes.is_empty() {
-                (u32::from(most) * 2).to_string()
-            } else {
-                v.gang_gpus.clone()
-            };
+            let gpus = v.gang_gpus.clone();
             let input = |field, id, label, value: &str, note| GangInput {
                 field,
                 id,
@@ -416,9 +421,15 @@ pub async fn page(State(s): State<AppState>, c: Caller) -> Result<Response, ApiE
 /// `GET /console/request/fields?pool=…&model=…`: the pool, model and shape selects for a new
 /// pool or model.
 pub async fn fields(State(s): State<AppState>, _c: Caller, Query(v): Query<Form>) -> Response {
-    html(&DependentFragment {
-        dep: dependent(&s.fleet(), &v),
-    })
+    let mut dep = dependent(&s.fleet(), &v);
+    // A gang just chosen starts at two whole nodes.
+    if let Some(g) = &mut dep.gang
+        && v.gang_gpus.trim().is_empty()
+        && v.gang_nodes.trim().is_empty()
+    {
+        g.prefill();
+    }
+    html(&DependentFragment { dep })
 }
 
 /// A form field and what is wrong with it, in the form's words.
@@ -846,7 +857,14 @@ mod tests {
         let levels: Vec<&str> = g.levels.iter().map(|o| o.value.as_str()).collect();
         assert_eq!(levels, ["", "rack"]);
         assert_eq!((g.node_gpus, g.nodes_in_pool), (8, 16));
-        assert_eq!(g.gpus, "16", "two whole nodes to start from");
+        assert_eq!(g.gpus, "", "as the form sent it");
+        let mut g = g;
+        g.prefill();
+        assert_eq!(
+            (g.gpus.as_str(), g.inputs[0].value.as_str()),
+            ("16", "16"),
+            "two whole nodes to start from"
+        );
         for pool in ["serving", "development"] {
             v.pool = pool.into();
             let d = dependent(&f, &v);
