@@ -784,6 +784,22 @@ async fn a_gang_through_the_form_with_its_racks_on_its_page_and_the_fleet_map() 
             && nodes.iter().all(|n| page.contains(&format!("<td>{n}</td>"))),
         "{page}"
     );
+    // With the gang running, one of the whole pool (no level asked: the API's default) waits,
+    // saying why in the engine's words.
+    let mut all = form("128", "", "1");
+    all.retain(|(k, _)| !k.starts_with("topology"));
+    let waits = post("/console/request/preview", all)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        waits.contains(
+            "<strong>wait</strong>: no-capacity: 128 GPUs in one gang; pool `training` has room for 112 of it now"
+        ),
+        "{waits}"
+    );
     // The admin's map: a heading per rack, the gang's cells on both nodes, named.
     let a = s.browser();
     sign_in(&a, &s.admin).await;
