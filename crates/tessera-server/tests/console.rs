@@ -684,6 +684,152 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
     assert_eq!(audit.status(), StatusCode::FORBIDDEN);
 }
 
+/// A multi-node gang through the console on the seed fleet (racks of 4 nodes of 8 GPUs): the
+/// form's gang fields with the pool's levels, the dry run's answers (never within one rack; the
+/// form's words for several bad fields at once; where its node-shares would go), the
+/// submission, the gang's node-shares by rack on its page, and the admin's fleet map by rack
+/// with the gang's cells — and its tenant and id on the API's GPU view of each share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_through_the_form_with_its_racks_on_its_page_and_the_fleet_map() {
+    let s = TestServer::start("console-gang").await;
+    s.tenant_with_project("vision", "train").await;
+    let member = s.token("vision", "member").await;
+    let b = s.browser();
+    let csrf = sign_in(&b, &member).await;
+    let fields = b
+        .page("/console/request/fields?pool=training&model=H100-80GB-SXM&shape=gang")
+        .await;
+    assert!(
+        fields.contains("name=\"gang_gpus\" value=\"16\"") && fields.contains("<option value=\"rack\">rack</option>"),
+        "{fields}"
+    );
+    let serving = b.page("/console/request/fields?pool=serving&shape=gang").await;
+    assert!(
+        !serving.contains("value=\"gang\"") && !serving.contains("f-gang-gpus"),
+        "{serving}"
+    );
+    let form = |gpus: &str, segment: &str, hours: &str| {
+        vec![
+            ("project", "vision/train".to_string()),
+            ("name", "allreduce".to_string()),
+            ("pool", "training".into()),
+            ("model", "H100-80GB-SXM".into()),
+            ("shape", "gang".into()),
+            ("gang_gpus", gpus.to_string()),
+            ("segment", segment.to_string()),
+            ("topology", "rack".into()),
+            ("topology_mode", "required".into()),
+            ("duration_h", hours.to_string()),
+            ("priority", "standard".into()),
+        ]
+    };
+    let post = |path: &'static str, f: Vec<(&'static str, String)>| {
+        let rb = b.client.post(b.url(path)).form(&f).header("hx-request", "true");
+        support::with_csrf(rb, Some(&csrf)).send()
+    };
+    let never = post("/console/request/preview", form("40", "", "1")).await.unwrap();
+    assert_eq!(never.status(), StatusCode::OK);
+    let never = never.text().await.unwrap();
+    assert!(
+        never
+            .contains("<strong>refused</strong>: constraint: 40 GPUs in one rack; the largest rack of pool `training`")
+            && never.contains("could hold at most 32 of it")
+            && !never.contains("id=\"submit-button\""),
+        "{never}"
+    );
+    let bad = post("/console/request/preview", form("lots", "0", "soon"))
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let bad = bad.text().await.unwrap();
+    for (id, words) in [
+        ("gang_gpus-error", "`lots`: GPUs in all must be a whole number"),
+        ("segment-error", "0: Segment must be between 1 and"),
+        ("duration_h-error", "`soon` is not a number of hours"),
+    ] {
+        assert!(
+            bad.contains(&format!("id=\"{id}\"")) && bad.contains(words),
+            "{id}: {bad}"
+        );
+    }
+    assert!(!bad.contains("shape.") && !bad.contains("gpus_per_node"), "{bad}");
+    let ok = post("/console/request/preview", form("16", "", "1"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        ok.contains("<strong>borrow</strong>")
+            && ok.contains("2 node-shares in r")
+            && ok.contains("id=\"submit-button\""),
+        "{ok}"
+    );
+    let r = post("/console/request", form("16", "", "1")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let to = r.headers()["hx-redirect"].to_str().unwrap().to_string();
+    let id: u64 = to.rsplit('/').next().unwrap().parse().unwrap();
+    let w = s.wait_state(id, &["running"]).await;
+    let nodes: Vec<String> = std::iter::once(&w["allocation"])
+        .chain(w["allocation"]["shares"].as_array().unwrap())
+        .map(|x| x["node"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(nodes.len(), 2, "{w}");
+    let page = b.page(&to).await;
+    no_inline_code(&page);
+    assert!(
+        page.contains("16 GPU gang, within one rack (required)")
+            && page.contains("id=\"gang-shares\"")
+            && page.contains("2 node-shares in rack r")
+            && nodes.iter().all(|n| page.contains(&format!("<td>{n}</td>"))),
+        "{page}"
+    );
+    // With the gang running, one of the whole pool (no level asked: the API's default) waits,
+    // saying why in the engine's words.
+    let mut all = form("128", "", "1");
+    all.retain(|(k, _)| !k.starts_with("topology"));
+    let waits = post("/console/request/preview", all)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        waits.contains(
+            "<strong>wait</strong>: no-capacity: 128 GPUs in one gang; pool `training` has room for 112 of it now"
+        ),
+        "{waits}"
+    );
+    // The admin's map: a heading per rack, the gang's cells on both nodes, named.
+    let a = s.browser();
+    sign_in(&a, &s.admin).await;
+    let map = a.page("/console/fleet?pool=training").await;
+    no_inline_code(&map);
+    assert_eq!(map.matches("class=\"rack-h\"").count(), 4, "{map}");
+    assert!(map.contains("of 32 GPUs free"), "{map}");
+    assert_eq!(map.matches(&format!("gang\" data-gang=\"{id}\"")).count(), 16, "{map}");
+    assert_eq!(map.matches(&format!("gang #{id} · 2 nodes")).count(), 2, "{map}");
+    assert!(
+        map.contains(&format!("vision #{id}; gang #{id} across 2 nodes")),
+        "{map}"
+    );
+    // Each node-share is the gang's on the API's GPU view (its id and tenant, not the share's).
+    for n in &nodes {
+        let gpus = s.get(&format!("/api/v1/gpus?node={n}")).await;
+        let slices: Vec<&Value> = gpus["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["slices"].as_array().unwrap())
+            .collect();
+        assert_eq!(slices.len(), 8, "{gpus}");
+        assert!(
+            slices.iter().all(|x| x["workload"] == id && x["tenant"] == "vision"),
+            "{gpus}"
+        );
+    }
+}
+
 /// The priority options of a request form page.
 fn priority_options(page: &str) -> Vec<String> {
     let at = page.find("id=\"f-priority\"").expect("the priority select");

@@ -45,7 +45,7 @@ fn console_in_a_real_browser() {
         .enable_all()
         .build()
         .unwrap();
-    let (viewer, other) = rt.block_on(async {
+    let (viewer, other, member) = rt.block_on(async {
         let http = reqwest::Client::new();
         let post = |path: &str, body: serde_json::Value| {
             http.post(format!("{base}{path}"))
@@ -77,7 +77,11 @@ fn console_in_a_real_browser() {
                 v["token"].as_str().unwrap().to_string()
             }
         };
-        (token("vision", "viewer").await, token("nlp", "member").await)
+        (
+            token("vision", "viewer").await,
+            token("nlp", "member").await,
+            token("vision", "member").await,
+        )
     });
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -89,6 +93,7 @@ fn console_in_a_real_browser() {
         .env("ADMIN_TOKEN", &admin)
         .env("VIEWER_TOKEN", &viewer)
         .env("OTHER_TOKEN", &other)
+        .env("MEMBER_TOKEN", &member)
         .env("SHOTS", &shots)
         .env("CHROMIUM", &chromium)
         .output()
@@ -103,8 +108,11 @@ fn console_in_a_real_browser() {
     for page in [
         "overview",
         "request-preview",
+        "request-gang-preview",
         "workload",
+        "workload-gang",
         "fleet",
+        "fleet-racks",
         "fleet-unhealthy",
         "workload-live",
         "workloads",

@@ -1,7 +1,9 @@
 //! The admin fleet map: pools → nodes → GPUs → MIG slices and fractions, coloured by tenant,
 //! with health and cordon/drain state. It stays usable at 10,000 GPUs by aggregating: pool
 //! totals, then one row per node (filtered by pool, state and tenant, 100 per page) with a cell
-//! per GPU; a node's GPU-level detail (each MIG slice and fraction with its workload) is
+//! per GPU, grouped under a heading per rack with the rack's free and total GPUs; a
+//! multi-node gang's cells are outlined and name it on every node it spans (found in one pass
+//! over the GPUs, never a lookup per cell); a node's GPU-level detail (each MIG slice and fraction with its workload) is
 //! fetched on demand when the node is opened. Everything is read from the published snapshot.
 
 use std::collections::{BTreeMap, HashMap};
@@ -41,6 +43,8 @@ pub struct Cell {
     pub fill: &'static str,
     /// Out of placement because it failed (shown with a mark and in the label).
     pub unhealthy: bool,
+    /// Held by a multi-node gang (its workload id): the cell is outlined and says so.
+    pub gang: Option<u64>,
 }
 
 /// What a person reads about a failed GPU: the XID or the cause, and what happened.
@@ -71,6 +75,19 @@ pub struct NodeRow {
     /// Failed GPUs of the node.
     pub unhealthy: usize,
     pub cells: Vec<Cell>,
+    /// The multi-node gangs holding GPUs of the node: `(workload, nodes it spans)`.
+    pub gangs: Vec<(u64, usize)>,
+}
+
+/// The node rows of one rack (or of a pool without racks), with the rack's free and total
+/// GPUs over all its nodes (not only those shown).
+pub struct RackGroup {
+    /// The rack's name; `None` for nodes whose pool declares no racks.
+    pub rack: Option<String>,
+    pub pool: String,
+    pub free: usize,
+    pub total: usize,
+    pub rows: Vec<NodeRow>,
 }
 
 pub struct PoolRow {
@@ -95,6 +112,9 @@ pub struct FleetQuery {
     /// `unhealthy`: only nodes with a failed GPU.
     #[serde(default)]
     pub health: String,
+    /// Only the nodes of this rack.
+    #[serde(default)]
+    pub rack: String,
     #[serde(default)]
     pub page: usize,
 }
@@ -104,7 +124,10 @@ pub struct FleetQuery {
 struct FleetPage {
     chrome: Chrome,
     pools: Vec<PoolRow>,
-    rows: Vec<NodeRow>,
+    groups: Vec<RackGroup>,
+    /// Whether any row shown stands under a rack heading.
+    by_rack: bool,
+    shown: usize,
     legend: Vec<(String, u8)>,
     q: FleetQuery,
     pool_names: Vec<String>,
@@ -164,13 +187,48 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             total: v.units_total,
         })
         .collect();
+    // Racks: each node's rack, and every rack's free and total GPUs (one pass over the nodes).
+    let rack_level = f.levels.level("rack");
+    let rack_of = |i: usize| rack_level.and_then(|l| f.levels.domain_of(l, tessera_model::NodeId(i as u32)));
+    let mut rack_gpus: HashMap<u32, (usize, usize)> = HashMap::new();
+    // Multi-node gangs: the nodes each workload holds GPUs on (one pass over the GPUs: a
+    // workload on more than one node is a gang).
+    let mut spans: HashMap<u64, (usize, usize)> = HashMap::new();
+    for (i, ns) in snap.nodes.iter().enumerate() {
+        if let Some(r) = rack_of(i) {
+            let e = rack_gpus.entry(r).or_default();
+            e.0 += ns.free_gpus();
+            e.1 += ns.gpus.len();
+        }
+        for g in &ns.gpus {
+            for h in &g.holders {
+                let e = spans.entry(h.workload).or_insert((usize::MAX, 0));
+                if e.0 != i {
+                    *e = (i, e.1 + 1);
+                }
+            }
+        }
+    }
+    let gang_nodes = |w: u64| spans.get(&w).map(|(_, n)| *n).filter(|n| *n > 1);
+    // Nodes grouped by rack within their pool (fleet order otherwise).
+    let mut order: Vec<usize> = (0..f.nodes.len()).collect();
+    order.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
     let mut tenants: BTreeMap<String, u8> = BTreeMap::new();
     let mut matched = 0;
-    let mut rows = Vec::new();
+    let mut shown = 0;
+    let mut groups: Vec<RackGroup> = Vec::new();
     let first = q.page * PER_PAGE;
-    for (i, n) in f.nodes.iter().enumerate() {
+    for i in order {
+        let n = &f.nodes[i];
         let pool = &f.pool(n.pool).name;
         if !q.pool.is_empty() && *pool != q.pool {
+            continue;
+        }
+        let rack = rack_of(i);
+        let rack_name = rack
+            .zip(rack_level)
+            .map(|(r, l)| f.levels.domains(l)[r as usize].name.as_str());
+        if !q.rack.is_empty() && rack_name != Some(q.rack.as_str()) {
             continue;
         }
         let state = ops.node_state(&n.name);
@@ -186,9 +244,11 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             continue;
         }
         matched += 1;
-        if matched <= first || rows.len() >= PER_PAGE {
+        if matched <= first || shown >= PER_PAGE {
             continue;
         }
+        shown += 1;
+        let mut gangs: Vec<(u64, usize)> = Vec::new();
         let cells = ns
             .gpus
             .iter()
@@ -205,6 +265,12 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                     _ => "part",
                 };
                 let health = bad.iter().find(|r| r.gpu as usize == gi);
+                let gang = top.and_then(|h| gang_nodes(h.workload).map(|k| (h.workload, k)));
+                if let Some(x) = gang
+                    && !gangs.contains(&x)
+                {
+                    gangs.push(x);
+                }
                 let mut label = if g.holders.is_empty() {
                     format!("GPU {gi}: free")
                 } else {
@@ -219,6 +285,9 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                         who.join(", ")
                     )
                 };
+                if let Some((w, k)) = gang {
+                    label = format!("{label}; gang #{w} across {k} nodes");
+                }
                 if let Some(r) = health {
                     label = format!("{label}; {}", health_words(r));
                 }
@@ -231,10 +300,11 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                     label,
                     fill,
                     unhealthy: health.is_some(),
+                    gang: gang.map(|(w, _)| w),
                 }
             })
             .collect();
-        rows.push(NodeRow {
+        let row = NodeRow {
             name: n.name.clone(),
             pool: pool.clone(),
             model: f.catalogue.get(n.model).name.clone(),
@@ -243,7 +313,22 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             free: ns.free_gpus(),
             unhealthy: bad.len(),
             cells,
-        });
+            gangs,
+        };
+        let same = groups
+            .last()
+            .is_some_and(|g| g.pool == *pool && g.rack.as_deref() == rack_name);
+        if !same {
+            let (free, total) = rack.and_then(|r| rack_gpus.get(&r).copied()).unwrap_or_default();
+            groups.push(RackGroup {
+                rack: rack_name.map(str::to_string),
+                pool: pool.clone(),
+                free,
+                total,
+                rows: Vec::new(),
+            });
+        }
+        groups.last_mut().expect("a group").rows.push(row);
     }
     let link = |page: usize| {
         serde_urlencoded::to_string([
@@ -251,6 +336,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             ("state", q.state.as_str()),
             ("tenant", q.tenant.as_str()),
             ("health", q.health.as_str()),
+            ("rack", q.rack.as_str()),
             ("page", &page.to_string()),
         ])
         .map(|qs| format!("/console/fleet?{qs}"))
@@ -261,7 +347,9 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     Ok(html(&FleetPage {
         chrome: Chrome::new(&c, &s, "fleet"),
         pools,
-        rows,
+        by_rack: groups.iter().any(|g| g.rack.is_some()),
+        groups,
+        shown,
         legend: tenants.into_iter().collect(),
         pool_names: f.pools.iter().map(|p| p.name.clone()).collect(),
         matched,

@@ -29,9 +29,34 @@ pub struct Row {
     pub ended: bool,
 }
 
-/// A shape in words: `2 GPU`, `MIG 1g.10gb`, `250m of a GPU`.
+/// A shape in words: `2 GPU`, `MIG 1g.10gb`, `250m of a GPU`; a multi-node gang's
+/// `16 GPU gang` (with its GPUs per node, topology and segments when it names them).
 pub fn shape_words(w: &Workload) -> String {
-    if let Some(g) = w.shape.gpus {
+    let s = &w.shape;
+    let gang = s.nodes.is_some()
+        || s.gpus_per_node.is_some()
+        || s.topology.is_some()
+        || s.segment.is_some()
+        || w.allocation.as_ref().is_some_and(|a| !a.shares.is_empty());
+    if let Some(g) = s.gpus
+        && gang
+    {
+        let mut out = format!("{g} GPU gang");
+        if let Some(per) = s.gpus_per_node {
+            out.push_str(&format!(", node-shares of {per} GPUs"));
+        }
+        if let Some(t) = &s.topology {
+            let mode = match s.topology_mode.unwrap_or_default() {
+                tessera_api::TopologyMode::Required => "required",
+                tessera_api::TopologyMode::Preferred => "preferred",
+            };
+            out.push_str(&format!(", within one {t} ({mode})"));
+        }
+        if let Some(seg) = s.segment {
+            out.push_str(&format!(", segments of {seg} GPUs"));
+        }
+        out
+    } else if let Some(g) = s.gpus {
         format!("{g} GPU")
     } else if let Some(m) = &w.shape.mig {
         format!("MIG {m}")
@@ -54,7 +79,11 @@ fn row(w: &Workload) -> Row {
             .as_ref()
             .map(|a| {
                 let gpus: Vec<String> = a.gpus.iter().map(|g| g.to_string()).collect();
-                format!("{} GPU {}", a.node, gpus.join(","))
+                match a.shares.len() {
+                    0 => format!("{} GPU {}", a.node, gpus.join(",")),
+                    1 => format!("{} GPU {} and 1 more node", a.node, gpus.join(",")),
+                    k => format!("{} GPU {} and {k} more nodes", a.node, gpus.join(",")),
+                }
             })
             .unwrap_or_default(),
         created: w.created_at.get(..19).unwrap_or(&w.created_at).replace('T', " "),
@@ -236,6 +265,59 @@ struct WorkloadLive {
     logs: Option<String>,
     /// Said above the logs (how much is shown, or why there is none).
     logs_note: String,
+    /// A placed multi-node gang's node-shares, in gang order, each with its rack.
+    shares: Vec<ShareRow>,
+    /// The same by rack: `(rack, node-shares, GPUs)`, in the order the gang reaches them.
+    racks: Vec<(String, usize, usize)>,
+}
+
+/// One node-share of a gang on the workload's page.
+pub struct ShareRow {
+    pub rack: String,
+    pub node: String,
+    pub gpus: String,
+    pub units: String,
+}
+
+/// A placed gang's node-shares with their racks (from the fleet's topology; `-` where the
+/// node's pool declares no racks), and the count by rack.
+fn gang_shares(f: &tessera_model::Fleet, w: &Workload) -> (Vec<ShareRow>, Vec<(String, usize, usize)>) {
+    let Some(a) = w.allocation.as_ref().filter(|a| !a.shares.is_empty()) else {
+        return (Vec::new(), Vec::new());
+    };
+    let level = f.levels.level("rack");
+    let rack = |node: &str| {
+        f.node_by_name(node)
+            .zip(level)
+            .and_then(|(n, l)| f.levels.domain_name(l, n))
+            .unwrap_or("-")
+            .to_string()
+    };
+    let others: u64 = a.shares.iter().map(|x| x.units_milli).sum();
+    let all = std::iter::once((a.node.as_str(), a.gpus.as_slice(), a.units_milli.saturating_sub(others))).chain(
+        a.shares
+            .iter()
+            .map(|x| (x.node.as_str(), x.gpus.as_slice(), x.units_milli)),
+    );
+    let mut shares = Vec::new();
+    let mut racks: Vec<(String, usize, usize)> = Vec::new();
+    for (node, gpus, units) in all {
+        let r = rack(node);
+        match racks.iter_mut().find(|(x, _, _)| *x == r) {
+            Some(e) => {
+                e.1 += 1;
+                e.2 += gpus.len();
+            }
+            None => racks.push((r.clone(), 1, gpus.len())),
+        }
+        shares.push(ShareRow {
+            rack: r,
+            node: node.to_string(),
+            gpus: gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","),
+            units: tessera_model::GpuUnits(units).to_string(),
+        });
+    }
+    (shares, racks)
 }
 
 /// How much of a log the page shows (its end), and how much it reads at most to find it.
@@ -297,7 +379,10 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
     let r = row(&w);
     let can_cancel = !r.ended && c.id.can_write(&w.tenant);
     let (logs, logs_note) = log_tail(s, wid).await;
+    let (shares, racks) = gang_shares(&s.fleet(), &w);
     Ok(WorkloadLive {
+        shares,
+        racks,
         steps: steps(&events, r.ended, crate::now_ms()),
         w: r,
         priority: w.priority.clone(),

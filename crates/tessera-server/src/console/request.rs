@@ -47,6 +47,24 @@ pub struct Form {
     /// `none` (the default: never moved), `restart` (batch work) or `replace` (services).
     #[serde(default)]
     pub movable: String,
+    /// With the shape `gang`: the GPUs in all, across nodes.
+    #[serde(default)]
+    pub gang_gpus: String,
+    /// With the shape `gang`: how many node-shares (optional).
+    #[serde(default)]
+    pub gang_nodes: String,
+    /// With the shape `gang`: GPUs per node-share (optional; whole nodes by default).
+    #[serde(default)]
+    pub gang_per_node: String,
+    /// With the shape `gang`: a topology level of the fleet to keep the gang within, or "".
+    #[serde(default)]
+    pub topology: String,
+    /// With a topology level: `required` (the default) or `preferred`.
+    #[serde(default)]
+    pub topology_mode: String,
+    /// With the shape `gang`: segments of this many GPUs, each within one rack (optional).
+    #[serde(default)]
+    pub segment: String,
 }
 
 /// One `<option>`.
@@ -85,29 +103,82 @@ pub struct Dependent {
     pub pools: Vec<Opt>,
     pub models: Vec<Opt>,
     pub shapes: Vec<Opt>,
+    /// The gang's fields, when the shape chosen is a multi-node gang.
+    pub gang: Option<GangFields>,
 }
 
+/// The fields of a multi-node gang: GPUs in all, optional nodes and GPUs per node, a topology
+/// level the pool declares (required or preferred) and an optional segment size.
+pub struct GangFields {
+    pub gpus: String,
+    pub nodes: String,
+    pub per_node: String,
+    pub segment: String,
+    /// `""` (the API's default: the fewest racks possible) and the levels the pool declares.
+    pub levels: Vec<Opt>,
+    pub modes: Vec<Opt>,
+    /// GPUs of the pool's largest node of the model (a gang's default node-share).
+    pub node_gpus: u8,
+    /// Nodes of the model in the pool.
+    pub nodes_in_pool: usize,
+    pub errors: BTreeMap<&'static str, String>,
+    /// The number fields, in order: `(field name, element id, label, value, note id)`.
+    pub inputs: Vec<GangInput>,
+}
+
+/// One number field of a gang.
+pub struct GangInput {
+    pub field: &'static str,
+    pub id: &'static str,
+    pub label: &'static str,
+    pub value: String,
+    /// The id of the note that explains it, or "".
+    pub note: &'static str,
+}
+
+impl GangFields {
+    /// Starts "GPUs in all" at two whole nodes (when the gang is first chosen).
+    pub fn prefill(&mut self) {
+        let two = (u32::from(self.node_gpus) * 2).to_string();
+        if let Some(i) = self.inputs.iter_mut().find(|i| i.field == "gang_gpus") {
+            i.value = two.clone();
+        }
+        self.gpus = two;
+    }
+
+    /// The message for `field`, or "".
+    pub fn error(&self, field: &str) -> &str {
+        self.errors.get(field).map(String::as_str).unwrap_or("")
+    }
+}
+
+/// The shape value of a multi-node gang.
+pub const GANG: &str = "gang";
+
 /// Pools; the models of the chosen pool; the shapes that model offers in that pool (whole
-/// counts up to its largest node, its MIG profiles, or fractions in shared pools).
-pub fn dependent(f: &Fleet, pool: &str, model: &str, shape: &str) -> Dependent {
+/// counts up to its largest node, its MIG profiles, or fractions in shared pools; in a whole
+/// pool of more than one node, a multi-node gang with its own fields).
+pub fn dependent(f: &Fleet, v: &Form) -> Dependent {
     let pools = opts(
         f.pools
             .iter()
             .map(|p| (p.name.clone(), format!("{} ({})", p.name, p.sharing))),
-        pool,
+        &v.pool,
     );
     let pid = f.pool_by_name(&selected(&pools)).unwrap_or(PoolId(0));
     let p = f.pool(pid);
     let nodes = &f.nodes[p.nodes.start as usize..p.nodes.end as usize];
-    let mut per_model: BTreeMap<String, (tessera_model::ModelId, u8)> = BTreeMap::new();
+    let mut per_model: BTreeMap<String, (tessera_model::ModelId, u8, usize)> = BTreeMap::new();
     for n in nodes {
         let name = f.catalogue.get(n.model).name.clone();
-        let e = per_model.entry(name).or_insert((n.model, 0));
+        let e = per_model.entry(name).or_insert((n.model, 0, 0));
         e.1 = e.1.max(n.gpus);
+        e.2 += 1;
     }
-    let models = opts(per_model.keys().map(|m| (m.clone(), m.clone())), model);
+    let models = opts(per_model.keys().map(|m| (m.clone(), m.clone())), &v.model);
     let mut shapes: Vec<(String, String)> = Vec::new();
-    if let Some(&(mid, most)) = per_model.get(&selected(&models)) {
+    let mut gang_possible = None;
+    if let Some(&(mid, most, count)) = per_model.get(&selected(&models)) {
         let gm = f.catalogue.get(mid);
         match p.sharing {
             Sharing::Mig => {
@@ -133,13 +204,84 @@ pub fn dependent(f: &Fleet, pool: &str, model: &str, shape: &str) -> Dependent {
                         format!("{g} whole GPU{}", if g > 1 { "s" } else { "" }),
                     ));
                 }
+                // A gang takes whole nodes of a whole pool (the engine's rule).
+                if p.sharing == Sharing::Whole && count > 1 && most > 0 {
+                    shapes.push((
+                        GANG.to_string(),
+                        "a multi-node gang: whole GPUs across nodes".to_string(),
+                    ));
+                    gang_possible = Some((most, count));
+                }
             }
         }
     }
+    let shapes = opts(shapes, &v.shape);
+    let gang = gang_possible
+        .filter(|_| selected(&shapes) == GANG)
+        .map(|(most, count)| {
+            let levels = opts(
+                std::iter::once((String::new(), "any: the fewest racks possible".to_string())).chain(
+                    f.levels
+                        .names()
+                        .iter()
+                        .enumerate()
+                        .filter(|(l, _)| f.levels.pool_has(*l, pid))
+                        .map(|(_, n)| (n.clone(), n.clone())),
+                ),
+                &v.topology,
+            );
+            let modes = opts(
+                [
+                    ("required", "required: within one domain of the level, or wait"),
+                    ("preferred", "preferred: one domain if one has room, else the fewest"),
+                ]
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string())),
+                &v.topology_mode,
+            );
+            let gpus = v.gang_gpus.clone();
+            let input = |field, id, label, value: &str, note| GangInput {
+                field,
+                id,
+                label,
+                value: value.to_string(),
+                note,
+            };
+            GangFields {
+                inputs: vec![
+                    input("gang_gpus", "f-gang-gpus", "GPUs in all", &gpus, ""),
+                    input("gang_nodes", "f-gang-nodes", "Nodes (optional)", &v.gang_nodes, ""),
+                    input(
+                        "gang_per_node",
+                        "f-gang-per-node",
+                        "GPUs per node (optional)",
+                        &v.gang_per_node,
+                        "",
+                    ),
+                    input(
+                        "segment",
+                        "f-segment",
+                        "Segment size in GPUs (optional)",
+                        &v.segment,
+                        "segment-note",
+                    ),
+                ],
+                gpus,
+                nodes: v.gang_nodes.clone(),
+                per_node: v.gang_per_node.clone(),
+                segment: v.segment.clone(),
+                levels,
+                modes,
+                node_gpus: most,
+                nodes_in_pool: count,
+                errors: BTreeMap::new(),
+            }
+        });
     Dependent {
         pools,
         models,
-        shapes: opts(shapes, shape),
+        shapes,
+        gang,
     }
 }
 
@@ -206,7 +348,7 @@ async fn projects(s: &AppState, c: &Caller) -> Result<Vec<String>, ApiError> {
 
 async fn view(s: &AppState, c: &Caller, v: Form) -> Result<FormView, ApiError> {
     let projects = opts(projects(s, c).await?.into_iter().map(|p| (p.clone(), p)), &v.project);
-    let dep = dependent(&s.fleet(), &v.pool, &v.model, &v.shape);
+    let dep = dependent(&s.fleet(), &v);
     let priority = if v.priority.is_empty() { "standard" } else { &v.priority };
     // Only the classes the caller may submit: a tenant's token its tenant's grant, a
     // platform-admin every class.
@@ -279,17 +421,84 @@ pub async fn page(State(s): State<AppState>, c: Caller) -> Result<Response, ApiE
 /// `GET /console/request/fields?pool=…&model=…`: the pool, model and shape selects for a new
 /// pool or model.
 pub async fn fields(State(s): State<AppState>, _c: Caller, Query(v): Query<Form>) -> Response {
-    html(&DependentFragment {
-        dep: dependent(&s.fleet(), &v.pool, &v.model, &v.shape),
-    })
+    let mut dep = dependent(&s.fleet(), &v);
+    // A gang just chosen starts at two whole nodes.
+    if let Some(g) = &mut dep.gang
+        && v.gang_gpus.trim().is_empty()
+        && v.gang_nodes.trim().is_empty()
+    {
+        g.prefill();
+    }
+    html(&DependentFragment { dep })
 }
 
-/// The API request a form describes, or the form field it cannot be made from.
-fn to_api(v: &Form) -> Result<CreateWorkload, (&'static str, String)> {
-    let (tenant, project) = v
-        .project
-        .split_once('/')
-        .ok_or(("project", "choose a project".to_string()))?;
+/// A form field and what is wrong with it, in the form's words.
+pub type FieldError = (&'static str, String);
+
+/// An optional whole number of the form (`""`: not given), checked by the API's own `rule`
+/// under the field's label.
+fn number(raw: &str, label: &str, rule: tessera_api::rules::IntRule) -> Result<Option<u32>, String> {
+    let t = raw.trim();
+    if t.is_empty() {
+        return Ok(None);
+    }
+    let n: i64 = t
+        .parse()
+        .map_err(|_| format!("`{t}`: {label} must be a whole number"))?;
+    rule.check(label, n).map_err(|v| v.message)?;
+    Ok(Some(n as u32))
+}
+
+/// The gang fields of a form as the API's shape fields (`gpus`, `nodes`, `gpus_per_node`,
+/// `topology`, `topology_mode`, `segment`); every field's problem at once.
+fn gang_shape(v: &Form, shape: &mut GpuShape, errors: &mut Vec<FieldError>) {
+    use tessera_api::rules;
+    let mut take = |field: &'static str, label: &str, raw: &str, rule| match number(raw, label, rule) {
+        Ok(n) => n,
+        Err(e) => {
+            errors.push((field, e));
+            None
+        }
+    };
+    let gpus = take("gang_gpus", "GPUs in all", &v.gang_gpus, rules::GANG_GPUS);
+    let nodes = take("gang_nodes", "Nodes", &v.gang_nodes, rules::NODES);
+    let per_node = take("gang_per_node", "GPUs per node", &v.gang_per_node, rules::GPUS);
+    let segment = take("segment", "Segment", &v.segment, rules::GANG_GPUS);
+    let given = |raw: &str| !raw.trim().is_empty();
+    if !given(&v.gang_gpus) && !given(&v.gang_nodes) {
+        errors.push((
+            "gang_gpus",
+            "give the GPUs in all (or Nodes and GPUs per node)".to_string(),
+        ));
+    }
+    shape.gpus = gpus;
+    shape.nodes = nodes;
+    shape.gpus_per_node = per_node.map(|p| p as u8);
+    shape.segment = segment;
+    let level = v.topology.trim();
+    if !level.is_empty() {
+        shape.topology = Some(level.to_string());
+        shape.topology_mode = Some(match v.topology_mode.as_str() {
+            "" | "required" => tessera_api::TopologyMode::Required,
+            "preferred" => tessera_api::TopologyMode::Preferred,
+            _ => {
+                errors.push(("topology_mode", "choose required or preferred".to_string()));
+                tessera_api::TopologyMode::Required
+            }
+        });
+    }
+}
+
+/// The API request a form describes, or every form field it cannot be made from.
+pub fn to_api(v: &Form) -> Result<CreateWorkload, Vec<FieldError>> {
+    let mut errors: Vec<FieldError> = Vec::new();
+    let (tenant, project) = match v.project.split_once('/') {
+        Some(tp) => tp,
+        None => {
+            errors.push(("project", "choose a project".to_string()));
+            ("", "")
+        }
+    };
     let mut shape = GpuShape {
         pool: Some(v.pool.clone()).filter(|p| !p.is_empty()),
         models: if v.model.is_empty() {
@@ -300,35 +509,50 @@ fn to_api(v: &Form) -> Result<CreateWorkload, (&'static str, String)> {
         ..GpuShape::default()
     };
     let bad_shape = || ("shape", "choose a shape from the list".to_string());
-    match v.shape.split_once(':').ok_or_else(bad_shape)? {
-        ("gpus", n) => shape.gpus = Some(n.parse().map_err(|_| bad_shape())?),
-        ("mig", p) => shape.mig = Some(p.to_string()),
-        ("fraction", m) => shape.fraction = Some(m.parse().map_err(|_| bad_shape())?),
-        _ => return Err(bad_shape()),
+    match v.shape.split_once(':') {
+        _ if v.shape == GANG => gang_shape(v, &mut shape, &mut errors),
+        Some(("gpus", n)) => match n.parse() {
+            Ok(n) => shape.gpus = Some(n),
+            Err(_) => errors.push(bad_shape()),
+        },
+        Some(("mig", p)) => shape.mig = Some(p.to_string()),
+        Some(("fraction", m)) => match m.parse() {
+            Ok(m) => shape.fraction = Some(m),
+            Err(_) => errors.push(bad_shape()),
+        },
+        _ => errors.push(bad_shape()),
     }
     let duration_s = match v.duration_h.trim() {
         "" => None,
-        h => {
-            let hours: f64 = h
-                .parse()
-                .ok()
-                .filter(|x: &f64| x.is_finite() && *x > 0.0)
-                .ok_or(("duration_h", format!("`{h}` is not a number of hours above 0")))?;
-            Some((hours * 3600.0).round() as i64)
-        }
+        h => match h.parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0) {
+            Some(hours) => Some((hours * 3600.0).round() as i64),
+            None => {
+                errors.push(("duration_h", format!("`{h}` is not a number of hours above 0")));
+                None
+            }
+        },
     };
     let kind = match v.kind.as_str() {
         "" | "batch" => WorkloadKind::Batch,
         "service" => WorkloadKind::Service,
         "interactive" => WorkloadKind::Interactive,
-        _ => return Err(("kind", "choose a kind from the list".to_string())),
+        _ => {
+            errors.push(("kind", "choose a kind from the list".to_string()));
+            WorkloadKind::Batch
+        }
     };
     let movable = match v.movable.as_str() {
         "" | "none" => None,
         "restart" => Some(MovableMode::Restart),
         "replace" => Some(MovableMode::Replace),
-        _ => return Err(("movable", "choose from the list".to_string())),
+        _ => {
+            errors.push(("movable", "choose from the list".to_string()));
+            None
+        }
     };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
     Ok(CreateWorkload {
         tenant: tenant.to_string(),
         project: project.to_string(),
@@ -348,8 +572,9 @@ fn to_api(v: &Form) -> Result<CreateWorkload, (&'static str, String)> {
     })
 }
 
-/// The form field an API field belongs to.
-fn form_field(api: &str) -> &'static str {
+/// The form field an API field belongs to (`gang`: the form asks for a multi-node gang, whose
+/// shape fields have fields of their own).
+fn form_field(api: &str, gang: bool) -> &'static str {
     match api {
         "name" => "name",
         "tenant" | "project" => "project",
@@ -359,13 +584,42 @@ fn form_field(api: &str) -> &'static str {
         "movable" => "movable",
         "shape.pool" => "pool",
         "shape.models" => "model",
+        "shape.gpus" if gang => "gang_gpus",
+        "shape.nodes" if gang => "gang_nodes",
+        "shape.gpus_per_node" if gang => "gang_per_node",
+        "shape.topology" | "shape.topology_mode" if gang => "topology",
+        "shape.segment" if gang => "segment",
         _ => "shape",
     }
 }
 
-fn refused(e: &ApiError) -> (&'static str, String) {
-    let field = e.field.as_deref().map(form_field).unwrap_or("form");
-    (field, e.detail.clone())
+/// An API message about a gang's shape in the form's words: the API's field names
+/// (`gpus_per_node`, `shape.segment`) become the form's labels.
+fn gang_words(msg: &str) -> String {
+    const NAMES: [(&str, &str); 12] = [
+        ("shape.gpus_per_node", "GPUs per node"),
+        ("shape.gpus", "GPUs in all"),
+        ("shape.nodes", "Nodes"),
+        ("shape.segment", "Segment"),
+        ("shape.topology_mode", "Topology mode"),
+        ("shape.topology", "Topology"),
+        ("`gpus_per_node`", "GPUs per node"),
+        ("gpus_per_node", "GPUs per node"),
+        ("`nodes`", "Nodes"),
+        ("`gpus`", "GPUs in all"),
+        ("`segment`", "Segment"),
+        ("`topology`", "Topology"),
+    ];
+    NAMES
+        .iter()
+        .fold(msg.to_string(), |m, (api, label)| m.replace(api, label))
+}
+
+fn refused(e: &ApiError, v: &Form) -> FieldError {
+    let gang = v.shape == GANG;
+    let field = e.field.as_deref().map(|f| form_field(f, gang)).unwrap_or("form");
+    let detail = if gang { gang_words(&e.detail) } else { e.detail.clone() };
+    (field, detail)
 }
 
 /// Reads the form and checks it as the API checks a creation.
@@ -373,29 +627,33 @@ async fn checked(
     s: &AppState,
     c: &Caller,
     body: &[u8],
-) -> Result<(Form, CreateWorkload, workloads::Checked), (Form, (&'static str, String))> {
+) -> Result<(Form, CreateWorkload, workloads::Checked), (Form, Vec<FieldError>)> {
     let v: Form = serde_urlencoded::from_bytes(body).unwrap_or_default();
     let b = match to_api(&v) {
         Ok(b) => b,
         Err(e) => return Err((v, e)),
     };
     if let Err(e) = b.validate() {
-        return Err((v, refused(&ApiError::from(e))));
+        let e = refused(&ApiError::from(e), &v);
+        return Err((v, vec![e]));
     }
     match workloads::check_create(s, &c.id, &b).await {
         Ok(k) => Ok((v, b, k)),
-        Err(e) => Err((v, refused(&e))),
+        Err(e) => {
+            let e = refused(&e, &v);
+            Err((v, vec![e]))
+        }
     }
 }
 
-async fn with_error(
-    s: &AppState,
-    c: &Caller,
-    v: Form,
-    (field, msg): (&'static str, String),
-) -> Result<Response, ApiError> {
+async fn with_error(s: &AppState, c: &Caller, v: Form, errors: Vec<FieldError>) -> Result<Response, ApiError> {
     let mut form = view(s, c, v).await?;
-    form.errors.insert(field, msg);
+    for (field, msg) in errors {
+        form.errors.entry(field).or_insert(msg);
+    }
+    if let Some(g) = &mut form.dep.gang {
+        g.errors = form.errors.clone();
+    }
     let mut r = html(&FormFragment { form });
     *r.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
     Ok(r)
@@ -461,12 +719,157 @@ pub async fn submit(
             if e.status == StatusCode::UNPROCESSABLE_ENTITY
                 || e.status == StatusCode::FORBIDDEN && e.field.is_some() =>
         {
-            with_error(&s, &c, v, refused(&e)).await
+            let e = refused(&e, &v);
+            with_error(&s, &c, v, vec![e]).await
         }
         Err(e) if e.status == StatusCode::FORBIDDEN && e.kind != "forbidden" => {
             // Refused by a quota limit or the budget: said next to the shape.
-            with_error(&s, &c, v, ("shape", e.detail.clone())).await
+            let field = if v.shape == GANG { "gang_gpus" } else { "shape" };
+            with_error(&s, &c, v, vec![(field, e.detail.clone())]).await
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gang_form() -> Form {
+        Form {
+            project: "vision/train".into(),
+            name: "big".into(),
+            pool: "training".into(),
+            model: "H100-80GB-SXM".into(),
+            shape: GANG.into(),
+            duration_h: "1".into(),
+            gang_gpus: "16".into(),
+            ..Form::default()
+        }
+    }
+
+    #[test]
+    fn a_gang_form_becomes_the_apis_gang_shape() {
+        let mut v = gang_form();
+        v.topology = "rack".into();
+        v.topology_mode = "preferred".into();
+        v.segment = "8".into();
+        v.gang_per_node = "4".into();
+        let b = to_api(&v).expect("valid");
+        assert_eq!(b.shape.gpus, Some(16));
+        assert_eq!(b.shape.nodes, None);
+        assert_eq!(b.shape.gpus_per_node, Some(4));
+        assert_eq!(b.shape.topology.as_deref(), Some("rack"));
+        assert_eq!(b.shape.topology_mode, Some(tessera_api::TopologyMode::Preferred));
+        assert_eq!(b.shape.segment, Some(8));
+        assert_eq!(b.shape.pool.as_deref(), Some("training"));
+        b.validate().expect("the API's rules hold");
+        // Without a level, no topology and no mode (the API's default: the fewest racks).
+        let b = to_api(&gang_form()).expect("valid");
+        assert_eq!((b.shape.topology, b.shape.topology_mode), (None, None));
+        // Nodes and GPUs per node instead of GPUs in all.
+        let mut v = gang_form();
+        v.gang_gpus = String::new();
+        v.gang_nodes = "3".into();
+        v.gang_per_node = "8".into();
+        let b = to_api(&v).expect("valid");
+        assert_eq!(
+            (b.shape.gpus, b.shape.nodes, b.shape.gpus_per_node),
+            (None, Some(3), Some(8))
+        );
+        b.validate().expect("the API's rules hold");
+    }
+
+    #[test]
+    fn every_bad_field_is_named_at_once_in_the_forms_words() {
+        let mut v = gang_form();
+        v.gang_gpus = "lots".into();
+        v.gang_nodes = "0".into();
+        v.segment = "-8".into();
+        v.duration_h = "soon".into();
+        v.topology = "rack".into();
+        v.topology_mode = "sometimes".into();
+        let errors = to_api(&v).expect_err("invalid");
+        let fields: Vec<&str> = errors.iter().map(|(f, _)| *f).collect();
+        assert_eq!(
+            fields,
+            ["gang_gpus", "gang_nodes", "segment", "topology_mode", "duration_h"],
+            "{errors:?}"
+        );
+        let msg = |f: &str| errors.iter().find(|(x, _)| *x == f).map(|(_, m)| m.as_str()).unwrap();
+        assert_eq!(msg("gang_gpus"), "`lots`: GPUs in all must be a whole number");
+        assert_eq!(msg("gang_nodes"), "0: Nodes must be between 1 and 4096 nodes");
+        assert!(
+            msg("segment").starts_with("-8: Segment must be between 1 and"),
+            "{errors:?}"
+        );
+        assert!(errors.iter().all(|(_, m)| !m.contains("shape.")), "{errors:?}");
+        // Neither GPUs nor nodes.
+        let mut v = gang_form();
+        v.gang_gpus = " ".into();
+        let errors = to_api(&v).expect_err("invalid");
+        assert_eq!(errors[0].0, "gang_gpus");
+        assert!(errors[0].1.contains("GPUs per node"), "{errors:?}");
+    }
+
+    #[test]
+    fn the_apis_gang_refusals_are_told_in_the_forms_words() {
+        let mut v = gang_form();
+        v.gang_nodes = "3".into();
+        let b = to_api(&v).expect("the form reads");
+        let e = refused(&ApiError::from(b.validate().expect_err("16 over 3 nodes")), &v);
+        assert_eq!(e.0, "gang_gpus");
+        assert_eq!(
+            e.1,
+            "16 GPUs over 3 nodes: ask for a multiple of 3, or give GPUs per node"
+        );
+        let mut v = gang_form();
+        v.gang_gpus = "12".into();
+        v.gang_per_node = "8".into();
+        let b = to_api(&v).expect("the form reads");
+        let e = refused(&ApiError::from(b.validate().expect_err("12 by 8")), &v);
+        assert_eq!(
+            e,
+            (
+                "gang_gpus",
+                "12 GPUs as node-shares of 8: ask for a multiple of 8".to_string()
+            )
+        );
+        // A single-node shape keeps the API's field for the shape select.
+        assert_eq!(form_field("shape.gpus", false), "shape");
+        assert_eq!(form_field("shape.segment", true), "segment");
+        assert_eq!(form_field("shape.topology_mode", true), "topology");
+    }
+
+    #[test]
+    fn the_gang_shape_is_offered_in_whole_pools_with_the_pools_levels() {
+        let f = Fleet::seed();
+        let mut v = Form {
+            pool: "training".into(),
+            ..Form::default()
+        };
+        let d = dependent(&f, &v);
+        assert!(d.shapes.iter().any(|o| o.value == GANG), "a gang in the training pool");
+        assert!(d.gang.is_none(), "its fields only once it is chosen");
+        v.shape = GANG.into();
+        let d = dependent(&f, &v);
+        let g = d.gang.expect("the gang's fields");
+        let levels: Vec<&str> = g.levels.iter().map(|o| o.value.as_str()).collect();
+        assert_eq!(levels, ["", "rack"]);
+        assert_eq!((g.node_gpus, g.nodes_in_pool), (8, 16));
+        assert_eq!(g.gpus, "", "as the form sent it");
+        let mut g = g;
+        g.prefill();
+        assert_eq!(
+            (g.gpus.as_str(), g.inputs[0].value.as_str()),
+            ("16", "16"),
+            "two whole nodes to start from"
+        );
+        for pool in ["serving", "development"] {
+            v.pool = pool.into();
+            let d = dependent(&f, &v);
+            assert!(!d.shapes.iter().any(|o| o.value == GANG), "no gang in {pool}");
+            assert!(d.gang.is_none());
+        }
     }
 }

@@ -1,7 +1,8 @@
 // Drives the Tessera console in headless Chromium (Debian's /usr/bin/chromium through
 // playwright-core; no browser download) and checks every page with axe-core. Started by
 // crates/tessera/tests/console.rs, which starts `tessera serve` and the OIDC provider and passes:
-//   BASE, ADMIN_TOKEN, VIEWER_TOKEN, OTHER_TOKEN, SHOTS (screenshot directory).
+//   BASE, ADMIN_TOKEN, VIEWER_TOKEN (vision), OTHER_TOKEN (an nlp member), MEMBER_TOKEN (a
+//   vision member), SHOTS (screenshot directory).
 // Prints one line per step; exits non-zero with the failed step's message.
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
@@ -9,7 +10,7 @@ import { chromium } from 'playwright-core';
 
 const require = createRequire(import.meta.url);
 const axeSource = fs.readFileSync(require.resolve('axe-core/axe.min.js'), 'utf8');
-const { BASE, ADMIN_TOKEN, VIEWER_TOKEN, OTHER_TOKEN, SHOTS } = process.env;
+const { BASE, ADMIN_TOKEN, VIEWER_TOKEN, OTHER_TOKEN, MEMBER_TOKEN, SHOTS } = process.env;
 fs.mkdirSync(SHOTS, { recursive: true });
 
 const browser = await chromium.launch({
@@ -120,13 +121,13 @@ try {
   // detail says why; cordoning the node shows its state with a mark and the word.
   step('an unhealthy GPU and a cordoned node on the fleet map');
   await admin.goto(`${BASE}/console/fleet?pool=training`);
-  const sick = (await admin.locator('table.nodes tbody tr').first().getAttribute('id')).replace(/^node-/, '');
+  const sick = (await admin.locator('table.nodes tbody tr[id^="node-"]').first().getAttribute('id')).replace(/^node-/, '');
   const fault = await api('POST', '/api/v1/sim/faults', { node: sick, gpu: 1, xid: 79 });
   check(fault.ok, `inject an XID: ${fault.status}`);
   let sickRows = 0;
   for (let i = 0; i < 40 && sickRows !== 1; i++) {
     await admin.goto(`${BASE}/console/fleet?health=unhealthy`);
-    sickRows = await admin.locator('table.nodes tbody tr').count();
+    sickRows = await admin.locator('table.nodes tbody tr[id^="node-"]').count();
     if (sickRows !== 1) await admin.waitForTimeout(100);
   }
   check(sickRows === 1 && (await admin.locator(`#node-${sick}`).count()) === 1, `unhealthy only: ${sickRows} rows`);
@@ -255,6 +256,102 @@ try {
   await admin.waitForSelector('#tenant-nlp .projects li:has-text("eval")');
   const projects = (await (await api('GET', '/api/v1/tenants/nlp/projects')).json()).items.map((p) => p.name);
   check(projects.includes('eval'), `nlp's projects: ${projects}`);
+
+  // 5c. A member of nlp asks for a 16-GPU gang of the training pool in the form: a gang no
+  // rack can ever hold is refused by the dry run naming the level and its capacity; several
+  // bad fields are named at once in the form's words; then the dry run, the submission, the
+  // workload's node-shares by rack, and the admin's fleet map by rack with the gang's cells.
+  step('a member requests a multi-node gang through the form');
+  const member = await context();
+  await tokenSignIn(member, OTHER_TOKEN);
+  await member.goto(`${BASE}/console/request`);
+  await member.selectOption('#f-project', 'nlp/p');
+  // Each change re-renders the dependent fields: wait for that answer before the next change.
+  const fields = () => member.waitForResponse((r) => r.url().includes('/console/request/fields'));
+  await Promise.all([fields(), member.selectOption('#f-pool', 'training')]);
+  await member.waitForSelector('#f-shape option[value="gang"]', { state: 'attached' });
+  await Promise.all([fields(), member.selectOption('#f-shape', 'gang')]);
+  await member.waitForSelector('#f-gang-gpus');
+  check((await member.locator('#f-topology option').allTextContents()).some((t) => t === 'rack'), 'the fleet\'s level rack is offered');
+  await member.fill('#f-name', 'allreduce');
+  await member.fill('#f-duration', '1');
+  step('a gang no rack can hold is refused by the dry run');
+  await member.fill('#f-gang-gpus', '40');
+  await member.selectOption('#f-topology', 'rack');
+  await member.selectOption('#f-topology-mode', 'required');
+  await member.click('#preview-button');
+  await member.waitForSelector('#preview');
+  const never = await member.textContent('#preview .verdict');
+  check(/Would refused: constraint: 40 GPUs in one rack; the largest rack of pool `training`, `r\d`, could hold at most 32 of it/.test(never.replace(/\s+/g, ' ')), `a gang no rack holds: ${never}`);
+  check(await member.locator('#submit-button').count() === 0, 'no submit for a refused gang');
+  step('bad gang fields are named at once');
+  await member.fill('#f-gang-gpus', 'lots');
+  await member.fill('#f-segment', '0');
+  await member.fill('#f-duration', 'soon');
+  await member.click('#preview-button');
+  await member.waitForSelector('#gang_gpus-error');
+  const errs = await Promise.all(['#gang_gpus-error', '#segment-error', '#duration_h-error'].map(async (sel) => (await member.locator(sel).count()) ? member.textContent(sel) : ''));
+  check(errs[0].includes('GPUs in all') && errs[1].includes('Segment') && errs[2].includes('soon'), `every bad field at once: ${errs.join(' | ')}`);
+  check(!errs.some((e) => /shape\.|gpus_per_node/.test(e)), `in the form's words: ${errs.join(' | ')}`);
+  check((await member.getAttribute('#f-gang-gpus', 'aria-describedby')).includes('gang_gpus-error'), 'the field is described by its message');
+  step('a 16-GPU gang: dry run, submit, its node-shares by rack');
+  await member.fill('#f-gang-gpus', '16');
+  await member.fill('#f-segment', '');
+  await member.fill('#f-duration', '1');
+  await member.click('#preview-button');
+  await member.waitForSelector('#preview-where');
+  const gangPreview = await member.textContent('#preview');
+  check(/Would (start|borrow)/.test(gangPreview) && /2 node-shares in r\d \(2 nodes\)/.test(gangPreview), `the gang's preview: ${gangPreview}`);
+  await axe(member, 'request-gang-preview');
+  await member.click('#submit-button');
+  await member.waitForURL(/\/console\/workloads\/\d+$/);
+  const gangId = member.url().split('/').pop();
+  for (let i = 0; i < 40; i++) {
+    if ((await member.textContent('.facts')).includes('running')) break;
+    await member.waitForTimeout(250);
+    await member.reload();
+  }
+  check((await member.textContent('.facts')).includes('running'), 'the gang is running');
+  check((await member.textContent('.facts')).includes('16 GPU gang, within one rack (required)'), `its shape: ${await member.textContent('.facts')}`);
+  const racksLine = await member.textContent('#gang-racks');
+  check(/2 node-shares in rack r\d \(2 nodes, 16 GPUs\)/.test(racksLine), `its node-shares by rack: ${racksLine}`);
+  const shareRows = [];
+  for (const tr of await member.locator('#gang-shares tbody tr').all()) shareRows.push(await tr.locator('td').allTextContents());
+  check(shareRows.length === 2 && shareRows.every((r) => /^r\d$/.test(r[0]) && /^h100-\d+$/.test(r[1]) && r[2] === '0,1,2,3,4,5,6,7' && r[3] === '8'), `its node-shares: ${JSON.stringify(shareRows)}`);
+  const gangNodes = shareRows.map((r) => r[1]);
+  await axe(member, 'workload-gang');
+  await member.goto(`${BASE}/console`);
+
+  step('the admin sees racks and the gang on the fleet map');
+  await admin.goto(`${BASE}/console/fleet?pool=training`);
+  const rackHeads = await admin.locator('tbody.rack th.rack-h').allTextContents();
+  check(rackHeads.length === 4 && rackHeads.every((h) => /Rack r\d \(training\): \d+ of 32 GPUs free/.test(h)), `rack headings: ${rackHeads.join(' | ')}`);
+  const gangCells = admin.locator(`.cell.gang[data-gang="${gangId}"]`);
+  check(await gangCells.count() === 16, `the gang's 16 cells: ${await gangCells.count()}`);
+  for (const n of gangNodes) {
+    check((await admin.textContent(`#node-${n}`)).includes(`gang #${gangId} · 2 nodes`), `node ${n} names the gang`);
+    check((await admin.locator(`#node-${n} .cell`).first().getAttribute('aria-label')).includes(`nlp #${gangId}; gang #${gangId} across 2 nodes`), `node ${n}'s cells name it`);
+  }
+  const gangRack = (await admin.locator(`tbody.rack:has(#node-${gangNodes[0]})`).getAttribute('id')).replace(/^rack-/, '');
+  await admin.goto(`${BASE}/console/fleet?pool=training&rack=${gangRack}`);
+  check(await admin.locator('tbody.rack').count() === 1 && (await admin.locator('table.nodes tbody tr[id^="node-"]').count()) === 4, `one rack of 4 nodes for rack=${gangRack}`);
+  check((await admin.textContent('th.rack-h')).includes('GPUs free'), 'with its heading');
+  await axe(admin, 'fleet-racks');
+
+  // A member of vision (hostile to nlp) sees neither the gang's name nor its tenant: the map
+  // and a node's detail are the platform admin's; the workload is not theirs to read.
+  step('a hostile member does not see the other tenant\'s gang');
+  const hostile = await context();
+  await tokenSignIn(hostile, MEMBER_TOKEN);
+  for (const path of ['/console/fleet?pool=training', `/console/fleet/nodes/${gangNodes[0]}`]) {
+    const r = await hostile.goto(`${BASE}${path}`);
+    const body = await hostile.content();
+    check(r.status() === 403 && !body.includes('allreduce') && !body.includes(`#${gangId}`) && !body.includes('nlp'), `a hostile member on ${path}: ${r.status()}`);
+  }
+  const theirGang = await hostile.goto(`${BASE}/console/workloads/${gangId}`);
+  check(theirGang.status() === 404 && !(await hostile.content()).includes('allreduce'), `the gang's page to a hostile member: ${theirGang.status()}`);
+  await hostile.goto(`${BASE}/console/workloads`);
+  check(await hostile.locator(`#w-${gangId}`).count() === 0 && !(await hostile.content()).includes('allreduce'), 'not in their list');
 
   // 6. A viewer cannot submit.
   step('a viewer cannot submit');
