@@ -638,7 +638,7 @@ fn node_frees_by(
 
 /// The running workload an allocation of the engine belongs to: a gang's node-share, a moved
 /// service's replacement (booked for the service, which it continues), or the workload itself.
-fn holder_owner(engine: &crate::engine::Engine, a: crate::state::AllocId) -> u64 {
+pub fn holder_owner(engine: &crate::engine::Engine, a: crate::state::AllocId) -> u64 {
     if a & crate::engine::SHARE_BIT != 0 {
         let gang = (a & !crate::engine::SHARE_BIT) >> 16;
         if engine.gang(gang).is_some_and(|g| g.shares.contains(&a)) {

@@ -55,7 +55,7 @@
 
 mod admit;
 mod allocate;
-pub use allocate::{GangStart, estimate_gang_start};
+pub use allocate::{GangStart, estimate_gang_start, holder_owner};
 mod books;
 mod consolidate;
 #[cfg(test)]

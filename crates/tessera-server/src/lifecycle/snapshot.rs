@@ -162,22 +162,6 @@ impl Trial {
     }
 }
 
-/// The workload an allocation of the engine belongs to: a multi-node gang's node-share
-/// (allocation `share_id(gang, i)`) is the gang's, a moved service's replacement (the same
-/// top bit, no gang) the service's, anything else its own id.
-fn holder_owner(sched: &Scheduler, a: u64) -> u64 {
-    use tessera_sched::engine::SHARE_BIT;
-    if a & SHARE_BIT == 0 {
-        return a;
-    }
-    let gang = (a & !SHARE_BIT) >> 16;
-    if sched.engine.gang(gang).is_some_and(|g| g.shares.contains(&a)) {
-        gang
-    } else {
-        a & !SHARE_BIT
-    }
-}
-
 /// An immutable view of the loop's state after a commit.
 pub struct Snapshot {
     /// Increases with every publication.
@@ -393,7 +377,7 @@ impl SnapshotBuilder {
                         .iter()
                         .filter_map(|h| {
                             let a = st.allocations.get(h)?;
-                            let owner = holder_owner(sched, *h);
+                            let owner = tessera_sched::cycle::holder_owner(&sched.engine, *h);
                             let (tenant, project) = live
                                 .get(&WorkloadId(owner))
                                 .map(|l| (l.w.spec.tenant.clone(), l.w.spec.project.clone()))
