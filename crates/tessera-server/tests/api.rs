@@ -277,8 +277,17 @@ async fn a_gangs_dry_run_says_when_and_where_it_would_start(db: Db) {
         s.wait_state(*id, "running").await;
     }
     let gang = |gpus: u32| json!({"tenant": "vision", "project": "train", "name": "g", "shape": {"gpus": gpus, "pool": "training"}});
-    let (st, d) = s.post("/api/v1/workloads/dry-run", gang(32)).await;
-    assert_eq!(st, StatusCode::OK, "{d}");
+    // The dry run answers on the last published snapshot, which may lag the placements by a
+    // publication.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let d = loop {
+        let (st, d) = s.post("/api/v1/workloads/dry-run", gang(32)).await;
+        assert_eq!(st, StatusCode::OK, "{d}");
+        if d["outcome"] == "wait" || std::time::Instant::now() > deadline {
+            break d;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert_eq!(d["outcome"], "wait", "{d}");
     let reason = d["reason"].as_str().unwrap();
     let first = s.get(&format!("/api/v1/workloads/{}", ids[0])).await;
