@@ -1084,3 +1084,53 @@ async fn platform_admin_grants_priority_classes_from_the_tenants_page() {
         "the reset is audited"
     );
 }
+
+/// The queue counts in words ("1 workload waits"), shows a reason's text once beside its code
+/// (not `no-capacity no-capacity: …`), and the request form's name box takes as many characters
+/// as the API does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_says_one_workload_and_each_reason_once_and_the_name_box_holds_what_the_api_takes() {
+    let s = TestServer::start("queuewords").await;
+    s.tenant_with_project("vision", "train").await;
+    let (st, w) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "vision", "project": "train", "name": "one", "shape": {"gpus": 8, "pool": "training"}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+    s.wait_state(w["id"].as_u64().unwrap(), &["running"]).await;
+    // A gang of the whole pool waits for that node.
+    let (st, g) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "vision", "project": "train", "name": "all", "shape": {"gpus": 128, "pool": "training"}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{g}");
+    let id = g["id"].as_u64().unwrap();
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let page = loop {
+        let page = b.page("/console/queue").await;
+        if page.contains(&format!("id=\"q-{id}\"")) && page.contains("no-capacity</code>")
+            || std::time::Instant::now() > deadline
+        {
+            break page;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(page.contains("1 workload waits;"), "{page}");
+    assert!(
+        page.contains("<code class=\"reason\">no-capacity</code> <small>128 GPUs in one gang"),
+        "{page}"
+    );
+    assert!(!page.contains("no-capacity: 128"), "the code once: {page}");
+    let form = b.page("/console/request").await;
+    assert!(
+        form.contains("name=\"name\" value=\"\" maxlength=\"63\"") || form.contains("maxlength=\"63\""),
+        "{form}"
+    );
+    assert!(!form.contains("maxlength=\"200\""), "{form}");
+}

@@ -116,8 +116,8 @@ fn refused(s: &AppState, admin: bool, tenant: &str) -> Vec<RefusedRow> {
             tenant: r.tenant,
             project: r.project,
             name: r.name,
+            detail: after_code(r.code, &r.detail),
             code: r.code,
-            detail: r.detail,
         })
         .collect()
 }
@@ -182,8 +182,12 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
                 priority: w.spec.priority.clone(),
                 shape: w.spec.shape.gpu.to_string(),
                 age: took((now - w.created_at).max(0)),
+                detail: w
+                    .reason
+                    .as_ref()
+                    .map(|r| after_code(code, &r.detail))
+                    .unwrap_or_default(),
                 code,
-                detail: w.reason.as_ref().map(|r| r.detail.clone()).unwrap_or_default(),
             });
         }
     }
@@ -222,6 +226,17 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
     }
 }
 
+/// A reason's text without the code it may start with (`fragmentation: …` shown beside the
+/// code `fragmentation`): the code is its own column.
+fn after_code(code: &str, detail: &str) -> String {
+    detail
+        .strip_prefix(code)
+        .and_then(|rest| rest.strip_prefix(": "))
+        .filter(|_| !code.is_empty())
+        .unwrap_or(detail)
+        .to_string()
+}
+
 /// The newest refusals and preemptions (ended workloads whose reason says so), up to 20.
 async fn recent(s: &AppState, c: &Caller, q: &QueueQuery) -> Result<Vec<Ended>, ApiError> {
     let phases = [WorkloadState::Failed, WorkloadState::Preempted]
@@ -249,7 +264,10 @@ async fn recent(s: &AppState, c: &Caller, q: &QueueQuery) -> Result<Vec<Ended>, 
             id: w.id,
             state: w.state.as_str(),
             code: w.reason_code.clone().unwrap_or_default(),
-            detail: w.reason.clone().unwrap_or_default(),
+            detail: after_code(
+                w.reason_code.as_deref().unwrap_or_default(),
+                w.reason.as_deref().unwrap_or_default(),
+            ),
             at: w
                 .ended_at
                 .as_deref()
@@ -326,6 +344,16 @@ mod tests {
             workload: w.into(),
             class: "serving".into(),
         }
+    }
+
+    #[test]
+    fn a_reason_is_not_prefixed_by_its_code_twice() {
+        assert_eq!(
+            after_code("fragmentation", "fragmentation: 32 GPUs in one rack"),
+            "32 GPUs in one rack"
+        );
+        assert_eq!(after_code("quota", "tenant vision holds 8"), "tenant vision holds 8");
+        assert_eq!(after_code("", ": x"), ": x");
     }
 
     #[test]

@@ -310,6 +310,11 @@ impl FormView {
     pub fn error(&self, field: &str) -> &str {
         self.errors.get(field).map(String::as_str).unwrap_or("")
     }
+
+    /// The most characters a workload name may have (the API's own rule), for the name box.
+    pub fn name_max(&self) -> usize {
+        tessera_api::rules::NAME.max_chars
+    }
 }
 
 #[derive(Template)]
