@@ -256,7 +256,8 @@ impl LocalBackend {
 
     /// Prepares workload `spec`'s container of image `name` (unpacked on first use, off the
     /// runtime's threads): the bundle with its GPUs through CDI where a spec is installed, else
-    /// their device nodes. Returns the runtime's command and the device rules of its cgroup.
+    /// their device nodes. `rules` are the workload's device rules; returns the runtime's
+    /// command and the device rules of its cgroup (those, with what a container also needs).
     async fn container(
         &self,
         spec: &RunSpec,
@@ -264,6 +265,7 @@ impl LocalBackend {
         gpus: &[u32],
         visible: &str,
         mig: &Option<(u32, u32, String)>,
+        mut rules: Vec<String>,
     ) -> Result<(Vec<String>, Vec<String>), BackendError> {
         let shared = self.shared.clone();
         let wanted = name.to_string();
@@ -276,7 +278,6 @@ impl LocalBackend {
         .map_err(|e| BackendError::Rejected(e.to_string()))?;
         let c = self.shared.containers.as_ref().expect("checked by start");
         let cfg = &self.shared.cfg;
-        let mut rules = gpu_device_rules(&cfg.dev_dir, gpus, mig.is_some());
         // What an OCI runtime always allows a container besides (its cgroup is a child of the
         // workload's, and a child cannot be allowed what its parent is not): device creation,
         // which needs CAP_MKNOD the container lacks, `/dev/console` and `/dev/net/tun`.
@@ -839,13 +840,12 @@ impl Backend for LocalBackend {
                 )));
             }
         }
-        let mut device_rules = gpu_device_rules(&cfg.dev_dir, &gpus, mig.is_some());
-        let container = match &image {
-            None => None,
+        let rules = gpu_device_rules(&cfg.dev_dir, &gpus, mig.is_some());
+        let (container, device_rules) = match &image {
+            None => (None, rules),
             Some(name) => {
-                let (cmd, rules) = self.container(spec, name, &gpus, &visible, &mig).await?;
-                device_rules = rules;
-                Some(cmd)
+                let (cmd, rules) = self.container(spec, name, &gpus, &visible, &mig, rules).await?;
+                (Some(cmd), rules)
             }
         };
         let launch = Launch {
