@@ -51,7 +51,7 @@ use tessera_model::{Fleet, GpuUnits, ModelId, NodeId, PoolId, Request, Shape, Sh
 
 use crate::mig::{MigTable, state_key};
 use crate::policy::{Choice, Demand, NodeView, Score, SharedPolicy};
-use crate::reason::{Field, Missing, Pools, ShapeKind, ShapeLabel, Unplaceable};
+use crate::reason::{Missing, Pools, ShapeKind, ShapeLabel, Unplaceable};
 use crate::state::{AllocId, Allocation, ClusterState, Grant, Placement};
 
 /// A commit that does not fit the current state (a stale or foreign placement).
@@ -315,16 +315,7 @@ impl Engine {
     /// Decides where `req` would go, without changing the state.
     pub fn plan(&mut self, req: &Request) -> Result<Placement, Unplaceable> {
         if let Err(e) = req.check() {
-            let field = match e.field {
-                "gpus" => Field::Gpus,
-                "fraction" => Field::Fraction,
-                "mig" => Field::Mig,
-                _ => Field::Shape,
-            };
-            return Err(Unplaceable::Invalid {
-                field,
-                message: e.to_string(),
-            });
+            return Err(Unplaceable::invalid(&e));
         }
         let scope = self.scope(req)?;
         for &pool in &scope {
@@ -507,16 +498,7 @@ impl Engine {
     /// searched): the scheduler checks every submission with it.
     pub fn constraint(&self, req: &Request) -> Option<Unplaceable> {
         if let Err(e) = req.check() {
-            let field = match e.field {
-                "gpus" => Field::Gpus,
-                "fraction" => Field::Fraction,
-                "mig" => Field::Mig,
-                _ => Field::Shape,
-            };
-            return Some(Unplaceable::Invalid {
-                field,
-                message: e.to_string(),
-            });
+            return Some(Unplaceable::invalid(&e));
         }
         match self.scope(req) {
             Err(u) => Some(u),
@@ -1567,6 +1549,7 @@ fn choices(
 mod tests {
     use super::*;
     use crate::policy::BestFit;
+    use crate::reason::Field;
     use tessera_model::{Request, TenantId};
 
     fn seed_engine() -> Engine {

@@ -186,6 +186,21 @@ pub enum Unplaceable {
 }
 
 impl Unplaceable {
+    /// A request whose shape is out of its own bounds ([`tessera_model::Request::check`]),
+    /// about the field the check names.
+    pub fn invalid(e: &tessera_model::RequestError) -> Self {
+        let field = match e.field {
+            "gpus" => Field::Gpus,
+            "fraction" => Field::Fraction,
+            "mig" => Field::Mig,
+            _ => Field::Shape,
+        };
+        Unplaceable::Invalid {
+            field,
+            message: e.to_string(),
+        }
+    }
+
     pub fn class(&self) -> Class {
         match self {
             Unplaceable::Isolation { .. } => Class::Isolation,
