@@ -15,7 +15,7 @@ examples=${FUZZ_EXAMPLES:-40}
 seed=${FUZZ_SEED:-42}
 venv=$PWD/target/fuzz-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'schemathesis==4.32.5'
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r scripts/requirements-fuzz.txt
 
 work=$(mktemp -d)
 pid=

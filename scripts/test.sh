@@ -129,7 +129,7 @@ if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import ensurepip, venv'
 fi
 venv=target/openapi-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check openapi-spec-validator
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r scripts/requirements-openapi.txt
 openapi_doc=$(mktemp --suffix=.json)
 trap 'rm -f "$openapi_doc"' EXIT
 # The binary `cargo test` built above for the integration tests (the fuzzing step below runs it
