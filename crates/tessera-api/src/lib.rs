@@ -515,6 +515,19 @@ pub enum WorkloadState {
 }
 
 impl WorkloadState {
+    /// Every state, in the order of a workload's life.
+    pub const ALL: [WorkloadState; 9] = [
+        WorkloadState::Pending,
+        WorkloadState::Queued,
+        WorkloadState::Placed,
+        WorkloadState::Running,
+        WorkloadState::Stopping,
+        WorkloadState::Succeeded,
+        WorkloadState::Failed,
+        WorkloadState::Cancelled,
+        WorkloadState::Preempted,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             WorkloadState::Pending => "pending",
@@ -530,18 +543,7 @@ impl WorkloadState {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => WorkloadState::Pending,
-            "queued" => WorkloadState::Queued,
-            "placed" => WorkloadState::Placed,
-            "running" => WorkloadState::Running,
-            "stopping" => WorkloadState::Stopping,
-            "succeeded" => WorkloadState::Succeeded,
-            "failed" => WorkloadState::Failed,
-            "cancelled" => WorkloadState::Cancelled,
-            "preempted" => WorkloadState::Preempted,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|x| x.as_str() == s)
     }
 
     /// Terminal states hold no capacity and never change again.

@@ -14,7 +14,7 @@ use tessera_store::{AuditRecord, PLATFORM_ADMIN, Store, TokenRecord, TokenStore}
 use tessera_store_sqlite::SqliteStore;
 
 use crate::auth::{hash, new_secret};
-use crate::now_ms;
+use crate::clock::now_ms;
 
 /// The file the admin token's secret is written to, in the data directory (mode 0600).
 pub const ADMIN_TOKEN_FILE: &str = "admin-token";

@@ -146,7 +146,7 @@ impl Authenticator {
             return oidc.verify(secret).await;
         }
         let key = hash(secret);
-        let now = crate::now_ms();
+        let now = crate::clock::now_ms();
         if let Some((id, expires_at, cached_at)) = self.cache.read().expect("lock").get(&key)
             && expires_at.is_none_or(|e| e > now)
             && self.cache_ttl_ms.is_none_or(|ttl| now - cached_at < ttl)

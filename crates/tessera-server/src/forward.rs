@@ -89,12 +89,12 @@ pub async fn middleware(State(s): State<AppState>, req: Request, next: Next) -> 
         );
     };
     let (parts, body) = req.into_parts();
-    let body = match axum::body::to_bytes(body, crate::BODY_LIMIT).await {
+    let body = match axum::body::to_bytes(body, crate::problem::BODY_LIMIT).await {
         Ok(b) => b,
         Err(_) => {
             return ApiError::too_large(format!(
                 "the body is larger than the {} KiB limit",
-                crate::BODY_LIMIT / 1024
+                crate::problem::BODY_LIMIT / 1024
             ))
             .into_response();
         }

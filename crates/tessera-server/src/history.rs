@@ -158,13 +158,13 @@ pub fn sample(snap: &Snapshot, telemetry: &Telemetry, now: i64) -> Vec<(String, 
 /// Rebuilds the last 24 hours of allocation from the ledger, then samples every minute.
 pub fn spawn(s: crate::AppState) {
     tokio::spawn(async move {
-        let now = crate::now_ms();
+        let now = crate::clock::now_ms();
         match s.store.usage_between(None, now - KEPT as i64 * MINUTE_MS, now).await {
             Ok(intervals) => s.history.record(rebuild(&s.fleet(), &intervals, now)),
             Err(e) => tracing::warn!(error = %e, "allocation history not rebuilt from the usage ledger"),
         }
         loop {
-            let now = crate::now_ms();
+            let now = crate::clock::now_ms();
             s.history.record(sample(
                 &s.lifecycle.snapshot(),
                 &s.lifecycle.published().telemetry(),

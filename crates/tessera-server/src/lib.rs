@@ -20,6 +20,7 @@
 pub mod admin;
 pub mod audit;
 pub mod auth;
+pub mod clock;
 pub mod console;
 pub mod forward;
 pub mod history;
@@ -31,6 +32,8 @@ pub mod oidc;
 pub mod problem;
 pub mod refusals;
 pub mod replica;
+pub mod scrape;
+pub mod services;
 pub mod session;
 pub mod tenancy_sync;
 pub mod timed;
@@ -64,16 +67,8 @@ use crate::problem::ApiError;
 /// another replica takes effect here within this.
 pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(2);
 
-/// Largest accepted request body.
-pub const BODY_LIMIT: usize = 64 * 1024;
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use clock::now_ms;
+pub use problem::BODY_LIMIT;
 
 /// Shared state of the handlers.
 #[derive(Clone)]
@@ -95,7 +90,7 @@ pub struct AppState {
     /// `tenant/project` pairs known to exist (workload creation checks them).
     pub projects: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
     /// Metrics and (simulated backend) fault injection.
-    pub obs: Arc<metrics::Observability>,
+    pub obs: Arc<scrape::Observability>,
     /// This replica: its role, and where the leader is.
     pub replica: Arc<replica::Replica>,
     /// The client a follower forwards writes to the leader with.
@@ -288,7 +283,7 @@ pub fn app(state: AppState, cors_origins: &[HeaderValue]) -> axum::Router {
             ),
         ))
         .layer(axum::middleware::map_response(problem::ensure_problem))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), scrape::track))
         .layer(axum::middleware::from_fn_with_state(state.clone(), audit::middleware))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(BODY_LIMIT))
         .layer(DefaultBodyLimit::disable());
@@ -304,7 +299,7 @@ pub fn app(state: AppState, cors_origins: &[HeaderValue]) -> axum::Router {
                 async move { ([(header::CONTENT_TYPE, "application/json")], d) }
             }),
         )
-        .route("/metrics", get(metrics::scrape_authorised))
+        .route("/metrics", get(scrape::scrape_authorised))
         .route("/healthz", get(http::system::healthz))
         .route("/readyz", get(http::system::readyz))
         .route("/admission/mutate", axum::routing::post(native::mutate))
@@ -489,7 +484,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
     tracing::info!(
         elapsed_ms = started.elapsed().as_millis() as u64,
         replica = %replica.id,
-        role = st.role,
+        role = %st.role,
         leader = ?st.leader_url,
         "state rebuilt"
     );
@@ -539,7 +534,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         limiter: Arc::new(audit::RateLimiter::new(cfg.rate_limit, cfg.rate_limit * 2.0)),
         sessions: Arc::new(session::Sessions::new(cfg.tls.is_some())),
         projects: Arc::default(),
-        obs: Arc::new(metrics::Observability {
+        obs: Arc::new(scrape::Observability {
             metrics,
             sim: sim.clone(),
             version: env!("CARGO_PKG_VERSION"),
@@ -553,7 +548,7 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
     };
     history::spawn(state.clone());
     native::spawn_intake(state.clone(), native_rx);
-    let metrics_app = metrics::router(state.clone());
+    let metrics_app = scrape::router(state.clone());
     let admission_addr = match &cfg.admission {
         Some(a) => {
             let listener = TcpListener::bind(a.addr)

@@ -32,9 +32,9 @@ use tokio::sync::mpsc;
 
 use crate::AppState;
 use crate::auth::Identity;
-use crate::http::workloads::{Checked, check_create};
 use crate::lifecycle::{LifecycleError, NewWorkload};
 use crate::problem::ApiError;
+use crate::services::workloads::{Checked, check_create};
 
 /// The actor of every native workload and the identity its checks run as.
 pub const ACTOR: &str = "kubernetes";
@@ -223,7 +223,7 @@ async fn intake(s: &AppState, native: NativeRef, ask: NativeAsk) -> Option<(Nati
             },
             native.to_record(),
         )),
-        received_at: crate::now_ms(),
+        received_at: crate::clock::now_ms(),
         audit: None,
     };
     match s.lifecycle.create(nw).await {

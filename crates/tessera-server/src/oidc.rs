@@ -198,7 +198,7 @@ impl OidcVerifier {
     pub async fn verify(&self, token: &str) -> Result<Identity, ApiError> {
         use sha2::Digest;
         let key: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
-        let now = crate::now_ms() / 1000;
+        let now = crate::clock::now_ms() / 1000;
         if let Some((id, exp)) = self.verified.read().expect("lock").get(&key)
             && *exp + self.cfg.leeway_s as i64 > now
         {

@@ -9,6 +9,9 @@ use tessera_api::rules::Violation;
 /// The content type of every error response.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// Largest accepted request body (a larger one is answered 413 naming this limit).
+pub const BODY_LIMIT: usize = 64 * 1024;
+
 /// An API error, rendered as `application/problem+json`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiError {
@@ -161,10 +164,9 @@ impl ApiError {
             StatusCode::METHOD_NOT_ALLOWED => {
                 Self::method_not_allowed("this path does not take that method; see the `Allow` header")
             }
-            StatusCode::PAYLOAD_TOO_LARGE => Self::too_large(format!(
-                "the body is larger than the {} KiB limit",
-                crate::BODY_LIMIT / 1024
-            )),
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                Self::too_large(format!("the body is larger than the {} KiB limit", BODY_LIMIT / 1024))
+            }
             StatusCode::NOT_FOUND => Self::not_found("no such resource"),
             StatusCode::UNSUPPORTED_MEDIA_TYPE => {
                 Self::unsupported_media("send the body as JSON with `Content-Type: application/json`")

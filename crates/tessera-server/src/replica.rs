@@ -71,11 +71,34 @@ const SAFETY_MARGIN: Duration = Duration::from_millis(300);
 /// Replicas silent for longer than this are forgotten.
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
+/// Whether a replica leads (holds the lease) or follows the one that does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Leader,
+    #[default]
+    Follower,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a replica is now.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ReplicaState {
-    /// `leader` or `follower`.
-    pub role: &'static str,
+    pub role: Role,
     /// This replica leads and its loop runs (`role` is `leader` from the lease's acquisition,
     /// while the loop still recovers).
     pub leading: bool,
@@ -110,9 +133,9 @@ impl Replica {
             id,
             url,
             shared,
-            started_at: crate::now_ms(),
+            started_at: crate::clock::now_ms(),
             state: watch::Sender::new(ReplicaState {
-                role: "follower",
+                role: Role::Follower,
                 reason: Some("starting".into()),
                 ..Default::default()
             }),
@@ -132,7 +155,7 @@ impl Replica {
     /// Where writes go when this replica does not lead: the known leader's URL.
     pub fn leader_url(&self) -> Option<String> {
         let s = self.state.borrow();
-        if s.role == "leader" {
+        if s.role == Role::Leader {
             return None;
         }
         s.leader_url.clone()
@@ -142,8 +165,8 @@ impl Replica {
         self.state.send_modify(|s| {
             f(s);
             s.ready = match s.role {
-                "leader" => s.leading,
-                _ => s.database && s.leader_url.is_some() && s.reason.is_none(),
+                Role::Leader => s.leading,
+                Role::Follower => s.database && s.leader_url.is_some() && s.reason.is_none(),
             };
         });
     }
@@ -236,7 +259,7 @@ impl Supervisor {
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot reach the database to elect a leader");
                     self.replica.update(|s| {
-                        s.role = "follower";
+                        s.role = Role::Follower;
                         s.database = false;
                         s.leader_id = None;
                         s.leader_url = None;
@@ -267,7 +290,7 @@ impl Supervisor {
             Ok(lease) => {
                 let leader = lease.filter(|l| l.valid() && l.holder != self.replica.id);
                 self.replica.update(|s| {
-                    s.role = "follower";
+                    s.role = Role::Follower;
                     s.database = true;
                     s.epoch = leader.as_ref().map(|l| l.epoch);
                     s.leader_id = leader.as_ref().map(|l| l.holder.clone());
@@ -304,7 +327,7 @@ impl Supervisor {
         tracing::info!(replica = %r.id, epoch, "acquired the leader lease; rebuilding state from the store");
         let started = Instant::now();
         r.update(|s| {
-            s.role = "leader";
+            s.role = Role::Leader;
             s.leading = false;
             s.database = true;
             s.epoch = Some(epoch);
@@ -366,7 +389,7 @@ impl Supervisor {
         self.metrics.leadership("lost");
         tracing::warn!(replica = %r.id, epoch, reason = %why, "stepped down");
         r.update(|s| {
-            s.role = "follower";
+            s.role = Role::Follower;
             s.leading = false;
             s.leader_id = None;
             s.leader_url = None;
@@ -385,7 +408,7 @@ impl Supervisor {
         self.metrics.leadership("acquired");
         self.metrics.set_leader(true);
         self.replica.update(|s| {
-            s.role = "leader";
+            s.role = Role::Leader;
             s.leading = true;
             s.database = true;
             s.leader_id = Some(self.replica.id.clone());

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use tessera_domain::WorkloadId;
 use tessera_store::{
-    DrainRecord, FleetStore, GpuHealthRecord, GpuMigRecord, HealthCause, MoveCause, NodeStateRecord, Result,
+    DrainRecord, FleetStore, GpuHealthRecord, GpuMigRecord, HealthCause, MoveCause, NodeState, NodeStateRecord, Result,
     ServiceMoveRecord, StoreError,
 };
 
@@ -68,7 +68,7 @@ impl FleetStore for Store {
              ON CONFLICT (node) DO UPDATE SET state = $2, since = $3, detail = $4",
         )
         .bind(&r.node)
-        .bind(&r.state)
+        .bind(r.state.as_str())
         .bind(r.since)
         .bind(&r.detail)
         .execute(&mut *self.conn().await?)
@@ -93,9 +93,11 @@ impl FleetStore for Store {
             .map_err(db)?;
         rows.iter()
             .map(|r| {
+                let state: String = col(r, "state")?;
                 Ok(NodeStateRecord {
                     node: col(r, "node")?,
-                    state: col(r, "state")?,
+                    state: NodeState::parse(&state)
+                        .ok_or_else(|| StoreError::Corrupt(format!("column `state`: unknown node state `{state}`")))?,
                     since: col(r, "since")?,
                     detail: col(r, "detail")?,
                 })

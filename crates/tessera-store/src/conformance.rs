@@ -2181,7 +2181,7 @@ pub async fn gpu_health_and_node_states(s: &dyn Store) {
 
     let node = |node: &str, state: &str, since: i64| NodeStateRecord {
         node: node.into(),
-        state: state.into(),
+        state: crate::NodeState::parse(state).expect("a node state"),
         since,
         detail: format!("{state} by admin"),
     };

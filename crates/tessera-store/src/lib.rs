@@ -514,12 +514,54 @@ impl HealthCause {
     }
 }
 
+/// Where a node stands for placement, as operators (a cordon, a drain, maintenance, a rolling
+/// upgrade) made it: `ready` (no record), `cordoned`, `draining` or `maintenance`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NodeState {
+    /// Open to new work (a node without a [`NodeStateRecord`]).
+    Ready,
+    /// Closed to new work; what runs stays.
+    Cordoned,
+    /// Closed to new work while what runs is moved or ends (`tessera node drain`).
+    Draining,
+    /// Closed and empty: the node may be worked on.
+    Maintenance,
+}
+
+impl NodeState {
+    pub const ALL: [NodeState; 4] = [
+        NodeState::Ready,
+        NodeState::Cordoned,
+        NodeState::Draining,
+        NodeState::Maintenance,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Ready => "ready",
+            NodeState::Cordoned => "cordoned",
+            NodeState::Draining => "draining",
+            NodeState::Maintenance => "maintenance",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for NodeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A node an operator took out of placement: `cordoned`, `draining` or `maintenance`
 /// (a node without a record is `ready`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeStateRecord {
     pub node: String,
-    pub state: String,
+    pub state: NodeState,
     /// Milliseconds since the Unix epoch.
     pub since: i64,
     /// Who asked, and why.

@@ -529,7 +529,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                 running.replica.id,
                 redact(url),
                 match (st.role, &st.leader_url) {
-                    ("leader", _) => "leading".to_string(),
+                    (tessera_server::replica::Role::Leader, _) => "leading".to_string(),
                     (_, Some(l)) => format!("following the leader at {l}"),
                     (_, None) => "no leader yet".to_string(),
                 }

@@ -9,14 +9,13 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
 use serde::Deserialize;
-use tessera_api::rules::Validate;
 use tessera_api::{CreateToken, TenantQuotas, TokenRole, TokenView, rfc3339_ms};
 
 use super::request::Opt;
 use super::{Caller, Chrome, html};
 use crate::AppState;
-use crate::http::{ApiJson, ApiPath, governance, tokens};
 use crate::problem::ApiError;
+use crate::services::{governance, tokens};
 use crate::usage::{By, report};
 
 #[derive(Deserialize, Default)]
@@ -75,13 +74,9 @@ pub async fn quota(State(s): State<AppState>, c: Caller, Query(q): Query<TenantQ
     let quotas = if tenant.is_empty() {
         None
     } else {
-        Some(
-            governance::get_quotas(State(s.clone()), c.id.clone(), ApiPath(tenant.clone()))
-                .await?
-                .0,
-        )
+        Some(governance::quotas(&s, &c.id, &tenant).await?)
     };
-    let now = crate::now_ms();
+    let now = crate::clock::now_ms();
     let from = tessera_api::day_start_ms(now) - 29 * DAY_MS;
     let intervals = s.store.usage_between(Some(&tenant), from, now).await?;
     let snap = s.lifecycle.snapshot();
@@ -157,17 +152,11 @@ struct TokenListFragment {
 }
 
 async fn token_list(s: &AppState, c: &Caller, tenant: &str) -> Result<Vec<TokenView>, ApiError> {
-    let q = tokens::TokenParams {
-        tenant: Some(tenant.to_string()),
-    };
-    Ok(
-        tokens::list_tokens(State(s.clone()), c.id.clone(), crate::http::ApiQuery(q))
-            .await?
-            .0
-            .into_iter()
-            .filter(|t| t.tenant.as_deref() == Some(tenant))
-            .collect(),
-    )
+    Ok(tokens::list(s, &c.id, &Some(tenant.to_string()))
+        .await?
+        .into_iter()
+        .filter(|t| t.tenant.as_deref() == Some(tenant))
+        .collect())
 }
 
 fn manages(c: &Caller) -> bool {
@@ -266,12 +255,7 @@ pub async fn create(State(s): State<AppState>, c: Caller, body: Bytes) -> Result
         name: Some(f.name.trim().to_string()).filter(|n| !n.is_empty()),
         expires_in_s,
     };
-    let made = match b.validate() {
-        Err(v) => Err(ApiError::from(v)),
-        Ok(()) => tokens::create_token(State(s.clone()), c.id.clone(), ApiJson(b))
-            .await
-            .map(|(_, j)| j.0),
-    };
+    let made = tokens::create(&s, &c.id, b).await;
     match made {
         Ok(t) => {
             let list = TokenList {
@@ -310,7 +294,7 @@ pub async fn revoke(
     Path(tid): Path<String>,
     Query(q): Query<TenantQuery>,
 ) -> Result<Response, ApiError> {
-    tokens::revoke_token(State(s.clone()), c.id.clone(), ApiPath(tid)).await?;
+    tokens::revoke(&s, &c.id, &tid).await?;
     let (tenant, _) = tenant_of(&s, &c, &q.tenant).await?;
     let list = TokenList {
         tokens: token_list(&s, &c, &tenant).await?,

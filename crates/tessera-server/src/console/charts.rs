@@ -48,7 +48,7 @@ struct ChartsPage {
 
 /// The pool's samples, the current minute from the live snapshot.
 fn series(s: &AppState, pool: &str) -> Vec<Sample> {
-    let now = crate::now_ms();
+    let now = crate::clock::now_ms();
     let mut v = s.history.series(pool);
     let live = sample(&s.lifecycle.snapshot(), &s.lifecycle.published().telemetry(), now)
         .into_iter()

@@ -13,10 +13,12 @@ use axum::extract::{Path, Query, State};
 use axum::response::Response;
 use serde::Deserialize;
 use tessera_api::GpuView;
+use tessera_store::NodeState;
 
 use super::{Caller, Chrome, html};
 use crate::AppState;
 use crate::http::views;
+use crate::lifecycle::NodeOp;
 use crate::problem::ApiError;
 
 /// Tenant colours: eight classes (`t0`…`t7` in the stylesheet), chosen by a stable hash of the
@@ -57,11 +59,11 @@ pub fn health_words(r: &tessera_store::GpuHealthRecord) -> String {
 
 /// The mark shown beside a node state that is not `ready` (the word follows it).
 pub fn state_mark(state: &str) -> &'static str {
-    match state {
-        "ready" => "",
-        "draining" => "⇥",
-        "maintenance" => "⚒",
-        _ => "⏸",
+    match NodeState::parse(state) {
+        Some(NodeState::Ready) => "",
+        Some(NodeState::Draining) => "⇥",
+        Some(NodeState::Maintenance) => "⚒",
+        Some(NodeState::Cordoned) | None => "⏸",
     }
 }
 
@@ -144,15 +146,18 @@ impl FleetPage {
 }
 
 const PER_PAGE: usize = 100;
-const STATES: [&str; 4] = ["ready", "cordoned", "draining", "maintenance"];
 
 /// `GET /console/fleet` (platform-admins): pool totals and the filtered node rows.
 pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQuery>) -> Result<Response, ApiError> {
     c.id.require_admin()?;
-    if !q.state.is_empty() && !STATES.contains(&q.state.as_str()) {
+    if !q.state.is_empty() && NodeState::parse(&q.state).is_none() {
         return Err(ApiError::invalid(
             "state",
-            format!("unknown node state `{}` ({})", q.state, STATES.join(", ")),
+            format!(
+                "unknown node state `{}` ({})",
+                q.state,
+                NodeState::ALL.map(NodeState::as_str).join(", ")
+            ),
         ));
     }
     if !q.health.is_empty() && q.health != "unhealthy" {
@@ -174,7 +179,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         .zip(&f.pools)
         .map(|(v, p)| PoolRow {
             not_ready: (p.nodes.start as usize..p.nodes.end as usize)
-                .filter(|&i| ops.node_state(&f.nodes[i].name) != "ready")
+                .filter(|&i| ops.node_state(&f.nodes[i].name) != NodeState::Ready)
                 .count(),
             unhealthy: (p.nodes.start as usize..p.nodes.end as usize)
                 .map(|i| failed.get(f.nodes[i].name.as_str()).map_or(0, Vec::len))
@@ -231,7 +236,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         if !q.rack.is_empty() && rack_name != Some(q.rack.as_str()) {
             continue;
         }
-        let state = ops.node_state(&n.name);
+        let state = ops.node_state(&n.name).as_str();
         if !q.state.is_empty() && state != q.state {
             continue;
         }
@@ -403,7 +408,7 @@ pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>
     }
     Ok(html(&NodeDetail {
         health,
-        state: ops.node_state(&name).to_string(),
+        state: ops.node_state(&name).as_str().to_string(),
         node: name,
         gpus,
     }))
@@ -417,21 +422,16 @@ pub async fn node_op(
     Path((name, action)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     c.id.require_admin()?;
-    if !["cordon", "uncordon", "drain"].contains(&action.as_str()) {
-        return Err(ApiError::not_found(format!("no node action `{action}`")));
-    }
-    let params = crate::http::nodeops::DrainParams {
-        deadline_s: None,
-        after: None,
+    let op = match action.as_str() {
+        "cordon" => NodeOp::Cordon,
+        "uncordon" => NodeOp::Uncordon,
+        "drain" => NodeOp::Drain {
+            deadline_ms: None,
+            preempt: false,
+        },
+        _ => return Err(ApiError::not_found(format!("no node action `{action}`"))),
     };
-    let _changed = crate::http::nodeops::node_action(
-        State(s.clone()),
-        c.id.clone(),
-        Path((name.clone(), action)),
-        crate::http::ApiQuery(params),
-        crate::http::OptionalApiJson(None),
-    )
-    .await?;
+    crate::services::nodes::act(&s, &c.id, &name, op).await?;
     node(State(s), c, Path(name)).await
 }
 

@@ -12,8 +12,9 @@ use tessera_domain::WorkloadId;
 
 use super::{Caller, Chrome, html};
 use crate::AppState;
-use crate::http::{WorkloadPath, views, workloads};
+use crate::http::{WorkloadPath, views};
 use crate::problem::ApiError;
+use crate::services::workloads;
 
 /// One row of a workload table, formatted for people.
 pub struct Row {
@@ -148,18 +149,6 @@ async fn list(s: &AppState, c: &Caller, f: &Filter, limit: u32) -> Result<Vec<Ro
         .collect())
 }
 
-const STATES: [&str; 9] = [
-    "pending",
-    "queued",
-    "placed",
-    "running",
-    "stopping",
-    "succeeded",
-    "failed",
-    "cancelled",
-    "preempted",
-];
-
 #[derive(Template)]
 #[template(path = "console/workloads.html")]
 struct Workloads {
@@ -184,7 +173,11 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
     if !f.state.is_empty() && WorkloadState::parse(&f.state).is_none() {
         return Err(ApiError::invalid(
             "state",
-            format!("unknown state `{}` ({})", f.state, STATES.join(", ")),
+            format!(
+                "unknown state `{}` ({})",
+                f.state,
+                WorkloadState::ALL.map(WorkloadState::as_str).join(", ")
+            ),
         ));
     }
     let rows = list(&s, &c, &f, 100).await?;
@@ -196,7 +189,10 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
     Ok(html(&Workloads {
         chrome: Chrome::new(&c, &s, "workloads"),
         rows,
-        states: STATES.iter().map(|x| (*x, *x == f.state)).collect(),
+        states: WorkloadState::ALL
+            .iter()
+            .map(|x| (x.as_str(), x.as_str() == f.state))
+            .collect(),
         project: f.project,
         query,
         can_write,
@@ -364,11 +360,9 @@ fn workload_id(raw: &str) -> Result<WorkloadId, ApiError> {
         .ok_or_else(|| ApiError::not_found(format!("no workload {raw}")))
 }
 
-/// The live part of a workload's page (through the API's handler, so tenant scoping applies).
+/// The live part of a workload's page (through the API's service, so tenant scoping applies).
 async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive, ApiError> {
-    let w = workloads::get_workload(State(s.clone()), c.id.clone(), WorkloadPath(wid))
-        .await?
-        .0;
+    let w = workloads::get(s, &c.id, wid).await?;
     let events: Vec<Event> = s
         .store
         .events(wid, c.id.scope())
@@ -383,7 +377,7 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
     Ok(WorkloadLive {
         shares,
         racks,
-        steps: steps(&events, r.ended, crate::now_ms()),
+        steps: steps(&events, r.ended, crate::clock::now_ms()),
         w: r,
         priority: w.priority.clone(),
         units: w.units.clone(),
@@ -424,7 +418,7 @@ pub async fn workload_live(
 }
 
 /// `POST /console/workloads/{id}/cancel` (htmx, with the CSRF token): cancels through the
-/// API's handler and answers the workload's updated row.
+/// API's service and answers the workload's updated row.
 pub async fn cancel(
     State(s): State<AppState>,
     c: Caller,
@@ -432,9 +426,7 @@ pub async fn cancel(
     rid: Option<Extension<crate::audit::RequestId>>,
 ) -> Result<Response, ApiError> {
     let _ = rid;
-    let w = workloads::cancel_workload(State(s.clone()), c.id.clone(), path)
-        .await?
-        .0;
+    let w = workloads::cancel(&s, &c.id, path.0).await?;
     let can_write = c.id.can_write(&w.tenant);
     Ok(html(&WorkloadRows {
         rows: vec![row(&w)],

@@ -305,7 +305,7 @@ pub async fn queue(
             format!("unknown pool `{}` ({})", q.pool, pools.join(", ")),
         ));
     }
-    let mut live = waiting(&snap.queue.waiting, &q, crate::now_ms());
+    let mut live = waiting(&snap.queue.waiting, &q, crate::clock::now_ms());
     live.recent = recent(&s, &c, &q).await?;
     live.refused = refused(&s, admin, &q.tenant);
     live.query = serde_urlencoded::to_string([

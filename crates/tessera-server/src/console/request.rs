@@ -21,8 +21,9 @@ use tessera_model::{Fleet, PoolId, Sharing};
 
 use super::{Caller, Chrome, html};
 use crate::AppState;
-use crate::http::{ApiJson, dryrun, workloads};
+use crate::http::dryrun;
 use crate::problem::ApiError;
+use crate::services::workloads;
 
 /// What the form sends (every value a string: the form is read leniently and checked after).
 #[derive(Deserialize, Default, Clone)]
@@ -360,7 +361,7 @@ async fn view(s: &AppState, c: &Caller, v: Form) -> Result<FormView, ApiError> {
     let offered: Vec<String> = match (&c.id.tenant, c.id.is_admin()) {
         (_, true) | (None, false) => s.priorities.to_vec(),
         (Some(t), false) => match s.store.get_tenant(t).await? {
-            Some(t) => crate::http::tenancy::granted(s, &t),
+            Some(t) => crate::services::tenancy::granted(s, &t),
             None => Vec::new(),
         },
     };
@@ -698,26 +699,17 @@ pub async fn submit(
         Err((v, e)) => return with_error(&s, &c, v, e).await,
         Ok((v, b, _)) => (v, b),
     };
-    let mut plain = HeaderMap::new();
-    if let Some(k) = headers.get("idempotency-key") {
-        plain.insert("idempotency-key", k.clone());
-    }
-    match workloads::create_workload(State(s.clone()), c.id.clone(), rid, plain, ApiJson(b)).await {
-        Ok(r) => {
-            let audited = r.extensions().get::<crate::audit::Audited>().copied();
-            let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap_or_default();
-            let id = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|w| w["id"].as_u64())
-                .unwrap_or_default();
+    let rid = rid.map(|Extension(r)| r.0).unwrap_or_default();
+    let key = headers.get("idempotency-key").map(|k| k.as_bytes());
+    match workloads::create(&s, &c.id, rid, key, b).await {
+        Ok((w, _)) => {
             let mut out = StatusCode::NO_CONTENT.into_response();
             out.headers_mut().insert(
                 "hx-redirect",
-                HeaderValue::from_str(&format!("/console/workloads/{id}")).expect("ascii"),
+                HeaderValue::from_str(&format!("/console/workloads/{}", w.id)).expect("ascii"),
             );
-            if let Some(a) = audited {
-                out.extensions_mut().insert(a);
-            }
+            // The audit record committed with the workload: the middleware adds none.
+            out.extensions_mut().insert(crate::audit::Audited);
             Ok(out)
         }
         Err(e)

@@ -121,7 +121,7 @@ async fn audit(s: &AppState, action: &str, actor: &str, tenant: Option<String>, 
     s.audit
         .record(tessera_store::AuditRecord {
             seq: 0,
-            at: crate::now_ms(),
+            at: crate::clock::now_ms(),
             request_id: format!("console-{}", &crate::auth::new_secret()[4..12]),
             actor: actor.into(),
             tenant,

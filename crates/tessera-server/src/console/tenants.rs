@@ -1,9 +1,10 @@
 //! Tenants, projects, quotas, budgets and priority grants: platform-admins see every tenant (50
 //! a page) and edit them — create a tenant or project, set or remove a quota, set or remove the
 //! monthly budget, delete a project, grant the priority classes (or reset to the default grant);
-//! a tenant-admin reads its own tenant. Every change goes through the REST API's handler (the
-//! same validation, RBAC and audit record: the request middleware's, or for a grant the one the
-//! handler commits with it), from an htmx form that carries the CSRF token. A refusal
+//! a tenant-admin reads its own tenant. Every change goes through the service the REST API's
+//! handler calls ([`crate::services`]: the same validation, RBAC and audit record: the request
+//! middleware's, or for a grant the one the service commits with it), from an htmx form that
+//! carries the CSRF token. A refusal
 //! re-renders the tenant's card with the message next to the field (422); a success re-renders
 //! it with the new values.
 
@@ -16,14 +17,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tessera_api::rules::Validate;
 use tessera_api::{CreateProject, CreateTenant, SetBudget, SetPriorities, SetQuota, TenantQuotas};
 
 use super::{Caller, Chrome, html};
 use crate::AppState;
 use crate::audit::{Audited, RequestId};
-use crate::http::{ApiJson, ApiPath, governance, tenancy};
 use crate::problem::ApiError;
+use crate::services::{governance, tenancy};
 
 /// The form a refusal belongs to, its field, message and what was typed.
 #[derive(Default)]
@@ -174,9 +174,7 @@ async fn card(s: &AppState, c: &Caller, tenant: &str, err: FormError) -> Result<
         .into_iter()
         .map(|p| p.name)
         .collect();
-    let quotas = governance::get_quotas(State(s.clone()), c.id.clone(), ApiPath(tenant.to_string()))
-        .await?
-        .0;
+    let quotas = governance::quotas(s, &c.id, tenant).await?;
     Ok(Card {
         name: t.name,
         display: t.display_name,
@@ -322,12 +320,7 @@ pub async fn create_tenant(State(s): State<AppState>, c: Caller, body: Bytes) ->
             .filter(|d| !d.is_empty()),
         priorities: None,
     };
-    let made = match b.validate() {
-        Err(v) => Err(ApiError::from(v)),
-        Ok(()) => tenancy::create_tenant(State(s.clone()), c.id.clone(), ApiJson(b))
-            .await
-            .map(|_| ()),
-    };
+    let made = tenancy::create_tenant(&s, &c.id, b).await.map(|_| ());
     match made {
         Ok(()) => {
             let mut r = StatusCode::OK.into_response();
@@ -353,12 +346,7 @@ pub async fn create_project(
     let b = CreateProject {
         name: f.get("name").map(|n| n.trim().to_string()).unwrap_or_default(),
     };
-    let result = match b.validate() {
-        Err(v) => Err(ApiError::from(v)),
-        Ok(()) => tenancy::create_project(State(s.clone()), c.id.clone(), ApiPath(tenant.clone()), ApiJson(b))
-            .await
-            .map(|_| ()),
-    };
+    let result = tenancy::create_project(&s, &c.id, &tenant, b).await.map(|_| ());
     answer(&s, &c, &tenant, result, |e| refusal("project", &["name"], "name", e, f)).await
 }
 
@@ -369,9 +357,7 @@ pub async fn delete_project(
     c: Caller,
     Path((tenant, project)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let result = tenancy::delete_project(State(s.clone()), c.id.clone(), ApiPath((tenant.clone(), project)))
-        .await
-        .map(|_| ());
+    let result = tenancy::delete_project(&s, &c.id, &tenant, &project).await;
     answer(&s, &c, &tenant, result, |e| {
         refusal("projects", &[], "list", e, HashMap::new())
     })
@@ -394,15 +380,7 @@ pub async fn set_quota(
             .ok_or_else(|| ApiError::invalid("guaranteed", "give the guaranteed GPU units (0 for none)"))?;
         let limit = number("limit", &get("limit"))?;
         let b = SetQuota { guaranteed, limit };
-        b.validate().map_err(ApiError::from)?;
-        governance::set_quota(
-            State(s.clone()),
-            c.id.clone(),
-            ApiPath((tenant.clone(), class)),
-            ApiJson(b),
-        )
-        .await
-        .map(|_| ())
+        governance::set_quota(&s, &c.id, &tenant, &class, &b).await.map(|_| ())
     }
     .await;
     answer(&s, &c, &tenant, result, |e| {
@@ -419,9 +397,7 @@ pub async fn remove_quota(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let class = form(&body).remove("class").unwrap_or_default();
-    let result = governance::delete_quota(State(s.clone()), c.id.clone(), ApiPath((tenant.clone(), class)))
-        .await
-        .map(|_| ());
+    let result = governance::delete_quota(&s, &c.id, &tenant, &class).await;
     answer(&s, &c, &tenant, result, |e| {
         refusal("quotas", &[], "list", e, HashMap::new())
     })
@@ -442,10 +418,7 @@ pub async fn set_budget(
         let b = SetBudget {
             monthly_unit_hours: number("monthly_unit_hours", &raw)?,
         };
-        b.validate().map_err(ApiError::from)?;
-        governance::set_budget(State(s.clone()), c.id.clone(), ApiPath(tenant.clone()), ApiJson(b))
-            .await
-            .map(|_| ())
+        governance::set_budget(&s, &c.id, &tenant, &b).await
     }
     .await;
     answer(&s, &c, &tenant, result, |e| {
@@ -479,20 +452,16 @@ pub async fn set_priorities(
     let b = SetPriorities {
         priorities: if reset { None } else { Some(checked) },
     };
-    let mut audited = None;
-    let result = match b.validate() {
-        Err(v) => Err(ApiError::from(v)),
-        Ok(()) => tenancy::set_priorities(State(s.clone()), c.id.clone(), rid, ApiPath(tenant.clone()), ApiJson(b))
-            .await
-            .map(|r| audited = r.extensions().get::<Audited>().copied()),
-    };
-    let mut r = answer(&s, &c, &tenant, result, |e| {
+    let rid = rid.map(|Extension(r)| r.0).unwrap_or_default();
+    let result = tenancy::set_priorities(&s, &c.id, rid, &tenant, &b).await;
+    let granted = result.is_ok();
+    let mut r = answer(&s, &c, &tenant, result.map(|_| ()), |e| {
         refusal("priorities", &["priorities"], "priorities", e, values)
     })
     .await?;
-    // The handler committed the audit record with the grant: the middleware adds none.
-    if let Some(a) = audited {
-        r.extensions_mut().insert(a);
+    // The service committed the audit record with the grant: the middleware adds none.
+    if granted {
+        r.extensions_mut().insert(Audited);
     }
     Ok(r)
 }

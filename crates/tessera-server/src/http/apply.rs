@@ -20,16 +20,17 @@ use tessera_sched::cycle::Quota;
 use tessera_store::{AuditRecord, ImagePolicyRecord, ProjectRecord, QuotaRecord, TenancyChange, TenantRecord};
 use utoipa::IntoParams;
 
-use super::governance::{check_class, units_milli};
 use super::imagepolicy::check_policy;
-use super::tenancy::{check_grant, granted};
 use super::workloads::lifecycle_error;
 use super::{ApiJson, ApiQuery};
+use crate::AppState;
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
+use crate::clock::now_ms;
 use crate::lifecycle::Governance;
 use crate::problem::{ApiError, ApiResult};
-use crate::{AppState, now_ms};
+use crate::services::governance::{check_class, units_milli};
+use crate::services::tenancy::{check_grant, granted};
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

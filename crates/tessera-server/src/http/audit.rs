@@ -7,11 +7,11 @@ use tessera_api::rules::{self, Validate, Violation};
 use tessera_api::{AuditEntry, Page, rfc3339_ms};
 use utoipa::IntoParams;
 
-use super::tokens::admin_scope;
 use super::{ApiQuery, DEFAULT_LIMIT, check_limit, page};
 use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::ApiResult;
+use crate::services::tokens::admin_scope;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

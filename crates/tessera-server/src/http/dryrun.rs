@@ -15,11 +15,11 @@ use tessera_sched::Unplaceable;
 use tessera_sched::cycle::{Admission, Quota, check_quotas, project_key};
 
 use super::ApiJson;
-use super::workloads::{Checked, check_create};
 use crate::AppState;
 use crate::auth::Identity;
 use crate::lifecycle::{Snapshot, TenantSnap, Trial};
 use crate::problem::ApiResult;
+use crate::services::workloads::{Checked, check_create};
 
 /// What a request would do if made now: cost in GPU units and money, quotas and budget before
 /// and after, and whether it would start, borrow, wait or be refused (with the typed reason).
@@ -234,7 +234,7 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
                     let mut why = u.to_string();
                     if !u.is_constraint() && !b.no_wait {
                         let within: Vec<PoolId> = admitted.iter().map(|(p, _)| *p).collect();
-                        if let Some(start) = trial.gang_start(g, &within, crate::now_ms()) {
+                        if let Some(start) = trial.gang_start(g, &within, crate::clock::now_ms()) {
                             why.push_str("; ");
                             why.push_str(&expected_start(&start));
                         }

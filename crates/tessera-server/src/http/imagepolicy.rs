@@ -12,12 +12,13 @@ use tessera_domain::ReasonCode;
 use tessera_imagepolicy::{Denied, PublicKey, Refusal, reference::check_prefix};
 use tessera_store::{AuditRecord, ImagePolicyRecord};
 
-use super::tenancy::tenant_visible;
 use super::{ApiJson, ApiPath};
+use crate::AppState;
 use crate::audit::{Audited, RequestId};
 use crate::auth::{Identity, Role};
+use crate::clock::now_ms;
 use crate::problem::{ApiError, ApiResult};
-use crate::{AppState, now_ms};
+use crate::services::tenancy::tenant_visible;
 
 fn view(p: ImagePolicyRecord) -> ImagePolicy {
     ImagePolicy {

@@ -13,11 +13,11 @@ use tessera_api::rules::{Validate, Violation};
 use tessera_backend::BackendError;
 use utoipa::IntoParams;
 
-use super::workloads::find_workload;
 use super::{ApiQuery, WorkloadIdParams, WorkloadPath};
 use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::{ApiError, ApiResult};
+use crate::services::workloads::find as find_workload;
 
 /// Where to start and whether to keep following.
 #[derive(Debug, Deserialize, IntoParams)]

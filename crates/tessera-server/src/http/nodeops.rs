@@ -11,12 +11,13 @@ use tessera_model::NodeId;
 use utoipa::IntoParams;
 
 use super::workloads::lifecycle_error;
-use super::{ApiJson, ApiQuery, OptionalApiJson, views};
+use super::{ApiJson, ApiQuery, OptionalApiJson};
+use crate::AppState;
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
+use crate::clock::now_ms;
 use crate::lifecycle::NodeOp;
 use crate::problem::{ApiError, ApiResult};
-use crate::{AppState, now_ms};
 use tessera_api::rules::{Validate, Violation};
 
 #[derive(Deserialize, IntoParams)]
@@ -130,19 +131,7 @@ pub async fn node_action(
     fleet_node(&s, &node)?;
     let p = merge_drain(q, body)?;
     let op = parse_op(&action, &p, now_ms())?;
-    s.lifecycle
-        .node_op(node.clone(), op, id.actor.clone())
-        .await
-        .map_err(lifecycle_error)?;
-    let snap = s.lifecycle.snapshot();
-    let ops = s.lifecycle.published().ops();
-    // By name in the snapshot's fleet (the fleet may have changed meanwhile).
-    let i = snap
-        .fleet
-        .node_by_name(&node)
-        .ok_or_else(|| ApiError::not_found(format!("no node `{node}` in the fleet")))?
-        .0 as usize;
-    Ok(Json(views::node(&snap.fleet, i, &snap.nodes[i], ops.node_state(&node))))
+    crate::services::nodes::act(&s, &id, &node, op).await.map(Json)
 }
 
 /// Switches a GPU's MIG mode (platform-admin; audited with the change). Tessera never does this

@@ -9,6 +9,7 @@ use tessera_api::{LeaderView, ReplicaView, ReplicasView};
 use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::ApiResult;
+use crate::replica::Role;
 
 /// A replica is `gone` after this long without a heartbeat.
 const GONE_AFTER_MS: i64 = 10_000;
@@ -77,9 +78,9 @@ pub async fn replicas(State(s): State<AppState>, _id: Identity) -> ApiResult<Jso
                 } else if lease.as_ref().is_some_and(|l| l.holder == r.id)
                     || (!s.replica.shared && r.id == s.replica.id)
                 {
-                    "leader"
+                    Role::Leader.as_str()
                 } else {
-                    "follower"
+                    Role::Follower.as_str()
                 }
                 .into(),
                 started_at: tessera_api::rfc3339_ms(r.started_at),

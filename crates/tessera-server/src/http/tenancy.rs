@@ -1,65 +1,19 @@
-//! Tenants and their projects.
+//! Tenants and their projects over HTTP: reads here, changes through
+//! [`crate::services::tenancy`].
 
 use axum::Extension;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use tessera_api::{CreateProject, CreateTenant, Page, Problem, Project, SetPriorities, Tenant, rfc3339_ms, rules};
-use tessera_store::{AuditRecord, ProjectRecord, TenantRecord};
+use tessera_api::{CreateProject, CreateTenant, Page, Problem, Project, SetPriorities, Tenant};
 
 use super::{ApiJson, ApiPath, ApiQuery, PageParams, page};
+use crate::AppState;
 use crate::audit::{Audited, RequestId};
-use crate::auth::{Identity, Role};
+use crate::auth::Identity;
 use crate::problem::{ApiError, ApiResult};
-use crate::{AppState, now_ms};
-
-/// The priority classes a tenant may use: its grant, or the default grant (`standard` and
-/// `opportunistic`, those of them the server knows).
-pub fn granted(s: &AppState, t: &TenantRecord) -> Vec<String> {
-    match &t.priorities {
-        Some(p) => p.clone(),
-        None => rules::DEFAULT_PRIORITIES
-            .iter()
-            .filter(|p| s.priorities.iter().any(|k| k == *p))
-            .map(|p| p.to_string())
-            .collect(),
-    }
-}
-
-/// A grant as the platform admin wrote it, each class known to the server (422 naming the
-/// entry otherwise).
-pub fn check_grant(s: &AppState, field: &str, classes: &[String]) -> ApiResult<()> {
-    for (i, c) in classes.iter().enumerate() {
-        if !s.priorities.contains(c) {
-            return Err(ApiError::invalid(
-                format!("{field}[{i}]"),
-                format!(
-                    "unknown priority class `{c}`: the classes are {}",
-                    s.priorities.join(", ")
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-pub fn tenant_view(s: &AppState, t: TenantRecord) -> Tenant {
-    Tenant {
-        priorities: granted(s, &t),
-        name: t.name,
-        display_name: t.display_name,
-        created_at: rfc3339_ms(t.created_at),
-    }
-}
-
-fn project_view(p: ProjectRecord) -> Project {
-    Project {
-        tenant: p.tenant,
-        name: p.name,
-        created_at: rfc3339_ms(p.created_at),
-    }
-}
+use crate::services::tenancy::{self, project_view, tenant_view, tenant_visible};
 
 /// Tenants (platform-admin: all; others: their own).
 #[utoipa::path(get, path = "/api/v1/tenants", tag = "tenancy", params(PageParams), responses((status = 200, body = Page<Tenant>)))]
@@ -101,30 +55,8 @@ pub async fn create_tenant(
     id: Identity,
     ApiJson(b): ApiJson<CreateTenant>,
 ) -> ApiResult<(StatusCode, Json<Tenant>)> {
-    id.require_admin()?;
-    if let Some(p) = &b.priorities {
-        check_grant(&s, "priorities", p)?;
-    }
-    let t = TenantRecord {
-        display_name: b.display_name.clone().unwrap_or_else(|| b.name.clone()),
-        name: b.name,
-        created_at: now_ms(),
-        priorities: b.priorities,
-    };
-    s.store.create_tenant(&t).await?;
-    tracing::info!(tenant = %t.name, actor = %id.actor, "tenant created");
-    Ok((StatusCode::CREATED, Json(tenant_view(&s, t))))
-}
-
-/// The tenant, if the caller may see it (others answer 404, so existence does not leak).
-pub async fn tenant_visible(s: &AppState, id: &Identity, tenant: &str) -> ApiResult<TenantRecord> {
-    if !id.can_read(tenant) {
-        return Err(ApiError::not_found(format!("no tenant `{tenant}`")));
-    }
-    s.store
-        .get_tenant(tenant)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no tenant `{tenant}`")))
+    let t = tenancy::create_tenant(&s, &id, b).await?;
+    Ok((StatusCode::CREATED, Json(t)))
 }
 
 #[utoipa::path(get, path = "/api/v1/tenants/{tenant}", tag = "tenancy", params(("tenant" = String, Path)),
@@ -154,43 +86,9 @@ pub async fn set_priorities(
     ApiPath(tenant): ApiPath<String>,
     ApiJson(b): ApiJson<SetPriorities>,
 ) -> ApiResult<Response> {
-    let before = tenant_visible(&s, &id, &tenant).await?;
-    if !id.is_admin() {
-        return Err(ApiError::forbidden(
-            "granting priority classes needs a platform-admin token",
-        ));
-    }
-    if let Some(p) = &b.priorities {
-        check_grant(&s, "priorities", p)?;
-    }
-    let after = TenantRecord {
-        priorities: b.priorities.clone(),
-        ..before.clone()
-    };
-    let audit = AuditRecord {
-        seq: 0,
-        at: now_ms(),
-        request_id: rid.map(|Extension(r)| r.0).unwrap_or_default(),
-        actor: id.actor.clone(),
-        tenant: Some(tenant.clone()),
-        action: "PUT /api/v1/tenants/{tenant}/priorities".into(),
-        target: format!("/api/v1/tenants/{tenant}/priorities"),
-        outcome: StatusCode::OK.as_u16(),
-        detail: format!(
-            "priority classes {} → {}",
-            granted(&s, &before).join(", "),
-            granted(&s, &after).join(", ")
-        ),
-    };
-    if !s
-        .store
-        .set_tenant_priorities(&tenant, b.priorities.as_deref(), &audit)
-        .await?
-    {
-        return Err(ApiError::not_found(format!("no tenant `{tenant}`")));
-    }
-    tracing::info!(%tenant, actor = %id.actor, detail = %audit.detail, "priority classes granted");
-    let mut r = Json(tenant_view(&s, after)).into_response();
+    let rid = rid.map(|Extension(r)| r.0).unwrap_or_default();
+    let t = tenancy::set_priorities(&s, &id, rid, &tenant, &b).await?;
+    let mut r = Json(t).into_response();
     r.extensions_mut().insert(Audited);
     Ok(r)
 }
@@ -203,23 +101,8 @@ pub async fn delete_tenant(
     id: Identity,
     ApiPath(tenant): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
-    id.require_admin()?;
-    tenant_visible(&s, &id, &tenant).await?;
-    if !s.store.delete_tenant(&tenant).await? {
-        return Err(ApiError::conflict(format!(
-            "tenant `{tenant}` still has projects, tokens or workloads; delete those first"
-        )));
-    }
-    remove_backend_tenancy(&s, &tenant, None).await;
+    tenancy::delete_tenant(&s, &id, &tenant).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Removes what the backend keeps for a deleted project or tenant (a Kubernetes namespace). The
-/// record is gone already; a failure is logged and does not undo the deletion.
-async fn remove_backend_tenancy(s: &AppState, tenant: &str, project: Option<&str>) {
-    if let Err(e) = s.backend.remove_tenancy(tenant, project).await {
-        tracing::warn!(%tenant, ?project, error = %e, "removing the backend's tenancy objects");
-    }
 }
 
 #[utoipa::path(get, path = "/api/v1/tenants/{tenant}/projects", tag = "tenancy", params(("tenant" = String, Path), PageParams),
@@ -247,21 +130,8 @@ pub async fn create_project(
     ApiPath(tenant): ApiPath<String>,
     ApiJson(b): ApiJson<CreateProject>,
 ) -> ApiResult<(StatusCode, Json<Project>)> {
-    tenant_visible(&s, &id, &tenant).await?;
-    if !(id.is_admin() || id.role == Role::TenantAdmin) {
-        return Err(ApiError::forbidden(
-            "creating projects needs a platform-admin or tenant-admin token",
-        ));
-    }
-    let p = ProjectRecord {
-        tenant,
-        name: b.name,
-        created_at: now_ms(),
-    };
-    s.store.create_project(&p).await?;
-    // The backend's own tenancy (a Kubernetes namespace) follows at once, and on every sync.
-    s.tenancy.notify_one();
-    Ok((StatusCode::CREATED, Json(project_view(p))))
+    let p = tenancy::create_project(&s, &id, &tenant, b).await?;
+    Ok((StatusCode::CREATED, Json(p)))
 }
 
 #[utoipa::path(get, path = "/api/v1/tenants/{tenant}/projects/{project}", tag = "tenancy", params(("tenant" = String, Path), ("project" = String, Path)),
@@ -285,23 +155,6 @@ pub async fn delete_project(
     id: Identity,
     ApiPath((tenant, project)): ApiPath<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    tenant_visible(&s, &id, &tenant).await?;
-    if !(id.is_admin() || id.role == Role::TenantAdmin) {
-        return Err(ApiError::forbidden(
-            "deleting projects needs a platform-admin or tenant-admin token",
-        ));
-    }
-    if s.store.get_project(&tenant, &project).await?.is_none() {
-        return Err(ApiError::not_found(format!(
-            "no project `{project}` in tenant `{tenant}`"
-        )));
-    }
-    s.projects.write().expect("lock").remove(&format!("{tenant}/{project}"));
-    if !s.store.delete_project(&tenant, &project).await? {
-        return Err(ApiError::conflict(format!(
-            "project `{project}` has workloads on record"
-        )));
-    }
-    remove_backend_tenancy(&s, &tenant, Some(&project)).await;
+    tenancy::delete_project(&s, &id, &tenant, &project).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -10,10 +10,11 @@ use tessera_domain::GpuSpec;
 use utoipa::{IntoParams, ToSchema};
 
 use super::ApiQuery;
+use crate::AppState;
 use crate::auth::Identity;
+use crate::clock::now_ms;
 use crate::problem::{ApiError, ApiResult};
 use crate::usage::{By, csv, report};
-use crate::{AppState, now_ms};
 
 /// The report's format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, ToSchema)]

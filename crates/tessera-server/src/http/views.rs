@@ -206,7 +206,7 @@ pub fn pools(snap: &Snapshot) -> Vec<PoolView> {
         .collect()
 }
 
-pub fn node(f: &Fleet, i: usize, s: &NodeSnap, state: &str) -> NodeView {
+pub fn node(f: &Fleet, i: usize, s: &NodeSnap, state: tessera_store::NodeState) -> NodeView {
     let n = &f.nodes[i];
     NodeView {
         name: n.name.clone(),

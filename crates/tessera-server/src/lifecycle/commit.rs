@@ -55,6 +55,9 @@ pub(super) struct Batch {
     idempotency: HashMap<(String, String), (String, WorkloadId)>,
     /// Recompute the queue and phase counts of the snapshot too.
     pub full_publish: bool,
+    /// Creations in this batch were left to the next cycle (capacity was changing): their
+    /// callers wait for it.
+    pub undecided: bool,
 }
 
 impl Batch {

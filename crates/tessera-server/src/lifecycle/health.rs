@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tessera_domain::{Input, Kind, PreemptCode, ReasonCode, WorkloadId};
-use tessera_store::{GpuHealthRecord, HealthCause, NodeStateRecord, RolloutRecord};
+use tessera_store::{GpuHealthRecord, HealthCause, NodeState, NodeStateRecord, RolloutRecord};
 
 use super::Core;
 use super::commit::Batch;
@@ -61,8 +61,8 @@ pub struct FleetOps {
 
 impl FleetOps {
     /// The operator state of a node: `ready` without a record.
-    pub fn node_state(&self, node: &str) -> &str {
-        self.nodes.get(node).map(|r| r.state.as_str()).unwrap_or("ready")
+    pub fn node_state(&self, node: &str) -> NodeState {
+        self.nodes.get(node).map_or(NodeState::Ready, |r| r.state)
     }
 }
 
@@ -290,7 +290,7 @@ impl Core {
             }
             // A drain resumes with its stored deadline and policy (one stored before its policy
             // was: it waits, so nothing is cut off by a restart).
-            if r.state == "draining" {
+            if r.state == NodeState::Draining {
                 let d = drains.get(&r.node);
                 self.drains.nodes.insert(
                     r.node.clone(),
@@ -339,6 +339,6 @@ mod tests {
         assert_eq!(GpuFailurePolicy::parse("leave"), Some(GpuFailurePolicy::Leave));
         assert_eq!(GpuFailurePolicy::parse("requeue"), Some(GpuFailurePolicy::Requeue));
         assert_eq!(GpuFailurePolicy::parse("drop"), None);
-        assert_eq!(FleetOps::default().node_state("a100-00"), "ready");
+        assert_eq!(FleetOps::default().node_state("a100-00"), NodeState::Ready);
     }
 }

@@ -119,7 +119,7 @@ impl Core {
             });
         }
         let state = self.ops.node_state(node);
-        if state == "ready" {
+        if state == tessera_store::NodeState::Ready {
             return refuse(
                 MigRefusal::NodeInPlacement,
                 format!(

@@ -110,6 +110,11 @@ impl Default for Settings {
 
 /// Shortest interval between two full scheduling passes triggered by changes.
 const CYCLE_EVERY: Duration = Duration::from_millis(50);
+/// A batch holding creations that wait for a cycle runs one at once, rather than up to
+/// [`CYCLE_EVERY`] later, if at least this many times the last cycle's cost has passed since
+/// it: cycles then take at most about a tenth of the loop's time, and a creation is answered
+/// in the batch it came in whenever cycles are cheap (a short queue).
+const CYCLE_COST: u32 = 10;
 /// Shortest interval between two publications of the queue and phase counts while they
 /// change (they are published every second regardless).
 const QUEUE_PUBLISH_EVERY: Duration = Duration::from_millis(50);
@@ -222,7 +227,7 @@ fn gang_field(u: &tessera_sched::GangUnplaceable) -> &'static str {
 
 /// Milliseconds since the Unix epoch.
 fn now_ms() -> i64 {
-    crate::now_ms()
+    crate::clock::now_ms()
 }
 
 /// The loop's state.
@@ -478,10 +483,17 @@ impl Core {
         let mut reconcile = tokio::time::interval_at(tokio::time::Instant::now() + reconcile_every, reconcile_every);
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_cycle = Instant::now() - CYCLE_EVERY;
+        let mut cycle_cost = Duration::ZERO;
         loop {
             let pending_cycle = self.sched.needs_cycle();
+            // Callers wait for the next cycle: it comes as soon as its cost allows.
+            let every = if self.deferred.is_empty() {
+                CYCLE_EVERY
+            } else {
+                (cycle_cost * CYCLE_COST).min(CYCLE_EVERY)
+            };
             let wait = if pending_cycle {
-                CYCLE_EVERY.saturating_sub(last_cycle.elapsed())
+                every.saturating_sub(last_cycle.elapsed())
             } else {
                 self.queue_publish_every()
                     .saturating_sub(self.last_full_publish.elapsed())
@@ -495,18 +507,21 @@ impl Core {
                 }
                 _ = tokio::time::sleep(wait), if pending_cycle || self.queue_dirty => (None, false),
             };
-            let now = now_ms();
             let mut batch = Batch::default();
             let mut next = first;
             let mut n = 0;
+            // Each command is handled at its own time: a batch of many commands (or one that
+            // waited on the store) must not stamp later decisions with the batch's start, which
+            // could be before the request arrived or before the capacity it takes was freed.
             while let Some(cmd) = next.take() {
-                self.handle(cmd, &mut batch, now).await;
+                self.handle(cmd, &mut batch, now_ms()).await;
                 n += 1;
                 if n >= BATCH_MAX {
                     break;
                 }
                 next = rx.try_recv().ok();
             }
+            let now = now_ms();
             if ticked {
                 if let Err(e) = self.month.refresh(&*self.store, now).await {
                     tracing::warn!(error = %e, "cannot refresh this month's usage");
@@ -524,12 +539,21 @@ impl Core {
                 self.rollouts_step(&mut batch, now).await;
             }
             // A full pass over the queue when something changed (at most every CYCLE_EVERY, so
-            // that a stream of completions cannot keep the loop re-sorting a long queue), and on
-            // the tick: backfill windows, minimum runtimes and reclaim delays move with time.
-            if ticked || (self.sched.needs_cycle() && last_cycle.elapsed() >= CYCLE_EVERY) {
+            // that a stream of completions cannot keep the loop re-sorting a long queue; sooner
+            // when creations wait for it and cycles are cheap, see CYCLE_COST), and on the
+            // tick: backfill windows, minimum runtimes and reclaim delays move with time.
+            let every = if batch.undecided || !self.deferred.is_empty() {
+                (cycle_cost * CYCLE_COST).min(CYCLE_EVERY)
+            } else {
+                CYCLE_EVERY
+            };
+            if ticked || (self.sched.needs_cycle() && last_cycle.elapsed() >= every) {
+                // The steps above may have waited on the store: decisions take the time now.
+                let now = now_ms();
                 last_cycle = Instant::now();
                 let actions = self.sched.cycle(now);
-                self.metrics.scheduler_cycle(last_cycle.elapsed());
+                cycle_cost = last_cycle.elapsed();
+                self.metrics.scheduler_cycle(cycle_cost);
                 for a in actions {
                     self.on_decision(a, now, &mut batch);
                 }
@@ -868,6 +892,7 @@ impl Core {
                 }
             }
         } else if self.sched.needs_cycle() {
+            batch.undecided = true;
             self.sched
                 .submit_for_next_cycle(job)
                 .map(|reason| Decision::Refused { id: id.0, reason })

@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tessera_domain::{Input, Kind, Phase, PreemptCode, ReasonCode, WorkloadId};
-use tessera_store::{DrainRecord, MoveCause, NodeStateRecord, ServiceMoveRecord};
+use tessera_store::{DrainRecord, MoveCause, NodeState, NodeStateRecord, ServiceMoveRecord};
 
 use super::commit::Batch;
 use super::{Core, LifecycleError};
@@ -80,7 +80,7 @@ impl Core {
     pub(super) async fn set_state(
         &mut self,
         node: &str,
-        state: Option<&str>,
+        state: NodeState,
         detail: String,
         now: i64,
     ) -> Result<(), LifecycleError> {
@@ -88,17 +88,17 @@ impl Core {
             |e: tessera_store::StoreError| LifecycleError::Unavailable(format!("the store is unavailable: {e}"));
         let mut ops = (*self.ops).clone();
         match state {
-            Some(st) => {
+            NodeState::Cordoned | NodeState::Draining | NodeState::Maintenance => {
                 let rec = NodeStateRecord {
                     node: node.to_string(),
-                    state: st.to_string(),
+                    state,
                     since: now,
                     detail,
                 };
                 self.store.set_node_state(&rec).await.map_err(unavailable)?;
                 ops.nodes.insert(node.to_string(), rec);
             }
-            None => {
+            NodeState::Ready => {
                 self.store.clear_node_state(node).await.map_err(unavailable)?;
                 ops.nodes.remove(node);
             }
@@ -108,10 +108,10 @@ impl Core {
         self.refence(node);
         // The platform's own fence too (Kubernetes: `spec.unschedulable`), so nothing else
         // places work there; a failure is logged, Tessera's fence holds either way.
-        if let Err(e) = self.backend.cordon(node, state.is_some()).await {
+        if let Err(e) = self.backend.cordon(node, state != NodeState::Ready).await {
             tracing::warn!(%node, error = %e, "the backend did not (un)cordon the node");
         }
-        tracing::info!(%node, state = state.unwrap_or("ready"), "node state changed");
+        tracing::info!(%node, state = state.as_str(), "node state changed");
         Ok(())
     }
 
@@ -147,12 +147,12 @@ impl Core {
             NodeOp::UpgradeDone => self.upgrade_done(node, actor, batch, now).await,
             NodeOp::Cordon => {
                 self.end_drain(node).await;
-                self.set_state(node, Some("cordoned"), format!("cordoned by {actor}"), now)
+                self.set_state(node, NodeState::Cordoned, format!("cordoned by {actor}"), now)
                     .await
             }
             NodeOp::Uncordon => {
                 self.end_drain(node).await;
-                self.set_state(node, None, String::new(), now).await
+                self.set_state(node, NodeState::Ready, String::new(), now).await
             }
             NodeOp::Maintenance => {
                 let busy = self.holders_of(node).len();
@@ -162,7 +162,7 @@ impl Core {
                     )));
                 }
                 self.end_drain(node).await;
-                self.set_state(node, Some("maintenance"), format!("maintenance by {actor}"), now)
+                self.set_state(node, NodeState::Maintenance, format!("maintenance by {actor}"), now)
                     .await
             }
             NodeOp::Drain { deadline_ms, preempt } => {
@@ -201,7 +201,7 @@ impl Core {
             })
             .await
             .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
-        self.set_state(node, Some("draining"), detail, now).await?;
+        self.set_state(node, NodeState::Draining, detail, now).await?;
         self.drains.nodes.insert(
             node.to_string(),
             Drain {
@@ -235,7 +235,7 @@ impl Core {
             if holders.is_empty() {
                 self.end_drain(&node).await;
                 let detail = format!("drained at {}", tessera_api::rfc3339_ms(now));
-                if let Err(e) = self.set_state(&node, Some("maintenance"), detail, now).await {
+                if let Err(e) = self.set_state(&node, NodeState::Maintenance, detail, now).await {
                     tracing::error!(%node, error = %e, "cannot record the end of a drain");
                 }
                 continue;

@@ -18,7 +18,7 @@
 
 use tessera_domain::Kind;
 use tessera_sched::rollout::{self, Limits};
-use tessera_store::{AuditRecord, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState};
+use tessera_store::{AuditRecord, NodeState, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState};
 
 use super::commit::Batch;
 use super::{Core, LifecycleError};
@@ -406,8 +406,8 @@ impl Core {
                 let n = r.nodes[i].clone();
                 match n.state {
                     RolloutNodeState::Draining => {
-                        let drained =
-                            self.ops.node_state(&n.node) == "maintenance" && !self.drains.nodes.contains_key(&n.node);
+                        let drained = self.ops.node_state(&n.node) == NodeState::Maintenance
+                            && !self.drains.nodes.contains_key(&n.node);
                         if drained {
                             let (until, detail) = match r.upgrade_s {
                                 Some(s) => (
@@ -428,7 +428,7 @@ impl Core {
                                 tracing::warn!(node = %n.node, error = %e, "the simulated upgrade cannot reboot the node");
                             }
                             self.move_node(r, i, RolloutNodeState::Upgrading, detail, batch, now);
-                        } else if self.ops.node_state(&n.node) == "ready" {
+                        } else if self.ops.node_state(&n.node) == NodeState::Ready {
                             let detail = "the node was uncordoned during its drain".to_string();
                             self.fail_node(r, i, detail, batch, now).await;
                         }
@@ -445,7 +445,7 @@ impl Core {
                         }
                         match self.validate(&n) {
                             Ok(detail) => {
-                                if let Err(e) = self.set_state(&n.node, None, String::new(), now).await {
+                                if let Err(e) = self.set_state(&n.node, NodeState::Ready, String::new(), now).await {
                                     tracing::error!(node = %n.node, error = %e, "cannot uncordon an upgraded node; retrying");
                                     break;
                                 }
@@ -610,7 +610,7 @@ impl Core {
     async fn fail_node(&mut self, r: &mut RolloutRecord, i: usize, why: String, batch: &mut Batch, now: i64) {
         let node = r.nodes[i].node.clone();
         let detail = format!("rollout {}: {why}", r.id);
-        if let Err(e) = self.set_state(&node, Some("cordoned"), detail, now).await {
+        if let Err(e) = self.set_state(&node, NodeState::Cordoned, detail, now).await {
             tracing::error!(%node, error = %e, "cannot keep a failed node cordoned");
         }
         r.nodes[i].ended_at = Some(now);

@@ -1,0 +1,321 @@
+//! Workloads: a creation is checked here into the domain's [`WorkloadSpec`] and the engine's
+//! request (the same checks for the API, the console, the dry run and native Kubernetes
+//! submissions), then handed to the lifecycle loop, which answers once the workload is durable;
+//! a cancel is checked and handed on the same way.
+
+use sha2::{Digest, Sha256};
+use tessera_api::rules::{self, Validate};
+use tessera_api::{CreateWorkload, GpuShape, Workload, WorkloadKind};
+use tessera_domain::{GpuSpec, Kind, ShapeSpec, WorkloadId, WorkloadSpec};
+use tessera_store::AuditRecord;
+
+use super::lifecycle_error;
+use crate::AppState;
+use crate::auth::Identity;
+use crate::clock::now_ms;
+use crate::http::views;
+use crate::lifecycle::NewWorkload;
+use crate::lifecycle::placement::{default_host, engine_request};
+use crate::problem::{ApiError, ApiResult};
+
+/// The domain shape of an API shape (checked: exactly one of whole GPUs, a MIG profile or a
+/// fraction). Whole GPUs are a multi-node gang when a gang's fields are given or when no node
+/// (NVLink domain) of the pools they may use could hold them.
+fn shape_spec(fleet: &tessera_model::Fleet, s: &GpuShape) -> ShapeSpec {
+    let mut spec = ShapeSpec {
+        gpu: GpuSpec::Whole { gpus: 0 },
+        models: s.models.clone(),
+        pool: s.pool.clone(),
+    };
+    let gang_asked = s.nodes.is_some() || s.gpus_per_node.is_some() || s.topology.is_some() || s.segment.is_some();
+    spec.gpu = if let Some(n) = s.nodes {
+        let per = s
+            .gpus_per_node
+            .map_or_else(|| s.gpus.unwrap_or(0) / n.max(1), u32::from);
+        gang_spec(s, n.saturating_mul(per), Some(per.min(255) as u8))
+    } else if let Some(g) = s.gpus {
+        if gang_asked || g > crate::lifecycle::placement::largest_whole_node(fleet, &spec).max(1) {
+            gang_spec(s, g, s.gpus_per_node)
+        } else {
+            GpuSpec::Whole { gpus: g as u8 }
+        }
+    } else if let Some(m) = &s.mig {
+        GpuSpec::Mig { profile: m.clone() }
+    } else {
+        GpuSpec::Fraction {
+            milli: s.fraction.unwrap_or(0),
+            memory_mib: s.gpu_memory_mib,
+        }
+    };
+    spec
+}
+
+/// A gang of `gpus` whole GPUs with the shape's topology and segments.
+fn gang_spec(s: &GpuShape, gpus: u32, gpus_per_node: Option<u8>) -> GpuSpec {
+    use tessera_model::request::{TopologyConstraint, TopologyMode};
+    GpuSpec::Gang(tessera_domain::GangSpec {
+        gpus,
+        gpus_per_node,
+        topology: s.topology.as_ref().map(|level| TopologyConstraint {
+            level: level.clone(),
+            mode: match s.topology_mode.unwrap_or_default() {
+                tessera_api::TopologyMode::Required => TopologyMode::Required,
+                tessera_api::TopologyMode::Preferred => TopologyMode::Preferred,
+            },
+        }),
+        segment: s.segment,
+    })
+}
+
+/// A creation request checked against the caller's rights, the tenancy, the priority classes
+/// and the fleet (shared by creation and the dry run).
+pub(crate) struct Checked {
+    pub priority: String,
+    pub shape: ShapeSpec,
+    pub request: tessera_model::Request,
+    /// A multi-node gang's request (then `request` stands for one of its node-shares).
+    pub gang: Option<tessera_model::request::GangRequest>,
+    pub cpu: u64,
+    pub mem: u64,
+    /// The image to run, as the tenant's image policy admitted it (digest-pinned when a
+    /// signature was verified).
+    pub image: Option<String>,
+}
+
+/// Checks a creation request as [`create`] does, changing nothing.
+pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload) -> ApiResult<Checked> {
+    if !id.can_write(&b.tenant) {
+        if id.can_read(&b.tenant) {
+            return Err(ApiError::forbidden("viewer tokens cannot create workloads"));
+        }
+        return Err(ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)));
+    }
+    // Known tenant/project pairs are remembered (a project is only forgotten when deleted),
+    // sparing two store reads per request.
+    let key = format!("{}/{}", b.tenant, b.project);
+    let known = s.projects.read().expect("lock").contains(&key);
+    if !known {
+        if s.store.get_tenant(&b.tenant).await?.is_none() {
+            return Err(ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)));
+        }
+        if s.store.get_project(&b.tenant, &b.project).await?.is_none() {
+            return Err(ApiError::invalid(
+                "project",
+                format!("no project `{}` in tenant `{}`", b.project, b.tenant),
+            ));
+        }
+        s.projects.write().expect("lock").insert(key);
+    }
+    let priority = b.priority.clone().unwrap_or_else(|| "standard".into());
+    if !s.priorities.contains(&priority) {
+        return Err(ApiError::invalid(
+            "priority",
+            format!("unknown priority class `{priority}` ({})", s.priorities.join(", ")),
+        ));
+    }
+    // A tenant's tokens use the classes the platform admin granted it (read on every request:
+    // a grant takes effect at once, on whichever replica leads); a platform-admin, who grants
+    // them, may submit any class.
+    if !id.is_admin() {
+        let tenant = s
+            .store
+            .get_tenant(&b.tenant)
+            .await?
+            .ok_or_else(|| ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)))?;
+        let granted = crate::services::tenancy::granted(s, &tenant);
+        if !granted.contains(&priority) {
+            return Err(ApiError::priority_not_granted(format!(
+                "tenant `{}` may use the priority classes {}; `{priority}` is not granted to it \
+                 (a platform admin grants classes: tessera tenants set {} --priorities …)",
+                b.tenant,
+                granted.join(", "),
+                b.tenant
+            )));
+        }
+    }
+    let fleet = s.fleet();
+    let shape = shape_spec(&fleet, &b.shape);
+    let to_api = |e: crate::lifecycle::placement::FieldError| ApiError::invalid(e.field, e.message);
+    let mut request = engine_request(&fleet, &shape, 0, 0).map_err(to_api)?;
+    if let GpuSpec::Gang(g) = &shape.gpu
+        && !s.backend.capabilities().multi_node
+    {
+        return Err(ApiError::unprocessable(
+            "constraint",
+            format!(
+                "{} GPUs across nodes: this backend runs a workload on one machine; ask for at most {} whole GPUs",
+                g.gpus,
+                crate::lifecycle::placement::largest_whole_node(&fleet, &shape)
+            ),
+        ));
+    }
+    // Host defaults per node-share for a gang (the request stands for one of its shares).
+    let (cpu_default, mem_default) = default_host(request.units(&fleet.catalogue));
+    let cpu = b.cpu_milli.unwrap_or(cpu_default);
+    let mem = b.memory_mib.unwrap_or(mem_default);
+    request.cpu_milli = cpu;
+    request.memory_mib = mem;
+    // The tenant's engine id matters only on shared GPUs, which gangs never use.
+    let gang = crate::lifecycle::placement::engine_gang(&fleet, &shape, cpu, mem, tessera_model::TenantId(u32::MAX))
+        .map_err(to_api)?;
+    if s.backend.capabilities().needs_image && b.image.as_deref().is_none_or(|i| i.trim().is_empty()) {
+        return Err(ApiError::invalid(
+            "image",
+            format!(
+                "the {} backend runs containers: name the image to run (`--image` on the CLI)",
+                s.backend.name()
+            ),
+        ));
+    }
+    // Last: it may ask the image's registry.
+    let image = crate::http::imagepolicy::admit_image(s, &b.tenant, b.image.as_deref()).await?;
+    Ok(Checked {
+        priority,
+        shape,
+        request,
+        gang,
+        cpu,
+        mem,
+        image,
+    })
+}
+
+/// Creates a workload (the request `request_id`; an `Idempotency-Key` header's bytes): the
+/// workload as the loop recorded it, and whether it was created now (`false`: the replay of an
+/// idempotent request). The audit record commits with the workload; a refusal by quota,
+/// budget, image policy or constraint is kept for the console's queue view.
+pub async fn create(
+    s: &AppState,
+    id: &Identity,
+    request_id: String,
+    idempotency_key: Option<&[u8]>,
+    b: CreateWorkload,
+) -> ApiResult<(Workload, bool)> {
+    b.validate()?;
+    let received_at = now_ms();
+    // A refusal is kept for the console's queue view (the request is never stored).
+    let who = (b.tenant.clone(), b.project.clone(), b.name.clone());
+    let refused = |e: ApiError| {
+        if crate::refusals::Refusals::is_refusal(&e) {
+            s.refusals.record(crate::refusals::Refusal {
+                at: received_at,
+                tenant: who.0.clone(),
+                project: who.1.clone(),
+                name: who.2.clone(),
+                actor: id.actor.clone(),
+                code: e.kind,
+                detail: e.detail.clone(),
+            });
+        }
+        e
+    };
+    let Checked {
+        priority,
+        shape,
+        request,
+        gang: _,
+        cpu,
+        mem,
+        image,
+    } = check_create(s, id, &b).await.map_err(refused)?;
+    let idempotency = match idempotency_key {
+        Some(k) => {
+            let k = rules::check_idempotency_key(k)?.to_string();
+            let body = serde_json::to_vec(&b).unwrap_or_default();
+            let h: String = Sha256::digest(&body).iter().map(|x| format!("{x:02x}")).collect();
+            Some((k, h))
+        }
+        None => None,
+    };
+    let spec = WorkloadSpec {
+        tenant: b.tenant,
+        project: b.project,
+        name: b.name,
+        kind: match b.kind {
+            WorkloadKind::Batch => Kind::Batch,
+            WorkloadKind::Service => Kind::Service,
+            WorkloadKind::Interactive => Kind::Interactive,
+        },
+        shape,
+        cpu_milli: cpu,
+        memory_mib: mem,
+        duration_s: b.duration_s.map(|d| d as u64),
+        command: b.command,
+        image,
+        env: b.env,
+        priority,
+        no_wait: b.no_wait,
+        no_requeue: b.no_requeue,
+        movable: b.movable.map(|m| match m {
+            tessera_api::MovableMode::Restart => tessera_domain::Movable::Restart,
+            tessera_api::MovableMode::Replace => tessera_domain::Movable::Replace,
+        }),
+        native: None,
+    };
+    // The audit record goes into the transaction that creates the workload.
+    let audit = AuditRecord {
+        seq: 0,
+        at: received_at,
+        request_id,
+        actor: id.actor.clone(),
+        tenant: Some(spec.tenant.clone()),
+        action: "POST /api/v1/workloads".into(),
+        target: "/api/v1/workloads".into(),
+        outcome: 0,
+        detail: String::new(),
+    };
+    let nw = NewWorkload {
+        spec,
+        request,
+        actor: id.actor.clone(),
+        role: id.role.as_str().into(),
+        idempotency,
+        received_at,
+        audit: Some(audit),
+    };
+    let (w, created) = s.lifecycle.create(nw).await.map_err(|e| refused(lifecycle_error(e)))?;
+    Ok((views::workload(&w), created))
+}
+
+/// A workload the caller may see (others answer 404, so existence does not leak).
+pub async fn find(s: &AppState, id: &Identity, wid: WorkloadId) -> ApiResult<std::sync::Arc<tessera_domain::Workload>> {
+    let w = match s.lifecycle.workload(wid) {
+        Some(w) => w,
+        None => std::sync::Arc::new(
+            s.store
+                .get_workload(wid, id.scope())
+                .await?
+                .ok_or_else(|| ApiError::not_found(format!("no workload {wid}")))?,
+        ),
+    };
+    if !id.can_read(&w.spec.tenant) {
+        return Err(ApiError::not_found(format!("no workload {wid}")));
+    }
+    Ok(w)
+}
+
+/// A workload's view, if the caller may see it.
+pub async fn get(s: &AppState, id: &Identity, wid: WorkloadId) -> ApiResult<Workload> {
+    Ok(views::workload(&*find(s, id, wid).await?))
+}
+
+/// Cancels a workload: a waiting one at once; a placed or running one is stopped (grace
+/// period, then forced) and its capacity returned. 409 once it has ended.
+pub async fn cancel(s: &AppState, id: &Identity, wid: WorkloadId) -> ApiResult<Workload> {
+    let w = find(s, id, wid).await?;
+    if !id.can_write(&w.spec.tenant) {
+        return Err(ApiError::forbidden("viewer tokens cannot cancel workloads"));
+    }
+    if w.phase.is_terminal() {
+        return Err(ApiError::conflict(format!(
+            "workload {wid} has already ended ({})",
+            views::state(w.phase).as_str()
+        )));
+    }
+    let w = s
+        .lifecycle
+        .cancel(wid, id.actor.clone())
+        .await
+        .map_err(lifecycle_error)?;
+    Ok(views::workload(&w))
+}
