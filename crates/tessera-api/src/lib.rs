@@ -242,7 +242,7 @@ pub struct GpuShape {
     /// A gang's topology level (`rack`, `block`, `pool`, a label key): by default the fewest
     /// racks possible, preferred.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(max_length = 317)]
+    #[schema(schema_with = rules::schema::topology_opt)]
     pub topology: Option<String>,
     /// With `topology`: `required` (the default) or `preferred`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -366,6 +366,76 @@ impl Validate for GpuShape {
     }
 }
 
+impl GpuShape {
+    /// The rules among the fields that [`Validate`] checks and a schema can state, as JSON
+    /// Schema keywords the OpenAPI document adds to `GpuShape` (the derive cannot say them):
+    /// exactly one kind (whole GPUs: `gpus`, or `nodes` with `gpus_per_node`; `mig`;
+    /// `fraction`), `gpus_per_node`, `topology` and `segment` with whole GPUs only,
+    /// `gpu_memory_mib` with `fraction` only, `topology_mode` with `topology` only. A field
+    /// given as `null` is absent. What no schema states (`gpus` a multiple of `nodes` or of
+    /// `gpus_per_node`, a profile or a shape some node can hold) is [`GpuShape::RULES_NOT_IN_SCHEMA`].
+    pub fn schema_rules() -> serde_json::Value {
+        use serde_json::{Map, Value, json};
+        let absent = |fields: &[&str]| -> Value {
+            let props: Map<String, Value> = fields
+                .iter()
+                .map(|f| (f.to_string(), json!({"type": "null"})))
+                .collect();
+            Value::Object(props)
+        };
+        let with = |props: Value, others: &[&str]| -> Value {
+            let mut p = absent(others);
+            p.as_object_mut()
+                .expect("an object")
+                .extend(props.as_object().expect("an object").clone());
+            p
+        };
+        json!({
+            "oneOf": [
+                {
+                    "title": "Whole GPUs: `gpus`, or a gang's `nodes` with `gpus_per_node`",
+                    "anyOf": [
+                        {"required": ["gpus"], "properties": {"gpus": {"type": "integer"}}},
+                        {
+                            "required": ["nodes", "gpus_per_node"],
+                            "properties": {"nodes": {"type": "integer"}, "gpus_per_node": {"type": "integer"}}
+                        }
+                    ],
+                    "properties": absent(&["mig", "fraction", "gpu_memory_mib"])
+                },
+                {
+                    "title": "A MIG instance: `mig`",
+                    "required": ["mig"],
+                    "properties": with(json!({"mig": {"type": "string"}}), &[
+                        "gpus", "nodes", "gpus_per_node", "topology", "topology_mode", "segment", "fraction", "gpu_memory_mib"
+                    ])
+                },
+                {
+                    "title": "A fraction of a time-shared GPU: `fraction` (and `gpu_memory_mib`)",
+                    "required": ["fraction"],
+                    "properties": with(json!({"fraction": {"type": "integer"}}), &[
+                        "gpus", "nodes", "gpus_per_node", "topology", "topology_mode", "segment", "mig"
+                    ])
+                }
+            ],
+            "anyOf": [
+                {"title": "No `topology_mode`", "properties": {"topology_mode": {"type": "null"}}},
+                {
+                    "title": "`topology_mode` with `topology`",
+                    "required": ["topology"],
+                    "properties": {"topology": {"type": "string"}}
+                }
+            ]
+        })
+    }
+
+    /// The shape's rules the schema cannot state (refused with 422).
+    pub const RULES_NOT_IN_SCHEMA: &str = "`gpus` must be a multiple of `nodes` (without `gpus_per_node`) \
+        or of `gpus_per_node` (without `nodes`), and `nodes` × `gpus_per_node` when all three are given; \
+        a shape no node of the fleet can ever hold, an unknown MIG profile, model or pool is refused \
+        (problem type …/constraint)";
+}
+
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, ToSchema, PartialEq, Eq, Hash)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkloadKind {
@@ -452,6 +522,29 @@ impl MovableMode {
             MovableMode::Restart => "restart",
             MovableMode::Replace => "replace",
         }
+    }
+}
+
+impl CreateWorkload {
+    /// [`Validate`]'s rules between `movable` and the other fields as JSON Schema keywords the
+    /// OpenAPI document adds to `CreateWorkload`: `restart` for batch work without
+    /// `no_requeue`, `replace` for a service without `duration_s`.
+    pub fn schema_rules() -> serde_json::Value {
+        serde_json::json!({
+            "anyOf": [
+                {"title": "Not movable", "properties": {"movable": {"type": "null"}}},
+                {
+                    "title": "`restart`: batch work that may be requeued",
+                    "required": ["movable"],
+                    "properties": {"movable": {"const": "restart"}, "kind": {"const": "batch"}, "no_requeue": {"const": false}}
+                },
+                {
+                    "title": "`replace`: a service without a lease",
+                    "required": ["movable", "kind"],
+                    "properties": {"movable": {"const": "replace"}, "kind": {"const": "service"}, "duration_s": {"type": "null"}}
+                }
+            ]
+        })
     }
 }
 
@@ -709,16 +802,17 @@ impl TokenRole {
         }
     }
 
+    /// Every role.
+    pub const ALL: [TokenRole; 5] = [
+        TokenRole::PlatformAdmin,
+        TokenRole::TenantAdmin,
+        TokenRole::Member,
+        TokenRole::Viewer,
+        TokenRole::Metrics,
+    ];
+
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            TokenRole::PlatformAdmin,
-            TokenRole::TenantAdmin,
-            TokenRole::Member,
-            TokenRole::Viewer,
-            TokenRole::Metrics,
-        ]
-        .into_iter()
-        .find(|r| r.as_str() == s)
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
     }
 
     /// Whether tokens of this role act for one tenant (and must name it).
@@ -743,6 +837,35 @@ pub struct CreateToken {
     #[serde(default)]
     #[schema(schema_with = rules::schema::expires_in_s_opt)]
     pub expires_in_s: Option<i64>,
+}
+
+impl CreateToken {
+    /// [`Validate`]'s rule between `role` and `tenant` as JSON Schema keywords the OpenAPI
+    /// document adds to `CreateToken`: a tenant role names its tenant, the other roles name
+    /// none (`null` is none).
+    pub fn schema_rules() -> serde_json::Value {
+        use serde_json::json;
+        let roles = |tenant: bool| -> Vec<&str> {
+            TokenRole::ALL
+                .into_iter()
+                .filter(|r| r.is_tenant_role() == tenant)
+                .map(TokenRole::as_str)
+                .collect()
+        };
+        json!({
+            "oneOf": [
+                {
+                    "title": "A tenant's token: names its tenant",
+                    "required": ["tenant"],
+                    "properties": {"role": {"enum": roles(true)}, "tenant": {"type": "string"}}
+                },
+                {
+                    "title": "A platform token: no tenant",
+                    "properties": {"role": {"enum": roles(false)}, "tenant": {"type": "null"}}
+                }
+            ]
+        })
+    }
 }
 
 impl Validate for CreateToken {

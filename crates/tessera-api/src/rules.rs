@@ -299,11 +299,17 @@ pub const NODES: IntRule = IntRule {
     unit: "nodes",
 };
 
+/// The longest topology level name (a Kubernetes label key: a 253-character prefix, `/`, and a
+/// 63-character name).
+pub const LEVEL_MAX: usize = 317;
+/// [`check_level`] as a pattern (ASCII only, so its length in characters is its length in bytes).
+const LEVEL_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._/-]*$";
+
 /// A topology level's name: a fleet level (`rack`, `block`), `pool`, or a Kubernetes label key
 /// such as `nvidia.com/gpu.clique`.
 pub fn check_level(field: &str, v: &str) -> Result<(), Violation> {
     let ok = !v.is_empty()
-        && v.len() <= 317
+        && v.len() <= LEVEL_MAX
         && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b))
         && v.as_bytes()[0].is_ascii_alphanumeric();
     if ok {
@@ -469,16 +475,25 @@ fn string_type(nullable: bool) -> SchemaType {
     }
 }
 
-/// What [`crate::parse_time_ms`] reads (`[0-9]`, not `\\d`: Python's `\\d` takes any Unicode digit).
-pub const DATE_OR_TIME_PATTERN: &str =
-    "^[0-9]{4}-[0-9]{2}-[0-9]{2}(T[0-9]{2}:[0-9]{2}:[0-9]{2}([.][0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2}))?$";
+/// What [`crate::parse_time_ms`] reads (`[0-9]`, not `\\d`: Python's `\\d` takes any Unicode digit):
+/// a year 0000–9999, a month 01–12, a day 01–31; a time of day 00:00:00–23:59:60 (a leap
+/// second reads as :59) and an offset up to ±23:59. What a pattern does not say is
+/// [`DATE_RULES_NOT_IN_PATTERN`].
+pub const DATE_OR_TIME_PATTERN: &str = "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])\
+     (T([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)([.][0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))?$";
+
+/// The date rules [`DATE_OR_TIME_PATTERN`] does not state (refused with 422).
+pub const DATE_RULES_NOT_IN_PATTERN: &str = "a day the month does not have (`2023-02-29`, `2026-04-31`) \
+     and an instant after 9999-12-30T22:00:00Z (the end of the representable times) are refused";
 
 /// Dates accepted by reports: `YYYY-MM-DD` or an RFC 3339 time.
 pub fn date_or_time_schema() -> Object {
     ObjectBuilder::new()
         .schema_type(Type::String)
         .pattern(Some(DATE_OR_TIME_PATTERN))
-        .description(Some("`YYYY-MM-DD` (UTC midnight) or an RFC 3339 time"))
+        .description(Some(format!(
+            "`YYYY-MM-DD` (UTC midnight) or an RFC 3339 time; {DATE_RULES_NOT_IN_PATTERN}"
+        )))
         .build()
 }
 
@@ -588,6 +603,18 @@ pub mod schema {
             format!("A gang's node-shares, {}–{}", NODES.min, NODES.max),
         )
     }
+    pub fn topology_opt() -> Object {
+        ObjectBuilder::new()
+            .schema_type(string_type(true))
+            .min_length(Some(1))
+            .max_length(Some(LEVEL_MAX))
+            .pattern(Some(LEVEL_PATTERN))
+            .description(Some(
+                "A gang's topology level (`rack`, `block`, `pool`, a label key such as `nvidia.com/gpu.clique`): \
+                 by default the fewest racks possible, preferred",
+            ))
+            .build()
+    }
     pub fn segment_opt() -> Object {
         described(
             GANG_GPUS.schema(true),
@@ -668,6 +695,16 @@ pub mod schema {
             .enum_values(Some([Some("preempt"), Some("wait"), None]))
             .description(Some(
                 "After the deadline: `preempt` what is left (needs `deadline_s`) or `wait` (default)",
+            ))
+            .build()
+    }
+    /// The query parameter `after` of a drain (absent rather than null when not given).
+    pub fn drain_after() -> Object {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(["preempt", "wait"]))
+            .description(Some(
+                "After the deadline: `preempt` what is left (needs `deadline_s`; with the grace period, batch work is requeued) or `wait` (default)",
             ))
             .build()
     }
