@@ -288,6 +288,12 @@ async fn isolation_matrix(db: Db) {
         ),
         (
             "POST",
+            "/api/v1/nodes/{node}/drain",
+            [200, 403, 403, 403, 401],
+            [200, 403, 403, 403, 401],
+        ),
+        (
+            "POST",
             "/api/v1/nodes/{node}/{action}",
             [200, 403, 403, 403, 401],
             [200, 403, 403, 403, 401],

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tessera_api::{DrainRequest, GpuMigView, NodeView, Problem, SetMigMode};
 use tessera_model::NodeId;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 
 use super::workloads::lifecycle_error;
 use super::{ApiJson, ApiQuery, OptionalApiJson};
@@ -18,7 +18,7 @@ use crate::auth::Identity;
 use crate::clock::now_ms;
 use crate::lifecycle::NodeOp;
 use crate::problem::{ApiError, ApiResult};
-use tessera_api::rules::{Validate, Violation};
+use tessera_api::rules::{self, Validate, Violation};
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -29,7 +29,20 @@ pub struct DrainParams {
     pub deadline_s: Option<u64>,
     /// Drain only: after the deadline, `preempt` what is left (with the grace period; batch
     /// work is requeued) or `wait` (default).
+    #[param(schema_with = rules::schema::drain_after)]
     pub after: Option<String>,
+}
+
+/// A node action other than `drain` (its own operation, with its parameters); the document's
+/// side of `{action}` (the server reads a string and answers 404 for another).
+#[derive(ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)] // only its schema is used
+pub enum NodeAction {
+    Cordon,
+    Uncordon,
+    Maintenance,
+    Done,
 }
 
 /// The longest drain deadline, seconds (30 days).
@@ -108,14 +121,12 @@ pub fn merge_drain(q: DrainParams, body: Option<DrainRequest>) -> ApiResult<Drai
     Ok(p)
 }
 
-/// Cordons, drains, puts into maintenance or uncordons a node (platform-admin); `done` is the
-/// rolling upgrade's hook: the upgrade of this node is finished (it must be upgrading in a
-/// rollout), and its validation starts. A drain's `deadline_s` and `after` may be given as
-/// query parameters or in a JSON body (`{"deadline_s": 3600, "after": "preempt"}`); other
-/// actions take neither.
+/// Cordons, puts into maintenance or uncordons a node (platform-admin); `done` is the rolling
+/// upgrade's hook: the upgrade of this node is finished (it must be upgrading in a rollout),
+/// and its validation starts. A drain is `POST /api/v1/nodes/{node}/drain`; these actions take
+/// no parameters (`deadline_s` or `after` given here is refused with 422).
 #[utoipa::path(post, path = "/api/v1/nodes/{node}/{action}", tag = "fleet",
-    params(("node" = String, Path), ("action" = String, Path, description = "cordon, drain, maintenance, uncordon or done"), DrainParams),
-    request_body(content = Option<DrainRequest>, description = "Drain only, optional: the same as the query parameters `deadline_s` and `after`"),
+    params(("node" = String, Path), ("action" = inline(NodeAction), Path, description = "cordon, maintenance, uncordon or done (a drain has its own operation)")),
     responses((status = 200, description = "The node's new state", body = NodeView), (status = 401, body = Problem),
         (status = 403, body = Problem), (status = 404, description = "No such node or action", body = Problem),
         (status = 409, description = "Maintenance on a node that still holds work, or `done` for a node no rollout is upgrading", body = Problem),
@@ -127,11 +138,45 @@ pub async fn node_action(
     ApiQuery(q): ApiQuery<DrainParams>,
     OptionalApiJson(body): OptionalApiJson<DrainRequest>,
 ) -> ApiResult<Json<NodeView>> {
+    run_node_action(&s, &id, node, &action, q, body).await
+}
+
+/// Drains a node (platform-admin): no new placement, and its work is moved off. `deadline_s`
+/// and `after` may be given as query parameters or in a JSON body (`{"deadline_s": 3600,
+/// "after": "preempt"}`).
+///
+/// Refused with 422 besides the schema: `after=preempt` without a `deadline_s` (in the query
+/// or the body), and a parameter given in both the query and the body with different values.
+#[utoipa::path(post, path = "/api/v1/nodes/{node}/drain", tag = "fleet",
+    params(("node" = String, Path), DrainParams),
+    request_body(content = DrainRequest, description = "Optional: the same as the query parameters `deadline_s` and `after`"),
+    responses((status = 200, description = "The node's new state", body = NodeView), (status = 401, body = Problem),
+        (status = 403, body = Problem), (status = 404, description = "No such node", body = Problem),
+        (status = 422, body = Problem)))]
+pub async fn drain_node(
+    State(s): State<AppState>,
+    id: Identity,
+    Path(node): Path<String>,
+    ApiQuery(q): ApiQuery<DrainParams>,
+    OptionalApiJson(body): OptionalApiJson<DrainRequest>,
+) -> ApiResult<Json<NodeView>> {
+    run_node_action(&s, &id, node, "drain", q, body).await
+}
+
+/// A node action with its drain parameters (refused on an action other than `drain`).
+async fn run_node_action(
+    s: &AppState,
+    id: &Identity,
+    node: String,
+    action: &str,
+    q: DrainParams,
+    body: Option<DrainRequest>,
+) -> ApiResult<Json<NodeView>> {
     id.require_admin()?;
-    fleet_node(&s, &node)?;
+    fleet_node(s, &node)?;
     let p = merge_drain(q, body)?;
-    let op = parse_op(&action, &p, now_ms())?;
-    crate::services::nodes::act(&s, &id, &node, op).await.map(Json)
+    let op = parse_op(action, &p, now_ms())?;
+    crate::services::nodes::act(s, id, &node, op).await.map(Json)
 }
 
 /// Switches a GPU's MIG mode (platform-admin; audited with the change). Tessera never does this
