@@ -1053,6 +1053,46 @@ async fn the_openapi_document_states_every_status_and_rule() {
         schemas["TokenRole"]["enum"],
         json!(["platform-admin", "tenant-admin", "member", "viewer", "metrics"])
     );
+    // The rules between fields: exactly one kind of GPU shape, a token's tenant by its role.
+    let shape = &schemas["GpuShape"];
+    let kinds = shape["oneOf"].as_array().expect("GpuShape has a oneOf");
+    assert_eq!(kinds.len(), 3, "{shape}");
+    assert_eq!(kinds[0]["anyOf"][0]["required"], json!(["gpus"]));
+    assert_eq!(kinds[1]["required"], json!(["mig"]));
+    assert_eq!(kinds[2]["required"], json!(["fraction"]));
+    assert_eq!(kinds[1]["properties"]["gpu_memory_mib"]["type"], "null");
+    assert_eq!(kinds[0]["properties"]["gpu_memory_mib"]["type"], "null");
+    assert!(kinds[2]["properties"].get("gpu_memory_mib").is_none());
+    let token = schemas["CreateToken"]["oneOf"]
+        .as_array()
+        .expect("CreateToken has a oneOf");
+    assert_eq!(token[0]["required"], json!(["tenant"]));
+    assert_eq!(
+        token[0]["properties"]["role"]["enum"],
+        json!(["tenant-admin", "member", "viewer"])
+    );
+    assert_eq!(token[1]["properties"]["tenant"]["type"], "null");
+    // A drain is its own operation with its parameters; the other node actions take none.
+    let drain = &doc["paths"]["/api/v1/nodes/{node}/drain"]["post"];
+    let names: Vec<&str> = drain["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["node", "deadline_s", "after"]);
+    assert!(drain.get("requestBody").is_some());
+    let other = &doc["paths"]["/api/v1/nodes/{node}/{action}"]["post"];
+    assert!(other.get("requestBody").is_none(), "{other}");
+    let params = other["parameters"].as_array().unwrap();
+    assert_eq!(params.len(), 2, "{other}");
+    assert_eq!(
+        params[1]["schema"]["enum"],
+        json!(["cordon", "uncordon", "maintenance", "done"])
+    );
+    // Refusals no schema can state are in the operation's description.
+    let d = doc["paths"]["/api/v1/usage"]["get"]["description"].as_str().unwrap();
+    assert!(d.contains("`to` not after `from`"), "{d}");
     let limit = doc["paths"]["/api/v1/workloads"]["get"]["parameters"]
         .as_array()
         .unwrap()

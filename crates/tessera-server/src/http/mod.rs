@@ -20,6 +20,7 @@ pub mod health;
 pub mod imagepolicy;
 pub mod logs;
 pub mod nodeops;
+mod openapi;
 pub mod rollouts;
 pub mod sim;
 pub mod system;
@@ -84,6 +85,7 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
         .routes(routes!(fleet::list_gpus))
         .routes(routes!(health::gpu_health))
         .routes(routes!(health::clear_gpu))
+        .routes(routes!(nodeops::drain_node))
         .routes(routes!(nodeops::node_action))
         .routes(routes!(nodeops::set_mig_mode))
         .routes(routes!(rollouts::list_rollouts, rollouts::create_rollout))
@@ -120,6 +122,7 @@ pub fn router(with_sim: bool, priorities: &[String]) -> (axum::Router<AppState>,
     let (router, doc) = r.split_for_parts();
     let mut doc = serde_json::to_value(&doc).expect("the OpenAPI document serialises");
     complete(&mut doc, priorities);
+    openapi::state_rules(&mut doc);
     (router, doc)
 }
 
