@@ -376,6 +376,7 @@ impl GpuShape {
     /// `gpus_per_node`, a profile or a shape some node can hold) is [`GpuShape::RULES_NOT_IN_SCHEMA`].
     pub fn schema_rules() -> serde_json::Value {
         use serde_json::{Map, Value, json};
+        // Given means present and not null; each field's type and range is its own schema's.
         let absent = |fields: &[&str]| -> Value {
             let props: Map<String, Value> = fields
                 .iter()
@@ -395,10 +396,10 @@ impl GpuShape {
                 {
                     "title": "Whole GPUs: `gpus`, or a gang's `nodes` with `gpus_per_node`",
                     "anyOf": [
-                        {"required": ["gpus"], "properties": {"gpus": {"type": "integer"}}},
+                        {"required": ["gpus"], "properties": {"gpus": {"not": {"type": "null"}}}},
                         {
                             "required": ["nodes", "gpus_per_node"],
-                            "properties": {"nodes": {"type": "integer"}, "gpus_per_node": {"type": "integer"}}
+                            "properties": {"nodes": {"not": {"type": "null"}}, "gpus_per_node": {"not": {"type": "null"}}}
                         }
                     ],
                     "properties": absent(&["mig", "fraction", "gpu_memory_mib"])
@@ -406,14 +407,14 @@ impl GpuShape {
                 {
                     "title": "A MIG instance: `mig`",
                     "required": ["mig"],
-                    "properties": with(json!({"mig": {"type": "string"}}), &[
+                    "properties": with(json!({"mig": {"not": {"type": "null"}}}), &[
                         "gpus", "nodes", "gpus_per_node", "topology", "topology_mode", "segment", "fraction", "gpu_memory_mib"
                     ])
                 },
                 {
                     "title": "A fraction of a time-shared GPU: `fraction` (and `gpu_memory_mib`)",
                     "required": ["fraction"],
-                    "properties": with(json!({"fraction": {"type": "integer"}}), &[
+                    "properties": with(json!({"fraction": {"not": {"type": "null"}}}), &[
                         "gpus", "nodes", "gpus_per_node", "topology", "topology_mode", "segment", "mig"
                     ])
                 }
@@ -423,7 +424,7 @@ impl GpuShape {
                 {
                     "title": "`topology_mode` with `topology`",
                     "required": ["topology"],
-                    "properties": {"topology": {"type": "string"}}
+                    "properties": {"topology": {"not": {"type": "null"}}}
                 }
             ]
         })

@@ -642,6 +642,16 @@ async fn every_refusal_is_a_problem_document(db: Db) {
     );
     let a = raw_tenant(Some("application/json"), r#"{"name": "x"} trailing"#).await;
     a.problem(StatusCode::BAD_REQUEST);
+    // A body that is JSON but not an object: serde alone would read a struct from an array of
+    // its fields (`["x"]` as `{"name": "x"}`); every body is an object.
+    for body in [r#"["x"]"#, "null", "3", r#""x""#] {
+        let a = raw_tenant(Some("application/json"), body).await;
+        let p = a.problem(StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(
+            p["detail"].as_str().unwrap().contains("the body must be a JSON object"),
+            "{body}: {p}"
+        );
+    }
     // Too large, announced or streamed (raw connections: the server answers before it has
     // read the whole body, and closes).
     let big = format!(r#"{{"name": "{}"}}"#, "x".repeat(tessera_server::BODY_LIMIT));

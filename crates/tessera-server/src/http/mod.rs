@@ -275,6 +275,10 @@ fn field_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>, whole: &s
 fn json_body<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut raw: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    // Every body is an object: serde would also read a struct from an array of its fields.
+    if !raw.is_object() {
+        return Err(ApiError::invalid("body", "the body must be a JSON object"));
+    }
     integral_numbers_as_integers(&mut raw);
     let value: T = serde_path_to_error::deserialize(raw).map_err(|e| field_error(e, "body"))?;
     value.validate()?;

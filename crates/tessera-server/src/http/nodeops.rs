@@ -149,7 +149,7 @@ pub async fn node_action(
 /// or the body), and a parameter given in both the query and the body with different values.
 #[utoipa::path(post, path = "/api/v1/nodes/{node}/drain", tag = "fleet",
     params(("node" = String, Path), DrainParams),
-    request_body(content = DrainRequest, description = "Optional: the same as the query parameters `deadline_s` and `after`"),
+    request_body(content = Option<DrainRequest>, description = "Optional: the same as the query parameters `deadline_s` and `after`"),
     responses((status = 200, description = "The node's new state", body = NodeView), (status = 401, body = Problem),
         (status = 403, body = Problem), (status = 404, description = "No such node", body = Problem),
         (status = 422, body = Problem)))]
