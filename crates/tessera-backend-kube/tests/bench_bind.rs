@@ -2,17 +2,20 @@
 //! running Tessera pods, how long a start takes from the backend call to the pod bound
 //! (create + Binding), sequentially and 8 at a time. Prints p50/p99/max.
 //!
-//! `cargo test -p tessera-backend-kube --test bench_bind -- --ignored --nocapture`
-
-mod support;
+//! `cargo test -p tessera-backend-kube --test integration bench_bind:: -- --ignored --nocapture`
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::support::{Cluster, gpu_node, set_pod_phase};
 use serde_json::json;
-use support::{cluster, gpu_node, set_pod_phase};
 use tessera_backend::{Backend, Devices, Resource, RunSpec, TenancySpec};
 use tessera_backend_kube::{KubeBackend, KubeConfig};
+
+/// This module's test cluster (its own; other modules of the test binary have theirs).
+async fn cluster() -> &'static Cluster {
+    crate::support::cluster_in(module_path!()).await
+}
 
 fn spec(id: u64, node: usize) -> RunSpec {
     RunSpec {

@@ -3,11 +3,13 @@
 //! the MIG manager's ConfigMap and labels, restart reconcile, drain. One cluster per binary
 //! (about 6 s to start); each test uses its own nodes, tenants and namespaces.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::{
+    Cluster, eventually, expect_event, exporter_pod, fake_exporter, finish_deletion, gpu_node, set_node_status,
+    set_pod_phase,
+};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ResourceQuota, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -15,15 +17,16 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::{
-    cluster, eventually, expect_event, exporter_pod, fake_exporter, finish_deletion, gpu_node, set_node_status,
-    set_pod_phase,
-};
 use tessera_backend::{
     Backend, BackendEvent, Devices, Exit, GangShare, MigInstance, NodeChange, Observation, PartitionPlan, Resource,
     RunSpec, TenancySpec,
 };
 use tessera_backend_kube::{KubeBackend, KubeConfig};
+
+/// This module's test cluster (its own; other modules of the test binary have theirs).
+async fn cluster() -> &'static Cluster {
+    crate::support::cluster_in(module_path!()).await
+}
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -78,7 +81,7 @@ fn tenancy(tenant: &str, group: &str, gpus: u64) -> TenancySpec {
 }
 
 /// `kubectl auth can-i ARGS` as Tessera's service account: `yes` or `no`, or kubectl's error.
-fn tessera_can_i(c: &support::Cluster, args: &[&str]) -> String {
+fn tessera_can_i(c: &crate::support::Cluster, args: &[&str]) -> String {
     let mut a = vec!["auth", "can-i"];
     a.extend(args);
     a.extend(["--as", "system:serviceaccount:tessera-system:tessera"]);

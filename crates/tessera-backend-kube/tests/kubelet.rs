@@ -1,20 +1,18 @@
-//! The Kubernetes backend with a real kubelet (`support::kubelet`): containerd and runc run the
+//! The Kubernetes backend with a real kubelet (`crate::support::kubelet`): containerd and runc run the
 //! pods Tessera creates and binds, so placement, running, exits, exit codes, cancellation and logs
 //! are the kubelet's, not a test playing it. One control plane and one node per binary (about
 //! 15 s to Ready); each test its own tenant, namespace and workload IDs. Prints the request →
 //! bound and request → Running latencies it sees.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use crate::support::expect_event;
+use crate::support::kubelet::{BUSYBOX, NODE, POOL, kubelet_node};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::LogParams;
-use support::expect_event;
-use support::kubelet::{BUSYBOX, NODE, POOL, kubelet_node};
 use tessera_backend::{Backend, BackendEvent, Devices, Exit, Resource, RunSpec, TenancySpec};
 use tessera_backend_kube::{KubeBackend, KubeConfig};
 

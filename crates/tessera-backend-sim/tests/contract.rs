@@ -2,11 +2,9 @@
 //! start and stop, stop suppressing Exited, lost workloads, level-triggered reconcile (adoption,
 //! ghosts, orphans, layouts), telemetry of every GPU and injected faults.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tessera_backend::{
     Backend, BackendEvent, Capabilities, DeviceAssignment, Exit, Observation, PartitionPlan, Partitioning, Resource,
     RunSpec, SliceSpec,

@@ -2,11 +2,9 @@
 //! together or not at all, run and end together, are lost together when one node goes, are
 //! stopped together, and are reconciled and adopted as one workload.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tessera_backend::{Backend, BackendEvent, Exit, GangShare, NodeChange, Observation, Resource, RunSpec, SliceSpec};
 use tessera_backend_sim::{SimBackend, SimConfig, SimGpu, SimMode};
 use tokio::sync::mpsc::UnboundedReceiver;

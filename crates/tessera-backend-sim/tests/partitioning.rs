@@ -2,11 +2,9 @@
 //! never overlap (exact), whole-GPU layouts that change only while idle (operator), and the
 //! simulated kubelet's choice of devices.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tessera_backend::{Backend, BackendEvent, Bound, MigInstance, PartitionPlan, Resource, SliceSpec};
 use tessera_backend_sim::{SimConfig, SimMode};
 use tokio::time::Instant;

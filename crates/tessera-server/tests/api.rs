@@ -2,14 +2,12 @@
 //! with the simulated backend, each once on a fresh SQLite database and once on a fresh
 //! PostgreSQL database.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::TestServer;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use support::TestServer;
 use tessera_server::ServerConfig;
 use tessera_testdb::Db;
 

@@ -3,13 +3,11 @@
 //! token on every change, tenant isolation of the lists, viewers who cannot cancel. The browser
 //! tests (crates/tessera/tests/console.rs) drive the same pages in Chromium. About 2 s.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{Browser, TestServer, poll};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{Browser, TestServer, poll};
 use tessera_server::ServerConfig;
 
 /// The value of `attr="…"` after `after` in `html`.
@@ -417,7 +415,7 @@ async fn request_form_offers_only_valid_choices_previews_then_submits_and_puts_e
     };
     let post = |path: &'static str, f: Vec<(&'static str, String)>, csrf: Option<&str>| {
         let rb = b.client.post(b.url(path)).form(&f).header("hx-request", "true");
-        support::with_csrf(rb, csrf).send()
+        crate::support::with_csrf(rb, csrf).send()
     };
     // Without the CSRF token: refused before anything is read.
     assert_eq!(
@@ -725,7 +723,7 @@ async fn a_gang_through_the_form_with_its_racks_on_its_page_and_the_fleet_map() 
     };
     let post = |path: &'static str, f: Vec<(&'static str, String)>| {
         let rb = b.client.post(b.url(path)).form(&f).header("hx-request", "true");
-        support::with_csrf(rb, Some(&csrf)).send()
+        crate::support::with_csrf(rb, Some(&csrf)).send()
     };
     let never = post("/console/request/preview", form("40", "", "1")).await.unwrap();
     assert_eq!(never.status(), StatusCode::OK);
@@ -877,7 +875,7 @@ async fn request_form_offers_only_the_granted_priority_classes() {
     };
     let post = |path: &'static str, f: Vec<(&'static str, String)>| {
         let rb = b.client.post(b.url(path)).form(&f).header("hx-request", "true");
-        support::with_csrf(rb, Some(&csrf)).send()
+        crate::support::with_csrf(rb, Some(&csrf)).send()
     };
     for path in ["/console/request/preview", "/console/request"] {
         let r = post(path, form("critical")).await.unwrap();

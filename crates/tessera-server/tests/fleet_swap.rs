@@ -8,13 +8,11 @@
 //! The backend is the simulated one (it knows every node any of these fleets has) behind an event
 //! stream the test adds the backend's node news to.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::TempDir;
 use async_trait::async_trait;
-use support::TempDir;
 use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, NodeChange, PartitionPlan, PartitionReport, ReconcileReport,
     RunSpec,
@@ -84,7 +82,7 @@ fn fleet(nodes: &[(&str, &str, u8)]) -> Fleet {
 }
 
 fn whole(name: &str, gpus: u8) -> WorkloadSpec {
-    support::workload_spec(name, GpuSpec::Whole { gpus }, None, None, "standard")
+    crate::support::workload_spec(name, GpuSpec::Whole { gpus }, None, None, "standard")
 }
 
 async fn wait_for(lc: &Lifecycle, id: WorkloadId, what: &str, ok: impl Fn(&Workload) -> bool) -> Arc<Workload> {
@@ -149,7 +147,7 @@ async fn nodes_that_join_change_and_leave_are_followed_by_name() {
     });
     let lc = lifecycle::start(
         Arc::new(one.clone()),
-        support::sched_factory(GovernConfig {
+        crate::support::sched_factory(GovernConfig {
             min_runtime_ms: 0,
             reclaim_after_ms: 0,
             ..Default::default()
@@ -168,7 +166,10 @@ async fn nodes_that_join_change_and_leave_are_followed_by_name() {
     let create = |spec: WorkloadSpec| {
         let lc = lc.clone();
         async move {
-            let (w, _) = lc.create(support::new_workload(&lc.fleet(), spec)).await.unwrap();
+            let (w, _) = lc
+                .create(crate::support::new_workload(&lc.fleet(), spec))
+                .await
+                .unwrap();
             w.id
         }
     };
@@ -209,9 +210,9 @@ async fn nodes_that_join_change_and_leave_are_followed_by_name() {
     // A request resolved against the old fleet's numbering (its pool 0, `training`, is `burst`
     // in the new one, where a GPU is free now) is resolved again by the loop, by name.
     let late = lc
-        .create(support::new_workload(
+        .create(crate::support::new_workload(
             &one,
-            support::workload_spec("pooled", GpuSpec::Whole { gpus: 1 }, Some("training"), None, "standard"),
+            crate::support::workload_spec("pooled", GpuSpec::Whole { gpus: 1 }, Some("training"), None, "standard"),
         ))
         .await
         .unwrap()

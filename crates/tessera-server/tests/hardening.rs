@@ -7,11 +7,9 @@
 //! `application/problem+json` document; `/metrics` on the API address needs a metrics
 //! credential; the CORS policy; and the OpenAPI document states what the server does.
 
-mod support;
-
+use crate::support::{Reply, TempDir, TestServer, send};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{Reply, TempDir, TestServer, send};
 use tessera_api::rules;
 use tessera_server::ServerConfig;
 use tessera_testdb::Db;

@@ -5,13 +5,11 @@
 //! moves a service (its replacement runs elsewhere before the old one stops), lets batch work
 //! finish, and ends in maintenance.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{TestServer, poll};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{TestServer, poll};
 use tessera_server::{ServerConfig, lifecycle::GpuFailurePolicy};
 
 /// A server acting on GPU failures by `policy`, with tenant `vision` and its project `train`.

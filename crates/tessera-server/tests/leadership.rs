@@ -3,12 +3,10 @@
 //! refused by PostgreSQL and the loop stops by itself — nothing it decided after that is
 //! stored. (The process-level tests in `crates/tessera/tests/ha.rs` pause a real leader.)
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::poll;
+use crate::support::poll;
 use tessera_backend_sim::{SimBackend, SimConfig};
 use tessera_domain::{GpuSpec, Phase, WorkloadId};
 use tessera_model::Fleet;
@@ -20,8 +18,8 @@ use tessera_store_postgres::PgStore;
 
 /// A one-GPU batch job of ten minutes, `name`, created by the platform admin.
 fn new_workload(fleet: &Fleet, name: &str) -> NewWorkload {
-    let spec = support::workload_spec(name, GpuSpec::Whole { gpus: 1 }, None, Some(600), "standard");
-    support::new_workload(fleet, spec)
+    let spec = crate::support::workload_spec(name, GpuSpec::Whole { gpus: 1 }, None, Some(600), "standard");
+    crate::support::new_workload(fleet, spec)
 }
 
 /// A store on a fresh PostgreSQL database.
@@ -32,7 +30,7 @@ async fn store() -> Arc<dyn Store> {
 /// A loop on `fleet` and `store` with a simulated backend of its own.
 fn loop_config(fleet: &Arc<Fleet>, store: &Arc<dyn Store>) -> LoopConfig {
     LoopConfig {
-        factory: support::sched_factory(GovernConfig::default()),
+        factory: crate::support::sched_factory(GovernConfig::default()),
         store: store.clone(),
         backend: Arc::new(SimBackend::new(SimConfig::default(), tessera_server::sim_gpus(fleet))),
         settings: Settings::default(),

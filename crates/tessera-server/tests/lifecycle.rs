@@ -8,14 +8,12 @@
 //! store in a temporary directory and once with a fresh PostgreSQL database. Crashes are real: the runtime the loop runs on is shut down
 //! mid-flight, and a new loop is started on the same store and the same (surviving) backend.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::support::TempDir;
 use async_trait::async_trait;
-use support::TempDir;
 use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, Orphan, PartitionPlan, PartitionReport, ReconcileReport, RunSpec,
 };
@@ -149,7 +147,7 @@ impl World {
                 Some(url) => Arc::new(PgStore::connect(&url).await.unwrap()),
                 None => Arc::new(SqliteStore::open_dir(&dir).await.unwrap()),
             };
-            let factory = support::sched_factory(govern);
+            let factory = crate::support::sched_factory(govern);
             let lc = lifecycle::start(
                 fleet,
                 factory,
@@ -171,7 +169,7 @@ impl World {
 }
 
 fn spec(gpu: GpuSpec, pool: Option<&str>, duration_s: Option<u64>, priority: &str) -> WorkloadSpec {
-    support::workload_spec("w", gpu, pool, duration_s, priority)
+    crate::support::workload_spec("w", gpu, pool, duration_s, priority)
 }
 
 /// `gpus` whole GPUs of the training pool, for `duration_s` if given, at standard priority.
@@ -192,7 +190,7 @@ fn mig_instance(profile: &str) -> WorkloadSpec {
 }
 
 async fn submit(lc: &Lifecycle, fleet: &Fleet, spec: WorkloadSpec) -> Arc<Workload> {
-    let (w, created) = lc.create(support::new_workload(fleet, spec)).await.unwrap();
+    let (w, created) = lc.create(crate::support::new_workload(fleet, spec)).await.unwrap();
     assert!(created);
     w
 }
@@ -850,7 +848,7 @@ fn every_workload_beyond_the_cycle_budget_has_a_state_and_a_reason_after_one_cyc
                     }
                     .into();
                     let (lc, fleet) = (lc.clone(), w.fleet.clone());
-                    tokio::spawn(async move { lc.create(support::new_workload(&fleet, spec)).await.unwrap().0 })
+                    tokio::spawn(async move { lc.create(crate::support::new_workload(&fleet, spec)).await.unwrap().0 })
                 })
                 .collect::<Vec<_>>()
         };
@@ -1023,7 +1021,7 @@ fn a_restart_keeps_a_running_gang_whole(mode: SimMode, db: Db) {
         let g = submit(&lc, &w.fleet, gang(16, None)).await;
         wait_phase(&lc, g.id, Phase::Running).await;
         let e = lc
-            .create(support::new_workload(&w.fleet, gang(64, None)))
+            .create(crate::support::new_workload(&w.fleet, gang(64, None)))
             .await
             .unwrap_err();
         let text = e.to_string();

@@ -3,18 +3,16 @@
 //! JWKS, JWT access tokens mapped to tenant roles by their `groups` claim, and the token attacks,
 //! each answered 401.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{Browser, TempDir, TestServer};
 use base64::Engine as _;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{Browser, TempDir, TestServer};
 use tessera_server::oidc::{ClaimRule, OidcConfig};
 use tessera_server::{ServerConfig, now_ms};
 

@@ -2,14 +2,12 @@
 //! or of another tenant, with the exact expected status of each cell, on both databases. The test fails when a
 //! route is added to the OpenAPI document without an entry here.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::support::TestServer;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
-use support::TestServer;
 use tessera_server::ServerConfig;
 use tessera_testdb::Db;
 

@@ -6,15 +6,13 @@
 //! Restarts are real crashes: each control plane runs on its own Tokio runtime, dropped
 //! mid-flight, and a new one starts on the same data directory. About 25 s of wall time in all.
 
-mod support;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::TempDir;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::TempDir;
 use tessera_backend::Backend;
 use tessera_backend_sim::{SimBackend, SimConfig};
 use tessera_model::Fleet;
@@ -291,7 +289,7 @@ fn a_rollout_upgrades_every_node_without_cut_offs_and_resumes_after_a_crash() {
             );
         }
     }
-    let m = b.rt.block_on(support::text(
+    let m = b.rt.block_on(crate::support::text(
         b.http.get(format!("{}/metrics", b.base)).bearer_auth(&b.token),
     ));
     let line = |name: &str, label: &str| {

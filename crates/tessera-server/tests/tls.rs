@@ -1,11 +1,9 @@
 //! `serve` over TLS (rustls): a self-signed certificate made with openssl, trusted by the
 //! client; plain HTTP on the same port is refused.
 
-mod support;
-
 use std::process::Command;
 
-use support::TempDir;
+use crate::support::TempDir;
 use tessera_server::{ServerConfig, start};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

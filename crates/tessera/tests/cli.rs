@@ -1,12 +1,10 @@
 //! The CLI as a user runs it, against a real `tessera serve`: `login` stores a 0600 credential,
 //! verbs print tables, and server errors become one readable line with a non-zero exit code.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
-use support::{Serving, TempDir, serve_command, tessera, tessera_with_stdin, wait_until_serving};
+use crate::support::{Serving, TempDir, serve_command, tessera, tessera_with_stdin, wait_until_serving};
 
 /// `tessera serve` on the seed fleet with its data in `data`.
 fn serve(data: &Path) -> Serving {

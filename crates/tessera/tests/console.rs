@@ -5,13 +5,11 @@
 //! skipped: without Chromium or the npm packages the test fails saying how to get them.
 //! About 15 s once built.
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use support::{TempDir, free_port, oidc_config, oidc_provider, serve_command, wait_until_serving};
+use crate::support::{TempDir, free_port, oidc_config, oidc_provider, serve_command, wait_until_serving};
 
 #[test]
 fn console_in_a_real_browser() {

@@ -16,17 +16,15 @@
 //!
 //! Each test is bounded in time (every wait has a deadline, every request a timeout).
 
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::support::{Serving, TempDir, admin_token, poll, sim_serve_command, try_wait_until_serving, xorshift};
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Serving, TempDir, admin_token, poll, sim_serve_command, try_wait_until_serving, xorshift};
 use tessera_testdb::Cluster;
 
 /// Every request's limit: an answer slower than this is a hang.

@@ -9,21 +9,22 @@
 //! annotated as a gang runs as one gang of its pods on two nodes. Also
 //! measures `kubectl apply` of a GPU Job → its pod bound (printed, not asserted: a benchmark
 //! figure, see the README). Last, the same path with the real kubelet (containerd and runc) of
-//! `kube_support::kubelet`: a Job applied with `kubectl` runs there to its end.
-
-#[path = "../../tessera-backend-kube/tests/support/mod.rs"]
-mod kube_support;
-mod support;
+//! `crate::kube_support::kubelet`: a Job applied with `kubectl` runs there to its end.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::kube_support::{Cluster, eventually, gpu_node, set_pod_phase};
+use crate::support::{Serving, TempDir, admin_token, serve_command, try_wait_until_serving};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
 use kube::api::ListParams;
-use kube_support::{cluster, eventually, gpu_node, set_pod_phase};
 use serde_json::{Value, json};
-use support::{Serving, TempDir, admin_token, serve_command, try_wait_until_serving};
+
+/// This module's test cluster (the kubelet's (some of its tests use the real node); other modules of the test binary have theirs).
+async fn cluster() -> &'static Cluster {
+    crate::kube_support::cluster_in(crate::kube_support::kubelet::KUBELET_SCOPE).await
+}
 
 const TENANT: &str = "wh";
 const NS: &str = "tessera-wh-ml";
@@ -57,7 +58,7 @@ fn certificates(dir: &Path) -> (Vec<u8>, std::path::PathBuf, std::path::PathBuf)
 /// The cluster's kubeconfig, acting as the user `tessera` (with the admin's rights): Tessera
 /// needs an identity of its own, distinct from the controller-manager's (which makes the Job's
 /// pods as the admin here).
-fn tessera_kubeconfig(c: &kube_support::Cluster, dir: &Path) -> std::path::PathBuf {
+fn tessera_kubeconfig(c: &crate::kube_support::Cluster, dir: &Path) -> std::path::PathBuf {
     let text = std::fs::read_to_string(&c.kubeconfig).unwrap();
     let text = text.replace(
         "  user:\n    token:",
@@ -128,7 +129,7 @@ fn webhooks(port: u16, ca: &[u8], tenant: &str) -> (Value, Value) {
 }
 
 /// `kubectl apply` of `manifest` as `user` (impersonated by the cluster's admin).
-fn kubectl_as(c: &kube_support::Cluster, dir: &Path, user: &str, manifest: &Value) -> (bool, String) {
+fn kubectl_as(c: &crate::kube_support::Cluster, dir: &Path, user: &str, manifest: &Value) -> (bool, String) {
     let file = dir.join(format!("m-{}.json", rand_suffix()));
     std::fs::write(&file, serde_json::to_vec(manifest).unwrap()).unwrap();
     let out = c.kubectl(&["--as", user, "apply", "-f", file.to_str().unwrap()]);
@@ -175,7 +176,7 @@ fn merge(a: &mut Value, b: Value) {
 /// project `ml` (guaranteed 8, limit `limit`), the user `alice` with `edit` in its namespace,
 /// and the webhook registered for that tenant's namespaces.
 struct Setup {
-    c: &'static kube_support::Cluster,
+    c: &'static crate::kube_support::Cluster,
     client: kube::Client,
     dir: TempDir,
     server: Serving,
@@ -185,7 +186,7 @@ struct Setup {
 }
 
 /// The `edit` role the tenant's groups get, for the user `alice`, in namespace `ns`.
-fn edit_role_for_alice(c: &kube_support::Cluster, ns: &str) {
+fn edit_role_for_alice(c: &crate::kube_support::Cluster, ns: &str) {
     let out = c.kubectl(&[
         "-n",
         ns,
@@ -692,14 +693,14 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
             .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
     })
     .await;
-    kube_support::finish_deletion(&client, NS, &names[0]).await;
+    crate::kube_support::finish_deletion(&client, NS, &names[0]).await;
 
     // Last, with the real kubelet (containerd and runc): the tenant's `kubectl apply` of a GPU
     // Job, admitted by the webhook, queued and bound by Tessera, run by the kubelet to its end;
     // the Job completes, the workload succeeds, and its log is the container's. The node joins
     // while Tessera runs, in a pool of its own (so the fake node above takes none of this).
-    let (_, node) = kube_support::kubelet::kubelet_node().await;
-    let real = kube_support::kubelet::NODE;
+    let (_, node) = crate::kube_support::kubelet::kubelet_node().await;
+    let real = crate::kube_support::kubelet::NODE;
     let out = c.kubectl(&["label", "node", real, "tessera.io/pool=kubelet", "--overwrite"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     api(
@@ -728,7 +729,7 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
             "metadata": {"annotations": {"tessera.io/pool": "kubelet"}},
             "spec": {"restartPolicy": "Never",
                 "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true},
-                "containers": [{"name": "main", "image": kube_support::kubelet::BUSYBOX,
+                "containers": [{"name": "main", "image": crate::kube_support::kubelet::BUSYBOX,
                     "imagePullPolicy": "Never",
                     "command": ["sh", "-c", "echo hello from the kubelet as $(id -u); exit 0"],
                     "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "100m", "memory": "64Mi"}}}]}}},
@@ -816,7 +817,7 @@ async fn kubectl_workloads_go_through_tesseras_admission_webhook() {
 /// `kubectl apply` of a one-GPU Job → its pod admitted, taken in and bound by Tessera, with a
 /// free node, 40 times in a row (each Job's pod then ends, freeing the node). A benchmark,
 /// not a timed test, run alone (its node would change the other test's fleet):
-/// `cargo test -p tessera --test kube_admission bench -- --ignored --nocapture`.
+/// `cargo test -p tessera --test integration kube_admission::bench -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: prints kubectl apply → bound percentiles; run alone with `bench -- --ignored --nocapture`"]
 async fn bench_kubectl_apply_to_bound() {

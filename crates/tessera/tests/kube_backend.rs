@@ -6,21 +6,22 @@
 //! attributed to the tenant by the exporter's pod mapping; cancel deletes the pod and gives the
 //! capacity back.
 
-#[path = "../../tessera-backend-kube/tests/support/mod.rs"]
-mod kube_support;
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
+use crate::kube_support::{Cluster, eventually, exporter_pod, fake_exporter, finish_deletion, gpu_node, set_pod_phase};
+use crate::support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Api;
 use kube::api::ListParams;
-use kube_support::{cluster, eventually, exporter_pod, fake_exporter, finish_deletion, gpu_node, set_pod_phase};
 use serde_json::json;
-use support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
+
+/// This module's test cluster (its own; other modules of the test binary have theirs).
+async fn cluster() -> &'static Cluster {
+    crate::kube_support::cluster_in(module_path!()).await
+}
 
 fn serve(data: &Path, kubeconfig: &Path) -> Serving {
     let mut cmd = serve_command();

@@ -6,18 +6,19 @@
 //! change of its GPUs is followed, and its deletion too (its work is lost), all without a
 //! restart. Its own test binary: it needs a cluster whose nodes no other test changes.
 
-#[path = "../../tessera-backend-kube/tests/support/mod.rs"]
-mod kube_support;
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::kube_support::{Cluster, eventually, gpu_node, set_pod_phase};
+use crate::support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube_support::{cluster, eventually, gpu_node, set_pod_phase};
 use serde_json::{Value, json};
-use support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
+
+/// This module's test cluster (its own; other modules of the test binary have theirs).
+async fn cluster() -> &'static Cluster {
+    crate::kube_support::cluster_in(module_path!()).await
+}
 
 /// The reconcile interval the server runs with (`--reconcile-s`).
 const RECONCILE: Duration = Duration::from_secs(5);

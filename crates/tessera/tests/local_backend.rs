@@ -3,13 +3,11 @@
 //! then SIGKILL, a control-plane restart adopting a live process; `gpu-check` and the one-line
 //! refusal without an NVIDIA driver.
 
-mod support;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
+use crate::support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
 
 /// Starts the server; it serves at its `base`.
 fn serve(data: &Path) -> Serving {

@@ -6,14 +6,12 @@
 //!   dashboards (`deploy/grafana/*.json`) use is exported by Tessera or is a DCGM exporter name;
 //! * the simulated-fault route (`POST /api/v1/sim/faults`) and the DCGM series it drives.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::{Value, json};
-use support::*;
 
 /// The most series `/metrics` may have on the seed fleet (480 GPUs: 128 H100 in `training`,
 /// 224 A100-80GB in `serving` (MIG), 128 L40S in `development`), whatever the number of

@@ -3,12 +3,10 @@
 //! and the planner replays it on candidate fleets; bad input is one readable line.
 //! Cost: one server start and a few seconds of workloads.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_replays_the_usage_ledger_of_a_running_server() {

@@ -8,13 +8,11 @@
 //!
 //! Needs `/usr/bin/prometheus` (Debian's `prometheus` package): `scripts/test.sh` installs it.
 
-mod support;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::{Value, json};
-use support::*;
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 

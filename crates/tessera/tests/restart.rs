@@ -2,15 +2,13 @@
 //! -9` it, start it again on the same data directory (or database): the same workloads, states and allocations; no capacity leaked or
 //! double-booked; every acknowledged request survives.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::support::{Serving, TempDir, serve_command, wait_until_serving, xorshift};
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Serving, TempDir, serve_command, wait_until_serving, xorshift};
 use tessera_testdb::Db;
 
 fn start(dir: &Path, database: &Option<String>) -> Serving {

@@ -9,19 +9,17 @@
 //! replacement-first), that every node passed through upgrading and validation (the audit log),
 //! and that every node is back in placement; then it runs a naive rollout on the same load the
 //! same way (nodes in fleet order, cordon, wait for the deadline, stop what is left) and prints
-//! both (`cargo test -p tessera --test rollout -- --nocapture`), and that the drain-aware
+//! both (`cargo test -p tessera --test integration rollout:: -- --nocapture`), and that the drain-aware
 //! rollout loses no more capacity than the naive one. About 40 s of wall time.
-
-mod support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::support::{Serving, TempDir, sim_serve_command, tessera, try_wait_until_serving};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Serving, TempDir, sim_serve_command, tessera, try_wait_until_serving};
 use tessera_model::{Fleet, Shape};
 
 /// One test second is one scenario hour.

@@ -3,13 +3,11 @@
 //! scripts/test.sh), confirmed through the provider's own pages; the access token is then
 //! accepted by `tessera serve --oidc` and stored with mode 0600.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{TESSERA, TempDir, oidc_config, oidc_provider, serve_command, tessera, wait_until_serving};
+use crate::support::{TESSERA, TempDir, oidc_config, oidc_provider, serve_command, tessera, wait_until_serving};
 
 /// The first form of a page: its action and hidden fields.
 fn form(html: &str) -> Option<(String, Vec<(String, String)>)> {

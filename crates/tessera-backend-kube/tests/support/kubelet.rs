@@ -1,4 +1,4 @@
-//! A real node beside the test control plane (`support::cluster`): a kubelet with containerd and
+//! A real node beside the test control plane (`support::cluster_in`): a kubelet with containerd and
 //! runc (`kubelet-node.sh` next to this file starts them and removes everything it made when the
 //! test binary exits), registered as an 8×H100 GPU node with GPU Feature Discovery's labels and
 //! `nvidia.com/gpu` as an extended resource. One node per test binary, started by the first
@@ -21,7 +21,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use super::{Cluster, cluster};
+use super::{Cluster, cluster_in};
 
 /// The image workloads run: busybox's applets in `/bin` (`sh`, `echo`, `sleep`, ...).
 pub const BUSYBOX: &str = "tessera.test/busybox:1";
@@ -183,10 +183,14 @@ fn start(c: &Cluster) -> Result<KubeletNode, String> {
     })
 }
 
-/// The test binary's node (and its cluster), started on first use: registered, Ready, with
-/// `nvidia.com/gpu: 8` in its capacity and allocatable.
+/// The scope of the cluster the kubelet joins: a test module that uses the kubelet uses this
+/// cluster for all its tests (`cluster_in(KUBELET_SCOPE)`).
+pub const KUBELET_SCOPE: &str = "kubelet";
+
+/// The test binary's node (and its cluster, [`KUBELET_SCOPE`]), started on first use:
+/// registered, Ready, with `nvidia.com/gpu: 8` in its capacity and allocatable.
 pub async fn kubelet_node() -> (&'static Cluster, &'static KubeletNode) {
-    let c = cluster().await;
+    let c = cluster_in(KUBELET_SCOPE).await;
     let t0 = Instant::now();
     let n = tokio::task::spawn_blocking(move || NODE_STATE.get_or_init(|| start(c)))
         .await

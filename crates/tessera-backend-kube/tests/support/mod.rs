@@ -1,8 +1,9 @@
 //! A real Kubernetes control plane for the tests: etcd, kube-apiserver and
 //! kube-controller-manager (built by `scripts/kube-test-cluster.sh`, cached outside the checkout)
 //! on free loopback ports with a private data directory, the secure port only, a generated CA
-//! and an admin token. One cluster per test binary, started by the first test that asks
-//! (about 6 s) and killed when the test binary exits (the processes are started by a thread
+//! and an admin token. One cluster per scope (a test module: its tests share it, and no other
+//! module's objects are in it), started by the first test that asks (about 6 s) and killed
+//! when the test binary exits (the processes are started by a thread
 //! that lives as long as the binary, with a parent-death signal).
 //!
 //! No scheduler, and no kubelet unless a test asks for the real one ([`kubelet`]): tests create
@@ -14,11 +15,12 @@
 
 pub mod kubelet;
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -38,7 +40,9 @@ pub struct Cluster {
     pub token: String,
 }
 
-static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+/// The clusters by scope, each started once.
+static CLUSTERS: Mutex<BTreeMap<&'static str, &'static OnceLock<Result<Cluster, String>>>> =
+    Mutex::new(BTreeMap::new());
 
 /// The directory holding kube-apiserver, kube-controller-manager and kubectl.
 pub fn bin_dir() -> Result<PathBuf, String> {
@@ -57,7 +61,7 @@ pub fn bin_dir() -> Result<PathBuf, String> {
     found.sort();
     found.pop().ok_or_else(|| {
         format!(
-            "no kube-apiserver under {}: run scripts/kube-test-cluster.sh first (it builds one, about 5.5 minutes)",
+            "no kube-apiserver under {}: run scripts/kube-test-cluster.sh first (it builds one, about 11 minutes cold on 2 cores)",
             cache.display()
         )
     })
@@ -94,14 +98,21 @@ fn spawn(cmd: &mut Command, log: &Path) -> Result<Child, String> {
         .map_err(|e| format!("{:?}: {e}", cmd.get_program()))
 }
 
-fn start() -> Result<Cluster, String> {
+fn start(scope: &str) -> Result<Cluster, String> {
     let bin = bin_dir()?;
-    let dir = std::env::temp_dir().join(format!("tessera-kube-{}", std::process::id()));
+    // The scope is a module path: no `:` in the directory (KUBECONFIG is a `:`-separated list).
+    let scope: String = scope
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let dir = std::env::temp_dir().join(format!("tessera-kube-{}-{scope}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     // Data directories of earlier runs whose process is gone.
     for e in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        if let Some(pid) = name.strip_prefix("tessera-kube-").and_then(|p| p.parse::<u32>().ok())
+        if let Some(pid) = name
+            .strip_prefix("tessera-kube-")
+            .and_then(|p| p.split('-').next()?.parse::<u32>().ok())
             && !Path::new(&format!("/proc/{pid}")).exists()
         {
             let _ = std::fs::remove_dir_all(e.path());
@@ -237,13 +248,19 @@ fn base64(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)
 }
 
-/// The test binary's cluster, started on first use and ready (API server answering, default
-/// namespace and bootstrap RBAC roles present).
-pub async fn cluster() -> &'static Cluster {
-    let c = tokio::task::spawn_blocking(|| {
-        CLUSTER.get_or_init(|| {
+/// The cluster of `scope` (a test module's name: the modules of one test binary do not share
+/// a cluster), started on first use and ready (API server answering, default namespace and
+/// bootstrap RBAC roles present).
+pub async fn cluster_in(scope: &'static str) -> &'static Cluster {
+    let cell = *CLUSTERS
+        .lock()
+        .unwrap()
+        .entry(scope)
+        .or_insert_with(|| Box::leak(Box::new(OnceLock::new())));
+    let c = tokio::task::spawn_blocking(move || {
+        cell.get_or_init(|| {
             let t0 = Instant::now();
-            let c = start()?;
+            let c = start(scope)?;
             eprintln!(
                 "test cluster processes started in {:?} ({})",
                 t0.elapsed(),
