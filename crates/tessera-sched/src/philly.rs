@@ -21,7 +21,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
-use tessera_model::{Fleet, FleetError};
+use tessera_model::{Fleet, FleetError, GangRequest, Request, TopologyConstraint};
 
 /// Seconds in a day.
 const DAY: i64 = 86_400;
@@ -161,6 +161,47 @@ impl Trace {
     }
 }
 
+/// The protocol's measured window (section 5): jobs submitted in `[t0 + 14 d, t0 + 70 d)`,
+/// days after the first submission.
+pub const WINDOW_DAYS: (i64, i64) = (14, 70);
+
+/// The measured window in ms after the first submission, the time origin of [`arrivals`].
+pub fn window_ms() -> (i64, i64) {
+    (WINDOW_DAYS.0 * DAY * 1000, WINDOW_DAYS.1 * DAY * 1000)
+}
+
+/// Class of the timed replay's single-node jobs (up to one node's GPUs).
+pub const SINGLE_NODE: &str = "single-node";
+/// Class of the timed replay's multi-node gangs.
+pub const MULTI_NODE: &str = "multi-node";
+
+/// The trace as a timed demand ([`crate::timed`]) on `layout`'s fleet: every job, arriving at
+/// its submission (ms after the first one), running its `duration`, shaped by
+/// [`Layout::request_of`], of its VC as tenant at priority `standard`, in class
+/// [`SINGLE_NODE`] or [`MULTI_NODE`]. Jobs submitted in the same second keep the trace's order
+/// (the timed replay breaks arrival ties by index).
+pub fn arrivals(trace: &Trace, layout: &Layout) -> Vec<crate::timed::Arrival> {
+    let t0 = trace.jobs.first().map_or(0, |j| j.submit);
+    trace
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            let (request, gang) = layout.request_of(j.gpus);
+            crate::timed::Arrival {
+                name: format!("job-{i}"),
+                tenant: trace.tenants[j.tenant].clone(),
+                class: if gang.is_some() { MULTI_NODE } else { SINGLE_NODE }.into(),
+                priority: "standard".into(),
+                request,
+                gang,
+                arrive_ms: (j.submit - t0) * 1000,
+                run_ms: j.duration * 1000,
+            }
+        })
+        .collect()
+}
+
 /// The protocol's fleets.
 pub const FLEETS: [&str; 2] = ["philly-768", "philly-640"];
 
@@ -295,6 +336,38 @@ impl Layout {
     /// The fewest racks that can hold `shares` node-shares.
     pub fn min_racks(&self, shares: usize) -> usize {
         shares.div_ceil(self.nodes_per_rack)
+    }
+
+    /// A job of `gpus` GPUs as the scheduler's request, by the protocol's shape rule
+    /// ([`Self::shares`], [`Self::min_racks`]): up to one node, that many whole GPUs on one node
+    /// (no gang); more, a gang of its node-shares, required within one rack when one rack holds
+    /// it, else in segments of one rack's nodes (two whole racks for 128 GPUs). A gang's shares
+    /// are all equal ([`GangRequest`] has one size per share), so uneven ones are approximated:
+    /// the same GPUs in the fewest equal shares not fewer than the protocol's (12 = 8 + 4
+    /// becomes 6 + 6, on two nodes as the protocol's). The single-node request of a gang is
+    /// its share (never read by the scheduler).
+    pub fn request_of(&self, gpus: u32) -> (Request, Option<GangRequest>) {
+        let shares = self.shares(gpus);
+        if shares.len() == 1 {
+            return (Request::whole(shares[0]), None);
+        }
+        let g = self.gpus_per_node as u32;
+        let k = (shares.len() as u32..=gpus)
+            .find(|k| gpus.is_multiple_of(*k) && gpus / k <= g)
+            .expect("k = gpus gives shares of one GPU");
+        let share = (gpus / k) as u8;
+        let mut gang = if share == self.gpus_per_node {
+            GangRequest::whole_nodes(gpus)
+        } else {
+            GangRequest::nodes(k, share)
+        };
+        let rack_gpus = self.nodes_per_rack as u32 * share as u32;
+        if self.min_racks(k as usize) == 1 {
+            gang = gang.with_topology(TopologyConstraint::required("rack"));
+        } else if gpus.is_multiple_of(rack_gpus) {
+            gang = gang.with_segment(rack_gpus);
+        }
+        (Request::whole(share), Some(gang))
     }
 }
 
@@ -1053,7 +1126,7 @@ fn delays(class: &str, v: &mut [(i64, i64, i64)]) -> Delays {
 fn report(sim: &Sim, refused: &[bool]) -> Report {
     let trace = sim.trace;
     let t0 = trace.jobs.first().map_or(0, |j| j.submit);
-    let (w0, w1) = (t0 + 14 * DAY, t0 + 70 * DAY);
+    let (w0, w1) = (t0 + WINDOW_DAYS.0 * DAY, t0 + WINDOW_DAYS.1 * DAY);
     let mut per_class: Vec<Vec<(i64, i64, i64)>> = vec![Vec::new(); CLASSES.len()];
     let mut all = Vec::new();
     let mut per_tenant: Vec<(usize, i64)> = vec![(0, 0); trace.tenants.len()];
@@ -1268,6 +1341,31 @@ mod tests {
         assert_eq!(l.shares(12), vec![8, 4]);
         assert_eq!(l.shares(128), vec![8; 16]);
         assert_eq!(l.min_racks(16), 2);
+        // The scheduler's requests: one node up to 8, gangs beyond, in one rack up to 64.
+        assert_eq!(l.request_of(4), (Request::whole(4), None));
+        let rack = TopologyConstraint::required("rack");
+        assert_eq!(
+            l.request_of(16),
+            (
+                Request::whole(8),
+                Some(GangRequest::whole_nodes(16).with_topology(rack.clone()))
+            )
+        );
+        assert_eq!(
+            l.request_of(12),
+            (
+                Request::whole(6),
+                Some(GangRequest::nodes(2, 6).with_topology(rack.clone()))
+            )
+        );
+        assert_eq!(
+            l.request_of(64).1,
+            Some(GangRequest::whole_nodes(64).with_topology(rack))
+        );
+        assert_eq!(
+            l.request_of(128).1,
+            Some(GangRequest::whole_nodes(128).with_segment(64))
+        );
         // A 128-GPU gang takes two whole racks; one that cannot fit the empty fleet is refused.
         let trace = Trace {
             jobs: vec![job(0, 100, 128, 0), job(0, 100, 1024, 0)],

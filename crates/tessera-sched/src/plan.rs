@@ -52,9 +52,31 @@ pub struct Candidate {
     /// The spec without ranges, e.g. `training@whole:H100=4x8`.
     pub label: String,
     pub pools: Vec<PoolSpec>,
+    /// A fleet of the Philly shape ([`crate::philly::fleet_of`]: racks of 8 nodes of 8 GPUs)
+    /// with this many racks, instead of one built from `pools` (which then only describe it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub racks: Option<u32>,
 }
 
 impl Candidate {
+    /// `racks` racks of the Philly shape, labelled as the protocol names its fleets
+    /// (`philly-640` for 10 racks).
+    pub fn philly(racks: u32) -> Candidate {
+        Candidate {
+            label: format!("philly-{}", racks * 64),
+            pools: vec![PoolSpec {
+                name: "philly".into(),
+                sharing: Sharing::Whole,
+                groups: vec![NodeGroup {
+                    model: "A100-80GB".into(),
+                    nodes: racks * 8,
+                    gpus: 8,
+                }],
+            }],
+            racks: Some(racks),
+        }
+    }
+
     pub fn gpus(&self) -> u64 {
         self.pools
             .iter()
@@ -66,6 +88,10 @@ impl Candidate {
     /// The fleet. Models the built-in catalogue lacks are declared opaque only when `known`
     /// (the demand's own model names, such as the trace's `G2`) contains them.
     pub fn fleet(&self, known: &BTreeSet<String>) -> Result<Fleet, String> {
+        if let Some(racks) = self.racks {
+            return crate::philly::fleet_of(racks as usize)
+                .map_err(|e| format!("candidate `{}`: {}", self.label, e.message));
+        }
         let builtin = Catalogue::builtin();
         let mut text = String::new();
         let mut declared = BTreeSet::new();
@@ -280,6 +306,7 @@ pub fn parse_candidates(specs: &[String]) -> Result<Vec<Candidate>, String> {
                 out.push(Candidate {
                     label,
                     pools: cand_pools,
+                    racks: None,
                 });
             }
             // Next combination.
@@ -528,6 +555,7 @@ pub fn scenario_arrivals(fleet: &Fleet, tenants: usize, hours: f64, per_tenant_h
                     class: priority.to_string(),
                     priority: priority.to_string(),
                     request,
+                    gang: None,
                     arrive_ms: now,
                     run_ms,
                 });
@@ -708,6 +736,7 @@ mod tests {
                 r.pool = pool;
                 r
             },
+            gang: None,
             arrive_ms: at_s * 1000,
             run_ms: 3_600_000,
         };

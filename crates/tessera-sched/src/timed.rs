@@ -17,6 +17,15 @@
 //! waits longer here would run less, or not at all), so a smaller fleet would look better than
 //! it is; keeping the run length keeps the GPU-seconds of the demand fixed.
 //!
+//! **Gangs.** An arrival with a [`GangRequest`] is submitted as a multi-node gang (its
+//! `request` is then not read): once placed ([`Decision::PlacedGang`]) all its node-shares
+//! start together, hold all their GPUs and end together `run_ms` later, when every share is
+//! released; its wait, its start and its allocation count once, for the whole gang.
+//!
+//! **Measured window.** With [`TimedConfig::window_ms`] the waits (overall, per class) count
+//! only requests that arrive in the window, and allocation is averaged over the window; every
+//! request still runs (the rest is warm-up and drain).
+//!
 //! A preempted request is stopped at once (no grace period in simulated time), put back in the
 //! queue, and later runs its whole length again (its work is lost); its wait counts once, up
 //! to its first start.
@@ -26,7 +35,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use serde::Serialize;
-use tessera_model::{Catalogue, Fleet, FleetError, GpuUnits, ModelId, Request};
+use tessera_model::{Catalogue, Fleet, FleetError, GangRequest, GpuUnits, ModelId, Request};
 
 use crate::cycle::{Decision, GovernConfig, Job, Scheduler};
 use crate::engine::{Engine, demand_of};
@@ -43,6 +52,8 @@ pub struct Arrival {
     /// The scheduler's priority class (`standard` when the demand has none).
     pub priority: String,
     pub request: Request,
+    /// A gang beyond one node: submitted as a gang instead of `request` (see the module doc).
+    pub gang: Option<GangRequest>,
     /// Arrival time, ms of simulated time.
     pub arrive_ms: i64,
     /// How long it holds its capacity once started, ms.
@@ -60,6 +71,9 @@ pub struct TimedConfig {
     pub tick_ms: i64,
     /// Points in the sampled allocation series.
     pub samples: usize,
+    /// Measure waits over the requests arriving in `[start, end)` ms only, and allocation over
+    /// that span (`None`: every request, from the first arrival to the last departure).
+    pub window_ms: Option<(i64, i64)>,
 }
 
 impl Default for TimedConfig {
@@ -70,6 +84,7 @@ impl Default for TimedConfig {
             govern: GovernConfig::default(),
             tick_ms: 0,
             samples: 100,
+            window_ms: None,
         }
     }
 }
@@ -132,6 +147,8 @@ pub struct TimedReport {
     pub gpus: u64,
     pub requests: u64,
     pub placed: u64,
+    /// Ran their whole length and left (a gang counts once).
+    pub completed: u64,
     pub refused: u64,
     /// Admitted but still waiting once nothing runs and nothing is left to arrive (held back
     /// by a quota, or a reason no departure can clear).
@@ -140,7 +157,7 @@ pub struct TimedReport {
     pub cycles: u64,
     /// From the first arrival to the last departure, simulated seconds.
     pub span_s: f64,
-    /// Time-weighted mean of allocated units ÷ fleet GPUs over the span, %.
+    /// Time-weighted mean of allocated units ÷ fleet GPUs over the span (or the window), %.
     pub allocated_pct: f64,
     pub peak_allocated_pct: f64,
     pub max_queued: u64,
@@ -285,6 +302,7 @@ pub fn trace_arrivals(pods: &[TracePod], fleet: &Fleet, days: Option<f64>, limit
             class: p.qos.clone(),
             priority: "standard".into(),
             request: p.request_on(&fleet.catalogue),
+            gang: None,
             arrive_ms: p.creation_s * 1000,
             run_ms: p.run_s() * 1000,
         })
@@ -301,7 +319,11 @@ struct Departure {
 /// Replays `arrivals` on `fleet` through the scheduler cycle. Errors only on a bad setting
 /// (unknown policy).
 pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> Result<TimedReport, String> {
-    let prior: Vec<_> = arrivals.iter().filter_map(|a| demand_of(&a.request)).collect();
+    let prior: Vec<_> = arrivals
+        .iter()
+        .filter(|a| a.gang.is_none())
+        .filter_map(|a| demand_of(&a.request))
+        .collect();
     let engine = Engine::new(fleet.clone(), make_policy(&cfg.policy, &prior)?, cfg.seed);
     let mut s = Scheduler::new(engine, cfg.govern.clone());
     let gpus = fleet.gpu_count();
@@ -317,7 +339,7 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
     let mut holding: HashMap<u64, GpuUnits> = HashMap::new();
     let mut allocated: u64 = 0;
 
-    let (mut placed, mut preemptions, mut cycles, mut max_queued) = (0u64, 0u64, 0u64, 0u64);
+    let (mut placed, mut completed, mut preemptions, mut cycles, mut max_queued) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut refusals: BTreeMap<&'static str, Refusals> = BTreeMap::new();
     let mut preempted_by_class: BTreeMap<String, u64> = BTreeMap::new();
     // Step function of (time, allocated milli, running, queued), one point per event instant.
@@ -334,7 +356,7 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
         wait_if_over_limit: true,
         min_runtime_ms: None,
         movable: None,
-        gang: None,
+        gang: arrivals[i].gang.clone(),
         duration_ms: Some(arrivals[i].run_ms),
     };
 
@@ -351,6 +373,7 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
             departures.pop();
             if generation[d.id as usize] == d.generation && s.release(d.id, now).is_some() {
                 allocated -= holding.remove(&d.id).map_or(0, |u| u.as_milli());
+                completed += 1;
             }
         }
         let mut decisions = Vec::new();
@@ -437,8 +460,11 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
 
     let mut waits = Vec::new();
     let mut by_class: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let measured = |t: i64| cfg.window_ms.is_none_or(|(w0, w1)| (w0..w1).contains(&t));
     for (i, a) in arrivals.iter().enumerate() {
-        if let Some(st) = started[i] {
+        if let Some(st) = started[i]
+            && measured(a.arrive_ms)
+        {
             let w = (st - a.arrive_ms) as f64 / 1000.0;
             waits.push(w);
             by_class.entry(a.class.clone()).or_default().push(w);
@@ -446,9 +472,14 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
     }
     let (t0, t1) = (steps.first().map_or(0, |p| p.0), steps.last().map_or(0, |p| p.0));
     let span = (t1 - t0).max(0);
-    let integral: f64 = steps.windows(2).map(|w| w[0].1 as f64 * (w[1].0 - w[0].0) as f64).sum();
-    let allocated_pct = if span > 0 {
-        integral / span as f64 / capacity * 100.0
+    // Allocation is averaged over the window if one is set, else over the span.
+    let (a0, a1) = cfg.window_ms.unwrap_or((t0, t1));
+    let integral: f64 = steps
+        .windows(2)
+        .map(|w| w[0].1 as f64 * (w[1].0.min(a1) - w[0].0.max(a0)).max(0) as f64)
+        .sum();
+    let allocated_pct = if a1 > a0 {
+        integral / (a1 - a0) as f64 / capacity * 100.0
     } else {
         0.0
     };
@@ -457,6 +488,7 @@ pub fn run_timed(fleet: Arc<Fleet>, arrivals: &[Arrival], cfg: &TimedConfig) -> 
         gpus,
         requests: arrivals.len() as u64,
         placed,
+        completed,
         refused: refusals.values().map(|r| r.count).sum(),
         never_placed: s.queued() as u64,
         preemptions,
@@ -575,6 +607,76 @@ mod tests {
         assert_eq!(r.series.len(), 5);
         assert_eq!(r.series.first().unwrap().t_s, 0.0);
         assert_eq!(r.series.last().unwrap().allocated_pct, 0.0);
+    }
+
+    /// 2 racks × 8 nodes × 8 GPUs (the Philly shape), gangs shaped as the Philly replay does.
+    fn gangs_on_two_racks() -> (Arc<Fleet>, Vec<Arrival>) {
+        let fleet = crate::philly::fleet_of(2).unwrap();
+        let layout = crate::philly::Layout::of(&fleet).unwrap();
+        let gang = |name: &str, gpus: u32, at_s: i64, run_s: i64| {
+            let (request, gang) = layout.request_of(gpus);
+            Arrival {
+                name: name.into(),
+                tenant: "t".into(),
+                class: if gang.is_some() { "gang" } else { "node" }.into(),
+                priority: "standard".into(),
+                request,
+                gang,
+                arrive_ms: at_s * 1000,
+                run_ms: run_s * 1000,
+            }
+        };
+        let arrivals = vec![
+            gang("a", 64, 0, 1000),
+            gang("b", 56, 0, 100),
+            gang("c", 16, 10, 50),
+            gang("d", 64, 20, 10),
+        ];
+        assert!(arrivals.iter().all(|a| a.gang.is_some()));
+        (Arc::new(fleet), arrivals)
+    }
+
+    #[test]
+    fn a_gang_waits_for_whole_nodes_starts_with_all_its_shares_and_releases_them_all() {
+        // a: 64 GPUs at t=0 take rack r00 whole until 1000.
+        // b: 56 GPUs (7 nodes) at t=0 take 7 nodes of r01 until 100: one whole node is left.
+        // c: 16 GPUs (2 whole nodes in one rack) at t=10: one node is not two, it waits until b
+        //    leaves at 100 (90 s), then runs both shares 100..150.
+        // d: 64 GPUs (a whole rack) at t=20: r01 is whole again only once every share of c is
+        //    back at 150: waits 130 s, runs 150..160.
+        let (fleet, arrivals) = gangs_on_two_racks();
+        let r = run_timed(fleet, &arrivals, &cfg()).unwrap();
+        assert_eq!((r.gpus, r.requests, r.placed, r.completed), (128, 4, 4, 4));
+        assert_eq!((r.refused, r.never_placed, r.preemptions), (0, 0, 0));
+        assert_eq!(r.by_class["gang"].placed, 4, "each gang counts once");
+        assert_eq!(r.waits.mean_s, (0.0 + 0.0 + 90.0 + 130.0) / 4.0);
+        assert_eq!((r.waits.p50_s, r.waits.p95_s, r.waits.max_s), (0.0, 130.0, 130.0));
+        assert_eq!(r.span_s, 1000.0);
+        // GPU-seconds: a 64 × 1000, b 56 × 100, c 16 × 50, d 64 × 10 (every GPU of each gang).
+        let held = 64.0 * 1000.0 + 56.0 * 100.0 + 16.0 * 50.0 + 64.0 * 10.0;
+        assert!(
+            (r.allocated_pct - held / (128.0 * 1000.0) * 100.0).abs() < 1e-9,
+            "{}",
+            r.allocated_pct
+        );
+        assert_eq!(r.peak_allocated_pct, 100.0, "a and d hold all 128 GPUs 150..160");
+        assert_eq!(r.max_queued, 2, "c and d wait together");
+    }
+
+    #[test]
+    fn a_window_measures_only_its_arrivals_and_its_span() {
+        let (fleet, arrivals) = gangs_on_two_racks();
+        let c = TimedConfig {
+            window_ms: Some((5_000, 200_000)),
+            ..cfg()
+        };
+        let r = run_timed(fleet, &arrivals, &c).unwrap();
+        assert_eq!(r.placed, 4, "every request still runs");
+        assert_eq!(r.waits.placed, 2, "c and d arrive in the window");
+        assert_eq!(r.waits.mean_s, (90.0 + 130.0) / 2.0);
+        // 5..200: a 64 × 195, b 56 × 95, c 16 × 50, d 64 × 10.
+        let held = 64.0 * 195.0 + 56.0 * 95.0 + 16.0 * 50.0 + 64.0 * 10.0;
+        assert!((r.allocated_pct - held / (128.0 * 195.0) * 100.0).abs() < 1e-9);
     }
 
     #[test]

@@ -450,6 +450,7 @@ pub fn ledger_arrivals(rows: &[LedgerRow], fleet: &Fleet) -> Result<Vec<Arrival>
             class: r.priority.clone(),
             priority: r.priority.clone(),
             request,
+            gang: None,
             arrive_ms: r.submitted_ms - t0,
             run_ms,
         });
