@@ -1,7 +1,7 @@
 //! `tessera sim philly`: the Philly trace replay (`tessera_sched::philly`) for one or all five
 //! policies on `philly-768` or `philly-640`, every metric side by side or as JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -10,7 +10,7 @@ use tessera_sched::philly::{self, FLEETS, Layout, POLICIES, Policy};
 
 #[derive(clap::Args)]
 pub struct PhillyArgs {
-    /// Folder holding `philly_jobs.csv`.
+    /// Folder holding `philly_jobs.csv` (or the file itself).
     #[arg(
         long = "trace",
         default_value = "../shared/traces/philly",
@@ -32,6 +32,24 @@ pub struct PhillyArgs {
     json: bool,
 }
 
+/// Reads the job table: `path` is the file, or a folder holding `philly_jobs.csv`. A missing
+/// file is one line saying where to get it.
+pub fn load_trace(path: &Path) -> Result<philly::Trace> {
+    let path = if path.is_dir() {
+        path.join("philly_jobs.csv")
+    } else {
+        path.to_path_buf()
+    };
+    if !path.exists() {
+        bail!(
+            "job table {} not found: the Philly trace (Jeon et al., USENIX ATC'19; msr-fiddle/philly-traces) as the per-job summary `simulator/traces/philly.csv` of the public petuum/adaptdl repository (commit de25dcc), saved as philly_jobs.csv; pass it (or its folder) with --trace",
+            path.display()
+        );
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    philly::parse(&text).with_context(|| format!("{}", path.display()))
+}
+
 pub fn philly(a: PhillyArgs) -> Result<()> {
     let policies: Vec<Policy> = match a.policy.as_str() {
         "all" => POLICIES.iter().filter_map(|p| Policy::parse(p)).collect(),
@@ -46,15 +64,7 @@ pub fn philly(a: PhillyArgs) -> Result<()> {
         bail!("--fleet: unknown fleet `{}` (one of: {})", a.fleet, FLEETS.join(", "));
     };
     let layout = Layout::of(&fleet).context("the Philly fleet has racks")?;
-    let path = a.trace.join("philly_jobs.csv");
-    if !path.exists() {
-        bail!(
-            "job table {} not found: the Philly trace (Jeon et al., USENIX ATC'19; msr-fiddle/philly-traces) as the per-job summary `simulator/traces/philly.csv` of the public petuum/adaptdl repository (commit de25dcc), saved as philly_jobs.csv; pass its folder with --trace",
-            path.display()
-        );
-    }
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let trace = philly::parse(&text).with_context(|| format!("{}", path.display()))?;
+    let trace = load_trace(&a.trace)?;
     let seeds = crate::sim::parse_seeds(&a.seeds)?;
     let started = Instant::now();
     let traces: Vec<_> = seeds.iter().map(|&s| trace.reordered(s)).collect();

@@ -1,6 +1,7 @@
 //! `tessera plan`: capacity planning. Replays a demand — the openb trace in time, the scenario
-//! model as open arrivals, or a usage ledger exported with `tessera usage --by interval -o csv`
-//! — on candidate fleets through the scheduler cycle ([`tessera_sched::plan`]) and answers which
+//! model as open arrivals, a usage ledger exported with `tessera usage --by interval -o csv`, or
+//! the Philly job table with its multi-node gangs on fleets of the Philly shape (`--racks`,
+//! waits measured over the protocol's window) — on candidate fleets through the scheduler cycle ([`tessera_sched::plan`]) and answers which
 //! fleet meets a p95 wait target per class at least cost: a table, the answer, a compact
 //! terminal chart and an SVG chart written to a file.
 
@@ -12,14 +13,16 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use tessera_model::request::MigChoice;
 use tessera_model::{Fleet, Request, Shape};
-use tessera_sched::plan::{self, Plan, Prices, Target, human_seconds};
+use tessera_sched::philly::{self, Layout, MULTI_NODE, WINDOW_DAYS};
+use tessera_sched::plan::{self, Candidate, Plan, Prices, Target, human_seconds};
 use tessera_sched::replay::POLICIES;
 use tessera_sched::timed::{self, Arrival, TimedConfig, TracePod};
 
 #[derive(Args)]
 pub struct PlanArgs {
     /// The demand: `openb` (the trace in time), `scenario` (the scenario model's mix as open
-    /// arrivals), or `usage:FILE` (a ledger exported with `tessera usage --by interval -o csv`).
+    /// arrivals), `usage:FILE` (a ledger exported with `tessera usage --by interval -o csv`), or
+    /// `philly` (the Philly job table, gangs included, on `--racks` fleets).
     #[arg(long, default_value = "openb")]
     demand: String,
     /// A candidate fleet: `POOL[@SHARING]:MODEL=NODES[xGPUS][+MODEL=…]`, pools separated by
@@ -56,12 +59,23 @@ pub struct PlanArgs {
     /// openb: pod list [default: <trace-dir>/openb_pod_list_default.csv].
     #[arg(long)]
     pods: Option<PathBuf>,
-    /// openb: only pods created in the first DAYS days.
+    /// openb: only pods created in the first DAYS days; philly: only jobs submitted in the
+    /// first DAYS days (more than 14: the window then ends at DAYS if before day 70).
     #[arg(long)]
     days: Option<f64>,
-    /// openb: only the first N pods by creation time.
+    /// openb: only the first N pods by creation time; philly: the first N jobs.
     #[arg(long)]
     limit: Option<usize>,
+    /// philly: the job table `philly_jobs.csv`, or its folder.
+    #[arg(
+        long = "trace",
+        default_value = "../shared/traces/philly",
+        env = "TESSERA_PHILLY_DIR"
+    )]
+    philly_trace: PathBuf,
+    /// philly: the candidates, racks of 8 nodes × 8 GPUs: a count or a range `A..B`.
+    #[arg(long, default_value = "10..14")]
+    racks: String,
     /// scenario: tenants.
     #[arg(long, default_value_t = 40)]
     tenants: usize,
@@ -99,6 +113,7 @@ enum Demand {
         seed: u64,
     },
     Usage(Vec<LedgerRow>),
+    Philly(tessera_sched::philly::Trace),
 }
 
 pub fn run(a: PlanArgs) -> Result<()> {
@@ -127,17 +142,31 @@ pub fn run(a: PlanArgs) -> Result<()> {
             });
         }
     }
+    let philly = a.demand == "philly";
+    if philly {
+        if !specs.is_empty() {
+            bail!("--demand philly takes its candidate fleets from --racks, not --candidate");
+        }
+        if price_entries.is_empty() {
+            // One model: the smallest fleet is the cheapest; cost reads as GPUs.
+            price_entries.push("A100-80GB=1".into());
+        }
+    }
     let Some(target) = target else {
         bail!("--target-p95 is required (seconds for every class, or CLASS=SECONDS,…)");
     };
     let target = Target::parse(&target).map_err(anyhow::Error::msg)?;
-    let candidates = plan::parse_candidates(&specs).map_err(|e| {
-        if specs.is_empty() {
-            anyhow::anyhow!("no candidate fleet: pass --candidate SPEC or --candidates-file FILE")
-        } else {
-            anyhow::Error::msg(e)
-        }
-    })?;
+    let candidates = if philly {
+        parse_racks(&a.racks)?.into_iter().map(Candidate::philly).collect()
+    } else {
+        plan::parse_candidates(&specs).map_err(|e| {
+            if specs.is_empty() {
+                anyhow::anyhow!("no candidate fleet: pass --candidate SPEC or --candidates-file FILE")
+            } else {
+                anyhow::Error::msg(e)
+            }
+        })?
+    };
     let prices = Prices::parse(&price_entries).map_err(anyhow::Error::msg)?;
     for c in &candidates {
         c.cost_per_hour(&prices).map_err(anyhow::Error::msg)?;
@@ -173,15 +202,36 @@ pub fn run(a: PlanArgs) -> Result<()> {
                 BTreeSet::new(),
             )
         }
+        "philly" => {
+            if a.days.is_some_and(|d| !d.is_finite() || d <= WINDOW_DAYS.0 as f64) {
+                bail!(
+                    "--days must be more than {} with --demand philly (the measured window starts at day {})",
+                    WINDOW_DAYS.0,
+                    WINDOW_DAYS.0
+                );
+            }
+            let mut trace = crate::phillycmd::load_trace(&a.philly_trace)?;
+            let t0 = trace.jobs.first().map_or(0, |j| j.submit);
+            if let Some(d) = a.days {
+                trace.jobs.retain(|j| ((j.submit - t0) as f64) < d * 86_400.0);
+            }
+            trace.jobs.truncate(a.limit.unwrap_or(usize::MAX));
+            (Demand::Philly(trace), BTreeSet::new())
+        }
         d => match d.strip_prefix("usage:") {
             Some(path) => {
                 let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
                 (Demand::Usage(parse_ledger(&text, path)?), BTreeSet::new())
             }
-            None => bail!("--demand: `{d}` is not openb, scenario or usage:FILE"),
+            None => bail!("--demand: `{d}` is not openb, scenario, usage:FILE or philly"),
         },
     };
     let (days, limit) = (a.days, a.limit);
+    // philly: the protocol's window, ending earlier when --days cuts the trace before day 70.
+    let window = {
+        let (w0, w1) = philly::window_ms();
+        (w0, a.days.map_or(w1, |d| w1.min((d * 86_400_000.0) as i64)))
+    };
     let build = |fleet: &Fleet| -> Result<Vec<Arrival>, String> {
         match &demand {
             Demand::Trace(pods) => {
@@ -201,12 +251,25 @@ pub fn run(a: PlanArgs) -> Result<()> {
                 Ok(plan::scenario_arrivals(fleet, *tenants, *hours, *rate, *seed))
             }
             Demand::Usage(rows) => ledger_arrivals(rows, fleet),
+            Demand::Philly(trace) => {
+                let layout = Layout::of(fleet).ok_or("the candidate is not of the Philly shape")?;
+                let arrivals = philly::arrivals(trace, &layout);
+                if !arrivals.iter().any(|a| (window.0..window.1).contains(&a.arrive_ms)) {
+                    return Err(format!(
+                        "no job of the trace is left in the measured window [{} d, {} d) after --days/--limit",
+                        WINDOW_DAYS.0,
+                        window.1 / 86_400_000
+                    ));
+                }
+                Ok(arrivals)
+            }
         }
     };
     let cfg = TimedConfig {
         policy: a.policy.clone(),
         seed: a.seed,
         samples: 50,
+        window_ms: philly.then_some(window),
         ..Default::default()
     };
     let threads = a
@@ -222,15 +285,171 @@ pub fn run(a: PlanArgs) -> Result<()> {
         v["answer"] = p.answer().into();
         v["chart"] = a.chart.display().to_string().into();
         v["wall_seconds"] = ((wall * 1000.0).round() / 1000.0).into();
+        if philly {
+            v["philly"] = serde_json::to_value(philly_rows(&p))?;
+            v["window_days"] = serde_json::json!([window.0 as f64 / 86_400_000.0, window.1 as f64 / 86_400_000.0]);
+        }
         println!("{v}");
         return Ok(());
     }
-    print_plan(&p, &a.currency);
+    if let Demand::Philly(trace) = &demand {
+        print_philly(
+            &p,
+            trace,
+            window,
+            a.prices.is_empty() && a.candidates_file.is_none(),
+            &a.currency,
+        );
+    } else {
+        print_plan(&p, &a.currency);
+    }
     println!(
         "chart: {} (p95 wait per class vs cost); wall {wall:.1} s",
         a.chart.display()
     );
     Ok(())
+}
+
+/// `--racks`: `N` or `A..B`.
+fn parse_racks(s: &str) -> Result<Vec<u32>> {
+    let bad = || {
+        anyhow::anyhow!(
+            "--racks: `{s}` is not a rack count or a range A..B (1..{})",
+            plan::MAX_CANDIDATES
+        )
+    };
+    let num = |v: &str| {
+        v.trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=plan::MAX_CANDIDATES as u32).contains(n))
+    };
+    let (lo, hi) = match s.split_once("..") {
+        Some((a, b)) => (num(a).ok_or_else(bad)?, num(b).ok_or_else(bad)?),
+        None => (num(s).ok_or_else(bad)?, num(s).ok_or_else(bad)?),
+    };
+    if lo > hi {
+        return Err(bad());
+    }
+    Ok((lo..=hi).collect())
+}
+
+/// One Philly candidate's figures (waits over the measured window, seconds).
+#[derive(serde::Serialize)]
+struct PhillyRow {
+    candidate: String,
+    racks: u32,
+    gpus: u64,
+    mean_s: f64,
+    p95_s: f64,
+    multi_node_jobs: u64,
+    multi_node_mean_s: f64,
+    multi_node_p95_s: f64,
+    allocated_pct: f64,
+    refused: u64,
+    never_placed: u64,
+    preemptions: u64,
+    meets: bool,
+    chosen: bool,
+}
+
+fn philly_rows(p: &Plan) -> Vec<PhillyRow> {
+    p.outcomes
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let r = &o.report;
+            let gang = r.by_class.get(MULTI_NODE).cloned().unwrap_or_default();
+            PhillyRow {
+                candidate: o.candidate.label.clone(),
+                racks: o.candidate.racks.unwrap_or(0),
+                gpus: o.gpus,
+                mean_s: r.waits.mean_s,
+                p95_s: r.waits.p95_s,
+                multi_node_jobs: gang.placed,
+                multi_node_mean_s: gang.mean_s,
+                multi_node_p95_s: gang.p95_s,
+                allocated_pct: r.allocated_pct,
+                refused: r.refused,
+                never_placed: r.never_placed,
+                preemptions: r.preemptions,
+                meets: o.meets,
+                chosen: p.chosen == Some(i),
+            }
+        })
+        .collect()
+}
+
+/// The Philly table: per candidate, the queueing delay over the window (all jobs, and the
+/// multi-node gangs), allocation over the window, and the smallest fleet meeting the target.
+fn print_philly(p: &Plan, trace: &philly::Trace, window: (i64, i64), unpriced: bool, currency: &str) {
+    let day = 86_400_000.0;
+    let jobs = p.outcomes.first().map_or(0, |o| o.report.waits.placed);
+    println!(
+        "philly demand: {} jobs, {} tenants (VCs); waits over the jobs submitted in [{} d, {} d) ({jobs} jobs), allocation over that window",
+        trace.jobs.len(),
+        trace.tenants.len(),
+        window.0 as f64 / day,
+        window.1 as f64 / day
+    );
+    let cost = if unpriced {
+        String::new()
+    } else {
+        format!(" {:>10}", format!("{currency}/H"))
+    };
+    println!(
+        "{:<12} {:>5} {:>5}{cost} {:>9} {:>9} {:>6} {:>10} {:>10} {:>7} {:>8} {:>6}",
+        "CANDIDATE", "RACKS", "GPUS", "MEAN", "P95", "GANGS", "GANG MEAN", "GANG P95", "ALLOC%", "REFUSED", "MEETS"
+    );
+    let rows = philly_rows(p);
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| rows[i].gpus);
+    for i in order {
+        let r = &rows[i];
+        let cost = if unpriced {
+            String::new()
+        } else {
+            format!(" {:>10.2}", p.outcomes[i].cost_per_hour)
+        };
+        let mark = if r.chosen { " ◀ chosen" } else { "" };
+        println!(
+            "{:<12} {:>5} {:>5}{cost} {:>9} {:>9} {:>6} {:>10} {:>10} {:>7.1} {:>8} {:>6}{mark}",
+            r.candidate,
+            r.racks,
+            r.gpus,
+            human_seconds(r.mean_s),
+            human_seconds(r.p95_s),
+            r.multi_node_jobs,
+            human_seconds(r.multi_node_mean_s),
+            human_seconds(r.multi_node_p95_s),
+            r.allocated_pct,
+            r.refused + r.never_placed,
+            if r.meets { "yes" } else { "no" }
+        );
+    }
+    let classes: BTreeSet<&String> = p.outcomes.iter().flat_map(|o| o.p95_wait_s.keys()).collect();
+    let targets: Vec<String> = classes
+        .iter()
+        .filter_map(|c| p.target.of(c).map(|t| format!("{c} ≤ {}", human_seconds(t))))
+        .collect();
+    println!("target p95: {}", targets.join(", "));
+    match (p.chosen, p.closest) {
+        (Some(i), _) => {
+            let o = &p.outcomes[i];
+            let cost = if unpriced {
+                String::new()
+            } else {
+                format!(", {:.2}/h", o.cost_per_hour)
+            };
+            println!(
+                "smallest fleet meeting the target: {} ({} racks, {} GPUs{cost})",
+                o.candidate.label,
+                o.candidate.racks.unwrap_or(0),
+                o.gpus
+            );
+        }
+        _ => println!("{}", p.answer()),
+    }
 }
 
 fn print_plan(p: &Plan, currency: &str) {
