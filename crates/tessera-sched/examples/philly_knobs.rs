@@ -1,5 +1,6 @@
 //! Measures the parts of the `tessera` policy on the Philly replay: `cargo run --release -p
-//! tessera-sched --example philly_knobs -- TRACE_DIR FLEET` prints key figures per variant.
+//! tessera-sched --example philly_knobs -- TRACE_DIR FLEET [SEEDS]` prints key figures per
+//! variant (the mean over same-second orders SEEDS, `0` or `0-4`).
 
 use tessera_sched::philly::{self, Layout, Policy, TesseraKnobs};
 
@@ -7,45 +8,96 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dir = args.first().map_or("../shared/traces/philly", String::as_str);
     let fleet_name = args.get(1).map_or("philly-768", String::as_str);
+    let seeds: Vec<u64> = match args.get(2).map(|s| s.split_once('-')) {
+        None => vec![0],
+        Some(None) => vec![args[2].parse().expect("a seed")],
+        Some(Some((a, b))) => (a.parse().expect("a seed")..=b.parse().expect("a seed")).collect(),
+    };
     let text = std::fs::read_to_string(format!("{dir}/philly_jobs.csv")).expect("the job table");
     let trace = philly::parse(&text).expect("a valid trace");
+    let traces: Vec<_> = seeds.iter().map(|&s| trace.reordered(s)).collect();
     let layout = Layout::of(&philly::fleet(fleet_name).expect("a Philly fleet")).expect("racks");
+    let weights: Vec<u32> = std::env::var("WEIGHTS")
+        .ok()
+        .map(|w| w.split(',').map(|x| x.parse().expect("a weight")).collect())
+        .unwrap_or_else(|| vec![0, 50, 100, 200, 400]);
+    let list = |name: &str, default: &str| -> Vec<u32> {
+        std::env::var(name)
+            .unwrap_or_else(|_| default.to_string())
+            .split(',')
+            .map(|x| x.parse().expect("a number"))
+            .collect()
+    };
     let mut variants = Vec::new();
-    for first_min_gpus in [u32::MAX, 8, 4] {
-        for reclaim in [None, Some(1), Some(2)] {
-            for pct in [20, 5, 2] {
-                if reclaim.is_none() && pct != 5 {
-                    continue;
+    for &w in &weights {
+        for &pct in &list("PCTS", "5") {
+            for &fmin in &list("FMIN", "0") {
+                for &gw in &list("GW", "0") {
+                    variants.push(TesseraKnobs {
+                        gang_estimate_weight_pct: gw,
+                        estimate_weight_pct: w,
+                        reclaim_budget_pct: pct,
+                        first_min_gpus: if fmin == 0 { u32::MAX } else { fmin },
+                        ..TesseraKnobs::default()
+                    });
                 }
-                variants.push(TesseraKnobs {
-                    gangs_first: true,
-                    gangs_first_within_only: false,
-                    first_min_gpus,
-                    reclaim_min_shares: reclaim,
-                    reclaim_budget_pct: pct,
-                });
             }
         }
     }
     println!(
-        "{fleet_name}: variant | alloc% | 12-32 mean h | all mean h | all p95 h | mean JCT h | preempt | lost GPU-h"
+        "{fleet_name}: variant | alloc% | 8 mean h | 12-32 mean h | all mean h | all p95 h | mean JCT h | preempt | lost GPU-h"
     );
-    for p in [Policy::Backfill, Policy::QuotaBackfill] {
-        let r = philly::replay(&trace, &layout, p);
-        line(p.name(), &r);
+    let fifo_runs: Vec<_> = traces
+        .iter()
+        .map(|t| philly::replay(t, &layout, Policy::Fifo))
+        .collect();
+    let fifo = philly::Report::mean(&fifo_runs).expect("a seed");
+    for p in [Policy::Backfill, Policy::TopologyBestfit, Policy::QuotaBackfill] {
+        let runs: Vec<_> = traces.iter().map(|t| philly::replay(t, &layout, p)).collect();
+        line(p.name(), &philly::Report::mean(&runs).expect("a seed"), &fifo);
+    }
+    if std::env::var("DUMP").is_ok() {
+        dump(&traces[0], &layout, variants[0]);
+        return;
     }
     for k in variants {
-        let (r, _) = philly::replay_tuned(&trace, &layout, Policy::Tessera, k);
-        line(&format!("{k:?}"), &r);
+        let runs: Vec<_> = traces
+            .iter()
+            .map(|t| philly::replay_tuned(t, &layout, Policy::Tessera, k).0)
+            .collect();
+        line(
+            &format!(
+                "w={} gw={} pct={} fmin={}",
+                k.estimate_weight_pct, k.gang_estimate_weight_pct, k.reclaim_budget_pct, k.first_min_gpus
+            ),
+            &philly::Report::mean(&runs).expect("a seed"),
+            &fifo,
+        );
     }
 }
 
-fn line(name: &str, r: &philly::Report) {
+fn line(name: &str, r: &philly::Report, fifo: &philly::Report) {
     let c = |n: &str| r.classes.iter().find(|d| d.class == n).expect("a class").clone();
-    let (g, a) = (c("12-32"), c("all"));
+    let (e, g, a) = (c("8"), c("12-32"), c("all"));
+    // Tenants with a guarantee waiting longer on average than under `fifo`.
+    let worse: Vec<String> = r
+        .tenants
+        .iter()
+        .zip(&fifo.tenants)
+        .filter(|(t, f)| t.guarantee > 0 && t.jobs > 0 && t.mean_delay_s > f.mean_delay_s)
+        .map(|(t, f)| {
+            format!(
+                "{} {:.2}>{:.2}",
+                t.tenant,
+                t.mean_delay_s / 3600.0,
+                f.mean_delay_s / 3600.0
+            )
+        })
+        .collect();
     println!(
-        "{name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0}",
+        "{name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | worse than fifo: {worse:?}",
         r.allocation_pct,
+        e.mean_s / 3600.0,
         g.mean_s / 3600.0,
         a.mean_s / 3600.0,
         a.p95_s as f64 / 3600.0,
@@ -53,4 +105,33 @@ fn line(name: &str, r: &philly::Report) {
         r.preemptions,
         r.gpu_hours_lost
     );
+}
+
+/// With `DUMP=1`: each window gang of 12–32 GPUs that waits over an hour under either policy.
+pub fn dump(trace: &philly::Trace, layout: &Layout, k: TesseraKnobs) {
+    let (_, b) = philly::replay_outcomes(trace, layout, Policy::Backfill);
+    let (_, t) = philly::replay_tuned(trace, layout, Policy::Tessera, k);
+    let t0 = trace.jobs[0].submit;
+    let (w0, w1) = philly::window_ms();
+    let (w0, w1) = (w0 / 1000 + t0, w1 / 1000 + t0);
+    for (i, j) in trace.jobs.iter().enumerate() {
+        let ms = j.submit;
+        if !(12..=32).contains(&j.gpus) || ms < w0 || ms >= w1 {
+            continue;
+        }
+        let db = b[i].start.map_or(-1, |s| s - j.submit);
+        let dt = t[i].start.map_or(-1, |s| s - j.submit);
+        if db > 3600 || dt > 3600 {
+            println!(
+                "job {i} day {:.2} gpus {} tenant {} dur {:.1} h: backfill {:.2} h, tessera {:.2} h (preempted {})",
+                (j.submit - t0) as f64 / 86400.0,
+                j.gpus,
+                trace.tenants[j.tenant],
+                j.duration as f64 / 3600.0,
+                db as f64 / 3600.0,
+                dt as f64 / 3600.0,
+                t[i].preempted
+            );
+        }
+    }
 }

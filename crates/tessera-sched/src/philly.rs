@@ -842,7 +842,7 @@ impl<'a> Sim<'a> {
         let order: Vec<usize> = if self.policy == Policy::Tessera {
             let k = self.knobs;
             let npg = self.layout.gpus_per_node as u32;
-            let mut v: Vec<(u8, usize)> = self
+            let mut v: Vec<(u8, i64, usize)> = self
                 .queue
                 .iter()
                 .map(|&j| {
@@ -856,11 +856,17 @@ impl<'a> Sim<'a> {
                     } else {
                         2
                     };
-                    (class, j)
+                    let w = if class == 0 {
+                        k.gang_estimate_weight_pct
+                    } else {
+                        k.estimate_weight_pct
+                    };
+                    let key = self.trace.jobs[j].submit + self.est[j] * w as i64 / 100;
+                    (class, key, j)
                 })
                 .collect();
             v.sort_unstable();
-            v.into_iter().map(|x| x.1).collect()
+            v.into_iter().map(|x| x.2).collect()
         } else if quota_first {
             let mut v: Vec<usize> = self.queue.iter().copied().filter(|&j| self.within(j)).collect();
             let mut rest: Vec<usize> = self.queue.iter().copied().filter(|&j| !self.within(j)).collect();
@@ -994,6 +1000,11 @@ pub struct TesseraKnobs {
     /// Reclaim only while the work lost stays under this % of the GPU-time the job would wait
     /// for its reservation (by estimates).
     pub reclaim_budget_pct: u32,
+    /// Inside each class, jobs go by submission time plus this % of their estimate (0: arrival
+    /// order; larger: shorter work first, a long job's lateness ageing it forward).
+    pub estimate_weight_pct: u32,
+    /// The same for the jobs that go first (multi-node gangs, and jobs of `first_min_gpus`).
+    pub gang_estimate_weight_pct: u32,
 }
 
 impl Default for TesseraKnobs {
@@ -1004,6 +1015,8 @@ impl Default for TesseraKnobs {
             first_min_gpus: u32::MAX,
             reclaim_min_shares: Some(2),
             reclaim_budget_pct: 5,
+            estimate_weight_pct: 0,
+            gang_estimate_weight_pct: 0,
         }
     }
 }
