@@ -57,6 +57,12 @@ fn main() {
     if let Some(v) = env("MOVES_PER_HOUR") {
         cfg.govern.consolidation.moves_per_tenant_per_hour = v.parse().expect("a count");
     }
+    if let Some(v) = env("HOLDS_PER_POOL") {
+        cfg.govern.holds_per_pool = v.parse().expect("a count");
+    }
+    if let Some(v) = env("BACKFILL_WAIT_S") {
+        cfg.govern.backfill_max_wait_ms = v.parse::<i64>().expect("seconds") * 1000;
+    }
     if let Some(v) = env("MIN_RUNTIME_S") {
         cfg.govern.min_runtime_ms = v.parse::<i64>().expect("seconds") * 1000;
     }

@@ -759,16 +759,19 @@ impl fmt::Display for Wait {
                     _ => format!(" in racks {}", racks.join(", ")),
                 };
                 let workloads = if *ending == 1 { "workload" } else { "workloads" };
-                write!(
-                    f,
-                    "{now}; {nodes} nodes{where_} are held for it (it waited past the backfill window): "
-                )?;
+                let held = if *nodes == 1 {
+                    format!("a node{where_} is")
+                } else {
+                    format!("{nodes} nodes{where_} are")
+                };
+                write!(f, "{now}; {held} held for it (it waited past the backfill window): ")?;
                 match starts_at_ms {
                     Some(at) if *ending == 0 => write!(f, "it starts at about {}", utc_datetime(*at))?,
                     Some(at) => write!(
                         f,
-                        "it starts at about {} when {ending} {workloads} there end",
-                        utc_datetime(*at)
+                        "it starts at about {} when {ending} {workloads} there {}",
+                        utc_datetime(*at),
+                        if *ending == 1 { "ends" } else { "end" }
                     )?,
                     None => write!(
                         f,

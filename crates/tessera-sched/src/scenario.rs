@@ -156,6 +156,10 @@ pub struct ScenarioReport {
     pub preemptions_pct: f64,
     /// Queueing delay of 8-GPU training gangs on one node (after warm-up).
     pub gang8: Delay,
+    /// Queueing delay of single-node training requests by size in whole GPUs (after warm-up):
+    /// in this closed loop, a size that waits less leaves its tenants' outstanding slots to the
+    /// others, so the waits say how the pool's order shares the queue between sizes.
+    pub training_by_gpus: BTreeMap<u32, Delay>,
     /// Queueing delay of multi-node training gangs by size in GPUs (after warm-up).
     pub multi_node: BTreeMap<u32, Delay>,
     /// Consolidation moves (whole run).
@@ -269,6 +273,7 @@ struct Tally {
     waits_prio: BTreeMap<String, Vec<f64>>,
     waits_tenant: BTreeMap<String, Vec<f64>>,
     waits_gang8: Vec<f64>,
+    waits_training: BTreeMap<u32, Vec<f64>>,
     waits_multi: BTreeMap<u32, Vec<f64>>,
     victims: BTreeMap<String, u64>,
     churn: BTreeMap<String, Churn>,
@@ -305,10 +310,14 @@ impl World {
                             .push(w);
                         match &m.gang {
                             Some(g) => self.t.waits_multi.entry(g.gpus).or_default().push(w),
-                            None if matches!(m.request.shape, tessera_model::Shape::Whole { gpus: 8 }) => {
-                                self.t.waits_gang8.push(w)
+                            None => {
+                                if let tessera_model::Shape::Whole { gpus } = m.request.shape {
+                                    self.t.waits_training.entry(u32::from(gpus)).or_default().push(w);
+                                    if gpus == 8 {
+                                        self.t.waits_gang8.push(w);
+                                    }
+                                }
                             }
-                            None => {}
                         }
                     }
                     m.generation += 1;
@@ -591,6 +600,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
         waits_prio,
         waits_tenant,
         waits_gang8,
+        waits_training,
         waits_multi,
         victims,
         mut churn,
@@ -645,6 +655,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
         churn,
         preemptions_pct: 100.0 * preemptions as f64 / placed.max(1) as f64,
         gang8: delay(waits_gang8),
+        training_by_gpus: waits_training.into_iter().map(|(g, w)| (g, delay(w))).collect(),
         multi_node: waits_multi.into_iter().map(|(g, w)| (g, delay(w))).collect(),
         moves,
         by_tenant: waits_tenant

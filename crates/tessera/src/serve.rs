@@ -243,6 +243,12 @@ pub struct ServeArgs {
     /// frees by itself sooner): `CLASS=DURATION` such as `high=2m` (repeatable).
     #[arg(long = "preempt-after", value_name = "CLASS=DURATION", value_parser = parse_class_duration)]
     preempt_after: Vec<(String, u64)>,
+    /// At most this many reservations with a start per pool at once: a multi-node gang, or a
+    /// request of whole GPUs, that waited past the backfill window holds the nodes where it
+    /// starts soonest, and only work that ends by then is placed there meanwhile. More serve
+    /// several large requests side by side; each idles what no short work can fill.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    holds_per_pool: u16,
     /// Consolidation: move work marked `movable` so that a request waiting for fragmented
     /// capacity fits (`on` or `off`).
     #[arg(long, value_enum, default_value_t = Switch::On)]
@@ -376,6 +382,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         reclaim_after_ms: a.reclaim_after as i64 * 1000,
         ..Default::default()
     };
+    govern.holds_per_pool = usize::from(a.holds_per_pool);
     govern.consolidation.enabled = a.consolidation == Switch::On;
     govern.consolidation.moves_per_tenant_per_hour = a.consolidation_budget;
     let known: Vec<String> = govern.classes.iter().map(|c| c.name.clone()).collect();

@@ -409,6 +409,17 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
             d.p95_wait_s
         );
     }
+    println!("training requests on one node, by size:");
+    for (gpus, d) in &r.training_by_gpus {
+        println!(
+            "  {:<14} {:>6} placed  mean {:>8.0} s  p50 {:>8.0} s  p95 {:>8.0} s",
+            format!("{gpus} GPU"),
+            d.placed,
+            d.mean_wait_s,
+            d.p50_wait_s,
+            d.p95_wait_s
+        );
+    }
     let mut t: Vec<_> = r.by_tenant.iter().collect();
     t.sort_by(|a, b| a.1.mean_wait_s.total_cmp(&b.1.mean_wait_s));
     if let (Some(best), Some(worst)) = (t.first(), t.last()) {

@@ -1,7 +1,7 @@
 //! The allocate action: the queue in order, each admitted job placed where the engine says and
 //! its quotas allow, with bounded backfill. A head that has waited past the backfill window
 //! reserves a node in its pool (see the starvation bound in the [cycle](super) doc), a gang
-//! nodes in a rack with an earliest start ([`GangHold`](super::GangHold)); nodes held for other
+//! nodes in a rack with an earliest start ([`Hold`](super::Hold)); nodes held for other
 //! jobs are out of every placement's reach, but for work that ends before a gang's start on that
 //! gang's nodes. A job that finds no capacity is left starved, with the engine's diagnosis as its
 //! reason, for reclaim and preempt to look at.
@@ -47,7 +47,7 @@ impl Action for Allocate {
         // Work may have ended since the gangs' start times were computed (sooner than its lease
         // said, or was stopped): start times only move earlier, and backfill must not delay
         // them, so they are computed again before anything is placed.
-        refresh_gang_holds(s.sched, now);
+        refresh_holds(s.sched, now);
         let jobs = s.jobs.clone();
         for (i, q) in jobs.iter().enumerate() {
             let job = &q.job;
@@ -70,7 +70,7 @@ impl Action for Allocate {
                 }
                 match placed {
                     Ok(d) => {
-                        sched.gang_holds.retain(|_, h| h.job != job.id);
+                        sched.holds.retain(|h| h.job != job.id);
                         sched.nominated.remove(&job.id);
                         sched.reasons.remove(&job.id);
                         s.set(i, Status::Placed);
@@ -89,24 +89,9 @@ impl Action for Allocate {
                         if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
                             hold_for_gang(sched, job.id, g, &q.scope, now);
                         }
-                        let hold = sched.gang_holds.iter().find(|(_, h)| h.job == job.id);
-                        if let Some((&pool, h)) = hold {
-                            // Work placed since the refresh ends by the start: only the count of
-                            // workloads it waits for may have changed.
-                            let nodes = h.nodes.clone();
-                            let (starts_at_ms, ending) = start_on(sched, &nodes, h.per_node, now);
-                            if let Some(h) = sched.gang_holds.get_mut(&pool) {
-                                h.starts_at_ms = starts_at_ms;
-                                h.ending = ending;
-                            }
+                        if let Some(held) = held_reason(sched, job.id, &reason, now) {
                             holds = true;
-                            reason = Wait::GangHeld {
-                                now: Box::new(reason),
-                                nodes: nodes.len(),
-                                racks: racks_of(sched.engine.fleet(), &nodes),
-                                starts_at_ms,
-                                ending,
-                            };
+                            reason = held;
                         }
                         // Only a gang holding nodes searches for victims, there (see victims).
                         let waiting_for_victims = sched.nominated.get(&job.id).is_some_and(|n| !n.victims.is_empty());
@@ -122,7 +107,8 @@ impl Action for Allocate {
                 continue;
             }
             let nominated = sched.nominated.contains_key(&job.id);
-            let reserving = sched.reservations.values().any(|(j, _)| *j == job.id);
+            let reserving =
+                sched.reservations.values().any(|(j, _)| *j == job.id) || sched.holds.iter().any(|h| h.job == job.id);
             // Short work may find room on a gang's reserved nodes that others of its shape
             // may not use.
             let backfills = sched.backfills_a_hold(job, now);
@@ -131,11 +117,14 @@ impl Action for Allocate {
                 && !backfills
                 && let Some((reason, searchable)) = no_capacity.get(&q.key)
             {
-                let starved = Status::Starved {
-                    reason: reason.clone(),
-                    searchable: *searchable,
-                };
-                s.set(i, starved);
+                // Its shape found no room this cycle, but it may still take a hold of its own.
+                let (mut reason, searchable) = (reason.clone(), *searchable);
+                if take_hold(sched, job, &pools, now)
+                    && let Some(held) = held_reason(sched, job.id, &reason, now)
+                {
+                    reason = Rc::new(held);
+                }
+                s.set(i, Status::Starved { reason, searchable });
                 continue;
             }
             let blocked = sched.held_for_placing(job, now);
@@ -150,6 +139,7 @@ impl Action for Allocate {
             match placed {
                 Ok(d) => {
                     sched.reservations.retain(|_, (j, _)| *j != job.id);
+                    sched.holds.retain(|h| h.job != job.id);
                     sched.nominated.remove(&job.id);
                     sched.reasons.remove(&job.id);
                     s.set(i, Status::Placed);
@@ -158,7 +148,7 @@ impl Action for Allocate {
                 Err(Blocked::Over(over)) => s.exceeded(i, Exceeded::Limit(over)),
                 Err(Blocked::Backoff(reason)) => s.set(i, Status::Waiting(reason)),
                 Err(Blocked::NoCapacity) => {
-                    if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
+                    if !take_hold(sched, job, &pools, now) && now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
                         let scope: Vec<PoolId> = pools.iter().map(|(p, _)| *p).collect();
                         reserve(sched, job, &scope);
                     }
@@ -169,6 +159,12 @@ impl Action for Allocate {
                     } else {
                         explain(sched, q, &mut explains)
                     });
+                    // The requests of its shape behind it get the reason without its hold.
+                    let shared = reason.clone();
+                    let reason = match held_reason(sched, job.id, &reason, now) {
+                        Some(held) => Rc::new(held),
+                        None => reason,
+                    };
                     // A preemptor still waiting for its victims does not search again; one
                     // whose victims have all stopped and still does not fit gives up its
                     // nomination (and the nodes held for it) and may search again. Either way
@@ -177,7 +173,7 @@ impl Action for Allocate {
                     if nominated && !waiting_for_victims {
                         sched.nominated.remove(&job.id);
                     }
-                    no_capacity.insert(q.key.clone(), (reason.clone(), true));
+                    no_capacity.insert(q.key.clone(), (shared, true));
                     s.set(
                         i,
                         Status::Starved {
@@ -223,7 +219,7 @@ pub(super) fn queue_order(s: &mut Scheduler, now: i64, limit: usize) -> (Vec<Arc
     order.extend(rest);
     let queue = &s.queue;
     s.reservations.retain(|_, (j, _)| queue.contains(*j));
-    s.gang_holds.retain(|_, h| queue.contains(h.job));
+    s.holds.retain(|h| queue.contains(h.job));
     (order, cut)
 }
 
@@ -457,13 +453,63 @@ fn explain(s: &mut Scheduler, q: &Queued, budget: &mut usize) -> Wait {
 }
 
 /// Holds nodes for gang `g` (job `id`, which waited past the backfill window) in the first pool
-/// of `scope` with no gang hold yet, unless it holds some already: see the starvation bound in
-/// the [cycle](super) doc for which nodes.
+/// of `scope` with room for another hold, unless it holds some already: see the starvation
+/// bound in the [cycle](super) doc for which nodes.
 fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], now: i64) {
-    if s.gang_holds.values().any(|h| h.job == id) {
+    let Some(&pool) = scope.iter().find(|&&p| has_room_for_a_hold(s, p)) else {
+        return;
+    };
+    let Some((per, k)) = shares_in(s.engine.fleet(), pool, g) else {
+        return;
+    };
+    hold_nodes(s, id, u32::from(per), k, &|m| g.allows_model(m), &[pool], now);
+}
+
+/// For a request of whole GPUs on one node that waited past the backfill window: holds the node
+/// where it fits soonest, if its pools have room for another hold (see [`hold_nodes`]). Says
+/// whether it is such a request (other shapes [`reserve`] a node instead).
+fn take_hold(s: &mut Scheduler, job: &Job, pools: &[(PoolId, Option<LimitExceeded>)], now: i64) -> bool {
+    let tessera_model::Shape::Whole { gpus } = job.request.shape else {
+        return false;
+    };
+    if now - job.submitted_ms > s.cfg.backfill_max_wait_ms {
+        let scope: Vec<PoolId> = pools.iter().map(|(p, _)| *p).collect();
+        hold_nodes(
+            s,
+            job.id,
+            u32::from(gpus),
+            1,
+            &|m| job.request.allows_model(m),
+            &scope,
+            now,
+        );
+    }
+    true
+}
+
+/// Whether `pool` has fewer holds than [`GovernConfig::holds_per_pool`](super::GovernConfig).
+fn has_room_for_a_hold(s: &Scheduler, pool: PoolId) -> bool {
+    s.holds.iter().filter(|h| h.pool == pool).count() < s.cfg.holds_per_pool
+}
+
+/// Holds `k` nodes with `per` GPUs free each for job `id` (which waited past the backfill
+/// window) in the first pool of `scope` with room for another hold, unless it holds some
+/// already: in one rack, the one where the `k`-th node frees soonest by the lease ends of the
+/// work running there (then the one with the most free GPUs), else the soonest nodes across
+/// racks; nodes held for others are not eligible.
+fn hold_nodes(
+    s: &mut Scheduler,
+    id: u64,
+    per: u32,
+    k: usize,
+    allows_model: &dyn Fn(tessera_model::ModelId) -> bool,
+    scope: &[PoolId],
+    now: i64,
+) {
+    if s.holds.iter().any(|h| h.job == id) {
         return;
     }
-    let Some(&pool) = scope.iter().find(|p| !s.gang_holds.contains_key(p)) else {
+    let Some(&pool) = scope.iter().find(|&&p| has_room_for_a_hold(s, p)) else {
         return;
     };
     let fleet = s.engine.fleet().clone();
@@ -471,9 +517,9 @@ fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], 
     let range = fleet.pool(pool).nodes.clone();
     // Eligible nodes: an allowed model, enough GPUs for a share, not held for anyone else.
     let held = s.held_for_others(id);
-    let Some((per, k)) = shares_in(&fleet, pool, g) else {
+    if per == 0 || k == 0 {
         return;
-    };
+    }
     let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n)).unwrap_or(u32::MAX);
     // Per rack, its eligible nodes as (when a share fits there, free GPUs, node), soonest
     // first, then fullest free: `i64::MAX` when the work it waits for has no end.
@@ -481,10 +527,10 @@ fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], 
     let mut by_rack: std::collections::BTreeMap<u32, Vec<Eligible>> = std::collections::BTreeMap::new();
     for n in range {
         let node = &fleet.nodes[n as usize];
-        if node.gpus < per || !g.allows_model(node.model) || held.contains(&n) {
+        if u32::from(node.gpus) < per || !allows_model(node.model) || held.contains(&n) {
             continue;
         }
-        let (at, _) = node_frees(s, n, u32::from(per), now).unwrap_or((i64::MAX, Vec::new()));
+        let (at, _) = node_frees(s, n, per, now).unwrap_or((i64::MAX, Vec::new()));
         by_rack
             .entry(rack(n))
             .or_default()
@@ -517,18 +563,35 @@ fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], 
         }
     };
     if nodes.len() == k {
-        let (starts_at_ms, ending) = start_on(s, &nodes, u32::from(per), now);
-        s.gang_holds.insert(
+        let (starts_at_ms, ending) = start_on(s, &nodes, per, now);
+        s.holds.push(super::Hold {
+            job: id,
             pool,
-            super::GangHold {
-                job: id,
-                nodes,
-                per_node: u32::from(per),
-                starts_at_ms,
-                ending,
-            },
-        );
+            nodes,
+            per_node: per,
+            starts_at_ms,
+            ending,
+        });
     }
+}
+
+/// The reason of job `id`, which waits for `now_reason`, when it holds nodes: when and where
+/// it starts. Work placed since the holds were refreshed ends by the start: only the count of
+/// workloads it waits for may have changed, so that is computed again here.
+fn held_reason(s: &mut Scheduler, id: u64, now_reason: &Wait, now: i64) -> Option<Wait> {
+    let i = s.holds.iter().position(|h| h.job == id)?;
+    let nodes = s.holds[i].nodes.clone();
+    let (starts_at_ms, ending) = start_on(s, &nodes, s.holds[i].per_node, now);
+    let h = &mut s.holds[i];
+    h.starts_at_ms = starts_at_ms;
+    h.ending = ending;
+    Some(Wait::GangHeld {
+        now: Box::new(now_reason.clone()),
+        nodes: nodes.len(),
+        racks: racks_of(s.engine.fleet(), &nodes),
+        starts_at_ms,
+        ending,
+    })
 }
 
 /// GPUs per node-share of gang `g` in `pool` (its own, else the pool's largest node: whole
@@ -546,21 +609,15 @@ fn shares_in(fleet: &tessera_model::Fleet, pool: PoolId, g: &GangRequest) -> Opt
     (per > 0).then(|| (per, g.gpus.div_ceil(u32::from(per)) as usize))
 }
 
-/// Computes every gang reservation's start again at `now`.
-fn refresh_gang_holds(s: &mut Scheduler, now: i64) {
-    if s.gang_holds.is_empty() {
+/// Computes every reservation's start again at `now`.
+fn refresh_holds(s: &mut Scheduler, now: i64) {
+    if s.holds.is_empty() {
         return;
     }
-    let starts: Vec<(PoolId, (Option<i64>, usize))> = s
-        .gang_holds
-        .iter()
-        .map(|(p, h)| (*p, start_on(s, &h.nodes, h.per_node, now)))
-        .collect();
-    for (p, (starts_at_ms, ending)) in starts {
-        if let Some(h) = s.gang_holds.get_mut(&p) {
-            h.starts_at_ms = starts_at_ms;
-            h.ending = ending;
-        }
+    let starts: Vec<(Option<i64>, usize)> = s.holds.iter().map(|h| start_on(s, &h.nodes, h.per_node, now)).collect();
+    for (h, (starts_at_ms, ending)) in s.holds.iter_mut().zip(starts) {
+        h.starts_at_ms = starts_at_ms;
+        h.ending = ending;
     }
 }
 
@@ -762,7 +819,7 @@ fn reserve(s: &mut Scheduler, job: &Job, pools: &[PoolId]) {
         .clone()
         .filter(|&n| job.request.allows_model(fleet.nodes[n as usize].model))
         .filter(|n| !s.reservations.values().any(|(_, r)| r == n))
-        .filter(|n| !s.gang_holds.values().any(|h| h.nodes.contains(n)))
+        .filter(|n| !s.holds.iter().any(|h| h.nodes.contains(n)))
         .max_by_key(|&n| {
             (
                 st.nodes[n as usize]
@@ -799,7 +856,11 @@ mod tests {
         // the others, never on the reserved one.
         let late = 1 + s.cfg.backfill_max_wait_ms + 1;
         s.cycle(late);
-        let (head, reserved) = s.reservations.values().copied().next().expect("the head holds a node");
+        let (head, reserved) = s
+            .holds
+            .first()
+            .map(|h| (h.job, h.nodes[0]))
+            .expect("the head holds a node");
         assert_eq!(head, 100);
         for i in 0..15 {
             let acts = s.submit(job(200 + i, "c", 1, "standard", late), late);
@@ -876,7 +937,11 @@ mod tests {
         s.submit(job(100, "b", 8, "standard", 1), 1);
         let late = 1 + s.cfg.backfill_max_wait_ms + 1;
         s.cycle(late);
-        let (head, reserved) = s.reservations.values().copied().next().expect("the head holds a node");
+        let (head, reserved) = s
+            .holds
+            .first()
+            .map(|h| (h.job, h.nodes[0]))
+            .expect("the head holds a node");
         assert_eq!(head, 100);
         // A more important request of the same shape arrives; then the reserved node frees.
         s.submit(job(200, "c", 8, "high", late), late);
@@ -890,6 +955,88 @@ mod tests {
             panic!("the head is placed on its node although the same shape failed before it: {d:?}")
         };
         assert_eq!(alloc.node.0, reserved);
-        assert!(s.reservations.is_empty(), "the reservation ends with the placement");
+        assert!(s.holds.is_empty(), "the reservation ends with the placement");
+    }
+
+    fn lasting(j: Job, duration_ms: i64) -> Job {
+        Job {
+            duration_ms: Some(duration_ms),
+            ..j
+        }
+    }
+
+    #[test]
+    fn a_whole_gpu_head_holds_the_node_it_fits_on_soonest_and_short_work_backfills_there() {
+        let h = 3_600_000;
+        let mut s = sched();
+        // Every node has 7 of 8 GPUs busy, by work that ends at 10 h, but on node 5 at 2 h.
+        for n in 0..16u64 {
+            let ends = if n == 5 { 2 * h } else { 10 * h };
+            s.submit(lasting(job(n, "a", 7, "standard", 0), ends), 0);
+        }
+        assert_eq!(
+            s.engine.allocation(5).map(|a| a.node.0),
+            Some(5),
+            "best fit fills node by node"
+        );
+        s.submit(lasting(job(100, "b", 8, "standard", 1), h), 1);
+        let late = 1 + s.cfg.backfill_max_wait_ms + 1;
+        let d = s.cycle(late);
+        let hold = s.holds.first().cloned().expect("the head holds a node");
+        assert_eq!(
+            (hold.job, hold.nodes.clone(), hold.starts_at_ms),
+            (100, vec![5], Some(2 * h))
+        );
+        let Some(Decision::Waiting { reason, .. }) = d.iter().find(|d| matches!(d, Decision::Waiting { id: 100, .. }))
+        else {
+            panic!("the head waits: {d:?}")
+        };
+        let text = reason.to_string();
+        assert!(
+            text.contains("; a node in rack r1 is held for it")
+                && text.contains("02:00:00 UTC when 1 workload there ends"),
+            "{text}"
+        );
+        // Every other node is full now but for the held one: 1-GPU work that ends by 2 h goes
+        // there, longer work does not.
+        for i in 0..15 {
+            s.submit(lasting(job(200 + i, "c", 1, "standard", late), 10 * h), late);
+        }
+        let d = s.submit(lasting(job(300, "c", 1, "standard", late), 3 * h), late);
+        assert!(
+            placed(&d).is_empty(),
+            "work past the start stays off the held node: {d:?}"
+        );
+        let d = s.submit(lasting(job(301, "c", 1, "standard", late), h), late);
+        assert_eq!(placed(&d), vec![301], "short work backfills the held node");
+        assert_eq!(s.engine.allocation(301).map(|a| a.node.0), Some(5));
+        // The work there ends by its lease: the head starts there, on time.
+        s.release(5, 2 * h);
+        s.release(301, 2 * h);
+        let d = s.cycle(2 * h);
+        assert_eq!(placed(&d), vec![100], "{d:?}");
+        assert_eq!(s.engine.allocation(100).map(|a| a.node.0), Some(5));
+    }
+
+    #[test]
+    fn a_pool_takes_as_many_holds_as_it_allows_on_distinct_nodes() {
+        let h = 3_600_000;
+        for (allowed, holders) in [(1, vec![100]), (2, vec![100, 101]), (4, vec![100, 101, 102])] {
+            let mut s = sched();
+            s.cfg.holds_per_pool = allowed;
+            for n in 0..16u64 {
+                s.submit(lasting(job(n, "a", 7, "standard", 0), (n as i64 + 1) * h), 0);
+            }
+            for id in 100..103 {
+                s.submit(lasting(job(id, "b", 8, "standard", 1), h), 1);
+            }
+            s.cycle(1 + s.cfg.backfill_max_wait_ms + 1);
+            let held: Vec<(u64, Vec<u32>)> = s.holds.iter().map(|h| (h.job, h.nodes.clone())).collect();
+            assert_eq!(held.iter().map(|(j, _)| *j).collect::<Vec<_>>(), holders, "{held:?}");
+            // In queue order, each on the node that frees soonest of those left.
+            for (i, (_, nodes)) in held.iter().enumerate() {
+                assert_eq!(nodes, &vec![i as u32], "{held:?}");
+            }
+        }
     }
 }

@@ -232,7 +232,7 @@ fn a_gang_that_waited_past_the_backfill_window_holds_a_rack_until_it_fits() {
     };
     assert_eq!(racks.len(), 1, "{reason}");
     assert!(reason.to_string().contains("4 nodes in rack"), "{reason}");
-    let held: Vec<u32> = s.gang_holds.values().flat_map(|h| h.nodes.clone()).collect();
+    let held: Vec<u32> = s.holds.iter().flat_map(|h| h.nodes.clone()).collect();
     assert_eq!(held.len(), 4);
     // Work on a held node ends: no other request may take it, the gang keeps waiting.
     let on_held: Vec<u64> = s.running().filter(|r| held.contains(&r.node.0)).map(|r| r.id).collect();
@@ -252,7 +252,7 @@ fn a_gang_that_waited_past_the_backfill_window_holds_a_rack_until_it_fits() {
     let mut want = held.clone();
     want.sort_unstable();
     assert_eq!(nodes, want);
-    assert!(s.gang_holds.is_empty(), "the hold ends with the placement");
+    assert!(s.holds.is_empty(), "the hold ends with the placement");
 }
 
 /// `j` with a requested duration.
@@ -269,8 +269,8 @@ fn wait_of(d: &[Decision], id: u64) -> Option<Wait> {
 }
 
 /// The one gang hold of `s`.
-fn hold(s: &Scheduler) -> GangHold {
-    let mut h = s.gang_holds.values();
+fn hold(s: &Scheduler) -> Hold {
+    let mut h = s.holds.iter();
     let one = h.next().expect("a gang holds nodes").clone();
     assert!(h.next().is_none());
     one
@@ -669,7 +669,7 @@ mod reservation_properties {
             prop_assume!(!placed_at_once);
             let mut now = window + 1;
             s.cycle(now);
-            let Some(h) = s.gang_holds.values().next().cloned() else {
+            let Some(h) = s.holds.first().cloned() else {
                 // Placed by the cycle, or nowhere to hold: nothing to check.
                 return Ok(());
             };
@@ -702,8 +702,8 @@ mod reservation_properties {
                     // Room freed elsewhere (or on its nodes, sooner than leases said).
                     return Ok(());
                 }
-                prop_assert!(s.gang_holds.values().any(|x| x.job == 1), "the hold stays: {:?}", d);
-                let h2 = s.gang_holds.values().find(|x| x.job == 1).unwrap().clone();
+                prop_assert!(s.holds.iter().any(|x| x.job == 1), "the hold stays: {:?}", d);
+                let h2 = s.holds.iter().find(|x| x.job == 1).unwrap().clone();
                 prop_assert_eq!(&h2.nodes, &h.nodes);
                 if let (Some(t), Some(t2)) = (start, h2.starts_at_ms) {
                     prop_assert!(t2 <= t, "the start moved from {} to {}", t, t2);
@@ -725,7 +725,7 @@ mod reservation_properties {
                 if s.cycle(now).iter().any(|x| matches!(x, Decision::PlacedGang { id: 1, .. })) {
                     return Ok(());
                 }
-                let h3 = s.gang_holds.values().find(|x| x.job == 1).unwrap();
+                let h3 = s.holds.iter().find(|x| x.job == 1).unwrap();
                 match (start, h3.starts_at_ms) {
                     (Some(t), Some(t2)) => prop_assert!(t2 <= t, "the start moved from {} to {}", t, t2),
                     (Some(t), None) => return Err(TestCaseError::fail(format!("the start {t} became unknown"))),
@@ -749,7 +749,7 @@ mod reservation_properties {
 }
 
 #[test]
-fn a_gang_holds_the_rack_where_it_starts_soonest() {
+fn a_holds_the_rack_where_it_starts_soonest() {
     let hour = 3_600_000;
     let mut s = sched();
     let window = s.cfg.backfill_max_wait_ms;

@@ -39,10 +39,14 @@
 //! reserved node needs to finish (their durations or leases), plus any time taken by requests of
 //! higher priority (one reservation per pool, taken in queue order).
 //!
-//! A multi-node gang that has waited past the window holds nodes instead, in the rack where it
-//! will start soonest by the lease ends of the work running there ([`Running::ends_at_ms`]); it
-//! knows that start, and only work that ends by it is placed on those nodes meanwhile, so
-//! backfill never delays it; it may take victims, by reclaim or preemption, there only.
+//! A multi-node gang, or a request of whole GPUs, that has waited past the window *holds* nodes
+//! instead ([`Hold`]): the gang in the rack where it will start soonest, the request the node
+//! where it fits soonest, by the lease ends of the work running there
+//! ([`Running::ends_at_ms`]). It knows that start, and only work that ends by it is placed on
+//! those nodes meanwhile, so backfill never delays it; a gang may take victims, by reclaim or
+//! preemption, there only. A pool has at most [`GovernConfig::holds_per_pool`] holds at once,
+//! taken in queue order on distinct nodes, so several large requests wait for their own nodes
+//! side by side rather than one after another.
 //!
 //! **Preemption bound (anti-thrash).** Reclaim only takes from *borrowers* (workloads admitted
 //! above their tenant's guaranteed share) of other tenants, and only for a request that stays
@@ -117,6 +121,11 @@ pub struct GovernConfig {
     pub half_life_ms: i64,
     /// How long a blocked head lets smaller requests backfill before it reserves its pools.
     pub backfill_max_wait_ms: i64,
+    /// At most this many reservations with a start ([`Hold`]s: multi-node gangs and requests
+    /// of whole GPUs that waited past the backfill window) per pool at once, taken in queue
+    /// order on distinct nodes. More serve big work sooner; each idles the capacity freed on
+    /// its nodes that no work short enough to end before its start can use.
+    pub holds_per_pool: usize,
     /// At most this many jobs search for victims per cycle (reclaim and preemption together).
     pub max_preemption_searches: usize,
     /// A request within its guarantee reclaims from borrowers only after waiting this long
@@ -167,6 +176,7 @@ impl Default for GovernConfig {
             min_runtime_ms: 60_000,
             half_life_ms: 3_600_000,
             backfill_max_wait_ms: 300_000,
+            holds_per_pool: 1,
             max_preemption_searches: 8,
             reclaim_after_ms: 300_000,
             consolidation: ConsolidationConfig::default(),
@@ -359,12 +369,14 @@ struct Nomination {
     nodes: HashSet<u32>,
 }
 
-/// A multi-node gang's reservation: the nodes held for it (it waited past the backfill window)
-/// and when it fits there by the ends of the work running on them. Work is placed on these
-/// nodes meanwhile only if it ends by then ([`Job::duration_ms`]), so it never delays the gang.
+/// A reservation with a start: the nodes held for a multi-node gang, or the node held for a
+/// request of whole GPUs, that waited past the backfill window, and when it fits there by the
+/// ends of the work running on them. Work is placed on these nodes meanwhile only if it ends by
+/// then ([`Job::duration_ms`]), so it never delays the holder.
 #[derive(Clone, Debug)]
-struct GangHold {
+struct Hold {
     job: u64,
+    pool: PoolId,
     nodes: Vec<u32>,
     /// GPUs the gang needs free on each held node.
     per_node: u32,
@@ -376,7 +388,7 @@ struct GangHold {
     ending: usize,
 }
 
-impl GangHold {
+impl Hold {
     /// Whether work of `duration_ms` placed at `now` ends by the gang's start.
     fn ends_before(&self, duration_ms: Option<i64>, now: i64) -> bool {
         match (self.starts_at_ms, duration_ms) {
@@ -405,9 +417,10 @@ pub struct Scheduler {
     reasons: FxHashMap<u64, Wait>,
     /// Per pool, the head that waited past the backfill window and the node held for it.
     reservations: HashMap<PoolId, (u64, u32)>,
-    /// Per pool, the multi-node gang that waited past the backfill window, the nodes held for
-    /// it and when it will start there (see the starvation bound in the module doc).
-    gang_holds: HashMap<PoolId, GangHold>,
+    /// The gangs and requests of whole GPUs that waited past the backfill window, the nodes
+    /// held for each and when it will start there, in the order they were taken (at most
+    /// [`GovernConfig::holds_per_pool`] per pool; see the starvation bound in the module doc).
+    holds: Vec<Hold>,
     /// Workloads preempted so far: how often and when last.
     preempted: FxHashMap<u64, (u32, i64)>,
     /// Capacity or quotas changed since the last full pass over the queue.
@@ -451,7 +464,7 @@ impl Scheduler {
             nominated: BTreeMap::new(),
             reasons: FxHashMap::default(),
             reservations: HashMap::new(),
-            gang_holds: HashMap::new(),
+            holds: Vec::new(),
             preempted: FxHashMap::default(),
             dirty: true,
             disruptions: HashMap::new(),
@@ -990,33 +1003,34 @@ impl Scheduler {
         self.running.insert(job.id, running);
     }
 
-    /// The nodes held for jobs other than `job`: backfill reservations, gangs' reservations and
-    /// the victims' nodes of waiting preemptors.
+    /// The nodes held for jobs other than `job`: backfill reservations, reservations with a
+    /// start and the victims' nodes of waiting preemptors.
     fn held_for_others(&self, job: u64) -> FxHashSet<u32> {
         self.held_for(job, |_| true)
     }
 
     /// The nodes `job`, placed at `now`, may not use: [`Self::held_for_others`] less the
-    /// nodes of gangs' reservations that start after it ends (backfill into reserved
-    /// capacity, which never delays the gang).
+    /// nodes of reservations with a start ([`Hold`]) that start after it ends (backfill into
+    /// reserved capacity, which never delays the holder).
     fn held_for_placing(&self, job: &Job, now: i64) -> FxHashSet<u32> {
         self.held_for(job.id, |h| !h.ends_before(job.duration_ms, now))
     }
 
-    /// Whether `job`, placed at `now`, may use the nodes of some gang's reservation.
+    /// Whether `job`, placed at `now`, may use the nodes of some reservation with a start.
     fn backfills_a_hold(&self, job: &Job, now: i64) -> bool {
-        self.gang_holds
-            .values()
+        self.holds
+            .iter()
             .any(|h| h.job != job.id && h.ends_before(job.duration_ms, now))
     }
 
-    /// The nodes held for jobs other than `job`, of gangs' reservations only those `gang` says.
-    fn held_for(&self, job: u64, gang: impl Fn(&GangHold) -> bool) -> FxHashSet<u32> {
+    /// The nodes held for jobs other than `job`, of reservations with a start only those `hold`
+    /// says.
+    fn held_for(&self, job: u64, hold: impl Fn(&Hold) -> bool) -> FxHashSet<u32> {
         let reserved = self.reservations.values().filter(|(j, _)| *j != job).map(|(_, n)| *n);
         let gangs = self
-            .gang_holds
-            .values()
-            .filter(|h| h.job != job && gang(h))
+            .holds
+            .iter()
+            .filter(|h| h.job != job && hold(h))
             .flat_map(|h| h.nodes.iter().copied());
         let nominated = self
             .nominated

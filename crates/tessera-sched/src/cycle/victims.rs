@@ -229,12 +229,7 @@ fn first_takeable(s: &Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> O
     let mut first: Option<i64> = None;
     if job.gang.is_some() {
         // A gang takes victims on the nodes it holds only.
-        for n in s
-            .gang_holds
-            .values()
-            .filter(|h| h.job == job.id)
-            .flat_map(|h| h.nodes.iter())
-        {
+        for n in s.holds.iter().filter(|h| h.job == job.id).flat_map(|h| h.nodes.iter()) {
             for (c, _) in index.candidates(*n).filter(|(_, v)| rule.may_take(job, rank, v)) {
                 let from = first.map_or(c.takeable_from_ms, |f| f.min(c.takeable_from_ms));
                 if from <= by {
@@ -290,10 +285,10 @@ fn search_gang(
     rule: &dyn VictimRule,
 ) -> Option<Vec<u64>> {
     let (pool, nodes) = s
-        .gang_holds
+        .holds
         .iter()
-        .find(|(_, h)| h.job == job.id)
-        .map(|(p, h)| (*p, h.nodes.clone()))?;
+        .find(|h| h.job == job.id)
+        .map(|h| (h.pool, h.nodes.clone()))?;
     let mut g = g.clone();
     g.pool = Some(pool);
     let rank = s.rank(&job.priority);
