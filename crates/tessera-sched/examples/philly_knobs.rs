@@ -1,6 +1,7 @@
 //! Measures the parts of the `tessera` policy on the Philly replay: `cargo run --release -p
 //! tessera-sched --example philly_knobs -- TRACE_DIR FLEET [SEEDS]` prints key figures per
-//! variant (the mean over same-second orders SEEDS, `0` or `0-4`).
+//! variant (the mean over same-second orders SEEDS, `0` or `0-4`); lists in WEIGHTS, PCTS, FMIN,
+//! GW, RESV (every blocked gang reserved: 0/1) and REST (the first blocked other job too) pick them.
 
 use tessera_sched::philly::{self, Layout, Policy, TesseraKnobs};
 
@@ -33,13 +34,19 @@ fn main() {
         for &pct in &list("PCTS", "5") {
             for &fmin in &list("FMIN", "0") {
                 for &gw in &list("GW", "0") {
-                    variants.push(TesseraKnobs {
-                        gang_estimate_weight_pct: gw,
-                        estimate_weight_pct: w,
-                        reclaim_budget_pct: pct,
-                        first_min_gpus: if fmin == 0 { u32::MAX } else { fmin },
-                        ..TesseraKnobs::default()
-                    });
+                    for &resv in &list("RESV", "1") {
+                        for &rest in &list("REST", "0") {
+                            variants.push(TesseraKnobs {
+                                gang_estimate_weight_pct: gw,
+                                estimate_weight_pct: w,
+                                reclaim_budget_pct: pct,
+                                first_min_gpus: if fmin == 0 { u32::MAX } else { fmin },
+                                reserve_every_gang: resv > 0,
+                                reserve_first_of_rest: rest > 0,
+                                ..TesseraKnobs::default()
+                            });
+                        }
+                    }
                 }
             }
         }
@@ -67,8 +74,13 @@ fn main() {
             .collect();
         line(
             &format!(
-                "w={} gw={} pct={} fmin={}",
-                k.estimate_weight_pct, k.gang_estimate_weight_pct, k.reclaim_budget_pct, k.first_min_gpus
+                "w={} gw={} pct={} fmin={} resv={} rest={}",
+                k.estimate_weight_pct,
+                k.gang_estimate_weight_pct,
+                k.reclaim_budget_pct,
+                k.first_min_gpus,
+                k.reserve_every_gang as u8,
+                k.reserve_first_of_rest as u8
             ),
             &philly::Report::mean(&runs).expect("a seed"),
             &fifo,

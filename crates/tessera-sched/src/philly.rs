@@ -687,13 +687,102 @@ impl Failed {
     }
 }
 
+/// A reservation made in a scheduling pass: the job's gang starts at `t` on `spot` and holds
+/// it, by its estimate, until `end`.
+struct Resv {
+    t: i64,
+    end: i64,
+    spot: Spot,
+    /// Free GPUs per node at `t` by estimates: running jobs that hold GPUs then, and every
+    /// reservation whose span contains `t` (this one included), taken out.
+    left: Vec<u8>,
+}
+
+/// A pass's reservations, ordered by time, and what a job started now may take without
+/// delaying any of them. A job that runs (by its estimate) until `end` overlaps the first
+/// `m` reservations, those with `t < end`; it may take on each node what is free now and left
+/// at each of those `m` reservations (usage only falls between reservations' starts, as
+/// running jobs end, so their starts are the only times to check).
+struct Book {
+    resv: Vec<Resv>,
+    /// `spare[m - 1]`: free now, capped by what the first `m` reservations leave.
+    spare: Vec<Free>,
+    /// Per `spare`: the gang sizes that failed to fit it (reset when it is rebuilt).
+    failed: Vec<Failed>,
+}
+
+impl Book {
+    fn new() -> Book {
+        Book {
+            resv: Vec::new(),
+            spare: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
+
+    /// How many reservations (a prefix) a job running until `end` overlaps.
+    fn overlapped(&self, end: i64) -> usize {
+        self.resv.partition_point(|r| r.t < end)
+    }
+
+    /// Adds the reservation of a job whose estimate is `est` at `t` on `spot`, `base` being
+    /// the state at `t` from running jobs alone, and rebuilds the spares.
+    fn add(&mut self, t: i64, est: i64, spot: Spot, base: &Free, free: &Free) {
+        let end = t + est;
+        let mut left = base.free.clone();
+        for r in self.resv.iter().filter(|r| r.t <= t && t < r.end) {
+            for &(n, x) in &r.spot {
+                left[n] = left[n].saturating_sub(x);
+            }
+        }
+        for &(n, x) in &spot {
+            left[n] = left[n].saturating_sub(x);
+        }
+        for r in self.resv.iter_mut().filter(|r| t <= r.t && r.t < end) {
+            for &(n, x) in &spot {
+                r.left[n] = r.left[n].saturating_sub(x);
+            }
+        }
+        let at = self.resv.partition_point(|r| r.t <= t);
+        self.resv.insert(at, Resv { t, end, spot, left });
+        self.spare.clear();
+        let mut cap = free.free.clone();
+        for r in &self.resv {
+            let mut f = free.clone();
+            for (n, c) in cap.iter_mut().enumerate() {
+                *c = (*c).min(r.left[n]);
+                f.set(n, *c);
+            }
+            self.spare.push(f);
+        }
+        self.failed = self.resv.iter().map(|_| Failed::new()).collect();
+    }
+
+    /// A job overlapping the first `m` reservations started on `spot` (already taken from
+    /// `free`): it holds its GPUs at each of them.
+    fn took(&mut self, spot: &Spot, m: usize, free: &Free) {
+        for r in &mut self.resv[..m] {
+            for &(n, x) in spot {
+                r.left[n] -= x;
+            }
+        }
+        for &(n, _) in spot {
+            let mut c = free.free[n];
+            for (k, r) in self.resv.iter().enumerate() {
+                c = c.min(r.left[n]);
+                self.spare[k].set(n, c);
+            }
+        }
+    }
+}
+
 impl<'a> Sim<'a> {
     fn within(&self, j: usize) -> bool {
         let job = &self.trace.jobs[j];
         self.held[job.tenant] + job.gpus as u64 <= self.guarantee[job.tenant]
     }
 
-    fn start(&mut self, j: usize, spot: Spot, now: i64, hold_t: Option<&mut (Vec<u8>, Free)>) {
+    fn start(&mut self, j: usize, spot: Spot, now: i64) {
         let job = &self.trace.jobs[j];
         if job.duration == 0 {
             // Ends as it starts: holds nothing.
@@ -702,18 +791,6 @@ impl<'a> Sim<'a> {
             return;
         }
         self.free.take(&spot);
-        if let Some((left, spare)) = hold_t {
-            // Backfill bookkeeping: `left` is what remains at the reservation after the head;
-            // a job that may run past it (by its estimate) holds its GPUs there too.
-            for &(n, x) in &spot {
-                if let Some(l) = left.get_mut(n) {
-                    *l -= x;
-                }
-            }
-            for &(n, _) in &spot {
-                spare.set(n, self.free.free[n].min(left[n]));
-            }
-        }
         let racks: BTreeSet<usize> = spot.iter().map(|&(n, _)| n / self.layout.nodes_per_rack).collect();
         if spot.len() > 1 && racks.len() > self.layout.min_racks(spot.len()) {
             self.beyond_min_racks += 1;
@@ -756,24 +833,51 @@ impl<'a> Sim<'a> {
         self.queue.insert(pos, j);
     }
 
-    /// The head's reservation: the earliest time its gang fits as running jobs end by their
-    /// estimates, and the state then with the head's best-fit placement taken out.
-    fn reserve(&self, head: usize) -> (i64, Vec<u8>) {
-        let shares = &self.shares[head];
+    /// A reservation for job `j` given the reservations `resv` already made in this pass: the
+    /// earliest time its gang fits as running jobs end by their estimates, on GPUs that no
+    /// reservation whose span overlaps the job's own (its estimate from then) holds, and the
+    /// best-fit placement there; also the state at that time from running jobs alone. With no
+    /// earlier reservation this is EASY's head reservation (the times tried are the running
+    /// jobs' estimated ends); with some, the reservations' ends are tried too, and a node a
+    /// reservation holds at any time of the span counts as held over all of it (conservative:
+    /// it never promises GPUs that another reservation needs).
+    fn reserve(&self, j: usize, resv: &[Resv]) -> (i64, Spot, Free) {
+        let shares = &self.shares[j];
+        let e = self.est[j];
         let mut f = self.free.clone();
+        let mut ends: Vec<i64> = resv.iter().map(|r| r.end).collect();
+        ends.sort_unstable();
+        let mut ends = ends.into_iter().peekable();
         let mut it = self.by_est_end.iter().peekable();
-        while let Some(&(t, j)) = it.next() {
-            f.give(&self.running[j].as_ref().expect("running").spot);
-            if it.peek().is_some_and(|&&(t2, _)| t2 == t) {
+        loop {
+            let tau = match (it.peek().map(|&&(t, _)| t), ends.peek().copied()) {
+                (None, None) => unreachable!("a gang that fits the empty fleet fits once every job has ended"),
+                (Some(a), None) => a,
+                (None, Some(b)) => b,
+                (Some(a), Some(b)) => a.min(b),
+            };
+            while let Some(&(_, r)) = it.next_if(|&&(t, _)| t <= tau) {
+                f.give(&self.running[r].as_ref().expect("running").spot);
+            }
+            while ends.next_if(|&t| t <= tau).is_some() {}
+            if !f.fits(shares) {
                 continue;
             }
-            if f.fits(shares) {
+            let mut over = resv.iter().filter(|r| r.t < tau + e && r.end > tau).peekable();
+            if over.peek().is_none() {
                 let spot = f.place(shares, false).expect("fits");
-                f.take(&spot);
-                return (t, f.free);
+                return (tau, spot, f);
+            }
+            let mut g = f.clone();
+            for r in over {
+                for &(n, x) in &r.spot {
+                    g.set(n, g.free[n].saturating_sub(x));
+                }
+            }
+            if let Some(spot) = g.place(shares, false) {
+                return (tau, spot, f);
             }
         }
-        unreachable!("a gang that fits the empty fleet fits once every job has ended")
     }
 
     /// Tessera's reclaim for a blocked within-guarantee head: in the rack where it costs the
@@ -877,11 +981,15 @@ impl<'a> Sim<'a> {
         };
         let mut started = vec![];
         let mut failed_now = Failed::new();
-        let mut failed_spare = Failed::new();
-        // After the head: (reservation time, the reservation bookkeeping).
-        let mut reservation: Option<(i64, (Vec<u8>, Free))> = None;
+        // The reservations made so far in this pass (none: no job has been blocked yet).
+        let mut book = Book::new();
         let mut stop = false;
         let mut reclaimed = false;
+        // Tessera: every blocked multi-node gang gets a reservation of its own (conservative
+        // backfill for gangs), and, with `reserve_first_of_rest`, so does the first blocked job
+        // that is not one.
+        let gang_resv = self.policy == Policy::Tessera && self.knobs.reserve_every_gang;
+        let mut rest_reserved = false;
         for &j in &order {
             if stop {
                 break;
@@ -890,85 +998,73 @@ impl<'a> Sim<'a> {
             if self.running[j].is_some() {
                 continue;
             }
-            match &mut reservation {
-                None => {
-                    if !failed_now.get(g) && self.free.fits(&self.shares[j]) {
-                        let spot = self.free.place(&self.shares[j], first_fit).expect("fits");
-                        self.start(j, spot, now, None);
-                        started.push(j);
-                        continue;
-                    }
-                    failed_now.set(g);
-                    match self.policy {
-                        Policy::Fifo => stop = true,
-                        Policy::TopologyBestfit => {}
-                        _ => {
-                            let (t, left) = self.reserve(j);
-                            if self.policy == Policy::Tessera
-                                && !reclaimed
-                                && self.knobs.reclaim_min_shares.is_some_and(|m| self.shares[j].len() >= m)
-                                && self.within(j)
-                                && self.reclaim(j, now, t - now)
-                            {
-                                reclaimed = true;
-                                let spot = self.free.place(&self.shares[j], false).expect("reclaimed");
-                                self.start(j, spot, now, None);
-                                started.push(j);
-                                failed_now = Failed::new();
-                                continue;
-                            }
-                            let mut spare = self.free.clone();
-                            for (n, &l) in left.iter().enumerate() {
-                                spare.set(n, self.free.free[n].min(l));
-                            }
-                            reservation = Some((t, (left, spare)));
+            if book.resv.is_empty() {
+                if !failed_now.get(g) && self.free.fits(&self.shares[j]) {
+                    let spot = self.free.place(&self.shares[j], first_fit).expect("fits");
+                    self.start(j, spot, now);
+                    started.push(j);
+                    continue;
+                }
+                failed_now.set(g);
+                match self.policy {
+                    Policy::Fifo => stop = true,
+                    Policy::TopologyBestfit => {}
+                    _ => {
+                        let (t, spot, base) = self.reserve(j, &book.resv);
+                        if self.policy == Policy::Tessera
+                            && !reclaimed
+                            && self.knobs.reclaim_min_shares.is_some_and(|m| self.shares[j].len() >= m)
+                            && self.within(j)
+                            && self.reclaim(j, now, t - now)
+                        {
+                            reclaimed = true;
+                            let spot = self.free.place(&self.shares[j], false).expect("reclaimed");
+                            self.start(j, spot, now);
+                            started.push(j);
+                            failed_now = Failed::new();
+                            continue;
                         }
+                        rest_reserved = self.shares[j].len() == 1;
+                        book.add(t, self.est[j], spot, &base, &self.free);
                     }
                 }
-                Some((t, book)) => {
-                    debug_assert!(easy);
-                    if failed_now.get(g) {
-                        continue;
-                    }
-                    if self.free.all[1..].iter().all(|&c| c == 0) {
-                        break;
-                    }
-                    let t = *t;
-                    let short = now + self.est[j] <= t;
-                    if short {
+            } else {
+                debug_assert!(easy);
+                // Start it now if that delays no reservation.
+                if !failed_now.get(g) {
+                    let m = book.overlapped(now + self.est[j]);
+                    if m == 0 {
+                        if self.free.fits(&self.shares[j]) {
+                            let spot = self.free.place(&self.shares[j], false).expect("fits");
+                            self.start(j, spot.clone(), now);
+                            book.took(&spot, 0, &self.free);
+                            started.push(j);
+                            continue;
+                        }
+                        failed_now.set(g);
+                    } else if !book.failed[m - 1].get(g) {
+                        if let Some(spot) = book.spare[m - 1].place_ranked(&self.free, &self.shares[j], false) {
+                            self.start(j, spot.clone(), now);
+                            book.took(&spot, m, &self.free);
+                            started.push(j);
+                            continue;
+                        }
+                        book.failed[m - 1].set(g);
                         if !self.free.fits(&self.shares[j]) {
                             failed_now.set(g);
-                            continue;
                         }
-                        let spot = self.free.place(&self.shares[j], false).expect("fits");
-                        let mut book = reservation.take().expect("set").1;
-                        self.start(j, spot, now, None);
-                        for n in 0..book.1.free.len() {
-                            let v = self.free.free[n].min(book.0[n]);
-                            book.1.set(n, v);
-                        }
-                        reservation = Some((t, book));
-                        started.push(j);
-                    } else {
-                        if failed_spare.get(g) {
-                            continue;
-                        }
-                        if !book.1.fits(&self.shares[j]) {
-                            failed_spare.set(g);
-                            if !self.free.fits(&self.shares[j]) {
-                                failed_now.set(g);
-                            }
-                            continue;
-                        }
-                        let spot = book.1.place_ranked(&self.free, &self.shares[j], false).expect("fits");
-                        let mut book = reservation.take().expect("set").1;
-                        self.start(j, spot, now, Some(&mut book));
-                        reservation = Some((t, book));
-                        started.push(j);
                     }
                 }
+                let gang = self.shares[j].len() > 1;
+                if (gang_resv && gang && book.resv.len() < self.knobs.max_reservations)
+                    || (self.policy == Policy::Tessera && self.knobs.reserve_first_of_rest && !gang && !rest_reserved)
+                {
+                    let (t, spot, base) = self.reserve(j, &book.resv);
+                    rest_reserved |= !gang;
+                    book.add(t, self.est[j], spot, &base, &self.free);
+                }
             }
-            if self.free.all[1..].iter().all(|&c| c == 0) && (reservation.is_some() || self.policy != Policy::Tessera) {
+            if self.free.all[1..].iter().all(|&c| c == 0) && (!book.resv.is_empty() || self.policy != Policy::Tessera) {
                 break;
             }
         }
@@ -1005,6 +1101,14 @@ pub struct TesseraKnobs {
     pub estimate_weight_pct: u32,
     /// The same for the jobs that go first (multi-node gangs, and jobs of `first_min_gpus`).
     pub gang_estimate_weight_pct: u32,
+    /// Every blocked multi-node gang gets a reservation of its own, not only the first
+    /// blocked job (conservative backfill for gangs, EASY for the rest).
+    pub reserve_every_gang: bool,
+    /// At most this many reservations per pass.
+    pub max_reservations: usize,
+    /// With `reserve_every_gang`: the first blocked job that is not a multi-node gang gets a
+    /// reservation too (EASY's head for the rest), even behind gangs' reservations.
+    pub reserve_first_of_rest: bool,
 }
 
 impl Default for TesseraKnobs {
@@ -1017,6 +1121,9 @@ impl Default for TesseraKnobs {
             reclaim_budget_pct: 5,
             estimate_weight_pct: 0,
             gang_estimate_weight_pct: 0,
+            reserve_every_gang: true,
+            max_reservations: usize::MAX,
+            reserve_first_of_rest: false,
         }
     }
 }
