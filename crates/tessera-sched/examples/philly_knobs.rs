@@ -128,7 +128,7 @@ pub fn dump(trace: &philly::Trace, layout: &Layout, k: TesseraKnobs) {
     let (w0, w1) = (w0 / 1000 + t0, w1 / 1000 + t0);
     for (i, j) in trace.jobs.iter().enumerate() {
         let ms = j.submit;
-        if !(12..=32).contains(&j.gpus) || ms < w0 || ms >= w1 {
+        if j.gpus < 12 || (j.gpus <= 32 && (ms < w0 || ms >= w1)) {
             continue;
         }
         let db = b[i].start.map_or(-1, |s| s - j.submit);
