@@ -35,8 +35,9 @@ fn main() {
             for &fmin in &list("FMIN", "0") {
                 for &gw in &list("GW", "0") {
                     for &resv in &list("RESV", "1") {
-                        for &rest in &list("REST", "0") {
+                        for (rest, align) in list("REST", "0").into_iter().flat_map(|r| list("ALIGN", "0").into_iter().map(move |a| (r, a))) {
                             variants.push(TesseraKnobs {
+                                align_ends: align > 0,
                                 gang_estimate_weight_pct: gw,
                                 estimate_weight_pct: w,
                                 reclaim_budget_pct: pct,
@@ -74,13 +75,14 @@ fn main() {
             .collect();
         line(
             &format!(
-                "w={} gw={} pct={} fmin={} resv={} rest={}",
+                "w={} gw={} pct={} fmin={} resv={} rest={} align={}",
                 k.estimate_weight_pct,
                 k.gang_estimate_weight_pct,
                 k.reclaim_budget_pct,
                 k.first_min_gpus,
                 k.reserve_every_gang as u8,
-                k.reserve_first_of_rest as u8
+                k.reserve_first_of_rest as u8,
+                k.align_ends as u8
             ),
             &philly::Report::mean(&runs).expect("a seed"),
             &fifo,

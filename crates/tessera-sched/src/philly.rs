@@ -528,6 +528,34 @@ impl Free {
     }
 }
 
+impl Free {
+    /// Places a single-node job of `share` GPUs where `self` has room, on the node whose busy
+    /// horizon (`horizon`: the latest estimated end of the work on it) it extends least when it
+    /// runs until `end`, ties by best-fit on `rank` (the rack with the fewest free GPUs, then
+    /// the node with the fewest), then name order. Jobs that end about together then share
+    /// nodes, so a node frees whole when its work ends instead of staying half-held by one
+    /// long job among short ones: whole nodes (and whole racks' worth of them) are what 8-GPU
+    /// jobs and multi-node gangs wait for.
+    fn place_aligned(&self, rank: &Free, share: u8, horizon: &[i64], end: i64) -> Option<Spot> {
+        let mut best: Option<(i64, u32, u8, usize)> = None;
+        for (n, &f) in self.free.iter().enumerate() {
+            if f < share {
+                continue;
+            }
+            let key = (
+                (end - horizon[n]).max(0),
+                rank.rack_free[n / self.npr],
+                rank.free[n],
+                n,
+            );
+            if best.is_none_or(|b| key < b) {
+                best = Some(key);
+            }
+        }
+        best.map(|b| vec![(b.3, share)])
+    }
+}
+
 /// Figures of one size class (or of all the window's jobs).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Delays {
@@ -934,6 +962,39 @@ impl<'a> Sim<'a> {
         true
     }
 
+    /// Each node's busy horizon: the latest estimated end of the jobs running on it (`now`
+    /// when it is empty), for [`Free::place_aligned`].
+    fn horizons(&self, now: i64) -> Vec<i64> {
+        let mut h = vec![now; self.free.free.len()];
+        for &(e, j) in &self.by_est_end {
+            for &(n, _) in &self.running[j].as_ref().expect("running").spot {
+                h[n] = e;
+            }
+        }
+        h
+    }
+
+    /// Where job `j` goes in `room` (free now, or what reservations leave of it): Tessera
+    /// with `align_ends` places a single-node job by [`Free::place_aligned`]; otherwise
+    /// best-fit (or first-fit) ranked by what is free now.
+    fn place_in(&self, j: usize, room: &Free, first_fit: bool, horizon: &[i64], now: i64) -> Option<Spot> {
+        let shares = &self.shares[j];
+        if self.policy == Policy::Tessera && self.knobs.align_ends && shares.len() == 1 {
+            return room.place_aligned(&self.free, shares[0], horizon, now + self.est[j]);
+        }
+        room.place_ranked(&self.free, shares, first_fit)
+    }
+
+    /// After job `j` started on `spot` at `now`: its nodes are busy until its estimated end.
+    fn extend(&self, horizon: &mut [i64], j: usize, spot: &Spot, now: i64) {
+        if horizon.is_empty() {
+            return;
+        }
+        for &(n, _) in spot {
+            horizon[n] = horizon[n].max(now + self.est[j]);
+        }
+    }
+
     /// One scheduling pass at `now`.
     fn pass(&mut self, now: i64) {
         if self.queue.is_empty() {
@@ -990,6 +1051,11 @@ impl<'a> Sim<'a> {
         // that is not one.
         let gang_resv = self.policy == Policy::Tessera && self.knobs.reserve_every_gang;
         let mut rest_reserved = false;
+        let mut horizon = if self.policy == Policy::Tessera && self.knobs.align_ends {
+            self.horizons(now)
+        } else {
+            Vec::new()
+        };
         for &j in &order {
             if stop {
                 break;
@@ -1000,7 +1066,8 @@ impl<'a> Sim<'a> {
             }
             if book.resv.is_empty() {
                 if !failed_now.get(g) && self.free.fits(&self.shares[j]) {
-                    let spot = self.free.place(&self.shares[j], first_fit).expect("fits");
+                    let spot = self.place_in(j, &self.free, first_fit, &horizon, now).expect("fits");
+                    self.extend(&mut horizon, j, &spot, now);
                     self.start(j, spot, now);
                     started.push(j);
                     continue;
@@ -1020,6 +1087,7 @@ impl<'a> Sim<'a> {
                             reclaimed = true;
                             let spot = self.free.place(&self.shares[j], false).expect("reclaimed");
                             self.start(j, spot, now);
+                            horizon = self.horizons(now);
                             started.push(j);
                             failed_now = Failed::new();
                             continue;
@@ -1035,7 +1103,8 @@ impl<'a> Sim<'a> {
                     let m = book.overlapped(now + self.est[j]);
                     if m == 0 {
                         if self.free.fits(&self.shares[j]) {
-                            let spot = self.free.place(&self.shares[j], false).expect("fits");
+                            let spot = self.place_in(j, &self.free, false, &horizon, now).expect("fits");
+                            self.extend(&mut horizon, j, &spot, now);
                             self.start(j, spot.clone(), now);
                             book.took(&spot, 0, &self.free);
                             started.push(j);
@@ -1043,7 +1112,8 @@ impl<'a> Sim<'a> {
                         }
                         failed_now.set(g);
                     } else if !book.failed[m - 1].get(g) {
-                        if let Some(spot) = book.spare[m - 1].place_ranked(&self.free, &self.shares[j], false) {
+                        if let Some(spot) = self.place_in(j, &book.spare[m - 1], false, &horizon, now) {
+                            self.extend(&mut horizon, j, &spot, now);
                             self.start(j, spot.clone(), now);
                             book.took(&spot, m, &self.free);
                             started.push(j);
@@ -1109,6 +1179,9 @@ pub struct TesseraKnobs {
     /// With `reserve_every_gang`: the first blocked job that is not a multi-node gang gets a
     /// reservation too (EASY's head for the rest), even behind gangs' reservations.
     pub reserve_first_of_rest: bool,
+    /// Single-node jobs go where they extend the node's busy horizon least
+    /// ([`Free::place_aligned`]) rather than best-fit alone.
+    pub align_ends: bool,
 }
 
 impl Default for TesseraKnobs {
@@ -1124,6 +1197,7 @@ impl Default for TesseraKnobs {
             reserve_every_gang: true,
             max_reservations: usize::MAX,
             reserve_first_of_rest: false,
+            align_ends: false,
         }
     }
 }
