@@ -245,12 +245,17 @@ pub enum Policy {
     /// `Backfill` with jobs within their tenant's guarantee ordered first.
     QuotaBackfill,
     /// Tessera: waiting multi-node gangs first, then jobs within their tenant's guarantee,
-    /// then the rest (arrival order in each class); EASY backfill around a reservation for the
-    /// first blocked job; for a blocked multi-node gang within its tenant's guarantee, borrowed
-    /// GPUs are reclaimed in one rack (jobs of tenants over their guarantee, least work done
-    /// first) when the work lost is under 5 % of the GPU-time the gang would otherwise wait for
-    /// its reservation. Preempted jobs restart from the beginning (no checkpointing). See
-    /// [`TesseraKnobs`].
+    /// then the rest; inside each class by submission plus a quarter of the estimate (gangs by
+    /// submission alone): shorter work first, a long job overtaken only by jobs submitted
+    /// within a quarter of its estimate after it. Backfill is conservative for gangs: every blocked multi-node gang gets a
+    /// reservation of its own, placed around the earlier ones, and so does the first blocked
+    /// job of the rest; a job starts now only where it delays none of them (by estimates).
+    /// Single-node jobs go on the node whose busy horizon they extend least, so work that ends
+    /// together shares nodes and whole nodes free up. For a blocked multi-node gang within
+    /// its tenant's guarantee, borrowed GPUs are reclaimed in one rack (jobs of tenants over
+    /// their guarantee, least work done first) when the work lost is under 5 % of the GPU-time
+    /// the gang would otherwise wait for its reservation. Preempted jobs restart from the
+    /// beginning (no checkpointing). See [`TesseraKnobs`].
     Tessera,
 }
 
@@ -1176,8 +1181,9 @@ pub struct TesseraKnobs {
     pub reserve_every_gang: bool,
     /// At most this many reservations per pass.
     pub max_reservations: usize,
-    /// With `reserve_every_gang`: the first blocked job that is not a multi-node gang gets a
-    /// reservation too (EASY's head for the rest), even behind gangs' reservations.
+    /// The first blocked job that is not a multi-node gang gets a reservation too (EASY's head
+    /// for the rest), even behind gangs' reservations: otherwise an 8-GPU job behind waiting
+    /// gangs has none, and the nodes it needs are filled again and again by later jobs.
     pub reserve_first_of_rest: bool,
     /// Single-node jobs go where they extend the node's busy horizon least
     /// ([`Free::place_aligned`]) rather than best-fit alone.
@@ -1192,12 +1198,12 @@ impl Default for TesseraKnobs {
             first_min_gpus: u32::MAX,
             reclaim_min_shares: Some(2),
             reclaim_budget_pct: 5,
-            estimate_weight_pct: 0,
+            estimate_weight_pct: 25,
             gang_estimate_weight_pct: 0,
             reserve_every_gang: true,
             max_reservations: usize::MAX,
-            reserve_first_of_rest: false,
-            align_ends: false,
+            reserve_first_of_rest: true,
+            align_ends: true,
         }
     }
 }
@@ -1662,6 +1668,81 @@ mod tests {
         assert_eq!(out[0].end, Some(3700 + 36000));
         assert_eq!(r.preemptions, 1);
         assert!((r.gpu_hours_lost - 400.0 / 3600.0).abs() < 1e-9);
+    }
+
+    /// 2 racks × 2 nodes × 4 GPUs, one tenant (guarantee 16, so never over it: no reclaim).
+    /// An 8-GPU gang takes a whole rack. t=0 H (8 GPUs, 1 h, estimate 2 h) takes r00, A (4, 2 h,
+    /// estimate 4 h) r01-n0; t=10 gangs G1 (8, 10 h, estimate 20 h) and G2 (8, 1 h); t=20 L
+    /// (4, 10 h, estimate 20 h), which fits only r01-n1.
+    /// * One reservation (the old rule, EASY): at t=10 G1 is the head, reserved at 7,200 (H's
+    ///   estimate) on r00; G2 has none. At t=20 L leaves r00 alone, so it starts on r01-n1 and
+    ///   holds it to 36,020. H ends at 3,600 and G1 starts (wait 3,590); A ends at 7,200, but
+    ///   r01-n1 is L's until 36,020: G2 waits 36,010.
+    /// * A reservation per gang (Tessera): at t=10 G2 is reserved around G1's [7,200, 79,200)
+    ///   on r00: at 14,400 (A's estimate) on r01. L would run past 14,400 on r01-n1, which G2
+    ///   holds then: it waits (its own reservation comes after G2's, at 21,600). G1 starts at
+    ///   3,600 (3,590); at 7,200 A ends and G2 starts on r01 (7,190); it ends at 10,800 and L
+    ///   starts (10,780).
+    #[test]
+    fn every_waiting_gang_gets_its_own_reservation() {
+        let layout = Layout {
+            racks: vec!["r00".into(), "r01".into()],
+            nodes_per_rack: 2,
+            gpus_per_node: 4,
+        };
+        let trace = Trace {
+            jobs: vec![
+                job(0, 3600, 8, 0),
+                job(0, 7200, 4, 0),
+                job(10, 36000, 8, 0),
+                job(10, 3600, 8, 0),
+                job(20, 36000, 4, 0),
+            ],
+            tenants: vec!["A".into()],
+        };
+        assert_eq!(guarantees(&trace, 16), vec![16]);
+        let waits_of = |k: TesseraKnobs| -> Vec<i64> {
+            let (r, out) = replay_tuned(&trace, &layout, Policy::Tessera, k);
+            assert_eq!(r.preemptions, 0);
+            out.iter()
+                .zip(&trace.jobs)
+                .map(|(o, j)| o.start.unwrap() - j.submit)
+                .collect()
+        };
+        let one = TesseraKnobs {
+            reserve_every_gang: false,
+            reserve_first_of_rest: false,
+            ..TesseraKnobs::default()
+        };
+        assert_eq!(waits_of(one), [0, 0, 3590, 36010, 0]);
+        assert_eq!(waits_of(TesseraKnobs::default()), [0, 0, 3590, 7190, 10780]);
+        // EASY backfill (the baseline) is the old rule.
+        assert_eq!(waits(&trace, &layout, Policy::Backfill), [0, 0, 3590, 36010, 0]);
+    }
+
+    /// Aligned placement on one rack of 2 nodes × 4 GPUs, each node with 1 GPU held: r00-n0
+    /// until 72,000 s (its horizon), r00-n1 until 7,200. A job that ends before both horizons
+    /// extends neither: best-fit, then name order (r00-n0). One that ends at 70,000 or 7,300
+    /// extends r00-n0's not at all and r00-n1's by 62,800 or 100 s: r00-n0, with the long work,
+    /// so r00-n1 drains whole at 7,200. With the horizons the other way round, a job ending at
+    /// 80,000 extends r00-n0 by 72,800 s and r00-n1 by 8,000: r00-n1.
+    #[test]
+    fn single_node_jobs_share_nodes_with_work_that_ends_with_them() {
+        let layout = Layout {
+            racks: vec!["r00".into()],
+            nodes_per_rack: 2,
+            gpus_per_node: 4,
+        };
+        let mut f = Free::new(&layout);
+        // r00-n0 holds work until 72,000, r00-n1 work until 7,200.
+        f.take(&vec![(0, 1), (1, 1)]);
+        let horizon = [72_000, 7_200];
+        assert_eq!(f.place_aligned(&f, 1, &horizon, 7_000), Some(vec![(0, 1)]));
+        assert_eq!(f.place_aligned(&f, 1, &horizon, 70_000), Some(vec![(0, 1)]));
+        assert_eq!(f.place_aligned(&f, 1, &horizon, 7_300), Some(vec![(0, 1)]));
+        assert_eq!(f.place_aligned(&f, 1, &[7_200, 72_000], 80_000), Some(vec![(1, 1)]));
+        f.take(&vec![(1, 3)]);
+        assert_eq!(f.place_aligned(&f, 4, &[7_200, 72_000], 3_600), None);
     }
 
     #[test]
