@@ -21,7 +21,7 @@ fn main() {
     let weights: Vec<u32> = std::env::var("WEIGHTS")
         .ok()
         .map(|w| w.split(',').map(|x| x.parse().expect("a weight")).collect())
-        .unwrap_or_else(|| vec![0, 50, 100, 200, 400]);
+        .unwrap_or_else(|| vec![25]);
     let list = |name: &str, default: &str| -> Vec<u32> {
         std::env::var(name)
             .unwrap_or_else(|_| default.to_string())
@@ -35,7 +35,10 @@ fn main() {
             for &fmin in &list("FMIN", "0") {
                 for &gw in &list("GW", "0") {
                     for &resv in &list("RESV", "1") {
-                        for (rest, align) in list("REST", "0").into_iter().flat_map(|r| list("ALIGN", "0").into_iter().map(move |a| (r, a))) {
+                        for (rest, align) in list("REST", "1")
+                            .into_iter()
+                            .flat_map(|r| list("ALIGN", "1").into_iter().map(move |a| (r, a)))
+                        {
                             variants.push(TesseraKnobs {
                                 align_ends: align > 0,
                                 gang_estimate_weight_pct: gw,
@@ -109,7 +112,7 @@ fn line(name: &str, r: &philly::Report, fifo: &philly::Report) {
         })
         .collect();
     println!(
-        "{name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | worse than fifo: {worse:?}",
+        "{name} | {:.3} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | worse than fifo: {worse:?}",
         r.allocation_pct,
         e.mean_s / 3600.0,
         g.mean_s / 3600.0,

@@ -547,12 +547,7 @@ impl Free {
             if f < share {
                 continue;
             }
-            let key = (
-                (end - horizon[n]).max(0),
-                rank.rack_free[n / self.npr],
-                rank.free[n],
-                n,
-            );
+            let key = ((end - horizon[n]).max(0), rank.rack_free[n / self.npr], rank.free[n], n);
             if best.is_none_or(|b| key < b) {
                 best = Some(key);
             }
