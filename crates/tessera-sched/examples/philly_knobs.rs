@@ -1,7 +1,10 @@
 //! Measures the parts of the `tessera` policy on the Philly replay: `cargo run --release -p
 //! tessera-sched --example philly_knobs -- TRACE_DIR FLEET [SEEDS]` prints key figures per
-//! variant (the mean over same-second orders SEEDS, `0` or `0-4`); lists in WEIGHTS, PCTS, FMIN,
-//! GW, RESV (every blocked gang reserved: 0/1) and REST (the first blocked other job too) pick them.
+//! variant (the mean over same-second orders SEEDS, `0` or `0-4`), allocation to three decimals;
+//! comma lists in WEIGHTS (estimate weight %, default 25), PCTS (reclaim budget %, 5), FMIN, GW,
+//! RESV (every blocked gang reserved: 1), REST (the first blocked other job too: 1) and ALIGN
+//! (single-node jobs by their nodes' busy horizons: 1) pick them; the defaults are the policy.
+//! DUMP=1 lists the gangs of 12 GPUs and more that wait over an hour.
 
 use tessera_sched::philly::{self, Layout, Policy, TesseraKnobs};
 
