@@ -1,6 +1,10 @@
 //! Measures the parts of the `tessera` policy on the Philly replay: `cargo run --release -p
 //! tessera-sched --example philly_knobs -- TRACE_DIR FLEET [SEEDS]` prints key figures per
-//! variant (the mean over same-second orders SEEDS, `0` or `0-4`).
+//! variant (the mean over same-second orders SEEDS, `0` or `0-4`), allocation to three decimals;
+//! comma lists in WEIGHTS (estimate weight %, default 25), PCTS (reclaim budget %, 5), FMIN, GW,
+//! RESV (every blocked gang reserved: 1), REST (the first blocked other job too: 1) and ALIGN
+//! (single-node jobs by their nodes' busy horizons: 1) pick them; the defaults are the policy.
+//! DUMP=1 lists the gangs of 12 GPUs and more that wait over an hour.
 
 use tessera_sched::philly::{self, Layout, Policy, TesseraKnobs};
 
@@ -20,7 +24,7 @@ fn main() {
     let weights: Vec<u32> = std::env::var("WEIGHTS")
         .ok()
         .map(|w| w.split(',').map(|x| x.parse().expect("a weight")).collect())
-        .unwrap_or_else(|| vec![0, 50, 100, 200, 400]);
+        .unwrap_or_else(|| vec![25]);
     let list = |name: &str, default: &str| -> Vec<u32> {
         std::env::var(name)
             .unwrap_or_else(|_| default.to_string())
@@ -33,13 +37,23 @@ fn main() {
         for &pct in &list("PCTS", "5") {
             for &fmin in &list("FMIN", "0") {
                 for &gw in &list("GW", "0") {
-                    variants.push(TesseraKnobs {
-                        gang_estimate_weight_pct: gw,
-                        estimate_weight_pct: w,
-                        reclaim_budget_pct: pct,
-                        first_min_gpus: if fmin == 0 { u32::MAX } else { fmin },
-                        ..TesseraKnobs::default()
-                    });
+                    for &resv in &list("RESV", "1") {
+                        for (rest, align) in list("REST", "1")
+                            .into_iter()
+                            .flat_map(|r| list("ALIGN", "1").into_iter().map(move |a| (r, a)))
+                        {
+                            variants.push(TesseraKnobs {
+                                align_ends: align > 0,
+                                gang_estimate_weight_pct: gw,
+                                estimate_weight_pct: w,
+                                reclaim_budget_pct: pct,
+                                first_min_gpus: if fmin == 0 { u32::MAX } else { fmin },
+                                reserve_every_gang: resv > 0,
+                                reserve_first_of_rest: rest > 0,
+                                ..TesseraKnobs::default()
+                            });
+                        }
+                    }
                 }
             }
         }
@@ -67,8 +81,14 @@ fn main() {
             .collect();
         line(
             &format!(
-                "w={} gw={} pct={} fmin={}",
-                k.estimate_weight_pct, k.gang_estimate_weight_pct, k.reclaim_budget_pct, k.first_min_gpus
+                "w={} gw={} pct={} fmin={} resv={} rest={} align={}",
+                k.estimate_weight_pct,
+                k.gang_estimate_weight_pct,
+                k.reclaim_budget_pct,
+                k.first_min_gpus,
+                k.reserve_every_gang as u8,
+                k.reserve_first_of_rest as u8,
+                k.align_ends as u8
             ),
             &philly::Report::mean(&runs).expect("a seed"),
             &fifo,
@@ -95,7 +115,7 @@ fn line(name: &str, r: &philly::Report, fifo: &philly::Report) {
         })
         .collect();
     println!(
-        "{name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | worse than fifo: {worse:?}",
+        "{name} | {:.3} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} | worse than fifo: {worse:?}",
         r.allocation_pct,
         e.mean_s / 3600.0,
         g.mean_s / 3600.0,
@@ -116,7 +136,7 @@ pub fn dump(trace: &philly::Trace, layout: &Layout, k: TesseraKnobs) {
     let (w0, w1) = (w0 / 1000 + t0, w1 / 1000 + t0);
     for (i, j) in trace.jobs.iter().enumerate() {
         let ms = j.submit;
-        if !(12..=32).contains(&j.gpus) || ms < w0 || ms >= w1 {
+        if j.gpus < 12 || (j.gpus <= 32 && (ms < w0 || ms >= w1)) {
             continue;
         }
         let db = b[i].start.map_or(-1, |s| s - j.submit);

@@ -245,12 +245,17 @@ pub enum Policy {
     /// `Backfill` with jobs within their tenant's guarantee ordered first.
     QuotaBackfill,
     /// Tessera: waiting multi-node gangs first, then jobs within their tenant's guarantee,
-    /// then the rest (arrival order in each class); EASY backfill around a reservation for the
-    /// first blocked job; for a blocked multi-node gang within its tenant's guarantee, borrowed
-    /// GPUs are reclaimed in one rack (jobs of tenants over their guarantee, least work done
-    /// first) when the work lost is under 5 % of the GPU-time the gang would otherwise wait for
-    /// its reservation. Preempted jobs restart from the beginning (no checkpointing). See
-    /// [`TesseraKnobs`].
+    /// then the rest; inside each class by submission plus a quarter of the estimate (gangs by
+    /// submission alone): shorter work first, a long job overtaken only by jobs submitted
+    /// within a quarter of its estimate after it. Backfill is conservative for gangs: every blocked multi-node gang gets a
+    /// reservation of its own, placed around the earlier ones, and so does the first blocked
+    /// job of the rest; a job starts now only where it delays none of them (by estimates).
+    /// Single-node jobs go on the node whose busy horizon they extend least, so work that ends
+    /// together shares nodes and whole nodes free up. For a blocked multi-node gang within
+    /// its tenant's guarantee, borrowed GPUs are reclaimed in one rack (jobs of tenants over
+    /// their guarantee, least work done first) when the work lost is under 5 % of the GPU-time
+    /// the gang would otherwise wait for its reservation. Preempted jobs restart from the
+    /// beginning (no checkpointing). See [`TesseraKnobs`].
     Tessera,
 }
 
@@ -528,6 +533,29 @@ impl Free {
     }
 }
 
+impl Free {
+    /// Places a single-node job of `share` GPUs where `self` has room, on the node whose busy
+    /// horizon (`horizon`: the latest estimated end of the work on it) it extends least when it
+    /// runs until `end`, ties by best-fit on `rank` (the rack with the fewest free GPUs, then
+    /// the node with the fewest), then name order. Jobs that end about together then share
+    /// nodes, so a node frees whole when its work ends instead of staying half-held by one
+    /// long job among short ones: whole nodes (and whole racks' worth of them) are what 8-GPU
+    /// jobs and multi-node gangs wait for.
+    fn place_aligned(&self, rank: &Free, share: u8, horizon: &[i64], end: i64) -> Option<Spot> {
+        let mut best: Option<(i64, u32, u8, usize)> = None;
+        for (n, &f) in self.free.iter().enumerate() {
+            if f < share {
+                continue;
+            }
+            let key = ((end - horizon[n]).max(0), rank.rack_free[n / self.npr], rank.free[n], n);
+            if best.is_none_or(|b| key < b) {
+                best = Some(key);
+            }
+        }
+        best.map(|b| vec![(b.3, share)])
+    }
+}
+
 /// Figures of one size class (or of all the window's jobs).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Delays {
@@ -687,13 +715,102 @@ impl Failed {
     }
 }
 
+/// A reservation made in a scheduling pass: the job's gang starts at `t` on `spot` and holds
+/// it, by its estimate, until `end`.
+struct Resv {
+    t: i64,
+    end: i64,
+    spot: Spot,
+    /// Free GPUs per node at `t` by estimates: running jobs that hold GPUs then, and every
+    /// reservation whose span contains `t` (this one included), taken out.
+    left: Vec<u8>,
+}
+
+/// A pass's reservations, ordered by time, and what a job started now may take without
+/// delaying any of them. A job that runs (by its estimate) until `end` overlaps the first
+/// `m` reservations, those with `t < end`; it may take on each node what is free now and left
+/// at each of those `m` reservations (usage only falls between reservations' starts, as
+/// running jobs end, so their starts are the only times to check).
+struct Book {
+    resv: Vec<Resv>,
+    /// `spare[m - 1]`: free now, capped by what the first `m` reservations leave.
+    spare: Vec<Free>,
+    /// Per `spare`: the gang sizes that failed to fit it (reset when it is rebuilt).
+    failed: Vec<Failed>,
+}
+
+impl Book {
+    fn new() -> Book {
+        Book {
+            resv: Vec::new(),
+            spare: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
+
+    /// How many reservations (a prefix) a job running until `end` overlaps.
+    fn overlapped(&self, end: i64) -> usize {
+        self.resv.partition_point(|r| r.t < end)
+    }
+
+    /// Adds the reservation of a job whose estimate is `est` at `t` on `spot`, `base` being
+    /// the state at `t` from running jobs alone, and rebuilds the spares.
+    fn add(&mut self, t: i64, est: i64, spot: Spot, base: &Free, free: &Free) {
+        let end = t + est;
+        let mut left = base.free.clone();
+        for r in self.resv.iter().filter(|r| r.t <= t && t < r.end) {
+            for &(n, x) in &r.spot {
+                left[n] = left[n].saturating_sub(x);
+            }
+        }
+        for &(n, x) in &spot {
+            left[n] = left[n].saturating_sub(x);
+        }
+        for r in self.resv.iter_mut().filter(|r| t <= r.t && r.t < end) {
+            for &(n, x) in &spot {
+                r.left[n] = r.left[n].saturating_sub(x);
+            }
+        }
+        let at = self.resv.partition_point(|r| r.t <= t);
+        self.resv.insert(at, Resv { t, end, spot, left });
+        self.spare.clear();
+        let mut cap = free.free.clone();
+        for r in &self.resv {
+            let mut f = free.clone();
+            for (n, c) in cap.iter_mut().enumerate() {
+                *c = (*c).min(r.left[n]);
+                f.set(n, *c);
+            }
+            self.spare.push(f);
+        }
+        self.failed = self.resv.iter().map(|_| Failed::new()).collect();
+    }
+
+    /// A job overlapping the first `m` reservations started on `spot` (already taken from
+    /// `free`): it holds its GPUs at each of them.
+    fn took(&mut self, spot: &Spot, m: usize, free: &Free) {
+        for r in &mut self.resv[..m] {
+            for &(n, x) in spot {
+                r.left[n] -= x;
+            }
+        }
+        for &(n, _) in spot {
+            let mut c = free.free[n];
+            for (k, r) in self.resv.iter().enumerate() {
+                c = c.min(r.left[n]);
+                self.spare[k].set(n, c);
+            }
+        }
+    }
+}
+
 impl<'a> Sim<'a> {
     fn within(&self, j: usize) -> bool {
         let job = &self.trace.jobs[j];
         self.held[job.tenant] + job.gpus as u64 <= self.guarantee[job.tenant]
     }
 
-    fn start(&mut self, j: usize, spot: Spot, now: i64, hold_t: Option<&mut (Vec<u8>, Free)>) {
+    fn start(&mut self, j: usize, spot: Spot, now: i64) {
         let job = &self.trace.jobs[j];
         if job.duration == 0 {
             // Ends as it starts: holds nothing.
@@ -702,18 +819,6 @@ impl<'a> Sim<'a> {
             return;
         }
         self.free.take(&spot);
-        if let Some((left, spare)) = hold_t {
-            // Backfill bookkeeping: `left` is what remains at the reservation after the head;
-            // a job that may run past it (by its estimate) holds its GPUs there too.
-            for &(n, x) in &spot {
-                if let Some(l) = left.get_mut(n) {
-                    *l -= x;
-                }
-            }
-            for &(n, _) in &spot {
-                spare.set(n, self.free.free[n].min(left[n]));
-            }
-        }
         let racks: BTreeSet<usize> = spot.iter().map(|&(n, _)| n / self.layout.nodes_per_rack).collect();
         if spot.len() > 1 && racks.len() > self.layout.min_racks(spot.len()) {
             self.beyond_min_racks += 1;
@@ -756,24 +861,51 @@ impl<'a> Sim<'a> {
         self.queue.insert(pos, j);
     }
 
-    /// The head's reservation: the earliest time its gang fits as running jobs end by their
-    /// estimates, and the state then with the head's best-fit placement taken out.
-    fn reserve(&self, head: usize) -> (i64, Vec<u8>) {
-        let shares = &self.shares[head];
+    /// A reservation for job `j` given the reservations `resv` already made in this pass: the
+    /// earliest time its gang fits as running jobs end by their estimates, on GPUs that no
+    /// reservation whose span overlaps the job's own (its estimate from then) holds, and the
+    /// best-fit placement there; also the state at that time from running jobs alone. With no
+    /// earlier reservation this is EASY's head reservation (the times tried are the running
+    /// jobs' estimated ends); with some, the reservations' ends are tried too, and a node a
+    /// reservation holds at any time of the span counts as held over all of it (conservative:
+    /// it never promises GPUs that another reservation needs).
+    fn reserve(&self, j: usize, resv: &[Resv]) -> (i64, Spot, Free) {
+        let shares = &self.shares[j];
+        let e = self.est[j];
         let mut f = self.free.clone();
+        let mut ends: Vec<i64> = resv.iter().map(|r| r.end).collect();
+        ends.sort_unstable();
+        let mut ends = ends.into_iter().peekable();
         let mut it = self.by_est_end.iter().peekable();
-        while let Some(&(t, j)) = it.next() {
-            f.give(&self.running[j].as_ref().expect("running").spot);
-            if it.peek().is_some_and(|&&(t2, _)| t2 == t) {
+        loop {
+            let tau = match (it.peek().map(|&&(t, _)| t), ends.peek().copied()) {
+                (None, None) => unreachable!("a gang that fits the empty fleet fits once every job has ended"),
+                (Some(a), None) => a,
+                (None, Some(b)) => b,
+                (Some(a), Some(b)) => a.min(b),
+            };
+            while let Some(&(_, r)) = it.next_if(|&&(t, _)| t <= tau) {
+                f.give(&self.running[r].as_ref().expect("running").spot);
+            }
+            while ends.next_if(|&t| t <= tau).is_some() {}
+            if !f.fits(shares) {
                 continue;
             }
-            if f.fits(shares) {
+            let mut over = resv.iter().filter(|r| r.t < tau + e && r.end > tau).peekable();
+            if over.peek().is_none() {
                 let spot = f.place(shares, false).expect("fits");
-                f.take(&spot);
-                return (t, f.free);
+                return (tau, spot, f);
+            }
+            let mut g = f.clone();
+            for r in over {
+                for &(n, x) in &r.spot {
+                    g.set(n, g.free[n].saturating_sub(x));
+                }
+            }
+            if let Some(spot) = g.place(shares, false) {
+                return (tau, spot, f);
             }
         }
-        unreachable!("a gang that fits the empty fleet fits once every job has ended")
     }
 
     /// Tessera's reclaim for a blocked within-guarantee head: in the rack where it costs the
@@ -830,6 +962,39 @@ impl<'a> Sim<'a> {
         true
     }
 
+    /// Each node's busy horizon: the latest estimated end of the jobs running on it (`now`
+    /// when it is empty), for [`Free::place_aligned`].
+    fn horizons(&self, now: i64) -> Vec<i64> {
+        let mut h = vec![now; self.free.free.len()];
+        for &(e, j) in &self.by_est_end {
+            for &(n, _) in &self.running[j].as_ref().expect("running").spot {
+                h[n] = e;
+            }
+        }
+        h
+    }
+
+    /// Where job `j` goes in `room` (free now, or what reservations leave of it): Tessera
+    /// with `align_ends` places a single-node job by [`Free::place_aligned`]; otherwise
+    /// best-fit (or first-fit) ranked by what is free now.
+    fn place_in(&self, j: usize, room: &Free, first_fit: bool, horizon: &[i64], now: i64) -> Option<Spot> {
+        let shares = &self.shares[j];
+        if self.policy == Policy::Tessera && self.knobs.align_ends && shares.len() == 1 {
+            return room.place_aligned(&self.free, shares[0], horizon, now + self.est[j]);
+        }
+        room.place_ranked(&self.free, shares, first_fit)
+    }
+
+    /// After job `j` started on `spot` at `now`: its nodes are busy until its estimated end.
+    fn extend(&self, horizon: &mut [i64], j: usize, spot: &Spot, now: i64) {
+        if horizon.is_empty() {
+            return;
+        }
+        for &(n, _) in spot {
+            horizon[n] = horizon[n].max(now + self.est[j]);
+        }
+    }
+
     /// One scheduling pass at `now`.
     fn pass(&mut self, now: i64) {
         if self.queue.is_empty() {
@@ -877,11 +1042,20 @@ impl<'a> Sim<'a> {
         };
         let mut started = vec![];
         let mut failed_now = Failed::new();
-        let mut failed_spare = Failed::new();
-        // After the head: (reservation time, the reservation bookkeeping).
-        let mut reservation: Option<(i64, (Vec<u8>, Free))> = None;
+        // The reservations made so far in this pass (none: no job has been blocked yet).
+        let mut book = Book::new();
         let mut stop = false;
         let mut reclaimed = false;
+        // Tessera: every blocked multi-node gang gets a reservation of its own (conservative
+        // backfill for gangs), and, with `reserve_first_of_rest`, so does the first blocked job
+        // that is not one.
+        let gang_resv = self.policy == Policy::Tessera && self.knobs.reserve_every_gang;
+        let mut rest_reserved = false;
+        let mut horizon = if self.policy == Policy::Tessera && self.knobs.align_ends {
+            self.horizons(now)
+        } else {
+            Vec::new()
+        };
         for &j in &order {
             if stop {
                 break;
@@ -890,85 +1064,77 @@ impl<'a> Sim<'a> {
             if self.running[j].is_some() {
                 continue;
             }
-            match &mut reservation {
-                None => {
-                    if !failed_now.get(g) && self.free.fits(&self.shares[j]) {
-                        let spot = self.free.place(&self.shares[j], first_fit).expect("fits");
-                        self.start(j, spot, now, None);
-                        started.push(j);
-                        continue;
-                    }
-                    failed_now.set(g);
-                    match self.policy {
-                        Policy::Fifo => stop = true,
-                        Policy::TopologyBestfit => {}
-                        _ => {
-                            let (t, left) = self.reserve(j);
-                            if self.policy == Policy::Tessera
-                                && !reclaimed
-                                && self.knobs.reclaim_min_shares.is_some_and(|m| self.shares[j].len() >= m)
-                                && self.within(j)
-                                && self.reclaim(j, now, t - now)
-                            {
-                                reclaimed = true;
-                                let spot = self.free.place(&self.shares[j], false).expect("reclaimed");
-                                self.start(j, spot, now, None);
-                                started.push(j);
-                                failed_now = Failed::new();
-                                continue;
-                            }
-                            let mut spare = self.free.clone();
-                            for (n, &l) in left.iter().enumerate() {
-                                spare.set(n, self.free.free[n].min(l));
-                            }
-                            reservation = Some((t, (left, spare)));
+            if book.resv.is_empty() {
+                if !failed_now.get(g) && self.free.fits(&self.shares[j]) {
+                    let spot = self.place_in(j, &self.free, first_fit, &horizon, now).expect("fits");
+                    self.extend(&mut horizon, j, &spot, now);
+                    self.start(j, spot, now);
+                    started.push(j);
+                    continue;
+                }
+                failed_now.set(g);
+                match self.policy {
+                    Policy::Fifo => stop = true,
+                    Policy::TopologyBestfit => {}
+                    _ => {
+                        let (t, spot, base) = self.reserve(j, &book.resv);
+                        if self.policy == Policy::Tessera
+                            && !reclaimed
+                            && self.knobs.reclaim_min_shares.is_some_and(|m| self.shares[j].len() >= m)
+                            && self.within(j)
+                            && self.reclaim(j, now, t - now)
+                        {
+                            reclaimed = true;
+                            let spot = self.free.place(&self.shares[j], false).expect("reclaimed");
+                            self.start(j, spot, now);
+                            horizon = self.horizons(now);
+                            started.push(j);
+                            failed_now = Failed::new();
+                            continue;
                         }
+                        rest_reserved = self.shares[j].len() == 1;
+                        book.add(t, self.est[j], spot, &base, &self.free);
                     }
                 }
-                Some((t, book)) => {
-                    debug_assert!(easy);
-                    if failed_now.get(g) {
-                        continue;
-                    }
-                    if self.free.all[1..].iter().all(|&c| c == 0) {
-                        break;
-                    }
-                    let t = *t;
-                    let short = now + self.est[j] <= t;
-                    if short {
+            } else {
+                debug_assert!(easy);
+                // Start it now if that delays no reservation.
+                if !failed_now.get(g) {
+                    let m = book.overlapped(now + self.est[j]);
+                    if m == 0 {
+                        if self.free.fits(&self.shares[j]) {
+                            let spot = self.place_in(j, &self.free, false, &horizon, now).expect("fits");
+                            self.extend(&mut horizon, j, &spot, now);
+                            self.start(j, spot.clone(), now);
+                            book.took(&spot, 0, &self.free);
+                            started.push(j);
+                            continue;
+                        }
+                        failed_now.set(g);
+                    } else if !book.failed[m - 1].get(g) {
+                        if let Some(spot) = self.place_in(j, &book.spare[m - 1], false, &horizon, now) {
+                            self.extend(&mut horizon, j, &spot, now);
+                            self.start(j, spot.clone(), now);
+                            book.took(&spot, m, &self.free);
+                            started.push(j);
+                            continue;
+                        }
+                        book.failed[m - 1].set(g);
                         if !self.free.fits(&self.shares[j]) {
                             failed_now.set(g);
-                            continue;
                         }
-                        let spot = self.free.place(&self.shares[j], false).expect("fits");
-                        let mut book = reservation.take().expect("set").1;
-                        self.start(j, spot, now, None);
-                        for n in 0..book.1.free.len() {
-                            let v = self.free.free[n].min(book.0[n]);
-                            book.1.set(n, v);
-                        }
-                        reservation = Some((t, book));
-                        started.push(j);
-                    } else {
-                        if failed_spare.get(g) {
-                            continue;
-                        }
-                        if !book.1.fits(&self.shares[j]) {
-                            failed_spare.set(g);
-                            if !self.free.fits(&self.shares[j]) {
-                                failed_now.set(g);
-                            }
-                            continue;
-                        }
-                        let spot = book.1.place_ranked(&self.free, &self.shares[j], false).expect("fits");
-                        let mut book = reservation.take().expect("set").1;
-                        self.start(j, spot, now, Some(&mut book));
-                        reservation = Some((t, book));
-                        started.push(j);
                     }
                 }
+                let gang = self.shares[j].len() > 1;
+                if (gang_resv && gang && book.resv.len() < self.knobs.max_reservations)
+                    || (self.policy == Policy::Tessera && self.knobs.reserve_first_of_rest && !gang && !rest_reserved)
+                {
+                    let (t, spot, base) = self.reserve(j, &book.resv);
+                    rest_reserved |= !gang;
+                    book.add(t, self.est[j], spot, &base, &self.free);
+                }
             }
-            if self.free.all[1..].iter().all(|&c| c == 0) && (reservation.is_some() || self.policy != Policy::Tessera) {
+            if self.free.all[1..].iter().all(|&c| c == 0) && (!book.resv.is_empty() || self.policy != Policy::Tessera) {
                 break;
             }
         }
@@ -1005,6 +1171,18 @@ pub struct TesseraKnobs {
     pub estimate_weight_pct: u32,
     /// The same for the jobs that go first (multi-node gangs, and jobs of `first_min_gpus`).
     pub gang_estimate_weight_pct: u32,
+    /// Every blocked multi-node gang gets a reservation of its own, not only the first
+    /// blocked job (conservative backfill for gangs, EASY for the rest).
+    pub reserve_every_gang: bool,
+    /// At most this many reservations per pass.
+    pub max_reservations: usize,
+    /// The first blocked job that is not a multi-node gang gets a reservation too (EASY's head
+    /// for the rest), even behind gangs' reservations: otherwise an 8-GPU job behind waiting
+    /// gangs has none, and the nodes it needs are filled again and again by later jobs.
+    pub reserve_first_of_rest: bool,
+    /// Single-node jobs go where they extend the node's busy horizon least
+    /// ([`Free::place_aligned`]) rather than best-fit alone.
+    pub align_ends: bool,
 }
 
 impl Default for TesseraKnobs {
@@ -1015,8 +1193,12 @@ impl Default for TesseraKnobs {
             first_min_gpus: u32::MAX,
             reclaim_min_shares: Some(2),
             reclaim_budget_pct: 5,
-            estimate_weight_pct: 0,
+            estimate_weight_pct: 25,
             gang_estimate_weight_pct: 0,
+            reserve_every_gang: true,
+            max_reservations: usize::MAX,
+            reserve_first_of_rest: true,
+            align_ends: true,
         }
     }
 }
@@ -1481,6 +1663,81 @@ mod tests {
         assert_eq!(out[0].end, Some(3700 + 36000));
         assert_eq!(r.preemptions, 1);
         assert!((r.gpu_hours_lost - 400.0 / 3600.0).abs() < 1e-9);
+    }
+
+    /// 2 racks × 2 nodes × 4 GPUs, one tenant (guarantee 16, so never over it: no reclaim).
+    /// An 8-GPU gang takes a whole rack. t=0 H (8 GPUs, 1 h, estimate 2 h) takes r00, A (4, 2 h,
+    /// estimate 4 h) r01-n0; t=10 gangs G1 (8, 10 h, estimate 20 h) and G2 (8, 1 h); t=20 L
+    /// (4, 10 h, estimate 20 h), which fits only r01-n1.
+    /// * One reservation (the old rule, EASY): at t=10 G1 is the head, reserved at 7,200 (H's
+    ///   estimate) on r00; G2 has none. At t=20 L leaves r00 alone, so it starts on r01-n1 and
+    ///   holds it to 36,020. H ends at 3,600 and G1 starts (wait 3,590); A ends at 7,200, but
+    ///   r01-n1 is L's until 36,020: G2 waits 36,010.
+    /// * A reservation per gang (Tessera): at t=10 G2 is reserved around G1's [7,200, 79,200)
+    ///   on r00: at 14,400 (A's estimate) on r01. L would run past 14,400 on r01-n1, which G2
+    ///   holds then: it waits (its own reservation comes after G2's, at 21,600). G1 starts at
+    ///   3,600 (3,590); at 7,200 A ends and G2 starts on r01 (7,190); it ends at 10,800 and L
+    ///   starts (10,780).
+    #[test]
+    fn every_waiting_gang_gets_its_own_reservation() {
+        let layout = Layout {
+            racks: vec!["r00".into(), "r01".into()],
+            nodes_per_rack: 2,
+            gpus_per_node: 4,
+        };
+        let trace = Trace {
+            jobs: vec![
+                job(0, 3600, 8, 0),
+                job(0, 7200, 4, 0),
+                job(10, 36000, 8, 0),
+                job(10, 3600, 8, 0),
+                job(20, 36000, 4, 0),
+            ],
+            tenants: vec!["A".into()],
+        };
+        assert_eq!(guarantees(&trace, 16), vec![16]);
+        let waits_of = |k: TesseraKnobs| -> Vec<i64> {
+            let (r, out) = replay_tuned(&trace, &layout, Policy::Tessera, k);
+            assert_eq!(r.preemptions, 0);
+            out.iter()
+                .zip(&trace.jobs)
+                .map(|(o, j)| o.start.unwrap() - j.submit)
+                .collect()
+        };
+        let one = TesseraKnobs {
+            reserve_every_gang: false,
+            reserve_first_of_rest: false,
+            ..TesseraKnobs::default()
+        };
+        assert_eq!(waits_of(one), [0, 0, 3590, 36010, 0]);
+        assert_eq!(waits_of(TesseraKnobs::default()), [0, 0, 3590, 7190, 10780]);
+        // EASY backfill (the baseline) is the old rule.
+        assert_eq!(waits(&trace, &layout, Policy::Backfill), [0, 0, 3590, 36010, 0]);
+    }
+
+    /// Aligned placement on one rack of 2 nodes × 4 GPUs, each node with 1 GPU held: r00-n0
+    /// until 72,000 s (its horizon), r00-n1 until 7,200. A job that ends before both horizons
+    /// extends neither: best-fit, then name order (r00-n0). One that ends at 70,000 or 7,300
+    /// extends r00-n0's not at all and r00-n1's by 62,800 or 100 s: r00-n0, with the long work,
+    /// so r00-n1 drains whole at 7,200. With the horizons the other way round, a job ending at
+    /// 80,000 extends r00-n0 by 72,800 s and r00-n1 by 8,000: r00-n1.
+    #[test]
+    fn single_node_jobs_share_nodes_with_work_that_ends_with_them() {
+        let layout = Layout {
+            racks: vec!["r00".into()],
+            nodes_per_rack: 2,
+            gpus_per_node: 4,
+        };
+        let mut f = Free::new(&layout);
+        // r00-n0 holds work until 72,000, r00-n1 work until 7,200.
+        f.take(&vec![(0, 1), (1, 1)]);
+        let horizon = [72_000, 7_200];
+        assert_eq!(f.place_aligned(&f, 1, &horizon, 7_000), Some(vec![(0, 1)]));
+        assert_eq!(f.place_aligned(&f, 1, &horizon, 70_000), Some(vec![(0, 1)]));
+        assert_eq!(f.place_aligned(&f, 1, &horizon, 7_300), Some(vec![(0, 1)]));
+        assert_eq!(f.place_aligned(&f, 1, &[7_200, 72_000], 80_000), Some(vec![(1, 1)]));
+        f.take(&vec![(1, 3)]);
+        assert_eq!(f.place_aligned(&f, 4, &[7_200, 72_000], 3_600), None);
     }
 
     #[test]

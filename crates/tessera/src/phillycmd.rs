@@ -109,7 +109,7 @@ pub fn philly(a: PhillyArgs) -> Result<()> {
         );
         print!("{}", philly::table(&reports));
         println!(
-            "tessera: multi-node gangs first, then jobs within their tenant's guarantee, then the rest; EASY backfill around the first blocked job's reservation; borrowed GPUs reclaimed in one rack for a blocked within-guarantee multi-node gang when the work lost is under 5 % of its wait (by estimates); preempted jobs restart from the beginning (no checkpointing)"
+            "tessera: multi-node gangs first, then jobs within their tenant's guarantee, then the rest (inside a class by submission plus a quarter of the estimate, gangs by submission); a reservation for every blocked multi-node gang and for the first blocked other job, a job starting now only where it delays none (by estimates); single-node jobs on the node whose busy horizon they extend least; borrowed GPUs reclaimed in one rack for a blocked within-guarantee multi-node gang when the work lost is under 5 % of its wait (by estimates); preempted jobs restart from the beginning (no checkpointing)"
         );
     }
     Ok(())
