@@ -956,6 +956,8 @@ impl Backend for LocalBackend {
             let known = {
                 let st = self.shared.state.lock().unwrap();
                 st.procs.get(&spec.id).map(|p| match &p.ended {
+                    // Stopped by Tessera and ended: gone, as the contract says (not a failure).
+                    Some(_) if p.stopping => Observation::Unknown,
                     Some(o) => o.clone(),
                     None => Observation::Running {
                         since_ms: Some(p.since_ms),

@@ -15,7 +15,7 @@ use tessera_backend_local::process::{Cgroups, group_alive};
 use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, RunAs, SandboxMode, fake_bus_id};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-fn data_dir(name: &str) -> PathBuf {
+pub(crate) fn data_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tessera-local-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     let _ = std::fs::remove_dir_all(work_dir(&d));
@@ -30,7 +30,7 @@ fn work_dir(data: &std::path::Path) -> PathBuf {
 
 /// Without cgroups (the process-group fallback); workloads as users of their own when the
 /// tests run as root.
-fn config(dir: &std::path::Path, interval_ms: u64) -> LocalConfig {
+pub(crate) fn config(dir: &std::path::Path, interval_ms: u64) -> LocalConfig {
     // SAFETY: plain syscall.
     let root = unsafe { libc::geteuid() } == 0;
     LocalConfig {
@@ -55,7 +55,7 @@ fn config(dir: &std::path::Path, interval_ms: u64) -> LocalConfig {
 
 /// GPU 0: H100 in MIG mode with a 3g at slice 0 made before Tessera started; GPU 1: H100, MIG
 /// off, NVLinked to GPU 0; GPU 2: a model the catalogue does not know.
-fn fake() -> Arc<FakeNvml> {
+pub(crate) fn fake() -> Arc<FakeNvml> {
     let mut g0 = FakeGpu::of("H100-80GB-SXM").with_mig(&[(9, 0)]);
     g0.nvlink_peers = vec![fake_bus_id(1)];
     let mut g1 = FakeGpu::of("H100-80GB-SXM");
@@ -70,7 +70,7 @@ fn fake() -> Arc<FakeNvml> {
     Arc::new(FakeNvml::new(vec![g0, g1, g2]))
 }
 
-fn spec(id: u64, gpus: Vec<u8>, slice: SliceSpec, cmd: &str) -> RunSpec {
+pub(crate) fn spec(id: u64, gpus: Vec<u8>, slice: SliceSpec, cmd: &str) -> RunSpec {
     RunSpec {
         id,
         tenant: "t".into(),

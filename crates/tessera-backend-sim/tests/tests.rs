@@ -5,5 +5,6 @@
 mod common;
 
 mod contract;
+mod contract_suite;
 mod gang;
 mod partitioning;

@@ -50,6 +50,10 @@
 //!   may work and the state is unknown. [`BackendError::Rejected`]: the backend refused this plan
 //!   or spec; retrying it unchanged will fail again.
 //!
+//! The contract suite ([`contract`], feature `contract`) checks these invariants on every
+//! backend: the simulator in both modes, `local` on the fake NVML with real processes, and
+//! `kubernetes` against a real API server and kubelet.
+//!
 //! ## Optional capabilities
 //!
 //! Methods with a default: [`Backend::read_logs`] (refuses), [`Backend::ensure_tenancy`] and
@@ -58,6 +62,8 @@
 //! project), [`Backend::cordon`] (does nothing), [`Backend::evict`] (is `stop`) and
 //! [`Backend::set_mig_mode`] (refuses; see [`Capabilities::mig_mode_switch`]).
 
+#[cfg(feature = "contract")]
+pub mod contract;
 mod event;
 mod native;
 mod plan;
