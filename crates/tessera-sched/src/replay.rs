@@ -156,7 +156,7 @@ pub fn make_policy(name: &str, prior: &[Demand]) -> Result<Box<dyn SharedPolicy>
     Ok(match name {
         "random" => Box::new(Random),
         "bestfit" => Box::new(BestFit),
-        "fgd" => Box::new(Fgd::new(WorkloadModel::with_prior(prior))),
+        "fgd" => Box::new(Fgd::new(prior)),
         "tessera" => Box::new(TesseraPolicy::new(WorkloadModel::with_prior(prior))),
         other => {
             return Err(format!("unknown policy `{other}` (one of: {})", POLICIES.join(", ")));

@@ -365,7 +365,7 @@ mod tests {
         // Every GPU task needs 8 cores per GPU.
         let prior = vec![demand(8, 1, 1000, 0); 10];
         let cpu_only = demand(8, 0, 0, 0);
-        let fgd = Fgd::new(WorkloadModel::with_prior(&prior));
+        let fgd = Fgd::new(&prior);
         let tessera = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
         // FGD sees no difference (one more GPU task still fits either node) ...
         let f = scores(&fleet, &state, &fgd, &cpu_only, Choice::Host);
@@ -511,7 +511,7 @@ mod tests {
         assert!(pairing[1] < 0.0 && pairing[0] > 50.0, "{pairing:?}");
         // FGD fills the tighter gap (best fit: 120 left is unusable to all, but 220 left would
         // be unusable to four of the five classes) ...
-        let fgd = Fgd::new(WorkloadModel::with_prior(&prior));
+        let fgd = Fgd::new(&prior);
         let f = scores(&fleet, &state, &fgd, &two30, Choice::Gpu(0));
         assert!(f[0] < f[1], "{f:?}");
         // ... and so does Tessera without the pairing term; with it, the 230 completes the
