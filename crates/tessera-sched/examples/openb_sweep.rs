@@ -95,7 +95,6 @@ fn main() {
                 "share_limit_100": mean(&|s| s.share_limit_100),
                 "any_floor_100": mean(&|s| s.any_floor_100),
                 "non_refusing_floor_100": mean(&|s| s.non_refusing_floor_100),
-                "any_floor_130": mean(&|s| s.any_floor_130),
                 "non_refusing_floor_130": mean(&|s| s.non_refusing_floor_130),
                 "packing_limit_100": mean(&|s| s.packing_limit_100),
             });

@@ -114,42 +114,117 @@ pub fn dominates(q: &crate::policy::Demand, p: &crate::policy::Demand) -> bool {
 /// model masks and the openb fit rule (whole GPUs: any free ones of the node); without it the
 /// non-refusing floor is the any-scheduler floor.
 pub fn floors(arrived: &[crate::policy::Demand], capacity_milli: u64, closure: bool) -> Floors {
-    let n = arrived.len();
-    // Everything in twelfths of a milli-GPU: demand d and price excess e per pod.
-    let d12: Vec<i64> = arrived.iter().map(|p| 12 * p.total_milli() as i64).collect();
-    let e12: Vec<i64> = arrived
-        .iter()
-        .map(|p| {
-            if p.is_fraction() && p.milli > 0 {
-                (GPU * price_twelfths(p.milli)) as i64 - 12 * p.milli as i64
-            } else {
-                0
-            }
-        })
-        .collect();
-    let slack12 = 12 * (capacity_milli as i64 - arrived.iter().map(|p| p.total_milli() as i64).sum::<i64>());
-    let w12: i64 = e12.iter().sum();
-    // λ = i / N; the bound × 12 N, less the least weight of a failure set.
-    let base = |i: i64| i * slack12 + (LAMBDA_STEPS - i) * w12;
-    let weight = |i: i64, p: usize| i * d12[p] - (LAMBDA_STEPS - i) * e12[p];
-    let scale = 12.0 * LAMBDA_STEPS as f64;
-    let any = best_lambda(|i| base(i) + (0..n).map(|p| weight(i, p).min(0)).sum::<i64>());
+    let w = Weights::new(arrived, capacity_milli);
+    let any = w.any();
     let non_refusing = if closure {
-        let mut g = ClosureGraph::new(arrived);
-        best_lambda(|i| base(i) + g.least_closure(|p| weight(i, p)))
+        let g = ClosureGraph::new(arrived);
+        let n = arrived.len();
+        let (all, none) = (vec![true; n], vec![false; n]);
+        // The least closed sets shrink as λ grows (every weight grows with it), so at λ the
+        // least one lies between those of the nearest steps evaluated above and below: only
+        // the pods in between are free.
+        let mut sets: std::collections::BTreeMap<i64, Vec<bool>> = Default::default();
+        let (_, at) = best_lambda_at(|i| {
+            let within = sets.range(..i).next_back().map_or(&all, |s| s.1);
+            let holds = sets.range(i + 1..).next().map_or(&none, |s| s.1);
+            let (v, set) = g.least_closure(|p| w.weight(i, p), within, holds);
+            sets.insert(i, set);
+            w.base(i) + v
+        });
+        // The bound at the best step, on the whole graph.
+        w.base(at) + g.least_closure(|p| w.weight(at, p), &all, &none).0
     } else {
         any
     };
     Floors {
-        any_milli: (any as f64 / scale).max(0.0),
-        non_refusing_milli: (non_refusing as f64 / scale).max(0.0),
+        any_milli: any as f64 / w.scale(),
+        // A bound for any scheduler is one for a non-refusing one.
+        non_refusing_milli: non_refusing.max(any) as f64 / w.scale(),
+    }
+}
+
+/// [`Floors::any_milli`] alone (no minimum cut).
+pub fn any_floor_milli(arrived: &[crate::policy::Demand], capacity_milli: u64) -> f64 {
+    let w = Weights::new(arrived, capacity_milli);
+    w.any() as f64 / w.scale()
+}
+
+/// The Lagrangian terms, in twelfths of a milli-GPU: per pod its GPU demand `d` and price
+/// excess `e` (`1000 × price / 12 − milli` for a share, 0 otherwise), the slack `C − R` and the
+/// priced waste `W` of all the shares.
+struct Weights {
+    d12: Vec<i64>,
+    e12: Vec<i64>,
+    slack12: i64,
+    w12: i64,
+    /// Distinct `(d, e)` with their counts.
+    classes: Vec<(i64, i64, i64)>,
+}
+
+impl Weights {
+    fn new(arrived: &[crate::policy::Demand], capacity_milli: u64) -> Self {
+        let d12: Vec<i64> = arrived.iter().map(|p| 12 * p.total_milli() as i64).collect();
+        let e12: Vec<i64> = arrived
+            .iter()
+            .map(|p| {
+                if p.is_fraction() && p.milli > 0 {
+                    (GPU * price_twelfths(p.milli)) as i64 - 12 * p.milli as i64
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let slack12 = 12 * capacity_milli as i64 - d12.iter().sum::<i64>();
+        let w12 = e12.iter().sum();
+        let mut counts = std::collections::HashMap::new();
+        for (&d, &e) in d12.iter().zip(&e12) {
+            *counts.entry((d, e)).or_insert(0) += 1;
+        }
+        let classes = counts.into_iter().map(|((d, e), c)| (d, e, c)).collect();
+        Weights {
+            d12,
+            e12,
+            slack12,
+            w12,
+            classes,
+        }
+    }
+
+    /// With `λ = i / N`, `N λ (C − R) + N (1 − λ) W`, × 12.
+    fn base(&self, i: i64) -> i64 {
+        i * self.slack12 + (LAMBDA_STEPS - i) * self.w12
+    }
+
+    /// Pod `p`'s weight in a failure set: `N (λ d − (1 − λ) e)`, × 12.
+    fn weight(&self, i: i64, p: usize) -> i64 {
+        i * self.d12[p] - (LAMBDA_STEPS - i) * self.e12[p]
+    }
+
+    /// The bound × 12 N when any set may fail: every pod of negative weight does.
+    fn any(&self) -> i64 {
+        let least = |i: i64| {
+            self.classes
+                .iter()
+                .map(|&(d, e, c)| c * (i * d - (LAMBDA_STEPS - i) * e).min(0))
+                .sum::<i64>()
+        };
+        best_lambda(|i| self.base(i) + least(i)).max(0)
+    }
+
+    fn scale(&self) -> f64 {
+        12.0 * LAMBDA_STEPS as f64
     }
 }
 
 /// The largest value of a concave function of `i` in `0..=LAMBDA_STEPS`, by golden-section
 /// search over the integers; every value is a valid bound, so the largest one evaluated is
 /// returned whatever the shape.
-fn best_lambda(mut f: impl FnMut(i64) -> i64) -> i64 {
+fn best_lambda(f: impl FnMut(i64) -> i64) -> i64 {
+    best_lambda_at(f).0
+}
+
+/// [`best_lambda`], with the step where it is reached.
+fn best_lambda_at(mut f: impl FnMut(i64) -> i64) -> (i64, i64) {
     let mut memo = std::collections::HashMap::new();
     let mut eval = |i: i64| *memo.entry(i).or_insert_with(|| f(i));
     let (mut lo, mut hi) = (0, LAMBDA_STEPS);
@@ -173,7 +248,7 @@ fn best_lambda(mut f: impl FnMut(i64) -> i64) -> i64 {
     for i in lo..=hi {
         eval(i);
     }
-    memo.into_values().max().expect("evaluated")
+    memo.into_iter().map(|(i, v)| (v, i)).max().expect("evaluated")
 }
 
 /// The domination rule as a graph: an edge from each pod to the next later pod of every pod
@@ -181,10 +256,8 @@ fn best_lambda(mut f: impl FnMut(i64) -> i64) -> i64 {
 /// later pod that dominates it.
 struct ClosureGraph {
     n: usize,
-    /// The flow network: per pod an edge from the source and one to the sink (capacities set
-    /// per weighting), then the closure edges (infinite).
-    flow: MaxFlow,
-    base: Vec<i64>,
+    /// Closure edges, as (from, to).
+    edges: Vec<(u32, u32)>,
 }
 
 impl ClosureGraph {
@@ -233,35 +306,47 @@ impl ClosureGraph {
             }
             next[ty[i]] = i as u32;
         }
-        let n = pods.len();
-        let mut flow = MaxFlow::new(n + 2);
-        for p in 0..n {
-            flow.add(n, p, 0);
-            flow.add(p, n + 1, 0);
-        }
-        for (a, b) in edges {
-            flow.add(a as usize, b as usize, INFINITE);
-        }
-        let base = flow.cap.clone();
-        ClosureGraph { n, flow, base }
+        ClosureGraph { n: pods.len(), edges }
     }
 
-    /// The least total weight of a closed set of pods (a minimum cut).
-    fn least_closure(&mut self, weight: impl Fn(usize) -> i64) -> i64 {
-        let f = &mut self.flow;
-        f.cap.copy_from_slice(&self.base);
-        let mut negative = 0;
+    /// The least total weight of a closed set of pods (a minimum cut) among those holding
+    /// every pod of `holds` and no pod outside `within` (both closed, `holds` within
+    /// `within`), and the least such set.
+    fn least_closure(&self, weight: impl Fn(usize) -> i64, within: &[bool], holds: &[bool]) -> (i64, Vec<bool>) {
+        let mut index = vec![u32::MAX; self.n];
+        let mut free = Vec::new();
+        let mut value = 0;
         for p in 0..self.n {
-            // Edges 4p (source to p) and 4p + 2 (p to sink), each with its reverse after it.
-            let w = weight(p);
-            if w < 0 {
-                negative += w;
-                f.cap[4 * p] = -w;
-            } else {
-                f.cap[4 * p + 2] = w;
+            if holds[p] {
+                value += weight(p);
+            } else if within[p] {
+                index[p] = free.len() as u32;
+                free.push(p);
             }
         }
-        negative + f.run(self.n, self.n + 1)
+        let (s, t) = (free.len(), free.len() + 1);
+        let mut f = MaxFlow::new(free.len() + 2);
+        for (k, &p) in free.iter().enumerate() {
+            let w = weight(p);
+            if w < 0 {
+                value += w;
+                f.add(s, k, -w);
+            } else if w > 0 {
+                f.add(k, t, w);
+            }
+        }
+        for &(a, b) in &self.edges {
+            let (a, b) = (index[a as usize], index[b as usize]);
+            if a != u32::MAX && b != u32::MAX {
+                f.add(a as usize, b as usize, INFINITE);
+            }
+        }
+        value += f.run(s, t);
+        let mut set = holds.to_vec();
+        for (k, &p) in free.iter().enumerate() {
+            set[p] = f.level[k] >= 0;
+        }
+        (value, set)
     }
 }
 
@@ -272,6 +357,9 @@ struct MaxFlow {
     adj: Vec<Vec<usize>>,
     to: Vec<usize>,
     cap: Vec<i64>,
+    /// After [`MaxFlow::run`]: non-negative exactly for the nodes the source still reaches
+    /// (the source side of the least minimum cut).
+    level: Vec<i32>,
 }
 
 impl MaxFlow {
@@ -280,6 +368,7 @@ impl MaxFlow {
             adj: vec![Vec::new(); n],
             to: Vec::new(),
             cap: Vec::new(),
+            level: Vec::new(),
         }
     }
 
@@ -308,6 +397,7 @@ impl MaxFlow {
                 }
             }
             if level[t] < 0 {
+                self.level = level;
                 return total;
             }
             let mut it = vec![0usize; n];

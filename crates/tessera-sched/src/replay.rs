@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use tessera_model::{Catalogue, Fleet, FleetError, ModelId, Request, Shape, Topology};
 
-use crate::bound::{ShareBound, floors};
+use crate::bound::{ShareBound, any_floor_milli, floors};
 use crate::engine::{Engine, demand_of};
 use crate::policy::{BestFit, Demand, Fgd, Random, SharedPolicy, WorkloadModel};
 use crate::tessera::TesseraPolicy;
@@ -182,15 +182,15 @@ pub fn workload(pods: &[Pod], capacity_milli: u64, seed: u64) -> Vec<usize> {
     list
 }
 
-/// The last pod of the protocol's window at arrived = `x` %: the last after which
-/// round(arrived %) = x, or else the last after which arrived % < x (the pod whose figure
-/// [`mean_at_arrived`] falls back to). Figures that only fall as pods arrive (the unallocated %)
-/// are, over the window, at least their value after this pod.
-pub fn window_end(curve: &[(f64, f64)], x: f64) -> Option<usize> {
-    curve
-        .iter()
-        .rposition(|(a, _)| a.round() == x)
-        .or_else(|| curve.iter().rposition(|(a, _)| *a < x))
+/// The pods of the protocol's window at arrived = `x` % (first and last, in arrival order):
+/// those after which round(arrived %) = x, or else the last after which arrived % < x (the pod
+/// whose figure [`mean_at_arrived`] falls back to). Figures that only fall as pods arrive (the
+/// unallocated %) are, over the window, at least their value after its last pod.
+pub fn window(curve: &[(f64, f64)], x: f64) -> Option<(usize, usize)> {
+    match curve.iter().position(|(a, _)| a.round() == x) {
+        Some(first) => Some((first, curve.iter().rposition(|(a, _)| a.round() == x)?)),
+        None => curve.iter().rposition(|(a, _)| *a < x).map(|k| (k, k)),
+    }
 }
 
 /// The protocol's figure at arrived = `x` % from a curve of (arrived %, figure) after each pod
@@ -226,11 +226,11 @@ pub struct SeedResult {
     /// [`crate::bound`]): it bounds only a run in which no fractional share failed, and says
     /// nothing once shares fail (so none is given at 130 %, where they do).
     pub share_limit_100: f64,
-    /// The least unallocated GPU % at arrived 100 % and 130 % for any scheduler, even one that
-    /// refuses pods that fit, and for any scheduler that never refuses a pod some node could
-    /// hold ([`crate::bound::floors`]). Every policy here is of the second kind.
+    /// The least unallocated GPU % at arrived 100 % for any scheduler, even one that refuses
+    /// pods that fit (none at 130 %, where 30 % of the demand may fail at no cost), and at 100 %
+    /// and 130 % for any scheduler that never refuses a pod some node could hold
+    /// ([`crate::bound::floors`]). Every policy here is of the second kind.
     pub any_floor_100: f64,
-    pub any_floor_130: f64,
     pub non_refusing_floor_100: f64,
     pub non_refusing_floor_130: f64,
     /// The same for the shares this replay placed: how far from a perfect packing of what it
@@ -289,9 +289,11 @@ pub fn replay_seed_with(
         packing_limit.push((x, pct(placed_shares.free_milli())));
     }
     let count = |upto: usize, shares: bool| failed[..upto].iter().filter(|f| f.0 && (f.1 || !shares)).count() as u64;
-    let end_100 = window_end(&allocation, 100.0).map_or(0, |k| k + 1);
-    // The floors after the last pod of each window (the unallocated % only falls as pods
-    // arrive, so it bounds the window's mean). The domination rule needs exact model masks.
+    let end_100 = window(&allocation, 100.0).map_or(0, |w| w.1 + 1);
+    // The floors of each window: the mean over its pods of the any-scheduler floor after each,
+    // and the non-refusing floor after its last pod (the unallocated % only falls as pods
+    // arrive, so that bounds the window's mean; it is also at least the any-scheduler mean).
+    // The domination rule needs exact model masks.
     let demands: Vec<Demand> = order.iter().filter_map(|&i| demand_of(&requests[i])).collect();
     let exact = demands.len() == order.len()
         && pods.iter().all(|p| p.models.iter().all(|m| m.0 < 63))
@@ -300,12 +302,18 @@ pub fn replay_seed_with(
             .iter()
             .all(|n| matches!(n.topology, Topology::None | Topology::NvSwitch));
     let floor_at = |x: f64| {
-        let end = window_end(&allocation, x).map_or(0, |k| k + 1);
-        let f = floors(&demands[..end.min(demands.len())], capacity, exact);
-        (pct_f(f.any_milli, capacity), pct_f(f.non_refusing_milli, capacity))
+        let Some((first, last)) = window(&allocation, x) else {
+            return (100.0, 100.0);
+        };
+        let any = (first..=last)
+            .map(|k| any_floor_milli(&demands[..(k + 1).min(demands.len())], capacity))
+            .sum::<f64>()
+            / (last - first + 1) as f64;
+        let f = floors(&demands[..(last + 1).min(demands.len())], capacity, exact);
+        (pct_f(any, capacity), pct_f(f.non_refusing_milli.max(any), capacity))
     };
     let (any_100, non_refusing_100) = floor_at(100.0);
-    let (any_130, non_refusing_130) = floor_at(130.0);
+    let (_, non_refusing_130) = floor_at(130.0);
     Ok(SeedResult {
         seed,
         unallocated_100: 100.0 - mean_at_arrived(&allocation, 100.0),
@@ -316,7 +324,6 @@ pub fn replay_seed_with(
         failed_shares_100: count(end_100, true),
         share_limit_100: mean_at_arrived(&share_limit, 100.0),
         any_floor_100: any_100,
-        any_floor_130: any_130,
         non_refusing_floor_100: non_refusing_100,
         non_refusing_floor_130: non_refusing_130,
         packing_limit_100: mean_at_arrived(&packing_limit, 100.0),
@@ -418,14 +425,9 @@ mod tests {
             assert!((r.share_limit_100 - 19.0).abs() < 1e-9);
             // At 100 %: 380 GPU milli never arrived, and failing an 810 (190 less waste) costs
             // 810: 380 = 19 % at least, for any scheduler. At 130 %: 2,430 arrived, at least 430
-            // fails; failing one 810 (380 failed) leaves two 810s wasting 380: 19 % again, and
-            // failing the last one is a closed set.
-            for x in [
-                r.any_floor_100,
-                r.non_refusing_floor_100,
-                r.any_floor_130,
-                r.non_refusing_floor_130,
-            ] {
+            // fails; failing the last 810 (a closed set: 380 failed) leaves two 810s wasting 380,
+            // and failing two costs 1,190: 19 % again for a scheduler that never refuses.
+            for x in [r.any_floor_100, r.non_refusing_floor_100, r.non_refusing_floor_130] {
                 assert!((x - 19.0).abs() < 0.01, "{r:?}");
             }
         }

@@ -210,7 +210,7 @@ fn openb(a: OpenbArgs) -> Result<()> {
                     "failed_pods_100": s.failed_pods_100,
                     "failed_shares_100": s.failed_shares_100,
                     "share_limit_if_all_shares_placed_pct": {"100": round3(s.share_limit_100)},
-                    "any_scheduler_floor_pct": {"100": round3(s.any_floor_100), "130": round3(s.any_floor_130)},
+                    "any_scheduler_floor_pct": {"100": round3(s.any_floor_100)},
                     "non_refusing_floor_pct": {"100": round3(s.non_refusing_floor_100), "130": round3(s.non_refusing_floor_130)},
                     "packing_limit_pct": {"100": round3(s.packing_limit_100), "130": round3(s.packing_limit_130)},
                 })
@@ -224,10 +224,7 @@ fn openb(a: OpenbArgs) -> Result<()> {
             "failed_pods_100": round3(result.mean(|s| s.failed_pods_100 as f64)),
             "failed_shares_100": round3(result.mean(|s| s.failed_shares_100 as f64)),
             "share_limit_if_all_shares_placed_pct": {"100": round3(result.mean(|s| s.share_limit_100))},
-            "any_scheduler_floor_pct": {
-                "100": round3(result.mean(|s| s.any_floor_100)),
-                "130": round3(result.mean(|s| s.any_floor_130)),
-            },
+            "any_scheduler_floor_pct": {"100": round3(result.mean(|s| s.any_floor_100))},
             "non_refusing_floor_pct": {
                 "100": round3(result.mean(|s| s.non_refusing_floor_100)),
                 "130": round3(result.mean(|s| s.non_refusing_floor_130)),
