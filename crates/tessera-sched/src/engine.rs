@@ -1853,7 +1853,7 @@ mod tests {
     #[test]
     fn shared_score_trees_decide_as_a_scan_of_every_node() {
         use rand::{Rng, SeedableRng};
-        for policy in ["random", "bestfit", "tessera"] {
+        for policy in ["random", "bestfit", "tessera", "fgd"] {
             let fleet = Arc::new(Fleet::synthetic(300));
             let dev = fleet.pool_by_name("development").unwrap();
             let nodes = fleet.pool(dev).nodes.clone();
