@@ -1,4 +1,6 @@
-//! A lower bound on the GPU that fractional shares leave free, whatever the placement.
+//! Lower bounds on the GPU left unallocated: what fractional shares leave free whatever their
+//! placement, and ([`floors`]) what any scheduler, or any that never refuses a pod that fits,
+//! leaves after a prefix of an arrival order, whichever pods fail.
 //!
 //! Shares of one GPU (`milli < 1000`) are items of a bin-packing problem with bins of 1000. Any
 //! placement of a multiset of shares uses at least as many GPUs as the linear-programming
@@ -13,9 +15,11 @@
 //! GPU), so the bound holds for any demand. Shares also never fit in fewer GPUs than their
 //! total milli needs, which is the bound where small shares dominate.
 //!
-//! The bound answers "how close to the limit is a policy that places every share that
-//! arrives": on the openb default file, the 810-milli shares alone strand 190 milli each that
-//! only the rare shares of 160 milli or less can use.
+//! On its own the bound answers "how close to the limit is a policy that places every share
+//! that arrives", and says nothing of a run in which shares fail: on the openb default file,
+//! the 810-milli shares alone strand 190 milli each that only the rare shares of 160 milli or
+//! less can use, and a scheduler that lets some 810s fail strands less. [`floors`] accounts
+//! for the failures.
 
 /// Milli per GPU.
 const GPU: u64 = tessera_model::GpuUnits::ONE_GPU.0;
@@ -66,7 +70,7 @@ impl ShareBound {
 }
 
 /// Lower bounds on the GPU left unallocated after the first pods of an arrival order, whatever
-/// the placement (see `docs/openb-bounds.md` for the argument).
+/// the placement (see `docs/openb-replay.md` for the argument).
 ///
 /// With capacity `C`, arrived GPU demand `R` and a set `S` of failed pods, the unallocated
 /// milli-GPU is exactly `C − R + F(S)` (`F`: the GPU demand of `S`), and at least the waste

@@ -4,12 +4,14 @@
 //! A policy is a small pluggable piece: it scores one candidate (node, choice) for a demand and
 //! never touches the engine's loop. The engine picks, on each node, the candidate with the lowest
 //! `(primary, secondary)` score, then the node with the lowest primary score, breaking exact ties
-//! at random with its seeded generator (the openb protocol's "ties at random").
+//! at random with its seeded generator (the openb protocol's "ties at random"), or, for a policy
+//! that asks ([`SharedPolicy::ties_in_fixed_order`]), by an order of the nodes drawn once.
 //!
 //! * [`Random`]: every feasible node is as good as any other.
 //! * [`BestFit`]: the openb paper's BestFit (the replay's sanity baseline).
-//! * [`Fgd`]: Fragmentation Gradient Descent (Weng et al., ATC'23), reimplemented from the
-//!   paper: minimise the growth of expected fragmentation against the workload's distribution.
+//! * [`Fgd`]: Fragmentation Gradient Descent (Weng et al., ATC'23), as the paper's simulator
+//!   runs it: minimise the growth of expected fragmentation against the workload's typical
+//!   pods, with the simulator's integer score and tie-breaking (`docs/openb-replay.md`).
 //! * [`crate::tessera::TesseraPolicy`]: Tessera's own policy (see that module).
 
 use tessera_model::{ModelId, Node, TenantId};
@@ -495,5 +497,109 @@ impl SharedPolicy for Fgd {
 
     fn score(&self, view: &NodeView, d: &Demand, choice: Choice) -> Score {
         (-(self.node_score(view, d, choice) as f64), 0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tessera_model::{Fleet, Request, Shape};
+
+    use super::*;
+    use crate::engine::Engine;
+    use crate::state::ClusterState;
+
+    fn demand(cpu: u64, gpus: u8, milli: u16) -> Demand {
+        Demand {
+            cpu_milli: cpu,
+            memory_mib: 1024,
+            gpus,
+            milli,
+            gpu_mem_mib: 0,
+            tenant: None,
+            models: 0,
+        }
+    }
+
+    /// 10 shares of 500, 6 CPU-only pods, 3 of two whole GPUs and one share of 250: the most
+    /// popular shapes up to 95 % of the 20 pods are the first three (19 pods).
+    fn prior() -> Vec<Demand> {
+        let mut p = vec![demand(1000, 1, 500); 10];
+        p.extend(vec![demand(2000, 0, 0); 6]);
+        p.extend(vec![demand(4000, 2, 1000); 3]);
+        p.push(demand(1000, 1, 250));
+        p
+    }
+
+    #[test]
+    fn typical_pods_are_the_popular_shapes_up_to_95_percent() {
+        let t = TypicalPods::from_prior(&prior());
+        let got: Vec<_> = t
+            .pods
+            .iter()
+            .map(|p| (p.cpu_milli, p.gpus, p.milli, p.weight))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1000, 1, 500, 10.0 / 19.0),
+                (2000, 0, 0, 6.0 / 19.0),
+                (4000, 2, 1000, 3.0 / 19.0)
+            ]
+        );
+        // Given up front, the target workload does not move.
+        let mut fixed = t.clone();
+        fixed.observe(&demand(1000, 1, 250));
+        assert_eq!((&fixed.pods, fixed.epoch()), (&t.pods, t.epoch()));
+    }
+
+    #[test]
+    fn fragmentation_and_the_integer_score_by_hand() {
+        let fleet =
+            Fleet::from_openb_nodes("sn,cpu_milli,memory_mib,gpu,model\nn0,4000,65536,2,G2\n", "n.csv").unwrap();
+        let mut state = ClusterState::empty(&fleet);
+        state.nodes[0].gpus[1].used_milli = 700;
+        let fgd = Fgd::new(&prior());
+        let view = NodeView {
+            node: &fleet.nodes[0],
+            state: &state.nodes[0],
+        };
+        let h = Hypo::of(&view);
+        // Free [1000, 300], 4 cores: a 500 fits and cannot use the 300; a CPU-only pod counts
+        // all 1,300; two whole GPUs do not fit: all 1,300.
+        let before = fgd.typical.frag(h.model, h.cpu_free, h.gpus());
+        assert!((before - (10.0 * 300.0 + 6.0 * 1300.0 + 3.0 * 1300.0) / 19.0).abs() < 1e-9);
+        // A 500 on GPU 0 leaves [500, 300] and 3 cores: 10 × 300 + 6 × 800 + 3 × 800, a fall of
+        // 4,500 / 19 = 236.8: ⌊100 × sigmoid(0.2368)⌋ = 55.
+        let share = demand(1000, 1, 500);
+        let a = h.after(&share, Choice::Gpu(0));
+        let after = fgd.typical.frag(a.model, a.cpu_free, a.gpus());
+        assert!((before - after - 4500.0 / 19.0).abs() < 1e-9);
+        assert_eq!(fgd.node_score(&view, &share, Choice::Gpu(0)), 55);
+        assert_eq!(fgd.score(&view, &share, Choice::Gpu(0)), (-55.0, 0.0));
+    }
+
+    /// CPU-only typical pods see every free GPU as fragment whatever the CPU, so a CPU-only pod
+    /// scores the same (50) everywhere: FGD's ties go to the first node of an order drawn once,
+    /// so the pods fill one node before the next, where ties at random would spread them.
+    #[test]
+    fn fgd_ties_go_to_one_node_order_drawn_once() {
+        let nodes: String = (0..4).map(|i| format!("n{i},8000,65536,2,G2\n")).collect();
+        let fleet =
+            Arc::new(Fleet::from_openb_nodes(&format!("sn,cpu_milli,memory_mib,gpu,model\n{nodes}"), "n.csv").unwrap());
+        let cpu = Request::new(Shape::CpuOnly).with_host(1000, 1024);
+        let mut firsts = std::collections::HashSet::new();
+        for seed in 0..16 {
+            let mut e = Engine::new(fleet.clone(), Box::new(Fgd::new(&[demand(1000, 0, 0)])), seed);
+            for id in 0..9 {
+                assert!(e.try_place(id, &cpu));
+            }
+            let full: Vec<usize> = (0..4).filter(|&n| e.state().nodes[n].cpu_free == 0).collect();
+            let used = (0..4).filter(|&n| e.state().nodes[n].cpu_free < 8000).count();
+            assert_eq!((full.len(), used), (1, 2), "seed {seed}");
+            firsts.insert(full[0]);
+        }
+        assert!(firsts.len() > 1, "the order is drawn per seed: {firsts:?}");
     }
 }
