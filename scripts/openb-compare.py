@@ -1,45 +1,67 @@
 #!/usr/bin/env python3
-"""Replays every workload file of the openb trace that has published results and prints
-Tessera's unallocated GPU % at arrived 100 % next to the published FGD and BestFit figures,
-and the least any policy that places every fractional share that arrives could leave (the
-share limit of `tessera sim openb`).
+"""Replays every workload file of the openb trace that has published results with Tessera's
+policy, the repository's FGD and BestFit, in one run, and prints them side by side with the
+published FGD and BestFit figures and the floors of the replay (unallocated GPU % at arrived
+100 %, mean over the seeds).
 
-Usage: scripts/openb-compare.py [--policy tessera] [--trace-dir ../shared/traces/openb]
-       [--tessera target/release/tessera] [--files default,cpu050,...]
+  floor     the least a scheduler that never refuses a pod that fits could leave
+  any       the least any scheduler could leave, even one refusing pods that fit
+  failed    shares (of all pods) that failed under Tessera by the end of the 100 % window
+
+Usage: scripts/openb-compare.py [--trace-dir ../shared/traces/openb] [--files default,cpu050]
+       [--seeds 42-51] [--threads 2] [--sweep target/release/examples/openb_sweep]
+
+It runs the replay example (`cargo build --release -p tessera-sched --examples` builds it; the
+script builds it when it is missing), which calls the same library as `tessera sim openb`.
 """
-import argparse, csv, json, os, subprocess, sys
+import argparse, csv, json, os, subprocess, sys, time
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--policy", default="tessera")
 ap.add_argument("--trace-dir", default="../shared/traces/openb")
-ap.add_argument("--tessera", default="target/release/tessera")
+ap.add_argument("--sweep", default="target/release/examples/openb_sweep")
 ap.add_argument("--files", default="")
 ap.add_argument("--seeds", default="42-51")
+ap.add_argument("--threads", default=str(os.cpu_count() or 2))
 a = ap.parse_args()
 
-published = {}
 path = os.path.join(a.trace_dir, "published_fgd_unallocated.csv")
 if not os.path.exists(path):
     sys.exit(f"error: {path} not found; pass --trace-dir")
+published = {}
 with open(path) as f:
     for row in csv.DictReader(f):
         if row["arrived_pct"] == "100":
-            published[row["workload"]] = row
-wanted = [w for w in published if not a.files or w.removeprefix("openb_pod_list_") in a.files.split(",")]
-print(f"{'workload':<28} {a.policy:>9} {'FGD':>6} {'BestFit':>8} {'limit':>6}  wall")
-worse = 0
-for w in sorted(wanted):
-    out = subprocess.run([a.tessera, "sim", "openb", "--trace-dir", a.trace_dir, "--pods",
-                          os.path.join(a.trace_dir, w + ".csv"), "--policy", a.policy,
-                          "--seeds", a.seeds, "--json"], capture_output=True, text=True)
+            published[row["workload"].removeprefix("openb_pod_list_")] = row
+files = [w for w in sorted(published) if not a.files or w in a.files.split(",")]
+if not files:
+    sys.exit("error: no workload file with published figures selected")
+if not os.path.exists(a.sweep):
+    subprocess.run(["cargo", "build", "--release", "-p", "tessera-sched", "--examples"], check=True)
+
+started = time.time()
+measured = {}
+for policy in ["tessera", "fgd", "bestfit"]:
+    env = dict(os.environ, JSON="1", THREADS=a.threads, TESSERA_OPENB_DIR=a.trace_dir)
+    out = subprocess.run([a.sweep, ",".join(files), a.seeds, policy], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(out.stderr.strip())
-    r = json.loads(out.stdout)
-    ours = r["unallocated_pct"]["100"]
-    fgd = float(published[w]["06-FGD_mean"])
-    bf = float(published[w]["05-BestFit_mean"])
-    mark = "" if ours < fgd else "  <-- not below FGD"
-    worse += ours >= fgd
-    limit = r["share_limit_pct"]["100"]
-    print(f"{w:<28} {ours:>9.2f} {fgd:>6.2f} {bf:>8.2f} {limit:>6.2f}  {r['wall_seconds']:.1f}s{mark}")
-print(f"{len(wanted) - worse} of {len(wanted)} workloads below FGD")
+    for line in out.stdout.splitlines():
+        r = json.loads(line)
+        measured[(r["file"], policy)] = r
+
+print(f"unallocated GPU % at arrived 100 %, seeds {a.seeds}")
+print(f"{'workload':<12} {'Tessera':>7} {'FGD':>6} {'FGD pub':>12} {'BestFit':>7} {'BF pub':>6}"
+      f" {'floor':>6} {'any':>5} {'failed':>14}")
+for w in files:
+    t, g, b = (measured[(w, p)] for p in ("tessera", "fgd", "bestfit"))
+    p = published[w]
+    fgd_pub = f"{float(p['06-FGD_mean']):.2f}±{float(p['06-FGD_sd']):.2f}"
+    failed = f"{t['failed_shares_100']:.0f} ({t['failed_pods_100']:.0f})"
+    print(f"{w:<12} {t['unallocated_100']:>7.2f} {g['unallocated_100']:>6.2f} {fgd_pub:>12}"
+          f" {b['unallocated_100']:>7.2f} {float(p['05-BestFit_mean']):>6.2f}"
+          f" {t['non_refusing_floor_100']:>6.2f} {t['any_floor_100']:>5.2f} {failed:>14}")
+far = [w for w in files if abs(measured[(w, "fgd")]["unallocated_100"] - float(published[w]["06-FGD_mean"])) > 0.3]
+print(f"FGD (ours) within 0.3 point of the published figure on {len(files) - len(far)} of {len(files)} files"
+      + (f"; not on {', '.join(far)}" if far else ""))
+below = sum(measured[(w, "tessera")]["unallocated_100"] < measured[(w, "fgd")]["unallocated_100"] for w in files)
+print(f"Tessera below FGD (ours) on {below} of {len(files)} files; {time.time() - started:.0f} s")

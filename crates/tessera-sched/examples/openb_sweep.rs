@@ -5,7 +5,9 @@
 //! FILES: comma-separated pod-list names (`default,cpu050` or `published` for the 17 files
 //! with published figures), SEEDS: `42-51`. Trace folder: `TESSERA_OPENB_DIR` or
 //! `../shared/traces/openb`. `PAIR_WEIGHT=x` overrides the pairing weight of the `tessera`
-//! policy (POLICY `tessera-w`).
+//! policy (POLICY `tessera-w`). `JSON=1` prints one JSON object per file instead: the means
+//! over the seeds of every figure of the replay (unallocated %, failed pods and shares, the
+//! share limit and the floors).
 
 use std::sync::{Arc, Mutex};
 
@@ -72,14 +74,39 @@ fn main() {
     });
     let results = results.into_inner().unwrap();
     let (mut s100, mut s130) = (0.0, 0.0);
+    let json = std::env::var("JSON").is_ok_and(|v| v == "1");
     for (fi, f) in files.split(',').enumerate() {
         let rs: Vec<_> = results.iter().filter(|r| r.1 == fi).collect();
         let n = rs.len() as f64;
-        let m100 = rs.iter().map(|r| r.2.unallocated_100).sum::<f64>() / n;
-        let m130 = rs.iter().map(|r| r.2.unallocated_130).sum::<f64>() / n;
+        let mean = |g: &dyn Fn(&SeedResult) -> f64| rs.iter().map(|r| g(&r.2)).sum::<f64>() / n;
+        let m100 = mean(&|s| s.unallocated_100);
+        let m130 = mean(&|s| s.unallocated_130);
+        if json {
+            let v = serde_json::json!({
+                "file": f,
+                "policy": policy,
+                "seeds": seeds,
+                "unallocated_100": m100,
+                "unallocated_130": m130,
+                "failed_pods": mean(&|s| s.failed_pods as f64),
+                "failed_shares": mean(&|s| s.failed_shares as f64),
+                "failed_pods_100": mean(&|s| s.failed_pods_100 as f64),
+                "failed_shares_100": mean(&|s| s.failed_shares_100 as f64),
+                "share_limit_100": mean(&|s| s.share_limit_100),
+                "any_floor_100": mean(&|s| s.any_floor_100),
+                "non_refusing_floor_100": mean(&|s| s.non_refusing_floor_100),
+                "non_refusing_floor_130": mean(&|s| s.non_refusing_floor_130),
+                "packing_limit_100": mean(&|s| s.packing_limit_100),
+            });
+            println!("{v}");
+            continue;
+        }
         s100 += m100;
         s130 += m130;
         println!("{f:<12} {m100:6.2} {m130:6.2}");
+    }
+    if json {
+        return;
     }
     let nf = files.split(',').count() as f64;
     println!(

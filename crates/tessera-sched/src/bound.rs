@@ -1,4 +1,6 @@
-//! A lower bound on the GPU that fractional shares leave free, whatever the placement.
+//! Lower bounds on the GPU left unallocated: what fractional shares leave free whatever their
+//! placement, and ([`floors`]) what any scheduler, or any that never refuses a pod that fits,
+//! leaves after a prefix of an arrival order, whichever pods fail.
 //!
 //! Shares of one GPU (`milli < 1000`) are items of a bin-packing problem with bins of 1000. Any
 //! placement of a multiset of shares uses at least as many GPUs as the linear-programming
@@ -13,9 +15,11 @@
 //! GPU), so the bound holds for any demand. Shares also never fit in fewer GPUs than their
 //! total milli needs, which is the bound where small shares dominate.
 //!
-//! The bound answers "how close to the limit is a policy that places every share that
-//! arrives": on the openb default file, the 810-milli shares alone strand 190 milli each that
-//! only the rare shares of 160 milli or less can use.
+//! On its own the bound answers "how close to the limit is a policy that places every share
+//! that arrives", and says nothing of a run in which shares fail: on the openb default file,
+//! the 810-milli shares alone strand 190 milli each that only the rare shares of 160 milli or
+//! less can use, and a scheduler that lets some 810s fail strands less. [`floors`] accounts
+//! for the failures.
 
 /// Milli per GPU.
 const GPU: u64 = tessera_model::GpuUnits::ONE_GPU.0;
@@ -65,6 +69,383 @@ impl ShareBound {
     }
 }
 
+/// Lower bounds on the GPU left unallocated after the first pods of an arrival order, whatever
+/// the placement (see `docs/openb-replay.md` for the argument).
+///
+/// With capacity `C`, arrived GPU demand `R` and a set `S` of failed pods, the unallocated
+/// milli-GPU is exactly `C − R + F(S)` (`F`: the GPU demand of `S`), and at least the waste
+/// that the placed shares leave on the GPUs holding them, at least `1000 × Σ price / 12 −
+/// Σ milli` over them (the price table of this module). So whatever `S` the placement ends
+/// with, the unallocated milli is at least `min over S of max(C − R + F(S), W(placed))`, and,
+/// both terms being sums over `S`, at least `λ (C − R + F(S)) + (1 − λ) W` for every
+/// `λ ∈ [0, 1]`: a min-max relaxed to the best of its Lagrangian bounds.
+///
+/// * [`Floors::any_milli`]: `S` may be any set of pods (a scheduler may refuse a pod that
+///   fits, leaving room for others);
+/// * [`Floors::non_refusing_milli`]: `S` must be closed under domination in time: once a pod
+///   fails (no node could hold it), every later pod needing at least as much CPU, memory and
+///   GPU (on a subset of its models) fails too, since free resources only shrink while pods
+///   never leave. It bounds every policy that never refuses a pod some node could hold. The
+///   least weight of such a closed set is a minimum cut (Picard's closure problem), solved
+///   exactly per `λ`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Floors {
+    pub any_milli: f64,
+    pub non_refusing_milli: f64,
+}
+
+/// Steps of `λ` in `[0, 1]` (the bound at the best step is within a 65,536th of the bound's
+/// slope of the best `λ`).
+const LAMBDA_STEPS: i64 = 1 << 16;
+
+/// Whether a pod needing `q` fails wherever a pod needing `p` fails: at least as much CPU,
+/// memory and GPU, on a subset of its models. Model masks must be exact (0 = any model).
+pub fn dominates(q: &crate::policy::Demand, p: &crate::policy::Demand) -> bool {
+    let models = p.models == 0 || (q.models != 0 && q.models & !p.models == 0);
+    let gpu = if p.gpus == 0 {
+        true
+    } else if p.is_fraction() {
+        (q.is_fraction() && q.milli >= p.milli && q.gpu_mem_mib >= p.gpu_mem_mib)
+            || (!q.is_fraction() && q.gpus >= 1 && p.gpu_mem_mib == 0)
+    } else {
+        !q.is_fraction() && q.gpus >= p.gpus
+    };
+    q.cpu_milli >= p.cpu_milli && q.memory_mib >= p.memory_mib && models && gpu
+}
+
+/// [`Floors`] after the pods `arrived` (in arrival order) on a fleet of `capacity_milli`.
+/// `closure`: whether the non-refusing floor may use the domination rule, which needs exact
+/// model masks and the openb fit rule (whole GPUs: any free ones of the node); without it the
+/// non-refusing floor is the any-scheduler floor.
+pub fn floors(arrived: &[crate::policy::Demand], capacity_milli: u64, closure: bool) -> Floors {
+    let w = Weights::new(arrived, capacity_milli);
+    let any = w.any();
+    let non_refusing = if closure {
+        let g = ClosureGraph::new(arrived);
+        let n = arrived.len();
+        let (all, none) = (vec![true; n], vec![false; n]);
+        // The least closed sets shrink as λ grows (every weight grows with it), so at λ the
+        // least one lies between those of the nearest steps evaluated above and below: only
+        // the pods in between are free.
+        let mut sets: std::collections::BTreeMap<i64, Vec<bool>> = Default::default();
+        let (_, at) = best_lambda_at(|i| {
+            let within = sets.range(..i).next_back().map_or(&all, |s| s.1);
+            let holds = sets.range(i + 1..).next().map_or(&none, |s| s.1);
+            let (v, set) = g.least_closure(|p| w.weight(i, p), within, holds);
+            sets.insert(i, set);
+            w.base(i) + v
+        });
+        // The bound at the best step, on the whole graph.
+        w.base(at) + g.least_closure(|p| w.weight(at, p), &all, &none).0
+    } else {
+        any
+    };
+    Floors {
+        any_milli: any as f64 / w.scale(),
+        // A bound for any scheduler is one for a non-refusing one.
+        non_refusing_milli: non_refusing.max(any) as f64 / w.scale(),
+    }
+}
+
+/// [`Floors::any_milli`] alone (no minimum cut).
+pub fn any_floor_milli(arrived: &[crate::policy::Demand], capacity_milli: u64) -> f64 {
+    let w = Weights::new(arrived, capacity_milli);
+    w.any() as f64 / w.scale()
+}
+
+/// The Lagrangian terms, in twelfths of a milli-GPU: per pod its GPU demand `d` and price
+/// excess `e` (`1000 × price / 12 − milli` for a share, 0 otherwise), the slack `C − R` and the
+/// priced waste `W` of all the shares.
+struct Weights {
+    d12: Vec<i64>,
+    e12: Vec<i64>,
+    slack12: i64,
+    w12: i64,
+    /// Distinct `(d, e)` with their counts.
+    classes: Vec<(i64, i64, i64)>,
+}
+
+impl Weights {
+    fn new(arrived: &[crate::policy::Demand], capacity_milli: u64) -> Self {
+        let d12: Vec<i64> = arrived.iter().map(|p| 12 * p.total_milli() as i64).collect();
+        let e12: Vec<i64> = arrived
+            .iter()
+            .map(|p| {
+                if p.is_fraction() && p.milli > 0 {
+                    (GPU * price_twelfths(p.milli)) as i64 - 12 * p.milli as i64
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let slack12 = 12 * capacity_milli as i64 - d12.iter().sum::<i64>();
+        let w12 = e12.iter().sum();
+        let mut counts = std::collections::HashMap::new();
+        for (&d, &e) in d12.iter().zip(&e12) {
+            *counts.entry((d, e)).or_insert(0) += 1;
+        }
+        let classes = counts.into_iter().map(|((d, e), c)| (d, e, c)).collect();
+        Weights {
+            d12,
+            e12,
+            slack12,
+            w12,
+            classes,
+        }
+    }
+
+    /// With `λ = i / N`, `N λ (C − R) + N (1 − λ) W`, × 12.
+    fn base(&self, i: i64) -> i64 {
+        i * self.slack12 + (LAMBDA_STEPS - i) * self.w12
+    }
+
+    /// Pod `p`'s weight in a failure set: `N (λ d − (1 − λ) e)`, × 12.
+    fn weight(&self, i: i64, p: usize) -> i64 {
+        i * self.d12[p] - (LAMBDA_STEPS - i) * self.e12[p]
+    }
+
+    /// The bound × 12 N when any set may fail: every pod of negative weight does.
+    fn any(&self) -> i64 {
+        let least = |i: i64| {
+            self.classes
+                .iter()
+                .map(|&(d, e, c)| c * (i * d - (LAMBDA_STEPS - i) * e).min(0))
+                .sum::<i64>()
+        };
+        best_lambda(|i| self.base(i) + least(i)).max(0)
+    }
+
+    fn scale(&self) -> f64 {
+        12.0 * LAMBDA_STEPS as f64
+    }
+}
+
+/// The largest value of a concave function of `i` in `0..=LAMBDA_STEPS`, by golden-section
+/// search over the integers; every value is a valid bound, so the largest one evaluated is
+/// returned whatever the shape.
+fn best_lambda(f: impl FnMut(i64) -> i64) -> i64 {
+    best_lambda_at(f).0
+}
+
+/// [`best_lambda`], with the step where it is reached.
+fn best_lambda_at(mut f: impl FnMut(i64) -> i64) -> (i64, i64) {
+    let mut memo = std::collections::HashMap::new();
+    let mut eval = |i: i64| *memo.entry(i).or_insert_with(|| f(i));
+    let (mut lo, mut hi) = (0, LAMBDA_STEPS);
+    let golden = |lo: i64, hi: i64| ((hi - lo) as f64 * 0.381_966).round() as i64;
+    let (mut m1, mut m2) = (lo + golden(lo, hi), hi - golden(lo, hi));
+    while hi - lo > 3 {
+        // Concave: the maximum is in [m1, hi] if f(m1) < f(m2), in [lo, m2] if not.
+        if eval(m1) < eval(m2) {
+            lo = m1;
+            m1 = m2;
+            m2 = hi - golden(lo, hi);
+        } else {
+            hi = m2;
+            m2 = m1;
+            m1 = lo + golden(lo, hi);
+        }
+        if m1 >= m2 {
+            (m1, m2) = (lo + (hi - lo) / 3, hi - (hi - lo) / 3);
+        }
+    }
+    for i in lo..=hi {
+        eval(i);
+    }
+    memo.into_iter().map(|(i, v)| (v, i)).max().expect("evaluated")
+}
+
+/// The domination rule as a graph: an edge from each pod to the next later pod of every pod
+/// type that dominates its type (its own included); following edges from a pod reaches every
+/// later pod that dominates it.
+struct ClosureGraph {
+    n: usize,
+    /// Closure edges, as (from, to).
+    edges: Vec<(u32, u32)>,
+}
+
+impl ClosureGraph {
+    fn new(pods: &[crate::policy::Demand]) -> Self {
+        let mut types: Vec<crate::policy::Demand> = Vec::new();
+        let mut index = std::collections::HashMap::new();
+        let ty: Vec<usize> = pods
+            .iter()
+            .map(|p| {
+                let key = crate::policy::Demand { tenant: None, ..*p };
+                *index.entry(key).or_insert_with(|| {
+                    types.push(key);
+                    types.len() - 1
+                })
+            })
+            .collect();
+        let nt = types.len();
+        let dom: Vec<bool> = (0..nt * nt)
+            .map(|k| dominates(&types[k % nt], &types[k / nt]))
+            .collect();
+        let above: Vec<Vec<usize>> = (0..nt)
+            .map(|p| (0..nt).filter(|&q| dom[p * nt + q]).collect())
+            .collect();
+        let mut next = vec![u32::MAX; nt];
+        let mut edges = Vec::new();
+        let mut targets: Vec<(u32, usize)> = Vec::new();
+        let mut kept: Vec<usize> = Vec::new();
+        for i in (0..pods.len()).rev() {
+            // The next pod of each dominating type, soonest first. An edge to the next pod of
+            // type b is implied when a sooner kept target has a type a that b dominates: from
+            // there the edge to the next b (none comes between) is that pod's own.
+            targets.clear();
+            targets.extend(
+                above[ty[i]]
+                    .iter()
+                    .filter(|&&t| next[t] != u32::MAX)
+                    .map(|&t| (next[t], t)),
+            );
+            targets.sort_unstable();
+            kept.clear();
+            for &(q, b) in &targets {
+                if !kept.iter().any(|&a| dom[a * nt + b]) {
+                    kept.push(b);
+                    edges.push((i as u32, q));
+                }
+            }
+            next[ty[i]] = i as u32;
+        }
+        ClosureGraph { n: pods.len(), edges }
+    }
+
+    /// The least total weight of a closed set of pods (a minimum cut) among those holding
+    /// every pod of `holds` and no pod outside `within` (both closed, `holds` within
+    /// `within`), and the least such set.
+    fn least_closure(&self, weight: impl Fn(usize) -> i64, within: &[bool], holds: &[bool]) -> (i64, Vec<bool>) {
+        let mut index = vec![u32::MAX; self.n];
+        let mut free = Vec::new();
+        let mut value = 0;
+        for p in 0..self.n {
+            if holds[p] {
+                value += weight(p);
+            } else if within[p] {
+                index[p] = free.len() as u32;
+                free.push(p);
+            }
+        }
+        let (s, t) = (free.len(), free.len() + 1);
+        let mut f = MaxFlow::new(free.len() + 2);
+        for (k, &p) in free.iter().enumerate() {
+            let w = weight(p);
+            if w < 0 {
+                value += w;
+                f.add(s, k, -w);
+            } else if w > 0 {
+                f.add(k, t, w);
+            }
+        }
+        for &(a, b) in &self.edges {
+            let (a, b) = (index[a as usize], index[b as usize]);
+            if a != u32::MAX && b != u32::MAX {
+                f.add(a as usize, b as usize, INFINITE);
+            }
+        }
+        value += f.run(s, t);
+        let mut set = holds.to_vec();
+        for (k, &p) in free.iter().enumerate() {
+            set[p] = f.level[k] >= 0;
+        }
+        (value, set)
+    }
+}
+
+const INFINITE: i64 = 1 << 60;
+
+/// Dinic's maximum flow, iterative (paths may be thousands of pods long).
+struct MaxFlow {
+    adj: Vec<Vec<usize>>,
+    to: Vec<usize>,
+    cap: Vec<i64>,
+    /// After [`MaxFlow::run`]: non-negative exactly for the nodes the source still reaches
+    /// (the source side of the least minimum cut).
+    level: Vec<i32>,
+}
+
+impl MaxFlow {
+    fn new(n: usize) -> Self {
+        MaxFlow {
+            adj: vec![Vec::new(); n],
+            to: Vec::new(),
+            cap: Vec::new(),
+            level: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, a: usize, b: usize, c: i64) {
+        self.adj[a].push(self.to.len());
+        self.to.push(b);
+        self.cap.push(c);
+        self.adj[b].push(self.to.len());
+        self.to.push(a);
+        self.cap.push(0);
+    }
+
+    fn run(&mut self, s: usize, t: usize) -> i64 {
+        let n = self.adj.len();
+        let mut total = 0;
+        loop {
+            let mut level = vec![-1i32; n];
+            level[s] = 0;
+            let mut queue = std::collections::VecDeque::from([s]);
+            while let Some(v) = queue.pop_front() {
+                for &e in &self.adj[v] {
+                    if self.cap[e] > 0 && level[self.to[e]] < 0 {
+                        level[self.to[e]] = level[v] + 1;
+                        queue.push_back(self.to[e]);
+                    }
+                }
+            }
+            if level[t] < 0 {
+                self.level = level;
+                return total;
+            }
+            let mut it = vec![0usize; n];
+            let mut path: Vec<usize> = Vec::new();
+            let mut v = s;
+            loop {
+                if v == t {
+                    let f = path.iter().map(|&e| self.cap[e]).min().unwrap_or(0);
+                    for &e in &path {
+                        self.cap[e] -= f;
+                        self.cap[e ^ 1] += f;
+                    }
+                    total += f;
+                    let k = path.iter().position(|&e| self.cap[e] == 0).unwrap_or(0);
+                    path.truncate(k);
+                    v = path.last().map_or(s, |&e| self.to[e]);
+                    continue;
+                }
+                let mut advanced = false;
+                while it[v] < self.adj[v].len() {
+                    let e = self.adj[v][it[v]];
+                    let w = self.to[e];
+                    if self.cap[e] > 0 && level[w] == level[v] + 1 {
+                        path.push(e);
+                        v = w;
+                        advanced = true;
+                        break;
+                    }
+                    it[v] += 1;
+                }
+                if !advanced {
+                    if v == s {
+                        break;
+                    }
+                    level[v] = -1;
+                    let e = path.pop().expect("not at the source");
+                    v = self.to[e ^ 1];
+                    it[v] += 1;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +460,125 @@ mod tests {
             }
         }
         best[GPU as usize]
+    }
+
+    use crate::policy::Demand;
+
+    fn pod(cpu: u64, mem: u64, gpus: u8, milli: u16) -> Demand {
+        Demand {
+            cpu_milli: cpu,
+            memory_mib: mem,
+            gpus,
+            milli,
+            gpu_mem_mib: 0,
+            tenant: None,
+            models: 0,
+        }
+    }
+
+    #[test]
+    fn domination_needs_as_much_of_everything_on_fewer_models() {
+        let share = pod(1000, 1000, 1, 500);
+        assert!(dominates(&pod(1000, 1000, 1, 600), &share));
+        assert!(
+            dominates(&pod(2000, 1000, 2, 1000), &share),
+            "a whole GPU holds any share"
+        );
+        assert!(!dominates(&pod(1000, 1000, 1, 400), &share));
+        assert!(!dominates(&pod(500, 1000, 1, 600), &share), "less CPU");
+        assert!(!dominates(&pod(1000, 500, 1, 600), &share), "less memory");
+        assert!(dominates(&pod(1000, 1000, 0, 0), &pod(1000, 1000, 0, 0)));
+        assert!(!dominates(&pod(1000, 1000, 0, 0), &share), "no GPU");
+        assert!(
+            !dominates(&share, &pod(1000, 1000, 1, 1000)),
+            "a share needs no free GPU"
+        );
+        let t4 = Demand { models: 0b10, ..share };
+        assert!(dominates(&t4, &share) && !dominates(&share, &t4));
+        assert!(dominates(&pod(1000, 1000, 4, 1000), &pod(1000, 1000, 2, 1000)));
+    }
+
+    /// Two 810-milli shares then a whole GPU needing more host, on 2 GPUs (2,000 milli):
+    /// arrived 2,620, so at least 620 of it fails.
+    #[test]
+    fn floors_by_hand() {
+        let arrived = [
+            pod(1000, 1000, 1, 810),
+            pod(1000, 1000, 1, 810),
+            pod(2000, 2000, 1, 1000),
+        ];
+        let f = floors(&arrived, 2000, true);
+        // Any scheduler: failing one 810 leaves 2,620 - 810 = 1,810 placed, so 190 unallocated,
+        // and the other 810's GPU wastes 190: max(190, 190) = 190, the least over the 8 sets.
+        assert!((f.any_milli - 190.0).abs() < 0.1, "{f:?}");
+        // Never refusing a pod that fits: once an 810 fails, the later 810 and the whole GPU
+        // (more CPU and memory, and a free GPU holds an 810) fail too. The closed sets: none
+        // (waste 380), the whole GPU (380 failed, waste 380), the last two (1,190), all
+        // (2,000): exactly 380 at least. The Lagrangian relaxation proves
+        // max over λ of min(2,000 λ, 380 - 1,000 λ) = 380 × 2 / 3.
+        assert!((f.non_refusing_milli - 380.0 * 2.0 / 3.0).abs() < 0.1, "{f:?}");
+        // Without the rule the non-refusing floor is the any-scheduler one.
+        assert_eq!(floors(&arrived, 2000, false).non_refusing_milli, f.any_milli);
+        // Nothing arrived: all of it is unallocated.
+        let none = floors(&[], 2000, true);
+        assert_eq!((none.any_milli, none.non_refusing_milli), (2000.0, 2000.0));
+    }
+
+    /// Against the exact minimum over every failure set of small random arrival orders.
+    #[test]
+    fn floors_never_exceed_the_exact_minimum() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for _ in 0..300 {
+            let n = rng.random_range(1..=9);
+            let arrived: Vec<Demand> = (0..n)
+                .map(|_| {
+                    let (gpus, milli) = match rng.random_range(0..4) {
+                        0 => (0, 0),
+                        1 => (rng.random_range(1..=2), 1000),
+                        _ => (1, [150, 230, 470, 550, 810][rng.random_range(0..5)]),
+                    };
+                    let mut d = pod(
+                        rng.random_range(1..=3) * 1000,
+                        rng.random_range(1..=3) * 1000,
+                        gpus,
+                        milli,
+                    );
+                    d.models = [0, 0b1, 0b11][rng.random_range(0..3)];
+                    d
+                })
+                .collect();
+            let cap = rng.random_range(1..=4) * 1000;
+            let f = floors(&arrived, cap, true);
+            let arrived_milli: i64 = arrived.iter().map(|p| p.total_milli() as i64).sum();
+            let (mut any, mut closed) = (f64::MAX, f64::MAX);
+            for set in 0u32..1 << n {
+                let failed = |i: usize| set >> i & 1 == 1;
+                let f_milli: i64 = (0..n)
+                    .filter(|&i| failed(i))
+                    .map(|i| arrived[i].total_milli() as i64)
+                    .sum();
+                let mut placed = ShareBound::default();
+                for (i, p) in arrived.iter().enumerate() {
+                    if !failed(i) && p.is_fraction() {
+                        placed.add(p.milli);
+                    }
+                }
+                let v = ((cap as i64 - arrived_milli + f_milli) as f64).max(placed.free_milli() as f64);
+                any = any.min(v);
+                let is_closed =
+                    (0..n).all(|i| !failed(i) || (i + 1..n).all(|j| failed(j) || !dominates(&arrived[j], &arrived[i])));
+                if is_closed {
+                    closed = closed.min(v);
+                }
+            }
+            assert!(f.any_milli <= any + 1e-6, "{arrived:?} {cap}: {f:?} > {any}");
+            assert!(
+                f.non_refusing_milli <= closed + 1e-6,
+                "{arrived:?} {cap}: {f:?} > {closed}"
+            );
+            assert!(f.any_milli <= f.non_refusing_milli + 1e-6, "{f:?}");
+        }
     }
 
     #[test]

@@ -178,6 +178,10 @@ pub struct Engine {
     gang_index: gang::GangIndex,
     /// Committed gangs; their shares are ordinary allocations.
     gangs: HashMap<AllocId, GangAllocation>,
+    /// Per node, its rank in an order of the nodes drawn once from the engine's seed, for a
+    /// policy whose exact ties go to the first node in such an order
+    /// ([`SharedPolicy::ties_in_fixed_order`]); `None`: ties go at random.
+    tie_rank: Option<Arc<Vec<u32>>>,
 }
 
 impl Engine {
@@ -220,6 +224,7 @@ impl Engine {
             changes: vec![Default::default(); fleet.pools.len()],
             gang_index: gang::GangIndex::new(&fleet),
             gangs: HashMap::new(),
+            tie_rank: None,
             pool_models: fleet
                 .pools
                 .iter()
@@ -252,6 +257,12 @@ impl Engine {
             .collect();
         for n in 0..e.fleet.nodes.len() as u32 {
             e.index(n, u16::MAX);
+        }
+        if e.policy.ties_in_fixed_order() {
+            use rand::seq::SliceRandom;
+            let mut rank: Vec<u32> = (0..e.fleet.nodes.len() as u32).collect();
+            rank.shuffle(&mut e.rng);
+            e.tie_rank = Some(Arc::new(rank));
         }
         e
     }
@@ -290,6 +301,7 @@ impl Engine {
             changes: vec![Default::default(); self.fleet.pools.len()],
             gang_index: self.gang_index.clone(),
             gangs: self.gangs.clone(),
+            tie_rank: self.tie_rank.clone(),
         }
     }
 
@@ -1104,11 +1116,18 @@ impl Engine {
         best
     }
 
-    /// Reservoir sampling of the lowest score: node `n` scoring `s` against the best so far.
+    /// Reservoir sampling of the lowest score: node `n` scoring `s` against the best so far
+    /// (nodes come in fleet order); with a fixed tie order, the node of lower rank.
     fn tie_break(&mut self, best: &mut Option<(u32, Choice, f64)>, ties: &mut u32, n: u32, c: Choice, s: f64) {
         match *best {
             Some((_, _, b)) if s > b => {}
-            Some((_, _, b)) if s == b => {
+            Some((m, _, b)) if s == b => {
+                if let Some(rank) = &self.tie_rank {
+                    if rank[n as usize] < rank[m as usize] {
+                        *best = Some((n, c, s));
+                    }
+                    return;
+                }
                 *ties += 1;
                 if self.rng.random_range(0..*ties) == 0 {
                     *best = Some((n, c, s));
@@ -1834,7 +1853,7 @@ mod tests {
     #[test]
     fn shared_score_trees_decide_as_a_scan_of_every_node() {
         use rand::{Rng, SeedableRng};
-        for policy in ["random", "bestfit", "tessera"] {
+        for policy in ["random", "bestfit", "tessera", "fgd"] {
             let fleet = Arc::new(Fleet::synthetic(300));
             let dev = fleet.pool_by_name("development").unwrap();
             let nodes = fleet.pool(dev).nodes.clone();

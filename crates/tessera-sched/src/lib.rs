@@ -15,8 +15,9 @@
 //!   MIG modes.
 //! * [`policy`]: pluggable scoring for shared pools (random, bestfit, FGD) and
 //!   [`tessera`]: Tessera's own fragmentation-aware policy.
-//! * [`replay`]: the openb (Alibaba GPU trace) replay protocol, and [`bound`]: a lower bound on
-//!   what any placement of the fractional shares leaves free.
+//! * [`replay`]: the openb (Alibaba GPU trace) replay protocol, and [`bound`]: lower bounds on
+//!   what any placement of the fractional shares leaves free, and on what any scheduler, or any
+//!   that never refuses a pod that fits, leaves unallocated.
 //! * [`scenario`]: a multi-tenant scenario in simulated time through the scheduler.
 //! * [`plan`]: capacity planning — the cheapest candidate fleet whose timed replay of a demand
 //!   meets a p95 wait target per class.

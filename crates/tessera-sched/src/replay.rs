@@ -19,9 +19,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use tessera_model::{Catalogue, Fleet, FleetError, ModelId, Request, Shape};
+use tessera_model::{Catalogue, Fleet, FleetError, ModelId, Request, Shape, Topology};
 
-use crate::bound::ShareBound;
+use crate::bound::{ShareBound, any_floor_milli, floors};
 use crate::engine::{Engine, demand_of};
 use crate::policy::{BestFit, Demand, Fgd, Random, SharedPolicy, WorkloadModel};
 use crate::tessera::TesseraPolicy;
@@ -156,7 +156,7 @@ pub fn make_policy(name: &str, prior: &[Demand]) -> Result<Box<dyn SharedPolicy>
     Ok(match name {
         "random" => Box::new(Random),
         "bestfit" => Box::new(BestFit),
-        "fgd" => Box::new(Fgd::new(WorkloadModel::with_prior(prior))),
+        "fgd" => Box::new(Fgd::new(prior)),
         "tessera" => Box::new(TesseraPolicy::new(WorkloadModel::with_prior(prior))),
         other => {
             return Err(format!("unknown policy `{other}` (one of: {})", POLICIES.join(", ")));
@@ -182,6 +182,17 @@ pub fn workload(pods: &[Pod], capacity_milli: u64, seed: u64) -> Vec<usize> {
     list
 }
 
+/// The pods of the protocol's window at arrived = `x` % (first and last, in arrival order):
+/// those after which round(arrived %) = x, or else the last after which arrived % < x (the pod
+/// whose figure [`mean_at_arrived`] falls back to). Figures that only fall as pods arrive (the
+/// unallocated %) are, over the window, at least their value after its last pod.
+pub fn window(curve: &[(f64, f64)], x: f64) -> Option<(usize, usize)> {
+    match curve.iter().position(|(a, _)| a.round() == x) {
+        Some(first) => Some((first, curve.iter().rposition(|(a, _)| a.round() == x)?)),
+        None => curve.iter().rposition(|(a, _)| *a < x).map(|k| (k, k)),
+    }
+}
+
 /// The protocol's figure at arrived = `x` % from a curve of (arrived %, figure) after each pod
 /// (allocation %, say): the mean figure over the pods after which round(arrived %) = x. On a
 /// cluster too small for every percent to be hit, the figure after the last pod below `x` (the
@@ -205,16 +216,31 @@ pub struct SeedResult {
     /// Unallocated GPU % at arrived 100 % and 130 %.
     pub unallocated_100: f64,
     pub unallocated_130: f64,
+    /// Pods (of any shape) and fractional shares that failed, over the whole replay.
     pub failed_pods: u64,
-    /// The least unallocated GPU % at arrived 100 % and 130 % for any policy that places every
-    /// fractional share that arrives (see [`crate::bound`]): a policy that never turns a share
-    /// away cannot go below it.
+    pub failed_shares: u64,
+    /// The same within the window measured at arrived 100 % (up to its last pod).
+    pub failed_pods_100: u64,
+    pub failed_shares_100: u64,
+    /// The least unallocated GPU % at arrived 100 % *if every arrived share is placed* (see
+    /// [`crate::bound`]): it bounds only a run in which no fractional share failed, and says
+    /// nothing once shares fail (so none is given at 130 %, where they do).
     pub share_limit_100: f64,
-    pub share_limit_130: f64,
+    /// The least unallocated GPU % at arrived 100 % for any scheduler, even one that refuses
+    /// pods that fit (none at 130 %, where 30 % of the demand may fail at no cost), and at 100 %
+    /// and 130 % for any scheduler that never refuses a pod some node could hold
+    /// ([`crate::bound::floors`]). Every policy here is of the second kind.
+    pub any_floor_100: f64,
+    pub non_refusing_floor_100: f64,
+    pub non_refusing_floor_130: f64,
     /// The same for the shares this replay placed: how far from a perfect packing of what it
     /// placed the policy is. Never above the unallocated %.
     pub packing_limit_100: f64,
     pub packing_limit_130: f64,
+}
+
+fn pct_f(milli: f64, capacity: u64) -> f64 {
+    milli * 100.0 / capacity as f64
 }
 
 /// Replays one seed.
@@ -238,7 +264,9 @@ pub fn replay_seed_with(
     let mut engine = Engine::new(fleet.clone(), make(&prior), seed);
     let order = workload(pods, capacity, seed);
     let requests: Vec<Request> = pods.iter().map(Pod::request).collect();
-    let (mut arrived, mut allocated, mut failed) = (0u64, 0u64, 0u64);
+    let (mut arrived, mut allocated) = (0u64, 0u64);
+    // Per pod in arrival order: whether it failed, and whether it is a fractional share.
+    let mut failed: Vec<(bool, bool)> = Vec::with_capacity(order.len());
     let (mut arrived_shares, mut placed_shares) = (ShareBound::default(), ShareBound::default());
     let pct = |milli: u64| milli as f64 * 100.0 / capacity as f64;
     // (arrived %, figure %) after each pod, for the allocation and the two limits.
@@ -249,24 +277,55 @@ pub fn replay_seed_with(
         let share = if pods[i].num_gpu == 1 { pods[i].gpu_milli } else { 0 };
         arrived += d;
         arrived_shares.add(share);
-        if engine.try_place(k as u64, &requests[i]) {
+        let placed = engine.try_place(k as u64, &requests[i]);
+        if placed {
             allocated += d;
             placed_shares.add(share);
-        } else {
-            failed += 1;
         }
+        failed.push((!placed, share > 0 && share < 1000));
         let x = pct(arrived);
         allocation.push((x, pct(allocated)));
         share_limit.push((x, pct(arrived_shares.free_milli())));
         packing_limit.push((x, pct(placed_shares.free_milli())));
     }
+    let count = |upto: usize, shares: bool| failed[..upto].iter().filter(|f| f.0 && (f.1 || !shares)).count() as u64;
+    let end_100 = window(&allocation, 100.0).map_or(0, |w| w.1 + 1);
+    // The floors of each window: the mean over its pods of the any-scheduler floor after each,
+    // and the non-refusing floor after its last pod (the unallocated % only falls as pods
+    // arrive, so that bounds the window's mean; it is also at least the any-scheduler mean).
+    // The domination rule needs exact model masks.
+    let demands: Vec<Demand> = order.iter().filter_map(|&i| demand_of(&requests[i])).collect();
+    let exact = demands.len() == order.len()
+        && pods.iter().all(|p| p.models.iter().all(|m| m.0 < 63))
+        && fleet
+            .nodes
+            .iter()
+            .all(|n| matches!(n.topology, Topology::None | Topology::NvSwitch));
+    let floor_at = |x: f64| {
+        let Some((first, last)) = window(&allocation, x) else {
+            return (100.0, 100.0);
+        };
+        let any = (first..=last)
+            .map(|k| any_floor_milli(&demands[..(k + 1).min(demands.len())], capacity))
+            .sum::<f64>()
+            / (last - first + 1) as f64;
+        let f = floors(&demands[..(last + 1).min(demands.len())], capacity, exact);
+        (pct_f(any, capacity), pct_f(f.non_refusing_milli.max(any), capacity))
+    };
+    let (any_100, non_refusing_100) = floor_at(100.0);
+    let (_, non_refusing_130) = floor_at(130.0);
     Ok(SeedResult {
         seed,
         unallocated_100: 100.0 - mean_at_arrived(&allocation, 100.0),
         unallocated_130: 100.0 - mean_at_arrived(&allocation, 130.0),
-        failed_pods: failed,
+        failed_pods: count(failed.len(), false),
+        failed_shares: count(failed.len(), true),
+        failed_pods_100: count(end_100, false),
+        failed_shares_100: count(end_100, true),
         share_limit_100: mean_at_arrived(&share_limit, 100.0),
-        share_limit_130: mean_at_arrived(&share_limit, 130.0),
+        any_floor_100: any_100,
+        non_refusing_floor_100: non_refusing_100,
+        non_refusing_floor_130: non_refusing_130,
         packing_limit_100: mean_at_arrived(&packing_limit, 100.0),
         packing_limit_130: mean_at_arrived(&packing_limit, 130.0),
     })
@@ -336,6 +395,44 @@ mod tests {
         assert_eq!(e.to_string(), "x.csv:1: header: missing column `gpu_milli`");
     }
 
+    /// One node of 2 GPUs and one pod shape, an 810-milli share: every seed's workload is
+    /// three of them (2,430 of the 2,600 that 130 % allows), arriving at 40.5 %, 81 % and
+    /// 121.5 %. The first two take a GPU each and the third fails; no pod rounds to 100 % or
+    /// 130 %, so both windows fall back to the last pod below them (the 2nd and the 3rd).
+    #[test]
+    fn tiny_trace_by_hand() {
+        let fleet = Arc::new(
+            Fleet::from_openb_nodes("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,65536,2,G2\n", "n.csv").unwrap(),
+        );
+        let pods = parse_pods(
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1000,1,810\n",
+            "p.csv",
+            &fleet.catalogue,
+        )
+        .unwrap();
+        for p in POLICIES {
+            let r = replay_seed(&fleet, &pods, p, 42).unwrap();
+            // 1,620 of 2,000 allocated at both windows.
+            assert!(
+                (r.unallocated_100 - 19.0).abs() < 1e-9 && (r.unallocated_130 - 19.0).abs() < 1e-9,
+                "{r:?}"
+            );
+            assert_eq!(
+                (r.failed_pods, r.failed_shares, r.failed_pods_100, r.failed_shares_100),
+                (1, 1, 0, 0)
+            );
+            // Two 810s need two GPUs: 380 free.
+            assert!((r.share_limit_100 - 19.0).abs() < 1e-9);
+            // At 100 %: 380 GPU milli never arrived, and failing an 810 (190 less waste) costs
+            // 810: 380 = 19 % at least, for any scheduler. At 130 %: 2,430 arrived, at least 430
+            // fails; failing the last 810 (a closed set: 380 failed) leaves two 810s wasting 380,
+            // and failing two costs 1,190: 19 % again for a scheduler that never refuses.
+            for x in [r.any_floor_100, r.non_refusing_floor_100, r.non_refusing_floor_130] {
+                assert!((x - 19.0).abs() < 0.01, "{r:?}");
+            }
+        }
+    }
+
     #[test]
     fn workload_tops_up_to_130_percent_and_is_deterministic() {
         let (fleet, pods) = small();
@@ -362,9 +459,14 @@ mod tests {
                 assert_eq!(a.seed, seed);
                 assert!((0.0..=100.0).contains(&a.unallocated_100), "{p}: {a:?}");
                 assert!((0.0..=100.0).contains(&a.unallocated_130), "{p}: {a:?}");
-                // The packing limit of what was placed is a lower bound on what is left.
+                // The packing limit of what was placed is a lower bound on what is left, and so
+                // are the floors (every policy here places a pod whenever one fits).
                 assert!(a.packing_limit_100 <= a.unallocated_100 + 1e-9, "{p}: {a:?}");
                 assert!(a.packing_limit_130 <= a.unallocated_130 + 1e-9, "{p}: {a:?}");
+                assert!(a.any_floor_100 <= a.non_refusing_floor_100 + 1e-9, "{p}: {a:?}");
+                assert!(a.non_refusing_floor_100 <= a.unallocated_100 + 1e-9, "{p}: {a:?}");
+                assert!(a.non_refusing_floor_130 <= a.unallocated_130 + 1e-9, "{p}: {a:?}");
+                assert!(a.failed_pods_100 <= a.failed_pods && a.failed_shares_100 <= a.failed_shares);
             }
         }
         assert!(replay_seed(&fleet, &pods, "nope", 1).is_err());

@@ -365,7 +365,7 @@ mod tests {
         // Every GPU task needs 8 cores per GPU.
         let prior = vec![demand(8, 1, 1000, 0); 10];
         let cpu_only = demand(8, 0, 0, 0);
-        let fgd = Fgd::new(WorkloadModel::with_prior(&prior));
+        let fgd = Fgd::new(&prior);
         let tessera = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
         // FGD sees no difference (one more GPU task still fits either node) ...
         let f = scores(&fleet, &state, &fgd, &cpu_only, Choice::Host);
@@ -509,13 +509,27 @@ mod tests {
             })
             .collect();
         assert!(pairing[1] < 0.0 && pairing[0] > 50.0, "{pairing:?}");
-        // FGD fills the tighter gap (best fit: 120 left is unusable to all, but 220 left would
-        // be unusable to four of the five classes) ...
-        let fgd = Fgd::new(WorkloadModel::with_prior(&prior));
+        // FGD's fragmentation falls by 20 on n0 (120 left is unusable to all, 350 was to two
+        // of the five classes) and by 4 on n1 (220 left is unusable to four); its integer score
+        // (the paper simulator's) rounds both to 50, a tie ...
+        let fgd = Fgd::new(&prior);
+        let frag = |n: usize, after: bool| {
+            let view = NodeView {
+                node: &fleet.nodes[n],
+                state: &state.nodes[n],
+            };
+            let mut h = Hypo::of(&view);
+            if after {
+                h = h.after(&two30, Choice::Gpu(0));
+            }
+            fgd.typical.frag(h.model, h.cpu_free, h.gpus())
+        };
+        assert!((frag(0, false) - frag(0, true) - 20.0).abs() < 1e-9);
+        assert!((frag(1, false) - frag(1, true) - 4.0).abs() < 1e-9);
         let f = scores(&fleet, &state, &fgd, &two30, Choice::Gpu(0));
-        assert!(f[0] < f[1], "{f:?}");
-        // ... and so does Tessera without the pairing term; with it, the 230 completes the
-        // 550's GPU up to a size a 220 fills, and the 350 stays for a 320.
+        assert_eq!(f, vec![-50.0, -50.0]);
+        // ... where Tessera without the pairing term fills the tighter gap; with it, the 230
+        // completes the 550's GPU up to a size a 220 fills, and the 350 stays for a 320.
         let mut off = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
         off.set_pairing_weight(0.0);
         let s = scores(&fleet, &state, &off, &two30, Choice::Gpu(0));

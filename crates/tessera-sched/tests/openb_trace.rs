@@ -1,6 +1,6 @@
 //! The replay on the real openb trace (read from `../shared/traces/openb`, or the folder named by
-//! `TESSERA_OPENB_DIR`): the BestFit sanity check of the protocol, and Tessera's policy against
-//! the published FGD figure and the packing limit. The trace is not part of the repository; CI
+//! `TESSERA_OPENB_DIR`): the BestFit sanity check of the protocol, the repository's FGD against
+//! the published FGD figure, and Tessera's policy against both and the floors. The trace is not part of the repository; CI
 //! lays `shared/` beside the clone. Without it the test fails and says where to get it.
 
 use std::path::PathBuf;
@@ -52,6 +52,18 @@ fn bestfit_replay_matches_the_published_protocol() {
 }
 
 #[test]
+fn fgd_replay_matches_the_published_figure() {
+    let r = run("fgd");
+    let m = r.mean_100();
+    // Published 4.77 % (standard deviation 0.11 over 10 seeds); the paper's simulator gives
+    // 4.86 % on seed 42.
+    assert!(
+        (4.62..=4.92).contains(&m),
+        "FGD unallocated at 100 %: {m:.2} (published 4.77)"
+    );
+}
+
+#[test]
 fn tessera_beats_published_fgd_on_the_default_workload() {
     let r = run("tessera");
     let m = r.mean_100();
@@ -64,15 +76,28 @@ fn tessera_beats_published_fgd_on_the_default_workload() {
         "at 130 %: {:.2} (FGD published 4.61)",
         r.mean_130()
     );
-    // No policy that places every fractional share that arrives can leave less than 3.83 %
-    // unallocated at 100 % (the bound of `tessera_sched::bound` on the shares of each seed);
-    // Tessera comes within 0.1 point of it, and no placement of the shares it did place
-    // could leave less than it does.
+    // If every arrived share were placed, no placement could leave less than 3.83 % at 100 %
+    // (the bound of `tessera_sched::bound` on the shares of each seed); but shares do fail
+    // (about 110 by then), so that says nothing of Tessera's run. What holds: no scheduler
+    // that never refuses a pod that fits can leave less than 3.64 % (the non-refusing floor),
+    // and no scheduler at all less than 3.09 %.
     let limit = r.mean(|s| s.share_limit_100);
     assert!((3.78..=3.88).contains(&limit), "share limit at 100 %: {limit:.2}");
-    assert!(m - limit < 0.1, "Tessera {m:.2} against the share limit {limit:.2}");
+    let floor = r.mean(|s| s.non_refusing_floor_100);
+    assert!(
+        (3.55..=3.75).contains(&floor),
+        "non-refusing floor at 100 %: {floor:.2}"
+    );
+    let any = r.mean(|s| s.any_floor_100);
+    assert!((3.0..=3.2).contains(&any), "any-scheduler floor at 100 %: {any:.2}");
     for s in &r.per_seed {
+        assert!(
+            s.failed_shares_100 > 0 && s.failed_shares_100 <= s.failed_pods_100,
+            "{s:?}"
+        );
         assert!(s.packing_limit_100 <= s.unallocated_100, "{s:?}");
         assert!(s.packing_limit_130 <= s.unallocated_130, "{s:?}");
+        assert!(s.non_refusing_floor_100 <= s.unallocated_100, "{s:?}");
+        assert!(s.non_refusing_floor_130 <= s.unallocated_130, "{s:?}");
     }
 }
