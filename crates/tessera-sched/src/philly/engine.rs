@@ -213,3 +213,81 @@ pub fn replay_engine(trace: &Trace, layout: &Layout, cfg: &EngineConfig) -> (Rep
     );
     (report, out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{PhillyJob, WINDOW_DAYS};
+    use super::*;
+
+    const W: i64 = WINDOW_DAYS.0 * 86_400;
+
+    fn job(submit: i64, duration: i64, gpus: u32) -> PhillyJob {
+        PhillyJob {
+            submit,
+            duration,
+            gpus,
+            tenant: 0,
+        }
+    }
+
+    /// One rack of 8 nodes × 8 GPUs. A 1-s job at t0 opens the trace; the rest are submitted in
+    /// the measured window (from t0 + 14 d = W):
+    /// - j0, W: 56 GPUs (a gang of 7 whole nodes) for 7,200 s (estimate 4 h): W..W+7200;
+    /// - j1, W: 8 GPUs for 3,600 s (estimate 2 h) on the 8th node: W..W+3600;
+    /// - j2, W+1: 16 GPUs (2 whole nodes in the rack) for 600 s: at W+3600 one node is free,
+    ///   not two; it waits for j0, until W+7200 (7,199 s);
+    /// - j3, W+3700: 1 GPU for 20,000 s (estimate 6 h, to W+25300). The free node is held for
+    ///   j2 (it waited past the 30-minute backfill window; by the estimates it fits there and on
+    ///   one of j0's nodes at W+14400), and j3 would end after that: it waits too, until j0
+    ///   ends at W+7200 (3,500 s), and runs beside j2. Without holds it starts at once.
+    fn trace() -> Trace {
+        Trace {
+            jobs: vec![
+                job(0, 1, 1),
+                job(W, 7200, 56),
+                job(W, 3600, 8),
+                job(W + 1, 600, 16),
+                job(W + 3700, 20_000, 1),
+            ],
+            tenants: vec!["a".into()],
+        }
+    }
+
+    fn waits(out: &[Outcome], trace: &Trace) -> Vec<i64> {
+        out.iter()
+            .zip(&trace.jobs)
+            .map(|(o, j)| o.start.unwrap() - j.submit)
+            .collect()
+    }
+
+    #[test]
+    fn the_real_scheduler_holds_a_gangs_nodes_by_the_estimates() {
+        let layout = Layout::of(&fleet_of(1).unwrap()).unwrap();
+        let trace = trace();
+        let (r, out) = replay_engine(&trace, &layout, &EngineConfig::default());
+        assert_eq!(waits(&out, &trace), [0, 0, 0, 7199, 3500]);
+        assert_eq!(out[4].end, Some(W + 7200 + 20_000));
+        assert_eq!(r.policy, "engine");
+        assert_eq!(
+            (r.window_jobs, r.preemptions, r.refusals, r.gangs_beyond_min_racks),
+            (4, 0, 0, 0)
+        );
+        let all = r.classes.iter().find(|c| c.class == "all").unwrap();
+        assert_eq!(all.mean_s, (7199.0 + 3500.0) / 4.0);
+        // Nearest rank over {0, 0, 3500, 7199}: p50 the 2nd, p95 the 4th.
+        assert_eq!((all.p50_s, all.p95_s, all.max_s), (0, 7199, 7199));
+        assert_eq!(r.tenants[0].guarantee, 64);
+        // GPU-seconds in the window: j0 56 × 7200, j1 8 × 3600, j2 16 × 600, j3 1 × 20,000.
+        let held = 56.0 * 7200.0 + 8.0 * 3600.0 + 16.0 * 600.0 + 20_000.0;
+        let window = (WINDOW_DAYS.1 - WINDOW_DAYS.0) as f64 * 86_400.0;
+        assert!((r.allocation_pct - 100.0 * held / (64.0 * window)).abs() < 1e-9);
+
+        // No holds: j3 takes the free node at once; j2 still waits for j0.
+        let no_holds = EngineConfig {
+            govern: philly_govern(0),
+            ..EngineConfig::default()
+        };
+        let (_, out) = replay_engine(&trace, &layout, &no_holds);
+        assert_eq!(waits(&out, &trace), [0, 0, 0, 7199, 0]);
+    }
+}
