@@ -2,7 +2,7 @@
 //! `cargo run --release -p tessera-sched --example philly_engine -- TRACE_DIR FLEET [SEEDS]`
 //! prints key figures per variant of the [`GovernConfig`] (the mean over same-second orders
 //! SEEDS, `0` or `0-4`), beside the best baseline of each figure and `tessera` (the model), and
-//! the wall time of each variant. HOLDS (holds per pool, comma list, default `1,8`) and
+//! the wall time of one run of each (one order). HOLDS (holds per pool, comma list, default `1,8`) and
 //! RECLAIM (`1`: reclaim after 4 h as the scenario, `0`: never; default `1,0`) pick them.
 
 use std::time::Instant;
@@ -63,7 +63,10 @@ fn main() {
     let mean = |p: Policy| {
         let t = Instant::now();
         let runs: Vec<_> = traces.iter().map(|tr| philly::replay(tr, &layout, p)).collect();
-        (Report::mean(&runs).expect("a seed"), t.elapsed().as_secs_f64())
+        (
+            Report::mean(&runs).expect("a seed"),
+            t.elapsed().as_secs_f64() / traces.len() as f64,
+        )
     };
     let (fifo, wall) = mean(Policy::Fifo);
     line("fifo", &fifo, &fifo, wall);
@@ -78,8 +81,10 @@ fn main() {
     }
     for holds in list("HOLDS", "1,8") {
         for reclaim in list("RECLAIM", "1,0") {
-            let mut cfg = EngineConfig::default();
-            cfg.govern = philly::philly_govern(holds as usize);
+            let mut cfg = EngineConfig {
+                govern: philly::philly_govern(holds as usize),
+                ..EngineConfig::default()
+            };
             if reclaim == 0 {
                 cfg.govern.reclaim_after_ms = i64::MAX / 4;
             }
