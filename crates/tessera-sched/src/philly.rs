@@ -5,7 +5,8 @@
 //! remainder) in the fewest racks that hold it, events per timestamp (completions, submissions,
 //! one scheduling pass), tenants (one per VC) with guarantees from their share of GPU-time, the
 //! measured window `[t0 + 14 d, t0 + 70 d)` and the metrics of its section 6, under the five
-//! policies of [`Policy`].
+//! policies of [`Policy`] and `engine`, the same trace through Tessera's real scheduler
+//! ([`replay_engine`]; the `tessera` policy is a model of Tessera's written here).
 //!
 //! Placement is computed here over a small model of free GPUs per node and rack rather than by
 //! the engine's [`crate::Engine::plan_gang`], because the protocol fixes the rules exactly
