@@ -1,11 +1,12 @@
 //! The Philly trace replay without the binary: `cargo run --release -p tessera-sched --example
-//! philly -- [TRACE_DIR] [philly-768|philly-640] [POLICY|all] [SEEDS]` prints every metric per
-//! policy side by side (the same as `tessera sim philly`); SEEDS (`0`, or a range `0-4`) are
-//! same-second orders, and several report the mean of every figure over them.
+//! philly -- [TRACE_DIR] [philly-768|philly-640] [POLICY|all] [SEEDS] [HOLDS]` prints every
+//! metric per policy side by side (the same as `tessera sim philly`); SEEDS (`0`, or a range
+//! `0-4`) are same-second orders, and several report the mean of every figure over them; HOLDS
+//! sets the `engine` row's holds per pool (default: [`EngineConfig::default`]'s).
 
 use std::time::Instant;
 
-use tessera_sched::philly::{self, Layout, POLICIES, Policy};
+use tessera_sched::philly::{self, EngineConfig, Layout, POLICIES, Policy};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -17,6 +18,10 @@ fn main() {
         Some(None) => vec![args[3].parse().expect("a seed")],
         Some(Some((a, b))) => (a.parse().expect("a seed")..=b.parse().expect("a seed")).collect(),
     };
+    let mut engine = EngineConfig::default();
+    if let Some(h) = args.get(4) {
+        engine.govern = philly::philly_govern(h.parse().expect("holds per pool"));
+    }
     let path = format!("{dir}/philly_jobs.csv");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let trace = philly::parse(&text).expect("a valid trace");
@@ -31,7 +36,13 @@ fn main() {
     let mut reports = Vec::new();
     for p in policies {
         let t = Instant::now();
-        let runs: Vec<_> = traces.iter().map(|t| philly::replay(t, &layout, p)).collect();
+        let runs: Vec<_> = traces
+            .iter()
+            .map(|t| match p {
+                Policy::Engine => philly::replay_engine(t, &layout, &engine).0,
+                _ => philly::replay(t, &layout, p),
+            })
+            .collect();
         reports.push(philly::Report::mean(&runs).expect("a seed"));
         eprintln!("{}: {:.2} s", p.name(), t.elapsed().as_secs_f64());
     }

@@ -5,7 +5,8 @@
 //! remainder) in the fewest racks that hold it, events per timestamp (completions, submissions,
 //! one scheduling pass), tenants (one per VC) with guarantees from their share of GPU-time, the
 //! measured window `[t0 + 14 d, t0 + 70 d)` and the metrics of its section 6, under the five
-//! policies of [`Policy`].
+//! policies of [`Policy`] and `engine`, the same trace through Tessera's real scheduler
+//! ([`replay_engine`]; the `tessera` policy is a model of Tessera's written here).
 //!
 //! Placement is computed here over a small model of free GPUs per node and rack rather than by
 //! the engine's [`crate::Engine::plan_gang`], because the protocol fixes the rules exactly
@@ -22,6 +23,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 use tessera_model::{Fleet, FleetError, GangRequest, Request, TopologyConstraint};
+
+mod engine;
+pub use engine::{EngineConfig, philly_govern, replay_engine};
 
 /// Seconds in a day.
 const DAY: i64 = 86_400;
@@ -231,9 +235,16 @@ pub fn fleet_of(racks: usize) -> Result<Fleet, FleetError> {
 }
 
 /// The replay's policies, in report order.
-pub const POLICIES: [&str; 5] = ["fifo", "backfill", "topology-bestfit", "quota-backfill", "tessera"];
+pub const POLICIES: [&str; 6] = [
+    "fifo",
+    "backfill",
+    "topology-bestfit",
+    "quota-backfill",
+    "tessera",
+    "engine",
+];
 
-/// The five policies of the protocol's section 7.
+/// The policies of the protocol's section 7, and Tessera's real scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
     /// Strict arrival order, the head blocks everyone; first rack and nodes in name order.
@@ -257,6 +268,10 @@ pub enum Policy {
     /// the gang would otherwise wait for its reservation. Preempted jobs restart from the
     /// beginning (no checkpointing). See [`TesseraKnobs`].
     Tessera,
+    /// Tessera's real scheduler ([`crate::cycle::Scheduler`]: admit, allocate with backfill and
+    /// holds, consolidate, reclaim, preempt), not a model of it: [`replay_engine`] with
+    /// [`EngineConfig::default`].
+    Engine,
 }
 
 impl Policy {
@@ -267,6 +282,7 @@ impl Policy {
             "topology-bestfit" => Policy::TopologyBestfit,
             "quota-backfill" => Policy::QuotaBackfill,
             "tessera" => Policy::Tessera,
+            "engine" => Policy::Engine,
             _ => return None,
         })
     }
@@ -278,6 +294,7 @@ impl Policy {
             Policy::TopologyBestfit => "topology-bestfit",
             Policy::QuotaBackfill => "quota-backfill",
             Policy::Tessera => "tessera",
+            Policy::Engine => "engine",
         }
     }
 }
@@ -1205,6 +1222,9 @@ impl Default for TesseraKnobs {
 
 /// [`replay_outcomes`] with the `tessera` policy's choices set by `knobs`.
 pub fn replay_tuned(trace: &Trace, layout: &Layout, policy: Policy, knobs: TesseraKnobs) -> (Report, Vec<Outcome>) {
+    if policy == Policy::Engine {
+        return replay_engine(trace, layout, &EngineConfig::default());
+    }
     let n = trace.jobs.len();
     let shares: Vec<Vec<u8>> = trace.jobs.iter().map(|j| layout.shares(j.gpus)).collect();
     let mut sim = Sim {
@@ -1319,6 +1339,39 @@ fn delays(class: &str, v: &mut [(i64, i64, i64)]) -> Delays {
 }
 
 fn report(sim: &Sim, refused: &[bool]) -> Report {
+    measure(
+        &Measured {
+            trace: sim.trace,
+            layout: sim.layout,
+            policy: sim.policy,
+            guarantee: &sim.guarantee,
+            out: &sim.out,
+            held_spans: &sim.held_spans,
+            preemptions: sim.preemptions,
+            lost_gpu_s: sim.lost_gpu_s,
+            beyond_min_racks: sim.beyond_min_racks,
+        },
+        refused,
+    )
+}
+
+/// What a replay recorded, from which [`measure`] computes the report (the model's [`Sim`] or
+/// the real scheduler's replay, [`replay_engine`]).
+struct Measured<'a> {
+    trace: &'a Trace,
+    layout: &'a Layout,
+    policy: Policy,
+    guarantee: &'a [u64],
+    /// Per job: its final start and end.
+    out: &'a [Outcome],
+    /// Every run's (start, end, gpus), preempted runs included.
+    held_spans: &'a [(i64, i64, u32)],
+    preemptions: u64,
+    lost_gpu_s: i128,
+    beyond_min_racks: usize,
+}
+
+fn measure(sim: &Measured, refused: &[bool]) -> Report {
     let trace = sim.trace;
     let t0 = trace.jobs.first().map_or(0, |j| j.submit);
     let (w0, w1) = (t0 + WINDOW_DAYS.0 * DAY, t0 + WINDOW_DAYS.1 * DAY);
@@ -1347,8 +1400,7 @@ fn report(sim: &Sim, refused: &[bool]) -> Report {
         per_tenant[job.tenant].1 += x.0;
     }
     let mut held: i128 = 0;
-    let spans = sim.held_spans.iter().copied();
-    for (s, e, g) in spans {
+    for &(s, e, g) in sim.held_spans {
         let (a, b) = (s.max(w0), e.min(w1));
         if b > a {
             held += (b - a) as i128 * g as i128;

@@ -1,5 +1,5 @@
-//! `tessera sim philly`: the Philly trace replay (`tessera_sched::philly`) for one or all five
-//! policies on `philly-768` or `philly-640`, every metric side by side or as JSON.
+//! `tessera sim philly`: the Philly trace replay (`tessera_sched::philly`) for one or all six
+//! policies (the five of the protocol and `engine`, the real scheduler) on `philly-768` or `philly-640`, every metric side by side or as JSON.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -20,7 +20,7 @@ pub struct PhillyArgs {
     /// `philly-768` (12 racks of 8 nodes of 8 GPUs) or `philly-640` (10 racks).
     #[arg(long, default_value = "philly-768")]
     fleet: String,
-    /// `all`, or one of fifo, backfill, topology-bestfit, quota-backfill, tessera.
+    /// `all`, or one of fifo, backfill, topology-bestfit, quota-backfill, tessera, engine.
     #[arg(long, default_value = "all")]
     policy: String,
     /// Same-second orders (protocol section 8): `0` is the file's order; several (`0-4`) report
@@ -110,6 +110,9 @@ pub fn philly(a: PhillyArgs) -> Result<()> {
         print!("{}", philly::table(&reports));
         println!(
             "tessera: multi-node gangs first, then jobs within their tenant's guarantee, then the rest (inside a class by submission plus a quarter of the estimate, gangs by submission); a reservation for every blocked multi-node gang and for the first blocked other job, a job starting now only where it delays none (by estimates); single-node jobs on the node whose busy horizon they extend least; borrowed GPUs reclaimed in one rack for a blocked within-guarantee multi-node gang when the work lost is under 5 % of its wait (by estimates); preempted jobs restart from the beginning (no checkpointing)"
+        );
+        println!(
+            "engine: the same trace through Tessera's real scheduler (tessera_sched::cycle::Scheduler), each VC's guarantee as its quota, each job's estimate as its lease, the scenario's settings (30-minute backfill window, reclaim after 4 h, 4 h minimum runtime, one hold per pool); preempted jobs restart from the beginning"
         );
     }
     Ok(())

@@ -1,0 +1,104 @@
+//! Measures the real scheduler's settings on the Philly replay (the `engine` row):
+//! `cargo run --release -p tessera-sched --example philly_engine -- TRACE_DIR FLEET [SEEDS]`
+//! prints key figures per variant of the [`GovernConfig`] (the mean over same-second orders
+//! SEEDS, `0` or `0-4`), beside the best baseline of each figure and `tessera` (the model), and
+//! the wall time of one run of each (one order). HOLDS (holds per pool, comma list, default `1,8`) and
+//! RECLAIM (`1`: reclaim after 4 h as the scenario, `0`: never; default `1,0`) pick them.
+
+use std::time::Instant;
+
+use tessera_sched::philly::{self, EngineConfig, Layout, Policy, Report};
+
+fn class(r: &Report, c: &str) -> philly::Delays {
+    r.classes.iter().find(|d| d.class == c).cloned().expect("a class")
+}
+
+fn line(name: &str, r: &Report, fifo: &Report, wall: f64) {
+    let within = r
+        .tenants
+        .iter()
+        .zip(&fifo.tenants)
+        .filter(|(t, _)| t.guarantee > 0 && t.jobs > 0)
+        .filter(|(t, f)| t.mean_delay_s <= f.mean_delay_s)
+        .count();
+    let guaranteed = fifo.tenants.iter().filter(|t| t.guarantee > 0 && t.jobs > 0).count();
+    println!(
+        "{name:<28} | {:>7.3} | {:>6.2} | {:>6.2} | {:>6.2} | {:>6.2} | {:>6.2} | {:>4} | {:>9.1} | {:>2}/{guaranteed} | {:>5} | {wall:.1} s",
+        r.allocation_pct,
+        class(r, "8").mean_s / 3600.0,
+        class(r, "12-32").mean_s / 3600.0,
+        class(r, "all").mean_s / 3600.0,
+        class(r, "all").p95_s as f64 / 3600.0,
+        class(r, "all").mean_jct_s / 3600.0,
+        r.preemptions,
+        r.gpu_hours_lost,
+        within,
+        r.gangs_beyond_min_racks,
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = args.first().map_or("../shared/traces/philly", String::as_str);
+    let fleet_name = args.get(1).map_or("philly-768", String::as_str);
+    let seeds: Vec<u64> = match args.get(2).map(|s| s.split_once('-')) {
+        None => vec![0],
+        Some(None) => vec![args[2].parse().expect("a seed")],
+        Some(Some((a, b))) => (a.parse().expect("a seed")..=b.parse().expect("a seed")).collect(),
+    };
+    let text = std::fs::read_to_string(format!("{dir}/philly_jobs.csv")).expect("the job table");
+    let trace = philly::parse(&text).expect("a valid trace");
+    let traces: Vec<_> = seeds.iter().map(|&s| trace.reordered(s)).collect();
+    let layout = Layout::of(&philly::fleet(fleet_name).expect("a Philly fleet")).expect("racks");
+    let list = |name: &str, default: &str| -> Vec<u64> {
+        std::env::var(name)
+            .unwrap_or_else(|_| default.to_string())
+            .split(',')
+            .map(|x| x.parse().expect("a number"))
+            .collect()
+    };
+    println!(
+        "{fleet_name}, orders {seeds:?}: variant | alloc % | 8 mean h | 12-32 mean h | all mean h | all p95 h | mean JCT h | preempt | lost GPU-h | tenants ≤ fifo | gangs beyond racks | wall"
+    );
+    let mean = |p: Policy| {
+        let t = Instant::now();
+        let runs: Vec<_> = traces.iter().map(|tr| philly::replay(tr, &layout, p)).collect();
+        (
+            Report::mean(&runs).expect("a seed"),
+            t.elapsed().as_secs_f64() / traces.len() as f64,
+        )
+    };
+    let (fifo, wall) = mean(Policy::Fifo);
+    line("fifo", &fifo, &fifo, wall);
+    for p in [
+        Policy::Backfill,
+        Policy::TopologyBestfit,
+        Policy::QuotaBackfill,
+        Policy::Tessera,
+    ] {
+        let (r, wall) = mean(p);
+        line(p.name(), &r, &fifo, wall);
+    }
+    for holds in list("HOLDS", "1,8") {
+        for reclaim in list("RECLAIM", "1,0") {
+            let mut cfg = EngineConfig {
+                govern: philly::philly_govern(holds as usize),
+                ..EngineConfig::default()
+            };
+            if reclaim == 0 {
+                cfg.govern.reclaim_after_ms = i64::MAX / 4;
+            }
+            let t = Instant::now();
+            let runs: Vec<_> = traces
+                .iter()
+                .map(|tr| philly::replay_engine(tr, &layout, &cfg).0)
+                .collect();
+            let wall = t.elapsed().as_secs_f64() / traces.len() as f64;
+            let name = format!(
+                "engine holds {holds} reclaim {}",
+                if reclaim == 0 { "off" } else { "4h" }
+            );
+            line(&name, &Report::mean(&runs).expect("a seed"), &fifo, wall);
+        }
+    }
+}
