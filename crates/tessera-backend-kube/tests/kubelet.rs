@@ -421,3 +421,61 @@ async fn eviction_under_a_budget_then_requeue_then_restart_adoption() {
     .await;
     report(&format!("restart, adoption and stop {:?}", t2.elapsed()));
 }
+
+/// The backend contract suite of `tessera-backend` ([`tessera_backend::contract`]) on the real
+/// kubelet: each check a backend of its own, all in tenant `kcontract` on the one node (the
+/// suite's ids are their own); the node has no MIG GPU, so the partition check passes without
+/// partitioning.
+mod contract_suite {
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use tessera_backend::contract::{Harness, Run};
+    use tessera_backend::{Backend, PartitionPlan, RunSpec};
+    use tessera_backend_kube::KubeBackend;
+
+    const TENANT: &str = "kcontract";
+
+    pub struct KubeletHarness;
+
+    #[async_trait]
+    impl Harness for KubeletHarness {
+        type B = KubeBackend;
+
+        /// A backend whose events nobody has taken, the tenant's namespace made.
+        async fn backend(&self) -> KubeBackend {
+            let (b, rx, _) = super::backend(TENANT).await;
+            drop((b, rx));
+            let (c, _) = super::kubelet_node().await;
+            let client = c.client().await.unwrap();
+            let evict = c.evict_client().await.unwrap();
+            let (b, _) = KubeBackend::connect_with(client, evict, super::config()).await.unwrap();
+            assert!(b.capabilities().confirms_stop, "the suite waits for Stopped");
+            b
+        }
+
+        /// One GPU, busybox: `sleep 3` then success (long enough for the kubelet to report it
+        /// running), or a sleep that outlasts the test.
+        async fn workload(&self, _: &KubeBackend, id: u64, run: Run) -> RunSpec {
+            let cmd = match run {
+                Run::Succeeds => "sleep 3; exit 0",
+                Run::UntilStopped => "sleep 3600",
+            };
+            super::run(id, TENANT, &["sh", "-c", cmd])
+        }
+
+        async fn partitioned(&self, _: &KubeBackend, _: u64) -> Option<(PartitionPlan, RunSpec)> {
+            None
+        }
+
+        fn patience(&self) -> Duration {
+            super::WAIT
+        }
+
+        fn id_base(&self) -> u64 {
+            7000
+        }
+    }
+
+    tessera_backend::backend_contract_tests!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] harness = KubeletHarness);
+}
