@@ -477,5 +477,8 @@ mod contract_suite {
         }
     }
 
-    tessera_backend::backend_contract_tests!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] harness = KubeletHarness);
+    tessera_backend::backend_contract_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        harness = KubeletHarness
+    );
 }
