@@ -1632,7 +1632,12 @@ pub struct DryRunBudget {
     pub spent: f64,
     /// Left this month before the request.
     pub left: f64,
-    /// Left after the request's `unit_hours` (absent without a duration).
+    /// GPU-unit-hours the tenant's running work will still use this month: each workload to
+    /// its lease's end, work without one to the month's end.
+    #[serde(default)]
+    pub running: f64,
+    /// Left after the running work and the request's `unit_hours` (absent without a
+    /// duration): `left - running - unit_hours`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub left_after: Option<f64>,
 }

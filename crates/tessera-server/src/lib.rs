@@ -305,7 +305,7 @@ pub fn app(state: AppState, cors_origins: &[HeaderValue]) -> axum::Router {
         .route("/admission/mutate", axum::routing::post(native::mutate))
         .route("/admission/validate", axum::routing::post(native::validate))
         .merge(api)
-        .merge(console::router())
+        .merge(console::router(&state))
         .fallback(not_found)
         .layer(stack)
         // Outermost: a follower's writes go to the leader before anything else looks at them.

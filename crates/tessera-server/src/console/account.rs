@@ -63,7 +63,7 @@ struct QuotaPage {
     csv: String,
     total_unit_hours: f64,
     total_cost: f64,
-    currency: String,
+    money: super::Money,
 }
 
 const DAY_MS: i64 = 86_400_000;
@@ -114,7 +114,7 @@ pub async fn quota(State(s): State<AppState>, c: Caller, Query(q): Query<TenantQ
         csv,
         total_unit_hours: total.allocated_unit_hours,
         total_cost: total.cost_allocated,
-        currency: s.prices.currency.clone(),
+        money: super::Money::new(&s.prices),
     }))
 }
 

@@ -15,6 +15,7 @@
 pub mod account;
 pub mod assets;
 pub mod charts;
+pub mod errors;
 pub mod fleet;
 pub mod pages;
 pub mod queue;
@@ -33,7 +34,7 @@ use crate::auth::{Identity, Resolved, Role};
 use crate::problem::ApiError;
 
 /// The console's routes (the middleware stack is the application's).
-pub fn router() -> axum::Router<AppState> {
+pub fn router(state: &AppState) -> axum::Router<AppState> {
     axum::Router::new()
         .route("/", get(|| async { redirect("/console") }))
         .route("/console", get(pages::overview))
@@ -67,6 +68,10 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/workloads/{id}/live", get(pages::workload_live))
         .route("/console/workloads/{id}/cancel", post(pages::cancel))
         .route("/assets/{hash}/{*file}", get(assets::serve))
+        // Any other console address: a page that does not exist (after the sign-in).
+        .route("/console/{*rest}", get(errors::no_page))
+        // A page a browser loads answers its errors as a page with the navigation.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), errors::middleware))
         // Pages and assets are sent gzip-compressed to browsers that accept it.
         .layer(tower_http::compression::CompressionLayer::new().gzip(true))
 }
@@ -146,12 +151,17 @@ pub struct Chrome {
 
 impl Chrome {
     pub fn new(c: &Caller, s: &AppState, current: &'static str) -> Chrome {
+        Chrome::of(Some(&c.id), c.csrf.clone(), s, current)
+    }
+
+    /// The frame for `id` (`None`: nobody is signed in, as on an error page before sign-in).
+    pub fn of(id: Option<&Identity>, csrf: String, s: &AppState, current: &'static str) -> Chrome {
         Chrome {
-            actor: c.id.actor.clone(),
-            role: c.id.role.as_str(),
-            tenant: c.id.tenant.clone().unwrap_or_default(),
-            admin: c.id.is_admin(),
-            csrf: c.csrf.clone(),
+            actor: id.map(|i| i.actor.clone()).unwrap_or_default(),
+            role: id.map(|i| i.role.as_str()).unwrap_or(""),
+            tenant: id.and_then(|i| i.tenant.clone()).unwrap_or_default(),
+            admin: id.is_some_and(Identity::is_admin),
+            csrf,
             assets: assets::urls(),
             current,
             sso: s.auth.oidc().is_some_and(|o| o.authorization_endpoint.is_some()),
@@ -171,6 +181,64 @@ pub fn html<T: askama::Template>(t: &T) -> Response {
         Err(e) => {
             tracing::error!(error = %e, "console template failed");
             ApiError::internal("the page could not be rendered").into_response()
+        }
+    }
+}
+
+/// GPU-unit-hours as the CLI prints them ([`tessera_model::unit_hours`]): one decimal, more
+/// where that is what tells a small amount from zero (a 0.04 budget reads `0.04`, not `0.0`).
+pub fn uh(h: impl Amount) -> String {
+    tessera_model::units::unit_hours(h.amount())
+}
+
+/// Whether an amount is above zero (templates compare through it).
+pub fn above_zero(x: impl Amount) -> bool {
+    x.amount() > 0.0
+}
+
+/// A number as templates pass it (by value or by reference).
+pub trait Amount {
+    fn amount(&self) -> f64;
+}
+
+impl Amount for f64 {
+    fn amount(&self) -> f64 {
+        *self
+    }
+}
+
+impl<T: Amount + ?Sized> Amount for &T {
+    fn amount(&self) -> f64 {
+        (**self).amount()
+    }
+}
+
+/// Money as the console shows it: an amount in the price list's currency, or — with no price
+/// list configured — that there is none (never `0.00`, which reads as free).
+#[derive(Clone, Debug)]
+pub struct Money {
+    pub currency: String,
+    /// Whether the platform configured any price.
+    pub priced: bool,
+}
+
+/// What every amount reads when no price list is configured.
+pub const NO_PRICES: &str = "no price list configured";
+
+impl Money {
+    pub fn new(p: &crate::usage::Prices) -> Money {
+        Money {
+            currency: p.currency.clone(),
+            priced: !p.per_unit_hour.is_empty(),
+        }
+    }
+
+    /// `12.50 EUR`, or [`NO_PRICES`].
+    pub fn show(&self, amount: impl Amount) -> String {
+        if self.priced {
+            format!("{:.2} {}", amount.amount(), self.currency)
+        } else {
+            NO_PRICES.to_string()
         }
     }
 }

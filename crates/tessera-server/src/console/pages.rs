@@ -265,6 +265,71 @@ struct WorkloadLive {
     shares: Vec<ShareRow>,
     /// The same by rack: `(rack, node-shares, GPUs)`, in the order the gang reaches them.
     racks: Vec<(String, usize, usize)>,
+    /// What it has cost so far and is expected to cost at its end.
+    cost: Cost,
+}
+
+/// A workload's cost on its page: its use so far from the ledger, and — with a duration —
+/// what it will have used at its lease's end.
+pub struct Cost {
+    /// GPU-unit-hours used so far and their cost (or that no price list is configured).
+    pub so_far_unit_hours: String,
+    pub so_far: String,
+    /// `Some((unit-hours, money, when))` when the workload has a duration; `when` says when it
+    /// ends (or that it ends that long after it starts).
+    pub at_end: Option<(String, String, String)>,
+    /// Why there is no expected cost at the end, when there is none.
+    pub no_end: &'static str,
+}
+
+/// The cost of `w` from its usage intervals: so far (open intervals to `now`) and at its end.
+pub fn cost(
+    w: &Workload,
+    intervals: &[tessera_store::UsageInterval],
+    prices: &crate::usage::Prices,
+    util: &std::collections::HashMap<WorkloadId, f64>,
+    now: i64,
+) -> Cost {
+    let money = super::Money::new(prices);
+    let (_, total) = crate::usage::report(intervals, 0, i64::MAX, now, crate::usage::By::Tenant, prices, util);
+    let units: f64 = w.units.parse().unwrap_or(0.0);
+    // The price where it runs (its last interval), else where it asked to run.
+    let price = intervals.last().map(|i| prices.price(&i.pool, &i.model)).or_else(|| {
+        let pool = w.shape.pool.as_deref()?;
+        Some(prices.price(pool, w.shape.models.first().map(String::as_str).unwrap_or("")))
+    });
+    let at_end = w.duration_s.map(|d| {
+        let d_ms = d.saturating_mul(1000);
+        let (more_ms, when) = if w.state.is_terminal() {
+            (0, "ended".to_string())
+        } else if let Some(since) = w.running_at_ms {
+            let end = since.saturating_add(d_ms);
+            (
+                (end - now).max(0),
+                format!("ends at about {}", tessera_sched::reason::utc_datetime(end)),
+            )
+        } else {
+            (d_ms, format!("ends {} after it starts", took(d_ms)))
+        };
+        let more = units * more_ms as f64 / 3_600_000.0;
+        let h = total.allocated_unit_hours + more;
+        let m = match price {
+            Some(p) => money.show(total.cost_allocated + more * p),
+            None if money.priced => "depends on the pool it runs in".to_string(),
+            None => super::NO_PRICES.to_string(),
+        };
+        (super::uh(h), m, when)
+    });
+    Cost {
+        so_far_unit_hours: super::uh(total.allocated_unit_hours),
+        so_far: money.show(total.cost_allocated),
+        at_end,
+        no_end: if w.duration_s.is_none() {
+            "no duration: it runs until it ends or is cancelled"
+        } else {
+            ""
+        },
+    }
 }
 
 /// One node-share of a gang on the workload's page.
@@ -374,7 +439,16 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
     let can_cancel = !r.ended && c.id.can_write(&w.tenant);
     let (logs, logs_note) = log_tail(s, wid).await;
     let (shares, racks) = gang_shares(&s.fleet(), &w);
+    let intervals = s.store.usage_of(wid).await?;
+    let cost = cost(
+        &w,
+        &intervals,
+        &s.prices,
+        &s.lifecycle.snapshot().utilisation,
+        crate::clock::now_ms(),
+    );
     Ok(WorkloadLive {
+        cost,
         shares,
         racks,
         steps: steps(&events, r.ended, crate::clock::now_ms()),

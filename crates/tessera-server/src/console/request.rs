@@ -133,6 +133,9 @@ pub struct GangInput {
     pub id: &'static str,
     pub label: &'static str,
     pub value: String,
+    /// The API's bounds of the field, on the input itself.
+    pub min: i64,
+    pub max: i64,
     /// The id of the note that explains it, or "".
     pub note: &'static str,
 }
@@ -241,23 +244,34 @@ pub fn dependent(f: &Fleet, v: &Form) -> Dependent {
                 &v.topology_mode,
             );
             let gpus = v.gang_gpus.clone();
-            let input = |field, id, label, value: &str, note| GangInput {
+            use tessera_api::rules::{GANG_GPUS, GPUS, IntRule, NODES};
+            let input = |field, id, label, value: &str, note, rule: IntRule| GangInput {
                 field,
                 id,
                 label,
                 value: value.to_string(),
+                min: rule.min,
+                max: rule.max,
                 note,
             };
             GangFields {
                 inputs: vec![
-                    input("gang_gpus", "f-gang-gpus", "GPUs in all", &gpus, ""),
-                    input("gang_nodes", "f-gang-nodes", "Nodes (optional)", &v.gang_nodes, ""),
+                    input("gang_gpus", "f-gang-gpus", "GPUs in all", &gpus, "", GANG_GPUS),
+                    input(
+                        "gang_nodes",
+                        "f-gang-nodes",
+                        "Nodes (optional)",
+                        &v.gang_nodes,
+                        "",
+                        NODES,
+                    ),
                     input(
                         "gang_per_node",
                         "f-gang-per-node",
                         "GPUs per node (optional)",
                         &v.gang_per_node,
                         "",
+                        GPUS,
                     ),
                     input(
                         "segment",
@@ -265,6 +279,7 @@ pub fn dependent(f: &Fleet, v: &Form) -> Dependent {
                         "Segment size in GPUs (optional)",
                         &v.segment,
                         "segment-note",
+                        GANG_GPUS,
                     ),
                 ],
                 gpus,
@@ -304,6 +319,8 @@ pub struct FormView {
     pub errors: BTreeMap<&'static str, String>,
     pub preview: Option<DryRun>,
     pub can_submit: bool,
+    /// How the preview's amounts read (or that no price list is configured).
+    pub money: super::Money,
 }
 
 impl FormView {
@@ -315,6 +332,16 @@ impl FormView {
     /// The most characters a workload name may have (the API's own rule), for the name box.
     pub fn name_max(&self) -> usize {
         tessera_api::rules::NAME.max_chars
+    }
+
+    /// The longest duration in hours (the API's own rule), for the duration box.
+    pub fn hours_max(&self) -> i64 {
+        tessera_api::rules::DURATION_S.max / 3600
+    }
+
+    /// The shortest duration in hours, rounded up to what the box shows (the API's one second).
+    pub fn hours_min(&self) -> &'static str {
+        HOURS_MIN
     }
 }
 
@@ -403,6 +430,7 @@ async fn view(s: &AppState, c: &Caller, v: Form) -> Result<FormView, ApiError> {
         errors: BTreeMap::new(),
         preview: None,
         can_submit: c.id.is_admin() || c.id.role != crate::auth::Role::Viewer,
+        money: super::Money::new(&s.prices),
     })
 }
 
@@ -495,9 +523,48 @@ fn gang_shape(v: &Form, shape: &mut GpuShape, errors: &mut Vec<FieldError>) {
     }
 }
 
+/// The shortest duration the hours box takes: one second (the API's least), rounded up.
+const HOURS_MIN: &str = "0.0003";
+
+/// The duration box in seconds: a number of hours within the API's bounds, said in hours.
+fn duration_s(raw: &str) -> Result<Option<i64>, String> {
+    let h = raw.trim();
+    if h.is_empty() {
+        return Ok(None);
+    }
+    let hours = h
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .ok_or_else(|| format!("`{h}` is not a number of hours above 0"))?;
+    let rule = tessera_api::rules::DURATION_S;
+    let max_h = rule.max / 3600;
+    if hours > max_h as f64 {
+        return Err(format!(
+            "{h} hours is longer than the longest duration, {max_h} hours ({} days)",
+            max_h / 24
+        ));
+    }
+    let s = (hours * 3600.0).round() as i64;
+    if s < rule.min {
+        return Err(format!("{h} hours is shorter than one second ({HOURS_MIN} hours)"));
+    }
+    Ok(Some(s))
+}
+
 /// The API request a form describes, or every form field it cannot be made from.
 pub fn to_api(v: &Form) -> Result<CreateWorkload, Vec<FieldError>> {
+    let (b, errors) = to_api_all(v);
+    if errors.is_empty() { Ok(b) } else { Err(errors) }
+}
+
+/// The API request a form describes as far as it can be made, with every form field it cannot
+/// be made from (in the form's words and units).
+fn to_api_all(v: &Form) -> (CreateWorkload, Vec<FieldError>) {
     let mut errors: Vec<FieldError> = Vec::new();
+    if let Err(e) = tessera_api::rules::NAME.check("name", v.name.trim()) {
+        errors.push(("name", e.message));
+    }
     let (tenant, project) = match v.project.split_once('/') {
         Some(tp) => tp,
         None => {
@@ -528,15 +595,12 @@ pub fn to_api(v: &Form) -> Result<CreateWorkload, Vec<FieldError>> {
         },
         _ => errors.push(bad_shape()),
     }
-    let duration_s = match v.duration_h.trim() {
-        "" => None,
-        h => match h.parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0) {
-            Some(hours) => Some((hours * 3600.0).round() as i64),
-            None => {
-                errors.push(("duration_h", format!("`{h}` is not a number of hours above 0")));
-                None
-            }
-        },
+    let duration_s = match duration_s(&v.duration_h) {
+        Ok(d) => d,
+        Err(e) => {
+            errors.push(("duration_h", e));
+            None
+        }
     };
     let kind = match v.kind.as_str() {
         "" | "batch" => WorkloadKind::Batch,
@@ -556,10 +620,7 @@ pub fn to_api(v: &Form) -> Result<CreateWorkload, Vec<FieldError>> {
             None
         }
     };
-    if !errors.is_empty() {
-        return Err(errors);
-    }
-    Ok(CreateWorkload {
+    let b = CreateWorkload {
         tenant: tenant.to_string(),
         project: project.to_string(),
         name: v.name.trim().to_string(),
@@ -575,7 +636,45 @@ pub fn to_api(v: &Form) -> Result<CreateWorkload, Vec<FieldError>> {
         no_wait: false,
         no_requeue: false,
         movable,
-    })
+    };
+    (b, errors)
+}
+
+/// Every rule of the API's that `b` breaks, a field at a time: after each violation its field
+/// is set to a value that passes, so that the next one is found (a shape's stops the search).
+fn violations(b: &CreateWorkload) -> Vec<tessera_api::rules::Violation> {
+    let mut b = b.clone();
+    let mut out = Vec::new();
+    while let Err(v) = b.validate() {
+        let passed = match v.field.as_str() {
+            "tenant" if b.tenant != "x" => {
+                b.tenant = "x".into();
+                true
+            }
+            "project" if b.project != "x" => {
+                b.project = "x".into();
+                true
+            }
+            "name" if b.name != "x" => {
+                b.name = "x".into();
+                true
+            }
+            "duration_s" if b.duration_s.is_some() => {
+                b.duration_s = None;
+                true
+            }
+            "movable" if b.movable.is_some() => {
+                b.movable = None;
+                true
+            }
+            _ => false,
+        };
+        out.push(v);
+        if !passed {
+            break;
+        }
+    }
+    out
 }
 
 /// The form field an API field belongs to (`gang`: the form asks for a multi-node gang, whose
@@ -635,13 +734,16 @@ async fn checked(
     body: &[u8],
 ) -> Result<(Form, CreateWorkload, workloads::Checked), (Form, Vec<FieldError>)> {
     let v: Form = serde_urlencoded::from_bytes(body).unwrap_or_default();
-    let b = match to_api(&v) {
-        Ok(b) => b,
-        Err(e) => return Err((v, e)),
-    };
-    if let Err(e) = b.validate() {
+    // Every field's problem at once: the form's own checks, then the API's rules on the rest.
+    let (b, mut errors) = to_api_all(&v);
+    for e in violations(&b) {
         let e = refused(&ApiError::from(e), &v);
-        return Err((v, vec![e]));
+        if !errors.iter().any(|(f, _)| *f == e.0) {
+            errors.push(e);
+        }
+    }
+    if !errors.is_empty() {
+        return Err((v, errors));
     }
     match workloads::check_create(s, &c.id, &b).await {
         Ok(k) => Ok((v, b, k)),

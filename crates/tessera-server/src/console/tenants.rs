@@ -89,6 +89,15 @@ impl Card {
         }
     }
 
+    /// Whether the tenant has spent its monthly budget (new requests wait, as the scheduler's
+    /// budget check has it).
+    pub fn over_budget(&self) -> bool {
+        self.quotas
+            .budget
+            .as_ref()
+            .is_some_and(|b| b.spent_unit_hours >= b.monthly_unit_hours)
+    }
+
     /// An id for a form element: `tenant-form-field`.
     pub fn fid(&self, form: &str, field: &str) -> String {
         format!("{}-{form}-{field}", self.name)

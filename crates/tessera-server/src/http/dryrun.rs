@@ -182,7 +182,8 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
         budget,
         spent,
         left: budget - spent,
-        left_after: unit_hours.map(|h| budget - spent - h),
+        running: t.running_unit_hours,
+        left_after: unit_hours.map(|h| budget - spent - t.running_unit_hours - h),
     });
     // The admit action's order: the budget, then each pool's quota (the pool and the
     // project's sub-quota), then free capacity in a pool that is within its limits.

@@ -66,6 +66,9 @@ pub struct TenantSnap {
     pub quotas: Vec<(String, Quota, GpuUnits)>,
     /// Monthly budget and spent, GPU-unit-hours.
     pub budget: Option<(f64, f64)>,
+    /// With a budget: the GPU-unit-hours its running work will still use this month (each to
+    /// its lease's end, work without one to the month's end), as of the last full snapshot.
+    pub running_unit_hours: f64,
 }
 
 /// The queue, aggregated for metrics and views.
@@ -304,6 +307,26 @@ impl Published {
     }
 }
 
+/// Per tenant with a budget, the GPU-unit-hours its running work will still use this month
+/// from `now`: each workload to its lease's end, or to the month's end without one (one pass
+/// over the running work, not over the fleet).
+fn committed(sched: &Scheduler, now: i64) -> HashMap<String, f64> {
+    let mut out: HashMap<String, f64> = HashMap::new();
+    if sched.all_budgets().next().is_none() {
+        return out;
+    }
+    let month_end = tessera_api::month_start_ms(tessera_api::month_start_ms(now) + 32 * 86_400_000);
+    for r in sched.running() {
+        if sched.budget(&r.tenant).is_none() {
+            continue;
+        }
+        let end = r.ends_at_ms.unwrap_or(month_end).min(month_end);
+        let h = r.units.as_f64() * (end - now).max(0) as f64 / 3_600_000.0;
+        *out.entry(r.tenant.clone()).or_default() += h;
+    }
+    out
+}
+
 /// Builds snapshots, reusing the nodes that did not change since the last one.
 pub(crate) struct SnapshotBuilder {
     version: u64,
@@ -315,6 +338,9 @@ pub(crate) struct SnapshotBuilder {
     trial: Option<Arc<Trial>>,
     /// The engine generation `trial` was copied at.
     trial_generation: u64,
+    /// Per tenant with a budget, what its running work will still use this month
+    /// ([`TenantSnap::running_unit_hours`]); recomputed with the queue.
+    committed: Arc<HashMap<String, f64>>,
 }
 
 impl SnapshotBuilder {
@@ -335,6 +361,7 @@ impl SnapshotBuilder {
             utilisation: empty.utilisation,
             trial: None,
             trial_generation: 0,
+            committed: Arc::default(),
         }
     }
 
@@ -407,8 +434,13 @@ impl SnapshotBuilder {
                 .quotas
                 .push((class.clone(), q, sched.held(tenant, class)));
         }
+        if full {
+            self.committed = Arc::new(committed(sched, at));
+        }
         for (tenant, budget) in sched.all_budgets() {
-            tenants.entry(tenant.clone()).or_default().budget = Some((budget, sched.spent(tenant)));
+            let t = tenants.entry(tenant.clone()).or_default();
+            t.budget = Some((budget, sched.spent(tenant)));
+            t.running_unit_hours = self.committed.get(tenant).copied().unwrap_or(0.0);
         }
         if full {
             let mut queue = QueueSnap::default();
