@@ -1138,3 +1138,275 @@ async fn the_queue_says_one_workload_and_each_reason_once_and_the_name_box_holds
     assert!(form.contains("maxlength=\"63\""), "{form}");
     assert!(!form.contains("maxlength=\"200\""), "{form}");
 }
+
+/// The text of `id="…">…<` in `html` (an element's first text).
+fn text_of(html: &str, id: &str) -> String {
+    let at = html
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("#{id} in {html}"));
+    let rest = &html[at..];
+    let start = rest.find('>').unwrap() + 1;
+    rest[start..start + rest[start..].find('<').unwrap()].to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn money_says_no_price_list_budgets_to_the_hundredth_flags_over_budget_and_costs_each_workload() {
+    let s = TestServer::start("money").await;
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        s.tenant_with_project(t, p).await;
+    }
+    s.put("/api/v1/tenants/vision/budget", json!({"monthly_unit_hours": 0.04}))
+        .await;
+    // nlp spends its 0.001 unit-hours within a second of running 8 GPUs.
+    s.put("/api/v1/tenants/nlp/budget", json!({"monthly_unit_hours": 0.001}))
+        .await;
+    let id = submit(
+        &s,
+        json!({"tenant": "nlp", "project": "p", "name": "big", "shape": {"gpus": 8, "pool": "training"}, "duration_s": 7200}),
+    )
+    .await;
+    s.wait_state(id, &["running"]).await;
+
+    // The platform-admin's tenants page: the 0.04 budget as the CLI prints it, nlp flagged in
+    // words (not by colour alone), vision not.
+    let admin = s.browser();
+    sign_in(&admin, &s.admin).await;
+    let page = poll(
+        40,
+        Duration::from_millis(250),
+        async || admin.page("/console/tenants").await,
+        |p| p.contains("id=\"nlp-over-budget\""),
+    )
+    .await;
+    no_inline_code(&page);
+    assert!(page.contains("0.04 GPU-unit-hours a month"), "{page}");
+    assert!(!page.contains("0.0 GPU-unit-hours a month"), "{page}");
+    assert!(
+        text_of(&page, "nlp-over-budget").contains("Over budget") && !page.contains("id=\"vision-over-budget\""),
+        "{page}"
+    );
+
+    // nlp's tenant-admin sees its own flag and no other tenant's name or money.
+    let nlp_admin = s.token("nlp", "tenant-admin").await;
+    let b = s.browser();
+    sign_in(&b, &nlp_admin).await;
+    for path in ["/console/tenants", "/console/quota"] {
+        let p = b.page(path).await;
+        assert!(p.contains("Over budget"), "{path}: {p}");
+        assert!(!p.contains("vision") && !p.contains("0.04"), "{path}: {p}");
+    }
+    // With no price list, money reads so — never 0.00.
+    let q = b.page("/console/quota").await;
+    assert_eq!(text_of(&q, "usage-cost"), "no price list configured", "{q}");
+    assert!(!q.contains("0.00 EUR") && !q.contains(" EUR"), "{q}");
+
+    // The workload's page: its cost so far and what it will have cost at its lease's end.
+    let w = b.page(&format!("/console/workloads/{id}")).await;
+    let so_far = text_of(&w, "cost-so-far");
+    assert!(so_far.contains("GPU-unit-hours: no price list configured"), "{so_far}");
+    let at_end = text_of(&w, "cost-at-end");
+    assert!(
+        at_end.contains("GPU-unit-hours: no price list configured") && at_end.contains("ends at about"),
+        "{at_end}"
+    );
+
+    // The dry run's budget after a request counts the work already running (8 GPUs for
+    // nearly 2 hours more), not only what is spent.
+    let d = poll(
+        40,
+        Duration::from_millis(250),
+        async || {
+            dry_run(
+                &s,
+                json!({"tenant": "nlp", "project": "p", "name": "x", "shape": {"gpus": 1, "pool": "training"}, "duration_s": 3600}),
+            )
+            .await
+        },
+        |d| d["budget"]["running"].as_f64().unwrap_or(0.0) > 15.0,
+    )
+    .await;
+    let b_ = &d["budget"];
+    let (left, running, after) = (
+        b_["left"].as_f64().unwrap(),
+        b_["running"].as_f64().unwrap(),
+        b_["left_after"].as_f64().unwrap(),
+    );
+    assert!(running > 15.0 && running <= 16.0, "{d}");
+    assert!((after - (left - running - 1.0)).abs() < 1e-9, "{d}");
+
+    // vision's preview in the form: a borrow that says it may be preempted, the budget to the
+    // hundredth, no price list.
+    let member = s.token("vision", "member").await;
+    let v = s.browser();
+    let csrf = sign_in(&v, &member).await;
+    let form = [
+        ("project", "vision/train"),
+        ("name", "nb"),
+        ("pool", "serving"),
+        ("model", "A100-80GB"),
+        ("shape", "mig:1g.10gb"),
+        ("duration_h", "1"),
+        ("priority", "standard"),
+    ];
+    let p = v
+        .post_form("/console/request/preview", &form, Some(&csrf))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(p.contains("<strong>borrow</strong>"), "{p}");
+    assert!(
+        text_of(&p, "borrow-note").contains("may be preempted when the owner needs it back"),
+        "{p}"
+    );
+    assert_eq!(text_of(&p, "preview-cost"), "no price list configured", "{p}");
+    let budget = text_of(&p, "preview-budget");
+    assert!(
+        budget.starts_with("0.04 of 0.04 unit-hours") && budget.contains("-0.085 after this request"),
+        "{budget}"
+    );
+    assert!(!p.contains("nlp"), "no other tenant in vision's form: {p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_price_list_a_workload_shows_its_cost_so_far_and_at_its_end_in_money() {
+    let s = TestServer::start_with("priced", |c| ServerConfig {
+        prices: tessera_server::usage::Prices {
+            currency: "EUR".into(),
+            per_unit_hour: [("training".to_string(), 2.0)].into(),
+        },
+        ..c
+    })
+    .await;
+    s.tenant_with_project("vision", "train").await;
+    let id = submit(
+        &s,
+        json!({"tenant": "vision", "project": "train", "name": "big", "shape": {"gpus": 8, "pool": "training"}, "duration_s": 7200}),
+    )
+    .await;
+    s.wait_state(id, &["running"]).await;
+    let b = s.browser();
+    sign_in(&b, &s.token("vision", "member").await).await;
+    let w = b.page(&format!("/console/workloads/{id}")).await;
+    assert!(text_of(&w, "cost-so-far").ends_with(" EUR"), "{w}");
+    // 8 GPU units for 2 hours at 2.00 a unit-hour.
+    let at_end = text_of(&w, "cost-at-end");
+    assert!(at_end.contains(": 32.00 EUR (ends at about"), "{at_end}");
+    let q = b.page("/console/quota").await;
+    assert!(text_of(&q, "usage-cost").ends_with(" EUR"), "{q}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_and_missing_pages_are_html_with_navigation_and_the_form_says_every_error_at_once() {
+    let s = TestServer::start("errpages").await;
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        s.tenant_with_project(t, p).await;
+    }
+    let member = s.token("vision", "member").await;
+    let theirs = submit(
+        &s,
+        json!({"tenant": "nlp", "project": "p", "name": "secret-run", "shape": {"fraction": 250}}),
+    )
+    .await;
+    let b = s.browser();
+    let csrf = sign_in(&b, &member).await;
+    // A page the member's role may not see, a workload that does not exist, another tenant's
+    // workload, an address that is no page: HTML with the console's navigation.
+    for (path, status, says) in [
+        ("/console/tenants", StatusCode::FORBIDDEN, "Not allowed"),
+        ("/console/workloads/999999", StatusCode::NOT_FOUND, "Not found"),
+        (
+            &format!("/console/workloads/{theirs}"),
+            StatusCode::NOT_FOUND,
+            "Not found",
+        ),
+        ("/console/nowhere", StatusCode::NOT_FOUND, "Not found"),
+    ] {
+        let r = b.get(path).await;
+        assert_eq!(r.status(), status, "{path}");
+        assert!(
+            r.headers()["content-type"].to_str().unwrap().starts_with("text/html"),
+            "{path}"
+        );
+        let page = r.text().await.unwrap();
+        no_inline_code(&page);
+        assert!(
+            page.contains("<nav aria-label=\"Console\">") && page.contains("href=\"/console/workloads\""),
+            "{path}: {page}"
+        );
+        assert!(text_of(&page, "error-h").contains(says), "{path}: {page}");
+        assert!(!page.contains("secret-run") && !page.contains("nlp"), "{path}: {page}");
+    }
+    assert!(text_of(&b.page("/console/nowhere").await, "error-detail").contains("no console page at /console/nowhere"));
+    // Without a session a missing page still leads to the sign-in form.
+    let anon = s.browser();
+    assert_eq!(anon.get("/console/nowhere").await.status(), StatusCode::SEE_OTHER);
+    // The API and htmx requests keep problem JSON.
+    let api = s
+        .request(Some(&member), Method::GET, "/api/v1/workloads/999999")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api.status(), StatusCode::NOT_FOUND);
+    assert_eq!(api.headers()["content-type"], "application/problem+json");
+    let hx = b
+        .client
+        .get(b.url("/console/workloads/999999/live"))
+        .header("hx-request", "true")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hx.status(), StatusCode::NOT_FOUND);
+    assert_eq!(hx.headers()["content-type"], "application/problem+json");
+
+    // The form's inputs carry the API's limits.
+    let page = b.page("/console/request").await;
+    assert!(
+        page.contains("id=\"f-name\" name=\"name\" value=\"job\" maxlength=\"63\""),
+        "{page}"
+    );
+    assert!(
+        page.contains("type=\"number\" min=\"0.0003\" max=\"8784\" step=\"any\""),
+        "{page}"
+    );
+    let gang = b.page("/console/request/fields?pool=training&shape=gang").await;
+    assert!(
+        gang.contains("id=\"f-gang-gpus\" name=\"gang_gpus\" value=\"16\" type=\"number\" min=\"1\" max=\"65536\"")
+            && gang.contains("name=\"gang_nodes\" value=\"\" type=\"number\" min=\"1\" max=\"4096\""),
+        "{gang}"
+    );
+
+    // Every bad field at once, in the form's terms and units: a name too long, hours past the
+    // longest duration, a movable mode the kind cannot have.
+    let long = "n".repeat(200);
+    let form = [
+        ("project", "vision/train"),
+        ("name", long.as_str()),
+        ("pool", "serving"),
+        ("model", "A100-80GB"),
+        ("shape", "mig:1g.10gb"),
+        ("duration_h", "100000"),
+        ("priority", "standard"),
+        ("kind", "service"),
+        ("movable", "restart"),
+    ];
+    let bad = b.post_form("/console/request/preview", &form, Some(&csrf)).await;
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let bad = bad.text().await.unwrap();
+    assert_eq!(
+        text_of(&bad, "name-error"),
+        "200 characters: a name has 1–63 characters"
+    );
+    assert_eq!(
+        text_of(&bad, "duration_h-error"),
+        "100000 hours is longer than the longest duration, 8784 hours (366 days)"
+    );
+    assert!(
+        text_of(&bad, "movable-error").contains("`restart` is for batch work"),
+        "{bad}"
+    );
+    assert!(
+        !bad.contains("duration_s") && !bad.contains("31622400"),
+        "the API's field and unit stay out of the form: {bad}"
+    );
+}
