@@ -912,6 +912,30 @@ mod tests {
     }
 
     #[test]
+    fn the_duration_is_checked_in_hours_and_every_api_rule_is_found_at_once() {
+        assert_eq!(duration_s(" "), Ok(None));
+        assert_eq!(duration_s("1.5"), Ok(Some(5400)));
+        assert_eq!(
+            duration_s(HOURS_MIN),
+            Ok(Some(1)),
+            "the box's least is the API's one second"
+        );
+        assert_eq!(
+            duration_s("8785"),
+            Err("8785 hours is longer than the longest duration, 8784 hours (366 days)".to_string())
+        );
+        assert!(duration_s("0.0001").unwrap_err().contains("shorter than one second"));
+        let mut v = gang_form();
+        v.kind = "service".into();
+        v.movable = "restart".into();
+        v.name = "n".repeat(64);
+        let (b, errors) = to_api_all(&v);
+        assert_eq!(errors.iter().map(|(f, _)| *f).collect::<Vec<_>>(), ["name"]);
+        let fields: Vec<String> = violations(&b).into_iter().map(|x| x.field).collect();
+        assert_eq!(fields, ["name", "movable"], "each rule broken, not only the first");
+    }
+
+    #[test]
     fn the_apis_gang_refusals_are_told_in_the_forms_words() {
         let mut v = gang_form();
         v.gang_nodes = "3".into();
