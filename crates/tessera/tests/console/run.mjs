@@ -207,6 +207,9 @@ try {
     const denied = await other.goto(`${BASE}${path}`);
     check(denied.status() === 403, `a member on ${path}: ${denied.status()}`);
   }
+  // A denied page is a page: the console's navigation, the reason, no raw JSON.
+  check(await other.locator('nav[aria-label="Console"] a[href="/console/workloads"]').count() === 1 && (await other.textContent('#error-h')).includes('Not allowed'), 'a denied page is HTML with the navigation');
+  await axe(other, 'denied');
   // The waiting workload's page, left open: it turns running below without a reload.
   await other.goto(`${BASE}/console/workloads/${waitId}`);
   check((await other.textContent('.facts')).includes('queued'), 'it waits');
@@ -285,13 +288,14 @@ try {
   check(/Would refused: constraint: 40 GPUs in one rack; the largest rack of pool `training`, `r\d`, could hold at most 32 of it/.test(never.replace(/\s+/g, ' ')), `a gang no rack holds: ${never}`);
   check(await member.locator('#submit-button').count() === 0, 'no submit for a refused gang');
   step('bad gang fields are named at once');
-  await member.fill('#f-gang-gpus', 'lots');
+  // Number boxes take numbers only: out of the API's bounds, each said in the form's units.
+  await member.fill('#f-gang-gpus', '0');
   await member.fill('#f-segment', '0');
-  await member.fill('#f-duration', 'soon');
+  await member.fill('#f-duration', '100000');
   await member.click('#preview-button');
   await member.waitForSelector('#gang_gpus-error');
   const errs = await Promise.all(['#gang_gpus-error', '#segment-error', '#duration_h-error'].map(async (sel) => (await member.locator(sel).count()) ? member.textContent(sel) : ''));
-  check(errs[0].includes('GPUs in all') && errs[1].includes('Segment') && errs[2].includes('soon'), `every bad field at once: ${errs.join(' | ')}`);
+  check(errs[0].includes('GPUs in all') && errs[1].includes('Segment') && errs[2].includes('8784 hours'), `every bad field at once: ${errs.join(' | ')}`);
   check(!errs.some((e) => /shape\.|gpus_per_node/.test(e)), `in the form's words: ${errs.join(' | ')}`);
   check((await member.getAttribute('#f-gang-gpus', 'aria-describedby')).includes('gang_gpus-error'), 'the field is described by its message');
   step('a 16-GPU gang: dry run, submit, its node-shares by rack');
@@ -370,10 +374,12 @@ try {
   step('bad input gets a message next to the field');
   await alice.goto(`${BASE}/console/request`);
   await alice.fill('#f-name', '');
-  await alice.fill('#f-duration', 'soon');
+  await alice.fill('#f-duration', '100000');
   await alice.click('#preview-button');
   await alice.waitForSelector('#duration_h-error');
-  check((await alice.getAttribute('#f-duration', 'aria-describedby')) === 'duration_h-error', 'described by its message');
+  check((await alice.getAttribute('#f-duration', 'aria-describedby')).split(' ').includes('duration_h-error'), 'described by its message');
+  check(await alice.locator('#name-error').count() === 1, 'the empty name is named at the same time');
+  check((await alice.textContent('#duration_h-error')).includes('hours') && !(await alice.textContent('#duration_h-error')).includes('duration_s'), 'said in hours');
   await axe(alice, 'request-error');
 
   // 8. No change without the CSRF token.
