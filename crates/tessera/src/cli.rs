@@ -510,8 +510,16 @@ pub fn dry_run_text(d: &tessera_api::DryRun) -> String {
             unit_hours(b.left),
             unit_hours(b.budget)
         ));
+        if b.running > 0.0 {
+            out.push_str(&format!(", {} of them for work running now", unit_hours(b.running)));
+        }
         if let Some(after) = b.left_after {
-            out.push_str(&format!(", {} after", unit_hours(after)));
+            let what = if b.running > 0.0 {
+                "that and this request"
+            } else {
+                "this request"
+            };
+            out.push_str(&format!(", {} after {what}", unit_hours(after)));
         }
         out.push('\n');
     }
@@ -1156,6 +1164,30 @@ pub async fn audit(c: &Common, a: AuditArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_dry_runs_budget_line_names_the_running_work_it_counts() {
+        let dry = |budget: &str| -> tessera_api::DryRun {
+            serde_json::from_str(&format!(
+                r#"{{"outcome":"start","units":"8","unit_hours":16.0,"price_per_unit_hour":0.0,"currency":"EUR","quotas":[],"budget":{budget}}}"#
+            ))
+            .unwrap()
+        };
+        let text = dry_run_text(&dry(
+            r#"{"budget":100.0,"spent":40.0,"left":60.0,"running":24.0,"left_after":20.0}"#,
+        ));
+        assert!(
+            text.contains(
+                "budget      60.0 of 100.0 unit-hours left, 24.0 of them for work running now, 20.0 after that and this request"
+            ),
+            "{text}"
+        );
+        let text = dry_run_text(&dry(r#"{"budget":0.04,"spent":0.0,"left":0.04,"left_after":0.03}"#));
+        assert!(
+            text.contains("budget      0.04 of 0.04 unit-hours left, 0.03 after this request\n"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn durations() {
