@@ -114,8 +114,11 @@ async fn start_running<B: Backend>(b: &B, rx: &mut UnboundedReceiver<BackendEven
     );
 }
 
-/// Stops workload `id` and, where the backend confirms stops, waits for its `Stopped`.
-async fn stop_and_wait<B: Backend>(b: &B, rx: &mut UnboundedReceiver<BackendEvent>, id: u64, within: Duration) {
+/// Stops workload `spec` and waits until it is gone: where the backend confirms stops, for its
+/// `Stopped`; elsewhere until reconcile no longer sees it running (a stop may end the work
+/// after returning, and a check must leave nothing running behind it).
+async fn stop_and_wait<B: Backend>(b: &B, rx: &mut UnboundedReceiver<BackendEvent>, spec: &RunSpec, within: Duration) {
+    let id = spec.id;
     b.stop(id, Duration::from_secs(1))
         .await
         .expect("the backend stops the workload");
@@ -125,6 +128,22 @@ async fn stop_and_wait<B: Backend>(b: &B, rx: &mut UnboundedReceiver<BackendEven
             matches!(seen.last(), Some(BackendEvent::Stopped { .. })),
             "a backend that confirms stops says Stopped for {id}: {seen:?}"
         );
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let r = b.reconcile(std::slice::from_ref(spec)).await.expect("reconcile");
+        if !matches!(
+            r.observation(id),
+            Some(Observation::Running { .. } | Observation::Starting)
+        ) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "workload {id} still runs {within:?} after its stop: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -193,7 +212,7 @@ pub async fn starting_a_workload_twice_starts_it_once<H: Harness>(h: &H) {
     );
     let r = b.reconcile(std::slice::from_ref(&spec)).await.expect("reconcile");
     assert!(r.orphans.iter().all(|o| o.id != Some(id)), "no second copy runs: {r:?}");
-    stop_and_wait(&b, &mut rx, id, h.patience()).await;
+    stop_and_wait(&b, &mut rx, &spec, h.patience()).await;
 }
 
 /// After `stop`, no `Running`, `Exited` or `Lost` for the workload; a second `stop` is
@@ -204,7 +223,7 @@ pub async fn a_stopped_workload_sends_nothing_more_and_stopping_again_is_harmles
     let id = h.id_base() + 3;
     let spec = h.workload(&b, id, Run::UntilStopped).await;
     start_running(&b, &mut rx, &spec, h.patience()).await;
-    stop_and_wait(&b, &mut rx, id, h.patience()).await;
+    stop_and_wait(&b, &mut rx, &spec, h.patience()).await;
     b.stop(id, Duration::from_secs(1))
         .await
         .expect("a repeated stop is accepted");
@@ -245,7 +264,7 @@ pub async fn reconcile_sees_running_work_and_answers_the_same_twice<H: Harness>(
         first.orphans.iter().all(|o| o.id != Some(id)),
         "an expected workload is no orphan: {first:?}"
     );
-    stop_and_wait(&b, &mut rx, id, h.patience()).await;
+    stop_and_wait(&b, &mut rx, &spec, h.patience()).await;
 }
 
 /// Expected but never started here: a ghost (`Unknown`), never started by reconcile. Running
@@ -271,7 +290,7 @@ pub async fn reconcile_reports_ghosts_and_orphans_and_changes_nothing<H: Harness
         matches!(again.observation(id), Some(Observation::Running { .. })),
         "the orphan was left running: {again:?}"
     );
-    stop_and_wait(&b, &mut rx, id, h.patience()).await;
+    stop_and_wait(&b, &mut rx, &running, h.patience()).await;
 }
 
 /// A partition is made by its plan before the workload on it starts: the first `partition`
@@ -289,7 +308,7 @@ pub async fn a_partition_is_made_once_before_its_workload_starts<H: Harness>(h: 
     let again = b.partition(&plan).await.expect("a repeated plan is accepted");
     assert!(!again.created, "a repeated partition creates nothing: {again:?}");
     start_running(&b, &mut rx, &spec, h.patience()).await;
-    stop_and_wait(&b, &mut rx, id, h.patience()).await;
+    stop_and_wait(&b, &mut rx, &spec, h.patience()).await;
     b.unpartition(&plan).await.expect("the plan is undone");
     b.unpartition(&plan).await.expect("undoing it again is harmless");
 }
