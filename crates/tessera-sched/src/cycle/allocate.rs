@@ -456,13 +456,13 @@ fn explain(s: &mut Scheduler, q: &Queued, budget: &mut usize) -> Wait {
 /// of `scope` with room for another hold, unless it holds some already: see the starvation
 /// bound in the [cycle](super) doc for which nodes.
 fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], now: i64) {
-    let Some(&pool) = scope.iter().find(|&&p| has_room_for_a_hold(s, p)) else {
+    let Some(pool) = pool_for_hold(s, id, scope.iter().copied()) else {
         return;
     };
     let Some((per, k)) = shares_in(s.engine.fleet(), pool, g) else {
         return;
     };
-    hold_nodes(s, id, u32::from(per), k, &|m| g.allows_model(m), &[pool], now);
+    hold_nodes(s, id, u32::from(per), k, &|m| g.allows_model(m), pool, now);
 }
 
 /// For a request of whole GPUs on one node that waited past the backfill window: holds the node
@@ -472,29 +472,33 @@ fn take_hold(s: &mut Scheduler, job: &Job, pools: &[(PoolId, Option<LimitExceede
     let tessera_model::Shape::Whole { gpus } = job.request.shape else {
         return false;
     };
-    if now - job.submitted_ms > s.cfg.backfill_max_wait_ms {
-        let scope: Vec<PoolId> = pools.iter().map(|(p, _)| *p).collect();
+    if now - job.submitted_ms > s.cfg.backfill_max_wait_ms
+        && let Some(pool) = pool_for_hold(s, job.id, pools.iter().map(|(p, _)| *p))
+    {
         hold_nodes(
             s,
             job.id,
             u32::from(gpus),
             1,
             &|m| job.request.allows_model(m),
-            &scope,
+            pool,
             now,
         );
     }
     true
 }
 
-/// Whether `pool` has fewer holds than [`GovernConfig::holds_per_pool`](super::GovernConfig).
-fn has_room_for_a_hold(s: &Scheduler, pool: PoolId) -> bool {
-    s.holds.iter().filter(|h| h.pool == pool).count() < s.cfg.holds_per_pool
+/// Where job `id` may take a hold: the first pool of `scope` with fewer holds than
+/// [`GovernConfig::holds_per_pool`](super::GovernConfig); `None` if it holds nodes already.
+fn pool_for_hold(s: &Scheduler, id: u64, mut scope: impl Iterator<Item = PoolId>) -> Option<PoolId> {
+    if s.holds.iter().any(|h| h.job == id) {
+        return None;
+    }
+    scope.find(|&p| s.holds.iter().filter(|h| h.pool == p).count() < s.cfg.holds_per_pool)
 }
 
-/// Holds `k` nodes with `per` GPUs free each for job `id` (which waited past the backfill
-/// window) in the first pool of `scope` with room for another hold, unless it holds some
-/// already: in one rack, the one where the `k`-th node frees soonest by the lease ends of the
+/// Holds `k` nodes with `per` GPUs free each in `pool` for job `id` (which waited past the
+/// backfill window; [`pool_for_hold`] chose the pool): in one rack, the one where the `k`-th node frees soonest by the lease ends of the
 /// work running there (then the one with the most free GPUs), else the soonest nodes across
 /// racks; nodes held for others are not eligible.
 fn hold_nodes(
@@ -503,15 +507,9 @@ fn hold_nodes(
     per: u32,
     k: usize,
     allows_model: &dyn Fn(tessera_model::ModelId) -> bool,
-    scope: &[PoolId],
+    pool: PoolId,
     now: i64,
 ) {
-    if s.holds.iter().any(|h| h.job == id) {
-        return;
-    }
-    let Some(&pool) = scope.iter().find(|&&p| has_room_for_a_hold(s, p)) else {
-        return;
-    };
     let fleet = s.engine.fleet().clone();
     let st = s.engine.state();
     let range = fleet.pool(pool).nodes.clone();

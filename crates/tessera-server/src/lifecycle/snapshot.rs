@@ -340,7 +340,7 @@ pub(crate) struct SnapshotBuilder {
     trial_generation: u64,
     /// Per tenant with a budget, what its running work will still use this month
     /// ([`TenantSnap::running_unit_hours`]); recomputed with the queue.
-    committed: Arc<HashMap<String, f64>>,
+    committed: HashMap<String, f64>,
 }
 
 impl SnapshotBuilder {
@@ -361,7 +361,7 @@ impl SnapshotBuilder {
             utilisation: empty.utilisation,
             trial: None,
             trial_generation: 0,
-            committed: Arc::default(),
+            committed: HashMap::new(),
         }
     }
 
@@ -435,7 +435,7 @@ impl SnapshotBuilder {
                 .push((class.clone(), q, sched.held(tenant, class)));
         }
         if full {
-            self.committed = Arc::new(committed(sched, at));
+            self.committed = committed(sched, at);
         }
         for (tenant, budget) in sched.all_budgets() {
             let t = tenants.entry(tenant.clone()).or_default();
