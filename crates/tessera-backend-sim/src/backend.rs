@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tessera_backend::{
     Backend, BackendError, BackendEvent, Capabilities, DeviceAssignment, Devices, Exit, GpuSample, MigInstance,
     MigModeChange, Observation, Orphan, PartitionPlan, PartitionReport, Partitioning, ReconcileReport, RunSpec,
-    SliceSpec,
+    Simulated, SliceSpec,
 };
 use tokio::sync::mpsc;
 
@@ -565,10 +565,25 @@ fn xid_meaning(xid: u32) -> Option<&'static str> {
     })
 }
 
+impl Simulated for SimBackend {
+    fn inject_xid(&self, node: &str, gpu: u8, xid: u32) -> Result<String, BackendError> {
+        SimBackend::inject_xid(self, node, gpu, xid)?;
+        Ok(crate::sim_uuid(node, gpu))
+    }
+
+    fn reboot(&self, node: &str, down_for: Duration) -> Result<(), BackendError> {
+        SimBackend::reboot(self, node, down_for)
+    }
+}
+
 #[async_trait]
 impl Backend for SimBackend {
     fn name(&self) -> &'static str {
         "sim"
+    }
+
+    fn simulated(&self) -> Option<&dyn Simulated> {
+        Some(self)
     }
 
     fn capabilities(&self) -> Capabilities {

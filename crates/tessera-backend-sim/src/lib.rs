@@ -155,6 +155,27 @@ pub struct SimGpu {
     pub mig_slices: u8,
 }
 
+impl SimGpu {
+    /// Every GPU of `fleet`, as the simulated backend of that fleet has them.
+    pub fn for_fleet(fleet: &tessera_model::Fleet) -> Vec<SimGpu> {
+        fleet
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                let model = fleet.catalogue.get(n.model);
+                let mig_slices = model.mig.map(|g| g.mem_slices).unwrap_or(0);
+                (0..n.gpus).map(move |i| SimGpu {
+                    node: n.name.clone(),
+                    index: i,
+                    model: model.name.clone(),
+                    memory_mib: model.memory_mib,
+                    mig_slices,
+                })
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -259,6 +259,24 @@ pub trait Backend: Send + Sync {
     fn tell_native(&self, native: &NativeRef, refused: bool, message: &str) {
         let _ = (native, refused, message);
     }
+    /// What a simulated backend lets an operator do to it beyond the contract (fault
+    /// injection, reboots), for demos and tests; `None` (the default) for a backend on real
+    /// machines.
+    fn simulated(&self) -> Option<&dyn Simulated> {
+        None
+    }
+}
+
+/// A simulated backend's controls ([`Backend::simulated`]): the server offers them (the
+/// fault-injection route, simulated node upgrades) only where a backend has them, without
+/// depending on which backend it is.
+pub trait Simulated: Send + Sync {
+    /// Injects an XID error on GPU `gpu` of `node` (0 clears it): it shows in telemetry, and a
+    /// `GpuHealth` event reports the GPU unhealthy (healthy again for 0). Returns the GPU's UUID.
+    fn inject_xid(&self, node: &str, gpu: u8, xid: u32) -> Result<String, BackendError>;
+    /// The node goes away now, with what ran there, and comes back after `down_for` (a
+    /// simulated driver upgrade's reboot). Must be called inside a Tokio runtime.
+    fn reboot(&self, node: &str, down_for: Duration) -> Result<(), BackendError>;
 }
 
 /// A piece of a workload's log ([`Backend::read_logs`]).

@@ -10,8 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use tessera_store::{AuditRecord, PLATFORM_ADMIN, Store, TokenRecord, TokenStore};
-use tessera_store_sqlite::SqliteStore;
+use tessera_store::{AuditRecord, PLATFORM_ADMIN, Store, TokenRecord};
 
 use crate::auth::{hash, new_secret};
 use crate::clock::now_ms;
@@ -51,45 +50,16 @@ pub struct Recovered {
     pub file: PathBuf,
 }
 
-/// Issues a fresh platform-admin token on the store in `data_dir` (which must hold one: a
-/// mistyped directory is not silently made into a new, empty platform), writes its secret to
-/// [`ADMIN_TOKEN_FILE`] and puts the recovery on the audit log, naming the local user.
-pub async fn recover(data_dir: &Path) -> anyhow::Result<Recovered> {
-    recover_on(data_dir, None).await
-}
-
-/// [`recover`], on the PostgreSQL database at `database` when given (access to the database's
-/// credentials is then what proves the operator; the secret is written to `data_dir`).
-pub async fn recover_on(data_dir: &Path, database: Option<&str>) -> anyhow::Result<Recovered> {
-    let store: Box<dyn Store> = match database {
-        Some(url) => {
-            let store = tessera_store_postgres::PgStore::connect(url)
-                .await
-                .context("opening the PostgreSQL store")?;
-            if store.token_count().await? == 0 {
-                bail!(
-                    "the database holds no Tessera platform yet (no token at all); start `tessera serve` on it first"
-                );
-            }
-            std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
-            Box::new(store)
-        }
-        None => {
-            let db = data_dir.join(tessera_store_sqlite::DB_FILE);
-            if !db.exists() {
-                bail!(
-                    "{} holds no Tessera store ({} is missing); give the --data-dir of the server",
-                    data_dir.display(),
-                    db.display()
-                );
-            }
-            Box::new(
-                SqliteStore::open_dir(data_dir)
-                    .await
-                    .with_context(|| format!("opening the store in {}", data_dir.display()))?,
-            )
-        }
-    };
+/// Issues a fresh platform-admin token on `store` (which must hold one: a mistyped data
+/// directory or database is not silently made into a new, empty platform), writes its secret to
+/// [`ADMIN_TOKEN_FILE`] in `data_dir` and puts the recovery on the audit log, naming the local
+/// user. Which store is the caller's business (`tessera admin recover` opens the server's);
+/// access to it is what proves the operator.
+pub async fn recover(store: &dyn Store, data_dir: &Path) -> anyhow::Result<Recovered> {
+    if store.token_count().await? == 0 {
+        bail!("the store holds no Tessera platform yet (no token at all); start `tessera serve` on it first");
+    }
+    std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
     let secret = new_secret();
     let h = hash(&secret);
     let id = format!("tok-{}", &h[..12]);

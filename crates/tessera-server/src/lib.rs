@@ -16,6 +16,12 @@
 //!   leader that alone runs the loop, and followers forward writes to it ([`forward`]);
 //!   `/healthz` and `/readyz` for probes; [`timed`] times every store operation;
 //! * the web console ([`console`]: server-rendered pages, assets embedded in the binary).
+//!
+//! The server depends on the contracts only: [`start`] takes a `tessera_store::Store` and a
+//! `tessera_backend::Backend` as trait objects, and which store (SQLite, PostgreSQL) and which
+//! backend (simulated, `local`, Kubernetes) is decided by the `tessera` binary that composes
+//! them. What only a simulated backend offers (fault injection, simulated node upgrades) is
+//! reached through `Backend::simulated`.
 
 pub mod admin;
 pub mod audit;
@@ -49,13 +55,10 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderName, HeaderValue, Method, Uri, header};
 use axum::routing::get;
 use tessera_backend::Backend;
-use tessera_backend_sim::{SimBackend, SimConfig};
 use tessera_model::Fleet;
 use tessera_sched::Engine;
 use tessera_sched::cycle::{GovernConfig, Scheduler};
 use tessera_store::Store;
-use tessera_store_postgres::PgStore;
-use tessera_store_sqlite::SqliteStore;
 use tokio::net::TcpListener;
 
 use crate::auth::Authenticator;
@@ -121,21 +124,12 @@ impl AppState {
 /// How to run the server.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// Where the admin token is written, and the SQLite database lives when `database` is
-    /// `None`.
+    /// Where the admin token is written.
     pub data_dir: PathBuf,
-    /// A PostgreSQL URL (`postgres://…`) to keep state in instead of SQLite in `data_dir`.
-    pub database: Option<String>,
     pub fleet: Fleet,
     pub listen: SocketAddr,
     /// Shared-pool placement policy.
     pub policy: String,
-    /// The simulated backend: its mode (`exact`, or `operator` as on a GPU Operator cluster),
-    /// partition and stop times, telemetry interval.
-    pub sim: SimConfig,
-    /// Another backend than the simulated one (the `local` backend); `None` runs the simulated
-    /// backend configured by `sim`.
-    pub backend: Option<BackendHandle>,
     /// Grace period for stopping workloads.
     pub grace: Duration,
     /// How often the backend is reconciled with what Tessera expects.
@@ -182,16 +176,13 @@ pub const ADMISSION_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
 impl ServerConfig {
     /// The embedded defaults on `data_dir`: the seed fleet, any free loopback port, the
-    /// `tessera` policy, the simulated backend, no rate limit, no single sign-on, no TLS.
+    /// `tessera` policy, no rate limit, no single sign-on, no TLS.
     pub fn local(data_dir: PathBuf) -> Self {
         ServerConfig {
             data_dir,
-            database: None,
             fleet: Fleet::seed(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             policy: "tessera".into(),
-            sim: SimConfig::default(),
-            backend: None,
             grace: Duration::from_secs(1),
             reconcile_every: Duration::from_secs(30),
             on_gpu_failure: lifecycle::GpuFailurePolicy::Leave,
@@ -210,23 +201,11 @@ impl ServerConfig {
     }
 }
 
-/// A backend given to the server from outside (`tessera serve --backend local`).
-#[derive(Clone)]
-pub struct BackendHandle(pub Arc<dyn Backend>);
-
-impl std::fmt::Debug for BackendHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "BackendHandle({})", self.0.name())
-    }
-}
-
 /// A started server.
 pub struct Running {
     pub addr: SocketAddr,
     /// The admin token, when this start created it.
     pub admin_token: Option<String>,
-    /// The simulated backend (fault injection in tests and demos), when it is the one in use.
-    pub sim: Option<Arc<SimBackend>>,
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
     /// A router serving only `/metrics`, for [`serve_metrics`] on a port of its own.
     pub metrics_app: axum::Router,
@@ -264,7 +243,7 @@ pub async fn serve_metrics(
 pub fn app(state: AppState, cors_origins: &[HeaderValue]) -> axum::Router {
     use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
     use tower_http::set_header::SetResponseHeaderLayer as Set;
-    let (api, doc) = http::router(state.obs.sim.is_some(), &state.priorities);
+    let (api, doc) = http::router(state.backend.simulated().is_some(), &state.priorities);
     let doc_json = doc.to_string();
     let stack = tower::ServiceBuilder::new()
         .layer(cors(cors_origins))
@@ -367,34 +346,17 @@ async fn not_found(uri: Uri) -> ApiError {
     ))
 }
 
-/// Opens the store the configuration names: PostgreSQL at `database`, or SQLite in
-/// `data_dir`. The server holds it as an `Arc<dyn Store>`; nothing else depends on which.
-pub async fn open_store(cfg: &ServerConfig) -> anyhow::Result<Arc<dyn Store>> {
-    match &cfg.database {
-        Some(url) => {
-            let store = PgStore::connect(url).await.context("opening the PostgreSQL store")?;
-            tracing::info!(database = %store.target(), "state in PostgreSQL");
-            // The admin token is still written there.
-            std::fs::create_dir_all(&cfg.data_dir)
-                .with_context(|| format!("cannot create {}", cfg.data_dir.display()))?;
-            Ok(Arc::new(store))
-        }
-        None => {
-            let store = SqliteStore::open_dir(&cfg.data_dir)
-                .await
-                .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
-            Ok(Arc::new(store))
-        }
-    }
-}
-
-/// Opens the store, creates the admin token on first start, rebuilds state (or, on a shared
-/// database, joins the election), and serves.
-pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
+/// Serves on `store` and `backend`, which the caller chose and opened (the `tessera` binary
+/// decides which store and which backend; the server knows only their contracts): creates the
+/// admin token on first start, rebuilds state (or, on a store replicas share, joins the
+/// election), and serves.
+pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Backend>) -> anyhow::Result<Running> {
     let cors_origins = parse_cors_origins(&cfg.cors_origins)?;
     let metrics = Arc::new(metrics::Metrics::new());
-    let shared = cfg.database.is_some();
-    let store: Arc<dyn Store> = Arc::new(timed::TimedStore::new(open_store(&cfg).await?, metrics.clone()));
+    let shared = store.shared();
+    // The admin token is written there, whichever the store.
+    std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("cannot create {}", cfg.data_dir.display()))?;
+    let store: Arc<dyn Store> = Arc::new(timed::TimedStore::new(store, metrics.clone()));
     let admin_token = admin::bootstrap(store.as_ref(), &cfg.data_dir).await?;
     let fleet = Arc::new(cfg.fleet);
     tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(|e| anyhow!(e))?;
@@ -404,13 +366,6 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
             let p = tessera_sched::replay::make_policy(&policy, &[]).expect("policy name checked at start");
             Scheduler::new(Engine::new(fleet.clone(), p, 1), govern.clone())
         })
-    };
-    let (backend, sim): (Arc<dyn Backend>, Option<Arc<SimBackend>>) = match cfg.backend {
-        Some(b) => (b.0, None),
-        None => {
-            let sim = Arc::new(SimBackend::new(cfg.sim, sim_gpus(&fleet)));
-            (sim.clone(), Some(sim))
-        }
     };
     let listener = TcpListener::bind(cfg.listen)
         .await
@@ -450,7 +405,6 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
             reconcile_every: cfg.reconcile_every,
             on_gpu_failure: cfg.on_gpu_failure,
             sim_upgrade: cfg.sim_upgrade,
-            sim_reboot: sim.clone().map(lifecycle::SimReboot),
         },
         metrics: metrics.clone(),
     };
@@ -490,8 +444,8 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
     );
     let claim_rules = cfg.oidc.as_ref().map(|o| o.mapping.clone()).unwrap_or_default();
     let tenancy = Arc::new(tokio::sync::Notify::new());
-    if sim.is_none() {
-        // A backend of its own (local, kubernetes) may keep tenancy of its own.
+    if backend.simulated().is_none() {
+        // A backend on real machines (local, kubernetes) may keep tenancy of its own.
         tenancy_sync::spawn(
             store.clone(),
             backend.clone(),
@@ -536,7 +490,6 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
         projects: Arc::default(),
         obs: Arc::new(scrape::Observability {
             metrics,
-            sim: sim.clone(),
             version: env!("CARGO_PKG_VERSION"),
         }),
         replica: replica.clone(),
@@ -576,7 +529,6 @@ pub async fn start(cfg: ServerConfig) -> anyhow::Result<Running> {
     Ok(Running {
         addr,
         admin_token,
-        sim,
         task,
         metrics_app,
         replica,
@@ -594,25 +546,6 @@ fn admission_app(state: AppState) -> axum::Router {
         .layer(tower_http::limit::RequestBodyLimitLayer::new(ADMISSION_BODY_LIMIT))
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
-}
-
-/// Every GPU of the fleet, for the simulated backend's telemetry.
-pub fn sim_gpus(fleet: &Fleet) -> Vec<tessera_backend_sim::SimGpu> {
-    fleet
-        .nodes
-        .iter()
-        .flat_map(|n| {
-            let model = fleet.catalogue.get(n.model);
-            let mig_slices = model.mig.map(|g| g.mem_slices).unwrap_or(0);
-            (0..n.gpus).map(move |i| tessera_backend_sim::SimGpu {
-                node: n.name.clone(),
-                index: i,
-                model: model.name.clone(),
-                memory_mib: model.memory_mib,
-                mig_slices,
-            })
-        })
-        .collect()
 }
 
 /// Loads a PEM certificate chain and key into a TLS acceptor (TLS 1.2 and 1.3, HTTP/2 and 1.1).

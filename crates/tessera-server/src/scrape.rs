@@ -35,8 +35,6 @@ use crate::metrics::{FGauge, Labels, Metrics, PER_GPU_SERIES_MAX, UNMATCHED_ROUT
 /// What the `/metrics` handler needs besides the snapshot.
 pub struct Observability {
     pub metrics: Arc<Metrics>,
-    /// The simulated backend, when that is the backend (fault injection).
-    pub sim: Option<Arc<tessera_backend_sim::SimBackend>>,
     pub version: &'static str,
 }
 

@@ -191,6 +191,9 @@ impl AuditStore for TimedStore {
 
 #[async_trait]
 impl LeaseStore for TimedStore {
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
     async fn acquire_lease(&self, holder: &str, url: &str, ttl_ms: u64) -> Result<Option<u64>> {
         self.timed("acquire_lease", self.inner.acquire_lease(holder, url, ttl_ms))
             .await

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::TestServer;
+use crate::support::{Parts, TestServer};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tessera_server::ServerConfig;
@@ -18,14 +18,13 @@ struct Srv {
 }
 
 async fn server(db: Db, tag: &str) -> Srv {
-    let server = TestServer::start_with(&format!("test-{tag}-{db:?}"), |c| ServerConfig {
+    let server = TestServer::start_on(&format!("test-{tag}-{db:?}"), Parts::on(db.url()), |c| ServerConfig {
         grace: Duration::from_secs(5),
         govern: tessera_sched::cycle::GovernConfig {
             min_runtime_ms: 0,
             reclaim_after_ms: 0,
             ..Default::default()
         },
-        database: db.url(),
         ..c
     })
     .await;

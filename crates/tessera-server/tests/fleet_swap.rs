@@ -132,7 +132,10 @@ async fn nodes_that_join_change_and_leave_are_followed_by_name() {
     let shrunk = fleet(&[("burst", "a-0", 4), ("training", "b-0", 8)]);
     let dir = TempDir::new("fleet-swap");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(&dir.0).await.unwrap());
-    let sim = Arc::new(SimBackend::new(SimConfig::default(), tessera_server::sim_gpus(&two)));
+    let sim = Arc::new(SimBackend::new(
+        SimConfig::default(),
+        tessera_backend_sim::SimGpu::for_fleet(&two),
+    ));
     let (news, events) = mpsc::unbounded_channel();
     let mut sim_events = sim.take_events().unwrap();
     let forward = news.clone();

@@ -7,7 +7,7 @@
 //! `application/problem+json` document; `/metrics` on the API address needs a metrics
 //! credential; the CORS policy; and the OpenAPI document states what the server does.
 
-use crate::support::{Reply, TempDir, TestServer, send};
+use crate::support::{Parts, Reply, TempDir, TestServer, send};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tessera_api::rules;
@@ -46,13 +46,7 @@ async fn server_with(tag: &str, cfg: impl FnOnce(ServerConfig) -> ServerConfig) 
 
 /// A server on `db`.
 async fn on(db: Db, tag: &str, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> TestServer {
-    TestServer::start_with(&format!("hardening-{tag}-{db:?}"), |c| {
-        cfg(ServerConfig {
-            database: db.url(),
-            ..c
-        })
-    })
-    .await
+    TestServer::start_on(&format!("hardening-{tag}-{db:?}"), Parts::on(db.url()), cfg).await
 }
 
 async fn server(tag: &str) -> TestServer {
@@ -166,9 +160,8 @@ async fn the_last_admin_token_stays_and_audit_records_name_the_caller_before_the
 
 async fn local_recovery_issues_a_working_admin_token_while_the_server_runs(db: Db) {
     let s = on(db, "recover", |c| c).await;
-    let r = tessera_server::admin::recover_on(&s.dir.0, s.database.as_deref())
-        .await
-        .unwrap();
+    let store = crate::support::open_store(&s.dir.0, s.database.as_deref()).await;
+    let r = tessera_server::admin::recover(store.as_ref(), &s.dir.0).await.unwrap();
     assert!(r.secret.starts_with("tsr_") && r.secret != s.admin);
     assert_eq!(std::fs::read_to_string(&r.file).unwrap().trim(), r.secret);
     #[cfg(unix)]
@@ -198,19 +191,15 @@ async fn local_recovery_issues_a_working_admin_token_while_the_server_runs(db: D
     assert!(rec["actor"].as_str().unwrap().starts_with("local:"), "{rec}");
     assert_eq!(rec["target"], format!("/api/v1/tokens/{}", r.id));
 
-    // A directory (or a database) without a platform is refused, and not made into one.
+    // A store without a platform is refused, and not made into one: no token, no secret.
     let empty = TempDir::new("hardening-recover-empty");
-    let fresh = db.url();
-    let e = tessera_server::admin::recover_on(&empty.0, fresh.as_deref())
+    let fresh = crate::support::open_store(&empty.0, db.url().as_deref()).await;
+    let e = tessera_server::admin::recover(fresh.as_ref(), &empty.0)
         .await
         .unwrap_err();
-    let why = if fresh.is_some() {
-        "holds no Tessera platform"
-    } else {
-        "holds no Tessera store"
-    };
-    assert!(format!("{e:#}").contains(why), "{e:#}");
-    assert!(std::fs::read_dir(&empty.0).unwrap().next().is_none(), "nothing created");
+    assert!(format!("{e:#}").contains("holds no Tessera platform"), "{e:#}");
+    assert_eq!(fresh.token_count().await.unwrap(), 0);
+    assert!(!empty.0.join("admin-token").exists(), "no secret written");
 }
 
 async fn every_documented_input_rule_is_enforced_with_the_field_named(db: Db) {

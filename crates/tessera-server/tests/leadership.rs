@@ -32,7 +32,10 @@ fn loop_config(fleet: &Arc<Fleet>, store: &Arc<dyn Store>) -> LoopConfig {
     LoopConfig {
         factory: crate::support::sched_factory(GovernConfig::default()),
         store: store.clone(),
-        backend: Arc::new(SimBackend::new(SimConfig::default(), tessera_server::sim_gpus(fleet))),
+        backend: Arc::new(SimBackend::new(
+            SimConfig::default(),
+            tessera_backend_sim::SimGpu::for_fleet(fleet),
+        )),
         settings: Settings::default(),
         metrics: Arc::new(Metrics::new()),
     }

@@ -106,7 +106,7 @@ impl World {
             adopt_unknown: false,
             ..SimConfig::default()
         };
-        let sim = Arc::new(SimBackend::new(cfg, tessera_server::sim_gpus(&fleet)));
+        let sim = Arc::new(SimBackend::new(cfg, tessera_backend_sim::SimGpu::for_fleet(&fleet)));
         World {
             mode,
             fleet,

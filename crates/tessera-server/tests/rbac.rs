@@ -5,20 +5,14 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::support::TestServer;
+use crate::support::{Parts, TestServer};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use tessera_server::ServerConfig;
 use tessera_testdb::Db;
 
 async fn server(tag: &str, db: Db, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> TestServer {
-    TestServer::start_with(&format!("{tag}-{db:?}"), |c| {
-        cfg(ServerConfig {
-            database: db.url(),
-            ..c
-        })
-    })
-    .await
+    TestServer::start_on(&format!("{tag}-{db:?}"), Parts::on(db.url()), cfg).await
 }
 
 /// A new workload of `tenant` (in project `train` of `vision`, else `p`): its id.

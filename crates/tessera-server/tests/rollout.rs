@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tessera_backend::Backend;
 use tessera_backend_sim::{SimBackend, SimConfig};
 use tessera_model::Fleet;
-use tessera_server::{ServerConfig, start};
+use tessera_server::ServerConfig;
 use tokio::runtime::Runtime;
 
 /// A control plane on its own runtime: dropping it is a crash.
@@ -36,18 +36,21 @@ fn boot(dir: &Path, upgrade: Option<Duration>, token: Option<String>) -> Plane {
         .unwrap();
     let cfg = ServerConfig {
         fleet: Fleet::synthetic(8),
+        sim_upgrade: upgrade,
+        ..ServerConfig::local(dir.to_path_buf())
+    };
+    let parts = crate::support::Parts {
+        database: None,
         sim: SimConfig {
             telemetry_interval: Duration::from_millis(200),
             ..SimConfig::default()
         },
-        sim_upgrade: upgrade,
-        ..ServerConfig::local(dir.to_path_buf())
     };
-    let r = rt.block_on(start(cfg)).unwrap();
+    let (r, sim) = rt.block_on(crate::support::serve(cfg, &parts));
     Plane {
         base: format!("http://{}", r.addr),
         token: token.or(r.admin_token).expect("an admin token"),
-        sim: r.sim.expect("the simulated backend"),
+        sim,
         http: reqwest::Client::new(),
         rt,
     }

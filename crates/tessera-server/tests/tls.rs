@@ -2,8 +2,10 @@
 //! client; plain HTTP on the same port is refused.
 
 use std::process::Command;
+use std::sync::Arc;
 
 use crate::support::TempDir;
+use tessera_backend_sim::{SimBackend, SimConfig, SimGpu};
 use tessera_server::{ServerConfig, start};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,7 +32,7 @@ async fn serves_https() {
         tls: Some((cert.clone(), key.clone())),
         ..ServerConfig::local(dir.join("data"))
     };
-    let r = start(cfg).await.unwrap();
+    let (r, _sim) = crate::support::serve(cfg, &crate::support::Parts::default()).await;
     let ca = reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap();
     let https = reqwest::Client::builder().add_root_certificate(ca).build().unwrap();
     let resp = https
@@ -49,6 +51,12 @@ async fn serves_https() {
         tls: Some((key.clone(), cert.clone())),
         ..ServerConfig::local(dir.join("data2"))
     };
-    let e = start(bad).await.err().expect("swapped files are refused").to_string();
+    let store = crate::support::open_store(&bad.data_dir, None).await;
+    let sim = Arc::new(SimBackend::new(SimConfig::default(), SimGpu::for_fleet(&bad.fleet)));
+    let e = start(bad, store, sim)
+        .await
+        .err()
+        .expect("swapped files are refused")
+        .to_string();
     assert!(e.contains("--tls-"), "{e}");
 }

@@ -18,12 +18,15 @@ pub(crate) use crate::PgStore as Store;
 /// Reads the tenant row and locks it until the transaction ends.
 pub(crate) const LOCK_TENANT: &str = "SELECT name FROM tenants WHERE name = $1 FOR UPDATE";
 
-/// The token being revoked and every lasting platform-admin token, locked until the
-/// transaction ends, in id order so that two revocations never wait for each other in a cycle.
+/// A database server: replicas share it and elect a leader.
+pub(crate) const SHARED: bool = true;
+
 /// Tells every replica listening on `tessera_revocations` (at commit) that token `$1` was
 /// revoked: their identity caches forget it at once.
 pub(crate) const NOTIFY_REVOCATION: Option<&str> = Some("SELECT pg_notify('tessera_revocations', $1)");
 
+/// The token being revoked and every lasting platform-admin token, locked until the
+/// transaction ends, in id order so that two revocations never wait for each other in a cycle.
 pub(crate) const LOCK_REVOCATION: &str = "SELECT id, role, revoked_at FROM api_tokens WHERE id = $1 \
      OR (role = $2 AND revoked_at IS NULL AND expires_at IS NULL) ORDER BY id FOR UPDATE";
 

@@ -19,12 +19,15 @@ pub(crate) use crate::SqliteStore as Store;
 /// database's write lock, so a plain read of the tenant row is enough.
 pub(crate) const LOCK_TENANT: &str = "SELECT name FROM tenants WHERE name = $1";
 
-/// The token being revoked and every lasting platform-admin token. SQLite has no row locks:
-/// the write transaction (`BEGIN IMMEDIATE`) already holds the database's write lock, so a
-/// revocation racing another waits for it and then sees what it left.
+/// A file of one process: one replica alone.
+pub(crate) const SHARED: bool = false;
+
 /// SQLite serves one process: no other replica to tell of a revocation.
 pub(crate) const NOTIFY_REVOCATION: Option<&str> = None;
 
+/// The token being revoked and every lasting platform-admin token. SQLite has no row locks:
+/// the write transaction (`BEGIN IMMEDIATE`) already holds the database's write lock, so a
+/// revocation racing another waits for it and then sees what it left.
 pub(crate) const LOCK_REVOCATION: &str = "SELECT id, role, revoked_at FROM api_tokens WHERE id = $1 \
      OR (role = $2 AND revoked_at IS NULL AND expires_at IS NULL) ORDER BY id";
 

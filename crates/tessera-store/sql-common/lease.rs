@@ -56,6 +56,10 @@ fn replica_row(r: &DbRow) -> Result<ReplicaRecord> {
 
 #[async_trait]
 impl LeaseStore for Store {
+    fn shared(&self) -> bool {
+        crate::driver::SHARED
+    }
+
     async fn acquire_lease(&self, holder: &str, url: &str, ttl_ms: u64) -> Result<Option<u64>> {
         // One reading of the clock for the condition and both times.
         let row = sqlx::query(concat!(

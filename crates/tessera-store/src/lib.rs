@@ -451,6 +451,12 @@ pub trait AuditStore: Send + Sync {
 /// next epoch. Batches fenced with an older epoch are refused ([`Change::Fence`]).
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
+    /// Whether several replicas may share this store (a database server): they then elect a
+    /// leader through the lease, and the server runs as one replica among them. An embedded
+    /// store (a file of one process) keeps the default, `false`.
+    fn shared(&self) -> bool {
+        false
+    }
     /// Acquires the lease for `holder` (advertising `url`) for `ttl_ms`, if nobody holds it,
     /// it has expired, or `holder` holds it already (a replica restarted with the same id takes
     /// over at once; its previous incarnation's epoch is fenced): returns the new epoch, or

@@ -43,7 +43,7 @@ pub enum Db {
 }
 
 impl Db {
-    /// What `tessera serve --database` (and `ServerConfig::database`) takes: `None` for SQLite,
+    /// What `tessera serve --database` takes: `None` for SQLite,
     /// the URL of a fresh database for PostgreSQL.
     pub fn url(self) -> Option<String> {
         match self {

@@ -15,6 +15,7 @@ mod bench;
 mod benchapi;
 mod cli;
 mod client;
+mod compose;
 mod devreport;
 mod fleetcmd;
 mod govcli;
@@ -220,7 +221,8 @@ fn main() -> ExitCode {
         Command::Admin {
             cmd: AdminCmd::Recover { data_dir, database },
         } => client(Box::pin(async move {
-            let r = tessera_server::admin::recover_on(&data_dir, database.as_deref()).await?;
+            let store = compose::open_existing_store(&data_dir, database.as_deref()).await?;
+            let r = tessera_server::admin::recover(store.as_ref(), &data_dir).await?;
             println!("Admin token: {}", r.secret);
             println!(
                 "(platform-admin token {} written to {}; it is shown only once)",

@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -413,7 +414,14 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                         SimModeArg::Operator => "operator",
                     }
                 );
-                (fleet, None, serving)
+                let mode = match a.sim_mode {
+                    SimModeArg::Exact => tessera_backend_sim::SimMode::Exact,
+                    SimModeArg::Operator => tessera_backend_sim::SimMode::Operator,
+                };
+                let telemetry = Duration::from_millis(a.sim_telemetry_ms.max(100));
+                let sim = crate::compose::sim_backend(&fleet, mode, a.sim_mig_partition_ms, telemetry);
+                let backend: Arc<dyn tessera_backend::Backend> = sim;
+                (fleet, backend, serving)
             }
             None if a.backend == BackendArg::Kubernetes => {
                 let (b, fleet) = tessera_backend_kube::connect_default(kube_cfg)
@@ -424,7 +432,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                     fleet.gpu_count(),
                     fleet.nodes.len()
                 );
-                (fleet, Some(tessera_server::BackendHandle(std::sync::Arc::new(b))), what)
+                let backend: Arc<dyn tessera_backend::Backend> = Arc::new(b);
+                (fleet, backend, what)
             }
             None => {
                 let iso = crate::local::Isolation {
@@ -448,33 +457,15 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                     Duration::from_secs(a.grace_s),
                     &iso,
                 )?;
-                let handle = tessera_server::BackendHandle(std::sync::Arc::new(b));
-                (fleet, Some(handle), what)
+                let backend: Arc<dyn tessera_backend::Backend> = Arc::new(b);
+                (fleet, backend, what)
             }
         };
         let cfg = ServerConfig {
             data_dir: a.data_dir.clone(),
-            database: a.database.clone(),
             fleet,
             listen: a.listen,
             policy: a.policy,
-            sim: {
-                let mode = match a.sim_mode {
-                    SimModeArg::Exact => tessera_backend_sim::SimMode::Exact,
-                    SimModeArg::Operator => tessera_backend_sim::SimMode::Operator,
-                };
-                let partition_ms = a.sim_mig_partition_ms.unwrap_or(match a.sim_mode {
-                    SimModeArg::Exact => 0,
-                    SimModeArg::Operator => 2000,
-                });
-                tessera_backend_sim::SimConfig {
-                    mode,
-                    mig_partition_time: Duration::from_millis(partition_ms),
-                    telemetry_interval: Duration::from_millis(a.sim_telemetry_ms.max(100)),
-                    ..Default::default()
-                }
-            },
-            backend,
             grace: Duration::from_secs(a.grace_s),
             reconcile_every: Duration::from_secs(a.reconcile_s.max(1)),
             on_gpu_failure: match a.on_gpu_failure {
@@ -504,7 +495,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                 }
             },
         };
-        let running = start(cfg).await?;
+        let store = crate::compose::open_store(&a.data_dir, a.database.as_deref()).await?;
+        let running = start(cfg, store, backend).await?;
         if let Some(t) = &running.admin_token {
             println!("Admin token: {t}");
             println!(

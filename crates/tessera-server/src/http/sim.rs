@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use tessera_api::Problem;
-use tessera_backend_sim::SimBackend;
+use tessera_backend::Simulated;
 use tessera_model::Fleet;
 use utoipa::ToSchema;
 
@@ -66,13 +66,13 @@ pub async fn inject_fault(
     ApiJson(b): ApiJson<SimFault>,
 ) -> ApiResult<Json<SimFaultView>> {
     id.require_admin()?;
-    let v = inject(s.obs.sim.as_deref(), s.backend_name, &s.fleet(), &b)?;
+    let v = inject(s.backend.simulated(), s.backend_name, &s.fleet(), &b)?;
     tracing::warn!(node = %b.node, gpu = b.gpu, xid = b.xid, actor = %id.actor, "simulated GPU fault injected");
     Ok(Json(v))
 }
 
 /// Checks and injects; 409 without a simulated backend, 404 for an unknown GPU.
-pub fn inject(sim: Option<&SimBackend>, backend: &str, fleet: &Fleet, f: &SimFault) -> ApiResult<SimFaultView> {
+pub fn inject(sim: Option<&dyn Simulated>, backend: &str, fleet: &Fleet, f: &SimFault) -> ApiResult<SimFaultView> {
     let Some(sim) = sim else {
         return Err(ApiError::conflict(format!(
             "faults can only be injected into the simulated backend; this server runs the {backend} backend"
@@ -91,13 +91,14 @@ pub fn inject(sim: Option<&SimBackend>, backend: &str, fleet: &Fleet, f: &SimFau
             f.gpu
         )));
     }
-    sim.inject_xid(&f.node, f.gpu, f.xid)
+    let uuid = sim
+        .inject_xid(&f.node, f.gpu, f.xid)
         .map_err(|e| ApiError::not_found(e.to_string()))?;
     Ok(SimFaultView {
         node: f.node.clone(),
         gpu: f.gpu,
         xid: f.xid,
-        uuid: tessera_backend_sim::sim_uuid(&f.node, f.gpu),
+        uuid,
         pool: fleet.pool(node.pool).name.clone(),
         model: fleet.catalogue.get(node.model).name.clone(),
     })
@@ -107,7 +108,7 @@ pub fn inject(sim: Option<&SimBackend>, backend: &str, fleet: &Fleet, f: &SimFau
 mod tests {
     use super::*;
     use axum::http::StatusCode;
-    use tessera_backend_sim::SimConfig;
+    use tessera_backend_sim::{SimBackend, SimConfig, SimGpu};
 
     #[test]
     fn conflict_without_sim_and_not_found_for_unknown_gpus() {
@@ -121,9 +122,9 @@ mod tests {
             inject(None, "local", &fleet, &f).unwrap_err().status,
             StatusCode::CONFLICT
         );
-        let sim = SimBackend::new(SimConfig::default(), crate::sim_gpus(&fleet));
+        let sim = SimBackend::new(SimConfig::default(), SimGpu::for_fleet(&fleet));
         let e = inject(
-            Some(&sim),
+            Some(&sim as &dyn Simulated),
             "sim",
             &fleet,
             &SimFault {
@@ -133,10 +134,16 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.status, StatusCode::NOT_FOUND);
-        let e = inject(Some(&sim), "sim", &fleet, &SimFault { gpu: 8, ..f.clone() }).unwrap_err();
+        let e = inject(
+            Some(&sim as &dyn Simulated),
+            "sim",
+            &fleet,
+            &SimFault { gpu: 8, ..f.clone() },
+        )
+        .unwrap_err();
         assert_eq!(e.status, StatusCode::NOT_FOUND);
         assert!(e.detail.contains("has 8 GPUs"), "{}", e.detail);
-        let v = inject(Some(&sim), "sim", &fleet, &f).unwrap();
+        let v = inject(Some(&sim as &dyn Simulated), "sim", &fleet, &f).unwrap();
         assert_eq!((v.pool.as_str(), v.xid), ("training", 79));
         let xid = sim
             .sample()

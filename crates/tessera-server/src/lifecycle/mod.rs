@@ -81,19 +81,6 @@ pub struct Settings {
     /// The length of a simulated node upgrade in a rollout; `None`: a rollout waits for
     /// `tessera node done NODE`.
     pub sim_upgrade: Option<Duration>,
-    /// The simulated backend, rebooted node by node during a simulated upgrade (the node is
-    /// reported gone, then back).
-    pub sim_reboot: Option<SimReboot>,
-}
-
-/// The simulated backend a simulated upgrade reboots nodes of.
-#[derive(Clone)]
-pub struct SimReboot(pub Arc<tessera_backend_sim::SimBackend>);
-
-impl std::fmt::Debug for SimReboot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SimReboot")
-    }
 }
 
 impl Default for Settings {
@@ -103,7 +90,6 @@ impl Default for Settings {
             reconcile_every: Duration::from_secs(30),
             on_gpu_failure: GpuFailurePolicy::Leave,
             sim_upgrade: None,
-            sim_reboot: None,
         }
     }
 }

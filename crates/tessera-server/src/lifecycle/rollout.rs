@@ -420,10 +420,10 @@ impl Core {
                                 None => (None, format!("drained; waiting for `tessera node done {}`", n.node)),
                             };
                             r.nodes[i].upgrade_until = until;
-                            // The simulated upgrade reboots the node: gone now, back when it ends
-                            // (validation waits for its GPUs).
-                            if let (Some(s), Some(sim)) = (r.upgrade_s, &self.settings.sim_reboot)
-                                && let Err(e) = sim.0.reboot(&n.node, std::time::Duration::from_secs(s))
+                            // The simulated upgrade reboots the node of a simulated backend: gone
+                            // now, back when it ends (validation waits for its GPUs).
+                            if let (Some(s), Some(sim)) = (r.upgrade_s, self.backend.simulated())
+                                && let Err(e) = sim.reboot(&n.node, std::time::Duration::from_secs(s))
                             {
                                 tracing::warn!(node = %n.node, error = %e, "the simulated upgrade cannot reboot the node");
                             }

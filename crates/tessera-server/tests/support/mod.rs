@@ -20,12 +20,16 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use reqwest::{Client, Method, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
+use tessera_backend_sim::{SimBackend, SimConfig, SimGpu};
 use tessera_domain::{GpuSpec, Kind, ShapeSpec, WorkloadSpec};
 use tessera_model::Fleet;
 use tessera_sched::Engine;
 use tessera_sched::cycle::{GovernConfig, Scheduler};
 use tessera_server::lifecycle::{NewWorkload, SchedFactory, placement};
 use tessera_server::{Running, ServerConfig, start};
+use tessera_store::Store;
+use tessera_store_postgres::PgStore;
+use tessera_store_sqlite::SqliteStore;
 
 pub use tessera_testdb::TempDir;
 
@@ -50,14 +54,55 @@ pub async fn text(rb: RequestBuilder) -> String {
     rb.send().await.unwrap().text().await.unwrap()
 }
 
+/// What a test server runs on besides its configuration: the choices the `tessera` binary
+/// makes for a real server (which store, which backend).
+#[derive(Clone, Debug, Default)]
+pub struct Parts {
+    /// A PostgreSQL database; `None`: SQLite in the data directory.
+    pub database: Option<String>,
+    /// The simulated backend's settings.
+    pub sim: SimConfig,
+}
+
+impl Parts {
+    /// On `database` (`None`: SQLite), with the simulated backend's defaults.
+    pub fn on(database: Option<String>) -> Parts {
+        Parts {
+            database,
+            ..Parts::default()
+        }
+    }
+}
+
+/// The store `database` names (PostgreSQL), or SQLite in `dir`.
+pub async fn open_store(dir: &std::path::Path, database: Option<&str>) -> Arc<dyn Store> {
+    match database {
+        Some(url) => Arc::new(PgStore::connect(url).await.unwrap()),
+        None => Arc::new(SqliteStore::open_dir(dir).await.unwrap()),
+    }
+}
+
+/// Starts a server on `cfg` with the store and the simulated backend `parts` name, as the
+/// binary composes them; the simulated backend is returned for fault injection.
+pub async fn serve(cfg: ServerConfig, parts: &Parts) -> (Running, Arc<SimBackend>) {
+    let store = open_store(&cfg.data_dir, parts.database.as_deref()).await;
+    let sim = Arc::new(SimBackend::new(parts.sim.clone(), SimGpu::for_fleet(&cfg.fleet)));
+    let running = start(cfg, store, sim.clone()).await.unwrap();
+    (running, sim)
+}
+
 /// A server started on a temporary data directory (the seed fleet and the simulated backend
 /// unless the configuration says otherwise), with the admin token its first start created.
 pub struct TestServer {
     pub running: Running,
+    /// Its simulated backend (fault injection).
+    pub sim: Arc<SimBackend>,
     /// `http://` and the address it listens on.
     pub base: String,
     /// The platform admin's token.
     pub admin: String,
+    /// The store and backend it runs on (a restart runs on the same).
+    pub parts: Parts,
     /// The PostgreSQL database, when the server runs on one.
     pub database: Option<String>,
     pub http: Client,
@@ -71,12 +116,16 @@ impl TestServer {
         Self::start_with(tag, |c| c).await
     }
 
-    /// A server on `cfg(ServerConfig::local(…))`.
+    /// A server on `cfg(ServerConfig::local(…))`, SQLite and the simulated backend.
     pub async fn start_with(tag: &str, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> TestServer {
+        Self::start_on(tag, Parts::default(), cfg).await
+    }
+
+    /// A server on `cfg(ServerConfig::local(…))` and `parts`.
+    pub async fn start_on(tag: &str, parts: Parts, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> TestServer {
         let dir = Arc::new(TempDir::new(tag));
         let cfg = cfg(ServerConfig::local(dir.0.clone()));
-        let database = cfg.database.clone();
-        let running = start(cfg).await.unwrap();
+        let (running, sim) = serve(cfg, &parts).await;
         let admin = running
             .admin_token
             .clone()
@@ -84,9 +133,11 @@ impl TestServer {
         TestServer {
             base: format!("http://{}", running.addr),
             admin,
-            database,
+            database: parts.database.clone(),
+            parts,
             http: Client::new(),
             running,
+            sim,
             dir,
         }
     }
@@ -94,18 +145,15 @@ impl TestServer {
     /// Another server on this one's data directory and database, as after a restart, on
     /// `cfg(…)`; it is called with this one's admin token.
     pub async fn restart(&self, cfg: impl FnOnce(ServerConfig) -> ServerConfig) -> TestServer {
-        let running = start(cfg(ServerConfig {
-            database: self.database.clone(),
-            ..ServerConfig::local(self.dir.0.clone())
-        }))
-        .await
-        .unwrap();
+        let (running, sim) = serve(cfg(ServerConfig::local(self.dir.0.clone())), &self.parts).await;
         TestServer {
             base: format!("http://{}", running.addr),
             admin: self.admin.clone(),
+            parts: self.parts.clone(),
             database: self.database.clone(),
             http: Client::new(),
             running,
+            sim,
             dir: self.dir.clone(),
         }
     }
