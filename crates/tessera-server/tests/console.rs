@@ -1410,3 +1410,103 @@ async fn denied_and_missing_pages_are_html_with_navigation_and_the_form_says_eve
         "the API's field and unit stay out of the form: {bad}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charts_take_a_time_range_with_fixed_axes_and_numbers_per_point_to_admins_only() {
+    let s = TestServer::start("charts-range").await;
+    s.tenant_with_project("vision", "train").await;
+    let member = s.token("vision", "member").await;
+    let (_, w) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "vision", "project": "train", "name": "two", "shape": {"gpus": 2, "pool": "training"}}),
+        )
+        .await;
+    let id = w["id"].as_u64().unwrap();
+    s.wait_state(id, &["running"]).await;
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    // Its page says what it uses of its two GPUs now, from the simulator's telemetry.
+    let use_now = poll(
+        50,
+        Duration::from_millis(100),
+        async || b.page(&format!("/console/workloads/{id}")).await,
+        |p| p.contains("over 2 devices"),
+    )
+    .await;
+    assert!(use_now.contains("GPU use now"), "{use_now}");
+    // The node's detail shows each GPU's telemetry.
+    let node = s.get(&format!("/api/v1/workloads/{id}")).await["allocation"]["node"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let detail = b.page(&format!("/console/fleet/nodes/{node}")).await;
+    assert!(detail.contains("GPU telemetry: sampled at"), "{detail}");
+    assert!(detail.contains("class=\"gpu-telemetry\">utilisation"), "{detail}");
+    // The default is the last 24 hours, a point a minute; the picker offers the four windows
+    // and marks the current one.
+    let day = b.page("/console/charts?pool=training").await;
+    no_inline_code(&day);
+    assert!(day.contains("The last 24 hours (UTC), one point a minute"), "{day}");
+    for r in ["1h", "24h", "7d", "30d"] {
+        assert!(day.contains(&format!("range={r}\"")), "a link to {r}");
+    }
+    assert!(day.contains("aria-current=\"page\" class=\"current\">24h<"), "{day}");
+    assert!(!day.contains("Samples"), "no bare sample count");
+    // The allocation axis runs from zero to the pool's capacity, utilisation to 100 %; the
+    // running 2 GPUs are allocated now.
+    let charts: Vec<Value> = day
+        .split("data-chart=\"")
+        .skip(1)
+        .map(|c| {
+            let raw = &c[..c.find('"').unwrap()];
+            let json = raw
+                .replace("&#34;", "\"")
+                .replace("&quot;", "\"")
+                .replace("&#39;", "'")
+                .replace("&amp;", "&");
+            serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"))
+        })
+        .collect();
+    assert_eq!(charts.len(), 2);
+    assert_eq!(charts[0]["y"], json!([0, 128]), "{}", charts[0]);
+    assert_eq!(charts[1]["y"], json!([0, 100]));
+    let allocated = charts[0]["series"][0]["values"].as_array().unwrap();
+    assert_eq!(allocated.last().unwrap().as_f64(), Some(2.0), "{}", charts[0]);
+    // A week is drawn in hours, with the hour's peak beside its mean.
+    let week = b.page("/console/charts?pool=training&range=7d").await;
+    assert!(week.contains("The last 7 days (UTC), one point an hour"), "{week}");
+    assert!(week.contains("peak minute"));
+    let csv = b.page("/console/charts/data?pool=training&range=7d&format=csv").await;
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("start_utc,minutes,pool,allocated_units,peak_units,capacity_units,utilisation_pct")
+    );
+    let last = lines.last().expect("a row for the current hour");
+    let cells: Vec<&str> = last.split(',').collect();
+    assert_eq!(
+        (cells[1], cells[2], cells[4], cells[5]),
+        ("60", "training", "2", "128"),
+        "{last}"
+    );
+    assert!(cells[0].ends_with(":00:00.000Z"), "an hour starts on the hour: {last}");
+    // An unknown range is the form's error, not an empty chart.
+    let bad = b.get("/console/charts?range=2y").await;
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        bad.text()
+            .await
+            .unwrap()
+            .contains("unknown range `2y` (1h, 24h, 7d, 30d)")
+    );
+    // A tenant's member sees no fleet-wide chart, in any window, nor its numbers.
+    let m = s.browser();
+    sign_in(&m, &member).await;
+    for path in [
+        "/console/charts?range=30d",
+        "/console/charts/data?pool=training&range=1h&format=json",
+    ] {
+        assert_eq!(m.get(path).await.status(), StatusCode::FORBIDDEN, "{path}");
+    }
+}

@@ -28,7 +28,8 @@
     var preview = document.getElementById("preview");
     if (form && preview) preview.remove();
   });
-  // Charts: a `data-chart` element holds {title, x: [unix seconds], series: [{label, values}]}.
+  // Charts: a `data-chart` element holds {title, x: [unix seconds], y: [min, max] (optional,
+  // the value axis' fixed range), series: [{label, values}]}.
   function drawCharts() {
     if (typeof uPlot === "undefined") return;
     var colours = ["#0b5cad", "#1f6b2e", "#a3001b", "#8a6d00"];
@@ -41,7 +42,9 @@
       }));
       var data = [c.x].concat(c.series.map(function (s) { return s.values; }));
       var width = Math.max(280, Math.min(el.clientWidth || 800, 1100));
-      new uPlot({ title: c.title, width: width, height: 260, series: series }, data, el);
+      var opts = { title: c.title, width: width, height: 260, series: series };
+      if (c.y) opts.scales = { y: { range: c.y } };
+      new uPlot(opts, data, el);
     });
   }
   document.addEventListener("DOMContentLoaded", drawCharts);

@@ -1,7 +1,8 @@
 //! Allocation and utilisation over time per pool (platform-admins): a uPlot chart of each pool
-//! from the server's minute-by-minute history ([`crate::history`]), with the current minute
-//! taken live from the published snapshot, a summary table, and the numbers behind every
-//! chart as CSV or JSON (`/console/charts/data`).
+//! over a chosen window (the last hour, 24 hours, 7 or 30 days) from the server's
+//! minute-by-minute history ([`crate::history`]), with the current minute taken live from the
+//! published snapshot; axes from zero to the pool's capacity and to 100 %; a summary table; and
+//! the numbers behind every chart as CSV or JSON (`/console/charts/data`).
 
 use askama::Template;
 use axum::extract::{Query, State};
@@ -11,7 +12,7 @@ use serde::Deserialize;
 
 use super::{Caller, Chrome, html};
 use crate::AppState;
-use crate::history::{Sample, minute, sample};
+use crate::history::{Point, Window, sample};
 use crate::problem::ApiError;
 
 #[derive(Deserialize, Default)]
@@ -22,6 +23,29 @@ pub struct ChartQuery {
     /// `csv` or `json` (the data endpoint).
     #[serde(default)]
     pub format: String,
+    /// `1h`, `24h` (default), `7d` or `30d`.
+    #[serde(default)]
+    pub range: String,
+}
+
+impl ChartQuery {
+    /// The window `range` names; an unknown one is a 422 that lists the known.
+    fn window(&self) -> Result<Window, ApiError> {
+        if self.range.is_empty() {
+            return Ok(Window::default());
+        }
+        Window::ALL
+            .into_iter()
+            .find(|w| w.key() == self.range)
+            .ok_or_else(|| ApiError::invalid("range", format!("unknown range `{}` (1h, 24h, 7d, 30d)", self.range)))
+    }
+}
+
+/// A window offered by the range picker.
+pub struct RangeLink {
+    pub key: &'static str,
+    pub href: String,
+    pub current: bool,
 }
 
 /// A pool's chart and summary.
@@ -31,7 +55,6 @@ pub struct PoolChart {
     pub now: f64,
     pub peak: f64,
     pub util: String,
-    pub points: usize,
     pub allocation: String,
     pub utilisation: String,
     pub csv: String,
@@ -44,23 +67,16 @@ struct ChartsPage {
     pools: Vec<PoolChart>,
     names: Vec<String>,
     q: ChartQuery,
+    window: Window,
+    ranges: Vec<RangeLink>,
 }
 
-/// The pool's samples, the current minute from the live snapshot.
-fn series(s: &AppState, pool: &str) -> Vec<Sample> {
+/// The pool's points over `window`, the current minute taken from the live snapshot first.
+fn series(s: &AppState, pool: &str, window: Window) -> Vec<Point> {
     let now = crate::clock::now_ms();
-    let mut v = s.history.series(pool);
-    let live = sample(&s.lifecycle.snapshot(), &s.lifecycle.published().telemetry(), now)
-        .into_iter()
-        .find(|(p, _)| p == pool)
-        .map(|(_, x)| x);
-    if let Some(live) = live {
-        match v.last_mut() {
-            Some(last) if last.at == minute(now) => *last = live,
-            _ => v.push(live),
-        }
-    }
-    v
+    let live = sample(&s.lifecycle.snapshot(), &s.lifecycle.published().telemetry(), now);
+    s.history.record(live.into_iter().filter(|(p, _)| p == pool));
+    s.history.window(pool, window, now)
 }
 
 fn checked_pools(s: &AppState, q: &ChartQuery) -> Result<Vec<(String, u64)>, ApiError> {
@@ -92,42 +108,58 @@ fn checked_pools(s: &AppState, q: &ChartQuery) -> Result<Vec<(String, u64)>, Api
     }
 }
 
-/// `GET /console/charts` (platform-admins): every pool's allocation and utilisation over the
-/// last 24 hours.
+/// `GET /console/charts?pool=…&range=1h|24h|7d|30d` (platform-admins): every pool's
+/// allocation and utilisation over the window (24 hours by default).
 pub async fn charts(State(s): State<AppState>, c: Caller, Query(q): Query<ChartQuery>) -> Result<Response, ApiError> {
     c.id.require_admin()?;
+    let window = q.window()?;
     let pools = checked_pools(&s, &q)?
         .into_iter()
         .map(|(name, capacity)| {
-            let v = series(&s, &name);
+            let v = series(&s, &name, window);
             let x: Vec<i64> = v.iter().map(|p| p.at / 1000).collect();
             let utils: Vec<f64> = v.iter().filter_map(|p| p.util_pct).collect();
+            let mut lines = vec![serde_json::json!({
+                "label": if window.bucket_minutes() == 1 { "allocated" } else { "allocated (hour's mean)" },
+                "values": v.iter().map(|p| p.allocated).collect::<Vec<_>>(),
+            })];
+            if window.bucket_minutes() > 1 {
+                lines.push(serde_json::json!({
+                    "label": "peak minute", "values": v.iter().map(|p| p.peak).collect::<Vec<_>>(),
+                }));
+            }
+            lines.push(serde_json::json!({
+                "label": "capacity", "values": v.iter().map(|_| capacity).collect::<Vec<_>>(),
+            }));
             let allocation = serde_json::json!({
-                "title": format!("{name}: GPU units allocated (of {capacity})"),
+                "title": format!("{name}: GPU units allocated (of {capacity}), {}", window.label()),
                 "x": x,
-                "series": [
-                    {"label": "allocated", "values": v.iter().map(|p| p.allocated).collect::<Vec<_>>()},
-                    {"label": "capacity", "values": v.iter().map(|_| capacity).collect::<Vec<_>>()},
-                ],
+                "y": [0, capacity.max(1)],
+                "series": lines,
             });
             let utilisation = serde_json::json!({
-                "title": format!("{name}: mean GPU utilisation, %"),
+                "title": format!("{name}: mean GPU utilisation, %, {}", window.label()),
                 "x": x,
+                "y": [0, 100],
                 "series": [{"label": "utilisation %", "values": v.iter().map(|p| p.util_pct).collect::<Vec<_>>()}],
             });
             PoolChart {
                 csv: format!(
                     "/console/charts/data?{}",
-                    serde_urlencoded::to_string([("pool", name.as_str()), ("format", "csv")]).unwrap_or_default()
+                    serde_urlencoded::to_string([("pool", name.as_str()), ("format", "csv"), ("range", window.key())])
+                        .unwrap_or_default()
                 ),
-                now: v.last().map_or(0.0, |p| p.allocated),
-                peak: v.iter().map(|p| p.allocated).fold(0.0, f64::max),
+                now: s
+                    .history
+                    .window(&name, Window::Hour, crate::clock::now_ms())
+                    .last()
+                    .map_or(0.0, |p| p.allocated),
+                peak: v.iter().map(|p| p.peak).fold(0.0, f64::max),
                 util: if utils.is_empty() {
                     "not reported".into()
                 } else {
                     format!("{:.1} %", utils.iter().sum::<f64>() / utils.len() as f64)
                 },
-                points: v.len(),
                 allocation: allocation.to_string(),
                 utilisation: utilisation.to_string(),
                 name,
@@ -139,27 +171,43 @@ pub async fn charts(State(s): State<AppState>, c: Caller, Query(q): Query<ChartQ
         chrome: Chrome::new(&c, &s, "charts"),
         pools,
         names: s.fleet().pools.iter().map(|p| p.name.clone()).collect(),
+        ranges: Window::ALL
+            .into_iter()
+            .map(|w| RangeLink {
+                key: w.key(),
+                href: format!(
+                    "/console/charts?{}",
+                    serde_urlencoded::to_string([("pool", q.pool.as_str()), ("range", w.key())]).unwrap_or_default()
+                ),
+                current: w == window,
+            })
+            .collect(),
+        window,
         q,
     }))
 }
 
-/// `GET /console/charts/data?pool=…&format=csv|json` (platform-admins): the numbers behind a
-/// pool's charts, one row a minute.
+/// `GET /console/charts/data?pool=…&format=csv|json&range=…` (platform-admins): the numbers
+/// behind a pool's charts, one row a point (a minute, or an hour with its mean and peak).
 pub async fn data(State(s): State<AppState>, c: Caller, Query(q): Query<ChartQuery>) -> Result<Response, ApiError> {
     c.id.require_admin()?;
     if q.pool.is_empty() {
         return Err(ApiError::invalid("pool", "name the pool whose numbers you want"));
     }
+    let window = q.window()?;
     let (pool, capacity) = checked_pools(&s, &q)?.remove(0);
-    let v = series(&s, &pool);
+    let v = series(&s, &pool, window);
     match q.format.as_str() {
         "" | "csv" => {
-            let mut out = String::from("minute_utc,pool,allocated_units,capacity_units,utilisation_pct\n");
+            let mut out =
+                String::from("start_utc,minutes,pool,allocated_units,peak_units,capacity_units,utilisation_pct\n");
             for p in &v {
                 out.push_str(&format!(
-                    "{},{pool},{},{capacity},{}\n",
+                    "{},{},{pool},{},{},{capacity},{}\n",
                     tessera_api::rfc3339_ms(p.at),
+                    window.bucket_minutes(),
                     p.allocated,
+                    p.peak,
                     p.util_pct.map(|u| format!("{u:.1}")).unwrap_or_default()
                 ));
             }
@@ -168,7 +216,7 @@ pub async fn data(State(s): State<AppState>, c: Caller, Query(q): Query<ChartQue
                     (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
                     (
                         header::CONTENT_DISPOSITION,
-                        format!("attachment; filename=\"allocation-{pool}.csv\""),
+                        format!("attachment; filename=\"allocation-{pool}-{}.csv\"", window.key()),
                     ),
                 ],
                 out,
@@ -178,8 +226,11 @@ pub async fn data(State(s): State<AppState>, c: Caller, Query(q): Query<ChartQue
         "json" => Ok(axum::Json(serde_json::json!({
             "pool": pool,
             "capacity_units": capacity,
+            "range": window.key(),
+            "bucket_minutes": window.bucket_minutes(),
             "x": v.iter().map(|p| p.at / 1000).collect::<Vec<_>>(),
             "allocated_units": v.iter().map(|p| p.allocated).collect::<Vec<_>>(),
+            "peak_units": v.iter().map(|p| p.peak).collect::<Vec<_>>(),
             "utilisation_pct": v.iter().map(|p| p.util_pct).collect::<Vec<_>>(),
         }))
         .into_response()),

@@ -18,7 +18,7 @@ use tessera_store::NodeState;
 use super::{Caller, Chrome, html};
 use crate::AppState;
 use crate::http::views;
-use crate::lifecycle::NodeOp;
+use crate::lifecycle::{NodeOp, Telemetry};
 use crate::problem::ApiError;
 
 /// Tenant colours: eight classes (`t0`…`t7` in the stylesheet), chosen by a stable hash of the
@@ -373,6 +373,10 @@ struct NodeDetail {
     gpus: Vec<GpuView>,
     /// Per GPU index: what is wrong with it, if it failed.
     health: Vec<Option<String>>,
+    /// Per GPU index: its latest telemetry in words, where the backend reported it lately.
+    telemetry: Vec<Option<String>>,
+    /// When that telemetry was sampled (RFC 3339), or why there is none.
+    sampled: String,
 }
 
 impl NodeDetail {
@@ -382,6 +386,10 @@ impl NodeDetail {
 
     fn health_of(&self, gpu: &u8) -> Option<&str> {
         self.health.get(*gpu as usize).and_then(|h| h.as_deref())
+    }
+
+    fn telemetry_of(&self, gpu: &u8) -> Option<&str> {
+        self.telemetry.get(*gpu as usize).and_then(|t| t.as_deref())
     }
 
     fn mark(&self) -> &'static str {
@@ -406,12 +414,55 @@ pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>
             *h = Some(health_words(r));
         }
     }
+    let (telemetry, sampled) = gpu_telemetry(
+        &s.lifecycle.published().telemetry(),
+        &name,
+        gpus.len(),
+        crate::clock::now_ms(),
+    );
     Ok(html(&NodeDetail {
         health,
+        telemetry,
+        sampled,
         state: ops.node_state(&name).as_str().to_string(),
         node: name,
         gpus,
     }))
+}
+
+/// Telemetry older than this is not shown as the GPU's state now.
+const TELEMETRY_FRESH_MS: i64 = 120_000;
+
+/// Each GPU of `node` (`gpus` of them) in the latest telemetry, in words — utilisation,
+/// memory in use of the board's, temperature, power —, and when it was sampled; nothing where
+/// the telemetry is older than two minutes or the backend reports none.
+fn gpu_telemetry(t: &Telemetry, node: &str, gpus: usize, now: i64) -> (Vec<Option<String>>, String) {
+    let mut out = vec![None; gpus];
+    if t.at == 0 {
+        return (out, "the backend has reported no telemetry".into());
+    }
+    if now - t.at > TELEMETRY_FRESH_MS {
+        return (out, format!("no telemetry since {}", tessera_api::rfc3339_ms(t.at)));
+    }
+    for g in t.gpus.iter().filter(|g| g.node == node) {
+        if let Some(slot) = out.get_mut(g.gpu as usize) {
+            let total = g.fb_used_mib + g.fb_free_mib;
+            *slot = Some(format!(
+                "utilisation {:.0} % · memory {} of {} MiB ({:.0} %) · {:.0} °C · {:.0} W",
+                g.util_pct,
+                g.fb_used_mib,
+                total,
+                if total > 0 {
+                    g.fb_used_mib as f64 * 100.0 / total as f64
+                } else {
+                    0.0
+                },
+                g.temp_c,
+                g.power_w
+            ));
+        }
+    }
+    (out, format!("sampled at {}", tessera_api::rfc3339_ms(t.at)))
 }
 
 /// `POST /console/fleet/nodes/{name}/{action}` (platform-admins, htmx with the CSRF token):
@@ -498,6 +549,45 @@ pub async fn audit(State(s): State<AppState>, c: Caller, Query(q): Query<AuditQu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpus_telemetry_is_shown_while_fresh_and_its_age_said_otherwise() {
+        let g = |node: &str, gpu: u8| tessera_backend::GpuSample {
+            node: node.into(),
+            gpu,
+            uuid: format!("GPU-{node}-{gpu}"),
+            model: "H100".into(),
+            util_pct: 62.6,
+            fb_used_mib: 20_000,
+            fb_free_mib: 60_000,
+            temp_c: 51.2,
+            power_w: 301.0,
+            xid: 0,
+            instances: Vec::new(),
+        };
+        let t = Telemetry {
+            at: 1_000_000,
+            gpus: std::sync::Arc::new(vec![g("a", 1), g("b", 0)]),
+        };
+        let (per_gpu, when) = gpu_telemetry(&t, "a", 2, 1_000_000 + 60_000);
+        assert_eq!(per_gpu[0], None, "GPU 0 of node a was not reported");
+        assert_eq!(
+            per_gpu[1].as_deref(),
+            Some("utilisation 63 % · memory 20000 of 80000 MiB (25 %) · 51 °C · 301 W")
+        );
+        assert!(when.starts_with("sampled at 1970-01-01T00:16:40"), "{when}");
+        let (stale, why) = gpu_telemetry(&t, "a", 2, 1_000_000 + 180_000);
+        assert!(stale.iter().all(Option::is_none));
+        assert!(why.starts_with("no telemetry since"), "{why}");
+        let none = Telemetry {
+            at: 0,
+            gpus: Default::default(),
+        };
+        assert_eq!(
+            gpu_telemetry(&none, "a", 2, 5).1,
+            "the backend has reported no telemetry"
+        );
+    }
 
     #[test]
     fn tenant_colours_are_stable_and_spread() {

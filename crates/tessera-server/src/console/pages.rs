@@ -267,6 +267,58 @@ struct WorkloadLive {
     racks: Vec<(String, usize, usize)>,
     /// What it has cost so far and is expected to cost at its end.
     cost: Cost,
+    /// Its GPUs' use now from telemetry, in words ([`gpu_use`]); empty when not running.
+    gpu_use: String,
+}
+
+/// What workload `id` uses of its GPUs now, from the latest telemetry no older than two
+/// minutes: the engines' activity (DCGM's `GR_ENGINE_ACTIVE` of each MIG instance or share
+/// the backend names it the holder of; for the whole GPUs it holds, `whole`, that no sample
+/// names a holder of, the GPU's utilisation) averaged over its devices, and its memory in use
+/// of what it was given.
+pub fn gpu_use(t: &crate::lifecycle::Telemetry, id: u64, whole: &[(&str, u8)], now: i64) -> String {
+    if t.at == 0 {
+        return "the backend reports no telemetry".into();
+    }
+    if now - t.at > 120_000 {
+        return format!("no telemetry since {}", tessera_api::rfc3339_ms(t.at));
+    }
+    let (mut active, mut n, mut used, mut total) = (0.0, 0u32, 0u64, 0u64);
+    for g in t.gpus.iter() {
+        if g.instances.iter().all(|i| i.workload == 0) && whole.contains(&(g.node.as_str(), g.gpu)) {
+            active += g.util_pct / 100.0;
+            n += 1;
+            used += g.fb_used_mib;
+            total += g.fb_used_mib + g.fb_free_mib;
+            continue;
+        }
+        for i in g.instances.iter().filter(|i| i.workload == id) {
+            active += i.gr_engine_active;
+            n += 1;
+            used += i.fb_used_mib;
+            total += i.fb_used_mib + i.fb_free_mib;
+        }
+    }
+    if n == 0 {
+        return "not in the latest telemetry".into();
+    }
+    let what = if n == 1 {
+        "1 device".to_string()
+    } else {
+        format!("{n} devices")
+    };
+    if total > 0 {
+        format!(
+            "engines {:.0} % busy · memory {used} of {total} MiB ({:.0} %) · over {what}",
+            active * 100.0 / f64::from(n),
+            used as f64 * 100.0 / total as f64
+        )
+    } else {
+        format!(
+            "engines {:.0} % busy · memory {used} MiB · over {what}",
+            active * 100.0 / f64::from(n)
+        )
+    }
 }
 
 /// A workload's cost on its page: its use so far from the ledger, and — with a duration —
@@ -447,8 +499,32 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
         &s.lifecycle.snapshot().utilisation,
         crate::clock::now_ms(),
     );
+    let gpu_use = if w.state == tessera_api::WorkloadState::Running {
+        let whole: Vec<(&str, u8)> = w
+            .allocation
+            .iter()
+            .filter(|a| a.kind == "whole")
+            .flat_map(|a| {
+                let first = a.gpus.iter().map(|g| (a.node.as_str(), *g));
+                let rest = a
+                    .shares
+                    .iter()
+                    .flat_map(|x| x.gpus.iter().map(|g| (x.node.as_str(), *g)));
+                first.chain(rest)
+            })
+            .collect();
+        gpu_use(
+            &s.lifecycle.published().telemetry(),
+            wid.0,
+            &whole,
+            crate::clock::now_ms(),
+        )
+    } else {
+        String::new()
+    };
     Ok(WorkloadLive {
         cost,
+        gpu_use,
         shares,
         racks,
         steps: steps(&events, r.ended, crate::clock::now_ms()),
@@ -512,6 +588,53 @@ pub async fn cancel(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_use_takes_named_instances_and_the_whole_gpus_held() {
+        use tessera_backend::{GpuSample, InstanceSample};
+        let gpu = |node: &str, i: u8, util: f64, instances: Vec<InstanceSample>| GpuSample {
+            node: node.into(),
+            gpu: i,
+            uuid: String::new(),
+            model: "A100".into(),
+            util_pct: util,
+            fb_used_mib: 30_000,
+            fb_free_mib: 50_000,
+            temp_c: 40.0,
+            power_w: 200.0,
+            xid: 0,
+            instances,
+        };
+        let inst = |workload: u64, active: f64| InstanceSample {
+            workload,
+            profile: "3g.40gb".into(),
+            instance_id: 1,
+            gr_engine_active: active,
+            fb_used_mib: 10_000,
+            fb_free_mib: 30_000,
+        };
+        let t = crate::lifecycle::Telemetry {
+            at: 1_000,
+            gpus: std::sync::Arc::new(vec![
+                gpu("a", 0, 90.0, vec![inst(7, 0.5), inst(8, 0.1)]),
+                gpu("a", 1, 40.0, Vec::new()),
+                gpu("b", 0, 80.0, Vec::new()),
+            ]),
+        };
+        // A MIG slice: its own instance's figures, not the GPU's.
+        assert_eq!(
+            gpu_use(&t, 7, &[], 2_000),
+            "engines 50 % busy · memory 10000 of 40000 MiB (25 %) · over 1 device"
+        );
+        // Two whole GPUs on two nodes: their utilisation and memory.
+        assert_eq!(
+            gpu_use(&t, 9, &[("a", 1), ("b", 0)], 2_000),
+            "engines 60 % busy · memory 60000 of 160000 MiB (38 %) · over 2 devices"
+        );
+        // A whole GPU another's instances are on is not taken as this one's.
+        assert_eq!(gpu_use(&t, 9, &[("a", 0)], 2_000), "not in the latest telemetry");
+        assert!(gpu_use(&t, 7, &[], 200_000).starts_with("no telemetry since"));
+    }
 
     fn ev(step: &str, at_ms: i64) -> Event {
         Event {
