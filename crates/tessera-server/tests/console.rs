@@ -1338,6 +1338,11 @@ async fn denied_and_missing_pages_are_html_with_navigation_and_the_form_says_eve
         assert!(!page.contains("secret-run") && !page.contains("nlp"), "{path}: {page}");
     }
     assert!(text_of(&b.page("/console/nowhere").await, "error-detail").contains("no console page at /console/nowhere"));
+    // A change sent to an address that is no console action is "not found" too (not "method
+    // not allowed", which would say there is something there).
+    let post = b.post("/console/nowhere/delete", Some(&csrf)).await;
+    assert_eq!(post.status(), StatusCode::NOT_FOUND);
+    assert!(post.text().await.unwrap().contains("no route /console/nowhere/delete"));
     // Without a session a missing page still leads to the sign-in form.
     let anon = s.browser();
     assert_eq!(anon.get("/console/nowhere").await.status(), StatusCode::SEE_OTHER);

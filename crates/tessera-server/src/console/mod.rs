@@ -69,7 +69,7 @@ pub fn router(state: &AppState) -> axum::Router<AppState> {
         .route("/console/workloads/{id}/cancel", post(pages::cancel))
         .route("/assets/{hash}/{*file}", get(assets::serve))
         // Any other console address: a page that does not exist (after the sign-in).
-        .route("/console/{*rest}", get(errors::no_page))
+        .route("/console/{*rest}", axum::routing::any(errors::no_page))
         // A page a browser loads answers its errors as a page with the navigation.
         .layer(axum::middleware::from_fn_with_state(state.clone(), errors::middleware))
         // Pages and assets are sent gzip-compressed to browsers that accept it.
