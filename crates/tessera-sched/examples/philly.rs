@@ -2,7 +2,8 @@
 //! philly -- [TRACE_DIR] [philly-768|philly-640] [POLICY|all] [SEEDS] [HOLDS]` prints every
 //! metric per policy side by side (the same as `tessera sim philly`); SEEDS (`0`, or a range
 //! `0-4`) are same-second orders, and several report the mean of every figure over them; HOLDS
-//! sets the `engine` row's holds per pool (default: [`EngineConfig::default`]'s).
+//! sets the `engine` row's holds of single-node requests per pool (default:
+//! [`EngineConfig::default`]'s, the gang rules with none).
 
 use std::time::Instant;
 
@@ -20,7 +21,7 @@ fn main() {
     };
     let mut engine = EngineConfig::default();
     if let Some(h) = args.get(4) {
-        engine.govern = philly::philly_govern(h.parse().expect("holds per pool"));
+        engine = EngineConfig::gang_rules(h.parse().expect("holds per pool"));
     }
     let path = format!("{dir}/philly_jobs.csv");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));

@@ -4,9 +4,16 @@
 //! SEEDS, `0` or `0-4`), beside the best baseline of each figure and `tessera` (the model), and
 //! the wall time of one run of each (one order). HOLDS (holds per pool, comma list, default `1,8`) and
 //! RECLAIM (`1`: reclaim after 4 h as the scenario, `0`: never; default `1,0`) pick them.
+//! RULES (`0`: the scenario's settings, `1`: with the rules for gangs,
+//! [`EngineConfig::gang_rules`]; default `0,1`) adds the rules for gangs; with them LOSS (the
+//! bound `max_loss_per_wait`, default `1`) and WEIGHT (the [`GangsFirst`] estimate weight,
+//! default `0.25`; negative: the default queue order) change them.
+//!
+//! [`GangsFirst`]: tessera_sched::cycle::plugins::GangsFirst
 
 use std::time::Instant;
 
+use tessera_sched::cycle::plugins::GangsFirst;
 use tessera_sched::philly::{self, EngineConfig, Layout, Policy, Report};
 
 fn class(r: &Report, c: &str) -> philly::Delays {
@@ -79,26 +86,50 @@ fn main() {
         let (r, wall) = mean(p);
         line(p.name(), &r, &fifo, wall);
     }
-    for holds in list("HOLDS", "1,8") {
-        for reclaim in list("RECLAIM", "1,0") {
-            let mut cfg = EngineConfig {
-                govern: philly::philly_govern(holds as usize),
-                ..EngineConfig::default()
-            };
-            if reclaim == 0 {
-                cfg.govern.reclaim_after_ms = i64::MAX / 4;
+    for rules in list("RULES", "0,1") {
+        for holds in list("HOLDS", "1,8") {
+            for reclaim in list("RECLAIM", "1,0") {
+                let mut cfg = if rules == 0 {
+                    EngineConfig::scenario(holds as usize)
+                } else {
+                    let mut cfg = EngineConfig::gang_rules(holds as usize);
+                    let number = |name: &str| std::env::var(name).ok().map(|v| v.parse::<f64>().expect("a number"));
+                    if let Some(loss) = number("LOSS") {
+                        cfg.govern.max_loss_per_wait = Some(loss);
+                    }
+                    if let Some(w) = number("WEIGHT") {
+                        cfg.gangs_first = (w >= 0.0).then_some(GangsFirst {
+                            estimate_weight: w,
+                            across_tenants: number("ACROSS") != Some(0.0),
+                        });
+                    }
+                    if let Some(b) = number("MOVE") {
+                        cfg.govern.gang_holds_move = b != 0.0;
+                    }
+                    if let Some(b) = number("BY_END") {
+                        cfg.govern.place_by_end = b != 0.0;
+                    }
+                    if let Some(h) = number("GANG_RECLAIM_AFTER") {
+                        cfg.govern.gang_reclaim_after_ms = Some((h * 3_600_000.0) as i64);
+                    }
+                    cfg
+                };
+                if reclaim == 0 {
+                    cfg.govern.reclaim_after_ms = i64::MAX / 4;
+                }
+                let t = Instant::now();
+                let runs: Vec<_> = traces
+                    .iter()
+                    .map(|tr| philly::replay_engine(tr, &layout, &cfg).0)
+                    .collect();
+                let wall = t.elapsed().as_secs_f64() / traces.len() as f64;
+                let name = format!(
+                    "engine{} holds {holds} reclaim {}",
+                    if rules == 0 { "" } else { "+rules" },
+                    if reclaim == 0 { "off" } else { "4h" }
+                );
+                line(&name, &Report::mean(&runs).expect("a seed"), &fifo, wall);
             }
-            let t = Instant::now();
-            let runs: Vec<_> = traces
-                .iter()
-                .map(|tr| philly::replay_engine(tr, &layout, &cfg).0)
-                .collect();
-            let wall = t.elapsed().as_secs_f64() / traces.len() as f64;
-            let name = format!(
-                "engine holds {holds} reclaim {}",
-                if reclaim == 0 { "off" } else { "4h" }
-            );
-            line(&name, &Report::mean(&runs).expect("a seed"), &fifo, wall);
         }
     }
 }

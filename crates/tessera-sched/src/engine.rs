@@ -708,6 +708,11 @@ impl Engine {
         }
     }
 
+    /// The nodes held back from every placement ([`Engine::set_blocked`]).
+    pub fn blocked(&self) -> &rustc_hash::FxHashSet<u32> {
+        &self.blocked
+    }
+
     /// Holds nodes back from every placement until changed (backfill reservations).
     pub fn set_blocked(&mut self, nodes: rustc_hash::FxHashSet<u32>) {
         if nodes != self.blocked {

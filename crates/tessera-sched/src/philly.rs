@@ -270,7 +270,8 @@ pub enum Policy {
     Tessera,
     /// Tessera's real scheduler ([`crate::cycle::Scheduler`]: admit, allocate with backfill and
     /// holds, consolidate, reclaim, preempt), not a model of it: [`replay_engine`] with
-    /// [`EngineConfig::default`].
+    /// [`EngineConfig::default`] (the scenario's settings with the rules for gangs,
+    /// [`EngineConfig::gang_rules`]).
     Engine,
 }
 

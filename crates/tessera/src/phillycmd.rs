@@ -112,7 +112,7 @@ pub fn philly(a: PhillyArgs) -> Result<()> {
             "tessera: multi-node gangs first, then jobs within their tenant's guarantee, then the rest (inside a class by submission plus a quarter of the estimate, gangs by submission); a reservation for every blocked multi-node gang and for the first blocked other job, a job starting now only where it delays none (by estimates); single-node jobs on the node whose busy horizon they extend least; borrowed GPUs reclaimed in one rack for a blocked within-guarantee multi-node gang when the work lost is under 5 % of its wait (by estimates); preempted jobs restart from the beginning (no checkpointing)"
         );
         println!(
-            "engine: the same trace through Tessera's real scheduler (tessera_sched::cycle::Scheduler), each VC's guarantee as its quota, each job's estimate as its lease, the scenario's settings (30-minute backfill window, reclaim after 4 h, 4 h minimum runtime, one hold per pool); preempted jobs restart from the beginning"
+            "engine: the same trace through Tessera's real scheduler (tessera_sched::cycle::Scheduler), each VC's guarantee as its quota, each job's estimate as its lease, the scenario's settings (30-minute backfill window, reclaim after 4 h, 4 h minimum runtime) with the rules for gangs: every blocked multi-node gang holds nodes at once and moves its hold where it would start sooner, no holds for other jobs, gangs first in each tenant's queue (the rest by submission plus a quarter of the estimate), reclaim and preemption losing at most 5 % of the GPU-time the job waits, single-node jobs on the node whose busy horizon they extend least; preempted jobs restart from the beginning"
         );
     }
     Ok(())

@@ -86,7 +86,15 @@ impl Action for Allocate {
                         }
                         let mut reason = Wait::Gang(why.map_or(GangUnplaceable::NoPoolServes, |u| *u));
                         let mut holds = false;
-                        if now - job.submitted_ms > sched.cfg.backfill_max_wait_ms {
+                        let waited = now - job.submitted_ms;
+                        let due = match sched.cfg.gang_hold_after_ms {
+                            Some(after) => waited >= after,
+                            None => waited > sched.cfg.backfill_max_wait_ms,
+                        };
+                        if due {
+                            if sched.cfg.gang_holds_move {
+                                move_gang_hold(sched, job.id, g, &q.scope, now);
+                            }
                             hold_for_gang(sched, job.id, g, &q.scope, now);
                         }
                         if let Some(held) = held_reason(sched, job.id, &reason, now) {
@@ -247,6 +255,11 @@ fn place(
         let mut req = job.request.clone();
         req.pool = Some(*pool);
         let Some(p) = find(s, q, &req, *pool) else { continue };
+        let p = if s.cfg.place_by_end {
+            by_end(s, job, &req, *pool, p, now)
+        } else {
+            p
+        };
         let (keys, borrowing) = match admit_on(s, q, p.node, p.units, now) {
             Ok(k) => k,
             Err(b) => {
@@ -267,6 +280,78 @@ fn place(
         (None, Some(b)) => Blocked::Backoff(b),
         (None, None) => Blocked::NoCapacity,
     })
+}
+
+/// With [`GovernConfig::place_by_end`](super::GovernConfig::place_by_end): where request `req`
+/// of `job` (whole GPUs with a requested duration, in whole-GPU `pool`; `found` is where the
+/// placement policy would put it) goes instead: the node where it extends the busy horizon
+/// (the latest lease end of the work there, [`Running::ends_at_ms`](super::Running); work
+/// without an end never ends, an empty node's is `now`) least, then in the rack with the
+/// fewest free GPUs, then on the node with the fewest, then the lowest number. `found` for
+/// other requests, or if the engine does not place it on that node after all.
+fn by_end(
+    s: &mut Scheduler,
+    job: &Job,
+    req: &Request,
+    pool: PoolId,
+    found: crate::state::Placement,
+    now: i64,
+) -> crate::state::Placement {
+    let (tessera_model::Shape::Whole { gpus }, Some(d)) = (&req.shape, job.duration_ms) else {
+        return found;
+    };
+    let fleet = s.engine.fleet().clone();
+    if fleet.pool(pool).sharing != tessera_model::Sharing::Whole {
+        return found;
+    }
+    let end = now.saturating_add(d.max(0));
+    let best = {
+        let st = s.engine.state();
+        let blocked = s.engine.blocked();
+        let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n)).unwrap_or(u32::MAX);
+        let mut rack_free: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut cands: Vec<(i64, u32, u32)> = Vec::new();
+        for n in fleet.pool(pool).nodes.clone() {
+            let node = &st.nodes[n as usize];
+            let free = node.free_gpus();
+            *rack_free.entry(rack(n)).or_default() += free;
+            if free < u32::from(*gpus) || blocked.contains(&n) || !req.allows_model(fleet.nodes[n as usize].model) {
+                continue;
+            }
+            let horizon = node
+                .gpus
+                .iter()
+                .flat_map(|g| g.holders.iter())
+                .map(|&a| {
+                    let owner = holder_owner(&s.engine, a);
+                    s.running.get(&owner).map_or(i64::MAX, |r| {
+                        if r.stopping {
+                            now
+                        } else {
+                            r.ends_at_ms.unwrap_or(i64::MAX)
+                        }
+                    })
+                })
+                .max()
+                .unwrap_or(now);
+            cands.push(((end - horizon.max(now)).max(0), free, n));
+        }
+        cands
+            .into_iter()
+            .min_by_key(|&(extends, free, n)| (extends, rack_free[&rack(n)], free, n))
+            .map(|(_, _, n)| n)
+    };
+    let Some(n) = best.filter(|&n| n != found.node.0) else {
+        return found;
+    };
+    // The engine places it on that node: every other node of the pool held back a moment.
+    let before = s.engine.blocked().clone();
+    let mut only = before.clone();
+    only.extend(fleet.pool(pool).nodes.clone().filter(|&m| m != n));
+    s.engine.set_blocked(only);
+    let p = s.engine.find(req);
+    s.engine.set_blocked(before);
+    p.unwrap_or(found)
 }
 
 /// Why [`admit_on`] turned a placement down.
@@ -456,13 +541,48 @@ fn explain(s: &mut Scheduler, q: &Queued, budget: &mut usize) -> Wait {
 /// of `scope` with room for another hold, unless it holds some already: see the starvation
 /// bound in the [cycle](super) doc for which nodes.
 fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], now: i64) {
-    let Some(pool) = pool_for_hold(s, id, scope.iter().copied()) else {
+    let Some(pool) = pool_for_hold(s, id, true, scope.iter().copied()) else {
         return;
     };
     let Some((per, k)) = shares_in(s.engine.fleet(), pool, g) else {
         return;
     };
     hold_nodes(s, id, u32::from(per), k, &|m| g.allows_model(m), pool, now);
+    if let Some(h) = s.holds.last_mut()
+        && h.job == id
+    {
+        h.gang = true;
+    }
+}
+
+/// With [`GovernConfig::gang_holds_move`](super::GovernConfig::gang_holds_move): gang `g`
+/// (job `id`) moves its hold to the nodes where it would now start soonest (chosen as a new
+/// hold is, its own nodes eligible again) if it starts there strictly sooner than on the nodes
+/// it holds; otherwise it keeps them. Its start never moves later, and only work that ends by
+/// the new start runs on the new nodes (the start is computed from it).
+fn move_gang_hold(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], now: i64) {
+    let Some(i) = s.holds.iter().position(|h| h.job == id) else {
+        return;
+    };
+    let old = s.holds.remove(i);
+    hold_for_gang(s, id, g, scope, now);
+    let sooner = match s.holds.last() {
+        Some(new) if new.job == id => match (new.starts_at_ms, old.starts_at_ms) {
+            (Some(n), Some(o)) => n < o,
+            (Some(_), None) => true,
+            _ => false,
+        },
+        _ => false,
+    };
+    let new = if sooner {
+        s.holds.pop().expect("the new hold")
+    } else {
+        if s.holds.last().is_some_and(|h| h.job == id) {
+            s.holds.pop();
+        }
+        old
+    };
+    s.holds.insert(i, new);
 }
 
 /// For a request of whole GPUs on one node that waited past the backfill window: holds the node
@@ -473,7 +593,7 @@ fn take_hold(s: &mut Scheduler, job: &Job, pools: &[(PoolId, Option<LimitExceede
         return false;
     };
     if now - job.submitted_ms > s.cfg.backfill_max_wait_ms
-        && let Some(pool) = pool_for_hold(s, job.id, pools.iter().map(|(p, _)| *p))
+        && let Some(pool) = pool_for_hold(s, job.id, false, pools.iter().map(|(p, _)| *p))
     {
         hold_nodes(
             s,
@@ -490,11 +610,23 @@ fn take_hold(s: &mut Scheduler, job: &Job, pools: &[(PoolId, Option<LimitExceede
 
 /// Where job `id` may take a hold: the first pool of `scope` with fewer holds than
 /// [`GovernConfig::holds_per_pool`](super::GovernConfig); `None` if it holds nodes already.
-fn pool_for_hold(s: &Scheduler, id: u64, mut scope: impl Iterator<Item = PoolId>) -> Option<PoolId> {
+fn pool_for_hold(s: &Scheduler, id: u64, gang: bool, mut scope: impl Iterator<Item = PoolId>) -> Option<PoolId> {
     if s.holds.iter().any(|h| h.job == id) {
         return None;
     }
-    scope.find(|&p| s.holds.iter().filter(|h| h.pool == p).count() < s.cfg.holds_per_pool)
+    // Gangs' holds are counted apart when they have a limit of their own.
+    let (limit, apart) = match s.cfg.gang_holds_per_pool {
+        Some(g) if gang => (g, true),
+        Some(_) => (s.cfg.holds_per_pool, true),
+        None => (s.cfg.holds_per_pool, false),
+    };
+    scope.find(|&p| {
+        s.holds
+            .iter()
+            .filter(|h| h.pool == p && (!apart || h.gang == gang))
+            .count()
+            < limit
+    })
 }
 
 /// Holds `k` nodes with `per` GPUs free each in `pool` for job `id` (which waited past the
@@ -569,6 +701,7 @@ fn hold_nodes(
             per_node: per,
             starts_at_ms,
             ending,
+            gang: false,
         });
     }
 }

@@ -562,6 +562,223 @@ fn a_held_gang_within_its_guarantee_reclaims_on_its_nodes_only() {
     }
 }
 
+/// The gang rules of the Philly replay, each alone: holds at once, gangs' own hold limit.
+#[test]
+fn a_gang_holds_at_once_when_told_and_gangs_have_holds_of_their_own() {
+    // One 8-GPU job on every node, lasting 1 h (nodes 0–7) or 2 h (8–15): the pool is full.
+    let full = |cfg: GovernConfig| {
+        let mut s = Scheduler::new(super::testing::engine(), cfg);
+        for i in 0..16 {
+            let j = lasting(
+                job(100 + i, "b", 8, "standard", 0),
+                Some(3_600_000 * (1 + i as i64 / 8)),
+            );
+            assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
+        }
+        s
+    };
+    // Default: a blocked gang waits the backfill window (5 min) before it holds nodes.
+    let mut s = full(super::testing::config());
+    s.submit(gang(1, "a", 16, true, "standard", 10), 10);
+    assert!(s.holds.is_empty());
+    // `gang_hold_after_ms: Some(0)`: it holds 2 nodes at once, where work ends at 1 h.
+    let mut s = full(GovernConfig {
+        gang_hold_after_ms: Some(0),
+        ..super::testing::config()
+    });
+    let d = s.submit(gang(1, "a", 16, true, "standard", 10), 10);
+    let h = hold(&s);
+    assert!(h.gang);
+    assert_eq!(
+        (h.nodes.len(), h.starts_at_ms, h.ending),
+        (2, Some(3_600_000), 2),
+        "{d:?}"
+    );
+    assert!(matches!(wait_of(&d, 1), Some(Wait::GangHeld { nodes: 2, .. })), "{d:?}");
+    // One hold per pool (the default) is shared: a second gang and a whole-GPU request get
+    // none. With `gang_holds_per_pool: Some(2)` both gangs hold (4 distinct nodes) and the
+    // whole-GPU request, past the window, has its own one: 3 holds.
+    s.submit(gang(2, "a", 16, true, "standard", 20), 20);
+    s.submit(job(3, "a", 8, "standard", 30), 30);
+    s.cycle(30 + s.cfg.backfill_max_wait_ms + 1);
+    assert_eq!(s.holds.len(), 1);
+    let mut s = full(GovernConfig {
+        gang_hold_after_ms: Some(0),
+        gang_holds_per_pool: Some(2),
+        ..super::testing::config()
+    });
+    s.submit(gang(1, "a", 16, true, "standard", 10), 10);
+    s.submit(gang(2, "a", 16, true, "standard", 20), 20);
+    s.submit(job(3, "a", 8, "standard", 30), 30);
+    s.cycle(30 + s.cfg.backfill_max_wait_ms + 1);
+    let holders: Vec<(u64, bool, usize)> = s.holds.iter().map(|h| (h.job, h.gang, h.nodes.len())).collect();
+    assert_eq!(holders, [(1, true, 2), (2, true, 2), (3, false, 1)]);
+    let mut nodes: Vec<u32> = s.holds.iter().flat_map(|h| h.nodes.clone()).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 5, "distinct nodes");
+    // The two gangs hold where work ends at 1 h (nodes 0–7: the first 4 to free).
+    assert!(s.holds.iter().all(|h| h.starts_at_ms == Some(3_600_000)));
+}
+
+/// `max_loss_per_wait`: a gang reclaims only while the work its victims lose (GPU units × time
+/// since start) is at most the factor × its GPUs × its wait: the time it has waited or, longer
+/// here, the time it would still wait for its held nodes.
+#[test]
+fn a_gang_reclaims_only_as_much_work_as_it_waits_for() {
+    let run = |factor: Option<f64>| {
+        let mut s = Scheduler::new(
+            super::testing::engine(),
+            GovernConfig {
+                max_loss_per_wait: factor,
+                ..super::testing::config()
+            },
+        );
+        let window = s.cfg.backfill_max_wait_ms;
+        super::testing::guarantee_half_each(&mut s, None);
+        // b borrows the whole pool from time 0 (its second half above its guarantee, leases
+        // of an hour: the gang holds two of those nodes, where it starts soonest, at 1 h).
+        for i in 0..16 {
+            let j = lasting(job(100 + i, "b", 8, "standard", 0), (i >= 8).then_some(3_600_000));
+            assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
+        }
+        s.submit(gang(1, "a", 16, true, "standard", 0), 0);
+        // At window + 1 (300,001 ms) the gang, submitted at 0, would still wait 3,299,999 ms
+        // for its hold (longer than it has waited). Its two victims (8 GPUs each since 0) lose
+        // 16 × 300,001 = 4,800,016 GPU-ms; its wait is 16 × 3,299,999 = 52,799,984 GPU-ms.
+        let d = s.cycle(window + 1);
+        assert_eq!(hold(&s).starts_at_ms, Some(3_600_000));
+        preempted(&d)
+    };
+    assert_eq!(run(None).len(), 2, "no bound");
+    assert_eq!(run(Some(1.0)).len(), 2);
+    // 0.091 × 52,799,984 = 4,804,798.5 ≥ 4,800,016: taken; 0.09 × … = 4,751,998.6: not.
+    assert_eq!(run(Some(0.091)).len(), 2);
+    assert!(run(Some(0.09)).is_empty());
+}
+
+/// `max_loss_per_wait` for a single-node request: a borrower that saved its work recently is
+/// taken, one that would lose more than the request waited for is not.
+#[test]
+fn reclaim_takes_no_victim_that_loses_more_work_than_the_request_waited_for() {
+    let mut s = Scheduler::new(
+        super::testing::engine(),
+        GovernConfig {
+            max_loss_per_wait: Some(1.0),
+            ..super::testing::config()
+        },
+    );
+    super::testing::guarantee_half_each(&mut s, None);
+    // a borrows the whole pool from 0 (jobs 8–15 above its guarantee).
+    for i in 0..16 {
+        assert_eq!(placed(&s.submit(job(i, "a", 8, "standard", 0), 0)), vec![i]);
+    }
+    assert_eq!(s.is_borrowing(15), Some(true));
+    // b (within its guarantee) asks for 8 GPUs at 1,000. At 2,000 it has waited 8 × 1,000
+    // GPU-ms; every borrower would lose 8 × 2,000 (no checkpoint), job 15 8 × 1,100 (saved at
+    // 900): none is taken.
+    s.submit(job(100, "b", 8, "standard", 1000), 1000);
+    s.checkpointed(15, 900);
+    assert!(preempted(&s.cycle(2000)).is_empty());
+    // Job 14 saved at 1,100: at 2,001 it loses 8 × 901 ≤ 8 × 1,001. It is taken.
+    s.checkpointed(14, 1100);
+    assert_eq!(preempted(&s.cycle(2001)), vec![14]);
+}
+
+/// `gang_holds_move`: a held gang moves to nodes where it starts sooner (here: work being
+/// stopped there counts as ending now), and only then.
+#[test]
+fn a_gangs_hold_moves_where_it_starts_sooner_when_told() {
+    let hour = 3_600_000;
+    let run = |moves: bool| {
+        let mut s = Scheduler::new(
+            super::testing::engine(),
+            GovernConfig {
+                gang_hold_after_ms: Some(0),
+                gang_holds_move: moves,
+                ..super::testing::config()
+            },
+        );
+        // One 8-GPU job with a 2-h lease on every node.
+        for i in 0..16 {
+            assert_eq!(
+                placed(&s.submit(lasting(job(100 + i, "b", 8, "standard", 0), Some(2 * hour)), 0)),
+                vec![100 + i]
+            );
+        }
+        s.submit(gang(1, "a", 16, true, "standard", 0), 0);
+        let first = hold(&s);
+        assert_eq!(first.starts_at_ms, Some(2 * hour));
+        // Two nodes of another rack: their work is being stopped (it ends now, for the hold).
+        let held_rack = s
+            .engine
+            .fleet()
+            .levels
+            .domain_name(0, tessera_model::NodeId(first.nodes[0]))
+            .unwrap_or_default()
+            .to_string();
+        let others: Vec<u64> = (100..116)
+            .filter(|&id| rack_of(&s, s.engine.allocation(id).unwrap()) != held_rack)
+            .take(2)
+            .collect();
+        let nodes: Vec<u32> = others
+            .iter()
+            .map(|&id| s.engine.allocation(id).unwrap().node.0)
+            .collect();
+        for &id in &others {
+            s.stopping(id);
+        }
+        s.cycle(60_000);
+        (first, hold(&s), nodes)
+    };
+    let (first, now, _) = run(false);
+    assert_eq!((now.nodes, now.starts_at_ms), (first.nodes, Some(2 * hour)), "kept");
+    let (_, now, mut stopping) = run(true);
+    let mut held = now.nodes.clone();
+    held.sort_unstable();
+    stopping.sort_unstable();
+    assert_eq!(
+        (held, now.starts_at_ms),
+        (stopping, Some(60_000)),
+        "moved, starts at once"
+    );
+}
+
+/// `place_by_end`: single-node work goes where it extends the busy horizon least, not where
+/// it fits best.
+#[test]
+fn place_by_end_puts_work_beside_work_that_ends_later() {
+    let hour = 3_600_000;
+    let run = |by_end: bool| {
+        let mut s = Scheduler::new(
+            super::testing::engine(),
+            GovernConfig {
+                place_by_end: by_end,
+                ..super::testing::config()
+            },
+        );
+        // x: 6 GPUs for 1 h (its node has 2 free); y: 4 GPUs for 10 h (4 free).
+        s.submit(lasting(job(1, "a", 6, "standard", 0), Some(hour)), 0);
+        s.submit(lasting(job(2, "a", 4, "standard", 0), Some(10 * hour)), 0);
+        let (x, y) = (
+            s.engine.allocation(1).unwrap().node,
+            s.engine.allocation(2).unwrap().node,
+        );
+        assert_ne!(x, y);
+        // z: 2 GPUs for 5 h. Best fit: x's node (2 free). By end: on x's node it would extend
+        // the horizon from 1 h to 5 h (4 h), on y's not at all (10 h ≥ 5 h).
+        assert_eq!(
+            placed(&s.submit(lasting(job(3, "a", 2, "standard", 0), Some(5 * hour)), 0)),
+            vec![3]
+        );
+        (s.engine.allocation(3).unwrap().node, x, y)
+    };
+    let (z, x, _) = run(false);
+    assert_eq!(z, x, "best fit");
+    let (z, _, y) = run(true);
+    assert_eq!(z, y, "by end");
+}
+
 mod reservation_properties {
     use std::sync::Arc;
 
@@ -569,10 +786,12 @@ mod reservation_properties {
     use tessera_model::request::{GangRequest, TopologyConstraint};
     use tessera_model::{Fleet, PoolId, Request};
 
+    use super::super::plugins::GangsFirst;
     use super::super::testing::config;
-    use super::super::{Decision, Job, Scheduler};
+    use super::super::{Decision, GovernConfig, Job, Plugins, Quota, Scheduler};
     use crate::engine::Engine;
     use crate::policy::BestFit;
+    use tessera_model::GpuUnits;
 
     /// One whole-GPU pool of `racks` racks of `per_rack` nodes of `gpus` GPUs.
     fn fleet(racks: u32, per_rack: u32, gpus: u32) -> Fleet {
@@ -612,6 +831,16 @@ mod reservation_properties {
         )
     }
 
+    /// The lease of `j` in ms.
+    fn lease_of(j: &Job) -> i64 {
+        j.duration_ms.unwrap_or(0)
+    }
+
+    /// The percent of its lease an arrival runs (at most 100).
+    fn pct_of(a: &(u32, u32, i64, i64, i64)) -> i64 {
+        a.3.min(100)
+    }
+
     /// When work of lease `d` started at `at` really ends, running `pct` percent of it.
     fn actual_end(at: i64, d: i64, pct: i64) -> i64 {
         at + (d * pct.min(100) / 100).max(1)
@@ -632,11 +861,25 @@ mod reservation_properties {
             share in 1u32..=8,
             first in work(40),
             later in proptest::collection::vec((work(2), 0i64..600), 0..40),
+            rules in any::<bool>(),
         ) {
             let gpus = if eight { 8 } else { 4 };
             let minute = 60_000;
             let f = Arc::new(fleet(racks, per_rack, gpus));
-            let mut s = Scheduler::new(Engine::new(f, Box::new(BestFit), 1), config());
+            // With the gang rules, the gang holds at once (any number of gang holds) and the
+            // queue serves gangs first.
+            let mut s = if rules {
+                let cfg = GovernConfig { gang_hold_after_ms: Some(0), gang_holds_per_pool: Some(usize::MAX), max_loss_per_wait: Some(1.0), ..config() };
+                Scheduler::new(Engine::new(f, Box::new(BestFit), 1), cfg).with_plugins(Plugins {
+                    queue_order: Box::new(GangsFirst {
+                        estimate_weight: 0.25,
+                        across_tenants: true,
+                    }),
+                    ..Plugins::default()
+                })
+            } else {
+                Scheduler::new(Engine::new(f, Box::new(BestFit), 1), config())
+            };
             let window = s.cfg.backfill_max_wait_ms;
             let mut ends: Vec<(i64, u64)> = Vec::new();
             let mut next = 10u64;
@@ -744,6 +987,112 @@ mod reservation_properties {
                 d.iter().any(|x| matches!(x, Decision::PlacedGang { id: 1, .. })),
                 "the gang is placed at its start {}: {:?}", t, d
             );
+        }
+
+        /// Under the gang rules (every blocked gang holds at once, gangs first, reclaim bounded
+        /// by the work lost), with gangs and single-node work of three tenants arriving and
+        /// ending, reclaimed work requeued: after every cycle each gang is placed whole (all
+        /// its shares, on distinct nodes) or not at all, and capacity is conserved (the GPUs
+        /// the engine counts as used are exactly those of the running workloads, no GPU has
+        /// two holders, every allocation belongs to a running workload).
+        #[test]
+        fn gangs_are_placed_whole_or_not_at_all_and_capacity_is_conserved(
+            racks in 1u32..4,
+            per_rack in 2u32..5,
+            arrivals in proptest::collection::vec(
+                (0u32..4, 1u32..=8, 1i64..600, 1i64..=200, 0i64..600),
+                1..50,
+            ),
+        ) {
+            let gpus = 8u32;
+            let minute = 60_000;
+            let f = Arc::new(fleet(racks, per_rack, gpus));
+            let cfg = GovernConfig {
+                gang_hold_after_ms: Some(0),
+                gang_holds_per_pool: Some(usize::MAX),
+                max_loss_per_wait: Some(1.0),
+                ..config()
+            };
+            let mut s = Scheduler::new(Engine::new(f, Box::new(BestFit), 1), cfg).with_plugins(Plugins {
+                queue_order: Box::new(GangsFirst {
+                        estimate_weight: 0.25,
+                        across_tenants: true,
+                    }),
+                ..Plugins::default()
+            });
+            let third = racks * per_rack * gpus / 3;
+            for t in 0..3 {
+                s.set_quota(&format!("t{t}"), "training", Some(Quota { guaranteed: GpuUnits::whole(third.into()), limit: None }));
+            }
+            // (nodes: 0 a single-node job of `g` GPUs, else a gang of that many whole nodes;
+            // lease in minutes; percent of it run; arrival in minutes).
+            let mut arrivals = arrivals;
+            arrivals.sort_by_key(|a| a.4);
+            let mut jobs: Vec<Job> = Vec::new();
+            let mut shape: Vec<usize> = Vec::new();
+            let mut ends: Vec<(i64, u64)> = Vec::new();
+            for (i, &(nodes, g, lease, _, at)) in arrivals.iter().enumerate() {
+                let now = at * minute;
+                let mut j = job(i as u64, g, Some(lease * minute), now);
+                if nodes > 0 {
+                    let k = nodes.min(racks * per_rack);
+                    j.gang = Some(GangRequest::whole_nodes(k * gpus).with_pool(PoolId(0)));
+                    shape.push(k as usize);
+                } else {
+                    shape.push(1);
+                }
+                jobs.push(j.clone());
+                // Work ending by now goes first.
+                ends.sort_unstable();
+                while let Some(&(e, id)) = ends.first() {
+                    if e > now {
+                        break;
+                    }
+                    s.release(id, e);
+                    ends.remove(0);
+                }
+                let mut d = s.submit(j, now);
+                d.extend(s.cycle(now));
+                for x in &d {
+                    match x {
+                        Decision::PlacedGang { id, shares, .. } => {
+                            prop_assert_eq!(shares.len(), shape[*id as usize], "gang {} placed whole", id);
+                            let mut nodes: Vec<u32> = shares.iter().map(|a| a.node.0).collect();
+                            nodes.sort_unstable();
+                            nodes.dedup();
+                            prop_assert_eq!(nodes.len(), shares.len(), "distinct nodes");
+                            ends.push((now + (lease_of(&jobs[*id as usize]) * pct_of(&arrivals[*id as usize]) / 100).max(1), *id));
+                        }
+                        Decision::Placed { id, .. } => {
+                            ends.push((now + (lease_of(&jobs[*id as usize]) * pct_of(&arrivals[*id as usize]) / 100).max(1), *id));
+                        }
+                        Decision::Preempt { victim, .. } => {
+                            // Stopped at once and requeued; its end no longer counts.
+                            prop_assert!(s.release(*victim, now).is_some());
+                            ends.retain(|(_, id)| id != victim);
+                            s.enqueue(jobs[*victim as usize].clone());
+                        }
+                        _ => {}
+                    }
+                }
+                // Whole or nothing, and conserved capacity.
+                let st = s.engine.state();
+                let used: u64 = st.nodes.iter().map(|n| u64::from(n.gpus.len() as u32 - n.free_gpus())).sum();
+                let mut running_units = 0u64;
+                let mut allocations = 0usize;
+                for r in s.running() {
+                    running_units += r.units.as_milli() / 1000;
+                    allocations += r.nodes().count();
+                    prop_assert_eq!(r.nodes().count(), shape[r.id as usize], "{} runs whole", r.id);
+                    if shape[r.id as usize] > 1 {
+                        let g = s.engine.gang(r.id);
+                        prop_assert!(g.is_some_and(|g| g.shares.len() == shape[r.id as usize]));
+                    }
+                }
+                prop_assert_eq!(used, running_units, "used GPUs are the running work's");
+                prop_assert_eq!(st.allocations.len(), allocations, "every allocation is a running workload's");
+                prop_assert!(st.nodes.iter().all(|n| n.gpus.iter().all(|g| g.holders.len() <= 1)), "one holder per GPU");
+            }
         }
     }
 }

@@ -126,6 +126,40 @@ pub struct GovernConfig {
     /// order on distinct nodes. More serve big work sooner; each idles the capacity freed on
     /// its nodes that no work short enough to end before its start can use.
     pub holds_per_pool: usize,
+    /// A multi-node gang that finds no room takes a [`Hold`] once it has waited this long;
+    /// `None`: after the backfill window (`backfill_max_wait_ms`), as a request of whole GPUs.
+    /// `Some(0)`: every blocked gang holds nodes at once (conservative backfill for gangs:
+    /// meanwhile only work that ends before its start goes on its nodes).
+    pub gang_hold_after_ms: Option<i64>,
+    /// A gang's hold moves to other nodes each cycle where it would start strictly sooner
+    /// there (its nodes are otherwise kept until it is placed, however work elsewhere ends),
+    /// as a conservative backfill recomputes its reservations each pass; its start never
+    /// moves later.
+    pub gang_holds_move: bool,
+    /// At most this many gangs' holds per pool at once, counted apart from the holds of
+    /// single-node requests (which keep [`Self::holds_per_pool`]); `None`: gangs and
+    /// single-node requests share `holds_per_pool`.
+    pub gang_holds_per_pool: Option<usize>,
+    /// The bound on the work reclaim and preemption throw away: the victims of one search lose
+    /// at most this many GPU-unit-milliseconds of work ([`Running::work_lost`]: units × time
+    /// since start or last checkpoint, summed over the victims) per GPU-unit-millisecond the
+    /// waiting job has waited (its units × the time since it was submitted). A victim that
+    /// alone loses more is never taken; the cheapest victims are taken first. `None`: no bound.
+    /// E.g. `Some(1.0)`: a 16-GPU gang that waited 4 h may throw away at most 64 GPU-hours, so
+    /// an 8-GPU job that ran 142 h without a checkpoint is never reclaimed for it.
+    pub max_loss_per_wait: Option<f64>,
+    /// A multi-node gang within its guarantee reclaims after waiting this long; `None`:
+    /// [`Self::reclaim_after_ms`]. With [`Self::max_loss_per_wait`] a gang may reclaim early
+    /// and still lose little: only work cheaper than its wait is taken.
+    pub gang_reclaim_after_ms: Option<i64>,
+    /// Places a request of whole GPUs with a requested duration ([`Job::duration_ms`]) on the
+    /// node of a whole-GPU pool whose busy horizon (the latest lease end of the work running
+    /// there; now when it is empty) it extends least, then in the rack with the fewest free
+    /// GPUs, then on the node with the fewest free GPUs, instead of where the placement policy
+    /// says: work that ends together shares nodes, so whole nodes and racks free up together
+    /// for gangs, and small work stays off empty nodes while it fits elsewhere. Off: the
+    /// placement policy decides alone.
+    pub place_by_end: bool,
     /// At most this many jobs search for victims per cycle (reclaim and preemption together).
     pub max_preemption_searches: usize,
     /// A request within its guarantee reclaims from borrowers only after waiting this long
@@ -177,6 +211,12 @@ impl Default for GovernConfig {
             half_life_ms: 3_600_000,
             backfill_max_wait_ms: 300_000,
             holds_per_pool: 1,
+            gang_hold_after_ms: None,
+            gang_holds_per_pool: None,
+            gang_holds_move: false,
+            max_loss_per_wait: None,
+            gang_reclaim_after_ms: None,
+            place_by_end: false,
             max_preemption_searches: 8,
             reclaim_after_ms: 300_000,
             consolidation: ConsolidationConfig::default(),
@@ -386,6 +426,8 @@ struct Hold {
     starts_at_ms: Option<i64>,
     /// How many running workloads must end for it to fit.
     ending: usize,
+    /// A multi-node gang's (counted against [`GovernConfig::gang_holds_per_pool`]).
+    gang: bool,
 }
 
 impl Hold {

@@ -31,6 +31,47 @@ impl QueueOrder for PriorityFairShare {
     }
 }
 
+/// How far ahead of its arrival a gang goes in [`GangsFirst`]: beyond any arrival time in
+/// milliseconds since 1970 (2^52 ms is about 140,000 years), so every gang of a tenant and
+/// class goes before its other work.
+const GANG_LEAD_MS: i64 = 1 << 52;
+
+/// Multi-node gangs first: [`PriorityFairShare`] (priority class, then fair share), but within
+/// a tenant's jobs of one priority class its gangs go before its single-node work; gangs by
+/// arrival, single-node work by arrival plus `estimate_weight` × its requested duration
+/// ([`Job::duration_ms`]: with a weight above 0, of two jobs that arrived together the shorter
+/// goes first, and long work is never passed by work that arrived more than `weight` × its
+/// own estimate after it), as the Philly replay's `tessera` model orders its classes.
+/// A gang needs whole nodes to be free at once, which work placed ahead of it keeps busy; the
+/// small work it passes still finds room on the nodes the gang cannot use (its hold lets work
+/// that ends before its start backfill there). With `across_tenants`, every gang of a class
+/// goes before all its single-node work whatever the tenants' fair shares (gangs are ordered
+/// among themselves by fair share, then arrival), as the Philly replay's `tessera` model does.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GangsFirst {
+    pub estimate_weight: f64,
+    pub across_tenants: bool,
+}
+
+impl QueueOrder for GangsFirst {
+    fn key(&self, job: &Job, rank: u8, fair_share: f64) -> OrderKey {
+        let (rank, mut share, at, id) = PriorityFairShare.key(job, rank, fair_share);
+        if self.across_tenants {
+            // Fair share in the low half: gangs in the first half of the range, the rest after
+            // (a tenant's jobs keep their order whatever its share: gangs before the rest).
+            share = (share >> 1) | if job.gang.is_some() { 0 } else { 1 << 63 };
+        }
+        let key = match (&job.gang, job.duration_ms) {
+            (Some(_), _) => at.saturating_sub(GANG_LEAD_MS),
+            (None, Some(d)) => {
+                at.saturating_add((d.max(0) as f64 * self.estimate_weight.max(0.0)).min(GANG_LEAD_MS as f64) as i64)
+            }
+            (None, None) => at,
+        };
+        (rank, share, key, id)
+    }
+}
+
 /// What preempting a victim costs, compared field by field in this order; cheaper victims are
 /// taken first, and victim sets are compared cost by cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -137,6 +178,78 @@ mod tests {
             vec![50],
             "arrival order: a's earlier request first"
         );
+    }
+
+    #[test]
+    fn gangs_first_puts_a_tenants_gangs_ahead_then_arrival_plus_a_share_of_the_estimate() {
+        let h = 3_600_000;
+        let order = GangsFirst {
+            estimate_weight: 0.25,
+            ..GangsFirst::default()
+        };
+        let at = |id: u64, submitted: i64, hours: i64| Job {
+            duration_ms: Some(hours * h),
+            ..job(id, "a", 8, "standard", submitted)
+        };
+        // 1: at 0 for 8 h → 0 + 2 h; 2: at 1 h for 1 h → 1 h 15 min; 3: a gang at 5 h for 10 h
+        // → 5 h, less the gangs' lead.
+        let mut gang = at(3, 5 * h, 10);
+        gang.gang = Some(tessera_model::request::GangRequest::whole_nodes(16));
+        let k = |j: &Job| order.key(j, 2, 0.5);
+        assert_eq!(k(&at(1, 0, 8)), (2, 500, 2 * h, 1));
+        assert_eq!(k(&at(2, h, 1)), (2, 500, h + h / 4, 2));
+        assert_eq!(k(&gang), (2, 500, 5 * h - GANG_LEAD_MS, 3));
+        let mut keys = [k(&at(1, 0, 8)), k(&at(2, h, 1)), k(&gang)];
+        keys.sort_unstable();
+        assert_eq!(keys.map(|k| k.3), [3, 2, 1]);
+        // Fair share and priority still come first: a less-served tenant's single GPU, or a
+        // more important class, goes before the gang.
+        assert!(order.key(&at(4, 6 * h, 1), 2, 0.1) < k(&gang));
+        assert!(order.key(&at(5, 6 * h, 1), 1, 0.5) < k(&gang));
+        // Across tenants, the gang goes before the less-served tenant's single GPU too (never
+        // before a more important class); gangs among themselves by fair share.
+        let across = GangsFirst {
+            across_tenants: true,
+            ..order
+        };
+        assert!(across.key(&gang, 2, 0.5) < across.key(&at(4, 6 * h, 1), 2, 0.1));
+        assert!(across.key(&at(5, 6 * h, 1), 1, 0.5) < across.key(&gang, 2, 0.5));
+        assert!(across.key(&gang, 2, 0.1) < across.key(&gang, 2, 0.5));
+        assert_eq!(across.key(&gang, 2, 0.5).1, 250);
+        assert_eq!(across.key(&at(4, 6 * h, 1), 2, 0.1).1, (1 << 63) | 50);
+    }
+
+    #[test]
+    fn with_gangs_first_freed_nodes_go_to_a_tenants_gang_before_its_earlier_single_node_job() {
+        let gang = |id: u64, now: i64| Job {
+            gang: Some(tessera_model::request::GangRequest::whole_nodes(16).with_pool(tessera_model::PoolId(0))),
+            ..job(id, "a", 8, "standard", now)
+        };
+        let run = |s: &mut Scheduler| {
+            for i in 0..16 {
+                s.submit(job(i, "b", 8, "standard", 0), 0);
+            }
+            // a's 8-GPU job at 10, its 16-GPU gang at 20; two nodes free at 1,000.
+            s.submit(job(50, "a", 8, "standard", 10), 10);
+            s.submit(gang(51, 20), 20);
+            s.release(0, 1000);
+            s.release(1, 1000);
+            let d = s.cycle(1000);
+            let gang_placed = d
+                .iter()
+                .any(|x| matches!(x, crate::cycle::Decision::PlacedGang { id: 51, .. }));
+            (placed(&d), gang_placed)
+        };
+        assert_eq!(
+            run(&mut sched()),
+            (vec![50], false),
+            "arrival: the single job takes a node"
+        );
+        let mut s = with(Plugins {
+            queue_order: Box::new(GangsFirst::default()),
+            ..Default::default()
+        });
+        assert_eq!(run(&mut s), (vec![], true), "gangs first: the gang takes both");
     }
 
     /// One node of eight single-GPU opportunistic jobs started one after the other; every other

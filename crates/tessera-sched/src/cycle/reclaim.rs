@@ -23,11 +23,11 @@ impl Action for Reclaim {
 
 impl VictimRule for Reclaim {
     fn applies(&self, s: &Scheduler, job: &Job, now: i64) -> bool {
-        now - job.submitted_ms >= s.cfg.reclaim_after_ms && within_guarantee(s, job)
+        now - job.submitted_ms >= after_ms(s, job) && within_guarantee(s, job)
     }
 
     fn due_in_ms(&self, s: &Scheduler, job: &Job, now: i64) -> Option<i64> {
-        let wait = s.cfg.reclaim_after_ms - (now - job.submitted_ms);
+        let wait = after_ms(s, job) - (now - job.submitted_ms);
         (wait > 0 && within_guarantee(s, job)).then_some(wait)
     }
 
@@ -40,6 +40,14 @@ impl VictimRule for Reclaim {
             by: job.id,
             tenant: job.tenant.clone(),
         }
+    }
+}
+
+/// How long `job` waits before it may reclaim: a gang's own setting, if any.
+fn after_ms(s: &Scheduler, job: &Job) -> i64 {
+    match (&job.gang, s.cfg.gang_reclaim_after_ms) {
+        (Some(_), Some(after)) => after,
+        _ => s.cfg.reclaim_after_ms,
     }
 }
 

@@ -257,6 +257,38 @@ fn first_takeable(s: &Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> O
     first
 }
 
+/// The most work (GPU milli-units × milliseconds, as [`Running::work_lost`]) the victims of a
+/// search for `job` at `now` may lose together: [`GovernConfig::max_loss_per_wait`] times the
+/// job's units × its wait: the time it has waited or, if longer, the time it will still wait
+/// for the nodes it holds (by the start of its [`Hold`](super::Hold)); `u64::MAX` without a
+/// bound.
+///
+/// [`GovernConfig::max_loss_per_wait`]: super::GovernConfig::max_loss_per_wait
+pub(super) fn loss_bound(s: &Scheduler, job: &Job, now: i64) -> u64 {
+    let Some(factor) = s.cfg.max_loss_per_wait else {
+        return u64::MAX;
+    };
+    let units = match &job.gang {
+        Some(g) => g.units(),
+        None => job.request.units(&s.engine.fleet().catalogue),
+    };
+    let ahead = s
+        .holds
+        .iter()
+        .find(|h| h.job == job.id)
+        .and_then(|h| h.starts_at_ms)
+        .map_or(0, |t| t - now);
+    let waited = (now - job.submitted_ms).max(ahead).max(0) as f64;
+    (units.as_milli() as f64 * waited * factor.max(0.0)).min(u64::MAX as f64) as u64
+}
+
+/// The work lost by stopping the running workloads `ids` at `now`, summed.
+fn loss_of(s: &Scheduler, ids: &[u64], now: i64) -> u64 {
+    ids.iter()
+        .filter_map(|id| s.running.get(id))
+        .fold(0u64, |sum, r| sum.saturating_add(r.work_lost(now)))
+}
+
 /// The fewest, cheapest victims `rule` allows whose capacity lets `job` be placed, or `None`.
 /// Nodes held for other jobs (backfill reservations, other preemptors' victims) are out of the
 /// search, for victims and for the trial placements alike.
@@ -292,6 +324,7 @@ fn search_gang(
     let mut g = g.clone();
     g.pool = Some(pool);
     let rank = s.rank(&job.priority);
+    let bound = loss_bound(s, job, now);
     let mut shares: HashMap<&str, f64> = HashMap::new();
     let mut seen: FxHashSet<u64> = FxHashSet::default();
     let mut cands: Vec<(VictimCost, u64)> = Vec::new();
@@ -301,6 +334,9 @@ fn search_gang(
                 continue;
             }
             let Some(r) = s.running.get(&c.id) else { continue };
+            if r.work_lost(now) > bound {
+                continue;
+            }
             let share = *shares
                 .entry(r.tenant.as_str())
                 .or_insert_with(|| s.books.fair_share(&r.tenant));
@@ -353,7 +389,7 @@ fn search_gang(
         trial.set_blocked(FxHashSet::default());
     }
     drop(trial);
-    fits.then_some(chosen)
+    (fits && loss_of(s, &chosen, now) <= bound).then_some(chosen)
 }
 
 fn search_unheld(
@@ -367,11 +403,19 @@ fn search_unheld(
     let rank = s.rank(&job.priority);
     let fleet = s.engine.fleet().clone();
     let pools = s.pools_for(&job.request);
+    let bound = loss_bound(s, job, now);
+    let running = &s.running;
     let mut trial = Statement::new(&mut s.engine);
-    // Nodes where the request could run at all, with candidates this rule allows, whose free
-    // units plus their candidates' units could hold the request, fewest candidates first.
+    // Nodes where the request could run at all, with candidates this rule allows (none that
+    // alone would lose more work than the bound), whose free units plus their candidates'
+    // units could hold the request, fewest candidates first.
     let index = &s.victim_index;
-    let may_take = |n: u32| index.takeable(n, now).filter(|(_, v)| rule.may_take(job, rank, v));
+    let may_take = |n: u32| {
+        index.takeable(n, now).filter(|(c, v)| {
+            rule.may_take(job, rank, v)
+                && (bound == u64::MAX || running.get(&c.id).is_some_and(|r| r.work_lost(now) <= bound))
+        })
+    };
     let st = trial.engine().state();
     let mut nodes: Vec<(usize, u32)> = Vec::new();
     for &p in &pools {
@@ -426,7 +470,12 @@ fn search_unheld(
         }
         let set: Vec<u64> = trial.evicted_since(cp).collect();
         trial.rollback(cp);
-        if fits {
+        let lost = || {
+            set.iter()
+                .filter_map(|id| running.get(id))
+                .fold(0u64, |sum, r| sum.saturating_add(r.work_lost(now)))
+        };
+        if fits && (bound == u64::MAX || lost() <= bound) {
             let better = match &best {
                 None => true,
                 Some((c0, s0)) => set.len() < s0.len() || (set.len() == s0.len() && costs < *c0),

@@ -22,7 +22,8 @@ use std::sync::Arc;
 use tessera_model::GpuUnits;
 
 use super::{Layout, Measured, Outcome, Policy, Report, Trace, estimate, fleet_of, guarantees, measure};
-use crate::cycle::{Decision, GovernConfig, Job, Quota, Scheduler};
+use crate::cycle::plugins::GangsFirst;
+use crate::cycle::{Decision, GovernConfig, Job, Plugins, Quota, Scheduler};
 use crate::engine::{Engine, demand_of};
 use crate::replay::make_policy;
 
@@ -33,16 +34,56 @@ pub struct EngineConfig {
     /// The engine's placement policy for single-node requests ([`crate::replay::POLICIES`]).
     pub placement: String,
     pub seed: u64,
+    /// `Some`: the queue in the [`GangsFirst`] order; `None`: the scheduler's default order.
+    pub gangs_first: Option<GangsFirst>,
+}
+
+impl EngineConfig {
+    /// The rules for gangs on top of the scenario's settings ([`philly_govern`]), with at most
+    /// `holds_per_pool` holds of single-node requests per pool:
+    /// - every blocked gang holds nodes at once, any number of gangs per pool, and moves its
+    ///   hold where it would start sooner (conservative backfill for gangs);
+    /// - gangs first in each tenant's queue, single-node work by arrival plus a quarter of its
+    ///   estimate ([`GangsFirst`], as the `tessera` model orders its classes);
+    /// - reclaim and preemption throw away at most 5 % of the GPU-time the waiting job waits
+    ///   (`max_loss_per_wait` 0.05: its GPUs × the longer of its wait so far and its wait
+    ///   still to come by its hold), as the model reclaims;
+    /// - single-node work on the node whose busy horizon it extends least (`place_by_end`).
+    pub fn gang_rules(holds_per_pool: usize) -> Self {
+        EngineConfig {
+            govern: GovernConfig {
+                gang_hold_after_ms: Some(0),
+                gang_holds_per_pool: Some(usize::MAX),
+                gang_holds_move: true,
+                max_loss_per_wait: Some(0.05),
+                place_by_end: true,
+                ..philly_govern(holds_per_pool)
+            },
+            gangs_first: Some(GangsFirst {
+                estimate_weight: 0.25,
+                across_tenants: false,
+            }),
+            ..EngineConfig::scenario(holds_per_pool)
+        }
+    }
+
+    /// The scenario's settings ([`philly_govern`]) with at most `holds_per_pool` holds per
+    /// pool, Tessera's placement, the default queue order: the engine as the server runs it.
+    pub fn scenario(holds_per_pool: usize) -> Self {
+        EngineConfig {
+            govern: philly_govern(holds_per_pool),
+            placement: "tessera".into(),
+            seed: 1,
+            gangs_first: None,
+        }
+    }
 }
 
 impl Default for EngineConfig {
-    /// The scenario's settings ([`philly_govern`]) with one hold per pool, Tessera's placement.
+    /// The rules for gangs with no holds of single-node requests ([`EngineConfig::gang_rules`]
+    /// with 0: the best of the variants measured on the Philly fleets).
     fn default() -> Self {
-        EngineConfig {
-            govern: philly_govern(1),
-            placement: "tessera".into(),
-            seed: 1,
-        }
+        EngineConfig::gang_rules(0)
     }
 }
 
@@ -85,6 +126,12 @@ pub fn replay_engine(trace: &Trace, layout: &Layout, cfg: &EngineConfig) -> (Rep
         .collect();
     let policy = make_policy(&cfg.placement, &prior).expect("a placement policy");
     let mut s = Scheduler::new(Engine::new(fleet.clone(), policy, cfg.seed), cfg.govern.clone());
+    if let Some(order) = cfg.gangs_first {
+        s = s.with_plugins(Plugins {
+            queue_order: Box::new(order),
+            ..Plugins::default()
+        });
+    }
     let guarantee = guarantees(trace, layout.gpus());
     for (t, name) in trace.tenants.iter().enumerate() {
         s.set_quota(
@@ -237,7 +284,8 @@ mod tests {
     /// - j2, W+1: 16 GPUs (2 whole nodes in the rack) for 600 s: at W+3600 one node is free,
     ///   not two; it waits for j0, until W+7200 (7,199 s);
     /// - j3, W+3700: 1 GPU for 20,000 s (estimate 6 h, to W+25300). The free node is held for
-    ///   j2 (it waited past the 30-minute backfill window; by the estimates it fits there and on
+    ///   j2 (it waited past the 30-minute backfill window, or at once under the gang rules; by
+    ///   the estimates it fits there and on
     ///   one of j0's nodes at W+14400), and j3 would end after that: it waits too, until j0
     ///   ends at W+7200 (3,500 s), and runs beside j2. Without holds it starts at once.
     fn trace() -> Trace {
@@ -264,29 +312,32 @@ mod tests {
     fn the_real_scheduler_holds_a_gangs_nodes_by_the_estimates() {
         let layout = Layout::of(&fleet_of(1).unwrap()).unwrap();
         let trace = trace();
-        let (r, out) = replay_engine(&trace, &layout, &EngineConfig::default());
-        assert_eq!(waits(&out, &trace), [0, 0, 0, 7199, 3500]);
-        assert_eq!(out[4].end, Some(W + 7200 + 20_000));
-        assert_eq!(r.policy, "engine");
-        assert_eq!(
-            (r.window_jobs, r.preemptions, r.refusals, r.gangs_beyond_min_racks),
-            (4, 0, 0, 0)
-        );
-        let all = r.classes.iter().find(|c| c.class == "all").unwrap();
-        assert_eq!(all.mean_s, (7199.0 + 3500.0) / 4.0);
-        // Nearest rank over {0, 0, 3500, 7199}: p50 the 2nd, p95 the 4th.
-        assert_eq!((all.p50_s, all.p95_s, all.max_s), (0, 7199, 7199));
-        assert_eq!(r.tenants[0].guarantee, 64);
-        // GPU-seconds in the window: j0 56 × 7200, j1 8 × 3600, j2 16 × 600, j3 1 × 20,000.
-        let held = 56.0 * 7200.0 + 8.0 * 3600.0 + 16.0 * 600.0 + 20_000.0;
-        let window = (WINDOW_DAYS.1 - WINDOW_DAYS.0) as f64 * 86_400.0;
-        assert!((r.allocation_pct - 100.0 * held / (64.0 * window)).abs() < 1e-9);
+        // The scenario's settings: j2 holds past the backfill window; the gang rules (the
+        // default): it holds at once, on the free 8th node and one of j0's (start W+14400 by
+        // the estimates), where no better start appears until j0 ends. The same waits.
+        for cfg in [EngineConfig::scenario(1), EngineConfig::default()] {
+            let (r, out) = replay_engine(&trace, &layout, &cfg);
+            assert_eq!(waits(&out, &trace), [0, 0, 0, 7199, 3500]);
+            assert_eq!(out[4].end, Some(W + 7200 + 20_000));
+            assert_eq!(r.policy, "engine");
+            assert_eq!(
+                (r.window_jobs, r.preemptions, r.refusals, r.gangs_beyond_min_racks),
+                (4, 0, 0, 0)
+            );
+            let all = r.classes.iter().find(|c| c.class == "all").unwrap();
+            assert_eq!(all.mean_s, (7199.0 + 3500.0) / 4.0);
+            // Nearest rank over {0, 0, 3500, 7199}: p50 the 2nd, p95 the 4th.
+            assert_eq!((all.p50_s, all.p95_s, all.max_s), (0, 7199, 7199));
+            assert_eq!(r.tenants[0].guarantee, 64);
+            // GPU-seconds in the window: j0 56 × 7200, j1 8 × 3600, j2 16 × 600, j3 1 × 20,000.
+            let held = 56.0 * 7200.0 + 8.0 * 3600.0 + 16.0 * 600.0 + 20_000.0;
+            let window = (WINDOW_DAYS.1 - WINDOW_DAYS.0) as f64 * 86_400.0;
+            assert!((r.allocation_pct - 100.0 * held / (64.0 * window)).abs() < 1e-9);
 
-        // No holds: j3 takes the free node at once; j2 still waits for j0.
-        let no_holds = EngineConfig {
-            govern: philly_govern(0),
-            ..EngineConfig::default()
-        };
+            // No holds (the scenario's settings): j3 takes the free node at once; j2 still waits
+            // for j0.
+        }
+        let no_holds = EngineConfig::scenario(0);
         let (_, out) = replay_engine(&trace, &layout, &no_holds);
         assert_eq!(waits(&out, &trace), [0, 0, 0, 7199, 0]);
     }
