@@ -1,6 +1,7 @@
 //! Runs the multi-tenant scenario (`scenario::run`) on the seed fleet without building the CLI:
 //! `cargo run -p tessera-sched --release --example scenario -- [TENANTS] [HOURS] [SEED]`.
-//! Prints the report as `tessera sim scenario --json` does, pretty, on stdout.
+//! Prints the report as `tessera sim scenario --json` does, pretty, on stdout. Settings to try
+//! come from the environment (see below; `RULES=1`: the rules for gangs).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -65,6 +66,16 @@ fn main() {
     }
     if let Some(v) = env("MIN_RUNTIME_S") {
         cfg.govern.min_runtime_ms = v.parse::<i64>().expect("seconds") * 1000;
+    }
+    // The rules for gangs the Philly engine row runs with (RULES=1): every blocked gang holds
+    // nodes at once and moves to sooner starts, reclaim bounded by LOSS (default 0.05) times the
+    // wait, whole-GPU work placed by its end.
+    if env("RULES").as_deref() == Some("1") {
+        cfg.govern.gang_hold_after_ms = Some(0);
+        cfg.govern.gang_holds_per_pool = Some(usize::MAX);
+        cfg.govern.gang_holds_move = true;
+        cfg.govern.max_loss_per_wait = Some(env("LOSS").map_or(0.05, |v| v.parse().expect("a factor")));
+        cfg.govern.place_by_end = env("BY_END").as_deref() != Some("0");
     }
     let started = Instant::now();
     let r = run(Arc::new(Fleet::seed()), &cfg, &mut || {
