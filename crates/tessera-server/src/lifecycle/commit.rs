@@ -17,6 +17,11 @@ use super::command::{LifecycleError, Reply};
 use super::effects::Op;
 use super::snapshot::Published;
 
+/// A full publication that took at least this long last time is made after the batch's
+/// answers and backend work instead of before them (see [`Core::commit`]): on a small fleet it
+/// costs microseconds and keeps its place, so an answer comes with counts that include it.
+const FULL_BUILD_AFTER_REPLIES: Duration = Duration::from_micros(500);
+
 /// Whom to answer after the commit, and with what.
 pub(super) enum ReplyTo {
     /// A creation: the workload, and whether it was created now (`false`: an idempotent retry).
@@ -236,17 +241,12 @@ impl Core {
         let full = batch.full_publish
             || since >= Duration::from_secs(1)
             || (self.queue_dirty && since >= self.queue_publish_every());
-        if !changes.is_empty() || full {
-            let t0 = Instant::now();
-            let snap = self
-                .builder
-                .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, full);
-            if full {
-                self.last_full_publish = Instant::now();
-                self.last_full_build = t0.elapsed();
-                self.queue_dirty = false;
-            }
-            self.published.set_snapshot(snap);
+        // A full publication that takes long (a large fleet: it walks every live workload) is
+        // not waited for by the callers of this batch nor by its backend work: they get the
+        // cheap one (capacity and records as of this batch), and the full one follows at once.
+        let full_after = full && !batch.replies.is_empty() && self.last_full_build >= FULL_BUILD_AFTER_REPLIES;
+        if !changes.is_empty() || (full && !full_after) {
+            self.publish_snapshot(now, full && !full_after);
         }
         // Records after the snapshot: whoever reads a record (a workload that ended) then reads
         // the snapshot sees capacity at least as new as that record.
@@ -278,6 +278,23 @@ impl Core {
         for (id, op) in batch.ops {
             self.runner.submit(id, op);
         }
+        if full_after {
+            self.publish_snapshot(now, true);
+        }
+    }
+
+    /// Builds and publishes the snapshot; `full`: with the queue and phase counts.
+    fn publish_snapshot(&mut self, now: i64, full: bool) {
+        let t0 = Instant::now();
+        let snap = self
+            .builder
+            .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, full);
+        if full {
+            self.last_full_publish = Instant::now();
+            self.last_full_build = t0.elapsed();
+            self.queue_dirty = false;
+        }
+        self.published.set_snapshot(snap);
     }
 }
 
