@@ -67,14 +67,15 @@ fn main() {
     if let Some(v) = env("MIN_RUNTIME_S") {
         cfg.govern.min_runtime_ms = v.parse::<i64>().expect("seconds") * 1000;
     }
-    // The rules for gangs the Philly engine row runs with (RULES=1): every blocked gang holds
-    // nodes at once and moves to sooner starts, reclaim bounded by LOSS (default 0.05) times the
-    // wait, whole-GPU work placed by its end.
+    // The rules for gangs the Philly engine row runs with (RULES=1, `with_gang_rules`, without
+    // its queue order, which the scenario does not take): every blocked gang holds nodes at
+    // once and moves to sooner starts, reclaim bounded by LOSS (default 0.05) times the wait,
+    // whole-GPU work placed by its end (BY_END=0: not).
     if env("RULES").as_deref() == Some("1") {
-        cfg.govern.gang_hold_after_ms = Some(0);
-        cfg.govern.gang_holds_per_pool = Some(usize::MAX);
-        cfg.govern.gang_holds_move = true;
-        cfg.govern.max_loss_per_wait = Some(env("LOSS").map_or(0.05, |v| v.parse().expect("a factor")));
+        cfg.govern = cfg.govern.with_gang_rules();
+        if let Some(v) = env("LOSS") {
+            cfg.govern.max_loss_per_wait = Some(v.parse().expect("a factor"));
+        }
         cfg.govern.place_by_end = env("BY_END").as_deref() != Some("0");
     }
     let started = Instant::now();

@@ -141,6 +141,9 @@ pub struct ServerConfig {
     pub sim_upgrade: Option<Duration>,
     /// Priority classes, minimum runtime, fair-share half-life, backfill window.
     pub govern: GovernConfig,
+    /// Each tenant's queue puts its multi-node gangs first (the queue order of the rules for
+    /// gangs, `GovernConfig::with_gang_rules`; `serve --gang-rules on`).
+    pub gangs_first: bool,
     /// Price per GPU-unit-hour by resource class, for usage reports.
     pub prices: usage::Prices,
     /// Requests per second allowed per API token (bursts of twice that); 0 = no limit.
@@ -188,6 +191,7 @@ impl ServerConfig {
             on_gpu_failure: lifecycle::GpuFailurePolicy::Leave,
             sim_upgrade: None,
             govern: GovernConfig::default(),
+            gangs_first: false,
             prices: usage::Prices::default(),
             rate_limit: 0.0,
             oidc: None,
@@ -361,10 +365,18 @@ pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Ba
     let fleet = Arc::new(cfg.fleet);
     tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(|e| anyhow!(e))?;
     let factory: lifecycle::SchedFactory = {
-        let (policy, govern) = (cfg.policy.clone(), cfg.govern.clone());
+        let (policy, govern, gangs_first) = (cfg.policy.clone(), cfg.govern.clone(), cfg.gangs_first);
         Arc::new(move |fleet: Arc<Fleet>| {
             let p = tessera_sched::replay::make_policy(&policy, &[]).expect("policy name checked at start");
-            Scheduler::new(Engine::new(fleet.clone(), p, 1), govern.clone())
+            let s = Scheduler::new(Engine::new(fleet.clone(), p, 1), govern.clone());
+            if gangs_first {
+                s.with_plugins(tessera_sched::cycle::plugins::Plugins {
+                    queue_order: Box::new(tessera_sched::cycle::gang_rules_order()),
+                    ..Default::default()
+                })
+            } else {
+                s
+            }
         })
     };
     let listener = TcpListener::bind(cfg.listen)

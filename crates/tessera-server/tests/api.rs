@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{Parts, TestServer};
+use crate::support::{Parts, TestServer, poll};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tessera_server::ServerConfig;
@@ -1239,3 +1239,64 @@ tessera_testdb::each_database!(
     priority_classes_are_granted_by_the_platform_admin,
     apply_is_all_or_nothing,
 );
+
+/// With the rules for gangs (`serve --gang-rules on`), a gang that finds no room holds a rack
+/// at once — where the work running there ends first, by its leases — instead of after the
+/// backfill window; with the default settings it only waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_gang_rules_a_blocked_gang_holds_a_rack_at_once() {
+    async fn blocked_gang_reason(rules: bool) -> String {
+        let s = TestServer::start_with(&format!("gang-rules-{rules}"), |c| {
+            let govern = tessera_sched::cycle::GovernConfig {
+                min_runtime_ms: 0,
+                reclaim_after_ms: 0,
+                ..Default::default()
+            };
+            ServerConfig {
+                govern: if rules { govern.with_gang_rules() } else { govern },
+                gangs_first: rules,
+                ..c
+            }
+        })
+        .await;
+        s.tenant_with_project("vision", "train").await;
+        // The training pool (16 nodes of 8 in racks of 4) full: the first four jobs end in an
+        // hour, the rest have no end.
+        let mut ids = Vec::new();
+        for i in 0..16 {
+            let mut body = json!({"tenant": "vision", "project": "train", "name": "fill", "shape": {"gpus": 8, "pool": "training"}});
+            if i < 4 {
+                body["duration_s"] = json!(3600);
+            }
+            let (st, w) = s.post("/api/v1/workloads", body).await;
+            assert_eq!(st, StatusCode::CREATED, "{w}");
+            ids.push(w["id"].as_u64().unwrap());
+        }
+        for id in &ids {
+            s.wait_state(*id, &["running"]).await;
+        }
+        let (st, g) = s
+            .post(
+                "/api/v1/workloads",
+                json!({"tenant": "vision", "project": "train", "name": "gang", "shape": {"gpus": 32, "pool": "training"}}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{g}");
+        let id = g["id"].as_u64().unwrap();
+        // The reason the next cycles give.
+        let w = poll(
+            40,
+            Duration::from_millis(50),
+            async || s.get(&format!("/api/v1/workloads/{id}")).await,
+            |w| w["reason"].as_str().is_some_and(|r| r.contains("held for it")),
+        )
+        .await;
+        assert_eq!(w["state"], "queued", "{w}");
+        w["reason"].as_str().unwrap_or_default().to_string()
+    }
+    let with_rules = blocked_gang_reason(true).await;
+    assert!(with_rules.contains("held for it"), "{with_rules}");
+    assert!(with_rules.contains("starts at about"), "{with_rules}");
+    let without = blocked_gang_reason(false).await;
+    assert!(!without.contains("held for it"), "{without}");
+}

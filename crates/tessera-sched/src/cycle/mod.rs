@@ -174,6 +174,39 @@ pub struct GovernConfig {
     pub max_jobs_per_cycle: usize,
 }
 
+impl GovernConfig {
+    /// These settings with the rules for multi-node gangs the Philly replay's `engine` row
+    /// measures (`philly/engine.rs`), for fleets whose work is submitted with durations
+    /// (estimates or limits): every blocked gang holds nodes at once, any number per pool, and
+    /// moves its hold where it would start sooner (conservative backfill for gangs); reclaim
+    /// and preemption throw away at most 5 % of the GPU-time the waiting job waits
+    /// ([`Self::max_loss_per_wait`]); whole-GPU work with a duration goes on the node whose busy
+    /// horizon it extends least ([`Self::place_by_end`]). The queue order that goes with them,
+    /// gangs first in each tenant's queue, is the [`plugins::GangsFirst`] plugin
+    /// ([`gang_rules_order`]). Where much work comes without a duration it cannot backfill
+    /// held nodes: in `tessera sim scenario` these rules cut the training pool's placements,
+    /// which is why they are not the default.
+    pub fn with_gang_rules(self) -> Self {
+        GovernConfig {
+            gang_hold_after_ms: Some(0),
+            gang_holds_per_pool: Some(usize::MAX),
+            gang_holds_move: true,
+            max_loss_per_wait: Some(0.05),
+            place_by_end: true,
+            ..self
+        }
+    }
+}
+
+/// The queue order of [`GovernConfig::with_gang_rules`]: gangs first in each tenant's queue,
+/// single-node work by arrival plus a quarter of its duration.
+pub fn gang_rules_order() -> plugins::GangsFirst {
+    plugins::GangsFirst {
+        estimate_weight: 0.25,
+        across_tenants: false,
+    }
+}
+
 impl Default for GovernConfig {
     fn default() -> Self {
         GovernConfig {

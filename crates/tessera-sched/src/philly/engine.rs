@@ -51,18 +51,8 @@ impl EngineConfig {
     /// - single-node work on the node whose busy horizon it extends least (`place_by_end`).
     pub fn gang_rules(holds_per_pool: usize) -> Self {
         EngineConfig {
-            govern: GovernConfig {
-                gang_hold_after_ms: Some(0),
-                gang_holds_per_pool: Some(usize::MAX),
-                gang_holds_move: true,
-                max_loss_per_wait: Some(0.05),
-                place_by_end: true,
-                ..philly_govern(holds_per_pool)
-            },
-            gangs_first: Some(GangsFirst {
-                estimate_weight: 0.25,
-                across_tenants: false,
-            }),
+            govern: philly_govern(holds_per_pool).with_gang_rules(),
+            gangs_first: Some(crate::cycle::gang_rules_order()),
             ..EngineConfig::scenario(holds_per_pool)
         }
     }
