@@ -729,8 +729,7 @@ async fn a_gang_through_the_form_with_its_racks_on_its_page_and_the_fleet_map() 
     assert_eq!(never.status(), StatusCode::OK);
     let never = never.text().await.unwrap();
     assert!(
-        never
-            .contains("<strong>refused</strong>: constraint: 40 GPUs in one rack; the largest rack of pool `training`")
+        never.contains("<strong>refused</strong>: constraint: 40 GPUs in one rack; the largest rack of pool training")
             && never.contains("could hold at most 32 of it")
             && !never.contains("id=\"submit-button\""),
         "{never}"
@@ -803,7 +802,7 @@ async fn a_gang_through_the_form_with_its_racks_on_its_page_and_the_fleet_map() 
     };
     assert!(
         waits.contains(
-            "<strong>wait</strong>: no-capacity: 128 GPUs in one gang; pool `training` has room for 112 of it now"
+            "<strong>wait</strong>: no-capacity: 128 GPUs in one gang; pool training has room for 112 of it now"
         ),
         "{waits}"
     );
@@ -1130,7 +1129,7 @@ async fn the_queue_says_one_workload_and_each_reason_once_and_the_name_box_holds
     };
     assert!(page.contains("1 workload waits;"), "{page}");
     assert!(
-        page.contains("<code class=\"reason\">no-capacity</code> <small>128 GPUs in one gang"),
+        page.contains("<code class=\"reason\">no-capacity</code> <span class=\"why\">128 GPUs in one gang"),
         "{page}"
     );
     assert!(!page.contains("no-capacity: 128"), "the code once: {page}");
@@ -1409,4 +1408,116 @@ async fn denied_and_missing_pages_are_html_with_navigation_and_the_form_says_eve
         !bad.contains("duration_s") && !bad.contains("31622400"),
         "the API's field and unit stay out of the form: {bad}"
     );
+}
+
+/// The workload's page as `b` sees it until `done` holds (5 s at most).
+/// `html` with the entities askama writes for `&` and `'` read back.
+fn unescape(html: &str) -> String {
+    html.replace("&#38;", "&").replace("&#39;", "'").replace("&amp;", "&")
+}
+
+async fn page_until(b: &crate::support::Browser, path: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = unescape(&b.page(path).await);
+        if done(&page) || std::time::Instant::now() > deadline {
+            return page;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_workload_says_why_in_one_sentence_what_to_do_its_place_and_the_pools_that_cannot_serve_it() {
+    let s = TestServer::start("whywaits").await;
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        s.tenant_with_project(t, p).await;
+    }
+    s.ok(
+        Method::PUT,
+        "/api/v1/tenants/vision/quotas/training",
+        Some(json!({"guaranteed": 8.0, "limit": 8.0})),
+    )
+    .await;
+    let gpus = |n: u32, name: &str| json!({"tenant": "vision", "project": "train", "name": name, "shape": {"gpus": n, "pool": "training"}});
+    let a = submit(&s, gpus(8, "first")).await;
+    s.wait_state(a, &["placed", "running"]).await;
+    let b_id = submit(&s, gpus(8, "second")).await;
+    let c_id = submit(&s, gpus(1, "third")).await;
+    let member = s.browser();
+    sign_in(&member, &s.token("vision", "member").await).await;
+    let queue = page_until(&member, "/console/queue", |p| p.matches("quota</code>").count() >= 3).await;
+    // Counts in words, each linking to its list.
+    assert!(queue.contains("over quota: 2 workloads</a>"), "{queue}");
+    assert!(
+        queue.contains("href=\"/console/queue?pool=&tenant=vision&priority=&reason=quota&page=0#waiting-h\""),
+        "{queue}"
+    );
+    assert!(!queue.contains('`'), "no backticks: {queue}");
+    assert!(!queue.contains("1 units") && !queue.contains("1 workloads"), "{queue}");
+    assert!(
+        queue.contains("Tenant vision holds 8 GPU units in training (guaranteed 8, limit 8); this request needs 8."),
+        "{queue}"
+    );
+    assert!(
+        queue.contains("Next: ask your platform admin to raise your tenant's quota"),
+        "{queue}"
+    );
+    assert!(queue.contains("1st of 2 waiting in tenant vision"), "{queue}");
+    assert!(queue.contains("2nd of 2 waiting in tenant vision"), "{queue}");
+    // The link lists those waiting for that reason; another reason lists none of them.
+    let quota = member.page("/console/queue?reason=quota").await;
+    assert!(
+        quota.contains(&format!("id=\"q-{b_id}\"")) && quota.contains(&format!("id=\"q-{c_id}\"")),
+        "{quota}"
+    );
+    let none = member.page("/console/queue?reason=no-capacity").await;
+    assert!(!none.contains(&format!("id=\"q-{b_id}\"")), "{none}");
+    assert!(none.contains("Nothing waits for that reason."), "{none}");
+    let bad = member.get("/console/queue?reason=nonsense").await;
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let bad = member.get("/console/queue?priority=nonsense").await;
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    // The workload's own page: why, what to do, its place, the pools that cannot serve it.
+    let page = unescape(&member.page(&format!("/console/workloads/{c_id}")).await);
+    assert!(page.contains("<h2 id=\"waits-h\">Why it waits</h2>"), "{page}");
+    assert!(
+        page.contains("It is 2nd of 2 waiting in tenant vision's queue"),
+        "{page}"
+    );
+    assert!(
+        page.contains("Pool serving cannot serve 1 whole GPU: it is MIG-partitioned and serves MIG slices only"),
+        "{page}"
+    );
+    assert!(page.contains("Next: ask your platform admin"), "{page}");
+    assert!(!page.contains("quota: tenant"), "the code once: {page}");
+    // An admin is told to raise it themselves, and filters by tenant from a list.
+    let admin = s.browser();
+    sign_in(&admin, &s.admin).await;
+    let q = unescape(&admin.page("/console/queue").await);
+    assert!(q.contains("Next: raise the tenant's quota on the Tenants page"), "{q}");
+    assert!(q.contains("<select id=\"qf-tenant\" name=\"tenant\">"), "{q}");
+    assert!(
+        q.contains("<option value=\"nlp\">nlp</option>") && q.contains("<option value=\"vision\">vision</option>"),
+        "{q}"
+    );
+    assert!(q.contains("<select id=\"qf-priority\" name=\"priority\">"), "{q}");
+    // Tenant nlp sees none of it: not through the tenant filter, the reason link, the
+    // workload's page, nor its place in the queue.
+    let other = s.browser();
+    sign_in(&other, &s.token("nlp", "member").await).await;
+    for path in [
+        "/console/queue?tenant=vision",
+        "/console/queue?tenant=vision&reason=quota",
+        "/console/queue?reason=quota&part=live&tenant=vision",
+    ] {
+        let p = other.page(path).await;
+        assert!(!p.contains("vision"), "{path}: {p}");
+        assert!(!p.contains(&format!("q-{b_id}")), "{path}: {p}");
+        assert!(!p.contains("qf-tenant"), "no tenant filter for members: {p}");
+    }
+    let r = other.get(&format!("/console/workloads/{c_id}")).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("vision") && !body.contains("third"), "{body}");
 }

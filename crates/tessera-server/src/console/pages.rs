@@ -74,7 +74,10 @@ fn row(w: &Workload) -> Row {
         name: w.name.clone(),
         shape: shape_words(w),
         state: w.state.as_str(),
-        reason: w.reason.clone().unwrap_or_default(),
+        reason: super::why::sentence(
+            w.reason_code.as_deref().unwrap_or_default(),
+            w.reason.as_deref().unwrap_or_default(),
+        ),
         placed: w
             .allocation
             .as_ref()
@@ -267,6 +270,64 @@ struct WorkloadLive {
     racks: Vec<(String, usize, usize)>,
     /// What it has cost so far and is expected to cost at its end.
     cost: Cost,
+    /// While it waits: why, what to do, its place in the queue, the pools that cannot serve it.
+    waits: Option<Waits>,
+}
+
+/// Why a waiting workload waits, on its page.
+pub struct Waits {
+    pub code: &'static str,
+    pub sentence: String,
+    pub next: String,
+    /// `3rd of 7 waiting in tenant vision's queue`.
+    pub position: String,
+    /// Each pool whose sharing cannot serve the shape, as a sentence.
+    pub not_serving: Vec<String>,
+    /// The queue page listing the workloads waiting for the same reason.
+    pub same_reason: String,
+}
+
+/// Why workload `id` waits, if it is in the published queue.
+fn waits(s: &AppState, admin: bool, id: u64) -> Option<Waits> {
+    let snap = s.lifecycle.snapshot();
+    let w = snap.queue.waiting.iter().find(|w| w.workload.id.0 == id)?;
+    let wl = &*w.workload;
+    let code = wl.reason.as_ref().map_or(super::why::NOT_YET, |r| r.code.as_str());
+    let tenant = wl.spec.tenant.as_str();
+    let places = super::why::positions(&snap.queue.waiting, &s.priorities, |t| t == tenant);
+    let fleet = &snap.fleet;
+    let not_serving = match (&snap.trial, &wl.spec.shape.gpu) {
+        (Some(trial), g) if !matches!(g, tessera_domain::GpuSpec::Gang(_)) => {
+            crate::lifecycle::placement::engine_request(fleet, &wl.spec.shape, wl.spec.cpu_milli, wl.spec.memory_mib)
+                .map(|req| {
+                    trial
+                        .pools_not_serving(&req)
+                        .iter()
+                        .map(|u| super::why::sentence("", &u.message()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
+    let same_reason = serde_urlencoded::to_string([("tenant", tenant), ("reason", code)])
+        .map(|q| format!("/console/queue?{q}#waiting-h"))
+        .unwrap_or_default();
+    Some(Waits {
+        code,
+        sentence: wl
+            .reason
+            .as_ref()
+            .map(|r| super::why::sentence(code, &r.detail))
+            .unwrap_or_else(|| "The scheduler has not looked at it yet.".into()),
+        next: super::why::next_step(code, admin, crate::clock::now_ms()),
+        position: places
+            .get(&id)
+            .map(|p| super::why::position_words(tenant, *p))
+            .unwrap_or_default(),
+        not_serving,
+        same_reason,
+    })
 }
 
 /// A workload's cost on its page: its use so far from the ledger, and — with a duration —
@@ -447,7 +508,13 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
         &s.lifecycle.snapshot().utilisation,
         crate::clock::now_ms(),
     );
+    let waits = if r.ended || w.state != WorkloadState::Queued {
+        None
+    } else {
+        waits(s, c.id.is_admin(), w.id)
+    };
     Ok(WorkloadLive {
+        waits,
         cost,
         shares,
         racks,
