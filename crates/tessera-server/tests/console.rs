@@ -662,8 +662,8 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
     let audit = b.page("/console/audit?action=cordon").await;
     no_inline_code(&audit);
     assert!(
-        audit.contains(&format!("/console/fleet/nodes/{node}/cordon")),
-        "{audit}"
+        audit.contains(&format!("<td class=\"what\">node {node}: cordon</td>")),
+        "the row names the node: {audit}"
     );
     assert!(!audit.contains("auth.failure"), "filtered by action");
     let bad = b.get("/console/fleet?state=broken").await;
@@ -1520,4 +1520,217 @@ async fn a_waiting_workload_says_why_in_one_sentence_what_to_do_its_place_and_th
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     let body = r.text().await.unwrap();
     assert!(!body.contains("vision") && !body.contains("third"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_page_sort_and_filter_by_real_values_and_never_across_tenants() {
+    let s = TestServer::start("lists").await;
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        s.tenant_with_project(t, p).await;
+    }
+    let mut ids = Vec::new();
+    for i in 0..55 {
+        ids.push(
+            submit(
+                &s,
+                json!({"tenant": "vision", "project": "train", "name": format!("v{i:02}"), "shape": {"gpus": 1, "pool": "training"}}),
+            )
+            .await,
+        );
+    }
+    let secret_id = submit(
+        &s,
+        json!({"tenant": "nlp", "project": "p", "name": "nlp-secret", "shape": {"gpus": 1, "pool": "training"}}),
+    )
+    .await;
+    let member = s.browser();
+    sign_in(&member, &s.token("vision", "member").await).await;
+    // Pages of 50, newest first, and the rest on the next page.
+    let first = unescape(&member.page("/console/workloads").await);
+    assert_eq!(first.matches("<tr id=\"w-").count(), 50, "{first}");
+    assert!(first.contains("Workloads 1–50"), "{first}");
+    assert!(first.contains(&format!("id=\"w-{}\"", ids[54])), "newest first");
+    assert!(
+        first.contains("href=\"/console/workloads?state=&tenant=&project=&sort=&page=1\" rel=\"next\""),
+        "{first}"
+    );
+    let second = unescape(&member.page("/console/workloads?page=1").await);
+    assert_eq!(second.matches("<tr id=\"w-").count(), 5, "{second}");
+    assert!(
+        second.contains("rel=\"prev\"") && !second.contains("rel=\"next\""),
+        "{second}"
+    );
+    let oldest = member.page("/console/workloads?sort=oldest").await;
+    let at = |p: &str, id: u64| p.find(&format!("id=\"w-{id}\"")).unwrap_or(usize::MAX);
+    assert!(at(&oldest, ids[0]) < at(&oldest, ids[1]), "oldest first");
+    let by_name = member.page("/console/workloads?sort=name").await;
+    assert!(at(&by_name, ids[0]) < at(&by_name, ids[2]), "v00 before v02");
+    assert_eq!(
+        member.get("/console/workloads?sort=size").await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    // The project filter takes the form the list shows, and the bare name of one's own tenant.
+    for path in [
+        "/console/workloads?project=vision/train",
+        "/console/workloads?project=train",
+    ] {
+        let p = member.page(path).await;
+        assert_eq!(p.matches("<tr id=\"w-").count(), 50, "{path}");
+        assert!(p.contains("<option value=\"vision/train\" selected>"), "{path}: {p}");
+    }
+    // The filters offer only the caller's own projects, and no tenant choice.
+    assert!(!first.contains("nlp"), "{first}");
+    assert!(!first.contains("id=\"f-tenant\""), "{first}");
+    // Another tenant's names get the answer an unknown name gets: refused, nothing shown.
+    for path in [
+        "/console/workloads?project=nlp/p",
+        "/console/workloads?tenant=nlp",
+        "/console/workloads?project=nope",
+    ] {
+        let r = member.get(path).await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(
+            !body.contains("nlp-secret") && !body.contains(&format!("w-{secret_id}")),
+            "{path}: {body}"
+        );
+    }
+    let rows = member.page("/console/workloads?part=rows&project=nlp/p").await;
+    assert!(
+        !rows.contains("nlp-secret"),
+        "the polled rows stay in the tenant: {rows}"
+    );
+    // Admins choose a tenant and any tenant's project from lists.
+    let admin = s.browser();
+    let csrf = sign_in(&admin, &s.admin).await;
+    let all = admin.page("/console/workloads").await;
+    assert!(
+        all.contains("<option value=\"nlp\">nlp</option>") && all.contains("<option value=\"nlp/p\">nlp/p</option>"),
+        "{all}"
+    );
+    let nlp = admin.page("/console/workloads?tenant=nlp").await;
+    assert!(nlp.contains("nlp-secret") && !nlp.contains(">v00<"), "{nlp}");
+    assert_eq!(
+        admin.get("/console/workloads?tenant=ghost").await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    // Tenants: a summary table, panels with the values set, Remove as a danger action.
+    s.ok(
+        Method::PUT,
+        "/api/v1/tenants/vision/budget",
+        Some(json!({"monthly_unit_hours": 500.0})),
+    )
+    .await;
+    s.ok(
+        Method::PUT,
+        "/api/v1/tenants/vision/quotas/training",
+        Some(json!({"guaranteed": 8.0, "limit": 16.0})),
+    )
+    .await;
+    let tenants = admin.page("/console/tenants").await;
+    assert!(tenants.contains("<table id=\"tenant-summary\">"), "{tenants}");
+    assert!(
+        tenants.contains("id=\"sum-vision\"") && tenants.contains("id=\"sum-nlp\""),
+        "{tenants}"
+    );
+    assert!(
+        tenants.contains("training: 0 used of 8 guaranteed, limit 16") || tenants.contains("training: "),
+        "{tenants}"
+    );
+    assert!(
+        tenants.contains("id=\"vision-budget-monthly_unit_hours\" name=\"monthly_unit_hours\" type=\"number\" min=\"0\" step=\"any\" inputmode=\"decimal\" placeholder=\"none\" value=\"500\""),
+        "the budget field shows the budget set: {tenants}"
+    );
+    assert!(
+        tenants.contains("class=\"danger\" aria-label=\"Remove the training quota\""),
+        "{tenants}"
+    );
+    assert!(
+        tenants.contains("<details class=\"tenant-panel\" id=\"panel-vision\""),
+        "{tenants}"
+    );
+
+    // Audit rows name the object; tokens show their tenant and role; platform tokens too.
+    let made = admin
+        .post_form("/console/tenants", &[("name", "stark")], Some(&csrf))
+        .await;
+    assert_eq!(made.status(), StatusCode::OK);
+    let tok = admin
+        .post_form(
+            "/console/tokens",
+            &[
+                ("tenant", "_platform"),
+                ("name", "ops-bot"),
+                ("role", "platform-admin"),
+                ("expires_days", ""),
+            ],
+            Some(&csrf),
+        )
+        .await;
+    assert_eq!(tok.status(), StatusCode::OK);
+    let tok = tok.text().await.unwrap();
+    assert!(
+        tok.contains("data-copy=\"#new-secret\"") && tok.contains("TESSERA_TOKEN"),
+        "{tok}"
+    );
+    assert!(
+        tok.contains("<td>ops-bot</td><td>platform-wide</td><td>platform-admin</td>"),
+        "{tok}"
+    );
+    let platform = admin.page("/console/tokens?tenant=_platform").await;
+    assert!(
+        platform.contains("<option value=\"platform-admin\">platform-admin</option>"),
+        "{platform}"
+    );
+    assert!(
+        platform.contains("<td>platform-wide</td><td>platform-admin</td>"),
+        "{platform}"
+    );
+    let vision_tokens = admin.page("/console/tokens?tenant=vision").await;
+    assert!(
+        vision_tokens.contains("<td>vision</td><td>member</td>"),
+        "{vision_tokens}"
+    );
+    let audit = unescape(&admin.page("/console/audit").await);
+    assert!(
+        audit.contains("<td class=\"what\">created tenant stark</td>"),
+        "{audit}"
+    );
+    assert!(
+        audit.contains("created token ") && audit.contains("(ops-bot), platform-admin platform-wide"),
+        "{audit}"
+    );
+    assert!(audit.contains("<td class=\"what\">budget of tenant vision"), "{audit}");
+    assert!(audit.contains("<select id=\"a-tenant\" name=\"tenant\">"), "{audit}");
+    // A tenant-admin of nlp sees neither vision's nor the platform's tokens, whatever it asks.
+    let nlp_admin = s.browser();
+    sign_in(&nlp_admin, &s.token("nlp", "tenant-admin").await).await;
+    for path in ["/console/tokens?tenant=vision", "/console/tokens?tenant=_platform"] {
+        let p = nlp_admin.page(path).await;
+        assert!(
+            !p.contains("ops-bot") && !p.contains("platform-wide") && !p.contains("<td>vision</td>"),
+            "{path}: {p}"
+        );
+        assert!(!p.contains("platform-admin</option>"), "{path}: {p}");
+    }
+    let forged = nlp_admin
+        .post_form(
+            "/console/tokens",
+            &[
+                ("tenant", "_platform"),
+                ("name", "x"),
+                ("role", "platform-admin"),
+                ("expires_days", ""),
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN, "no CSRF token");
+    let nlp_tenants = nlp_admin.page("/console/tenants").await;
+    assert!(
+        !nlp_tenants.contains("vision") && !nlp_tenants.contains("stark"),
+        "{nlp_tenants}"
+    );
+    assert_eq!(nlp_admin.get("/console/audit").await.status(), StatusCode::FORBIDDEN);
 }
