@@ -264,7 +264,8 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
     } else {
         c.id.tenant.clone().into_iter().collect()
     };
-    if !f.tenant.is_empty() && !(admin && tenants.contains(&f.tenant)) {
+    let tenant_ok = f.tenant.is_empty() || (admin && tenants.contains(&f.tenant));
+    if !tenant_ok {
         return Err(ApiError::invalid(
             "tenant",
             format!("no tenant `{}` to choose", f.tenant),
