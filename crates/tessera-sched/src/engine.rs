@@ -466,16 +466,7 @@ impl Engine {
     /// The pools a request may go to, in the order they are tried (a request naming a pool
     /// gets just that one), or why none can serve its shape.
     pub fn scope(&self, req: &Request) -> Result<Vec<PoolId>, Unplaceable> {
-        let fits = |pool: PoolId| match (&req.shape, self.fleet.pool(pool).sharing) {
-            (Shape::Whole { .. }, s) => match s {
-                Sharing::Whole => true,
-                Sharing::Shared => self.fleet.pool(pool).whole_gpus,
-                Sharing::Mig => self.pool_has_mig_off(pool),
-            },
-            (Shape::Mig(_), s) => s == Sharing::Mig,
-            (Shape::Fraction { .. }, s) => s == Sharing::Shared,
-            (Shape::CpuOnly, _) => true,
-        };
+        let fits = |pool: PoolId| self.serves(req, pool);
         if let Some(pool) = req.pool {
             let p = self.fleet.pool(pool);
             if !fits(pool) {
@@ -503,6 +494,39 @@ impl Engine {
             });
         }
         Ok(pools)
+    }
+
+    /// Whether pool `pool`'s sharing mode can serve `req`'s shape (a whole GPU from a MIG
+    /// pool only where a GPU there has MIG off).
+    fn serves(&self, req: &Request, pool: PoolId) -> bool {
+        match (&req.shape, self.fleet.pool(pool).sharing) {
+            (Shape::Whole { .. }, s) => match s {
+                Sharing::Whole => true,
+                Sharing::Shared => self.fleet.pool(pool).whole_gpus,
+                Sharing::Mig => self.pool_has_mig_off(pool),
+            },
+            (Shape::Mig(_), s) => s == Sharing::Mig,
+            (Shape::Fraction { .. }, s) => s == Sharing::Shared,
+            (Shape::CpuOnly, _) => true,
+        }
+    }
+
+    /// Every pool of the fleet that cannot serve `req`'s shape, and why
+    /// ([`Unplaceable::PoolCannotServe`]), whichever pool the request names: what a person
+    /// reads beside a waiting request to know where else not to look.
+    pub fn pools_not_serving(&self, req: &Request) -> Vec<Unplaceable> {
+        (0..self.fleet.pools.len() as u16)
+            .map(PoolId)
+            .filter(|&p| !self.serves(req, p))
+            .map(|p| {
+                let pool = self.fleet.pool(p);
+                Unplaceable::PoolCannotServe {
+                    pool: pool.name.clone(),
+                    sharing: pool.sharing,
+                    shape: shape_label(&req.shape),
+                }
+            })
+            .collect()
     }
 
     /// Why no node could ever hold `req` (whatever else runs), if that is so: an invalid
@@ -1679,14 +1703,14 @@ mod tests {
         );
         assert_eq!(
             r.to_string(),
-            "constraint: 9 whole GPUs in one gang; the largest node (NVLink domain) in pools `training` and `development` has 8"
+            "constraint: 9 whole GPUs in one gang; the largest node (NVLink domain) in pools training and development has 8"
         );
         // A request for one model is told only about the pools that have it.
         let h100 = e.fleet().catalogue.find("H100-80GB-SXM").unwrap();
         let r = e.plan(&Request::whole(16).with_models(vec![h100])).unwrap_err();
         assert_eq!(
             r.to_string(),
-            "constraint: 16 whole GPUs in one gang; the largest node (NVLink domain) in pool `training` has 8"
+            "constraint: 16 whole GPUs in one gang; the largest node (NVLink domain) in pool training has 8"
         );
         let r = e.plan(&Request::whole(0)).unwrap_err();
         assert_eq!(r.field(), Field::Gpus);
@@ -1701,7 +1725,20 @@ mod tests {
         assert_eq!(r.field(), Field::Pool);
         assert_eq!(
             r.to_string(),
-            "constraint: pool `training` cannot serve 250 milli-GPU: it hands out whole GPUs only"
+            "constraint: pool training cannot serve 250 milli-GPU: it hands out whole GPUs only"
+        );
+        // Every pool that cannot serve the shape, whichever the request names, and why.
+        let not: Vec<String> = e
+            .pools_not_serving(&Request::fraction(250))
+            .iter()
+            .map(Unplaceable::message)
+            .collect();
+        assert_eq!(
+            not,
+            [
+                "pool training cannot serve 250 milli-GPU: it hands out whole GPUs only",
+                "pool serving cannot serve 250 milli-GPU: it is MIG-partitioned and serves MIG slices only: ask for a MIG profile"
+            ]
         );
         // Fill the training pool: 16 × 8 GPUs.
         for i in 0..16 {

@@ -113,8 +113,8 @@ pub enum Missing {
     AllowedModel,
 }
 
-/// Pool names as a reason shows them, with their noun: "pool `training`", "pools `training` and
-/// `development`".
+/// Pool names as a reason shows them, with their noun: "pool training", "pools training and
+/// development".
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Pools(pub Vec<String>);
 
@@ -126,7 +126,7 @@ impl fmt::Display for Pools {
             if i > 0 {
                 f.write_str(if i == last { " and " } else { ", " })?;
             }
-            write!(f, "`{p}`")?;
+            f.write_str(p)?;
         }
         Ok(())
     }
@@ -243,7 +243,7 @@ impl Unplaceable {
             Unplaceable::Invalid { message, .. } => message.clone(),
             Unplaceable::PoolCannotServe { pool, sharing, shape } => {
                 let hint = match sharing {
-                    Sharing::Mig => "it partitions GPUs with MIG: ask for a MIG profile",
+                    Sharing::Mig => "it is MIG-partitioned and serves MIG slices only: ask for a MIG profile",
                     Sharing::Whole => "it hands out whole GPUs only",
                     Sharing::Shared if shape.kind != ShapeKind::Whole => {
                         "it time-slices GPUs: ask for whole GPUs or a fraction"
@@ -252,7 +252,7 @@ impl Unplaceable {
                         "it time-slices GPUs into replicas that may come from different GPUs, so it gives no whole GPU: ask for a fraction, or for whole GPUs in another pool"
                     }
                 };
-                format!("pool `{pool}` cannot serve {shape}: {hint}")
+                format!("pool {pool} cannot serve {shape}: {hint}")
             }
             Unplaceable::NoPoolServes { shape } => format!("no pool in this fleet serves {shape}"),
             Unplaceable::NoEligibleNode { pools, missing, .. } => match missing {
@@ -291,14 +291,21 @@ impl Unplaceable {
                 free,
                 need,
             } => format!(
-                "{free} GPU units are free in {pools}, but no single node can hold {shape} ({need} units) with its host resources"
+                "{} {} free in {pools}, but no single node can hold {shape} ({}) with its host resources",
+                gpu_units(*free),
+                if free.as_milli() == 1000 { "is" } else { "are" },
+                units_word(*need)
             ),
             Unplaceable::NoCapacity {
                 pools,
                 shape,
                 free,
                 need,
-            } => format!("{shape} needs {need} GPU units; {pools} has {free} free where this request may go"),
+            } => format!(
+                "{shape} needs {}; {pools} {} {free} free where this request may go",
+                gpu_units(*need),
+                if pools.0.len() == 1 { "has" } else { "have" }
+            ),
         }
     }
 
@@ -401,9 +408,9 @@ impl GangUnplaceable {
         };
         let within = |level: &str, domain: &str, pool: &str| {
             if level == "pool" {
-                format!("pool `{pool}`")
+                format!("pool {pool}")
             } else {
-                format!("{level} `{domain}` of pool `{pool}`")
+                format!("{level} {domain} of pool {pool}")
             }
         };
         match self {
@@ -412,18 +419,15 @@ impl GangUnplaceable {
                 let known = if levels.is_empty() {
                     "the fleet declares none".to_string()
                 } else {
-                    format!(
-                        "the fleet's are {}",
-                        levels.iter().map(|l| format!("`{l}`")).collect::<Vec<_>>().join(", ")
-                    )
+                    format!("the fleet's are {}", levels.join(", "))
                 };
-                format!("no topology level `{level}`: {known} (and `pool`)")
+                format!("no topology level {level}: {known} (and pool)")
             }
             GangUnplaceable::PoolLacksLevel { pool, level } => {
-                format!("pool `{pool}` declares no {level}, so no gang can be required within one")
+                format!("pool {pool} declares no {level}, so no gang can be required within one")
             }
             GangUnplaceable::PoolCannotServe { pool, sharing } => {
-                format!("pool `{pool}` shares its GPUs by {sharing}; a multi-node gang needs a whole pool")
+                format!("pool {pool} shares its GPUs by {sharing}; a multi-node gang needs a whole pool")
             }
             GangUnplaceable::NoPoolServes => "no whole pool in this fleet serves a multi-node gang".into(),
             GangUnplaceable::NoEligibleNode { pools } => format!("no node in {pools} has an allowed GPU model"),
@@ -437,10 +441,10 @@ impl GangUnplaceable {
             } => {
                 let seg = segments(segment);
                 if level == "pool" {
-                    format!("{gpus} GPUs in one gang{seg}; pool `{pool}` could hold at most {capacity} of it")
+                    format!("{gpus} GPUs in one gang{seg}; pool {pool} could hold at most {capacity} of it")
                 } else {
                     format!(
-                        "{gpus} GPUs in one {level}{seg}; the largest {level} of pool `{pool}`, `{domain}`, could hold at most {capacity} of it"
+                        "{gpus} GPUs in one {level}{seg}; the largest {level} of pool {pool}, {domain}, could hold at most {capacity} of it"
                     )
                 }
             }
@@ -461,7 +465,7 @@ impl GangUnplaceable {
                     )
                 } else {
                     format!(
-                        "{gpus} GPUs in one {level}{seg}; no {level} of pool `{pool}` has room now (the most, {free}, in {})",
+                        "{gpus} GPUs in one {level}{seg}; no {level} of pool {pool} has room now (the most, {free}, in {})",
                         within(level, domain, pool)
                     )
                 }
@@ -477,6 +481,20 @@ impl fmt::Display for GangUnplaceable {
 }
 
 impl std::error::Error for GangUnplaceable {}
+
+/// GPU units with their noun: `1 GPU unit`, `0.5 GPU units`, `8 GPU units`.
+pub fn gpu_units(u: GpuUnits) -> String {
+    format!("{u} GPU {}", units_word_noun(u))
+}
+
+/// Units with their noun: `1 unit`, `8 units`.
+pub fn units_word(u: GpuUnits) -> String {
+    format!("{u} {}", units_word_noun(u))
+}
+
+fn units_word_noun(u: GpuUnits) -> &'static str {
+    if u.as_milli() == 1000 { "unit" } else { "units" }
+}
 
 /// Milli-CPU as a decimal count of CPUs: `2`, `0.5`.
 pub fn milli_str(m: u64) -> String {
@@ -514,11 +532,13 @@ impl fmt::Display for LimitExceeded {
         match &self.scope {
             LimitScope::Class { class, guaranteed } => write!(
                 f,
-                "tenant {tenant} holds {held} of its {guaranteed} guaranteed {class} units (limit {limit}); this request needs {needs}"
+                "tenant {tenant} holds {} in {class} (guaranteed {guaranteed}, limit {limit}); this request needs {needs}",
+                gpu_units(*held)
             ),
             LimitScope::Project { project } => write!(
                 f,
-                "project {project} of tenant {tenant} holds {held} GPU units of its limit {limit}; this request needs {needs}"
+                "project {project} of tenant {tenant} holds {} of its limit of {limit}; this request needs {needs}",
+                gpu_units(*held)
             ),
         }
     }
@@ -788,10 +808,15 @@ impl fmt::Display for Wait {
             Wait::Budget(b) => b.fmt(f),
             Wait::Backoff { times, retry_in_s } => write!(
                 f,
-                "preempted {times} time(s); may borrow idle capacity again in {retry_in_s} s, or run at once within its guaranteed share"
+                "preempted {}; may borrow idle capacity again in {retry_in_s} s, or run at once within its guaranteed share",
+                match times {
+                    1 => "once".to_string(),
+                    n => format!("{n} times"),
+                }
             ),
             Wait::Preempting { victims, cause } => {
-                write!(f, "waiting for {victims} preempted workload(s) to stop: {cause}")
+                let w = if *victims == 1 { "workload" } else { "workloads" };
+                write!(f, "waiting for {victims} preempted {w} to stop: {cause}")
             }
             Wait::NotConsidered {
                 budget,
@@ -856,7 +881,7 @@ mod tests {
         assert_eq!(cpu.field().as_str(), "cpu_milli");
         assert_eq!(
             cpu.to_string(),
-            "constraint: 500 CPUs requested; the largest node in pool `training` has 224"
+            "constraint: 500 CPUs requested; the largest node in pool training has 224"
         );
         let two = Unplaceable::GangBeyondDomain {
             pools: Pools(vec!["training".into(), "development".into()]),
@@ -865,10 +890,10 @@ mod tests {
         };
         assert_eq!(
             two.to_string(),
-            "constraint: 16 whole GPUs in one gang; the largest node (NVLink domain) in pools `training` and `development` has 8"
+            "constraint: 16 whole GPUs in one gang; the largest node (NVLink domain) in pools training and development has 8"
         );
         let three = Pools(vec!["a".into(), "b".into(), "c".into()]);
-        assert_eq!(three.to_string(), "pools `a`, `b` and `c`");
+        assert_eq!(three.to_string(), "pools a, b and c");
         let gang = Unplaceable::GangBeyondDomain {
             pools: p.clone(),
             gpus: 9,
@@ -884,6 +909,63 @@ mod tests {
         };
         assert!(!frag.is_constraint());
         assert_eq!(frag.code(), "fragmentation");
+    }
+
+    #[test]
+    fn sentences_count_in_words_and_name_pools_plainly() {
+        let p = Pools(vec!["training".into()]);
+        let one = Unplaceable::NoCapacity {
+            pools: p.clone(),
+            shape: ShapeLabel {
+                kind: ShapeKind::Whole,
+                text: "1 whole GPU".into(),
+            },
+            free: GpuUnits(0),
+            need: GpuUnits::whole(1),
+        };
+        assert_eq!(
+            one.message(),
+            "1 whole GPU needs 1 GPU unit; pool training has 0 free where this request may go"
+        );
+        let frag = Unplaceable::Fragmentation {
+            pools: Pools(vec!["a".into(), "b".into()]),
+            shape: shape(),
+            free: GpuUnits::whole(1),
+            need: GpuUnits::whole(1),
+        };
+        assert_eq!(
+            frag.message(),
+            "1 GPU unit is free in pools a and b, but no single node can hold 8 whole GPUs (1 unit) with its host resources"
+        );
+        let mig = Unplaceable::PoolCannotServe {
+            pool: "serving".into(),
+            sharing: Sharing::Mig,
+            shape: shape(),
+        };
+        assert_eq!(
+            mig.message(),
+            "pool serving cannot serve 8 whole GPUs: it is MIG-partitioned and serves MIG slices only: ask for a MIG profile"
+        );
+        assert_eq!(
+            Wait::Backoff {
+                times: 1,
+                retry_in_s: 30
+            }
+            .to_string(),
+            "preempted once; may borrow idle capacity again in 30 s, or run at once within its guaranteed share"
+        );
+        let cause = PreemptCause::Priority {
+            by: 7,
+            class: "high".into(),
+        };
+        assert!(
+            Wait::Preempting { victims: 1, cause }
+                .to_string()
+                .starts_with("waiting for 1 preempted workload to stop")
+        );
+        for w in [one.to_string(), frag.to_string(), mig.to_string()] {
+            assert!(!w.contains('`'), "{w}");
+        }
     }
 
     #[test]
@@ -914,7 +996,7 @@ mod tests {
         assert!(limit(8).same_kind(&limit(9)));
         assert_eq!(
             limit(8).to_string(),
-            "tenant a holds 8 of its 8 guaranteed training units (limit 10); this request needs 4"
+            "tenant a holds 8 GPU units in training (guaranteed 8, limit 10); this request needs 4"
         );
         assert_eq!(limit(8).code(), "quota");
     }

@@ -148,6 +148,12 @@ fn tenant_in_path(path: &str) -> Option<String> {
 #[derive(Clone, Debug)]
 pub struct RequestId(pub String);
 
+/// Set on a response by a handler whose change names its object only in the request body (a
+/// new tenant, a new token): the middleware writes it into the record's `detail`, so the audit
+/// log says which object, not only the route.
+#[derive(Clone, Debug)]
+pub struct AuditObject(pub String);
+
 /// Set on a response whose audit record the handler had committed with the change itself (in
 /// the same transaction): the middleware does not write it again.
 #[derive(Clone, Copy, Debug)]
@@ -222,7 +228,11 @@ pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next)
             action,
             target: path.clone(),
             outcome: status.as_u16(),
-            detail: String::new(),
+            detail: response
+                .extensions()
+                .get::<AuditObject>()
+                .map(|o| o.0.clone())
+                .unwrap_or_default(),
         };
         if !s.audit.record(record).await && mutating && status.is_success() {
             // The change happened but could not be put on record: say so rather than hide it.

@@ -491,7 +491,12 @@ pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Ba
         store: store.clone(),
         fleet_cell: lifecycle.fleet_cell().clone(),
         lifecycle,
-        priorities: Arc::new(cfg.govern.classes.iter().map(|c| c.name.clone()).collect()),
+        // Most important first (the order the scheduler takes a tenant's jobs in).
+        priorities: Arc::new({
+            let mut classes: Vec<_> = cfg.govern.classes.iter().collect();
+            classes.sort_by_key(|c| c.rank);
+            classes.into_iter().map(|c| c.name.clone()).collect()
+        }),
         auth,
         audit: audit::AuditLog::start(store),
         backend_name: backend.name(),

@@ -565,7 +565,7 @@ async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
     assert_eq!(p["type"], "https://tessera.dev/problems/quota", "{p}");
     assert_eq!(
         p["detail"],
-        "tenant vision holds 16 of its 8 guaranteed training units (limit 16); this request needs 8"
+        "tenant vision holds 16 GPU units in training (guaranteed 8, limit 16); this request needs 8"
     );
     let (st, w) = s.post("/api/v1/workloads", gang(false)).await;
     assert_eq!(st, StatusCode::CREATED);
@@ -573,7 +573,7 @@ async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
     assert_eq!(w["reason_code"], "quota");
     assert_eq!(
         w["reason"],
-        "tenant vision holds 16 of its 8 guaranteed training units (limit 16); this request needs 8"
+        "tenant vision holds 16 GPU units in training (guaranteed 8, limit 16); this request needs 8"
     );
     let quotas = s.get("/api/v1/tenants/vision/quotas").await;
     assert_eq!(

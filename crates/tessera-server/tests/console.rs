@@ -662,8 +662,8 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
     let audit = b.page("/console/audit?action=cordon").await;
     no_inline_code(&audit);
     assert!(
-        audit.contains(&format!("/console/fleet/nodes/{node}/cordon")),
-        "{audit}"
+        audit.contains(&format!("<td class=\"what\">node {node}: cordon</td>")),
+        "the row names the node: {audit}"
     );
     assert!(!audit.contains("auth.failure"), "filtered by action");
     let bad = b.get("/console/fleet?state=broken").await;
@@ -729,8 +729,7 @@ async fn a_gang_through_the_form_with_its_racks_on_its_page_and_the_fleet_map() 
     assert_eq!(never.status(), StatusCode::OK);
     let never = never.text().await.unwrap();
     assert!(
-        never
-            .contains("<strong>refused</strong>: constraint: 40 GPUs in one rack; the largest rack of pool `training`")
+        never.contains("<strong>refused</strong>: constraint: 40 GPUs in one rack; the largest rack of pool training")
             && never.contains("could hold at most 32 of it")
             && !never.contains("id=\"submit-button\""),
         "{never}"
@@ -803,7 +802,7 @@ async fn a_gang_through_the_form_with_its_racks_on_its_page_and_the_fleet_map() 
     };
     assert!(
         waits.contains(
-            "<strong>wait</strong>: no-capacity: 128 GPUs in one gang; pool `training` has room for 112 of it now"
+            "<strong>wait</strong>: no-capacity: 128 GPUs in one gang; pool training has room for 112 of it now"
         ),
         "{waits}"
     );
@@ -1130,7 +1129,7 @@ async fn the_queue_says_one_workload_and_each_reason_once_and_the_name_box_holds
     };
     assert!(page.contains("1 workload waits;"), "{page}");
     assert!(
-        page.contains("<code class=\"reason\">no-capacity</code> <small>128 GPUs in one gang"),
+        page.contains("<code class=\"reason\">no-capacity</code> <span class=\"why\">128 GPUs in one gang"),
         "{page}"
     );
     assert!(!page.contains("no-capacity: 128"), "the code once: {page}");
@@ -1514,4 +1513,329 @@ async fn charts_take_a_time_range_with_fixed_axes_and_numbers_per_point_to_admin
     ] {
         assert_eq!(m.get(path).await.status(), StatusCode::FORBIDDEN, "{path}");
     }
+}
+
+/// The workload's page as `b` sees it until `done` holds (5 s at most).
+/// `html` with the entities askama writes for `&` and `'` read back.
+fn unescape(html: &str) -> String {
+    html.replace("&#38;", "&").replace("&#39;", "'").replace("&amp;", "&")
+}
+
+async fn page_until(b: &crate::support::Browser, path: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = unescape(&b.page(path).await);
+        if done(&page) || std::time::Instant::now() > deadline {
+            return page;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_workload_says_why_in_one_sentence_what_to_do_its_place_and_the_pools_that_cannot_serve_it() {
+    let s = TestServer::start("whywaits").await;
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        s.tenant_with_project(t, p).await;
+    }
+    s.ok(
+        Method::PUT,
+        "/api/v1/tenants/vision/quotas/training",
+        Some(json!({"guaranteed": 8.0, "limit": 8.0})),
+    )
+    .await;
+    let gpus = |n: u32, name: &str| json!({"tenant": "vision", "project": "train", "name": name, "shape": {"gpus": n, "pool": "training"}});
+    let a = submit(&s, gpus(8, "first")).await;
+    s.wait_state(a, &["placed", "running"]).await;
+    let b_id = submit(&s, gpus(8, "second")).await;
+    let c_id = submit(&s, gpus(1, "third")).await;
+    let member = s.browser();
+    sign_in(&member, &s.token("vision", "member").await).await;
+    let queue = page_until(&member, "/console/queue", |p| p.matches("quota</code>").count() >= 3).await;
+    // Counts in words, each linking to its list.
+    assert!(queue.contains("over quota: 2 workloads</a>"), "{queue}");
+    assert!(
+        queue.contains("href=\"/console/queue?pool=&tenant=vision&priority=&reason=quota&page=0#waiting-h\""),
+        "{queue}"
+    );
+    assert!(!queue.contains('`'), "no backticks: {queue}");
+    assert!(!queue.contains("1 units") && !queue.contains("1 workloads"), "{queue}");
+    assert!(
+        queue.contains("Tenant vision holds 8 GPU units in training (guaranteed 8, limit 8); this request needs 8."),
+        "{queue}"
+    );
+    assert!(
+        queue.contains("Next: ask your platform admin to raise your tenant's quota"),
+        "{queue}"
+    );
+    assert!(queue.contains("1st of 2 waiting in tenant vision"), "{queue}");
+    assert!(queue.contains("2nd of 2 waiting in tenant vision"), "{queue}");
+    // The link lists those waiting for that reason; another reason lists none of them.
+    let quota = member.page("/console/queue?reason=quota").await;
+    assert!(
+        quota.contains(&format!("id=\"q-{b_id}\"")) && quota.contains(&format!("id=\"q-{c_id}\"")),
+        "{quota}"
+    );
+    let none = member.page("/console/queue?reason=no-capacity").await;
+    assert!(!none.contains(&format!("id=\"q-{b_id}\"")), "{none}");
+    assert!(none.contains("Nothing waits for that reason."), "{none}");
+    let bad = member.get("/console/queue?reason=nonsense").await;
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let bad = member.get("/console/queue?priority=nonsense").await;
+    assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    // The workload's own page: why, what to do, its place, the pools that cannot serve it.
+    let page = unescape(&member.page(&format!("/console/workloads/{c_id}")).await);
+    assert!(page.contains("<h2 id=\"waits-h\">Why it waits</h2>"), "{page}");
+    assert!(
+        page.contains("It is 2nd of 2 waiting in tenant vision's queue"),
+        "{page}"
+    );
+    assert!(
+        page.contains("Pool serving cannot serve 1 whole GPU: it is MIG-partitioned and serves MIG slices only"),
+        "{page}"
+    );
+    assert!(page.contains("Next: ask your platform admin"), "{page}");
+    assert!(!page.contains("quota: tenant"), "the code once: {page}");
+    // An admin is told to raise it themselves, and filters by tenant from a list.
+    let admin = s.browser();
+    sign_in(&admin, &s.admin).await;
+    let q = unescape(&admin.page("/console/queue").await);
+    assert!(q.contains("Next: raise the tenant's quota on the Tenants page"), "{q}");
+    assert!(q.contains("<select id=\"qf-tenant\" name=\"tenant\">"), "{q}");
+    assert!(
+        q.contains("<option value=\"nlp\">nlp</option>") && q.contains("<option value=\"vision\">vision</option>"),
+        "{q}"
+    );
+    assert!(q.contains("<select id=\"qf-priority\" name=\"priority\">"), "{q}");
+    // Tenant nlp sees none of it: not through the tenant filter, the reason link, the
+    // workload's page, nor its place in the queue.
+    let other = s.browser();
+    sign_in(&other, &s.token("nlp", "member").await).await;
+    for path in [
+        "/console/queue?tenant=vision",
+        "/console/queue?tenant=vision&reason=quota",
+        "/console/queue?reason=quota&part=live&tenant=vision",
+    ] {
+        let p = other.page(path).await;
+        assert!(!p.contains("vision"), "{path}: {p}");
+        assert!(!p.contains(&format!("q-{b_id}")), "{path}: {p}");
+        assert!(!p.contains("qf-tenant"), "no tenant filter for members: {p}");
+    }
+    let r = other.get(&format!("/console/workloads/{c_id}")).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("vision") && !body.contains("third"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_page_sort_and_filter_by_real_values_and_never_across_tenants() {
+    let s = TestServer::start("lists").await;
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        s.tenant_with_project(t, p).await;
+    }
+    let mut ids = Vec::new();
+    for i in 0..55 {
+        ids.push(
+            submit(
+                &s,
+                json!({"tenant": "vision", "project": "train", "name": format!("v{i:02}"), "shape": {"gpus": 1, "pool": "training"}}),
+            )
+            .await,
+        );
+    }
+    let secret_id = submit(
+        &s,
+        json!({"tenant": "nlp", "project": "p", "name": "nlp-secret", "shape": {"gpus": 1, "pool": "training"}}),
+    )
+    .await;
+    let member = s.browser();
+    sign_in(&member, &s.token("vision", "member").await).await;
+    // Pages of 50, newest first, and the rest on the next page.
+    let first = unescape(&member.page("/console/workloads").await);
+    assert_eq!(first.matches("<tr id=\"w-").count(), 50, "{first}");
+    assert!(first.contains("Workloads 1–50"), "{first}");
+    assert!(first.contains(&format!("id=\"w-{}\"", ids[54])), "newest first");
+    assert!(
+        first.contains("href=\"/console/workloads?state=&tenant=&project=&sort=&page=1\" rel=\"next\""),
+        "{first}"
+    );
+    let second = unescape(&member.page("/console/workloads?page=1").await);
+    assert_eq!(second.matches("<tr id=\"w-").count(), 5, "{second}");
+    assert!(
+        second.contains("rel=\"prev\"") && !second.contains("rel=\"next\""),
+        "{second}"
+    );
+    let oldest = member.page("/console/workloads?sort=oldest").await;
+    let at = |p: &str, id: u64| p.find(&format!("id=\"w-{id}\"")).unwrap_or(usize::MAX);
+    assert!(at(&oldest, ids[0]) < at(&oldest, ids[1]), "oldest first");
+    let by_name = member.page("/console/workloads?sort=name").await;
+    assert!(at(&by_name, ids[0]) < at(&by_name, ids[2]), "v00 before v02");
+    assert_eq!(
+        member.get("/console/workloads?sort=size").await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    // The project filter takes the form the list shows, and the bare name of one's own tenant.
+    for path in [
+        "/console/workloads?project=vision/train",
+        "/console/workloads?project=train",
+    ] {
+        let p = member.page(path).await;
+        assert_eq!(p.matches("<tr id=\"w-").count(), 50, "{path}");
+        assert!(p.contains("<option value=\"vision/train\" selected>"), "{path}: {p}");
+    }
+    // The filters offer only the caller's own projects, and no tenant choice.
+    assert!(!first.contains("nlp"), "{first}");
+    assert!(!first.contains("id=\"f-tenant\""), "{first}");
+    // Another tenant's names get the answer an unknown name gets: refused, nothing shown.
+    for path in [
+        "/console/workloads?project=nlp/p",
+        "/console/workloads?tenant=nlp",
+        "/console/workloads?project=nope",
+    ] {
+        let r = member.get(path).await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(
+            !body.contains("nlp-secret") && !body.contains(&format!("w-{secret_id}")),
+            "{path}: {body}"
+        );
+    }
+    let rows = member.page("/console/workloads?part=rows&project=nlp/p").await;
+    assert!(
+        !rows.contains("nlp-secret"),
+        "the polled rows stay in the tenant: {rows}"
+    );
+    // Admins choose a tenant and any tenant's project from lists.
+    let admin = s.browser();
+    let csrf = sign_in(&admin, &s.admin).await;
+    let all = admin.page("/console/workloads").await;
+    assert!(
+        all.contains("<option value=\"nlp\">nlp</option>") && all.contains("<option value=\"nlp/p\">nlp/p</option>"),
+        "{all}"
+    );
+    let nlp = admin.page("/console/workloads?tenant=nlp").await;
+    assert!(nlp.contains("nlp-secret") && !nlp.contains(">v00<"), "{nlp}");
+    assert_eq!(
+        admin.get("/console/workloads?tenant=ghost").await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    // Tenants: a summary table, panels with the values set, Remove as a danger action.
+    s.ok(
+        Method::PUT,
+        "/api/v1/tenants/vision/budget",
+        Some(json!({"monthly_unit_hours": 500.0})),
+    )
+    .await;
+    s.ok(
+        Method::PUT,
+        "/api/v1/tenants/vision/quotas/training",
+        Some(json!({"guaranteed": 8.0, "limit": 16.0})),
+    )
+    .await;
+    let tenants = admin.page("/console/tenants").await;
+    assert!(tenants.contains("<table id=\"tenant-summary\">"), "{tenants}");
+    assert!(
+        tenants.contains("id=\"sum-vision\"") && tenants.contains("id=\"sum-nlp\""),
+        "{tenants}"
+    );
+    assert!(
+        tenants.contains("training: 0 used of 8 guaranteed, limit 16") || tenants.contains("training: "),
+        "{tenants}"
+    );
+    assert!(
+        tenants.contains("id=\"vision-budget-monthly_unit_hours\" name=\"monthly_unit_hours\" type=\"number\" min=\"0\" step=\"any\" inputmode=\"decimal\" placeholder=\"none\" value=\"500\""),
+        "the budget field shows the budget set: {tenants}"
+    );
+    assert!(
+        tenants.contains("class=\"danger\" aria-label=\"Remove the training quota\""),
+        "{tenants}"
+    );
+    assert!(
+        tenants.contains("<details class=\"tenant-panel\" id=\"panel-vision\""),
+        "{tenants}"
+    );
+
+    // Audit rows name the object; tokens show their tenant and role; platform tokens too.
+    let made = admin
+        .post_form("/console/tenants", &[("name", "stark")], Some(&csrf))
+        .await;
+    assert_eq!(made.status(), StatusCode::OK);
+    let tok = admin
+        .post_form(
+            "/console/tokens",
+            &[
+                ("tenant", "_platform"),
+                ("name", "ops-bot"),
+                ("role", "platform-admin"),
+                ("expires_days", ""),
+            ],
+            Some(&csrf),
+        )
+        .await;
+    assert_eq!(tok.status(), StatusCode::OK);
+    let tok = tok.text().await.unwrap();
+    assert!(
+        tok.contains("data-copy=\"#new-secret\"") && tok.contains("TESSERA_TOKEN"),
+        "{tok}"
+    );
+    assert!(
+        tok.contains("<td>ops-bot</td><td>platform-wide</td><td>platform-admin</td>"),
+        "{tok}"
+    );
+    let platform = admin.page("/console/tokens?tenant=_platform").await;
+    assert!(
+        platform.contains("<option value=\"platform-admin\">platform-admin</option>"),
+        "{platform}"
+    );
+    assert!(
+        platform.contains("<td>platform-wide</td><td>platform-admin</td>"),
+        "{platform}"
+    );
+    let vision_tokens = admin.page("/console/tokens?tenant=vision").await;
+    assert!(
+        vision_tokens.contains("<td>vision</td><td>member</td>"),
+        "{vision_tokens}"
+    );
+    let audit = unescape(&admin.page("/console/audit").await);
+    assert!(
+        audit.contains("<td class=\"what\">created tenant stark</td>"),
+        "{audit}"
+    );
+    assert!(
+        audit.contains("created token ") && audit.contains("(ops-bot), platform-admin platform-wide"),
+        "{audit}"
+    );
+    assert!(audit.contains("<td class=\"what\">budget of tenant vision"), "{audit}");
+    assert!(audit.contains("<select id=\"a-tenant\" name=\"tenant\">"), "{audit}");
+    // A tenant-admin of nlp sees neither vision's nor the platform's tokens, whatever it asks.
+    let nlp_admin = s.browser();
+    sign_in(&nlp_admin, &s.token("nlp", "tenant-admin").await).await;
+    for path in ["/console/tokens?tenant=vision", "/console/tokens?tenant=_platform"] {
+        let p = nlp_admin.page(path).await;
+        assert!(
+            !p.contains("ops-bot") && !p.contains("platform-wide") && !p.contains("<td>vision</td>"),
+            "{path}: {p}"
+        );
+        assert!(!p.contains("platform-admin</option>"), "{path}: {p}");
+    }
+    let forged = nlp_admin
+        .post_form(
+            "/console/tokens",
+            &[
+                ("tenant", "_platform"),
+                ("name", "x"),
+                ("role", "platform-admin"),
+                ("expires_days", ""),
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN, "no CSRF token");
+    let nlp_tenants = nlp_admin.page("/console/tenants").await;
+    assert!(
+        !nlp_tenants.contains("vision") && !nlp_tenants.contains("stark"),
+        "{nlp_tenants}"
+    );
+    assert_eq!(nlp_admin.get("/console/audit").await.status(), StatusCode::FORBIDDEN);
 }

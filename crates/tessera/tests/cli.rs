@@ -85,7 +85,7 @@ fn login_verbs_and_errors() {
     let (code, out, err) = tessera(&run_in_vision_train(&["--mig", "3g.40gb", "--name", "over"]), &env);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("reason: tenant vision holds 0.5 of its 0.5 guaranteed serving units (limit 0.5)"),
+        out.contains("reason: tenant vision holds 0.5 GPU units in serving (guaranteed 0.5, limit 0.5)"),
         "{out}"
     );
     let (_, out, _) = tessera(&["ls"], &env);
@@ -115,7 +115,7 @@ fn login_verbs_and_errors() {
     );
     assert_ne!(code, 0);
     assert!(
-        err.contains("64 GPUs in one rack; the largest rack of pool `training`") && err.contains("at most 32"),
+        err.contains("64 GPUs in one rack; the largest rack of pool training") && err.contains("at most 32"),
         "{err}"
     );
     let (code, _, err) = tessera(&run_in_vision_train(&["--fraction", "100", "--duration", "-5m"]), &env);

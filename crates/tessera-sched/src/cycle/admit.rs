@@ -123,7 +123,7 @@ mod tests {
         assert_eq!(reason.code(), "quota");
         assert_eq!(
             reason.to_string(),
-            "tenant a holds 8 of its 8 guaranteed training units (limit 10); this request needs 4"
+            "tenant a holds 8 GPU units in training (guaranteed 8, limit 10); this request needs 4"
         );
         let mut j = job(3, "a", 4, "standard", 0);
         j.wait_if_over_limit = false;
@@ -171,7 +171,7 @@ mod tests {
         assert_eq!(l.scope, LimitScope::Project { project: "p".into() });
         assert_eq!(
             reason.to_string(),
-            "project p of tenant a holds 8 GPU units of its limit 8; this request needs 1"
+            "project p of tenant a holds 8 GPU units of its limit of 8; this request needs 1"
         );
         let mut other = job(3, "a", 1, "standard", 0);
         other.project = "q".into();

@@ -116,7 +116,7 @@ fn a_gang_waits_with_the_levels_reason_until_a_rack_frees() {
     assert_eq!(u.code(), "fragmentation");
     assert!(
         u.to_string()
-            .contains("no rack of pool `training` has room now (the most, 24"),
+            .contains("no rack of pool training has room now (the most, 24"),
         "{u}"
     );
     assert_eq!(s.queued(), 1);

@@ -127,7 +127,7 @@ mod tests {
         assert_eq!(
             waiting(&acts),
             vec![
-                "no-capacity: 8 whole GPUs needs 8 GPU units; pool `training` has 0 free where this request may go; \
+                "no-capacity: 8 whole GPUs needs 8 GPU units; pool training has 0 free where this request may go; \
                  within tenant b's guaranteed share: may take back capacity lent to other tenants at 00:01:01 UTC (in 60 s) unless some frees sooner"
             ]
         );

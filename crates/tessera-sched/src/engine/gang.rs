@@ -848,7 +848,7 @@ mod tests {
         let u = e.gang_constraint(&g).unwrap();
         assert_eq!(
             u.to_string(),
-            "constraint: 64 GPUs in one rack; the largest rack of pool `training`, `r0`, could hold at most 32 of it"
+            "constraint: 64 GPUs in one rack; the largest rack of pool training, r0, could hold at most 32 of it"
         );
         assert_eq!(u.level(), Some("rack"));
         assert_eq!(e.plan_gang(&g).unwrap_err(), u);
@@ -864,7 +864,7 @@ mod tests {
         let u = e.plan_gang(&g).unwrap_err();
         assert_eq!(
             u.to_string(),
-            "fragmentation: 64 GPUs in one block; no block of pool `training` has room now (the most, 56, in block `b0` of pool `training`)"
+            "fragmentation: 64 GPUs in one block; no block of pool training has room now (the most, 56, in block b0 of pool training)"
         );
         assert_eq!(u.level(), Some("block"));
         // Preferred goes on to the pool, in the fewest racks: r1 and r3 (4 free nodes each),
@@ -876,7 +876,7 @@ mod tests {
         assert_eq!(u.code(), "no-capacity");
         assert_eq!(
             u.message(),
-            "128 GPUs in one gang; pool `training` has room for 112 of it now"
+            "128 GPUs in one gang; pool training has room for 112 of it now"
         );
     }
 
@@ -899,7 +899,7 @@ mod tests {
         let u = e.plan_gang(&GangRequest::whole_nodes(64).with_segment(32)).unwrap_err();
         assert_eq!(
             u.to_string(),
-            "no-capacity: 64 GPUs in one gang in segments of 32 GPUs, each within one rack; pool `training` has room for 0 of it now"
+            "no-capacity: 64 GPUs in one gang in segments of 32 GPUs, each within one rack; pool training has room for 0 of it now"
         );
         // Segments larger than any rack can never fit.
         let u = e
@@ -919,7 +919,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             u.to_string(),
-            "constraint: no topology level `block`: the fleet's are `rack` (and `pool`)"
+            "constraint: no topology level block: the fleet's are rack (and pool)"
         );
         // The seed fleet: training has racks; serving is not a whole pool.
         let seed = Arc::new(Fleet::seed());
@@ -934,7 +934,7 @@ mod tests {
         let u = e.gang_constraint(&GangRequest::whole_nodes(136)).unwrap();
         assert_eq!(
             u.message(),
-            "136 GPUs in one gang; pool `training` could hold at most 128 of it"
+            "136 GPUs in one gang; pool training could hold at most 128 of it"
         );
     }
 

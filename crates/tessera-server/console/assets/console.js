@@ -14,6 +14,20 @@
     flash.textContent = text;
     flash.hidden = false;
   });
+  // A button marked data-copy="#id" copies that element's text and says so.
+  document.addEventListener("click", function (ev) {
+    var b = ev.target && ev.target.closest ? ev.target.closest("[data-copy]") : null;
+    if (!b) return;
+    var src = document.querySelector(b.getAttribute("data-copy"));
+    var status = document.getElementById(b.getAttribute("aria-describedby") || "");
+    if (!src) return;
+    var say = function (t) { if (status) status.textContent = t; };
+    if (navigator.clipboard && navigator.clipboard.writeText) {
+      navigator.clipboard.writeText(src.textContent.trim()).then(function () { say("Copied."); }, function () { say("Select the token and copy it."); });
+    } else {
+      say("Select the token and copy it.");
+    }
+  });
   // Buttons marked data-reload reload the page once their request succeeded.
   document.addEventListener("htmx:afterRequest", function (ev) {
     var el = ev.detail.elt;

@@ -151,12 +151,49 @@ struct TokenListFragment {
     list: TokenList,
 }
 
+/// The tokens page's choice for the platform-wide tokens (platform-admin and metrics), which
+/// belong to no tenant (no tenant name starts with `_`).
+pub const PLATFORM: &str = "_platform";
+
 async fn token_list(s: &AppState, c: &Caller, tenant: &str) -> Result<Vec<TokenView>, ApiError> {
+    if tenant == PLATFORM {
+        // Platform admins only (others never get here: their tenant is their own).
+        c.id.require_admin()?;
+        return Ok(tokens::list(s, &c.id, &None)
+            .await?
+            .into_iter()
+            .filter(|t| t.tenant.is_none())
+            .collect());
+    }
     Ok(tokens::list(s, &c.id, &Some(tenant.to_string()))
         .await?
         .into_iter()
         .filter(|t| t.tenant.as_deref() == Some(tenant))
         .collect())
+}
+
+/// The tenant of the tokens page: as [`tenant_of`], with the platform-wide tokens offered to
+/// platform admins.
+async fn token_tenant(s: &AppState, c: &Caller, asked: &str) -> Result<(String, Vec<Opt>), ApiError> {
+    let (mut tenant, mut opts) = tenant_of(s, c, asked).await?;
+    if c.id.is_admin() {
+        let platform = asked == PLATFORM;
+        if platform {
+            tenant = PLATFORM.to_string();
+            for o in &mut opts {
+                o.selected = false;
+            }
+        }
+        opts.insert(
+            0,
+            Opt {
+                value: PLATFORM.to_string(),
+                label: "platform-wide (platform-admin and metrics tokens)".into(),
+                selected: platform,
+            },
+        );
+    }
+    Ok((tenant, opts))
 }
 
 fn manages(c: &Caller) -> bool {
@@ -170,7 +207,7 @@ pub async fn tokens_page(
     c: Caller,
     Query(q): Query<TenantQuery>,
 ) -> Result<Response, ApiError> {
-    let (tenant, tenants) = tenant_of(&s, &c, &q.tenant).await?;
+    let (tenant, tenants) = token_tenant(&s, &c, &q.tenant).await?;
     let manage = manages(&c);
     let tokens = if manage {
         token_list(&s, &c, &tenant).await?
@@ -214,6 +251,7 @@ pub async fn create(State(s): State<AppState>, c: Caller, body: Bytes) -> Result
     } else {
         c.id.tenant.clone().unwrap_or_default()
     };
+    let platform = c.id.is_admin() && tenant == PLATFORM;
     let refuse = |field: &'static str, msg: String, tokens: Vec<TokenView>| TokenList {
         tenant: tenant.clone(),
         tokens,
@@ -223,13 +261,19 @@ pub async fn create(State(s): State<AppState>, c: Caller, body: Bytes) -> Result
         error: msg,
     };
     let role = match f.role.as_str() {
-        "viewer" => TokenRole::Viewer,
-        "member" => TokenRole::Member,
-        "tenant-admin" => TokenRole::TenantAdmin,
+        "viewer" if !platform => TokenRole::Viewer,
+        "member" if !platform => TokenRole::Member,
+        "tenant-admin" if !platform => TokenRole::TenantAdmin,
+        "platform-admin" if platform => TokenRole::PlatformAdmin,
+        "metrics" if platform => TokenRole::Metrics,
         _ => {
             let list = refuse(
                 "role",
-                "choose viewer, member or tenant-admin".into(),
+                if platform {
+                    "choose platform-admin or metrics".into()
+                } else {
+                    "choose viewer, member or tenant-admin".into()
+                },
                 token_list(&s, &c, &tenant).await?,
             );
             return Ok(unprocessable(html(&TokenListFragment { list })));
@@ -250,7 +294,7 @@ pub async fn create(State(s): State<AppState>, c: Caller, body: Bytes) -> Result
         },
     };
     let b = CreateToken {
-        tenant: Some(tenant.clone()),
+        tenant: (!platform).then(|| tenant.clone()),
         role,
         name: Some(f.name.trim().to_string()).filter(|n| !n.is_empty()),
         expires_in_s,
@@ -258,6 +302,21 @@ pub async fn create(State(s): State<AppState>, c: Caller, body: Bytes) -> Result
     let made = tokens::create(&s, &c.id, b).await;
     match made {
         Ok(t) => {
+            let what = format!(
+                "created token {} ({}), {} {}",
+                t.id,
+                if f.name.trim().is_empty() {
+                    "no name"
+                } else {
+                    f.name.trim()
+                },
+                role.as_str(),
+                if platform {
+                    "platform-wide".to_string()
+                } else {
+                    format!("of tenant {tenant}")
+                }
+            );
             let list = TokenList {
                 tenant: tenant.clone(),
                 tokens: token_list(&s, &c, &tenant).await?,
@@ -266,7 +325,9 @@ pub async fn create(State(s): State<AppState>, c: Caller, body: Bytes) -> Result
                 error_field: "",
                 error: String::new(),
             };
-            Ok(html(&TokenListFragment { list }))
+            let mut r = html(&TokenListFragment { list });
+            r.extensions_mut().insert(crate::audit::AuditObject(what));
+            Ok(r)
         }
         Err(e) if e.status == axum::http::StatusCode::UNPROCESSABLE_ENTITY => {
             let field = match e.field.as_deref() {
@@ -295,7 +356,7 @@ pub async fn revoke(
     Query(q): Query<TenantQuery>,
 ) -> Result<Response, ApiError> {
     tokens::revoke(&s, &c.id, &tid).await?;
-    let (tenant, _) = tenant_of(&s, &c, &q.tenant).await?;
+    let (tenant, _) = token_tenant(&s, &c, &q.tenant).await?;
     let list = TokenList {
         tokens: token_list(&s, &c, &tenant).await?,
         tenant,

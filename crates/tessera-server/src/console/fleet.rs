@@ -491,8 +491,70 @@ pub async fn node_op(
 struct AuditPage {
     chrome: Chrome,
     q: AuditQuery,
-    rows: Vec<tessera_store::AuditRecord>,
+    rows: Vec<AuditRow>,
+    /// Every tenant, for the tenant filter.
+    tenants: Vec<String>,
     next: Option<String>,
+}
+
+/// One audit record as the page shows it: who by name, and what changed by its object.
+pub struct AuditRow {
+    pub r: tessera_store::AuditRecord,
+    /// The actor: a token's name and id, else the actor as recorded.
+    pub actor: String,
+    /// The object and the change: `budget of tenant vision`, `node h100-03: cordon`.
+    pub what: String,
+}
+
+/// What an audit record changed, in words: the object its route names (a tenant, project,
+/// quota, budget, token, node or workload) and, where the handler said, the object it made.
+pub fn audit_what(action: &str, target: &str, detail: &str, token_name: impl Fn(&str) -> Option<String>) -> String {
+    let route = target
+        .strip_prefix("/api/v1/")
+        .or_else(|| target.strip_prefix("/console/"))
+        .unwrap_or(target);
+    let parts: Vec<&str> = route.split('/').filter(|p| !p.is_empty()).collect();
+    let token = |id: &str| match token_name(id) {
+        Some(n) if !n.is_empty() => format!("token {n} ({id})"),
+        _ => format!("token {id}"),
+    };
+    let object = match parts.as_slice() {
+        ["tenants"] => "a tenant".to_string(),
+        ["tenants", t] => format!("tenant {t}"),
+        ["tenants", t, "projects"] => format!("a project of tenant {t}"),
+        ["tenants", t, "projects", p, ..] => format!("project {t}/{p}"),
+        ["tenants", t, "quotas", rest @ ..] => match rest {
+            [] | ["remove"] => format!("a quota of tenant {t}"),
+            [class, ..] => format!("quota {class} of tenant {t}"),
+        },
+        ["tenants", t, "budget"] => format!("budget of tenant {t}"),
+        ["tenants", t, "priorities"] => format!("priority classes of tenant {t}"),
+        ["tenants", t, "image-policy", ..] => format!("image policy of tenant {t}"),
+        ["tenants", t, ..] => format!("tenant {t}"),
+        ["tokens"] => "a token".to_string(),
+        ["tokens", id, ..] => token(id),
+        ["fleet", "nodes", n, op] | ["nodes", n, op] => format!("node {n}: {op}"),
+        ["fleet", "nodes", n, ..] | ["nodes", n, ..] => format!("node {n}"),
+        ["workloads"] => "a workload".to_string(),
+        ["workloads", id, op] => format!("workload {id}: {op}"),
+        ["workloads", id, ..] => format!("workload {id}"),
+        ["signin"] | ["signout"] | ["login"] => parts[0].to_string(),
+        _ => String::new(),
+    };
+    let verb = action.split(' ').next().unwrap_or_default();
+    let mut out = match (detail.is_empty(), object.is_empty()) {
+        (false, true) => detail.to_string(),
+        (false, false) if detail.contains(' ') && (detail.starts_with("created") || object.starts_with('a')) => {
+            detail.to_string()
+        }
+        (false, false) => format!("{object}: {detail}"),
+        (true, false) => object,
+        (true, true) => action.to_string(),
+    };
+    if verb == "denied" || verb == "rate-limited" {
+        out = format!("{verb}: {out}");
+    }
+    out
 }
 
 #[derive(Deserialize, Default)]
@@ -533,13 +595,36 @@ pub async fn audit(State(s): State<AppState>, c: Caller, Query(q): Query<AuditQu
             .unwrap_or_default();
             format!("/console/audit?{qs}")
         });
+    // Token names by id (the admin sees every token), to name actors and tokens.
+    let names: HashMap<String, String> = s
+        .store
+        .list_tokens(None)
+        .await?
+        .into_iter()
+        .map(|t| (t.id, t.name))
+        .collect();
+    let name = |id: &str| names.get(id).cloned();
     let rows = scanned
         .into_iter()
-        .filter(|r| q.actor.is_empty() || r.actor.contains(&q.actor))
-        .filter(|r| q.action.is_empty() || r.action.contains(&q.action) || r.target.contains(&q.action))
+        .map(|r| AuditRow {
+            actor: match name(&r.actor) {
+                Some(n) if !n.is_empty() => format!("{n} ({})", r.actor),
+                _ => r.actor.clone(),
+            },
+            what: audit_what(&r.action, &r.target, &r.detail, name),
+            r,
+        })
+        .filter(|x| q.actor.is_empty() || x.actor.contains(&q.actor))
+        .filter(|x| {
+            q.action.is_empty()
+                || x.r.action.contains(&q.action)
+                || x.r.target.contains(&q.action)
+                || x.what.contains(&q.action)
+        })
         .collect();
     Ok(html(&AuditPage {
         chrome: Chrome::new(&c, &s, "audit"),
+        tenants: super::tenant_names(&s).await?,
         q,
         rows,
         next,
@@ -586,6 +671,56 @@ mod tests {
         assert_eq!(
             gpu_telemetry(&none, "a", 2, 5).1,
             "the backend has reported no telemetry"
+        );
+    }
+
+    #[test]
+    fn audit_rows_name_their_object() {
+        let names = |id: &str| (id == "7").then(|| "ci-bot".to_string());
+        let w = |action: &str, target: &str, detail: &str| audit_what(action, target, detail, names);
+        assert_eq!(
+            w("POST /console/tenants", "/console/tenants", "created tenant stark"),
+            "created tenant stark"
+        );
+        assert_eq!(
+            w(
+                "POST /console/tenants/{tenant}/budget",
+                "/console/tenants/vision/budget",
+                ""
+            ),
+            "budget of tenant vision"
+        );
+        assert_eq!(
+            w("POST /console/tokens/{id}/revoke", "/console/tokens/7/revoke", ""),
+            "token ci-bot (7)"
+        );
+        assert_eq!(
+            w(
+                "POST /console/fleet/nodes/{name}/{action}",
+                "/console/fleet/nodes/h100-03/cordon",
+                ""
+            ),
+            "node h100-03: cordon"
+        );
+        assert_eq!(
+            w(
+                "PUT /api/v1/tenants/{tenant}/priorities",
+                "/api/v1/tenants/nlp/priorities",
+                "priority classes standard → high"
+            ),
+            "priority classes of tenant nlp: priority classes standard → high"
+        );
+        assert_eq!(
+            w("denied POST /console/tenants", "/console/tenants", ""),
+            "denied: a tenant"
+        );
+        assert_eq!(
+            w(
+                "POST /console/tenants/{tenant}/projects/{project}/delete",
+                "/console/tenants/vision/projects/train/delete",
+                ""
+            ),
+            "project vision/train"
         );
     }
 

@@ -22,6 +22,7 @@ pub mod queue;
 pub mod request;
 pub mod signin;
 pub mod tenants;
+pub mod why;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -74,6 +75,17 @@ pub fn router(state: &AppState) -> axum::Router<AppState> {
         .layer(axum::middleware::from_fn_with_state(state.clone(), errors::middleware))
         // Pages and assets are sent gzip-compressed to browsers that accept it.
         .layer(tower_http::compression::CompressionLayer::new().gzip(true))
+}
+
+/// Every tenant's name, sorted (the first 1,000): the choices of a platform admin's tenant
+/// filter. Only ever called for platform admins.
+pub async fn tenant_names(s: &AppState) -> Result<Vec<String>, ApiError> {
+    Ok(s.store
+        .list_tenants(None, 1000)
+        .await?
+        .into_iter()
+        .map(|t| t.name)
+        .collect())
 }
 
 /// Whether the request middleware resolves the caller of `path` (and, for changes, checks the

@@ -74,7 +74,10 @@ fn row(w: &Workload) -> Row {
         name: w.name.clone(),
         shape: shape_words(w),
         state: w.state.as_str(),
-        reason: w.reason.clone().unwrap_or_default(),
+        reason: super::why::sentence(
+            w.reason_code.as_deref().unwrap_or_default(),
+            w.reason.as_deref().unwrap_or_default(),
+        ),
         placed: w
             .allocation
             .as_ref()
@@ -110,7 +113,7 @@ pub async fn overview(State(s): State<AppState>, c: Caller) -> Result<Response, 
     } else {
         Vec::new()
     };
-    let recent = list(&s, &c, &Filter::default(), 10).await?;
+    let (recent, _) = list(&s, &c, &Filter::default(), 10).await?;
     Ok(html(&Overview {
         chrome: Chrome::new(&c, &s, "overview"),
         pools,
@@ -124,29 +127,83 @@ pub async fn overview(State(s): State<AppState>, c: Caller) -> Result<Response, 
 pub struct Filter {
     #[serde(default)]
     pub state: String,
+    /// A project, as `tenant/project` (the form the list shows) or, within the caller's own
+    /// tenant, its bare name.
     #[serde(default)]
     pub project: String,
+    /// Platform admins: one tenant.
+    #[serde(default)]
+    pub tenant: String,
+    /// `newest` (the default), `oldest`, `name` or `state`.
+    #[serde(default)]
+    pub sort: String,
+    /// The page, from 0, of [`PER_PAGE`] rows.
+    #[serde(default)]
+    pub page: usize,
     /// `rows`: only the table body (the page polls it).
     #[serde(default)]
     pub part: String,
 }
 
-async fn list(s: &AppState, c: &Caller, f: &Filter, limit: u32) -> Result<Vec<Row>, ApiError> {
+/// Rows a page of the workload list shows.
+pub const PER_PAGE: usize = 50;
+/// The orders the list sorts by, with their words.
+const SORTS: [(&str, &str); 4] = [
+    ("newest", "newest first"),
+    ("oldest", "oldest first"),
+    ("name", "name"),
+    ("state", "state"),
+];
+/// How many workloads a sort other than newest-first looks at (the newest this many).
+const SORT_SCAN: u32 = 5_000;
+
+/// The tenant and project `f` asks for: `tenant/project`, or a bare project of the caller's
+/// own tenant (platform admins: of the tenant filter).
+fn project_filter(c: &Caller, f: &Filter) -> (Option<String>, Option<String>) {
+    let tenant = (!f.tenant.is_empty()).then(|| f.tenant.clone());
+    match f.project.split_once('/') {
+        Some((t, p)) => (Some(t.to_string()), Some(p.to_string())),
+        None if f.project.is_empty() => (tenant, None),
+        None => (tenant.or_else(|| c.id.tenant.clone()), Some(f.project.clone())),
+    }
+}
+
+/// One page of the caller's workloads matching `f`, and whether there is a next page. The
+/// store answers newest first and always within the caller's tenant (`scope`), whatever the
+/// filters name.
+async fn list(s: &AppState, c: &Caller, f: &Filter, per_page: usize) -> Result<(Vec<Row>, bool), ApiError> {
     let phases = WorkloadState::parse(&f.state).map(views::phases).unwrap_or_default();
+    let (tenant, project) = project_filter(c, f);
+    let newest = f.sort.is_empty() || f.sort == "newest";
+    let skip = f.page.saturating_mul(per_page);
     let filter = tessera_store::WorkloadFilter {
         scope: c.id.scope().map(str::to_string),
-        tenant: None,
-        project: (!f.project.is_empty()).then(|| f.project.clone()),
+        tenant,
+        project,
         phases,
         before: None,
-        limit,
+        limit: if newest {
+            u32::try_from(skip + per_page + 1).unwrap_or(u32::MAX)
+        } else {
+            SORT_SCAN
+        },
     };
-    Ok(s.store
-        .list_workloads(&filter)
-        .await?
-        .iter()
-        .map(|w| row(&views::workload(w)))
-        .collect())
+    let mut all = s.store.list_workloads(&filter).await?;
+    match f.sort.as_str() {
+        "oldest" => all.reverse(),
+        "name" => all.sort_by(|a, b| a.spec.name.cmp(&b.spec.name).then(b.id.cmp(&a.id))),
+        "state" => all.sort_by(|a, b| a.phase.as_str().cmp(b.phase.as_str()).then(b.id.cmp(&a.id))),
+        _ => {}
+    }
+    let more = all.len() > skip + per_page;
+    Ok((
+        all.iter()
+            .skip(skip)
+            .take(per_page)
+            .map(|w| row(&views::workload(w)))
+            .collect(),
+        more,
+    ))
 }
 
 #[derive(Template)]
@@ -155,9 +212,16 @@ struct Workloads {
     chrome: Chrome,
     rows: Vec<Row>,
     states: Vec<(&'static str, bool)>,
-    project: String,
+    /// `(tenant/project, selected)`: the projects the caller may see.
+    projects: Vec<(String, bool)>,
+    /// Platform admins: `(tenant, selected)`.
+    tenants: Vec<(String, bool)>,
+    sorts: Vec<(&'static str, &'static str, bool)>,
     query: String,
     can_write: bool,
+    first: usize,
+    prev: Option<String>,
+    next: Option<String>,
 }
 
 #[derive(Template)]
@@ -180,12 +244,70 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             ),
         ));
     }
-    let rows = list(&s, &c, &f, 100).await?;
-    let can_write = c.id.is_admin() || c.id.role != crate::auth::Role::Viewer;
+    if !f.sort.is_empty() && !SORTS.iter().any(|(k, _)| *k == f.sort) {
+        return Err(ApiError::invalid(
+            "sort",
+            format!("unknown order `{}` ({})", f.sort, SORTS.map(|(k, _)| k).join(", ")),
+        ));
+    }
+    let admin = c.id.is_admin();
+    let can_write = admin || c.id.role != crate::auth::Role::Viewer;
     if f.part == "rows" {
+        // The polled rows: the filters were checked when the page was made.
+        let (rows, _) = list(&s, &c, &f, PER_PAGE).await?;
         return Ok(html(&WorkloadRows { rows, can_write }));
     }
-    let query = serde_urlencoded::to_string([("state", &f.state), ("project", &f.project)]).unwrap_or_default();
+    // The tenants and projects the caller may see: the choices of the filters. A value that
+    // is not among them is refused, not answered with an empty list.
+    let tenants: Vec<String> = if admin {
+        super::tenant_names(&s).await?
+    } else {
+        c.id.tenant.clone().into_iter().collect()
+    };
+    let tenant_ok = f.tenant.is_empty() || (admin && tenants.contains(&f.tenant));
+    if !tenant_ok {
+        return Err(ApiError::invalid(
+            "tenant",
+            format!("no tenant `{}` to choose", f.tenant),
+        ));
+    }
+    let mut projects: Vec<String> = Vec::new();
+    for t in tenants.iter().filter(|t| f.tenant.is_empty() || **t == f.tenant) {
+        for p in s.store.list_projects(t, None, 1000).await? {
+            projects.push(format!("{}/{}", p.tenant, p.name));
+        }
+    }
+    let (pt, pp) = project_filter(&c, &f);
+    let asked = pp.as_ref().map(|p| format!("{}/{p}", pt.clone().unwrap_or_default()));
+    if let Some(a) = &asked
+        && !projects.contains(a)
+    {
+        return Err(ApiError::invalid(
+            "project",
+            format!("no project `{}` to choose", f.project),
+        ));
+    }
+    let (rows, more) = list(&s, &c, &f, PER_PAGE).await?;
+    let link = |page: usize| {
+        serde_urlencoded::to_string([
+            ("state", f.state.as_str()),
+            ("tenant", f.tenant.as_str()),
+            ("project", f.project.as_str()),
+            ("sort", f.sort.as_str()),
+            ("page", &page.to_string()),
+        ])
+        .map(|q| format!("/console/workloads?{q}"))
+        .unwrap_or_default()
+    };
+    let query = serde_urlencoded::to_string([
+        ("state", f.state.as_str()),
+        ("tenant", f.tenant.as_str()),
+        ("project", f.project.as_str()),
+        ("sort", f.sort.as_str()),
+        ("page", &f.page.to_string()),
+    ])
+    .unwrap_or_default();
+    let sort = if f.sort.is_empty() { "newest" } else { f.sort.as_str() };
     Ok(html(&Workloads {
         chrome: Chrome::new(&c, &s, "workloads"),
         rows,
@@ -193,9 +315,24 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             .iter()
             .map(|x| (x.as_str(), x.as_str() == f.state))
             .collect(),
-        project: f.project,
+        projects: projects
+            .into_iter()
+            .map(|p| {
+                let sel = asked.as_deref() == Some(p.as_str());
+                (p, sel)
+            })
+            .collect(),
+        tenants: if admin {
+            tenants.into_iter().map(|t| (t.clone(), t == f.tenant)).collect()
+        } else {
+            Vec::new()
+        },
+        sorts: SORTS.iter().map(|(k, w)| (*k, *w, *k == sort)).collect(),
         query,
         can_write,
+        first: f.page * PER_PAGE,
+        prev: (f.page > 0).then(|| link(f.page - 1)),
+        next: more.then(|| link(f.page + 1)),
     }))
 }
 
@@ -269,6 +406,8 @@ struct WorkloadLive {
     cost: Cost,
     /// Its GPUs' use now from telemetry, in words ([`gpu_use`]); empty when not running.
     gpu_use: String,
+    /// While it waits: why, what to do, its place in the queue, the pools that cannot serve it.
+    waits: Option<Waits>,
 }
 
 /// What workload `id` uses of its GPUs now, from the latest telemetry no older than two
@@ -319,6 +458,62 @@ pub fn gpu_use(t: &crate::lifecycle::Telemetry, id: u64, whole: &[(&str, u8)], n
             active * 100.0 / f64::from(n)
         )
     }
+}
+
+/// Why a waiting workload waits, on its page.
+pub struct Waits {
+    pub code: &'static str,
+    pub sentence: String,
+    pub next: String,
+    /// `3rd of 7 waiting in tenant vision's queue`.
+    pub position: String,
+    /// Each pool whose sharing cannot serve the shape, as a sentence.
+    pub not_serving: Vec<String>,
+    /// The queue page listing the workloads waiting for the same reason.
+    pub same_reason: String,
+}
+
+/// Why workload `id` waits, if it is in the published queue.
+fn waits(s: &AppState, admin: bool, id: u64) -> Option<Waits> {
+    let snap = s.lifecycle.snapshot();
+    let w = snap.queue.waiting.iter().find(|w| w.workload.id.0 == id)?;
+    let wl = &*w.workload;
+    let code = wl.reason.as_ref().map_or(super::why::NOT_YET, |r| r.code.as_str());
+    let tenant = wl.spec.tenant.as_str();
+    let places = super::why::positions(&snap.queue.waiting, &s.priorities, |t| t == tenant);
+    let fleet = &snap.fleet;
+    let not_serving = match (&snap.trial, &wl.spec.shape.gpu) {
+        (Some(trial), g) if !matches!(g, tessera_domain::GpuSpec::Gang(_)) => {
+            crate::lifecycle::placement::engine_request(fleet, &wl.spec.shape, wl.spec.cpu_milli, wl.spec.memory_mib)
+                .map(|req| {
+                    trial
+                        .pools_not_serving(&req)
+                        .iter()
+                        .map(|u| super::why::sentence("", &u.message()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
+    let same_reason = serde_urlencoded::to_string([("tenant", tenant), ("reason", code)])
+        .map(|q| format!("/console/queue?{q}#waiting-h"))
+        .unwrap_or_default();
+    Some(Waits {
+        code,
+        sentence: wl
+            .reason
+            .as_ref()
+            .map(|r| super::why::sentence(code, &r.detail))
+            .unwrap_or_else(|| "The scheduler has not looked at it yet.".into()),
+        next: super::why::next_step(code, admin, crate::clock::now_ms()),
+        position: places
+            .get(&id)
+            .map(|p| super::why::position_words(tenant, *p))
+            .unwrap_or_default(),
+        not_serving,
+        same_reason,
+    })
 }
 
 /// A workload's cost on its page: its use so far from the ledger, and — with a duration —
@@ -522,7 +717,13 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
     } else {
         String::new()
     };
+    let waits = if r.ended || w.state != WorkloadState::Queued {
+        None
+    } else {
+        waits(s, c.id.is_admin(), w.id)
+    };
     Ok(WorkloadLive {
+        waits,
         cost,
         gpu_use,
         shares,

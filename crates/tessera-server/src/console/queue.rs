@@ -17,7 +17,7 @@ use serde::Deserialize;
 use tessera_api::WorkloadState;
 
 use super::pages::took;
-use super::{Caller, Chrome, html};
+use super::{Caller, Chrome, html, why};
 use crate::AppState;
 use crate::http::views;
 use crate::lifecycle::snapshot::Waiting;
@@ -33,6 +33,9 @@ pub struct QueueQuery {
     pub tenant: String,
     #[serde(default)]
     pub priority: String,
+    /// A reason code: only the workloads waiting for it.
+    #[serde(default)]
+    pub reason: String,
     #[serde(default)]
     pub page: usize,
     /// `live`: only the refreshed fragment.
@@ -60,7 +63,20 @@ pub struct WaitRow {
     pub shape: String,
     pub age: String,
     pub code: &'static str,
+    /// Why it waits, as one sentence, and what to do.
     pub detail: String,
+    pub next: String,
+    /// Its place in its tenant's queue: `3rd of 7`.
+    pub position: String,
+}
+
+/// How many wait for one reason, with a link to them.
+pub struct ReasonCount {
+    pub code: &'static str,
+    pub label: &'static str,
+    pub count: u64,
+    pub href: String,
+    pub selected: bool,
 }
 
 /// A refusal or preemption.
@@ -78,7 +94,7 @@ pub struct Ended {
 struct Live {
     total: usize,
     groups: Vec<Group>,
-    reasons: Vec<(&'static str, u64)>,
+    reasons: Vec<ReasonCount>,
     rows: Vec<WaitRow>,
     first: usize,
     next: Option<String>,
@@ -116,7 +132,7 @@ fn refused(s: &AppState, admin: bool, tenant: &str) -> Vec<RefusedRow> {
             tenant: r.tenant,
             project: r.project,
             name: r.name,
-            detail: after_code(r.code, &r.detail),
+            detail: why::sentence(r.code, &r.detail),
             code: r.code,
         })
         .collect()
@@ -128,6 +144,9 @@ struct QueuePage {
     chrome: Chrome,
     q: QueueQuery,
     pools: Vec<String>,
+    /// Admins: the tenants to filter by (every tenant, and those that have work waiting).
+    tenants: Vec<String>,
+    priorities: Vec<String>,
     admin: bool,
     live: Live,
 }
@@ -155,14 +174,27 @@ fn matches(w: &Waiting, q: &QueueQuery) -> bool {
         && (q.priority.is_empty() || spec.priority == q.priority)
 }
 
-/// Aggregates and the page of waiting workloads that match `q`.
-fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
+fn code_of(w: &tessera_domain::Workload) -> &'static str {
+    w.reason.as_ref().map_or(why::NOT_YET, |r| r.code.as_str())
+}
+
+/// Aggregates and the page of waiting workloads that match `q` (the reason counts over all
+/// that match the other filters, so each links to its own list); `ranks`: the priority
+/// classes, most important first (for each row's place in its tenant's queue); `admin`: the
+/// reader raises quotas and budgets themselves.
+fn waiting(all: &[Waiting], q: &QueueQuery, now: i64, ranks: &[String], admin: bool) -> Live {
     let mut groups: BTreeMap<(&str, &str), (u64, u64, i64)> = BTreeMap::new();
     let mut reasons: BTreeMap<&'static str, u64> = BTreeMap::new();
     let first = q.page * PER_PAGE;
     let mut total = 0;
     let mut rows = Vec::new();
+    let mut page_tenants: Vec<&str> = Vec::new();
     for (entry, w) in all.iter().filter(|w| matches(w, q)).map(|e| (e, &*e.workload)) {
+        let code = code_of(w);
+        *reasons.entry(code).or_default() += 1;
+        if !q.reason.is_empty() && code != q.reason {
+            continue;
+        }
         total += 1;
         let g = groups
             .entry((&w.spec.tenant, &w.spec.priority))
@@ -170,9 +202,10 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
         g.0 += 1;
         g.1 += w.units.as_milli();
         g.2 = g.2.min(w.created_at);
-        let code = w.reason.as_ref().map_or("not-yet-scheduled", |r| r.code.as_str());
-        *reasons.entry(code).or_default() += 1;
         if total > first && rows.len() < PER_PAGE {
+            if !page_tenants.contains(&w.spec.tenant.as_str()) {
+                page_tenants.push(&w.spec.tenant);
+            }
             rows.push(WaitRow {
                 id: w.id.0,
                 tenant: w.spec.tenant.clone(),
@@ -185,24 +218,43 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
                 detail: w
                     .reason
                     .as_ref()
-                    .map(|r| after_code(code, &r.detail))
+                    .map(|r| why::sentence(code, &r.detail))
                     .unwrap_or_default(),
+                next: why::next_step(code, admin, now),
+                position: String::new(),
                 code,
             });
         }
     }
-    let link = |page: usize| {
+    // Each row's place in its tenant's queue, among all the tenant's waiting work.
+    let places = why::positions(all, ranks, |t| page_tenants.contains(&t));
+    for r in &mut rows {
+        if let Some(p) = places.get(&r.id) {
+            r.position = why::position_words(&r.tenant, *p);
+        }
+    }
+    let link = |page: usize, reason: &str| {
         serde_urlencoded::to_string([
             ("pool", q.pool.as_str()),
             ("tenant", q.tenant.as_str()),
             ("priority", q.priority.as_str()),
+            ("reason", reason),
             ("page", &page.to_string()),
         ])
-        .map(|qs| format!("/console/queue?{qs}"))
+        .map(|qs| format!("/console/queue?{qs}#waiting-h"))
         .unwrap_or_default()
     };
-    let mut reasons: Vec<(&'static str, u64)> = reasons.into_iter().collect();
-    reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut reasons: Vec<ReasonCount> = reasons
+        .into_iter()
+        .map(|(code, count)| ReasonCount {
+            code,
+            label: why::label(code),
+            count,
+            href: link(0, if q.reason == code { "" } else { code }),
+            selected: q.reason == code,
+        })
+        .collect();
+    reasons.sort_by(|a, b| b.count.cmp(&a.count).then(a.code.cmp(b.code)));
     Live {
         total,
         groups: groups
@@ -218,23 +270,12 @@ fn waiting(all: &[Waiting], q: &QueueQuery, now: i64) -> Live {
         reasons,
         rows,
         first,
-        next: (total > first + PER_PAGE).then(|| link(q.page + 1)),
-        prev: (q.page > 0).then(|| link(q.page - 1)),
+        next: (total > first + PER_PAGE).then(|| link(q.page + 1, &q.reason)),
+        prev: (q.page > 0).then(|| link(q.page - 1, &q.reason)),
         recent: Vec::new(),
         refused: Vec::new(),
         query: String::new(),
     }
-}
-
-/// A reason's text without the code it may start with (`fragmentation: …` shown beside the
-/// code `fragmentation`): the code is its own column.
-fn after_code(code: &str, detail: &str) -> String {
-    detail
-        .strip_prefix(code)
-        .and_then(|rest| rest.strip_prefix(": "))
-        .filter(|_| !code.is_empty())
-        .unwrap_or(detail)
-        .to_string()
 }
 
 /// The newest refusals and preemptions (ended workloads whose reason says so), up to 20.
@@ -264,7 +305,7 @@ async fn recent(s: &AppState, c: &Caller, q: &QueueQuery) -> Result<Vec<Ended>, 
             id: w.id,
             state: w.state.as_str(),
             code: w.reason_code.clone().unwrap_or_default(),
-            detail: after_code(
+            detail: why::sentence(
                 w.reason_code.as_deref().unwrap_or_default(),
                 w.reason.as_deref().unwrap_or_default(),
             ),
@@ -305,13 +346,31 @@ pub async fn queue(
             format!("unknown pool `{}` ({})", q.pool, pools.join(", ")),
         ));
     }
-    let mut live = waiting(&snap.queue.waiting, &q, crate::clock::now_ms());
+    if !q.reason.is_empty() && tessera_domain::ReasonCode::parse(&q.reason).is_none() && q.reason != why::NOT_YET {
+        return Err(ApiError::invalid("reason", format!("unknown reason `{}`", q.reason)));
+    }
+    if !q.priority.is_empty() && !s.priorities.contains(&q.priority) {
+        return Err(ApiError::invalid(
+            "priority",
+            format!("unknown priority class `{}` ({})", q.priority, s.priorities.join(", ")),
+        ));
+    }
+    let tenants = if admin {
+        super::tenant_names(&s).await?
+    } else {
+        Vec::new()
+    };
+    if admin && !q.tenant.is_empty() && !tenants.contains(&q.tenant) {
+        return Err(ApiError::invalid("tenant", format!("no tenant `{}`", q.tenant)));
+    }
+    let mut live = waiting(&snap.queue.waiting, &q, crate::clock::now_ms(), &s.priorities, admin);
     live.recent = recent(&s, &c, &q).await?;
     live.refused = refused(&s, admin, &q.tenant);
     live.query = serde_urlencoded::to_string([
         ("pool", q.pool.as_str()),
         ("tenant", q.tenant.as_str()),
         ("priority", q.priority.as_str()),
+        ("reason", q.reason.as_str()),
         ("page", &q.page.to_string()),
     ])
     .unwrap_or_default();
@@ -322,6 +381,8 @@ pub async fn queue(
         chrome: Chrome::new(&c, &s, "queue"),
         q,
         pools,
+        tenants,
+        priorities: s.priorities.to_vec(),
         admin,
         live,
     }))
@@ -347,16 +408,6 @@ mod tests {
     }
 
     #[test]
-    fn a_reason_is_not_prefixed_by_its_code_twice() {
-        assert_eq!(
-            after_code("fragmentation", "fragmentation: 32 GPUs in one rack"),
-            "32 GPUs in one rack"
-        );
-        assert_eq!(after_code("quota", "tenant vision holds 8"), "tenant vision holds 8");
-        assert_eq!(after_code("", ": x"), ": x");
-    }
-
-    #[test]
     fn the_queue_aggregates_all_it_matches_and_pages_through_the_rows() {
         let all: Vec<Waiting> = (0..250)
             .map(|i| {
@@ -375,7 +426,8 @@ mod tests {
             page: 1,
             ..QueueQuery::default()
         };
-        let live = waiting(&all, &q, 61_000);
+        let ranks = ["normal".to_string()];
+        let live = waiting(&all, &q, 61_000, &ranks, false);
         assert_eq!(live.total, 125);
         assert_eq!(live.first, 100);
         assert_eq!(live.rows.len(), 25, "the second page holds the rest");
@@ -387,8 +439,26 @@ mod tests {
             live.groups[0].oldest, "1 min 00 s",
             "the oldest of the group waited 60 s"
         );
-        assert_eq!(live.reasons, [("not-yet-scheduled", 100), ("quota", 25)]);
-        let everyone = waiting(&all, &QueueQuery::default(), 61_000);
+        let counts: Vec<(&str, u64)> = live.reasons.iter().map(|r| (r.code, r.count)).collect();
+        assert_eq!(counts, [("not-yet-scheduled", 100), ("quota", 25)]);
+        assert!(
+            live.reasons[1].href.contains("reason=quota") && live.reasons[1].href.contains("tenant=vision"),
+            "{}",
+            live.reasons[1].href
+        );
+        assert_eq!(live.rows[0].position, "101st of 125 waiting in tenant vision's queue");
+        assert!(live.rows[0].next.starts_with("Next: "));
+        let quota = QueueQuery {
+            tenant: "vision".into(),
+            reason: "quota".into(),
+            ..QueueQuery::default()
+        };
+        let only = waiting(&all, &quota, 61_000, &ranks, false);
+        assert_eq!(only.total, 25, "the quota link lists the 25 over quota");
+        assert!(only.rows.iter().all(|r| r.code == "quota"));
+        assert_eq!(only.reasons.len(), 2, "the other counts stay to switch to");
+        assert!(only.reasons[1].selected && !only.reasons[1].href.contains("reason=quota"));
+        let everyone = waiting(&all, &QueueQuery::default(), 61_000, &ranks, true);
         assert_eq!(
             (everyone.total, everyone.rows.len(), everyone.groups.len()),
             (250, 100, 2)

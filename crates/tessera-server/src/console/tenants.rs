@@ -70,6 +70,46 @@ impl Card {
         }
     }
 
+    /// The budget field's value: as typed before a refusal, else the budget set (empty: none).
+    pub fn budget_value(&self) -> String {
+        if self.err.form == "budget" {
+            return self.value("budget", "monthly_unit_hours").to_string();
+        }
+        self.quotas
+            .budget
+            .as_ref()
+            .map(|b| b.monthly_unit_hours.to_string())
+            .unwrap_or_default()
+    }
+
+    /// The quotas in one line for the summary table: `training 8 of 8 guaranteed (limit 16)`.
+    pub fn quota_summary(&self) -> String {
+        if self.quotas.quotas.is_empty() {
+            return "none".into();
+        }
+        self.quotas
+            .quotas
+            .iter()
+            .map(|q| {
+                let limit = q.limit.map(|l| format!(", limit {l}")).unwrap_or_default();
+                format!("{}: {} used of {} guaranteed{limit}", q.class, q.used, q.guaranteed)
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// The budget in one line for the summary table.
+    pub fn budget_summary(&self) -> String {
+        match &self.quotas.budget {
+            Some(b) => format!(
+                "{} of {} GPU-unit-hours spent",
+                super::uh(b.spent_unit_hours),
+                super::uh(b.monthly_unit_hours)
+            ),
+            None => "no budget".into(),
+        }
+    }
+
     /// The grant as shown: `granted: standard, high`, or `default: standard, opportunistic`.
     pub fn grant_text(&self) -> String {
         let classes = self.priorities.join(", ");
@@ -329,11 +369,14 @@ pub async fn create_tenant(State(s): State<AppState>, c: Caller, body: Bytes) ->
             .filter(|d| !d.is_empty()),
         priorities: None,
     };
+    let name = b.name.clone();
     let made = tenancy::create_tenant(&s, &c.id, b).await.map(|_| ());
     match made {
         Ok(()) => {
             let mut r = StatusCode::OK.into_response();
             r.headers_mut().insert("hx-refresh", HeaderValue::from_static("true"));
+            r.extensions_mut()
+                .insert(crate::audit::AuditObject(format!("created tenant {name}")));
             Ok(r)
         }
         Err(e) if e.status == StatusCode::UNPROCESSABLE_ENTITY || e.status == StatusCode::CONFLICT => {
@@ -355,8 +398,13 @@ pub async fn create_project(
     let b = CreateProject {
         name: f.get("name").map(|n| n.trim().to_string()).unwrap_or_default(),
     };
+    let what = format!("created project {tenant}/{}", b.name);
     let result = tenancy::create_project(&s, &c.id, &tenant, b).await.map(|_| ());
-    answer(&s, &c, &tenant, result, |e| refusal("project", &["name"], "name", e, f)).await
+    let mut r = answer(&s, &c, &tenant, result, |e| refusal("project", &["name"], "name", e, f)).await?;
+    if r.status().is_success() {
+        r.extensions_mut().insert(crate::audit::AuditObject(what));
+    }
+    Ok(r)
 }
 
 /// `POST /console/tenants/{tenant}/projects/{project}/delete`: deletes a project (refused while

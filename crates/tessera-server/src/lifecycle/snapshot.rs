@@ -142,6 +142,14 @@ impl Trial {
             .unwrap_or_default()
     }
 
+    /// The pools whose sharing mode cannot serve `req`'s shape, each with why.
+    pub fn pools_not_serving(&self, req: &Request) -> Vec<tessera_sched::Unplaceable> {
+        self.engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pools_not_serving(req)
+    }
+
     /// The whole pools the engine would try for gang `g`, in its order.
     pub fn gang_pools(&self, g: &tessera_model::request::GangRequest) -> Vec<PoolId> {
         self.engine.lock().unwrap_or_else(|p| p.into_inner()).gang_pools(g)

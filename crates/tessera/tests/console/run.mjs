@@ -52,6 +52,16 @@ function api(method, path, body) {
   });
 }
 
+// Screenshots at a laptop's and a phone's size (name-1440.png, name-390.png).
+async function sizes(page, name) {
+  const v = page.viewportSize();
+  for (const [width, height] of [[1440, 900], [390, 844]]) {
+    await page.setViewportSize({ width, height });
+    await page.screenshot({ path: `${SHOTS}/${name}-${width}.png`, fullPage: true });
+  }
+  await page.setViewportSize(v);
+}
+
 async function tokenSignIn(page, token) {
   await page.goto(`${BASE}/console/signin`);
   await page.fill('#token', token);
@@ -165,6 +175,14 @@ try {
     if (!queued.includes('quota')) await admin.waitForTimeout(250);
   }
   check(queued.includes('quota') && queued.includes('serving') && queued.includes('MIG 1g.10gb'), `the waiting row: ${queued}`);
+  // Why, in one sentence, with the next step and the place in the tenant's queue.
+  check(queued.includes('Next: raise the tenant') && queued.includes("waiting in tenant nlp's queue") && !queued.includes('`'), `the waiting row says why and what to do: ${queued}`);
+  step('reason counts link to the workloads waiting for that reason');
+  await admin.click('#reason-counts a:has-text("over quota")');
+  await admin.waitForURL(/reason=quota/);
+  check(await admin.locator(`#q-${waitId}`).count() === 1, 'the quota link lists the waiting workload');
+  await axe(admin, 'queue-reason');
+  await sizes(admin, 'queue-reason');
   // Refused at submission (never stored): nlp over its limit without waiting, vision asking
   // for a gang no node holds. The admin sees both; nlp's member (below) only nlp's.
   r = await api('POST', '/api/v1/workloads', { tenant: 'nlp', project: 'p', name: 'impatient', shape: { mig: '1g.10gb', pool: 'serving' }, no_wait: true });
@@ -213,15 +231,26 @@ try {
   // The waiting workload's page, left open: it turns running below without a reload.
   await other.goto(`${BASE}/console/workloads/${waitId}`);
   check((await other.textContent('.facts')).includes('queued'), 'it waits');
+  step('the waiting workload says why, what to do and where it stands');
+  check((await other.textContent('#waits-next')).includes('ask your platform admin'), 'a member is told to ask the admin');
+  check((await other.textContent('#waits-position')).includes("waiting in tenant nlp's queue"), 'its place in the queue');
+  check((await other.locator('#waits-pools li').allTextContents()).some((t) => t.includes('Pool training cannot serve MIG 1g.10gb')), 'the pools that cannot serve it');
+  await axe(other, 'workload-waits');
+  await sizes(other, 'workload-waits');
+  await other.goto(`${BASE}/console/workloads/${waitId}`);
 
   // 5b. The admin edits nlp's quota in the form (through the API's handler); the API then
   // reports the new value; a bad value gets its message next to the field and changes nothing.
   step('the admin edits a quota in the form and the API reports it');
   await admin.goto(`${BASE}/console/tenants`);
+  check(await admin.locator('#tenant-summary #sum-nlp').count() === 1, 'a summary row per tenant');
+  await admin.click('#panel-nlp > summary');
   await axe(admin, 'tenants');
+  await sizes(admin, 'tenants');
   // Afresh: axe leaves empty style attributes behind, which htmx's settle would copy (the CSP
   // refuses inline style, so that would be reported as a violation).
   await admin.goto(`${BASE}/console/tenants`);
+  await admin.click('#panel-nlp > summary');
   await admin.selectOption('#nlp-quota-class', 'serving');
   await admin.fill('#nlp-quota-guaranteed', '1');
   await admin.fill('#nlp-quota-limit', '2');
@@ -285,7 +314,7 @@ try {
   await member.click('#preview-button');
   await member.waitForSelector('#preview');
   const never = await member.textContent('#preview .verdict');
-  check(/Would refused: constraint: 40 GPUs in one rack; the largest rack of pool `training`, `r\d`, could hold at most 32 of it/.test(never.replace(/\s+/g, ' ')), `a gang no rack holds: ${never}`);
+  check(/Would refused: constraint: 40 GPUs in one rack; the largest rack of pool training, r\d, could hold at most 32 of it/.test(never.replace(/\s+/g, ' ')), `a gang no rack holds: ${never}`);
   check(await member.locator('#submit-button').count() === 0, 'no submit for a refused gang');
   step('bad gang fields are named at once');
   // Number boxes take numbers only: out of the API's bounds, each said in the form's units.
@@ -391,6 +420,13 @@ try {
   step('cancel it');
   await alice.goto(`${BASE}/console/workloads`);
   await axe(alice, 'workloads');
+  step('the workload list filters by tenant/project from a list and sorts');
+  await alice.selectOption('#f-project', 'vision/train');
+  await alice.selectOption('#f-sort', 'oldest');
+  await Promise.all([alice.waitForURL(/sort=oldest/), alice.click('form.filters button[type=submit]')]);
+  check(await alice.locator('#rows tr[id^="w-"]').count() > 0, 'the filtered list has rows');
+  await axe(alice, 'workloads-filtered');
+  await sizes(alice, 'workloads');
   await alice.click(`#w-${wid} button`);
   // Polled from here: waitForFunction would evaluate a string in the page, which the CSP forbids.
   let row = '';
