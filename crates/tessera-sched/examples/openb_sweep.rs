@@ -29,6 +29,7 @@ fn main() {
     let policy = args.get(3).cloned().unwrap_or_else(|| "tessera".into());
     let dir = std::env::var("TESSERA_OPENB_DIR").unwrap_or_else(|_| "../shared/traces/openb".into());
     let pair: Option<f64> = std::env::var("PAIR_WEIGHT").ok().map(|v| v.parse().unwrap());
+    let price: Option<f64> = std::env::var("PRICE_WEIGHT").ok().map(|v| v.parse().unwrap());
     let threads: usize = std::env::var("THREADS").ok().map_or(2, |v| v.parse().unwrap());
     let fleet = Fleet::from_openb_nodes(
         &std::fs::read_to_string(format!("{dir}/openb_node_list_gpu_node.csv")).unwrap(),
@@ -60,6 +61,9 @@ fn main() {
                             let mut p = TesseraPolicy::new(WorkloadModel::with_prior(prior));
                             if let Some(w) = pair {
                                 p.set_pairing_weight(w);
+                            }
+                            if let Some(w) = price {
+                                p.set_price_weight(w);
                             }
                             Box::new(p)
                         } else {

@@ -2,7 +2,7 @@
 //! shape, and the free milli left on GPUs by amount (for policy work).
 //!
 //! `cargo run -p tessera-sched --release --example openb_why -- [FILE] [SEED] [POLICY]`
-//! `PAIR_WEIGHT=x` sets the `tessera` policy's pairing weight. With `COMPOSITION=1`, also the GPUs holding fractions at arrived 100 % by the multiset of
+//! `PAIR_WEIGHT=x` and `PRICE_WEIGHT=x` set the `tessera` policy's pairing and priced-fill weights. With `COMPOSITION=1`, also the GPUs holding fractions at arrived 100 % by the multiset of
 //! fractions on them, with the free milli each combination leaves (where the pairing wastes).
 
 use std::collections::BTreeMap;
@@ -31,13 +31,19 @@ fn main() {
     let text = std::fs::read_to_string(format!("{dir}/openb_pod_list_{file}.csv")).unwrap();
     let pods = parse_pods(&text, file, &fleet.catalogue).unwrap();
     let prior: Vec<Demand> = pods.iter().filter_map(|p| demand_of(&p.request())).collect();
-    let policy_box: Box<dyn tessera_sched::policy::SharedPolicy> = match std::env::var("PAIR_WEIGHT") {
-        Ok(w) if policy == "tessera" => {
-            let mut p = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
+    let pair = std::env::var("PAIR_WEIGHT").ok();
+    let price = std::env::var("PRICE_WEIGHT").ok();
+    let policy_box: Box<dyn tessera_sched::policy::SharedPolicy> = if policy == "tessera" {
+        let mut p = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
+        if let Some(w) = pair {
             p.set_pairing_weight(w.parse().unwrap());
-            Box::new(p)
         }
-        _ => make_policy(policy, &prior).unwrap(),
+        if let Some(w) = price {
+            p.set_price_weight(w.parse().unwrap());
+        }
+        Box::new(p)
+    } else {
+        make_policy(policy, &prior).unwrap()
     };
     let mut engine = Engine::new(fleet.clone(), policy_box, seed);
     let cap = fleet.gpu_count() * 1000;
@@ -50,6 +56,11 @@ fn main() {
         arrived += p.gpu_demand();
         if arrived > cap {
             break;
+        }
+        if std::env::var("WINDOW").is_ok() && k % 250 == 0 {
+            let free: u64 = engine.state().nodes.iter().flat_map(|n| &n.gpus).map(|g| g.free_milli() as u64).sum();
+            let whole = engine.state().nodes.iter().flat_map(|n| &n.gpus).filter(|g| g.free_milli() == 1000).count();
+            eprintln!("window pod {k}: arrived {:.2} % free {free} whole free GPUs {whole}", arrived as f64 * 100.0 / cap as f64);
         }
         let before = engine.state().clone();
         let ok = engine.try_place(k as u64, &p.request());
