@@ -52,8 +52,9 @@
 //!    bound's prices was such gaps: 230s and 470s on the one-GPU V100M16 nodes (8 cores)
 //!    whose memory they left too short for any other share, so a 770 or 530 gap stayed free
 //!    for good. Counting them gains 0.06 point on the default file (3.79 → 3.73 % at 100 %).
-//!    A free GPU is left out (whole-GPU tasks fill it; terms 2 and 3 see its CPU), as is term
-//!    6 (a node-wide fit there did worse on the development seeds).
+//!    A free GPU is left out (whole-GPU tasks fill it; terms 2 and 3 see its CPU), and so is
+//!    term 6: in the one form tried there (the node-wide share of fractional tasks that fit,
+//!    together with the same in term 5) it did worse, 3.84 % against 3.76 % on seeds 42-45.
 //! 6. **Priced fill.** The lower bound of [`crate::bound`] prices each share size in twelfths of
 //!    a GPU (a dual-feasible price table: no set of shares that fits one GPU costs more than
 //!    12), and a packing reaches that bound exactly when every GPU holding shares ends up
