@@ -96,9 +96,11 @@ fn tessera_beats_published_fgd_on_the_default_workload() {
             s.failed_shares_100 > 0 && s.failed_shares_100 <= s.failed_pods_100,
             "{s:?}"
         );
-        assert!(s.packing_limit_100 <= s.unallocated_100, "{s:?}");
-        assert!(s.packing_limit_130 <= s.unallocated_130, "{s:?}");
-        assert!(s.non_refusing_floor_100 <= s.unallocated_100, "{s:?}");
-        assert!(s.non_refusing_floor_130 <= s.unallocated_130, "{s:?}");
+        // (Up to rounding: on seed 47 Tessera's packing at 130 % has no slack over the prices,
+        // and the two figures, summed differently, differ in the 15th digit.)
+        assert!(s.packing_limit_100 <= s.unallocated_100 + 1e-9, "{s:?}");
+        assert!(s.packing_limit_130 <= s.unallocated_130 + 1e-9, "{s:?}");
+        assert!(s.non_refusing_floor_100 <= s.unallocated_100 + 1e-9, "{s:?}");
+        assert!(s.non_refusing_floor_130 <= s.unallocated_130 + 1e-9, "{s:?}");
     }
 }
