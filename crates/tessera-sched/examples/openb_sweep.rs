@@ -5,7 +5,8 @@
 //! FILES: comma-separated pod-list names (`default,cpu050` or `published` for the 17 files
 //! with published figures), SEEDS: `42-51`. Trace folder: `TESSERA_OPENB_DIR` or
 //! `../shared/traces/openb`. `PAIR_WEIGHT=x` overrides the pairing weight of the `tessera`
-//! policy (POLICY `tessera-w`). `JSON=1` prints one JSON object per file instead: the means
+//! policy (POLICY `tessera-w`), `PRICE_WEIGHT=x` its priced-fill weight, `FILL_HOST_AWARE=0`
+//! turns off the pairing term's host fit. `JSON=1` prints one JSON object per file instead: the means
 //! over the seeds of every figure of the replay (unallocated %, failed pods and shares, the
 //! share limit and the floors).
 
@@ -29,6 +30,8 @@ fn main() {
     let policy = args.get(3).cloned().unwrap_or_else(|| "tessera".into());
     let dir = std::env::var("TESSERA_OPENB_DIR").unwrap_or_else(|_| "../shared/traces/openb".into());
     let pair: Option<f64> = std::env::var("PAIR_WEIGHT").ok().map(|v| v.parse().unwrap());
+    let price: Option<f64> = std::env::var("PRICE_WEIGHT").ok().map(|v| v.parse().unwrap());
+    let fill_host: Option<bool> = std::env::var("FILL_HOST_AWARE").ok().map(|v| v == "1");
     let threads: usize = std::env::var("THREADS").ok().map_or(2, |v| v.parse().unwrap());
     let fleet = Fleet::from_openb_nodes(
         &std::fs::read_to_string(format!("{dir}/openb_node_list_gpu_node.csv")).unwrap(),
@@ -60,6 +63,12 @@ fn main() {
                             let mut p = TesseraPolicy::new(WorkloadModel::with_prior(prior));
                             if let Some(w) = pair {
                                 p.set_pairing_weight(w);
+                            }
+                            if let Some(w) = price {
+                                p.set_price_weight(w);
+                            }
+                            if let Some(on) = fill_host {
+                                p.set_fill_host_aware(on);
                             }
                             Box::new(p)
                         } else {

@@ -2,7 +2,8 @@
 //! shape, and the free milli left on GPUs by amount (for policy work).
 //!
 //! `cargo run -p tessera-sched --release --example openb_why -- [FILE] [SEED] [POLICY]`
-//! `PAIR_WEIGHT=x` sets the `tessera` policy's pairing weight. With `COMPOSITION=1`, also the GPUs holding fractions at arrived 100 % by the multiset of
+//! `PAIR_WEIGHT=x` and `PRICE_WEIGHT=x` set the `tessera` policy's pairing and priced-fill weights;
+//! `UPTO=130` stops at 130 % arrived; `TIMELINE=1` prints the free GPU every 250 pods. With `COMPOSITION=1`, also the GPUs holding fractions at arrived 100 % by the multiset of
 //! fractions on them, with the free milli each combination leaves (where the pairing wastes).
 
 use std::collections::BTreeMap;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use tessera_model::Fleet;
 use tessera_sched::Engine;
+use tessera_sched::bound::price_twelfths;
 use tessera_sched::engine::demand_of;
 use tessera_sched::policy::{Demand, WorkloadModel};
 use tessera_sched::replay::{make_policy, parse_pods, workload};
@@ -31,25 +33,72 @@ fn main() {
     let text = std::fs::read_to_string(format!("{dir}/openb_pod_list_{file}.csv")).unwrap();
     let pods = parse_pods(&text, file, &fleet.catalogue).unwrap();
     let prior: Vec<Demand> = pods.iter().filter_map(|p| demand_of(&p.request())).collect();
-    let policy_box: Box<dyn tessera_sched::policy::SharedPolicy> = match std::env::var("PAIR_WEIGHT") {
-        Ok(w) if policy == "tessera" => {
-            let mut p = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
+    let pair = std::env::var("PAIR_WEIGHT").ok();
+    let price = std::env::var("PRICE_WEIGHT").ok();
+    let policy_box: Box<dyn tessera_sched::policy::SharedPolicy> = if policy == "tessera" {
+        let mut p = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
+        if let Some(w) = pair {
             p.set_pairing_weight(w.parse().unwrap());
-            Box::new(p)
         }
-        _ => make_policy(policy, &prior).unwrap(),
+        if let Some(w) = price {
+            p.set_price_weight(w.parse().unwrap());
+        }
+        Box::new(p)
+    } else {
+        make_policy(policy, &prior).unwrap()
     };
     let mut engine = Engine::new(fleet.clone(), policy_box, seed);
     let cap = fleet.gpu_count() * 1000;
     let order = workload(&pods, cap, seed);
+    // `UPTO=130`: stop at 130 % arrived instead of 100 %.
+    let upto: u64 = std::env::var("UPTO").ok().map_or(100, |v| v.parse().unwrap());
     let mut arrived = 0u64;
     let mut gapfill: BTreeMap<(u16, u16), u32> = BTreeMap::new();
     let mut failed: BTreeMap<(u8, u16, bool), (u64, u64)> = BTreeMap::new();
     for (k, &i) in order.iter().enumerate() {
         let p = &pods[i];
         arrived += p.gpu_demand();
-        if arrived > cap {
+        if arrived * 100 > cap * upto {
             break;
+        }
+        if std::env::var("TIMELINE").is_ok() && k % 250 == 0 {
+            let free: u64 = engine
+                .state()
+                .nodes
+                .iter()
+                .flat_map(|n| &n.gpus)
+                .map(|g| g.free_milli() as u64)
+                .sum();
+            let whole = engine
+                .state()
+                .nodes
+                .iter()
+                .flat_map(|n| &n.gpus)
+                .filter(|g| g.free_milli() == 1000)
+                .count();
+            // The free milli beyond the bound's prices on the GPUs holding shares (the slack
+            // of `docs/openb-replay.md`: 1000 × (12 − Σ price) / 12 per GPU).
+            let mut slack = 0u64;
+            for st in &engine.state().nodes {
+                for g in &st.gpus {
+                    let prices: Vec<u64> = g
+                        .holders
+                        .iter()
+                        .filter_map(|id| match engine.allocation(*id)?.grant {
+                            tessera_sched::Grant::Fraction { milli, .. } => Some(price_twelfths(milli)),
+                            _ => None,
+                        })
+                        .collect();
+                    let twelfths: u64 = prices.iter().sum();
+                    if !prices.is_empty() && twelfths < 12 {
+                        slack += (12 - twelfths) * 1000 / 12;
+                    }
+                }
+            }
+            eprintln!(
+                "pod {k}: arrived {:.2} % free {free} whole free GPUs {whole} slack {slack}",
+                arrived as f64 * 100.0 / cap as f64
+            );
         }
         let before = engine.state().clone();
         let ok = engine.try_place(k as u64, &p.request());
@@ -93,6 +142,22 @@ fn main() {
             let e = by_model.entry(m.clone()).or_default();
             e.0 += f as u64;
             e.1 += 1000;
+        }
+    }
+    if std::env::var("STRANDED").is_ok() {
+        // GPUs with 200 milli or more free at the end, with their node's free CPU and memory.
+        for (n, st) in engine.state().nodes.iter().enumerate() {
+            for g in &st.gpus {
+                if g.free_milli() >= 200 {
+                    println!(
+                        "  node {n} ({}): GPU free {}, CPU free {}, memory free {} MiB",
+                        fleet.catalogue.get(fleet.nodes[n].model).name,
+                        g.free_milli(),
+                        st.cpu_free,
+                        st.mem_free
+                    );
+                }
+            }
         }
     }
     println!("GPUs by free milli at the end of arrived 100 %:");

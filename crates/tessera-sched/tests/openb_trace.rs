@@ -69,8 +69,9 @@ fn tessera_beats_published_fgd_on_the_default_workload() {
     let m = r.mean_100();
     assert!(m < 4.77, "Tessera unallocated at 100 %: {m:.2} (FGD published 4.77)");
     // The pairing term's gain (module doc of `tessera`, term 5): 3.85 % with it, 4.15 % without
-    // it and 4.11 % with its earlier random-fill form.
-    assert!(m < 3.95, "Tessera unallocated at 100 %: {m:.2} (3.85 expected)");
+    // it and 4.11 % with its earlier random-fill form; 3.79 % with the priced fill (term 6),
+    // 3.73 % with the pairing term's host fit as well.
+    assert!(m < 3.78, "Tessera unallocated at 100 %: {m:.2} (3.73 expected)");
     assert!(
         r.mean_130() < 4.61,
         "at 130 %: {:.2} (FGD published 4.61)",
@@ -78,7 +79,7 @@ fn tessera_beats_published_fgd_on_the_default_workload() {
     );
     // If every arrived share were placed, no placement could leave less than 3.83 % at 100 %
     // (the bound of `tessera_sched::bound` on the shares of each seed); but shares do fail
-    // (about 110 by then), so that says nothing of Tessera's run. What holds: no scheduler
+    // (about 100 by then), so that says nothing of Tessera's run. What holds: no scheduler
     // that never refuses a pod that fits can leave less than 3.64 % (the non-refusing floor),
     // and no scheduler at all less than 3.09 %.
     let limit = r.mean(|s| s.share_limit_100);
@@ -95,9 +96,11 @@ fn tessera_beats_published_fgd_on_the_default_workload() {
             s.failed_shares_100 > 0 && s.failed_shares_100 <= s.failed_pods_100,
             "{s:?}"
         );
-        assert!(s.packing_limit_100 <= s.unallocated_100, "{s:?}");
-        assert!(s.packing_limit_130 <= s.unallocated_130, "{s:?}");
-        assert!(s.non_refusing_floor_100 <= s.unallocated_100, "{s:?}");
-        assert!(s.non_refusing_floor_130 <= s.unallocated_130, "{s:?}");
+        // (Up to rounding: on seed 47 Tessera's packing at 130 % has no slack over the prices,
+        // and the two figures, summed differently, differ in the 15th digit.)
+        assert!(s.packing_limit_100 <= s.unallocated_100 + 1e-9, "{s:?}");
+        assert!(s.packing_limit_130 <= s.unallocated_130 + 1e-9, "{s:?}");
+        assert!(s.non_refusing_floor_100 <= s.unallocated_100 + 1e-9, "{s:?}");
+        assert!(s.non_refusing_floor_130 <= s.unallocated_130 + 1e-9, "{s:?}");
     }
 }
