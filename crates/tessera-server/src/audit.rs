@@ -18,10 +18,10 @@ use axum::response::{IntoResponse, Response};
 use tessera_store::{AuditRecord, Store};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::AppState;
 use crate::auth::Resolved;
 use crate::clock::now_ms;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 type Pending = (AuditRecord, oneshot::Sender<bool>);
 

@@ -179,7 +179,11 @@ pub struct Resolved(pub Result<Identity, ApiError>);
 
 /// Who makes a request: its bearer token, or else the console's session cookie (whose changes
 /// need the session's CSRF token).
-pub async fn resolve(headers: &HeaderMap, method: &Method, state: &crate::AppState) -> Result<Identity, ApiError> {
+pub async fn resolve(
+    headers: &HeaderMap,
+    method: &Method,
+    state: &crate::state::AppState,
+) -> Result<Identity, ApiError> {
     let h = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
@@ -194,17 +198,17 @@ pub async fn resolve(headers: &HeaderMap, method: &Method, state: &crate::AppSta
     state.auth.identify(h).await
 }
 
-async fn resolved(parts: &Parts, state: &crate::AppState) -> Result<Identity, ApiError> {
+async fn resolved(parts: &Parts, state: &crate::state::AppState) -> Result<Identity, ApiError> {
     match parts.extensions.get::<Resolved>() {
         Some(Resolved(r)) => r.clone(),
         None => resolve(&parts.headers, &parts.method, state).await,
     }
 }
 
-impl FromRequestParts<crate::AppState> for Identity {
+impl FromRequestParts<crate::state::AppState> for Identity {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &crate::AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &crate::state::AppState) -> Result<Self, Self::Rejection> {
         let id = resolved(parts, state).await?;
         if id.role == Role::Metrics {
             return Err(ApiError::forbidden(
@@ -219,10 +223,10 @@ impl FromRequestParts<crate::AppState> for Identity {
 /// token (the metrics show every tenant's names and use).
 pub struct MetricsReader(pub Identity);
 
-impl FromRequestParts<crate::AppState> for MetricsReader {
+impl FromRequestParts<crate::state::AppState> for MetricsReader {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &crate::AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &crate::state::AppState) -> Result<Self, Self::Rejection> {
         let id = resolved(parts, state).await?;
         if matches!(id.role, Role::Metrics | Role::PlatformAdmin) {
             Ok(MetricsReader(id))

@@ -21,8 +21,8 @@ use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::AppState;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 /// Names the replica that forwarded a request.
 pub const FORWARDED_BY: &str = "x-tessera-forwarded-by";

@@ -283,7 +283,7 @@ pub fn sample(snap: &Snapshot, telemetry: &Telemetry, now: i64) -> Vec<(String, 
 }
 
 /// Rebuilds the last 30 days of allocation from the ledger, then samples every minute.
-pub fn spawn(s: crate::AppState) {
+pub fn spawn(s: crate::state::AppState) {
     tokio::spawn(async move {
         let now = crate::clock::now_ms();
         match s.store.usage_between(None, now - KEPT as i64 * MINUTE_MS, now).await {

@@ -41,6 +41,7 @@ pub mod replica;
 pub mod scrape;
 pub mod services;
 pub mod session;
+pub mod state;
 pub mod tenancy_sync;
 pub mod timed;
 pub mod usage;
@@ -62,8 +63,6 @@ use tessera_store::Store;
 use tokio::net::TcpListener;
 
 use crate::auth::Authenticator;
-use crate::lifecycle::Lifecycle;
-use crate::lifecycle::placement::NodeIndex;
 use crate::problem::ApiError;
 
 /// How long a replica sharing its database trusts a token it looked up: a revocation through
@@ -72,54 +71,7 @@ pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(2);
 
 pub use clock::now_ms;
 pub use problem::BODY_LIMIT;
-
-/// Shared state of the handlers.
-#[derive(Clone)]
-pub struct AppState {
-    pub store: Arc<dyn Store>,
-    /// The fleet, as the backend last reported it ([`AppState::fleet`]).
-    pub fleet_cell: lifecycle::FleetCell,
-    pub lifecycle: Lifecycle,
-    /// The priority classes requests may name.
-    pub priorities: Arc<Vec<String>>,
-    pub auth: Arc<Authenticator>,
-    pub backend_name: &'static str,
-    /// The backend, for what the lifecycle does not carry (workload logs).
-    pub backend: Arc<dyn Backend>,
-    pub prices: Arc<usage::Prices>,
-    pub audit: audit::AuditLog,
-    pub limiter: Arc<audit::RateLimiter>,
-    pub sessions: Arc<session::Sessions>,
-    /// `tenant/project` pairs known to exist (workload creation checks them).
-    pub projects: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
-    /// Metrics and (simulated backend) fault injection.
-    pub obs: Arc<scrape::Observability>,
-    /// This replica: its role, and where the leader is.
-    pub replica: Arc<replica::Replica>,
-    /// The client a follower forwards writes to the leader with.
-    pub forward: reqwest::Client,
-    /// Wakes the backend tenancy sync (a project was created).
-    pub tenancy: Arc<tokio::sync::Notify>,
-    /// Asks registries about images (image policies that require a signature).
-    pub registry: tessera_imagepolicy::RegistryClient,
-    /// Allocation and utilisation per pool over the last 24 hours (the console's charts).
-    pub history: Arc<history::History>,
-    /// Requests refused at submission (never stored), newest kept (the console's queue view).
-    pub refusals: Arc<refusals::Refusals>,
-}
-
-impl AppState {
-    /// The fleet now: what requests are checked against (a backend that discovers its nodes
-    /// may report another while the server runs).
-    pub fn fleet(&self) -> Arc<Fleet> {
-        self.fleet_cell.get()
-    }
-
-    /// The fleet now with its node index (names to indexes), read together.
-    pub fn fleet_and_index(&self) -> (Arc<Fleet>, Arc<NodeIndex>) {
-        self.fleet_cell.with_index()
-    }
-}
+pub use state::AppState;
 
 /// How to run the server.
 #[derive(Clone, Debug)]

@@ -30,11 +30,11 @@ use tessera_backend::{Backend, BackendError, NativeAsk, NativeGpus, NativeRef, N
 use tessera_domain::{Kind, WorkloadSpec};
 use tokio::sync::mpsc;
 
-use crate::AppState;
 use crate::auth::Identity;
 use crate::lifecycle::{LifecycleError, NewWorkload};
 use crate::problem::ApiError;
 use crate::services::workloads::{Checked, check_create};
+use crate::state::AppState;
 
 /// The actor of every native workload and the identity its checks run as.
 pub const ACTOR: &str = "kubernetes";

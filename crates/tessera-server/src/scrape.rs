@@ -28,9 +28,9 @@ use tessera_model::Sharing;
 use tessera_sched::Grant;
 use tessera_store::NodeState;
 
-use crate::AppState;
 use crate::lifecycle::{Snapshot, Telemetry};
 use crate::metrics::{FGauge, Labels, Metrics, PER_GPU_SERIES_MAX, UNMATCHED_ROUTE, wait_label};
+use crate::state::AppState;
 
 /// What the `/metrics` handler needs besides the snapshot.
 pub struct Observability {

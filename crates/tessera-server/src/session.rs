@@ -18,10 +18,10 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tessera_store::AuditRecord;
 
-use crate::AppState;
 use crate::auth::{Identity, new_secret};
 use crate::clock::now_ms;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 pub const COOKIE: &str = "tessera_session";
 const LOGIN_TTL: Duration = Duration::from_secs(600);

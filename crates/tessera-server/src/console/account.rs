@@ -13,9 +13,9 @@ use tessera_api::{CreateToken, TenantQuotas, TokenRole, TokenView, rfc3339_ms};
 
 use super::request::Opt;
 use super::{Caller, Chrome, html};
-use crate::AppState;
 use crate::problem::ApiError;
 use crate::services::{governance, tokens};
+use crate::state::AppState;
 use crate::usage::{By, report};
 
 #[derive(Deserialize, Default)]

@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::{Caller, Chrome, html};
-use crate::AppState;
 use crate::history::{Point, Window, sample};
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 #[derive(Deserialize, Default)]
 pub struct ChartQuery {

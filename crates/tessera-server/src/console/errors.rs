@@ -12,8 +12,8 @@ use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 
 use super::Chrome;
-use crate::AppState;
 use crate::problem::PROBLEM_JSON;
+use crate::state::AppState;
 
 #[derive(Template)]
 #[template(path = "console/error.html")]

@@ -16,10 +16,10 @@ use tessera_api::GpuView;
 use tessera_store::NodeState;
 
 use super::{Caller, Chrome, html};
-use crate::AppState;
 use crate::http::views;
 use crate::lifecycle::{NodeOp, Telemetry};
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 /// Tenant colours: eight classes (`t0`…`t7` in the stylesheet), chosen by a stable hash of the
 /// tenant's name, so a tenant keeps its colour across pages and restarts.

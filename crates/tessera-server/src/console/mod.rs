@@ -30,9 +30,9 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::AppState;
 use crate::auth::{Identity, Resolved, Role};
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 /// The console's routes (the middleware stack is the application's).
 pub fn router(state: &AppState) -> axum::Router<AppState> {

@@ -11,10 +11,10 @@ use tessera_api::{Event, PoolView, Workload, WorkloadState};
 use tessera_domain::WorkloadId;
 
 use super::{Caller, Chrome, html};
-use crate::AppState;
 use crate::http::{WorkloadPath, views};
 use crate::problem::ApiError;
 use crate::services::workloads;
+use crate::state::AppState;
 
 /// One row of a workload table, formatted for people.
 pub struct Row {

@@ -18,10 +18,10 @@ use tessera_api::WorkloadState;
 
 use super::pages::took;
 use super::{Caller, Chrome, html, why};
-use crate::AppState;
 use crate::http::views;
 use crate::lifecycle::snapshot::Waiting;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 /// The view's filters (query string of the page and of its live fragment).
 #[derive(Deserialize, Default)]

@@ -20,10 +20,10 @@ use tessera_api::{CreateWorkload, DryRun, GpuShape, MovableMode, WorkloadKind};
 use tessera_model::{Fleet, PoolId, Sharing};
 
 use super::{Caller, Chrome, html};
-use crate::AppState;
 use crate::http::dryrun;
 use crate::problem::ApiError;
 use crate::services::workloads;
+use crate::state::AppState;
 
 /// What the form sends (every value a string: the form is read leniently and checked after).
 #[derive(Deserialize, Default, Clone)]

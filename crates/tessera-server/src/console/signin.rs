@@ -14,9 +14,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::{Caller, html, redirect};
-use crate::AppState;
 use crate::auth::Role;
 use crate::session::{constant_time_eq, cookie};
+use crate::state::AppState;
 
 const FORM_COOKIE: &str = "tessera_signin";
 

@@ -20,10 +20,10 @@ use serde::Deserialize;
 use tessera_api::{CreateProject, CreateTenant, SetBudget, SetPriorities, SetQuota, TenantQuotas};
 
 use super::{Caller, Chrome, html};
-use crate::AppState;
 use crate::audit::{Audited, RequestId};
 use crate::problem::ApiError;
 use crate::services::{governance, tenancy};
+use crate::state::AppState;
 
 /// The form a refusal belongs to, its field, message and what was typed.
 #[derive(Default)]

@@ -23,7 +23,6 @@ use utoipa::IntoParams;
 use super::imagepolicy::check_policy;
 use super::workloads::lifecycle_error;
 use super::{ApiJson, ApiQuery};
-use crate::AppState;
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::clock::now_ms;
@@ -31,6 +30,7 @@ use crate::lifecycle::Governance;
 use crate::problem::{ApiError, ApiResult};
 use crate::services::governance::{check_class, units_milli};
 use crate::services::tenancy::{check_grant, granted};
+use crate::state::AppState;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -8,10 +8,10 @@ use tessera_api::{AuditEntry, Page, rfc3339_ms};
 use utoipa::IntoParams;
 
 use super::{ApiQuery, DEFAULT_LIMIT, check_limit, page};
-use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::ApiResult;
 use crate::services::tokens::admin_scope;
+use crate::state::AppState;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

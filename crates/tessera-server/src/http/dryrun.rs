@@ -15,11 +15,11 @@ use tessera_sched::Unplaceable;
 use tessera_sched::cycle::{Admission, Quota, check_quotas, project_key};
 
 use super::ApiJson;
-use crate::AppState;
 use crate::auth::Identity;
 use crate::lifecycle::{Snapshot, TenantSnap, Trial};
 use crate::problem::ApiResult;
 use crate::services::workloads::{Checked, check_create};
+use crate::state::AppState;
 
 /// What a request would do if made now: cost in GPU units and money, quotas and budget before
 /// and after, and whether it would start, borrow, wait or be refused (with the typed reason).

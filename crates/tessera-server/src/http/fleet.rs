@@ -11,9 +11,9 @@ use tessera_api::{GpuView, NodeView, Page, PoolView};
 use utoipa::IntoParams;
 
 use super::{ApiQuery, DEFAULT_LIMIT, PageParams, check_limit, views};
-use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::ApiResult;
+use crate::state::AppState;
 
 /// Pools with their sharing mode and GPU units in use.
 /// A cursor that names no pool ends the listing.

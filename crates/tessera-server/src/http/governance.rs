@@ -7,10 +7,10 @@ use axum::http::StatusCode;
 use tessera_api::{Problem, QuotaView, SetBudget, SetQuota, TenantQuotas};
 
 use super::{ApiJson, ApiPath};
-use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::ApiResult;
 use crate::services::governance;
+use crate::state::AppState;
 
 /// A tenant's quotas (with use and borrowing) and budget.
 #[utoipa::path(get, path = "/api/v1/tenants/{tenant}/quotas", tag = "governance", params(("tenant" = String, Path)),

@@ -7,13 +7,13 @@ use axum::response::{IntoResponse, Response};
 use tessera_api::{GpuHealthView, Problem, rfc3339_ms};
 
 use super::workloads::lifecycle_error;
-use crate::AppState;
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::clock::now_ms;
 use crate::lifecycle::FleetOps;
 use crate::lifecycle::Snapshot;
 use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// The views of the unhealthy GPUs, by node then GPU.
 pub fn views(ops: &FleetOps, snap: &Snapshot) -> Vec<GpuHealthView> {

@@ -13,12 +13,12 @@ use tessera_imagepolicy::{Denied, PublicKey, Refusal, reference::check_prefix};
 use tessera_store::{AuditRecord, ImagePolicyRecord};
 
 use super::{ApiJson, ApiPath};
-use crate::AppState;
 use crate::audit::{Audited, RequestId};
 use crate::auth::{Identity, Role};
 use crate::clock::now_ms;
 use crate::problem::{ApiError, ApiResult};
 use crate::services::tenancy::tenant_visible;
+use crate::state::AppState;
 
 fn view(p: ImagePolicyRecord) -> ImagePolicy {
     ImagePolicy {

@@ -14,10 +14,10 @@ use tessera_backend::BackendError;
 use utoipa::IntoParams;
 
 use super::{ApiQuery, WorkloadIdParams, WorkloadPath};
-use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::{ApiError, ApiResult};
 use crate::services::workloads::find as find_workload;
+use crate::state::AppState;
 
 /// Where to start and whether to keep following.
 #[derive(Debug, Deserialize, IntoParams)]

@@ -44,8 +44,8 @@ use utoipa::{IntoParams, Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::AppState;
 use crate::problem::{ApiError, PROBLEM_JSON};
+use crate::state::AppState;
 
 #[derive(OpenApi)]
 #[openapi(

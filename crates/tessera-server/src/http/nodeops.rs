@@ -12,12 +12,12 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::workloads::lifecycle_error;
 use super::{ApiJson, ApiQuery, OptionalApiJson};
-use crate::AppState;
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::clock::now_ms;
 use crate::lifecycle::NodeOp;
 use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
 use tessera_api::rules::{self, Validate, Violation};
 
 #[derive(Deserialize, IntoParams)]

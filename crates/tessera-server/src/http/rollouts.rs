@@ -13,10 +13,10 @@ use utoipa::IntoParams;
 
 use super::workloads::lifecycle_error;
 use super::{ApiJson, ApiPath, ApiQuery, DEFAULT_LIMIT, check_limit, page};
-use crate::AppState;
 use crate::auth::Identity;
 use crate::lifecycle::NewRollout;
 use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// The API's view of a stored rollout.
 pub fn view(r: &RolloutRecord) -> RolloutView {

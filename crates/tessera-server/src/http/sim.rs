@@ -13,9 +13,9 @@ use utoipa::ToSchema;
 use tessera_api::rules::{self, Validate, Violation};
 
 use super::ApiJson;
-use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// A fault to inject.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]

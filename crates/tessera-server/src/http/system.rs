@@ -6,10 +6,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use tessera_api::{LeaderView, ReplicaView, ReplicasView};
 
-use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::ApiResult;
 use crate::replica::Role;
+use crate::state::AppState;
 
 /// A replica is `gone` after this long without a heartbeat.
 const GONE_AFTER_MS: i64 = 10_000;

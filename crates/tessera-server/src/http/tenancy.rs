@@ -9,11 +9,11 @@ use axum::response::{IntoResponse, Response};
 use tessera_api::{CreateProject, CreateTenant, Page, Problem, Project, SetPriorities, Tenant};
 
 use super::{ApiJson, ApiPath, ApiQuery, PageParams, page};
-use crate::AppState;
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::problem::{ApiError, ApiResult};
 use crate::services::tenancy::{self, project_view, tenant_view, tenant_visible};
+use crate::state::AppState;
 
 /// Tenants (platform-admin: all; others: their own).
 #[utoipa::path(get, path = "/api/v1/tenants", tag = "tenancy", params(PageParams), responses((status = 200, body = Page<Tenant>)))]

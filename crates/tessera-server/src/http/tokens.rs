@@ -9,10 +9,10 @@ use tessera_api::{CreateToken, CreatedToken, Problem, TokenView};
 use utoipa::IntoParams;
 
 use super::{ApiJson, ApiPath, ApiQuery};
-use crate::AppState;
 use crate::auth::Identity;
 use crate::problem::ApiResult;
 use crate::services::tokens;
+use crate::state::AppState;
 
 /// Creates an API token; the secret is in the response only. Platform-admins create any token
 /// (`metrics` tokens for Prometheus among them); tenant-admins create tokens of their own

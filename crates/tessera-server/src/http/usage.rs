@@ -10,10 +10,10 @@ use tessera_domain::GpuSpec;
 use utoipa::{IntoParams, ToSchema};
 
 use super::ApiQuery;
-use crate::AppState;
 use crate::auth::Identity;
 use crate::clock::now_ms;
 use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
 use crate::usage::{By, csv, report};
 
 /// The report's format.

@@ -16,11 +16,11 @@ use tessera_domain::WorkloadId;
 use utoipa::IntoParams;
 
 use super::{ApiJson, ApiQuery, DEFAULT_LIMIT, WorkloadPath, check_limit, page, views};
-use crate::AppState;
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::problem::ApiResult;
 use crate::services::workloads;
+use crate::state::AppState;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

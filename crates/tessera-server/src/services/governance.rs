@@ -9,11 +9,11 @@ use tessera_sched::cycle::Quota;
 
 use super::lifecycle_error;
 use super::tenancy::tenant_visible;
-use crate::AppState;
 use crate::auth::Identity;
 use crate::clock::now_ms;
 use crate::lifecycle::Governance;
 use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// Checks a resource class name: a pool, `pool/MODEL` with that model in the pool, or
 /// `project:NAME` (a sub-quota of one project across pools).

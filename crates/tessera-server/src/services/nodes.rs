@@ -4,11 +4,11 @@
 use tessera_api::NodeView;
 
 use super::lifecycle_error;
-use crate::AppState;
 use crate::auth::Identity;
 use crate::http::views;
 use crate::lifecycle::NodeOp;
 use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// Applies `op` to the fleet's node `node` (platform-admin): the node's view after it.
 pub async fn act(s: &AppState, id: &Identity, node: &str, op: NodeOp) -> ApiResult<NodeView> {

@@ -5,10 +5,10 @@ use tessera_api::rules::Validate;
 use tessera_api::{CreateProject, CreateTenant, Project, SetPriorities, Tenant, rfc3339_ms, rules};
 use tessera_store::{AuditRecord, ProjectRecord, TenantRecord};
 
-use crate::AppState;
 use crate::auth::{Identity, Role};
 use crate::clock::now_ms;
 use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// The priority classes a tenant may use: its grant, or the default grant (`standard` and
 /// `opportunistic`, those of them the server knows).

@@ -5,10 +5,10 @@ use tessera_api::rules::Validate;
 use tessera_api::{CreateToken, CreatedToken, TokenView, rfc3339_ms};
 use tessera_store::{Revocation, TokenRecord};
 
-use crate::AppState;
 use crate::auth::{Identity, Role, new_secret};
 use crate::clock::now_ms;
 use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// Creates an API token; the secret is in the answer only. Platform-admins create any token;
 /// tenant-admins create tokens of their own tenant.

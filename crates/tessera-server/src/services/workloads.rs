@@ -10,13 +10,13 @@ use tessera_domain::{GpuSpec, Kind, ShapeSpec, WorkloadId, WorkloadSpec};
 use tessera_store::AuditRecord;
 
 use super::lifecycle_error;
-use crate::AppState;
 use crate::auth::Identity;
 use crate::clock::now_ms;
 use crate::http::views;
 use crate::lifecycle::NewWorkload;
 use crate::lifecycle::placement::{default_host, engine_request};
 use crate::problem::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// The domain shape of an API shape (checked: exactly one of whole GPUs, a MIG profile or a
 /// fraction). Whole GPUs are a multi-node gang when a gang's fields are given or when no node
