@@ -203,11 +203,17 @@ try {
   await admin.goto(`${BASE}/console/charts`);
   await admin.waitForSelector('.chart .uplot');
   const cells = await admin.locator('#pool-serving td').allTextContents();
-  check(Number(cells[2]) > 0 && Number(cells[5]) >= 1, `serving's summary: ${cells.join(' | ')}`);
+  check(Number(cells[2]) > 0 && Number(cells[3]) >= Number(cells[2]), `serving's summary: ${cells.join(' | ')}`);
   await axe(admin, 'charts');
   const csv = await admin.evaluate(async () => (await fetch('/console/charts/data?pool=serving&format=csv')).text());
   const lines = csv.trim().split('\n');
-  check(lines[0].startsWith('minute_utc,') && Number(lines[lines.length - 1].split(',')[2]) > 0, `the CSV: ${lines.slice(-2).join(' / ')}`);
+  check(lines[0].startsWith('start_utc,minutes,') && Number(lines[lines.length - 1].split(',')[3]) > 0, `the CSV: ${lines.slice(-2).join(' / ')}`);
+  // The range picker: the last 7 days, a point an hour, the current window marked.
+  await admin.click('nav.ranges a:text-is("7d")');
+  await admin.waitForSelector('.chart .uplot');
+  check((await admin.textContent('main')).includes('The last 7 days (UTC), one point an hour'), 'the 7-day window');
+  check(await admin.locator('nav.ranges a[aria-current="page"]').textContent() === '7d', 'the current window is marked');
+  await axe(admin, 'charts-7d');
 
   // 5. A member of another tenant does not see it.
   step('another tenant does not see it');
