@@ -61,6 +61,19 @@
       new uPlot(opts, data, el);
     });
   }
+  // The navigation's Menu button on narrow screens (the stylesheet shows it there): the list is
+  // folded only once this script runs, so without script every link stays reachable.
+  document.documentElement.classList.add("js");
+  document.addEventListener("DOMContentLoaded", function () {
+    var button = document.querySelector(".menu-toggle");
+    var list = document.getElementById("console-nav");
+    if (!button || !list) return;
+    button.hidden = false;
+    button.addEventListener("click", function () {
+      var open = list.classList.toggle("open");
+      button.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+  });
   document.addEventListener("DOMContentLoaded", drawCharts);
   document.addEventListener("htmx:afterSettle", drawCharts);
 })();

@@ -449,6 +449,24 @@ try {
   await alice.setViewportSize({ width: 390, height: 800 });
   await alice.goto(`${BASE}/console/request`);
   await alice.screenshot({ path: `${SHOTS}/request-narrow.png`, fullPage: true });
+  // On a phone the navigation folds behind a Menu button and the workload list is cards:
+  // nothing wider than the screen, each row's fields labelled.
+  step('a phone: folded navigation, workloads as cards');
+  await alice.goto(`${BASE}/console/workloads`);
+  const header = await alice.locator('header.top').boundingBox();
+  check(header.height < 120, `the header on a phone: ${header.height} px`);
+  check(!(await alice.locator('#console-nav').isVisible()), 'the navigation is folded');
+  await alice.click('.menu-toggle');
+  check(await alice.locator('#console-nav a[href="/console/queue"]').isVisible(), 'Menu shows the navigation');
+  check(await alice.getAttribute('.menu-toggle', 'aria-expanded') === 'true', 'Menu says it is open');
+  const wide = await alice.evaluate(() => document.documentElement.scrollWidth);
+  check(wide <= 390, `nothing scrolls sideways: ${wide} px`);
+  const card = await alice.locator('#rows tr').first().boundingBox();
+  check(card && card.x >= 0 && card.x + card.width <= 390, `a workload card fits: ${JSON.stringify(card)}`);
+  const label = await alice.evaluate(() => getComputedStyle(document.querySelector('#rows td[data-label]'), '::before').content);
+  check(label.includes('Id'), `fields are labelled: ${label}`);
+  await alice.screenshot({ path: `${SHOTS}/workloads-phone.png`, fullPage: true });
+  await axe(alice, 'workloads-phone');
   const signin = await context();
   await signin.goto(`${BASE}/console/signin`);
   await axe(signin, 'signin');
