@@ -27,14 +27,26 @@ pub use tessera_api::TokenRole as Role;
 /// The authenticated caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
-    /// Token id (never the secret).
+    /// Token id (never the secret); what the audit log and events record.
     pub actor: String,
+    /// For people: the token's name, or who signed in; empty where there is none beyond `actor`.
+    pub name: String,
     pub role: Role,
     /// `None` for platform-wide tokens.
     pub tenant: Option<String>,
 }
 
 impl Identity {
+    /// The caller as people read it: the token's name with its id (`ci-bot (tok-1a2b…)`), or
+    /// the id alone where the name adds nothing.
+    pub fn shown(&self) -> String {
+        if self.name.is_empty() || self.name == self.actor {
+            self.actor.clone()
+        } else {
+            format!("{} ({})", self.name, self.actor)
+        }
+    }
+
     pub fn is_admin(&self) -> bool {
         self.role == Role::PlatformAdmin
     }
@@ -160,6 +172,7 @@ impl Authenticator {
         let role = Role::parse(&rec.role).ok_or_else(|| ApiError::unauthorized("token has an unknown role"))?;
         let id = Identity {
             actor: rec.id,
+            name: rec.name,
             role,
             tenant: rec.tenant,
         };
@@ -260,6 +273,7 @@ mod tests {
     fn tenant_scopes() {
         let m = Identity {
             actor: "t1".into(),
+            name: String::new(),
             role: Role::Member,
             tenant: Some("vision".into()),
         };

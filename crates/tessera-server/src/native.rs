@@ -43,6 +43,7 @@ pub const ACTOR: &str = "kubernetes";
 fn identity(tenant: &str) -> Identity {
     Identity {
         actor: ACTOR.into(),
+        name: String::new(),
         role: TokenRole::Member,
         tenant: Some(tenant.to_string()),
     }

@@ -319,6 +319,7 @@ impl OidcVerifier {
                 let role = Role::parse(&r.role).expect("checked at start");
                 return Ok(Identity {
                     actor: format!("oidc:{sub}"),
+                    name: String::new(),
                     role,
                     tenant: r.tenant.clone(),
                 });

@@ -1451,6 +1451,11 @@ async fn charts_take_a_time_range_with_fixed_axes_and_numbers_per_point_to_admin
     // and marks the current one.
     let day = b.page("/console/charts?pool=training").await;
     no_inline_code(&day);
+    // The header names the signed-in token by its name, with its id.
+    assert!(
+        day.contains("admin (created at first start) (tok-admin) · platform-admin"),
+        "{day}"
+    );
     assert!(day.contains("The last 24 hours (UTC), one point a minute"), "{day}");
     for r in ["1h", "24h", "7d", "30d"] {
         assert!(day.contains(&format!("range={r}\"")), "a link to {r}");

@@ -169,7 +169,7 @@ impl Chrome {
     /// The frame for `id` (`None`: nobody is signed in, as on an error page before sign-in).
     pub fn of(id: Option<&Identity>, csrf: String, s: &AppState, current: &'static str) -> Chrome {
         Chrome {
-            actor: id.map(|i| i.actor.clone()).unwrap_or_default(),
+            actor: id.map(|i| i.shown()).unwrap_or_default(),
             role: id.map(|i| i.role.as_str()).unwrap_or(""),
             tenant: id.and_then(|i| i.tenant.clone()).unwrap_or_default(),
             admin: id.is_some_and(Identity::is_admin),
