@@ -42,6 +42,34 @@
     var preview = document.getElementById("preview");
     if (form && preview) preview.remove();
   });
+  // Fleet map: a node's detail opens in a drawer at the viewport's edge, scrolled into view and
+  // focused; Escape or its close button closes it and gives focus back to the node's button.
+  var drawerOpener = null;
+  function closeDrawer() {
+    var d = document.getElementById("drawer");
+    if (!d || d.hidden) return;
+    d.hidden = true;
+    if (drawerOpener && document.contains(drawerOpener)) drawerOpener.focus();
+  }
+  document.addEventListener("htmx:beforeRequest", function (ev) {
+    var el = ev.detail.elt;
+    if (el && el.hasAttribute && el.hasAttribute("data-opens-drawer")) drawerOpener = el;
+  });
+  document.addEventListener("htmx:afterSwap", function (ev) {
+    var t = ev.detail.target;
+    var d = document.getElementById("drawer");
+    if (!t || t.id !== "detail" || !d) return;
+    d.hidden = false;
+    d.scrollTop = 0;
+    d.scrollIntoView({ block: "nearest" });
+    d.focus();
+  });
+  document.addEventListener("click", function (ev) {
+    if (ev.target && ev.target.closest && ev.target.closest("[data-close-drawer]")) closeDrawer();
+  });
+  document.addEventListener("keydown", function (ev) {
+    if (ev.key === "Escape") closeDrawer();
+  });
   // Charts: a `data-chart` element holds {title, x: [unix seconds], y: [min, max] (optional,
   // the value axis' fixed range), series: [{label, values}]}.
   function drawCharts() {
