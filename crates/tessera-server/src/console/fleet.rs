@@ -75,7 +75,10 @@ pub fn palette<'a>(tenants: impl IntoIterator<Item = &'a str>) -> BTreeMap<Strin
     for (i, t) in names.into_iter().enumerate() {
         let want = colour(t);
         let c = if i < PALETTE as usize {
-            let c = (0..PALETTE).map(|d| (want + d) % PALETTE).find(|&c| !taken[c as usize]).unwrap_or(want);
+            let c = (0..PALETTE)
+                .map(|d| (want + d) % PALETTE)
+                .find(|&c| !taken[c as usize])
+                .unwrap_or(want);
             taken[c as usize] = true;
             c
         } else {
@@ -157,6 +160,19 @@ pub struct RackGroup {
     pub rows: Vec<NodeRow>,
 }
 
+/// One rack of the whole-fleet heat map (or a pool's nodes where it declares no racks): every
+/// GPU as a character, drawn as a small cell by the console's script — `0` free, `1` partly
+/// used, `2` full, `x` failed, `h` held by the highlighted tenant — nodes separated by `,`.
+pub struct HeatGroup {
+    pub pool: String,
+    pub rack: Option<String>,
+    pub free: usize,
+    pub total: usize,
+    /// The nodes' names, `,`-separated, in the order of `cells`.
+    pub nodes: String,
+    pub cells: String,
+}
+
 pub struct PoolRow {
     pub name: String,
     pub sharing: String,
@@ -182,6 +198,15 @@ pub struct FleetQuery {
     /// Only the nodes of this rack.
     #[serde(default)]
     pub rack: String,
+    /// Only nodes whose name contains this.
+    #[serde(default)]
+    pub node: String,
+    /// Only the nodes holding a share of this workload (its id, `#` optional).
+    #[serde(default)]
+    pub workload: String,
+    /// `free`: most free GPUs first (no rack headings); otherwise pool and rack order.
+    #[serde(default)]
+    pub sort: String,
     /// Highlight this tenant's cells (the others are dimmed); the colours stay as they are.
     #[serde(default)]
     pub highlight: String,
@@ -204,6 +229,9 @@ pub struct LegendEntry {
 struct FleetPage {
     chrome: Chrome,
     pools: Vec<PoolRow>,
+    heat: Vec<HeatGroup>,
+    /// Where a heat map node's cells lead: the node search (keeping the highlight), its name appended.
+    heat_href: String,
     groups: Vec<RackGroup>,
     /// Whether any row shown stands under a rack heading.
     by_rack: bool,
@@ -246,6 +274,17 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             format!("unknown health filter `{}` (unhealthy)", q.health),
         ));
     }
+    if !q.sort.is_empty() && q.sort != "free" {
+        return Err(ApiError::invalid("sort", format!("unknown sort `{}` (free)", q.sort)));
+    }
+    let workload: Option<u64> =
+        match q.workload.trim().trim_start_matches('#') {
+            "" => None,
+            w => Some(w.parse().map_err(|_| {
+                ApiError::invalid("workload", format!("`{}` is not a workload id (a number)", q.workload))
+            })?),
+        };
+    let by_free = q.sort == "free";
     let snap = s.lifecycle.snapshot();
     let ops = s.lifecycle.published().ops();
     let f = &snap.fleet;
@@ -296,10 +335,67 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     }
     let gang_nodes = |w: u64| spans.get(&w).map(|(_, n)| *n).filter(|n| *n > 1);
     // Nodes grouped by rack within their pool (fleet order otherwise).
-    let mut order: Vec<usize> = (0..f.nodes.len()).collect();
-    order.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
     let swatches = fleet_palette(&snap);
     let highlight = swatches.contains_key(&q.highlight).then(|| q.highlight.clone());
+    // The whole-fleet heat map: every GPU, by pool and rack (one pass over the GPUs).
+    let mut heat: Vec<HeatGroup> = Vec::new();
+    {
+        let mut by_place: Vec<usize> = (0..f.nodes.len()).collect();
+        by_place.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
+        for i in by_place {
+            let n = &f.nodes[i];
+            let pool = &f.pool(n.pool).name;
+            let rack_name = rack_of(i)
+                .zip(rack_level)
+                .map(|(r, l)| f.levels.domains(l)[r as usize].name.as_str());
+            if !heat
+                .last()
+                .is_some_and(|g| g.pool == *pool && g.rack.as_deref() == rack_name)
+            {
+                heat.push(HeatGroup {
+                    pool: pool.clone(),
+                    rack: rack_name.map(str::to_string),
+                    free: 0,
+                    total: 0,
+                    nodes: String::new(),
+                    cells: String::new(),
+                });
+            }
+            let g = heat.last_mut().expect("a group");
+            let ns = &snap.nodes[i];
+            let bad = failed.get(n.name.as_str()).map(Vec::as_slice).unwrap_or_default();
+            if !g.nodes.is_empty() {
+                g.nodes.push(',');
+                g.cells.push(',');
+            }
+            g.nodes.push_str(&n.name);
+            g.free += ns.free_gpus();
+            g.total += ns.gpus.len();
+            for (gi, gpu) in ns.gpus.iter().enumerate() {
+                let c = if bad.iter().any(|r| r.gpu as usize == gi) {
+                    'x'
+                } else if highlight
+                    .as_ref()
+                    .is_some_and(|h| gpu.holders.iter().any(|x| x.tenant == *h))
+                {
+                    'h'
+                } else {
+                    match gpu.used_milli {
+                        0 => '0',
+                        1000.. => '2',
+                        _ => '1',
+                    }
+                };
+                g.cells.push(c);
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..f.nodes.len()).collect();
+    if by_free {
+        order.sort_by_key(|&i| (std::cmp::Reverse(snap.nodes[i].free_gpus()), i));
+    } else {
+        order.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
+    }
     let mut tenants: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let mut matched = 0;
     let mut shown = 0;
@@ -309,6 +405,9 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         let n = &f.nodes[i];
         let pool = &f.pool(n.pool).name;
         if !q.pool.is_empty() && *pool != q.pool {
+            continue;
+        }
+        if !q.node.is_empty() && !n.name.contains(q.node.trim()) {
             continue;
         }
         let rack = rack_of(i);
@@ -328,6 +427,11 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         }
         let ns = &snap.nodes[i];
         if !q.tenant.is_empty() && !ns.gpus.iter().any(|g| g.holders.iter().any(|h| h.tenant == q.tenant)) {
+            continue;
+        }
+        if let Some(w) = workload
+            && !ns.gpus.iter().any(|g| g.holders.iter().any(|h| h.workload == w))
+        {
             continue;
         }
         matched += 1;
@@ -405,9 +509,11 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             cells,
             gangs,
         };
+        // Sorted by free capacity, the rows stand in one group without rack headings.
+        let (rack, rack_name) = if by_free { (None, None) } else { (rack, rack_name) };
         let same = groups
             .last()
-            .is_some_and(|g| g.pool == *pool && g.rack.as_deref() == rack_name);
+            .is_some_and(|g| (by_free || g.pool == *pool) && g.rack.as_deref() == rack_name);
         if !same {
             let (free, total) = rack.and_then(|r| rack_gpus.get(&r).copied()).unwrap_or_default();
             groups.push(RackGroup {
@@ -427,6 +533,9 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             ("tenant", q.tenant.as_str()),
             ("health", q.health.as_str()),
             ("rack", q.rack.as_str()),
+            ("node", q.node.as_str()),
+            ("workload", q.workload.as_str()),
+            ("sort", q.sort.as_str()),
             ("highlight", highlight),
             ("page", &page.to_string()),
         ])
@@ -454,6 +563,15 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     Ok(html(&FleetPage {
         chrome: Chrome::new(&c, &s, "fleet"),
         pools,
+        heat,
+        heat_href: format!(
+            "/console/fleet?{}node=",
+            highlight
+                .as_deref()
+                .and_then(|h| serde_urlencoded::to_string([("highlight", h)]).ok())
+                .map(|q| q + "&")
+                .unwrap_or_default()
+        ),
         by_rack: groups.iter().any(|g| g.rack.is_some()),
         groups,
         shown,
