@@ -629,13 +629,13 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
         map.contains("1 nodes match"),
         "the tenant filter keeps the one node: {map}"
     );
-    let colour = map
-        .split("<li><span class=\"sw t")
+    let colour: String = map
+        .split("<span class=\"sw t")
         .nth(1)
         .unwrap()
         .chars()
-        .next()
-        .unwrap();
+        .take_while(char::is_ascii_digit)
+        .collect();
     assert!(
         map.contains(&format!("class=\"cell t{colour} part\"")) && map.contains(&format!("vision #{id}")),
         "the slice's GPU is coloured as vision in the legend: {map}"
@@ -680,6 +680,185 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
     );
     let audit = m.get("/console/audit").await;
     assert_eq!(audit.status(), StatusCode::FORBIDDEN);
+}
+
+/// Ten tenants with work on the fleet map: ten distinct colours and key letters in the legend and
+/// their cells; `?highlight=` dims every other tenant's cells and keeps the colours; a member can
+/// use neither the map nor the parameter to learn another tenant's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_map_gives_ten_tenants_ten_colours_and_highlights_one_to_admins_only() {
+    let s = TestServer::start("fleetcolours").await;
+    let names = [
+        "ads", "chat", "maps", "nlp", "robotics", "search", "speech", "stark", "vision", "wayne",
+    ];
+    let mut ids = Vec::new();
+    for t in names {
+        s.tenant_with_project(t, "p").await;
+        let (_, w) = s
+            .post(
+                "/api/v1/workloads",
+                json!({"tenant": t, "project": "p", "name": "x", "shape": {"gpus": 1, "pool": "training"}}),
+            )
+            .await;
+        ids.push(w["id"].as_u64().unwrap());
+    }
+    let mut nodes = Vec::new();
+    for id in &ids {
+        let w = s.wait_state(*id, &["placed", "running"]).await;
+        nodes.push(w["allocation"]["node"].as_str().unwrap().to_string());
+    }
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    // Search by workload and by node; sort by free capacity (most free first, no rack headings).
+    let by_w = b.page(&format!("/console/fleet?workload=%23{}", ids[3])).await;
+    assert!(
+        by_w.contains("1 nodes match") && by_w.contains(&format!("id=\"node-{}\"", nodes[3])),
+        "{by_w}"
+    );
+    let by_n = b.page(&format!("/console/fleet?node={}", nodes[0])).await;
+    assert!(by_n.contains(&format!("id=\"node-{}\"", nodes[0])), "{by_n}");
+    let sorted = b.page("/console/fleet?sort=free&pool=training").await;
+    assert!(
+        !sorted.contains("class=\"rack-h\""),
+        "sorted by free capacity, no rack headings"
+    );
+    let pos = |n: &str| sorted.find(&format!("id=\"node-{n}\"")).unwrap();
+    let busy = nodes.iter().map(|n| pos(n)).min().unwrap();
+    let first = sorted.find("id=\"node-").unwrap();
+    assert!(first < busy, "a wholly free node comes before the nodes with work");
+    assert_eq!(
+        b.get("/console/fleet?sort=name").await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_eq!(
+        b.get("/console/fleet?workload=abc").await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    let map = b.page("/console/fleet").await;
+    no_inline_code(&map);
+    let legend = map
+        .split("class=\"legend\"")
+        .nth(1)
+        .unwrap()
+        .split("</ul>")
+        .next()
+        .unwrap();
+    let swatch = |t: &str| -> (String, String) {
+        let li = legend
+            .split("<li")
+            .find(|li| li.contains(&format!(">{t}</a>")))
+            .unwrap_or_else(|| panic!("{t} in the legend: {legend}"));
+        let c: String = li
+            .split("class=\"sw t")
+            .nth(1)
+            .unwrap()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        let k = li
+            .split("aria-hidden=\"true\">")
+            .nth(1)
+            .unwrap()
+            .split('<')
+            .next()
+            .unwrap();
+        (c, k.to_string())
+    };
+    let swatches: Vec<(String, String)> = names.iter().map(|t| swatch(t)).collect();
+    let colours: std::collections::HashSet<&String> = swatches.iter().map(|(c, _)| c).collect();
+    let keys: std::collections::HashSet<&String> = swatches.iter().map(|(_, k)| k).collect();
+    assert_eq!(colours.len(), 10, "ten distinct colours: {swatches:?}");
+    assert_eq!(keys.len(), 10, "ten distinct keys: {swatches:?}");
+    assert!(
+        !colours.contains(&"16".to_string()),
+        "no tenant has free capacity's colour"
+    );
+    for (t, (c, k)) in names.iter().zip(&swatches) {
+        assert!(
+            map.contains(&format!("class=\"cell t{c} full\"")) && map.contains(&format!(">{k}</span>")),
+            "{t}'s GPU has its colour t{c} and key {k}"
+        );
+    }
+    // The colours stay on another page, filter or highlight.
+    let one = b.page("/console/fleet?tenant=vision").await;
+    assert!(one.contains(&format!("class=\"cell t{} full\"", swatches[8].0)));
+    // Highlight vision: the others' cells are dimmed (without their letter), vision's are not.
+    let hl = b.page("/console/fleet?highlight=vision").await;
+    no_inline_code(&hl);
+    assert!(hl.contains("Highlighting vision"), "{hl}");
+    assert!(
+        hl.contains(&format!("class=\"cell t{} full\"", swatches[8].0)),
+        "vision's cell is not dimmed"
+    );
+    assert_eq!(
+        hl.matches(" dim\"").count(),
+        9,
+        "the nine other tenants' cells are dimmed"
+    );
+    assert!(
+        hl.contains("aria-current=\"true\""),
+        "the legend marks the highlighted tenant"
+    );
+    assert!(
+        hl.contains("name=\"highlight\" value=\"vision\""),
+        "the filter form keeps the highlight"
+    );
+    for (t, (c, _)) in names.iter().zip(&swatches) {
+        assert!(
+            hl.contains(&format!("class=\"sw t{c}\"")),
+            "{t} keeps its colour while highlighting"
+        );
+    }
+    // The whole-fleet heat map: a character per GPU of the fleet, by pool and rack; the
+    // highlighted tenant's one GPU marked `h`.
+    let heat: String = map
+        .split("data-heat=\"")
+        .skip(1)
+        .map(|h| h.split('"').next().unwrap().replace(',', ""))
+        .collect();
+    assert_eq!(heat.matches('2').count(), 10, "ten full GPUs on the heat map: {heat}");
+    assert!(!heat.contains('h'));
+    let hl_heat: String = hl
+        .split("data-heat=\"")
+        .skip(1)
+        .map(|h| h.split('"').next().unwrap().replace(',', ""))
+        .collect();
+    assert_eq!(
+        (hl_heat.matches('h').count(), hl_heat.matches('2').count()),
+        (1, 9),
+        "{hl_heat}"
+    );
+    assert_eq!(hl_heat.len(), heat.len(), "every GPU of the fleet");
+    assert!(
+        map.contains("data-nodes=\"") && map.contains("· rack r"),
+        "grouped by rack"
+    );
+    // An unknown tenant highlights nothing and is not echoed.
+    let none = b.page("/console/fleet?highlight=nobody").await;
+    assert!(!none.contains(" dim\"") && !none.contains("nobody"), "{none}");
+    // A member can use neither the map nor the highlight to learn other tenants' names.
+    let member = s.token("vision", "member").await;
+    let m = s.browser();
+    sign_in(&m, &member).await;
+    for path in [
+        "/console/fleet?highlight=vision",
+        "/console/fleet?highlight=nlp",
+        "/console/fleet?tenant=nlp&highlight=nlp",
+    ] {
+        let r = m.get(path).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+        let body = r.text().await.unwrap();
+        for other in names.iter().filter(|t| **t != "vision") {
+            assert!(
+                !body.contains(&format!(">{other}<")) && !body.contains(&format!("{other} #")),
+                "{path} names {other}: {body}"
+            );
+        }
+    }
+    let page = m.page("/console").await;
+    for other in ["robotics", "wayne"] {
+        assert!(!page.contains(other), "the member's console names {other}");
+    }
 }
 
 /// A multi-node gang through the console on the seed fleet (racks of 4 nodes of 8 GPUs): the

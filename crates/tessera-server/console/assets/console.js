@@ -42,6 +42,64 @@
     var preview = document.getElementById("preview");
     if (form && preview) preview.remove();
   });
+  // Fleet map: a node's detail opens in a drawer at the viewport's edge, scrolled into view and
+  // focused; Escape or its close button closes it and gives focus back to the node's button.
+  var drawerOpener = null;
+  function closeDrawer() {
+    var d = document.getElementById("drawer");
+    if (!d || d.hidden) return;
+    d.hidden = true;
+    if (drawerOpener && document.contains(drawerOpener)) drawerOpener.focus();
+  }
+  document.addEventListener("htmx:beforeRequest", function (ev) {
+    var el = ev.detail.elt;
+    if (el && el.hasAttribute && el.hasAttribute("data-opens-drawer")) drawerOpener = el;
+  });
+  document.addEventListener("htmx:afterSwap", function (ev) {
+    var t = ev.detail.target;
+    var d = document.getElementById("drawer");
+    if (!t || t.id !== "detail" || !d) return;
+    d.hidden = false;
+    d.scrollTop = 0;
+    d.scrollIntoView({ block: "nearest" });
+    d.focus();
+  });
+  document.addEventListener("click", function (ev) {
+    if (ev.target && ev.target.closest && ev.target.closest("[data-close-drawer]")) closeDrawer();
+  });
+  document.addEventListener("keydown", function (ev) {
+    if (ev.key === "Escape") closeDrawer();
+  });
+  // Fleet map: the whole-fleet heat map's `data-heat` (a character per GPU, nodes separated by
+  // `,`) drawn as small cells, each node's cells a link to that node in the table.
+  function drawHeat() {
+    document.querySelectorAll("[data-heat]").forEach(function (el) {
+      if (el.dataset.drawn) return;
+      el.dataset.drawn = "1";
+      var names = el.getAttribute("data-nodes").split(",");
+      var href = el.getAttribute("data-href");
+      var words = { "0": "free", "1": "partly used", "2": "full", "x": "failed", "h": "highlighted tenant" };
+      var frag = document.createDocumentFragment();
+      el.getAttribute("data-heat").split(",").forEach(function (gpus, i) {
+        var a = document.createElement("a");
+        a.className = "heat-node";
+        a.href = href + encodeURIComponent(names[i]);
+        a.tabIndex = -1;
+        var free = gpus.split("0").length - 1;
+        a.setAttribute("aria-label", names[i] + ": " + free + " of " + gpus.length + " GPUs free");
+        a.title = names[i] + ": " + free + " of " + gpus.length + " GPUs free";
+        for (var k = 0; k < gpus.length; k++) {
+          var c = document.createElement("i");
+          c.className = "hc h" + gpus[k];
+          c.title = "GPU " + k + ": " + (words[gpus[k]] || "");
+          a.appendChild(c);
+        }
+        frag.appendChild(a);
+      });
+      el.appendChild(frag);
+    });
+  }
+  document.addEventListener("DOMContentLoaded", drawHeat);
   // Charts: a `data-chart` element holds {title, x: [unix seconds], y: [min, max] (optional,
   // the value axis' fixed range), series: [{label, values}]}.
   function drawCharts() {

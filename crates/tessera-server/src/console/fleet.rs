@@ -21,25 +21,93 @@ use crate::lifecycle::{NodeOp, Telemetry};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
-/// Tenant colours: eight classes (`t0`…`t7` in the stylesheet), chosen by a stable hash of the
-/// tenant's name, so a tenant keeps its colour across pages and restarts.
-pub fn colour(tenant: &str) -> u8 {
-    if tenant.is_empty() {
-        return 8;
-    }
-    // FNV-1a: stable across builds (std's hasher is not).
+/// How many tenant colours there are (`t0`…`t15` in the stylesheet, each with a text colour of
+/// enough contrast for the tenant's key letter); `t16` is free capacity.
+pub const PALETTE: u8 = 16;
+/// The colour class of free capacity.
+pub const FREE: u8 = PALETTE;
+
+/// FNV-1a of a tenant's name: stable across builds and restarts (std's hasher is not).
+fn fnv(tenant: &str) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for b in tenant.bytes() {
         h ^= b as u32;
         h = h.wrapping_mul(0x0100_0193);
     }
-    (h % 8) as u8
+    h
+}
+
+/// A tenant's preferred colour: a stable hash of its name (the palette below resolves
+/// collisions between the tenants shown together).
+pub fn colour(tenant: &str) -> u8 {
+    if tenant.is_empty() {
+        return FREE;
+    }
+    (fnv(tenant) % PALETTE as u32) as u8
+}
+
+/// A tenant's swatch on the map: a colour and a key letter (`A`, `B`, …, `Z`, `AA`, …) drawn in
+/// its cells and legend, so colour is never the only signal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Swatch {
+    pub colour: u8,
+    pub key: String,
+}
+
+/// The key of the `i`-th tenant in name order: `A`…`Z`, then `AA`, `AB`, …
+fn key(i: usize) -> String {
+    let letter = |n: usize| char::from(b'A' + (n % 26) as u8);
+    if i < 26 {
+        letter(i).to_string()
+    } else {
+        format!("{}{}", letter(i / 26 - 1), letter(i))
+    }
+}
+
+/// Swatches for the tenants with work on the fleet: in name order, each takes its preferred
+/// colour, or the next one no tenant before it took, so up to 16 tenants get 16 distinct colours,
+/// and a tenant keeps its colour while the set of tenants with work stays the same (whatever page
+/// or filter is shown). Beyond 16 tenants colours repeat; the key letters stay distinct.
+pub fn palette<'a>(tenants: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, Swatch> {
+    let names: std::collections::BTreeSet<&str> = tenants.into_iter().filter(|t| !t.is_empty()).collect();
+    let mut taken = [false; PALETTE as usize];
+    let mut out = BTreeMap::new();
+    for (i, t) in names.into_iter().enumerate() {
+        let want = colour(t);
+        let c = if i < PALETTE as usize {
+            let c = (0..PALETTE)
+                .map(|d| (want + d) % PALETTE)
+                .find(|&c| !taken[c as usize])
+                .unwrap_or(want);
+            taken[c as usize] = true;
+            c
+        } else {
+            want
+        };
+        out.insert(t.to_string(), Swatch { colour: c, key: key(i) });
+    }
+    out
+}
+
+/// The swatches of every tenant holding a GPU share anywhere in the snapshot (one pass).
+fn fleet_palette(snap: &crate::lifecycle::Snapshot) -> BTreeMap<String, Swatch> {
+    palette(
+        snap.nodes
+            .iter()
+            .flat_map(|n| n.gpus.iter())
+            .flat_map(|g| g.holders.iter())
+            .map(|h| h.tenant.as_str()),
+    )
 }
 
 /// A GPU cell of a node row: who holds it (the tenant of its largest share) and how much.
 pub struct Cell {
     pub index: usize,
     pub colour: u8,
+    /// The holding tenant's key letter (empty when free).
+    pub key: String,
+    /// Dimmed: another tenant's while one is highlighted.
+    pub dim: bool,
     pub label: String,
     /// `free`, `part` or `full`.
     pub fill: &'static str,
@@ -92,6 +160,19 @@ pub struct RackGroup {
     pub rows: Vec<NodeRow>,
 }
 
+/// One rack of the whole-fleet heat map (or a pool's nodes where it declares no racks): every
+/// GPU as a character, drawn as a small cell by the console's script — `0` free, `1` partly
+/// used, `2` full, `x` failed, `h` held by the highlighted tenant — nodes separated by `,`.
+pub struct HeatGroup {
+    pub pool: String,
+    pub rack: Option<String>,
+    pub free: usize,
+    pub total: usize,
+    /// The nodes' names, `,`-separated, in the order of `cells`.
+    pub nodes: String,
+    pub cells: String,
+}
+
 pub struct PoolRow {
     pub name: String,
     pub sharing: String,
@@ -117,8 +198,30 @@ pub struct FleetQuery {
     /// Only the nodes of this rack.
     #[serde(default)]
     pub rack: String,
+    /// Only nodes whose name contains this.
+    #[serde(default)]
+    pub node: String,
+    /// Only the nodes holding a share of this workload (its id, `#` optional).
+    #[serde(default)]
+    pub workload: String,
+    /// `free`: most free GPUs first (no rack headings); otherwise pool and rack order.
+    #[serde(default)]
+    pub sort: String,
+    /// Highlight this tenant's cells (the others are dimmed); the colours stay as they are.
+    #[serde(default)]
+    pub highlight: String,
     #[serde(default)]
     pub page: usize,
+}
+
+/// A legend entry: a tenant's swatch and the link that highlights it (or, when it is
+/// highlighted, the link that ends the highlight).
+pub struct LegendEntry {
+    pub tenant: String,
+    pub colour: u8,
+    pub key: String,
+    pub highlighted: bool,
+    pub href: String,
 }
 
 #[derive(Template)]
@@ -126,11 +229,16 @@ pub struct FleetQuery {
 struct FleetPage {
     chrome: Chrome,
     pools: Vec<PoolRow>,
+    heat: Vec<HeatGroup>,
+    /// Where a heat map node's cells lead: the node search (keeping the highlight), its name appended.
+    heat_href: String,
     groups: Vec<RackGroup>,
     /// Whether any row shown stands under a rack heading.
     by_rack: bool,
     shown: usize,
-    legend: Vec<(String, u8)>,
+    legend: Vec<LegendEntry>,
+    /// The highlighted tenant, where it has work on the fleet.
+    highlight: Option<String>,
     q: FleetQuery,
     pool_names: Vec<String>,
     matched: usize,
@@ -166,6 +274,17 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             format!("unknown health filter `{}` (unhealthy)", q.health),
         ));
     }
+    if !q.sort.is_empty() && q.sort != "free" {
+        return Err(ApiError::invalid("sort", format!("unknown sort `{}` (free)", q.sort)));
+    }
+    let workload: Option<u64> =
+        match q.workload.trim().trim_start_matches('#') {
+            "" => None,
+            w => Some(w.parse().map_err(|_| {
+                ApiError::invalid("workload", format!("`{}` is not a workload id (a number)", q.workload))
+            })?),
+        };
+    let by_free = q.sort == "free";
     let snap = s.lifecycle.snapshot();
     let ops = s.lifecycle.published().ops();
     let f = &snap.fleet;
@@ -216,9 +335,68 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     }
     let gang_nodes = |w: u64| spans.get(&w).map(|(_, n)| *n).filter(|n| *n > 1);
     // Nodes grouped by rack within their pool (fleet order otherwise).
+    let swatches = fleet_palette(&snap);
+    let highlight = swatches.contains_key(&q.highlight).then(|| q.highlight.clone());
+    // The whole-fleet heat map: every GPU, by pool and rack (one pass over the GPUs).
+    let mut heat: Vec<HeatGroup> = Vec::new();
+    {
+        let mut by_place: Vec<usize> = (0..f.nodes.len()).collect();
+        by_place.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
+        for i in by_place {
+            let n = &f.nodes[i];
+            let pool = &f.pool(n.pool).name;
+            let rack_name = rack_of(i)
+                .zip(rack_level)
+                .map(|(r, l)| f.levels.domains(l)[r as usize].name.as_str());
+            if !heat
+                .last()
+                .is_some_and(|g| g.pool == *pool && g.rack.as_deref() == rack_name)
+            {
+                heat.push(HeatGroup {
+                    pool: pool.clone(),
+                    rack: rack_name.map(str::to_string),
+                    free: 0,
+                    total: 0,
+                    nodes: String::new(),
+                    cells: String::new(),
+                });
+            }
+            let g = heat.last_mut().expect("a group");
+            let ns = &snap.nodes[i];
+            let bad = failed.get(n.name.as_str()).map(Vec::as_slice).unwrap_or_default();
+            if !g.nodes.is_empty() {
+                g.nodes.push(',');
+                g.cells.push(',');
+            }
+            g.nodes.push_str(&n.name);
+            g.free += ns.free_gpus();
+            g.total += ns.gpus.len();
+            for (gi, gpu) in ns.gpus.iter().enumerate() {
+                let c = if bad.iter().any(|r| r.gpu as usize == gi) {
+                    'x'
+                } else if highlight
+                    .as_ref()
+                    .is_some_and(|h| gpu.holders.iter().any(|x| x.tenant == *h))
+                {
+                    'h'
+                } else {
+                    match gpu.used_milli {
+                        0 => '0',
+                        1000.. => '2',
+                        _ => '1',
+                    }
+                };
+                g.cells.push(c);
+            }
+        }
+    }
     let mut order: Vec<usize> = (0..f.nodes.len()).collect();
-    order.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
-    let mut tenants: BTreeMap<String, u8> = BTreeMap::new();
+    if by_free {
+        order.sort_by_key(|&i| (std::cmp::Reverse(snap.nodes[i].free_gpus()), i));
+    } else {
+        order.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
+    }
+    let mut tenants: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let mut matched = 0;
     let mut shown = 0;
     let mut groups: Vec<RackGroup> = Vec::new();
@@ -227,6 +405,9 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         let n = &f.nodes[i];
         let pool = &f.pool(n.pool).name;
         if !q.pool.is_empty() && *pool != q.pool {
+            continue;
+        }
+        if !q.node.is_empty() && !n.name.contains(q.node.trim()) {
             continue;
         }
         let rack = rack_of(i);
@@ -248,6 +429,11 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         if !q.tenant.is_empty() && !ns.gpus.iter().any(|g| g.holders.iter().any(|h| h.tenant == q.tenant)) {
             continue;
         }
+        if let Some(w) = workload
+            && !ns.gpus.iter().any(|g| g.holders.iter().any(|h| h.workload == w))
+        {
+            continue;
+        }
         matched += 1;
         if matched <= first || shown >= PER_PAGE {
             continue;
@@ -261,8 +447,9 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             .map(|(gi, g)| {
                 let top = g.holders.iter().max_by_key(|h| h.units.as_milli());
                 let tenant = top.map(|h| h.tenant.clone()).unwrap_or_default();
+                let swatch = swatches.get(&tenant);
                 if !tenant.is_empty() {
-                    tenants.insert(tenant.clone(), colour(&tenant));
+                    tenants.insert(tenant.clone());
                 }
                 let fill = match g.used_milli {
                     0 => "free",
@@ -301,7 +488,9 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                 }
                 Cell {
                     index: gi,
-                    colour: colour(&tenant),
+                    colour: swatch.map_or(FREE, |w| w.colour),
+                    key: swatch.map(|w| w.key.clone()).unwrap_or_default(),
+                    dim: highlight.as_ref().is_some_and(|h| !tenant.is_empty() && *h != tenant),
                     label,
                     fill,
                     unhealthy: health.is_some(),
@@ -320,9 +509,11 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             cells,
             gangs,
         };
+        // Sorted by free capacity, the rows stand in one group without rack headings.
+        let (rack, rack_name) = if by_free { (None, None) } else { (rack, rack_name) };
         let same = groups
             .last()
-            .is_some_and(|g| g.pool == *pool && g.rack.as_deref() == rack_name);
+            .is_some_and(|g| (by_free || g.pool == *pool) && g.rack.as_deref() == rack_name);
         if !same {
             let (free, total) = rack.and_then(|r| rack_gpus.get(&r).copied()).unwrap_or_default();
             groups.push(RackGroup {
@@ -335,27 +526,57 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         }
         groups.last_mut().expect("a group").rows.push(row);
     }
-    let link = |page: usize| {
+    let href = |page: usize, highlight: &str| {
         serde_urlencoded::to_string([
             ("pool", q.pool.as_str()),
             ("state", q.state.as_str()),
             ("tenant", q.tenant.as_str()),
             ("health", q.health.as_str()),
             ("rack", q.rack.as_str()),
+            ("node", q.node.as_str()),
+            ("workload", q.workload.as_str()),
+            ("sort", q.sort.as_str()),
+            ("highlight", highlight),
             ("page", &page.to_string()),
         ])
         .map(|qs| format!("/console/fleet?{qs}"))
         .unwrap_or_default()
     };
+    let shown_highlight = highlight.as_deref().unwrap_or_default();
+    let link = |page: usize| href(page, shown_highlight);
+    let legend = tenants
+        .into_iter()
+        .filter_map(|t| {
+            let w = swatches.get(&t)?;
+            let on = highlight.as_deref() == Some(t.as_str());
+            Some(LegendEntry {
+                colour: w.colour,
+                key: w.key.clone(),
+                highlighted: on,
+                href: href(q.page, if on { "" } else { &t }),
+                tenant: t,
+            })
+        })
+        .collect();
     let next = (matched > first + PER_PAGE).then(|| link(q.page + 1));
     let prev = (q.page > 0).then(|| link(q.page - 1));
     Ok(html(&FleetPage {
         chrome: Chrome::new(&c, &s, "fleet"),
         pools,
+        heat,
+        heat_href: format!(
+            "/console/fleet?{}node=",
+            highlight
+                .as_deref()
+                .and_then(|h| serde_urlencoded::to_string([("highlight", h)]).ok())
+                .map(|q| q + "&")
+                .unwrap_or_default()
+        ),
         by_rack: groups.iter().any(|g| g.rack.is_some()),
         groups,
         shown,
-        legend: tenants.into_iter().collect(),
+        legend,
+        highlight,
         pool_names: f.pools.iter().map(|p| p.name.clone()).collect(),
         matched,
         first,
@@ -377,11 +598,17 @@ struct NodeDetail {
     telemetry: Vec<Option<String>>,
     /// When that telemetry was sampled (RFC 3339), or why there is none.
     sampled: String,
+    /// The fleet's tenant swatches, as on the map.
+    swatches: BTreeMap<String, Swatch>,
 }
 
 impl NodeDetail {
     fn colour(&self, tenant: &str) -> u8 {
-        colour(tenant)
+        self.swatches.get(tenant).map_or(FREE, |w| w.colour)
+    }
+
+    fn key(&self, tenant: &str) -> &str {
+        self.swatches.get(tenant).map_or("", |w| w.key.as_str())
     }
 
     fn health_of(&self, gpu: &u8) -> Option<&str> {
@@ -421,6 +648,7 @@ pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>
         crate::clock::now_ms(),
     );
     Ok(html(&NodeDetail {
+        swatches: fleet_palette(&snap),
         health,
         telemetry,
         sampled,
@@ -727,12 +955,39 @@ mod tests {
     #[test]
     fn tenant_colours_are_stable_and_spread() {
         assert_eq!(colour("vision"), colour("vision"));
-        assert_eq!(colour(""), 8, "free capacity has its own colour");
+        assert_eq!(colour(""), FREE, "free capacity has its own colour");
         let used: std::collections::HashSet<u8> =
             ["vision", "nlp", "speech", "robotics", "ads", "search", "maps", "chat"]
                 .iter()
                 .map(|t| colour(t))
                 .collect();
         assert!(used.len() >= 4, "{used:?}");
+    }
+
+    #[test]
+    fn ten_tenants_get_ten_distinct_colours_and_keys_stably() {
+        let ten = [
+            "vision", "nlp", "speech", "robotics", "ads", "search", "maps", "chat", "stark", "wayne",
+        ];
+        let p = palette(ten);
+        assert_eq!(p.len(), 10);
+        let colours: std::collections::HashSet<u8> = p.values().map(|w| w.colour).collect();
+        assert_eq!(colours.len(), 10, "{p:?}");
+        assert!(colours.iter().all(|&c| c < PALETTE));
+        let keys: std::collections::HashSet<&str> = p.values().map(|w| w.key.as_str()).collect();
+        assert_eq!(keys.len(), 10);
+        assert_eq!(p["ads"].key, "A", "keys follow name order");
+        // The same set in another order (and with repeats and free capacity) gives the same swatches.
+        let mut shuffled: Vec<&str> = ten.iter().rev().copied().collect();
+        shuffled.extend(["vision", "", "nlp"]);
+        assert_eq!(palette(shuffled), p);
+        // Sixteen tenants still get sixteen colours; past that, the keys keep them apart.
+        let many: Vec<String> = (0..40).map(|i| format!("t{i:02}")).collect();
+        let p = palette(many.iter().map(String::as_str));
+        let first16: std::collections::HashSet<u8> = p.values().take(16).map(|w| w.colour).collect();
+        assert_eq!(first16.len(), 16);
+        let keys: std::collections::HashSet<&str> = p.values().map(|w| w.key.as_str()).collect();
+        assert_eq!(keys.len(), 40);
+        assert_eq!(p["t26"].key, "AA");
     }
 }

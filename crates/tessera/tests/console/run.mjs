@@ -119,12 +119,48 @@ try {
   const cell = admin.locator(`.cell[title*="vision #${wid}"]`);
   check(await cell.count() === 1, 'one GPU cell holds the slice');
   const legend = await admin.locator('.legend li', { hasText: 'vision' }).locator('.sw').getAttribute('class');
-  const colour = legend.split(' ').find((c) => /^t\d$/.test(c));
+  const colour = legend.split(' ').find((c) => /^t\d+$/.test(c));
   check((await cell.getAttribute('class')).split(' ').includes(colour), `the cell has vision's colour ${colour}`);
   await axe(admin, 'fleet');
   await admin.locator('table.nodes button').first().click();
   await admin.waitForSelector('#detail .gpu-card');
   check((await admin.textContent('#detail')).includes(`vision/train #${wid}`), 'the node detail names the slice');
+  // The detail opens in a drawer in view and focused, even from the last row of a long map;
+  // Escape closes it and gives focus back to the node's button.
+  const drawerState = () => admin.evaluate(() => {
+    const d = document.getElementById('drawer');
+    const r = d.getBoundingClientRect();
+    return { open: !d.hidden, focused: document.activeElement === d, inView: r.top >= 0 && r.left >= 0 && r.bottom <= window.innerHeight && r.right <= window.innerWidth && r.width > 0 };
+  });
+  let ds = await drawerState();
+  check(ds.open && ds.focused && ds.inView, `the node drawer is open, in view and focused: ${JSON.stringify(ds)}`);
+  await admin.goto(`${BASE}/console/fleet`);
+  const lastNode = admin.locator('table.nodes button[data-opens-drawer]').last();
+  await lastNode.focus();
+  await admin.keyboard.press('Enter');
+  await admin.waitForSelector('#drawer:not([hidden]) #detail .gpu-card');
+  ds = await drawerState();
+  check(ds.open && ds.focused && ds.inView, `from the last row too: ${JSON.stringify(ds)}`);
+  check(await admin.evaluate(() => window.scrollY) > 500, 'the last row is far down the page');
+  await axe(admin, 'fleet-drawer');
+  await admin.keyboard.press('Escape');
+  ds = await drawerState();
+  check(!ds.open && await admin.evaluate(() => document.activeElement && document.activeElement.hasAttribute('data-opens-drawer')), 'Escape closes the drawer and focus returns to the node');
+  await admin.keyboard.press('Enter');
+  await admin.waitForSelector('#drawer:not([hidden])');
+  await admin.click('#drawer [data-close-drawer]');
+  check(!(await drawerState()).open, 'the close button closes it');
+  // Highlight vision from the legend: the other tenants' cells are dimmed, vision's are not.
+  await admin.locator('.legend a', { hasText: 'vision' }).click();
+  await admin.waitForSelector('.highlight-note');
+  check(await admin.locator(`.cell[title*="vision #${wid}"].dim`).count() === 0 && (await admin.locator('.legend li.on').textContent()).includes('vision'), 'highlighting vision');
+  await axe(admin, 'fleet-highlight');
+  // The whole-fleet heat map: a cell per GPU of the seed fleet (480), vision's marked while highlighted.
+  check(await admin.locator('.heat .heat-node .hc').count() === 480, `the heat map has 480 GPU cells: ${await admin.locator('.heat .heat-node .hc').count()}`);
+  check(await admin.locator('.heat .hc.hh').count() >= 1, 'the highlighted tenant is marked on the heat map');
+  await admin.locator('.heat .heat-node').first().click();
+  await admin.waitForSelector('table.nodes tbody tr[id^="node-"]');
+  check(await admin.locator('table.nodes tbody tr[id^="node-"]').count() >= 1 && admin.url().includes('node='), 'a heat map node leads to its row');
 
   // 4a. A GPU fails (an XID through the simulated backend, as the node-operations tests do):
   // the map marks it (a cross, and words in its label), "unhealthy only" finds its node, the
