@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::{Caller, Chrome, html};
-use crate::history::{Point, Window, sample};
+use crate::history::{Window, sample};
 use crate::problem::ApiError;
 use crate::state::AppState;
 
@@ -71,12 +71,13 @@ struct ChartsPage {
     ranges: Vec<RangeLink>,
 }
 
-/// The pool's points over `window`, the current minute taken from the live snapshot first.
-fn series(s: &AppState, pool: &str, window: Window) -> Vec<Point> {
-    let now = crate::clock::now_ms();
+/// Records the current minute of every pool from the live snapshot (once per request) and
+/// returns each pool's units allocated now.
+fn record_live(s: &AppState, now: i64) -> Vec<(String, f64)> {
     let live = sample(&s.lifecycle.snapshot(), &s.lifecycle.published().telemetry(), now);
-    s.history.record(live.into_iter().filter(|(p, _)| p == pool));
-    s.history.window(pool, window, now)
+    let allocated = live.iter().map(|(p, x)| (p.clone(), x.allocated)).collect();
+    s.history.record(live);
+    allocated
 }
 
 fn checked_pools(s: &AppState, q: &ChartQuery) -> Result<Vec<(String, u64)>, ApiError> {
@@ -113,10 +114,12 @@ fn checked_pools(s: &AppState, q: &ChartQuery) -> Result<Vec<(String, u64)>, Api
 pub async fn charts(State(s): State<AppState>, c: Caller, Query(q): Query<ChartQuery>) -> Result<Response, ApiError> {
     c.id.require_admin()?;
     let window = q.window()?;
+    let now = crate::clock::now_ms();
+    let allocated_now = record_live(&s, now);
     let pools = checked_pools(&s, &q)?
         .into_iter()
         .map(|(name, capacity)| {
-            let v = series(&s, &name, window);
+            let v = s.history.window(&name, window, now);
             let x: Vec<i64> = v.iter().map(|p| p.at / 1000).collect();
             let utils: Vec<f64> = v.iter().filter_map(|p| p.util_pct).collect();
             let mut lines = vec![serde_json::json!({
@@ -149,11 +152,7 @@ pub async fn charts(State(s): State<AppState>, c: Caller, Query(q): Query<ChartQ
                     serde_urlencoded::to_string([("pool", name.as_str()), ("format", "csv"), ("range", window.key())])
                         .unwrap_or_default()
                 ),
-                now: s
-                    .history
-                    .window(&name, Window::Hour, crate::clock::now_ms())
-                    .last()
-                    .map_or(0.0, |p| p.allocated),
+                now: allocated_now.iter().find(|(p, _)| *p == name).map_or(0.0, |(_, a)| *a),
                 peak: v.iter().map(|p| p.peak).fold(0.0, f64::max),
                 util: if utils.is_empty() {
                     "not reported".into()
@@ -196,7 +195,9 @@ pub async fn data(State(s): State<AppState>, c: Caller, Query(q): Query<ChartQue
     }
     let window = q.window()?;
     let (pool, capacity) = checked_pools(&s, &q)?.remove(0);
-    let v = series(&s, &pool, window);
+    let now = crate::clock::now_ms();
+    record_live(&s, now);
+    let v = s.history.window(&pool, window, now);
     match q.format.as_str() {
         "" | "csv" => {
             let mut out =

@@ -658,19 +658,13 @@ pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>
     }))
 }
 
-/// Telemetry older than this is not shown as the GPU's state now.
-const TELEMETRY_FRESH_MS: i64 = 120_000;
-
 /// Each GPU of `node` (`gpus` of them) in the latest telemetry, in words — utilisation,
 /// memory in use of the board's, temperature, power —, and when it was sampled; nothing where
 /// the telemetry is older than two minutes or the backend reports none.
 fn gpu_telemetry(t: &Telemetry, node: &str, gpus: usize, now: i64) -> (Vec<Option<String>>, String) {
     let mut out = vec![None; gpus];
-    if t.at == 0 {
-        return (out, "the backend has reported no telemetry".into());
-    }
-    if now - t.at > TELEMETRY_FRESH_MS {
-        return (out, format!("no telemetry since {}", tessera_api::rfc3339_ms(t.at)));
+    if let Some(why) = super::stale_telemetry(t, now) {
+        return (out, why);
     }
     for g in t.gpus.iter().filter(|g| g.node == node) {
         if let Some(slot) = out.get_mut(g.gpu as usize) {

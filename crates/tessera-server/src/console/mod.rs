@@ -186,6 +186,21 @@ impl Chrome {
     }
 }
 
+/// Telemetry older than this is not shown as the GPUs' state now.
+const TELEMETRY_FRESH_MS: i64 = 120_000;
+
+/// Why the latest telemetry says nothing about now, in words: the backend never reported any, or
+/// the last sample is older than two minutes; `None` when it is fresh.
+pub fn stale_telemetry(t: &crate::lifecycle::Telemetry, now: i64) -> Option<String> {
+    if t.at == 0 {
+        Some("the backend has reported no telemetry".into())
+    } else if now - t.at > TELEMETRY_FRESH_MS {
+        Some(format!("no telemetry since {}", tessera_api::rfc3339_ms(t.at)))
+    } else {
+        None
+    }
+}
+
 /// A rendered template as an HTML response (a template error is a 500 problem).
 pub fn html<T: askama::Template>(t: &T) -> Response {
     match t.render() {

@@ -288,7 +288,8 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
         ));
     }
     let (rows, more) = list(&s, &c, &f, PER_PAGE).await?;
-    let link = |page: usize| {
+    // The filters and page as a query string: the pager's links and the rows' refresh.
+    let query_of = |page: usize| {
         serde_urlencoded::to_string([
             ("state", f.state.as_str()),
             ("tenant", f.tenant.as_str()),
@@ -296,17 +297,10 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             ("sort", f.sort.as_str()),
             ("page", &page.to_string()),
         ])
-        .map(|q| format!("/console/workloads?{q}"))
         .unwrap_or_default()
     };
-    let query = serde_urlencoded::to_string([
-        ("state", f.state.as_str()),
-        ("tenant", f.tenant.as_str()),
-        ("project", f.project.as_str()),
-        ("sort", f.sort.as_str()),
-        ("page", &f.page.to_string()),
-    ])
-    .unwrap_or_default();
+    let link = |page: usize| format!("/console/workloads?{}", query_of(page));
+    let query = query_of(f.page);
     let sort = if f.sort.is_empty() { "newest" } else { f.sort.as_str() };
     Ok(html(&Workloads {
         chrome: Chrome::new(&c, &s, "workloads"),
@@ -416,11 +410,8 @@ struct WorkloadLive {
 /// names a holder of, the GPU's utilisation) averaged over its devices, and its memory in use
 /// of what it was given.
 pub fn gpu_use(t: &crate::lifecycle::Telemetry, id: u64, whole: &[(&str, u8)], now: i64) -> String {
-    if t.at == 0 {
-        return "the backend reports no telemetry".into();
-    }
-    if now - t.at > 120_000 {
-        return format!("no telemetry since {}", tessera_api::rfc3339_ms(t.at));
+    if let Some(why) = super::stale_telemetry(t, now) {
+        return why;
     }
     let (mut active, mut n, mut used, mut total) = (0.0, 0u32, 0u64, 0u64);
     for g in t.gpus.iter() {
