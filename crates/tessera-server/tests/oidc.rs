@@ -32,13 +32,7 @@ impl Drop for Provider {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use tessera_testdb::free_port;
 
 fn provider() -> Provider {
     provider_with(None)

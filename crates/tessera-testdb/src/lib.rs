@@ -309,12 +309,48 @@ fn as_user(mut cmd: Command, run_as: Option<(u32, u32)>) -> Command {
     cmd
 }
 
-/// A port nobody listens on now.
-fn free_port() -> u16 {
+/// A loopback port nobody listens on now, for a process a test starts (PostgreSQL, etcd, an
+/// API server, a kubelet, an OIDC provider) to listen on a moment later.
+///
+/// It is taken below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), not from
+/// `bind(…:0)`: a port from the ephemeral range is free when asked, but any outgoing
+/// connection (an API server's to its etcd, a client's to the server) may be given it before
+/// the process binds it, and the process then fails with "address already in use" (it did,
+/// in CI). Below that range only listeners compete, and every test picks its listeners here:
+/// candidates run up from a place drawn once per process from its id and the clock, and each
+/// is handed out at most once per process, and only if it binds now.
+pub fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    static START: OnceLock<u32> = OnceLock::new();
+    let (lo, hi) = non_ephemeral_range();
+    let span = u32::from(hi - lo);
+    let start = *START.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        std::process::id().wrapping_mul(7919) ^ nanos
+    });
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = lo + (start.wrapping_add(n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
+}
+
+/// Ports a test may listen on: the 10,000 below the start of the ephemeral range.
+fn non_ephemeral_range() -> (u16, u16) {
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    (start.saturating_sub(10_000).max(1024), start.max(2048))
 }
 
 /// Spawns `cmd` from a thread that lives as long as the process, with `SIGQUIT` as its

@@ -71,13 +71,7 @@ fn sh(dir: &Path, cmd: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use tessera_testdb::free_port;
 
 fn start(c: &Cluster) -> Result<KubeletNode, String> {
     if unsafe { libc::geteuid() } != 0 {

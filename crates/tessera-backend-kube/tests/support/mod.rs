@@ -16,7 +16,6 @@
 pub mod kubelet;
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -67,9 +66,9 @@ pub fn bin_dir() -> Result<PathBuf, String> {
     })
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+/// Ports below the ephemeral range: one from `bind(…:0)` was once taken by an outgoing
+/// connection before the controller-manager bound it (see [`tessera_testdb::free_port`]).
+use tessera_testdb::free_port;
 
 fn sh(dir: &Path, cmd: &str) -> Result<(), String> {
     let out = Command::new("sh")
@@ -283,9 +282,18 @@ pub async fn cluster_in(scope: &'static str) -> &'static Cluster {
             break;
         }
         if t0.elapsed() > Duration::from_secs(90) {
-            let log = std::fs::read_to_string(c.dir.join("apiserver.log")).unwrap_or_default();
-            let tail: String = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
-            panic!("the test API server did not become ready in 90 s; apiserver.log ends:\n{tail}");
+            let tail = |f: &str, n: usize| {
+                let log = std::fs::read_to_string(c.dir.join(f)).unwrap_or_default();
+                log.lines().rev().take(n).collect::<Vec<_>>().join("\n")
+            };
+            panic!(
+                "the test cluster did not become ready in 90 s (API server answering /readyz, \
+                 the controller-manager's aggregated `edit` role); newest lines first\n\
+                 apiserver.log:\n{}\ncontroller-manager.log:\n{}\netcd.log:\n{}",
+                tail("apiserver.log", 15),
+                tail("controller-manager.log", 10),
+                tail("etcd.log", 5)
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -44,14 +44,9 @@ impl Drop for ChildGuard {
     }
 }
 
-/// A free TCP port on 127.0.0.1 (free when asked: the caller binds it right after).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// A free TCP port on 127.0.0.1 for a process a test starts (below the ephemeral range: see
+/// [`tessera_testdb::free_port`]).
+pub use tessera_testdb::free_port;
 
 /// The admin token the first start of a server wrote to its data directory.
 pub fn admin_token(data_dir: &Path) -> String {
