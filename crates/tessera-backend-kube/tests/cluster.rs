@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::support::{
-    Cluster, eventually, expect_event, exporter_pod, fake_exporter, finish_deletion, gpu_node, set_node_status,
-    set_pod_phase,
+    Cluster, eventually, expect_event, expect_success, exporter_pod, fake_exporter, finish_deletion, gpu_node,
+    set_node_status, set_pod_phase,
 };
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, ResourceQuota, Service};
@@ -190,20 +190,7 @@ async fn a_workload_is_a_pod_bound_to_the_chosen_node_and_follows_its_phase() {
     // A second workload that ends on its own.
     b.start(&run(102, "e2e-acme", "e2e-h100-0", gpus(1))).await.unwrap();
     set_pod_phase(&client, &ns, "tessera-102", "Succeeded").await;
-    let ev = expect_event(&mut rx, "Exited", WAIT, |e| {
-        matches!(e, BackendEvent::Exited { id: 102, .. })
-    })
-    .await;
-    assert!(
-        matches!(
-            ev,
-            BackendEvent::Exited {
-                exit: Exit::Succeeded,
-                ..
-            }
-        ),
-        "{ev:?}"
-    );
+    expect_success(&mut rx, 102, WAIT).await;
     // After its stop, the stopped workload's only event is `Stopped`, once its pod is gone.
     while let Ok(ev) = rx.try_recv() {
         assert!(

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use crate::support::expect_event;
 use crate::support::kubelet::{BUSYBOX, NODE, POOL, kubelet_node};
+use crate::support::{expect_event, expect_success};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::LogParams;
@@ -125,20 +125,7 @@ async fn a_command_runs_to_success_and_its_log_is_readable() {
     let bound = t0.elapsed();
     let p = pods.get("tessera-701").await.unwrap();
     assert_eq!(p.spec.unwrap().node_name.as_deref(), Some(NODE));
-    let ev = expect_event(&mut rx, "Exited", WAIT, |e| {
-        matches!(e, BackendEvent::Exited { id: 701, .. })
-    })
-    .await;
-    assert!(
-        matches!(
-            ev,
-            BackendEvent::Exited {
-                exit: Exit::Succeeded,
-                ..
-            }
-        ),
-        "{ev:?}"
-    );
+    expect_success(&mut rx, 701, WAIT).await;
     report(&format!(
         "`echo hi; exit 0`: request → bound {bound:?}, → Succeeded {:?}",
         t0.elapsed()
@@ -187,20 +174,7 @@ async fn a_command_runs_to_success_and_its_log_is_readable() {
     })
     .await;
     let running = t0.elapsed();
-    let ev = expect_event(&mut rx, "Exited", WAIT, |e| {
-        matches!(e, BackendEvent::Exited { id: 702, .. })
-    })
-    .await;
-    assert!(
-        matches!(
-            ev,
-            BackendEvent::Exited {
-                exit: Exit::Succeeded,
-                ..
-            }
-        ),
-        "{ev:?}"
-    );
+    expect_success(&mut rx, 702, WAIT).await;
     report(&format!(
         "`sleep 2`: request → bound {bound:?}, → Running {running:?}, → Succeeded {:?}",
         t0.elapsed()

@@ -58,18 +58,7 @@ pub struct KubeletNode {
 
 static NODE_STATE: OnceLock<Result<KubeletNode, String>> = OnceLock::new();
 
-fn sh(dir: &Path, cmd: &str) -> Result<(), String> {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .current_dir(dir)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!("{cmd}: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(())
-}
+use super::sh;
 
 use tessera_testdb::free_port;
 

@@ -70,6 +70,7 @@ pub fn bin_dir() -> Result<PathBuf, String> {
 /// connection before the controller-manager bound it (see [`tessera_testdb::free_port`]).
 use tessera_testdb::free_port;
 
+/// Runs `cmd` with `sh -c` in `dir`; its standard error is the error.
 fn sh(dir: &Path, cmd: &str) -> Result<(), String> {
     let out = Command::new("sh")
         .arg("-c")
@@ -439,6 +440,27 @@ pub async fn expect_event(
             Err(_) => panic!("no {what} within {within:?}; saw {seen:?}"),
         }
     }
+}
+
+/// Waits for workload `id`'s exit and asserts it succeeded.
+pub async fn expect_success(rx: &mut UnboundedReceiver<BackendEvent>, id: u64, within: Duration) {
+    let ev = expect_event(
+        rx,
+        "Exited",
+        within,
+        |e| matches!(e, BackendEvent::Exited { id: i, .. } if *i == id),
+    )
+    .await;
+    assert!(
+        matches!(
+            ev,
+            BackendEvent::Exited {
+                exit: tessera_backend::Exit::Succeeded,
+                ..
+            }
+        ),
+        "{ev:?}"
+    );
 }
 
 /// Waits until `check` holds, polling.

@@ -235,27 +235,39 @@ impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for ApiJson<
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let json = req
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .map(|m| m.trim().to_ascii_lowercase())
-            .is_some_and(|m| m == "application/json" || (m.starts_with("application/") && m.ends_with("+json")));
+        let json = is_json(&req);
         if !json {
-            return Err(ApiError::unsupported_media(
-                "send the body as JSON with `Content-Type: application/json`",
-            ));
+            return Err(not_json());
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE)
-            } else {
-                ApiError::bad_request(format!("the body could not be read: {}", e.body_text()))
-            }
-        })?;
+        let bytes = read_body(req, state).await?;
         Ok(ApiJson(json_body(&bytes)?))
     }
+}
+
+/// Whether the request says its body is JSON (`application/json` or `application/…+json`).
+fn is_json(req: &Request) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|m| m.trim().to_ascii_lowercase())
+        .is_some_and(|m| m == "application/json" || (m.starts_with("application/") && m.ends_with("+json")))
+}
+
+/// The refusal of a body that is not JSON.
+fn not_json() -> ApiError {
+    ApiError::unsupported_media("send the body as JSON with `Content-Type: application/json`")
+}
+
+/// The body's bytes, within the size limit (413 beyond it).
+async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE)
+        } else {
+            ApiError::bad_request(format!("the body could not be read: {}", e.body_text()))
+        }
+    })
 }
 
 /// A deserialisation error as a 422 naming the field; at the top level the field is in the
@@ -293,27 +305,13 @@ impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for Optional
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let json = req
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .map(|m| m.trim().to_ascii_lowercase())
-            .is_some_and(|m| m == "application/json" || (m.starts_with("application/") && m.ends_with("+json")));
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE)
-            } else {
-                ApiError::bad_request(format!("the body could not be read: {}", e.body_text()))
-            }
-        })?;
+        let json = is_json(&req);
+        let bytes = read_body(req, state).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalApiJson(None));
         }
         if !json {
-            return Err(ApiError::unsupported_media(
-                "send the body as JSON with `Content-Type: application/json`",
-            ));
+            return Err(not_json());
         }
         Ok(OptionalApiJson(Some(json_body(&bytes)?)))
     }
