@@ -2263,7 +2263,7 @@ async fn the_quota_form_is_filled_with_the_current_quota() {
     let sel_value = selected.rsplit("<option value=\"").next().unwrap();
     let shown = sel_value.split('"').next().unwrap();
     assert!(
-        attr(first, "name=\"guaranteed\"", "value") != "" && ["training", "serving"].contains(&shown),
+        !attr(first, "name=\"guaranteed\"", "value").is_empty() && ["training", "serving"].contains(&shown),
         "{first}"
     );
     let (g, l) = if shown == "training" { ("8", "16") } else { ("2.5", "") };
