@@ -1918,7 +1918,10 @@ async fn lists_page_sort_and_filter_by_real_values_and_never_across_tenants() {
     )
     .await;
     let tenants = admin.page("/console/tenants").await;
-    assert!(tenants.contains("<table id=\"tenant-summary\">"), "{tenants}");
+    assert!(
+        tenants.contains("<table id=\"tenant-summary\" class=\"cards\">"),
+        "{tenants}"
+    );
     assert!(
         tenants.contains("id=\"sum-vision\"") && tenants.contains("id=\"sum-nlp\""),
         "{tenants}"
@@ -2022,4 +2025,323 @@ async fn lists_page_sort_and_filter_by_real_values_and_never_across_tenants() {
         "{nlp_tenants}"
     );
     assert_eq!(nlp_admin.get("/console/audit").await.status(), StatusCode::FORBIDDEN);
+}
+
+/// The legend's swatches of the fleet map: `(tenant, classes, key)` in order.
+fn legend_swatches(map: &str) -> Vec<(String, String, String)> {
+    let legend = map
+        .split("class=\"legend\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("a legend: {map}"))
+        .split("</ul>")
+        .next()
+        .unwrap();
+    legend
+        .split("<li")
+        .filter(|li| li.contains("<a href="))
+        .map(|li| {
+            let classes = li.split("class=\"sw ").nth(1).unwrap().split('"').next().unwrap();
+            let key = li
+                .split("aria-hidden=\"true\">")
+                .nth(1)
+                .unwrap()
+                .split('<')
+                .next()
+                .unwrap();
+            let tenant = li.split("</span>").nth(1).unwrap().split("</a>").next().unwrap();
+            (tenant.to_string(), classes.to_string(), key.to_string())
+        })
+        .collect()
+}
+
+/// Beyond the 16 colours the map adds a pattern: 20 tenants with work get 20 distinct
+/// colour-and-pattern pairs (the last four hatched) and 20 keys, on the map, the legend and the
+/// node drawer; the drawer is a modal dialog and the heat map says how to use it by keyboard.
+/// A member of nlp gets none of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_tenants_never_look_the_same_on_the_fleet_map_and_a_member_sees_none() {
+    let s = TestServer::start("fleet20").await;
+    let names: Vec<String> = (0..20).map(|i| format!("team{i:02}")).collect();
+    let mut ids = Vec::new();
+    for t in &names {
+        s.tenant_with_project(t, "p").await;
+        let (st, w) = s
+            .post(
+                "/api/v1/workloads",
+                json!({"tenant": t, "project": "p", "name": "x", "shape": {"gpus": 1, "pool": "training"}}),
+            )
+            .await;
+        assert!(st.is_success(), "{w}");
+        ids.push(w["id"].as_u64().unwrap());
+    }
+    let mut nodes = Vec::new();
+    for id in &ids {
+        let w = s.wait_state(*id, &["placed", "running"]).await;
+        nodes.push(w["allocation"]["node"].as_str().unwrap().to_string());
+    }
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    // Every tenant's node on the first page: one page of 100 rows holds the 16 training nodes.
+    let map = b.page("/console/fleet?pool=training").await;
+    no_inline_code(&map);
+    let sw = legend_swatches(&map);
+    assert_eq!(sw.len(), 20, "{sw:?}");
+    let pairs: std::collections::HashSet<&String> = sw.iter().map(|(_, c, _)| c).collect();
+    assert_eq!(pairs.len(), 20, "twenty distinct colour-and-pattern pairs: {sw:?}");
+    let keys: std::collections::HashSet<&String> = sw.iter().map(|(_, _, k)| k).collect();
+    assert_eq!(keys.len(), 20, "twenty distinct keys: {sw:?}");
+    let hatched: Vec<&(String, String, String)> = sw.iter().filter(|(_, c, _)| c.ends_with(" p1")).collect();
+    assert_eq!(hatched.len(), 4, "the 17th to 20th tenants are hatched: {sw:?}");
+    assert!(
+        hatched.iter().all(|(t, _, _)| t.as_str() >= "team16"),
+        "in name order: {hatched:?}"
+    );
+    // Two tenants share a colour only with different patterns.
+    for (t, c, _) in &hatched {
+        let colour = c.split(' ').next().unwrap();
+        assert!(
+            sw.iter().any(|(u, d, _)| u != t && d == colour),
+            "{t}'s colour {colour} is also a solid tenant's (16 colours, 20 tenants)"
+        );
+    }
+    assert!(map.contains("20 tenants: past the 16 colours"), "said on the page");
+    // Each tenant's cell carries its colour and pattern.
+    for (t, c, k) in &sw {
+        assert!(
+            map.contains(&format!("class=\"cell {c} full\"")),
+            "{t}'s cell has classes {c} (key {k})"
+        );
+    }
+    // The drawer is a modal dialog; the heat map's groups are labelled and its keys said.
+    assert!(map.contains("role=\"dialog\" aria-modal=\"true\""), "{map}");
+    assert!(map.contains("the arrow keys move between nodes"), "{map}");
+    assert!(map.contains("role=\"group\" aria-label=\"training rack r0: "), "{map}");
+    // The node detail (the drawer's content) draws the hatched tenant's slice the same way.
+    let (t19, c19, _) = sw.iter().find(|(t, _, _)| t == "team19").unwrap();
+    let node19 = &nodes[names.iter().position(|n| n == t19).unwrap()];
+    let detail = b.page(&format!("/console/fleet/nodes/{node19}")).await;
+    assert!(detail.contains(&format!("class=\"sw {c19}\"")), "{detail}");
+    // A member of nlp: neither the map nor a node's detail, and no tenant's name or swatch.
+    s.tenant_with_project("nlp", "p").await;
+    let m = s.browser();
+    sign_in(&m, &s.token("nlp", "member").await).await;
+    for path in [
+        "/console/fleet".to_string(),
+        "/console/fleet?highlight=team19".to_string(),
+        format!("/console/fleet/nodes/{node19}"),
+    ] {
+        let r = m.get(&path).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(!body.contains("team"), "{path} names a tenant: {body}");
+        assert!(!body.contains("class=\"sw t"), "{path} shows a swatch: {body}");
+    }
+}
+
+/// Events record a token's id; the workload's page names it at display time — to callers who
+/// may see that token. A member of nlp sees its own token's name, but not the name of the
+/// platform admin's token that cancelled its workload, and nothing of vision's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeline_names_tokens_only_to_those_who_may_see_them() {
+    let s = TestServer::start("tokennames").await;
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        s.tenant_with_project(t, p).await;
+    }
+    let server = &s;
+    let token = |tenant: Option<&str>, role: &str, name: &str| {
+        let s = server;
+        let body = json!({"tenant": tenant, "role": role, "name": name});
+        async move {
+            let t = s.ok(Method::POST, "/api/v1/tokens", Some(body)).await;
+            (
+                t["id"].as_str().unwrap().to_string(),
+                t["token"].as_str().unwrap().to_string(),
+            )
+        }
+    };
+    let (vid, vsecret) = token(Some("vision"), "member", "vision-ci").await;
+    let (nid, nsecret) = token(Some("nlp"), "member", "nlp-bot").await;
+    let (oid, osecret) = token(None, "platform-admin", "ops-night-shift").await;
+    let submit_as = |secret: String, tenant: &'static str, project: &'static str| {
+        let s = server;
+        let body =
+            json!({"tenant": tenant, "project": project, "name": "w", "shape": {"fraction": 250}, "duration_s": 3600});
+        async move {
+            let (st, w) = s
+                .call_as(Some(&secret), Method::POST, "/api/v1/workloads", Some(body))
+                .await;
+            assert!(st.is_success(), "{w}");
+            w["id"].as_u64().unwrap()
+        }
+    };
+    let vw = submit_as(vsecret.clone(), "vision", "train").await;
+    let nw = submit_as(nsecret.clone(), "nlp", "p").await;
+    s.wait_state(nw, &["placed", "running"]).await;
+    let (st, body) = s
+        .call_as(
+            Some(&osecret),
+            Method::POST,
+            &format!("/api/v1/workloads/{nw}/cancel"),
+            None,
+        )
+        .await;
+    assert!(st.is_success(), "{body}");
+    s.wait_state(nw, &["cancelled"]).await;
+    // vision's member: its own token by name.
+    let v = s.browser();
+    sign_in(&v, &vsecret).await;
+    let page = unescape(&v.page(&format!("/console/workloads/{vw}")).await);
+    assert!(page.contains(&format!("vision-ci ({vid})")), "{page}");
+    // nlp's member: its token by name, the admin's by id alone, vision's page not at all.
+    let n = s.browser();
+    sign_in(&n, &nsecret).await;
+    let page = unescape(&n.page(&format!("/console/workloads/{nw}")).await);
+    assert!(page.contains(&format!("nlp-bot ({nid})")), "{page}");
+    assert!(page.contains(&format!("cancelled by {oid}")), "{page}");
+    assert!(
+        !page.contains("ops-night-shift") && !page.contains("(deleted)"),
+        "{page}"
+    );
+    let r = n.get(&format!("/console/workloads/{vw}")).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("vision-ci") && !body.contains(&vid), "{body}");
+    // The platform admin: every token by name.
+    let a = s.browser();
+    sign_in(&a, &s.admin).await;
+    let page = unescape(&a.page(&format!("/console/workloads/{nw}")).await);
+    assert!(
+        page.contains(&format!("cancelled by ops-night-shift ({oid})")),
+        "{page}"
+    );
+    assert!(page.contains(&format!("nlp-bot ({nid})")), "{page}");
+}
+
+/// The quota form shows the tenant's current quota (the first class set, its guaranteed and
+/// limit; each class's values on its option for the script), a tenant without one shows empty
+/// fields; nlp's tenant-admin sees only nlp's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quota_form_is_filled_with_the_current_quota() {
+    let s = TestServer::start("quotaprefill").await;
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        s.tenant_with_project(t, p).await;
+    }
+    s.ok(
+        Method::PUT,
+        "/api/v1/tenants/vision/quotas/training",
+        Some(json!({"guaranteed": 8.0, "limit": 16.0})),
+    )
+    .await;
+    s.ok(
+        Method::PUT,
+        "/api/v1/tenants/vision/quotas/serving",
+        Some(json!({"guaranteed": 2.5})),
+    )
+    .await;
+    let a = s.browser();
+    sign_in(&a, &s.admin).await;
+    let page = a.page("/console/tenants").await;
+    let panel = |t: &str| -> String {
+        page.split(&format!("id=\"panel-{t}\""))
+            .nth(1)
+            .unwrap()
+            .split("</details>")
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let vision = panel("vision");
+    let first = vision
+        .split("class=\"grid2 quota-form\"")
+        .nth(1)
+        .unwrap()
+        .split("</form>")
+        .next()
+        .unwrap();
+    // The quotas are listed by class name: serving first, so the form shows serving's values.
+    let selected = first.split(" selected").next().unwrap();
+    let sel_value = selected.rsplit("<option value=\"").next().unwrap();
+    let shown = sel_value.split('"').next().unwrap();
+    assert!(
+        !attr(first, "name=\"guaranteed\"", "value").is_empty() && ["training", "serving"].contains(&shown),
+        "{first}"
+    );
+    let (g, l) = if shown == "training" { ("8", "16") } else { ("2.5", "") };
+    assert_eq!(attr(first, "name=\"guaranteed\"", "value"), g, "{first}");
+    assert_eq!(attr(first, "name=\"limit\"", "value"), l, "{first}");
+    assert!(
+        first.contains("value=\"training\" data-guaranteed=\"8\" data-limit=\"16\">training (set)"),
+        "{first}"
+    );
+    assert!(
+        first.contains("data-guaranteed=\"2.5\" data-limit=\"\">serving (set)"),
+        "{first}"
+    );
+    let nlp = panel("nlp");
+    assert_eq!(attr(&nlp, "name=\"guaranteed\"", "value"), "", "no quota, empty: {nlp}");
+    assert!(!nlp.contains("(set)"), "{nlp}");
+    // nlp's tenant-admin: its own form, nothing of vision's values or name.
+    let t = s.browser();
+    sign_in(&t, &s.token("nlp", "tenant-admin").await).await;
+    let own = t.page("/console/tenants").await;
+    assert!(own.contains("id=\"panel-nlp\""), "{own}");
+    assert!(
+        !own.contains("vision") && !own.contains("data-guaranteed=\"8\""),
+        "{own}"
+    );
+    let m = s.browser();
+    sign_in(&m, &s.token("nlp", "member").await).await;
+    let r = m.get("/console/tenants").await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(!r.text().await.unwrap().contains("vision"));
+}
+
+/// A waiting multi-node gang's page names the pools that cannot serve it (the MIG and the
+/// time-sliced pool: a gang needs a whole pool); nlp sees nothing of it. The workload list's
+/// sorts say nothing about a cut-off while the whole list was read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_gang_names_the_pools_that_cannot_serve_it() {
+    let s = TestServer::start("gangwaits").await;
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        s.tenant_with_project(t, p).await;
+    }
+    s.ok(
+        Method::PUT,
+        "/api/v1/tenants/vision/quotas/training",
+        Some(json!({"guaranteed": 16.0, "limit": 16.0})),
+    )
+    .await;
+    let gpus = |n: u32, name: &str| json!({"tenant": "vision", "project": "train", "name": name, "shape": {"gpus": n, "pool": "training"}});
+    let a = submit(&s, gpus(8, "first")).await;
+    s.wait_state(a, &["placed", "running"]).await;
+    let gang = submit(&s, gpus(16, "gang")).await;
+    let member = s.browser();
+    sign_in(&member, &s.token("vision", "member").await).await;
+    let page = unescape(
+        &page_until(&member, &format!("/console/workloads/{gang}"), |p| {
+            p.contains("Why it waits")
+        })
+        .await,
+    );
+    assert!(
+        page.contains("Pool serving shares its GPUs by mig; a multi-node gang needs a whole pool."),
+        "{page}"
+    );
+    assert!(
+        page.contains("Pool development shares its GPUs by shared; a multi-node gang needs a whole pool."),
+        "{page}"
+    );
+    assert!(!page.contains("Pool training shares"), "{page}");
+    let other = s.browser();
+    sign_in(&other, &s.token("nlp", "member").await).await;
+    let r = other.get(&format!("/console/workloads/{gang}")).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("vision") && !body.contains("Pool serving"), "{body}");
+    // Two workloads: every sort reads the whole list, so nothing is said about a cut-off.
+    for sort in ["name", "oldest", "state", "newest"] {
+        let list = member.page(&format!("/console/workloads?sort={sort}")).await;
+        assert!(list.contains(&format!("id=\"w-{gang}\"")), "{sort}: {list}");
+        assert!(!list.contains("id=\"sort-note\""), "{sort}: {list}");
+    }
 }

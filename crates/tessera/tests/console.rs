@@ -121,6 +121,13 @@ fn console_in_a_real_browser() {
         "charts",
         "tenants",
         "tenants-error",
+        "fleet-drawer-keyboard",
+        "fleet-heat-keyboard",
+        "fleet-20-tenants",
+        "tenants-phone",
+        "fleet-phone",
+        "request-phone",
+        "tenants-quota-prefill",
         "signin",
     ] {
         assert!(shots.join(format!("{page}.png")).exists(), "screenshot of {page}");

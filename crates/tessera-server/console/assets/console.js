@@ -42,6 +42,17 @@
     var preview = document.getElementById("preview");
     if (form && preview) preview.remove();
   });
+  // The tenants page's quota form: choosing a class fills the fields with its current quota
+  // (the options carry it; empty where none is set).
+  document.addEventListener("change", function (ev) {
+    var sel = ev.target;
+    var form = sel && sel.closest ? sel.closest("form[data-quota-form]") : null;
+    if (!form || sel.name !== "class") return;
+    var opt = sel.options[sel.selectedIndex];
+    if (!opt) return;
+    form.querySelector("input[name=guaranteed]").value = opt.getAttribute("data-guaranteed") || "";
+    form.querySelector("input[name=limit]").value = opt.getAttribute("data-limit") || "";
+  });
   // Fleet map: a node's detail opens in a drawer at the viewport's edge, scrolled into view and
   // focused; Escape or its close button closes it and gives focus back to the node's button.
   var drawerOpener = null;
@@ -67,8 +78,24 @@
   document.addEventListener("click", function (ev) {
     if (ev.target && ev.target.closest && ev.target.closest("[data-close-drawer]")) closeDrawer();
   });
+  // While the drawer is open, Tab and Shift-Tab cycle through its own controls (it is modal):
+  // from the last to the first and back, and from outside (or the drawer itself) into it.
+  function focusables(root) {
+    return Array.prototype.filter.call(
+      root.querySelectorAll("a[href], button:not([disabled]), input:not([disabled]), select:not([disabled]), textarea:not([disabled]), [tabindex]:not([tabindex='-1'])"),
+      function (el) { return el.offsetParent !== null || el === document.activeElement; });
+  }
   document.addEventListener("keydown", function (ev) {
-    if (ev.key === "Escape") closeDrawer();
+    if (ev.key === "Escape") { closeDrawer(); return; }
+    if (ev.key !== "Tab") return;
+    var d = document.getElementById("drawer");
+    if (!d || d.hidden) return;
+    var items = focusables(d);
+    if (!items.length) { ev.preventDefault(); d.focus(); return; }
+    var first = items[0], last = items[items.length - 1], at = document.activeElement;
+    var inside = d.contains(at) && at !== d;
+    if (ev.shiftKey && (!inside || at === first)) { ev.preventDefault(); last.focus(); }
+    else if (!ev.shiftKey && (!inside || at === last)) { ev.preventDefault(); first.focus(); }
   });
   // Fleet map: the whole-fleet heat map's `data-heat` (a character per GPU, nodes separated by
   // `,`) drawn as small cells, each node's cells a link to that node in the table.
@@ -85,6 +112,7 @@
         a.className = "heat-node";
         a.href = href + encodeURIComponent(names[i]);
         a.tabIndex = -1;
+        a.setAttribute("data-heat-node", "");
         var free = gpus.split("0").length - 1;
         a.setAttribute("aria-label", names[i] + ": " + free + " of " + gpus.length + " GPUs free");
         a.title = names[i] + ": " + free + " of " + gpus.length + " GPUs free";
@@ -98,7 +126,33 @@
       });
       el.appendChild(frag);
     });
+    // One tab stop for the whole map (a roving tabindex): the first node, or the one last moved to.
+    var nodes = document.querySelectorAll("[data-heat-node]");
+    if (nodes.length && !document.querySelector("[data-heat-node][tabindex='0']")) nodes[0].tabIndex = 0;
   }
+  // The heat map by keyboard: Left/Right to the previous/next node, Up/Down to the first node
+  // of the previous/next group, Home/End to the first/last node; Enter follows the link.
+  document.addEventListener("keydown", function (ev) {
+    var a = ev.target && ev.target.closest ? ev.target.closest("[data-heat-node]") : null;
+    if (!a) return;
+    var all = Array.prototype.slice.call(document.querySelectorAll("[data-heat-node]"));
+    var i = all.indexOf(a), to = -1;
+    var groupStart = function (g) { return all.indexOf(g.querySelector("[data-heat-node]")); };
+    var groups = Array.prototype.slice.call(document.querySelectorAll("[data-heat]"));
+    var gi = groups.indexOf(a.parentNode);
+    if (ev.key === "ArrowRight") to = Math.min(i + 1, all.length - 1);
+    else if (ev.key === "ArrowLeft") to = Math.max(i - 1, 0);
+    else if (ev.key === "ArrowDown") to = gi + 1 < groups.length ? groupStart(groups[gi + 1]) : i;
+    else if (ev.key === "ArrowUp") to = gi > 0 ? groupStart(groups[gi - 1]) : groupStart(groups[0]);
+    else if (ev.key === "Home") to = 0;
+    else if (ev.key === "End") to = all.length - 1;
+    else return;
+    ev.preventDefault();
+    if (to < 0) return;
+    a.tabIndex = -1;
+    all[to].tabIndex = 0;
+    all[to].focus();
+  });
   document.addEventListener("DOMContentLoaded", drawHeat);
   // Charts: a `data-chart` element holds {title, x: [unix seconds], y: [min, max] (optional,
   // the value axis' fixed range), series: [{label, values}]}.

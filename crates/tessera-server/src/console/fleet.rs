@@ -46,12 +46,35 @@ pub fn colour(tenant: &str) -> u8 {
     (fnv(tenant) % PALETTE as u32) as u8
 }
 
-/// A tenant's swatch on the map: a colour and a key letter (`A`, `B`, …, `Z`, `AA`, …) drawn in
-/// its cells and legend, so colour is never the only signal.
+/// How many fill patterns there are (`p0`, solid, … `p5` in the stylesheet): the 17th to 32nd
+/// tenants take the palette again with diagonal hatching, the next 16 with horizontal stripes,
+/// and so on, so up to 96 tenants differ by colour and pattern together.
+pub const PATTERNS: u8 = 6;
+
+/// A tenant's swatch on the map: a colour, a fill pattern (solid for the first 16 tenants) and
+/// a key letter (`A`, `B`, …, `Z`, `AA`, …) drawn in its cells and legend, so colour is never
+/// the only signal and two tenants never look the same.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Swatch {
     pub colour: u8,
+    pub pattern: u8,
     pub key: String,
+}
+
+impl Swatch {
+    /// The swatch's classes: `t3` (the colour), with `p2` (the pattern) where it has one.
+    pub fn classes(&self) -> String {
+        classes(self.colour, self.pattern)
+    }
+}
+
+/// The classes of a colour and pattern: `t3`, or `t3 p2` where the pattern is not solid.
+pub fn classes(colour: u8, pattern: u8) -> String {
+    if pattern == 0 {
+        format!("t{colour}")
+    } else {
+        format!("t{colour} p{pattern}")
+    }
 }
 
 /// The key of the `i`-th tenant in name order: `A`…`Z`, then `AA`, `AB`, …
@@ -65,26 +88,34 @@ fn key(i: usize) -> String {
 }
 
 /// Swatches for the tenants with work on the fleet: in name order, each takes its preferred
-/// colour, or the next one no tenant before it took, so up to 16 tenants get 16 distinct colours,
-/// and a tenant keeps its colour while the set of tenants with work stays the same (whatever page
-/// or filter is shown). Beyond 16 tenants colours repeat; the key letters stay distinct.
+/// colour, or the next one no tenant of its round took; the first 16 tenants are the first
+/// round (solid), the next 16 the second (hatched), and so on. So up to 16 tenants get 16
+/// distinct colours, up to 96 distinct colour-and-pattern pairs, and a tenant keeps its swatch
+/// while the set of tenants with work stays the same (whatever page or filter is shown). The
+/// key letters are distinct however many tenants there are.
 pub fn palette<'a>(tenants: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, Swatch> {
     let names: std::collections::BTreeSet<&str> = tenants.into_iter().filter(|t| !t.is_empty()).collect();
     let mut taken = [false; PALETTE as usize];
     let mut out = BTreeMap::new();
     for (i, t) in names.into_iter().enumerate() {
+        if i % PALETTE as usize == 0 {
+            taken = [false; PALETTE as usize];
+        }
         let want = colour(t);
-        let c = if i < PALETTE as usize {
-            let c = (0..PALETTE)
-                .map(|d| (want + d) % PALETTE)
-                .find(|&c| !taken[c as usize])
-                .unwrap_or(want);
-            taken[c as usize] = true;
-            c
-        } else {
-            want
-        };
-        out.insert(t.to_string(), Swatch { colour: c, key: key(i) });
+        let c = (0..PALETTE)
+            .map(|d| (want + d) % PALETTE)
+            .find(|&c| !taken[c as usize])
+            .unwrap_or(want);
+        taken[c as usize] = true;
+        let pattern = ((i / PALETTE as usize) % PATTERNS as usize) as u8;
+        out.insert(
+            t.to_string(),
+            Swatch {
+                colour: c,
+                pattern,
+                key: key(i),
+            },
+        );
     }
     out
 }
@@ -104,6 +135,8 @@ fn fleet_palette(snap: &crate::lifecycle::Snapshot) -> BTreeMap<String, Swatch> 
 pub struct Cell {
     pub index: usize,
     pub colour: u8,
+    /// The holding tenant's fill pattern (0: solid).
+    pub pattern: u8,
     /// The holding tenant's key letter (empty when free).
     pub key: String,
     /// Dimmed: another tenant's while one is highlighted.
@@ -219,6 +252,7 @@ pub struct FleetQuery {
 pub struct LegendEntry {
     pub tenant: String,
     pub colour: u8,
+    pub pattern: u8,
     pub key: String,
     pub highlighted: bool,
     pub href: String,
@@ -489,6 +523,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                 Cell {
                     index: gi,
                     colour: swatch.map_or(FREE, |w| w.colour),
+                    pattern: swatch.map_or(0, |w| w.pattern),
                     key: swatch.map(|w| w.key.clone()).unwrap_or_default(),
                     dim: highlight.as_ref().is_some_and(|h| !tenant.is_empty() && *h != tenant),
                     label,
@@ -551,6 +586,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             let on = highlight.as_deref() == Some(t.as_str());
             Some(LegendEntry {
                 colour: w.colour,
+                pattern: w.pattern,
                 key: w.key.clone(),
                 highlighted: on,
                 href: href(q.page, if on { "" } else { &t }),
@@ -603,8 +639,11 @@ struct NodeDetail {
 }
 
 impl NodeDetail {
-    fn colour(&self, tenant: &str) -> u8 {
-        self.swatches.get(tenant).map_or(FREE, |w| w.colour)
+    /// The classes of `tenant`'s swatch (colour and pattern).
+    fn swatch(&self, tenant: &str) -> String {
+        self.swatches
+            .get(tenant)
+            .map_or_else(|| classes(FREE, 0), Swatch::classes)
     }
 
     fn key(&self, tenant: &str) -> &str {
@@ -983,5 +1022,25 @@ mod tests {
         let keys: std::collections::HashSet<&str> = p.values().map(|w| w.key.as_str()).collect();
         assert_eq!(keys.len(), 40);
         assert_eq!(p["t26"].key, "AA");
+    }
+
+    #[test]
+    fn past_sixteen_tenants_a_pattern_keeps_every_pair_distinct() {
+        let twenty: Vec<String> = (0..20).map(|i| format!("team{i:02}")).collect();
+        let p = palette(twenty.iter().map(String::as_str));
+        let pairs: std::collections::HashSet<(u8, u8)> = p.values().map(|w| (w.colour, w.pattern)).collect();
+        assert_eq!(pairs.len(), 20, "{p:?}");
+        assert!(p.values().take(16).all(|w| w.pattern == 0), "the first 16 are solid");
+        assert!(p.values().skip(16).all(|w| w.pattern == 1), "the next are hatched");
+        assert_eq!(p["team00"].classes(), format!("t{}", p["team00"].colour));
+        assert_eq!(p["team19"].classes(), format!("t{} p1", p["team19"].colour));
+        // Up to 96 tenants (16 colours × 6 patterns) no two share colour and pattern.
+        let many: Vec<String> = (0..96).map(|i| format!("x{i:03}")).collect();
+        let p = palette(many.iter().map(String::as_str));
+        let pairs: std::collections::HashSet<(u8, u8)> = p.values().map(|w| (w.colour, w.pattern)).collect();
+        assert_eq!(pairs.len(), 96);
+        assert!(p.values().all(|w| w.colour < PALETTE && w.pattern < PATTERNS));
+        // Stable: the same set in another order gives the same swatches.
+        assert_eq!(palette(many.iter().rev().map(String::as_str)), p);
     }
 }

@@ -2,6 +2,8 @@
 //! rows, one workload's timeline, cancel). Lists and timelines come from the store, the fleet
 //! from the published snapshot; changes go through the REST API's handlers.
 
+use std::collections::HashMap;
+
 use askama::Template;
 use axum::Extension;
 use axum::extract::{Path, Query, State};
@@ -113,7 +115,7 @@ pub async fn overview(State(s): State<AppState>, c: Caller) -> Result<Response, 
     } else {
         Vec::new()
     };
-    let (recent, _) = list(&s, &c, &Filter::default(), 10).await?;
+    let (recent, _, _) = list(&s, &c, &Filter::default(), 10).await?;
     Ok(html(&Overview {
         chrome: Chrome::new(&c, &s, "overview"),
         pools,
@@ -171,7 +173,36 @@ fn project_filter(c: &Caller, f: &Filter) -> (Option<String>, Option<String>) {
 /// One page of the caller's workloads matching `f`, and whether there is a next page. The
 /// store answers newest first and always within the caller's tenant (`scope`), whatever the
 /// filters name.
-async fn list(s: &AppState, c: &Caller, f: &Filter, per_page: usize) -> Result<(Vec<Row>, bool), ApiError> {
+/// A count with its thousands grouped: `5,000`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// What the list says about its order when a sort other than newest-first read only the newest
+/// [`SORT_SCAN`] workloads (`scanned` of them came back): the older ones are not in the order.
+pub fn sort_note(newest: bool, scanned: usize, scan: u32) -> Option<String> {
+    (!newest && scanned >= scan as usize).then(|| {
+        format!(
+            "This order covers the newest {} matching workloads only; older ones are left out. Choose a state, tenant or project to narrow the list, or sort by newest or oldest first to page through all of it.",
+            thousands(scan as u64)
+        )
+    })
+}
+
+async fn list(
+    s: &AppState,
+    c: &Caller,
+    f: &Filter,
+    per_page: usize,
+) -> Result<(Vec<Row>, bool, Option<String>), ApiError> {
     let phases = WorkloadState::parse(&f.state).map(views::phases).unwrap_or_default();
     let (tenant, project) = project_filter(c, f);
     let newest = f.sort.is_empty() || f.sort == "newest";
@@ -196,6 +227,7 @@ async fn list(s: &AppState, c: &Caller, f: &Filter, per_page: usize) -> Result<(
         _ => {}
     }
     let more = all.len() > skip + per_page;
+    let note = sort_note(newest, all.len(), SORT_SCAN);
     Ok((
         all.iter()
             .skip(skip)
@@ -203,6 +235,7 @@ async fn list(s: &AppState, c: &Caller, f: &Filter, per_page: usize) -> Result<(
             .map(|w| row(&views::workload(w)))
             .collect(),
         more,
+        note,
     ))
 }
 
@@ -217,6 +250,8 @@ struct Workloads {
     /// Platform admins: `(tenant, selected)`.
     tenants: Vec<(String, bool)>,
     sorts: Vec<(&'static str, &'static str, bool)>,
+    /// Said when the order covers only the newest [`SORT_SCAN`] workloads.
+    sort_note: Option<String>,
     query: String,
     can_write: bool,
     first: usize,
@@ -254,7 +289,7 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
     let can_write = admin || c.id.role != crate::auth::Role::Viewer;
     if f.part == "rows" {
         // The polled rows: the filters were checked when the page was made.
-        let (rows, _) = list(&s, &c, &f, PER_PAGE).await?;
+        let (rows, _, _) = list(&s, &c, &f, PER_PAGE).await?;
         return Ok(html(&WorkloadRows { rows, can_write }));
     }
     // The tenants and projects the caller may see: the choices of the filters. A value that
@@ -287,7 +322,7 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             format!("no project `{}` to choose", f.project),
         ));
     }
-    let (rows, more) = list(&s, &c, &f, PER_PAGE).await?;
+    let (rows, more, sort_note) = list(&s, &c, &f, PER_PAGE).await?;
     // The filters and page as a query string: the pager's links and the rows' refresh.
     let query_of = |page: usize| {
         serde_urlencoded::to_string([
@@ -322,6 +357,7 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             Vec::new()
         },
         sorts: SORTS.iter().map(|(k, w)| (*k, *w, *k == sort)).collect(),
+        sort_note,
         query,
         can_write,
         first: f.page * PER_PAGE,
@@ -485,6 +521,7 @@ fn waits(s: &AppState, admin: bool, id: u64) -> Option<Waits> {
                 })
                 .unwrap_or_default()
         }
+        (_, tessera_domain::GpuSpec::Gang(g)) => super::why::gang_pools_not_serving(fleet, g.gpus_per_node),
         _ => Vec::new(),
     };
     let same_reason = serde_urlencoded::to_string([("tenant", tenant), ("reason", code)])
@@ -655,6 +692,78 @@ async fn log_tail(s: &AppState, wid: WorkloadId) -> (Option<String>, String) {
     (Some(String::from_utf8_lossy(&tail).into_owned()), note)
 }
 
+/// Where the token ids (`tok-` and 12 lower-case hex digits) stand in `text`: their byte
+/// offsets, in order.
+fn token_spans(text: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    while let Some(k) = text[from..].find("tok-") {
+        let i = from + k;
+        let hex = bytes[i + 4..]
+            .iter()
+            .take_while(|&&b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            .count();
+        let before_ok = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'-');
+        if hex == 12 && before_ok {
+            out.push(i);
+            from = i + 16;
+        } else {
+            from = i + 4;
+        }
+    }
+    out
+}
+
+/// The token ids in `text`, in order.
+pub fn token_ids(text: &str) -> Vec<&str> {
+    token_spans(text).into_iter().map(|i| &text[i..i + 16]).collect()
+}
+
+/// How the console names each token id found in `texts`: `name (tok-…)` for a token the caller
+/// may see (platform admins: every token; others: their own tenant's), `tok-… (deleted)` for
+/// one the store no longer knows, the bare id otherwise (another tenant's or a platform token:
+/// nothing about it is said). Read at display time: the events keep the id.
+pub async fn token_names(s: &AppState, c: &Caller, texts: &[String]) -> Result<HashMap<String, String>, ApiError> {
+    let ids: std::collections::BTreeSet<String> = texts
+        .iter()
+        .flat_map(|t| token_ids(t).into_iter().map(str::to_string))
+        .collect();
+    let mut out = HashMap::new();
+    for id in ids {
+        let id = id.as_str();
+        {
+            let shown = match s.store.get_token(id).await? {
+                None => format!("{id} (deleted)"),
+                Some(t) if c.id.is_admin() || (t.tenant.is_some() && t.tenant == c.id.tenant) => {
+                    if t.name.is_empty() {
+                        id.to_string()
+                    } else {
+                        format!("{} ({id})", t.name)
+                    }
+                }
+                Some(_) => id.to_string(),
+            };
+            out.insert(id.to_string(), shown);
+        }
+    }
+    Ok(out)
+}
+
+/// `text` with each token id replaced by how `names` shows it.
+pub fn name_tokens(text: &str, names: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for i in token_spans(text) {
+        let id = &text[i..i + 16];
+        out.push_str(&text[at..i]);
+        out.push_str(names.get(id).map_or(id, String::as_str));
+        at = i + 16;
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
 fn workload_id(raw: &str) -> Result<WorkloadId, ApiError> {
     raw.parse::<u64>()
         .ok()
@@ -673,8 +782,13 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
         .iter()
         .map(views::event)
         .collect();
-    let r = row(&w);
+    let mut r = row(&w);
     let can_cancel = !r.ended && c.id.can_write(&w.tenant);
+    // Events and reasons record a token's id: name it where the caller may see the token.
+    let mut texts: Vec<String> = events.iter().map(|e| e.detail.clone()).collect();
+    texts.push(r.reason.clone());
+    let names = token_names(s, c, &texts).await?;
+    r.reason = name_tokens(&r.reason, &names);
     let (logs, logs_note) = log_tail(s, wid).await;
     let (shares, racks) = gang_shares(&s.fleet(), &w);
     let intervals = s.store.usage_of(wid).await?;
@@ -719,7 +833,13 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
         gpu_use,
         shares,
         racks,
-        steps: steps(&events, r.ended, crate::clock::now_ms()),
+        steps: steps(&events, r.ended, crate::clock::now_ms())
+            .into_iter()
+            .map(|mut x| {
+                x.detail = name_tokens(&x.detail, &names);
+                x
+            })
+            .collect(),
         w: r,
         priority: w.priority.clone(),
         units: w.units.clone(),
@@ -779,6 +899,42 @@ pub async fn cancel(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_sort_that_read_only_the_newest_says_so() {
+        assert_eq!(thousands(5_000), "5,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(thousands(999), "999");
+        let said = sort_note(false, 5_000, 5_000).expect("a long list sorted by name says so");
+        assert!(said.contains("newest 5,000 matching workloads only"), "{said}");
+        assert_eq!(sort_note(false, 4_999, 5_000), None, "the whole list was read: exact");
+        assert_eq!(
+            sort_note(true, 5_000, 5_000),
+            None,
+            "newest first pages through everything"
+        );
+    }
+
+    #[test]
+    fn token_ids_in_events_are_named_at_display_time() {
+        let text = "member token tok-0123456789ab may create workloads; cancelled by tok-ffffffffffff, not xtok-0123456789ab nor tok-12";
+        assert_eq!(token_ids(text), ["tok-0123456789ab", "tok-ffffffffffff"]);
+        let names: HashMap<String, String> = [
+            ("tok-0123456789ab".to_string(), "ci-bot (tok-0123456789ab)".to_string()),
+            ("tok-ffffffffffff".to_string(), "tok-ffffffffffff (deleted)".to_string()),
+        ]
+        .into();
+        assert_eq!(
+            name_tokens(text, &names),
+            "member token ci-bot (tok-0123456789ab) may create workloads; cancelled by tok-ffffffffffff (deleted), not xtok-0123456789ab nor tok-12"
+        );
+        assert_eq!(
+            name_tokens("tok-0123456789ab tok-0123456789ab", &names),
+            "ci-bot (tok-0123456789ab) ci-bot (tok-0123456789ab)"
+        );
+        assert_eq!(name_tokens("no token here", &names), "no token here");
+    }
+
     use super::*;
 
     #[test]

@@ -82,6 +82,41 @@ impl Card {
             .unwrap_or_default()
     }
 
+    /// The class the quota form shows: as posted before a refusal, else the first class with a
+    /// quota set (so its current values fill the form), else the first class offered.
+    pub fn quota_class(&self) -> &str {
+        if self.err.form == "quota" {
+            return self.value("quota", "class");
+        }
+        self.quotas
+            .quotas
+            .first()
+            .map(|q| q.class.as_str())
+            .or(self.classes.first().map(String::as_str))
+            .unwrap_or("")
+    }
+
+    /// The quota set for `class`, if any.
+    pub fn quota_of(&self, class: &str) -> Option<&tessera_api::QuotaView> {
+        self.quotas.quotas.iter().find(|q| q.class == class)
+    }
+
+    /// A quota field's value (`guaranteed` or `limit`): as typed before a refusal, else the
+    /// current value of the class the form shows (empty: none set).
+    pub fn quota_value(&self, field: &str) -> String {
+        if self.err.form == "quota" {
+            return self.value("quota", field).to_string();
+        }
+        let Some(q) = self.quota_of(self.quota_class()) else {
+            return String::new();
+        };
+        match field {
+            "guaranteed" => q.guaranteed.to_string(),
+            "limit" => q.limit.map(|l| l.to_string()).unwrap_or_default(),
+            _ => String::new(),
+        }
+    }
+
     /// The quotas in one line for the summary table: `training 8 of 8 guaranteed (limit 16)`.
     pub fn quota_summary(&self) -> String {
         if self.quotas.quotas.is_empty() {

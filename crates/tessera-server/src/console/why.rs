@@ -35,6 +35,43 @@ pub fn sentence(code: &str, detail: &str) -> String {
     out
 }
 
+/// The pools of `fleet` that cannot serve a multi-node gang of `per_node` GPUs a node-share
+/// (`None`: whole nodes), each as a sentence: a pool that shares its GPUs (MIG or time-sliced;
+/// a gang needs a whole pool, as the scheduler's gang scope has it), and a whole pool none of
+/// whose nodes has that many GPUs. Computed from the fleet alone (no placement is searched).
+pub fn gang_pools_not_serving(fleet: &tessera_model::Fleet, per_node: Option<u8>) -> Vec<String> {
+    use tessera_model::Sharing;
+    fleet
+        .pools
+        .iter()
+        .filter_map(|p| {
+            if p.sharing != Sharing::Whole {
+                let u = tessera_sched::GangUnplaceable::PoolCannotServe {
+                    pool: p.name.clone(),
+                    sharing: p.sharing,
+                };
+                return Some(sentence("", &u.message()));
+            }
+            let most = fleet.nodes[p.nodes.start as usize..p.nodes.end as usize]
+                .iter()
+                .map(|n| n.gpus)
+                .max()
+                .unwrap_or(0);
+            match per_node {
+                Some(k) if k > most => Some(sentence(
+                    "",
+                    &format!(
+                        "pool {} cannot serve a node-share of {k} GPUs: its nodes have at most {most}",
+                        p.name
+                    ),
+                )),
+                None if most == 0 => Some(sentence("", &format!("pool {} has no nodes", p.name))),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 /// A short label for a reason code, for counts and filters ("over quota").
 pub fn label(code: &str) -> &'static str {
     match code {
@@ -141,6 +178,33 @@ pub fn position_words(tenant: &str, (pos, of): (usize, usize)) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn pools_that_cannot_serve_a_gang_are_named_with_why() {
+        let seed = tessera_model::Fleet::seed();
+        let all = gang_pools_not_serving(&seed, Some(8));
+        assert_eq!(all.len(), 2, "{all:?}");
+        assert!(
+            all.iter()
+                .any(|x| x.starts_with("Pool serving shares its GPUs by mig; a multi-node gang needs a whole pool")),
+            "{all:?}"
+        );
+        assert!(
+            all.iter()
+                .any(|x| x.starts_with("Pool development shares its GPUs by shared")),
+            "{all:?}"
+        );
+        assert!(!all.iter().any(|x| x.contains("training")), "{all:?}");
+        // A node-share larger than any node of the whole pool: that pool cannot serve it either.
+        let big = gang_pools_not_serving(&seed, Some(16));
+        assert!(
+            big.iter()
+                .any(|x| x == "Pool training cannot serve a node-share of 16 GPUs: its nodes have at most 8."),
+            "{big:?}"
+        );
+        assert_eq!(gang_pools_not_serving(&seed, None).len(), 2);
+    }
+
     use super::*;
 
     #[test]

@@ -503,6 +503,157 @@ try {
   check(label.includes('Id'), `fields are labelled: ${label}`);
   await alice.screenshot({ path: `${SHOTS}/workloads-phone.png`, fullPage: true });
   await axe(alice, 'workloads-phone');
+  // 10. The node drawer keeps focus while open: Tab and Shift-Tab cycle within it; Escape
+  // gives focus back to the node. All by keyboard.
+  step('the node drawer traps focus by keyboard');
+  await admin.setViewportSize({ width: 1280, height: 800 });
+  await admin.goto(`${BASE}/console/fleet?pool=training`);
+  const opener = admin.locator('table.nodes button[data-opens-drawer]').nth(2);
+  const openerName = (await opener.textContent()).trim();
+  await opener.focus();
+  await admin.keyboard.press('Enter');
+  await admin.waitForSelector('#drawer:not([hidden]) #detail .gpu-card');
+  check(await admin.evaluate(() => document.activeElement && document.activeElement.id === 'drawer'), 'the drawer has focus once open');
+  const inDrawer = () => admin.evaluate(() => {
+    const d = document.getElementById('drawer');
+    const a = document.activeElement;
+    return { inside: d.contains(a) && a !== d, text: a ? (a.textContent || a.getAttribute('aria-label') || a.tagName).trim().slice(0, 40) : '' };
+  });
+  const controls = await admin.evaluate(() => Array.from(document.querySelectorAll('#drawer a[href], #drawer button')).filter((e) => e.offsetParent !== null).length);
+  check(controls >= 2, `the drawer has controls: ${controls}`);
+  const seen = [];
+  for (let i = 0; i < controls + 2; i++) {
+    await admin.keyboard.press('Tab');
+    const at = await inDrawer();
+    check(at.inside, `Tab ${i + 1} stays in the drawer: ${JSON.stringify(at)}`);
+    seen.push(at.text);
+  }
+  check(seen[controls] === seen[0], `Tab wraps from the last control to the first: ${JSON.stringify(seen)}`);
+  await admin.keyboard.press('Shift+Tab');
+  check((await inDrawer()).inside, 'Shift-Tab stays in the drawer');
+  const firstText = seen[0];
+  // From the first control Shift-Tab goes to the last one.
+  for (let i = 0; i < controls + 1 && (await inDrawer()).text !== firstText; i++) await admin.keyboard.press('Shift+Tab');
+  await admin.keyboard.press('Shift+Tab');
+  const last = await inDrawer();
+  check(last.inside && last.text === seen[controls - 1], `Shift-Tab from the first goes to the last: ${JSON.stringify(last)} vs ${JSON.stringify(seen)}`);
+  await axe(admin, 'fleet-drawer-keyboard');
+  await admin.keyboard.press('Escape');
+  check(await admin.evaluate((n) => document.activeElement && document.activeElement.textContent.trim() === n, openerName), 'Escape returns focus to the node');
+  check(await admin.locator('#drawer[hidden]').count() === 1, 'Escape closes the drawer');
+
+  // 11. The heat map by keyboard: one tab stop, arrow keys between nodes and groups, Enter.
+  step('the heat map by keyboard');
+  await admin.goto(`${BASE}/console/fleet`);
+  const stops = await admin.locator('[data-heat-node][tabindex="0"]').count();
+  check(stops === 1, `one tab stop on the heat map: ${stops}`);
+  // Tab reaches it from the element before it.
+  await admin.evaluate(() => { const h = document.getElementById('heat-h'); h.tabIndex = -1; h.focus(); });
+  await admin.keyboard.press('Tab');
+  const focusedNode = () => admin.evaluate(() => {
+    const a = document.activeElement;
+    const all = Array.from(document.querySelectorAll('[data-heat-node]'));
+    return { index: all.indexOf(a), label: a && a.getAttribute('aria-label'), tab: a && a.tabIndex, count: all.length };
+  });
+  let fn = await focusedNode();
+  check(fn.index === 0 && /GPUs free/.test(fn.label), `Tab lands on the first node: ${JSON.stringify(fn)}`);
+  await admin.keyboard.press('ArrowRight');
+  fn = await focusedNode();
+  check(fn.index === 1 && fn.tab === 0, `ArrowRight: the next node, now the tab stop: ${JSON.stringify(fn)}`);
+  check(await admin.locator('[data-heat-node][tabindex="0"]').count() === 1, 'still one tab stop');
+  await admin.keyboard.press('ArrowDown');
+  fn = await focusedNode();
+  const secondGroup = await admin.evaluate(() => {
+    const all = Array.from(document.querySelectorAll('[data-heat-node]'));
+    return all.indexOf(document.querySelectorAll('[data-heat]')[1].querySelector('[data-heat-node]'));
+  });
+  check(fn.index === secondGroup, `ArrowDown: the next group's first node (${secondGroup}): ${JSON.stringify(fn)}`);
+  await admin.keyboard.press('End');
+  fn = await focusedNode();
+  check(fn.index === fn.count - 1, `End: the last node: ${JSON.stringify(fn)}`);
+  await admin.keyboard.press('Home');
+  fn = await focusedNode();
+  check(fn.index === 0, `Home: the first node: ${JSON.stringify(fn)}`);
+  await admin.keyboard.press('ArrowRight');
+  const target = (await focusedNode()).label.split(':')[0];
+  await axe(admin, 'fleet-heat-keyboard');
+  await Promise.all([admin.waitForURL(/node=/), admin.keyboard.press('Enter')]);
+  check(await admin.locator(`#node-${target}`).count() === 1, `Enter opens ${target}'s row`);
+
+  // 12. Twenty tenants with work: past the 16 colours a pattern, so no two look the same.
+  step('twenty tenants on the fleet map');
+  const extra = [];
+  for (let i = 0; i < 20; i++) extra.push(`team${String(i).padStart(2, '0')}`);
+  for (const t of extra) {
+    check((await api('POST', '/api/v1/tenants', { name: t })).ok, `tenant ${t}`);
+    check((await api('POST', `/api/v1/tenants/${t}/projects`, { name: 'p' })).ok, `project of ${t}`);
+    const r = await api('POST', '/api/v1/workloads', { tenant: t, project: 'p', name: 'x', shape: { gpus: 1, pool: 'training' } });
+    check(r.ok, `a workload of ${t}: ${r.status} ${await r.text()}`);
+  }
+  let sw = [];
+  for (let i = 0; i < 100; i++) {
+    await admin.goto(`${BASE}/console/fleet`);
+    sw = await admin.locator('.legend li a .sw').evaluateAll((els) => els.map((e) => e.className));
+    if (sw.length >= 20) break;
+    await admin.waitForTimeout(200);
+  }
+  check(sw.length >= 20, `at least twenty tenants in the legend: ${sw.length}`);
+  check(new Set(sw).size === sw.length, `each tenant its own colour and pattern: ${JSON.stringify(sw)}`);
+  const keys20 = await admin.locator('.legend li a .sw').allTextContents();
+  check(new Set(keys20).size === keys20.length, `each tenant its own key: ${keys20}`);
+  const hatch = await admin.locator('.legend .sw.p1').first().evaluate((e) => getComputedStyle(e).backgroundImage);
+  check(hatch.includes('gradient'), `a hatched swatch is drawn with a pattern: ${hatch}`);
+  const patterned = await admin.locator('table.nodes .cell.p1').count();
+  check(patterned >= 1, `hatched cells on the map: ${patterned}`);
+  await axe(admin, 'fleet-20-tenants');
+  await sizes(admin, 'fleet-20-tenants');
+
+  // 13. Phones: the request form, the tenants summary and the nodes as cards, nothing wider
+  // than the screen, each card's action in reach.
+  step('a phone: the request form, tenants and nodes');
+  await admin.setViewportSize({ width: 390, height: 844 });
+  const fitsPhone = async (page, name) => {
+    const w = await page.evaluate(() => document.documentElement.scrollWidth);
+    check(w <= 390, `${name}: nothing scrolls sideways at 390 px: ${w} px`);
+  };
+  const inReach = async (loc, what) => {
+    const b = await loc.boundingBox();
+    check(b && b.x >= 0 && b.x + b.width <= 390, `${what} is in reach: ${JSON.stringify(b)}`);
+  };
+  await admin.goto(`${BASE}/console/tenants`);
+  await fitsPhone(admin, 'tenants');
+  await inReach(admin.locator('#tenant-summary tr[id^="sum-"]').first(), 'a tenant card');
+  await inReach(admin.locator('#tenant-summary tr[id^="sum-"] a.button').first(), 'a tenant card\'s Edit');
+  const tlabel = await admin.evaluate(() => getComputedStyle(document.querySelector('#tenant-summary td[data-label]'), '::before').content);
+  check(tlabel.includes('Projects'), `tenant card fields are labelled: ${tlabel}`);
+  await admin.screenshot({ path: `${SHOTS}/tenants-phone.png`, fullPage: true });
+  await axe(admin, 'tenants-phone');
+  await admin.goto(`${BASE}/console/fleet?pool=training`);
+  await fitsPhone(admin, 'fleet');
+  const nodeCard = admin.locator('table.nodes tbody tr[id^="node-"]').first();
+  await inReach(nodeCard, 'a node card');
+  await inReach(nodeCard.locator('button[data-opens-drawer]'), 'a node card\'s button');
+  const nlabel = await admin.evaluate(() => getComputedStyle(document.querySelector('table.nodes td[data-label="Pool"]'), '::before').content);
+  check(nlabel.includes('Pool'), `node card fields are labelled: ${nlabel}`);
+  await admin.screenshot({ path: `${SHOTS}/fleet-phone.png`, fullPage: true });
+  await axe(admin, 'fleet-phone');
+  await admin.goto(`${BASE}/console/request`);
+  await fitsPhone(admin, 'request');
+  await inReach(admin.locator('#preview-button'), 'the request form\'s preview button');
+  const fieldBoxes = await admin.locator('form#request input:visible, form#request select:visible').evaluateAll((els) => els.map((e) => { const r = e.getBoundingClientRect(); return [r.x, r.x + r.width]; }));
+  check(fieldBoxes.length > 0 && fieldBoxes.every(([a, b]) => a >= 0 && b <= 390), `every field of the form fits: ${JSON.stringify(fieldBoxes)}`);
+  await admin.screenshot({ path: `${SHOTS}/request-phone.png`, fullPage: true });
+  await axe(admin, 'request-phone');
+  await admin.setViewportSize({ width: 1280, height: 800 });
+
+  // 14. The quota form shows the chosen class's current quota.
+  step('the quota form is filled with the current quota');
+  await admin.goto(`${BASE}/console/tenants`);
+  await admin.click('#panel-nlp > summary');
+  await admin.selectOption('#nlp-quota-class', 'serving');
+  check(await admin.inputValue('#nlp-quota-guaranteed') === '1' && await admin.inputValue('#nlp-quota-limit') === '2', `serving's quota in the fields: ${await admin.inputValue('#nlp-quota-guaranteed')} / ${await admin.inputValue('#nlp-quota-limit')}`);
+  await axe(admin, 'tenants-quota-prefill');
+
   const signin = await context();
   await signin.goto(`${BASE}/console/signin`);
   await axe(signin, 'signin');
