@@ -109,7 +109,7 @@ pub enum Cmd {
     /// request is audited by the HTTP layer).
     NodeOp {
         node: String,
-        op: super::NodeOp,
+        op: super::nodeops::NodeOp,
         actor: String,
         reply: Reply<()>,
     },
@@ -131,7 +131,7 @@ pub enum Cmd {
     },
     /// A platform admin starts a rolling upgrade of a pool (audited by the HTTP layer).
     StartRollout {
-        spec: super::NewRollout,
+        spec: super::rollout::NewRollout,
         actor: String,
         reply: Reply<tessera_store::RolloutRecord>,
     },
@@ -222,7 +222,7 @@ impl Lifecycle {
 
     /// Cordons, drains, puts into maintenance or uncordons a node (the caller checked that it
     /// exists).
-    pub async fn node_op(&self, node: String, op: super::NodeOp, actor: String) -> Result<(), LifecycleError> {
+    pub async fn node_op(&self, node: String, op: super::nodeops::NodeOp, actor: String) -> Result<(), LifecycleError> {
         self.ask(|reply| Cmd::NodeOp { node, op, actor, reply }).await
     }
 
@@ -264,7 +264,7 @@ impl Lifecycle {
     /// the stored rollout, its nodes in plan order.
     pub async fn start_rollout(
         &self,
-        spec: super::NewRollout,
+        spec: super::rollout::NewRollout,
         actor: String,
     ) -> Result<tessera_store::RolloutRecord, LifecycleError> {
         self.ask(|reply| Cmd::StartRollout { spec, actor, reply }).await

@@ -9,167 +9,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_domain::{Event, Workload, WorkloadId};
-use tessera_store::{Change, IdempotencyKey, Store, StoreError};
+use tessera_domain::{Workload, WorkloadId};
+use tessera_store::{Change, Store, StoreError};
 
 use super::Core;
-use super::command::{LifecycleError, Reply};
-use super::effects::Op;
+use super::batch::{Batch, ReplyTo};
+use super::command::LifecycleError;
 use super::snapshot::Published;
 
 /// A full publication that took at least this long last time is made after the batch's
 /// answers and backend work instead of before them (see [`Core::commit`]): on a small fleet it
 /// costs microseconds and keeps its place, so an answer comes with counts that include it.
 const FULL_BUILD_AFTER_REPLIES: Duration = Duration::from_micros(500);
-
-/// Whom to answer after the commit, and with what.
-pub(super) enum ReplyTo {
-    /// A creation: the workload, and whether it was created now (`false`: an idempotent retry).
-    Created(Reply<(Arc<Workload>, bool)>, WorkloadId, bool),
-    /// The workload's record after the batch.
-    Workload(Reply<Arc<Workload>>, WorkloadId),
-    Done(Reply<()>),
-    /// An admin's MIG mode change, answered once it is stored.
-    Mig(Reply<super::migmode::MigOutcome>, super::migmode::MigOutcome),
-}
-
-struct Pending {
-    insert: bool,
-    idempotency: Option<IdempotencyKey>,
-    workload: Arc<Workload>,
-    events: Vec<Event>,
-}
-
-/// A batch taken apart: what to store, what to publish, what to run.
-pub(super) struct Parts {
-    pub changes: Vec<Change>,
-    pub records: Vec<Arc<Workload>>,
-    pub ops: Vec<(WorkloadId, Op)>,
-}
-
-/// What a batch of commands decided.
-#[derive(Default)]
-pub(super) struct Batch {
-    order: Vec<WorkloadId>,
-    records: HashMap<WorkloadId, Pending>,
-    usage: Vec<Change>,
-    audit: Vec<Change>,
-    ops: Vec<(WorkloadId, Op)>,
-    replies: Vec<ReplyTo>,
-    /// Idempotency keys used in this batch: (actor, key) → (request hash, workload).
-    idempotency: HashMap<(String, String), (String, WorkloadId)>,
-    /// Recompute the queue and phase counts of the snapshot too.
-    pub full_publish: bool,
-    /// Creations in this batch were left to the next cycle (capacity was changing): their
-    /// callers wait for it.
-    pub undecided: bool,
-}
-
-impl Batch {
-    /// A new workload with its first events.
-    pub fn insert(&mut self, workload: Arc<Workload>, events: Vec<Event>, idempotency: Option<IdempotencyKey>) {
-        if let Some(k) = &idempotency {
-            self.idempotency
-                .insert((k.actor.clone(), k.key.clone()), (k.request_hash.clone(), workload.id));
-        }
-        self.order.push(workload.id);
-        self.records.insert(
-            workload.id,
-            Pending {
-                insert: true,
-                idempotency,
-                workload,
-                events,
-            },
-        );
-    }
-
-    /// A workload's new record and the events explaining the change.
-    pub fn update(&mut self, workload: Arc<Workload>, events: Vec<Event>) {
-        match self.records.get_mut(&workload.id) {
-            Some(p) => {
-                p.workload = workload;
-                p.events.extend(events);
-            }
-            None => {
-                self.order.push(workload.id);
-                self.records.insert(
-                    workload.id,
-                    Pending {
-                        insert: false,
-                        idempotency: None,
-                        workload,
-                        events,
-                    },
-                );
-            }
-        }
-    }
-
-    /// A usage interval opened or closed.
-    pub fn usage(&mut self, c: Change) {
-        self.usage.push(c);
-    }
-
-    /// An audit record committed with the batch.
-    pub fn audit(&mut self, r: tessera_store::AuditRecord) {
-        self.audit.push(Change::Audit(r));
-    }
-
-    /// A fleet change (a GPU's MIG mode) committed with the batch, before its audit record.
-    pub fn change(&mut self, c: Change) {
-        self.audit.push(c);
-    }
-
-    /// Backend work to start after the commit.
-    pub fn op(&mut self, id: WorkloadId, op: Op) {
-        self.ops.push((id, op));
-    }
-
-    pub fn reply(&mut self, r: ReplyTo) {
-        self.replies.push(r);
-    }
-
-    /// The batch's changes in commit order (workload records, then usage intervals), the
-    /// records to publish, and the backend work.
-    pub fn into_parts(mut self) -> Parts {
-        let (changes, records) = self.take_changes();
-        Parts {
-            changes,
-            records: records.into_values().collect(),
-            ops: self.ops,
-        }
-    }
-
-    fn take_changes(&mut self) -> (Vec<Change>, HashMap<WorkloadId, Arc<Workload>>) {
-        let mut changes = Vec::with_capacity(self.order.len() + self.usage.len());
-        let mut records = HashMap::with_capacity(self.order.len());
-        for id in std::mem::take(&mut self.order) {
-            let p = self.records.remove(&id).expect("ordered ids have records");
-            records.insert(id, p.workload.clone());
-            changes.push(if p.insert {
-                Change::Insert {
-                    workload: p.workload,
-                    events: p.events,
-                    idempotency: p.idempotency,
-                }
-            } else {
-                Change::Update {
-                    workload: p.workload,
-                    events: p.events,
-                }
-            });
-        }
-        changes.append(&mut self.usage);
-        changes.append(&mut self.audit);
-        (changes, records)
-    }
-
-    /// The earlier use of an idempotency key in this batch.
-    pub fn idempotent(&self, actor: &str, key: &str) -> Option<(String, WorkloadId)> {
-        self.idempotency.get(&(actor.to_string(), key.to_string())).cloned()
-    }
-}
 
 impl Core {
     /// Rebuilds the loop's state from the store ([`Core::recover`]), retrying with backoff
@@ -194,14 +45,15 @@ impl Core {
 
     /// Stores the batch in one transaction, then publishes, answers and starts backend work.
     pub(super) async fn commit(&mut self, mut batch: Batch, now: i64) {
+        self.queue_dirty |= batch.queue_changed;
         let (mut changes, records) = batch.take_changes();
         if !changes.is_empty() {
             if let Some(f) = &self.fence {
                 changes.insert(0, Change::Fence(f.clone()));
             }
             let t0 = Instant::now();
-            let stored = self.store.commit(&changes).await;
-            self.metrics.store_commit(t0.elapsed(), stored.is_ok());
+            let stored = self.w.store.commit(&changes).await;
+            self.w.metrics.store_commit(t0.elapsed(), stored.is_ok());
             if let Err(e) = stored {
                 let fenced = matches!(e, StoreError::Fenced(_));
                 tracing::error!(error = %e, changes = changes.len(), "commit failed; rebuilding state from the store");
@@ -250,21 +102,21 @@ impl Core {
         }
         // Records after the snapshot: whoever reads a record (a workload that ended) then reads
         // the snapshot sees capacity at least as new as that record.
-        self.published.put_workloads(records.values().cloned());
+        self.w.published.put_workloads(records.values().cloned());
         for r in batch.replies {
             match r {
                 ReplyTo::Created(tx, id, created) => {
-                    let w = record(&*self.store, &self.published, id, &records).await;
+                    let w = record(&*self.w.store, &self.w.published, id, &records).await;
                     // Not decided yet (submitted while capacity was changing): answer after the
                     // next cycle.
-                    if matches!(&w, Ok(w) if w.phase == tessera_domain::Phase::Pending) && self.sched.needs_cycle() {
+                    if matches!(&w, Ok(w) if w.phase == tessera_domain::Phase::Pending) && self.w.sched.needs_cycle() {
                         self.deferred.push(ReplyTo::Created(tx, id, created));
                         continue;
                     }
                     let _ = tx.send(w.map(|w| (w, created)));
                 }
                 ReplyTo::Workload(tx, id) => {
-                    let w = record(&*self.store, &self.published, id, &records).await;
+                    let w = record(&*self.w.store, &self.w.published, id, &records).await;
                     let _ = tx.send(w);
                 }
                 ReplyTo::Done(tx) => {
@@ -288,13 +140,13 @@ impl Core {
         let t0 = Instant::now();
         let snap = self
             .builder
-            .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, full);
+            .build(&self.w.fleet, &self.w.sched, &self.w.live, &self.w.tenants, now, full);
         if full {
             self.last_full_publish = Instant::now();
             self.last_full_build = t0.elapsed();
             self.queue_dirty = false;
         }
-        self.published.set_snapshot(snap);
+        self.w.published.set_snapshot(snap);
     }
 }
 

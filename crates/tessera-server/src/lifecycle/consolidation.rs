@@ -24,7 +24,7 @@ use tessera_domain::{Input, Phase, PreemptCode, ReasonCode, WorkloadId};
 use tessera_store::{MoveCause, ServiceMoveRecord};
 
 use super::Core;
-use super::commit::Batch;
+use super::batch::Batch;
 
 /// Services being moved by consolidation.
 #[derive(Default)]
@@ -63,6 +63,7 @@ impl Core {
     pub(super) fn on_move(&mut self, id: u64, by: u64, replace: bool, batch: &mut Batch, now: i64) {
         let wid = WorkloadId(id);
         let movable = self
+            .w
             .live
             .get(&wid)
             .is_some_and(|l| l.w.phase == Phase::Running && l.w.spec.movable.is_some());
@@ -72,7 +73,7 @@ impl Core {
                 by,
                 "consolidation asked to move a workload that is not running and movable"
             );
-            self.sched.move_failed(id);
+            self.w.sched.move_failed(id);
             return;
         }
         if replace {
@@ -80,9 +81,9 @@ impl Core {
             self.moves.pending.push((wid, by));
             return;
         }
-        self.metrics.consolidation_move("restart");
-        let grace_s = self.settings.grace.as_secs();
-        self.apply(
+        self.w.metrics.consolidation_move("restart");
+        let grace_s = self.w.settings.grace.as_secs();
+        self.w.apply(
             wid,
             Input::Preempt {
                 at: now,
@@ -105,15 +106,15 @@ impl Core {
         for (old, by) in std::mem::take(&mut self.moves.pending) {
             self.start_replacement(old, by, batch, now).await;
         }
-        let grace_s = self.settings.grace.as_secs();
+        let grace_s = self.w.settings.grace.as_secs();
         let mut moves: Vec<_> = self.moves.replacing.iter().map(|(o, (n, by))| (*o, *n, *by)).collect();
         moves.sort_unstable();
         for (old, new, by) in moves {
-            match self.live.get(&new).map(|l| l.w.phase) {
+            match self.w.live.get(&new).map(|l| l.w.phase) {
                 Some(Phase::Running) => {
                     self.end_move(old).await;
                     let why = by.map(|b| format!(" so that workload {b} fits")).unwrap_or_default();
-                    self.apply(
+                    self.w.apply(
                         old,
                         Input::Preempt {
                             at: now,
@@ -131,8 +132,8 @@ impl Core {
                 // stays, and the job it was to make room for searches again.
                 _ => {
                     self.end_move(old).await;
-                    self.sched.move_failed(old.0);
-                    self.apply(
+                    self.w.sched.move_failed(old.0);
+                    self.w.apply(
                         old,
                         Input::Notice {
                             at: now,
@@ -149,8 +150,8 @@ impl Core {
 
     /// Creates the replacement of service `old` on the capacity booked for it.
     async fn start_replacement(&mut self, old: WorkloadId, by: u64, batch: &mut Batch, now: i64) {
-        let Some(l) = self.live.get(&old).filter(|l| l.w.phase == Phase::Running) else {
-            self.sched.move_failed(old.0);
+        let Some(l) = self.w.live.get(&old).filter(|l| l.w.phase == Phase::Running) else {
+            self.w.sched.move_failed(old.0);
             return;
         };
         let nw = l.replacement(format!("consolidation for workload {by}"), now);
@@ -167,18 +168,19 @@ impl Core {
                     cause: MoveCause::Consolidation,
                     by: Some(WorkloadId(by)),
                 };
-                if let Err(e) = self.store.set_service_move(&rec).await {
+                if let Err(e) = self.w.store.set_service_move(&rec).await {
                     tracing::error!(%old, %new, error = %e, "cannot store a consolidation move");
                 }
-                self.metrics.consolidation_move("replace");
+                self.w.metrics.consolidation_move("replace");
                 self.moves.replacing.insert(old, (new, Some(WorkloadId(by))));
                 let node = self
+                    .w
                     .live
                     .get(&new)
                     .and_then(|l| l.w.placement.as_ref())
                     .map(|p| p.node.clone())
                     .unwrap_or_default();
-                self.apply(
+                self.w.apply(
                     old,
                     Input::Notice {
                         at: now,
@@ -194,7 +196,7 @@ impl Core {
             }
             Err(e) => {
                 tracing::warn!(%old, by, error = %e, "cannot create the replacement of a service; it stays");
-                self.sched.move_failed(old.0);
+                self.w.sched.move_failed(old.0);
             }
         }
     }

@@ -20,7 +20,7 @@ use tessera_domain::{Input, WorkloadId};
 use tessera_model::Fleet;
 
 use super::Core;
-use super::commit::Batch;
+use super::batch::Batch;
 use super::placement::NodeIndex;
 use super::snapshot::SnapshotBuilder;
 
@@ -74,13 +74,14 @@ pub(super) fn departed(old: &Fleet, new: &Fleet) -> Vec<String> {
 impl Core {
     /// Takes `fleet` as the loop's fleet (see the module doc). Called between batches.
     pub(super) async fn adopt_fleet(&mut self, fleet: Arc<Fleet>, now: i64) {
-        if *fleet == *self.fleet {
+        if *fleet == *self.w.fleet {
             return;
         }
         // Work on a node that left holds capacity the new fleet does not have: lost, as when
         // its pods are.
-        let gone = departed(&self.fleet, &fleet);
+        let gone = departed(&self.w.fleet, &fleet);
         let mut lost: Vec<(WorkloadId, String)> = self
+            .w
             .live
             .values()
             .filter(|l| l.w.phase.holds_capacity())
@@ -94,8 +95,8 @@ impl Core {
         if !lost.is_empty() {
             let mut batch = Batch::default();
             for (id, node) in lost {
-                let detail = format!("node {node} left the cluster ({} backend)", self.backend.name());
-                self.apply(id, Input::Lost { at: now, detail }, &mut batch, now);
+                let detail = format!("node {node} left the cluster ({} backend)", self.w.backend.name());
+                self.w.apply(id, Input::Lost { at: now, detail }, &mut batch, now);
             }
             self.commit(batch, now).await;
             if self.fenced {
@@ -108,9 +109,9 @@ impl Core {
             departed = gone.len(),
             "adopting the fleet the backend reports; rebuilding the engine from the store"
         );
-        self.fleet = fleet;
-        self.nodes = Arc::new(NodeIndex::new(&self.fleet));
-        self.builder = SnapshotBuilder::new(&self.fleet);
+        self.w.fleet = fleet;
+        self.w.nodes = Arc::new(NodeIndex::new(&self.w.fleet));
+        self.builder = SnapshotBuilder::new(&self.w.fleet);
         self.reported_mig.retain(|(node, _), _| !gone.contains(node));
         if !self
             .recover_until_done("cannot rebuild state on the new fleet; retrying")

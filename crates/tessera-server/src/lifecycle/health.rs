@@ -13,7 +13,7 @@ use tessera_domain::{Input, Kind, PreemptCode, ReasonCode, WorkloadId};
 use tessera_store::{GpuHealthRecord, HealthCause, NodeState, NodeStateRecord, RolloutRecord};
 
 use super::Core;
-use super::commit::Batch;
+use super::batch::Batch;
 
 /// The XIDs NVIDIA documents as needing a GPU reset or a reboot: 48 (double-bit ECC), 63/64
 /// (ECC page retirement / row remapping), 74 (NVLink), 79 (fallen off the bus), 92 (high
@@ -93,19 +93,19 @@ impl Core {
     /// the failure policy to the work on it. The store write follows in
     /// [`flush_health`](Self::flush_health).
     pub(super) fn gpu_failed(&mut self, node: &str, gpu: u8, cause: Cause, detail: &str, batch: &mut Batch, now: i64) {
-        let Some(n) = self.fleet.node_by_name(node) else {
+        let Some(n) = self.w.fleet.node_by_name(node) else {
             tracing::warn!(%node, gpu, "health news about a node not in the fleet");
             return;
         };
-        let def = self.fleet.node(n);
-        if gpu >= def.gpus || self.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
+        let def = self.w.fleet.node(n);
+        if gpu >= def.gpus || self.w.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
             return;
         }
         let (pool, model) = (
-            self.fleet.pool(def.pool).name.clone(),
-            self.fleet.catalogue.get(def.model).name.clone(),
+            self.w.fleet.pool(def.pool).name.clone(),
+            self.w.fleet.catalogue.get(def.model).name.clone(),
         );
-        self.sched.engine.fence_gpu(n.0, gpu, true);
+        self.w.sched.engine.fence_gpu(n.0, gpu, true);
         let sentence = format!("GPU {gpu} of {node} is unhealthy ({detail}); no new work is placed on it");
         tracing::warn!(%node, gpu, cause = cause.label(), %detail, "GPU unhealthy: out of placement");
         let rec = GpuHealthRecord {
@@ -119,25 +119,26 @@ impl Core {
             detail: detail.to_string(),
             cause: cause.stored(),
         };
-        let mut ops = (*self.ops).clone();
+        let mut ops = (*self.w.ops).clone();
         ops.unhealthy.insert((node.to_string(), gpu), rec.clone());
-        self.ops = Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
+        self.w.ops = Arc::new(ops);
+        self.w.published.set_ops(self.w.ops.clone());
         self.health_writes.push(rec);
-        self.metrics.gpu_failure(&pool, &model, cause.label());
+        self.w.metrics.gpu_failure(&pool, &model, cause.label());
 
         let affected: Vec<(WorkloadId, Kind, bool)> = self
+            .w
             .live
             .values()
             .filter(|l| l.w.phase.holds_capacity() && l.w.placements().any(|p| p.node == node && p.gpus.contains(&gpu)))
             .map(|l| (l.w.id, l.w.spec.kind, l.w.phase == tessera_domain::Phase::Stopping))
             .collect();
-        let grace_s = self.settings.grace.as_secs();
+        let grace_s = self.w.settings.grace.as_secs();
         for (id, kind, stopping) in affected {
             if stopping {
                 continue;
             }
-            let input = if self.settings.on_gpu_failure == GpuFailurePolicy::Requeue && kind == Kind::Batch {
+            let input = if self.w.settings.on_gpu_failure == GpuFailurePolicy::Requeue && kind == Kind::Batch {
                 Input::Preempt {
                     at: now,
                     by: id,
@@ -152,7 +153,7 @@ impl Core {
                     detail: format!("{sentence}; this workload keeps running on it"),
                 }
             };
-            self.apply(id, input, batch, now);
+            self.w.apply(id, input, batch, now);
         }
     }
 
@@ -160,7 +161,7 @@ impl Core {
     /// GPU stays out of placement in memory, and the next failure report writes it again.
     pub(super) async fn flush_health(&mut self) {
         for rec in std::mem::take(&mut self.health_writes) {
-            if let Err(e) = self.store.set_gpu_unhealthy(&rec).await {
+            if let Err(e) = self.w.store.set_gpu_unhealthy(&rec).await {
                 tracing::error!(node = %rec.node, gpu = rec.gpu, error = %e, "cannot record an unhealthy GPU");
             }
         }
@@ -169,16 +170,16 @@ impl Core {
     /// Puts a GPU back into placement (a platform admin cleared it): `false` if it was not
     /// unhealthy.
     pub(super) async fn clear_gpu(&mut self, node: &str, gpu: u8) -> Result<bool, tessera_store::StoreError> {
-        let cleared = self.store.clear_gpu_health(node, gpu).await?;
-        let known = self.ops.unhealthy.contains_key(&(node.to_string(), gpu));
+        let cleared = self.w.store.clear_gpu_health(node, gpu).await?;
+        let known = self.w.ops.unhealthy.contains_key(&(node.to_string(), gpu));
         if known {
-            let mut ops = (*self.ops).clone();
+            let mut ops = (*self.w.ops).clone();
             ops.unhealthy.remove(&(node.to_string(), gpu));
-            self.ops = Arc::new(ops);
-            self.published.set_ops(self.ops.clone());
+            self.w.ops = Arc::new(ops);
+            self.w.published.set_ops(self.w.ops.clone());
         }
-        if let Some(n) = self.fleet.node_by_name(node) {
-            self.sched.engine.fence_gpu(n.0, gpu, false);
+        if let Some(n) = self.w.fleet.node_by_name(node) {
+            self.w.sched.engine.fence_gpu(n.0, gpu, false);
         }
         tracing::info!(%node, gpu, "GPU cleared: back in placement");
         Ok(cleared || known)
@@ -187,12 +188,12 @@ impl Core {
     /// A node the backend reported removed: its GPUs are lost, handled as GPU failures (out
     /// of placement, the failure policy applied to the work on them).
     pub(super) fn node_removed(&mut self, node: &str, batch: &mut Batch, now: i64) {
-        let Some(n) = self.fleet.node_by_name(node) else {
+        let Some(n) = self.w.fleet.node_by_name(node) else {
             tracing::warn!(%node, "the backend removed a node the fleet does not have");
             return;
         };
-        let detail = format!("node {node} was removed by the {} backend", self.backend.name());
-        for g in 0..self.fleet.node(n).gpus {
+        let detail = format!("node {node} was removed by the {} backend", self.w.backend.name());
+        for g in 0..self.w.fleet.node(n).gpus {
             self.gpu_failed(node, g, Cause::Lost, &detail, batch, now);
         }
     }
@@ -220,9 +221,9 @@ impl Core {
     /// Fences a node in the engine exactly when Tessera's node state or the backend's says it
     /// takes no new work.
     pub(super) fn refence(&mut self, node: &str) {
-        let fenced = self.ops.nodes.contains_key(node) || self.closed.contains_key(node);
-        if let Some(n) = self.fleet.node_by_name(node) {
-            self.sched.engine.fence_node(n.0, fenced);
+        let fenced = self.w.ops.nodes.contains_key(node) || self.closed.contains_key(node);
+        if let Some(n) = self.w.fleet.node_by_name(node) {
+            self.w.sched.engine.fence_node(n.0, fenced);
         }
     }
 
@@ -230,6 +231,7 @@ impl Core {
     /// for another cause (an XID, a failed partition) stay out until an admin clears them.
     pub(super) async fn node_back(&mut self, node: &str) {
         let lost: Vec<u8> = self
+            .w
             .ops
             .unhealthy
             .iter()
@@ -249,13 +251,14 @@ impl Core {
         let mut ops = FleetOps::default();
         self.drains = Default::default();
         let drains: std::collections::HashMap<String, tessera_store::DrainRecord> = self
+            .w
             .store
             .drains()
             .await?
             .into_iter()
             .map(|d| (d.node.clone(), d))
             .collect();
-        for m in self.store.service_moves().await? {
+        for m in self.w.store.service_moves().await? {
             match m.cause {
                 tessera_store::MoveCause::Drain => {
                     self.drains.moves.insert(m.old, m.replacement);
@@ -267,26 +270,26 @@ impl Core {
                 }
             }
         }
-        for r in self.store.rollouts().await? {
+        for r in self.w.store.rollouts().await? {
             ops.rollouts.insert(r.id, r);
         }
-        let mig = self.store.gpu_mig_modes().await?;
+        let mig = self.w.store.gpu_mig_modes().await?;
         self.restore_mig_modes(mig, &mut ops).await;
-        for r in self.store.unhealthy_gpus().await? {
-            if let Some(n) = self.fleet.node_by_name(&r.node) {
-                self.sched.engine.fence_gpu(n.0, r.gpu, true);
+        for r in self.w.store.unhealthy_gpus().await? {
+            if let Some(n) = self.w.fleet.node_by_name(&r.node) {
+                self.w.sched.engine.fence_gpu(n.0, r.gpu, true);
             }
             ops.unhealthy.insert((r.node.clone(), r.gpu), r);
         }
         let closed: Vec<String> = self.closed.keys().cloned().collect();
         for node in closed {
-            if let Some(n) = self.fleet.node_by_name(&node) {
-                self.sched.engine.fence_node(n.0, true);
+            if let Some(n) = self.w.fleet.node_by_name(&node) {
+                self.w.sched.engine.fence_node(n.0, true);
             }
         }
-        for r in self.store.node_states().await? {
-            if let Some(n) = self.fleet.node_by_name(&r.node) {
-                self.sched.engine.fence_node(n.0, true);
+        for r in self.w.store.node_states().await? {
+            if let Some(n) = self.w.fleet.node_by_name(&r.node) {
+                self.w.sched.engine.fence_node(n.0, true);
             }
             // A drain resumes with its stored deadline and policy (one stored before its policy
             // was: it waits, so nothing is cut off by a restart).
@@ -312,8 +315,8 @@ impl Core {
             }
             ops.nodes.insert(r.node.clone(), r);
         }
-        self.ops = Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
+        self.w.ops = Arc::new(ops);
+        self.w.published.set_ops(self.w.ops.clone());
         Ok(())
     }
 }

@@ -21,8 +21,9 @@ use std::sync::Arc;
 use tessera_backend::{BackendError, MigModeChange};
 use tessera_store::{AuditRecord, Change, GpuMigRecord};
 
-use super::commit::Batch;
-use super::{Core, LifecycleError};
+use super::Core;
+use super::batch::Batch;
+use super::command::LifecycleError;
 
 /// Why an admin's MIG mode change was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,27 +83,28 @@ impl Core {
         now: i64,
     ) -> Result<MigOutcome, LifecycleError> {
         let refuse = |r: MigRefusal, detail: String| Err(LifecycleError::Mig(r, detail));
-        let Some(n) = self.fleet.node_by_name(node) else {
+        let Some(n) = self.w.fleet.node_by_name(node) else {
             return Err(LifecycleError::Conflict(format!("no node `{node}` in the fleet")));
         };
-        if !self.caps.mig_mode_switch {
+        if !self.w.caps.mig_mode_switch {
             return refuse(
                 MigRefusal::Unsupported,
                 format!(
                     "the {} backend does not switch MIG mode (on Kubernetes the GPU Operator's MIG manager owns it)",
-                    self.backend.name()
+                    self.w.backend.name()
                 ),
             );
         }
-        if let Err(e) = self.sched.engine.mig_switchable(n.0, gpu) {
+        if let Err(e) = self.w.sched.engine.mig_switchable(n.0, gpu) {
             return refuse(MigRefusal::NotMigCapable, e.0);
         }
-        let engine = &self.sched.engine;
+        let engine = &self.w.sched.engine;
         let off = engine.mig_off_gpus(n.0) >> gpu & 1 == 1;
         let pending = engine.mig_pending_gpus(n.0) >> gpu & 1 == 1;
         if off != enabled && !pending {
             return Ok(MigOutcome {
                 record: self
+                    .w
                     .ops
                     .mig
                     .get(&(node.to_string(), gpu))
@@ -118,7 +120,7 @@ impl Core {
                 changed: false,
             });
         }
-        let state = self.ops.node_state(node);
+        let state = self.w.ops.node_state(node);
         if state == tessera_store::NodeState::Ready {
             return refuse(
                 MigRefusal::NodeInPlacement,
@@ -134,18 +136,18 @@ impl Core {
                 format!("GPU {gpu} of {node} still holds {holders} workload(s); wait until the drain has emptied it"),
             );
         }
-        let pending = match self.backend.set_mig_mode(node, gpu, enabled).await {
+        let pending = match self.w.backend.set_mig_mode(node, gpu, enabled).await {
             Ok(MigModeChange::Applied) => false,
             Ok(MigModeChange::PendingReset) => true,
             Err(BackendError::Rejected(why)) => return refuse(MigRefusal::BackendRefused, why),
             Err(e @ BackendError::Unreachable(_)) => return Err(LifecycleError::Unavailable(e.to_string())),
         };
-        if let Err(e) = self.sched.engine.set_gpu_mig(n.0, gpu, enabled) {
+        if let Err(e) = self.w.sched.engine.set_gpu_mig(n.0, gpu, enabled) {
             // Checked above within this loop turn; a failure here is a bug, not a state.
             tracing::error!(%node, gpu, error = %e.0, "the engine refused a MIG mode the backend applied");
             return Err(LifecycleError::Conflict(e.0));
         }
-        self.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
+        self.w.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
         let mode = if enabled { "on" } else { "off" };
         let record = GpuMigRecord {
             node: node.to_string(),
@@ -165,10 +167,10 @@ impl Core {
         audit.detail = record.detail.clone();
         batch.change(Change::GpuMig(record.clone()));
         batch.audit(audit);
-        let mut ops = (*self.ops).clone();
+        let mut ops = (*self.w.ops).clone();
         ops.mig.insert((node.to_string(), gpu), record.clone());
-        self.ops = Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
+        self.w.ops = Arc::new(ops);
+        self.w.published.set_ops(self.w.ops.clone());
         tracing::info!(%node, gpu, enabled, pending, "MIG mode changed by an admin");
         Ok(MigOutcome { record, changed: true })
     }
@@ -185,10 +187,10 @@ impl Core {
         batch: &mut Batch,
         now: i64,
     ) {
-        let Some(n) = self.fleet.node_by_name(node) else {
+        let Some(n) = self.w.fleet.node_by_name(node) else {
             return;
         };
-        let engine = &self.sched.engine;
+        let engine = &self.w.sched.engine;
         if engine.mig_switchable(n.0, gpu).is_err() {
             return;
         }
@@ -197,19 +199,19 @@ impl Core {
         if (was_on, was_pending) == (enabled, pending) {
             return;
         }
-        if let Err(e) = self.sched.engine.set_gpu_mig(n.0, gpu, enabled) {
+        if let Err(e) = self.w.sched.engine.set_gpu_mig(n.0, gpu, enabled) {
             tracing::warn!(%node, gpu, enabled, error = %e.0, "the backend reports a MIG mode the engine cannot follow yet");
             return;
         }
-        self.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
+        self.w.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
         let mode = if enabled { "on" } else { "off" };
         let detail = match (pending, was_pending && was_on == enabled) {
             (true, _) => format!(
                 "MIG mode {mode} pending a GPU reset, as the {} backend reads it",
-                self.backend.name()
+                self.w.backend.name()
             ),
             (false, true) => format!("MIG mode {mode}: the GPU reset applied the pending change"),
-            (false, false) => format!("MIG mode {mode}, as the {} backend reads it", self.backend.name()),
+            (false, false) => format!("MIG mode {mode}, as the {} backend reads it", self.w.backend.name()),
         };
         let record = GpuMigRecord {
             node: node.to_string(),
@@ -224,17 +226,17 @@ impl Core {
             seq: 0,
             at: now,
             request_id: format!("backend-mig-{node}-{gpu}"),
-            actor: format!("{}-backend", self.backend.name()),
+            actor: format!("{}-backend", self.w.backend.name()),
             tenant: None,
             action: "gpu.mig".into(),
             target: format!("nodes/{node}/gpus/{gpu}"),
             outcome: 200,
             detail,
         });
-        let mut ops = (*self.ops).clone();
+        let mut ops = (*self.w.ops).clone();
         ops.mig.insert((node.to_string(), gpu), record);
-        self.ops = Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
+        self.w.ops = Arc::new(ops);
+        self.w.published.set_ops(self.w.ops.clone());
         batch.full_publish = true;
         tracing::info!(%node, gpu, enabled, pending, "MIG mode read from the backend");
     }
@@ -242,20 +244,20 @@ impl Core {
     /// At start-up: the stored MIG modes, into the engine (before any allocation is restored)
     /// and onto the backend (idempotent; the simulated backend forgot them) unless it reports
     /// the modes itself (then its reports correct the engine when the GPUs changed meanwhile).
-    pub(super) async fn restore_mig_modes(&mut self, records: Vec<GpuMigRecord>, ops: &mut super::FleetOps) {
+    pub(super) async fn restore_mig_modes(&mut self, records: Vec<GpuMigRecord>, ops: &mut super::health::FleetOps) {
         for r in records {
-            let Some(n) = self.fleet.node_by_name(&r.node) else {
+            let Some(n) = self.w.fleet.node_by_name(&r.node) else {
                 continue;
             };
-            if let Err(e) = self.sched.engine.set_gpu_mig(n.0, r.gpu, r.enabled) {
+            if let Err(e) = self.w.sched.engine.set_gpu_mig(n.0, r.gpu, r.enabled) {
                 tracing::warn!(node = %r.node, gpu = r.gpu, error = %e.0, "a stored MIG mode no longer applies");
                 continue;
             }
-            self.sched.engine.set_gpu_mig_pending(n.0, r.gpu, r.pending);
+            self.w.sched.engine.set_gpu_mig_pending(n.0, r.gpu, r.pending);
             if !r.pending
-                && self.caps.mig_mode_switch
-                && !self.caps.mig_mode_reported
-                && let Err(e) = self.backend.set_mig_mode(&r.node, r.gpu, r.enabled).await
+                && self.w.caps.mig_mode_switch
+                && !self.w.caps.mig_mode_reported
+                && let Err(e) = self.w.backend.set_mig_mode(&r.node, r.gpu, r.enabled).await
             {
                 tracing::warn!(node = %r.node, gpu = r.gpu, error = %e, "the backend did not take the stored MIG mode");
             }

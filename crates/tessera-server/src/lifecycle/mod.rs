@@ -16,13 +16,16 @@
 //!   the backend what it runs; a periodic, level-triggered reconcile finds workloads the
 //!   backend lost (ghosts) and work it runs that Tessera does not know (orphans).
 
+mod batch;
 mod command;
 mod commit;
+mod config;
 mod consolidation;
 pub mod effects;
 mod fleetswap;
 mod follower;
 mod health;
+mod live;
 mod metering;
 mod migmode;
 mod nodeops;
@@ -30,31 +33,30 @@ pub mod placement;
 mod recover;
 mod rollout;
 pub mod snapshot;
+mod world;
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_backend::{
-    Backend, BackendEvent, Capabilities, DeviceAssignment, Exit, GpuSample, MigInstance, PartitionPlan, Partitioning,
-};
-use tessera_domain::{Input, Observed, Phase, Reason, Step, Workload, WorkloadId, transition_shared};
+use tessera_backend::{Backend, BackendEvent, Exit, GpuSample, MigInstance, Partitioning};
+use tessera_domain::{Input, Observed, Phase, Reason, Step, Workload, WorkloadId};
+use tessera_model::Fleet;
 use tessera_model::request::GangRequest;
-use tessera_model::{Fleet, Request, TenantId};
-use tessera_sched::cycle::{Decision, Job, Scheduler};
-use tessera_sched::engine::DeviceBinding;
-use tessera_sched::engine::share_id;
-use tessera_sched::mig::MigMode;
+use tessera_sched::cycle::Decision;
 use tessera_sched::reason::Refusal;
-use tessera_store::{Change, Fence, Store, UsageInterval};
+use tessera_store::{Fence, Store};
 use tokio::sync::mpsc;
 
+use batch::{Batch, ReplyTo};
 pub use command::{Cmd, Governance, Lifecycle, LifecycleError, NewWorkload};
-use commit::{Batch, ReplyTo};
-use effects::{Op, OpResult, Runner};
+pub use config::{LoopConfig, SchedFactory, Settings};
+use effects::{OpResult, Runner};
 pub use fleetswap::FleetCell;
 pub use health::{CRITICAL_XIDS, FleetOps, GpuFailurePolicy, is_critical};
+pub(crate) use live::Live;
+use live::now_ms;
 use metering::MonthBook;
 pub use migmode::{MigOutcome, MigRefusal};
 pub use nodeops::NodeOp;
@@ -62,37 +64,9 @@ use placement::NodeIndex;
 pub use rollout::{NewRollout, VALIDATE_WITHIN_MS};
 use snapshot::SnapshotBuilder;
 pub use snapshot::{GpuSnap, HolderSnap, NodeSnap, Published, Snapshot, Telemetry, TenantSnap, Trial};
+use world::World;
 
 use crate::metrics::Metrics;
-
-/// Builds a fresh scheduler on a fleet (at start-up, after a failed commit, and when the
-/// backend reports another fleet).
-pub type SchedFactory = Arc<dyn Fn(Arc<Fleet>) -> Scheduler + Send + Sync>;
-
-/// How the loop runs.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Grace period of a stop before the backend forces it.
-    pub grace: Duration,
-    /// How often the backend is reconciled with what Tessera expects.
-    pub reconcile_every: Duration,
-    /// What happens to running work on a GPU that failed.
-    pub on_gpu_failure: GpuFailurePolicy,
-    /// The length of a simulated node upgrade in a rollout; `None`: a rollout waits for
-    /// `tessera node done NODE`.
-    pub sim_upgrade: Option<Duration>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            grace: Duration::from_secs(30),
-            reconcile_every: Duration::from_secs(30),
-            on_gpu_failure: GpuFailurePolicy::Leave,
-            sim_upgrade: None,
-        }
-    }
-}
 
 /// Shortest interval between two full scheduling passes triggered by changes.
 const CYCLE_EVERY: Duration = Duration::from_millis(50);
@@ -113,91 +87,6 @@ const ID_BLOCK: u32 = 1024;
 /// At most this many commands per batch.
 const BATCH_MAX: usize = 1024;
 
-/// A live (non-terminal) workload and what the loop keeps beside its record.
-pub(crate) struct Live {
-    /// Its record, shared with the batch that stores it and the published cache that serves
-    /// reads (a transition makes a new one).
-    pub w: Arc<Workload>,
-    /// Its request, resolved against the fleet (for a multi-node gang: one of its node-shares).
-    pub request: Request,
-    /// A multi-node gang's request, resolved against the fleet.
-    pub gang: Option<GangRequest>,
-    /// The resource class it waits for: its pool when only one can serve it, else `any`.
-    pub class: Arc<str>,
-    /// Measured utilisation since its usage interval opened: Σ util × ms, and the ms sampled.
-    pub util: (f64, f64),
-}
-
-impl Live {
-    pub fn utilisation(&self) -> Option<f64> {
-        (self.util.1 > 0.0).then(|| self.util.0 / self.util.1)
-    }
-
-    /// A new workload with this one's spec and request, submitted by the control plane itself
-    /// (a service moved by a drain or by consolidation: the replacement starts first).
-    fn replacement(&self, actor: String, now: i64) -> NewWorkload {
-        NewWorkload {
-            spec: self.w.spec.clone(),
-            request: self.request.clone(),
-            actor,
-            role: "platform-admin".into(),
-            idempotency: None,
-            received_at: now,
-            audit: None,
-        }
-    }
-
-    fn job(&self) -> Job {
-        Job {
-            id: self.w.id.0,
-            tenant: self.w.spec.tenant.clone(),
-            project: self.w.spec.project.clone(),
-            request: self.request.clone(),
-            priority: self.w.spec.priority.clone(),
-            submitted_ms: self.w.created_at,
-            wait_if_over_limit: !self.w.spec.no_wait,
-            min_runtime_ms: None,
-            movable: self.w.spec.movable.map(|m| match m {
-                tessera_domain::Movable::Restart => tessera_sched::cycle::Movable::Restart,
-                tessera_domain::Movable::Replace => tessera_sched::cycle::Movable::Replace,
-            }),
-            gang: self.gang.clone(),
-            duration_ms: self.w.spec.duration_s.map(|d| (d as i64).saturating_mul(1000)),
-        }
-    }
-
-    /// Gives the scheduler back the capacity its record says it holds (start-up, failover, a
-    /// follower's view): every node-share of a gang, or its one allocation.
-    fn restore_into(
-        &self,
-        sched: &mut Scheduler,
-        fleet: &Fleet,
-        nodes: &NodeIndex,
-        tenant: TenantId,
-    ) -> Result<(), String> {
-        let w = &self.w;
-        let first = w
-            .placement
-            .as_ref()
-            .ok_or_else(|| "no placement recorded".to_string())?;
-        let host = (w.spec.cpu_milli, w.spec.memory_mib);
-        let since = w.running_at.unwrap_or(w.created_at);
-        if self.gang.is_none() {
-            let a = placement::allocation_of(fleet, nodes, w.id.0, first, host, tenant)?;
-            return sched.restore(&self.job(), a, w.borrowing, since);
-        }
-        let pool = fleet
-            .pool_by_name(&first.pool)
-            .ok_or_else(|| format!("pool {} is not in the fleet", first.pool))?;
-        let shares = w
-            .placements()
-            .enumerate()
-            .map(|(i, p)| placement::allocation_of(fleet, nodes, share_id(w.id.0, i), p, host, tenant))
-            .collect::<Result<Vec<_>, _>>()?;
-        sched.restore_gang(&self.job(), pool, shares, w.borrowing, since)
-    }
-}
-
 /// The API's name of the field a gang refusal is about.
 fn gang_field(u: &tessera_sched::GangUnplaceable) -> &'static str {
     match u {
@@ -211,31 +100,13 @@ fn gang_field(u: &tessera_sched::GangUnplaceable) -> &'static str {
     }
 }
 
-/// Milliseconds since the Unix epoch.
-fn now_ms() -> i64 {
-    crate::clock::now_ms()
-}
-
 /// The loop's state.
 pub(crate) struct Core {
-    fleet: Arc<Fleet>,
-    nodes: Arc<NodeIndex>,
-    sched: Scheduler,
-    factory: SchedFactory,
-    store: Arc<dyn Store>,
-    backend: Arc<dyn Backend>,
-    caps: Capabilities,
-    live: HashMap<WorkloadId, Live>,
-    /// The engine's numbers for tenant names.
-    tenants: HashMap<String, TenantId>,
+    w: World,
     /// Workload ids reserved from the store and not yet used.
     ids: Range<u64>,
-    settings: Settings,
-    month: MonthBook,
     runner: Runner,
-    published: Arc<Published>,
     builder: SnapshotBuilder,
-    metrics: Arc<Metrics>,
     /// When telemetry was last sampled into the utilisation of running work.
     last_sample: i64,
     /// A periodic reconcile is in flight.
@@ -270,8 +141,6 @@ pub(crate) struct Core {
     fence: Option<Fence>,
     /// A batch was fenced: another replica leads, this loop must stop.
     fenced: bool,
-    /// Unhealthy GPUs and node states (what readers see is published from here).
-    ops: Arc<FleetOps>,
     /// Unhealthy GPUs not yet written to the store.
     health_writes: Vec<tessera_store::GpuHealthRecord>,
     /// Drains in progress and services being moved.
@@ -280,17 +149,6 @@ pub(crate) struct Core {
     moves: consolidation::Moves,
     /// A fleet the backend reported, adopted once the batch it came in is committed.
     pending_fleet: Option<Arc<Fleet>>,
-}
-
-/// What a loop needs; a replica keeps one and starts a loop from it each time it leads (on
-/// the fleet its [`Lifecycle`] holds then: the backend may have reported another since start).
-#[derive(Clone)]
-pub struct LoopConfig {
-    pub factory: SchedFactory,
-    pub store: Arc<dyn Store>,
-    pub backend: Arc<dyn Backend>,
-    pub settings: Settings,
-    pub metrics: Arc<Metrics>,
 }
 
 /// Rebuilds the loop's state from the store, reconciles with the backend and starts the loop,
@@ -392,22 +250,25 @@ impl Lifecycle {
         let (tx, rx) = mpsc::channel(8192);
         let fleet = self.fleet.get();
         let mut core = Core {
-            nodes: Arc::new(NodeIndex::new(&fleet)),
             builder: SnapshotBuilder::new(&fleet),
-            sched: (cfg.factory)(fleet.clone()),
-            factory: cfg.factory.clone(),
-            caps: cfg.backend.capabilities(),
+            w: World {
+                nodes: Arc::new(NodeIndex::new(&fleet)),
+                sched: (cfg.factory)(fleet.clone()),
+                factory: cfg.factory.clone(),
+                caps: cfg.backend.capabilities(),
+                fleet,
+                store: cfg.store.clone(),
+                backend: cfg.backend.clone(),
+                live: HashMap::new(),
+                tenants: HashMap::new(),
+                settings: cfg.settings.clone(),
+                month: MonthBook::default(),
+                metrics: cfg.metrics.clone(),
+                ops: Arc::default(),
+                published: self.published.clone(),
+            },
             runner: Runner::new(cfg.backend.clone(), tx.clone(), cfg.metrics.clone()),
-            fleet,
-            store: cfg.store.clone(),
-            backend: cfg.backend.clone(),
-            live: HashMap::new(),
-            tenants: HashMap::new(),
             ids: 0..0,
-            settings: cfg.settings.clone(),
-            month: MonthBook::default(),
-            published: self.published.clone(),
-            metrics: cfg.metrics.clone(),
             last_sample: now_ms(),
             reconciling: false,
             last_full_publish: Instant::now(),
@@ -422,7 +283,6 @@ impl Lifecycle {
             deferred: Vec::new(),
             fence,
             fenced: false,
-            ops: Arc::default(),
             health_writes: Vec::new(),
             drains: nodeops::Drains::default(),
             moves: consolidation::Moves::default(),
@@ -431,7 +291,7 @@ impl Lifecycle {
         core.recover()
             .await
             .map_err(|e| format!("rebuilding state from the store: {e}"))?;
-        let reconcile_every = core.settings.reconcile_every;
+        let reconcile_every = core.w.settings.reconcile_every;
         *self.tx.write().expect("lock") = Some(tx.clone());
         let task = tokio::spawn(core.run(rx, tx, reconcile_every));
         Ok(Leading {
@@ -442,25 +302,11 @@ impl Lifecycle {
 }
 
 impl Core {
-    /// A new scheduler whose engine honours the backend's capabilities.
-    fn fresh_scheduler(&self) -> Scheduler {
-        fresh_scheduler(&self.factory, self.fleet.clone(), &self.caps)
-    }
-
-    fn tenant_id(&mut self, name: &str) -> TenantId {
-        let n = self.tenants.len() as u32;
-        *self.tenants.entry(name.to_string()).or_insert(TenantId(n))
-    }
-
     /// The resource class a request waits for: its pool when only one pool can serve it.
     /// The shortest interval between two full publications while the queue changes:
     /// [`QUEUE_PUBLISH_EVERY`], or longer where building one takes long.
     fn queue_publish_every(&self) -> Duration {
         QUEUE_PUBLISH_EVERY.max(self.last_full_build * QUEUE_PUBLISH_COST)
-    }
-
-    fn class_of(&self, r: &Request) -> String {
-        class_of(&self.fleet, &self.sched, r)
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>, tx: mpsc::Sender<Cmd>, reconcile_every: Duration) {
@@ -471,7 +317,7 @@ impl Core {
         let mut last_cycle = Instant::now() - CYCLE_EVERY;
         let mut cycle_cost = Duration::ZERO;
         loop {
-            let pending_cycle = self.sched.needs_cycle();
+            let pending_cycle = self.w.sched.needs_cycle();
             // Callers wait for the next cycle: it comes as soon as its cost allows.
             let every = if self.deferred.is_empty() {
                 CYCLE_EVERY
@@ -509,7 +355,7 @@ impl Core {
             }
             let now = now_ms();
             if ticked {
-                if let Err(e) = self.month.refresh(&*self.store, now).await {
+                if let Err(e) = self.w.month.refresh(&*self.w.store, now).await {
                     tracing::warn!(error = %e, "cannot refresh this month's usage");
                 }
                 self.update_budgets(now);
@@ -533,13 +379,13 @@ impl Core {
             } else {
                 CYCLE_EVERY
             };
-            if ticked || (self.sched.needs_cycle() && last_cycle.elapsed() >= every) {
+            if ticked || (self.w.sched.needs_cycle() && last_cycle.elapsed() >= every) {
                 // The steps above may have waited on the store: decisions take the time now.
                 let now = now_ms();
                 last_cycle = Instant::now();
-                let actions = self.sched.cycle(now);
+                let actions = self.w.sched.cycle(now);
                 cycle_cost = last_cycle.elapsed();
-                self.metrics.scheduler_cycle(cycle_cost);
+                self.w.metrics.scheduler_cycle(cycle_cost);
                 for a in actions {
                     self.on_decision(a, now, &mut batch);
                 }
@@ -568,17 +414,18 @@ impl Core {
 
     fn update_budgets(&mut self, now: i64) {
         let mut tenants: Vec<String> = self
+            .w
             .live
             .values()
             .filter(|l| l.w.usage.open)
             .map(|l| l.w.spec.tenant.clone())
-            .filter(|t| self.sched.budget(t).is_some())
+            .filter(|t| self.w.sched.budget(t).is_some())
             .collect();
         tenants.sort_unstable();
         tenants.dedup();
         for t in tenants {
-            let spent = self.month.spent(&t, self.live.values().map(|l| &*l.w), now);
-            self.sched.set_spent(&t, spent);
+            let spent = self.w.month.spent(&t, self.w.live.values().map(|l| &*l.w), now);
+            self.w.sched.set_spent(&t, spent);
         }
     }
 
@@ -591,16 +438,16 @@ impl Core {
                 }
             },
             Cmd::Cancel { id, actor, reply } => {
-                if !self.live.contains_key(&id) {
-                    let err = match self.published.workload(id) {
+                if !self.w.live.contains_key(&id) {
+                    let err = match self.w.published.workload(id) {
                         Some(_) => LifecycleError::Ended { id },
                         None => LifecycleError::NotFound { id },
                     };
                     let _ = reply.send(Err(err));
                     return;
                 }
-                let grace_s = self.settings.grace.as_secs();
-                self.apply(
+                let grace_s = self.w.settings.grace.as_secs();
+                self.w.apply(
                     id,
                     Input::Cancel {
                         at: now,
@@ -614,11 +461,11 @@ impl Core {
             }
             Cmd::Govern(g, reply) => {
                 match g {
-                    Governance::Quota { tenant, class, quota } => self.sched.set_quota(&tenant, &class, quota),
+                    Governance::Quota { tenant, class, quota } => self.w.sched.set_quota(&tenant, &class, quota),
                     Governance::Budget { tenant, unit_hours } => {
-                        self.sched.set_budget(&tenant, unit_hours);
-                        let spent = self.month.spent(&tenant, self.live.values().map(|l| &*l.w), now);
-                        self.sched.set_spent(&tenant, spent);
+                        self.w.sched.set_budget(&tenant, unit_hours);
+                        let spent = self.w.month.spent(&tenant, self.w.live.values().map(|l| &*l.w), now);
+                        self.w.sched.set_spent(&tenant, spent);
                     }
                 }
                 batch.full_publish = true;
@@ -632,7 +479,7 @@ impl Core {
                 detail,
             }) => {
                 if healthy {
-                    if self.ops.unhealthy.contains_key(&(node.clone(), gpu)) {
+                    if self.w.ops.unhealthy.contains_key(&(node.clone(), gpu)) {
                         tracing::info!(%node, gpu, "the backend reports the GPU healthy again; it stays out of placement until a platform admin clears it");
                     }
                 } else {
@@ -786,6 +633,7 @@ impl Core {
             let prior = match batch.idempotent(&nw.actor, key) {
                 Some(p) => Some(p),
                 None => self
+                    .w
                     .store
                     .idempotent(&nw.actor, key)
                     .await
@@ -800,6 +648,7 @@ impl Core {
         }
         if self.ids.is_empty() {
             self.ids = self
+                .w
                 .store
                 .reserve_workload_ids(ID_BLOCK)
                 .await
@@ -807,10 +656,10 @@ impl Core {
         }
         let id = WorkloadId(self.ids.start);
         self.ids.start += 1;
-        let tenant = self.tenant_id(&nw.spec.tenant);
+        let tenant = self.w.tenant_id(&nw.spec.tenant);
         // Resolved again against the loop's own fleet: pools and models are numbered by the
         // fleet, and the caller may have read a newer (or older) one than the loop holds.
-        let (request, gang) = match placement::resolve(&self.fleet, &nw.spec, tenant) {
+        let (request, gang) = match placement::resolve(&self.w.fleet, &nw.spec, tenant) {
             Ok(r) => r,
             Err(e) => {
                 self.ids.start -= 1;
@@ -820,7 +669,7 @@ impl Core {
         // A gang asks for all its GPUs (`request` stands for one node-share).
         let units = gang
             .as_ref()
-            .map_or_else(|| request.units(&self.fleet.catalogue), GangRequest::units);
+            .map_or_else(|| request.units(&self.w.fleet.catalogue), GangRequest::units);
         let mut w = Workload::new(id, nw.spec, units, nw.received_at);
         let events = vec![
             tessera_domain::Event {
@@ -845,58 +694,62 @@ impl Core {
             },
         ];
         w.next_seq = 2;
-        if self.sched.budget(&w.spec.tenant).is_some() {
-            let spent = self.month.spent(&w.spec.tenant, self.live.values().map(|l| &*l.w), now);
-            self.sched.set_spent(&w.spec.tenant, spent);
+        if self.w.sched.budget(&w.spec.tenant).is_some() {
+            let spent = self
+                .w
+                .month
+                .spent(&w.spec.tenant, self.w.live.values().map(|l| &*l.w), now);
+            self.w.sched.set_spent(&w.spec.tenant, spent);
         }
         let live = Live {
-            class: self.class_of(&request).into(),
+            class: self.w.class_of(&request).into(),
             request,
             gang,
             w: w.into(),
             util: (0.0, 0.0),
         };
         let job = live.job();
-        self.live.insert(id, live);
-        self.queue_dirty = true;
+        self.w.live.insert(id, live);
+        batch.queue_changed = true;
         // While capacity is changing, the next cycle (at most CYCLE_EVERY away) decides: a burst
         // of submissions then costs one pass over the queue, and freed capacity goes to the
         // queue in order. The caller's answer waits for that cycle.
         let actions = if let Some(old) = replacing {
-            match self.sched.adopt_replacement(old.0, &job, now) {
+            match self.w.sched.adopt_replacement(old.0, &job, now) {
                 Some((alloc, borrowing)) => vec![Decision::Placed {
                     id: id.0,
                     alloc,
                     borrowing,
                 }],
                 None => {
-                    self.live.remove(&id);
+                    self.w.live.remove(&id);
                     self.ids.start -= 1;
                     return Err(LifecycleError::Conflict(format!(
                         "no replacement of workload {old} is booked"
                     )));
                 }
             }
-        } else if self.sched.needs_cycle() {
+        } else if self.w.sched.needs_cycle() {
             batch.undecided = true;
-            self.sched
+            self.w
+                .sched
                 .submit_for_next_cycle(job)
                 .map(|reason| Decision::Refused { id: id.0, reason })
                 .into_iter()
                 .collect()
         } else {
-            self.sched.submit(job, now)
+            self.w.sched.submit(job, now)
         };
         let refusal = actions.iter().find_map(|a| match a {
             Decision::Refused { id: r, reason } if *r == id.0 => Some(reason.clone()),
             _ => None,
         });
         if let Some(refusal) = refusal {
-            self.live.remove(&id);
+            self.w.live.remove(&id);
             // The id was never used: the next request takes it.
             self.ids.start -= 1;
             let reason = Reason::refused(&refusal);
-            self.metrics.refused(reason.code);
+            self.w.metrics.refused(reason.code);
             for a in actions {
                 if !matches!(&a, Decision::Refused { id: r, .. } if *r == id.0) {
                     self.on_decision(a, now, batch);
@@ -909,8 +762,8 @@ impl Core {
             };
             return Err(LifecycleError::Refused { reason, field, message });
         }
-        let l = &self.live[&id];
-        self.metrics.step("authorise", now - l.w.created_at);
+        let l = &self.w.live[&id];
+        self.w.metrics.step("authorise", now - l.w.created_at);
         batch.insert(
             l.w.clone(),
             events,
@@ -931,14 +784,14 @@ impl Core {
         match a {
             Decision::Placed { id, alloc, borrowing } => {
                 let wid = WorkloadId(id);
-                let Some(l) = self.live.get(&wid) else {
+                let Some(l) = self.w.live.get(&wid) else {
                     tracing::error!(id, "placed a workload the loop does not know; releasing");
-                    self.sched.release(id, now);
+                    self.w.sched.release(id, now);
                     return;
                 };
-                self.metrics.step("place", now - l.w.created_at);
-                let placement = placement::placement_of(&self.fleet, &alloc);
-                self.apply(
+                self.w.metrics.step("place", now - l.w.created_at);
+                let placement = placement::placement_of(&self.w.fleet, &alloc);
+                self.w.apply(
                     wid,
                     Input::Placed {
                         at: now,
@@ -952,15 +805,15 @@ impl Core {
             }
             Decision::PlacedGang { id, shares, borrowing } => {
                 let wid = WorkloadId(id);
-                let Some(l) = self.live.get(&wid) else {
+                let Some(l) = self.w.live.get(&wid) else {
                     tracing::error!(id, "placed a gang the loop does not know; releasing");
-                    self.sched.release(id, now);
+                    self.w.sched.release(id, now);
                     return;
                 };
-                self.metrics.step("place", now - l.w.created_at);
-                let mut placements = shares.iter().map(|a| placement::placement_of(&self.fleet, a));
+                self.w.metrics.step("place", now - l.w.created_at);
+                let mut placements = shares.iter().map(|a| placement::placement_of(&self.w.fleet, a));
                 let placement = placements.next().expect("a gang has a node-share");
-                self.apply(
+                self.w.apply(
                     wid,
                     Input::Placed {
                         at: now,
@@ -974,17 +827,19 @@ impl Core {
             }
             Decision::Waiting { id, reason } => {
                 let reason = Reason::waiting(&reason);
-                self.tell_native(WorkloadId(id), &reason, false);
-                self.apply(WorkloadId(id), Input::Waiting { at: now, reason }, batch, now);
+                self.w.tell_native(WorkloadId(id), &reason, false);
+                self.w
+                    .apply(WorkloadId(id), Input::Waiting { at: now, reason }, batch, now);
             }
             Decision::Refused { id, reason } => {
                 let reason = Reason::refused(&reason);
-                self.tell_native(WorkloadId(id), &reason, true);
-                self.metrics.refused(reason.code);
-                self.apply(WorkloadId(id), Input::Refused { at: now, reason }, batch, now);
+                self.w.tell_native(WorkloadId(id), &reason, true);
+                self.w.metrics.refused(reason.code);
+                self.w
+                    .apply(WorkloadId(id), Input::Refused { at: now, reason }, batch, now);
             }
             Decision::Preempt { victim, by, cause } => {
-                self.metrics.preempted(cause.code());
+                self.w.metrics.preempted(cause.code());
                 let code = match cause {
                     tessera_sched::reason::PreemptCause::Priority { .. } => tessera_domain::PreemptCode::Priority,
                     tessera_sched::reason::PreemptCause::Reclaim { .. } => tessera_domain::PreemptCode::Reclaim,
@@ -994,39 +849,26 @@ impl Core {
                     by: WorkloadId(by),
                     code,
                     detail: cause.to_string(),
-                    grace_s: self.settings.grace.as_secs(),
+                    grace_s: self.w.settings.grace.as_secs(),
                 };
-                self.apply(WorkloadId(victim), input, batch, now);
+                self.w.apply(WorkloadId(victim), input, batch, now);
             }
             Decision::Move { id, by, to } => self.on_move(id, by, to.is_some(), batch, now),
         }
-    }
-
-    /// Backend news becomes lifecycle input.
-    /// Tells a native workload's owner, on its object, why it waits (when the reason changed)
-    /// or that it was refused.
-    fn tell_native(&self, id: WorkloadId, reason: &Reason, refused: bool) {
-        let Some(l) = self.live.get(&id) else { return };
-        let Some(native) = l.w.spec.native.as_deref() else {
-            return;
-        };
-        if !refused && l.w.reason.as_ref() == Some(reason) {
-            return;
-        }
-        crate::native::tell(&*self.backend, native, refused, &reason.detail);
     }
 
     fn on_backend(&mut self, e: BackendEvent, batch: &mut Batch, now: i64) {
         match e {
             // The stop is over (backends that confirm stops): the devices are free now.
             BackendEvent::Stopped { id, at_ms } => {
-                self.apply(WorkloadId(id), Input::Stopped { at: at_ms.max(0) }, batch, now);
+                self.w
+                    .apply(WorkloadId(id), Input::Stopped { at: at_ms.max(0) }, batch, now);
             }
             BackendEvent::Notice { id, detail } => {
                 if detail.contains("PodDisruptionBudget") {
-                    self.metrics.eviction_refused();
+                    self.w.metrics.eviction_refused();
                 }
-                self.apply(
+                self.w.apply(
                     WorkloadId(id),
                     Input::Notice {
                         at: now,
@@ -1041,6 +883,7 @@ impl Core {
             // is exactly its object (namespace, name and UID).
             BackendEvent::Withdrawn { id, native } => {
                 let ours = self
+                    .w
                     .live
                     .get(&WorkloadId(id))
                     .is_some_and(|l| l.w.spec.native.as_deref() == Some(native.to_record().as_str()));
@@ -1049,8 +892,8 @@ impl Core {
                         "a withdrawal for a pod that is not the workload's object: ignored");
                     return;
                 }
-                let grace_s = self.settings.grace.as_secs();
-                self.apply(
+                let grace_s = self.w.settings.grace.as_secs();
+                self.w.apply(
                     WorkloadId(id),
                     Input::Cancel {
                         at: now,
@@ -1071,12 +914,12 @@ impl Core {
                 name,
                 detail,
             } => {
-                self.metrics.stranger();
+                self.w.metrics.stranger();
                 batch.audit(tessera_store::AuditRecord {
                     seq: 0,
                     at: now,
                     request_id: format!("backend-stranger-{namespace}-{name}"),
-                    actor: format!("{}-backend", self.backend.name()),
+                    actor: format!("{}-backend", self.w.backend.name()),
                     tenant: None,
                     action: "backend.stranger".into(),
                     target: format!("namespaces/{namespace}/pods/{name}"),
@@ -1086,13 +929,13 @@ impl Core {
             }
             BackendEvent::Started { id, bound: Some(bound) } | BackendEvent::Bound { id, bound } => {
                 let id = WorkloadId(id);
-                if let Some(l) = self.live.get(&id)
+                if let Some(l) = self.w.live.get(&id)
                     && let Some(p) = l.w.placement.clone()
                 {
-                    match self.rebind(id, &p, &bound) {
+                    match self.w.rebind(id, &p, &bound) {
                         Ok(moved) => {
                             for (m, placement) in moved {
-                                self.apply(m, Input::Bound { placement }, batch, now);
+                                self.w.apply(m, Input::Bound { placement }, batch, now);
                             }
                         }
                         Err(why) => {
@@ -1105,19 +948,19 @@ impl Core {
             BackendEvent::Started { bound: None, .. } => {}
             BackendEvent::Running { id, at_ms, sample } => {
                 let id = WorkloadId(id);
-                let Some(l) = self.live.get(&id) else { return };
+                let Some(l) = self.w.live.get(&id) else { return };
                 let observed = observe(&sample, &l.w);
                 let created = l.w.created_at;
                 let pool = l.w.placement.as_ref().map(|p| p.pool.clone()).unwrap_or_default();
                 let input = Input::Running {
                     at: at_ms,
-                    detail: format!("started by the {} backend", self.backend.name()),
+                    detail: format!("started by the {} backend", self.w.backend.name()),
                     observed,
                 };
                 if l.w.phase == Phase::Partitioned {
-                    self.metrics.running(&pool, at_ms - created);
+                    self.w.metrics.running(&pool, at_ms - created);
                 }
-                self.apply(id, input, batch, now);
+                self.w.apply(id, input, batch, now);
             }
             BackendEvent::Exited { id, at_ms, exit } => {
                 let (success, detail) = match exit {
@@ -1138,7 +981,7 @@ impl Core {
                         },
                     ),
                 };
-                self.apply(
+                self.w.apply(
                     WorkloadId(id),
                     Input::Exited {
                         at: at_ms,
@@ -1150,14 +993,15 @@ impl Core {
                 );
             }
             BackendEvent::Lost { id, at_ms, detail } => {
-                self.apply(WorkloadId(id), Input::Lost { at: at_ms, detail }, batch, now);
+                self.w
+                    .apply(WorkloadId(id), Input::Lost { at: at_ms, detail }, batch, now);
             }
             // Evicted by a drain outside Tessera (`kubectl drain`): stopped as Tessera's own
             // drain stops work past its deadline, so batch work is requeued (by its policy)
             // and its capacity is released once the backend confirms the stop.
             BackendEvent::Evicted { id, at_ms, detail } => {
-                let grace_s = self.settings.grace.as_secs();
-                self.apply(
+                let grace_s = self.w.settings.grace.as_secs();
+                self.w.apply(
                     WorkloadId(id),
                     Input::Preempt {
                         at: at_ms.max(0),
@@ -1174,27 +1018,27 @@ impl Core {
                 // A critical XID seen in telemetry takes the GPU out within one interval, also
                 // where the backend sent no health event.
                 for g in gpus.iter().filter(|g| health::is_critical(g.xid)) {
-                    if !self.ops.unhealthy.contains_key(&(g.node.clone(), g.gpu)) {
+                    if !self.w.ops.unhealthy.contains_key(&(g.node.clone(), g.gpu)) {
                         let detail = format!("XID {} in telemetry", g.xid);
                         self.gpu_failed(&g.node, g.gpu, health::Cause::Xid(g.xid), &detail, batch, now);
                     }
                 }
                 let dt = (at_ms - self.last_sample).clamp(0, 60_000) as f64;
                 self.last_sample = at_ms;
-                let metrics = self.metrics.clone();
+                let metrics = self.w.metrics.clone();
                 metering::sample_utilisation(
-                    &mut self.live,
-                    self.sched.engine.state(),
-                    &self.nodes,
+                    &mut self.w.live,
+                    self.w.sched.engine.state(),
+                    &self.w.nodes,
                     &gpus,
                     dt,
                     |w, util| metrics.meter(w, util, dt),
                 );
-                self.published.set_telemetry(Telemetry {
+                self.w.published.set_telemetry(Telemetry {
                     at: at_ms,
                     gpus: Arc::new(gpus),
                 });
-                self.rollout_soon |= self.ops.rollouts.values().any(|r| {
+                self.rollout_soon |= self.w.ops.rollouts.values().any(|r| {
                     r.state == tessera_store::RolloutState::Running || r.nodes.iter().any(|n| n.state.is_out())
                 });
             }
@@ -1221,9 +1065,9 @@ impl Core {
             OpResult::Partitioned(Err(e)) => {
                 // A whole-GPU layout that failed leaves the engine's configured layout wrong:
                 // learn the real one from the backend.
-                self.reconcile_soon = self.caps.partitioning == Partitioning::WholeGpu;
+                self.reconcile_soon = self.w.caps.partitioning == Partitioning::WholeGpu;
                 // The GPU that could not be partitioned takes no more work until cleared.
-                if let Some(p) = self.live.get(&id).and_then(|l| l.w.placement.clone()) {
+                if let Some(p) = self.w.live.get(&id).and_then(|l| l.w.placement.clone()) {
                     let detail = format!("partitioning failed: {e}");
                     for g in p.gpus {
                         self.gpu_failed(&p.node, g, health::Cause::Partition, &detail, batch, now);
@@ -1243,7 +1087,7 @@ impl Core {
             // (`BackendEvent::Stopped`): until then it keeps its capacity, and a stop that
             // failed is tried again by the next reconcile (a stopping workload still running
             // there is stopped again).
-            OpResult::Stopped(r) if self.caps.confirms_stop => {
+            OpResult::Stopped(r) if self.w.caps.confirms_stop => {
                 if let Err(e) = r {
                     tracing::warn!(%id, error = %e, "stop failed; the workload keeps its capacity and the next reconcile stops it again");
                     self.reconcile_soon = true;
@@ -1263,150 +1107,7 @@ impl Core {
                 return;
             }
         };
-        self.apply(id, input, batch, now);
-    }
-
-    /// Runs `input` through the lifecycle of workload `id` and carries out the effects that
-    /// touch the scheduler and the ledger; backend work and the record wait for the commit.
-    fn apply(&mut self, id: WorkloadId, input: Input, batch: &mut Batch, now: i64) {
-        let Some(mut live) = self.live.remove(&id) else {
-            return;
-        };
-        // The placement and running time before the transition: a requeue clears them, and the
-        // unpartition and the month's spend still need them.
-        let before = live.w.placement.clone();
-        let before_units = live.w.held_units();
-        let ran_since = live.w.running_at;
-        let before_phase = live.w.phase;
-        // A drain's stop goes through the platform's eviction (Kubernetes: the Eviction API).
-        let evict = matches!(
-            input,
-            Input::Preempt {
-                code: tessera_domain::PreemptCode::Drain,
-                ..
-            }
-        );
-        let mut follow = Vec::new();
-        let t = transition_shared(live.w, input);
-        live.w = t.workload;
-        for e in &t.effects {
-            match e {
-                tessera_domain::Effect::Release => {
-                    self.sched.release(id.0, now);
-                }
-                // One without a reason was never decided (accepted before a crash): the next
-                // cycle decides it like a new one.
-                tessera_domain::Effect::Requeue if live.w.reason.is_none() => self.sched.enqueue_undecided(live.job()),
-                tessera_domain::Effect::Requeue => self.sched.enqueue(live.job()),
-                tessera_domain::Effect::Dequeue => {
-                    self.sched.dequeue(id.0);
-                }
-                tessera_domain::Effect::OpenUsage { seq, at } => {
-                    let p = live.w.placement.as_ref().expect("a running workload has a placement");
-                    live.util = (0.0, 0.0);
-                    batch.usage(Change::OpenUsage(UsageInterval {
-                        workload: id,
-                        seq: *seq,
-                        tenant: live.w.spec.tenant.clone(),
-                        project: live.w.spec.project.clone(),
-                        pool: p.pool.clone(),
-                        model: p.model.clone(),
-                        shape: if live.w.shares.is_empty() {
-                            p.to_string()
-                        } else {
-                            format!("{} ({} node-shares)", live.w.spec.shape.gpu, live.w.shares.len() + 1)
-                        },
-                        // Every node-share of a gang.
-                        units: live.w.held_units(),
-                        started_at: *at,
-                        ended_at: None,
-                        util_avg: None,
-                    }));
-                }
-                tessera_domain::Effect::CloseUsage { seq, at } => {
-                    let util_avg = live.utilisation();
-                    live.util = (0.0, 0.0);
-                    if let (Some(_), Some(r)) = (before.as_ref(), ran_since) {
-                        self.month.close(&live.w.spec.tenant, before_units, r, *at);
-                    }
-                    batch.usage(Change::CloseUsage {
-                        workload: id,
-                        seq: *seq,
-                        ended_at: *at,
-                        util_avg,
-                    });
-                }
-                tessera_domain::Effect::Partition => {
-                    let p = live.w.placement.as_ref().expect("a placed workload has a placement");
-                    match placement::partition_plan(p, &self.caps, || self.layout(p)) {
-                        // Whole GPUs and host resources: nothing to create, so nothing a crash
-                        // could make twice; the step is recorded at once and the start follows.
-                        PartitionPlan::Nothing { node } => follow.push(Input::Partitioned {
-                            at: now,
-                            detail: match p.slice {
-                                tessera_domain::Slice::Whole => {
-                                    format!("whole GPUs {:?} on {node}: nothing to partition", p.gpus)
-                                }
-                                _ => format!("host resources on {node}: nothing to partition"),
-                            },
-                        }),
-                        plan => batch.op(id, Op::Partition(plan)),
-                    }
-                }
-                tessera_domain::Effect::Start => {
-                    let spec = placement::run_spec(&self.fleet, &self.nodes, &live.w, &self.caps);
-                    batch.op(id, Op::Start(Box::new(spec)));
-                }
-                tessera_domain::Effect::Stop { grace_s } => {
-                    self.sched.stopping(id.0);
-                    batch.op(
-                        id,
-                        Op::Stop {
-                            grace: Duration::from_secs(*grace_s),
-                            evict,
-                        },
-                    );
-                }
-                tessera_domain::Effect::Unpartition => {
-                    if let Some(p) = before.as_ref().or(live.w.placement.as_ref()) {
-                        let plan = placement::partition_plan(p, &self.caps, Vec::new);
-                        if !matches!(plan, PartitionPlan::Nothing { .. } | PartitionPlan::Layout { .. }) {
-                            batch.op(id, Op::Unpartition(plan));
-                        }
-                    }
-                }
-            }
-        }
-        if live.w.phase.is_terminal() {
-            self.metrics.ended(live.w.phase);
-        }
-        if t.changed && (before_phase != live.w.phase || live.w.phase.is_waiting()) {
-            self.queue_dirty = true;
-        }
-        if t.changed {
-            batch.update(live.w.clone(), t.events);
-        }
-        if !live.w.phase.is_terminal() {
-            self.live.insert(id, live);
-        }
-        for input in follow {
-            self.apply(id, input, batch, now);
-        }
-    }
-
-    /// The MIG layout of the GPU a placement is on, as the engine holds it (`whole-gpu`
-    /// backends: the configured layout, this instance included).
-    fn layout(&self, p: &tessera_domain::Placement) -> Vec<MigInstance> {
-        let Some(n) = self.nodes.get(&p.node) else {
-            return Vec::new();
-        };
-        let gpu = p.gpus.first().copied().unwrap_or(0);
-        self.sched
-            .engine
-            .mig_layout(n, gpu)
-            .iter()
-            .map(|slot| placement::mig_instance_of(&self.fleet, n, slot))
-            .collect()
+        self.w.apply(id, input, batch, now);
     }
 
     /// Adopts MIG layouts a `whole-gpu` backend reports (start-up, reconcile, a layout applied).
@@ -1415,59 +1116,22 @@ impl Core {
         for (node, gpu, instances) in layouts {
             self.reported_mig.insert((node.clone(), *gpu), (at, instances.clone()));
         }
-        if self.caps.partitioning != Partitioning::WholeGpu {
+        if self.w.caps.partitioning != Partitioning::WholeGpu {
             return;
         }
         for (node, gpu, instances) in layouts {
-            let Some(n) = self.nodes.get(node) else {
+            let Some(n) = self.w.nodes.get(node) else {
                 tracing::warn!(%node, "the backend reports a MIG layout on a node the fleet does not have");
                 continue;
             };
-            let Some(slots) = placement::mig_slots(&self.fleet, n, instances) else {
+            let Some(slots) = placement::mig_slots(&self.w.fleet, n, instances) else {
                 tracing::warn!(%node, gpu, "the backend reports MIG profiles this GPU model does not have");
                 continue;
             };
-            if let Err(e) = self.sched.engine.adopt_layout(n, *gpu, &slots) {
+            if let Err(e) = self.w.sched.engine.adopt_layout(n, *gpu, &slots) {
                 tracing::warn!(%node, gpu, error = %e, "cannot adopt the MIG layout the backend reports");
             }
         }
-    }
-
-    /// Moves a workload's booking to the devices a per-node-count backend chose; returns the
-    /// new placements of every workload whose booking changed (a swap moves two).
-    fn rebind(
-        &mut self,
-        id: WorkloadId,
-        p: &tessera_domain::Placement,
-        bound: &tessera_backend::Bound,
-    ) -> Result<Vec<(WorkloadId, tessera_domain::Placement)>, String> {
-        let mut q = p.clone();
-        q.gpus = bound.gpus.clone();
-        if let (tessera_domain::Slice::Mig { start, .. }, Some(m)) = (&mut q.slice, &bound.mig) {
-            *start = m.start;
-        }
-        if q == *p {
-            self.sched.engine.bind(id.0).map_err(|e| e.to_string())?;
-            return Ok(Vec::new());
-        }
-        let l = self.live.get(&id).ok_or("not live")?;
-        let tenant = self.tenants.get(&l.w.spec.tenant).copied().unwrap_or(TenantId(0));
-        let alloc = placement::allocation_of(
-            &self.fleet,
-            &self.nodes,
-            id.0,
-            &q,
-            (l.w.spec.cpu_milli, l.w.spec.memory_mib),
-            tenant,
-        )?;
-        let moved = self.sched.engine.rebind(id.0, alloc.grant).map_err(|e| e.to_string())?;
-        Ok(moved
-            .into_iter()
-            .filter_map(|m| {
-                let a = self.sched.engine.allocation(m)?;
-                Some((WorkloadId(m), placement::placement_of(&self.fleet, a)))
-            })
-            .collect())
     }
 
     fn start_reconcile(&mut self, tx: mpsc::Sender<Cmd>) {
@@ -1476,15 +1140,15 @@ impl Core {
         }
         let mut expected = Vec::new();
         let mut phases = Vec::new();
-        for l in self.live.values() {
+        for l in self.w.live.values() {
             if matches!(l.w.phase, Phase::Partitioned | Phase::Running | Phase::Stopping) && !self.runner.busy(l.w.id) {
-                expected.push(placement::run_spec(&self.fleet, &self.nodes, &l.w, &self.caps));
+                expected.push(placement::run_spec(&self.w.fleet, &self.w.nodes, &l.w, &self.w.caps));
                 phases.push((l.w.id, l.w.phase));
             }
         }
         self.reconciling = true;
         self.reconcile_asked = now_ms();
-        let backend = self.backend.clone();
+        let backend = self.w.backend.clone();
         self.runner.spawn(async move {
             let r = backend.reconcile(&expected).await.map_err(|e| e.to_string());
             let _ = tx.send(Cmd::Reconciled(r, phases)).await;
@@ -1512,18 +1176,19 @@ impl Core {
         for (id, observation) in report.workloads {
             let id = WorkloadId(id);
             let unchanged = self
+                .w
                 .live
                 .get(&id)
                 .is_some_and(|l| phases.get(&id) == Some(&l.w.phase) && !self.runner.busy(id));
             if !unchanged {
                 continue;
             }
-            let observed = self.observed(observation, "found by the periodic reconcile");
+            let observed = self.w.observed(observation, "found by the periodic reconcile");
             if matches!(observed, Observed::Unknown { .. }) {
-                self.metrics.ghost();
+                self.w.metrics.ghost();
             }
-            let grace_s = self.settings.grace.as_secs();
-            self.apply(
+            let grace_s = self.w.settings.grace.as_secs();
+            self.w.apply(
                 id,
                 Input::Recovered {
                     at: now,
@@ -1542,7 +1207,7 @@ impl Core {
     /// operator finds it in the audit log without one record per interval. One that goes and
     /// comes back is audited again.
     fn note_orphans(&mut self, orphans: &[tessera_backend::Orphan], batch: &mut Batch, now: i64) {
-        self.metrics.orphans(orphans.len());
+        self.w.metrics.orphans(orphans.len());
         let mut seen = std::collections::HashSet::with_capacity(orphans.len());
         for o in orphans {
             let key = format!("{}|{:?}|{}", o.node, o.id, o.detail);
@@ -1552,7 +1217,7 @@ impl Core {
                     seq: 0,
                     at: now,
                     request_id: format!("backend-orphan-{now}-{}", seen.len()),
-                    actor: format!("{}-backend", self.backend.name()),
+                    actor: format!("{}-backend", self.w.backend.name()),
                     tenant: None,
                     action: "backend.orphan".into(),
                     target: match o.id {
@@ -1566,48 +1231,6 @@ impl Core {
             seen.insert(key);
         }
         self.orphans_seen = seen;
-    }
-
-    /// A backend observation as lifecycle input.
-    fn observed(&self, o: tessera_backend::Observation, when: &str) -> Observed {
-        match o {
-            tessera_backend::Observation::Running { since_ms } => Observed::Running { since: since_ms },
-            tessera_backend::Observation::Starting => Observed::Starting,
-            tessera_backend::Observation::Succeeded => Observed::Succeeded,
-            tessera_backend::Observation::Failed { detail } => Observed::Failed { detail },
-            tessera_backend::Observation::Unknown => Observed::Unknown {
-                detail: format!(
-                    "the {} backend no longer knows this workload ({when})",
-                    self.backend.name()
-                ),
-            },
-        }
-    }
-}
-
-/// A new scheduler whose engine honours the backend's capabilities.
-fn fresh_scheduler(factory: &SchedFactory, fleet: Arc<Fleet>, caps: &Capabilities) -> Scheduler {
-    let mut s = factory(fleet);
-    let mig = match caps.partitioning {
-        Partitioning::WholeGpu => MigMode::WholeGpu,
-        Partitioning::Instance | Partitioning::None => MigMode::Instance,
-    };
-    s.engine.set_mig_mode(mig).expect("a new engine has no allocations");
-    s.engine.set_device_binding(match caps.devices {
-        DeviceAssignment::Exact => DeviceBinding::Exact,
-        DeviceAssignment::PerNodeCount => DeviceBinding::PerNodeCount,
-    });
-    s
-}
-
-/// The resource class a request waits for: its pool when only one pool can serve it.
-fn class_of(fleet: &Fleet, sched: &Scheduler, r: &Request) -> String {
-    if let Some(p) = r.pool {
-        return fleet.pool(p).name.clone();
-    }
-    match sched.engine.scope(r) {
-        Ok(pools) if pools.len() == 1 => fleet.pool(pools[0]).name.clone(),
-        _ => "any".into(),
     }
 }
 

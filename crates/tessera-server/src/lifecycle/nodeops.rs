@@ -18,8 +18,9 @@ use std::sync::Arc;
 use tessera_domain::{Input, Kind, Phase, PreemptCode, ReasonCode, WorkloadId};
 use tessera_store::{DrainRecord, MoveCause, NodeState, NodeStateRecord, ServiceMoveRecord};
 
-use super::commit::Batch;
-use super::{Core, LifecycleError};
+use super::Core;
+use super::batch::Batch;
+use super::command::LifecycleError;
 
 /// What an admin asks of a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +69,7 @@ pub(super) struct Drains {
 impl Core {
     fn holders_of(&self, node: &str) -> Vec<(WorkloadId, Kind, Phase)> {
         let mut v: Vec<_> = self
+            .w
             .live
             .values()
             .filter(|l| l.w.phase.holds_capacity() && l.w.holds_on(node))
@@ -86,7 +88,7 @@ impl Core {
     ) -> Result<(), LifecycleError> {
         let unavailable =
             |e: tessera_store::StoreError| LifecycleError::Unavailable(format!("the store is unavailable: {e}"));
-        let mut ops = (*self.ops).clone();
+        let mut ops = (*self.w.ops).clone();
         match state {
             NodeState::Cordoned | NodeState::Draining | NodeState::Maintenance => {
                 let rec = NodeStateRecord {
@@ -95,20 +97,20 @@ impl Core {
                     since: now,
                     detail,
                 };
-                self.store.set_node_state(&rec).await.map_err(unavailable)?;
+                self.w.store.set_node_state(&rec).await.map_err(unavailable)?;
                 ops.nodes.insert(node.to_string(), rec);
             }
             NodeState::Ready => {
-                self.store.clear_node_state(node).await.map_err(unavailable)?;
+                self.w.store.clear_node_state(node).await.map_err(unavailable)?;
                 ops.nodes.remove(node);
             }
         }
-        self.ops = Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
+        self.w.ops = Arc::new(ops);
+        self.w.published.set_ops(self.w.ops.clone());
         self.refence(node);
         // The platform's own fence too (Kubernetes: `spec.unschedulable`), so nothing else
         // places work there; a failure is logged, Tessera's fence holds either way.
-        if let Err(e) = self.backend.cordon(node, state != NodeState::Ready).await {
+        if let Err(e) = self.w.backend.cordon(node, state != NodeState::Ready).await {
             tracing::warn!(%node, error = %e, "the backend did not (un)cordon the node");
         }
         tracing::info!(%node, state = state.as_str(), "node state changed");
@@ -118,7 +120,7 @@ impl Core {
     /// Forgets a node's drain, in memory and in the store.
     async fn end_drain(&mut self, node: &str) {
         if self.drains.nodes.remove(node).is_some()
-            && let Err(e) = self.store.clear_drain(node).await
+            && let Err(e) = self.w.store.clear_drain(node).await
         {
             tracing::error!(%node, error = %e, "cannot forget a drain in the store");
         }
@@ -128,7 +130,7 @@ impl Core {
     pub(super) async fn end_move(&mut self, old: WorkloadId) {
         let drained = self.drains.moves.remove(&old).is_some();
         if (drained | self.moves.forget(old))
-            && let Err(e) = self.store.clear_service_move(old).await
+            && let Err(e) = self.w.store.clear_service_move(old).await
         {
             tracing::error!(%old, error = %e, "cannot forget a service move in the store");
         }
@@ -193,7 +195,8 @@ impl Core {
             ),
             None => format!("drained by {actor}; no deadline"),
         };
-        self.store
+        self.w
+            .store
             .set_drain(&DrainRecord {
                 node: node.to_string(),
                 deadline_ms,
@@ -222,14 +225,14 @@ impl Core {
             .drains
             .moves
             .keys()
-            .filter(|old| self.live.get(old).is_none_or(|l| l.w.phase.is_terminal()))
+            .filter(|old| self.w.live.get(old).is_none_or(|l| l.w.phase.is_terminal()))
             .copied()
             .collect();
         for old in ended {
             self.end_move(old).await;
         }
         let nodes: Vec<String> = self.drains.nodes.keys().cloned().collect();
-        let grace_s = self.settings.grace.as_secs();
+        let grace_s = self.w.settings.grace.as_secs();
         for node in nodes {
             let holders = self.holders_of(&node);
             if holders.is_empty() {
@@ -257,7 +260,7 @@ impl Core {
                     continue;
                 }
                 if past && d.preempt {
-                    self.apply(
+                    self.w.apply(
                         id,
                         Input::Preempt {
                             at: now,
@@ -286,7 +289,7 @@ impl Core {
                     ),
                     _ => format!("{what}: this workload runs to completion, and nothing new starts there"),
                 };
-                self.apply(
+                self.w.apply(
                     id,
                     Input::Notice {
                         at: now,
@@ -306,12 +309,12 @@ impl Core {
     /// Moves a service off a draining node: a replacement first, the old one stopped only once
     /// the replacement runs.
     async fn move_service(&mut self, node: &str, old: WorkloadId, batch: &mut Batch, now: i64) {
-        let grace_s = self.settings.grace.as_secs();
+        let grace_s = self.w.settings.grace.as_secs();
         if let Some(&new) = self.drains.moves.get(&old) {
-            match self.live.get(&new).map(|l| l.w.phase) {
+            match self.w.live.get(&new).map(|l| l.w.phase) {
                 Some(Phase::Running) => {
                     self.end_move(old).await;
-                    self.apply(
+                    self.w.apply(
                         old,
                         Input::Preempt {
                             at: now,
@@ -332,7 +335,7 @@ impl Core {
             }
             return;
         }
-        let Some(l) = self.live.get(&old) else { return };
+        let Some(l) = self.w.live.get(&old) else { return };
         let nw = l.replacement(format!("drain of {node}"), now);
         match self.accept(nw, batch, now).await {
             Ok((new, _)) => {
@@ -346,11 +349,11 @@ impl Core {
                     cause: MoveCause::Drain,
                     by: None,
                 };
-                if let Err(e) = self.store.set_service_move(&rec).await {
+                if let Err(e) = self.w.store.set_service_move(&rec).await {
                     tracing::error!(%old, %new, error = %e, "cannot store a service move");
                 }
                 self.drains.moves.insert(old, new);
-                self.apply(
+                self.w.apply(
                     old,
                     Input::Notice {
                         at: now,

@@ -15,8 +15,10 @@ use std::collections::HashMap;
 use tessera_domain::{Input, Observed, Phase, WorkloadId};
 use tessera_store::StoreError;
 
-use super::commit::Batch;
-use super::{Core, Live, now_ms, placement};
+use super::Core;
+use super::batch::Batch;
+use super::live::{Live, now_ms};
+use super::placement;
 use tessera_model::GpuUnits;
 use tessera_sched::cycle::Quota;
 
@@ -24,35 +26,35 @@ impl Core {
     pub(super) async fn recover(&mut self) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
         let ms = |t: std::time::Instant| t.elapsed().as_millis() as u64;
-        self.sched = self.fresh_scheduler();
+        self.w.sched = self.w.fresh_scheduler();
         // Consolidation moves in progress come back from the store with the fleet operations.
         self.moves = Default::default();
         self.restore_ops().await?;
         let ops_ms = ms(started);
-        self.live.clear();
+        self.w.live.clear();
         self.runner.clear();
-        self.published.clear_workloads();
+        self.w.published.clear_workloads();
         self.builder.reset();
         self.ids = 0..0;
-        for q in self.store.quotas().await? {
+        for q in self.w.store.quotas().await? {
             let quota = Quota {
                 guaranteed: GpuUnits(q.guaranteed_milli),
                 limit: q.limit_milli.map(GpuUnits),
             };
-            self.sched.set_quota(&q.tenant, &q.class, Some(quota));
+            self.w.sched.set_quota(&q.tenant, &q.class, Some(quota));
         }
-        for (t, b) in self.store.budgets().await? {
-            self.sched.set_budget(&t, Some(b));
+        for (t, b) in self.w.store.budgets().await? {
+            self.w.sched.set_budget(&t, Some(b));
         }
         let now = now_ms();
         // The month's usage is read beside the workloads (on another thread when the runtime
         // has one): both are long reads of a large store.
         let t = std::time::Instant::now();
-        let (mut month, store) = (std::mem::take(&mut self.month), self.store.clone());
+        let (mut month, store) = (std::mem::take(&mut self.w.month), self.w.store.clone());
         let month_read = tokio::spawn(async move { month.refresh(&*store, now).await.map(|()| month) });
-        let active = self.store.active_workloads().await?;
+        let active = self.w.store.active_workloads().await?;
         let read_ms = ms(t);
-        self.month = month_read
+        self.w.month = month_read
             .await
             .map_err(|e| StoreError::Unavailable(format!("reading this month's usage: {e}")))??;
         let month_ms = ms(t);
@@ -63,17 +65,17 @@ impl Core {
             .iter()
             .filter(|w| matches!(w.phase, Phase::Partitioned | Phase::Running | Phase::Stopping))
             .filter(|w| w.placement.is_some())
-            .map(|w| placement::run_spec(&self.fleet, &self.nodes, w, &self.caps))
+            .map(|w| placement::run_spec(&self.w.fleet, &self.w.nodes, w, &self.w.caps))
             .collect();
         let mut observed: HashMap<WorkloadId, Observed> = HashMap::new();
-        match self.backend.reconcile(&expected).await {
+        match self.w.backend.reconcile(&expected).await {
             Ok(report) => {
                 for (id, o) in report.workloads {
-                    observed.insert(WorkloadId(id), self.observed(o, "after a control-plane restart"));
+                    observed.insert(WorkloadId(id), self.w.observed(o, "after a control-plane restart"));
                 }
                 self.adopt_layouts(&report.layouts, now_ms());
                 // Logged and counted here; the first periodic reconcile audits them.
-                self.metrics.orphans(report.orphans.len());
+                self.w.metrics.orphans(report.orphans.len());
                 for o in &report.orphans {
                     tracing::warn!(node = %o.node, id = ?o.id, detail = %o.detail, "the backend runs work Tessera does not know (orphan)");
                 }
@@ -88,12 +90,12 @@ impl Core {
         let mut invalid = Vec::new();
         for w in active {
             let id = w.id;
-            let tenant = self.tenant_id(&w.spec.tenant);
-            let (request, gang) = match placement::resolve(&self.fleet, &w.spec, tenant) {
+            let tenant = self.w.tenant_id(&w.spec.tenant);
+            let (request, gang) = match placement::resolve(&self.w.fleet, &w.spec, tenant) {
                 Ok(r) => r,
                 Err(e) => {
                     invalid.push((id, format!("{}: {}", e.field, e.message)));
-                    self.live.insert(
+                    self.w.live.insert(
                         id,
                         Live {
                             request: tessera_model::Request::new(tessera_model::Shape::CpuOnly),
@@ -107,33 +109,33 @@ impl Core {
                 }
             };
             let live = Live {
-                class: self.class_of(&request).into(),
+                class: self.w.class_of(&request).into(),
                 request,
                 gang,
                 w: w.into(),
                 util: (0.0, 0.0),
             };
             if live.w.phase.holds_capacity() {
-                let restored = live.restore_into(&mut self.sched, &self.fleet, &self.nodes, tenant);
+                let restored = live.restore_into(&mut self.w.sched, &self.w.fleet, &self.w.nodes, tenant);
                 if let Err(e) = restored {
                     tracing::error!(%id, error = %e, "cannot re-apply the allocation");
                     invalid.push((id, format!("its allocation could not be restored: {e}")));
                 } else if live.w.phase == Phase::Stopping {
-                    self.sched.stopping(id.0);
+                    self.w.sched.stopping(id.0);
                 }
             }
-            self.live.insert(id, live);
+            self.w.live.insert(id, live);
         }
         // A service being moved by consolidation is on its way out: no new move or preemption
         // picks it again while its replacement starts.
         for old in self.moves.originals() {
-            self.sched.stopping(old.0);
+            self.w.sched.stopping(old.0);
         }
         let restore_ms = ms(t);
         let t = std::time::Instant::now();
         let mut batch = Batch::default();
         for (id, detail) in &invalid {
-            self.apply(
+            self.w.apply(
                 *id,
                 Input::Invalid {
                     at: now,
@@ -143,12 +145,12 @@ impl Core {
                 now,
             );
         }
-        let mut ids: Vec<WorkloadId> = self.live.keys().copied().collect();
+        let mut ids: Vec<WorkloadId> = self.w.live.keys().copied().collect();
         ids.sort_unstable();
-        let grace_s = self.settings.grace.as_secs();
+        let grace_s = self.w.settings.grace.as_secs();
         for id in ids {
             let o = observed.remove(&id).unwrap_or(Observed::Starting);
-            self.apply(
+            self.w.apply(
                 id,
                 Input::Recovered {
                     at: now,
@@ -159,8 +161,8 @@ impl Core {
                 now,
             );
         }
-        let queued = self.sched.queued();
-        let live = self.live.len();
+        let queued = self.w.sched.queued();
+        let live = self.w.live.len();
         let apply_ms = ms(t);
         let t = std::time::Instant::now();
         self.commit_recovery(batch, now).await?;
@@ -182,17 +184,20 @@ impl Core {
 
     /// Stores what recovery decided (it must not recurse into another recovery on failure).
     async fn commit_recovery(&mut self, batch: Batch, now: i64) -> Result<(), StoreError> {
+        self.queue_dirty |= batch.queue_changed;
         let mut parts = batch.into_parts();
         if let (Some(f), false) = (&self.fence, parts.changes.is_empty()) {
             parts.changes.insert(0, tessera_store::Change::Fence(f.clone()));
         }
-        self.store.commit(&parts.changes).await?;
-        self.published.put_workloads(parts.records);
-        self.published.put_workloads(self.live.values().map(|l| l.w.clone()));
+        self.w.store.commit(&parts.changes).await?;
+        self.w.published.put_workloads(parts.records);
+        self.w
+            .published
+            .put_workloads(self.w.live.values().map(|l| l.w.clone()));
         let snap = self
             .builder
-            .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, true);
-        self.published.set_snapshot(snap);
+            .build(&self.w.fleet, &self.w.sched, &self.w.live, &self.w.tenants, now, true);
+        self.w.published.set_snapshot(snap);
         for (id, op) in parts.ops {
             self.runner.submit(id, op);
         }

@@ -20,8 +20,9 @@ use tessera_domain::Kind;
 use tessera_sched::rollout::{self, Limits};
 use tessera_store::{AuditRecord, NodeState, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState};
 
-use super::commit::Batch;
-use super::{Core, LifecycleError};
+use super::Core;
+use super::batch::Batch;
+use super::command::LifecycleError;
 
 /// A pending node is taken (cordoned) once its unmovable work ends within this (one controller
 /// tick): until then it keeps serving, rather than idling its free GPUs while it drains.
@@ -93,10 +94,12 @@ impl Core {
             .iter()
             .map(|name| {
                 let units = self
+                    .w
                     .fleet
                     .node_by_name(name)
-                    .map(|n| self.fleet.node(n).gpus as u64 * 1000);
+                    .map(|n| self.w.fleet.node(n).gpus as u64 * 1000);
                 let work = self
+                    .w
                     .live
                     .values()
                     .filter(|l| l.w.phase.holds_capacity() && l.w.holds_on(name))
@@ -124,26 +127,28 @@ impl Core {
     /// layouts are a property of the node); on instance-mode backends, which create instances
     /// per workload (a drain removes them), the MIG mode of each GPU.
     fn layout_text(&self, node: &str) -> String {
-        if self.caps.partitioning != tessera_backend::Partitioning::WholeGpu {
+        if self.w.caps.partitioning != tessera_backend::Partitioning::WholeGpu {
             return self.mig_modes_text(node);
         }
-        let Some(n) = self.nodes.get(node) else {
+        let Some(n) = self.w.nodes.get(node) else {
             return String::new();
         };
         let gpus = self
+            .w
             .fleet
             .node_by_name(node)
-            .map(|i| self.fleet.node(i).gpus)
+            .map(|i| self.w.fleet.node(i).gpus)
             .unwrap_or(0);
         (0..gpus)
             .map(|g| {
                 let slots: Vec<String> = self
+                    .w
                     .sched
                     .engine
                     .mig_layout(n, g)
                     .iter()
                     .map(|s| {
-                        let m = super::placement::mig_instance_of(&self.fleet, n, s);
+                        let m = super::placement::mig_instance_of(&self.w.fleet, n, s);
                         format!("{}@{}", m.profile, m.start)
                     })
                     .collect();
@@ -156,11 +161,11 @@ impl Core {
     /// Instance-granularity backends: the MIG mode of each GPU of a node's mig pool (`0:mig
     /// 1:whole 2:pending`), as the engine holds it; empty elsewhere.
     fn mig_modes_text(&self, node: &str) -> String {
-        let Some(n) = self.fleet.node_by_name(node) else {
+        let Some(n) = self.w.fleet.node_by_name(node) else {
             return String::new();
         };
-        let engine = &self.sched.engine;
-        (0..self.fleet.node(n).gpus)
+        let engine = &self.w.sched.engine;
+        (0..self.w.fleet.node(n).gpus)
             .filter(|&g| engine.mig_switchable(n.0, g).is_ok())
             .map(|g| {
                 let mode = if engine.mig_pending_gpus(n.0) >> g & 1 == 1 {
@@ -181,12 +186,13 @@ impl Core {
     /// drain: none). `Ok(false)`: the backend reports no instances for this node (it does not
     /// report them): nothing was compared.
     fn instances_as_engine_holds(&self, node: &str, since: i64) -> Result<bool, String> {
-        let Some(n) = self.fleet.node_by_name(node) else {
+        let Some(n) = self.w.fleet.node_by_name(node) else {
             return Ok(false);
         };
         let mut compared = false;
-        for g in 0..self.fleet.node(n).gpus {
+        for g in 0..self.w.fleet.node(n).gpus {
             let mut engine: Vec<(u32, u8)> = self
+                .w
                 .sched
                 .engine
                 .mig_layout(n, g)
@@ -236,6 +242,7 @@ impl Core {
         now: i64,
     ) -> Result<RolloutRecord, LifecycleError> {
         if let Some(r) = self
+            .w
             .ops
             .rollouts
             .values()
@@ -247,10 +254,11 @@ impl Core {
             )));
         }
         let names: Vec<String> = self
+            .w
             .fleet
             .nodes
             .iter()
-            .filter(|n| self.fleet.pool(n.pool).name == spec.pool)
+            .filter(|n| self.w.fleet.pool(n.pool).name == spec.pool)
             .map(|n| n.name.clone())
             .collect();
         let plan = self.plan_nodes(&names);
@@ -274,7 +282,7 @@ impl Core {
             max_unavailable_milli: spec.max_unavailable_milli,
             deadline_s: spec.deadline_s,
             preempt: spec.preempt,
-            upgrade_s: self.settings.sim_upgrade.map(|d| d.as_secs()),
+            upgrade_s: self.w.settings.sim_upgrade.map(|d| d.as_secs()),
             state: RolloutState::Running,
             created_at: now,
             created_by: actor.to_string(),
@@ -283,6 +291,7 @@ impl Core {
             nodes,
         };
         r.id = self
+            .w
             .store
             .create_rollout(&r)
             .await
@@ -290,7 +299,7 @@ impl Core {
         tracing::info!(id = r.id, pool = %r.pool, nodes = r.nodes.len(), "rollout started");
         self.publish_rollout(&r);
         self.rollout_step(r.id, batch, now).await;
-        Ok(self.ops.rollouts[&r.id].clone())
+        Ok(self.w.ops.rollouts[&r.id].clone())
     }
 
     /// Cancels a running rollout: no more nodes are taken; the nodes already out finish their
@@ -301,7 +310,7 @@ impl Core {
         actor: &str,
         now: i64,
     ) -> Result<RolloutRecord, LifecycleError> {
-        let Some(mut r) = self.ops.rollouts.get(&id).cloned() else {
+        let Some(mut r) = self.w.ops.rollouts.get(&id).cloned() else {
             return Err(LifecycleError::Conflict(format!("no rollout {id}")));
         };
         if r.state != RolloutState::Running {
@@ -327,7 +336,7 @@ impl Core {
         batch: &mut Batch,
         now: i64,
     ) -> Result<(), LifecycleError> {
-        let found = self.ops.rollouts.values().find_map(|r| {
+        let found = self.w.ops.rollouts.values().find_map(|r| {
             let i = r
                 .nodes
                 .iter()
@@ -339,7 +348,7 @@ impl Core {
                 "node {node} is not being upgraded by a rollout (`tessera upgrade status`)"
             )));
         };
-        let mut r = self.ops.rollouts[&id].clone();
+        let mut r = self.w.ops.rollouts[&id].clone();
         self.move_node(
             &mut r,
             i,
@@ -356,6 +365,7 @@ impl Core {
     /// One step of every running rollout (and of the nodes still out in ended ones).
     pub(super) async fn rollouts_step(&mut self, batch: &mut Batch, now: i64) {
         let ids: Vec<u64> = self
+            .w
             .ops
             .rollouts
             .values()
@@ -368,7 +378,7 @@ impl Core {
     }
 
     async fn rollout_step(&mut self, id: u64, batch: &mut Batch, now: i64) {
-        let Some(mut r) = self.ops.rollouts.get(&id).cloned() else {
+        let Some(mut r) = self.w.ops.rollouts.get(&id).cloned() else {
             return;
         };
         let before = r.clone();
@@ -406,7 +416,7 @@ impl Core {
                 let n = r.nodes[i].clone();
                 match n.state {
                     RolloutNodeState::Draining => {
-                        let drained = self.ops.node_state(&n.node) == NodeState::Maintenance
+                        let drained = self.w.ops.node_state(&n.node) == NodeState::Maintenance
                             && !self.drains.nodes.contains_key(&n.node);
                         if drained {
                             let (until, detail) = match r.upgrade_s {
@@ -422,13 +432,13 @@ impl Core {
                             r.nodes[i].upgrade_until = until;
                             // The simulated upgrade reboots the node of a simulated backend: gone
                             // now, back when it ends (validation waits for its GPUs).
-                            if let (Some(s), Some(sim)) = (r.upgrade_s, self.backend.simulated())
+                            if let (Some(s), Some(sim)) = (r.upgrade_s, self.w.backend.simulated())
                                 && let Err(e) = sim.reboot(&n.node, std::time::Duration::from_secs(s))
                             {
                                 tracing::warn!(node = %n.node, error = %e, "the simulated upgrade cannot reboot the node");
                             }
                             self.move_node(r, i, RolloutNodeState::Upgrading, detail, batch, now);
-                        } else if self.ops.node_state(&n.node) == NodeState::Ready {
+                        } else if self.w.ops.node_state(&n.node) == NodeState::Ready {
                             let detail = "the node was uncordoned during its drain".to_string();
                             self.fail_node(r, i, detail, batch, now).await;
                         }
@@ -485,9 +495,9 @@ impl Core {
             max_unavailable_milli: r.max_unavailable_milli,
         };
         let units = |c: &Core, name: &str| {
-            c.fleet
+            c.w.fleet
                 .node_by_name(name)
-                .map(|n| c.fleet.node(n).gpus as u64 * 1000)
+                .map(|n| c.w.fleet.node(n).gpus as u64 * 1000)
                 .unwrap_or(0)
         };
         let out_nodes = r.nodes.iter().filter(|n| n.state.is_out()).count();
@@ -541,8 +551,9 @@ impl Core {
 
     /// Whether node `n` has GPUs marked lost that report telemetry taken since its step began.
     fn lost_but_reporting(&self, n: &RolloutNodeRecord) -> bool {
-        let t = self.published.telemetry();
+        let t = self.w.published.telemetry();
         let mut lost = self
+            .w
             .ops
             .unhealthy
             .iter()
@@ -556,13 +567,13 @@ impl Core {
     /// Validates an upgraded node: `Ok(what was checked)`, or why not.
     fn validate(&self, n: &RolloutNodeRecord) -> Result<String, Invalid> {
         use Invalid::{Failed, NotYet};
-        let Some(idx) = self.fleet.node_by_name(&n.node) else {
+        let Some(idx) = self.w.fleet.node_by_name(&n.node) else {
             return Err(Failed(format!("node {} is not in the fleet", n.node)));
         };
-        let gpus = self.fleet.node(idx).gpus;
+        let gpus = self.w.fleet.node(idx).gpus;
         // A GPU lost may come back (the node reboots); one out for an XID or a failed
         // partition stays out until an admin clears it.
-        if let Some(((_, g), h)) = self.ops.unhealthy.iter().find(|((node, _), _)| node == &n.node) {
+        if let Some(((_, g), h)) = self.w.ops.unhealthy.iter().find(|((node, _), _)| node == &n.node) {
             let why = format!("GPU {g} is unhealthy ({})", h.detail);
             return Err(if h.cause == tessera_store::HealthCause::Lost {
                 NotYet(why)
@@ -570,7 +581,7 @@ impl Core {
                 Failed(why)
             });
         }
-        let t = self.published.telemetry();
+        let t = self.w.published.telemetry();
         let back = if t.at == 0 {
             "no telemetry from the backend to check GPUs against".to_string()
         } else {
@@ -588,7 +599,7 @@ impl Core {
         };
         let layout = self.layout_text(&n.node);
         // A rollout stored before MIG modes were written down (empty) is not held to them.
-        let instance_mode = self.caps.partitioning != tessera_backend::Partitioning::WholeGpu;
+        let instance_mode = self.w.caps.partitioning != tessera_backend::Partitioning::WholeGpu;
         if layout != n.layout && !(instance_mode && n.layout.is_empty()) {
             return Err(NotYet(format!(
                 "MIG layout `{layout}` differs from `{}` before the drain",
@@ -646,7 +657,8 @@ impl Core {
     }
 
     async fn save_rollout(&mut self, r: &RolloutRecord) -> Result<(), LifecycleError> {
-        self.store
+        self.w
+            .store
             .save_rollout(r)
             .await
             .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
@@ -655,10 +667,10 @@ impl Core {
     }
 
     fn publish_rollout(&mut self, r: &RolloutRecord) {
-        let mut ops = (*self.ops).clone();
+        let mut ops = (*self.w.ops).clone();
         ops.rollouts.insert(r.id, r.clone());
-        self.ops = std::sync::Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
+        self.w.ops = std::sync::Arc::new(ops);
+        self.w.published.set_ops(self.w.ops.clone());
     }
 }
 
