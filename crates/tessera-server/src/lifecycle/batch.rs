@@ -9,9 +9,8 @@ use std::sync::Arc;
 use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{Change, IdempotencyKey};
 
-use super::command::Reply;
+use super::command::{MigOutcome, Reply};
 use super::effects::Op;
-use super::migmode::MigOutcome;
 
 /// Whom to answer after the commit, and with what.
 pub(super) enum ReplyTo {

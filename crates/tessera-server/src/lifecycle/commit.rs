@@ -10,52 +10,102 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_domain::{Workload, WorkloadId};
-use tessera_store::{Change, Store, StoreError};
+use tessera_model::Fleet;
+use tessera_store::{Change, Fence, Store, StoreError};
 
-use super::Core;
 use super::batch::{Batch, ReplyTo};
 use super::command::LifecycleError;
+use super::effects::Runner;
 use super::snapshot::Published;
+use super::snapshot::SnapshotBuilder;
+use super::world::World;
 
 /// A full publication that took at least this long last time is made after the batch's
 /// answers and backend work instead of before them (see [`Core::commit`]): on a small fleet it
 /// costs microseconds and keeps its place, so an answer comes with counts that include it.
 const FULL_BUILD_AFTER_REPLIES: Duration = Duration::from_micros(500);
 
-impl Core {
-    /// Rebuilds the loop's state from the store ([`Core::recover`]), retrying with backoff
-    /// until it succeeds; `false` (and the loop marked fenced) when another replica leads.
-    pub(super) async fn recover_until_done(&mut self, failing: &str) -> bool {
-        let mut delay = Duration::from_millis(100);
-        loop {
-            match self.recover().await {
-                Ok(()) => return true,
-                Err(StoreError::Fenced(_)) => {
-                    self.fenced = true;
-                    return false;
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "{failing}");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(10));
-                }
-            }
+/// Shortest interval between two publications of the queue and phase counts while they
+/// change (they are published every second regardless).
+const QUEUE_PUBLISH_EVERY: Duration = Duration::from_millis(50);
+/// A full publication walks every live workload (100,000 and more on a large fleet): while
+/// the queue changes, the next one waits at least this many times as long as the last one
+/// took, so that publishing takes at most about a tenth of the loop's time.
+const QUEUE_PUBLISH_COST: u32 = 10;
+
+/// The publication controller: commits each batch and publishes what readers see.
+pub(super) struct Publication {
+    builder: SnapshotBuilder,
+    /// When queue and phase counts were last published.
+    last_full_publish: Instant,
+    /// How long building that full snapshot took.
+    last_full_build: Duration,
+    /// The queue or the phases changed since they were last published.
+    queue_dirty: bool,
+}
+
+impl Publication {
+    pub(super) fn new(fleet: &Fleet) -> Publication {
+        Publication {
+            builder: SnapshotBuilder::new(fleet),
+            last_full_publish: Instant::now(),
+            last_full_build: Duration::ZERO,
+            queue_dirty: false,
         }
     }
 
+    /// The queue or the phases changed since they were last published.
+    pub(super) fn queue_dirty(&self) -> bool {
+        self.queue_dirty
+    }
+
+    /// How long until the next full publication is due while the queue changes.
+    pub(super) fn wait(&self) -> Duration {
+        self.queue_publish_every()
+            .saturating_sub(self.last_full_publish.elapsed())
+    }
+
+    /// A rebuild from the store: the builder forgets what it cached; `fleet`: on a new fleet.
+    pub(super) fn reset(&mut self, fleet: Option<&Fleet>) {
+        match fleet {
+            Some(f) => self.builder = SnapshotBuilder::new(f),
+            None => self.builder.reset(),
+        }
+    }
+
+    /// The queue or the phases changed outside a batch (a new fleet was adopted).
+    pub(super) fn mark_dirty(&mut self) {
+        self.queue_dirty = true;
+    }
+
+    /// The resource class a request waits for: its pool when only one pool can serve it.
+    /// The shortest interval between two full publications while the queue changes:
+    /// [`QUEUE_PUBLISH_EVERY`], or longer where building one takes long.
+    pub(super) fn queue_publish_every(&self) -> Duration {
+        QUEUE_PUBLISH_EVERY.max(self.last_full_build * QUEUE_PUBLISH_COST)
+    }
+
     /// Stores the batch in one transaction, then publishes, answers and starts backend work.
-    pub(super) async fn commit(&mut self, mut batch: Batch, now: i64) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn commit(
+        &mut self,
+        w: &mut World,
+        runner: &mut Runner,
+        fence: Option<&Fence>,
+        deferred: &mut Vec<ReplyTo>,
+        mut batch: Batch,
+        now: i64,
+    ) -> Result<(), StoreError> {
         self.queue_dirty |= batch.queue_changed;
         let (mut changes, records) = batch.take_changes();
         if !changes.is_empty() {
-            if let Some(f) = &self.fence {
+            if let Some(f) = fence {
                 changes.insert(0, Change::Fence(f.clone()));
             }
             let t0 = Instant::now();
-            let stored = self.w.store.commit(&changes).await;
-            self.w.metrics.store_commit(t0.elapsed(), stored.is_ok());
+            let stored = w.store.commit(&changes).await;
+            w.metrics.store_commit(t0.elapsed(), stored.is_ok());
             if let Err(e) = stored {
-                let fenced = matches!(e, StoreError::Fenced(_));
                 tracing::error!(error = %e, changes = changes.len(), "commit failed; rebuilding state from the store");
                 let err = || {
                     LifecycleError::Unavailable(
@@ -78,15 +128,7 @@ impl Core {
                         }
                     }
                 }
-                if fenced {
-                    // Another replica leads: nothing to rebuild, this loop stops.
-                    self.fenced = true;
-                    return;
-                }
-                // Memory must not run ahead of the store: rebuild it from what is durable.
-                self.recover_until_done("cannot rebuild state from the store; retrying")
-                    .await;
-                return;
+                return Err(e);
             }
         }
         let since = self.last_full_publish.elapsed();
@@ -98,26 +140,26 @@ impl Core {
         // cheap one (capacity and records as of this batch), and the full one follows at once.
         let full_after = full && !batch.replies.is_empty() && self.last_full_build >= FULL_BUILD_AFTER_REPLIES;
         if !changes.is_empty() || (full && !full_after) {
-            self.publish_snapshot(now, full && !full_after);
+            self.publish_snapshot(w, now, full && !full_after);
         }
         // Records after the snapshot: whoever reads a record (a workload that ended) then reads
         // the snapshot sees capacity at least as new as that record.
-        self.w.published.put_workloads(records.values().cloned());
+        w.published.put_workloads(records.values().cloned());
         for r in batch.replies {
             match r {
                 ReplyTo::Created(tx, id, created) => {
-                    let w = record(&*self.w.store, &self.w.published, id, &records).await;
+                    let rec = record(&*w.store, &w.published, id, &records).await;
                     // Not decided yet (submitted while capacity was changing): answer after the
                     // next cycle.
-                    if matches!(&w, Ok(w) if w.phase == tessera_domain::Phase::Pending) && self.w.sched.needs_cycle() {
-                        self.deferred.push(ReplyTo::Created(tx, id, created));
+                    if matches!(&rec, Ok(r) if r.phase == tessera_domain::Phase::Pending) && w.sched.needs_cycle() {
+                        deferred.push(ReplyTo::Created(tx, id, created));
                         continue;
                     }
-                    let _ = tx.send(w.map(|w| (w, created)));
+                    let _ = tx.send(rec.map(|r| (r, created)));
                 }
                 ReplyTo::Workload(tx, id) => {
-                    let w = record(&*self.w.store, &self.w.published, id, &records).await;
-                    let _ = tx.send(w);
+                    let rec = record(&*w.store, &w.published, id, &records).await;
+                    let _ = tx.send(rec);
                 }
                 ReplyTo::Done(tx) => {
                     let _ = tx.send(Ok(()));
@@ -128,25 +170,30 @@ impl Core {
             }
         }
         for (id, op) in batch.ops {
-            self.runner.submit(id, op);
+            runner.submit(id, op);
         }
         if full_after {
-            self.publish_snapshot(now, true);
+            self.publish_snapshot(w, now, true);
         }
+        Ok(())
+    }
+
+    /// Publishes the full snapshot of a state rebuilt from the store.
+    pub(super) fn publish_rebuilt(&mut self, w: &World, now: i64) {
+        let snap = self.builder.build(&w.fleet, &w.sched, &w.live, &w.tenants, now, true);
+        w.published.set_snapshot(snap);
     }
 
     /// Builds and publishes the snapshot; `full`: with the queue and phase counts.
-    fn publish_snapshot(&mut self, now: i64, full: bool) {
+    pub(super) fn publish_snapshot(&mut self, w: &World, now: i64, full: bool) {
         let t0 = Instant::now();
-        let snap = self
-            .builder
-            .build(&self.w.fleet, &self.w.sched, &self.w.live, &self.w.tenants, now, full);
+        let snap = self.builder.build(&w.fleet, &w.sched, &w.live, &w.tenants, now, full);
         if full {
             self.last_full_publish = Instant::now();
             self.last_full_build = t0.elapsed();
             self.queue_dirty = false;
         }
-        self.w.published.set_snapshot(snap);
+        w.published.set_snapshot(snap);
     }
 }
 

@@ -9,7 +9,6 @@ use tessera_model::Fleet;
 use tessera_sched::cycle::Scheduler;
 use tessera_store::Store;
 
-use super::health::GpuFailurePolicy;
 use crate::metrics::Metrics;
 
 /// Builds a fresh scheduler on a fleet (at start-up, after a failed commit, and when the
@@ -50,4 +49,25 @@ pub struct LoopConfig {
     pub backend: Arc<dyn Backend>,
     pub settings: Settings,
     pub metrics: Arc<Metrics>,
+}
+
+/// What happens to running work on a GPU that failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GpuFailurePolicy {
+    /// Leave it running and tell the tenant (the default).
+    #[default]
+    Leave,
+    /// Stop batch work (requeued unless it asked not to be); services are left running and
+    /// told.
+    Requeue,
+}
+
+impl GpuFailurePolicy {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "leave" => Some(GpuFailurePolicy::Leave),
+            "requeue" => Some(GpuFailurePolicy::Requeue),
+            _ => None,
+        }
+    }
 }

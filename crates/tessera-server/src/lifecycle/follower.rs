@@ -15,9 +15,9 @@ use tessera_store::StoreError;
 
 use super::command::Lifecycle;
 use super::config::LoopConfig;
-use super::health::FleetOps;
 use super::live::{Live, class_of, fresh_scheduler, now_ms};
 use super::metering::MonthBook;
+use super::ops::FleetOps;
 use super::placement;
 use super::snapshot::SnapshotBuilder;
 use tessera_model::GpuUnits;

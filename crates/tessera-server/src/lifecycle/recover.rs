@@ -11,31 +11,53 @@
 //! running one the backend lost fails, a stopping one is stopped again.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tessera_domain::{Input, Observed, Phase, WorkloadId};
-use tessera_store::StoreError;
+use tessera_store::{Fence, NodeState, StoreError};
 
-use super::Core;
+use super::admission::Admission;
 use super::batch::Batch;
+use super::commit::Publication;
+use super::consolidation::Moves;
+use super::effects::Runner;
+use super::health::Health;
 use super::live::{Live, now_ms};
+use super::migmode::MigModes;
+use super::nodeops::{Drain, Drains};
+use super::ops::FleetOps;
 use super::placement;
+use super::world::World;
 use tessera_model::GpuUnits;
 use tessera_sched::cycle::Quota;
 
-impl Core {
-    pub(super) async fn recover(&mut self) -> Result<(), StoreError> {
+/// Every controller's state a rebuild resets and refills, borrowed from the loop.
+pub(super) struct Rebuild<'a> {
+    pub w: &'a mut World,
+    pub admission: &'a mut Admission,
+    pub publication: &'a mut Publication,
+    pub health: &'a Health,
+    pub mig: &'a mut MigModes,
+    pub drains: &'a mut Drains,
+    pub moves: &'a mut Moves,
+    pub runner: &'a mut Runner,
+    pub fence: Option<&'a Fence>,
+}
+
+impl Rebuild<'_> {
+    pub(super) async fn run(&mut self) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
         let ms = |t: std::time::Instant| t.elapsed().as_millis() as u64;
         self.w.sched = self.w.fresh_scheduler();
         // Consolidation moves in progress come back from the store with the fleet operations.
-        self.moves = Default::default();
+        *self.moves = Default::default();
         self.restore_ops().await?;
         let ops_ms = ms(started);
         self.w.live.clear();
         self.runner.clear();
         self.w.published.clear_workloads();
-        self.builder.reset();
-        self.ids = 0..0;
+        self.publication.reset(None);
+        self.admission.reset();
         for q in self.w.store.quotas().await? {
             let quota = Quota {
                 guaranteed: GpuUnits(q.guaranteed_milli),
@@ -73,7 +95,7 @@ impl Core {
                 for (id, o) in report.workloads {
                     observed.insert(WorkloadId(id), self.w.observed(o, "after a control-plane restart"));
                 }
-                self.adopt_layouts(&report.layouts, now_ms());
+                self.mig.adopt_layouts(self.w, &report.layouts, now_ms());
                 // Logged and counted here; the first periodic reconcile audits them.
                 self.w.metrics.orphans(report.orphans.len());
                 for o in &report.orphans {
@@ -184,9 +206,11 @@ impl Core {
 
     /// Stores what recovery decided (it must not recurse into another recovery on failure).
     async fn commit_recovery(&mut self, batch: Batch, now: i64) -> Result<(), StoreError> {
-        self.queue_dirty |= batch.queue_changed;
+        if batch.queue_changed {
+            self.publication.mark_dirty();
+        }
         let mut parts = batch.into_parts();
-        if let (Some(f), false) = (&self.fence, parts.changes.is_empty()) {
+        if let (Some(f), false) = (self.fence, parts.changes.is_empty()) {
             parts.changes.insert(0, tessera_store::Change::Fence(f.clone()));
         }
         self.w.store.commit(&parts.changes).await?;
@@ -194,13 +218,85 @@ impl Core {
         self.w
             .published
             .put_workloads(self.w.live.values().map(|l| l.w.clone()));
-        let snap = self
-            .builder
-            .build(&self.w.fleet, &self.w.sched, &self.w.live, &self.w.tenants, now, true);
-        self.w.published.set_snapshot(snap);
+        self.publication.publish_rebuilt(self.w, now);
         for (id, op) in parts.ops {
             self.runner.submit(id, op);
         }
+        Ok(())
+    }
+
+    /// Re-applies stored health and node states to a fresh engine (start-up, after a failed
+    /// commit).
+    async fn restore_ops(&mut self) -> Result<(), tessera_store::StoreError> {
+        let mut ops = FleetOps::default();
+        *self.drains = Default::default();
+        let drains: std::collections::HashMap<String, tessera_store::DrainRecord> = self
+            .w
+            .store
+            .drains()
+            .await?
+            .into_iter()
+            .map(|d| (d.node.clone(), d))
+            .collect();
+        for m in self.w.store.service_moves().await? {
+            match m.cause {
+                tessera_store::MoveCause::Drain => {
+                    self.drains.moves.insert(m.old, m.replacement);
+                }
+                // Continued by the consolidation step: the original stops once its
+                // replacement runs (see `consolidation`).
+                tessera_store::MoveCause::Consolidation => {
+                    self.moves.restore(m.old, m.replacement, m.by);
+                }
+            }
+        }
+        for r in self.w.store.rollouts().await? {
+            ops.rollouts.insert(r.id, r);
+        }
+        let mig = self.w.store.gpu_mig_modes().await?;
+        self.mig.restore(self.w, mig, &mut ops).await;
+        for r in self.w.store.unhealthy_gpus().await? {
+            if let Some(n) = self.w.fleet.node_by_name(&r.node) {
+                self.w.sched.engine.fence_gpu(n.0, r.gpu, true);
+            }
+            ops.unhealthy.insert((r.node.clone(), r.gpu), r);
+        }
+        let closed: Vec<String> = self.health.closed_nodes();
+        for node in closed {
+            if let Some(n) = self.w.fleet.node_by_name(&node) {
+                self.w.sched.engine.fence_node(n.0, true);
+            }
+        }
+        for r in self.w.store.node_states().await? {
+            if let Some(n) = self.w.fleet.node_by_name(&r.node) {
+                self.w.sched.engine.fence_node(n.0, true);
+            }
+            // A drain resumes with its stored deadline and policy (one stored before its policy
+            // was: it waits, so nothing is cut off by a restart).
+            if r.state == NodeState::Draining {
+                let d = drains.get(&r.node);
+                self.drains.nodes.insert(
+                    r.node.clone(),
+                    Drain {
+                        deadline_ms: d.and_then(|d| d.deadline_ms),
+                        preempt: d.is_some_and(|d| d.preempt),
+                        noticed: Default::default(),
+                        rollout: ops
+                            .rollouts
+                            .values()
+                            .find(|ro| {
+                                ro.nodes
+                                    .iter()
+                                    .any(|n| n.node == r.node && n.state == tessera_store::RolloutNodeState::Draining)
+                            })
+                            .map(|ro| ro.id),
+                    },
+                );
+            }
+            ops.nodes.insert(r.node.clone(), r);
+        }
+        self.w.ops = Arc::new(ops);
+        self.w.published.set_ops(self.w.ops.clone());
         Ok(())
     }
 }

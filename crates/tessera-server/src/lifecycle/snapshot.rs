@@ -261,7 +261,7 @@ pub struct Published {
     snapshot: RwLock<Arc<Snapshot>>,
     workloads: RwLock<WorkloadCache>,
     telemetry: RwLock<Telemetry>,
-    ops: RwLock<Arc<super::health::FleetOps>>,
+    ops: RwLock<Arc<super::ops::FleetOps>>,
 }
 
 impl Published {
@@ -302,11 +302,11 @@ impl Published {
     }
 
     /// Unhealthy GPUs and node states.
-    pub fn ops(&self) -> Arc<super::health::FleetOps> {
+    pub fn ops(&self) -> Arc<super::ops::FleetOps> {
         self.ops.read().expect("lock").clone()
     }
 
-    pub(crate) fn set_ops(&self, ops: Arc<super::health::FleetOps>) {
+    pub(crate) fn set_ops(&self, ops: Arc<super::ops::FleetOps>) {
         *self.ops.write().expect("lock") = ops;
     }
 
