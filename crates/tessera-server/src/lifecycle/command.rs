@@ -150,7 +150,7 @@ pub enum Cmd {
 }
 
 /// The handle HTTP handlers use. It outlives loops: a replica that becomes the leader starts
-/// one ([`Lifecycle::lead`](super::Lifecycle::lead)) and loses it when it steps down; readers
+/// one ([`Lifecycle::lead`]) and loses it when it steps down; readers
 /// read what was last published either way.
 #[derive(Clone)]
 pub struct Lifecycle {

@@ -1,9 +1,10 @@
-//! Group commit. A batch collects what the handling of many commands decided — workload
-//! records with their new events (several changes of one workload in one batch become one
-//! write), usage intervals, answers and backend work — and [`Core::commit`] stores it in one
-//! transaction. Only after that are callers answered, records and the snapshot published, and
+//! The publication controller and group commit. A [`Batch`] collects what the handling of many
+//! commands decided — workload records with their new events (several changes of one workload
+//! in one batch become one write), usage intervals, answers and backend work — and
+//! [`Publication::commit`] stores it in one transaction. Only after that are callers answered, records and the snapshot published, and
 //! backend work started; if the store refuses the batch, every caller is told nothing changed
-//! and memory is rebuilt from the store.
+//! and the loop rebuilds memory from the store. The controller owns the snapshot builder and
+//! when the queue and phase counts were last published (and how long that took).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use super::snapshot::SnapshotBuilder;
 use super::world::World;
 
 /// A full publication that took at least this long last time is made after the batch's
-/// answers and backend work instead of before them (see [`Core::commit`]): on a small fleet it
+/// answers and backend work instead of before them (see [`Publication::commit`]): on a small fleet it
 /// costs microseconds and keeps its place, so an answer comes with counts that include it.
 const FULL_BUILD_AFTER_REPLIES: Duration = Duration::from_micros(500);
 

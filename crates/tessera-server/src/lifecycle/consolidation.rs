@@ -17,6 +17,9 @@
 //! replacement is created and cleared when the move ends, whichever way: a restart or a
 //! rebuild from the store in between continues it — no second replacement, and the original
 //! stops once the replacement runs.
+//!
+//! The controller ([`Moves`]) owns the moves booked and in progress; it is handed the world,
+//! admission (a replacement is a new workload) and the drains (a move ends the same way).
 
 use std::collections::HashMap;
 

@@ -7,7 +7,7 @@
 //!   loop started later, a follower's view and the API (validation, dry runs, `tessera nodes`)
 //!   read the same fleet.
 //! * The loop adopts the new fleet after the batch the news came in is committed
-//!   (`Core::adopt_fleet`): work still holding capacity on a node that left is lost (as when
+//!   (`Core::adopt_fleet`, in the loop; `World::lost_on` finds the work lost): work still holding capacity on a node that left is lost (as when
 //!   its pods are — requeued or failed by its lifecycle), that is committed, and then the
 //!   engine is rebuilt from the store on the new fleet the way it is after a failed commit
 //!   ([`recover`](super::recover)). Placements are recorded by node name and GPU index, so
@@ -16,11 +16,9 @@
 
 use std::sync::{Arc, RwLock};
 
-use tessera_domain::WorkloadId;
 use tessera_model::Fleet;
 
 use super::placement::NodeIndex;
-use super::world::World;
 
 /// The current fleet and its node index, shared and swappable.
 #[derive(Clone)]
@@ -67,22 +65,6 @@ pub(super) fn departed(old: &Fleet, new: &Fleet) -> Vec<String> {
         .filter(|n| kept.get(&n.name).is_none())
         .map(|n| n.name.clone())
         .collect()
-}
-
-/// The live workloads still holding capacity on a node that left, with that node (any
-/// node-share of a gang: the whole gang is lost), in id order.
-pub(super) fn lost_on(w: &World, gone: &[String]) -> Vec<(WorkloadId, String)> {
-    let mut lost: Vec<(WorkloadId, String)> = w
-        .live
-        .values()
-        .filter(|l| l.w.phase.holds_capacity())
-        .filter_map(|l| {
-            let node = &l.w.placements().find(|p| gone.contains(&p.node))?.node;
-            Some((l.w.id, node.clone()))
-        })
-        .collect();
-    lost.sort_unstable();
-    lost
 }
 
 #[cfg(test)]

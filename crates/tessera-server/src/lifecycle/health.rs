@@ -3,16 +3,21 @@
 //! store (so that a restart does not put work on it again), counts it in the metrics and tells
 //! every workload on it (an `observed` event with the `gpu-unhealthy` code). What runs there
 //! is then handled by [`GpuFailurePolicy`](super::config::GpuFailurePolicy). Only a platform admin clears a GPU
-//! ([`Cmd::ClearGpu`](super::Cmd)); a backend reporting the GPU healthy again is logged, not
+//! ([`Cmd::ClearGpu`](super::command::Cmd)); a backend reporting the GPU healthy again is logged, not
 //! trusted.
+//!
+//! The controller ([`Health`]) owns the unhealthy GPUs not yet written and the nodes the backend
+//! reports closed; the unhealthy GPUs themselves are in the world's operator state, which
+//! readers see.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use tessera_domain::{Input, Kind, PreemptCode, ReasonCode, WorkloadId};
-use tessera_store::{GpuHealthRecord, HealthCause, Store};
+use tessera_store::{AuditRecord, GpuHealthRecord, HealthCause, Store};
 
-use super::batch::Batch;
+use super::batch::{Batch, ReplyTo};
+use super::command::{LifecycleError, Reply};
 use super::config::GpuFailurePolicy;
 use super::world::World;
 
@@ -123,6 +128,35 @@ impl Health {
             if !w.ops.unhealthy.contains_key(&(g.node.clone(), g.gpu)) {
                 let detail = format!("XID {} in telemetry", g.xid);
                 self.gpu_failed(w, &g.node, g.gpu, Cause::Xid(g.xid), &detail, batch, now);
+            }
+        }
+    }
+
+    /// A platform admin's clear of a GPU: audited and answered with the batch.
+    pub(super) async fn on_clear(
+        &self,
+        w: &mut World,
+        node: &str,
+        gpu: u8,
+        mut audit: AuditRecord,
+        reply: Reply<()>,
+        batch: &mut Batch,
+    ) {
+        match self.clear_gpu(w, node, gpu).await {
+            Ok(cleared) => {
+                audit.detail = if cleared {
+                    format!("GPU {gpu} of {node} back in placement")
+                } else {
+                    format!("GPU {gpu} of {node} was not unhealthy")
+                };
+                batch.audit(audit);
+                batch.full_publish = true;
+                batch.reply(ReplyTo::Done(reply));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(LifecycleError::Unavailable(format!(
+                    "the store is unavailable: {e}"
+                ))));
             }
         }
     }

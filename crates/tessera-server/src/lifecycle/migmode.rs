@@ -15,6 +15,9 @@
 //! ([`MigModes::backend_mig_mode`]), so a pending change comes back by itself after the reset, and a
 //! machine whose GPUs are in different modes is served as it is. Elsewhere the admin sends the
 //! same change again after the reset.
+//!
+//! The controller ([`MigModes`]) owns what the backend last reported of each GPU's MIG
+//! instances; each step is handed the world, the batch and the time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,8 +25,8 @@ use std::sync::Arc;
 use tessera_backend::{BackendError, MigInstance, MigModeChange, Partitioning};
 use tessera_store::{AuditRecord, Change, GpuMigRecord};
 
-use super::batch::Batch;
-use super::command::{LifecycleError, MigOutcome, MigRefusal};
+use super::batch::{Batch, ReplyTo};
+use super::command::{LifecycleError, MigOutcome, MigRefusal, Reply};
 use super::ops::FleetOps;
 use super::placement;
 use super::world::World;
@@ -39,7 +42,36 @@ pub(super) struct MigModes {
     reported: HashMap<(String, u8), (i64, Vec<MigInstance>)>,
 }
 
+/// An admin's MIG mode change: which GPU, and the mode asked for.
+pub(super) struct ModeChange {
+    pub node: String,
+    pub gpu: u8,
+    pub enabled: bool,
+}
+
 impl MigModes {
+    /// An admin's MIG mode change, answered once it is stored (at once when nothing changed or
+    /// it was refused).
+    pub(super) async fn on_set_mig_mode(
+        &mut self,
+        w: &mut World,
+        c: ModeChange,
+        audit: AuditRecord,
+        reply: Reply<MigOutcome>,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        match self.set_mig_mode(w, &c.node, c.gpu, c.enabled, audit, batch, now).await {
+            Ok(o) if o.changed => {
+                batch.full_publish = true;
+                batch.reply(ReplyTo::Mig(reply, o));
+            }
+            r => {
+                let _ = reply.send(r);
+            }
+        }
+    }
+
     /// What the backend last reported of a GPU's MIG instances, and when.
     pub(super) fn reported(&self, node: &str, gpu: u8) -> Option<&(i64, Vec<MigInstance>)> {
         self.reported.get(&(node.to_string(), gpu))

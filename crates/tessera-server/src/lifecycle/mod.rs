@@ -7,7 +7,7 @@
 //!
 //! * commands (API calls, backend events and the results of backend operations) arrive on a
 //!   channel and are handled in batches; scheduler actions and backend news become lifecycle
-//!   inputs ([`apply`](Core::apply));
+//!   inputs ([`World::apply`](world::World::apply));
 //! * the batch's records, events and usage intervals are committed in one store transaction
 //!   ([`commit`]), and only then are callers answered, what readers see published
 //!   ([`snapshot`]) and backend work started ([`effects`]). If a commit fails, memory is rebuilt
@@ -15,6 +15,17 @@
 //! * at start-up the same rebuild re-applies allocations (double booking is refused) and asks
 //!   the backend what it runs; a periodic, level-triggered reconcile finds workloads the
 //!   backend lost (ghosts) and work it runs that Tessera does not know (orphans).
+//!
+//! The loop is made of controllers, each a struct that owns its state and takes one step at a
+//! time through what it is handed — the [`World`](world::World) (fleet, scheduler, live
+//! workloads, store, backend), the batch and the time, or a small context of borrowed parts —
+//! never the whole loop: [`admission`] (creations, scheduler decisions, cancellations,
+//! quotas), [`news`] (backend news about a workload), [`health`], [`migmode`], [`meter`],
+//! [`reconcile`], [`nodeops`] (drains), [`consolidation`] (moves), [`rollout`] and
+//! [`commit`] (publication). [`Core`] holds them; its `handle` only hands each command to the
+//! controller it concerns. Shared lower-level parts ([`config`], [`command`], [`live`],
+//! [`batch`], [`ops`], [`world`], …) are imported by the controllers; no module imports this
+//! one.
 
 mod admission;
 mod batch;
@@ -405,27 +416,14 @@ impl Core {
                 audit,
                 reply,
             } => {
-                let r = self
-                    .mig
-                    .set_mig_mode(&mut self.w, &node, gpu, enabled, *audit, batch, now)
-                    .await;
-                match r {
-                    Ok(o) if o.changed => {
-                        batch.full_publish = true;
-                        batch.reply(ReplyTo::Mig(reply, o));
-                    }
-                    r => {
-                        let _ = reply.send(r);
-                    }
-                }
+                let change = migmode::ModeChange { node, gpu, enabled };
+                self.mig
+                    .on_set_mig_mode(&mut self.w, change, *audit, reply, batch, now)
+                    .await
             }
             Cmd::StartRollout { spec, actor, reply } => {
                 let mut cx = rollout_ctx!(self);
-                let r = self.rollouts.start_rollout(&mut cx, spec, &actor, batch, now).await;
-                if r.is_ok() {
-                    batch.full_publish = true;
-                }
-                let _ = reply.send(r);
+                self.rollouts.on_start(&mut cx, spec, &actor, reply, batch, now).await
             }
             Cmd::CancelRollout { id, actor, reply } => {
                 let mut cx = rollout_ctx!(self);
@@ -436,24 +434,11 @@ impl Core {
                 gpu,
                 audit,
                 reply,
-            } => match self.health.clear_gpu(&mut self.w, &node, gpu).await {
-                Ok(cleared) => {
-                    let mut audit = *audit;
-                    audit.detail = if cleared {
-                        format!("GPU {gpu} of {node} back in placement")
-                    } else {
-                        format!("GPU {gpu} of {node} was not unhealthy")
-                    };
-                    batch.audit(audit);
-                    batch.full_publish = true;
-                    batch.reply(ReplyTo::Done(reply));
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(LifecycleError::Unavailable(format!(
-                        "the store is unavailable: {e}"
-                    ))));
-                }
-            },
+            } => {
+                self.health
+                    .on_clear(&mut self.w, &node, gpu, *audit, reply, batch)
+                    .await
+            }
             Cmd::Done(id, result) => {
                 self.runner.done(id);
                 if let Some(soon) = news::on_done(&mut self.w, &mut self.health, id, result, batch, now) {
@@ -606,7 +591,7 @@ impl Core {
         // Work on a node that left holds capacity the new fleet does not have: lost, as when
         // its pods are.
         let gone = fleetswap::departed(&self.w.fleet, &fleet);
-        let lost = fleetswap::lost_on(&self.w, &gone);
+        let lost = self.w.lost_on(&gone);
         if !lost.is_empty() {
             let mut batch = Batch::default();
             for (id, node) in lost {

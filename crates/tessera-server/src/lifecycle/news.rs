@@ -166,14 +166,15 @@ pub(super) fn on_event(w: &mut World, e: BackendEvent, batch: &mut Batch, now: i
                 now,
             );
         }
-        // Handled before (it needs the store): see `handle`.
-        BackendEvent::GpuHealth { .. } => {}
-        // Handled before (it needs the store): see `handle`.
-        BackendEvent::NodeChanged { .. } | BackendEvent::MigMode { .. } | BackendEvent::FleetChanged { .. } => {}
+        // Fleet-wide news: handed to the controllers it concerns by the loop (`Core::on_backend`).
+        BackendEvent::GpuHealth { .. }
+        | BackendEvent::NodeChanged { .. }
+        | BackendEvent::MigMode { .. }
+        | BackendEvent::FleetChanged { .. }
+        | BackendEvent::Telemetry { .. }
+        | BackendEvent::PartitionChanged { .. } => {}
         // Taken in by the intake before the loop (see `forward_backend_events`).
         BackendEvent::Submitted { .. } => {}
-        // Handled by the controllers they concern: see `handle`.
-        BackendEvent::Telemetry { .. } | BackendEvent::PartitionChanged { .. } => {}
     }
 }
 

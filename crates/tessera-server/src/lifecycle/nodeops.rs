@@ -11,6 +11,11 @@
 //! * after the deadline the admin's policy applies: `preempt` stops what is left (with the
 //!   grace period; batch work is requeued), `wait` keeps waiting;
 //! * once nothing holds capacity on the node it is in `maintenance`.
+//!
+//! The drain controller ([`Drains`]) owns the drains in progress and the services they move;
+//! it is handed a [`NodeCtx`]: the world, the health controller (a node's fence also follows
+//! what the backend reports) and admission with the consolidation moves (a moved service's
+//! replacement is a new workload).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -9,6 +9,10 @@
 //! requested again (idempotent: the partition was recorded before start, so a partition that
 //! exists is not made twice), a partitioned one is started if the backend does not know it, a
 //! running one the backend lost fails, a stopping one is stopped again.
+//!
+//! A rebuild ([`Rebuild`]) borrows every controller's state from the loop: it resets and
+//! refills each (admission's ids, the publication's builder, drains, moves, MIG modes, health
+//! and node states, the backend work in flight).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -15,6 +15,11 @@
 //!
 //! Every change is stored (the rollout and its nodes), so a restart resumes where it was, and
 //! each node step is an audit record committed with the loop's batch.
+//!
+//! The controller ([`Rollouts`]) keeps only whether telemetry asked for an early step; the
+//! rollouts live in the world's operator state. It is handed a [`RolloutCtx`]: the world, the
+//! drains and what their steps need, the MIG layouts the backend reported, and the
+//! reconciler's "soon".
 
 use tessera_domain::Kind;
 use tessera_sched::rollout::{self, Limits};
@@ -22,7 +27,7 @@ use tessera_store::{AuditRecord, NodeState, RolloutNodeRecord, RolloutNodeState,
 
 use super::admission::Admission;
 use super::batch::Batch;
-use super::command::{LifecycleError, NewRollout};
+use super::command::{LifecycleError, NewRollout, Reply};
 use super::consolidation::Moves;
 use super::health::Health;
 use super::migmode::MigModes;
@@ -148,6 +153,23 @@ impl RolloutCtx<'_> {
 }
 
 impl Rollouts {
+    /// An admin's new rollout: answered at once (what is stored is its record).
+    pub(super) async fn on_start(
+        &mut self,
+        cx: &mut RolloutCtx<'_>,
+        spec: NewRollout,
+        actor: &str,
+        reply: Reply<RolloutRecord>,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        let r = self.start_rollout(cx, spec, actor, batch, now).await;
+        if r.is_ok() {
+            batch.full_publish = true;
+        }
+        let _ = reply.send(r);
+    }
+
     /// The planner's view of the nodes of a pool: units and the work on each (when it ends;
     /// services never end and move).
     fn plan_nodes(&self, cx: &RolloutCtx<'_>, names: &[String]) -> Vec<rollout::Node> {

@@ -271,4 +271,20 @@ impl World {
             },
         }
     }
+
+    /// The live workloads still holding capacity on a node that left, with that node (any
+    /// node-share of a gang: the whole gang is lost), in id order.
+    pub(super) fn lost_on(&self, gone: &[String]) -> Vec<(WorkloadId, String)> {
+        let mut lost: Vec<(WorkloadId, String)> = self
+            .live
+            .values()
+            .filter(|l| l.w.phase.holds_capacity())
+            .filter_map(|l| {
+                let node = &l.w.placements().find(|p| gone.contains(&p.node))?.node;
+                Some((l.w.id, node.clone()))
+            })
+            .collect();
+        lost.sort_unstable();
+        lost
+    }
 }
