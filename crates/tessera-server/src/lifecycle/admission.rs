@@ -461,6 +461,20 @@ fn authorise(
     Ok((live, events))
 }
 
+/// A new workload with `l`'s spec and request, submitted by the control plane itself (a
+/// service moved by a drain or by consolidation: the replacement starts first).
+pub(super) fn replacement_of(l: &Live, actor: String, now: i64) -> NewWorkload {
+    NewWorkload {
+        spec: l.w.spec.clone(),
+        request: l.request.clone(),
+        actor,
+        role: "platform-admin".into(),
+        idempotency: None,
+        received_at: now,
+        audit: None,
+    }
+}
+
 /// The API's name of the field a gang refusal is about.
 fn gang_field(u: &tessera_sched::GangUnplaceable) -> &'static str {
     match u {

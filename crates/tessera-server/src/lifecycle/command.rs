@@ -4,14 +4,13 @@
 
 use std::sync::{Arc, RwLock};
 
-use tessera_backend::{BackendEvent, ReconcileReport};
+use tessera_backend::{BackendError, BackendEvent, PartitionReport, ReconcileReport};
 use tessera_domain::{Reason, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::Request;
 use tessera_sched::cycle::Quota;
 use tessera_store::GpuMigRecord;
 use tokio::sync::{mpsc, oneshot};
 
-use super::effects::OpResult;
 use super::fleetswap::FleetCell;
 use super::snapshot::{Published, Snapshot};
 
@@ -364,4 +363,13 @@ pub struct MigOutcome {
     pub record: GpuMigRecord,
     /// `false` when the GPU was in that mode already (nothing changed, nothing stored).
     pub changed: bool,
+}
+
+/// What a backend operation came to (reported back to the loop as [`Cmd::Done`]).
+#[derive(Debug)]
+pub enum OpResult {
+    Partitioned(Result<PartitionReport, BackendError>),
+    Started(Result<(), BackendError>),
+    Stopped(Result<(), BackendError>),
+    Unpartitioned(Result<(), BackendError>),
 }

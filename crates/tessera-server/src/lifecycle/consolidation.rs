@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use tessera_domain::{Input, Phase, PreemptCode, ReasonCode, WorkloadId};
 use tessera_store::{MoveCause, ServiceMoveRecord};
 
-use super::admission::Admission;
+use super::admission::{Admission, replacement_of};
 use super::batch::Batch;
 use super::nodeops::Drains;
 use super::world::World;
@@ -173,7 +173,7 @@ impl Moves {
             w.sched.move_failed(old.0);
             return;
         };
-        let nw = l.replacement(format!("consolidation for workload {by}"), now);
+        let nw = replacement_of(l, format!("consolidation for workload {by}"), now);
         let from = l.w.placement.as_ref().map(|p| p.node.clone()).unwrap_or_default();
         match admission.accept_as(w, self, nw, Some(old), batch, now).await {
             Ok((new, _)) => {

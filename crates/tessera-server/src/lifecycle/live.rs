@@ -12,7 +12,6 @@ use tessera_sched::cycle::{Job, Scheduler};
 use tessera_sched::engine::{DeviceBinding, share_id};
 use tessera_sched::mig::MigMode;
 
-use super::command::NewWorkload;
 use super::config::SchedFactory;
 use super::placement::{self, NodeIndex};
 
@@ -34,20 +33,6 @@ pub(crate) struct Live {
 impl Live {
     pub fn utilisation(&self) -> Option<f64> {
         (self.util.1 > 0.0).then(|| self.util.0 / self.util.1)
-    }
-
-    /// A new workload with this one's spec and request, submitted by the control plane itself
-    /// (a service moved by a drain or by consolidation: the replacement starts first).
-    pub(super) fn replacement(&self, actor: String, now: i64) -> NewWorkload {
-        NewWorkload {
-            spec: self.w.spec.clone(),
-            request: self.request.clone(),
-            actor,
-            role: "platform-admin".into(),
-            idempotency: None,
-            received_at: now,
-            audit: None,
-        }
     }
 
     pub(super) fn job(&self) -> Job {

@@ -7,7 +7,7 @@ use tessera_backend::{BackendEvent, Exit, GpuSample, Partitioning};
 use tessera_domain::{Input, Phase, Workload, WorkloadId};
 
 use super::batch::Batch;
-use super::effects::OpResult;
+use super::command::OpResult;
 use super::health::{Cause, Health};
 use super::world::World;
 

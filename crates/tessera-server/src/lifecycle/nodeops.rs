@@ -23,7 +23,7 @@ use std::sync::Arc;
 use tessera_domain::{Input, Kind, Phase, PreemptCode, ReasonCode, WorkloadId};
 use tessera_store::{DrainRecord, MoveCause, NodeState, NodeStateRecord, ServiceMoveRecord, Store};
 
-use super::admission::Admission;
+use super::admission::{Admission, replacement_of};
 use super::batch::Batch;
 use super::command::{LifecycleError, NodeOp};
 use super::consolidation::Moves;
@@ -342,7 +342,7 @@ impl Drains {
             return;
         }
         let Some(l) = cx.w.live.get(&old) else { return };
-        let nw = l.replacement(format!("drain of {node}"), now);
+        let nw = replacement_of(l, format!("drain of {node}"), now);
         match cx.admission.accept(cx.w, cx.moves, nw, batch, now).await {
             Ok((new, _)) => {
                 // Stored before the replacement's batch commits: should that commit fail, the
