@@ -4,13 +4,13 @@
 
 use std::sync::{Arc, RwLock};
 
-use tessera_backend::{BackendEvent, ReconcileReport};
+use tessera_backend::{BackendError, BackendEvent, PartitionReport, ReconcileReport};
 use tessera_domain::{Reason, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::Request;
 use tessera_sched::cycle::Quota;
+use tessera_store::GpuMigRecord;
 use tokio::sync::{mpsc, oneshot};
 
-use super::effects::OpResult;
 use super::fleetswap::FleetCell;
 use super::snapshot::{Published, Snapshot};
 
@@ -68,7 +68,7 @@ pub enum LifecycleError {
     /// The store or the loop cannot take changes now; nothing was changed.
     Unavailable(String),
     /// An admin's MIG mode change was refused, and why.
-    Mig(super::migmode::MigRefusal, String),
+    Mig(MigRefusal, String),
 }
 
 impl std::fmt::Display for LifecycleError {
@@ -109,7 +109,7 @@ pub enum Cmd {
     /// request is audited by the HTTP layer).
     NodeOp {
         node: String,
-        op: super::NodeOp,
+        op: NodeOp,
         actor: String,
         reply: Reply<()>,
     },
@@ -127,11 +127,11 @@ pub enum Cmd {
         gpu: u8,
         enabled: bool,
         audit: Box<tessera_store::AuditRecord>,
-        reply: Reply<super::migmode::MigOutcome>,
+        reply: Reply<MigOutcome>,
     },
     /// A platform admin starts a rolling upgrade of a pool (audited by the HTTP layer).
     StartRollout {
-        spec: super::NewRollout,
+        spec: NewRollout,
         actor: String,
         reply: Reply<tessera_store::RolloutRecord>,
     },
@@ -149,7 +149,7 @@ pub enum Cmd {
 }
 
 /// The handle HTTP handlers use. It outlives loops: a replica that becomes the leader starts
-/// one ([`Lifecycle::lead`](super::Lifecycle::lead)) and loses it when it steps down; readers
+/// one ([`Lifecycle::lead`]) and loses it when it steps down; readers
 /// read what was last published either way.
 #[derive(Clone)]
 pub struct Lifecycle {
@@ -222,7 +222,7 @@ impl Lifecycle {
 
     /// Cordons, drains, puts into maintenance or uncordons a node (the caller checked that it
     /// exists).
-    pub async fn node_op(&self, node: String, op: super::NodeOp, actor: String) -> Result<(), LifecycleError> {
+    pub async fn node_op(&self, node: String, op: NodeOp, actor: String) -> Result<(), LifecycleError> {
         self.ask(|reply| Cmd::NodeOp { node, op, actor, reply }).await
     }
 
@@ -249,7 +249,7 @@ impl Lifecycle {
         gpu: u8,
         enabled: bool,
         audit: tessera_store::AuditRecord,
-    ) -> Result<super::migmode::MigOutcome, LifecycleError> {
+    ) -> Result<MigOutcome, LifecycleError> {
         self.ask(|reply| Cmd::SetMigMode {
             node,
             gpu,
@@ -264,7 +264,7 @@ impl Lifecycle {
     /// the stored rollout, its nodes in plan order.
     pub async fn start_rollout(
         &self,
-        spec: super::NewRollout,
+        spec: NewRollout,
         actor: String,
     ) -> Result<tessera_store::RolloutRecord, LifecycleError> {
         self.ask(|reply| Cmd::StartRollout { spec, actor, reply }).await
@@ -292,4 +292,84 @@ impl Lifecycle {
     pub fn published(&self) -> &Arc<Published> {
         &self.published
     }
+}
+
+/// What an admin asks of a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeOp {
+    Cordon,
+    /// `deadline_ms`: when the drain's policy applies (ms since the epoch); `preempt`: stop
+    /// what is left then, else keep waiting.
+    Drain {
+        deadline_ms: Option<i64>,
+        preempt: bool,
+    },
+    Maintenance,
+    Uncordon,
+    /// The external hook of a rolling upgrade: the upgrade of this node is finished.
+    UpgradeDone,
+}
+
+/// What an admin asks for a new rollout (validated by the caller; the pool exists).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewRollout {
+    pub pool: String,
+    pub max_parallel: u32,
+    pub max_unavailable_milli: u64,
+    pub deadline_s: Option<u64>,
+    pub preempt: bool,
+}
+
+/// Why an admin's MIG mode change was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigRefusal {
+    /// The node is still in placement: cordon, drain or put it into maintenance first.
+    NodeInPlacement,
+    /// Work (or a partition) is on the GPU.
+    GpuBusy,
+    /// The backend cannot switch MIG mode (Kubernetes: the GPU Operator's MIG manager owns it).
+    Unsupported,
+    /// The GPU cannot serve both kinds here: its model has no MIG, or its pool is not a mig
+    /// pool.
+    NotMigCapable,
+    /// The backend refused the change (the driver says the GPU is in use, …).
+    BackendRefused,
+}
+
+impl MigRefusal {
+    /// The problem type's code.
+    pub fn code(self) -> &'static str {
+        match self {
+            MigRefusal::NodeInPlacement => "node-in-placement",
+            MigRefusal::GpuBusy => "gpu-busy",
+            MigRefusal::Unsupported => "mig-mode-unsupported",
+            MigRefusal::NotMigCapable => "not-mig-capable",
+            MigRefusal::BackendRefused => "backend-refused",
+        }
+    }
+
+    /// Whether the refusal depends on the current state (409) or never changes (422).
+    pub fn is_state(self) -> bool {
+        matches!(
+            self,
+            MigRefusal::NodeInPlacement | MigRefusal::GpuBusy | MigRefusal::BackendRefused
+        )
+    }
+}
+
+/// The outcome of an admin's MIG mode change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigOutcome {
+    pub record: GpuMigRecord,
+    /// `false` when the GPU was in that mode already (nothing changed, nothing stored).
+    pub changed: bool,
+}
+
+/// What a backend operation came to (reported back to the loop as [`Cmd::Done`]).
+#[derive(Debug)]
+pub enum OpResult {
+    Partitioned(Result<PartitionReport, BackendError>),
+    Started(Result<(), BackendError>),
+    Stopped(Result<(), BackendError>),
+    Unpartitioned(Result<(), BackendError>),
 }

@@ -1,209 +1,112 @@
-//! Group commit. A batch collects what the handling of many commands decided — workload
-//! records with their new events (several changes of one workload in one batch become one
-//! write), usage intervals, answers and backend work — and [`Core::commit`] stores it in one
-//! transaction. Only after that are callers answered, records and the snapshot published, and
+//! The publication controller and group commit. A [`Batch`] collects what the handling of many
+//! commands decided — workload records with their new events (several changes of one workload
+//! in one batch become one write), usage intervals, answers and backend work — and
+//! [`Publication::commit`] stores it in one transaction. Only after that are callers answered, records and the snapshot published, and
 //! backend work started; if the store refuses the batch, every caller is told nothing changed
-//! and memory is rebuilt from the store.
+//! and the loop rebuilds memory from the store. The controller owns the snapshot builder and
+//! when the queue and phase counts were last published (and how long that took).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_domain::{Event, Workload, WorkloadId};
-use tessera_store::{Change, IdempotencyKey, Store, StoreError};
+use tessera_domain::{Workload, WorkloadId};
+use tessera_model::Fleet;
+use tessera_store::{Change, Fence, Store, StoreError};
 
-use super::Core;
-use super::command::{LifecycleError, Reply};
-use super::effects::Op;
+use super::batch::{Batch, ReplyTo};
+use super::command::LifecycleError;
+use super::effects::Runner;
 use super::snapshot::Published;
+use super::snapshot::SnapshotBuilder;
+use super::world::World;
 
 /// A full publication that took at least this long last time is made after the batch's
-/// answers and backend work instead of before them (see [`Core::commit`]): on a small fleet it
+/// answers and backend work instead of before them (see [`Publication::commit`]): on a small fleet it
 /// costs microseconds and keeps its place, so an answer comes with counts that include it.
 const FULL_BUILD_AFTER_REPLIES: Duration = Duration::from_micros(500);
 
-/// Whom to answer after the commit, and with what.
-pub(super) enum ReplyTo {
-    /// A creation: the workload, and whether it was created now (`false`: an idempotent retry).
-    Created(Reply<(Arc<Workload>, bool)>, WorkloadId, bool),
-    /// The workload's record after the batch.
-    Workload(Reply<Arc<Workload>>, WorkloadId),
-    Done(Reply<()>),
-    /// An admin's MIG mode change, answered once it is stored.
-    Mig(Reply<super::migmode::MigOutcome>, super::migmode::MigOutcome),
+/// Shortest interval between two publications of the queue and phase counts while they
+/// change (they are published every second regardless).
+const QUEUE_PUBLISH_EVERY: Duration = Duration::from_millis(50);
+/// A full publication walks every live workload (100,000 and more on a large fleet): while
+/// the queue changes, the next one waits at least this many times as long as the last one
+/// took, so that publishing takes at most about a tenth of the loop's time.
+const QUEUE_PUBLISH_COST: u32 = 10;
+
+/// The publication controller: commits each batch and publishes what readers see.
+pub(super) struct Publication {
+    builder: SnapshotBuilder,
+    /// When queue and phase counts were last published.
+    last_full_publish: Instant,
+    /// How long building that full snapshot took.
+    last_full_build: Duration,
+    /// The queue or the phases changed since they were last published.
+    queue_dirty: bool,
 }
 
-struct Pending {
-    insert: bool,
-    idempotency: Option<IdempotencyKey>,
-    workload: Arc<Workload>,
-    events: Vec<Event>,
-}
-
-/// A batch taken apart: what to store, what to publish, what to run.
-pub(super) struct Parts {
-    pub changes: Vec<Change>,
-    pub records: Vec<Arc<Workload>>,
-    pub ops: Vec<(WorkloadId, Op)>,
-}
-
-/// What a batch of commands decided.
-#[derive(Default)]
-pub(super) struct Batch {
-    order: Vec<WorkloadId>,
-    records: HashMap<WorkloadId, Pending>,
-    usage: Vec<Change>,
-    audit: Vec<Change>,
-    ops: Vec<(WorkloadId, Op)>,
-    replies: Vec<ReplyTo>,
-    /// Idempotency keys used in this batch: (actor, key) → (request hash, workload).
-    idempotency: HashMap<(String, String), (String, WorkloadId)>,
-    /// Recompute the queue and phase counts of the snapshot too.
-    pub full_publish: bool,
-    /// Creations in this batch were left to the next cycle (capacity was changing): their
-    /// callers wait for it.
-    pub undecided: bool,
-}
-
-impl Batch {
-    /// A new workload with its first events.
-    pub fn insert(&mut self, workload: Arc<Workload>, events: Vec<Event>, idempotency: Option<IdempotencyKey>) {
-        if let Some(k) = &idempotency {
-            self.idempotency
-                .insert((k.actor.clone(), k.key.clone()), (k.request_hash.clone(), workload.id));
-        }
-        self.order.push(workload.id);
-        self.records.insert(
-            workload.id,
-            Pending {
-                insert: true,
-                idempotency,
-                workload,
-                events,
-            },
-        );
-    }
-
-    /// A workload's new record and the events explaining the change.
-    pub fn update(&mut self, workload: Arc<Workload>, events: Vec<Event>) {
-        match self.records.get_mut(&workload.id) {
-            Some(p) => {
-                p.workload = workload;
-                p.events.extend(events);
-            }
-            None => {
-                self.order.push(workload.id);
-                self.records.insert(
-                    workload.id,
-                    Pending {
-                        insert: false,
-                        idempotency: None,
-                        workload,
-                        events,
-                    },
-                );
-            }
+impl Publication {
+    pub(super) fn new(fleet: &Fleet) -> Publication {
+        Publication {
+            builder: SnapshotBuilder::new(fleet),
+            last_full_publish: Instant::now(),
+            last_full_build: Duration::ZERO,
+            queue_dirty: false,
         }
     }
 
-    /// A usage interval opened or closed.
-    pub fn usage(&mut self, c: Change) {
-        self.usage.push(c);
+    /// The queue or the phases changed since they were last published.
+    pub(super) fn queue_dirty(&self) -> bool {
+        self.queue_dirty
     }
 
-    /// An audit record committed with the batch.
-    pub fn audit(&mut self, r: tessera_store::AuditRecord) {
-        self.audit.push(Change::Audit(r));
+    /// How long until the next full publication is due while the queue changes.
+    pub(super) fn wait(&self) -> Duration {
+        self.queue_publish_every()
+            .saturating_sub(self.last_full_publish.elapsed())
     }
 
-    /// A fleet change (a GPU's MIG mode) committed with the batch, before its audit record.
-    pub fn change(&mut self, c: Change) {
-        self.audit.push(c);
-    }
-
-    /// Backend work to start after the commit.
-    pub fn op(&mut self, id: WorkloadId, op: Op) {
-        self.ops.push((id, op));
-    }
-
-    pub fn reply(&mut self, r: ReplyTo) {
-        self.replies.push(r);
-    }
-
-    /// The batch's changes in commit order (workload records, then usage intervals), the
-    /// records to publish, and the backend work.
-    pub fn into_parts(mut self) -> Parts {
-        let (changes, records) = self.take_changes();
-        Parts {
-            changes,
-            records: records.into_values().collect(),
-            ops: self.ops,
+    /// A rebuild from the store: the builder forgets what it cached; `fleet`: on a new fleet.
+    pub(super) fn reset(&mut self, fleet: Option<&Fleet>) {
+        match fleet {
+            Some(f) => self.builder = SnapshotBuilder::new(f),
+            None => self.builder.reset(),
         }
     }
 
-    fn take_changes(&mut self) -> (Vec<Change>, HashMap<WorkloadId, Arc<Workload>>) {
-        let mut changes = Vec::with_capacity(self.order.len() + self.usage.len());
-        let mut records = HashMap::with_capacity(self.order.len());
-        for id in std::mem::take(&mut self.order) {
-            let p = self.records.remove(&id).expect("ordered ids have records");
-            records.insert(id, p.workload.clone());
-            changes.push(if p.insert {
-                Change::Insert {
-                    workload: p.workload,
-                    events: p.events,
-                    idempotency: p.idempotency,
-                }
-            } else {
-                Change::Update {
-                    workload: p.workload,
-                    events: p.events,
-                }
-            });
-        }
-        changes.append(&mut self.usage);
-        changes.append(&mut self.audit);
-        (changes, records)
+    /// The queue or the phases changed outside a batch (a new fleet was adopted).
+    pub(super) fn mark_dirty(&mut self) {
+        self.queue_dirty = true;
     }
 
-    /// The earlier use of an idempotency key in this batch.
-    pub fn idempotent(&self, actor: &str, key: &str) -> Option<(String, WorkloadId)> {
-        self.idempotency.get(&(actor.to_string(), key.to_string())).cloned()
-    }
-}
-
-impl Core {
-    /// Rebuilds the loop's state from the store ([`Core::recover`]), retrying with backoff
-    /// until it succeeds; `false` (and the loop marked fenced) when another replica leads.
-    pub(super) async fn recover_until_done(&mut self, failing: &str) -> bool {
-        let mut delay = Duration::from_millis(100);
-        loop {
-            match self.recover().await {
-                Ok(()) => return true,
-                Err(StoreError::Fenced(_)) => {
-                    self.fenced = true;
-                    return false;
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "{failing}");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(10));
-                }
-            }
-        }
+    /// The resource class a request waits for: its pool when only one pool can serve it.
+    /// The shortest interval between two full publications while the queue changes:
+    /// [`QUEUE_PUBLISH_EVERY`], or longer where building one takes long.
+    pub(super) fn queue_publish_every(&self) -> Duration {
+        QUEUE_PUBLISH_EVERY.max(self.last_full_build * QUEUE_PUBLISH_COST)
     }
 
     /// Stores the batch in one transaction, then publishes, answers and starts backend work.
-    pub(super) async fn commit(&mut self, mut batch: Batch, now: i64) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn commit(
+        &mut self,
+        w: &mut World,
+        runner: &mut Runner,
+        fence: Option<&Fence>,
+        deferred: &mut Vec<ReplyTo>,
+        mut batch: Batch,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.queue_dirty |= batch.queue_changed;
         let (mut changes, records) = batch.take_changes();
         if !changes.is_empty() {
-            if let Some(f) = &self.fence {
+            if let Some(f) = fence {
                 changes.insert(0, Change::Fence(f.clone()));
             }
             let t0 = Instant::now();
-            let stored = self.store.commit(&changes).await;
-            self.metrics.store_commit(t0.elapsed(), stored.is_ok());
+            let stored = w.store.commit(&changes).await;
+            w.metrics.store_commit(t0.elapsed(), stored.is_ok());
             if let Err(e) = stored {
-                let fenced = matches!(e, StoreError::Fenced(_));
                 tracing::error!(error = %e, changes = changes.len(), "commit failed; rebuilding state from the store");
                 let err = || {
                     LifecycleError::Unavailable(
@@ -226,15 +129,7 @@ impl Core {
                         }
                     }
                 }
-                if fenced {
-                    // Another replica leads: nothing to rebuild, this loop stops.
-                    self.fenced = true;
-                    return;
-                }
-                // Memory must not run ahead of the store: rebuild it from what is durable.
-                self.recover_until_done("cannot rebuild state from the store; retrying")
-                    .await;
-                return;
+                return Err(e);
             }
         }
         let since = self.last_full_publish.elapsed();
@@ -246,26 +141,26 @@ impl Core {
         // cheap one (capacity and records as of this batch), and the full one follows at once.
         let full_after = full && !batch.replies.is_empty() && self.last_full_build >= FULL_BUILD_AFTER_REPLIES;
         if !changes.is_empty() || (full && !full_after) {
-            self.publish_snapshot(now, full && !full_after);
+            self.publish_snapshot(w, now, full && !full_after);
         }
         // Records after the snapshot: whoever reads a record (a workload that ended) then reads
         // the snapshot sees capacity at least as new as that record.
-        self.published.put_workloads(records.values().cloned());
+        w.published.put_workloads(records.values().cloned());
         for r in batch.replies {
             match r {
                 ReplyTo::Created(tx, id, created) => {
-                    let w = record(&*self.store, &self.published, id, &records).await;
+                    let rec = record(&*w.store, &w.published, id, &records).await;
                     // Not decided yet (submitted while capacity was changing): answer after the
                     // next cycle.
-                    if matches!(&w, Ok(w) if w.phase == tessera_domain::Phase::Pending) && self.sched.needs_cycle() {
-                        self.deferred.push(ReplyTo::Created(tx, id, created));
+                    if matches!(&rec, Ok(r) if r.phase == tessera_domain::Phase::Pending) && w.sched.needs_cycle() {
+                        deferred.push(ReplyTo::Created(tx, id, created));
                         continue;
                     }
-                    let _ = tx.send(w.map(|w| (w, created)));
+                    let _ = tx.send(rec.map(|r| (r, created)));
                 }
                 ReplyTo::Workload(tx, id) => {
-                    let w = record(&*self.store, &self.published, id, &records).await;
-                    let _ = tx.send(w);
+                    let rec = record(&*w.store, &w.published, id, &records).await;
+                    let _ = tx.send(rec);
                 }
                 ReplyTo::Done(tx) => {
                     let _ = tx.send(Ok(()));
@@ -276,25 +171,30 @@ impl Core {
             }
         }
         for (id, op) in batch.ops {
-            self.runner.submit(id, op);
+            runner.submit(id, op);
         }
         if full_after {
-            self.publish_snapshot(now, true);
+            self.publish_snapshot(w, now, true);
         }
+        Ok(())
+    }
+
+    /// Publishes the full snapshot of a state rebuilt from the store.
+    pub(super) fn publish_rebuilt(&mut self, w: &World, now: i64) {
+        let snap = self.builder.build(&w.fleet, &w.sched, &w.live, &w.tenants, now, true);
+        w.published.set_snapshot(snap);
     }
 
     /// Builds and publishes the snapshot; `full`: with the queue and phase counts.
-    fn publish_snapshot(&mut self, now: i64, full: bool) {
+    pub(super) fn publish_snapshot(&mut self, w: &World, now: i64, full: bool) {
         let t0 = Instant::now();
-        let snap = self
-            .builder
-            .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, full);
+        let snap = self.builder.build(&w.fleet, &w.sched, &w.live, &w.tenants, now, full);
         if full {
             self.last_full_publish = Instant::now();
             self.last_full_build = t0.elapsed();
             self.queue_dirty = false;
         }
-        self.published.set_snapshot(snap);
+        w.published.set_snapshot(snap);
     }
 }
 

@@ -17,14 +17,19 @@
 //! replacement is created and cleared when the move ends, whichever way: a restart or a
 //! rebuild from the store in between continues it — no second replacement, and the original
 //! stops once the replacement runs.
+//!
+//! The controller ([`Moves`]) owns the moves booked and in progress; it is handed the world,
+//! admission (a replacement is a new workload) and the drains (a move ends the same way).
 
 use std::collections::HashMap;
 
 use tessera_domain::{Input, Phase, PreemptCode, ReasonCode, WorkloadId};
 use tessera_store::{MoveCause, ServiceMoveRecord};
 
-use super::Core;
-use super::commit::Batch;
+use super::admission::{Admission, replacement_of};
+use super::batch::Batch;
+use super::nodeops::Drains;
+use super::world::World;
 
 /// Services being moved by consolidation.
 #[derive(Default)]
@@ -58,11 +63,11 @@ impl Moves {
     }
 }
 
-impl Core {
+impl Moves {
     /// A consolidation move of `id` so that `by` fits; `replace`: a replacement is booked.
-    pub(super) fn on_move(&mut self, id: u64, by: u64, replace: bool, batch: &mut Batch, now: i64) {
+    pub(super) fn on_move(&mut self, w: &mut World, id: u64, by: u64, replace: bool, batch: &mut Batch, now: i64) {
         let wid = WorkloadId(id);
-        let movable = self
+        let movable = w
             .live
             .get(&wid)
             .is_some_and(|l| l.w.phase == Phase::Running && l.w.spec.movable.is_some());
@@ -72,17 +77,17 @@ impl Core {
                 by,
                 "consolidation asked to move a workload that is not running and movable"
             );
-            self.sched.move_failed(id);
+            w.sched.move_failed(id);
             return;
         }
         if replace {
             // Creating the replacement needs the store (workload ids): done after the cycle.
-            self.moves.pending.push((wid, by));
+            self.pending.push((wid, by));
             return;
         }
-        self.metrics.consolidation_move("restart");
-        let grace_s = self.settings.grace.as_secs();
-        self.apply(
+        w.metrics.consolidation_move("restart");
+        let grace_s = w.settings.grace.as_secs();
+        w.apply(
             wid,
             Input::Preempt {
                 at: now,
@@ -101,19 +106,26 @@ impl Core {
 
     /// Creates the replacements booked since the last step, and stops each original whose
     /// replacement runs.
-    pub(super) async fn moves_step(&mut self, batch: &mut Batch, now: i64) {
-        for (old, by) in std::mem::take(&mut self.moves.pending) {
-            self.start_replacement(old, by, batch, now).await;
+    pub(super) async fn step(
+        &mut self,
+        w: &mut World,
+        admission: &mut Admission,
+        drains: &mut Drains,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        for (old, by) in std::mem::take(&mut self.pending) {
+            self.start_replacement(w, admission, old, by, batch, now).await;
         }
-        let grace_s = self.settings.grace.as_secs();
-        let mut moves: Vec<_> = self.moves.replacing.iter().map(|(o, (n, by))| (*o, *n, *by)).collect();
+        let grace_s = w.settings.grace.as_secs();
+        let mut moves: Vec<_> = self.replacing.iter().map(|(o, (n, by))| (*o, *n, *by)).collect();
         moves.sort_unstable();
         for (old, new, by) in moves {
-            match self.live.get(&new).map(|l| l.w.phase) {
+            match w.live.get(&new).map(|l| l.w.phase) {
                 Some(Phase::Running) => {
-                    self.end_move(old).await;
+                    drains.end_move(self, &*w.store, old).await;
                     let why = by.map(|b| format!(" so that workload {b} fits")).unwrap_or_default();
-                    self.apply(
+                    w.apply(
                         old,
                         Input::Preempt {
                             at: now,
@@ -130,9 +142,9 @@ impl Core {
                 // The replacement ended or went back to the queue before it ran: the original
                 // stays, and the job it was to make room for searches again.
                 _ => {
-                    self.end_move(old).await;
-                    self.sched.move_failed(old.0);
-                    self.apply(
+                    drains.end_move(self, &*w.store, old).await;
+                    w.sched.move_failed(old.0);
+                    w.apply(
                         old,
                         Input::Notice {
                             at: now,
@@ -148,14 +160,22 @@ impl Core {
     }
 
     /// Creates the replacement of service `old` on the capacity booked for it.
-    async fn start_replacement(&mut self, old: WorkloadId, by: u64, batch: &mut Batch, now: i64) {
-        let Some(l) = self.live.get(&old).filter(|l| l.w.phase == Phase::Running) else {
-            self.sched.move_failed(old.0);
+    async fn start_replacement(
+        &mut self,
+        w: &mut World,
+        admission: &mut Admission,
+        old: WorkloadId,
+        by: u64,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        let Some(l) = w.live.get(&old).filter(|l| l.w.phase == Phase::Running) else {
+            w.sched.move_failed(old.0);
             return;
         };
-        let nw = l.replacement(format!("consolidation for workload {by}"), now);
+        let nw = replacement_of(l, format!("consolidation for workload {by}"), now);
         let from = l.w.placement.as_ref().map(|p| p.node.clone()).unwrap_or_default();
-        match self.accept_as(nw, Some(old), batch, now).await {
+        match admission.accept_as(w, self, nw, Some(old), batch, now).await {
             Ok((new, _)) => {
                 // Stored before the replacement's batch commits: should that commit fail, the
                 // recovery finds no replacement and ends the move (the original stays); a
@@ -167,18 +187,18 @@ impl Core {
                     cause: MoveCause::Consolidation,
                     by: Some(WorkloadId(by)),
                 };
-                if let Err(e) = self.store.set_service_move(&rec).await {
+                if let Err(e) = w.store.set_service_move(&rec).await {
                     tracing::error!(%old, %new, error = %e, "cannot store a consolidation move");
                 }
-                self.metrics.consolidation_move("replace");
-                self.moves.replacing.insert(old, (new, Some(WorkloadId(by))));
-                let node = self
+                w.metrics.consolidation_move("replace");
+                self.replacing.insert(old, (new, Some(WorkloadId(by))));
+                let node = w
                     .live
                     .get(&new)
                     .and_then(|l| l.w.placement.as_ref())
                     .map(|p| p.node.clone())
                     .unwrap_or_default();
-                self.apply(
+                w.apply(
                     old,
                     Input::Notice {
                         at: now,
@@ -194,7 +214,7 @@ impl Core {
             }
             Err(e) => {
                 tracing::warn!(%old, by, error = %e, "cannot create the replacement of a service; it stays");
-                self.sched.move_failed(old.0);
+                w.sched.move_failed(old.0);
             }
         }
     }

@@ -13,12 +13,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_backend::{Backend, BackendError, PartitionPlan, PartitionReport, RunSpec};
+use tessera_backend::{Backend, PartitionPlan, RunSpec};
 use tessera_domain::WorkloadId;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::command::Cmd;
+use super::command::{Cmd, OpResult};
 use crate::metrics::Metrics;
 
 /// One backend operation for one workload.
@@ -43,15 +43,6 @@ impl Op {
             Op::Unpartition(_) => "unpartition",
         }
     }
-}
-
-/// What an operation came to.
-#[derive(Debug)]
-pub enum OpResult {
-    Partitioned(Result<PartitionReport, BackendError>),
-    Started(Result<(), BackendError>),
-    Stopped(Result<(), BackendError>),
-    Unpartitioned(Result<(), BackendError>),
 }
 
 /// Runs operations, one at a time per workload. Its tasks end with it: when the loop stops

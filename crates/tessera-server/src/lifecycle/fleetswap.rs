@@ -2,12 +2,12 @@
 //! (Kubernetes) reports a new fleet when a GPU node joins or leaves the cluster or a node's GPUs,
 //! pool or model change ([`BackendEvent::FleetChanged`](tessera_backend::BackendEvent)).
 //!
-//! * [`FleetCell`] holds the fleet the backend last reported. The [`Lifecycle`](super::Lifecycle)
+//! * [`FleetCell`] holds the fleet the backend last reported. The [`Lifecycle`](super::command::Lifecycle)
 //!   handle owns it and updates it as the news arrives, whether this replica leads or not, so a
 //!   loop started later, a follower's view and the API (validation, dry runs, `tessera nodes`)
 //!   read the same fleet.
 //! * The loop adopts the new fleet after the batch the news came in is committed
-//!   ([`Core::adopt_fleet`]): work still holding capacity on a node that left is lost (as when
+//!   (`Core::adopt_fleet`, in the loop; `World::lost_on` finds the work lost): work still holding capacity on a node that left is lost (as when
 //!   its pods are — requeued or failed by its lifecycle), that is committed, and then the
 //!   engine is rebuilt from the store on the new fleet the way it is after a failed commit
 //!   ([`recover`](super::recover)). Placements are recorded by node name and GPU index, so
@@ -16,13 +16,9 @@
 
 use std::sync::{Arc, RwLock};
 
-use tessera_domain::{Input, WorkloadId};
 use tessera_model::Fleet;
 
-use super::Core;
-use super::commit::Batch;
 use super::placement::NodeIndex;
-use super::snapshot::SnapshotBuilder;
 
 /// The current fleet and its node index, shared and swappable.
 #[derive(Clone)]
@@ -69,57 +65,6 @@ pub(super) fn departed(old: &Fleet, new: &Fleet) -> Vec<String> {
         .filter(|n| kept.get(&n.name).is_none())
         .map(|n| n.name.clone())
         .collect()
-}
-
-impl Core {
-    /// Takes `fleet` as the loop's fleet (see the module doc). Called between batches.
-    pub(super) async fn adopt_fleet(&mut self, fleet: Arc<Fleet>, now: i64) {
-        if *fleet == *self.fleet {
-            return;
-        }
-        // Work on a node that left holds capacity the new fleet does not have: lost, as when
-        // its pods are.
-        let gone = departed(&self.fleet, &fleet);
-        let mut lost: Vec<(WorkloadId, String)> = self
-            .live
-            .values()
-            .filter(|l| l.w.phase.holds_capacity())
-            .filter_map(|l| {
-                // Any node-share of a gang: the whole gang is lost.
-                let node = &l.w.placements().find(|p| gone.contains(&p.node))?.node;
-                Some((l.w.id, node.clone()))
-            })
-            .collect();
-        lost.sort_unstable();
-        if !lost.is_empty() {
-            let mut batch = Batch::default();
-            for (id, node) in lost {
-                let detail = format!("node {node} left the cluster ({} backend)", self.backend.name());
-                self.apply(id, Input::Lost { at: now, detail }, &mut batch, now);
-            }
-            self.commit(batch, now).await;
-            if self.fenced {
-                return;
-            }
-        }
-        tracing::info!(
-            nodes = fleet.nodes.len(),
-            gpus = fleet.gpu_count(),
-            departed = gone.len(),
-            "adopting the fleet the backend reports; rebuilding the engine from the store"
-        );
-        self.fleet = fleet;
-        self.nodes = Arc::new(NodeIndex::new(&self.fleet));
-        self.builder = SnapshotBuilder::new(&self.fleet);
-        self.reported_mig.retain(|(node, _), _| !gone.contains(node));
-        if !self
-            .recover_until_done("cannot rebuild state on the new fleet; retrying")
-            .await
-        {
-            return;
-        }
-        self.queue_dirty = true;
-    }
 }
 
 #[cfg(test)]

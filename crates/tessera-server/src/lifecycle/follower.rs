@@ -13,9 +13,13 @@ use tessera_domain::WorkloadId;
 use tessera_model::TenantId;
 use tessera_store::StoreError;
 
+use super::command::Lifecycle;
+use super::config::LoopConfig;
+use super::live::{Live, class_of, fresh_scheduler, now_ms};
 use super::metering::MonthBook;
+use super::ops::FleetOps;
+use super::placement;
 use super::snapshot::SnapshotBuilder;
-use super::{FleetOps, Lifecycle, Live, LoopConfig, class_of, fresh_scheduler, now_ms, placement};
 use tessera_model::GpuUnits;
 use tessera_sched::cycle::Quota;
 

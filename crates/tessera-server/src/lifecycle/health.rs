@@ -2,18 +2,24 @@
 //! (the engine fences it, so the next scheduler cycle places nothing there), records it in the
 //! store (so that a restart does not put work on it again), counts it in the metrics and tells
 //! every workload on it (an `observed` event with the `gpu-unhealthy` code). What runs there
-//! is then handled by [`GpuFailurePolicy`]. Only a platform admin clears a GPU
-//! ([`Cmd::ClearGpu`](super::Cmd)); a backend reporting the GPU healthy again is logged, not
+//! is then handled by [`GpuFailurePolicy`](super::config::GpuFailurePolicy). Only a platform admin clears a GPU
+//! ([`Cmd::ClearGpu`](super::command::Cmd)); a backend reporting the GPU healthy again is logged, not
 //! trusted.
+//!
+//! The controller ([`Health`]) owns the unhealthy GPUs not yet written and the nodes the backend
+//! reports closed; the unhealthy GPUs themselves are in the world's operator state, which
+//! readers see.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tessera_domain::{Input, Kind, PreemptCode, ReasonCode, WorkloadId};
-use tessera_store::{GpuHealthRecord, HealthCause, NodeState, NodeStateRecord, RolloutRecord};
+use tessera_store::{AuditRecord, GpuHealthRecord, HealthCause, Store};
 
-use super::Core;
-use super::commit::Batch;
+use super::batch::{Batch, ReplyTo};
+use super::command::{LifecycleError, Reply};
+use super::config::GpuFailurePolicy;
+use super::world::World;
 
 /// The XIDs NVIDIA documents as needing a GPU reset or a reboot: 48 (double-bit ECC), 63/64
 /// (ECC page retirement / row remapping), 74 (NVLink), 79 (fallen off the bus), 92 (high
@@ -23,47 +29,6 @@ pub const CRITICAL_XIDS: [u32; 9] = [48, 63, 64, 74, 79, 92, 93, 94, 95];
 /// Whether an XID takes a GPU out of service.
 pub fn is_critical(xid: u32) -> bool {
     CRITICAL_XIDS.contains(&xid)
-}
-
-/// What happens to running work on a GPU that failed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GpuFailurePolicy {
-    /// Leave it running and tell the tenant (the default).
-    #[default]
-    Leave,
-    /// Stop batch work (requeued unless it asked not to be); services are left running and
-    /// told.
-    Requeue,
-}
-
-impl GpuFailurePolicy {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "leave" => Some(GpuFailurePolicy::Leave),
-            "requeue" => Some(GpuFailurePolicy::Requeue),
-            _ => None,
-        }
-    }
-}
-
-/// Unhealthy GPUs and operator node states, as readers see them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FleetOps {
-    /// By `(node, gpu)`.
-    pub unhealthy: BTreeMap<(String, u8), GpuHealthRecord>,
-    /// Nodes that are not `ready`, by name.
-    pub nodes: BTreeMap<String, NodeStateRecord>,
-    /// Rolling upgrades, by id (every stored one).
-    pub rollouts: BTreeMap<u64, RolloutRecord>,
-    /// MIG modes an admin set, by `(node, gpu)`.
-    pub mig: BTreeMap<(String, u8), tessera_store::GpuMigRecord>,
-}
-
-impl FleetOps {
-    /// The operator state of a node: `ready` without a record.
-    pub fn node_state(&self, node: &str) -> NodeState {
-        self.nodes.get(node).map_or(NodeState::Ready, |r| r.state)
-    }
 }
 
 /// Why a GPU failed.
@@ -88,24 +53,151 @@ impl Cause {
     }
 }
 
-impl Core {
+/// The health controller: takes failed GPUs out of placement and applies the failure policy,
+/// follows nodes the backend removes, brings back or closes, and writes unhealthy GPUs to the
+/// store. It owns the writes not yet made and the nodes the backend reports closed; the
+/// unhealthy GPUs themselves are the world's (`World::ops`), which readers see.
+#[derive(Default)]
+pub(super) struct Health {
+    /// Unhealthy GPUs not yet written to the store.
+    writes: Vec<GpuHealthRecord>,
+    /// Nodes the backend reports closed to new work, by name: (cordoned or tainted, not
+    /// ready). Fenced in the engine whatever Tessera's own node state says.
+    closed: HashMap<String, (bool, bool)>,
+}
+
+impl Health {
+    /// The backend's news about a GPU's health: a critical XID or a lost GPU takes it out; a
+    /// GPU reported healthy again stays out until a platform admin clears it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_gpu_health(
+        &mut self,
+        w: &mut World,
+        node: &str,
+        gpu: u8,
+        healthy: bool,
+        xid: Option<u32>,
+        detail: &str,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        if healthy {
+            if w.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
+                tracing::info!(%node, gpu, "the backend reports the GPU healthy again; it stays out of placement until a platform admin clears it");
+            }
+        } else {
+            match xid {
+                Some(x) if is_critical(x) => self.gpu_failed(w, node, gpu, Cause::Xid(x), detail, batch, now),
+                Some(x) => tracing::warn!(%node, gpu, xid = x, %detail, "GPU reported a non-critical XID"),
+                None => self.gpu_failed(w, node, gpu, Cause::Lost, detail, batch, now),
+            }
+        }
+    }
+
+    /// The backend's news about a node: removed (its GPUs are lost), back, cordoned or not
+    /// ready by someone else.
+    pub(super) async fn on_node_changed(
+        &mut self,
+        w: &mut World,
+        node: &str,
+        change: tessera_backend::NodeChange,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        tracing::info!(%node, ?change, "node changed");
+        match change {
+            tessera_backend::NodeChange::Removed => self.node_removed(w, node, batch, now),
+            tessera_backend::NodeChange::Added => self.node_back(w, node).await,
+            tessera_backend::NodeChange::Cordoned(on) => self.backend_closed(w, node, Some(on), None),
+            tessera_backend::NodeChange::Ready(ready) => self.backend_closed(w, node, None, Some(!ready)),
+            // The new capacity comes with the fleet the backend reports (`FleetChanged`).
+            tessera_backend::NodeChange::Capacity => {}
+        }
+    }
+
+    /// A critical XID seen in telemetry takes the GPU out within one interval, also where the
+    /// backend sent no health event.
+    pub(super) fn on_telemetry(
+        &mut self,
+        w: &mut World,
+        gpus: &[tessera_backend::GpuSample],
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        for g in gpus.iter().filter(|g| is_critical(g.xid)) {
+            if !w.ops.unhealthy.contains_key(&(g.node.clone(), g.gpu)) {
+                let detail = format!("XID {} in telemetry", g.xid);
+                self.gpu_failed(w, &g.node, g.gpu, Cause::Xid(g.xid), &detail, batch, now);
+            }
+        }
+    }
+
+    /// A platform admin's clear of a GPU: audited and answered with the batch.
+    pub(super) async fn on_clear(
+        &self,
+        w: &mut World,
+        node: &str,
+        gpu: u8,
+        mut audit: AuditRecord,
+        reply: Reply<()>,
+        batch: &mut Batch,
+    ) {
+        match self.clear_gpu(w, node, gpu).await {
+            Ok(cleared) => {
+                audit.detail = if cleared {
+                    format!("GPU {gpu} of {node} back in placement")
+                } else {
+                    format!("GPU {gpu} of {node} was not unhealthy")
+                };
+                batch.audit(audit);
+                batch.full_publish = true;
+                batch.reply(ReplyTo::Done(reply));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(LifecycleError::Unavailable(format!(
+                    "the store is unavailable: {e}"
+                ))));
+            }
+        }
+    }
+
+    /// Unhealthy GPUs wait to be written to the store.
+    pub(super) fn has_writes(&self) -> bool {
+        !self.writes.is_empty()
+    }
+
+    /// The nodes the backend reports closed to new work (a rebuild fences them again).
+    pub(super) fn closed_nodes(&self) -> Vec<String> {
+        self.closed.keys().cloned().collect()
+    }
+
     /// Takes a GPU out of service (once; a GPU already unhealthy stays as recorded) and applies
     /// the failure policy to the work on it. The store write follows in
     /// [`flush_health`](Self::flush_health).
-    pub(super) fn gpu_failed(&mut self, node: &str, gpu: u8, cause: Cause, detail: &str, batch: &mut Batch, now: i64) {
-        let Some(n) = self.fleet.node_by_name(node) else {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gpu_failed(
+        &mut self,
+        w: &mut World,
+        node: &str,
+        gpu: u8,
+        cause: Cause,
+        detail: &str,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        let Some(n) = w.fleet.node_by_name(node) else {
             tracing::warn!(%node, gpu, "health news about a node not in the fleet");
             return;
         };
-        let def = self.fleet.node(n);
-        if gpu >= def.gpus || self.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
+        let def = w.fleet.node(n);
+        if gpu >= def.gpus || w.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
             return;
         }
         let (pool, model) = (
-            self.fleet.pool(def.pool).name.clone(),
-            self.fleet.catalogue.get(def.model).name.clone(),
+            w.fleet.pool(def.pool).name.clone(),
+            w.fleet.catalogue.get(def.model).name.clone(),
         );
-        self.sched.engine.fence_gpu(n.0, gpu, true);
+        w.sched.engine.fence_gpu(n.0, gpu, true);
         let sentence = format!("GPU {gpu} of {node} is unhealthy ({detail}); no new work is placed on it");
         tracing::warn!(%node, gpu, cause = cause.label(), %detail, "GPU unhealthy: out of placement");
         let rec = GpuHealthRecord {
@@ -119,25 +211,25 @@ impl Core {
             detail: detail.to_string(),
             cause: cause.stored(),
         };
-        let mut ops = (*self.ops).clone();
+        let mut ops = (*w.ops).clone();
         ops.unhealthy.insert((node.to_string(), gpu), rec.clone());
-        self.ops = Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
-        self.health_writes.push(rec);
-        self.metrics.gpu_failure(&pool, &model, cause.label());
+        w.ops = Arc::new(ops);
+        w.published.set_ops(w.ops.clone());
+        self.writes.push(rec);
+        w.metrics.gpu_failure(&pool, &model, cause.label());
 
-        let affected: Vec<(WorkloadId, Kind, bool)> = self
+        let affected: Vec<(WorkloadId, Kind, bool)> = w
             .live
             .values()
             .filter(|l| l.w.phase.holds_capacity() && l.w.placements().any(|p| p.node == node && p.gpus.contains(&gpu)))
             .map(|l| (l.w.id, l.w.spec.kind, l.w.phase == tessera_domain::Phase::Stopping))
             .collect();
-        let grace_s = self.settings.grace.as_secs();
+        let grace_s = w.settings.grace.as_secs();
         for (id, kind, stopping) in affected {
             if stopping {
                 continue;
             }
-            let input = if self.settings.on_gpu_failure == GpuFailurePolicy::Requeue && kind == Kind::Batch {
+            let input = if w.settings.on_gpu_failure == GpuFailurePolicy::Requeue && kind == Kind::Batch {
                 Input::Preempt {
                     at: now,
                     by: id,
@@ -152,15 +244,15 @@ impl Core {
                     detail: format!("{sentence}; this workload keeps running on it"),
                 }
             };
-            self.apply(id, input, batch, now);
+            w.apply(id, input, batch, now);
         }
     }
 
     /// Writes the unhealthy GPUs recorded since the last call. A failed write is logged: the
     /// GPU stays out of placement in memory, and the next failure report writes it again.
-    pub(super) async fn flush_health(&mut self) {
-        for rec in std::mem::take(&mut self.health_writes) {
-            if let Err(e) = self.store.set_gpu_unhealthy(&rec).await {
+    pub(super) async fn flush(&mut self, store: &dyn Store) {
+        for rec in std::mem::take(&mut self.writes) {
+            if let Err(e) = store.set_gpu_unhealthy(&rec).await {
                 tracing::error!(node = %rec.node, gpu = rec.gpu, error = %e, "cannot record an unhealthy GPU");
             }
         }
@@ -168,17 +260,22 @@ impl Core {
 
     /// Puts a GPU back into placement (a platform admin cleared it): `false` if it was not
     /// unhealthy.
-    pub(super) async fn clear_gpu(&mut self, node: &str, gpu: u8) -> Result<bool, tessera_store::StoreError> {
-        let cleared = self.store.clear_gpu_health(node, gpu).await?;
-        let known = self.ops.unhealthy.contains_key(&(node.to_string(), gpu));
+    pub(super) async fn clear_gpu(
+        &self,
+        w: &mut World,
+        node: &str,
+        gpu: u8,
+    ) -> Result<bool, tessera_store::StoreError> {
+        let cleared = w.store.clear_gpu_health(node, gpu).await?;
+        let known = w.ops.unhealthy.contains_key(&(node.to_string(), gpu));
         if known {
-            let mut ops = (*self.ops).clone();
+            let mut ops = (*w.ops).clone();
             ops.unhealthy.remove(&(node.to_string(), gpu));
-            self.ops = Arc::new(ops);
-            self.published.set_ops(self.ops.clone());
+            w.ops = Arc::new(ops);
+            w.published.set_ops(w.ops.clone());
         }
-        if let Some(n) = self.fleet.node_by_name(node) {
-            self.sched.engine.fence_gpu(n.0, gpu, false);
+        if let Some(n) = w.fleet.node_by_name(node) {
+            w.sched.engine.fence_gpu(n.0, gpu, false);
         }
         tracing::info!(%node, gpu, "GPU cleared: back in placement");
         Ok(cleared || known)
@@ -186,14 +283,14 @@ impl Core {
 
     /// A node the backend reported removed: its GPUs are lost, handled as GPU failures (out
     /// of placement, the failure policy applied to the work on them).
-    pub(super) fn node_removed(&mut self, node: &str, batch: &mut Batch, now: i64) {
-        let Some(n) = self.fleet.node_by_name(node) else {
+    pub(super) fn node_removed(&mut self, w: &mut World, node: &str, batch: &mut Batch, now: i64) {
+        let Some(n) = w.fleet.node_by_name(node) else {
             tracing::warn!(%node, "the backend removed a node the fleet does not have");
             return;
         };
-        let detail = format!("node {node} was removed by the {} backend", self.backend.name());
-        for g in 0..self.fleet.node(n).gpus {
-            self.gpu_failed(node, g, Cause::Lost, &detail, batch, now);
+        let detail = format!("node {node} was removed by the {} backend", w.backend.name());
+        for g in 0..w.fleet.node(n).gpus {
+            self.gpu_failed(w, node, g, Cause::Lost, &detail, batch, now);
         }
     }
 
@@ -201,7 +298,13 @@ impl Core {
     /// taint by someone else, or the node NotReady). The engine fences it while either holds
     /// or Tessera's own node state (a drain, maintenance) does; work already there is left to
     /// the platform's own rules (a NotReady node's pods are lost when the platform says so).
-    pub(super) fn backend_closed(&mut self, node: &str, cordoned: Option<bool>, not_ready: Option<bool>) {
+    pub(super) fn backend_closed(
+        &mut self,
+        w: &mut World,
+        node: &str,
+        cordoned: Option<bool>,
+        not_ready: Option<bool>,
+    ) {
         let e = self.closed.entry(node.to_string()).or_default();
         if let Some(c) = cordoned {
             e.0 = c;
@@ -213,23 +316,23 @@ impl Core {
         if !closed {
             self.closed.remove(node);
         }
-        self.refence(node);
+        self.refence(w, node);
         tracing::info!(%node, closed, "the backend reports the node {}", if closed { "closed to new work" } else { "open to new work" });
     }
 
     /// Fences a node in the engine exactly when Tessera's node state or the backend's says it
     /// takes no new work.
-    pub(super) fn refence(&mut self, node: &str) {
-        let fenced = self.ops.nodes.contains_key(node) || self.closed.contains_key(node);
-        if let Some(n) = self.fleet.node_by_name(node) {
-            self.sched.engine.fence_node(n.0, fenced);
+    pub(super) fn refence(&self, w: &mut World, node: &str) {
+        let fenced = w.ops.nodes.contains_key(node) || self.closed.contains_key(node);
+        if let Some(n) = w.fleet.node_by_name(node) {
+            w.sched.engine.fence_node(n.0, fenced);
         }
     }
 
     /// A node the backend reported back: the GPUs it had lost return to placement; GPUs out
     /// for another cause (an XID, a failed partition) stay out until an admin clears them.
-    pub(super) async fn node_back(&mut self, node: &str) {
-        let lost: Vec<u8> = self
+    pub(super) async fn node_back(&self, w: &mut World, node: &str) {
+        let lost: Vec<u8> = w
             .ops
             .unhealthy
             .iter()
@@ -237,90 +340,18 @@ impl Core {
             .map(|((_, g), _)| *g)
             .collect();
         for g in lost {
-            if let Err(e) = self.clear_gpu(node, g).await {
+            if let Err(e) = self.clear_gpu(w, node, g).await {
                 tracing::error!(%node, gpu = g, error = %e, "cannot clear a GPU of a node that came back");
             }
         }
-    }
-
-    /// Re-applies stored health and node states to a fresh engine (start-up, after a failed
-    /// commit).
-    pub(super) async fn restore_ops(&mut self) -> Result<(), tessera_store::StoreError> {
-        let mut ops = FleetOps::default();
-        self.drains = Default::default();
-        let drains: std::collections::HashMap<String, tessera_store::DrainRecord> = self
-            .store
-            .drains()
-            .await?
-            .into_iter()
-            .map(|d| (d.node.clone(), d))
-            .collect();
-        for m in self.store.service_moves().await? {
-            match m.cause {
-                tessera_store::MoveCause::Drain => {
-                    self.drains.moves.insert(m.old, m.replacement);
-                }
-                // Continued by the consolidation step: the original stops once its
-                // replacement runs (see `consolidation`).
-                tessera_store::MoveCause::Consolidation => {
-                    self.moves.restore(m.old, m.replacement, m.by);
-                }
-            }
-        }
-        for r in self.store.rollouts().await? {
-            ops.rollouts.insert(r.id, r);
-        }
-        let mig = self.store.gpu_mig_modes().await?;
-        self.restore_mig_modes(mig, &mut ops).await;
-        for r in self.store.unhealthy_gpus().await? {
-            if let Some(n) = self.fleet.node_by_name(&r.node) {
-                self.sched.engine.fence_gpu(n.0, r.gpu, true);
-            }
-            ops.unhealthy.insert((r.node.clone(), r.gpu), r);
-        }
-        let closed: Vec<String> = self.closed.keys().cloned().collect();
-        for node in closed {
-            if let Some(n) = self.fleet.node_by_name(&node) {
-                self.sched.engine.fence_node(n.0, true);
-            }
-        }
-        for r in self.store.node_states().await? {
-            if let Some(n) = self.fleet.node_by_name(&r.node) {
-                self.sched.engine.fence_node(n.0, true);
-            }
-            // A drain resumes with its stored deadline and policy (one stored before its policy
-            // was: it waits, so nothing is cut off by a restart).
-            if r.state == NodeState::Draining {
-                let d = drains.get(&r.node);
-                self.drains.nodes.insert(
-                    r.node.clone(),
-                    super::nodeops::Drain {
-                        deadline_ms: d.and_then(|d| d.deadline_ms),
-                        preempt: d.is_some_and(|d| d.preempt),
-                        noticed: Default::default(),
-                        rollout: ops
-                            .rollouts
-                            .values()
-                            .find(|ro| {
-                                ro.nodes
-                                    .iter()
-                                    .any(|n| n.node == r.node && n.state == tessera_store::RolloutNodeState::Draining)
-                            })
-                            .map(|ro| ro.id),
-                    },
-                );
-            }
-            ops.nodes.insert(r.node.clone(), r);
-        }
-        self.ops = Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
-        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lifecycle::ops::FleetOps;
+    use tessera_store::NodeState;
 
     #[test]
     fn critical_xids_are_the_documented_reset_or_reboot_classes() {

@@ -10,7 +10,7 @@ use tessera_model::GpuUnits;
 use tessera_sched::ClusterState;
 use tessera_store::{Store, StoreError};
 
-use super::Live;
+use super::live::Live;
 use super::placement::NodeIndex;
 
 const HOUR_MS: f64 = 3_600_000.0;

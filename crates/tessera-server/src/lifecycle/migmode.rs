@@ -12,68 +12,82 @@
 //! no placement until the reset applied it. Backends that read MIG mode back (local, through
 //! NVML) report each GPU's mode at every telemetry pass
 //! ([`tessera_backend::BackendEvent::MigMode`]); the engine and the stored record follow
-//! ([`Core::backend_mig_mode`]), so a pending change comes back by itself after the reset, and a
+//! ([`MigModes::backend_mig_mode`]), so a pending change comes back by itself after the reset, and a
 //! machine whose GPUs are in different modes is served as it is. Elsewhere the admin sends the
 //! same change again after the reset.
+//!
+//! The controller ([`MigModes`]) owns what the backend last reported of each GPU's MIG
+//! instances; each step is handed the world, the batch and the time.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use tessera_backend::{BackendError, MigModeChange};
+use tessera_backend::{BackendError, MigInstance, MigModeChange, Partitioning};
 use tessera_store::{AuditRecord, Change, GpuMigRecord};
 
-use super::commit::Batch;
-use super::{Core, LifecycleError};
+use super::batch::{Batch, ReplyTo};
+use super::command::{LifecycleError, MigOutcome, MigRefusal, Reply};
+use super::ops::FleetOps;
+use super::placement;
+use super::world::World;
 
-/// Why an admin's MIG mode change was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MigRefusal {
-    /// The node is still in placement: cordon, drain or put it into maintenance first.
-    NodeInPlacement,
-    /// Work (or a partition) is on the GPU.
-    GpuBusy,
-    /// The backend cannot switch MIG mode (Kubernetes: the GPU Operator's MIG manager owns it).
-    Unsupported,
-    /// The GPU cannot serve both kinds here: its model has no MIG, or its pool is not a mig
-    /// pool.
-    NotMigCapable,
-    /// The backend refused the change (the driver says the GPU is in use, …).
-    BackendRefused,
+/// The MIG-mode controller: an admin's mode changes, the modes backends read back, stored
+/// modes re-applied on a rebuild, and the layouts `whole-gpu` backends report. It owns what
+/// the backend last reported of each GPU's MIG instances (an upgraded node's validation
+/// compares them with the engine's layout).
+#[derive(Default)]
+pub(super) struct MigModes {
+    /// Per GPU, the MIG instances the backend last reported (reconcile, a layout applied) and
+    /// when.
+    reported: HashMap<(String, u8), (i64, Vec<MigInstance>)>,
 }
 
-impl MigRefusal {
-    /// The problem type's code.
-    pub fn code(self) -> &'static str {
-        match self {
-            MigRefusal::NodeInPlacement => "node-in-placement",
-            MigRefusal::GpuBusy => "gpu-busy",
-            MigRefusal::Unsupported => "mig-mode-unsupported",
-            MigRefusal::NotMigCapable => "not-mig-capable",
-            MigRefusal::BackendRefused => "backend-refused",
+/// An admin's MIG mode change: which GPU, and the mode asked for.
+pub(super) struct ModeChange {
+    pub node: String,
+    pub gpu: u8,
+    pub enabled: bool,
+}
+
+impl MigModes {
+    /// An admin's MIG mode change, answered once it is stored (at once when nothing changed or
+    /// it was refused).
+    pub(super) async fn on_set_mig_mode(
+        &mut self,
+        w: &mut World,
+        c: ModeChange,
+        audit: AuditRecord,
+        reply: Reply<MigOutcome>,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        match self.set_mig_mode(w, &c.node, c.gpu, c.enabled, audit, batch, now).await {
+            Ok(o) if o.changed => {
+                batch.full_publish = true;
+                batch.reply(ReplyTo::Mig(reply, o));
+            }
+            r => {
+                let _ = reply.send(r);
+            }
         }
     }
 
-    /// Whether the refusal depends on the current state (409) or never changes (422).
-    pub fn is_state(self) -> bool {
-        matches!(
-            self,
-            MigRefusal::NodeInPlacement | MigRefusal::GpuBusy | MigRefusal::BackendRefused
-        )
+    /// What the backend last reported of a GPU's MIG instances, and when.
+    pub(super) fn reported(&self, node: &str, gpu: u8) -> Option<&(i64, Vec<MigInstance>)> {
+        self.reported.get(&(node.to_string(), gpu))
     }
-}
 
-/// The outcome of an admin's MIG mode change.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MigOutcome {
-    pub record: GpuMigRecord,
-    /// `false` when the GPU was in that mode already (nothing changed, nothing stored).
-    pub changed: bool,
-}
+    /// Forgets what was reported of nodes that left the fleet.
+    pub(super) fn forget_nodes(&mut self, gone: &[String]) {
+        self.reported.retain(|(node, _), _| !gone.contains(node));
+    }
 
-impl Core {
     /// Switches MIG mode of `gpu` on `node` (the caller checked that the GPU exists). On a
     /// change, the stored record and `audit` go into `batch`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn set_mig_mode(
         &mut self,
+        w: &mut World,
         node: &str,
         gpu: u8,
         enabled: bool,
@@ -82,27 +96,27 @@ impl Core {
         now: i64,
     ) -> Result<MigOutcome, LifecycleError> {
         let refuse = |r: MigRefusal, detail: String| Err(LifecycleError::Mig(r, detail));
-        let Some(n) = self.fleet.node_by_name(node) else {
+        let Some(n) = w.fleet.node_by_name(node) else {
             return Err(LifecycleError::Conflict(format!("no node `{node}` in the fleet")));
         };
-        if !self.caps.mig_mode_switch {
+        if !w.caps.mig_mode_switch {
             return refuse(
                 MigRefusal::Unsupported,
                 format!(
                     "the {} backend does not switch MIG mode (on Kubernetes the GPU Operator's MIG manager owns it)",
-                    self.backend.name()
+                    w.backend.name()
                 ),
             );
         }
-        if let Err(e) = self.sched.engine.mig_switchable(n.0, gpu) {
+        if let Err(e) = w.sched.engine.mig_switchable(n.0, gpu) {
             return refuse(MigRefusal::NotMigCapable, e.0);
         }
-        let engine = &self.sched.engine;
+        let engine = &w.sched.engine;
         let off = engine.mig_off_gpus(n.0) >> gpu & 1 == 1;
         let pending = engine.mig_pending_gpus(n.0) >> gpu & 1 == 1;
         if off != enabled && !pending {
             return Ok(MigOutcome {
-                record: self
+                record: w
                     .ops
                     .mig
                     .get(&(node.to_string(), gpu))
@@ -118,7 +132,7 @@ impl Core {
                 changed: false,
             });
         }
-        let state = self.ops.node_state(node);
+        let state = w.ops.node_state(node);
         if state == tessera_store::NodeState::Ready {
             return refuse(
                 MigRefusal::NodeInPlacement,
@@ -134,18 +148,18 @@ impl Core {
                 format!("GPU {gpu} of {node} still holds {holders} workload(s); wait until the drain has emptied it"),
             );
         }
-        let pending = match self.backend.set_mig_mode(node, gpu, enabled).await {
+        let pending = match w.backend.set_mig_mode(node, gpu, enabled).await {
             Ok(MigModeChange::Applied) => false,
             Ok(MigModeChange::PendingReset) => true,
             Err(BackendError::Rejected(why)) => return refuse(MigRefusal::BackendRefused, why),
             Err(e @ BackendError::Unreachable(_)) => return Err(LifecycleError::Unavailable(e.to_string())),
         };
-        if let Err(e) = self.sched.engine.set_gpu_mig(n.0, gpu, enabled) {
+        if let Err(e) = w.sched.engine.set_gpu_mig(n.0, gpu, enabled) {
             // Checked above within this loop turn; a failure here is a bug, not a state.
             tracing::error!(%node, gpu, error = %e.0, "the engine refused a MIG mode the backend applied");
             return Err(LifecycleError::Conflict(e.0));
         }
-        self.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
+        w.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
         let mode = if enabled { "on" } else { "off" };
         let record = GpuMigRecord {
             node: node.to_string(),
@@ -165,10 +179,10 @@ impl Core {
         audit.detail = record.detail.clone();
         batch.change(Change::GpuMig(record.clone()));
         batch.audit(audit);
-        let mut ops = (*self.ops).clone();
+        let mut ops = (*w.ops).clone();
         ops.mig.insert((node.to_string(), gpu), record.clone());
-        self.ops = Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
+        w.ops = Arc::new(ops);
+        w.published.set_ops(w.ops.clone());
         tracing::info!(%node, gpu, enabled, pending, "MIG mode changed by an admin");
         Ok(MigOutcome { record, changed: true })
     }
@@ -176,8 +190,10 @@ impl Core {
     /// The backend read GPU `gpu` of `node` in MIG mode `enabled` (switching to it, `pending` a
     /// reset): the engine and the stored record follow when they differ. A GPU outside a mig
     /// pool, or one still holding work in its old mode, is left as it is (logged).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn backend_mig_mode(
         &mut self,
+        w: &mut World,
         node: &str,
         gpu: u8,
         enabled: bool,
@@ -185,10 +201,10 @@ impl Core {
         batch: &mut Batch,
         now: i64,
     ) {
-        let Some(n) = self.fleet.node_by_name(node) else {
+        let Some(n) = w.fleet.node_by_name(node) else {
             return;
         };
-        let engine = &self.sched.engine;
+        let engine = &w.sched.engine;
         if engine.mig_switchable(n.0, gpu).is_err() {
             return;
         }
@@ -197,19 +213,19 @@ impl Core {
         if (was_on, was_pending) == (enabled, pending) {
             return;
         }
-        if let Err(e) = self.sched.engine.set_gpu_mig(n.0, gpu, enabled) {
+        if let Err(e) = w.sched.engine.set_gpu_mig(n.0, gpu, enabled) {
             tracing::warn!(%node, gpu, enabled, error = %e.0, "the backend reports a MIG mode the engine cannot follow yet");
             return;
         }
-        self.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
+        w.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
         let mode = if enabled { "on" } else { "off" };
         let detail = match (pending, was_pending && was_on == enabled) {
             (true, _) => format!(
                 "MIG mode {mode} pending a GPU reset, as the {} backend reads it",
-                self.backend.name()
+                w.backend.name()
             ),
             (false, true) => format!("MIG mode {mode}: the GPU reset applied the pending change"),
-            (false, false) => format!("MIG mode {mode}, as the {} backend reads it", self.backend.name()),
+            (false, false) => format!("MIG mode {mode}, as the {} backend reads it", w.backend.name()),
         };
         let record = GpuMigRecord {
             node: node.to_string(),
@@ -224,17 +240,17 @@ impl Core {
             seq: 0,
             at: now,
             request_id: format!("backend-mig-{node}-{gpu}"),
-            actor: format!("{}-backend", self.backend.name()),
+            actor: format!("{}-backend", w.backend.name()),
             tenant: None,
             action: "gpu.mig".into(),
             target: format!("nodes/{node}/gpus/{gpu}"),
             outcome: 200,
             detail,
         });
-        let mut ops = (*self.ops).clone();
+        let mut ops = (*w.ops).clone();
         ops.mig.insert((node.to_string(), gpu), record);
-        self.ops = Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
+        w.ops = Arc::new(ops);
+        w.published.set_ops(w.ops.clone());
         batch.full_publish = true;
         tracing::info!(%node, gpu, enabled, pending, "MIG mode read from the backend");
     }
@@ -242,24 +258,48 @@ impl Core {
     /// At start-up: the stored MIG modes, into the engine (before any allocation is restored)
     /// and onto the backend (idempotent; the simulated backend forgot them) unless it reports
     /// the modes itself (then its reports correct the engine when the GPUs changed meanwhile).
-    pub(super) async fn restore_mig_modes(&mut self, records: Vec<GpuMigRecord>, ops: &mut super::FleetOps) {
+    pub(super) async fn restore(&mut self, w: &mut World, records: Vec<GpuMigRecord>, ops: &mut FleetOps) {
         for r in records {
-            let Some(n) = self.fleet.node_by_name(&r.node) else {
+            let Some(n) = w.fleet.node_by_name(&r.node) else {
                 continue;
             };
-            if let Err(e) = self.sched.engine.set_gpu_mig(n.0, r.gpu, r.enabled) {
+            if let Err(e) = w.sched.engine.set_gpu_mig(n.0, r.gpu, r.enabled) {
                 tracing::warn!(node = %r.node, gpu = r.gpu, error = %e.0, "a stored MIG mode no longer applies");
                 continue;
             }
-            self.sched.engine.set_gpu_mig_pending(n.0, r.gpu, r.pending);
+            w.sched.engine.set_gpu_mig_pending(n.0, r.gpu, r.pending);
             if !r.pending
-                && self.caps.mig_mode_switch
-                && !self.caps.mig_mode_reported
-                && let Err(e) = self.backend.set_mig_mode(&r.node, r.gpu, r.enabled).await
+                && w.caps.mig_mode_switch
+                && !w.caps.mig_mode_reported
+                && let Err(e) = w.backend.set_mig_mode(&r.node, r.gpu, r.enabled).await
             {
                 tracing::warn!(node = %r.node, gpu = r.gpu, error = %e, "the backend did not take the stored MIG mode");
             }
             ops.mig.insert((r.node.clone(), r.gpu), r);
+        }
+    }
+
+    /// Adopts MIG layouts a `whole-gpu` backend reports (start-up, reconcile, a layout applied).
+    /// `at`: when the backend read them (a reconcile: when it was asked).
+    pub(super) fn adopt_layouts(&mut self, w: &mut World, layouts: &[(String, u8, Vec<MigInstance>)], at: i64) {
+        for (node, gpu, instances) in layouts {
+            self.reported.insert((node.clone(), *gpu), (at, instances.clone()));
+        }
+        if w.caps.partitioning != Partitioning::WholeGpu {
+            return;
+        }
+        for (node, gpu, instances) in layouts {
+            let Some(n) = w.nodes.get(node) else {
+                tracing::warn!(%node, "the backend reports a MIG layout on a node the fleet does not have");
+                continue;
+            };
+            let Some(slots) = placement::mig_slots(&w.fleet, n, instances) else {
+                tracing::warn!(%node, gpu, "the backend reports MIG profiles this GPU model does not have");
+                continue;
+            };
+            if let Err(e) = w.sched.engine.adopt_layout(n, *gpu, &slots) {
+                tracing::warn!(%node, gpu, error = %e, "cannot adopt the MIG layout the backend reports");
+            }
         }
     }
 }

@@ -11,31 +11,24 @@
 //! * after the deadline the admin's policy applies: `preempt` stops what is left (with the
 //!   grace period; batch work is requeued), `wait` keeps waiting;
 //! * once nothing holds capacity on the node it is in `maintenance`.
+//!
+//! The drain controller ([`Drains`]) owns the drains in progress and the services they move;
+//! it is handed a [`NodeCtx`]: the world, the health controller (a node's fence also follows
+//! what the backend reports) and admission with the consolidation moves (a moved service's
+//! replacement is a new workload).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tessera_domain::{Input, Kind, Phase, PreemptCode, ReasonCode, WorkloadId};
-use tessera_store::{DrainRecord, MoveCause, NodeState, NodeStateRecord, ServiceMoveRecord};
+use tessera_store::{DrainRecord, MoveCause, NodeState, NodeStateRecord, ServiceMoveRecord, Store};
 
-use super::commit::Batch;
-use super::{Core, LifecycleError};
-
-/// What an admin asks of a node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NodeOp {
-    Cordon,
-    /// `deadline_ms`: when the drain's policy applies (ms since the epoch); `preempt`: stop
-    /// what is left then, else keep waiting.
-    Drain {
-        deadline_ms: Option<i64>,
-        preempt: bool,
-    },
-    Maintenance,
-    Uncordon,
-    /// The external hook of a rolling upgrade: the upgrade of this node is finished.
-    UpgradeDone,
-}
+use super::admission::{Admission, replacement_of};
+use super::batch::Batch;
+use super::command::{LifecycleError, NodeOp};
+use super::consolidation::Moves;
+use super::health::Health;
+use super::world::World;
 
 /// A drain in progress.
 #[derive(Clone, Debug, Default)]
@@ -65,9 +58,20 @@ pub(super) struct Drains {
     pub moves: HashMap<WorkloadId, WorkloadId>,
 }
 
-impl Core {
-    fn holders_of(&self, node: &str) -> Vec<(WorkloadId, Kind, Phase)> {
-        let mut v: Vec<_> = self
+/// What the node controllers (drains here, rolling upgrades) are handed besides their own
+/// state: the world, the health controller (a node's fence also follows what the backend
+/// reports), and admission with the consolidation moves (a drained service's replacement is
+/// a new workload).
+pub(super) struct NodeCtx<'a> {
+    pub w: &'a mut World,
+    pub health: &'a Health,
+    pub admission: &'a mut Admission,
+    pub moves: &'a mut Moves,
+}
+
+impl Drains {
+    pub(super) fn holders_of(w: &World, node: &str) -> Vec<(WorkloadId, Kind, Phase)> {
+        let mut v: Vec<_> = w
             .live
             .values()
             .filter(|l| l.w.phase.holds_capacity() && l.w.holds_on(node))
@@ -79,6 +83,7 @@ impl Core {
 
     pub(super) async fn set_state(
         &mut self,
+        cx: &mut NodeCtx<'_>,
         node: &str,
         state: NodeState,
         detail: String,
@@ -86,7 +91,7 @@ impl Core {
     ) -> Result<(), LifecycleError> {
         let unavailable =
             |e: tessera_store::StoreError| LifecycleError::Unavailable(format!("the store is unavailable: {e}"));
-        let mut ops = (*self.ops).clone();
+        let mut ops = (*cx.w.ops).clone();
         match state {
             NodeState::Cordoned | NodeState::Draining | NodeState::Maintenance => {
                 let rec = NodeStateRecord {
@@ -95,20 +100,20 @@ impl Core {
                     since: now,
                     detail,
                 };
-                self.store.set_node_state(&rec).await.map_err(unavailable)?;
+                cx.w.store.set_node_state(&rec).await.map_err(unavailable)?;
                 ops.nodes.insert(node.to_string(), rec);
             }
             NodeState::Ready => {
-                self.store.clear_node_state(node).await.map_err(unavailable)?;
+                cx.w.store.clear_node_state(node).await.map_err(unavailable)?;
                 ops.nodes.remove(node);
             }
         }
-        self.ops = Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
-        self.refence(node);
+        cx.w.ops = Arc::new(ops);
+        cx.w.published.set_ops(cx.w.ops.clone());
+        cx.health.refence(cx.w, node);
         // The platform's own fence too (Kubernetes: `spec.unschedulable`), so nothing else
         // places work there; a failure is logged, Tessera's fence holds either way.
-        if let Err(e) = self.backend.cordon(node, state != NodeState::Ready).await {
+        if let Err(e) = cx.w.backend.cordon(node, state != NodeState::Ready).await {
             tracing::warn!(%node, error = %e, "the backend did not (un)cordon the node");
         }
         tracing::info!(%node, state = state.as_str(), "node state changed");
@@ -116,19 +121,19 @@ impl Core {
     }
 
     /// Forgets a node's drain, in memory and in the store.
-    async fn end_drain(&mut self, node: &str) {
-        if self.drains.nodes.remove(node).is_some()
-            && let Err(e) = self.store.clear_drain(node).await
+    async fn end_drain(&mut self, cx: &mut NodeCtx<'_>, node: &str) {
+        if self.nodes.remove(node).is_some()
+            && let Err(e) = cx.w.store.clear_drain(node).await
         {
             tracing::error!(%node, error = %e, "cannot forget a drain in the store");
         }
     }
 
     /// Forgets a service move — a drain's or consolidation's — in memory and in the store.
-    pub(super) async fn end_move(&mut self, old: WorkloadId) {
-        let drained = self.drains.moves.remove(&old).is_some();
-        if (drained | self.moves.forget(old))
-            && let Err(e) = self.store.clear_service_move(old).await
+    pub(super) async fn end_move(&mut self, moves: &mut Moves, store: &dyn Store, old: WorkloadId) {
+        let drained = self.moves.remove(&old).is_some();
+        if (drained | moves.forget(old))
+            && let Err(e) = store.clear_service_move(old).await
         {
             tracing::error!(%old, error = %e, "cannot forget a service move in the store");
         }
@@ -137,6 +142,7 @@ impl Core {
     /// Carries out an admin's node operation (the caller checked that the node exists).
     pub(super) async fn node_op(
         &mut self,
+        cx: &mut NodeCtx<'_>,
         node: &str,
         op: NodeOp,
         actor: &str,
@@ -144,29 +150,32 @@ impl Core {
         now: i64,
     ) -> Result<(), LifecycleError> {
         match op {
-            NodeOp::UpgradeDone => self.upgrade_done(node, actor, batch, now).await,
+            // Routed to the rollout controller by the loop.
+            NodeOp::UpgradeDone => Err(LifecycleError::Conflict(
+                "an upgrade's end is taken by the rollout controller".into(),
+            )),
             NodeOp::Cordon => {
-                self.end_drain(node).await;
-                self.set_state(node, NodeState::Cordoned, format!("cordoned by {actor}"), now)
+                self.end_drain(cx, node).await;
+                self.set_state(cx, node, NodeState::Cordoned, format!("cordoned by {actor}"), now)
                     .await
             }
             NodeOp::Uncordon => {
-                self.end_drain(node).await;
-                self.set_state(node, NodeState::Ready, String::new(), now).await
+                self.end_drain(cx, node).await;
+                self.set_state(cx, node, NodeState::Ready, String::new(), now).await
             }
             NodeOp::Maintenance => {
-                let busy = self.holders_of(node).len();
+                let busy = Self::holders_of(cx.w, node).len();
                 if busy > 0 {
                     return Err(LifecycleError::Conflict(format!(
                         "node {node} still holds {busy} workload(s); drain it first (`tessera node drain {node}`)"
                     )));
                 }
-                self.end_drain(node).await;
-                self.set_state(node, NodeState::Maintenance, format!("maintenance by {actor}"), now)
+                self.end_drain(cx, node).await;
+                self.set_state(cx, node, NodeState::Maintenance, format!("maintenance by {actor}"), now)
                     .await
             }
             NodeOp::Drain { deadline_ms, preempt } => {
-                self.start_drain(node, deadline_ms, preempt, actor, None, batch, now)
+                self.start_drain(cx, node, deadline_ms, preempt, actor, None, batch, now)
                     .await
             }
         }
@@ -177,6 +186,7 @@ impl Core {
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn start_drain(
         &mut self,
+        cx: &mut NodeCtx<'_>,
         node: &str,
         deadline_ms: Option<i64>,
         preempt: bool,
@@ -193,7 +203,7 @@ impl Core {
             ),
             None => format!("drained by {actor}; no deadline"),
         };
-        self.store
+        cx.w.store
             .set_drain(&DrainRecord {
                 node: node.to_string(),
                 deadline_ms,
@@ -201,8 +211,8 @@ impl Core {
             })
             .await
             .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
-        self.set_state(node, NodeState::Draining, detail, now).await?;
-        self.drains.nodes.insert(
+        self.set_state(cx, node, NodeState::Draining, detail, now).await?;
+        self.nodes.insert(
             node.to_string(),
             Drain {
                 deadline_ms,
@@ -211,36 +221,35 @@ impl Core {
                 rollout,
             },
         );
-        self.drain_step(batch, now).await;
+        self.drain_step(cx, batch, now).await;
         Ok(())
     }
 
     /// One step of every drain in progress.
-    pub(super) async fn drain_step(&mut self, batch: &mut Batch, now: i64) {
+    pub(super) async fn drain_step(&mut self, cx: &mut NodeCtx<'_>, batch: &mut Batch, now: i64) {
         // Moves whose old workload ended: forget them.
         let ended: Vec<WorkloadId> = self
-            .drains
             .moves
             .keys()
-            .filter(|old| self.live.get(old).is_none_or(|l| l.w.phase.is_terminal()))
+            .filter(|old| cx.w.live.get(old).is_none_or(|l| l.w.phase.is_terminal()))
             .copied()
             .collect();
         for old in ended {
-            self.end_move(old).await;
+            self.end_move(cx.moves, &*cx.w.store, old).await;
         }
-        let nodes: Vec<String> = self.drains.nodes.keys().cloned().collect();
-        let grace_s = self.settings.grace.as_secs();
+        let nodes: Vec<String> = self.nodes.keys().cloned().collect();
+        let grace_s = cx.w.settings.grace.as_secs();
         for node in nodes {
-            let holders = self.holders_of(&node);
+            let holders = Self::holders_of(cx.w, &node);
             if holders.is_empty() {
-                self.end_drain(&node).await;
+                self.end_drain(cx, &node).await;
                 let detail = format!("drained at {}", tessera_api::rfc3339_ms(now));
-                if let Err(e) = self.set_state(&node, NodeState::Maintenance, detail, now).await {
+                if let Err(e) = self.set_state(cx, &node, NodeState::Maintenance, detail, now).await {
                     tracing::error!(%node, error = %e, "cannot record the end of a drain");
                 }
                 continue;
             }
-            let Some(d) = self.drains.nodes.get(&node).cloned() else {
+            let Some(d) = self.nodes.get(&node).cloned() else {
                 continue;
             };
             let past = d.deadline_ms.is_some_and(|t| now >= t);
@@ -253,11 +262,11 @@ impl Core {
                     continue;
                 }
                 if kind == Kind::Service {
-                    self.move_service(&node, id, batch, now).await;
+                    self.move_service(cx, &node, id, batch, now).await;
                     continue;
                 }
                 if past && d.preempt {
-                    self.apply(
+                    cx.w.apply(
                         id,
                         Input::Preempt {
                             at: now,
@@ -271,7 +280,7 @@ impl Core {
                     );
                     continue;
                 }
-                if self.drains.nodes.get(&node).is_some_and(|x| x.noticed.contains(&id)) {
+                if self.nodes.get(&node).is_some_and(|x| x.noticed.contains(&id)) {
                     continue;
                 }
                 let what = d.what(&node);
@@ -286,7 +295,7 @@ impl Core {
                     ),
                     _ => format!("{what}: this workload runs to completion, and nothing new starts there"),
                 };
-                self.apply(
+                cx.w.apply(
                     id,
                     Input::Notice {
                         at: now,
@@ -296,7 +305,7 @@ impl Core {
                     batch,
                     now,
                 );
-                if let Some(x) = self.drains.nodes.get_mut(&node) {
+                if let Some(x) = self.nodes.get_mut(&node) {
                     x.noticed.insert(id);
                 }
             }
@@ -305,13 +314,13 @@ impl Core {
 
     /// Moves a service off a draining node: a replacement first, the old one stopped only once
     /// the replacement runs.
-    async fn move_service(&mut self, node: &str, old: WorkloadId, batch: &mut Batch, now: i64) {
-        let grace_s = self.settings.grace.as_secs();
-        if let Some(&new) = self.drains.moves.get(&old) {
-            match self.live.get(&new).map(|l| l.w.phase) {
+    async fn move_service(&mut self, cx: &mut NodeCtx<'_>, node: &str, old: WorkloadId, batch: &mut Batch, now: i64) {
+        let grace_s = cx.w.settings.grace.as_secs();
+        if let Some(&new) = self.moves.get(&old) {
+            match cx.w.live.get(&new).map(|l| l.w.phase) {
                 Some(Phase::Running) => {
-                    self.end_move(old).await;
-                    self.apply(
+                    self.end_move(cx.moves, &*cx.w.store, old).await;
+                    cx.w.apply(
                         old,
                         Input::Preempt {
                             at: now,
@@ -327,14 +336,14 @@ impl Core {
                 Some(_) => {}
                 // The replacement ended before it ran: try again next time.
                 None => {
-                    self.end_move(old).await;
+                    self.end_move(cx.moves, &*cx.w.store, old).await;
                 }
             }
             return;
         }
-        let Some(l) = self.live.get(&old) else { return };
-        let nw = l.replacement(format!("drain of {node}"), now);
-        match self.accept(nw, batch, now).await {
+        let Some(l) = cx.w.live.get(&old) else { return };
+        let nw = replacement_of(l, format!("drain of {node}"), now);
+        match cx.admission.accept(cx.w, cx.moves, nw, batch, now).await {
             Ok((new, _)) => {
                 // Stored before the replacement's batch commits: should that commit fail, the
                 // recovery finds no replacement and the move starts again; a restart after it
@@ -346,19 +355,18 @@ impl Core {
                     cause: MoveCause::Drain,
                     by: None,
                 };
-                if let Err(e) = self.store.set_service_move(&rec).await {
+                if let Err(e) = cx.w.store.set_service_move(&rec).await {
                     tracing::error!(%old, %new, error = %e, "cannot store a service move");
                 }
-                self.drains.moves.insert(old, new);
-                self.apply(
+                self.moves.insert(old, new);
+                cx.w.apply(
                     old,
                     Input::Notice {
                         at: now,
                         code: ReasonCode::NodeDrain,
                         detail: format!(
                             "{}: replacement workload {new} starts elsewhere; this one stops once it runs",
-                            self.drains
-                                .nodes
+                            self.nodes
                                 .get(node)
                                 .map(|d| d.what(node))
                                 .unwrap_or_else(|| format!("node {node} is being drained"))

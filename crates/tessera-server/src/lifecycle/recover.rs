@@ -9,50 +9,78 @@
 //! requested again (idempotent: the partition was recorded before start, so a partition that
 //! exists is not made twice), a partitioned one is started if the backend does not know it, a
 //! running one the backend lost fails, a stopping one is stopped again.
+//!
+//! A rebuild ([`Rebuild`]) borrows every controller's state from the loop: it resets and
+//! refills each (admission's ids, the publication's builder, drains, moves, MIG modes, health
+//! and node states, the backend work in flight).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tessera_domain::{Input, Observed, Phase, WorkloadId};
-use tessera_store::StoreError;
+use tessera_store::{Fence, NodeState, StoreError};
 
-use super::commit::Batch;
-use super::{Core, Live, now_ms, placement};
+use super::admission::Admission;
+use super::batch::Batch;
+use super::commit::Publication;
+use super::consolidation::Moves;
+use super::effects::Runner;
+use super::health::Health;
+use super::live::{Live, now_ms};
+use super::migmode::MigModes;
+use super::nodeops::{Drain, Drains};
+use super::ops::FleetOps;
+use super::placement;
+use super::world::World;
 use tessera_model::GpuUnits;
 use tessera_sched::cycle::Quota;
 
-impl Core {
-    pub(super) async fn recover(&mut self) -> Result<(), StoreError> {
+/// Every controller's state a rebuild resets and refills, borrowed from the loop.
+pub(super) struct Rebuild<'a> {
+    pub w: &'a mut World,
+    pub admission: &'a mut Admission,
+    pub publication: &'a mut Publication,
+    pub health: &'a Health,
+    pub mig: &'a mut MigModes,
+    pub drains: &'a mut Drains,
+    pub moves: &'a mut Moves,
+    pub runner: &'a mut Runner,
+    pub fence: Option<&'a Fence>,
+}
+
+impl Rebuild<'_> {
+    pub(super) async fn run(&mut self) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
         let ms = |t: std::time::Instant| t.elapsed().as_millis() as u64;
-        self.sched = self.fresh_scheduler();
+        self.w.sched = self.w.fresh_scheduler();
         // Consolidation moves in progress come back from the store with the fleet operations.
-        self.moves = Default::default();
+        *self.moves = Default::default();
         self.restore_ops().await?;
         let ops_ms = ms(started);
-        self.live.clear();
+        self.w.live.clear();
         self.runner.clear();
-        self.published.clear_workloads();
-        self.builder.reset();
-        self.ids = 0..0;
-        for q in self.store.quotas().await? {
+        self.w.published.clear_workloads();
+        self.publication.reset(None);
+        self.admission.reset();
+        for q in self.w.store.quotas().await? {
             let quota = Quota {
                 guaranteed: GpuUnits(q.guaranteed_milli),
                 limit: q.limit_milli.map(GpuUnits),
             };
-            self.sched.set_quota(&q.tenant, &q.class, Some(quota));
+            self.w.sched.set_quota(&q.tenant, &q.class, Some(quota));
         }
-        for (t, b) in self.store.budgets().await? {
-            self.sched.set_budget(&t, Some(b));
+        for (t, b) in self.w.store.budgets().await? {
+            self.w.sched.set_budget(&t, Some(b));
         }
         let now = now_ms();
         // The month's usage is read beside the workloads (on another thread when the runtime
         // has one): both are long reads of a large store.
         let t = std::time::Instant::now();
-        let (mut month, store) = (std::mem::take(&mut self.month), self.store.clone());
+        let (mut month, store) = (std::mem::take(&mut self.w.month), self.w.store.clone());
         let month_read = tokio::spawn(async move { month.refresh(&*store, now).await.map(|()| month) });
-        let active = self.store.active_workloads().await?;
+        let active = self.w.store.active_workloads().await?;
         let read_ms = ms(t);
-        self.month = month_read
+        self.w.month = month_read
             .await
             .map_err(|e| StoreError::Unavailable(format!("reading this month's usage: {e}")))??;
         let month_ms = ms(t);
@@ -63,17 +91,17 @@ impl Core {
             .iter()
             .filter(|w| matches!(w.phase, Phase::Partitioned | Phase::Running | Phase::Stopping))
             .filter(|w| w.placement.is_some())
-            .map(|w| placement::run_spec(&self.fleet, &self.nodes, w, &self.caps))
+            .map(|w| placement::run_spec(&self.w.fleet, &self.w.nodes, w, &self.w.caps))
             .collect();
         let mut observed: HashMap<WorkloadId, Observed> = HashMap::new();
-        match self.backend.reconcile(&expected).await {
+        match self.w.backend.reconcile(&expected).await {
             Ok(report) => {
                 for (id, o) in report.workloads {
-                    observed.insert(WorkloadId(id), self.observed(o, "after a control-plane restart"));
+                    observed.insert(WorkloadId(id), self.w.observed(o, "after a control-plane restart"));
                 }
-                self.adopt_layouts(&report.layouts, now_ms());
+                self.mig.adopt_layouts(self.w, &report.layouts, now_ms());
                 // Logged and counted here; the first periodic reconcile audits them.
-                self.metrics.orphans(report.orphans.len());
+                self.w.metrics.orphans(report.orphans.len());
                 for o in &report.orphans {
                     tracing::warn!(node = %o.node, id = ?o.id, detail = %o.detail, "the backend runs work Tessera does not know (orphan)");
                 }
@@ -88,12 +116,12 @@ impl Core {
         let mut invalid = Vec::new();
         for w in active {
             let id = w.id;
-            let tenant = self.tenant_id(&w.spec.tenant);
-            let (request, gang) = match placement::resolve(&self.fleet, &w.spec, tenant) {
+            let tenant = self.w.tenant_id(&w.spec.tenant);
+            let (request, gang) = match placement::resolve(&self.w.fleet, &w.spec, tenant) {
                 Ok(r) => r,
                 Err(e) => {
                     invalid.push((id, format!("{}: {}", e.field, e.message)));
-                    self.live.insert(
+                    self.w.live.insert(
                         id,
                         Live {
                             request: tessera_model::Request::new(tessera_model::Shape::CpuOnly),
@@ -107,33 +135,33 @@ impl Core {
                 }
             };
             let live = Live {
-                class: self.class_of(&request).into(),
+                class: self.w.class_of(&request).into(),
                 request,
                 gang,
                 w: w.into(),
                 util: (0.0, 0.0),
             };
             if live.w.phase.holds_capacity() {
-                let restored = live.restore_into(&mut self.sched, &self.fleet, &self.nodes, tenant);
+                let restored = live.restore_into(&mut self.w.sched, &self.w.fleet, &self.w.nodes, tenant);
                 if let Err(e) = restored {
                     tracing::error!(%id, error = %e, "cannot re-apply the allocation");
                     invalid.push((id, format!("its allocation could not be restored: {e}")));
                 } else if live.w.phase == Phase::Stopping {
-                    self.sched.stopping(id.0);
+                    self.w.sched.stopping(id.0);
                 }
             }
-            self.live.insert(id, live);
+            self.w.live.insert(id, live);
         }
         // A service being moved by consolidation is on its way out: no new move or preemption
         // picks it again while its replacement starts.
         for old in self.moves.originals() {
-            self.sched.stopping(old.0);
+            self.w.sched.stopping(old.0);
         }
         let restore_ms = ms(t);
         let t = std::time::Instant::now();
         let mut batch = Batch::default();
         for (id, detail) in &invalid {
-            self.apply(
+            self.w.apply(
                 *id,
                 Input::Invalid {
                     at: now,
@@ -143,12 +171,12 @@ impl Core {
                 now,
             );
         }
-        let mut ids: Vec<WorkloadId> = self.live.keys().copied().collect();
+        let mut ids: Vec<WorkloadId> = self.w.live.keys().copied().collect();
         ids.sort_unstable();
-        let grace_s = self.settings.grace.as_secs();
+        let grace_s = self.w.settings.grace.as_secs();
         for id in ids {
             let o = observed.remove(&id).unwrap_or(Observed::Starting);
-            self.apply(
+            self.w.apply(
                 id,
                 Input::Recovered {
                     at: now,
@@ -159,8 +187,8 @@ impl Core {
                 now,
             );
         }
-        let queued = self.sched.queued();
-        let live = self.live.len();
+        let queued = self.w.sched.queued();
+        let live = self.w.live.len();
         let apply_ms = ms(t);
         let t = std::time::Instant::now();
         self.commit_recovery(batch, now).await?;
@@ -182,20 +210,97 @@ impl Core {
 
     /// Stores what recovery decided (it must not recurse into another recovery on failure).
     async fn commit_recovery(&mut self, batch: Batch, now: i64) -> Result<(), StoreError> {
+        if batch.queue_changed {
+            self.publication.mark_dirty();
+        }
         let mut parts = batch.into_parts();
-        if let (Some(f), false) = (&self.fence, parts.changes.is_empty()) {
+        if let (Some(f), false) = (self.fence, parts.changes.is_empty()) {
             parts.changes.insert(0, tessera_store::Change::Fence(f.clone()));
         }
-        self.store.commit(&parts.changes).await?;
-        self.published.put_workloads(parts.records);
-        self.published.put_workloads(self.live.values().map(|l| l.w.clone()));
-        let snap = self
-            .builder
-            .build(&self.fleet, &self.sched, &self.live, &self.tenants, now, true);
-        self.published.set_snapshot(snap);
+        self.w.store.commit(&parts.changes).await?;
+        self.w.published.put_workloads(parts.records);
+        self.w
+            .published
+            .put_workloads(self.w.live.values().map(|l| l.w.clone()));
+        self.publication.publish_rebuilt(self.w, now);
         for (id, op) in parts.ops {
             self.runner.submit(id, op);
         }
+        Ok(())
+    }
+
+    /// Re-applies stored health and node states to a fresh engine (start-up, after a failed
+    /// commit).
+    async fn restore_ops(&mut self) -> Result<(), tessera_store::StoreError> {
+        let mut ops = FleetOps::default();
+        *self.drains = Default::default();
+        let drains: std::collections::HashMap<String, tessera_store::DrainRecord> = self
+            .w
+            .store
+            .drains()
+            .await?
+            .into_iter()
+            .map(|d| (d.node.clone(), d))
+            .collect();
+        for m in self.w.store.service_moves().await? {
+            match m.cause {
+                tessera_store::MoveCause::Drain => {
+                    self.drains.moves.insert(m.old, m.replacement);
+                }
+                // Continued by the consolidation step: the original stops once its
+                // replacement runs (see `consolidation`).
+                tessera_store::MoveCause::Consolidation => {
+                    self.moves.restore(m.old, m.replacement, m.by);
+                }
+            }
+        }
+        for r in self.w.store.rollouts().await? {
+            ops.rollouts.insert(r.id, r);
+        }
+        let mig = self.w.store.gpu_mig_modes().await?;
+        self.mig.restore(self.w, mig, &mut ops).await;
+        for r in self.w.store.unhealthy_gpus().await? {
+            if let Some(n) = self.w.fleet.node_by_name(&r.node) {
+                self.w.sched.engine.fence_gpu(n.0, r.gpu, true);
+            }
+            ops.unhealthy.insert((r.node.clone(), r.gpu), r);
+        }
+        let closed: Vec<String> = self.health.closed_nodes();
+        for node in closed {
+            if let Some(n) = self.w.fleet.node_by_name(&node) {
+                self.w.sched.engine.fence_node(n.0, true);
+            }
+        }
+        for r in self.w.store.node_states().await? {
+            if let Some(n) = self.w.fleet.node_by_name(&r.node) {
+                self.w.sched.engine.fence_node(n.0, true);
+            }
+            // A drain resumes with its stored deadline and policy (one stored before its policy
+            // was: it waits, so nothing is cut off by a restart).
+            if r.state == NodeState::Draining {
+                let d = drains.get(&r.node);
+                self.drains.nodes.insert(
+                    r.node.clone(),
+                    Drain {
+                        deadline_ms: d.and_then(|d| d.deadline_ms),
+                        preempt: d.is_some_and(|d| d.preempt),
+                        noticed: Default::default(),
+                        rollout: ops
+                            .rollouts
+                            .values()
+                            .find(|ro| {
+                                ro.nodes
+                                    .iter()
+                                    .any(|n| n.node == r.node && n.state == tessera_store::RolloutNodeState::Draining)
+                            })
+                            .map(|ro| ro.id),
+                    },
+                );
+            }
+            ops.nodes.insert(r.node.clone(), r);
+        }
+        self.w.ops = Arc::new(ops);
+        self.w.published.set_ops(self.w.ops.clone());
         Ok(())
     }
 }

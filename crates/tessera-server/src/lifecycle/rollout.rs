@@ -15,13 +15,24 @@
 //!
 //! Every change is stored (the rollout and its nodes), so a restart resumes where it was, and
 //! each node step is an audit record committed with the loop's batch.
+//!
+//! The controller ([`Rollouts`]) keeps only whether telemetry asked for an early step; the
+//! rollouts live in the world's operator state. It is handed a [`RolloutCtx`]: the world, the
+//! drains and what their steps need, the MIG layouts the backend reported, and the
+//! reconciler's "soon".
 
 use tessera_domain::Kind;
 use tessera_sched::rollout::{self, Limits};
 use tessera_store::{AuditRecord, NodeState, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState};
 
-use super::commit::Batch;
-use super::{Core, LifecycleError};
+use super::admission::Admission;
+use super::batch::Batch;
+use super::command::{LifecycleError, NewRollout, Reply};
+use super::consolidation::Moves;
+use super::health::Health;
+use super::migmode::MigModes;
+use super::nodeops::{Drains, NodeCtx};
+use super::world::World;
 
 /// A pending node is taken (cordoned) once its unmovable work ends within this (one controller
 /// tick): until then it keeps serving, rather than idling its free GPUs while it drains.
@@ -29,16 +40,6 @@ pub const CORDON_AHEAD_MS: i64 = 1_000;
 
 /// How long a node may take to pass validation after its upgrade.
 pub const VALIDATE_WITHIN_MS: i64 = 60_000;
-
-/// What an admin asks for a new rollout (validated by the caller; the pool exists).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NewRollout {
-    pub pool: String,
-    pub max_parallel: u32,
-    pub max_unavailable_milli: u64,
-    pub deadline_s: Option<u64>,
-    pub preempt: bool,
-}
 
 /// Why a node does not pass validation.
 enum Invalid {
@@ -85,32 +86,115 @@ fn pending_detail(n: &rollout::Node, preempt_after_s: Option<u64>) -> String {
 /// The actor the controller's own audit records name.
 const CONTROLLER: &str = "rollout-controller";
 
-impl Core {
+/// The rollout controller's state; the rollouts themselves are stored and published in the
+/// world's operator state (`World::ops`).
+#[derive(Default)]
+pub(super) struct Rollouts {
+    /// Telemetry arrived while a rollout runs: its drains and steps are taken after this batch
+    /// rather than at the next tick (a node that emptied or came back from its upgrade moves on
+    /// within one telemetry interval).
+    pub soon: bool,
+}
+
+/// What the rollout controller is handed: the world, the controllers whose machinery a
+/// rollout uses (drains, health, the MIG layouts the backend reported, admission and moves for
+/// the drains' service moves), and the reconciler's "reconcile soon".
+pub(super) struct RolloutCtx<'a> {
+    pub w: &'a mut World,
+    pub health: &'a Health,
+    pub admission: &'a mut Admission,
+    pub moves: &'a mut Moves,
+    pub drains: &'a mut Drains,
+    pub mig: &'a MigModes,
+    pub reconcile_soon: &'a mut bool,
+}
+
+impl RolloutCtx<'_> {
+    /// The drains, and the context their steps are handed.
+    fn nodes(&mut self) -> (&mut Drains, NodeCtx<'_>) {
+        (
+            &mut *self.drains,
+            NodeCtx {
+                w: &mut *self.w,
+                health: self.health,
+                admission: &mut *self.admission,
+                moves: &mut *self.moves,
+            },
+        )
+    }
+
+    async fn set_state(
+        &mut self,
+        node: &str,
+        state: NodeState,
+        detail: String,
+        now: i64,
+    ) -> Result<(), LifecycleError> {
+        let (drains, mut cx) = self.nodes();
+        drains.set_state(&mut cx, node, state, detail, now).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_drain(
+        &mut self,
+        node: &str,
+        deadline_ms: Option<i64>,
+        preempt: bool,
+        actor: &str,
+        rollout: Option<u64>,
+        batch: &mut Batch,
+        now: i64,
+    ) -> Result<(), LifecycleError> {
+        let (drains, mut cx) = self.nodes();
+        drains
+            .start_drain(&mut cx, node, deadline_ms, preempt, actor, rollout, batch, now)
+            .await
+    }
+}
+
+impl Rollouts {
+    /// An admin's new rollout: answered at once (what is stored is its record).
+    pub(super) async fn on_start(
+        &mut self,
+        cx: &mut RolloutCtx<'_>,
+        spec: NewRollout,
+        actor: &str,
+        reply: Reply<RolloutRecord>,
+        batch: &mut Batch,
+        now: i64,
+    ) {
+        let r = self.start_rollout(cx, spec, actor, batch, now).await;
+        if r.is_ok() {
+            batch.full_publish = true;
+        }
+        let _ = reply.send(r);
+    }
+
     /// The planner's view of the nodes of a pool: units and the work on each (when it ends;
     /// services never end and move).
-    fn plan_nodes(&self, names: &[String]) -> Vec<rollout::Node> {
+    fn plan_nodes(&self, cx: &RolloutCtx<'_>, names: &[String]) -> Vec<rollout::Node> {
         names
             .iter()
             .map(|name| {
-                let units = self
-                    .fleet
-                    .node_by_name(name)
-                    .map(|n| self.fleet.node(n).gpus as u64 * 1000);
-                let work = self
-                    .live
-                    .values()
-                    .filter(|l| l.w.phase.holds_capacity() && l.w.holds_on(name))
-                    .map(|l| rollout::Work {
-                        units_milli: l.w.units.0,
-                        end_ms: match (l.w.spec.kind, l.w.spec.duration_s) {
-                            (Kind::Service, _) => None,
-                            (_, Some(d)) => Some(l.w.running_at.unwrap_or(l.w.created_at) + d as i64 * 1000),
-                            // Runs to completion, which no one knows: the drain waits for it.
-                            (_, None) => Some(rollout::NEVER),
-                        },
-                        start_ms: l.w.running_at.unwrap_or(l.w.created_at),
-                    })
-                    .collect();
+                let units =
+                    cx.w.fleet
+                        .node_by_name(name)
+                        .map(|n| cx.w.fleet.node(n).gpus as u64 * 1000);
+                let work =
+                    cx.w.live
+                        .values()
+                        .filter(|l| l.w.phase.holds_capacity() && l.w.holds_on(name))
+                        .map(|l| rollout::Work {
+                            units_milli: l.w.units.0,
+                            end_ms: match (l.w.spec.kind, l.w.spec.duration_s) {
+                                (Kind::Service, _) => None,
+                                (_, Some(d)) => Some(l.w.running_at.unwrap_or(l.w.created_at) + d as i64 * 1000),
+                                // Runs to completion, which no one knows: the drain waits for it.
+                                (_, None) => Some(rollout::NEVER),
+                            },
+                            start_ms: l.w.running_at.unwrap_or(l.w.created_at),
+                        })
+                        .collect();
                 rollout::Node {
                     name: name.clone(),
                     units_milli: units.unwrap_or(0),
@@ -123,30 +207,30 @@ impl Core {
     /// The node's MIG layout as the engine holds it, GPU by GPU (`whole-gpu` backends, whose
     /// layouts are a property of the node); on instance-mode backends, which create instances
     /// per workload (a drain removes them), the MIG mode of each GPU.
-    fn layout_text(&self, node: &str) -> String {
-        if self.caps.partitioning != tessera_backend::Partitioning::WholeGpu {
-            return self.mig_modes_text(node);
+    fn layout_text(&self, cx: &RolloutCtx<'_>, node: &str) -> String {
+        if cx.w.caps.partitioning != tessera_backend::Partitioning::WholeGpu {
+            return self.mig_modes_text(cx, node);
         }
-        let Some(n) = self.nodes.get(node) else {
+        let Some(n) = cx.w.nodes.get(node) else {
             return String::new();
         };
-        let gpus = self
-            .fleet
-            .node_by_name(node)
-            .map(|i| self.fleet.node(i).gpus)
-            .unwrap_or(0);
+        let gpus =
+            cx.w.fleet
+                .node_by_name(node)
+                .map(|i| cx.w.fleet.node(i).gpus)
+                .unwrap_or(0);
         (0..gpus)
             .map(|g| {
-                let slots: Vec<String> = self
-                    .sched
-                    .engine
-                    .mig_layout(n, g)
-                    .iter()
-                    .map(|s| {
-                        let m = super::placement::mig_instance_of(&self.fleet, n, s);
-                        format!("{}@{}", m.profile, m.start)
-                    })
-                    .collect();
+                let slots: Vec<String> =
+                    cx.w.sched
+                        .engine
+                        .mig_layout(n, g)
+                        .iter()
+                        .map(|s| {
+                            let m = super::placement::mig_instance_of(&cx.w.fleet, n, s);
+                            format!("{}@{}", m.profile, m.start)
+                        })
+                        .collect();
                 format!("{g}:{}", slots.join("+"))
             })
             .collect::<Vec<_>>()
@@ -155,12 +239,12 @@ impl Core {
 
     /// Instance-granularity backends: the MIG mode of each GPU of a node's mig pool (`0:mig
     /// 1:whole 2:pending`), as the engine holds it; empty elsewhere.
-    fn mig_modes_text(&self, node: &str) -> String {
-        let Some(n) = self.fleet.node_by_name(node) else {
+    fn mig_modes_text(&self, cx: &RolloutCtx<'_>, node: &str) -> String {
+        let Some(n) = cx.w.fleet.node_by_name(node) else {
             return String::new();
         };
-        let engine = &self.sched.engine;
-        (0..self.fleet.node(n).gpus)
+        let engine = &cx.w.sched.engine;
+        (0..cx.w.fleet.node(n).gpus)
             .filter(|&g| engine.mig_switchable(n.0, g).is_ok())
             .map(|g| {
                 let mode = if engine.mig_pending_gpus(n.0) >> g & 1 == 1 {
@@ -180,21 +264,21 @@ impl Core {
     /// of the node, in a report taken since `since`, are the ones the engine holds (after a
     /// drain: none). `Ok(false)`: the backend reports no instances for this node (it does not
     /// report them): nothing was compared.
-    fn instances_as_engine_holds(&self, node: &str, since: i64) -> Result<bool, String> {
-        let Some(n) = self.fleet.node_by_name(node) else {
+    fn instances_as_engine_holds(&self, cx: &RolloutCtx<'_>, node: &str, since: i64) -> Result<bool, String> {
+        let Some(n) = cx.w.fleet.node_by_name(node) else {
             return Ok(false);
         };
         let mut compared = false;
-        for g in 0..self.fleet.node(n).gpus {
-            let mut engine: Vec<(u32, u8)> = self
-                .sched
-                .engine
-                .mig_layout(n, g)
-                .iter()
-                .map(|s| (s.profile_id, s.start))
-                .collect();
+        for g in 0..cx.w.fleet.node(n).gpus {
+            let mut engine: Vec<(u32, u8)> =
+                cx.w.sched
+                    .engine
+                    .mig_layout(n, g)
+                    .iter()
+                    .map(|s| (s.profile_id, s.start))
+                    .collect();
             engine.sort_unstable();
-            let reported = match self.reported_mig.get(&(node.to_string(), g)) {
+            let reported = match cx.mig.reported(node, g) {
                 Some((at, _)) if *at < since => {
                     return Err("no report of MIG instances from the backend since the upgrade".into());
                 }
@@ -230,30 +314,31 @@ impl Core {
     /// plan order).
     pub(super) async fn start_rollout(
         &mut self,
+        cx: &mut RolloutCtx<'_>,
         spec: NewRollout,
         actor: &str,
         batch: &mut Batch,
         now: i64,
     ) -> Result<RolloutRecord, LifecycleError> {
-        if let Some(r) = self
-            .ops
-            .rollouts
-            .values()
-            .find(|r| r.pool == spec.pool && r.state == RolloutState::Running)
+        if let Some(r) =
+            cx.w.ops
+                .rollouts
+                .values()
+                .find(|r| r.pool == spec.pool && r.state == RolloutState::Running)
         {
             return Err(LifecycleError::Conflict(format!(
                 "rollout {} of pool `{}` is still running; cancel it first (`tessera upgrade cancel {}`)",
                 r.id, r.pool, r.id
             )));
         }
-        let names: Vec<String> = self
-            .fleet
-            .nodes
-            .iter()
-            .filter(|n| self.fleet.pool(n.pool).name == spec.pool)
-            .map(|n| n.name.clone())
-            .collect();
-        let plan = self.plan_nodes(&names);
+        let names: Vec<String> =
+            cx.w.fleet
+                .nodes
+                .iter()
+                .filter(|n| cx.w.fleet.pool(n.pool).name == spec.pool)
+                .map(|n| n.name.clone())
+                .collect();
+        let plan = self.plan_nodes(cx, &names);
         let nodes = rollout::order(&plan, now)
             .into_iter()
             .map(|i| RolloutNodeRecord {
@@ -274,7 +359,7 @@ impl Core {
             max_unavailable_milli: spec.max_unavailable_milli,
             deadline_s: spec.deadline_s,
             preempt: spec.preempt,
-            upgrade_s: self.settings.sim_upgrade.map(|d| d.as_secs()),
+            upgrade_s: cx.w.settings.sim_upgrade.map(|d| d.as_secs()),
             state: RolloutState::Running,
             created_at: now,
             created_by: actor.to_string(),
@@ -282,26 +367,27 @@ impl Core {
             detail: String::new(),
             nodes,
         };
-        r.id = self
-            .store
-            .create_rollout(&r)
-            .await
-            .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
+        r.id =
+            cx.w.store
+                .create_rollout(&r)
+                .await
+                .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
         tracing::info!(id = r.id, pool = %r.pool, nodes = r.nodes.len(), "rollout started");
-        self.publish_rollout(&r);
-        self.rollout_step(r.id, batch, now).await;
-        Ok(self.ops.rollouts[&r.id].clone())
+        self.publish_rollout(cx, &r);
+        self.rollout_step(cx, r.id, batch, now).await;
+        Ok(cx.w.ops.rollouts[&r.id].clone())
     }
 
     /// Cancels a running rollout: no more nodes are taken; the nodes already out finish their
     /// upgrade and validation.
     pub(super) async fn cancel_rollout(
         &mut self,
+        cx: &mut RolloutCtx<'_>,
         id: u64,
         actor: &str,
         now: i64,
     ) -> Result<RolloutRecord, LifecycleError> {
-        let Some(mut r) = self.ops.rollouts.get(&id).cloned() else {
+        let Some(mut r) = cx.w.ops.rollouts.get(&id).cloned() else {
             return Err(LifecycleError::Conflict(format!("no rollout {id}")));
         };
         if r.state != RolloutState::Running {
@@ -315,19 +401,20 @@ impl Core {
         if !r.nodes.iter().any(|n| n.state.is_out()) {
             r.ended_at = Some(now);
         }
-        self.save_rollout(&r).await?;
+        self.save_rollout(cx, &r).await?;
         Ok(r)
     }
 
     /// The hook: the upgrade of `node` is finished. It must be `upgrading` in a rollout.
     pub(super) async fn upgrade_done(
         &mut self,
+        cx: &mut RolloutCtx<'_>,
         node: &str,
         actor: &str,
         batch: &mut Batch,
         now: i64,
     ) -> Result<(), LifecycleError> {
-        let found = self.ops.rollouts.values().find_map(|r| {
+        let found = cx.w.ops.rollouts.values().find_map(|r| {
             let i = r
                 .nodes
                 .iter()
@@ -339,7 +426,7 @@ impl Core {
                 "node {node} is not being upgraded by a rollout (`tessera upgrade status`)"
             )));
         };
-        let mut r = self.ops.rollouts[&id].clone();
+        let mut r = cx.w.ops.rollouts[&id].clone();
         self.move_node(
             &mut r,
             i,
@@ -348,39 +435,39 @@ impl Core {
             batch,
             now,
         );
-        self.save_rollout(&r).await?;
-        self.rollout_step(id, batch, now).await;
+        self.save_rollout(cx, &r).await?;
+        self.rollout_step(cx, id, batch, now).await;
         Ok(())
     }
 
     /// One step of every running rollout (and of the nodes still out in ended ones).
-    pub(super) async fn rollouts_step(&mut self, batch: &mut Batch, now: i64) {
-        let ids: Vec<u64> = self
-            .ops
-            .rollouts
-            .values()
-            .filter(|r| r.state == RolloutState::Running || r.nodes.iter().any(|n| n.state.is_out()))
-            .map(|r| r.id)
-            .collect();
+    pub(super) async fn rollouts_step(&mut self, cx: &mut RolloutCtx<'_>, batch: &mut Batch, now: i64) {
+        let ids: Vec<u64> =
+            cx.w.ops
+                .rollouts
+                .values()
+                .filter(|r| r.state == RolloutState::Running || r.nodes.iter().any(|n| n.state.is_out()))
+                .map(|r| r.id)
+                .collect();
         for id in ids {
-            self.rollout_step(id, batch, now).await;
+            self.rollout_step(cx, id, batch, now).await;
         }
     }
 
-    async fn rollout_step(&mut self, id: u64, batch: &mut Batch, now: i64) {
-        let Some(mut r) = self.ops.rollouts.get(&id).cloned() else {
+    async fn rollout_step(&mut self, cx: &mut RolloutCtx<'_>, id: u64, batch: &mut Batch, now: i64) {
+        let Some(mut r) = cx.w.ops.rollouts.get(&id).cloned() else {
             return;
         };
         let before = r.clone();
-        self.step_nodes(&mut r, batch, now).await;
+        self.step_nodes(cx, &mut r, batch, now).await;
         if r.state == RolloutState::Running && r.nodes.iter().any(|n| n.state == RolloutNodeState::Failed) {
             r.state = RolloutState::Failed;
             r.detail = "a node failed: no more nodes are taken".into();
         }
         if r.state == RolloutState::Running {
-            if self.take_nodes(&mut r, batch, now).await {
+            if self.take_nodes(cx, &mut r, batch, now).await {
                 // Nodes taken empty are in maintenance already: their upgrade starts now.
-                self.step_nodes(&mut r, batch, now).await;
+                self.step_nodes(cx, &mut r, batch, now).await;
             }
             if r.nodes.iter().all(|n| n.state == RolloutNodeState::Done) {
                 r.state = RolloutState::Done;
@@ -391,14 +478,14 @@ impl Core {
             r.ended_at = Some(now);
         }
         if r != before
-            && let Err(e) = self.save_rollout(&r).await
+            && let Err(e) = self.save_rollout(cx, &r).await
         {
             tracing::error!(id, error = %e, "cannot store a rollout's progress; retrying at the next tick");
         }
     }
 
     /// Moves the rollout's nodes that are out on, each through every step due now.
-    async fn step_nodes(&mut self, r: &mut RolloutRecord, batch: &mut Batch, now: i64) {
+    async fn step_nodes(&mut self, cx: &mut RolloutCtx<'_>, r: &mut RolloutRecord, batch: &mut Batch, now: i64) {
         for i in 0..r.nodes.len() {
             // A node takes every step that is due now in one pass (drained → upgrading → ...),
             // so no step waits for the next tick.
@@ -406,8 +493,8 @@ impl Core {
                 let n = r.nodes[i].clone();
                 match n.state {
                     RolloutNodeState::Draining => {
-                        let drained = self.ops.node_state(&n.node) == NodeState::Maintenance
-                            && !self.drains.nodes.contains_key(&n.node);
+                        let drained = cx.w.ops.node_state(&n.node) == NodeState::Maintenance
+                            && !cx.drains.nodes.contains_key(&n.node);
                         if drained {
                             let (until, detail) = match r.upgrade_s {
                                 Some(s) => (
@@ -422,15 +509,15 @@ impl Core {
                             r.nodes[i].upgrade_until = until;
                             // The simulated upgrade reboots the node of a simulated backend: gone
                             // now, back when it ends (validation waits for its GPUs).
-                            if let (Some(s), Some(sim)) = (r.upgrade_s, self.backend.simulated())
+                            if let (Some(s), Some(sim)) = (r.upgrade_s, cx.w.backend.simulated())
                                 && let Err(e) = sim.reboot(&n.node, std::time::Duration::from_secs(s))
                             {
                                 tracing::warn!(node = %n.node, error = %e, "the simulated upgrade cannot reboot the node");
                             }
                             self.move_node(r, i, RolloutNodeState::Upgrading, detail, batch, now);
-                        } else if self.ops.node_state(&n.node) == NodeState::Ready {
+                        } else if cx.w.ops.node_state(&n.node) == NodeState::Ready {
                             let detail = "the node was uncordoned during its drain".to_string();
-                            self.fail_node(r, i, detail, batch, now).await;
+                            self.fail_node(cx, r, i, detail, batch, now).await;
                         }
                     }
                     RolloutNodeState::Upgrading if n.upgrade_until.is_some_and(|t| now >= t) => {
@@ -438,14 +525,14 @@ impl Core {
                         self.move_node(r, i, RolloutNodeState::Validating, detail, batch, now);
                     }
                     RolloutNodeState::Validating => {
-                        if self.lost_but_reporting(&n) {
+                        if self.lost_but_reporting(cx, &n) {
                             // The node is back though its return was not seen (a control-plane restart
                             // while it was away, or not yet): its lost GPUs report again, so they are back.
-                            self.node_back(&n.node).await;
+                            cx.health.node_back(cx.w, &n.node).await;
                         }
-                        match self.validate(&n) {
+                        match self.validate(cx, &n) {
                             Ok(detail) => {
-                                if let Err(e) = self.set_state(&n.node, NodeState::Ready, String::new(), now).await {
+                                if let Err(e) = cx.set_state(&n.node, NodeState::Ready, String::new(), now).await {
                                     tracing::error!(node = %n.node, error = %e, "cannot uncordon an upgraded node; retrying");
                                     break;
                                 }
@@ -453,17 +540,17 @@ impl Core {
                                 self.move_node(r, i, RolloutNodeState::Done, detail, batch, now);
                             }
                             Err(Invalid::Failed(why)) => {
-                                self.fail_node(r, i, format!("validation failed: {why}"), batch, now)
+                                self.fail_node(cx, r, i, format!("validation failed: {why}"), batch, now)
                                     .await;
                             }
                             Err(Invalid::NotYet(why)) if now - n.since >= VALIDATE_WITHIN_MS => {
                                 let within = VALIDATE_WITHIN_MS / 1000;
                                 let why = format!("validation failed: {why} within {within} s of the upgrade");
-                                self.fail_node(r, i, why, batch, now).await;
+                                self.fail_node(cx, r, i, why, batch, now).await;
                             }
                             Err(Invalid::NotYet(why)) => {
                                 // The backend's MIG instances are read at reconcile: ask for one.
-                                self.reconcile_soon |= why.contains("MIG instances");
+                                *cx.reconcile_soon |= why.contains("MIG instances");
                             }
                         }
                     }
@@ -479,15 +566,21 @@ impl Core {
     /// Takes the next pending nodes in plan order while the limits allow, each only once its
     /// unmovable work ends within [`CORDON_AHEAD_MS`] (or the soonest when none is out, see
     /// [`rollout::take_now`]). Whether it took any.
-    async fn take_nodes(&mut self, r: &mut RolloutRecord, batch: &mut Batch, now: i64) -> bool {
+    async fn take_nodes(
+        &mut self,
+        cx: &mut RolloutCtx<'_>,
+        r: &mut RolloutRecord,
+        batch: &mut Batch,
+        now: i64,
+    ) -> bool {
         let limits = Limits {
             max_parallel: r.max_parallel.max(1) as usize,
             max_unavailable_milli: r.max_unavailable_milli,
         };
-        let units = |c: &Core, name: &str| {
-            c.fleet
+        let units = |w: &World, name: &str| {
+            w.fleet
                 .node_by_name(name)
-                .map(|n| c.fleet.node(n).gpus as u64 * 1000)
+                .map(|n| w.fleet.node(n).gpus as u64 * 1000)
                 .unwrap_or(0)
         };
         let out_nodes = r.nodes.iter().filter(|n| n.state.is_out()).count();
@@ -495,7 +588,7 @@ impl Core {
             .nodes
             .iter()
             .filter(|n| n.state.is_out())
-            .map(|n| units(self, &n.node))
+            .map(|n| units(cx.w, &n.node))
             .sum();
         let pending: Vec<String> = r
             .nodes
@@ -506,7 +599,7 @@ impl Core {
         if pending.is_empty() {
             return false;
         }
-        let plan = self.plan_nodes(&pending);
+        let plan = self.plan_nodes(cx, &pending);
         let mut took = false;
         for k in rollout::take_now(&plan, now, limits, out_nodes, out_units, CORDON_AHEAD_MS) {
             let name = plan[k].name.clone();
@@ -515,11 +608,11 @@ impl Core {
                 .iter()
                 .position(|n| n.node == name)
                 .expect("a pending node of this rollout");
-            r.nodes[i].layout = self.layout_text(&name);
+            r.nodes[i].layout = self.layout_text(cx, &name);
             r.nodes[i].started_at = Some(now);
             let deadline_ms = r.deadline_s.map(|s| now + s as i64 * 1000);
             let actor = format!("rollout {}", r.id);
-            if let Err(e) = self
+            if let Err(e) = cx
                 .start_drain(&name, deadline_ms, r.preempt, &actor, Some(r.id), batch, now)
                 .await
             {
@@ -540,29 +633,29 @@ impl Core {
     }
 
     /// Whether node `n` has GPUs marked lost that report telemetry taken since its step began.
-    fn lost_but_reporting(&self, n: &RolloutNodeRecord) -> bool {
-        let t = self.published.telemetry();
-        let mut lost = self
-            .ops
-            .unhealthy
-            .iter()
-            .filter(|((node, _), h)| node == &n.node && h.cause == tessera_store::HealthCause::Lost)
-            .peekable();
+    fn lost_but_reporting(&self, cx: &RolloutCtx<'_>, n: &RolloutNodeRecord) -> bool {
+        let t = cx.w.published.telemetry();
+        let mut lost =
+            cx.w.ops
+                .unhealthy
+                .iter()
+                .filter(|((node, _), h)| node == &n.node && h.cause == tessera_store::HealthCause::Lost)
+                .peekable();
         lost.peek().is_some()
             && t.at >= n.since
             && lost.all(|((_, g), _)| t.gpus.iter().any(|s| s.node == n.node && s.gpu == *g && s.xid == 0))
     }
 
     /// Validates an upgraded node: `Ok(what was checked)`, or why not.
-    fn validate(&self, n: &RolloutNodeRecord) -> Result<String, Invalid> {
+    fn validate(&self, cx: &RolloutCtx<'_>, n: &RolloutNodeRecord) -> Result<String, Invalid> {
         use Invalid::{Failed, NotYet};
-        let Some(idx) = self.fleet.node_by_name(&n.node) else {
+        let Some(idx) = cx.w.fleet.node_by_name(&n.node) else {
             return Err(Failed(format!("node {} is not in the fleet", n.node)));
         };
-        let gpus = self.fleet.node(idx).gpus;
+        let gpus = cx.w.fleet.node(idx).gpus;
         // A GPU lost may come back (the node reboots); one out for an XID or a failed
         // partition stays out until an admin clears it.
-        if let Some(((_, g), h)) = self.ops.unhealthy.iter().find(|((node, _), _)| node == &n.node) {
+        if let Some(((_, g), h)) = cx.w.ops.unhealthy.iter().find(|((node, _), _)| node == &n.node) {
             let why = format!("GPU {g} is unhealthy ({})", h.detail);
             return Err(if h.cause == tessera_store::HealthCause::Lost {
                 NotYet(why)
@@ -570,7 +663,7 @@ impl Core {
                 Failed(why)
             });
         }
-        let t = self.published.telemetry();
+        let t = cx.w.published.telemetry();
         let back = if t.at == 0 {
             "no telemetry from the backend to check GPUs against".to_string()
         } else {
@@ -586,9 +679,9 @@ impl Core {
             }
             format!("all {gpus} GPU(s) back and healthy")
         };
-        let layout = self.layout_text(&n.node);
+        let layout = self.layout_text(cx, &n.node);
         // A rollout stored before MIG modes were written down (empty) is not held to them.
-        let instance_mode = self.caps.partitioning != tessera_backend::Partitioning::WholeGpu;
+        let instance_mode = cx.w.caps.partitioning != tessera_backend::Partitioning::WholeGpu;
         if layout != n.layout && !(instance_mode && n.layout.is_empty()) {
             return Err(NotYet(format!(
                 "MIG layout `{layout}` differs from `{}` before the drain",
@@ -598,7 +691,7 @@ impl Core {
         if !instance_mode {
             return Ok(format!("validated: {back}; MIG layout as before the drain"));
         }
-        match self.instances_as_engine_holds(&n.node, n.since) {
+        match self.instances_as_engine_holds(cx, &n.node, n.since) {
             Ok(true) => Ok(format!(
                 "validated: {back}; MIG modes as before the drain; MIG instances as the engine holds them"
             )),
@@ -607,10 +700,18 @@ impl Core {
         }
     }
 
-    async fn fail_node(&mut self, r: &mut RolloutRecord, i: usize, why: String, batch: &mut Batch, now: i64) {
+    async fn fail_node(
+        &mut self,
+        cx: &mut RolloutCtx<'_>,
+        r: &mut RolloutRecord,
+        i: usize,
+        why: String,
+        batch: &mut Batch,
+        now: i64,
+    ) {
         let node = r.nodes[i].node.clone();
         let detail = format!("rollout {}: {why}", r.id);
-        if let Err(e) = self.set_state(&node, NodeState::Cordoned, detail, now).await {
+        if let Err(e) = cx.set_state(&node, NodeState::Cordoned, detail, now).await {
             tracing::error!(%node, error = %e, "cannot keep a failed node cordoned");
         }
         r.nodes[i].ended_at = Some(now);
@@ -645,20 +746,20 @@ impl Core {
         n.detail = detail;
     }
 
-    async fn save_rollout(&mut self, r: &RolloutRecord) -> Result<(), LifecycleError> {
-        self.store
+    async fn save_rollout(&mut self, cx: &mut RolloutCtx<'_>, r: &RolloutRecord) -> Result<(), LifecycleError> {
+        cx.w.store
             .save_rollout(r)
             .await
             .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
-        self.publish_rollout(r);
+        self.publish_rollout(cx, r);
         Ok(())
     }
 
-    fn publish_rollout(&mut self, r: &RolloutRecord) {
-        let mut ops = (*self.ops).clone();
+    fn publish_rollout(&mut self, cx: &mut RolloutCtx<'_>, r: &RolloutRecord) {
+        let mut ops = (*cx.w.ops).clone();
         ops.rollouts.insert(r.id, r.clone());
-        self.ops = std::sync::Arc::new(ops);
-        self.published.set_ops(self.ops.clone());
+        cx.w.ops = std::sync::Arc::new(ops);
+        cx.w.published.set_ops(cx.w.ops.clone());
     }
 }
 

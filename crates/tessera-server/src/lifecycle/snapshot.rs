@@ -19,7 +19,7 @@ use tessera_model::{Fleet, GpuUnits, PoolId, Request, TenantId};
 use tessera_sched::cycle::{Quota, Scheduler};
 use tessera_sched::{Engine, Grant, Placement, Unplaceable};
 
-use super::Live;
+use super::live::Live;
 
 /// One holder of (part of) a GPU.
 #[derive(Clone, Debug, PartialEq)]
@@ -261,7 +261,7 @@ pub struct Published {
     snapshot: RwLock<Arc<Snapshot>>,
     workloads: RwLock<WorkloadCache>,
     telemetry: RwLock<Telemetry>,
-    ops: RwLock<Arc<super::FleetOps>>,
+    ops: RwLock<Arc<super::ops::FleetOps>>,
 }
 
 impl Published {
@@ -302,11 +302,11 @@ impl Published {
     }
 
     /// Unhealthy GPUs and node states.
-    pub fn ops(&self) -> Arc<super::FleetOps> {
+    pub fn ops(&self) -> Arc<super::ops::FleetOps> {
         self.ops.read().expect("lock").clone()
     }
 
-    pub(crate) fn set_ops(&self, ops: Arc<super::FleetOps>) {
+    pub(crate) fn set_ops(&self, ops: Arc<super::ops::FleetOps>) {
         *self.ops.write().expect("lock") = ops;
     }
 
