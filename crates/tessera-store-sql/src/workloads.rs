@@ -38,8 +38,8 @@ pub static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
 // SQLite names the columns of a bare `VALUES` list `column1, column2 …` and has no `AS v(…)`
 // column list, so the rows go through a common table expression, which both SQLite (>= 3.33
 // for `UPDATE … FROM`) and PostgreSQL accept. On PostgreSQL the columns of `v` take the types
-// sqlx declares for the bound values (see `crate::rows`), so `workloads.id = v.id` compares
-// integers without casts.
+// of the arrays the driver binds the rows as (`UNNEST($1::BIGINT[], …)`, from each `Value`'s
+// type), so `workloads.id = v.id` compares integers without casts.
 pub static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
     let set: Vec<String> = names(tessera_store::workload_lifecycle_columns!())
         .map(|c| format!("{c} = v.{c}"))
