@@ -588,3 +588,102 @@ macro_rules! implement_store {
         };
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row of named integer, text, float and boolean columns, any of them NULL.
+    struct Named(Vec<(&'static str, Value<'static>)>);
+
+    impl Named {
+        fn get(&self, name: &str) -> Result<&Value<'static>> {
+            self.0
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v)
+                .ok_or_else(|| StoreError::Corrupt(format!("column `{name}`: no such column")))
+        }
+    }
+
+    impl Cells for Named {
+        fn int(&self, _: usize) -> Result<Option<i64>> {
+            unreachable!("read by name")
+        }
+        fn text(&self, _: usize) -> Result<Option<&str>> {
+            unreachable!("read by name")
+        }
+        fn flag(&self, _: usize) -> Result<bool> {
+            unreachable!("read by name")
+        }
+    }
+
+    impl Row for Named {
+        fn get_int(&self, name: &str) -> Result<Option<i64>> {
+            match self.get(name)? {
+                Value::Int(v) => Ok(*v),
+                _ => Err(StoreError::Corrupt(format!("column `{name}`: not an integer"))),
+            }
+        }
+        fn get_text(&self, name: &str) -> Result<Option<&str>> {
+            match self.get(name)? {
+                Value::Text(v) => Ok(v.as_deref()),
+                _ => Err(StoreError::Corrupt(format!("column `{name}`: not a text"))),
+            }
+        }
+        fn get_float(&self, name: &str) -> Result<Option<f64>> {
+            match self.get(name)? {
+                Value::Float(v) => Ok(*v),
+                _ => Err(StoreError::Corrupt(format!("column `{name}`: not a float"))),
+            }
+        }
+        fn get_flag(&self, name: &str) -> Result<Option<bool>> {
+            match self.get(name)? {
+                Value::Flag(v) => Ok(*v),
+                _ => Err(StoreError::Corrupt(format!("column `{name}`: not a boolean"))),
+            }
+        }
+    }
+
+    #[test]
+    fn columns_decode_by_type_and_null_only_into_options() {
+        let row = Named(vec![
+            ("n", Value::from(7i64)),
+            ("s", Value::from("x")),
+            ("f", Value::from(0.5)),
+            ("b", Value::from(true)),
+            ("none", Value::from(None::<i64>)),
+        ]);
+        assert_eq!(col::<i64>(&row, "n").unwrap(), 7);
+        assert_eq!(col::<String>(&row, "s").unwrap(), "x");
+        assert_eq!(col::<f64>(&row, "f").unwrap(), 0.5);
+        assert!(col::<bool>(&row, "b").unwrap());
+        assert_eq!(col::<Option<i64>>(&row, "none").unwrap(), None);
+        assert_eq!(col::<Option<String>>(&row, "s").unwrap().as_deref(), Some("x"));
+        match col::<i64>(&row, "none") {
+            Err(StoreError::Corrupt(m)) => assert_eq!(m, "column `none`: unexpected NULL"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(col::<String>(&row, "n"), Err(StoreError::Corrupt(_))));
+    }
+
+    #[test]
+    fn a_unique_violation_names_what_exists_and_other_errors_pass_through() {
+        match db_error(DbError::UniqueViolation, || "tenant `a`".into()) {
+            StoreError::Conflict(m) => assert_eq!(m, "tenant `a`"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(db(DbError::UniqueViolation), StoreError::Conflict(m) if m == "a row"));
+        let down = DbError::from(StoreError::Unavailable("down".into()));
+        assert!(matches!(db_error(down, || unreachable!()), StoreError::Unavailable(m) if m == "down"));
+    }
+
+    #[test]
+    fn values_keep_their_sql_type_when_null() {
+        assert_eq!(Value::from(None::<&str>), Value::Text(None));
+        assert_eq!(Value::from(&None::<String>), Value::Text(None));
+        assert_eq!(Value::from(None::<f64>), Value::Float(None));
+        assert_eq!(Value::from(Some(3i64)), Value::Int(Some(3)));
+        assert_eq!(Value::from(String::from("y")), Value::Text(Some(Cow::Borrowed("y"))));
+    }
+}

@@ -61,7 +61,7 @@ impl MultiRow {
 
     /// The text driver `D` makes of the statement for `key` (for example, a number of rows):
     /// `make`'s, made once and kept.
-    pub fn text<D: Driver>(&self, key: usize, make: impl FnOnce(&MultiRow) -> String) -> Arc<str> {
+    pub fn text<D: ?Sized + 'static>(&self, key: usize, make: impl FnOnce(&MultiRow) -> String) -> Arc<str> {
         let driver = TypeId::of::<D>();
         let mut texts = self.texts.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, _, text)) = texts.iter().find(|(d, k, _)| *d == driver && *k == key) {
@@ -158,6 +158,23 @@ mod tests {
         let groups: Vec<&[usize]> = chunks(&rows, &[]).collect();
         assert_eq!(groups, [&rows[..]]);
         assert_eq!(chunks(&[] as &[usize], &[]).count(), 0);
+    }
+
+    #[test]
+    fn each_driver_makes_its_texts_once_per_key() {
+        struct First;
+        struct Second;
+        let m = MultiRow::new("INSERT INTO t (a) VALUES ", 1, "");
+        let made = std::cell::Cell::new(0);
+        let make = |tag: &str| {
+            made.set(made.get() + 1);
+            tag.to_string()
+        };
+        assert_eq!(&*m.text::<First>(1, |_| make("first 1")), "first 1");
+        assert_eq!(&*m.text::<First>(1, |_| make("again")), "first 1");
+        assert_eq!(&*m.text::<First>(4, |_| make("first 4")), "first 4");
+        assert_eq!(&*m.text::<Second>(1, |_| make("second 1")), "second 1");
+        assert_eq!(made.get(), 3, "one text per driver and key");
     }
 
     #[test]
