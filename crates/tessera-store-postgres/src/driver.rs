@@ -1,63 +1,28 @@
-//! What the statement code shared by the SQL stores (`crates/tessera-store/sql-common`, compiled
-//! into each of them) needs from PostgreSQL: the sqlx names it is written against, the few
-//! statements whose text differs between the databases, and the decoding and reads that differ.
+//! PostgreSQL as the driver of the SQL code shared by both stores (`tessera-store-sql`): its
+//! connections and write transactions, how a statement runs on them through sqlx, how a row is
+//! read, the few statements whose text differs from SQLite's, and revocation news through
+//! `LISTEN`.
 
-use sqlx::Row;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgConnection, PgRow};
+use sqlx::{Postgres, Row as _, SqlSafeStr, Transaction};
 use tessera_domain::Workload;
-use tessera_store::Result;
 use tessera_store::sql::{Cells, mistyped, null, workload_row};
+use tessera_store::{Result, StoreError};
+use tessera_store_sql::workloads::ACTIVE;
+use tessera_store_sql::{DbResult, Driver, LeaseSql, MultiRow, Query, Value, db};
 
-use crate::db;
-use crate::workloads::ACTIVE;
+use crate::{PgStore, classify, rows};
 
-pub(crate) type Db = sqlx::Postgres;
-pub(crate) type DbRow = sqlx::postgres::PgRow;
-pub(crate) type DbConnection = sqlx::PgConnection;
-pub(crate) use crate::PgStore as Store;
+/// A row a statement returned.
+pub struct Row(PgRow);
 
-/// Reads the tenant row and locks it until the transaction ends.
-pub(crate) const LOCK_TENANT: &str = "SELECT name FROM tenants WHERE name = $1 FOR UPDATE";
-
-/// A database server: replicas share it and elect a leader.
-pub(crate) const SHARED: bool = true;
-
-/// Tells every replica listening on `tessera_revocations` (at commit) that token `$1` was
-/// revoked: their identity caches forget it at once.
-pub(crate) const NOTIFY_REVOCATION: Option<&str> = Some("SELECT pg_notify('tessera_revocations', $1)");
-
-/// The token being revoked and every lasting platform-admin token, locked until the
-/// transaction ends, in id order so that two revocations never wait for each other in a cycle.
-pub(crate) const LOCK_REVOCATION: &str = "SELECT id, role, revoked_at FROM api_tokens WHERE id = $1 \
-     OR (role = $2 AND revoked_at IS NULL AND expires_at IS NULL) ORDER BY id FOR UPDATE";
-
-/// Closed use per tenant within `[$1, $2)` ([`tessera_store::LedgerStore::closed_usage`]):
-/// the intervals that ended after `$1` (the `usage_ended` index; open ones have no end) and
-/// began before `$2`.
-pub(crate) const CLOSED_USAGE: &str = "SELECT tenant, SUM(units_milli * (LEAST(ended_at, $2) - GREATEST(started_at, $1)))::BIGINT AS used \
-     FROM usage_intervals WHERE ended_at > $1 AND started_at < $2 GROUP BY tenant ORDER BY tenant";
-
-/// Milliseconds since the Unix epoch by the server's clock (`clock_timestamp()`, which moves
-/// within a transaction, unlike `now()`).
-macro_rules! now_ms {
-    () => {
-        "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT"
-    };
+/// `Corrupt` naming column `name`.
+fn mistyped_column(name: &str, e: sqlx::Error) -> StoreError {
+    StoreError::Corrupt(format!("column `{name}`: {e}"))
 }
-pub(crate) use now_ms;
 
-/// What ends a fence's read of the lease row: a shared row lock that lasts until the batch's
-/// transaction ends, so that no replica acquires the lease (an `UPDATE`) meanwhile.
-macro_rules! lock_fence {
-    () => {
-        " FOR SHARE"
-    };
-}
-pub(crate) use lock_fence;
-
-/// A sqlx row of a workload `SELECT`, read by position.
-pub(crate) struct RowCells<'r>(pub(crate) &'r DbRow);
-
-impl Cells for RowCells<'_> {
+impl Cells for Row {
     fn int(&self, i: usize) -> Result<Option<i64>> {
         self.0.try_get(i).map_err(|e| mistyped(i, e))
     }
@@ -72,16 +37,132 @@ impl Cells for RowCells<'_> {
     }
 }
 
-/// Every active workload ([`tessera_store::WorkloadStore::active_workloads`]).
-pub(crate) async fn active_workloads(store: &Store) -> Result<Vec<Workload>> {
-    let rows = sqlx::query(ACTIVE)
-        .fetch_all(&mut *store.conn().await?)
-        .await
-        .map_err(db)?;
-    rows.iter().map(|r| workload_row(&RowCells(r))).collect()
+impl tessera_store_sql::Row for Row {
+    fn get_int(&self, name: &str) -> Result<Option<i64>> {
+        self.0.try_get(name).map_err(|e| mistyped_column(name, e))
+    }
+    fn get_text(&self, name: &str) -> Result<Option<&str>> {
+        self.0.try_get(name).map_err(|e| mistyped_column(name, e))
+    }
+    fn get_float(&self, name: &str) -> Result<Option<f64>> {
+        self.0.try_get(name).map_err(|e| mistyped_column(name, e))
+    }
+    fn get_flag(&self, name: &str) -> Result<Option<bool>> {
+        self.0.try_get(name).map_err(|e| mistyped_column(name, e))
+    }
 }
 
-/// Revocation news from every replica: `LISTEN tessera_revocations` ([`NOTIFY_REVOCATION`]).
-pub(crate) async fn revocations(s: &Store) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
-    s.revocation_news().await
+/// The sqlx statement `sql` with `args` bound in order.
+fn sqlx_query<'a>(sql: impl SqlSafeStr, args: Vec<Value<'_>>) -> sqlx::query::Query<'a, Postgres, PgArguments> {
+    let mut q = sqlx::query(sql);
+    for v in args {
+        q = match v {
+            Value::Int(v) => q.bind(v),
+            Value::Text(v) => q.bind(v),
+            Value::Flag(v) => q.bind(v),
+            Value::Float(v) => q.bind(v),
+        };
+    }
+    q
+}
+
+impl Driver for PgStore {
+    type Connection = PgConnection;
+    type Pooled = PoolConnection<Postgres>;
+    type Transaction = Transaction<'static, Postgres>;
+    type Row = Row;
+
+    /// A database server: replicas share it and elect a leader.
+    const SHARED: bool = true;
+
+    /// Reads the tenant row and locks it until the transaction ends.
+    const LOCK_TENANT: &'static str = "SELECT name FROM tenants WHERE name = $1 FOR UPDATE";
+
+    /// The token being revoked and every lasting platform-admin token, locked until the
+    /// transaction ends, in id order so that two revocations never wait for each other in a
+    /// cycle.
+    const LOCK_REVOCATION: &'static str = "SELECT id, role, revoked_at FROM api_tokens WHERE id = $1 \
+         OR (role = $2 AND revoked_at IS NULL AND expires_at IS NULL) ORDER BY id FOR UPDATE";
+
+    /// Tells every replica listening on `tessera_revocations` (at commit) that token `$1` was
+    /// revoked: their identity caches forget it at once.
+    const NOTIFY_REVOCATION: Option<&'static str> = Some("SELECT pg_notify('tessera_revocations', $1)");
+
+    /// The intervals that ended after `$1` (the `usage_ended` index; open ones have no end) and
+    /// began before `$2`.
+    const CLOSED_USAGE: &'static str = "SELECT tenant, SUM(units_milli * (LEAST(ended_at, $2) - GREATEST(started_at, $1)))::BIGINT AS used \
+         FROM usage_intervals WHERE ended_at > $1 AND started_at < $2 GROUP BY tenant ORDER BY tenant";
+
+    /// Now is the server's clock (`clock_timestamp()`, which moves within a transaction, unlike
+    /// `now()`); a fence's read takes a shared row lock that lasts until the batch's
+    /// transaction ends, so that no replica acquires the lease (an `UPDATE`) meanwhile.
+    const LEASE: LeaseSql = tessera_store_sql::lease_sql!(
+        now_ms = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+        lock_fence = " FOR SHARE",
+    );
+
+    /// All rows of a kind in one statement (`crate::rows`): round trips, not rows, are what a
+    /// commit to a database in another process pays for.
+    const ROWS_PER_STATEMENT: &'static [usize] = &[];
+
+    async fn conn(&self) -> Result<PoolConnection<Postgres>> {
+        self.acquire().await
+    }
+
+    async fn begin_write(&self) -> Result<Transaction<'static, Postgres>> {
+        self.begin().await
+    }
+
+    async fn commit(tx: Transaction<'static, Postgres>) -> Result<()> {
+        tx.commit().await.map_err(|e| db(classify(e)))
+    }
+
+    async fn rollback(tx: Transaction<'static, Postgres>) -> Result<()> {
+        tx.rollback().await.map_err(|e| db(classify(e)))
+    }
+
+    async fn execute(conn: &mut PgConnection, q: Query<'_, Self>) -> DbResult<u64> {
+        let sql = q.sql();
+        let done = sqlx_query(sql, q.into_args()).execute(conn).await.map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fetch_all(conn: &mut PgConnection, q: Query<'_, Self>) -> DbResult<Vec<Row>> {
+        let sql = q.sql();
+        let rows = sqlx_query(sql, q.into_args()).fetch_all(conn).await.map_err(classify)?;
+        Ok(rows.into_iter().map(Row).collect())
+    }
+
+    async fn fetch_optional(conn: &mut PgConnection, q: Query<'_, Self>) -> DbResult<Option<Row>> {
+        let sql = q.sql();
+        let row = sqlx_query(sql, q.into_args())
+            .fetch_optional(conn)
+            .await
+            .map_err(classify)?;
+        Ok(row.map(Row))
+    }
+
+    async fn execute_rows(
+        conn: &mut PgConnection,
+        statement: &'static MultiRow,
+        rows: usize,
+        values: Vec<Value<'_>>,
+    ) -> DbResult<u64> {
+        let q = rows::query(statement, rows, &values);
+        Ok(q.execute(conn).await.map_err(classify)?.rows_affected())
+    }
+
+    async fn read_active(&self) -> Result<Vec<Workload>> {
+        let rows = sqlx::query(ACTIVE)
+            .fetch_all(&mut *self.acquire().await?)
+            .await
+            .map_err(|e| db(classify(e)))?;
+        rows.into_iter().map(|r| workload_row(&Row(r))).collect()
+    }
+
+    /// Revocation news from every replica: `LISTEN tessera_revocations`
+    /// ([`Driver::NOTIFY_REVOCATION`]).
+    async fn revocation_news(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        self.listen_revocations().await
+    }
 }

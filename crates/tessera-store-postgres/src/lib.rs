@@ -25,8 +25,8 @@
 //!   orders and pages by are `COLLATE "C"`: byte order, as SQLite compares, whatever locale the
 //!   database was created with.
 //! * **upserts and clocks** — `ON CONFLICT … DO UPDATE` is the same in both, but what "now" is
-//!   differs (`clock_timestamp()` here, `julianday('now')` there), so each store's `driver.rs`
-//!   says what "now" is and the lease's statements take it from there.
+//!   differs (`clock_timestamp()` here, `julianday('now')` there), so each store's driver says
+//!   what "now" is and `tessera_store_sql::lease_sql!` makes the lease's statements with it.
 //!
 //! Schema version 1 kept each workload as a JSON document; PostgreSQL support arrived after
 //! version 4, so no PostgreSQL database holds such rows and this store has no conversion of
@@ -34,32 +34,13 @@
 //! same shape).
 //!
 //! The statements, with their binding and decoding, are written once for both SQL stores in
-//! `crates/tessera-store/sql-common` (modules compiled into this crate and into
-//! `tessera-store-sqlite`); `driver.rs` holds what PostgreSQL needs differently. A lifecycle
-//! batch is written group by group in multi-row statements (`rows.rs`) in one transaction.
+//! `tessera-store-sql`, generic over its `Driver` trait; [`PgStore`] is PostgreSQL's driver
+//! (`driver.rs`: connections, transactions, rows, the statements whose text differs, revocation
+//! news). A lifecycle batch is written group by group in multi-row statements, each kind of row
+//! in one statement of arrays (`rows.rs`), in one transaction.
 
-#[path = "../../tessera-store/sql-common/audit.rs"]
-mod audit;
-#[path = "../../tessera-store/sql-common/batch.rs"]
-mod batch;
 mod driver;
-#[path = "../../tessera-store/sql-common/fleet.rs"]
-mod fleet;
-#[path = "../../tessera-store/sql-common/governance.rs"]
-mod governance;
-#[path = "../../tessera-store/sql-common/lease.rs"]
-mod lease;
-#[path = "../../tessera-store/sql-common/ledger.rs"]
-mod ledger;
-#[path = "../../tessera-store/sql-common/rollouts.rs"]
-mod rollouts;
 mod rows;
-#[path = "../../tessera-store/sql-common/tenancy.rs"]
-mod tenancy;
-#[path = "../../tessera-store/sql-common/tokens.rs"]
-mod tokens;
-#[path = "../../tessera-store/sql-common/workloads.rs"]
-mod workloads;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -67,9 +48,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Postgres, Row, Transaction};
 use tessera_store::{Result, StoreError};
+use tessera_store_sql::DbError;
 
 /// The migrations of the store's schema, applied on connecting.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -108,6 +90,8 @@ pub struct PgStore {
     /// pool could not get a connection moments ago.
     down_until: Arc<AtomicI64>,
 }
+
+tessera_store_sql::implement_store!(PgStore);
 
 /// How long operations fail at once after the pool could not get a connection: a request
 /// that needs several round trips answers 503 after one connection attempt, not one per trip.
@@ -178,7 +162,7 @@ impl PgStore {
 
     /// A connection from the pool, or `Unavailable` naming the database — at once while the
     /// database was found unreachable less than [`FAIL_FAST`] ago.
-    async fn conn(&self) -> Result<PoolConnection<Postgres>> {
+    async fn acquire(&self) -> Result<PoolConnection<Postgres>> {
         self.check_up()?;
         self.pool.acquire().await.map_err(|e| match e {
             sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => self.unreachable(e),
@@ -217,7 +201,7 @@ impl PgStore {
     /// Begins a transaction that writes. PostgreSQL's row locks do what SQLite's `BEGIN
     /// IMMEDIATE` does there: the `sequences` rows serialise the appenders of audit records, a
     /// fence's `FOR SHARE` keeps the lease, `FOR UPDATE` keeps a tenant from changing.
-    async fn begin_write(&self) -> Result<Transaction<'static, Postgres>> {
+    async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
         self.check_up()?;
         self.pool.begin().await.map_err(|e| match e {
             sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => self.unreachable(e),
@@ -244,7 +228,7 @@ impl PgStore {
     /// Listens on `tessera_revocations` for as long as the receiver lives: each notification's
     /// payload (a revoked token's id) is passed on; after a lost connection, an empty message
     /// (some may have been missed) once listening again, every second until it is.
-    pub(crate) async fn revocation_news(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+    pub(crate) async fn listen_revocations(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let pool = self.pool.clone();
         tokio::spawn(async move {
@@ -325,39 +309,28 @@ async fn check_schema(pool: &PgPool) -> Result<()> {
     )))
 }
 
-/// A database error, classified for the contract. Unique-key violations say what exists.
-fn db_error(e: sqlx::Error, what: impl FnOnce() -> String) -> StoreError {
+/// A database error, classified for the contract: unique-key violations are the caller's to
+/// name (`tessera_store_sql::db_error`).
+fn classify(e: sqlx::Error) -> DbError {
     match &e {
-        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict(what()),
+        sqlx::Error::Database(d) if d.is_unique_violation() => DbError::UniqueViolation,
         // SQLSTATE class XX: data_corrupted, index_corrupted.
         sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("XX0")) => {
-            StoreError::Corrupt(e.to_string())
+            DbError::Store(StoreError::Corrupt(e.to_string()))
         }
         sqlx::Error::RowNotFound
         | sqlx::Error::TypeNotFound { .. }
         | sqlx::Error::ColumnIndexOutOfBounds { .. }
         | sqlx::Error::ColumnNotFound(_)
         | sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_) => StoreError::Corrupt(e.to_string()),
+        | sqlx::Error::Decode(_) => DbError::Store(StoreError::Corrupt(e.to_string())),
         // Timeouts (57014), connections lost (08…), the server shutting down (57P…),
         // serialisation failures and deadlocks (40…): the operation may succeed if retried.
-        _ => StoreError::Unavailable(e.to_string()),
+        _ => DbError::Store(StoreError::Unavailable(e.to_string())),
     }
 }
 
 /// A database error of an operation that violates no unique key of its own.
 fn db(e: sqlx::Error) -> StoreError {
-    db_error(e, || "a row".into())
+    tessera_store_sql::db(classify(e))
 }
-
-/// A column of `row`, or `Corrupt` naming it.
-fn col<'r, T>(row: &'r PgRow, name: &str) -> Result<T>
-where
-    T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
-{
-    row.try_get(name)
-        .map_err(|e| StoreError::Corrupt(format!("column `{name}`: {e}")))
-}
-
-// Integer columns: narrowing, and the signed BIGINT form of unsigned values (`tessera_store::sql`).
-use tessera_store::sql::{i64_of, narrow, narrow_opt, u64_of};

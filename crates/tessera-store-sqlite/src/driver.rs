@@ -1,67 +1,30 @@
-//! What the statement code shared by the SQL stores (`crates/tessera-store/sql-common`, compiled
-//! into each of them) needs from SQLite: the sqlx names it is written against, the few
-//! statements whose text differs between the databases, and the decoding and reads that differ.
+//! SQLite as the driver of the SQL code shared by both stores (`tessera-store-sql`): its
+//! connections and write transactions, how a statement runs on them through sqlx, how a row is
+//! read, the few statements whose text differs from PostgreSQL's, and the read of every active
+//! workload straight from SQLite's buffers.
 
-use sqlx::Row;
+use std::borrow::Cow;
+
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
+use sqlx::{AssertSqlSafe, Row as _, SqlSafeStr, Sqlite, Transaction};
 use tessera_domain::Workload;
-use tessera_store::Result;
 use tessera_store::sql::{COLUMN_NAMES, Cells, mistyped, workload_row};
+use tessera_store::{Result, StoreError};
+use tessera_store_sql::workloads::ACTIVE;
+use tessera_store_sql::{DbResult, Driver, LeaseSql, MultiRow, Query, Value};
 
-use crate::db;
-use crate::workloads::ACTIVE;
+use crate::{SqliteStore, classify, db, rows};
 
-pub(crate) type Db = sqlx::Sqlite;
-pub(crate) type DbRow = sqlx::sqlite::SqliteRow;
-pub(crate) type DbConnection = sqlx::SqliteConnection;
-pub(crate) use crate::SqliteStore as Store;
+/// A row a statement returned. Booleans are integers 0 and 1 in SQLite.
+pub struct Row(SqliteRow);
 
-/// SQLite has no row locks: the write transaction (`BEGIN IMMEDIATE`) already holds the
-/// database's write lock, so a plain read of the tenant row is enough.
-pub(crate) const LOCK_TENANT: &str = "SELECT name FROM tenants WHERE name = $1";
-
-/// A file of one process: one replica alone.
-pub(crate) const SHARED: bool = false;
-
-/// SQLite serves one process: no other replica to tell of a revocation.
-pub(crate) const NOTIFY_REVOCATION: Option<&str> = None;
-
-/// The token being revoked and every lasting platform-admin token. SQLite has no row locks:
-/// the write transaction (`BEGIN IMMEDIATE`) already holds the database's write lock, so a
-/// revocation racing another waits for it and then sees what it left.
-pub(crate) const LOCK_REVOCATION: &str = "SELECT id, role, revoked_at FROM api_tokens WHERE id = $1 \
-     OR (role = $2 AND revoked_at IS NULL AND expires_at IS NULL) ORDER BY id";
-
-/// Closed use per tenant within `[$1, $2)` ([`tessera_store::LedgerStore::closed_usage`]):
-/// the intervals that ended after `$1` (open ones have no end) and began before `$2`.
-/// `INDEXED BY`, because SQLite's planner would rather walk the `(tenant, started_at)` index
-/// for the grouping, which reads the whole ledger.
-pub(crate) const CLOSED_USAGE: &str = "SELECT tenant, SUM(units_milli * (MIN(ended_at, $2) - MAX(started_at, $1))) AS used \
-     FROM usage_intervals INDEXED BY usage_ended WHERE ended_at > $1 AND started_at < $2 \
-     GROUP BY tenant ORDER BY tenant";
-
-/// Milliseconds since the Unix epoch by SQLite's clock (`julianday('now')`, millisecond
-/// precision, one reading per statement).
-macro_rules! now_ms {
-    () => {
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
-    };
+/// `Corrupt` naming column `name`.
+fn mistyped_column(name: &str, e: sqlx::Error) -> StoreError {
+    StoreError::Corrupt(format!("column `{name}`: {e}"))
 }
-pub(crate) use now_ms;
 
-/// What ends a fence's read of the lease row: nothing on SQLite, whose write transaction
-/// (`BEGIN IMMEDIATE`) already holds the database's write lock.
-macro_rules! lock_fence {
-    () => {
-        ""
-    };
-}
-pub(crate) use lock_fence;
-
-/// A sqlx row of a workload `SELECT`, read by position. Booleans are integers 0 and 1 in
-/// SQLite.
-pub(crate) struct RowCells<'r>(pub(crate) &'r DbRow);
-
-impl Cells for RowCells<'_> {
+impl Cells for Row {
     fn int(&self, i: usize) -> Result<Option<i64>> {
         self.0.try_get(i).map_err(|e| mistyped(i, e))
     }
@@ -70,6 +33,21 @@ impl Cells for RowCells<'_> {
     }
     fn flag(&self, i: usize) -> Result<bool> {
         self.int_of(i).map(|v| v != 0)
+    }
+}
+
+impl tessera_store_sql::Row for Row {
+    fn get_int(&self, name: &str) -> Result<Option<i64>> {
+        self.0.try_get(name).map_err(|e| mistyped_column(name, e))
+    }
+    fn get_text(&self, name: &str) -> Result<Option<&str>> {
+        self.0.try_get(name).map_err(|e| mistyped_column(name, e))
+    }
+    fn get_float(&self, name: &str) -> Result<Option<f64>> {
+        self.0.try_get(name).map_err(|e| mistyped_column(name, e))
+    }
+    fn get_flag(&self, name: &str) -> Result<Option<bool>> {
+        self.0.try_get(name).map_err(|e| mistyped_column(name, e))
     }
 }
 
@@ -85,28 +63,138 @@ impl Cells for crate::raw::Statement<'_> {
     }
 }
 
-/// Every active workload ([`tessera_store::WorkloadStore::active_workloads`]) at once
-/// (recovery: 100,000 rows and more), decoded straight from SQLite's buffers rather than
-/// through a copy of each row (see `crate::raw`).
-pub(crate) async fn active_workloads(store: &Store) -> Result<Vec<Workload>> {
-    let mut conn = store.conn().await?;
-    let mut handle = conn.lock_handle().await.map_err(db)?;
-    let mut read = || {
-        let mut statement = crate::raw::Statement::prepare(&mut handle, ACTIVE, &COLUMN_NAMES)?;
-        let mut out = Vec::new();
-        while statement.step()? {
-            out.push(workload_row(&statement)?);
-        }
-        Ok(out)
-    };
-    // The read takes the thread for a while: let the runtime move its other tasks away.
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(read),
-        _ => read(),
+/// The sqlx statement `sql` with `args` bound in order.
+fn sqlx_query<'a>(sql: impl SqlSafeStr, args: Vec<Value<'_>>) -> sqlx::query::Query<'a, Sqlite, SqliteArguments> {
+    let mut q = sqlx::query(sql);
+    for v in args {
+        q = match v {
+            Value::Int(v) => q.bind(v),
+            Value::Text(v) => q.bind(v.map(Cow::into_owned)),
+            Value::Flag(v) => q.bind(v),
+            Value::Float(v) => q.bind(v),
+        };
     }
+    q
 }
 
-/// No revocation news: one process serves a SQLite store.
-pub(crate) async fn revocations(_: &Store) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
-    None
+impl Driver for SqliteStore {
+    type Connection = SqliteConnection;
+    type Pooled = PoolConnection<Sqlite>;
+    type Transaction = Transaction<'static, Sqlite>;
+    type Row = Row;
+
+    /// A file of one process: one replica alone.
+    const SHARED: bool = false;
+
+    /// SQLite has no row locks: the write transaction (`BEGIN IMMEDIATE`) already holds the
+    /// database's write lock, so a plain read of the tenant row is enough.
+    const LOCK_TENANT: &'static str = "SELECT name FROM tenants WHERE name = $1";
+
+    /// The token being revoked and every lasting platform-admin token. SQLite has no row
+    /// locks: the write transaction (`BEGIN IMMEDIATE`) already holds the database's write
+    /// lock, so a revocation racing another waits for it and then sees what it left.
+    const LOCK_REVOCATION: &'static str = "SELECT id, role, revoked_at FROM api_tokens WHERE id = $1 \
+         OR (role = $2 AND revoked_at IS NULL AND expires_at IS NULL) ORDER BY id";
+
+    /// SQLite serves one process: no other replica to tell of a revocation.
+    const NOTIFY_REVOCATION: Option<&'static str> = None;
+
+    /// The intervals that ended after `$1` (open ones have no end) and began before `$2`.
+    /// `INDEXED BY`, because SQLite's planner would rather walk the `(tenant, started_at)`
+    /// index for the grouping, which reads the whole ledger.
+    const CLOSED_USAGE: &'static str = "SELECT tenant, SUM(units_milli * (MIN(ended_at, $2) - MAX(started_at, $1))) AS used \
+         FROM usage_intervals INDEXED BY usage_ended WHERE ended_at > $1 AND started_at < $2 \
+         GROUP BY tenant ORDER BY tenant";
+
+    /// Now is SQLite's clock (`julianday('now')`, millisecond precision, one reading per
+    /// statement); a fence's read needs no lock, as the write transaction (`BEGIN IMMEDIATE`)
+    /// already holds the database's write lock.
+    const LEASE: LeaseSql = tessera_store_sql::lease_sql!(
+        now_ms = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        lock_fence = "",
+    );
+
+    /// Fixed chunk sizes, so that each multi-row statement has at most four texts (see
+    /// `crate::rows`).
+    const ROWS_PER_STATEMENT: &'static [usize] = &rows::CHUNKS;
+
+    async fn conn(&self) -> Result<PoolConnection<Sqlite>> {
+        self.pool.acquire().await.map_err(db)
+    }
+
+    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
+        // SQLite-specific: `BEGIN IMMEDIATE` takes the write lock up front (waiting up to the
+        // busy timeout), so a transaction that reads before it writes never fails half-way
+        // because another connection wrote in between. PostgreSQL's plain `BEGIN` is the
+        // equivalent there (row locks do the rest).
+        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)
+    }
+
+    async fn commit(tx: Transaction<'static, Sqlite>) -> Result<()> {
+        tx.commit().await.map_err(db)
+    }
+
+    async fn rollback(tx: Transaction<'static, Sqlite>) -> Result<()> {
+        tx.rollback().await.map_err(db)
+    }
+
+    async fn execute(conn: &mut SqliteConnection, q: Query<'_, Self>) -> DbResult<u64> {
+        let sql = q.sql();
+        let done = sqlx_query(sql, q.into_args()).execute(conn).await.map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fetch_all(conn: &mut SqliteConnection, q: Query<'_, Self>) -> DbResult<Vec<Row>> {
+        let sql = q.sql();
+        let rows = sqlx_query(sql, q.into_args()).fetch_all(conn).await.map_err(classify)?;
+        Ok(rows.into_iter().map(Row).collect())
+    }
+
+    async fn fetch_optional(conn: &mut SqliteConnection, q: Query<'_, Self>) -> DbResult<Option<Row>> {
+        let sql = q.sql();
+        let row = sqlx_query(sql, q.into_args())
+            .fetch_optional(conn)
+            .await
+            .map_err(classify)?;
+        Ok(row.map(Row))
+    }
+
+    async fn execute_rows(
+        conn: &mut SqliteConnection,
+        statement: &'static MultiRow,
+        rows: usize,
+        values: Vec<Value<'_>>,
+    ) -> DbResult<u64> {
+        let text = rows::text(statement, rows);
+        let done = sqlx_query(AssertSqlSafe(text), values)
+            .execute(conn)
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+
+    /// Every active workload at once (recovery: 100,000 rows and more), decoded straight from
+    /// SQLite's buffers rather than through a copy of each row (see `crate::raw`).
+    async fn read_active(&self) -> Result<Vec<Workload>> {
+        let mut conn = self.conn().await?;
+        let mut handle = conn.lock_handle().await.map_err(db)?;
+        let mut read = || {
+            let mut statement = crate::raw::Statement::prepare(&mut handle, ACTIVE, &COLUMN_NAMES)?;
+            let mut out = Vec::new();
+            while statement.step()? {
+                out.push(workload_row(&statement)?);
+            }
+            Ok(out)
+        };
+        // The read takes the thread for a while: let the runtime move its other tasks away.
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(read),
+            _ => read(),
+        }
+    }
+
+    /// No revocation news: one process serves a SQLite store.
+    async fn revocation_news(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        None
+    }
 }

@@ -11,15 +11,15 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use sqlx::Row;
 use tessera_domain::{
     GpuSpec, Kind, Phase, Placement, Reason, ReasonCode, ShapeSpec, Slice, UsageCursor, Workload, WorkloadId,
     WorkloadSpec,
 };
 use tessera_model::GpuUnits;
 use tessera_store::{Result, StoreError};
+use tessera_store_sql::{Driver, col, db, narrow, query, u64_of, workloads};
 
-use crate::{SqliteStore, col, db, narrow, u64_of, workloads};
+use crate::SqliteStore;
 
 /// The REST API's workload as version 1 stored it (fields it no longer needs are ignored).
 #[derive(Deserialize)]
@@ -201,7 +201,7 @@ impl LegacyAllocation {
 /// Converts every row left in `workloads_v1`; returns how many there were.
 pub(crate) async fn convert(store: &SqliteStore) -> Result<usize> {
     let mut tx = store.begin_write().await?;
-    let rows = sqlx::query("SELECT id, updated_at, doc FROM workloads_v1 ORDER BY id")
+    let rows = query::<SqliteStore>("SELECT id, updated_at, doc FROM workloads_v1 ORDER BY id")
         .fetch_all(&mut *tx)
         .await
         .map_err(db)?;
@@ -212,19 +212,20 @@ pub(crate) async fn convert(store: &SqliteStore) -> Result<usize> {
         let doc: String = col(row, "doc")?;
         let old: LegacyWorkload = serde_json::from_str(&doc).map_err(|e| invalid(id, e))?;
 
-        let last_event: Option<i64> = sqlx::query("SELECT MAX(seq) FROM workload_events WHERE workload_id = $1")
-            .bind(raw_id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db)?
-            .try_get(0)
-            .map_err(db)?;
-        let last_interval =
-            sqlx::query("SELECT seq, ended_at FROM usage_intervals WHERE workload_id = $1 ORDER BY seq DESC LIMIT 1")
+        let last_event: Option<i64> =
+            query::<SqliteStore>("SELECT MAX(seq) AS last FROM workload_events WHERE workload_id = $1")
                 .bind(raw_id)
-                .fetch_optional(&mut *tx)
+                .fetch_one(&mut *tx)
                 .await
-                .map_err(db)?;
+                .map_err(db)
+                .and_then(|r| col(&r, "last"))?;
+        let last_interval = query::<SqliteStore>(
+            "SELECT seq, ended_at FROM usage_intervals WHERE workload_id = $1 ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(raw_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?;
         let usage = match last_interval {
             None => UsageCursor::default(),
             Some(r) => {
@@ -244,14 +245,14 @@ pub(crate) async fn convert(store: &SqliteStore) -> Result<usize> {
             usage,
         };
         let workload = old.into_workload(id, books)?;
-        workloads::insert_workloads(&mut tx, &[(&workload, updated_at)]).await?;
-        sqlx::query("DELETE FROM workloads_v1 WHERE id = $1")
+        workloads::insert_workloads::<SqliteStore>(&mut tx, &[(&workload, updated_at)]).await?;
+        query::<SqliteStore>("DELETE FROM workloads_v1 WHERE id = $1")
             .bind(raw_id)
             .execute(&mut *tx)
             .await
             .map_err(db)?;
     }
-    tx.commit().await.map_err(db)?;
+    SqliteStore::commit(tx).await?;
     Ok(rows.len())
 }
 

@@ -24,45 +24,24 @@
 //! elect.
 //!
 //! The statements, with their binding and decoding, are written once for both SQL stores in
-//! `crates/tessera-store/sql-common` (modules compiled into this crate and into
-//! `tessera-store-postgres`); `driver.rs` holds what SQLite needs differently.
+//! `tessera-store-sql`, generic over its `Driver` trait; [`SqliteStore`] is SQLite's driver
+//! (`driver.rs`: connections, transactions, rows, the statements whose text differs, the read of
+//! every active workload) and `rows.rs` makes SQLite's texts of the multi-row statements.
 
-#[path = "../../tessera-store/sql-common/audit.rs"]
-mod audit;
-#[path = "../../tessera-store/sql-common/batch.rs"]
-mod batch;
 mod driver;
-#[path = "../../tessera-store/sql-common/fleet.rs"]
-mod fleet;
-#[path = "../../tessera-store/sql-common/governance.rs"]
-mod governance;
-#[path = "../../tessera-store/sql-common/lease.rs"]
-mod lease;
-#[path = "../../tessera-store/sql-common/ledger.rs"]
-mod ledger;
 mod legacy;
 #[cfg(test)]
 mod plans;
 mod raw;
-#[path = "../../tessera-store/sql-common/rollouts.rs"]
-mod rollouts;
 mod rows;
-#[path = "../../tessera-store/sql-common/tenancy.rs"]
-mod tenancy;
-#[path = "../../tessera-store/sql-common/tokens.rs"]
-mod tokens;
-#[path = "../../tessera-store/sql-common/workloads.rs"]
-mod workloads;
 
 use std::path::Path;
 use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
-};
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::Row;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use tessera_store::{Result, StoreError};
+use tessera_store_sql::DbError;
 
 /// The migrations of the store's schema, applied on opening.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -72,6 +51,8 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 pub struct SqliteStore {
     pool: SqlitePool,
 }
+
+tessera_store_sql::implement_store!(SqliteStore);
 
 /// The database file in a data directory.
 pub const DB_FILE: &str = "tessera.db";
@@ -127,20 +108,6 @@ impl SqliteStore {
         legacy::convert(&store).await?;
         Ok(store)
     }
-
-    /// Begins a transaction that writes.
-    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
-        // SQLite-specific: `BEGIN IMMEDIATE` takes the write lock up front (waiting up to the
-        // busy timeout), so a transaction that reads before it writes never fails half-way
-        // because another connection wrote in between. PostgreSQL's plain `BEGIN` is the
-        // equivalent there (row locks do the rest).
-        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)
-    }
-
-    /// A connection of the pool, for reads and single statements.
-    async fn conn(&self) -> Result<PoolConnection<Sqlite>> {
-        self.pool.acquire().await.map_err(db)
-    }
 }
 
 /// Refuses a database whose applied migrations include versions this binary does not know: a
@@ -181,18 +148,19 @@ fn unknown_versions(migrator: &sqlx::migrate::Migrator, applied: &[i64]) -> Resu
     )))
 }
 
-/// A database error, classified for the contract. Unique-key violations say what exists.
-fn db_error(e: sqlx::Error, what: impl FnOnce() -> String) -> StoreError {
+/// A database error, classified for the contract: unique-key violations are the caller's to
+/// name (`tessera_store_sql::db_error`).
+fn classify(e: sqlx::Error) -> DbError {
     match &e {
-        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict(what()),
+        sqlx::Error::Database(d) if d.is_unique_violation() => DbError::UniqueViolation,
         sqlx::Error::Database(d) => {
             // SQLite-specific result codes: SQLITE_CORRUPT (11) and SQLITE_NOTADB (26), in the
             // low byte of extended codes.
             let primary = d.code().and_then(|c| c.parse::<i32>().ok()).map(|c| c & 0xff);
             if matches!(primary, Some(11 | 26)) {
-                StoreError::Corrupt(e.to_string())
+                DbError::Store(StoreError::Corrupt(e.to_string()))
             } else {
-                StoreError::Unavailable(e.to_string())
+                DbError::Store(StoreError::Unavailable(e.to_string()))
             }
         }
         sqlx::Error::RowNotFound
@@ -200,24 +168,12 @@ fn db_error(e: sqlx::Error, what: impl FnOnce() -> String) -> StoreError {
         | sqlx::Error::ColumnIndexOutOfBounds { .. }
         | sqlx::Error::ColumnNotFound(_)
         | sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_) => StoreError::Corrupt(e.to_string()),
-        _ => StoreError::Unavailable(e.to_string()),
+        | sqlx::Error::Decode(_) => DbError::Store(StoreError::Corrupt(e.to_string())),
+        _ => DbError::Store(StoreError::Unavailable(e.to_string())),
     }
 }
 
 /// A database error of an operation that violates no unique key of its own.
 fn db(e: sqlx::Error) -> StoreError {
-    db_error(e, || "a row".into())
+    tessera_store_sql::db(classify(e))
 }
-
-/// A column of `row`, or `Corrupt` naming it.
-fn col<'r, T>(row: &'r SqliteRow, name: &str) -> Result<T>
-where
-    T: sqlx::Decode<'r, Sqlite> + sqlx::Type<Sqlite>,
-{
-    row.try_get(name)
-        .map_err(|e| StoreError::Corrupt(format!("column `{name}`: {e}")))
-}
-
-// Integer columns: narrowing, and the signed BIGINT form of unsigned values (`tessera_store::sql`).
-use tessera_store::sql::{i64_of, narrow, narrow_opt, u64_of};

@@ -1,16 +1,17 @@
-//! SQLite's view of the statements it shares with the PostgreSQL store
-//! (`crates/tessera-store/sql-common`): every multi-row statement prepares at each chunk size
-//! (within SQLite's limits on parameters and expression depth), and the updates and closes
-//! search by their keys and indexes instead of scanning.
+//! SQLite's view of the statements it shares with the PostgreSQL store (`tessera-store-sql`):
+//! every multi-row statement prepares at each chunk size (within SQLite's limits on parameters
+//! and expression depth), and the updates and closes search by their keys and indexes instead
+//! of scanning.
 
-use crate::driver::CLOSED_USAGE;
-use crate::{SqliteStore, audit, ledger, rows, workloads};
+use tessera_store_sql::{Driver, audit, ledger, workloads};
+
+use crate::{SqliteStore, rows};
 
 #[tokio::test]
 async fn the_audit_insert_prepares() {
     let store = SqliteStore::open_memory().await.unwrap();
-    for rows in rows::CHUNKS {
-        assert!(rows::prepares(&store, audit::INSERT.text(rows)).await);
+    for n in rows::CHUNKS {
+        assert!(rows::prepares(&store, rows::text(&audit::INSERT, n)).await);
     }
 }
 
@@ -18,9 +19,9 @@ async fn the_audit_insert_prepares() {
 #[tokio::test]
 async fn multi_row_statements_prepare_and_closes_search_by_key() {
     let store = SqliteStore::open_memory().await.unwrap();
-    for rows in rows::CHUNKS {
-        assert!(rows::prepares(&store, ledger::OPEN.text(rows)).await);
-        let plan = rows::plan(&store, ledger::CLOSE.text(rows)).await;
+    for n in rows::CHUNKS {
+        assert!(rows::prepares(&store, rows::text(&ledger::OPEN, n)).await);
+        let plan = rows::plan(&store, &rows::text(&ledger::CLOSE, n)).await;
         assert!(
             plan.iter()
                 .any(|p| p.starts_with("SEARCH usage_intervals USING") && p.ends_with("(workload_id=? AND seq=?)")),
@@ -34,7 +35,7 @@ async fn multi_row_statements_prepare_and_closes_search_by_key() {
 #[tokio::test]
 async fn closed_usage_searches_by_end() {
     let store = SqliteStore::open_memory().await.unwrap();
-    let plan = rows::plan(&store, CLOSED_USAGE).await;
+    let plan = rows::plan(&store, SqliteStore::CLOSED_USAGE).await;
     assert!(
         plan.iter()
             .any(|p| p.starts_with("SEARCH usage_intervals USING INDEX usage_ended (ended_at>?)")),
@@ -53,16 +54,16 @@ async fn multi_row_statements_prepare_and_updates_search_by_id() {
         &workloads::INSERT_EVENTS,
         &workloads::INSERT_KEYS,
     ] {
-        for rows in rows::CHUNKS {
+        for n in rows::CHUNKS {
             assert!(
-                rows::prepares(&store, statement.text(rows)).await,
+                rows::prepares(&store, rows::text(statement, n)).await,
                 "{}",
-                statement.text(rows)
+                rows::text(statement, n)
             );
         }
     }
-    for rows in rows::CHUNKS {
-        let plan = rows::plan(&store, workloads::UPDATE.text(rows)).await;
+    for n in rows::CHUNKS {
+        let plan = rows::plan(&store, &rows::text(&workloads::UPDATE, n)).await;
         assert!(
             plan.iter()
                 .any(|p| p.starts_with("SEARCH workloads USING") && p.ends_with("(id=?)")),

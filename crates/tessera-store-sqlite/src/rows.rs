@@ -1,5 +1,6 @@
-//! Multi-row statements: one statement writes many rows of a kind, so a lifecycle batch costs
-//! a few statements per kind of row instead of one per row.
+//! SQLite's texts of the multi-row statements (`tessera_store_sql::rows`): one statement writes
+//! many rows of a kind, so a lifecycle batch costs a few statements per kind of row instead of
+//! one per row.
 //!
 //! The cost of a statement through sqlx is mostly fixed (a round trip to the connection's
 //! worker thread, preparing or finding the prepared statement, stepping it), so writing rows
@@ -9,11 +10,11 @@
 //! statements stay within sqlx's per-connection cache of prepared statements (100 texts): a
 //! connection prepares each text once.
 
-use sqlx::Sqlite;
-use sqlx::sqlite::{SqliteArguments, SqliteConnection};
-use tessera_store::{Result, StoreError};
+use std::sync::Arc;
 
-pub(crate) type Query<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
+use tessera_store_sql::MultiRow;
+
+use crate::SqliteStore;
 
 /// Rows per statement, largest first; the last must be 1 so that any number of rows splits.
 pub(crate) const CHUNKS: [usize; 4] = [64, 16, 4, 1];
@@ -22,111 +23,57 @@ pub(crate) const CHUNKS: [usize; 4] = [64, 16, 4, 1];
 /// (32,766 since 3.32; PostgreSQL allows 65,535).
 const MAX_PARAMETERS: usize = 32_766;
 
-/// One multi-row statement in its [`CHUNKS`] sizes: `head`, then `rows` parenthesised groups
-/// of `columns` placeholders (`(?, ?), (?, ?)`), then `tail`. Parameters bind in the order the
-/// placeholders appear, so `head` and `tail` must not hold any.
+/// The text of `statement` for `rows` rows (one of [`CHUNKS`]): its head, then `rows`
+/// parenthesised groups of one placeholder per column (`(?, ?), (?, ?)`), then its tail; made
+/// once per size.
 ///
 /// SQLite-specific: the placeholders are anonymous `?`, not the numbered `$1` the rest of the
 /// store writes. sqlx asks SQLite for the name of each parameter it binds, and SQLite finds a
 /// numbered parameter's name by a linear search, so binding `n` numbered parameters costs
 /// `n²`: the 500 workload inserts of the batch test (47 columns each) took 108 ms with
-/// numbered placeholders and 5 ms with anonymous ones. PostgreSQL would need them numbered
-/// (`$1`, `$2` …) and has no such cost.
-pub(crate) struct MultiRow {
-    texts: [String; CHUNKS.len()],
-}
-
-impl MultiRow {
-    /// The texts of a statement whose rows have `columns` parameters each.
-    ///
-    /// Panics when `head` or `tail` holds a placeholder or the largest chunk would exceed the
-    /// database's parameter limit (programming errors, caught by the tests that run every
-    /// statement).
-    pub(crate) fn new(head: &str, columns: usize, tail: &str) -> MultiRow {
-        assert!(
-            !head.contains(['?', '$']) && !tail.contains(['?', '$']),
-            "only the rows hold placeholders"
-        );
+/// numbered placeholders and 5 ms with anonymous ones. PostgreSQL has no such cost.
+///
+/// Panics when `rows` is not a chunk size or the largest chunk would exceed the database's
+/// parameter limit (programming errors, caught by the tests that run every statement).
+pub(crate) fn text(statement: &'static MultiRow, rows: usize) -> Arc<str> {
+    assert!(CHUNKS.contains(&rows), "rows come in chunk sizes");
+    statement.text::<SqliteStore>(rows, |m| {
+        let columns = m.columns();
         assert!(
             columns * CHUNKS[0] <= MAX_PARAMETERS,
             "{} rows of {columns} parameters exceed the limit of {MAX_PARAMETERS}",
             CHUNKS[0]
         );
-        let texts = CHUNKS.map(|rows| {
-            let mut sql = String::from(head);
-            for r in 0..rows {
-                sql.push_str(if r == 0 { "(" } else { ", (" });
-                for c in 0..columns {
-                    if c > 0 {
-                        sql.push_str(", ");
-                    }
-                    sql.push('?');
+        let mut sql = String::from(m.head());
+        for r in 0..rows {
+            sql.push_str(if r == 0 { "(" } else { ", (" });
+            for c in 0..columns {
+                if c > 0 {
+                    sql.push_str(", ");
                 }
-                sql.push(')');
+                sql.push('?');
             }
-            sql.push_str(tail);
-            sql
-        });
-        MultiRow { texts }
-    }
-
-    /// The text for `rows` rows, one of [`CHUNKS`].
-    pub(crate) fn text(&'static self, rows: usize) -> &'static str {
-        let i = CHUNKS
-            .iter()
-            .position(|&n| n == rows)
-            .expect("rows come in chunk sizes");
-        &self.texts[i]
-    }
-}
-
-/// `rows` split greedily into [`CHUNKS`] sizes, in order.
-pub(crate) fn chunks<T>(rows: &[T]) -> impl Iterator<Item = &[T]> {
-    let mut rest = rows;
-    std::iter::from_fn(move || {
-        let n = CHUNKS.into_iter().find(|&n| n <= rest.len())?;
-        let (chunk, tail) = rest.split_at(n);
-        rest = tail;
-        Some(chunk)
-    })
-}
-
-/// Runs `statement` over `rows` in chunks, `bind` binding one row's parameters in column
-/// order; `error` turns a failure of a chunk into the contract's error. Returns the number of
-/// rows the statements changed. No rows, no statement.
-pub(crate) async fn execute<T>(
-    conn: &mut SqliteConnection,
-    statement: &'static MultiRow,
-    rows: &[T],
-    bind: impl Fn(Query<'static>, &T) -> Result<Query<'static>>,
-    error: impl Fn(sqlx::Error, &[T]) -> StoreError,
-) -> Result<u64> {
-    let mut changed = 0;
-    for chunk in chunks(rows) {
-        let mut q = sqlx::query(statement.text(chunk.len()));
-        for row in chunk {
-            q = bind(q, row)?;
+            sql.push(')');
         }
-        changed += q
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| error(e, chunk))?
-            .rows_affected();
-    }
-    Ok(changed)
+        sql.push_str(m.tail());
+        sql
+    })
 }
 
 /// Whether `sql` prepares: valid SQL on the store's schema, within the parameter limit.
 #[cfg(test)]
-pub(crate) async fn prepares(store: &crate::SqliteStore, sql: &'static str) -> bool {
+pub(crate) async fn prepares(store: &SqliteStore, sql: Arc<str>) -> bool {
     use sqlx::{Executor, SqlSafeStr};
-    (&store.pool).prepare(sql.into_sql_str()).await.is_ok()
+    (&store.pool)
+        .prepare(sqlx::AssertSqlSafe(sql).into_sql_str())
+        .await
+        .is_ok()
 }
 
 /// The query plan of `sql` (its `detail` lines), for tests that check a statement finds its
 /// rows by key instead of scanning a table.
 #[cfg(test)]
-pub(crate) async fn plan(store: &crate::SqliteStore, sql: &str) -> Vec<String> {
+pub(crate) async fn plan(store: &SqliteStore, sql: &str) -> Vec<String> {
     use sqlx::Row;
     sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
         .fetch_all(&store.pool)
@@ -142,36 +89,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_split_greedily_into_chunk_sizes() {
-        let sizes = |n: usize| chunks(&vec![0u8; n]).map(<[u8]>::len).collect::<Vec<_>>();
-        assert_eq!(sizes(0), Vec::<usize>::new());
-        assert_eq!(sizes(1), [1]);
-        assert_eq!(sizes(3), [1, 1, 1]);
-        assert_eq!(sizes(20), [16, 4]);
-        assert_eq!(sizes(500), [64, 64, 64, 64, 64, 64, 64, 16, 16, 16, 4]);
-        let rows: Vec<usize> = (0..151).collect();
-        let again: Vec<usize> = chunks(&rows).flatten().copied().collect();
-        assert_eq!(again, rows, "every row once, in order");
-    }
-
-    #[test]
     fn texts_hold_a_placeholder_per_column_and_row() {
         let m = Box::leak(Box::new(MultiRow::new(
             "INSERT INTO t (a, b) VALUES ",
             2,
             " RETURNING a",
         )));
-        assert_eq!(m.text(1), "INSERT INTO t (a, b) VALUES (?, ?) RETURNING a");
+        assert_eq!(&*text(m, 1), "INSERT INTO t (a, b) VALUES (?, ?) RETURNING a");
         assert_eq!(
-            m.text(4),
+            &*text(m, 4),
             "INSERT INTO t (a, b) VALUES (?, ?), (?, ?), (?, ?), (?, ?) RETURNING a"
         );
-        assert_eq!(m.text(64).matches('?').count(), 128);
+        assert_eq!(text(m, 64).matches('?').count(), 128);
+        assert!(Arc::ptr_eq(&text(m, 4), &text(m, 4)), "a text is made once");
     }
 
     #[test]
     #[should_panic(expected = "exceed the limit")]
     fn a_statement_over_the_parameter_limit_is_refused() {
-        MultiRow::new("INSERT INTO t VALUES ", MAX_PARAMETERS / CHUNKS[0] + 1, "");
+        let m = Box::leak(Box::new(MultiRow::new(
+            "INSERT INTO t VALUES ",
+            MAX_PARAMETERS / CHUNKS[0] + 1,
+            "",
+        )));
+        text(m, 1);
     }
 }

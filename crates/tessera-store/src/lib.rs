@@ -9,11 +9,10 @@
 //! Implementations live in their own crates (`tessera-store-sqlite`, the embedded default, and
 //! `tessera-store-postgres`, for replicas sharing one database) so that a database driver is
 //! only built where it is used. The statement code of both SQL stores is written once, in
-//! `sql-common/` beside this crate's sources, and compiled into each of them (`#[path]`
-//! modules) against the store's own `driver` module: its sqlx types and the few statements
-//! and reads that differ between the databases. [`sql`] holds what they share about decoding a
-//! workload row. Every implementation must pass the
-//! [`conformance`] suite; [`store_conformance_tests!`] runs it as one test per behaviour.
+//! `tessera-store-sql`, generic over a driver trait each of them implements (its connections
+//! and transactions, and the few statements and reads that differ between the databases).
+//! [`sql`] holds what they share about decoding a workload row. Every implementation must pass
+//! the [`conformance`] suite; [`store_conformance_tests!`] runs it as one test per behaviour.
 //!
 //! Writes of the lifecycle loop go through [`WorkloadStore::commit`]: a batch of [`Change`]s
 //! committed in **one transaction**, so a state change, its events, its usage interval and its

@@ -1,18 +1,21 @@
-//! Workloads in typed columns, their timelines and idempotency keys ([`WorkloadStore`]), and
-//! the multi-row statements with which a lifecycle batch writes them (see [`crate::batch`]).
+//! Workloads in typed columns, their timelines and idempotency keys
+//! ([`WorkloadStore`](tessera_store::WorkloadStore)), and the multi-row statements with which a
+//! lifecycle batch writes them (see [`crate::batch`]).
+//!
+//! One generic function per method of `WorkloadStore`, of the same name, for any [`Driver`]
+//! (`commit` is [`crate::batch::commit`], `active_workloads` the driver's
+//! [`read_active`](crate::Driver::read_active)); [`implement_store!`](crate::implement_store) calls
+//! them.
 
 use std::ops::Range;
 use std::sync::LazyLock;
 
-use async_trait::async_trait;
-use sqlx::Row;
 use tessera_domain::{Event, GpuSpec, Movable, ReasonCode, Slice, Step, StopCause, Workload, WorkloadId};
 use tessera_store::sql::{corrupt, gpu_mask, json, names, narrow, shares_json, topology_mode_str, workload_row};
-use tessera_store::{Change, IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadStore};
+use tessera_store::{IdempotencyKey, Result, StoreError, WorkloadFilter};
 
-use crate::driver::{DbConnection, DbRow, RowCells, Store};
-use crate::rows::{self, MultiRow, Query};
-use crate::{batch, col, db, db_error, i64_of, u64_of};
+use crate::rows::{self, MultiRow, Values};
+use crate::{Driver, Row, col, db, db_error, i64_of, query, u64_of};
 
 /// Every column of `workloads`, in the order an insert binds them ([`bind_spec`], then
 /// [`bind_lifecycle`]).
@@ -23,7 +26,7 @@ macro_rules! columns {
 }
 
 /// Inserts workloads: every column.
-pub(crate) static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
+pub static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         concat!("INSERT INTO workloads (", columns!(), ") VALUES "),
         names(columns!()).count(),
@@ -35,9 +38,9 @@ pub(crate) static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
 // SQLite names the columns of a bare `VALUES` list `column1, column2 …` and has no `AS v(…)`
 // column list, so the rows go through a common table expression, which both SQLite (>= 3.33
 // for `UPDATE … FROM`) and PostgreSQL accept. On PostgreSQL the columns of `v` take the types
-// sqlx declares for the bound values (see `crate::rows`), so `workloads.id = v.id` compares
-// integers without casts.
-pub(crate) static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
+// of the arrays the driver binds the rows as (`UNNEST($1::BIGINT[], …)`, from each `Value`'s
+// type), so `workloads.id = v.id` compares integers without casts.
+pub static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
     let set: Vec<String> = names(tessera_store::workload_lifecycle_columns!())
         .map(|c| format!("{c} = v.{c}"))
         .collect();
@@ -55,7 +58,7 @@ pub(crate) static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
     )
 });
 
-pub(crate) static INSERT_EVENTS: LazyLock<MultiRow> = LazyLock::new(|| {
+pub static INSERT_EVENTS: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "INSERT INTO workload_events (workload_id, seq, step, at, detail, code) VALUES ",
         6,
@@ -63,7 +66,7 @@ pub(crate) static INSERT_EVENTS: LazyLock<MultiRow> = LazyLock::new(|| {
     )
 });
 
-pub(crate) static INSERT_KEYS: LazyLock<MultiRow> = LazyLock::new(|| {
+pub static INSERT_KEYS: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "INSERT INTO idempotency_keys (actor, key, request_hash, workload_id, created_at) VALUES ",
         5,
@@ -102,11 +105,11 @@ const PHASE_SLOTS: usize = 10;
 
 /// The phases that are not terminal, as `active_workloads` selects them (an `IN` list the
 /// `(phase, id)` index serves, where `NOT IN` would scan every row).
-pub(crate) const ACTIVE: &str =
+pub const ACTIVE: &str =
     select!("WHERE phase IN ('pending', 'queued', 'placed', 'partitioned', 'running', 'stopping') ORDER BY id");
 
 /// Binds the insert-only columns (`id` to `created_at`).
-fn bind_spec<'q>(q: Query<'q>, w: &Workload) -> Query<'q> {
+fn bind_spec<'q>(q: Values<'q>, w: &'q Workload) -> Values<'q> {
     let s = &w.spec;
     let (gpus, mig_profile, fraction_milli, fraction_memory_mib, gang) = match &s.shape.gpu {
         GpuSpec::Whole { gpus } => (Some(i64::from(*gpus)), None, None, None, None),
@@ -149,7 +152,7 @@ fn bind_spec<'q>(q: Query<'q>, w: &Workload) -> Query<'q> {
 }
 
 /// Binds the columns an update writes (`phase` to `p_shares`).
-fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Query<'q>> {
+fn bind_lifecycle<'q>(q: Values<'q>, w: &'q Workload, updated_at: i64) -> Result<Values<'q>> {
     let (stop_kind, stop_by, stop_detail) = match &w.stop {
         None => (None, None, None),
         Some(StopCause::Cancelled { by }) => (Some("cancel"), Some(by.clone()), None),
@@ -206,7 +209,7 @@ fn bind_lifecycle<'q>(q: Query<'q>, w: &Workload, updated_at: i64) -> Result<Que
         .bind(shares))
 }
 
-fn event_row(id: WorkloadId, r: &DbRow) -> Result<Event> {
+fn event_row(id: WorkloadId, r: &impl Row) -> Result<Event> {
     let step: String = col(r, "step")?;
     let code: Option<String> = col(r, "code")?;
     Ok(Event {
@@ -221,8 +224,8 @@ fn event_row(id: WorkloadId, r: &DbRow) -> Result<Event> {
 }
 
 /// Inserts new workloads with the `updated_at` each gets (inside the caller's transaction).
-pub(crate) async fn insert_workloads(conn: &mut DbConnection, rows: &[(&Workload, i64)]) -> Result<()> {
-    rows::execute(
+pub async fn insert_workloads<D: Driver>(conn: &mut D::Connection, rows: &[(&Workload, i64)]) -> Result<()> {
+    rows::execute::<D, _>(
         conn,
         &INSERT,
         rows,
@@ -240,8 +243,8 @@ pub(crate) async fn insert_workloads(conn: &mut DbConnection, rows: &[(&Workload
 
 /// Writes the lifecycle of stored workloads, at most one row per workload; `Corrupt` if one is
 /// not stored.
-pub(crate) async fn update_workloads(conn: &mut DbConnection, rows: &[(&Workload, i64)]) -> Result<()> {
-    let updated = rows::execute(
+pub async fn update_workloads<D: Driver>(conn: &mut D::Connection, rows: &[(&Workload, i64)]) -> Result<()> {
+    let updated = rows::execute::<D, _>(
         conn,
         &UPDATE,
         rows,
@@ -266,8 +269,8 @@ pub(crate) async fn update_workloads(conn: &mut DbConnection, rows: &[(&Workload
 }
 
 /// Appends timeline events of workloads.
-pub(crate) async fn insert_events(conn: &mut DbConnection, rows: &[(WorkloadId, &Event)]) -> Result<()> {
-    rows::execute(
+pub async fn insert_events<D: Driver>(conn: &mut D::Connection, rows: &[(WorkloadId, &Event)]) -> Result<()> {
+    rows::execute::<D, _>(
         conn,
         &INSERT_EVENTS,
         rows,
@@ -291,11 +294,11 @@ pub(crate) async fn insert_events(conn: &mut DbConnection, rows: &[(WorkloadId, 
 }
 
 /// Stores the idempotency keys of new workloads, each with its workload and creation time.
-pub(crate) async fn insert_idempotency_keys(
-    conn: &mut DbConnection,
+pub async fn insert_idempotency_keys<D: Driver>(
+    conn: &mut D::Connection,
     rows: &[(&IdempotencyKey, WorkloadId, i64)],
 ) -> Result<()> {
-    rows::execute(
+    rows::execute::<D, _>(
         conn,
         &INSERT_KEYS,
         rows,
@@ -317,95 +320,83 @@ pub(crate) async fn insert_idempotency_keys(
     Ok(())
 }
 
-#[async_trait]
-impl WorkloadStore for Store {
-    async fn reserve_workload_ids(&self, n: u32) -> Result<Range<u64>> {
-        // One statement: the increment and the read are atomic, also across processes.
-        let last: i64 = sqlx::query("UPDATE sequences SET value = value + $1 WHERE name = 'workload' RETURNING value")
-            .bind(i64::from(n))
-            .fetch_one(&mut *self.conn().await?)
-            .await
-            .map_err(db)?
-            .try_get(0)
-            .map_err(db)?;
-        let end = u64_of(last) + 1;
-        Ok(end - u64::from(n)..end)
-    }
+pub async fn reserve_workload_ids<D: Driver>(s: &D, n: u32) -> Result<Range<u64>> {
+    // One statement: the increment and the read are atomic, also across processes.
+    let last: i64 = query::<D>("UPDATE sequences SET value = value + $1 WHERE name = 'workload' RETURNING value")
+        .bind(i64::from(n))
+        .fetch_one(&mut *s.conn().await?)
+        .await
+        .map_err(db)
+        .and_then(|r| col(&r, "value"))?;
+    let end = u64_of(last) + 1;
+    Ok(end - u64::from(n)..end)
+}
 
-    async fn commit(&self, batch: &[Change]) -> Result<()> {
-        batch::commit(self, batch).await
-    }
-
-    async fn get_workload(&self, id: WorkloadId, scope: Option<&str>) -> Result<Option<Workload>> {
-        let row = sqlx::query(select!("WHERE id = $1 AND ($2 IS NULL OR tenant = $2)"))
-            .bind(i64_of(id.0))
-            .bind(scope)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db)?;
-        row.as_ref().map(|r| workload_row(&RowCells(r))).transpose()
-    }
-
-    async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>> {
-        let tenant = match (&f.scope, &f.tenant) {
-            (Some(scope), Some(tenant)) if scope != tenant => return Ok(Vec::new()),
-            (scope, tenant) => scope.as_ref().or(tenant.as_ref()),
-        };
-        let mut phases: Vec<&'static str> = Vec::with_capacity(PHASE_SLOTS);
-        for p in &f.phases {
-            if !phases.contains(&p.as_str()) {
-                phases.push(p.as_str());
-            }
-        }
-        let sql = match (tenant, &f.project) {
-            (None, _) => LIST_ANY_TENANT,
-            (Some(_), None) => LIST_TENANT,
-            (Some(_), Some(_)) => LIST_PROJECT,
-        };
-        let mut q = sqlx::query(sql)
-            .bind(tenant)
-            .bind(&f.project)
-            .bind(f.before.map_or(i64::MAX, |b| i64_of(b.0)))
-            .bind(phases.len() as i64);
-        for slot in 0..PHASE_SLOTS {
-            q = q.bind(phases.get(slot).copied());
-        }
-        let rows = q
-            .bind(i64::from(f.limit))
-            .fetch_all(&mut *self.conn().await?)
-            .await
-            .map_err(db)?;
-        rows.iter().map(|r| workload_row(&RowCells(r))).collect()
-    }
-
-    async fn events(&self, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>> {
-        let rows = sqlx::query(
-            "SELECT e.seq, e.step, e.at, e.detail, e.code FROM workload_events e \
-             JOIN workloads w ON w.id = e.workload_id \
-             WHERE e.workload_id = $1 AND ($2 IS NULL OR w.tenant = $2) ORDER BY e.seq",
-        )
+pub async fn get_workload<D: Driver>(s: &D, id: WorkloadId, scope: Option<&str>) -> Result<Option<Workload>> {
+    let row = query::<D>(select!("WHERE id = $1 AND ($2 IS NULL OR tenant = $2)"))
         .bind(i64_of(id.0))
         .bind(scope)
-        .fetch_all(&mut *self.conn().await?)
+        .fetch_optional(&mut *s.conn().await?)
         .await
         .map_err(db)?;
-        rows.iter().map(|r| event_row(id, r)).collect()
-    }
+    row.as_ref().map(workload_row).transpose()
+}
 
-    async fn active_workloads(&self) -> Result<Vec<Workload>> {
-        crate::driver::active_workloads(self).await
+pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<Workload>> {
+    let tenant = match (&f.scope, &f.tenant) {
+        (Some(scope), Some(tenant)) if scope != tenant => return Ok(Vec::new()),
+        (scope, tenant) => scope.as_ref().or(tenant.as_ref()),
+    };
+    let mut phases: Vec<&'static str> = Vec::with_capacity(PHASE_SLOTS);
+    for p in &f.phases {
+        if !phases.contains(&p.as_str()) {
+            phases.push(p.as_str());
+        }
     }
+    let sql = match (tenant, &f.project) {
+        (None, _) => LIST_ANY_TENANT,
+        (Some(_), None) => LIST_TENANT,
+        (Some(_), Some(_)) => LIST_PROJECT,
+    };
+    let mut q = query::<D>(sql)
+        .bind(tenant)
+        .bind(&f.project)
+        .bind(f.before.map_or(i64::MAX, |b| i64_of(b.0)))
+        .bind(phases.len() as i64);
+    for slot in 0..PHASE_SLOTS {
+        q = q.bind(phases.get(slot).copied());
+    }
+    let rows = q
+        .bind(i64::from(f.limit))
+        .fetch_all(&mut *s.conn().await?)
+        .await
+        .map_err(db)?;
+    rows.iter().map(workload_row).collect()
+}
 
-    async fn idempotent(&self, actor: &str, key: &str) -> Result<Option<(String, WorkloadId)>> {
-        let row = sqlx::query("SELECT request_hash, workload_id FROM idempotency_keys WHERE actor = $1 AND key = $2")
-            .bind(actor)
-            .bind(key)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db)?;
-        row.map(|r| Ok((col(&r, "request_hash")?, WorkloadId(u64_of(col(&r, "workload_id")?)))))
-            .transpose()
-    }
+pub async fn events<D: Driver>(s: &D, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>> {
+    let rows = query::<D>(
+        "SELECT e.seq, e.step, e.at, e.detail, e.code FROM workload_events e \
+         JOIN workloads w ON w.id = e.workload_id \
+         WHERE e.workload_id = $1 AND ($2 IS NULL OR w.tenant = $2) ORDER BY e.seq",
+    )
+    .bind(i64_of(id.0))
+    .bind(scope)
+    .fetch_all(&mut *s.conn().await?)
+    .await
+    .map_err(db)?;
+    rows.iter().map(|r| event_row(id, r)).collect()
+}
+
+pub async fn idempotent<D: Driver>(s: &D, actor: &str, key: &str) -> Result<Option<(String, WorkloadId)>> {
+    let row = query::<D>("SELECT request_hash, workload_id FROM idempotency_keys WHERE actor = $1 AND key = $2")
+        .bind(actor)
+        .bind(key)
+        .fetch_optional(&mut *s.conn().await?)
+        .await
+        .map_err(db)?;
+    row.map(|r| Ok((col(&r, "request_hash")?, WorkloadId(u64_of(col(&r, "workload_id")?)))))
+        .transpose()
 }
 
 #[cfg(test)]

@@ -1,18 +1,19 @@
-//! The usage ledger ([`LedgerStore`]) and the multi-row statements that open and close its
-//! intervals inside a lifecycle batch (see [`crate::batch`]).
+//! The usage ledger ([`LedgerStore`](tessera_store::LedgerStore)) and the multi-row statements that
+//! open and close its intervals inside a lifecycle batch (see [`crate::batch`]).
+//!
+//! One generic function per method of `LedgerStore`, of the same name, for any [`Driver`];
+//! [`implement_store!`](crate::implement_store) calls them.
 
 use std::sync::LazyLock;
 
-use async_trait::async_trait;
 use tessera_domain::WorkloadId;
 use tessera_model::GpuUnits;
-use tessera_store::{LedgerStore, Result, StoreError, UsageInterval};
+use tessera_store::{Result, StoreError, UsageInterval};
 
-use crate::driver::{CLOSED_USAGE, DbConnection, DbRow, Store};
 use crate::rows::{self, MultiRow};
-use crate::{col, db, db_error, i64_of, narrow, u64_of};
+use crate::{Driver, Row, col, db, db_error, i64_of, narrow, query, u64_of};
 
-pub(crate) static OPEN: LazyLock<MultiRow> = LazyLock::new(|| {
+pub static OPEN: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "INSERT INTO usage_intervals \
          (workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg) VALUES ",
@@ -23,7 +24,7 @@ pub(crate) static OPEN: LazyLock<MultiRow> = LazyLock::new(|| {
 
 // Rows through a common table expression, as for workload updates (see `workloads::UPDATE`):
 // SQLite >= 3.33 and PostgreSQL (with typed placeholders) both run it.
-pub(crate) static CLOSE: LazyLock<MultiRow> = LazyLock::new(|| {
+pub static CLOSE: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
         "WITH v (workload_id, seq, ended_at, util_avg) AS (VALUES ",
         4,
@@ -35,14 +36,14 @@ pub(crate) static CLOSE: LazyLock<MultiRow> = LazyLock::new(|| {
 
 /// The close of an open interval.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Close {
+pub struct Close {
     pub workload: WorkloadId,
     pub seq: u32,
     pub ended_at: i64,
     pub util_avg: Option<f64>,
 }
 
-fn usage_row(r: &DbRow) -> Result<UsageInterval> {
+fn usage_row(r: &impl Row) -> Result<UsageInterval> {
     Ok(UsageInterval {
         workload: WorkloadId(u64_of(col(r, "workload_id")?)),
         seq: narrow(col(r, "seq")?, "seq")?,
@@ -59,8 +60,8 @@ fn usage_row(r: &DbRow) -> Result<UsageInterval> {
 }
 
 /// Opens intervals (inside the caller's transaction).
-pub(crate) async fn open(conn: &mut DbConnection, rows: &[&UsageInterval]) -> Result<()> {
-    rows::execute(
+pub async fn open<D: Driver>(conn: &mut D::Connection, rows: &[&UsageInterval]) -> Result<()> {
+    rows::execute::<D, _>(
         conn,
         &OPEN,
         rows,
@@ -93,8 +94,8 @@ pub(crate) async fn open(conn: &mut DbConnection, rows: &[&UsageInterval]) -> Re
 }
 
 /// Closes open intervals (inside the caller's transaction); `Corrupt` if one is not open.
-pub(crate) async fn close(conn: &mut DbConnection, rows: &[Close]) -> Result<()> {
-    let closed = rows::execute(
+pub async fn close<D: Driver>(conn: &mut D::Connection, rows: &[Close]) -> Result<()> {
+    let closed = rows::execute::<D, _>(
         conn,
         &CLOSE,
         rows,
@@ -122,55 +123,52 @@ pub(crate) async fn close(conn: &mut DbConnection, rows: &[Close]) -> Result<()>
     Ok(())
 }
 
-#[async_trait]
-impl LedgerStore for Store {
-    async fn usage_of(&self, id: WorkloadId) -> Result<Vec<UsageInterval>> {
-        let rows = sqlx::query(
-            "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg \
-             FROM usage_intervals WHERE workload_id = $1 ORDER BY seq",
+pub async fn usage_of<D: Driver>(s: &D, id: WorkloadId) -> Result<Vec<UsageInterval>> {
+    let rows = query::<D>(
+        "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, util_avg \
+         FROM usage_intervals WHERE workload_id = $1 ORDER BY seq",
+    )
+    .bind(i64_of(id.0))
+    .fetch_all(&mut *s.conn().await?)
+    .await
+    .map_err(db)?;
+    rows.iter().map(usage_row).collect()
+}
+
+pub async fn usage_between<D: Driver>(s: &D, tenant: Option<&str>, from: i64, to: i64) -> Result<Vec<UsageInterval>> {
+    // A statement per case, so that a tenant's report walks the `(tenant, started_at)` index.
+    let q = match tenant {
+        Some(tenant) => query::<D>(
+            "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, \
+             util_avg FROM usage_intervals \
+             WHERE tenant = $1 AND started_at < $3 AND (ended_at IS NULL OR ended_at > $2) \
+             ORDER BY started_at, workload_id, seq",
         )
-        .bind(i64_of(id.0))
-        .fetch_all(&mut *self.conn().await?)
+        .bind(tenant),
+        None => query::<D>(
+            "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, \
+             util_avg FROM usage_intervals \
+             WHERE started_at < $2 AND (ended_at IS NULL OR ended_at > $1) \
+             ORDER BY started_at, workload_id, seq",
+        ),
+    };
+    let rows = q
+        .bind(from)
+        .bind(to)
+        .fetch_all(&mut *s.conn().await?)
         .await
         .map_err(db)?;
-        rows.iter().map(usage_row).collect()
-    }
+    rows.iter().map(usage_row).collect()
+}
 
-    async fn usage_between(&self, tenant: Option<&str>, from: i64, to: i64) -> Result<Vec<UsageInterval>> {
-        // A statement per case, so that a tenant's report walks the `(tenant, started_at)` index.
-        let q = match tenant {
-            Some(tenant) => sqlx::query(
-                "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, \
-                 util_avg FROM usage_intervals \
-                 WHERE tenant = $1 AND started_at < $3 AND (ended_at IS NULL OR ended_at > $2) \
-                 ORDER BY started_at, workload_id, seq",
-            )
-            .bind(tenant),
-            None => sqlx::query(
-                "SELECT workload_id, seq, tenant, project, pool, model, shape, units_milli, started_at, ended_at, \
-                 util_avg FROM usage_intervals \
-                 WHERE started_at < $2 AND (ended_at IS NULL OR ended_at > $1) \
-                 ORDER BY started_at, workload_id, seq",
-            ),
-        };
-        let rows = q
-            .bind(from)
-            .bind(to)
-            .fetch_all(&mut *self.conn().await?)
-            .await
-            .map_err(db)?;
-        rows.iter().map(usage_row).collect()
-    }
-
-    async fn closed_usage(&self, from: i64, to: i64) -> Result<Vec<(String, i64)>> {
-        sqlx::query(CLOSED_USAGE)
-            .bind(from)
-            .bind(to)
-            .fetch_all(&mut *self.conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| Ok((col(r, "tenant")?, col(r, "used")?)))
-            .collect()
-    }
+pub async fn closed_usage<D: Driver>(s: &D, from: i64, to: i64) -> Result<Vec<(String, i64)>> {
+    query::<D>(D::CLOSED_USAGE)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&mut *s.conn().await?)
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| Ok((col(r, "tenant")?, col(r, "used")?)))
+        .collect()
 }

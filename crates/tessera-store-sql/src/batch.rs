@@ -37,12 +37,11 @@ use std::collections::{HashMap, HashSet};
 use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{AuditRecord, Change, Fence, IdempotencyKey, Result, StoreError, UsageInterval};
 
-use crate::driver::{DbConnection, Store};
 use crate::ledger::{self, Close};
-use crate::{audit, db, lease, workloads};
+use crate::{Driver, audit, lease, workloads};
 
 /// Commits `batch` in one transaction.
-pub(crate) async fn commit(store: &Store, batch: &[Change]) -> Result<()> {
+pub async fn commit<D: Driver>(store: &D, batch: &[Change]) -> Result<()> {
     if batch.is_empty() {
         return Ok(());
     }
@@ -55,21 +54,21 @@ pub(crate) async fn commit(store: &Store, batch: &[Change]) -> Result<()> {
         .collect();
     if let Some(plan) = Plan::grouped(batch) {
         let mut tx = store.begin_write().await?;
-        lease::check_fences(&mut tx, &fences).await?;
-        match plan.write(&mut tx).await {
-            Ok(()) => return tx.commit().await.map_err(db),
+        lease::check_fences::<D>(&mut tx, &fences).await?;
+        match plan.write::<D>(&mut tx).await {
+            Ok(()) => return D::commit(tx).await,
             Err(e @ (StoreError::Unavailable(_) | StoreError::Fenced(_) | StoreError::Incompatible(_))) => {
                 return Err(e);
             }
-            Err(StoreError::Conflict(_) | StoreError::Corrupt(_)) => tx.rollback().await.map_err(db)?,
+            Err(StoreError::Conflict(_) | StoreError::Corrupt(_)) => D::rollback(tx).await?,
         }
     }
     let mut tx = store.begin_write().await?;
-    lease::check_fences(&mut tx, &fences).await?;
+    lease::check_fences::<D>(&mut tx, &fences).await?;
     for change in batch {
-        Plan::new(std::slice::from_ref(change)).write(&mut tx).await?;
+        Plan::new(std::slice::from_ref(change)).write::<D>(&mut tx).await?;
     }
-    tx.commit().await.map_err(db)
+    D::commit(tx).await
 }
 
 /// The rows a batch writes, grouped by kind, each group in batch order.
@@ -161,16 +160,16 @@ impl<'b> Plan<'b> {
     }
 
     /// Writes the plan inside the caller's transaction (an empty group runs no statement).
-    async fn write(&self, conn: &mut DbConnection) -> Result<()> {
-        workloads::insert_workloads(conn, &self.inserts).await?;
-        workloads::insert_idempotency_keys(conn, &self.keys).await?;
-        workloads::update_workloads(conn, &self.updates).await?;
-        workloads::insert_events(conn, &self.events).await?;
-        ledger::open(conn, &self.opens).await?;
-        ledger::close(conn, &self.closes).await?;
-        audit::append(conn, &self.audit).await?;
+    async fn write<D: Driver>(&self, conn: &mut D::Connection) -> Result<()> {
+        workloads::insert_workloads::<D>(conn, &self.inserts).await?;
+        workloads::insert_idempotency_keys::<D>(conn, &self.keys).await?;
+        workloads::update_workloads::<D>(conn, &self.updates).await?;
+        workloads::insert_events::<D>(conn, &self.events).await?;
+        ledger::open::<D>(conn, &self.opens).await?;
+        ledger::close::<D>(conn, &self.closes).await?;
+        audit::append::<D>(conn, &self.audit).await?;
         for r in &self.mig {
-            crate::fleet::write_gpu_mig(&mut *conn, r).await?;
+            crate::fleet::write_gpu_mig::<D>(conn, r).await?;
         }
         Ok(())
     }
