@@ -7,7 +7,8 @@
 //! RULES (`0`: the scenario's settings, `1`: with the rules for gangs,
 //! [`EngineConfig::gang_rules`]; default `0,1`) adds the rules for gangs; with them LOSS (the
 //! bound `max_loss_per_wait`, default `1`) and WEIGHT (the [`GangsFirst`] estimate weight,
-//! default `0.25`; negative: the default queue order) change them.
+//! default `0.25`; negative: the default queue order) change them, as do MOVE, STACK (`0`:
+//! gangs' holds not stacked in time), BY_END (`0`/`1`) and GANG_RECLAIM_AFTER (hours).
 //!
 //! [`GangsFirst`]: tessera_sched::cycle::plugins::GangsFirst
 
@@ -105,6 +106,9 @@ fn main() {
                     }
                     if let Some(b) = number("MOVE") {
                         cfg.govern.gang_holds_move = b != 0.0;
+                    }
+                    if let Some(b) = number("STACK") {
+                        cfg.govern.gang_holds_stack = b != 0.0;
                     }
                     if let Some(b) = number("BY_END") {
                         cfg.govern.place_by_end = b != 0.0;

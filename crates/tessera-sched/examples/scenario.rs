@@ -70,13 +70,15 @@ fn main() {
     // The rules for gangs the Philly engine row runs with (RULES=1, `with_gang_rules`, without
     // its queue order, which the scenario does not take): every blocked gang holds nodes at
     // once and moves to sooner starts, reclaim bounded by LOSS (default 0.05) times the wait,
-    // whole-GPU work placed by its end (BY_END=0: not).
+    // whole-GPU work placed by its end (BY_END=0: not), holds stacked in time (STACK=0: not).
     if env("RULES").as_deref() == Some("1") {
         cfg.govern = cfg.govern.with_gang_rules();
         if let Some(v) = env("LOSS") {
             cfg.govern.max_loss_per_wait = Some(v.parse().expect("a factor"));
         }
         cfg.govern.place_by_end = env("BY_END").as_deref() != Some("0");
+        // STACK=0: gangs' holds not stacked in time (each on nodes of its own).
+        cfg.govern.gang_holds_stack = env("STACK").as_deref() != Some("0");
     }
     let started = Instant::now();
     let r = run(Arc::new(Fleet::seed()), &cfg, &mut || {

@@ -70,7 +70,7 @@ impl Action for Allocate {
                 }
                 match placed {
                     Ok(d) => {
-                        sched.holds.retain(|h| h.job != job.id);
+                        drop_hold(sched, job.id, now);
                         sched.nominated.remove(&job.id);
                         sched.reasons.remove(&job.id);
                         s.set(i, Status::Placed);
@@ -93,9 +93,9 @@ impl Action for Allocate {
                         };
                         if due {
                             if sched.cfg.gang_holds_move {
-                                move_gang_hold(sched, job.id, g, &q.scope, now);
+                                move_gang_hold(sched, job, g, &q.scope, now);
                             }
-                            hold_for_gang(sched, job.id, g, &q.scope, now);
+                            hold_for_gang(sched, job, g, &q.scope, now);
                         }
                         if let Some(held) = held_reason(sched, job.id, &reason, now) {
                             holds = true;
@@ -147,7 +147,7 @@ impl Action for Allocate {
             match placed {
                 Ok(d) => {
                     sched.reservations.retain(|_, (j, _)| *j != job.id);
-                    sched.holds.retain(|h| h.job != job.id);
+                    drop_hold(sched, job.id, now);
                     sched.nominated.remove(&job.id);
                     sched.reasons.remove(&job.id);
                     s.set(i, Status::Placed);
@@ -540,14 +540,33 @@ fn explain(s: &mut Scheduler, q: &Queued, budget: &mut usize) -> Wait {
 /// Holds nodes for gang `g` (job `id`, which waited past the backfill window) in the first pool
 /// of `scope` with room for another hold, unless it holds some already: see the starvation
 /// bound in the [cycle](super) doc for which nodes.
-fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], now: i64) {
+fn hold_for_gang(s: &mut Scheduler, job: &Job, g: &GangRequest, scope: &[PoolId], now: i64) {
+    let upto = s.holds.len();
+    hold_gang_after(s, job, g, scope, now, upto);
+}
+
+/// [`hold_for_gang`], the holds `s.holds[..upto]` ahead of it (with
+/// [`GovernConfig::gang_holds_stack`](super::GovernConfig::gang_holds_stack) it may stack on
+/// their nodes after their windows; the holds after `upto` do not hold it back).
+fn hold_gang_after(s: &mut Scheduler, job: &Job, g: &GangRequest, scope: &[PoolId], now: i64, upto: usize) {
+    let id = job.id;
     let Some(pool) = pool_for_hold(s, id, true, scope.iter().copied()) else {
         return;
     };
     let Some((per, k)) = shares_in(s.engine.fleet(), pool, g) else {
         return;
     };
-    hold_nodes(s, id, u32::from(per), k, &|m| g.allows_model(m), pool, now);
+    let stack = s.cfg.gang_holds_stack.then_some(upto);
+    hold_nodes(
+        s,
+        id,
+        (u32::from(per), k),
+        job.duration_ms,
+        stack,
+        &|m| g.allows_model(m),
+        pool,
+        now,
+    );
     if let Some(h) = s.holds.last_mut()
         && h.job == id
     {
@@ -560,12 +579,14 @@ fn hold_for_gang(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], 
 /// hold is, its own nodes eligible again) if it starts there strictly sooner than on the nodes
 /// it holds; otherwise it keeps them. Its start never moves later, and only work that ends by
 /// the new start runs on the new nodes (the start is computed from it).
-fn move_gang_hold(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId], now: i64) {
+fn move_gang_hold(s: &mut Scheduler, job: &Job, g: &GangRequest, scope: &[PoolId], now: i64) {
+    let id = job.id;
     let Some(i) = s.holds.iter().position(|h| h.job == id) else {
         return;
     };
     let old = s.holds.remove(i);
-    hold_for_gang(s, id, g, scope, now);
+    // Stacked, it plans behind the holds ahead of it only (the ones taken before it).
+    hold_gang_after(s, job, g, scope, now, i);
     let sooner = match s.holds.last() {
         Some(new) if new.job == id => match (new.starts_at_ms, old.starts_at_ms) {
             (Some(n), Some(o)) => n < o,
@@ -583,6 +604,10 @@ fn move_gang_hold(s: &mut Scheduler, id: u64, g: &GangRequest, scope: &[PoolId],
         old
     };
     s.holds.insert(i, new);
+    // The holds stacked behind it start when its window allows.
+    if sooner && s.cfg.gang_holds_stack {
+        refresh_holds(s, now);
+    }
 }
 
 /// For a request of whole GPUs on one node that waited past the backfill window: holds the node
@@ -598,8 +623,9 @@ fn take_hold(s: &mut Scheduler, job: &Job, pools: &[(PoolId, Option<LimitExceede
         hold_nodes(
             s,
             job.id,
-            u32::from(gpus),
-            1,
+            (u32::from(gpus), 1),
+            job.duration_ms,
+            None,
             &|m| job.request.allows_model(m),
             pool,
             now,
@@ -629,15 +655,21 @@ fn pool_for_hold(s: &Scheduler, id: u64, gang: bool, mut scope: impl Iterator<It
     })
 }
 
-/// Holds `k` nodes with `per` GPUs free each in `pool` for job `id` (which waited past the
-/// backfill window; [`pool_for_hold`] chose the pool): in one rack, the one where the `k`-th node frees soonest by the lease ends of the
+/// Holds `k` nodes with `per` GPUs free each (`shares`) in `pool` for job `id` (which waited
+/// past the backfill window and runs `duration_ms` once placed; [`pool_for_hold`] chose the
+/// pool): in one rack, the one where the `k`-th node frees soonest by the lease ends of the
 /// work running there (then the one with the most free GPUs), else the soonest nodes across
-/// racks; nodes held for others are not eligible.
+/// racks. Nodes held for others are not eligible, but with `stack` (`Some(upto)`: stacked,
+/// [`GovernConfig::gang_holds_stack`](super::GovernConfig::gang_holds_stack)) those of holds
+/// (not of backfill reservations or preemptors): there a node frees once no window of the holds
+/// `s.holds[..upto]` overlaps the job's own ([`stack_on`]).
+#[allow(clippy::too_many_arguments)]
 fn hold_nodes(
     s: &mut Scheduler,
     id: u64,
-    per: u32,
-    k: usize,
+    (per, k): (u32, usize),
+    duration_ms: Option<i64>,
+    stack: Option<usize>,
     allows_model: &dyn Fn(tessera_model::ModelId) -> bool,
     pool: PoolId,
     now: i64,
@@ -645,8 +677,17 @@ fn hold_nodes(
     let fleet = s.engine.fleet().clone();
     let st = s.engine.state();
     let range = fleet.pool(pool).nodes.clone();
-    // Eligible nodes: an allowed model, enough GPUs for a share, not held for anyone else.
-    let held = s.held_for_others(id);
+    // Eligible nodes: an allowed model, enough GPUs for a share, not held for anyone else
+    // (stacked: not reserved or nominated for anyone else; holds have windows).
+    let held = match stack {
+        Some(_) => s.held_for(id, |_| false),
+        None => s.held_for_others(id),
+    };
+    let windows = match stack {
+        Some(upto) => windows_of(s, id, upto, now),
+        None => FxHashMap::default(),
+    };
+    let d = duration_ms.unwrap_or(i64::MAX);
     if per == 0 || k == 0 {
         return;
     }
@@ -661,6 +702,10 @@ fn hold_nodes(
             continue;
         }
         let (at, _) = node_frees(s, n, per, now).unwrap_or((i64::MAX, Vec::new()));
+        let at = match windows.get(&n) {
+            Some(w) if at != i64::MAX => stack_on(at, d, w.iter().map(|&(a, b, _)| (a, b))),
+            _ => at,
+        };
         by_rack
             .entry(rack(n))
             .or_default()
@@ -693,7 +738,10 @@ fn hold_nodes(
         }
     };
     if nodes.len() == k {
-        let (starts_at_ms, ending) = start_on(s, &nodes, per, now);
+        let (starts_at_ms, ending) = match stack {
+            Some(_) => stacked_start(s, &nodes, per, duration_ms, now, &windows),
+            None => start_on(s, &nodes, per, now),
+        };
         s.holds.push(super::Hold {
             job: id,
             pool,
@@ -702,7 +750,82 @@ fn hold_nodes(
             starts_at_ms,
             ending,
             gang: false,
+            duration_ms,
         });
+    }
+}
+
+/// The windows of the holds `s.holds[..upto]` other than job `id`'s, by node: `(start, end,
+/// holder)` ([`Hold::window`](super::Hold)).
+type Windows = FxHashMap<u32, Vec<(i64, i64, u64)>>;
+
+fn windows_of(s: &Scheduler, id: u64, upto: usize, now: i64) -> Windows {
+    let mut w: Windows = FxHashMap::default();
+    for h in s.holds[..upto.min(s.holds.len())].iter().filter(|h| h.job != id) {
+        let (a, b) = h.window(now);
+        for &n in &h.nodes {
+            w.entry(n).or_default().push((a, b, h.job));
+        }
+    }
+    w
+}
+
+/// The soonest time from `at` when work of `duration` (`i64::MAX`: no end) overlaps none of
+/// `windows` (`(start, end)`, half-open): before a window (ending by its start) or after it;
+/// `i64::MAX` if there is none.
+pub(super) fn stack_on(at: i64, duration: i64, windows: impl Iterator<Item = (i64, i64)> + Clone) -> i64 {
+    let mut t = at;
+    loop {
+        let mut moved = false;
+        for (a, b) in windows.clone() {
+            if t < b && a < t.saturating_add(duration) {
+                t = b;
+                moved = true;
+            }
+        }
+        if !moved || t == i64::MAX {
+            return t;
+        }
+    }
+}
+
+/// [`start_on`] stacked behind `windows` ([`windows_of`]): the soonest time from when the
+/// running work on `nodes` frees `per_node` GPUs each at which the job (running `duration_ms`)
+/// overlaps no window on any of them; the workloads it waits for are the running ones and the
+/// holders of the windows that end by then on its nodes.
+fn stacked_start(
+    s: &Scheduler,
+    nodes: &[u32],
+    per_node: u32,
+    duration_ms: Option<i64>,
+    now: i64,
+    windows: &Windows,
+) -> (Option<i64>, usize) {
+    let (start, ending) = start_on(s, nodes, per_node, now);
+    let Some(at) = start else {
+        return (None, ending);
+    };
+    let on = || nodes.iter().filter_map(|n| windows.get(n)).flatten();
+    let t = stack_on(at, duration_ms.unwrap_or(i64::MAX), on().map(|&(a, b, _)| (a, b)));
+    if t == i64::MAX {
+        return (None, ending);
+    }
+    let mut ahead: Vec<u64> = on().filter(|&&(_, b, _)| b <= t).map(|&(_, _, j)| j).collect();
+    ahead.sort_unstable();
+    ahead.dedup();
+    (Some(t), ending + ahead.len())
+}
+
+/// The start of the hold `s.holds[i]` at `now` and the workloads it waits for: [`start_on`]
+/// its nodes, stacked behind the holds before it with
+/// [`GovernConfig::gang_holds_stack`](super::GovernConfig::gang_holds_stack).
+fn hold_start(s: &Scheduler, i: usize, now: i64) -> (Option<i64>, usize) {
+    let h = &s.holds[i];
+    if s.cfg.gang_holds_stack {
+        let w = windows_of(s, h.job, i, now);
+        stacked_start(s, &h.nodes, h.per_node, h.duration_ms, now, &w)
+    } else {
+        start_on(s, &h.nodes, h.per_node, now)
     }
 }
 
@@ -712,7 +835,7 @@ fn hold_nodes(
 fn held_reason(s: &mut Scheduler, id: u64, now_reason: &Wait, now: i64) -> Option<Wait> {
     let i = s.holds.iter().position(|h| h.job == id)?;
     let nodes = s.holds[i].nodes.clone();
-    let (starts_at_ms, ending) = start_on(s, &nodes, s.holds[i].per_node, now);
+    let (starts_at_ms, ending) = hold_start(s, i, now);
     let h = &mut s.holds[i];
     h.starts_at_ms = starts_at_ms;
     h.ending = ending;
@@ -740,13 +863,27 @@ fn shares_in(fleet: &tessera_model::Fleet, pool: PoolId, g: &GangRequest) -> Opt
     (per > 0).then(|| (per, g.gpus.div_ceil(u32::from(per)) as usize))
 }
 
+/// Job `id` was placed: its hold goes, and with
+/// [`GovernConfig::gang_holds_stack`](super::GovernConfig::gang_holds_stack) the holds stacked
+/// behind it start again by the work now running (its own, by its duration, where it ran
+/// instead of its window).
+fn drop_hold(s: &mut Scheduler, id: u64, now: i64) {
+    let before = s.holds.len();
+    s.holds.retain(|h| h.job != id);
+    if s.cfg.gang_holds_stack && s.holds.len() != before {
+        refresh_holds(s, now);
+    }
+}
+
 /// Computes every reservation's start again at `now`.
 fn refresh_holds(s: &mut Scheduler, now: i64) {
     if s.holds.is_empty() {
         return;
     }
-    let starts: Vec<(Option<i64>, usize)> = s.holds.iter().map(|h| start_on(s, &h.nodes, h.per_node, now)).collect();
-    for (h, (starts_at_ms, ending)) in s.holds.iter_mut().zip(starts) {
+    // In order: a stacked hold's start follows the windows of the holds before it.
+    for i in 0..s.holds.len() {
+        let (starts_at_ms, ending) = hold_start(s, i, now);
+        let h = &mut s.holds[i];
         h.starts_at_ms = starts_at_ms;
         h.ending = ending;
     }

@@ -779,6 +779,151 @@ fn place_by_end_puts_work_beside_work_that_ends_later() {
     assert_eq!(z, y, "by end");
 }
 
+/// The seed's training pool (racks r0..r3 of nodes 0-3, 4-7, 8-11, 12-15) full of 8-GPU
+/// jobs, one per node, those of rack r0 ending (by lease) at 2 h and the others at 10 h, under
+/// the gang rules with holds stacked in time or not.
+fn full_but_r0_at_2h(stack: bool) -> Scheduler {
+    let hour = 3_600_000;
+    let mut s = sched();
+    s.cfg = GovernConfig {
+        gang_holds_stack: stack,
+        ..s.cfg.clone().with_gang_rules()
+    };
+    for n in 0..16u64 {
+        let ends = if n < 4 { 2 * hour } else { 10 * hour };
+        let d = s.submit(lasting(job(100 + n, "b", 8, "standard", 0), Some(ends)), 0);
+        assert_eq!(placed(&d), vec![100 + n]);
+        assert_eq!(s.engine.allocation(100 + n).map(|a| a.node.0), Some(n as u32));
+    }
+    s
+}
+
+/// A gang of `gpus` whole GPUs in one rack lasting `hours`.
+fn gang_for(id: u64, gpus: u32, hours: i64) -> Job {
+    lasting(gang(id, "a", gpus, true, "standard", 0), Some(hours * 3_600_000))
+}
+
+/// The nodes and start of the hold of job `id`.
+fn hold_of(s: &Scheduler, id: u64) -> (Vec<u32>, Option<i64>, usize) {
+    let h = s.holds.iter().find(|h| h.job == id).expect("a hold");
+    let mut nodes = h.nodes.clone();
+    nodes.sort_unstable();
+    (nodes, h.starts_at_ms, h.ending)
+}
+
+#[test]
+fn a_later_gang_stacks_its_hold_behind_an_earlier_gangs_window() {
+    let hour = 3_600_000;
+    // By hand: gang 1 (16 GPUs, 3 h) holds two nodes of r0 from 2 h (when its 4 jobs end)
+    // to 5 h. Gang 2 (32 GPUs, 1 h, one rack) can have r0 once gang 1 has run: at 5 h,
+    // after the 4 jobs there and gang 1 (5 workloads); any other rack frees at 10 h only.
+    let mut s = full_but_r0_at_2h(true);
+    s.submit(gang_for(1, 16, 3), 0);
+    s.submit(gang_for(2, 32, 1), 0);
+    s.cycle(1);
+    let (n1, t1, e1) = hold_of(&s, 1);
+    assert_eq!((n1.len(), t1, e1), (2, Some(2 * hour), 2));
+    assert!(n1.iter().all(|&n| n < 4), "in r0: {n1:?}");
+    assert_eq!(hold_of(&s, 2), (vec![0, 1, 2, 3], Some(5 * hour), 5));
+    let Some(Wait::GangHeld {
+        racks, starts_at_ms, ..
+    }) = s.reasons.get(&2).cloned()
+    else {
+        panic!("{:?}", s.reasons.get(&2))
+    };
+    assert_eq!((racks, starts_at_ms), (vec!["r0".to_string()], Some(5 * hour)));
+    // Without stacking gang 2 holds a rack of its own and waits for 10 h.
+    let mut u = full_but_r0_at_2h(false);
+    u.submit(gang_for(1, 16, 3), 0);
+    u.submit(gang_for(2, 32, 1), 0);
+    u.cycle(1);
+    let (n2, t2, _) = hold_of(&u, 2);
+    assert_eq!(t2, Some(10 * hour));
+    assert!(n2.iter().all(|&n| n >= 4), "{n2:?}");
+
+    // 2 h: r0's jobs end by their leases; gang 1 starts on two nodes of r0, and gang 2 still
+    // starts at 5 h (gang 1's end by its lease).
+    for n in 0..4 {
+        s.release(100 + n, 2 * hour);
+    }
+    let d = s.cycle(2 * hour);
+    let (_, shares) = placed_gang(&d).unwrap_or_else(|| panic!("{d:?}"));
+    assert!(shares.iter().all(|a| a.node.0 < 4), "{shares:?}");
+    let (_, t2, e2) = hold_of(&s, 2);
+    assert_eq!((t2, e2), (Some(5 * hour), 1), "gang 1 is the one workload it waits for");
+    // The two free nodes of r0 are backfilled only by work that ends by 5 h.
+    let d = s.submit(
+        lasting(job(300, "c", 8, "standard", 2 * hour), Some(4 * hour)),
+        2 * hour,
+    );
+    assert!(placed(&d).is_empty(), "ends at 6 h, after gang 2's start: {d:?}");
+    let d = s.submit(
+        lasting(job(301, "c", 8, "standard", 2 * hour), Some(3 * hour)),
+        2 * hour,
+    );
+    assert_eq!(placed(&d), vec![301], "ends at 5 h");
+    assert!(s.engine.allocation(301).is_some_and(|a| a.node.0 < 4));
+    // Gang 1 ends early, at 4 h: gang 2 still waits for job 301 (by its lease, 5 h).
+    s.release(1, 4 * hour);
+    let d = s.cycle(4 * hour);
+    assert!(placed_gang(&d).is_none(), "{d:?}");
+    assert_eq!(hold_of(&s, 2).1, Some(5 * hour));
+    // 5 h: gang 2 starts on r0, on time.
+    s.release(301, 5 * hour);
+    let d = s.cycle(5 * hour);
+    let (id, shares) = placed_gang(&d).unwrap_or_else(|| panic!("{d:?}"));
+    assert_eq!(id, 2);
+    let mut nodes: Vec<u32> = shares.iter().map(|a| a.node.0).collect();
+    nodes.sort_unstable();
+    assert_eq!(nodes, vec![0, 1, 2, 3]);
+    assert!(s.holds.iter().all(|h| h.job != 2), "the hold ends with the placement");
+}
+
+#[test]
+fn a_stacked_hold_fits_before_an_earlier_window_or_after_it() {
+    // Windows are half-open: work from `t` for `d` may end exactly when a window starts.
+    let w = [(3, 5), (8, 9)];
+    assert_eq!(super::allocate::stack_on(0, 3, w.iter().copied()), 0, "ends at 3");
+    assert_eq!(super::allocate::stack_on(1, 3, w.iter().copied()), 5, "after the first");
+    assert_eq!(super::allocate::stack_on(5, 4, w.iter().copied()), 9, "5..9 meets 8..9");
+    assert_eq!(
+        super::allocate::stack_on(5, 3, w.iter().copied()),
+        5,
+        "5..8 fits between"
+    );
+    assert_eq!(
+        super::allocate::stack_on(0, i64::MAX, w.iter().copied()),
+        9,
+        "no end: after all"
+    );
+    assert_eq!(super::allocate::stack_on(0, 1, [(0, i64::MAX)].into_iter()), i64::MAX);
+}
+
+#[test]
+fn an_earlier_gang_never_waits_for_a_later_ones_hold() {
+    let hour = 3_600_000;
+    // Gang 2 (1 h) holds r0 behind gang 1 (3 h, 2 nodes of r0): 5 h. Gang 1 is placed at its
+    // start although its nodes are gang 2's too: it ends (5 h) by gang 2's start.
+    let mut s = full_but_r0_at_2h(true);
+    s.submit(gang_for(1, 16, 3), 0);
+    s.submit(gang_for(2, 32, 1), 0);
+    s.cycle(1);
+    for n in 0..4 {
+        s.release(100 + n, 2 * hour - 1);
+    }
+    let d = s.cycle(2 * hour - 1);
+    assert_eq!(placed_gang(&d).map(|(id, _)| id), Some(1), "{d:?}");
+    // A gang that would run past 5 h on r0 may not start there: a 16-GPU gang of 4 h waits.
+    let d = s.submit(gang_for(3, 16, 4), 2 * hour);
+    assert!(placed_gang(&d).is_none(), "{d:?}");
+    let d = s.submit(gang_for(4, 16, 2), 2 * hour);
+    assert_eq!(
+        placed_gang(&d).map(|(id, _)| id),
+        Some(4),
+        "2 h of work ends by 5 h: {d:?}"
+    );
+}
+
 mod reservation_properties {
     use std::sync::Arc;
 
@@ -851,7 +996,10 @@ mod reservation_properties {
 
         /// A reservation is never delayed by backfilled work: while a gang holds nodes, all
         /// work placed on them ends by its start, the start never moves later, and at the start
-        /// (the work that ended by then gone) the gang is placed.
+        /// (the work that ended by then gone) the gang is placed. With the gang rules and holds
+        /// stacked in time, a second gang may hold nodes behind the first one's window: the
+        /// same holds of both (work on a node held twice ends by the sooner start), and once
+        /// the first has started and run, the second is placed at its own start.
         #[test]
         fn a_reservation_is_never_delayed_by_backfilled_work(
             racks in 1u32..4,
@@ -862,14 +1010,23 @@ mod reservation_properties {
             first in work(40),
             later in proptest::collection::vec((work(2), 0i64..600), 0..40),
             rules in any::<bool>(),
+            lease in 1i64..600,
+            lease_pct in 1i64..=100,
+            second in proptest::option::of((1u32..5, 1i64..600)),
         ) {
             let gpus = if eight { 8 } else { 4 };
             let minute = 60_000;
             let f = Arc::new(fleet(racks, per_rack, gpus));
-            // With the gang rules, the gang holds at once (any number of gang holds) and the
-            // queue serves gangs first.
+            // With the gang rules, the gang holds at once (any number of gang holds, stacked
+            // in time) and the queue serves gangs first.
             let mut s = if rules {
-                let cfg = GovernConfig { gang_hold_after_ms: Some(0), gang_holds_per_pool: Some(usize::MAX), max_loss_per_wait: Some(1.0), ..config() };
+                let cfg = GovernConfig {
+                    gang_hold_after_ms: Some(0),
+                    gang_holds_per_pool: Some(usize::MAX),
+                    gang_holds_stack: true,
+                    max_loss_per_wait: Some(1.0),
+                    ..config()
+                };
                 Scheduler::new(Engine::new(f, Box::new(BestFit), 1), cfg).with_plugins(Plugins {
                     queue_order: Box::new(GangsFirst {
                         estimate_weight: 0.25,
@@ -895,7 +1052,8 @@ mod reservation_properties {
                     s.dequeue(j.id);
                 }
             }
-            // The gang: whole nodes, or shares of `share` GPUs, required in one rack.
+            // The gang: whole nodes, or shares of `share` GPUs, required in one rack; with the
+            // rules, it has a lease (the second gang stacks behind its window).
             let k = nodes_wanted.min(per_rack);
             let per = share.min(gpus);
             let g = if per == gpus {
@@ -904,19 +1062,75 @@ mod reservation_properties {
                 GangRequest::nodes(k, per as u8)
             };
             let g = g.with_pool(PoolId(0)).with_topology(TopologyConstraint::required("rack"));
-            let gang = Job { gang: Some(g), ..job(1, 1, None, 0) };
+            let gang_lease = rules.then_some(lease * minute);
+            let gang = Job { gang: Some(g), ..job(1, 1, gang_lease, 0) };
             let placed_at_once = s
                 .submit(gang, 0)
                 .iter()
                 .any(|x| matches!(x, Decision::PlacedGang { .. }));
             prop_assume!(!placed_at_once);
+            // The second gang (rules only): whole nodes in one rack, its own lease.
+            let mut second_waits = false;
+            let mut second_lease = 0;
+            if rules && let Some((k2, lease2)) = second {
+                let g2 = GangRequest::whole_nodes(k2.min(per_rack) * gpus)
+                    .with_pool(PoolId(0))
+                    .with_topology(TopologyConstraint::required("rack"));
+                second_lease = lease2 * minute;
+                let j2 = Job { gang: Some(g2), ..job(2, 1, Some(second_lease), 0) };
+                let d = s.submit(j2, 0);
+                match d.iter().find_map(|x| match x { Decision::PlacedGang { id: 2, shares, .. } => Some(shares.clone()), _ => None }) {
+                    Some(shares) => {
+                        // Placed at once, beside the first gang's hold or ending before it.
+                        ends.push((second_lease, 2));
+                        let h = s.holds.iter().find(|x| x.job == 1).cloned();
+                        if let Some(h) = h && shares.iter().any(|a| h.nodes.contains(&a.node.0)) {
+                            prop_assert!(h.starts_at_ms.is_some_and(|t| second_lease <= t), "gang 2 on gang 1's nodes past its start");
+                        }
+                    }
+                    None => second_waits = true,
+                }
+            }
             let mut now = window + 1;
             s.cycle(now);
-            let Some(h) = s.holds.first().cloned() else {
+            let Some(h) = s.holds.iter().find(|x| x.job == 1).cloned() else {
                 // Placed by the cycle, or nowhere to hold: nothing to check.
                 return Ok(());
             };
             let mut start = h.starts_at_ms;
+            let mut start2 = s.holds.iter().find(|x| x.job == 2).and_then(|x| x.starts_at_ms);
+            // Work placed at `now` (decisions `d`) on a node held before (for a job of `held`)
+            // ends by that hold's start; the second gang's too, where it is placed on the first
+            // one's nodes.
+            let check = |s: &Scheduler, held: &[u64], d: &[Decision], now: i64, ends: &mut Vec<(i64, u64)>, pct: i64| -> Result<(), TestCaseError> {
+                for x in d {
+                    let (id, nodes): (u64, Vec<u32>) = match x {
+                        Decision::Placed { id, alloc, .. } => (*id, vec![alloc.node.0]),
+                        Decision::PlacedGang { id, shares, .. } => (*id, shares.iter().map(|a| a.node.0).collect()),
+                        _ => continue,
+                    };
+                    let r = s.running().find(|r| r.id == id).unwrap();
+                    if let Some(e) = r.ends_at_ms {
+                        let p = if id < 10 { lease_pct } else { pct };
+                        ends.push((actual_end(now, e - now, p), id));
+                    }
+                    for hold in s.holds.iter().filter(|hd| hd.job != id && held.contains(&hd.job)) {
+                        if !nodes.iter().any(|n| hold.nodes.contains(n)) {
+                            continue;
+                        }
+                        // Gang 2 stacked behind gang 1 with no start known (it waits for work
+                        // without end elsewhere): gang 1 goes first.
+                        if id == 1 && hold.job == 2 && hold.starts_at_ms.is_none() {
+                            continue;
+                        }
+                        let (Some(t), Some(e)) = (hold.starts_at_ms, r.ends_at_ms) else {
+                            return Err(TestCaseError::fail(format!("{id} on a node held for {} without a start or an end: {x:?}", hold.job)));
+                        };
+                        prop_assert!(e <= t, "{} ends at {} after the start {} of {}", id, e, t, hold.job);
+                    }
+                }
+                Ok(())
+            };
             // Later work arrives; work ends by its lease, some of it early (which may bring the
             // start nearer, never later).
             let mut later: Vec<(Work, i64)> = later
@@ -940,7 +1154,9 @@ mod reservation_properties {
                 now = at;
                 let j = job(next, g.min(gpus), d.map(|m| m * minute), now);
                 next += 1;
+                let held: Vec<u64> = s.holds.iter().map(|x| x.job).collect();
                 let d = s.submit(j.clone(), now);
+                check(&s, &held, &d, now, &mut ends, pct)?;
                 if d.iter().any(|x| matches!(x, Decision::PlacedGang { id: 1, .. })) {
                     // Room freed elsewhere (or on its nodes, sooner than leases said).
                     return Ok(());
@@ -951,21 +1167,10 @@ mod reservation_properties {
                 if let (Some(t), Some(t2)) = (start, h2.starts_at_ms) {
                     prop_assert!(t2 <= t, "the start moved from {} to {}", t, t2);
                 }
-                for x in &d {
-                    if let Decision::Placed { id, alloc, .. } = x {
-                        let r = s.running().find(|r| r.id == *id).unwrap();
-                        if let Some(e) = r.ends_at_ms {
-                            ends.push((actual_end(now, e - now, pct), *id));
-                        }
-                        if h.nodes.contains(&alloc.node.0) {
-                            let (Some(t), Some(e)) = (h2.starts_at_ms, r.ends_at_ms) else {
-                                return Err(TestCaseError::fail(format!("{id} on a held node without a start or an end: {x:?}")));
-                            };
-                            prop_assert!(e <= t, "{} ends at {} after the start {}", id, e, t);
-                        }
-                    }
-                }
-                if s.cycle(now).iter().any(|x| matches!(x, Decision::PlacedGang { id: 1, .. })) {
+                let held: Vec<u64> = s.holds.iter().map(|x| x.job).collect();
+                let d = s.cycle(now);
+                check(&s, &held, &d, now, &mut ends, pct)?;
+                if d.iter().any(|x| matches!(x, Decision::PlacedGang { id: 1, .. })) {
                     return Ok(());
                 }
                 let h3 = s.holds.iter().find(|x| x.job == 1).unwrap();
@@ -975,18 +1180,60 @@ mod reservation_properties {
                     (None, _) => {}
                 }
                 start = h3.starts_at_ms;
+                // Gang 2's start moves later only behind gang 1 (whose hold is ahead of it) when
+                // gang 1's start moved sooner: to gang 1's end by its lease at the latest.
+                let behind = start.map_or(i64::MAX, |t1| t1.saturating_add(lease * minute));
+                match (start2, s.holds.iter().find(|x| x.job == 2).map(|x| x.starts_at_ms)) {
+                    (Some(t), Some(Some(t2))) => prop_assert!(t2 <= t.max(behind), "gang 2's start moved from {} to {}", t, t2),
+                    (Some(t), Some(None)) => return Err(TestCaseError::fail(format!("gang 2's start {t} became unknown"))),
+                    _ => {}
+                }
+                start2 = s.holds.iter().find(|x| x.job == 2).and_then(|x| x.starts_at_ms);
             }
-            // At the start, with the work that ended by then gone, the gang is placed.
+            // At the start of each gang still holding nodes, the sooner first, with the work
+            // that ended by then gone, the gang is placed: the first at `start`, the second
+            // (stacked behind the first, or before it) at a start no later than it was told.
             let Some(t) = start else { return Ok(()) };
-            ends.sort_unstable();
-            for &(e, id) in ends.iter().filter(|(e, _)| *e <= t) {
-                s.release(id, e);
+            let mut told = vec![(1u64, t)];
+            // When gang 1 ends by its lease (it starts at `t` at the latest).
+            let mut behind = t.saturating_add(lease * minute);
+            if second_waits && let Some(t2) = start2 {
+                told.push((2, t2));
             }
-            let d = s.cycle(t);
-            prop_assert!(
-                d.iter().any(|x| matches!(x, Decision::PlacedGang { id: 1, .. })),
-                "the gang is placed at its start {}: {:?}", t, d
-            );
+            while let Some((id, when)) = told
+                .iter()
+                .filter(|(id, _)| s.holds.iter().any(|x| x.job == *id))
+                .map(|&(id, _)| (id, s.holds.iter().find(|x| x.job == id).and_then(|x| x.starts_at_ms)))
+                .filter_map(|(id, t)| t.map(|t| (id, t)))
+                .min_by_key(|&(id, t)| (t, id))
+            {
+                let was = told.iter().find(|(j, _)| *j == id).map(|&(_, t)| t).unwrap();
+                let bound = if id == 2 { was.max(behind) } else { was };
+                prop_assert!(when <= bound.max(now), "gang {}'s start moved from {} to {}", id, was, when);
+                ends.sort_unstable();
+                while let Some(&(e, j)) = ends.first() {
+                    if e > when {
+                        break;
+                    }
+                    s.release(j, e);
+                    ends.remove(0);
+                }
+                now = when;
+                let held: Vec<u64> = s.holds.iter().map(|x| x.job).collect();
+                let d = s.cycle(when);
+                check(&s, &held, &d, when, &mut ends, 100)?;
+                let first_placed = d.iter().any(|x| matches!(x, Decision::PlacedGang { id: 1, .. }));
+                if first_placed {
+                    behind = when.saturating_add(lease * minute);
+                }
+                // Gang 1 may start sooner than it was told, at gang 2's start, and go first.
+                prop_assert!(
+                    d.iter().any(|x| matches!(x, Decision::PlacedGang { id: i, .. } if *i == id))
+                        || (id == 2 && first_placed),
+                    "gang {} is placed at its start {}: {:?}", id, when, d
+                );
+            }
+            let _ = second_lease;
         }
 
         /// Under the gang rules (every blocked gang holds at once, gangs first, reclaim bounded

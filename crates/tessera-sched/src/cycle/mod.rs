@@ -46,7 +46,11 @@
 //! those nodes meanwhile, so backfill never delays it; a gang may take victims, by reclaim or
 //! preemption, there only. A pool has at most [`GovernConfig::holds_per_pool`] holds at once,
 //! taken in queue order on distinct nodes, so several large requests wait for their own nodes
-//! side by side rather than one after another.
+//! side by side rather than one after another. With [`GovernConfig::gang_holds_stack`] (part
+//! of the gang rules) holds are also stacked in time: a later gang may hold nodes an earlier
+//! hold has, for a window (its start plus its duration) that overlaps none of the earlier
+//! windows there, so it plans on the nodes an earlier gang frees once it has run; work goes on
+//! a node held twice only if it ends before the first of its holds starts.
 //!
 //! **Preemption bound (anti-thrash).** Reclaim only takes from *borrowers* (workloads admitted
 //! above their tenant's guaranteed share) of other tenants, and only for a request that stays
@@ -140,6 +144,15 @@ pub struct GovernConfig {
     /// single-node requests (which keep [`Self::holds_per_pool`]); `None`: gangs and
     /// single-node requests share `holds_per_pool`.
     pub gang_holds_per_pool: Option<usize>,
+    /// Time-stacked holds: a multi-node gang may hold nodes already held for the jobs whose
+    /// holds were taken before its own (earlier in the queue of holds), for a window that does
+    /// not overlap theirs: on each such node it starts once every earlier window there has
+    /// ended (the earlier holder's start plus its [`Job::duration_ms`]), or ends before the
+    /// earlier one starts. So a later gang plans on the nodes an earlier gang will free once
+    /// it has run, as a conservative backfill stacks its reservations in time. Work is placed on
+    /// a node meanwhile only if it ends before every hold there starts; an earlier hold never
+    /// waits for a later one. Off: each hold has nodes of its own.
+    pub gang_holds_stack: bool,
     /// The bound on the work reclaim and preemption throw away: the victims of one search lose
     /// at most this many GPU-unit-milliseconds of work ([`Running::work_lost`]: units × time
     /// since start or last checkpoint, summed over the victims) per GPU-unit-millisecond the
@@ -177,7 +190,8 @@ pub struct GovernConfig {
 impl GovernConfig {
     /// These settings with the rules for multi-node gangs the Philly replay's `engine` row
     /// measures (`philly/engine.rs`), for fleets whose work is submitted with durations
-    /// (estimates or limits): every blocked gang holds nodes at once, any number per pool, and
+    /// (estimates or limits): every blocked gang holds nodes at once, any number per pool,
+    /// stacked in time behind the holds taken before it ([`Self::gang_holds_stack`]), and
     /// moves its hold where it would start sooner (conservative backfill for gangs); reclaim
     /// and preemption throw away at most 5 % of the GPU-time the waiting job waits
     /// ([`Self::max_loss_per_wait`]); whole-GPU work with a duration goes on the node whose busy
@@ -191,6 +205,7 @@ impl GovernConfig {
             gang_hold_after_ms: Some(0),
             gang_holds_per_pool: Some(usize::MAX),
             gang_holds_move: true,
+            gang_holds_stack: true,
             max_loss_per_wait: Some(0.05),
             place_by_end: true,
             ..self
@@ -247,6 +262,7 @@ impl Default for GovernConfig {
             gang_hold_after_ms: None,
             gang_holds_per_pool: None,
             gang_holds_move: false,
+            gang_holds_stack: false,
             max_loss_per_wait: None,
             gang_reclaim_after_ms: None,
             place_by_end: false,
@@ -461,6 +477,9 @@ struct Hold {
     ending: usize,
     /// A multi-node gang's (counted against [`GovernConfig::gang_holds_per_pool`]).
     gang: bool,
+    /// How long the holder runs once placed ([`Job::duration_ms`]; `None`: no limit): with
+    /// [`GovernConfig::gang_holds_stack`] its nodes are taken from its start for this long.
+    duration_ms: Option<i64>,
 }
 
 impl Hold {
@@ -469,6 +488,17 @@ impl Hold {
         match (self.starts_at_ms, duration_ms) {
             (Some(start), Some(d)) => d >= 0 && now.saturating_add(d) <= start,
             _ => false,
+        }
+    }
+
+    /// When its nodes are taken, as a window `(start, end)` for the holds stacked after it
+    /// ([`GovernConfig::gang_holds_stack`]): from its start for its duration; from `now` on
+    /// without end when its start or its duration is not known.
+    fn window(&self, now: i64) -> (i64, i64) {
+        match (self.starts_at_ms, self.duration_ms) {
+            (Some(t), Some(d)) => (t, t.saturating_add(d.max(0))),
+            (Some(t), None) => (t, i64::MAX),
+            (None, _) => (now, i64::MAX),
         }
     }
 }
@@ -1086,9 +1116,28 @@ impl Scheduler {
 
     /// The nodes `job`, placed at `now`, may not use: [`Self::held_for_others`] less the
     /// nodes of reservations with a start ([`Hold`]) that start after it ends (backfill into
-    /// reserved capacity, which never delays the holder).
+    /// reserved capacity, which never delays the holder). With
+    /// [`GovernConfig::gang_holds_stack`], a job that holds nodes may also use those of its
+    /// nodes that holds taken after its own hold too: their starts there follow its window
+    /// (it starts no later than its hold's start, so it ends by its window's end).
     fn held_for_placing(&self, job: &Job, now: i64) -> FxHashSet<u32> {
-        self.held_for(job.id, |h| !h.ends_before(job.duration_ms, now))
+        let own = if self.cfg.gang_holds_stack {
+            self.holds.iter().position(|h| h.job == job.id)
+        } else {
+            None
+        };
+        let blocks = |h: &Hold| !h.ends_before(job.duration_ms, now);
+        let Some(i) = own else {
+            return self.held_for(job.id, blocks);
+        };
+        let mut held = self.held_for(job.id, |_| false);
+        let mine = &self.holds[i].nodes;
+        for (k, h) in self.holds.iter().enumerate() {
+            if h.job != job.id && blocks(h) {
+                held.extend(h.nodes.iter().copied().filter(|n| k < i || !mine.contains(n)));
+            }
+        }
+        held
     }
 
     /// Whether `job`, placed at `now`, may use the nodes of some reservation with a start.

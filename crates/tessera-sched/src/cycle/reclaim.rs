@@ -164,6 +164,63 @@ mod tests {
         assert_eq!(preempted(&s.cycle(120_000)).len(), 1);
     }
 
+    /// The reason says when the job will take capacity back only where the loss bound
+    /// (`max_loss_per_wait`) lets the search take a victim then: by hand, a borrower of 8 GPUs
+    /// running since 0 loses 8 × t GPU-ms at t; the bound of an 8-GPU job submitted at `sub` is
+    /// 8 × factor × (t − sub).
+    #[test]
+    fn a_job_is_told_it_reclaims_only_when_the_loss_bound_lets_it() {
+        let waiting = |d: &[Decision]| -> Vec<String> {
+            d.iter()
+                .filter_map(|x| match x {
+                    Decision::Waiting { reason, .. } => Some(reason.to_string()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let run = |factor: f64, sub: i64| {
+            let mut s = Scheduler::new(
+                engine(),
+                GovernConfig {
+                    reclaim_after_ms: 60_000,
+                    max_loss_per_wait: Some(factor),
+                    ..config()
+                },
+            );
+            guarantee_half_each(&mut s, None);
+            for i in 0..16 {
+                s.submit(job(i, "a", 8, "standard", 0), 0);
+            }
+            let d = s.submit(job(100, "b", 8, "standard", sub), sub);
+            (s, waiting(&d))
+        };
+        // Factor 2, submitted at 1 s: at 61 s the victim loses 488 GPU-s, the bound is 960.
+        let (mut s, w) = run(2.0, 1000);
+        assert!(
+            w[0].ends_with("at 00:01:01 UTC (in 60 s) unless some frees sooner"),
+            "{w:?}"
+        );
+        assert_eq!(preempted(&s.cycle(61_000)).len(), 1);
+        // Factor 1: 8 × 61 s lost > 8 × 60 s bound, and the loss grows as fast as the bound:
+        // no victim is ever cheap enough, so the reason promises no reclaim, and none comes.
+        let (mut s, w) = run(1.0, 1000);
+        assert_eq!(w.len(), 1);
+        assert!(!w[0].contains("take back"), "{w:?}");
+        assert!(preempted(&s.cycle(61_000)).is_empty());
+        assert!(preempted(&s.cycle(36_000_000)).is_empty());
+        // Factor 1.5, submitted at 100 s: at 160 s the victim loses 1,280 GPU-s against a
+        // bound of 720; the bound (12 per ms) outgrows the loss (8 per ms) and meets it when
+        // 8 t = 12 (t − 100 s): at 300 s, which the reason says, and when it reclaims.
+        let (mut s, w) = run(1.5, 100_000);
+        assert!(
+            w[0].ends_with("at 00:05:00 UTC (in 200 s) unless some frees sooner"),
+            "{w:?}"
+        );
+        assert!(preempted(&s.cycle(160_000)).is_empty());
+        assert!(preempted(&s.cycle(299_999)).is_empty());
+        assert_eq!(preempted(&s.cycle(300_000)).len(), 1);
+    }
+
     #[test]
     fn two_tenants_pushing_against_their_guarantees_settle_without_thrash() {
         let mut s = sched();

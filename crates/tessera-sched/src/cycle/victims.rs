@@ -221,21 +221,31 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
 }
 
 /// When the first workload `rule` lets `job` take, on a node it could use, may be taken (it has
-/// run its minimum runtime); the first one found that may be taken by `by` ends the search.
+/// run its minimum runtime, and at a search from `by` on it would lose no more work than
+/// [`GovernConfig::max_loss_per_wait`](super::GovernConfig::max_loss_per_wait) allows then:
+/// [`cheap_enough_from`]); the first one found that may be taken by `by` ends the search. `None`
+/// when no workload ever may: a reason that says the job will take capacity then would
+/// promise what the search will not do.
 fn first_takeable(s: &Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> Option<i64> {
     let fleet = s.engine.fleet();
     let rank = s.rank(&job.priority);
     let index = &s.victim_index;
     let mut first: Option<i64> = None;
+    let mut consider = |c: &Candidate| -> bool {
+        let Some(from) = cheap_enough_from(s, job, c, by) else {
+            return false;
+        };
+        let from = first.map_or(from, |f| f.min(from));
+        first = Some(from);
+        from <= by
+    };
     if job.gang.is_some() {
         // A gang takes victims on the nodes it holds only.
         for n in s.holds.iter().filter(|h| h.job == job.id).flat_map(|h| h.nodes.iter()) {
             for (c, _) in index.candidates(*n).filter(|(_, v)| rule.may_take(job, rank, v)) {
-                let from = first.map_or(c.takeable_from_ms, |f| f.min(c.takeable_from_ms));
-                if from <= by {
-                    return Some(from);
+                if consider(c) {
+                    return first;
                 }
-                first = Some(from);
             }
         }
         return first;
@@ -246,15 +256,46 @@ fn first_takeable(s: &Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> O
                 continue;
             }
             for (c, _) in index.candidates(n).filter(|(_, v)| rule.may_take(job, rank, v)) {
-                let from = first.map_or(c.takeable_from_ms, |f| f.min(c.takeable_from_ms));
-                if from <= by {
-                    return Some(from);
+                if consider(c) {
+                    return first;
                 }
-                first = Some(from);
             }
         }
     }
     first
+}
+
+/// The soonest time from `by` (and from when it has run its minimum runtime) at which a search
+/// for `job` may take candidate `c` under the loss bound ([`loss_bound`]: the work `c` loses
+/// then at most the bound then), or `None` if that never comes: the work lost grows with the
+/// victim's units, the bound with the waiting job's units × `max_loss_per_wait` (past the end
+/// of its hold's wait), so a victim too dear at its first chance stays too dear unless the
+/// bound grows faster.
+fn cheap_enough_from(s: &Scheduler, job: &Job, c: &Candidate, by: i64) -> Option<i64> {
+    let t0 = c.takeable_from_ms.max(by);
+    let Some(factor) = s.cfg.max_loss_per_wait else {
+        return Some(t0);
+    };
+    let r = s.running.get(&c.id)?;
+    if r.work_lost(t0) <= loss_bound(s, job, t0) {
+        return Some(t0);
+    }
+    // From `t0` on the bound is the job's units × `factor` × its wait so far (a hold's wait
+    // ahead only shrinks); both grow linearly: lost(t) = v·(t − since), bound(t) = b·(t − sub).
+    let units = match &job.gang {
+        Some(g) => g.units(),
+        None => job.request.units(&s.engine.fleet().catalogue),
+    };
+    let b = units.as_milli() as f64 * factor.max(0.0);
+    let v = r.units.as_milli() as f64;
+    if b <= v {
+        return None;
+    }
+    let since = r
+        .checkpoint_ms
+        .map_or(r.running_since_ms, |c| c.max(r.running_since_ms)) as f64;
+    let t = ((b * job.submitted_ms as f64 - v * since) / (b - v)).ceil();
+    (t.is_finite() && t < i64::MAX as f64).then(|| (t as i64).max(t0))
 }
 
 /// The most work (GPU milli-units × milliseconds, as [`Running::work_lost`]) the victims of a
