@@ -52,6 +52,13 @@
 //!    bound's prices was such gaps: 230s and 470s on the one-GPU V100M16 nodes (8 cores)
 //!    whose memory they left too short for any other share, so a 770 or 530 gap stayed free
 //!    for good. Counting them gains 0.06 point on the default file (3.79 → 3.73 % at 100 %).
+//!    The host fit judges only where a *share* goes: a CPU-only or whole-GPU demand that takes
+//!    CPU beside a gap is judged by terms 1-3, which count stranded GPU at weight 1 or less.
+//!    Judged by the host fit at the pairing weight too (as first done), such demands went to
+//!    nodes with free GPUs instead, whose CPU they then stranded: on cpu250 (a quarter of the
+//!    pods CPU-only) seed 42 ended with 169 free GPUs no task could use and 230 whole-GPU pods
+//!    failed, against 128 and 193 now (cpu250 6.43 → 6.07 %, gpuspec20 4.51 → 4.33 %,
+//!    gpuspec33 10.95 → 10.84 % over seeds 42-51; the default file unchanged within 0.01).
 //!    A free GPU is left out (whole-GPU tasks fill it; terms 2 and 3 see its CPU), and so is
 //!    term 6: in the one form tried there (the node-wide share of fractional tasks that fit,
 //!    together with the same in term 5) it did worse, 3.84 % against 3.76 % on seeds 42-45.
