@@ -58,7 +58,8 @@
 //!    nodes with free GPUs instead, whose CPU they then stranded: on cpu250 (a quarter of the
 //!    pods CPU-only) seed 42 ended with 169 free GPUs no task could use and 230 whole-GPU pods
 //!    failed, against 128 and 193 now (cpu250 6.43 → 6.07 %, gpuspec20 4.51 → 4.33 %,
-//!    gpuspec33 10.95 → 10.84 % over seeds 42-51; the default file unchanged within 0.01).
+//!    gpuspec33 10.95 → 10.84 % over seeds 42-51; the default file 3.726 → 3.730 % at 100 %,
+//!    3.637 → 3.648 % at 130 %).
 //!    A free GPU is left out (whole-GPU tasks fill it; terms 2 and 3 see its CPU), and so is
 //!    term 6: in the one form tried there (the node-wide share of fractional tasks that fit,
 //!    together with the same in term 5) it did worse, 3.84 % against 3.76 % on seeds 42-45.
