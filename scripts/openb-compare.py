@@ -10,6 +10,9 @@ published FGD and BestFit figures and the floors of the replay (unallocated GPU 
 
 Usage: scripts/openb-compare.py [--trace-dir ../shared/traces/openb] [--files default,cpu050]
        [--seeds 42-51] [--threads 2] [--sweep target/release/examples/openb_sweep]
+       [--order protocol|simulator]
+--order simulator builds each seed's arrival order as the paper's simulator does (the pod list
+shuffled, the random copies after it; docs/openb-replay.md), instead of the README's protocol.
 
 It runs the replay example (`cargo build --release -p tessera-sched --examples` builds it; the
 script builds it when it is missing), which calls the same library as `tessera sim openb`.
@@ -22,6 +25,7 @@ ap.add_argument("--sweep", default="target/release/examples/openb_sweep")
 ap.add_argument("--files", default="")
 ap.add_argument("--seeds", default="42-51")
 ap.add_argument("--threads", default=str(os.cpu_count() or 2))
+ap.add_argument("--order", default="protocol", choices=["protocol", "simulator"])
 a = ap.parse_args()
 
 path = os.path.join(a.trace_dir, "published_fgd_unallocated.csv")
@@ -41,7 +45,7 @@ if not os.path.exists(a.sweep):
 started = time.time()
 measured = {}
 for policy in ["tessera", "fgd", "bestfit"]:
-    env = dict(os.environ, JSON="1", THREADS=a.threads, TESSERA_OPENB_DIR=a.trace_dir)
+    env = dict(os.environ, JSON="1", THREADS=a.threads, TESSERA_OPENB_DIR=a.trace_dir, ORDER=a.order)
     out = subprocess.run([a.sweep, ",".join(files), a.seeds, policy], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(out.stderr.strip())
@@ -49,7 +53,7 @@ for policy in ["tessera", "fgd", "bestfit"]:
         r = json.loads(line)
         measured[(r["file"], policy)] = r
 
-print(f"unallocated GPU % at arrived 100 %, seeds {a.seeds}")
+print(f"unallocated GPU % at arrived 100 %, seeds {a.seeds}, {a.order} order")
 print(f"{'workload':<12} {'Tessera':>7} {'FGD':>6} {'FGD pub':>12} {'BestFit':>7} {'BF pub':>6}"
       f" {'floor':>6} {'any':>5} {'failed':>14}")
 for w in files:

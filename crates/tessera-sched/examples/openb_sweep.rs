@@ -6,7 +6,8 @@
 //! with published figures), SEEDS: `42-51`. Trace folder: `TESSERA_OPENB_DIR` or
 //! `../shared/traces/openb`. `PAIR_WEIGHT=x` overrides the pairing weight of the `tessera`
 //! policy (POLICY `tessera-w`), `PRICE_WEIGHT=x` its priced-fill weight, `FILL_HOST_AWARE=0`
-//! turns off the pairing term's host fit. `JSON=1` prints one JSON object per file instead: the means
+//! turns off the pairing term's host fit, `ORDER=simulator` builds the arrival order as the
+//! paper's simulator does (`replay::Order::Simulator`). `JSON=1` prints one JSON object per file instead: the means
 //! over the seeds of every figure of the replay (unallocated %, failed pods and shares, the
 //! share limit and the floors).
 
@@ -14,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use tessera_model::Fleet;
 use tessera_sched::policy::WorkloadModel;
-use tessera_sched::replay::{SeedResult, make_policy, parse_pods, replay_seed_with};
+use tessera_sched::replay::{Order, SeedResult, make_policy, parse_pods, replay_seed_in};
 use tessera_sched::tessera::TesseraPolicy;
 
 const PUBLISHED: &str = "default,cpu050,cpu100,cpu200,cpu250,gpushare40,gpushare60,gpushare80,gpushare100,\
@@ -32,6 +33,10 @@ fn main() {
     let pair: Option<f64> = std::env::var("PAIR_WEIGHT").ok().map(|v| v.parse().unwrap());
     let price: Option<f64> = std::env::var("PRICE_WEIGHT").ok().map(|v| v.parse().unwrap());
     let fill_host: Option<bool> = std::env::var("FILL_HOST_AWARE").ok().map(|v| v == "1");
+    let order = match std::env::var("ORDER").as_deref() {
+        Ok("simulator") => Order::Simulator,
+        _ => Order::Protocol,
+    };
     let threads: usize = std::env::var("THREADS").ok().map_or(2, |v| v.parse().unwrap());
     let fleet = Fleet::from_openb_nodes(
         &std::fs::read_to_string(format!("{dir}/openb_node_list_gpu_node.csv")).unwrap(),
@@ -58,7 +63,7 @@ fn main() {
                     let Some((k, (fi, seed))) = jobs.lock().unwrap().pop() else {
                         break;
                     };
-                    let r = replay_seed_with(&fleet, &all_pods[fi], seed, |prior| {
+                    let r = replay_seed_in(&fleet, &all_pods[fi], seed, order, |prior| {
                         if policy == "tessera-w" {
                             let mut p = TesseraPolicy::new(WorkloadModel::with_prior(prior));
                             if let Some(w) = pair {
@@ -84,12 +89,22 @@ fn main() {
     let results = results.into_inner().unwrap();
     let (mut s100, mut s130) = (0.0, 0.0);
     let json = std::env::var("JSON").is_ok_and(|v| v == "1");
+    let per_seed = std::env::var("PER_SEED").is_ok_and(|v| v == "1");
     for (fi, f) in files.split(',').enumerate() {
         let rs: Vec<_> = results.iter().filter(|r| r.1 == fi).collect();
         let n = rs.len() as f64;
         let mean = |g: &dyn Fn(&SeedResult) -> f64| rs.iter().map(|r| g(&r.2)).sum::<f64>() / n;
         let m100 = mean(&|s| s.unallocated_100);
         let m130 = mean(&|s| s.unallocated_130);
+        if per_seed {
+            let mut by_seed: Vec<(u64, f64)> = rs
+                .iter()
+                .map(|r| (seeds[r.0 % seeds.len()], r.2.unallocated_100))
+                .collect();
+            by_seed.sort_by_key(|x| x.0);
+            let sd = (by_seed.iter().map(|x| (x.1 - m100).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+            eprintln!("{f} per seed at 100 %: {by_seed:?} (sd {sd:.2})");
+        }
         if json {
             let v = serde_json::json!({
                 "file": f,

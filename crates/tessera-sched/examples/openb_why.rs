@@ -2,7 +2,8 @@
 //! shape, and the free milli left on GPUs by amount (for policy work).
 //!
 //! `cargo run -p tessera-sched --release --example openb_why -- [FILE] [SEED] [POLICY]`
-//! `PAIR_WEIGHT=x` and `PRICE_WEIGHT=x` set the `tessera` policy's pairing and priced-fill weights;
+//! `PAIR_WEIGHT=x` and `PRICE_WEIGHT=x` set the `tessera` policy's pairing and priced-fill weights,
+//! `FILL_HOST_AWARE=0` turns off the pairing term's host fit;
 //! `UPTO=130` stops at 130 % arrived; `TIMELINE=1` prints the free GPU every 250 pods. With `COMPOSITION=1`, also the GPUs holding fractions at arrived 100 % by the multiset of
 //! fractions on them, with the free milli each combination leaves (where the pairing wastes).
 
@@ -42,6 +43,9 @@ fn main() {
         }
         if let Some(w) = price {
             p.set_price_weight(w.parse().unwrap());
+        }
+        if let Ok(v) = std::env::var("FILL_HOST_AWARE") {
+            p.set_fill_host_aware(v == "1");
         }
         Box::new(p)
     } else {

@@ -52,6 +52,14 @@
 //!    bound's prices was such gaps: 230s and 470s on the one-GPU V100M16 nodes (8 cores)
 //!    whose memory they left too short for any other share, so a 770 or 530 gap stayed free
 //!    for good. Counting them gains 0.06 point on the default file (3.79 → 3.73 % at 100 %).
+//!    The host fit judges only where a *share* goes: a CPU-only or whole-GPU demand that takes
+//!    CPU beside a gap is judged by terms 1-3, which count stranded GPU at weight 1 or less.
+//!    Judged by the host fit at the pairing weight too (as first done), such demands went to
+//!    nodes with free GPUs instead, whose CPU they then stranded: on cpu250 (a quarter of the
+//!    pods CPU-only) seed 42 ended with 169 free GPUs no task could use and 230 whole-GPU pods
+//!    failed, against 128 and 193 now (cpu250 6.43 → 6.07 %, gpuspec20 4.51 → 4.33 %,
+//!    gpuspec33 10.95 → 10.84 % over seeds 42-51; the default file 3.726 → 3.730 % at 100 %,
+//!    3.637 → 3.648 % at 130 %).
 //!    A free GPU is left out (whole-GPU tasks fill it; terms 2 and 3 see its CPU), and so is
 //!    term 6: in the one form tried there (the node-wide share of fractional tasks that fit,
 //!    together with the same in term 5) it did worse, 3.84 % against 3.76 % on seeds 42-45.
@@ -279,8 +287,9 @@ impl TesseraPolicy {
         self.pairing_weight = w;
     }
 
-    /// Term 5: the expected final waste of the node's GPUs, by their free milli.
-    pub(crate) fn fill_waste(&self, h: &Hypo) -> f64 {
+    /// Term 5: the expected final waste of the node's GPUs, by their free milli, with the
+    /// gaps' host fit ([`Self::gap_host_fit`]) when `host` (and the host fit is on).
+    pub(crate) fn fill_waste(&self, h: &Hypo, host: bool) -> f64 {
         let table = self
             .fill_model
             .iter()
@@ -293,7 +302,7 @@ impl TesseraPolicy {
             .iter()
             .map(|&f| {
                 let v = table[f.min(1000) as usize];
-                if f >= 1000 || f == 0 || !self.fill_host_aware {
+                if f >= 1000 || f == 0 || !host || !self.fill_host_aware {
                     return v;
                 }
                 // A gap whose node cannot host the tasks that fit it stays as it is.
@@ -469,7 +478,10 @@ impl SharedPolicy for TesseraPolicy {
         let waste = self.waste(&after) - self.waste(&before);
         let strand = self.pool_stranded(&after) - self.pool_stranded(&before);
         let pairing = if self.pairing_weight != 0.0 {
-            self.fill_waste(&after) - self.fill_waste(&before)
+            // The gaps' host fit judges where a share goes, not the CPU of other demands
+            // (terms 1-3 judge that).
+            let host = d.gpus == 1 && d.milli < 1000;
+            self.fill_waste(&after, host) - self.fill_waste(&before, host)
         } else {
             0.0
         };
@@ -602,7 +614,7 @@ mod tests {
                         state: &state.nodes[n],
                     };
                     let before = Hypo::of(&view);
-                    t.fill_waste(&before.after(&four, Choice::Gpu(0))) - t.fill_waste(&before)
+                    t.fill_waste(&before.after(&four, Choice::Gpu(0)), true) - t.fill_waste(&before, true)
                 })
                 .collect()
         };
@@ -668,7 +680,7 @@ mod tests {
                     state: &state.nodes[n],
                 };
                 let before = Hypo::of(&view);
-                t.fill_waste(&before.after(&two30, Choice::Gpu(0))) - t.fill_waste(&before)
+                t.fill_waste(&before.after(&two30, Choice::Gpu(0)), true) - t.fill_waste(&before, true)
             })
             .collect();
         assert!(pairing[1] < 0.0 && pairing[0] > 50.0, "{pairing:?}");
@@ -795,7 +807,9 @@ mod tests {
         // V(500) = 0.25 × (V(200) + V(0)) / 2 + 0.75 × V(0) = 25 (a 300 leaves 200, which
         // nothing fits; a 500 fills it). Half the fillers can come: 0.5 × 25 + 0.5 × 500.
         assert_eq!(t.fill_any[500], 25.0);
-        assert_eq!(t.fill_waste(&h), 262.5);
+        assert_eq!(t.fill_waste(&h, true), 262.5);
+        // Judging a demand other than a share, the gap counts at V(500).
+        assert_eq!(t.fill_waste(&h, false), 25.0);
         // A 200 gap: no task fits it by size, host fit 1 (V(200) = 200 either way).
         assert_eq!(t.gap_host_fit(&h, 200), 1.0);
         // With 4 cores left and 16 GiB, both fit: the gap counts at V(500).
@@ -805,10 +819,77 @@ mod tests {
             node: &fleet.nodes[0],
             state: &state.nodes[0],
         });
-        assert_eq!(t.fill_waste(&roomy), 25.0);
+        assert_eq!(t.fill_waste(&roomy, true), 25.0);
         // Without the host fit, the memory-poor node's gap also counts at V(500).
         t.set_fill_host_aware(false);
-        assert_eq!(t.fill_waste(&h), 25.0);
+        assert_eq!(t.fill_waste(&h, true), 25.0);
+    }
+
+    #[test]
+    fn a_cpu_only_task_is_not_judged_by_the_gaps_host_fit() {
+        // Shares of 300 (1 core) and 500 (4 cores), equally common, 1 GiB each. n0's GPU holds
+        // a 500 (500 free) beside 6 free cores; n1's two GPUs are free beside 6 free cores.
+        // A CPU-only task of 3 cores leaves 3: on n0 the 500 gap's fillers fit 1 in 2 (host fit
+        // 1 → 0.5), on n1 nothing the pairing term looks at changes (free GPUs have no host fit).
+        let fleet = Fleet::from_openb_nodes(
+            "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,65536,1,G2\nn1,8000,65536,2,G2\n",
+            "nodes.csv",
+        )
+        .unwrap();
+        let mut state = ClusterState::empty(&fleet);
+        state.nodes[0].gpus[0].used_milli = 500;
+        state.nodes[0].cpu_free = 6000;
+        state.nodes[1].cpu_free = 6000;
+        let mut prior = vec![demand(1, 1, 300, 0); 2];
+        prior.extend(vec![demand(4, 1, 500, 0); 2]);
+        let t = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
+        let cpu_only = demand(3, 0, 0, 0);
+        let pairing = |n: usize, host: bool| {
+            let before = Hypo::of(&NodeView {
+                node: &fleet.nodes[n],
+                state: &state.nodes[n],
+            });
+            t.fill_waste(&before.after(&cpu_only, Choice::Host), host) - t.fill_waste(&before, host)
+        };
+        // With the host fit, n0's gap would go from V(500) = 25 to 0.5 × 25 + 0.5 × 500 =
+        // 262.5: +237.5 milli, times the pairing weight 8 = 1,900, against nothing on n1. That
+        // sent CPU-only tasks to nodes with free GPUs, whose CPU they then stranded (terms 1-3
+        // count that at weight 1 or less).
+        assert_eq!(pairing(0, true), 237.5);
+        assert_eq!(pairing(1, true), 0.0);
+        // So the score judges a CPU-only task without it: term 5 sees no change on either node,
+        // and terms 1-3 decide.
+        assert_eq!(pairing(0, false), 0.0);
+        let score = |n: usize| {
+            let view = NodeView {
+                node: &fleet.nodes[n],
+                state: &state.nodes[n],
+            };
+            t.score(&view, &cpu_only, Choice::Host).0
+        };
+        let mut off = t.clone();
+        off.set_pairing_weight(0.0);
+        off.set_price_weight(0.0);
+        for n in 0..2 {
+            let view = NodeView {
+                node: &fleet.nodes[n],
+                state: &state.nodes[n],
+            };
+            assert_eq!(score(n), off.score(&view, &cpu_only, Choice::Host).0);
+        }
+        // A share is still judged with it: a 300 onto n1 (a free GPU, 700 left) leaves 5 cores,
+        // where both fillers of a 700 gap fit, host fit 1; the term is V(700) − V(1000) there.
+        let share = demand(1, 1, 300, 0);
+        let before = Hypo::of(&NodeView {
+            node: &fleet.nodes[1],
+            state: &state.nodes[1],
+        });
+        let after = before.after(&share, Choice::Gpu(0));
+        assert_eq!(t.gap_host_fit(&after, 700), 1.0);
+        assert_eq!(
+            t.fill_waste(&after, true) - t.fill_waste(&before, true),
+            t.fill_any[700] - t.fill_any[1000]
+        );
     }
 
     #[test]
