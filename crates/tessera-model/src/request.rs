@@ -5,7 +5,7 @@
 //! host CPU and memory, and optionally a pool, a model whitelist and a tenant.
 //!
 //! A [`GangRequest`] asks for N whole GPUs beyond one node: node-shares of G GPUs each (whole
-//! nodes by default), all placed or none, under a topology constraint at a level of the fleet
+//! nodes by default; then the last share may hold the remainder, 12 = 8 + 4), all placed or none, under a topology constraint at a level of the fleet
 //! ([`crate::levels`]) and optionally in segments of S GPUs that each stay within one rack.
 
 use std::fmt;
@@ -349,7 +349,10 @@ impl GangRequest {
     }
 
     /// Checks the gang's own arithmetic, given G (`per_node`: the request's, or the pool's
-    /// node size in whole-node mode).
+    /// node size in whole-node mode). Equal shares (`gpus_per_node`): N a multiple of G. Whole
+    /// nodes: any N, as ⌈N / G⌉ shares, ⌊N / G⌋ whole nodes and one share of the remainder
+    /// N mod G GPUs on one node (12 on 8-GPU nodes: 8 + 4), as the Philly protocol shapes a gang;
+    /// a segment (a multiple of G dividing N) rules a remainder out.
     pub fn check_with(&self, per_node: u8) -> Result<(), RequestError> {
         let n = self.gpus;
         if n == 0 || n > MAX_GANG_GPUS {
@@ -365,24 +368,25 @@ impl GangRequest {
             ));
         }
         let g = per_node as u32;
-        if !n.is_multiple_of(g) {
-            let what = if self.gpus_per_node.is_some() {
-                format!("{g} GPUs per node")
-            } else {
-                format!("whole nodes of {g} GPUs")
-            };
+        // Equal shares: N is K × G. Whole nodes: any N, the last share holding N mod G.
+        if self.gpus_per_node.is_some() && !n.is_multiple_of(g) {
             return Err(RequestError::field(
                 "gpus",
-                format!("{n} GPUs as {what}: ask for a multiple of {g}"),
+                format!("{n} GPUs as {g} GPUs per node: ask for a multiple of {g}"),
             ));
         }
         if let Some(s) = self.segment
             && (s == 0 || !s.is_multiple_of(g) || !n.is_multiple_of(s))
         {
+            let remainder = if n.is_multiple_of(g) {
+                ""
+            } else {
+                " (a gang with a remainder share has no segments)"
+            };
             return Err(RequestError::field(
                 "segment",
                 format!(
-                    "segments of {s} GPUs: a segment is a multiple of the {g} GPUs per node and divides the gang's {n}"
+                    "segments of {s} GPUs: a segment is a multiple of the {g} GPUs per node and divides the gang's {n}{remainder}"
                 ),
             ));
         }
@@ -392,6 +396,16 @@ impl GangRequest {
             return Err(RequestError::field("topology", "a topology constraint names a level"));
         }
         Ok(())
+    }
+
+    /// The GPUs of its last, smaller node-share given G (`per_node`): N mod G for whole nodes
+    /// (12 on 8-GPU nodes: 8 + 4, so 4), 0 when every share is whole (and always 0 for equal
+    /// shares, whose N is a multiple of G).
+    pub fn remainder(&self, per_node: u8) -> u32 {
+        match (self.gpus_per_node, per_node) {
+            (None, g) if g > 0 => self.gpus % g as u32,
+            _ => 0,
+        }
     }
 
     /// The GPU units the gang holds once placed.
@@ -522,11 +536,24 @@ mod tests {
     #[test]
     fn gang_bounds() {
         assert!(GangRequest::whole_nodes(64).check_with(8).is_ok());
-        let e = GangRequest::whole_nodes(60).check_with(8).unwrap_err();
+        // Whole nodes with a remainder: 60 = 7 × 8 + 4, 12 = 8 + 4.
+        assert!(GangRequest::whole_nodes(60).check_with(8).is_ok());
+        assert_eq!(GangRequest::whole_nodes(60).remainder(8), 4);
+        assert_eq!(GangRequest::whole_nodes(12).remainder(8), 4);
+        assert_eq!(GangRequest::whole_nodes(16).remainder(8), 0);
+        assert_eq!(GangRequest::nodes(3, 4).remainder(8), 0);
+        // Equal shares still need a multiple.
+        let mut equal = GangRequest::nodes(3, 4);
+        equal.gpus = 14;
+        let e = equal.check_with(4).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "gpus: 60 GPUs as whole nodes of 8 GPUs: ask for a multiple of 8"
+            "gpus: 14 GPUs as 4 GPUs per node: ask for a multiple of 4"
         );
+        // A remainder has no segments.
+        let e = GangRequest::whole_nodes(12).with_segment(8).check_with(8).unwrap_err();
+        assert_eq!(e.field, "segment");
+        assert!(e.message.ends_with("(a gang with a remainder share has no segments)"));
         assert!(GangRequest::whole_nodes(0).check_with(8).is_err());
         assert!(GangRequest::nodes(8, 4).check_with(4).is_ok());
         assert_eq!(GangRequest::nodes(8, 4).gpus, 32);
