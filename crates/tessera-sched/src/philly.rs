@@ -374,6 +374,9 @@ impl Layout {
             return (Request::whole(shares[0]), None);
         }
         let mut gang = GangRequest::whole_nodes(gpus);
+        if !gpus.is_multiple_of(self.gpus_per_node as u32) {
+            gang = gang.with_remainder();
+        }
         let rack_gpus = self.nodes_per_rack as u32 * self.gpus_per_node as u32;
         if self.min_racks(shares.len()) == 1 {
             gang = gang.with_topology(TopologyConstraint::required("rack"));
@@ -1590,15 +1593,21 @@ mod tests {
             )
         );
         // The protocol's remainder share: 12 = 8 + 4, 20 = 8 + 8 + 4, one rack each.
-        let twelve = GangRequest::whole_nodes(12).with_topology(rack.clone());
+        let twelve = GangRequest::whole_nodes(12)
+            .with_remainder()
+            .with_topology(rack.clone());
         assert_eq!(l.request_of(12), (Request::whole(8), Some(twelve.clone())));
-        assert_eq!(twelve.remainder(l.gpus_per_node), 4);
+        assert_eq!(twelve.remainder_gpus(l.gpus_per_node), 4);
         assert_eq!(
             l.request_of(20).1,
-            Some(GangRequest::whole_nodes(20).with_topology(rack.clone()))
+            Some(
+                GangRequest::whole_nodes(20)
+                    .with_remainder()
+                    .with_topology(rack.clone())
+            )
         );
         // 68 GPUs = 9 shares: beyond one 8-node rack, and no segments (68 is no multiple of 64).
-        assert_eq!(l.request_of(68).1, Some(GangRequest::whole_nodes(68)));
+        assert_eq!(l.request_of(68).1, Some(GangRequest::whole_nodes(68).with_remainder()));
         assert_eq!(
             l.request_of(64).1,
             Some(GangRequest::whole_nodes(64).with_topology(rack))

@@ -887,7 +887,7 @@ fn shares_in(fleet: &tessera_model::Fleet, pool: PoolId, g: &GangRequest) -> Opt
             .unwrap_or(0)
     });
     (per > 0).then(|| {
-        let last = match g.remainder(per) {
+        let last = match g.remainder_gpus(per) {
             0 => u32::from(per),
             r => r,
         };

@@ -372,7 +372,9 @@ fn a_held_remainder_gang_waits_for_a_whole_node_and_four_gpus_of_another() {
     // long(0) = 20 min + 7 ms, and pair 1's short job, at short(1) = 20 min; three workloads.
     // (Two whole nodes, as 12 was held before, waited for long(1) = 40 min + 7 ms and four.)
     let mut s = paired(short, long);
-    s.submit(gang(1, "a", 12, true, "standard", 0), 0);
+    let mut twelve = gang(1, "a", 12, true, "standard", 0);
+    twelve.gang = twelve.gang.map(GangRequest::with_remainder);
+    s.submit(twelve, 0);
     let d = s.cycle(window + 1);
     assert_eq!(held_pairs(&s), vec![0, 1]);
     let h = hold(&s);

@@ -18,8 +18,9 @@
 //! racks under the domain, those racks are taken instead. So a gang that fits one rack takes one
 //! rack, and otherwise the fewest racks possible (of the fewest blocks when that costs none).
 //!
-//! A whole-node gang whose N is no multiple of the node size G has ⌈N / G⌉ shares: ⌊N / G⌋
-//! whole nodes and one remainder share of N mod G GPUs (12 = 8 + 4). A rack then also counts
+//! A whole-node gang whose N is no multiple of the node size G (with `remainder` set: the
+//! Philly protocol's shape) has ⌈N / G⌉ shares: ⌊N / G⌋ whole nodes and one remainder share
+//! of N mod G GPUs (12 = 8 + 4). A rack then also counts
 //! whether one of its nodes holds the remainder but no whole share; a domain holds the gang
 //! when it has the whole nodes and one share more (a whole node left over or such a node), all
 //! shares are counted alike to take the fewest racks, and the remainder goes last, in one of
@@ -547,7 +548,7 @@ impl Engine {
                     whole_nodes: g.gpus_per_node.is_none(),
                     need: shares / seg_nodes,
                     seg_nodes,
-                    rem: g.remainder(per_node) as u8,
+                    rem: g.remainder_gpus(per_node) as u8,
                     limit,
                 },
             ));
@@ -1108,7 +1109,9 @@ mod tests {
         fill(&mut e, 5, 6, 2);
         fill(&mut e, 6, 7, 8);
         // r2: all free (4 whole nodes: a looser fit than r1's whole node + 4-free node).
-        let g = GangRequest::whole_nodes(12).with_topology(TopologyConstraint::required("rack"));
+        let g = GangRequest::whole_nodes(12)
+            .with_remainder()
+            .with_topology(TopologyConstraint::required("rack"));
         let p = e.plan_gang(&g).unwrap();
         assert_eq!(racks_of(&p), [("r1", 2)]);
         // 8 on the whole node 4, the remainder 4 on node 5 (4 free, tighter than node 6).
@@ -1136,14 +1139,16 @@ mod tests {
         fill(&mut e, 1, 1, 5);
         fill(&mut e, 2, 2, 5);
         fill(&mut e, 3, 3, 6);
-        let g = GangRequest::whole_nodes(12).with_topology(TopologyConstraint::required("rack"));
+        let g = GangRequest::whole_nodes(12)
+            .with_remainder()
+            .with_topology(TopologyConstraint::required("rack"));
         let before = e.state().clone();
         let u = e.place_gang(7, &g).unwrap_err();
         assert!(!u.is_constraint(), "{u}");
         assert!(matches!(u, GangUnplaceable::NoRoomAtLevel { free: 8, .. }), "{u}");
         assert!(e.state().same_holdings(&before));
         // 8 + 3 would fit r0, as would 4 + 4 (equal shares) nowhere: only the 12 waits.
-        assert!(e.plan_gang(&GangRequest::whole_nodes(11)).is_ok());
+        assert!(e.plan_gang(&GangRequest::whole_nodes(11).with_remainder()).is_ok());
         // Node 1 frees: r0 holds 8 + 4, the remainder on the first node left.
         e.release(1);
         let p = e.plan_gang(&g).unwrap();
@@ -1156,7 +1161,7 @@ mod tests {
         let f = fleet(2, 2, None);
         let mut e = engine(&f);
         fill(&mut e, 1, 2, 4);
-        let p = e.plan_gang(&GangRequest::whole_nodes(20)).unwrap();
+        let p = e.plan_gang(&GangRequest::whole_nodes(20).with_remainder()).unwrap();
         assert_eq!(p.within.0, "pool");
         // r0's two whole nodes, the remainder on node 2 (4 free) rather than a whole node.
         assert_eq!(racks_of(&p), [("r0", 2), ("r1", 1)]);
@@ -1170,13 +1175,15 @@ mod tests {
         fill(&mut e, 2, 3, 4);
         fill(&mut e, 3, 4, 4);
         fill(&mut e, 4, 5, 8);
-        let p = e.plan_gang(&GangRequest::whole_nodes(20)).unwrap();
+        let p = e.plan_gang(&GangRequest::whole_nodes(20).with_remainder()).unwrap();
         assert_eq!(racks_of(&p), [("r1", 1), ("r0", 2)]);
         assert_eq!(shares_of(&p), [(2, 8), (0, 8), (1, 4)]);
-        let a = e.commit_gang(5, &GangRequest::whole_nodes(20), p).unwrap();
+        let a = e
+            .commit_gang(5, &GangRequest::whole_nodes(20).with_remainder(), p)
+            .unwrap();
         assert_eq!(a.units, GpuUnits::whole(20));
         // A remainder alone (4 on 8-GPU nodes) is one share on the tightest node.
-        let p = e.plan_gang(&GangRequest::whole_nodes(4)).unwrap();
+        let p = e.plan_gang(&GangRequest::whole_nodes(4).with_remainder()).unwrap();
         assert_eq!(shares_of(&p), [(3, 4)]);
     }
 
@@ -1184,15 +1191,25 @@ mod tests {
     fn invalid_and_unknown_levels() {
         let f = fleet(2, 2, None);
         let e = engine(&f);
-        // Equal shares need a multiple; whole nodes take a remainder share (12 = 8 + 4), up to
-        // what the pool holds (4 nodes: 32 GPUs).
-        let mut equal = GangRequest::nodes(3, 4);
+        // A multiple of the node's 8 GPUs, unless a remainder share is asked for (12 = 8 + 4),
+        // up to what the pool holds (4 nodes: 32 GPUs); equal shares need a multiple anyway.
+        let u = e.gang_constraint(&GangRequest::whole_nodes(12)).unwrap();
+        assert!(matches!(u, GangUnplaceable::Invalid { field: "gpus", .. }), "{u}");
+        let mut equal = GangRequest::nodes(3, 4).with_remainder();
         equal.gpus = 14;
         let u = e.gang_constraint(&equal).unwrap();
         assert!(matches!(u, GangUnplaceable::Invalid { field: "gpus", .. }), "{u}");
-        assert!(e.gang_constraint(&GangRequest::whole_nodes(12)).is_none());
-        assert!(e.gang_constraint(&GangRequest::whole_nodes(28)).is_none());
-        let u = e.gang_constraint(&GangRequest::whole_nodes(36)).unwrap();
+        assert!(
+            e.gang_constraint(&GangRequest::whole_nodes(12).with_remainder())
+                .is_none()
+        );
+        assert!(
+            e.gang_constraint(&GangRequest::whole_nodes(28).with_remainder())
+                .is_none()
+        );
+        let u = e
+            .gang_constraint(&GangRequest::whole_nodes(36).with_remainder())
+            .unwrap();
         assert_eq!(
             u.message(),
             "36 GPUs in one gang; pool training could hold at most 32 of it"
