@@ -728,10 +728,32 @@ impl Engine {
                     take[j].1 -= 1;
                     (take, Some(j))
                 }
-                // Two racks would each need their remainder-only node: the whole shares first,
-                // then the remainder in one of their racks with room, else the tightest other
-                // rack of the domain that holds it.
-                _ => (Self::descend(tree, tier, dom, spec.need, &|t, d| caps.full[t][d]), None),
+                // Two racks would each need their remainder-only node: the racks of the domain
+                // by whole nodes, then by a remainder-only node, the fewest that hold the whole
+                // shares and one more (the fewest possible: of m racks, these have the most
+                // whole nodes and, among those, remainder-only nodes); the remainder then in
+                // the first of them with room.
+                _ => {
+                    let mut racks: Vec<usize> = under(tree, tier, dom).map(|r| r as usize).collect();
+                    racks.sort_by_key(|&r| {
+                        (
+                            std::cmp::Reverse(caps.full[0][r]),
+                            std::cmp::Reverse(caps.slots(0, r)),
+                            r,
+                        )
+                    });
+                    let (mut whole, mut slots) = (0, 0);
+                    let mut take = Vec::new();
+                    for r in racks {
+                        if whole >= spec.need && slots > spec.need {
+                            break;
+                        }
+                        take.push((r, caps.full[0][r].min(spec.need - whole.min(spec.need))));
+                        whole += caps.full[0][r];
+                        slots += caps.slots(0, r);
+                    }
+                    (take, None)
+                }
             }
         };
         if spec.rem > 0 && rem_rack.is_none() {
