@@ -5,7 +5,7 @@
 //! host CPU and memory, and optionally a pool, a model whitelist and a tenant.
 //!
 //! A [`GangRequest`] asks for N whole GPUs beyond one node: node-shares of G GPUs each (whole
-//! nodes by default), all placed or none, under a topology constraint at a level of the fleet
+//! nodes by default; then, when asked, the last share may hold the remainder, 12 = 8 + 4), all placed or none, under a topology constraint at a level of the fleet
 //! ([`crate::levels`]) and optionally in segments of S GPUs that each stay within one rack.
 
 use std::fmt;
@@ -291,6 +291,10 @@ pub struct GangRequest {
     /// Allowed GPU models; empty = any.
     pub models: Vec<ModelId>,
     pub tenant: Option<TenantId>,
+    /// Whole nodes only: N need not be a multiple of G, the last share holding the remainder
+    /// N mod G on one node (12 on 8-GPU nodes = 8 + 4, the Philly protocol's shape). Off (the
+    /// default, as the API asks): N is a multiple of G.
+    pub remainder: bool,
 }
 
 impl GangRequest {
@@ -306,7 +310,14 @@ impl GangRequest {
             pool: None,
             models: Vec::new(),
             tenant: None,
+            remainder: false,
         }
+    }
+
+    /// Whole nodes with a remainder share allowed ([`Self::remainder`]).
+    pub fn with_remainder(mut self) -> Self {
+        self.remainder = true;
+        self
     }
 
     /// `nodes` node-shares of `gpus_per_node` GPUs each.
@@ -349,7 +360,10 @@ impl GangRequest {
     }
 
     /// Checks the gang's own arithmetic, given G (`per_node`: the request's, or the pool's
-    /// node size in whole-node mode).
+    /// node size in whole-node mode): N a multiple of G, except for whole nodes with
+    /// [`Self::with_remainder`]: any N, as ⌈N / G⌉ shares, ⌊N / G⌋ whole nodes and one share of
+    /// the remainder N mod G GPUs on one node (12 on 8-GPU nodes: 8 + 4), as the Philly
+    /// protocol shapes a gang; a segment (a multiple of G dividing N) rules a remainder out.
     pub fn check_with(&self, per_node: u8) -> Result<(), RequestError> {
         let n = self.gpus;
         if n == 0 || n > MAX_GANG_GPUS {
@@ -365,7 +379,9 @@ impl GangRequest {
             ));
         }
         let g = per_node as u32;
-        if !n.is_multiple_of(g) {
+        // N is K × G, except for whole nodes with a remainder share (N mod G on the last).
+        let remainder_ok = self.remainder && self.gpus_per_node.is_none();
+        if !(n.is_multiple_of(g) || remainder_ok) {
             let what = if self.gpus_per_node.is_some() {
                 format!("{g} GPUs per node")
             } else {
@@ -379,10 +395,15 @@ impl GangRequest {
         if let Some(s) = self.segment
             && (s == 0 || !s.is_multiple_of(g) || !n.is_multiple_of(s))
         {
+            let remainder = if n.is_multiple_of(g) {
+                ""
+            } else {
+                " (a gang with a remainder share has no segments)"
+            };
             return Err(RequestError::field(
                 "segment",
                 format!(
-                    "segments of {s} GPUs: a segment is a multiple of the {g} GPUs per node and divides the gang's {n}"
+                    "segments of {s} GPUs: a segment is a multiple of the {g} GPUs per node and divides the gang's {n}{remainder}"
                 ),
             ));
         }
@@ -392,6 +413,15 @@ impl GangRequest {
             return Err(RequestError::field("topology", "a topology constraint names a level"));
         }
         Ok(())
+    }
+
+    /// The GPUs of its last, smaller node-share given G (`per_node`): N mod G for whole nodes
+    /// with a remainder share (12 on 8-GPU nodes: 8 + 4, so 4), else 0 (every share holds G).
+    pub fn remainder_gpus(&self, per_node: u8) -> u32 {
+        match (self.remainder, self.gpus_per_node, per_node) {
+            (true, None, g) if g > 0 => self.gpus % g as u32,
+            _ => 0,
+        }
     }
 
     /// The GPU units the gang holds once placed.
@@ -527,6 +557,29 @@ mod tests {
             e.to_string(),
             "gpus: 60 GPUs as whole nodes of 8 GPUs: ask for a multiple of 8"
         );
+        // Whole nodes with a remainder share: 60 = 7 × 8 + 4, 12 = 8 + 4.
+        assert!(GangRequest::whole_nodes(60).with_remainder().check_with(8).is_ok());
+        assert_eq!(GangRequest::whole_nodes(60).with_remainder().remainder_gpus(8), 4);
+        assert_eq!(GangRequest::whole_nodes(12).with_remainder().remainder_gpus(8), 4);
+        assert_eq!(GangRequest::whole_nodes(16).with_remainder().remainder_gpus(8), 0);
+        assert_eq!(GangRequest::whole_nodes(12).remainder_gpus(8), 0);
+        // Equal shares still need a multiple, remainder or not.
+        let mut equal = GangRequest::nodes(3, 4).with_remainder();
+        equal.gpus = 14;
+        let e = equal.check_with(4).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "gpus: 14 GPUs as 4 GPUs per node: ask for a multiple of 4"
+        );
+        assert_eq!(equal.remainder_gpus(4), 0);
+        // A remainder has no segments.
+        let e = GangRequest::whole_nodes(12)
+            .with_remainder()
+            .with_segment(8)
+            .check_with(8)
+            .unwrap_err();
+        assert_eq!(e.field, "segment");
+        assert!(e.message.ends_with("(a gang with a remainder share has no segments)"));
         assert!(GangRequest::whole_nodes(0).check_with(8).is_err());
         assert!(GangRequest::nodes(8, 4).check_with(4).is_ok());
         assert_eq!(GangRequest::nodes(8, 4).gpus, 32);

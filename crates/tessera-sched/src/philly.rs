@@ -363,34 +363,27 @@ impl Layout {
 
     /// A job of `gpus` GPUs as the scheduler's request, by the protocol's shape rule
     /// ([`Self::shares`], [`Self::min_racks`]): up to one node, that many whole GPUs on one node
-    /// (no gang); more, a gang of its node-shares, required within one rack when one rack holds
-    /// it, else in segments of one rack's nodes (two whole racks for 128 GPUs). A gang's shares
-    /// are all equal ([`GangRequest`] has one size per share), so uneven ones are approximated:
-    /// the same GPUs in the fewest equal shares not fewer than the protocol's (12 = 8 + 4
-    /// becomes 6 + 6, on two nodes as the protocol's). The single-node request of a gang is
-    /// its share (never read by the scheduler).
+    /// (no gang); more, a whole-node gang of its node-shares, the last one holding the
+    /// remainder (12 = 8 + 4, 20 = 8 + 8 + 4: [`GangRequest::remainder`]), required within one
+    /// rack when one rack holds its shares, else in segments of one rack's nodes when those
+    /// divide it (two whole racks for 128 GPUs). The single-node request of a gang is its
+    /// largest share (never read by the scheduler).
     pub fn request_of(&self, gpus: u32) -> (Request, Option<GangRequest>) {
         let shares = self.shares(gpus);
         if shares.len() == 1 {
             return (Request::whole(shares[0]), None);
         }
-        let g = self.gpus_per_node as u32;
-        let k = (shares.len() as u32..=gpus)
-            .find(|k| gpus.is_multiple_of(*k) && gpus / k <= g)
-            .expect("k = gpus gives shares of one GPU");
-        let share = (gpus / k) as u8;
-        let mut gang = if share == self.gpus_per_node {
-            GangRequest::whole_nodes(gpus)
-        } else {
-            GangRequest::nodes(k, share)
-        };
-        let rack_gpus = self.nodes_per_rack as u32 * share as u32;
-        if self.min_racks(k as usize) == 1 {
+        let mut gang = GangRequest::whole_nodes(gpus);
+        if !gpus.is_multiple_of(self.gpus_per_node as u32) {
+            gang = gang.with_remainder();
+        }
+        let rack_gpus = self.nodes_per_rack as u32 * self.gpus_per_node as u32;
+        if self.min_racks(shares.len()) == 1 {
             gang = gang.with_topology(TopologyConstraint::required("rack"));
         } else if gpus.is_multiple_of(rack_gpus) {
             gang = gang.with_segment(rack_gpus);
         }
-        (Request::whole(share), Some(gang))
+        (Request::whole(self.gpus_per_node), Some(gang))
     }
 }
 
@@ -1599,13 +1592,22 @@ mod tests {
                 Some(GangRequest::whole_nodes(16).with_topology(rack.clone()))
             )
         );
+        // The protocol's remainder share: 12 = 8 + 4, 20 = 8 + 8 + 4, one rack each.
+        let twelve = GangRequest::whole_nodes(12)
+            .with_remainder()
+            .with_topology(rack.clone());
+        assert_eq!(l.request_of(12), (Request::whole(8), Some(twelve.clone())));
+        assert_eq!(twelve.remainder_gpus(l.gpus_per_node), 4);
         assert_eq!(
-            l.request_of(12),
-            (
-                Request::whole(6),
-                Some(GangRequest::nodes(2, 6).with_topology(rack.clone()))
+            l.request_of(20).1,
+            Some(
+                GangRequest::whole_nodes(20)
+                    .with_remainder()
+                    .with_topology(rack.clone())
             )
         );
+        // 68 GPUs = 9 shares: beyond one 8-node rack, and no segments (68 is no multiple of 64).
+        assert_eq!(l.request_of(68).1, Some(GangRequest::whole_nodes(68).with_remainder()));
         assert_eq!(
             l.request_of(64).1,
             Some(GangRequest::whole_nodes(64).with_topology(rack))

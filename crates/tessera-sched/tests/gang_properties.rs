@@ -6,7 +6,8 @@
 //! (a refused gang changes nothing); it spans the fewest racks any placement could use (so one
 //! rack whenever a rack can hold it) and fails only when no placement exists; the engine's
 //! bookkeeping matches its allocations; fenced nodes take no share; and once everything is
-//! released every GPU is free.
+//! released every GPU is free. Whole-node gangs with a remainder share (8 × K + r) likewise:
+//! K whole nodes and the r-GPU share last, in the fewest racks.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -39,6 +40,13 @@ enum Op {
         seg: u8,
         constraint: u8,
     },
+    /// A whole-node gang with a remainder share: `whole` whole nodes and `rem` GPUs more
+    /// (8 × whole + rem), constraint as above.
+    Remainder {
+        whole: u8,
+        rem: u8,
+        constraint: u8,
+    },
     /// Single-node work of `gpus` whole GPUs.
     Single {
         gpus: u8,
@@ -55,6 +63,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (1u8..12, prop::sample::select(vec![1u8, 2, 4, 8]), 0u8..4, 0u8..4)
             .prop_map(|(nodes, per, seg, constraint)| Op::Gang { nodes, per, seg, constraint }),
+        2 => (0u8..10, 1u8..8, 0u8..4).prop_map(|(whole, rem, constraint)| Op::Remainder { whole, rem, constraint }),
         2 => (1u8..9).prop_map(|gpus| Op::Single { gpus }),
         2 => any::<usize>().prop_map(Op::Release),
         1 => (any::<usize>(), any::<bool>()).prop_map(|(n, fenced)| Op::Fence { n, fenced }),
@@ -130,6 +139,46 @@ fn fewest_racks(f: &Fleet, caps: &[u32], need: u32, m: u32, block: Option<bool>)
     }
 }
 
+/// The fewest racks that hold `whole` whole nodes and one share of `rem` GPUs more (on a
+/// whole node left over or a node with `rem` to 7 GPUs free), by trying every set of racks:
+/// one rack if `rack`, within one block if `block`; `None` if none do.
+fn fewest_racks_rem(
+    f: &Fleet,
+    e: &Engine,
+    st: &ClusterState,
+    whole: u32,
+    rem: u8,
+    rack: bool,
+    block: bool,
+) -> Option<usize> {
+    let doms = f.levels.domains(0);
+    let free = |n: u32| {
+        if e.node_fenced(n) {
+            0
+        } else {
+            st.nodes[n as usize].free_gpus()
+        }
+    };
+    let w: Vec<u32> = doms
+        .iter()
+        .map(|d| d.nodes.iter().filter(|&&n| free(n) == 8).count() as u32)
+        .collect();
+    let p: Vec<u32> = doms
+        .iter()
+        .map(|d| d.nodes.iter().any(|&n| (rem as u32..8).contains(&free(n))) as u32)
+        .collect();
+    (1u32..1 << doms.len())
+        .filter(|set| {
+            let racks: Vec<usize> = (0..doms.len()).filter(|r| set >> r & 1 == 1).collect();
+            let ws: u32 = racks.iter().map(|&r| w[r]).sum();
+            let ps: u32 = racks.iter().map(|&r| p[r]).sum();
+            let blocks: BTreeSet<_> = racks.iter().map(|&r| doms[r].parent).collect();
+            ws >= whole && ws + ps > whole && (!rack || racks.len() == 1) && (!block || blocks.len() == 1)
+        })
+        .map(|set| set.count_ones() as usize)
+        .min()
+}
+
 fn check_books(e: &Engine) {
     let st = e.state();
     let mut held: BTreeMap<u32, u16> = BTreeMap::new();
@@ -200,6 +249,40 @@ proptest! {
                             if !matches!(u, GangUnplaceable::Invalid { .. }) {
                                 prop_assert_eq!(expected, None, "refused, but a placement exists: {}", u);
                             }
+                        }
+                    }
+                }
+                Op::Remainder { whole, rem, constraint } => {
+                    let (mut g, _) = gang_of(1, 8, 0, constraint);
+                    g.gpus = whole as u32 * 8 + rem as u32;
+                    let g = g.with_remainder();
+                    let before = e.state().clone();
+                    let expected = fewest_racks_rem(&f, &e, &before, whole as u32, rem, constraint == 2, constraint == 3);
+                    next += 1;
+                    match e.place_gang(next, &g) {
+                        Ok(a) => {
+                            let a = a.clone();
+                            prop_assert_eq!(a.shares.len() as u32, whole as u32 + 1);
+                            let shares: Vec<_> = a.shares.iter().map(|&s| e.allocation(s).unwrap().clone()).collect();
+                            let distinct: BTreeSet<NodeId> = shares.iter().map(|s| s.node).collect();
+                            prop_assert_eq!(distinct.len(), shares.len());
+                            let sizes: Vec<u32> = shares.iter().map(|s| s.grant.gpu_mask().count_ones()).collect();
+                            let mut want = vec![8; whole as usize];
+                            want.push(rem as u32);
+                            prop_assert_eq!(sizes, want, "whole nodes, then the remainder");
+                            prop_assert!(shares.iter().all(|s| !e.node_fenced(s.node.0)), "a share on a fenced node");
+                            let racks: BTreeSet<u32> = shares.iter().map(|s| f.levels.domain_of(0, s.node).unwrap()).collect();
+                            prop_assert_eq!(Some(racks.len()), expected, "racks used against the fewest possible");
+                            if constraint == 3 {
+                                let blocks: BTreeSet<_> = shares.iter().map(|s| f.levels.domain_of(1, s.node)).collect();
+                                prop_assert_eq!(blocks.len(), 1);
+                            }
+                            gangs.push(next);
+                        }
+                        Err(u) => {
+                            prop_assert!(e.state().same_holdings(&before), "a refused gang changed the state");
+                            prop_assert!(e.gang(next).is_none());
+                            prop_assert_eq!(expected, None, "refused, but a placement exists: {}", u);
                         }
                     }
                 }

@@ -553,14 +553,14 @@ fn hold_gang_after(s: &mut Scheduler, job: &Job, g: &GangRequest, scope: &[PoolI
     let Some(pool) = pool_for_hold(s, id, true, scope.iter().copied()) else {
         return;
     };
-    let Some((per, k)) = shares_in(s.engine.fleet(), pool, g) else {
+    let Some((per, k, last)) = shares_in(s.engine.fleet(), pool, g) else {
         return;
     };
     let stack = s.cfg.gang_holds_stack.then_some(upto);
     hold_nodes(
         s,
         id,
-        (u32::from(per), k),
+        (u32::from(per), k, last),
         job.duration_ms,
         stack,
         &|m| g.allows_model(m),
@@ -623,7 +623,7 @@ fn take_hold(s: &mut Scheduler, job: &Job, pools: &[(PoolId, Option<LimitExceede
         hold_nodes(
             s,
             job.id,
-            (u32::from(gpus), 1),
+            (u32::from(gpus), 1, u32::from(gpus)),
             job.duration_ms,
             None,
             &|m| job.request.allows_model(m),
@@ -655,7 +655,8 @@ fn pool_for_hold(s: &Scheduler, id: u64, gang: bool, mut scope: impl Iterator<It
     })
 }
 
-/// Holds `k` nodes with `per` GPUs free each (`shares`) in `pool` for job `id` (which waited
+/// Holds `k` nodes with `per` GPUs free each, the last `last` (`shares`: a gang's remainder
+/// share, 12 = 8 + 4; `per` otherwise) in `pool` for job `id` (which waited
 /// past the backfill window and runs `duration_ms` once placed; [`pool_for_hold`] chose the
 /// pool): in one rack, the one where the `k`-th node frees soonest by the lease ends of the
 /// work running there (then the one with the most free GPUs), else the soonest nodes across
@@ -667,7 +668,7 @@ fn pool_for_hold(s: &Scheduler, id: u64, gang: bool, mut scope: impl Iterator<It
 fn hold_nodes(
     s: &mut Scheduler,
     id: u64,
-    (per, k): (u32, usize),
+    (per, k, last): (u32, usize, u32),
     duration_ms: Option<i64>,
     stack: Option<usize>,
     allows_model: &dyn Fn(tessera_model::ModelId) -> bool,
@@ -692,61 +693,85 @@ fn hold_nodes(
         return;
     }
     let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n)).unwrap_or(u32::MAX);
-    // Per rack, its eligible nodes as (when a share fits there, free GPUs, node), soonest
-    // first, then fullest free: `i64::MAX` when the work it waits for has no end.
-    type Eligible = (i64, u32, u32);
+    // Per rack, its eligible nodes as (when a share fits there, free GPUs, node, when the
+    // remainder share fits there), soonest first, then fullest free: `i64::MAX` when the work
+    // it waits for has no end.
+    type Eligible = (i64, u32, u32, i64);
     let mut by_rack: std::collections::BTreeMap<u32, Vec<Eligible>> = std::collections::BTreeMap::new();
     for n in range {
         let node = &fleet.nodes[n as usize];
         if u32::from(node.gpus) < per || !allows_model(node.model) || held.contains(&n) {
             continue;
         }
-        let (at, _) = node_frees(s, n, per, now).unwrap_or((i64::MAX, Vec::new()));
-        let at = match windows.get(&n) {
-            Some(w) if at != i64::MAX => stack_on(at, d, w.iter().map(|&(a, b, _)| (a, b))),
-            _ => at,
+        let frees = |need: u32| {
+            let (at, _) = node_frees(s, n, need, now).unwrap_or((i64::MAX, Vec::new()));
+            match windows.get(&n) {
+                Some(w) if at != i64::MAX => stack_on(at, d, w.iter().map(|&(a, b, _)| (a, b))),
+                _ => at,
+            }
         };
+        let at = frees(per);
+        let at_last = if last < per { frees(last) } else { at };
         by_rack
             .entry(rack(n))
             .or_default()
-            .push((at, st.nodes[n as usize].free_gpus(), n));
+            .push((at, st.nodes[n as usize].free_gpus(), n, at_last));
     }
     for nodes in by_rack.values_mut() {
-        nodes.sort_unstable_by_key(|&(at, free, n)| (at, std::cmp::Reverse(free), n));
+        nodes.sort_unstable_by_key(|&(at, free, n, _)| (at, std::cmp::Reverse(free), n));
     }
-    // A rack where the gang starts soonest (its k-th soonest node), then with the most free.
-    let best_k = |v: &[Eligible]| v.iter().take(k).map(|(_, f, _)| *f).sum::<u32>();
-    let start_k = |v: &[Eligible]| v.iter().take(k).map(|(at, _, _)| *at).max().unwrap_or(i64::MAX);
-    let one_rack = by_rack.values().filter(|v| v.len() >= k).max_by_key(|v| {
-        (
-            std::cmp::Reverse(start_k(v)),
-            best_k(v),
-            std::cmp::Reverse(v.iter().map(|(_, _, n)| *n).min()),
-        )
-    });
+    // In a rack, the k - 1 soonest nodes for whole shares and then the one of the others
+    // where the last share fits soonest (the k-th soonest when all shares are equal).
+    let pick_k = |v: &[Eligible]| -> Vec<Eligible> {
+        let mut out: Vec<Eligible> = v.iter().take(k - 1).copied().collect();
+        if let Some(r) = v[k - 1..]
+            .iter()
+            .min_by_key(|&&(_, free, n, at_last)| (at_last, std::cmp::Reverse(free), n))
+        {
+            out.push(*r);
+        }
+        out
+    };
+    let start_of = |c: &[Eligible]| {
+        let whole = c[..k - 1].iter().map(|e| e.0).max().unwrap_or(i64::MIN);
+        whole.max(c[k - 1].3)
+    };
+    // A rack where the gang starts soonest, then with the most free.
+    let one_rack = by_rack
+        .values()
+        .filter(|v| v.len() >= k)
+        .map(|v| pick_k(v))
+        .max_by_key(|c| {
+            (
+                std::cmp::Reverse(start_of(c)),
+                c.iter().map(|e| e.1).sum::<u32>(),
+                std::cmp::Reverse(c.iter().map(|e| e.2).min()),
+            )
+        });
     let nodes: Vec<u32> = match one_rack {
-        Some(v) => v.iter().take(k).map(|(_, _, n)| *n).collect(),
+        Some(c) => c.iter().map(|e| e.2).collect(),
         None => {
             let mut racks: Vec<&Vec<Eligible>> = by_rack.values().collect();
             racks.sort_by_key(|v| {
                 (
-                    std::cmp::Reverse(v.iter().map(|(_, f, _)| *f).sum::<u32>()),
-                    v.iter().map(|(_, _, n)| *n).min(),
+                    std::cmp::Reverse(v.iter().map(|e| e.1).sum::<u32>()),
+                    v.iter().map(|e| e.2).min(),
                 )
             });
-            racks.into_iter().flatten().take(k).map(|(_, _, n)| *n).collect()
+            racks.into_iter().flatten().take(k).map(|e| e.2).collect()
         }
     };
     if nodes.len() == k {
         let (starts_at_ms, ending) = match stack {
-            Some(_) => stacked_start(s, &nodes, per, duration_ms, now, &windows),
-            None => start_on(s, &nodes, per, now),
+            Some(_) => stacked_start(s, &nodes, (per, last), duration_ms, now, &windows),
+            None => start_on(s, &nodes, (per, last), now),
         };
         s.holds.push(super::Hold {
             job: id,
             pool,
             nodes,
             per_node: per,
+            last,
             starts_at_ms,
             ending,
             gang: false,
@@ -796,7 +821,7 @@ pub(super) fn stack_on(at: i64, duration: i64, windows: impl Iterator<Item = (i6
 fn stacked_start(
     s: &Scheduler,
     nodes: &[u32],
-    per_node: u32,
+    per_node: (u32, u32),
     duration_ms: Option<i64>,
     now: i64,
     windows: &Windows,
@@ -823,9 +848,9 @@ fn hold_start(s: &Scheduler, i: usize, now: i64) -> (Option<i64>, usize) {
     let h = &s.holds[i];
     if s.cfg.gang_holds_stack {
         let w = windows_of(s, h.job, i, now);
-        stacked_start(s, &h.nodes, h.per_node, h.duration_ms, now, &w)
+        stacked_start(s, &h.nodes, (h.per_node, h.last), h.duration_ms, now, &w)
     } else {
-        start_on(s, &h.nodes, h.per_node, now)
+        start_on(s, &h.nodes, (h.per_node, h.last), now)
     }
 }
 
@@ -849,8 +874,9 @@ fn held_reason(s: &mut Scheduler, id: u64, now_reason: &Wait, now: i64) -> Optio
 }
 
 /// GPUs per node-share of gang `g` in `pool` (its own, else the pool's largest node: whole
-/// nodes) and how many shares it has; `None` for a pool without GPUs.
-fn shares_in(fleet: &tessera_model::Fleet, pool: PoolId, g: &GangRequest) -> Option<(u8, usize)> {
+/// nodes), how many shares it has and the GPUs of its last (the remainder of whole nodes,
+/// 12 = 8 + 4; else the same); `None` for a pool without GPUs.
+fn shares_in(fleet: &tessera_model::Fleet, pool: PoolId, g: &GangRequest) -> Option<(u8, usize, u32)> {
     let per = g.gpus_per_node.unwrap_or_else(|| {
         fleet
             .pool(pool)
@@ -860,7 +886,13 @@ fn shares_in(fleet: &tessera_model::Fleet, pool: PoolId, g: &GangRequest) -> Opt
             .max()
             .unwrap_or(0)
     });
-    (per > 0).then(|| (per, g.gpus.div_ceil(u32::from(per)) as usize))
+    (per > 0).then(|| {
+        let last = match g.remainder_gpus(per) {
+            0 => u32::from(per),
+            r => r,
+        };
+        (per, g.gpus.div_ceil(u32::from(per)) as usize, last)
+    })
 }
 
 /// Job `id` was placed: its hold goes, and with
@@ -889,17 +921,19 @@ fn refresh_holds(s: &mut Scheduler, now: i64) {
     }
 }
 
-/// When `per_node` GPUs are free on each of `nodes`, by the lease ends of the work running
+/// When `per_node` GPUs (`(each, last)`: `last` on the last node, a gang's remainder share)
+/// are free on each of `nodes`, by the lease ends of the work running
 /// there, and how many workloads must end for it: a GPU is free once every workload holding it
 /// has ended (at once if it is free now; soon, at `now`, if those are all being stopped); on
 /// each node the `per_node` GPUs that free first are the ones waited for; the latest node
 /// decides. `None` if one of them waits for work with no end (or work the scheduler does not
 /// know). Never before `now`.
-fn start_on(s: &Scheduler, nodes: &[u32], per_node: u32, now: i64) -> (Option<i64>, usize) {
+fn start_on(s: &Scheduler, nodes: &[u32], (per_node, last): (u32, u32), now: i64) -> (Option<i64>, usize) {
     let mut start = Some(now);
     let mut ending: FxHashSet<u64> = FxHashSet::default();
-    for &n in nodes {
-        let Some((at, owners)) = node_frees(s, n, per_node, now) else {
+    for (i, &n) in nodes.iter().enumerate() {
+        let need = if i + 1 == nodes.len() { last } else { per_node };
+        let Some((at, owners)) = node_frees(s, n, need, now) else {
             return (None, 0);
         };
         start = match (start, at) {
@@ -1004,12 +1038,13 @@ pub fn estimate_gang_start(
     let mut best: Option<(i64, GangStart)> = None;
     for &pool in pools {
         let range = fleet.pool(pool).nodes.clone();
-        let Some((per, k)) = shares_in(&fleet, pool, g) else {
+        let Some((per, k, last)) = shares_in(&fleet, pool, g) else {
             continue;
         };
         let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n));
-        // Per rack: (when a share fits, node, the workloads it waits for), soonest first.
-        type Frees = (i64, u32, Vec<u64>);
+        // Per rack: (when a share fits, node, the workloads it waits for), soonest first; each
+        // with the same for the remainder share (`last` GPUs).
+        type Frees = ((i64, u32, Vec<u64>), (i64, u32, Vec<u64>));
         let mut by_rack: std::collections::BTreeMap<Option<u32>, Vec<Frees>> = std::collections::BTreeMap::new();
         for n in range {
             let node = &fleet.nodes[n as usize];
@@ -1017,25 +1052,47 @@ pub fn estimate_gang_start(
                 continue;
             }
             if let Some((at, owners)) = node_frees_by(engine, n, u32::from(per), now, end_of) {
-                by_rack.entry(rack(n)).or_default().push((at, n, owners));
+                let rem = if last < u32::from(per) {
+                    node_frees_by(engine, n, last, now, end_of).map_or((i64::MAX, n, Vec::new()), |(a, o)| (a, n, o))
+                } else {
+                    (at, n, owners.clone())
+                };
+                by_rack.entry(rack(n)).or_default().push(((at, n, owners), rem));
             }
         }
         for v in by_rack.values_mut() {
-            v.sort_by_key(|(at, n, _)| (*at, *n));
+            v.sort_by_key(|((at, n, _), _)| (*at, *n));
         }
-        let chosen: Vec<&(i64, u32, Vec<u64>)> =
-            match by_rack.values().filter(|v| v.len() >= k).min_by_key(|v| v[k - 1].0) {
-                Some(v) => v.iter().take(k).collect(),
-                None => {
-                    let mut all: Vec<&Frees> = by_rack.values().flatten().collect();
-                    all.sort_by_key(|(at, n, _)| (*at, *n));
-                    all.into_iter().take(k).collect()
-                }
-            };
+        // In a rack: the k - 1 soonest for whole shares, then the soonest of the others for
+        // the last share.
+        let pick_k = |v: &[Frees]| -> Vec<(i64, u32, Vec<u64>)> {
+            let mut out: Vec<(i64, u32, Vec<u64>)> = v[..k - 1].iter().map(|(w, _)| w.clone()).collect();
+            let r = v[k - 1..]
+                .iter()
+                .map(|(_, r)| r)
+                .min_by_key(|(at, n, _)| (*at, *n))
+                .expect("k nodes");
+            out.push(r.clone());
+            out
+        };
+        let at_of = |c: &[(i64, u32, Vec<u64>)]| c.iter().map(|(at, _, _)| *at).max().unwrap_or(now);
+        let chosen: Vec<(i64, u32, Vec<u64>)> = match by_rack
+            .values()
+            .filter(|v| v.len() >= k)
+            .map(|v| pick_k(v))
+            .min_by_key(|c| at_of(c))
+        {
+            Some(c) => c,
+            None => {
+                let mut all: Vec<&Frees> = by_rack.values().flatten().collect();
+                all.sort_by_key(|((at, n, _), _)| (*at, *n));
+                all.into_iter().take(k).map(|(w, _)| w.clone()).collect()
+            }
+        };
         if chosen.len() < k {
             continue;
         }
-        let at = chosen.iter().map(|(at, _, _)| *at).max().unwrap_or(now);
+        let at = at_of(&chosen);
         let mut ending: Vec<u64> = chosen.iter().flat_map(|(_, _, o)| o.iter().copied()).collect();
         ending.sort_unstable();
         ending.dedup();

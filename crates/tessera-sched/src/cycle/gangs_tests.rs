@@ -362,6 +362,52 @@ fn a_held_gangs_start_is_when_enough_work_on_its_nodes_has_ended() {
 }
 
 #[test]
+fn a_held_remainder_gang_waits_for_a_whole_node_and_four_gpus_of_another() {
+    let minute = 60_000;
+    let short = |p: u64| Some((p as i64 + 1) * 10 * minute);
+    let long = |p: u64| Some((p as i64 + 1) * 20 * minute + 7);
+    let window = sched().cfg.backfill_max_wait_ms;
+    // 12 GPUs = 8 + 4 in one rack: a whole node (both jobs of a pair end) and 4 GPUs of
+    // another (its short job ends). Rack r0 holds pairs 0..3: pair 0's node whole, at
+    // long(0) = 20 min + 7 ms, and pair 1's short job, at short(1) = 20 min; three workloads.
+    // (Two whole nodes, as 12 was held before, waited for long(1) = 40 min + 7 ms and four.)
+    let mut s = paired(short, long);
+    let mut twelve = gang(1, "a", 12, true, "standard", 0);
+    twelve.gang = twelve.gang.map(GangRequest::with_remainder);
+    s.submit(twelve, 0);
+    let d = s.cycle(window + 1);
+    assert_eq!(held_pairs(&s), vec![0, 1]);
+    let h = hold(&s);
+    assert_eq!((h.per_node, h.last), (8, 4));
+    assert_eq!(
+        h.nodes,
+        vec![
+            s.engine.allocation(100).unwrap().node.0,
+            s.engine.allocation(102).unwrap().node.0
+        ]
+    );
+    assert_eq!((h.starts_at_ms, h.ending), (Some(20 * minute + 7), 3));
+    let Some(Wait::GangHeld {
+        starts_at_ms, ending, ..
+    }) = wait_of(&d, 1)
+    else {
+        panic!("{d:?}")
+    };
+    assert_eq!((starts_at_ms, ending), (Some(20 * minute + 7), 3));
+    // Once those end, it starts there: 8 on pair 0's node and 4 on pair 1's.
+    s.release(100, 20 * minute);
+    s.release(101, 20 * minute + 7);
+    s.release(102, 20 * minute);
+    let d = s.cycle(20 * minute + 7);
+    let (_, shares) = placed_gang(&d).unwrap_or_else(|| panic!("{d:?}"));
+    let got: Vec<(u32, GpuUnits)> = shares.iter().map(|a| (a.node.0, a.units)).collect();
+    assert_eq!(
+        got,
+        vec![(h.nodes[0], GpuUnits::whole(8)), (h.nodes[1], GpuUnits::whole(4))]
+    );
+}
+
+#[test]
 fn only_work_that_ends_before_the_gang_starts_is_placed_on_its_held_nodes() {
     let hour = 3_600_000;
     let window = sched().cfg.backfill_max_wait_ms;

@@ -469,6 +469,9 @@ struct Hold {
     nodes: Vec<u32>,
     /// GPUs the gang needs free on each held node.
     per_node: u32,
+    /// GPUs it needs on its last held node: a gang's remainder share (12 = 8 + 4: 4), else
+    /// `per_node`.
+    last: u32,
     /// When it fits on `nodes` (never before the time it was computed at), the work there
     /// ending by the lease ends of the running work ([`Running::ends_at_ms`]); `None`: some
     /// of the work it waits for has no end.

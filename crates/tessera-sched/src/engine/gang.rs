@@ -18,6 +18,14 @@
 //! racks under the domain, those racks are taken instead. So a gang that fits one rack takes one
 //! rack, and otherwise the fewest racks possible (of the fewest blocks when that costs none).
 //!
+//! A whole-node gang whose N is no multiple of the node size G (with `remainder` set: the
+//! Philly protocol's shape) has ⌈N / G⌉ shares: ⌊N / G⌋ whole nodes and one remainder share
+//! of N mod G GPUs (12 = 8 + 4). A rack then also counts
+//! whether one of its nodes holds the remainder but no whole share; a domain holds the gang
+//! when it has the whole nodes and one share more (a whole node left over or such a node), all
+//! shares are counted alike to take the fewest racks, and the remainder goes last, in one of
+//! those racks, on the node with the fewest free GPUs that holds it.
+//!
 //! Cost: O(groups × 17) for the per-group bounds, plus an exact pass over the nodes of the
 //! groups that may hold a segment, plus a sort of the children of the chosen domains; never a
 //! search over combinations of nodes. A committed gang is one [`GangAllocation`]; each share is
@@ -212,6 +220,38 @@ fn first_node(tiers: &[Tier], mut t: usize, mut d: usize) -> u32 {
     tiers[0].domains[d].1[0]
 }
 
+/// The racks (tier-0 domains) under domain `d` of tier `t`.
+fn under(tree: &PoolTree, t: usize, d: usize) -> impl Iterator<Item = u32> + '_ {
+    let mut racks = vec![d as u32];
+    for t in (1..=t).rev() {
+        racks = racks
+            .iter()
+            .flat_map(|&d| tree.tiers[t].domains[d as usize].1.iter().copied())
+            .collect();
+    }
+    racks.into_iter()
+}
+
+/// Per tier, each domain's capacity: `full` in whole segments; `parts` (a gang with a
+/// remainder only, else empty) its nodes that hold the remainder share but no whole one.
+struct Caps {
+    full: Vec<Vec<u32>>,
+    parts: Vec<Vec<u32>>,
+}
+
+impl Caps {
+    /// Shares domain `d` of tier `t` holds counting its remainder-only nodes.
+    fn slots(&self, t: usize, d: usize) -> u32 {
+        self.full[t][d] + self.parts.get(t).map_or(0, |p| p[d])
+    }
+
+    /// Whether domain `d` of tier `t` holds the gang: its whole segments, and with a
+    /// remainder one share more (on a whole node left over or a node that holds only it).
+    fn holds(&self, spec: Spec, t: usize, d: usize) -> bool {
+        self.full[t][d] >= spec.need && (spec.rem == 0 || self.slots(t, d) > spec.need)
+    }
+}
+
 /// A gang resolved against one pool.
 #[derive(Clone, Copy, Debug)]
 struct Spec {
@@ -223,8 +263,23 @@ struct Spec {
     need: u32,
     /// Nodes per segment (m).
     seg_nodes: u32,
+    /// GPUs of the one remainder share beyond the `need` whole shares (0: none; whole nodes
+    /// only, without segments, so `seg_nodes` is 1 then).
+    rem: u8,
     /// The highest tier the gang may be held in as one domain.
     limit: usize,
+}
+
+impl Spec {
+    /// The remainder share as a share of its own: `rem` GPUs on any node that has them free
+    /// in one NVLink domain.
+    fn rem_spec(self) -> Spec {
+        Spec {
+            per_node: self.rem,
+            whole_nodes: false,
+            ..self
+        }
+    }
 }
 
 impl Engine {
@@ -493,6 +548,7 @@ impl Engine {
                     whole_nodes: g.gpus_per_node.is_none(),
                     need: shares / seg_nodes,
                     seg_nodes,
+                    rem: g.remainder_gpus(per_node) as u8,
                     limit,
                 },
             ));
@@ -544,11 +600,28 @@ impl Engine {
     }
 
     /// Per tier, each domain's capacity in segments: now (`now`), or ever.
-    fn gang_caps(&self, pool: PoolId, g: &GangRequest, spec: Spec, now: bool) -> Vec<Vec<u32>> {
+    fn gang_caps(&self, pool: PoolId, g: &GangRequest, spec: Spec, now: bool) -> Caps {
         let tree = self.gang_index.trees[pool.0 as usize].as_ref().expect("whole pool");
         let mut caps: Vec<Vec<u32>> = Vec::with_capacity(tree.tiers.len());
         let mut c0 = Vec::with_capacity(tree.tiers[0].domains.len());
+        let mut part0 = Vec::new();
+        let rs = spec.rem_spec();
         for (gi, (_, nodes)) in tree.tiers[0].domains.iter().enumerate() {
+            if spec.rem > 0 {
+                // A node that holds the remainder share but not a whole one.
+                let free = &self.gang_index.free[(tree.base as usize) + gi];
+                let p = if now {
+                    free[spec.rem as usize..].iter().sum::<u32>() > 0
+                        && nodes
+                            .iter()
+                            .any(|&n| self.share_fits(n, g, spec).is_none() && self.share_fits(n, g, rs).is_some())
+                } else {
+                    nodes
+                        .iter()
+                        .any(|&n| !self.share_could(n, g, spec) && self.share_could(n, g, rs))
+                };
+                part0.push(p as u32);
+            }
             let cap = if now {
                 // Nodes with at least G free GPUs (all of them in whole-node mode): a bound.
                 let free = &self.gang_index.free[(tree.base as usize) + gi];
@@ -563,17 +636,54 @@ impl Engine {
             };
             c0.push(cap / spec.seg_nodes);
         }
+        let mut parts = Vec::new();
         caps.push(c0);
-        for t in 1..tree.tiers.len() {
-            let below = &caps[t - 1];
-            let c: Vec<u32> = tree.tiers[t]
-                .domains
-                .iter()
-                .map(|(_, kids)| kids.iter().map(|&k| below[k as usize]).sum())
-                .collect();
-            caps.push(c);
+        if spec.rem > 0 {
+            parts.push(part0);
         }
-        caps
+        for t in 1..tree.tiers.len() {
+            let sum = |below: &Vec<u32>| -> Vec<u32> {
+                tree.tiers[t]
+                    .domains
+                    .iter()
+                    .map(|(_, kids)| kids.iter().map(|&k| below[k as usize]).sum())
+                    .collect()
+            };
+            caps.push(sum(&caps[t - 1]));
+            if spec.rem > 0 {
+                parts.push(sum(&parts[t - 1]));
+            }
+        }
+        Caps { full: caps, parts }
+    }
+
+    /// The racks (tier-0 domains) under domain `dom` of tier `tier` that hold `need` shares
+    /// (`cap(t, d)`: domain d of tier t's capacity): down the tiers the fewest children, the
+    /// largest first and the tightest last; unless that takes more racks than the fewest racks
+    /// under the domain would. `(rack, shares)` each.
+    fn descend(
+        tree: &PoolTree,
+        tier: usize,
+        dom: usize,
+        need: u32,
+        cap: &dyn Fn(usize, usize) -> u32,
+    ) -> Vec<(usize, u32)> {
+        let mut take: Vec<(usize, u32)> = vec![(dom, need)];
+        for t in (1..=tier).rev() {
+            let mut next = Vec::new();
+            for &(d, need) in &take {
+                let kids = tree.tiers[t].domains[d].1.iter().map(|&k| (cap(t - 1, k as usize), k));
+                next.extend(pick(kids, need));
+            }
+            take = next;
+        }
+        if tier > 1 {
+            let flat = pick(under(tree, tier, dom).map(|r| (cap(0, r as usize), r)), need);
+            if flat.len() < take.len() {
+                take = flat;
+            }
+        }
+        take
     }
 
     fn choose_gang(&self, pool: PoolId, g: &GangRequest, spec: Spec) -> Option<GangPlacement> {
@@ -581,62 +691,117 @@ impl Engine {
         let tree = self.gang_index.trees[pool.0 as usize].as_ref().expect("whole pool");
         // The lowest tier with a domain that holds the gang; there, the tightest such domain.
         let (tier, dom) = (0..=spec.limit).find_map(|t| {
-            caps[t]
-                .iter()
-                .enumerate()
-                .filter(|&(_, &c)| c >= spec.need)
-                .min_by_key(|&(d, &c)| (c, d))
-                .map(|(d, _)| (t, d))
+            (0..caps.full[t].len())
+                .filter(|&d| caps.holds(spec, t, d))
+                .min_by_key(|&d| (caps.slots(t, d), d))
+                .map(|d| (t, d))
         })?;
-        // Down the tiers: the fewest children, the largest first and the tightest last; unless
-        // that takes more racks than the fewest racks under the domain would.
-        let mut take: Vec<(usize, u32)> = vec![(dom, spec.need)];
-        for t in (1..=tier).rev() {
-            let mut next = Vec::new();
-            for &(d, need) in &take {
-                let kids = tree.tiers[t].domains[d].1.iter().map(|&k| (caps[t - 1][k as usize], k));
-                next.extend(pick(kids, need));
-            }
-            take = next;
-        }
-        if tier > 1 {
-            let mut racks = vec![dom as u32];
-            for t in (1..=tier).rev() {
-                racks = racks
-                    .iter()
-                    .flat_map(|&d| tree.tiers[t].domains[d as usize].1.iter().copied())
-                    .collect();
-            }
-            let flat = pick(racks.into_iter().map(|r| (caps[0][r as usize], r)), spec.need);
-            if flat.len() < take.len() {
-                take = flat;
-            }
-        }
-        // In each group, the nodes with the fewest free GPUs that hold a share.
-        let mut shares = Vec::with_capacity((spec.need * spec.seg_nodes) as usize);
-        let mut racks = Vec::with_capacity(take.len());
-        let mut cands: Vec<(u32, u32, u16)> = Vec::new();
-        for (gi, segs) in take {
-            let (name, nodes) = &tree.tiers[0].domains[gi];
-            cands.clear();
-            for &n in nodes {
-                if let Some(mask) = self.share_fits(n, g, spec) {
-                    cands.push((self.state.nodes[n as usize].free_gpus(), n, mask));
+        let rs = spec.rem_spec();
+        // `(rack, whole shares)` each, and with a remainder the rack that holds it too.
+        let (mut take, mut rem_rack): (Vec<(usize, u32)>, Option<usize>) = if spec.rem == 0 {
+            (Self::descend(tree, tier, dom, spec.need, &|t, d| caps.full[t][d]), None)
+        } else {
+            // Every share counted alike (a rack holds its whole nodes and at most one node that
+            // holds only the remainder), so the fewest racks hold the gang.
+            let take = Self::descend(tree, tier, dom, spec.need + 1, &|t, d| caps.slots(t, d));
+            let over: Vec<usize> = (0..take.len())
+                .filter(|&i| take[i].1 > caps.full[0][take[i].0])
+                .collect();
+            match over.len() {
+                // A rack that uses its remainder-only node takes the remainder.
+                1 => {
+                    let mut take = take;
+                    take[over[0]].1 -= 1;
+                    (take, Some(over[0]))
+                }
+                // Any rack can take it: the one with the tightest node that holds it.
+                0 => {
+                    let j = (0..take.len())
+                        .filter_map(|i| {
+                            let (gi, a) = take[i];
+                            self.rem_node(tree, gi, a - 1, g, spec, rs).map(|(f, n, _)| (f, n, i))
+                        })
+                        .min()
+                        .map(|(_, _, i)| i)
+                        .expect("a rack of the gang holds its remainder");
+                    let mut take = take;
+                    take[j].1 -= 1;
+                    (take, Some(j))
+                }
+                // Two racks would each need their remainder-only node: the racks of the domain
+                // by whole nodes, then by a remainder-only node, the fewest that hold the whole
+                // shares and one more (the fewest possible: of m racks, these have the most
+                // whole nodes and, among those, remainder-only nodes); the remainder then in
+                // the first of them with room.
+                _ => {
+                    let mut racks: Vec<usize> = under(tree, tier, dom).map(|r| r as usize).collect();
+                    racks.sort_by_key(|&r| {
+                        (
+                            std::cmp::Reverse(caps.full[0][r]),
+                            std::cmp::Reverse(caps.slots(0, r)),
+                            r,
+                        )
+                    });
+                    let (mut whole, mut slots) = (0, 0);
+                    let mut take = Vec::new();
+                    for r in racks {
+                        if whole >= spec.need && slots > spec.need {
+                            break;
+                        }
+                        take.push((r, caps.full[0][r].min(spec.need - whole.min(spec.need))));
+                        whole += caps.full[0][r];
+                        slots += caps.slots(0, r);
+                    }
+                    (take, None)
                 }
             }
+        };
+        if spec.rem > 0 && rem_rack.is_none() {
+            let j = (0..take.len()).find(|&i| self.rem_node(tree, take[i].0, take[i].1, g, spec, rs).is_some());
+            rem_rack = Some(match j {
+                Some(j) => j,
+                None => {
+                    let r = under(tree, tier, dom)
+                        .map(|r| r as usize)
+                        .filter(|&r| take.iter().all(|&(gi, _)| gi != r) && caps.slots(0, r) > 0)
+                        .min_by_key(|&r| (caps.slots(0, r), r))
+                        .expect("the domain holds the remainder");
+                    take.push((r, 0));
+                    take.len() - 1
+                }
+            });
+        }
+        // The remainder's rack last, so the remainder is the last share.
+        if let Some(j) = rem_rack {
+            let e = take.remove(j);
+            take.push(e);
+        }
+        // In each group, the nodes with the fewest free GPUs that hold a share.
+        let mut shares = Vec::with_capacity((spec.need * spec.seg_nodes) as usize + 1);
+        let mut racks = Vec::with_capacity(take.len());
+        let last = take.len() - 1;
+        for (i, (gi, segs)) in take.into_iter().enumerate() {
+            let name = &tree.tiers[0].domains[gi].0;
             let k = (segs * spec.seg_nodes) as usize;
-            if cands.len() > k {
-                cands.select_nth_unstable(k);
-                cands.truncate(k);
-            }
-            cands.sort_unstable();
-            racks.push((name.clone(), k as u32));
+            let cands = self.full_nodes(tree, gi, k, g, spec);
             shares.extend(cands.iter().map(|&(_, n, mask)| Placement {
                 node: NodeId(n),
                 grant: Grant::Whole { gpus: mask },
                 units: GpuUnits::whole(spec.per_node as u64),
                 relayout: false,
             }));
+            let mut count = k as u32;
+            if spec.rem > 0 && i == last {
+                let (_, n, mask) = self.rem_node(tree, gi, segs, g, spec, rs)?;
+                shares.push(Placement {
+                    node: NodeId(n),
+                    grant: Grant::Whole { gpus: mask },
+                    units: GpuUnits::whole(spec.rem as u64),
+                    relayout: false,
+                });
+                count += 1;
+            }
+            racks.push((name.clone(), count));
         }
         Some(GangPlacement {
             pool,
@@ -644,6 +809,46 @@ impl Engine {
             racks,
             within: (tree.tiers[tier].name.clone(), tree.tiers[tier].domains[dom].0.clone()),
         })
+    }
+
+    /// The `k` nodes of group `gi` with the fewest free GPUs that hold a whole share of `g`
+    /// now, with their masks, by (free GPUs, node).
+    fn full_nodes(&self, tree: &PoolTree, gi: usize, k: usize, g: &GangRequest, spec: Spec) -> Vec<(u32, u32, u16)> {
+        let mut cands: Vec<(u32, u32, u16)> = Vec::new();
+        for &n in &tree.tiers[0].domains[gi].1 {
+            if let Some(mask) = self.share_fits(n, g, spec) {
+                cands.push((self.state.nodes[n as usize].free_gpus(), n, mask));
+            }
+        }
+        if cands.len() > k {
+            cands.select_nth_unstable(k);
+            cands.truncate(k);
+        }
+        cands.sort_unstable();
+        cands
+    }
+
+    /// The node of group `gi` with the fewest free GPUs (then the first) that holds the
+    /// remainder share of `g` beside the group's `fulls` whole shares ([`Self::full_nodes`]).
+    fn rem_node(
+        &self,
+        tree: &PoolTree,
+        gi: usize,
+        fulls: u32,
+        g: &GangRequest,
+        spec: Spec,
+        rs: Spec,
+    ) -> Option<(u32, u32, u16)> {
+        let used = self.full_nodes(tree, gi, fulls as usize, g, spec);
+        tree.tiers[0].domains[gi]
+            .1
+            .iter()
+            .filter(|&&n| used.iter().all(|&(_, u, _)| u != n))
+            .filter_map(|&n| {
+                self.share_fits(n, g, rs)
+                    .map(|mask| (self.state.nodes[n as usize].free_gpus(), n, mask))
+            })
+            .min()
     }
 
     // ----- reasons -------------------------------------------------------------------------
@@ -677,24 +882,21 @@ impl Engine {
     }
 
     /// The reason when no domain of the gang's highest allowed tier holds it in `caps`.
-    fn beyond(
-        &self,
-        pool: PoolId,
-        g: &GangRequest,
-        spec: Spec,
-        caps: &[Vec<u32>],
-        now: bool,
-    ) -> Option<GangUnplaceable> {
+    fn beyond(&self, pool: PoolId, g: &GangRequest, spec: Spec, caps: &Caps, now: bool) -> Option<GangUnplaceable> {
         let tree = self.gang_index.trees[pool.0 as usize].as_ref().expect("whole pool");
         let t = spec.limit;
-        let (d, &best) = caps[t]
-            .iter()
-            .enumerate()
-            .max_by_key(|&(d, &c)| (c, std::cmp::Reverse(d)))?;
-        if best >= spec.need {
+        if (0..caps.full[t].len()).any(|d| caps.holds(spec, t, d)) {
             return None;
         }
-        let gpus_of = |segs: u32| segs * spec.seg_nodes * spec.per_node as u32;
+        // The GPUs of the shares domain `d` of tier `t` holds (whole segments, and with a
+        // remainder its remainder-only nodes' remainder shares).
+        let gpus_of = |t: usize, d: usize| {
+            let parts = caps.slots(t, d) - caps.full[t][d];
+            caps.full[t][d] * spec.seg_nodes * spec.per_node as u32 + parts * spec.rem as u32
+        };
+        let d = (0..caps.full[t].len()).max_by_key(|&d| (gpus_of(t, d), std::cmp::Reverse(d)))?;
+        let best = gpus_of(t, d);
+        let top = caps.full.len() - 1;
         let level = tree.tiers[t].name.clone();
         let domain = tree.tiers[t].domains[d].0.clone();
         let pool_name = self.fleet.pool(pool).name.clone();
@@ -705,8 +907,8 @@ impl Engine {
                 level,
                 domain,
                 gpus: g.gpus,
-                free: gpus_of(best),
-                pool_free: gpus_of(*caps.last().and_then(|c| c.first()).unwrap_or(&0)),
+                free: best,
+                pool_free: if caps.full[top].is_empty() { 0 } else { gpus_of(top, 0) },
                 segment,
             }
         } else {
@@ -715,7 +917,7 @@ impl Engine {
                 level,
                 domain,
                 gpus: g.gpus,
-                capacity: gpus_of(best),
+                capacity: best,
                 segment,
             }
         })
@@ -908,12 +1110,132 @@ mod tests {
         assert!(u.is_constraint(), "{u}");
     }
 
+    /// The GPUs of each share: (node, GPUs).
+    fn shares_of(p: &GangPlacement) -> Vec<(u32, u32)> {
+        p.shares
+            .iter()
+            .map(|s| (s.node.0, s.grant.gpu_mask().count_ones()))
+            .collect()
+    }
+
+    #[test]
+    fn remainder_share_on_the_tightest_node_of_the_same_rack() {
+        let f = fleet(3, 4, None);
+        let mut e = engine(&f);
+        // r0: only node 3 free (no node with 4 free beside it).
+        fill(&mut e, 1, 0, 8);
+        fill(&mut e, 2, 1, 8);
+        fill(&mut e, 3, 2, 5);
+        // r1: node 4 free, node 5 with 4 free, node 6 with 6 free, node 7 full.
+        fill(&mut e, 4, 5, 4);
+        fill(&mut e, 5, 6, 2);
+        fill(&mut e, 6, 7, 8);
+        // r2: all free (4 whole nodes: a looser fit than r1's whole node + 4-free node).
+        let g = GangRequest::whole_nodes(12)
+            .with_remainder()
+            .with_topology(TopologyConstraint::required("rack"));
+        let p = e.plan_gang(&g).unwrap();
+        assert_eq!(racks_of(&p), [("r1", 2)]);
+        // 8 on the whole node 4, the remainder 4 on node 5 (4 free, tighter than node 6).
+        assert_eq!(shares_of(&p), [(4, 8), (5, 4)]);
+        assert_eq!(p.shares[1].grant, Grant::Whole { gpus: 0xF0 });
+        assert_eq!(p.shares[1].units, GpuUnits::whole(4));
+        let a = e.commit_gang(9, &g, p).unwrap().clone();
+        assert_eq!(a.units, GpuUnits::whole(12));
+        assert_eq!(e.state().nodes[5].free_gpus(), 0);
+        // The next 12: r1 has no whole node left; r2 (all free): 8 + 4 on its first two nodes.
+        let p = e.plan_gang(&g).unwrap();
+        assert_eq!(racks_of(&p), [("r2", 2)]);
+        assert_eq!(shares_of(&p), [(8, 8), (9, 4)]);
+        // Released exactly.
+        e.release_gang(9).unwrap();
+        assert_eq!(e.state().nodes[5].free_gpus(), 4);
+        assert_eq!(e.state().nodes[4].free_gpus(), 8);
+    }
+
+    #[test]
+    fn remainder_waits_without_a_node_for_it_in_the_rack() {
+        let f = fleet(2, 2, None);
+        let mut e = engine(&f);
+        // r0: node 0 free, node 1 with 3 free; r1: node 2 with 3 free, node 3 with 2 free.
+        fill(&mut e, 1, 1, 5);
+        fill(&mut e, 2, 2, 5);
+        fill(&mut e, 3, 3, 6);
+        let g = GangRequest::whole_nodes(12)
+            .with_remainder()
+            .with_topology(TopologyConstraint::required("rack"));
+        let before = e.state().clone();
+        let u = e.place_gang(7, &g).unwrap_err();
+        assert!(!u.is_constraint(), "{u}");
+        assert!(matches!(u, GangUnplaceable::NoRoomAtLevel { free: 8, .. }), "{u}");
+        assert!(e.state().same_holdings(&before));
+        // 8 + 3 would fit r0, as would 4 + 4 (equal shares) nowhere: only the 12 waits.
+        assert!(e.plan_gang(&GangRequest::whole_nodes(11).with_remainder()).is_ok());
+        // Node 1 frees: r0 holds 8 + 4, the remainder on the first node left.
+        e.release(1);
+        let p = e.plan_gang(&g).unwrap();
+        assert_eq!(shares_of(&p), [(0, 8), (1, 4)]);
+    }
+
+    #[test]
+    fn remainder_across_racks_takes_the_fewest() {
+        // 20 = 8 + 8 + 4 on racks of 2 nodes: no rack holds 3 shares.
+        let f = fleet(2, 2, None);
+        let mut e = engine(&f);
+        fill(&mut e, 1, 2, 4);
+        let p = e.plan_gang(&GangRequest::whole_nodes(20).with_remainder()).unwrap();
+        assert_eq!(p.within.0, "pool");
+        // r0's two whole nodes, the remainder on node 2 (4 free) rather than a whole node.
+        assert_eq!(racks_of(&p), [("r0", 2), ("r1", 1)]);
+        assert_eq!(shares_of(&p), [(0, 8), (1, 8), (2, 4)]);
+        // Racks r0 and r1 each a whole node and a 4-free node, r2 only a 4-free node: counting
+        // shares alike would take r0 (2) and r2 (1), but r2 holds no whole share: r1's whole
+        // node and r0's whole node and 4-free node instead.
+        let f = fleet(3, 2, None);
+        let mut e = engine(&f);
+        fill(&mut e, 1, 1, 4);
+        fill(&mut e, 2, 3, 4);
+        fill(&mut e, 3, 4, 4);
+        fill(&mut e, 4, 5, 8);
+        let p = e.plan_gang(&GangRequest::whole_nodes(20).with_remainder()).unwrap();
+        assert_eq!(racks_of(&p), [("r1", 1), ("r0", 2)]);
+        assert_eq!(shares_of(&p), [(2, 8), (0, 8), (1, 4)]);
+        let a = e
+            .commit_gang(5, &GangRequest::whole_nodes(20).with_remainder(), p)
+            .unwrap();
+        assert_eq!(a.units, GpuUnits::whole(20));
+        // A remainder alone (4 on 8-GPU nodes) is one share on the tightest node.
+        let p = e.plan_gang(&GangRequest::whole_nodes(4).with_remainder()).unwrap();
+        assert_eq!(shares_of(&p), [(3, 4)]);
+    }
+
     #[test]
     fn invalid_and_unknown_levels() {
         let f = fleet(2, 2, None);
         let e = engine(&f);
+        // A multiple of the node's 8 GPUs, unless a remainder share is asked for (12 = 8 + 4),
+        // up to what the pool holds (4 nodes: 32 GPUs); equal shares need a multiple anyway.
         let u = e.gang_constraint(&GangRequest::whole_nodes(12)).unwrap();
         assert!(matches!(u, GangUnplaceable::Invalid { field: "gpus", .. }), "{u}");
+        let mut equal = GangRequest::nodes(3, 4).with_remainder();
+        equal.gpus = 14;
+        let u = e.gang_constraint(&equal).unwrap();
+        assert!(matches!(u, GangUnplaceable::Invalid { field: "gpus", .. }), "{u}");
+        assert!(
+            e.gang_constraint(&GangRequest::whole_nodes(12).with_remainder())
+                .is_none()
+        );
+        assert!(
+            e.gang_constraint(&GangRequest::whole_nodes(28).with_remainder())
+                .is_none()
+        );
+        let u = e
+            .gang_constraint(&GangRequest::whole_nodes(36).with_remainder())
+            .unwrap();
+        assert_eq!(
+            u.message(),
+            "36 GPUs in one gang; pool training could hold at most 32 of it"
+        );
         let u = e
             .gang_constraint(&GangRequest::whole_nodes(16).with_topology(TopologyConstraint::required("block")))
             .unwrap();
