@@ -1274,7 +1274,7 @@ mod reservation_properties {
                 }
                 // Gang 1 may start sooner than it was told, at gang 2's start, and go first.
                 let placed = d.iter().any(|x| matches!(x, Decision::PlacedGang { id: i, .. } if *i == id));
-                if !placed && !(id == 2 && first_placed) {
+                if !(placed || (id == 2 && first_placed)) {
                     // Work that ended early, released just now, brought gang 1's start nearer, so
                     // that gang 2's window (ahead of it until now) overlaps it: gang 2 moves
                     // behind gang 1, to its end by its lease at the latest (the trade-off of
