@@ -24,6 +24,14 @@ async fn form_token(b: &Browser) -> String {
 }
 
 /// Signs `b` in with `token`; returns the session's CSRF token from the page.
+/// The two tenants the console tests set against each other: vision (project train) and nlp
+/// (project p).
+async fn vision_and_nlp(s: &TestServer) {
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        s.tenant_with_project(t, p).await;
+    }
+}
+
 async fn sign_in(b: &Browser, token: &str) -> String {
     let ft = form_token(b).await;
     let r = b
@@ -60,9 +68,7 @@ fn no_inline_code(html: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_pages_are_signed_in_csrf_guarded_and_free_of_inline_code() {
     let s = TestServer::start("console").await;
-    for (t, p) in [("vision", "train"), ("nlp", "p")] {
-        s.tenant_with_project(t, p).await;
-    }
+    vision_and_nlp(&s).await;
     let (member, viewer, other) = (
         s.token("vision", "member").await,
         s.token("vision", "viewer").await,
@@ -1330,9 +1336,7 @@ fn text_of(html: &str, id: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn money_says_no_price_list_budgets_to_the_hundredth_flags_over_budget_and_costs_each_workload() {
     let s = TestServer::start("money").await;
-    for (t, p) in [("vision", "train"), ("nlp", "p")] {
-        s.tenant_with_project(t, p).await;
-    }
+    vision_and_nlp(&s).await;
     s.put("/api/v1/tenants/vision/budget", json!({"monthly_unit_hours": 0.04}))
         .await;
     // nlp spends its 0.001 unit-hours within a second of running 8 GPUs.
@@ -1477,9 +1481,7 @@ async fn with_a_price_list_a_workload_shows_its_cost_so_far_and_at_its_end_in_mo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_and_missing_pages_are_html_with_navigation_and_the_form_says_every_error_at_once() {
     let s = TestServer::start("errpages").await;
-    for (t, p) in [("vision", "train"), ("nlp", "p")] {
-        s.tenant_with_project(t, p).await;
-    }
+    vision_and_nlp(&s).await;
     let member = s.token("vision", "member").await;
     let theirs = submit(
         &s,
@@ -1719,9 +1721,7 @@ async fn page_until(b: &crate::support::Browser, path: &str, done: impl Fn(&str)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_workload_says_why_in_one_sentence_what_to_do_its_place_and_the_pools_that_cannot_serve_it() {
     let s = TestServer::start("whywaits").await;
-    for (t, p) in [("vision", "train"), ("nlp", "p")] {
-        s.tenant_with_project(t, p).await;
-    }
+    vision_and_nlp(&s).await;
     s.ok(
         Method::PUT,
         "/api/v1/tenants/vision/quotas/training",
@@ -1814,9 +1814,7 @@ async fn a_waiting_workload_says_why_in_one_sentence_what_to_do_its_place_and_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_page_sort_and_filter_by_real_values_and_never_across_tenants() {
     let s = TestServer::start("lists").await;
-    for (t, p) in [("vision", "train"), ("nlp", "p")] {
-        s.tenant_with_project(t, p).await;
-    }
+    vision_and_nlp(&s).await;
     let mut ids = Vec::new();
     for i in 0..55 {
         ids.push(
@@ -2144,9 +2142,7 @@ async fn twenty_tenants_never_look_the_same_on_the_fleet_map_and_a_member_sees_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_timeline_names_tokens_only_to_those_who_may_see_them() {
     let s = TestServer::start("tokennames").await;
-    for (t, p) in [("vision", "train"), ("nlp", "p")] {
-        s.tenant_with_project(t, p).await;
-    }
+    vision_and_nlp(&s).await;
     let server = &s;
     let token = |tenant: Option<&str>, role: &str, name: &str| {
         let s = server;
@@ -2223,9 +2219,7 @@ async fn the_timeline_names_tokens_only_to_those_who_may_see_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_quota_form_is_filled_with_the_current_quota() {
     let s = TestServer::start("quotaprefill").await;
-    for (t, p) in [("vision", "train"), ("nlp", "p")] {
-        s.tenant_with_project(t, p).await;
-    }
+    vision_and_nlp(&s).await;
     s.ok(
         Method::PUT,
         "/api/v1/tenants/vision/quotas/training",
@@ -2302,9 +2296,7 @@ async fn the_quota_form_is_filled_with_the_current_quota() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_gang_names_the_pools_that_cannot_serve_it() {
     let s = TestServer::start("gangwaits").await;
-    for (t, p) in [("vision", "train"), ("nlp", "p")] {
-        s.tenant_with_project(t, p).await;
-    }
+    vision_and_nlp(&s).await;
     s.ok(
         Method::PUT,
         "/api/v1/tenants/vision/quotas/training",

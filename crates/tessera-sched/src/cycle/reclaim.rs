@@ -70,7 +70,7 @@ fn within_guarantee(s: &Scheduler, job: &Job) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{config, engine, guarantee_half_each, job, placed, preempted, sched};
+    use super::super::testing::{config, engine, guarantee_half_each, job, placed, preempted, sched, waiting};
     use super::super::{Decision, GovernConfig, Scheduler};
     use tessera_model::GpuUnits;
 
@@ -114,14 +114,6 @@ mod tests {
         for i in 0..16 {
             s.submit(job(i, "a", 8, "standard", 0), 0);
         }
-        let waiting = |d: &[Decision]| -> Vec<String> {
-            d.iter()
-                .filter_map(|x| match x {
-                    Decision::Waiting { reason, .. } => Some(reason.to_string()),
-                    _ => None,
-                })
-                .collect()
-        };
         // b, within its guarantee, is told it takes capacity back in 60 s.
         let acts = s.submit(job(100, "b", 8, "standard", 1000), 1000);
         assert_eq!(
@@ -170,14 +162,6 @@ mod tests {
     /// 8 × factor × (t − sub).
     #[test]
     fn a_job_is_told_it_reclaims_only_when_the_loss_bound_lets_it() {
-        let waiting = |d: &[Decision]| -> Vec<String> {
-            d.iter()
-                .filter_map(|x| match x {
-                    Decision::Waiting { reason, .. } => Some(reason.to_string()),
-                    _ => None,
-                })
-                .collect()
-        };
         let run = |factor: f64, sub: i64| {
             let mut s = Scheduler::new(
                 engine(),

@@ -66,6 +66,16 @@ pub fn placed(d: &[Decision]) -> Vec<u64> {
         .collect()
 }
 
+/// The reasons of the waiting decisions, as text.
+pub fn waiting(d: &[Decision]) -> Vec<String> {
+    d.iter()
+        .filter_map(|x| match x {
+            Decision::Waiting { reason, .. } => Some(reason.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 pub fn preempted(d: &[Decision]) -> Vec<u64> {
     d.iter()
         .filter_map(|x| match x {
