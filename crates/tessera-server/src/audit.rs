@@ -124,7 +124,7 @@ pub struct MakeId;
 
 impl tower_http::request_id::MakeRequestId for MakeId {
     fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<tower_http::request_id::RequestId> {
-        let id = format!("req-{}", &crate::auth::new_secret()[4..20]);
+        let id = format!("req-{:016x}", rand::random::<u64>());
         HeaderValue::from_str(&id)
             .ok()
             .map(tower_http::request_id::RequestId::new)

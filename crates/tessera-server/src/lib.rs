@@ -439,7 +439,7 @@ pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Ba
             }
         });
     }
-    let state = AppState {
+    let state = AppState::new(state::Shared {
         store: store.clone(),
         fleet_cell: lifecycle.fleet_cell().clone(),
         lifecycle,
@@ -467,7 +467,7 @@ pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Ba
         registry: tessera_imagepolicy::RegistryClient::default(),
         history: history::new(),
         refusals: Arc::default(),
-    };
+    });
     history::spawn(state.clone());
     native::spawn_intake(state.clone(), native_rx);
     let metrics_app = scrape::router(state.clone());

@@ -11,6 +11,12 @@
 //! replays the Alibaba trace, `sim philly` the Philly trace under five policies, `bench` measures the engine and the API, `fleet` shows a fleet
 //! description and `openapi` prints the API document.
 
+/// mimalloc instead of glibc's malloc: the server allocates on every core for every request,
+/// and under `scripts/bench-api.sh` glibc's arenas (`_int_malloc`, `malloc_consolidate`, …)
+/// took about a fifth of the server's CPU in `perf`.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod benchapi;
 mod cli;
