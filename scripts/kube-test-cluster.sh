@@ -14,6 +14,8 @@
 # golang-github-modern-go-reflect2-dev) and adds a `deb-src` entry mirroring the `deb` ones.
 # The tests (crates/tessera-backend-kube/tests) read the directory from $TESSERA_KUBE_BIN_DIR.
 set -euo pipefail
+# shellcheck source=scripts/kube-version.sh
+. "$(dirname "$0")/kube-version.sh"
 
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/tessera"
 mkdir -p "$cache_root"
@@ -126,12 +128,7 @@ if [ ! -s "$gen" ]; then
     || { tail -20 "$work/openapi-gen.log" >&2; exit 1; }
 fi
 
-major=${upver%%.*}
-minor=$(echo "$upver" | cut -d. -f2)
-ld=""
-for p in k8s.io/kubernetes/vendor/k8s.io/component-base/version k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version; do
-  ld="$ld -X $p.gitVersion=v$upver -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
-done
+ld=$(kube_ldflags "$upver")
 mkdir -p "$work/out"
 for cmd in kube-apiserver kube-controller-manager kubectl; do
   t0=$(date +%s)

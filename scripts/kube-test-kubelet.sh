@@ -16,6 +16,8 @@
 # Debian packages that are missing. The tests (crates/tessera-backend-kube/tests/kubelet.rs)
 # start containerd and the kubelet themselves (tests/support/kubelet-node.sh).
 set -euo pipefail
+# shellcheck source=scripts/kube-version.sh
+. "$(dirname "$0")/kube-version.sh"
 
 dir=${1:?usage: kube-test-kubelet.sh DIR UPSTREAM_VERSION}
 upver=${2:?usage: kube-test-kubelet.sh DIR UPSTREAM_VERSION}
@@ -56,12 +58,7 @@ else
   mkdir -p "$GOPATH/src/k8s.io"
   ln -sfn "$src" "$GOPATH/src/k8s.io/kubernetes"
   cd "$GOPATH/src/k8s.io/kubernetes"
-  major=${upver%%.*}
-  minor=$(echo "$upver" | cut -d. -f2)
-  ld=""
-  for p in k8s.io/kubernetes/vendor/k8s.io/component-base/version k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version; do
-    ld="$ld -X $p.gitVersion=v$upver -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
-  done
+  ld=$(kube_ldflags "$upver")
   t0=$(date +%s)
   mkdir -p "$work/out"
   "$gobin" build -p 1 -tags selinux,notest -ldflags "-s -w $ld" -o "$work/out/kubelet" ./cmd/kubelet

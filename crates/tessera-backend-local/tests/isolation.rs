@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_backend::{Backend, BackendEvent, Devices, Exit, Observation, RunSpec, SliceSpec};
+use tessera_backend::{Backend, BackendEvent, Exit, Observation, RunSpec, SliceSpec};
 use tessera_backend_local::process::{Cgroups, start_ticks};
 use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, RunAs, SandboxMode};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -123,36 +123,20 @@ impl Drop for Env {
     }
 }
 
+/// [`crate::local::spec`] with 512 MiB, whole GPUs (none: host resources only) and `env`.
 fn spec(id: u64, gpus: Vec<u8>, cmd: &str, env: &[(&str, String)]) -> RunSpec {
+    let slice = if gpus.is_empty() {
+        SliceSpec::HostOnly
+    } else {
+        SliceSpec::Whole
+    };
     RunSpec {
-        id,
-        tenant: "t".into(),
-        project: "p".into(),
-        name: format!("w{id}"),
-        kind: "batch".into(),
-        node: "here".into(),
-        model: "H100-80GB-SXM".into(),
-        model_memory_mib: 81559,
-        devices: Devices::Exact {
-            slice: if gpus.is_empty() {
-                SliceSpec::HostOnly
-            } else {
-                SliceSpec::Whole
-            },
-            gpus,
-        },
-        cpu_milli: 1000,
         memory_mib: 512,
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect::<BTreeMap<_, _>>(),
-        command: Some(vec!["sh".into(), "-c".into(), cmd.into()]),
-        image: None,
-        duration: None,
-        running_since_ms: None,
-        gang: Vec::new(),
-        native: None,
+        ..crate::local::spec(id, gpus, slice, cmd)
     }
 }
 

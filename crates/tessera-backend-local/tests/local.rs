@@ -93,6 +93,18 @@ pub(crate) fn spec(id: u64, gpus: Vec<u8>, slice: SliceSpec, cmd: &str) -> RunSp
     }
 }
 
+/// Makes a `2g.20gb` MIG instance at memory slice 4 of GPU 0.
+async fn partition_2g(b: &LocalBackend) -> MigInstance {
+    let inst = MigInstance::new("2g.20gb", 14, 4, 2);
+    let plan = PartitionPlan::Instance {
+        node: "here".into(),
+        gpu: 0,
+        instance: inst.clone(),
+    };
+    b.partition(&plan).await.unwrap();
+    inst
+}
+
 async fn next_for(rx: &mut UnboundedReceiver<BackendEvent>, id: u64, within: Duration) -> Option<BackendEvent> {
     let deadline = Instant::now() + within;
     while let Ok(Some(ev)) = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), rx.recv()).await {
@@ -428,14 +440,7 @@ async fn processes_see_their_devices_and_their_output_is_readable() {
     assert_eq!(exit_of(&mut rx, 2).await, Exit::Succeeded);
     assert_eq!(log_of(&b, 2).await.trim(), format!("{},{}", uuids[0], uuids[1]));
     // A MIG instance: the MIG device's UUID.
-    let inst = MigInstance::new("2g.20gb", 14, 4, 2);
-    b.partition(&PartitionPlan::Instance {
-        node: "here".into(),
-        gpu: 0,
-        instance: inst.clone(),
-    })
-    .await
-    .unwrap();
+    let inst = partition_2g(&b).await;
     let mig_uuid = nvml
         .instances(0)
         .unwrap()
@@ -572,14 +577,7 @@ async fn telemetry_reports_each_running_mig_instance() {
     let dir = data_dir("mig-telemetry");
     let b = LocalBackend::new(fake(), config(&dir, 200)).unwrap();
     let mut rx = b.take_events().unwrap();
-    let inst = MigInstance::new("2g.20gb", 14, 4, 2);
-    b.partition(&PartitionPlan::Instance {
-        node: "here".into(),
-        gpu: 0,
-        instance: inst.clone(),
-    })
-    .await
-    .unwrap();
+    let inst = partition_2g(&b).await;
     b.start(&spec(30, vec![0], SliceSpec::Mig(inst), "sleep 5"))
         .await
         .unwrap();

@@ -554,36 +554,20 @@ fn apply(w: Cow<'_, Workload>, input: Input) -> Transition<Cow<'_, Workload>> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use super::*;
     use crate::workload::{GpuSpec, Kind, ShapeSpec, Slice, WorkloadId, WorkloadSpec};
     use tessera_model::GpuUnits;
 
     fn spec(kind: Kind) -> WorkloadSpec {
+        let shape = ShapeSpec::any(GpuSpec::Mig {
+            profile: "3g.40gb".into(),
+        });
         WorkloadSpec {
-            tenant: "vision".into(),
-            project: "train".into(),
-            name: "w".into(),
-            kind,
-            shape: ShapeSpec {
-                gpu: GpuSpec::Mig {
-                    profile: "3g.40gb".into(),
-                },
-                models: vec![],
-                pool: None,
-            },
             cpu_milli: 2000,
             memory_mib: 8192,
             duration_s: Some(60),
-            command: None,
-            image: None,
-            env: BTreeMap::new(),
-            priority: "standard".into(),
-            no_wait: false,
-            no_requeue: false,
-            movable: None,
-            native: None,
+            ..WorkloadSpec::new("vision", "train", "w", kind, shape)
         }
     }
 

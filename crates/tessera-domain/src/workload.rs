@@ -167,7 +167,42 @@ impl fmt::Display for Movable {
     }
 }
 
+impl ShapeSpec {
+    /// A GPU shape with no constraint on the model or the pool.
+    pub fn any(gpu: GpuSpec) -> Self {
+        ShapeSpec {
+            gpu,
+            models: Vec::new(),
+            pool: None,
+        }
+    }
+}
+
 impl WorkloadSpec {
+    /// A spec with nothing beyond its owner, name, kind and shape: no host resources, no
+    /// lease, command, image or environment, the `standard` priority, waiting and requeued as
+    /// usual, never moved, made by Tessera. The others are set with struct update syntax.
+    pub fn new(tenant: &str, project: &str, name: &str, kind: Kind, shape: ShapeSpec) -> Self {
+        WorkloadSpec {
+            tenant: tenant.into(),
+            project: project.into(),
+            name: name.into(),
+            kind,
+            shape,
+            cpu_milli: 0,
+            memory_mib: 0,
+            duration_s: None,
+            command: None,
+            image: None,
+            env: BTreeMap::new(),
+            priority: "standard".into(),
+            no_wait: false,
+            no_requeue: false,
+            movable: None,
+            native: None,
+        }
+    }
+
     /// Whether preemption puts this workload back in the queue.
     pub fn requeue_on_preemption(&self) -> bool {
         self.kind == Kind::Batch && !self.no_requeue

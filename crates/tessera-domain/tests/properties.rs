@@ -19,26 +19,16 @@ const N: usize = 6;
 fn workload(i: usize) -> Workload {
     let kind = [Kind::Batch, Kind::Service, Kind::Interactive][i % 3];
     let spec = WorkloadSpec {
-        tenant: "t".into(),
-        project: "p".into(),
-        name: format!("w{i}"),
-        kind,
-        shape: ShapeSpec {
-            gpu: GpuSpec::Whole { gpus: 1 },
-            models: vec![],
-            pool: None,
-        },
         cpu_milli: 1000,
         memory_mib: 1024,
-        duration_s: None,
-        command: None,
-        image: None,
-        env: BTreeMap::new(),
-        priority: "standard".into(),
-        no_wait: false,
         no_requeue: i % 4 == 3,
-        movable: None,
-        native: None,
+        ..WorkloadSpec::new(
+            "t",
+            "p",
+            &format!("w{i}"),
+            kind,
+            ShapeSpec::any(GpuSpec::Whole { gpus: 1 }),
+        )
     };
     Workload::new(WorkloadId(i as u64), spec, GpuUnits::whole(1), 0)
 }

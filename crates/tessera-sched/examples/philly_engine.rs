@@ -12,10 +12,12 @@
 //!
 //! [`GangsFirst`]: tessera_sched::cycle::plugins::GangsFirst
 
+mod common;
+
 use std::time::Instant;
 
 use tessera_sched::cycle::plugins::GangsFirst;
-use tessera_sched::philly::{self, EngineConfig, Layout, Policy, Report};
+use tessera_sched::philly::{self, EngineConfig, Policy, Report};
 
 fn class(r: &Report, c: &str) -> philly::Delays {
     r.classes.iter().find(|d| d.class == c).cloned().expect("a class")
@@ -46,25 +48,8 @@ fn line(name: &str, r: &Report, fifo: &Report, wall: f64) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let dir = args.first().map_or("../shared/traces/philly", String::as_str);
-    let fleet_name = args.get(1).map_or("philly-768", String::as_str);
-    let seeds: Vec<u64> = match args.get(2).map(|s| s.split_once('-')) {
-        None => vec![0],
-        Some(None) => vec![args[2].parse().expect("a seed")],
-        Some(Some((a, b))) => (a.parse().expect("a seed")..=b.parse().expect("a seed")).collect(),
-    };
-    let text = std::fs::read_to_string(format!("{dir}/philly_jobs.csv")).expect("the job table");
-    let trace = philly::parse(&text).expect("a valid trace");
-    let traces: Vec<_> = seeds.iter().map(|&s| trace.reordered(s)).collect();
-    let layout = Layout::of(&philly::fleet(fleet_name).expect("a Philly fleet")).expect("racks");
-    let list = |name: &str, default: &str| -> Vec<u64> {
-        std::env::var(name)
-            .unwrap_or_else(|_| default.to_string())
-            .split(',')
-            .map(|x| x.parse().expect("a number"))
-            .collect()
-    };
+    let (fleet_name, seeds, traces, layout) = common::setup();
+    let list = |name: &str, default: &str| -> Vec<u64> { common::env_list(name, default) };
     println!(
         "{fleet_name}, orders {seeds:?}: variant | alloc % | 8 mean h | 12-32 mean h | all mean h | all p95 h | mean JCT h | preempt | lost GPU-h | tenants ≤ fifo | gangs beyond racks | wall"
     );

@@ -6,32 +6,17 @@
 //! (single-node jobs by their nodes' busy horizons: 1) pick them; the defaults are the policy.
 //! DUMP=1 lists the gangs of 12 GPUs and more that wait over an hour.
 
+mod common;
+
 use tessera_sched::philly::{self, Layout, Policy, TesseraKnobs};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let dir = args.first().map_or("../shared/traces/philly", String::as_str);
-    let fleet_name = args.get(1).map_or("philly-768", String::as_str);
-    let seeds: Vec<u64> = match args.get(2).map(|s| s.split_once('-')) {
-        None => vec![0],
-        Some(None) => vec![args[2].parse().expect("a seed")],
-        Some(Some((a, b))) => (a.parse().expect("a seed")..=b.parse().expect("a seed")).collect(),
-    };
-    let text = std::fs::read_to_string(format!("{dir}/philly_jobs.csv")).expect("the job table");
-    let trace = philly::parse(&text).expect("a valid trace");
-    let traces: Vec<_> = seeds.iter().map(|&s| trace.reordered(s)).collect();
-    let layout = Layout::of(&philly::fleet(fleet_name).expect("a Philly fleet")).expect("racks");
+    let (fleet_name, _seeds, traces, layout) = common::setup();
     let weights: Vec<u32> = std::env::var("WEIGHTS")
         .ok()
         .map(|w| w.split(',').map(|x| x.parse().expect("a weight")).collect())
         .unwrap_or_else(|| vec![25]);
-    let list = |name: &str, default: &str| -> Vec<u32> {
-        std::env::var(name)
-            .unwrap_or_else(|_| default.to_string())
-            .split(',')
-            .map(|x| x.parse().expect("a number"))
-            .collect()
-    };
+    let list = |name: &str, default: &str| -> Vec<u32> { common::env_list(name, default) };
     let mut variants = Vec::new();
     for &w in &weights {
         for &pct in &list("PCTS", "5") {

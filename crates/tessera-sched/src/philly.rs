@@ -1538,6 +1538,15 @@ mod tests {
         }
     }
 
+    /// `racks` racks `r00`, `r01` … of `nodes_per_rack` nodes of `gpus_per_node` GPUs.
+    fn racks(racks: usize, nodes_per_rack: usize, gpus_per_node: u8) -> Layout {
+        Layout {
+            racks: (0..racks).map(|r| format!("r{r:02}")).collect(),
+            nodes_per_rack,
+            gpus_per_node,
+        }
+    }
+
     fn waits(trace: &Trace, layout: &Layout, policy: Policy) -> Vec<i64> {
         let (_, out) = replay_outcomes(trace, layout, policy);
         out.iter()
@@ -1647,11 +1656,7 @@ mod tests {
     ///   B's guarantee: 8 > 5).
     #[test]
     fn hand_made_waits_for_each_policy() {
-        let layout = Layout {
-            racks: vec!["r00".into(), "r01".into()],
-            nodes_per_rack: 2,
-            gpus_per_node: 4,
-        };
+        let layout = racks(2, 2, 4);
         let trace = Trace {
             jobs: vec![
                 job(0, 7200, 4, 0),
@@ -1684,11 +1689,7 @@ mod tests {
     /// later) and starts J2 at once; J0 restarts from the beginning when J2 ends at 3,700.
     #[test]
     fn tessera_reclaims_borrowed_gpus_for_a_tenant_within_its_guarantee() {
-        let layout = Layout {
-            racks: vec!["r00".into()],
-            nodes_per_rack: 4,
-            gpus_per_node: 2,
-        };
+        let layout = racks(1, 4, 2);
         let trace = Trace {
             jobs: vec![
                 job(0, 36000, 4, 0),
@@ -1735,11 +1736,7 @@ mod tests {
     ///   starts (10,780).
     #[test]
     fn every_waiting_gang_gets_its_own_reservation() {
-        let layout = Layout {
-            racks: vec!["r00".into(), "r01".into()],
-            nodes_per_rack: 2,
-            gpus_per_node: 4,
-        };
+        let layout = racks(2, 2, 4);
         let trace = Trace {
             jobs: vec![
                 job(0, 3600, 8, 0),
@@ -1778,11 +1775,7 @@ mod tests {
     /// 80,000 extends r00-n0 by 72,800 s and r00-n1 by 8,000: r00-n1.
     #[test]
     fn single_node_jobs_share_nodes_with_work_that_ends_with_them() {
-        let layout = Layout {
-            racks: vec!["r00".into()],
-            nodes_per_rack: 2,
-            gpus_per_node: 4,
-        };
+        let layout = racks(1, 2, 4);
         let mut f = Free::new(&layout);
         // r00-n0 holds work until 72,000, r00-n1 work until 7,200.
         f.take(&vec![(0, 1), (1, 1)]);
@@ -1809,11 +1802,7 @@ mod tests {
         for (a, b) in r.jobs.iter().zip(&t.jobs) {
             assert_eq!(a.submit, b.submit);
         }
-        let layout = Layout {
-            racks: vec!["r00".into()],
-            nodes_per_rack: 1,
-            gpus_per_node: 1,
-        };
+        let layout = racks(1, 1, 1);
         let reports: Vec<Report> = [0, 7]
             .iter()
             .map(|&s| replay(&t.reordered(s), &layout, Policy::Fifo))

@@ -60,14 +60,20 @@ impl Pod {
     }
 }
 
-/// Parses an openb pod list. Columns are found by header name: `name, cpu_milli, memory_mib,
-/// num_gpu, gpu_milli` are required, `gpu_spec` is optional (the multigpu files lack it).
-pub fn parse_pods(text: &str, file: &str, catalogue: &Catalogue) -> Result<Vec<Pod>, FleetError> {
+/// A pod list's header (its column names, trimmed) and its other lines with their index.
+pub(crate) fn csv_header(text: &str) -> (Vec<&str>, impl Iterator<Item = (usize, &str)>) {
     let mut lines = text.lines().enumerate();
-    let header: Vec<&str> = lines
+    let header = lines
         .next()
         .map(|(_, h)| h.trim().split(',').map(str::trim).collect())
         .unwrap_or_default();
+    (header, lines)
+}
+
+/// Parses an openb pod list. Columns are found by header name: `name, cpu_milli, memory_mib,
+/// num_gpu, gpu_milli` are required, `gpu_spec` is optional (the multigpu files lack it).
+pub fn parse_pods(text: &str, file: &str, catalogue: &Catalogue) -> Result<Vec<Pod>, FleetError> {
+    let (header, lines) = csv_header(text);
     let col = |name: &str| header.iter().position(|h| *h == name);
     let required = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"];
     let mut idx = [0usize; 5];

@@ -69,6 +69,19 @@ pub struct MigSlot {
     pub size: u8,
 }
 
+impl MigSlot {
+    /// The slot of instance `p` of a GPU of geometry `geom`.
+    pub fn of(geom: &tessera_model::MigGeometry, p: &Placed) -> MigSlot {
+        let prof = &geom.profiles[p.profile as usize];
+        MigSlot {
+            profile: p.profile,
+            profile_id: prof.id,
+            start: p.start,
+            size: prof.mem_slices,
+        }
+    }
+}
+
 /// A committed placement.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocation {

@@ -40,7 +40,7 @@ use tessera_model::{Catalogue, Fleet, FleetError, GangRequest, GpuUnits, ModelId
 use crate::cycle::{Decision, GovernConfig, Job, Scheduler};
 use crate::engine::{Engine, demand_of};
 use crate::reason::Refusal;
-use crate::replay::{Pod, make_policy, parse_pods};
+use crate::replay::{Pod, csv_header, make_policy, parse_pods};
 
 /// One request of a timed demand.
 #[derive(Clone, Debug, PartialEq)]
@@ -207,11 +207,7 @@ impl TracePod {
 /// (optional), found by header name.
 pub fn parse_trace(text: &str, file: &str, catalogue: &Catalogue) -> Result<Vec<TracePod>, FleetError> {
     let pods = parse_pods(text, file, catalogue)?;
-    let mut lines = text.lines().enumerate();
-    let header: Vec<&str> = lines
-        .next()
-        .map(|(_, h)| h.trim().split(',').map(str::trim).collect())
-        .unwrap_or_default();
+    let (header, lines) = csv_header(text);
     let col = |name: &str| header.iter().position(|h| *h == name);
     let need = |name: &str| {
         col(name).ok_or_else(|| {

@@ -109,6 +109,28 @@ fn rack_caps(f: &Fleet, e: &Engine, st: &ClusterState, per: u8) -> Vec<u32> {
         .collect()
 }
 
+/// What holds of every placed gang: no share on a fenced node, in as many racks as the fewest
+/// possible (`expected`), and within one block when its constraint asks for one.
+fn where_placed(
+    f: &Fleet,
+    e: &Engine,
+    shares: &[tessera_sched::Allocation],
+    expected: Option<usize>,
+    one_block: bool,
+) -> Result<(), TestCaseError> {
+    prop_assert!(
+        shares.iter().all(|s| !e.node_fenced(s.node.0)),
+        "a share on a fenced node"
+    );
+    let racks: BTreeSet<u32> = shares.iter().map(|s| f.levels.domain_of(0, s.node).unwrap()).collect();
+    prop_assert_eq!(Some(racks.len()), expected, "racks used against the fewest possible");
+    if one_block {
+        let blocks: BTreeSet<_> = shares.iter().map(|s| f.levels.domain_of(1, s.node)).collect();
+        prop_assert_eq!(blocks.len(), 1);
+    }
+    Ok(())
+}
+
 /// The fewest racks that hold `need` segments of `m` nodes, within one block if `block`;
 /// `None` if none do.
 fn fewest_racks(f: &Fleet, caps: &[u32], need: u32, m: u32, block: Option<bool>) -> Option<usize> {
@@ -234,13 +256,7 @@ proptest! {
                             for seg in shares.chunks(m as usize) {
                                 prop_assert!(seg.iter().all(|s| rack(s) == rack(&seg[0])), "a segment across racks");
                             }
-                            prop_assert!(shares.iter().all(|s| !e.node_fenced(s.node.0)), "a share on a fenced node");
-                            let racks: BTreeSet<u32> = shares.iter().map(rack).collect();
-                            prop_assert_eq!(Some(racks.len()), expected, "racks used against the fewest possible");
-                            if constraint == 3 {
-                                let blocks: BTreeSet<_> = shares.iter().map(|s| f.levels.domain_of(1, s.node)).collect();
-                                prop_assert_eq!(blocks.len(), 1);
-                            }
+                            where_placed(&f, &e, &shares, expected, constraint == 3)?;
                             gangs.push(next);
                         }
                         Err(u) => {
@@ -270,13 +286,7 @@ proptest! {
                             let mut want = vec![8; whole as usize];
                             want.push(rem as u32);
                             prop_assert_eq!(sizes, want, "whole nodes, then the remainder");
-                            prop_assert!(shares.iter().all(|s| !e.node_fenced(s.node.0)), "a share on a fenced node");
-                            let racks: BTreeSet<u32> = shares.iter().map(|s| f.levels.domain_of(0, s.node).unwrap()).collect();
-                            prop_assert_eq!(Some(racks.len()), expected, "racks used against the fewest possible");
-                            if constraint == 3 {
-                                let blocks: BTreeSet<_> = shares.iter().map(|s| f.levels.domain_of(1, s.node)).collect();
-                                prop_assert_eq!(blocks.len(), 1);
-                            }
+                            where_placed(&f, &e, &shares, expected, constraint == 3)?;
                             gangs.push(next);
                         }
                         Err(u) => {

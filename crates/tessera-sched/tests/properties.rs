@@ -76,6 +76,13 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Job `id` of tenant `t{t}` asking for [`request`] `(k, size)` with one CPU, at priority
+/// `prio` (0 = critical … 3 = opportunistic), submitted at `now`.
+fn job(fleet: &Fleet, id: u64, (k, size, t): (u8, u16, u8), prio: u8, now: i64) -> Job {
+    let priority = ["critical", "high", "standard", "opportunistic"][prio as usize];
+    Job::new(id, &format!("t{t}"), "p", request(fleet, k, size, t, 1), priority, now)
+}
+
 fn request(fleet: &Fleet, k: u8, size: u16, t: u8, cpu: u8) -> Request {
     let model = fleet.catalogue.get(fleet.nodes[0].model);
     let shape = match (model.mig, k) {
@@ -305,14 +312,6 @@ fn run_sched(model: &str, ops: Vec<SchedOp>) {
                 let id = next;
                 next += 1;
                 let job = Job {
-                    id,
-                    tenant: format!("t{t}"),
-                    project: "p".into(),
-                    request: request(&fleet, k, size, t, 1),
-                    priority: ["critical", "high", "standard", "opportunistic"][prio as usize].into(),
-                    submitted_ms: now,
-                    wait_if_over_limit: true,
-                    min_runtime_ms: None,
                     movable: [None, Some(Movable::Restart), Some(Movable::Replace)][how as usize],
                     // On the whole pool (2 nodes of 4 GPUs): gangs of 2 node-shares of 1..4
                     // GPUs, and of 3 (refused at once: the pool has 2 nodes).
@@ -324,8 +323,8 @@ fn run_sched(model: &str, ops: Vec<SchedOp>) {
                                 .with_tenant(TenantId(t as u32))
                                 .with_host(1000, 2048)
                         }),
-                    // Finished at random by the operations: no end known.
-                    duration_ms: None,
+                    // Finished at random by the operations: no end known (`duration_ms`).
+                    ..job(&fleet, id, (k, size, t), prio, now)
                 };
                 jobs.insert(id, job.clone());
                 let d = s.submit(job, now);
@@ -400,17 +399,8 @@ fn every_job_decided(model: &str, budget: usize, first: &[Sub], second: &[Sub]) 
             let id = next;
             next += 1;
             let job = Job {
-                id,
-                tenant: format!("t{t}"),
-                project: "p".into(),
-                request: request(&fleet, k, size, t, 1),
-                priority: ["critical", "high", "standard", "opportunistic"][prio as usize].into(),
-                submitted_ms: now,
                 wait_if_over_limit: wait,
-                min_runtime_ms: None,
-                movable: None,
-                gang: None,
-                duration_ms: None,
+                ..job(&fleet, id, (k, size, t), prio, now)
             };
             match s.submit_for_next_cycle(job) {
                 Some(r) => {
@@ -681,18 +671,7 @@ fn run_mig(model: &str, mode: MigMode, initial: Vec<usize>, ops: Vec<MigOp>) {
             .collect();
         for (k, pick) in initial.into_iter().enumerate() {
             let (n, g) = (k / 4, (k % 4) as u8);
-            let slots: Vec<MigSlot> = all[pick % all.len()]
-                .iter()
-                .map(|p| {
-                    let prof = &geom.profiles[p.profile as usize];
-                    MigSlot {
-                        profile: p.profile,
-                        profile_id: prof.id,
-                        start: p.start,
-                        size: prof.mem_slices,
-                    }
-                })
-                .collect();
+            let slots: Vec<MigSlot> = all[pick % all.len()].iter().map(|p| MigSlot::of(geom, p)).collect();
             e.adopt_layout(NodeId(n as u32), g, &slots).unwrap();
         }
     }

@@ -21,8 +21,7 @@ use tessera_backend_sim::{SimBackend, SimConfig};
 use tessera_domain::{GpuSpec, Phase, ReasonCode, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::Fleet;
 use tessera_sched::cycle::GovernConfig;
-use tessera_server::lifecycle::{self, Lifecycle, Settings};
-use tessera_server::metrics::Metrics;
+use tessera_server::lifecycle::Lifecycle;
 use tessera_store::Store;
 use tessera_store_sqlite::SqliteStore;
 use tokio::sync::mpsc;
@@ -148,24 +147,12 @@ async fn nodes_that_join_change_and_leave_are_followed_by_name() {
         sim: sim.clone(),
         events: Mutex::new(Some(events)),
     });
-    let lc = lifecycle::start(
-        Arc::new(one.clone()),
-        crate::support::sched_factory(GovernConfig {
-            min_runtime_ms: 0,
-            reclaim_after_ms: 0,
-            ..Default::default()
-        }),
-        store.clone(),
-        backend,
-        Settings {
-            grace: Duration::from_secs(1),
-            reconcile_every: Duration::from_millis(500),
-            ..Default::default()
-        },
-        Arc::new(Metrics::new()),
-    )
-    .await
-    .unwrap();
+    let govern = GovernConfig {
+        min_runtime_ms: 0,
+        reclaim_after_ms: 0,
+        ..Default::default()
+    };
+    let lc = crate::support::start_loop(Arc::new(one.clone()), govern, store.clone(), backend).await;
     let create = |spec: WorkloadSpec| {
         let lc = lc.clone();
         async move {

@@ -21,8 +21,7 @@ use tessera_backend_sim::{SimBackend, SimConfig, SimMode};
 use tessera_domain::{GpuSpec, Kind, Movable, Phase, ReasonCode, Step, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::Fleet;
 use tessera_sched::cycle::{ConsolidationConfig, GovernConfig};
-use tessera_server::lifecycle::{self, Lifecycle, Settings};
-use tessera_server::metrics::Metrics;
+use tessera_server::lifecycle::{self, Lifecycle};
 use tessera_store::{MoveCause, Store};
 use tessera_store_postgres::PgStore;
 use tessera_store_sqlite::SqliteStore;
@@ -147,21 +146,7 @@ impl World {
                 Some(url) => Arc::new(PgStore::connect(&url).await.unwrap()),
                 None => Arc::new(SqliteStore::open_dir(&dir).await.unwrap()),
             };
-            let factory = crate::support::sched_factory(govern);
-            let lc = lifecycle::start(
-                fleet,
-                factory,
-                store.clone(),
-                backend,
-                Settings {
-                    grace: Duration::from_secs(1),
-                    reconcile_every: Duration::from_millis(500),
-                    ..Default::default()
-                },
-                Arc::new(Metrics::new()),
-            )
-            .await
-            .unwrap();
+            let lc = crate::support::start_loop(fleet, govern, store.clone(), backend).await;
             (lc, store)
         });
         (rt, lc, store)

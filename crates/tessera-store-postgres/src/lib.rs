@@ -49,9 +49,10 @@ use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, Postgres, Row, Transaction};
+use sqlx::{ConnectOptions, Connection, Postgres, Transaction};
 use tessera_store::{Result, StoreError};
 use tessera_store_sql::DbError;
+use tessera_store_sql::sqlx_common::{APPLIED_VERSIONS, classify_common, unknown_versions};
 
 /// The migrations of the store's schema, applied on connecting.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -279,34 +280,18 @@ impl PgStore {
 }
 
 async fn check_schema(pool: &PgPool) -> Result<()> {
-    let exists: bool = sqlx::query("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
         .fetch_one(pool)
         .await
-        .map_err(db)?
-        .try_get(0)
         .map_err(db)?;
-    if !exists {
-        return Ok(());
+    if exists {
+        unknown_versions(
+            &MIGRATOR,
+            &sqlx::query_scalar(APPLIED_VERSIONS).fetch_all(pool).await.map_err(db)?,
+        )
+    } else {
+        Ok(())
     }
-    let applied: Vec<i64> = sqlx::query("SELECT version FROM _sqlx_migrations ORDER BY version")
-        .fetch_all(pool)
-        .await
-        .map_err(db)?
-        .iter()
-        .map(|r| r.try_get(0).map_err(db))
-        .collect::<Result<_>>()?;
-    let known: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
-    let unknown: Vec<i64> = applied.iter().copied().filter(|v| !known.contains(v)).collect();
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    Err(StoreError::Incompatible(format!(
-        "the database's schema has version {} applied, which this Tessera ({}) does not know (it knows up \
-         to {}): a newer Tessera upgraded it; run that version or a newer one",
-        unknown.iter().map(i64::to_string).collect::<Vec<_>>().join(", "),
-        env!("CARGO_PKG_VERSION"),
-        known.iter().max().copied().unwrap_or(0)
-    )))
 }
 
 /// A database error, classified for the contract: unique-key violations are the caller's to
@@ -318,15 +303,10 @@ fn classify(e: sqlx::Error) -> DbError {
         sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("XX0")) => {
             DbError::Store(StoreError::Corrupt(e.to_string()))
         }
-        sqlx::Error::RowNotFound
-        | sqlx::Error::TypeNotFound { .. }
-        | sqlx::Error::ColumnIndexOutOfBounds { .. }
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_) => DbError::Store(StoreError::Corrupt(e.to_string())),
-        // Timeouts (57014), connections lost (08…), the server shutting down (57P…),
-        // serialisation failures and deadlocks (40…): the operation may succeed if retried.
-        _ => DbError::Store(StoreError::Unavailable(e.to_string())),
+        // Undecodable rows are corrupt; timeouts (57014), connections lost (08…), the server
+        // shutting down (57P…), serialisation failures and deadlocks (40…) may succeed if
+        // retried.
+        _ => classify_common(e),
     }
 }
 

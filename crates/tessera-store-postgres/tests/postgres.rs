@@ -8,11 +8,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use sqlx::{Connection, Row};
-use tessera_domain::{GangSpec, GpuSpec, Phase, Placement, Slice, Workload, WorkloadId};
+use tessera_domain::{Phase, Placement, Slice, Workload, WorkloadId};
 use tessera_model::GpuUnits;
-use tessera_model::request::TopologyConstraint;
-use tessera_store::conformance::{login_audit, workload};
-use tessera_store::{AuditStore, Change, StoreError, TenancyStore, TenantRecord, WorkloadFilter, WorkloadStore};
+use tessera_store::conformance::{assert_reads_corrupt, login_audit, placed_gang, workload};
+use tessera_store::{AuditStore, Change, StoreError, TenancyStore, TenantRecord, WorkloadStore};
 use tessera_store_postgres::{MIGRATOR, PgOptions, PgStore};
 use tessera_testdb::{Cluster, database_url};
 
@@ -184,29 +183,6 @@ async fn stores_sharing_a_database_never_hand_out_an_id_or_audit_number_twice() 
     assert_eq!(a.audit(None, None, 1000).await.unwrap().len(), 120);
 }
 
-/// A placed gang of three node-shares, asked for with every field of its spec.
-fn placed_gang(id: u64) -> Workload {
-    let share = |node: &str| Placement {
-        pool: "training".into(),
-        node: node.into(),
-        model: "H100-80GB-SXM".into(),
-        gpus: (0..8).collect(),
-        slice: Slice::Whole,
-        units: GpuUnits::whole(8),
-    };
-    let mut w = workload(id, "acme", "train", Phase::Placed);
-    w.spec.shape.gpu = GpuSpec::Gang(GangSpec {
-        gpus: 24,
-        gpus_per_node: Some(8),
-        topology: Some(TopologyConstraint::required("rack")),
-        segment: Some(8),
-    });
-    w.units = GpuUnits::whole(24);
-    w.placement = Some(share("h100-00"));
-    w.shares = vec![share("h100-01"), share("h100-02")];
-    w
-}
-
 fn insert(w: &Workload) -> Change {
     Change::Insert {
         workload: w.clone().into(),
@@ -238,10 +214,6 @@ async fn a_malformed_gang_row_is_corrupt_and_says_why() {
         "gang_gpus = 24, gang_gpus_per_node = 8, gang_topology_level = 'rack', gang_topology_mode = 'required', \
          gang_segment = 8, gpus = NULL, p_slice = 'whole', p_shares = '{good_shares}'"
     );
-    let listing = WorkloadFilter {
-        limit: 10,
-        ..Default::default()
-    };
     for (corrupt, says) in [
         ("gang_gpus = NULL", "gang columns are set but `gang_gpus` is NULL"),
         ("gang_topology_mode = 'strict'", "unknown gang topology mode `strict`"),
@@ -266,17 +238,7 @@ async fn a_malformed_gang_row_is_corrupt_and_says_why() {
     ] {
         let sql = format!("UPDATE workloads SET {corrupt} WHERE id = {id}");
         sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut c).await.unwrap();
-        let reads = [
-            ("get", store.get_workload(gang.id, None).await.map(|_| ())),
-            ("list", store.list_workloads(&listing).await.map(|_| ())),
-            ("active", store.active_workloads().await.map(|_| ())),
-        ];
-        for (read, r) in reads {
-            match r {
-                Err(StoreError::Corrupt(m)) => assert!(m.contains(says), "{corrupt}, {read}: {m}"),
-                other => panic!("{corrupt}, {read}: expected a corrupt row saying {says:?}, got {other:?}"),
-            }
-        }
+        assert_reads_corrupt(&store, gang.id, corrupt, says).await;
         let sql = format!("UPDATE workloads SET {restore} WHERE id = {id}");
         sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut c).await.unwrap();
         assert_eq!(store.get_workload(gang.id, None).await.unwrap(), Some(gang.clone()));

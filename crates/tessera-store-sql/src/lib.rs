@@ -31,7 +31,8 @@
 //! only that forwarding: Rust lets a crate implement the contract's traits only for its own
 //! types, and the store types keep their names and constructors in their own crates.
 //!
-//! No SQL driver is compiled here: this crate does not depend on sqlx.
+//! No SQL driver is compiled here: this crate depends on sqlx's core only, for what both sqlx
+//! drivers share whatever their database ([`sqlx_common`]).
 
 pub mod audit;
 pub mod batch;
@@ -41,6 +42,7 @@ pub mod lease;
 pub mod ledger;
 pub mod rollouts;
 pub mod rows;
+pub mod sqlx_common;
 pub mod tenancy;
 pub mod tokens;
 pub mod workloads;

@@ -38,10 +38,10 @@ mod rows;
 use std::path::Path;
 use std::time::Duration;
 
-use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use tessera_store::{Result, StoreError};
 use tessera_store_sql::DbError;
+use tessera_store_sql::sqlx_common::{APPLIED_VERSIONS, classify_common, unknown_versions};
 
 /// The migrations of the store's schema, applied on opening.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -114,38 +114,18 @@ impl SqliteStore {
 /// newer Tessera upgraded it, and this one would misread what it wrote.
 async fn check_schema(pool: &SqlitePool) -> Result<()> {
     let exists: i64 =
-        sqlx::query("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
+        sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
             .fetch_one(pool)
             .await
-            .map_err(db)?
-            .try_get(0)
             .map_err(db)?;
-    if exists == 0 {
-        return Ok(());
+    if exists > 0 {
+        unknown_versions(
+            &MIGRATOR,
+            &sqlx::query_scalar(APPLIED_VERSIONS).fetch_all(pool).await.map_err(db)?,
+        )
+    } else {
+        Ok(())
     }
-    let applied: Vec<i64> = sqlx::query("SELECT version FROM _sqlx_migrations ORDER BY version")
-        .fetch_all(pool)
-        .await
-        .map_err(db)?
-        .iter()
-        .map(|r| r.try_get(0).map_err(db))
-        .collect::<Result<_>>()?;
-    unknown_versions(&MIGRATOR, &applied)
-}
-
-/// `Incompatible` naming the applied versions `migrator` does not know, if any.
-fn unknown_versions(migrator: &sqlx::migrate::Migrator, applied: &[i64]) -> Result<()> {
-    let known: Vec<i64> = migrator.iter().map(|m| m.version).collect();
-    let unknown: Vec<i64> = applied.iter().copied().filter(|v| !known.contains(v)).collect();
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    Err(StoreError::Incompatible(format!(
-        "the database's schema has version {} applied, which this Tessera ({}) does not know (it knows up          to {}): a newer Tessera upgraded it; run that version or a newer one",
-        unknown.iter().map(i64::to_string).collect::<Vec<_>>().join(", "),
-        env!("CARGO_PKG_VERSION"),
-        known.iter().max().copied().unwrap_or(0)
-    )))
 }
 
 /// A database error, classified for the contract: unique-key violations are the caller's to
@@ -163,13 +143,7 @@ fn classify(e: sqlx::Error) -> DbError {
                 DbError::Store(StoreError::Unavailable(e.to_string()))
             }
         }
-        sqlx::Error::RowNotFound
-        | sqlx::Error::TypeNotFound { .. }
-        | sqlx::Error::ColumnIndexOutOfBounds { .. }
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_) => DbError::Store(StoreError::Corrupt(e.to_string())),
-        _ => DbError::Store(StoreError::Unavailable(e.to_string())),
+        _ => classify_common(e),
     }
 }
 

@@ -107,28 +107,6 @@ fn event_rows(id: u64, steps: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// What version 1 did not record: no environment, `no_wait` and `no_requeue` off.
-fn spec(tenant: &str, project: &str, name: &str, kind: Kind, shape: ShapeSpec) -> WorkloadSpec {
-    WorkloadSpec {
-        tenant: tenant.into(),
-        project: project.into(),
-        name: name.into(),
-        kind,
-        shape,
-        cpu_milli: 0,
-        memory_mib: 0,
-        duration_s: None,
-        command: None,
-        image: None,
-        env: BTreeMap::new(),
-        priority: "standard".into(),
-        no_wait: false,
-        no_requeue: false,
-        movable: None,
-        native: None,
-    }
-}
-
 fn expected() -> [Workload; 3] {
     let running = Workload {
         id: WorkloadId(7),
@@ -138,7 +116,7 @@ fn expected() -> [Workload; 3] {
             command: Some(vec!["python".into(), "train.py".into()]),
             image: Some("registry.local/train:1".into()),
             priority: "high".into(),
-            ..spec(
+            ..WorkloadSpec::new(
                 "acme",
                 "train",
                 "resnet",
@@ -183,7 +161,7 @@ fn expected() -> [Workload; 3] {
             cpu_milli: 1000,
             memory_mib: 2048,
             duration_s: Some(3600),
-            ..spec(
+            ..WorkloadSpec::new(
                 "acme",
                 "eval",
                 "eval-1",
@@ -226,7 +204,7 @@ fn expected() -> [Workload; 3] {
         spec: WorkloadSpec {
             cpu_milli: 32_000,
             memory_mib: 262_144,
-            ..spec(
+            ..WorkloadSpec::new(
                 "globex",
                 "p",
                 "big",
@@ -471,7 +449,7 @@ async fn workloads_of_version_14_keep_their_data_through_the_gang_migration() {
             env: BTreeMap::from([("A".into(), "1".into())]),
             priority: "high".into(),
             no_requeue: true,
-            ..spec(
+            ..WorkloadSpec::new(
                 "acme",
                 "train",
                 "resnet",

@@ -10,15 +10,10 @@ use std::sync::Arc;
 
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-use tessera_domain::{
-    Event, GangSpec, GpuSpec, Kind, Phase, Placement, ShapeSpec, Slice, Step, Workload, WorkloadId, WorkloadSpec,
-};
+use tessera_domain::{Event, GpuSpec, Kind, Phase, ShapeSpec, Slice, Step, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::GpuUnits;
-use tessera_model::request::TopologyConstraint;
-use tessera_store::conformance::login_audit;
-use tessera_store::{
-    AuditStore, Change, IdempotencyKey, Store, StoreError, TenantRecord, WorkloadFilter, WorkloadStore,
-};
+use tessera_store::conformance::{assert_reads_corrupt, login_audit, placed_gang};
+use tessera_store::{AuditStore, Change, IdempotencyKey, Store, StoreError, TenantRecord, WorkloadStore};
 use tessera_store_sqlite::SqliteStore;
 
 fn fresh_dir(name: &str) -> PathBuf {
@@ -122,26 +117,15 @@ async fn the_server_can_share_it_as_an_arc_dyn_store_across_tasks() {
 
 fn workload(id: u64) -> Workload {
     let spec = WorkloadSpec {
-        tenant: "acme".into(),
-        project: "train".into(),
-        name: format!("job-{id}"),
-        kind: Kind::Batch,
-        shape: ShapeSpec {
-            gpu: GpuSpec::Whole { gpus: 1 },
-            models: Vec::new(),
-            pool: None,
-        },
         cpu_milli: 1000,
         memory_mib: 1024,
-        duration_s: None,
-        command: None,
-        image: None,
-        env: Default::default(),
-        priority: "standard".into(),
-        no_wait: false,
-        no_requeue: false,
-        movable: None,
-        native: None,
+        ..WorkloadSpec::new(
+            "acme",
+            "train",
+            &format!("job-{id}"),
+            Kind::Batch,
+            ShapeSpec::any(GpuSpec::Whole { gpus: 1 }),
+        )
     };
     Workload::new(WorkloadId(id), spec, GpuUnits::ONE_GPU, 1_000)
 }
@@ -309,30 +293,6 @@ async fn the_bulk_read_of_active_workloads_decodes_as_single_reads_and_names_a_c
     assert_eq!(store.active_workloads().await.unwrap(), single);
 }
 
-/// A placed gang of three node-shares, asked for with every field of its spec.
-fn placed_gang(id: u64) -> Workload {
-    let share = |node: &str| Placement {
-        pool: "training".into(),
-        node: node.into(),
-        model: "H100-80GB-SXM".into(),
-        gpus: (0..8).collect(),
-        slice: Slice::Whole,
-        units: GpuUnits::whole(8),
-    };
-    let mut w = workload(id);
-    w.spec.shape.gpu = GpuSpec::Gang(GangSpec {
-        gpus: 24,
-        gpus_per_node: Some(8),
-        topology: Some(TopologyConstraint::required("rack")),
-        segment: Some(8),
-    });
-    w.units = GpuUnits::whole(24);
-    w.phase = Phase::Placed;
-    w.placement = Some(share("h100-00"));
-    w.shares = vec![share("h100-01"), share("h100-02")];
-    w
-}
-
 /// A gang row whose columns disagree, or whose node-shares are no JSON array of shares, is
 /// `Corrupt` with a message that says what is wrong, in single reads, listings and the bulk
 /// read of active workloads alike, never a guess.
@@ -394,21 +354,7 @@ async fn a_malformed_gang_row_is_corrupt_and_says_why() {
         ("p_slice = NULL", "node-shares (`p_shares`) without a placement"),
     ] {
         set(corrupt).await;
-        let listing = WorkloadFilter {
-            limit: 10,
-            ..Default::default()
-        };
-        let reads = [
-            ("get", store.get_workload(gang.id, None).await.map(|_| ())),
-            ("list", store.list_workloads(&listing).await.map(|_| ())),
-            ("active", store.active_workloads().await.map(|_| ())),
-        ];
-        for (read, r) in reads {
-            match r {
-                Err(StoreError::Corrupt(m)) => assert!(m.contains(says), "{corrupt}, {read}: {m}"),
-                other => panic!("{corrupt}, {read}: expected a corrupt row saying {says:?}, got {other:?}"),
-            }
-        }
+        assert_reads_corrupt(&store, gang.id, corrupt, says).await;
         set(&format!("{restore}, p_shares = '{good_shares}'")).await;
         assert_eq!(store.get_workload(gang.id, None).await.unwrap(), Some(gang.clone()));
     }

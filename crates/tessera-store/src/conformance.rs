@@ -80,26 +80,15 @@ macro_rules! store_conformance_tests {
 
 fn spec(tenant: &str, project: &str, name: &str) -> WorkloadSpec {
     WorkloadSpec {
-        tenant: tenant.into(),
-        project: project.into(),
-        name: name.into(),
-        kind: Kind::Batch,
-        shape: ShapeSpec {
-            gpu: GpuSpec::Whole { gpus: 1 },
-            models: Vec::new(),
-            pool: None,
-        },
         cpu_milli: 1000,
         memory_mib: 1024,
-        duration_s: None,
-        command: None,
-        image: None,
-        env: BTreeMap::new(),
-        priority: "standard".into(),
-        no_wait: false,
-        no_requeue: false,
-        movable: None,
-        native: None,
+        ..WorkloadSpec::new(
+            tenant,
+            project,
+            name,
+            Kind::Batch,
+            ShapeSpec::any(GpuSpec::Whole { gpus: 1 }),
+        )
     }
 }
 
@@ -179,6 +168,48 @@ pub fn login_audit(i: u32) -> AuditRecord {
         target: String::new(),
         outcome: 200,
         detail: String::new(),
+    }
+}
+
+/// A placed gang of three whole-node shares (24 GPUs within a rack, in segments of 8), asked
+/// for with every field of its spec: for the stores' own tests of gang rows.
+pub fn placed_gang(id: u64) -> Workload {
+    let whole_node = placements()[1].clone().expect("eight whole GPUs");
+    let share = |node: &str| Placement {
+        node: node.into(),
+        ..whole_node.clone()
+    };
+    let mut w = workload(id, "acme", "train", Phase::Placed);
+    w.spec.shape.gpu = GpuSpec::Gang(GangSpec {
+        gpus: 24,
+        gpus_per_node: Some(8),
+        topology: Some(TopologyConstraint::required("rack")),
+        segment: Some(8),
+    });
+    w.units = GpuUnits::whole(24);
+    w.placement = Some(share("h100-00"));
+    w.shares = vec![share("h100-01"), share("h100-02")];
+    w
+}
+
+/// Asserts that every read of workload `id` (alone, in a listing, among the active ones) fails
+/// as [`StoreError::Corrupt`] with a message containing `says`; `corrupt` names the damage
+/// done to its row: for the stores' own tests of malformed rows.
+pub async fn assert_reads_corrupt(s: &dyn Store, id: WorkloadId, corrupt: &str, says: &str) {
+    let listing = WorkloadFilter {
+        limit: 10,
+        ..Default::default()
+    };
+    let reads = [
+        ("get", s.get_workload(id, None).await.map(|_| ())),
+        ("list", s.list_workloads(&listing).await.map(|_| ())),
+        ("active", s.active_workloads().await.map(|_| ())),
+    ];
+    for (read, r) in reads {
+        match r {
+            Err(StoreError::Corrupt(m)) => assert!(m.contains(says), "{corrupt}, {read}: {m}"),
+            other => panic!("{corrupt}, {read}: expected a corrupt row saying {says:?}, got {other:?}"),
+        }
     }
 }
 

@@ -476,31 +476,13 @@ fn apply_is_all_or_nothing_and_priorities_are_granted() {
     );
 
     // NaN is not a number of GPU units: one line, before anything is sent.
+    let quota = ["quota", "set", "--tenant", "good1", "--class", "training"];
     for args in [
-        &[
-            "quota",
-            "set",
-            "--tenant",
-            "good1",
-            "--class",
-            "training",
-            "--guaranteed",
-            "NaN",
-        ][..],
-        &[
-            "quota",
-            "set",
-            "--tenant",
-            "good1",
-            "--class",
-            "training",
-            "--guaranteed",
-            "1",
-            "--limit",
-            "inf",
-        ][..],
-        &["budget", "--tenant", "good1", "--gpu-hours", "NaN"][..],
+        [&quota[..], &["--guaranteed", "NaN"]].concat(),
+        [&quota[..], &["--guaranteed", "1", "--limit", "inf"]].concat(),
+        vec!["budget", "--tenant", "good1", "--gpu-hours", "NaN"],
     ] {
+        let args = &args[..];
         let (code, _, err) = tessera(args, &env);
         assert_ne!(code, 0, "{args:?}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");

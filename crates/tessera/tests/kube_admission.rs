@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::kube_support::{Cluster, eventually, gpu_node, set_pod_phase};
-use crate::support::{Serving, TempDir, admin_token, serve_command, try_wait_until_serving};
+use crate::support::{Serving, TempDir, admin_token, kube_serve_command, try_wait_until_serving};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
 use kube::api::ListParams;
@@ -71,20 +71,17 @@ fn tessera_kubeconfig(c: &crate::kube_support::Cluster, dir: &Path) -> std::path
 }
 
 fn serve(data: &Path, kubeconfig: &Path, cert: &Path, key: &Path) -> Serving {
-    let mut cmd = serve_command();
-    cmd.args(["--backend", "kubernetes", "--grace-s", "1", "--reconcile-s", "2"])
-        .args(["--kube-mig-configmap", "default/mig-parted", "--listen", "127.0.0.1:0"])
-        .args(["--kube-telemetry-ms", "0"])
-        // Tessera's own pods pass its webhook unchanged.
-        .args(["--kube-identity", "tessera"])
-        .arg("--tls-cert")
-        .arg(cert)
-        .arg("--tls-key")
-        .arg(key)
-        .arg("--data-dir")
-        .arg(data)
-        .env("KUBECONFIG", kubeconfig)
-        .stderr(std::process::Stdio::inherit());
+    // Tessera's own pods pass its webhook unchanged (`--kube-identity`).
+    let extra = [
+        "--reconcile-s",
+        "2",
+        "--kube-telemetry-ms",
+        "0",
+        "--kube-identity",
+        "tessera",
+    ];
+    let mut cmd = kube_serve_command(data, kubeconfig, &extra);
+    cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
     try_wait_until_serving(&mut cmd, Duration::from_secs(60)).expect("server did not start")
 }
 

@@ -10,7 +10,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::kube_support::{Cluster, eventually, exporter_pod, fake_exporter, finish_deletion, gpu_node, set_pod_phase};
-use crate::support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
+use crate::support::{
+    Serving, TempDir, kube_serve_command, scrape, serve_kube_in, serving_kube, tessera, workload_state,
+};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -24,22 +26,15 @@ async fn cluster() -> &'static Cluster {
 }
 
 fn serve(data: &Path, kubeconfig: &Path) -> Serving {
-    let mut cmd = serve_command();
-    cmd.args(["--backend", "kubernetes", "--grace-s", "1", "--reconcile-s", "2"])
-        .args(["--kube-mig-configmap", "default/mig-parted", "--listen", "127.0.0.1:0"])
-        .args(["--kube-dcgm-exporter", "kube-e2e-gpu-operator/app=nvidia-dcgm-exporter"])
-        .args(["--kube-telemetry-ms", "1000"])
-        .arg("--data-dir")
-        .arg(data)
-        .env("KUBECONFIG", kubeconfig)
-        .stderr(std::process::Stdio::inherit());
-    let server = try_wait_until_serving(&mut cmd, Duration::from_secs(60)).expect("server did not start");
-    let banner = server.banner();
-    assert!(
-        banner.contains("the Kubernetes cluster's GPU nodes (16 GPUs on 2 nodes)"),
-        "{banner}"
-    );
-    server
+    let extra = [
+        "--reconcile-s",
+        "2",
+        "--kube-dcgm-exporter",
+        "kube-e2e-gpu-operator/app=nvidia-dcgm-exporter",
+        "--kube-telemetry-ms",
+        "1000",
+    ];
+    serving_kube(kube_serve_command(data, kubeconfig, &extra), "16 GPUs on 2 nodes")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,13 +45,7 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
     gpu_node(&client, "k-h100-1", "training", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
 
     let dir = TempDir::new("kube-e2e");
-    let data = dir.0.join("data");
-    let srv = tokio::task::spawn_blocking({
-        let (data, kc) = (data.clone(), c.kubeconfig.clone());
-        move || serve(&data, &kc)
-    });
-    let mut server = srv.await.unwrap();
-    let token = admin_token(&data);
+    let (mut server, token) = serve_kube_in(&dir, &c.kubeconfig, serve).await;
     let env = [
         ("TESSERA_SERVER", server.base.as_str()),
         ("TESSERA_TOKEN", token.as_str()),
@@ -74,6 +63,16 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
         }
     };
     let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+    // Whether nothing holds any of the training pool's capacity.
+    let training_idle = || async {
+        let (_, out, _) = cli(args("pools -o json")).await;
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        v.as_array().is_some_and(|ps| {
+            ps.iter().any(|p| {
+                p["name"] == "training" && p["units_used"].as_str().and_then(|u| u.parse::<f64>().ok()) == Some(0.0)
+            })
+        })
+    };
     assert_eq!(cli(args("tenants create acme")).await.0, 0);
     assert_eq!(
         cli(args(
@@ -207,21 +206,13 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
         )
         .await;
     }
-    let metrics = format!("{}/metrics", server.base);
+    let http = reqwest::Client::new();
     let want = format!(",Hostname=\"{chosen}\",tenant=\"acme\",project=\"ml\"}} ");
     eventually(
         "the exporter's telemetry, attributed to the tenant",
         Duration::from_secs(20),
         || async {
-            let text = reqwest::Client::new()
-                .get(&metrics)
-                .bearer_auth(&token)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let text = scrape(&http, &server.base, Some(&token)).await;
             // Only the GPUs the pod has, with their figures; none of those the engine booked.
             let mut used: Vec<(&str, f64)> = text
                 .lines()
@@ -257,16 +248,7 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
     .await;
     finish_deletion(&client, ns, "tessera-1").await;
     assert!(pods.list(&ListParams::default()).await.unwrap().items.is_empty());
-    eventually("the capacity is back", Duration::from_secs(20), || async {
-        let (_, out, _) = cli(args("pools -o json")).await;
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
-        v.as_array().is_some_and(|ps| {
-            ps.iter().any(|p| {
-                p["name"] == "training" && p["units_used"].as_str().and_then(|u| u.parse::<f64>().ok()) == Some(0.0)
-            })
-        })
-    })
-    .await;
+    eventually("the capacity is back", Duration::from_secs(20), training_idle).await;
     assert_eq!(st().await, "cancelled");
 
     // A gang over both nodes: 16 GPUs, more than one node holds, is one workload of two
@@ -355,16 +337,7 @@ async fn kubernetes_backend_end_to_end_through_the_cli() {
     for name in gang_pods {
         finish_deletion(&client, ns, name).await;
     }
-    eventually("every share's capacity is back", Duration::from_secs(20), || async {
-        let (_, out, _) = cli(args("pools -o json")).await;
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
-        v.as_array().is_some_and(|ps| {
-            ps.iter().any(|p| {
-                p["name"] == "training" && p["units_used"].as_str().and_then(|u| u.parse::<f64>().ok()) == Some(0.0)
-            })
-        })
-    })
-    .await;
+    eventually("every share's capacity is back", Duration::from_secs(20), training_idle).await;
 
     // Deleting the project deletes its namespace.
     let (code, _, err) = cli(args("projects delete --tenant acme ml")).await;

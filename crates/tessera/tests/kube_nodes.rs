@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::kube_support::{Cluster, eventually, gpu_node, set_pod_phase};
-use crate::support::{Serving, TempDir, admin_token, serve_command, tessera, try_wait_until_serving, workload_state};
+use crate::support::{Serving, TempDir, kube_serve_command, serve_kube_in, serving_kube, tessera, workload_state};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -24,21 +24,9 @@ async fn cluster() -> &'static Cluster {
 const RECONCILE: Duration = Duration::from_secs(5);
 
 fn serve(data: &std::path::Path, kubeconfig: &std::path::Path) -> Serving {
-    let mut cmd = serve_command();
-    cmd.args(["--backend", "kubernetes", "--grace-s", "1"])
-        .args(["--reconcile-s", &RECONCILE.as_secs().to_string()])
-        .args(["--kube-mig-configmap", "default/mig-parted", "--listen", "127.0.0.1:0"])
-        .arg("--data-dir")
-        .arg(data)
-        .env("KUBECONFIG", kubeconfig)
-        .stderr(std::process::Stdio::inherit());
-    let server = try_wait_until_serving(&mut cmd, Duration::from_secs(60)).expect("server did not start");
-    let banner = server.banner();
-    assert!(
-        banner.contains("the Kubernetes cluster's GPU nodes (8 GPUs on 1 nodes)"),
-        "{banner}"
-    );
-    server
+    let reconcile = RECONCILE.as_secs().to_string();
+    let cmd = kube_serve_command(data, kubeconfig, &["--reconcile-s", &reconcile]);
+    serving_kube(cmd, "8 GPUs on 1 nodes")
 }
 
 /// The GFD fixture `file` as a new Node named `name` in pool `pool`, with its status (the
@@ -76,13 +64,7 @@ async fn gpu_nodes_added_changed_and_removed_at_run_time_are_followed() {
     gpu_node(&client, "n-h100-0", "training", "NVIDIA-H100-80GB-HBM3", 8, json!({})).await;
 
     let dir = TempDir::new("kube-nodes");
-    let data = dir.0.join("data");
-    let srv = tokio::task::spawn_blocking({
-        let (data, kc) = (data.clone(), c.kubeconfig.clone());
-        move || serve(&data, &kc)
-    });
-    let mut server = srv.await.unwrap();
-    let token = admin_token(&data);
+    let (mut server, token) = serve_kube_in(&dir, &c.kubeconfig, serve).await;
     let env: Vec<(String, String)> = vec![
         ("TESSERA_SERVER".into(), server.base.clone()),
         ("TESSERA_TOKEN".into(), token.clone()),

@@ -34,6 +34,17 @@ fn serve_with(data: &Path, extra: &[&str]) -> Serving {
     server
 }
 
+/// The server's address and the admin token, once tenant `acme` and its project `ml` are made
+/// through the CLI.
+fn acme_ml(server: &Serving, data: &Path) -> (String, String) {
+    let token = admin_token(data);
+    let addr = server.base.clone();
+    let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.as_str())];
+    assert_eq!(tessera(&["tenants", "create", "acme"], &env).0, 0);
+    assert_eq!(tessera(&["projects", "create", "--tenant", "acme", "ml"], &env).0, 0);
+    (addr, token)
+}
+
 /// `tessera run` of `command` in acme/ml with `shape`, 1 CPU and 1 GiB.
 fn run_args<'a>(shape: &[&'a str], command: &[&'a str]) -> Vec<&'a str> {
     [
@@ -112,11 +123,8 @@ fn local_backend_runs_real_processes_on_fake_gpus() {
     let dir = TempDir::new("local-e2e");
     let data = dir.0.join("data");
     let mut server = serve(&data);
-    let token = admin_token(&data);
-    let addr = server.base.clone();
+    let (addr, token) = acme_ml(&server, &data);
     let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.as_str())];
-    assert_eq!(tessera(&["tenants", "create", "acme"], &env).0, 0);
-    assert_eq!(tessera(&["projects", "create", "--tenant", "acme", "ml"], &env).0, 0);
     let run = |cmd: &str| {
         let (code, _, err) = tessera(&run_args(&["--gpus", "1"], &["sh", "-c", cmd]), &env);
         assert_eq!(code, 0, "{err}");
@@ -315,11 +323,8 @@ fn served_workloads_run_as_their_own_users_away_from_the_data_directory() {
     let dir = TempDir::new("local-users");
     let data = dir.0.join("data");
     let mut server = serve(&data);
-    let token = admin_token(&data);
-    let addr = server.base.clone();
+    let (addr, token) = acme_ml(&server, &data);
     let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.as_str())];
-    assert_eq!(tessera(&["tenants", "create", "acme"], &env).0, 0);
-    assert_eq!(tessera(&["projects", "create", "--tenant", "acme", "ml"], &env).0, 0);
     let cmd = "echo uid=$(id -u) home=$HOME; cat ../../data/admin-token; ls ../../data; true";
     let (code, _, err) = tessera(&run_args(&["--gpus", "1"], &["sh", "-c", cmd]), &env);
     assert_eq!(code, 0, "{err}");
@@ -357,11 +362,8 @@ fn a_relative_data_directory_keeps_every_exit_code() {
     };
     let data = dir.0.join("rel-data");
     let mut server = serve_here();
-    let token = admin_token(&data);
-    let addr = server.base.clone();
+    let (addr, token) = acme_ml(&server, &data);
     let env = [("TESSERA_SERVER", addr.as_str()), ("TESSERA_TOKEN", token.as_str())];
-    assert_eq!(tessera(&["tenants", "create", "acme"], &env).0, 0);
-    assert_eq!(tessera(&["projects", "create", "--tenant", "acme", "ml"], &env).0, 0);
     let run = |env: &[(&str, &str)], cmd: &str| {
         let (code, _, err) = tessera(&run_args(&["--gpus", "1"], &["sh", "-c", cmd]), env);
         assert_eq!(code, 0, "{err}");

@@ -299,6 +299,28 @@ pub struct Job {
     pub duration_ms: Option<i64>,
 }
 
+impl Job {
+    /// Job `id` of `tenant`/`project` asking for `request` at `priority`, submitted at
+    /// `submitted_ms`, with nothing more: it waits when over its limit, has no minimum runtime
+    /// of its own, is never moved, no gang, no end known. The others are set with struct update
+    /// syntax.
+    pub fn new(id: u64, tenant: &str, project: &str, request: Request, priority: &str, submitted_ms: i64) -> Job {
+        Job {
+            id,
+            tenant: tenant.into(),
+            project: project.into(),
+            request,
+            priority: priority.into(),
+            submitted_ms,
+            wait_if_over_limit: true,
+            min_runtime_ms: None,
+            movable: None,
+            gang: None,
+            duration_ms: None,
+        }
+    }
+}
+
 /// How a running workload may be moved to defragment its pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Movable {

@@ -42,19 +42,7 @@ pub fn guarantee_half_each(s: &mut Scheduler, limit: Option<u64>) {
 
 /// `gpus` whole GPUs in the training pool.
 pub fn job(id: u64, tenant: &str, gpus: u8, prio: &str, now: i64) -> Job {
-    Job {
-        id,
-        tenant: tenant.into(),
-        project: "p".into(),
-        request: Request::whole(gpus).with_pool(PoolId(0)),
-        priority: prio.into(),
-        submitted_ms: now,
-        wait_if_over_limit: true,
-        min_runtime_ms: None,
-        movable: None,
-        gang: None,
-        duration_ms: None,
-    }
+    Job::new(id, tenant, "p", Request::whole(gpus).with_pool(PoolId(0)), prio, now)
 }
 
 pub fn placed(d: &[Decision]) -> Vec<u64> {

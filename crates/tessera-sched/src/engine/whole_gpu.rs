@@ -93,15 +93,7 @@ impl Engine {
         let Some(g) = self.state.nodes[node.0 as usize].gpus.get(gpu as usize) else {
             return Vec::new();
         };
-        let slot = |p: &Placed| {
-            let prof = &geom.profiles[p.profile as usize];
-            MigSlot {
-                profile: p.profile,
-                profile_id: prof.id,
-                start: p.start,
-                size: prof.mem_slices,
-            }
-        };
+        let slot = |p: &Placed| MigSlot::of(geom, p);
         match self.mig_mode {
             MigMode::WholeGpu => g.mig_layout.iter().map(slot).collect(),
             MigMode::Instance => {
@@ -348,6 +340,13 @@ mod tests {
     use crate::state::Allocation;
 
     /// One A100-80GB node with `gpus` GPUs in a MIG pool, in `mode`.
+    /// One GPU in `WholeGpu` mode laid out as two 3g.40gb instances (at slices 0 and 4).
+    fn two_3g() -> Engine {
+        let mut e = engine(1, MigMode::WholeGpu);
+        e.adopt_layout(NodeId(0), 0, &[slot(9, 0), slot(9, 4)]).unwrap();
+        e
+    }
+
     fn engine(gpus: u8, mode: MigMode) -> Engine {
         let text = format!(
             "[[pool]]\nname = \"mig\"\nsharing = \"mig\"\n[[pool.nodes]]\nname = \"a100\"\ncount = 1\ngpu_model = \"A100-80GB\"\ngpus = {gpus}\ncpus = 64\nmemory_gib = 256\n"
@@ -363,14 +362,13 @@ mod tests {
 
     /// A slot of profile ID `id` at `start` on the A100's 8-slice geometry.
     fn slot(id: u32, start: u8) -> MigSlot {
-        let g = &tessera_model::catalogue::MIG_8_SLICE;
-        let profile = g.profile_index(id).unwrap();
-        MigSlot {
-            profile: profile as u8,
-            profile_id: id,
-            start,
-            size: g.profiles[profile].mem_slices,
-        }
+        slot_of(&tessera_model::catalogue::MIG_8_SLICE, id, start)
+    }
+
+    /// A slot of profile ID `id` at `start` on geometry `g`.
+    fn slot_of(g: &MigGeometry, id: u32, start: u8) -> MigSlot {
+        let profile = g.profile_index(id).unwrap() as u8;
+        MigSlot::of(g, &Placed { profile, start })
     }
 
     /// `(gpu, start)` of a MIG grant.
@@ -405,8 +403,7 @@ mod tests {
 
     #[test]
     fn an_idle_gpu_is_laid_out_again_around_the_new_instance_keeping_what_fits() {
-        let mut e = engine(1, MigMode::WholeGpu);
-        e.adopt_layout(NodeId(0), 0, &[slot(9, 0), slot(9, 4)]).unwrap();
+        let mut e = two_3g();
         let r = req(&e, "1g.10gb");
         let p = e.plan(&r).unwrap();
         assert!(p.relayout, "no 1g is configured: the idle GPU gets a new layout");
@@ -535,15 +532,7 @@ mod tests {
         let mut e = Engine::new(Arc::new(Fleet::from_toml(text, "test").unwrap()), Box::new(BestFit), 1);
         e.set_mig_mode(MigMode::WholeGpu).unwrap();
         let g = &tessera_model::catalogue::MIG_A30;
-        let a30 = |id: u32, start: u8| {
-            let profile = g.profile_index(id).unwrap();
-            MigSlot {
-                profile: profile as u8,
-                profile_id: id,
-                start,
-                size: g.profiles[profile].mem_slices,
-            }
-        };
+        let a30 = |id: u32, start: u8| slot_of(g, id, start);
         // 1g.6gb+me and 2g.12gb+me are different profiles, one instance each, yet both want the
         // GPU's only JPEG decoder and OFA.
         let err = e.adopt_layout(NodeId(0), 0, &[a30(21, 0), a30(6, 2)]).unwrap_err();
@@ -556,8 +545,7 @@ mod tests {
 
     #[test]
     fn restore_puts_the_instance_into_the_layout() {
-        let mut e = engine(1, MigMode::WholeGpu);
-        e.adopt_layout(NodeId(0), 0, &[slot(9, 0), slot(9, 4)]).unwrap();
+        let mut e = two_3g();
         let r = req(&e, "1g.10gb");
         let a = Allocation {
             id: 7,

@@ -95,23 +95,15 @@ pub fn allocation(p: &Placement) -> AllocationView {
         units_milli: p.units.as_milli(),
         shares: Vec::new(),
     };
-    match &p.slice {
-        Slice::Mig {
-            profile,
-            profile_id,
-            start,
-            size,
-        } => {
-            v.mig_profile = Some(profile.clone());
-            v.mig_profile_id = Some(*profile_id);
-            v.mig_start = Some(*start);
-            v.mig_size = Some(*size);
-        }
-        Slice::Fraction { milli, gpu_memory_mib } => {
-            v.milli = Some(*milli);
-            v.gpu_memory_mib = *gpu_memory_mib;
-        }
-        Slice::Whole | Slice::CpuOnly => {}
+    if let Some(m) = crate::lifecycle::placement::mig_instance(p) {
+        v.mig_profile = Some(m.profile);
+        v.mig_profile_id = Some(m.profile_id);
+        v.mig_start = Some(m.start);
+        v.mig_size = Some(m.size);
+    }
+    if let Slice::Fraction { milli, gpu_memory_mib } = &p.slice {
+        v.milli = Some(*milli);
+        v.gpu_memory_mib = *gpu_memory_mib;
     }
     v
 }

@@ -151,7 +151,14 @@ impl Admission {
             _ => None,
         });
         if let Some(refusal) = refusal {
-            return Err(self.refused(w, moves, id, refusal, actions, batch, now));
+            let refused = self.refused(w, id, refusal);
+            // The scheduler's other decisions are carried out.
+            for a in actions {
+                if !matches!(&a, Decision::Refused { id: r, .. } if *r == id.0) {
+                    self.on_decision(w, moves, a, now, batch);
+                }
+            }
+            return Err(refused);
         }
         let l = &w.live[&id];
         w.metrics.step("authorise", now - l.w.created_at);
@@ -219,29 +226,14 @@ impl Admission {
         })
     }
 
-    /// A new workload refused at once: it is forgotten (its id goes to the next request), the
-    /// scheduler's other decisions are carried out, and the caller gets the refusal.
-    #[allow(clippy::too_many_arguments)]
-    fn refused(
-        &mut self,
-        w: &mut World,
-        moves: &mut Moves,
-        id: WorkloadId,
-        refusal: Refusal,
-        actions: Vec<Decision>,
-        batch: &mut Batch,
-        now: i64,
-    ) -> LifecycleError {
+    /// A new workload refused at once: it is forgotten (its id goes to the next request), and
+    /// the caller gets the refusal.
+    fn refused(&mut self, w: &mut World, id: WorkloadId, refusal: Refusal) -> LifecycleError {
         w.live.remove(&id);
         // The id was never used: the next request takes it.
         self.ids.start -= 1;
         let reason = Reason::refused(&refusal);
         w.metrics.refused(reason.code);
-        for a in actions {
-            if !matches!(&a, Decision::Refused { id: r, .. } if *r == id.0) {
-                self.on_decision(w, moves, a, now, batch);
-            }
-        }
         let (field, message) = match &refusal {
             Refusal::Constraint(u) => (Some(u.field().as_str()), u.message()),
             Refusal::Gang(u) => (Some(gang_field(u)), u.message()),

@@ -142,10 +142,14 @@ pub enum Cmd {
         reply: Reply<tessera_store::RolloutRecord>,
     },
     /// A periodic reconcile came back.
-    Reconciled(
-        Result<ReconcileReport, String>,
-        Vec<(WorkloadId, tessera_domain::Phase)>,
-    ),
+    Reconciled(Reconciled),
+}
+
+/// What a periodic reconcile brought back: the backend's report (or why it failed), and the
+/// phase each workload it asked about had when it asked.
+pub struct Reconciled {
+    pub report: Result<ReconcileReport, String>,
+    pub phases: Vec<(WorkloadId, tessera_domain::Phase)>,
 }
 
 /// The handle HTTP handlers use. It outlives loops: a replica that becomes the leader starts

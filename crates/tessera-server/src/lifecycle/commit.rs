@@ -87,7 +87,6 @@ impl Publication {
     }
 
     /// Stores the batch in one transaction, then publishes, answers and starts backend work.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn commit(
         &mut self,
         w: &mut World,

@@ -53,6 +53,24 @@ impl Cause {
     }
 }
 
+/// The backend's news about one GPU's health ([`tessera_backend::BackendEvent::GpuHealth`]).
+pub(super) struct GpuNews<'a> {
+    pub node: &'a str,
+    pub gpu: u8,
+    pub healthy: bool,
+    /// The XID reported, if any (only critical ones take the GPU out).
+    pub xid: Option<u32>,
+    pub detail: &'a str,
+}
+
+/// A GPU that failed, and why.
+pub(super) struct GpuFailure<'a> {
+    pub node: &'a str,
+    pub gpu: u8,
+    pub cause: Cause,
+    pub detail: &'a str,
+}
+
 /// The health controller: takes failed GPUs out of placement and applies the failure policy,
 /// follows nodes the backend removes, brings back or closes, and writes unhealthy GPUs to the
 /// store. It owns the writes not yet made and the nodes the backend reports closed; the
@@ -69,29 +87,35 @@ pub(super) struct Health {
 impl Health {
     /// The backend's news about a GPU's health: a critical XID or a lost GPU takes it out; a
     /// GPU reported healthy again stays out until a platform admin clears it.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn on_gpu_health(
-        &mut self,
-        w: &mut World,
-        node: &str,
-        gpu: u8,
-        healthy: bool,
-        xid: Option<u32>,
-        detail: &str,
-        batch: &mut Batch,
-        now: i64,
-    ) {
+    pub(super) fn on_gpu_health(&mut self, w: &mut World, news: GpuNews<'_>, batch: &mut Batch, now: i64) {
+        let GpuNews {
+            node,
+            gpu,
+            healthy,
+            xid,
+            detail,
+        } = news;
         if healthy {
             if w.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
                 tracing::info!(%node, gpu, "the backend reports the GPU healthy again; it stays out of placement until a platform admin clears it");
             }
-        } else {
-            match xid {
-                Some(x) if is_critical(x) => self.gpu_failed(w, node, gpu, Cause::Xid(x), detail, batch, now),
-                Some(x) => tracing::warn!(%node, gpu, xid = x, %detail, "GPU reported a non-critical XID"),
-                None => self.gpu_failed(w, node, gpu, Cause::Lost, detail, batch, now),
-            }
+            return;
         }
+        let cause = match xid {
+            Some(x) if is_critical(x) => Cause::Xid(x),
+            Some(x) => {
+                tracing::warn!(%node, gpu, xid = x, %detail, "GPU reported a non-critical XID");
+                return;
+            }
+            None => Cause::Lost,
+        };
+        let failure = GpuFailure {
+            node,
+            gpu,
+            cause,
+            detail,
+        };
+        self.gpu_failed(w, failure, batch, now);
     }
 
     /// The backend's news about a node: removed (its GPUs are lost), back, cordoned or not
@@ -127,7 +151,13 @@ impl Health {
         for g in gpus.iter().filter(|g| is_critical(g.xid)) {
             if !w.ops.unhealthy.contains_key(&(g.node.clone(), g.gpu)) {
                 let detail = format!("XID {} in telemetry", g.xid);
-                self.gpu_failed(w, &g.node, g.gpu, Cause::Xid(g.xid), &detail, batch, now);
+                let failure = GpuFailure {
+                    node: &g.node,
+                    gpu: g.gpu,
+                    cause: Cause::Xid(g.xid),
+                    detail: &detail,
+                };
+                self.gpu_failed(w, failure, batch, now);
             }
         }
     }
@@ -174,17 +204,13 @@ impl Health {
     /// Takes a GPU out of service (once; a GPU already unhealthy stays as recorded) and applies
     /// the failure policy to the work on it. The store write follows in
     /// [`flush_health`](Self::flush_health).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn gpu_failed(
-        &mut self,
-        w: &mut World,
-        node: &str,
-        gpu: u8,
-        cause: Cause,
-        detail: &str,
-        batch: &mut Batch,
-        now: i64,
-    ) {
+    pub(super) fn gpu_failed(&mut self, w: &mut World, failure: GpuFailure<'_>, batch: &mut Batch, now: i64) {
+        let GpuFailure {
+            node,
+            gpu,
+            cause,
+            detail,
+        } = failure;
         let Some(n) = w.fleet.node_by_name(node) else {
             tracing::warn!(%node, gpu, "health news about a node not in the fleet");
             return;
@@ -290,7 +316,13 @@ impl Health {
         };
         let detail = format!("node {node} was removed by the {} backend", w.backend.name());
         for g in 0..w.fleet.node(n).gpus {
-            self.gpu_failed(w, node, g, Cause::Lost, &detail, batch, now);
+            let failure = GpuFailure {
+                node,
+                gpu: g,
+                cause: Cause::Lost,
+                detail: &detail,
+            };
+            self.gpu_failed(w, failure, batch, now);
         }
     }
 

@@ -2,13 +2,46 @@
 //! running work, and once a second reloads this month's usage when the month changed and gives
 //! the scheduler each budgeted tenant's spend. The month's ledger itself
 //! ([`MonthBook`](super::metering::MonthBook)) is the world's: closing a usage interval adds
-//! to it.
+//! to it. Each step is handed the part of the world it uses ([`MeterCtx`]).
+
+use std::collections::HashMap;
 
 use tessera_backend::GpuSample;
+use tessera_domain::WorkloadId;
+use tessera_sched::cycle::Scheduler;
+use tessera_store::Store;
 
-use super::live::now_ms;
-use super::metering;
+use super::live::{Live, now_ms};
+use super::metering::{self, MonthBook};
+use super::placement::NodeIndex;
 use super::world::World;
+use crate::metrics::Metrics;
+
+/// What the metering controller is handed of the world: the live workloads (their measured
+/// utilisation), the scheduler (the holdings telemetry is matched to, and the tenants' spend),
+/// the node index, this month's ledger with the store it reloads from, and the metrics.
+pub(super) struct MeterCtx<'a> {
+    pub live: &'a mut HashMap<WorkloadId, Live>,
+    pub sched: &'a mut Scheduler,
+    pub nodes: &'a NodeIndex,
+    pub month: &'a mut MonthBook,
+    pub store: &'a dyn Store,
+    pub metrics: &'a Metrics,
+}
+
+impl<'a> MeterCtx<'a> {
+    /// The controller's part of the world.
+    pub(super) fn of(w: &'a mut World) -> Self {
+        MeterCtx {
+            live: &mut w.live,
+            sched: &mut w.sched,
+            nodes: &w.nodes,
+            month: &mut w.month,
+            store: &*w.store,
+            metrics: &w.metrics,
+        }
+    }
+}
 
 /// The metering controller's state.
 pub(super) struct Metering {
@@ -24,26 +57,26 @@ impl Default for Metering {
 
 impl Metering {
     /// Telemetry arrived: the utilisation of running work since the last sample.
-    pub(super) fn on_telemetry(&mut self, w: &mut World, at_ms: i64, gpus: &[GpuSample]) {
+    pub(super) fn on_telemetry(&mut self, w: MeterCtx<'_>, at_ms: i64, gpus: &[GpuSample]) {
         let dt = (at_ms - self.last_sample).clamp(0, 60_000) as f64;
         self.last_sample = at_ms;
-        let metrics = w.metrics.clone();
-        metering::sample_utilisation(&mut w.live, w.sched.engine.state(), &w.nodes, gpus, dt, |wl, util| {
+        let metrics = w.metrics;
+        metering::sample_utilisation(w.live, w.sched.engine.state(), w.nodes, gpus, dt, |wl, util| {
             metrics.meter(wl, util, dt)
         });
     }
 
     /// The once-a-second step: this month's usage (reloaded when the month changed) and the
     /// spend of every budgeted tenant.
-    pub(super) async fn tick(w: &mut World, now: i64) {
-        if let Err(e) = w.month.refresh(&*w.store, now).await {
+    pub(super) async fn tick(mut w: MeterCtx<'_>, now: i64) {
+        if let Err(e) = w.month.refresh(w.store, now).await {
             tracing::warn!(error = %e, "cannot refresh this month's usage");
         }
-        Self::update_budgets(w, now);
+        Self::update_budgets(&mut w, now);
     }
 
     /// Gives the scheduler each budgeted tenant's spend this month, running work included.
-    fn update_budgets(w: &mut World, now: i64) {
+    fn update_budgets(w: &mut MeterCtx<'_>, now: i64) {
         let mut tenants: Vec<String> = w
             .live
             .values()

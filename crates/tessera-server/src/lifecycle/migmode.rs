@@ -17,18 +17,23 @@
 //! same change again after the reset.
 //!
 //! The controller ([`MigModes`]) owns what the backend last reported of each GPU's MIG
-//! instances; each step is handed the world, the batch and the time.
+//! instances; each step is handed the part of the world it uses ([`MigCtx`]: the fleet, the
+//! engine, the backend and the operator state; never the workloads, the store or the ledger),
+//! the batch and the time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tessera_backend::{BackendError, MigInstance, MigModeChange, Partitioning};
+use tessera_backend::{Backend, BackendError, Capabilities, MigInstance, MigModeChange, Partitioning};
+use tessera_model::Fleet;
+use tessera_sched::cycle::Scheduler;
 use tessera_store::{AuditRecord, Change, GpuMigRecord};
 
 use super::batch::{Batch, ReplyTo};
 use super::command::{LifecycleError, MigOutcome, MigRefusal, Reply};
 use super::ops::FleetOps;
-use super::placement;
+use super::placement::{self, NodeIndex};
+use super::snapshot::Published;
 use super::world::World;
 
 /// The MIG-mode controller: an admin's mode changes, the modes backends read back, stored
@@ -42,11 +47,61 @@ pub(super) struct MigModes {
     reported: HashMap<(String, u8), (i64, Vec<MigInstance>)>,
 }
 
-/// An admin's MIG mode change: which GPU, and the mode asked for.
+/// An admin's MIG mode change, or the mode a backend read: which GPU, and the mode.
 pub(super) struct ModeChange {
     pub node: String,
     pub gpu: u8,
     pub enabled: bool,
+}
+
+impl ModeChange {
+    /// The stored record of this mode, in effect (or `pending` a reset) since `now`.
+    fn record(&self, pending: bool, now: i64, detail: String) -> GpuMigRecord {
+        GpuMigRecord {
+            node: self.node.clone(),
+            gpu: self.gpu,
+            enabled: self.enabled,
+            pending,
+            since: now,
+            detail,
+        }
+    }
+}
+
+/// What the MIG-mode controller is handed of the world: the fleet, the engine (the modes and
+/// layouts it places by), the backend, and the operator state it records modes in.
+pub(super) struct MigCtx<'a> {
+    pub fleet: &'a Fleet,
+    pub nodes: &'a NodeIndex,
+    pub sched: &'a mut Scheduler,
+    pub backend: &'a dyn Backend,
+    pub caps: &'a Capabilities,
+    pub ops: &'a mut Arc<FleetOps>,
+    pub published: &'a Published,
+}
+
+impl<'a> MigCtx<'a> {
+    /// The controller's part of the world.
+    pub(super) fn of(w: &'a mut World) -> Self {
+        MigCtx {
+            fleet: &w.fleet,
+            nodes: &w.nodes,
+            sched: &mut w.sched,
+            backend: &*w.backend,
+            caps: &w.caps,
+            ops: &mut w.ops,
+            published: &w.published,
+        }
+    }
+
+    /// Records `record` as its GPU's mode, in the batch and in the operator state readers see.
+    fn record_mode(&mut self, record: GpuMigRecord, batch: &mut Batch) {
+        batch.change(Change::GpuMig(record.clone()));
+        let mut ops = (**self.ops).clone();
+        ops.mig.insert((record.node.clone(), record.gpu), record);
+        *self.ops = Arc::new(ops);
+        self.published.set_ops(self.ops.clone());
+    }
 }
 
 impl MigModes {
@@ -54,14 +109,14 @@ impl MigModes {
     /// it was refused).
     pub(super) async fn on_set_mig_mode(
         &mut self,
-        w: &mut World,
+        w: &mut MigCtx<'_>,
         c: ModeChange,
         audit: AuditRecord,
         reply: Reply<MigOutcome>,
         batch: &mut Batch,
         now: i64,
     ) {
-        match self.set_mig_mode(w, &c.node, c.gpu, c.enabled, audit, batch, now).await {
+        match self.set_mig_mode(w, &c, audit, batch, now).await {
             Ok(o) if o.changed => {
                 batch.full_publish = true;
                 batch.reply(ReplyTo::Mig(reply, o));
@@ -84,17 +139,15 @@ impl MigModes {
 
     /// Switches MIG mode of `gpu` on `node` (the caller checked that the GPU exists). On a
     /// change, the stored record and `audit` go into `batch`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn set_mig_mode(
         &mut self,
-        w: &mut World,
-        node: &str,
-        gpu: u8,
-        enabled: bool,
+        w: &mut MigCtx<'_>,
+        c: &ModeChange,
         mut audit: AuditRecord,
         batch: &mut Batch,
         now: i64,
     ) -> Result<MigOutcome, LifecycleError> {
+        let (node, gpu, enabled) = (c.node.as_str(), c.gpu, c.enabled);
         let refuse = |r: MigRefusal, detail: String| Err(LifecycleError::Mig(r, detail));
         let Some(n) = w.fleet.node_by_name(node) else {
             return Err(LifecycleError::Conflict(format!("no node `{node}` in the fleet")));
@@ -161,28 +214,18 @@ impl MigModes {
         }
         w.sched.engine.set_gpu_mig_pending(n.0, gpu, pending);
         let mode = if enabled { "on" } else { "off" };
-        let record = GpuMigRecord {
-            node: node.to_string(),
-            gpu,
-            enabled,
-            pending,
-            since: now,
-            detail: if pending {
-                format!(
-                    "MIG mode {mode} by {}, pending a GPU reset (Tessera never resets a GPU)",
-                    audit.actor
-                )
-            } else {
-                format!("MIG mode {mode} by {}", audit.actor)
-            },
+        let detail = if pending {
+            format!(
+                "MIG mode {mode} by {}, pending a GPU reset (Tessera never resets a GPU)",
+                audit.actor
+            )
+        } else {
+            format!("MIG mode {mode} by {}", audit.actor)
         };
+        let record = c.record(pending, now, detail);
         audit.detail = record.detail.clone();
-        batch.change(Change::GpuMig(record.clone()));
+        w.record_mode(record.clone(), batch);
         batch.audit(audit);
-        let mut ops = (*w.ops).clone();
-        ops.mig.insert((node.to_string(), gpu), record.clone());
-        w.ops = Arc::new(ops);
-        w.published.set_ops(w.ops.clone());
         tracing::info!(%node, gpu, enabled, pending, "MIG mode changed by an admin");
         Ok(MigOutcome { record, changed: true })
     }
@@ -190,17 +233,15 @@ impl MigModes {
     /// The backend read GPU `gpu` of `node` in MIG mode `enabled` (switching to it, `pending` a
     /// reset): the engine and the stored record follow when they differ. A GPU outside a mig
     /// pool, or one still holding work in its old mode, is left as it is (logged).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn backend_mig_mode(
         &mut self,
-        w: &mut World,
-        node: &str,
-        gpu: u8,
-        enabled: bool,
+        w: &mut MigCtx<'_>,
+        c: &ModeChange,
         pending: bool,
         batch: &mut Batch,
         now: i64,
     ) {
+        let (node, gpu, enabled) = (c.node.as_str(), c.gpu, c.enabled);
         let Some(n) = w.fleet.node_by_name(node) else {
             return;
         };
@@ -227,15 +268,7 @@ impl MigModes {
             (false, true) => format!("MIG mode {mode}: the GPU reset applied the pending change"),
             (false, false) => format!("MIG mode {mode}, as the {} backend reads it", w.backend.name()),
         };
-        let record = GpuMigRecord {
-            node: node.to_string(),
-            gpu,
-            enabled,
-            pending,
-            since: now,
-            detail: detail.clone(),
-        };
-        batch.change(Change::GpuMig(record.clone()));
+        w.record_mode(c.record(pending, now, detail.clone()), batch);
         batch.audit(AuditRecord {
             seq: 0,
             at: now,
@@ -247,10 +280,6 @@ impl MigModes {
             outcome: 200,
             detail,
         });
-        let mut ops = (*w.ops).clone();
-        ops.mig.insert((node.to_string(), gpu), record);
-        w.ops = Arc::new(ops);
-        w.published.set_ops(w.ops.clone());
         batch.full_publish = true;
         tracing::info!(%node, gpu, enabled, pending, "MIG mode read from the backend");
     }
@@ -258,7 +287,7 @@ impl MigModes {
     /// At start-up: the stored MIG modes, into the engine (before any allocation is restored)
     /// and onto the backend (idempotent; the simulated backend forgot them) unless it reports
     /// the modes itself (then its reports correct the engine when the GPUs changed meanwhile).
-    pub(super) async fn restore(&mut self, w: &mut World, records: Vec<GpuMigRecord>, ops: &mut FleetOps) {
+    pub(super) async fn restore(&mut self, w: &mut MigCtx<'_>, records: Vec<GpuMigRecord>, ops: &mut FleetOps) {
         for r in records {
             let Some(n) = w.fleet.node_by_name(&r.node) else {
                 continue;
@@ -281,7 +310,7 @@ impl MigModes {
 
     /// Adopts MIG layouts a `whole-gpu` backend reports (start-up, reconcile, a layout applied).
     /// `at`: when the backend read them (a reconcile: when it was asked).
-    pub(super) fn adopt_layouts(&mut self, w: &mut World, layouts: &[(String, u8, Vec<MigInstance>)], at: i64) {
+    pub(super) fn adopt_layouts(&mut self, w: &mut MigCtx<'_>, layouts: &[(String, u8, Vec<MigInstance>)], at: i64) {
         for (node, gpu, instances) in layouts {
             self.reported.insert((node.clone(), *gpu), (at, instances.clone()));
         }
@@ -293,7 +322,7 @@ impl MigModes {
                 tracing::warn!(%node, "the backend reports a MIG layout on a node the fleet does not have");
                 continue;
             };
-            let Some(slots) = placement::mig_slots(&w.fleet, n, instances) else {
+            let Some(slots) = placement::mig_slots(w.fleet, n, instances) else {
                 tracing::warn!(%node, gpu, "the backend reports MIG profiles this GPU model does not have");
                 continue;
             };

@@ -71,12 +71,12 @@ pub use config::{GpuFailurePolicy, LoopConfig, SchedFactory, Settings};
 use consolidation::Moves;
 use effects::Runner;
 pub use fleetswap::FleetCell;
-use health::Health;
 pub use health::{CRITICAL_XIDS, is_critical};
+use health::{GpuNews, Health};
 use live::now_ms;
-use meter::Metering;
+use meter::{MeterCtx, Metering};
 use metering::MonthBook;
-use migmode::MigModes;
+use migmode::{MigCtx, MigModes};
 use nodeops::{Drains, NodeCtx};
 pub use ops::FleetOps;
 use placement::NodeIndex;
@@ -337,7 +337,7 @@ impl Core {
             }
             let now = now_ms();
             if ticked {
-                Metering::tick(&mut self.w, now).await;
+                Metering::tick(MeterCtx::of(&mut self.w), now).await;
                 batch.full_publish = true;
                 self.node_steps(&mut batch, now).await;
             } else if std::mem::take(&mut self.rollouts.soon) {
@@ -405,8 +405,15 @@ impl Core {
             Cmd::Cancel { id, actor, reply } => Admission::on_cancel(&mut self.w, id, actor, reply, batch, now),
             Cmd::Govern(g, reply) => Admission::on_govern(&mut self.w, g, reply, batch, now),
             Cmd::Backend(e) => self.on_backend(e, batch, now).await,
+            // The end of a node's upgrade to the rollout controller, the others to the drains.
             Cmd::NodeOp { node, op, actor, reply } => {
-                let r = self.node_op(&node, op, &actor, batch, now).await;
+                let r = if op == NodeOp::UpgradeDone {
+                    let mut cx = rollout_ctx!(self);
+                    self.rollouts.upgrade_done(&mut cx, &node, &actor, batch, now).await
+                } else {
+                    let mut cx = node_ctx!(self);
+                    self.drains.node_op(&mut cx, &node, op, &actor, batch, now).await
+                };
                 answer_done(r, reply, batch);
             }
             Cmd::SetMigMode {
@@ -418,7 +425,7 @@ impl Core {
             } => {
                 let change = migmode::ModeChange { node, gpu, enabled };
                 self.mig
-                    .on_set_mig_mode(&mut self.w, change, *audit, reply, batch, now)
+                    .on_set_mig_mode(&mut MigCtx::of(&mut self.w), change, *audit, reply, batch, now)
                     .await
             }
             Cmd::StartRollout { spec, actor, reply } => {
@@ -445,10 +452,10 @@ impl Core {
                     self.reconciler.soon = soon;
                 }
             }
-            Cmd::Reconciled(report, expected) => {
+            Cmd::Reconciled(back) => {
                 self.reconciler.finished();
                 self.reconciler
-                    .on_reconciled(&mut self.w, &mut self.mig, &self.runner, report, expected, batch, now);
+                    .on_reconciled(&mut self.w, &mut self.mig, &self.runner, back, batch, now);
             }
         }
         if self.health.has_writes() {
@@ -465,9 +472,16 @@ impl Core {
                 healthy,
                 xid,
                 detail,
-            } => self
-                .health
-                .on_gpu_health(&mut self.w, &node, gpu, healthy, xid, &detail, batch, now),
+            } => {
+                let news = GpuNews {
+                    node: &node,
+                    gpu,
+                    healthy,
+                    xid,
+                    detail: &detail,
+                };
+                self.health.on_gpu_health(&mut self.w, news, batch, now)
+            }
             BackendEvent::NodeChanged { node, change } => {
                 self.health
                     .on_node_changed(&mut self.w, &node, change, batch, now)
@@ -480,12 +494,14 @@ impl Core {
                 gpu,
                 enabled,
                 pending,
-            } => self
-                .mig
-                .backend_mig_mode(&mut self.w, &node, gpu, enabled, pending, batch, now),
+            } => {
+                let read = migmode::ModeChange { node, gpu, enabled };
+                self.mig
+                    .backend_mig_mode(&mut MigCtx::of(&mut self.w), &read, pending, batch, now)
+            }
             BackendEvent::Telemetry { at_ms, gpus } => {
                 self.health.on_telemetry(&mut self.w, &gpus, batch, now);
-                self.metering.on_telemetry(&mut self.w, at_ms, &gpus);
+                self.metering.on_telemetry(MeterCtx::of(&mut self.w), at_ms, &gpus);
                 self.w.published.set_telemetry(Telemetry {
                     at: at_ms,
                     gpus: Arc::new(gpus),
@@ -496,28 +512,11 @@ impl Core {
             }
             BackendEvent::PartitionChanged { node, gpu, instances } => {
                 tracing::debug!(%node, gpu, instances = instances.len(), "MIG layout applied");
-                self.mig.adopt_layouts(&mut self.w, &[(node, gpu, instances)], now_ms());
+                self.mig
+                    .adopt_layouts(&mut MigCtx::of(&mut self.w), &[(node, gpu, instances)], now_ms());
             }
             e => news::on_event(&mut self.w, e, batch, now),
         }
-    }
-
-    /// An admin's node operation: the end of a node's upgrade to the rollout controller, the
-    /// others to the drains.
-    async fn node_op(
-        &mut self,
-        node: &str,
-        op: NodeOp,
-        actor: &str,
-        batch: &mut Batch,
-        now: i64,
-    ) -> Result<(), LifecycleError> {
-        if op == NodeOp::UpgradeDone {
-            let mut cx = rollout_ctx!(self);
-            return self.rollouts.upgrade_done(&mut cx, node, actor, batch, now).await;
-        }
-        let mut cx = node_ctx!(self);
-        self.drains.node_op(&mut cx, node, op, actor, batch, now).await
     }
 
     /// Commits the batch (see [`commit`]); a batch the store refused rebuilds memory from the

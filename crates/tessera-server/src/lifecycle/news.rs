@@ -8,7 +8,7 @@ use tessera_domain::{Input, Phase, Workload, WorkloadId};
 
 use super::batch::Batch;
 use super::command::OpResult;
-use super::health::{Cause, Health};
+use super::health::{Cause, GpuFailure, Health};
 use super::world::World;
 
 /// Backend news about one workload becomes its lifecycle input.
@@ -202,7 +202,13 @@ pub(super) fn on_done(
             if let Some(p) = w.live.get(&id).and_then(|l| l.w.placement.clone()) {
                 let detail = format!("partitioning failed: {e}");
                 for g in p.gpus {
-                    health.gpu_failed(w, &p.node, g, Cause::Partition, &detail, batch, now);
+                    let failure = GpuFailure {
+                        node: &p.node,
+                        gpu: g,
+                        cause: Cause::Partition,
+                        detail: &detail,
+                    };
+                    health.gpu_failed(w, failure, batch, now);
                 }
             }
             Input::PartitionFailed {

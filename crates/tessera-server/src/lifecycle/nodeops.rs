@@ -69,6 +69,16 @@ pub(super) struct NodeCtx<'a> {
     pub moves: &'a mut Moves,
 }
 
+/// A drain asked for: of which node, by whom, with what deadline and what then (preempt or
+/// wait), and for which rolling upgrade, if any (named in the notices).
+pub(super) struct DrainOrder<'a> {
+    pub node: &'a str,
+    pub deadline_ms: Option<i64>,
+    pub preempt: bool,
+    pub actor: &'a str,
+    pub rollout: Option<u64>,
+}
+
 impl Drains {
     pub(super) fn holders_of(w: &World, node: &str) -> Vec<(WorkloadId, Kind, Phase)> {
         let mut v: Vec<_> = w
@@ -175,26 +185,33 @@ impl Drains {
                     .await
             }
             NodeOp::Drain { deadline_ms, preempt } => {
-                self.start_drain(cx, node, deadline_ms, preempt, actor, None, batch, now)
-                    .await
+                let order = DrainOrder {
+                    node,
+                    deadline_ms,
+                    preempt,
+                    actor,
+                    rollout: None,
+                };
+                self.start_drain(cx, order, batch, now).await
             }
         }
     }
 
-    /// Drains a node: cordoned, its policy stored, and the first drain step taken at once;
-    /// `rollout`: the rolling upgrade that takes the node, named in the notices.
-    #[allow(clippy::too_many_arguments)]
+    /// Drains a node: cordoned, its policy stored, and the first drain step taken at once.
     pub(super) async fn start_drain(
         &mut self,
         cx: &mut NodeCtx<'_>,
-        node: &str,
-        deadline_ms: Option<i64>,
-        preempt: bool,
-        actor: &str,
-        rollout: Option<u64>,
+        order: DrainOrder<'_>,
         batch: &mut Batch,
         now: i64,
     ) -> Result<(), LifecycleError> {
+        let DrainOrder {
+            node,
+            deadline_ms,
+            preempt,
+            actor,
+            rollout,
+        } = order;
         let detail = match deadline_ms {
             Some(d) => format!(
                 "drained by {actor}; deadline {}; then {}",

@@ -339,7 +339,7 @@ pub fn mig_slots(fleet: &Fleet, node: NodeId, instances: &[MigInstance]) -> Opti
 }
 
 /// The MIG instance of a placement, as backends name it.
-fn mig_instance(p: &Placement) -> Option<MigInstance> {
+pub fn mig_instance(p: &Placement) -> Option<MigInstance> {
     match &p.slice {
         Slice::Mig {
             profile,

@@ -9,10 +9,10 @@ use tessera_domain::{Input, Observed, Phase, WorkloadId};
 use tokio::sync::mpsc;
 
 use super::batch::Batch;
-use super::command::Cmd;
+use super::command::{Cmd, Reconciled};
 use super::effects::Runner;
 use super::live::now_ms;
-use super::migmode::MigModes;
+use super::migmode::{MigCtx, MigModes};
 use super::placement;
 use super::world::World;
 
@@ -54,33 +54,31 @@ impl Reconciler {
         self.asked = now_ms();
         let backend = w.backend.clone();
         runner.spawn(async move {
-            let r = backend.reconcile(&expected).await.map_err(|e| e.to_string());
-            let _ = tx.send(Cmd::Reconciled(r, phases)).await;
+            let report = backend.reconcile(&expected).await.map_err(|e| e.to_string());
+            let _ = tx.send(Cmd::Reconciled(Reconciled { report, phases })).await;
         });
     }
 
     /// A periodic reconcile came back: what changed behind Tessera's back becomes input, for
     /// workloads whose phase did not move meanwhile and that have no backend work in flight.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn on_reconciled(
         &mut self,
         w: &mut World,
         mig: &mut MigModes,
         runner: &Runner,
-        report: Result<tessera_backend::ReconcileReport, String>,
-        expected: Vec<(WorkloadId, Phase)>,
+        back: Reconciled,
         batch: &mut Batch,
         now: i64,
     ) {
-        let report = match report {
+        let report = match back.report {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "reconcile with the backend failed; retrying at the next interval");
                 return;
             }
         };
-        mig.adopt_layouts(w, &report.layouts, self.asked);
-        let phases: HashMap<WorkloadId, Phase> = expected.into_iter().collect();
+        mig.adopt_layouts(&mut MigCtx::of(w), &report.layouts, self.asked);
+        let phases: HashMap<WorkloadId, Phase> = back.phases.into_iter().collect();
         for (id, observation) in report.workloads {
             let id = WorkloadId(id);
             let unchanged = w

@@ -27,7 +27,7 @@ use super::consolidation::Moves;
 use super::effects::Runner;
 use super::health::Health;
 use super::live::{Live, now_ms};
-use super::migmode::MigModes;
+use super::migmode::{MigCtx, MigModes};
 use super::nodeops::{Drain, Drains};
 use super::ops::FleetOps;
 use super::placement;
@@ -99,7 +99,8 @@ impl Rebuild<'_> {
                 for (id, o) in report.workloads {
                     observed.insert(WorkloadId(id), self.w.observed(o, "after a control-plane restart"));
                 }
-                self.mig.adopt_layouts(self.w, &report.layouts, now_ms());
+                self.mig
+                    .adopt_layouts(&mut MigCtx::of(self.w), &report.layouts, now_ms());
                 // Logged and counted here; the first periodic reconcile audits them.
                 self.w.metrics.orphans(report.orphans.len());
                 for o in &report.orphans {
@@ -258,7 +259,7 @@ impl Rebuild<'_> {
             ops.rollouts.insert(r.id, r);
         }
         let mig = self.w.store.gpu_mig_modes().await?;
-        self.mig.restore(self.w, mig, &mut ops).await;
+        self.mig.restore(&mut MigCtx::of(self.w), mig, &mut ops).await;
         for r in self.w.store.unhealthy_gpus().await? {
             if let Some(n) = self.w.fleet.node_by_name(&r.node) {
                 self.w.sched.engine.fence_gpu(n.0, r.gpu, true);

@@ -31,7 +31,7 @@ use super::command::{LifecycleError, NewRollout, Reply};
 use super::consolidation::Moves;
 use super::health::Health;
 use super::migmode::MigModes;
-use super::nodeops::{Drains, NodeCtx};
+use super::nodeops::{DrainOrder, Drains, NodeCtx};
 use super::world::World;
 
 /// A pending node is taken (cordoned) once its unmovable work ends within this (one controller
@@ -134,21 +134,9 @@ impl RolloutCtx<'_> {
         drains.set_state(&mut cx, node, state, detail, now).await
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn start_drain(
-        &mut self,
-        node: &str,
-        deadline_ms: Option<i64>,
-        preempt: bool,
-        actor: &str,
-        rollout: Option<u64>,
-        batch: &mut Batch,
-        now: i64,
-    ) -> Result<(), LifecycleError> {
+    async fn start_drain(&mut self, order: DrainOrder<'_>, batch: &mut Batch, now: i64) -> Result<(), LifecycleError> {
         let (drains, mut cx) = self.nodes();
-        drains
-            .start_drain(&mut cx, node, deadline_ms, preempt, actor, rollout, batch, now)
-            .await
+        drains.start_drain(&mut cx, order, batch, now).await
     }
 }
 
@@ -612,10 +600,14 @@ impl Rollouts {
             r.nodes[i].started_at = Some(now);
             let deadline_ms = r.deadline_s.map(|s| now + s as i64 * 1000);
             let actor = format!("rollout {}", r.id);
-            if let Err(e) = cx
-                .start_drain(&name, deadline_ms, r.preempt, &actor, Some(r.id), batch, now)
-                .await
-            {
+            let order = DrainOrder {
+                node: &name,
+                deadline_ms,
+                preempt: r.preempt,
+                actor: &actor,
+                rollout: Some(r.id),
+            };
+            if let Err(e) = cx.start_drain(order, batch, now).await {
                 tracing::error!(node = %name, error = %e, "cannot drain a node for a rollout; retrying");
                 break;
             }

@@ -2,7 +2,8 @@
 //! tenants' numbers and this month's usage, with the handles to the store, the backend and
 //! the metrics; and the one way a workload changes ([`World::apply`]: its transition, and the
 //! effects that touch the scheduler and the ledger). Controllers own their own state and are
-//! handed the world, the batch and the time for each step.
+//! handed the world, the batch and the time for each step; those that change no workload are
+//! handed only the fields they use (the MIG modes' `MigCtx`, metering's `MeterCtx`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -25,7 +25,7 @@ use tessera_domain::{GpuSpec, Kind, ShapeSpec, WorkloadSpec};
 use tessera_model::Fleet;
 use tessera_sched::Engine;
 use tessera_sched::cycle::{GovernConfig, Scheduler};
-use tessera_server::lifecycle::{NewWorkload, SchedFactory, placement};
+use tessera_server::lifecycle::{Lifecycle, NewWorkload, SchedFactory, Settings, placement};
 use tessera_server::{Running, ServerConfig, start};
 use tessera_store::Store;
 use tessera_store_postgres::PgStore;
@@ -392,4 +392,23 @@ pub fn sched_factory(govern: GovernConfig) -> SchedFactory {
         let p = tessera_sched::replay::make_policy("tessera", &[]).unwrap();
         Scheduler::new(Engine::new(fleet, p, 1), govern.clone())
     })
+}
+
+/// Starts a lifecycle loop on `fleet` as the server's tests want one that restarts and
+/// reconciles quickly: a 1 s grace, a reconcile every 500 ms, metrics of its own.
+pub async fn start_loop(
+    fleet: Arc<Fleet>,
+    govern: GovernConfig,
+    store: Arc<dyn Store>,
+    backend: Arc<dyn tessera_backend::Backend>,
+) -> Lifecycle {
+    let settings = Settings {
+        grace: Duration::from_secs(1),
+        reconcile_every: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let metrics = Arc::new(tessera_server::metrics::Metrics::new());
+    tessera_server::lifecycle::start(fleet, sched_factory(govern), store, backend, settings, metrics)
+        .await
+        .unwrap()
 }

@@ -113,6 +113,46 @@ pub fn serve_command() -> Command {
     cmd
 }
 
+/// [`serve_command`] on a free loopback port with the Kubernetes backend on the cluster that
+/// `kubeconfig` reaches (stderr shown): a 1 s grace, the MIG manager's config map, data in
+/// `data`, and the caller's `extra` flags.
+pub fn kube_serve_command(data: &Path, kubeconfig: &Path, extra: &[&str]) -> Command {
+    let mut cmd = serve_command();
+    cmd.args(["--backend", "kubernetes", "--grace-s", "1"])
+        .args(["--kube-mig-configmap", "default/mig-parted", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .arg("--data-dir")
+        .arg(data)
+        .env("KUBECONFIG", kubeconfig)
+        .stderr(Stdio::inherit());
+    cmd
+}
+
+/// Starts `cmd` (a [`kube_serve_command`]) and waits up to a minute until it serves, with the
+/// cluster's GPU nodes as `fleet` counts them (`16 GPUs on 2 nodes`) in its banner.
+pub fn serving_kube(mut cmd: Command, fleet: &str) -> Serving {
+    let server = try_wait_until_serving(&mut cmd, Duration::from_secs(60)).expect("server did not start");
+    let banner = server.banner();
+    assert!(
+        banner.contains(&format!("the Kubernetes cluster's GPU nodes ({fleet})")),
+        "{banner}"
+    );
+    server
+}
+
+/// Runs `serve` on `dir/data` and the cluster `kubeconfig` reaches off the runtime (it blocks
+/// until the server serves): the server, and the admin token it wrote.
+pub async fn serve_kube_in(dir: &TempDir, kubeconfig: &Path, serve: fn(&Path, &Path) -> Serving) -> (Serving, String) {
+    let data = dir.0.join("data");
+    let server = tokio::task::spawn_blocking({
+        let (data, kc) = (data.clone(), kubeconfig.to_path_buf());
+        move || serve(&data, &kc)
+    })
+    .await
+    .unwrap();
+    (server, admin_token(&data))
+}
+
 /// [`serve_command`] on a free loopback port, with the simulated backend (the seed fleet),
 /// no rate limit and a telemetry sample every `telemetry_ms`.
 pub fn sim_serve_command(telemetry_ms: u64) -> Command {
