@@ -1300,3 +1300,118 @@ async fn with_the_gang_rules_a_blocked_gang_holds_a_rack_at_once() {
     let without = blocked_gang_reason(false).await;
     assert!(!without.contains("held for it"), "{without}");
 }
+
+/// The time and rack a gang's start is given at in `reason` (a queue reason or a dry run's):
+/// `("YYYY-MM-DD HH:MM", rack, workloads ending first)`.
+fn start_in(reason: &str) -> (String, String, String) {
+    let at = reason
+        .split("starts at about ")
+        .nth(1)
+        .and_then(|r| r.split(" UTC").next())
+        .unwrap_or_else(|| panic!("no start in {reason}"))
+        .to_string();
+    let rack = reason
+        .split(" in rack ")
+        .nth(1)
+        .and_then(|r| r.split([' ', ':', ';']).next())
+        .unwrap_or_else(|| panic!("no rack in {reason}"))
+        .to_string();
+    let ending = reason
+        .split(" when ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("no count in {reason}"))
+        .to_string();
+    (at, rack, ending)
+}
+
+/// With the gang rules' stacked holds, the dry run plans a gang behind the gangs already
+/// waiting with holds: it promises no start before theirs have run, and the reason the gang
+/// gets once submitted names the same start, rack and count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gangs_dry_run_counts_the_holds_of_the_gangs_waiting_before_it() {
+    let s = TestServer::start_with("gang-dry-run-holds", |c| ServerConfig {
+        govern: tessera_sched::cycle::GovernConfig {
+            min_runtime_ms: 0,
+            reclaim_after_ms: 0,
+            ..Default::default()
+        }
+        .with_gang_rules(),
+        gangs_first: true,
+        ..c
+    })
+    .await;
+    s.tenant_with_project("vision", "train").await;
+    // The training pool (16 nodes of 8 in racks of 4) full: four jobs end in an hour (in one
+    // rack, by the gang rules' placement by end), the rest never.
+    let mut ids = Vec::new();
+    for i in 0..16 {
+        let mut body =
+            json!({"tenant": "vision", "project": "train", "name": "fill", "shape": {"gpus": 8, "pool": "training"}});
+        if i < 4 {
+            body["duration_s"] = json!(3600);
+        }
+        let (st, w) = s.post("/api/v1/workloads", body).await;
+        assert_eq!(st, StatusCode::CREATED, "{w}");
+        ids.push(w["id"].as_u64().unwrap());
+    }
+    let mut racks = std::collections::BTreeSet::new();
+    let nodes = s.get("/api/v1/nodes?pool=training").await;
+    let list = nodes.as_array().or_else(|| nodes["items"].as_array()).unwrap().clone();
+    for id in &ids[..4] {
+        let w = s.wait_state(*id, &["running"]).await;
+        let node = w["allocation"]["node"].as_str().unwrap().to_string();
+        let n = list.iter().find(|n| n["name"] == node.as_str()).unwrap();
+        racks.insert(n["rack"].as_str().unwrap().to_string());
+    }
+    assert_eq!(racks.len(), 1, "the leased jobs share a rack: {racks:?}");
+    let r0 = racks.into_iter().next().unwrap();
+    for id in &ids[4..] {
+        s.wait_state(*id, &["running"]).await;
+    }
+    let gang = json!({"tenant": "vision", "project": "train", "name": "g", "shape": {"gpus": 32, "pool": "training"}, "duration_s": 3600});
+    let held = async |id: u64| {
+        let w = poll(
+            100,
+            Duration::from_millis(50),
+            async || s.get(&format!("/api/v1/workloads/{id}")).await,
+            |w| w["reason"].as_str().is_some_and(|r| r.contains("held for it")),
+        )
+        .await;
+        assert_eq!(w["state"], "queued", "{w}");
+        w["reason"].as_str().unwrap().to_string()
+    };
+    // Two gangs wait, stacked on the rack: the first from the leases' end, the second after it.
+    let mut starts = Vec::new();
+    for _ in 0..2 {
+        let (st, g) = s.post("/api/v1/workloads", gang.clone()).await;
+        assert_eq!(st, StatusCode::CREATED, "{g}");
+        starts.push(start_in(&held(g["id"].as_u64().unwrap()).await));
+    }
+    assert_eq!((&starts[0].1, &starts[0].2[..]), (&r0, "4"), "{starts:?}");
+    assert_eq!((&starts[1].1, &starts[1].2[..]), (&r0, "5"), "{starts:?}");
+    assert!(starts[1].0 > starts[0].0, "{starts:?}");
+    // The dry run of a third (on the snapshot, which may lag the second hold by a publication).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let dry = loop {
+        let (st, d) = s.post("/api/v1/workloads/dry-run", gang.clone()).await;
+        assert_eq!(st, StatusCode::OK, "{d}");
+        assert_eq!(d["outcome"], "wait", "{d}");
+        let r = d["reason"].as_str().unwrap_or_default().to_string();
+        if r.contains("when 6 workloads") || std::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let promised = start_in(&dry);
+    assert_eq!((&promised.1, &promised.2[..]), (&r0, "6"), "behind both gangs: {dry}");
+    assert!(
+        promised.0 > starts[1].0,
+        "no earlier than after the second gang: {dry} / {starts:?}"
+    );
+    // Submitted, it is told the same.
+    let (st, g) = s.post("/api/v1/workloads", gang.clone()).await;
+    assert_eq!(st, StatusCode::CREATED, "{g}");
+    let reason = held(g["id"].as_u64().unwrap()).await;
+    assert_eq!(start_in(&reason), promised, "{reason} / {dry}");
+}

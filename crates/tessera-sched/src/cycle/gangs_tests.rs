@@ -1457,3 +1457,47 @@ fn the_dry_runs_estimate_is_the_start_and_place_a_held_gang_gets() {
     let est = super::estimate_gang_start(&s.engine, &g, &pools, now, &|_| None).unwrap();
     assert_eq!(est.starts_at_ms, None);
 }
+
+#[test]
+fn the_dry_run_plans_a_new_gang_behind_the_holds_of_the_gangs_waiting_before_it() {
+    let hour = 3_600_000;
+    for stack in [true, false] {
+        // Gangs 1 and 2 wait with holds (stacked: gang 1 on r0 from 2 h to 5 h, gang 2 on r0
+        // from 5 h to 6 h; unstacked: each on a rack of its own).
+        let mut s = full_but_r0_at_2h(stack);
+        s.submit(gang_for(1, 16, 3), 0);
+        s.submit(gang_for(2, 32, 1), 0);
+        s.cycle(1);
+        assert_eq!(s.holds.len(), 2);
+        let third = gang_for(3, 32, 1);
+        let g = third.gang.clone().unwrap();
+        let book = s.hold_book();
+        let est = book
+            .gang_start(&s.engine, &g, third.duration_ms, 2)
+            .expect("an estimate");
+        // Blind to the holds, r0 frees at 2 h: a promise the gang would not get.
+        let pools = s.engine.gang_pools(&g);
+        let blind = super::estimate_gang_start(&s.engine, &g, &pools, 2, &|w| {
+            s.running.get(&w).and_then(|r| r.ends_at_ms)
+        })
+        .unwrap();
+        assert_eq!(blind.starts_at_ms, Some(2 * hour));
+        // By hand: stacked, r0 once gang 2 has run (6 h, after r0's 4 jobs and both gangs);
+        // unstacked, the racks left free of holds free at 10 h.
+        let (at, ending) = if stack { (6 * hour, 6) } else { (10 * hour, 4) };
+        assert_eq!((est.starts_at_ms, est.ending), (Some(at), ending), "stack {stack}");
+        // Submitted, gang 3 is told the same start and place.
+        s.submit(third, 2);
+        s.cycle(2);
+        let (nodes, t, e) = hold_of(&s, 3);
+        assert_eq!((t, e), (est.starts_at_ms, est.ending), "stack {stack}");
+        let Some(Wait::GangHeld {
+            racks, starts_at_ms, ..
+        }) = s.reasons.get(&3).cloned()
+        else {
+            panic!("{:?}", s.reasons.get(&3))
+        };
+        assert_eq!((racks, starts_at_ms), (est.racks.clone(), est.starts_at_ms));
+        assert_eq!(nodes.len(), 4);
+    }
+}
