@@ -325,6 +325,7 @@ fn placed_gang(id: u64) -> Workload {
         gpus_per_node: Some(8),
         topology: Some(TopologyConstraint::required("rack")),
         segment: Some(8),
+        remainder: false,
     });
     w.units = GpuUnits::whole(24);
     w.phase = Phase::Placed;
