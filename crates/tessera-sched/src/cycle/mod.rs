@@ -157,7 +157,9 @@ pub struct GovernConfig {
     /// at most this many GPU-unit-milliseconds of work ([`Running::work_lost`]: units × time
     /// since start or last checkpoint, summed over the victims) per GPU-unit-millisecond the
     /// waiting job has waited (its units × the time since it was submitted). A victim that
-    /// alone loses more is never taken; the cheapest victims are taken first. `None`: no bound.
+    /// alone loses more is never taken; the cheapest victims are taken first. A gang's reason
+    /// that says when it will take capacity names the time its victims together are within
+    /// the bound (not one of them alone). `None`: no bound.
     /// E.g. `Some(1.0)`: a 16-GPU gang that waited 4 h may throw away at most 64 GPU-hours, so
     /// an 8-GPU job that ran 142 h without a checkpoint is never reclaimed for it.
     pub max_loss_per_wait: Option<f64>,
