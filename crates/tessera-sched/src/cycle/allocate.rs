@@ -1113,8 +1113,9 @@ pub struct GangStart {
 /// of the running work (`end_of(workload)`: when it ends, `None` when no end is known), with
 /// the rule a waiting gang holds nodes by: in each pool of `pools`, the nodes with enough GPUs
 /// for a share, in the rack where `k` of them free soonest (else the soonest nodes across
-/// racks); the soonest pool wins. `None` when no pool has enough such nodes. Read-only: for the
-/// dry run, which holds no scheduler.
+/// racks); the soonest pool wins. `None` when no pool has enough such nodes. Read-only, and
+/// blind to the holds of the gangs already waiting: the dry run asks
+/// [`HoldBook::gang_start`](super::HoldBook::gang_start), which plans behind them.
 pub fn estimate_gang_start(
     engine: &crate::engine::Engine,
     g: &GangRequest,

@@ -235,7 +235,7 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
                     let code = if u.is_constraint() { "refused" } else { waits_or_refuses };
                     let mut why = u.to_string();
                     if !u.is_constraint() && !b.no_wait {
-                        let duration_ms = b.duration_s.map(|d| (d as i64).saturating_mul(1000));
+                        let duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
                         if let Some(start) = trial.gang_start(g, duration_ms, crate::clock::now_ms()) {
                             why.push_str("; ");
                             why.push_str(&expected_start(&start));
