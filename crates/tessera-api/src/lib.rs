@@ -251,6 +251,12 @@ pub struct GpuShape {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = rules::schema::segment_opt)]
     pub segment: Option<u32>,
+    /// A gang of whole nodes whose `gpus` need not be a multiple of the node size: the last
+    /// node-share holds the remainder on one node (12 GPUs on 8-GPU nodes: 8 + 4). With `gpus`
+    /// alone (no `nodes`, `gpus_per_node` or `segment`), more GPUs than one node has and no
+    /// multiple of it; the quota counts all of them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remainder: bool,
     /// A MIG profile: a name such as `3g.40gb`, or `MODEL:PROFILE_ID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<String>,
@@ -340,6 +346,18 @@ impl Validate for GpuShape {
         }
         if let Some(seg) = self.segment {
             rules::GANG_GPUS.check("shape.segment", seg.into())?;
+        }
+        if self.remainder && (self.gpus.is_none() || self.nodes.is_some() || self.gpus_per_node.is_some()) {
+            return Err(Violation::new(
+                "shape.remainder",
+                "a remainder share goes with a gang of whole nodes: give `gpus` alone, without `nodes` or `gpus_per_node` (the node size is the pool's)",
+            ));
+        }
+        if self.remainder && self.segment.is_some() {
+            return Err(Violation::new(
+                "shape.remainder",
+                "a gang with a remainder share has no segments: leave out `segment` or `remainder`",
+            ));
         }
         if !whole && (self.topology.is_some() || self.segment.is_some()) {
             return Err(Violation::new(
@@ -433,6 +451,8 @@ impl GpuShape {
     /// The shape's rules the schema cannot state (refused with 422).
     pub const RULES_NOT_IN_SCHEMA: &str = "`gpus` must be a multiple of `nodes` (without `gpus_per_node`) \
         or of `gpus_per_node` (without `nodes`), and `nodes` × `gpus_per_node` when all three are given; \
+        `remainder` goes with `gpus` alone (no `nodes`, `gpus_per_node`, `segment`, `mig` or `fraction`), \
+        and its `gpus` must be more than one node of the pool holds and no multiple of it; \
         a shape no node of the fleet can ever hold, an unknown MIG profile, model or pool is refused \
         (problem type …/constraint)";
 }

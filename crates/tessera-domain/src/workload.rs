@@ -76,6 +76,10 @@ pub struct GangSpec {
     pub topology: Option<tessera_model::request::TopologyConstraint>,
     /// Groups of this many GPUs, each within one rack.
     pub segment: Option<u32>,
+    /// Whole nodes only (`gpus_per_node` is `None`): `gpus` need not be a multiple of the
+    /// node size, the last share holding the remainder on one node (12 GPUs on 8-GPU nodes:
+    /// 8 + 4). Asked for explicitly (`shape.remainder`); off, `gpus` is whole nodes.
+    pub remainder: bool,
 }
 
 impl fmt::Display for GpuSpec {
@@ -88,6 +92,9 @@ impl fmt::Display for GpuSpec {
                 write!(f, "a gang of {} whole GPUs", g.gpus)?;
                 if let Some(per) = g.gpus_per_node {
                     write!(f, " ({} nodes × {per})", g.gpus / u32::from(per.max(1)))?;
+                }
+                if g.remainder {
+                    f.write_str(" (whole nodes, the last with the remainder)")?;
                 }
                 Ok(())
             }

@@ -1224,11 +1224,146 @@ async fn apply_is_all_or_nothing(db: Db) {
     );
 }
 
+/// A gang of whole nodes with a remainder share through the API: `{"gpus": 12, "remainder":
+/// true}` on the training pool's 8-GPU nodes is placed as 8 + 4 on two nodes, shown with its
+/// remainder, counted as 12 units, and released whole.
+async fn a_remainder_gang_runs_as_whole_nodes_and_the_remainder(db: Db) {
+    let s = server(db, "remainder").await;
+    s.tenant("vision", "train").await;
+    let body = json!({"tenant": "vision", "project": "train", "name": "g", "shape": {"gpus": 12, "pool": "training", "remainder": true}});
+    let (st, d) = s.post("/api/v1/workloads/dry-run", body.clone()).await;
+    // A tenant without a guarantee borrows: it would start, on two nodes, counted as 12.
+    assert_eq!(
+        (st, &d["outcome"], &d["units"]),
+        (StatusCode::OK, &json!("borrow"), &json!("12")),
+        "{d}"
+    );
+    assert_eq!(d["node"], "2 node-shares in r0 (2 nodes)", "{d}");
+    let (st, w) = s.post("/api/v1/workloads", body).await;
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+    assert_eq!(
+        (&w["units"], &w["shape"]["remainder"]),
+        (&json!("12"), &json!(true)),
+        "{w}"
+    );
+    let id = w["id"].as_u64().unwrap();
+    let w = s.wait_state(id, "running").await;
+    let a = &w["allocation"];
+    let shares = a["shares"].as_array().expect("a second node-share");
+    assert_eq!(shares.len(), 1, "{w}");
+    assert_eq!(
+        (
+            a["gpus"].as_array().unwrap().len(),
+            shares[0]["gpus"].as_array().unwrap().len()
+        ),
+        (8, 4),
+        "a whole node and the remainder: {w}"
+    );
+    assert_ne!(a["node"], shares[0]["node"], "{w}");
+    assert_eq!(a["units_milli"], 12_000, "{w}");
+    assert_eq!(s.units_used("training").await, "12");
+    let (st, c) = s.post(&format!("/api/v1/workloads/{id}/cancel"), json!({})).await;
+    assert_eq!(st, StatusCode::OK, "{c}");
+    s.wait_state(id, "cancelled").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s.units_used("training").await != "0" && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(s.units_used("training").await, "0", "both shares released");
+    let w = s.get(&format!("/api/v1/workloads/{id}")).await;
+    assert_eq!(w["shape"]["remainder"], true, "{w}");
+}
+
+/// A tenant cannot use a remainder share to slip past its quota (the gang counts all its
+/// GPUs, the remainder too), and a remainder asked for where it has no meaning is refused with
+/// 422 naming `shape.remainder` and the rule, storing nothing.
+async fn a_remainder_gang_is_held_to_the_quota_and_its_rules(db: Db) {
+    let s = server(db, "remainder-rules").await;
+    s.tenant("vision", "train").await;
+    let (st, q) = put(
+        &s,
+        "/api/v1/tenants/vision/quotas/training",
+        json!({"guaranteed": 8, "limit": 16}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{q}");
+    let (st, w) = s
+        .post("/api/v1/workloads", wl(json!({"gpus": 8, "pool": "training"})))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+    s.wait_state(w["id"].as_u64().unwrap(), "running").await;
+    // 8 held + 12 asked > 16: refused with no_wait, queued on the quota otherwise.
+    let gang = |no_wait: bool| json!({"tenant": "vision", "project": "train", "name": "g", "shape": {"gpus": 12, "pool": "training", "remainder": true}, "no_wait": no_wait});
+    let (st, d) = s.post("/api/v1/workloads/dry-run", gang(false)).await;
+    assert_eq!((st, &d["reason_code"]), (StatusCode::OK, &json!("quota")), "{d}");
+    let (st, p) = s.post("/api/v1/workloads", gang(true)).await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
+    assert_eq!(
+        p["detail"],
+        "tenant vision holds 8 GPU units in training (guaranteed 8, limit 16); this request needs 12"
+    );
+    let (st, w) = s.post("/api/v1/workloads", gang(false)).await;
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+    assert_eq!(
+        (&w["state"], &w["reason_code"]),
+        (&json!("queued"), &json!("quota")),
+        "{w}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = s.get(&format!("/api/v1/workloads/{}", w["id"])).await;
+    assert_eq!(again["state"], "queued", "never placed past the limit: {again}");
+    assert_eq!(s.units_used("training").await, "8");
+    let before = s.workload_count().await;
+    let bad: Vec<(Value, &str)> = vec![
+        // Not whole nodes: the node size is the pool's.
+        (
+            json!({"gpus": 12, "gpus_per_node": 4, "remainder": true}),
+            "goes with a gang of whole nodes",
+        ),
+        (
+            json!({"nodes": 2, "gpus_per_node": 8, "remainder": true}),
+            "goes with a gang of whole nodes",
+        ),
+        (json!({"gpus": 12, "segment": 12, "remainder": true}), "has no segments"),
+        (
+            json!({"fraction": 500, "remainder": true}),
+            "goes with a gang of whole nodes",
+        ),
+        // A multiple of the node size, or no more than one node: nothing to remain.
+        (
+            json!({"gpus": 16, "pool": "training", "remainder": true}),
+            "leave no remainder",
+        ),
+        (
+            json!({"gpus": 4, "pool": "training", "remainder": true}),
+            "fit on one node",
+        ),
+    ];
+    for (shape, rule) in bad {
+        let (st, p) = s.post("/api/v1/workloads", wl(shape.clone())).await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{shape}: {p}");
+        assert_eq!(p["field"], "shape.remainder", "{shape}: {p}");
+        assert!(p["detail"].as_str().unwrap_or_default().contains(rule), "{shape}: {p}");
+    }
+    // Without the opt-in, 12 GPUs on 8-GPU nodes are still refused.
+    let (st, p) = s
+        .post("/api/v1/workloads", wl(json!({"gpus": 12, "pool": "training"})))
+        .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{p}");
+    assert!(
+        p["detail"].as_str().unwrap_or_default().contains("multiple of 8"),
+        "{p}"
+    );
+    assert_eq!(s.workload_count().await, before, "nothing stored");
+}
+
 tessera_testdb::each_database!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async create_run_cancel_release,
     batch_workloads_complete_and_queue_drains,
     a_gangs_dry_run_says_when_and_where_it_would_start,
+    a_remainder_gang_runs_as_whole_nodes_and_the_remainder,
+    a_remainder_gang_is_held_to_the_quota_and_its_rules,
     idempotent_create,
     bad_input_is_refused_with_the_field_and_nothing_is_stored,
     tenant_tokens_see_only_their_tenant,
@@ -1299,4 +1434,119 @@ async fn with_the_gang_rules_a_blocked_gang_holds_a_rack_at_once() {
     assert!(with_rules.contains("starts at about"), "{with_rules}");
     let without = blocked_gang_reason(false).await;
     assert!(!without.contains("held for it"), "{without}");
+}
+
+/// The time and rack a gang's start is given at in `reason` (a queue reason or a dry run's):
+/// `("YYYY-MM-DD HH:MM", rack, workloads ending first)`.
+fn start_in(reason: &str) -> (String, String, String) {
+    let at = reason
+        .split("starts at about ")
+        .nth(1)
+        .and_then(|r| r.split(" UTC").next())
+        .unwrap_or_else(|| panic!("no start in {reason}"))
+        .to_string();
+    let rack = reason
+        .split(" in rack ")
+        .nth(1)
+        .and_then(|r| r.split([' ', ':', ';']).next())
+        .unwrap_or_else(|| panic!("no rack in {reason}"))
+        .to_string();
+    let ending = reason
+        .split(" when ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("no count in {reason}"))
+        .to_string();
+    (at, rack, ending)
+}
+
+/// With the gang rules' stacked holds, the dry run plans a gang behind the gangs already
+/// waiting with holds: it promises no start before theirs have run, and the reason the gang
+/// gets once submitted names the same start, rack and count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gangs_dry_run_counts_the_holds_of_the_gangs_waiting_before_it() {
+    let s = TestServer::start_with("gang-dry-run-holds", |c| ServerConfig {
+        govern: tessera_sched::cycle::GovernConfig {
+            min_runtime_ms: 0,
+            reclaim_after_ms: 0,
+            ..Default::default()
+        }
+        .with_gang_rules(),
+        gangs_first: true,
+        ..c
+    })
+    .await;
+    s.tenant_with_project("vision", "train").await;
+    // The training pool (16 nodes of 8 in racks of 4) full: four jobs end in an hour (in one
+    // rack, by the gang rules' placement by end), the rest never.
+    let mut ids = Vec::new();
+    for i in 0..16 {
+        let mut body =
+            json!({"tenant": "vision", "project": "train", "name": "fill", "shape": {"gpus": 8, "pool": "training"}});
+        if i < 4 {
+            body["duration_s"] = json!(3600);
+        }
+        let (st, w) = s.post("/api/v1/workloads", body).await;
+        assert_eq!(st, StatusCode::CREATED, "{w}");
+        ids.push(w["id"].as_u64().unwrap());
+    }
+    let mut racks = std::collections::BTreeSet::new();
+    let nodes = s.get("/api/v1/nodes?pool=training").await;
+    let list = nodes.as_array().or_else(|| nodes["items"].as_array()).unwrap().clone();
+    for id in &ids[..4] {
+        let w = s.wait_state(*id, &["running"]).await;
+        let node = w["allocation"]["node"].as_str().unwrap().to_string();
+        let n = list.iter().find(|n| n["name"] == node.as_str()).unwrap();
+        racks.insert(n["rack"].as_str().unwrap().to_string());
+    }
+    assert_eq!(racks.len(), 1, "the leased jobs share a rack: {racks:?}");
+    let r0 = racks.into_iter().next().unwrap();
+    for id in &ids[4..] {
+        s.wait_state(*id, &["running"]).await;
+    }
+    let gang = json!({"tenant": "vision", "project": "train", "name": "g", "shape": {"gpus": 32, "pool": "training"}, "duration_s": 3600});
+    let held = async |id: u64| {
+        let w = poll(
+            100,
+            Duration::from_millis(50),
+            async || s.get(&format!("/api/v1/workloads/{id}")).await,
+            |w| w["reason"].as_str().is_some_and(|r| r.contains("held for it")),
+        )
+        .await;
+        assert_eq!(w["state"], "queued", "{w}");
+        w["reason"].as_str().unwrap().to_string()
+    };
+    // Two gangs wait, stacked on the rack: the first from the leases' end, the second after it.
+    let mut starts = Vec::new();
+    for _ in 0..2 {
+        let (st, g) = s.post("/api/v1/workloads", gang.clone()).await;
+        assert_eq!(st, StatusCode::CREATED, "{g}");
+        starts.push(start_in(&held(g["id"].as_u64().unwrap()).await));
+    }
+    assert_eq!((&starts[0].1, &starts[0].2[..]), (&r0, "4"), "{starts:?}");
+    assert_eq!((&starts[1].1, &starts[1].2[..]), (&r0, "5"), "{starts:?}");
+    assert!(starts[1].0 > starts[0].0, "{starts:?}");
+    // The dry run of a third (on the snapshot, which may lag the second hold by a publication).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let dry = loop {
+        let (st, d) = s.post("/api/v1/workloads/dry-run", gang.clone()).await;
+        assert_eq!(st, StatusCode::OK, "{d}");
+        assert_eq!(d["outcome"], "wait", "{d}");
+        let r = d["reason"].as_str().unwrap_or_default().to_string();
+        if r.contains("when 6 workloads") || std::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let promised = start_in(&dry);
+    assert_eq!((&promised.1, &promised.2[..]), (&r0, "6"), "behind both gangs: {dry}");
+    assert!(
+        promised.0 > starts[1].0,
+        "no earlier than after the second gang: {dry} / {starts:?}"
+    );
+    // Submitted, it is told the same.
+    let (st, g) = s.post("/api/v1/workloads", gang.clone()).await;
+    assert_eq!(st, StatusCode::CREATED, "{g}");
+    let reason = held(g["id"].as_u64().unwrap()).await;
+    assert_eq!(start_in(&reason), promised, "{reason} / {dry}");
 }

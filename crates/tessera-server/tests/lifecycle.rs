@@ -911,6 +911,7 @@ fn gang(gpus: u32, duration_s: Option<u64>) -> WorkloadSpec {
         gpus_per_node: None,
         topology: Some(tessera_model::request::TopologyConstraint::required("rack")),
         segment: None,
+        remainder: false,
     };
     spec(GpuSpec::Gang(g), Some("training"), duration_s, "standard")
 }
@@ -1036,6 +1037,51 @@ fn a_restart_keeps_a_running_gang_whole(mode: SimMode, db: Db) {
     });
 }
 
+/// A gang of whole nodes with a remainder share (12 GPUs on the seed's 8-GPU training nodes)
+/// runs as 8 + 4 on two nodes, counted as 12 units; after a crash of the control plane the next
+/// one reads its shape back from the store, remainder and all, and finds it running on both
+/// shares; cancelled, it returns all 12.
+fn a_remainder_gang_runs_as_8_and_4_and_survives_a_restart(mode: SimMode, db: Db) {
+    let w = World::new("gang-remainder", mode, db);
+    let (rt, lc, _store) = w.boot();
+    let spec = || {
+        let g = tessera_domain::GangSpec {
+            gpus: 12,
+            gpus_per_node: None,
+            topology: None,
+            segment: None,
+            remainder: true,
+        };
+        spec(GpuSpec::Gang(g), Some("training"), None, "standard")
+    };
+    let id = rt.block_on(async {
+        let g = submit(&lc, &w.fleet, spec()).await;
+        let r = wait_phase(&lc, g.id, Phase::Running).await;
+        let first = r.placement.as_ref().expect("placed");
+        assert_eq!(r.shares.len(), 1, "{r:?}");
+        assert_eq!((first.gpus.len(), r.shares[0].gpus.len()), (8, 4), "8 + 4: {r:?}");
+        assert_ne!(first.node, r.shares[0].node, "two nodes");
+        assert_eq!(units_used(&lc, "training"), 12_000);
+        g.id
+    });
+    rt.shutdown_background();
+    let (rt, lc, store) = w.boot();
+    rt.block_on(async {
+        let r = wait_phase(&lc, id, Phase::Running).await;
+        let GpuSpec::Gang(g) = &r.spec.shape.gpu else {
+            panic!("{r:?}")
+        };
+        assert!(g.remainder, "{r:?}");
+        let stored = store.get_workload(id, None).await.unwrap().unwrap();
+        assert_eq!(stored.spec, r.spec);
+        assert_eq!(r.shares.len(), 1);
+        assert_eq!(units_used(&lc, "training"), 12_000, "both shares restored");
+        lc.cancel(id, "tok-test".into()).await.unwrap();
+        wait_phase(&lc, id, Phase::Cancelled).await;
+        assert_eq!(units_used(&lc, "training"), 0, "every share returned");
+    });
+}
+
 /// The phase a workload settles in (running, or waiting in the queue).
 async fn wait_any(lc: &Lifecycle, id: WorkloadId) -> Phase {
     for _ in 0..400 {
@@ -1083,4 +1129,5 @@ on_both_modes!(
     reconcile_audits_each_orphan_once,
     a_gang_runs_whole_and_a_drained_node_requeues_every_share,
     a_restart_keeps_a_running_gang_whole,
+    a_remainder_gang_runs_as_8_and_4_and_survives_a_restart,
 );

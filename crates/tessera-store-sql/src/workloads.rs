@@ -134,6 +134,7 @@ fn bind_spec<'q>(q: Values<'q>, w: &'q Workload) -> Values<'q> {
         .bind(topology.map(|t| t.level.as_str()))
         .bind(topology.map(|t| topology_mode_str(t.mode)))
         .bind(gang.and_then(|g| g.segment).map(i64::from))
+        .bind(gang.is_some_and(|g| g.remainder))
         .bind(json(&s.shape.models))
         .bind(&s.shape.pool)
         .bind(i64_of(s.cpu_milli))

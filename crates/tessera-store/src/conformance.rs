@@ -185,6 +185,7 @@ pub fn placed_gang(id: u64) -> Workload {
         gpus_per_node: Some(8),
         topology: Some(TopologyConstraint::required("rack")),
         segment: Some(8),
+        remainder: false,
     });
     w.units = GpuUnits::whole(24);
     w.placement = Some(share("h100-00"));
@@ -772,7 +773,8 @@ pub async fn workloads_round_trip_every_field(s: &dyn Store) {
     }
 }
 
-/// A multi-node gang keeps its spec (every field, or `gpus` alone) and, once placed, its
+/// A multi-node gang keeps its spec (every field, or whole nodes with a remainder share) and,
+/// once placed, its
 /// node-shares in gang order, in single reads, listings and the active set; requeued, it holds
 /// none again.
 pub async fn gangs_round_trip_with_their_node_shares(s: &dyn Store) {
@@ -793,15 +795,17 @@ pub async fn gangs_round_trip_with_their_node_shares(s: &dyn Store) {
             gpus_per_node: Some(8),
             topology: Some(TopologyConstraint::required("rack")),
             segment: Some(16),
+            remainder: false,
         },
     );
     let bare = gang(
         ids[1],
         GangSpec {
-            gpus: 16,
+            gpus: 12,
             gpus_per_node: None,
             topology: None,
             segment: None,
+            remainder: true,
         },
     );
     let preferred = gang(
@@ -811,6 +815,7 @@ pub async fn gangs_round_trip_with_their_node_shares(s: &dyn Store) {
             gpus_per_node: Some(4),
             topology: Some(TopologyConstraint::preferred("topology.example.com/block")),
             segment: None,
+            remainder: false,
         },
     );
     let queued = vec![full.clone(), bare.clone(), preferred.clone()];

@@ -21,9 +21,9 @@ use crate::{Result, StoreError};
 macro_rules! workload_spec_columns {
     () => {
         "id, tenant, project, name, kind, gpus, mig_profile, fraction_milli, fraction_memory_mib, gang_gpus, \
-         gang_gpus_per_node, gang_topology_level, gang_topology_mode, gang_segment, shape_models, shape_pool, \
-         cpu_milli, memory_mib, duration_s, command, image, env, priority, no_wait, no_requeue, movable, native, \
-         units_milli, created_at"
+         gang_gpus_per_node, gang_topology_level, gang_topology_mode, gang_segment, gang_remainder, shape_models, \
+         shape_pool, cpu_milli, memory_mib, duration_s, command, image, env, priority, no_wait, no_requeue, \
+         movable, native, units_milli, created_at"
     };
 }
 
@@ -360,8 +360,9 @@ fn gang_row(id: WorkloadId, r: &impl Cells) -> Result<Option<GangSpec>> {
     let level = r.text(at!("gang_topology_level"))?;
     let mode = r.text(at!("gang_topology_mode"))?;
     let segment = r.int(at!("gang_segment"))?;
+    let remainder = r.flag(at!("gang_remainder"))?;
     let Some(gpus) = gpus else {
-        if gpus_per_node.is_some() || level.is_some() || mode.is_some() || segment.is_some() {
+        if gpus_per_node.is_some() || level.is_some() || mode.is_some() || segment.is_some() || remainder {
             return Err(corrupt(id, "gang columns are set but `gang_gpus` is NULL"));
         }
         return Ok(None);
@@ -385,6 +386,7 @@ fn gang_row(id: WorkloadId, r: &impl Cells) -> Result<Option<GangSpec>> {
         gpus_per_node: narrow_opt(gpus_per_node, "gang_gpus_per_node")?,
         topology,
         segment: narrow_opt(segment, "gang_segment")?,
+        remainder,
     }))
 }
 
@@ -474,13 +476,14 @@ mod tests {
 
     #[test]
     fn every_column_is_found_at_its_place_in_the_select() {
-        assert_eq!(COLUMN_NAMES.len(), 55);
+        assert_eq!(COLUMN_NAMES.len(), 56);
         for (i, name) in COLUMN_NAMES.iter().enumerate() {
             assert_eq!(position(name), i, "{name}");
         }
         assert_eq!(workload_column!("id"), 0);
-        assert_eq!(workload_column!("p_units_milli"), 53);
-        assert_eq!(workload_column!("p_shares"), 54);
+        assert_eq!(workload_column!("gang_remainder"), 14);
+        assert_eq!(workload_column!("p_units_milli"), 54);
+        assert_eq!(workload_column!("p_shares"), 55);
     }
 
     #[test]

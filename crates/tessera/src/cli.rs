@@ -61,6 +61,11 @@ pub struct RunArgs {
     /// A gang in segments of this many GPUs, each within one rack.
     #[arg(long)]
     pub segment: Option<u32>,
+    /// With --gpus: a gang of whole nodes whose last node-share holds the remainder
+    /// (`--gpus 12 --remainder` on 8-GPU nodes: 8 + 4) instead of refusing a count that is
+    /// no multiple of the node size.
+    #[arg(long, requires = "gpus", conflicts_with_all = ["nodes", "gpus_per_node", "segment"])]
+    pub remainder: bool,
     /// A MIG profile, e.g. 3g.40gb.
     #[arg(long, group = "shape")]
     pub mig: Option<String>,
@@ -321,6 +326,7 @@ fn shape_str(s: &GpuShape) -> String {
     let mut out = if let Some(g) = s.gpus {
         match (s.gpus_per_node, &s.topology) {
             (Some(per), _) => format!("{g}×GPU ({}×{per})", g / u32::from(per.max(1))),
+            _ if s.remainder => format!("{g}×GPU (whole nodes, the last with the remainder)"),
             _ => format!("{g}×GPU"),
         }
     } else if let Some(m) = &s.mig {
@@ -422,6 +428,7 @@ pub async fn run(c: &Common, a: RunArgs) -> Result<()> {
             topology: a.topology,
             topology_mode: a.topology_preferred.then_some(tessera_api::TopologyMode::Preferred),
             segment: a.segment,
+            remainder: a.remainder,
             mig: a.mig,
             fraction: a.fraction,
             gpu_memory_mib: a.gpu_memory,
@@ -571,6 +578,7 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
     );
     let gang = w.shape.nodes.is_some()
         || w.shape.gpus_per_node.is_some()
+        || w.shape.remainder
         || w.allocation.as_ref().is_some_and(|a| !a.shares.is_empty());
     println!(
         "  shape       {}  ({} GPU units)  host {} CPUs, {} GiB{}",

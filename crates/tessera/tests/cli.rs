@@ -108,6 +108,36 @@ fn login_verbs_and_errors() {
         err.starts_with("error: 422 Invalid request: 9 GPUs as whole nodes of 8 GPUs: ask for a multiple of 8"),
         "{err}"
     );
+    // With --remainder, 12 GPUs are a whole node and 4 GPUs of another, shown as such by
+    // `describe`; it goes with --gpus alone.
+    let remainder = run_in_vision_train(&["--gpus", "12", "--pool", "training", "--remainder", "--name", "rem"]);
+    let (code, out, err) = tessera(&[&remainder[..], &["--dry-run"]].concat(), &env);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("would borrow in pool training on node 2 node-shares in r0 (2 nodes)"),
+        "{out}"
+    );
+    let (code, out, err) = tessera(&remainder, &env);
+    assert_eq!(code, 0, "{err}");
+    let id = out
+        .lines()
+        .find(|l| l.contains(" rem "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_string();
+    let (code, out, err) = tessera(&["describe", &id], &env);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("12×GPU (whole nodes, the last with the remainder)  (12 GPU units)"),
+        "{out}"
+    );
+    assert_eq!(tessera(&["cancel", &id], &env).0, 0);
+    let (code, _, err) = tessera(
+        &run_in_vision_train(&["--gpus", "12", "--gpus-per-node", "4", "--remainder"]),
+        &env,
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("--remainder") && err.contains("--gpus-per-node"), "{err}");
     // And a gang no rack holds is refused naming the rack's capacity.
     let (code, _, err) = tessera(
         &run_in_vision_train(&["--gpus", "64", "--pool", "training", "--topology", "rack"]),

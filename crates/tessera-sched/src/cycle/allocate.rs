@@ -636,23 +636,50 @@ fn take_hold(s: &mut Scheduler, job: &Job, pools: &[(PoolId, Option<LimitExceede
 
 /// Where job `id` may take a hold: the first pool of `scope` with fewer holds than
 /// [`GovernConfig::holds_per_pool`](super::GovernConfig); `None` if it holds nodes already.
-fn pool_for_hold(s: &Scheduler, id: u64, gang: bool, mut scope: impl Iterator<Item = PoolId>) -> Option<PoolId> {
-    if s.holds.iter().any(|h| h.job == id) {
+fn pool_for_hold(s: &Scheduler, id: u64, gang: bool, scope: impl Iterator<Item = PoolId>) -> Option<PoolId> {
+    pool_for_hold_in(
+        &s.holds,
+        (s.cfg.holds_per_pool, s.cfg.gang_holds_per_pool),
+        id,
+        gang,
+        scope,
+    )
+}
+
+/// [`pool_for_hold`] over `holds` with the limits `(holds_per_pool, gang_holds_per_pool)`.
+fn pool_for_hold_in(
+    holds: &[super::Hold],
+    (per_pool, gang_per_pool): (usize, Option<usize>),
+    id: u64,
+    gang: bool,
+    mut scope: impl Iterator<Item = PoolId>,
+) -> Option<PoolId> {
+    if holds.iter().any(|h| h.job == id) {
         return None;
     }
     // Gangs' holds are counted apart when they have a limit of their own.
-    let (limit, apart) = match s.cfg.gang_holds_per_pool {
+    let (limit, apart) = match gang_per_pool {
         Some(g) if gang => (g, true),
-        Some(_) => (s.cfg.holds_per_pool, true),
-        None => (s.cfg.holds_per_pool, false),
+        Some(_) => (per_pool, true),
+        None => (per_pool, false),
     };
     scope.find(|&p| {
-        s.holds
+        holds
             .iter()
             .filter(|h| h.pool == p && (!apart || h.gang == gang))
             .count()
             < limit
     })
+}
+
+/// The lease end of each running workload the scheduler knows at `now` (`now` for work being
+/// stopped; `None`: no end, or not running).
+fn ends_of(s: &Scheduler, now: i64) -> impl Fn(u64) -> Option<i64> + '_ {
+    move |owner| {
+        s.running
+            .get(&owner)
+            .and_then(|r| if r.stopping { Some(now) } else { r.ends_at_ms })
+    }
 }
 
 /// Holds `k` nodes with `per` GPUs free each, the last `last` (`shares`: a gang's remainder
@@ -668,105 +695,144 @@ fn pool_for_hold(s: &Scheduler, id: u64, gang: bool, mut scope: impl Iterator<It
 fn hold_nodes(
     s: &mut Scheduler,
     id: u64,
-    (per, k, last): (u32, usize, u32),
+    shares: (u32, usize, u32),
     duration_ms: Option<i64>,
     stack: Option<usize>,
     allows_model: &dyn Fn(tessera_model::ModelId) -> bool,
     pool: PoolId,
     now: i64,
 ) {
-    let fleet = s.engine.fleet().clone();
-    let st = s.engine.state();
-    let range = fleet.pool(pool).nodes.clone();
     // Eligible nodes: an allowed model, enough GPUs for a share, not held for anyone else
     // (stacked: not reserved or nominated for anyone else; holds have windows).
     let held = match stack {
         Some(_) => s.held_for(id, |_| false),
         None => s.held_for_others(id),
     };
-    let windows = match stack {
-        Some(upto) => windows_of(s, id, upto, now),
-        None => FxHashMap::default(),
-    };
-    let d = duration_ms.unwrap_or(i64::MAX);
-    if per == 0 || k == 0 {
-        return;
-    }
-    let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n)).unwrap_or(u32::MAX);
-    // Per rack, its eligible nodes as (when a share fits there, free GPUs, node, when the
-    // remainder share fits there), soonest first, then fullest free: `i64::MAX` when the work
-    // it waits for has no end.
-    type Eligible = (i64, u32, u32, i64);
-    let mut by_rack: std::collections::BTreeMap<u32, Vec<Eligible>> = std::collections::BTreeMap::new();
-    for n in range {
-        let node = &fleet.nodes[n as usize];
-        if u32::from(node.gpus) < per || !allows_model(node.model) || held.contains(&n) {
-            continue;
-        }
-        let frees = |need: u32| {
-            let (at, _) = node_frees(s, n, need, now).unwrap_or((i64::MAX, Vec::new()));
-            match windows.get(&n) {
-                Some(w) if at != i64::MAX => stack_on(at, d, w.iter().map(|&(a, b, _)| (a, b))),
-                _ => at,
-            }
+    let hold = {
+        let end_of = ends_of(s, now);
+        let on = HoldsOn {
+            engine: &s.engine,
+            holds: &s.holds,
+            end_of: &end_of,
         };
-        let at = frees(per);
-        let at_last = if last < per { frees(last) } else { at };
-        by_rack
-            .entry(rack(n))
-            .or_default()
-            .push((at, st.nodes[n as usize].free_gpus(), n, at_last));
+        on.plan(id, shares, duration_ms, stack, allows_model, &held, pool, now)
+    };
+    if let Some(h) = hold {
+        s.holds.push(h);
     }
-    for nodes in by_rack.values_mut() {
-        nodes.sort_unstable_by_key(|&(at, free, n, _)| (at, std::cmp::Reverse(free), n));
-    }
-    // In a rack, the k - 1 soonest nodes for whole shares and then the one of the others
-    // where the last share fits soonest (the k-th soonest when all shares are equal).
-    let pick_k = |v: &[Eligible]| -> Vec<Eligible> {
-        let mut out: Vec<Eligible> = v.iter().take(k - 1).copied().collect();
-        if let Some(r) = v[k - 1..]
-            .iter()
-            .min_by_key(|&&(_, free, n, at_last)| (at_last, std::cmp::Reverse(free), n))
-        {
-            out.push(*r);
+}
+
+/// What a hold is computed on: the engine, the holds in the order they were taken, and when
+/// each running workload ends by its lease (`None`: no end known). The scheduler's own, or the
+/// copy a dry run asks ([`HoldBook`](super::HoldBook)).
+struct HoldsOn<'a> {
+    engine: &'a crate::engine::Engine,
+    holds: &'a [super::Hold],
+    end_of: &'a dyn Fn(u64) -> Option<i64>,
+}
+
+impl HoldsOn<'_> {
+    /// The hold [`hold_nodes`] takes for job `id`, with `held` the nodes it may not use.
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        &self,
+        id: u64,
+        (per, k, last): (u32, usize, u32),
+        duration_ms: Option<i64>,
+        stack: Option<usize>,
+        allows_model: &dyn Fn(tessera_model::ModelId) -> bool,
+        held: &FxHashSet<u32>,
+        pool: PoolId,
+        now: i64,
+    ) -> Option<super::Hold> {
+        let fleet = self.engine.fleet().clone();
+        let st = self.engine.state();
+        let range = fleet.pool(pool).nodes.clone();
+        let windows = match stack {
+            Some(upto) => windows_in(self.holds, id, upto, now),
+            None => FxHashMap::default(),
+        };
+        let d = duration_ms.unwrap_or(i64::MAX);
+        if per == 0 || k == 0 {
+            return None;
         }
-        out
-    };
-    let start_of = |c: &[Eligible]| {
-        let whole = c[..k - 1].iter().map(|e| e.0).max().unwrap_or(i64::MIN);
-        whole.max(c[k - 1].3)
-    };
-    // A rack where the gang starts soonest, then with the most free.
-    let one_rack = by_rack
-        .values()
-        .filter(|v| v.len() >= k)
-        .map(|v| pick_k(v))
-        .max_by_key(|c| {
-            (
-                std::cmp::Reverse(start_of(c)),
-                c.iter().map(|e| e.1).sum::<u32>(),
-                std::cmp::Reverse(c.iter().map(|e| e.2).min()),
-            )
-        });
-    let nodes: Vec<u32> = match one_rack {
-        Some(c) => c.iter().map(|e| e.2).collect(),
-        None => {
-            let mut racks: Vec<&Vec<Eligible>> = by_rack.values().collect();
-            racks.sort_by_key(|v| {
+        let rack = |n: u32| fleet.levels.domain_of(0, tessera_model::NodeId(n)).unwrap_or(u32::MAX);
+        // Per rack, its eligible nodes as (when a share fits there, free GPUs, node, when the
+        // remainder share fits there), soonest first, then fullest free: `i64::MAX` when the work
+        // it waits for has no end.
+        type Eligible = (i64, u32, u32, i64);
+        let mut by_rack: std::collections::BTreeMap<u32, Vec<Eligible>> = std::collections::BTreeMap::new();
+        for n in range {
+            let node = &fleet.nodes[n as usize];
+            if u32::from(node.gpus) < per || !allows_model(node.model) || held.contains(&n) {
+                continue;
+            }
+            let frees = |need: u32| {
+                let (at, _) = node_frees_by(self.engine, n, need, now, self.end_of).unwrap_or((i64::MAX, Vec::new()));
+                match windows.get(&n) {
+                    Some(w) if at != i64::MAX => stack_on(at, d, w.iter().map(|&(a, b, _)| (a, b))),
+                    _ => at,
+                }
+            };
+            let at = frees(per);
+            let at_last = if last < per { frees(last) } else { at };
+            by_rack
+                .entry(rack(n))
+                .or_default()
+                .push((at, st.nodes[n as usize].free_gpus(), n, at_last));
+        }
+        for nodes in by_rack.values_mut() {
+            nodes.sort_unstable_by_key(|&(at, free, n, _)| (at, std::cmp::Reverse(free), n));
+        }
+        // In a rack, the k - 1 soonest nodes for whole shares and then the one of the others
+        // where the last share fits soonest (the k-th soonest when all shares are equal).
+        let pick_k = |v: &[Eligible]| -> Vec<Eligible> {
+            let mut out: Vec<Eligible> = v.iter().take(k - 1).copied().collect();
+            if let Some(r) = v[k - 1..]
+                .iter()
+                .min_by_key(|&&(_, free, n, at_last)| (at_last, std::cmp::Reverse(free), n))
+            {
+                out.push(*r);
+            }
+            out
+        };
+        let start_of = |c: &[Eligible]| {
+            let whole = c[..k - 1].iter().map(|e| e.0).max().unwrap_or(i64::MIN);
+            whole.max(c[k - 1].3)
+        };
+        // A rack where the gang starts soonest, then with the most free.
+        let one_rack = by_rack
+            .values()
+            .filter(|v| v.len() >= k)
+            .map(|v| pick_k(v))
+            .max_by_key(|c| {
                 (
-                    std::cmp::Reverse(v.iter().map(|e| e.1).sum::<u32>()),
-                    v.iter().map(|e| e.2).min(),
+                    std::cmp::Reverse(start_of(c)),
+                    c.iter().map(|e| e.1).sum::<u32>(),
+                    std::cmp::Reverse(c.iter().map(|e| e.2).min()),
                 )
             });
-            racks.into_iter().flatten().take(k).map(|e| e.2).collect()
-        }
-    };
-    if nodes.len() == k {
-        let (starts_at_ms, ending) = match stack {
-            Some(_) => stacked_start(s, &nodes, (per, last), duration_ms, now, &windows),
-            None => start_on(s, &nodes, (per, last), now),
+        let nodes: Vec<u32> = match one_rack {
+            Some(c) => c.iter().map(|e| e.2).collect(),
+            None => {
+                let mut racks: Vec<&Vec<Eligible>> = by_rack.values().collect();
+                racks.sort_by_key(|v| {
+                    (
+                        std::cmp::Reverse(v.iter().map(|e| e.1).sum::<u32>()),
+                        v.iter().map(|e| e.2).min(),
+                    )
+                });
+                racks.into_iter().flatten().take(k).map(|e| e.2).collect()
+            }
         };
-        s.holds.push(super::Hold {
+        if nodes.len() != k {
+            return None;
+        }
+        let (starts_at_ms, ending) = match stack {
+            Some(_) => self.stacked_start(&nodes, (per, last), duration_ms, now, &windows),
+            None => self.start_on(&nodes, (per, last), now),
+        };
+        Some(super::Hold {
             job: id,
             pool,
             nodes,
@@ -776,17 +842,100 @@ fn hold_nodes(
             ending,
             gang: false,
             duration_ms,
-        });
+        })
+    }
+
+    /// [`Self::start_on`] stacked behind `windows` ([`windows_in`]): the soonest time from
+    /// when the running work on `nodes` frees `per_node` GPUs each at which the job (running
+    /// `duration_ms`) overlaps no window on any of them; the workloads it waits for are the
+    /// running ones and the holders of the windows that end by then on its nodes.
+    fn stacked_start(
+        &self,
+        nodes: &[u32],
+        per_node: (u32, u32),
+        duration_ms: Option<i64>,
+        now: i64,
+        windows: &Windows,
+    ) -> (Option<i64>, usize) {
+        let (start, ending) = self.start_on(nodes, per_node, now);
+        let Some(at) = start else {
+            return (None, ending);
+        };
+        let on = || nodes.iter().filter_map(|n| windows.get(n)).flatten();
+        let t = stack_on(at, duration_ms.unwrap_or(i64::MAX), on().map(|&(a, b, _)| (a, b)));
+        if t == i64::MAX {
+            return (None, ending);
+        }
+        let mut ahead: Vec<u64> = on().filter(|&&(_, b, _)| b <= t).map(|&(_, _, j)| j).collect();
+        ahead.sort_unstable();
+        ahead.dedup();
+        (Some(t), ending + ahead.len())
+    }
+
+    /// The start of the hold `self.holds[i]` at `now` and the workloads it waits for:
+    /// [`Self::start_on`] its nodes, stacked (`stack`,
+    /// [`GovernConfig::gang_holds_stack`](super::GovernConfig::gang_holds_stack)) behind the
+    /// holds before it.
+    fn hold_start(&self, i: usize, stack: bool, now: i64) -> (Option<i64>, usize) {
+        let h = &self.holds[i];
+        if stack {
+            let w = windows_in(self.holds, h.job, i, now);
+            self.stacked_start(&h.nodes, (h.per_node, h.last), h.duration_ms, now, &w)
+        } else {
+            self.start_on(&h.nodes, (h.per_node, h.last), now)
+        }
+    }
+
+    /// When `per_node` GPUs (`(each, last)`: `last` on the last node, a gang's remainder
+    /// share) are free on each of `nodes`, by the lease ends of the work running there, and
+    /// how many workloads must end for it: a GPU is free once every workload holding it has
+    /// ended (at once if it is free now; soon, at `now`, if those are all being stopped); on
+    /// each node the `per_node` GPUs that free first are the ones waited for; the latest node
+    /// decides. `None` if one of them waits for work with no end (or work the scheduler does
+    /// not know). Never before `now`.
+    fn start_on(&self, nodes: &[u32], (per_node, last): (u32, u32), now: i64) -> (Option<i64>, usize) {
+        let mut start = Some(now);
+        let mut ending: FxHashSet<u64> = FxHashSet::default();
+        for (i, &n) in nodes.iter().enumerate() {
+            let need = if i + 1 == nodes.len() { last } else { per_node };
+            let Some((at, owners)) = node_frees_by(self.engine, n, need, now, self.end_of) else {
+                return (None, 0);
+            };
+            start = match (start, at) {
+                (_, i64::MAX) | (None, _) => None,
+                (Some(t), at) => Some(t.max(at)),
+            };
+            ending.extend(owners);
+        }
+        (start, ending.len())
+    }
+
+    /// Computes every hold's start again at `now`, in order (a stacked hold's start follows
+    /// the windows of the holds before it).
+    fn refresh(
+        holds: &mut [super::Hold],
+        engine: &crate::engine::Engine,
+        end_of: &dyn Fn(u64) -> Option<i64>,
+        stack: bool,
+        now: i64,
+    ) {
+        for i in 0..holds.len() {
+            let on = HoldsOn { engine, holds, end_of };
+            let (starts_at_ms, ending) = on.hold_start(i, stack, now);
+            let h = &mut holds[i];
+            h.starts_at_ms = starts_at_ms;
+            h.ending = ending;
+        }
     }
 }
 
-/// The windows of the holds `s.holds[..upto]` other than job `id`'s, by node: `(start, end,
+/// The windows of the holds `holds[..upto]` other than job `id`'s, by node: `(start, end,
 /// holder)` ([`Hold::window`](super::Hold)).
 type Windows = FxHashMap<u32, Vec<(i64, i64, u64)>>;
 
-fn windows_of(s: &Scheduler, id: u64, upto: usize, now: i64) -> Windows {
+fn windows_in(holds: &[super::Hold], id: u64, upto: usize, now: i64) -> Windows {
     let mut w: Windows = FxHashMap::default();
-    for h in s.holds[..upto.min(s.holds.len())].iter().filter(|h| h.job != id) {
+    for h in holds[..upto.min(holds.len())].iter().filter(|h| h.job != id) {
         let (a, b) = h.window(now);
         for &n in &h.nodes {
             w.entry(n).or_default().push((a, b, h.job));
@@ -814,44 +963,16 @@ pub(super) fn stack_on(at: i64, duration: i64, windows: impl Iterator<Item = (i6
     }
 }
 
-/// [`start_on`] stacked behind `windows` ([`windows_of`]): the soonest time from when the
-/// running work on `nodes` frees `per_node` GPUs each at which the job (running `duration_ms`)
-/// overlaps no window on any of them; the workloads it waits for are the running ones and the
-/// holders of the windows that end by then on its nodes.
-fn stacked_start(
-    s: &Scheduler,
-    nodes: &[u32],
-    per_node: (u32, u32),
-    duration_ms: Option<i64>,
-    now: i64,
-    windows: &Windows,
-) -> (Option<i64>, usize) {
-    let (start, ending) = start_on(s, nodes, per_node, now);
-    let Some(at) = start else {
-        return (None, ending);
-    };
-    let on = || nodes.iter().filter_map(|n| windows.get(n)).flatten();
-    let t = stack_on(at, duration_ms.unwrap_or(i64::MAX), on().map(|&(a, b, _)| (a, b)));
-    if t == i64::MAX {
-        return (None, ending);
-    }
-    let mut ahead: Vec<u64> = on().filter(|&&(_, b, _)| b <= t).map(|&(_, _, j)| j).collect();
-    ahead.sort_unstable();
-    ahead.dedup();
-    (Some(t), ending + ahead.len())
-}
-
-/// The start of the hold `s.holds[i]` at `now` and the workloads it waits for: [`start_on`]
-/// its nodes, stacked behind the holds before it with
-/// [`GovernConfig::gang_holds_stack`](super::GovernConfig::gang_holds_stack).
+/// The start of the hold `s.holds[i]` at `now` and the workloads it waits for
+/// ([`HoldsOn::hold_start`]).
 fn hold_start(s: &Scheduler, i: usize, now: i64) -> (Option<i64>, usize) {
-    let h = &s.holds[i];
-    if s.cfg.gang_holds_stack {
-        let w = windows_of(s, h.job, i, now);
-        stacked_start(s, &h.nodes, (h.per_node, h.last), h.duration_ms, now, &w)
-    } else {
-        start_on(s, &h.nodes, (h.per_node, h.last), now)
-    }
+    let end_of = ends_of(s, now);
+    let on = HoldsOn {
+        engine: &s.engine,
+        holds: &s.holds,
+        end_of: &end_of,
+    };
+    on.hold_start(i, s.cfg.gang_holds_stack, now)
 }
 
 /// The reason of job `id`, which waits for `now_reason`, when it holds nodes: when and where
@@ -912,51 +1033,18 @@ fn refresh_holds(s: &mut Scheduler, now: i64) {
     if s.holds.is_empty() {
         return;
     }
-    // In order: a stacked hold's start follows the windows of the holds before it.
-    for i in 0..s.holds.len() {
-        let (starts_at_ms, ending) = hold_start(s, i, now);
-        let h = &mut s.holds[i];
-        h.starts_at_ms = starts_at_ms;
-        h.ending = ending;
+    let mut holds = std::mem::take(&mut s.holds);
+    {
+        let end_of = ends_of(s, now);
+        HoldsOn::refresh(&mut holds, &s.engine, &end_of, s.cfg.gang_holds_stack, now);
     }
-}
-
-/// When `per_node` GPUs (`(each, last)`: `last` on the last node, a gang's remainder share)
-/// are free on each of `nodes`, by the lease ends of the work running
-/// there, and how many workloads must end for it: a GPU is free once every workload holding it
-/// has ended (at once if it is free now; soon, at `now`, if those are all being stopped); on
-/// each node the `per_node` GPUs that free first are the ones waited for; the latest node
-/// decides. `None` if one of them waits for work with no end (or work the scheduler does not
-/// know). Never before `now`.
-fn start_on(s: &Scheduler, nodes: &[u32], (per_node, last): (u32, u32), now: i64) -> (Option<i64>, usize) {
-    let mut start = Some(now);
-    let mut ending: FxHashSet<u64> = FxHashSet::default();
-    for (i, &n) in nodes.iter().enumerate() {
-        let need = if i + 1 == nodes.len() { last } else { per_node };
-        let Some((at, owners)) = node_frees(s, n, need, now) else {
-            return (None, 0);
-        };
-        start = match (start, at) {
-            (_, i64::MAX) | (None, _) => None,
-            (Some(t), at) => Some(t.max(at)),
-        };
-        ending.extend(owners);
-    }
-    (start, ending.len())
+    s.holds = holds;
 }
 
 /// When `per_node` GPUs of node `n` are free (never before `now`; `i64::MAX`: not known, some
-/// work it waits for has no end) and the running workloads that must end for it; `None` if the
-/// node has fewer GPUs.
-fn node_frees(s: &Scheduler, n: u32, per_node: u32, now: i64) -> Option<(i64, Vec<u64>)> {
-    node_frees_by(&s.engine, n, per_node, now, &|owner| {
-        s.running
-            .get(&owner)
-            .and_then(|r| if r.stopping { Some(now) } else { r.ends_at_ms })
-    })
-}
-
-/// [`node_frees`] with the end of each running workload from `end_of` (`None`: no end known).
+/// work it waits for has no end) and the running workloads that must end for it, with the end
+/// of each running workload from `end_of` (`None`: no end known); `None` if the node has fewer
+/// GPUs.
 fn node_frees_by(
     engine: &crate::engine::Engine,
     n: u32,
@@ -1025,8 +1113,9 @@ pub struct GangStart {
 /// of the running work (`end_of(workload)`: when it ends, `None` when no end is known), with
 /// the rule a waiting gang holds nodes by: in each pool of `pools`, the nodes with enough GPUs
 /// for a share, in the rack where `k` of them free soonest (else the soonest nodes across
-/// racks); the soonest pool wins. `None` when no pool has enough such nodes. Read-only: for the
-/// dry run, which holds no scheduler.
+/// racks); the soonest pool wins. `None` when no pool has enough such nodes. Read-only, and
+/// blind to the holds of the gangs already waiting: the dry run asks
+/// [`HoldBook::gang_start`](super::HoldBook::gang_start), which plans behind them.
 pub fn estimate_gang_start(
     engine: &crate::engine::Engine,
     g: &GangRequest,
@@ -1108,6 +1197,59 @@ pub fn estimate_gang_start(
         }
     }
     best.map(|(_, s)| s)
+}
+
+impl super::HoldBook {
+    /// Where and about when gang `g` (running `duration_ms` once placed) would start if it
+    /// were submitted at `now` and found no room: the hold it would take, by the scheduler's
+    /// own rule and after every hold taken before it ([`hold_nodes`]: stacked behind them in
+    /// time with [`GovernConfig::gang_holds_stack`](super::GovernConfig::gang_holds_stack),
+    /// else on nodes no one else holds), in the first pool of its scope with room for another
+    /// hold, the holds' starts computed again at `now` first as a cycle does. `None`: no pool
+    /// has room for another hold, or too few nodes are eligible. The engine is the one the book
+    /// was copied with.
+    pub fn gang_start(
+        &self,
+        engine: &crate::engine::Engine,
+        g: &GangRequest,
+        duration_ms: Option<i64>,
+        now: i64,
+    ) -> Option<GangStart> {
+        // No job has this id: every hold and reservation is someone else's.
+        const NEW: u64 = u64::MAX;
+        let end_of = |w: u64| self.ends.get(&w).copied().flatten();
+        let mut holds = self.holds.clone();
+        HoldsOn::refresh(&mut holds, engine, &end_of, self.stack, now);
+        let scope = engine.gang_pools(g);
+        let pool = pool_for_hold_in(&holds, self.limits, NEW, true, scope.into_iter())?;
+        let (per, k, last) = shares_in(engine.fleet(), pool, g)?;
+        let mut held: FxHashSet<u32> = self.others.iter().copied().collect();
+        if !self.stack {
+            held.extend(holds.iter().flat_map(|h| h.nodes.iter().copied()));
+        }
+        let on = HoldsOn {
+            engine,
+            holds: &holds,
+            end_of: &end_of,
+        };
+        let stack = self.stack.then_some(holds.len());
+        let h = on.plan(
+            NEW,
+            (u32::from(per), k, last),
+            duration_ms,
+            stack,
+            &|m| g.allows_model(m),
+            &held,
+            pool,
+            now,
+        )?;
+        Some(GangStart {
+            pool,
+            starts_at_ms: h.starts_at_ms,
+            ending: h.ending,
+            racks: racks_of(engine.fleet(), &h.nodes),
+        })
+    }
 }
 
 /// The racks (domains of the fleet's lowest level) of `nodes`, each once, in order.

@@ -1457,3 +1457,91 @@ fn the_dry_runs_estimate_is_the_start_and_place_a_held_gang_gets() {
     let est = super::estimate_gang_start(&s.engine, &g, &pools, now, &|_| None).unwrap();
     assert_eq!(est.starts_at_ms, None);
 }
+
+#[test]
+fn the_dry_run_plans_a_new_gang_behind_the_holds_of_the_gangs_waiting_before_it() {
+    let hour = 3_600_000;
+    for stack in [true, false] {
+        // Gangs 1 and 2 wait with holds (stacked: gang 1 on r0 from 2 h to 5 h, gang 2 on r0
+        // from 5 h to 6 h; unstacked: each on a rack of its own).
+        let mut s = full_but_r0_at_2h(stack);
+        s.submit(gang_for(1, 16, 3), 0);
+        s.submit(gang_for(2, 32, 1), 0);
+        s.cycle(1);
+        assert_eq!(s.holds.len(), 2);
+        let third = gang_for(3, 32, 1);
+        let g = third.gang.clone().unwrap();
+        let book = s.hold_book();
+        let est = book
+            .gang_start(&s.engine, &g, third.duration_ms, 2)
+            .expect("an estimate");
+        // Blind to the holds, r0 frees at 2 h: a promise the gang would not get.
+        let pools = s.engine.gang_pools(&g);
+        let blind = super::estimate_gang_start(&s.engine, &g, &pools, 2, &|w| {
+            s.running.get(&w).and_then(|r| r.ends_at_ms)
+        })
+        .unwrap();
+        assert_eq!(blind.starts_at_ms, Some(2 * hour));
+        // By hand: stacked, r0 once gang 2 has run (6 h, after r0's 4 jobs and both gangs);
+        // unstacked, the racks left free of holds free at 10 h.
+        let (at, ending) = if stack { (6 * hour, 6) } else { (10 * hour, 4) };
+        assert_eq!((est.starts_at_ms, est.ending), (Some(at), ending), "stack {stack}");
+        // Submitted, gang 3 is told the same start and place.
+        s.submit(third, 2);
+        s.cycle(2);
+        let (nodes, t, e) = hold_of(&s, 3);
+        assert_eq!((t, e), (est.starts_at_ms, est.ending), "stack {stack}");
+        let Some(Wait::GangHeld {
+            racks, starts_at_ms, ..
+        }) = s.reasons.get(&3).cloned()
+        else {
+            panic!("{:?}", s.reasons.get(&3))
+        };
+        assert_eq!((racks, starts_at_ms), (est.racks.clone(), est.starts_at_ms));
+        assert_eq!(nodes.len(), 4);
+    }
+}
+
+/// `max_loss_per_wait` bounds the work a gang's victims lose *together*, and the reason that
+/// says when it will take capacity promises that, not a time at which one victim alone would
+/// be cheap enough.
+#[test]
+fn a_gangs_reason_promises_victims_when_their_loss_together_is_within_the_bound() {
+    let hour = 3_600_000;
+    let mut s = Scheduler::new(
+        super::testing::engine(),
+        GovernConfig {
+            max_loss_per_wait: Some(2.0),
+            gang_reclaim_after_ms: Some(hour / 2),
+            ..super::testing::config()
+        },
+    );
+    let quota = |g: u64| {
+        Some(Quota {
+            guaranteed: GpuUnits::whole(g),
+            limit: None,
+        })
+    };
+    s.set_quota("a", "training", quota(64));
+    s.set_quota("b", "training", quota(0));
+    // b borrows the whole pool from 0, without leases.
+    for i in 0..16 {
+        assert_eq!(placed(&s.submit(job(100 + i, "b", 8, "standard", 0), 0)), vec![100 + i]);
+    }
+    // The 16-GPU gang, submitted at 1 h, holds two nodes past the backfill window and may
+    // reclaim from 1.5 h. By hand: its bound is 2 × 16 GPUs × its wait; its two victims lose
+    // 8 GPUs each since 0. At 1.5 h one alone loses 12 GPU-hours, within the bound (16), but
+    // both lose 24; together they are within it from 2 h on (32 ≤ 2 × 16 × 1).
+    s.submit(gang(1, "a", 16, true, "standard", hour), hour);
+    s.cycle(hour + s.cfg.backfill_max_wait_ms + 1);
+    assert_eq!(hold(&s).nodes.len(), 2);
+    let Some(Wait::PreemptsIn { at_ms, .. }) = s.reasons.get(&1).cloned() else {
+        panic!("{:?}", s.reasons.get(&1))
+    };
+    assert_eq!(at_ms, 2 * hour, "when both victims together are cheap enough");
+    // Before then the search finds nothing (it checks the total), at that time it takes both.
+    assert!(preempted(&s.cycle(hour + hour / 2)).is_empty());
+    assert!(preempted(&s.cycle(2 * hour - 1)).is_empty());
+    let victims = preempted(&s.cycle(2 * hour));
+    assert_eq!(victims.len(), 2, "{victims:?}");
+}

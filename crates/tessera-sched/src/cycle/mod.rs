@@ -157,7 +157,9 @@ pub struct GovernConfig {
     /// at most this many GPU-unit-milliseconds of work ([`Running::work_lost`]: units × time
     /// since start or last checkpoint, summed over the victims) per GPU-unit-millisecond the
     /// waiting job has waited (its units × the time since it was submitted). A victim that
-    /// alone loses more is never taken; the cheapest victims are taken first. `None`: no bound.
+    /// alone loses more is never taken; the cheapest victims are taken first. A gang's reason
+    /// that says when it will take capacity names the time its victims together are within
+    /// the bound (not one of them alone). `None`: no bound.
     /// E.g. `Some(1.0)`: a 16-GPU gang that waited 4 h may throw away at most 64 GPU-hours, so
     /// an 8-GPU job that ran 142 h without a checkpoint is never reclaimed for it.
     pub max_loss_per_wait: Option<f64>,
@@ -470,6 +472,33 @@ pub fn class_keys(fleet: &Fleet, node: NodeId) -> Vec<String> {
     vec![pool.clone(), format!("{pool}/{}", fleet.catalogue.get(node.model).name)]
 }
 
+/// The reservations a new gang's hold is planned around, copied out of the scheduler
+/// ([`Scheduler::hold_book`]) so that a dry run, which holds no scheduler, answers with the
+/// start and place the gang would be given once submitted
+/// ([`HoldBook::gang_start`](Self::gang_start)): the holds in the order they were taken, the
+/// nodes reserved or nominated for other jobs, when each running workload ends, and the
+/// settings that decide how holds share nodes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HoldBook {
+    holds: Vec<Hold>,
+    /// Nodes reserved for a single-node head or nominated for a preemptor.
+    others: Vec<u32>,
+    /// When each running workload's lease ends (`None`: no end; `Some(i64::MIN)`: being
+    /// stopped, so at once).
+    ends: FxHashMap<u64, Option<i64>>,
+    /// [`GovernConfig::gang_holds_stack`].
+    stack: bool,
+    /// [`GovernConfig::holds_per_pool`] and [`GovernConfig::gang_holds_per_pool`].
+    limits: (usize, Option<usize>),
+}
+
+impl HoldBook {
+    /// How many holds it has.
+    pub fn holds(&self) -> usize {
+        self.holds.len()
+    }
+}
+
 /// A preemptor waiting for its victims to stop. The victims' nodes are held for it (nothing
 /// else is placed there, and no other search takes victims there) until it is placed or gives
 /// up, so capacity freed by its first victims is not taken by others before the last has
@@ -484,7 +513,7 @@ struct Nomination {
 /// request of whole GPUs, that waited past the backfill window, and when it fits there by the
 /// ends of the work running on them. Work is placed on these nodes meanwhile only if it ends by
 /// then ([`Job::duration_ms`]), so it never delays the holder.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Hold {
     job: u64,
     pool: PoolId,
@@ -1187,6 +1216,40 @@ impl Scheduler {
             .filter(|(j, _)| **j != job)
             .flat_map(|(_, n)| n.nodes.iter().copied());
         reserved.chain(gangs).chain(nominated).collect()
+    }
+
+    /// A copy of the reservations a new gang's hold is planned around ([`HoldBook`]).
+    pub fn hold_book(&self) -> HoldBook {
+        HoldBook {
+            holds: self.holds.clone(),
+            others: self.other_reserved(),
+            ends: self
+                .running
+                .values()
+                .map(|r| (r.id, if r.stopping { Some(i64::MIN) } else { r.ends_at_ms }))
+                .collect(),
+            stack: self.cfg.gang_holds_stack,
+            limits: (self.cfg.holds_per_pool, self.cfg.gang_holds_per_pool),
+        }
+    }
+
+    /// Whether `book` still has this scheduler's holds and other reservations (its running
+    /// work's ends aside): a cheap check before copying a new one.
+    pub fn holds_match(&self, book: &HoldBook) -> bool {
+        book.holds == self.holds && book.others == self.other_reserved()
+    }
+
+    /// The nodes reserved for single-node heads or nominated for preemptors, sorted, each once.
+    fn other_reserved(&self) -> Vec<u32> {
+        let mut others: Vec<u32> = self
+            .reservations
+            .values()
+            .map(|(_, n)| *n)
+            .chain(self.nominated.values().flat_map(|n| n.nodes.iter().copied()))
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        others
     }
 
     /// The pools a request may go to, in the engine's order.

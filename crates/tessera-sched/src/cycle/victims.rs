@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use tessera_model::Request;
 
@@ -225,8 +225,12 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
 /// [`GovernConfig::max_loss_per_wait`](super::GovernConfig::max_loss_per_wait) allows then:
 /// [`cheap_enough_from`]); the first one found that may be taken by `by` ends the search. `None`
 /// when no workload ever may: a reason that says the job will take capacity then would
-/// promise what the search will not do.
-fn first_takeable(s: &Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> Option<i64> {
+/// promise what the search will not do. A gang holding nodes asks more: the victims it would
+/// take together are cheap enough in total ([`gang_takeable_from`]), as its search requires.
+fn first_takeable(s: &mut Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> Option<i64> {
+    if let Some(g) = &job.gang {
+        return gang_takeable_from(s, job, g, rule, by);
+    }
     let fleet = s.engine.fleet();
     let rank = s.rank(&job.priority);
     let index = &s.victim_index;
@@ -239,17 +243,6 @@ fn first_takeable(s: &Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> O
         first = Some(from);
         from <= by
     };
-    if job.gang.is_some() {
-        // A gang takes victims on the nodes it holds only.
-        for n in s.holds.iter().filter(|h| h.job == job.id).flat_map(|h| h.nodes.iter()) {
-            for (c, _) in index.candidates(*n).filter(|(_, v)| rule.may_take(job, rank, v)) {
-                if consider(c) {
-                    return first;
-                }
-            }
-        }
-        return first;
-    }
     for p in s.pools_for(&job.request) {
         for n in fleet.pool(p).nodes.clone() {
             if !job.request.allows_model(fleet.nodes[n as usize].model) {
@@ -263,6 +256,74 @@ fn first_takeable(s: &Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> O
         }
     }
     first
+}
+
+/// The soonest time from `by` at which a search for gang `g` (job `job`, holding nodes) finds
+/// victims under the loss bound: the set it would take (the candidates `rule` allows on its
+/// held nodes, cheapest first until it fits, then the dearest spared when it fits without them,
+/// as [`search_gang`] chooses) once every one of them has run its minimum runtime and the work
+/// they lose *together* is at most [`loss_bound`]. Both grow linearly from then on (the loss by
+/// the victims' units, the bound by the gang's units × `max_loss_per_wait`), so that time is
+/// computed, or `None` when it never comes (the victims' units at least the bound's rate), as
+/// when no such set exists or the gang holds no nodes.
+fn gang_takeable_from(
+    s: &mut Scheduler,
+    job: &Job,
+    g: &tessera_model::request::GangRequest,
+    rule: &dyn VictimRule,
+    by: i64,
+) -> Option<i64> {
+    let (pool, nodes) = s
+        .holds
+        .iter()
+        .find(|h| h.job == job.id)
+        .map(|h| (h.pool, h.nodes.clone()))?;
+    let mut g = g.clone();
+    g.pool = Some(pool);
+    let rank = s.rank(&job.priority);
+    let mut shares: HashMap<&str, f64> = HashMap::new();
+    let mut seen: FxHashSet<u64> = FxHashSet::default();
+    let mut cands: Vec<(VictimCost, u64)> = Vec::new();
+    let mut from: FxHashMap<u64, i64> = FxHashMap::default();
+    for &n in &nodes {
+        for (c, v) in s.victim_index.candidates(n) {
+            if !rule.may_take(job, rank, &v) || !seen.insert(c.id) {
+                continue;
+            }
+            let Some(r) = s.running.get(&c.id) else { continue };
+            let share = *shares
+                .entry(r.tenant.as_str())
+                .or_insert_with(|| s.books.fair_share(&r.tenant));
+            cands.push((s.plugins.victim_order.cost(r, share, by), r.id));
+            from.insert(c.id, c.takeable_from_ms);
+        }
+    }
+    cands.sort_unstable();
+    let ids: Vec<u64> = cands.into_iter().map(|(_, id)| id).collect();
+    let set = fewest_for_gang(s, job, &g, &ids)?;
+    let t0 = set.iter().filter_map(|id| from.get(id)).fold(by, |t, &f| t.max(f));
+    let Some(factor) = s.cfg.max_loss_per_wait else {
+        return Some(t0);
+    };
+    if loss_of(s, &set, t0) <= loss_bound(s, job, t0) {
+        return Some(t0);
+    }
+    // From `t0` on: lost(t) = Σ vᵢ·(t − sinceᵢ), bound(t) = b·(t − submitted).
+    let b = g.units().as_milli() as f64 * factor.max(0.0);
+    let (mut v, mut v_since) = (0.0, 0.0);
+    for r in set.iter().filter_map(|id| s.running.get(id)) {
+        let units = r.units.as_milli() as f64;
+        let since = r
+            .checkpoint_ms
+            .map_or(r.running_since_ms, |c| c.max(r.running_since_ms));
+        v += units;
+        v_since += units * since as f64;
+    }
+    if b <= v {
+        return None;
+    }
+    let t = ((b * job.submitted_ms as f64 - v_since) / (b - v)).ceil();
+    (t.is_finite() && t < i64::MAX as f64).then(|| (t as i64).max(t0))
 }
 
 /// The soonest time from `by` (and from when it has run its minimum runtime) at which a search
@@ -384,10 +445,25 @@ fn search_gang(
             cands.push((s.plugins.victim_order.cost(r, share, now), r.id));
         }
     }
-    if cands.is_empty() {
+    cands.sort_unstable();
+    let ids: Vec<u64> = cands.into_iter().map(|(_, id)| id).collect();
+    let chosen = fewest_for_gang(s, job, &g, &ids)?;
+    (loss_of(s, &chosen, now) <= bound).then_some(chosen)
+}
+
+/// Of the candidates `ids` (cheapest first), the first ones whose capacity lets gang `g` (its
+/// pool set) be placed, then each, the dearest first, spared if it fits without it; `None` if
+/// it does not fit even with all of them. Nodes held for other jobs are out of the trial
+/// placements.
+fn fewest_for_gang(
+    s: &mut Scheduler,
+    job: &Job,
+    g: &tessera_model::request::GangRequest,
+    ids: &[u64],
+) -> Option<Vec<u64>> {
+    if ids.is_empty() {
         return None;
     }
-    cands.sort_unstable();
     let held = s.held_for_others(job.id);
     let any_held = !held.is_empty();
     let mut trial = Statement::new(&mut s.engine);
@@ -399,13 +475,13 @@ fn search_gang(
         for id in set {
             trial.evict(*id);
         }
-        let fits = trial.plan_gang(&g).is_ok();
+        let fits = trial.plan_gang(g).is_ok();
         trial.rollback(cp);
         fits
     };
     let mut chosen: Vec<u64> = Vec::new();
     let mut fits = false;
-    for (_, id) in &cands {
+    for id in ids {
         chosen.push(*id);
         if fits_with(&mut trial, &chosen) {
             fits = true;
@@ -430,7 +506,7 @@ fn search_gang(
         trial.set_blocked(FxHashSet::default());
     }
     drop(trial);
-    (fits && loss_of(s, &chosen, now) <= bound).then_some(chosen)
+    fits.then_some(chosen)
 }
 
 fn search_unheld(

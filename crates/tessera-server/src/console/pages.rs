@@ -40,6 +40,7 @@ pub fn shape_words(w: &Workload) -> String {
         || s.gpus_per_node.is_some()
         || s.topology.is_some()
         || s.segment.is_some()
+        || s.remainder
         || w.allocation.as_ref().is_some_and(|a| !a.shares.is_empty());
     if let Some(g) = s.gpus
         && gang
@@ -47,6 +48,9 @@ pub fn shape_words(w: &Workload) -> String {
         let mut out = format!("{g} GPU gang");
         if let Some(per) = s.gpus_per_node {
             out.push_str(&format!(", node-shares of {per} GPUs"));
+        }
+        if s.remainder {
+            out.push_str(", whole nodes, the last with the remainder");
         }
         if let Some(t) = &s.topology {
             let mode = match s.topology_mode.unwrap_or_default() {

@@ -129,7 +129,8 @@ fn place_gang(
     Err(first_err.unwrap_or(tessera_sched::GangUnplaceable::NoPoolServes))
 }
 
-/// When and where a waiting gang would start, in the words of its queue reason.
+/// When and where a waiting gang would start, in the words of its queue reason: the hold the
+/// scheduler would give it, behind the holds of the gangs already waiting.
 fn expected_start(s: &tessera_sched::cycle::GangStart) -> String {
     let where_ = match s.racks.len() {
         0 => String::new(),
@@ -234,8 +235,8 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
                     let code = if u.is_constraint() { "refused" } else { waits_or_refuses };
                     let mut why = u.to_string();
                     if !u.is_constraint() && !b.no_wait {
-                        let within: Vec<PoolId> = admitted.iter().map(|(p, _)| *p).collect();
-                        if let Some(start) = trial.gang_start(g, &within, crate::clock::now_ms()) {
+                        let duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
+                        if let Some(start) = trial.gang_start(g, duration_ms, crate::clock::now_ms()) {
                             why.push_str("; ");
                             why.push_str(&expected_start(&start));
                         }

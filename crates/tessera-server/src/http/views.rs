@@ -69,6 +69,7 @@ pub fn shape(w: &Workload) -> GpuShape {
                 tessera_model::request::TopologyMode::Preferred => tessera_api::TopologyMode::Preferred,
             });
             g.segment = gang.segment;
+            g.remainder = gang.remainder;
         }
         GpuSpec::Mig { profile } => g.mig = Some(profile.clone()),
         GpuSpec::Fraction { milli, memory_mib } => {

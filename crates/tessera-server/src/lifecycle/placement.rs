@@ -168,11 +168,59 @@ pub fn engine_gang(
     gang.pool = r.pool;
     gang.topology = g.topology.clone();
     gang.segment = g.segment;
+    gang.remainder = g.remainder;
     if let Some(per) = g.gpus_per_node {
         gang.check_with(per)
             .map_err(|e| FieldError::new(gang_field(e.field), e.message))?;
     }
+    if g.remainder {
+        check_remainder(fleet, &gang)?;
+    }
     Ok(Some(gang))
+}
+
+/// A gang with a remainder share (`shape.remainder`) must need one: in some pool it may use,
+/// more GPUs than one of its nodes holds and no multiple of that node size (the size of a
+/// whole-node share there: the pool's largest node of an allowed model). Otherwise a 422
+/// naming the rule, with the node size of the first such pool.
+fn check_remainder(fleet: &Fleet, g: &GangRequest) -> Result<(), FieldError> {
+    let sizes: Vec<(&str, u32)> = fleet
+        .pools
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| p.sharing == Sharing::Whole && g.pool.is_none_or(|x| usize::from(x.0) == *i))
+        .filter_map(|(_, p)| {
+            let largest = fleet.nodes[p.nodes.start as usize..p.nodes.end as usize]
+                .iter()
+                .filter(|n| g.allows_model(n.model))
+                .map(|n| u32::from(n.gpus))
+                .max()?;
+            Some((p.name.as_str(), largest))
+        })
+        .collect();
+    let needed = |&(_, size): &(&str, u32)| size > 0 && g.gpus > size && !g.gpus.is_multiple_of(size);
+    match sizes.first() {
+        // No pool can take it: the engine says why at submission.
+        None => Ok(()),
+        Some(_) if sizes.iter().any(needed) => Ok(()),
+        Some((pool, size)) if g.gpus <= *size => Err(FieldError::new(
+            "shape.remainder",
+            format!(
+                "{} GPUs fit on one node of {size} GPUs (pool {pool}): a remainder share is for a gang of more GPUs \
+                 than one node holds; leave out `remainder` to run them on one node",
+                g.gpus
+            ),
+        )),
+        Some((pool, size)) => Err(FieldError::new(
+            "shape.remainder",
+            format!(
+                "{} GPUs as whole nodes of {size} GPUs (pool {pool}) leave no remainder: a remainder share is for \
+                 more GPUs than one node holds that are no multiple of it (12 on 8-GPU nodes: 8 + 4); leave out \
+                 `remainder`",
+                g.gpus
+            ),
+        )),
+    }
 }
 
 /// The API's name of a gang request's field (`gpus`, `gpus_per_node`, `segment`, `topology`).

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tessera_backend::GpuSample;
 use tessera_domain::{Phase, ReasonCode, Workload, WorkloadId};
 use tessera_model::{Fleet, GpuUnits, PoolId, Request, TenantId};
-use tessera_sched::cycle::{Quota, Scheduler};
+use tessera_sched::cycle::{HoldBook, Quota, Scheduler};
 use tessera_sched::{Engine, Grant, Placement, Unplaceable};
 
 use super::live::Live;
@@ -96,41 +96,53 @@ pub struct Waiting {
 /// only when the engine changed), for dry runs:
 /// [`Trial::plan`] asks the engine's own `plan` on it — the code path of a real placement,
 /// with the same fences, MIG layouts and reservations — without touching the loop's engine.
+/// With it, a copy of the scheduler's holds ([`HoldBook`], taken again whenever they change),
+/// so that a gang's expected start is planned behind the gangs already waiting.
 pub struct Trial {
-    engine: Mutex<Engine>,
+    engine: Arc<Mutex<Engine>>,
     tenants: HashMap<String, TenantId>,
-    /// When each running workload's lease ends (`None`: no end), for a gang's expected start.
-    ends: HashMap<u64, Option<i64>>,
+    holds: HoldBook,
 }
 
 impl std::fmt::Debug for Trial {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trial")
             .field("tenants", &self.tenants.len())
+            .field("holds", &self.holds.holds())
             .finish_non_exhaustive()
     }
 }
 
 impl Trial {
-    pub fn new(engine: Engine, tenants: HashMap<String, TenantId>, ends: HashMap<u64, Option<i64>>) -> Trial {
+    pub fn new(engine: Engine, tenants: HashMap<String, TenantId>, holds: HoldBook) -> Trial {
         Trial {
-            engine: Mutex::new(engine),
+            engine: Arc::new(Mutex::new(engine)),
             tenants,
-            ends,
+            holds,
         }
     }
 
-    /// Where and about when gang `g` would start in `pools` if it waited from `now`: the rule
-    /// a waiting gang holds nodes by, with the running work's lease ends
-    /// ([`tessera_sched::cycle::estimate_gang_start`]).
+    /// The same engine copy with other holds.
+    fn with_holds(&self, tenants: HashMap<String, TenantId>, holds: HoldBook) -> Trial {
+        Trial {
+            engine: self.engine.clone(),
+            tenants,
+            holds,
+        }
+    }
+
+    /// Where and about when gang `g` (running `duration_ms` once placed) would start if it were
+    /// submitted at `now` and found no room: the hold the scheduler would give it, after the
+    /// holds of the gangs waiting before it ([`HoldBook::gang_start`]), so the same start and
+    /// racks its queue reason will say.
     pub fn gang_start(
         &self,
         g: &tessera_model::request::GangRequest,
-        pools: &[PoolId],
+        duration_ms: Option<i64>,
         now: i64,
     ) -> Option<tessera_sched::cycle::GangStart> {
         let engine = self.engine.lock().unwrap_or_else(|p| p.into_inner());
-        tessera_sched::cycle::estimate_gang_start(&engine, g, pools, now, &|w| self.ends.get(&w).copied().flatten())
+        self.holds.gang_start(&engine, g, duration_ms, now)
     }
 
     /// The pools the engine would try for `req`, in its order (none if no pool serves it).
@@ -489,11 +501,22 @@ impl SnapshotBuilder {
             self.queue = Arc::new(queue);
             self.phases = Arc::new(phases);
             self.utilisation = Arc::new(utilisation);
-            // Copied only when the engine changed since the last copy (one pass over the fleet).
-            if self.trial.is_none() || self.trial_generation != sched.engine.generation() {
-                let ends = sched.running().map(|r| (r.id, r.ends_at_ms)).collect();
-                self.trial = Some(Arc::new(Trial::new(sched.engine.copy(), tenant_ids.clone(), ends)));
-                self.trial_generation = sched.engine.generation();
+            // Copied only when the engine changed since the last copy (one pass over the fleet);
+            // the holds (a few) whenever they changed.
+            match &self.trial {
+                Some(t) if self.trial_generation == sched.engine.generation() => {
+                    if !sched.holds_match(&t.holds) {
+                        self.trial = Some(Arc::new(t.with_holds(tenant_ids.clone(), sched.hold_book())));
+                    }
+                }
+                _ => {
+                    self.trial = Some(Arc::new(Trial::new(
+                        sched.engine.copy(),
+                        tenant_ids.clone(),
+                        sched.hold_book(),
+                    )));
+                    self.trial_generation = sched.engine.generation();
+                }
             }
         }
         self.version += 1;

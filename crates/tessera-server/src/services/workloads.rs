@@ -27,7 +27,8 @@ fn shape_spec(fleet: &tessera_model::Fleet, s: &GpuShape) -> ShapeSpec {
         models: s.models.clone(),
         pool: s.pool.clone(),
     };
-    let gang_asked = s.nodes.is_some() || s.gpus_per_node.is_some() || s.topology.is_some() || s.segment.is_some();
+    let gang_asked =
+        s.nodes.is_some() || s.gpus_per_node.is_some() || s.topology.is_some() || s.segment.is_some() || s.remainder;
     spec.gpu = if let Some(n) = s.nodes {
         let per = s
             .gpus_per_node
@@ -64,6 +65,7 @@ fn gang_spec(s: &GpuShape, gpus: u32, gpus_per_node: Option<u8>) -> GpuSpec {
             },
         }),
         segment: s.segment,
+        remainder: s.remainder,
     })
 }
 
