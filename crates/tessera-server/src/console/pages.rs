@@ -499,7 +499,18 @@ fn waits(s: &AppState, admin: bool, id: u64) -> Option<Waits> {
                 })
                 .unwrap_or_default()
         }
-        (_, tessera_domain::GpuSpec::Gang(g)) => super::why::gang_pools_not_serving(fleet, g.gpus_per_node),
+        (_, tessera_domain::GpuSpec::Gang(g)) => {
+            // The allowed models as the scheduler resolves them (none: any model).
+            let models = crate::lifecycle::placement::engine_request(
+                fleet,
+                &wl.spec.shape,
+                wl.spec.cpu_milli,
+                wl.spec.memory_mib,
+            )
+            .map(|r| r.models)
+            .unwrap_or_default();
+            super::why::gang_pools_not_serving(fleet, g.gpus_per_node, &models)
+        }
         _ => Vec::new(),
     };
     let same_reason = serde_urlencoded::to_string([("tenant", tenant), ("reason", code)])
