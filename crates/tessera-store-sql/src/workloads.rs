@@ -85,13 +85,19 @@ macro_rules! select {
 // $4 the number of phases asked for (0 = any), $5..$14 the phases (unused ones NULL, which
 // matches nothing), $15 the limit, $16 the offset. The shapes with a known tenant (and project)
 // let the planner walk the `(tenant, id)` and `(tenant, project, id)` indexes newest first
-// instead of every row; by name, the `(tenant, name, id)` and `(name, id)` indexes (migration
-// 0016; `name` is `COLLATE "C"` on PostgreSQL, byte order as SQLite compares). Each shape comes
-// in every order of `WorkloadOrder`, in its declaration order ([`order_slot`]).
+// instead of every row; by name, the `(tenant, name, id DESC)` and `(name, id DESC)` indexes
+// (migration 0016; `name` is `COLLATE "C"` on PostgreSQL, byte order as SQLite compares); by
+// phase, `(tenant, phase, id DESC)` and `(phase, id DESC)`. Each shape comes in every order of
+// `WorkloadOrder`, in its declaration order ([`order_slot`]). In the orders by name and phase
+// the bound on ids is written `+id`, which changes no value but keeps SQLite's planner (which
+// has no statistics) from choosing the `(tenant, id)` index for that range and then sorting
+// every row of the tenant.
 macro_rules! list_tail {
-    ($order:literal) => {
+    ($id:literal, $order:literal) => {
         concat!(
-            "AND id < $3 AND ($4 = 0 OR phase IN ($5, $6, $7, $8, $9, $10, $11, $12, $13, $14)) \
+            "AND ",
+            $id,
+            " < $3 AND ($4 = 0 OR phase IN ($5, $6, $7, $8, $9, $10, $11, $12, $13, $14)) \
              ORDER BY ",
             $order,
             " LIMIT $15 OFFSET $16"
@@ -103,10 +109,10 @@ macro_rules! list_tail {
 macro_rules! listings {
     ($where:literal) => {
         [
-            concat!(select!($where), list_tail!("id DESC")),
-            concat!(select!($where), list_tail!("id ASC")),
-            concat!(select!($where), list_tail!("name, id DESC")),
-            concat!(select!($where), list_tail!("phase, id DESC")),
+            concat!(select!($where), list_tail!("id", "id DESC")),
+            concat!(select!($where), list_tail!("id", "id ASC")),
+            concat!(select!($where), list_tail!("+id", "name, id DESC")),
+            concat!(select!($where), list_tail!("+id", "phase, id DESC")),
         ]
     };
 }
