@@ -51,6 +51,9 @@ jar=$(signin)
 echo "seed fleet (480 GPUs), 1,000 workloads, $n requests per page:"
 measure "$jar" overview /console
 measure "$jar" workloads /console/workloads
+measure "$jar" "workloads by name p.11" "/console/workloads?sort=name&page=10"
+measure "$jar" "workloads by state p.11" "/console/workloads?sort=state&page=10"
+measure "$jar" "workloads oldest p.20" "/console/workloads?sort=oldest&page=19"
 measure "$jar" "workload timeline" /console/workloads/500
 measure "$jar" "workload live part" /console/workloads/500/live
 measure "$jar" "request form" /console/request

@@ -2211,6 +2211,61 @@ async fn the_timeline_names_tokens_only_to_those_who_may_see_them() {
         "{page}"
     );
     assert!(page.contains(&format!("nlp-bot ({nid})")), "{page}");
+
+    // The workload lists name tokens as the timelines do. vision cancels its own with its
+    // token; nlp's second workload is cancelled by nlp's own token.
+    let (st, body) = s
+        .call_as(
+            Some(&vsecret),
+            Method::POST,
+            &format!("/api/v1/workloads/{vw}/cancel"),
+            None,
+        )
+        .await;
+    assert!(st.is_success(), "{body}");
+    let nw2 = submit_as(nsecret.clone(), "nlp", "p").await;
+    let (st, body) = s
+        .call_as(
+            Some(&nsecret),
+            Method::POST,
+            &format!("/api/v1/workloads/{nw2}/cancel"),
+            None,
+        )
+        .await;
+    assert!(st.is_success(), "{body}");
+    s.wait_state(vw, &["cancelled"]).await;
+    s.wait_state(nw2, &["cancelled"]).await;
+    let list = unescape(&v.page("/console/workloads").await);
+    assert!(list.contains(&format!("by vision-ci ({vid})")), "{list}");
+    // nlp's member, on every list it may ask for: its own token by name, the admin's by id
+    // alone, nothing of vision's token (nor on the overview, whose table has no reasons).
+    for path in [
+        "/console/workloads",
+        "/console/workloads?sort=name",
+        "/console/workloads?state=cancelled",
+        "/console/workloads?part=rows",
+        "/console",
+        "/console/workloads?part=rows&tenant=vision",
+        "/console/workloads?part=rows&project=vision/train",
+    ] {
+        let list = unescape(&n.page(path).await);
+        if path.starts_with("/console/workloads") && !path.contains("vision") {
+            assert!(list.contains(&format!("by nlp-bot ({nid})")), "{path}: {list}");
+            assert!(list.contains(&format!("by {oid}")), "{path}: {list}");
+        }
+        for secret in ["ops-night-shift", "vision-ci", vid.as_str(), "(deleted)"] {
+            assert!(!list.contains(secret), "{path}: {secret} in {list}");
+        }
+    }
+    // The admin's list names every token.
+    let list = unescape(&a.page("/console/workloads").await);
+    for shown in [
+        format!("by ops-night-shift ({oid})"),
+        format!("by nlp-bot ({nid})"),
+        format!("by vision-ci ({vid})"),
+    ] {
+        assert!(list.contains(&shown), "{shown} in {list}");
+    }
 }
 
 /// The quota form shows the tenant's current quota (the first class set, its guaranteed and
@@ -2291,8 +2346,7 @@ async fn the_quota_form_is_filled_with_the_current_quota() {
 }
 
 /// A waiting multi-node gang's page names the pools that cannot serve it (the MIG and the
-/// time-sliced pool: a gang needs a whole pool); nlp sees nothing of it. The workload list's
-/// sorts say nothing about a cut-off while the whole list was read.
+/// time-sliced pool: a gang needs a whole pool); nlp sees nothing of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_gang_names_the_pools_that_cannot_serve_it() {
     let s = TestServer::start("gangwaits").await;
@@ -2330,10 +2384,79 @@ async fn a_waiting_gang_names_the_pools_that_cannot_serve_it() {
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     let body = r.text().await.unwrap();
     assert!(!body.contains("vision") && !body.contains("Pool serving"), "{body}");
-    // Two workloads: every sort reads the whole list, so nothing is said about a cut-off.
-    for sort in ["name", "oldest", "state", "newest"] {
-        let list = member.page(&format!("/console/workloads?sort={sort}")).await;
-        assert!(list.contains(&format!("id=\"w-{gang}\"")), "{sort}: {list}");
-        assert!(!list.contains("id=\"sort-note\""), "{sort}: {list}");
+}
+
+/// The workload ids of a list page's rows, in order.
+fn row_ids(page: &str) -> Vec<u64> {
+    page.match_indices("<tr id=\"w-")
+        .map(|(i, m)| {
+            let rest = &page[i + m.len()..];
+            rest[..rest.find('"').unwrap()].parse().unwrap()
+        })
+        .collect()
+}
+
+/// Every sort of the workload list holds across its pages: the store sorts and pages over
+/// every matching workload (no window of the newest is sorted), by name, oldest first, newest
+/// first and by state (the cancelled first, newest first among them); no page says the order is
+/// partial; nlp's workload, named to sort first, is on none of vision's pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_sort_of_the_workload_list_holds_across_its_pages() {
+    let s = TestServer::start("sortpages").await;
+    vision_and_nlp(&s).await;
+    let mut made: Vec<(u64, String)> = Vec::new();
+    for i in 0..60u32 {
+        // A name order unlike the order of creation: 0, 37, 14, 51, … (37 and 60 are coprime).
+        let name = format!("n{:02}", (i * 37) % 60);
+        let body = json!({"tenant": "vision", "project": "train", "name": name, "shape": {"fraction": 250}, "duration_s": 3600});
+        made.push((submit(&s, body).await, name));
     }
+    let secret = submit(
+        &s,
+        json!({"tenant": "nlp", "project": "p", "name": "a-nlp-first", "shape": {"fraction": 250}}),
+    )
+    .await;
+    // Every third ends cancelled: a state that stays while the pages are read.
+    let mut cancelled: Vec<u64> = made.iter().step_by(3).map(|(id, _)| *id).collect();
+    for id in &cancelled {
+        s.ok(Method::POST, &format!("/api/v1/workloads/{id}/cancel"), None)
+            .await;
+    }
+    for id in &cancelled {
+        s.wait_state(*id, &["cancelled"]).await;
+    }
+    let member = s.browser();
+    sign_in(&member, &s.token("vision", "member").await).await;
+    let both_pages = |sort: &'static str| {
+        let member = &member;
+        async move {
+            let mut ids = Vec::new();
+            for page in 0..3 {
+                let p = member
+                    .page(&format!("/console/workloads?sort={sort}&page={page}"))
+                    .await;
+                assert!(!p.contains("sort-note") && !p.contains("newest 5"), "{p}");
+                assert!(!p.contains("a-nlp-first") && !p.contains(&format!("w-{secret}")), "{p}");
+                ids.extend(row_ids(&p));
+            }
+            ids
+        }
+    };
+    let mut by_name = made.clone();
+    by_name.sort_by(|a, b| a.1.cmp(&b.1));
+    let want: Vec<u64> = by_name.iter().map(|(id, _)| *id).collect();
+    assert_eq!(both_pages("name").await, want, "by name over both pages");
+    let oldest: Vec<u64> = made.iter().map(|(id, _)| *id).collect();
+    assert_eq!(both_pages("oldest").await, oldest, "oldest first over both pages");
+    let newest: Vec<u64> = oldest.iter().rev().copied().collect();
+    assert_eq!(both_pages("newest").await, newest, "newest first over both pages");
+    let by_state = both_pages("state").await;
+    assert_eq!(by_state.len(), 60);
+    cancelled.reverse();
+    assert_eq!(by_state[..20], cancelled[..], "the cancelled first, newest first");
+    let mut rest = by_state[20..].to_vec();
+    rest.sort_unstable();
+    let mut others: Vec<u64> = oldest.iter().filter(|id| !cancelled.contains(id)).copied().collect();
+    others.sort_unstable();
+    assert_eq!(rest, others, "then every other workload once");
 }

@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 
 use tessera_domain::{Event, GpuSpec, Movable, ReasonCode, Slice, Step, StopCause, Workload, WorkloadId};
 use tessera_store::sql::{corrupt, gpu_mask, json, names, narrow, shares_json, topology_mode_str, workload_row};
-use tessera_store::{IdempotencyKey, Result, StoreError, WorkloadFilter};
+use tessera_store::{IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadOrder};
 
 use crate::rows::{self, MultiRow, Values};
 use crate::{Driver, Row, col, db, db_error, i64_of, query, u64_of};
@@ -83,23 +83,53 @@ macro_rules! select {
 
 // The three shapes of a listing take the same parameters: $1 tenant, $2 project, $3 before,
 // $4 the number of phases asked for (0 = any), $5..$14 the phases (unused ones NULL, which
-// matches nothing), $15 the limit. The shapes with a known tenant (and project) let the planner
-// walk the `(tenant, id)` and `(tenant, project, id)` indexes newest first instead of every row.
+// matches nothing), $15 the limit, $16 the offset. The shapes with a known tenant (and project)
+// let the planner walk the `(tenant, id)` and `(tenant, project, id)` indexes newest first
+// instead of every row; by name, the `(tenant, name, id DESC)` and `(name, id DESC)` indexes
+// (migration 0017; `name` is `COLLATE "C"` on PostgreSQL, byte order as SQLite compares); by
+// phase, `(tenant, phase, id DESC)` and `(phase, id DESC)`. Each shape comes in every order of
+// `WorkloadOrder`, in its declaration order ([`order_slot`]). In the orders by name and phase
+// the bound on ids is written `+id`, which changes no value but keeps SQLite's planner (which
+// has no statistics) from choosing the `(tenant, id)` index for that range and then sorting
+// every row of the tenant.
 macro_rules! list_tail {
-    () => {
-        "AND id < $3 AND ($4 = 0 OR phase IN ($5, $6, $7, $8, $9, $10, $11, $12, $13, $14)) \
-         ORDER BY id DESC LIMIT $15"
+    ($id:literal, $order:literal) => {
+        concat!(
+            "AND ",
+            $id,
+            " < $3 AND ($4 = 0 OR phase IN ($5, $6, $7, $8, $9, $10, $11, $12, $13, $14)) \
+             ORDER BY ",
+            $order,
+            " LIMIT $15 OFFSET $16"
+        )
     };
 }
-const LIST_ANY_TENANT: &str = concat!(
-    select!("WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR project = $2) "),
-    list_tail!()
-);
-const LIST_TENANT: &str = concat!(
-    select!("WHERE tenant = $1 AND ($2 IS NULL OR project = $2) "),
-    list_tail!()
-);
-const LIST_PROJECT: &str = concat!(select!("WHERE tenant = $1 AND project = $2 "), list_tail!());
+
+/// One shape of a listing (its `WHERE` clause) in every order.
+macro_rules! listings {
+    ($where:literal) => {
+        [
+            concat!(select!($where), list_tail!("id", "id DESC")),
+            concat!(select!($where), list_tail!("id", "id ASC")),
+            concat!(select!($where), list_tail!("+id", "name, id DESC")),
+            concat!(select!($where), list_tail!("+id", "phase, id DESC")),
+        ]
+    };
+}
+
+const LIST_ANY_TENANT: [&str; 4] = listings!("WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR project = $2) ");
+const LIST_TENANT: [&str; 4] = listings!("WHERE tenant = $1 AND ($2 IS NULL OR project = $2) ");
+const LIST_PROJECT: [&str; 4] = listings!("WHERE tenant = $1 AND project = $2 ");
+
+/// Where an order's statement stands in a shape's [`listings!`].
+fn order_slot(o: WorkloadOrder) -> usize {
+    match o {
+        WorkloadOrder::Newest => 0,
+        WorkloadOrder::Oldest => 1,
+        WorkloadOrder::Name => 2,
+        WorkloadOrder::Phase => 3,
+    }
+}
 /// As many phases as a listing can ask for.
 const PHASE_SLOTS: usize = 10;
 
@@ -358,7 +388,7 @@ pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<
         (None, _) => LIST_ANY_TENANT,
         (Some(_), None) => LIST_TENANT,
         (Some(_), Some(_)) => LIST_PROJECT,
-    };
+    }[order_slot(f.order)];
     let mut q = query::<D>(sql)
         .bind(tenant)
         .bind(&f.project)
@@ -369,6 +399,7 @@ pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<
     }
     let rows = q
         .bind(i64::from(f.limit))
+        .bind(i64::from(f.offset))
         .fetch_all(&mut *s.conn().await?)
         .await
         .map_err(db)?;

@@ -26,7 +26,7 @@ use crate::{
     AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, ImagePolicyRecord,
     MoveCause, NodeStateRecord, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation,
     RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError,
-    TenancyChange, TenantRecord, TokenRecord, UsageInterval, WorkloadFilter,
+    TenancyChange, TenantRecord, TokenRecord, UsageInterval, WorkloadFilter, WorkloadOrder,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
@@ -43,6 +43,7 @@ macro_rules! store_conformance_tests {
             gangs_round_trip_with_their_node_shares,
             events_round_trip_in_order_with_codes,
             list_workloads_filters,
+            list_workloads_orders_page_over_every_workload,
             active_workloads_exclude_terminal_phases,
             reserved_ids_are_never_handed_out_twice,
             idempotency_keys_are_unique_per_actor,
@@ -1009,6 +1010,7 @@ pub async fn list_workloads_filters(s: &dyn Store) {
             phases,
             before: None,
             limit: 100,
+            ..Default::default()
         };
     let cases = vec![
         f(None, None, None, vec![]),
@@ -1076,6 +1078,114 @@ pub async fn list_workloads_filters(s: &dyn Store) {
         seen.extend(ids_of(&page));
     }
     assert_eq!(seen, ids.iter().rev().copied().collect::<Vec<_>>());
+}
+
+/// Every order of a listing holds over every matching workload, in pages by offset: oldest
+/// first, by name in byte order (`B` < `Zeta` < `a x` < `a-x` < `ax` < `b` < `é`, whatever the
+/// database's locale) and by phase, the newest first among equals; with the scope, tenant,
+/// project and phase filters as the newest-first listing has them.
+pub async fn list_workloads_orders_page_over_every_workload(s: &dyn Store) {
+    let ids = new_ids(s, 40).await;
+    let names = ["b", "B", "a-x", "ax", "Zeta", "a x", "é", "b"];
+    let phases = [
+        Phase::Queued,
+        Phase::Running,
+        Phase::Failed,
+        Phase::Succeeded,
+        Phase::Cancelled,
+    ];
+    let ws: Vec<Workload> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            let tenant = if i % 2 == 0 { "acme" } else { "globex" };
+            let project = if i % 3 == 0 { "q" } else { "p" };
+            let mut w = workload(id, tenant, project, phases[(i * 3) % 5]);
+            w.spec.name = names[(i * 5) % names.len()].to_string();
+            w
+        })
+        .collect();
+    commit(s, &ws.iter().map(insert).collect::<Vec<_>>()).await;
+    let some = |x: &str| Some(x.to_string());
+    let filters = [
+        WorkloadFilter::default(),
+        WorkloadFilter {
+            scope: some("acme"),
+            ..Default::default()
+        },
+        WorkloadFilter {
+            tenant: some("globex"),
+            project: some("p"),
+            ..Default::default()
+        },
+        WorkloadFilter {
+            scope: some("acme"),
+            tenant: some("globex"),
+            ..Default::default()
+        },
+        WorkloadFilter {
+            project: some("q"),
+            phases: vec![Phase::Queued, Phase::Failed],
+            ..Default::default()
+        },
+    ];
+    for order in [
+        WorkloadOrder::Newest,
+        WorkloadOrder::Oldest,
+        WorkloadOrder::Name,
+        WorkloadOrder::Phase,
+    ] {
+        for filter in &filters {
+            let mut want: Vec<&Workload> = ws
+                .iter()
+                .filter(|w| filter.scope.as_ref().is_none_or(|t| *t == w.spec.tenant))
+                .filter(|w| filter.tenant.as_ref().is_none_or(|t| *t == w.spec.tenant))
+                .filter(|w| filter.project.as_ref().is_none_or(|p| *p == w.spec.project))
+                .filter(|w| filter.phases.is_empty() || filter.phases.contains(&w.phase))
+                .collect();
+            match order {
+                WorkloadOrder::Newest => want.sort_by_key(|w| std::cmp::Reverse(w.id)),
+                WorkloadOrder::Oldest => want.sort_by_key(|w| w.id),
+                WorkloadOrder::Name => {
+                    want.sort_by(|a, b| a.spec.name.as_bytes().cmp(b.spec.name.as_bytes()).then(b.id.cmp(&a.id)))
+                }
+                WorkloadOrder::Phase => {
+                    want.sort_by(|a, b| a.phase.as_str().cmp(b.phase.as_str()).then(b.id.cmp(&a.id)))
+                }
+            }
+            let want: Vec<u64> = want.iter().map(|w| w.id.0).collect();
+            // Pages of 7 by offset, until one comes back short.
+            let mut got = Vec::new();
+            for page in 0u32.. {
+                let rows = s
+                    .list_workloads(&WorkloadFilter {
+                        order,
+                        offset: page * 7,
+                        limit: 7,
+                        ..filter.clone()
+                    })
+                    .await
+                    .unwrap();
+                got.extend(ids_of(&rows));
+                if rows.len() < 7 {
+                    break;
+                }
+            }
+            assert_eq!(got, want, "{order:?} {filter:?}");
+        }
+    }
+    // Names in byte order, spelled out for the whole list.
+    let by_name = s
+        .list_workloads(&WorkloadFilter {
+            order: WorkloadOrder::Name,
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut seen: Vec<&str> = by_name.iter().map(|w| w.spec.name.as_str()).collect();
+    seen.dedup();
+    assert_eq!(seen, ["B", "Zeta", "a x", "a-x", "ax", "b", "é"]);
 }
 
 /// `active_workloads` is every workload not in a terminal phase, oldest first.

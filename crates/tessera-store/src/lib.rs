@@ -283,7 +283,27 @@ pub struct WorkloadFilter {
     pub phases: Vec<Phase>,
     /// Only ids below this (pages go from newest to oldest).
     pub before: Option<WorkloadId>,
+    /// The order of the answer (newest first unless said).
+    pub order: WorkloadOrder,
+    /// How many workloads of that order to skip first (pages by number).
+    pub offset: u32,
     pub limit: u32,
+}
+
+/// The order of a [`WorkloadFilter`]'s answer, kept by the database over every matching
+/// workload (not only over a window of the newest).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WorkloadOrder {
+    /// The newest (highest id) first.
+    #[default]
+    Newest,
+    /// The oldest (lowest id) first.
+    Oldest,
+    /// By name in byte order (`B` before `a`, whatever the database's locale), the newest
+    /// first among equal names.
+    Name,
+    /// By phase name in byte order (`cancelled` … `succeeded`), the newest first within a phase.
+    Phase,
 }
 
 /// One change of a declaration applied whole ([`TenancyStore::apply_tenancy`]).

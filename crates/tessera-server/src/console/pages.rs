@@ -119,7 +119,7 @@ pub async fn overview(State(s): State<AppState>, c: Caller) -> Result<Response, 
     } else {
         Vec::new()
     };
-    let (recent, _, _) = list(&s, &c, &Filter::default(), 10).await?;
+    let (recent, _) = list(&s, &c, &Filter::default(), 10).await?;
     Ok(html(&Overview {
         chrome: Chrome::new(&c, &s, "overview"),
         pools,
@@ -160,8 +160,6 @@ const SORTS: [(&str, &str); 4] = [
     ("name", "name"),
     ("state", "state"),
 ];
-/// How many workloads a sort other than newest-first looks at (the newest this many).
-const SORT_SCAN: u32 = 5_000;
 
 /// The tenant and project `f` asks for: `tenant/project`, or a bare project of the caller's
 /// own tenant (platform admins: of the tenant filter).
@@ -174,42 +172,41 @@ fn project_filter(c: &Caller, f: &Filter) -> (Option<String>, Option<String>) {
     }
 }
 
-/// One page of the caller's workloads matching `f`, and whether there is a next page. The
-/// store answers newest first and always within the caller's tenant (`scope`), whatever the
-/// filters name.
-/// A count with its thousands grouped: `5,000`.
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
+/// The store's order for a sort of [`SORTS`] (newest first for any other word).
+fn order_of(sort: &str) -> tessera_store::WorkloadOrder {
+    use tessera_store::WorkloadOrder as O;
+    match sort {
+        "oldest" => O::Oldest,
+        "name" => O::Name,
+        "state" => O::Phase,
+        _ => O::Newest,
     }
-    out
 }
 
-/// What the list says about its order when a sort other than newest-first read only the newest
-/// [`SORT_SCAN`] workloads (`scanned` of them came back): the older ones are not in the order.
-pub fn sort_note(newest: bool, scanned: usize, scan: u32) -> Option<String> {
-    (!newest && scanned >= scan as usize).then(|| {
-        format!(
-            "This order covers the newest {} matching workloads only; older ones are left out. Choose a state, tenant or project to narrow the list, or sort by newest or oldest first to page through all of it.",
-            thousands(scan as u64)
-        )
-    })
+/// `rows` with the token ids in their reasons named where the caller may see the token
+/// ([`token_names`]): another tenant's or a platform token stays a bare id.
+pub async fn name_rows(s: &AppState, c: &Caller, mut rows: Vec<Row>) -> Result<Vec<Row>, ApiError> {
+    let texts: Vec<String> = rows
+        .iter()
+        .filter(|r| !token_spans(&r.reason).is_empty())
+        .map(|r| r.reason.clone())
+        .collect();
+    if texts.is_empty() {
+        return Ok(rows);
+    }
+    let names = token_names(s, c, &texts).await?;
+    for r in &mut rows {
+        r.reason = name_tokens(&r.reason, &names);
+    }
+    Ok(rows)
 }
 
-async fn list(
-    s: &AppState,
-    c: &Caller,
-    f: &Filter,
-    per_page: usize,
-) -> Result<(Vec<Row>, bool, Option<String>), ApiError> {
+/// One page of the caller's workloads matching `f`, and whether there is a next page. The
+/// store sorts and pages over every matching workload and always within the caller's tenant
+/// (`scope`), whatever the filters name.
+async fn list(s: &AppState, c: &Caller, f: &Filter, per_page: usize) -> Result<(Vec<Row>, bool), ApiError> {
     let phases = WorkloadState::parse(&f.state).map(views::phases).unwrap_or_default();
     let (tenant, project) = project_filter(c, f);
-    let newest = f.sort.is_empty() || f.sort == "newest";
     let skip = f.page.saturating_mul(per_page);
     let filter = tessera_store::WorkloadFilter {
         scope: c.id.scope().map(str::to_string),
@@ -217,30 +214,14 @@ async fn list(
         project,
         phases,
         before: None,
-        limit: if newest {
-            u32::try_from(skip + per_page + 1).unwrap_or(u32::MAX)
-        } else {
-            SORT_SCAN
-        },
+        order: order_of(&f.sort),
+        offset: u32::try_from(skip).unwrap_or(u32::MAX),
+        limit: u32::try_from(per_page + 1).unwrap_or(u32::MAX),
     };
-    let mut all = s.store.list_workloads(&filter).await?;
-    match f.sort.as_str() {
-        "oldest" => all.reverse(),
-        "name" => all.sort_by(|a, b| a.spec.name.cmp(&b.spec.name).then(b.id.cmp(&a.id))),
-        "state" => all.sort_by(|a, b| a.phase.as_str().cmp(b.phase.as_str()).then(b.id.cmp(&a.id))),
-        _ => {}
-    }
-    let more = all.len() > skip + per_page;
-    let note = sort_note(newest, all.len(), SORT_SCAN);
-    Ok((
-        all.iter()
-            .skip(skip)
-            .take(per_page)
-            .map(|w| row(&views::workload(w)))
-            .collect(),
-        more,
-        note,
-    ))
+    let all = s.store.list_workloads(&filter).await?;
+    let more = all.len() > per_page;
+    let rows = all.iter().take(per_page).map(|w| row(&views::workload(w))).collect();
+    Ok((name_rows(s, c, rows).await?, more))
 }
 
 #[derive(Template)]
@@ -254,8 +235,6 @@ struct Workloads {
     /// Platform admins: `(tenant, selected)`.
     tenants: Vec<(String, bool)>,
     sorts: Vec<(&'static str, &'static str, bool)>,
-    /// Said when the order covers only the newest [`SORT_SCAN`] workloads.
-    sort_note: Option<String>,
     query: String,
     can_write: bool,
     first: usize,
@@ -293,7 +272,7 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
     let can_write = admin || c.id.role != crate::auth::Role::Viewer;
     if f.part == "rows" {
         // The polled rows: the filters were checked when the page was made.
-        let (rows, _, _) = list(&s, &c, &f, PER_PAGE).await?;
+        let (rows, _) = list(&s, &c, &f, PER_PAGE).await?;
         return Ok(html(&WorkloadRows { rows, can_write }));
     }
     // The tenants and projects the caller may see: the choices of the filters. A value that
@@ -326,7 +305,7 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             format!("no project `{}` to choose", f.project),
         ));
     }
-    let (rows, more, sort_note) = list(&s, &c, &f, PER_PAGE).await?;
+    let (rows, more) = list(&s, &c, &f, PER_PAGE).await?;
     // The filters and page as a query string: the pager's links and the rows' refresh.
     let query_of = |page: usize| {
         serde_urlencoded::to_string([
@@ -361,7 +340,6 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             Vec::new()
         },
         sorts: SORTS.iter().map(|(k, w)| (*k, *w, *k == sort)).collect(),
-        sort_note,
         query,
         can_write,
         first: f.page * PER_PAGE,
@@ -525,7 +503,18 @@ fn waits(s: &AppState, admin: bool, id: u64) -> Option<Waits> {
                 })
                 .unwrap_or_default()
         }
-        (_, tessera_domain::GpuSpec::Gang(g)) => super::why::gang_pools_not_serving(fleet, g.gpus_per_node),
+        (_, tessera_domain::GpuSpec::Gang(g)) => {
+            // The allowed models as the scheduler resolves them (none: any model).
+            let models = crate::lifecycle::placement::engine_request(
+                fleet,
+                &wl.spec.shape,
+                wl.spec.cpu_milli,
+                wl.spec.memory_mib,
+            )
+            .map(|r| r.models)
+            .unwrap_or_default();
+            super::why::gang_pools_not_serving(fleet, g.gpus_per_node, &models)
+        }
         _ => Vec::new(),
     };
     let same_reason = serde_urlencoded::to_string([("tenant", tenant), ("reason", code)])
@@ -895,7 +884,7 @@ pub async fn cancel(
     let w = workloads::cancel(&s, &c.id, path.0).await?;
     let can_write = c.id.can_write(&w.tenant);
     Ok(html(&WorkloadRows {
-        rows: vec![row(&w)],
+        rows: name_rows(&s, &c, vec![row(&w)]).await?,
         can_write,
     })
     .into_response())
@@ -903,21 +892,6 @@ pub async fn cancel(
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn a_sort_that_read_only_the_newest_says_so() {
-        assert_eq!(thousands(5_000), "5,000");
-        assert_eq!(thousands(1_234_567), "1,234,567");
-        assert_eq!(thousands(999), "999");
-        let said = sort_note(false, 5_000, 5_000).expect("a long list sorted by name says so");
-        assert!(said.contains("newest 5,000 matching workloads only"), "{said}");
-        assert_eq!(sort_note(false, 4_999, 5_000), None, "the whole list was read: exact");
-        assert_eq!(
-            sort_note(true, 5_000, 5_000),
-            None,
-            "newest first pages through everything"
-        );
-    }
 
     #[test]
     fn token_ids_in_events_are_named_at_display_time() {

@@ -291,6 +291,7 @@ async fn recent(s: &AppState, c: &Caller, q: &QueueQuery) -> Result<Vec<Ended>, 
         phases,
         before: None,
         limit: 500,
+        ..Default::default()
     };
     Ok(s.store
         .list_workloads(&filter)

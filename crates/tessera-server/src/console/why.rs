@@ -36,11 +36,28 @@ pub fn sentence(code: &str, detail: &str) -> String {
 }
 
 /// The pools of `fleet` that cannot serve a multi-node gang of `per_node` GPUs a node-share
-/// (`None`: whole nodes), each as a sentence: a pool that shares its GPUs (MIG or time-sliced;
-/// a gang needs a whole pool, as the scheduler's gang scope has it), and a whole pool none of
-/// whose nodes has that many GPUs. Computed from the fleet alone (no placement is searched).
-pub fn gang_pools_not_serving(fleet: &tessera_model::Fleet, per_node: Option<u8>) -> Vec<String> {
+/// (`None`: whole nodes) of the GPU `models` (empty: any), each as a sentence: a pool that
+/// shares its GPUs (MIG or time-sliced; a gang needs a whole pool, as the scheduler's gang
+/// scope has it), a whole pool with no node of an allowed model, and a whole pool none of whose
+/// nodes of an allowed model has that many GPUs. Computed from the fleet alone (no placement
+/// is searched).
+pub fn gang_pools_not_serving(
+    fleet: &tessera_model::Fleet,
+    per_node: Option<u8>,
+    models: &[tessera_model::ModelId],
+) -> Vec<String> {
     use tessera_model::Sharing;
+    let cat = &fleet.catalogue;
+    let names = |ms: &mut dyn Iterator<Item = tessera_model::ModelId>| {
+        let mut out: Vec<String> = Vec::new();
+        for m in ms {
+            let n = cat.get(m).name.clone();
+            if !out.contains(&n) {
+                out.push(n);
+            }
+        }
+        out.join(", ")
+    };
     fleet
         .pools
         .iter()
@@ -52,20 +69,40 @@ pub fn gang_pools_not_serving(fleet: &tessera_model::Fleet, per_node: Option<u8>
                 };
                 return Some(sentence("", &u.message()));
             }
-            let most = fleet.nodes[p.nodes.start as usize..p.nodes.end as usize]
+            let nodes = &fleet.nodes[p.nodes.start as usize..p.nodes.end as usize];
+            if nodes.is_empty() {
+                return Some(sentence("", &format!("pool {} has no nodes", p.name)));
+            }
+            let allowed: Vec<&tessera_model::Node> = nodes
                 .iter()
-                .map(|n| n.gpus)
-                .max()
-                .unwrap_or(0);
+                .filter(|n| models.is_empty() || models.contains(&n.model))
+                .collect();
+            if allowed.is_empty() {
+                return Some(sentence(
+                    "",
+                    &format!(
+                        "pool {} has no GPU of the allowed models ({}): its nodes have {}",
+                        p.name,
+                        names(&mut models.iter().copied()),
+                        names(&mut nodes.iter().map(|n| n.model))
+                    ),
+                ));
+            }
+            let most = allowed.iter().map(|n| n.gpus).max().unwrap_or(0);
             match per_node {
                 Some(k) if k > most => Some(sentence(
                     "",
                     &format!(
-                        "pool {} cannot serve a node-share of {k} GPUs: its nodes have at most {most}",
-                        p.name
+                        "pool {} cannot serve a node-share of {k} GPUs: its nodes{} have at most {most}",
+                        p.name,
+                        if models.is_empty() {
+                            ""
+                        } else {
+                            " of the allowed models"
+                        }
                     ),
                 )),
-                None if most == 0 => Some(sentence("", &format!("pool {} has no nodes", p.name))),
+                None if most == 0 => Some(sentence("", &format!("pool {} has no GPUs", p.name))),
                 _ => None,
             }
         })
@@ -182,7 +219,7 @@ mod tests {
     #[test]
     fn pools_that_cannot_serve_a_gang_are_named_with_why() {
         let seed = tessera_model::Fleet::seed();
-        let all = gang_pools_not_serving(&seed, Some(8));
+        let all = gang_pools_not_serving(&seed, Some(8), &[]);
         assert_eq!(all.len(), 2, "{all:?}");
         assert!(
             all.iter()
@@ -196,13 +233,49 @@ mod tests {
         );
         assert!(!all.iter().any(|x| x.contains("training")), "{all:?}");
         // A node-share larger than any node of the whole pool: that pool cannot serve it either.
-        let big = gang_pools_not_serving(&seed, Some(16));
+        let big = gang_pools_not_serving(&seed, Some(16), &[]);
         assert!(
             big.iter()
                 .any(|x| x == "Pool training cannot serve a node-share of 16 GPUs: its nodes have at most 8."),
             "{big:?}"
         );
-        assert_eq!(gang_pools_not_serving(&seed, None).len(), 2);
+        assert_eq!(gang_pools_not_serving(&seed, None, &[]).len(), 2);
+    }
+
+    #[test]
+    fn a_whole_pool_without_the_allowed_models_cannot_serve_a_gang() {
+        let fleet = tessera_model::Fleet::from_toml(
+            "[[pool]]\nname = \"hopper\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"h\"\ncount = 2\ngpu_model = \"H100-80GB-SXM\"\ngpus = 8\ncpus = 112\nmemory_gib = 1024\n\
+             [[pool]]\nname = \"ampere\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"a\"\ncount = 2\ngpu_model = \"A100-80GB\"\ngpus = 8\ncpus = 128\nmemory_gib = 1024\n\
+             [[pool.nodes]]\nname = \"a4\"\ngpu_model = \"A100-80GB\"\ngpus = 4\ncpus = 64\nmemory_gib = 512\n",
+            "two-whole-pools",
+        )
+        .unwrap();
+        let h100 = fleet.catalogue.find("H100-80GB-SXM").unwrap();
+        let a100 = fleet.catalogue.find("A100-80GB").unwrap();
+        // Any model: both whole pools serve a gang of 8-GPU node-shares.
+        assert_eq!(gang_pools_not_serving(&fleet, Some(8), &[]), Vec::<String>::new());
+        // Only H100s: the A100 pool cannot, and says which models it has.
+        assert_eq!(
+            gang_pools_not_serving(&fleet, Some(8), &[h100]),
+            ["Pool ampere has no GPU of the allowed models (H100-80GB-SXM): its nodes have A100-80GB."]
+        );
+        assert_eq!(
+            gang_pools_not_serving(&fleet, None, &[a100]),
+            ["Pool hopper has no GPU of the allowed models (A100-80GB): its nodes have H100-80GB-SXM."]
+        );
+        // Both models allowed: the pools are judged by their nodes of those models only.
+        assert_eq!(
+            gang_pools_not_serving(&fleet, Some(8), &[h100, a100]),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            gang_pools_not_serving(&fleet, Some(16), &[a100]),
+            [
+                "Pool hopper has no GPU of the allowed models (A100-80GB): its nodes have H100-80GB-SXM.",
+                "Pool ampere cannot serve a node-share of 16 GPUs: its nodes of the allowed models have at most 8.",
+            ]
+        );
     }
 
     use super::*;

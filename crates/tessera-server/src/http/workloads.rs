@@ -89,6 +89,7 @@ pub async fn list_workloads(
         phases,
         before,
         limit: l + 1,
+        ..Default::default()
     };
     let items: Vec<Workload> = s
         .store
