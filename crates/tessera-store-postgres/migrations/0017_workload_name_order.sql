@@ -1,4 +1,4 @@
--- Tessera schema, version 16 (as the SQLite store's 0016): the workload list in name (and
+-- Tessera schema, version 17 (as the SQLite store's 0017): the workload list in name (and
 -- phase) order over every workload, read through an index within a tenant (and across
 -- tenants) instead of sorting every row. Names compare in byte order (`COLLATE "C"`, as
 -- tenants and projects already do), the order SQLite keeps, whatever locale the database was

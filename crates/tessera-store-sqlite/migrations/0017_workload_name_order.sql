@@ -1,4 +1,4 @@
--- Tessera schema, version 16: the workload list in name (and phase) order over every
+-- Tessera schema, version 17: the workload list in name (and phase) order over every
 -- workload, read through an index within a tenant (and across tenants) instead of sorting
 -- every row. SQLite compares text byte by byte (BINARY), the order the list promises.
 -- Portable SQL.
