@@ -48,6 +48,12 @@ pub fn price_twelfths(milli: u16) -> u64 {
 /// price in twelfths (60,060 units each), tenths, sixteenths ... is kept exactly.
 pub const PRICE_UNITS: u64 = 720_720;
 
+/// At most this many share sizes (the most popular) enter the LP of [`SharePrices::solve`], so
+/// that a learning policy can solve it at each model epoch: about 0.2 ms with the 20 sizes of
+/// an openb file, up to about 20 ms with 48 (release build; random mixes of 20 to 999 sizes).
+/// Without the cap, column generation stalled on degenerate pivots: 0.2 s with 100 sizes.
+pub const LP_SIZES: usize = 48;
+
 /// Dual-feasible prices per share size (in [`PRICE_UNITS`] of a GPU) derived from a share mix:
 /// the optimal dual of the cutting-stock LP of that mix (the least number of GPUs, fractional
 /// patterns allowed, that hold the mix's shares), extended to every size as the price of the
@@ -72,12 +78,13 @@ impl SharePrices {
     /// The optimal dual of the cutting-stock LP of `mix`: `(milli, weight)` pairs (sizes
     /// outside 1..=999 and non-positive weights ignored; the weights need not be counts, only
     /// their proportions matter). Column generation: the LP over the patterns found so far is
-    /// solved (simplex, Bland's rule, on the dual: max Σ w_i y_i with Σ a_i y_i ≤ 1 per pattern
-    /// `a`), then an unbounded knapsack over 1000 milli finds the pattern the prices `y` value
-    /// most; when none is worth more than 1 the prices are optimal. They are then rounded to
+    /// solved (revised simplex on the primal, from one single-size pattern per size), then an
+    /// unbounded knapsack over 1000 milli finds the pattern the dual prices `y` value most; when
+    /// none is worth more than 1 the prices are optimal. They are then rounded to
     /// [`PRICE_UNITS`] and, if rounding made some pattern cost more than a GPU (checked by an
-    /// exact integer knapsack), scaled down until none does. Deterministic; on the openb mixes
-    /// (20 sizes) it takes about a millisecond.
+    /// exact integer knapsack), scaled down so that none does. Only the [`LP_SIZES`] most popular
+    /// sizes enter the LP (all 20 of an openb file); the others get the extension's price.
+    /// Deterministic.
     pub fn solve(mix: &[(u16, f64)]) -> Self {
         let mut sizes: Vec<(u16, f64)> = Vec::new();
         for &(m, w) in mix {
@@ -89,6 +96,10 @@ impl SharePrices {
                 None => sizes.push((m, w)),
             }
         }
+        // The most popular sizes only (by weight, then size), so that the cost stays small:
+        // the others are priced by the extension, which keeps the table feasible.
+        sizes.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        sizes.truncate(LP_SIZES);
         sizes.sort_by_key(|s| s.0);
         if sizes.is_empty() {
             return SharePrices::default();
@@ -96,24 +107,7 @@ impl SharePrices {
         let total: f64 = sizes.iter().map(|s| s.1).sum();
         let weights: Vec<f64> = sizes.iter().map(|s| s.1 / total).collect();
         let milli: Vec<usize> = sizes.iter().map(|s| s.0 as usize).collect();
-        // One pattern per size to start: as many of it as fit.
-        let mut patterns: Vec<Vec<f64>> = (0..milli.len())
-            .map(|i| {
-                let mut a = vec![0.0; milli.len()];
-                a[i] = (GPU as usize / milli[i]) as f64;
-                a
-            })
-            .collect();
-        let mut y = vec![0.0; milli.len()];
-        for _ in 0..10_000 {
-            y = max_under_patterns(&weights, &patterns);
-            let (value, counts) = knapsack(&milli, |i| y[i]);
-            let a: Vec<f64> = counts.iter().map(|&c| c as f64).collect();
-            if value <= 1.0 + 1e-9 || patterns.contains(&a) {
-                break;
-            }
-            patterns.push(a);
-        }
+        let y = packing_dual(&milli, &weights);
         let mut units: Vec<u64> = y
             .iter()
             .map(|&v| (v.max(0.0) * PRICE_UNITS as f64).round() as u64)
@@ -203,68 +197,71 @@ fn knapsack_units(milli: &[usize], units: &[u64]) -> u64 {
     best[cap]
 }
 
-/// `argmax Σ w_i y_i` subject to `Σ_i a_i y_i ≤ 1` for each pattern `a` and `y ≥ 0`: a dense
-/// tableau simplex with Bland's rule (no cycling), from the all-slack basis (`y = 0` is
-/// feasible). The patterns bound every `y_i` (each size has a pattern of its own).
-fn max_under_patterns(w: &[f64], patterns: &[Vec<f64>]) -> Vec<f64> {
-    const EPS: f64 = 1e-12;
-    let (n, rows) = (w.len(), patterns.len());
-    let cols = n + rows;
-    // Row r: the pattern, its slack, then the right-hand side 1; the objective row last.
-    let mut t: Vec<Vec<f64>> = patterns
-        .iter()
-        .enumerate()
-        .map(|(r, a)| {
-            let mut row = vec![0.0; cols + 1];
-            row[..n].copy_from_slice(a);
-            row[n + r] = 1.0;
-            row[cols] = 1.0;
-            row
-        })
-        .collect();
-    let mut obj = vec![0.0; cols + 1];
-    for (o, &wi) in obj.iter_mut().zip(w) {
-        *o = -wi;
-    }
-    t.push(obj);
-    let mut basis: Vec<usize> = (n..cols).collect();
-    while let Some(enter) = (0..cols).find(|&j| t[rows][j] < -EPS) {
-        let mut leave: Option<(usize, f64)> = None;
-        for (r, row) in t.iter().take(rows).enumerate() {
-            if row[enter] > EPS {
-                let ratio = row[cols] / row[enter];
-                let better = match leave {
-                    None => true,
-                    Some((l, best)) => ratio < best - EPS || (ratio <= best + EPS && basis[r] < basis[l]),
-                };
-                if better {
-                    leave = Some((r, ratio));
-                }
-            }
-        }
-        let Some((l, _)) = leave else {
-            break; // unbounded: cannot happen with a pattern per size
-        };
-        let p = t[l][enter];
-        for v in t[l].iter_mut() {
-            *v /= p;
-        }
-        let pivot = t[l].clone();
-        for (r, row) in t.iter_mut().enumerate() {
-            if r != l && row[enter].abs() > 0.0 {
-                let f = row[enter];
-                for (v, pv) in row.iter_mut().zip(&pivot) {
-                    *v -= f * pv;
-                }
-            }
-        }
-        basis[l] = enter;
+/// The optimal dual `y` of the cutting-stock LP `min Σ x_p` subject to `Σ_p a_ip x_p ≥ w_i`,
+/// `x ≥ 0`, over every pattern `a` of the sizes `milli` that fits one GPU: the revised simplex
+/// on the primal (a dense `n × n` basis inverse), starting from the basis of one single-size
+/// pattern per size (as many of it as fit, a feasible basis), with column generation: the
+/// entering column is a surplus column whose dual is negative, else the pattern the knapsack
+/// values most at `y`, until none is worth more than 1. Each iteration costs a knapsack
+/// (`n × 1000`) and an `O(n²)` update. The iterations are capped; the caller makes the prices
+/// feasible whatever `y` comes back.
+fn packing_dual(milli: &[usize], w: &[f64]) -> Vec<f64> {
+    const EPS: f64 = 1e-9;
+    let n = milli.len();
+    // Basis inverse, basic values and the basic columns' costs (1 a pattern, 0 a surplus).
+    let mut binv = vec![vec![0.0; n]; n];
+    let mut xb = vec![0.0; n];
+    let mut cost = vec![1.0; n];
+    for i in 0..n {
+        let k = (GPU as usize / milli[i]) as f64;
+        binv[i][i] = 1.0 / k;
+        xb[i] = w[i] / k;
     }
     let mut y = vec![0.0; n];
-    for (r, &b) in basis.iter().enumerate() {
-        if b < n {
-            y[b] = t[r][cols];
+    for _ in 0..(50 * n + 1000) {
+        for (j, yj) in y.iter_mut().enumerate() {
+            *yj = (0..n).map(|i| cost[i] * binv[i][j]).sum();
         }
+        // The entering column and its cost.
+        let (col, c) = if let Some(j) = (0..n).find(|&j| y[j] < -EPS) {
+            let mut col = vec![0.0; n];
+            col[j] = -1.0;
+            (col, 0.0)
+        } else {
+            let (value, counts) = knapsack(milli, |i| y[i].max(0.0));
+            if value <= 1.0 + EPS {
+                break;
+            }
+            (counts.iter().map(|&c| c as f64).collect::<Vec<f64>>(), 1.0)
+        };
+        let d: Vec<f64> = (0..n).map(|i| (0..n).map(|k| binv[i][k] * col[k]).sum()).collect();
+        let mut leave: Option<(usize, f64)> = None;
+        for i in 0..n {
+            if d[i] > EPS {
+                let ratio = xb[i] / d[i];
+                if leave.is_none_or(|(_, best)| ratio < best - 1e-12) {
+                    leave = Some((i, ratio));
+                }
+            }
+        }
+        let Some((r, _)) = leave else {
+            break; // unbounded: cannot happen, every size is covered by a pattern
+        };
+        let p = d[r];
+        for v in binv[r].iter_mut() {
+            *v /= p;
+        }
+        xb[r] /= p;
+        let (row, xr) = (binv[r].clone(), xb[r]);
+        for i in 0..n {
+            if i != r && d[i] != 0.0 {
+                for (v, rv) in binv[i].iter_mut().zip(&row) {
+                    *v -= d[i] * rv;
+                }
+                xb[i] -= d[i] * xr;
+            }
+        }
+        cost[r] = c;
     }
     y
 }
