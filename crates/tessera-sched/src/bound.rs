@@ -885,6 +885,16 @@ mod tests {
             assert!(value(&p) + slack >= value(&fixed), "{mix:?}: {p:?}");
             assert!(p.steps().windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1));
         }
+        // Beyond LP_SIZES sizes the rarest are left out of the LP and priced by the extension:
+        // still feasible.
+        for n in [LP_SIZES + 1, 200, 999] {
+            let mix: Vec<(u16, f64)> = (0..n)
+                .map(|_| (rng.random_range(1..1000u16), rng.random_range(1..=100) as f64))
+                .collect();
+            let p = SharePrices::solve(&mix);
+            assert!(p.most_costly_gpu() <= PRICE_UNITS, "{n} sizes: {p:?}");
+            assert!(!p.steps().is_empty());
+        }
     }
 
     #[test]
