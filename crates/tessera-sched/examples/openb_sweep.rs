@@ -6,7 +6,8 @@
 //! with published figures), SEEDS: `42-51`. Trace folder: `TESSERA_OPENB_DIR` or
 //! `../shared/traces/openb`. `PAIR_WEIGHT=x` overrides the pairing weight of the `tessera`
 //! policy (POLICY `tessera-w`), `PRICE_WEIGHT=x` its priced-fill weight, `FILL_HOST_AWARE=0`
-//! turns off the pairing term's host fit, `ORDER=simulator` builds the arrival order as the
+//! turns off the pairing term's host fit, `PRICES=fixed` gives its priced fill the fixed price
+//! table of the default file instead of the prices solved from the workload's share mix, `ORDER=simulator` builds the arrival order as the
 //! paper's simulator does (`replay::Order::Simulator`). `JSON=1` prints one JSON object per file instead: the means
 //! over the seeds of every figure of the replay (unallocated %, failed pods and shares, the
 //! share limit and the floors).
@@ -33,6 +34,7 @@ fn main() {
     let pair: Option<f64> = std::env::var("PAIR_WEIGHT").ok().map(|v| v.parse().unwrap());
     let price: Option<f64> = std::env::var("PRICE_WEIGHT").ok().map(|v| v.parse().unwrap());
     let fill_host: Option<bool> = std::env::var("FILL_HOST_AWARE").ok().map(|v| v == "1");
+    let fixed_prices = std::env::var("PRICES").is_ok_and(|v| v == "fixed");
     let order = match std::env::var("ORDER").as_deref() {
         Ok("simulator") => Order::Simulator,
         _ => Order::Protocol,
@@ -74,6 +76,9 @@ fn main() {
                             }
                             if let Some(on) = fill_host {
                                 p.set_fill_host_aware(on);
+                            }
+                            if fixed_prices {
+                                p.set_fixed_prices(true);
                             }
                             Box::new(p)
                         } else {

@@ -3,7 +3,8 @@
 //!
 //! `cargo run -p tessera-sched --release --example openb_why -- [FILE] [SEED] [POLICY]`
 //! `PAIR_WEIGHT=x` and `PRICE_WEIGHT=x` set the `tessera` policy's pairing and priced-fill weights,
-//! `FILL_HOST_AWARE=0` turns off the pairing term's host fit;
+//! `FILL_HOST_AWARE=0` turns off the pairing term's host fit, `PRICES=fixed` gives its priced fill
+//! the default file's fixed price table (it prints the prices it uses, in twelfths of a GPU);
 //! `UPTO=130` stops at 130 % arrived; `TIMELINE=1` prints the free GPU every 250 pods. With `COMPOSITION=1`, also the GPUs holding fractions at arrived 100 % by the multiset of
 //! fractions on them, with the free milli each combination leaves (where the pairing wastes).
 
@@ -47,6 +48,24 @@ fn main() {
         if let Ok(v) = std::env::var("FILL_HOST_AWARE") {
             p.set_fill_host_aware(v == "1");
         }
+        if std::env::var("PRICES").is_ok_and(|v| v == "fixed") {
+            p.set_fixed_prices(true);
+        }
+        let twelfths: Vec<String> = p
+            .prices()
+            .steps()
+            .iter()
+            .map(|&(m, u)| {
+                format!(
+                    "{m}+: {:.3}",
+                    u as f64 * 12.0 / tessera_sched::bound::PRICE_UNITS as f64
+                )
+            })
+            .collect();
+        println!(
+            "priced fill's prices (twelfths of a GPU, by share size): {}",
+            twelfths.join(", ")
+        );
         Box::new(p)
     } else {
         make_policy(policy, &prior).unwrap()

@@ -15,6 +15,11 @@
 //! GPU), so the bound holds for any demand. Shares also never fit in fewer GPUs than their
 //! total milli needs, which is the bound where small shares dominate.
 //!
+//! [`SharePrices::solve`] computes that optimal dual for any mix of share sizes (column
+//! generation over the packing patterns, with an exact check that the rounded prices stay
+//! feasible); on the default pod list's mix it gives [`price_twelfths`] exactly. Tessera's
+//! priced fill uses it on the workload it learns; the floors below keep the fixed table.
+//!
 //! On its own the bound answers "how close to the limit is a policy that places every share
 //! that arrives", and says nothing of a run in which shares fail: on the openb default file,
 //! the 810-milli shares alone strand 190 milli each that only the rare shares of 160 milli or
@@ -37,6 +42,228 @@ pub fn price_twelfths(milli: u16) -> u64 {
         550..810 => 8,
         _ => 12,
     }
+}
+
+/// Units of a GPU in which [`SharePrices`] are exact integers: 720,720 = lcm(1..=16), so a
+/// price in twelfths (60,060 units each), tenths, sixteenths ... is kept exactly.
+pub const PRICE_UNITS: u64 = 720_720;
+
+/// At most this many share sizes (the most popular) enter the LP of [`SharePrices::solve`], so
+/// that a learning policy can solve it at each model epoch: about 0.2 ms with the 20 sizes of
+/// an openb file, up to about 20 ms with 48 (release build; random mixes of 20 to 999 sizes).
+/// Without the cap, column generation stalled on degenerate pivots: 0.2 s with 100 sizes.
+pub const LP_SIZES: usize = 48;
+
+/// Dual-feasible prices per share size (in [`PRICE_UNITS`] of a GPU) derived from a share mix:
+/// the optimal dual of the cutting-stock LP of that mix (the least number of GPUs, fractional
+/// patterns allowed, that hold the mix's shares), extended to every size as the price of the
+/// largest priced size not above it. No set of shares that fits one GPU costs more than
+/// [`PRICE_UNITS`] (checked exactly when built), so for any shares `GPUs ≥ Σ price / units`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SharePrices {
+    /// `(size, price)` by increasing size, the prices non-decreasing.
+    steps: Vec<(u16, u64)>,
+}
+
+impl SharePrices {
+    /// The fixed table [`price_twelfths`] (the dual of the openb default pod list), in units.
+    pub fn default_file() -> Self {
+        let steps = [220u16, 230, 320, 460, 550, 810]
+            .iter()
+            .map(|&m| (m, price_twelfths(m) * (PRICE_UNITS / 12)))
+            .collect();
+        SharePrices { steps }
+    }
+
+    /// The optimal dual of the cutting-stock LP of `mix`: `(milli, weight)` pairs (sizes
+    /// outside 1..=999 and non-positive weights ignored; the weights need not be counts, only
+    /// their proportions matter). Column generation: the LP over the patterns found so far is
+    /// solved (revised simplex on the primal, from one single-size pattern per size), then an
+    /// unbounded knapsack over 1000 milli finds the pattern the dual prices `y` value most; when
+    /// none is worth more than 1 the prices are optimal. They are then rounded to
+    /// [`PRICE_UNITS`] and, if rounding made some pattern cost more than a GPU (checked by an
+    /// exact integer knapsack), scaled down so that none does. Only the [`LP_SIZES`] most popular
+    /// sizes enter the LP (all 20 of an openb file); the others get the extension's price.
+    /// Deterministic.
+    pub fn solve(mix: &[(u16, f64)]) -> Self {
+        let mut sizes: Vec<(u16, f64)> = Vec::new();
+        for &(m, w) in mix {
+            if m == 0 || m as u64 >= GPU || w.is_nan() || w <= 0.0 {
+                continue;
+            }
+            match sizes.iter_mut().find(|s| s.0 == m) {
+                Some(s) => s.1 += w,
+                None => sizes.push((m, w)),
+            }
+        }
+        // The most popular sizes only (by weight, then size), so that the cost stays small:
+        // the others are priced by the extension, which keeps the table feasible.
+        sizes.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        sizes.truncate(LP_SIZES);
+        sizes.sort_by_key(|s| s.0);
+        if sizes.is_empty() {
+            return SharePrices::default();
+        }
+        let total: f64 = sizes.iter().map(|s| s.1).sum();
+        let weights: Vec<f64> = sizes.iter().map(|s| s.1 / total).collect();
+        let milli: Vec<usize> = sizes.iter().map(|s| s.0 as usize).collect();
+        let y = packing_dual(&milli, &weights);
+        let mut units: Vec<u64> = y
+            .iter()
+            .map(|&v| (v.max(0.0) * PRICE_UNITS as f64).round() as u64)
+            .collect();
+        let most = knapsack_units(&milli, &units);
+        if most > PRICE_UNITS {
+            for u in &mut units {
+                *u = *u * PRICE_UNITS / most;
+            }
+        }
+        // A share is worth at least any smaller share (it can take its place).
+        let mut steps: Vec<(u16, u64)> = Vec::new();
+        for (&m, &u) in milli.iter().zip(&units) {
+            if u > steps.last().map_or(0, |s| s.1) {
+                steps.push((m as u16, u));
+            }
+        }
+        SharePrices { steps }
+    }
+
+    /// The price of a share of `milli` (0 for a whole GPU or more, as [`ShareBound`] ignores
+    /// those).
+    pub fn units(&self, milli: u16) -> u64 {
+        if milli as u64 >= GPU {
+            return 0;
+        }
+        let i = self.steps.partition_point(|s| s.0 <= milli);
+        if i == 0 { 0 } else { self.steps[i - 1].1 }
+    }
+
+    /// The sizes at which the price rises, with the price from there on.
+    pub fn steps(&self) -> &[(u16, u64)] {
+        &self.steps
+    }
+
+    /// The most that any set of shares fitting one GPU costs, over every integer share size
+    /// (at most [`PRICE_UNITS`] for a dual-feasible table).
+    pub fn most_costly_gpu(&self) -> u64 {
+        let milli: Vec<usize> = self.steps.iter().map(|s| s.0 as usize).collect();
+        let units: Vec<u64> = self.steps.iter().map(|s| s.1).collect();
+        knapsack_units(&milli, &units)
+    }
+}
+
+/// The most `value` that items of sizes `milli` (any number of each) fit into one GPU, with
+/// how many of each: an unbounded knapsack over 0..=1000 milli (the first best item on ties).
+fn knapsack(milli: &[usize], value: impl Fn(usize) -> f64) -> (f64, Vec<u32>) {
+    let cap = GPU as usize;
+    let mut best = vec![0.0f64; cap + 1];
+    let mut last: Vec<Option<usize>> = vec![None; cap + 1];
+    for r in 1..=cap {
+        best[r] = best[r - 1];
+        last[r] = None;
+        for (i, &m) in milli.iter().enumerate() {
+            if m <= r && best[r - m] + value(i) > best[r] + 1e-12 {
+                best[r] = best[r - m] + value(i);
+                last[r] = Some(i);
+            }
+        }
+    }
+    let mut counts = vec![0u32; milli.len()];
+    let mut r = cap;
+    while r > 0 {
+        match last[r] {
+            Some(i) => {
+                counts[i] += 1;
+                r -= milli[i];
+            }
+            None => r -= 1,
+        }
+    }
+    (best[cap], counts)
+}
+
+/// [`knapsack`]'s value in exact integers.
+fn knapsack_units(milli: &[usize], units: &[u64]) -> u64 {
+    let cap = GPU as usize;
+    let mut best = vec![0u64; cap + 1];
+    for r in 1..=cap {
+        best[r] = best[r - 1];
+        for (&m, &u) in milli.iter().zip(units) {
+            if m <= r {
+                best[r] = best[r].max(best[r - m] + u);
+            }
+        }
+    }
+    best[cap]
+}
+
+/// The optimal dual `y` of the cutting-stock LP `min Σ x_p` subject to `Σ_p a_ip x_p ≥ w_i`,
+/// `x ≥ 0`, over every pattern `a` of the sizes `milli` that fits one GPU: the revised simplex
+/// on the primal (a dense `n × n` basis inverse), starting from the basis of one single-size
+/// pattern per size (as many of it as fit, a feasible basis), with column generation: the
+/// entering column is a surplus column whose dual is negative, else the pattern the knapsack
+/// values most at `y`, until none is worth more than 1. Each iteration costs a knapsack
+/// (`n × 1000`) and an `O(n²)` update. The iterations are capped; the caller makes the prices
+/// feasible whatever `y` comes back.
+fn packing_dual(milli: &[usize], w: &[f64]) -> Vec<f64> {
+    const EPS: f64 = 1e-9;
+    let n = milli.len();
+    // Basis inverse, basic values and the basic columns' costs (1 a pattern, 0 a surplus).
+    let mut binv = vec![vec![0.0; n]; n];
+    let mut xb = vec![0.0; n];
+    let mut cost = vec![1.0; n];
+    for i in 0..n {
+        let k = (GPU as usize / milli[i]) as f64;
+        binv[i][i] = 1.0 / k;
+        xb[i] = w[i] / k;
+    }
+    let mut y = vec![0.0; n];
+    for _ in 0..(50 * n + 1000) {
+        for (j, yj) in y.iter_mut().enumerate() {
+            *yj = (0..n).map(|i| cost[i] * binv[i][j]).sum();
+        }
+        // The entering column and its cost.
+        let (col, c) = if let Some(j) = (0..n).find(|&j| y[j] < -EPS) {
+            let mut col = vec![0.0; n];
+            col[j] = -1.0;
+            (col, 0.0)
+        } else {
+            let (value, counts) = knapsack(milli, |i| y[i].max(0.0));
+            if value <= 1.0 + EPS {
+                break;
+            }
+            (counts.iter().map(|&c| c as f64).collect::<Vec<f64>>(), 1.0)
+        };
+        let d: Vec<f64> = (0..n).map(|i| (0..n).map(|k| binv[i][k] * col[k]).sum()).collect();
+        let mut leave: Option<(usize, f64)> = None;
+        for i in 0..n {
+            if d[i] > EPS {
+                let ratio = xb[i] / d[i];
+                if leave.is_none_or(|(_, best)| ratio < best - 1e-12) {
+                    leave = Some((i, ratio));
+                }
+            }
+        }
+        let Some((r, _)) = leave else {
+            break; // unbounded: cannot happen, every size is covered by a pattern
+        };
+        let p = d[r];
+        for v in binv[r].iter_mut() {
+            *v /= p;
+        }
+        xb[r] /= p;
+        let (row, xr) = (binv[r].clone(), xb[r]);
+        for i in 0..n {
+            if i != r && d[i] != 0.0 {
+                for (v, rv) in binv[i].iter_mut().zip(&row) {
+                    *v -= d[i] * rv;
+                }
+                xb[i] -= d[i] * xr;
+            }
+        }
+        cost[r] = c;
+    }
+    y
 }
 
 /// Running totals of shares, with the bound on the free milli any placement of them
@@ -578,6 +805,95 @@ mod tests {
                 "{arrived:?} {cap}: {f:?} > {closed}"
             );
             assert!(f.any_milli <= f.non_refusing_milli + 1e-6, "{f:?}");
+        }
+    }
+
+    /// One 500, three 300s and one 200. By hand: the patterns {300, 300, 300} and {500, 300,
+    /// 200} force `3 y300 ≤ 1` and `y500 + y300 + y200 ≤ 1`, {500, 500} `y500 ≤ 1/2` and {300,
+    /// 300, 200, 200} `y300 + y200 ≤ 1/2`; the objective `y500 + 3 y300 + y200` is at most
+    /// `1/2 + 3 y300 + (1/2 − y300) ≤ 5/3`, reached only at (1/2, 1/3, 1/6), which every other
+    /// pattern allows ({500, 200, 200}: 5/6, {200 × 5}: 5/6). The primal: {500, 300, 200} once
+    /// and {300, 300, 300} two-thirds of a time, 5/3 GPUs.
+    #[test]
+    fn derived_prices_are_the_lp_dual_by_hand() {
+        let p = SharePrices::solve(&[(500, 1.0), (300, 3.0), (200, 1.0)]);
+        let u = PRICE_UNITS;
+        assert_eq!(p.steps(), &[(200, u / 6), (300, u / 3), (500, u / 2)]);
+        assert_eq!(p.most_costly_gpu(), u, "dual-feasible and tight");
+        // Between the sizes a share costs what the largest priced size below it does.
+        assert_eq!(
+            (p.units(199), p.units(250), p.units(499), p.units(999)),
+            (0, u / 6, u / 3, u / 2)
+        );
+        assert_eq!(p.units(1000), 0, "a whole GPU is not a share");
+        // Weights need not be counts; sizes repeat; whole GPUs and zero are ignored.
+        let q = SharePrices::solve(&[(500, 0.1), (300, 0.2), (1000, 5.0), (300, 0.1), (0, 1.0), (200, 0.1)]);
+        assert_eq!(q, p);
+        assert_eq!(SharePrices::solve(&[]), SharePrices::default());
+    }
+
+    /// The share mix of the openb default pod list (size, count): its LP dual is the fixed
+    /// table [`price_twelfths`].
+    #[test]
+    fn the_default_files_mix_gives_the_fixed_table() {
+        let mix = [
+            (50, 7.0),
+            (110, 24.0),
+            (140, 1.0),
+            (160, 74.0),
+            (220, 62.0),
+            (230, 140.0),
+            (270, 4.0),
+            (290, 1.0),
+            (320, 328.0),
+            (330, 7.0),
+            (350, 6.0),
+            (370, 47.0),
+            (440, 2.0),
+            (460, 128.0),
+            (470, 750.0),
+            (480, 19.0),
+            (550, 72.0),
+            (590, 75.0),
+            (650, 253.0),
+            (810, 1078.0),
+        ];
+        let p = SharePrices::solve(&mix);
+        assert_eq!(p, SharePrices::default_file());
+        for m in 1..1000 {
+            assert_eq!(p.units(m), price_twelfths(m) * (PRICE_UNITS / 12), "{m}");
+        }
+    }
+
+    /// On random mixes the derived prices are dual-feasible, and worth at least any other
+    /// dual-feasible table on the mix (the fixed one here), as an optimal dual must be.
+    #[test]
+    fn derived_prices_are_feasible_and_at_least_as_good_as_the_fixed_table() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let fixed = SharePrices::default_file();
+        for _ in 0..40 {
+            let n = rng.random_range(1..=12);
+            let mix: Vec<(u16, f64)> = (0..n)
+                .map(|_| (rng.random_range(1..1000u16), rng.random_range(1..=100) as f64))
+                .collect();
+            let p = SharePrices::solve(&mix);
+            assert!(p.most_costly_gpu() <= PRICE_UNITS, "{mix:?}: {p:?}");
+            let value = |t: &SharePrices| mix.iter().map(|&(m, w)| t.units(m) as f64 * w).sum::<f64>();
+            // Rounding to units may cost a unit per size.
+            let slack: f64 = mix.iter().map(|m| m.1).sum();
+            assert!(value(&p) + slack >= value(&fixed), "{mix:?}: {p:?}");
+            assert!(p.steps().windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1));
+        }
+        // Beyond LP_SIZES sizes the rarest are left out of the LP and priced by the extension:
+        // still feasible.
+        for n in [LP_SIZES + 1, 200, 999] {
+            let mix: Vec<(u16, f64)> = (0..n)
+                .map(|_| (rng.random_range(1..1000u16), rng.random_range(1..=100) as f64))
+                .collect();
+            let p = SharePrices::solve(&mix);
+            assert!(p.most_costly_gpu() <= PRICE_UNITS, "{n} sizes: {p:?}");
+            assert!(!p.steps().is_empty());
         }
     }
 

@@ -63,10 +63,14 @@
 //!    A free GPU is left out (whole-GPU tasks fill it; terms 2 and 3 see its CPU), and so is
 //!    term 6: in the one form tried there (the node-wide share of fractional tasks that fit,
 //!    together with the same in term 5) it did worse, 3.84 % against 3.76 % on seeds 42-45.
-//! 6. **Priced fill.** The lower bound of [`crate::bound`] prices each share size in twelfths of
-//!    a GPU (a dual-feasible price table: no set of shares that fits one GPU costs more than
-//!    12), and a packing reaches that bound exactly when every GPU holding shares ends up
-//!    holding 12 twelfths' worth (LP complementary slackness). So a gap of `r` free milli is
+//! 6. **Priced fill.** The share packing LP of the workload (the fewest GPUs, fractional
+//!    patterns allowed, that hold the model's mix of share sizes) has an optimal dual: a price
+//!    per share size, in twelfths of a GPU on openb, such that no set of shares that fits one
+//!    GPU costs more than 12 ([`crate::bound::SharePrices::solve`], re-solved from the model's
+//!    fractional classes at each model epoch; on the openb default pod list it is the fixed
+//!    table [`crate::bound::price_twelfths`] of the replay's bound). A packing reaches the
+//!    LP's bound exactly when every GPU holding shares ends up holding 12 twelfths' worth (LP
+//!    complementary slackness). So a gap of `r` free milli is
 //!    worth `M(r)`, the most twelfths that shares of the workload's common sizes can still put
 //!    into it (an unbounded knapsack over r = 0..=1000, per model table like term 5), and a
 //!    share of price `p` placed into gap `r` loses `M(r) − p − M(r − s)` twelfths for good.
@@ -151,13 +155,18 @@ pub struct TesseraPolicy {
     /// ... and for each model some constrained class names.
     fill_model: Vec<(u16, Vec<f64>)>,
     pairing_weight: f64,
-    /// Term 6: the most twelfths of a GPU (the bound's dual prices) that shares of the model's
-    /// classes can still fill into a gap of r free milli, by r (index 0..=1000), for models no
-    /// constrained class names ...
-    price_any: Vec<u8>,
+    /// Term 6: the most that shares of the model's classes can still fill into a gap of r free
+    /// milli at `prices`, in [`crate::bound::PRICE_UNITS`] of a GPU, by r (index 0..=1000), for
+    /// models no constrained class names ...
+    price_any: Vec<u32>,
     /// ... and for each model some constrained class names.
-    price_model: Vec<(u16, Vec<u8>)>,
+    price_model: Vec<(u16, Vec<u32>)>,
     price_weight: f64,
+    /// Term 6's prices per share size: the optimal dual of the share packing LP of the model's
+    /// fractional classes (or the fixed table of the openb default file, for experiments).
+    prices: crate::bound::SharePrices,
+    /// Whether term 6 uses [`crate::bound::SharePrices::default_file`] instead of solving.
+    fixed_prices: bool,
     /// Term 5 on a node: the fractional classes' tasks as `(cpu_milli, memory_mib, milli,
     /// models mask, weight)`, by CPU, to tell which can still run beside a gap.
     share_tasks: Vec<(u64, u64, u16, u64, f64)>,
@@ -179,6 +188,8 @@ impl TesseraPolicy {
             price_any: Vec::new(),
             price_model: Vec::new(),
             price_weight: PRICE_WEIGHT,
+            prices: crate::bound::SharePrices::default(),
+            fixed_prices: false,
             share_tasks: Vec::new(),
             fill_host_aware: true,
             learned_epoch: u64::MAX,
@@ -221,7 +232,18 @@ impl TesseraPolicy {
                 (m, fill_values(classes.iter().filter(|c| c.allows(id))))
             })
             .collect();
-        self.price_any = price_values(classes.iter().filter(|c| c.models == 0));
+        self.prices = if self.fixed_prices {
+            crate::bound::SharePrices::default_file()
+        } else {
+            let mix: Vec<(u16, f64)> = classes
+                .iter()
+                .filter(|c| c.gpus == 1 && c.milli < 1000)
+                .map(|c| (c.milli, c.weight))
+                .collect();
+            crate::bound::SharePrices::solve(&mix)
+        };
+        let prices = &self.prices;
+        self.price_any = price_values(classes.iter().filter(|c| c.models == 0), prices);
         let mut tasks: Vec<(u64, u64, u16, u64, f64)> = classes
             .iter()
             .filter(|c| c.gpus == 1 && c.milli < 1000)
@@ -233,9 +255,23 @@ impl TesseraPolicy {
             .into_iter()
             .map(|m| {
                 let id = tessera_model::ModelId(m);
-                (m, price_values(classes.iter().filter(|c| c.allows(id))))
+                (m, price_values(classes.iter().filter(|c| c.allows(id)), prices))
             })
             .collect();
+    }
+
+    /// Term 6 with the fixed price table of the openb default file
+    /// ([`crate::bound::SharePrices::default_file`]) instead of the prices solved from the
+    /// model's share mix; for experiments.
+    pub fn set_fixed_prices(&mut self, on: bool) {
+        self.fixed_prices = on;
+        self.learned_epoch = u64::MAX;
+        self.learn();
+    }
+
+    /// Term 6's prices per share size.
+    pub fn prices(&self) -> &crate::bound::SharePrices {
+        &self.prices
     }
 
     /// Whether term 5 looks at the node's free CPU and memory (on by default); for
@@ -265,8 +301,8 @@ impl TesseraPolicy {
         self.price_weight = w;
     }
 
-    /// Term 6: minus the twelfths of a GPU that the node's gaps can still take at the bound's
-    /// prices, in milli (`1000 / 12` a twelfth). Placing a share of price `p` into a gap `r`
+    /// Term 6: minus the price (a GPU's worth = 1,000) that the node's gaps can still take at
+    /// the solved prices, in milli (`1000 / 12` a twelfth). Placing a share of price `p` into a gap `r`
     /// raises it by `p` plus the price the gap can no longer take (`M(r) − p − M(r − s)`),
     /// so among the choices for one share it ranks by that loss.
     pub(crate) fn price_potential(&self, h: &Hypo) -> f64 {
@@ -278,8 +314,8 @@ impl TesseraPolicy {
         if table.is_empty() {
             return 0.0;
         }
-        let twelfths: u64 = h.gpus().iter().map(|&f| table[f.min(1000) as usize] as u64).sum();
-        -(twelfths as f64) * 1000.0 / 12.0
+        let units: u64 = h.gpus().iter().map(|&f| table[f.min(1000) as usize] as u64).sum();
+        -(units as f64) * 1000.0 / crate::bound::PRICE_UNITS as f64
     }
 
     /// Sets the weight of the pairing term (term 5; 0 turns it off); for experiments.
@@ -421,11 +457,14 @@ fn fill_values<'a>(classes: impl Iterator<Item = &'a crate::policy::DemandClass>
     v
 }
 
-/// Term 6's table: `M(r)`, the most twelfths of a GPU ([`crate::bound::price_twelfths`]) that
-/// shares of the classes' sizes fit into `r` free milli (an unbounded knapsack, r = 0..=1000;
-/// sizes of less than [`MIN_PRICED_SHARE`] of the fractional classes' weight left out). A free
-/// GPU (`r = 1000`) counts as a whole 12: whole-GPU tasks fill it exactly.
-fn price_values<'a>(classes: impl Iterator<Item = &'a crate::policy::DemandClass>) -> Vec<u8> {
+/// Term 6's table: `M(r)`, the most that shares of the classes' sizes fit into `r` free milli
+/// at `prices` (in [`crate::bound::PRICE_UNITS`] of a GPU; an unbounded knapsack,
+/// r = 0..=1000; sizes of less than [`MIN_PRICED_SHARE`] of the fractional classes' weight
+/// left out). A free GPU (`r = 1000`) counts as a whole GPU: whole-GPU tasks fill it exactly.
+fn price_values<'a>(
+    classes: impl Iterator<Item = &'a crate::policy::DemandClass>,
+    prices: &crate::bound::SharePrices,
+) -> Vec<u32> {
     let mut sizes: Vec<(u16, f64)> = Vec::new();
     for c in classes {
         if c.gpus == 1 && c.milli > 0 && c.milli < 1000 && c.weight > 0.0 {
@@ -440,17 +479,17 @@ fn price_values<'a>(classes: impl Iterator<Item = &'a crate::policy::DemandClass
     if sizes.is_empty() {
         return Vec::new();
     }
-    let mut m = vec![0u8; 1001];
+    let mut m = vec![0u32; 1001];
     for r in 1..=1000usize {
         let mut best = m[r - 1];
         for &(s, _) in &sizes {
             if (s as usize) <= r {
-                best = best.max(crate::bound::price_twelfths(s) as u8 + m[r - s as usize]);
+                best = best.max(prices.units(s) as u32 + m[r - s as usize]);
             }
         }
         m[r] = best;
     }
-    m[1000] = 12;
+    m[1000] = crate::bound::PRICE_UNITS as u32;
     m
 }
 
@@ -719,13 +758,19 @@ mod tests {
     #[test]
     fn priced_fill_counts_the_twelfths_a_gap_can_no_longer_take() {
         // Shares of 470, 230 and 220, 33 of each, and one 330: 1 % of the 100 shares, so it
-        // counts (MIN_PRICED_SHARE). Prices: 470 → 6, 230 → 3, 220 → 1, 330 → 4 twelfths.
+        // counts (MIN_PRICED_SHARE). With the openb default file's prices: 470 → 6, 230 → 3,
+        // 220 → 1, 330 → 4 twelfths.
         let mut prior = vec![demand(1, 1, 470, 0); 33];
         prior.extend(vec![demand(1, 1, 230, 0); 33]);
         prior.extend(vec![demand(1, 1, 220, 0); 33]);
         prior.push(demand(1, 1, 330, 0));
-        let t = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
-        let m = |r: usize| t.price_any[r];
+        let mut t = TesseraPolicy::new(WorkloadModel::with_prior(&prior));
+        t.set_fixed_prices(true);
+        let twelfth = (crate::bound::PRICE_UNITS / 12) as u32;
+        let m = |r: usize| {
+            assert_eq!(t.price_any[r] % twelfth, 0);
+            t.price_any[r] / twelfth
+        };
         assert_eq!((m(219), m(220), m(229), m(230)), (0, 1, 1, 3));
         assert_eq!(m(330), 4, "a 330");
         assert_eq!(m(450), 4, "230 + 220 (3 + 1), or a 330");
@@ -738,8 +783,9 @@ mod tests {
         rare.extend(vec![demand(1, 1, 230, 0); 66]);
         rare.extend(vec![demand(1, 1, 220, 0); 67]);
         rare.push(demand(1, 1, 330, 0));
-        let r = TesseraPolicy::new(WorkloadModel::with_prior(&rare));
-        assert_eq!(r.price_any[330], 3, "only a 230 counts");
+        let mut r = TesseraPolicy::new(WorkloadModel::with_prior(&rare));
+        r.set_fixed_prices(true);
+        assert_eq!(r.price_any[330], 3 * twelfth, "only a 230 counts");
         // n0's GPU has 300 free (a 470 and a 230 on it), n1's 450 (a 330 and a 220). A 220
         // arrives: into 300 it leaves 80, so the gap goes from 3 twelfths (a 230) to 0: 3 × 1000
         // / 12 = 250 milli; into 450 it leaves 230, from 4 to 3: 83.3 milli. The 220's own price
