@@ -530,8 +530,10 @@ async fn put(s: &Srv, path: &str, body: Value) -> (StatusCode, Value) {
     s.req(reqwest::Method::PUT, path, Some(body), &[]).await
 }
 
-async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
-    let s = server(db, "quota").await;
+/// A server with tenant `vision` (project `train`) guaranteed 8 GPUs of pool `training`, up
+/// to 16.
+async fn vision_with_a_training_quota(db: Db, name: &str) -> Srv {
+    let s = server(db, name).await;
     s.tenant("vision", "train").await;
     let (st, q) = put(
         &s,
@@ -540,6 +542,11 @@ async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
     )
     .await;
     assert_eq!(st, StatusCode::OK, "{q}");
+    s
+}
+
+async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
+    let s = vision_with_a_training_quota(db, "quota").await;
     let (st, p) = put(&s, "/api/v1/tenants/vision/quotas/nowhere", json!({"guaranteed": 8})).await;
     assert_eq!(
         (st, p["field"].as_str()),
@@ -1278,15 +1285,7 @@ async fn a_remainder_gang_runs_as_whole_nodes_and_the_remainder(db: Db) {
 /// GPUs, the remainder too), and a remainder asked for where it has no meaning is refused with
 /// 422 naming `shape.remainder` and the rule, storing nothing.
 async fn a_remainder_gang_is_held_to_the_quota_and_its_rules(db: Db) {
-    let s = server(db, "remainder-rules").await;
-    s.tenant("vision", "train").await;
-    let (st, q) = put(
-        &s,
-        "/api/v1/tenants/vision/quotas/training",
-        json!({"guaranteed": 8, "limit": 16}),
-    )
-    .await;
-    assert_eq!(st, StatusCode::OK, "{q}");
+    let s = vision_with_a_training_quota(db, "remainder-rules").await;
     let (st, w) = s
         .post("/api/v1/workloads", wl(json!({"gpus": 8, "pool": "training"})))
         .await;

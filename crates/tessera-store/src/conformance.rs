@@ -987,6 +987,15 @@ pub async fn events_round_trip_in_order_with_codes(s: &dyn Store) {
 }
 
 /// Scope, tenant, project, phases, `before` and `limit`, newest first.
+/// The tenant and project of the `i`th workload of the listing tests: tenants alternate,
+/// every third is in project `q`.
+fn spread(i: usize) -> (&'static str, &'static str) {
+    (
+        if i % 2 == 0 { "acme" } else { "globex" },
+        if i % 3 == 0 { "q" } else { "p" },
+    )
+}
+
 pub async fn list_workloads_filters(s: &dyn Store) {
     let ids = new_ids(s, 12).await;
     let phases = [Phase::Queued, Phase::Running, Phase::Failed, Phase::Succeeded];
@@ -994,8 +1003,7 @@ pub async fn list_workloads_filters(s: &dyn Store) {
         .iter()
         .enumerate()
         .map(|(i, &id)| {
-            let tenant = if i % 2 == 0 { "acme" } else { "globex" };
-            let project = if i % 3 == 0 { "q" } else { "p" };
+            let (tenant, project) = spread(i);
             workload(id, tenant, project, phases[i % 4])
         })
         .collect();
@@ -1098,8 +1106,7 @@ pub async fn list_workloads_orders_page_over_every_workload(s: &dyn Store) {
         .iter()
         .enumerate()
         .map(|(i, &id)| {
-            let tenant = if i % 2 == 0 { "acme" } else { "globex" };
-            let project = if i % 3 == 0 { "q" } else { "p" };
+            let (tenant, project) = spread(i);
             let mut w = workload(id, tenant, project, phases[(i * 3) % 5]);
             w.spec.name = names[(i * 5) % names.len()].to_string();
             w

@@ -258,6 +258,19 @@ fn first_takeable(s: &mut Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) 
     first
 }
 
+/// The nodes job `job` holds for gang `g`, and `g` bound to the held pool; `None` without a
+/// hold.
+fn held(
+    s: &Scheduler,
+    job: &Job,
+    g: &tessera_model::request::GangRequest,
+) -> Option<(Vec<u32>, tessera_model::request::GangRequest)> {
+    let h = s.holds.iter().find(|h| h.job == job.id)?;
+    let mut g = g.clone();
+    g.pool = Some(h.pool);
+    Some((h.nodes.clone(), g))
+}
+
 /// The soonest time from `by` at which a search for gang `g` (job `job`, holding nodes) finds
 /// victims under the loss bound: the set it would take (the candidates `rule` allows on its
 /// held nodes, cheapest first until it fits, then the dearest spared when it fits without them,
@@ -273,13 +286,7 @@ fn gang_takeable_from(
     rule: &dyn VictimRule,
     by: i64,
 ) -> Option<i64> {
-    let (pool, nodes) = s
-        .holds
-        .iter()
-        .find(|h| h.job == job.id)
-        .map(|h| (h.pool, h.nodes.clone()))?;
-    let mut g = g.clone();
-    g.pool = Some(pool);
+    let (nodes, g) = held(s, job, g)?;
     let rank = s.rank(&job.priority);
     let mut shares: HashMap<&str, f64> = HashMap::new();
     let mut seen: FxHashSet<u64> = FxHashSet::default();
@@ -418,13 +425,7 @@ fn search_gang(
     now: i64,
     rule: &dyn VictimRule,
 ) -> Option<Vec<u64>> {
-    let (pool, nodes) = s
-        .holds
-        .iter()
-        .find(|h| h.job == job.id)
-        .map(|h| (h.pool, h.nodes.clone()))?;
-    let mut g = g.clone();
-    g.pool = Some(pool);
+    let (nodes, g) = held(s, job, g)?;
     let rank = s.rank(&job.priority);
     let bound = loss_bound(s, job, now);
     let mut shares: HashMap<&str, f64> = HashMap::new();
