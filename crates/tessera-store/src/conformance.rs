@@ -991,8 +991,8 @@ pub async fn events_round_trip_in_order_with_codes(s: &dyn Store) {
 /// every third is in project `q`.
 fn spread(i: usize) -> (&'static str, &'static str) {
     (
-        if i % 2 == 0 { "acme" } else { "globex" },
-        if i % 3 == 0 { "q" } else { "p" },
+        if i.is_multiple_of(2) { "acme" } else { "globex" },
+        if i.is_multiple_of(3) { "q" } else { "p" },
     )
 }
 
