@@ -224,7 +224,7 @@ pub async fn create(
         Some(k) => {
             let k = rules::check_idempotency_key(k)?.to_string();
             let body = serde_json::to_vec(&b).unwrap_or_default();
-            let h: String = Sha256::digest(&body).iter().map(|x| format!("{x:02x}")).collect();
+            let h = hex::encode(Sha256::digest(&body));
             Some((k, h))
         }
         None => None,
