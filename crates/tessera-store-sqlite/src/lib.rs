@@ -5,6 +5,9 @@
 //!
 //! The database runs in WAL mode with `synchronous=FULL` (a commit is on disk before it is
 //! acknowledged), foreign keys on and a busy timeout, so several processes may share one file.
+//! Checkpoints (copying the write-ahead log back into the database file, with its own fsync)
+//! run in the background ([`checkpoint`]), not inside whichever commit crossed SQLite's
+//! automatic threshold: a commit waits only for its own log write.
 //! Workloads are stored in typed columns; workload ids and audit sequence numbers come from the
 //! database's `sequences` table, never from the application.
 //!
@@ -28,6 +31,7 @@
 //! (`driver.rs`: connections, transactions, rows, the statements whose text differs, the read of
 //! every active workload) and `rows.rs` makes SQLite's texts of the multi-row statements.
 
+mod checkpoint;
 mod driver;
 mod legacy;
 #[cfg(test)]
@@ -50,6 +54,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// The background checkpointer of a database file (none in memory); it stops when the
+    /// last clone of the store is dropped.
+    _checkpointer: Option<std::sync::Arc<checkpoint::Checkpointer>>,
 }
 
 tessera_store_sql::implement_store!(SqliteStore);
@@ -72,14 +79,18 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(10))
             // 1 MiB of page cache per connection (SQLite's default is 2 MiB): the pool's
             // connections cache the same hot pages, and the OS page cache holds the file.
-            .pragma("cache_size", "-1024");
+            .pragma("cache_size", "-1024")
+            // No checkpoint inside a commit: the background checkpointer does them.
+            .pragma("wal_autocheckpoint", "0");
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .min_connections(1)
             .connect_with(opts)
             .await
             .map_err(db)?;
-        Self::prepare(pool).await
+        let mut store = Self::prepare(pool).await?;
+        store._checkpointer = Some(std::sync::Arc::new(checkpoint::Checkpointer::start(store.pool.clone())));
+        Ok(store)
     }
 
     /// A private in-memory database (tests, simulations).
@@ -104,7 +115,10 @@ impl SqliteStore {
             sqlx::migrate::MigrateError::Execute(e) => db(e),
             other => StoreError::Corrupt(format!("schema migrations: {other}")),
         })?;
-        let store = SqliteStore { pool };
+        let store = SqliteStore {
+            pool,
+            _checkpointer: None,
+        };
         legacy::convert(&store).await?;
         Ok(store)
     }
