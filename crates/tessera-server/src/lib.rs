@@ -42,6 +42,7 @@ pub mod scrape;
 pub mod services;
 pub mod session;
 pub mod state;
+pub mod tenancy_cache;
 pub mod tenancy_sync;
 pub mod timed;
 pub mod usage;
@@ -312,7 +313,8 @@ pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Ba
     let shared = store.shared();
     // The admin token is written there, whichever the store.
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("cannot create {}", cfg.data_dir.display()))?;
-    let store: Arc<dyn Store> = Arc::new(timed::TimedStore::new(store, metrics.clone()));
+    let tenancy_cache = Arc::new(tenancy_cache::TenancyCache::default());
+    let store: Arc<dyn Store> = Arc::new(timed::TimedStore::new(store, metrics.clone(), tenancy_cache.clone()));
     let admin_token = admin::bootstrap(store.as_ref(), &cfg.data_dir).await?;
     let fleet = Arc::new(cfg.fleet);
     tessera_sched::replay::make_policy(&cfg.policy, &[]).map_err(|e| anyhow!(e))?;
@@ -456,7 +458,7 @@ pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Ba
         prices: Arc::new(cfg.prices),
         limiter: Arc::new(audit::RateLimiter::new(cfg.rate_limit, cfg.rate_limit * 2.0)),
         sessions: Arc::new(session::Sessions::new(cfg.tls.is_some())),
-        projects: Arc::default(),
+        tenancy_cache,
         obs: Arc::new(scrape::Observability {
             metrics,
             version: env!("CARGO_PKG_VERSION"),

@@ -153,6 +153,13 @@ impl Replica {
     }
 
     /// Where writes go when this replica does not lead: the known leader's URL.
+    /// `Some(epoch)` while this replica leads and its loop runs (`Some(None)` on a store it
+    /// does not share, which it always leads); `None` otherwise.
+    pub fn leading_epoch(&self) -> Option<Option<u64>> {
+        let s = self.state.borrow();
+        s.leading.then_some(s.epoch)
+    }
+
     pub fn leader_url(&self) -> Option<String> {
         let s = self.state.borrow();
         if s.role == Role::Leader {

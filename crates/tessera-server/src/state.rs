@@ -53,8 +53,9 @@ pub struct Shared {
     pub audit: audit::AuditLog,
     pub limiter: Arc<audit::RateLimiter>,
     pub sessions: Arc<session::Sessions>,
-    /// `tenant/project` pairs known to exist (workload creation checks them).
-    pub projects: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
+    /// The tenancy the create path remembers while this replica leads (projects known to
+    /// exist, tenants' grants); the store forgets it on every tenancy write.
+    pub tenancy_cache: Arc<crate::tenancy_cache::TenancyCache>,
     /// Metrics and (simulated backend) fault injection.
     pub obs: Arc<scrape::Observability>,
     /// This replica: its role, and where the leader is.

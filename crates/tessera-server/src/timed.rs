@@ -1,6 +1,7 @@
 //! [`TimedStore`]: the store the server holds, timing every operation into
 //! `tessera_database_duration_seconds{op, outcome}` — the database latency as the control plane
-//! sees it, whichever database it is.
+//! sees it, whichever database it is — and telling the create path's [`TenancyCache`] when the
+//! tenancy changed.
 
 use std::future::Future;
 use std::ops::Range;
@@ -17,16 +18,31 @@ use tessera_store::{
 };
 
 use crate::metrics::Metrics;
+use crate::tenancy_cache::TenancyCache;
 
 /// A store whose every operation is timed.
 pub struct TimedStore {
     inner: Arc<dyn Store>,
     metrics: Arc<Metrics>,
+    /// Forgotten after every tenancy write (which all go through this store).
+    tenancy_cache: Arc<TenancyCache>,
 }
 
 impl TimedStore {
-    pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>) -> TimedStore {
-        TimedStore { inner, metrics }
+    pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>, tenancy_cache: Arc<TenancyCache>) -> TimedStore {
+        TimedStore {
+            inner,
+            metrics,
+            tenancy_cache,
+        }
+    }
+
+    /// A tenancy write, timed; what the create path remembers is forgotten once it is done
+    /// (whatever its outcome: a failed write may still have landed).
+    async fn tenancy_write<T>(&self, op: &'static str, f: impl Future<Output = Result<T>>) -> Result<T> {
+        let r = self.timed(op, f).await;
+        self.tenancy_cache.forget();
+        r
     }
 
     async fn timed<T>(&self, op: &'static str, f: impl Future<Output = Result<T>>) -> Result<T> {
@@ -40,7 +56,7 @@ impl TimedStore {
 #[async_trait]
 impl TenancyStore for TimedStore {
     async fn create_tenant(&self, t: &TenantRecord) -> Result<()> {
-        self.timed("create_tenant", self.inner.create_tenant(t)).await
+        self.tenancy_write("create_tenant", self.inner.create_tenant(t)).await
     }
     async fn get_tenant(&self, name: &str) -> Result<Option<TenantRecord>> {
         self.timed("get_tenant", self.inner.get_tenant(name)).await
@@ -49,10 +65,11 @@ impl TenancyStore for TimedStore {
         self.timed("list_tenants", self.inner.list_tenants(after, limit)).await
     }
     async fn delete_tenant(&self, name: &str) -> Result<bool> {
-        self.timed("delete_tenant", self.inner.delete_tenant(name)).await
+        self.tenancy_write("delete_tenant", self.inner.delete_tenant(name))
+            .await
     }
     async fn create_project(&self, p: &ProjectRecord) -> Result<()> {
-        self.timed("create_project", self.inner.create_project(p)).await
+        self.tenancy_write("create_project", self.inner.create_project(p)).await
     }
     async fn get_project(&self, tenant: &str, name: &str) -> Result<Option<ProjectRecord>> {
         self.timed("get_project", self.inner.get_project(tenant, name)).await
@@ -62,7 +79,7 @@ impl TenancyStore for TimedStore {
             .await
     }
     async fn delete_project(&self, tenant: &str, name: &str) -> Result<bool> {
-        self.timed("delete_project", self.inner.delete_project(tenant, name))
+        self.tenancy_write("delete_project", self.inner.delete_project(tenant, name))
             .await
     }
     async fn set_image_policy(&self, p: &ImagePolicyRecord, audit: &AuditRecord) -> Result<()> {
@@ -82,14 +99,14 @@ impl TenancyStore for TimedStore {
         classes: Option<&[String]>,
         audit: &AuditRecord,
     ) -> Result<bool> {
-        self.timed(
+        self.tenancy_write(
             "set_tenant_priorities",
             self.inner.set_tenant_priorities(tenant, classes, audit),
         )
         .await
     }
     async fn apply_tenancy(&self, changes: &[TenancyChange], audit: &[AuditRecord]) -> Result<()> {
-        self.timed("apply_tenancy", self.inner.apply_tenancy(changes, audit))
+        self.tenancy_write("apply_tenancy", self.inner.apply_tenancy(changes, audit))
             .await
     }
 }

@@ -945,6 +945,61 @@ async fn image_policy_is_validated_audited_and_enforced_at_admission(db: Db) {
     );
 }
 
+/// What the create path remembers of the tenancy never outlives it: a project (then its
+/// tenant) that a member's requests were checked against, deleted by the platform admin, is
+/// refused at once on the next creation and dry run (422 naming the field), and made again it
+/// is accepted again.
+async fn a_deleted_project_or_tenant_is_refused_at_once(db: Db) {
+    let s = server(db, "forgotten").await;
+    s.tenant("vision", "scratch").await;
+    let member = s.with_token(&s.server.token("vision", "member").await);
+    let job = json!({"tenant": "vision", "project": "scratch", "name": "p", "shape": {"fraction": 100}});
+    // Checked twice (the second from what the first remembered).
+    for _ in 0..2 {
+        let (st, p) = member.post("/api/v1/workloads/dry-run", job.clone()).await;
+        assert_eq!(st, StatusCode::OK, "{p}");
+    }
+    let (st, _) = s
+        .req(
+            reqwest::Method::DELETE,
+            "/api/v1/tenants/vision/projects/scratch",
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    for path in ["/api/v1/workloads/dry-run", "/api/v1/workloads"] {
+        let (st, p) = member.post(path, job.clone()).await;
+        assert_eq!(
+            (st, p["field"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("project")),
+            "{path}: {p}"
+        );
+    }
+    let (st, _) = s
+        .post("/api/v1/tenants/vision/projects", json!({"name": "scratch"}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED);
+    let (st, p) = member.post("/api/v1/workloads/dry-run", job.clone()).await;
+    assert_eq!(st, StatusCode::OK, "made again: {p}");
+
+    // The same for a tenant: remembered by an admin's check, then deleted with its project.
+    s.tenant("nlp", "serve").await;
+    let nlp = json!({"tenant": "nlp", "project": "serve", "name": "p", "shape": {"fraction": 100}});
+    let (st, p) = s.post("/api/v1/workloads/dry-run", nlp.clone()).await;
+    assert_eq!(st, StatusCode::OK, "{p}");
+    for path in ["/api/v1/tenants/nlp/projects/serve", "/api/v1/tenants/nlp"] {
+        let (st, _) = s.req(reqwest::Method::DELETE, path, None, &[]).await;
+        assert_eq!(st, StatusCode::NO_CONTENT, "{path}");
+    }
+    let (st, p) = s.post("/api/v1/workloads/dry-run", nlp).await;
+    assert_eq!(
+        (st, p["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("tenant")),
+        "{p}"
+    );
+}
+
 /// Priority classes are granted by the platform admin, never chosen by a tenant: a member
 /// asking for `critical` is refused (403 naming the classes it may use, on creation and on the
 /// dry run, nothing stored); neither it nor its tenant-admin can grant itself more, nor see
@@ -1371,6 +1426,7 @@ tessera_testdb::each_database!(
     owner_reclaims_its_guarantee_from_a_borrower,
     image_policy_is_validated_audited_and_enforced_at_admission,
     priority_classes_are_granted_by_the_platform_admin,
+    a_deleted_project_or_tenant_is_refused_at_once,
     apply_is_all_or_nothing,
 );
 

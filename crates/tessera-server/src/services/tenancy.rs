@@ -190,7 +190,6 @@ pub async fn delete_project(s: &AppState, id: &Identity, tenant: &str, project: 
             "no project `{project}` in tenant `{tenant}`"
         )));
     }
-    s.projects.write().expect("lock").remove(&format!("{tenant}/{project}"));
     if !s.store.delete_project(tenant, project).await? {
         return Err(ApiError::conflict(format!(
             "project `{project}` has workloads on record"

@@ -3,6 +3,8 @@
 //! submissions), then handed to the lifecycle loop, which answers once the workload is durable;
 //! a cancel is checked and handed on the same way.
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 use tessera_api::rules::{self, Validate};
 use tessera_api::{CreateWorkload, GpuShape, Workload, WorkloadKind};
@@ -92,11 +94,12 @@ pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload
         }
         return Err(ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)));
     }
-    // Known tenant/project pairs are remembered (a project is only forgotten when deleted),
-    // sparing two store reads per request.
-    let key = format!("{}/{}", b.tenant, b.project);
-    let known = s.projects.read().expect("lock").contains(&key);
-    if !known {
+    // While this replica leads, the tenancy it read is remembered (`tenancy_cache`: forgotten
+    // on every tenancy write), sparing the store reads below on most requests.
+    let epoch = s.replica.leading_epoch();
+    let cache = &s.tenancy_cache;
+    if !epoch.is_some_and(|e| cache.project_known(e, &b.tenant, &b.project)) {
+        let generation = cache.generation();
         if s.store.get_tenant(&b.tenant).await?.is_none() {
             return Err(ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)));
         }
@@ -106,7 +109,9 @@ pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload
                 format!("no project `{}` in tenant `{}`", b.project, b.tenant),
             ));
         }
-        s.projects.write().expect("lock").insert(key);
+        if let Some(e) = epoch {
+            cache.remember_project(generation, e, &b.tenant, &b.project);
+        }
     }
     let priority = b.priority.clone().unwrap_or_else(|| "standard".into());
     if !s.priorities.contains(&priority) {
@@ -115,15 +120,27 @@ pub(crate) async fn check_create(s: &AppState, id: &Identity, b: &CreateWorkload
             format!("unknown priority class `{priority}` ({})", s.priorities.join(", ")),
         ));
     }
-    // A tenant's tokens use the classes the platform admin granted it (read on every request:
-    // a grant takes effect at once, on whichever replica leads); a platform-admin, who grants
-    // them, may submit any class.
+    // A tenant's tokens use the classes the platform admin granted it (a grant takes effect at
+    // once: the leader, which alone changes grants, forgets what it remembered); a
+    // platform-admin, who grants them, may submit any class.
     if !id.is_admin() {
-        let tenant = s
-            .store
-            .get_tenant(&b.tenant)
-            .await?
-            .ok_or_else(|| ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)))?;
+        let remembered = epoch.and_then(|e| cache.tenant(e, &b.tenant));
+        let tenant = match remembered {
+            Some(t) => t,
+            None => {
+                let generation = cache.generation();
+                let t = Arc::new(
+                    s.store
+                        .get_tenant(&b.tenant)
+                        .await?
+                        .ok_or_else(|| ApiError::invalid("tenant", format!("no tenant `{}`", b.tenant)))?,
+                );
+                if let Some(e) = epoch {
+                    cache.remember_tenant(generation, e, t.clone());
+                }
+                t
+            }
+        };
         let granted = crate::services::tenancy::granted(s, &tenant);
         if !granted.contains(&priority) {
             return Err(ApiError::priority_not_granted(format!(
