@@ -38,6 +38,14 @@ measure() { # name path
   printf "  page %6d B  first visit with assets %7d B (gzip)\n" "$bytes" "$((bytes + assets))"
 }
 
+page_of() { # jar sort page -> the path of that page of the workload list, through its Next links
+  local path="/console/workloads?sort=$2"
+  for _ in $(seq $(($3 - 1))); do
+    path=$(curl -s -b "$1" "$base$path" | sed -n 's/.*<a href="\([^"]*\)" rel="next">.*/\1/p' | sed 's/&amp;/\&/g; s/&#38;/\&/g')
+  done
+  echo "$path"
+}
+
 start seed 18471
 api POST /api/v1/tenants '{"name":"vision"}'
 api POST /api/v1/tenants/vision/projects '{"name":"train"}'
@@ -51,9 +59,9 @@ jar=$(signin)
 echo "seed fleet (480 GPUs), 1,000 workloads, $n requests per page:"
 measure "$jar" overview /console
 measure "$jar" workloads /console/workloads
-measure "$jar" "workloads by name p.11" "/console/workloads?sort=name&page=10"
-measure "$jar" "workloads by state p.11" "/console/workloads?sort=state&page=10"
-measure "$jar" "workloads oldest p.20" "/console/workloads?sort=oldest&page=19"
+measure "$jar" "workloads by name p.11" "$(page_of "$jar" name 11)"
+measure "$jar" "workloads by state p.11" "$(page_of "$jar" state 11)"
+measure "$jar" "workloads oldest p.20" "$(page_of "$jar" oldest 20)"
 measure "$jar" "workload timeline" /console/workloads/500
 measure "$jar" "workload live part" /console/workloads/500/live
 measure "$jar" "request form" /console/request

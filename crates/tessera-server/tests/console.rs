@@ -867,6 +867,129 @@ async fn fleet_map_gives_ten_tenants_ten_colours_and_highlights_one_to_admins_on
     }
 }
 
+/// A remainder gang through the request form (issue 29 item 6): the gang's fields offer "Last
+/// node takes the rest" with its example on this pool's nodes; the dry run of 12 GPUs answers
+/// on two node-shares; a remainder with Nodes or a Segment, or where it fits one node or leaves
+/// no remainder, is refused next to the checkbox in the form's words (never `shape.remainder`
+/// or `` `remainder` ``); the submitted gang runs as 8 + 4 and the API says `remainder`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remainder_gang_through_the_form() {
+    let s = TestServer::start("console-remainder").await;
+    s.tenant_with_project("vision", "train").await;
+    let b = s.browser();
+    let csrf = sign_in(&b, &s.token("vision", "member").await).await;
+    let fields = b
+        .page("/console/request/fields?pool=training&model=H100-80GB-SXM&shape=gang")
+        .await;
+    assert!(
+        fields.contains("id=\"f-remainder\" name=\"remainder\" value=\"on\" type=\"checkbox\"")
+            && fields.contains("Last node takes the rest")
+            && fields.contains("the last node takes the rest, e.g. 12 = 8 + 4"),
+        "{fields}"
+    );
+    let ticked = b
+        .page("/console/request/fields?pool=training&model=H100-80GB-SXM&shape=gang&remainder=on")
+        .await;
+    assert!(ticked.contains("type=\"checkbox\" checked"), "{ticked}");
+    let form = |extra: &[(&'static str, &str)]| {
+        let mut f: Vec<(&'static str, String)> = vec![
+            ("project", "vision/train".to_string()),
+            ("name", "rest".to_string()),
+            ("pool", "training".into()),
+            ("model", "H100-80GB-SXM".into()),
+            ("shape", "gang".into()),
+            ("duration_h", "1".into()),
+            ("priority", "standard".into()),
+        ];
+        f.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        f
+    };
+    let post = |path: &'static str, f: Vec<(&'static str, String)>| {
+        let rb = b.client.post(b.url(path)).form(&f).header("hx-request", "true");
+        crate::support::with_csrf(rb, Some(&csrf)).send()
+    };
+    let twelve = [("gang_gpus", "12"), ("remainder", "on")];
+    let ok = post("/console/request/preview", form(&twelve)).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let ok = ok.text().await.unwrap();
+    assert!(
+        ok.contains("<strong>borrow</strong>")
+            && ok.contains("2 node-shares in r")
+            && ok.contains("<dt>GPU units</dt><dd>12</dd>")
+            && ok.contains("id=\"submit-button\""),
+        "{ok}"
+    );
+    // Without the box, 12 is no multiple of the 8-GPU nodes: refused next to GPUs in all.
+    let plain = post("/console/request/preview", form(&[("gang_gpus", "12")]))
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let plain = plain.text().await.unwrap();
+    assert!(
+        plain.contains("id=\"gang_gpus-error\"")
+            && plain.contains("12 GPUs are no multiple of this pool&#39;s 8-GPU nodes")
+            && plain.contains("(12 = 8 + 4)"),
+        "{plain}"
+    );
+    for (extra, words) in [
+        (
+            vec![
+                ("gang_gpus", "12"),
+                ("remainder", "on"),
+                ("gang_nodes", "2"),
+                ("segment", "4"),
+            ],
+            "leave Nodes and Segment size blank",
+        ),
+        (
+            vec![("gang_gpus", "4"), ("remainder", "on")],
+            "4 GPUs fit on one node of 8 GPUs (pool training)",
+        ),
+        (
+            vec![("gang_gpus", "16"), ("remainder", "on")],
+            "16 GPUs as whole nodes of 8 GPUs (pool training) leave no remainder",
+        ),
+    ] {
+        let r = post("/console/request/preview", form(&extra)).await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{extra:?}");
+        let page = r.text().await.unwrap();
+        assert!(
+            page.contains("id=\"remainder-error\"") && page.contains(words),
+            "{extra:?}: {page}"
+        );
+        assert!(
+            page.contains("aria-describedby=\"remainder-note remainder-error\"")
+                && page.contains("type=\"checkbox\" checked"),
+            "{extra:?}: {page}"
+        );
+        assert!(
+            !page.contains("shape.remainder") && !page.contains("`remainder`") && !page.contains("`gpus`"),
+            "{extra:?}: {page}"
+        );
+    }
+    let r = post("/console/request", form(&twelve)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let to = r.headers()["hx-redirect"].to_str().unwrap().to_string();
+    let id: u64 = to.rsplit('/').next().unwrap().parse().unwrap();
+    let w = s.wait_state(id, &["running"]).await;
+    assert_eq!(
+        (&w["units"], &w["shape"]["remainder"]),
+        (&json!("12"), &json!(true)),
+        "{w}"
+    );
+    let a = &w["allocation"];
+    let shares = a["shares"].as_array().unwrap();
+    assert_eq!(
+        (
+            a["gpus"].as_array().map(Vec::len),
+            shares.len(),
+            shares[0]["gpus"].as_array().map(Vec::len)
+        ),
+        (Some(8), 1, Some(4)),
+        "one whole node and the remainder: {w}"
+    );
+}
+
 /// A multi-node gang through the console on the seed fleet (racks of 4 nodes of 8 GPUs): the
 /// form's gang fields with the pool's levels, the dry run's answers (never within one rack; the
 /// form's words for several bad fields at once; where its node-shares would go), the
@@ -1837,16 +1960,33 @@ async fn lists_page_sort_and_filter_by_real_values_and_never_across_tenants() {
     assert_eq!(first.matches("<tr id=\"w-").count(), 50, "{first}");
     assert!(first.contains("Workloads 1–50"), "{first}");
     assert!(first.contains(&format!("id=\"w-{}\"", ids[54])), "newest first");
+    assert!(!first.contains("rel=\"prev\""), "{first}");
+    let next = pager_link(&first, "next").expect("a next page");
     assert!(
-        first.contains("href=\"/console/workloads?state=&tenant=&project=&sort=&page=1\" rel=\"next\""),
-        "{first}"
+        next.starts_with("/console/workloads?state=&tenant=&project=&sort=&cursor="),
+        "{next}"
     );
-    let second = unescape(&member.page("/console/workloads?page=1").await);
+    let second = unescape(&member.page(&next).await);
     assert_eq!(second.matches("<tr id=\"w-").count(), 5, "{second}");
-    assert!(
-        second.contains("rel=\"prev\"") && !second.contains("rel=\"next\""),
-        "{second}"
+    assert!(second.contains("Workloads 51–55"), "{second}");
+    assert!(!second.contains("rel=\"next\""), "{second}");
+    // Back to the first page, as it was.
+    let back = unescape(
+        &member
+            .page(&pager_link(&second, "prev").expect("a previous page"))
+            .await,
     );
+    assert_eq!(row_ids(&back), row_ids(&first));
+    // The cursor is the pager's: a made-up one, or one of another sort, is refused.
+    let cursor = next.split("cursor=").nth(1).unwrap();
+    for path in [
+        "/console/workloads?cursor=not-a-cursor".to_string(),
+        format!("/console/workloads?sort=name&cursor={cursor}"),
+    ] {
+        let r = member.get(&path).await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{path}");
+        assert!(r.text().await.unwrap().contains("not a page of this list"), "{path}");
+    }
     let oldest = member.page("/console/workloads?sort=oldest").await;
     let at = |p: &str, id: u64| p.find(&format!("id=\"w-{id}\"")).unwrap_or(usize::MAX);
     assert!(at(&oldest, ids[0]) < at(&oldest, ids[1]), "oldest first");
@@ -2387,6 +2527,13 @@ async fn a_waiting_gang_names_the_pools_that_cannot_serve_it() {
 }
 
 /// The workload ids of a list page's rows, in order.
+/// The pager's link marked `rel` (`next`, `prev`) on an unescaped page.
+fn pager_link(page: &str, rel: &str) -> Option<String> {
+    let end = page.find(&format!("\" rel=\"{rel}\""))?;
+    let start = page[..end].rfind("href=\"")? + "href=\"".len();
+    Some(page[start..end].to_string())
+}
+
 fn row_ids(page: &str) -> Vec<u64> {
     page.match_indices("<tr id=\"w-")
         .map(|(i, m)| {
@@ -2399,15 +2546,16 @@ fn row_ids(page: &str) -> Vec<u64> {
 /// Every sort of the workload list holds across its pages: the store sorts and pages over
 /// every matching workload (no window of the newest is sorted), by name, oldest first, newest
 /// first and by state (the cancelled first, newest first among them); no page says the order is
-/// partial; nlp's workload, named to sort first, is on none of vision's pages.
+/// partial; the pager's cursors lead forward and back over three pages; nlp's workload, named
+/// to sort first, is on none of vision's pages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_sort_of_the_workload_list_holds_across_its_pages() {
     let s = TestServer::start("sortpages").await;
     vision_and_nlp(&s).await;
     let mut made: Vec<(u64, String)> = Vec::new();
-    for i in 0..60u32 {
-        // A name order unlike the order of creation: 0, 37, 14, 51, … (37 and 60 are coprime).
-        let name = format!("n{:02}", (i * 37) % 60);
+    for i in 0..110u32 {
+        // A name order unlike the order of creation: 0, 37, 74, 1, … (37 and 110 are coprime).
+        let name = format!("n{:03}", (i * 37) % 110);
         let body = json!({"tenant": "vision", "project": "train", "name": name, "shape": {"fraction": 250}, "duration_s": 3600});
         made.push((submit(&s, body).await, name));
     }
@@ -2427,19 +2575,35 @@ async fn every_sort_of_the_workload_list_holds_across_its_pages() {
     }
     let member = s.browser();
     sign_in(&member, &s.token("vision", "member").await).await;
+    // Forward through the pager's Next links, then back through its Previous links: each page
+    // read back is the page read forward.
     let both_pages = |sort: &'static str| {
         let member = &member;
         async move {
-            let mut ids = Vec::new();
-            for page in 0..3 {
-                let p = member
-                    .page(&format!("/console/workloads?sort={sort}&page={page}"))
-                    .await;
+            let mut pages: Vec<Vec<u64>> = Vec::new();
+            let mut path = format!("/console/workloads?sort={sort}");
+            let last = loop {
+                let p = unescape(&member.page(&path).await);
                 assert!(!p.contains("sort-note") && !p.contains("newest 5"), "{p}");
                 assert!(!p.contains("a-nlp-first") && !p.contains(&format!("w-{secret}")), "{p}");
-                ids.extend(row_ids(&p));
+                pages.push(row_ids(&p));
+                match pager_link(&p, "next") {
+                    Some(n) => path = n,
+                    None => break p,
+                }
+            };
+            assert_eq!(pages.len(), 3, "{sort}: 110 workloads are three pages of 50");
+            let mut p = last;
+            for want in pages.iter().rev().skip(1) {
+                let prev = pager_link(&p, "prev").expect("a previous page");
+                p = unescape(&member.page(&prev).await);
+                assert_eq!(&row_ids(&p), want, "{sort}: back a page");
             }
-            ids
+            assert!(
+                pager_link(&p, "prev").is_none(),
+                "{sort}: the first page has no previous"
+            );
+            pages.concat()
         }
     };
     let mut by_name = made.clone();
@@ -2451,12 +2615,87 @@ async fn every_sort_of_the_workload_list_holds_across_its_pages() {
     let newest: Vec<u64> = oldest.iter().rev().copied().collect();
     assert_eq!(both_pages("newest").await, newest, "newest first over both pages");
     let by_state = both_pages("state").await;
-    assert_eq!(by_state.len(), 60);
+    assert_eq!(by_state.len(), 110);
     cancelled.reverse();
-    assert_eq!(by_state[..20], cancelled[..], "the cancelled first, newest first");
-    let mut rest = by_state[20..].to_vec();
+    let n = cancelled.len();
+    assert_eq!(by_state[..n], cancelled[..], "the cancelled first, newest first");
+    let mut rest = by_state[n..].to_vec();
     rest.sort_unstable();
     let mut others: Vec<u64> = oldest.iter().filter(|id| !cancelled.contains(id)).copied().collect();
     others.sort_unstable();
     assert_eq!(rest, others, "then every other workload once");
+}
+
+/// A cursor crafted from another tenant's workload moves only where nlp's page starts: nlp's
+/// member, handed cursors built from vision's workloads (its id and name, forward and back, in
+/// every sort), sees nlp's rows and never vision's names, ids or count, on the page and in the
+/// polled rows; the API's cursor (a workload id) of vision's workload likewise lists only nlp's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_from_another_tenants_workload_shows_none_of_it() {
+    use base64::Engine;
+    let s = TestServer::start("cursor-tenants").await;
+    vision_and_nlp(&s).await;
+    let mut vision = Vec::new();
+    for i in 0..4 {
+        let body = json!({"tenant": "vision", "project": "train", "name": format!("vis-secret-{i}"), "shape": {"fraction": 250}});
+        vision.push(submit(&s, body).await);
+    }
+    let mut nlp = Vec::new();
+    for name in ["a-nlp", "m-nlp", "z-nlp"] {
+        let body = json!({"tenant": "nlp", "project": "p", "name": name, "shape": {"fraction": 250}});
+        nlp.push(submit(&s, body).await);
+    }
+    let member = s.browser();
+    let token = s.token("nlp", "member").await;
+    sign_in(&member, &token).await;
+    let cursor = |sort: &str, dir: &str, id: u64, key: &str| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{sort}\n{dir}\n0\n{id}\n{key}"))
+    };
+    for sort in ["newest", "oldest", "name", "state"] {
+        for dir in ["a", "b"] {
+            for (i, &vid) in vision.iter().enumerate() {
+                let key = match sort {
+                    "name" => format!("vis-secret-{i}"),
+                    "state" => "running".to_string(),
+                    _ => String::new(),
+                };
+                let c = cursor(sort, dir, vid, &key);
+                for path in [
+                    format!("/console/workloads?sort={sort}&cursor={c}"),
+                    format!("/console/workloads?sort={sort}&cursor={c}&part=rows"),
+                ] {
+                    let r = member.get(&path).await;
+                    assert_eq!(r.status(), StatusCode::OK, "{path}");
+                    let page = unescape(&r.text().await.unwrap());
+                    assert!(
+                        !page.contains("vis-secret") && !page.contains("vision"),
+                        "{path}: {page}"
+                    );
+                    for id in row_ids(&page) {
+                        assert!(nlp.contains(&id), "{path}: row {id} is not nlp's");
+                    }
+                    for v in &vision {
+                        assert!(!page.contains(&format!("w-{v}\"")), "{path}: {page}");
+                    }
+                }
+            }
+        }
+    }
+    // The name sort after vision's "vis-secret-0": only nlp's "z-nlp" sorts after it.
+    let c = cursor("name", "a", vision[0], "vis-secret-0");
+    let page = member.page(&format!("/console/workloads?sort=name&cursor={c}")).await;
+    assert_eq!(row_ids(&page), vec![nlp[2]], "{page}");
+    // The API: a vision id as the cursor lists nlp's workloads below it, nothing of vision's.
+    let r = s
+        .request(
+            Some(&token),
+            Method::GET,
+            &format!("/api/v1/workloads?cursor={}", vision[3]),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("vis-secret") && !body.contains("\"vision\""), "{body}");
 }

@@ -81,53 +81,89 @@ macro_rules! select {
     };
 }
 
-// The three shapes of a listing take the same parameters: $1 tenant, $2 project, $3 before,
-// $4 the number of phases asked for (0 = any), $5..$14 the phases (unused ones NULL, which
-// matches nothing), $15 the limit, $16 the offset. The shapes with a known tenant (and project)
-// let the planner walk the `(tenant, id)` and `(tenant, project, id)` indexes newest first
-// instead of every row; by name, the `(tenant, name, id DESC)` and `(name, id DESC)` indexes
-// (migration 0017; `name` is `COLLATE "C"` on PostgreSQL, byte order as SQLite compares); by
-// phase, `(tenant, phase, id DESC)` and `(phase, id DESC)`. Each shape comes in every order of
-// `WorkloadOrder`, in its declaration order ([`order_slot`]). In the orders by name and phase
-// the bound on ids is written `+id`, which changes no value but keeps SQLite's planner (which
-// has no statistics) from choosing the `(tenant, id)` index for that range and then sorting
-// every row of the tenant.
+// The three shapes of a listing take the same first parameters: $1 tenant, $2 project, $3
+// before, $4 the number of phases asked for (0 = any), $5..$14 the phases (unused ones NULL,
+// which matches nothing), $15 the limit. Pages after the first start after the previous page's
+// last workload (keyset paging, [`WorkloadFilter::after`]), never by an offset: newest first
+// through $3 (the lower of `before` and that workload's id); oldest first after the id in $16;
+// by name or phase after the key in $16 and the id in $17 (a larger key, or the same key and a
+// smaller id), written `key >= $16 AND (key > $16 OR id < $17)` so the index walk starts at
+// the key. A first page binds the lowest key there is (`''`) and no id bound. The shapes with a
+// known tenant (and project) let the planner walk the `(tenant, id)` and `(tenant, project,
+// id)` indexes newest first instead of every row; by name, the `(tenant, name, id DESC)` and
+// `(name, id DESC)` indexes (migration 0017; `name` is `COLLATE "C"` on PostgreSQL, byte order
+// as SQLite compares); by phase, `(tenant, phase, id DESC)` and `(phase, id DESC)`. Each shape
+// comes in every order of `WorkloadOrder`, in its declaration order ([`order_slot`]). In the
+// orders by name and phase the bounds on ids are written `+id`, which changes no value but
+// keeps SQLite's planner (which has no statistics) from choosing the `(tenant, id)` index for
+// that range and then sorting every row of the tenant.
 macro_rules! list_tail {
-    ($id:literal, $order:literal) => {
+    ($seek:literal, $order:literal) => {
         concat!(
-            "AND ",
-            $id,
-            " < $3 AND ($4 = 0 OR phase IN ($5, $6, $7, $8, $9, $10, $11, $12, $13, $14)) \
-             ORDER BY ",
+            "AND ($4 = 0 OR phase IN ($5, $6, $7, $8, $9, $10, $11, $12, $13, $14)) ",
+            $seek,
+            " ORDER BY ",
             $order,
-            " LIMIT $15 OFFSET $16"
+            " LIMIT $15"
         )
     };
 }
 
-/// One shape of a listing (its `WHERE` clause) in every order.
+/// One shape of a listing (its `WHERE` clause) in every order, then the orders by name and phase
+/// read backward (a page before a workload, in the reverse order: the caller reverses it). The
+/// orders by id read backward are each other's statement.
 macro_rules! listings {
     ($where:literal) => {
         [
-            concat!(select!($where), list_tail!("id", "id DESC")),
-            concat!(select!($where), list_tail!("id", "id ASC")),
-            concat!(select!($where), list_tail!("+id", "name, id DESC")),
-            concat!(select!($where), list_tail!("+id", "phase, id DESC")),
+            concat!(select!($where), list_tail!("AND id < $3", "id DESC")),
+            concat!(select!($where), list_tail!("AND id < $3 AND id > $16", "id ASC")),
+            concat!(
+                select!($where),
+                list_tail!(
+                    "AND +id < $3 AND name >= $16 AND (name > $16 OR +id < $17)",
+                    "name, id DESC"
+                )
+            ),
+            concat!(
+                select!($where),
+                list_tail!(
+                    "AND +id < $3 AND phase >= $16 AND (phase > $16 OR +id < $17)",
+                    "phase, id DESC"
+                )
+            ),
+            concat!(
+                select!($where),
+                list_tail!(
+                    "AND +id < $3 AND name <= $16 AND (name < $16 OR +id > $17)",
+                    "name DESC, id ASC"
+                )
+            ),
+            concat!(
+                select!($where),
+                list_tail!(
+                    "AND +id < $3 AND phase <= $16 AND (phase < $16 OR +id > $17)",
+                    "phase DESC, id ASC"
+                )
+            ),
         ]
     };
 }
 
-const LIST_ANY_TENANT: [&str; 4] = listings!("WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR project = $2) ");
-const LIST_TENANT: [&str; 4] = listings!("WHERE tenant = $1 AND ($2 IS NULL OR project = $2) ");
-const LIST_PROJECT: [&str; 4] = listings!("WHERE tenant = $1 AND project = $2 ");
+const LIST_ANY_TENANT: [&str; 6] = listings!("WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR project = $2) ");
+const LIST_TENANT: [&str; 6] = listings!("WHERE tenant = $1 AND ($2 IS NULL OR project = $2) ");
+const LIST_PROJECT: [&str; 6] = listings!("WHERE tenant = $1 AND project = $2 ");
 
-/// Where an order's statement stands in a shape's [`listings!`].
-fn order_slot(o: WorkloadOrder) -> usize {
-    match o {
-        WorkloadOrder::Newest => 0,
-        WorkloadOrder::Oldest => 1,
-        WorkloadOrder::Name => 2,
-        WorkloadOrder::Phase => 3,
+/// Where the statement of an order, read forward or backward, stands in a shape's
+/// [`listings!`], and the order it reads in.
+fn order_slot(o: WorkloadOrder, backward: bool) -> (usize, WorkloadOrder) {
+    use WorkloadOrder::*;
+    match (o, backward) {
+        (Newest, false) | (Oldest, true) => (0, Newest),
+        (Oldest, false) | (Newest, true) => (1, Oldest),
+        (Name, false) => (2, Name),
+        (Phase, false) => (3, Phase),
+        (Name, true) => (4, Name),
+        (Phase, true) => (5, Phase),
     }
 }
 /// As many phases as a listing can ask for.
@@ -384,26 +420,42 @@ pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<
             phases.push(p.as_str());
         }
     }
+    let (slot, read_as) = order_slot(f.order, f.backward && f.after.is_some());
     let sql = match (tenant, &f.project) {
         (None, _) => LIST_ANY_TENANT,
         (Some(_), None) => LIST_TENANT,
         (Some(_), Some(_)) => LIST_PROJECT,
-    }[order_slot(f.order)];
+    }[slot];
+    let before = f.before.map_or(i64::MAX, |b| i64_of(b.0));
+    let after_id = f.after.as_ref().map(|a| i64_of(a.id.0));
+    // Newest first, the page after a workload is the ids below its id.
+    let bound = match (read_as, after_id) {
+        (WorkloadOrder::Newest, Some(a)) => before.min(a),
+        _ => before,
+    };
     let mut q = query::<D>(sql)
         .bind(tenant)
         .bind(&f.project)
-        .bind(f.before.map_or(i64::MAX, |b| i64_of(b.0)))
+        .bind(bound)
         .bind(phases.len() as i64);
     for slot in 0..PHASE_SLOTS {
         q = q.bind(phases.get(slot).copied());
     }
-    let rows = q
-        .bind(i64::from(f.limit))
-        .bind(i64::from(f.offset))
-        .fetch_all(&mut *s.conn().await?)
-        .await
-        .map_err(db)?;
-    rows.iter().map(workload_row).collect()
+    q = q.bind(i64::from(f.limit));
+    q = match read_as {
+        WorkloadOrder::Newest => q,
+        WorkloadOrder::Oldest => q.bind(after_id.unwrap_or(-1)),
+        WorkloadOrder::Name | WorkloadOrder::Phase => match &f.after {
+            Some(a) => q.bind(a.key.clone()).bind(i64_of(a.id.0)),
+            None => q.bind(String::new()).bind(i64::MAX),
+        },
+    };
+    let rows = q.fetch_all(&mut *s.conn().await?).await.map_err(db)?;
+    let mut ws = rows.iter().map(workload_row).collect::<Result<Vec<_>>>()?;
+    if slot != order_slot(f.order, false).0 {
+        ws.reverse();
+    }
+    Ok(ws)
 }
 
 pub async fn events<D: Driver>(s: &D, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>> {

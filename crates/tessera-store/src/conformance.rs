@@ -26,7 +26,7 @@ use crate::{
     AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, ImagePolicyRecord,
     MoveCause, NodeStateRecord, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation,
     RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError,
-    TenancyChange, TenantRecord, TokenRecord, UsageInterval, WorkloadFilter, WorkloadOrder,
+    TenancyChange, TenantRecord, TokenRecord, UsageInterval, WorkloadFilter, WorkloadOrder, WorkloadSeek,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
@@ -44,6 +44,7 @@ macro_rules! store_conformance_tests {
             events_round_trip_in_order_with_codes,
             list_workloads_filters,
             list_workloads_orders_page_over_every_workload,
+            list_workloads_pages_hold_under_inserts,
             active_workloads_exclude_terminal_phases,
             reserved_ids_are_never_handed_out_twice,
             idempotency_keys_are_unique_per_actor,
@@ -1088,7 +1089,8 @@ pub async fn list_workloads_filters(s: &dyn Store) {
     assert_eq!(seen, ids.iter().rev().copied().collect::<Vec<_>>());
 }
 
-/// Every order of a listing holds over every matching workload, in pages by offset: oldest
+/// Every order of a listing holds over every matching workload, in pages each read after the
+/// last workload of the one before (keyset paging): oldest
 /// first, by name in byte order (`B` < `Zeta` < `a x` < `a-x` < `ax` < `b` < `é`, whatever the
 /// database's locale) and by phase, the newest first among equals; with the scope, tenant,
 /// project and phase filters as the newest-first listing has them.
@@ -1161,22 +1163,41 @@ pub async fn list_workloads_orders_page_over_every_workload(s: &dyn Store) {
                 }
             }
             let want: Vec<u64> = want.iter().map(|w| w.id.0).collect();
-            // Pages of 7 by offset, until one comes back short.
-            let mut got = Vec::new();
-            for page in 0u32.. {
+            // Pages of 7, each after the last of the one before, until one comes back short.
+            let mut pages: Vec<Vec<Workload>> = Vec::new();
+            let mut after = None;
+            loop {
                 let rows = s
                     .list_workloads(&WorkloadFilter {
                         order,
-                        offset: page * 7,
+                        after: after.clone(),
                         limit: 7,
                         ..filter.clone()
                     })
                     .await
                     .unwrap();
-                got.extend(ids_of(&rows));
-                if rows.len() < 7 {
+                let full = rows.len() == 7;
+                after = rows.last().map(|last| WorkloadSeek::of(order, last));
+                pages.push(rows);
+                if !full {
                     break;
                 }
+            }
+            let got: Vec<u64> = pages.iter().flat_map(|p| ids_of(p)).collect();
+            // And backward: the page before each page's first workload is the page before it.
+            for pair in pages.windows(2) {
+                let Some(first) = pair[1].first() else { continue };
+                let back = s
+                    .list_workloads(&WorkloadFilter {
+                        order,
+                        after: Some(WorkloadSeek::of(order, first)),
+                        backward: true,
+                        limit: 7,
+                        ..filter.clone()
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(ids_of(&back), ids_of(&pair[0]), "{order:?} {filter:?} backward");
             }
             assert_eq!(got, want, "{order:?} {filter:?}");
         }
@@ -1193,6 +1214,99 @@ pub async fn list_workloads_orders_page_over_every_workload(s: &dyn Store) {
     let mut seen: Vec<&str> = by_name.iter().map(|w| w.spec.name.as_str()).collect();
     seen.dedup();
     assert_eq!(seen, ["B", "Zeta", "a x", "a-x", "ax", "b", "é"]);
+}
+
+/// Pages read after a workload ([`WorkloadFilter::after`]) neither repeat nor skip a workload
+/// when others are added between two pages, in every order: the pages read are the full
+/// listing's order with none of the earlier workloads missing, and the new workloads appear
+/// exactly where they sort after the page already read.
+pub async fn list_workloads_pages_hold_under_inserts(s: &dyn Store) {
+    let names = ["m", "c", "x", "m", "a", "t"];
+    let phases = [Phase::Queued, Phase::Running, Phase::Failed];
+    let make = |ids: &[u64], shift: usize| -> Vec<Workload> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                let mut w = workload(id, "acme", "p", phases[(i + shift) % 3]);
+                w.spec.name = names[(i + shift) % names.len()].to_string();
+                w
+            })
+            .collect()
+    };
+    for order in [
+        WorkloadOrder::Newest,
+        WorkloadOrder::Oldest,
+        WorkloadOrder::Name,
+        WorkloadOrder::Phase,
+    ] {
+        let tenant = format!("t-{order:?}");
+        let first = make(&new_ids(s, 12).await, 0);
+        let first: Vec<Workload> = first
+            .into_iter()
+            .map(|mut w| {
+                w.spec.tenant = tenant.clone();
+                w
+            })
+            .collect();
+        commit(s, &first.iter().map(insert).collect::<Vec<_>>()).await;
+        let filter = WorkloadFilter {
+            tenant: Some(tenant.clone()),
+            order,
+            limit: 5,
+            ..Default::default()
+        };
+        let page = |after: Option<WorkloadSeek>| {
+            let f = WorkloadFilter {
+                after,
+                ..filter.clone()
+            };
+            async move { s.list_workloads(&f).await.unwrap() }
+        };
+        let mut read = page(None).await;
+        assert_eq!(read.len(), 5, "{order:?}");
+        // Six more, sorting before, among and after the first page in every order.
+        let more: Vec<Workload> = make(&new_ids(s, 6).await, 1)
+            .into_iter()
+            .map(|mut w| {
+                w.spec.tenant = tenant.clone();
+                w
+            })
+            .collect();
+        commit(s, &more.iter().map(insert).collect::<Vec<_>>()).await;
+        loop {
+            let after = read.last().map(|w| WorkloadSeek::of(order, w));
+            let rows = page(after).await;
+            let done = rows.len() < 5;
+            read.extend(rows);
+            if done {
+                break;
+            }
+        }
+        let all = s
+            .list_workloads(&WorkloadFilter {
+                limit: 100,
+                ..filter.clone()
+            })
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 18, "{order:?}");
+        let read_ids = ids_of(&read);
+        // In the listing's order, nothing twice …
+        let in_order: Vec<u64> = ids_of(&all).into_iter().filter(|id| read_ids.contains(id)).collect();
+        assert_eq!(read_ids, in_order, "{order:?}");
+        // … every workload there before the first page was read …
+        for w in &first {
+            assert!(read_ids.contains(&w.id.0), "{order:?}: {} skipped", w.id);
+        }
+        // … and every later one that sorts after the first page, none before it.
+        let first_page_end = all.iter().position(|w| w.id == read[4].id).unwrap();
+        for (i, w) in all.iter().enumerate() {
+            let is_new = more.iter().any(|m| m.id == w.id);
+            if is_new {
+                assert_eq!(read_ids.contains(&w.id.0), i > first_page_end, "{order:?}: {}", w.id);
+            }
+        }
+    }
 }
 
 /// `active_workloads` is every workload not in a terminal phase, oldest first.

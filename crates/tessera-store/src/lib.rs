@@ -285,9 +285,33 @@ pub struct WorkloadFilter {
     pub before: Option<WorkloadId>,
     /// The order of the answer (newest first unless said).
     pub order: WorkloadOrder,
-    /// How many workloads of that order to skip first (pages by number).
-    pub offset: u32,
+    /// Where the page starts: just after this workload in `order` (the last one of the
+    /// previous page). Pages read this way (keyset paging) cost the same at any depth and skip
+    /// or repeat nothing when workloads are added between them.
+    pub after: Option<WorkloadSeek>,
+    /// Instead, the page that ends just before `after` (a pager's Previous), still in `order`.
+    pub backward: bool,
     pub limit: u32,
+}
+
+/// A position in an ordered listing ([`WorkloadFilter::after`]): a workload's id and the value
+/// it is sorted by (its name or phase; unused by the orders by id).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadSeek {
+    pub id: WorkloadId,
+    pub key: String,
+}
+
+impl WorkloadSeek {
+    /// The position of `w` in `order`.
+    pub fn of(order: WorkloadOrder, w: &Workload) -> Self {
+        let key = match order {
+            WorkloadOrder::Newest | WorkloadOrder::Oldest => String::new(),
+            WorkloadOrder::Name => w.spec.name.clone(),
+            WorkloadOrder::Phase => w.phase.as_str().to_string(),
+        };
+        WorkloadSeek { id: w.id, key }
+    }
 }
 
 /// The order of a [`WorkloadFilter`]'s answer, kept by the database over every matching

@@ -119,7 +119,7 @@ pub async fn overview(State(s): State<AppState>, c: Caller) -> Result<Response, 
     } else {
         Vec::new()
     };
-    let (recent, _) = list(&s, &c, &Filter::default(), 10).await?;
+    let recent = list(&s, &c, &Filter::default(), None, 10).await?.rows;
     Ok(html(&Overview {
         chrome: Chrome::new(&c, &s, "overview"),
         pools,
@@ -143,9 +143,9 @@ pub struct Filter {
     /// `newest` (the default), `oldest`, `name` or `state`.
     #[serde(default)]
     pub sort: String,
-    /// The page, from 0, of [`PER_PAGE`] rows.
+    /// Which page: a [`Cursor`] as the pager's links write it (empty: the first page).
     #[serde(default)]
-    pub page: usize,
+    pub cursor: String,
     /// `rows`: only the table body (the page polls it).
     #[serde(default)]
     pub part: String,
@@ -201,27 +201,141 @@ pub async fn name_rows(s: &AppState, c: &Caller, mut rows: Vec<Row>) -> Result<V
     Ok(rows)
 }
 
-/// One page of the caller's workloads matching `f`, and whether there is a next page. The
+/// A page of the workload list other than the first, as the pager's links carry it: the page
+/// starts just after a workload in the list's order (or, going back, ends just before one), so
+/// a page costs the same at any depth and workloads requested meanwhile shift nothing (keyset
+/// paging, [`tessera_store::WorkloadFilter::after`]). `first` is the row number of the page's
+/// first row, for the caption only. Written as base64 of its fields and the sort it belongs to;
+/// the user sees and edits nothing of it. Whatever a cursor says, the store reads only the
+/// caller's own tenant's workloads: a made-up cursor can only move where a page starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    pub back: bool,
+    pub first: usize,
+    pub seek: tessera_store::WorkloadSeek,
+}
+
+impl Cursor {
+    /// The cursor as a link writes it, for the list sorted by `sort`.
+    pub fn encode(&self, sort: &str) -> String {
+        use base64::Engine;
+        let text = format!(
+            "{sort}\n{}\n{}\n{}\n{}",
+            if self.back { "b" } else { "a" },
+            self.first,
+            self.seek.id.0,
+            self.seek.key
+        );
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
+    }
+
+    /// The cursor `text` encodes, if it is one of the list sorted by `sort`.
+    pub fn decode(text: &str, sort: &str) -> Option<Cursor> {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text).ok()?;
+        let text = String::from_utf8(bytes).ok()?;
+        let mut parts = text.splitn(5, '\n');
+        if parts.next()? != sort {
+            return None;
+        }
+        let back = match parts.next()? {
+            "a" => false,
+            "b" => true,
+            _ => return None,
+        };
+        let first = parts.next()?.parse().ok()?;
+        let id = WorkloadId(parts.next()?.parse().ok()?);
+        let key = parts.next()?.to_string();
+        Some(Cursor {
+            back,
+            first,
+            seek: tessera_store::WorkloadSeek { id, key },
+        })
+    }
+}
+
+/// One page of the caller's workloads.
+struct Listed {
+    rows: Vec<Row>,
+    /// The row number of its first row.
+    first: usize,
+    /// The cursors of the pages before and after it, where there are such pages.
+    prev: Option<Option<Cursor>>,
+    next: Option<Cursor>,
+}
+
+/// The sort word of `f` (`newest` when none is asked).
+fn sort_of(f: &Filter) -> &str {
+    if f.sort.is_empty() { "newest" } else { f.sort.as_str() }
+}
+
+/// One page of the caller's workloads matching `f`, at `at` (`None`: the first page). The
 /// store sorts and pages over every matching workload and always within the caller's tenant
-/// (`scope`), whatever the filters name.
-async fn list(s: &AppState, c: &Caller, f: &Filter, per_page: usize) -> Result<(Vec<Row>, bool), ApiError> {
+/// (`scope`), whatever the filters or the cursor name.
+async fn list(s: &AppState, c: &Caller, f: &Filter, at: Option<&Cursor>, per_page: usize) -> Result<Listed, ApiError> {
     let phases = WorkloadState::parse(&f.state).map(views::phases).unwrap_or_default();
     let (tenant, project) = project_filter(c, f);
-    let skip = f.page.saturating_mul(per_page);
+    let order = order_of(&f.sort);
     let filter = tessera_store::WorkloadFilter {
         scope: c.id.scope().map(str::to_string),
         tenant,
         project,
         phases,
         before: None,
-        order: order_of(&f.sort),
-        offset: u32::try_from(skip).unwrap_or(u32::MAX),
+        order,
+        after: at.map(|a| a.seek.clone()),
+        backward: at.is_some_and(|a| a.back),
         limit: u32::try_from(per_page + 1).unwrap_or(u32::MAX),
     };
-    let all = s.store.list_workloads(&filter).await?;
+    let mut all = s.store.list_workloads(&filter).await?;
     let more = all.len() > per_page;
-    let rows = all.iter().take(per_page).map(|w| row(&views::workload(w))).collect();
-    Ok((name_rows(s, c, rows).await?, more))
+    let (first, prev_exists) = match at {
+        Some(a) if a.back => {
+            if all.len() < per_page {
+                // Back at the start (some went meanwhile): the first page, whole.
+                return Box::pin(list(s, c, f, None, per_page)).await;
+            }
+            // The extra row read is the one before the page.
+            if more {
+                all.remove(0);
+            }
+            (if more { a.first.max(1) } else { 0 }, more)
+        }
+        Some(a) => {
+            all.truncate(per_page);
+            (a.first, true)
+        }
+        None => {
+            all.truncate(per_page);
+            (0, false)
+        }
+    };
+    let next_exists = if at.is_some_and(|a| a.back) { true } else { more };
+    let seek = |w: &tessera_domain::Workload| tessera_store::WorkloadSeek::of(order, w);
+    let prev = prev_exists.then(|| {
+        // The page before this one ends before its first row; from the second page that is
+        // the first page itself.
+        match all.first() {
+            Some(w) if first > per_page => Some(Cursor {
+                back: true,
+                first: first - per_page,
+                seek: seek(w),
+            }),
+            _ => None,
+        }
+    });
+    let next = all.last().filter(|_| next_exists).map(|w| Cursor {
+        back: false,
+        first: first + all.len(),
+        seek: seek(w),
+    });
+    let rows = all.iter().map(|w| row(&views::workload(w))).collect();
+    Ok(Listed {
+        rows: name_rows(s, c, rows).await?,
+        first,
+        prev,
+        next,
+    })
 }
 
 #[derive(Template)]
@@ -268,11 +382,24 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             format!("unknown order `{}` ({})", f.sort, SORTS.map(|(k, _)| k).join(", ")),
         ));
     }
+    let sort = sort_of(&f);
+    let at = if f.cursor.is_empty() {
+        None
+    } else {
+        let c = Cursor::decode(&f.cursor, sort);
+        if c.is_none() {
+            return Err(ApiError::invalid(
+                "cursor",
+                "not a page of this list: the pager's links carry it, start again from the first page".to_string(),
+            ));
+        }
+        c
+    };
     let admin = c.id.is_admin();
     let can_write = admin || c.id.role != crate::auth::Role::Viewer;
     if f.part == "rows" {
         // The polled rows: the filters were checked when the page was made.
-        let (rows, _) = list(&s, &c, &f, PER_PAGE).await?;
+        let rows = list(&s, &c, &f, at.as_ref(), PER_PAGE).await?.rows;
         return Ok(html(&WorkloadRows { rows, can_write }));
     }
     // The tenants and projects the caller may see: the choices of the filters. A value that
@@ -305,24 +432,22 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             format!("no project `{}` to choose", f.project),
         ));
     }
-    let (rows, more) = list(&s, &c, &f, PER_PAGE).await?;
+    let listed = list(&s, &c, &f, at.as_ref(), PER_PAGE).await?;
     // The filters and page as a query string: the pager's links and the rows' refresh.
-    let query_of = |page: usize| {
+    let query_of = |at: Option<&Cursor>| {
         serde_urlencoded::to_string([
             ("state", f.state.as_str()),
             ("tenant", f.tenant.as_str()),
             ("project", f.project.as_str()),
             ("sort", f.sort.as_str()),
-            ("page", &page.to_string()),
+            ("cursor", &at.map(|a| a.encode(sort)).unwrap_or_default()),
         ])
         .unwrap_or_default()
     };
-    let link = |page: usize| format!("/console/workloads?{}", query_of(page));
-    let query = query_of(f.page);
-    let sort = if f.sort.is_empty() { "newest" } else { f.sort.as_str() };
+    let link = |at: Option<&Cursor>| format!("/console/workloads?{}", query_of(at));
+    let query = query_of(at.as_ref());
     Ok(html(&Workloads {
         chrome: Chrome::new(&c, &s, "workloads"),
-        rows,
         states: WorkloadState::ALL
             .iter()
             .map(|x| (x.as_str(), x.as_str() == f.state))
@@ -342,9 +467,10 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
         sorts: SORTS.iter().map(|(k, w)| (*k, *w, *k == sort)).collect(),
         query,
         can_write,
-        first: f.page * PER_PAGE,
-        prev: (f.page > 0).then(|| link(f.page - 1)),
-        next: more.then(|| link(f.page + 1)),
+        first: listed.first,
+        prev: listed.prev.map(|p| link(p.as_ref())),
+        next: listed.next.as_ref().map(|n| link(Some(n))),
+        rows: listed.rows,
     }))
 }
 
@@ -892,6 +1018,32 @@ pub async fn cancel(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_cursor_reads_back_only_in_its_own_sort() {
+        let c = Cursor {
+            back: true,
+            first: 10_000,
+            seek: tessera_store::WorkloadSeek {
+                id: WorkloadId(12_345),
+                key: "a name\nwith a newline".to_string(),
+            },
+        };
+        let text = c.encode("name");
+        assert!(
+            text.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+            "{text}"
+        );
+        assert_eq!(Cursor::decode(&text, "name"), Some(c.clone()));
+        assert_eq!(Cursor::decode(&text, "state"), None, "another sort's cursor");
+        use base64::Engine;
+        let wrong_way = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("name\nx\n0\n1\nk");
+        let no_id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("name\na\n0\nid\nk");
+        for bad in ["", "not-a-cursor", "bmFtZQ", &wrong_way, &no_id] {
+            assert_eq!(Cursor::decode(bad, "name"), None, "{bad}");
+        }
+    }
 
     #[test]
     fn token_ids_in_events_are_named_at_display_time() {

@@ -66,6 +66,10 @@ pub struct Form {
     /// With the shape `gang`: segments of this many GPUs, each within one rack (optional).
     #[serde(default)]
     pub segment: String,
+    /// With the shape `gang`: `on` when the last node takes the rest (the API's
+    /// `shape.remainder`: GPUs in all need not be a multiple of the node size).
+    #[serde(default)]
+    pub remainder: String,
 }
 
 /// One `<option>`.
@@ -115,6 +119,8 @@ pub struct GangFields {
     pub nodes: String,
     pub per_node: String,
     pub segment: String,
+    /// Whether "Last node takes the rest" is ticked.
+    pub remainder: bool,
     /// `""` (the API's default: the fewest racks possible) and the levels the pool declares.
     pub levels: Vec<Opt>,
     pub modes: Vec<Opt>,
@@ -154,10 +160,21 @@ impl GangFields {
     pub fn error(&self, field: &str) -> &str {
         self.errors.get(field).map(String::as_str).unwrap_or("")
     }
+
+    /// A remainder gang on this pool's nodes, as an example: `12 = 8 + 4` on 8-GPU nodes.
+    pub fn remainder_example(&self) -> String {
+        let n = u32::from(self.node_gpus).max(2);
+        format!("{} = {n} + {}", n + n / 2, n / 2)
+    }
 }
 
 /// The shape value of a multi-node gang.
 pub const GANG: &str = "gang";
+
+/// Whether a checkbox's value says it is ticked.
+fn ticked(raw: &str) -> bool {
+    matches!(raw, "on" | "true")
+}
 
 /// Pools; the models of the chosen pool; the shapes that model offers in that pool (whole
 /// counts up to its largest node, its MIG profiles, or fractions in shared pools; in a whole
@@ -286,6 +303,7 @@ pub fn dependent(f: &Fleet, v: &Form) -> Dependent {
                 nodes: v.gang_nodes.clone(),
                 per_node: v.gang_per_node.clone(),
                 segment: v.segment.clone(),
+                remainder: ticked(&v.remainder),
                 levels,
                 modes,
                 node_gpus: most,
@@ -505,10 +523,40 @@ fn gang_shape(v: &Form, shape: &mut GpuShape, errors: &mut Vec<FieldError>) {
             "give the GPUs in all (or Nodes and GPUs per node)".to_string(),
         ));
     }
+    // The last node taking the rest goes with GPUs in all alone: the nodes are the pool's.
+    let remainder = ticked(&v.remainder);
+    if remainder {
+        let mut others: Vec<&str> = Vec::new();
+        for (raw, label) in [
+            (&v.gang_nodes, "Nodes"),
+            (&v.gang_per_node, "GPUs per node"),
+            (&v.segment, "Segment size"),
+        ] {
+            if given(raw) {
+                others.push(label);
+            }
+        }
+        if !others.is_empty() {
+            errors.push((
+                "remainder",
+                format!(
+                    "the last node takes the rest of GPUs in all on whole nodes of the pool: leave {} blank, \
+                     or untick this",
+                    others.join(" and ")
+                ),
+            ));
+        } else if !given(&v.gang_gpus) {
+            errors.push((
+                "remainder",
+                "give GPUs in all: the last node takes the rest".to_string(),
+            ));
+        }
+    }
     shape.gpus = gpus;
     shape.nodes = nodes;
     shape.gpus_per_node = per_node.map(|p| p as u8);
     shape.segment = segment;
+    shape.remainder = remainder;
     let level = v.topology.trim();
     if !level.is_empty() {
         shape.topology = Some(level.to_string());
@@ -694,6 +742,7 @@ fn form_field(api: &str, gang: bool) -> &'static str {
         "shape.gpus_per_node" if gang => "gang_per_node",
         "shape.topology" | "shape.topology_mode" if gang => "topology",
         "shape.segment" if gang => "segment",
+        "shape.remainder" if gang => "remainder",
         _ => "shape",
     }
 }
@@ -701,7 +750,10 @@ fn form_field(api: &str, gang: bool) -> &'static str {
 /// An API message about a gang's shape in the form's words: the API's field names
 /// (`gpus_per_node`, `shape.segment`) become the form's labels.
 fn gang_words(msg: &str) -> String {
-    const NAMES: [(&str, &str); 12] = [
+    const NAMES: [(&str, &str); 15] = [
+        ("leave out `remainder`", "untick \"Last node takes the rest\""),
+        ("`remainder`", "\"Last node takes the rest\""),
+        ("shape.remainder", "Last node takes the rest"),
         ("shape.gpus_per_node", "GPUs per node"),
         ("shape.gpus", "GPUs in all"),
         ("shape.nodes", "Nodes"),
@@ -727,6 +779,33 @@ fn refused(e: &ApiError, v: &Form) -> FieldError {
     (field, detail)
 }
 
+/// A gang of whole nodes (GPUs in all alone, no remainder) whose GPUs are no multiple of the
+/// chosen pool's node size: said next to GPUs in all, with the remainder that would take it
+/// (the engine would refuse it as a shape no pool can hold).
+fn no_multiple(v: &Form, b: &CreateWorkload, fleet: &Fleet) -> Option<FieldError> {
+    let gpus = b.shape.gpus?;
+    if v.shape != GANG || b.shape.remainder || b.shape.nodes.is_some() || b.shape.gpus_per_node.is_some() {
+        return None;
+    }
+    let n = u32::from(dependent(fleet, v).gang?.node_gpus);
+    if n == 0 || gpus <= n || gpus.is_multiple_of(n) {
+        return None;
+    }
+    let (whole, rest) = (gpus / n, gpus % n);
+    let split = if whole <= 3 {
+        vec![n.to_string(); whole as usize].join(" + ")
+    } else {
+        format!("{whole} × {n}")
+    };
+    Some((
+        "gang_gpus",
+        format!(
+            "{gpus} GPUs are no multiple of this pool's {n}-GPU nodes: give a multiple of {n}, or tick \
+             \"Last node takes the rest\" ({gpus} = {split} + {rest})"
+        ),
+    ))
+}
+
 /// Reads the form and checks it as the API checks a creation.
 async fn checked(
     s: &AppState,
@@ -736,6 +815,9 @@ async fn checked(
     let v: Form = serde_urlencoded::from_bytes(body).unwrap_or_default();
     // Every field's problem at once: the form's own checks, then the API's rules on the rest.
     let (b, mut errors) = to_api_all(&v);
+    if let Some(e) = no_multiple(&v, &b, &s.fleet()) {
+        errors.push(e);
+    }
     for e in violations(&b) {
         let e = refused(&ApiError::from(e), &v);
         if !errors.iter().any(|(f, _)| *f == e.0) {

@@ -642,8 +642,78 @@ try {
   await inReach(admin.locator('#preview-button'), 'the request form\'s preview button');
   const fieldBoxes = await admin.locator('form#request input:visible, form#request select:visible').evaluateAll((els) => els.map((e) => { const r = e.getBoundingClientRect(); return [r.x, r.x + r.width]; }));
   check(fieldBoxes.length > 0 && fieldBoxes.every(([a, b]) => a >= 0 && b <= 390), `every field of the form fits: ${JSON.stringify(fieldBoxes)}`);
+  // Its sections are cards (a border, a legend), each field labelled in them.
+  const formCards = await admin.locator('form#request fieldset.form-card').evaluateAll((els) => els.map((e) => {
+    const r = e.getBoundingClientRect();
+    return { legend: e.querySelector('legend')?.textContent, border: getComputedStyle(e).borderTopWidth, x: r.x, right: r.x + r.width };
+  }));
+  check(formCards.length === 3 && formCards.every((c) => c.legend && c.border !== '0px' && c.x >= 0 && c.right <= 390), `the request form's sections are cards: ${JSON.stringify(formCards)}`);
+  const unlabelled = await admin.locator('form#request input:visible, form#request select:visible').evaluateAll((els) => els.filter((e) => !(e.labels && e.labels.length)).map((e) => e.id));
+  check(unlabelled.length === 0, `every field has its label: ${unlabelled}`);
+  // Preview stays on the screen while the form scrolls.
+  const pv = await admin.locator('#preview-button').boundingBox();
+  check(pv && pv.y >= 0 && pv.y + pv.height <= 844, `Preview is on the screen without scrolling: ${JSON.stringify(pv)}`);
   await admin.screenshot({ path: `${SHOTS}/request-phone.png`, fullPage: true });
   await axe(admin, 'request-phone');
+  // A remainder gang on a phone (issue 29): the checkbox and its one-line explanation in the
+  // gang's card, the dry run of 12 GPUs on two node-shares, Submit in reach.
+  step('a phone: a remainder gang through the request form');
+  const adminFields = () => admin.waitForResponse((r) => r.url().includes('/console/request/fields'));
+  await Promise.all([adminFields(), admin.selectOption('#f-pool', 'training')]);
+  await admin.waitForSelector('#f-shape option[value="gang"]', { state: 'attached' });
+  await Promise.all([adminFields(), admin.selectOption('#f-shape', 'gang')]);
+  await admin.waitForSelector('#f-remainder');
+  const remNote = await admin.textContent('#remainder-note');
+  check(/the last node takes the rest, e\.g\. 12 = 8 \+ 4/.test(remNote), `the remainder's explanation: ${remNote}`);
+  await inReach(admin.locator('#f-remainder'), 'the remainder checkbox');
+  await admin.fill('#f-name', 'phone-rest');
+  await admin.fill('#f-gang-gpus', '12');
+  await admin.check('#f-remainder');
+  await admin.fill('#f-duration', '1');
+  await admin.click('#preview-button');
+  await admin.waitForSelector('#preview');
+  const remVerdict = (await admin.textContent('#preview')).replace(/\s+/g, ' ');
+  check(/Would (start|borrow|wait)/.test(remVerdict) && /GPU units\s*12\b/.test(remVerdict), `a remainder gang's dry run: ${remVerdict}`);
+  check(await admin.isChecked('#f-remainder'), 'the box stays ticked after the dry run');
+  await fitsPhone(admin, 'request with a remainder gang');
+  await admin.locator('#submit-button').scrollIntoViewIfNeeded();
+  await inReach(admin.locator('#submit-button'), 'Submit after the dry run');
+  await axe(admin, 'request-remainder-phone');
+  // The same box with Nodes given: the error next to the box, in the form's words.
+  await admin.fill('#f-gang-nodes', '2');
+  await admin.click('#preview-button');
+  await admin.waitForSelector('#remainder-error');
+  const remErr = await admin.textContent('#remainder-error');
+  check(remErr.includes('leave Nodes blank') && !remErr.includes('`'), `the remainder's field error: ${remErr}`);
+  await axe(admin, 'request-remainder-error-phone');
+  // The queue: the groups, the waiting workloads and the refusals as cards of labelled fields.
+  step('a phone: the queue and its refusals as cards');
+  await admin.goto(`${BASE}/console/queue`);
+  await fitsPhone(admin, 'queue');
+  for (const table of ['table.queue', 'table.recent', 'table.refused']) {
+    const row = admin.locator(`${table} tbody tr`).first();
+    await inReach(row, `a card of ${table}`);
+    check(await row.evaluate((e) => getComputedStyle(e).display) === 'block', `${table}'s rows are cards`);
+  }
+  const refusedCard = await admin.locator('table.refused tbody tr').first().textContent();
+  check(/impatient|huge/.test(refusedCard), `a refusal's card: ${refusedCard}`);
+  const qlabel = await admin.evaluate(() => getComputedStyle(document.querySelector('table.refused td[data-label]'), '::before').content);
+  check(qlabel.includes('When'), `refusal card fields are labelled: ${qlabel}`);
+  await admin.screenshot({ path: `${SHOTS}/queue-phone.png`, fullPage: true });
+  await axe(admin, 'queue-phone');
+  // The workloads list: cards, each running workload's Cancel in reach.
+  step('a phone: workloads as cards with Cancel in reach');
+  r = await api('POST', '/api/v1/workloads', { tenant: 'vision', project: 'train', name: 'phone-cancel', shape: { fraction: 250 }, duration_s: 3600 });
+  check(r.status === 201, `a workload to cancel: ${r.status}`);
+  const phoneId = (await r.json()).id;
+  await admin.goto(`${BASE}/console/workloads`);
+  await fitsPhone(admin, 'workloads');
+  await inReach(admin.locator(`#w-${phoneId}`), 'a workload card');
+  await admin.locator(`#w-${phoneId} button`).scrollIntoViewIfNeeded();
+  await inReach(admin.locator(`#w-${phoneId} button`), 'its Cancel button');
+  check((await admin.textContent(`#w-${phoneId} button`)).includes('Cancel'), 'the card\'s button is Cancel');
+  await admin.screenshot({ path: `${SHOTS}/workloads-admin-phone.png`, fullPage: true });
+  await axe(admin, 'workloads-admin-phone');
   await admin.setViewportSize({ width: 1280, height: 800 });
 
   // 14. The quota form shows the chosen class's current quota.
