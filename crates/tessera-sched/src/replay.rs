@@ -274,8 +274,8 @@ fn pct_f(milli: f64, capacity: u64) -> f64 {
     milli * 100.0 / capacity as f64
 }
 
-/// The share prices the replay's bounds use: [`SharePrices::solve`] of the pod list's
-/// fractional shares, one weight per pod (the list's own mix, as `tessera` first learns it).
+/// [`SharePrices::solve`] of the pod list's fractional shares, one weight per pod (the list's
+/// own mix, as `tessera` first learns it).
 pub fn list_prices(pods: &[Pod]) -> SharePrices {
     let mix: Vec<(u16, f64)> = pods
         .iter()
@@ -283,6 +283,17 @@ pub fn list_prices(pods: &[Pod]) -> SharePrices {
         .map(|p| (p.gpu_milli, 1.0))
         .collect();
     SharePrices::solve(&mix)
+}
+
+/// The price tables the replay's bounds are computed at, each valid (dual-feasible): the
+/// list's own prices ([`list_prices`], the optimal dual of the list's share mix) and, where
+/// they differ, the fixed table of the default file. The LP's optimum for the list's mix is
+/// not always the table that proves most once some shares fail (on gpushare40 the fixed
+/// table's non-refusing floor is higher), so the replay reports the larger bound of the two.
+pub fn bound_prices(pods: &[Pod]) -> Vec<SharePrices> {
+    let own = list_prices(pods);
+    let fixed = SharePrices::default_file();
+    if own == fixed { vec![own] } else { vec![own, fixed] }
 }
 
 /// Replays one seed.
@@ -320,10 +331,14 @@ pub fn replay_seed_in(
     let (mut arrived, mut allocated) = (0u64, 0u64);
     // Per pod in arrival order: whether it failed, and whether it is a fractional share.
     let mut failed: Vec<(bool, bool)> = Vec::with_capacity(order.len());
-    // The bounds price the shares at the optimal dual of the pod list's own share mix (any
-    // dual-feasible table gives valid bounds; this one proves the most for that mix).
-    let prices = list_prices(pods);
-    let (mut arrived_shares, mut placed_shares) = (ShareBound::new(prices.clone()), ShareBound::new(prices.clone()));
+    // Every bound holds at any dual-feasible price table, so each is computed at the tables of
+    // [`bound_prices`] and the largest is reported.
+    let tables = bound_prices(pods);
+    let (mut arrived_shares, mut placed_shares): (Vec<ShareBound>, Vec<ShareBound>) = tables
+        .iter()
+        .map(|t| (ShareBound::new(t.clone()), ShareBound::new(t.clone())))
+        .unzip();
+    let most = |bounds: &[ShareBound]| bounds.iter().map(ShareBound::free_milli).max().unwrap_or(0);
     let pct = |milli: u64| milli as f64 * 100.0 / capacity as f64;
     // (arrived %, figure %) after each pod, for the allocation and the two limits.
     let curve = || Vec::with_capacity(order.len());
@@ -332,17 +347,17 @@ pub fn replay_seed_in(
         let d = pods[i].gpu_demand();
         let share = if pods[i].num_gpu == 1 { pods[i].gpu_milli } else { 0 };
         arrived += d;
-        arrived_shares.add(share);
+        arrived_shares.iter_mut().for_each(|b| b.add(share));
         let placed = engine.try_place(k as u64, &requests[i]);
         if placed {
             allocated += d;
-            placed_shares.add(share);
+            placed_shares.iter_mut().for_each(|b| b.add(share));
         }
         failed.push((!placed, share > 0 && share < 1000));
         let x = pct(arrived);
         allocation.push((x, pct(allocated)));
-        share_limit.push((x, pct(arrived_shares.free_milli())));
-        packing_limit.push((x, pct(placed_shares.free_milli())));
+        share_limit.push((x, pct(most(&arrived_shares))));
+        packing_limit.push((x, pct(most(&placed_shares))));
     }
     let count = |upto: usize, shares: bool| failed[..upto].iter().filter(|f| f.0 && (f.1 || !shares)).count() as u64;
     let end_100 = window(&allocation, 100.0).map_or(0, |w| w.1 + 1);
@@ -362,11 +377,21 @@ pub fn replay_seed_in(
             return (100.0, 100.0);
         };
         let any = (first..=last)
-            .map(|k| any_floor_milli(&demands[..(k + 1).min(demands.len())], capacity, &prices))
+            .map(|k| {
+                let arrived = &demands[..(k + 1).min(demands.len())];
+                tables
+                    .iter()
+                    .map(|t| any_floor_milli(arrived, capacity, t))
+                    .fold(0.0, f64::max)
+            })
             .sum::<f64>()
             / (last - first + 1) as f64;
-        let f = floors(&demands[..(last + 1).min(demands.len())], capacity, exact, &prices);
-        (pct_f(any, capacity), pct_f(f.non_refusing_milli.max(any), capacity))
+        let arrived = &demands[..(last + 1).min(demands.len())];
+        let non_refusing = tables
+            .iter()
+            .map(|t| floors(arrived, capacity, exact, t).non_refusing_milli)
+            .fold(any, f64::max);
+        (pct_f(any, capacity), pct_f(non_refusing, capacity))
     };
     let (any_100, non_refusing_100) = floor_at(100.0);
     let (_, non_refusing_130) = floor_at(130.0);
