@@ -18,9 +18,9 @@
 //! [`SharePrices::solve`] computes that optimal dual for any mix of share sizes (column
 //! generation over the packing patterns, with an exact check that the rounded prices stay
 //! feasible); on the default pod list's mix it gives [`price_twelfths`] exactly. Tessera's
-//! priced fill uses it on the workload it learns, and the replay gives the bounds below the
-//! prices solved from the replayed pod list (any dual-feasible table gives valid bounds; the
-//! LP's own dual proves the most for that mix).
+//! priced fill uses it on the workload it learns, and the replay computes the bounds below at
+//! the prices solved from the replayed pod list and at the fixed table, reporting the larger
+//! (any dual-feasible table gives valid bounds; `replay::bound_prices`).
 //!
 //! On its own the bound answers "how close to the limit is a policy that places every share
 //! that arrives", and says nothing of a run in which shares fail: on the openb default file,
