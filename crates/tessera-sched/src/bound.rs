@@ -18,7 +18,9 @@
 //! [`SharePrices::solve`] computes that optimal dual for any mix of share sizes (column
 //! generation over the packing patterns, with an exact check that the rounded prices stay
 //! feasible); on the default pod list's mix it gives [`price_twelfths`] exactly. Tessera's
-//! priced fill uses it on the workload it learns; the floors below keep the fixed table.
+//! priced fill uses it on the workload it learns, and the replay computes the bounds below at
+//! the prices solved from the replayed pod list and at the fixed table, reporting the larger
+//! (any dual-feasible table gives valid bounds; `replay::bound_prices`).
 //!
 //! On its own the bound answers "how close to the limit is a policy that places every share
 //! that arrives", and says nothing of a run in which shares fail: on the openb default file,
@@ -141,6 +143,17 @@ impl SharePrices {
     /// The sizes at which the price rises, with the price from there on.
     pub fn steps(&self) -> &[(u16, u64)] {
         &self.steps
+    }
+
+    /// The prices in the coarsest exact unit: `(per_gpu, divisor)` such that every price in
+    /// [`PRICE_UNITS`] divided by `divisor` is an integer and `per_gpu` of those make a GPU
+    /// (12 and 60,060 for a table in twelfths).
+    pub fn exact_unit(&self) -> (u64, u64) {
+        fn gcd(a: u64, b: u64) -> u64 {
+            if b == 0 { a } else { gcd(b, a % b) }
+        }
+        let divisor = self.steps.iter().fold(PRICE_UNITS, |g, s| gcd(g, s.1));
+        (PRICE_UNITS / divisor, divisor)
     }
 
     /// The most that any set of shares fitting one GPU costs, over every integer share size
@@ -267,26 +280,44 @@ fn packing_dual(milli: &[usize], w: &[f64]) -> Vec<f64> {
 }
 
 /// Running totals of shares, with the bound on the free milli any placement of them
-/// leaves on the GPUs that hold them.
-#[derive(Clone, Debug, Default)]
+/// leaves on the GPUs that hold them, at a dual-feasible price table (the fixed table
+/// [`price_twelfths`] by default).
+#[derive(Clone, Debug)]
 pub struct ShareBound {
-    twelfths: u64,
+    prices: SharePrices,
+    units: u64,
     milli: u64,
 }
 
+impl Default for ShareBound {
+    fn default() -> Self {
+        ShareBound::new(SharePrices::default_file())
+    }
+}
+
 impl ShareBound {
+    /// No shares yet, priced by `prices` (which must be dual-feasible, as
+    /// [`SharePrices::solve`] and [`SharePrices::default_file`] are).
+    pub fn new(prices: SharePrices) -> Self {
+        ShareBound {
+            prices,
+            units: 0,
+            milli: 0,
+        }
+    }
+
     /// Adds one share (ignores whole GPUs and zero).
     pub fn add(&mut self, milli: u16) {
         if milli == 0 || milli as u64 >= GPU {
             return;
         }
-        self.twelfths += price_twelfths(milli);
+        self.units += self.prices.units(milli);
         self.milli += milli as u64;
     }
 
     /// At least this many GPUs hold these shares, however they are placed.
     pub fn gpus(&self) -> u64 {
-        self.twelfths.div_ceil(12).max(self.milli.div_ceil(GPU))
+        self.units.div_ceil(PRICE_UNITS).max(self.milli.div_ceil(GPU))
     }
 
     /// At least this many milli stay free on the GPUs that hold these shares, however they are
@@ -301,8 +332,8 @@ impl ShareBound {
 ///
 /// With capacity `C`, arrived GPU demand `R` and a set `S` of failed pods, the unallocated
 /// milli-GPU is exactly `C − R + F(S)` (`F`: the GPU demand of `S`), and at least the waste
-/// that the placed shares leave on the GPUs holding them, at least `1000 × Σ price / 12 −
-/// Σ milli` over them (the price table of this module). So whatever `S` the placement ends
+/// that the placed shares leave on the GPUs holding them, at least `1000 × Σ price −
+/// Σ milli` over them (price in GPUs, at any dual-feasible [`SharePrices`]). So whatever `S` the placement ends
 /// with, the unallocated milli is at least `min over S of max(C − R + F(S), W(placed))`, and,
 /// both terms being sums over `S`, at least `λ (C − R + F(S)) + (1 − λ) W` for every
 /// `λ ∈ [0, 1]`: a min-max relaxed to the best of its Lagrangian bounds.
@@ -340,12 +371,13 @@ pub fn dominates(q: &crate::policy::Demand, p: &crate::policy::Demand) -> bool {
     q.cpu_milli >= p.cpu_milli && q.memory_mib >= p.memory_mib && models && gpu
 }
 
-/// [`Floors`] after the pods `arrived` (in arrival order) on a fleet of `capacity_milli`.
-/// `closure`: whether the non-refusing floor may use the domination rule, which needs exact
-/// model masks and the openb fit rule (whole GPUs: any free ones of the node); without it the
-/// non-refusing floor is the any-scheduler floor.
-pub fn floors(arrived: &[crate::policy::Demand], capacity_milli: u64, closure: bool) -> Floors {
-    let w = Weights::new(arrived, capacity_milli);
+/// [`Floors`] after the pods `arrived` (in arrival order) on a fleet of `capacity_milli`, with
+/// the shares priced by `prices` (dual-feasible: [`SharePrices::solve`] of any mix, or
+/// [`SharePrices::default_file`]). `closure`: whether the non-refusing floor may use the
+/// domination rule, which needs exact model masks and the openb fit rule (whole GPUs: any free
+/// ones of the node); without it the non-refusing floor is the any-scheduler floor.
+pub fn floors(arrived: &[crate::policy::Demand], capacity_milli: u64, closure: bool, prices: &SharePrices) -> Floors {
+    let w = Weights::new(arrived, capacity_milli, prices);
     let any = w.any();
     let non_refusing = if closure {
         let g = ClosureGraph::new(arrived);
@@ -375,14 +407,15 @@ pub fn floors(arrived: &[crate::policy::Demand], capacity_milli: u64, closure: b
 }
 
 /// [`Floors::any_milli`] alone (no minimum cut).
-pub fn any_floor_milli(arrived: &[crate::policy::Demand], capacity_milli: u64) -> f64 {
-    let w = Weights::new(arrived, capacity_milli);
+pub fn any_floor_milli(arrived: &[crate::policy::Demand], capacity_milli: u64, prices: &SharePrices) -> f64 {
+    let w = Weights::new(arrived, capacity_milli, prices);
     w.any() as f64 / w.scale()
 }
 
-/// The Lagrangian terms, in twelfths of a milli-GPU: per pod its GPU demand `d` and price
-/// excess `e` (`1000 × price / 12 − milli` for a share, 0 otherwise), the slack `C − R` and the
-/// priced waste `W` of all the shares.
+/// The Lagrangian terms, in `1 / k` of a milli-GPU with `k` the prices' exact unit per GPU
+/// ([`SharePrices::exact_unit`]; 12 for prices in twelfths): per pod its GPU demand `d` and
+/// price excess `e` (`1000 × price − milli` for a share, 0 otherwise), the slack `C − R` and
+/// the priced waste `W` of all the shares.
 struct Weights {
     d12: Vec<i64>,
     e12: Vec<i64>,
@@ -390,22 +423,38 @@ struct Weights {
     w12: i64,
     /// Distinct `(d, e)` with their counts.
     classes: Vec<(i64, i64, i64)>,
+    /// `k`.
+    per_gpu: i64,
 }
 
 impl Weights {
-    fn new(arrived: &[crate::policy::Demand], capacity_milli: u64) -> Self {
-        let d12: Vec<i64> = arrived.iter().map(|p| 12 * p.total_milli() as i64).collect();
+    fn new(arrived: &[crate::policy::Demand], capacity_milli: u64, prices: &SharePrices) -> Self {
+        // Integers throughout: every term times LAMBDA_STEPS must fit an i64 with room for
+        // sums (about 9.2e18). With prices in twelfths (every openb file) k = 12; a table
+        // needing so fine a unit that a fleet's capacity would overflow falls back to the
+        // fixed table, which is dual-feasible too.
+        let (mut k, mut div) = prices.exact_unit();
+        let mut prices = prices;
+        let fixed = SharePrices::default_file();
+        let demand: u64 = arrived.iter().map(|p| p.total_milli()).sum();
+        if (capacity_milli.max(demand) as u128 + GPU as u128) * k as u128 * LAMBDA_STEPS as u128 * 4 > i64::MAX as u128
+        {
+            prices = &fixed;
+            (k, div) = fixed.exact_unit();
+        }
+        let per_gpu = k as i64;
+        let d12: Vec<i64> = arrived.iter().map(|p| per_gpu * p.total_milli() as i64).collect();
         let e12: Vec<i64> = arrived
             .iter()
             .map(|p| {
                 if p.is_fraction() && p.milli > 0 {
-                    (GPU * price_twelfths(p.milli)) as i64 - 12 * p.milli as i64
+                    (GPU * (prices.units(p.milli) / div)) as i64 - per_gpu * p.milli as i64
                 } else {
                     0
                 }
             })
             .collect();
-        let slack12 = 12 * capacity_milli as i64 - d12.iter().sum::<i64>();
+        let slack12 = per_gpu * capacity_milli as i64 - d12.iter().sum::<i64>();
         let w12 = e12.iter().sum();
         let mut counts = std::collections::HashMap::new();
         for (&d, &e) in d12.iter().zip(&e12) {
@@ -418,20 +467,21 @@ impl Weights {
             slack12,
             w12,
             classes,
+            per_gpu,
         }
     }
 
-    /// With `λ = i / N`, `N λ (C − R) + N (1 − λ) W`, × 12.
+    /// With `λ = i / N`, `N λ (C − R) + N (1 − λ) W`, × k.
     fn base(&self, i: i64) -> i64 {
         i * self.slack12 + (LAMBDA_STEPS - i) * self.w12
     }
 
-    /// Pod `p`'s weight in a failure set: `N (λ d − (1 − λ) e)`, × 12.
+    /// Pod `p`'s weight in a failure set: `N (λ d − (1 − λ) e)`, × k.
     fn weight(&self, i: i64, p: usize) -> i64 {
         i * self.d12[p] - (LAMBDA_STEPS - i) * self.e12[p]
     }
 
-    /// The bound × 12 N when any set may fail: every pod of negative weight does.
+    /// The bound × k N when any set may fail: every pod of negative weight does.
     fn any(&self) -> i64 {
         let least = |i: i64| {
             self.classes
@@ -443,7 +493,7 @@ impl Weights {
     }
 
     fn scale(&self) -> f64 {
-        12.0 * LAMBDA_STEPS as f64
+        self.per_gpu as f64 * LAMBDA_STEPS as f64
     }
 }
 
@@ -734,7 +784,7 @@ mod tests {
             pod(1000, 1000, 1, 810),
             pod(2000, 2000, 1, 1000),
         ];
-        let f = floors(&arrived, 2000, true);
+        let f = floors(&arrived, 2000, true, &SharePrices::default_file());
         // Any scheduler: failing one 810 leaves 2,620 - 810 = 1,810 placed, so 190 unallocated,
         // and the other 810's GPU wastes 190: max(190, 190) = 190, the least over the 8 sets.
         assert!((f.any_milli - 190.0).abs() < 0.1, "{f:?}");
@@ -745,18 +795,22 @@ mod tests {
         // max over λ of min(2,000 λ, 380 - 1,000 λ) = 380 × 2 / 3.
         assert!((f.non_refusing_milli - 380.0 * 2.0 / 3.0).abs() < 0.1, "{f:?}");
         // Without the rule the non-refusing floor is the any-scheduler one.
-        assert_eq!(floors(&arrived, 2000, false).non_refusing_milli, f.any_milli);
+        assert_eq!(
+            floors(&arrived, 2000, false, &SharePrices::default_file()).non_refusing_milli,
+            f.any_milli
+        );
         // Nothing arrived: all of it is unallocated.
-        let none = floors(&[], 2000, true);
+        let none = floors(&[], 2000, true, &SharePrices::default_file());
         assert_eq!((none.any_milli, none.non_refusing_milli), (2000.0, 2000.0));
     }
 
-    /// Against the exact minimum over every failure set of small random arrival orders.
+    /// Against the exact minimum over every failure set of small random arrival orders, at the
+    /// fixed table and (every other order) at the prices solved from the order's own shares.
     #[test]
     fn floors_never_exceed_the_exact_minimum() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        for _ in 0..300 {
+        for round in 0..300 {
             let n = rng.random_range(1..=9);
             let arrived: Vec<Demand> = (0..n)
                 .map(|_| {
@@ -776,7 +830,17 @@ mod tests {
                 })
                 .collect();
             let cap = rng.random_range(1..=4) * 1000;
-            let f = floors(&arrived, cap, true);
+            let prices = if round % 2 == 0 {
+                SharePrices::default_file()
+            } else {
+                let mix: Vec<(u16, f64)> = arrived
+                    .iter()
+                    .filter(|p| p.is_fraction())
+                    .map(|p| (p.milli, 1.0))
+                    .collect();
+                SharePrices::solve(&mix)
+            };
+            let f = floors(&arrived, cap, true, &prices);
             let arrived_milli: i64 = arrived.iter().map(|p| p.total_milli() as i64).sum();
             let (mut any, mut closed) = (f64::MAX, f64::MAX);
             for set in 0u32..1 << n {
@@ -785,7 +849,7 @@ mod tests {
                     .filter(|&i| failed(i))
                     .map(|i| arrived[i].total_milli() as i64)
                     .sum();
-                let mut placed = ShareBound::default();
+                let mut placed = ShareBound::new(prices.clone());
                 for (i, p) in arrived.iter().enumerate() {
                     if !failed(i) && p.is_fraction() {
                         placed.add(p.milli);

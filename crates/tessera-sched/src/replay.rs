@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use tessera_model::{Catalogue, Fleet, FleetError, ModelId, Request, Shape, Topology};
 
-use crate::bound::{ShareBound, any_floor_milli, floors};
+use crate::bound::{ShareBound, SharePrices, any_floor_milli, floors};
 use crate::engine::{Engine, demand_of};
 use crate::policy::{BestFit, Demand, Fgd, Random, SharedPolicy, WorkloadModel};
 use crate::tessera::TesseraPolicy;
@@ -274,6 +274,28 @@ fn pct_f(milli: f64, capacity: u64) -> f64 {
     milli * 100.0 / capacity as f64
 }
 
+/// [`SharePrices::solve`] of the pod list's fractional shares, one weight per pod (the list's
+/// own mix, as `tessera` first learns it).
+pub fn list_prices(pods: &[Pod]) -> SharePrices {
+    let mix: Vec<(u16, f64)> = pods
+        .iter()
+        .filter(|p| p.num_gpu == 1 && p.gpu_milli < 1000)
+        .map(|p| (p.gpu_milli, 1.0))
+        .collect();
+    SharePrices::solve(&mix)
+}
+
+/// The price tables the replay's bounds are computed at, each valid (dual-feasible): the
+/// list's own prices ([`list_prices`], the optimal dual of the list's share mix) and, where
+/// they differ, the fixed table of the default file. The LP's optimum for the list's mix is
+/// not always the table that proves most once some shares fail (on gpushare40 the fixed
+/// table's non-refusing floor is higher), so the replay reports the larger bound of the two.
+pub fn bound_prices(pods: &[Pod]) -> Vec<SharePrices> {
+    let own = list_prices(pods);
+    let fixed = SharePrices::default_file();
+    if own == fixed { vec![own] } else { vec![own, fixed] }
+}
+
 /// Replays one seed.
 pub fn replay_seed(fleet: &Arc<Fleet>, pods: &[Pod], policy: &str, seed: u64) -> Result<SeedResult, String> {
     make_policy(policy, &[])?;
@@ -309,7 +331,14 @@ pub fn replay_seed_in(
     let (mut arrived, mut allocated) = (0u64, 0u64);
     // Per pod in arrival order: whether it failed, and whether it is a fractional share.
     let mut failed: Vec<(bool, bool)> = Vec::with_capacity(order.len());
-    let (mut arrived_shares, mut placed_shares) = (ShareBound::default(), ShareBound::default());
+    // Every bound holds at any dual-feasible price table, so each is computed at the tables of
+    // [`bound_prices`] and the largest is reported.
+    let tables = bound_prices(pods);
+    let (mut arrived_shares, mut placed_shares): (Vec<ShareBound>, Vec<ShareBound>) = tables
+        .iter()
+        .map(|t| (ShareBound::new(t.clone()), ShareBound::new(t.clone())))
+        .unzip();
+    let most = |bounds: &[ShareBound]| bounds.iter().map(ShareBound::free_milli).max().unwrap_or(0);
     let pct = |milli: u64| milli as f64 * 100.0 / capacity as f64;
     // (arrived %, figure %) after each pod, for the allocation and the two limits.
     let curve = || Vec::with_capacity(order.len());
@@ -318,17 +347,17 @@ pub fn replay_seed_in(
         let d = pods[i].gpu_demand();
         let share = if pods[i].num_gpu == 1 { pods[i].gpu_milli } else { 0 };
         arrived += d;
-        arrived_shares.add(share);
+        arrived_shares.iter_mut().for_each(|b| b.add(share));
         let placed = engine.try_place(k as u64, &requests[i]);
         if placed {
             allocated += d;
-            placed_shares.add(share);
+            placed_shares.iter_mut().for_each(|b| b.add(share));
         }
         failed.push((!placed, share > 0 && share < 1000));
         let x = pct(arrived);
         allocation.push((x, pct(allocated)));
-        share_limit.push((x, pct(arrived_shares.free_milli())));
-        packing_limit.push((x, pct(placed_shares.free_milli())));
+        share_limit.push((x, pct(most(&arrived_shares))));
+        packing_limit.push((x, pct(most(&placed_shares))));
     }
     let count = |upto: usize, shares: bool| failed[..upto].iter().filter(|f| f.0 && (f.1 || !shares)).count() as u64;
     let end_100 = window(&allocation, 100.0).map_or(0, |w| w.1 + 1);
@@ -348,11 +377,21 @@ pub fn replay_seed_in(
             return (100.0, 100.0);
         };
         let any = (first..=last)
-            .map(|k| any_floor_milli(&demands[..(k + 1).min(demands.len())], capacity))
+            .map(|k| {
+                let arrived = &demands[..(k + 1).min(demands.len())];
+                tables
+                    .iter()
+                    .map(|t| any_floor_milli(arrived, capacity, t))
+                    .fold(0.0, f64::max)
+            })
             .sum::<f64>()
             / (last - first + 1) as f64;
-        let f = floors(&demands[..(last + 1).min(demands.len())], capacity, exact);
-        (pct_f(any, capacity), pct_f(f.non_refusing_milli.max(any), capacity))
+        let arrived = &demands[..(last + 1).min(demands.len())];
+        let non_refusing = tables
+            .iter()
+            .map(|t| floors(arrived, capacity, exact, t).non_refusing_milli)
+            .fold(any, f64::max);
+        (pct_f(any, capacity), pct_f(non_refusing, capacity))
     };
     let (any_100, non_refusing_100) = floor_at(100.0);
     let (_, non_refusing_130) = floor_at(130.0);
@@ -473,6 +512,55 @@ mod tests {
                 assert!((x - 19.0).abs() < 0.01, "{r:?}");
             }
         }
+    }
+
+    /// One node of 2 GPUs and one pod shape, a 400-milli share: every seed's workload is six
+    /// of them (2,400 of the 2,600 that 130 % allows), arriving at 20 %, 40 % ... 120 %. Two
+    /// fit on each GPU, so the 5th and the 6th fail; the 100 % window is the 5th pod alone,
+    /// the 130 % one falls back to the 6th. The pod list's share mix is 400s only, whose LP
+    /// dual prices a 400 at 1/2 GPU (two fit a GPU, three do not), where the default file's
+    /// fixed table gives 4 twelfths (1/3), which proves nothing here.
+    #[test]
+    fn the_floors_use_the_pod_lists_own_prices_by_hand() {
+        let fleet = Arc::new(
+            Fleet::from_openb_nodes("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,65536,2,G2\n", "n.csv").unwrap(),
+        );
+        let pods = parse_pods(
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1000,1,400\n",
+            "p.csv",
+            &fleet.catalogue,
+        )
+        .unwrap();
+        assert_eq!(list_prices(&pods).units(400), crate::bound::PRICE_UNITS / 2);
+        for p in POLICIES {
+            let r = replay_seed(&fleet, &pods, p, 42).unwrap();
+            // Four 400s placed, 1,600 of 2,000: 20 % unallocated at both windows.
+            assert!(
+                (r.unallocated_100 - 20.0).abs() < 1e-9 && (r.unallocated_130 - 20.0).abs() < 1e-9,
+                "{r:?}"
+            );
+            assert_eq!(
+                (r.failed_pods, r.failed_shares, r.failed_pods_100, r.failed_shares_100),
+                (2, 2, 1, 1)
+            );
+            // Five 400s at 1/2 GPU each need 3 GPUs if all are placed: 3,000 - 2,000 = 1,000
+            // free = 50 % (conditional: the fleet has 2); the four placed need 2: 400 = 20 %.
+            assert!((r.share_limit_100 - 50.0).abs() < 1e-9, "{r:?}");
+            assert!((r.packing_limit_100 - 20.0).abs() < 1e-9, "{r:?}");
+            // At 100 %: 2,000 arrived on 2,000, so the unallocated milli is the failed demand,
+            // 400 |S|, and at least the placed shares' priced waste, 100 (5 − |S|). The least
+            // maximum over |S| = 0, 1, 2 is 400 (|S| = 1, the last 400: a closed set), and the
+            // relaxation reaches it at λ = 1/5: min over S of 500 (1 − λ) + |S| (500 λ − 100).
+            // At 130 % (six arrived): max(−400 + 400 |S|, 100 (6 − |S|)) is least at |S| = 2,
+            // 400 again. So 20 %: the floor is tight.
+            for x in [r.any_floor_100, r.non_refusing_floor_100, r.non_refusing_floor_130] {
+                assert!((x - 20.0).abs() < 0.01, "{r:?}");
+            }
+        }
+        // The fixed table proves nothing at 100 % here: a 400 at 1/3 GPU wastes nothing.
+        let demands: Vec<Demand> = (0..5).map(|_| demand_of(&pods[0].request()).unwrap()).collect();
+        let fixed = floors(&demands, 2000, true, &SharePrices::default_file());
+        assert!(fixed.non_refusing_milli < 1.0, "{fixed:?}");
     }
 
     #[test]
