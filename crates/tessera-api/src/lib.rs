@@ -1190,9 +1190,11 @@ pub struct DeclaredTenant {
     pub display_name: Option<String>,
     /// Projects the tenant must have (others it has are kept).
     #[serde(default)]
+    #[schema(schema_with = rules::schema::declared_projects)]
     pub projects: Vec<String>,
     /// Resource class → quota: exactly the tenant's quotas (others it has are removed).
     #[serde(default)]
+    #[schema(schema_with = rules::schema::declared_quotas)]
     pub quotas: BTreeMap<String, SetQuota>,
     /// GPU-unit-hours per calendar month; absent: no budget.
     #[serde(default)]
@@ -1257,7 +1259,7 @@ impl Validate for Declaration {
                 }
             }
             for (class, q) in &t.quotas {
-                if class.is_empty() || class.chars().count() > 200 {
+                if class.is_empty() || class.chars().count() > rules::QUOTA_CLASS_MAX {
                     return Err(Violation::new(
                         format!("{at}.quotas"),
                         "a quota class is 1–200 characters",

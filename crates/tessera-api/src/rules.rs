@@ -217,6 +217,8 @@ fn string_list_schema(max_items: usize, max_chars: usize, description: &str) -> 
 
 /// The longest slug.
 pub const SLUG_MAX: usize = 40;
+/// The longest quota class of a declaration, in characters.
+pub const QUOTA_CLASS_MAX: usize = 200;
 const SLUG_PATTERN: &str = "^[a-z0-9][a-z0-9-]*$";
 
 /// Tenant and project names: lower-case ASCII letters, digits and `-`, not starting with `-`.
@@ -706,6 +708,32 @@ pub mod schema {
             .description(Some(
                 "After the deadline: `preempt` what is left (needs `deadline_s`; with the grace period, batch work is requeued) or `wait` (default)",
             ))
+            .build()
+    }
+    /// A declared tenant's projects: names, each once.
+    pub fn declared_projects() -> utoipa::openapi::schema::Array {
+        utoipa::openapi::schema::ArrayBuilder::new()
+            .items(slug_schema(false))
+            .unique_items(true)
+            .description(Some(
+                "Projects the tenant must have (others it has are kept).".to_string(),
+            ))
+            .build()
+    }
+    /// A declared tenant's quotas: resource class (1–200 characters) → quota.
+    pub fn declared_quotas() -> Object {
+        ObjectBuilder::new()
+            .schema_type(SchemaType::Type(Type::Object))
+            .additional_properties(Some(utoipa::openapi::Ref::from_schema_name("SetQuota")))
+            .property_names(Some(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::Type(Type::String))
+                    .min_length(Some(1))
+                    .max_length(Some(QUOTA_CLASS_MAX)),
+            ))
+            .description(Some(format!(
+                "Resource class (1–{QUOTA_CLASS_MAX} characters) → quota: exactly the tenant's quotas (others it has are removed)."
+            )))
             .build()
     }
     pub fn priorities_opt() -> utoipa::openapi::schema::Array {

@@ -639,6 +639,20 @@ async fn every_refusal_is_a_problem_document(db: Db) {
             "{body}: {p}"
         );
     }
+    // An optional body (a drain's parameters) may be the JSON `null` the document allows
+    // (`oneOf [DrainRequest, null]`): the same as none. Before, it was refused as not an object.
+    let drained = send(
+        admin(Method::POST, "/api/v1/nodes/h100-15/drain")
+            .header("content-type", "application/json")
+            .body("null"),
+    )
+    .await;
+    assert_eq!(drained.status, StatusCode::OK, "{}", drained.body);
+    assert!(
+        ["draining", "maintenance"].contains(&drained.body["state"].as_str().unwrap_or_default()),
+        "{}",
+        drained.body
+    );
     // Too large, announced or streamed (raw connections: the server answers before it has
     // read the whole body, and closes).
     let big = format!(r#"{{"name": "{}"}}"#, "x".repeat(tessera_server::BODY_LIMIT));

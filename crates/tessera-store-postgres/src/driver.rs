@@ -7,8 +7,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnection, PgRow};
 use sqlx::{Postgres, Row as _, SqlSafeStr, Transaction};
 use tessera_domain::Workload;
-use tessera_store::sql::{Cells, mistyped, null, workload_row};
 use tessera_store::{Result, StoreError};
+use tessera_store_sql::columns::{Cells, mistyped, null, workload_row};
 use tessera_store_sql::workloads::ACTIVE;
 use tessera_store_sql::{DbResult, Driver, LeaseSql, MultiRow, Query, Value, db};
 

@@ -121,14 +121,14 @@ impl<'b> Plan<'b> {
                     idempotency,
                 } => {
                     plan.inserts
-                        .push((&**workload, tessera_store::sql::updated_at(workload, events)));
+                        .push((&**workload, crate::columns::updated_at(workload, events)));
                     if let Some(k) = idempotency {
                         plan.keys.push((k, workload.id, workload.created_at));
                     }
                     plan.events.extend(events.iter().map(|e| (workload.id, e)));
                 }
                 Change::Update { workload, events } => {
-                    let row = (&**workload, tessera_store::sql::updated_at(workload, events));
+                    let row = (&**workload, crate::columns::updated_at(workload, events));
                     match update_of.get(&workload.id) {
                         Some(&i) => plan.updates[i] = row,
                         None => {

@@ -36,6 +36,7 @@
 
 pub mod audit;
 pub mod batch;
+pub mod columns;
 pub mod fleet;
 pub mod governance;
 pub mod lease;
@@ -52,15 +53,15 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::ops::DerefMut;
 
+use columns::Cells;
 use tessera_domain::Workload;
-use tessera_store::sql::Cells;
 use tessera_store::{Result, StoreError};
 
 pub use lease::LeaseSql;
 pub use rows::{MultiRow, Values};
 
 // Integer columns: narrowing, and the signed BIGINT form of unsigned values.
-pub use tessera_store::sql::{i64_of, narrow, narrow_opt, u64_of};
+pub use columns::{i64_of, narrow, narrow_opt, u64_of};
 
 /// What [`implement_store!`] expands to needs (not part of the API).
 #[doc(hidden)]

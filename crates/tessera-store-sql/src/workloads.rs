@@ -11,9 +11,9 @@ use std::ops::Range;
 use std::sync::LazyLock;
 
 use tessera_domain::{Event, GpuSpec, Movable, ReasonCode, Slice, Step, StopCause, Workload, WorkloadId};
-use tessera_store::sql::{corrupt, gpu_mask, json, names, narrow, shares_json, topology_mode_str, workload_row};
 use tessera_store::{IdempotencyKey, Result, StoreError, WorkloadFilter, WorkloadOrder};
 
+use crate::columns::{corrupt, gpu_mask, json, names, narrow, shares_json, topology_mode_str, workload_row};
 use crate::rows::{self, MultiRow, Values};
 use crate::{Driver, Row, col, db, db_error, i64_of, query, u64_of};
 
@@ -21,7 +21,7 @@ use crate::{Driver, Row, col, db, db_error, i64_of, query, u64_of};
 /// [`bind_lifecycle`]).
 macro_rules! columns {
     () => {
-        tessera_store::workload_columns!()
+        crate::workload_columns!()
     };
 }
 
@@ -41,16 +41,12 @@ pub static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
 // of the arrays the driver binds the rows as (`UNNEST($1::BIGINT[], …)`, from each `Value`'s
 // type), so `workloads.id = v.id` compares integers without casts.
 pub static UPDATE: LazyLock<MultiRow> = LazyLock::new(|| {
-    let set: Vec<String> = names(tessera_store::workload_lifecycle_columns!())
+    let set: Vec<String> = names(crate::workload_lifecycle_columns!())
         .map(|c| format!("{c} = v.{c}"))
         .collect();
     MultiRow::new(
-        concat!(
-            "WITH v (id, ",
-            tessera_store::workload_lifecycle_columns!(),
-            ") AS (VALUES "
-        ),
-        1 + names(tessera_store::workload_lifecycle_columns!()).count(),
+        concat!("WITH v (id, ", crate::workload_lifecycle_columns!(), ") AS (VALUES "),
+        1 + names(crate::workload_lifecycle_columns!()).count(),
         &format!(
             ") UPDATE workloads SET {} FROM v WHERE workloads.id = v.id",
             set.join(", ")

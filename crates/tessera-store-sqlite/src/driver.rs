@@ -9,8 +9,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{AssertSqlSafe, Row as _, SqlSafeStr, Sqlite, Transaction};
 use tessera_domain::Workload;
-use tessera_store::sql::{COLUMN_NAMES, Cells, mistyped, workload_row};
 use tessera_store::{Result, StoreError};
+use tessera_store_sql::columns::{COLUMN_NAMES, Cells, mistyped, workload_row};
 use tessera_store_sql::workloads::ACTIVE;
 use tessera_store_sql::{DbResult, Driver, LeaseSql, MultiRow, Query, Value};
 

@@ -11,7 +11,8 @@
 //! only built where it is used. The statement code of both SQL stores is written once, in
 //! `tessera-store-sql`, generic over a driver trait each of them implements (its connections
 //! and transactions, and the few statements and reads that differ between the databases).
-//! [`sql`] holds what they share about decoding a workload row. Every implementation must pass
+//! That crate also holds the `workloads` table's columns and the decoding of its rows: no SQL
+//! is here. Every implementation must pass
 //! the [`conformance`] suite; [`store_conformance_tests!`] runs it as one test per behaviour.
 //!
 //! Writes of the lifecycle loop go through [`WorkloadStore::commit`]: a batch of [`Change`]s
@@ -25,7 +26,6 @@
 //! lost the lease (paused, partitioned, slow) can never commit: the database refuses the batch.
 
 pub mod conformance;
-pub mod sql;
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -35,7 +35,7 @@ pub async fn dry_run(
     ApiJson(b): ApiJson<CreateWorkload>,
 ) -> ApiResult<Json<DryRun>> {
     let c = check_create(&s, &id, &b).await?;
-    let snap = s.lifecycle.snapshot();
+    let snap = s.lifecycle.trial_snapshot().await;
     Ok(Json(preview(&s, &snap, &b, &c)))
 }
 

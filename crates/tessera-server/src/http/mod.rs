@@ -297,8 +297,9 @@ fn json_body<T: DeserializeOwned + Validate>(bytes: &[u8]) -> Result<T, ApiError
     Ok(value)
 }
 
-/// An optional JSON body: none (`None`) when the request has an empty body, else what
-/// [`ApiJson`] reads (a non-empty body must be `application/json`).
+/// An optional JSON body: none (`None`) when the request has an empty body or the JSON `null`
+/// (as the document's `oneOf [T, null]` allows), else what [`ApiJson`] reads (a non-empty body
+/// must be `application/json`).
 pub struct OptionalApiJson<T>(pub Option<T>);
 
 impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for OptionalApiJson<T> {
@@ -312,6 +313,9 @@ impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for Optional
         }
         if !json {
             return Err(not_json());
+        }
+        if bytes.trim_ascii() == b"null" {
+            return Ok(OptionalApiJson(None));
         }
         Ok(OptionalApiJson(Some(json_body(&bytes)?)))
     }

@@ -12,7 +12,7 @@ use tessera_store::GpuMigRecord;
 use tokio::sync::{mpsc, oneshot};
 
 use super::fleetswap::FleetCell;
-use super::snapshot::{Published, Snapshot};
+use super::snapshot::{Published, Snapshot, Trial};
 
 /// A validated creation request.
 pub struct NewWorkload {
@@ -143,6 +143,9 @@ pub enum Cmd {
     },
     /// A periodic reconcile came back.
     Reconciled(Reconciled),
+    /// A dry run asks for the placement engine and holds as they are now (the published
+    /// snapshot's copy was older than that snapshot).
+    Trial(Reply<Arc<Trial>>),
 }
 
 /// What a periodic reconcile brought back: the backend's report (or why it failed), and the
@@ -282,6 +285,26 @@ impl Lifecycle {
     /// The latest published snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.published.snapshot()
+    }
+
+    /// The latest published snapshot, with a placement engine and holds at least as new as
+    /// it, for dry runs: when its copy is older ([`Snapshot::trial_current`]), the loop is
+    /// asked for a current one, so that a dry run never answers from a state older than the
+    /// workload records its caller has read. Without a loop (a replica that does not lead),
+    /// the published snapshot as it is.
+    pub async fn trial_snapshot(&self) -> Arc<Snapshot> {
+        let snap = self.snapshot();
+        if snap.trial_current {
+            return snap;
+        }
+        match self.ask(Cmd::Trial).await {
+            Ok(trial) => Arc::new(Snapshot {
+                trial: Some(trial),
+                trial_current: true,
+                ..(*snap).clone()
+            }),
+            Err(_) => snap,
+        }
     }
 
     /// A live or recently ended workload, as last committed by this replica's loop; `None`

@@ -18,7 +18,7 @@ use super::batch::{Batch, ReplyTo};
 use super::command::LifecycleError;
 use super::effects::Runner;
 use super::snapshot::Published;
-use super::snapshot::SnapshotBuilder;
+use super::snapshot::{SnapshotBuilder, Trial};
 use super::world::World;
 
 /// A full publication that took at least this long last time is made after the batch's
@@ -182,6 +182,12 @@ impl Publication {
     pub(super) fn publish_rebuilt(&mut self, w: &World, now: i64) {
         let snap = self.builder.build(&w.fleet, &w.sched, &w.live, &w.tenants, now, true);
         w.published.set_snapshot(snap);
+    }
+
+    /// The placement engine and holds as they are now, for a dry run that found the published
+    /// snapshot's copy older than that snapshot (see [`Snapshot::trial_current`](super::snapshot::Snapshot::trial_current)).
+    pub(super) fn current_trial(&mut self, w: &World) -> Arc<Trial> {
+        self.builder.current_trial(&w.sched, &w.tenants)
     }
 
     /// Builds and publishes the snapshot; `full`: with the queue and phase counts.

@@ -452,6 +452,11 @@ impl Core {
                     self.reconciler.soon = soon;
                 }
             }
+            // Copied as the engine is now: after every committed batch (and any decisions of
+            // this one before it), so at least as new as any record a reader has seen.
+            Cmd::Trial(reply) => {
+                let _ = reply.send(Ok(self.publication.current_trial(&self.w)));
+            }
             Cmd::Reconciled(back) => {
                 self.reconciler.finished();
                 self.reconciler

@@ -186,6 +186,7 @@ impl Trial {
 }
 
 /// An immutable view of the loop's state after a commit.
+#[derive(Clone)]
 pub struct Snapshot {
     /// Increases with every publication.
     pub version: u64,
@@ -201,6 +202,12 @@ pub struct Snapshot {
     pub utilisation: Arc<HashMap<WorkloadId, f64>>,
     /// The placement engine to try requests on (dry runs); `None` before recovery.
     pub trial: Option<Arc<Trial>>,
+    /// Whether `trial` is the engine and the holds as of this snapshot. Only a full snapshot
+    /// copies them; one published between full ones carries the last copy, which can be older
+    /// than the workload records a caller has already read (a gang's "held for it" before the
+    /// hold is in the copy). [`Lifecycle::trial_snapshot`](super::Lifecycle::trial_snapshot)
+    /// then asks the loop for a current copy.
+    pub trial_current: bool,
 }
 
 impl Snapshot {
@@ -227,6 +234,7 @@ impl Snapshot {
             phases: Arc::default(),
             utilisation: Arc::default(),
             trial: None,
+            trial_current: false,
         }
     }
 }
@@ -501,23 +509,7 @@ impl SnapshotBuilder {
             self.queue = Arc::new(queue);
             self.phases = Arc::new(phases);
             self.utilisation = Arc::new(utilisation);
-            // Copied only when the engine changed since the last copy (one pass over the fleet);
-            // the holds (a few) whenever they changed.
-            match &self.trial {
-                Some(t) if self.trial_generation == sched.engine.generation() => {
-                    if !sched.holds_match(&t.holds) {
-                        self.trial = Some(Arc::new(t.with_holds(tenant_ids.clone(), sched.hold_book())));
-                    }
-                }
-                _ => {
-                    self.trial = Some(Arc::new(Trial::new(
-                        sched.engine.copy(),
-                        tenant_ids.clone(),
-                        sched.hold_book(),
-                    )));
-                    self.trial_generation = sched.engine.generation();
-                }
-            }
+            self.current_trial(sched, tenant_ids);
         }
         self.version += 1;
         Snapshot {
@@ -530,6 +522,34 @@ impl SnapshotBuilder {
             phases: self.phases.clone(),
             utilisation: self.utilisation.clone(),
             trial: self.trial.clone(),
+            trial_current: self.trial_is_current(sched),
         }
+    }
+
+    /// Whether the last copy for dry runs is `sched`'s engine and holds as they are now.
+    fn trial_is_current(&self, sched: &Scheduler) -> bool {
+        matches!(&self.trial, Some(t) if self.trial_generation == sched.engine.generation() && sched.holds_match(&t.holds))
+    }
+
+    /// The copy for dry runs of `sched`'s engine and holds as they are now, made again only
+    /// when the engine changed since the last copy (one pass over the fleet) and, for the holds
+    /// (a few), whenever they changed. `tenant_ids` are the engine's tenant ids.
+    pub fn current_trial(&mut self, sched: &Scheduler, tenant_ids: &HashMap<String, TenantId>) -> Arc<Trial> {
+        match &self.trial {
+            Some(t) if self.trial_generation == sched.engine.generation() => {
+                if !sched.holds_match(&t.holds) {
+                    self.trial = Some(Arc::new(t.with_holds(tenant_ids.clone(), sched.hold_book())));
+                }
+            }
+            _ => {
+                self.trial = Some(Arc::new(Trial::new(
+                    sched.engine.copy(),
+                    tenant_ids.clone(),
+                    sched.hold_book(),
+                )));
+                self.trial_generation = sched.engine.generation();
+            }
+        }
+        self.trial.clone().expect("made above")
     }
 }

@@ -14,7 +14,7 @@ use tessera_domain::{
 use tessera_model::GpuUnits;
 use tessera_model::request::{TopologyConstraint, TopologyMode};
 
-use crate::{Result, StoreError};
+use tessera_store::{Result, StoreError};
 
 /// The columns of `workloads` written only on insert, in the order the stores bind them.
 #[macro_export]
@@ -154,7 +154,7 @@ pub const fn position(name: &str) -> usize {
 #[macro_export]
 macro_rules! workload_column {
     ($name:literal) => {{
-        const I: usize = $crate::sql::position($name);
+        const I: usize = $crate::columns::position($name);
         I
     }};
 }
