@@ -115,6 +115,47 @@ pub struct PoolReport {
     pub preempted: BTreeMap<String, u64>,
 }
 
+/// Requests still waiting at the end of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Backlog {
+    pub count: u64,
+    /// Mean and largest time waited so far.
+    pub mean_age_s: f64,
+    pub max_age_s: f64,
+}
+
+/// [`Backlog`] of the training requests in `meta` not running at `now` (`running`), by size.
+fn backlog<'a>(
+    meta: impl Iterator<Item = (&'a u64, &'a Meta)>,
+    running: impl Fn(u64) -> bool,
+    now: i64,
+) -> BTreeMap<u32, Backlog> {
+    let mut ages: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+    for (id, m) in meta {
+        if m.kind != 0 || running(*id) {
+            continue;
+        }
+        ages.entry(m.gpus())
+            .or_default()
+            .push((now - m.submitted_ms) as f64 / 1000.0);
+    }
+    ages.into_iter()
+        .map(|(g, a)| {
+            let count = a.len() as u64;
+            let max_age_s = a.iter().copied().fold(0.0, f64::max);
+            let mean_age_s = a.iter().sum::<f64>() / count as f64;
+            (
+                g,
+                Backlog {
+                    count,
+                    mean_age_s,
+                    max_age_s,
+                },
+            )
+        })
+        .collect()
+}
+
 /// Consolidation moves over the whole run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Moves {
@@ -162,6 +203,12 @@ pub struct ScenarioReport {
     pub training_by_gpus: BTreeMap<u32, Delay>,
     /// Queueing delay of multi-node training gangs by size in GPUs (after warm-up).
     pub multi_node: BTreeMap<u32, Delay>,
+    /// Training requests still waiting when the run ends, by size in GPUs (gangs by their
+    /// total): the waits above count only placed requests, so a size the pool serves slowly
+    /// piles up here, unplaced and unmeasured, in this closed loop.
+    pub training_waiting_at_end: BTreeMap<u32, Backlog>,
+    /// Training requests submitted over the whole run, by size in GPUs (gangs by their total).
+    pub training_submitted: BTreeMap<u32, u64>,
     /// Consolidation moves (whole run).
     pub moves: Moves,
     pub by_tenant: BTreeMap<String, Delay>,
@@ -193,6 +240,17 @@ struct Meta {
     generation: u32,
     movable: Option<Movable>,
     gang: Option<GangRequest>,
+}
+
+impl Meta {
+    /// Whole GPUs asked for: a gang's total, else the request's whole GPUs (0 for others).
+    fn gpus(&self) -> u32 {
+        match (&self.gang, &self.request.shape) {
+            (Some(g), _) => g.gpus,
+            (None, tessera_model::Shape::Whole { gpus }) => u32::from(*gpus),
+            _ => 0,
+        }
+    }
 }
 
 fn delay(mut waits: Vec<f64>) -> Delay {
@@ -435,6 +493,7 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
     let mut now = 0i64;
     let mut decision_ns: Vec<u64> = Vec::new();
     let (mut submitted, mut completed) = (0u64, 0u64);
+    let mut training_submitted: BTreeMap<u32, u64> = BTreeMap::new();
     let mut max_queued = 0;
     // Time integrals after warm-up: allocated, fragmentation-idle, blocked-idle per pool.
     let mut integ = vec![(0.0f64, 0.0f64, 0.0f64); pools.len()];
@@ -564,6 +623,9 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
                             );
                             w.outstanding[ti][kind] += 1;
                             submitted += 1;
+                            if kind == 0 {
+                                *training_submitted.entry(w.meta[&id].gpus()).or_default() += 1;
+                            }
                             let job = Job {
                                 id,
                                 tenant: tenants[ti].clone(),
@@ -594,6 +656,8 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
         w.handle(acts, now);
     }
     let span = (end_ms.min(now.max(warm_ms)) - warm_ms).max(1) as f64;
+    let queued: std::collections::HashSet<u64> = s.queue().map(|j| j.id).collect();
+    let training_waiting_at_end = backlog(w.meta.iter(), |id| !queued.contains(&id), now);
     let Tally {
         placed,
         preemptions,
@@ -657,6 +721,8 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
         gang8: delay(waits_gang8),
         training_by_gpus: waits_training.into_iter().map(|(g, w)| (g, delay(w))).collect(),
         multi_node: waits_multi.into_iter().map(|(g, w)| (g, delay(w))).collect(),
+        training_waiting_at_end,
+        training_submitted,
         moves,
         by_tenant: waits_tenant
             .into_iter()
@@ -747,6 +813,52 @@ mod tests {
                 "{p:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_backlog_counts_waiting_training_requests_by_size_with_their_ages() {
+        let h = 3_600_000;
+        let meta = |kind: usize, gpus: u8, submitted_ms: i64, gang: Option<GangRequest>| Meta {
+            tenant: 0,
+            kind,
+            priority: "standard",
+            duration_ms: h,
+            submitted_ms,
+            request: Request::whole(gpus),
+            generation: 0,
+            movable: None,
+            gang,
+        };
+        let m: HashMap<u64, Meta> = [
+            (1, meta(0, 8, 0, None)),
+            (2, meta(0, 8, 6 * h, None)),
+            (3, meta(0, 8, 9 * h, None)), // running
+            (4, meta(0, 1, 8 * h, None)),
+            (5, meta(0, 8, 4 * h, Some(GangRequest::whole_nodes(32)))),
+            (6, meta(2, 1, 0, None)), // not training
+        ]
+        .into_iter()
+        .collect();
+        let b = backlog(m.iter(), |id| id == 3, 10 * h);
+        let hs = |x: f64| x * 3600.0;
+        assert_eq!(
+            b.get(&8),
+            Some(&Backlog {
+                count: 2,
+                mean_age_s: hs(7.0),
+                max_age_s: hs(10.0)
+            })
+        );
+        assert_eq!(
+            b.get(&1),
+            Some(&Backlog {
+                count: 1,
+                mean_age_s: hs(2.0),
+                max_age_s: hs(2.0)
+            })
+        );
+        assert_eq!(b.get(&32).map(|x| x.count), Some(1));
+        assert_eq!(b.len(), 3);
     }
 
     #[test]

@@ -438,6 +438,17 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
             d.p95_wait_s
         );
     }
+    println!("training requests still waiting at the end, by size (submitted over the run):");
+    for (gpus, b) in &r.training_waiting_at_end {
+        println!(
+            "  {:<14} {:>6} waiting  mean age {:>8.0} s  oldest {:>8.0} s  ({} submitted)",
+            format!("{gpus} GPU"),
+            b.count,
+            b.mean_age_s,
+            b.max_age_s,
+            r.training_submitted.get(gpus).copied().unwrap_or(0)
+        );
+    }
     let mut t: Vec<_> = r.by_tenant.iter().collect();
     t.sort_by(|a, b| a.1.mean_wait_s.total_cmp(&b.1.mean_wait_s));
     if let (Some(best), Some(worst)) = (t.first(), t.last()) {

@@ -137,11 +137,21 @@ impl Action for Allocate {
             }
             let blocked = sched.held_for_placing(job, now);
             let any_blocked = !blocked.is_empty();
-            if any_blocked {
-                sched.engine.set_blocked(blocked);
+            // Work that may backfill a hold tries the nodes no one holds first: held nodes
+            // are backfilled only where it fits nowhere else ([`Scheduler::held_anywhere`]).
+            let mut placed = Err(Blocked::NoCapacity);
+            if backfills {
+                let avoid = sched.held_anywhere(job, now);
+                if avoid != blocked {
+                    sched.engine.set_blocked(avoid);
+                    placed = place(sched, q, &pools, now);
+                }
             }
-            let placed = place(sched, q, &pools, now);
-            if any_blocked {
+            if placed.is_err() {
+                sched.engine.set_blocked(blocked);
+                placed = place(sched, q, &pools, now);
+            }
+            if sched.engine.blocking() {
                 sched.engine.set_blocked(FxHashSet::default());
             }
             match placed {
@@ -1481,6 +1491,38 @@ mod tests {
         s.release(5, 2 * h);
         s.release(301, 2 * h);
         let d = s.cycle(2 * h);
+        assert_eq!(placed(&d), vec![100], "{d:?}");
+        assert_eq!(s.engine.allocation(100).map(|a| a.node.0), Some(5));
+    }
+
+    #[test]
+    fn short_work_that_fits_elsewhere_stays_off_a_held_node() {
+        let h = 3_600_000;
+        let mut s = sched();
+        // Node 5 has 7 of 8 GPUs busy until 2 h; every other node 6 of 8 until 10 h.
+        for n in 0..16u64 {
+            let (gpus, ends) = if n == 5 { (7, 2 * h) } else { (6, 10 * h) };
+            s.submit(lasting(job(n, "a", gpus, "standard", 0), ends), 0);
+            assert_eq!(s.engine.allocation(n).map(|a| a.node.0), Some(n as u32));
+        }
+        // The 8-GPU head holds node 5, where it fits soonest (2 h).
+        s.submit(lasting(job(100, "b", 8, "standard", 1), h), 1);
+        let late = 1 + s.cfg.backfill_max_wait_ms + 1;
+        s.cycle(late);
+        let hold = s.holds.first().cloned().expect("the head holds a node");
+        assert_eq!(
+            (hold.job, hold.nodes.clone(), hold.starts_at_ms),
+            (100, vec![5], Some(2 * h))
+        );
+        // 1-GPU work of 1 h ends before the hold starts, so it may backfill node 5, the best
+        // fit (1 GPU free there, 2 elsewhere); it goes on a node no one holds instead.
+        let d = s.submit(lasting(job(300, "c", 1, "standard", late), h), late);
+        assert_eq!(placed(&d), vec![300]);
+        let node = s.engine.allocation(300).map(|a| a.node.0).expect("placed");
+        assert_ne!(node, 5, "kept off the held node");
+        // When node 5's work ends sooner than its lease said (at 1 h), the head starts at once.
+        s.release(5, h);
+        let d = s.cycle(h);
         assert_eq!(placed(&d), vec![100], "{d:?}");
         assert_eq!(s.engine.allocation(100).map(|a| a.node.0), Some(5));
     }
