@@ -476,21 +476,27 @@ mod tests {
         assert_eq!(e.to_string(), "x.csv:1: header: missing column `gpu_milli`");
     }
 
+    /// One node of 2 G2 GPUs, and a pod list of one pod: a share of `milli`.
+    fn one_node_one_pod(milli: u16) -> (Arc<Fleet>, Vec<Pod>) {
+        let fleet = Arc::new(
+            Fleet::from_openb_nodes("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,65536,2,G2\n", "n.csv").unwrap(),
+        );
+        let pods = parse_pods(
+            &format!("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1000,1,{milli}\n"),
+            "p.csv",
+            &fleet.catalogue,
+        )
+        .unwrap();
+        (fleet, pods)
+    }
+
     /// One node of 2 GPUs and one pod shape, an 810-milli share: every seed's workload is
     /// three of them (2,430 of the 2,600 that 130 % allows), arriving at 40.5 %, 81 % and
     /// 121.5 %. The first two take a GPU each and the third fails; no pod rounds to 100 % or
     /// 130 %, so both windows fall back to the last pod below them (the 2nd and the 3rd).
     #[test]
     fn tiny_trace_by_hand() {
-        let fleet = Arc::new(
-            Fleet::from_openb_nodes("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,65536,2,G2\n", "n.csv").unwrap(),
-        );
-        let pods = parse_pods(
-            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1000,1,810\n",
-            "p.csv",
-            &fleet.catalogue,
-        )
-        .unwrap();
+        let (fleet, pods) = one_node_one_pod(810);
         for p in POLICIES {
             let r = replay_seed(&fleet, &pods, p, 42).unwrap();
             // 1,620 of 2,000 allocated at both windows.
@@ -522,15 +528,7 @@ mod tests {
     /// fixed table gives 4 twelfths (1/3), which proves nothing here.
     #[test]
     fn the_floors_use_the_pod_lists_own_prices_by_hand() {
-        let fleet = Arc::new(
-            Fleet::from_openb_nodes("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,65536,2,G2\n", "n.csv").unwrap(),
-        );
-        let pods = parse_pods(
-            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1000,1,400\n",
-            "p.csv",
-            &fleet.catalogue,
-        )
-        .unwrap();
+        let (fleet, pods) = one_node_one_pod(400);
         assert_eq!(list_prices(&pods).units(400), crate::bound::PRICE_UNITS / 2);
         for p in POLICIES {
             let r = replay_seed(&fleet, &pods, p, 42).unwrap();

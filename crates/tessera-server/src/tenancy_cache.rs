@@ -10,13 +10,14 @@
 //! raced with a write is not kept: an entry is stored only if no write finished since its
 //! read began ([`TenancyCache::generation`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use tessera_store::TenantRecord;
 
-/// Entries kept at most (a clear beyond it; tenants and their projects are far fewer).
+/// Tenants remembered at most, with projects or records (a clear beyond it; a fleet has far
+/// fewer).
 const MAX_ENTRIES: usize = 100_000;
 
 /// The remembered tenancy of one leadership term.
@@ -32,7 +33,8 @@ struct Entries {
     /// The generation and lease epoch the entries belong to.
     generation: u64,
     epoch: Option<u64>,
-    projects: std::collections::HashSet<String>,
+    /// Projects known to exist, by tenant.
+    projects: HashMap<String, HashSet<String>>,
     tenants: HashMap<String, Arc<TenantRecord>>,
 }
 
@@ -53,7 +55,7 @@ impl TenancyCache {
     /// Whether `tenant/project` is known to exist, in lease `epoch`.
     pub fn project_known(&self, epoch: Option<u64>, tenant: &str, project: &str) -> bool {
         let e = self.inner.read().expect("lock");
-        self.current(&e, epoch) && e.projects.contains(&key(tenant, project))
+        self.current(&e, epoch) && e.projects.get(tenant).is_some_and(|p| p.contains(project))
     }
 
     /// A tenant's record as remembered in lease `epoch`.
@@ -69,7 +71,10 @@ impl TenancyCache {
     /// Remembers that `tenant/project` exists, read from the store at `generation`.
     pub fn remember_project(&self, generation: u64, epoch: Option<u64>, tenant: &str, project: &str) {
         self.remember(generation, epoch, |e| {
-            e.projects.insert(key(tenant, project));
+            e.projects
+                .entry(tenant.to_string())
+                .or_default()
+                .insert(project.to_string());
         });
     }
 
@@ -99,10 +104,6 @@ impl TenancyCache {
         }
         f(&mut e);
     }
-}
-
-fn key(tenant: &str, project: &str) -> String {
-    format!("{tenant}/{project}")
 }
 
 #[cfg(test)]

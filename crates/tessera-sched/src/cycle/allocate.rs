@@ -141,7 +141,7 @@ impl Action for Allocate {
             // are backfilled only where it fits nowhere else ([`Scheduler::held_anywhere`]).
             let mut placed = Err(Blocked::NoCapacity);
             if backfills {
-                let avoid = sched.held_anywhere(job, now);
+                let avoid = sched.held_anywhere(job, &blocked);
                 if avoid != blocked {
                     sched.engine.set_blocked(avoid);
                     placed = place(sched, q, &pools, now);

@@ -1194,20 +1194,19 @@ impl Scheduler {
         held
     }
 
-    /// The nodes `job` is kept off where it fits elsewhere: those it may not use
-    /// ([`Scheduler::held_for_placing`]) and every other job's held nodes, but for those of
+    /// The nodes `job` is kept off where it fits elsewhere: `blocked`, those it may not use
+    /// ([`Scheduler::held_for_placing`]), and every other job's held nodes, but for those of
     /// its own hold. Backfill goes on held nodes only where it fits nowhere else, so they
     /// drain: leases overstate how long work runs, and a holder whose nodes hold only the work
     /// that was there starts when that work really ends, not when the backfill placed after it
     /// ends.
-    fn held_anywhere(&self, job: &Job, now: i64) -> FxHashSet<u32> {
-        let mut held = self.held_for_placing(job, now);
-        let own: FxHashSet<u32> = self
+    fn held_anywhere(&self, job: &Job, blocked: &FxHashSet<u32>) -> FxHashSet<u32> {
+        let own: &[u32] = self
             .holds
             .iter()
-            .filter(|h| h.job == job.id)
-            .flat_map(|h| h.nodes.iter().copied())
-            .collect();
+            .find(|h| h.job == job.id)
+            .map_or(&[], |h| h.nodes.as_slice());
+        let mut held = blocked.clone();
         held.extend(
             self.holds
                 .iter()
