@@ -205,6 +205,47 @@ mod tests {
         assert_eq!(preempted(&s.cycle(300_000)).len(), 1);
     }
 
+    /// A job that needs two victims on one node is promised reclaim only when the two lose
+    /// little enough *together*, as the search requires, not when each alone would.
+    #[test]
+    fn a_job_is_told_when_its_victims_together_are_cheap_enough() {
+        let run = |factor: f64, sub: i64| {
+            let mut s = Scheduler::new(
+                engine(),
+                GovernConfig {
+                    reclaim_after_ms: 60_000,
+                    max_loss_per_wait: Some(factor),
+                    ..config()
+                },
+            );
+            guarantee_half_each(&mut s, None);
+            // 32 four-GPU jobs of `a`, two per node; the second half borrow.
+            for i in 0..32 {
+                s.submit(job(i, "a", 4, "standard", 0), 0);
+            }
+            let d = s.submit(job(100, "b", 8, "standard", sub), sub);
+            (s, waiting(&d))
+        };
+        // Factor 1.25, submitted at 100 s: the bound is 10 GPU-s per s of wait, two victims
+        // lose 8 GPU-s per s since 0: 8 t = 10 (t − 100 s) at 500 s (one victim alone, 4 t,
+        // would be cheap enough from 166.7 s).
+        let (mut s, w) = run(1.25, 100_000);
+        assert!(
+            w[0].ends_with("at 00:08:20 UTC (in 400 s) unless some frees sooner"),
+            "{w:?}"
+        );
+        assert!(preempted(&s.cycle(166_667)).is_empty());
+        assert!(preempted(&s.cycle(499_999)).is_empty());
+        assert_eq!(preempted(&s.cycle(500_000)).len(), 2);
+        // Factor 0.75: each victim alone is within the bound from 61 s on (4 × 61 against
+        // 6 × 60), but two lose 8 GPU-s per s against a bound growing by 6: never together.
+        let (mut s, w) = run(0.75, 1000);
+        assert_eq!(w.len(), 1);
+        assert!(!w[0].contains("take back"), "{w:?}");
+        assert!(preempted(&s.cycle(61_000)).is_empty());
+        assert!(preempted(&s.cycle(36_000_000)).is_empty());
+    }
+
     #[test]
     fn two_tenants_pushing_against_their_guarantees_settle_without_thrash() {
         let mut s = sched();

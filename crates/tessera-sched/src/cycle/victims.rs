@@ -220,42 +220,108 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
     }
 }
 
-/// When the first workload `rule` lets `job` take, on a node it could use, may be taken (it has
-/// run its minimum runtime, and at a search from `by` on it would lose no more work than
-/// [`GovernConfig::max_loss_per_wait`](super::GovernConfig::max_loss_per_wait) allows then:
-/// [`cheap_enough_from`]); the first one found that may be taken by `by` ends the search. `None`
-/// when no workload ever may: a reason that says the job will take capacity then would
-/// promise what the search will not do. A gang holding nodes asks more: the victims it would
-/// take together are cheap enough in total ([`gang_takeable_from`]), as its search requires.
+/// When a search for `job` by `rule` would first find victims, as of a search from `by` on:
+/// the soonest time at which, on some node it could use (and no other job holds), the set the
+/// search would take there — the candidates `rule` allows, cheapest first until the job fits —
+/// may be taken: every one of them has run its minimum runtime and the work they lose
+/// *together* is within [`GovernConfig::max_loss_per_wait`](super::GovernConfig::max_loss_per_wait)'s
+/// bound ([`set_takeable_from`]), as [`search`] requires. `None` when no such set ever comes:
+/// a reason that says the job will take capacity then would promise what the search will not
+/// do. A gang holding nodes asks the same of the set it would take on them
+/// ([`gang_takeable_from`]).
 fn first_takeable(s: &mut Scheduler, job: &Job, rule: &dyn VictimRule, by: i64) -> Option<i64> {
     if let Some(g) = &job.gang {
         return gang_takeable_from(s, job, g, rule, by);
     }
-    let fleet = s.engine.fleet();
+    let units = job.request.units(&s.engine.fleet().catalogue).as_milli();
     let rank = s.rank(&job.priority);
-    let index = &s.victim_index;
-    let mut first: Option<i64> = None;
-    let mut consider = |c: &Candidate| -> bool {
-        let Some(from) = cheap_enough_from(s, job, c, by) else {
-            return false;
-        };
-        let from = first.map_or(from, |f| f.min(from));
-        first = Some(from);
-        from <= by
-    };
-    for p in s.pools_for(&job.request) {
-        for n in fleet.pool(p).nodes.clone() {
-            if !job.request.allows_model(fleet.nodes[n as usize].model) {
-                continue;
-            }
-            for (c, _) in index.candidates(n).filter(|(_, v)| rule.may_take(job, rank, v)) {
-                if consider(c) {
-                    return first;
+    let fleet = s.engine.fleet().clone();
+    let pools = s.pools_for(&job.request);
+    let held = s.held_for_others(job.id);
+    // The nodes where the job could run once the candidates there are gone, fewest
+    // candidates first (the order the search tries them in).
+    let mut nodes: Vec<(usize, u32)> = Vec::new();
+    {
+        let st = s.engine.state();
+        for &p in &pools {
+            for n in fleet.pool(p).nodes.clone() {
+                if held.contains(&n) || !job.request.allows_model(fleet.nodes[n as usize].model) {
+                    continue;
+                }
+                let (mut count, mut releasable) = (0, 0);
+                for (c, _) in s
+                    .victim_index
+                    .candidates(n)
+                    .filter(|(_, v)| rule.may_take(job, rank, v))
+                {
+                    count += 1;
+                    releasable += c.units_milli;
+                }
+                let free: u64 = st.nodes[n as usize].gpus.iter().map(|g| g.free_milli() as u64).sum();
+                if count > 0 && free + releasable >= units {
+                    nodes.push((count, n));
                 }
             }
         }
     }
+    nodes.sort_unstable();
+    let mut shares: FxHashMap<u32, f64> = FxHashMap::default();
+    let mut first: Option<i64> = None;
+    for (_, n) in nodes {
+        let mut cands: Vec<(VictimCost, u64, i64)> = Vec::new();
+        for (c, v) in s.victim_index.candidates(n) {
+            if !rule.may_take(job, rank, &v) {
+                continue;
+            }
+            let Some(r) = s.running.get(&c.id) else { continue };
+            let share = *shares.entry(c.tenant).or_insert_with(|| s.books.fair_share(&r.tenant));
+            cands.push((s.plugins.victim_order.cost(r, share, by), r.id, c.takeable_from_ms));
+        }
+        cands.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        let Some(set) = cheapest_set_that_fits(s, job, &held, &cands) else {
+            continue;
+        };
+        let t0 = set.iter().map(|&(_, from)| from).fold(by, i64::max);
+        let ids: Vec<u64> = set.iter().map(|&(id, _)| id).collect();
+        if let Some(t) = set_takeable_from(s, job, &ids, t0) {
+            first = Some(first.map_or(t, |f| f.min(t)));
+            if t <= by {
+                break;
+            }
+        }
+    }
     first
+}
+
+/// The cheapest prefix of `cands` (victim ids with the time each may be taken from, cheapest
+/// first) whose capacity lets `job` be placed, tried through a [`Statement`] and rolled back,
+/// with the nodes `held` for other jobs out of the trial; `None` if all of them are not enough.
+fn cheapest_set_that_fits(
+    s: &mut Scheduler,
+    job: &Job,
+    held: &FxHashSet<u32>,
+    cands: &[(VictimCost, u64, i64)],
+) -> Option<Vec<(u64, i64)>> {
+    let mut trial = Statement::new(&mut s.engine);
+    if !held.is_empty() {
+        trial.set_blocked(held.clone());
+    }
+    let cp = trial.checkpoint();
+    let mut set = Vec::new();
+    let mut fits = false;
+    for &(_, id, from) in cands {
+        assert!(trial.evict(id), "a running workload has an allocation");
+        set.push((id, from));
+        if trial.fits(&job.request) {
+            fits = true;
+            break;
+        }
+    }
+    trial.rollback(cp);
+    if !held.is_empty() {
+        trial.set_blocked(FxHashSet::default());
+    }
+    fits.then_some(set)
 }
 
 /// The nodes job `job` holds for gang `g`, and `g` bound to the held pool; `None` without a
@@ -309,14 +375,27 @@ fn gang_takeable_from(
     let ids: Vec<u64> = cands.into_iter().map(|(_, id)| id).collect();
     let set = fewest_for_gang(s, job, &g, &ids)?;
     let t0 = set.iter().filter_map(|id| from.get(id)).fold(by, |t, &f| t.max(f));
+    set_takeable_from(s, job, &set, t0)
+}
+
+/// The soonest time from `t0` (when every workload of `set` has run its minimum runtime) at
+/// which stopping them all loses no more work *together* than [`loss_bound`] allows `job`.
+/// From `t0` on both grow linearly — the loss by the victims' units, the bound by the job's
+/// units × `max_loss_per_wait` — so that time is computed; `None` when it never comes (the
+/// victims' units at least the bound's rate).
+fn set_takeable_from(s: &Scheduler, job: &Job, set: &[u64], t0: i64) -> Option<i64> {
     let Some(factor) = s.cfg.max_loss_per_wait else {
         return Some(t0);
     };
-    if loss_of(s, &set, t0) <= loss_bound(s, job, t0) {
+    if loss_of(s, set, t0) <= loss_bound(s, job, t0) {
         return Some(t0);
     }
     // From `t0` on: lost(t) = Σ vᵢ·(t − sinceᵢ), bound(t) = b·(t − submitted).
-    let b = g.units().as_milli() as f64 * factor.max(0.0);
+    let units = match &job.gang {
+        Some(g) => g.units(),
+        None => job.request.units(&s.engine.fleet().catalogue),
+    };
+    let b = units.as_milli() as f64 * factor.max(0.0);
     let (mut v, mut v_since) = (0.0, 0.0);
     for r in set.iter().filter_map(|id| s.running.get(id)) {
         let units = r.units.as_milli() as f64;
@@ -330,39 +409,6 @@ fn gang_takeable_from(
         return None;
     }
     let t = ((b * job.submitted_ms as f64 - v_since) / (b - v)).ceil();
-    (t.is_finite() && t < i64::MAX as f64).then(|| (t as i64).max(t0))
-}
-
-/// The soonest time from `by` (and from when it has run its minimum runtime) at which a search
-/// for `job` may take candidate `c` under the loss bound ([`loss_bound`]: the work `c` loses
-/// then at most the bound then), or `None` if that never comes: the work lost grows with the
-/// victim's units, the bound with the waiting job's units × `max_loss_per_wait` (past the end
-/// of its hold's wait), so a victim too dear at its first chance stays too dear unless the
-/// bound grows faster.
-fn cheap_enough_from(s: &Scheduler, job: &Job, c: &Candidate, by: i64) -> Option<i64> {
-    let t0 = c.takeable_from_ms.max(by);
-    let Some(factor) = s.cfg.max_loss_per_wait else {
-        return Some(t0);
-    };
-    let r = s.running.get(&c.id)?;
-    if r.work_lost(t0) <= loss_bound(s, job, t0) {
-        return Some(t0);
-    }
-    // From `t0` on the bound is the job's units × `factor` × its wait so far (a hold's wait
-    // ahead only shrinks); both grow linearly: lost(t) = v·(t − since), bound(t) = b·(t − sub).
-    let units = match &job.gang {
-        Some(g) => g.units(),
-        None => job.request.units(&s.engine.fleet().catalogue),
-    };
-    let b = units.as_milli() as f64 * factor.max(0.0);
-    let v = r.units.as_milli() as f64;
-    if b <= v {
-        return None;
-    }
-    let since = r
-        .checkpoint_ms
-        .map_or(r.running_since_ms, |c| c.max(r.running_since_ms)) as f64;
-    let t = ((b * job.submitted_ms as f64 - v * since) / (b - v)).ceil();
     (t.is_finite() && t < i64::MAX as f64).then(|| (t as i64).max(t0))
 }
 
