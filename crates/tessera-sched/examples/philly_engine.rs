@@ -6,8 +6,9 @@
 //! RECLAIM (`1`: reclaim after 4 h as the scenario, `0`: never; default `1,0`) pick them.
 //! RULES (`0`: the scenario's settings, `1`: with the rules for gangs,
 //! [`EngineConfig::gang_rules`]; default `0,1`) adds the rules for gangs; with them LOSS (the
-//! bound `max_loss_per_wait`, default `1`) and WEIGHT (the [`GangsFirst`] estimate weight,
-//! default `0.25`; negative: the default queue order) change them, as do MOVE, STACK (`0`:
+//! bound `max_loss_per_wait`, default the rules' `0.1`) and WEIGHT (the [`GangsFirst`] estimate weight,
+//! default `0.25`; negative: the default queue order; ACROSS=0 with it: gangs first only in
+//! each tenant's queue) change them, as do MOVE, STACK (`0`:
 //! gangs' holds not stacked in time), BY_END (`0`/`1`) and GANG_RECLAIM_AFTER (hours).
 //!
 //! [`GangsFirst`]: tessera_sched::cycle::plugins::GangsFirst

@@ -69,7 +69,7 @@ fn main() {
     }
     // The rules for gangs the Philly engine row runs with (RULES=1, `with_gang_rules`, without
     // its queue order, which the scenario does not take): every blocked gang holds nodes at
-    // once and moves to sooner starts, reclaim bounded by LOSS (default 0.05) times the wait,
+    // once and moves to sooner starts, reclaim bounded by LOSS (default 0.1) times the wait,
     // whole-GPU work placed by its end (BY_END=0: not), holds stacked in time (STACK=0: not).
     if env("RULES").as_deref() == Some("1") {
         cfg.govern = cfg.govern.with_gang_rules();

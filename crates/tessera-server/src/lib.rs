@@ -94,8 +94,9 @@ pub struct ServerConfig {
     pub sim_upgrade: Option<Duration>,
     /// Priority classes, minimum runtime, fair-share half-life, backfill window.
     pub govern: GovernConfig,
-    /// Each tenant's queue puts its multi-node gangs first (the queue order of the rules for
-    /// gangs, `GovernConfig::with_gang_rules`; `serve --gang-rules on`).
+    /// Multi-node gangs go before single-node work, across tenants (the queue order of the
+    /// rules for gangs, `cycle::gang_rules_order`, with `GovernConfig::with_gang_rules`;
+    /// `serve --gang-rules on`).
     pub gangs_first: bool,
     /// Price per GPU-unit-hour by resource class, for usage reports.
     pub prices: usage::Prices,

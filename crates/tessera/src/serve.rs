@@ -252,10 +252,10 @@ pub struct ServeArgs {
     holds_per_pool: u16,
     /// The rules for multi-node gangs, for fleets whose work comes with durations (estimates
     /// or limits): every blocked gang holds nodes at once and moves its hold where it starts
-    /// sooner, gangs first in each tenant's queue, reclaim and preemption throw away at most
-    /// 5 % of the GPU-time the waiting job waits, whole-GPU work goes where it ends with the
-    /// work already there. On the Philly trace they cut 12–32-GPU gangs' waits to 0.25–0.6 of
-    /// the best baseline's; where much work has no duration it cannot backfill held nodes
+    /// sooner, gangs before single-node work across tenants, reclaim and preemption throw away
+    /// at most 10 % of the GPU-time the waiting job waits, whole-GPU work goes where it ends
+    /// with the work already there. On the Philly trace they cut 12–32-GPU gangs' waits to
+    /// 0.23–0.5 of the best baseline's; where much work has no duration it cannot backfill held nodes
     /// (`on` or `off`).
     #[arg(long, value_enum, default_value_t = Switch::Off)]
     gang_rules: Switch,

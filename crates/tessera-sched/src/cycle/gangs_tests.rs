@@ -703,6 +703,40 @@ fn a_gang_reclaims_only_as_much_work_as_it_waits_for() {
     assert!(run(Some(0.09)).is_empty());
 }
 
+/// The gang rules' bound on reclaim is 10 % of the GPU-time the gang waits: b borrows half of
+/// the pool with hour-long leases from 0; a's 16-GPU gang (within a's guarantee), submitted at
+/// 250,000 ms, holds two of those nodes at once, to start at 1 h: it would wait 3,350,000 ms
+/// more, 16 × 3,350,000 = 53,600,000 GPU-ms. Its two victims lose 16 × 250,000 = 4,000,000
+/// GPU-ms: 7.5 % of that, within 10 % (5,360,000), over the 5 % (2,680,000) the rules had.
+#[test]
+fn under_the_gang_rules_a_gang_reclaims_work_losing_up_to_a_tenth_of_its_wait() {
+    let run = |factor: Option<f64>| {
+        let rules = super::testing::config().with_gang_rules();
+        let mut s = Scheduler::new(
+            super::testing::engine(),
+            GovernConfig {
+                max_loss_per_wait: factor.or(rules.max_loss_per_wait),
+                ..rules
+            },
+        );
+        super::testing::guarantee_half_each(&mut s, None);
+        for i in 0..16 {
+            let j = lasting(job(100 + i, "b", 8, "standard", 0), (i >= 8).then_some(3_600_000));
+            assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
+        }
+        let t = 250_000;
+        let d = s.submit(gang(1, "a", 16, true, "standard", t), t);
+        assert_eq!(hold(&s).starts_at_ms, Some(3_600_000));
+        let mut victims = preempted(&d);
+        victims.sort_unstable();
+        victims
+    };
+    let victims = run(None);
+    assert_eq!(victims.len(), 2, "the rules' bound: {victims:?}");
+    assert!(victims.iter().all(|&v| v >= 108), "borrowers with leases: {victims:?}");
+    assert!(run(Some(0.05)).is_empty(), "5 %: nothing taken");
+}
+
 /// `max_loss_per_wait` for a single-node request: a borrower that saved its work recently is
 /// taken, one that would lose more than the request waited for is not.
 #[test]

@@ -195,10 +195,10 @@ impl GovernConfig {
     /// (estimates or limits): every blocked gang holds nodes at once, any number per pool,
     /// stacked in time behind the holds taken before it ([`Self::gang_holds_stack`]), and
     /// moves its hold where it would start sooner (conservative backfill for gangs); reclaim
-    /// and preemption throw away at most 5 % of the GPU-time the waiting job waits
+    /// and preemption throw away at most 10 % of the GPU-time the waiting job waits
     /// ([`Self::max_loss_per_wait`]); whole-GPU work with a duration goes on the node whose busy
     /// horizon it extends least ([`Self::place_by_end`]). The queue order that goes with them,
-    /// gangs first in each tenant's queue, is the [`plugins::GangsFirst`] plugin
+    /// gangs first across tenants, is the [`plugins::GangsFirst`] plugin
     /// ([`gang_rules_order`]). Where much work comes without a duration it cannot backfill
     /// held nodes: in `tessera sim scenario` these rules cut the training pool's placements,
     /// which is why they are not the default.
@@ -208,19 +208,25 @@ impl GovernConfig {
             gang_holds_per_pool: Some(usize::MAX),
             gang_holds_move: true,
             gang_holds_stack: true,
-            max_loss_per_wait: Some(0.05),
+            max_loss_per_wait: Some(0.1),
             place_by_end: true,
             ..self
         }
     }
 }
 
-/// The queue order of [`GovernConfig::with_gang_rules`]: gangs first in each tenant's queue,
-/// single-node work by arrival plus a quarter of its duration.
+/// The queue order of [`GovernConfig::with_gang_rules`]: within a priority class, every
+/// multi-node gang before single-node work, whatever the tenants' fair shares (gangs among
+/// themselves by fair share, then arrival), and single-node work by fair share, then arrival
+/// plus a quarter of its duration. A gang needs whole nodes of one rack free at once: placed or
+/// holding before the single-node work of the same cycle, it takes those nodes (or keeps them
+/// from work that would end after its start) before that work, which fits on partly busy nodes
+/// too, spreads over them. Only the share of whole free nodes moves between tenants: each
+/// tenant's guarantee is kept by reclaim as before.
 pub fn gang_rules_order() -> plugins::GangsFirst {
     plugins::GangsFirst {
         estimate_weight: 0.25,
-        across_tenants: false,
+        across_tenants: true,
     }
 }
 

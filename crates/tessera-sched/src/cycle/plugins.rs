@@ -252,6 +252,50 @@ mod tests {
         assert_eq!(run(&mut s), (vec![], true), "gangs first: the gang takes both");
     }
 
+    /// The gang rules' order puts a gang before single-node work across tenants: `a` ran the
+    /// whole training pool, `b` nothing; `b`'s 8-GPU job waits from 10, `a`'s 16-GPU gang from
+    /// 20, and two nodes free at 1,000. By fair share alone `b`'s job takes one of them; in
+    /// the gang rules' order the gang takes both.
+    #[test]
+    fn in_the_gang_rules_order_freed_nodes_go_to_a_gang_before_a_less_served_tenants_job() {
+        let run = |s: &mut Scheduler| {
+            for i in 0..16 {
+                s.submit(job(i, "a", 8, "standard", 0), 0);
+            }
+            s.submit(job(50, "b", 8, "standard", 10), 10);
+            s.submit(
+                Job {
+                    gang: Some(
+                        tessera_model::request::GangRequest::whole_nodes(16).with_pool(tessera_model::PoolId(0)),
+                    ),
+                    ..job(51, "a", 8, "standard", 20)
+                },
+                20,
+            );
+            s.release(0, 1000);
+            s.release(1, 1000);
+            let d = s.cycle(1000);
+            let gang_placed = d
+                .iter()
+                .any(|x| matches!(x, crate::cycle::Decision::PlacedGang { id: 51, .. }));
+            (placed(&d), gang_placed)
+        };
+        let within_tenants = GangsFirst {
+            across_tenants: false,
+            ..crate::cycle::gang_rules_order()
+        };
+        let mut s = with(Plugins {
+            queue_order: Box::new(within_tenants),
+            ..Default::default()
+        });
+        assert_eq!(run(&mut s), (vec![50], false), "fair share first: b's job");
+        let mut s = with(Plugins {
+            queue_order: Box::new(crate::cycle::gang_rules_order()),
+            ..Default::default()
+        });
+        assert_eq!(run(&mut s), (vec![], true), "the gang rules' order: the gang");
+    }
+
     /// One node of eight single-GPU opportunistic jobs started one after the other; every other
     /// node runs critical work. A high-priority single GPU needs one of the eight.
     fn preempt_one_of_eight(s: &mut Scheduler) -> Vec<u64> {

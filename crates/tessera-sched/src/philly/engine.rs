@@ -43,11 +43,11 @@ impl EngineConfig {
     /// `holds_per_pool` holds of single-node requests per pool:
     /// - every blocked gang holds nodes at once, any number of gangs per pool, and moves its
     ///   hold where it would start sooner (conservative backfill for gangs);
-    /// - gangs first in each tenant's queue, single-node work by arrival plus a quarter of its
+    /// - gangs first across tenants, single-node work by arrival plus a quarter of its
     ///   estimate ([`GangsFirst`], as the `tessera` model orders its classes);
-    /// - reclaim and preemption throw away at most 5 % of the GPU-time the waiting job waits
-    ///   (`max_loss_per_wait` 0.05: its GPUs × the longer of its wait so far and its wait
-    ///   still to come by its hold), as the model reclaims;
+    /// - reclaim and preemption throw away at most 10 % of the GPU-time the waiting job waits
+    ///   (`max_loss_per_wait` 0.1: its GPUs × the longer of its wait so far and its wait
+    ///   still to come by its hold);
     /// - single-node work on the node whose busy horizon it extends least (`place_by_end`).
     pub fn gang_rules(holds_per_pool: usize) -> Self {
         EngineConfig {
