@@ -389,9 +389,10 @@ impl GpuShape {
     /// Schema keywords the OpenAPI document adds to `GpuShape` (the derive cannot say them):
     /// exactly one kind (whole GPUs: `gpus`, or `nodes` with `gpus_per_node`; `mig`;
     /// `fraction`), `gpus_per_node`, `topology` and `segment` with whole GPUs only,
-    /// `gpu_memory_mib` with `fraction` only, `topology_mode` with `topology` only. A field
-    /// given as `null` is absent. What no schema states (`gpus` a multiple of `nodes` or of
-    /// `gpus_per_node`, a profile or a shape some node can hold) is [`GpuShape::RULES_NOT_IN_SCHEMA`].
+    /// `gpu_memory_mib` with `fraction` only, `topology_mode` with `topology` only, `remainder`
+    /// with `gpus` alone. A field given as `null` is absent. What no schema states (`gpus` a
+    /// multiple of `nodes` or of `gpus_per_node`, a profile or a shape some node can hold) is
+    /// [`GpuShape::RULES_NOT_IN_SCHEMA`].
     pub fn schema_rules() -> serde_json::Value {
         use serde_json::{Map, Value, json};
         // Given means present and not null; each field's type and range is its own schema's.
@@ -444,15 +445,28 @@ impl GpuShape {
                     "required": ["topology"],
                     "properties": {"topology": {"not": {"type": "null"}}}
                 }
-            ]
+            ],
+            // A second alternative of its own (a schema has one `anyOf`): `remainder` with
+            // `gpus` alone (the `oneOf` above then rules out `mig` and `fraction`).
+            "allOf": [{
+                "anyOf": [
+                    {"title": "No `remainder`", "properties": {"remainder": {"const": false}}},
+                    {
+                        "title": "`remainder` with `gpus` alone",
+                        "required": ["gpus"],
+                        "properties": with(json!({"gpus": {"not": {"type": "null"}}}), &[
+                            "nodes", "gpus_per_node", "segment"
+                        ])
+                    }
+                ]
+            }]
         })
     }
 
     /// The shape's rules the schema cannot state (refused with 422).
     pub const RULES_NOT_IN_SCHEMA: &str = "`gpus` must be a multiple of `nodes` (without `gpus_per_node`) \
         or of `gpus_per_node` (without `nodes`), and `nodes` × `gpus_per_node` when all three are given; \
-        `remainder` goes with `gpus` alone (no `nodes`, `gpus_per_node`, `segment`, `mig` or `fraction`), \
-        and its `gpus` must be more than one node of the pool holds and no multiple of it; \
+        a `remainder` gang's `gpus` must be more than one node of the pool holds and no multiple of it; \
         a shape no node of the fleet can ever hold, an unknown MIG profile, model or pool is refused \
         (problem type …/constraint)";
 }

@@ -173,6 +173,9 @@ pub struct Running {
     pub replica_task: tokio::task::JoinHandle<()>,
     /// Where the admission webhook listens, when it has a listener of its own.
     pub admission_addr: Option<SocketAddr>,
+    /// The handle to the lifecycle loop (a test on a paused clock waits on
+    /// [`lifecycle::Lifecycle::settled`] after each step).
+    pub lifecycle: lifecycle::Lifecycle,
 }
 
 /// Serves `/metrics` alone on `addr` (`tessera serve --metrics-listen`); returns the bound
@@ -445,7 +448,7 @@ pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Ba
     let state = AppState::new(state::Shared {
         store: store.clone(),
         fleet_cell: lifecycle.fleet_cell().clone(),
-        lifecycle,
+        lifecycle: lifecycle.clone(),
         // Most important first (the order the scheduler takes a tenant's jobs in).
         priorities: Arc::new({
             let mut classes: Vec<_> = cfg.govern.classes.iter().collect();
@@ -506,6 +509,7 @@ pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Ba
         replica,
         replica_task,
         admission_addr,
+        lifecycle,
     })
 }
 

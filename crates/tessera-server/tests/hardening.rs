@@ -1074,6 +1074,16 @@ async fn the_openapi_document_states_every_status_and_rule() {
     assert_eq!(kinds[1]["properties"]["gpu_memory_mib"]["type"], "null");
     assert_eq!(kinds[0]["properties"]["gpu_memory_mib"]["type"], "null");
     assert!(kinds[2]["properties"].get("gpu_memory_mib").is_none());
+    // `remainder` with `gpus` alone: a remainder with `nodes` (or `mig`, `fraction`) was
+    // schema-valid and refused with 422.
+    let remainder = &shape["allOf"][0]["anyOf"];
+    assert_eq!(
+        remainder[0]["properties"]["remainder"],
+        json!({"const": false}),
+        "{shape}"
+    );
+    assert_eq!(remainder[1]["required"], json!(["gpus"]));
+    assert_eq!(remainder[1]["properties"]["nodes"]["type"], "null");
     let token = schemas["CreateToken"]["oneOf"]
         .as_array()
         .expect("CreateToken has a oneOf");

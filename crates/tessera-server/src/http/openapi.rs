@@ -26,7 +26,11 @@ pub(super) fn state_rules(doc: &mut Value) {
     );
     let dates = format!("`to` not after `from`; {DATE_RULES_NOT_IN_PATTERN}");
     let refusals: [(&str, &str, String); 10] = [
-        ("post", "/api/v1/workloads", workload.clone()),
+        (
+            "post",
+            "/api/v1/workloads",
+            format!("{workload}; an `Idempotency-Key` already used with a different request body"),
+        ),
         ("post", "/api/v1/workloads/dry-run", workload),
         ("post", "/api/v1/tokens", "an unknown tenant".into()),
         (

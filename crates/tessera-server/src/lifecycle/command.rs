@@ -146,7 +146,21 @@ pub enum Cmd {
     /// A dry run asks for the placement engine and holds as they are now (the published
     /// snapshot's copy was older than that snapshot).
     Trial(Reply<Arc<Trial>>),
+    /// Where the loop is (for a test that steps a paused clock, see [`Lifecycle::settled`]).
+    Settle(Reply<Settled>),
 }
+
+/// Where the loop is when it answers a [`Cmd::Settle`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settled {
+    /// Commands (other than [`Cmd::Settle`]) and timer wake-ups the loop has handled so far.
+    pub work: u64,
+    /// Backend operations started and not yet reported back (queued ones included).
+    pub backend_ops: usize,
+}
+
+/// How many rounds [`Lifecycle::settled`] asks before it gives up on a loop that keeps working.
+const SETTLE_ROUNDS: usize = 10_000;
 
 /// What a periodic reconcile brought back: the backend's report (or why it failed), and the
 /// phase each workload it asked about had when it asked.
@@ -287,6 +301,29 @@ impl Lifecycle {
         self.published.snapshot()
     }
 
+    /// Waits until the loop has nothing left to do at this instant: two [`Cmd::Settle`] in a
+    /// row, the runtime's other tasks given a chance to run before each, with no backend
+    /// operation in flight and nothing handled between them (the second comes in a later pass
+    /// of the loop than the first, so whatever came before the first is committed). For a test
+    /// on a paused Tokio clock that it steps: what the timers that fired started has then run
+    /// to its end, however long that took in wall time, before the clock moves on. On a
+    /// running clock there may be no such instant: after [`SETTLE_ROUNDS`] rounds it gives up
+    /// (`Conflict`).
+    pub async fn settled(&self) -> Result<(), LifecycleError> {
+        for _ in 0..SETTLE_ROUNDS {
+            yield_a_while().await;
+            let first = self.ask(Cmd::Settle).await?;
+            yield_a_while().await;
+            let second = self.ask(Cmd::Settle).await?;
+            if first.backend_ops == 0 && second.backend_ops == 0 && second.work == first.work {
+                return Ok(());
+            }
+        }
+        Err(LifecycleError::Conflict(format!(
+            "the lifecycle loop kept working through {SETTLE_ROUNDS} rounds"
+        )))
+    }
+
     /// The latest published snapshot, with a placement engine and holds at least as new as
     /// it, for dry runs: when its copy is older ([`Snapshot::trial_current`]), the loop is
     /// asked for a current one, so that a dry run never answers from a state older than the
@@ -399,4 +436,12 @@ pub enum OpResult {
     Started(Result<(), BackendError>),
     Stopped(Result<(), BackendError>),
     Unpartitioned(Result<(), BackendError>),
+}
+
+/// Lets the runtime's other ready tasks run (a task woken by a timer, a forwarder relaying a
+/// backend event) before [`Lifecycle::settled`] asks the loop.
+async fn yield_a_while() {
+    for _ in 0..32 {
+        tokio::task::yield_now().await;
+    }
 }

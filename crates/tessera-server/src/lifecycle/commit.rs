@@ -8,7 +8,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Tokio's clock (the system's, unless a test pauses it): publication follows the loop's time.
+use tokio::time::Instant;
 
 use tessera_domain::{Workload, WorkloadId};
 use tessera_model::Fleet;

@@ -127,6 +127,12 @@ impl Runner {
         }
     }
 
+    /// Operations started or queued and not yet [`Runner::done`] (a parked one may count twice:
+    /// only whether there are any matters).
+    pub fn in_flight(&self) -> usize {
+        self.queues.values().map(|q| q.len() + 1).sum::<usize>() + self.parked.len()
+    }
+
     /// The operation in flight for `id` finished: run the next one.
     pub fn done(&mut self, id: WorkloadId) {
         if let Some(key) = self.clearing_now.remove(&id) {

@@ -53,18 +53,21 @@ mod world;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tessera_backend::{Backend, BackendEvent};
 use tessera_domain::Input;
 use tessera_model::Fleet;
 use tessera_store::{Fence, Store};
 use tokio::sync::mpsc;
+// Tokio's clock (the system's, unless a test pauses it): the loop's timers and its cycle
+// spacing follow the same time.
+use tokio::time::Instant;
 
 use admission::Admission;
 use batch::{Batch, ReplyTo};
 pub use command::{
-    Cmd, Governance, Lifecycle, LifecycleError, MigOutcome, MigRefusal, NewRollout, NewWorkload, NodeOp,
+    Cmd, Governance, Lifecycle, LifecycleError, MigOutcome, MigRefusal, NewRollout, NewWorkload, NodeOp, Settled,
 };
 use commit::Publication;
 pub use config::{GpuFailurePolicy, LoopConfig, SchedFactory, Settings};
@@ -118,6 +121,9 @@ pub(crate) struct Core {
     fence: Option<Fence>,
     /// A batch was fenced: another replica leads, this loop must stop.
     fenced: bool,
+    /// Commands (other than [`Cmd::Settle`]) and timer wake-ups handled so far: see
+    /// [`Lifecycle::settled`].
+    work: u64,
     /// A fleet the backend reported, adopted once the batch it came in is committed.
     pending_fleet: Option<Arc<Fleet>>,
 }
@@ -249,6 +255,7 @@ impl Lifecycle {
             runner: Runner::new(cfg.backend.clone(), tx.clone(), cfg.metrics.clone()),
             fence,
             fenced: false,
+            work: 0,
             pending_fleet: None,
         };
         core.recover()
@@ -316,11 +323,15 @@ impl Core {
                 c = rx.recv() => match c { Some(c) => (Some(c), false), None => break },
                 _ = tick.tick() => (None, true),
                 _ = reconcile.tick() => {
+                    self.work += 1;
                     self.reconciler.start(&self.w, &mut self.runner, tx.clone());
                     continue;
                 }
                 _ = tokio::time::sleep(wait), if pending_cycle || self.publication.queue_dirty() => (None, false),
             };
+            if first.is_none() {
+                self.work += 1;
+            }
             let mut batch = Batch::default();
             let mut next = first;
             let mut n = 0;
@@ -396,6 +407,9 @@ impl Core {
 
     /// Hands one command to the controller it concerns.
     async fn handle(&mut self, cmd: Cmd, batch: &mut Batch, now: i64) {
+        if !matches!(cmd, Cmd::Settle(_)) {
+            self.work += 1;
+        }
         match cmd {
             Cmd::Create(nw, reply) => {
                 self.admission
@@ -456,6 +470,12 @@ impl Core {
             // this one before it), so at least as new as any record a reader has seen.
             Cmd::Trial(reply) => {
                 let _ = reply.send(Ok(self.publication.current_trial(&self.w)));
+            }
+            Cmd::Settle(reply) => {
+                let _ = reply.send(Ok(Settled {
+                    work: self.work,
+                    backend_ops: self.runner.in_flight(),
+                }));
             }
             Cmd::Reconciled(back) => {
                 self.reconciler.finished();
