@@ -86,6 +86,47 @@ impl<'a> Values<'a> {
     }
 }
 
+/// A group of rows of one kind, written with the other groups of a batch in one statement by
+/// a driver that can ([`Driver::ONE_STATEMENT`]).
+pub struct Group<'a> {
+    pub statement: &'static MultiRow,
+    pub rows: usize,
+    /// Each row's values in turn, in column order.
+    pub values: Vec<Value<'a>>,
+    /// Whether the statement's answer counts the rows this group changed (updates, whose
+    /// count says whether every row was found).
+    pub counted: bool,
+}
+
+/// The group of `rows` for `statement`, `bind` giving one row's values in column order; `None`
+/// for no rows.
+pub fn group<'a, T>(
+    statement: &'static MultiRow,
+    rows: &'a [T],
+    bind: impl Fn(Values<'a>, &'a T) -> Result<Values<'a>>,
+    counted: bool,
+) -> Result<Option<Group<'a>>> {
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut values = Values(Vec::with_capacity(rows.len() * statement.columns));
+    for row in rows {
+        values = bind(values, row)?;
+    }
+    assert_eq!(
+        values.0.len(),
+        rows.len() * statement.columns,
+        "every row binds {} values",
+        statement.columns
+    );
+    Ok(Some(Group {
+        statement,
+        rows: rows.len(),
+        values: values.0,
+        counted,
+    }))
+}
+
 /// `rows` split greedily into groups of `sizes` (largest first, the last 1), in order; all in one
 /// group when `sizes` is empty. No rows, no group.
 pub fn chunks<'r, T>(rows: &'r [T], sizes: &'static [usize]) -> impl Iterator<Item = &'r [T]> {

@@ -127,7 +127,8 @@ impl Driver for SqliteStore {
         // busy timeout), so a transaction that reads before it writes never fails half-way
         // because another connection wrote in between. PostgreSQL's plain `BEGIN` is the
         // equivalent there (row locks do the rest).
-        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)
+        // On a file, on the store's write connection (see `SqliteStore::open_dir`).
+        self.writer.begin_with("BEGIN IMMEDIATE").await.map_err(db)
     }
 
     async fn commit(tx: Transaction<'static, Sqlite>) -> Result<()> {
