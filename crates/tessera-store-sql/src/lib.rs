@@ -101,8 +101,9 @@ pub trait Driver: Sized + Send + Sync + 'static {
     const CLOSED_USAGE: &'static str;
     /// The lease's statements on the database's clock ([`lease_sql!`]).
     const LEASE: LeaseSql;
-    /// How many rows one multi-row statement writes: the sizes, largest first and the last 1,
-    /// into which the rows are split greedily; empty: all of them in one statement.
+    /// How many rows one multi-row statement writes: the sizes, largest first, into which the
+    /// rows are split greedily, the rest (fewer than the smallest) in one last statement; empty:
+    /// all of them in one statement.
     const ROWS_PER_STATEMENT: &'static [usize];
 
     /// A connection of the pool.
