@@ -5,12 +5,15 @@
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnection, PgRow};
-use sqlx::{Postgres, Row as _, SqlSafeStr, Transaction};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use sqlx::{AssertSqlSafe, Postgres, Row as _, SqlSafeStr, Transaction};
 use tessera_domain::Workload;
-use tessera_store::{Result, StoreError};
+use tessera_store::{Fence, Result, StoreError};
 use tessera_store_sql::columns::{Cells, mistyped, null, workload_row};
 use tessera_store_sql::workloads::ACTIVE;
-use tessera_store_sql::{DbResult, Driver, LeaseSql, MultiRow, Query, Value, db};
+use tessera_store_sql::{DbError, DbResult, Driver, Group, LeaseSql, MultiRow, OneStatement, Query, Value, db};
 
 use crate::{PgStore, classify, rows};
 
@@ -50,6 +53,15 @@ impl tessera_store_sql::Row for Row {
     fn get_flag(&self, name: &str) -> Result<Option<bool>> {
         self.0.try_get(name).map_err(|e| mistyped_column(name, e))
     }
+}
+
+/// The texts of one-statement batches made so far, by shape (see
+/// [`PgStore::execute_one_statement`]): a few dozen at most.
+static ONE_STATEMENT_TEXTS: LazyLock<Mutex<HashMap<Vec<usize>, Arc<str>>>> = LazyLock::new(Default::default);
+
+/// `Corrupt` naming the answer's column `name`, as a driver error.
+fn db_store(name: &str, e: sqlx::Error) -> DbError {
+    DbError::Store(mistyped_column(name, e))
 }
 
 /// The sqlx statement `sql` with `args` bound in order.
@@ -150,6 +162,53 @@ impl Driver for PgStore {
     ) -> DbResult<u64> {
         let q = rows::query(statement, rows, &values);
         Ok(q.execute(conn).await.map_err(classify)?.rows_affected())
+    }
+
+    /// A lifecycle batch is one statement of data-modifying common table expressions
+    /// (`crate::rows::one_statement_text`): with `BEGIN` and `COMMIT`, three round trips
+    /// whatever kinds of rows it holds.
+    const ONE_STATEMENT: bool = true;
+
+    async fn execute_one_statement(
+        conn: &mut PgConnection,
+        fence: Option<&Fence>,
+        groups: Vec<Group<'_>>,
+        audit: Option<Group<'_>>,
+    ) -> DbResult<OneStatement> {
+        // The text depends on which parts the batch has (the types of each part's columns
+        // are fixed by its statement): made once per shape.
+        let mut shape = vec![usize::from(fence.is_some()), usize::from(audit.is_some())];
+        for g in &groups {
+            shape.extend([std::ptr::from_ref(g.statement) as usize, usize::from(g.counted)]);
+        }
+        let text = {
+            let mut texts = ONE_STATEMENT_TEXTS.lock().unwrap_or_else(|e| e.into_inner());
+            texts
+                .entry(shape)
+                .or_insert_with(|| {
+                    rows::one_statement_text(fence.map(|_| Self::LEASE.check_fence), &groups, audit.as_ref()).into()
+                })
+                .clone()
+        };
+        let mut q = sqlx::query(AssertSqlSafe(text));
+        if let Some(f) = fence {
+            q = q.bind(f.holder.as_str()).bind(tessera_store_sql::i64_of(f.epoch));
+        }
+        for g in &groups {
+            q = rows::bind_columns(q, g.statement.columns(), &g.values);
+        }
+        if let Some(a) = &audit {
+            q = rows::bind_columns(q.bind(a.rows as i64), a.statement.columns(), &a.values);
+        }
+        let row = q.fetch_one(conn).await.map_err(classify)?;
+        let int = |name: &str| -> DbResult<i64> { Ok(row.try_get::<i64, _>(name).map_err(|e| db_store(name, e))?) };
+        let counted = groups.iter().filter(|g| g.counted).count();
+        Ok(OneStatement {
+            held: int("held")? > 0,
+            counts: (0..counted)
+                .map(|i| int(&format!("n{i}")).map(tessera_store_sql::u64_of))
+                .collect::<DbResult<_>>()?,
+        })
     }
 
     async fn read_active(&self) -> Result<Vec<Workload>> {

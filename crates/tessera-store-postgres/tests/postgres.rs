@@ -299,3 +299,248 @@ async fn workloads_of_version_14_keep_their_data_through_the_gang_migration() {
     store.commit(&[insert(&gang)]).await.unwrap();
     assert_eq!(store.active_workloads().await.unwrap(), vec![want, gang]);
 }
+
+/// A loopback proxy in front of PostgreSQL that counts the statements its clients run: simple
+/// queries (`Q`: sqlx's `BEGIN` and `COMMIT`) and executions of prepared statements (`E`), each
+/// a round trip of its own. (The pool's check of a connection before lending it, a `Sync`
+/// without a statement, is not counted.)
+struct Statements {
+    url: String,
+    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Statements {
+    /// A counting proxy for the database at `url` (`postgres://user@127.0.0.1:PORT/NAME`).
+    async fn proxy(url: &str) -> Statements {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let (_, rest) = url.split_once("127.0.0.1:").expect("a loopback URL");
+        let (port, name) = rest.split_once('/').expect("a database name");
+        let target = format!("127.0.0.1:{port}");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "postgres://postgres@{}/{name}?sslmode=disable",
+            listener.local_addr().unwrap()
+        );
+        let count = std::sync::Arc::new(AtomicU64::new(0));
+        let counter = count.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&target).await.unwrap();
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                tokio::spawn(async move { tokio::io::copy(&mut from_server, &mut to_client).await });
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    // The startup messages have no type byte: the length, then the body, whose
+                    // first four bytes say what it is (an SSL or GSS request comes before the
+                    // startup message proper).
+                    loop {
+                        let n = from_client.read_u32().await? as usize;
+                        let mut body = vec![0; n - 4];
+                        from_client.read_exact(&mut body).await?;
+                        to_server.write_u32(n as u32).await?;
+                        to_server.write_all(&body).await?;
+                        let code = u32::from_be_bytes(body[..4].try_into().unwrap());
+                        if code != 80_877_103 && code != 80_877_104 {
+                            break;
+                        }
+                    }
+                    loop {
+                        let kind = from_client.read_u8().await?;
+                        let n = from_client.read_u32().await? as usize;
+                        let mut body = vec![0; n - 4];
+                        from_client.read_exact(&mut body).await?;
+                        if kind == b'Q' || kind == b'E' {
+                            counter.fetch_add(1, Ordering::SeqCst);
+                        }
+                        to_server.write_u8(kind).await?;
+                        to_server.write_u32(n as u32).await?;
+                        to_server.write_all(&body).await?;
+                    }
+                    #[allow(unreachable_code)]
+                    Ok::<(), std::io::Error>(())
+                });
+            }
+        });
+        Statements { url, count }
+    }
+
+    fn now(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A lifecycle batch on PostgreSQL is one statement between `BEGIN` and `COMMIT`, whatever
+/// kinds of rows it holds (new workloads, their events and idempotency keys, updates of others,
+/// usage intervals opened and closed, audit records numbered from the store) and with its
+/// fence checked in it: three statements, each a round trip, where each kind of row and the
+/// fence were one more.
+/// It writes what the changes say; with a stale fence, or a row that exists already, nothing.
+#[tokio::test]
+async fn a_lifecycle_batch_is_three_statements() {
+    use tessera_domain::{Event, Step};
+    use tessera_store::{AuditRecord, Fence, IdempotencyKey, LeaseStore, LedgerStore, UsageInterval};
+
+    let url = database_url();
+    let statements = Statements::proxy(&url).await;
+    // One connection, so that every batch finds its statements prepared on it.
+    let one = PgOptions {
+        max_connections: 1,
+        ..PgOptions::default()
+    };
+    let store = PgStore::connect_with(&statements.url, &one).await.unwrap();
+    let epoch = store.acquire_lease("a", "http://a", 60_000).await.unwrap().unwrap();
+    let fence = || {
+        Change::Fence(Fence {
+            holder: "a".into(),
+            epoch,
+        })
+    };
+    let event = |seq: u32, step: Step| Event {
+        seq,
+        step,
+        at: 10 + i64::from(seq),
+        detail: format!("{} {seq}", step.as_str()),
+        code: None,
+    };
+    let note = |i: u64| {
+        Change::Audit(AuditRecord {
+            seq: 0,
+            at: 1,
+            request_id: format!("req-{i}"),
+            actor: "tok".into(),
+            tenant: None,
+            action: "POST /api/v1/workloads".into(),
+            target: "/api/v1/workloads".into(),
+            outcome: 201,
+            detail: String::new(),
+        })
+    };
+    let usage = |w: &Workload, started_at: i64| UsageInterval {
+        workload: w.id,
+        seq: 0,
+        tenant: w.spec.tenant.clone(),
+        project: w.spec.project.clone(),
+        pool: "default".into(),
+        model: "A100-80GB".into(),
+        shape: "whole".into(),
+        units: GpuUnits(1000),
+        started_at,
+        ended_at: None,
+        util_avg: None,
+    };
+    // Each round of the loop: a new workload (its events, key and audit record), the previous
+    // one running (its events, its interval opened), the one before that ended (its interval
+    // closed).
+    let ids: Vec<u64> = store.reserve_workload_ids(4).await.unwrap().collect();
+    let ws: Vec<Workload> = ids
+        .iter()
+        .map(|&id| workload(id, "acme", "p", Phase::Pending))
+        .collect();
+    let running = |w: &Workload| {
+        let mut r = w.clone();
+        r.phase = Phase::Running;
+        r.next_seq = 2;
+        r.usage.open = true;
+        r
+    };
+    let round = |i: usize| {
+        let mut changes = vec![
+            fence(),
+            Change::Insert {
+                workload: ws[i].clone().into(),
+                events: vec![event(0, Step::Requested)],
+                idempotency: Some(IdempotencyKey {
+                    actor: "tok".into(),
+                    key: format!("k{i}"),
+                    request_hash: "h".into(),
+                }),
+            },
+            note(i as u64),
+        ];
+        if i >= 1 {
+            changes.push(Change::Update {
+                workload: running(&ws[i - 1]).into(),
+                events: vec![event(1, Step::Running)],
+            });
+            changes.push(Change::OpenUsage(usage(&ws[i - 1], 20)));
+        }
+        if i >= 2 {
+            let mut done = running(&ws[i - 2]);
+            done.phase = Phase::Succeeded;
+            done.usage.open = false;
+            done.next_seq = 3;
+            changes.push(Change::Update {
+                workload: done.into(),
+                events: vec![event(2, Step::Released)],
+            });
+            changes.push(Change::CloseUsage {
+                workload: ws[i - 2].id,
+                seq: 0,
+                ended_at: 30,
+                util_avg: Some(0.5),
+            });
+        }
+        changes
+    };
+    // Counted: the fourth round, whose batch holds every kind of row.
+    for i in 0..3 {
+        store.commit(&round(i)).await.unwrap();
+    }
+    let before = statements.now();
+    store.commit(&round(3)).await.unwrap();
+    assert_eq!(statements.now() - before, 3, "BEGIN, the batch, COMMIT");
+
+    // All of it landed, as the changes say.
+    assert_eq!(store.get_workload(ws[3].id, None).await.unwrap(), Some(ws[3].clone()));
+    assert_eq!(store.get_workload(ws[2].id, None).await.unwrap(), Some(running(&ws[2])));
+    assert_eq!(
+        store.get_workload(ws[1].id, None).await.unwrap().unwrap().phase,
+        Phase::Succeeded
+    );
+    let steps: Vec<Step> = store
+        .events(ws[1].id, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.step)
+        .collect();
+    assert_eq!(steps, [Step::Requested, Step::Running, Step::Released]);
+    let ledger = store.usage_of(ws[1].id).await.unwrap();
+    assert_eq!(
+        (ledger.len(), ledger[0].ended_at, ledger[0].util_avg),
+        (1, Some(30), Some(0.5))
+    );
+    assert!(store.usage_of(ws[2].id).await.unwrap()[0].ended_at.is_none());
+    assert_eq!(
+        store.idempotent("tok", "k3").await.unwrap(),
+        Some(("h".into(), ws[3].id))
+    );
+    let log = store.audit(None, None, 10).await.unwrap();
+    let seqs: Vec<(u64, &str)> = log.iter().map(|r| (r.seq, r.request_id.as_str())).collect();
+    assert_eq!(seqs, [(4, "req-3"), (3, "req-2"), (2, "req-1"), (1, "req-0")]);
+
+    // A stale fence: refused, nothing written.
+    let more: Vec<u64> = store.reserve_workload_ids(1).await.unwrap().collect();
+    let extra = workload(more[0], "acme", "p", Phase::Pending);
+    let stale = Change::Fence(Fence {
+        holder: "a".into(),
+        epoch: epoch + 1,
+    });
+    let r = store.commit(&[stale, insert(&extra), note(9)]).await;
+    assert!(matches!(r, Err(StoreError::Fenced(_))), "{r:?}");
+    assert_eq!(store.get_workload(extra.id, None).await.unwrap(), None);
+    assert_eq!(store.audit(None, None, 10).await.unwrap().len(), 4);
+
+    // A workload that exists already: the batch fails whole and names it (applied again one
+    // change at a time).
+    let r = store.commit(&[fence(), insert(&extra), insert(&ws[0]), note(9)]).await;
+    match r {
+        Err(StoreError::Conflict(why)) => assert!(why.contains(&ws[0].id.to_string()), "{why}"),
+        other => panic!("a duplicate workload: {other:?}"),
+    }
+    assert_eq!(store.get_workload(extra.id, None).await.unwrap(), None);
+    assert_eq!(store.audit(None, None, 10).await.unwrap().len(), 4);
+}

@@ -10,8 +10,11 @@ use std::sync::LazyLock;
 
 use tessera_store::{AuditRecord, Result};
 
-use crate::rows::{self, MultiRow};
+use crate::rows::{self, MultiRow, Values};
 use crate::{Driver, Row, col, db, i64_of, narrow, query, u64_of};
+
+/// The columns of `audit_log` after `seq`, in the order [`record_values`] binds them.
+pub const AFTER_SEQ: &str = "at, request_id, actor, tenant, action, target, outcome, detail";
 
 pub static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
     MultiRow::new(
@@ -20,6 +23,28 @@ pub static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
         "",
     )
 });
+
+/// The records of a batch without their sequence numbers ([`AFTER_SEQ`]), which
+/// [`Driver::execute_one_statement`](crate::Driver::execute_one_statement) numbers.
+pub static UNNUMBERED: LazyLock<MultiRow> = LazyLock::new(|| {
+    MultiRow::new(
+        "INSERT INTO audit_log (at, request_id, actor, tenant, action, target, outcome, detail) VALUES ",
+        8,
+        "",
+    )
+});
+
+/// The values of a record after its sequence number ([`AFTER_SEQ`]).
+pub fn record_values<'q>(q: Values<'q>, a: &'q &AuditRecord) -> Result<Values<'q>> {
+    Ok(q.bind(a.at)
+        .bind(a.request_id.as_str())
+        .bind(a.actor.as_str())
+        .bind(a.tenant.as_deref())
+        .bind(a.action.as_str())
+        .bind(a.target.as_str())
+        .bind(i64::from(a.outcome))
+        .bind(a.detail.as_str()))
+}
 
 fn audit_row(r: &impl Row) -> Result<AuditRecord> {
     Ok(AuditRecord {
@@ -57,17 +82,7 @@ pub async fn append<D: Driver>(conn: &mut D::Connection, records: &[&AuditRecord
         conn,
         &INSERT,
         &numbered,
-        |q, (seq, a)| {
-            Ok(q.bind(*seq)
-                .bind(a.at)
-                .bind(a.request_id.as_str())
-                .bind(a.actor.as_str())
-                .bind(a.tenant.as_deref())
-                .bind(a.action.as_str())
-                .bind(a.target.as_str())
-                .bind(i64::from(a.outcome))
-                .bind(a.detail.as_str()))
-        },
+        |q, (seq, a)| record_values(q.bind(*seq), a),
         |e, _| db(e),
     )
     .await?;

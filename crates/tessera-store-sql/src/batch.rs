@@ -31,6 +31,14 @@
 //!
 //! A failed statement aborts a PostgreSQL transaction; the one-change-at-a-time run starts a
 //! new one after the rollback, on either database.
+//!
+//! On PostgreSQL ([`Driver::ONE_STATEMENT`]) the grouped run is one statement: the fence's
+//! check and every group are parts of it (data-modifying common table expressions, see
+//! `tessera-store-postgres`'s `rows.rs`), so a batch costs three round trips (`BEGIN`, the
+//! statement, `COMMIT`) instead of one per kind of row. Its parts all see the database as it
+//! was before the statement, so a batch that updates a workload it inserts, or closes an
+//! interval it opens, is written group by group as before (the lifecycle loop never sends one:
+//! it merges the changes of one workload in a batch); so is one with several fences.
 
 use std::collections::{HashMap, HashSet};
 
@@ -38,7 +46,8 @@ use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{AuditRecord, Change, Fence, IdempotencyKey, Result, StoreError, UsageInterval};
 
 use crate::ledger::{self, Close};
-use crate::{Driver, audit, lease, workloads};
+use crate::rows::{self, Group};
+use crate::{Driver, audit, db_error, lease, workloads};
 
 /// Commits `batch` in one transaction.
 pub async fn commit<D: Driver>(store: &D, batch: &[Change]) -> Result<()> {
@@ -54,8 +63,16 @@ pub async fn commit<D: Driver>(store: &D, batch: &[Change]) -> Result<()> {
         .collect();
     if let Some(plan) = Plan::grouped(batch) {
         let mut tx = store.begin_write().await?;
-        lease::check_fences::<D>(&mut tx, &fences).await?;
-        match plan.write::<D>(&mut tx).await {
+        let written = match fences.as_slice() {
+            [] | [_] if D::ONE_STATEMENT && plan.fits_one_statement() => {
+                plan.write_one_statement::<D>(&mut tx, fences.first().copied()).await
+            }
+            _ => {
+                lease::check_fences::<D>(&mut tx, &fences).await?;
+                plan.write::<D>(&mut tx).await
+            }
+        };
+        match written {
             Ok(()) => return D::commit(tx).await,
             Err(e @ (StoreError::Unavailable(_) | StoreError::Fenced(_) | StoreError::Incompatible(_))) => {
                 return Err(e);
@@ -157,6 +174,61 @@ impl<'b> Plan<'b> {
             }
         }
         plan
+    }
+
+    /// Whether the plan means the same in one statement, whose parts all see the database as it
+    /// was before it: no update of a workload it inserts, no close of an interval it opens.
+    fn fits_one_statement(&self) -> bool {
+        let inserted: HashSet<WorkloadId> = self.inserts.iter().map(|(w, _)| w.id).collect();
+        let opened: HashSet<(WorkloadId, u32)> = self.opens.iter().map(|u| (u.workload, u.seq)).collect();
+        !self.updates.iter().any(|(w, _)| inserted.contains(&w.id))
+            && !self.closes.iter().any(|c| opened.contains(&(c.workload, c.seq)))
+    }
+
+    /// Writes the plan inside the caller's transaction in one statement with the check of
+    /// `fence` ([`Driver::execute_one_statement`]), then its MIG records, if any. The statement
+    /// cannot say which row failed: `Conflict` and `Corrupt` say only that one did (the caller
+    /// then applies the batch one change at a time, which names it).
+    async fn write_one_statement<D: Driver>(&self, conn: &mut D::Connection, fence: Option<&Fence>) -> Result<()> {
+        let groups: Vec<Group<'_>> = [
+            rows::group(&workloads::INSERT, &self.inserts, workloads::insert_row, false)?,
+            rows::group(&workloads::INSERT_KEYS, &self.keys, workloads::key_row, false)?,
+            rows::group(&workloads::UPDATE, &self.updates, workloads::update_row, true)?,
+            rows::group(&workloads::INSERT_EVENTS, &self.events, workloads::event_values, false)?,
+            rows::group(&ledger::OPEN, &self.opens, ledger::open_row, false)?,
+            rows::group(&ledger::CLOSE, &self.closes, ledger::close_row, true)?,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let audit = rows::group(&audit::UNNUMBERED, &self.audit, audit::record_values, false)?;
+        let done = D::execute_one_statement(conn, fence, groups, audit)
+            .await
+            .map_err(|e| db_error(e, || "a row of the batch exists already".into()))?;
+        if let Some(f) = fence
+            && !done.held
+        {
+            return Err(StoreError::Fenced(format!(
+                "`{}` no longer holds the leader lease with epoch {}",
+                f.holder, f.epoch
+            )));
+        }
+        // The counted groups in order: the updates, then the closes (each where it has rows).
+        let mut counts = done.counts.into_iter();
+        if !self.updates.is_empty() && counts.next() != Some(self.updates.len() as u64) {
+            return Err(StoreError::Corrupt(
+                "a workload updated by the batch is not stored".into(),
+            ));
+        }
+        if !self.closes.is_empty() && counts.next() != Some(self.closes.len() as u64) {
+            return Err(StoreError::Corrupt(
+                "a usage interval closed by the batch is not open".into(),
+            ));
+        }
+        for r in &self.mig {
+            crate::fleet::write_gpu_mig::<D>(conn, r).await?;
+        }
+        Ok(())
     }
 
     /// Writes the plan inside the caller's transaction (an empty group runs no statement).

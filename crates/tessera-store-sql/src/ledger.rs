@@ -10,7 +10,7 @@ use tessera_domain::WorkloadId;
 use tessera_model::GpuUnits;
 use tessera_store::{Result, StoreError, UsageInterval};
 
-use crate::rows::{self, MultiRow};
+use crate::rows::{self, MultiRow, Values};
 use crate::{Driver, Row, col, db, db_error, i64_of, narrow, query, u64_of};
 
 pub static OPEN: LazyLock<MultiRow> = LazyLock::new(|| {
@@ -59,55 +59,48 @@ fn usage_row(r: &impl Row) -> Result<UsageInterval> {
     })
 }
 
+/// The values of a row of [`OPEN`].
+pub fn open_row<'q>(q: Values<'q>, u: &'q &UsageInterval) -> Result<Values<'q>> {
+    Ok(q.bind(i64_of(u.workload.0))
+        .bind(i64::from(u.seq))
+        .bind(u.tenant.as_str())
+        .bind(u.project.as_str())
+        .bind(u.pool.as_str())
+        .bind(u.model.as_str())
+        .bind(u.shape.as_str())
+        .bind(i64_of(u.units.as_milli()))
+        .bind(u.started_at)
+        .bind(u.ended_at)
+        .bind(u.util_avg))
+}
+
+/// The values of a row of [`CLOSE`].
+pub fn close_row<'q>(q: Values<'q>, c: &'q Close) -> Result<Values<'q>> {
+    Ok(q.bind(i64_of(c.workload.0))
+        .bind(i64::from(c.seq))
+        .bind(c.ended_at)
+        .bind(c.util_avg))
+}
+
 /// Opens intervals (inside the caller's transaction).
 pub async fn open<D: Driver>(conn: &mut D::Connection, rows: &[&UsageInterval]) -> Result<()> {
-    rows::execute::<D, _>(
-        conn,
-        &OPEN,
-        rows,
-        |q, u| {
-            Ok(q.bind(i64_of(u.workload.0))
-                .bind(i64::from(u.seq))
-                .bind(u.tenant.as_str())
-                .bind(u.project.as_str())
-                .bind(u.pool.as_str())
-                .bind(u.model.as_str())
-                .bind(u.shape.as_str())
-                .bind(i64_of(u.units.as_milli()))
-                .bind(u.started_at)
-                .bind(u.ended_at)
-                .bind(u.util_avg))
-        },
-        |e, rows| {
-            db_error(e, || match rows {
-                [u] => format!("usage interval {} of workload {}", u.seq, u.workload),
-                _ => format!(
-                    "a usage interval of the workloads {} … {}",
-                    rows[0].workload,
-                    rows[rows.len() - 1].workload
-                ),
-            })
-        },
-    )
+    rows::execute::<D, _>(conn, &OPEN, rows, open_row, |e, rows| {
+        db_error(e, || match rows {
+            [u] => format!("usage interval {} of workload {}", u.seq, u.workload),
+            _ => format!(
+                "a usage interval of the workloads {} … {}",
+                rows[0].workload,
+                rows[rows.len() - 1].workload
+            ),
+        })
+    })
     .await?;
     Ok(())
 }
 
 /// Closes open intervals (inside the caller's transaction); `Corrupt` if one is not open.
 pub async fn close<D: Driver>(conn: &mut D::Connection, rows: &[Close]) -> Result<()> {
-    let closed = rows::execute::<D, _>(
-        conn,
-        &CLOSE,
-        rows,
-        |q, c| {
-            Ok(q.bind(i64_of(c.workload.0))
-                .bind(i64::from(c.seq))
-                .bind(c.ended_at)
-                .bind(c.util_avg))
-        },
-        |e, _| db(e),
-    )
-    .await?;
+    let closed = rows::execute::<D, _>(conn, &CLOSE, rows, close_row, |e, _| db(e)).await?;
     // An interval changes at most once however many closes name it (a later statement finds
     // it closed), so fewer changes than closes means some were not open, or closed twice.
     if closed != rows.len() as u64 {

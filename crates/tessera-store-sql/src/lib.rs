@@ -58,7 +58,7 @@ use tessera_domain::Workload;
 use tessera_store::{Result, StoreError};
 
 pub use lease::LeaseSql;
-pub use rows::{MultiRow, Values};
+pub use rows::{Group, MultiRow, Values};
 
 // Integer columns: narrowing, and the signed BIGINT form of unsigned values.
 pub use columns::{i64_of, narrow, narrow_opt, u64_of};
@@ -101,8 +101,9 @@ pub trait Driver: Sized + Send + Sync + 'static {
     const CLOSED_USAGE: &'static str;
     /// The lease's statements on the database's clock ([`lease_sql!`]).
     const LEASE: LeaseSql;
-    /// How many rows one multi-row statement writes: the sizes, largest first and the last 1,
-    /// into which the rows are split greedily; empty: all of them in one statement.
+    /// How many rows one multi-row statement writes: the sizes, largest first, into which the
+    /// rows are split greedily, the rest (fewer than the smallest) in one last statement; empty:
+    /// all of them in one statement.
     const ROWS_PER_STATEMENT: &'static [usize];
 
     /// A connection of the pool.
@@ -135,11 +136,41 @@ pub trait Driver: Sized + Send + Sync + 'static {
         values: Vec<Value<'_>>,
     ) -> impl Future<Output = DbResult<u64>> + Send;
 
+    /// Whether [`Driver::execute_one_statement`] writes a lifecycle batch in one statement
+    /// ([`crate::batch`]); `false`: each group of rows is a statement of its own.
+    const ONE_STATEMENT: bool = false;
+
+    /// Writes `groups`, then `audit` (the values of audit records without their sequence
+    /// numbers, [`audit::AFTER_SEQ`], numbered from the `audit` row of `sequences`), in one
+    /// statement inside the caller's transaction, after checking `fence` as
+    /// [`LeaseSql::check_fence`] does (locking the lease row until the transaction ends). Only
+    /// for drivers with [`Driver::ONE_STATEMENT`]; the sub-statements see the database as it was
+    /// before the statement (an update does not find a row the same statement inserts), which
+    /// the caller allows for.
+    fn execute_one_statement(
+        conn: &mut Self::Connection,
+        fence: Option<&tessera_store::Fence>,
+        groups: Vec<rows::Group<'_>>,
+        audit: Option<rows::Group<'_>>,
+    ) -> impl Future<Output = DbResult<OneStatement>> + Send {
+        let _ = (conn, fence, groups, audit);
+        async { unreachable!("only drivers with ONE_STATEMENT write a batch in one statement") }
+    }
+
     /// Every active workload ([`tessera_store::WorkloadStore::active_workloads`]), selected by
     /// [`workloads::ACTIVE`].
     fn read_active(&self) -> impl Future<Output = Result<Vec<Workload>>> + Send;
     /// Revocation news from other replicas ([`tessera_store::TokenStore::revocations`]).
     fn revocation_news(&self) -> impl Future<Output = Option<tokio::sync::mpsc::UnboundedReceiver<String>>> + Send;
+}
+
+/// What [`Driver::execute_one_statement`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OneStatement {
+    /// The fence holds (`true` without one).
+    pub held: bool,
+    /// The rows changed by each counted group ([`rows::Group::counted`]), in order.
+    pub counts: Vec<u64>,
 }
 
 /// A row a statement returned: its columns by name, and (for workloads, whose columns are read

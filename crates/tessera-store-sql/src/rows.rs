@@ -86,16 +86,54 @@ impl<'a> Values<'a> {
     }
 }
 
-/// `rows` split greedily into groups of `sizes` (largest first, the last 1), in order; all in one
-/// group when `sizes` is empty. No rows, no group.
+/// A group of rows of one kind, written with the other groups of a batch in one statement by
+/// a driver that can ([`Driver::ONE_STATEMENT`]).
+pub struct Group<'a> {
+    pub statement: &'static MultiRow,
+    pub rows: usize,
+    /// Each row's values in turn, in column order.
+    pub values: Vec<Value<'a>>,
+    /// Whether the statement's answer counts the rows this group changed (updates, whose
+    /// count says whether every row was found).
+    pub counted: bool,
+}
+
+/// The group of `rows` for `statement`, `bind` giving one row's values in column order; `None`
+/// for no rows.
+pub fn group<'a, T>(
+    statement: &'static MultiRow,
+    rows: &'a [T],
+    bind: impl Fn(Values<'a>, &'a T) -> Result<Values<'a>>,
+    counted: bool,
+) -> Result<Option<Group<'a>>> {
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut values = Values(Vec::with_capacity(rows.len() * statement.columns));
+    for row in rows {
+        values = bind(values, row)?;
+    }
+    assert_eq!(
+        values.0.len(),
+        rows.len() * statement.columns,
+        "every row binds {} values",
+        statement.columns
+    );
+    Ok(Some(Group {
+        statement,
+        rows: rows.len(),
+        values: values.0,
+        counted,
+    }))
+}
+
+/// `rows` split greedily into groups of `sizes` (largest first), in order, the rest (fewer rows
+/// than the smallest size) in one last group; all in one group when `sizes` is empty. No rows,
+/// no group.
 pub fn chunks<'r, T>(rows: &'r [T], sizes: &'static [usize]) -> impl Iterator<Item = &'r [T]> {
     let mut rest = rows;
     std::iter::from_fn(move || {
-        let n = if sizes.is_empty() {
-            rest.len()
-        } else {
-            sizes.iter().copied().find(|&n| n <= rest.len())?
-        };
+        let n = sizes.iter().copied().find(|&n| n <= rest.len()).unwrap_or(rest.len());
         if n == 0 {
             return None;
         }
@@ -150,6 +188,16 @@ mod tests {
         let rows: Vec<usize> = (0..151).collect();
         let again: Vec<usize> = chunks(&rows, SIZES).flatten().copied().collect();
         assert_eq!(again, rows, "every row once, in order");
+    }
+
+    #[test]
+    fn the_rest_below_the_smallest_size_is_one_group() {
+        const SIZES: &[usize] = &[64];
+        let sizes = |n: usize| chunks(&vec![0u8; n], SIZES).map(<[u8]>::len).collect::<Vec<_>>();
+        assert_eq!(sizes(0), Vec::<usize>::new());
+        assert_eq!(sizes(5), [5]);
+        assert_eq!(sizes(64), [64]);
+        assert_eq!(sizes(150), [64, 64, 22]);
     }
 
     #[test]

@@ -286,20 +286,43 @@ fn event_row(id: WorkloadId, r: &impl Row) -> Result<Event> {
     })
 }
 
+/// The values of a row of [`INSERT`]: a new workload and its `updated_at`.
+pub fn insert_row<'q>(q: Values<'q>, (w, updated_at): &'q (&Workload, i64)) -> Result<Values<'q>> {
+    bind_lifecycle(bind_spec(q, w), w, *updated_at)
+}
+
+/// The values of a row of [`UPDATE`]: a stored workload and its `updated_at`.
+pub fn update_row<'q>(q: Values<'q>, (w, updated_at): &'q (&Workload, i64)) -> Result<Values<'q>> {
+    bind_lifecycle(q.bind(i64_of(w.id.0)), w, *updated_at)
+}
+
+/// The values of a row of [`INSERT_EVENTS`].
+pub fn event_values<'q>(q: Values<'q>, (id, e): &'q (WorkloadId, &Event)) -> Result<Values<'q>> {
+    Ok(q.bind(i64_of(id.0))
+        .bind(i64::from(e.seq))
+        .bind(e.step.as_str())
+        .bind(e.at)
+        .bind(e.detail.as_str())
+        .bind(e.code.map(ReasonCode::as_str)))
+}
+
+/// The values of a row of [`INSERT_KEYS`]: a key, its workload and the workload's creation.
+pub fn key_row<'q>(q: Values<'q>, (k, id, at): &'q (&IdempotencyKey, WorkloadId, i64)) -> Result<Values<'q>> {
+    Ok(q.bind(k.actor.as_str())
+        .bind(k.key.as_str())
+        .bind(k.request_hash.as_str())
+        .bind(i64_of(id.0))
+        .bind(*at))
+}
+
 /// Inserts new workloads with the `updated_at` each gets (inside the caller's transaction).
 pub async fn insert_workloads<D: Driver>(conn: &mut D::Connection, rows: &[(&Workload, i64)]) -> Result<()> {
-    rows::execute::<D, _>(
-        conn,
-        &INSERT,
-        rows,
-        |q, (w, updated_at)| bind_lifecycle(bind_spec(q, w), w, *updated_at),
-        |e, rows| {
-            db_error(e, || match rows {
-                [(w, _)] => format!("workload {}", w.id),
-                _ => format!("one of the workloads {} … {}", rows[0].0.id, rows[rows.len() - 1].0.id),
-            })
-        },
-    )
+    rows::execute::<D, _>(conn, &INSERT, rows, insert_row, |e, rows| {
+        db_error(e, || match rows {
+            [(w, _)] => format!("workload {}", w.id),
+            _ => format!("one of the workloads {} … {}", rows[0].0.id, rows[rows.len() - 1].0.id),
+        })
+    })
     .await?;
     Ok(())
 }
@@ -307,14 +330,7 @@ pub async fn insert_workloads<D: Driver>(conn: &mut D::Connection, rows: &[(&Wor
 /// Writes the lifecycle of stored workloads, at most one row per workload; `Corrupt` if one is
 /// not stored.
 pub async fn update_workloads<D: Driver>(conn: &mut D::Connection, rows: &[(&Workload, i64)]) -> Result<()> {
-    let updated = rows::execute::<D, _>(
-        conn,
-        &UPDATE,
-        rows,
-        |q, (w, updated_at)| bind_lifecycle(q.bind(i64_of(w.id.0)), w, *updated_at),
-        |e, _| db(e),
-    )
-    .await?;
+    let updated = rows::execute::<D, _>(conn, &UPDATE, rows, update_row, |e, _| db(e)).await?;
     // Each row matches at most one stored workload (ids are the primary key and distinct in
     // `rows`), so fewer changes than rows means some are not stored.
     if updated != rows.len() as u64 {
@@ -333,25 +349,12 @@ pub async fn update_workloads<D: Driver>(conn: &mut D::Connection, rows: &[(&Wor
 
 /// Appends timeline events of workloads.
 pub async fn insert_events<D: Driver>(conn: &mut D::Connection, rows: &[(WorkloadId, &Event)]) -> Result<()> {
-    rows::execute::<D, _>(
-        conn,
-        &INSERT_EVENTS,
-        rows,
-        |q, (id, e)| {
-            Ok(q.bind(i64_of(id.0))
-                .bind(i64::from(e.seq))
-                .bind(e.step.as_str())
-                .bind(e.at)
-                .bind(e.detail.as_str())
-                .bind(e.code.map(ReasonCode::as_str)))
-        },
-        |err, rows| {
-            db_error(err, || match rows {
-                [(id, e)] => format!("event {} of workload {id}", e.seq),
-                _ => format!("an event of the workloads {} … {}", rows[0].0, rows[rows.len() - 1].0),
-            })
-        },
-    )
+    rows::execute::<D, _>(conn, &INSERT_EVENTS, rows, event_values, |err, rows| {
+        db_error(err, || match rows {
+            [(id, e)] => format!("event {} of workload {id}", e.seq),
+            _ => format!("an event of the workloads {} … {}", rows[0].0, rows[rows.len() - 1].0),
+        })
+    })
     .await?;
     Ok(())
 }
@@ -361,24 +364,12 @@ pub async fn insert_idempotency_keys<D: Driver>(
     conn: &mut D::Connection,
     rows: &[(&IdempotencyKey, WorkloadId, i64)],
 ) -> Result<()> {
-    rows::execute::<D, _>(
-        conn,
-        &INSERT_KEYS,
-        rows,
-        |q, (k, id, at)| {
-            Ok(q.bind(k.actor.as_str())
-                .bind(k.key.as_str())
-                .bind(k.request_hash.as_str())
-                .bind(i64_of(id.0))
-                .bind(*at))
-        },
-        |e, rows| {
-            db_error(e, || match rows {
-                [(k, _, _)] => format!("idempotency key `{}` of `{}`", k.key, k.actor),
-                _ => format!("one of {} idempotency keys", rows.len()),
-            })
-        },
-    )
+    rows::execute::<D, _>(conn, &INSERT_KEYS, rows, key_row, |e, rows| {
+        db_error(e, || match rows {
+            [(k, _, _)] => format!("idempotency key `{}` of `{}`", k.key, k.actor),
+            _ => format!("one of {} idempotency keys", rows.len()),
+        })
+    })
     .await?;
     Ok(())
 }

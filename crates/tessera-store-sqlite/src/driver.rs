@@ -114,9 +114,9 @@ impl Driver for SqliteStore {
         lock_fence = "",
     );
 
-    /// Fixed chunk sizes, so that each multi-row statement has at most four texts (see
+    /// 64 rows per statement, and the rest in one, whose text is one of four fixed sizes (see
     /// `crate::rows`).
-    const ROWS_PER_STATEMENT: &'static [usize] = &rows::CHUNKS;
+    const ROWS_PER_STATEMENT: &'static [usize] = &rows::PER_STATEMENT;
 
     async fn conn(&self) -> Result<PoolConnection<Sqlite>> {
         self.pool.acquire().await.map_err(db)
@@ -127,7 +127,8 @@ impl Driver for SqliteStore {
         // busy timeout), so a transaction that reads before it writes never fails half-way
         // because another connection wrote in between. PostgreSQL's plain `BEGIN` is the
         // equivalent there (row locks do the rest).
-        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)
+        // On a file, on the store's write connection (see `SqliteStore::open_dir`).
+        self.writer.begin_with("BEGIN IMMEDIATE").await.map_err(db)
     }
 
     async fn commit(tx: Transaction<'static, Sqlite>) -> Result<()> {
@@ -165,7 +166,11 @@ impl Driver for SqliteStore {
         rows: usize,
         values: Vec<Value<'_>>,
     ) -> DbResult<u64> {
-        let text = rows::text(statement, rows);
+        // The text of the next size up, its extra rows all NULL (see `rows::text`).
+        let size = rows::padded(rows);
+        let mut values = values;
+        values.resize(size * statement.columns(), Value::Int(None));
+        let text = rows::text(statement, size);
         let done = sqlx_query(AssertSqlSafe(text), values)
             .execute(conn)
             .await

@@ -53,13 +53,21 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// The contract of `tessera-store` on a SQLite database.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
+    /// Reads and single statements.
     pool: SqlitePool,
+    /// Write transactions: one connection of its own on a file (the same pool in memory), see
+    /// [`SqliteStore::open_dir`].
+    writer: SqlitePool,
     /// The background checkpointer of a database file (none in memory); it stops when the
     /// last clone of the store is dropped.
     _checkpointer: Option<std::sync::Arc<checkpoint::Checkpointer>>,
 }
 
 tessera_store_sql::implement_store!(SqliteStore);
+
+/// The page cache of the write connection (`cache_size`; negative: KiB): 32 MiB, a few
+/// thousand batches' worth of the pages a lifecycle batch changes.
+const WRITER_CACHE: &str = "-32768";
 
 /// The database file in a data directory.
 pub const DB_FILE: &str = "tessera.db";
@@ -82,13 +90,32 @@ impl SqliteStore {
             .pragma("cache_size", "-1024")
             // No checkpoint inside a commit: the background checkpointer does them.
             .pragma("wal_autocheckpoint", "0");
+        // sqlx pings a connection before lending it by default: a round trip to the
+        // connection's worker thread before every read and every batch, which tells nothing of
+        // a file this process has open.
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .min_connections(1)
-            .connect_with(opts)
+            .test_before_acquire(false)
+            .connect_with(opts.clone())
             .await
             .map_err(db)?;
-        let mut store = Self::prepare(pool).await?;
+        // Write transactions take one connection of their own, with a larger page cache. A
+        // connection whose database another connection changed drops its whole page cache at
+        // its next transaction (WAL mode), so a write transaction on whichever pooled
+        // connection was free read most pages it changed back from the file (`pread` and a
+        // search of the log's index per page); the writer's cache stays valid between its
+        // commits, as only it writes in the hot path. Writers of this process also wait for
+        // the connection in turn instead of polling SQLite's write lock (the busy handler
+        // sleeps 1, 2, 5 … ms between tries).
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .test_before_acquire(false)
+            .connect_with(opts.pragma("cache_size", WRITER_CACHE))
+            .await
+            .map_err(db)?;
+        let mut store = Self::prepare(pool, Some(writer)).await?;
         store._checkpointer = Some(std::sync::Arc::new(checkpoint::Checkpointer::start(store.pool.clone())));
         Ok(store)
     }
@@ -106,16 +133,19 @@ impl SqliteStore {
             .connect_with(opts)
             .await
             .map_err(db)?;
-        Self::prepare(pool).await
+        Self::prepare(pool, None).await
     }
 
-    async fn prepare(pool: SqlitePool) -> Result<SqliteStore> {
+    /// Migrates and converts the database; `writer`: the pool of write transactions (`None`:
+    /// `pool` itself).
+    async fn prepare(pool: SqlitePool, writer: Option<SqlitePool>) -> Result<SqliteStore> {
         check_schema(&pool).await?;
         MIGRATOR.run(&pool).await.map_err(|e| match e {
             sqlx::migrate::MigrateError::Execute(e) => db(e),
             other => StoreError::Corrupt(format!("schema migrations: {other}")),
         })?;
         let store = SqliteStore {
+            writer: writer.unwrap_or_else(|| pool.clone()),
             pool,
             _checkpointer: None,
         };

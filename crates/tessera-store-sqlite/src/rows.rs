@@ -4,11 +4,13 @@
 //!
 //! The cost of a statement through sqlx is mostly fixed (a round trip to the connection's
 //! worker thread, preparing or finding the prepared statement, stepping it), so writing rows
-//! in groups is what makes a batch cheap. The group sizes are fixed ([`CHUNKS`]): a group of
-//! `n` rows runs as greedy chunks of 64, 16, 4 and 1 rows, so each kind of statement has at
-//! most four SQL texts: the seven kinds of a batch make 28, which with the store's other
-//! statements stay within sqlx's per-connection cache of prepared statements (100 texts): a
-//! connection prepares each text once.
+//! in groups is what makes a batch cheap. A group of `n` rows runs as statements of 64 rows
+//! ([`PER_STATEMENT`]) and one more for the rest, whose text is made for the next of a few
+//! fixed sizes ([`CHUNKS`]) and padded with rows of NULLs that the statement skips ([`text`]):
+//! one statement for the rest, where splitting it greedily into 16, 4 and 1 rows took up to
+//! nine. Each kind of statement has at most four texts: the seven kinds of a batch make 28,
+//! which with the store's other statements stay within sqlx's per-connection cache of prepared
+//! statements (100 texts): a connection prepares each text once.
 
 use std::sync::Arc;
 
@@ -16,8 +18,23 @@ use tessera_store_sql::MultiRow;
 
 use crate::SqliteStore;
 
-/// Rows per statement, largest first; the last must be 1 so that any number of rows splits.
+/// The sizes of the statements' texts, largest first: a statement of fewer rows takes the
+/// smallest text that holds them, padded ([`padded`]).
 pub(crate) const CHUNKS: [usize; 4] = [64, 16, 4, 1];
+
+/// How many rows one statement writes (the rest of a group, fewer, in one last statement).
+pub(crate) const PER_STATEMENT: [usize; 1] = [CHUNKS[0]];
+
+/// The size of the text a statement of `rows` rows runs with: the smallest of [`CHUNKS`] that
+/// holds them.
+pub(crate) fn padded(rows: usize) -> usize {
+    CHUNKS
+        .iter()
+        .rev()
+        .copied()
+        .find(|&n| n >= rows)
+        .expect("at most the largest chunk of rows per statement")
+}
 
 /// The most parameters one statement may take: SQLite's default `SQLITE_MAX_VARIABLE_NUMBER`
 /// (32,766 since 3.32; PostgreSQL allows 65,535).
@@ -26,6 +43,11 @@ const MAX_PARAMETERS: usize = 32_766;
 /// The text of `statement` for `rows` rows (one of [`CHUNKS`]): its head, then `rows`
 /// parenthesised groups of one placeholder per column (`(?, ?), (?, ?)`), then its tail; made
 /// once per size.
+///
+/// A statement may run with fewer rows than its text holds, the others all NULL ([`padded`]):
+/// an update's rows join on their key, which a NULL matches nowhere; an insert reads its rows
+/// as `SELECT * FROM (VALUES …) WHERE column1 IS NOT NULL`, which skips them (the first column
+/// of every multi-row insert is a key, never NULL).
 ///
 /// SQLite-specific: the placeholders are anonymous `?`, not the numbered `$1` the rest of the
 /// store writes. sqlx asks SQLite for the name of each parameter it binds, and SQLite finds a
@@ -44,7 +66,12 @@ pub(crate) fn text(statement: &'static MultiRow, rows: usize) -> Arc<str> {
             "{} rows of {columns} parameters exceed the limit of {MAX_PARAMETERS}",
             CHUNKS[0]
         );
+        let insert = m.head().starts_with("INSERT INTO ");
         let mut sql = String::from(m.head());
+        if insert {
+            sql.truncate(sql.len() - "VALUES ".len());
+            sql.push_str("SELECT * FROM (VALUES ");
+        }
         for r in 0..rows {
             sql.push_str(if r == 0 { "(" } else { ", (" });
             for c in 0..columns {
@@ -54,6 +81,9 @@ pub(crate) fn text(statement: &'static MultiRow, rows: usize) -> Arc<str> {
                 sql.push('?');
             }
             sql.push(')');
+        }
+        if insert {
+            sql.push_str(") WHERE column1 IS NOT NULL");
         }
         sql.push_str(m.tail());
         sql
@@ -95,13 +125,32 @@ mod tests {
             2,
             " RETURNING a",
         )));
-        assert_eq!(&*text(m, 1), "INSERT INTO t (a, b) VALUES (?, ?) RETURNING a");
+        assert_eq!(
+            &*text(m, 1),
+            "INSERT INTO t (a, b) SELECT * FROM (VALUES (?, ?)) WHERE column1 IS NOT NULL RETURNING a"
+        );
         assert_eq!(
             &*text(m, 4),
-            "INSERT INTO t (a, b) VALUES (?, ?), (?, ?), (?, ?), (?, ?) RETURNING a"
+            "INSERT INTO t (a, b) SELECT * FROM (VALUES (?, ?), (?, ?), (?, ?), (?, ?)) WHERE column1 IS NOT NULL \
+             RETURNING a"
+        );
+        let u = Box::leak(Box::new(MultiRow::new(
+            "WITH v (id, x) AS (VALUES ",
+            2,
+            ") UPDATE t SET x = v.x FROM v WHERE t.id = v.id",
+        )));
+        assert_eq!(
+            &*text(u, 4),
+            "WITH v (id, x) AS (VALUES (?, ?), (?, ?), (?, ?), (?, ?)) UPDATE t SET x = v.x FROM v WHERE t.id = v.id"
         );
         assert_eq!(text(m, 64).matches('?').count(), 128);
         assert!(Arc::ptr_eq(&text(m, 4), &text(m, 4)), "a text is made once");
+    }
+
+    #[test]
+    fn a_statement_takes_the_smallest_text_that_holds_its_rows() {
+        let sizes: Vec<usize> = [1, 2, 4, 5, 16, 17, 63, 64].into_iter().map(padded).collect();
+        assert_eq!(sizes, [1, 4, 4, 16, 16, 64, 64, 64]);
     }
 
     #[test]
