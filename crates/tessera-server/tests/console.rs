@@ -614,7 +614,7 @@ async fn quota_page_shows_shares_budget_chart_and_csv_and_tokens_are_shown_once_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_admins_only() {
+async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_and_members_their_own() {
     let s = TestServer::start("fleetmap").await;
     s.tenant_with_project("vision", "train").await;
     let member = s.token("vision", "member").await;
@@ -674,15 +674,42 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
     assert!(!audit.contains("auth.failure"), "filtered by action");
     let bad = b.get("/console/fleet?state=broken").await;
     assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    // Tenants get no fleet map.
+    // A member's map is where their own tenant's work runs: the slice's node, its cell in
+    // vision's colour, its detail without node operations, which stay the platform admin's.
     let m = s.browser();
-    sign_in(&m, &member).await;
+    let mcsrf = sign_in(&m, &member).await;
     let page = m.page("/console").await;
-    assert!(!page.contains("href=\"/console/fleet\""));
-    assert_eq!(m.get("/console/fleet").await.status(), StatusCode::FORBIDDEN);
-    assert_eq!(
-        m.get(&format!("/console/fleet/nodes/{node}")).await.status(),
-        StatusCode::FORBIDDEN
+    assert!(
+        page.contains("href=\"/console/fleet\""),
+        "the member's navigation offers the map"
+    );
+    let mine = m.page("/console/fleet").await;
+    no_inline_code(&mine);
+    assert!(
+        mine.contains("Where vision&#39;s work runs") || mine.contains("Where vision's work runs"),
+        "{mine}"
+    );
+    assert!(
+        mine.contains("1 nodes match")
+            && mine.contains(&format!("id=\"node-{node}\""))
+            && mine.contains(&format!("vision #{id}")),
+        "the member's map holds the slice's node: {mine}"
+    );
+    let detail = m.page(&format!("/console/fleet/nodes/{node}")).await;
+    assert!(
+        detail.contains(&format!("vision/train <a href=\"/console/workloads/{id}\">"))
+            && !detail.contains("/cordon\"")
+            && !detail.contains("/uncordon\""),
+        "the member's node detail: {detail}"
+    );
+    let op = m
+        .post(&format!("/console/fleet/nodes/{node}/uncordon"), Some(&mcsrf))
+        .await;
+    assert_eq!(op.status(), StatusCode::FORBIDDEN, "a member cannot uncordon");
+    let still = b.page("/console/fleet?state=cordoned").await;
+    assert!(
+        still.contains(&format!("id=\"node-{node}\"")),
+        "the node is still cordoned"
     );
     let audit = m.get("/console/audit").await;
     assert_eq!(audit.status(), StatusCode::FORBIDDEN);
@@ -842,18 +869,38 @@ async fn fleet_map_gives_ten_tenants_ten_colours_and_highlights_one_to_admins_on
     // An unknown tenant highlights nothing and is not echoed.
     let none = b.page("/console/fleet?highlight=nobody").await;
     assert!(!none.contains(" dim\"") && !none.contains("nobody"), "{none}");
-    // A member can use neither the map nor the highlight to learn other tenants' names.
+    // A member's map shows their own tenant's work only: neither the tenant filter, the
+    // highlight, a workload search nor a node's detail names another tenant or its workloads.
     let member = s.token("vision", "member").await;
     let m = s.browser();
     sign_in(&m, &member).await;
+    let nlp = ids[names.iter().position(|n| *n == "nlp").unwrap()];
+    let vision = ids[names.iter().position(|n| *n == "vision").unwrap()];
+    let own = m.page(&format!("/console/fleet?workload={vision}")).await;
+    assert!(
+        own.contains("1 nodes match") && own.contains(&format!("vision #{vision}")),
+        "{own}"
+    );
     for path in [
-        "/console/fleet?highlight=vision",
-        "/console/fleet?highlight=nlp",
-        "/console/fleet?tenant=nlp&highlight=nlp",
+        "/console/fleet".to_string(),
+        "/console/fleet?highlight=vision".to_string(),
+        "/console/fleet?highlight=nlp".to_string(),
+        "/console/fleet?tenant=nlp&highlight=nlp".to_string(),
+        format!("/console/fleet?workload={nlp}"),
+        format!(
+            "/console/fleet/nodes/{}",
+            nodes[names.iter().position(|n| *n == "nlp").unwrap()]
+        ),
     ] {
-        let r = m.get(path).await;
-        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+        let r = m.get(&path).await;
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
         let body = r.text().await.unwrap();
+        if path.contains("workload=") {
+            assert!(
+                body.contains(">0 nodes match") && !body.contains(&format!("#{nlp}")),
+                "{path}: {body}"
+            );
+        }
         for other in names.iter().filter(|t| **t != "vision") {
             assert!(
                 !body.contains(&format!(">{other}<")) && !body.contains(&format!("{other} #")),
@@ -2259,7 +2306,8 @@ async fn twenty_tenants_never_look_the_same_on_the_fleet_map_and_a_member_sees_n
     let node19 = &nodes[names.iter().position(|n| n == t19).unwrap()];
     let detail = b.page(&format!("/console/fleet/nodes/{node19}")).await;
     assert!(detail.contains(&format!("class=\"sw {c19}\"")), "{detail}");
-    // A member of nlp: neither the map nor a node's detail, and no tenant's name or swatch.
+    // A member of nlp (no work on the fleet): their map and a node's detail name no tenant
+    // and show no tenant's swatch, only "another tenant" (t17) and free (t16).
     s.tenant_with_project("nlp", "p").await;
     let m = s.browser();
     sign_in(&m, &s.token("nlp", "member").await).await;
@@ -2269,11 +2317,20 @@ async fn twenty_tenants_never_look_the_same_on_the_fleet_map_and_a_member_sees_n
         format!("/console/fleet/nodes/{node19}"),
     ] {
         let r = m.get(&path).await;
-        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
         let body = r.text().await.unwrap();
         assert!(!body.contains("team"), "{path} names a tenant: {body}");
-        assert!(!body.contains("class=\"sw t"), "{path} shows a swatch: {body}");
+        for (i, _) in body.match_indices("class=\"sw t") {
+            let rest = &body[i + "class=\"sw t".len()..];
+            assert!(
+                rest.starts_with("16\"") || rest.starts_with("17\""),
+                "{path} shows a tenant's swatch: {}",
+                &rest[..20.min(rest.len())]
+            );
+        }
     }
+    let empty = m.page("/console/fleet").await;
+    assert!(empty.contains("No node holds nlp"), "{empty}");
 }
 
 /// Events record a token's id; the workload's page names it at display time — to callers who

@@ -128,6 +128,11 @@ fn console_in_a_real_browser() {
         "fleet-phone",
         "request-phone",
         "tenants-quota-prefill",
+        "fleet-member",
+        "fleet-member-1440",
+        "fleet-member-390",
+        "fleet-member-drawer",
+        "fleet-member-empty",
         "signin",
     ] {
         assert!(shots.join(format!("{page}.png")).exists(), "screenshot of {page}");

@@ -1,5 +1,8 @@
-//! The admin fleet map: pools → nodes → GPUs → MIG slices and fractions, coloured by tenant,
-//! with health and cordon/drain state. It stays usable at 10,000 GPUs by aggregating: pool
+//! The fleet map: pools → nodes → GPUs → MIG slices and fractions, coloured by tenant, with
+//! health and cordon/drain state. Platform-admins see every tenant; a tenant's users see where
+//! their own tenant's work runs — the nodes holding it, their tenant's cells in its colour,
+//! every other tenant's share as an unnamed "another tenant" cell (never a name or workload id,
+//! as the REST API's GPU list) — and no node operations. It stays usable at 10,000 GPUs by aggregating: pool
 //! totals, then one row per node (filtered by pool, state and tenant, 100 per page) with a cell
 //! per GPU, grouped under a heading per rack with the rack's free and total GPUs; a
 //! multi-node gang's cells are outlined and name it on every node it spans (found in one pass
@@ -26,6 +29,37 @@ use crate::state::AppState;
 pub const PALETTE: u8 = 16;
 /// The colour class of free capacity.
 pub const FREE: u8 = PALETTE;
+/// The colour class of another tenant's share on a tenant user's map (no name, no key).
+pub const OTHER: u8 = PALETTE + 1;
+
+/// The tenant whose work a caller's map shows: `None` for platform-admins (every tenant);
+/// a tenant user's own tenant; refused for a non-admin without a tenant.
+fn map_scope(id: &crate::auth::Identity) -> Result<Option<String>, ApiError> {
+    if id.is_admin() {
+        return Ok(None);
+    }
+    match &id.tenant {
+        Some(t) if !t.is_empty() => Ok(Some(t.clone())),
+        _ => id.require_admin().map(|_| None),
+    }
+}
+
+/// What a GPU's label says of its holders: `tenant #workload` for those the caller may read,
+/// `another tenant` (once) for the others.
+fn holders_words(holders: &[crate::lifecycle::HolderSnap], id: &crate::auth::Identity) -> String {
+    let mut who: Vec<String> = Vec::new();
+    for h in holders {
+        let w = if id.can_read(&h.tenant) {
+            format!("{} #{}", h.tenant, h.workload)
+        } else {
+            "another tenant".to_string()
+        };
+        if !who.contains(&w) {
+            who.push(w);
+        }
+    }
+    who.join(", ")
+}
 
 /// FNV-1a of a tenant's name: stable across builds and restarts (std's hasher is not).
 fn fnv(tenant: &str) -> u32 {
@@ -120,14 +154,16 @@ pub fn palette<'a>(tenants: impl IntoIterator<Item = &'a str>) -> BTreeMap<Strin
     out
 }
 
-/// The swatches of every tenant holding a GPU share anywhere in the snapshot (one pass).
-fn fleet_palette(snap: &crate::lifecycle::Snapshot) -> BTreeMap<String, Swatch> {
+/// The swatches of every tenant holding a GPU share anywhere in the snapshot (one pass), or
+/// of the one tenant a tenant user's map shows (`scope`).
+fn fleet_palette(snap: &crate::lifecycle::Snapshot, scope: Option<&str>) -> BTreeMap<String, Swatch> {
     palette(
         snap.nodes
             .iter()
             .flat_map(|n| n.gpus.iter())
             .flat_map(|g| g.holders.iter())
-            .map(|h| h.tenant.as_str()),
+            .map(|h| h.tenant.as_str())
+            .filter(|t| scope.is_none_or(|s| s == *t)),
     )
 }
 
@@ -262,6 +298,12 @@ pub struct LegendEntry {
 #[template(path = "console/fleet.html")]
 struct FleetPage {
     chrome: Chrome,
+    /// A tenant user's own tenant (their map shows only its work); `None` for platform-admins.
+    scope: Option<String>,
+    /// The tenants with work on the fleet, for the tenant filter's choices (admins).
+    tenant_names: Vec<String>,
+    /// Every rack's name, for the rack filter's choices.
+    rack_names: Vec<String>,
     pools: Vec<PoolRow>,
     heat: Vec<HeatGroup>,
     /// Where a heat map node's cells lead: the node search (keeping the highlight), its name appended.
@@ -289,9 +331,18 @@ impl FleetPage {
 
 const PER_PAGE: usize = 100;
 
-/// `GET /console/fleet` (platform-admins): pool totals and the filtered node rows.
-pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQuery>) -> Result<Response, ApiError> {
-    c.id.require_admin()?;
+/// `GET /console/fleet`: pool totals and the filtered node rows; a tenant user's map shows
+/// the nodes holding their own tenant's work, highlighted, and names no other tenant.
+pub async fn fleet(
+    State(s): State<AppState>,
+    c: Caller,
+    Query(mut q): Query<FleetQuery>,
+) -> Result<Response, ApiError> {
+    let scope = map_scope(&c.id)?;
+    if let Some(t) = &scope {
+        q.tenant = t.clone();
+        q.highlight = t.clone();
+    }
     if !q.state.is_empty() && NodeState::parse(&q.state).is_none() {
         return Err(ApiError::invalid(
             "state",
@@ -369,8 +420,12 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     }
     let gang_nodes = |w: u64| spans.get(&w).map(|(_, n)| *n).filter(|n| *n > 1);
     // Nodes grouped by rack within their pool (fleet order otherwise).
-    let swatches = fleet_palette(&snap);
+    let swatches = fleet_palette(&snap, scope.as_deref());
     let highlight = swatches.contains_key(&q.highlight).then(|| q.highlight.clone());
+    // Every rack's name, for the rack filter's choices.
+    let rack_names: Vec<String> = rack_level
+        .map(|l| f.levels.domains(l).iter().map(|d| d.name.clone()).collect())
+        .unwrap_or_default();
     // The whole-fleet heat map: every GPU, by pool and rack (one pass over the GPUs).
     let mut heat: Vec<HeatGroup> = Vec::new();
     {
@@ -463,8 +518,12 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         if !q.tenant.is_empty() && !ns.gpus.iter().any(|g| g.holders.iter().any(|h| h.tenant == q.tenant)) {
             continue;
         }
+        // A tenant user finds only their own tenant's workloads.
         if let Some(w) = workload
-            && !ns.gpus.iter().any(|g| g.holders.iter().any(|h| h.workload == w))
+            && !ns
+                .gpus
+                .iter()
+                .any(|g| g.holders.iter().any(|h| h.workload == w && c.id.can_read(&h.tenant)))
         {
             continue;
         }
@@ -479,7 +538,14 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             .iter()
             .enumerate()
             .map(|(gi, g)| {
-                let top = g.holders.iter().max_by_key(|h| h.units.as_milli());
+                // The cell's tenant: the largest share the caller may read (their own before
+                // another tenant's on a tenant user's map); another tenant's stays unnamed.
+                let top = g
+                    .holders
+                    .iter()
+                    .filter(|h| c.id.can_read(&h.tenant))
+                    .max_by_key(|h| h.units.as_milli());
+                let other = top.is_none() && !g.holders.is_empty();
                 let tenant = top.map(|h| h.tenant.clone()).unwrap_or_default();
                 let swatch = swatches.get(&tenant);
                 if !tenant.is_empty() {
@@ -500,15 +566,10 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                 let mut label = if g.holders.is_empty() {
                     format!("GPU {gi}: free")
                 } else {
-                    let who: Vec<String> = g
-                        .holders
-                        .iter()
-                        .map(|h| format!("{} #{}", h.tenant, h.workload))
-                        .collect();
                     format!(
                         "GPU {gi}: {} units used by {}",
                         tessera_model::GpuUnits(g.used_milli as u64),
-                        who.join(", ")
+                        holders_words(&g.holders, &c.id)
                     )
                 };
                 if let Some((w, k)) = gang {
@@ -522,7 +583,11 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                 }
                 Cell {
                     index: gi,
-                    colour: swatch.map_or(FREE, |w| w.colour),
+                    colour: if other {
+                        OTHER
+                    } else {
+                        swatch.map_or(FREE, |w| w.colour)
+                    },
                     pattern: swatch.map_or(0, |w| w.pattern),
                     key: swatch.map(|w| w.key.clone()).unwrap_or_default(),
                     dim: highlight.as_ref().is_some_and(|h| !tenant.is_empty() && *h != tenant),
@@ -561,6 +626,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         }
         groups.last_mut().expect("a group").rows.push(row);
     }
+    let admin = scope.is_none();
     let href = |page: usize, highlight: &str| {
         serde_urlencoded::to_string([
             ("pool", q.pool.as_str()),
@@ -577,7 +643,11 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         .map(|qs| format!("/console/fleet?{qs}"))
         .unwrap_or_default()
     };
-    let shown_highlight = highlight.as_deref().unwrap_or_default();
+    let shown_highlight = if admin {
+        highlight.as_deref().unwrap_or_default()
+    } else {
+        ""
+    };
     let link = |page: usize| href(page, shown_highlight);
     let legend = tenants
         .into_iter()
@@ -598,12 +668,16 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     let prev = (q.page > 0).then(|| link(q.page - 1));
     Ok(html(&FleetPage {
         chrome: Chrome::new(&c, &s, "fleet"),
+        scope,
+        tenant_names: swatches.keys().cloned().collect(),
+        rack_names,
         pools,
         heat,
         heat_href: format!(
             "/console/fleet?{}node=",
             highlight
                 .as_deref()
+                .filter(|_| admin)
                 .and_then(|h| serde_urlencoded::to_string([("highlight", h)]).ok())
                 .map(|q| q + "&")
                 .unwrap_or_default()
@@ -625,6 +699,8 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
 #[derive(Template)]
 #[template(path = "console/fleet_node.html")]
 struct NodeDetail {
+    /// Whether the caller is a platform-admin (who may cordon, uncordon and drain).
+    admin: bool,
     node: String,
     state: String,
     gpus: Vec<GpuView>,
@@ -641,9 +717,10 @@ struct NodeDetail {
 impl NodeDetail {
     /// The classes of `tenant`'s swatch (colour and pattern).
     fn swatch(&self, tenant: &str) -> String {
-        self.swatches
-            .get(tenant)
-            .map_or_else(|| classes(FREE, 0), Swatch::classes)
+        self.swatches.get(tenant).map_or_else(
+            || classes(if tenant.is_empty() { FREE } else { OTHER }, 0),
+            Swatch::classes,
+        )
     }
 
     fn key(&self, tenant: &str) -> &str {
@@ -663,10 +740,11 @@ impl NodeDetail {
     }
 }
 
-/// `GET /console/fleet/nodes/{name}` (platform-admins): the node's GPUs with every MIG slice
-/// and fraction, its workload and tenant.
+/// `GET /console/fleet/nodes/{name}`: the node's GPUs with every MIG slice and fraction, its
+/// workload and tenant. A tenant user reads another tenant's slices as "(another tenant)"
+/// (no project, no workload) and the telemetry of the GPUs their own tenant holds only.
 pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>) -> Result<Response, ApiError> {
-    c.id.require_admin()?;
+    let scope = map_scope(&c.id)?;
     let snap = s.lifecycle.snapshot();
     let Some(i) = snap.fleet.node_by_name(&name) else {
         return Err(ApiError::not_found(format!("no node `{name}`")));
@@ -680,14 +758,27 @@ pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>
             *h = Some(health_words(r));
         }
     }
-    let (telemetry, sampled) = gpu_telemetry(
+    let (mut telemetry, sampled) = gpu_telemetry(
         &s.lifecycle.published().telemetry(),
         &name,
         gpus.len(),
         crate::clock::now_ms(),
     );
+    if let Some(t) = &scope {
+        let ns = &snap.nodes[i.0 as usize];
+        for (gi, slot) in telemetry.iter_mut().enumerate() {
+            let ours = ns
+                .gpus
+                .get(gi)
+                .is_some_and(|g| g.holders.iter().any(|h| h.tenant == *t));
+            if !ours {
+                *slot = None;
+            }
+        }
+    }
     Ok(html(&NodeDetail {
-        swatches: fleet_palette(&snap),
+        admin: scope.is_none(),
+        swatches: fleet_palette(&snap, scope.as_deref()),
         health,
         telemetry,
         sampled,
