@@ -715,6 +715,79 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_and_
     assert_eq!(audit.status(), StatusCode::FORBIDDEN);
 }
 
+/// A fleet with blocks (spines) above its racks: the whole-fleet heat map and the node rows
+/// are grouped by pool, block and rack, each rack heading naming its block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_map_groups_racks_by_their_block() {
+    let group = |name: &str, count: u32, racks: &str, block: &str| {
+        format!(
+            "[[pool.nodes]]\nname = \"{name}\"\ncount = {count}\ngpu_model = \"H100-80GB-SXM\"\ngpus = 2\ncpus = 64\nmemory_gib = 512\nnvlink = \"nvswitch\"\n{racks}\nblock = \"{block}\"\n"
+        )
+    };
+    let toml = format!(
+        "[[pool]]\nname = \"training\"\nsharing = \"whole\"\n{}{}",
+        group("h", 4, "nodes_per_rack = 2\nrack_prefix = \"r\"", "b0"),
+        group("g", 2, "rack = \"r9\"", "b1"),
+    );
+    let fleet = tessera_model::Fleet::from_toml(&toml, "test").unwrap();
+    let s = TestServer::start_with("fleetblocks", |c| ServerConfig { fleet, ..c }).await;
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    let map = b.page("/console/fleet").await;
+    for (block, rack) in [("b0", "r0"), ("b0", "r1"), ("b1", "r9")] {
+        assert!(
+            map.contains(&format!("training · block {block} · rack {rack}: 4 of 4 GPUs free")),
+            "the heat map's group of rack {rack} in block {block}: {map}"
+        );
+        assert!(
+            map.contains(&format!("Rack {rack}</a> (training, block {block}):")),
+            "the rack heading of {rack} names block {block}: {map}"
+        );
+    }
+    let b0 = map.find("block b0 · rack r1").unwrap();
+    let b1 = map.find("block b1 · rack r9").unwrap();
+    assert!(b0 < b1, "block b0's racks before block b1's");
+}
+
+/// Changes made through the REST API name their object on the audit page as the console's own
+/// forms do: the tenant, the project, the token (id and name, never its secret) and the
+/// workload a request made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_rows_of_api_changes_name_the_tenant_project_token_and_workload() {
+    let s = TestServer::start("auditapi").await;
+    s.tenant_with_project("stark", "main").await;
+    let (_, t) = s
+        .post(
+            "/api/v1/tokens",
+            json!({"tenant": "stark", "role": "member", "name": "ci-bot"}),
+        )
+        .await;
+    let tok = t["id"].as_str().unwrap().to_string();
+    let secret = t["token"].as_str().unwrap().to_string();
+    let (_, w) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "stark", "project": "main", "name": "w", "shape": {"fraction": 100}}),
+        )
+        .await;
+    let id = w["id"].as_u64().unwrap();
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    let audit = b.page("/console/audit").await;
+    for what in [
+        "created tenant stark".to_string(),
+        "created project stark/main".to_string(),
+        format!("created token {tok} (ci-bot), member of tenant stark"),
+        format!("requested workload {id}"),
+    ] {
+        assert!(
+            audit.contains(&format!("<td class=\"what\">{what}</td>")),
+            "the audit page names {what}: {audit}"
+        );
+    }
+    assert!(!audit.contains(&secret), "never the token's secret");
+}
+
 /// Ten tenants with work on the fleet map: ten distinct colours and key letters in the legend and
 /// their cells; `?highlight=` dims every other tenant's cells and keeps the colours; a member can
 /// use neither the map nor the parameter to learn another tenant's name.

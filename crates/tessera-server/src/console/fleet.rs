@@ -4,7 +4,8 @@
 //! every other tenant's share as an unnamed "another tenant" cell (never a name or workload id,
 //! as the REST API's GPU list) — and no node operations. It stays usable at 10,000 GPUs by aggregating: pool
 //! totals, then one row per node (filtered by pool, state and tenant, 100 per page) with a cell
-//! per GPU, grouped under a heading per rack with the rack's free and total GPUs; a
+//! per GPU, grouped under a heading per rack with the rack's free and total GPUs (and the rack's
+//! block, where the fleet declares blocks: nodes are ordered by pool, block, rack); a
 //! multi-node gang's cells are outlined and name it on every node it spans (found in one pass
 //! over the GPUs, never a lookup per cell); a node's GPU-level detail (each MIG slice and fraction with its workload) is
 //! fetched on demand when the node is opened. Everything is read from the published snapshot.
@@ -223,6 +224,8 @@ pub struct NodeRow {
 pub struct RackGroup {
     /// The rack's name; `None` for nodes whose pool declares no racks.
     pub rack: Option<String>,
+    /// The block (spine) the rack lies in, where the fleet declares blocks.
+    pub block: Option<String>,
     pub pool: String,
     pub free: usize,
     pub total: usize,
@@ -234,6 +237,8 @@ pub struct RackGroup {
 /// used, `2` full, `x` failed, `h` held by the highlighted tenant — nodes separated by `,`.
 pub struct HeatGroup {
     pub pool: String,
+    /// The block (spine) of the group's nodes, where the fleet declares blocks.
+    pub block: Option<String>,
     pub rack: Option<String>,
     pub free: usize,
     pub total: usize,
@@ -400,6 +405,22 @@ pub async fn fleet(
     let rack_level = f.levels.level("rack");
     let rack_of = |i: usize| rack_level.and_then(|l| f.levels.domain_of(l, tessera_model::NodeId(i as u32)));
     let mut rack_gpus: HashMap<u32, (usize, usize)> = HashMap::new();
+    // Blocks (the level above racks, where declared): nodes are grouped by pool, block, rack.
+    let block_level = f.levels.level("block");
+    let block_of = |i: usize| block_level.and_then(|l| f.levels.domain_of(l, tessera_model::NodeId(i as u32)));
+    let block_name = |i: usize| {
+        block_of(i)
+            .zip(block_level)
+            .map(|(b, l)| f.levels.domains(l)[b as usize].name.as_str())
+    };
+    let place = |i: usize| {
+        (
+            f.nodes[i].pool,
+            block_of(i).unwrap_or(u32::MAX),
+            rack_of(i).unwrap_or(u32::MAX),
+            i,
+        )
+    };
     // Multi-node gangs: the nodes each workload holds GPUs on (one pass over the GPUs: a
     // workload on more than one node is a gang).
     let mut spans: HashMap<u64, (usize, usize)> = HashMap::new();
@@ -430,19 +451,21 @@ pub async fn fleet(
     let mut heat: Vec<HeatGroup> = Vec::new();
     {
         let mut by_place: Vec<usize> = (0..f.nodes.len()).collect();
-        by_place.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
+        by_place.sort_by_key(|&i| place(i));
         for i in by_place {
             let n = &f.nodes[i];
             let pool = &f.pool(n.pool).name;
             let rack_name = rack_of(i)
                 .zip(rack_level)
                 .map(|(r, l)| f.levels.domains(l)[r as usize].name.as_str());
+            let block = block_name(i);
             if !heat
                 .last()
-                .is_some_and(|g| g.pool == *pool && g.rack.as_deref() == rack_name)
+                .is_some_and(|g| g.pool == *pool && g.block.as_deref() == block && g.rack.as_deref() == rack_name)
             {
                 heat.push(HeatGroup {
                     pool: pool.clone(),
+                    block: block.map(str::to_string),
                     rack: rack_name.map(str::to_string),
                     free: 0,
                     total: 0,
@@ -483,7 +506,7 @@ pub async fn fleet(
     if by_free {
         order.sort_by_key(|&i| (std::cmp::Reverse(snap.nodes[i].free_gpus()), i));
     } else {
-        order.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
+        order.sort_by_key(|&i| place(i));
     }
     let mut tenants: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let mut matched = 0;
@@ -610,13 +633,18 @@ pub async fn fleet(
             gangs,
         };
         // Sorted by free capacity, the rows stand in one group without rack headings.
-        let (rack, rack_name) = if by_free { (None, None) } else { (rack, rack_name) };
-        let same = groups
-            .last()
-            .is_some_and(|g| (by_free || g.pool == *pool) && g.rack.as_deref() == rack_name);
+        let (rack, rack_name, block) = if by_free {
+            (None, None, None)
+        } else {
+            (rack, rack_name, block_name(i))
+        };
+        let same = groups.last().is_some_and(|g| {
+            (by_free || g.pool == *pool) && g.block.as_deref() == block && g.rack.as_deref() == rack_name
+        });
         if !same {
             let (free, total) = rack.and_then(|r| rack_gpus.get(&r).copied()).unwrap_or_default();
             groups.push(RackGroup {
+                block: block.map(str::to_string),
                 rack: rack_name.map(str::to_string),
                 pool: pool.clone(),
                 free,
@@ -861,6 +889,11 @@ pub struct AuditRow {
 /// What an audit record changed, in words: the object its route names (a tenant, project,
 /// quota, budget, token, node or workload) and, where the handler said, the object it made.
 pub fn audit_what(action: &str, target: &str, detail: &str, token_name: impl Fn(&str) -> Option<String>) -> String {
+    // The lifecycle appends the workload a creation made: `/api/v1/workloads (workload 7)`.
+    let (target, made) = match target.rsplit_once(" (") {
+        Some((path, m)) if m.ends_with(')') => (path, Some(&m[..m.len() - 1])),
+        _ => (target, None),
+    };
     let route = target
         .strip_prefix("/api/v1/")
         .or_else(|| target.strip_prefix("/console/"))
@@ -887,7 +920,10 @@ pub fn audit_what(action: &str, target: &str, detail: &str, token_name: impl Fn(
         ["tokens", id, ..] => token(id),
         ["fleet", "nodes", n, op] | ["nodes", n, op] => format!("node {n}: {op}"),
         ["fleet", "nodes", n, ..] | ["nodes", n, ..] => format!("node {n}"),
-        ["workloads"] => "a workload".to_string(),
+        ["workloads"] => match made {
+            Some(m) => format!("requested {m}"),
+            None => "a workload".to_string(),
+        },
         ["workloads", id, op] => format!("workload {id}: {op}"),
         ["workloads", id, ..] => format!("workload {id}"),
         ["signin"] | ["signout"] | ["login"] => parts[0].to_string(),
@@ -1065,6 +1101,24 @@ mod tests {
         assert_eq!(
             w("denied POST /console/tenants", "/console/tenants", ""),
             "denied: a tenant"
+        );
+        // A creation through the API: the workload the lifecycle made, the tenant and token
+        // the handlers name.
+        assert_eq!(
+            w("POST /api/v1/workloads", "/api/v1/workloads (workload 300)", ""),
+            "requested workload 300"
+        );
+        assert_eq!(
+            w("POST /api/v1/tenants", "/api/v1/tenants", "created tenant stark"),
+            "created tenant stark"
+        );
+        assert_eq!(
+            w(
+                "POST /api/v1/tokens",
+                "/api/v1/tokens",
+                "created token tok-1 (ci-bot), member of tenant stark"
+            ),
+            "created token tok-1 (ci-bot), member of tenant stark"
         );
         assert_eq!(
             w(
