@@ -311,6 +311,8 @@ struct FleetPage {
     rack_names: Vec<String>,
     pools: Vec<PoolRow>,
     heat: Vec<HeatGroup>,
+    /// Whether the fleet declares blocks (the heat map's groups then name theirs).
+    has_blocks: bool,
     /// Where a heat map node's cells lead: the node search (keeping the highlight), its name appended.
     heat_href: String,
     groups: Vec<RackGroup>,
@@ -700,6 +702,7 @@ pub async fn fleet(
         tenant_names: swatches.keys().cloned().collect(),
         rack_names,
         pools,
+        has_blocks: block_level.is_some(),
         heat,
         heat_href: format!(
             "/console/fleet?{}node=",
