@@ -38,7 +38,8 @@ async function context() {
 async function axe(page, name) {
   await page.evaluate(axeSource);
   const r = await page.evaluate(() => globalThis.axe.run(document, { resultTypes: ['violations'] }));
-  const bad = r.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+  // Every violation fails the suite, whatever its impact (minor and moderate ones too).
+  const bad = r.violations;
   for (const v of bad) problems.push(`axe ${name}: ${v.id} (${v.impact}): ${v.help} — ${v.nodes.map((n) => n.target.join(' ')).slice(0, 3).join(', ')}`);
   await page.screenshot({ path: `${SHOTS}/${name}.png`, fullPage: true });
 }
