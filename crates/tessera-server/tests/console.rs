@@ -788,6 +788,61 @@ async fn audit_rows_of_api_changes_name_the_tenant_project_token_and_workload() 
     assert!(!audit.contains(&secret), "never the token's secret");
 }
 
+/// The seconds of the day of the first `YYYY-MM-DD HH:MM:SS UTC` after `after` in `page`.
+fn time_after(page: &str, after: &str) -> u32 {
+    let at = page.find(after).unwrap_or_else(|| panic!("{after} in {page}")) + after.len();
+    let t = &page[at + 11..at + 19];
+    let p: Vec<u32> = t.split(':').map(|x| x.parse().unwrap()).collect();
+    p[0] * 3600 + p[1] * 60 + p[2]
+}
+
+/// A workload waiting for capacity is told when it may expect some (its next step's "wait
+/// until"): when the running work in its pool is first due to end by its lease — the running
+/// workload's own "ends at about" —; a member of another tenant learns nothing of that work
+/// but the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_waiting_for_capacity_is_told_when_running_work_is_due_to_end() {
+    let fleet = tessera_model::Fleet::from_toml(
+        "[[pool]]\nname = \"training\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"h\"\ncount = 1\ngpu_model = \"H100-80GB-SXM\"\ngpus = 2\ncpus = 64\nmemory_gib = 512\nnvlink = \"nvswitch\"\n",
+        "test",
+    )
+    .unwrap();
+    let s = TestServer::start_with("waituntil", |c| ServerConfig { fleet, ..c }).await;
+    vision_and_nlp(&s).await;
+    let gpus = |t: &str, p: &str, n: u32, name: &str| json!({"tenant": t, "project": p, "name": name, "shape": {"gpus": n, "pool": "training"}, "duration_s": 7200});
+    let busy = submit(&s, gpus("vision", "train", 2, "busy")).await;
+    s.wait_state(busy, &["running"]).await;
+    let waiting = submit(&s, gpus("nlp", "p", 1, "later")).await;
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    let running = page_until(&b, &format!("/console/workloads/{busy}"), |p| {
+        p.contains("ends at about")
+    })
+    .await;
+    let ends = time_after(&running, "ends at about ");
+    let m = s.browser();
+    sign_in(&m, &s.token("nlp", "member").await).await;
+    let page = page_until(&m, &format!("/console/workloads/{waiting}"), |p| {
+        p.contains("due to end from about")
+    })
+    .await;
+    let at = page.find("id=\"waits-next\"").unwrap_or_else(|| panic!("{page}"));
+    let next = &page[at..at + page[at..].find("</p>").unwrap()];
+    assert!(
+        next.contains("Running work in pool training is due to end from about "),
+        "{next}"
+    );
+    let told = time_after(&next, "due to end from about ");
+    assert!(
+        told.abs_diff(ends) <= 2,
+        "told {told} s, the running workload ends at {ends} s: {next}"
+    );
+    assert!(
+        !page.contains("busy") && !page.contains("vision"),
+        "nothing of vision's work: {page}"
+    );
+}
+
 /// Ten tenants with work on the fleet map: ten distinct colours and key letters in the legend and
 /// their cells; `?highlight=` dims every other tenant's cells and keeps the colours; a member can
 /// use neither the map nor the parameter to learn another tenant's name.
