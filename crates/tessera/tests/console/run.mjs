@@ -760,6 +760,21 @@ try {
   check(await admin.inputValue('#nlp-quota-guaranteed') === '1' && await admin.inputValue('#nlp-quota-limit') === '2', `serving's quota in the fields: ${await admin.inputValue('#nlp-quota-guaranteed')} / ${await admin.inputValue('#nlp-quota-limit')}`);
   await axe(admin, 'tenants-quota-prefill');
 
+  // 15. A tenant over its budget is flagged in words on the tenants page (vision's running
+  // slice spends a 0.0001 GPU-unit-hour budget within seconds).
+  step('an over-budget tenant is flagged');
+  r = await api('PUT', '/api/v1/tenants/vision/budget', { monthly_unit_hours: 0.0001 });
+  check(r.ok, `vision's budget: ${r.status}`);
+  for (let i = 0; i < 60; i++) {
+    await admin.goto(`${BASE}/console/tenants`);
+    if (await admin.locator('#vision-over-budget').count()) break;
+    await admin.waitForTimeout(500);
+  }
+  check((await admin.textContent('#vision-over-budget')).includes('Over budget'), 'vision is flagged over budget in words');
+  check(await admin.locator('#nlp-over-budget').count() === 0, 'nlp, without a budget, is not');
+  await axe(admin, 'tenants-over-budget');
+  await sizes(admin, 'tenants-over-budget');
+
   const signin = await context();
   await signin.goto(`${BASE}/console/signin`);
   await axe(signin, 'signin');
