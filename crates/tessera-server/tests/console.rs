@@ -832,7 +832,7 @@ async fn a_workload_waiting_for_capacity_is_told_when_running_work_is_due_to_end
         next.contains("Running work in pool training is due to end from about "),
         "{next}"
     );
-    let told = time_after(&next, "due to end from about ");
+    let told = time_after(next, "due to end from about ");
     assert!(
         told.abs_diff(ends) <= 2,
         "told {told} s, the running workload ends at {ends} s: {next}"
