@@ -1411,6 +1411,145 @@ async fn a_remainder_gang_is_held_to_the_quota_and_its_rules(db: Db) {
     assert_eq!(s.workload_count().await, before, "nothing stored");
 }
 
+/// Every page of `path` (a workload list with a `limit`), following `next_cursor`: the ids in
+/// the order served, and `between` called before each next page (to add workloads meanwhile).
+async fn all_pages(s: &Srv, path: &str, mut between: impl AsyncFnMut()) -> Vec<u64> {
+    let mut ids = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let p = match &cursor {
+            None => path.to_string(),
+            Some(c) => format!("{path}&cursor={}", urlencode(c)),
+        };
+        let page = s.get(&p).await;
+        ids.extend(
+            page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w["id"].as_u64().unwrap()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return ids,
+        }
+        between().await;
+    }
+    panic!("{path}: more than 100 pages");
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `GET /workloads?sort=`: by name, state and oldest first over every matching workload, page
+/// after page through `next_cursor`, with workloads added between pages neither repeated nor
+/// skipped; a cursor of another sort or made up is refused as `cursor`; a member sorting or
+/// forging a cursor from another tenant's workload sees only their own tenant's.
+async fn the_workload_list_sorts_by_name_state_and_age_across_pages(db: Db) {
+    let s = server(db, "sorted").await;
+    s.tenant("vision", "train").await;
+    s.tenant("nlp", "p").await;
+    // Names out of id order, two alike; three cancelled, the others running.
+    let names = ["kilo", "alpha", "Zulu", "mike", "alpha", "bravo", "echo"];
+    let mut made: Vec<(u64, String)> = Vec::new();
+    for n in names {
+        let body = json!({"tenant": "vision", "project": "train", "name": n, "shape": {"fraction": 100}});
+        let (st, w) = s.post("/api/v1/workloads", body).await;
+        assert_eq!(st, StatusCode::CREATED, "{w}");
+        made.push((w["id"].as_u64().unwrap(), n.to_string()));
+    }
+    let (st, theirs) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "nlp", "project": "p", "name": "aaa-secret", "shape": {"fraction": 100}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{theirs}");
+    let theirs = theirs["id"].as_u64().unwrap();
+    let cancelled = [made[1].0, made[3].0, made[6].0];
+    for (id, _) in &made {
+        if cancelled.contains(id) {
+            let (st, w) = s.post(&format!("/api/v1/workloads/{id}/cancel"), json!({})).await;
+            assert_eq!(st, StatusCode::OK, "{w}");
+            s.wait_state(*id, "cancelled").await;
+        } else {
+            s.wait_state(*id, "running").await;
+        }
+    }
+    // By name in byte order (`Z` before `a`), the newest first among equal names.
+    let mut by_name = made.clone();
+    by_name.sort_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
+    let want: Vec<u64> = by_name.iter().map(|w| w.0).collect();
+    let got = all_pages(&s, "/api/v1/workloads?tenant=vision&sort=name&limit=2", async || {}).await;
+    assert_eq!(got, want, "by name over 4 pages");
+    // By state: the cancelled ones (newest first), then the running ones.
+    let mut want: Vec<u64> = cancelled.to_vec();
+    want.sort_by(|a, b| b.cmp(a));
+    let mut running: Vec<u64> = made.iter().map(|w| w.0).filter(|id| !cancelled.contains(id)).collect();
+    running.sort_by(|a, b| b.cmp(a));
+    want.extend(running);
+    let got = all_pages(&s, "/api/v1/workloads?tenant=vision&sort=state&limit=3", async || {}).await;
+    assert_eq!(got, want, "by state over 3 pages");
+    // Oldest first, with a workload added after each page: each added one comes at the end,
+    // none earlier is repeated or skipped.
+    let mut added = Vec::new();
+    let got = all_pages(&s, "/api/v1/workloads?tenant=vision&sort=oldest&limit=3", async || {
+        let body = json!({"tenant": "vision", "project": "train", "name": "late", "shape": {"fraction": 100}});
+        let (st, w) = s.post("/api/v1/workloads", body).await;
+        assert_eq!(st, StatusCode::CREATED, "{w}");
+        added.push(w["id"].as_u64().unwrap());
+    })
+    .await;
+    let mut want: Vec<u64> = made.iter().map(|w| w.0).collect();
+    want.extend(&added);
+    assert_eq!(got, want, "oldest first, the added ones at the end, once each");
+    // Newest first keeps its plain id cursor.
+    let newest = s.get("/api/v1/workloads?tenant=vision&limit=2").await;
+    let c = newest["next_cursor"].as_str().unwrap();
+    assert!(c.parse::<u64>().is_ok(), "{newest}");
+    // A cursor of another sort, or made up, is refused and names the parameter.
+    for bad in [
+        format!("sort=name&cursor={}", made[0].0),
+        "sort=state&cursor=5:sleeping".to_string(),
+        "sort=oldest&cursor=5:alpha".to_string(),
+        "cursor=abc".to_string(),
+        "sort=size".to_string(),
+    ] {
+        let (st, p) = s
+            .req(reqwest::Method::GET, &format!("/api/v1/workloads?{bad}"), None, &[])
+            .await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {p}");
+        if bad.contains("cursor") {
+            assert!(p.to_string().contains("cursor"), "{bad}: {p}");
+        }
+    }
+    // A member of vision: sorting and a cursor forged from nlp's workload show only vision's.
+    let (_, t) = s
+        .post("/api/v1/tokens", json!({"tenant": "vision", "role": "member"}))
+        .await;
+    let member = s.with_token(t["token"].as_str().unwrap());
+    for path in [
+        "/api/v1/workloads?sort=name&limit=50".to_string(),
+        format!("/api/v1/workloads?sort=name&limit=50&cursor={theirs}:aaa-secret"),
+        format!("/api/v1/workloads?sort=oldest&limit=50&cursor={}", theirs - 1),
+        "/api/v1/workloads?tenant=nlp&sort=state".to_string(),
+    ] {
+        let page = member.get(&path).await;
+        for w in page["items"].as_array().unwrap() {
+            assert_eq!(w["tenant"], "vision", "{path}: {page}");
+        }
+        assert!(!page.to_string().contains("aaa-secret"), "{path}: {page}");
+    }
+    let mine = member.get("/api/v1/workloads?sort=name&limit=50").await;
+    assert_eq!(mine["items"].as_array().unwrap().len(), made.len() + added.len());
+}
+
 tessera_testdb::each_database!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async create_run_cancel_release,
@@ -1428,6 +1567,7 @@ tessera_testdb::each_database!(
     priority_classes_are_granted_by_the_platform_admin,
     a_deleted_project_or_tenant_is_refused_at_once,
     apply_is_all_or_nothing,
+    the_workload_list_sorts_by_name_state_and_age_across_pages,
 );
 
 /// With the rules for gangs (`serve --gang-rules on`), a gang that finds no room holds a rack

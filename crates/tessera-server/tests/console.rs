@@ -614,7 +614,7 @@ async fn quota_page_shows_shares_budget_chart_and_csv_and_tokens_are_shown_once_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_admins_only() {
+async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_and_members_their_own() {
     let s = TestServer::start("fleetmap").await;
     s.tenant_with_project("vision", "train").await;
     let member = s.token("vision", "member").await;
@@ -674,18 +674,173 @@ async fn fleet_map_shows_a_tenants_mig_slice_coloured_with_detail_on_demand_to_a
     assert!(!audit.contains("auth.failure"), "filtered by action");
     let bad = b.get("/console/fleet?state=broken").await;
     assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    // Tenants get no fleet map.
+    // A member's map is where their own tenant's work runs: the slice's node, its cell in
+    // vision's colour, its detail without node operations, which stay the platform admin's.
     let m = s.browser();
-    sign_in(&m, &member).await;
+    let mcsrf = sign_in(&m, &member).await;
     let page = m.page("/console").await;
-    assert!(!page.contains("href=\"/console/fleet\""));
-    assert_eq!(m.get("/console/fleet").await.status(), StatusCode::FORBIDDEN);
-    assert_eq!(
-        m.get(&format!("/console/fleet/nodes/{node}")).await.status(),
-        StatusCode::FORBIDDEN
+    assert!(
+        page.contains("href=\"/console/fleet\""),
+        "the member's navigation offers the map"
+    );
+    let mine = m.page("/console/fleet").await;
+    no_inline_code(&mine);
+    assert!(
+        mine.contains("Where vision&#39;s work runs") || mine.contains("Where vision's work runs"),
+        "{mine}"
+    );
+    assert!(
+        mine.contains("1 nodes match")
+            && mine.contains(&format!("id=\"node-{node}\""))
+            && mine.contains(&format!("vision #{id}")),
+        "the member's map holds the slice's node: {mine}"
+    );
+    let detail = m.page(&format!("/console/fleet/nodes/{node}")).await;
+    assert!(
+        detail.contains(&format!("vision/train <a href=\"/console/workloads/{id}\">"))
+            && !detail.contains("/cordon\"")
+            && !detail.contains("/uncordon\""),
+        "the member's node detail: {detail}"
+    );
+    let op = m
+        .post(&format!("/console/fleet/nodes/{node}/uncordon"), Some(&mcsrf))
+        .await;
+    assert_eq!(op.status(), StatusCode::FORBIDDEN, "a member cannot uncordon");
+    let still = b.page("/console/fleet?state=cordoned").await;
+    assert!(
+        still.contains(&format!("id=\"node-{node}\"")),
+        "the node is still cordoned"
     );
     let audit = m.get("/console/audit").await;
     assert_eq!(audit.status(), StatusCode::FORBIDDEN);
+}
+
+/// A fleet with blocks (spines) above its racks: the whole-fleet heat map and the node rows
+/// are grouped by pool, block and rack, each rack heading naming its block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_map_groups_racks_by_their_block() {
+    let group = |name: &str, count: u32, racks: &str, block: &str| {
+        format!(
+            "[[pool.nodes]]\nname = \"{name}\"\ncount = {count}\ngpu_model = \"H100-80GB-SXM\"\ngpus = 2\ncpus = 64\nmemory_gib = 512\nnvlink = \"nvswitch\"\n{racks}\nblock = \"{block}\"\n"
+        )
+    };
+    let toml = format!(
+        "[[pool]]\nname = \"training\"\nsharing = \"whole\"\n{}{}",
+        group("h", 4, "nodes_per_rack = 2\nrack_prefix = \"r\"", "b0"),
+        group("g", 2, "rack = \"r9\"", "b1"),
+    );
+    let fleet = tessera_model::Fleet::from_toml(&toml, "test").unwrap();
+    let s = TestServer::start_with("fleetblocks", |c| ServerConfig { fleet, ..c }).await;
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    let map = b.page("/console/fleet").await;
+    for (block, rack) in [("b0", "r0"), ("b0", "r1"), ("b1", "r9")] {
+        assert!(
+            map.contains(&format!("training · block {block} · rack {rack}: 4 of 4 GPUs free")),
+            "the heat map's group of rack {rack} in block {block}: {map}"
+        );
+        assert!(
+            map.contains(&format!("Rack {rack}</a> (training, block {block}):")),
+            "the rack heading of {rack} names block {block}: {map}"
+        );
+    }
+    let b0 = map.find("block b0 · rack r1").unwrap();
+    let b1 = map.find("block b1 · rack r9").unwrap();
+    assert!(b0 < b1, "block b0's racks before block b1's");
+}
+
+/// Changes made through the REST API name their object on the audit page as the console's own
+/// forms do: the tenant, the project, the token (id and name, never its secret) and the
+/// workload a request made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_rows_of_api_changes_name_the_tenant_project_token_and_workload() {
+    let s = TestServer::start("auditapi").await;
+    s.tenant_with_project("stark", "main").await;
+    let (_, t) = s
+        .post(
+            "/api/v1/tokens",
+            json!({"tenant": "stark", "role": "member", "name": "ci-bot"}),
+        )
+        .await;
+    let tok = t["id"].as_str().unwrap().to_string();
+    let secret = t["token"].as_str().unwrap().to_string();
+    let (_, w) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "stark", "project": "main", "name": "w", "shape": {"fraction": 100}}),
+        )
+        .await;
+    let id = w["id"].as_u64().unwrap();
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    let audit = b.page("/console/audit").await;
+    for what in [
+        "created tenant stark".to_string(),
+        "created project stark/main".to_string(),
+        format!("created token {tok} (ci-bot), member of tenant stark"),
+        format!("requested workload {id}"),
+    ] {
+        assert!(
+            audit.contains(&format!("<td class=\"what\">{what}</td>")),
+            "the audit page names {what}: {audit}"
+        );
+    }
+    assert!(!audit.contains(&secret), "never the token's secret");
+}
+
+/// The seconds of the day of the first `YYYY-MM-DD HH:MM:SS UTC` after `after` in `page`.
+fn time_after(page: &str, after: &str) -> u32 {
+    let at = page.find(after).unwrap_or_else(|| panic!("{after} in {page}")) + after.len();
+    let t = &page[at + 11..at + 19];
+    let p: Vec<u32> = t.split(':').map(|x| x.parse().unwrap()).collect();
+    p[0] * 3600 + p[1] * 60 + p[2]
+}
+
+/// A workload waiting for capacity is told when it may expect some (its next step's "wait
+/// until"): when the running work in its pool is first due to end by its lease — the running
+/// workload's own "ends at about" —; a member of another tenant learns nothing of that work
+/// but the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_waiting_for_capacity_is_told_when_running_work_is_due_to_end() {
+    let fleet = tessera_model::Fleet::from_toml(
+        "[[pool]]\nname = \"training\"\nsharing = \"whole\"\n[[pool.nodes]]\nname = \"h\"\ncount = 1\ngpu_model = \"H100-80GB-SXM\"\ngpus = 2\ncpus = 64\nmemory_gib = 512\nnvlink = \"nvswitch\"\n",
+        "test",
+    )
+    .unwrap();
+    let s = TestServer::start_with("waituntil", |c| ServerConfig { fleet, ..c }).await;
+    vision_and_nlp(&s).await;
+    let gpus = |t: &str, p: &str, n: u32, name: &str| json!({"tenant": t, "project": p, "name": name, "shape": {"gpus": n, "pool": "training"}, "duration_s": 7200});
+    let busy = submit(&s, gpus("vision", "train", 2, "busy")).await;
+    s.wait_state(busy, &["running"]).await;
+    let waiting = submit(&s, gpus("nlp", "p", 1, "later")).await;
+    let b = s.browser();
+    sign_in(&b, &s.admin).await;
+    let running = page_until(&b, &format!("/console/workloads/{busy}"), |p| {
+        p.contains("ends at about")
+    })
+    .await;
+    let ends = time_after(&running, "ends at about ");
+    let m = s.browser();
+    sign_in(&m, &s.token("nlp", "member").await).await;
+    let page = page_until(&m, &format!("/console/workloads/{waiting}"), |p| {
+        p.contains("due to end from about")
+    })
+    .await;
+    let at = page.find("id=\"waits-next\"").unwrap_or_else(|| panic!("{page}"));
+    let next = &page[at..at + page[at..].find("</p>").unwrap()];
+    assert!(
+        next.contains("Running work in pool training is due to end from about "),
+        "{next}"
+    );
+    let told = time_after(next, "due to end from about ");
+    assert!(
+        told.abs_diff(ends) <= 2,
+        "told {told} s, the running workload ends at {ends} s: {next}"
+    );
+    assert!(
+        !page.contains("busy") && !page.contains("vision"),
+        "nothing of vision's work: {page}"
+    );
 }
 
 /// Ten tenants with work on the fleet map: ten distinct colours and key letters in the legend and
@@ -842,18 +997,38 @@ async fn fleet_map_gives_ten_tenants_ten_colours_and_highlights_one_to_admins_on
     // An unknown tenant highlights nothing and is not echoed.
     let none = b.page("/console/fleet?highlight=nobody").await;
     assert!(!none.contains(" dim\"") && !none.contains("nobody"), "{none}");
-    // A member can use neither the map nor the highlight to learn other tenants' names.
+    // A member's map shows their own tenant's work only: neither the tenant filter, the
+    // highlight, a workload search nor a node's detail names another tenant or its workloads.
     let member = s.token("vision", "member").await;
     let m = s.browser();
     sign_in(&m, &member).await;
+    let nlp = ids[names.iter().position(|n| *n == "nlp").unwrap()];
+    let vision = ids[names.iter().position(|n| *n == "vision").unwrap()];
+    let own = m.page(&format!("/console/fleet?workload={vision}")).await;
+    assert!(
+        own.contains("1 nodes match") && own.contains(&format!("vision #{vision}")),
+        "{own}"
+    );
     for path in [
-        "/console/fleet?highlight=vision",
-        "/console/fleet?highlight=nlp",
-        "/console/fleet?tenant=nlp&highlight=nlp",
+        "/console/fleet".to_string(),
+        "/console/fleet?highlight=vision".to_string(),
+        "/console/fleet?highlight=nlp".to_string(),
+        "/console/fleet?tenant=nlp&highlight=nlp".to_string(),
+        format!("/console/fleet?workload={nlp}"),
+        format!(
+            "/console/fleet/nodes/{}",
+            nodes[names.iter().position(|n| *n == "nlp").unwrap()]
+        ),
     ] {
-        let r = m.get(path).await;
-        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+        let r = m.get(&path).await;
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
         let body = r.text().await.unwrap();
+        if path.contains("workload=") {
+            assert!(
+                body.contains(">0 nodes match") && !body.contains(&format!("#{nlp}")),
+                "{path}: {body}"
+            );
+        }
         for other in names.iter().filter(|t| **t != "vision") {
             assert!(
                 !body.contains(&format!(">{other}<")) && !body.contains(&format!("{other} #")),
@@ -2259,7 +2434,8 @@ async fn twenty_tenants_never_look_the_same_on_the_fleet_map_and_a_member_sees_n
     let node19 = &nodes[names.iter().position(|n| n == t19).unwrap()];
     let detail = b.page(&format!("/console/fleet/nodes/{node19}")).await;
     assert!(detail.contains(&format!("class=\"sw {c19}\"")), "{detail}");
-    // A member of nlp: neither the map nor a node's detail, and no tenant's name or swatch.
+    // A member of nlp (no work on the fleet): their map and a node's detail name no tenant
+    // and show no tenant's swatch, only "another tenant" (t17) and free (t16).
     s.tenant_with_project("nlp", "p").await;
     let m = s.browser();
     sign_in(&m, &s.token("nlp", "member").await).await;
@@ -2269,11 +2445,20 @@ async fn twenty_tenants_never_look_the_same_on_the_fleet_map_and_a_member_sees_n
         format!("/console/fleet/nodes/{node19}"),
     ] {
         let r = m.get(&path).await;
-        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{path}");
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
         let body = r.text().await.unwrap();
         assert!(!body.contains("team"), "{path} names a tenant: {body}");
-        assert!(!body.contains("class=\"sw t"), "{path} shows a swatch: {body}");
+        for (i, _) in body.match_indices("class=\"sw t") {
+            let rest = &body[i + "class=\"sw t".len()..];
+            assert!(
+                rest.starts_with("16\"") || rest.starts_with("17\""),
+                "{path} shows a tenant's swatch: {}",
+                &rest[..20.min(rest.len())]
+            );
+        }
     }
+    let empty = m.page("/console/fleet").await;
+    assert!(empty.contains("No node holds nlp"), "{empty}");
 }
 
 /// Events record a token's id; the workload's page names it at display time — to callers who

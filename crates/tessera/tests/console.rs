@@ -128,6 +128,14 @@ fn console_in_a_real_browser() {
         "fleet-phone",
         "request-phone",
         "tenants-quota-prefill",
+        "fleet-member",
+        "tenants-over-budget",
+        "tenants-over-budget-1440",
+        "tenants-over-budget-390",
+        "fleet-member-1440",
+        "fleet-member-390",
+        "fleet-member-drawer",
+        "fleet-member-empty",
         "signin",
     ] {
         assert!(shots.join(format!("{page}.png")).exists(), "screenshot of {page}");

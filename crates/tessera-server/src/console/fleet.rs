@@ -1,7 +1,11 @@
-//! The admin fleet map: pools → nodes → GPUs → MIG slices and fractions, coloured by tenant,
-//! with health and cordon/drain state. It stays usable at 10,000 GPUs by aggregating: pool
+//! The fleet map: pools → nodes → GPUs → MIG slices and fractions, coloured by tenant, with
+//! health and cordon/drain state. Platform-admins see every tenant; a tenant's users see where
+//! their own tenant's work runs — the nodes holding it, their tenant's cells in its colour,
+//! every other tenant's share as an unnamed "another tenant" cell (never a name or workload id,
+//! as the REST API's GPU list) — and no node operations. It stays usable at 10,000 GPUs by aggregating: pool
 //! totals, then one row per node (filtered by pool, state and tenant, 100 per page) with a cell
-//! per GPU, grouped under a heading per rack with the rack's free and total GPUs; a
+//! per GPU, grouped under a heading per rack with the rack's free and total GPUs (and the rack's
+//! block, where the fleet declares blocks: nodes are ordered by pool, block, rack); a
 //! multi-node gang's cells are outlined and name it on every node it spans (found in one pass
 //! over the GPUs, never a lookup per cell); a node's GPU-level detail (each MIG slice and fraction with its workload) is
 //! fetched on demand when the node is opened. Everything is read from the published snapshot.
@@ -26,6 +30,37 @@ use crate::state::AppState;
 pub const PALETTE: u8 = 16;
 /// The colour class of free capacity.
 pub const FREE: u8 = PALETTE;
+/// The colour class of another tenant's share on a tenant user's map (no name, no key).
+pub const OTHER: u8 = PALETTE + 1;
+
+/// The tenant whose work a caller's map shows: `None` for platform-admins (every tenant);
+/// a tenant user's own tenant; refused for a non-admin without a tenant.
+fn map_scope(id: &crate::auth::Identity) -> Result<Option<String>, ApiError> {
+    if id.is_admin() {
+        return Ok(None);
+    }
+    match &id.tenant {
+        Some(t) if !t.is_empty() => Ok(Some(t.clone())),
+        _ => id.require_admin().map(|_| None),
+    }
+}
+
+/// What a GPU's label says of its holders: `tenant #workload` for those the caller may read,
+/// `another tenant` (once) for the others.
+fn holders_words(holders: &[crate::lifecycle::HolderSnap], id: &crate::auth::Identity) -> String {
+    let mut who: Vec<String> = Vec::new();
+    for h in holders {
+        let w = if id.can_read(&h.tenant) {
+            format!("{} #{}", h.tenant, h.workload)
+        } else {
+            "another tenant".to_string()
+        };
+        if !who.contains(&w) {
+            who.push(w);
+        }
+    }
+    who.join(", ")
+}
 
 /// FNV-1a of a tenant's name: stable across builds and restarts (std's hasher is not).
 fn fnv(tenant: &str) -> u32 {
@@ -120,14 +155,16 @@ pub fn palette<'a>(tenants: impl IntoIterator<Item = &'a str>) -> BTreeMap<Strin
     out
 }
 
-/// The swatches of every tenant holding a GPU share anywhere in the snapshot (one pass).
-fn fleet_palette(snap: &crate::lifecycle::Snapshot) -> BTreeMap<String, Swatch> {
+/// The swatches of every tenant holding a GPU share anywhere in the snapshot (one pass), or
+/// of the one tenant a tenant user's map shows (`scope`).
+fn fleet_palette(snap: &crate::lifecycle::Snapshot, scope: Option<&str>) -> BTreeMap<String, Swatch> {
     palette(
         snap.nodes
             .iter()
             .flat_map(|n| n.gpus.iter())
             .flat_map(|g| g.holders.iter())
-            .map(|h| h.tenant.as_str()),
+            .map(|h| h.tenant.as_str())
+            .filter(|t| scope.is_none_or(|s| s == *t)),
     )
 }
 
@@ -187,6 +224,8 @@ pub struct NodeRow {
 pub struct RackGroup {
     /// The rack's name; `None` for nodes whose pool declares no racks.
     pub rack: Option<String>,
+    /// The block (spine) the rack lies in, where the fleet declares blocks.
+    pub block: Option<String>,
     pub pool: String,
     pub free: usize,
     pub total: usize,
@@ -198,6 +237,8 @@ pub struct RackGroup {
 /// used, `2` full, `x` failed, `h` held by the highlighted tenant — nodes separated by `,`.
 pub struct HeatGroup {
     pub pool: String,
+    /// The block (spine) of the group's nodes, where the fleet declares blocks.
+    pub block: Option<String>,
     pub rack: Option<String>,
     pub free: usize,
     pub total: usize,
@@ -262,8 +303,16 @@ pub struct LegendEntry {
 #[template(path = "console/fleet.html")]
 struct FleetPage {
     chrome: Chrome,
+    /// A tenant user's own tenant (their map shows only its work); `None` for platform-admins.
+    scope: Option<String>,
+    /// The tenants with work on the fleet, for the tenant filter's choices (admins).
+    tenant_names: Vec<String>,
+    /// Every rack's name, for the rack filter's choices.
+    rack_names: Vec<String>,
     pools: Vec<PoolRow>,
     heat: Vec<HeatGroup>,
+    /// Whether the fleet declares blocks (the heat map's groups then name theirs).
+    has_blocks: bool,
     /// Where a heat map node's cells lead: the node search (keeping the highlight), its name appended.
     heat_href: String,
     groups: Vec<RackGroup>,
@@ -289,9 +338,18 @@ impl FleetPage {
 
 const PER_PAGE: usize = 100;
 
-/// `GET /console/fleet` (platform-admins): pool totals and the filtered node rows.
-pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQuery>) -> Result<Response, ApiError> {
-    c.id.require_admin()?;
+/// `GET /console/fleet`: pool totals and the filtered node rows; a tenant user's map shows
+/// the nodes holding their own tenant's work, highlighted, and names no other tenant.
+pub async fn fleet(
+    State(s): State<AppState>,
+    c: Caller,
+    Query(mut q): Query<FleetQuery>,
+) -> Result<Response, ApiError> {
+    let scope = map_scope(&c.id)?;
+    if let Some(t) = &scope {
+        q.tenant = t.clone();
+        q.highlight = t.clone();
+    }
     if !q.state.is_empty() && NodeState::parse(&q.state).is_none() {
         return Err(ApiError::invalid(
             "state",
@@ -349,6 +407,22 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     let rack_level = f.levels.level("rack");
     let rack_of = |i: usize| rack_level.and_then(|l| f.levels.domain_of(l, tessera_model::NodeId(i as u32)));
     let mut rack_gpus: HashMap<u32, (usize, usize)> = HashMap::new();
+    // Blocks (the level above racks, where declared): nodes are grouped by pool, block, rack.
+    let block_level = f.levels.level("block");
+    let block_of = |i: usize| block_level.and_then(|l| f.levels.domain_of(l, tessera_model::NodeId(i as u32)));
+    let block_name = |i: usize| {
+        block_of(i)
+            .zip(block_level)
+            .map(|(b, l)| f.levels.domains(l)[b as usize].name.as_str())
+    };
+    let place = |i: usize| {
+        (
+            f.nodes[i].pool,
+            block_of(i).unwrap_or(u32::MAX),
+            rack_of(i).unwrap_or(u32::MAX),
+            i,
+        )
+    };
     // Multi-node gangs: the nodes each workload holds GPUs on (one pass over the GPUs: a
     // workload on more than one node is a gang).
     let mut spans: HashMap<u64, (usize, usize)> = HashMap::new();
@@ -369,25 +443,31 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     }
     let gang_nodes = |w: u64| spans.get(&w).map(|(_, n)| *n).filter(|n| *n > 1);
     // Nodes grouped by rack within their pool (fleet order otherwise).
-    let swatches = fleet_palette(&snap);
+    let swatches = fleet_palette(&snap, scope.as_deref());
     let highlight = swatches.contains_key(&q.highlight).then(|| q.highlight.clone());
+    // Every rack's name, for the rack filter's choices.
+    let rack_names: Vec<String> = rack_level
+        .map(|l| f.levels.domains(l).iter().map(|d| d.name.clone()).collect())
+        .unwrap_or_default();
     // The whole-fleet heat map: every GPU, by pool and rack (one pass over the GPUs).
     let mut heat: Vec<HeatGroup> = Vec::new();
     {
         let mut by_place: Vec<usize> = (0..f.nodes.len()).collect();
-        by_place.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
+        by_place.sort_by_key(|&i| place(i));
         for i in by_place {
             let n = &f.nodes[i];
             let pool = &f.pool(n.pool).name;
             let rack_name = rack_of(i)
                 .zip(rack_level)
                 .map(|(r, l)| f.levels.domains(l)[r as usize].name.as_str());
+            let block = block_name(i);
             if !heat
                 .last()
-                .is_some_and(|g| g.pool == *pool && g.rack.as_deref() == rack_name)
+                .is_some_and(|g| g.pool == *pool && g.block.as_deref() == block && g.rack.as_deref() == rack_name)
             {
                 heat.push(HeatGroup {
                     pool: pool.clone(),
+                    block: block.map(str::to_string),
                     rack: rack_name.map(str::to_string),
                     free: 0,
                     total: 0,
@@ -428,7 +508,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     if by_free {
         order.sort_by_key(|&i| (std::cmp::Reverse(snap.nodes[i].free_gpus()), i));
     } else {
-        order.sort_by_key(|&i| (f.nodes[i].pool, rack_of(i).unwrap_or(u32::MAX), i));
+        order.sort_by_key(|&i| place(i));
     }
     let mut tenants: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let mut matched = 0;
@@ -463,8 +543,12 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         if !q.tenant.is_empty() && !ns.gpus.iter().any(|g| g.holders.iter().any(|h| h.tenant == q.tenant)) {
             continue;
         }
+        // A tenant user finds only their own tenant's workloads.
         if let Some(w) = workload
-            && !ns.gpus.iter().any(|g| g.holders.iter().any(|h| h.workload == w))
+            && !ns
+                .gpus
+                .iter()
+                .any(|g| g.holders.iter().any(|h| h.workload == w && c.id.can_read(&h.tenant)))
         {
             continue;
         }
@@ -479,7 +563,14 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             .iter()
             .enumerate()
             .map(|(gi, g)| {
-                let top = g.holders.iter().max_by_key(|h| h.units.as_milli());
+                // The cell's tenant: the largest share the caller may read (their own before
+                // another tenant's on a tenant user's map); another tenant's stays unnamed.
+                let top = g
+                    .holders
+                    .iter()
+                    .filter(|h| c.id.can_read(&h.tenant))
+                    .max_by_key(|h| h.units.as_milli());
+                let other = top.is_none() && !g.holders.is_empty();
                 let tenant = top.map(|h| h.tenant.clone()).unwrap_or_default();
                 let swatch = swatches.get(&tenant);
                 if !tenant.is_empty() {
@@ -500,15 +591,10 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                 let mut label = if g.holders.is_empty() {
                     format!("GPU {gi}: free")
                 } else {
-                    let who: Vec<String> = g
-                        .holders
-                        .iter()
-                        .map(|h| format!("{} #{}", h.tenant, h.workload))
-                        .collect();
                     format!(
                         "GPU {gi}: {} units used by {}",
                         tessera_model::GpuUnits(g.used_milli as u64),
-                        who.join(", ")
+                        holders_words(&g.holders, &c.id)
                     )
                 };
                 if let Some((w, k)) = gang {
@@ -522,7 +608,11 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
                 }
                 Cell {
                     index: gi,
-                    colour: swatch.map_or(FREE, |w| w.colour),
+                    colour: if other {
+                        OTHER
+                    } else {
+                        swatch.map_or(FREE, |w| w.colour)
+                    },
                     pattern: swatch.map_or(0, |w| w.pattern),
                     key: swatch.map(|w| w.key.clone()).unwrap_or_default(),
                     dim: highlight.as_ref().is_some_and(|h| !tenant.is_empty() && *h != tenant),
@@ -545,13 +635,18 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
             gangs,
         };
         // Sorted by free capacity, the rows stand in one group without rack headings.
-        let (rack, rack_name) = if by_free { (None, None) } else { (rack, rack_name) };
-        let same = groups
-            .last()
-            .is_some_and(|g| (by_free || g.pool == *pool) && g.rack.as_deref() == rack_name);
+        let (rack, rack_name, block) = if by_free {
+            (None, None, None)
+        } else {
+            (rack, rack_name, block_name(i))
+        };
+        let same = groups.last().is_some_and(|g| {
+            (by_free || g.pool == *pool) && g.block.as_deref() == block && g.rack.as_deref() == rack_name
+        });
         if !same {
             let (free, total) = rack.and_then(|r| rack_gpus.get(&r).copied()).unwrap_or_default();
             groups.push(RackGroup {
+                block: block.map(str::to_string),
                 rack: rack_name.map(str::to_string),
                 pool: pool.clone(),
                 free,
@@ -561,6 +656,7 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         }
         groups.last_mut().expect("a group").rows.push(row);
     }
+    let admin = scope.is_none();
     let href = |page: usize, highlight: &str| {
         serde_urlencoded::to_string([
             ("pool", q.pool.as_str()),
@@ -577,7 +673,11 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
         .map(|qs| format!("/console/fleet?{qs}"))
         .unwrap_or_default()
     };
-    let shown_highlight = highlight.as_deref().unwrap_or_default();
+    let shown_highlight = if admin {
+        highlight.as_deref().unwrap_or_default()
+    } else {
+        ""
+    };
     let link = |page: usize| href(page, shown_highlight);
     let legend = tenants
         .into_iter()
@@ -598,12 +698,17 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
     let prev = (q.page > 0).then(|| link(q.page - 1));
     Ok(html(&FleetPage {
         chrome: Chrome::new(&c, &s, "fleet"),
+        scope,
+        tenant_names: swatches.keys().cloned().collect(),
+        rack_names,
         pools,
+        has_blocks: block_level.is_some(),
         heat,
         heat_href: format!(
             "/console/fleet?{}node=",
             highlight
                 .as_deref()
+                .filter(|_| admin)
                 .and_then(|h| serde_urlencoded::to_string([("highlight", h)]).ok())
                 .map(|q| q + "&")
                 .unwrap_or_default()
@@ -625,6 +730,8 @@ pub async fn fleet(State(s): State<AppState>, c: Caller, Query(q): Query<FleetQu
 #[derive(Template)]
 #[template(path = "console/fleet_node.html")]
 struct NodeDetail {
+    /// Whether the caller is a platform-admin (who may cordon, uncordon and drain).
+    admin: bool,
     node: String,
     state: String,
     gpus: Vec<GpuView>,
@@ -641,9 +748,10 @@ struct NodeDetail {
 impl NodeDetail {
     /// The classes of `tenant`'s swatch (colour and pattern).
     fn swatch(&self, tenant: &str) -> String {
-        self.swatches
-            .get(tenant)
-            .map_or_else(|| classes(FREE, 0), Swatch::classes)
+        self.swatches.get(tenant).map_or_else(
+            || classes(if tenant.is_empty() { FREE } else { OTHER }, 0),
+            Swatch::classes,
+        )
     }
 
     fn key(&self, tenant: &str) -> &str {
@@ -663,10 +771,11 @@ impl NodeDetail {
     }
 }
 
-/// `GET /console/fleet/nodes/{name}` (platform-admins): the node's GPUs with every MIG slice
-/// and fraction, its workload and tenant.
+/// `GET /console/fleet/nodes/{name}`: the node's GPUs with every MIG slice and fraction, its
+/// workload and tenant. A tenant user reads another tenant's slices as "(another tenant)"
+/// (no project, no workload) and the telemetry of the GPUs their own tenant holds only.
 pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>) -> Result<Response, ApiError> {
-    c.id.require_admin()?;
+    let scope = map_scope(&c.id)?;
     let snap = s.lifecycle.snapshot();
     let Some(i) = snap.fleet.node_by_name(&name) else {
         return Err(ApiError::not_found(format!("no node `{name}`")));
@@ -680,14 +789,27 @@ pub async fn node(State(s): State<AppState>, c: Caller, Path(name): Path<String>
             *h = Some(health_words(r));
         }
     }
-    let (telemetry, sampled) = gpu_telemetry(
+    let (mut telemetry, sampled) = gpu_telemetry(
         &s.lifecycle.published().telemetry(),
         &name,
         gpus.len(),
         crate::clock::now_ms(),
     );
+    if let Some(t) = &scope {
+        let ns = &snap.nodes[i.0 as usize];
+        for (gi, slot) in telemetry.iter_mut().enumerate() {
+            let ours = ns
+                .gpus
+                .get(gi)
+                .is_some_and(|g| g.holders.iter().any(|h| h.tenant == *t));
+            if !ours {
+                *slot = None;
+            }
+        }
+    }
     Ok(html(&NodeDetail {
-        swatches: fleet_palette(&snap),
+        admin: scope.is_none(),
+        swatches: fleet_palette(&snap, scope.as_deref()),
         health,
         telemetry,
         sampled,
@@ -770,6 +892,11 @@ pub struct AuditRow {
 /// What an audit record changed, in words: the object its route names (a tenant, project,
 /// quota, budget, token, node or workload) and, where the handler said, the object it made.
 pub fn audit_what(action: &str, target: &str, detail: &str, token_name: impl Fn(&str) -> Option<String>) -> String {
+    // The lifecycle appends the workload a creation made: `/api/v1/workloads (workload 7)`.
+    let (target, made) = match target.rsplit_once(" (") {
+        Some((path, m)) if m.ends_with(')') => (path, Some(&m[..m.len() - 1])),
+        _ => (target, None),
+    };
     let route = target
         .strip_prefix("/api/v1/")
         .or_else(|| target.strip_prefix("/console/"))
@@ -796,7 +923,10 @@ pub fn audit_what(action: &str, target: &str, detail: &str, token_name: impl Fn(
         ["tokens", id, ..] => token(id),
         ["fleet", "nodes", n, op] | ["nodes", n, op] => format!("node {n}: {op}"),
         ["fleet", "nodes", n, ..] | ["nodes", n, ..] => format!("node {n}"),
-        ["workloads"] => "a workload".to_string(),
+        ["workloads"] => match made {
+            Some(m) => format!("requested {m}"),
+            None => "a workload".to_string(),
+        },
         ["workloads", id, op] => format!("workload {id}: {op}"),
         ["workloads", id, ..] => format!("workload {id}"),
         ["signin"] | ["signout"] | ["login"] => parts[0].to_string(),
@@ -974,6 +1104,24 @@ mod tests {
         assert_eq!(
             w("denied POST /console/tenants", "/console/tenants", ""),
             "denied: a tenant"
+        );
+        // A creation through the API: the workload the lifecycle made, the tenant and token
+        // the handlers name.
+        assert_eq!(
+            w("POST /api/v1/workloads", "/api/v1/workloads (workload 300)", ""),
+            "requested workload 300"
+        );
+        assert_eq!(
+            w("POST /api/v1/tenants", "/api/v1/tenants", "created tenant stark"),
+            "created tenant stark"
+        );
+        assert_eq!(
+            w(
+                "POST /api/v1/tokens",
+                "/api/v1/tokens",
+                "created token tok-1 (ci-bot), member of tenant stark"
+            ),
+            "created token tok-1 (ci-bot), member of tenant stark"
         );
         assert_eq!(
             w(

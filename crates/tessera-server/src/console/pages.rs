@@ -608,6 +608,28 @@ pub struct Waits {
     pub same_reason: String,
 }
 
+/// For a request waiting for capacity (no room, fragmented, kept apart): when running
+/// work in the pool it waits for (its class; every pool for `any`) is first due to end by its
+/// lease, as the "wait until" of its next step; `None` when no such work has a lease.
+fn capacity_frees(snap: &crate::lifecycle::Snapshot, code: &str, class: &str) -> Option<String> {
+    if !matches!(code, "no-capacity" | "fragmentation" | "isolation") {
+        return None;
+    }
+    let pools: Vec<usize> = match snap.fleet.pool_by_name(class) {
+        Some(p) => vec![p.0 as usize],
+        None => (0..snap.fleet.pools.len()).collect(),
+    };
+    let (end, pool) = pools
+        .into_iter()
+        .filter_map(|p| Some((snap.queue.next_end.get(p).copied().flatten()?, p)))
+        .min()?;
+    let name = &snap.fleet.pools[pool].name;
+    Some(format!(
+        "Running work in pool {name} is due to end from about {} (by its lease); capacity frees up then at the earliest.",
+        tessera_sched::reason::utc_datetime(end)
+    ))
+}
+
 /// Why workload `id` waits, if it is in the published queue.
 fn waits(s: &AppState, admin: bool, id: u64) -> Option<Waits> {
     let snap = s.lifecycle.snapshot();
@@ -653,7 +675,13 @@ fn waits(s: &AppState, admin: bool, id: u64) -> Option<Waits> {
             .as_ref()
             .map(|r| super::why::sentence(code, &r.detail))
             .unwrap_or_else(|| "The scheduler has not looked at it yet.".into()),
-        next: super::why::next_step(code, admin, crate::clock::now_ms()),
+        next: {
+            let mut next = super::why::next_step(code, admin, crate::clock::now_ms());
+            if let Some(t) = capacity_frees(&snap, code, &w.class) {
+                next = format!("{next} {t}");
+            }
+            next
+        },
         position: places
             .get(&id)
             .map(|p| super::why::position_words(tenant, *p))

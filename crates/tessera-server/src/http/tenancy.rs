@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use tessera_api::{CreateProject, CreateTenant, Page, Problem, Project, SetPriorities, Tenant};
 
 use super::{ApiJson, ApiPath, ApiQuery, PageParams, page};
-use crate::audit::{Audited, RequestId};
+use crate::audit::{AuditObject, Audited, RequestId};
 use crate::auth::Identity;
 use crate::problem::{ApiError, ApiResult};
 use crate::services::tenancy::{self, project_view, tenant_view, tenant_visible};
@@ -54,9 +54,13 @@ pub async fn create_tenant(
     State(s): State<AppState>,
     id: Identity,
     ApiJson(b): ApiJson<CreateTenant>,
-) -> ApiResult<(StatusCode, Json<Tenant>)> {
+) -> ApiResult<Response> {
     let t = tenancy::create_tenant(&s, &id, b).await?;
-    Ok((StatusCode::CREATED, Json(t)))
+    // The audit record names the tenant made (the route names none).
+    let what = AuditObject(format!("created tenant {}", t.name));
+    let mut r = (StatusCode::CREATED, Json(t)).into_response();
+    r.extensions_mut().insert(what);
+    Ok(r)
 }
 
 #[utoipa::path(get, path = "/api/v1/tenants/{tenant}", tag = "tenancy", params(("tenant" = String, Path)),
@@ -129,9 +133,12 @@ pub async fn create_project(
     id: Identity,
     ApiPath(tenant): ApiPath<String>,
     ApiJson(b): ApiJson<CreateProject>,
-) -> ApiResult<(StatusCode, Json<Project>)> {
+) -> ApiResult<Response> {
     let p = tenancy::create_project(&s, &id, &tenant, b).await?;
-    Ok((StatusCode::CREATED, Json(p)))
+    let what = AuditObject(format!("created project {tenant}/{}", p.name));
+    let mut r = (StatusCode::CREATED, Json(p)).into_response();
+    r.extensions_mut().insert(what);
+    Ok(r)
 }
 
 #[utoipa::path(get, path = "/api/v1/tenants/{tenant}/projects/{project}", tag = "tenancy", params(("tenant" = String, Path), ("project" = String, Path)),

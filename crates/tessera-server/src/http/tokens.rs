@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tessera_api::rules::{Validate, Violation};
 use tessera_api::{CreateToken, CreatedToken, Problem, TokenView};
@@ -23,8 +24,22 @@ pub async fn create_token(
     State(s): State<AppState>,
     id: Identity,
     ApiJson(b): ApiJson<CreateToken>,
-) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
-    Ok((StatusCode::CREATED, Json(tokens::create(&s, &id, b).await?)))
+) -> ApiResult<Response> {
+    let name = b.name.clone().filter(|n| !n.trim().is_empty());
+    let t: CreatedToken = tokens::create(&s, &id, b).await?;
+    // The audit record names the token made (never its secret), as the console's form does.
+    let what = crate::audit::AuditObject(format!(
+        "created token {} ({}), {} {}",
+        t.id,
+        name.as_deref().unwrap_or("no name"),
+        t.role,
+        t.tenant
+            .as_deref()
+            .map_or_else(|| "platform-wide".to_string(), |t| format!("of tenant {t}"))
+    ));
+    let mut r = (StatusCode::CREATED, Json(t)).into_response();
+    r.extensions_mut().insert(what);
+    Ok(r)
 }
 
 #[derive(Deserialize, IntoParams)]

@@ -13,9 +13,10 @@ use serde::Deserialize;
 use tessera_api::rules::{self, Validate, Violation};
 use tessera_api::{CreateWorkload, Event, Page, Problem, Workload, WorkloadState};
 use tessera_domain::WorkloadId;
-use utoipa::IntoParams;
+use tessera_store::{WorkloadOrder, WorkloadSeek};
+use utoipa::{IntoParams, ToSchema};
 
-use super::{ApiJson, ApiQuery, DEFAULT_LIMIT, WorkloadPath, check_limit, page, views};
+use super::{ApiJson, ApiQuery, DEFAULT_LIMIT, WorkloadPath, check_limit, views};
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::problem::ApiResult;
@@ -29,19 +30,88 @@ pub struct WorkloadFilterParams {
     pub project: Option<String>,
     #[param(inline)]
     pub state: Option<WorkloadState>,
+    /// The order of the list over every matching workload (default `newest`).
+    #[param(inline)]
+    pub sort: Option<WorkloadSort>,
     /// Workloads per page (default 100).
     #[param(schema_with = rules::schema::page_limit)]
     pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page (a workload id).
-    #[param(schema_with = rules::schema::cursor_id)]
-    pub cursor: Option<u64>,
+    /// The `next_cursor` of the previous page of the same sort: the last workload's id, and
+    /// for `name` and `state` after a `:` the value it was sorted by. Pages read this way skip
+    /// and repeat nothing when workloads are added between them.
+    #[param(max_length = 300)]
+    pub cursor: Option<String>,
+}
+
+/// The orders of the workload list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadSort {
+    /// The newest (highest id) first.
+    #[default]
+    Newest,
+    /// The oldest (lowest id) first.
+    Oldest,
+    /// By name in byte order, the newest first among equal names.
+    Name,
+    /// By the lifecycle phase's name in byte order (`cancelled`, `failed`, `partitioned`,
+    /// `pending`, `placed`, `preempted`, `queued`, `running`, `stopping`, `succeeded`), the
+    /// newest first within a phase.
+    State,
+}
+
+impl WorkloadSort {
+    fn order(self) -> WorkloadOrder {
+        match self {
+            WorkloadSort::Newest => WorkloadOrder::Newest,
+            WorkloadSort::Oldest => WorkloadOrder::Oldest,
+            WorkloadSort::Name => WorkloadOrder::Name,
+            WorkloadSort::State => WorkloadOrder::Phase,
+        }
+    }
+}
+
+/// The position a cursor names in the list sorted by `sort`: `ID` for the orders by id,
+/// `ID:VALUE` for `name` and `state` (the value the last workload was sorted by); `None` when
+/// it is not a cursor of that sort.
+fn seek_of(cursor: &str, sort: WorkloadSort) -> Option<WorkloadSeek> {
+    let (id, key) = match cursor.split_once(':') {
+        Some((id, key)) => (id, Some(key)),
+        None => (cursor, None),
+    };
+    let id: u64 = id.parse().ok()?;
+    rules::ID.check_u64("cursor", id).ok()?;
+    let key = match (sort, key) {
+        (WorkloadSort::Newest | WorkloadSort::Oldest, None) => String::new(),
+        (WorkloadSort::Name, Some(k)) => k.to_string(),
+        (WorkloadSort::State, Some(k)) if tessera_domain::Phase::parse(k).is_some() => k.to_string(),
+        _ => return None,
+    };
+    Some(WorkloadSeek {
+        id: WorkloadId(id),
+        key,
+    })
+}
+
+/// The cursor of the page after the one ending with `w`, in the list sorted by `sort`.
+fn cursor_of(w: &tessera_domain::Workload, sort: WorkloadSort) -> String {
+    let seek = WorkloadSeek::of(sort.order(), w);
+    match sort {
+        WorkloadSort::Newest | WorkloadSort::Oldest => seek.id.0.to_string(),
+        WorkloadSort::Name | WorkloadSort::State => format!("{}:{}", seek.id.0, seek.key),
+    }
 }
 
 impl Validate for WorkloadFilterParams {
     fn validate(&self) -> Result<(), Violation> {
         check_limit(self.limit)?;
-        if let Some(c) = self.cursor {
-            rules::ID.check_u64("cursor", c)?;
+        if let Some(c) = &self.cursor
+            && seek_of(c, self.sort.unwrap_or_default()).is_none()
+        {
+            return Err(Violation::new(
+                "cursor",
+                "not a next_cursor of this sort: pass back the previous page's next_cursor with the same sort",
+            ));
         }
         Ok(())
     }
@@ -61,7 +131,8 @@ pub struct IdempotencyParams {
 
 pub use crate::services::lifecycle_error;
 
-/// Workloads, newest first.
+/// Workloads, newest first unless `sort` says otherwise; every order holds over all matching
+/// workloads, page after page.
 #[utoipa::path(get, path = "/api/v1/workloads", tag = "workloads", params(WorkloadFilterParams),
     responses((status = 200, body = Page<Workload>)))]
 pub async fn list_workloads(
@@ -81,24 +152,25 @@ pub async fn list_workloads(
         (Some(own), None) if !id.is_admin() => Some(own.clone()),
         (_, t) => t.clone(),
     };
-    let before = q.cursor.map(WorkloadId);
+    let sort = q.sort.unwrap_or_default();
     let filter = tessera_store::WorkloadFilter {
         scope: id.scope().map(str::to_string),
         tenant,
         project: q.project.clone(),
         phases,
-        before,
+        order: sort.order(),
+        after: q.cursor.as_deref().and_then(|c| seek_of(c, sort)),
         limit: l + 1,
         ..Default::default()
     };
-    let items: Vec<Workload> = s
-        .store
-        .list_workloads(&filter)
-        .await?
-        .iter()
-        .map(views::workload)
-        .collect();
-    Ok(Json(page(items, l, |w| w.id.to_string())))
+    let rows = s.store.list_workloads(&filter).await?;
+    // One more row than the page was read: where there is one, another page follows.
+    let shown = &rows[..rows.len().min(l as usize)];
+    let next_cursor = (rows.len() > shown.len())
+        .then(|| shown.last().map(|w| cursor_of(w, sort)))
+        .flatten();
+    let items: Vec<Workload> = shown.iter().map(views::workload).collect();
+    Ok(Json(Page { items, next_cursor }))
 }
 
 /// Requests GPUs. Accepts an `Idempotency-Key` header: repeating a request with the same key

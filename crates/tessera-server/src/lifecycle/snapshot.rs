@@ -80,6 +80,10 @@ pub struct QueueSnap {
     pub blocked: BTreeMap<(String, Option<ReasonCode>), u64>,
     /// Every waiting workload, oldest first (the console's queue view pages through it).
     pub waiting: Vec<Waiting>,
+    /// Per pool (by index), when the first running workload there is due to end by its lease
+    /// (`None`: none there has one): the "wait until" of a request waiting for capacity. Empty
+    /// on a follower's snapshot.
+    pub next_end: Vec<Option<i64>>,
 }
 
 /// One waiting workload as the queue view shows it: its record (shared with the loop, so a
@@ -471,7 +475,18 @@ impl SnapshotBuilder {
             t.running_unit_hours = self.committed.get(tenant).copied().unwrap_or(0.0);
         }
         if full {
-            let mut queue = QueueSnap::default();
+            let mut queue = QueueSnap {
+                next_end: vec![None; fleet.pools.len()],
+                ..QueueSnap::default()
+            };
+            for r in sched.running().filter(|r| !r.stopping) {
+                let (Some(end), Some(n)) = (r.ends_at_ms, fleet.nodes.get(r.node.0 as usize)) else {
+                    continue;
+                };
+                if let Some(e) = queue.next_end.get_mut(n.pool.0 as usize) {
+                    *e = Some(e.map_or(end, |x| x.min(end)));
+                }
+            }
             // Counted under borrowed keys, copied once per distinct key at the end: a long queue
             // has few tenants, classes and priorities.
             let mut depth: HashMap<(&str, &str, &str), (u64, i64)> = HashMap::new();
