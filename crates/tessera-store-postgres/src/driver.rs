@@ -201,7 +201,7 @@ impl Driver for PgStore {
             q = rows::bind_columns(q.bind(a.rows as i64), a.statement.columns(), &a.values);
         }
         let row = q.fetch_one(conn).await.map_err(classify)?;
-        let int = |name: &str| -> DbResult<i64> { Ok(row.try_get::<i64, _>(name).map_err(|e| db_store(name, e))?) };
+        let int = |name: &str| -> DbResult<i64> { row.try_get::<i64, _>(name).map_err(|e| db_store(name, e)) };
         let counted = groups.iter().filter(|g| g.counted).count();
         Ok(OneStatement {
             held: int("held")? > 0,
