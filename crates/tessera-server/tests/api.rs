@@ -1519,6 +1519,8 @@ async fn the_workload_list_sorts_by_name_state_and_age_across_pages(db: Db) {
         "sort=state&cursor=5:sleeping".to_string(),
         "sort=oldest&cursor=5:alpha".to_string(),
         "cursor=abc".to_string(),
+        // Longer than the document's maxLength (300), though it reads as the id 0.
+        format!("cursor={}", "0".repeat(301)),
         "sort=size".to_string(),
     ] {
         let (st, p) = s
@@ -1529,6 +1531,18 @@ async fn the_workload_list_sorts_by_name_state_and_age_across_pages(db: Db) {
             assert!(p.to_string().contains("cursor"), "{bad}: {p}");
         }
     }
+    // An empty cursor is the first page, as none is (the same workloads; their states move on).
+    let empty = s.get("/api/v1/workloads?tenant=vision&limit=2&cursor=").await;
+    let ids = |p: &Value| {
+        p["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["id"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&empty), ids(&newest), "an empty cursor: the first page");
+    assert_eq!(empty["next_cursor"], newest["next_cursor"]);
     // A member of vision: sorting and a cursor forged from nlp's workload show only vision's.
     let (_, t) = s
         .post("/api/v1/tokens", json!({"tenant": "vision", "role": "member"}))

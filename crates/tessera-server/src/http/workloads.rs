@@ -38,9 +38,19 @@ pub struct WorkloadFilterParams {
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page of the same sort: the last workload's id, and
     /// for `name` and `state` after a `:` the value it was sorted by. Pages read this way skip
-    /// and repeat nothing when workloads are added between them.
+    /// and repeat nothing when workloads are added between them. Empty: the first page.
     #[param(max_length = 300)]
     pub cursor: Option<String>,
+}
+
+/// The longest cursor (in characters) the list takes, as its document says (`max_length`).
+const CURSOR_MAX_CHARS: usize = 300;
+
+impl WorkloadFilterParams {
+    /// The cursor asked for; an empty one asks for the first page, as no cursor does.
+    fn cursor(&self) -> Option<&str> {
+        self.cursor.as_deref().filter(|c| !c.is_empty())
+    }
 }
 
 /// The orders of the workload list.
@@ -105,7 +115,15 @@ fn cursor_of(w: &tessera_domain::Workload, sort: WorkloadSort) -> String {
 impl Validate for WorkloadFilterParams {
     fn validate(&self) -> Result<(), Violation> {
         check_limit(self.limit)?;
-        if let Some(c) = &self.cursor
+        if let Some(c) = self.cursor()
+            && c.chars().count() > CURSOR_MAX_CHARS
+        {
+            return Err(Violation::new(
+                "cursor",
+                format!("longer than {CURSOR_MAX_CHARS} characters: pass back the previous page's next_cursor"),
+            ));
+        }
+        if let Some(c) = self.cursor()
             && seek_of(c, self.sort.unwrap_or_default()).is_none()
         {
             return Err(Violation::new(
@@ -159,7 +177,7 @@ pub async fn list_workloads(
         project: q.project.clone(),
         phases,
         order: sort.order(),
-        after: q.cursor.as_deref().and_then(|c| seek_of(c, sort)),
+        after: q.cursor().and_then(|c| seek_of(c, sort)),
         limit: l + 1,
         ..Default::default()
     };
