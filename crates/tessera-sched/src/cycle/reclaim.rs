@@ -156,6 +156,21 @@ mod tests {
         assert_eq!(preempted(&s.cycle(120_000)).len(), 1);
     }
 
+    /// Reclaim after a minute, losing at most `factor` × the waiting job's GPU-time; `a` and
+    /// `b` each guaranteed half the training pool.
+    fn loss_bounded(factor: f64) -> Scheduler {
+        let mut s = Scheduler::new(
+            engine(),
+            GovernConfig {
+                reclaim_after_ms: 60_000,
+                max_loss_per_wait: Some(factor),
+                ..config()
+            },
+        );
+        guarantee_half_each(&mut s, None);
+        s
+    }
+
     /// The reason says when the job will take capacity back only where the loss bound
     /// (`max_loss_per_wait`) lets the search take a victim then: by hand, a borrower of 8 GPUs
     /// running since 0 loses 8 × t GPU-ms at t; the bound of an 8-GPU job submitted at `sub` is
@@ -163,15 +178,7 @@ mod tests {
     #[test]
     fn a_job_is_told_it_reclaims_only_when_the_loss_bound_lets_it() {
         let run = |factor: f64, sub: i64| {
-            let mut s = Scheduler::new(
-                engine(),
-                GovernConfig {
-                    reclaim_after_ms: 60_000,
-                    max_loss_per_wait: Some(factor),
-                    ..config()
-                },
-            );
-            guarantee_half_each(&mut s, None);
+            let mut s = loss_bounded(factor);
             for i in 0..16 {
                 s.submit(job(i, "a", 8, "standard", 0), 0);
             }
@@ -210,15 +217,7 @@ mod tests {
     #[test]
     fn a_job_is_told_when_its_victims_together_are_cheap_enough() {
         let run = |factor: f64, sub: i64| {
-            let mut s = Scheduler::new(
-                engine(),
-                GovernConfig {
-                    reclaim_after_ms: 60_000,
-                    max_loss_per_wait: Some(factor),
-                    ..config()
-                },
-            );
-            guarantee_half_each(&mut s, None);
+            let mut s = loss_bounded(factor);
             // 32 four-GPU jobs of `a`, two per node; the second half borrow.
             for i in 0..32 {
                 s.submit(job(i, "a", 4, "standard", 0), 0);
