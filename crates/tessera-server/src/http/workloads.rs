@@ -151,6 +151,9 @@ pub use crate::services::lifecycle_error;
 
 /// Workloads, newest first unless `sort` says otherwise; every order holds over all matching
 /// workloads, page after page.
+///
+/// Refused with 422 where no schema can say it: a `cursor` that is not a `next_cursor` this
+/// list gave for the same `sort`.
 #[utoipa::path(get, path = "/api/v1/workloads", tag = "workloads", params(WorkloadFilterParams),
     responses((status = 200, body = Page<Workload>)))]
 pub async fn list_workloads(
