@@ -109,6 +109,21 @@ pub fn group<'a, T>(
     if rows.is_empty() {
         return Ok(None);
     }
+    Ok(Some(Group {
+        statement,
+        rows: rows.len(),
+        values: bind_all(statement, rows, &bind)?,
+        counted,
+    }))
+}
+
+/// Each of `rows`' values in turn, in column order, as `bind` gives them; a row that binds
+/// other than the statement's column count is a bug in the caller.
+fn bind_all<'a, T>(
+    statement: &'static MultiRow,
+    rows: &'a [T],
+    bind: &impl Fn(Values<'a>, &'a T) -> Result<Values<'a>>,
+) -> Result<Vec<Value<'a>>> {
     let mut values = Values(Vec::with_capacity(rows.len() * statement.columns));
     for row in rows {
         values = bind(values, row)?;
@@ -119,12 +134,7 @@ pub fn group<'a, T>(
         "every row binds {} values",
         statement.columns
     );
-    Ok(Some(Group {
-        statement,
-        rows: rows.len(),
-        values: values.0,
-        counted,
-    }))
+    Ok(values.0)
 }
 
 /// `rows` split greedily into groups of `sizes` (largest first), in order, the rest (fewer rows
@@ -155,17 +165,8 @@ pub async fn execute<'a, D: Driver, T>(
 ) -> Result<u64> {
     let mut changed = 0;
     for chunk in chunks(rows, D::ROWS_PER_STATEMENT) {
-        let mut values = Values(Vec::with_capacity(chunk.len() * statement.columns));
-        for row in chunk {
-            values = bind(values, row)?;
-        }
-        assert_eq!(
-            values.0.len(),
-            chunk.len() * statement.columns,
-            "every row binds {} values",
-            statement.columns
-        );
-        changed += D::execute_rows(conn, statement, chunk.len(), values.0)
+        let values = bind_all(statement, chunk, &bind)?;
+        changed += D::execute_rows(conn, statement, chunk.len(), values)
             .await
             .map_err(|e| error(e, chunk))?;
     }

@@ -219,27 +219,34 @@ mod tests {
         assert_eq!(across.key(&at(4, 6 * h, 1), 2, 0.1).1, (1 << 63) | 50);
     }
 
+    /// The scene both gang-order tests play: `busy` runs the whole training pool (16 nodes of
+    /// 8-GPU jobs), `single`'s 8-GPU job waits from 10, `a`'s 16-GPU gang from 20, and two
+    /// nodes free at 1,000. Returns the single-node jobs placed and whether the gang was.
+    fn two_nodes_freed_before_a_job_and_a_gang(s: &mut Scheduler, busy: &str, single: &str) -> (Vec<u64>, bool) {
+        for i in 0..16 {
+            s.submit(job(i, busy, 8, "standard", 0), 0);
+        }
+        s.submit(job(50, single, 8, "standard", 10), 10);
+        s.submit(
+            Job {
+                gang: Some(tessera_model::request::GangRequest::whole_nodes(16).with_pool(tessera_model::PoolId(0))),
+                ..job(51, "a", 8, "standard", 20)
+            },
+            20,
+        );
+        s.release(0, 1000);
+        s.release(1, 1000);
+        let d = s.cycle(1000);
+        let gang_placed = d
+            .iter()
+            .any(|x| matches!(x, crate::cycle::Decision::PlacedGang { id: 51, .. }));
+        (placed(&d), gang_placed)
+    }
+
     #[test]
     fn with_gangs_first_freed_nodes_go_to_a_tenants_gang_before_its_earlier_single_node_job() {
-        let gang = |id: u64, now: i64| Job {
-            gang: Some(tessera_model::request::GangRequest::whole_nodes(16).with_pool(tessera_model::PoolId(0))),
-            ..job(id, "a", 8, "standard", now)
-        };
-        let run = |s: &mut Scheduler| {
-            for i in 0..16 {
-                s.submit(job(i, "b", 8, "standard", 0), 0);
-            }
-            // a's 8-GPU job at 10, its 16-GPU gang at 20; two nodes free at 1,000.
-            s.submit(job(50, "a", 8, "standard", 10), 10);
-            s.submit(gang(51, 20), 20);
-            s.release(0, 1000);
-            s.release(1, 1000);
-            let d = s.cycle(1000);
-            let gang_placed = d
-                .iter()
-                .any(|x| matches!(x, crate::cycle::Decision::PlacedGang { id: 51, .. }));
-            (placed(&d), gang_placed)
-        };
+        // a's 8-GPU job at 10, its 16-GPU gang at 20; b runs the pool.
+        let run = |s: &mut Scheduler| two_nodes_freed_before_a_job_and_a_gang(s, "b", "a");
         assert_eq!(
             run(&mut sched()),
             (vec![50], false),
@@ -258,28 +265,7 @@ mod tests {
     /// the gang rules' order the gang takes both.
     #[test]
     fn in_the_gang_rules_order_freed_nodes_go_to_a_gang_before_a_less_served_tenants_job() {
-        let run = |s: &mut Scheduler| {
-            for i in 0..16 {
-                s.submit(job(i, "a", 8, "standard", 0), 0);
-            }
-            s.submit(job(50, "b", 8, "standard", 10), 10);
-            s.submit(
-                Job {
-                    gang: Some(
-                        tessera_model::request::GangRequest::whole_nodes(16).with_pool(tessera_model::PoolId(0)),
-                    ),
-                    ..job(51, "a", 8, "standard", 20)
-                },
-                20,
-            );
-            s.release(0, 1000);
-            s.release(1, 1000);
-            let d = s.cycle(1000);
-            let gang_placed = d
-                .iter()
-                .any(|x| matches!(x, crate::cycle::Decision::PlacedGang { id: 51, .. }));
-            (placed(&d), gang_placed)
-        };
+        let run = |s: &mut Scheduler| two_nodes_freed_before_a_job_and_a_gang(s, "a", "b");
         let within_tenants = GangsFirst {
             across_tenants: false,
             ..crate::cycle::gang_rules_order()
