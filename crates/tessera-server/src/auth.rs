@@ -227,6 +227,23 @@ impl FromRequestParts<crate::state::AppState> for Identity {
     }
 }
 
+/// A platform-admin caller. Handlers of platform-admin operations take it before their path,
+/// query and body, so that any other caller is refused (403) before what it sent is read: a
+/// tenant's token learns nothing from the operation's validation (which pools or names exist,
+/// which values pass) and gets the same answer whatever it sends. The services check the
+/// role again for their other callers (the console).
+pub struct PlatformAdmin(pub Identity);
+
+impl FromRequestParts<crate::state::AppState> for PlatformAdmin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &crate::state::AppState) -> Result<Self, Self::Rejection> {
+        let id = Identity::from_request_parts(parts, state).await?;
+        id.require_admin()?;
+        Ok(PlatformAdmin(id))
+    }
+}
+
 /// A caller allowed to read `/metrics` on the API address: a `metrics` or `platform-admin`
 /// token (the metrics show every tenant's names and use).
 pub struct MetricsReader(pub Identity);

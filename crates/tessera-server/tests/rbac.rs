@@ -179,12 +179,13 @@ async fn isolation_matrix(db: Db) {
             [204, 403, 403, 403, 401],
             [204, 403, 403, 403, 401],
         ),
-        // Only the platform admin grants priority classes: a tenant cannot grant itself any.
+        // Only the platform admin grants priority classes: a tenant cannot grant itself any, and
+        // any other caller is refused before the tenant is looked up (403 for every tenant).
         (
             "PUT",
             "/api/v1/tenants/{tenant}/priorities",
             [200, 403, 403, 403, 401],
-            [200, 404, 404, 404, 401],
+            [200, 403, 403, 403, 401],
         ),
         (
             "POST",
@@ -513,8 +514,100 @@ async fn revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429(db: 
     assert_eq!(r.headers()["x-content-type-options"], "nosniff");
 }
 
+/// A tenant probing a platform-admin operation learns nothing from it: whatever it sends (a
+/// valid body, an invalid value, broken JSON, another content type, a bad query, a tenant or
+/// class that does not exist) the answer is the same 403, given before the request is read.
+/// The platform admin gets 422 (or 400/415) for the same invalid requests, so each probe is one
+/// the operation's validation would otherwise have answered.
+async fn a_tenant_probing_a_platform_admin_operation_gets_403_whatever_it_sends(db: Db) {
+    let s = server("probe", db, |c| c).await;
+    s.tenant_with_project("vision", "train").await;
+    let tenant_admin = s.token("vision", "tenant-admin").await;
+    let member = s.token("vision", "member").await;
+    enum Probe {
+        Json(serde_json::Value),
+        Raw(&'static str, &'static str),
+    }
+    use Probe::{Json, Raw};
+    // (method, path, a request the admin's validation refuses).
+    let probes: Vec<(Method, &str, Probe)> = vec![
+        (Method::POST, "/api/v1/tenants", Json(json!({"name": "Not A Name!"}))),
+        (Method::POST, "/api/v1/tenants", Raw("application/json", "{\"name\": ")),
+        (
+            Method::PUT,
+            "/api/v1/tenants/vision/priorities",
+            Json(json!({"priorities": ["no-such-class"]})),
+        ),
+        (
+            Method::PUT,
+            "/api/v1/tenants/vision/quotas/no-such-pool",
+            Json(json!({"guaranteed": 1})),
+        ),
+        (
+            Method::PUT,
+            "/api/v1/tenants/vision/quotas/training",
+            Json(json!({"guaranteed": 4, "limit": 2})),
+        ),
+        (
+            Method::PUT,
+            "/api/v1/tenants/vision/quotas/training",
+            Raw("text/plain", "guaranteed=1"),
+        ),
+        (
+            Method::PUT,
+            "/api/v1/tenants/no-such-tenant/quotas/training",
+            Json(json!({"guaranteed": 1})),
+        ),
+        (
+            Method::PUT,
+            "/api/v1/tenants/vision/budget",
+            Json(json!({"monthly_unit_hours": -5})),
+        ),
+        (
+            Method::POST,
+            "/api/v1/apply",
+            Json(json!({"tenants": [{"name": "vision", "quotas": {"no-such-pool": {"guaranteed": 1}}}]})),
+        ),
+        (
+            Method::POST,
+            "/api/v1/apply?dry_run=maybe",
+            Json(json!({"tenants": []})),
+        ),
+    ];
+    for (method, path, probe) in &probes {
+        let send = |token: &str| {
+            let rb = s.request(Some(token), method.clone(), path);
+            let rb = match probe {
+                Json(v) => rb.json(v),
+                Raw(ct, text) => rb.header("content-type", *ct).body(*text),
+            };
+            async move {
+                let r = rb.send().await.unwrap();
+                let st = r.status();
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                (st, body)
+            }
+        };
+        let (st, v) = send(&s.admin).await;
+        assert!(
+            matches!(st.as_u16(), 400 | 404 | 415 | 422),
+            "{method} {path}: the admin's request is invalid, got {st} {v}"
+        );
+        for (role, token) in [("tenant-admin", &tenant_admin), ("member", &member)] {
+            let (st, v) = send(token).await;
+            assert_eq!(st, StatusCode::FORBIDDEN, "{method} {path} as {role}: {v}");
+            let detail = v["detail"].as_str().unwrap_or_default();
+            assert!(
+                detail.contains("platform-admin") && !detail.contains("no-such") && !detail.contains("guaranteed"),
+                "{method} {path} as {role}: the refusal says the role and nothing of the request: {detail}"
+            );
+        }
+    }
+}
+
 tessera_testdb::each_database!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async isolation_matrix,
     revoked_and_expired_tokens_fail_at_once_and_rate_limits_answer_429,
+    a_tenant_probing_a_platform_admin_operation_gets_403_whatever_it_sends,
 );

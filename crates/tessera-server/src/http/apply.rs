@@ -24,7 +24,7 @@ use super::imagepolicy::check_policy;
 use super::workloads::lifecycle_error;
 use super::{ApiJson, ApiQuery};
 use crate::audit::{Audited, RequestId};
-use crate::auth::Identity;
+use crate::auth::PlatformAdmin;
 use crate::clock::now_ms;
 use crate::lifecycle::Governance;
 use crate::problem::{ApiError, ApiResult};
@@ -274,12 +274,11 @@ async fn plan_tenant(s: &AppState, i: usize, t: &DeclaredTenant, at: i64, out: &
         (status = 422, description = "A tenant declared twice, a project twice, an unknown pool, model, priority class or project, a bad quota, budget or policy (the field names the entry, such as `tenants[2].name`); nothing changed", body = Problem)))]
 pub async fn apply(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     rid: Option<Extension<RequestId>>,
     ApiQuery(q): ApiQuery<ApplyParams>,
     ApiJson(d): ApiJson<Declaration>,
 ) -> ApiResult<Response> {
-    id.require_admin()?;
     let at = now_ms();
     let mut plans = Vec::with_capacity(d.tenants.len());
     for (i, t) in d.tenants.iter().enumerate() {

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use tessera_api::{Problem, QuotaView, SetBudget, SetQuota, TenantQuotas};
 
 use super::{ApiJson, ApiPath};
-use crate::auth::Identity;
+use crate::auth::{Identity, PlatformAdmin};
 use crate::problem::ApiResult;
 use crate::services::governance;
 use crate::state::AppState;
@@ -29,7 +29,7 @@ pub async fn get_quotas(
     request_body = SetQuota, responses((status = 200, body = QuotaView), (status = 403, body = Problem), (status = 422, body = Problem)))]
 pub async fn set_quota(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     ApiPath((tenant, class)): ApiPath<(String, String)>,
     ApiJson(b): ApiJson<SetQuota>,
 ) -> ApiResult<Json<QuotaView>> {
@@ -53,7 +53,7 @@ pub async fn delete_quota(
     request_body = SetBudget, responses((status = 204), (status = 403, body = Problem), (status = 422, body = Problem)))]
 pub async fn set_budget(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     ApiPath(tenant): ApiPath<String>,
     ApiJson(b): ApiJson<SetBudget>,
 ) -> ApiResult<StatusCode> {

@@ -10,7 +10,7 @@ use tessera_api::{CreateProject, CreateTenant, Page, Problem, Project, SetPriori
 
 use super::{ApiJson, ApiPath, ApiQuery, PageParams, page};
 use crate::audit::{AuditObject, Audited, RequestId};
-use crate::auth::Identity;
+use crate::auth::{Identity, PlatformAdmin};
 use crate::problem::{ApiError, ApiResult};
 use crate::services::tenancy::{self, project_view, tenant_view, tenant_visible};
 use crate::state::AppState;
@@ -52,7 +52,7 @@ pub async fn list_tenants(
     responses((status = 201, body = Tenant), (status = 409, body = Problem), (status = 422, body = Problem)))]
 pub async fn create_tenant(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     ApiJson(b): ApiJson<CreateTenant>,
 ) -> ApiResult<Response> {
     let t = tenancy::create_tenant(&s, &id, b).await?;
@@ -85,7 +85,7 @@ pub async fn get_tenant(
         (status = 422, description = "An empty grant, a class listed twice, or a class the server does not know (the field names the entry)", body = Problem)))]
 pub async fn set_priorities(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     rid: Option<Extension<RequestId>>,
     ApiPath(tenant): ApiPath<String>,
     ApiJson(b): ApiJson<SetPriorities>,
