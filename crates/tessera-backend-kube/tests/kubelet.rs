@@ -319,6 +319,7 @@ async fn eviction_under_a_budget_then_requeue_then_restart_adoption() {
     let file = std::env::temp_dir().join(format!("pdb-731-{}.json", std::process::id()));
     std::fs::write(&file, serde_json::to_vec(&pdb).unwrap()).unwrap();
     let out = c.kubectl(&["apply", "-f", file.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&file);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // The disruption controller computes the budget's status before it refuses anything.
     tokio::time::sleep(Duration::from_secs(2)).await;

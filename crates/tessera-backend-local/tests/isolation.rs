@@ -44,6 +44,12 @@ impl Env {
 
     /// In `parent` (a directory others may traverse).
     fn under(parent: &Path, name: &str) -> Env {
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| {
+            for dir in [std::env::temp_dir().as_path(), Path::new("/run")] {
+                crate::local::sweep_earlier_runs(dir, "tessera-iso-");
+            }
+        });
         let base = parent.join(format!("tessera-iso-{name}-{}", std::process::id()));
         let (data, work, dev) = (base.join("data"), base.join("work"), base.join("dev"));
         let _ = std::fs::remove_dir_all(&base);

@@ -15,7 +15,29 @@ use tessera_backend_local::process::{Cgroups, group_alive};
 use tessera_backend_local::{FakeGpu, FakeNvml, LocalBackend, LocalConfig, Nvml, RunAs, SandboxMode, fake_bus_id};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+/// Removes from `dir` what earlier runs of these tests left there: the entries named
+/// `PREFIX…-PID` (or `PREFIX…-PID.work`) of a process that is gone. A run keeps its own
+/// directories, to be read after a failure, until a later run sweeps them.
+pub(crate) fn sweep_earlier_runs(dir: &std::path::Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        let rest = rest.strip_suffix(".work").unwrap_or(rest);
+        let Some(pid) = rest.rsplit('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 pub(crate) fn data_dir(name: &str) -> PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep_earlier_runs(&std::env::temp_dir(), "tessera-local-"));
     let d = std::env::temp_dir().join(format!("tessera-local-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     let _ = std::fs::remove_dir_all(work_dir(&d));
