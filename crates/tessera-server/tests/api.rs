@@ -1323,6 +1323,31 @@ async fn a_remainder_gang_runs_as_whole_nodes_and_the_remainder(db: Db) {
     );
     assert_ne!(a["node"], shares[0]["node"], "{w}");
     assert_eq!(a["units_milli"], 12_000, "{w}");
+    // The timeline speaks of every node-share, not the first alone.
+    let events = s.get(&format!("/api/v1/workloads/{id}/events")).await;
+    let detail = |step: &str| {
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["step"] == step)
+            .and_then(|e| e["detail"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (first, second) = (a["node"].as_str().unwrap(), shares[0]["node"].as_str().unwrap());
+    let partitioned = detail("partitioned");
+    assert!(
+        partitioned.starts_with("whole GPUs on 2 node-shares")
+            && partitioned.contains(&format!("{first} [0, 1, 2, 3, 4, 5, 6, 7]"))
+            && partitioned.contains(second),
+        "{partitioned}"
+    );
+    let observed = detail("observed");
+    assert!(
+        observed.contains("of the gang's 12 GPUs on 2 nodes reported"),
+        "{observed}"
+    );
     assert_eq!(s.units_used("training").await, "12");
     let (st, c) = s.post(&format!("/api/v1/workloads/{id}/cancel"), json!({})).await;
     assert_eq!(st, StatusCode::OK, "{c}");

@@ -249,11 +249,43 @@ pub(super) fn on_done(
     reconcile_soon
 }
 
+/// The `observed` step of a multi-node gang: its GPUs the sample covers (those the backend
+/// says it holds, else those of its node-shares), their mean utilisation and the framebuffer
+/// they use together — one line for every node-share, not the first GPU alone.
+fn observe_gang(samples: &[GpuSample], w: &Workload) -> String {
+    let gpus: usize = w.placements().map(|p| p.gpus.len()).sum();
+    let nodes = w.placements().count();
+    let attributed: Vec<&GpuSample> = samples
+        .iter()
+        .filter(|s| s.instances.iter().any(|i| i.workload == w.id.0))
+        .collect();
+    let held = if attributed.is_empty() {
+        samples
+            .iter()
+            .filter(|s| w.placements().any(|p| p.node == s.node && p.gpus.contains(&s.gpu)))
+            .collect()
+    } else {
+        attributed
+    };
+    if held.is_empty() {
+        return format!("a gang of {gpus} GPUs on {nodes} nodes: no GPU telemetry for it yet");
+    }
+    let mean = held.iter().map(|s| s.util_pct).sum::<f64>() / held.len() as f64;
+    let fb: u64 = held.iter().map(|s| s.fb_used_mib).sum();
+    format!(
+        "{} of the gang's {gpus} GPUs on {nodes} nodes reported: {mean:.0} % utilisation on average, {fb} MiB framebuffer used in all",
+        held.len()
+    )
+}
+
 /// The `observed` step of a workload that just started, from the backend's first sample.
 fn observe(samples: &[GpuSample], w: &Workload) -> String {
     let Some(p) = &w.placement else {
         return "no placement".into();
     };
+    if !w.shares.is_empty() {
+        return observe_gang(samples, w);
+    }
     // The GPU the backend says the workload is on (a device plugin may have picked another
     // than the engine's), else the first of its placement.
     let attributed = samples

@@ -155,6 +155,18 @@ impl World {
                         PartitionPlan::Nothing { node } => follow.push(Input::Partitioned {
                             at: now,
                             detail: match p.slice {
+                                tessera_domain::Slice::Whole if !live.w.shares.is_empty() => {
+                                    let shares: Vec<String> = live
+                                        .w
+                                        .placements()
+                                        .map(|s| format!("{} {:?}", s.node, s.gpus))
+                                        .collect();
+                                    format!(
+                                        "whole GPUs on {} node-shares ({}): nothing to partition",
+                                        shares.len(),
+                                        shares.join(", ")
+                                    )
+                                }
                                 tessera_domain::Slice::Whole => {
                                     format!("whole GPUs {:?} on {node}: nothing to partition", p.gpus)
                                 }
