@@ -1399,6 +1399,9 @@ pub struct UsageReport {
     /// `day`, `class`, `project` or `tenant`.
     pub by: String,
     pub currency: String,
+    /// Whether the server has a price list: without one every cost reads 0 and means nothing.
+    #[serde(default)]
+    pub priced: bool,
     pub rows: Vec<UsageRow>,
     pub total: UsageRow,
 }
@@ -1640,6 +1643,10 @@ pub struct DryRun {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
     pub currency: String,
+    /// Whether the server has a price list: without one the price and cost read 0 and mean
+    /// nothing (a configured price of 0 reads 0 with `priced`).
+    #[serde(default)]
+    pub priced: bool,
     /// The tenant's quotas the request counts against: units held now and after it.
     pub quotas: Vec<DryRunQuota>,
     /// The tenant's monthly budget, if it has one.

@@ -286,6 +286,12 @@ async fn a_gangs_dry_run_says_when_and_where_it_would_start(db: Db) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
     assert_eq!(d["outcome"], "wait", "{d}");
+    // This server has no price list: the dry run says so beside its 0 price.
+    assert_eq!(
+        (&d["priced"], &d["price_per_unit_hour"]),
+        (&json!(false), &json!(0.0)),
+        "{d}"
+    );
     let reason = d["reason"].as_str().unwrap();
     let first = s.get(&format!("/api/v1/workloads/{}", ids[0])).await;
     let node = first["allocation"]["node"].as_str().unwrap().to_string();

@@ -494,6 +494,11 @@ pub fn dry_run_text(d: &tessera_api::DryRun) -> String {
         out.push_str(&format!(" on node {n}"));
     }
     if let (Some(code), Some(r)) = (&d.reason_code, &d.reason) {
+        // The reason may already start with its code ("no-capacity: …"): say it once.
+        let r = r
+            .strip_prefix(code.as_str())
+            .and_then(|r| r.strip_prefix(": "))
+            .unwrap_or(r);
         out.push_str(&format!(" ({code}): {r}"));
     }
     out.push('\n');
@@ -501,8 +506,10 @@ pub fn dry_run_text(d: &tessera_api::DryRun) -> String {
     if let Some(h) = d.unit_hours {
         out.push_str(&format!("  unit-hours  {h:.2}\n"));
     }
-    if let Some(cost) = d.cost {
-        out.push_str(&format!("  cost        {cost:.2} {}\n", d.currency));
+    match d.cost {
+        _ if !d.priced => out.push_str("  cost        no price list configured\n"),
+        Some(cost) => out.push_str(&format!("  cost        {cost:.2} {}\n", d.currency)),
+        None => {}
     }
     for q in &d.quotas {
         let limit = q.limit.map(|l| l.to_string()).unwrap_or_else(|| "none".into());
@@ -578,6 +585,8 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
     );
     let gang = w.shape.nodes.is_some()
         || w.shape.gpus_per_node.is_some()
+        || w.shape.topology.is_some()
+        || w.shape.segment.is_some()
         || w.shape.remainder
         || w.allocation.as_ref().is_some_and(|a| !a.shares.is_empty());
     println!(
@@ -1172,6 +1181,29 @@ pub async fn audit(c: &Common, a: AuditArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dry_run_says_its_reason_code_once_and_no_cost_without_a_price_list() {
+        let dry = |priced: bool| -> tessera_api::DryRun {
+            serde_json::from_str(&format!(
+                r#"{{"outcome":"wait","units":"32","unit_hours":32.0,"price_per_unit_hour":0.0,"cost":0.0,"currency":"EUR","priced":{priced},"quotas":[],
+                   "reason_code":"no-capacity","reason":"no-capacity: 32 GPUs in one rack; no rack has room now"}}"#
+            ))
+            .unwrap()
+        };
+        let text = dry_run_text(&dry(false));
+        assert!(
+            text.starts_with("would wait (no-capacity): 32 GPUs in one rack; no rack has room now\n"),
+            "{text}"
+        );
+        assert!(text.contains("  cost        no price list configured\n"), "{text}");
+        assert!(!text.contains("0.00"), "{text}");
+        let text = dry_run_text(&dry(true));
+        assert!(
+            text.contains("  cost        0.00 EUR\n"),
+            "a price of 0 is a price: {text}"
+        );
+    }
 
     #[test]
     fn the_dry_runs_budget_line_names_the_running_work_it_counts() {

@@ -230,32 +230,44 @@ pub async fn usage(c: &Common, a: UsageArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
-    println!("usage from {} to {} by {} ({})", r.from, r.to, r.by, r.currency);
+    print!("{}", usage_text(&r));
+    Ok(())
+}
+
+/// A usage report for people: unit-hours, and their cost where the server has a price list
+/// (without one, the cost columns would read 0.00 for everything, which reads as free).
+fn usage_text(r: &UsageReport) -> String {
+    let priced = if r.priced {
+        r.currency.clone()
+    } else {
+        "no price list configured: unit-hours only".to_string()
+    };
     let row = |u: &UsageRow| {
-        vec![
+        let mut v = vec![
             u.key.clone(),
             format!("{:.3}", u.allocated_unit_hours),
             format!("{:.3}", u.measured_unit_hours),
-            format!("{:.2}", u.cost_allocated),
-            format!("{:.2}", u.cost_measured),
-        ]
+        ];
+        if r.priced {
+            v.push(format!("{:.2}", u.cost_allocated));
+            v.push(format!("{:.2}", u.cost_measured));
+        }
+        v
     };
     let mut rows: Vec<Vec<String>> = r.rows.iter().map(row).collect();
     rows.push(row(&r.total));
-    println!(
-        "{}",
-        table(
-            &[
-                &r.by.to_uppercase(),
-                "ALLOCATED UNIT-H",
-                "MEASURED UNIT-H",
-                "COST ALLOCATED",
-                "COST MEASURED"
-            ],
-            &rows
-        )
-    );
-    Ok(())
+    let by = r.by.to_uppercase();
+    let mut head = vec![by.as_str(), "ALLOCATED UNIT-H", "MEASURED UNIT-H"];
+    if r.priced {
+        head.extend(["COST ALLOCATED", "COST MEASURED"]);
+    }
+    format!(
+        "usage from {} to {} by {} ({priced})\n{}\n",
+        r.from,
+        r.to,
+        r.by,
+        table(&head, &rows)
+    )
 }
 
 /// The declarative file.
@@ -460,4 +472,47 @@ async fn usage_intervals(c: &Common, client: &Client, a: &UsageArgs) -> Result<(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_shows_costs_only_where_a_price_list_is_configured() {
+        let row = |key: &str| UsageRow {
+            key: key.into(),
+            allocated_unit_hours: 2.0,
+            measured_unit_hours: 1.5,
+            cost_allocated: 4.8,
+            cost_measured: 3.6,
+        };
+        let report = |priced: bool| UsageReport {
+            from: "2026-12-01".into(),
+            to: "2026-12-06".into(),
+            by: "tenant".into(),
+            currency: "EUR".into(),
+            priced,
+            rows: vec![row("acme")],
+            total: row("total"),
+        };
+        let text = usage_text(&report(false));
+        assert!(
+            text.starts_with(
+                "usage from 2026-12-01 to 2026-12-06 by tenant (no price list configured: unit-hours only)\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("COST") && !text.contains("4.80"), "{text}");
+        assert!(text.contains("2.000") && text.contains("1.500"), "{text}");
+        let text = usage_text(&report(true));
+        assert!(
+            text.starts_with("usage from 2026-12-01 to 2026-12-06 by tenant (EUR)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("COST ALLOCATED") && text.contains("4.80") && text.contains("3.60"),
+            "{text}"
+        );
+    }
 }

@@ -144,9 +144,10 @@ fn expected_start(s: &tessera_sched::cycle::GangStart) -> String {
             tessera_sched::reason::utc_datetime(at)
         ),
         Some(at) => format!(
-            "if it waits, it starts at about {}{where_} when {} {workloads} there end",
+            "if it waits, it starts at about {}{where_} when {} {workloads} there {}",
             tessera_sched::reason::utc_datetime(at),
-            s.ending
+            s.ending,
+            if s.ending == 1 { "ends" } else { "end" }
         ),
         None => format!(
             "if it waits, its start{where_} is unknown: it waits for {} {workloads} there to end, and some have no end time",
@@ -319,6 +320,7 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
         price_per_unit_hour: price,
         cost: unit_hours.map(|h| h * price),
         currency: s.prices.currency.clone(),
+        priced: !s.prices.per_unit_hour.is_empty(),
         quotas,
         budget,
     }
