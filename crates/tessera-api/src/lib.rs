@@ -786,6 +786,13 @@ pub struct Workload {
     /// Milliseconds from `requested` to `running`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_to_running_ms: Option<u64>,
+    /// For a multi-node gang waiting for capacity that holds no nodes yet (in the answer for
+    /// one workload, not in lists): when and where it would start if it held nodes now ("if
+    /// it waits, it starts at about 2026-12-06 19:45:47 UTC in rack r0 when 1 workload there
+    /// ends"), as the dry run says. It holds nodes once it has waited past the backfill
+    /// window, and its reason then says when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_start: Option<String>,
 }
 
 /// One step of a workload's timeline.

@@ -602,6 +602,9 @@ pub async fn describe(c: &Common, id: u64) -> Result<()> {
         w.state.as_str(),
         w.reason.as_ref().map(|r| format!(" — {r}")).unwrap_or_default()
     );
+    if let Some(e) = &w.expected_start {
+        println!("  expected    {e} (it holds nodes once it has waited past the backfill window)");
+    }
     if let Some(a) = &w.allocation {
         println!(
             "  placed on   {} in pool {} ({}): {}",

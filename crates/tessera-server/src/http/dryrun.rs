@@ -131,7 +131,7 @@ fn place_gang(
 
 /// When and where a waiting gang would start, in the words of its queue reason: the hold the
 /// scheduler would give it, behind the holds of the gangs already waiting.
-fn expected_start(s: &tessera_sched::cycle::GangStart) -> String {
+pub(crate) fn expected_start(s: &tessera_sched::cycle::GangStart) -> String {
     let where_ = match s.racks.len() {
         0 => String::new(),
         1 => format!(" in rack {}", s.racks[0]),

@@ -155,6 +155,7 @@ pub fn workload(w: &Workload) -> WorkloadView {
         running_at_ms: w.running_at,
         ended_at: w.ended_at.map(rfc3339_ms),
         request_to_running_ms: w.request_to_running_ms(),
+        expected_start: None,
     }
 }
 

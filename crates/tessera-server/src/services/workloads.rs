@@ -315,7 +315,41 @@ pub async fn find(s: &AppState, id: &Identity, wid: WorkloadId) -> ApiResult<std
 
 /// A workload's view, if the caller may see it.
 pub async fn get(s: &AppState, id: &Identity, wid: WorkloadId) -> ApiResult<Workload> {
-    Ok(views::workload(&*find(s, id, wid).await?))
+    let w = find(s, id, wid).await?;
+    let mut v = views::workload(&w);
+    v.expected_start = expected_start(s, &w);
+    Ok(v)
+}
+
+/// For a multi-node gang waiting for capacity that holds no nodes yet (its reason says when
+/// once it does): when and where it would start if it held nodes now — the hold the scheduler
+/// gives it once it has waited past the backfill window, planned as the dry run plans it,
+/// behind the holds already taken. `None` for anything else, or where no pool has room for
+/// another hold.
+fn expected_start(s: &AppState, w: &tessera_domain::Workload) -> Option<String> {
+    if w.phase != tessera_domain::Phase::Queued || !matches!(w.spec.shape.gpu, GpuSpec::Gang(_)) {
+        return None;
+    }
+    let reason = w.reason.as_ref()?;
+    // A hold's reason already says when and where ("… held for it …"); a refusal-like wait
+    // (quota, budget) is not about capacity.
+    if !matches!(
+        reason.code,
+        tessera_domain::ReasonCode::NoCapacity | tessera_domain::ReasonCode::Fragmentation
+    ) || reason.detail.contains(" held for it ")
+    {
+        return None;
+    }
+    let snap = s.lifecycle.snapshot();
+    let trial = snap.trial.as_ref()?;
+    let (_, gang) =
+        crate::lifecycle::placement::resolve(&snap.fleet, &w.spec, tessera_model::TenantId(u32::MAX)).ok()?;
+    let duration_ms = w
+        .spec
+        .duration_s
+        .map(|d| i64::try_from(d.saturating_mul(1000)).unwrap_or(i64::MAX));
+    let start = trial.gang_start(&gang?, duration_ms, now_ms())?;
+    Some(crate::http::dryrun::expected_start(&start))
 }
 
 /// Cancels a workload: a waiting one at once; a placed or running one is stopped (grace
