@@ -18,6 +18,8 @@
 set -euo pipefail
 # shellcheck source=scripts/kube-version.sh
 . "$(dirname "$0")/kube-version.sh"
+# shellcheck source=scripts/debian-install.sh
+. "$(dirname "$0")/debian-install.sh"
 
 dir=${1:?usage: kube-test-kubelet.sh DIR UPSTREAM_VERSION}
 upver=${2:?usage: kube-test-kubelet.sh DIR UPSTREAM_VERSION}
@@ -34,12 +36,7 @@ command -v runc >/dev/null 2>&1 || pkgs+=(runc)
 command -v nsenter >/dev/null 2>&1 || pkgs+=(util-linux)
 command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
 if [ ${#pkgs[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "kube-test-kubelet: missing ${pkgs[*]}: run this script as root to install them from Debian" >&2
-    exit 1
-  fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+  debian_install "kube-test-kubelet: missing ${pkgs[*]}: run this script as root to install them from Debian" "${pkgs[@]}"
   # The package may enable a system containerd: the tests run their own (private root, state
   # and socket) and never talk to it.
   systemctl disable --now containerd >/dev/null 2>&1 || true

@@ -3,6 +3,8 @@
 # Usage: scripts/test.sh        (from the repository root; CI calls it through .ci/run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/debian-install.sh
+. scripts/debian-install.sh
 
 export CARGO_TERM_COLOR=never
 export CARGO_INCREMENTAL=0
@@ -24,12 +26,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 # Prometheus with their own config, loopback port and data directory.
 echo "== observability: prometheus rules"
 if ! command -v promtool >/dev/null 2>&1 || [ ! -x /usr/bin/prometheus ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "promtool/prometheus are missing: run this script as root to install Debian's prometheus package" >&2
-    exit 1
-  fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  debian_install "promtool/prometheus are missing: run this script as root to install Debian's prometheus package" prometheus
 fi
 promtool --version 2>&1 | sed -n 1p || true
 # The bundled config reads the metrics token from a file next to it: check a copy with a
@@ -53,12 +50,7 @@ command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "missing ${need[*]}: run this script as root to install them from Debian" >&2
-    exit 1
-  fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  debian_install "missing ${need[*]}: run this script as root to install them from Debian" "${need[@]}"
 fi
 (cd crates/tessera-server/tests/oidc && npm ci --no-audit --no-fund --silent)
 # ---- end single sign-on --------------------------------------------------------------------------
@@ -70,12 +62,7 @@ fi
 # use it.
 echo "== PostgreSQL"
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "PostgreSQL is missing: run this script as root to install Debian's postgresql package" >&2
-    exit 1
-  fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+  debian_install "PostgreSQL is missing: run this script as root to install Debian's postgresql package" postgresql
 fi
 ls -d /usr/lib/postgresql/*/bin | tail -n 1
 # ---- end PostgreSQL ------------------------------------------------------------------------------
@@ -101,12 +88,7 @@ export TESSERA_KUBE_BIN_DIR
 # with axe-core; both npm packages are locked in crates/tessera/tests/console/package-lock.json.
 echo "== web console: chromium"
 if [ ! -x /usr/bin/chromium ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "chromium is missing: run this script as root to install Debian's chromium" >&2
-    exit 1
-  fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  debian_install "chromium is missing: run this script as root to install Debian's chromium" chromium
 fi
 (cd crates/tessera/tests/console && npm ci --no-audit --no-fund --silent)
 # ---- end web console -----------------------------------------------------------------------------
@@ -120,12 +102,7 @@ cargo test --workspace
 # Python refuses plain `pip install`); python3 and its venv module come from Debian if missing.
 echo "== OpenAPI 3.1 document"
 if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "python3 with venv is missing: run this script as root to install Debian's python3-venv" >&2
-    exit 1
-  fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
+  debian_install "python3 with venv is missing: run this script as root to install Debian's python3-venv" python3 python3-venv
 fi
 venv=target/openapi-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"

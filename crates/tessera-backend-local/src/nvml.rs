@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// An NVML call failed; the text says which call and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,7 +19,7 @@ impl fmt::Display for NvmlError {
 impl std::error::Error for NvmlError {}
 
 /// One physical GPU as NVML describes it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuInfo {
     /// NVML index (the order `nvidia-smi` shows).
     pub index: u32,

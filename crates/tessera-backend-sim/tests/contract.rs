@@ -37,13 +37,6 @@ async fn mig_workload(b: &SimBackend, id: u64, duration: Option<Duration>) -> Ru
     }
 }
 
-fn both_modes() -> [SimConfig; 2] {
-    [SimMode::Exact, SimMode::Operator].map(|mode| SimConfig {
-        mig_partition_time: Duration::ZERO,
-        ..quiet(mode)
-    })
-}
-
 /// Skips layout news, which carries no workload order.
 async fn next_of_workloads(rx: &mut UnboundedReceiver<BackendEvent>) -> BackendEvent {
     loop {
@@ -332,14 +325,7 @@ async fn reconcile_adopts_work_that_was_running_for_the_rest_of_its_time() {
             );
         }
 
-        let t0 = Instant::now();
-        match next(&mut rx).await {
-            BackendEvent::Exited { id: 1, .. } => {
-                let left = t0.elapsed().as_secs_f64();
-                assert!((49.9..=50.1).contains(&left), "{mode}: {left} s left of 60");
-            }
-            other => panic!("{mode}: expected Exited, got {other:?}"),
-        }
+        exits_after_the_rest_of_its_time(&mut rx, mode).await;
         let after = b.reconcile(&[running]).await.unwrap();
         assert_eq!(after.observation(1), Some(&Observation::Succeeded), "{mode}");
     }

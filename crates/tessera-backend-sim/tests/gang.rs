@@ -28,13 +28,6 @@ fn gang_fleet() -> Vec<SimGpu> {
         .collect()
 }
 
-fn both_modes() -> [SimConfig; 2] {
-    [SimMode::Exact, SimMode::Operator].map(|mode| SimConfig {
-        mig_partition_time: Duration::ZERO,
-        ..quiet(mode)
-    })
-}
-
 fn gang_backend(cfg: SimConfig) -> (SimBackend, UnboundedReceiver<BackendEvent>) {
     let b = SimBackend::new(cfg, gang_fleet());
     let rx = b.take_events().expect("events not taken yet");
@@ -378,14 +371,7 @@ async fn a_restarted_control_plane_reconciles_and_adopts_the_gang_as_one() {
             "batch workload 1 `train-1` of acme/vision runs on h100-00, h100-01, h100-02 (a gang of 3 node-shares) but is not expected"
         );
 
-        let t0 = Instant::now();
-        match next(&mut rx).await {
-            BackendEvent::Exited { id: 1, .. } => {
-                let left = t0.elapsed().as_secs_f64();
-                assert!((49.9..=50.1).contains(&left), "{mode}: {left} s left of 60");
-            }
-            other => panic!("{mode}: expected Exited, got {other:?}"),
-        }
+        exits_after_the_rest_of_its_time(&mut rx, mode).await;
         assert_eq!(busy_by_node(&b), vec![0, 0, 0, 0], "{mode}");
 
         // A share whose node is down cannot be adopted: the gang fails, and holds nothing.

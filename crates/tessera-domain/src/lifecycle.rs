@@ -776,19 +776,21 @@ mod tests {
         let stop = E::Stop { grace_s: 30 };
         let open = E::OpenUsage { seq: 0, at: 5_000 };
         let close = E::CloseUsage { seq: 0, at: 5_000 };
+        // Every recovery's report; where a workload waits or is placed, each gives the same.
+        let recovered = [
+            "recovered-running",
+            "recovered-starting",
+            "recovered-succeeded",
+            "recovered-failed",
+            "recovered-unknown",
+        ];
         let mut t = Vec::new();
         for p in [P::Pending, P::Queued] {
             t.push((p, "placed", P::Placed, vec![E::Partition]));
             t.push((p, "waiting", P::Queued, vec![]));
             t.push((p, "refused", P::Failed, vec![E::Dequeue]));
             t.push((p, "cancel", P::Cancelled, vec![E::Dequeue]));
-            for r in [
-                "recovered-running",
-                "recovered-starting",
-                "recovered-succeeded",
-                "recovered-failed",
-                "recovered-unknown",
-            ] {
+            for r in recovered {
                 t.push((p, r, P::Queued, vec![E::Requeue]));
             }
             t.push((p, "invalid", P::Failed, vec![E::Dequeue]));
@@ -820,34 +822,20 @@ mod tests {
             P::Failed,
             vec![E::Unpartition, E::Release],
         ));
-        for r in [
-            "recovered-running",
-            "recovered-starting",
-            "recovered-succeeded",
-            "recovered-failed",
-            "recovered-unknown",
-        ] {
+        for r in recovered {
             t.push((P::Placed, r, P::Placed, vec![E::Partition]));
         }
-        t.push((
-            P::Partitioned,
-            "start-failed",
-            P::Failed,
-            vec![E::Unpartition, E::Release],
-        ));
+        // Ended before it ran: the partition and the allocation go back.
+        for (i, to) in [
+            ("start-failed", P::Failed),
+            ("exited-ok", P::Succeeded),
+            ("exited-failed", P::Failed),
+            ("recovered-succeeded", P::Succeeded),
+            ("recovered-failed", P::Failed),
+        ] {
+            t.push((P::Partitioned, i, to, vec![E::Unpartition, E::Release]));
+        }
         t.push((P::Partitioned, "running", P::Running, vec![open]));
-        t.push((
-            P::Partitioned,
-            "exited-ok",
-            P::Succeeded,
-            vec![E::Unpartition, E::Release],
-        ));
-        t.push((
-            P::Partitioned,
-            "exited-failed",
-            P::Failed,
-            vec![E::Unpartition, E::Release],
-        ));
         t.push((
             P::Partitioned,
             "recovered-running",
@@ -855,18 +843,6 @@ mod tests {
             vec![E::OpenUsage { seq: 0, at: 4_000 }],
         ));
         t.push((P::Partitioned, "recovered-unknown", P::Partitioned, vec![E::Start]));
-        t.push((
-            P::Partitioned,
-            "recovered-succeeded",
-            P::Succeeded,
-            vec![E::Unpartition, E::Release],
-        ));
-        t.push((
-            P::Partitioned,
-            "recovered-failed",
-            P::Failed,
-            vec![E::Unpartition, E::Release],
-        ));
         let end = vec![E::Unpartition, E::Release, close.clone()];
         t.push((P::Running, "exited-ok", P::Succeeded, end.clone()));
         t.push((P::Running, "exited-failed", P::Failed, end.clone()));

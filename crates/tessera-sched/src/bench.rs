@@ -10,13 +10,17 @@
 //! over the whole queue. Only the cycle itself is timed, by the caller (this crate reads no
 //! clock): [`run`] hands each cycle to a closure that runs and times it.
 //!
+//! `tessera bench placement` (and the `bench_place` example) places requests of the
+//! [`request_mix`] one by one at a steady load kept by a [`PlacementChurn`]; the caller places,
+//! releases and times.
+//!
 //! `tessera bench gang` plans 128-GPU gangs ([`gang_forms`]) on [`gang_fleet`] (racks of 16,
 //! blocks of 8 racks) kept busy with single-node work by a [`GangSetup`]; the caller times.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_model::request::{GangRequest, TopologyConstraint};
-use tessera_model::{Fleet, Request, Sharing, TenantId};
+use tessera_model::{Fleet, GpuUnits, Request, Sharing, TenantId};
 
 use crate::cycle::{Decision, GovernConfig, Job, Scheduler};
 use crate::engine::Engine;
@@ -99,6 +103,71 @@ pub fn request_mix(fleet: &Fleet) -> Vec<Request> {
         }
     }
     out
+}
+
+/// The placement benchmark's demand and steady load: the next request of a mix and which
+/// allocation to release, drawn from a seed; the caller calls the engine (and times it).
+#[derive(Clone, Debug)]
+pub struct PlacementChurn {
+    requests: Vec<Request>,
+    rng: ChaCha8Rng,
+    /// Allocations placed and not released yet, with their units.
+    live: Vec<(u64, GpuUnits)>,
+    held: GpuUnits,
+    target: GpuUnits,
+    next_id: u64,
+}
+
+impl PlacementChurn {
+    /// Requests drawn from `requests` (not empty) with `seed`, the fleet kept at `target` units.
+    pub fn new(requests: Vec<Request>, seed: u64, target: GpuUnits) -> PlacementChurn {
+        PlacementChurn {
+            requests,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            live: Vec::new(),
+            held: GpuUnits::ZERO,
+            target,
+            next_id: 0,
+        }
+    }
+
+    /// The units the live allocations hold.
+    pub fn held(&self) -> GpuUnits {
+        self.held
+    }
+
+    /// A live allocation to release while the fleet holds more than the target, at random.
+    pub fn over_target(&mut self) -> Option<u64> {
+        if self.held > self.target { self.any_live() } else { None }
+    }
+
+    /// A live allocation to release, at random (after a refusal, to keep churning); `None` if
+    /// there is none. It no longer counts as held.
+    pub fn any_live(&mut self) -> Option<u64> {
+        if self.live.is_empty() {
+            return None;
+        }
+        let (id, units) = self.live.swap_remove(self.rng.random_range(0..self.live.len()));
+        self.held -= units;
+        Some(id)
+    }
+
+    /// The next request to place and its allocation id: one of the mix at random, a fraction
+    /// for one of 8 tenants.
+    pub fn next_request(&mut self) -> (u64, Request) {
+        let mut req = self.requests[self.rng.random_range(0..self.requests.len())].clone();
+        if matches!(req.shape, tessera_model::Shape::Fraction { .. }) {
+            req.tenant = Some(TenantId(self.rng.random_range(0..8)));
+        }
+        self.next_id += 1;
+        (self.next_id, req)
+    }
+
+    /// Counts allocation `id` of `units`, placed, as live.
+    pub fn placed(&mut self, id: u64, units: GpuUnits) {
+        self.held += units;
+        self.live.push((id, units));
+    }
 }
 
 const MAX_WARMUP: usize = 400;

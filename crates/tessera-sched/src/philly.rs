@@ -1547,12 +1547,25 @@ mod tests {
         }
     }
 
-    fn waits(trace: &Trace, layout: &Layout, policy: Policy) -> Vec<i64> {
-        let (_, out) = replay_outcomes(trace, layout, policy);
+    /// The trace of `jobs` by tenants `tenants` (0, 1 … in order).
+    fn trace(jobs: Vec<PhillyJob>, tenants: &[&str]) -> Trace {
+        Trace {
+            jobs,
+            tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+
+    /// How long each job of `trace` waited to start, by its outcome in `out`.
+    fn waits_in(trace: &Trace, out: &[Outcome]) -> Vec<i64> {
         out.iter()
             .zip(&trace.jobs)
             .map(|(o, j)| o.start.unwrap() - j.submit)
             .collect()
+    }
+
+    fn waits(trace: &Trace, layout: &Layout, policy: Policy) -> Vec<i64> {
+        let (_, out) = replay_outcomes(trace, layout, policy);
+        waits_in(trace, &out)
     }
 
     #[test]
@@ -1626,10 +1639,7 @@ mod tests {
             Some(GangRequest::whole_nodes(128).with_segment(64))
         );
         // A 128-GPU gang takes two whole racks; one that cannot fit the empty fleet is refused.
-        let trace = Trace {
-            jobs: vec![job(0, 100, 128, 0), job(0, 100, 1024, 0)],
-            tenants: vec!["a".into()],
-        };
+        let trace = trace(vec![job(0, 100, 128, 0), job(0, 100, 1024, 0)], &["a"]);
         let (r, out) = replay_outcomes(&trace, &l, Policy::Backfill);
         assert_eq!(out[0].start, Some(0));
         assert_eq!(out[1].start, None);
@@ -1657,16 +1667,16 @@ mod tests {
     #[test]
     fn hand_made_waits_for_each_policy() {
         let layout = racks(2, 2, 4);
-        let trace = Trace {
-            jobs: vec![
+        let trace = trace(
+            vec![
                 job(0, 7200, 4, 0),
                 job(0, 7200, 8, 0),
                 job(10, 3600, 8, 1),
                 job(20, 7200, 2, 1),
                 job(30, 1000, 2, 0),
             ],
-            tenants: vec!["A".into(), "B".into()],
-        };
+            &["A", "B"],
+        );
         assert_eq!(guarantees(&trace, 16), vec![10, 5]);
         let expect = [
             (Policy::Fifo, [0, 0, 7190, 7180, 7170]),
@@ -1690,15 +1700,15 @@ mod tests {
     #[test]
     fn tessera_reclaims_borrowed_gpus_for_a_tenant_within_its_guarantee() {
         let layout = racks(1, 4, 2);
-        let trace = Trace {
-            jobs: vec![
+        let trace = trace(
+            vec![
                 job(0, 36000, 4, 0),
                 job(0, 36000, 4, 0),
                 job(100, 3600, 4, 1),
                 job(200_000, 100_000, 4, 1),
             ],
-            tenants: vec!["A".into(), "B".into()],
-        };
+            &["A", "B"],
+        );
         assert_eq!(guarantees(&trace, 8), vec![3, 4]);
         for p in [
             Policy::Fifo,
@@ -1709,11 +1719,7 @@ mod tests {
             assert_eq!(waits(&trace, &layout, p), [0, 0, 35900, 0], "{}", p.name());
         }
         let (r, out) = replay_outcomes(&trace, &layout, Policy::Tessera);
-        let w: Vec<i64> = out
-            .iter()
-            .zip(&trace.jobs)
-            .map(|(o, j)| o.start.unwrap() - j.submit)
-            .collect();
+        let w = waits_in(&trace, &out);
         assert_eq!(w, [3700, 0, 0, 0]);
         assert_eq!(out[0].preempted, 1);
         assert_eq!(out[0].end, Some(3700 + 36000));
@@ -1737,24 +1743,21 @@ mod tests {
     #[test]
     fn every_waiting_gang_gets_its_own_reservation() {
         let layout = racks(2, 2, 4);
-        let trace = Trace {
-            jobs: vec![
+        let trace = trace(
+            vec![
                 job(0, 3600, 8, 0),
                 job(0, 7200, 4, 0),
                 job(10, 36000, 8, 0),
                 job(10, 3600, 8, 0),
                 job(20, 36000, 4, 0),
             ],
-            tenants: vec!["A".into()],
-        };
+            &["A"],
+        );
         assert_eq!(guarantees(&trace, 16), vec![16]);
         let waits_of = |k: TesseraKnobs| -> Vec<i64> {
             let (r, out) = replay_tuned(&trace, &layout, Policy::Tessera, k);
             assert_eq!(r.preemptions, 0);
-            out.iter()
-                .zip(&trace.jobs)
-                .map(|(o, j)| o.start.unwrap() - j.submit)
-                .collect()
+            waits_in(&trace, &out)
         };
         let one = TesseraKnobs {
             reserve_every_gang: false,

@@ -193,15 +193,11 @@ mod tests {
             currency: "EUR".into(),
             per_unit_hour: HashMap::from([("serving".to_string(), 2.0)]),
         };
-        let (rows, total) = report(
-            &ivs,
-            d,
-            d + 2 * 24 * h,
-            d + 26 * h,
-            By::Day,
-            &prices,
-            &HashMap::from([(WorkloadId(2), 0.25)]),
-        );
+        // Two days from the 28th, now 02:00 on the 29th.
+        let report_by = |by: By, utilisation: &HashMap<WorkloadId, f64>| {
+            report(&ivs, d, d + 2 * 24 * h, d + 26 * h, by, &prices, utilisation)
+        };
+        let (rows, total) = report_by(By::Day, &HashMap::from([(WorkloadId(2), 0.25)]));
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].key, "2026-11-28");
         // day 1: #1 2 h × 0.5 = 1.0; #2 24 h × 1 = 24 → 25
@@ -211,15 +207,7 @@ mod tests {
         assert!((total.allocated_unit_hours - 28.0).abs() < 1e-9);
         assert!((total.measured_unit_hours - (2.0 * 0.5 + 26.0 * 0.25)).abs() < 1e-9);
         assert!((total.cost_allocated - 56.0).abs() < 1e-9);
-        let (rows, _) = report(
-            &ivs,
-            d,
-            d + 2 * 24 * h,
-            d + 26 * h,
-            By::Project,
-            &prices,
-            &HashMap::new(),
-        );
+        let (rows, _) = report_by(By::Project, &HashMap::new());
         assert_eq!(
             rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
             ["vision/a", "vision/b"]

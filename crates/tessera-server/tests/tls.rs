@@ -1,7 +1,6 @@
 //! `serve` over TLS (rustls): a self-signed certificate made with openssl, trusted by the
 //! client; plain HTTP on the same port is refused.
 
-use std::process::Command;
 use std::sync::Arc;
 
 use crate::support::TempDir;
@@ -12,22 +11,8 @@ use tessera_server::{ServerConfig, start};
 async fn serves_https() {
     let tmp = TempDir::new("tls");
     let dir = &tmp.0;
-    let (ca, cert, key) = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
     // A test CA and a server certificate for 127.0.0.1 signed by it.
-    let script = format!(
-        "set -e; cd {d}; \
-         openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=tessera-test-ca -keyout ca.key -out ca.pem 2>/dev/null; \
-         openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout key.pem -out server.csr 2>/dev/null; \
-         printf 'subjectAltName=IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\nextendedKeyUsage=serverAuth\\n' > ext.cnf; \
-         openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext.cnf -out cert.pem 2>/dev/null",
-        d = dir.display()
-    );
-    let ok = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .output()
-        .expect("bash and openssl (Debian package openssl)");
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let (ca, cert, key) = tessera_testdb::test_certificates(dir, "tessera-test-ca");
     let cfg = ServerConfig {
         tls: Some((cert.clone(), key.clone())),
         ..ServerConfig::local(dir.join("data"))

@@ -52,7 +52,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Postgres, Transaction};
 use tessera_store::{Result, StoreError};
 use tessera_store_sql::DbError;
-use tessera_store_sql::sqlx_common::{APPLIED_VERSIONS, classify_common, unknown_versions};
+use tessera_store_sql::sqlx_common::{check_applied, classify_common};
 
 /// The migrations of the store's schema, applied on connecting.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -284,14 +284,7 @@ async fn check_schema(pool: &PgPool) -> Result<()> {
         .fetch_one(pool)
         .await
         .map_err(db)?;
-    if exists {
-        unknown_versions(
-            &MIGRATOR,
-            &sqlx::query_scalar(APPLIED_VERSIONS).fetch_all(pool).await.map_err(db)?,
-        )
-    } else {
-        Ok(())
-    }
+    check_applied(pool, exists, &MIGRATOR, classify).await
 }
 
 /// A database error, classified for the contract: unique-key violations are the caller's to

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use sqlx::{Connection, Row};
 use tessera_domain::{Phase, Placement, Slice, Workload, WorkloadId};
 use tessera_model::GpuUnits;
-use tessera_store::conformance::{assert_reads_corrupt, login_audit, placed_gang, workload};
+use tessera_store::conformance::{assert_reads_corrupt, login_audit, placed_gang, submission_audit, workload};
 use tessera_store::{AuditStore, Change, StoreError, TenancyStore, TenantRecord, WorkloadStore};
 use tessera_store_postgres::{MIGRATOR, PgOptions, PgStore};
 use tessera_testdb::{Cluster, database_url};
@@ -381,7 +381,7 @@ impl Statements {
 #[tokio::test]
 async fn a_lifecycle_batch_is_three_statements() {
     use tessera_domain::{Event, Step};
-    use tessera_store::{AuditRecord, Fence, IdempotencyKey, LeaseStore, LedgerStore, UsageInterval};
+    use tessera_store::{Fence, IdempotencyKey, LeaseStore, LedgerStore, UsageInterval};
 
     let url = database_url();
     let statements = Statements::proxy(&url).await;
@@ -405,19 +405,7 @@ async fn a_lifecycle_batch_is_three_statements() {
         detail: format!("{} {seq}", step.as_str()),
         code: None,
     };
-    let note = |i: u64| {
-        Change::Audit(AuditRecord {
-            seq: 0,
-            at: 1,
-            request_id: format!("req-{i}"),
-            actor: "tok".into(),
-            tenant: None,
-            action: "POST /api/v1/workloads".into(),
-            target: "/api/v1/workloads".into(),
-            outcome: 201,
-            detail: String::new(),
-        })
-    };
+    let note = |i: u64| submission_audit(format!("req-{i}"), "/api/v1/workloads");
     let usage = |w: &Workload, started_at: i64| UsageInterval {
         workload: w.id,
         seq: 0,

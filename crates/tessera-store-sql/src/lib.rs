@@ -366,6 +366,16 @@ impl<'a, D: Driver> Query<'a, D> {
     }
 }
 
+/// Runs `q` on a connection of `s`'s pool; its first row, if any, as `read` reads it.
+pub(crate) async fn read_optional<D: Driver, T>(
+    s: &D,
+    q: Query<'_, D>,
+    read: impl FnOnce(&D::Row) -> Result<T> + Send,
+) -> Result<Option<T>> {
+    let row = q.fetch_optional(&mut *s.conn().await?).await.map_err(db)?;
+    row.as_ref().map(read).transpose()
+}
+
 /// Implements the nine traits of the `tessera-store` contract for a store type that implements
 /// [`Driver`], each method calling this crate's generic function of the same name in the module
 /// of its trait (`TenancyStore::create_tenant` → [`tenancy::create_tenant`], …).

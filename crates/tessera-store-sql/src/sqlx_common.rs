@@ -26,6 +26,31 @@ pub fn classify_common(e: sqlx::Error) -> DbError {
 /// The versions of the migrations applied to a database, in order (sqlx's own table).
 pub const APPLIED_VERSIONS: &str = "SELECT version FROM _sqlx_migrations ORDER BY version";
 
+/// Refuses (`Incompatible`) a database a newer Tessera upgraded: one whose sqlx migration table
+/// (there when `migrated`: a fresh database has none) lists versions `migrator` does not know
+/// (see [`unknown_versions`]). `classify` is the driver's classification of its errors.
+pub async fn check_applied<DB>(
+    pool: &sqlx::Pool<DB>,
+    migrated: bool,
+    migrator: &sqlx::migrate::Migrator,
+    classify: fn(sqlx::Error) -> DbError,
+) -> Result<()>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    if !migrated {
+        return Ok(());
+    }
+    let applied: Vec<i64> = sqlx::query_scalar(APPLIED_VERSIONS)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| crate::db(classify(e)))?;
+    unknown_versions(migrator, &applied)
+}
+
 /// `Incompatible` naming the applied versions `migrator` does not know, if any: a newer Tessera
 /// upgraded the database, and this one would misread what it wrote.
 pub fn unknown_versions(migrator: &sqlx::migrate::Migrator, applied: &[i64]) -> Result<()> {

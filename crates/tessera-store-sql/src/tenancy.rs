@@ -5,7 +5,7 @@
 
 use tessera_store::{AuditRecord, ImagePolicyRecord, ProjectRecord, Result, StoreError, TenancyChange, TenantRecord};
 
-use crate::{Driver, Row, col, db, db_error, i64_of, query};
+use crate::{Driver, Query, Row, col, db, db_error, i64_of, query, read_optional};
 
 fn tenant_row(r: &impl Row) -> Result<TenantRecord> {
     Ok(TenantRecord {
@@ -47,25 +47,49 @@ fn project_row(r: &impl Row) -> Result<ProjectRecord> {
     })
 }
 
-pub async fn create_tenant<D: Driver>(s: &D, t: &TenantRecord) -> Result<()> {
+/// Inserts tenant `t` on `conn` (`Conflict` naming it if it exists).
+async fn insert_tenant<D: Driver>(conn: &mut D::Connection, t: &TenantRecord) -> Result<()> {
     query::<D>("INSERT INTO tenants (name, display_name, created_at, priorities) VALUES ($1, $2, $3, $4)")
         .bind(&t.name)
         .bind(&t.display_name)
         .bind(t.created_at)
         .bind(priorities_json(t.priorities.as_deref()))
-        .execute(&mut *s.conn().await?)
+        .execute(conn)
         .await
         .map_err(|e| db_error(e, || format!("tenant `{}`", t.name)))?;
     Ok(())
 }
 
-pub async fn get_tenant<D: Driver>(s: &D, name: &str) -> Result<Option<TenantRecord>> {
-    let row = query::<D>("SELECT name, display_name, created_at, priorities FROM tenants WHERE name = $1")
+/// Inserts project `p` on `conn` (`Conflict` naming it if it exists).
+async fn insert_project<D: Driver>(conn: &mut D::Connection, p: &ProjectRecord) -> Result<()> {
+    query::<D>("INSERT INTO projects (tenant, name, created_at) VALUES ($1, $2, $3)")
+        .bind(&p.tenant)
+        .bind(&p.name)
+        .bind(p.created_at)
+        .execute(conn)
+        .await
+        .map_err(|e| db_error(e, || format!("project `{}` of tenant `{}`", p.name, p.tenant)))?;
+    Ok(())
+}
+
+/// Whether tenant `name` exists, its row locked until the transaction `tx` ends where the
+/// database has row locks ([`Driver::LOCK_TENANT`]).
+async fn lock_tenant<D: Driver>(tx: &mut D::Connection, name: &str) -> Result<bool> {
+    let row = query::<D>(D::LOCK_TENANT)
         .bind(name)
-        .fetch_optional(&mut *s.conn().await?)
+        .fetch_optional(tx)
         .await
         .map_err(db)?;
-    row.as_ref().map(tenant_row).transpose()
+    Ok(row.is_some())
+}
+
+pub async fn create_tenant<D: Driver>(s: &D, t: &TenantRecord) -> Result<()> {
+    insert_tenant::<D>(&mut *s.conn().await?, t).await
+}
+
+pub async fn get_tenant<D: Driver>(s: &D, name: &str) -> Result<Option<TenantRecord>> {
+    let q = query::<D>("SELECT name, display_name, created_at, priorities FROM tenants WHERE name = $1").bind(name);
+    read_optional(s, q, tenant_row).await
 }
 
 pub async fn list_tenants<D: Driver>(s: &D, after: Option<&str>, limit: u32) -> Result<Vec<TenantRecord>> {
@@ -85,74 +109,61 @@ pub async fn delete_tenant<D: Driver>(s: &D, name: &str) -> Result<bool> {
     let mut tx = s.begin_write().await?;
     // The row lock keeps projects and tokens from being added meanwhile (their foreign keys
     // wait for it).
-    let exists = query::<D>(D::LOCK_TENANT)
-        .bind(name)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db)?;
-    if exists.is_none() {
+    if !lock_tenant::<D>(&mut tx, name).await? {
         D::rollback(tx).await?;
         return Ok(false);
     }
-    let in_use: i64 = query::<D>(
+    let in_use = query::<D>(
         "SELECT (SELECT COUNT(*) FROM projects WHERE tenant = $1) \
          + (SELECT COUNT(*) FROM workloads WHERE tenant = $1) \
          + (SELECT COUNT(*) FROM api_tokens WHERE tenant = $1) AS in_use",
     )
-    .bind(name)
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(db)
-    .and_then(|r| col(&r, "in_use"))?;
+    .bind(name);
+    // Quotas and the budget are the tenant's configuration, not its data: they go with it
+    // (their foreign keys would refuse the delete otherwise).
+    let deletes = [
+        query::<D>("DELETE FROM quotas WHERE tenant = $1").bind(name),
+        query::<D>("DELETE FROM budgets WHERE tenant = $1").bind(name),
+        query::<D>("DELETE FROM image_policies WHERE tenant = $1").bind(name),
+        query::<D>("DELETE FROM tenants WHERE name = $1").bind(name),
+    ];
+    delete_unused(tx, in_use, deletes).await
+}
+
+/// In the write transaction `tx`: where `in_use` counts (as `in_use`) any row that still uses
+/// what is to be deleted, `false`, rolled back; otherwise runs `deletes` in order, commits, and
+/// says whether the last of them deleted a row.
+async fn delete_unused<'a, D: Driver>(
+    mut tx: D::Transaction,
+    in_use: Query<'a, D>,
+    deletes: impl IntoIterator<Item = Query<'a, D>, IntoIter: Send> + Send,
+) -> Result<bool> {
+    let in_use: i64 = in_use
+        .fetch_one(&mut tx)
+        .await
+        .map_err(db)
+        .and_then(|r| col(&r, "in_use"))?;
     if in_use > 0 {
         D::rollback(tx).await?;
         return Ok(false);
     }
-    // Quotas and the budget are the tenant's configuration, not its data: they go with it
-    // (their foreign keys would refuse the delete otherwise).
-    query::<D>("DELETE FROM quotas WHERE tenant = $1")
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    query::<D>("DELETE FROM budgets WHERE tenant = $1")
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    query::<D>("DELETE FROM image_policies WHERE tenant = $1")
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    let deleted = query::<D>("DELETE FROM tenants WHERE name = $1")
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+    let mut deleted = 0;
+    for q in deletes {
+        deleted = q.execute(&mut tx).await.map_err(db)?;
+    }
     D::commit(tx).await?;
     Ok(deleted > 0)
 }
 
 pub async fn create_project<D: Driver>(s: &D, p: &ProjectRecord) -> Result<()> {
-    query::<D>("INSERT INTO projects (tenant, name, created_at) VALUES ($1, $2, $3)")
-        .bind(&p.tenant)
-        .bind(&p.name)
-        .bind(p.created_at)
-        .execute(&mut *s.conn().await?)
-        .await
-        .map_err(|e| db_error(e, || format!("project `{}` of tenant `{}`", p.name, p.tenant)))?;
-    Ok(())
+    insert_project::<D>(&mut *s.conn().await?, p).await
 }
 
 pub async fn get_project<D: Driver>(s: &D, tenant: &str, name: &str) -> Result<Option<ProjectRecord>> {
-    let row = query::<D>("SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND name = $2")
+    let q = query::<D>("SELECT tenant, name, created_at FROM projects WHERE tenant = $1 AND name = $2")
         .bind(tenant)
-        .bind(name)
-        .fetch_optional(&mut *s.conn().await?)
-        .await
-        .map_err(db)?;
-    row.as_ref().map(project_row).transpose()
+        .bind(name);
+    read_optional(s, q, project_row).await
 }
 
 pub async fn list_projects<D: Driver>(
@@ -175,37 +186,20 @@ pub async fn list_projects<D: Driver>(
 }
 
 pub async fn delete_project<D: Driver>(s: &D, tenant: &str, name: &str) -> Result<bool> {
-    let mut tx = s.begin_write().await?;
-    let in_use: i64 = query::<D>("SELECT COUNT(*) AS in_use FROM workloads WHERE tenant = $1 AND project = $2")
+    let tx = s.begin_write().await?;
+    let in_use = query::<D>("SELECT COUNT(*) AS in_use FROM workloads WHERE tenant = $1 AND project = $2")
         .bind(tenant)
-        .bind(name)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)
-        .and_then(|r| col(&r, "in_use"))?;
-    if in_use > 0 {
-        D::rollback(tx).await?;
-        return Ok(false);
-    }
-    let deleted = query::<D>("DELETE FROM projects WHERE tenant = $1 AND name = $2")
+        .bind(name);
+    let delete = query::<D>("DELETE FROM projects WHERE tenant = $1 AND name = $2")
         .bind(tenant)
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    D::commit(tx).await?;
-    Ok(deleted > 0)
+        .bind(name);
+    delete_unused(tx, in_use, [delete]).await
 }
 
 pub async fn set_image_policy<D: Driver>(s: &D, p: &ImagePolicyRecord, audit: &AuditRecord) -> Result<()> {
     let mut tx = s.begin_write().await?;
     // The tenant row (locked where the database can) must exist for the policy to land.
-    let exists = query::<D>(D::LOCK_TENANT)
-        .bind(&p.tenant)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db)?;
-    if exists.is_none() {
+    if !lock_tenant::<D>(&mut tx, &p.tenant).await? {
         D::rollback(tx).await?;
         return Err(StoreError::Corrupt(format!("no tenant `{}`", p.tenant)));
     }
@@ -216,28 +210,39 @@ pub async fn set_image_policy<D: Driver>(s: &D, p: &ImagePolicyRecord, audit: &A
 }
 
 pub async fn image_policy<D: Driver>(s: &D, tenant: &str) -> Result<Option<ImagePolicyRecord>> {
-    let row = query::<D>("SELECT tenant, registries, cosign_keys, updated_at FROM image_policies WHERE tenant = $1")
-        .bind(tenant)
-        .fetch_optional(&mut *s.conn().await?)
-        .await
-        .map_err(db)?;
-    row.as_ref().map(image_policy_row).transpose()
+    let q = query::<D>("SELECT tenant, registries, cosign_keys, updated_at FROM image_policies WHERE tenant = $1")
+        .bind(tenant);
+    read_optional(s, q, image_policy_row).await
 }
 
-pub async fn delete_image_policy<D: Driver>(s: &D, tenant: &str, audit: &AuditRecord) -> Result<bool> {
+/// Runs `q` and appends `audit` in one write transaction; `false`, and nothing written, where
+/// `q` changed no row.
+async fn change_audited<D: Driver>(s: &D, q: Query<'_, D>, audit: &AuditRecord) -> Result<bool> {
     let mut tx = s.begin_write().await?;
-    let deleted = query::<D>("DELETE FROM image_policies WHERE tenant = $1")
-        .bind(tenant)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    if deleted == 0 {
+    let changed = q.execute(&mut tx).await.map_err(db)?;
+    if changed == 0 {
         D::rollback(tx).await?;
         return Ok(false);
     }
     crate::audit::append::<D>(&mut tx, &[audit]).await?;
     D::commit(tx).await?;
     Ok(true)
+}
+
+/// The statement that sets tenant `tenant`'s priority classes.
+fn update_priorities<'a, D: Driver>(tenant: &'a str, classes: Option<&[String]>) -> Query<'a, D> {
+    query::<D>("UPDATE tenants SET priorities = $2 WHERE name = $1")
+        .bind(tenant)
+        .bind(priorities_json(classes))
+}
+
+pub async fn delete_image_policy<D: Driver>(s: &D, tenant: &str, audit: &AuditRecord) -> Result<bool> {
+    change_audited(
+        s,
+        query::<D>("DELETE FROM image_policies WHERE tenant = $1").bind(tenant),
+        audit,
+    )
+    .await
 }
 
 pub async fn set_tenant_priorities<D: Driver>(
@@ -246,20 +251,7 @@ pub async fn set_tenant_priorities<D: Driver>(
     classes: Option<&[String]>,
     audit: &AuditRecord,
 ) -> Result<bool> {
-    let mut tx = s.begin_write().await?;
-    let updated = query::<D>("UPDATE tenants SET priorities = $2 WHERE name = $1")
-        .bind(tenant)
-        .bind(priorities_json(classes))
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    if updated == 0 {
-        D::rollback(tx).await?;
-        return Ok(false);
-    }
-    crate::audit::append::<D>(&mut tx, &[audit]).await?;
-    D::commit(tx).await?;
-    Ok(true)
+    change_audited(s, update_priorities::<D>(tenant, classes), audit).await
 }
 
 pub async fn apply_tenancy<D: Driver>(s: &D, changes: &[TenancyChange], audit: &[AuditRecord]) -> Result<()> {
@@ -270,14 +262,7 @@ pub async fn apply_tenancy<D: Driver>(s: &D, changes: &[TenancyChange], audit: &
     for ch in changes {
         let tenant = match ch {
             TenancyChange::CreateTenant(t) => {
-                query::<D>("INSERT INTO tenants (name, display_name, created_at, priorities) VALUES ($1, $2, $3, $4)")
-                    .bind(&t.name)
-                    .bind(&t.display_name)
-                    .bind(t.created_at)
-                    .bind(priorities_json(t.priorities.as_deref()))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_error(e, || format!("tenant `{}`", t.name)))?;
+                insert_tenant::<D>(&mut tx, t).await?;
                 present.push(&t.name);
                 continue;
             }
@@ -289,12 +274,7 @@ pub async fn apply_tenancy<D: Driver>(s: &D, changes: &[TenancyChange], audit: &
             TenancyChange::SetImagePolicy(p) => p.tenant.as_str(),
         };
         if !present.contains(&tenant) {
-            let exists = query::<D>(D::LOCK_TENANT)
-                .bind(tenant)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db)?;
-            if exists.is_none() {
+            if !lock_tenant::<D>(&mut tx, tenant).await? {
                 D::rollback(tx).await?;
                 return Err(StoreError::Corrupt(format!("no tenant `{tenant}`")));
             }
@@ -303,22 +283,12 @@ pub async fn apply_tenancy<D: Driver>(s: &D, changes: &[TenancyChange], audit: &
         match ch {
             TenancyChange::CreateTenant(_) => unreachable!("handled above"),
             TenancyChange::SetPriorities { tenant, classes } => {
-                query::<D>("UPDATE tenants SET priorities = $2 WHERE name = $1")
-                    .bind(tenant)
-                    .bind(priorities_json(classes.as_deref()))
-                    .execute(&mut *tx)
+                update_priorities::<D>(tenant, classes.as_deref())
+                    .execute(&mut tx)
                     .await
                     .map_err(db)?;
             }
-            TenancyChange::CreateProject(p) => {
-                query::<D>("INSERT INTO projects (tenant, name, created_at) VALUES ($1, $2, $3)")
-                    .bind(&p.tenant)
-                    .bind(&p.name)
-                    .bind(p.created_at)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_error(e, || format!("project `{}` of tenant `{}`", p.name, p.tenant)))?;
-            }
+            TenancyChange::CreateProject(p) => insert_project::<D>(&mut tx, p).await?,
             TenancyChange::SetQuota { quota: q, at } => {
                 query::<D>(
                     "INSERT INTO quotas (tenant, class, guaranteed_milli, limit_milli, updated_at) \

@@ -6,7 +6,7 @@
 
 use tessera_store::{PLATFORM_ADMIN, Result, Revocation, TokenRecord};
 
-use crate::{Driver, Row, col, db, db_error, query, u64_of};
+use crate::{Driver, Row, col, db, db_error, query, read_optional, u64_of};
 
 fn token_row(r: &impl Row) -> Result<TokenRecord> {
     Ok(TokenRecord {
@@ -41,25 +41,19 @@ pub async fn create_token<D: Driver>(s: &D, t: &TokenRecord) -> Result<()> {
 }
 
 pub async fn find_token<D: Driver>(s: &D, hash: &str) -> Result<Option<TokenRecord>> {
-    let row = query::<D>(
+    let q = query::<D>(
         "SELECT id, hash, tenant, role, name, created_at, expires_at, revoked_at FROM api_tokens WHERE hash = $1",
     )
-    .bind(hash)
-    .fetch_optional(&mut *s.conn().await?)
-    .await
-    .map_err(db)?;
-    row.as_ref().map(token_row).transpose()
+    .bind(hash);
+    read_optional(s, q, token_row).await
 }
 
 pub async fn get_token<D: Driver>(s: &D, id: &str) -> Result<Option<TokenRecord>> {
-    let row = query::<D>(
+    let q = query::<D>(
         "SELECT id, hash, tenant, role, name, created_at, expires_at, revoked_at FROM api_tokens WHERE id = $1",
     )
-    .bind(id)
-    .fetch_optional(&mut *s.conn().await?)
-    .await
-    .map_err(db)?;
-    row.as_ref().map(token_row).transpose()
+    .bind(id);
+    read_optional(s, q, token_row).await
 }
 
 pub async fn list_tokens<D: Driver>(s: &D, tenant: Option<&str>) -> Result<Vec<TokenRecord>> {

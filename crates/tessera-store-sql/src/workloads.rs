@@ -15,7 +15,7 @@ use tessera_store::{IdempotencyKey, Result, StoreError, WorkloadFilter, Workload
 
 use crate::columns::{corrupt, gpu_mask, json, names, narrow, shares_json, topology_mode_str, workload_row};
 use crate::rows::{self, MultiRow, Values};
-use crate::{Driver, Row, col, db, db_error, i64_of, query, u64_of};
+use crate::{Driver, Row, col, db, db_error, i64_of, query, read_optional, u64_of};
 
 /// Every column of `workloads`, in the order an insert binds them ([`bind_spec`], then
 /// [`bind_lifecycle`]).
@@ -387,13 +387,10 @@ pub async fn reserve_workload_ids<D: Driver>(s: &D, n: u32) -> Result<Range<u64>
 }
 
 pub async fn get_workload<D: Driver>(s: &D, id: WorkloadId, scope: Option<&str>) -> Result<Option<Workload>> {
-    let row = query::<D>(select!("WHERE id = $1 AND ($2 IS NULL OR tenant = $2)"))
+    let q = query::<D>(select!("WHERE id = $1 AND ($2 IS NULL OR tenant = $2)"))
         .bind(i64_of(id.0))
-        .bind(scope)
-        .fetch_optional(&mut *s.conn().await?)
-        .await
-        .map_err(db)?;
-    row.as_ref().map(workload_row).transpose()
+        .bind(scope);
+    read_optional(s, q, workload_row).await
 }
 
 pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<Workload>> {

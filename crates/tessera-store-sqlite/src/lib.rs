@@ -45,7 +45,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use tessera_store::{Result, StoreError};
 use tessera_store_sql::DbError;
-use tessera_store_sql::sqlx_common::{APPLIED_VERSIONS, classify_common, unknown_versions};
+use tessera_store_sql::sqlx_common::{check_applied, classify_common};
 
 /// The migrations of the store's schema, applied on opening.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -162,14 +162,7 @@ async fn check_schema(pool: &SqlitePool) -> Result<()> {
             .fetch_one(pool)
             .await
             .map_err(db)?;
-    if exists > 0 {
-        unknown_versions(
-            &MIGRATOR,
-            &sqlx::query_scalar(APPLIED_VERSIONS).fetch_all(pool).await.map_err(db)?,
-        )
-    } else {
-        Ok(())
-    }
+    check_applied(pool, exists > 0, &MIGRATOR, classify).await
 }
 
 /// A database error, classified for the contract: unique-key violations are the caller's to

@@ -157,6 +157,16 @@ async fn create_tenants(s: &dyn Store, names: &[&str]) {
     }
 }
 
+/// What `field` reads of each audit record (of `tenant`, or all), newest first.
+async fn audit_log<T>(s: &dyn Store, tenant: Option<&str>, field: impl Fn(AuditRecord) -> T) -> Vec<T> {
+    s.audit(tenant, None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(field)
+        .collect()
+}
+
 /// A platform-level audit record of a login, told apart by `i` (its time and request id): for
 /// the stores' own tests of audit sequence numbers.
 pub fn login_audit(i: u32) -> AuditRecord {
@@ -171,6 +181,23 @@ pub fn login_audit(i: u32) -> AuditRecord {
         outcome: 200,
         detail: String::new(),
     }
+}
+
+/// The audit record of a workload's submission at 1 by the platform-level token `tok`, told
+/// apart by `request_id`, naming `target`: for batches that carry one (and the stores' own
+/// tests of them).
+pub fn submission_audit(request_id: String, target: &str) -> Change {
+    Change::Audit(AuditRecord {
+        seq: 0,
+        at: 1,
+        request_id,
+        actor: "tok".into(),
+        tenant: None,
+        action: "POST /api/v1/workloads".into(),
+        target: target.into(),
+        outcome: 201,
+        detail: String::new(),
+    })
 }
 
 /// A placed gang of three whole-node shares (24 GPUs within a rack, in segments of 8), asked
@@ -1541,13 +1568,7 @@ pub async fn image_policies_round_trip_with_their_audit_record(s: &dyn Store) {
     assert!(s.delete_image_policy("acme", &audit("DELETE")).await.unwrap());
     assert!(!s.delete_image_policy("acme", &audit("DELETE again")).await.unwrap());
     assert_eq!(s.image_policy("acme").await.unwrap(), None);
-    let actions: Vec<String> = s
-        .audit(Some("acme"), None, 100)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|a| a.action)
-        .collect();
+    let actions = audit_log(s, Some("acme"), |a| a.action).await;
     assert_eq!(actions, ["DELETE", "PUT replace", "PUT set"]);
 
     // The policy goes with its tenant.
@@ -1619,13 +1640,7 @@ pub async fn priority_grants_round_trip_with_their_audit_record(s: &dyn Store) {
             .unwrap()
     );
     assert!(s.get_tenant("nobody").await.unwrap().is_none());
-    let details: Vec<String> = s
-        .audit(None, None, 100)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|a| a.detail)
-        .collect();
+    let details = audit_log(s, None, |a| a.detail).await;
     assert_eq!(details, ["default", "grant critical"]);
 }
 
@@ -1752,13 +1767,7 @@ pub async fn declarations_apply_whole_or_not_at_all(s: &dyn Store) {
     assert_eq!(s.quotas().await.unwrap(), vec![quota("good1", "training")]);
     assert_eq!(s.budgets().await.unwrap(), vec![("good1".to_string(), 100.0)]);
     assert!(s.image_policy("good1").await.unwrap().is_some());
-    let details: Vec<String> = s
-        .audit(None, None, 100)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|a| a.detail)
-        .collect();
+    let details = audit_log(s, None, |a| a.detail).await;
     assert_eq!(details, ["valid"]);
 }
 
@@ -2310,19 +2319,7 @@ pub async fn fenced_batches_commit_only_for_the_lease_holder(s: &dyn Store) {
             epoch,
         })
     };
-    let note = |i: usize| {
-        Change::Audit(AuditRecord {
-            seq: 0,
-            at: 1,
-            request_id: format!("fenced-{i}"),
-            actor: "tok".into(),
-            tenant: None,
-            action: "POST /api/v1/workloads".into(),
-            target: String::new(),
-            outcome: 201,
-            detail: String::new(),
-        })
-    };
+    let note = |i: usize| submission_audit(format!("fenced-{i}"), "");
     let refused = |r: crate::Result<()>, why: &str| {
         assert!(matches!(r, Err(StoreError::Fenced(_))), "{why}: {r:?}");
     };

@@ -1,7 +1,8 @@
 //! # tessera-testdb
 //!
 //! Test support for everything that runs against PostgreSQL (and the temporary directories of
-//! every integration test, [`TempDir`]): a private cluster (`initdb` in a
+//! every integration test, [`TempDir`], and their test TLS certificates,
+//! [`test_certificates`]): a private cluster (`initdb` in a
 //! temporary directory, `postgres` on a free loopback port, trust authentication for the
 //! `postgres` role), and a fresh database per test (`CREATE DATABASE`), so that tests run in
 //! parallel without seeing each other's rows.
@@ -24,7 +25,7 @@
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock, mpsc};
@@ -517,6 +518,27 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Makes in `dir` a test CA named `ca_name` (`ca.pem`) and a server certificate for 127.0.0.1
+/// signed by it (`cert.pem`, its key `key.pem`), valid for a day, with openssl; their paths
+/// `(ca, cert, key)`.
+pub fn test_certificates(dir: &Path, ca_name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let script = format!(
+        "set -e; cd {d}; \
+         openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN={ca_name} -keyout ca.key -out ca.pem 2>/dev/null; \
+         openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout key.pem -out server.csr 2>/dev/null; \
+         printf 'subjectAltName=IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\nextendedKeyUsage=serverAuth\\n' > ext.cnf; \
+         openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext.cnf -out cert.pem 2>/dev/null",
+        d = dir.display()
+    );
+    let ok = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .expect("bash and openssl (Debian package openssl)");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"))
 }
 
 #[cfg(test)]

@@ -16,11 +16,10 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use clap::Subcommand;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use serde_json::json;
-use tessera_model::{Fleet, GpuUnits, Request, TenantId};
+use tessera_model::{Fleet, GpuUnits, Request};
 use tessera_sched::Engine;
+use tessera_sched::bench::PlacementChurn;
 use tessera_sched::replay::make_policy;
 
 #[derive(Subcommand)]
@@ -154,11 +153,14 @@ fn placement(a: PlacementArgs) -> Result<()> {
     if requests.is_empty() {
         bail!("--fleet: the fleet has no pools to place into");
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(a.seed);
     let target = GpuUnits((fleet.gpu_count() as f64 * 1000.0 * a.load) as u64);
-    let mut live: Vec<(u64, GpuUnits)> = Vec::new();
-    let mut held = GpuUnits::ZERO;
-    let mut next_id = 0u64;
+    let mut churn = PlacementChurn::new(requests, a.seed, target);
+    // Releases `id`; the nanoseconds it took.
+    let release = |engine: &mut Engine, id: u64| {
+        let t = Instant::now();
+        engine.release(id).expect("live allocation");
+        t.elapsed().as_nanos() as u64
+    };
     let mut lat = Vec::with_capacity(a.ops);
     let (mut placed, mut refused) = (0u64, 0u64);
     let mut measured_wall = 0.0;
@@ -170,37 +172,23 @@ fn placement(a: PlacementArgs) -> Result<()> {
         refused = 0;
         let start = Instant::now();
         for _ in 0..a.ops {
-            while held > target && !live.is_empty() {
-                let i = rng.random_range(0..live.len());
-                let (id, u) = live.swap_remove(i);
-                let t = Instant::now();
-                engine.release(id).expect("live allocation");
-                release_ns += t.elapsed().as_nanos() as u64;
-                held -= u;
+            while let Some(id) = churn.over_target() {
+                release_ns += release(&mut engine, id);
             }
-            let mut req = requests[rng.random_range(0..requests.len())].clone();
-            if matches!(req.shape, tessera_model::Shape::Fraction { .. }) {
-                req.tenant = Some(TenantId(rng.random_range(0..8)));
-            }
-            next_id += 1;
+            let (id, req) = churn.next_request();
             let t = Instant::now();
-            let ok = engine.place(next_id, &req).map(|a| a.units);
+            let ok = engine.place(id, &req).map(|a| a.units);
             lat.push(t.elapsed().as_nanos() as u64);
             match ok {
                 Ok(u) => {
                     placed += 1;
-                    held += u;
-                    live.push((next_id, u));
+                    churn.placed(id, u);
                 }
                 Err(_) => {
                     refused += 1;
                     // At steady state a refusal frees room: release one to keep churning.
-                    if let Some((id, u)) = (!live.is_empty()).then(|| live.swap_remove(rng.random_range(0..live.len())))
-                    {
-                        let t = Instant::now();
-                        engine.release(id).expect("live allocation");
-                        release_ns += t.elapsed().as_nanos() as u64;
-                        held -= u;
+                    if let Some(id) = churn.any_live() {
+                        release_ns += release(&mut engine, id);
                     }
                 }
             }
@@ -209,6 +197,7 @@ fn placement(a: PlacementArgs) -> Result<()> {
             measured_wall = start.elapsed().as_secs_f64();
         }
     }
+    let held = churn.held();
     lat.sort_unstable();
     let calls = lat.len() as f64;
     let decision_time: f64 = lat.iter().sum::<u64>() as f64 / 1e9;

@@ -392,13 +392,9 @@ pub struct CheckedInstance {
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct CheckedGpu {
-    pub index: u32,
-    pub uuid: String,
-    pub name: String,
-    pub pci_bus_id: String,
-    pub pci_device_id: u32,
-    pub memory_mib: u64,
-    pub mig_enabled: Option<bool>,
+    /// What NVML said, as discovery writes it (`tessera_backend_local::DiscoveredGpu`).
+    #[serde(flatten)]
+    pub info: tessera_backend_local::GpuInfo,
     pub model: Option<String>,
     pub served_as: String,
     #[serde(default)]
@@ -545,7 +541,7 @@ pub fn build(rec: &Recorded) -> Report {
             continue;
         };
         let p = format!("gpu{idx}");
-        let Some(g) = gc.discovery.gpus.iter().find(|g| g.index == idx) else {
+        let Some(g) = gc.discovery.gpus.iter().find(|g| g.info.index == idx) else {
             c.fail(
                 format!("{p}.discovered"),
                 "nvidia-smi shows this GPU, gpu-check does not",
@@ -561,43 +557,49 @@ pub fn build(rec: &Recorded) -> Report {
             );
         };
         let smi_uuid = row.get("uuid");
-        field(&mut c, "uuid", g.uuid.clone(), smi_uuid, smi_uuid == Some(&g.uuid));
+        field(
+            &mut c,
+            "uuid",
+            g.info.uuid.clone(),
+            smi_uuid,
+            smi_uuid == Some(&g.info.uuid),
+        );
         field(
             &mut c,
             "name",
-            g.name.clone(),
+            g.info.name.clone(),
             row.get("name"),
-            row.get("name") == Some(&g.name),
+            row.get("name") == Some(&g.info.name),
         );
         let bus = row.get("pci.bus_id");
         field(
             &mut c,
             "pci_bus_id",
-            g.pci_bus_id.clone(),
+            g.info.pci_bus_id.clone(),
             bus,
-            bus.is_some_and(|b| bus_id(b) == bus_id(&g.pci_bus_id)),
+            bus.is_some_and(|b| bus_id(b) == bus_id(&g.info.pci_bus_id)),
         );
         let dev = row.get("pci.device_id");
         field(
             &mut c,
             "pci_device_id",
-            format!("{:#06x}", g.pci_device_id),
+            format!("{:#06x}", g.info.pci_device_id),
             dev,
-            dev.and_then(|d| smi_device_id(d)) == Some(g.pci_device_id),
+            dev.and_then(|d| smi_device_id(d)) == Some(g.info.pci_device_id),
         );
         let total = num(row, "memory.total");
         field(
             &mut c,
             "memory_total",
-            format!("{} MiB", g.memory_mib),
+            format!("{} MiB", g.info.memory_mib),
             row.get("memory.total"),
-            total.is_some_and(|t| (t - g.memory_mib as f64).abs() <= 1.0),
+            total.is_some_and(|t| (t - g.info.memory_mib as f64).abs() <= 1.0),
         );
         let smi_mig = row.get("mig.mode.current").map(|m| m.as_str()).unwrap_or("N/A");
         c.ok(
             format!("{p}.mig_mode"),
-            mig_word(g.mig_enabled) == smi_mig,
-            format!("gpu-check {}, nvidia-smi {smi_mig}", mig_word(g.mig_enabled)),
+            mig_word(g.info.mig_enabled) == smi_mig,
+            format!("gpu-check {}, nvidia-smi {smi_mig}", mig_word(g.info.mig_enabled)),
         );
         // The catalogue model, and its memory figure against the GPU's.
         match g.model.as_deref().and_then(|m| cat.find(m)).map(|m| cat.get(m)) {
@@ -606,7 +608,7 @@ pub fn build(rec: &Recorded) -> Report {
                 total.is_some_and(|t| t == m.memory_mib as f64),
                 format!(
                     "{} → {} ({} MiB in the catalogue, {} MiB on the GPU; served as {})",
-                    g.name,
+                    g.info.name,
                     m.name,
                     m.memory_mib,
                     total.map(|t| t.to_string()).unwrap_or("?".into()),
@@ -615,7 +617,7 @@ pub fn build(rec: &Recorded) -> Report {
             ),
             None => c.fail(
                 format!("{p}.catalogue_model"),
-                format!("{} is not in the catalogue (served as a whole GPU)", g.name),
+                format!("{} is not in the catalogue (served as a whole GPU)", g.info.name),
             ),
         }
         // UUIDs and MIG devices as nvidia-smi -L lists them.
@@ -625,11 +627,11 @@ pub fn build(rec: &Recorded) -> Report {
                 let theirs: BTreeSet<&str> = migs.iter().map(|s| s.as_str()).collect();
                 c.ok(
                     format!("{p}.uuids"),
-                    uuid == &g.uuid && ours == theirs,
+                    uuid == &g.info.uuid && ours == theirs,
                     format!(
                         "nvidia-smi -L: {uuid} with {} MIG device(s); gpu-check: {} with {}",
                         theirs.len(),
-                        g.uuid,
+                        g.info.uuid,
                         ours.len()
                     ),
                 );
@@ -772,7 +774,7 @@ pub fn build(rec: &Recorded) -> Report {
     match &gc_after {
         Some(a) => {
             let inst = |d: &CheckedDiscovery| -> Vec<(u32, Vec<CheckedInstance>)> {
-                d.gpus.iter().map(|g| (g.index, g.instances.clone())).collect()
+                d.gpus.iter().map(|g| (g.info.index, g.instances.clone())).collect()
             };
             let kept = inst(&gc.discovery) == inst(&a.discovery) && lgi == lgi_after;
             let n: usize = gc.discovery.gpus.iter().map(|g| g.instances.len()).sum();
@@ -944,7 +946,7 @@ fn serve_fleet_checks(c: &mut Checks, rec: &Recorded, gc: &GpuCheck, cat: &Catal
     for g in &gc.discovery.gpus {
         let view = views
             .as_array()
-            .and_then(|a| a.iter().find(|v| v["index"].as_u64() == Some(g.index as u64)));
+            .and_then(|a| a.iter().find(|v| v["index"].as_u64() == Some(g.info.index as u64)));
         let slices = view.and_then(|v| v["mig_slices"].as_str()).unwrap_or("");
         let model = g.model.as_deref().and_then(|m| cat.find(m)).map(|m| cat.get(m));
         for i in &g.instances {
@@ -956,7 +958,7 @@ fn serve_fleet_checks(c: &mut Checks, rec: &Recorded, gc: &GpuCheck, cat: &Catal
             if !(marked || listed) {
                 unseen.push(format!(
                     "GPU {} instance {} ({name} at {}:{})",
-                    g.index, i.id, i.start, i.size
+                    g.info.index, i.id, i.start, i.size
                 ));
             }
         }
@@ -1008,7 +1010,7 @@ fn workload_checks(
         .unwrap_or_default();
     let Some(g) = gpus
         .first()
-        .and_then(|i| gc.discovery.gpus.iter().find(|g| g.index as u64 == *i))
+        .and_then(|i| gc.discovery.gpus.iter().find(|g| g.info.index as u64 == *i))
     else {
         c.fail(
             "workload1.sees_its_gpu",
@@ -1019,7 +1021,7 @@ fn workload_checks(
     let m = markers(rec.get("w1.log").unwrap_or(""));
     let smi_name = smi
         .iter()
-        .find(|r| r.get("uuid") == Some(&g.uuid))
+        .find(|r| r.get("uuid") == Some(&g.info.uuid))
         .and_then(|r| r.get("name"))
         .cloned()
         .unwrap_or_default();
@@ -1027,13 +1029,13 @@ fn workload_checks(
     let torch_uuid = seen("uuid");
     // PyTorch's device UUID, written `GPU-…` by the workload; compared without prefix or dashes.
     let bare = |u: &str| u.trim_start_matches("GPU-").replace('-', "").to_ascii_lowercase();
-    let uuid_ok = torch_uuid == "unknown" || bare(torch_uuid) == bare(&g.uuid);
+    let uuid_ok = torch_uuid == "unknown" || bare(torch_uuid) == bare(&g.info.uuid);
     c.ok(
         "workload1.sees_its_gpu",
-        gpus.len() == 1 && seen("visible") == g.uuid && seen("count") == "1" && seen("name") == smi_name && uuid_ok,
+        gpus.len() == 1 && seen("visible") == g.info.uuid && seen("count") == "1" && seen("name") == smi_name && uuid_ok,
         format!(
             "placed on GPU {gpus:?} ({}); the workload saw CUDA_VISIBLE_DEVICES={}, {} device(s), name {:?} (nvidia-smi {smi_name:?}), UUID {torch_uuid}",
-            g.uuid,
+            g.info.uuid,
             seen("visible"),
             seen("count"),
             seen("name")
@@ -1041,15 +1043,15 @@ fn workload_checks(
     );
 
     // Telemetry: /metrics over the workload's loop, against nvidia-smi's samples.
-    let metrics = metrics_readings(rec.get("metrics-samples.txt").unwrap_or(""), &g.uuid);
-    let smi_s = smi_readings(rec.get("smi-samples.csv").unwrap_or(""), g.index);
+    let metrics = metrics_readings(rec.get("metrics-samples.txt").unwrap_or(""), &g.info.uuid);
+    let smi_s = smi_readings(rec.get("smi-samples.csv").unwrap_or(""), g.info.index);
     let begin = m
         .get("compute-begin")
         .and_then(|v| v.split_whitespace().next()?.parse::<i64>().ok());
     let end = step_at(&events1, "released").or(m
         .get("compute-end")
         .and_then(|v| v.split_whitespace().next()?.parse::<i64>().ok()));
-    let baseline = gc.sample(g.index).map(|s| s.fb_used_mib as f64).unwrap_or(0.0);
+    let baseline = gc.sample(g.info.index).map(|s| s.fb_used_mib as f64).unwrap_or(0.0);
     match (begin, end) {
         (Some(begin), Some(end)) => {
             let during: Vec<&Reading> = metrics.iter().filter(|r| (begin..=end).contains(&r.at_ms)).collect();
@@ -1276,7 +1278,9 @@ fn workload_checks(
             ),
         ),
     }
-    let after = gc_after.and_then(|a| a.sample(g.index)).map(|s| s.fb_used_mib as f64);
+    let after = gc_after
+        .and_then(|a| a.sample(g.info.index))
+        .map(|s| s.fb_used_mib as f64);
     let apps = rec.get("smi-apps-after.csv").map(smi_csv).unwrap_or_default();
     c.ok(
         "cancel.gpu_memory_free",

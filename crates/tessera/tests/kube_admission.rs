@@ -34,25 +34,8 @@ const BENCH_NS: &str = "tessera-bench-ml";
 
 /// A CA and a serving certificate for 127.0.0.1 (the API server calls the webhook there).
 fn certificates(dir: &Path) -> (Vec<u8>, std::path::PathBuf, std::path::PathBuf) {
-    let script = format!(
-        "set -e; cd {d}; \
-         openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=tessera-webhook-ca -keyout ca.key -out ca.pem 2>/dev/null; \
-         openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout key.pem -out server.csr 2>/dev/null; \
-         printf 'subjectAltName=IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\nextendedKeyUsage=serverAuth\\n' > ext.cnf; \
-         openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext.cnf -out cert.pem 2>/dev/null",
-        d = dir.display()
-    );
-    let ok = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .output()
-        .unwrap();
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    (
-        std::fs::read(dir.join("ca.pem")).unwrap(),
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-    )
+    let (ca, cert, key) = tessera_testdb::test_certificates(dir, "tessera-webhook-ca");
+    (std::fs::read(ca).unwrap(), cert, key)
 }
 
 /// The cluster's kubeconfig, acting as the user `tessera` (with the admin's rights): Tessera

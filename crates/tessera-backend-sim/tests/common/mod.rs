@@ -49,6 +49,14 @@ pub fn quiet(mode: SimMode) -> SimConfig {
     }
 }
 
+/// Both modes, quiet, with MIG partitioning that takes no time.
+pub fn both_modes() -> [SimConfig; 2] {
+    [SimMode::Exact, SimMode::Operator].map(|mode| SimConfig {
+        mig_partition_time: Duration::ZERO,
+        ..quiet(mode)
+    })
+}
+
 pub fn backend(cfg: SimConfig) -> (SimBackend, UnboundedReceiver<BackendEvent>) {
     let b = SimBackend::new(cfg, fleet());
     let rx = b.take_events().expect("events not taken yet");
@@ -111,6 +119,19 @@ pub async fn next(rx: &mut UnboundedReceiver<BackendEvent>) -> BackendEvent {
 pub async fn silent(rx: &mut UnboundedReceiver<BackendEvent>, within: Duration) {
     if let Ok(e) = tokio::time::timeout(within, rx.recv()).await {
         panic!("expected no event, got {e:?}");
+    }
+}
+
+/// Asserts that the next event is workload 1's exit, 50 s (± 0.1) of paused time from now: the
+/// rest of its 60 s, adopted 10 s into them.
+pub async fn exits_after_the_rest_of_its_time(rx: &mut UnboundedReceiver<BackendEvent>, mode: SimMode) {
+    let t0 = tokio::time::Instant::now();
+    match next(rx).await {
+        BackendEvent::Exited { id: 1, .. } => {
+            let left = t0.elapsed().as_secs_f64();
+            assert!((49.9..=50.1).contains(&left), "{mode}: {left} s left of 60");
+        }
+        other => panic!("{mode}: expected Exited, got {other:?}"),
     }
 }
 

@@ -249,17 +249,9 @@ fn place(
     now: i64,
 ) -> Result<Decision, Blocked> {
     let job = &q.job;
-    let units = q.units;
-    let mut over: Option<LimitExceeded> = None;
-    let mut backoff: Option<Wait> = None;
+    let mut refusals = Refusals::default();
     for (pool, at_admission) in pools {
-        // Earlier jobs of this cycle may have taken the room admission saw.
-        let pool_level = match at_admission {
-            Some(l) => Err(l.clone()),
-            None => admit::pool_limit(s, q, *pool, units),
-        };
-        if let Err(l) = pool_level {
-            over.get_or_insert(l);
+        if !refusals.within_limit(s, q, *pool, at_admission) {
             continue;
         }
         let mut req = job.request.clone();
@@ -270,12 +262,8 @@ fn place(
         } else {
             p
         };
-        let (keys, borrowing) = match admit_on(s, q, p.node, p.units, now) {
-            Ok(k) => k,
-            Err(b) => {
-                b.record(&mut over, &mut backoff);
-                continue;
-            }
+        let Some((keys, borrowing)) = refusals.admitted(admit_on(s, q, p.node, p.units, now)) else {
+            continue;
         };
         let alloc = s.engine.commit(job.id, &req, p).expect("a fresh plan commits").clone();
         s.hold(job, keys, alloc.units, alloc.node, borrowing, now);
@@ -285,11 +273,7 @@ fn place(
             borrowing,
         });
     }
-    Err(match (over, backoff) {
-        (Some(o), _) => Blocked::Over(o),
-        (None, Some(b)) => Blocked::Backoff(b),
-        (None, None) => Blocked::NoCapacity,
-    })
+    Err(refusals.blocked().unwrap_or(Blocked::NoCapacity))
 }
 
 /// With [`GovernConfig::place_by_end`](super::GovernConfig::place_by_end): where request `req`
@@ -370,16 +354,53 @@ enum Turned {
     Backoff(Wait),
 }
 
-impl Turned {
-    /// Keeps the first reason of each kind, as the pools are tried in turn.
-    fn record(self, over: &mut Option<LimitExceeded>, backoff: &mut Option<Wait>) {
-        match self {
-            Turned::Over(l) => {
-                over.get_or_insert(l);
+/// Why a job was placed in none of the pools tried so far: the first reason of each kind, as
+/// the pools are tried in turn.
+#[derive(Default)]
+struct Refusals {
+    over: Option<LimitExceeded>,
+    backoff: Option<Wait>,
+}
+
+impl Refusals {
+    /// Whether `q`'s quotas leave room for it in `pool`: not if admission found a limit there
+    /// (`at_admission`), or if earlier jobs of this cycle have taken the room admission saw.
+    /// The limit is kept if not.
+    fn within_limit(&mut self, s: &Scheduler, q: &Queued, pool: PoolId, at_admission: &Option<LimitExceeded>) -> bool {
+        let pool_level = match at_admission {
+            Some(l) => Err(l.clone()),
+            None => admit::pool_limit(s, q, pool, q.units),
+        };
+        match pool_level {
+            Ok(()) => true,
+            Err(l) => {
+                self.over.get_or_insert(l);
+                false
             }
-            Turned::Backoff(b) => {
-                backoff.get_or_insert(b);
+        }
+    }
+
+    /// What [`admit_on`] gave, or `None` with why it turned the placement down kept.
+    fn admitted<T>(&mut self, admitted: Result<T, Turned>) -> Option<T> {
+        match admitted {
+            Ok(k) => Some(k),
+            Err(Turned::Over(l)) => {
+                self.over.get_or_insert(l);
+                None
             }
+            Err(Turned::Backoff(b)) => {
+                self.backoff.get_or_insert(b);
+                None
+            }
+        }
+    }
+
+    /// Why the job is blocked: over a limit, else backed off; `None`: no capacity.
+    fn blocked(self) -> Option<Blocked> {
+        match (self.over, self.backoff) {
+            (Some(o), _) => Some(Blocked::Over(o)),
+            (None, Some(b)) => Some(Blocked::Backoff(b)),
+            (None, None) => None,
         }
     }
 }
@@ -426,16 +447,10 @@ fn place_gang(
 ) -> Result<Decision, (Blocked, Option<Box<GangUnplaceable>>)> {
     let job = &q.job;
     let units = q.units;
-    let mut over: Option<LimitExceeded> = None;
-    let mut backoff: Option<Wait> = None;
+    let mut refusals = Refusals::default();
     let mut why: Option<Box<GangUnplaceable>> = None;
     for (pool, at_admission) in pools {
-        let pool_level = match at_admission {
-            Some(l) => Err(l.clone()),
-            None => admit::pool_limit(s, q, *pool, units),
-        };
-        if let Err(l) = pool_level {
-            over.get_or_insert(l);
+        if !refusals.within_limit(s, q, *pool, at_admission) {
             continue;
         }
         let mut g = g.clone();
@@ -449,12 +464,8 @@ fn place_gang(
         };
         // Every share is in one pool, on one GPU model: the first share's node names the
         // quota keys, and the whole gang's units are counted against them.
-        let (keys, borrowing) = match admit_on(s, q, p.shares[0].node, units, now) {
-            Ok(k) => k,
-            Err(b) => {
-                b.record(&mut over, &mut backoff);
-                continue;
-            }
+        let Some((keys, borrowing)) = refusals.admitted(admit_on(s, q, p.shares[0].node, units, now)) else {
+            continue;
         };
         let gang = s
             .engine
@@ -474,10 +485,9 @@ fn place_gang(
             borrowing,
         });
     }
-    Err(match (over, backoff) {
-        (Some(o), _) => (Blocked::Over(o), None),
-        (None, Some(b)) => (Blocked::Backoff(b), None),
-        (None, None) => (Blocked::NoCapacity, why),
+    Err(match refusals.blocked() {
+        Some(b) => (b, None),
+        None => (Blocked::NoCapacity, why),
     })
 }
 
@@ -1318,13 +1328,33 @@ mod tests {
     use super::super::testing::{guarantee_half_each, job, placed, sched};
     use super::*;
 
+    /// Jobs 0 to 15 of tenant `a`, 7 GPUs each at 0: every node has 7 of 8 GPUs busy.
+    fn seven_of_eight_busy(s: &mut Scheduler) {
+        for n in 0..16 {
+            s.submit(job(n, "a", 7, "standard", 0), 0);
+        }
+    }
+
+    /// The job of the first hold and its (first) node: the head and the node it reserved.
+    fn head_and_reserved(s: &Scheduler) -> (u64, u32) {
+        s.holds
+            .first()
+            .map(|h| (h.job, h.nodes[0]))
+            .expect("the head holds a node")
+    }
+
+    /// Which of jobs 0 to 15 runs on node `node`.
+    fn running_on(s: &Scheduler, node: u32) -> u64 {
+        (0..16)
+            .find(|id| s.engine.allocation(*id).is_some_and(|a| a.node.0 == node))
+            .unwrap()
+    }
+
     #[test]
     fn backfill_does_not_starve_the_head() {
         let mut s = sched();
         // Every node has 7 of 8 GPUs busy: the 8-GPU head cannot fit, 1-GPU jobs can.
-        for n in 0..16 {
-            s.submit(job(n, "a", 7, "standard", 0), 0);
-        }
+        seven_of_eight_busy(&mut s);
         s.submit(job(100, "b", 8, "standard", 1), 1);
         let acts = s.submit(job(101, "c", 1, "standard", 2), 2);
         assert_eq!(placed(&acts), vec![101], "backfill while the head is young");
@@ -1333,11 +1363,7 @@ mod tests {
         // the others, never on the reserved one.
         let late = 1 + s.cfg.backfill_max_wait_ms + 1;
         s.cycle(late);
-        let (head, reserved) = s
-            .holds
-            .first()
-            .map(|h| (h.job, h.nodes[0]))
-            .expect("the head holds a node");
+        let (head, reserved) = head_and_reserved(&s);
         assert_eq!(head, 100);
         for i in 0..15 {
             let acts = s.submit(job(200 + i, "c", 1, "standard", late), late);
@@ -1348,9 +1374,7 @@ mod tests {
             assert_ne!(alloc.node.0, reserved, "the reserved node stays free for the head");
         }
         // The work on the reserved node ends: the head gets the node, not the small job waiting.
-        let on_reserved = (0..16)
-            .find(|id| s.engine.allocation(*id).is_some_and(|a| a.node.0 == reserved))
-            .unwrap();
+        let on_reserved = running_on(&s, reserved);
         s.submit(job(300, "c", 1, "standard", late + 1), late + 1);
         s.release(on_reserved, late + 2);
         let acts = s.cycle(late + 2);
@@ -1369,9 +1393,7 @@ mod tests {
                 .collect()
         };
         // Every node has 7 of 8 GPUs busy: 16 units free, none on one node.
-        for n in 0..16 {
-            s.submit(job(n, "a", 7, "standard", 0), 0);
-        }
+        seven_of_eight_busy(&mut s);
         let w = waits(&s.submit(job(100, "b", 8, "standard", 1), 1));
         assert_eq!(w.len(), 1);
         assert_eq!(w[0].code(), "fragmentation");
@@ -1408,23 +1430,15 @@ mod tests {
     fn a_reservation_holder_gets_its_node_even_behind_a_request_of_the_same_shape() {
         let mut s = sched();
         // Every node has 7 of 8 GPUs busy.
-        for n in 0..16 {
-            s.submit(job(n, "a", 7, "standard", 0), 0);
-        }
+        seven_of_eight_busy(&mut s);
         s.submit(job(100, "b", 8, "standard", 1), 1);
         let late = 1 + s.cfg.backfill_max_wait_ms + 1;
         s.cycle(late);
-        let (head, reserved) = s
-            .holds
-            .first()
-            .map(|h| (h.job, h.nodes[0]))
-            .expect("the head holds a node");
+        let (head, reserved) = head_and_reserved(&s);
         assert_eq!(head, 100);
         // A more important request of the same shape arrives; then the reserved node frees.
         s.submit(job(200, "c", 8, "high", late), late);
-        let on_reserved = (0..16)
-            .find(|id| s.engine.allocation(*id).is_some_and(|a| a.node.0 == reserved))
-            .unwrap();
+        let on_reserved = running_on(&s, reserved);
         s.release(on_reserved, late + 1);
         let d = s.cycle(late + 1);
         let Some(Decision::Placed { alloc, .. }) = d.iter().find(|d| matches!(d, Decision::Placed { id: 100, .. }))

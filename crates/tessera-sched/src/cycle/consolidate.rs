@@ -177,23 +177,27 @@ fn same_model(req: &Request, fleet: &tessera_model::Fleet, n: u32) -> Request {
     req
 }
 
-/// The smallest set of moves that lets `job` be placed, or `None`.
-fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
-    if s.movable_running == 0 {
-        return None;
-    }
-    let held = s.held_for_others(job.id);
-    let fleet = s.engine.fleet().clone();
-    let pools = s.pools_for(&job.request);
-    let units = job.request.units(&fleet.catalogue).as_milli();
+/// Movable candidates by node: (work lost, units, id) each.
+type ByNode = HashMap<u32, Vec<(u64, u64, u64)>>;
+
+/// Movable work that may move now, by node: not stopping, past its minimum run time, of a
+/// tenant whose disruption budget is not spent, accepted by `may_move`, on a node not in `held`
+/// that `on_node` accepts; each as (work lost, units, id). With it, the moves left in each
+/// tenant's budget, for the tenants looked at (looked up as they come: most running work is
+/// not movable).
+fn movable_by_node<'r>(
+    s: &Scheduler,
+    running: &'r rustc_hash::FxHashMap<u64, super::Running>,
+    now: i64,
+    held: &FxHashSet<u32>,
+    may_move: impl Fn(&super::Running) -> bool,
+    on_node: impl Fn(&tessera_model::Node) -> bool,
+) -> (HashMap<&'r str, u32>, ByNode) {
     let budget = s.cfg.consolidation.moves_per_tenant_per_hour;
-    // Moves left in each tenant's disruption budget, for the tenants of movable work only
-    // (looked up as they come: most running work is not movable).
     let mut left: HashMap<&str, u32> = HashMap::new();
-    // Movable candidates by node, cheapest first: least work lost, then fewest units.
-    let mut by_node: HashMap<u32, Vec<(u64, u64, u64)>> = HashMap::new();
-    for r in s.running.values() {
-        if r.movable.is_none() || r.stopping || now - r.running_since_ms < s.cfg.min_runtime_ms {
+    let mut by_node = ByNode::new();
+    for r in running.values() {
+        if r.movable.is_none() || r.stopping || !may_move(r) || now - r.running_since_ms < s.cfg.min_runtime_ms {
             continue;
         }
         let tenant_left = *left
@@ -203,8 +207,7 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
             continue;
         }
         let Some(a) = s.engine.allocation(r.id) else { continue };
-        let node = fleet.node(a.node);
-        if held.contains(&a.node.0) || !pools.contains(&node.pool) || !job.request.allows_model(node.model) {
+        if held.contains(&a.node.0) || !on_node(s.engine.fleet().node(a.node)) {
             continue;
         }
         by_node
@@ -212,6 +215,61 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
             .or_default()
             .push((r.work_lost(now), r.units.as_milli(), r.id));
     }
+    (left, by_node)
+}
+
+/// Places each workload of `taken` (its id and the node it runs on) elsewhere in `trial` at
+/// once, on a node of the same pool and GPU model: services first (their replacements are
+/// booked in this order), then restartable work. The moves, or none if one does not fit.
+fn place_elsewhere(
+    running: &rustc_hash::FxHashMap<u64, super::Running>,
+    trial: &mut Statement<'_>,
+    fleet: &tessera_model::Fleet,
+    taken: impl Iterator<Item = (u64, u32)>,
+) -> Vec<Move> {
+    let mut order: Vec<(Movable, u64, u32)> = taken
+        .map(|(id, n)| (running[&id].movable.expect("movable"), id, n))
+        .collect();
+    order.sort_by_key(|(how, id, _)| (*how == Movable::Restart, *id));
+    let mut moves = Vec::new();
+    for (how, id, n) in order {
+        let req = same_model(&running[&id].request, fleet, n);
+        match trial.place(id, &req) {
+            Some(to) => moves.push(Move { id, how, to }),
+            None => return Vec::new(),
+        }
+    }
+    moves
+}
+
+/// What `moves` cost, the workloads they move being `taken` (work lost, units).
+fn cost_of(moves: &[Move], taken: impl Iterator<Item = (u64, u64)> + Clone) -> Cost {
+    (
+        moves.len(),
+        taken.clone().map(|c| c.1).sum::<u64>(),
+        taken.map(|c| c.0).sum::<u64>(),
+    )
+}
+
+/// The smallest set of moves that lets `job` be placed, or `None`.
+fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
+    if s.movable_running == 0 {
+        return None;
+    }
+    let held = s.held_for_others(job.id);
+    let fleet = s.engine.fleet().clone();
+    let pools = s.pools_for(&job.request);
+    let units = job.request.units(&fleet.catalogue).as_milli();
+    // Movable candidates by node (sorted cheapest first below: least work lost, then fewest
+    // units), and the moves left in each tenant's disruption budget.
+    let (left, mut by_node) = movable_by_node(
+        s,
+        &s.running,
+        now,
+        &held,
+        |_| true,
+        |node| pools.contains(&node.pool) && job.request.allows_model(node.model),
+    );
     let st = s.engine.state();
     let mut nodes: Vec<(usize, u32)> = by_node
         .iter()
@@ -258,29 +316,12 @@ fn plan(s: &mut Scheduler, job: &Job, now: i64) -> Option<Vec<Move>> {
             let mut blocked = held.clone();
             blocked.insert(n);
             trial.set_blocked(blocked);
-            let mut order: Vec<(Movable, u64)> = taken
-                .iter()
-                .map(|c| (s.running[&c.2].movable.expect("movable"), c.2))
-                .collect();
-            order.sort_by_key(|(how, id)| (*how == Movable::Restart, *id));
-            for (how, id) in order {
-                let req = same_model(&s.running[&id].request, &fleet, node_of[&id]);
-                match trial.place(id, &req) {
-                    Some(to) => moves.push(Move { id, how, to }),
-                    None => {
-                        moves.clear();
-                        break;
-                    }
-                }
-            }
+            let taken = taken.iter().map(|c| (c.2, node_of[&c.2]));
+            moves = place_elsewhere(&s.running, &mut trial, &fleet, taken);
         }
         trial.rollback(cp);
         if !moves.is_empty() {
-            let cost = (
-                moves.len(),
-                taken.iter().map(|c| c.1).sum::<u64>(),
-                taken.iter().map(|c| c.0).sum::<u64>(),
-            );
+            let cost = cost_of(&moves, taken.iter().map(|c| (c.0, c.1)));
             if best.as_ref().is_none_or(|b| cost < b.0) {
                 best = Some((cost, moves));
             }
@@ -311,34 +352,15 @@ fn plan_gang(s: &mut Scheduler, job: &Job, g: &GangRequest, now: i64) -> Option<
     let held = s.held_for_others(job.id);
     let fleet = s.engine.fleet().clone();
     let pools = s.engine.gang_pools(g);
-    let budget = s.cfg.consolidation.moves_per_tenant_per_hour;
-    let mut left: HashMap<&str, u32> = HashMap::new();
     // Movable single-node work by node: (work lost, units, id).
-    let mut by_node: HashMap<u32, Vec<(u64, u64, u64)>> = HashMap::new();
-    for r in s.running.values() {
-        if r.movable.is_none()
-            || r.stopping
-            || !r.gang_nodes.is_empty()
-            || now - r.running_since_ms < s.cfg.min_runtime_ms
-        {
-            continue;
-        }
-        let tenant_left = *left
-            .entry(r.tenant.as_str())
-            .or_insert_with(|| budget.saturating_sub(moves_in_last_hour(s, &r.tenant, now)));
-        if tenant_left == 0 {
-            continue;
-        }
-        let Some(a) = s.engine.allocation(r.id) else { continue };
-        let node = fleet.node(a.node);
-        if held.contains(&a.node.0) || !pools.contains(&node.pool) {
-            continue;
-        }
-        by_node
-            .entry(a.node.0)
-            .or_default()
-            .push((r.work_lost(now), r.units.as_milli(), r.id));
-    }
+    let (left, by_node) = movable_by_node(
+        s,
+        &s.running,
+        now,
+        &held,
+        |r| r.gang_nodes.is_empty(),
+        |node| pools.contains(&node.pool),
+    );
     if by_node.is_empty() {
         return None;
     }
@@ -428,29 +450,11 @@ fn plan_gang(s: &mut Scheduler, job: &Job, g: &GangRequest, now: i64) -> Option<
             blocked.extend(gang_nodes.iter().copied());
             trial.set_blocked(blocked);
             taken.retain(|c| gang_nodes.contains(&c.3));
-            let mut order: Vec<(Movable, u64, u32)> = taken
-                .iter()
-                .map(|c| (s.running[&c.2].movable.expect("movable"), c.2, c.3))
-                .collect();
-            order.sort_by_key(|(how, id, _)| (*how == Movable::Restart, *id));
-            for (how, id, n) in order {
-                let req = same_model(&s.running[&id].request, &fleet, n);
-                match trial.place(id, &req) {
-                    Some(to) => moves.push(Move { id, how, to }),
-                    None => {
-                        moves.clear();
-                        break;
-                    }
-                }
-            }
+            moves = place_elsewhere(&s.running, &mut trial, &fleet, taken.iter().map(|c| (c.2, c.3)));
         }
         trial.rollback(cp);
         if !moves.is_empty() {
-            let cost = (
-                moves.len(),
-                taken.iter().map(|c| c.1).sum::<u64>(),
-                taken.iter().map(|c| c.0).sum::<u64>(),
-            );
+            let cost = cost_of(&moves, taken.iter().map(|c| (c.0, c.1)));
             if best.as_ref().is_none_or(|b| cost < b.0) {
                 best = Some((cost, moves, gang_nodes));
             }

@@ -69,6 +69,23 @@ fn rollout_id(raw: &str) -> ApiResult<u64> {
         .map_err(|_| ApiError::not_found(format!("no rollout `{raw}` (rollout ids are whole numbers)")))
 }
 
+/// For a platform admin, the id of the rollout the path names and what `read` reads of it as
+/// published; `404` if there is none.
+fn published_rollout<T>(
+    s: &AppState,
+    id: &Identity,
+    raw: &str,
+    read: impl FnOnce(&RolloutRecord) -> T,
+) -> ApiResult<(u64, T)> {
+    id.require_admin()?;
+    let rid = rollout_id(raw)?;
+    let ops = s.lifecycle.published().ops();
+    ops.rollouts
+        .get(&rid)
+        .map(|r| (rid, read(r)))
+        .ok_or_else(|| ApiError::not_found(format!("no rollout {rid}")))
+}
+
 /// Starts a rolling upgrade of every node of a pool: the answer is the plan (nodes in the
 /// order the planner takes them: whose unmovable work ends soonest first).
 #[utoipa::path(post, path = "/api/v1/rollouts", tag = "fleet", request_body = CreateRollout,
@@ -166,13 +183,8 @@ pub async fn get_rollout(
     id: Identity,
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<RolloutView>> {
-    id.require_admin()?;
-    let rid = rollout_id(&raw)?;
-    let ops = s.lifecycle.published().ops();
-    ops.rollouts
-        .get(&rid)
-        .map(|r| Json(view(r)))
-        .ok_or_else(|| ApiError::not_found(format!("no rollout {rid}")))
+    let (_, v) = published_rollout(&s, &id, &raw, view)?;
+    Ok(Json(v))
 }
 
 /// Cancels a running rollout: no more nodes are taken; nodes already out finish their upgrade
@@ -185,11 +197,7 @@ pub async fn cancel_rollout(
     id: Identity,
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<RolloutView>> {
-    id.require_admin()?;
-    let rid = rollout_id(&raw)?;
-    if !s.lifecycle.published().ops().rollouts.contains_key(&rid) {
-        return Err(ApiError::not_found(format!("no rollout {rid}")));
-    }
+    let (rid, ()) = published_rollout(&s, &id, &raw, |_| ())?;
     let r = s
         .lifecycle
         .cancel_rollout(rid, id.actor.clone())
