@@ -527,8 +527,9 @@ async fn a_tenant_probing_a_platform_admin_operation_gets_403_whatever_it_sends(
     enum Probe {
         Json(serde_json::Value),
         Raw(&'static str, &'static str),
+        Nothing,
     }
-    use Probe::{Json, Raw};
+    use Probe::{Json, Nothing, Raw};
     // (method, path, a request the admin's validation refuses).
     let probes: Vec<(Method, &str, Probe)> = vec![
         (Method::POST, "/api/v1/tenants", Json(json!({"name": "Not A Name!"}))),
@@ -573,6 +574,28 @@ async fn a_tenant_probing_a_platform_admin_operation_gets_403_whatever_it_sends(
             "/api/v1/apply?dry_run=maybe",
             Json(json!({"tenants": []})),
         ),
+        (
+            Method::POST,
+            "/api/v1/rollouts",
+            Json(json!({"pool": "training", "max_parallel": "all"})),
+        ),
+        (Method::GET, "/api/v1/rollouts?limit=0", Nothing),
+        (
+            Method::POST,
+            "/api/v1/nodes/h100-00/drain?after=preempt",
+            Json(json!({"deadline_s": -1})),
+        ),
+        (Method::POST, "/api/v1/nodes/h100-00/cordon?deadline_s=60", Nothing),
+        (
+            Method::POST,
+            "/api/v1/nodes/a100-00/gpus/0/mig",
+            Json(json!({"enabled": "yes"})),
+        ),
+        (
+            Method::POST,
+            "/api/v1/sim/faults",
+            Json(json!({"node": "h100-00", "gpu": 0, "xid": "boom"})),
+        ),
     ];
     for (method, path, probe) in &probes {
         let send = |token: &str| {
@@ -580,6 +603,7 @@ async fn a_tenant_probing_a_platform_admin_operation_gets_403_whatever_it_sends(
             let rb = match probe {
                 Json(v) => rb.json(v),
                 Raw(ct, text) => rb.header("content-type", *ct).body(*text),
+                Nothing => rb,
             };
             async move {
                 let r = rb.send().await.unwrap();

@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::workloads::lifecycle_error;
 use super::{ApiJson, ApiQuery, OptionalApiJson};
 use crate::audit::{Audited, RequestId};
-use crate::auth::Identity;
+use crate::auth::{Identity, PlatformAdmin};
 use crate::clock::now_ms;
 use crate::lifecycle::NodeOp;
 use crate::problem::{ApiError, ApiResult};
@@ -133,7 +133,7 @@ pub fn merge_drain(q: DrainParams, body: Option<DrainRequest>) -> ApiResult<Drai
         (status = 422, body = Problem)))]
 pub async fn node_action(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     Path((node, action)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<DrainParams>,
     OptionalApiJson(body): OptionalApiJson<DrainRequest>,
@@ -155,7 +155,7 @@ pub async fn node_action(
         (status = 422, body = Problem)))]
 pub async fn drain_node(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     Path(node): Path<String>,
     ApiQuery(q): ApiQuery<DrainParams>,
     OptionalApiJson(body): OptionalApiJson<DrainRequest>,
@@ -197,7 +197,7 @@ async fn run_node_action(
         (status = 503, description = "The backend or the store could not be reached", body = Problem)))]
 pub async fn set_mig_mode(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     rid: Option<Extension<RequestId>>,
     Path((node, gpu)): Path<(String, String)>,
     ApiJson(b): ApiJson<SetMigMode>,

@@ -13,7 +13,7 @@ use utoipa::IntoParams;
 
 use super::workloads::lifecycle_error;
 use super::{ApiJson, ApiPath, ApiQuery, DEFAULT_LIMIT, check_limit, page};
-use crate::auth::Identity;
+use crate::auth::{Identity, PlatformAdmin};
 use crate::lifecycle::NewRollout;
 use crate::problem::{ApiError, ApiResult};
 use crate::state::AppState;
@@ -96,7 +96,7 @@ fn published_rollout<T>(
         (status = 422, description = "A value out of range, or `after: preempt` without a deadline", body = Problem)))]
 pub async fn create_rollout(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     ApiJson(b): ApiJson<CreateRollout>,
 ) -> ApiResult<(StatusCode, Json<RolloutView>)> {
     id.require_admin()?;
@@ -158,7 +158,7 @@ impl Validate for RolloutListParams {
         (status = 422, description = "`limit` or `cursor` out of range", body = Problem)))]
 pub async fn list_rollouts(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     ApiQuery(q): ApiQuery<RolloutListParams>,
 ) -> ApiResult<Json<Page<RolloutView>>> {
     id.require_admin()?;

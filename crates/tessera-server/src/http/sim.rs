@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 use tessera_api::rules::{self, Validate, Violation};
 
 use super::ApiJson;
-use crate::auth::Identity;
+use crate::auth::PlatformAdmin;
 use crate::problem::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -62,7 +62,7 @@ pub struct SimFaultView {
         (status = 422, description = "Invalid body", body = Problem)))]
 pub async fn inject_fault(
     State(s): State<AppState>,
-    id: Identity,
+    PlatformAdmin(id): PlatformAdmin,
     ApiJson(b): ApiJson<SimFault>,
 ) -> ApiResult<Json<SimFaultView>> {
     id.require_admin()?;
