@@ -2884,3 +2884,108 @@ async fn a_cursor_from_another_tenants_workload_shows_none_of_it() {
     let body = r.text().await.unwrap();
     assert!(!body.contains("vis-secret") && !body.contains("\"vision\""), "{body}");
 }
+
+/// A running workload's page shows each device it holds as the simulator's telemetry reports it
+/// (two whole GPUs; a share of a GPU), and its GPUs' use over time with the numbers behind the
+/// chart; a member of another tenant finds neither the page, its fragment nor the numbers.
+/// About 6 s (the simulator reports telemetry every 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_workloads_page_shows_its_gpus_telemetry_now_and_over_time_to_its_own_tenant_only() {
+    let s = TestServer::start("wl-telemetry").await;
+    vision_and_nlp(&s).await;
+    let id = submit(
+        &s,
+        json!({"tenant": "vision", "project": "train", "name": "trainer", "shape": {"gpus": 2, "pool": "training"}, "duration_s": 3600}),
+    )
+    .await;
+    let share = submit(
+        &s,
+        json!({"tenant": "vision", "project": "train", "name": "notebook", "shape": {"fraction": 250}, "duration_s": 3600}),
+    )
+    .await;
+    let w = s.wait_state(id, &["running"]).await;
+    s.wait_state(share, &["running"]).await;
+    let node = w["allocation"]["node"].as_str().unwrap().to_string();
+    let gpus: Vec<u64> = w["allocation"]["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_u64().unwrap())
+        .collect();
+    assert_eq!(gpus.len(), 2, "{w}");
+
+    let vision = s.browser();
+    sign_in(&vision, &s.token("vision", "member").await).await;
+    let path = format!("/console/workloads/{id}");
+    let page = page_until(&vision, &path, |p| p.contains("id=\"gpus-table\"")).await;
+    for g in &gpus {
+        assert!(
+            page.contains(&format!(
+                "<tr><td>{node}</td><td class=\"num\">{g}</td><td>GPU</td><td class=\"num\">"
+            )),
+            "GPU {g} of {node}: {page}"
+        );
+    }
+    assert!(text_of(&page, "gpus-note").starts_with("Sampled at"), "{page}");
+    assert!(!page.contains("No telemetry reported"), "{page}");
+    // Over time: at least this minute, with the range picker.
+    assert!(page.contains("id=\"telemetry-summary\""), "{page}");
+    assert!(
+        page.contains(&format!("href=\"/console/workloads/{id}?range=7d#telemetry-h\"")),
+        "{page}"
+    );
+    let data: Value = vision
+        .get(&format!("/console/workloads/{id}/telemetry?format=json&range=1h"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let util = data["utilisation_pct"].as_array().unwrap();
+    assert!(!util.is_empty(), "{data}");
+    assert!(
+        util.iter().all(|u| u.as_f64().unwrap() > 0.0),
+        "the simulator keeps them busy: {data}"
+    );
+    assert!(
+        data["memory_mib"][0].as_u64().unwrap() >= data["memory_used_mib"][0].as_f64().unwrap() as u64,
+        "{data}"
+    );
+    let csv = vision
+        .page(&format!("/console/workloads/{id}/telemetry?range=24h"))
+        .await;
+    assert!(csv.starts_with("start_utc,minutes,workload,utilisation_pct"), "{csv}");
+    assert!(csv.contains(&format!(",1,{id},")), "{csv}");
+    // A share of a GPU: its own figures.
+    let page = page_until(&vision, &format!("/console/workloads/{share}"), |p| {
+        p.contains("id=\"gpus-table\"")
+    })
+    .await;
+    assert!(page.contains("<td>share of the GPU</td>"), "{page}");
+    // An unknown range is refused, as on the charts page.
+    assert_eq!(
+        vision.get(&format!("{path}?range=2y")).await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    // A member of nlp: vision's workload is not found, page, fragment or numbers.
+    let nlp = s.browser();
+    sign_in(&nlp, &s.token("nlp", "member").await).await;
+    for p in [
+        path.clone(),
+        format!("{path}?range=7d"),
+        format!("{path}/live"),
+        format!("{path}/telemetry"),
+        format!("{path}/telemetry?format=json&range=1h"),
+    ] {
+        let r = nlp.get(&p).await;
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{p}");
+        let body = r.text().await.unwrap();
+        assert!(
+            !body.contains("trainer")
+                && !body.contains("utilisation")
+                && !body.contains("gpus-table")
+                && !body.contains("start_utc"),
+            "{p}: {body}"
+        );
+    }
+}
