@@ -2989,3 +2989,69 @@ async fn a_running_workloads_page_shows_its_gpus_telemetry_now_and_over_time_to_
         );
     }
 }
+
+/// A console page whose store read fails answers the 5xx page for people: the store's table
+/// behind the audit page is renamed away behind the server's back (SQLite, from another
+/// connection), so the page's read fails as with a broken database. A browser gets the HTML
+/// error page with the navigation, the server's real status (503, with Retry-After) and no
+/// internal detail (no SQL, no table name, no problem JSON); an htmx request for the same page
+/// still gets problem JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_whose_store_read_fails_is_the_5xx_page_with_navigation_and_no_internals() {
+    use sqlx::Connection;
+    let s = TestServer::start("err5xx").await;
+    let admin = s.browser();
+    sign_in(&admin, &s.admin).await;
+    assert_eq!(admin.get("/console/audit").await.status(), StatusCode::OK);
+    let file = s.dir.0.join(tessera_store_sqlite::DB_FILE);
+    let mut db = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE audit_log RENAME TO audit_log_gone")
+        .execute(&mut db)
+        .await
+        .unwrap();
+
+    let r = admin.get("/console/audit").await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        r.headers()["content-type"].to_str().unwrap().starts_with("text/html"),
+        "{:?}",
+        r.headers()
+    );
+    assert_eq!(r.headers()["retry-after"], "1");
+    let page = r.text().await.unwrap();
+    no_inline_code(&page);
+    assert!(
+        page.contains("<nav aria-label=\"Console\">") && page.contains("href=\"/console/workloads\""),
+        "{page}"
+    );
+    assert_eq!(text_of(&page, "error-h"), "Something went wrong", "{page}");
+    assert!(
+        text_of(&page, "error-detail").contains("the store is unavailable"),
+        "{page}"
+    );
+    for internal in [
+        "audit_log",
+        "no such table",
+        "SELECT",
+        "sqlite",
+        "application/problem+json",
+        "\"status\":",
+    ] {
+        assert!(!page.contains(internal), "{internal} leaked: {page}");
+    }
+
+    let hx = admin
+        .client
+        .get(admin.url("/console/audit"))
+        .header("hx-request", "true")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hx.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(hx.headers()["content-type"], "application/problem+json");
+    let problem: Value = hx.json().await.unwrap();
+    assert_eq!(problem["status"], 503, "{problem}");
+    assert!(!problem.to_string().contains("audit_log"), "{problem}");
+}
