@@ -3055,3 +3055,49 @@ async fn a_page_whose_store_read_fails_is_the_5xx_page_with_navigation_and_no_in
     assert_eq!(problem["status"], 503, "{problem}");
     assert!(!problem.to_string().contains("audit_log"), "{problem}");
 }
+
+/// The workload list's caption numbers its rows exactly and says of how many, counted by the
+/// store within the caller's tenant: vision's member reads "of 52" with nlp's workloads
+/// present; after five more workloads (three vision's, two nlp's) the same second-page link
+/// numbers its rows by what now comes before them, not by the number the link carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workload_lists_caption_counts_exactly_within_the_tenant() {
+    let s = TestServer::start("list-count").await;
+    vision_and_nlp(&s).await;
+    let fraction = |tenant: &str, project: &str, name: String| json!({"tenant": tenant, "project": project, "name": name, "shape": {"fraction": 250}, "duration_s": 3600});
+    for i in 0..52 {
+        submit(&s, fraction("vision", "train", format!("v{i:02}"))).await;
+    }
+    for i in 0..4 {
+        submit(&s, fraction("nlp", "p", format!("n{i}"))).await;
+    }
+    let member = s.browser();
+    sign_in(&member, &s.token("vision", "member").await).await;
+    let first = unescape(&member.page("/console/workloads").await);
+    assert!(first.contains("<caption>Workloads 1–50 of 52;"), "{first}");
+    let next = pager_link(&first, "next").expect("a next page");
+    let second = unescape(&member.page(&next).await);
+    assert!(second.contains("<caption>Workloads 51–52 of 52;"), "{second}");
+    let rows = row_ids(&second);
+
+    for i in 0..3 {
+        submit(&s, fraction("vision", "train", format!("late{i}"))).await;
+    }
+    for i in 0..2 {
+        submit(&s, fraction("nlp", "p", format!("late-n{i}"))).await;
+    }
+    let again = unescape(&member.page(&next).await);
+    assert_eq!(row_ids(&again), rows, "the page after the cursor holds the same rows");
+    assert!(again.contains("<caption>Workloads 54–55 of 55;"), "{again}");
+    // A filter is counted too: nlp's member counts nlp's six, the admin all 61.
+    let nlp = s.browser();
+    sign_in(&nlp, &s.token("nlp", "member").await).await;
+    let theirs = unescape(&nlp.page("/console/workloads").await);
+    assert!(theirs.contains("<caption>Workloads 1–6 of 6;"), "{theirs}");
+    let admin = s.browser();
+    sign_in(&admin, &s.admin).await;
+    let all = unescape(&admin.page("/console/workloads").await);
+    assert!(all.contains("<caption>Workloads 1–50 of 61;"), "{all}");
+    let vision_only = unescape(&admin.page("/console/workloads?tenant=vision").await);
+    assert!(vision_only.contains("<caption>Workloads 1–50 of 55;"), "{vision_only}");
+}

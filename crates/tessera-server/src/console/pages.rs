@@ -119,7 +119,7 @@ pub async fn overview(State(s): State<AppState>, c: Caller) -> Result<Response, 
     } else {
         Vec::new()
     };
-    let recent = list(&s, &c, &Filter::default(), None, 10).await?.rows;
+    let recent = list(&s, &c, &Filter::default(), None, 10, false).await?.rows;
     Ok(html(&Overview {
         chrome: Chrome::new(&c, &s, "overview"),
         pools,
@@ -257,8 +257,10 @@ impl Cursor {
 /// One page of the caller's workloads.
 struct Listed {
     rows: Vec<Row>,
-    /// The row number of its first row.
+    /// How many rows come before its first row.
     first: usize,
+    /// How many workloads match, where counted.
+    total: Option<u64>,
     /// The cursors of the pages before and after it, where there are such pages.
     prev: Option<Option<Cursor>>,
     next: Option<Cursor>,
@@ -272,7 +274,17 @@ fn sort_of(f: &Filter) -> &str {
 /// One page of the caller's workloads matching `f`, at `at` (`None`: the first page). The
 /// store sorts and pages over every matching workload and always within the caller's tenant
 /// (`scope`), whatever the filters or the cursor name.
-async fn list(s: &AppState, c: &Caller, f: &Filter, at: Option<&Cursor>, per_page: usize) -> Result<Listed, ApiError> {
+///
+/// `counted`: also count the matching workloads, and number the page's rows by counting those
+/// before its first row (two counts by the store); otherwise the number comes from the cursor.
+async fn list(
+    s: &AppState,
+    c: &Caller,
+    f: &Filter,
+    at: Option<&Cursor>,
+    per_page: usize,
+    counted: bool,
+) -> Result<Listed, ApiError> {
     let phases = WorkloadState::parse(&f.state).map(views::phases).unwrap_or_default();
     let (tenant, project) = project_filter(c, f);
     let order = order_of(&f.sort);
@@ -293,7 +305,7 @@ async fn list(s: &AppState, c: &Caller, f: &Filter, at: Option<&Cursor>, per_pag
         Some(a) if a.back => {
             if all.len() < per_page {
                 // Back at the start (some went meanwhile): the first page, whole.
-                return Box::pin(list(s, c, f, None, per_page)).await;
+                return Box::pin(list(s, c, f, None, per_page, counted)).await;
             }
             // The extra row read is the one before the page.
             if more {
@@ -312,6 +324,31 @@ async fn list(s: &AppState, c: &Caller, f: &Filter, at: Option<&Cursor>, per_pag
     };
     let next_exists = if at.is_some_and(|a| a.back) { true } else { more };
     let seek = |w: &tessera_domain::Workload| tessera_store::WorkloadSeek::of(order, w);
+    // Counted: how many match, and how many come before the page's first row (the same filter
+    // read back from that row), so the rows' numbers are exact even when workloads were
+    // requested since the pager's link was made.
+    let (first, total) = if counted {
+        let whole = tessera_store::WorkloadFilter {
+            after: None,
+            backward: false,
+            ..filter.clone()
+        };
+        let total = s.store.count_workloads(&whole).await?;
+        let first = match all.first() {
+            Some(w) if at.is_some() => {
+                let before = tessera_store::WorkloadFilter {
+                    after: Some(seek(w)),
+                    backward: true,
+                    ..whole
+                };
+                usize::try_from(s.store.count_workloads(&before).await?).unwrap_or(usize::MAX)
+            }
+            _ => first,
+        };
+        (first, Some(total))
+    } else {
+        (first, None)
+    };
     let prev = prev_exists.then(|| {
         // The page before this one ends before its first row; from the second page that is
         // the first page itself.
@@ -333,6 +370,7 @@ async fn list(s: &AppState, c: &Caller, f: &Filter, at: Option<&Cursor>, per_pag
     Ok(Listed {
         rows: name_rows(s, c, rows).await?,
         first,
+        total,
         prev,
         next,
     })
@@ -351,7 +389,10 @@ struct Workloads {
     sorts: Vec<(&'static str, &'static str, bool)>,
     query: String,
     can_write: bool,
+    /// How many rows come before the first shown.
     first: usize,
+    /// How many workloads match the filters, with thousands separated (`1,234`).
+    total: String,
     prev: Option<String>,
     next: Option<String>,
 }
@@ -399,7 +440,7 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
     let can_write = admin || c.id.role != crate::auth::Role::Viewer;
     if f.part == "rows" {
         // The polled rows: the filters were checked when the page was made.
-        let rows = list(&s, &c, &f, at.as_ref(), PER_PAGE).await?.rows;
+        let rows = list(&s, &c, &f, at.as_ref(), PER_PAGE, false).await?.rows;
         return Ok(html(&WorkloadRows { rows, can_write }));
     }
     // The tenants and projects the caller may see: the choices of the filters. A value that
@@ -432,7 +473,7 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             format!("no project `{}` to choose", f.project),
         ));
     }
-    let listed = list(&s, &c, &f, at.as_ref(), PER_PAGE).await?;
+    let listed = list(&s, &c, &f, at.as_ref(), PER_PAGE, true).await?;
     // The filters and page as a query string: the pager's links and the rows' refresh.
     let query_of = |at: Option<&Cursor>| {
         serde_urlencoded::to_string([
@@ -468,10 +509,24 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
         query,
         can_write,
         first: listed.first,
+        total: listed.total.map(thousands).unwrap_or_default(),
         prev: listed.prev.map(|p| link(p.as_ref())),
         next: listed.next.as_ref().map(|n| link(Some(n))),
         rows: listed.rows,
     }))
+}
+
+/// `n` with its thousands separated by commas: `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
 }
 
 /// One step of a timeline, with how long the workload spent before the next one.
@@ -1288,6 +1343,12 @@ mod tests {
         for bad in ["", "not-a-cursor", "bmFtZQ", &wrong_way, &no_id] {
             assert_eq!(Cursor::decode(bad, "name"), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn thousands_are_separated() {
+        let got: Vec<String> = [0, 7, 999, 1_000, 12_345, 1_234_567].map(thousands).into();
+        assert_eq!(got, ["0", "7", "999", "1,000", "12,345", "1,234,567"]);
     }
 
     #[test]
