@@ -3,12 +3,13 @@
 //! kept in memory like the pools' [`crate::history`] — one sample a minute of its mean
 //! utilisation and its memory in use, read back over a [`Window`] ([`WorkloadHistory::window`]).
 //!
-//! The bound: a workload has a series only while the backend reports telemetry for it; a
-//! series holds at most one sample a minute for the last 30 days ([`KEPT`] samples, 24 bytes
-//! each: about 1 MB for a workload that ran the whole month), and is dropped once its newest
-//! sample is 30 days old (the workload ended longer ago than the longest window). At most
-//! [`MAX_SERIES`] workloads are kept; past that the ones that stopped reporting longest ago go
-//! first. Nothing is stored: a restart starts every series afresh.
+//! The bound: a workload has telemetry kept only while the backend reports some for it and for
+//! 30 days after (the longest window); then it is forgotten. Of those 30 days it keeps the last
+//! day minute by minute (at most 1,440 samples of 24 bytes) and the rest as hours (at most 697
+//! of 32 bytes) — what the 7- and 30-day windows show anyway: at most about 58 KB a workload,
+//! whatever it ran. At most [`MAX_SERIES`] workloads are kept (about 580 MB at the very most);
+//! past that the ones that stopped reporting longest ago go first. Nothing is stored: a
+//! restart starts every workload's telemetry afresh.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::RwLock;
@@ -22,7 +23,7 @@ const MINUTE_MS: i64 = 60_000;
 /// Telemetry older than this is not sampled as this minute's.
 const FRESH_MS: i64 = 2 * MINUTE_MS;
 /// The most workloads whose series are kept.
-pub const MAX_SERIES: usize = 20_000;
+pub const MAX_SERIES: usize = 10_000;
 
 /// One device of a workload in one telemetry sample.
 #[derive(Clone, Debug, PartialEq)]
@@ -134,57 +135,124 @@ pub struct Point {
     pub total_mib: u32,
 }
 
-/// The samples of every workload that reported telemetry in the last 30 days, oldest first.
+/// An hour of a workload's minutes older than a day, taken together.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Hour {
+    /// The hour's start, ms since the epoch.
+    pub at: i64,
+    pub util_sum: f64,
+    pub used_sum: f64,
+    /// The most memory its devices had in one of the minutes.
+    pub total_mib: u32,
+    /// How many minutes it takes together.
+    pub minutes: u32,
+}
+
+/// One workload's telemetry: its minutes of the last day, then its hours back to 30 days.
+#[derive(Default)]
+struct Series {
+    minutes: VecDeque<Sample>,
+    hours: VecDeque<Hour>,
+}
+
+impl Series {
+    fn newest(&self) -> i64 {
+        self.minutes
+            .back()
+            .map(|s| s.at)
+            .or(self.hours.back().map(|h| h.at))
+            .unwrap_or(i64::MIN)
+    }
+
+    /// Folds the minutes before `day` (the last day's first minute) into their hours and drops
+    /// the hours that end before `month` (the last 30 days' first minute).
+    fn age(&mut self, day: i64, month: i64) {
+        while let Some(s) = self.minutes.front().copied().filter(|s| s.at < day) {
+            self.minutes.pop_front();
+            let at = s.at - s.at.rem_euclid(HOUR_MS);
+            match self.hours.back_mut() {
+                Some(h) if h.at == at => {
+                    h.util_sum += f64::from(s.util_pct);
+                    h.used_sum += f64::from(s.used_mib);
+                    h.total_mib = h.total_mib.max(s.total_mib);
+                    h.minutes += 1;
+                }
+                _ => self.hours.push_back(Hour {
+                    at,
+                    util_sum: f64::from(s.util_pct),
+                    used_sum: f64::from(s.used_mib),
+                    total_mib: s.total_mib,
+                    minutes: 1,
+                }),
+            }
+        }
+        while self.hours.front().is_some_and(|h| h.at + HOUR_MS <= month) {
+            self.hours.pop_front();
+        }
+    }
+}
+
+const HOUR_MS: i64 = 60 * MINUTE_MS;
+/// A day of minutes.
+const DAY_MINUTES: i64 = 1_440;
+
+/// The telemetry of every workload that reported any in the last 30 days: per workload its
+/// minutes of the last day (at most 1,440 samples) and, older, its hours (at most 697, each
+/// 32 bytes): at most about 58 KB a workload.
 #[derive(Default)]
 pub struct WorkloadHistory {
-    series: RwLock<HashMap<u64, VecDeque<Sample>>>,
+    series: RwLock<HashMap<u64, Series>>,
 }
 
 impl WorkloadHistory {
-    /// A workload's samples, oldest first.
-    pub fn series(&self, id: u64) -> Vec<Sample> {
+    /// A workload's minutes of the last day, oldest first.
+    pub fn minutes(&self, id: u64) -> Vec<Sample> {
         self.series
             .read()
             .expect("lock")
             .get(&id)
-            .map(|q| q.iter().copied().collect())
+            .map(|q| q.minutes.iter().copied().collect())
             .unwrap_or_default()
     }
 
-    /// How many workloads have a series.
+    /// A workload's hours before the last day, oldest first.
+    pub fn hours(&self, id: u64) -> Vec<Hour> {
+        self.series
+            .read()
+            .expect("lock")
+            .get(&id)
+            .map(|q| q.hours.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// How many workloads have telemetry kept.
     pub fn workloads(&self) -> usize {
         self.series.read().expect("lock").len()
     }
 
     /// Adds this minute's samples (a sample for a minute already recorded replaces it), then
-    /// drops what is older than 30 days before `now`: samples, and the series of workloads
-    /// whose newest sample is that old; past [`MAX_SERIES`], the series whose newest sample is
-    /// oldest.
+    /// ages every series as of `now`: minutes older than a day are folded into their hours,
+    /// hours older than 30 days dropped, and a workload with nothing left forgotten; past
+    /// [`MAX_SERIES`], the workloads whose newest sample is oldest are forgotten.
     pub fn record(&self, now: i64, samples: impl IntoIterator<Item = (u64, Sample)>) {
-        let oldest = minute(now) - KEPT as i64 * MINUTE_MS;
+        let last = minute(now);
+        let day = last - (DAY_MINUTES - 1) * MINUTE_MS;
+        let month = last - (KEPT as i64 - 1) * MINUTE_MS;
         let mut all = self.series.write().expect("lock");
         for (id, s) in samples {
-            let q = all.entry(id).or_default();
+            let q = &mut all.entry(id).or_default().minutes;
             match q.back_mut() {
                 Some(last) if last.at == s.at => *last = s,
                 Some(last) if last.at > s.at => continue,
                 _ => q.push_back(s),
             }
-            while q.len() > KEPT {
-                q.pop_front();
-            }
         }
         all.retain(|_, q| {
-            while q.front().is_some_and(|f| f.at <= oldest) {
-                q.pop_front();
-            }
-            !q.is_empty()
+            q.age(day, month);
+            !(q.minutes.is_empty() && q.hours.is_empty())
         });
         if all.len() > MAX_SERIES {
-            let mut newest: Vec<(i64, u64)> = all
-                .iter()
-                .map(|(id, q)| (q.back().map_or(i64::MIN, |s| s.at), *id))
-                .collect();
+            let mut newest: Vec<(i64, u64)> = all.iter().map(|(id, q)| (q.newest(), *id)).collect();
             newest.sort_unstable();
             for (_, id) in newest.iter().take(all.len() - MAX_SERIES) {
                 all.remove(id);
@@ -192,8 +260,9 @@ impl WorkloadHistory {
         }
     }
 
-    /// A workload's samples within `window` before `now`, in buckets of
-    /// [`Window::bucket_minutes`]; a bucket without any sample is left out.
+    /// A workload's telemetry within `window` before `now`, in buckets of
+    /// [`Window::bucket_minutes`] (the hours older than a day whole, the first perhaps partly
+    /// before the window); a bucket without any sample is left out.
     pub fn window(&self, id: u64, window: Window, now: i64) -> Vec<Point> {
         let bucket = window.bucket_minutes() as i64 * MINUTE_MS;
         let last = minute(now);
@@ -202,36 +271,48 @@ impl WorkloadHistory {
         let Some(q) = all.get(&id) else {
             return Vec::new();
         };
-        let from = q.partition_point(|s| s.at < first);
-        let mut out: Vec<Point> = Vec::new();
-        // Per bucket: its start, the sums of utilisation and memory in use, the samples, the
+        // Per bucket: its start, the sums of utilisation and memory in use, the minutes, the
         // most memory.
-        let mut acc: Option<(i64, f64, f64, u32, u32)> = None;
-        let done = |a: (i64, f64, f64, u32, u32)| Point {
-            at: a.0,
-            util_pct: a.1 / f64::from(a.3),
-            used_mib: a.2 / f64::from(a.3),
-            total_mib: a.4,
+        type Acc = (i64, f64, f64, u32, u32);
+        let mut out: Vec<Acc> = Vec::new();
+        let mut add = |b: i64, util: f64, used: f64, n: u32, total: u32| match out.last_mut() {
+            Some(a) if a.0 == b => {
+                a.1 += util;
+                a.2 += used;
+                a.3 += n;
+                a.4 = a.4.max(total);
+            }
+            _ => out.push((b, util, used, n, total)),
         };
-        for s in q.range(from..).take_while(|s| s.at <= last) {
-            let b = s.at - s.at.rem_euclid(bucket);
-            match &mut acc {
-                Some(a) if a.0 == b => {
-                    a.1 += f64::from(s.util_pct);
-                    a.2 += f64::from(s.used_mib);
-                    a.3 += 1;
-                    a.4 = a.4.max(s.total_mib);
-                }
-                _ => {
-                    if let Some(a) = acc.take() {
-                        out.push(done(a));
-                    }
-                    acc = Some((b, f64::from(s.util_pct), f64::from(s.used_mib), 1, s.total_mib));
-                }
+        if bucket >= HOUR_MS {
+            for h in q.hours.iter().filter(|h| h.at + HOUR_MS > first && h.at <= last) {
+                add(
+                    h.at - h.at.rem_euclid(bucket),
+                    h.util_sum,
+                    h.used_sum,
+                    h.minutes,
+                    h.total_mib,
+                );
             }
         }
-        out.extend(acc.map(done));
-        out
+        let from = q.minutes.partition_point(|s| s.at < first);
+        for s in q.minutes.range(from..).take_while(|s| s.at <= last) {
+            add(
+                s.at - s.at.rem_euclid(bucket),
+                f64::from(s.util_pct),
+                f64::from(s.used_mib),
+                1,
+                s.total_mib,
+            );
+        }
+        out.into_iter()
+            .map(|a| Point {
+                at: a.0,
+                util_pct: a.1 / f64::from(a.3),
+                used_mib: a.2 / f64::from(a.3),
+                total_mib: a.4,
+            })
+            .collect()
     }
 }
 
@@ -368,62 +449,106 @@ mod tests {
     }
 
     #[test]
-    fn a_series_keeps_a_month_of_minutes_and_goes_a_month_after_its_workload_stopped() {
+    fn a_workload_keeps_a_day_of_minutes_then_hours_and_goes_a_month_after_it_stopped() {
+        // The sizes the bound is reckoned in.
+        assert_eq!((std::mem::size_of::<Sample>(), std::mem::size_of::<Hour>()), (24, 32));
         let h = WorkloadHistory::default();
         let n = KEPT as i64 + 100;
         for m in 0..n {
             // Workload 1 runs all the time; workload 2 only in the first 50 minutes.
-            let mut s = vec![(1, at(m, m as f32))];
+            let mut s = vec![(1, at(m, (m % 60) as f32))];
             if m < 50 {
                 s.push((2, at(m, 10.0)));
             }
             h.record(m * MINUTE_MS, s);
             if m == 60 {
-                assert_eq!(h.series(2).len(), 50, "an ended workload keeps its minutes");
+                assert_eq!(h.minutes(2).len(), 50, "an ended workload keeps its minutes");
+            }
+            if m == 2_000 {
+                assert!(h.minutes(2).is_empty());
+                let hours = h.hours(2);
+                assert_eq!(hours.len(), 1, "a day later its minutes are one hour");
+                assert_eq!((hours[0].at, hours[0].minutes, hours[0].util_sum), (0, 50, 500.0));
+                let week = h.window(2, Window::Week, m * MINUTE_MS);
+                assert_eq!(week.len(), 1);
+                assert_eq!(
+                    (week[0].util_pct, week[0].used_mib, week[0].total_mib),
+                    (10.0, 1_000.0, 2_000)
+                );
             }
         }
-        let one = h.series(1);
-        assert_eq!(one.len(), KEPT, "at most a month of minutes");
-        assert_eq!(one[0].at, 100 * MINUTE_MS, "the newest 30 days");
-        assert!(h.series(2).is_empty(), "stopped 30 days ago: dropped");
+        let now = (n - 1) * MINUTE_MS;
+        let minutes = h.minutes(1);
+        assert_eq!(minutes.len(), 1_440, "the last day minute by minute");
+        assert_eq!(minutes[0].at, now - 1_439 * MINUTE_MS);
+        let hours = h.hours(1);
+        // The 30 days' first minute is minute 100: its hour (from minute 60) is the oldest kept.
+        assert_eq!(hours.len(), 697, "the rest of 30 days as hours");
+        assert_eq!(hours[0].at, 60 * MINUTE_MS);
+        assert!(
+            hours[..696].iter().all(|x| x.minutes == 60 && x.util_sum == 1_770.0),
+            "0..59 each"
+        );
+        // The last hour is split: its first 40 minutes folded, the rest still minutes.
+        assert_eq!((hours[696].minutes, hours[696].util_sum), (40, 780.0));
+        assert!(
+            h.minutes(2).is_empty() && h.hours(2).is_empty(),
+            "stopped 30 days ago: forgotten"
+        );
         assert_eq!(h.workloads(), 1);
         // The same minute again replaces it; an older one is ignored.
-        h.record((n - 1) * MINUTE_MS, [(1, at(n - 1, -1.0)), (1, at(5, 3.0))]);
-        assert_eq!(h.series(1).last().unwrap().util_pct, -1.0);
-        assert_eq!(h.series(1).len(), KEPT);
+        h.record(now, [(1, at(n - 1, -1.0)), (1, at(5, 3.0))]);
+        assert_eq!(h.minutes(1).last().unwrap().util_pct, -1.0);
+        assert_eq!(h.minutes(1).len(), 1_440);
+        // The month window: every hour, the last day's from its minutes.
+        let month = h.window(1, Window::Month, now);
+        assert_eq!(month.len(), 697 + 24);
+        assert!(
+            month.windows(2).all(|w| w[0].at + 60 * MINUTE_MS == w[1].at),
+            "one point an hour"
+        );
     }
 
     #[test]
     fn past_the_most_workloads_those_that_stopped_longest_ago_go() {
         let h = WorkloadHistory::default();
         let now = 100 * MINUTE_MS;
-        // Workload k last reported k minutes ago.
+        // Workload k last reported k % 90 minutes before minute 100.
         h.record(
             now,
             (1..=MAX_SERIES as u64 + 3).map(|k| (k, at(100 - k as i64 % 90, 1.0))),
         );
         assert_eq!(h.workloads(), MAX_SERIES);
-        assert!(h.series(89).is_empty() && h.series(179).is_empty() && h.series(269).is_empty());
-        assert_eq!(h.series(1).len(), 1);
+        assert!(h.minutes(89).is_empty() && h.minutes(179).is_empty() && h.minutes(269).is_empty());
+        assert_eq!(h.minutes(1).len(), 1);
+        assert_eq!(h.minutes(359).len(), 1, "the fourth of the oldest stays");
     }
 
     #[test]
-    fn a_window_averages_its_buckets() {
+    fn a_window_averages_its_buckets_across_minutes_and_hours() {
         let h = WorkloadHistory::default();
         let base = 1_000 * 60 * MINUTE_MS; // on an hour
-        for m in 0..120 {
+        // Two days and a half hour: utilisation is the minute within its hour.
+        let n = 2 * 1_440 + 30;
+        for m in 0..n {
             h.record(base + m * MINUTE_MS, [(9, at(1_000 * 60 + m, (m % 60) as f32))]);
         }
-        let now = base + 119 * MINUTE_MS + 10_000;
+        let now = base + (n - 1) * MINUTE_MS + 10_000;
         let hour = h.window(9, Window::Hour, now);
         assert_eq!(hour.len(), 60);
-        assert_eq!((hour[0].at, hour[0].util_pct), (base + 60 * MINUTE_MS, 0.0));
+        assert_eq!((hour[0].at, hour[0].util_pct), (base + (n - 60) * MINUTE_MS, 30.0));
+        assert_eq!(h.window(9, Window::Day, now).len(), 1_440, "minute by minute");
+        // The hour the day starts in is half in an hour kept, half in minutes: one point.
         let week = h.window(9, Window::Week, now);
-        assert_eq!(week.len(), 2);
+        assert_eq!(week.len(), 49, "{week:?}");
+        assert!(week.windows(2).all(|w| w[0].at + 60 * MINUTE_MS == w[1].at));
         assert!(
-            week.iter()
-                .all(|p| (p.util_pct - 29.5).abs() < 1e-9 && p.used_mib == 1_000.0)
+            week[..48]
+                .iter()
+                .all(|p| (p.util_pct - 29.5).abs() < 1e-9 && p.used_mib == 1_000.0),
+            "{week:?}"
         );
+        assert_eq!(week[48].util_pct, 14.5, "the last half hour");
         assert!(h.window(10, Window::Day, now).is_empty());
     }
 }
