@@ -1170,19 +1170,26 @@ fn telemetry_chart(s: &AppState, id: u64, window: crate::history::Window, now: i
     let x: Vec<i64> = v.iter().map(|p| p.at / 1000).collect();
     let total = v.iter().map(|p| p.total_mib).max().unwrap_or(0);
     let hourly = window.bucket_minutes() > 1;
+    // The time axis spans the whole window, however few minutes it ran in it.
+    let from = crate::history::minute(now) - (window.minutes() as i64 - 1) * 60_000;
+    let x_range = [from / 1000, now / 1000];
     let util = serde_json::json!({
         "title": format!("Mean GPU utilisation of its devices, %, {}", window.label()),
         "x": x,
+        "xRange": x_range,
         "y": [0, 100],
         "series": [{"label": if hourly { "utilisation % (hour's mean)" } else { "utilisation %" }, "values": v.iter().map(|p| p.util_pct).collect::<Vec<_>>()}],
     });
+    // Memory in GiB: the axis' numbers stay short.
+    let gib = |mib: f64| (mib / 1024.0 * 100.0).round() / 100.0;
     let memory = serde_json::json!({
-        "title": format!("GPU memory in use, MiB (of {total}), {}", window.label()),
+        "title": format!("GPU memory in use, GiB (of {}), {}", gib(f64::from(total)), window.label()),
         "x": x,
-        "y": [0, total.max(1)],
+        "xRange": x_range,
+        "y": [0.0, gib(f64::from(total.max(1)))],
         "series": [
-            {"label": if hourly { "in use (hour's mean)" } else { "in use" }, "values": v.iter().map(|p| p.used_mib).collect::<Vec<_>>()},
-            {"label": "its devices' memory", "values": v.iter().map(|p| p.total_mib).collect::<Vec<_>>()},
+            {"label": if hourly { "in use (hour's mean)" } else { "in use" }, "values": v.iter().map(|p| gib(p.used_mib)).collect::<Vec<_>>()},
+            {"label": "its devices' memory", "values": v.iter().map(|p| gib(f64::from(p.total_mib))).collect::<Vec<_>>()},
         ],
     });
     let query = |range: &str, format: Option<&str>| {
