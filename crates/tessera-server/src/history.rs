@@ -282,7 +282,8 @@ pub fn sample(snap: &Snapshot, telemetry: &Telemetry, now: i64) -> Vec<(String, 
         .collect()
 }
 
-/// Rebuilds the last 30 days of allocation from the ledger, then samples every minute.
+/// Rebuilds the last 30 days of allocation from the ledger, then samples every minute (the
+/// pools, and each workload's GPUs: [`crate::workload_history`]).
 pub fn spawn(s: crate::state::AppState) {
     tokio::spawn(async move {
         let now = crate::clock::now_ms();
@@ -292,11 +293,10 @@ pub fn spawn(s: crate::state::AppState) {
         }
         loop {
             let now = crate::clock::now_ms();
-            s.history.record(sample(
-                &s.lifecycle.snapshot(),
-                &s.lifecycle.published().telemetry(),
-                now,
-            ));
+            let (snap, telemetry) = (s.lifecycle.snapshot(), s.lifecycle.published().telemetry());
+            s.history.record(sample(&snap, &telemetry, now));
+            s.workload_history
+                .record(now, crate::workload_history::sample(&snap, &telemetry, now));
             let wait = MINUTE_MS - now.rem_euclid(MINUTE_MS);
             tokio::time::sleep(Duration::from_millis(wait as u64 + 50)).await;
         }

@@ -46,6 +46,7 @@ pub mod tenancy_cache;
 pub mod tenancy_sync;
 pub mod timed;
 pub mod usage;
+pub mod workload_history;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -472,6 +473,7 @@ pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Ba
         tenancy,
         registry: tessera_imagepolicy::RegistryClient::default(),
         history: history::new(),
+        workload_history: Arc::default(),
         refusals: Arc::default(),
     });
     history::spawn(state.clone());

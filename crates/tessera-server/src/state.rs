@@ -13,7 +13,7 @@ use tessera_store::Store;
 use crate::auth::Authenticator;
 use crate::lifecycle::Lifecycle;
 use crate::lifecycle::placement::NodeIndex;
-use crate::{audit, history, lifecycle, refusals, replica, scrape, session, usage};
+use crate::{audit, history, lifecycle, refusals, replica, scrape, session, usage, workload_history};
 
 /// Shared state of the handlers: one pointer to [`Shared`], so that the clone axum makes for
 /// every extractor and layer of every request is one reference count, not twenty (profiled
@@ -68,6 +68,8 @@ pub struct Shared {
     pub registry: tessera_imagepolicy::RegistryClient,
     /// Allocation and utilisation per pool over the last 24 hours (the console's charts).
     pub history: Arc<history::History>,
+    /// GPU telemetry per workload over the last 30 days (the workload page's chart).
+    pub workload_history: Arc<workload_history::WorkloadHistory>,
     /// Requests refused at submission (never stored), newest kept (the console's queue view).
     pub refusals: Arc<refusals::Refusals>,
 }

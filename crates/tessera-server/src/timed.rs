@@ -151,6 +151,9 @@ impl WorkloadStore for TimedStore {
     async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>> {
         self.timed("list_workloads", self.inner.list_workloads(f)).await
     }
+    async fn count_workloads(&self, f: &WorkloadFilter) -> Result<u64> {
+        self.timed("count_workloads", self.inner.count_workloads(f)).await
+    }
     async fn events(&self, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>> {
         self.timed("events", self.inner.events(id, scope)).await
     }

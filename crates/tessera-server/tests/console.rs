@@ -2884,3 +2884,220 @@ async fn a_cursor_from_another_tenants_workload_shows_none_of_it() {
     let body = r.text().await.unwrap();
     assert!(!body.contains("vis-secret") && !body.contains("\"vision\""), "{body}");
 }
+
+/// A running workload's page shows each device it holds as the simulator's telemetry reports it
+/// (two whole GPUs; a share of a GPU), and its GPUs' use over time with the numbers behind the
+/// chart; a member of another tenant finds neither the page, its fragment nor the numbers.
+/// About 6 s (the simulator reports telemetry every 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_workloads_page_shows_its_gpus_telemetry_now_and_over_time_to_its_own_tenant_only() {
+    let s = TestServer::start("wl-telemetry").await;
+    vision_and_nlp(&s).await;
+    let id = submit(
+        &s,
+        json!({"tenant": "vision", "project": "train", "name": "trainer", "shape": {"gpus": 2, "pool": "training"}, "duration_s": 3600}),
+    )
+    .await;
+    let share = submit(
+        &s,
+        json!({"tenant": "vision", "project": "train", "name": "notebook", "shape": {"fraction": 250}, "duration_s": 3600}),
+    )
+    .await;
+    let w = s.wait_state(id, &["running"]).await;
+    s.wait_state(share, &["running"]).await;
+    let node = w["allocation"]["node"].as_str().unwrap().to_string();
+    let gpus: Vec<u64> = w["allocation"]["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_u64().unwrap())
+        .collect();
+    assert_eq!(gpus.len(), 2, "{w}");
+
+    let vision = s.browser();
+    sign_in(&vision, &s.token("vision", "member").await).await;
+    let path = format!("/console/workloads/{id}");
+    let page = page_until(&vision, &path, |p| p.contains("id=\"gpus-table\"")).await;
+    for g in &gpus {
+        assert!(
+            page.contains(&format!(
+                "<tr><td>{node}</td><td class=\"num\">{g}</td><td>GPU</td><td class=\"num\">"
+            )),
+            "GPU {g} of {node}: {page}"
+        );
+    }
+    assert!(text_of(&page, "gpus-note").starts_with("Sampled at"), "{page}");
+    assert!(!page.contains("No telemetry reported"), "{page}");
+    // Over time: at least this minute, with the range picker.
+    assert!(page.contains("id=\"telemetry-summary\""), "{page}");
+    assert!(
+        page.contains(&format!("href=\"/console/workloads/{id}?range=7d#telemetry-h\"")),
+        "{page}"
+    );
+    let data: Value = vision
+        .get(&format!("/console/workloads/{id}/telemetry?format=json&range=1h"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let util = data["utilisation_pct"].as_array().unwrap();
+    assert!(!util.is_empty(), "{data}");
+    assert!(
+        util.iter().all(|u| u.as_f64().unwrap() > 0.0),
+        "the simulator keeps them busy: {data}"
+    );
+    assert!(
+        data["memory_mib"][0].as_u64().unwrap() >= data["memory_used_mib"][0].as_f64().unwrap() as u64,
+        "{data}"
+    );
+    let csv = vision
+        .page(&format!("/console/workloads/{id}/telemetry?range=24h"))
+        .await;
+    assert!(csv.starts_with("start_utc,minutes,workload,utilisation_pct"), "{csv}");
+    assert!(csv.contains(&format!(",1,{id},")), "{csv}");
+    // A share of a GPU: its own figures.
+    let page = page_until(&vision, &format!("/console/workloads/{share}"), |p| {
+        p.contains("id=\"gpus-table\"")
+    })
+    .await;
+    assert!(page.contains("<td>share of the GPU</td>"), "{page}");
+    // An unknown range is refused, as on the charts page.
+    assert_eq!(
+        vision.get(&format!("{path}?range=2y")).await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    // A member of nlp: vision's workload is not found, page, fragment or numbers.
+    let nlp = s.browser();
+    sign_in(&nlp, &s.token("nlp", "member").await).await;
+    for p in [
+        path.clone(),
+        format!("{path}?range=7d"),
+        format!("{path}/live"),
+        format!("{path}/telemetry"),
+        format!("{path}/telemetry?format=json&range=1h"),
+    ] {
+        let r = nlp.get(&p).await;
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{p}");
+        let body = r.text().await.unwrap();
+        assert!(
+            !body.contains("trainer")
+                && !body.contains("utilisation")
+                && !body.contains("gpus-table")
+                && !body.contains("start_utc"),
+            "{p}: {body}"
+        );
+    }
+}
+
+/// A console page whose store read fails answers the 5xx page for people: the store's table
+/// behind the audit page is renamed away behind the server's back (SQLite, from another
+/// connection), so the page's read fails as with a broken database. A browser gets the HTML
+/// error page with the navigation, the server's real status (503, with Retry-After) and no
+/// internal detail (no SQL, no table name, no problem JSON); an htmx request for the same page
+/// still gets problem JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_whose_store_read_fails_is_the_5xx_page_with_navigation_and_no_internals() {
+    use sqlx::Connection;
+    let s = TestServer::start("err5xx").await;
+    let admin = s.browser();
+    sign_in(&admin, &s.admin).await;
+    assert_eq!(admin.get("/console/audit").await.status(), StatusCode::OK);
+    let file = s.dir.0.join(tessera_store_sqlite::DB_FILE);
+    let mut db = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE audit_log RENAME TO audit_log_gone")
+        .execute(&mut db)
+        .await
+        .unwrap();
+
+    let r = admin.get("/console/audit").await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        r.headers()["content-type"].to_str().unwrap().starts_with("text/html"),
+        "{:?}",
+        r.headers()
+    );
+    assert_eq!(r.headers()["retry-after"], "1");
+    let page = r.text().await.unwrap();
+    no_inline_code(&page);
+    assert!(
+        page.contains("<nav aria-label=\"Console\">") && page.contains("href=\"/console/workloads\""),
+        "{page}"
+    );
+    assert_eq!(text_of(&page, "error-h"), "Something went wrong", "{page}");
+    assert!(
+        text_of(&page, "error-detail").contains("the store is unavailable"),
+        "{page}"
+    );
+    for internal in [
+        "audit_log",
+        "no such table",
+        "SELECT",
+        "sqlite",
+        "application/problem+json",
+        "\"status\":",
+    ] {
+        assert!(!page.contains(internal), "{internal} leaked: {page}");
+    }
+
+    let hx = admin
+        .client
+        .get(admin.url("/console/audit"))
+        .header("hx-request", "true")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hx.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(hx.headers()["content-type"], "application/problem+json");
+    let problem: Value = hx.json().await.unwrap();
+    assert_eq!(problem["status"], 503, "{problem}");
+    assert!(!problem.to_string().contains("audit_log"), "{problem}");
+}
+
+/// The workload list's caption numbers its rows exactly and says of how many, counted by the
+/// store within the caller's tenant: vision's member reads "of 52" with nlp's workloads
+/// present; after five more workloads (three vision's, two nlp's) the same second-page link
+/// numbers its rows by what now comes before them, not by the number the link carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workload_lists_caption_counts_exactly_within_the_tenant() {
+    let s = TestServer::start("list-count").await;
+    vision_and_nlp(&s).await;
+    let fraction = |tenant: &str, project: &str, name: String| json!({"tenant": tenant, "project": project, "name": name, "shape": {"fraction": 250}, "duration_s": 3600});
+    for i in 0..52 {
+        submit(&s, fraction("vision", "train", format!("v{i:02}"))).await;
+    }
+    for i in 0..4 {
+        submit(&s, fraction("nlp", "p", format!("n{i}"))).await;
+    }
+    let member = s.browser();
+    sign_in(&member, &s.token("vision", "member").await).await;
+    let first = unescape(&member.page("/console/workloads").await);
+    assert!(first.contains("<caption>Workloads 1–50 of 52;"), "{first}");
+    let next = pager_link(&first, "next").expect("a next page");
+    let second = unescape(&member.page(&next).await);
+    assert!(second.contains("<caption>Workloads 51–52 of 52;"), "{second}");
+    let rows = row_ids(&second);
+
+    for i in 0..3 {
+        submit(&s, fraction("vision", "train", format!("late{i}"))).await;
+    }
+    for i in 0..2 {
+        submit(&s, fraction("nlp", "p", format!("late-n{i}"))).await;
+    }
+    let again = unescape(&member.page(&next).await);
+    assert_eq!(row_ids(&again), rows, "the page after the cursor holds the same rows");
+    assert!(again.contains("<caption>Workloads 54–55 of 55;"), "{again}");
+    // A filter is counted too: nlp's member counts nlp's six, the admin all 61.
+    let nlp = s.browser();
+    sign_in(&nlp, &s.token("nlp", "member").await).await;
+    let theirs = unescape(&nlp.page("/console/workloads").await);
+    assert!(theirs.contains("<caption>Workloads 1–6 of 6;"), "{theirs}");
+    let admin = s.browser();
+    sign_in(&admin, &s.admin).await;
+    let all = unescape(&admin.page("/console/workloads").await);
+    assert!(all.contains("<caption>Workloads 1–50 of 61;"), "{all}");
+    let vision_only = unescape(&admin.page("/console/workloads?tenant=vision").await);
+    assert!(vision_only.contains("<caption>Workloads 1–50 of 55;"), "{vision_only}");
+}

@@ -485,6 +485,9 @@ macro_rules! implement_store {
                 async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>> {
                     workloads::list_workloads(self, f).await
                 }
+                async fn count_workloads(&self, f: &WorkloadFilter) -> Result<u64> {
+                    workloads::count_workloads(self, f).await
+                }
                 async fn events(&self, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>> {
                     workloads::events(self, id, scope).await
                 }

@@ -145,6 +145,58 @@ macro_rules! listings {
     };
 }
 
+/// The counts of a listing's shape (its `WHERE` clause), one per statement of [`listings!`]:
+/// the same conditions with the seek's parameters as `$15` and `$16` (no limit).
+macro_rules! counts {
+    ($where:literal) => {
+        [
+            concat!(
+                "SELECT COUNT(*) AS n FROM workloads ",
+                $where,
+                count_tail!("AND id < $3")
+            ),
+            concat!(
+                "SELECT COUNT(*) AS n FROM workloads ",
+                $where,
+                count_tail!("AND id < $3 AND id > $15")
+            ),
+            concat!(
+                "SELECT COUNT(*) AS n FROM workloads ",
+                $where,
+                count_tail!("AND +id < $3 AND name >= $15 AND (name > $15 OR +id < $16)")
+            ),
+            concat!(
+                "SELECT COUNT(*) AS n FROM workloads ",
+                $where,
+                count_tail!("AND +id < $3 AND phase >= $15 AND (phase > $15 OR +id < $16)")
+            ),
+            concat!(
+                "SELECT COUNT(*) AS n FROM workloads ",
+                $where,
+                count_tail!("AND +id < $3 AND name <= $15 AND (name < $15 OR +id > $16)")
+            ),
+            concat!(
+                "SELECT COUNT(*) AS n FROM workloads ",
+                $where,
+                count_tail!("AND +id < $3 AND phase <= $15 AND (phase < $15 OR +id > $16)")
+            ),
+        ]
+    };
+}
+
+macro_rules! count_tail {
+    ($seek:literal) => {
+        concat!(
+            "AND ($4 = 0 OR phase IN ($5, $6, $7, $8, $9, $10, $11, $12, $13, $14)) ",
+            $seek
+        )
+    };
+}
+
+const COUNT_ANY_TENANT: [&str; 6] = counts!("WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR project = $2) ");
+const COUNT_TENANT: [&str; 6] = counts!("WHERE tenant = $1 AND ($2 IS NULL OR project = $2) ");
+const COUNT_PROJECT: [&str; 6] = counts!("WHERE tenant = $1 AND project = $2 ");
+
 const LIST_ANY_TENANT: [&str; 6] = listings!("WHERE ($1 IS NULL OR tenant = $1) AND ($2 IS NULL OR project = $2) ");
 const LIST_TENANT: [&str; 6] = listings!("WHERE tenant = $1 AND ($2 IS NULL OR project = $2) ");
 const LIST_PROJECT: [&str; 6] = listings!("WHERE tenant = $1 AND project = $2 ");
@@ -440,6 +492,52 @@ pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<
         ws.reverse();
     }
     Ok(ws)
+}
+
+/// How many workloads `list_workloads(f)` answers without its limit (the same statements'
+/// conditions, counted).
+pub async fn count_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<u64> {
+    let tenant = match (&f.scope, &f.tenant) {
+        (Some(scope), Some(tenant)) if scope != tenant => return Ok(0),
+        (scope, tenant) => scope.as_ref().or(tenant.as_ref()),
+    };
+    let mut phases: Vec<&'static str> = Vec::with_capacity(PHASE_SLOTS);
+    for p in &f.phases {
+        if !phases.contains(&p.as_str()) {
+            phases.push(p.as_str());
+        }
+    }
+    let (slot, read_as) = order_slot(f.order, f.backward && f.after.is_some());
+    let sql = match (tenant, &f.project) {
+        (None, _) => COUNT_ANY_TENANT,
+        (Some(_), None) => COUNT_TENANT,
+        (Some(_), Some(_)) => COUNT_PROJECT,
+    }[slot];
+    let before = f.before.map_or(i64::MAX, |b| i64_of(b.0));
+    let after_id = f.after.as_ref().map(|a| i64_of(a.id.0));
+    let bound = match (read_as, after_id) {
+        (WorkloadOrder::Newest, Some(a)) => before.min(a),
+        _ => before,
+    };
+    let mut q = query::<D>(sql)
+        .bind(tenant)
+        .bind(&f.project)
+        .bind(bound)
+        .bind(phases.len() as i64);
+    for slot in 0..PHASE_SLOTS {
+        q = q.bind(phases.get(slot).copied());
+    }
+    q = match read_as {
+        WorkloadOrder::Newest => q,
+        WorkloadOrder::Oldest => q.bind(after_id.unwrap_or(-1)),
+        WorkloadOrder::Name | WorkloadOrder::Phase => match &f.after {
+            Some(a) => q.bind(a.key.clone()).bind(i64_of(a.id.0)),
+            None => q.bind(String::new()).bind(i64::MAX),
+        },
+    };
+    let row = q.fetch_one(&mut *s.conn().await?).await.map_err(db)?;
+    let n: i64 = col(&row, "n")?;
+    Ok(u64_of(n))
 }
 
 pub async fn events<D: Driver>(s: &D, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>> {

@@ -45,6 +45,7 @@ macro_rules! store_conformance_tests {
             list_workloads_filters,
             list_workloads_orders_page_over_every_workload,
             list_workloads_pages_hold_under_inserts,
+            count_workloads_counts_what_the_listing_answers,
             active_workloads_exclude_terminal_phases,
             reserved_ids_are_never_handed_out_twice,
             idempotency_keys_are_unique_per_actor,
@@ -1241,6 +1242,105 @@ pub async fn list_workloads_orders_page_over_every_workload(s: &dyn Store) {
     let mut seen: Vec<&str> = by_name.iter().map(|w| w.spec.name.as_str()).collect();
     seen.dedup();
     assert_eq!(seen, ["B", "Zeta", "a x", "a-x", "ax", "b", "é"]);
+}
+
+/// [`WorkloadStore::count_workloads`] counts what the listing answers without its limit: with
+/// every filter (a tenant scope counts only that tenant's workloads, whatever the tenant filter
+/// says), and in every order the workloads after a position (before it, backward) — the row
+/// number of a page's first row.
+pub async fn count_workloads_counts_what_the_listing_answers(s: &dyn Store) {
+    let ids = new_ids(s, 30).await;
+    let names = ["b", "B", "a-x", "ax", "Zeta", "a x", "é", "b"];
+    let phases = [
+        Phase::Queued,
+        Phase::Running,
+        Phase::Failed,
+        Phase::Succeeded,
+        Phase::Cancelled,
+    ];
+    let ws: Vec<Workload> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            let (tenant, project) = spread(i);
+            let mut w = workload(id, tenant, project, phases[(i * 3) % 5]);
+            w.spec.name = names[(i * 5) % names.len()].to_string();
+            w
+        })
+        .collect();
+    commit(s, &ws.iter().map(insert).collect::<Vec<_>>()).await;
+    let some = |x: &str| Some(x.to_string());
+    let all = |f: WorkloadFilter| WorkloadFilter { limit: 1000, ..f };
+    // Spelled out: 15 workloads each of acme and globex, none across.
+    let acme = WorkloadFilter {
+        scope: some("acme"),
+        ..Default::default()
+    };
+    assert_eq!(s.count_workloads(&acme).await.unwrap(), 15);
+    let across = WorkloadFilter {
+        scope: some("acme"),
+        tenant: some("globex"),
+        ..Default::default()
+    };
+    assert_eq!(s.count_workloads(&across).await.unwrap(), 0);
+    assert_eq!(s.count_workloads(&WorkloadFilter::default()).await.unwrap(), 30);
+    let filters = [
+        WorkloadFilter::default(),
+        acme.clone(),
+        across,
+        WorkloadFilter {
+            tenant: some("globex"),
+            project: some("p"),
+            ..Default::default()
+        },
+        WorkloadFilter {
+            scope: some("globex"),
+            project: some("q"),
+            phases: vec![Phase::Queued, Phase::Failed, Phase::Queued],
+            ..Default::default()
+        },
+        WorkloadFilter {
+            before: Some(WorkloadId(ids[20])),
+            phases: vec![Phase::Running, Phase::Succeeded],
+            // The limit is not counted.
+            limit: 2,
+            ..Default::default()
+        },
+    ];
+    for order in [
+        WorkloadOrder::Newest,
+        WorkloadOrder::Oldest,
+        WorkloadOrder::Name,
+        WorkloadOrder::Phase,
+    ] {
+        for filter in &filters {
+            let f = WorkloadFilter {
+                order,
+                ..filter.clone()
+            };
+            let listed = s.list_workloads(&all(f.clone())).await.unwrap();
+            let n = listed.len() as u64;
+            assert_eq!(s.count_workloads(&f).await.unwrap(), n, "{f:?}");
+            for (k, w) in listed.iter().enumerate() {
+                let at = Some(WorkloadSeek::of(order, w));
+                let after = WorkloadFilter {
+                    after: at.clone(),
+                    ..f.clone()
+                };
+                let before = WorkloadFilter {
+                    after: at,
+                    backward: true,
+                    ..f.clone()
+                };
+                assert_eq!(
+                    s.count_workloads(&after).await.unwrap(),
+                    n - k as u64 - 1,
+                    "after #{k} {f:?}"
+                );
+                assert_eq!(s.count_workloads(&before).await.unwrap(), k as u64, "before #{k} {f:?}");
+            }
+        }
+    }
 }
 
 /// Pages read after a workload ([`WorkloadFilter::after`]) neither repeat nor skip a workload

@@ -438,6 +438,11 @@ pub trait WorkloadStore: Send + Sync {
     async fn get_workload(&self, id: WorkloadId, scope: Option<&str>) -> Result<Option<Workload>>;
     /// Newest first.
     async fn list_workloads(&self, f: &WorkloadFilter) -> Result<Vec<Workload>>;
+    /// How many workloads [`Self::list_workloads`] would answer for `f` without its `limit`:
+    /// every workload matching the scope, tenant, project, phases and `before`, and — with
+    /// `after` — only those after it in `f.order` (before it, with `backward`). The scope is
+    /// always applied, as for the listing.
+    async fn count_workloads(&self, f: &WorkloadFilter) -> Result<u64>;
     /// A workload's timeline within the caller's scope, in order.
     async fn events(&self, id: WorkloadId, scope: Option<&str>) -> Result<Vec<Event>>;
     /// Every workload not in a terminal phase, oldest first (start-up and failover).

@@ -85,6 +85,8 @@ fn console_in_a_real_browser() {
         .map(PathBuf::from)
         .unwrap_or_else(|_| here.join("../../target"));
     let shots = target.join("console-screenshots");
+    // Only this run's screenshots: the checks below find none left by an earlier run.
+    let _ = std::fs::remove_dir_all(&shots);
     let out = Command::new("node")
         .arg(runner.join("run.mjs"))
         .env("BASE", &base)
@@ -139,5 +141,28 @@ fn console_in_a_real_browser() {
         "signin",
     ] {
         assert!(shots.join(format!("{page}.png")).exists(), "screenshot of {page}");
+    }
+    // Every page at both sizes (run.mjs also checks that none scrolls sideways on the phone).
+    for page in [
+        "overview",
+        "request",
+        "workloads",
+        "workload",
+        "queue",
+        "fleet",
+        "fleet-node",
+        "charts",
+        "tenants",
+        "audit",
+        "tokens",
+        "quota",
+        "workload-gang-member",
+        "not-found",
+        "signin",
+    ] {
+        for width in [1440, 390] {
+            let shot = shots.join(format!("page-{page}-{width}.png"));
+            assert!(shot.exists(), "screenshot of {page} at {width} px");
+        }
     }
 }

@@ -155,7 +155,8 @@
   });
   document.addEventListener("DOMContentLoaded", drawHeat);
   // Charts: a `data-chart` element holds {title, x: [unix seconds], y: [min, max] (optional,
-  // the value axis' fixed range), series: [{label, values}]}.
+  // the value axis' fixed range), xRange: [from, to] (optional, unix seconds: the time axis
+  // spans the whole window however few points there are), series: [{label, values}]}.
   function drawCharts() {
     if (typeof uPlot === "undefined") return;
     var colours = ["#0b5cad", "#1f6b2e", "#a3001b", "#8a6d00"];
@@ -169,7 +170,9 @@
       var data = [c.x].concat(c.series.map(function (s) { return s.values; }));
       var width = Math.max(280, Math.min(el.clientWidth || 800, 1100));
       var opts = { title: c.title, width: width, height: 260, series: series };
-      if (c.y) opts.scales = { y: { range: c.y } };
+      if (c.y || c.xRange) opts.scales = {};
+      if (c.y) opts.scales.y = { range: c.y };
+      if (c.xRange) opts.scales.x = { time: true, range: c.xRange };
       new uPlot(opts, data, el);
     });
   }

@@ -31,14 +31,20 @@ pub struct ChartQuery {
 impl ChartQuery {
     /// The window `range` names; an unknown one is a 422 that lists the known.
     fn window(&self) -> Result<Window, ApiError> {
-        if self.range.is_empty() {
-            return Ok(Window::default());
-        }
-        Window::ALL
-            .into_iter()
-            .find(|w| w.key() == self.range)
-            .ok_or_else(|| ApiError::invalid("range", format!("unknown range `{}` (1h, 24h, 7d, 30d)", self.range)))
+        window_of(&self.range)
     }
+}
+
+/// The window `range` names (empty: the default, 24 hours); an unknown one is a 422 that lists
+/// the known.
+pub fn window_of(range: &str) -> Result<Window, ApiError> {
+    if range.is_empty() {
+        return Ok(Window::default());
+    }
+    Window::ALL
+        .into_iter()
+        .find(|w| w.key() == range)
+        .ok_or_else(|| ApiError::invalid("range", format!("unknown range `{range}` (1h, 24h, 7d, 30d)")))
 }
 
 /// A window offered by the range picker.

@@ -67,6 +67,7 @@ pub fn router(state: &AppState) -> axum::Router<AppState> {
         .route("/console/workloads", get(pages::workloads))
         .route("/console/workloads/{id}", get(pages::workload))
         .route("/console/workloads/{id}/live", get(pages::workload_live))
+        .route("/console/workloads/{id}/telemetry", get(pages::workload_telemetry))
         .route("/console/workloads/{id}/cancel", post(pages::cancel))
         .route("/assets/{hash}/{*file}", get(assets::serve))
         // Any other console address: a page that does not exist (after the sign-in).

@@ -119,7 +119,7 @@ pub async fn overview(State(s): State<AppState>, c: Caller) -> Result<Response, 
     } else {
         Vec::new()
     };
-    let recent = list(&s, &c, &Filter::default(), None, 10).await?.rows;
+    let recent = list(&s, &c, &Filter::default(), None, 10, false).await?.rows;
     Ok(html(&Overview {
         chrome: Chrome::new(&c, &s, "overview"),
         pools,
@@ -257,8 +257,10 @@ impl Cursor {
 /// One page of the caller's workloads.
 struct Listed {
     rows: Vec<Row>,
-    /// The row number of its first row.
+    /// How many rows come before its first row.
     first: usize,
+    /// How many workloads match, where counted.
+    total: Option<u64>,
     /// The cursors of the pages before and after it, where there are such pages.
     prev: Option<Option<Cursor>>,
     next: Option<Cursor>,
@@ -272,7 +274,17 @@ fn sort_of(f: &Filter) -> &str {
 /// One page of the caller's workloads matching `f`, at `at` (`None`: the first page). The
 /// store sorts and pages over every matching workload and always within the caller's tenant
 /// (`scope`), whatever the filters or the cursor name.
-async fn list(s: &AppState, c: &Caller, f: &Filter, at: Option<&Cursor>, per_page: usize) -> Result<Listed, ApiError> {
+///
+/// `counted`: also count the matching workloads, and number the page's rows by counting those
+/// before its first row (two counts by the store); otherwise the number comes from the cursor.
+async fn list(
+    s: &AppState,
+    c: &Caller,
+    f: &Filter,
+    at: Option<&Cursor>,
+    per_page: usize,
+    counted: bool,
+) -> Result<Listed, ApiError> {
     let phases = WorkloadState::parse(&f.state).map(views::phases).unwrap_or_default();
     let (tenant, project) = project_filter(c, f);
     let order = order_of(&f.sort);
@@ -293,7 +305,7 @@ async fn list(s: &AppState, c: &Caller, f: &Filter, at: Option<&Cursor>, per_pag
         Some(a) if a.back => {
             if all.len() < per_page {
                 // Back at the start (some went meanwhile): the first page, whole.
-                return Box::pin(list(s, c, f, None, per_page)).await;
+                return Box::pin(list(s, c, f, None, per_page, counted)).await;
             }
             // The extra row read is the one before the page.
             if more {
@@ -312,6 +324,31 @@ async fn list(s: &AppState, c: &Caller, f: &Filter, at: Option<&Cursor>, per_pag
     };
     let next_exists = if at.is_some_and(|a| a.back) { true } else { more };
     let seek = |w: &tessera_domain::Workload| tessera_store::WorkloadSeek::of(order, w);
+    // Counted: how many match, and how many come before the page's first row (the same filter
+    // read back from that row), so the rows' numbers are exact even when workloads were
+    // requested since the pager's link was made.
+    let (first, total) = if counted {
+        let whole = tessera_store::WorkloadFilter {
+            after: None,
+            backward: false,
+            ..filter.clone()
+        };
+        let total = s.store.count_workloads(&whole).await?;
+        let first = match all.first() {
+            Some(w) if at.is_some() => {
+                let before = tessera_store::WorkloadFilter {
+                    after: Some(seek(w)),
+                    backward: true,
+                    ..whole
+                };
+                usize::try_from(s.store.count_workloads(&before).await?).unwrap_or(usize::MAX)
+            }
+            _ => first,
+        };
+        (first, Some(total))
+    } else {
+        (first, None)
+    };
     let prev = prev_exists.then(|| {
         // The page before this one ends before its first row; from the second page that is
         // the first page itself.
@@ -333,6 +370,7 @@ async fn list(s: &AppState, c: &Caller, f: &Filter, at: Option<&Cursor>, per_pag
     Ok(Listed {
         rows: name_rows(s, c, rows).await?,
         first,
+        total,
         prev,
         next,
     })
@@ -351,7 +389,10 @@ struct Workloads {
     sorts: Vec<(&'static str, &'static str, bool)>,
     query: String,
     can_write: bool,
+    /// How many rows come before the first shown.
     first: usize,
+    /// How many workloads match the filters, with thousands separated (`1,234`).
+    total: String,
     prev: Option<String>,
     next: Option<String>,
 }
@@ -399,7 +440,7 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
     let can_write = admin || c.id.role != crate::auth::Role::Viewer;
     if f.part == "rows" {
         // The polled rows: the filters were checked when the page was made.
-        let rows = list(&s, &c, &f, at.as_ref(), PER_PAGE).await?.rows;
+        let rows = list(&s, &c, &f, at.as_ref(), PER_PAGE, false).await?.rows;
         return Ok(html(&WorkloadRows { rows, can_write }));
     }
     // The tenants and projects the caller may see: the choices of the filters. A value that
@@ -432,7 +473,7 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
             format!("no project `{}` to choose", f.project),
         ));
     }
-    let listed = list(&s, &c, &f, at.as_ref(), PER_PAGE).await?;
+    let listed = list(&s, &c, &f, at.as_ref(), PER_PAGE, true).await?;
     // The filters and page as a query string: the pager's links and the rows' refresh.
     let query_of = |at: Option<&Cursor>| {
         serde_urlencoded::to_string([
@@ -468,10 +509,24 @@ pub async fn workloads(State(s): State<AppState>, c: Caller, Query(f): Query<Fil
         query,
         can_write,
         first: listed.first,
+        total: listed.total.map(thousands).unwrap_or_default(),
         prev: listed.prev.map(|p| link(p.as_ref())),
         next: listed.next.as_ref().map(|n| link(Some(n))),
         rows: listed.rows,
     }))
+}
+
+/// `n` with its thousands separated by commas: `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
 }
 
 /// One step of a timeline, with how long the workload spent before the next one.
@@ -517,6 +572,8 @@ struct WorkloadPage {
     id: u64,
     name: String,
     live: WorkloadLive,
+    /// Its GPUs' use over the chosen window.
+    telemetry: TelemetryChart,
 }
 
 /// The part of a workload's page that refreshes while it runs: its facts, timeline and logs.
@@ -544,35 +601,38 @@ struct WorkloadLive {
     cost: Cost,
     /// Its GPUs' use now from telemetry, in words ([`gpu_use`]); empty when not running.
     gpu_use: String,
+    /// While it runs: each of its devices in the latest telemetry.
+    gpus: Option<GpusNow>,
     /// While it waits: why, what to do, its place in the queue, the pools that cannot serve it.
     waits: Option<Waits>,
 }
 
+/// Workload `id`'s devices in telemetry `t` ([`crate::workload_history::readings`]): each MIG
+/// instance or share the backend names it the holder of, and the whole GPUs it holds, `whole`,
+/// that no sample names a holder of.
+pub fn devices_of(
+    t: &crate::lifecycle::Telemetry,
+    id: u64,
+    whole: &[(&str, u8)],
+) -> Vec<crate::workload_history::Reading> {
+    crate::workload_history::readings(t, |node, gpu| whole.contains(&(node, gpu)).then_some(id))
+        .remove(&id)
+        .unwrap_or_default()
+}
+
 /// What workload `id` uses of its GPUs now, from the latest telemetry no older than two
-/// minutes: the engines' activity (DCGM's `GR_ENGINE_ACTIVE` of each MIG instance or share
-/// the backend names it the holder of; for the whole GPUs it holds, `whole`, that no sample
-/// names a holder of, the GPU's utilisation) averaged over its devices, and its memory in use
-/// of what it was given.
+/// minutes: the engines' activity (DCGM's `GR_ENGINE_ACTIVE` of each MIG instance or share;
+/// the GPU's utilisation for a whole GPU, [`devices_of`]) averaged over its devices, and its
+/// memory in use of what it was given.
 pub fn gpu_use(t: &crate::lifecycle::Telemetry, id: u64, whole: &[(&str, u8)], now: i64) -> String {
     if let Some(why) = super::stale_telemetry(t, now) {
         return why;
     }
-    let (mut active, mut n, mut used, mut total) = (0.0, 0u32, 0u64, 0u64);
-    for g in t.gpus.iter() {
-        if g.instances.iter().all(|i| i.workload == 0) && whole.contains(&(g.node.as_str(), g.gpu)) {
-            active += g.util_pct / 100.0;
-            n += 1;
-            used += g.fb_used_mib;
-            total += g.fb_used_mib + g.fb_free_mib;
-            continue;
-        }
-        for i in g.instances.iter().filter(|i| i.workload == id) {
-            active += i.gr_engine_active;
-            n += 1;
-            used += i.fb_used_mib;
-            total += i.fb_used_mib + i.fb_free_mib;
-        }
-    }
+    let devices = devices_of(t, id, whole);
+    let n = devices.len() as u32;
+    let active: f64 = devices.iter().map(|d| d.util_pct / 100.0).sum();
+    let used: u64 = devices.iter().map(|d| d.used_mib).sum();
+    let total: u64 = devices.iter().map(|d| d.total_mib).sum();
     if n == 0 {
         return "not in the latest telemetry".into();
     }
@@ -593,6 +653,68 @@ pub fn gpu_use(t: &crate::lifecycle::Telemetry, id: u64, whole: &[(&str, u8)], n
             active * 100.0 / f64::from(n)
         )
     }
+}
+
+/// A running workload's devices in the latest telemetry, on its page.
+pub struct GpusNow {
+    /// One row per device: node, GPU, device, utilisation, memory in use.
+    pub rows: Vec<[String; 5]>,
+    /// When the telemetry was sampled and how long ago, or that none was reported.
+    pub note: String,
+}
+
+/// Workload `id`'s devices (its whole GPUs `whole`, and the instances and shares telemetry
+/// names it the holder of) as the latest telemetry reports them, with the reading's age; the
+/// age is said to be stale past two minutes. With no reading of its devices the note says so
+/// (never zeros).
+pub fn gpus_now(t: &crate::lifecycle::Telemetry, id: u64, whole: &[(&str, u8)], now: i64) -> GpusNow {
+    let devices = if t.at > 0 { devices_of(t, id, whole) } else { Vec::new() };
+    if devices.is_empty() {
+        return GpusNow {
+            rows: Vec::new(),
+            note: if t.at > 0 {
+                format!(
+                    "No telemetry reported for these GPUs (the latest telemetry, {} ago, names none of them).",
+                    took((now - t.at).max(0))
+                )
+            } else {
+                "No telemetry reported for these GPUs: the backend has reported no telemetry.".into()
+            },
+        };
+    }
+    let age = (now - t.at).max(0);
+    let note = if super::stale_telemetry(t, now).is_some() {
+        format!(
+            "Stale: the last reading, sampled at {}, is {} old; the backend has reported nothing since.",
+            tessera_api::rfc3339_ms(t.at),
+            took(age)
+        )
+    } else {
+        format!("Sampled at {} ({} ago).", tessera_api::rfc3339_ms(t.at), took(age))
+    };
+    let rows = devices
+        .iter()
+        .map(|d| {
+            let memory = if d.total_mib > 0 {
+                format!(
+                    "{} of {} MiB ({:.0} %)",
+                    d.used_mib,
+                    d.total_mib,
+                    d.used_mib as f64 * 100.0 / d.total_mib as f64
+                )
+            } else {
+                format!("{} MiB", d.used_mib)
+            };
+            [
+                d.node.clone(),
+                d.gpu.to_string(),
+                d.device.clone(),
+                format!("{:.0} %", d.util_pct),
+                memory,
+            ]
+        })
+        .collect();
+    GpusNow { rows, note }
 }
 
 /// Why a waiting workload waits, on its page.
@@ -946,7 +1068,7 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
         &s.lifecycle.snapshot().utilisation,
         crate::clock::now_ms(),
     );
-    let gpu_use = if w.state == tessera_api::WorkloadState::Running {
+    let (gpu_use, gpus) = if w.state == tessera_api::WorkloadState::Running {
         let whole: Vec<(&str, u8)> = w
             .allocation
             .iter()
@@ -960,14 +1082,11 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
                 first.chain(rest)
             })
             .collect();
-        gpu_use(
-            &s.lifecycle.published().telemetry(),
-            wid.0,
-            &whole,
-            crate::clock::now_ms(),
-        )
+        let t = s.lifecycle.published().telemetry();
+        let now = crate::clock::now_ms();
+        (gpu_use(&t, wid.0, &whole, now), Some(gpus_now(&t, wid.0, &whole, now)))
     } else {
-        String::new()
+        (String::new(), None)
     };
     let waits = if r.ended || w.state != WorkloadState::Queued {
         None
@@ -978,6 +1097,7 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
         waits,
         cost,
         gpu_use,
+        gpus,
         shares,
         racks,
         steps: steps(&events, r.ended, crate::clock::now_ms())
@@ -1005,16 +1125,175 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
     })
 }
 
-/// `GET /console/workloads/{id}`: one workload, its timeline with step durations and its logs,
-/// refreshed in place while it runs.
-pub async fn workload(State(s): State<AppState>, c: Caller, Path(raw): Path<String>) -> Result<Response, ApiError> {
+/// The workload page's query: the chart's time range; the data's format.
+#[derive(Deserialize, Default)]
+pub struct TelemetryQuery {
+    /// `1h`, `24h` (default), `7d` or `30d`.
+    #[serde(default)]
+    pub range: String,
+    /// `csv` (default) or `json` (the data endpoint).
+    #[serde(default)]
+    pub format: String,
+}
+
+/// A workload's GPU use over a window, for its page.
+pub struct TelemetryChart {
+    pub window: crate::history::Window,
+    pub ranges: Vec<super::charts::RangeLink>,
+    /// How many points there are (0: no telemetry reported in the window).
+    pub points: usize,
+    /// The charts' data (`data-chart`): mean utilisation, and memory in use of the devices'.
+    pub util: String,
+    pub memory: String,
+    /// The window's mean utilisation and most memory in use, in words.
+    pub mean_util: String,
+    pub peak_memory: String,
+    /// The numbers as CSV.
+    pub csv: String,
+}
+
+/// Records this minute of every workload from the latest telemetry (as the pools' charts do
+/// on each request), and returns workload `id`'s points in `window`.
+fn telemetry_points(
+    s: &AppState,
+    id: u64,
+    window: crate::history::Window,
+    now: i64,
+) -> Vec<crate::workload_history::Point> {
+    let live = crate::workload_history::sample(&s.lifecycle.snapshot(), &s.lifecycle.published().telemetry(), now);
+    s.workload_history.record(now, live);
+    s.workload_history.window(id, window, now)
+}
+
+fn telemetry_chart(s: &AppState, id: u64, window: crate::history::Window, now: i64) -> TelemetryChart {
+    let v = telemetry_points(s, id, window, now);
+    let x: Vec<i64> = v.iter().map(|p| p.at / 1000).collect();
+    let total = v.iter().map(|p| p.total_mib).max().unwrap_or(0);
+    let hourly = window.bucket_minutes() > 1;
+    // The time axis spans the whole window, however few minutes it ran in it.
+    let from = crate::history::minute(now) - (window.minutes() as i64 - 1) * 60_000;
+    let x_range = [from / 1000, now / 1000];
+    let util = serde_json::json!({
+        "title": format!("Mean GPU utilisation of its devices, %, {}", window.label()),
+        "x": x,
+        "xRange": x_range,
+        "y": [0, 100],
+        "series": [{"label": if hourly { "utilisation % (hour's mean)" } else { "utilisation %" }, "values": v.iter().map(|p| p.util_pct).collect::<Vec<_>>()}],
+    });
+    // Memory in GiB: the axis' numbers stay short.
+    let gib = |mib: f64| (mib / 1024.0 * 100.0).round() / 100.0;
+    let memory = serde_json::json!({
+        "title": format!("GPU memory in use, GiB (of {}), {}", gib(f64::from(total)), window.label()),
+        "x": x,
+        "xRange": x_range,
+        "y": [0.0, gib(f64::from(total.max(1)))],
+        "series": [
+            {"label": if hourly { "in use (hour's mean)" } else { "in use" }, "values": v.iter().map(|p| gib(p.used_mib)).collect::<Vec<_>>()},
+            {"label": "its devices' memory", "values": v.iter().map(|p| gib(f64::from(p.total_mib))).collect::<Vec<_>>()},
+        ],
+    });
+    let query = |range: &str, format: Option<&str>| {
+        let mut q = vec![("range", range)];
+        q.extend(format.map(|f| ("format", f)));
+        serde_urlencoded::to_string(q).unwrap_or_default()
+    };
+    TelemetryChart {
+        window,
+        ranges: crate::history::Window::ALL
+            .into_iter()
+            .map(|w| super::charts::RangeLink {
+                key: w.key(),
+                href: format!("/console/workloads/{id}?{}#telemetry-h", query(w.key(), None)),
+                current: w == window,
+            })
+            .collect(),
+        points: v.len(),
+        util: util.to_string(),
+        memory: memory.to_string(),
+        mean_util: if v.is_empty() {
+            String::new()
+        } else {
+            format!("{:.1} %", v.iter().map(|p| p.util_pct).sum::<f64>() / v.len() as f64)
+        },
+        peak_memory: format!("{:.0} MiB", v.iter().map(|p| p.used_mib).fold(0.0, f64::max)),
+        csv: format!("/console/workloads/{id}/telemetry?{}", query(window.key(), Some("csv"))),
+    }
+}
+
+/// `GET /console/workloads/{id}?range=1h|24h|7d|30d`: one workload, its timeline with step
+/// durations and its logs, refreshed in place while it runs; its GPUs' use over the window.
+pub async fn workload(
+    State(s): State<AppState>,
+    c: Caller,
+    Path(raw): Path<String>,
+    Query(q): Query<TelemetryQuery>,
+) -> Result<Response, ApiError> {
     let live = live(&s, &c, workload_id(&raw)?).await?;
+    let window = super::charts::window_of(&q.range)?;
+    let telemetry = telemetry_chart(&s, live.w.id, window, crate::clock::now_ms());
     Ok(html(&WorkloadPage {
         chrome: Chrome::new(&c, &s, "workloads"),
         id: live.w.id,
         name: live.w.name.clone(),
+        telemetry,
         live,
     }))
+}
+
+/// `GET /console/workloads/{id}/telemetry?range=…&format=csv|json`: the numbers behind the
+/// workload's GPU charts, one row a point (a minute, or an hour's mean). The workload is read
+/// through the API's service first, so another tenant's is not found.
+pub async fn workload_telemetry(
+    State(s): State<AppState>,
+    c: Caller,
+    Path(raw): Path<String>,
+    Query(q): Query<TelemetryQuery>,
+) -> Result<Response, ApiError> {
+    let wid = workload_id(&raw)?;
+    let w = workloads::get(&s, &c.id, wid).await?;
+    let window = super::charts::window_of(&q.range)?;
+    let v = telemetry_points(&s, w.id, window, crate::clock::now_ms());
+    match q.format.as_str() {
+        "" | "csv" => {
+            let mut out = String::from("start_utc,minutes,workload,utilisation_pct,memory_used_mib,memory_mib\n");
+            for p in &v {
+                out.push_str(&format!(
+                    "{},{},{},{:.1},{:.0},{}\n",
+                    tessera_api::rfc3339_ms(p.at),
+                    window.bucket_minutes(),
+                    w.id,
+                    p.util_pct,
+                    p.used_mib,
+                    p.total_mib
+                ));
+            }
+            Ok((
+                [
+                    (axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
+                    (
+                        axum::http::header::CONTENT_DISPOSITION,
+                        format!("attachment; filename=\"workload-{}-gpus-{}.csv\"", w.id, window.key()),
+                    ),
+                ],
+                out,
+            )
+                .into_response())
+        }
+        "json" => Ok(axum::Json(serde_json::json!({
+            "workload": w.id,
+            "range": window.key(),
+            "bucket_minutes": window.bucket_minutes(),
+            "x": v.iter().map(|p| p.at / 1000).collect::<Vec<_>>(),
+            "utilisation_pct": v.iter().map(|p| p.util_pct).collect::<Vec<_>>(),
+            "memory_used_mib": v.iter().map(|p| p.used_mib).collect::<Vec<_>>(),
+            "memory_mib": v.iter().map(|p| p.total_mib).collect::<Vec<_>>(),
+        }))
+        .into_response()),
+        other => Err(ApiError::invalid(
+            "format",
+            format!("unknown format `{other}` (csv, json)"),
+        )),
+    }
 }
 
 /// `GET /console/workloads/{id}/live`: the refreshing fragment of the workload's page.
@@ -1071,6 +1350,12 @@ mod tests {
         for bad in ["", "not-a-cursor", "bmFtZQ", &wrong_way, &no_id] {
             assert_eq!(Cursor::decode(bad, "name"), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn thousands_are_separated() {
+        let got: Vec<String> = [0, 7, 999, 1_000, 12_345, 1_234_567].map(thousands).into();
+        assert_eq!(got, ["0", "7", "999", "1,000", "12,345", "1,234,567"]);
     }
 
     #[test]
@@ -1140,6 +1425,51 @@ mod tests {
         // A whole GPU another's instances are on is not taken as this one's.
         assert_eq!(gpu_use(&t, 9, &[("a", 0)], 2_000), "not in the latest telemetry");
         assert!(gpu_use(&t, 7, &[], 200_000).starts_with("no telemetry since"));
+
+        // Each device on its own row, with the reading's age; stale past two minutes.
+        let now = gpus_now(&t, 9, &[("a", 1), ("b", 0)], 31_000);
+        assert_eq!(
+            now.rows,
+            [
+                ["a", "1", "GPU", "40 %", "30000 of 80000 MiB (38 %)"].map(String::from),
+                ["b", "0", "GPU", "80 %", "30000 of 80000 MiB (38 %)"].map(String::from),
+            ]
+        );
+        assert_eq!(now.note, "Sampled at 1970-01-01T00:00:01.000Z (30.0 s ago).");
+        let mig = gpus_now(&t, 7, &[], 200_000);
+        assert_eq!(
+            mig.rows,
+            [[
+                "a",
+                "0",
+                "MIG 3g.40gb (instance 1)",
+                "50 %",
+                "10000 of 40000 MiB (25 %)"
+            ]
+            .map(String::from)]
+        );
+        assert!(
+            mig.note
+                .starts_with("Stale: the last reading, sampled at 1970-01-01T00:00:01.000Z, is 3 min 19 s old"),
+            "{}",
+            mig.note
+        );
+        // No reading of its devices: said, not zeros.
+        let none = gpus_now(&t, 9, &[("c", 0)], 2_000);
+        assert!(none.rows.is_empty());
+        assert!(
+            none.note.starts_with("No telemetry reported for these GPUs"),
+            "{}",
+            none.note
+        );
+        let never = crate::lifecycle::Telemetry {
+            at: 0,
+            gpus: Default::default(),
+        };
+        assert_eq!(
+            gpus_now(&never, 9, &[("a", 1)], 2_000).note,
+            "No telemetry reported for these GPUs: the backend has reported no telemetry."
+        );
     }
 
     fn ev(step: &str, at_ms: i64) -> Event {

@@ -778,6 +778,42 @@ try {
   const signin = await context();
   await signin.goto(`${BASE}/console/signin`);
   await axe(signin, 'signin');
+
+  // Every console page at a laptop's and a phone's size (page-NAME-1440.png, page-NAME-390.png):
+  // on the phone nothing scrolls sideways.
+  step('every page at both sizes; nothing scrolls sideways on a phone');
+  const everyPage = [
+    [admin, 'overview', '/console'],
+    [admin, 'request', '/console/request'],
+    [admin, 'workloads', '/console/workloads'],
+    [admin, 'workload', `/console/workloads/${wid}`],
+    [admin, 'queue', '/console/queue'],
+    [admin, 'fleet', '/console/fleet'],
+    [admin, 'fleet-node', `/console/fleet/nodes/${sliceNode}`],
+    [admin, 'charts', '/console/charts'],
+    [admin, 'tenants', '/console/tenants'],
+    [admin, 'audit', '/console/audit'],
+    [admin, 'tokens', '/console/tokens'],
+    [alice, 'quota', '/console/quota'],
+    [member, 'workload-gang-member', `/console/workloads/${gangId}`],
+    [admin, 'not-found', '/console/nowhere'],
+    [signin, 'signin', '/console/signin'],
+  ];
+  for (const [page, name, path] of everyPage) {
+    // Loaded at each size, as a laptop's and a phone's browser load it (charts are drawn to
+    // the width the page loads at).
+    for (const [width, height] of [[1440, 900], [390, 844]]) {
+      await page.setViewportSize({ width, height });
+      await page.goto(`${BASE}${path}`);
+      await page.waitForLoadState('load');
+      await page.screenshot({ path: `${SHOTS}/page-${name}-${width}.png`, fullPage: true });
+      if (width === 390) {
+        const wide = await page.evaluate(() => [document.scrollingElement.scrollWidth, window.innerWidth]);
+        check(wide[0] <= wide[1], `${name} (${path}): nothing scrolls sideways at 390 px: ${wide[0]} > ${wide[1]} px`);
+      }
+    }
+    await page.setViewportSize({ width: 1280, height: 800 });
+  }
 } catch (e) {
   problems.push(`failed: ${e.message.split('\n')[0]}`);
 }
