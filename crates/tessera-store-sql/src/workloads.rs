@@ -15,7 +15,7 @@ use tessera_store::{IdempotencyKey, Result, StoreError, WorkloadFilter, Workload
 
 use crate::columns::{corrupt, gpu_mask, json, names, narrow, shares_json, topology_mode_str, workload_row};
 use crate::rows::{self, MultiRow, Values};
-use crate::{Driver, Row, col, db, db_error, i64_of, query, read_optional, u64_of};
+use crate::{Driver, Query, Row, col, db, db_error, i64_of, query, read_optional, u64_of};
 
 /// Every column of `workloads`, in the order an insert binds them ([`bind_spec`], then
 /// [`bind_lifecycle`]).
@@ -445,9 +445,17 @@ pub async fn get_workload<D: Driver>(s: &D, id: WorkloadId, scope: Option<&str>)
     read_optional(s, q, workload_row).await
 }
 
-pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<Workload>> {
+/// The statement of a workload listing (`LIST_*`) or count (`COUNT_*`) for `f`, with its
+/// parameters, and the slot (order and direction) it reads in; `None` when the scope and the
+/// tenant filter name different tenants (nothing matches). `limit`: the listing's page size
+/// (a count has none).
+fn filtered<'q, D: Driver>(
+    f: &'q WorkloadFilter,
+    statements: [&[&'static str; 6]; 3],
+    limit: Option<u32>,
+) -> Option<(Query<'q, D>, usize)> {
     let tenant = match (&f.scope, &f.tenant) {
-        (Some(scope), Some(tenant)) if scope != tenant => return Ok(Vec::new()),
+        (Some(scope), Some(tenant)) if scope != tenant => return None,
         (scope, tenant) => scope.as_ref().or(tenant.as_ref()),
     };
     let mut phases: Vec<&'static str> = Vec::with_capacity(PHASE_SLOTS);
@@ -457,10 +465,11 @@ pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<
         }
     }
     let (slot, read_as) = order_slot(f.order, f.backward && f.after.is_some());
+    let [any_tenant, one_tenant, one_project] = statements;
     let sql = match (tenant, &f.project) {
-        (None, _) => LIST_ANY_TENANT,
-        (Some(_), None) => LIST_TENANT,
-        (Some(_), Some(_)) => LIST_PROJECT,
+        (None, _) => any_tenant,
+        (Some(_), None) => one_tenant,
+        (Some(_), Some(_)) => one_project,
     }[slot];
     let before = f.before.map_or(i64::MAX, |b| i64_of(b.0));
     let after_id = f.after.as_ref().map(|a| i64_of(a.id.0));
@@ -477,7 +486,9 @@ pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<
     for slot in 0..PHASE_SLOTS {
         q = q.bind(phases.get(slot).copied());
     }
-    q = q.bind(i64::from(f.limit));
+    if let Some(limit) = limit {
+        q = q.bind(i64::from(limit));
+    }
     q = match read_as {
         WorkloadOrder::Newest => q,
         WorkloadOrder::Oldest => q.bind(after_id.unwrap_or(-1)),
@@ -485,6 +496,13 @@ pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<
             Some(a) => q.bind(a.key.clone()).bind(i64_of(a.id.0)),
             None => q.bind(String::new()).bind(i64::MAX),
         },
+    };
+    Some((q, slot))
+}
+
+pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<Workload>> {
+    let Some((q, slot)) = filtered::<D>(f, [&LIST_ANY_TENANT, &LIST_TENANT, &LIST_PROJECT], Some(f.limit)) else {
+        return Ok(Vec::new());
     };
     let rows = q.fetch_all(&mut *s.conn().await?).await.map_err(db)?;
     let mut ws = rows.iter().map(workload_row).collect::<Result<Vec<_>>>()?;
@@ -497,43 +515,8 @@ pub async fn list_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<Vec<
 /// How many workloads `list_workloads(f)` answers without its limit (the same statements'
 /// conditions, counted).
 pub async fn count_workloads<D: Driver>(s: &D, f: &WorkloadFilter) -> Result<u64> {
-    let tenant = match (&f.scope, &f.tenant) {
-        (Some(scope), Some(tenant)) if scope != tenant => return Ok(0),
-        (scope, tenant) => scope.as_ref().or(tenant.as_ref()),
-    };
-    let mut phases: Vec<&'static str> = Vec::with_capacity(PHASE_SLOTS);
-    for p in &f.phases {
-        if !phases.contains(&p.as_str()) {
-            phases.push(p.as_str());
-        }
-    }
-    let (slot, read_as) = order_slot(f.order, f.backward && f.after.is_some());
-    let sql = match (tenant, &f.project) {
-        (None, _) => COUNT_ANY_TENANT,
-        (Some(_), None) => COUNT_TENANT,
-        (Some(_), Some(_)) => COUNT_PROJECT,
-    }[slot];
-    let before = f.before.map_or(i64::MAX, |b| i64_of(b.0));
-    let after_id = f.after.as_ref().map(|a| i64_of(a.id.0));
-    let bound = match (read_as, after_id) {
-        (WorkloadOrder::Newest, Some(a)) => before.min(a),
-        _ => before,
-    };
-    let mut q = query::<D>(sql)
-        .bind(tenant)
-        .bind(&f.project)
-        .bind(bound)
-        .bind(phases.len() as i64);
-    for slot in 0..PHASE_SLOTS {
-        q = q.bind(phases.get(slot).copied());
-    }
-    q = match read_as {
-        WorkloadOrder::Newest => q,
-        WorkloadOrder::Oldest => q.bind(after_id.unwrap_or(-1)),
-        WorkloadOrder::Name | WorkloadOrder::Phase => match &f.after {
-            Some(a) => q.bind(a.key.clone()).bind(i64_of(a.id.0)),
-            None => q.bind(String::new()).bind(i64::MAX),
-        },
+    let Some((q, _)) = filtered::<D>(f, [&COUNT_ANY_TENANT, &COUNT_TENANT, &COUNT_PROJECT], None) else {
+        return Ok(0);
     };
     let row = q.fetch_one(&mut *s.conn().await?).await.map_err(db)?;
     let n: i64 = col(&row, "n")?;

@@ -1117,13 +1117,11 @@ pub async fn list_workloads_filters(s: &dyn Store) {
     assert_eq!(seen, ids.iter().rev().copied().collect::<Vec<_>>());
 }
 
-/// Every order of a listing holds over every matching workload, in pages each read after the
-/// last workload of the one before (keyset paging): oldest
-/// first, by name in byte order (`B` < `Zeta` < `a x` < `a-x` < `ax` < `b` < `é`, whatever the
-/// database's locale) and by phase, the newest first among equals; with the scope, tenant,
-/// project and phase filters as the newest-first listing has them.
-pub async fn list_workloads_orders_page_over_every_workload(s: &dyn Store) {
-    let ids = new_ids(s, 40).await;
+/// `n` new workloads spread over tenants and projects ([`spread`]), with names that sort
+/// differently by byte and by locale and every kind of phase, stored: their ids and the
+/// workloads.
+async fn names_and_phases(s: &dyn Store, n: u32) -> (Vec<u64>, Vec<Workload>) {
+    let ids = new_ids(s, n).await;
     let names = ["b", "B", "a-x", "ax", "Zeta", "a x", "é", "b"];
     let phases = [
         Phase::Queued,
@@ -1143,6 +1141,16 @@ pub async fn list_workloads_orders_page_over_every_workload(s: &dyn Store) {
         })
         .collect();
     commit(s, &ws.iter().map(insert).collect::<Vec<_>>()).await;
+    (ids, ws)
+}
+
+/// Every order of a listing holds over every matching workload, in pages each read after the
+/// last workload of the one before (keyset paging): oldest
+/// first, by name in byte order (`B` < `Zeta` < `a x` < `a-x` < `ax` < `b` < `é`, whatever the
+/// database's locale) and by phase, the newest first among equals; with the scope, tenant,
+/// project and phase filters as the newest-first listing has them.
+pub async fn list_workloads_orders_page_over_every_workload(s: &dyn Store) {
+    let (_, ws) = names_and_phases(s, 40).await;
     let some = |x: &str| Some(x.to_string());
     let filters = [
         WorkloadFilter::default(),
@@ -1249,26 +1257,7 @@ pub async fn list_workloads_orders_page_over_every_workload(s: &dyn Store) {
 /// says), and in every order the workloads after a position (before it, backward) — the row
 /// number of a page's first row.
 pub async fn count_workloads_counts_what_the_listing_answers(s: &dyn Store) {
-    let ids = new_ids(s, 30).await;
-    let names = ["b", "B", "a-x", "ax", "Zeta", "a x", "é", "b"];
-    let phases = [
-        Phase::Queued,
-        Phase::Running,
-        Phase::Failed,
-        Phase::Succeeded,
-        Phase::Cancelled,
-    ];
-    let ws: Vec<Workload> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, &id)| {
-            let (tenant, project) = spread(i);
-            let mut w = workload(id, tenant, project, phases[(i * 3) % 5]);
-            w.spec.name = names[(i * 5) % names.len()].to_string();
-            w
-        })
-        .collect();
-    commit(s, &ws.iter().map(insert).collect::<Vec<_>>()).await;
+    let (ids, _) = names_and_phases(s, 30).await;
     let some = |x: &str| Some(x.to_string());
     let all = |f: WorkloadFilter| WorkloadFilter { limit: 1000, ..f };
     // Spelled out: 15 workloads each of acme and globex, none across.
