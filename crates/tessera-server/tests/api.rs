@@ -1066,13 +1066,15 @@ async fn priority_classes_are_granted_by_the_platform_admin(db: Db) {
     }
     assert_eq!(s.workload_count().await, count, "nothing refused was created");
 
-    // The tenant cannot grant itself a class; another tenant's grant does not exist for it.
+    // The tenant cannot grant itself a class, nor another tenant one: refused by its role
+    // before any tenant is looked up, the same 403 whether the tenant exists or not.
     let grant = |classes: Value| json!({ "priorities": classes });
     for who in [&member, &tadmin] {
-        let (st, p) = put(who, "/api/v1/tenants/vision/priorities", grant(json!(["critical"]))).await;
-        assert_eq!(st, StatusCode::FORBIDDEN, "{p}");
-        let (st, p) = put(who, "/api/v1/tenants/nlp/priorities", grant(json!(["critical"]))).await;
-        assert_eq!(st, StatusCode::NOT_FOUND, "{p}");
+        for tenant in ["vision", "nlp", "no-such-tenant"] {
+            let path = format!("/api/v1/tenants/{tenant}/priorities");
+            let (st, p) = put(who, &path, grant(json!(["critical"]))).await;
+            assert_eq!(st, StatusCode::FORBIDDEN, "{path}: {p}");
+        }
         let (st, p) = who
             .post("/api/v1/tenants", json!({"name": "mine", "priorities": ["critical"]}))
             .await;
