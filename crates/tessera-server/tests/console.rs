@@ -2711,6 +2711,58 @@ async fn a_waiting_gang_names_the_pools_that_cannot_serve_it() {
     assert!(!body.contains("vision") && !body.contains("Pool serving"), "{body}");
 }
 
+/// A gang that waits for room and holds no nodes yet says on its page when and where it would
+/// start if it held nodes now, as the API's `expected_start` and the dry run say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_gangs_page_says_when_and_where_it_would_start() {
+    let s = TestServer::start("gangexpected").await;
+    vision_and_nlp(&s).await;
+    let gpus = |n: u32, name: &str| json!({"tenant": "vision", "project": "train", "name": name, "shape": {"gpus": n, "pool": "training"}, "duration_s": 3600});
+    let mut fill = Vec::new();
+    for i in 0..16 {
+        fill.push(submit(&s, gpus(8, &format!("fill{i}"))).await);
+    }
+    for id in &fill {
+        s.wait_state(*id, &["running"]).await;
+    }
+    let gang = submit(&s, gpus(32, "gang")).await;
+    let w = s.wait_state(gang, &["queued"]).await;
+    let expected = w["expected_start"]
+        .as_str()
+        .expect("a start for a gang without a hold")
+        .to_string();
+    assert!(expected.starts_with("if it waits, it starts at about "), "{expected}");
+    let member = s.browser();
+    sign_in(&member, &s.token("vision", "member").await).await;
+    let page = unescape(
+        &page_until(&member, &format!("/console/workloads/{gang}"), |p| {
+            p.contains("id=\"waits-expected\"")
+        })
+        .await,
+    );
+    let rest = &expected["if it waits, it starts at about ".len()..];
+    assert!(
+        page.contains(&format!(
+            "If it waits, it starts at about {rest}. It holds nodes once it has waited past the backfill window."
+        )),
+        "API: {expected}\npage: {}",
+        page.split("waits-expected\">")
+            .nth(1)
+            .and_then(|p| p.split('<').next())
+            .unwrap_or_default()
+    );
+    // A running workload's page has no such line.
+    let page = unescape(
+        &member
+            .get(&format!("/console/workloads/{}", fill[0]))
+            .await
+            .text()
+            .await
+            .unwrap(),
+    );
+    assert!(!page.contains("waits-expected"), "{page}");
+}
+
 /// The workload ids of a list page's rows, in order.
 /// The pager's link marked `rel` (`next`, `prev`) on an unescaped page.
 fn pager_link(page: &str, rel: &str) -> Option<String> {

@@ -728,6 +728,9 @@ pub struct Waits {
     pub not_serving: Vec<String>,
     /// The queue page listing the workloads waiting for the same reason.
     pub same_reason: String,
+    /// For a gang that holds no nodes yet: when and where it would start if it held them now
+    /// (the API's `expected_start`); empty otherwise.
+    pub expected: String,
 }
 
 /// For a request waiting for capacity (no room, fragmented, kept apart): when running
@@ -808,6 +811,7 @@ fn waits(s: &AppState, admin: bool, id: u64) -> Option<Waits> {
             .get(&id)
             .map(|p| super::why::position_words(tenant, *p))
             .unwrap_or_default(),
+        expected: String::new(),
         not_serving,
         same_reason,
     })
@@ -1091,7 +1095,15 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
     let waits = if r.ended || w.state != WorkloadState::Queued {
         None
     } else {
-        waits(s, c.id.is_admin(), w.id)
+        waits(s, c.id.is_admin(), w.id).map(|x| Waits {
+            // A gang not yet holding nodes: when and where it would start if it held them now.
+            expected: w
+                .expected_start
+                .as_deref()
+                .map(|e| super::why::sentence("", e))
+                .unwrap_or_default(),
+            ..x
+        })
     };
     Ok(WorkloadLive {
         waits,

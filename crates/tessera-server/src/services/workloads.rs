@@ -317,7 +317,7 @@ pub async fn find(s: &AppState, id: &Identity, wid: WorkloadId) -> ApiResult<std
 pub async fn get(s: &AppState, id: &Identity, wid: WorkloadId) -> ApiResult<Workload> {
     let w = find(s, id, wid).await?;
     let mut v = views::workload(&w);
-    v.expected_start = expected_start(s, &w);
+    v.expected_start = expected_start(s, &w).await;
     Ok(v)
 }
 
@@ -326,7 +326,7 @@ pub async fn get(s: &AppState, id: &Identity, wid: WorkloadId) -> ApiResult<Work
 /// gives it once it has waited past the backfill window, planned as the dry run plans it,
 /// behind the holds already taken. `None` for anything else, or where no pool has room for
 /// another hold.
-fn expected_start(s: &AppState, w: &tessera_domain::Workload) -> Option<String> {
+async fn expected_start(s: &AppState, w: &tessera_domain::Workload) -> Option<String> {
     if w.phase != tessera_domain::Phase::Queued || !matches!(w.spec.shape.gpu, GpuSpec::Gang(_)) {
         return None;
     }
@@ -340,7 +340,9 @@ fn expected_start(s: &AppState, w: &tessera_domain::Workload) -> Option<String> 
     {
         return None;
     }
-    let snap = s.lifecycle.snapshot();
+    // An engine copy at least as new as the records read (as the dry run takes it): an older
+    // one may not hold the work placed since, and promise a start now.
+    let snap = s.lifecycle.trial_snapshot().await;
     let trial = snap.trial.as_ref()?;
     let (_, gang) =
         crate::lifecycle::placement::resolve(&snap.fleet, &w.spec, tessera_model::TenantId(u32::MAX)).ok()?;
