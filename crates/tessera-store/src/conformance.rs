@@ -1117,6 +1117,14 @@ pub async fn list_workloads_filters(s: &dyn Store) {
     assert_eq!(seen, ids.iter().rev().copied().collect::<Vec<_>>());
 }
 
+/// Every order a workload listing has.
+const ORDERS: [WorkloadOrder; 4] = [
+    WorkloadOrder::Newest,
+    WorkloadOrder::Oldest,
+    WorkloadOrder::Name,
+    WorkloadOrder::Phase,
+];
+
 /// `n` new workloads spread over tenants and projects ([`spread`]), with names that sort
 /// differently by byte and by locale and every kind of phase, stored: their ids and the
 /// workloads.
@@ -1174,12 +1182,7 @@ pub async fn list_workloads_orders_page_over_every_workload(s: &dyn Store) {
             ..Default::default()
         },
     ];
-    for order in [
-        WorkloadOrder::Newest,
-        WorkloadOrder::Oldest,
-        WorkloadOrder::Name,
-        WorkloadOrder::Phase,
-    ] {
+    for order in ORDERS {
         for filter in &filters {
             let mut want: Vec<&Workload> = ws
                 .iter()
@@ -1296,12 +1299,7 @@ pub async fn count_workloads_counts_what_the_listing_answers(s: &dyn Store) {
             ..Default::default()
         },
     ];
-    for order in [
-        WorkloadOrder::Newest,
-        WorkloadOrder::Oldest,
-        WorkloadOrder::Name,
-        WorkloadOrder::Phase,
-    ] {
+    for order in ORDERS {
         for filter in &filters {
             let f = WorkloadFilter {
                 order,
@@ -1349,12 +1347,7 @@ pub async fn list_workloads_pages_hold_under_inserts(s: &dyn Store) {
             })
             .collect()
     };
-    for order in [
-        WorkloadOrder::Newest,
-        WorkloadOrder::Oldest,
-        WorkloadOrder::Name,
-        WorkloadOrder::Phase,
-    ] {
+    for order in ORDERS {
         let tenant = format!("t-{order:?}");
         let first = make(&new_ids(s, 12).await, 0);
         let first: Vec<Workload> = first
