@@ -32,6 +32,11 @@ fn default_currency() -> String {
 }
 
 impl Prices {
+    /// Whether a price list is configured: without one every cost reads 0 and means nothing.
+    pub fn configured(&self) -> bool {
+        !self.per_unit_hour.is_empty()
+    }
+
     pub fn price(&self, pool: &str, model: &str) -> f64 {
         self.per_unit_hour
             .get(&format!("{pool}/{model}"))

@@ -257,7 +257,7 @@ impl Money {
     pub fn new(p: &crate::usage::Prices) -> Money {
         Money {
             currency: p.currency.clone(),
-            priced: !p.per_unit_hour.is_empty(),
+            priced: p.configured(),
         }
     }
 

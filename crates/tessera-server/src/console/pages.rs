@@ -1262,9 +1262,11 @@ pub async fn workload_telemetry(
     Query(q): Query<TelemetryQuery>,
 ) -> Result<Response, ApiError> {
     let wid = workload_id(&raw)?;
-    let w = workloads::get(&s, &c.id, wid).await?;
+    // Read for access only (another tenant's is not found): `find`, not `get`, which would
+    // also plan a waiting gang's start.
+    let id = workloads::find(&s, &c.id, wid).await?.id.0;
     let window = super::charts::window_of(&q.range)?;
-    let v = telemetry_points(&s, w.id, window, crate::clock::now_ms());
+    let v = telemetry_points(&s, id, window, crate::clock::now_ms());
     match q.format.as_str() {
         "" | "csv" => {
             let mut out = String::from("start_utc,minutes,workload,utilisation_pct,memory_used_mib,memory_mib\n");
@@ -1273,7 +1275,7 @@ pub async fn workload_telemetry(
                     "{},{},{},{:.1},{:.0},{}\n",
                     tessera_api::rfc3339_ms(p.at),
                     window.bucket_minutes(),
-                    w.id,
+                    id,
                     p.util_pct,
                     p.used_mib,
                     p.total_mib
@@ -1284,7 +1286,7 @@ pub async fn workload_telemetry(
                     (axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
                     (
                         axum::http::header::CONTENT_DISPOSITION,
-                        format!("attachment; filename=\"workload-{}-gpus-{}.csv\"", w.id, window.key()),
+                        format!("attachment; filename=\"workload-{}-gpus-{}.csv\"", id, window.key()),
                     ),
                 ],
                 out,
@@ -1292,7 +1294,7 @@ pub async fn workload_telemetry(
                 .into_response())
         }
         "json" => Ok(axum::Json(serde_json::json!({
-            "workload": w.id,
+            "workload": id,
             "range": window.key(),
             "bucket_minutes": window.bucket_minutes(),
             "x": v.iter().map(|p| p.at / 1000).collect::<Vec<_>>(),

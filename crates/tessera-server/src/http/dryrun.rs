@@ -320,7 +320,7 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
         price_per_unit_hour: price,
         cost: unit_hours.map(|h| h * price),
         currency: s.prices.currency.clone(),
-        priced: !s.prices.per_unit_hour.is_empty(),
+        priced: s.prices.configured(),
         quotas,
         budget,
     }

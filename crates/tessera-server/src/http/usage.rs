@@ -110,7 +110,7 @@ pub async fn usage_report(
             to: rfc3339_ms(to),
             by: by.as_str().into(),
             currency: s.prices.currency.clone(),
-            priced: !s.prices.per_unit_hour.is_empty(),
+            priced: s.prices.configured(),
             rows,
             total,
         })
