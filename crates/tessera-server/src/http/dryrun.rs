@@ -18,7 +18,7 @@ use super::ApiJson;
 use crate::auth::Identity;
 use crate::lifecycle::{Snapshot, TenantSnap, Trial};
 use crate::problem::ApiResult;
-use crate::services::workloads::{Checked, check_create};
+use crate::services::workloads::{Checked, check_create, expected_start_words};
 use crate::state::AppState;
 
 /// What a request would do if made now: cost in GPU units and money, quotas and budget before
@@ -129,33 +129,6 @@ fn place_gang(
     Err(first_err.unwrap_or(tessera_sched::GangUnplaceable::NoPoolServes))
 }
 
-/// When and where a waiting gang would start, in the words of its queue reason: the hold the
-/// scheduler would give it, behind the holds of the gangs already waiting.
-pub(crate) fn expected_start(s: &tessera_sched::cycle::GangStart) -> String {
-    let where_ = match s.racks.len() {
-        0 => String::new(),
-        1 => format!(" in rack {}", s.racks[0]),
-        _ => format!(" in racks {}", s.racks.join(", ")),
-    };
-    let workloads = if s.ending == 1 { "workload" } else { "workloads" };
-    match s.starts_at_ms {
-        Some(at) if s.ending == 0 => format!(
-            "if it waits, it starts at about {}{where_}",
-            tessera_sched::reason::utc_datetime(at)
-        ),
-        Some(at) => format!(
-            "if it waits, it starts at about {}{where_} when {} {workloads} there {}",
-            tessera_sched::reason::utc_datetime(at),
-            s.ending,
-            if s.ending == 1 { "ends" } else { "end" }
-        ),
-        None => format!(
-            "if it waits, its start{where_} is unknown: it waits for {} {workloads} there to end, and some have no end time",
-            s.ending
-        ),
-    }
-}
-
 /// The dry run's answer on a snapshot.
 pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Checked) -> DryRun {
     let f = &snap.fleet;
@@ -239,7 +212,7 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
                         let duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
                         if let Some(start) = trial.gang_start(g, duration_ms, crate::clock::now_ms()) {
                             why.push_str("; ");
-                            why.push_str(&expected_start(&start));
+                            why.push_str(&expected_start_words(&start));
                         }
                     }
                     (code, u.code(), why)

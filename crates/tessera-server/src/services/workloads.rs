@@ -351,7 +351,34 @@ async fn expected_start(s: &AppState, w: &tessera_domain::Workload) -> Option<St
         .duration_s
         .map(|d| i64::try_from(d.saturating_mul(1000)).unwrap_or(i64::MAX));
     let start = trial.gang_start(&gang?, duration_ms, now_ms())?;
-    Some(crate::http::dryrun::expected_start(&start))
+    Some(expected_start_words(&start))
+}
+
+/// When and where a waiting gang would start, in the words of its queue reason: the hold the
+/// scheduler would give it, behind the holds of the gangs already waiting.
+pub(crate) fn expected_start_words(s: &tessera_sched::cycle::GangStart) -> String {
+    let where_ = match s.racks.len() {
+        0 => String::new(),
+        1 => format!(" in rack {}", s.racks[0]),
+        _ => format!(" in racks {}", s.racks.join(", ")),
+    };
+    let workloads = if s.ending == 1 { "workload" } else { "workloads" };
+    match s.starts_at_ms {
+        Some(at) if s.ending == 0 => format!(
+            "if it waits, it starts at about {}{where_}",
+            tessera_sched::reason::utc_datetime(at)
+        ),
+        Some(at) => format!(
+            "if it waits, it starts at about {}{where_} when {} {workloads} there {}",
+            tessera_sched::reason::utc_datetime(at),
+            s.ending,
+            if s.ending == 1 { "ends" } else { "end" }
+        ),
+        None => format!(
+            "if it waits, its start{where_} is unknown: it waits for {} {workloads} there to end, and some have no end time",
+            s.ending
+        ),
+    }
 }
 
 /// Cancels a workload: a waiting one at once; a placed or running one is stopped (grace
