@@ -715,6 +715,20 @@ pub enum Wait {
     },
 }
 
+/// The words with which a [`Wait::PreemptsIn`] says when the job will take capacity (by reclaim,
+/// by priority): a reader of the stored text knows from them that the reason already says when
+/// the job starts ([`takes_capacity`]).
+const TAKES_CAPACITY: [&str; 2] = [
+    "may take back capacity lent to other tenants",
+    "may preempt lower-priority work",
+];
+
+/// Whether a waiting reason's text says when its job will take capacity from running work
+/// ([`Wait::PreemptsIn`]).
+pub fn takes_capacity(detail: &str) -> bool {
+    TAKES_CAPACITY.iter().any(|w| detail.contains(w))
+}
+
 impl Wait {
     /// The stable code: `no-capacity`, `fragmentation`, `isolation`, `held`, `quota`, `budget`,
     /// `backoff`, `preemption` or `not-considered` (a [`Wait::PreemptsIn`] has the code of why it
@@ -838,11 +852,13 @@ impl fmt::Display for Wait {
                 match cause {
                     PreemptCause::Reclaim { tenant, .. } => write!(
                         f,
-                        "within tenant {tenant}'s guaranteed share: may take back capacity lent to other tenants {when} unless some frees sooner"
+                        "within tenant {tenant}'s guaranteed share: {} {when} unless some frees sooner",
+                        TAKES_CAPACITY[0]
                     ),
                     PreemptCause::Priority { class, .. } => write!(
                         f,
-                        "priority {class}: may preempt lower-priority work {when} unless capacity frees sooner"
+                        "priority {class}: {} {when} unless capacity frees sooner",
+                        TAKES_CAPACITY[1]
                     ),
                 }
             }

@@ -705,6 +705,63 @@ async fn quotas_borrowing_limits_budgets_and_usage(db: Db) {
     );
 }
 
+/// A gang within its tenant's guarantee that waits while another tenant borrows the pool says
+/// when it will take its share back (once it holds nodes, past the backfill window), and is
+/// not promised a start by the end of the borrowed work, an hour later.
+async fn a_gang_within_its_guarantee_says_when_it_takes_its_share_back(db: Db) {
+    let s = server(db, "gangreclaim").await;
+    s.tenant("vision", "train").await;
+    s.tenant("nlp", "p").await;
+    put(&s, "/api/v1/tenants/nlp/quotas/training", json!({"guaranteed": 64})).await;
+    // vision (guarantee 0) borrows the whole training pool for an hour.
+    let mut borrowers = Vec::new();
+    for _ in 0..16 {
+        let (_, w) = s
+            .post(
+                "/api/v1/workloads",
+                json!({"tenant": "vision", "project": "train", "name": "b", "duration_s": 3600,
+                       "shape": {"gpus": 8, "pool": "training"}}),
+            )
+            .await;
+        assert_eq!(w["borrowing"], true, "{w}");
+        borrowers.push(w["id"].as_u64().unwrap());
+    }
+    for id in &borrowers {
+        s.wait_state(*id, "running").await;
+    }
+    let (st, w) = s
+        .post(
+            "/api/v1/workloads",
+            json!({"tenant": "nlp", "project": "p", "name": "g", "duration_s": 600,
+                   "shape": {"gpus": 32, "pool": "training", "topology": "rack"}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{w}");
+    let id = w["id"].as_u64().unwrap();
+    let created = w["created_at_ms"].as_i64().unwrap();
+    let w = s.wait_state(id, "queued").await;
+    let reason = w["reason"].as_str().unwrap_or_default();
+    assert_eq!(w["reason_code"], "no-capacity", "{w}");
+    // The backfill window is 5 minutes: it holds nodes, and reclaims there, 300 s after it came.
+    let said = "within tenant nlp's guaranteed share: may take back capacity lent to other tenants at ";
+    let at = reason
+        .find(said)
+        .map(|i| &reason[i + said.len()..])
+        .unwrap_or_else(|| panic!("{w}"));
+    let clock: Vec<i64> = at[..8].split(':').map(|x| x.parse().unwrap()).collect();
+    let of_day = clock[0] * 3600 + clock[1] * 60 + clock[2];
+    let due = (created / 1000 + 300).rem_euclid(86_400);
+    assert!(
+        (of_day - due).rem_euclid(86_400) <= 2,
+        "at {at} for a request at {created} ms: {w}"
+    );
+    assert!(at[8..].starts_with(" UTC (in "), "{w}");
+    assert!(
+        w.get("expected_start").is_none(),
+        "no start by the borrowed work's end: {w}"
+    );
+}
+
 async fn owner_reclaims_its_guarantee_from_a_borrower(db: Db) {
     let s = server(db, "reclaim").await;
     s.tenant("vision", "train").await;
@@ -1641,6 +1698,7 @@ tessera_testdb::each_database!(
     every_documented_route_is_served,
     quotas_borrowing_limits_budgets_and_usage,
     owner_reclaims_its_guarantee_from_a_borrower,
+    a_gang_within_its_guarantee_says_when_it_takes_its_share_back,
     image_policy_is_validated_audited_and_enforced_at_admission,
     priority_classes_are_granted_by_the_platform_admin,
     a_deleted_project_or_tenant_is_refused_at_once,

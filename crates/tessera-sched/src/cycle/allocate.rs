@@ -86,12 +86,7 @@ impl Action for Allocate {
                         }
                         let mut reason = Wait::Gang(why.map_or(GangUnplaceable::NoPoolServes, |u| *u));
                         let mut holds = false;
-                        let waited = now - job.submitted_ms;
-                        let due = match sched.cfg.gang_hold_after_ms {
-                            Some(after) => waited >= after,
-                            None => waited > sched.cfg.backfill_max_wait_ms,
-                        };
-                        if due {
+                        if now >= gang_hold_due(sched, job) {
                             if sched.cfg.gang_holds_move {
                                 move_gang_hold(sched, job, g, &q.scope, now);
                             }
@@ -722,24 +717,73 @@ fn hold_nodes(
     pool: PoolId,
     now: i64,
 ) {
+    if let Some(h) = plan_hold(s, id, shares, duration_ms, stack, allows_model, pool, now) {
+        s.holds.push(h);
+    }
+}
+
+/// The hold [`hold_nodes`] takes, without taking it.
+#[allow(clippy::too_many_arguments)]
+fn plan_hold(
+    s: &Scheduler,
+    id: u64,
+    shares: (u32, usize, u32),
+    duration_ms: Option<i64>,
+    stack: Option<usize>,
+    allows_model: &dyn Fn(tessera_model::ModelId) -> bool,
+    pool: PoolId,
+    now: i64,
+) -> Option<super::Hold> {
     // Eligible nodes: an allowed model, enough GPUs for a share, not held for anyone else
     // (stacked: not reserved or nominated for anyone else; holds have windows).
     let held = match stack {
         Some(_) => s.held_for(id, |_| false),
         None => s.held_for_others(id),
     };
-    let hold = {
-        let end_of = ends_of(s, now);
-        let on = HoldsOn {
-            engine: &s.engine,
-            holds: &s.holds,
-            end_of: &end_of,
-        };
-        on.plan(id, shares, duration_ms, stack, allows_model, &held, pool, now)
+    let end_of = ends_of(s, now);
+    let on = HoldsOn {
+        engine: &s.engine,
+        holds: &s.holds,
+        end_of: &end_of,
     };
-    if let Some(h) = hold {
-        s.holds.push(h);
-    }
+    on.plan(id, shares, duration_ms, stack, allows_model, &held, pool, now)
+}
+
+/// Where gang `g` (job `job`, holding no nodes) would hold nodes if it took its hold at `at`
+/// ([`hold_for_gang`], behind every hold taken): the pool and the nodes, without taking them;
+/// `None` where no pool of `scope` has room for another hold or no nodes fit. For the reason
+/// of a gang that will take capacity once it holds nodes ([`victims`](super::victims)).
+pub(super) fn planned_gang_hold(
+    s: &Scheduler,
+    job: &Job,
+    g: &GangRequest,
+    scope: &[PoolId],
+    at: i64,
+) -> Option<(PoolId, Vec<u32>)> {
+    let pool = pool_for_hold(s, job.id, true, scope.iter().copied())?;
+    let (per, k, last) = shares_in(s.engine.fleet(), pool, g)?;
+    let stack = s.cfg.gang_holds_stack.then_some(s.holds.len());
+    let h = plan_hold(
+        s,
+        job.id,
+        (u32::from(per), k, last),
+        job.duration_ms,
+        stack,
+        &|m| g.allows_model(m),
+        pool,
+        at,
+    )?;
+    Some((pool, h.nodes))
+}
+
+/// When gang job `job` takes a hold once it finds no room: after waiting
+/// [`GovernConfig::gang_hold_after_ms`](super::GovernConfig), else past the backfill window.
+pub(super) fn gang_hold_due(s: &Scheduler, job: &Job) -> i64 {
+    job.submitted_ms
+        + match s.cfg.gang_hold_after_ms {
+            Some(after) => after,
+            None => s.cfg.backfill_max_wait_ms + 1,
+        }
 }
 
 /// What a hold is computed on: the engine, the holds in the order they were taken, and when

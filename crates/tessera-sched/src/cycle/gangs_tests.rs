@@ -7,7 +7,7 @@ use tessera_model::{GpuUnits, PoolId};
 
 use super::testing::{job, placed, preempted, sched};
 use super::*;
-use crate::reason::GangUnplaceable;
+use crate::reason::{GangUnplaceable, PreemptCause};
 
 /// A gang of `gpus` whole GPUs as whole nodes of the seed's training pool (4 racks of 4
 /// nodes of 8 H100s), required within one rack when `rack`.
@@ -597,7 +597,20 @@ fn a_held_gang_within_its_guarantee_reclaims_on_its_nodes_only() {
     }
     let d = s.submit(gang(1, "a", 16, true, "standard", 0), 0);
     assert!(preempted(&d).is_empty(), "no hold yet, no search: {d:?}");
-    let d = s.cycle(window + 1);
+    // Its reason says when it will take its share back: once it holds nodes, past the window
+    // (not only when b's work ends, an hour later).
+    let Some(Wait::PreemptsIn {
+        cause: PreemptCause::Reclaim { .. },
+        at_ms,
+        now,
+        ..
+    }) = wait_of(&d, 1)
+    else {
+        panic!("{d:?}")
+    };
+    assert_eq!(at_ms, window + 1, "{d:?}");
+    assert!(matches!(*now, Wait::Gang(_)), "{now:?}");
+    let d = s.cycle(at_ms);
     let h = hold(&s);
     let victims = preempted(&d);
     assert_eq!(victims.len(), 2, "{d:?}");

@@ -20,6 +20,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use tessera_model::Request;
 
+use super::allocate;
 use super::plugins::VictimCost;
 use super::session::{Session, Status};
 use super::statement::Statement;
@@ -180,9 +181,25 @@ impl VictimIndex {
 pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
     let now = s.now;
     let mut fruitless: FxHashSet<Request> = FxHashSet::default();
+    // Gangs holding no nodes yet told when they will take capacity: bounded per pass like the
+    // searches, but apart from their budget (a forecast decides nothing).
+    let mut forecasts = s.sched.cfg.max_preemption_searches;
     let jobs = s.jobs.clone();
     for (i, q) in jobs.iter().enumerate() {
         let job = &q.job;
+        if forecasts > 0
+            && let Some(g) = &job.gang
+            && matches!(s.status(i), Status::Starved { searchable: false, .. })
+            && !s.sched.nominated.contains_key(&job.id)
+            && !s.sched.preempted.contains_key(&job.id)
+            && held(s.sched, job, g).is_none()
+        {
+            forecasts -= 1;
+            if let Some(from) = unheld_gang_takeable_from(s.sched, job, g, &q.scope, rule, now) {
+                s.preempts_in(i, rule.cause(job), from - now);
+            }
+            continue;
+        }
         if !matches!(s.status(i), Status::Starved { searchable: true, .. })
             || s.sched.nominated.contains_key(&job.id)
             // No cascade: a preempted workload's requeue never preempts in turn.
@@ -353,12 +370,51 @@ fn gang_takeable_from(
     by: i64,
 ) -> Option<i64> {
     let (nodes, g) = held(s, job, g)?;
+    gang_takeable_on(s, job, &g, &nodes, rule, by)
+}
+
+/// For gang `g` (job `job`) that holds no nodes yet, so searches for no victims: when it will
+/// take capacity by `rule` once it does — the time it may search (now, or when `rule` is due)
+/// and holds nodes ([`allocate::gang_hold_due`]), on the nodes it would hold then
+/// ([`allocate::planned_gang_hold`]), as [`gang_takeable_on`] finds there. `None` where it may
+/// never search by `rule`, would hold no nodes, or no set of victims there ever may be taken.
+/// Without it such a gang's reason said only when running work ends, while it would take
+/// borrowed capacity back minutes later.
+fn unheld_gang_takeable_from(
+    s: &mut Scheduler,
+    job: &Job,
+    g: &tessera_model::request::GangRequest,
+    scope: &[tessera_model::PoolId],
+    rule: &dyn VictimRule,
+    now: i64,
+) -> Option<i64> {
+    let due = if rule.applies(s, job, now) {
+        now
+    } else {
+        now + rule.due_in_ms(s, job, now)?
+    };
+    let by = due.max(allocate::gang_hold_due(s, job)).max(now);
+    let (pool, nodes) = allocate::planned_gang_hold(s, job, g, scope, by)?;
+    let mut g = g.clone();
+    g.pool = Some(pool);
+    gang_takeable_on(s, job, &g, &nodes, rule, by)
+}
+
+/// [`gang_takeable_from`] on `nodes`, for gang `g` (its pool set).
+fn gang_takeable_on(
+    s: &mut Scheduler,
+    job: &Job,
+    g: &tessera_model::request::GangRequest,
+    nodes: &[u32],
+    rule: &dyn VictimRule,
+    by: i64,
+) -> Option<i64> {
     let rank = s.rank(&job.priority);
     let mut shares: HashMap<&str, f64> = HashMap::new();
     let mut seen: FxHashSet<u64> = FxHashSet::default();
     let mut cands: Vec<(VictimCost, u64)> = Vec::new();
     let mut from: FxHashMap<u64, i64> = FxHashMap::default();
-    for &n in &nodes {
+    for &n in nodes {
         for (c, v) in s.victim_index.candidates(n) {
             if !rule.may_take(job, rank, &v) || !seen.insert(c.id) {
                 continue;
@@ -373,7 +429,7 @@ fn gang_takeable_from(
     }
     cands.sort_unstable();
     let ids: Vec<u64> = cands.into_iter().map(|(_, id)| id).collect();
-    let set = fewest_for_gang(s, job, &g, &ids)?;
+    let set = fewest_for_gang(s, job, g, &ids)?;
     let t0 = set.iter().filter_map(|id| from.get(id)).fold(by, |t, &f| t.max(f));
     set_takeable_from(s, job, &set, t0)
 }

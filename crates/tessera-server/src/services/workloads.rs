@@ -324,19 +324,22 @@ pub async fn get(s: &AppState, id: &Identity, wid: WorkloadId) -> ApiResult<Work
 /// For a multi-node gang waiting for capacity that holds no nodes yet (its reason says when
 /// once it does): when and where it would start if it held nodes now — the hold the scheduler
 /// gives it once it has waited past the backfill window, planned as the dry run plans it,
-/// behind the holds already taken. `None` for anything else, or where no pool has room for
-/// another hold.
+/// behind the holds already taken. `None` for anything else (a gang whose reason says when it
+/// will take capacity back from borrowers, or by priority, included), or where no pool has
+/// room for another hold.
 async fn expected_start(s: &AppState, w: &tessera_domain::Workload) -> Option<String> {
     if w.phase != tessera_domain::Phase::Queued || !matches!(w.spec.shape.gpu, GpuSpec::Gang(_)) {
         return None;
     }
     let reason = w.reason.as_ref()?;
-    // A hold's reason already says when and where ("… held for it …"); a refusal-like wait
+    // A hold's reason already says when and where ("… held for it …"), as does one that says
+    // when it will take capacity from running work (reclaim, priority); a refusal-like wait
     // (quota, budget) is not about capacity.
     if !matches!(
         reason.code,
         tessera_domain::ReasonCode::NoCapacity | tessera_domain::ReasonCode::Fragmentation
     ) || reason.detail.contains(" held for it ")
+        || tessera_sched::reason::takes_capacity(&reason.detail)
     {
         return None;
     }
