@@ -588,6 +588,10 @@ pub struct Scheduler {
     holds: Vec<Hold>,
     /// Workloads preempted so far: how often and when last.
     preempted: FxHashMap<u64, (u32, i64)>,
+    /// For gangs holding no nodes yet, when each would take capacity by each victim rule
+    /// ([`victims`]: keyed by job and the rule's cause code), and when that was forecast; kept
+    /// for the jobs a pass looked at.
+    forecasts: FxHashMap<(u64, &'static str), (i64, Option<i64>)>,
     /// Capacity or quotas changed since the last full pass over the queue.
     dirty: bool,
     /// Per tenant, when its work was moved by consolidation (the disruption budget).
@@ -631,6 +635,7 @@ impl Scheduler {
             reservations: HashMap::new(),
             holds: Vec::new(),
             preempted: FxHashMap::default(),
+            forecasts: FxHashMap::default(),
             dirty: true,
             disruptions: HashMap::new(),
             replacing: FxHashSet::default(),

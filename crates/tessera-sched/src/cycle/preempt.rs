@@ -41,6 +41,10 @@ impl VictimRule for Preempt {
             class: job.priority.clone(),
         }
     }
+
+    fn code(&self) -> &'static str {
+        "priority"
+    }
 }
 
 #[cfg(test)]

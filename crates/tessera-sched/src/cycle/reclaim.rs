@@ -41,6 +41,10 @@ impl VictimRule for Reclaim {
             tenant: job.tenant.clone(),
         }
     }
+
+    fn code(&self) -> &'static str {
+        "reclaim"
+    }
 }
 
 /// How long `job` waits before it may reclaim: a gang's own setting, if any.

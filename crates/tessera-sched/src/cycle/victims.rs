@@ -37,7 +37,17 @@ pub(super) trait VictimRule {
     /// Whether `victim` may be stopped for `job`, whose priority class has rank `rank`.
     fn may_take(&self, job: &Job, rank: u8, victim: &Victim<'_>) -> bool;
     fn cause(&self, job: &Job) -> PreemptCause;
+    /// The code of its causes (`reclaim`, `priority`).
+    fn code(&self) -> &'static str;
 }
+
+/// At most this many gangs holding no nodes get a new forecast per pass (each plans a hold
+/// and trial placements: 1–1.5 ms on 10,000 nodes, mostly reading the leases of the work on
+/// every node of the pool); the others keep theirs, and those never forecast say so later.
+const FORECASTS_PER_PASS: usize = 1;
+/// A forecast is planned again after this long (the default backfill window, after which a
+/// gang holds nodes and its reason comes from its own search), or once its time has come.
+const FORECAST_FOR_MS: i64 = 300_000;
 
 /// What a rule knows of a candidate victim.
 pub(super) struct Victim<'a> {
@@ -181,22 +191,34 @@ impl VictimIndex {
 pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
     let now = s.now;
     let mut fruitless: FxHashSet<Request> = FxHashSet::default();
-    // Gangs holding no nodes yet told when they will take capacity: bounded per pass like the
-    // searches, but apart from their budget (a forecast decides nothing).
-    let mut forecasts = s.sched.cfg.max_preemption_searches;
+    // Gangs holding no nodes yet are told when they will take capacity: a few new forecasts a
+    // pass, apart from the searches' budget (a forecast decides nothing), each kept a while.
+    let mut budget = FORECASTS_PER_PASS;
+    let mut forecasts = std::mem::take(&mut s.sched.forecasts);
+    let mut kept: FxHashMap<(u64, &'static str), (i64, Option<i64>)> = FxHashMap::default();
     let jobs = s.jobs.clone();
     for (i, q) in jobs.iter().enumerate() {
         let job = &q.job;
-        if forecasts > 0
-            && let Some(g) = &job.gang
+        if let Some(g) = &job.gang
             && matches!(s.status(i), Status::Starved { searchable: false, .. })
             && !s.sched.nominated.contains_key(&job.id)
             && !s.sched.preempted.contains_key(&job.id)
             && held(s.sched, job, g).is_none()
         {
-            forecasts -= 1;
-            if let Some(from) = unheld_gang_takeable_from(s.sched, job, g, &q.scope, rule, now) {
-                s.preempts_in(i, rule.cause(job), from - now);
+            let key = (job.id, rule.code());
+            let forecast = match forecasts.remove(&key) {
+                Some((at, from)) if now - at < FORECAST_FOR_MS && from.is_none_or(|f| f > now) => Some((at, from)),
+                _ if budget > 0 => {
+                    budget -= 1;
+                    Some((now, unheld_gang_takeable_from(s.sched, job, g, &q.scope, rule, now)))
+                }
+                _ => None,
+            };
+            if let Some((at, from)) = forecast {
+                kept.insert(key, (at, from));
+                if let Some(from) = from {
+                    s.preempts_in(i, rule.cause(job), from - now);
+                }
             }
             continue;
         }
@@ -235,6 +257,10 @@ pub(super) fn pass(s: &mut Session<'_>, rule: &dyn VictimRule) {
             None => {}
         }
     }
+    // The other rule's forecasts stay; this rule's, only for the gangs this pass looked at.
+    forecasts.retain(|k, _| k.1 != rule.code());
+    forecasts.extend(kept);
+    s.sched.forecasts = forecasts;
 }
 
 /// When a search for `job` by `rule` would first find victims, as of a search from `by` on:
