@@ -284,6 +284,11 @@ pub struct ServeArgs {
     /// 1h). Default: off, a rollout waits for `tessera node done NODE` (the external hook).
     #[arg(long, value_parser = parse_duration_s)]
     sim_upgrade_duration: Option<u64>,
+    /// For tests: sample the console's history every this many milliseconds instead of every
+    /// minute on the minute (each sample is still of its minute), so that a test sees minutes
+    /// stored without waiting for them.
+    #[arg(long, hide = true, value_name = "MS")]
+    sample_every_ms: Option<u64>,
 }
 
 /// A flag's duration (90s, 20m, 1h30m) in seconds.
@@ -497,6 +502,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                 key: a.admission_tls_key.clone().expect("clap requires it"),
             }),
             cors_origins: a.cors_origins,
+            sample_every: a.sample_every_ms.map(|ms| Duration::from_millis(ms.max(10))),
             advertise_url: a.advertise_url.clone(),
             replica_id: a.replica_id.clone(),
             ha: {

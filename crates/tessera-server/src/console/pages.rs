@@ -1183,7 +1183,7 @@ fn telemetry_chart(s: &AppState, id: u64, window: crate::history::Window, now: i
     let total = v.iter().map(|p| p.total_mib).max().unwrap_or(0);
     let hourly = window.bucket_minutes() > 1;
     // The time axis spans the whole window, however few minutes it ran in it.
-    let from = crate::history::minute(now) - (window.minutes() as i64 - 1) * 60_000;
+    let from = window.start(now);
     let x_range = [from / 1000, now / 1000];
     let util = serde_json::json!({
         "title": format!("Mean GPU utilisation of its devices, %, {}", window.label()),
