@@ -465,17 +465,18 @@ pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
             Err(e) => tracing::warn!(error = %e, "allocation history not rebuilt from the usage ledger"),
         }
         let since = now - KEPT as i64 * MINUTE_MS;
+        // Up to when the store was read (`None`: never, read it all).
         let mut read_to = match s.store.telemetry_since(since - since.rem_euclid(HOUR_MS)).await {
             Ok(records) => {
                 restore(&s.history, &s.workload_history, records, now);
-                now
+                Some(now)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "stored telemetry not read back");
-                i64::MIN
+                None
             }
         };
-        let mut maintained = i64::MIN;
+        let mut maintained: Option<i64> = None;
         loop {
             let now = crate::clock::now_ms();
             let (snap, telemetry) = (s.lifecycle.snapshot(), s.lifecycle.published().telemetry());
@@ -486,22 +487,18 @@ pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
             s.workload_history.record(now, workloads);
             persist(s.store.as_ref(), &stored).await;
             if s.replica.is_leader() {
-                if now - maintained >= HOUR_MS {
+                if maintained.is_none_or(|at| now - at >= HOUR_MS) {
                     maintain(s.store.as_ref(), now).await;
-                    maintained = now;
+                    maintained = Some(now);
                 }
             } else {
                 // What the leader stored since the last read (the minute before it included: it
                 // may have been written after that read), and all of it after a failed read.
-                let from = if read_to == i64::MIN {
-                    since
-                } else {
-                    minute(read_to) - MINUTE_MS
-                };
+                let from = read_to.map_or(since, |at| minute(at) - MINUTE_MS);
                 match s.store.telemetry_since(from).await {
                     Ok(records) => {
                         restore(&s.history, &s.workload_history, records, now);
-                        read_to = now;
+                        read_to = Some(now);
                     }
                     Err(e) => tracing::warn!(error = %e, "the leader's telemetry not read"),
                 }

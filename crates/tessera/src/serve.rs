@@ -204,7 +204,8 @@ pub struct ServeArgs {
     /// `operator` mode).
     #[arg(long)]
     sim_mig_partition_ms: Option<u64>,
-    /// How often the backend reports telemetry, in milliseconds (simulated and local).
+    /// How often the backend reports telemetry, in milliseconds (simulated and local; at least
+    /// 100). 0 on the simulated backend: it reports none.
     #[arg(long, default_value_t = 5000)]
     sim_telemetry_ms: u64,
     /// How often the backend is reconciled with what Tessera expects, in seconds.
@@ -435,7 +436,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                     SimModeArg::Exact => tessera_backend_sim::SimMode::Exact,
                     SimModeArg::Operator => tessera_backend_sim::SimMode::Operator,
                 };
-                let telemetry = Duration::from_millis(a.sim_telemetry_ms.max(100));
+                let telemetry = match a.sim_telemetry_ms {
+                    0 => Duration::ZERO,
+                    ms => Duration::from_millis(ms.max(100)),
+                };
                 let sim = crate::compose::sim_backend(&fleet, mode, a.sim_mig_partition_ms, telemetry);
                 let backend: Arc<dyn tessera_backend::Backend> = sim;
                 (fleet, backend, serving)
