@@ -2986,6 +2986,31 @@ async fn a_running_workloads_page_shows_its_gpus_telemetry_now_and_over_time_to_
         page.contains(&format!("href=\"/console/workloads/{id}?range=7d#telemetry-h\"")),
         "{page}"
     );
+    // The charts sit with the table of its GPUs, above the timeline and the logs, inside the
+    // part of the page that refreshes (which keeps the chosen range).
+    let at = |p: &str, what: &str| p.find(what).unwrap_or_else(|| panic!("{what} in {p}"));
+    assert!(
+        at(&page, "id=\"gpus-table\"") < at(&page, "id=\"telemetry-h\""),
+        "{page}"
+    );
+    assert!(
+        at(&page, "id=\"telemetry-h\"") < at(&page, "id=\"timeline-h\""),
+        "{page}"
+    );
+    assert!(at(&page, "id=\"telemetry-h\"") < at(&page, "id=\"logs-h\""), "{page}");
+    let week = vision.page(&format!("{path}?range=7d")).await;
+    assert!(
+        week.contains(&format!("hx-get=\"/console/workloads/{id}/live?range=7d\"")),
+        "{week}"
+    );
+    let fragment = vision.page(&format!("{path}/live?range=7d")).await;
+    assert!(fragment.starts_with("<div id=\"workload-live\""), "{fragment}");
+    assert!(fragment.contains("id=\"telemetry-summary\""), "{fragment}");
+    assert!(fragment.contains("the last 7 days"), "{fragment}");
+    assert_eq!(
+        vision.get(&format!("{path}/live?range=2y")).await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
     let data: Value = vision
         .get(&format!("/console/workloads/{id}/telemetry?format=json&range=1h"))
         .await
