@@ -494,14 +494,15 @@ pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
             s.history.record(pools);
             s.workload_history.record(now, workloads);
             persist(s.store.as_ref(), &stored).await;
-            if s.replica.is_leader() {
-                if maintained.is_none_or(|at| now - at >= HOUR_MS) {
-                    maintain(s.store.as_ref(), now).await;
-                    maintained = Some(now);
-                }
-            } else {
+            let leading = s.replica.is_leader();
+            if leading && maintained.is_none_or(|at| now - at >= HOUR_MS) {
+                maintain(s.store.as_ref(), now).await;
+                maintained = Some(now);
+            }
+            if !leading || read_to.is_none() {
                 // What the leader stored since the last read (the minute before it included: it
-                // may have been written after that read), and all of it after a failed read.
+                // may have been written after that read); all of it while the store could not
+                // be read yet (the leader too).
                 let from = read_to.map_or(since, |at| minute(at) - MINUTE_MS);
                 match s.store.telemetry_since(from).await {
                     Ok(records) => {
