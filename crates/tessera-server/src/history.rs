@@ -5,16 +5,47 @@
 //!
 //! A sample is taken from the published snapshot (GPU units allocated in the pool) and the
 //! backend's latest telemetry (the pool's mean GPU utilisation, where the backend reports it).
-//! At start the allocation of the last 30 days is rebuilt from the usage ledger (the stored
-//! usage intervals say what was allocated when), so a restart loses only utilisation, which
-//! no store keeps. Nothing here runs inside the lifecycle loop.
+//! Nothing here runs inside the lifecycle loop.
+//!
+//! **What survives a restart.** At start the allocation of the last 30 days is rebuilt from the
+//! usage ledger (the stored usage intervals say what was allocated when). Utilisation, and each
+//! workload's telemetry ([`crate::workload_history`]), are stored ([`TelemetryStore`]): every
+//! minute the sampler ([`spawn`]) writes the samples it took that carry telemetry — each
+//! pool's utilisation, each workload's minute — in one write (statements of at most
+//! [`tessera_store::TELEMETRY_ROWS_PER_WRITE`] rows, each committed on its own), after
+//! recording them in memory; at start the last 30 days are read back ([`restore`]; the first
+//! moments after a start, until that read is done, the charts show only the allocation). A
+//! replica without telemetry (a follower) writes nothing, and instead reads, each minute, what
+//! the leader wrote since: its charts show it, and still do once it leads after a failover. A
+//! write is idempotent (a minute already stored keeps the figures first written: the sampler's
+//! sample of that minute), and a store error is logged and changes nothing else: the history
+//! in memory stays as it is. So a restart, or a failover, loses at most the minute or two
+//! before it.
+//!
+//! **Bound of the store.** A pool keeps a row a minute for 30 days, as in memory: at most
+//! about 43,320 rows a pool (30 days, the hour they start in, and up to an hour the hourly
+//! prune has not reached yet). A workload keeps its minutes of the last day and, older, one row
+//! per hour it reported in, back to 30 days: the leader folds a workload's minutes into hours
+//! once an hour ([`TelemetryStore::fold_telemetry`], the minutes of the hours before the one
+//! the day starts in), and forgets what started before the hour the 30 days start in
+//! ([`TelemetryStore::prune_telemetry`]). So a workload has at most 1,440 + 119 minute rows
+//! (the day, the hour it starts in, an hour not yet folded) and 698 hour rows: 2,257 rows, for
+//! one that reported all month; one that ran an hour has at most 60 minute rows for a day,
+//! then one row. Measured on SQLite (`WITHOUT ROWID`, the key is the table; 557,000 rows of
+//! workloads and pools in 25.8 MB after `VACUUM`), a row takes about 46 bytes: about 104 KB a
+//! workload that reported all month, 2.0 MB a pool; at [`crate::workload_history::MAX_SERIES`]
+//! (10,000) such workloads, the most memory keeps, 22.6 million rows, about 1.04 GB. On
+//! PostgreSQL (a heap and a separate key index; the same rows after `VACUUM FULL`: 49.7 MB of
+//! table, 27.7 MB of index) a row takes about 139 bytes: about 314 KB a workload, 6.0 MB a
+//! pool, 3.1 GB for 10,000 workloads. Each minute writes one row per pool with utilisation
+//! and one per workload reporting.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tessera_model::Fleet;
-use tessera_store::UsageInterval;
+use tessera_store::{TelemetryRecord, TelemetrySeries, TelemetryStore, UsageInterval};
 
 use crate::lifecycle::snapshot::{Snapshot, Telemetry};
 
@@ -30,6 +61,7 @@ pub struct Sample {
 }
 
 const MINUTE_MS: i64 = 60_000;
+const HOUR_MS: i64 = 60 * MINUTE_MS;
 /// 30 days of minutes.
 pub const KEPT: usize = 30 * 1_440;
 
@@ -88,6 +120,18 @@ impl Window {
         }
     }
 
+    /// The first minute the window covers, at `now`: the first minute of its span
+    /// ([`Window::minutes`] back from `now`'s minute, that one included) that starts a bucket.
+    /// A window of minutes covers exactly its span; a window of hours covers the clock's hours
+    /// (UTC) that start within its span, up to `now` — so its first hour is whole, and none of
+    /// its points takes minutes from before the span (which the hours a workload keeps, folded
+    /// whole, could not leave out).
+    pub fn start(self, now: i64) -> i64 {
+        let bucket = self.bucket_minutes() as i64 * MINUTE_MS;
+        let first = minute(now) - (self.minutes() as i64 - 1) * MINUTE_MS;
+        first + (bucket - first.rem_euclid(bucket)) % bucket
+    }
+
     /// The point's length for people.
     pub fn resolution(self) -> &'static str {
         match self.bucket_minutes() {
@@ -127,14 +171,13 @@ impl History {
             .unwrap_or_default()
     }
 
-    /// A pool's samples within `window` before `now` (the current minute included), in
-    /// buckets of [`Window::bucket_minutes`]: a bucket without any sample is left out.
+    /// A pool's samples within `window` before `now` (from [`Window::start`] to the current
+    /// minute, included), in buckets of [`Window::bucket_minutes`] starting on the clock's
+    /// minutes or hours (UTC), each within the window: a bucket without any sample is left out.
     pub fn window(&self, pool: &str, window: Window, now: i64) -> Vec<Point> {
         let bucket = window.bucket_minutes() as i64 * MINUTE_MS;
         let last = minute(now);
-        let first = last - (window.minutes() as i64 - 1) * MINUTE_MS;
-        // Buckets start on the clock's minutes or hours (UTC), the first one perhaps partly
-        // inside the window.
+        let first = window.start(now);
         let start = |at: i64| at - at.rem_euclid(bucket);
         let pools = self.pools.read().expect("lock");
         let Some(q) = pools.get(pool) else {
@@ -175,19 +218,39 @@ impl History {
         out
     }
 
-    /// Adds one sample per pool (a sample for a minute already recorded replaces it), dropping
-    /// what is older than 30 days.
+    /// Adds one sample per pool (a sample for a minute already recorded replaces it, keeping
+    /// its utilisation if the new one has none), dropping what is older than 30 days.
     pub fn record(&self, samples: impl IntoIterator<Item = (String, Sample)>) {
         let mut pools = self.pools.write().expect("lock");
         for (pool, s) in samples {
             let q = pools.entry(pool).or_default();
             match q.back_mut() {
-                Some(last) if last.at == s.at => *last = s,
+                Some(last) if last.at == s.at => {
+                    *last = Sample {
+                        util_pct: s.util_pct.or(last.util_pct),
+                        ..s
+                    }
+                }
                 Some(last) if last.at > s.at => continue,
                 _ => q.push_back(s),
             }
             while q.len() > KEPT || q.front().is_some_and(|f| f.at <= s.at - KEPT as i64 * MINUTE_MS) {
                 q.pop_front();
+            }
+        }
+    }
+
+    /// Sets the utilisation of the minutes recorded for each pool (the store's, read back) where
+    /// they have none; a minute not recorded (no sample of its allocation) is left out.
+    pub fn restore_util(&self, utils: impl IntoIterator<Item = (String, i64, f64)>) {
+        let mut pools = self.pools.write().expect("lock");
+        for (pool, at, util) in utils {
+            let Some(q) = pools.get_mut(&pool) else {
+                continue;
+            };
+            let i = q.partition_point(|s| s.at < at);
+            if let Some(s) = q.get_mut(i).filter(|s| s.at == at) {
+                s.util_pct = s.util_pct.or(Some(util));
             }
         }
     }
@@ -282,23 +345,174 @@ pub fn sample(snap: &Snapshot, telemetry: &Telemetry, now: i64) -> Vec<(String, 
         .collect()
 }
 
-/// Rebuilds the last 30 days of allocation from the ledger, then samples every minute (the
-/// pools, and each workload's GPUs: [`crate::workload_history`]).
-pub fn spawn(s: crate::state::AppState) {
+/// The records of this minute's samples that carry telemetry, for the store: each pool with a
+/// utilisation, each workload.
+pub fn records(
+    pools: &[(String, Sample)],
+    workloads: &[(u64, crate::workload_history::Sample)],
+) -> Vec<TelemetryRecord> {
+    let pools = pools.iter().filter_map(|(pool, s)| {
+        Some(TelemetryRecord {
+            series: TelemetrySeries::Pool(pool.clone()),
+            at: s.at,
+            span_minutes: 1,
+            minutes: 1,
+            util_sum: Some(s.util_pct?),
+            used_mib_sum: None,
+            total_mib: None,
+        })
+    });
+    let workloads = workloads.iter().map(|(id, s)| TelemetryRecord {
+        series: TelemetrySeries::Workload(*id),
+        at: s.at,
+        span_minutes: 1,
+        minutes: 1,
+        util_sum: Some(f64::from(s.util_pct)),
+        used_mib_sum: Some(f64::from(s.used_mib)),
+        total_mib: Some(u64::from(s.total_mib)),
+    });
+    pools.chain(workloads).collect()
+}
+
+/// Puts stored records back in memory as of `now`: each pool's utilisation into its recorded
+/// minutes ([`History::restore_util`]), each workload's minutes and hours
+/// ([`crate::workload_history::WorkloadHistory::restore`]). A record that says nothing it can
+/// use (a pool's minute without utilisation, a workload's without figures) is skipped.
+pub fn restore(
+    history: &History,
+    workloads: &crate::workload_history::WorkloadHistory,
+    records: Vec<TelemetryRecord>,
+    now: i64,
+) {
+    use crate::workload_history::{Hour, Sample as Minute};
+    let (mut utils, mut minutes, mut hours) = (Vec::new(), Vec::new(), Vec::new());
+    for r in records {
+        match r.series {
+            TelemetrySeries::Pool(pool) => {
+                if let (1, Some(u)) = (r.span_minutes, r.util_sum) {
+                    utils.push((pool, r.at, u));
+                }
+            }
+            TelemetrySeries::Workload(id) => {
+                let (Some(util), Some(used), Some(total)) = (r.util_sum, r.used_mib_sum, r.total_mib) else {
+                    continue;
+                };
+                let total = u32::try_from(total).unwrap_or(u32::MAX);
+                if r.span_minutes == 1 {
+                    minutes.push((
+                        id,
+                        Minute {
+                            at: r.at,
+                            util_pct: util as f32,
+                            used_mib: used as u32,
+                            total_mib: total,
+                        },
+                    ));
+                } else if r.minutes > 0 {
+                    hours.push((
+                        id,
+                        Hour {
+                            at: r.at,
+                            util_sum: util,
+                            used_sum: used,
+                            total_mib: total,
+                            minutes: r.minutes,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    history.restore_util(utils);
+    workloads.restore(now, minutes, hours);
+}
+
+/// Writes this minute's `records` to the store; a failure is logged, and nothing else: the
+/// history in memory is what the charts show.
+async fn persist<S: TelemetryStore + ?Sized>(store: &S, records: &[TelemetryRecord]) {
+    if records.is_empty() {
+        return;
+    }
+    if let Err(e) = store.append_telemetry(records).await {
+        tracing::warn!(error = %e, rows = records.len(), "telemetry not stored (kept in memory)");
+    }
+}
+
+/// Once an hour (the leader): folds the workloads' minutes older than the day's first hour
+/// into hours, and forgets what started before the 30 days' first hour.
+async fn maintain<S: TelemetryStore + ?Sized>(store: &S, now: i64) {
+    let hour = |ms: i64| ms - ms.rem_euclid(HOUR_MS);
+    let day = minute(now) - (1_440 - 1) * MINUTE_MS;
+    let month = minute(now) - (KEPT as i64 - 1) * MINUTE_MS;
+    if let Err(e) = store.fold_telemetry(hour(day)).await {
+        tracing::warn!(error = %e, "telemetry older than a day not folded into hours");
+    }
+    if let Err(e) = store.prune_telemetry(hour(month)).await {
+        tracing::warn!(error = %e, "telemetry older than 30 days not pruned");
+    }
+}
+
+/// How often the sampler samples: every minute, on the minute (`None`), or every `every` (a
+/// test's, so that it need not wait minutes; each sample is still of its minute).
+fn next_sample(now: i64, every: Option<Duration>) -> Duration {
+    match every {
+        Some(every) => every,
+        None => Duration::from_millis((MINUTE_MS - now.rem_euclid(MINUTE_MS)) as u64 + 50),
+    }
+}
+
+/// Rebuilds the last 30 days of allocation from the ledger and reads the stored telemetry of
+/// the last 30 days back, then samples every minute (the pools, and each workload's GPUs:
+/// [`crate::workload_history`]), storing what it sampled (or, without telemetry, reading what
+/// the leader stored); see the module's documentation.
+pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
     tokio::spawn(async move {
         let now = crate::clock::now_ms();
         match s.store.usage_between(None, now - KEPT as i64 * MINUTE_MS, now).await {
             Ok(intervals) => s.history.record(rebuild(&s.fleet(), &intervals, now)),
             Err(e) => tracing::warn!(error = %e, "allocation history not rebuilt from the usage ledger"),
         }
+        let since = now - KEPT as i64 * MINUTE_MS;
+        // Up to when the store was read (`None`: never, read it all).
+        let mut read_to = match s.store.telemetry_since(since - since.rem_euclid(HOUR_MS)).await {
+            Ok(records) => {
+                restore(&s.history, &s.workload_history, records, now);
+                Some(now)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "stored telemetry not read back");
+                None
+            }
+        };
+        let mut maintained: Option<i64> = None;
         loop {
             let now = crate::clock::now_ms();
             let (snap, telemetry) = (s.lifecycle.snapshot(), s.lifecycle.published().telemetry());
-            s.history.record(sample(&snap, &telemetry, now));
-            s.workload_history
-                .record(now, crate::workload_history::sample(&snap, &telemetry, now));
-            let wait = MINUTE_MS - now.rem_euclid(MINUTE_MS);
-            tokio::time::sleep(Duration::from_millis(wait as u64 + 50)).await;
+            let pools = sample(&snap, &telemetry, now);
+            let workloads = crate::workload_history::sample(&snap, &telemetry, now);
+            let stored = records(&pools, &workloads);
+            s.history.record(pools);
+            s.workload_history.record(now, workloads);
+            persist(s.store.as_ref(), &stored).await;
+            let leading = s.replica.is_leader();
+            if leading && maintained.is_none_or(|at| now - at >= HOUR_MS) {
+                maintain(s.store.as_ref(), now).await;
+                maintained = Some(now);
+            }
+            if !leading || read_to.is_none() {
+                // What the leader stored since the last read (the minute before it included: it
+                // may have been written after that read); all of it while the store could not
+                // be read yet (the leader too).
+                let from = read_to.map_or(since, |at| minute(at) - MINUTE_MS);
+                match s.store.telemetry_since(from).await {
+                    Ok(records) => {
+                        restore(&s.history, &s.workload_history, records, now);
+                        read_to = Some(now);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "the leader's telemetry not read"),
+                }
+            }
+            tokio::time::sleep(next_sample(crate::clock::now_ms(), every)).await;
         }
     });
 }
@@ -418,5 +632,134 @@ mod tests {
         assert_eq!(week[0].util_pct, None, "no telemetry in the first hour");
         assert_eq!(week[2].util_pct, Some(40.0));
         assert!(h.window("q", Window::Week, now).is_empty(), "unknown pool");
+    }
+
+    #[test]
+    fn an_hourly_windows_buckets_are_whole_hours_within_it() {
+        let h = History::default();
+        let base = 1_000 * 60 * MINUTE_MS; // on an hour
+        // Eight days of minutes; the allocation is the hour's index, so a bucket that took
+        // minutes of two hours would not be a whole number.
+        let n = 8 * 1_440 + 30;
+        h.record((0..n).map(|m| {
+            (
+                "p".to_string(),
+                Sample {
+                    at: base + m * MINUTE_MS,
+                    allocated: (m / 60) as f64,
+                    util_pct: Some((m / 60) as f64),
+                },
+            )
+        }));
+        let now = base + (n - 1) * MINUTE_MS + 10_000;
+        let start = Window::Week.start(now);
+        assert_eq!(start.rem_euclid(HOUR_MS), 0, "an hour's start");
+        assert!(start >= minute(now) - (7 * 1_440 - 1) * MINUTE_MS, "within the 7 days");
+        assert!(
+            start - HOUR_MS < minute(now) - (7 * 1_440 - 1) * MINUTE_MS,
+            "the first such hour"
+        );
+        let week = h.window("p", Window::Week, now);
+        assert_eq!(week.len(), 168, "the 167 whole hours and this one's half");
+        assert_eq!(week[0].at, start, "no bucket starts before the window");
+        assert!(
+            week.iter()
+                .all(|p| p.allocated.fract() == 0.0 && p.util_pct.unwrap().fract() == 0.0),
+            "each point is one clock hour's minutes: {:?}",
+            &week[..2]
+        );
+        assert_eq!(week[0].allocated, ((start - base) / HOUR_MS) as f64);
+        // A window of minutes is exactly its minutes.
+        assert_eq!(Window::Day.start(now), minute(now) - 1_439 * MINUTE_MS);
+        let day = h.window("p", Window::Day, now);
+        assert_eq!((day.len(), day[0].at), (1_440, Window::Day.start(now)));
+    }
+
+    #[test]
+    fn a_sample_without_utilisation_keeps_the_minutes_utilisation() {
+        let h = History::default();
+        let s = |a: f64, u: Option<f64>| {
+            (
+                "p".to_string(),
+                Sample {
+                    at: 5 * MINUTE_MS,
+                    allocated: a,
+                    util_pct: u,
+                },
+            )
+        };
+        h.record([s(1.0, Some(40.0))]);
+        h.record([s(2.0, None)]);
+        assert_eq!(
+            h.series("p"),
+            [s(2.0, Some(40.0)).1],
+            "the new allocation, the known utilisation"
+        );
+        h.record([s(3.0, Some(10.0))]);
+        assert_eq!(h.series("p")[0].util_pct, Some(10.0), "a new utilisation replaces it");
+    }
+
+    #[test]
+    fn stored_records_restore_what_the_charts_showed() {
+        use crate::workload_history::{Sample as Minute, WorkloadHistory};
+        let base = 1_000 * 60 * MINUTE_MS;
+        let n = 2 * 1_440 + 30;
+        let now = base + (n - 1) * MINUTE_MS;
+        // What a server sampled for two days: pool `p` with utilisation in odd minutes only,
+        // workload 3 every minute. Each minute's records, as the sampler stores them.
+        let (pools, workloads) = (History::default(), WorkloadHistory::default());
+        let mut stored = Vec::new();
+        for m in 0..n {
+            let at = base + m * MINUTE_MS;
+            let p = vec![(
+                "p".to_string(),
+                Sample {
+                    at,
+                    allocated: 1.0,
+                    util_pct: (m % 2 == 1).then_some(m as f64 % 100.0),
+                },
+            )];
+            let w = vec![(
+                3,
+                Minute {
+                    at,
+                    util_pct: (m % 60) as f32,
+                    used_mib: m as u32,
+                    total_mib: 1_000 + (m % 7) as u32,
+                },
+            )];
+            stored.extend(records(&p, &w));
+            pools.record(p);
+            workloads.record(at, w);
+        }
+        assert_eq!(
+            stored.len() as i64,
+            n + n / 2,
+            "pools' minutes without utilisation are not stored"
+        );
+        // A restart: the allocation comes back from the ledger (here: the same, without
+        // utilisation), the rest from the store.
+        let (pools2, workloads2) = (History::default(), WorkloadHistory::default());
+        pools2.record((0..n).map(|m| {
+            (
+                "p".to_string(),
+                Sample {
+                    at: base + m * MINUTE_MS,
+                    allocated: 1.0,
+                    util_pct: None,
+                },
+            )
+        }));
+        restore(&pools2, &workloads2, stored.clone(), now);
+        assert_eq!(pools2.series("p"), pools.series("p"));
+        for w in Window::ALL {
+            assert_eq!(pools2.window("p", w, now), pools.window("p", w, now), "{w:?}");
+            assert_eq!(workloads2.window(3, w, now), workloads.window(3, w, now), "{w:?}");
+        }
+        assert_eq!(workloads2.minutes(3), workloads.minutes(3));
+        // Restoring the same records again (a follower reads some twice) changes nothing.
+        restore(&pools2, &workloads2, stored, now);
+        assert_eq!(workloads2.minutes(3), workloads.minutes(3));
+        assert_eq!(workloads2.hours(3), workloads.hours(3));
     }
 }

@@ -118,6 +118,10 @@ pub struct ServerConfig {
     pub ha: replica::HaSettings,
     /// Serve the admission webhook ([`native`]) over HTTPS on a listener of its own.
     pub admission: Option<AdmissionListener>,
+    /// How often the console's history is sampled ([`history::spawn`]): `None`, every minute
+    /// on the minute; a test's shorter period, so that it need not wait minutes (each sample
+    /// is still of its minute: the first stored of a minute is kept).
+    pub sample_every: Option<Duration>,
 }
 
 /// Where the admission webhook listens, and its serving certificate (PEM files; the API
@@ -156,6 +160,7 @@ impl ServerConfig {
             replica_id: None,
             ha: replica::HaSettings::default(),
             admission: None,
+            sample_every: None,
         }
     }
 }
@@ -476,7 +481,7 @@ pub async fn start(cfg: ServerConfig, store: Arc<dyn Store>, backend: Arc<dyn Ba
         workload_history: Arc::default(),
         refusals: Arc::default(),
     });
-    history::spawn(state.clone());
+    history::spawn(state.clone(), cfg.sample_every);
     native::spawn_intake(state.clone(), native_rx);
     let metrics_app = scrape::router(state.clone());
     let admission_addr = match &cfg.admission {

@@ -13,8 +13,9 @@ use tessera_domain::{Event, Workload, WorkloadId};
 use tessera_store::{
     AuditRecord, AuditStore, Change, DrainRecord, FleetStore, GovernanceStore, GpuHealthRecord, GpuMigRecord,
     ImagePolicyRecord, LeaseRecord, LeaseStore, LedgerStore, NodeStateRecord, ProjectRecord, QuotaRecord,
-    ReplicaRecord, Result, Revocation, RolloutRecord, RolloutStore, ServiceMoveRecord, Store, TenancyChange,
-    TenancyStore, TenantRecord, TokenRecord, TokenStore, UsageInterval, WorkloadFilter, WorkloadStore,
+    ReplicaRecord, Result, Revocation, RolloutRecord, RolloutStore, ServiceMoveRecord, Store, TelemetryRecord,
+    TelemetryStore, TenancyChange, TenancyStore, TenantRecord, TokenRecord, TokenStore, UsageInterval, WorkloadFilter,
+    WorkloadStore,
 };
 
 use crate::metrics::Metrics;
@@ -298,5 +299,22 @@ impl RolloutStore for TimedStore {
     }
     async fn rollouts(&self) -> Result<Vec<RolloutRecord>> {
         self.timed("rollouts", self.inner.rollouts()).await
+    }
+}
+
+#[async_trait]
+impl TelemetryStore for TimedStore {
+    async fn append_telemetry(&self, records: &[TelemetryRecord]) -> Result<u64> {
+        self.timed("append_telemetry", self.inner.append_telemetry(records))
+            .await
+    }
+    async fn telemetry_since(&self, since: i64) -> Result<Vec<TelemetryRecord>> {
+        self.timed("telemetry_since", self.inner.telemetry_since(since)).await
+    }
+    async fn fold_telemetry(&self, before: i64) -> Result<u64> {
+        self.timed("fold_telemetry", self.inner.fold_telemetry(before)).await
+    }
+    async fn prune_telemetry(&self, before: i64) -> Result<u64> {
+        self.timed("prune_telemetry", self.inner.prune_telemetry(before)).await
     }
 }

@@ -8,8 +8,11 @@
 //! day minute by minute (at most 1,440 samples of 24 bytes) and the rest as hours (at most 697
 //! of 32 bytes) — what the 7- and 30-day windows show anyway: at most about 58 KB a workload,
 //! whatever it ran. At most [`MAX_SERIES`] workloads are kept (about 580 MB at the very most);
-//! past that the ones that stopped reporting longest ago go first. Nothing is stored: a
-//! restart starts every workload's telemetry afresh.
+//! past that the ones that stopped reporting longest ago go first.
+//!
+//! The samples are also stored, and read back at start ([`WorkloadHistory::restore`]), so a
+//! restart or a failover loses at most the last minute or two; the store keeps the same shape
+//! (a day of minutes, then hours): see [`crate::history`] for how and its bound.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::RwLock;
@@ -170,20 +173,25 @@ impl Series {
         while let Some(s) = self.minutes.front().copied().filter(|s| s.at < day) {
             self.minutes.pop_front();
             let at = s.at - s.at.rem_euclid(HOUR_MS);
-            match self.hours.back_mut() {
+            // Its hour is the last one but where hours were restored after it.
+            let i = self.hours.partition_point(|h| h.at < at);
+            match self.hours.get_mut(i) {
                 Some(h) if h.at == at => {
                     h.util_sum += f64::from(s.util_pct);
                     h.used_sum += f64::from(s.used_mib);
                     h.total_mib = h.total_mib.max(s.total_mib);
                     h.minutes += 1;
                 }
-                _ => self.hours.push_back(Hour {
-                    at,
-                    util_sum: f64::from(s.util_pct),
-                    used_sum: f64::from(s.used_mib),
-                    total_mib: s.total_mib,
-                    minutes: 1,
-                }),
+                _ => self.hours.insert(
+                    i,
+                    Hour {
+                        at,
+                        util_sum: f64::from(s.util_pct),
+                        used_sum: f64::from(s.used_mib),
+                        total_mib: s.total_mib,
+                        minutes: 1,
+                    },
+                ),
             }
         }
         while self.hours.front().is_some_and(|h| h.at + HOUR_MS <= month) {
@@ -235,9 +243,6 @@ impl WorkloadHistory {
     /// hours older than 30 days dropped, and a workload with nothing left forgotten; past
     /// [`MAX_SERIES`], the workloads whose newest sample is oldest are forgotten.
     pub fn record(&self, now: i64, samples: impl IntoIterator<Item = (u64, Sample)>) {
-        let last = minute(now);
-        let day = last - (DAY_MINUTES - 1) * MINUTE_MS;
-        let month = last - (KEPT as i64 - 1) * MINUTE_MS;
         let mut all = self.series.write().expect("lock");
         for (id, s) in samples {
             let q = &mut all.entry(id).or_default().minutes;
@@ -247,6 +252,47 @@ impl WorkloadHistory {
                 _ => q.push_back(s),
             }
         }
+        Self::tidy(&mut all, now);
+    }
+
+    /// Puts stored minutes and hours back (the store's, read back at start or from the leader):
+    /// each where it belongs in time, unless the workload already has that minute or hour in
+    /// memory (which is as new or newer); then ages every series as [`WorkloadHistory::record`]
+    /// does.
+    pub fn restore(
+        &self,
+        now: i64,
+        minutes: impl IntoIterator<Item = (u64, Sample)>,
+        hours: impl IntoIterator<Item = (u64, Hour)>,
+    ) {
+        let mut all = self.series.write().expect("lock");
+        for (id, h) in hours {
+            let q = &mut all.entry(id).or_default().hours;
+            let i = q.partition_point(|x| x.at < h.at);
+            if q.get(i).is_none_or(|x| x.at != h.at) {
+                q.insert(i, h);
+            }
+        }
+        for (id, s) in minutes {
+            let q = all.entry(id).or_default();
+            // A minute of an hour already kept whole is in it.
+            let hour = s.at - s.at.rem_euclid(HOUR_MS);
+            if q.hours.iter().rev().any(|h| h.at == hour) && q.minutes.front().is_none_or(|m| s.at < m.at) {
+                continue;
+            }
+            let i = q.minutes.partition_point(|x| x.at < s.at);
+            if q.minutes.get(i).is_none_or(|x| x.at != s.at) {
+                q.minutes.insert(i, s);
+            }
+        }
+        Self::tidy(&mut all, now);
+    }
+
+    /// Ages every series as of `now` and keeps at most [`MAX_SERIES`] of them.
+    fn tidy(all: &mut HashMap<u64, Series>, now: i64) {
+        let last = minute(now);
+        let day = last - (DAY_MINUTES - 1) * MINUTE_MS;
+        let month = last - (KEPT as i64 - 1) * MINUTE_MS;
         all.retain(|_, q| {
             q.age(day, month);
             !(q.minutes.is_empty() && q.hours.is_empty())
@@ -261,12 +307,14 @@ impl WorkloadHistory {
     }
 
     /// A workload's telemetry within `window` before `now`, in buckets of
-    /// [`Window::bucket_minutes`] (the hours older than a day whole, the first perhaps partly
-    /// before the window); a bucket without any sample is left out.
+    /// [`Window::bucket_minutes`]: from [`Window::start`] (for the 7- and 30-day windows, the
+    /// first clock hour that starts within them, so the hours kept whole fall within the window
+    /// and none takes minutes from before it) to the current minute, included; a bucket
+    /// without any sample is left out.
     pub fn window(&self, id: u64, window: Window, now: i64) -> Vec<Point> {
         let bucket = window.bucket_minutes() as i64 * MINUTE_MS;
         let last = minute(now);
-        let first = last - (window.minutes() as i64 - 1) * MINUTE_MS;
+        let first = window.start(now);
         let all = self.series.read().expect("lock");
         let Some(q) = all.get(&id) else {
             return Vec::new();
@@ -285,7 +333,7 @@ impl WorkloadHistory {
             _ => out.push((b, util, used, n, total)),
         };
         if bucket >= HOUR_MS {
-            for h in q.hours.iter().filter(|h| h.at + HOUR_MS > first && h.at <= last) {
+            for h in q.hours.iter().filter(|h| h.at >= first && h.at <= last) {
                 add(
                     h.at - h.at.rem_euclid(bucket),
                     h.util_sum,
@@ -500,9 +548,11 @@ mod tests {
         h.record(now, [(1, at(n - 1, -1.0)), (1, at(5, 3.0))]);
         assert_eq!(h.minutes(1).last().unwrap().util_pct, -1.0);
         assert_eq!(h.minutes(1).len(), 1_440);
-        // The month window: every hour, the last day's from its minutes.
+        // The month window: every hour that starts within it (not the oldest hour kept, which
+        // starts before it), the last day's from its minutes.
         let month = h.window(1, Window::Month, now);
-        assert_eq!(month.len(), 697 + 24);
+        assert_eq!(month.len(), 696 + 24);
+        assert_eq!(month[0].at, 120 * MINUTE_MS);
         assert!(
             month.windows(2).all(|w| w[0].at + 60 * MINUTE_MS == w[1].at),
             "one point an hour"
@@ -550,5 +600,72 @@ mod tests {
         );
         assert_eq!(week[48].util_pct, 14.5, "the last half hour");
         assert!(h.window(10, Window::Day, now).is_empty());
+    }
+
+    #[test]
+    fn a_long_windows_first_hour_is_whole_and_starts_within_it() {
+        let h = WorkloadHistory::default();
+        let base = 1_000 * 60 * MINUTE_MS; // on an hour
+        // Eight days and a half hour; the utilisation is the hour's index.
+        let n = 8 * 1_440 + 30;
+        for m in 0..n {
+            h.record(base + m * MINUTE_MS, [(9, at(1_000 * 60 + m, (m / 60) as f32))]);
+        }
+        let now = base + (n - 1) * MINUTE_MS + 10_000;
+        let first = minute(now) - (7 * 1_440 - 1) * MINUTE_MS;
+        let start = Window::Week.start(now);
+        assert!(start >= first && start - HOUR_MS < first && start % HOUR_MS == 0);
+        let week = h.window(9, Window::Week, now);
+        // Not the hour the 7 days' first minute falls in (kept whole, its first 30 minutes
+        // before the window): the 167 hours after it and the current half hour.
+        assert_eq!(week.len(), 168, "{:?}", &week[..2]);
+        assert_eq!(week[0].at, start);
+        assert!(week.iter().all(|p| p.at >= first));
+        assert_eq!(week[0].util_pct, ((start - base) / HOUR_MS) as f64, "one whole hour");
+        let month = h.window(9, Window::Month, now);
+        assert_eq!(month.len(), 8 * 24 + 1, "all there is");
+        assert_eq!(month[0].at, base);
+    }
+
+    #[test]
+    fn restored_hours_and_minutes_go_where_they_belong_once() {
+        let h = WorkloadHistory::default();
+        let now = 3 * 1_440 * MINUTE_MS;
+        // In memory: the last two minutes.
+        h.record(now, [(4, at(3 * 1_440 - 2, 1.0))]);
+        h.record(now, [(4, at(3 * 1_440 - 1, 2.0))]);
+        let hour = |at: i64, minutes: u32| Hour {
+            at,
+            util_sum: 10.0 * f64::from(minutes),
+            used_sum: 0.0,
+            total_mib: 1,
+            minutes,
+        };
+        // From the store: two hours (out of order), the minute before memory's, a minute
+        // memory has (other figures: memory's stays), and minutes older than a day.
+        h.restore(
+            now,
+            [
+                (4, at(3 * 1_440 - 3, 7.0)),
+                (4, at(3 * 1_440 - 1, 99.0)),
+                (4, at(1_440 + 5, 3.0)),
+                (4, at(1_440 + 6, 5.0)),
+            ],
+            [(4, hour(60 * MINUTE_MS, 60)), (4, hour(0, 30))],
+        );
+        let minutes: Vec<(i64, f32)> = h.minutes(4).iter().map(|s| (s.at / MINUTE_MS, s.util_pct)).collect();
+        assert_eq!(
+            minutes,
+            [(3 * 1_440 - 3, 7.0), (3 * 1_440 - 2, 1.0), (3 * 1_440 - 1, 2.0)]
+        );
+        let hours: Vec<(i64, u32, f64)> = h
+            .hours(4)
+            .iter()
+            .map(|x| (x.at / MINUTE_MS, x.minutes, x.util_sum))
+            .collect();
+        assert_eq!(hours, [(0, 30, 300.0), (60, 60, 600.0), (1_440, 2, 8.0)]);
+        h.restore(now, [(4, at(1_440 + 5, 3.0))], [(4, hour(0, 30))]);
+        assert_eq!(h.hours(4).len(), 3, "an hour kept is not added again");
+        assert_eq!(h.hours(4)[2].minutes, 2, "nor a minute folded into it");
     }
 }

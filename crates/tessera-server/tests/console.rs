@@ -2986,6 +2986,31 @@ async fn a_running_workloads_page_shows_its_gpus_telemetry_now_and_over_time_to_
         page.contains(&format!("href=\"/console/workloads/{id}?range=7d#telemetry-h\"")),
         "{page}"
     );
+    // The charts sit with the table of its GPUs, above the timeline and the logs, inside the
+    // part of the page that refreshes (which keeps the chosen range).
+    let at = |p: &str, what: &str| p.find(what).unwrap_or_else(|| panic!("{what} in {p}"));
+    assert!(
+        at(&page, "id=\"gpus-table\"") < at(&page, "id=\"telemetry-h\""),
+        "{page}"
+    );
+    assert!(
+        at(&page, "id=\"telemetry-h\"") < at(&page, "id=\"timeline-h\""),
+        "{page}"
+    );
+    assert!(at(&page, "id=\"telemetry-h\"") < at(&page, "id=\"logs-h\""), "{page}");
+    let week = vision.page(&format!("{path}?range=7d")).await;
+    assert!(
+        week.contains(&format!("hx-get=\"/console/workloads/{id}/live?range=7d\"")),
+        "{week}"
+    );
+    let fragment = vision.page(&format!("{path}/live?range=7d")).await;
+    assert!(fragment.starts_with("<div id=\"workload-live\""), "{fragment}");
+    assert!(fragment.contains("id=\"telemetry-summary\""), "{fragment}");
+    assert!(fragment.contains("the last 7 days"), "{fragment}");
+    assert_eq!(
+        vision.get(&format!("{path}/live?range=2y")).await.status(),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
     let data: Value = vision
         .get(&format!("/console/workloads/{id}/telemetry?format=json&range=1h"))
         .await
@@ -3040,6 +3065,78 @@ async fn a_running_workloads_page_shows_its_gpus_telemetry_now_and_over_time_to_
             "{p}: {body}"
         );
     }
+}
+
+/// A store that refuses the telemetry the sampler writes (its table renamed away behind the
+/// server's back, from another SQLite connection) stops neither the sampler nor the history:
+/// the workload's telemetry is still shown from memory, and once the table is back the
+/// sampler (which went on sampling every 100 ms here) stores its minutes again. About 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_refusing_telemetry_stops_neither_the_sampler_nor_the_history() {
+    use sqlx::Connection;
+    let parts = crate::support::Parts {
+        sim: tessera_backend_sim::SimConfig {
+            telemetry_interval: Duration::from_millis(200),
+            ..tessera_backend_sim::SimConfig::default()
+        },
+        ..crate::support::Parts::default()
+    };
+    let s = TestServer::start_on("telemetry-store-down", parts, |c| ServerConfig {
+        sample_every: Some(Duration::from_millis(100)),
+        ..c
+    })
+    .await;
+    vision_and_nlp(&s).await;
+    let file = s.dir.0.join(tessera_store_sqlite::DB_FILE);
+    let mut db = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE telemetry_samples RENAME TO telemetry_gone")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    let id = submit(
+        &s,
+        json!({"tenant": "vision", "project": "train", "name": "trainer", "shape": {"gpus": 1, "pool": "training"}, "duration_s": 3600}),
+    )
+    .await;
+    s.wait_state(id, &["running"]).await;
+    let series = format!("workload:{id}");
+    let stored = async |db: &mut sqlx::SqliteConnection, table: &str| -> i64 {
+        let q = format!("SELECT COUNT(*) FROM {table} WHERE series = ?");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(q))
+            .bind(&series)
+            .fetch_one(db)
+            .await
+            .unwrap()
+    };
+    // Telemetry comes and the sampler's writes fail for a while.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(stored(&mut db, "telemetry_gone").await, 0, "nothing could be written");
+    let vision = s.browser();
+    sign_in(&vision, &s.token("vision", "member").await).await;
+    let data: Value = vision
+        .get(&format!("/console/workloads/{id}/telemetry?format=json&range=1h"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(!data["utilisation_pct"].as_array().unwrap().is_empty(), "{data}");
+
+    // The table is back: the sampler, still running, stores the minute.
+    sqlx::query("ALTER TABLE telemetry_gone RENAME TO telemetry_samples")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    let mut rows = 0;
+    for _ in 0..100 {
+        rows = stored(&mut db, "telemetry_samples").await;
+        if rows > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(rows >= 1, "this minute, written once the store took it");
 }
 
 /// A console page whose store read fails answers the 5xx page for people: the store's table

@@ -16,7 +16,7 @@
 //!
 //! ## Its own migration set
 //!
-//! `migrations/` has the same tables, columns, keys and numbering (0001–0017) as the SQLite
+//! `migrations/` has the same tables, columns, keys and numbering (0001–0018) as the SQLite
 //! store's, and differs where PostgreSQL must:
 //!
 //! * **types** — SQLite's `INTEGER` is 64 bits, PostgreSQL's is 32, and sqlx decodes a

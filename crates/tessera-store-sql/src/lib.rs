@@ -26,7 +26,7 @@
 //!   ([`Driver::revocation_news`]).
 //!
 //! The store type itself (`SqliteStore`, `PgStore`) is the driver: it implements [`Driver`], and
-//! [`implement_store!`] implements the nine traits of the contract for it by calling this
+//! [`implement_store!`] implements the ten traits of the contract for it by calling this
 //! crate's generic functions (one per trait method, in the module of its trait). The macro is
 //! only that forwarding: Rust lets a crate implement the contract's traits only for its own
 //! types, and the store types keep their names and constructors in their own crates.
@@ -44,6 +44,7 @@ pub mod ledger;
 pub mod rollouts;
 pub mod rows;
 pub mod sqlx_common;
+pub mod telemetry;
 pub mod tenancy;
 pub mod tokens;
 pub mod workloads;
@@ -376,7 +377,7 @@ pub(crate) async fn read_optional<D: Driver, T>(
     row.as_ref().map(read).transpose()
 }
 
-/// Implements the nine traits of the `tessera-store` contract for a store type that implements
+/// Implements the ten traits of the `tessera-store` contract for a store type that implements
 /// [`Driver`], each method calling this crate's generic function of the same name in the module
 /// of its trait (`TenancyStore::create_tenant` → [`tenancy::create_tenant`], …).
 #[macro_export]
@@ -388,10 +389,10 @@ macro_rules! implement_store {
                 AuditRecord, AuditStore, Change, DrainRecord, FleetStore, GovernanceStore, GpuHealthRecord,
                 GpuMigRecord, ImagePolicyRecord, LeaseRecord, LeaseStore, LedgerStore, NodeStateRecord, ProjectRecord,
                 QuotaRecord, ReplicaRecord, Result, Revocation, RolloutRecord, RolloutStore, ServiceMoveRecord,
-                TenancyChange, TenancyStore, TenantRecord, TokenRecord, TokenStore, UsageInterval, WorkloadFilter,
-                WorkloadStore,
+                TelemetryRecord, TelemetryStore, TenancyChange, TenancyStore, TenantRecord, TokenRecord, TokenStore,
+                UsageInterval, WorkloadFilter, WorkloadStore,
             };
-            use $crate::{audit, fleet, governance, lease, ledger, rollouts, tenancy, tokens, workloads};
+            use $crate::{audit, fleet, governance, lease, ledger, rollouts, telemetry, tenancy, tokens, workloads};
 
             #[$crate::__private::async_trait]
             impl TenancyStore for $store {
@@ -630,6 +631,22 @@ macro_rules! implement_store {
                 }
                 async fn rollouts(&self) -> Result<Vec<RolloutRecord>> {
                     rollouts::rollouts(self).await
+                }
+            }
+
+            #[$crate::__private::async_trait]
+            impl TelemetryStore for $store {
+                async fn append_telemetry(&self, records: &[TelemetryRecord]) -> Result<u64> {
+                    telemetry::append_telemetry(self, records).await
+                }
+                async fn telemetry_since(&self, since: i64) -> Result<Vec<TelemetryRecord>> {
+                    telemetry::telemetry_since(self, since).await
+                }
+                async fn fold_telemetry(&self, before: i64) -> Result<u64> {
+                    telemetry::fold_telemetry(self, before).await
+                }
+                async fn prune_telemetry(&self, before: i64) -> Result<u64> {
+                    telemetry::prune_telemetry(self, before).await
                 }
             }
         };

@@ -26,7 +26,8 @@ use crate::{
     AuditRecord, Change, DrainRecord, Fence, GpuHealthRecord, HealthCause, IdempotencyKey, ImagePolicyRecord,
     MoveCause, NodeStateRecord, PLATFORM_ADMIN, ProjectRecord, QuotaRecord, ReplicaRecord, Revocation,
     RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState, ServiceMoveRecord, Store, StoreError,
-    TenancyChange, TenantRecord, TokenRecord, UsageInterval, WorkloadFilter, WorkloadOrder, WorkloadSeek,
+    TELEMETRY_ROWS_PER_WRITE, TelemetryRecord, TelemetrySeries, TenancyChange, TenantRecord, TokenRecord,
+    UsageInterval, WorkloadFilter, WorkloadOrder, WorkloadSeek,
 };
 
 /// Expands to one `#[tokio::test]` per conformance check, each on the store that `make` (an
@@ -66,6 +67,9 @@ macro_rules! store_conformance_tests {
             gpu_health_and_node_states,
             drains_and_service_moves,
             rollouts_round_trip_and_get_ids_from_the_store,
+            telemetry_reads_back_exactly_and_once_per_minute,
+            telemetry_folds_workload_minutes_into_hours,
+            telemetry_prunes_only_what_is_older,
         );
     };
     (@each $make:expr; $($check:ident),+ $(,)?) => {
@@ -2697,4 +2701,229 @@ pub async fn rollouts_round_trip_and_get_ids_from_the_store(s: &dyn Store) {
     for st in RolloutState::ALL {
         assert_eq!(RolloutState::parse(st.as_str()), Some(st));
     }
+}
+
+// ----- telemetry -----------------------------------------------------------------------------
+
+const MINUTE_MS: i64 = 60_000;
+const HOUR_MS: i64 = 3_600_000;
+/// An hour's start, the base of the telemetry checks' times.
+const T0: i64 = 1_700_000_000_000 - 1_700_000_000_000 % HOUR_MS;
+
+fn pool_minute(pool: &str, minute: i64, util: Option<f64>) -> TelemetryRecord {
+    TelemetryRecord {
+        series: TelemetrySeries::Pool(pool.into()),
+        at: T0 + minute * MINUTE_MS,
+        span_minutes: 1,
+        minutes: 1,
+        util_sum: util,
+        used_mib_sum: None,
+        total_mib: None,
+    }
+}
+
+fn workload_minute(id: u64, minute: i64, util: f64, used: f64, total: u64) -> TelemetryRecord {
+    TelemetryRecord {
+        series: TelemetrySeries::Workload(id),
+        at: T0 + minute * MINUTE_MS,
+        span_minutes: 1,
+        minutes: 1,
+        util_sum: Some(util),
+        used_mib_sum: Some(used),
+        total_mib: Some(total),
+    }
+}
+
+/// Records by start, then series, then span (`telemetry_since` promises the start's order
+/// only).
+fn in_read_order(mut v: Vec<TelemetryRecord>) -> Vec<TelemetryRecord> {
+    v.sort_by(|a, b| (a.at, &a.series, a.span_minutes).cmp(&(b.at, &b.series, b.span_minutes)));
+    v
+}
+
+/// Telemetry records read back exactly as written (every figure, `None`s, a pool whose name
+/// has a colon, the largest workload id), oldest first, from the time asked; writing a minute again — the same
+/// figures or others, in the same write or a later one — keeps the first and counts nothing;
+/// a write larger than one statement lands whole.
+pub async fn telemetry_reads_back_exactly_and_once_per_minute(s: &dyn Store) {
+    assert!(s.telemetry_since(i64::MIN).await.unwrap().is_empty());
+    let written = vec![
+        workload_minute(7, 2, 33.25, 1_234.5, 81_920),
+        pool_minute("training", 0, Some(12.5)),
+        pool_minute("inference:a", 0, None),
+        workload_minute(u64::MAX, 0, 0.0, 0.0, 0),
+        workload_minute(7, 0, 99.875, 40_000.0, 81_920),
+        pool_minute("training", 1, Some(0.1 + 0.2)),
+        TelemetryRecord {
+            span_minutes: 60,
+            minutes: 45,
+            ..workload_minute(7, 0, 4_000.5, 1_800_000.0, 81_920)
+        },
+    ];
+    assert_eq!(s.append_telemetry(&written).await.unwrap(), 7);
+    let read = s.telemetry_since(i64::MIN).await.unwrap();
+    assert!(read.windows(2).all(|w| w[0].at <= w[1].at), "oldest first: {read:?}");
+    let read = in_read_order(read);
+    assert_eq!(read, in_read_order(written.clone()));
+    assert_eq!(
+        in_read_order(s.telemetry_since(T0 + MINUTE_MS).await.unwrap()),
+        in_read_order(written[5..6].iter().chain(&written[..1]).cloned().collect()),
+        "from a time on"
+    );
+
+    // The same minutes again (other figures), and a duplicate within one write: one row each,
+    // the first figures kept.
+    let again = vec![
+        workload_minute(7, 2, 1.0, 1.0, 1),
+        pool_minute("training", 0, Some(77.0)),
+        pool_minute("training", 3, Some(5.0)),
+        pool_minute("training", 3, Some(6.0)),
+    ];
+    assert_eq!(s.append_telemetry(&again).await.unwrap(), 1, "only minute 3 is new");
+    let read = in_read_order(s.telemetry_since(i64::MIN).await.unwrap());
+    assert_eq!(read.len(), 8);
+    assert!(read.contains(&written[0]) && read.contains(&written[1]));
+    assert_eq!(
+        read.iter()
+            .filter(|r| r.at == T0 + 3 * MINUTE_MS)
+            .map(|r| r.util_sum)
+            .collect::<Vec<_>>(),
+        [Some(5.0)]
+    );
+    assert_eq!(
+        s.append_telemetry(&written).await.unwrap(),
+        0,
+        "a retry changes nothing"
+    );
+    assert_eq!(in_read_order(s.telemetry_since(i64::MIN).await.unwrap()), read);
+
+    // More rows than one statement writes: all of them, once.
+    let many: Vec<TelemetryRecord> = (0..TELEMETRY_ROWS_PER_WRITE as u64 * 2 + 17)
+        .map(|id| workload_minute(1_000 + id, 10, id as f64, 2.0 * id as f64, id))
+        .collect();
+    assert_eq!(s.append_telemetry(&many).await.unwrap(), many.len() as u64);
+    assert_eq!(s.append_telemetry(&many).await.unwrap(), 0);
+    let tenth = in_read_order(s.telemetry_since(T0 + 10 * MINUTE_MS).await.unwrap());
+    assert_eq!(tenth, in_read_order(many.clone()));
+    assert_eq!(s.append_telemetry(&[]).await.unwrap(), 0);
+}
+
+/// Folding takes a workload's minutes before the given hour into one record per hour (sums,
+/// minute count, most memory), deletes those minutes, and leaves pools' minutes, later
+/// minutes and hours already stored as they are; folding again finds nothing.
+pub async fn telemetry_folds_workload_minutes_into_hours(s: &dyn Store) {
+    let mut written = Vec::new();
+    // Workload 1: minutes 0..90 (an hour and a half); workload 2: minutes 10 and 70.
+    for m in 0..90 {
+        written.push(workload_minute(1, m, (m % 60) as f64, 100.0, 1_000 + m as u64));
+    }
+    written.push(workload_minute(2, 10, 50.0, 10.0, 20));
+    written.push(workload_minute(2, 70, 60.0, 30.0, 40));
+    // A pool's minutes are never folded.
+    written.push(pool_minute("training", 5, Some(1.0)));
+    written.push(pool_minute("training", 65, None));
+    // Workload 3 has its first hour stored already (as another replica folded it).
+    let stored_hour = TelemetryRecord {
+        span_minutes: 60,
+        minutes: 2,
+        ..workload_minute(3, 0, 10.0, 10.0, 10)
+    };
+    written.push(stored_hour.clone());
+    written.push(workload_minute(3, 30, 99.0, 99.0, 99));
+    s.append_telemetry(&written).await.unwrap();
+
+    assert_eq!(
+        s.fold_telemetry(T0 + HOUR_MS).await.unwrap(),
+        2,
+        "the first hour of 1 and 2"
+    );
+    let read = s.telemetry_since(i64::MIN).await.unwrap();
+    let hour = |id: u64, at: i64| {
+        read.iter()
+            .find(|r| r.series == TelemetrySeries::Workload(id) && r.span_minutes == 60 && r.at == at)
+            .cloned()
+    };
+    assert_eq!(
+        hour(1, T0),
+        Some(TelemetryRecord {
+            series: TelemetrySeries::Workload(1),
+            at: T0,
+            span_minutes: 60,
+            minutes: 60,
+            util_sum: Some(1_770.0),
+            used_mib_sum: Some(6_000.0),
+            total_mib: Some(1_059),
+        })
+    );
+    assert_eq!(hour(2, T0).map(|h| (h.minutes, h.util_sum)), Some((1, Some(50.0))));
+    assert_eq!(
+        hour(3, T0),
+        Some(stored_hour),
+        "an hour already stored keeps its figures"
+    );
+    let minutes = |pred: &dyn Fn(&TelemetryRecord) -> bool| {
+        read.iter()
+            .filter(|r| r.span_minutes == 1 && pred(r))
+            .map(|r| (r.series.clone(), (r.at - T0) / MINUTE_MS))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        minutes(&|r| matches!(r.series, TelemetrySeries::Workload(_)) && r.at < T0 + HOUR_MS).is_empty(),
+        "the folded minutes are gone: {read:?}"
+    );
+    assert_eq!(
+        minutes(&|r| r.series == TelemetrySeries::Workload(1)).len(),
+        30,
+        "the second hour's minutes stay"
+    );
+    assert_eq!(
+        minutes(&|r| r.series == TelemetrySeries::Workload(2)),
+        [(TelemetrySeries::Workload(2), 70)]
+    );
+    assert_eq!(
+        minutes(&|r| matches!(r.series, TelemetrySeries::Pool(_))),
+        [
+            (TelemetrySeries::Pool("training".into()), 5),
+            (TelemetrySeries::Pool("training".into()), 65)
+        ],
+        "pools keep their minutes"
+    );
+    assert_eq!(read.len(), 3 + 30 + 1 + 2);
+    assert_eq!(s.fold_telemetry(T0 + HOUR_MS).await.unwrap(), 0);
+    assert_eq!(
+        in_read_order(s.telemetry_since(i64::MIN).await.unwrap()),
+        in_read_order(read)
+    );
+}
+
+/// Pruning forgets exactly the records that start before the given time, of every series and
+/// span, and counts them.
+pub async fn telemetry_prunes_only_what_is_older(s: &dyn Store) {
+    let written = vec![
+        pool_minute("training", 0, Some(1.0)),
+        pool_minute("training", 59, Some(2.0)),
+        pool_minute("training", 60, Some(3.0)),
+        workload_minute(4, 59, 1.0, 1.0, 1),
+        workload_minute(4, 60, 1.0, 1.0, 1),
+        TelemetryRecord {
+            span_minutes: 60,
+            minutes: 60,
+            ..workload_minute(5, 0, 1.0, 1.0, 1)
+        },
+        TelemetryRecord {
+            span_minutes: 60,
+            minutes: 60,
+            ..workload_minute(5, 60, 1.0, 1.0, 1)
+        },
+    ];
+    s.append_telemetry(&written).await.unwrap();
+    assert_eq!(s.prune_telemetry(T0 + HOUR_MS).await.unwrap(), 4);
+    let kept: Vec<TelemetryRecord> = written.iter().filter(|r| r.at >= T0 + HOUR_MS).cloned().collect();
+    assert_eq!(
+        in_read_order(s.telemetry_since(i64::MIN).await.unwrap()),
+        in_read_order(kept.clone())
+    );
+    assert_eq!(s.prune_telemetry(T0 + HOUR_MS).await.unwrap(), 0);
+    assert_eq!(s.prune_telemetry(T0).await.unwrap(), 0);
+    assert_eq!(s.telemetry_since(i64::MIN).await.unwrap().len(), kept.len());
 }

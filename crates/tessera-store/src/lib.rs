@@ -3,7 +3,8 @@
 //! The contract of Tessera's durable store, without an implementation: the records it keeps,
 //! the lifecycle batch ([`Change`]), the workload filter, one async trait per aggregate
 //! (tenancy, tokens, workloads, the usage ledger, governance, the audit log, fleet operations:
-//! GPU health, node states, drains, service moves and rolling upgrades), the [`Store`]
+//! GPU health, node states, drains, service moves and rolling upgrades; the console's
+//! telemetry history), the [`Store`]
 //! supertrait the control plane holds as `Arc<dyn Store>`, and [`StoreError`].
 //!
 //! Implementations live in their own crates (`tessera-store-sqlite`, the embedded default, and
@@ -860,6 +861,64 @@ pub trait RolloutStore: Send + Sync {
     async fn rollouts(&self) -> Result<Vec<RolloutRecord>>;
 }
 
+/// What a stored telemetry series is of ([`TelemetryStore`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TelemetrySeries {
+    /// A pool's mean GPU utilisation.
+    Pool(String),
+    /// A workload's devices: their mean utilisation and memory.
+    Workload(u64),
+}
+
+/// A telemetry record ([`TelemetryStore`]): one minute of a series, or (for a workload's
+/// minutes older than a day, [`TelemetryStore::fold_telemetry`]) an hour's minutes taken
+/// together. The figures are sums over the minutes it takes together, so that hours add up
+/// exactly; a minute's sums are its figures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TelemetryRecord {
+    pub series: TelemetrySeries,
+    /// Its start, ms since the epoch (a minute's, or an hour's for an hour record).
+    pub at: i64,
+    /// How long it spans: 1 (a minute) or 60 (an hour).
+    pub span_minutes: u32,
+    /// How many minutes' samples it takes together (1 for a minute).
+    pub minutes: u32,
+    /// Sum of the minutes' utilisation, percent; `None` where none was reported.
+    pub util_sum: Option<f64>,
+    /// Sum of the minutes' memory in use, MiB (workloads only).
+    pub used_mib_sum: Option<f64>,
+    /// The most memory the devices had in one of its minutes, MiB (workloads only).
+    pub total_mib: Option<u64>,
+}
+
+/// The console's telemetry history, so that its charts survive a restart and a failover: the
+/// minute samples the server takes of each pool and each workload, hours for a workload's
+/// minutes older than a day, nothing older than the caller prunes.
+///
+/// A record is keyed by its series, its span and its start: writing one that is already
+/// stored leaves the stored one as it is (two replicas writing the same minute, or a retry,
+/// are harmless).
+#[async_trait]
+pub trait TelemetryStore: Send + Sync {
+    /// Stores `records`, in statements of at most [`TELEMETRY_ROWS_PER_WRITE`] rows each
+    /// committed on its own (a long write never holds the database for long), skipping any
+    /// already stored; returns how many were new.
+    async fn append_telemetry(&self, records: &[TelemetryRecord]) -> Result<u64>;
+    /// Every record starting at or after `since`, oldest first (those of the same start in no
+    /// particular order).
+    async fn telemetry_since(&self, since: i64) -> Result<Vec<TelemetryRecord>>;
+    /// Folds the workload minutes starting before `before` (an hour's start) into one hour
+    /// record per workload and hour, and deletes those minutes, in one transaction; an hour
+    /// already stored keeps its figures (the minutes are deleted all the same). Pools' minutes
+    /// are left as they are. Returns how many hour records were written.
+    async fn fold_telemetry(&self, before: i64) -> Result<u64>;
+    /// Forgets every record starting before `before`; returns how many.
+    async fn prune_telemetry(&self, before: i64) -> Result<u64>;
+}
+
+/// The most rows one statement of [`TelemetryStore::append_telemetry`] writes.
+pub const TELEMETRY_ROWS_PER_WRITE: usize = 500;
+
 /// Everything the control plane needs from its database.
 pub trait Store:
     TenancyStore
@@ -871,6 +930,7 @@ pub trait Store:
     + FleetStore
     + LeaseStore
     + RolloutStore
+    + TelemetryStore
     + 'static
 {
 }
@@ -885,6 +945,7 @@ impl<
         + FleetStore
         + LeaseStore
         + RolloutStore
+        + TelemetryStore
         + 'static,
 > Store for T
 {

@@ -204,7 +204,8 @@ pub struct ServeArgs {
     /// `operator` mode).
     #[arg(long)]
     sim_mig_partition_ms: Option<u64>,
-    /// How often the backend reports telemetry, in milliseconds (simulated and local).
+    /// How often the backend reports telemetry, in milliseconds (simulated and local; at least
+    /// 100). 0 on the simulated backend: it reports none.
     #[arg(long, default_value_t = 5000)]
     sim_telemetry_ms: u64,
     /// How often the backend is reconciled with what Tessera expects, in seconds.
@@ -284,6 +285,11 @@ pub struct ServeArgs {
     /// 1h). Default: off, a rollout waits for `tessera node done NODE` (the external hook).
     #[arg(long, value_parser = parse_duration_s)]
     sim_upgrade_duration: Option<u64>,
+    /// For tests: sample the console's history every this many milliseconds instead of every
+    /// minute on the minute (each sample is still of its minute), so that a test sees minutes
+    /// stored without waiting for them.
+    #[arg(long, hide = true, value_name = "MS")]
+    sample_every_ms: Option<u64>,
 }
 
 /// A flag's duration (90s, 20m, 1h30m) in seconds.
@@ -430,7 +436,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                     SimModeArg::Exact => tessera_backend_sim::SimMode::Exact,
                     SimModeArg::Operator => tessera_backend_sim::SimMode::Operator,
                 };
-                let telemetry = Duration::from_millis(a.sim_telemetry_ms.max(100));
+                let telemetry = match a.sim_telemetry_ms {
+                    0 => Duration::ZERO,
+                    ms => Duration::from_millis(ms.max(100)),
+                };
                 let sim = crate::compose::sim_backend(&fleet, mode, a.sim_mig_partition_ms, telemetry);
                 let backend: Arc<dyn tessera_backend::Backend> = sim;
                 (fleet, backend, serving)
@@ -497,6 +506,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                 key: a.admission_tls_key.clone().expect("clap requires it"),
             }),
             cors_origins: a.cors_origins,
+            sample_every: a.sample_every_ms.map(|ms| Duration::from_millis(ms.max(10))),
             advertise_url: a.advertise_url.clone(),
             replica_id: a.replica_id.clone(),
             ha: {

@@ -10,6 +10,9 @@
 //! * **fencing** — a leader paused with `SIGSTOP` past its lease, then resumed with `SIGCONT`,
 //!   commits nothing: another replica leads by then and the paused one steps down (before that,
 //!   a token revoked through one replica fails on both);
+//! * **telemetry across a failover** — a follower without telemetry of its own reads the
+//!   leader's stored telemetry each minute (here: each 200 ms), and still shows a workload's
+//!   telemetry once the leader was killed and it leads;
 //! * **database outage** — PostgreSQL stopped for 10 s under load: every answer meanwhile is a
 //!   503 problem (no 500, none slower than the bound), and once it is back the replicas elect a
 //!   leader and accept writes again by themselves, with nothing acknowledged lost.
@@ -41,10 +44,17 @@ impl Replica {
     /// Starts a replica and waits until it serves (it prints its address once it leads or
     /// follows).
     fn start(name: &str, database: &str, dir: &Path, lease_ms: u64) -> Replica {
+        Replica::start_with(name, database, dir, lease_ms, 1000, &[])
+    }
+
+    /// [`Replica::start`] with the simulator's telemetry every `telemetry_ms` (0: none) and
+    /// `extra` flags.
+    fn start_with(name: &str, database: &str, dir: &Path, lease_ms: u64, telemetry_ms: u64, extra: &[&str]) -> Replica {
         let data = dir.join(name);
         std::fs::create_dir_all(&data).unwrap();
         let log = dir.join(format!("{name}.log"));
-        let mut cmd = sim_serve_command(1000);
+        let mut cmd = sim_serve_command(telemetry_ms);
+        cmd.args(extra);
         cmd.args(["--database", database, "--replica-id", name, "--min-runtime-s", "0"])
             .arg("--data-dir")
             .arg(&data)
@@ -967,4 +977,108 @@ async fn a_database_outage_answers_503_and_recovers_by_itself() {
     }
     assert!(seen.slowest < REQUEST_TIMEOUT, "an answer took {:?}", seen.slowest);
     check_consistency(&admin, replicas[leader].base(), &seen, &all).await;
+}
+
+/// The minutes (`x`) of a workload's telemetry data that have a utilisation.
+fn telemetry_minutes(data: &Value) -> Vec<i64> {
+    data["x"].as_array().map_or_else(Vec::new, |x| {
+        x.iter()
+            .zip(data["utilisation_pct"].as_array().unwrap())
+            .filter(|(_, u)| u.as_f64().is_some_and(|u| u > 0.0))
+            .map(|(x, _)| x.as_i64().unwrap())
+            .collect()
+    })
+}
+
+/// The console's telemetry across a failover: the leader samples a workload's GPUs (the
+/// simulator's telemetry every 200 ms, the history sampled every 200 ms) and stores them; a
+/// follower started before the workload ran, with no telemetry of its own (the simulator
+/// reports none), shows them from what it reads of the store, and still does once the leader
+/// was killed (`kill -9`) and it leads. The other tenant finds nothing there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_shows_the_telemetry_its_predecessor_stored() {
+    let dir = TempDir::new("ha-telemetry");
+    let database = tessera_testdb::database_url();
+    let fast = ["--sample-every-ms", "200"];
+    let r1 = Replica::start_with("t1", &database, &dir.0, 1500, 200, &fast);
+    let token = admin_token(&dir.0.join("t1"));
+    let admin = Api::new(&token);
+    let r2 = Replica::start_with("t2", &database, &dir.0, 1500, 0, &fast);
+    let http = http();
+    let replicas = [r1, r2];
+    assert_eq!(wait_for_leader(&http, &replicas, Duration::from_secs(30)).await, 0);
+    let [r1, r2] = replicas;
+    let base = r1.base().to_string();
+    setup(&admin, &base).await;
+    let mut members = Vec::new();
+    for t in ["a", "b"] {
+        let (st, v) = admin
+            .post(&base, "/api/v1/tokens", json!({"tenant": t, "role": "member"}))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        members.push(Api::new(v["token"].as_str().unwrap()));
+    }
+    let (st, w) = admin
+        .post(
+            &base,
+            "/api/v1/workloads",
+            json!({"tenant": "a", "project": "p", "name": "trainer", "shape": {"gpus": 2, "pool": "training"}, "duration_s": 2}),
+        )
+        .await;
+    assert_eq!(st, 201, "{w}");
+    let id = w["id"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, w) = admin.get(&base, &format!("/api/v1/workloads/{id}")).await;
+        if w["state"] == "succeeded" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the workload did not end: {w}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let path = format!("/console/workloads/{id}/telemetry?format=json&range=1h");
+    let (st, before) = members[0].get(&base, &path).await;
+    assert_eq!(st, 200, "{before}");
+    let before = telemetry_minutes(&before);
+    assert!(!before.is_empty(), "the leader sampled it");
+    // The follower reads what the leader stored.
+    let shown = |base: String| {
+        let (member, path) = (members[0].clone(), path.clone());
+        async move {
+            poll(
+                Instant::now() + Duration::from_secs(10),
+                Duration::from_millis(100),
+                || {
+                    let (member, path, base) = (member.clone(), path.clone(), base.clone());
+                    async move {
+                        let (st, data) = member.get(&base, &path).await;
+                        let minutes = telemetry_minutes(&data);
+                        if st == 200 && !minutes.is_empty() {
+                            Ok(minutes)
+                        } else {
+                            Err(format!("no telemetry on {base}: {st} {data}"))
+                        }
+                    }
+                },
+            )
+            .await
+        }
+    };
+    let on_follower = shown(r2.base().to_string()).await;
+    assert!(
+        !on_follower.is_empty() && on_follower.iter().all(|m| before.contains(m)),
+        "{before:?} / {on_follower:?}"
+    );
+    let r2_base = r2.base().to_string();
+    r1.kill_9();
+    let replicas = [r2];
+    wait_for_leader(&http, &replicas, Duration::from_secs(30)).await;
+    let on_new_leader = shown(r2_base.clone()).await;
+    assert!(
+        !on_new_leader.is_empty() && on_new_leader.iter().all(|m| before.contains(m)),
+        "{before:?} / {on_new_leader:?}: {}",
+        tails(&replicas)
+    );
+    let (st, theirs) = members[1].get(&r2_base, &path).await;
+    assert_eq!(st, 404, "{theirs}");
 }

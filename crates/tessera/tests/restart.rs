@@ -1,12 +1,13 @@
 //! Restart test, on SQLite and on PostgreSQL: start `tessera serve`, create workloads, `kill
 //! -9` it, start it again on the same data directory (or database): the same workloads, states and allocations; no capacity leaked or
-//! double-booked; every acknowledged request survives.
+//! double-booked; every acknowledged request survives; the console's telemetry charts keep
+//! what they showed.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::support::{Serving, TempDir, serve_command, wait_until_serving, xorshift};
+use crate::support::{Serving, TempDir, serve_command, sim_serve_command, wait_until_serving, xorshift};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tessera_testdb::Db;
@@ -298,8 +299,159 @@ async fn ledger_matches_allocations_across_kill_9(db: Db) {
     s.kill();
 }
 
+/// A GET with `token`: the status and the JSON body (`Null` when it is not JSON).
+async fn get_as(http: &reqwest::Client, s: &Serving, token: &str, path: &str) -> (u16, Value) {
+    let r = http
+        .get(format!("{}{path}", s.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    let st = r.status().as_u16();
+    (
+        st,
+        serde_json::from_str(&r.text().await.unwrap()).unwrap_or(Value::Null),
+    )
+}
+
+/// The minutes (`x`, seconds) of a chart's data whose `field` has a value.
+fn minutes_with(data: &Value, field: &str) -> Vec<i64> {
+    let x = data["x"].as_array().unwrap();
+    let v = data[field].as_array().unwrap();
+    assert_eq!(x.len(), v.len(), "{data}");
+    x.iter()
+        .zip(v)
+        .filter(|(_, v)| !v.is_null())
+        .map(|(x, _)| x.as_i64().unwrap())
+        .collect()
+}
+
+/// The console's telemetry survives `kill -9`: a workload runs on the simulator (telemetry
+/// every 200 ms, the history sampled every 200 ms instead of every minute — each sample still
+/// of its minute) and ends; the server is killed and started again without any telemetry
+/// (the simulator reports none), so that what the charts show after the restart can only
+/// come from the store. The workload's telemetry (its tenant's JSON) has its earlier minutes
+/// with their figures, the training pool's utilisation its earlier minutes; the other tenant
+/// still finds nothing.
+async fn telemetry_survives_kill_9(db: Db) {
+    let dir = TempDir::new(&format!("telemetry-{db:?}"));
+    let database = db.url();
+    let start = |telemetry_ms: u64| {
+        let mut cmd = sim_serve_command(telemetry_ms);
+        cmd.args(["--sample-every-ms", "200"]);
+        if let Some(url) = &database {
+            cmd.args(["--database", url, "--replica-id", "restarted"]);
+        }
+        cmd.arg("--data-dir").arg(&dir.0);
+        wait_until_serving(&mut cmd, Duration::from_secs(30))
+    };
+    let mut s = start(200);
+    let admin = Admin {
+        http: reqwest::Client::new(),
+        token: s.admin_token.clone().expect("first start prints the admin token"),
+    };
+    let mut tokens = BTreeMap::new();
+    for (t, p) in [("vision", "train"), ("nlp", "p")] {
+        assert_eq!(admin.post(&s, "/api/v1/tenants", json!({"name": t})).await.0, 201);
+        let (st, _) = admin
+            .post(&s, &format!("/api/v1/tenants/{t}/projects"), json!({"name": p}))
+            .await;
+        assert_eq!(st, 201);
+        let (st, tok) = admin
+            .post(&s, "/api/v1/tokens", json!({"tenant": t, "role": "member"}))
+            .await;
+        assert_eq!(st, 201, "{tok}");
+        tokens.insert(t, tok["token"].as_str().unwrap().to_string());
+    }
+    let (st, w) = admin
+        .post(
+            &s,
+            "/api/v1/workloads",
+            json!({"tenant": "vision", "project": "train", "name": "trainer", "shape": {"gpus": 2, "pool": "training"}, "duration_s": 2}),
+        )
+        .await;
+    assert_eq!(st, 201, "{w}");
+    let id = w["id"].as_u64().unwrap();
+    let telemetry = format!("/console/workloads/{id}/telemetry?format=json&range=1h");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, w) = admin.get(&s, &format!("/api/v1/workloads/{id}")).await;
+        if w["state"] == "succeeded" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the workload did not end: {w}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A few more samples (of the pools) are taken and stored.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (st, before) = get_as(&admin.http, &s, &tokens["vision"], &telemetry).await;
+    assert_eq!(st, 200, "{before}");
+    let before_minutes = minutes_with(&before, "utilisation_pct");
+    assert!(!before_minutes.is_empty(), "it ran with telemetry: {before}");
+    let pool = "/console/charts/data?pool=training&format=json&range=1h";
+    let (st, pool_before) = get_as(&admin.http, &s, &admin.token, pool).await;
+    assert_eq!(st, 200, "{pool_before}");
+    let pool_minutes = minutes_with(&pool_before, "utilisation_pct");
+    assert!(!pool_minutes.is_empty(), "{pool_before}");
+    s.kill(); // SIGKILL
+
+    let s = start(0);
+    // Read back by the sampler's task, which starts with the server.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let (st, after) = get_as(&admin.http, &s, &tokens["vision"], &telemetry).await;
+        assert_eq!(st, 200, "{after}");
+        if !minutes_with(&after, "utilisation_pct").is_empty() || Instant::now() > deadline {
+            break after;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let after_minutes = minutes_with(&after, "utilisation_pct");
+    assert!(!after_minutes.is_empty(), "the workload's telemetry survived: {after}");
+    assert!(
+        after_minutes.iter().all(|m| before_minutes.contains(m)),
+        "the minutes it ran in: {before} / {after}"
+    );
+    for (i, u) in after["utilisation_pct"].as_array().unwrap().iter().enumerate() {
+        let u = u.as_f64().unwrap();
+        assert!(u > 0.0 && u <= 100.0, "the simulator kept its GPUs busy: {after}");
+        let (used, total) = (
+            after["memory_used_mib"][i].as_f64().unwrap(),
+            after["memory_mib"][i].as_u64().unwrap(),
+        );
+        assert!(used > 0.0 && total >= used as u64 && total > 0, "{after}");
+    }
+    let (_, pool_after) = get_as(&admin.http, &s, &admin.token, pool).await;
+    let pool_after_minutes = minutes_with(&pool_after, "utilisation_pct");
+    assert!(
+        !pool_after_minutes.is_empty(),
+        "the pool's utilisation survived: {pool_after}"
+    );
+    assert!(
+        pool_after_minutes.iter().all(|m| pool_minutes.contains(m)),
+        "{pool_before} / {pool_after}"
+    );
+    // The other tenant still finds nothing.
+    for path in [telemetry.clone(), format!("/console/workloads/{id}/telemetry?range=7d")] {
+        let r = admin
+            .http
+            .get(format!("{}{path}", s.base))
+            .bearer_auth(&tokens["nlp"])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(
+            !body.contains("utilisation") && !body.contains("start_utc") && !body.contains("trainer"),
+            "{body}"
+        );
+    }
+}
+
 tessera_testdb::each_database!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async kill_9_and_restart_keeps_every_acknowledged_workload,
     ledger_matches_allocations_across_kill_9,
+    telemetry_survives_kill_9,
 );

@@ -572,11 +572,11 @@ struct WorkloadPage {
     id: u64,
     name: String,
     live: WorkloadLive,
-    /// Its GPUs' use over the chosen window.
-    telemetry: TelemetryChart,
 }
 
-/// The part of a workload's page that refreshes while it runs: its facts, timeline and logs.
+/// The part of a workload's page that refreshes while it runs: its facts, its GPUs now and
+/// over the chosen window (the charts with the table of its devices, above the logs), its
+/// timeline and logs.
 /// The fragment asks to be fetched again (htmx `every 2s`) only while the workload has not
 /// ended, so polling stops by itself at a terminal state.
 #[derive(Template)]
@@ -605,6 +605,8 @@ struct WorkloadLive {
     gpus: Option<GpusNow>,
     /// While it waits: why, what to do, its place in the queue, the pools that cannot serve it.
     waits: Option<Waits>,
+    /// Its GPUs' use over the chosen window (the fragment keeps the window when it refreshes).
+    telemetry: TelemetryChart,
 }
 
 /// Workload `id`'s devices in telemetry `t` ([`crate::workload_history::readings`]): each MIG
@@ -1046,7 +1048,12 @@ fn workload_id(raw: &str) -> Result<WorkloadId, ApiError> {
 }
 
 /// The live part of a workload's page (through the API's service, so tenant scoping applies).
-async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive, ApiError> {
+async fn live(
+    s: &AppState,
+    c: &Caller,
+    wid: WorkloadId,
+    window: crate::history::Window,
+) -> Result<WorkloadLive, ApiError> {
     let w = workloads::get(s, &c.id, wid).await?;
     let events: Vec<Event> = s
         .store
@@ -1106,6 +1113,7 @@ async fn live(s: &AppState, c: &Caller, wid: WorkloadId) -> Result<WorkloadLive,
         })
     };
     Ok(WorkloadLive {
+        telemetry: telemetry_chart(s, wid.0, window, crate::clock::now_ms()),
         waits,
         cost,
         gpu_use,
@@ -1183,7 +1191,7 @@ fn telemetry_chart(s: &AppState, id: u64, window: crate::history::Window, now: i
     let total = v.iter().map(|p| p.total_mib).max().unwrap_or(0);
     let hourly = window.bucket_minutes() > 1;
     // The time axis spans the whole window, however few minutes it ran in it.
-    let from = crate::history::minute(now) - (window.minutes() as i64 - 1) * 60_000;
+    let from = window.start(now);
     let x_range = [from / 1000, now / 1000];
     let util = serde_json::json!({
         "title": format!("Mean GPU utilisation of its devices, %, {}", window.label()),
@@ -1240,14 +1248,12 @@ pub async fn workload(
     Path(raw): Path<String>,
     Query(q): Query<TelemetryQuery>,
 ) -> Result<Response, ApiError> {
-    let live = live(&s, &c, workload_id(&raw)?).await?;
     let window = super::charts::window_of(&q.range)?;
-    let telemetry = telemetry_chart(&s, live.w.id, window, crate::clock::now_ms());
+    let live = live(&s, &c, workload_id(&raw)?, window).await?;
     Ok(html(&WorkloadPage {
         chrome: Chrome::new(&c, &s, "workloads"),
         id: live.w.id,
         name: live.w.name.clone(),
-        telemetry,
         live,
     }))
 }
@@ -1310,13 +1316,16 @@ pub async fn workload_telemetry(
     }
 }
 
-/// `GET /console/workloads/{id}/live`: the refreshing fragment of the workload's page.
+/// `GET /console/workloads/{id}/live?range=…`: the refreshing fragment of the workload's page
+/// (its telemetry charts over the window `range` names, 24 hours by default).
 pub async fn workload_live(
     State(s): State<AppState>,
     c: Caller,
     Path(raw): Path<String>,
+    Query(q): Query<TelemetryQuery>,
 ) -> Result<Response, ApiError> {
-    Ok(html(&live(&s, &c, workload_id(&raw)?).await?))
+    let window = super::charts::window_of(&q.range)?;
+    Ok(html(&live(&s, &c, workload_id(&raw)?, window).await?))
 }
 
 /// `POST /console/workloads/{id}/cancel` (htmx, with the CSRF token): cancels through the
