@@ -13,8 +13,9 @@
 //! minute the sampler ([`spawn`]) writes the samples it took that carry telemetry — each
 //! pool's utilisation, each workload's minute — in one write (statements of at most
 //! [`tessera_store::TELEMETRY_ROWS_PER_WRITE`] rows, each committed on its own), after
-//! recording them in memory; at start the last 30 days are read back ([`restore`]; the first
-//! moments after a start, until that read is done, the charts show only the allocation). A
+//! recording them in memory; at start the last 30 days are read back, a day at a time so that
+//! at most a day of rows is held besides the histories ([`restore`]; the first moments after a
+//! start, until that read is done, the charts show only the allocation). A
 //! replica without telemetry (a follower) writes nothing, and instead reads, each minute, what
 //! the leader wrote since: its charts show it, and still do once it leads after a failover. A
 //! write is idempotent (a minute already stored keeps the figures first written: the sampler's
@@ -27,7 +28,8 @@
 //! prune has not reached yet). A workload keeps its minutes of the last day and, older, one row
 //! per hour it reported in, back to 30 days: the leader folds a workload's minutes into hours
 //! once an hour ([`TelemetryStore::fold_telemetry`], the minutes of the hours before the one
-//! the day starts in), and forgets what started before the hour the 30 days start in
+//! the day starts in, an hour per transaction that reads only that hour, from where it folded
+//! last; a new leader starts 30 days back, mostly empty hours), and forgets what started before the hour the 30 days start in
 //! ([`TelemetryStore::prune_telemetry`]). So a workload has at most 1,440 + 119 minute rows
 //! (the day, the hour it starts in, an hour not yet folded) and 698 hour rows: 2,257 rows, for
 //! one that reported all month; one that ran an hour has at most 60 minute rows for a day,
@@ -439,17 +441,42 @@ async fn persist<S: TelemetryStore + ?Sized>(store: &S, records: &[TelemetryReco
 }
 
 /// Once an hour (the leader): folds the workloads' minutes older than the day's first hour
-/// into hours, and forgets what started before the 30 days' first hour.
-async fn maintain<S: TelemetryStore + ?Sized>(store: &S, now: i64) {
+/// into hours, an hour per transaction from `folded` (up to where it folded last; `None`: the
+/// 30 days' first hour), so that no write holds the database for more than an hour of
+/// minutes and none reads the month of hour rows before its span; and forgets what started
+/// before the 30 days' first hour. Returns up to where it has folded (where a fold failed:
+/// the next run starts there).
+async fn maintain<S: TelemetryStore + ?Sized>(store: &S, now: i64, folded: Option<i64>) -> Option<i64> {
     let hour = |ms: i64| ms - ms.rem_euclid(HOUR_MS);
-    let day = minute(now) - (1_440 - 1) * MINUTE_MS;
-    let month = minute(now) - (KEPT as i64 - 1) * MINUTE_MS;
-    if let Err(e) = store.fold_telemetry(hour(day)).await {
-        tracing::warn!(error = %e, "telemetry older than a day not folded into hours");
+    let day = hour(minute(now) - (1_440 - 1) * MINUTE_MS);
+    let month = hour(minute(now) - (KEPT as i64 - 1) * MINUTE_MS);
+    let mut from = folded.unwrap_or(month).max(month);
+    while from < day {
+        if let Err(e) = store.fold_telemetry(from, from + HOUR_MS).await {
+            tracing::warn!(error = %e, "telemetry older than a day not folded into hours");
+            break;
+        }
+        from += HOUR_MS;
+        tokio::task::yield_now().await;
     }
-    if let Err(e) = store.prune_telemetry(hour(month)).await {
+    if let Err(e) = store.prune_telemetry(month).await {
         tracing::warn!(error = %e, "telemetry older than 30 days not pruned");
     }
+    Some(from)
+}
+
+/// Reads the stored telemetry from `from` on into the histories, a day at a time (at most a
+/// day of rows in memory at once besides the histories); `Err` at the first span that could
+/// not be read.
+async fn read_back(s: &crate::state::AppState, from: i64, now: i64) -> Result<(), tessera_store::StoreError> {
+    const DAY_MS: i64 = 1_440 * MINUTE_MS;
+    let mut at = from;
+    while at <= now {
+        let records = s.store.telemetry_between(at, at + DAY_MS).await?;
+        restore(&s.history, &s.workload_history, records, now);
+        at += DAY_MS;
+    }
+    Ok(())
 }
 
 /// How often the sampler samples: every minute, on the minute (`None`), or every `every` (a
@@ -474,17 +501,15 @@ pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
         }
         let since = now - KEPT as i64 * MINUTE_MS;
         // Up to when the store was read (`None`: never, read it all).
-        let mut read_to = match s.store.telemetry_since(since - since.rem_euclid(HOUR_MS)).await {
-            Ok(records) => {
-                restore(&s.history, &s.workload_history, records, now);
-                Some(now)
-            }
+        let mut read_to = match read_back(&s, since - since.rem_euclid(HOUR_MS), now).await {
+            Ok(()) => Some(now),
             Err(e) => {
                 tracing::warn!(error = %e, "stored telemetry not read back");
                 None
             }
         };
         let mut maintained: Option<i64> = None;
+        let mut folded: Option<i64> = None;
         loop {
             let now = crate::clock::now_ms();
             let (snap, telemetry) = (s.lifecycle.snapshot(), s.lifecycle.published().telemetry());
@@ -496,7 +521,7 @@ pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
             persist(s.store.as_ref(), &stored).await;
             let leading = s.replica.is_leader();
             if leading && maintained.is_none_or(|at| now - at >= HOUR_MS) {
-                maintain(s.store.as_ref(), now).await;
+                folded = maintain(s.store.as_ref(), now, folded).await;
                 maintained = Some(now);
             }
             if !leading || read_to.is_none() {
@@ -504,11 +529,8 @@ pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
                 // may have been written after that read); all of it while the store could not
                 // be read yet (the leader too).
                 let from = read_to.map_or(since, |at| minute(at) - MINUTE_MS);
-                match s.store.telemetry_since(from).await {
-                    Ok(records) => {
-                        restore(&s.history, &s.workload_history, records, now);
-                        read_to = Some(now);
-                    }
+                match read_back(&s, from, now).await {
+                    Ok(()) => read_to = Some(now),
                     Err(e) => tracing::warn!(error = %e, "the leader's telemetry not read"),
                 }
             }

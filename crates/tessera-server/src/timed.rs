@@ -308,11 +308,13 @@ impl TelemetryStore for TimedStore {
         self.timed("append_telemetry", self.inner.append_telemetry(records))
             .await
     }
-    async fn telemetry_since(&self, since: i64) -> Result<Vec<TelemetryRecord>> {
-        self.timed("telemetry_since", self.inner.telemetry_since(since)).await
+    async fn telemetry_between(&self, from: i64, to: i64) -> Result<Vec<TelemetryRecord>> {
+        self.timed("telemetry_between", self.inner.telemetry_between(from, to))
+            .await
     }
-    async fn fold_telemetry(&self, before: i64) -> Result<u64> {
-        self.timed("fold_telemetry", self.inner.fold_telemetry(before)).await
+    async fn fold_telemetry(&self, from: i64, before: i64) -> Result<u64> {
+        self.timed("fold_telemetry", self.inner.fold_telemetry(from, before))
+            .await
     }
     async fn prune_telemetry(&self, before: i64) -> Result<u64> {
         self.timed("prune_telemetry", self.inner.prune_telemetry(before)).await

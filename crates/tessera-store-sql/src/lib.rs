@@ -639,11 +639,11 @@ macro_rules! implement_store {
                 async fn append_telemetry(&self, records: &[TelemetryRecord]) -> Result<u64> {
                     telemetry::append_telemetry(self, records).await
                 }
-                async fn telemetry_since(&self, since: i64) -> Result<Vec<TelemetryRecord>> {
-                    telemetry::telemetry_since(self, since).await
+                async fn telemetry_between(&self, from: i64, to: i64) -> Result<Vec<TelemetryRecord>> {
+                    telemetry::telemetry_between(self, from, to).await
                 }
-                async fn fold_telemetry(&self, before: i64) -> Result<u64> {
-                    telemetry::fold_telemetry(self, before).await
+                async fn fold_telemetry(&self, from: i64, before: i64) -> Result<u64> {
+                    telemetry::fold_telemetry(self, from, before).await
                 }
                 async fn prune_telemetry(&self, before: i64) -> Result<u64> {
                     telemetry::prune_telemetry(self, before).await

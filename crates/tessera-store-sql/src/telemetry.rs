@@ -82,37 +82,44 @@ pub async fn append_telemetry<D: Driver>(s: &D, records: &[TelemetryRecord]) -> 
     Ok(added)
 }
 
-pub async fn telemetry_since<D: Driver>(s: &D, since: i64) -> Result<Vec<TelemetryRecord>> {
+pub async fn telemetry_between<D: Driver>(s: &D, from: i64, to: i64) -> Result<Vec<TelemetryRecord>> {
     let rows = query::<D>(
         "SELECT series, at, span_minutes, minutes, util_sum, used_mib_sum, total_mib FROM telemetry_samples \
-         WHERE at >= $1 ORDER BY at",
+         WHERE at >= $1 AND at < $2 ORDER BY at",
     )
-    .bind(since)
+    .bind(from)
+    .bind(to)
     .fetch_all(&mut *s.conn().await?)
     .await
     .map_err(db)?;
     rows.iter().map(record_row).collect()
 }
 
-pub async fn fold_telemetry<D: Driver>(s: &D, before: i64) -> Result<u64> {
+pub async fn fold_telemetry<D: Driver>(s: &D, from: i64, before: i64) -> Result<u64> {
     let mut tx = s.begin_write().await?;
-    // Every minute of an hour before `before` is folded at once (the caller's `before` is an
-    // hour's start), so an hour is written whole; one already there keeps its figures.
+    // Every minute of an hour in the span is folded at once (the caller's bounds are hours'
+    // starts), so an hour is written whole; one already there keeps its figures. The span
+    // bounds what the transaction reads (the key starts with the time): not the 30 days of
+    // hour rows before it.
     let folded = query::<D>(
         "INSERT INTO telemetry_samples (series, at, span_minutes, minutes, util_sum, used_mib_sum, total_mib) \
          SELECT series, at - at % 3600000, 60, SUM(minutes), SUM(util_sum), SUM(used_mib_sum), MAX(total_mib) \
-         FROM telemetry_samples WHERE at < $1 AND span_minutes = 1 AND series LIKE 'workload:%' \
+         FROM telemetry_samples WHERE at >= $1 AND at < $2 AND span_minutes = 1 AND series LIKE 'workload:%' \
          GROUP BY series, at - at % 3600000 ON CONFLICT DO NOTHING",
     )
+    .bind(from)
     .bind(before)
     .execute(&mut tx)
     .await
     .map_err(db)?;
-    query::<D>("DELETE FROM telemetry_samples WHERE at < $1 AND span_minutes = 1 AND series LIKE 'workload:%'")
-        .bind(before)
-        .execute(&mut tx)
-        .await
-        .map_err(db)?;
+    query::<D>(
+        "DELETE FROM telemetry_samples WHERE at >= $1 AND at < $2 AND span_minutes = 1 AND series LIKE 'workload:%'",
+    )
+    .bind(from)
+    .bind(before)
+    .execute(&mut tx)
+    .await
+    .map_err(db)?;
     D::commit(tx).await?;
     Ok(folded)
 }

@@ -2734,7 +2734,7 @@ fn workload_minute(id: u64, minute: i64, util: f64, used: f64, total: u64) -> Te
     }
 }
 
-/// Records by start, then series, then span (`telemetry_since` promises the start's order
+/// Records by start, then series, then span (`telemetry_between` promises the start's order
 /// only).
 fn in_read_order(mut v: Vec<TelemetryRecord>) -> Vec<TelemetryRecord> {
     v.sort_by(|a, b| (a.at, &a.series, a.span_minutes).cmp(&(b.at, &b.series, b.span_minutes)));
@@ -2746,7 +2746,7 @@ fn in_read_order(mut v: Vec<TelemetryRecord>) -> Vec<TelemetryRecord> {
 /// figures or others, in the same write or a later one — keeps the first and counts nothing;
 /// a write larger than one statement lands whole.
 pub async fn telemetry_reads_back_exactly_and_once_per_minute(s: &dyn Store) {
-    assert!(s.telemetry_since(i64::MIN).await.unwrap().is_empty());
+    assert!(s.telemetry_between(i64::MIN, i64::MAX).await.unwrap().is_empty());
     let written = vec![
         workload_minute(7, 2, 33.25, 1_234.5, 81_920),
         pool_minute("training", 0, Some(12.5)),
@@ -2761,14 +2761,19 @@ pub async fn telemetry_reads_back_exactly_and_once_per_minute(s: &dyn Store) {
         },
     ];
     assert_eq!(s.append_telemetry(&written).await.unwrap(), 7);
-    let read = s.telemetry_since(i64::MIN).await.unwrap();
+    let read = s.telemetry_between(i64::MIN, i64::MAX).await.unwrap();
     assert!(read.windows(2).all(|w| w[0].at <= w[1].at), "oldest first: {read:?}");
     let read = in_read_order(read);
     assert_eq!(read, in_read_order(written.clone()));
     assert_eq!(
-        in_read_order(s.telemetry_since(T0 + MINUTE_MS).await.unwrap()),
+        in_read_order(s.telemetry_between(T0 + MINUTE_MS, i64::MAX).await.unwrap()),
         in_read_order(written[5..6].iter().chain(&written[..1]).cloned().collect()),
         "from a time on"
+    );
+    assert_eq!(
+        s.telemetry_between(T0 + MINUTE_MS, T0 + 2 * MINUTE_MS).await.unwrap(),
+        written[5..6],
+        "up to a time, not including it"
     );
 
     // The same minutes again (other figures), and a duplicate within one write: one row each,
@@ -2780,7 +2785,7 @@ pub async fn telemetry_reads_back_exactly_and_once_per_minute(s: &dyn Store) {
         pool_minute("training", 3, Some(6.0)),
     ];
     assert_eq!(s.append_telemetry(&again).await.unwrap(), 1, "only minute 3 is new");
-    let read = in_read_order(s.telemetry_since(i64::MIN).await.unwrap());
+    let read = in_read_order(s.telemetry_between(i64::MIN, i64::MAX).await.unwrap());
     assert_eq!(read.len(), 8);
     assert!(read.contains(&written[0]) && read.contains(&written[1]));
     assert_eq!(
@@ -2795,7 +2800,10 @@ pub async fn telemetry_reads_back_exactly_and_once_per_minute(s: &dyn Store) {
         0,
         "a retry changes nothing"
     );
-    assert_eq!(in_read_order(s.telemetry_since(i64::MIN).await.unwrap()), read);
+    assert_eq!(
+        in_read_order(s.telemetry_between(i64::MIN, i64::MAX).await.unwrap()),
+        read
+    );
 
     // More rows than one statement writes: all of them, once.
     let many: Vec<TelemetryRecord> = (0..TELEMETRY_ROWS_PER_WRITE as u64 * 2 + 17)
@@ -2803,7 +2811,7 @@ pub async fn telemetry_reads_back_exactly_and_once_per_minute(s: &dyn Store) {
         .collect();
     assert_eq!(s.append_telemetry(&many).await.unwrap(), many.len() as u64);
     assert_eq!(s.append_telemetry(&many).await.unwrap(), 0);
-    let tenth = in_read_order(s.telemetry_since(T0 + 10 * MINUTE_MS).await.unwrap());
+    let tenth = in_read_order(s.telemetry_between(T0 + 10 * MINUTE_MS, i64::MAX).await.unwrap());
     assert_eq!(tenth, in_read_order(many.clone()));
     assert_eq!(s.append_telemetry(&[]).await.unwrap(), 0);
 }
@@ -2833,11 +2841,11 @@ pub async fn telemetry_folds_workload_minutes_into_hours(s: &dyn Store) {
     s.append_telemetry(&written).await.unwrap();
 
     assert_eq!(
-        s.fold_telemetry(T0 + HOUR_MS).await.unwrap(),
+        s.fold_telemetry(T0, T0 + HOUR_MS).await.unwrap(),
         2,
         "the first hour of 1 and 2"
     );
-    let read = s.telemetry_since(i64::MIN).await.unwrap();
+    let read = s.telemetry_between(i64::MIN, i64::MAX).await.unwrap();
     let hour = |id: u64, at: i64| {
         read.iter()
             .find(|r| r.series == TelemetrySeries::Workload(id) && r.span_minutes == 60 && r.at == at)
@@ -2889,9 +2897,11 @@ pub async fn telemetry_folds_workload_minutes_into_hours(s: &dyn Store) {
         "pools keep their minutes"
     );
     assert_eq!(read.len(), 3 + 30 + 1 + 2);
-    assert_eq!(s.fold_telemetry(T0 + HOUR_MS).await.unwrap(), 0);
+    assert_eq!(s.fold_telemetry(T0, T0 + HOUR_MS).await.unwrap(), 0);
+    // A span after the second hour folds nothing of it: the fold reads its span only.
+    assert_eq!(s.fold_telemetry(T0 + 2 * HOUR_MS, T0 + 3 * HOUR_MS).await.unwrap(), 0);
     assert_eq!(
-        in_read_order(s.telemetry_since(i64::MIN).await.unwrap()),
+        in_read_order(s.telemetry_between(i64::MIN, i64::MAX).await.unwrap()),
         in_read_order(read)
     );
 }
@@ -2920,10 +2930,10 @@ pub async fn telemetry_prunes_only_what_is_older(s: &dyn Store) {
     assert_eq!(s.prune_telemetry(T0 + HOUR_MS).await.unwrap(), 4);
     let kept: Vec<TelemetryRecord> = written.iter().filter(|r| r.at >= T0 + HOUR_MS).cloned().collect();
     assert_eq!(
-        in_read_order(s.telemetry_since(i64::MIN).await.unwrap()),
+        in_read_order(s.telemetry_between(i64::MIN, i64::MAX).await.unwrap()),
         in_read_order(kept.clone())
     );
     assert_eq!(s.prune_telemetry(T0 + HOUR_MS).await.unwrap(), 0);
     assert_eq!(s.prune_telemetry(T0).await.unwrap(), 0);
-    assert_eq!(s.telemetry_since(i64::MIN).await.unwrap().len(), kept.len());
+    assert_eq!(s.telemetry_between(i64::MIN, i64::MAX).await.unwrap().len(), kept.len());
 }

@@ -904,14 +904,16 @@ pub trait TelemetryStore: Send + Sync {
     /// committed on its own (a long write never holds the database for long), skipping any
     /// already stored; returns how many were new.
     async fn append_telemetry(&self, records: &[TelemetryRecord]) -> Result<u64>;
-    /// Every record starting at or after `since`, oldest first (those of the same start in no
-    /// particular order).
-    async fn telemetry_since(&self, since: i64) -> Result<Vec<TelemetryRecord>>;
-    /// Folds the workload minutes starting before `before` (an hour's start) into one hour
-    /// record per workload and hour, and deletes those minutes, in one transaction; an hour
-    /// already stored keeps its figures (the minutes are deleted all the same). Pools' minutes
-    /// are left as they are. Returns how many hour records were written.
-    async fn fold_telemetry(&self, before: i64) -> Result<u64>;
+    /// Every record starting at or after `from` and before `to`, oldest first (those of the
+    /// same start in no particular order). A caller reading much reads it in spans (the
+    /// server reads 30 days a day at a time).
+    async fn telemetry_between(&self, from: i64, to: i64) -> Result<Vec<TelemetryRecord>>;
+    /// Folds the workload minutes starting at or after `from` and before `before` (both an
+    /// hour's start) into one hour record per workload and hour, and deletes those minutes, in
+    /// one transaction that reads only that span; an hour already stored keeps its figures (the
+    /// minutes are deleted all the same). Pools' minutes are left as they are. Returns how many
+    /// hour records were written. The server folds an hour at a time.
+    async fn fold_telemetry(&self, from: i64, before: i64) -> Result<u64>;
     /// Forgets every record starting before `before`; returns how many.
     async fn prune_telemetry(&self, before: i64) -> Result<u64>;
 }
