@@ -714,21 +714,7 @@ async fn a_gang_within_its_guarantee_says_when_it_takes_its_share_back(db: Db) {
     s.tenant("nlp", "p").await;
     put(&s, "/api/v1/tenants/nlp/quotas/training", json!({"guaranteed": 64})).await;
     // vision (guarantee 0) borrows the whole training pool for an hour.
-    let mut borrowers = Vec::new();
-    for _ in 0..16 {
-        let (_, w) = s
-            .post(
-                "/api/v1/workloads",
-                json!({"tenant": "vision", "project": "train", "name": "b", "duration_s": 3600,
-                       "shape": {"gpus": 8, "pool": "training"}}),
-            )
-            .await;
-        assert_eq!(w["borrowing"], true, "{w}");
-        borrowers.push(w["id"].as_u64().unwrap());
-    }
-    for id in &borrowers {
-        s.wait_state(*id, "running").await;
-    }
+    borrow_the_training_pool(&s, Some(3600)).await;
     let (st, w) = s
         .post(
             "/api/v1/workloads",
@@ -762,26 +748,33 @@ async fn a_gang_within_its_guarantee_says_when_it_takes_its_share_back(db: Db) {
     );
 }
 
+/// Tenant vision (project train, no guarantee) fills the training pool with 8-GPU work,
+/// borrowing all of it (lasting `duration_s`, if given); its ids once every one runs.
+async fn borrow_the_training_pool(s: &Srv, duration_s: Option<u64>) -> Vec<u64> {
+    let mut borrowers = Vec::new();
+    for _ in 0..16 {
+        let mut body =
+            json!({"tenant": "vision", "project": "train", "name": "b", "shape": {"gpus": 8, "pool": "training"}});
+        if let Some(d) = duration_s {
+            body["duration_s"] = json!(d);
+        }
+        let (_, w) = s.post("/api/v1/workloads", body).await;
+        assert_eq!(w["borrowing"], true, "{w}");
+        borrowers.push(w["id"].as_u64().unwrap());
+    }
+    for id in &borrowers {
+        s.wait_state(*id, "running").await;
+    }
+    borrowers
+}
+
 async fn owner_reclaims_its_guarantee_from_a_borrower(db: Db) {
     let s = server(db, "reclaim").await;
     s.tenant("vision", "train").await;
     s.tenant("nlp", "p").await;
     put(&s, "/api/v1/tenants/nlp/quotas/training", json!({"guaranteed": 64})).await;
     // vision (no quota: guarantee 0) borrows the whole training pool.
-    let mut borrowers = Vec::new();
-    for _ in 0..16 {
-        let (_, w) = s
-            .post(
-                "/api/v1/workloads",
-                json!({"tenant": "vision", "project": "train", "name": "b", "shape": {"gpus": 8, "pool": "training"}}),
-            )
-            .await;
-        assert_eq!(w["borrowing"], true);
-        borrowers.push(w["id"].as_u64().unwrap());
-    }
-    for id in &borrowers {
-        s.wait_state(*id, "running").await;
-    }
+    let borrowers = borrow_the_training_pool(&s, None).await;
     let (_, own) = s
         .post(
             "/api/v1/workloads",

@@ -3073,7 +3073,6 @@ async fn a_running_workloads_page_shows_its_gpus_telemetry_now_and_over_time_to_
 /// sampler (which went on sampling every 100 ms here) stores its minutes again. About 3 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_refusing_telemetry_stops_neither_the_sampler_nor_the_history() {
-    use sqlx::Connection;
     let parts = crate::support::Parts {
         sim: tessera_backend_sim::SimConfig {
             telemetry_interval: Duration::from_millis(200),
@@ -3087,14 +3086,8 @@ async fn a_store_refusing_telemetry_stops_neither_the_sampler_nor_the_history() 
     })
     .await;
     vision_and_nlp(&s).await;
-    let file = s.dir.0.join(tessera_store_sqlite::DB_FILE);
-    let mut db = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
-        .await
-        .unwrap();
-    sqlx::query("ALTER TABLE telemetry_samples RENAME TO telemetry_gone")
-        .execute(&mut db)
-        .await
-        .unwrap();
+    let mut db = behind_the_server(&s).await;
+    rename_table(&mut db, "telemetry_samples", "telemetry_gone").await;
     let id = submit(
         &s,
         json!({"tenant": "vision", "project": "train", "name": "trainer", "shape": {"gpus": 1, "pool": "training"}, "duration_s": 3600}),
@@ -3124,10 +3117,7 @@ async fn a_store_refusing_telemetry_stops_neither_the_sampler_nor_the_history() 
     assert!(!data["utilisation_pct"].as_array().unwrap().is_empty(), "{data}");
 
     // The table is back: the sampler, still running, stores the minute.
-    sqlx::query("ALTER TABLE telemetry_gone RENAME TO telemetry_samples")
-        .execute(&mut db)
-        .await
-        .unwrap();
+    rename_table(&mut db, "telemetry_gone", "telemetry_samples").await;
     let mut rows = 0;
     for _ in 0..100 {
         rows = stored(&mut db, "telemetry_samples").await;
@@ -3147,19 +3137,12 @@ async fn a_store_refusing_telemetry_stops_neither_the_sampler_nor_the_history() 
 /// still gets problem JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_whose_store_read_fails_is_the_5xx_page_with_navigation_and_no_internals() {
-    use sqlx::Connection;
     let s = TestServer::start("err5xx").await;
     let admin = s.browser();
     sign_in(&admin, &s.admin).await;
     assert_eq!(admin.get("/console/audit").await.status(), StatusCode::OK);
-    let file = s.dir.0.join(tessera_store_sqlite::DB_FILE);
-    let mut db = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
-        .await
-        .unwrap();
-    sqlx::query("ALTER TABLE audit_log RENAME TO audit_log_gone")
-        .execute(&mut db)
-        .await
-        .unwrap();
+    let mut db = behind_the_server(&s).await;
+    rename_table(&mut db, "audit_log", "audit_log_gone").await;
 
     let r = admin.get("/console/audit").await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -3249,4 +3232,21 @@ async fn the_workload_lists_caption_counts_exactly_within_the_tenant() {
     assert!(all.contains("<caption>Workloads 1–50 of 61;"), "{all}");
     let vision_only = unescape(&admin.page("/console/workloads?tenant=vision").await);
     assert!(vision_only.contains("<caption>Workloads 1–50 of 55;"), "{vision_only}");
+}
+
+/// A connection of its own to the SQLite database of `s`, to change it behind the server's back.
+async fn behind_the_server(s: &TestServer) -> sqlx::SqliteConnection {
+    use sqlx::Connection;
+    let file = s.dir.0.join(tessera_store_sqlite::DB_FILE);
+    sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap()
+}
+
+/// Renames table `from` to `to` on `db`.
+async fn rename_table(db: &mut sqlx::SqliteConnection, from: &str, to: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!("ALTER TABLE {from} RENAME TO {to}")))
+        .execute(db)
+        .await
+        .unwrap();
 }

@@ -16,7 +16,7 @@ use tessera_model::{PoolId, Request};
 
 use super::admit::{self, Exceeded};
 use super::session::{Session, Status};
-use super::{Action, Decision, Job, Queued, Scheduler};
+use super::{Action, Decision, Hold, Job, Queued, Scheduler};
 use crate::reason::{GangUnplaceable, LimitExceeded, Wait};
 
 pub(super) struct Allocate;
@@ -564,29 +564,26 @@ fn hold_for_gang(s: &mut Scheduler, job: &Job, g: &GangRequest, scope: &[PoolId]
 /// [`GovernConfig::gang_holds_stack`](super::GovernConfig::gang_holds_stack) it may stack on
 /// their nodes after their windows; the holds after `upto` do not hold it back).
 fn hold_gang_after(s: &mut Scheduler, job: &Job, g: &GangRequest, scope: &[PoolId], now: i64, upto: usize) {
-    let id = job.id;
-    let Some(pool) = pool_for_hold(s, id, true, scope.iter().copied()) else {
-        return;
-    };
-    let Some((per, k, last)) = shares_in(s.engine.fleet(), pool, g) else {
-        return;
-    };
-    let stack = s.cfg.gang_holds_stack.then_some(upto);
-    hold_nodes(
+    if let Some(h) = plan_gang_hold(s, job, g, scope, now, upto) {
+        s.holds.push(Hold { gang: true, ..h });
+    }
+}
+
+/// The hold [`hold_gang_after`] takes, without taking it: in the first pool of `scope` with room
+/// for another hold, behind the holds `s.holds[..upto]`.
+fn plan_gang_hold(s: &Scheduler, job: &Job, g: &GangRequest, scope: &[PoolId], now: i64, upto: usize) -> Option<Hold> {
+    let pool = pool_for_hold(s, job.id, true, scope.iter().copied())?;
+    let (per, k, last) = shares_in(s.engine.fleet(), pool, g)?;
+    plan_hold(
         s,
-        id,
+        job.id,
         (u32::from(per), k, last),
         job.duration_ms,
-        stack,
+        s.cfg.gang_holds_stack.then_some(upto),
         &|m| g.allows_model(m),
         pool,
         now,
-    );
-    if let Some(h) = s.holds.last_mut()
-        && h.job == id
-    {
-        h.gang = true;
-    }
+    )
 }
 
 /// With [`GovernConfig::gang_holds_move`](super::GovernConfig::gang_holds_move): gang `g`
@@ -760,20 +757,7 @@ pub(super) fn planned_gang_hold(
     scope: &[PoolId],
     at: i64,
 ) -> Option<(PoolId, Vec<u32>)> {
-    let pool = pool_for_hold(s, job.id, true, scope.iter().copied())?;
-    let (per, k, last) = shares_in(s.engine.fleet(), pool, g)?;
-    let stack = s.cfg.gang_holds_stack.then_some(s.holds.len());
-    let h = plan_hold(
-        s,
-        job.id,
-        (u32::from(per), k, last),
-        job.duration_ms,
-        stack,
-        &|m| g.allows_model(m),
-        pool,
-        at,
-    )?;
-    Some((pool, h.nodes))
+    plan_gang_hold(s, job, g, scope, at, s.holds.len()).map(|h| (h.pool, h.nodes))
 }
 
 /// When gang job `job` takes a hold once it finds no room: after waiting
