@@ -623,7 +623,7 @@ fn move_gang_hold(s: &mut Scheduler, job: &Job, g: &GangRequest, scope: &[PoolId
 }
 
 /// For a request of whole GPUs on one node that waited past the backfill window: holds the node
-/// where it fits soonest, if its pools have room for another hold (see [`hold_nodes`]). Says
+/// where it fits soonest, if its pools have room for another hold (see [`plan_hold`]). Says
 /// whether it is such a request (other shapes [`reserve`] a node instead).
 fn take_hold(s: &mut Scheduler, job: &Job, pools: &[(PoolId, Option<LimitExceeded>)], now: i64) -> bool {
     let tessera_model::Shape::Whole { gpus } = job.request.shape else {
@@ -631,8 +631,7 @@ fn take_hold(s: &mut Scheduler, job: &Job, pools: &[(PoolId, Option<LimitExceede
     };
     if now - job.submitted_ms > s.cfg.backfill_max_wait_ms
         && let Some(pool) = pool_for_hold(s, job.id, false, pools.iter().map(|(p, _)| *p))
-    {
-        hold_nodes(
+        && let Some(h) = plan_hold(
             s,
             job.id,
             (u32::from(gpus), 1, u32::from(gpus)),
@@ -641,7 +640,9 @@ fn take_hold(s: &mut Scheduler, job: &Job, pools: &[(PoolId, Option<LimitExceede
             &|m| job.request.allows_model(m),
             pool,
             now,
-        );
+        )
+    {
+        s.holds.push(h);
     }
     true
 }
@@ -694,7 +695,7 @@ fn ends_of(s: &Scheduler, now: i64) -> impl Fn(u64) -> Option<i64> + '_ {
     }
 }
 
-/// Holds `k` nodes with `per` GPUs free each, the last `last` (`shares`: a gang's remainder
+/// The hold of `k` nodes with `per` GPUs free each, the last `last` (`shares`: a gang's
 /// share, 12 = 8 + 4; `per` otherwise) in `pool` for job `id` (which waited
 /// past the backfill window and runs `duration_ms` once placed; [`pool_for_hold`] chose the
 /// pool): in one rack, the one where the `k`-th node frees soonest by the lease ends of the
@@ -703,23 +704,6 @@ fn ends_of(s: &Scheduler, now: i64) -> impl Fn(u64) -> Option<i64> + '_ {
 /// [`GovernConfig::gang_holds_stack`](super::GovernConfig::gang_holds_stack)) those of holds
 /// (not of backfill reservations or preemptors): there a node frees once no window of the holds
 /// `s.holds[..upto]` overlaps the job's own ([`stack_on`]).
-#[allow(clippy::too_many_arguments)]
-fn hold_nodes(
-    s: &mut Scheduler,
-    id: u64,
-    shares: (u32, usize, u32),
-    duration_ms: Option<i64>,
-    stack: Option<usize>,
-    allows_model: &dyn Fn(tessera_model::ModelId) -> bool,
-    pool: PoolId,
-    now: i64,
-) {
-    if let Some(h) = plan_hold(s, id, shares, duration_ms, stack, allows_model, pool, now) {
-        s.holds.push(h);
-    }
-}
-
-/// The hold [`hold_nodes`] takes, without taking it.
 #[allow(clippy::too_many_arguments)]
 fn plan_hold(
     s: &Scheduler,
@@ -730,7 +714,7 @@ fn plan_hold(
     allows_model: &dyn Fn(tessera_model::ModelId) -> bool,
     pool: PoolId,
     now: i64,
-) -> Option<super::Hold> {
+) -> Option<Hold> {
     // Eligible nodes: an allowed model, enough GPUs for a share, not held for anyone else
     // (stacked: not reserved or nominated for anyone else; holds have windows).
     let held = match stack {
@@ -780,7 +764,7 @@ struct HoldsOn<'a> {
 }
 
 impl HoldsOn<'_> {
-    /// The hold [`hold_nodes`] takes for job `id`, with `held` the nodes it may not use.
+    /// The hold [`plan_hold`] takes for job `id`, with `held` the nodes it may not use.
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &self,
@@ -792,7 +776,7 @@ impl HoldsOn<'_> {
         held: &FxHashSet<u32>,
         pool: PoolId,
         now: i64,
-    ) -> Option<super::Hold> {
+    ) -> Option<Hold> {
         let fleet = self.engine.fleet().clone();
         let st = self.engine.state();
         let range = fleet.pool(pool).nodes.clone();
@@ -1250,7 +1234,7 @@ pub fn estimate_gang_start(
 impl super::HoldBook {
     /// Where and about when gang `g` (running `duration_ms` once placed) would start if it
     /// were submitted at `now` and found no room: the hold it would take, by the scheduler's
-    /// own rule and after every hold taken before it ([`hold_nodes`]: stacked behind them in
+    /// own rule and after every hold taken before it ([`plan_hold`]: stacked behind them in
     /// time with [`GovernConfig::gang_holds_stack`](super::GovernConfig::gang_holds_stack),
     /// else on nodes no one else holds), in the first pool of its scope with room for another
     /// hold, the holds' starts computed again at `now` first as a cycle does. `None`: no pool
