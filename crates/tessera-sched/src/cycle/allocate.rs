@@ -696,7 +696,7 @@ fn ends_of(s: &Scheduler, now: i64) -> impl Fn(u64) -> Option<i64> + '_ {
 }
 
 /// The hold of `k` nodes with `per` GPUs free each, the last `last` (`shares`: a gang's
-/// share, 12 = 8 + 4; `per` otherwise) in `pool` for job `id` (which waited
+/// remainder share, 12 = 8 + 4; `per` otherwise) in `pool` for job `id` (which waited
 /// past the backfill window and runs `duration_ms` once placed; [`pool_for_hold`] chose the
 /// pool): in one rack, the one where the `k`-th node frees soonest by the lease ends of the
 /// work running there (then the one with the most free GPUs), else the soonest nodes across
