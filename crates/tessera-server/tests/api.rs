@@ -715,33 +715,57 @@ async fn a_gang_within_its_guarantee_says_when_it_takes_its_share_back(db: Db) {
     put(&s, "/api/v1/tenants/nlp/quotas/training", json!({"guaranteed": 64})).await;
     // vision (guarantee 0) borrows the whole training pool for an hour.
     borrow_the_training_pool(&s, Some(3600)).await;
-    let (st, w) = s
-        .post(
-            "/api/v1/workloads",
-            json!({"tenant": "nlp", "project": "p", "name": "g", "duration_s": 600,
-                   "shape": {"gpus": 32, "pool": "training", "topology": "rack"}}),
-        )
-        .await;
+    let body = json!({"tenant": "nlp", "project": "p", "name": "g", "duration_s": 600,
+                      "shape": {"gpus": 32, "pool": "training", "topology": "rack"}});
+    // The backfill window is 5 minutes: it holds nodes, and reclaims there, 300 s after it
+    // came. The words, and the time of day `HH:MM:SS` in seconds, in `reason`.
+    let said = "within tenant nlp's guaranteed share: may take back capacity lent to other tenants at ";
+    let time_in = |reason: &str, w: &Value| -> i64 {
+        let at = reason
+            .find(said)
+            .map(|i| &reason[i + said.len()..])
+            .unwrap_or_else(|| panic!("{w}"));
+        assert!(at[8..].starts_with(" UTC (in "), "{w}");
+        let clock: Vec<i64> = at[..8].split(':').map(|x| x.parse().unwrap()).collect();
+        clock[0] * 3600 + clock[1] * 60 + clock[2]
+    };
+    // The dry run says so before it is submitted, in the same words.
+    let asked = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let (st, dry) = s.post("/api/v1/workloads/dry-run", body.clone()).await;
+    assert_eq!(st, StatusCode::OK, "{dry}");
+    assert_eq!(
+        (dry["outcome"].as_str(), dry["reason_code"].as_str()),
+        (Some("wait"), Some("no-capacity")),
+        "{dry}"
+    );
+    let dry_reason = dry["reason"].as_str().unwrap_or_default();
+    let dry_at = time_in(dry_reason, &dry);
+    assert!(
+        (dry_at - (asked / 1000 + 300).rem_euclid(86_400)).rem_euclid(86_400) <= 2,
+        "a dry run at {asked} ms: {dry}"
+    );
+    assert!(
+        !dry_reason.contains("if it waits, it starts"),
+        "not the borrowed work's end: {dry}"
+    );
+    let (st, w) = s.post("/api/v1/workloads", body).await;
     assert_eq!(st, StatusCode::CREATED, "{w}");
     let id = w["id"].as_u64().unwrap();
     let created = w["created_at_ms"].as_i64().unwrap();
     let w = s.wait_state(id, "queued").await;
     let reason = w["reason"].as_str().unwrap_or_default();
     assert_eq!(w["reason_code"], "no-capacity", "{w}");
-    // The backfill window is 5 minutes: it holds nodes, and reclaims there, 300 s after it came.
-    let said = "within tenant nlp's guaranteed share: may take back capacity lent to other tenants at ";
-    let at = reason
-        .find(said)
-        .map(|i| &reason[i + said.len()..])
-        .unwrap_or_else(|| panic!("{w}"));
-    let clock: Vec<i64> = at[..8].split(':').map(|x| x.parse().unwrap()).collect();
-    let of_day = clock[0] * 3600 + clock[1] * 60 + clock[2];
+    let of_day = time_in(reason, &w);
     let due = (created / 1000 + 300).rem_euclid(86_400);
     assert!(
         (of_day - due).rem_euclid(86_400) <= 2,
-        "at {at} for a request at {created} ms: {w}"
+        "for a request at {created} ms: {w}"
     );
-    assert!(at[8..].starts_with(" UTC (in "), "{w}");
+    let words = |r: &str| r.find(said).map(|i| r[..i + said.len()].to_string());
+    assert_eq!(words(dry_reason), words(reason), "the dry run's words are the queue's");
     assert!(
         w.get("expected_start").is_none(),
         "no start by the borrowed work's end: {w}"

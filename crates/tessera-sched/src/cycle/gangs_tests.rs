@@ -595,6 +595,24 @@ fn a_held_gang_within_its_guarantee_reclaims_on_its_nodes_only() {
         let j = lasting(job(100 + i, "b", 8, "standard", 0), (i >= 8).then_some(3_600_000));
         assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
     }
+    // A dry run of the same gang is told the same before it is submitted (an id no job has),
+    // deciding nothing; tenant b (over its guarantee, and of no preempting class) is told none.
+    let ask = |s: &mut Scheduler, tenant: &str| {
+        let mut g = gang(1, tenant, 16, true, "standard", 0);
+        g.id = u64::MAX;
+        s.new_gang_forecast(&g, 0)
+    };
+    let before = s.hold_book();
+    let forecast = ask(&mut s, "a");
+    assert!(
+        matches!(forecast, Some((PreemptCause::Reclaim { .. }, _))),
+        "{forecast:?}"
+    );
+    assert_eq!(ask(&mut s, "b"), None);
+    assert!(
+        s.hold_book() == before && s.holds.is_empty(),
+        "a forecast decides nothing"
+    );
     let d = s.submit(gang(1, "a", 16, true, "standard", 0), 0);
     assert!(preempted(&d).is_empty(), "no hold yet, no search: {d:?}");
     // Its reason says when it will take its share back: once it holds nodes, past the window
@@ -609,6 +627,11 @@ fn a_held_gang_within_its_guarantee_reclaims_on_its_nodes_only() {
         panic!("{d:?}")
     };
     assert_eq!(at_ms, window + 1, "{d:?}");
+    assert_eq!(
+        forecast.map(|(_, at)| at),
+        Some(at_ms),
+        "the dry run's time is the reason's"
+    );
     assert!(matches!(*now, Wait::Gang(_)), "{now:?}");
     let d = s.cycle(at_ms);
     let h = hold(&s);

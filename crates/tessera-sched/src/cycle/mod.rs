@@ -1252,6 +1252,16 @@ impl Scheduler {
         reserved.chain(gangs).chain(nominated).collect()
     }
 
+    /// When gang job `job` — not queued: a dry run's, as if submitted at `now` and finding no
+    /// room — would take capacity from running work, by reclaim within its tenant's guarantee
+    /// or by its priority class: the cause and the time (ms since the epoch), the forecast its
+    /// queue reason will give once it waits ([`Wait::PreemptsIn`]); `None` where neither rule
+    /// would. Decides nothing: trial evictions are rolled back. `job.id` should be one no
+    /// queued or running job has.
+    pub fn new_gang_forecast(&mut self, job: &Job, now: i64) -> Option<(PreemptCause, i64)> {
+        victims::new_gang_forecast(self, job, now)
+    }
+
     /// A copy of the reservations a new gang's hold is planned around ([`HoldBook`]).
     pub fn hold_book(&self) -> HoldBook {
         HoldBook {

@@ -426,6 +426,26 @@ fn unheld_gang_takeable_from(
     gang_takeable_on(s, job, &g, &nodes, rule, by)
 }
 
+/// For gang job `job`, not queued (a dry run's, submitted at `now` and finding no room): when
+/// it would take capacity from running work as its queue reason will say once it waits — by
+/// reclaim or by priority, the sooner (reclaim first on a tie, as the cycle runs them), the
+/// forecast [`pass`] gives a gang holding no nodes. `None` for a single-node job, or where
+/// neither rule would ever take capacity for it.
+pub(super) fn new_gang_forecast(s: &mut Scheduler, job: &Job, now: i64) -> Option<(PreemptCause, i64)> {
+    let g = job.gang.as_ref()?;
+    let scope = s.engine.gang_pools(g);
+    let rules: [&dyn VictimRule; 2] = [&super::reclaim::Reclaim, &super::preempt::Preempt];
+    let mut best: Option<(PreemptCause, i64)> = None;
+    for rule in rules {
+        if let Some(at) = unheld_gang_takeable_from(s, job, g, &scope, rule, now)
+            && best.as_ref().is_none_or(|(_, b)| at < *b)
+        {
+            best = Some((rule.cause(job), at));
+        }
+    }
+    best
+}
+
 /// [`gang_takeable_from`] on `nodes`, for gang `g` (its pool set).
 fn gang_takeable_on(
     s: &mut Scheduler,

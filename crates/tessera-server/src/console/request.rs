@@ -858,8 +858,7 @@ pub async fn preview(State(s): State<AppState>, c: Caller, body: Bytes) -> Resul
     match checked(&s, &c, &body).await {
         Err((v, e)) => with_error(&s, &c, v, e).await,
         Ok((v, b, k)) => {
-            let snap = s.lifecycle.trial_snapshot().await;
-            let run = dryrun::preview(&s, &snap, &b, &k);
+            let run = dryrun::answer(&s, &b, &k).await;
             let mut form = view(&s, &c, v).await?;
             form.preview = Some(run);
             Ok(html(&FormFragment { form }))

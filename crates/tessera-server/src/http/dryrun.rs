@@ -4,8 +4,11 @@
 //! quota check, [`check_quotas`]) and budget, and where it would be placed now — asked of the
 //! scheduler's placement engine itself (`plan` on the copy the snapshot carries), so "start",
 //! "borrow" or "wait" with the engine's typed reason (`fragmentation`, `no-capacity`,
-//! `isolation`) is what a submission would get. The console's request form shows this before anything is submitted;
-//! `tessera run --dry-run` prints it.
+//! `isolation`) is what a submission would get. A gang that would wait is told where and when
+//! it starts (the hold the scheduler would give it), or, where it would take capacity back
+//! within its guarantee or by its priority, when — the loop's scheduler is asked, so the words
+//! are those its queue reason will give. The console's request form shows this before anything
+//! is submitted; `tessera run --dry-run` prints it.
 
 use axum::Json;
 use axum::extract::State;
@@ -13,10 +16,11 @@ use tessera_api::{CreateWorkload, DryRun, DryRunBudget, DryRunQuota};
 use tessera_model::{Fleet, GpuUnits, PoolId, Request, Shape, Sharing};
 use tessera_sched::Unplaceable;
 use tessera_sched::cycle::{Admission, Quota, check_quotas, project_key};
+use tessera_sched::reason::Wait;
 
 use super::ApiJson;
 use crate::auth::Identity;
-use crate::lifecycle::{Snapshot, TenantSnap, Trial};
+use crate::lifecycle::{GangForecast, Snapshot, TenantSnap, Trial};
 use crate::problem::ApiResult;
 use crate::services::workloads::{Checked, check_create, expected_start_words};
 use crate::state::AppState;
@@ -35,8 +39,33 @@ pub async fn dry_run(
     ApiJson(b): ApiJson<CreateWorkload>,
 ) -> ApiResult<Json<DryRun>> {
     let c = check_create(&s, &id, &b).await?;
+    Ok(Json(answer(&s, &b, &c).await))
+}
+
+/// The dry run's answer to checked request `c` now, as the API and the console give it: on
+/// an engine and holds at least as new as the records a caller has read, and, for a gang
+/// that may wait, with when it would take capacity from running work (the loop is asked, as
+/// the scheduler's own forecast: [`Lifecycle::gang_forecast`](crate::lifecycle::Lifecycle::gang_forecast)).
+pub(crate) async fn answer(s: &AppState, b: &CreateWorkload, c: &Checked) -> DryRun {
     let snap = s.lifecycle.trial_snapshot().await;
-    Ok(Json(preview(&s, &snap, &b, &c)))
+    let forecast = match &c.gang {
+        Some(g) if !b.no_wait => {
+            let mut job = tessera_sched::cycle::Job::new(
+                // No workload has this id: every hold and running workload is someone else's.
+                u64::MAX,
+                &b.tenant,
+                &b.project,
+                c.request.clone(),
+                &c.priority,
+                crate::clock::now_ms(),
+            );
+            job.gang = Some(g.clone());
+            job.duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
+            s.lifecycle.gang_forecast(job).await
+        }
+        _ => None,
+    };
+    preview(s, &snap, b, c, forecast.as_ref())
 }
 
 /// The pools a request may use: its pool if it names one, else those whose sharing mode serves
@@ -129,8 +158,16 @@ fn place_gang(
     Err(first_err.unwrap_or(tessera_sched::GangUnplaceable::NoPoolServes))
 }
 
-/// The dry run's answer on a snapshot.
-pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Checked) -> DryRun {
+/// The dry run's answer on a snapshot; `forecast`: when a gang that cannot start now would
+/// take capacity from running work (then its reason says that, as the queue's will, instead
+/// of the later start when running work ends).
+pub(crate) fn preview(
+    s: &AppState,
+    snap: &Snapshot,
+    b: &CreateWorkload,
+    c: &Checked,
+    forecast: Option<&GangForecast>,
+) -> DryRun {
     let f = &snap.fleet;
     let units = c
         .gang
@@ -210,7 +247,15 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
                     let mut why = u.to_string();
                     if !u.is_constraint() && !b.no_wait {
                         let duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
-                        if let Some(start) = trial.gang_start(g, duration_ms, crate::clock::now_ms()) {
+                        if let Some(f) = forecast {
+                            why = Wait::PreemptsIn {
+                                now: Box::new(Wait::Gang(u.clone())),
+                                cause: f.cause.clone(),
+                                at_ms: f.at_ms,
+                                in_s: (f.in_ms.max(0) + 999) / 1000,
+                            }
+                            .to_string();
+                        } else if let Some(start) = trial.gang_start(g, duration_ms, crate::clock::now_ms()) {
                             why.push_str("; ");
                             why.push_str(&expected_start_words(&start));
                         }

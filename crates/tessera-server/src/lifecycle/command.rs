@@ -146,8 +146,23 @@ pub enum Cmd {
     /// A dry run asks for the placement engine and holds as they are now (the published
     /// snapshot's copy was older than that snapshot).
     Trial(Reply<Arc<Trial>>),
+    /// A dry run of a gang asks when it would take capacity from running work if submitted
+    /// now ([`Lifecycle::gang_forecast`]).
+    GangForecast(Box<tessera_sched::cycle::Job>, Reply<Option<GangForecast>>),
     /// Where the loop is (for a test that steps a paused clock, see [`Lifecycle::settled`]).
     Settle(Reply<Settled>),
+}
+
+/// When a gang not yet submitted would take capacity from running work, by reclaim or by
+/// priority, as its queue reason will say once it waits
+/// ([`Scheduler::new_gang_forecast`](tessera_sched::cycle::Scheduler::new_gang_forecast)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GangForecast {
+    pub cause: tessera_sched::reason::PreemptCause,
+    /// When, ms since the epoch.
+    pub at_ms: i64,
+    /// How long from the loop's time of asking, in ms.
+    pub in_ms: i64,
 }
 
 /// Where the loop is when it answers a [`Cmd::Settle`].
@@ -342,6 +357,14 @@ impl Lifecycle {
             }),
             Err(_) => snap,
         }
+    }
+
+    /// When gang job `job` (a dry run's, not submitted; its id one no workload has) would take
+    /// capacity from running work if submitted now and finding no room: asked of the loop's
+    /// scheduler at the loop's time, so the words its queue reason will give. `None` where it
+    /// would not, or without a loop (a replica that does not lead).
+    pub async fn gang_forecast(&self, job: tessera_sched::cycle::Job) -> Option<GangForecast> {
+        self.ask(|r| Cmd::GangForecast(Box::new(job), r)).await.ok().flatten()
     }
 
     /// A live or recently ended workload, as last committed by this replica's loop; `None`

@@ -67,7 +67,8 @@ use tokio::time::Instant;
 use admission::Admission;
 use batch::{Batch, ReplyTo};
 pub use command::{
-    Cmd, Governance, Lifecycle, LifecycleError, MigOutcome, MigRefusal, NewRollout, NewWorkload, NodeOp, Settled,
+    Cmd, GangForecast, Governance, Lifecycle, LifecycleError, MigOutcome, MigRefusal, NewRollout, NewWorkload, NodeOp,
+    Settled,
 };
 use commit::Publication;
 pub use config::{GpuFailurePolicy, LoopConfig, SchedFactory, Settings};
@@ -470,6 +471,19 @@ impl Core {
             // this one before it), so at least as new as any record a reader has seen.
             Cmd::Trial(reply) => {
                 let _ = reply.send(Ok(self.publication.current_trial(&self.w)));
+            }
+            Cmd::GangForecast(mut job, reply) => {
+                job.submitted_ms = now;
+                let forecast = self
+                    .w
+                    .sched
+                    .new_gang_forecast(&job, now)
+                    .map(|(cause, at_ms)| GangForecast {
+                        cause,
+                        at_ms,
+                        in_ms: at_ms - now,
+                    });
+                let _ = reply.send(Ok(forecast));
             }
             Cmd::Settle(reply) => {
                 let _ = reply.send(Ok(Settled {
