@@ -2523,6 +2523,34 @@ async fn the_timeline_names_tokens_only_to_those_who_may_see_them() {
         !page.contains("ops-night-shift") && !page.contains("(deleted)"),
         "{page}"
     );
+    // The API's timeline and workload (what `tessera describe` prints) name them alike.
+    let api = |secret: String, path: String| {
+        let s = server;
+        async move {
+            let (st, v) = s.call_as(Some(&secret), Method::GET, &path, None).await;
+            assert!(st.is_success(), "{path}: {v}");
+            v.to_string()
+        }
+    };
+    let events = api(nsecret.clone(), format!("/api/v1/workloads/{nw}/events")).await;
+    assert!(events.contains(&format!("nlp-bot ({nid})")), "{events}");
+    assert!(events.contains(&format!("cancelled by {oid}")), "{events}");
+    let w = api(nsecret.clone(), format!("/api/v1/workloads/{nw}")).await;
+    assert!(w.contains(&format!("by {oid}")), "{w}");
+    for shown in [&events, &w] {
+        assert!(
+            !shown.contains("ops-night-shift") && !shown.contains("(deleted)"),
+            "{shown}"
+        );
+    }
+    let events = api(s.admin.clone(), format!("/api/v1/workloads/{nw}/events")).await;
+    assert!(
+        events.contains(&format!("cancelled by ops-night-shift ({oid})")),
+        "{events}"
+    );
+    assert!(events.contains(&format!("nlp-bot ({nid})")), "{events}");
+    let w = api(s.admin.clone(), format!("/api/v1/workloads/{nw}")).await;
+    assert!(w.contains(&format!("by ops-night-shift ({oid})")), "{w}");
     let r = n.get(&format!("/console/workloads/{vw}")).await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     let body = r.text().await.unwrap();

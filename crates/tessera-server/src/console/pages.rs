@@ -2,8 +2,6 @@
 //! rows, one workload's timeline, cancel). Lists and timelines come from the store, the fleet
 //! from the published snapshot; changes go through the REST API's handlers.
 
-use std::collections::HashMap;
-
 use askama::Template;
 use axum::Extension;
 use axum::extract::{Path, Query, State};
@@ -15,7 +13,7 @@ use tessera_domain::WorkloadId;
 use super::{Caller, Chrome, html};
 use crate::http::{WorkloadPath, views};
 use crate::problem::ApiError;
-use crate::services::workloads;
+use crate::services::{tokens, workloads};
 use crate::state::AppState;
 
 /// One row of a workload table, formatted for people.
@@ -188,15 +186,15 @@ fn order_of(sort: &str) -> tessera_store::WorkloadOrder {
 pub async fn name_rows(s: &AppState, c: &Caller, mut rows: Vec<Row>) -> Result<Vec<Row>, ApiError> {
     let texts: Vec<String> = rows
         .iter()
-        .filter(|r| !token_spans(&r.reason).is_empty())
+        .filter(|r| !tokens::token_ids(&r.reason).is_empty())
         .map(|r| r.reason.clone())
         .collect();
     if texts.is_empty() {
         return Ok(rows);
     }
-    let names = token_names(s, c, &texts).await?;
+    let names = tokens::token_names(s, &c.id, &texts).await?;
     for r in &mut rows {
-        r.reason = name_tokens(&r.reason, &names);
+        r.reason = tokens::name_tokens(&r.reason, &names);
     }
     Ok(rows)
 }
@@ -967,78 +965,6 @@ async fn log_tail(s: &AppState, wid: WorkloadId) -> (Option<String>, String) {
     (Some(String::from_utf8_lossy(&tail).into_owned()), note)
 }
 
-/// Where the token ids (`tok-` and 12 lower-case hex digits) stand in `text`: their byte
-/// offsets, in order.
-fn token_spans(text: &str) -> Vec<usize> {
-    let mut out = Vec::new();
-    let bytes = text.as_bytes();
-    let mut from = 0;
-    while let Some(k) = text[from..].find("tok-") {
-        let i = from + k;
-        let hex = bytes[i + 4..]
-            .iter()
-            .take_while(|&&b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-            .count();
-        let before_ok = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'-');
-        if hex == 12 && before_ok {
-            out.push(i);
-            from = i + 16;
-        } else {
-            from = i + 4;
-        }
-    }
-    out
-}
-
-/// The token ids in `text`, in order.
-pub fn token_ids(text: &str) -> Vec<&str> {
-    token_spans(text).into_iter().map(|i| &text[i..i + 16]).collect()
-}
-
-/// How the console names each token id found in `texts`: `name (tok-…)` for a token the caller
-/// may see (platform admins: every token; others: their own tenant's), `tok-… (deleted)` for
-/// one the store no longer knows, the bare id otherwise (another tenant's or a platform token:
-/// nothing about it is said). Read at display time: the events keep the id.
-pub async fn token_names(s: &AppState, c: &Caller, texts: &[String]) -> Result<HashMap<String, String>, ApiError> {
-    let ids: std::collections::BTreeSet<String> = texts
-        .iter()
-        .flat_map(|t| token_ids(t).into_iter().map(str::to_string))
-        .collect();
-    let mut out = HashMap::new();
-    for id in ids {
-        let id = id.as_str();
-        {
-            let shown = match s.store.get_token(id).await? {
-                None => format!("{id} (deleted)"),
-                Some(t) if c.id.is_admin() || (t.tenant.is_some() && t.tenant == c.id.tenant) => {
-                    if t.name.is_empty() {
-                        id.to_string()
-                    } else {
-                        format!("{} ({id})", t.name)
-                    }
-                }
-                Some(_) => id.to_string(),
-            };
-            out.insert(id.to_string(), shown);
-        }
-    }
-    Ok(out)
-}
-
-/// `text` with each token id replaced by how `names` shows it.
-pub fn name_tokens(text: &str, names: &HashMap<String, String>) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut at = 0;
-    for i in token_spans(text) {
-        let id = &text[i..i + 16];
-        out.push_str(&text[at..i]);
-        out.push_str(names.get(id).map_or(id, String::as_str));
-        at = i + 16;
-    }
-    out.push_str(&text[at..]);
-    out
-}
-
 fn workload_id(raw: &str) -> Result<WorkloadId, ApiError> {
     raw.parse::<u64>()
         .ok()
@@ -1067,8 +993,8 @@ async fn live(
     // Events and reasons record a token's id: name it where the caller may see the token.
     let mut texts: Vec<String> = events.iter().map(|e| e.detail.clone()).collect();
     texts.push(r.reason.clone());
-    let names = token_names(s, c, &texts).await?;
-    r.reason = name_tokens(&r.reason, &names);
+    let names = tokens::token_names(s, &c.id, &texts).await?;
+    r.reason = tokens::name_tokens(&r.reason, &names);
     let (logs, logs_note) = log_tail(s, wid).await;
     let (shares, racks) = gang_shares(&s.fleet(), &w);
     let intervals = s.store.usage_of(wid).await?;
@@ -1123,7 +1049,7 @@ async fn live(
         steps: steps(&events, r.ended, crate::clock::now_ms())
             .into_iter()
             .map(|mut x| {
-                x.detail = name_tokens(&x.detail, &names);
+                x.detail = tokens::name_tokens(&x.detail, &names);
                 x
             })
             .collect(),
@@ -1379,26 +1305,6 @@ mod tests {
     fn thousands_are_separated() {
         let got: Vec<String> = [0, 7, 999, 1_000, 12_345, 1_234_567].map(thousands).into();
         assert_eq!(got, ["0", "7", "999", "1,000", "12,345", "1,234,567"]);
-    }
-
-    #[test]
-    fn token_ids_in_events_are_named_at_display_time() {
-        let text = "member token tok-0123456789ab may create workloads; cancelled by tok-ffffffffffff, not xtok-0123456789ab nor tok-12";
-        assert_eq!(token_ids(text), ["tok-0123456789ab", "tok-ffffffffffff"]);
-        let names: HashMap<String, String> = [
-            ("tok-0123456789ab".to_string(), "ci-bot (tok-0123456789ab)".to_string()),
-            ("tok-ffffffffffff".to_string(), "tok-ffffffffffff (deleted)".to_string()),
-        ]
-        .into();
-        assert_eq!(
-            name_tokens(text, &names),
-            "member token ci-bot (tok-0123456789ab) may create workloads; cancelled by tok-ffffffffffff (deleted), not xtok-0123456789ab nor tok-12"
-        );
-        assert_eq!(
-            name_tokens("tok-0123456789ab tok-0123456789ab", &names),
-            "ci-bot (tok-0123456789ab) ci-bot (tok-0123456789ab)"
-        );
-        assert_eq!(name_tokens("no token here", &names), "no token here");
     }
 
     use super::*;

@@ -20,7 +20,7 @@ use super::{ApiJson, ApiQuery, DEFAULT_LIMIT, WorkloadPath, check_limit, views};
 use crate::audit::{Audited, RequestId};
 use crate::auth::Identity;
 use crate::problem::ApiResult;
-use crate::services::workloads;
+use crate::services::{tokens, workloads};
 use crate::state::AppState;
 
 #[derive(Deserialize, IntoParams)]
@@ -218,6 +218,8 @@ pub async fn create_workload(
     Ok(r)
 }
 
+/// A workload. A token id in its reason (who cancelled it) is named `name (tok-…)` where the
+/// caller may see that token, as in its timeline.
 #[utoipa::path(get, path = "/api/v1/workloads/{id}", tag = "workloads", params(super::WorkloadIdParams),
     responses((status = 200, body = Workload)))]
 pub async fn get_workload(
@@ -225,7 +227,14 @@ pub async fn get_workload(
     id: Identity,
     WorkloadPath(wid): WorkloadPath,
 ) -> ApiResult<Json<Workload>> {
-    workloads::get(&s, &id, wid).await.map(Json)
+    let mut w = workloads::get(&s, &id, wid).await?;
+    if let Some(r) = w.reason.as_mut()
+        && !tokens::token_ids(r).is_empty()
+    {
+        let names = tokens::token_names(&s, &id, std::slice::from_ref(r)).await?;
+        *r = tokens::name_tokens(r, &names);
+    }
+    Ok(Json(w))
 }
 
 /// Cancels a workload: a waiting one at once; a placed or running one is stopped (grace
@@ -240,7 +249,9 @@ pub async fn cancel_workload(
     workloads::cancel(&s, &id, wid).await.map(Json)
 }
 
-/// The workload's timeline: one event per lifecycle step.
+/// The workload's timeline: one event per lifecycle step. A token id in a step's detail (who
+/// authorised the request, who cancelled it) is named `name (tok-…)` where the caller may see
+/// that token (its own tenant's; every token for a platform admin), else left bare.
 #[utoipa::path(get, path = "/api/v1/workloads/{id}/events", tag = "workloads", params(super::WorkloadIdParams),
     responses((status = 200, body = Vec<Event>)))]
 pub async fn workload_events(
@@ -249,6 +260,17 @@ pub async fn workload_events(
     WorkloadPath(wid): WorkloadPath,
 ) -> ApiResult<Json<Vec<Event>>> {
     workloads::find(&s, &id, wid).await?;
-    let events = s.store.events(wid, id.scope()).await?;
-    Ok(Json(events.iter().map(views::event).collect()))
+    let mut events: Vec<Event> = s
+        .store
+        .events(wid, id.scope())
+        .await?
+        .iter()
+        .map(views::event)
+        .collect();
+    let texts: Vec<String> = events.iter().map(|e| e.detail.clone()).collect();
+    let names = tokens::token_names(&s, &id, &texts).await?;
+    for e in &mut events {
+        e.detail = tokens::name_tokens(&e.detail, &names);
+    }
+    Ok(Json(events))
 }

@@ -1,5 +1,9 @@
 //! API tokens: created (the secret shown once), listed, revoked. The last platform-admin token
-//! stays: the store refuses to revoke it, so no administrator can lock everyone out.
+//! stays: the store refuses to revoke it, so no administrator can lock everyone out. And how a
+//! token id recorded in an event or a reason is named where it is shown (the API's timelines,
+//! the console): by the token's name, to those who may see the token.
+
+use std::collections::HashMap;
 
 use tessera_api::rules::Validate;
 use tessera_api::{CreateToken, CreatedToken, TokenView, rfc3339_ms};
@@ -110,4 +114,95 @@ pub async fn revoke(s: &AppState, id: &Identity, tid: &str) -> ApiResult<()> {
     }
     s.auth.invalidate();
     Ok(())
+}
+
+/// Where the token ids (`tok-` and 12 lower-case hex digits) stand in `text`: their byte
+/// offsets, in order.
+fn token_spans(text: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    while let Some(k) = text[from..].find("tok-") {
+        let i = from + k;
+        let hex = bytes[i + 4..]
+            .iter()
+            .take_while(|&&b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            .count();
+        let before_ok = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'-');
+        if hex == 12 && before_ok {
+            out.push(i);
+            from = i + 16;
+        } else {
+            from = i + 4;
+        }
+    }
+    out
+}
+
+/// The token ids in `text`, in order.
+pub fn token_ids(text: &str) -> Vec<&str> {
+    token_spans(text).into_iter().map(|i| &text[i..i + 16]).collect()
+}
+
+/// How the API's timelines and the console name each token id found in `texts`: `name (tok-…)` for a token the caller
+/// may see (platform admins: every token; others: their own tenant's), `tok-… (deleted)` for
+/// one the store no longer knows, the bare id otherwise (another tenant's or a platform token:
+/// nothing about it is said). Read at display time: the events keep the id.
+pub async fn token_names(s: &AppState, caller: &Identity, texts: &[String]) -> ApiResult<HashMap<String, String>> {
+    let ids: std::collections::BTreeSet<&str> = texts.iter().flat_map(|t| token_ids(t)).collect();
+    let mut out = HashMap::new();
+    for id in ids {
+        let shown = match s.store.get_token(id).await? {
+            None => format!("{id} (deleted)"),
+            Some(t) if caller.is_admin() || (t.tenant.is_some() && t.tenant == caller.tenant) => {
+                if t.name.is_empty() {
+                    id.to_string()
+                } else {
+                    format!("{} ({id})", t.name)
+                }
+            }
+            Some(_) => id.to_string(),
+        };
+        out.insert(id.to_string(), shown);
+    }
+    Ok(out)
+}
+
+/// `text` with each token id replaced by how `names` shows it.
+pub fn name_tokens(text: &str, names: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for i in token_spans(text) {
+        let id = &text[i..i + 16];
+        out.push_str(&text[at..i]);
+        out.push_str(names.get(id).map_or(id, String::as_str));
+        at = i + 16;
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_ids_in_events_are_named_at_display_time() {
+        let text = "member token tok-0123456789ab may create workloads; cancelled by tok-ffffffffffff, not xtok-0123456789ab nor tok-12";
+        assert_eq!(token_ids(text), ["tok-0123456789ab", "tok-ffffffffffff"]);
+        let names: HashMap<String, String> = [
+            ("tok-0123456789ab".to_string(), "ci-bot (tok-0123456789ab)".to_string()),
+            ("tok-ffffffffffff".to_string(), "tok-ffffffffffff (deleted)".to_string()),
+        ]
+        .into();
+        assert_eq!(
+            name_tokens(text, &names),
+            "member token ci-bot (tok-0123456789ab) may create workloads; cancelled by tok-ffffffffffff (deleted), not xtok-0123456789ab nor tok-12"
+        );
+        assert_eq!(
+            name_tokens("tok-0123456789ab tok-0123456789ab", &names),
+            "ci-bot (tok-0123456789ab) ci-bot (tok-0123456789ab)"
+        );
+        assert_eq!(name_tokens("no token here", &names), "no token here");
+    }
 }
