@@ -2537,7 +2537,9 @@ async fn the_timeline_names_tokens_only_to_those_who_may_see_them() {
     assert!(events.contains(&format!("cancelled by {oid}")), "{events}");
     let w = api(nsecret.clone(), format!("/api/v1/workloads/{nw}")).await;
     assert!(w.contains(&format!("by {oid}")), "{w}");
-    for shown in [&events, &w] {
+    let listed = api(nsecret.clone(), "/api/v1/workloads".to_string()).await;
+    assert!(listed.contains(&format!("by {oid}")), "{listed}");
+    for shown in [&events, &w, &listed] {
         assert!(
             !shown.contains("ops-night-shift") && !shown.contains("(deleted)"),
             "{shown}"
@@ -2551,6 +2553,8 @@ async fn the_timeline_names_tokens_only_to_those_who_may_see_them() {
     assert!(events.contains(&format!("nlp-bot ({nid})")), "{events}");
     let w = api(s.admin.clone(), format!("/api/v1/workloads/{nw}")).await;
     assert!(w.contains(&format!("by ops-night-shift ({oid})")), "{w}");
+    let listed = api(s.admin.clone(), "/api/v1/workloads".to_string()).await;
+    assert!(listed.contains(&format!("by ops-night-shift ({oid})")), "{listed}");
     let r = n.get(&format!("/console/workloads/{vw}")).await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     let body = r.text().await.unwrap();

@@ -150,7 +150,7 @@ pub struct IdempotencyParams {
 pub use crate::services::lifecycle_error;
 
 /// Workloads, newest first unless `sort` says otherwise; every order holds over all matching
-/// workloads, page after page.
+/// workloads, page after page. A token id in a reason is named as in a workload's timeline.
 ///
 /// Refused with 422 where no schema can say it: a `cursor` that is not a `next_cursor` this
 /// list gave for the same `sort`.
@@ -190,8 +190,27 @@ pub async fn list_workloads(
     let next_cursor = (rows.len() > shown.len())
         .then(|| shown.last().map(|w| cursor_of(w, sort)))
         .flatten();
-    let items: Vec<Workload> = shown.iter().map(views::workload).collect();
+    let mut items: Vec<Workload> = shown.iter().map(views::workload).collect();
+    name_reasons(&s, &id, &mut items).await?;
     Ok(Json(Page { items, next_cursor }))
+}
+
+/// The token ids in `items`' reasons (who cancelled them) named where `id` may see the token,
+/// as timelines name them ([`tokens::token_names`]); no store read when no reason has one.
+async fn name_reasons(s: &AppState, id: &Identity, items: &mut [Workload]) -> ApiResult<()> {
+    let texts: Vec<String> = items
+        .iter()
+        .filter_map(|w| w.reason.clone())
+        .filter(|r| !tokens::token_ids(r).is_empty())
+        .collect();
+    if texts.is_empty() {
+        return Ok(());
+    }
+    let names = tokens::token_names(s, id, &texts).await?;
+    for r in items.iter_mut().filter_map(|w| w.reason.as_mut()) {
+        *r = tokens::name_tokens(r, &names);
+    }
+    Ok(())
 }
 
 /// Requests GPUs. Accepts an `Idempotency-Key` header: repeating a request with the same key
@@ -227,13 +246,9 @@ pub async fn get_workload(
     id: Identity,
     WorkloadPath(wid): WorkloadPath,
 ) -> ApiResult<Json<Workload>> {
-    let mut w = workloads::get(&s, &id, wid).await?;
-    if let Some(r) = w.reason.as_mut()
-        && !tokens::token_ids(r).is_empty()
-    {
-        let names = tokens::token_names(&s, &id, std::slice::from_ref(r)).await?;
-        *r = tokens::name_tokens(r, &names);
-    }
+    let mut w = [workloads::get(&s, &id, wid).await?];
+    name_reasons(&s, &id, &mut w).await?;
+    let [w] = w;
     Ok(Json(w))
 }
 
