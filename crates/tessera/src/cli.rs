@@ -799,10 +799,13 @@ pub async fn nodes(c: &Common, f: FleetFilterArgs) -> Result<()> {
     match c.output {
         Output::Json | Output::Csv => print_json(&items),
         Output::Table => {
+            // Where the fleet declares a topology above the node (racks, blocks, label
+            // levels), each node's place in it, lowest level first.
+            let topology = items.iter().any(|n| !n.topology.is_empty());
             let rows: Vec<Vec<String>> = items
                 .iter()
                 .map(|n| {
-                    vec![
+                    let mut row = vec![
                         n.name.clone(),
                         n.pool.clone(),
                         n.model.clone(),
@@ -811,27 +814,30 @@ pub async fn nodes(c: &Common, f: FleetFilterArgs) -> Result<()> {
                         format!("{}/{}", n.cpus_free, n.cpus),
                         format!("{}/{}", n.memory_gib_free, n.memory_gib),
                         n.nvlink.clone(),
-                        n.state.clone(),
-                    ]
+                    ];
+                    if topology {
+                        let at: Vec<String> = n.topology.iter().map(|t| format!("{} {}", t.level, t.domain)).collect();
+                        row.push(if at.is_empty() { "-".into() } else { at.join(", ") });
+                    }
+                    row.push(n.state.clone());
+                    row
                 })
                 .collect();
-            println!(
-                "{}",
-                table(
-                    &[
-                        "NODE",
-                        "POOL",
-                        "MODEL",
-                        "GPUS FREE",
-                        "UNITS USED",
-                        "CPUS FREE",
-                        "MEM GIB FREE",
-                        "NVLINK",
-                        "STATE"
-                    ],
-                    &rows
-                )
-            );
+            let mut head = vec![
+                "NODE",
+                "POOL",
+                "MODEL",
+                "GPUS FREE",
+                "UNITS USED",
+                "CPUS FREE",
+                "MEM GIB FREE",
+                "NVLINK",
+            ];
+            if topology {
+                head.push("TOPOLOGY");
+            }
+            head.push("STATE");
+            println!("{}", table(&head, &rows));
             Ok(())
         }
     }

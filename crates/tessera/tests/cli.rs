@@ -170,7 +170,23 @@ fn login_verbs_and_errors() {
     );
     let (code, out, _) = tessera(&["nodes", "--pool", "training"], &env);
     assert_eq!(code, 0);
-    assert!(out.lines().next().unwrap().ends_with("STATE"), "{out}");
+    let head = out.lines().next().unwrap();
+    assert!(head.ends_with("STATE") && head.contains("NVLINK    TOPOLOGY"), "{out}");
+    // The seed fleet's training servers stand in racks of 4: each node's rack is shown.
+    let row = |name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        row("h100-01").contains("rack r0") && row("h100-01").contains("cordoned"),
+        "{out}"
+    );
+    assert!(row("h100-05").contains("rack r1"), "{out}");
+    let (code, out, _) = tessera(&["nodes", "--pool", "serving"], &env);
+    assert_eq!(code, 0);
+    assert!(out.lines().nth(1).unwrap_or_default().contains("rack s0"), "{out}");
     // An image policy from a key file (the OpenSSL-made cosign fixture); its refusals below.
     let key = concat!(
         env!("CARGO_MANIFEST_DIR"),
