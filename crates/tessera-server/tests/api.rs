@@ -751,7 +751,7 @@ async fn a_gang_within_its_guarantee_says_when_it_takes_its_share_back(db: Db) {
         !dry_reason.contains("if it waits, it starts"),
         "not the borrowed work's end: {dry}"
     );
-    let (st, w) = s.post("/api/v1/workloads", body).await;
+    let (st, w) = s.post("/api/v1/workloads", body.clone()).await;
     assert_eq!(st, StatusCode::CREATED, "{w}");
     let id = w["id"].as_u64().unwrap();
     let created = w["created_at_ms"].as_i64().unwrap();
@@ -766,6 +766,33 @@ async fn a_gang_within_its_guarantee_says_when_it_takes_its_share_back(db: Db) {
     );
     let words = |r: &str| r.find(said).map(|i| r[..i + said.len()].to_string());
     assert_eq!(words(dry_reason), words(reason), "the dry run's words are the queue's");
+    // A tenant firing gang dry runs cannot keep the loop from its work: at most 20 forecasts a
+    // second (of the loop's clock) are made; beyond, the answer says nothing of a start.
+    let secs = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let first = secs();
+    let mut dry = body.clone();
+    dry["name"] = json!("burst");
+    let answers =
+        futures_util::future::join_all((0..60).map(|_| s.post("/api/v1/workloads/dry-run", dry.clone()))).await;
+    let windows = secs() - first + 1;
+    let mut told = 0;
+    for (st, d) in &answers {
+        assert_eq!(*st, StatusCode::OK, "{d}");
+        let r = d["reason"].as_str().unwrap_or_default();
+        assert!(!r.contains("if it waits"), "never the borrowed work's end: {d}");
+        told += usize::from(r.contains(said));
+    }
+    let most = 20 * windows as usize;
+    assert!(told >= 1 && told <= most, "{told} forecasts in {windows} s");
+    assert!(
+        answers.len() - told >= 60usize.saturating_sub(most),
+        "{told} of 60 in {windows} s"
+    );
     assert!(
         w.get("expected_start").is_none(),
         "no start by the borrowed work's end: {w}"

@@ -20,7 +20,7 @@ use tessera_sched::reason::Wait;
 
 use super::ApiJson;
 use crate::auth::Identity;
-use crate::lifecycle::{GangForecast, Snapshot, TenantSnap, Trial};
+use crate::lifecycle::{Forecast, Snapshot, TenantSnap, Trial};
 use crate::problem::ApiResult;
 use crate::services::workloads::{Checked, check_create, expected_start_words};
 use crate::state::AppState;
@@ -63,9 +63,9 @@ pub(crate) async fn answer(s: &AppState, b: &CreateWorkload, c: &Checked) -> Dry
             job.duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
             s.lifecycle.gang_forecast(job).await
         }
-        _ => None,
+        _ => Forecast::Never,
     };
-    preview(s, &snap, b, c, forecast.as_ref())
+    preview(s, &snap, b, c, &forecast)
 }
 
 /// The pools a request may use: its pool if it names one, else those whose sharing mode serves
@@ -158,16 +158,10 @@ fn place_gang(
     Err(first_err.unwrap_or(tessera_sched::GangUnplaceable::NoPoolServes))
 }
 
-/// The dry run's answer on a snapshot; `forecast`: when a gang that cannot start now would
-/// take capacity from running work (then its reason says that, as the queue's will, instead
-/// of the later start when running work ends).
-pub(crate) fn preview(
-    s: &AppState,
-    snap: &Snapshot,
-    b: &CreateWorkload,
-    c: &Checked,
-    forecast: Option<&GangForecast>,
-) -> DryRun {
+/// The dry run's answer on a snapshot; `forecast`: whether and when a gang that cannot start
+/// now would take capacity from running work (then its reason says that, as the queue's will,
+/// instead of the later start when running work ends; when not known, neither).
+pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Checked, forecast: &Forecast) -> DryRun {
     let f = &snap.fleet;
     let units = c
         .gang
@@ -247,17 +241,23 @@ pub(crate) fn preview(
                     let mut why = u.to_string();
                     if !u.is_constraint() && !b.no_wait {
                         let duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
-                        if let Some(f) = forecast {
-                            why = Wait::PreemptsIn {
-                                now: Box::new(Wait::Gang(u.clone())),
-                                cause: f.cause.clone(),
-                                at_ms: f.at_ms,
-                                in_s: (f.in_ms.max(0) + 999) / 1000,
+                        match forecast {
+                            Forecast::Takes(f) => {
+                                why = Wait::PreemptsIn {
+                                    now: Box::new(Wait::Gang(u.clone())),
+                                    cause: f.cause.clone(),
+                                    at_ms: f.at_ms,
+                                    in_s: (f.in_ms.max(0) + 999) / 1000,
+                                }
+                                .to_string();
                             }
-                            .to_string();
-                        } else if let Some(start) = trial.gang_start(g, duration_ms, crate::clock::now_ms()) {
-                            why.push_str("; ");
-                            why.push_str(&expected_start_words(&start));
+                            Forecast::Never => {
+                                if let Some(start) = trial.gang_start(g, duration_ms, crate::clock::now_ms()) {
+                                    why.push_str("; ");
+                                    why.push_str(&expected_start_words(&start));
+                                }
+                            }
+                            Forecast::Unknown => {}
                         }
                     }
                     (code, u.code(), why)

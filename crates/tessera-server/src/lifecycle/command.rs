@@ -148,7 +148,7 @@ pub enum Cmd {
     Trial(Reply<Arc<Trial>>),
     /// A dry run of a gang asks when it would take capacity from running work if submitted
     /// now ([`Lifecycle::gang_forecast`]).
-    GangForecast(Box<tessera_sched::cycle::Job>, Reply<Option<GangForecast>>),
+    GangForecast(Box<tessera_sched::cycle::Job>, Reply<Forecast>),
     /// Where the loop is (for a test that steps a paused clock, see [`Lifecycle::settled`]).
     Settle(Reply<Settled>),
 }
@@ -163,6 +163,19 @@ pub struct GangForecast {
     pub at_ms: i64,
     /// How long from the loop's time of asking, in ms.
     pub in_ms: i64,
+}
+
+/// The loop's answer to a dry run's [`Cmd::GangForecast`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Forecast {
+    /// It would take capacity then.
+    Takes(GangForecast),
+    /// Neither reclaim nor its priority would take capacity for it: it waits for running work
+    /// to end.
+    Never,
+    /// Not known: the loop's budget of forecasts for this second is spent
+    /// ([`FORECASTS_PER_S`](super::FORECASTS_PER_S)), or no loop runs here.
+    Unknown,
 }
 
 /// Where the loop is when it answers a [`Cmd::Settle`].
@@ -361,10 +374,14 @@ impl Lifecycle {
 
     /// When gang job `job` (a dry run's, not submitted; its id one no workload has) would take
     /// capacity from running work if submitted now and finding no room: asked of the loop's
-    /// scheduler at the loop's time, so the words its queue reason will give. `None` where it
-    /// would not, or without a loop (a replica that does not lead).
-    pub async fn gang_forecast(&self, job: tessera_sched::cycle::Job) -> Option<GangForecast> {
-        self.ask(|r| Cmd::GangForecast(Box::new(job), r)).await.ok().flatten()
+    /// scheduler at the loop's time, so the words its queue reason will give; at most
+    /// [`FORECASTS_PER_S`](super::FORECASTS_PER_S) a second, so that dry runs cannot keep the
+    /// loop from its work ([`Forecast::Unknown`] beyond, and without a loop: a replica that
+    /// does not lead).
+    pub async fn gang_forecast(&self, job: tessera_sched::cycle::Job) -> Forecast {
+        self.ask(|r| Cmd::GangForecast(Box::new(job), r))
+            .await
+            .unwrap_or(Forecast::Unknown)
     }
 
     /// A live or recently ended workload, as last committed by this replica's loop; `None`
