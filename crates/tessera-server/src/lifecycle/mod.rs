@@ -131,28 +131,36 @@ pub(crate) struct Core {
     forecasts: ForecastBudget,
 }
 
-/// At most this many dry-run gang forecasts a second ([`Cmd::GangForecast`]): each plans a
-/// hold and trial evictions on the loop's own scheduler (1–1.5 ms on 10,000 nodes), so a
-/// tenant sending dry runs as fast as its token's rate limit allows could otherwise take most
-/// of the loop's time; beyond it a dry run answers without saying when the gang would start.
+/// At most this many dry-run gang forecasts a second ([`Cmd::GangForecast`]), and half as
+/// many for one tenant: each plans a hold and trial evictions on the loop's own scheduler
+/// (1–1.5 ms on 10,000 nodes), so a tenant sending dry runs as fast as its token's rate limit
+/// allows could otherwise take most of the loop's time, or every other tenant's forecasts;
+/// beyond it a dry run answers without saying when the gang would start.
 pub(crate) const FORECASTS_PER_S: u32 = 20;
 
-/// The forecasts answered in the current second of the loop's clock.
+/// The forecasts answered in the current second of the loop's clock, in all and by tenant.
 #[derive(Default)]
 struct ForecastBudget {
     second: i64,
     used: u32,
+    by_tenant: HashMap<String, u32>,
 }
 
 impl ForecastBudget {
-    /// Whether another forecast may be made at `now` (ms), counting it if so.
-    fn take(&mut self, now: i64) -> bool {
+    /// Whether another forecast for `tenant` may be made at `now` (ms), counting it if so.
+    fn take(&mut self, now: i64, tenant: &str) -> bool {
         let second = now.div_euclid(1000);
         if second != self.second {
             (self.second, self.used) = (second, 0);
+            self.by_tenant.clear();
+        }
+        let own = self.by_tenant.get(tenant).copied().unwrap_or(0);
+        if self.used >= FORECASTS_PER_S || own >= FORECASTS_PER_S / 2 {
+            return false;
         }
         self.used += 1;
-        self.used <= FORECASTS_PER_S
+        self.by_tenant.insert(tenant.to_string(), own + 1);
+        true
     }
 }
 
@@ -501,7 +509,7 @@ impl Core {
                 let _ = reply.send(Ok(self.publication.current_trial(&self.w)));
             }
             Cmd::GangForecast(mut job, reply) => {
-                let answer = if self.forecasts.take(now) {
+                let answer = if self.forecasts.take(now, &job.tenant) {
                     job.submitted_ms = now;
                     match self.w.sched.new_gang_forecast(&job, now) {
                         Some((cause, at_ms)) => Forecast::Takes(GangForecast {
@@ -702,5 +710,23 @@ fn answer_done(r: Result<(), LifecycleError>, reply: command::Reply<()>, batch: 
         Err(e) => {
             let _ = reply.send(Err(e));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FORECASTS_PER_S, ForecastBudget};
+
+    #[test]
+    fn forecasts_are_bounded_per_second_in_all_and_per_tenant() {
+        let mut b = ForecastBudget::default();
+        let taken = |b: &mut ForecastBudget, now: i64, tenant: &str| (0..50).filter(|_| b.take(now, tenant)).count();
+        // One tenant gets half the second's budget; others the rest, no more in all.
+        assert_eq!(taken(&mut b, 1_000, "nlp"), FORECASTS_PER_S as usize / 2);
+        assert_eq!(taken(&mut b, 1_500, "vision"), FORECASTS_PER_S as usize / 2);
+        assert_eq!(taken(&mut b, 1_999, "audio"), 0, "the second's budget is spent");
+        // A new second, a new budget.
+        assert_eq!(taken(&mut b, 2_000, "audio"), FORECASTS_PER_S as usize / 2);
+        assert_eq!(taken(&mut b, 2_001, "nlp"), FORECASTS_PER_S as usize / 2);
     }
 }
