@@ -602,7 +602,7 @@ fn a_held_gang_within_its_guarantee_reclaims_on_its_nodes_only() {
         g.id = u64::MAX;
         s.new_gang_forecast(&g, 0)
     };
-    let before = s.hold_book();
+    let (before, placed) = (s.hold_book(), s.engine.state().clone());
     let forecast = ask(&mut s, "a");
     assert!(
         matches!(forecast, Some((PreemptCause::Reclaim { .. }, _))),
@@ -612,6 +612,10 @@ fn a_held_gang_within_its_guarantee_reclaims_on_its_nodes_only() {
     assert!(
         s.hold_book() == before && s.holds.is_empty(),
         "a forecast decides nothing"
+    );
+    assert!(
+        s.engine.state().same_holdings(&placed),
+        "its trial evictions are rolled back"
     );
     let d = s.submit(gang(1, "a", 16, true, "standard", 0), 0);
     assert!(preempted(&d).is_empty(), "no hold yet, no search: {d:?}");
