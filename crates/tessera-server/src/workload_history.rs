@@ -275,9 +275,11 @@ impl WorkloadHistory {
         }
         for (id, s) in minutes {
             let q = all.entry(id).or_default();
-            // A minute of an hour already kept whole is in it.
+            // A minute of an hour already kept whole is in it. (The hours are in order: a
+            // search, not a scan of up to 697 hours per minute, which at 10,000 workloads was
+            // most of a start-up read's time.)
             let hour = s.at - s.at.rem_euclid(HOUR_MS);
-            if q.hours.iter().rev().any(|h| h.at == hour) && q.minutes.front().is_none_or(|m| s.at < m.at) {
+            if q.hours.binary_search_by_key(&hour, |h| h.at).is_ok() && q.minutes.front().is_none_or(|m| s.at < m.at) {
                 continue;
             }
             let i = q.minutes.partition_point(|x| x.at < s.at);
