@@ -482,8 +482,15 @@ fn telemetry(a: TelemetryArgs) -> Result<()> {
 /// A field of `/proc/self/status` in kB (`VmHWM`: peak resident memory, `VmRSS`: now).
 fn proc_status_kb(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?;
-    line[field.len() + 1..].trim().trim_end_matches("kB").trim().parse().ok()
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field) && l[field.len()..].starts_with(':'))?;
+    line[field.len() + 1..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Resets the process's peak resident memory (`VmHWM`) to its current resident memory
@@ -536,7 +543,9 @@ async fn with_other_writer<T>(
             let mut i = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let t = Instant::now();
-                store.append_telemetry(&[pool_record("bench-other-writer", at + i * MINUTE_MS)]).await?;
+                store
+                    .append_telemetry(&[pool_record("bench-other-writer", at + i * MINUTE_MS)])
+                    .await?;
                 longest = longest.max(t.elapsed().as_secs_f64());
                 i += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -636,7 +645,10 @@ async fn telemetry_bench(a: &TelemetryArgs, dir: Option<&std::path::Path>) -> Re
     let hwm_after_kb = proc_status_kb("VmHWM").unwrap_or(0);
     let rss_after_kb = proc_status_kb("VmRSS").unwrap_or(0);
     let read_rows: usize = days.iter().map(|d| d.1).sum();
-    let slowest = days.iter().cloned().fold((0, 0, 0f64), |m, d| if d.2 > m.2 { d } else { m });
+    let slowest = days
+        .iter()
+        .cloned()
+        .fold((0, 0, 0f64), |m, d| if d.2 > m.2 { d } else { m });
     let largest = days.iter().map(|d| d.1).max().unwrap_or(0);
     let restored = workloads.workloads();
     drop((history, workloads));
@@ -699,8 +711,9 @@ async fn telemetry_bench(a: &TelemetryArgs, dir: Option<&std::path::Path>) -> Re
             filled as f64 / fill_s
         );
         println!(
-            "  start-up read            {read_rows} rows in {} calls of a day: {read_s:.2} s reading, {restore_s:.2} s restoring ({restored} workloads)",
-            days.len()
+            "  start-up read            {read_rows} rows in {} calls of {} minutes: {read_s:.2} s reading, {restore_s:.2} s restoring ({restored} workloads)",
+            days.len(),
+            span / MINUTE_MS
         );
         println!(
             "  slowest / largest call   {:.2} s ({} rows) / {largest} rows",
@@ -710,7 +723,11 @@ async fn telemetry_bench(a: &TelemetryArgs, dir: Option<&std::path::Path>) -> Re
             "  memory (VmRSS, VmHWM)    {:.1} MB before the read, peak {:.1} MB during it{}, {:.1} MB after",
             mb(rss_before_kb),
             mb(hwm_after_kb),
-            if peak_reset { "" } else { " (peak not reset: since start)" },
+            if peak_reset {
+                ""
+            } else {
+                " (peak not reset: since start)"
+            },
             mb(rss_after_kb)
         );
         println!(
