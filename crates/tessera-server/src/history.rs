@@ -50,13 +50,14 @@
 //! `--database postgres://…`). On SQLite the fill wrote 293,000 rows/s (77 s), the start-up
 //! read took 69 s in 721 reads of an hour (at most 600,180 rows and 2.1 s each) and 5.0 s
 //! more to put them back in memory, and the process peaked at 1.5 GB (64 MB before the
-//! read); one hour's fold (600,000 minutes into 10,000 hours) took 0.55 s, and another writer
-//! waited as long for SQLite's write lock; the prune of one hour (10,180 rows) 0.18 s. On PostgreSQL the
-//! fill wrote 93,000 rows/s (244 s), the read took 47 s (at most 1.95 s a read), peak 1.1 GB,
-//! the fold 0.82 s (another writer waited at most 0.01 s: row locks), the prune 0.008 s. Read
-//! a day at a time, as it was, the last day alone was 14.4 million rows in one read: at 1,000
-//! workloads (1.44 million rows) the process peaked at 1.7 GB on SQLite, so about 16 GB at
-//! 10,000 (not run).
+//! read); one hour's fold (600,000 minutes into 10,000 hours) took 0.55 s, and another
+//! writer waited as long for SQLite's write lock; the prune of one hour (10,180 rows) 0.18 s.
+//! On PostgreSQL (two runs) the fill wrote 77,000 to 93,000 rows/s (296 s, 244 s), the read
+//! took 26 s and 47 s (at most 1.3 s and 1.95 s a read) and, in the later run, 4.7 s to
+//! put them back in memory; peak 1.1 GB; the fold 0.69 s and 0.82 s (another writer waited at most 0.01 s: row locks), the
+//! prune 0.011 s and 0.008 s. Read a day at a time, as it was, the last day alone was 14.4
+//! million rows in one read: at 1,000 workloads (1.44 million rows) the process peaked at
+//! 1.7 GB on SQLite, so about 16 GB at 10,000 (not run).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
