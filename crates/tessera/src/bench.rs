@@ -2,8 +2,10 @@
 //! steady state; `tessera bench cycle`: full scheduler cycles over a deep queue (the set-up is
 //! `tessera_sched::bench`; the timing is here); `tessera bench gang`: planning 128-GPU gangs
 //! beyond one node on a fleet of racks kept busy with single-node work (set-up in
-//! `tessera_sched::bench::GangSetup`). (`tessera bench api`, the running server under load, is
-//! in `benchapi.rs`.)
+//! `tessera_sched::bench::GangSetup`); `tessera bench telemetry`: the console's telemetry store
+//! at its worst case (a month of 10,000 workloads: the start-up read, an hour's fold and
+//! prune; [`telemetry`]). (`tessera bench api`, the running server under load, is in
+//! `benchapi.rs`.)
 //!
 //! A seeded stream of mixed requests — whole 1/2/4/8 GPUs, every MIG profile of the fleet's MIG
 //! models, fractions of shared GPUs from 8 tenants — is placed while the fleet is kept at a
@@ -446,8 +448,8 @@ const HOUR_MS: i64 = 60 * MINUTE_MS;
 /// before the day (and the hour the prune has not reached yet), its minute rows from that hour
 /// on (an hour not folded yet, the hour the day starts in and the day); a row per pool and
 /// minute. Then, through the trait, it times the start-up read as the server does it
-/// (`READ_SPAN_MS` at a time, or `--read-span-minutes`, each span put back in memory by `tessera_server::history::restore`), with the
-/// process's peak resident memory; the fold of the hour not folded yet (`--workloads` × 60
+/// (`READ_SPAN_MS` at a time, or `--read-span-minutes`, each span put back in memory by
+/// `tessera_server::history::restore`), with the process's peak resident memory; the fold of the hour not folded yet (`--workloads` × 60
 /// minutes), and the prune of the hour the prune has not reached; while each of those two
 /// runs, another task appends a row every 5 ms, and the longest such append is reported (how
 /// long any other writer waited).
