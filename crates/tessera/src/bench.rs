@@ -56,7 +56,7 @@ pub struct TelemetryArgs {
     #[arg(long, default_value_t = 3)]
     pools: usize,
     /// Minutes of stored telemetry one read of the start-up read takes (default: the server's,
-    /// `tessera_server::history::READ_SPAN_MS`; 1440 reads a day at a time, as before it).
+    /// `tessera_server::history::read_span`; 1440 reads a day at a time throughout, 60 an hour).
     #[arg(long)]
     read_span_minutes: Option<i64>,
     /// Keep the SQLite directory (its path is printed).
@@ -448,7 +448,7 @@ const HOUR_MS: i64 = 60 * MINUTE_MS;
 /// before the day (and the hour the prune has not reached yet), its minute rows from that hour
 /// on (an hour not folded yet, the hour the day starts in and the day); a row per pool and
 /// minute. Then, through the trait, it times the start-up read as the server does it
-/// (`READ_SPAN_MS` at a time, or `--read-span-minutes`, each span put back in memory by
+/// (`read_span` at a time, or `--read-span-minutes`, each span put back in memory by
 /// `tessera_server::history::restore`), with the process's peak resident memory; the fold of the hour not folded yet (`--workloads` × 60
 /// minutes), and the prune of the hour the prune has not reached; while each of those two
 /// runs, another task appends a row every 5 ms, and the longest such append is reported (how
@@ -624,9 +624,6 @@ async fn telemetry_bench(a: &TelemetryArgs, dir: Option<&std::path::Path>) -> Re
     let rss_before_kb = proc_status_kb("VmRSS").unwrap_or(0);
     let peak_reset = reset_peak_rss();
     let hwm_before_kb = proc_status_kb("VmHWM").unwrap_or(0);
-    let span = a
-        .read_span_minutes
-        .map_or(tessera_server::history::READ_SPAN_MS, |m| m * MINUTE_MS);
     let since = now - kept_minutes * MINUTE_MS;
     let history = tessera_server::history::History::default();
     let workloads = tessera_server::workload_history::WorkloadHistory::default();
@@ -634,6 +631,9 @@ async fn telemetry_bench(a: &TelemetryArgs, dir: Option<&std::path::Path>) -> Re
     let mut at = hour(since);
     while at <= now {
         let t = Instant::now();
+        let span = a
+            .read_span_minutes
+            .map_or_else(|| tessera_server::history::read_span(at, now), |m| m * MINUTE_MS);
         let records = store.telemetry_between(at, at + span).await?;
         let secs = t.elapsed().as_secs_f64();
         let rows = records.len();
@@ -678,7 +678,7 @@ async fn telemetry_bench(a: &TelemetryArgs, dir: Option<&std::path::Path>) -> Re
             "fill_rows_per_workload": workload_hours + workload_minutes,
             "fill_s": round(fill_s),
             "fill_rows_per_s": (filled as f64 / fill_s).round(),
-            "read_span_minutes": span / MINUTE_MS,
+            "read_span_minutes": a.read_span_minutes,
             "read_calls": days.len(),
             "read_rows": read_rows,
             "read_s": round(read_s),
@@ -713,9 +713,10 @@ async fn telemetry_bench(a: &TelemetryArgs, dir: Option<&std::path::Path>) -> Re
             filled as f64 / fill_s
         );
         println!(
-            "  start-up read            {read_rows} rows in {} calls of {} minutes: {read_s:.2} s reading, {restore_s:.2} s restoring ({restored} workloads)",
+            "  start-up read            {read_rows} rows in {} calls ({}): {read_s:.2} s reading, {restore_s:.2} s restoring ({restored} workloads)",
             days.len(),
-            span / MINUTE_MS
+            a.read_span_minutes
+                .map_or("the server's spans".to_string(), |m| format!("of {m} minutes"))
         );
         println!(
             "  slowest / largest call   {:.2} s ({} rows) / {largest} rows",
