@@ -36,7 +36,8 @@ pub enum BenchCommand {
     /// The running server's API under load: creations, reads and request-to-running.
     Api(crate::benchapi::ApiArgs),
     /// The telemetry store at its worst case: a month of N workloads and P pools, read back
-    /// a day at a time as at start, one hour's fold and one hour's prune.
+    /// as at start (a day at a time over the hours, an hour at a time over the last day's
+    /// minutes), one hour's fold and one hour's prune.
     Telemetry(TelemetryArgs),
 }
 
