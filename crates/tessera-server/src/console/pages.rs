@@ -182,20 +182,9 @@ fn order_of(sort: &str) -> tessera_store::WorkloadOrder {
 }
 
 /// `rows` with the token ids in their reasons named where the caller may see the token
-/// ([`token_names`]): another tenant's or a platform token stays a bare id.
+/// ([`tokens::token_names`]): another tenant's or a platform token stays a bare id.
 pub async fn name_rows(s: &AppState, c: &Caller, mut rows: Vec<Row>) -> Result<Vec<Row>, ApiError> {
-    let texts: Vec<String> = rows
-        .iter()
-        .filter(|r| !tokens::token_ids(&r.reason).is_empty())
-        .map(|r| r.reason.clone())
-        .collect();
-    if texts.is_empty() {
-        return Ok(rows);
-    }
-    let names = tokens::token_names(s, &c.id, &texts).await?;
-    for r in &mut rows {
-        r.reason = tokens::name_tokens(&r.reason, &names);
-    }
+    tokens::name_in(s, &c.id, rows.iter_mut().map(|r| &mut r.reason)).await?;
     Ok(rows)
 }
 

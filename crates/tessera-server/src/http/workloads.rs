@@ -191,26 +191,8 @@ pub async fn list_workloads(
         .then(|| shown.last().map(|w| cursor_of(w, sort)))
         .flatten();
     let mut items: Vec<Workload> = shown.iter().map(views::workload).collect();
-    name_reasons(&s, &id, &mut items).await?;
+    tokens::name_in(&s, &id, items.iter_mut().filter_map(|w| w.reason.as_mut())).await?;
     Ok(Json(Page { items, next_cursor }))
-}
-
-/// The token ids in `items`' reasons (who cancelled them) named where `id` may see the token,
-/// as timelines name them ([`tokens::token_names`]); no store read when no reason has one.
-async fn name_reasons(s: &AppState, id: &Identity, items: &mut [Workload]) -> ApiResult<()> {
-    let texts: Vec<String> = items
-        .iter()
-        .filter_map(|w| w.reason.clone())
-        .filter(|r| !tokens::token_ids(r).is_empty())
-        .collect();
-    if texts.is_empty() {
-        return Ok(());
-    }
-    let names = tokens::token_names(s, id, &texts).await?;
-    for r in items.iter_mut().filter_map(|w| w.reason.as_mut()) {
-        *r = tokens::name_tokens(r, &names);
-    }
-    Ok(())
 }
 
 /// Requests GPUs. Accepts an `Idempotency-Key` header: repeating a request with the same key
@@ -246,9 +228,8 @@ pub async fn get_workload(
     id: Identity,
     WorkloadPath(wid): WorkloadPath,
 ) -> ApiResult<Json<Workload>> {
-    let mut w = [workloads::get(&s, &id, wid).await?];
-    name_reasons(&s, &id, &mut w).await?;
-    let [w] = w;
+    let mut w = workloads::get(&s, &id, wid).await?;
+    tokens::name_in(&s, &id, w.reason.as_mut()).await?;
     Ok(Json(w))
 }
 
@@ -282,10 +263,6 @@ pub async fn workload_events(
         .iter()
         .map(views::event)
         .collect();
-    let texts: Vec<String> = events.iter().map(|e| e.detail.clone()).collect();
-    let names = tokens::token_names(&s, &id, &texts).await?;
-    for e in &mut events {
-        e.detail = tokens::name_tokens(&e.detail, &names);
-    }
+    tokens::name_in(&s, &id, events.iter_mut().map(|e| &mut e.detail)).await?;
     Ok(Json(events))
 }

@@ -168,6 +168,25 @@ pub async fn token_names(s: &AppState, caller: &Identity, texts: &[String]) -> A
     Ok(out)
 }
 
+/// Each of `texts` with its token ids named where `caller` may see the token
+/// ([`token_names`]), in place; no store read when none holds a token id.
+pub async fn name_in<'a>(
+    s: &AppState,
+    caller: &Identity,
+    texts: impl IntoIterator<Item = &'a mut String>,
+) -> ApiResult<()> {
+    let mut texts: Vec<&mut String> = texts.into_iter().filter(|t| !token_spans(t).is_empty()).collect();
+    if texts.is_empty() {
+        return Ok(());
+    }
+    let read: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
+    let names = token_names(s, caller, &read).await?;
+    for t in &mut texts {
+        **t = name_tokens(t, &names);
+    }
+    Ok(())
+}
+
 /// `text` with each token id replaced by how `names` shows it.
 pub fn name_tokens(text: &str, names: &HashMap<String, String>) -> String {
     let mut out = String::with_capacity(text.len());
