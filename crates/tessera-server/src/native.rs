@@ -108,7 +108,7 @@ async fn check(s: &AppState, ask: &NativeAsk) -> Result<(CreateWorkload, Checked
             .map_err(detail)?;
     }
     let snap = s.lifecycle.snapshot();
-    let preview = crate::http::dryrun::preview(s, &snap, &body, &checked, &crate::lifecycle::Forecast::Unknown);
+    let preview = crate::http::dryrun::preview(s, &snap, &body, &checked, false).await;
     if preview.outcome == "refused" && preview.reason_code.as_deref() == Some("constraint") {
         return Err(preview
             .reason

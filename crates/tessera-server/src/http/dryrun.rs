@@ -44,28 +44,33 @@ pub async fn dry_run(
 
 /// The dry run's answer to checked request `c` now, as the API and the console give it: on
 /// an engine and holds at least as new as the records a caller has read, and, for a gang
-/// that may wait, with when it would take capacity from running work (the loop is asked, as
+/// that would wait, with when it would take capacity from running work (the loop is asked, as
 /// the scheduler's own forecast: [`Lifecycle::gang_forecast`](crate::lifecycle::Lifecycle::gang_forecast)).
 pub(crate) async fn answer(s: &AppState, b: &CreateWorkload, c: &Checked) -> DryRun {
     let snap = s.lifecycle.trial_snapshot().await;
-    let forecast = match &c.gang {
-        Some(g) if !b.no_wait => {
-            let mut job = tessera_sched::cycle::Job::new(
-                // No workload has this id: every hold and running workload is someone else's.
-                u64::MAX,
-                &b.tenant,
-                &b.project,
-                c.request.clone(),
-                &c.priority,
-                crate::clock::now_ms(),
-            );
-            job.gang = Some(g.clone());
-            job.duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
-            s.lifecycle.gang_forecast(job).await
-        }
-        _ => Forecast::Never,
-    };
-    preview(s, &snap, b, c, &forecast)
+    preview(s, &snap, b, c, true).await
+}
+
+/// The forecast for gang `g` of checked request `c`, asked of the loop as if it were
+/// submitted now.
+async fn gang_forecast(
+    s: &AppState,
+    b: &CreateWorkload,
+    c: &Checked,
+    g: &tessera_model::request::GangRequest,
+) -> Forecast {
+    let mut job = tessera_sched::cycle::Job::new(
+        // No workload has this id: every hold and running workload is someone else's.
+        u64::MAX,
+        &b.tenant,
+        &b.project,
+        c.request.clone(),
+        &c.priority,
+        crate::clock::now_ms(),
+    );
+    job.gang = Some(g.clone());
+    job.duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
+    s.lifecycle.gang_forecast(job).await
 }
 
 /// The pools a request may use: its pool if it names one, else those whose sharing mode serves
@@ -158,10 +163,11 @@ fn place_gang(
     Err(first_err.unwrap_or(tessera_sched::GangUnplaceable::NoPoolServes))
 }
 
-/// The dry run's answer on a snapshot; `forecast`: whether and when a gang that cannot start
-/// now would take capacity from running work (then its reason says that, as the queue's will,
-/// instead of the later start when running work ends; when not known, neither).
-pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Checked, forecast: &Forecast) -> DryRun {
+/// The dry run's answer on a snapshot. With `forecast`, a gang that cannot start now and may
+/// wait asks the loop whether and when it would take capacity from running work (then its
+/// reason says that, as the queue's will, instead of the later start when running work ends;
+/// when not known, neither); without, it names no start.
+pub(crate) async fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Checked, forecast: bool) -> DryRun {
     let f = &snap.fleet;
     let units = c
         .gang
@@ -236,22 +242,29 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
         let placed = match &snap.trial {
             Some(trial) if c.gang.is_some() => {
                 let g = c.gang.as_ref().expect("a gang");
-                place_gang(trial, g, &admitted).map_err(|u| {
-                    let code = if u.is_constraint() { "refused" } else { waits_or_refuses };
-                    let mut why = u.to_string();
-                    if !u.is_constraint() && !b.no_wait {
-                        let duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
-                        match forecast {
+                match place_gang(trial, g, &admitted) {
+                    Ok(placed) => Ok(placed),
+                    Err(u) if u.is_constraint() => Err(("refused", u.code(), u.to_string())),
+                    Err(u) if b.no_wait => Err((waits_or_refuses, u.code(), u.to_string())),
+                    Err(u) => {
+                        let asked = if forecast {
+                            gang_forecast(s, b, c, g).await
+                        } else {
+                            Forecast::Unknown
+                        };
+                        let mut why = u.to_string();
+                        match asked {
                             Forecast::Takes(f) => {
                                 why = Wait::PreemptsIn {
                                     now: Box::new(Wait::Gang(u.clone())),
-                                    cause: f.cause.clone(),
+                                    cause: f.cause,
                                     at_ms: f.at_ms,
                                     in_s: (f.in_ms.max(0) + 999) / 1000,
                                 }
                                 .to_string();
                             }
                             Forecast::Never => {
+                                let duration_ms = b.duration_s.map(|d| d.saturating_mul(1000));
                                 if let Some(start) = trial.gang_start(g, duration_ms, crate::clock::now_ms()) {
                                     why.push_str("; ");
                                     why.push_str(&expected_start_words(&start));
@@ -259,9 +272,9 @@ pub(crate) fn preview(s: &AppState, snap: &Snapshot, b: &CreateWorkload, c: &Che
                             }
                             Forecast::Unknown => {}
                         }
+                        Err((waits_or_refuses, u.code(), why))
                     }
-                    (code, u.code(), why)
-                })
+                }
             }
             Some(trial) => {
                 // The pools within the tenant's limits, in the engine's own order.
