@@ -81,8 +81,8 @@ pub struct Sample {
     pub util_pct: Option<f64>,
 }
 
-const MINUTE_MS: i64 = 60_000;
-const HOUR_MS: i64 = 60 * MINUTE_MS;
+pub const MINUTE_MS: i64 = 60_000;
+pub const HOUR_MS: i64 = 60 * MINUTE_MS;
 /// 30 days of minutes.
 pub const KEPT: usize = 30 * 1_440;
 
@@ -282,6 +282,17 @@ pub fn minute(ms: i64) -> i64 {
     ms - ms.rem_euclid(MINUTE_MS)
 }
 
+/// The hour `ms` falls in.
+pub fn hour(ms: i64) -> i64 {
+    ms - ms.rem_euclid(HOUR_MS)
+}
+
+/// The hour the last `minutes` minutes up to `now` start in (those of the last day, 1,440: the
+/// workloads' minutes kept; of the last 30 days, [`KEPT`]: everything kept).
+pub fn first_hour_of(now: i64, minutes: i64) -> i64 {
+    hour(minute(now) - (minutes - 1) * MINUTE_MS)
+}
+
 /// The allocation of every pool at each minute of the last 30 days before `now`, from the
 /// usage ledger: at a minute, the units of every interval open then.
 pub fn rebuild(fleet: &Fleet, intervals: &[UsageInterval], now: i64) -> Vec<(String, Sample)> {
@@ -466,9 +477,8 @@ async fn persist<S: TelemetryStore + ?Sized>(store: &S, records: &[TelemetryReco
 /// before the 30 days' first hour. Returns up to where it has folded (where a fold failed:
 /// the next run starts there).
 async fn maintain<S: TelemetryStore + ?Sized>(store: &S, now: i64, folded: Option<i64>) -> Option<i64> {
-    let hour = |ms: i64| ms - ms.rem_euclid(HOUR_MS);
-    let day = hour(minute(now) - (1_440 - 1) * MINUTE_MS);
-    let month = hour(minute(now) - (KEPT as i64 - 1) * MINUTE_MS);
+    let day = first_hour_of(now, 1_440);
+    let month = first_hour_of(now, KEPT as i64);
     let mut from = folded.unwrap_or(month).max(month);
     while from < day {
         if let Err(e) = store.fold_telemetry(from, from + HOUR_MS).await {
@@ -494,9 +504,8 @@ async fn maintain<S: TelemetryStore + ?Sized>(store: &S, now: i64, folded: Optio
 /// of a few rows, which on PostgreSQL took seconds on an empty store.
 pub fn read_span(at: i64, now: i64) -> i64 {
     const DAY_MS: i64 = 1_440 * MINUTE_MS;
-    let hour = |ms: i64| ms - ms.rem_euclid(HOUR_MS);
     // The minutes not folded yet start in the hour before the day's first hour.
-    let minutes = hour(minute(now) - (1_440 - 1) * MINUTE_MS) - HOUR_MS;
+    let minutes = first_hour_of(now, 1_440) - HOUR_MS;
     if at + DAY_MS <= minutes { DAY_MS } else { HOUR_MS }
 }
 
@@ -536,7 +545,7 @@ pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
         }
         let since = now - KEPT as i64 * MINUTE_MS;
         // Up to when the store was read (`None`: never, read it all).
-        let mut read_to = match read_back(&s, since - since.rem_euclid(HOUR_MS), now).await {
+        let mut read_to = match read_back(&s, hour(since), now).await {
             Ok(()) => Some(now),
             Err(e) => {
                 tracing::warn!(error = %e, "stored telemetry not read back");

@@ -23,6 +23,7 @@ use tessera_model::{Fleet, GpuUnits, Request};
 use tessera_sched::Engine;
 use tessera_sched::bench::PlacementChurn;
 use tessera_sched::replay::make_policy;
+use tessera_server::history::{HOUR_MS, MINUTE_MS};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -438,9 +439,6 @@ fn cycle(a: CycleArgs) -> Result<()> {
     Ok(())
 }
 
-const MINUTE_MS: i64 = 60_000;
-const HOUR_MS: i64 = 60 * MINUTE_MS;
-
 /// `tessera bench telemetry`: the telemetry store ([`tessera_store::TelemetryStore`]) at the
 /// worst case `tessera_server::history`'s module documentation bounds, opened as `serve` opens
 /// it (migrations included). It fills the store with `--days` of `--workloads` workloads that
@@ -569,14 +567,13 @@ async fn with_other_writer<T>(
 /// The measurements of `tessera bench telemetry` on the store `--database` names, or on a
 /// SQLite store in `dir`.
 async fn telemetry_bench(a: &TelemetryArgs, dir: Option<&std::path::Path>) -> Result<()> {
-    use tessera_server::history::minute;
-    let hour = |ms: i64| ms - ms.rem_euclid(HOUR_MS);
+    use tessera_server::history::{first_hour_of, hour, minute};
     let kept_minutes = a.days * 1_440;
     // The 58th minute of the current hour: the minute at which the day starts latest in its
     // hour, so that a workload keeps the most minutes (1,559 with the hour not folded yet).
     let now = hour(tessera_server::clock::now_ms()) + 58 * MINUTE_MS;
-    let month = hour(minute(now) - (kept_minutes - 1) * MINUTE_MS);
-    let day = hour(minute(now) - (1_440 - 1) * MINUTE_MS);
+    let month = first_hour_of(now, kept_minutes);
+    let day = first_hour_of(now, 1_440);
     // The hour not folded yet (the fold measured), and the hour the prune has not reached (the
     // prune measured).
     let (unfolded, unpruned) = (day - HOUR_MS, month - HOUR_MS);
