@@ -19,10 +19,11 @@
 //! ([`restore`]; the first moments after a
 //! start, until that read is done, the charts show only the allocation). A
 //! replica without telemetry (a follower) writes nothing, and instead reads, each minute, what
-//! the leader wrote since: its charts show it, and still do once it leads after a failover. A
-//! write is idempotent (a minute already stored keeps the figures first written: the sampler's
-//! sample of that minute), and a store error is logged and changes nothing else: the history
-//! in memory stays as it is. So a restart, or a failover, loses at most the minute or two
+//! the leader wrote since (the store's figures replacing those it read before: the leader
+//! writes a minute again each time it samples it): its charts show it, and still do once it
+//! leads after a failover. A write is idempotent (a minute already stored takes the figures
+//! written last: the sampler's latest sample of that minute), and a store error is logged and
+//! changes nothing else: the history in memory stays as it is. So a restart, or a failover, loses at most the minute or two
 //! before it.
 //!
 //! **Bound of the store.** A pool keeps a row a minute for 30 days, as in memory: at most
@@ -262,8 +263,10 @@ impl History {
     }
 
     /// Sets the utilisation of the minutes recorded for each pool (the store's, read back) where
-    /// they have none; a minute not recorded (no sample of its allocation) is left out.
-    pub fn restore_util(&self, utils: impl IntoIterator<Item = (String, i64, f64)>) {
+    /// they have none, or (`store_wins`: a follower's read of what the leader stored, which
+    /// takes a minute's later samples) in any case; a minute not recorded (no sample of its
+    /// allocation) is left out.
+    pub fn restore_util(&self, utils: impl IntoIterator<Item = (String, i64, f64)>, store_wins: bool) {
         let mut pools = self.pools.write().expect("lock");
         for (pool, at, util) in utils {
             let Some(q) = pools.get_mut(&pool) else {
@@ -271,7 +274,11 @@ impl History {
             };
             let i = q.partition_point(|s| s.at < at);
             if let Some(s) = q.get_mut(i).filter(|s| s.at == at) {
-                s.util_pct = s.util_pct.or(Some(util));
+                s.util_pct = if store_wins {
+                    Some(util)
+                } else {
+                    s.util_pct.or(Some(util))
+                };
             }
         }
     }
@@ -409,12 +416,16 @@ pub fn records(
 /// Puts stored records back in memory as of `now`: each pool's utilisation into its recorded
 /// minutes ([`History::restore_util`]), each workload's minutes and hours
 /// ([`crate::workload_history::WorkloadHistory::restore`]). A record that says nothing it can
-/// use (a pool's minute without utilisation, a workload's without figures) is skipped.
+/// use (a pool's minute without utilisation, a workload's without figures) is skipped. Where
+/// memory already has a minute, `store_wins` says which figures stay: the store's (a
+/// follower, whose memory holds only what it read before, while the leader writes a minute
+/// again as it samples it again) or memory's (the leader, whose memory is its own sampling).
 pub fn restore(
     history: &History,
     workloads: &crate::workload_history::WorkloadHistory,
     records: Vec<TelemetryRecord>,
     now: i64,
+    store_wins: bool,
 ) {
     use crate::workload_history::{Hour, Sample as Minute};
     let (mut utils, mut minutes, mut hours) = (Vec::new(), Vec::new(), Vec::new());
@@ -455,8 +466,8 @@ pub fn restore(
             }
         }
     }
-    history.restore_util(utils);
-    workloads.restore(now, minutes, hours);
+    history.restore_util(utils, store_wins);
+    workloads.restore(now, minutes, hours, store_wins);
 }
 
 /// Writes this minute's `records` to the store; a failure is logged, and nothing else: the
@@ -511,13 +522,18 @@ pub fn read_span(at: i64, now: i64) -> i64 {
 
 /// Reads the stored telemetry from `from` on into the histories, [`read_span`] at a time (at
 /// most a day of hours or an hour of minutes in memory at once besides the histories); `Err`
-/// at the first span that could not be read.
-async fn read_back(s: &crate::state::AppState, from: i64, now: i64) -> Result<(), tessera_store::StoreError> {
+/// at the first span that could not be read. `store_wins`: as [`restore`].
+async fn read_back(
+    s: &crate::state::AppState,
+    from: i64,
+    now: i64,
+    store_wins: bool,
+) -> Result<(), tessera_store::StoreError> {
     let mut at = from;
     while at <= now {
         let span = read_span(at, now);
         let records = s.store.telemetry_between(at, at + span).await?;
-        restore(&s.history, &s.workload_history, records, now);
+        restore(&s.history, &s.workload_history, records, now, store_wins);
         at += span;
     }
     Ok(())
@@ -545,7 +561,8 @@ pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
         }
         let since = now - KEPT as i64 * MINUTE_MS;
         // Up to when the store was read (`None`: never, read it all).
-        let mut read_to = match read_back(&s, hour(since), now).await {
+        // Nothing sampled yet: memory has no minute of its own to keep.
+        let mut read_to = match read_back(&s, hour(since), now, true).await {
             Ok(()) => Some(now),
             Err(e) => {
                 tracing::warn!(error = %e, "stored telemetry not read back");
@@ -573,7 +590,7 @@ pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
                 // may have been written after that read); all of it while the store could not
                 // be read yet (the leader too).
                 let from = read_to.map_or(since, |at| minute(at) - MINUTE_MS);
-                match read_back(&s, from, now).await {
+                match read_back(&s, from, now, !leading).await {
                     Ok(()) => read_to = Some(now),
                     Err(e) => tracing::warn!(error = %e, "the leader's telemetry not read"),
                 }
@@ -816,7 +833,7 @@ mod tests {
                 },
             )
         }));
-        restore(&pools2, &workloads2, stored.clone(), now);
+        restore(&pools2, &workloads2, stored.clone(), now, true);
         assert_eq!(pools2.series("p"), pools.series("p"));
         for w in Window::ALL {
             assert_eq!(pools2.window("p", w, now), pools.window("p", w, now), "{w:?}");
@@ -824,8 +841,37 @@ mod tests {
         }
         assert_eq!(workloads2.minutes(3), workloads.minutes(3));
         // Restoring the same records again (a follower reads some twice) changes nothing.
-        restore(&pools2, &workloads2, stored, now);
+        restore(&pools2, &workloads2, stored.clone(), now, true);
         assert_eq!(workloads2.minutes(3), workloads.minutes(3));
         assert_eq!(workloads2.hours(3), workloads.hours(3));
+        // The leader sampled the last minute again (its GPUs busy by then) and stored it again:
+        // a follower that read the first figures takes the later ones; the leader's own memory
+        // (not `store_wins`) keeps its sample over the store's.
+        let last = stored.iter().filter(|r| r.at == now).cloned();
+        let later: Vec<TelemetryRecord> = last
+            .map(|r| TelemetryRecord {
+                util_sum: Some(97.0),
+                ..r
+            })
+            .collect();
+        assert_eq!(later.len(), 2, "the pool's and the workload's");
+        restore(&pools2, &workloads2, later.clone(), now, false);
+        assert_eq!(workloads2.minutes(3), workloads.minutes(3), "memory's stays");
+        assert_eq!(pools2.series("p"), pools.series("p"));
+        restore(&pools2, &workloads2, later, now, true);
+        assert_eq!(
+            workloads2.minutes(3).last().map(|m| (m.at, m.util_pct)),
+            Some((now, 97.0))
+        );
+        assert_eq!(
+            pools2.series("p").last().map(|s| (s.at, s.util_pct)),
+            Some((now, Some(97.0)))
+        );
+        let n = workloads.minutes(3).len();
+        assert_eq!(
+            workloads2.minutes(3)[..n - 1],
+            workloads.minutes(3)[..n - 1],
+            "nothing else"
+        );
     }
 }

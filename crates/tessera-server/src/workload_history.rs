@@ -256,14 +256,16 @@ impl WorkloadHistory {
     }
 
     /// Puts stored minutes and hours back (the store's, read back at start or from the leader):
-    /// each where it belongs in time, unless the workload already has that minute or hour in
-    /// memory (which is as new or newer); then ages every series as [`WorkloadHistory::record`]
-    /// does.
+    /// each where it belongs in time, unless the workload already has that hour, or that
+    /// minute and not `store_wins` (the leader: memory's minute is its own sample, as new or
+    /// newer; a follower's is what it read before, and the leader may have written that minute
+    /// again since); then ages every series as [`WorkloadHistory::record`] does.
     pub fn restore(
         &self,
         now: i64,
         minutes: impl IntoIterator<Item = (u64, Sample)>,
         hours: impl IntoIterator<Item = (u64, Hour)>,
+        store_wins: bool,
     ) {
         let mut all = self.series.write().expect("lock");
         for (id, h) in hours {
@@ -281,8 +283,13 @@ impl WorkloadHistory {
                 continue;
             }
             let i = q.minutes.partition_point(|x| x.at < s.at);
-            if q.minutes.get(i).is_none_or(|x| x.at != s.at) {
-                q.minutes.insert(i, s);
+            match q.minutes.get_mut(i) {
+                Some(x) if x.at == s.at => {
+                    if store_wins {
+                        *x = s;
+                    }
+                }
+                _ => q.minutes.insert(i, s),
             }
         }
         Self::tidy(&mut all, now);
@@ -652,6 +659,7 @@ mod tests {
                 (4, at(1_440 + 6, 5.0)),
             ],
             [(4, hour(60 * MINUTE_MS, 60)), (4, hour(0, 30))],
+            false,
         );
         let minutes: Vec<(i64, f32)> = h.minutes(4).iter().map(|s| (s.at / MINUTE_MS, s.util_pct)).collect();
         assert_eq!(
@@ -664,8 +672,15 @@ mod tests {
             .map(|x| (x.at / MINUTE_MS, x.minutes, x.util_sum))
             .collect();
         assert_eq!(hours, [(0, 30, 300.0), (60, 60, 600.0), (1_440, 2, 8.0)]);
-        h.restore(now, [(4, at(1_440 + 5, 3.0))], [(4, hour(0, 30))]);
+        h.restore(now, [(4, at(1_440 + 5, 3.0))], [(4, hour(0, 30))], true);
         assert_eq!(h.hours(4).len(), 3, "an hour kept is not added again");
         assert_eq!(h.hours(4)[2].minutes, 2, "nor a minute folded into it");
+        // A follower's read: the store's figures of a minute memory has replace them.
+        h.restore(now, [(4, at(3 * 1_440 - 1, 99.0))], [], true);
+        let minutes: Vec<(i64, f32)> = h.minutes(4).iter().map(|s| (s.at / MINUTE_MS, s.util_pct)).collect();
+        assert_eq!(
+            minutes,
+            [(3 * 1_440 - 3, 7.0), (3 * 1_440 - 2, 1.0), (3 * 1_440 - 1, 99.0)]
+        );
     }
 }

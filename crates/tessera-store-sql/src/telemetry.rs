@@ -4,8 +4,9 @@
 //! so that the reads since a time, the fold and the prune are range scans of the key itself
 //! and no other index is kept.
 //!
-//! Writes are `INSERT … ON CONFLICT DO NOTHING`: a minute already stored keeps its figures,
-//! so two replicas writing the same minute, or a retried write, change nothing. They go in
+//! Writes are `INSERT … ON CONFLICT … DO UPDATE`: a record already stored takes the figures
+//! written last (the sampler's latest sample of that minute; a retried write writes the same
+//! figures again, so it changes nothing). They go in
 //! statements of at most [`TELEMETRY_ROWS_PER_WRITE`] rows, each in a transaction of its own:
 //! the write lock (SQLite's, in particular) is never held for more than one such statement, and
 //! the lifecycle loop's commits wait at most that long.
@@ -13,6 +14,8 @@
 //! One generic function per method of `TelemetryStore`, of the same name, for any [`Driver`];
 //! [`implement_store!`](crate::implement_store) calls them.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::LazyLock;
 
 use tessera_store::{Result, StoreError, TELEMETRY_ROWS_PER_WRITE, TelemetryRecord, TelemetrySeries};
@@ -25,7 +28,8 @@ pub static INSERT: LazyLock<MultiRow> = LazyLock::new(|| {
         "INSERT INTO telemetry_samples \
          (series, at, span_minutes, minutes, util_sum, used_mib_sum, total_mib) VALUES ",
         7,
-        " ON CONFLICT DO NOTHING",
+        " ON CONFLICT (at, series, span_minutes) DO UPDATE SET minutes = excluded.minutes, \
+         util_sum = excluded.util_sum, used_mib_sum = excluded.used_mib_sum, total_mib = excluded.total_mib",
     )
 });
 
@@ -72,7 +76,20 @@ fn record_row(r: &impl Row) -> Result<TelemetryRecord> {
 }
 
 pub async fn append_telemetry<D: Driver>(s: &D, records: &[TelemetryRecord]) -> Result<u64> {
-    let keyed: Vec<(String, &TelemetryRecord)> = records.iter().map(|r| (series_key(&r.series), r)).collect();
+    // One row per key, the last written of it: PostgreSQL refuses a statement that would
+    // update one row twice, and SQLite would apply them in turn (the last wins) anyway.
+    let mut keyed: Vec<(String, &TelemetryRecord)> = Vec::with_capacity(records.len());
+    let mut at: HashMap<(String, i64, u32), usize> = HashMap::with_capacity(records.len());
+    for r in records {
+        let key = series_key(&r.series);
+        match at.entry((key.clone(), r.at, r.span_minutes)) {
+            Entry::Occupied(i) => keyed[*i.get()].1 = r,
+            Entry::Vacant(v) => {
+                v.insert(keyed.len());
+                keyed.push((key, r));
+            }
+        }
+    }
     let mut added = 0;
     for chunk in keyed.chunks(TELEMETRY_ROWS_PER_WRITE) {
         let mut tx = s.begin_write().await?;

@@ -2742,9 +2742,9 @@ fn in_read_order(mut v: Vec<TelemetryRecord>) -> Vec<TelemetryRecord> {
 }
 
 /// Telemetry records read back exactly as written (every figure, `None`s, a pool whose name
-/// has a colon, the largest workload id), oldest first, from the time asked; writing a minute again — the same
-/// figures or others, in the same write or a later one — keeps the first and counts nothing;
-/// a write larger than one statement lands whole.
+/// has a colon, the largest workload id), oldest first, from the time asked; writing a minute
+/// again — the same figures or others, in the same write or a later one — keeps one row with
+/// the figures written last; a write larger than one statement lands whole, once.
 pub async fn telemetry_reads_back_exactly_and_once_per_minute(s: &dyn Store) {
     assert!(s.telemetry_between(i64::MIN, i64::MAX).await.unwrap().is_empty());
     let written = vec![
@@ -2777,40 +2777,43 @@ pub async fn telemetry_reads_back_exactly_and_once_per_minute(s: &dyn Store) {
     );
 
     // The same minutes again (other figures), and a duplicate within one write: one row each,
-    // the first figures kept.
+    // the figures written last (the sampler's later sample of a minute replaces its first).
     let again = vec![
         workload_minute(7, 2, 1.0, 1.0, 1),
         pool_minute("training", 0, Some(77.0)),
         pool_minute("training", 3, Some(5.0)),
         pool_minute("training", 3, Some(6.0)),
     ];
-    assert_eq!(s.append_telemetry(&again).await.unwrap(), 1, "only minute 3 is new");
+    assert_eq!(s.append_telemetry(&again).await.unwrap(), 3, "one row a key");
     let read = in_read_order(s.telemetry_between(i64::MIN, i64::MAX).await.unwrap());
     assert_eq!(read.len(), 8);
-    assert!(read.contains(&written[0]) && read.contains(&written[1]));
+    assert!(read.contains(&again[0]) && read.contains(&again[1]), "{read:?}");
+    assert!(!read.contains(&written[0]) && !read.contains(&written[1]), "{read:?}");
     assert_eq!(
         read.iter()
             .filter(|r| r.at == T0 + 3 * MINUTE_MS)
             .map(|r| r.util_sum)
             .collect::<Vec<_>>(),
-        [Some(5.0)]
+        [Some(6.0)]
     );
-    assert_eq!(
-        s.append_telemetry(&written).await.unwrap(),
-        0,
-        "a retry changes nothing"
-    );
+    assert_eq!(s.append_telemetry(&again).await.unwrap(), 3);
     assert_eq!(
         in_read_order(s.telemetry_between(i64::MIN, i64::MAX).await.unwrap()),
-        read
+        read,
+        "a retry changes nothing"
     );
+    // Written back: the first figures again, and nothing else changed.
+    s.append_telemetry(&written).await.unwrap();
+    let read = in_read_order(s.telemetry_between(i64::MIN, i64::MAX).await.unwrap());
+    assert_eq!(read.len(), 8);
+    assert!(written.iter().all(|w| read.contains(w)), "{read:?}");
 
     // More rows than one statement writes: all of them, once.
     let many: Vec<TelemetryRecord> = (0..TELEMETRY_ROWS_PER_WRITE as u64 * 2 + 17)
         .map(|id| workload_minute(1_000 + id, 10, id as f64, 2.0 * id as f64, id))
         .collect();
     assert_eq!(s.append_telemetry(&many).await.unwrap(), many.len() as u64);
-    assert_eq!(s.append_telemetry(&many).await.unwrap(), 0);
+    assert_eq!(s.append_telemetry(&many).await.unwrap(), many.len() as u64);
     let tenth = in_read_order(s.telemetry_between(T0 + 10 * MINUTE_MS, i64::MAX).await.unwrap());
     assert_eq!(tenth, in_read_order(many.clone()));
     assert_eq!(s.append_telemetry(&[]).await.unwrap(), 0);

@@ -896,13 +896,14 @@ pub struct TelemetryRecord {
 /// minutes older than a day, nothing older than the caller prunes.
 ///
 /// A record is keyed by its series, its span and its start: writing one that is already
-/// stored leaves the stored one as it is (two replicas writing the same minute, or a retry,
-/// are harmless).
+/// stored replaces its figures (the sampler samples a minute again as its figures come in;
+/// a retry writes the same figures, so it is harmless).
 #[async_trait]
 pub trait TelemetryStore: Send + Sync {
     /// Stores `records`, in statements of at most [`TELEMETRY_ROWS_PER_WRITE`] rows each
-    /// committed on its own (a long write never holds the database for long), skipping any
-    /// already stored; returns how many were new.
+    /// committed on its own (a long write never holds the database for long), replacing the
+    /// figures of any already stored (within one write, the last of a key wins); returns how
+    /// many it wrote.
     async fn append_telemetry(&self, records: &[TelemetryRecord]) -> Result<u64>;
     /// Every record starting at or after `from` and before `to`, oldest first (those of the
     /// same start in no particular order). A caller reading much reads it in spans (the

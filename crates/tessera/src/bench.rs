@@ -636,7 +636,7 @@ async fn telemetry_bench(a: &TelemetryArgs, dir: Option<&std::path::Path>) -> Re
         let secs = t.elapsed().as_secs_f64();
         let rows = records.len();
         let t = Instant::now();
-        tessera_server::history::restore(&history, &workloads, records, now);
+        tessera_server::history::restore(&history, &workloads, records, now, true);
         restore_s += t.elapsed().as_secs_f64();
         read_s += secs;
         days.push((at, rows, secs));
