@@ -16,8 +16,9 @@
 //! recording them in memory; at start the last 30 days are read back, a day at a time where
 //! only hours are stored and an hour at a time over the last day's minutes ([`read_span`]),
 //! so that at most a day of hours or an hour of minutes is held besides the histories
-//! ([`restore`]; the first moments after a
-//! start, until that read is done, the charts show only the allocation). A
+//! ([`restore`]). That read runs beside the sampler, which samples from the start (the
+//! minutes it samples keep its figures): until the read is done, which takes a minute or more
+//! at 10,000 workloads, the charts show the allocation and what was sampled since the start. A
 //! replica without telemetry (a follower) writes nothing, and instead reads, each minute, what
 //! the leader wrote since (the store's figures replacing those it read before: the leader
 //! writes a minute again each time it samples it): its charts show it, and still do once it
@@ -548,27 +549,42 @@ fn next_sample(now: i64, every: Option<Duration>) -> Duration {
     }
 }
 
-/// Rebuilds the last 30 days of allocation from the ledger and reads the stored telemetry of
-/// the last 30 days back, then samples every minute (the pools, and each workload's GPUs:
-/// [`crate::workload_history`]), storing what it sampled (or, without telemetry, reading what
-/// the leader stored); see the module's documentation.
+/// Rebuilds the last 30 days of allocation from the ledger, then samples every minute (the
+/// pools, and each workload's GPUs: [`crate::workload_history`]), storing what it sampled (or,
+/// without telemetry, reading what the leader stored), while the stored telemetry of the last
+/// 30 days is read back beside it; see the module's documentation.
 pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
     tokio::spawn(async move {
-        let now = crate::clock::now_ms();
-        match s.store.usage_between(None, now - KEPT as i64 * MINUTE_MS, now).await {
-            Ok(intervals) => s.history.record(rebuild(&s.fleet(), &intervals, now)),
+        let start = crate::clock::now_ms();
+        match s
+            .store
+            .usage_between(None, start - KEPT as i64 * MINUTE_MS, start)
+            .await
+        {
+            Ok(intervals) => s.history.record(rebuild(&s.fleet(), &intervals, start)),
             Err(e) => tracing::warn!(error = %e, "allocation history not rebuilt from the usage ledger"),
         }
-        let since = now - KEPT as i64 * MINUTE_MS;
-        // Up to when the store was read (`None`: never, read it all).
-        // Nothing sampled yet: memory has no minute of its own to keep.
-        let mut read_to = match read_back(&s, hour(since), now, true).await {
-            Ok(()) => Some(now),
-            Err(e) => {
-                tracing::warn!(error = %e, "stored telemetry not read back");
-                None
+        let since = start - KEPT as i64 * MINUTE_MS;
+        // The stored 30 days are read beside the sampling, not before it: at 10,000 workloads
+        // that read takes a minute or more, and the minutes sampled meanwhile would be lost.
+        // What the sampler records first stays (`store_wins` false: it is as new or newer).
+        let mut first_read = Some(tokio::spawn({
+            let s = s.clone();
+            async move {
+                let started = std::time::Instant::now();
+                let read = read_back(&s, hour(since), start, false).await;
+                if read.is_ok() {
+                    tracing::info!(
+                        seconds = started.elapsed().as_secs_f64(),
+                        "stored telemetry of the last 30 days read back"
+                    );
+                }
+                read
             }
-        };
+        }));
+        // Up to when the store was read (`None`: never, read it all); unknown while the first
+        // read runs.
+        let mut read_to: Option<i64> = None;
         let mut maintained: Option<i64> = None;
         let mut folded: Option<i64> = None;
         loop {
@@ -585,7 +601,17 @@ pub fn spawn(s: crate::state::AppState, every: Option<Duration>) {
                 folded = maintain(s.store.as_ref(), now, folded).await;
                 maintained = Some(now);
             }
-            if !leading || read_to.is_none() {
+            if let Some(read) = first_read.take_if(|r| r.is_finished()) {
+                let read = read.await.map_err(|e| e.to_string());
+                read_to = match read.and_then(|r| r.map_err(|e| e.to_string())) {
+                    Ok(()) => Some(start),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "stored telemetry not read back");
+                        None
+                    }
+                };
+            }
+            if first_read.is_none() && (!leading || read_to.is_none()) {
                 // What the leader stored since the last read (the minute before it included: it
                 // may have been written after that read); all of it while the store could not
                 // be read yet (the leader too).
