@@ -648,6 +648,36 @@ fn a_held_gang_within_its_guarantee_reclaims_on_its_nodes_only() {
     }
 }
 
+/// Every gang holding no nodes is told in the same pass when it will take capacity back, on a
+/// pool of a few nodes: the forecasts' budget is the nodes they read, not one gang a pass (so a
+/// gang behind others waited passes for its forecast).
+#[test]
+fn every_waiting_gang_on_a_small_pool_is_forecast_in_one_pass() {
+    let mut s = sched();
+    super::testing::guarantee_half_each(&mut s, None);
+    for i in 0..16 {
+        let j = lasting(job(100 + i, "b", 8, "standard", 0), (i >= 8).then_some(3_600_000));
+        assert_eq!(placed(&s.submit(j, 0)), vec![100 + i]);
+    }
+    for id in 1..=3 {
+        assert_eq!(s.submit_for_next_cycle(gang(id, "a", 16, true, "standard", 0)), None);
+    }
+    let d = s.cycle(1);
+    for id in 1..=3 {
+        assert!(
+            matches!(
+                wait_of(&d, id),
+                Some(Wait::PreemptsIn {
+                    cause: PreemptCause::Reclaim { .. },
+                    ..
+                })
+            ),
+            "gang {id}: {:?}",
+            wait_of(&d, id)
+        );
+    }
+}
+
 /// The gang rules of the Philly replay, each alone: holds at once, gangs' own hold limit.
 #[test]
 fn a_gang_holds_at_once_when_told_and_gangs_have_holds_of_their_own() {
