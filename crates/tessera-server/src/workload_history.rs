@@ -6,9 +6,14 @@
 //! The bound: a workload has telemetry kept only while the backend reports some for it and for
 //! 30 days after (the longest window); then it is forgotten. Of those 30 days it keeps the last
 //! day minute by minute (at most 1,440 samples of 24 bytes) and the rest as hours (at most 697
-//! of 32 bytes) — what the 7- and 30-day windows show anyway: at most about 58 KB a workload,
-//! whatever it ran. At most [`MAX_SERIES`] workloads are kept (about 580 MB at the very most);
-//! past that the ones that stopped reporting longest ago go first.
+//! of 32 bytes) — what the 7- and 30-day windows show anyway: at most about 58 KB of samples a
+//! workload, whatever it ran, in queues whose capacity (they grow by doubling) can reach about
+//! 81 KB. At most [`MAX_SERIES`] workloads are kept (about 580 MB of samples, 810 MB with that
+//! capacity, at the very most); past that the ones that stopped reporting longest ago go first.
+//! Measured by `tessera bench telemetry` (the month restored from the store at start): the
+//! process grew by about 160 KB a workload at 1,000 workloads and held 1.89 GB after restoring
+//! 10,000 — the histories plus what the allocators kept of the read's buffers (an hour of
+//! minutes, 600,000 rows at 10,000 workloads).
 //!
 //! The samples are also stored, and read back at start ([`WorkloadHistory::restore`]), so a
 //! restart or a failover loses at most the last minute or two; the store keeps the same shape
