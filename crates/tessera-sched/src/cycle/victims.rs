@@ -46,7 +46,7 @@ pub(super) trait VictimRule {
 /// pools (1–1.5 ms on the 2,666-node training pool of `synthetic:10000`, mostly reading the
 /// leases of the work on every node), so this is one such forecast a pass there, as before
 /// (four a pass cost `tessera bench cycle --gangs-pct 1` 4 ms at the median), and every
-/// waiting gang's in a pass or two on pools of tens or hundreds of nodes (156 a pass on the
+/// waiting gang's in a pass or two on pools of tens or hundreds of nodes (157 a pass on the
 /// seed's 16 training nodes). One forecast a pass is always made; the gangs past the budget
 /// keep theirs, and those not forecast yet get one in a later pass.
 const FORECAST_NODES_PER_PASS: usize = 2_500;
