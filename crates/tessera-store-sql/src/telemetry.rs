@@ -79,14 +79,13 @@ pub async fn append_telemetry<D: Driver>(s: &D, records: &[TelemetryRecord]) -> 
     // One row per key, the last written of it: PostgreSQL refuses a statement that would
     // update one row twice, and SQLite would apply them in turn (the last wins) anyway.
     let mut keyed: Vec<(String, &TelemetryRecord)> = Vec::with_capacity(records.len());
-    let mut at: HashMap<(String, i64, u32), usize> = HashMap::with_capacity(records.len());
+    let mut at: HashMap<(&TelemetrySeries, i64, u32), usize> = HashMap::with_capacity(records.len());
     for r in records {
-        let key = series_key(&r.series);
-        match at.entry((key.clone(), r.at, r.span_minutes)) {
+        match at.entry((&r.series, r.at, r.span_minutes)) {
             Entry::Occupied(i) => keyed[*i.get()].1 = r,
             Entry::Vacant(v) => {
                 v.insert(keyed.len());
-                keyed.push((key, r));
+                keyed.push((series_key(&r.series), r));
             }
         }
     }
