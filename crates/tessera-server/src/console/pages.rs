@@ -980,9 +980,8 @@ async fn live(
     let mut r = row(&w);
     let can_cancel = !r.ended && c.id.can_write(&w.tenant);
     // Events and reasons record a token's id: name it where the caller may see the token.
-    let mut texts: Vec<String> = events.iter().map(|e| e.detail.clone()).collect();
-    texts.push(r.reason.clone());
-    let names = tokens::token_names(s, &c.id, &texts).await?;
+    let texts = events.iter().map(|e| e.detail.as_str()).chain([r.reason.as_str()]);
+    let names = tokens::token_names(s, &c.id, texts).await?;
     r.reason = tokens::name_tokens(&r.reason, &names);
     let (logs, logs_note) = log_tail(s, wid).await;
     let (shares, racks) = gang_shares(&s.fleet(), &w);

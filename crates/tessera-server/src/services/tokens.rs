@@ -148,8 +148,12 @@ pub fn token_ids(text: &str) -> Vec<&str> {
 /// may see (platform admins: every token; others: their own tenant's), `tok-… (deleted)` for
 /// one the store no longer knows, the bare id otherwise (another tenant's or a platform token:
 /// nothing about it is said). Read at display time: the events keep the id.
-pub async fn token_names(s: &AppState, caller: &Identity, texts: &[String]) -> ApiResult<HashMap<String, String>> {
-    let ids: std::collections::BTreeSet<&str> = texts.iter().flat_map(|t| token_ids(t)).collect();
+pub async fn token_names<'a>(
+    s: &AppState,
+    caller: &Identity,
+    texts: impl IntoIterator<Item = &'a str>,
+) -> ApiResult<HashMap<String, String>> {
+    let ids: std::collections::BTreeSet<&str> = texts.into_iter().flat_map(token_ids).collect();
     let mut out = HashMap::new();
     for id in ids {
         let shown = match s.store.get_token(id).await? {
@@ -179,8 +183,7 @@ pub async fn name_in<'a>(
     if texts.is_empty() {
         return Ok(());
     }
-    let read: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
-    let names = token_names(s, caller, &read).await?;
+    let names = token_names(s, caller, texts.iter().map(|t| t.as_str())).await?;
     for t in &mut texts {
         **t = name_tokens(t, &names);
     }
