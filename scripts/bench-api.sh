@@ -4,8 +4,8 @@
 #   1. `tessera bench api --rate 1000 --clients 50`  (open loop: create p50/p99, request → running)
 #   2. `tessera bench api --clients 200`             (closed loop: creations/s and reads/s)
 # each against its own fresh server, and prints the bench's report with the server's CPU
-# seconds over the run (utime + stime from /proc/PID/stat), which a loaded machine does not
-# change the way it changes latencies.
+# seconds over the run and its CPU per creation and per read over those phases (utime + stime
+# from /proc/PID/stat), which a loaded machine does not change the way it changes latencies.
 #
 # Usage: scripts/bench-api.sh [BINARY [DATABASE_URL]]   (default target/release/tessera, SQLite)
 #   With DATABASE_URL (postgres://…), the server keeps its state in that PostgreSQL database,
@@ -47,7 +47,7 @@ run() { # title, bench arguments...
   local c0
   c0=$(cpu_s)
   echo "== $title: tessera bench api $*"
-  "$bin" bench api --server "http://127.0.0.1:$port" --token "$admin" --threads "$threads" "$@"
+  "$bin" bench api --server "http://127.0.0.1:$port" --token "$admin" --threads "$threads" --server-pid "$pid" "$@"
   echo "server CPU: $(awk -v a="$c0" -v b="$(cpu_s)" 'BEGIN {printf "%.2f", b - a}') s"
   kill -9 "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true

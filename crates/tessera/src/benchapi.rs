@@ -13,6 +13,10 @@
 //!
 //! Every loop is bounded: by its count, and by `--phase-timeout-s` (phases 1 and 2) or
 //! `--settle-s` (the final pass).
+//!
+//! With `--server-pid` (a server on this machine), the server's CPU time over each of phases 1
+//! and 2 is read from `/proc/PID/stat` and reported per request: a figure that another load on
+//! the machine changes much less than it changes requests per second.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,6 +72,10 @@ pub struct ApiArgs {
     /// Seed of the random mix of requests.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// The server's process id, when it runs on this machine (Linux): its CPU time over the
+    /// creations and over the reads is reported, per request.
+    #[arg(long)]
+    server_pid: Option<u32>,
     /// One JSON object instead of the text report.
     #[arg(long)]
     json: bool,
@@ -170,6 +178,39 @@ fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
     (sorted_us[i] as f64 / 10.0).round() / 100.0
 }
 
+/// CPU seconds (user and system, every thread) process `pid` has used so far, from
+/// `/proc/PID/stat`.
+fn process_cpu_s(pid: u32) -> Result<f64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("--server-pid: cannot read {path}"))?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .with_context(|| format!("{path}: not a process status line"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = |i: usize| -> Result<f64> {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .map(|t| t as f64)
+            .with_context(|| format!("{path}: no CPU time in field {}", i + 3))
+    };
+    // SAFETY: sysconf has no preconditions; it reads a constant of the running system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz <= 0 {
+        bail!("--server-pid: the system's clock tick is unknown");
+    }
+    Ok((ticks(11)? + ticks(12)?) / hz as f64)
+}
+
+/// CPU time of the server over a phase: microseconds per request, `None` without a pid.
+fn cpu_per_request_us(before: Option<f64>, after: Option<f64>, requests: usize) -> Option<f64> {
+    let (b, a) = (before?, after?);
+    (requests > 0).then(|| ((a - b) * 1e6 / requests as f64).round())
+}
+
 fn problem_line(status: StatusCode, body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
     let detail = serde_json::from_slice::<serde_json::Value>(body)
@@ -190,6 +231,9 @@ pub fn run(conn: &Connection, a: ApiArgs) -> Result<()> {
         bail!("--rate: give a number of creations per second, or 0 for no pacing");
     }
     kinds(&a.shapes)?;
+    if let Some(pid) = a.server_pid {
+        process_cpu_s(pid)?;
+    }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if a.threads > 0 {
         rt.worker_threads(a.threads);
@@ -324,6 +368,8 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
     let created = Arc::new(std::sync::Mutex::new(Vec::<(u64, bool)>::with_capacity(a.creates)));
     let tally = Arc::new(std::sync::Mutex::new(Tally::default()));
     let timeout = Duration::from_secs(a.phase_timeout_s);
+    let server_cpu = || a.server_pid.and_then(|pid| process_cpu_s(pid).ok());
+    let cpu_before_creates = server_cpu();
     let create_wall = {
         let (http, bodies, created, tally) = (http.clone(), bodies.clone(), created.clone(), tally.clone());
         drive(a.clients, a.creates, Instant::now() + timeout, a.rate, move |i| {
@@ -350,6 +396,7 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
         })
         .await
     };
+    let cpu_after_creates = server_cpu();
     let created: Vec<(u64, bool)> = std::mem::take(&mut *created.lock().expect("lock"));
     let mut create = std::mem::take(&mut *tally.lock().expect("lock"));
     create.lat_us.sort_unstable();
@@ -365,6 +412,7 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
     // Phase 2: reads of random created workloads.
     let ids: Arc<Vec<u64>> = Arc::new(created.iter().map(|c| c.0).collect());
     let picks: Arc<Vec<u64>> = Arc::new((0..a.reads).map(|_| ids[rng.random_range(0..ids.len())]).collect());
+    let cpu_before_reads = server_cpu();
     let read_wall = {
         let (http, picks, tally) = (http.clone(), picks.clone(), tally.clone());
         drive(a.clients, a.reads, Instant::now() + timeout, 0.0, move |i| {
@@ -382,8 +430,20 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
         })
         .await
     };
+    let cpu_after_reads = server_cpu();
     let mut read = std::mem::take(&mut *tally.lock().expect("lock"));
     read.lat_us.sort_unstable();
+    // Every request of the phase counts, refused ones too: each cost the server its work.
+    let create_cpu_us = cpu_per_request_us(
+        cpu_before_creates,
+        cpu_after_creates,
+        created.len() + create.errors as usize,
+    );
+    let read_cpu_us = cpu_per_request_us(
+        cpu_before_reads,
+        cpu_after_reads,
+        read.lat_us.len() + read.errors as usize,
+    );
 
     // Final pass: request-to-running of every created workload.
     let settle_deadline = Instant::now() + Duration::from_secs(a.settle_s);
@@ -476,6 +536,8 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
         "queued_request_to_running_p99_ms": percentile_ms(&r2r_queued, 0.99),
         "never_ran": never_ran,
         "still_waiting": todo.len(),
+        "server_cpu_us_per_create": create_cpu_us,
+        "server_cpu_us_per_read": read_cpu_us,
     });
     if a.json {
         println!("{out}");
@@ -535,6 +597,14 @@ async fn bench(conn: &Connection, a: ApiArgs) -> Result<()> {
     if read_errors > 0 {
         println!("  ({read_errors} failed reads while collecting request-to-running, retried)");
     }
+    if let Some(pid) = a.server_pid {
+        let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} µs"));
+        println!(
+            "  server CPU    (pid {pid}) {} a creation, {} a read",
+            us(create_cpu_us),
+            us(read_cpu_us)
+        );
+    }
     Ok(())
 }
 
@@ -555,6 +625,38 @@ mod tests {
         assert_eq!(percentile_ms(&v, 0.5), 51.0);
         assert_eq!(percentile_ms(&v, 0.99), 99.0);
         assert_eq!(percentile_ms(&[], 0.99), 0.0);
+    }
+
+    #[test]
+    fn this_process_cpu_time_is_read_and_grows() {
+        let me = std::process::id();
+        let before = process_cpu_s(me).unwrap();
+        // Burn CPU until the reading moves (clock ticks are coarse): it must, and not backwards.
+        let t = Instant::now();
+        let mut after = before;
+        let mut x = 0u64;
+        while after <= before && t.elapsed() < Duration::from_secs(10) {
+            let burst = Instant::now();
+            while burst.elapsed() < Duration::from_millis(20) {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
+            after = process_cpu_s(me).unwrap();
+        }
+        std::hint::black_box(x);
+        assert!(after > before, "{before} -> {after}");
+        assert!(
+            process_cpu_s(u32::MAX)
+                .unwrap_err()
+                .to_string()
+                .contains("--server-pid")
+        );
+    }
+
+    #[test]
+    fn cpu_per_request() {
+        assert_eq!(cpu_per_request_us(Some(1.0), Some(1.5), 1000), Some(500.0));
+        assert_eq!(cpu_per_request_us(None, Some(1.5), 1000), None);
+        assert_eq!(cpu_per_request_us(Some(1.0), Some(1.5), 0), None);
     }
 
     #[test]
