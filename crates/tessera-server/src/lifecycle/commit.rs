@@ -104,15 +104,21 @@ impl Publication {
     ) -> Result<(), StoreError> {
         self.queue_dirty |= batch.queue_changed;
         let (mut changes, records) = batch.take_changes();
-        if !changes.is_empty() {
+        let wrote = !changes.is_empty();
+        if wrote {
             if let Some(f) = fence {
                 changes.insert(0, Change::Fence(f.clone()));
             }
             let t0 = Instant::now();
-            let stored = w.store.commit(&changes).await;
+            let store = w.store.clone();
+            let n = changes.len();
+            let stored = writer()
+                .spawn(async move { store.commit(&changes).await })
+                .await
+                .unwrap_or_else(|e| Err(StoreError::Unavailable(format!("the commit task ended: {e}"))));
             w.metrics.store_commit(t0.elapsed(), stored.is_ok());
             if let Err(e) = stored {
-                tracing::error!(error = %e, changes = changes.len(), "commit failed; rebuilding state from the store");
+                tracing::error!(error = %e, changes = n, "commit failed; rebuilding state from the store");
                 let err = || {
                     LifecycleError::Unavailable(
                         "the store could not record the change; nothing was changed, retry shortly".into(),
@@ -145,7 +151,7 @@ impl Publication {
         // not waited for by the callers of this batch nor by its backend work: they get the
         // cheap one (capacity and records as of this batch), and the full one follows at once.
         let full_after = full && !batch.replies.is_empty() && self.last_full_build >= FULL_BUILD_AFTER_REPLIES;
-        if !changes.is_empty() || (full && !full_after) {
+        if wrote || (full && !full_after) {
             self.publish_snapshot(w, now, full && !full_after);
         }
         // Records after the snapshot: whoever reads a record (a workload that ended) then reads
@@ -207,6 +213,21 @@ impl Publication {
         }
         w.published.set_snapshot(snap);
     }
+}
+
+/// The runtime that drives the loop's commits: a thread of its own, so that each of a commit's
+/// round trips to the database (SQLite's worker thread answers each statement) wakes a task
+/// that runs at once instead of one queued behind the HTTP connections' tasks.
+fn writer() -> &'static tokio::runtime::Runtime {
+    static WRITER: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLock::new(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tessera-commit")
+            .enable_all()
+            .build()
+            .expect("starting the commit runtime")
+    });
+    &WRITER
 }
 
 /// A workload's committed record: from this batch, the published cache, or the store.
