@@ -278,15 +278,7 @@ impl WorkloadHistory {
         // thousands of cache lines apart; a search per record of 10,000 workloads' month
         // costs a cache miss per step).
         for (id, h) in hours {
-            let q = &mut all.entry(id).or_default().hours;
-            if q.back().is_none_or(|x| x.at < h.at) {
-                q.push_back(h);
-                continue;
-            }
-            let i = q.partition_point(|x| x.at < h.at);
-            if q.get(i).is_none_or(|x| x.at != h.at) {
-                q.insert(i, h);
-            }
+            place(&mut all.entry(id).or_default().hours, h, |h| h.at, false);
         }
         for (id, s) in minutes {
             let q = all.entry(id).or_default();
@@ -299,19 +291,7 @@ impl WorkloadHistory {
             if whole && q.minutes.front().is_none_or(|m| s.at < m.at) {
                 continue;
             }
-            if q.minutes.back().is_none_or(|x| x.at < s.at) {
-                q.minutes.push_back(s);
-                continue;
-            }
-            let i = q.minutes.partition_point(|x| x.at < s.at);
-            match q.minutes.get_mut(i) {
-                Some(x) if x.at == s.at => {
-                    if store_wins {
-                        *x = s;
-                    }
-                }
-                _ => q.minutes.insert(i, s),
-            }
+            place(&mut q.minutes, s, |s| s.at, store_wins);
         }
         Self::tidy(&mut all, now);
     }
@@ -389,6 +369,26 @@ impl WorkloadHistory {
                 total_mib: a.4,
             })
             .collect()
+    }
+}
+
+/// Puts `x` into `q`, kept in time order (`at`), unless `q` has a record of that time already:
+/// then `x` takes its place if `replace`. A record after the last one (the store reads in time
+/// order, so most are) is appended without a search.
+fn place<T>(q: &mut VecDeque<T>, x: T, at: impl Fn(&T) -> i64, replace: bool) {
+    let t = at(&x);
+    if q.back().is_none_or(|last| at(last) < t) {
+        q.push_back(x);
+        return;
+    }
+    let i = q.partition_point(|y| at(y) < t);
+    match q.get_mut(i) {
+        Some(y) if at(y) == t => {
+            if replace {
+                *y = x;
+            }
+        }
+        _ => q.insert(i, x),
     }
 }
 
