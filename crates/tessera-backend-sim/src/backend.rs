@@ -36,24 +36,28 @@ struct Shared {
 /// Wall-clock milliseconds that advance with Tokio's clock, so that timestamps, run times and
 /// adoption agree with each other when a test pauses time.
 struct Clock {
-    base_ms: i64,
+    /// Microseconds, so that this clock reads what the system's does (to the millisecond)
+    /// while Tokio's runs freely: truncating the start to a millisecond would put every
+    /// reading up to a millisecond behind the control plane's, and a workload could then
+    /// start before it was submitted.
+    base_us: i64,
     base: tokio::time::Instant,
 }
 
 impl Clock {
     fn new() -> Self {
-        let base_ms = std::time::SystemTime::now()
+        let base_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
+            .map(|d| d.as_micros() as i64)
             .unwrap_or(0);
         Clock {
-            base_ms,
+            base_us,
             base: tokio::time::Instant::now(),
         }
     }
 
     fn now_ms(&self) -> i64 {
-        self.base_ms + self.base.elapsed().as_millis() as i64
+        (self.base_us + self.base.elapsed().as_micros() as i64) / 1000
     }
 }
 

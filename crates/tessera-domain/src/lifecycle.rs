@@ -269,7 +269,12 @@ impl Draft<'_> {
     }
 
     /// The backend says it runs: the `running`, `observed` and `metered` steps.
+    ///
+    /// A backend's clock is not the control plane's (a kubelet's, a simulator's): a start it
+    /// dates before the request was received is taken as the request's time, so that no usage
+    /// interval begins before its workload was submitted.
     fn running(&mut self, at: i64, detail: String, observed: String) {
+        let at = at.max(self.w.created_at);
         self.event(Step::Running, at, detail, None);
         self.event(Step::Observed, at, observed, None);
         let units = self.w.held_units();
@@ -1003,6 +1008,43 @@ mod tests {
         assert_eq!(t.workload.phase, Phase::Queued);
         assert!(t.workload.placement.is_none() && t.workload.shares.is_empty());
         assert_eq!(t.effects.iter().filter(|e| matches!(e, Effect::Release)).count(), 1);
+    }
+
+    #[test]
+    fn a_start_dated_before_the_request_opens_usage_at_the_request() {
+        let w = Workload::new(WorkloadId(7), spec(Kind::Batch), GpuUnits::milli(500), 1_000);
+        let t = transition(
+            w,
+            Input::Placed {
+                at: 1_000,
+                placement: placement(),
+                shares: Vec::new(),
+                borrowing: false,
+            },
+        );
+        let t = transition(
+            t.workload,
+            Input::Partitioned {
+                at: 1_000,
+                detail: String::new(),
+            },
+        );
+        // The backend's clock is a millisecond behind the control plane's.
+        let t = transition(
+            t.workload,
+            Input::Running {
+                at: 999,
+                detail: String::new(),
+                observed: String::new(),
+            },
+        );
+        assert!(
+            t.effects.contains(&Effect::OpenUsage { seq: 0, at: 1_000 }),
+            "{:?}",
+            t.effects
+        );
+        assert!(t.events.iter().all(|e| e.at == 1_000), "{:?}", t.events);
+        assert_eq!(t.workload.request_to_running_ms(), Some(0));
     }
 
     #[test]

@@ -8,14 +8,15 @@
 
 use std::sync::OnceLock;
 
-/// Set by [`follow_tokio_clock`]: the wall time and Tokio's instant it started from.
+/// Set by [`follow_tokio_clock`]: the wall time (in microseconds, so that readings are not a
+/// truncated millisecond behind the system's) and Tokio's instant it started from.
 static FOLLOWS_TOKIO: OnceLock<(i64, tokio::time::Instant)> = OnceLock::new();
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     match FOLLOWS_TOKIO.get() {
-        Some((base_ms, base)) => {
-            base_ms + tokio::time::Instant::now().saturating_duration_since(*base).as_millis() as i64
+        Some((base_us, base)) => {
+            (base_us + tokio::time::Instant::now().saturating_duration_since(*base).as_micros() as i64) / 1000
         }
         None => system_ms(),
     }
@@ -25,7 +26,13 @@ pub fn now_ms() -> i64 {
 /// the time Tokio's clock has advanced since: on a runtime whose clock is paused (called from
 /// it), the time the test steps. For tests only: a server's clock must follow the system's.
 pub fn follow_tokio_clock() {
-    FOLLOWS_TOKIO.get_or_init(|| (system_ms(), tokio::time::Instant::now()));
+    FOLLOWS_TOKIO.get_or_init(|| {
+        let us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        (us, tokio::time::Instant::now())
+    });
 }
 
 fn system_ms() -> i64 {
