@@ -32,6 +32,11 @@
 //! A failed statement aborts a PostgreSQL transaction; the one-change-at-a-time run starts a
 //! new one after the rollback, on either database.
 //!
+//! A store that writes batches by its own means ([`Driver::commits_batches`]: SQLite on a
+//! file, on a connection whose statements stay prepared) is handed the grouped run's rows
+//! ([`Driver::commit_groups`]) and runs the whole transaction itself; a batch with fences or
+//! MIG records, or one it rolls back because of its contents, takes the path above.
+//!
 //! On PostgreSQL ([`Driver::ONE_STATEMENT`]) the grouped run is one statement: the fence's
 //! check and every group are parts of it (data-modifying common table expressions, see
 //! `tessera-store-postgres`'s `rows.rs`), so a batch costs three round trips (`BEGIN`, the
@@ -47,7 +52,7 @@ use tessera_store::{AuditRecord, Change, Fence, IdempotencyKey, Result, StoreErr
 
 use crate::ledger::{self, Close};
 use crate::rows::{self, Group};
-use crate::{Driver, audit, db_error, lease, workloads};
+use crate::{DbError, Driver, audit, db_error, lease, workloads};
 
 /// Commits `batch` in one transaction.
 pub async fn commit<D: Driver>(store: &D, batch: &[Change]) -> Result<()> {
@@ -62,6 +67,18 @@ pub async fn commit<D: Driver>(store: &D, batch: &[Change]) -> Result<()> {
         })
         .collect();
     if let Some(plan) = Plan::grouped(batch) {
+        if store.commits_batches() && fences.is_empty() && plan.mig.is_empty() {
+            let (groups, audit) = plan.groups()?;
+            match store.commit_groups(groups, audit).await {
+                Ok(None) => return Ok(()),
+                // A counted group changed fewer rows than it has, or a row exists already:
+                // rolled back; the run below names the change.
+                Ok(Some(_)) | Err(DbError::UniqueViolation) => {}
+                Err(DbError::Store(StoreError::Corrupt(_))) => {}
+                Err(DbError::Store(e)) => return Err(e),
+            }
+            return commit_one_by_one::<D>(store, batch, &fences).await;
+        }
         let mut tx = store.begin_write().await?;
         let written = match fences.as_slice() {
             [] | [_] if D::ONE_STATEMENT && plan.fits_one_statement() => {
@@ -80,8 +97,14 @@ pub async fn commit<D: Driver>(store: &D, batch: &[Change]) -> Result<()> {
             Err(StoreError::Conflict(_) | StoreError::Corrupt(_)) => D::rollback(tx).await?,
         }
     }
+    commit_one_by_one::<D>(store, batch, &fences).await
+}
+
+/// Commits `batch` one change at a time, in order, after checking `fences`: it fails at the
+/// first wrong change, with its name.
+async fn commit_one_by_one<D: Driver>(store: &D, batch: &[Change], fences: &[&Fence]) -> Result<()> {
     let mut tx = store.begin_write().await?;
-    lease::check_fences::<D>(&mut tx, &fences).await?;
+    lease::check_fences::<D>(&mut tx, fences).await?;
     for change in batch {
         Plan::new(std::slice::from_ref(change)).write::<D>(&mut tx).await?;
     }
@@ -190,18 +213,7 @@ impl<'b> Plan<'b> {
     /// cannot say which row failed: `Conflict` and `Corrupt` say only that one did (the caller
     /// then applies the batch one change at a time, which names it).
     async fn write_one_statement<D: Driver>(&self, conn: &mut D::Connection, fence: Option<&Fence>) -> Result<()> {
-        let groups: Vec<Group<'_>> = [
-            rows::group(&workloads::INSERT, &self.inserts, workloads::insert_row, false)?,
-            rows::group(&workloads::INSERT_KEYS, &self.keys, workloads::key_row, false)?,
-            rows::group(&workloads::UPDATE, &self.updates, workloads::update_row, true)?,
-            rows::group(&workloads::INSERT_EVENTS, &self.events, workloads::event_values, false)?,
-            rows::group(&ledger::OPEN, &self.opens, ledger::open_row, false)?,
-            rows::group(&ledger::CLOSE, &self.closes, ledger::close_row, true)?,
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        let audit = rows::group(&audit::UNNUMBERED, &self.audit, audit::record_values, false)?;
+        let (groups, audit) = self.groups()?;
         let done = D::execute_one_statement(conn, fence, groups, audit)
             .await
             .map_err(|e| db_error(e, || "a row of the batch exists already".into()))?;
@@ -229,6 +241,24 @@ impl<'b> Plan<'b> {
             crate::fleet::write_gpu_mig::<D>(conn, r).await?;
         }
         Ok(())
+    }
+
+    /// The plan's rows as the groups of multi-row statements, in the order [`Plan::write`]
+    /// writes them (empty ones left out), and its audit records without their sequence numbers.
+    fn groups(&self) -> Result<(Vec<Group<'_>>, Option<Group<'_>>)> {
+        let groups = [
+            rows::group(&workloads::INSERT, &self.inserts, workloads::insert_row, false)?,
+            rows::group(&workloads::INSERT_KEYS, &self.keys, workloads::key_row, false)?,
+            rows::group(&workloads::UPDATE, &self.updates, workloads::update_row, true)?,
+            rows::group(&workloads::INSERT_EVENTS, &self.events, workloads::event_values, false)?,
+            rows::group(&ledger::OPEN, &self.opens, ledger::open_row, false)?,
+            rows::group(&ledger::CLOSE, &self.closes, ledger::close_row, true)?,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let audit = rows::group(&audit::UNNUMBERED, &self.audit, audit::record_values, false)?;
+        Ok((groups, audit))
     }
 
     /// Writes the plan inside the caller's transaction (an empty group runs no statement).

@@ -158,6 +158,27 @@ pub trait Driver: Sized + Send + Sync + 'static {
         async { unreachable!("only drivers with ONE_STATEMENT write a batch in one statement") }
     }
 
+    /// Whether [`Driver::commit_groups`] writes a whole lifecycle batch by this store's own
+    /// means ([`crate::batch`]).
+    fn commits_batches(&self) -> bool {
+        false
+    }
+
+    /// Writes `groups` in order, then `audit` (the values of audit records without their
+    /// sequence numbers, [`audit::AFTER_SEQ`], numbered from the `audit` row of `sequences`),
+    /// in a write transaction of its own; each group sees the rows the earlier ones wrote.
+    /// Committed, `Ok(None)`; where a counted group ([`rows::Group::counted`]) changed fewer
+    /// rows than it has, rolled back and `Ok(Some(i))`, `i` its index in `groups`; on an error
+    /// rolled back too. Only for stores whose [`Driver::commits_batches`] says so.
+    fn commit_groups(
+        &self,
+        groups: Vec<rows::Group<'_>>,
+        audit: Option<rows::Group<'_>>,
+    ) -> impl Future<Output = DbResult<Option<usize>>> + Send {
+        let _ = (groups, audit);
+        async { unreachable!("only stores that commit batches by their own means are asked to") }
+    }
+
     /// Every active workload ([`tessera_store::WorkloadStore::active_workloads`]), selected by
     /// [`workloads::ACTIVE`].
     fn read_active(&self) -> impl Future<Output = Result<Vec<Workload>>> + Send;

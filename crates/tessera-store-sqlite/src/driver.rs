@@ -178,6 +178,35 @@ impl Driver for SqliteStore {
         Ok(done.rows_affected())
     }
 
+    /// A store on a file writes lifecycle batches on a connection of its own
+    /// (`crate::raw::BatchConnection`), with statements it keeps prepared: no round trip to
+    /// sqlx's worker thread per statement, no copy of each value into sqlx's arguments.
+    fn commits_batches(&self) -> bool {
+        self.batch.is_some()
+    }
+
+    /// The batch is written on the caller's thread, which it holds for the transaction (about
+    /// a millisecond for a batch of a few hundred rows, plus the log's fsync, plus any wait
+    /// for another process's write lock): on a multi-threaded runtime the runtime moves its
+    /// other tasks away meanwhile (`block_in_place`); a current-thread runtime waits. The
+    /// server commits on a current-thread runtime of its own, where nothing else waits. The
+    /// store's write connection is held meanwhile, so that this process's writers still take
+    /// turns instead of polling SQLite's write lock.
+    async fn commit_groups(
+        &self,
+        groups: Vec<tessera_store_sql::rows::Group<'_>>,
+        audit: Option<tessera_store_sql::rows::Group<'_>>,
+    ) -> DbResult<Option<usize>> {
+        let batch = self.batch.as_ref().expect("asked only where `commits_batches`");
+        let _turn = self.writer.acquire().await.map_err(classify)?;
+        let mut conn = batch.lock().await;
+        let mut write = || conn.write_batch(&groups, audit.as_ref());
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(write),
+            _ => write(),
+        }
+    }
+
     /// Every active workload at once (recovery: 100,000 rows and more), decoded straight from
     /// SQLite's buffers rather than through a copy of each row (see `crate::raw`).
     async fn read_active(&self) -> Result<Vec<Workload>> {

@@ -12,7 +12,10 @@
 //! database's `sequences` table, never from the application.
 //!
 //! A lifecycle batch is written group by group with multi-row statements (`batch` and `rows`),
-//! so that its cost follows the kinds of rows it holds rather than their number.
+//! so that its cost follows the kinds of rows it holds rather than their number. On a file it
+//! is written on a connection of the store's own, not sqlx's (`raw::BatchConnection`): its
+//! statements stay prepared from one batch to the next, and the whole transaction runs on the
+//! committing thread instead of a round trip to sqlx's worker thread per statement.
 //!
 //! The migrations in `migrations/` are written in SQL both databases understand (`$1`
 //! placeholders, `BIGINT`, `TEXT`, no `AUTOINCREMENT`); `tessera-store-postgres` keeps its own
@@ -58,6 +61,9 @@ pub struct SqliteStore {
     /// Write transactions: one connection of its own on a file (the same pool in memory), see
     /// [`SqliteStore::open_dir`].
     writer: SqlitePool,
+    /// The connection lifecycle batches are written on (a file's; none in memory), see
+    /// [`raw::BatchConnection`].
+    batch: Option<std::sync::Arc<tokio::sync::Mutex<raw::BatchConnection>>>,
     /// The background checkpointer of a database file (none in memory); it stops when the
     /// last clone of the store is dropped.
     _checkpointer: Option<std::sync::Arc<checkpoint::Checkpointer>>,
@@ -68,6 +74,9 @@ tessera_store_sql::implement_store!(SqliteStore);
 /// The page cache of the write connection (`cache_size`; negative: KiB): 32 MiB, a few
 /// thousand batches' worth of the pages a lifecycle batch changes.
 const WRITER_CACHE: &str = "-32768";
+
+/// How long a connection waits for another's write lock before it gives up.
+const BUSY_TIMEOUT_MS: std::ffi::c_int = 10_000;
 
 /// The database file in a data directory.
 pub const DB_FILE: &str = "tessera.db";
@@ -89,7 +98,7 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10))
+            .busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS as u64))
             // 1 MiB of page cache per connection (SQLite's default is 2 MiB): the pool's
             // connections cache the same hot pages, and the OS page cache holds the file.
             .pragma("cache_size", "-1024")
@@ -122,6 +131,9 @@ impl SqliteStore {
             .await
             .map_err(db)?;
         let mut store = Self::prepare(pool, Some(writer)).await?;
+        // Opened once the file is migrated (by `prepare`).
+        let batch = raw::BatchConnection::open(&dir.join(DB_FILE), BUSY_TIMEOUT_MS, WRITER_CACHE)?;
+        store.batch = Some(std::sync::Arc::new(tokio::sync::Mutex::new(batch)));
         store._checkpointer = Some(std::sync::Arc::new(checkpoint::Checkpointer::start(store.pool.clone())));
         Ok(store)
     }
@@ -153,6 +165,7 @@ impl SqliteStore {
         let store = SqliteStore {
             writer: writer.unwrap_or_else(|| pool.clone()),
             pool,
+            batch: None,
             _checkpointer: None,
         };
         legacy::convert(&store).await?;

@@ -42,18 +42,22 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 // ----- counting statements -----------------------------------------------------------------
 
-/// Counts the statements sqlx executes (its `sqlx::query` log events; `BEGIN` and `COMMIT` are
-/// not logged) while [`COUNTING`] is set. The events are emitted on sqlx's worker thread, so
-/// the subscriber is global; it asks to be consulted on every event (`Interest::sometimes`) so
+/// Counts the statements a commit runs while [`COUNTING`] is set: sqlx's statement log
+/// (`sqlx::query`) and the store's own for the statements it runs on the connection's handle
+/// (`tessera_store_sqlite::write`); `BEGIN` and `COMMIT` are not logged. sqlx's events are
+/// emitted on its worker thread, so the subscriber is global; it asks to be consulted on every event (`Interest::sometimes`) so
 /// that switching it off costs the timed batches one atomic load per statement.
 struct StatementCounter;
+
+/// The targets of the statement logs counted.
+const COUNTED: [&str; 2] = ["sqlx::query", "tessera_store_sqlite::write"];
 
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static STATEMENTS: AtomicU64 = AtomicU64::new(0);
 
 impl tracing::Subscriber for StatementCounter {
     fn register_callsite(&self, m: &'static tracing::Metadata<'static>) -> tracing::subscriber::Interest {
-        if m.target() == "sqlx::query" {
+        if COUNTED.contains(&m.target()) {
             tracing::subscriber::Interest::sometimes()
         } else {
             tracing::subscriber::Interest::never()
@@ -61,7 +65,7 @@ impl tracing::Subscriber for StatementCounter {
     }
 
     fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
-        m.target() == "sqlx::query" && COUNTING.load(Ordering::Relaxed)
+        COUNTED.contains(&m.target()) && COUNTING.load(Ordering::Relaxed)
     }
 
     fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {

@@ -194,9 +194,16 @@ fn queued(w: &Workload) -> Change {
     }
 }
 
+/// In memory, batches are written through sqlx; on a file, on the store's own batch
+/// connection: both name the same change, and both leave nothing of a failed batch.
 #[tokio::test]
 async fn a_failed_batch_names_its_first_failing_change() {
-    let store = SqliteStore::open_memory().await.unwrap();
+    failed_batches_name_their_first_failing_change(SqliteStore::open_memory().await.unwrap()).await;
+    let dir = fresh_dir("failed-batch");
+    failed_batches_name_their_first_failing_change(SqliteStore::open_dir(&dir).await.unwrap()).await;
+}
+
+async fn failed_batches_name_their_first_failing_change(store: SqliteStore) {
     let ids: Vec<u64> = store.reserve_workload_ids(200).await.unwrap().collect();
     let ws: Vec<Workload> = ids.iter().map(|&id| workload(id)).collect();
     let key = |i: usize| format!("k-{i}");
@@ -261,6 +268,44 @@ async fn a_failed_batch_names_its_first_failing_change() {
     for i in [100, 150, 179] {
         assert_eq!(store.get_workload(ws[i].id, None).await.unwrap(), Some(ws[i].clone()));
     }
+    // After the failures, the next batch commits.
+    store.commit(&creations()).await.unwrap();
+    assert_eq!(store.get_workload(ws[70].id, None).await.unwrap(), Some(ws[70].clone()));
+}
+
+/// Another connection (another process) holds the write lock: the batch waits for it, then
+/// commits; neither write is lost. (Multi-threaded: the batch's wait holds its thread, and
+/// the other writer's commit needs one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waits_for_another_writer_and_then_commits() {
+    let dir = fresh_dir("busy-writer");
+    let store = SqliteStore::open_dir(&dir).await.unwrap();
+    let ids: Vec<u64> = store.reserve_workload_ids(2).await.unwrap().collect();
+    let side = side_pool(&dir).await;
+    let mut other = side.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    sqlx::query("INSERT INTO tenants (name, display_name, created_at) VALUES ('side', 'Side', 1)")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let w = workload(ids[0]);
+    let batch = vec![created(&w, "k-busy")];
+    let commit = tokio::spawn({
+        let store = store.clone();
+        async move { store.commit(&batch).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!commit.is_finished(), "the batch waits for the write lock");
+    other.commit().await.unwrap();
+    commit.await.unwrap().unwrap();
+    assert_eq!(store.get_workload(w.id, None).await.unwrap(), Some(w));
+    let tenants: Vec<String> = sqlx::query("SELECT name FROM tenants")
+        .fetch_all(&side)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(tenants.contains(&"side".to_string()), "{tenants:?}");
 }
 
 #[tokio::test]

@@ -215,17 +215,22 @@ impl Publication {
     }
 }
 
-/// The runtime that drives the loop's commits: a thread of its own, so that each of a commit's
-/// round trips to the database (SQLite's worker thread answers each statement) wakes a task
-/// that runs at once instead of one queued behind the HTTP connections' tasks.
-fn writer() -> &'static tokio::runtime::Runtime {
-    static WRITER: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLock::new(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("tessera-commit")
+/// The runtime that drives the loop's commits: a current-thread runtime on a thread of its
+/// own, so that a commit's round trips to the database wake a task that runs at once instead
+/// of one queued behind the HTTP connections' tasks, and so that a store that writes on the
+/// caller's thread (SQLite's batch connection) holds no thread anything else waits for.
+fn writer() -> &'static tokio::runtime::Handle {
+    static WRITER: std::sync::LazyLock<tokio::runtime::Handle> = std::sync::LazyLock::new(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .expect("starting the commit runtime")
+            .expect("starting the commit runtime");
+        let handle = runtime.handle().clone();
+        std::thread::Builder::new()
+            .name("tessera-commit".into())
+            .spawn(move || runtime.block_on(std::future::pending::<()>()))
+            .expect("starting the commit thread");
+        handle
     });
     &WRITER
 }
