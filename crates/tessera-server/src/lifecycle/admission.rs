@@ -8,6 +8,7 @@
 //! the consolidation [`Moves`] a decision may start.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use tessera_domain::{Event, Input, Reason, Step, Workload, WorkloadId, WorkloadSpec};
 use tessera_model::request::GangRequest;
@@ -20,6 +21,7 @@ use super::command::{Governance, LifecycleError, NewWorkload, Reply};
 use super::consolidation::Moves;
 use super::live::Live;
 use super::placement;
+use super::snapshot::Published;
 use super::world::World;
 
 /// Workload ids reserved from the store at a time.
@@ -27,6 +29,8 @@ const ID_BLOCK: u32 = 1024;
 
 /// The admission and dispatch controller.
 pub(super) struct Admission {
+    /// Where ids are reserved and earlier uses of an idempotency key are found.
+    store: Arc<dyn Store>,
     /// Workload ids reserved from the store and not yet used.
     ids: Range<u64>,
     /// Creations answered after the next cycle decides them (they were submitted while
@@ -34,20 +38,19 @@ pub(super) struct Admission {
     pub deferred: Vec<ReplyTo>,
 }
 
-impl Default for Admission {
-    fn default() -> Self {
-        Admission {
-            ids: 0..0,
-            deferred: Vec::new(),
-        }
-    }
-}
-
 fn unavailable(e: tessera_store::StoreError) -> LifecycleError {
     LifecycleError::Unavailable(format!("the store is unavailable: {e}"))
 }
 
 impl Admission {
+    pub(super) fn new(store: Arc<dyn Store>) -> Admission {
+        Admission {
+            store,
+            ids: 0..0,
+            deferred: Vec::new(),
+        }
+    }
+
     /// Forgets the reserved ids (a rebuild from the store reserves new ones).
     pub(super) fn reset(&mut self) {
         self.ids = 0..0;
@@ -116,10 +119,10 @@ impl Admission {
         batch: &mut Batch,
         now: i64,
     ) -> Result<(WorkloadId, bool), LifecycleError> {
-        if let Some(id) = earlier_use(&*w.store, &nw, batch).await? {
+        if let Some(id) = earlier_use(&*self.store, &nw, batch).await? {
             return Ok((id, false));
         }
-        let id = self.next_id(&*w.store).await?;
+        let id = self.next_id().await?;
         let NewWorkload {
             spec,
             actor,
@@ -178,9 +181,9 @@ impl Admission {
     }
 
     /// The next workload id, reserving a block from the store when none is left.
-    async fn next_id(&mut self, store: &dyn Store) -> Result<WorkloadId, LifecycleError> {
+    async fn next_id(&mut self) -> Result<WorkloadId, LifecycleError> {
         if self.ids.is_empty() {
-            self.ids = store.reserve_workload_ids(ID_BLOCK).await.map_err(unavailable)?;
+            self.ids = self.store.reserve_workload_ids(ID_BLOCK).await.map_err(unavailable)?;
         }
         let id = WorkloadId(self.ids.start);
         self.ids.start += 1;
@@ -335,6 +338,7 @@ impl Admission {
     /// record after the commit.
     pub(super) fn on_cancel(
         w: &mut World,
+        published: &Published,
         id: WorkloadId,
         actor: String,
         reply: Reply<std::sync::Arc<Workload>>,
@@ -342,7 +346,7 @@ impl Admission {
         now: i64,
     ) {
         if !w.live.contains_key(&id) {
-            let err = match w.published.workload(id) {
+            let err = match published.workload(id) {
                 Some(_) => LifecycleError::Ended { id },
                 None => LifecycleError::NotFound { id },
             };

@@ -42,6 +42,10 @@ const QUEUE_PUBLISH_COST: u32 = 10;
 
 /// The publication controller: commits each batch and publishes what readers see.
 pub(super) struct Publication {
+    /// Where batches are committed.
+    store: Arc<dyn Store>,
+    /// What readers see.
+    published: Arc<Published>,
     builder: SnapshotBuilder,
     /// When queue and phase counts were last published.
     last_full_publish: Instant,
@@ -52,8 +56,10 @@ pub(super) struct Publication {
 }
 
 impl Publication {
-    pub(super) fn new(fleet: &Fleet) -> Publication {
+    pub(super) fn new(fleet: &Fleet, store: Arc<dyn Store>, published: Arc<Published>) -> Publication {
         Publication {
+            store,
+            published,
             builder: SnapshotBuilder::new(fleet),
             last_full_publish: Instant::now(),
             last_full_build: Duration::ZERO,
@@ -110,7 +116,7 @@ impl Publication {
                 changes.insert(0, Change::Fence(f.clone()));
             }
             let t0 = Instant::now();
-            let store = w.store.clone();
+            let store = self.store.clone();
             let n = changes.len();
             let stored = writer()
                 .spawn(async move { store.commit(&changes).await })
@@ -156,11 +162,11 @@ impl Publication {
         }
         // Records after the snapshot: whoever reads a record (a workload that ended) then reads
         // the snapshot sees capacity at least as new as that record.
-        w.published.put_workloads(records.values().cloned());
+        self.published.put_workloads(records.values().cloned());
         for r in batch.replies {
             match r {
                 ReplyTo::Created(tx, id, created) => {
-                    let rec = record(&*w.store, &w.published, id, &records).await;
+                    let rec = record(&*self.store, &self.published, id, &records).await;
                     // Not decided yet (submitted while capacity was changing): answer after the
                     // next cycle.
                     if matches!(&rec, Ok(r) if r.phase == tessera_domain::Phase::Pending) && w.sched.needs_cycle() {
@@ -170,7 +176,7 @@ impl Publication {
                     let _ = tx.send(rec.map(|r| (r, created)));
                 }
                 ReplyTo::Workload(tx, id) => {
-                    let rec = record(&*w.store, &w.published, id, &records).await;
+                    let rec = record(&*self.store, &self.published, id, &records).await;
                     let _ = tx.send(rec);
                 }
                 ReplyTo::Done(tx) => {
@@ -193,7 +199,7 @@ impl Publication {
     /// Publishes the full snapshot of a state rebuilt from the store.
     pub(super) fn publish_rebuilt(&mut self, w: &World, now: i64) {
         let snap = self.builder.build(&w.fleet, &w.sched, &w.live, &w.tenants, now, true);
-        w.published.set_snapshot(snap);
+        self.published.set_snapshot(snap);
     }
 
     /// The placement engine and holds as they are now, for a dry run that found the published
@@ -211,7 +217,7 @@ impl Publication {
             self.last_full_build = t0.elapsed();
             self.queue_dirty = false;
         }
-        w.published.set_snapshot(snap);
+        self.published.set_snapshot(snap);
     }
 }
 

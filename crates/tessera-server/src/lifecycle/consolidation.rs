@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 
 use tessera_domain::{Input, Phase, PreemptCode, ReasonCode, WorkloadId};
-use tessera_store::{MoveCause, ServiceMoveRecord};
+use tessera_store::{MoveCause, ServiceMoveRecord, Store};
 
 use super::admission::{Admission, replacement_of};
 use super::batch::Batch;
@@ -109,13 +109,14 @@ impl Moves {
     pub(super) async fn step(
         &mut self,
         w: &mut World,
+        store: &dyn Store,
         admission: &mut Admission,
         drains: &mut Drains,
         batch: &mut Batch,
         now: i64,
     ) {
         for (old, by) in std::mem::take(&mut self.pending) {
-            self.start_replacement(w, admission, old, by, batch, now).await;
+            self.start_replacement(w, store, admission, (old, by), batch, now).await;
         }
         let grace_s = w.settings.grace.as_secs();
         let mut moves: Vec<_> = self.replacing.iter().map(|(o, (n, by))| (*o, *n, *by)).collect();
@@ -123,7 +124,7 @@ impl Moves {
         for (old, new, by) in moves {
             match w.live.get(&new).map(|l| l.w.phase) {
                 Some(Phase::Running) => {
-                    drains.end_move(self, &*w.store, old).await;
+                    drains.end_move(self, store, old).await;
                     let why = by.map(|b| format!(" so that workload {b} fits")).unwrap_or_default();
                     w.apply(
                         old,
@@ -142,7 +143,7 @@ impl Moves {
                 // The replacement ended or went back to the queue before it ran: the original
                 // stays, and the job it was to make room for searches again.
                 _ => {
-                    drains.end_move(self, &*w.store, old).await;
+                    drains.end_move(self, store, old).await;
                     w.sched.move_failed(old.0);
                     w.apply(
                         old,
@@ -163,9 +164,9 @@ impl Moves {
     async fn start_replacement(
         &mut self,
         w: &mut World,
+        store: &dyn Store,
         admission: &mut Admission,
-        old: WorkloadId,
-        by: u64,
+        (old, by): (WorkloadId, u64),
         batch: &mut Batch,
         now: i64,
     ) {
@@ -187,7 +188,7 @@ impl Moves {
                     cause: MoveCause::Consolidation,
                     by: Some(WorkloadId(by)),
                 };
-                if let Err(e) = w.store.set_service_move(&rec).await {
+                if let Err(e) = store.set_service_move(&rec).await {
                     tracing::error!(%old, %new, error = %e, "cannot store a consolidation move");
                 }
                 w.metrics.consolidation_move("replace");

@@ -19,6 +19,8 @@ use tessera_store::{AuditRecord, GpuHealthRecord, HealthCause, Store};
 use super::batch::{Batch, ReplyTo};
 use super::command::{LifecycleError, Reply};
 use super::config::GpuFailurePolicy;
+use super::ops::FleetOps;
+use super::snapshot::Published;
 use super::world::World;
 
 /// The XIDs NVIDIA documents as needing a GPU reset or a reboot: 48 (double-bit ECC), 63/64
@@ -84,10 +86,19 @@ pub(super) struct Health {
     closed: HashMap<String, (bool, bool)>,
 }
 
+/// What the health controller is handed: the world, the store (a cleared GPU's record), and
+/// the fleet-operations state it keeps the unhealthy GPUs in, with the readers' view of it.
+pub(super) struct HealthCtx<'a> {
+    pub w: &'a mut World,
+    pub store: &'a dyn Store,
+    pub ops: &'a mut Arc<FleetOps>,
+    pub published: &'a Published,
+}
+
 impl Health {
     /// The backend's news about a GPU's health: a critical XID or a lost GPU takes it out; a
     /// GPU reported healthy again stays out until a platform admin clears it.
-    pub(super) fn on_gpu_health(&mut self, w: &mut World, news: GpuNews<'_>, batch: &mut Batch, now: i64) {
+    pub(super) fn on_gpu_health(&mut self, cx: &mut HealthCtx<'_>, news: GpuNews<'_>, batch: &mut Batch, now: i64) {
         let GpuNews {
             node,
             gpu,
@@ -96,7 +107,7 @@ impl Health {
             detail,
         } = news;
         if healthy {
-            if w.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
+            if cx.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
                 tracing::info!(%node, gpu, "the backend reports the GPU healthy again; it stays out of placement until a platform admin clears it");
             }
             return;
@@ -115,14 +126,14 @@ impl Health {
             cause,
             detail,
         };
-        self.gpu_failed(w, failure, batch, now);
+        self.gpu_failed(cx, failure, batch, now);
     }
 
     /// The backend's news about a node: removed (its GPUs are lost), back, cordoned or not
     /// ready by someone else.
     pub(super) async fn on_node_changed(
         &mut self,
-        w: &mut World,
+        cx: &mut HealthCtx<'_>,
         node: &str,
         change: tessera_backend::NodeChange,
         batch: &mut Batch,
@@ -130,10 +141,10 @@ impl Health {
     ) {
         tracing::info!(%node, ?change, "node changed");
         match change {
-            tessera_backend::NodeChange::Removed => self.node_removed(w, node, batch, now),
-            tessera_backend::NodeChange::Added => self.node_back(w, node).await,
-            tessera_backend::NodeChange::Cordoned(on) => self.backend_closed(w, node, Some(on), None),
-            tessera_backend::NodeChange::Ready(ready) => self.backend_closed(w, node, None, Some(!ready)),
+            tessera_backend::NodeChange::Removed => self.node_removed(cx, node, batch, now),
+            tessera_backend::NodeChange::Added => self.node_back(cx, node).await,
+            tessera_backend::NodeChange::Cordoned(on) => self.backend_closed(cx, node, Some(on), None),
+            tessera_backend::NodeChange::Ready(ready) => self.backend_closed(cx, node, None, Some(!ready)),
             // The new capacity comes with the fleet the backend reports (`FleetChanged`).
             tessera_backend::NodeChange::Capacity => {}
         }
@@ -143,13 +154,13 @@ impl Health {
     /// backend sent no health event.
     pub(super) fn on_telemetry(
         &mut self,
-        w: &mut World,
+        cx: &mut HealthCtx<'_>,
         gpus: &[tessera_backend::GpuSample],
         batch: &mut Batch,
         now: i64,
     ) {
         for g in gpus.iter().filter(|g| is_critical(g.xid)) {
-            if !w.ops.unhealthy.contains_key(&(g.node.clone(), g.gpu)) {
+            if !cx.ops.unhealthy.contains_key(&(g.node.clone(), g.gpu)) {
                 let detail = format!("XID {} in telemetry", g.xid);
                 let failure = GpuFailure {
                     node: &g.node,
@@ -157,7 +168,7 @@ impl Health {
                     cause: Cause::Xid(g.xid),
                     detail: &detail,
                 };
-                self.gpu_failed(w, failure, batch, now);
+                self.gpu_failed(cx, failure, batch, now);
             }
         }
     }
@@ -165,14 +176,14 @@ impl Health {
     /// A platform admin's clear of a GPU: audited and answered with the batch.
     pub(super) async fn on_clear(
         &self,
-        w: &mut World,
+        cx: &mut HealthCtx<'_>,
         node: &str,
         gpu: u8,
         mut audit: AuditRecord,
         reply: Reply<()>,
         batch: &mut Batch,
     ) {
-        match self.clear_gpu(w, node, gpu).await {
+        match self.clear_gpu(cx, node, gpu).await {
             Ok(cleared) => {
                 audit.detail = if cleared {
                     format!("GPU {gpu} of {node} back in placement")
@@ -204,26 +215,26 @@ impl Health {
     /// Takes a GPU out of service (once; a GPU already unhealthy stays as recorded) and applies
     /// the failure policy to the work on it. The store write follows in
     /// [`flush_health`](Self::flush_health).
-    pub(super) fn gpu_failed(&mut self, w: &mut World, failure: GpuFailure<'_>, batch: &mut Batch, now: i64) {
+    pub(super) fn gpu_failed(&mut self, cx: &mut HealthCtx<'_>, failure: GpuFailure<'_>, batch: &mut Batch, now: i64) {
         let GpuFailure {
             node,
             gpu,
             cause,
             detail,
         } = failure;
-        let Some(n) = w.fleet.node_by_name(node) else {
+        let Some(n) = cx.w.fleet.node_by_name(node) else {
             tracing::warn!(%node, gpu, "health news about a node not in the fleet");
             return;
         };
-        let def = w.fleet.node(n);
-        if gpu >= def.gpus || w.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
+        let def = cx.w.fleet.node(n);
+        if gpu >= def.gpus || cx.ops.unhealthy.contains_key(&(node.to_string(), gpu)) {
             return;
         }
         let (pool, model) = (
-            w.fleet.pool(def.pool).name.clone(),
-            w.fleet.catalogue.get(def.model).name.clone(),
+            cx.w.fleet.pool(def.pool).name.clone(),
+            cx.w.fleet.catalogue.get(def.model).name.clone(),
         );
-        w.sched.engine.fence_gpu(n.0, gpu, true);
+        cx.w.sched.engine.fence_gpu(n.0, gpu, true);
         let sentence = format!("GPU {gpu} of {node} is unhealthy ({detail}); no new work is placed on it");
         tracing::warn!(%node, gpu, cause = cause.label(), %detail, "GPU unhealthy: out of placement");
         let rec = GpuHealthRecord {
@@ -237,25 +248,26 @@ impl Health {
             detail: detail.to_string(),
             cause: cause.stored(),
         };
-        let mut ops = (*w.ops).clone();
+        let mut ops = (**cx.ops).clone();
         ops.unhealthy.insert((node.to_string(), gpu), rec.clone());
-        w.ops = Arc::new(ops);
-        w.published.set_ops(w.ops.clone());
+        *cx.ops = Arc::new(ops);
+        cx.published.set_ops(cx.ops.clone());
         self.writes.push(rec);
-        w.metrics.gpu_failure(&pool, &model, cause.label());
+        cx.w.metrics.gpu_failure(&pool, &model, cause.label());
 
-        let affected: Vec<(WorkloadId, Kind, bool)> = w
+        let affected: Vec<(WorkloadId, Kind, bool)> = cx
+            .w
             .live
             .values()
             .filter(|l| l.w.phase.holds_capacity() && l.w.placements().any(|p| p.node == node && p.gpus.contains(&gpu)))
             .map(|l| (l.w.id, l.w.spec.kind, l.w.phase == tessera_domain::Phase::Stopping))
             .collect();
-        let grace_s = w.settings.grace.as_secs();
+        let grace_s = cx.w.settings.grace.as_secs();
         for (id, kind, stopping) in affected {
             if stopping {
                 continue;
             }
-            let input = if w.settings.on_gpu_failure == GpuFailurePolicy::Requeue && kind == Kind::Batch {
+            let input = if cx.w.settings.on_gpu_failure == GpuFailurePolicy::Requeue && kind == Kind::Batch {
                 Input::Preempt {
                     at: now,
                     by: id,
@@ -270,7 +282,7 @@ impl Health {
                     detail: format!("{sentence}; this workload keeps running on it"),
                 }
             };
-            w.apply(id, input, batch, now);
+            cx.w.apply(id, input, batch, now);
         }
     }
 
@@ -288,20 +300,20 @@ impl Health {
     /// unhealthy.
     pub(super) async fn clear_gpu(
         &self,
-        w: &mut World,
+        cx: &mut HealthCtx<'_>,
         node: &str,
         gpu: u8,
     ) -> Result<bool, tessera_store::StoreError> {
-        let cleared = w.store.clear_gpu_health(node, gpu).await?;
-        let known = w.ops.unhealthy.contains_key(&(node.to_string(), gpu));
+        let cleared = cx.store.clear_gpu_health(node, gpu).await?;
+        let known = cx.ops.unhealthy.contains_key(&(node.to_string(), gpu));
         if known {
-            let mut ops = (*w.ops).clone();
+            let mut ops = (**cx.ops).clone();
             ops.unhealthy.remove(&(node.to_string(), gpu));
-            w.ops = Arc::new(ops);
-            w.published.set_ops(w.ops.clone());
+            *cx.ops = Arc::new(ops);
+            cx.published.set_ops(cx.ops.clone());
         }
-        if let Some(n) = w.fleet.node_by_name(node) {
-            w.sched.engine.fence_gpu(n.0, gpu, false);
+        if let Some(n) = cx.w.fleet.node_by_name(node) {
+            cx.w.sched.engine.fence_gpu(n.0, gpu, false);
         }
         tracing::info!(%node, gpu, "GPU cleared: back in placement");
         Ok(cleared || known)
@@ -309,20 +321,20 @@ impl Health {
 
     /// A node the backend reported removed: its GPUs are lost, handled as GPU failures (out
     /// of placement, the failure policy applied to the work on them).
-    pub(super) fn node_removed(&mut self, w: &mut World, node: &str, batch: &mut Batch, now: i64) {
-        let Some(n) = w.fleet.node_by_name(node) else {
+    pub(super) fn node_removed(&mut self, cx: &mut HealthCtx<'_>, node: &str, batch: &mut Batch, now: i64) {
+        let Some(n) = cx.w.fleet.node_by_name(node) else {
             tracing::warn!(%node, "the backend removed a node the fleet does not have");
             return;
         };
-        let detail = format!("node {node} was removed by the {} backend", w.backend.name());
-        for g in 0..w.fleet.node(n).gpus {
+        let detail = format!("node {node} was removed by the {} backend", cx.w.backend.name());
+        for g in 0..cx.w.fleet.node(n).gpus {
             let failure = GpuFailure {
                 node,
                 gpu: g,
                 cause: Cause::Lost,
                 detail: &detail,
             };
-            self.gpu_failed(w, failure, batch, now);
+            self.gpu_failed(cx, failure, batch, now);
         }
     }
 
@@ -332,7 +344,7 @@ impl Health {
     /// the platform's own rules (a NotReady node's pods are lost when the platform says so).
     pub(super) fn backend_closed(
         &mut self,
-        w: &mut World,
+        cx: &mut HealthCtx<'_>,
         node: &str,
         cordoned: Option<bool>,
         not_ready: Option<bool>,
@@ -348,14 +360,14 @@ impl Health {
         if !closed {
             self.closed.remove(node);
         }
-        self.refence(w, node);
+        self.refence(cx.w, cx.ops, node);
         tracing::info!(%node, closed, "the backend reports the node {}", if closed { "closed to new work" } else { "open to new work" });
     }
 
     /// Fences a node in the engine exactly when Tessera's node state or the backend's says it
     /// takes no new work.
-    pub(super) fn refence(&self, w: &mut World, node: &str) {
-        let fenced = w.ops.nodes.contains_key(node) || self.closed.contains_key(node);
+    pub(super) fn refence(&self, w: &mut World, ops: &FleetOps, node: &str) {
+        let fenced = ops.nodes.contains_key(node) || self.closed.contains_key(node);
         if let Some(n) = w.fleet.node_by_name(node) {
             w.sched.engine.fence_node(n.0, fenced);
         }
@@ -363,8 +375,8 @@ impl Health {
 
     /// A node the backend reported back: the GPUs it had lost return to placement; GPUs out
     /// for another cause (an XID, a failed partition) stay out until an admin clears them.
-    pub(super) async fn node_back(&self, w: &mut World, node: &str) {
-        let lost: Vec<u8> = w
+    pub(super) async fn node_back(&self, cx: &mut HealthCtx<'_>, node: &str) {
+        let lost: Vec<u8> = cx
             .ops
             .unhealthy
             .iter()
@@ -372,7 +384,7 @@ impl Health {
             .map(|((_, g), _)| *g)
             .collect();
         for g in lost {
-            if let Err(e) = self.clear_gpu(w, node, g).await {
+            if let Err(e) = self.clear_gpu(cx, node, g).await {
                 tracing::error!(%node, gpu = g, error = %e, "cannot clear a GPU of a node that came back");
             }
         }

@@ -31,13 +31,13 @@ pub(super) struct MeterCtx<'a> {
 
 impl<'a> MeterCtx<'a> {
     /// The controller's part of the world.
-    pub(super) fn of(w: &'a mut World) -> Self {
+    pub(super) fn of(w: &'a mut World, store: &'a dyn Store) -> Self {
         MeterCtx {
             live: &mut w.live,
             sched: &mut w.sched,
             nodes: &w.nodes,
             month: &mut w.month,
-            store: &*w.store,
+            store,
             metrics: &w.metrics,
         }
     }

@@ -82,15 +82,15 @@ pub(super) struct MigCtx<'a> {
 
 impl<'a> MigCtx<'a> {
     /// The controller's part of the world.
-    pub(super) fn of(w: &'a mut World) -> Self {
+    pub(super) fn of(w: &'a mut World, ops: &'a mut Arc<FleetOps>, published: &'a Published) -> Self {
         MigCtx {
             fleet: &w.fleet,
             nodes: &w.nodes,
             sched: &mut w.sched,
             backend: &*w.backend,
             caps: &w.caps,
-            ops: &mut w.ops,
-            published: &w.published,
+            ops,
+            published,
         }
     }
 

@@ -18,8 +18,9 @@
 //!
 //! The loop is made of controllers, each a struct that owns its state and takes one step at a
 //! time through what it is handed — the [`World`](world::World) (fleet, scheduler, live
-//! workloads, store, backend), the batch and the time, or a small context of borrowed parts —
-//! never the whole loop: [`admission`] (creations, scheduler decisions, cancellations,
+//! workloads, backend) and, only where it uses them, the store, the operator state and the
+//! readers' view; the batch and the time; or a small context of borrowed parts — never the
+//! whole loop: [`admission`] (creations, scheduler decisions, cancellations,
 //! quotas), [`news`] (backend news about a workload), [`health`], [`migmode`], [`meter`],
 //! [`reconcile`], [`nodeops`] (drains), [`consolidation`] (moves), [`rollout`] and
 //! [`commit`] (publication). [`Core`] holds them; its `handle` only hands each command to the
@@ -76,7 +77,7 @@ use consolidation::Moves;
 use effects::Runner;
 pub use fleetswap::FleetCell;
 pub use health::{CRITICAL_XIDS, is_critical};
-use health::{GpuNews, Health};
+use health::{GpuNews, Health, HealthCtx};
 use live::now_ms;
 use meter::{MeterCtx, Metering};
 use metering::MonthBook;
@@ -106,6 +107,12 @@ const BATCH_MAX: usize = 1024;
 /// what the loop itself keeps (backend work in flight, the fence, a fleet to adopt).
 pub(crate) struct Core {
     w: World,
+    store: Arc<dyn Store>,
+    /// Unhealthy GPUs, node states, rollouts and MIG modes: each controller that owns a part
+    /// changes it (readers see them through `published`).
+    ops: Arc<FleetOps>,
+    /// What readers see: the snapshot, the records, telemetry and `ops`.
+    published: Arc<Published>,
     admission: Admission,
     publication: Publication,
     health: Health,
@@ -263,24 +270,24 @@ impl Lifecycle {
         let (tx, rx) = mpsc::channel(8192);
         let fleet = self.fleet.get();
         let mut core = Core {
-            publication: Publication::new(&fleet),
+            publication: Publication::new(&fleet, cfg.store.clone(), self.published.clone()),
             w: World {
                 nodes: Arc::new(NodeIndex::new(&fleet)),
                 sched: (cfg.factory)(fleet.clone()),
                 factory: cfg.factory.clone(),
                 caps: cfg.backend.capabilities(),
                 fleet,
-                store: cfg.store.clone(),
                 backend: cfg.backend.clone(),
                 live: HashMap::new(),
                 tenants: HashMap::new(),
                 settings: cfg.settings.clone(),
                 month: MonthBook::default(),
                 metrics: cfg.metrics.clone(),
-                ops: Arc::default(),
-                published: self.published.clone(),
             },
-            admission: Admission::default(),
+            store: cfg.store.clone(),
+            ops: Arc::default(),
+            published: self.published.clone(),
+            admission: Admission::new(cfg.store.clone()),
             health: Health::default(),
             mig: MigModes::default(),
             metering: Metering::default(),
@@ -308,11 +315,26 @@ impl Lifecycle {
     }
 }
 
+/// The context the health controller is handed, borrowed from the loop's own fields.
+macro_rules! health_ctx {
+    ($core:expr) => {
+        HealthCtx {
+            w: &mut $core.w,
+            store: &*$core.store,
+            ops: &mut $core.ops,
+            published: &$core.published,
+        }
+    };
+}
+
 /// The context the node controllers are handed, borrowed from the loop's own fields.
 macro_rules! node_ctx {
     ($core:expr) => {
         NodeCtx {
             w: &mut $core.w,
+            store: &*$core.store,
+            ops: &mut $core.ops,
+            published: &$core.published,
             health: &$core.health,
             admission: &mut $core.admission,
             moves: &mut $core.moves,
@@ -325,6 +347,9 @@ macro_rules! rollout_ctx {
     ($core:expr) => {
         RolloutCtx {
             w: &mut $core.w,
+            store: &*$core.store,
+            ops: &mut $core.ops,
+            published: &$core.published,
             health: &$core.health,
             admission: &mut $core.admission,
             moves: &mut $core.moves,
@@ -385,7 +410,7 @@ impl Core {
             }
             let now = now_ms();
             if ticked {
-                Metering::tick(MeterCtx::of(&mut self.w), now).await;
+                Metering::tick(MeterCtx::of(&mut self.w, &*self.store), now).await;
                 batch.full_publish = true;
                 self.node_steps(&mut batch, now).await;
             } else if std::mem::take(&mut self.rollouts.soon) {
@@ -412,7 +437,14 @@ impl Core {
             }
             if !self.moves.is_empty() {
                 self.moves
-                    .step(&mut self.w, &mut self.admission, &mut self.drains, &mut batch, now)
+                    .step(
+                        &mut self.w,
+                        &*self.store,
+                        &mut self.admission,
+                        &mut self.drains,
+                        &mut batch,
+                        now,
+                    )
                     .await;
             }
             self.commit(batch, now).await;
@@ -453,7 +485,9 @@ impl Core {
                     .on_create(&mut self.w, &mut self.moves, *nw, reply, batch, now)
                     .await
             }
-            Cmd::Cancel { id, actor, reply } => Admission::on_cancel(&mut self.w, id, actor, reply, batch, now),
+            Cmd::Cancel { id, actor, reply } => {
+                Admission::on_cancel(&mut self.w, &self.published, id, actor, reply, batch, now)
+            }
             Cmd::Govern(g, reply) => Admission::on_govern(&mut self.w, g, reply, batch, now),
             Cmd::Backend(e) => self.on_backend(e, batch, now).await,
             // The end of a node's upgrade to the rollout controller, the others to the drains.
@@ -476,7 +510,14 @@ impl Core {
             } => {
                 let change = migmode::ModeChange { node, gpu, enabled };
                 self.mig
-                    .on_set_mig_mode(&mut MigCtx::of(&mut self.w), change, *audit, reply, batch, now)
+                    .on_set_mig_mode(
+                        &mut MigCtx::of(&mut self.w, &mut self.ops, &self.published),
+                        change,
+                        *audit,
+                        reply,
+                        batch,
+                        now,
+                    )
                     .await
             }
             Cmd::StartRollout { spec, actor, reply } => {
@@ -494,12 +535,12 @@ impl Core {
                 reply,
             } => {
                 self.health
-                    .on_clear(&mut self.w, &node, gpu, *audit, reply, batch)
+                    .on_clear(&mut health_ctx!(self), &node, gpu, *audit, reply, batch)
                     .await
             }
             Cmd::Done(id, result) => {
                 self.runner.done(id);
-                if let Some(soon) = news::on_done(&mut self.w, &mut self.health, id, result, batch, now) {
+                if let Some(soon) = news::on_done(&mut health_ctx!(self), &mut self.health, id, result, batch, now) {
                     self.reconciler.soon = soon;
                 }
             }
@@ -532,12 +573,17 @@ impl Core {
             }
             Cmd::Reconciled(back) => {
                 self.reconciler.finished();
+                if let Ok(report) = &back.report {
+                    let mut cx = MigCtx::of(&mut self.w, &mut self.ops, &self.published);
+                    self.mig
+                        .adopt_layouts(&mut cx, &report.layouts, self.reconciler.asked());
+                }
                 self.reconciler
-                    .on_reconciled(&mut self.w, &mut self.mig, &self.runner, back, batch, now);
+                    .on_reconciled(&mut self.w, &self.runner, back, batch, now);
             }
         }
         if self.health.has_writes() {
-            self.health.flush(&*self.w.store).await;
+            self.health.flush(&*self.store).await;
         }
     }
 
@@ -558,11 +604,11 @@ impl Core {
                     xid,
                     detail: &detail,
                 };
-                self.health.on_gpu_health(&mut self.w, news, batch, now)
+                self.health.on_gpu_health(&mut health_ctx!(self), news, batch, now)
             }
             BackendEvent::NodeChanged { node, change } => {
                 self.health
-                    .on_node_changed(&mut self.w, &node, change, batch, now)
+                    .on_node_changed(&mut health_ctx!(self), &node, change, batch, now)
                     .await
             }
             // Adopted after this batch is committed; a later report supersedes it.
@@ -574,24 +620,33 @@ impl Core {
                 pending,
             } => {
                 let read = migmode::ModeChange { node, gpu, enabled };
-                self.mig
-                    .backend_mig_mode(&mut MigCtx::of(&mut self.w), &read, pending, batch, now)
+                self.mig.backend_mig_mode(
+                    &mut MigCtx::of(&mut self.w, &mut self.ops, &self.published),
+                    &read,
+                    pending,
+                    batch,
+                    now,
+                )
             }
             BackendEvent::Telemetry { at_ms, gpus } => {
-                self.health.on_telemetry(&mut self.w, &gpus, batch, now);
-                self.metering.on_telemetry(MeterCtx::of(&mut self.w), at_ms, &gpus);
-                self.w.published.set_telemetry(Telemetry {
+                self.health.on_telemetry(&mut health_ctx!(self), &gpus, batch, now);
+                self.metering
+                    .on_telemetry(MeterCtx::of(&mut self.w, &*self.store), at_ms, &gpus);
+                self.published.set_telemetry(Telemetry {
                     at: at_ms,
                     gpus: Arc::new(gpus),
                 });
-                self.rollouts.soon |= self.w.ops.rollouts.values().any(|r| {
+                self.rollouts.soon |= self.ops.rollouts.values().any(|r| {
                     r.state == tessera_store::RolloutState::Running || r.nodes.iter().any(|n| n.state.is_out())
                 });
             }
             BackendEvent::PartitionChanged { node, gpu, instances } => {
                 tracing::debug!(%node, gpu, instances = instances.len(), "MIG layout applied");
-                self.mig
-                    .adopt_layouts(&mut MigCtx::of(&mut self.w), &[(node, gpu, instances)], now_ms());
+                self.mig.adopt_layouts(
+                    &mut MigCtx::of(&mut self.w, &mut self.ops, &self.published),
+                    &[(node, gpu, instances)],
+                    now_ms(),
+                );
             }
             e => news::on_event(&mut self.w, e, batch, now),
         }
@@ -627,6 +682,9 @@ impl Core {
     async fn recover(&mut self) -> Result<(), tessera_store::StoreError> {
         recover::Rebuild {
             w: &mut self.w,
+            store: &self.store,
+            ops: &mut self.ops,
+            published: &self.published,
             admission: &mut self.admission,
             publication: &mut self.publication,
             health: &self.health,

@@ -8,7 +8,7 @@ use tessera_domain::{Input, Phase, Workload, WorkloadId};
 
 use super::batch::Batch;
 use super::command::OpResult;
-use super::health::{Cause, GpuFailure, Health};
+use super::health::{Cause, GpuFailure, Health, HealthCtx};
 use super::world::World;
 
 /// Backend news about one workload becomes its lifecycle input.
@@ -181,7 +181,7 @@ pub(super) fn on_event(w: &mut World, e: BackendEvent, batch: &mut Batch, now: i
 /// A backend operation finished.
 /// Returns what to set the reconciler's "reconcile soon" to, where the result says.
 pub(super) fn on_done(
-    w: &mut World,
+    h: &mut HealthCtx<'_>,
     health: &mut Health,
     id: WorkloadId,
     r: OpResult,
@@ -197,9 +197,9 @@ pub(super) fn on_done(
         OpResult::Partitioned(Err(e)) => {
             // A whole-GPU layout that failed leaves the engine's configured layout wrong:
             // learn the real one from the backend.
-            reconcile_soon = Some(w.caps.partitioning == Partitioning::WholeGpu);
+            reconcile_soon = Some(h.w.caps.partitioning == Partitioning::WholeGpu);
             // The GPU that could not be partitioned takes no more work until cleared.
-            if let Some(p) = w.live.get(&id).and_then(|l| l.w.placement.clone()) {
+            if let Some(p) = h.w.live.get(&id).and_then(|l| l.w.placement.clone()) {
                 let detail = format!("partitioning failed: {e}");
                 for g in p.gpus {
                     let failure = GpuFailure {
@@ -208,7 +208,7 @@ pub(super) fn on_done(
                         cause: Cause::Partition,
                         detail: &detail,
                     };
-                    health.gpu_failed(w, failure, batch, now);
+                    health.gpu_failed(h, failure, batch, now);
                 }
             }
             Input::PartitionFailed {
@@ -225,7 +225,7 @@ pub(super) fn on_done(
         // (`BackendEvent::Stopped`): until then it keeps its capacity, and a stop that
         // failed is tried again by the next reconcile (a stopping workload still running
         // there is stopped again).
-        OpResult::Stopped(r) if w.caps.confirms_stop => {
+        OpResult::Stopped(r) if h.w.caps.confirms_stop => {
             if let Err(e) = r {
                 tracing::warn!(%id, error = %e, "stop failed; the workload keeps its capacity and the next reconcile stops it again");
                 return Some(true);
@@ -245,7 +245,7 @@ pub(super) fn on_done(
             return None;
         }
     };
-    w.apply(id, input, batch, now);
+    h.w.apply(id, input, batch, now);
     reconcile_soon
 }
 

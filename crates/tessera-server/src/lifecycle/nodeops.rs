@@ -28,6 +28,8 @@ use super::batch::Batch;
 use super::command::{LifecycleError, NodeOp};
 use super::consolidation::Moves;
 use super::health::Health;
+use super::ops::FleetOps;
+use super::snapshot::Published;
 use super::world::World;
 
 /// A drain in progress.
@@ -64,6 +66,9 @@ pub(super) struct Drains {
 /// a new workload).
 pub(super) struct NodeCtx<'a> {
     pub w: &'a mut World,
+    pub store: &'a dyn Store,
+    pub ops: &'a mut Arc<FleetOps>,
+    pub published: &'a Published,
     pub health: &'a Health,
     pub admission: &'a mut Admission,
     pub moves: &'a mut Moves,
@@ -101,7 +106,7 @@ impl Drains {
     ) -> Result<(), LifecycleError> {
         let unavailable =
             |e: tessera_store::StoreError| LifecycleError::Unavailable(format!("the store is unavailable: {e}"));
-        let mut ops = (*cx.w.ops).clone();
+        let mut ops = (**cx.ops).clone();
         match state {
             NodeState::Cordoned | NodeState::Draining | NodeState::Maintenance => {
                 let rec = NodeStateRecord {
@@ -110,17 +115,17 @@ impl Drains {
                     since: now,
                     detail,
                 };
-                cx.w.store.set_node_state(&rec).await.map_err(unavailable)?;
+                cx.store.set_node_state(&rec).await.map_err(unavailable)?;
                 ops.nodes.insert(node.to_string(), rec);
             }
             NodeState::Ready => {
-                cx.w.store.clear_node_state(node).await.map_err(unavailable)?;
+                cx.store.clear_node_state(node).await.map_err(unavailable)?;
                 ops.nodes.remove(node);
             }
         }
-        cx.w.ops = Arc::new(ops);
-        cx.w.published.set_ops(cx.w.ops.clone());
-        cx.health.refence(cx.w, node);
+        *cx.ops = Arc::new(ops);
+        cx.published.set_ops(cx.ops.clone());
+        cx.health.refence(cx.w, cx.ops, node);
         // The platform's own fence too (Kubernetes: `spec.unschedulable`), so nothing else
         // places work there; a failure is logged, Tessera's fence holds either way.
         if let Err(e) = cx.w.backend.cordon(node, state != NodeState::Ready).await {
@@ -133,7 +138,7 @@ impl Drains {
     /// Forgets a node's drain, in memory and in the store.
     async fn end_drain(&mut self, cx: &mut NodeCtx<'_>, node: &str) {
         if self.nodes.remove(node).is_some()
-            && let Err(e) = cx.w.store.clear_drain(node).await
+            && let Err(e) = cx.store.clear_drain(node).await
         {
             tracing::error!(%node, error = %e, "cannot forget a drain in the store");
         }
@@ -220,7 +225,7 @@ impl Drains {
             ),
             None => format!("drained by {actor}; no deadline"),
         };
-        cx.w.store
+        cx.store
             .set_drain(&DrainRecord {
                 node: node.to_string(),
                 deadline_ms,
@@ -252,7 +257,7 @@ impl Drains {
             .copied()
             .collect();
         for old in ended {
-            self.end_move(cx.moves, &*cx.w.store, old).await;
+            self.end_move(cx.moves, cx.store, old).await;
         }
         let nodes: Vec<String> = self.nodes.keys().cloned().collect();
         let grace_s = cx.w.settings.grace.as_secs();
@@ -336,7 +341,7 @@ impl Drains {
         if let Some(&new) = self.moves.get(&old) {
             match cx.w.live.get(&new).map(|l| l.w.phase) {
                 Some(Phase::Running) => {
-                    self.end_move(cx.moves, &*cx.w.store, old).await;
+                    self.end_move(cx.moves, cx.store, old).await;
                     cx.w.apply(
                         old,
                         Input::Preempt {
@@ -353,7 +358,7 @@ impl Drains {
                 Some(_) => {}
                 // The replacement ended before it ran: try again next time.
                 None => {
-                    self.end_move(cx.moves, &*cx.w.store, old).await;
+                    self.end_move(cx.moves, cx.store, old).await;
                 }
             }
             return;
@@ -372,7 +377,7 @@ impl Drains {
                     cause: MoveCause::Drain,
                     by: None,
                 };
-                if let Err(e) = cx.w.store.set_service_move(&rec).await {
+                if let Err(e) = cx.store.set_service_move(&rec).await {
                     tracing::error!(%old, %new, error = %e, "cannot store a service move");
                 }
                 self.moves.insert(old, new);

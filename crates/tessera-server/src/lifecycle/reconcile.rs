@@ -12,7 +12,6 @@ use super::batch::Batch;
 use super::command::{Cmd, Reconciled};
 use super::effects::Runner;
 use super::live::now_ms;
-use super::migmode::{MigCtx, MigModes};
 use super::placement;
 use super::world::World;
 
@@ -59,12 +58,18 @@ impl Reconciler {
         });
     }
 
+    /// When the reconcile in flight (or the last one) was asked for: the MIG layouts it
+    /// reports are adopted as of then (`MigModes::adopt_layouts`).
+    pub(super) fn asked(&self) -> i64 {
+        self.asked
+    }
+
     /// A periodic reconcile came back: what changed behind Tessera's back becomes input, for
     /// workloads whose phase did not move meanwhile and that have no backend work in flight.
+    /// (The MIG layouts it reports go to the MIG-mode controller first, from the loop.)
     pub(super) fn on_reconciled(
         &mut self,
         w: &mut World,
-        mig: &mut MigModes,
         runner: &Runner,
         back: Reconciled,
         batch: &mut Batch,
@@ -77,7 +82,6 @@ impl Reconciler {
                 return;
             }
         };
-        mig.adopt_layouts(&mut MigCtx::of(w), &report.layouts, self.asked);
         let phases: HashMap<WorkloadId, Phase> = back.phases.into_iter().collect();
         for (id, observation) in report.workloads {
             let id = WorkloadId(id);

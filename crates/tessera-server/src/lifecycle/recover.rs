@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tessera_domain::{Input, Observed, Phase, WorkloadId};
-use tessera_store::{Fence, NodeState, StoreError};
+use tessera_store::{Fence, NodeState, Store, StoreError};
 
 use super::admission::Admission;
 use super::batch::Batch;
@@ -31,6 +31,7 @@ use super::migmode::{MigCtx, MigModes};
 use super::nodeops::{Drain, Drains};
 use super::ops::FleetOps;
 use super::placement;
+use super::snapshot::Published;
 use super::world::World;
 use tessera_model::GpuUnits;
 use tessera_sched::cycle::Quota;
@@ -38,6 +39,9 @@ use tessera_sched::cycle::Quota;
 /// Every controller's state a rebuild resets and refills, borrowed from the loop.
 pub(super) struct Rebuild<'a> {
     pub w: &'a mut World,
+    pub store: &'a Arc<dyn Store>,
+    pub ops: &'a mut Arc<FleetOps>,
+    pub published: &'a Published,
     pub admission: &'a mut Admission,
     pub publication: &'a mut Publication,
     pub health: &'a Health,
@@ -59,26 +63,26 @@ impl Rebuild<'_> {
         let ops_ms = ms(started);
         self.w.live.clear();
         self.runner.clear();
-        self.w.published.clear_workloads();
+        self.published.clear_workloads();
         self.publication.reset(None);
         self.admission.reset();
-        for q in self.w.store.quotas().await? {
+        for q in self.store.quotas().await? {
             let quota = Quota {
                 guaranteed: GpuUnits(q.guaranteed_milli),
                 limit: q.limit_milli.map(GpuUnits),
             };
             self.w.sched.set_quota(&q.tenant, &q.class, Some(quota));
         }
-        for (t, b) in self.w.store.budgets().await? {
+        for (t, b) in self.store.budgets().await? {
             self.w.sched.set_budget(&t, Some(b));
         }
         let now = now_ms();
         // The month's usage is read beside the workloads (on another thread when the runtime
         // has one): both are long reads of a large store.
         let t = std::time::Instant::now();
-        let (mut month, store) = (std::mem::take(&mut self.w.month), self.w.store.clone());
+        let (mut month, store) = (std::mem::take(&mut self.w.month), self.store.clone());
         let month_read = tokio::spawn(async move { month.refresh(&*store, now).await.map(|()| month) });
-        let active = self.w.store.active_workloads().await?;
+        let active = self.store.active_workloads().await?;
         let read_ms = ms(t);
         self.w.month = month_read
             .await
@@ -99,8 +103,11 @@ impl Rebuild<'_> {
                 for (id, o) in report.workloads {
                     observed.insert(WorkloadId(id), self.w.observed(o, "after a control-plane restart"));
                 }
-                self.mig
-                    .adopt_layouts(&mut MigCtx::of(self.w), &report.layouts, now_ms());
+                self.mig.adopt_layouts(
+                    &mut MigCtx::of(self.w, self.ops, self.published),
+                    &report.layouts,
+                    now_ms(),
+                );
                 // Logged and counted here; the first periodic reconcile audits them.
                 self.w.metrics.orphans(report.orphans.len());
                 for o in &report.orphans {
@@ -218,11 +225,9 @@ impl Rebuild<'_> {
         if let (Some(f), false) = (self.fence, parts.changes.is_empty()) {
             parts.changes.insert(0, tessera_store::Change::Fence(f.clone()));
         }
-        self.w.store.commit(&parts.changes).await?;
-        self.w.published.put_workloads(parts.records);
-        self.w
-            .published
-            .put_workloads(self.w.live.values().map(|l| l.w.clone()));
+        self.store.commit(&parts.changes).await?;
+        self.published.put_workloads(parts.records);
+        self.published.put_workloads(self.w.live.values().map(|l| l.w.clone()));
         self.publication.publish_rebuilt(self.w, now);
         for (id, op) in parts.ops {
             self.runner.submit(id, op);
@@ -236,14 +241,13 @@ impl Rebuild<'_> {
         let mut ops = FleetOps::default();
         *self.drains = Default::default();
         let drains: std::collections::HashMap<String, tessera_store::DrainRecord> = self
-            .w
             .store
             .drains()
             .await?
             .into_iter()
             .map(|d| (d.node.clone(), d))
             .collect();
-        for m in self.w.store.service_moves().await? {
+        for m in self.store.service_moves().await? {
             match m.cause {
                 tessera_store::MoveCause::Drain => {
                     self.drains.moves.insert(m.old, m.replacement);
@@ -255,12 +259,14 @@ impl Rebuild<'_> {
                 }
             }
         }
-        for r in self.w.store.rollouts().await? {
+        for r in self.store.rollouts().await? {
             ops.rollouts.insert(r.id, r);
         }
-        let mig = self.w.store.gpu_mig_modes().await?;
-        self.mig.restore(&mut MigCtx::of(self.w), mig, &mut ops).await;
-        for r in self.w.store.unhealthy_gpus().await? {
+        let mig = self.store.gpu_mig_modes().await?;
+        self.mig
+            .restore(&mut MigCtx::of(self.w, self.ops, self.published), mig, &mut ops)
+            .await;
+        for r in self.store.unhealthy_gpus().await? {
             if let Some(n) = self.w.fleet.node_by_name(&r.node) {
                 self.w.sched.engine.fence_gpu(n.0, r.gpu, true);
             }
@@ -272,7 +278,7 @@ impl Rebuild<'_> {
                 self.w.sched.engine.fence_node(n.0, true);
             }
         }
-        for r in self.w.store.node_states().await? {
+        for r in self.store.node_states().await? {
             if let Some(n) = self.w.fleet.node_by_name(&r.node) {
                 self.w.sched.engine.fence_node(n.0, true);
             }
@@ -300,8 +306,8 @@ impl Rebuild<'_> {
             }
             ops.nodes.insert(r.node.clone(), r);
         }
-        self.w.ops = Arc::new(ops);
-        self.w.published.set_ops(self.w.ops.clone());
+        *self.ops = Arc::new(ops);
+        self.published.set_ops(self.ops.clone());
         Ok(())
     }
 }

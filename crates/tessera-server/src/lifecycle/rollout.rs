@@ -21,17 +21,21 @@
 //! drains and what their steps need, the MIG layouts the backend reported, and the
 //! reconciler's "soon".
 
+use std::sync::Arc;
+
 use tessera_domain::Kind;
 use tessera_sched::rollout::{self, Limits};
-use tessera_store::{AuditRecord, NodeState, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState};
+use tessera_store::{AuditRecord, NodeState, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState, Store};
 
 use super::admission::Admission;
 use super::batch::Batch;
 use super::command::{LifecycleError, NewRollout, Reply};
 use super::consolidation::Moves;
-use super::health::Health;
+use super::health::{Health, HealthCtx};
 use super::migmode::MigModes;
 use super::nodeops::{DrainOrder, Drains, NodeCtx};
+use super::ops::FleetOps;
+use super::snapshot::Published;
 use super::world::World;
 
 /// A pending node is taken (cordoned) once its unmovable work ends within this (one controller
@@ -101,6 +105,9 @@ pub(super) struct Rollouts {
 /// the drains' service moves), and the reconciler's "reconcile soon".
 pub(super) struct RolloutCtx<'a> {
     pub w: &'a mut World,
+    pub store: &'a dyn Store,
+    pub ops: &'a mut Arc<FleetOps>,
+    pub published: &'a Published,
     pub health: &'a Health,
     pub admission: &'a mut Admission,
     pub moves: &'a mut Moves,
@@ -116,6 +123,9 @@ impl RolloutCtx<'_> {
             &mut *self.drains,
             NodeCtx {
                 w: &mut *self.w,
+                store: self.store,
+                ops: &mut *self.ops,
+                published: self.published,
                 health: self.health,
                 admission: &mut *self.admission,
                 moves: &mut *self.moves,
@@ -308,11 +318,11 @@ impl Rollouts {
         batch: &mut Batch,
         now: i64,
     ) -> Result<RolloutRecord, LifecycleError> {
-        if let Some(r) =
-            cx.w.ops
-                .rollouts
-                .values()
-                .find(|r| r.pool == spec.pool && r.state == RolloutState::Running)
+        if let Some(r) = cx
+            .ops
+            .rollouts
+            .values()
+            .find(|r| r.pool == spec.pool && r.state == RolloutState::Running)
         {
             return Err(LifecycleError::Conflict(format!(
                 "rollout {} of pool `{}` is still running; cancel it first (`tessera upgrade cancel {}`)",
@@ -355,15 +365,15 @@ impl Rollouts {
             detail: String::new(),
             nodes,
         };
-        r.id =
-            cx.w.store
-                .create_rollout(&r)
-                .await
-                .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
+        r.id = cx
+            .store
+            .create_rollout(&r)
+            .await
+            .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
         tracing::info!(id = r.id, pool = %r.pool, nodes = r.nodes.len(), "rollout started");
         self.publish_rollout(cx, &r);
         self.rollout_step(cx, r.id, batch, now).await;
-        Ok(cx.w.ops.rollouts[&r.id].clone())
+        Ok(cx.ops.rollouts[&r.id].clone())
     }
 
     /// Cancels a running rollout: no more nodes are taken; the nodes already out finish their
@@ -375,7 +385,7 @@ impl Rollouts {
         actor: &str,
         now: i64,
     ) -> Result<RolloutRecord, LifecycleError> {
-        let Some(mut r) = cx.w.ops.rollouts.get(&id).cloned() else {
+        let Some(mut r) = cx.ops.rollouts.get(&id).cloned() else {
             return Err(LifecycleError::Conflict(format!("no rollout {id}")));
         };
         if r.state != RolloutState::Running {
@@ -402,7 +412,7 @@ impl Rollouts {
         batch: &mut Batch,
         now: i64,
     ) -> Result<(), LifecycleError> {
-        let found = cx.w.ops.rollouts.values().find_map(|r| {
+        let found = cx.ops.rollouts.values().find_map(|r| {
             let i = r
                 .nodes
                 .iter()
@@ -414,7 +424,7 @@ impl Rollouts {
                 "node {node} is not being upgraded by a rollout (`tessera upgrade status`)"
             )));
         };
-        let mut r = cx.w.ops.rollouts[&id].clone();
+        let mut r = cx.ops.rollouts[&id].clone();
         self.move_node(
             &mut r,
             i,
@@ -430,20 +440,20 @@ impl Rollouts {
 
     /// One step of every running rollout (and of the nodes still out in ended ones).
     pub(super) async fn rollouts_step(&mut self, cx: &mut RolloutCtx<'_>, batch: &mut Batch, now: i64) {
-        let ids: Vec<u64> =
-            cx.w.ops
-                .rollouts
-                .values()
-                .filter(|r| r.state == RolloutState::Running || r.nodes.iter().any(|n| n.state.is_out()))
-                .map(|r| r.id)
-                .collect();
+        let ids: Vec<u64> = cx
+            .ops
+            .rollouts
+            .values()
+            .filter(|r| r.state == RolloutState::Running || r.nodes.iter().any(|n| n.state.is_out()))
+            .map(|r| r.id)
+            .collect();
         for id in ids {
             self.rollout_step(cx, id, batch, now).await;
         }
     }
 
     async fn rollout_step(&mut self, cx: &mut RolloutCtx<'_>, id: u64, batch: &mut Batch, now: i64) {
-        let Some(mut r) = cx.w.ops.rollouts.get(&id).cloned() else {
+        let Some(mut r) = cx.ops.rollouts.get(&id).cloned() else {
             return;
         };
         let before = r.clone();
@@ -481,7 +491,7 @@ impl Rollouts {
                 let n = r.nodes[i].clone();
                 match n.state {
                     RolloutNodeState::Draining => {
-                        let drained = cx.w.ops.node_state(&n.node) == NodeState::Maintenance
+                        let drained = cx.ops.node_state(&n.node) == NodeState::Maintenance
                             && !cx.drains.nodes.contains_key(&n.node);
                         if drained {
                             let (until, detail) = match r.upgrade_s {
@@ -503,7 +513,7 @@ impl Rollouts {
                                 tracing::warn!(node = %n.node, error = %e, "the simulated upgrade cannot reboot the node");
                             }
                             self.move_node(r, i, RolloutNodeState::Upgrading, detail, batch, now);
-                        } else if cx.w.ops.node_state(&n.node) == NodeState::Ready {
+                        } else if cx.ops.node_state(&n.node) == NodeState::Ready {
                             let detail = "the node was uncordoned during its drain".to_string();
                             self.fail_node(cx, r, i, detail, batch, now).await;
                         }
@@ -516,7 +526,13 @@ impl Rollouts {
                         if self.lost_but_reporting(cx, &n) {
                             // The node is back though its return was not seen (a control-plane restart
                             // while it was away, or not yet): its lost GPUs report again, so they are back.
-                            cx.health.node_back(cx.w, &n.node).await;
+                            let mut h = HealthCtx {
+                                w: &mut *cx.w,
+                                store: cx.store,
+                                ops: &mut *cx.ops,
+                                published: cx.published,
+                            };
+                            cx.health.node_back(&mut h, &n.node).await;
                         }
                         match self.validate(cx, &n) {
                             Ok(detail) => {
@@ -626,13 +642,13 @@ impl Rollouts {
 
     /// Whether node `n` has GPUs marked lost that report telemetry taken since its step began.
     fn lost_but_reporting(&self, cx: &RolloutCtx<'_>, n: &RolloutNodeRecord) -> bool {
-        let t = cx.w.published.telemetry();
-        let mut lost =
-            cx.w.ops
-                .unhealthy
-                .iter()
-                .filter(|((node, _), h)| node == &n.node && h.cause == tessera_store::HealthCause::Lost)
-                .peekable();
+        let t = cx.published.telemetry();
+        let mut lost = cx
+            .ops
+            .unhealthy
+            .iter()
+            .filter(|((node, _), h)| node == &n.node && h.cause == tessera_store::HealthCause::Lost)
+            .peekable();
         lost.peek().is_some()
             && t.at >= n.since
             && lost.all(|((_, g), _)| t.gpus.iter().any(|s| s.node == n.node && s.gpu == *g && s.xid == 0))
@@ -647,7 +663,7 @@ impl Rollouts {
         let gpus = cx.w.fleet.node(idx).gpus;
         // A GPU lost may come back (the node reboots); one out for an XID or a failed
         // partition stays out until an admin clears it.
-        if let Some(((_, g), h)) = cx.w.ops.unhealthy.iter().find(|((node, _), _)| node == &n.node) {
+        if let Some(((_, g), h)) = cx.ops.unhealthy.iter().find(|((node, _), _)| node == &n.node) {
             let why = format!("GPU {g} is unhealthy ({})", h.detail);
             return Err(if h.cause == tessera_store::HealthCause::Lost {
                 NotYet(why)
@@ -655,7 +671,7 @@ impl Rollouts {
                 Failed(why)
             });
         }
-        let t = cx.w.published.telemetry();
+        let t = cx.published.telemetry();
         let back = if t.at == 0 {
             "no telemetry from the backend to check GPUs against".to_string()
         } else {
@@ -739,7 +755,7 @@ impl Rollouts {
     }
 
     async fn save_rollout(&mut self, cx: &mut RolloutCtx<'_>, r: &RolloutRecord) -> Result<(), LifecycleError> {
-        cx.w.store
+        cx.store
             .save_rollout(r)
             .await
             .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
@@ -748,10 +764,10 @@ impl Rollouts {
     }
 
     fn publish_rollout(&mut self, cx: &mut RolloutCtx<'_>, r: &RolloutRecord) {
-        let mut ops = (*cx.w.ops).clone();
+        let mut ops = (**cx.ops).clone();
         ops.rollouts.insert(r.id, r.clone());
-        cx.w.ops = std::sync::Arc::new(ops);
-        cx.w.published.set_ops(cx.w.ops.clone());
+        *cx.ops = std::sync::Arc::new(ops);
+        cx.published.set_ops(cx.ops.clone());
     }
 }
 

@@ -1,9 +1,13 @@
-//! The world every controller acts on: the fleet, the scheduler, the live workloads, the
-//! tenants' numbers and this month's usage, with the handles to the store, the backend and
-//! the metrics; and the one way a workload changes ([`World::apply`]: its transition, and the
-//! effects that touch the scheduler and the ledger). Controllers own their own state and are
-//! handed the world, the batch and the time for each step; those that change no workload are
-//! handed only the fields they use (the MIG modes' `MigCtx`, metering's `MeterCtx`).
+//! The workload state the controllers that change workloads act on: the fleet, the
+//! scheduler, the live workloads, the tenants' numbers and this month's usage, with the
+//! settings, the backend and the metrics a transition uses; and the one way a workload
+//! changes ([`World::apply`]: its transition, and the effects that touch the scheduler and the
+//! ledger). Controllers own their own state and are handed the world, the batch and the time
+//! for each step, and besides it only what else they use: the store (admission, moves,
+//! health, drains, rollouts, publication), the fleet-operations state and the readers' view
+//! (health, drains, rollouts, MIG modes, publication), never the loop. Those that change no
+//! workload are handed only the fields they use (the MIG modes' `MigCtx`, metering's
+//! `MeterCtx`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,25 +17,22 @@ use tessera_backend::{Backend, Capabilities, MigInstance, PartitionPlan};
 use tessera_domain::{Input, Observed, Reason, WorkloadId, transition_shared};
 use tessera_model::{Fleet, Request, TenantId};
 use tessera_sched::cycle::Scheduler;
-use tessera_store::{Change, Store, UsageInterval};
+use tessera_store::{Change, UsageInterval};
 
 use super::batch::Batch;
 use super::config::{SchedFactory, Settings};
 use super::effects::Op;
 use super::live::{Live, class_of, fresh_scheduler};
 use super::metering::MonthBook;
-use super::ops::FleetOps;
 use super::placement::{self, NodeIndex};
-use super::snapshot::Published;
 use crate::metrics::Metrics;
 
-/// What every controller reads and changes.
+/// What the controllers that change workloads read and change.
 pub(super) struct World {
     pub fleet: Arc<Fleet>,
     pub nodes: Arc<NodeIndex>,
     pub sched: Scheduler,
     pub factory: SchedFactory,
-    pub store: Arc<dyn Store>,
     pub backend: Arc<dyn Backend>,
     pub caps: Capabilities,
     pub live: HashMap<WorkloadId, Live>,
@@ -41,11 +42,6 @@ pub(super) struct World {
     /// This month's usage per tenant (budgets).
     pub month: MonthBook,
     pub metrics: Arc<Metrics>,
-    /// Unhealthy GPUs, node states, rollouts and MIG modes: each controller changes its part
-    /// (readers see them through `published`).
-    pub ops: Arc<FleetOps>,
-    /// What readers see: the snapshot, the records, telemetry and `ops`.
-    pub published: Arc<Published>,
 }
 
 impl World {
