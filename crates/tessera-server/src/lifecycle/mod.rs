@@ -315,6 +315,13 @@ impl Lifecycle {
     }
 }
 
+/// The context the MIG-mode controller is handed, borrowed from the loop's own fields.
+macro_rules! mig_ctx {
+    ($core:expr) => {
+        MigCtx::of(&mut $core.w, &mut $core.ops, &$core.published)
+    };
+}
+
 /// The context the health controller is handed, borrowed from the loop's own fields.
 macro_rules! health_ctx {
     ($core:expr) => {
@@ -510,14 +517,7 @@ impl Core {
             } => {
                 let change = migmode::ModeChange { node, gpu, enabled };
                 self.mig
-                    .on_set_mig_mode(
-                        &mut MigCtx::of(&mut self.w, &mut self.ops, &self.published),
-                        change,
-                        *audit,
-                        reply,
-                        batch,
-                        now,
-                    )
+                    .on_set_mig_mode(&mut mig_ctx!(self), change, *audit, reply, batch, now)
                     .await
             }
             Cmd::StartRollout { spec, actor, reply } => {
@@ -574,7 +574,7 @@ impl Core {
             Cmd::Reconciled(back) => {
                 self.reconciler.finished();
                 if let Ok(report) = &back.report {
-                    let mut cx = MigCtx::of(&mut self.w, &mut self.ops, &self.published);
+                    let mut cx = mig_ctx!(self);
                     self.mig
                         .adopt_layouts(&mut cx, &report.layouts, self.reconciler.asked());
                 }
@@ -620,13 +620,8 @@ impl Core {
                 pending,
             } => {
                 let read = migmode::ModeChange { node, gpu, enabled };
-                self.mig.backend_mig_mode(
-                    &mut MigCtx::of(&mut self.w, &mut self.ops, &self.published),
-                    &read,
-                    pending,
-                    batch,
-                    now,
-                )
+                self.mig
+                    .backend_mig_mode(&mut mig_ctx!(self), &read, pending, batch, now)
             }
             BackendEvent::Telemetry { at_ms, gpus } => {
                 self.health.on_telemetry(&mut health_ctx!(self), &gpus, batch, now);
@@ -642,11 +637,8 @@ impl Core {
             }
             BackendEvent::PartitionChanged { node, gpu, instances } => {
                 tracing::debug!(%node, gpu, instances = instances.len(), "MIG layout applied");
-                self.mig.adopt_layouts(
-                    &mut MigCtx::of(&mut self.w, &mut self.ops, &self.published),
-                    &[(node, gpu, instances)],
-                    now_ms(),
-                );
+                self.mig
+                    .adopt_layouts(&mut mig_ctx!(self), &[(node, gpu, instances)], now_ms());
             }
             e => news::on_event(&mut self.w, e, batch, now),
         }
