@@ -353,13 +353,7 @@ macro_rules! node_ctx {
 macro_rules! rollout_ctx {
     ($core:expr) => {
         RolloutCtx {
-            w: &mut $core.w,
-            store: &*$core.store,
-            ops: &mut $core.ops,
-            published: &$core.published,
-            health: &$core.health,
-            admission: &mut $core.admission,
-            moves: &mut $core.moves,
+            node: node_ctx!($core),
             drains: &mut $core.drains,
             mig: &$core.mig,
             reconcile_soon: &mut $core.reconciler.soon,

@@ -21,21 +21,15 @@
 //! drains and what their steps need, the MIG layouts the backend reported, and the
 //! reconciler's "soon".
 
-use std::sync::Arc;
-
 use tessera_domain::Kind;
 use tessera_sched::rollout::{self, Limits};
-use tessera_store::{AuditRecord, NodeState, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState, Store};
+use tessera_store::{AuditRecord, NodeState, RolloutNodeRecord, RolloutNodeState, RolloutRecord, RolloutState};
 
-use super::admission::Admission;
 use super::batch::Batch;
 use super::command::{LifecycleError, NewRollout, Reply};
-use super::consolidation::Moves;
-use super::health::{Health, HealthCtx};
+use super::health::HealthCtx;
 use super::migmode::MigModes;
 use super::nodeops::{DrainOrder, Drains, NodeCtx};
-use super::ops::FleetOps;
-use super::snapshot::Published;
 use super::world::World;
 
 /// A pending node is taken (cordoned) once its unmovable work ends within this (one controller
@@ -100,37 +94,20 @@ pub(super) struct Rollouts {
     pub soon: bool,
 }
 
-/// What the rollout controller is handed: the world, the controllers whose machinery a
-/// rollout uses (drains, health, the MIG layouts the backend reported, admission and moves for
-/// the drains' service moves), and the reconciler's "reconcile soon".
+/// What the rollout controller is handed: the node context (a rollout drains nodes and
+/// moves their services like an admin's drain), the drains, the MIG layouts the backend
+/// reported, and the reconciler's "reconcile soon".
 pub(super) struct RolloutCtx<'a> {
-    pub w: &'a mut World,
-    pub store: &'a dyn Store,
-    pub ops: &'a mut Arc<FleetOps>,
-    pub published: &'a Published,
-    pub health: &'a Health,
-    pub admission: &'a mut Admission,
-    pub moves: &'a mut Moves,
+    pub node: NodeCtx<'a>,
     pub drains: &'a mut Drains,
     pub mig: &'a MigModes,
     pub reconcile_soon: &'a mut bool,
 }
 
-impl RolloutCtx<'_> {
+impl<'a> RolloutCtx<'a> {
     /// The drains, and the context their steps are handed.
-    fn nodes(&mut self) -> (&mut Drains, NodeCtx<'_>) {
-        (
-            &mut *self.drains,
-            NodeCtx {
-                w: &mut *self.w,
-                store: self.store,
-                ops: &mut *self.ops,
-                published: self.published,
-                health: self.health,
-                admission: &mut *self.admission,
-                moves: &mut *self.moves,
-            },
-        )
+    fn nodes(&mut self) -> (&mut Drains, &mut NodeCtx<'a>) {
+        (&mut *self.drains, &mut self.node)
     }
 
     async fn set_state(
@@ -140,13 +117,13 @@ impl RolloutCtx<'_> {
         detail: String,
         now: i64,
     ) -> Result<(), LifecycleError> {
-        let (drains, mut cx) = self.nodes();
-        drains.set_state(&mut cx, node, state, detail, now).await
+        let (drains, cx) = self.nodes();
+        drains.set_state(cx, node, state, detail, now).await
     }
 
     async fn start_drain(&mut self, order: DrainOrder<'_>, batch: &mut Batch, now: i64) -> Result<(), LifecycleError> {
-        let (drains, mut cx) = self.nodes();
-        drains.start_drain(&mut cx, order, batch, now).await
+        let (drains, cx) = self.nodes();
+        drains.start_drain(cx, order, batch, now).await
     }
 }
 
@@ -174,25 +151,29 @@ impl Rollouts {
         names
             .iter()
             .map(|name| {
-                let units =
-                    cx.w.fleet
-                        .node_by_name(name)
-                        .map(|n| cx.w.fleet.node(n).gpus as u64 * 1000);
-                let work =
-                    cx.w.live
-                        .values()
-                        .filter(|l| l.w.phase.holds_capacity() && l.w.holds_on(name))
-                        .map(|l| rollout::Work {
-                            units_milli: l.w.units.0,
-                            end_ms: match (l.w.spec.kind, l.w.spec.duration_s) {
-                                (Kind::Service, _) => None,
-                                (_, Some(d)) => Some(l.w.running_at.unwrap_or(l.w.created_at) + d as i64 * 1000),
-                                // Runs to completion, which no one knows: the drain waits for it.
-                                (_, None) => Some(rollout::NEVER),
-                            },
-                            start_ms: l.w.running_at.unwrap_or(l.w.created_at),
-                        })
-                        .collect();
+                let units = cx
+                    .node
+                    .w
+                    .fleet
+                    .node_by_name(name)
+                    .map(|n| cx.node.w.fleet.node(n).gpus as u64 * 1000);
+                let work = cx
+                    .node
+                    .w
+                    .live
+                    .values()
+                    .filter(|l| l.w.phase.holds_capacity() && l.w.holds_on(name))
+                    .map(|l| rollout::Work {
+                        units_milli: l.w.units.0,
+                        end_ms: match (l.w.spec.kind, l.w.spec.duration_s) {
+                            (Kind::Service, _) => None,
+                            (_, Some(d)) => Some(l.w.running_at.unwrap_or(l.w.created_at) + d as i64 * 1000),
+                            // Runs to completion, which no one knows: the drain waits for it.
+                            (_, None) => Some(rollout::NEVER),
+                        },
+                        start_ms: l.w.running_at.unwrap_or(l.w.created_at),
+                    })
+                    .collect();
                 rollout::Node {
                     name: name.clone(),
                     units_milli: units.unwrap_or(0),
@@ -206,29 +187,33 @@ impl Rollouts {
     /// layouts are a property of the node); on instance-mode backends, which create instances
     /// per workload (a drain removes them), the MIG mode of each GPU.
     fn layout_text(&self, cx: &RolloutCtx<'_>, node: &str) -> String {
-        if cx.w.caps.partitioning != tessera_backend::Partitioning::WholeGpu {
+        if cx.node.w.caps.partitioning != tessera_backend::Partitioning::WholeGpu {
             return self.mig_modes_text(cx, node);
         }
-        let Some(n) = cx.w.nodes.get(node) else {
+        let Some(n) = cx.node.w.nodes.get(node) else {
             return String::new();
         };
-        let gpus =
-            cx.w.fleet
-                .node_by_name(node)
-                .map(|i| cx.w.fleet.node(i).gpus)
-                .unwrap_or(0);
+        let gpus = cx
+            .node
+            .w
+            .fleet
+            .node_by_name(node)
+            .map(|i| cx.node.w.fleet.node(i).gpus)
+            .unwrap_or(0);
         (0..gpus)
             .map(|g| {
-                let slots: Vec<String> =
-                    cx.w.sched
-                        .engine
-                        .mig_layout(n, g)
-                        .iter()
-                        .map(|s| {
-                            let m = super::placement::mig_instance_of(&cx.w.fleet, n, s);
-                            format!("{}@{}", m.profile, m.start)
-                        })
-                        .collect();
+                let slots: Vec<String> = cx
+                    .node
+                    .w
+                    .sched
+                    .engine
+                    .mig_layout(n, g)
+                    .iter()
+                    .map(|s| {
+                        let m = super::placement::mig_instance_of(&cx.node.w.fleet, n, s);
+                        format!("{}@{}", m.profile, m.start)
+                    })
+                    .collect();
                 format!("{g}:{}", slots.join("+"))
             })
             .collect::<Vec<_>>()
@@ -238,11 +223,11 @@ impl Rollouts {
     /// Instance-granularity backends: the MIG mode of each GPU of a node's mig pool (`0:mig
     /// 1:whole 2:pending`), as the engine holds it; empty elsewhere.
     fn mig_modes_text(&self, cx: &RolloutCtx<'_>, node: &str) -> String {
-        let Some(n) = cx.w.fleet.node_by_name(node) else {
+        let Some(n) = cx.node.w.fleet.node_by_name(node) else {
             return String::new();
         };
-        let engine = &cx.w.sched.engine;
-        (0..cx.w.fleet.node(n).gpus)
+        let engine = &cx.node.w.sched.engine;
+        (0..cx.node.w.fleet.node(n).gpus)
             .filter(|&g| engine.mig_switchable(n.0, g).is_ok())
             .map(|g| {
                 let mode = if engine.mig_pending_gpus(n.0) >> g & 1 == 1 {
@@ -263,18 +248,20 @@ impl Rollouts {
     /// drain: none). `Ok(false)`: the backend reports no instances for this node (it does not
     /// report them): nothing was compared.
     fn instances_as_engine_holds(&self, cx: &RolloutCtx<'_>, node: &str, since: i64) -> Result<bool, String> {
-        let Some(n) = cx.w.fleet.node_by_name(node) else {
+        let Some(n) = cx.node.w.fleet.node_by_name(node) else {
             return Ok(false);
         };
         let mut compared = false;
-        for g in 0..cx.w.fleet.node(n).gpus {
-            let mut engine: Vec<(u32, u8)> =
-                cx.w.sched
-                    .engine
-                    .mig_layout(n, g)
-                    .iter()
-                    .map(|s| (s.profile_id, s.start))
-                    .collect();
+        for g in 0..cx.node.w.fleet.node(n).gpus {
+            let mut engine: Vec<(u32, u8)> = cx
+                .node
+                .w
+                .sched
+                .engine
+                .mig_layout(n, g)
+                .iter()
+                .map(|s| (s.profile_id, s.start))
+                .collect();
             engine.sort_unstable();
             let reported = match cx.mig.reported(node, g) {
                 Some((at, _)) if *at < since => {
@@ -319,6 +306,7 @@ impl Rollouts {
         now: i64,
     ) -> Result<RolloutRecord, LifecycleError> {
         if let Some(r) = cx
+            .node
             .ops
             .rollouts
             .values()
@@ -329,13 +317,15 @@ impl Rollouts {
                 r.id, r.pool, r.id
             )));
         }
-        let names: Vec<String> =
-            cx.w.fleet
-                .nodes
-                .iter()
-                .filter(|n| cx.w.fleet.pool(n.pool).name == spec.pool)
-                .map(|n| n.name.clone())
-                .collect();
+        let names: Vec<String> = cx
+            .node
+            .w
+            .fleet
+            .nodes
+            .iter()
+            .filter(|n| cx.node.w.fleet.pool(n.pool).name == spec.pool)
+            .map(|n| n.name.clone())
+            .collect();
         let plan = self.plan_nodes(cx, &names);
         let nodes = rollout::order(&plan, now)
             .into_iter()
@@ -357,7 +347,7 @@ impl Rollouts {
             max_unavailable_milli: spec.max_unavailable_milli,
             deadline_s: spec.deadline_s,
             preempt: spec.preempt,
-            upgrade_s: cx.w.settings.sim_upgrade.map(|d| d.as_secs()),
+            upgrade_s: cx.node.w.settings.sim_upgrade.map(|d| d.as_secs()),
             state: RolloutState::Running,
             created_at: now,
             created_by: actor.to_string(),
@@ -366,6 +356,7 @@ impl Rollouts {
             nodes,
         };
         r.id = cx
+            .node
             .store
             .create_rollout(&r)
             .await
@@ -373,7 +364,7 @@ impl Rollouts {
         tracing::info!(id = r.id, pool = %r.pool, nodes = r.nodes.len(), "rollout started");
         self.publish_rollout(cx, &r);
         self.rollout_step(cx, r.id, batch, now).await;
-        Ok(cx.ops.rollouts[&r.id].clone())
+        Ok(cx.node.ops.rollouts[&r.id].clone())
     }
 
     /// Cancels a running rollout: no more nodes are taken; the nodes already out finish their
@@ -385,7 +376,7 @@ impl Rollouts {
         actor: &str,
         now: i64,
     ) -> Result<RolloutRecord, LifecycleError> {
-        let Some(mut r) = cx.ops.rollouts.get(&id).cloned() else {
+        let Some(mut r) = cx.node.ops.rollouts.get(&id).cloned() else {
             return Err(LifecycleError::Conflict(format!("no rollout {id}")));
         };
         if r.state != RolloutState::Running {
@@ -412,7 +403,7 @@ impl Rollouts {
         batch: &mut Batch,
         now: i64,
     ) -> Result<(), LifecycleError> {
-        let found = cx.ops.rollouts.values().find_map(|r| {
+        let found = cx.node.ops.rollouts.values().find_map(|r| {
             let i = r
                 .nodes
                 .iter()
@@ -424,7 +415,7 @@ impl Rollouts {
                 "node {node} is not being upgraded by a rollout (`tessera upgrade status`)"
             )));
         };
-        let mut r = cx.ops.rollouts[&id].clone();
+        let mut r = cx.node.ops.rollouts[&id].clone();
         self.move_node(
             &mut r,
             i,
@@ -441,6 +432,7 @@ impl Rollouts {
     /// One step of every running rollout (and of the nodes still out in ended ones).
     pub(super) async fn rollouts_step(&mut self, cx: &mut RolloutCtx<'_>, batch: &mut Batch, now: i64) {
         let ids: Vec<u64> = cx
+            .node
             .ops
             .rollouts
             .values()
@@ -453,7 +445,7 @@ impl Rollouts {
     }
 
     async fn rollout_step(&mut self, cx: &mut RolloutCtx<'_>, id: u64, batch: &mut Batch, now: i64) {
-        let Some(mut r) = cx.ops.rollouts.get(&id).cloned() else {
+        let Some(mut r) = cx.node.ops.rollouts.get(&id).cloned() else {
             return;
         };
         let before = r.clone();
@@ -491,7 +483,7 @@ impl Rollouts {
                 let n = r.nodes[i].clone();
                 match n.state {
                     RolloutNodeState::Draining => {
-                        let drained = cx.ops.node_state(&n.node) == NodeState::Maintenance
+                        let drained = cx.node.ops.node_state(&n.node) == NodeState::Maintenance
                             && !cx.drains.nodes.contains_key(&n.node);
                         if drained {
                             let (until, detail) = match r.upgrade_s {
@@ -507,13 +499,13 @@ impl Rollouts {
                             r.nodes[i].upgrade_until = until;
                             // The simulated upgrade reboots the node of a simulated backend: gone
                             // now, back when it ends (validation waits for its GPUs).
-                            if let (Some(s), Some(sim)) = (r.upgrade_s, cx.w.backend.simulated())
+                            if let (Some(s), Some(sim)) = (r.upgrade_s, cx.node.w.backend.simulated())
                                 && let Err(e) = sim.reboot(&n.node, std::time::Duration::from_secs(s))
                             {
                                 tracing::warn!(node = %n.node, error = %e, "the simulated upgrade cannot reboot the node");
                             }
                             self.move_node(r, i, RolloutNodeState::Upgrading, detail, batch, now);
-                        } else if cx.ops.node_state(&n.node) == NodeState::Ready {
+                        } else if cx.node.ops.node_state(&n.node) == NodeState::Ready {
                             let detail = "the node was uncordoned during its drain".to_string();
                             self.fail_node(cx, r, i, detail, batch, now).await;
                         }
@@ -527,12 +519,12 @@ impl Rollouts {
                             // The node is back though its return was not seen (a control-plane restart
                             // while it was away, or not yet): its lost GPUs report again, so they are back.
                             let mut h = HealthCtx {
-                                w: &mut *cx.w,
-                                store: cx.store,
-                                ops: &mut *cx.ops,
-                                published: cx.published,
+                                w: &mut *cx.node.w,
+                                store: cx.node.store,
+                                ops: &mut *cx.node.ops,
+                                published: cx.node.published,
                             };
-                            cx.health.node_back(&mut h, &n.node).await;
+                            cx.node.health.node_back(&mut h, &n.node).await;
                         }
                         match self.validate(cx, &n) {
                             Ok(detail) => {
@@ -592,7 +584,7 @@ impl Rollouts {
             .nodes
             .iter()
             .filter(|n| n.state.is_out())
-            .map(|n| units(cx.w, &n.node))
+            .map(|n| units(cx.node.w, &n.node))
             .sum();
         let pending: Vec<String> = r
             .nodes
@@ -642,8 +634,9 @@ impl Rollouts {
 
     /// Whether node `n` has GPUs marked lost that report telemetry taken since its step began.
     fn lost_but_reporting(&self, cx: &RolloutCtx<'_>, n: &RolloutNodeRecord) -> bool {
-        let t = cx.published.telemetry();
+        let t = cx.node.published.telemetry();
         let mut lost = cx
+            .node
             .ops
             .unhealthy
             .iter()
@@ -657,13 +650,13 @@ impl Rollouts {
     /// Validates an upgraded node: `Ok(what was checked)`, or why not.
     fn validate(&self, cx: &RolloutCtx<'_>, n: &RolloutNodeRecord) -> Result<String, Invalid> {
         use Invalid::{Failed, NotYet};
-        let Some(idx) = cx.w.fleet.node_by_name(&n.node) else {
+        let Some(idx) = cx.node.w.fleet.node_by_name(&n.node) else {
             return Err(Failed(format!("node {} is not in the fleet", n.node)));
         };
-        let gpus = cx.w.fleet.node(idx).gpus;
+        let gpus = cx.node.w.fleet.node(idx).gpus;
         // A GPU lost may come back (the node reboots); one out for an XID or a failed
         // partition stays out until an admin clears it.
-        if let Some(((_, g), h)) = cx.ops.unhealthy.iter().find(|((node, _), _)| node == &n.node) {
+        if let Some(((_, g), h)) = cx.node.ops.unhealthy.iter().find(|((node, _), _)| node == &n.node) {
             let why = format!("GPU {g} is unhealthy ({})", h.detail);
             return Err(if h.cause == tessera_store::HealthCause::Lost {
                 NotYet(why)
@@ -671,7 +664,7 @@ impl Rollouts {
                 Failed(why)
             });
         }
-        let t = cx.published.telemetry();
+        let t = cx.node.published.telemetry();
         let back = if t.at == 0 {
             "no telemetry from the backend to check GPUs against".to_string()
         } else {
@@ -689,7 +682,7 @@ impl Rollouts {
         };
         let layout = self.layout_text(cx, &n.node);
         // A rollout stored before MIG modes were written down (empty) is not held to them.
-        let instance_mode = cx.w.caps.partitioning != tessera_backend::Partitioning::WholeGpu;
+        let instance_mode = cx.node.w.caps.partitioning != tessera_backend::Partitioning::WholeGpu;
         if layout != n.layout && !(instance_mode && n.layout.is_empty()) {
             return Err(NotYet(format!(
                 "MIG layout `{layout}` differs from `{}` before the drain",
@@ -755,7 +748,8 @@ impl Rollouts {
     }
 
     async fn save_rollout(&mut self, cx: &mut RolloutCtx<'_>, r: &RolloutRecord) -> Result<(), LifecycleError> {
-        cx.store
+        cx.node
+            .store
             .save_rollout(r)
             .await
             .map_err(|e| LifecycleError::Unavailable(format!("the store is unavailable: {e}")))?;
@@ -764,10 +758,10 @@ impl Rollouts {
     }
 
     fn publish_rollout(&mut self, cx: &mut RolloutCtx<'_>, r: &RolloutRecord) {
-        let mut ops = (**cx.ops).clone();
+        let mut ops = (**cx.node.ops).clone();
         ops.rollouts.insert(r.id, r.clone());
-        *cx.ops = std::sync::Arc::new(ops);
-        cx.published.set_ops(cx.ops.clone());
+        *cx.node.ops = std::sync::Arc::new(ops);
+        cx.node.published.set_ops(cx.node.ops.clone());
     }
 }
 
