@@ -34,6 +34,11 @@ pub static UNNUMBERED: LazyLock<MultiRow> = LazyLock::new(|| {
     )
 });
 
+/// Takes `$1` audit sequence numbers and returns the last of them (`value`), inside the
+/// caller's transaction. The row lock it takes holds every other appender until the caller
+/// commits, so the numbers of one append are consecutive and later appends get higher ones.
+pub const NEXT_NUMBERS: &str = "UPDATE sequences SET value = value + $1 WHERE name = 'audit' RETURNING value";
+
 /// The values of a record after its sequence number ([`AFTER_SEQ`]).
 pub fn record_values<'q>(q: Values<'q>, a: &'q &AuditRecord) -> Result<Values<'q>> {
     Ok(q.bind(a.at)
@@ -67,10 +72,7 @@ pub async fn append<D: Driver>(conn: &mut D::Connection, records: &[&AuditRecord
         return Ok(Vec::new());
     }
     let n = records.len() as i64;
-    // The row lock taken by this update holds every other appender (an `append_audit` or a
-    // batch) until the caller commits, so the numbers of one append are consecutive and later
-    // appends get higher ones.
-    let last: i64 = query::<D>("UPDATE sequences SET value = value + $1 WHERE name = 'audit' RETURNING value")
+    let last: i64 = query::<D>(NEXT_NUMBERS)
         .bind(n)
         .fetch_one(&mut *conn)
         .await

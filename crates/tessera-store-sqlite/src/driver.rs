@@ -63,6 +63,16 @@ impl Cells for crate::raw::Statement<'_> {
     }
 }
 
+/// Runs `f`, which holds the calling thread for a while (SQLite called directly): on a
+/// multi-threaded runtime the runtime first moves its other tasks away (`block_in_place`); a
+/// current-thread runtime waits.
+fn holding_the_thread<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// The sqlx statement `sql` with `args` bound in order.
 fn sqlx_query<'a>(sql: impl SqlSafeStr, args: Vec<Value<'_>>) -> sqlx::query::Query<'a, Sqlite, SqliteArguments> {
     let mut q = sqlx::query(sql);
@@ -200,11 +210,7 @@ impl Driver for SqliteStore {
         let batch = self.batch.as_ref().expect("asked only where `commits_batches`");
         let _turn = self.writer.acquire().await.map_err(classify)?;
         let mut conn = batch.lock().await;
-        let mut write = || conn.write_batch(&groups, audit.as_ref());
-        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(write),
-            _ => write(),
-        }
+        holding_the_thread(|| conn.write_batch(&groups, audit.as_ref()))
     }
 
     /// Every active workload at once (recovery: 100,000 rows and more), decoded straight from
@@ -212,7 +218,7 @@ impl Driver for SqliteStore {
     async fn read_active(&self) -> Result<Vec<Workload>> {
         let mut conn = self.conn().await?;
         let mut handle = conn.lock_handle().await.map_err(db)?;
-        let mut read = || {
+        let read = || {
             let mut statement = crate::raw::Statement::prepare(&mut handle, ACTIVE, &COLUMN_NAMES)?;
             let mut out = Vec::new();
             while statement.step()? {
@@ -220,11 +226,7 @@ impl Driver for SqliteStore {
             }
             Ok(out)
         };
-        // The read takes the thread for a while: let the runtime move its other tasks away.
-        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(read),
-            _ => read(),
-        }
+        holding_the_thread(read)
     }
 
     /// No revocation news: one process serves a SQLite store.

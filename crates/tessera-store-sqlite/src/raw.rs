@@ -312,8 +312,7 @@ impl BatchConnection {
         if let Some(a) = audit {
             // The numbers come from the `audit` row of `sequences`, inside this transaction, as
             // `tessera_store_sql::audit::append` takes them.
-            static NEXT_AUDIT: LazyLock<Arc<str>> =
-                LazyLock::new(|| "UPDATE sequences SET value = value + ? WHERE name = 'audit' RETURNING value".into());
+            static NEXT_AUDIT: LazyLock<Arc<str>> = LazyLock::new(|| tessera_store_sql::audit::NEXT_NUMBERS.into());
             let n = i64::try_from(a.rows).expect("fewer than 2^63 records");
             let db = self.db;
             let (_, last) = self.prepared(&NEXT_AUDIT)?.run(db, &[Value::Int(Some(n))])?;

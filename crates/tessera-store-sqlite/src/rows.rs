@@ -59,11 +59,7 @@ const MAX_PARAMETERS: usize = 32_766;
 /// parameter limit (programming errors, caught by the tests that run every statement).
 pub(crate) fn text(statement: &'static MultiRow, rows: usize) -> Arc<str> {
     assert!(CHUNKS.contains(&rows), "rows come in chunk sizes");
-    statement.text::<SqliteStore>(rows, |m| make(m, rows))
-}
-
-fn make(m: &MultiRow, rows: usize) -> String {
-    {
+    statement.text::<SqliteStore>(rows, |m| {
         let columns = m.columns();
         assert!(
             columns * CHUNKS[0] <= MAX_PARAMETERS,
@@ -91,7 +87,7 @@ fn make(m: &MultiRow, rows: usize) -> String {
         }
         sql.push_str(m.tail());
         sql
-    }
+    })
 }
 
 /// Whether `sql` prepares: valid SQL on the store's schema, within the parameter limit.
