@@ -21,7 +21,9 @@ fn main() {
         ..Default::default()
     };
     let mut cfg = cfg;
-    // Experiments: CLASS_MIN_S / CLASS_AFTER_S as `class=seconds,...`, RECLAIM_AFTER_S, MIN_RUNTIME_S.
+    // Experiments: CLASS_MIN_S / CLASS_AFTER_S as `class=seconds,...`, RECLAIM_AFTER_S, MIN_RUNTIME_S,
+    // SEARCHES (preemption searches a cycle), WARMUP_H, LARGEST=1 (largest first),
+    // MULTI_PERMILLE (multi-node gangs among the training requests).
     let env = |k: &str| std::env::var(k).ok();
     let per_class = |k: &str| -> Vec<(String, i64)> {
         env(k)
@@ -79,6 +81,16 @@ fn main() {
         cfg.govern.place_by_end = env("BY_END").as_deref() != Some("0");
         // STACK=0: gangs' holds not stacked in time (each on nodes of its own).
         cfg.govern.gang_holds_stack = env("STACK").as_deref() != Some("0");
+    }
+    if let Some(v) = env("SEARCHES") {
+        cfg.govern.max_preemption_searches = v.parse().expect("a count");
+    }
+    if let Some(v) = env("WARMUP_H") {
+        cfg.warmup_hours = v.parse().expect("hours");
+    }
+    cfg.largest_first = env("LARGEST").as_deref() == Some("1");
+    if let Some(v) = env("MULTI_PERMILLE") {
+        cfg.multi_node_permille = v.parse().expect("per mille");
     }
     let started = Instant::now();
     let r = run(Arc::new(Fleet::seed()), &cfg, &mut || {

@@ -43,6 +43,9 @@ pub struct ScenarioConfig {
     /// Per mille of the training requests that are multi-node gangs ([`draw_gang`]: 16 or 32
     /// whole GPUs as 2 or 4 whole 8-GPU nodes, a rack preferred); 0: none.
     pub multi_node_permille: u32,
+    /// Serve the queue largest request first within a priority class
+    /// ([`LargestFirst`](crate::cycle::plugins::LargestFirst)) instead of by fair share.
+    pub largest_first: bool,
 }
 
 /// The scheduler settings the scenario runs with: the server's defaults, with a minimum
@@ -83,6 +86,7 @@ impl Default for ScenarioConfig {
             govern: scenario_govern(),
             movable: true,
             multi_node_permille: 100,
+            largest_first: false,
         }
     }
 }
@@ -442,6 +446,12 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
     let policy = make_policy("tessera", &[]).expect("built-in policy");
     let gov = cfg.govern.clone();
     let mut s = Scheduler::new(Engine::new(fleet.clone(), policy, cfg.seed), gov);
+    if cfg.largest_first {
+        s = s.with_plugins(crate::cycle::Plugins {
+            queue_order: Box::new(crate::cycle::plugins::LargestFirst),
+            ..Default::default()
+        });
+    }
     let tenants: Vec<String> = (0..cfg.tenants).map(|i| format!("team-{i:02}")).collect();
     // Guarantees: an equal share of each pool; borrowing up to the whole pool.
     for p in &fleet.pools {
@@ -813,6 +823,36 @@ mod tests {
                 "{p:?}"
             );
         }
+    }
+
+    /// The order reaches the scheduler: with a hold on every node, served largest first, a
+    /// larger part of the training pool's placements are 8-GPU requests than by fair share
+    /// (seeds 1–3 of this small run: 23 → 29 %, 11 → 18 %, 22 → 51 %).
+    #[test]
+    fn largest_first_with_holds_gives_whole_node_requests_a_larger_part_of_the_placements() {
+        let fleet = Arc::new(Fleet::seed());
+        let part_of_eights = |largest_first: bool, holds: usize| {
+            let mut cfg = ScenarioConfig {
+                tenants: 8,
+                hours: 12.0,
+                seed: 2,
+                warmup_hours: 2.0,
+                multi_node_permille: 0,
+                largest_first,
+                ..Default::default()
+            };
+            cfg.govern.holds_per_pool = holds;
+            let r = run(fleet.clone(), &cfg, &mut || 0);
+            let all: u64 = r.training_by_gpus.values().map(|d| d.placed).sum();
+            let eights = r.training_by_gpus.get(&8).map_or(0, |d| d.placed);
+            assert!(all > 0 && eights > 0, "{:?}", r.training_by_gpus);
+            eights as f64 / all as f64
+        };
+        let (fair, largest) = (part_of_eights(false, 16), part_of_eights(true, 16));
+        assert!(
+            largest > fair,
+            "largest first {largest:.2} against fair share {fair:.2}"
+        );
     }
 
     #[test]

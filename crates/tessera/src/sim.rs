@@ -51,9 +51,23 @@ pub struct ScenarioArgs {
     /// whole GPUs (2 or 4 whole nodes, a rack preferred); 0 for none.
     #[arg(long, default_value_t = 10.0, value_name = "PCT")]
     multi_node_pct: f64,
+    /// The queue's order within a priority class: `fair-share` (the server's: the least-served
+    /// tenant first) or `largest-first` (the most whole GPUs asked for first, then fair share).
+    #[arg(long, value_enum, default_value_t = ScenarioOrder::FairShare)]
+    order: ScenarioOrder,
+    /// At most this many reservations per pool at once (as `serve --holds-per-pool`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    holds_per_pool: u16,
     /// One JSON object instead of the text report.
     #[arg(long)]
     json: bool,
+}
+
+/// The scenario's queue order (`--order`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ScenarioOrder {
+    FairShare,
+    LargestFirst,
 }
 
 #[derive(clap::Args)]
@@ -353,6 +367,8 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
     };
     let mut cfg = cfg;
     cfg.govern.consolidation.enabled = !a.no_consolidation;
+    cfg.govern.holds_per_pool = usize::from(a.holds_per_pool);
+    cfg.largest_first = a.order == ScenarioOrder::LargestFirst;
     let started = Instant::now();
     let r = run(Arc::new(fleet), &cfg, &mut || started.elapsed().as_nanos() as u64);
     let wall = started.elapsed().as_secs_f64();
@@ -361,8 +377,17 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "scenario: {} tenants, {} GPUs, {} simulated hours (first {:.0} h excluded), wall {wall:.1} s",
-        r.tenants, r.gpus, r.hours, cfg.warmup_hours
+        "scenario: {} tenants, {} GPUs, {} simulated hours (first {:.0} h excluded), {} order, {} hold(s) per pool, wall {wall:.1} s",
+        r.tenants,
+        r.gpus,
+        r.hours,
+        cfg.warmup_hours,
+        if cfg.largest_first {
+            "largest-first"
+        } else {
+            "fair-share"
+        },
+        cfg.govern.holds_per_pool
     );
     println!(
         "requests {} submitted, {} placed, {} completed, {} preemptions ({:.1} % of placements), queue up to {}",

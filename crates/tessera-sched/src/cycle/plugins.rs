@@ -72,6 +72,30 @@ impl QueueOrder for GangsFirst {
     }
 }
 
+/// Largest first: priority class, then the number of whole GPUs asked for (a multi-node gang's
+/// total, a request of whole GPUs on one node its count; fractions and MIG slices count as
+/// none), most first, then fair share, then arrival. Large work needs whole GPUs or whole nodes
+/// to be free at once, which smaller work placed ahead of it keeps busy; served first, it takes
+/// each node as it frees, while smaller work still backfills around its holds. This is
+/// Slurm's job-size priority factor with `PriorityFavorSmall=NO`, taken as strict: the smaller
+/// requests of a saturated pool wait for the larger ones.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LargestFirst;
+
+impl QueueOrder for LargestFirst {
+    fn key(&self, job: &Job, rank: u8, fair_share: f64) -> OrderKey {
+        let (rank, share, at, id) = PriorityFairShare.key(job, rank, fair_share);
+        let gpus: u64 = match (&job.gang, &job.request.shape) {
+            (Some(g), _) => u64::from(g.gpus),
+            (None, tessera_model::Shape::Whole { gpus }) => u64::from(*gpus),
+            _ => 0,
+        };
+        // Size in the top 16 bits (largest first), fair share below.
+        let size = (u64::from(u16::MAX) - gpus.min(u64::from(u16::MAX))) << 48;
+        (rank, size | share.min((1 << 48) - 1), at, id)
+    }
+}
+
 /// What preempting a victim costs, compared field by field in this order; cheaper victims are
 /// taken first, and victim sets are compared cost by cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -280,6 +304,55 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(run(&mut s), (vec![], true), "the gang rules' order: the gang");
+    }
+
+    #[test]
+    fn largest_first_orders_by_class_then_whole_gpus_asked_then_fair_share_then_arrival() {
+        let order = LargestFirst;
+        let k = |j: &Job, rank: u8, share: f64| order.key(j, rank, share);
+        let one = job(1, "a", 1, "standard", 0);
+        let eight = job(2, "a", 8, "standard", 100);
+        let mut gang = job(3, "a", 8, "standard", 200);
+        gang.gang = Some(tessera_model::request::GangRequest::whole_nodes(32));
+        let mut fraction = job(4, "a", 1, "standard", 0);
+        fraction.request.shape = tessera_model::Shape::Fraction {
+            milli: 500,
+            memory_mib: None,
+        };
+        // The larger request first, whatever the fair share (a served tenant's 8 GPUs before an
+        // unserved tenant's one); a gang by its total.
+        assert!(k(&eight, 2, 0.9) < k(&one, 2, 0.0));
+        assert!(k(&gang, 2, 0.9) < k(&eight, 2, 0.0));
+        assert!(k(&one, 2, 0.9) < k(&fraction, 2, 0.0));
+        // The class still first: a more important single GPU before the gang.
+        assert!(k(&one, 1, 0.9) < k(&gang, 2, 0.0));
+        // Same size: fair share, then arrival; a tenant's own jobs keep their order whatever
+        // its share.
+        let later_one = job(5, "b", 1, "standard", 50);
+        assert!(k(&later_one, 2, 0.1) < k(&one, 2, 0.2));
+        assert!(k(&one, 2, 0.3) < k(&job(6, "a", 1, "standard", 10), 2, 0.3));
+        assert_eq!(k(&eight, 2, 0.5).1 & ((1 << 48) - 1), 500);
+    }
+
+    /// Tenant `a` runs the whole training pool; less-served `b` asks for one GPU at 10, `a` for
+    /// a whole node at 20, and one node frees at 1,000.
+    #[test]
+    fn largest_first_gives_a_freed_node_to_the_whole_node_request_before_a_less_served_single_gpu() {
+        let run = |s: &mut Scheduler| {
+            for i in 0..16 {
+                s.submit(job(i, "a", 8, "standard", 0), 0);
+            }
+            s.submit(job(50, "b", 1, "standard", 10), 10);
+            s.submit(job(51, "a", 8, "standard", 20), 20);
+            s.release(0, 1000);
+            placed(&s.cycle(1000))
+        };
+        assert_eq!(run(&mut sched()), vec![50], "fair share: b's single GPU first");
+        let mut s = with(Plugins {
+            queue_order: Box::new(LargestFirst),
+            ..Default::default()
+        });
+        assert_eq!(run(&mut s), vec![51], "largest first: the whole node");
     }
 
     /// One node of eight single-GPU opportunistic jobs started one after the other; every other
