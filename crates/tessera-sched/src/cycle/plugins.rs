@@ -179,26 +179,30 @@ mod tests {
         Scheduler::new(engine(), config()).with_plugins(plugins)
     }
 
-    /// Tenant `a` has used the whole training pool, `b` nothing; both wait for the next node.
-    fn two_tenants_wait(s: &mut Scheduler) -> Vec<u64> {
+    /// Tenant `a` has used the whole training pool, `b` nothing; `a`'s 8 GPUs (50) and `b`'s
+    /// `b_gpus` (51) wait for the next node.
+    fn two_tenants_wait(s: &mut Scheduler, b_gpus: u8) -> Vec<u64> {
         guarantee_half_each(s, None);
         for i in 0..16 {
             s.submit(job(i, "a", 8, "standard", 0), 0);
         }
         s.submit(job(50, "a", 8, "standard", 10), 10);
-        s.submit(job(51, "b", 8, "standard", 20), 20);
+        s.submit(job(51, "b", b_gpus, "standard", 20), 20);
         s.release(3, 3_600_000);
         placed(&s.cycle(3_600_000))
     }
 
     #[test]
     fn a_queue_order_plugin_reorders_the_queue_without_touching_the_cycle() {
-        assert_eq!(two_tenants_wait(&mut sched()), vec![51], "fair share: b first");
+        assert_eq!(two_tenants_wait(&mut sched(), 8), vec![51], "fair share: b first");
         assert_eq!(
-            two_tenants_wait(&mut with(Plugins {
-                queue_order: Box::new(Fifo),
-                ..Default::default()
-            })),
+            two_tenants_wait(
+                &mut with(Plugins {
+                    queue_order: Box::new(Fifo),
+                    ..Default::default()
+                }),
+                8
+            ),
             vec![50],
             "arrival order: a's earlier request first"
         );
@@ -334,25 +338,18 @@ mod tests {
         assert_eq!(k(&eight, 2, 0.5).1 & ((1 << 48) - 1), 500);
     }
 
-    /// Tenant `a` runs the whole training pool; less-served `b` asks for one GPU at 10, `a` for
-    /// a whole node at 20, and one node frees at 1,000.
     #[test]
     fn largest_first_gives_a_freed_node_to_the_whole_node_request_before_a_less_served_single_gpu() {
-        let run = |s: &mut Scheduler| {
-            for i in 0..16 {
-                s.submit(job(i, "a", 8, "standard", 0), 0);
-            }
-            s.submit(job(50, "b", 1, "standard", 10), 10);
-            s.submit(job(51, "a", 8, "standard", 20), 20);
-            s.release(0, 1000);
-            placed(&s.cycle(1000))
-        };
-        assert_eq!(run(&mut sched()), vec![50], "fair share: b's single GPU first");
+        assert_eq!(
+            two_tenants_wait(&mut sched(), 1),
+            vec![51],
+            "fair share: b's single GPU first"
+        );
         let mut s = with(Plugins {
             queue_order: Box::new(LargestFirst),
             ..Default::default()
         });
-        assert_eq!(run(&mut s), vec![51], "largest first: the whole node");
+        assert_eq!(two_tenants_wait(&mut s, 1), vec![50], "largest first: a's whole node");
     }
 
     /// One node of eight single-GPU opportunistic jobs started one after the other; every other
