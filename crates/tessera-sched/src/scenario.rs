@@ -186,6 +186,10 @@ pub struct Churn {
 pub struct ScenarioReport {
     pub tenants: usize,
     pub hours: f64,
+    /// The queue's order within a priority class: `fair-share` or `largest-first`.
+    pub order: &'static str,
+    /// Reservations per pool at once (`GovernConfig::holds_per_pool`).
+    pub holds_per_pool: usize,
     pub gpus: u64,
     pub submitted: u64,
     pub placed: u64,
@@ -718,6 +722,12 @@ pub fn run(fleet: Arc<Fleet>, cfg: &ScenarioConfig, clock: &mut dyn FnMut() -> u
     ScenarioReport {
         tenants: cfg.tenants,
         hours: cfg.hours,
+        order: if cfg.largest_first {
+            "largest-first"
+        } else {
+            "fair-share"
+        },
+        holds_per_pool: cfg.govern.holds_per_pool,
         gpus: fleet.gpu_count(),
         submitted,
         placed,

@@ -378,16 +378,7 @@ fn scenario(a: ScenarioArgs) -> Result<()> {
     }
     println!(
         "scenario: {} tenants, {} GPUs, {} simulated hours (first {:.0} h excluded), {} order, {} hold(s) per pool, wall {wall:.1} s",
-        r.tenants,
-        r.gpus,
-        r.hours,
-        cfg.warmup_hours,
-        if cfg.largest_first {
-            "largest-first"
-        } else {
-            "fair-share"
-        },
-        cfg.govern.holds_per_pool
+        r.tenants, r.gpus, r.hours, cfg.warmup_hours, r.order, r.holds_per_pool
     );
     println!(
         "requests {} submitted, {} placed, {} completed, {} preemptions ({:.1} % of placements), queue up to {}",

@@ -536,3 +536,39 @@ fn apply_is_all_or_nothing_and_priorities_are_granted() {
     }
     server.kill();
 }
+
+/// `tessera sim scenario` takes the queue order and the holds per pool and says which it ran
+/// with; an unknown order is one readable line.
+#[test]
+fn sim_scenario_runs_with_the_order_and_holds_asked_for() {
+    let (code, out, err) = tessera(
+        &[
+            "sim",
+            "scenario",
+            "--tenants",
+            "4",
+            "--hours",
+            "2",
+            "--order",
+            "largest-first",
+            "--holds-per-pool",
+            "3",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        (v["order"].as_str(), v["holds_per_pool"].as_u64()),
+        (Some("largest-first"), Some(3)),
+        "{v}"
+    );
+    assert!(v["placed"].as_u64().unwrap() > 0, "{v}");
+    let (code, out, _) = tessera(&["sim", "scenario", "--tenants", "4", "--hours", "2"], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("fair-share order, 1 hold(s) per pool"), "{out}");
+    let (code, _, err) = tessera(&["sim", "scenario", "--order", "biggest"], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("invalid value 'biggest' for '--order <ORDER>'"), "{err}");
+}
