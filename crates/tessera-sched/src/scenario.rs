@@ -251,13 +251,9 @@ struct Meta {
 }
 
 impl Meta {
-    /// Whole GPUs asked for: a gang's total, else the request's whole GPUs (0 for others).
+    /// Whole GPUs asked for ([`whole_gpus`](crate::cycle::whole_gpus)).
     fn gpus(&self) -> u32 {
-        match (&self.gang, &self.request.shape) {
-            (Some(g), _) => g.gpus,
-            (None, tessera_model::Shape::Whole { gpus }) => u32::from(*gpus),
-            _ => 0,
-        }
+        crate::cycle::whole_gpus(self.gang.as_ref(), &self.request)
     }
 }
 

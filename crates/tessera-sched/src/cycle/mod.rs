@@ -307,7 +307,22 @@ pub struct Job {
     pub duration_ms: Option<i64>,
 }
 
+/// Whole GPUs asked for: a gang's total, else the request's whole GPUs (0 for a fraction or a
+/// MIG slice).
+pub fn whole_gpus(gang: Option<&GangRequest>, request: &Request) -> u32 {
+    match (gang, &request.shape) {
+        (Some(g), _) => g.gpus,
+        (None, Shape::Whole { gpus }) => u32::from(*gpus),
+        _ => 0,
+    }
+}
+
 impl Job {
+    /// Whole GPUs asked for ([`whole_gpus`]).
+    pub fn whole_gpus(&self) -> u32 {
+        whole_gpus(self.gang.as_ref(), &self.request)
+    }
+
     /// Job `id` of `tenant`/`project` asking for `request` at `priority`, submitted at
     /// `submitted_ms`, with nothing more: it waits when over its limit, has no minimum runtime
     /// of its own, is never moved, no gang, no end known. The others are set with struct update

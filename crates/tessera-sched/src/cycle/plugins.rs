@@ -85,13 +85,9 @@ pub struct LargestFirst;
 impl QueueOrder for LargestFirst {
     fn key(&self, job: &Job, rank: u8, fair_share: f64) -> OrderKey {
         let (rank, share, at, id) = PriorityFairShare.key(job, rank, fair_share);
-        let gpus: u64 = match (&job.gang, &job.request.shape) {
-            (Some(g), _) => u64::from(g.gpus),
-            (None, tessera_model::Shape::Whole { gpus }) => u64::from(*gpus),
-            _ => 0,
-        };
         // Size in the top 16 bits (largest first), fair share below.
-        let size = (u64::from(u16::MAX) - gpus.min(u64::from(u16::MAX))) << 48;
+        let gpus = u64::from(job.whole_gpus()).min(u64::from(u16::MAX));
+        let size = (u64::from(u16::MAX) - gpus) << 48;
         (rank, size | share.min((1 << 48) - 1), at, id)
     }
 }
