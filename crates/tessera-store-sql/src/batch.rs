@@ -73,8 +73,7 @@ pub async fn commit<D: Driver>(store: &D, batch: &[Change]) -> Result<()> {
                 Ok(None) => return Ok(()),
                 // A counted group changed fewer rows than it has, or a row exists already:
                 // rolled back; the run below names the change.
-                Ok(Some(_)) | Err(DbError::UniqueViolation) => {}
-                Err(DbError::Store(StoreError::Corrupt(_))) => {}
+                Ok(Some(_)) | Err(DbError::UniqueViolation | DbError::Store(StoreError::Corrupt(_))) => {}
                 Err(DbError::Store(e)) => return Err(e),
             }
             return commit_one_by_one::<D>(store, batch, &fences).await;
